@@ -1,24 +1,634 @@
-"""Store: the async client every service uses (placeholder: filled in by the store work)."""
+"""Store: the async client every service uses to read and write the cluster state.
+
+Writes go through one server-side script (``lua/commit.lua``) that checks and writes atomically:
+compare-and-set on ``resource_version``, fencing epochs, node accounting for bindings, and the
+change feed. Reads of one object or a whole kind are single round trips; batch variants pipeline
+many independent writes into one round trip.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Literal, TypeVar
+
 import redis.asyncio as aioredis
+from google.protobuf.message import Message
+from redis import exceptions as redis_errors
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from protos.godel.v1 import objects_pb2 as pb
+from store import kinds as kinds_mod
+from store.errors import (
+    AlreadyBoundError,
+    AlreadyExistsError,
+    CommitError,
+    ConflictError,
+    FencedError,
+    InsufficientCapacityError,
+    InvalidObjectError,
+    NotFoundError,
+    ResourceVersionTooOldError,
+    StoreError,
+    StoreUnavailableError,
+)
+from store.keys import Keys
+from store.kinds import DEFAULT_MAX_OBJECT_BYTES, Kind
+
+M = TypeVar("M", bound=Message)
+
+DEFAULT_FEED_MAX_LEN = 500_000
+POOLS = {pb.QOS_UNSPECIFIED: "g", pb.QOS_GUARANTEED: "g", pb.QOS_BEST_EFFORT: "be"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations of an atomic commit
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Proof of leadership carried by leader-only writes."""
+
+    lease: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    obj: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """Compare-and-set on ``obj.metadata.resource_version`` unless ``force``."""
+
+    obj: Message
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    kind: str
+    name: str
+    # 0: delete whatever version is there.
+    expected_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Write ``pod`` (with ``spec.node_name`` set; CAS on its version) and claim its requests on
+    that node's pool. Rejected if the pod is already bound or the pool would be over-committed."""
+
+    pod: pb.Pod
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Write ``pod`` (CAS; e.g. now Succeeded) and return its claim on its node, if any."""
+
+    pod: pb.Pod
+
+
+Op = Create | Update | Delete | Bind | Release
+
+
+# ---------------------------------------------------------------------------------------------
+# The change feed
+# ---------------------------------------------------------------------------------------------
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+_EVENT_TYPES: dict[bytes, EventType] = {b"A": "ADDED", b"M": "MODIFIED", b"D": "DELETED"}
+
+
+@dataclass(slots=True)
+class WatchEvent:
+    type: EventType
+    kind: str
+    name: str
+    revision: int
+    # The object after the change; for DELETED, its last state. None if the stored bytes could
+    # not be decoded (reported in ``error``).
+    obj: Message | None
+    error: InvalidObjectError | None = None
+
+
+@dataclass(slots=True)
+class WatchBatch:
+    events: list[WatchEvent]
+    # The feed position after this batch, including events of kinds not asked for.
+    revision: int
+
+
+@dataclass(slots=True)
+class ListResult:
+    items: dict[str, list[Message]]
+    revision: int
+    # Stored objects that could not be decoded (kind, name, error): reported, never fatal.
+    errors: list[tuple[str, str, InvalidObjectError]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    """A node's capacity and bound usage as the store accounts them, per pool."""
+
+    capacity: dict[str, int]
+    used: dict[str, int]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@contextlib.contextmanager
+def _translate_errors() -> Iterator[None]:
+    try:
+        yield
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        raise StoreUnavailableError(f"store unreachable: {exc}") from exc
+
+
+def _capacity_spec(node: pb.Node) -> str:
+    g, be = node.status.allocatable, node.status.reclaimable
+    return (
+        f"N {g.milli_cpu} {g.memory_bytes} {g.gpus} "
+        f"{be.milli_cpu} {be.memory_bytes} {be.gpus} {g.pods}"
+    )
+
+
+def _claim_spec(pod: pb.Pod) -> str:
+    req = pod.spec.template.requests
+    pool = POOLS.get(pod.spec.qos, "g")
+    return f"B {pod.spec.node_name} {pool} {req.milli_cpu} {req.memory_bytes} {req.gpus}"
+
+
+_LUA = {name: (resources.files("store") / "lua" / f"{name}.lua").read_text() for name in
+        ("commit", "lease")}
 
 
 class Store:
-    def __init__(self, redis: aioredis.Redis, cluster: str = "default") -> None:
+    """Async client of one cluster's state. Cheap to share between tasks of one process."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        cluster: str = "default",
+        *,
+        feed_max_len: int = DEFAULT_FEED_MAX_LEN,
+        max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
+    ) -> None:
         self._redis = redis
         self.cluster = cluster
+        self.keys = Keys(cluster)
+        self.feed_max_len = feed_max_len
+        self.max_object_bytes = max_object_bytes
+        self._commit_script = redis.register_script(_LUA["commit"])
+        self._lease_script = redis.register_script(_LUA["lease"])
 
     @classmethod
-    async def connect(cls, url: str, *, cluster: str = "default") -> Store:
-        redis = aioredis.Redis.from_url(url, decode_responses=False)
-        store = cls(redis, cluster)
+    async def connect(
+        cls,
+        url: str,
+        *,
+        cluster: str = "default",
+        feed_max_len: int = DEFAULT_FEED_MAX_LEN,
+        max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
+        max_connections: int = 64,
+    ) -> Store:
+        # No automatic retries: a commit whose reply was lost may have been applied, and only the
+        # caller knows whether repeating it is safe.
+        redis = aioredis.Redis.from_url(
+            url,
+            decode_responses=False,
+            retry=Retry(NoBackoff(), 0),
+            max_connections=max_connections,
+            socket_connect_timeout=5,
+        )
+        store = cls(
+            redis, cluster, feed_max_len=feed_max_len, max_object_bytes=max_object_bytes
+        )
         await store.ping()
         return store
 
     async def ping(self) -> None:
-        await self._redis.ping()
+        with _translate_errors():
+            await self._redis.ping()
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+    async def revision(self) -> int:
+        """The current global revision (the last one assigned)."""
+        with _translate_errors():
+            raw = await self._redis.get(self.keys.revision)
+        return int(raw or 0)
+
+    # -----------------------------------------------------------------------------------------
+    # Single objects
+    # -----------------------------------------------------------------------------------------
+
+    async def create(self, obj: M) -> M:
+        """Store a new object; sets its uid, creation time and resource_version in place."""
+        await self._commit_one(Create(obj))
+        return obj
+
+    async def update(self, obj: M, *, force: bool = False) -> M:
+        """Compare-and-set: succeeds only if the stored version equals
+        ``obj.metadata.resource_version`` (any version with ``force``). Updates it in place."""
+        await self._commit_one(Update(obj, force))
+        return obj
+
+    async def delete(self, cls: type[Message], name: str, *, expected_version: int = 0) -> int:
+        """Delete an object (only at ``expected_version`` if non-zero); returns the revision of
+        the deletion. Deleting a bound pod returns its claim on its node."""
+        return await self._commit_one(Delete(kinds_mod.kind_for_class(cls).name, name,
+                                             expected_version))
+
+    async def get(self, cls: type[M], name: str) -> M:
+        kind = kinds_mod.kind_for_class(cls)
+        with _translate_errors():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hget(self.keys.data(kind.name), name)
+                pipe.hget(self.keys.versions(kind.name), name)
+                data, rv = await pipe.execute()
+        if data is None or rv is None:
+            raise NotFoundError(kind.name, name)
+        return kinds_mod.decode(kind, data, int(rv))  # type: ignore[return-value]
+
+    async def get_many(self, cls: type[M], names: Sequence[str]) -> list[M | None]:
+        """Objects by name in one round trip; None where absent."""
+        if not names:
+            return []
+        kind = kinds_mod.kind_for_class(cls)
+        with _translate_errors():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hmget(self.keys.data(kind.name), list(names))
+                pipe.hmget(self.keys.versions(kind.name), list(names))
+                datas, rvs = await pipe.execute()
+        return [
+            kinds_mod.decode(kind, d, int(v)) if d is not None and v is not None else None  # type: ignore[misc]
+            for d, v in zip(datas, rvs, strict=True)
+        ]
+
+    async def list(self, cls: type[M]) -> tuple[list[M], int]:
+        """Every object of a kind and the revision they are consistent with."""
+        result = await self.list_kinds([kinds_mod.kind_for_class(cls).name])
+        items = next(iter(result.items.values()))
+        return items, result.revision  # type: ignore[return-value]
+
+    async def list_kinds(self, kind_names: Sequence[str]) -> ListResult:
+        """An atomic snapshot of several kinds and its revision: watching from that revision
+        misses nothing and repeats nothing."""
+        kinds = [kinds_mod.kind_named(k) for k in kind_names]
+        with _translate_errors():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.get(self.keys.revision)
+                for kind in kinds:
+                    pipe.hgetall(self.keys.data(kind.name))
+                    pipe.hgetall(self.keys.versions(kind.name))
+                replies = await pipe.execute()
+        result = ListResult({}, int(replies[0] or 0))
+        for i, kind in enumerate(kinds):
+            datas: dict[bytes, bytes] = replies[1 + 2 * i]
+            rvs: dict[bytes, bytes] = replies[2 + 2 * i]
+            items: list[Message] = []
+            for raw_name, data in datas.items():
+                rv = rvs.get(raw_name)
+                if rv is None:
+                    continue
+                try:
+                    items.append(kinds_mod.decode(kind, data, int(rv)))
+                except InvalidObjectError as exc:
+                    result.errors.append((kind.name, raw_name.decode(errors="replace"), exc))
+            result.items[kind.name] = items
+        return result
+
+    async def create_raw(self, kind_name: str, data: bytes) -> Message:
+        """Store an object given as untrusted bytes (e.g. from the wire), strictly checked."""
+        kind = kinds_mod.kind_named(kind_name)
+        obj = kinds_mod.decode_untrusted(kind, data)
+        return await self.create(obj)
+
+    # -----------------------------------------------------------------------------------------
+    # Atomic commits
+    # -----------------------------------------------------------------------------------------
+
+    async def commit(self, ops: Sequence[Op], *, fence: Fence | None = None) -> list[int]:
+        """Apply every op or none. Returns each op's revision (and sets it on the objects).
+        Raises CommitError naming the failing op, or FencedError if ``fence`` is stale."""
+        prepared = self._prepare(ops, fence)
+        with _translate_errors():
+            reply = await self._commit_script(keys=prepared.keys, args=prepared.args)
+        return self._finish(prepared, reply, fence)
+
+    async def commit_many(
+        self, commits: Sequence[Sequence[Op]], *, fence: Fence | None = None
+    ) -> list[list[int] | StoreError]:
+        """Many independent atomic commits pipelined in one round trip. Each result is that
+        commit's revisions or its error; a failure of one does not affect the others."""
+        results: list[list[int] | StoreError] = []
+        prepared_list: list[_Prepared | StoreError] = []
+        for ops in commits:
+            try:
+                prepared_list.append(self._prepare(ops, fence))
+            except StoreError as exc:
+                prepared_list.append(exc)
+        runnable = [p for p in prepared_list if isinstance(p, _Prepared)]
+        replies: list[Any] = []
+        if runnable:
+            with _translate_errors():
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for p in runnable:
+                        await self._commit_script(keys=p.keys, args=p.args, client=pipe)
+                    replies = await pipe.execute(raise_on_error=False)
+        it = iter(replies)
+        for p in prepared_list:
+            if isinstance(p, StoreError):
+                results.append(p)
+                continue
+            reply = next(it)
+            try:
+                if isinstance(reply, Exception):
+                    raise StoreError(f"commit failed: {reply}")
+                results.append(self._finish(p, reply, fence))
+            except StoreError as exc:
+                results.append(exc)
+        return results
+
+    async def create_many(self, objs: Sequence[M]) -> list[M | StoreError]:
+        """Pipelined creates, each on its own (not atomic together)."""
+        return self._per_object(objs, await self.commit_many([[Create(o)] for o in objs]))
+
+    async def update_many(self, objs: Sequence[M], *, force: bool = False) -> list[M | StoreError]:
+        """Pipelined compare-and-set updates, each on its own (not atomic together)."""
+        return self._per_object(
+            objs, await self.commit_many([[Update(o, force)] for o in objs])
+        )
+
+    async def create_unit(self, job: pb.Job, pods: Sequence[pb.Pod]) -> list[int]:
+        """Create a job and all its pods atomically: all of them or none."""
+        return await self.commit([Create(job), *(Create(p) for p in pods)])
+
+    async def bind(self, pods: Sequence[pb.Pod], *, fence: Fence) -> list[int]:
+        """Bind a batch of pods (``spec.node_name`` set) and account them on their nodes, in one
+        fenced transaction: every pod or none."""
+        return await self.commit([Bind(p) for p in pods], fence=fence)
+
+    @staticmethod
+    def _per_object(objs: Sequence[M], results: list[list[int] | StoreError]) -> list[M | StoreError]:
+        return [r if isinstance(r, StoreError) else o for o, r in zip(objs, results, strict=True)]
+
+    async def _commit_one(self, op: Op) -> int:
+        try:
+            return (await self.commit([op]))[0]
+        except CommitError as exc:
+            raise exc.cause from None
+
+    def _prepare(self, ops: Sequence[Op], fence: Fence | None) -> _Prepared:
+        if not ops:
+            raise InvalidObjectError("a commit needs at least one operation")
+        slots: dict[str, int] = {}
+        keys = [
+            self.keys.revision,
+            self.keys.feed,
+            self.keys.lease(fence.lease) if fence else self.keys.no_lease,
+            self.keys.accounting,
+            self.keys.claims,
+        ]
+        args: list[Any] = [str(fence.epoch) if fence else "", self.feed_max_len, len(ops)]
+        described: list[tuple[str, str]] = []
+        targets: list[Message | None] = []
+        now = _now_ms()
+
+        def slot_of(kind: Kind) -> int:
+            slot = slots.get(kind.name)
+            if slot is None:
+                slot = slots[kind.name] = len(slots) + 1
+                keys.extend((self.keys.data(kind.name), self.keys.versions(kind.name)))
+            return slot
+
+        for op in ops:
+            if isinstance(op, Delete):
+                kind = kinds_mod.kind_named(op.kind)
+                acct = "X" if kind.name == "Node" else "R" if kind.name == "Pod" else ""
+                expect = str(op.expected_version) if op.expected_version else ""
+                args += ["D", slot_of(kind), kind.name, op.name, expect, b"", acct]
+                described.append((kind.name, op.name))
+                targets.append(None)
+                continue
+            obj = op.pod if isinstance(op, Bind | Release) else op.obj
+            kind = kinds_mod.kind_of(obj)
+            meta = obj.metadata  # type: ignore[attr-defined]
+            if isinstance(op, Create):
+                if not meta.uid:
+                    meta.uid = uuid.uuid4().hex
+                if not meta.creation_timestamp_ms:
+                    meta.creation_timestamp_ms = now
+                type_, expect = "C", ""
+            else:
+                forced = isinstance(op, Update) and op.force
+                if not forced and meta.resource_version <= 0:
+                    raise InvalidObjectError(
+                        "is required for a compare-and-set write (or use force)",
+                        "metadata.resource_version",
+                    )
+                type_, expect = "U", "" if forced else str(meta.resource_version)
+            if isinstance(op, Bind):
+                if not op.pod.spec.node_name:
+                    raise InvalidObjectError("is required to bind", "spec.node_name")
+                acct = _claim_spec(op.pod)
+            elif isinstance(op, Release):
+                acct = "R"
+            elif kind.name == "Node":
+                acct = _capacity_spec(obj)  # type: ignore[arg-type]
+            else:
+                acct = ""
+            data = kinds_mod.encode(obj, kind, self.max_object_bytes)
+            args += [type_, slot_of(kind), kind.name, meta.name, expect, data, acct]
+            described.append((kind.name, meta.name))
+            targets.append(obj)
+        return _Prepared(keys, args, described, targets)
+
+    def _finish(self, p: _Prepared, reply: list[Any], fence: Fence | None) -> list[int]:
+        if int(reply[0]) == 1:
+            first = int(reply[1])
+            revisions = list(range(first, first + len(p.targets)))
+            for obj, rev in zip(p.targets, revisions, strict=True):
+                if obj is not None:
+                    obj.metadata.resource_version = rev  # type: ignore[attr-defined]
+            return revisions
+        index, code = int(reply[1]), reply[2].decode()
+        detail = [x.decode() if isinstance(x, bytes) else str(x) for x in reply[3:]]
+        if code == "FENCED":
+            assert fence is not None
+            raise FencedError(fence.lease, fence.epoch, int(detail[0]))
+        kind, name = p.described[index - 1]
+        cause: StoreError
+        if code == "EXISTS":
+            cause = AlreadyExistsError(kind, name)
+        elif code == "NOTFOUND":
+            cause = NotFoundError(kind, name)
+        elif code == "CONFLICT":
+            expected = p.args[3 + (index - 1) * 7 + 4]
+            cause = ConflictError(kind, name, int(expected), int(detail[0]))
+        elif code == "DUPLICATE":
+            cause = InvalidObjectError(f"{kind} {name!r} appears twice in one commit")
+        elif code == "BOUND":
+            cause = AlreadyBoundError(name, detail[0])
+        elif code == "NONODE":
+            cause = NotFoundError("Node", detail[0])
+        elif code == "INSUFFICIENT":
+            node, pool, res, used, want, cap = detail
+            cause = InsufficientCapacityError(
+                node, pool, res, f" (used {used} + requested {want} > capacity {cap})"
+            )
+        else:
+            cause = StoreError(f"commit failed: {code} {detail}")
+        raise CommitError(index - 1, cause)
+
+    # -----------------------------------------------------------------------------------------
+    # Node accounting (read side; writes happen only inside commits)
+    # -----------------------------------------------------------------------------------------
+
+    async def node_usage(self, node: str) -> NodeUsage | None:
+        fields = ["c.g.cpu", "c.g.mem", "c.g.gpu", "c.be.cpu", "c.be.mem", "c.be.gpu", "c.pods"]
+        fields += ["u" + f[1:] for f in fields]
+        with _translate_errors():
+            values = await self._redis.hmget(self.keys.accounting, [f"{node}|{f}" for f in fields])
+        if values[0] is None:
+            return None
+        capacity = {f[2:]: int(v or 0) for f, v in zip(fields[:7], values[:7], strict=True)}
+        used = {f[2:]: int(v or 0) for f, v in zip(fields[7:], values[7:], strict=True)}
+        return NodeUsage(capacity, used)
+
+    async def claims(self) -> dict[str, str]:
+        """Every bound pod's claim: pod name -> "node pool cpu mem gpu"."""
+        with _translate_errors():
+            raw = await self._redis.hgetall(self.keys.claims)
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    # -----------------------------------------------------------------------------------------
+    # Leases
+    # -----------------------------------------------------------------------------------------
+
+    async def acquire_lease(
+        self, name: str, holder: str, duration_ms: int, address: str = ""
+    ) -> tuple[bool, pb.Lease]:
+        """Take the lease if it is free or expired (new epoch), or extend it if ``holder``
+        already has it. Returns (acquired, lease as now stored)."""
+        return await self._lease("acquire", name, holder, 0, duration_ms, address)
+
+    async def renew_lease(
+        self, name: str, holder: str, epoch: int, duration_ms: int
+    ) -> tuple[bool, pb.Lease]:
+        """Extend a lease held at ``epoch``; False once it expired or changed hands."""
+        return await self._lease("renew", name, holder, epoch, duration_ms, "")
+
+    async def release_lease(self, name: str, holder: str, epoch: int) -> bool:
+        """Step down: the lease becomes free at once (the epoch stays, so writes fenced with it
+        are rejected from now on)."""
+        ok, _ = await self._lease("release", name, holder, epoch, 0, "")
+        return ok
+
+    async def get_lease(self, name: str) -> pb.Lease | None:
+        """The lease as stored (holder empty if released); None if never taken."""
+        ok, lease = await self._lease("observe", name, "", 0, 0, "")
+        return lease if lease.epoch else None
+
+    async def _lease(
+        self, action: str, name: str, holder: str, epoch: int, duration_ms: int, address: str
+    ) -> tuple[bool, pb.Lease]:
+        with _translate_errors():
+            r = await self._lease_script(
+                keys=[self.keys.lease(name)], args=[action, holder, epoch, duration_ms, address]
+            )
+        lease = pb.Lease(
+            name=name,
+            holder=r[1].decode(),
+            holder_address=r[2].decode(),
+            epoch=int(r[3]),
+            duration_ms=int(r[4]),
+            acquired_ms=int(r[5]),
+            renewed_ms=int(r[6]),
+            expires_ms=int(r[7]),
+        )
+        if lease.expires_ms <= int(r[8]):
+            lease.holder = ""  # expired: nobody holds it
+        return bool(int(r[0])), lease
+
+    # -----------------------------------------------------------------------------------------
+    # Watch
+    # -----------------------------------------------------------------------------------------
+
+    async def oldest_revision(self) -> int:
+        """The oldest revision still in the change feed (0 if the feed is empty)."""
+        with _translate_errors():
+            first = await self._redis.xrange(self.keys.feed, count=1)
+        return int(first[0][0].split(b"-")[0]) if first else 0
+
+    async def watch(
+        self,
+        from_revision: int,
+        kinds: Sequence[str] | None = None,
+        *,
+        block_ms: int = 1000,
+        count: int = 4096,
+    ) -> AsyncIterator[WatchBatch]:
+        """Every change after ``from_revision``, in order, in batches; an empty batch after
+        ``block_ms`` without changes. Raises ResourceVersionTooOldError when the feed no longer
+        holds the next revision (trimmed, or the store was reset): the caller must relist."""
+        wanted = {kinds_mod.kind_named(k).name.encode() for k in kinds} if kinds else None
+        decoders = {k.name.encode(): k for k in kinds_mod.KINDS.values()}
+        last = from_revision
+        with _translate_errors():
+            current = await self.revision()
+            if last > current:
+                raise ResourceVersionTooOldError(last, current)
+            if last < current and await self._redis.xlen(self.keys.feed) == 0:
+                raise ResourceVersionTooOldError(last, current + 1)
+        feed = self.keys.feed
+        while True:
+            with _translate_errors():
+                reply = await self._redis.xread({feed: f"{last}-0"}, count=count, block=block_ms)
+            if not reply:
+                yield WatchBatch([], last)
+                continue
+            entries = reply[0][1]
+            first = int(entries[0][0].split(b"-", 1)[0])
+            if first != last + 1:
+                raise ResourceVersionTooOldError(last, first)
+            events: list[WatchEvent] = []
+            for entry_id, fields in entries:
+                last = int(entry_id.split(b"-", 1)[0])
+                kind_name = fields[b"k"]
+                if wanted is not None and kind_name not in wanted:
+                    continue
+                kind = decoders.get(kind_name)
+                if kind is None:
+                    continue
+                obj: Message | None = None
+                error: InvalidObjectError | None = None
+                try:
+                    obj = kinds_mod.decode(kind, fields[b"d"], last)
+                except InvalidObjectError as exc:
+                    error = exc
+                events.append(
+                    WatchEvent(
+                        _EVENT_TYPES[fields[b"t"]], kind.name, fields[b"n"].decode(), last, obj,
+                        error,
+                    )
+                )
+            yield WatchBatch(events, last)
+
+
+@dataclass(slots=True)
+class _Prepared:
+    keys: list[str]
+    args: list[Any]
+    described: list[tuple[str, str]]
+    targets: list[Message | None]

