@@ -380,8 +380,19 @@ class Store:
         return await self.commit([Bind(p) for p in pods], fence=fence)
 
     @staticmethod
-    def _per_object(objs: Sequence[M], results: list[list[int] | StoreError]) -> list[M | StoreError]:
-        return [r if isinstance(r, StoreError) else o for o, r in zip(objs, results, strict=True)]
+    def _per_object(
+        objs: Sequence[M], results: list[list[int] | StoreError]
+    ) -> list[M | StoreError]:
+        """One-op commits: report the operation's own error, not the commit wrapper."""
+        out: list[M | StoreError] = []
+        for obj, r in zip(objs, results, strict=True):
+            if isinstance(r, CommitError):
+                out.append(r.cause)
+            elif isinstance(r, StoreError):
+                out.append(r)
+            else:
+                out.append(obj)
+        return out
 
     async def _commit_one(self, op: Op) -> int:
         try:
@@ -422,6 +433,8 @@ class Store:
                 targets.append(None)
                 continue
             obj = op.pod if isinstance(op, Bind | Release) else op.obj
+            if isinstance(op, Bind) and not op.pod.spec.node_name:
+                raise InvalidObjectError("is required to bind", "spec.node_name")
             kind = kinds_mod.kind_of(obj)
             meta = obj.metadata  # type: ignore[attr-defined]
             if isinstance(op, Create):
@@ -439,8 +452,6 @@ class Store:
                     )
                 type_, expect = "U", "" if forced else str(meta.resource_version)
             if isinstance(op, Bind):
-                if not op.pod.spec.node_name:
-                    raise InvalidObjectError("is required to bind", "spec.node_name")
                 acct = _claim_spec(op.pod)
             elif isinstance(op, Release):
                 acct = "R"

@@ -1,0 +1,194 @@
+"""Informer: a local cache of some kinds kept current by list + watch, with event handlers.
+
+It lists once (an atomic snapshot and its revision), then watches from that revision. A lost
+connection resumes from the last applied revision with no gap and no duplicate; a trimmed feed
+(ResourceVersionTooOldError) makes it relist and deliver the difference to the handlers as
+ordinary add/update/delete events, so handlers never see a jump. Services act only after
+``wait_synced()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+from google.protobuf.message import Message
+
+from store.client import ListResult, Store, WatchEvent
+from store.errors import ResourceVersionTooOldError, StoreUnavailableError
+
+log = structlog.get_logger(__name__)
+
+AddHandler = Callable[[str, Message], None]
+UpdateHandler = Callable[[str, Message, Message], None]
+DeleteHandler = Callable[[str, Message], None]
+
+
+@dataclass(slots=True)
+class Handlers:
+    """Callbacks run in the informer's task; keep them quick and non-blocking. The first
+    argument is the kind."""
+
+    on_add: AddHandler | None = None
+    on_update: UpdateHandler | None = None
+    on_delete: DeleteHandler | None = None
+
+
+class Informer:
+    def __init__(
+        self,
+        store: Store,
+        kinds: Sequence[str],
+        *,
+        resync_seconds: float = 0.0,
+        retry_max_seconds: float = 5.0,
+        block_ms: int = 1000,
+    ) -> None:
+        self._store = store
+        self.kinds = list(kinds)
+        self.cache: dict[str, dict[str, Message]] = {k: {} for k in self.kinds}
+        self.revision = 0
+        self.relists = 0
+        self._handlers: list[Handlers] = []
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._resync_seconds = resync_seconds
+        self._retry_max = retry_max_seconds
+        self._block_ms = block_ms
+        # Waiters for wait_for_revision(), woken as batches apply.
+        self._progress = asyncio.Condition()
+
+    def add_handlers(self, handlers: Handlers) -> None:
+        """Register handlers; objects already cached are delivered to them as adds."""
+        self._handlers.append(handlers)
+        if handlers.on_add:
+            for kind, objs in self.cache.items():
+                for obj in objs.values():
+                    handlers.on_add(kind, obj)
+
+    def get(self, kind: str, name: str) -> Message | None:
+        return self.cache[kind].get(name)
+
+    def list(self, kind: str) -> list[Message]:
+        return list(self.cache[kind].values())
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._synced.wait(), timeout)
+
+    async def wait_for_revision(self, revision: int, timeout: float | None = None) -> None:
+        """Wait until the cache reflects every change up to ``revision``."""
+
+        async def reached() -> None:
+            async with self._progress:
+                await self._progress.wait_for(lambda: self.revision >= revision)
+
+        await asyncio.wait_for(reached(), timeout)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"informer{self.kinds}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        need_list = True
+        delay = 0.05
+        last_resync = time.monotonic()
+        while True:
+            try:
+                if need_list:
+                    self._replace(await self._store.list_kinds(self.kinds))
+                    need_list = False
+                    self._synced.set()
+                    await self._notify()
+                async for batch in self._store.watch(
+                    self.revision, self.kinds, block_ms=self._block_ms
+                ):
+                    for event in batch.events:
+                        self._apply(event)
+                    self.revision = batch.revision
+                    await self._notify()
+                    delay = 0.05
+                    if self._resync_seconds and (
+                        time.monotonic() - last_resync >= self._resync_seconds
+                    ):
+                        last_resync = time.monotonic()
+                        self._resync()
+            except ResourceVersionTooOldError as exc:
+                self.relists += 1
+                log.info("informer relisting", kinds=self.kinds, reason=str(exc))
+                need_list = True
+            except StoreUnavailableError as exc:
+                log.warning("informer lost the store; retrying", error=str(exc), delay_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._retry_max)
+
+    async def _notify(self) -> None:
+        async with self._progress:
+            self._progress.notify_all()
+
+    def _replace(self, snapshot: ListResult) -> None:
+        """Swap in a fresh listing and tell handlers what changed since the old cache."""
+        for kind, name, error in snapshot.errors:
+            log.error("undecodable object in the store; skipped", kind=kind, name=name,
+                      error=str(error))
+        for kind in self.kinds:
+            old = self.cache[kind]
+            new = {obj.metadata.name: obj for obj in snapshot.items.get(kind, [])}  # type: ignore[attr-defined]
+            self.cache[kind] = new
+            for name, obj in new.items():
+                before = old.get(name)
+                if before is None:
+                    self._emit("on_add", kind, obj)
+                elif before.metadata.resource_version != obj.metadata.resource_version:  # type: ignore[attr-defined]
+                    self._emit("on_update", kind, before, obj)
+            for name, obj in old.items():
+                if name not in new:
+                    self._emit("on_delete", kind, obj)
+        self.revision = snapshot.revision
+
+    def _apply(self, event: WatchEvent) -> None:
+        if event.obj is None:
+            log.error("undecodable object in the change feed; skipped", kind=event.kind,
+                      name=event.name, revision=event.revision, error=str(event.error))
+            return
+        objs = self.cache[event.kind]
+        if event.type == "DELETED":
+            old = objs.pop(event.name, None)
+            if old is not None:
+                self._emit("on_delete", event.kind, event.obj)
+            return
+        before = objs.get(event.name)
+        objs[event.name] = event.obj
+        if before is None:
+            self._emit("on_add", event.kind, event.obj)
+        else:
+            self._emit("on_update", event.kind, before, event.obj)
+
+    def _resync(self) -> None:
+        for kind, objs in self.cache.items():
+            for obj in list(objs.values()):
+                self._emit("on_update", kind, obj, obj)
+
+    def _emit(self, callback: str, kind: str, *objs: Message) -> None:
+        # A failing handler must not stop the informer or starve the other handlers.
+        for h in self._handlers:
+            fn = getattr(h, callback)
+            if fn is not None:
+                try:
+                    fn(kind, *objs)
+                except Exception:
+                    log.exception("informer handler failed", handler=callback, kind=kind)

@@ -1,0 +1,128 @@
+"""LeaderElector: hold a store lease, renew it, and step down the moment it may be lost.
+
+Leadership is only ever proven by the fencing epoch: a deposed leader's fenced writes are
+rejected by the store itself, so the local view here can be conservative without being
+load-bearing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from store.client import Fence, Store
+from store.errors import StoreUnavailableError
+
+log = structlog.get_logger(__name__)
+
+LeadershipCallback = Callable[[Fence], Awaitable[None]]
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        store: Store,
+        lease: str,
+        holder: str,
+        *,
+        address: str = "",
+        lease_ms: int = 5000,
+        renew_every_ms: int = 1000,
+        retry_every_ms: int = 500,
+        on_elected: LeadershipCallback | None = None,
+        on_deposed: LeadershipCallback | None = None,
+    ) -> None:
+        if renew_every_ms * 2 > lease_ms:
+            raise ValueError("renew_every_ms must be at most half of lease_ms")
+        self._store = store
+        self.lease = lease
+        self.holder = holder
+        self.address = address
+        self.lease_ms = lease_ms
+        self._renew_s = renew_every_ms / 1000
+        self._retry_s = retry_every_ms / 1000
+        self._on_elected = on_elected
+        self._on_deposed = on_deposed
+        self.fence: Fence | None = None
+        self._valid_until = 0.0
+        self.elected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.fence is not None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"leader-elector:{self.lease}")
+
+    async def stop(self, *, release: bool = True) -> None:
+        """Stop campaigning; release the lease (so a standby takes over at once) if held."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        fence = self.fence
+        if fence is not None:
+            await self._step_down("stopping")
+            if release:
+                with contextlib.suppress(StoreUnavailableError):
+                    await self._store.release_lease(self.lease, self.holder, fence.epoch)
+
+    async def _run(self) -> None:
+        while True:
+            if self.fence is None:
+                await self._campaign()
+            else:
+                await self._hold()
+
+    async def _campaign(self) -> None:
+        try:
+            ok, lease = await self._store.acquire_lease(
+                self.lease, self.holder, self.lease_ms, self.address
+            )
+        except StoreUnavailableError as exc:
+            log.warning("lease campaign: store unavailable", lease=self.lease, error=str(exc))
+            ok = False
+        if not ok:
+            await asyncio.sleep(self._retry_s)
+            return
+        self.fence = Fence(self.lease, lease.epoch)
+        self._valid_until = time.monotonic() + self.lease_ms / 1000
+        self.elected.set()
+        log.info("elected leader", lease=self.lease, holder=self.holder, epoch=lease.epoch)
+        if self._on_elected:
+            await self._on_elected(self.fence)
+
+    async def _hold(self) -> None:
+        assert self.fence is not None
+        await asyncio.sleep(self._renew_s)
+        sent = time.monotonic()
+        try:
+            ok, _ = await asyncio.wait_for(
+                self._store.renew_lease(self.lease, self.holder, self.fence.epoch, self.lease_ms),
+                timeout=max(0.05, self._valid_until - sent),
+            )
+        except (StoreUnavailableError, TimeoutError) as exc:
+            # Keep leading only while the last successful renewal still covers us.
+            if time.monotonic() >= self._valid_until:
+                await self._step_down(f"could not renew: {exc}")
+            return
+        if ok:
+            self._valid_until = sent + self.lease_ms / 1000
+        else:
+            await self._step_down("lease lost")
+
+    async def _step_down(self, reason: str) -> None:
+        fence, self.fence = self.fence, None
+        self.elected.clear()
+        if fence is None:
+            return
+        log.warning("stepped down", lease=self.lease, epoch=fence.epoch, reason=reason)
+        if self._on_deposed:
+            await self._on_deposed(fence)

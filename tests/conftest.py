@@ -1,0 +1,51 @@
+"""Shared fixtures: a real Redis-compatible server for the whole session (or $GODEL_REDIS_URL),
+and per-test isolation by cluster name (every key of a cluster carries its name), so tests never
+flush each other's data."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from store import Store
+from store.server import StoreServer, store_url_from_env
+
+
+@pytest.fixture(scope="session")
+def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = store_url_from_env()
+    if external:
+        yield external
+        return
+    server = StoreServer.start(tmp_path_factory.mktemp("store-server"), fsync="everysec")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def cluster_name() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def store(store_url: str, cluster_name: str) -> AsyncIterator[Store]:
+    s = await Store.connect(store_url, cluster=cluster_name)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+def private_server(tmp_path: Path) -> Iterator[StoreServer]:
+    """A server of the test's own, for tests that kill or restart it."""
+    server = StoreServer.start(tmp_path / "store", fsync="always")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,45 @@
+"""Small builders of stored objects for tests."""
+
+from __future__ import annotations
+
+from protos.godel.v1 import objects_pb2 as pb
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def node(name: str, *, cpu: int = 4000, mem: int = 32 * GiB, pods: int = 110,
+         be_cpu: int = 0, be_mem: int = 0, gpus: int = 0) -> pb.Node:
+    n = pb.Node(metadata=pb.ObjectMeta(name=name))
+    n.status.allocatable.milli_cpu = cpu
+    n.status.allocatable.memory_bytes = mem
+    n.status.allocatable.pods = pods
+    n.status.allocatable.gpus = gpus
+    n.status.reclaimable.milli_cpu = be_cpu
+    n.status.reclaimable.memory_bytes = be_mem
+    n.status.ready = True
+    return n
+
+
+def job(name: str, *, replicas: int = 1, min_member: int = 1, cpu: int = 100,
+        mem: int = 500 * MiB, qos: int = pb.QOS_GUARANTEED) -> pb.Job:
+    j = pb.Job(metadata=pb.ObjectMeta(name=name))
+    j.spec.replicas = replicas
+    j.spec.min_member = min_member
+    j.spec.qos = qos  # type: ignore[assignment]
+    j.spec.template.requests.milli_cpu = cpu
+    j.spec.template.requests.memory_bytes = mem
+    return j
+
+
+def pods_of(j: pb.Job) -> list[pb.Pod]:
+    out = []
+    for i in range(j.spec.replicas):
+        p = pb.Pod(metadata=pb.ObjectMeta(name=f"{j.metadata.name}-{i}"))
+        p.spec.job = j.metadata.name
+        p.spec.index = i
+        p.spec.qos = j.spec.qos
+        p.spec.template.CopyFrom(j.spec.template)
+        p.status.phase = pb.POD_PENDING
+        out.append(p)
+    return out

@@ -1,0 +1,382 @@
+"""The store contract (ARCHITECTURE §4) against a real server: CRUD, compare-and-set, atomic
+commits, node accounting, fencing and malformed input."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from google.protobuf.message import Message
+
+from protos.godel.v1 import objects_pb2 as pb
+from store import (
+    AlreadyBoundError,
+    AlreadyExistsError,
+    CommitError,
+    ConflictError,
+    FencedError,
+    InsufficientCapacityError,
+    InvalidObjectError,
+    NotFoundError,
+    ObjectTooLargeError,
+    Store,
+)
+from store.client import Bind, Create, Delete, Fence, Release, Update
+from tests.factories import job, node, pods_of
+
+
+async def snapshot(store: Store) -> tuple[int, int, dict[str, list[Any]]]:
+    """Everything observable about a cluster's state, to prove a failed write changed nothing."""
+    listing = await store.list_kinds(["Job", "Pod", "Node", "Queue"])
+    items = {k: sorted(o.SerializeToString() for o in v) for k, v in listing.items.items()}
+    feed_len = await store._redis.xlen(store.keys.feed)
+    return listing.revision, feed_len, items
+
+
+# ---------------------------------------------------------------------------------------------
+# CRUD and compare-and-set
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_create_get_list_update_delete(store: Store) -> None:
+    n = await store.create(node("n1"))
+    assert n.metadata.resource_version == 1
+    assert n.metadata.uid and n.metadata.creation_timestamp_ms > 0
+
+    got = await store.get(pb.Node, "n1")
+    assert got == n
+
+    got.spec.unschedulable = True
+    await store.update(got)
+    assert got.metadata.resource_version == 2
+    items, rev = await store.list(pb.Node)
+    assert [i.spec.unschedulable for i in items] == [True] and rev == 2
+
+    assert await store.delete(pb.Node, "n1", expected_version=2) == 3
+    with pytest.raises(NotFoundError):
+        await store.get(pb.Node, "n1")
+    assert await store.get_many(pb.Node, ["n1"]) == [None]
+
+
+async def test_create_twice_is_already_exists(store: Store) -> None:
+    await store.create(node("n1"))
+    with pytest.raises(AlreadyExistsError):
+        await store.create(node("n1"))
+
+
+async def test_stale_update_conflicts_and_changes_nothing(store: Store) -> None:
+    first = await store.create(node("n1"))
+    stale = pb.Node()
+    stale.CopyFrom(first)
+    first.spec.unschedulable = True
+    await store.update(first)
+    before = await snapshot(store)
+    stale.status.allocatable.milli_cpu = 1
+    with pytest.raises(ConflictError) as err:
+        await store.update(stale)
+    assert (err.value.expected, err.value.actual) == (1, 2)
+    assert await snapshot(store) == before
+
+
+async def test_stale_delete_conflicts(store: Store) -> None:
+    n = await store.create(node("n1"))
+    await store.update(n)
+    with pytest.raises(ConflictError):
+        await store.delete(pb.Node, "n1", expected_version=1)
+    assert (await store.get(pb.Node, "n1")).metadata.resource_version == 2
+
+
+async def test_concurrent_cas_writers_exactly_one_wins_per_version(
+    store_url: str, cluster_name: str
+) -> None:
+    writers = [await Store.connect(store_url, cluster=cluster_name) for _ in range(8)]
+    try:
+        await writers[0].create(node("hot"))
+        wins: list[int] = []
+        for _round in range(5):
+            current = await writers[0].get(pb.Node, "hot")
+
+            async def attempt(i: int, s: Store, base: pb.Node = current) -> int | None:
+                mine = pb.Node()
+                mine.CopyFrom(base)
+                mine.metadata.labels["writer"] = str(i)
+                try:
+                    await s.update(mine)
+                    return base.metadata.resource_version
+                except ConflictError:
+                    return None
+
+            results = await asyncio.gather(*(attempt(i, s) for i, s in enumerate(writers)))
+            winners = [r for r in results if r is not None]
+            assert len(winners) == 1, results
+            wins.extend(winners)
+        assert len(set(wins)) == len(wins)
+    finally:
+        for s in writers:
+            await s.close()
+
+
+async def test_pipelined_updates_report_each_result(store: Store) -> None:
+    nodes = [await store.create(node(f"n{i}")) for i in range(4)]
+    nodes[2].metadata.resource_version = 99  # stale on purpose; a rejected write takes no revision
+    results = await store.update_many(nodes)
+    assert [type(r).__name__ for r in results] == ["Node", "Node", "ConflictError", "Node"]
+    assert [n.metadata.resource_version for n in await store.get_many(pb.Node,
+            ["n0", "n1", "n2", "n3"])] == [5, 6, 3, 7]  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic commits: a commit that fails one check writes nothing
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_unit_commit_is_all_or_nothing(store: Store) -> None:
+    j = job("train", replicas=5)
+    pods = pods_of(j)
+    await store.create(pods[3])
+    before = await snapshot(store)
+    with pytest.raises(CommitError) as err:
+        await store.create_unit(j, pods)
+    assert err.value.index == 4 and isinstance(err.value.cause, AlreadyExistsError)
+    assert await snapshot(store) == before
+
+
+async def _bound_setup(store: Store) -> tuple[Fence, list[pb.Pod]]:
+    await store.create(node("n1", cpu=1000, pods=10))
+    j = job("web", replicas=3, cpu=400)
+    pods = pods_of(j)
+    await store.create_unit(j, pods)
+    _, lease = await store.acquire_lease("binder", "b1", 10_000)
+    return Fence("binder", lease.epoch), pods
+
+
+def _on(pods: list[pb.Pod], node_name: str) -> list[pb.Pod]:
+    for p in pods:
+        p.spec.node_name = node_name
+        p.status.phase = pb.POD_BOUND
+    return pods
+
+
+FAILING_COMMITS: list[tuple[str, Callable[[list[pb.Pod], Fence], tuple[list[Any], Fence]], type]] = [
+    # name, build(pods, fence) -> (ops, fence), expected cause
+    ("over-commits cpu", lambda p, f: ([Bind(x) for x in _on(p, "n1")], f),
+     InsufficientCapacityError),
+    ("unknown node", lambda p, f: ([Bind(x) for x in _on(p[:1], "nope")], f), NotFoundError),
+    ("stale pod version", lambda p, f: ([Bind(_on(p[:1], "n1")[0]),
+                                         Update(_stale(p[1]))], f), ConflictError),
+    ("missing object", lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Delete("Pod", "ghost")], f),
+     NotFoundError),
+    ("same object twice", lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Update(p[0])], f),
+     InvalidObjectError),
+    ("existing object", lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Create(job("web"))], f),
+     AlreadyExistsError),
+]
+
+
+def _stale(p: pb.Pod) -> pb.Pod:
+    q = pb.Pod()
+    q.CopyFrom(p)
+    q.metadata.resource_version -= 1
+    return q
+
+
+@pytest.mark.parametrize(("name", "build", "cause"), FAILING_COMMITS, ids=[c[0] for c in FAILING_COMMITS])
+async def test_failed_commit_writes_nothing(
+    store: Store, name: str, build: Callable[..., Any], cause: type
+) -> None:
+    fence, pods = await _bound_setup(store)
+    before = await snapshot(store)
+    usage_before = await store.node_usage("n1")
+    ops, f = build(pods, fence)
+    with pytest.raises(CommitError) as err:
+        await store.commit(ops, fence=f)
+    assert isinstance(err.value.cause, cause), err.value
+    assert await snapshot(store) == before
+    assert await store.node_usage("n1") == usage_before
+    assert await store.claims() == {}
+
+
+async def test_bind_accounts_and_release_returns(store: Store) -> None:
+    fence, pods = await _bound_setup(store)
+    await store.bind(_on(pods[:2], "n1"), fence=fence)
+    usage = await store.node_usage("n1")
+    assert usage is not None and usage.used["g.cpu"] == 800 and usage.used["pods"] == 2
+    # Binding an already-bound pod again is refused (a pod binds once).
+    with pytest.raises(CommitError) as err:
+        await store.bind(pods[:1], fence=fence)
+    assert isinstance(err.value.cause, AlreadyBoundError)
+    # A finished pod returns its claim; deleting a bound pod does too.
+    pods[0].status.phase = pb.POD_SUCCEEDED
+    await store.commit([Release(pods[0])])
+    await store.delete(pb.Pod, pods[1].metadata.name)
+    usage = await store.node_usage("n1")
+    assert usage is not None and usage.used["g.cpu"] == 0 and usage.used["pods"] == 0
+    assert await store.claims() == {}
+
+
+async def test_best_effort_pods_use_the_reclaimable_pool(store: Store) -> None:
+    await store.create(node("n1", cpu=1000, be_cpu=500, be_mem=8 << 30))
+    j = job("batch", replicas=2, cpu=300, qos=pb.QOS_BEST_EFFORT)
+    pods = pods_of(j)
+    await store.create_unit(j, pods)
+    _, lease = await store.acquire_lease("binder", "b1", 10_000)
+    fence = Fence("binder", lease.epoch)
+    await store.bind(_on(pods[:1], "n1"), fence=fence)
+    with pytest.raises(CommitError) as err:  # 600m > 500m reclaimable, despite 1000m guaranteed
+        await store.bind(_on(pods[1:], "n1"), fence=fence)
+    assert isinstance(err.value.cause, InsufficientCapacityError)
+    assert err.value.cause.pool == "be"
+    usage = await store.node_usage("n1")
+    assert usage is not None and usage.used["be.cpu"] == 300 and usage.used["g.cpu"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Leases and fencing
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_lease_failover_rejects_the_old_epoch(store: Store) -> None:
+    ok, a = await store.acquire_lease("binder", "a", 300, "a:1")
+    assert ok and a.epoch == 1
+    ok, seen = await store.acquire_lease("binder", "b", 300)
+    assert not ok and seen.holder == "a"
+    await asyncio.sleep(0.4)  # "a" stops renewing; its lease lapses
+    ok, b = await store.acquire_lease("binder", "b", 10_000, "b:1")
+    assert ok and b.epoch == 2 and b.holder == "b"
+    ok, _ = await store.renew_lease("binder", "a", 1, 300)
+    assert not ok
+
+    before = await snapshot(store)
+    with pytest.raises(FencedError) as err:
+        await store.commit([Create(node("n1"))], fence=Fence("binder", a.epoch))
+    assert (err.value.epoch, err.value.current) == (1, 2)
+    assert await snapshot(store) == before
+    await store.commit([Create(node("n1"))], fence=Fence("binder", b.epoch))
+
+
+async def test_expired_lease_fences_even_its_own_holder(store: Store) -> None:
+    _, a = await store.acquire_lease("binder", "a", 200)
+    await asyncio.sleep(0.3)
+    with pytest.raises(FencedError):
+        await store.commit([Create(node("n1"))], fence=Fence("binder", a.epoch))
+
+
+async def test_released_lease_is_free_and_epochs_only_grow(store: Store) -> None:
+    _, a = await store.acquire_lease("binder", "a", 10_000)
+    assert await store.release_lease("binder", "a", a.epoch)
+    observed = await store.get_lease("binder")
+    assert observed is not None and observed.holder == "" and observed.epoch == 1
+    ok, again = await store.acquire_lease("binder", "a", 10_000)
+    assert ok and again.epoch == 2
+    assert await store.get_lease("nobody") is None
+
+
+async def test_leader_elector_failover(store_url: str, cluster_name: str) -> None:
+    from store.lease import LeaderElector
+
+    stores = [await Store.connect(store_url, cluster=cluster_name) for _ in range(2)]
+    electors = [
+        LeaderElector(s, "binder", f"b{i}", lease_ms=400, renew_every_ms=100, retry_every_ms=50)
+        for i, s in enumerate(stores)
+    ]
+    try:
+        electors[0].start()
+        await asyncio.wait_for(electors[0].elected.wait(), 5)
+        electors[1].start()
+        await asyncio.sleep(0.5)
+        assert not electors[1].is_leader  # the holder keeps renewing
+        old = electors[0].fence
+        assert old is not None
+        await electors[0].stop(release=False)  # a crash: no release, the lease must lapse
+        await asyncio.wait_for(electors[1].elected.wait(), 5)
+        new = electors[1].fence
+        assert new is not None and new.epoch > old.epoch
+        with pytest.raises(FencedError):
+            await stores[0].commit([Create(node("n1"))], fence=old)
+    finally:
+        for e in electors:
+            await e.stop()
+        for s in stores:
+            await s.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Malformed input: a clear typed error naming the problem, and nothing written
+# ---------------------------------------------------------------------------------------------
+
+
+def _neg_pod() -> pb.Pod:
+    p = pods_of(job("neg"))[0]
+    p.spec.template.requests.milli_cpu = -100
+    return p
+
+
+def _neg_numa() -> pb.Node:
+    n = node("numa")
+    n.status.topology.numa_nodes.add(id=0).capacity.milli_cpu = -1
+    return n
+
+
+def _neg_extended() -> pb.Node:
+    n = node("ext")
+    n.status.allocatable.extended["example.com/fpga"] = -2
+    return n
+
+
+def _huge() -> pb.Node:
+    n = node("huge")
+    n.metadata.annotations["blob"] = "x" * (2 << 20)
+    return n
+
+
+MALFORMED: list[tuple[str, Callable[[Store], Any], type, str]] = [
+    # name, write, error type, text the message must contain
+    ("garbage bytes", lambda s: s.create_raw("Pod", b"\xff\xfe\x00garbage\x01\x02"),
+     InvalidObjectError, "not a valid Pod"),
+    ("another kind's bytes", lambda s: s.create_raw("Pod", node("n1").SerializeToString()),
+     InvalidObjectError, "not a valid Pod"),
+    ("unknown kind", lambda s: s.create_raw("Widget", b""), InvalidObjectError, "unknown kind"),
+    ("not a stored message", lambda s: s.create(pb.Resources()), InvalidObjectError,
+     "not a stored kind"),
+    ("oversized object", lambda s: s.create(_huge()), ObjectTooLargeError, "byte limit"),
+    ("negative request", lambda s: s.create(_neg_pod()), InvalidObjectError,
+     "spec.template.requests.milli_cpu"),
+    ("negative numa capacity", lambda s: s.create(_neg_numa()), InvalidObjectError,
+     "status.topology.numa_nodes[0].capacity.milli_cpu"),
+    ("negative extended resource", lambda s: s.create(_neg_extended()), InvalidObjectError,
+     "extended[example.com/fpga]"),
+    ("missing name", lambda s: s.create(pb.Node()), InvalidObjectError, "metadata.name"),
+    ("invalid name", lambda s: s.create(node("Bad_Name")), InvalidObjectError, "DNS-1123"),
+    ("update without version", lambda s: s.update(node("n9")), InvalidObjectError,
+     "metadata.resource_version"),
+    ("bind without node", lambda s: s.commit([Bind(pods_of(job("x"))[0])]), InvalidObjectError,
+     "spec.node_name"),
+    ("empty commit", lambda s: s.commit([]), InvalidObjectError, "at least one"),
+]
+
+
+@pytest.mark.parametrize(("name", "write", "error", "text"), MALFORMED, ids=[m[0] for m in MALFORMED])
+async def test_malformed_input_is_rejected_and_nothing_written(
+    store: Store, name: str, write: Callable[[Store], Any], error: type, text: str
+) -> None:
+    await store.create(node("existing"))
+    before = await snapshot(store)
+    with pytest.raises(error) as err:
+        await write(store)
+    assert text in str(err.value)
+    assert await snapshot(store) == before
+
+
+async def test_garbage_in_the_store_is_reported_not_fatal(store: Store) -> None:
+    await store.create(node("good"))
+    await store._redis.hset(store.keys.data("Node"), "bad", b"\xff\xff\xff")
+    await store._redis.hset(store.keys.versions("Node"), "bad", 99)
+    listing = await store.list_kinds(["Node"])
+    assert [n.metadata.name for n in listing.items["Node"]] == ["good"]  # type: ignore[attr-defined]
+    assert [(k, n) for k, n, _ in listing.errors] == [("Node", "bad")]
+
+
+def _names(objs: list[Message]) -> list[str]:
+    return sorted(o.metadata.name for o in objs)  # type: ignore[attr-defined]
