@@ -1,0 +1,253 @@
+"""Typed service configuration.
+
+Every service has a frozen dataclass deriving from :class:`ServiceConfig`. A value comes from, in
+increasing precedence: the field's default, the YAML file given with ``--config``, the environment
+(``GODEL_<FIELD>``, e.g. ``GODEL_STORE_URL``) and command-line flags (``--store-url``). Flags are
+generated from the dataclass fields, so adding a field to a config class is all it takes to make it
+configurable in every way.
+
+Bad input never falls through to a default: an unknown key, a value of the wrong type or out of
+range raises :class:`ConfigError` naming the key and where it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+ENV_PREFIX = "GODEL_"
+
+LogFormat = Literal["auto", "json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the key and its source."""
+
+
+def default_instance_name() -> str:
+    # Compose replicas get HOSTNAME = container id, so this is unique per replica and per process.
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def default_home() -> Path:
+    return Path.home() / ".godel"
+
+
+def option(
+    help: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    env_aliases: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Field metadata: help text, optional numeric bounds, extra environment variable names."""
+    return {"help": help, "minimum": minimum, "maximum": maximum, "env_aliases": env_aliases}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """Settings every service shares. Subclass it (frozen) to add a service's own settings."""
+
+    name: str = field(
+        default_factory=default_instance_name,
+        metadata=option("instance id, unique in the cluster (default: HOSTNAME-PID)"),
+    )
+    host: str = field(default="127.0.0.1", metadata=option("address the gRPC server binds to"))
+    port: int = field(
+        default=0,
+        metadata=option("gRPC port; 0 picks a free one (it is logged)", minimum=0, maximum=65535),
+    )
+    store_url: str = field(
+        default="redis://127.0.0.1:6379/0",
+        metadata=option(
+            "URL of the Redis/Valkey store (also $GODEL_REDIS_URL)",
+            env_aliases=("GODEL_REDIS_URL",),
+        ),
+    )
+    cluster: str = field(
+        default="default",
+        metadata=option("cluster name: the store keeps each cluster's keys apart"),
+    )
+    store_connect_seconds: float = field(
+        default=10.0,
+        metadata=option("how long to keep retrying an unreachable store at startup", minimum=0),
+    )
+    log_level: LogLevel = field(default="info", metadata=option("lowest level logged"))
+    log_format: LogFormat = field(
+        default="auto",
+        metadata=option("'json', 'console', or 'auto': console on a TTY, JSON otherwise"),
+    )
+    grace_seconds: float = field(
+        default=5.0,
+        metadata=option(
+            "on SIGTERM, how long in-flight RPCs may run before being cancelled", minimum=0
+        ),
+    )
+    home: Path = field(
+        default_factory=default_home,
+        metadata=option("local state directory (pod work dirs, logs); also $GODEL_HOME"),
+    )
+
+
+ConfigT = TypeVar("ConfigT", bound=ServiceConfig)
+
+
+def load_config(
+    config_cls: type[ConfigT],
+    argv: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    prog: str | None = None,
+) -> ConfigT:
+    """Build ``config_cls`` from defaults < ``--config`` file < environment < flags."""
+    environ = os.environ if environ is None else environ
+    flags = vars(build_parser(config_cls, prog=prog).parse_args(list(argv)))
+    config_file: Path | None = flags.pop("config", None)
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    hints = typing.get_type_hints(config_cls)
+
+    # Later sources overwrite earlier ones; each raw value remembers where it came from.
+    raw: dict[str, tuple[object, str]] = {}
+    if config_file is not None:
+        for key, value in _read_config_file(config_file).items():
+            if key not in fields:
+                known = ", ".join(sorted(fields))
+                raise ConfigError(f"{config_file}: unknown key {key!r} (known keys: {known})")
+            raw[key] = (value, f"{config_file}: key {key!r}")
+    for spec in fields.values():
+        for var in _env_names(spec):  # the canonical name first: it wins over its aliases
+            if var in environ:
+                raw[spec.name] = (environ[var], f"environment variable {var}")
+                break
+    for key, value in flags.items():
+        raw[key] = (value, f"flag --{key.replace('_', '-')}")
+
+    values: dict[str, Any] = {
+        key: _coerce(value, hints[key], fields[key], source) for key, (value, source) in raw.items()
+    }
+    return config_cls(**values)
+
+
+def build_parser(
+    config_cls: type[ServiceConfig], *, prog: str | None = None
+) -> argparse.ArgumentParser:
+    """An argparse parser with ``--config`` and one flag per field of ``config_cls``.
+
+    Flags are parsed as raw strings and omitted when absent, so :func:`load_config` can layer them
+    over the file and the environment and report a bad value the same way for every source.
+    """
+    parser = _Parser(prog=prog, description=config_cls.__doc__, argument_default=argparse.SUPPRESS)
+    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
+    hints = typing.get_type_hints(config_cls)
+    for spec in dataclasses.fields(config_cls):
+        hint = hints[spec.name]
+        envs = " or ".join(f"${name}" for name in _env_names(spec))
+        parser.add_argument(
+            f"--{spec.name.replace('_', '-')}",
+            dest=spec.name,
+            metavar=spec.name.upper(),
+            choices=typing.get_args(hint) if _is_literal(hint) else None,
+            help=f"{spec.metadata.get('help', '')} [env {envs}]",
+        )
+    return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+def _env_names(spec: dataclasses.Field[Any]) -> tuple[str, ...]:
+    aliases: tuple[str, ...] = spec.metadata.get("env_aliases", ())
+    return (ENV_PREFIX + spec.name.upper(), *aliases)
+
+
+def _read_config_file(path: Path) -> dict[str, object]:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if document is None:
+        return {}
+    if not isinstance(document, dict) or not all(isinstance(k, str) for k in document):
+        raise ConfigError(f"{path}: expected a mapping of setting names to values")
+    return document
+
+
+def _is_literal(hint: object) -> bool:
+    return typing.get_origin(hint) is Literal
+
+
+def _coerce(value: object, hint: object, spec: dataclasses.Field[Any], source: str) -> object:
+    """Convert a raw value (string from env/flags, YAML scalar from a file) to the field's type."""
+    converted = _convert(value, hint)
+    if converted is None:
+        raise ConfigError(f"{source}: {value!r} is not {_describe(hint)}")
+    if isinstance(converted, int | float):
+        minimum, maximum = spec.metadata.get("minimum"), spec.metadata.get("maximum")
+        if minimum is not None and converted < minimum:
+            raise ConfigError(f"{source}: {value!r} is below the minimum {minimum}")
+        if maximum is not None and converted > maximum:
+            raise ConfigError(f"{source}: {value!r} is above the maximum {maximum}")
+    return converted
+
+
+def _convert(value: object, hint: object) -> object | None:
+    """The converted value, or None when ``value`` does not fit ``hint``."""
+    if _is_literal(hint):
+        return value if value in typing.get_args(hint) else None
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        return True if text in _TRUE else False if text in _FALSE else None
+    if isinstance(value, bool):  # YAML booleans are ints to Python; never accept them as numbers
+        return None
+    if hint is int:
+        if isinstance(value, int):
+            return value
+        return _parse(int, value) if isinstance(value, str) else None
+    if hint is float:
+        if isinstance(value, int | float):
+            return float(value)
+        return _parse(float, value) if isinstance(value, str) else None
+    if hint is str:
+        return value if isinstance(value, str) else None
+    if hint is Path:
+        return Path(value).expanduser() if isinstance(value, str) and value else None
+    raise TypeError(f"unsupported config field type {hint!r}")
+
+
+def _parse(kind: type[int] | type[float], text: str) -> int | float | None:
+    try:
+        return kind(text.strip())
+    except ValueError:
+        return None
+
+
+def _describe(hint: object) -> str:
+    if _is_literal(hint):
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(hint))
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        Path: "a path",
+    }
+    return names.get(hint, str(hint)) if isinstance(hint, type) else str(hint)

@@ -1,0 +1,291 @@
+"""The service lifecycle shared by every Gödel component.
+
+A component is a :class:`Service` subclass: it registers its gRPC servicers and may override
+``on_start`` / ``on_stop``. :class:`ServiceHost` runs one — it connects the store, serves gRPC with
+health and reflection, reports SERVING once ``on_start`` returns, and stops in a fixed order:
+
+1. health → NOT_SERVING (clients and load balancers stop sending),
+2. ``server.stop(grace)`` (in-flight RPCs get ``grace_seconds``, then are cancelled),
+3. ``on_stop()`` (drain work, release leases),
+4. background tasks started with :meth:`Service.spawn` are cancelled,
+5. the store connection is closed.
+
+:func:`main` is what ``python -m services.<name>`` calls: config, logging, uvloop, signals.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Coroutine, Sequence
+from typing import Any, ClassVar, Generic, NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+import grpc
+import structlog
+import uvloop
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.runtime.config import ConfigError, ConfigT, ServiceConfig, load_config
+from services.runtime.logging import configure_logging
+from store import Store, StoreUnavailableError
+
+log = structlog.get_logger(__name__)
+
+# Units and decision batches travel whole in one message; gRPC's 4 MiB default is too small.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+_STORE_RETRY_SECONDS = 0.5
+
+
+class StartupError(Exception):
+    """An expected reason not to start (store unreachable, port taken): logged without traceback."""
+
+
+class Service(abc.ABC, Generic[ConfigT]):
+    """One Gödel component. Subclasses set the class attributes and implement the hooks."""
+
+    component: ClassVar[str]
+    """Short name: ``python -m services.<component>``, the log field ``service``."""
+    config_class: type[ConfigT]
+    """The frozen dataclass this component is configured with."""
+    grpc_services: ClassVar[tuple[str, ...]] = ()
+    """Full names of the gRPC services it serves: reported in health and reflection."""
+
+    def __init__(self, config: ConfigT, store: Store, health: health.aio.HealthServicer) -> None:
+        self.config = config
+        self.store = store
+        self.health = health
+        self.stop_requested = asyncio.Event()
+        self.exit_code = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @abc.abstractmethod
+    def add_servicers(self, server: grpc.aio.Server) -> None:
+        """Register this component's servicers; health and reflection are added by the runtime."""
+
+    async def on_start(self) -> None:
+        """Runs once the server listens and before health reports SERVING: load state, wait for
+        the store's watch to sync, start loops with :meth:`spawn`. Raising aborts startup."""
+
+    async def on_stop(self) -> None:
+        """Runs after the gRPC server has stopped and before the store is closed: drain in-flight
+        work, release leases. Tasks started with :meth:`spawn` are cancelled afterwards."""
+
+    def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        """Run ``coro`` for the life of the service. If it raises, the service stops with exit
+        code 1 — a crashed loop is a crashed process, and its supervisor restarts it."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def request_stop(self, reason: str, *, exit_code: int = 0) -> None:
+        """Begin the graceful shutdown; the first non-zero exit code requested is kept."""
+        if self.exit_code == 0:
+            self.exit_code = exit_code
+        if not self.stop_requested.is_set():
+            log.info("stop requested", reason=reason)
+            self.stop_requested.set()
+
+    async def cancel_background_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        if (error := task.exception()) is not None:
+            log.error("background task failed", task=task.get_name(), exc_info=error)
+            self.request_stop(f"task {task.get_name()} failed", exit_code=1)
+
+
+class ServiceHost(Generic[ConfigT]):
+    """Runs one :class:`Service`: store connection, gRPC server, health, ordered shutdown.
+
+    ``async with ServiceHost(cls, config) as host:`` starts it and stops it on exit; tests use this
+    to run a service in-process on a free port (``host.address``).
+    """
+
+    def __init__(self, service_cls: type[Service[ConfigT]], config: ConfigT) -> None:
+        self.service_cls = service_cls
+        self.config = config
+        self.health = health.aio.HealthServicer()
+        self.address = ""
+        self.service: Service[ConfigT] | None = None
+        self._store: Store | None = None
+        self._server: grpc.aio.Server | None = None
+        self._stopped = False
+
+    async def start(self) -> None:
+        """Connect the store, start serving, run ``on_start``, then report SERVING. On failure
+        the caller should still call :meth:`stop` to release what was acquired."""
+        self._store = await _connect_store(self.config)
+        service = self.service = self.service_cls(self.config, self._store, self.health)
+        # Nothing is SERVING until on_start has finished (the servicer starts with "" SERVING).
+        served = ("", *service.grpc_services)
+        for name in served:
+            await self.health.set(name, NOT_SERVING)
+
+        server = self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                # Two processes must never share a port silently (gRPC enables SO_REUSEPORT).
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        service.add_servicers(server)
+        reflection.enable_server_reflection(
+            (*service.grpc_services, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        try:
+            port = server.add_insecure_port(f"{host}:{self.config.port}")
+        except RuntimeError as exc:
+            raise StartupError(f"cannot listen on {host}:{self.config.port}: {exc}") from exc
+        self.address = f"{host}:{port}"
+        await server.start()
+        log.info("listening", address=self.address, grpc_services=list(service.grpc_services))
+
+        await service.on_start()
+        for name in served:
+            await self.health.set(name, SERVING)
+        log.info("serving", address=self.address)
+
+    async def stop(self) -> None:
+        """Shut down in the documented order. Idempotent, and safe after a partial start."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.health.enter_graceful_shutdown()
+        if self._server is not None:
+            log.info("stopping gRPC server", grace_seconds=self.config.grace_seconds)
+            await self._server.stop(self.config.grace_seconds)
+        if self.service is not None:
+            try:
+                await self.service.on_stop()
+            except Exception:
+                log.exception("on_stop failed")
+                self.service.exit_code = self.service.exit_code or 1
+            await self.service.cancel_background_tasks()
+        if self._store is not None:
+            await self._store.close()
+        log.info("stopped")
+
+    async def __aenter__(self) -> ServiceHost[ConfigT]:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+async def serve(service_cls: type[Service[ConfigT]], config: ConfigT) -> int:
+    """Run the service until SIGTERM/SIGINT (or a fatal error) and return the exit code.
+
+    grpc.aio under uvloop does not stop on SIGTERM by itself, hence explicit loop handlers. A
+    second signal exits at once, for when a graceful shutdown hangs.
+    """
+    host = ServiceHost(service_cls, config)
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if interrupted.is_set():
+            log.warning("second signal: exiting without draining", signal=signum.name)
+            os._exit(128 + signum)
+        interrupted.set()
+        if host.service is not None:
+            host.service.request_stop(signum.name)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    # A signal during startup (e.g. while the store is still unreachable) aborts the startup.
+    starting = asyncio.create_task(host.start())
+    interrupt_wait = asyncio.create_task(interrupted.wait())
+    await asyncio.wait((starting, interrupt_wait), return_when=asyncio.FIRST_COMPLETED)
+    interrupt_wait.cancel()
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await host.stop()
+        return 0
+    if (error := starting.exception()) is not None:
+        if isinstance(error, StartupError):
+            log.error("startup failed", error=str(error))
+        else:
+            log.error("startup failed", exc_info=error)
+        await host.stop()
+        return 1
+
+    assert host.service is not None
+    await host.service.stop_requested.wait()
+    await host.stop()
+    return host.service.exit_code
+
+
+def run_service(service_cls: type[Service[Any]], argv: Sequence[str]) -> int:
+    """Parse config from ``argv`` and the environment, configure logging and run on uvloop.
+
+    Returns the process exit code: 0 after a graceful stop, 1 on a fatal error, 2 on bad config.
+    """
+    prog = f"python -m services.{service_cls.component}"
+    try:
+        config = load_config(service_cls.config_class, argv, prog=prog)
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(service_cls.component, config.name, config.log_level, config.log_format)
+    log.info("starting", pid=os.getpid(), store_url=_redact(config.store_url))
+    exit_code: int = uvloop.run(serve(service_cls, config))
+    return exit_code
+
+
+def main(service_cls: type[Service[Any]]) -> NoReturn:
+    """The body of a service's ``__main__``: run it and exit with its code."""
+    raise SystemExit(run_service(service_cls, sys.argv[1:]))
+
+
+async def _connect_store(config: ServiceConfig) -> Store:
+    """Connect, retrying while the store is unreachable (it may be starting or restarting)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.store_connect_seconds
+    while True:
+        try:
+            return await Store.connect(config.store_url, cluster=config.cluster)
+        except StoreUnavailableError as exc:
+            if loop.time() >= deadline:
+                raise StartupError(
+                    f"store {_redact(config.store_url)} still unreachable after "
+                    f"{config.store_connect_seconds:g}s: {exc}"
+                ) from exc
+            log.warning(
+                "store unreachable, retrying", url=_redact(config.store_url), error=str(exc)
+            )
+            await asyncio.sleep(_STORE_RETRY_SECONDS)
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
+        f":{parts.port}" if parts.port else ""
+    )
+    return urlunsplit(parts._replace(netloc=netloc))
