@@ -1,0 +1,134 @@
+"""`godel up`, `godel down`, `godel status`: a local cluster of real processes under $GODEL_HOME.
+
+The commands parse options and print; the process management is in :mod:`godel.local`.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from calendar import timegm
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from godel import local
+from godel.cli.output import OutputFormat, fail, print_json, print_table
+
+HomeOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--home",
+        envvar="GODEL_HOME",
+        help="State directory of the cluster: store data, logs, cluster.json (default ~/.godel).",
+        show_default=False,
+    ),
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("status")(status)
+
+
+def up(
+    home: HomeOption = None,
+    schedulers: Annotated[int, typer.Option(min=1, help="Scheduler shards.")] = 2,
+    binders: Annotated[
+        int, typer.Option(min=1, help="Binders (one leader, the rest standby).")
+    ] = 2,
+    nodeagents: Annotated[int, typer.Option(min=1, help="Node agent processes.")] = 1,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for SERVING.")] = 30.0,
+    grace: Annotated[
+        float, typer.Option(min=0, help="Services' shutdown grace period, in seconds.")
+    ] = 5.0,
+    foreground: Annotated[
+        bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")
+    ] = False,
+) -> None:
+    """Start a local cluster: the store server and every service as separate processes.
+
+    Uses the store at $GODEL_REDIS_URL instead of starting one when that is set.
+    """
+    godel_home = _home(home)
+    spec = local.ClusterSpec(
+        schedulers=schedulers,
+        binders=binders,
+        nodeagents=nodeagents,
+        ready_timeout=timeout,
+        grace_seconds=grace,
+    )
+    try:
+        state = local.up(godel_home, spec)
+    except (local.ClusterError, local.StateError) as exc:
+        fail(str(exc))
+    print_table(
+        ["NAME", "PID", "ADDRESS", "LOG"],
+        [(c.name, c.pid, c.address, c.log) for c in state.components],
+    )
+    if not foreground:
+        typer.echo(f"\ncluster running in {godel_home}; stop it with `godel down`")
+        return
+    typer.echo(f"\ncluster running in {godel_home}; Ctrl-C stops it")
+    stop_signals = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    signal.sigwait(stop_signals)
+    _print_outcomes(local.down(godel_home))
+
+
+def down(home: HomeOption = None) -> None:
+    """Stop the local cluster: SIGTERM every service, then the store; SIGKILL stragglers."""
+    godel_home = _home(home)
+    try:
+        outcomes = local.down(godel_home)
+    except local.StateError as exc:
+        fail(str(exc))
+    if not outcomes:
+        typer.echo(f"no cluster running in {godel_home}")
+        return
+    _print_outcomes(outcomes)
+
+
+def status(
+    home: HomeOption = None,
+    output: Annotated[OutputFormat, typer.Option("--output", "-o")] = OutputFormat.table,
+) -> None:
+    """Show every component: pid, address, alive, health. Exits 1 if any is unhealthy."""
+    try:
+        statuses = local.status(_home(home))
+    except (local.ClusterError, local.StateError) as exc:
+        fail(str(exc))
+    if output is OutputFormat.json:
+        print_json([asdict(s) | {"healthy": s.healthy} for s in statuses])
+    else:
+        print_table(
+            ["NAME", "PID", "ADDRESS", "ALIVE", "HEALTH", "AGE"],
+            [
+                (s.name, s.pid, s.address, "yes" if s.alive else "no", s.health, _age(s.started))
+                for s in statuses
+            ],
+        )
+    unhealthy = [s.name for s in statuses if not s.healthy]
+    if unhealthy:
+        fail(f"unhealthy: {', '.join(unhealthy)}")
+
+
+def _home(path: Path | None) -> local.GodelHome:
+    return local.GodelHome(path or local.default_home())
+
+
+def _print_outcomes(outcomes: list[tuple[str, str]]) -> None:
+    for name, outcome in outcomes:
+        typer.echo(f"{name} {outcome}")
+
+
+def _age(started_iso: str) -> str:
+    """kubectl-style age: 42s, 7m, 3h, 2d."""
+    seconds = int(time.time() - timegm(time.strptime(started_iso, "%Y-%m-%dT%H:%M:%SZ")))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"

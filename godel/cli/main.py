@@ -1,0 +1,59 @@
+"""The `godel` entry point (console script ``godel = godel.cli.main:main``).
+
+Each command group lives in its own module with a ``register(app)`` function; to add commands
+(``get``, ``apply``, ...), write ``godel/cli/<group>.py`` and list it in ``COMMAND_GROUPS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from types import ModuleType
+from typing import Annotated
+
+import structlog
+import typer
+
+from godel.cli import cluster
+
+COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster,)
+
+app = typer.Typer(
+    name="godel",
+    help="Gödel: a unified scheduler for online services and offline batch/ML jobs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _global_options(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Log what is being done (to stderr).")
+    ] = False,
+) -> None:
+    # Progress logs go to stderr so stdout stays clean for tables and -o json.
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.INFO if verbose else logging.WARNING
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+for group in COMMAND_GROUPS:
+    group.register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

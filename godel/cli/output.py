@@ -1,0 +1,35 @@
+"""Output helpers shared by every command: kubectl-style tables, JSON, errors on stderr."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import NoReturn
+
+import typer
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Left-aligned columns separated by three spaces, like kubectl: no borders, no wrapping, so
+    scripts can split on whitespace. Empty values print as ``<none>``."""
+    cells = [[str(h) for h in headers]]
+    cells += [[("<none>" if v is None or v == "" else str(v)) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        typer.echo("   ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def print_json(value: object) -> None:
+    typer.echo(json.dumps(value, indent=2))
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` to stderr and exit with ``code``."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)

@@ -1,0 +1,25 @@
+"""A local cluster of real processes under ``$GODEL_HOME`` (what `godel up/down/status` drive)."""
+
+from godel.local.cluster import (
+    ClusterError,
+    ClusterSpec,
+    ComponentStatus,
+    down,
+    status,
+    up,
+)
+from godel.local.home import ClusterState, ComponentRecord, GodelHome, StateError, default_home
+
+__all__ = [
+    "ClusterError",
+    "ClusterSpec",
+    "ClusterState",
+    "ComponentRecord",
+    "ComponentStatus",
+    "GodelHome",
+    "StateError",
+    "default_home",
+    "down",
+    "status",
+    "up",
+]

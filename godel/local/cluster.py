@@ -1,0 +1,341 @@
+"""A local cluster: the store server and every service as separate OS processes on loopback.
+
+`up` starts them detached (their own sessions, so they outlive the CLI and a Ctrl-C in its
+terminal), waits until each reports SERVING and records them in ``cluster.json``; `down` stops
+them; `status` checks that each is alive and healthy. The CLI is only a thin shell over these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import psutil
+import structlog
+
+from godel.local.home import STORE, ClusterState, ComponentRecord, GodelHome, now_iso
+from godel.netutil import free_port
+from services.runtime.healthcheck import SERVING, TIMEOUT, UNREACHABLE, probe
+from store import Store, StoreError, StoreUnavailableError
+from store.server import LOG_FILE, StoreServer, StoreServerError, store_url_from_env
+
+log = structlog.get_logger(__name__)
+
+HOST = "127.0.0.1"
+_LOG_TAIL_LINES = 30
+_POLL_SECONDS = 0.1
+_STORE_STOP_SECONDS = 10.0
+
+
+class ClusterError(Exception):
+    """The local cluster could not be started, found or stopped; the message says why."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What `godel up` starts."""
+
+    schedulers: int = 2
+    binders: int = 2
+    nodeagents: int = 1
+    ready_timeout: float = 30.0
+    """Seconds for every service to report SERVING."""
+    grace_seconds: float = 5.0
+    """Passed to each service: how long in-flight RPCs may run after SIGTERM."""
+    fsync: Literal["always", "everysec", "no"] = "always"
+
+    def services(self) -> list[tuple[str, str]]:
+        """(name, kind) of every service process, in start order."""
+        return [
+            ("dispatcher", "dispatcher"),
+            *((f"scheduler-{i}", "scheduler") for i in range(self.schedulers)),
+            *((f"binder-{i}", "binder") for i in range(self.binders)),
+            ("rescheduler", "rescheduler"),
+            *((f"nodeagent-{i}", "nodeagent") for i in range(self.nodeagents)),
+        ]
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    kind: str
+    pid: int | None
+    address: str
+    alive: bool
+    health: str
+    """SERVING, NOT_SERVING, UNREACHABLE, TIMEOUT, ..."""
+    started: str
+
+    @property
+    def healthy(self) -> bool:
+        return self.alive and self.health == SERVING
+
+
+def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
+    """Start the store (unless $GODEL_REDIS_URL names one) and every service, and return once all
+    report SERVING. On any failure everything started is stopped again and ClusterError says which
+    component failed, with the tail of its log."""
+    with home.lock():
+        _refuse_running_cluster(home)
+        home.logs_dir.mkdir(parents=True, exist_ok=True)
+        state = ClusterState(store_url="", started=now_iso(), grace_seconds=spec.grace_seconds)
+        started: list[subprocess.Popen[bytes]] = []
+        try:
+            state.store_url = _start_store(home, spec, state)
+            for name, kind in spec.services():
+                started.append(_start_service(home, spec, state, name, kind))
+            _wait_serving(home, state, started, spec.ready_timeout)
+        except BaseException:
+            _stop(state)
+            home.clear()
+            raise
+        log.info("cluster up", home=str(home), components=len(state.components))
+        return state
+
+
+def down(home: GodelHome, timeout: float | None = None) -> list[tuple[str, str]]:
+    """Stop every component (services first, then the store): SIGTERM, then SIGKILL whatever is
+    still running after ``timeout`` (default: the services' grace plus margin). Returns (name,
+    outcome) per component; empty when no cluster is recorded. Safe to run twice."""
+    with home.lock():
+        state = home.load()
+        if state is None:
+            return []
+        outcomes = _stop(state, timeout)
+        home.clear()
+        return outcomes
+
+
+def status(home: GodelHome, timeout: float = 1.0) -> list[ComponentStatus]:
+    """Liveness (the recorded process still runs) and health (gRPC health check, or PING for the
+    store) of every component, probed in parallel with ``timeout`` each."""
+    state = home.load()
+    if state is None:
+        raise ClusterError(f"no cluster in {home}: start one with `godel up`")
+    with ThreadPoolExecutor(max_workers=len(state.components)) as pool:
+        return list(pool.map(lambda c: _component_status(c, timeout), state.components))
+
+
+def _refuse_running_cluster(home: GodelHome) -> None:
+    state = home.load()
+    if state is None:
+        return
+    alive = [c.name for c in state.components if c.process() is not None]
+    if alive:
+        raise ClusterError(
+            f"a cluster is already running in {home} ({', '.join(alive)}); "
+            "stop it with `godel down` or use another --home"
+        )
+    log.info("removing the record of a cluster that is no longer running", home=str(home))
+    home.clear()
+
+
+def _start_store(home: GodelHome, spec: ClusterSpec, state: ClusterState) -> str:
+    external = store_url_from_env()
+    if external:
+        state.components.append(
+            ComponentRecord(
+                name=STORE,
+                kind=STORE,
+                address=external,
+                pid=None,
+                create_time=None,
+                command=[],
+                log="",
+                started=now_iso(),
+            )
+        )
+        return external
+    log.info("starting store server", data_dir=str(home.store_dir))
+    try:
+        server = StoreServer.start(home.store_dir, fsync=spec.fsync, detach=True)
+    except StoreServerError as exc:
+        raise ClusterError(f"store: {exc}") from exc
+    assert server.pid is not None
+    state.components.append(
+        ComponentRecord(
+            name=STORE,
+            kind=STORE,
+            address=server.url,
+            pid=server.pid,
+            create_time=psutil.Process(server.pid).create_time(),
+            command=[server.binary],
+            log=str(home.store_dir / LOG_FILE),
+            started=now_iso(),
+        )
+    )
+    return server.url
+
+
+def _start_service(
+    home: GodelHome, spec: ClusterSpec, state: ClusterState, name: str, kind: str
+) -> subprocess.Popen[bytes]:
+    address = f"{HOST}:{free_port(HOST)}"
+    command = [
+        # -P: never import from the working directory (a `store/` data dir there would shadow
+        # the `store` package).
+        sys.executable, "-P", "-m", f"services.{kind}",
+        "--name", name,
+        "--host", HOST,
+        "--port", address.rsplit(":", 1)[1],
+        "--store-url", state.store_url,
+        "--home", str(home.path),
+        "--grace-seconds", str(spec.grace_seconds),
+        "--log-format", "json",
+    ]  # fmt: skip
+    log_path = home.log_file(name)
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C in the terminal of `godel up` does not reach it.
+            start_new_session=True,
+            cwd=home.path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    state.components.append(
+        ComponentRecord(
+            name=name,
+            kind=kind,
+            address=address,
+            pid=proc.pid,
+            create_time=psutil.Process(proc.pid).create_time(),
+            command=command,
+            log=str(log_path),
+            started=now_iso(),
+        )
+    )
+    # Recorded at once, so `godel down` can clean up even if this `up` is killed halfway.
+    home.save(state)
+    log.info("started", component=name, pid=proc.pid, address=address)
+    return proc
+
+
+def _wait_serving(
+    home: GodelHome, state: ClusterState, procs: list[subprocess.Popen[bytes]], timeout: float
+) -> None:
+    services = [c for c in state.components if c.kind != STORE]
+    pending = dict(zip((c.name for c in services), zip(services, procs, strict=True), strict=True))
+    deadline = time.monotonic() + timeout
+    while pending:
+        for name, (record, proc) in list(pending.items()):
+            if (code := proc.poll()) is not None:
+                raise ClusterError(
+                    f"{name} exited with code {code} during startup{_log_tail(record.log)}"
+                )
+            if probe(record.address, timeout=0.5) == SERVING:
+                log.info("serving", component=name)
+                del pending[name]
+        if pending and time.monotonic() >= deadline:
+            first = next(iter(pending.values()))[0]
+            raise ClusterError(
+                f"{', '.join(pending)} not SERVING after {timeout:g}s{_log_tail(first.log)}"
+            )
+        if pending:
+            time.sleep(_POLL_SECONDS)
+
+
+def _stop(state: ClusterState, timeout: float | None = None) -> list[tuple[str, str]]:
+    services = [c for c in state.components if c.kind != STORE]
+    stores = [c for c in state.components if c.kind == STORE]
+    outcomes = _terminate(services, timeout if timeout is not None else state.grace_seconds + 5.0)
+    # The store goes last: services drain into it while they stop.
+    outcomes += _terminate(stores, timeout if timeout is not None else _STORE_STOP_SECONDS)
+    return outcomes
+
+
+def _terminate(records: list[ComponentRecord], timeout: float) -> list[tuple[str, str]]:
+    outcomes: dict[str, str] = {}
+    running: dict[str, psutil.Process] = {}
+    for record in records:
+        if record.pid is None:
+            outcomes[record.name] = "not managed"
+        elif (proc := record.process()) is None:
+            outcomes[record.name] = "not running"
+        else:
+            running[record.name] = proc
+    for proc in running.values():
+        _signal(proc, signal.SIGTERM)
+    stragglers = _wait_gone(running, timeout)
+    for name, proc in stragglers.items():
+        log.warning("did not stop in time, killing", component=name, pid=proc.pid)
+        _signal(proc, signal.SIGKILL)
+    _wait_gone(stragglers, 5.0)
+    for name in running:
+        outcomes[name] = "killed" if name in stragglers else "stopped"
+    return [(r.name, outcomes[r.name]) for r in records]
+
+
+def _wait_gone(procs: dict[str, psutil.Process], timeout: float) -> dict[str, psutil.Process]:
+    """Wait until the processes have exited; return those still running after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    remaining = dict(procs)
+    while remaining:
+        remaining = {name: proc for name, proc in remaining.items() if _running(proc)}
+        if not remaining or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    return remaining
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal(proc: psutil.Process, signum: signal.Signals) -> None:
+    try:
+        proc.send_signal(signum)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def _component_status(record: ComponentRecord, timeout: float) -> ComponentStatus:
+    if record.kind == STORE:
+        health = _ping_store(record.address, timeout)
+        alive = record.process() is not None if record.pid is not None else health == SERVING
+    else:
+        alive = record.process() is not None
+        health = probe(record.address, timeout=timeout) if alive else UNREACHABLE
+    return ComponentStatus(
+        name=record.name, kind=record.kind, pid=record.pid, address=record.address,
+        alive=alive, health=health, started=record.started,
+    )  # fmt: skip
+
+
+def _ping_store(url: str, timeout: float) -> str:
+    async def ping() -> None:
+        store = await Store.connect(url)
+        await store.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(ping(), timeout))
+    except TimeoutError:
+        return TIMEOUT
+    except StoreUnavailableError:
+        return UNREACHABLE
+    except StoreError as exc:
+        return type(exc).__name__
+    return SERVING
+
+
+def _log_tail(path: str) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
+    except OSError as exc:
+        return f"; cannot read its log {path}: {exc}"
+    if not lines:
+        return f"; its log {path} is empty"
+    return f"\n--- last {len(lines)} lines of {path} ---\n" + "\n".join(lines)

@@ -1,0 +1,142 @@
+"""`godel up / status / down` end to end: real store server, real service processes, driven
+through the CLI as a user would (`python -m godel.cli.main`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+Godel = Callable[..., subprocess.CompletedProcess[str]]
+
+DEFAULT_COMPONENTS = {
+    "store", "dispatcher", "scheduler-0", "scheduler-1", "binder-0", "binder-1", "rescheduler",
+    "nodeagent-0",
+}  # fmt: skip
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "godel-home"
+
+
+@pytest.fixture
+def godel(home: Path) -> Iterator[Godel]:
+    """Run the CLI against ``home`` with its own store server; `godel down` at teardown."""
+    env = {k: v for k, v in os.environ.items() if k != "GODEL_REDIS_URL"}
+    env["GODEL_HOME"] = str(home)
+
+    def run(
+        *args: str, extra_env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "godel.cli.main", *args],
+            env={**env, **(extra_env or {})},
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+
+    yield run
+    run("down")
+
+
+def _status(godel: Godel) -> tuple[int, dict[str, dict[str, Any]]]:
+    result = godel("status", "-o", "json")
+    return result.returncode, {c["name"]: c for c in json.loads(result.stdout)}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_up_status_down(godel: Godel, home: Path) -> None:
+    started = godel("up", "--grace", "1")
+    assert started.returncode == 0, started.stderr
+    assert {line.split()[0] for line in started.stdout.splitlines()[1:] if line.strip()} >= (
+        DEFAULT_COMPONENTS
+    )
+    assert (home / "cluster.json").is_file()
+    assert (home / "logs" / "dispatcher.log").is_file()
+
+    code, components = _status(godel)
+    assert code == 0
+    assert set(components) == DEFAULT_COMPONENTS
+    assert all(c["alive"] and c["health"] == "SERVING" for c in components.values())
+    pids = [c["pid"] for c in components.values()]
+    assert all(not _gone(pid) for pid in pids)
+
+    table = godel("status")
+    assert table.returncode == 0
+    assert table.stdout.split()[:6] == ["NAME", "PID", "ADDRESS", "ALIVE", "HEALTH", "AGE"]
+
+    again = godel("up")
+    assert again.returncode != 0
+    assert "already running" in again.stderr
+
+    stopped = godel("down")
+    assert stopped.returncode == 0, stopped.stderr
+    assert {line.split()[0] for line in stopped.stdout.splitlines()} == DEFAULT_COMPONENTS
+    assert all(_gone(pid) for pid in pids)
+    assert not (home / "cluster.json").exists()
+
+    twice = godel("down")
+    assert twice.returncode == 0 and "no cluster running" in twice.stdout
+    after = godel("status")
+    assert after.returncode != 0 and "no cluster" in after.stderr
+
+
+def test_status_reports_a_killed_component(godel: Godel) -> None:
+    assert godel("up", "--schedulers", "1", "--binders", "1", "--grace", "1").returncode == 0
+    _, components = _status(godel)
+    victim = components["scheduler-0"]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    _wait_until(lambda: _gone(victim))
+
+    code, components = _status(godel)
+    assert code != 0
+    assert components["scheduler-0"]["alive"] is False
+    assert components["scheduler-0"]["health"] == "UNREACHABLE"
+    assert all(c["healthy"] for name, c in components.items() if name != "scheduler-0")
+    assert "scheduler-0" in godel("status").stderr
+
+    stopped = godel("down")
+    assert "scheduler-0 not running" in stopped.stdout
+    assert all(_gone(c["pid"]) for c in components.values())
+
+
+def test_up_names_the_failing_component_and_stops_the_rest(godel: Godel, home: Path) -> None:
+    # Every service rejects this setting at startup (exit 2): `up` must report it and clean up.
+    failed = godel("up", extra_env={"GODEL_LOG_LEVEL": "loud"})
+    assert failed.returncode != 0
+    assert "exited with code 2 during startup" in failed.stderr
+    assert "GODEL_LOG_LEVEL" in failed.stderr  # the tail of the failing component's log
+    assert not (home / "cluster.json").exists()
+    assert not (home / "store" / "server.pid").exists()  # the store server was stopped too
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(home) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert leftovers == []
