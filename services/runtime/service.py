@@ -235,6 +235,8 @@ async def serve(service_cls: type[Service[ConfigT]], config: ConfigT) -> int:
         return 1
 
     assert host.service is not None
+    if interrupted.is_set():  # the signal and the end of startup landed in the same loop turn
+        host.service.request_stop("signal during startup")
     await host.service.stop_requested.wait()
     await host.stop()
     return host.service.exit_code
