@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal, TypeVar
@@ -41,8 +41,11 @@ from store.keys import Keys
 from store.kinds import DEFAULT_MAX_OBJECT_BYTES, Kind
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 DEFAULT_FEED_MAX_LEN = 500_000
+# Bounds the time one script call holds the (single-threaded) server.
+MAX_OPS_PER_CALL = 1000
 POOLS = {pb.QOS_UNSPECIFIED: "g", pb.QOS_GUARANTEED: "g", pb.QOS_BEST_EFFORT: "be"}
 
 
@@ -145,12 +148,27 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+
+
 @contextlib.contextmanager
 def _translate_errors() -> Iterator[None]:
     try:
         yield
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+    except _CONNECTION_ERRORS as exc:
         raise StoreUnavailableError(f"store unreachable: {exc}") from exc
+
+
+async def _read(call: Callable[[], Awaitable[T]]) -> T:
+    """Run an idempotent read. After a server restart every pooled connection is stale and
+    fails once, so a read gets one retry on a fresh connection; writes never retry (their
+    outcome would be ambiguous)."""
+    try:
+        return await call()
+    except _CONNECTION_ERRORS:
+        pass
+    with _translate_errors():
+        return await call()
 
 
 def _capacity_spec(node: pb.Node) -> str:
@@ -216,16 +234,14 @@ class Store:
         return store
 
     async def ping(self) -> None:
-        with _translate_errors():
-            await self._redis.ping()
+        await _read(self._redis.ping)
 
     async def close(self) -> None:
         await self._redis.aclose()
 
     async def revision(self) -> int:
         """The current global revision (the last one assigned)."""
-        with _translate_errors():
-            raw = await self._redis.get(self.keys.revision)
+        raw = await _read(lambda: self._redis.get(self.keys.revision))
         return int(raw or 0)
 
     # -----------------------------------------------------------------------------------------
@@ -251,11 +267,14 @@ class Store:
 
     async def get(self, cls: type[M], name: str) -> M:
         kind = kinds_mod.kind_for_class(cls)
-        with _translate_errors():
+
+        async def fetch() -> list[Any]:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hget(self.keys.data(kind.name), name)
                 pipe.hget(self.keys.versions(kind.name), name)
-                data, rv = await pipe.execute()
+                return await pipe.execute()  # type: ignore[no-any-return]
+
+        data, rv = await _read(fetch)
         if data is None or rv is None:
             raise NotFoundError(kind.name, name)
         return kinds_mod.decode(kind, data, int(rv))  # type: ignore[return-value]
@@ -265,11 +284,14 @@ class Store:
         if not names:
             return []
         kind = kinds_mod.kind_for_class(cls)
-        with _translate_errors():
+
+        async def fetch() -> list[Any]:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hmget(self.keys.data(kind.name), list(names))
                 pipe.hmget(self.keys.versions(kind.name), list(names))
-                datas, rvs = await pipe.execute()
+                return await pipe.execute()  # type: ignore[no-any-return]
+
+        datas, rvs = await _read(fetch)
         return [
             kinds_mod.decode(kind, d, int(v)) if d is not None and v is not None else None  # type: ignore[misc]
             for d, v in zip(datas, rvs, strict=True)
@@ -285,13 +307,16 @@ class Store:
         """An atomic snapshot of several kinds and its revision: watching from that revision
         misses nothing and repeats nothing."""
         kinds = [kinds_mod.kind_named(k) for k in kind_names]
-        with _translate_errors():
+
+        async def fetch() -> list[Any]:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.get(self.keys.revision)
                 for kind in kinds:
                     pipe.hgetall(self.keys.data(kind.name))
                     pipe.hgetall(self.keys.versions(kind.name))
-                replies = await pipe.execute()
+                return await pipe.execute()  # type: ignore[no-any-return]
+
+        replies = await _read(fetch)
         result = ListResult({}, int(replies[0] or 0))
         for i, kind in enumerate(kinds):
             datas: dict[bytes, bytes] = replies[1 + 2 * i]
@@ -321,41 +346,55 @@ class Store:
     async def commit(self, ops: Sequence[Op], *, fence: Fence | None = None) -> list[int]:
         """Apply every op or none. Returns each op's revision (and sets it on the objects).
         Raises CommitError naming the failing op, or FencedError if ``fence`` is stale."""
-        prepared = self._prepare(ops, fence)
-        with _translate_errors():
-            reply = await self._commit_script(keys=prepared.keys, args=prepared.args)
-        return self._finish(prepared, reply, fence)
+        result = (await self.commit_many([ops], fence=fence))[0]
+        if isinstance(result, StoreError):
+            raise result
+        return result
 
     async def commit_many(
         self, commits: Sequence[Sequence[Op]], *, fence: Fence | None = None
     ) -> list[list[int] | StoreError]:
-        """Many independent atomic commits pipelined in one round trip. Each result is that
-        commit's revisions or its error; a failure of one does not affect the others."""
-        results: list[list[int] | StoreError] = []
-        prepared_list: list[_Prepared | StoreError] = []
+        """Many independent atomic commits in one round trip. Each result is that commit's
+        revisions or its error; a failure of one does not affect the others. Commits travel
+        many to a script call (at most ``MAX_OPS_PER_CALL`` ops each, so no call holds the
+        server for long) and the calls are pipelined."""
+        calls: list[_ScriptCall] = []
+        placed: list[tuple[_ScriptCall, int] | StoreError] = []
         for ops in commits:
+            if not calls or calls[-1].op_count >= MAX_OPS_PER_CALL:
+                calls.append(_ScriptCall(self.keys, fence, self.feed_max_len))
             try:
-                prepared_list.append(self._prepare(ops, fence))
+                placed.append((calls[-1], calls[-1].add(ops, self.max_object_bytes)))
             except StoreError as exc:
-                prepared_list.append(exc)
-        runnable = [p for p in prepared_list if isinstance(p, _Prepared)]
-        replies: list[Any] = []
-        if runnable:
+                placed.append(exc)
+        calls = [c for c in calls if c.commits]
+        replies: dict[int, list[Any] | BaseException] = {}
+        if len(calls) == 1:
+            with _translate_errors():
+                replies[id(calls[0])] = await self._commit_script(
+                    keys=calls[0].keys, args=calls[0].args
+                )
+        elif calls:
             with _translate_errors():
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    for p in runnable:
-                        await self._commit_script(keys=p.keys, args=p.args, client=pipe)
-                    replies = await pipe.execute(raise_on_error=False)
-        it = iter(replies)
-        for p in prepared_list:
-            if isinstance(p, StoreError):
-                results.append(p)
+                    for call in calls:
+                        await self._commit_script(keys=call.keys, args=call.args, client=pipe)
+                    for call, reply in zip(
+                        calls, await pipe.execute(raise_on_error=False), strict=True
+                    ):
+                        replies[id(call)] = reply
+        results: list[list[int] | StoreError] = []
+        for entry in placed:
+            if isinstance(entry, StoreError):
+                results.append(entry)
                 continue
-            reply = next(it)
+            call, index = entry
+            reply = replies[id(call)]
+            if isinstance(reply, BaseException):
+                results.append(StoreError(f"commit failed: {reply}"))
+                continue
             try:
-                if isinstance(reply, Exception):
-                    raise StoreError(f"commit failed: {reply}")
-                results.append(self._finish(p, reply, fence))
+                results.append(call.finish(index, reply[index], fence))
             except StoreError as exc:
                 results.append(exc)
         return results
@@ -399,108 +438,6 @@ class Store:
             return (await self.commit([op]))[0]
         except CommitError as exc:
             raise exc.cause from None
-
-    def _prepare(self, ops: Sequence[Op], fence: Fence | None) -> _Prepared:
-        if not ops:
-            raise InvalidObjectError("a commit needs at least one operation")
-        slots: dict[str, int] = {}
-        keys = [
-            self.keys.revision,
-            self.keys.feed,
-            self.keys.lease(fence.lease) if fence else self.keys.no_lease,
-            self.keys.accounting,
-            self.keys.claims,
-        ]
-        args: list[Any] = [str(fence.epoch) if fence else "", self.feed_max_len, len(ops)]
-        described: list[tuple[str, str]] = []
-        targets: list[Message | None] = []
-        now = _now_ms()
-
-        def slot_of(kind: Kind) -> int:
-            slot = slots.get(kind.name)
-            if slot is None:
-                slot = slots[kind.name] = len(slots) + 1
-                keys.extend((self.keys.data(kind.name), self.keys.versions(kind.name)))
-            return slot
-
-        for op in ops:
-            if isinstance(op, Delete):
-                kind = kinds_mod.kind_named(op.kind)
-                acct = "X" if kind.name == "Node" else "R" if kind.name == "Pod" else ""
-                expect = str(op.expected_version) if op.expected_version else ""
-                args += ["D", slot_of(kind), kind.name, op.name, expect, b"", acct]
-                described.append((kind.name, op.name))
-                targets.append(None)
-                continue
-            obj = op.pod if isinstance(op, Bind | Release) else op.obj
-            if isinstance(op, Bind) and not op.pod.spec.node_name:
-                raise InvalidObjectError("is required to bind", "spec.node_name")
-            kind = kinds_mod.kind_of(obj)
-            meta = obj.metadata  # type: ignore[attr-defined]
-            if isinstance(op, Create):
-                if not meta.uid:
-                    meta.uid = uuid.uuid4().hex
-                if not meta.creation_timestamp_ms:
-                    meta.creation_timestamp_ms = now
-                type_, expect = "C", ""
-            else:
-                forced = isinstance(op, Update) and op.force
-                if not forced and meta.resource_version <= 0:
-                    raise InvalidObjectError(
-                        "is required for a compare-and-set write (or use force)",
-                        "metadata.resource_version",
-                    )
-                type_, expect = "U", "" if forced else str(meta.resource_version)
-            if isinstance(op, Bind):
-                acct = _claim_spec(op.pod)
-            elif isinstance(op, Release):
-                acct = "R"
-            elif kind.name == "Node":
-                acct = _capacity_spec(obj)  # type: ignore[arg-type]
-            else:
-                acct = ""
-            data = kinds_mod.encode(obj, kind, self.max_object_bytes)
-            args += [type_, slot_of(kind), kind.name, meta.name, expect, data, acct]
-            described.append((kind.name, meta.name))
-            targets.append(obj)
-        return _Prepared(keys, args, described, targets)
-
-    def _finish(self, p: _Prepared, reply: list[Any], fence: Fence | None) -> list[int]:
-        if int(reply[0]) == 1:
-            first = int(reply[1])
-            revisions = list(range(first, first + len(p.targets)))
-            for obj, rev in zip(p.targets, revisions, strict=True):
-                if obj is not None:
-                    obj.metadata.resource_version = rev  # type: ignore[attr-defined]
-            return revisions
-        index, code = int(reply[1]), reply[2].decode()
-        detail = [x.decode() if isinstance(x, bytes) else str(x) for x in reply[3:]]
-        if code == "FENCED":
-            assert fence is not None
-            raise FencedError(fence.lease, fence.epoch, int(detail[0]))
-        kind, name = p.described[index - 1]
-        cause: StoreError
-        if code == "EXISTS":
-            cause = AlreadyExistsError(kind, name)
-        elif code == "NOTFOUND":
-            cause = NotFoundError(kind, name)
-        elif code == "CONFLICT":
-            expected = p.args[3 + (index - 1) * 7 + 4]
-            cause = ConflictError(kind, name, int(expected), int(detail[0]))
-        elif code == "DUPLICATE":
-            cause = InvalidObjectError(f"{kind} {name!r} appears twice in one commit")
-        elif code == "BOUND":
-            cause = AlreadyBoundError(name, detail[0])
-        elif code == "NONODE":
-            cause = NotFoundError("Node", detail[0])
-        elif code == "INSUFFICIENT":
-            node, pool, res, used, want, cap = detail
-            cause = InsufficientCapacityError(
-                node, pool, res, f" (used {used} + requested {want} > capacity {cap})"
-            )
-        else:
-            cause = StoreError(f"commit failed: {code} {detail}")
-        raise CommitError(index - 1, cause)
 
     # -----------------------------------------------------------------------------------------
     # Node accounting (read side; writes happen only inside commits)
@@ -637,9 +574,121 @@ class Store:
             yield WatchBatch(events, last)
 
 
-@dataclass(slots=True)
-class _Prepared:
-    keys: list[str]
-    args: list[Any]
-    described: list[tuple[str, str]]
-    targets: list[Message | None]
+class _ScriptCall:
+    """The KEYS and ARGV of one commit.lua call holding one or more commits."""
+
+    def __init__(self, keys: Keys, fence: Fence | None, feed_max_len: int) -> None:
+        self._keys = keys
+        self.keys = [
+            keys.revision,
+            keys.feed,
+            keys.lease(fence.lease) if fence else keys.no_lease,
+            keys.accounting,
+            keys.claims,
+        ]
+        self.args: list[Any] = [str(fence.epoch) if fence else "", feed_max_len, 0]
+        self.op_count = 0
+        self._slots: dict[str, int] = {}
+        # Per commit, per op: (kind, name, expected version) and the object to stamp with its
+        # new revision.
+        self.commits: list[tuple[list[tuple[str, str, int]], list[Message | None]]] = []
+
+    def _slot(self, kind: Kind) -> int:
+        slot = self._slots.get(kind.name)
+        if slot is None:
+            slot = self._slots[kind.name] = len(self._slots) + 1
+            self.keys += [self._keys.data(kind.name), self._keys.versions(kind.name)]
+        return slot
+
+    def add(self, ops: Sequence[Op], max_object_bytes: int) -> int:
+        """Append one commit; returns its index in this call. Raises before appending anything
+        if an op is invalid."""
+        if not ops:
+            raise InvalidObjectError("a commit needs at least one operation")
+        args: list[Any] = [len(ops)]
+        described: list[tuple[str, str, int]] = []
+        targets: list[Message | None] = []
+        now = _now_ms()
+        for op in ops:
+            if isinstance(op, Delete):
+                kind = kinds_mod.kind_named(op.kind)
+                acct = "X" if kind.name == "Node" else "R" if kind.name == "Pod" else ""
+                expect = str(op.expected_version) if op.expected_version else "-"
+                args += [f"D {self._slot(kind)} {kind.name} {op.name} {expect} {acct}", b""]
+                described.append((kind.name, op.name, op.expected_version))
+                targets.append(None)
+                continue
+            obj = op.pod if isinstance(op, Bind | Release) else op.obj
+            if isinstance(op, Bind) and not op.pod.spec.node_name:
+                raise InvalidObjectError("is required to bind", "spec.node_name")
+            kind = kinds_mod.kind_of(obj)
+            meta = obj.metadata  # type: ignore[attr-defined]
+            if isinstance(op, Create):
+                if not meta.uid:
+                    meta.uid = uuid.uuid4().hex
+                if not meta.creation_timestamp_ms:
+                    meta.creation_timestamp_ms = now
+                type_, expect = "C", "-"
+            else:
+                forced = isinstance(op, Update) and op.force
+                if not forced and meta.resource_version <= 0:
+                    raise InvalidObjectError(
+                        "is required for a compare-and-set write (or use force)",
+                        "metadata.resource_version",
+                    )
+                type_, expect = "U", "-" if forced else str(meta.resource_version)
+            if isinstance(op, Bind):
+                acct = _claim_spec(op.pod)
+            elif isinstance(op, Release):
+                acct = "R"
+            elif kind.name == "Node":
+                acct = _capacity_spec(obj)  # type: ignore[arg-type]
+            else:
+                acct = ""
+            data = kinds_mod.encode(obj, kind, max_object_bytes)
+            args += [f"{type_} {self._slot(kind)} {kind.name} {meta.name} {expect} {acct}", data]
+            described.append((kind.name, meta.name, 0 if expect == "-" else int(expect)))
+            targets.append(obj)
+        self.args += args
+        self.args[2] += 1
+        self.op_count += len(ops)
+        self.commits.append((described, targets))
+        return len(self.commits) - 1
+
+    def finish(self, index: int, reply: list[Any], fence: Fence | None) -> list[int]:
+        """Turn one commit's script result into its revisions, or raise its typed error."""
+        described, targets = self.commits[index]
+        if int(reply[0]) == 1:
+            first = int(reply[1])
+            revisions = list(range(first, first + len(targets)))
+            for obj, rev in zip(targets, revisions, strict=True):
+                if obj is not None:
+                    obj.metadata.resource_version = rev  # type: ignore[attr-defined]
+            return revisions
+        op_index, code = int(reply[1]), reply[2].decode()
+        detail = [x.decode() if isinstance(x, bytes) else str(x) for x in reply[3:]]
+        if code == "FENCED":
+            assert fence is not None
+            raise FencedError(fence.lease, fence.epoch, int(detail[0]))
+        kind, name, expected = described[op_index - 1]
+        cause: StoreError
+        if code == "EXISTS":
+            cause = AlreadyExistsError(kind, name)
+        elif code == "NOTFOUND":
+            cause = NotFoundError(kind, name)
+        elif code == "CONFLICT":
+            cause = ConflictError(kind, name, expected, int(detail[0]))
+        elif code == "DUPLICATE":
+            cause = InvalidObjectError(f"{kind} {name!r} appears twice in one commit")
+        elif code == "BOUND":
+            cause = AlreadyBoundError(name, detail[0])
+        elif code == "NONODE":
+            cause = NotFoundError("Node", detail[0])
+        elif code == "INSUFFICIENT":
+            node, pool, res, used, want, cap = detail
+            cause = InsufficientCapacityError(
+                node, pool, res, f" (used {used} + requested {want} > capacity {cap})"
+            )
+        else:
+            cause = StoreError(f"commit failed: {code} {detail}")
+        raise CommitError(op_index - 1, cause)

@@ -56,6 +56,7 @@ class Informer:
         self._handlers: list[Handlers] = []
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._resync_seconds = resync_seconds
         self._retry_max = retry_max_seconds
         self._block_ms = block_ms
@@ -97,17 +98,24 @@ class Informer:
             self._task = asyncio.create_task(self._run(), name=f"informer{self.kinds}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is None:
+            return
+        # redis-py's read timeout can swallow a cancellation that lands during a blocking
+        # XREAD, so flag the loop too and cancel until the task has really ended.
+        self._stopping = True
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.05)
+        self._stopping = False
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()
 
     async def _run(self) -> None:
-        need_list = True
+        need_list = not self._synced.is_set()  # a restarted informer resumes where it stopped
         delay = 0.05
         last_resync = time.monotonic()
-        while True:
+        while not self._stopping:
             try:
                 if need_list:
                     self._replace(await self._store.list_kinds(self.kinds))
@@ -117,6 +125,8 @@ class Informer:
                 async for batch in self._store.watch(
                     self.revision, self.kinds, block_ms=self._block_ms
                 ):
+                    if self._stopping:
+                        return
                     for event in batch.events:
                         self._apply(event)
                     self.revision = batch.revision

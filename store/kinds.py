@@ -123,22 +123,34 @@ def _resources_at(obj: Message, path: tuple[str, ...]) -> Iterator[tuple[str, Me
     yield from nodes
 
 
+def _check_quantities(label: str, res: Message) -> None:
+    for field, value in res.ListFields():
+        if field.name == "extended":
+            for key, amount in value.items():
+                if amount < 0:
+                    raise InvalidObjectError(
+                        f"must not be negative (got {amount})", f"{label}.extended[{key}]"
+                    )
+        elif value < 0:
+            raise InvalidObjectError(f"must not be negative (got {value})", f"{label}.{field.name}")
+
+
 def validate(obj: Message, kind: Kind) -> None:
     """Checks every stored object passes: a valid name and no negative resource quantity."""
     validate_name(obj.metadata.name)  # type: ignore[attr-defined]
     for path in kind.resource_paths:
-        for label, res in _resources_at(obj, path):
-            for field, value in res.ListFields():
-                if field.name == "extended":
-                    for key, amount in value.items():
-                        if amount < 0:
-                            raise InvalidObjectError(
-                                f"must not be negative (got {amount})", f"{label}.extended[{key}]"
-                            )
-                elif value < 0:
-                    raise InvalidObjectError(
-                        f"must not be negative (got {value})", f"{label}.{field.name}"
-                    )
+        if any(element.endswith("[]") for element in path):
+            for label, res in _resources_at(obj, path):
+                _check_quantities(label, res)
+            continue
+        # The common case, walked directly: writes of every object pass here.
+        msg = obj
+        for name in path:
+            if not msg.HasField(name):
+                break
+            msg = getattr(msg, name)
+        else:
+            _check_quantities(".".join(path), msg)
 
 
 def encode(obj: Message, kind: Kind, max_bytes: int) -> bytes:
