@@ -154,10 +154,18 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
     results["unit_pods_per_s"] = results["unit_commits_per_s"] * UNIT_SIZE
     return {
         "benchmark": "store",
-        "machine": {"python": platform.python_version(), "cpus": _cpus(), "platform": platform.platform()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": _cpus(),
+            "platform": platform.platform(),
+        },
         "server": {"binary": server.binary, "fsync": opts.fsync},
-        "params": {"writes": opts.writes, "units": opts.units, "events": opts.events,
-                   "batch": opts.batch},
+        "params": {
+            "writes": opts.writes,
+            "units": opts.units,
+            "events": opts.events,
+            "batch": opts.batch,
+        },
         "results": results,
     }
 
@@ -181,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     r = report["results"]
     print(f"\nstore benchmark (fsync={opts.fsync}, {report['machine']['cpus']} cpus)")
     print(f"  pipelined CAS writes/s      {r['cas_writes_per_s']:>12,.0f}")
-    print(f"  atomic unit commits/s       {r['unit_commits_per_s']:>12,.0f}"
-          f"   ({r['unit_pods_per_s']:,.0f} pods/s in {UNIT_SIZE}-pod units)")
+    print(
+        f"  atomic unit commits/s       {r['unit_commits_per_s']:>12,.0f}"
+        f"   ({r['unit_pods_per_s']:,.0f} pods/s in {UNIT_SIZE}-pod units)"
+    )
     print(f"  watch events/s (informer)   {r['watch_events_per_s']:>12,.0f}")
     if opts.json:
         opts.json.parent.mkdir(parents=True, exist_ok=True)

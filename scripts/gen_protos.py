@@ -54,8 +54,12 @@ def main() -> int:
         fresh = generate(Path(tmp))
         committed = {p.name for p in PROTO_DIR.iterdir() if p.name.endswith(GENERATED_SUFFIXES)}
         if opts.check:
-            stale = [p.name for p in fresh if not (PROTO_DIR / p.name).exists()
-                     or not filecmp.cmp(p, PROTO_DIR / p.name, shallow=False)]
+            stale = [
+                p.name
+                for p in fresh
+                if not (PROTO_DIR / p.name).exists()
+                or not filecmp.cmp(p, PROTO_DIR / p.name, shallow=False)
+            ]
             stale += sorted(committed - {p.name for p in fresh})
             if stale:
                 print("generated protobuf code is stale: " + ", ".join(stale), file=sys.stderr)

@@ -185,8 +185,10 @@ def _claim_spec(pod: pb.Pod) -> str:
     return f"B {pod.spec.node_name} {pool} {req.milli_cpu} {req.memory_bytes} {req.gpus}"
 
 
-_LUA = {name: (resources.files("store") / "lua" / f"{name}.lua").read_text() for name in
-        ("commit", "lease")}
+_LUA = {
+    name: (resources.files("store") / "lua" / f"{name}.lua").read_text()
+    for name in ("commit", "lease")
+}
 
 
 class Store:
@@ -227,9 +229,7 @@ class Store:
             max_connections=max_connections,
             socket_connect_timeout=5,
         )
-        store = cls(
-            redis, cluster, feed_max_len=feed_max_len, max_object_bytes=max_object_bytes
-        )
+        store = cls(redis, cluster, feed_max_len=feed_max_len, max_object_bytes=max_object_bytes)
         await store.ping()
         return store
 
@@ -262,8 +262,9 @@ class Store:
     async def delete(self, cls: type[Message], name: str, *, expected_version: int = 0) -> int:
         """Delete an object (only at ``expected_version`` if non-zero); returns the revision of
         the deletion. Deleting a bound pod returns its claim on its node."""
-        return await self._commit_one(Delete(kinds_mod.kind_for_class(cls).name, name,
-                                             expected_version))
+        return await self._commit_one(
+            Delete(kinds_mod.kind_for_class(cls).name, name, expected_version)
+        )
 
     async def get(self, cls: type[M], name: str) -> M:
         kind = kinds_mod.kind_for_class(cls)
@@ -297,7 +298,7 @@ class Store:
             for d, v in zip(datas, rvs, strict=True)
         ]
 
-    async def list(self, cls: type[M]) -> tuple[list[M], int]:
+    async def list_all(self, cls: type[M]) -> tuple[list[M], int]:
         """Every object of a kind and the revision they are consistent with."""
         result = await self.list_kinds([kinds_mod.kind_for_class(cls).name])
         items = next(iter(result.items.values()))
@@ -405,9 +406,7 @@ class Store:
 
     async def update_many(self, objs: Sequence[M], *, force: bool = False) -> list[M | StoreError]:
         """Pipelined compare-and-set updates, each on its own (not atomic together)."""
-        return self._per_object(
-            objs, await self.commit_many([[Update(o, force)] for o in objs])
-        )
+        return self._per_object(objs, await self.commit_many([[Update(o, force)] for o in objs]))
 
     async def create_unit(self, job: pb.Job, pods: Sequence[pb.Pod]) -> list[int]:
         """Create a job and all its pods atomically: all of them or none."""
@@ -447,7 +446,8 @@ class Store:
         fields = ["c.g.cpu", "c.g.mem", "c.g.gpu", "c.be.cpu", "c.be.mem", "c.be.gpu", "c.pods"]
         fields += ["u" + f[1:] for f in fields]
         with _translate_errors():
-            values = await self._redis.hmget(self.keys.accounting, [f"{node}|{f}" for f in fields])
+            keys = [f"{node}|{f}" for f in fields]
+            values: Any = await self._redis.hmget(self.keys.accounting, keys)
         if values[0] is None:
             return None
         capacity = {f[2:]: int(v or 0) for f, v in zip(fields[:7], values[:7], strict=True)}
@@ -457,7 +457,7 @@ class Store:
     async def claims(self) -> dict[str, str]:
         """Every bound pod's claim: pod name -> "node pool cpu mem gpu"."""
         with _translate_errors():
-            raw = await self._redis.hgetall(self.keys.claims)
+            raw: Any = await self._redis.hgetall(self.keys.claims)
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     # -----------------------------------------------------------------------------------------
@@ -485,7 +485,7 @@ class Store:
 
     async def get_lease(self, name: str) -> pb.Lease | None:
         """The lease as stored (holder empty if released); None if never taken."""
-        ok, lease = await self._lease("observe", name, "", 0, 0, "")
+        _, lease = await self._lease("observe", name, "", 0, 0, "")
         return lease if lease.epoch else None
 
     async def _lease(
@@ -516,7 +516,7 @@ class Store:
     async def oldest_revision(self) -> int:
         """The oldest revision still in the change feed (0 if the feed is empty)."""
         with _translate_errors():
-            first = await self._redis.xrange(self.keys.feed, count=1)
+            first: Any = await self._redis.xrange(self.keys.feed, count=1)
         return int(first[0][0].split(b"-")[0]) if first else 0
 
     async def watch(
@@ -542,7 +542,9 @@ class Store:
         feed = self.keys.feed
         while True:
             with _translate_errors():
-                reply = await self._redis.xread({feed: f"{last}-0"}, count=count, block=block_ms)
+                reply: Any = await self._redis.xread(
+                    {feed: f"{last}-0"}, count=count, block=block_ms
+                )
             if not reply:
                 yield WatchBatch([], last)
                 continue
@@ -567,7 +569,11 @@ class Store:
                     error = exc
                 events.append(
                     WatchEvent(
-                        _EVENT_TYPES[fields[b"t"]], kind.name, fields[b"n"].decode(), last, obj,
+                        _EVENT_TYPES[fields[b"t"]],
+                        kind.name,
+                        fields[b"n"].decode(),
+                        last,
+                        obj,
                         error,
                     )
                 )

@@ -153,8 +153,9 @@ class Informer:
     def _replace(self, snapshot: ListResult) -> None:
         """Swap in a fresh listing and tell handlers what changed since the old cache."""
         for kind, name, error in snapshot.errors:
-            log.error("undecodable object in the store; skipped", kind=kind, name=name,
-                      error=str(error))
+            log.error(
+                "undecodable object in the store; skipped", kind=kind, name=name, error=str(error)
+            )
         for kind in self.kinds:
             old = self.cache[kind]
             new = {obj.metadata.name: obj for obj in snapshot.items.get(kind, [])}  # type: ignore[attr-defined]
@@ -172,8 +173,13 @@ class Informer:
 
     def _apply(self, event: WatchEvent) -> None:
         if event.obj is None:
-            log.error("undecodable object in the change feed; skipped", kind=event.kind,
-                      name=event.name, revision=event.revision, error=str(event.error))
+            log.error(
+                "undecodable object in the change feed; skipped",
+                kind=event.kind,
+                name=event.name,
+                revision=event.revision,
+                error=str(event.error),
+            )
             return
         objs = self.cache[event.kind]
         if event.type == "DELETED":

@@ -8,8 +8,16 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
-def node(name: str, *, cpu: int = 4000, mem: int = 32 * GiB, pods: int = 110,
-         be_cpu: int = 0, be_mem: int = 0, gpus: int = 0) -> pb.Node:
+def node(
+    name: str,
+    *,
+    cpu: int = 4000,
+    mem: int = 32 * GiB,
+    pods: int = 110,
+    be_cpu: int = 0,
+    be_mem: int = 0,
+    gpus: int = 0,
+) -> pb.Node:
     n = pb.Node(metadata=pb.ObjectMeta(name=name))
     n.status.allocatable.milli_cpu = cpu
     n.status.allocatable.memory_bytes = mem
@@ -21,8 +29,15 @@ def node(name: str, *, cpu: int = 4000, mem: int = 32 * GiB, pods: int = 110,
     return n
 
 
-def job(name: str, *, replicas: int = 1, min_member: int = 1, cpu: int = 100,
-        mem: int = 500 * MiB, qos: int = pb.QOS_GUARANTEED) -> pb.Job:
+def job(
+    name: str,
+    *,
+    replicas: int = 1,
+    min_member: int = 1,
+    cpu: int = 100,
+    mem: int = 500 * MiB,
+    qos: int = pb.QOS_GUARANTEED,
+) -> pb.Job:
     j = pb.Job(metadata=pb.ObjectMeta(name=name))
     j.spec.replicas = replicas
     j.spec.min_member = min_member

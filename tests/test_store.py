@@ -51,7 +51,7 @@ async def test_create_get_list_update_delete(store: Store) -> None:
     got.spec.unschedulable = True
     await store.update(got)
     assert got.metadata.resource_version == 2
-    items, rev = await store.list(pb.Node)
+    items, rev = await store.list_all(pb.Node)
     assert [i.spec.unschedulable for i in items] == [True] and rev == 2
 
     assert await store.delete(pb.Node, "n1", expected_version=2) == 3
@@ -123,8 +123,9 @@ async def test_pipelined_updates_report_each_result(store: Store) -> None:
     nodes[2].metadata.resource_version = 99  # stale on purpose; a rejected write takes no revision
     results = await store.update_many(nodes)
     assert [type(r).__name__ for r in results] == ["Node", "Node", "ConflictError", "Node"]
-    assert [n.metadata.resource_version for n in await store.get_many(pb.Node,
-            ["n0", "n1", "n2", "n3"])] == [5, 6, 3, 7]  # type: ignore[union-attr]
+    assert [
+        n.metadata.resource_version for n in await store.get_many(pb.Node, ["n0", "n1", "n2", "n3"])
+    ] == [5, 6, 3, 7]  # type: ignore[union-attr]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,19 +160,36 @@ def _on(pods: list[pb.Pod], node_name: str) -> list[pb.Pod]:
     return pods
 
 
-FAILING_COMMITS: list[tuple[str, Callable[[list[pb.Pod], Fence], tuple[list[Any], Fence]], type]] = [
+FAILING_COMMITS: list[
+    tuple[str, Callable[[list[pb.Pod], Fence], tuple[list[Any], Fence]], type]
+] = [
     # name, build(pods, fence) -> (ops, fence), expected cause
-    ("over-commits cpu", lambda p, f: ([Bind(x) for x in _on(p, "n1")], f),
-     InsufficientCapacityError),
+    (
+        "over-commits cpu",
+        lambda p, f: ([Bind(x) for x in _on(p, "n1")], f),
+        InsufficientCapacityError,
+    ),
     ("unknown node", lambda p, f: ([Bind(x) for x in _on(p[:1], "nope")], f), NotFoundError),
-    ("stale pod version", lambda p, f: ([Bind(_on(p[:1], "n1")[0]),
-                                         Update(_stale(p[1]))], f), ConflictError),
-    ("missing object", lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Delete("Pod", "ghost")], f),
-     NotFoundError),
-    ("same object twice", lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Update(p[0])], f),
-     InvalidObjectError),
-    ("existing object", lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Create(job("web"))], f),
-     AlreadyExistsError),
+    (
+        "stale pod version",
+        lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Update(_stale(p[1]))], f),
+        ConflictError,
+    ),
+    (
+        "missing object",
+        lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Delete("Pod", "ghost")], f),
+        NotFoundError,
+    ),
+    (
+        "same object twice",
+        lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Update(p[0])], f),
+        InvalidObjectError,
+    ),
+    (
+        "existing object",
+        lambda p, f: ([Bind(_on(p[:1], "n1")[0]), Create(job("web"))], f),
+        AlreadyExistsError,
+    ),
 ]
 
 
@@ -182,7 +200,9 @@ def _stale(p: pb.Pod) -> pb.Pod:
     return q
 
 
-@pytest.mark.parametrize(("name", "build", "cause"), FAILING_COMMITS, ids=[c[0] for c in FAILING_COMMITS])
+@pytest.mark.parametrize(
+    ("name", "build", "cause"), FAILING_COMMITS, ids=[c[0] for c in FAILING_COMMITS]
+)
 async def test_failed_commit_writes_nothing(
     store: Store, name: str, build: Callable[..., Any], cause: type
 ) -> None:
@@ -333,31 +353,65 @@ def _huge() -> pb.Node:
 
 MALFORMED: list[tuple[str, Callable[[Store], Any], type, str]] = [
     # name, write, error type, text the message must contain
-    ("garbage bytes", lambda s: s.create_raw("Pod", b"\xff\xfe\x00garbage\x01\x02"),
-     InvalidObjectError, "not a valid Pod"),
-    ("another kind's bytes", lambda s: s.create_raw("Pod", node("n1").SerializeToString()),
-     InvalidObjectError, "not a valid Pod"),
+    (
+        "garbage bytes",
+        lambda s: s.create_raw("Pod", b"\xff\xfe\x00garbage\x01\x02"),
+        InvalidObjectError,
+        "not a valid Pod",
+    ),
+    (
+        "another kind's bytes",
+        lambda s: s.create_raw("Pod", node("n1").SerializeToString()),
+        InvalidObjectError,
+        "not a valid Pod",
+    ),
     ("unknown kind", lambda s: s.create_raw("Widget", b""), InvalidObjectError, "unknown kind"),
-    ("not a stored message", lambda s: s.create(pb.Resources()), InvalidObjectError,
-     "not a stored kind"),
+    (
+        "not a stored message",
+        lambda s: s.create(pb.Resources()),
+        InvalidObjectError,
+        "not a stored kind",
+    ),
     ("oversized object", lambda s: s.create(_huge()), ObjectTooLargeError, "byte limit"),
-    ("negative request", lambda s: s.create(_neg_pod()), InvalidObjectError,
-     "spec.template.requests.milli_cpu"),
-    ("negative numa capacity", lambda s: s.create(_neg_numa()), InvalidObjectError,
-     "status.topology.numa_nodes[0].capacity.milli_cpu"),
-    ("negative extended resource", lambda s: s.create(_neg_extended()), InvalidObjectError,
-     "extended[example.com/fpga]"),
+    (
+        "negative request",
+        lambda s: s.create(_neg_pod()),
+        InvalidObjectError,
+        "spec.template.requests.milli_cpu",
+    ),
+    (
+        "negative numa capacity",
+        lambda s: s.create(_neg_numa()),
+        InvalidObjectError,
+        "status.topology.numa_nodes[0].capacity.milli_cpu",
+    ),
+    (
+        "negative extended resource",
+        lambda s: s.create(_neg_extended()),
+        InvalidObjectError,
+        "extended[example.com/fpga]",
+    ),
     ("missing name", lambda s: s.create(pb.Node()), InvalidObjectError, "metadata.name"),
     ("invalid name", lambda s: s.create(node("Bad_Name")), InvalidObjectError, "DNS-1123"),
-    ("update without version", lambda s: s.update(node("n9")), InvalidObjectError,
-     "metadata.resource_version"),
-    ("bind without node", lambda s: s.commit([Bind(pods_of(job("x"))[0])]), InvalidObjectError,
-     "spec.node_name"),
+    (
+        "update without version",
+        lambda s: s.update(node("n9")),
+        InvalidObjectError,
+        "metadata.resource_version",
+    ),
+    (
+        "bind without node",
+        lambda s: s.commit([Bind(pods_of(job("x"))[0])]),
+        InvalidObjectError,
+        "spec.node_name",
+    ),
     ("empty commit", lambda s: s.commit([]), InvalidObjectError, "at least one"),
 ]
 
 
-@pytest.mark.parametrize(("name", "write", "error", "text"), MALFORMED, ids=[m[0] for m in MALFORMED])
+@pytest.mark.parametrize(
+    ("name", "write", "error", "text"), MALFORMED, ids=[m[0] for m in MALFORMED]
+)
 async def test_malformed_input_is_rejected_and_nothing_written(
     store: Store, name: str, write: Callable[[Store], Any], error: type, text: str
 ) -> None:

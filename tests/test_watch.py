@@ -1,0 +1,237 @@
+"""The change feed and informers: exact resume, trimmed positions, relists, restarts of the
+store server, and the linear history of compare-and-set writes under random interleavings."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+from google.protobuf.message import Message
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protos.godel.v1 import objects_pb2 as pb
+from store import ConflictError, ResourceVersionTooOldError, Store
+from store.client import WatchEvent
+from store.informer import Handlers, Informer
+from store.server import StoreServer
+from tests.factories import node
+
+
+async def collect(store: Store, from_rev: int, until_rev: int, **kw: Any) -> list[WatchEvent]:
+    events: list[WatchEvent] = []
+    async for batch in store.watch(from_rev, block_ms=200, **kw):
+        events.extend(batch.events)
+        if batch.revision >= until_rev:
+            return events
+    raise AssertionError("unreachable")
+
+
+async def test_watch_delivers_every_change_in_order(store: Store) -> None:
+    n = await store.create(node("n1"))
+    n.spec.unschedulable = True
+    await store.update(n)
+    await store.create(node("n2"))
+    await store.delete(pb.Node, "n1")
+    events = await collect(store, 0, 4)
+    assert [(e.type, e.name, e.revision) for e in events] == [
+        ("ADDED", "n1", 1),
+        ("MODIFIED", "n1", 2),
+        ("ADDED", "n2", 3),
+        ("DELETED", "n1", 4),
+    ]
+    assert events[1].obj.spec.unschedulable  # type: ignore[union-attr]
+    assert events[3].obj.metadata.name == "n1"  # type: ignore[union-attr]  # last state
+
+
+async def test_watch_filters_kinds_but_advances_past_them(store: Store) -> None:
+    await store.create(node("n1"))
+    await store.create(pb.Queue(metadata=pb.ObjectMeta(name="q")))
+    await store.create(node("n2"))
+    events = await collect(store, 0, 3, kinds=["Queue"])
+    assert [(e.kind, e.revision) for e in events] == [("Queue", 2)]
+
+
+async def test_resume_after_disconnect_has_no_gap_and_no_duplicate(store: Store) -> None:
+    for i in range(50):
+        await store.create(node(f"n{i}"))
+    seen: list[int] = []
+    async for batch in store.watch(0, count=7, block_ms=100):
+        seen.extend(e.revision for e in batch.events)
+        if len(seen) >= 20:
+            break  # the watcher goes away mid-stream...
+    for i in range(50, 80):
+        await store.create(node(f"n{i}"))
+    seen.extend(e.revision for e in await collect(store, seen[-1], 80))  # ...and resumes
+    assert seen == list(range(1, 81))
+
+
+async def test_trimmed_position_is_a_typed_error(store_url: str, cluster_name: str) -> None:
+    small = await Store.connect(store_url, cluster=cluster_name, feed_max_len=10)
+    try:
+        for i in range(600):
+            await small.create(node(f"n{i}"))
+        oldest = await small.oldest_revision()
+        assert oldest > 1  # approximate trimming removed whole blocks
+        with pytest.raises(ResourceVersionTooOldError) as err:
+            await collect(small, 0, 600)
+        assert err.value.requested == 0 and err.value.oldest == oldest
+        assert len(await collect(small, oldest - 1, 600)) == 600 - oldest + 1
+    finally:
+        await small.close()
+
+
+async def test_position_beyond_the_store_is_too_old(store: Store) -> None:
+    """A watcher that remembers a revision the store never reached (the store was reset)."""
+    await store.create(node("n1"))
+    with pytest.raises(ResourceVersionTooOldError):
+        await collect(store, 1000, 1000)
+
+
+class Mirror:
+    """What a handler-driven consumer reconstructs from informer events."""
+
+    def __init__(self) -> None:
+        self.objs: dict[str, Message] = {}
+        self.events = 0
+
+    def handlers(self) -> Handlers:
+        return Handlers(on_add=self.add, on_update=self.update, on_delete=self.delete)
+
+    def add(self, kind: str, obj: Message) -> None:
+        assert obj.metadata.name not in self.objs  # type: ignore[attr-defined]
+        self.objs[obj.metadata.name] = obj  # type: ignore[attr-defined]
+        self.events += 1
+
+    def update(self, kind: str, old: Message, new: Message) -> None:
+        assert self.objs.get(new.metadata.name) == old  # type: ignore[attr-defined]
+        self.objs[new.metadata.name] = new  # type: ignore[attr-defined]
+        self.events += 1
+
+    def delete(self, kind: str, obj: Message) -> None:
+        del self.objs[obj.metadata.name]  # type: ignore[attr-defined]
+        self.events += 1
+
+
+async def assert_mirrors_store(informer: Informer, mirror: Mirror, store: Store) -> None:
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+    stored, _ = await store.list_all(pb.Node)
+    expected = {n.metadata.name: n for n in stored}
+    assert informer.cache["Node"] == expected
+    assert mirror.objs == expected
+
+
+async def test_informer_relists_when_its_position_was_trimmed(
+    store_url: str, cluster_name: str
+) -> None:
+    small = await Store.connect(store_url, cluster=cluster_name, feed_max_len=10)
+    informer = Informer(small, ["Node"], block_ms=100)
+    mirror = Mirror()
+    informer.add_handlers(mirror.handlers())
+    try:
+        for i in range(20):
+            await small.create(node(f"n{i}"))
+        informer.start()
+        await informer.wait_synced(10)
+        await assert_mirrors_store(informer, mirror, small)
+        await informer.stop()  # falls behind while the feed moves on and is trimmed
+        for i in range(20, 700):
+            await small.create(node(f"n{i}"))
+        for i in range(0, 20, 2):
+            await small.delete(pb.Node, f"n{i}")
+        n1 = await small.get(pb.Node, "n1")
+        n1.spec.unschedulable = True
+        await small.update(n1)
+        informer.start()
+        await assert_mirrors_store(informer, mirror, small)
+        assert informer.relists == 1
+    finally:
+        await informer.stop()
+        await small.close()
+
+
+async def test_informer_survives_a_store_restart(private_server: StoreServer) -> None:
+    store = await Store.connect(private_server.url)
+    informer = Informer(store, ["Node"], block_ms=100, retry_max_seconds=0.2)
+    mirror = Mirror()
+    informer.add_handlers(mirror.handlers())
+    informer.start()
+    try:
+        for i in range(30):
+            await store.create(node(f"n{i}"))
+        await assert_mirrors_store(informer, mirror, store)
+        private_server.kill()  # kill -9, mid-watch
+        await asyncio.sleep(0.3)
+        private_server.restart()
+        for i in range(30, 60):
+            await store.create(node(f"n{i}"))
+        await assert_mirrors_store(informer, mirror, store)
+        assert informer.relists == 0  # resumed exactly, no relist needed
+        assert mirror.events == 60
+    finally:
+        await informer.stop()
+        await store.close()
+
+
+async def test_acknowledged_writes_survive_kill_9(private_server: StoreServer) -> None:
+    store = await Store.connect(private_server.url)
+    try:
+        acknowledged = []
+        for batch in range(5):
+            results = await store.create_many([node(f"n{batch}-{i}") for i in range(100)])
+            acknowledged += [r.metadata.name for r in results]  # type: ignore[union-attr]
+        private_server.kill()
+        private_server.restart()
+        stored, rev = await store.list_all(pb.Node)
+        assert sorted(n.metadata.name for n in stored) == sorted(acknowledged)
+        assert rev == 500
+    finally:
+        await store.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Property: compare-and-set writers under any interleaving produce one linear history.
+# ---------------------------------------------------------------------------------------------
+
+WRITERS = 4
+_example_ids = itertools.count()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(schedule=st.lists(st.integers(min_value=0, max_value=WRITERS - 1), min_size=1, max_size=40))
+async def test_cas_history_is_linear_under_any_interleaving(
+    store: Store, schedule: list[int]
+) -> None:
+    """Each writer alternates read and write steps in the order hypothesis picks. Every
+    successful write must be based on the version written just before it (no lost update), and
+    the feed must show exactly the successful writes, in order."""
+    name = f"obj-{next(_example_ids)}"
+    base = await store.create(node(name))
+    start = base.metadata.resource_version
+    reads: dict[int, pb.Node | None] = dict.fromkeys(range(WRITERS))
+    history: list[tuple[int, int]] = []  # (version written over, new version)
+    for step, writer in enumerate(schedule):
+        held = reads[writer]
+        if held is None:
+            reads[writer] = await store.get(pb.Node, name)
+            continue
+        held.metadata.labels["step"] = str(step)
+        expected = held.metadata.resource_version
+        try:
+            await store.update(held)
+            history.append((expected, held.metadata.resource_version))
+        except ConflictError:
+            pass
+        reads[writer] = None
+    chain = [start] + [new for _, new in history]
+    assert [old for old, _ in history] == chain[:-1]
+    feed = [
+        e.revision for e in await collect(store, start, await store.revision()) if e.name == name
+    ]
+    assert feed == chain[1:]
+    final = await store.get(pb.Node, name)
+    assert final.metadata.resource_version == chain[-1]
