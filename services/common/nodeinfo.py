@@ -1,0 +1,159 @@
+"""NodeInfo: the compact per-node state that scheduling decisions read, and the one
+implementation of "do this pod's requests fit this node" shared by the scheduler shards (against
+their snapshot) and the Binder (against the authoritative state).
+
+Plain synchronous code over integers: it runs once per candidate node per pod.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protos.godel.v1 import objects_pb2 as pb
+
+GUARANTEED = "g"
+BEST_EFFORT = "be"
+
+# Reasons, worded as kube-scheduler words them, so `godel explain` reads familiarly.
+INSUFFICIENT_CPU = "insufficient cpu"
+INSUFFICIENT_MEMORY = "insufficient memory"
+INSUFFICIENT_GPUS = "insufficient gpus"
+TOO_MANY_PODS = "too many pods"
+PORTS_IN_USE = "host port in use"
+
+
+def pool_of(qos: int) -> str:
+    return BEST_EFFORT if qos == pb.QOS_BEST_EFFORT else GUARANTEED
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """What a pod takes from a node."""
+
+    name: str
+    pool: str
+    cpu: int
+    mem: int
+    gpu: int
+    host_ports: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def from_pod(cls, pod: pb.Pod) -> PodRequest:
+        req = pod.spec.template.requests
+        ports = tuple(
+            (p.protocol or "TCP", p.host_port) for p in pod.spec.template.ports if p.host_port
+        )
+        return cls(
+            pod.metadata.name,
+            pool_of(pod.spec.qos),
+            req.milli_cpu,
+            req.memory_bytes,
+            req.gpus,
+            ports,
+        )
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[pb.Taint, ...] = ()
+    unschedulable: bool = False
+    ready: bool = True
+    # Capacity and requested amounts per pool: [milli-CPU, memory bytes, GPUs].
+    capacity: dict[str, list[int]] = field(
+        default_factory=lambda: {GUARANTEED: [0, 0, 0], BEST_EFFORT: [0, 0, 0]}
+    )
+    requested: dict[str, list[int]] = field(
+        default_factory=lambda: {GUARANTEED: [0, 0, 0], BEST_EFFORT: [0, 0, 0]}
+    )
+    max_pods: int = 0
+    pods: dict[str, PodRequest] = field(default_factory=dict)
+    used_ports: set[tuple[str, int]] = field(default_factory=set)
+    # Bumped on every change, so snapshots copy only the nodes that changed.
+    generation: int = 0
+
+    @classmethod
+    def from_node(cls, node: pb.Node) -> NodeInfo:
+        info = cls(node.metadata.name)
+        info.set_node(node)
+        return info
+
+    def set_node(self, node: pb.Node) -> None:
+        """Take the node's own fields (labels, taints, capacity); keep the pods."""
+        g, be = node.status.allocatable, node.status.reclaimable
+        self.labels = dict(node.metadata.labels)
+        self.taints = tuple(node.spec.taints)
+        self.unschedulable = node.spec.unschedulable
+        self.ready = node.status.ready
+        self.capacity = {
+            GUARANTEED: [g.milli_cpu, g.memory_bytes, g.gpus],
+            BEST_EFFORT: [be.milli_cpu, be.memory_bytes, be.gpus],
+        }
+        self.max_pods = g.pods
+        self.generation += 1
+
+    def add_pod(self, req: PodRequest) -> bool:
+        """Account a pod on this node; False (and no change) if it is already here."""
+        if req.name in self.pods:
+            return False
+        self.pods[req.name] = req
+        used = self.requested[req.pool]
+        used[0] += req.cpu
+        used[1] += req.mem
+        used[2] += req.gpu
+        self.used_ports.update(req.host_ports)
+        self.generation += 1
+        return True
+
+    def remove_pod(self, name: str) -> PodRequest | None:
+        req = self.pods.pop(name, None)
+        if req is None:
+            return None
+        used = self.requested[req.pool]
+        used[0] -= req.cpu
+        used[1] -= req.mem
+        used[2] -= req.gpu
+        for port in req.host_ports:
+            # No two pods of a node hold the same host port (NodePorts), so discarding is exact.
+            self.used_ports.discard(port)
+        self.generation += 1
+        return req
+
+    def free(self, pool: str) -> tuple[int, int, int]:
+        cap, used = self.capacity[pool], self.requested[pool]
+        return cap[0] - used[0], cap[1] - used[1], cap[2] - used[2]
+
+    def clone(self) -> NodeInfo:
+        return NodeInfo(
+            self.name,
+            self.labels,
+            self.taints,
+            self.unschedulable,
+            self.ready,
+            {p: list(v) for p, v in self.capacity.items()},
+            {p: list(v) for p, v in self.requested.items()},
+            self.max_pods,
+            dict(self.pods),
+            set(self.used_ports),
+            self.generation,
+        )
+
+
+def resource_fit_failures(node: NodeInfo, req: PodRequest) -> list[str]:
+    """Why ``req`` does not fit ``node``'s pool and pod slots ([] if it fits)."""
+    failures = []
+    if len(node.pods) + 1 > node.max_pods:
+        failures.append(TOO_MANY_PODS)
+    cap, used = node.capacity[req.pool], node.requested[req.pool]
+    if req.cpu and used[0] + req.cpu > cap[0]:
+        failures.append(INSUFFICIENT_CPU)
+    if req.mem and used[1] + req.mem > cap[1]:
+        failures.append(INSUFFICIENT_MEMORY)
+    if req.gpu and used[2] + req.gpu > cap[2]:
+        failures.append(INSUFFICIENT_GPUS)
+    return failures
+
+
+def port_conflict(node: NodeInfo, req: PodRequest) -> bool:
+    return any(port in node.used_ports for port in req.host_ports)

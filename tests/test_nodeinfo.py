@@ -1,0 +1,114 @@
+"""Table-driven cases for the shared fit check (scheduler and binder both rely on it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.common.nodeinfo import (
+    INSUFFICIENT_CPU,
+    INSUFFICIENT_GPUS,
+    INSUFFICIENT_MEMORY,
+    TOO_MANY_PODS,
+    NodeInfo,
+    PodRequest,
+    port_conflict,
+    resource_fit_failures,
+)
+from tests.factories import GiB, node
+
+
+def info(**kw: int) -> NodeInfo:
+    return NodeInfo.from_node(node("n", **kw))
+
+
+def req(
+    name: str = "p",
+    pool: str = "g",
+    cpu: int = 0,
+    mem: int = 0,
+    gpu: int = 0,
+    ports: tuple[tuple[str, int], ...] = (),
+) -> PodRequest:
+    return PodRequest(name, pool, cpu, mem, gpu, ports)
+
+
+CASES = [
+    # name, node kwargs, pods already there, the new pod, expected failures
+    ("fits exactly", dict(cpu=1000, mem=GiB), [req("a", cpu=500)], req(cpu=500, mem=GiB), []),
+    ("cpu over by one", dict(cpu=1000), [req("a", cpu=500)], req(cpu=501), [INSUFFICIENT_CPU]),
+    ("memory", dict(mem=GiB), [], req(mem=GiB + 1), [INSUFFICIENT_MEMORY]),
+    ("gpus", dict(gpus=1), [req("a", gpu=1)], req(gpu=1), [INSUFFICIENT_GPUS]),
+    (
+        "pod slots are shared by the pools",
+        dict(pods=1, be_cpu=1000),
+        [req("a")],
+        req(pool="be", cpu=1),
+        [TOO_MANY_PODS],
+    ),
+    (
+        "best-effort uses the reclaimable pool",
+        dict(cpu=4000, be_cpu=100),
+        [],
+        req(pool="be", cpu=200),
+        [INSUFFICIENT_CPU],
+    ),
+    (
+        "guaranteed ignores best-effort usage",
+        dict(cpu=1000, be_cpu=1000),
+        [req("a", pool="be", cpu=1000)],
+        req(cpu=1000),
+        [],
+    ),
+    ("zero request always fits resources", dict(cpu=0, mem=0), [], req(), []),
+    (
+        "several failures at once",
+        dict(cpu=100, mem=100, pods=1),
+        [req("a")],
+        req(cpu=200, mem=200),
+        [TOO_MANY_PODS, INSUFFICIENT_CPU, INSUFFICIENT_MEMORY],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "node_kw", "existing", "pod", "expected"), CASES, ids=[c[0] for c in CASES]
+)
+def test_resource_fit(
+    name: str,
+    node_kw: dict[str, int],
+    existing: list[PodRequest],
+    pod: PodRequest,
+    expected: list[str],
+) -> None:
+    n = info(**node_kw)
+    for e in existing:
+        assert n.add_pod(e)
+    assert resource_fit_failures(n, pod) == expected
+
+
+def test_add_remove_is_exact_and_idempotent() -> None:
+    n = info(cpu=1000)
+    gen = n.generation
+    assert n.add_pod(req("a", cpu=300, ports=(("TCP", 80),)))
+    assert not n.add_pod(req("a", cpu=300))  # counted once
+    assert n.free("g")[0] == 700 and port_conflict(n, req(ports=(("TCP", 80),)))
+    assert not port_conflict(n, req(ports=(("UDP", 80),)))
+    assert n.remove_pod("a") is not None and n.remove_pod("a") is None
+    assert n.free("g")[0] == 1000 and not n.used_ports and n.generation > gen
+
+
+def test_clone_is_independent() -> None:
+    n = info(cpu=1000)
+    c = n.clone()
+    c.add_pod(req("a", cpu=1000))
+    assert n.free("g")[0] == 1000 and c.free("g")[0] == 0
+
+
+def test_set_node_keeps_pods() -> None:
+    n = info(cpu=1000)
+    n.add_pod(req("a", cpu=400))
+    bigger = node("n", cpu=2000)
+    bigger.spec.taints.add(key="k", effect=pb.NO_SCHEDULE)
+    n.set_node(bigger)
+    assert n.free("g")[0] == 1600 and len(n.taints) == 1
