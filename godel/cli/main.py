@@ -14,9 +14,9 @@ from typing import Annotated
 import structlog
 import typer
 
-from godel.cli import cluster
+from godel.cli import cluster, resources
 
-COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster,)
+COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, resources)
 
 app = typer.Typer(
     name="godel",

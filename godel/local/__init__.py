@@ -5,6 +5,7 @@ from godel.local.cluster import (
     ClusterSpec,
     ComponentStatus,
     down,
+    scale,
     status,
     up,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "StateError",
     "default_home",
     "down",
+    "scale",
     "status",
     "up",
 ]

@@ -124,6 +124,44 @@ def status(home: GodelHome, timeout: float = 1.0) -> list[ComponentStatus]:
         return list(pool.map(lambda c: _component_status(c, timeout), state.components))
 
 
+SCALABLE = ("scheduler", "binder")
+
+
+def scale(home: GodelHome, kind: str, replicas: int, ready_timeout: float = 30.0) -> list[str]:
+    """Run exactly ``replicas`` processes of ``kind`` (scheduler shards or binders): start the
+    missing ones and wait until they serve, or stop the newest ones gracefully (a stopped shard's
+    undecided units go back to the dispatcher). Returns what was done, one line per process."""
+    if kind not in SCALABLE:
+        raise ClusterError(f"cannot scale {kind!r}: only {', '.join(SCALABLE)} scale")
+    if replicas < 1:
+        raise ClusterError(f"{kind} needs at least 1 replica, not {replicas}")
+    with home.lock():
+        state = home.load()
+        if state is None:
+            raise ClusterError(f"no cluster in {home}: start one with `godel up`")
+        current = [c for c in state.components if c.kind == kind and c.process() is not None]
+        changes: list[str] = []
+        if len(current) > replicas:
+            retiring = sorted(current, key=lambda c: c.started)[replicas:]
+            for name, outcome in _terminate(retiring, state.grace_seconds + 5.0):
+                changes.append(f"{name} {outcome}")
+            gone = {c.name for c in retiring}
+            state.components = [c for c in state.components if c.name not in gone]
+            home.save(state)
+        elif len(current) < replicas:
+            spec = ClusterSpec(grace_seconds=state.grace_seconds)
+            taken = {c.name for c in state.components}
+            names = (f"{kind}-{i}" for i in range(10_000) if f"{kind}-{i}" not in taken)
+            procs = [
+                _start_service(home, spec, state, next(names), kind)
+                for _ in range(replicas - len(current))
+            ]
+            started = state.components[-len(procs) :]
+            _wait_serving_records(started, procs, ready_timeout)
+            changes += [f"{c.name} started at {c.address}" for c in started]
+        return changes
+
+
 def _refuse_running_cluster(home: GodelHome) -> None:
     state = home.load()
     if state is None:
@@ -224,7 +262,12 @@ def _start_service(
 def _wait_serving(
     home: GodelHome, state: ClusterState, procs: list[subprocess.Popen[bytes]], timeout: float
 ) -> None:
-    services = [c for c in state.components if c.kind != STORE]
+    _wait_serving_records([c for c in state.components if c.kind != STORE], procs, timeout)
+
+
+def _wait_serving_records(
+    services: list[ComponentRecord], procs: list[subprocess.Popen[bytes]], timeout: float
+) -> None:
     pending = dict(zip((c.name for c in services), zip(services, procs, strict=True), strict=True))
     deadline = time.monotonic() + timeout
     while pending:

@@ -1,0 +1,165 @@
+"""GodelClient: the Python client of a Gödel cluster's public API (the Dispatcher).
+
+    from godel.client import GodelClient
+    with GodelClient("127.0.0.1:50051") as c:
+        result = c.submit([job])
+        pods = c.list("Pod", job="train")
+
+Synchronous on purpose: it serves scripts and the CLI; services talk to each other over the
+internal streams instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from godel.manifest import OBJECT_FIELDS
+from protos.godel.v1 import api_pb2, api_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+
+MAX_MESSAGE_BYTES = 64 << 20
+_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class ClientError(Exception):
+    """A call failed; ``code`` is the gRPC status code, the message says why."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def unwrap(obj: api_pb2.Object) -> tuple[str, Message]:
+    """(kind, object) of a tagged api.Object."""
+    field = obj.WhichOneof("kind")
+    if field is None:
+        raise ValueError("empty Object")
+    kind = next(k for k, f in OBJECT_FIELDS.items() if f == field)
+    return kind, getattr(obj, field)
+
+
+def wrap(kind: str, obj: Message) -> api_pb2.Object:
+    wrapped = api_pb2.Object()
+    getattr(wrapped, OBJECT_FIELDS[kind]).CopyFrom(obj)
+    return wrapped
+
+
+class GodelClient:
+    def __init__(self, address: str, *, timeout: float = 30.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self._api = api_pb2_grpc.DispatcherStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> GodelClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Message) -> Any:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _client_error(exc, self.address) from None
+
+    def submit(self, jobs: Sequence[pb.Job], *, dry_run: bool = False) -> api_pb2.SubmitResponse:
+        """Validate and store jobs; each result says created, or lists the violations."""
+        return self._call(  # type: ignore[no-any-return]
+            self._api.Submit, api_pb2.SubmitRequest(jobs=jobs, dry_run=dry_run)
+        )
+
+    def apply(
+        self, objects: Sequence[tuple[str, Message]], *, dry_run: bool = False
+    ) -> api_pb2.ApplyResponse:
+        """Create or update nodes, queues and disruption budgets."""
+        request = api_pb2.ApplyRequest(objects=[wrap(k, o) for k, o in objects], dry_run=dry_run)
+        return self._call(self._api.Apply, request)  # type: ignore[no-any-return]
+
+    def get(self, kind: str, name: str) -> Message:
+        return unwrap(self._call(self._api.Get, api_pb2.GetRequest(kind=kind, name=name)))[1]
+
+    def list(
+        self,
+        kind: str,
+        *,
+        job: str = "",
+        labels: dict[str, str] | None = None,
+        page_size: int = 0,
+    ) -> list[Message]:
+        """Every object of a kind (following pages), optionally only a job's pods or those
+        whose labels match."""
+        items: list[Message] = []
+        token = ""
+        while True:
+            request = api_pb2.ListRequest(
+                kind=kind,
+                job=job,
+                label_selector=labels or {},
+                limit=page_size,
+                continue_token=token,
+            )
+            response = self._call(self._api.List, request)
+            items += [unwrap(o)[1] for o in response.items]
+            token = response.continue_token
+            if not token:
+                return items
+
+    def delete(self, kind: str, name: str, *, resource_version: int = 0) -> int:
+        request = api_pb2.DeleteRequest(kind=kind, name=name, resource_version=resource_version)
+        return int(self._call(self._api.Delete, request).deleted)
+
+    def explain(self, pod: str) -> api_pb2.ExplainResponse:
+        return self._call(self._api.Explain, api_pb2.ExplainRequest(pod=pod))  # type: ignore[no-any-return]
+
+    def watch(
+        self, kinds: Sequence[str], *, from_revision: int = 0
+    ) -> Iterator[api_pb2.WatchEvent]:
+        request = api_pb2.WatchRequest(kinds=kinds, from_revision=from_revision)
+        try:
+            yield from self._api.Watch(request)
+        except grpc.RpcError as exc:
+            raise _client_error(exc, self.address) from None
+
+
+def logs(
+    agent_address: str,
+    pod: str,
+    *,
+    follow: bool = False,
+    tail_lines: int = 0,
+    timeout: float | None = None,
+) -> Iterator[bytes]:
+    """The output of a process-mode pod, from the node agent that ran it."""
+    with grpc.insecure_channel(agent_address, options=_OPTIONS) as channel:
+        stub = api_pb2_grpc.NodeAgentStub(channel)
+        request = api_pb2.LogsRequest(pod=pod, follow=follow, tail_lines=tail_lines)
+        try:
+            for chunk in stub.Logs(request, timeout=timeout):
+                yield chunk.data
+        except grpc.RpcError as exc:
+            raise _client_error(exc, agent_address) from None
+
+
+def _client_error(exc: grpc.RpcError, address: str) -> ClientError:
+    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
+    details: str = exc.details() or ""  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNAVAILABLE:
+        details = f"cannot reach {address}: {details}"
+    return ClientError(code, details)

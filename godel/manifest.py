@@ -1,0 +1,291 @@
+"""Manifests: Kubernetes-style YAML documents to and from the API's protobuf objects.
+
+    apiVersion: godel/v1
+    kind: Job                       # Job | Node | Queue | DisruptionBudget
+    metadata: {name: train, labels: {team: ml}}
+    spec:
+      replicas: 8
+      minMember: 8                  # snake_case or camelCase field names
+      qos: best-effort              # enum values in any case, with or without their prefix
+      template:
+        requests: {cpu: 500m, memory: 1Gi, gpus: 1}   # quantities as Kubernetes writes them
+
+Every error names the document and the field (``job.yaml[0] spec.template.requests.cpu: ...``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+
+API_VERSION = "godel/v1"
+KINDS: dict[str, type[Message]] = {
+    "Job": pb.Job,
+    "Node": pb.Node,
+    "Queue": pb.Queue,
+    "DisruptionBudget": pb.DisruptionBudget,
+    "Pod": pb.Pod,
+    "Movement": pb.Movement,
+    "SchedulerInstance": pb.SchedulerInstance,
+}
+# Kinds a user may write; the others are produced by the system.
+APPLICABLE = ("Job", "Node", "Queue", "DisruptionBudget")
+# The field of api.Object for each kind.
+OBJECT_FIELDS = {
+    "Job": "job",
+    "Pod": "pod",
+    "Node": "node",
+    "Queue": "queue",
+    "DisruptionBudget": "disruption_budget",
+    "Movement": "movement",
+    "SchedulerInstance": "scheduler_instance",
+}
+
+_BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50}
+_DECIMAL = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
+# Friendly resource names -> Resources fields.
+_RESOURCE_ALIASES = {
+    "cpu": "milli_cpu",
+    "memory": "memory_bytes",
+    "mem": "memory_bytes",
+    "gpu": "gpus",
+    "gpus": "gpus",
+    "nvidia.com/gpu": "gpus",
+    "pods": "pods",
+}
+
+
+class ManifestError(ValueError):
+    def __init__(self, message: str, field: str = "", source: str = "") -> None:
+        where = " ".join(part for part in (source, field) if part)
+        super().__init__(f"{where}: {message}" if where else message)
+        self.reason = message
+        self.field = field
+        self.source = source
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    kind: str
+    obj: Message
+    source: str
+
+    @property
+    def name(self) -> str:
+        return str(self.obj.metadata.name)  # type: ignore[attr-defined]
+
+    def as_object(self) -> api_pb2.Object:
+        wrapped = api_pb2.Object()
+        getattr(wrapped, OBJECT_FIELDS[self.kind]).CopyFrom(self.obj)
+        return wrapped
+
+
+def parse_quantity(value: Any, *, cpu: bool, field: str) -> int:
+    """``500m`` / ``0.5`` / ``2`` cpu -> milli-CPU; ``1Gi`` / ``500M`` / ``1024`` -> bytes."""
+    if isinstance(value, bool):
+        raise ManifestError(f"expected a quantity, got {value!r}", field)
+    if isinstance(value, int):
+        amount, suffix = Decimal(value), ""
+    elif isinstance(value, float):
+        amount, suffix = Decimal(str(value)), ""
+    elif isinstance(value, str) and (m := _QUANTITY.match(value.strip())):
+        amount, suffix = Decimal(m.group(1)), m.group(2)
+    else:
+        raise ManifestError(
+            f"{value!r} is not a quantity (e.g. {'500m or 2' if cpu else '512Mi or 1Gi'})", field
+        )
+    try:
+        if cpu:
+            if suffix == "m":
+                result = amount
+            elif suffix == "":
+                result = amount * 1000
+            else:
+                raise ManifestError(f"unknown cpu unit {suffix!r} (use m or none)", field)
+        elif suffix in _BINARY:
+            result = amount * _BINARY[suffix]
+        elif suffix in _DECIMAL:
+            result = amount * _DECIMAL[suffix]
+        elif suffix == "":
+            result = amount
+        else:
+            raise ManifestError(f"unknown unit {suffix!r} (use Ki, Mi, Gi, k, M, G)", field)
+    except InvalidOperation as exc:
+        raise ManifestError(f"{value!r} is not a quantity", field) from exc
+    if result != result.to_integral_value():
+        raise ManifestError(f"{value!r} is finer than the smallest unit", field)
+    return int(result)
+
+
+def _camel_to_snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _enum_value(enum: EnumDescriptor, value: Any, field: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value in enum.values_by_number:
+            return value
+    elif isinstance(value, str):
+        wanted = re.sub(r"[^A-Z0-9]", "_", _camel_to_snake(value.replace("-", "_")).upper())
+        wanted = re.sub(r"_+", "_", wanted)
+        for v in enum.values:
+            if v.number == 0:
+                continue
+            if v.name == wanted or v.name.endswith("_" + wanted):
+                return int(v.number)
+    choices = ", ".join(v.name for v in enum.values if v.number != 0)
+    raise ManifestError(f"{value!r} is not one of {choices}", field)
+
+
+def _normalise(descriptor: Descriptor, data: Any, path: str) -> dict[str, Any]:
+    """Rewrite friendly values (quantities, enum spellings, camelCase keys) into what
+    json_format accepts, checking field names as it goes."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"expected a mapping, got {type(data).__name__}", path)
+    if descriptor.full_name == pb.Resources.DESCRIPTOR.full_name:
+        return _normalise_resources(data, path)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ManifestError(f"field names must be strings, got {key!r}", path)
+        fd = descriptor.fields_by_name.get(key) or descriptor.fields_by_name.get(
+            _camel_to_snake(key)
+        )
+        here = f"{path}.{key}" if path else key
+        if fd is None:
+            known = ", ".join(f.name for f in descriptor.fields)
+            raise ManifestError(f"unknown field (known: {known})", here)
+        out[fd.name] = _normalise_value(fd, value, here)
+    return out
+
+
+def _normalise_value(fd: FieldDescriptor, value: Any, path: str) -> Any:
+    if value is None:
+        return None
+    if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+        if not isinstance(value, dict):
+            raise ManifestError("expected a mapping", path)
+        value_fd = fd.message_type.fields_by_name["value"]
+        return {str(k): _normalise_value(value_fd, v, f"{path}.{k}") for k, v in value.items()}
+    if fd.is_repeated:
+        if not isinstance(value, list):
+            raise ManifestError(f"expected a list, got {type(value).__name__}", path)
+        return [_normalise_single(fd, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    return _normalise_single(fd, value, path)
+
+
+def _normalise_single(fd: FieldDescriptor, value: Any, path: str) -> Any:
+    if fd.message_type is not None:
+        return _normalise(fd.message_type, value, path)
+    if fd.enum_type is not None:
+        return _enum_value(fd.enum_type, value, path)
+    if fd.type == FieldDescriptor.TYPE_STRING:
+        if isinstance(value, int | float | bool):
+            return str(value)  # label values like `gpu: 1` are strings
+        if not isinstance(value, str):
+            raise ManifestError(f"expected a string, got {type(value).__name__}", path)
+    elif fd.type == FieldDescriptor.TYPE_BOOL:
+        if not isinstance(value, bool):
+            raise ManifestError(f"expected true or false, got {value!r}", path)
+    elif not isinstance(value, int) or isinstance(value, bool):
+        raise ManifestError(f"expected an integer, got {value!r}", path)
+    return value
+
+
+def _normalise_resources(data: dict[str, Any], path: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    extended: dict[str, int] = {}
+    for key, value in data.items():
+        here = f"{path}.{key}"
+        target = _RESOURCE_ALIASES.get(
+            key, key if key in pb.Resources.DESCRIPTOR.fields_by_name else ""
+        )
+        if target in ("milli_cpu", "memory_bytes"):
+            cpu = target == "milli_cpu"
+            # `milli_cpu: 500` and `memory_bytes: 1024` are already integers in the base unit.
+            if key == target and isinstance(value, int):
+                out[target] = value
+            else:
+                out[target] = parse_quantity(value, cpu=cpu, field=here)
+        elif target in ("gpus", "pods"):
+            out[target] = parse_quantity(value, cpu=False, field=here)
+        elif target == "extended" or key == "extended":
+            if not isinstance(value, dict):
+                raise ManifestError("expected a mapping", here)
+            for name, amount in value.items():
+                extended[str(name)] = parse_quantity(amount, cpu=False, field=f"{here}.{name}")
+        else:
+            extended[key] = parse_quantity(value, cpu=False, field=here)
+    if extended:
+        out["extended"] = extended
+    for k, v in out.items():
+        if k != "extended" and v < 0:
+            raise ManifestError(f"must not be negative (got {v})", f"{path}.{k}")
+    return out
+
+
+def parse_document(doc: Any, source: str) -> Manifest:
+    if not isinstance(doc, dict):
+        raise ManifestError(
+            "a manifest must be a mapping with apiVersion, kind, metadata, spec", source=source
+        )
+    api_version = doc.get("apiVersion")
+    if api_version != API_VERSION:
+        raise ManifestError(f"must be {API_VERSION!r}, got {api_version!r}", "apiVersion", source)
+    kind = doc.get("kind")
+    if kind not in APPLICABLE:
+        raise ManifestError(f"{kind!r} is not one of {', '.join(APPLICABLE)}", "kind", source)
+    unknown = sorted(set(doc) - {"apiVersion", "kind", "metadata", "spec", "status"})
+    if unknown:
+        raise ManifestError(f"unknown top-level field(s) {', '.join(unknown)}", source=source)
+    if "status" in doc and kind != "Node":
+        raise ManifestError("is set by the system, not in manifests", "status", source)
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, dict) or not metadata.get("name"):
+        raise ManifestError("is required", "metadata.name", source)
+    cls = KINDS[kind]
+    body = {k: doc[k] for k in ("metadata", "spec", "status") if k in doc and doc[k] is not None}
+    try:
+        normalised = _normalise(cls.DESCRIPTOR, body, "")  # type: ignore[arg-type]
+        obj = json_format.ParseDict(normalised, cls(), ignore_unknown_fields=False)
+    except ManifestError as exc:
+        raise ManifestError(exc.reason, exc.field, source) from None
+    except json_format.ParseError as exc:
+        raise ManifestError(str(exc), source=source) from None
+    return Manifest(kind, obj, source)
+
+
+def load(text: str, source: str = "<stdin>") -> list[Manifest]:
+    """Every document of a (multi-document) YAML text."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"not valid YAML: {exc}", source=source) from None
+    if not docs:
+        raise ManifestError("holds no manifest", source=source)
+    return [parse_document(d, f"{source}[{i}]") for i, d in enumerate(docs)]
+
+
+def to_dict(obj: Message) -> dict[str, Any]:
+    """An object as a plain dict for -o json / yaml (proto field names, enum names)."""
+    return json_format.MessageToDict(obj, preserving_proto_field_name=True)
+
+
+def to_manifest(kind: str, obj: Message) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": kind, **to_dict(obj)}
+
+
+def dump_yaml(docs: Iterable[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(list(docs), sort_keys=False)
