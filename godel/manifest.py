@@ -138,7 +138,9 @@ def _enum_value(enum: EnumDescriptor, value: Any, field: str) -> int:
         if value in enum.values_by_number:
             return value
     elif isinstance(value, str):
-        wanted = re.sub(r"[^A-Z0-9]", "_", _camel_to_snake(value.replace("-", "_")).upper())
+        # "NoSchedule", "no-schedule", "NO_SCHEDULE" and "QOS_BEST_EFFORT" all name one value.
+        spelled = value if value.isupper() else _camel_to_snake(value.replace("-", "_"))
+        wanted = re.sub(r"[^A-Z0-9]", "_", spelled.upper())
         wanted = re.sub(r"_+", "_", wanted)
         for v in enum.values:
             if v.number == 0:

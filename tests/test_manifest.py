@@ -1,0 +1,120 @@
+"""Manifests: friendly quantities and enums parse to exact integers and values; every malformed
+manifest gets an error naming the document and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from godel.manifest import ManifestError, load, parse_quantity, to_manifest
+from protos.godel.v1 import objects_pb2 as pb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+QUANTITIES = [
+    # value, cpu?, expected
+    ("500m", True, 500),
+    ("2", True, 2000),
+    (0.5, True, 500),
+    (3, True, 3000),
+    ("1Gi", False, 1 << 30),
+    ("500Mi", False, 500 << 20),
+    ("1G", False, 10**9),
+    ("1.5Gi", False, 3 << 29),
+    (1024, False, 1024),
+]
+
+
+@pytest.mark.parametrize(("value", "cpu", "expected"), QUANTITIES)
+def test_quantities(value: object, cpu: bool, expected: int) -> None:
+    assert parse_quantity(value, cpu=cpu, field="f") == expected
+
+
+JOB = """
+apiVersion: godel/v1
+kind: Job
+metadata: {name: train, labels: {team: ml}}
+spec:
+  replicas: 4
+  minMember: 4
+  qos: best-effort
+  template:
+    requests: {cpu: 250m, memory: 1Gi, gpus: 1}
+    tolerations: [{key: dedicated, operator: Exists, effect: NoSchedule}]
+    affinity:
+      nodeAffinity:
+        required: [{matchExpressions: [{key: zone, operator: NotIn, values: [a]}]}]
+"""
+
+
+def test_job_manifest_round_trip() -> None:
+    [m] = load(JOB, "job.yaml")
+    job = m.obj
+    assert isinstance(job, pb.Job)
+    assert (job.spec.replicas, job.spec.min_member, job.spec.qos) == (4, 4, pb.QOS_BEST_EFFORT)
+    req = job.spec.template.requests
+    assert (req.milli_cpu, req.memory_bytes, req.gpus) == (250, 1 << 30, 1)
+    tol = job.spec.template.tolerations[0]
+    assert (tol.operator, tol.effect) == (pb.Toleration.EXISTS, pb.NO_SCHEDULE)
+    expr = job.spec.template.affinity.node_affinity.required[0].match_expressions[0]
+    assert expr.operator == pb.LabelSelectorRequirement.NOT_IN
+    again = load(__import__("yaml").safe_dump(to_manifest("Job", job)), "again.yaml")[0].obj
+    assert again == job
+
+
+def _doc(body: str, kind: str = "Job") -> str:
+    return f"apiVersion: godel/v1\nkind: {kind}\nmetadata: {{name: a}}\n{body}"
+
+
+MALFORMED = [
+    # name, text, error text that must appear
+    ("not yaml", "[1, 2", "not valid YAML"),
+    ("empty file", "", "holds no manifest"),
+    ("not a mapping", "- 1\n- 2", "must be a mapping"),
+    ("wrong apiVersion", "apiVersion: v1\nkind: Job\nmetadata: {name: a}", "apiVersion"),
+    ("unknown kind", _doc("", kind="Widget"), "kind: 'Widget' is not one of"),
+    ("system kind", _doc("", kind="Pod"), "kind: 'Pod' is not one of"),
+    ("missing name", "apiVersion: godel/v1\nkind: Job\nmetadata: {}", "metadata.name"),
+    ("unknown field", _doc("spec: {replicaz: 3}"), "spec.replicaz: unknown field"),
+    ("string for integer", _doc("spec: {replicas: many}"), "spec.replicas: expected an integer"),
+    (
+        "bad quantity",
+        _doc("spec: {template: {requests: {cpu: lots}}}"),
+        "spec.template.requests.cpu",
+    ),
+    ("bad cpu unit", _doc("spec: {template: {requests: {cpu: 1Gi}}}"), "unknown cpu unit"),
+    (
+        "negative quantity",
+        _doc("spec: {template: {requests: {memory: -1}}}"),
+        "spec.template.requests.memory",
+    ),
+    (
+        "finer than a unit",
+        _doc("spec: {template: {requests: {cpu: 0.0001}}}"),
+        "finer than the smallest unit",
+    ),
+    ("bad enum", _doc("spec: {qos: turbo}"), "spec.qos: 'turbo' is not one of"),
+    ("status on a job", _doc("status: {bound: 1}"), "status: is set by the system"),
+    (
+        "list expected",
+        _doc("spec: {template: {tolerations: {key: a}}}"),
+        "spec.template.tolerations: expected a list",
+    ),
+    ("unknown top-level", _doc("extra: 1"), "unknown top-level field(s) extra"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "needle"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_manifests_name_the_problem(name: str, text: str, needle: str) -> None:
+    with pytest.raises(ManifestError) as err:
+        load(text, "bad.yaml")
+    assert needle in str(err.value)
+    assert str(err.value).startswith("bad.yaml")
+
+
+def test_examples_parse() -> None:
+    files = sorted((ROOT / "examples").glob("*.yaml"))
+    assert files, "examples/ holds manifests"
+    for path in files:
+        assert load(path.read_text(), path.name)
