@@ -216,9 +216,9 @@ def _normalise_resources(data: dict[str, Any], path: str) -> dict[str, Any]:
         )
         if target in ("milli_cpu", "memory_bytes"):
             cpu = target == "milli_cpu"
-            # `milli_cpu: 500` and `memory_bytes: 1024` are already integers in the base unit.
-            if key == target and isinstance(value, int):
-                out[target] = value
+            # `milli_cpu: 500` and `memory_bytes: "1024"` (JSON's int64) are in the base unit.
+            if key == target and (isinstance(value, int) or str(value).lstrip("-").isdigit()):
+                out[target] = int(value)
             else:
                 out[target] = parse_quantity(value, cpu=cpu, field=here)
         elif target in ("gpus", "pods"):
