@@ -5,6 +5,7 @@ The commands parse options and print; the process management is in :mod:`godel.l
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from calendar import timegm
@@ -32,6 +33,7 @@ def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
     app.command("status")(status)
+    app.command("audit")(audit)
 
 
 def up(
@@ -114,6 +116,48 @@ def status(
     unhealthy = [s.name for s in statuses if not s.healthy]
     if unhealthy:
         fail(f"unhealthy: {', '.join(unhealthy)}")
+
+
+def audit(
+    home: HomeOption = None,
+    store_url: Annotated[
+        str | None,
+        typer.Option(
+            "--store-url",
+            envvar="GODEL_REDIS_URL",
+            show_default=False,
+            help="Audit this store instead of the local cluster's.",
+        ),
+    ] = None,
+) -> None:
+    """Check the cluster's state against the scheduling invariants; exits 1 on any violation."""
+    from godel.audit import audit as run_audit
+    from store import Store, StoreError
+
+    url = store_url
+    if url is None:
+        state = _home(home).load()
+        if state is None:
+            fail(f"no cluster in {_home(home)}: start one with `godel up`, or pass --store-url")
+        url = state.store_url
+
+    async def check() -> None:
+        store = await Store.connect(url)
+        try:
+            report = await run_audit(store)
+        finally:
+            await store.close()
+        typer.echo(f"{report.nodes} nodes, {report.pods} pods, {report.bound} bound or running")
+        for violation in report.violations:
+            typer.echo(f"violation: {violation}", err=True)
+        if not report.ok:
+            raise typer.Exit(1)
+        typer.echo("invariants hold: no over-commit, every pod bound once, gangs whole")
+
+    try:
+        asyncio.run(check())
+    except StoreError as exc:
+        fail(str(exc))
 
 
 def _home(path: Path | None) -> local.GodelHome:

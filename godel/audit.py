@@ -1,0 +1,90 @@
+"""Audit a cluster's state against the invariants of ARCHITECTURE §5 (1–3):
+
+1. no node is over-committed, per resource and per pool, counting bound and running pods;
+2. a pod is bound to at most one node, once (the store's claim agrees with the pod);
+3. a unit that has never been scheduled has either at least ``min_member`` pods placed or none.
+
+Reads one consistent snapshot of the store; used by the end-to-end tests after every run and by
+``godel audit`` on a live cluster.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.common.nodeinfo import NodeInfo, PodRequest, resource_fit_failures
+from store import Store
+
+_HOLDING = (pb.POD_BOUND, pb.POD_RUNNING)
+
+
+@dataclass
+class AuditReport:
+    nodes: int = 0
+    pods: int = 0
+    bound: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+async def audit(store: Store) -> AuditReport:
+    listing = await store.list_kinds(["Node", "Pod", "Job"])
+    claims = await store.claims()
+    nodes: dict[str, pb.Node] = {n.metadata.name: n for n in listing.items["Node"]}  # type: ignore[attr-defined,misc]
+    pods: list[pb.Pod] = listing.items["Pod"]  # type: ignore[assignment]
+    jobs: dict[str, pb.Job] = {j.metadata.name: j for j in listing.items["Job"]}  # type: ignore[attr-defined,misc]
+    report = AuditReport(nodes=len(nodes), pods=len(pods))
+
+    # 1. Re-add every holding pod to a fresh NodeInfo; any addition that does not fit is an
+    # over-commit (the same fit rule the scheduler and binder use).
+    infos = {name: NodeInfo.from_node(n) for name, n in nodes.items()}
+    for pod in pods:
+        if not pod.spec.node_name or pod.status.phase not in _HOLDING:
+            continue
+        report.bound += 1
+        info = infos.get(pod.spec.node_name)
+        if info is None:
+            report.violations.append(
+                f"pod {pod.metadata.name} holds unknown node {pod.spec.node_name}"
+            )
+            continue
+        request = PodRequest.from_pod(pod)
+        failures = resource_fit_failures(info, request)
+        if failures:
+            report.violations.append(
+                f"node {info.name} over-committed by pod {pod.metadata.name}: "
+                + ", ".join(failures)
+            )
+        info.add_pod(request)
+
+    # 2. Claims and pods agree: each holding pod has exactly its claim; nothing else has one.
+    holding = {p.metadata.name: p for p in pods if p.spec.node_name and p.status.phase in _HOLDING}
+    for name, pod in holding.items():
+        claim = claims.get(name)
+        if claim is None:
+            report.violations.append(f"pod {name} is bound to {pod.spec.node_name} without claim")
+        elif claim.split()[0] != pod.spec.node_name:
+            report.violations.append(
+                f"pod {name} is bound to {pod.spec.node_name} but claims {claim.split()[0]}"
+            )
+    for name in claims.keys() - holding.keys():
+        report.violations.append(f"claim of {name} is held by no bound or running pod")
+
+    # 3. Gang: every job whose pods were ever placed got at least min_member of them placed.
+    placed: dict[str, int] = defaultdict(int)
+    for pod in pods:
+        if pod.spec.node_name:
+            placed[pod.spec.job] += 1
+    for job_name, count in placed.items():
+        job = jobs.get(job_name)
+        if job is not None and count < job.spec.min_member:
+            report.violations.append(
+                f"job {job_name} has {count} pod(s) placed, fewer than min_member "
+                f"{job.spec.min_member}"
+            )
+    return report

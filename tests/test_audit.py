@@ -1,0 +1,67 @@
+"""The invariant audit finds each kind of violation, and passes a consistent state."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from godel.audit import audit
+from protos.godel.v1 import objects_pb2 as pb
+from store import Store
+from store.client import Fence, Update
+from tests.factories import job, node, pods_of
+
+
+async def _setup(store: Store) -> tuple[Fence, list[pb.Pod]]:
+    await store.create(node("n1", cpu=1000, pods=10))
+    j = job("g", replicas=3, min_member=3, cpu=300)
+    pods = pods_of(j)
+    await store.create_unit(j, pods)
+    _, lease = await store.acquire_lease("binder", "b", 10_000)
+    return Fence("binder", lease.epoch), pods
+
+
+def _place(pod: pb.Pod, phase: int = pb.POD_BOUND) -> pb.Pod:
+    pod.spec.node_name = "n1"
+    pod.status.phase = phase  # type: ignore[assignment]
+    return pod
+
+
+async def consistent(store: Store, fence: Fence, pods: list[pb.Pod]) -> None:
+    await store.bind([_place(p) for p in pods], fence=fence)
+
+
+async def bound_without_claim(store: Store, fence: Fence, pods: list[pb.Pod]) -> None:
+    await store.bind([_place(p) for p in pods[:2]], fence=fence)
+    await store.commit([Update(_place(pods[2], pb.POD_RUNNING))])  # bypasses Bind
+
+
+async def gang_broken(store: Store, fence: Fence, pods: list[pb.Pod]) -> None:
+    await store.bind([_place(pods[0])], fence=fence)
+
+
+async def over_committed(store: Store, fence: Fence, pods: list[pb.Pod]) -> None:
+    for p in pods:
+        p.spec.template.requests.milli_cpu = 600
+        await store.commit([Update(_place(p))])
+
+
+CASES: list[tuple[str, Callable[..., Awaitable[None]], list[str]]] = [
+    ("consistent", consistent, []),
+    ("bound without claim", bound_without_claim, ["without claim"]),
+    ("gang partially placed", gang_broken, ["fewer than min_member"]),
+    ("over-committed", over_committed, ["over-committed", "without claim"]),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "expected"), CASES, ids=[c[0] for c in CASES])
+async def test_audit(
+    store: Store, name: str, make: Callable[..., Awaitable[None]], expected: list[str]
+) -> None:
+    fence, pods = await _setup(store)
+    await make(store, fence, pods)
+    report = await audit(store)
+    for needle in expected:
+        assert any(needle in v for v in report.violations), report.violations
+    assert report.ok == (not expected)
