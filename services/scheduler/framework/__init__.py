@@ -1,0 +1,40 @@
+"""The scheduling framework: plugin API, registry, profile, runtime. See ../README.md."""
+
+from services.scheduler.framework.interface import (
+    MAX_NODE_SCORE,
+    Code,
+    FilterPlugin,
+    GroupingPlugin,
+    LocatingPlugin,
+    NormalizeScore,
+    Plugin,
+    PodInfo,
+    ScorePlugin,
+    Status,
+    UnitInfo,
+)
+from services.scheduler.framework.profile import Profile, ProfileError, load_profile
+from services.scheduler.framework.registry import NoArgs, PluginConfigError, PluginSpec, Registry
+from services.scheduler.framework.runtime import Framework
+
+__all__ = [
+    "MAX_NODE_SCORE",
+    "Code",
+    "FilterPlugin",
+    "Framework",
+    "GroupingPlugin",
+    "LocatingPlugin",
+    "NoArgs",
+    "NormalizeScore",
+    "Plugin",
+    "PluginConfigError",
+    "PluginSpec",
+    "PodInfo",
+    "Profile",
+    "ProfileError",
+    "Registry",
+    "ScorePlugin",
+    "Status",
+    "UnitInfo",
+    "load_profile",
+]

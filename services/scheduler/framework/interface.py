@@ -1,0 +1,193 @@
+"""The plugin API: Status, the per-pod view plugins read (PodInfo), and the extension points.
+
+Filter and Score are plain synchronous functions over a PodInfo and a NodeInfo (ints, strings and
+tuples): they run once per candidate node per pod, so nothing here touches protobuf in the loop.
+A Filter returns ``None`` for success (cheap and Go-faithful) or a :class:`Status` saying why not.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, runtime_checkable
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.common.nodeinfo import NodeInfo, PodRequest
+
+MAX_NODE_SCORE = 100
+
+
+class Code(enum.IntEnum):
+    """In kube-scheduler's order. Unresolvable means preemption cannot help either."""
+
+    SUCCESS = 0
+    ERROR = 1
+    UNSCHEDULABLE = 2
+    UNSCHEDULABLE_AND_UNRESOLVABLE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    code: Code
+    reasons: tuple[str, ...] = ()
+    plugin: str = ""
+
+    @classmethod
+    def unschedulable(cls, *reasons: str, plugin: str = "") -> Status:
+        return cls(Code.UNSCHEDULABLE, reasons, plugin)
+
+    @classmethod
+    def unresolvable(cls, *reasons: str, plugin: str = "") -> Status:
+        return cls(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, reasons, plugin)
+
+    @classmethod
+    def error(cls, reason: str, plugin: str = "") -> Status:
+        return cls(Code.ERROR, (reason,), plugin)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pod as plugins see it: converted from protobuf once per template, then read per node.
+# ---------------------------------------------------------------------------------------------
+
+# Label selector operators (LabelSelectorRequirement.Operator values).
+OP_IN, OP_NOT_IN, OP_EXISTS, OP_DOES_NOT_EXIST, OP_GT, OP_LT = 1, 2, 3, 4, 5, 6
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    key: str
+    op: int
+    values: frozenset[str] = frozenset()
+    # For Gt/Lt: the single numeric value; None when it does not parse (matches nothing).
+    number: int | None = None
+
+
+Term = tuple[Requirement, ...]  # AND of requirements
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str
+    exists: bool  # operator Exists (else Equal)
+    value: str
+    effect: int  # 0 matches every effect
+
+
+@dataclass(slots=True)
+class PodInfo:
+    """What the plugins need from a pod, in plain Python."""
+
+    name: str
+    job: str
+    resource_version: int
+    req: PodRequest
+    template_key: bytes = b""
+    node_selector: tuple[tuple[str, str], ...] = ()
+    required_terms: tuple[Term, ...] = ()  # OR of terms; empty: no constraint
+    preferred_terms: tuple[tuple[int, Term], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    priority: int = 0
+
+    @classmethod
+    def from_pod(cls, pod: pb.Pod) -> PodInfo:
+        tpl = pod.spec.template
+        node_aff = tpl.affinity.node_affinity
+        return cls(
+            name=pod.metadata.name,
+            job=pod.spec.job,
+            resource_version=pod.metadata.resource_version,
+            req=PodRequest.from_pod(pod),
+            template_key=template_key(pod),
+            node_selector=tuple(sorted(tpl.node_selector.items())),
+            required_terms=tuple(_term(t) for t in node_aff.required),
+            preferred_terms=tuple((p.weight, _term(p.preference)) for p in node_aff.preferred),
+            tolerations=tuple(
+                Toleration(t.key, t.operator == pb.Toleration.EXISTS, t.value, int(t.effect))
+                for t in tpl.tolerations
+            ),
+            priority=pod.spec.priority,
+        )
+
+
+def template_key(pod: pb.Pod) -> bytes:
+    """Pods with equal keys get equal filter and score results on equal nodes."""
+    return bytes([pod.spec.qos]) + pod.spec.template.SerializeToString(deterministic=True)
+
+
+def _term(term: pb.NodeSelectorTerm) -> Term:
+    return tuple(_requirement(r) for r in term.match_expressions)
+
+
+def _requirement(r: pb.LabelSelectorRequirement) -> Requirement:
+    number = None
+    if r.operator in (OP_GT, OP_LT) and len(r.values) == 1:
+        try:
+            number = int(r.values[0])
+        except ValueError:
+            number = None
+    return Requirement(r.key, int(r.operator), frozenset(r.values), number)
+
+
+@dataclass(slots=True)
+class UnitInfo:
+    """A scheduling unit as the unit-level hooks see it."""
+
+    job: str
+    min_member: int
+    already_bound: int
+    priority: int
+    pods: list[PodInfo] = field(default_factory=list)
+
+    @property
+    def needed(self) -> int:
+        """Placements this attempt must make for the unit to succeed (min-member decision)."""
+        return max(self.min_member - self.already_bound, 1 if self.pods else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Extension points
+# ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    NAME: ClassVar[str]
+
+
+@runtime_checkable
+class FilterPlugin(Plugin, Protocol):
+    def filter(self, pod: PodInfo, node: NodeInfo) -> Status | None:
+        """None if ``pod`` may run on ``node``; otherwise why not (short lowercase reasons)."""
+        ...
+
+
+@runtime_checkable
+class ScorePlugin(Plugin, Protocol):
+    def score(self, pod: PodInfo, node: NodeInfo) -> int:
+        """A raw score; 0..100 unless the plugin also normalizes."""
+        ...
+
+
+@runtime_checkable
+class NormalizeScore(Protocol):
+    """Optional for Score plugins: rescale raw scores of all candidate nodes to 0..100.
+
+    A normalizing plugin must score from node properties that the unit's own placements do not
+    change (labels, taints): the feasible-node cache re-scores a chosen node without re-running
+    the normalization."""
+
+    def normalize_scores(self, pod: PodInfo, scores: list[int]) -> None: ...
+
+
+@runtime_checkable
+class LocatingPlugin(Plugin, Protocol):
+    """Unit level: narrow the nodes a unit may use (default: all)."""
+
+    def locate(self, unit: UnitInfo, nodes: list[NodeInfo]) -> list[NodeInfo]: ...
+
+
+@runtime_checkable
+class GroupingPlugin(Plugin, Protocol):
+    """Unit level: split located nodes into groups tried in order (default: one group)."""
+
+    def group(self, unit: UnitInfo, nodes: list[NodeInfo]) -> list[list[NodeInfo]]: ...

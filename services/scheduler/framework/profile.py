@@ -1,0 +1,159 @@
+"""Scheduling profile: which plugins run, with which score weights and args, loaded from YAML.
+
+    filters: [NodeUnschedulable, NodeResourcesFit, NodePorts, NodeAffinity, TaintToleration]
+    scores:
+      - {name: LeastAllocated, weight: 1}
+      - {name: NodeAffinity, weight: 2}
+    args:
+      LeastAllocated: {cpu_weight: 1, memory_weight: 1}
+
+A profile is refused, with a message naming the offending entry, for: unknown keys, an unknown
+plugin, a plugin listed twice at one extension point, a weight that is not a positive integer,
+a plugin that does not implement the extension point it is listed under, or bad args.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.scheduler.framework.registry import PluginConfigError, Registry
+
+DEFAULT_FILTERS = (
+    "NodeUnschedulable",
+    "NodeResourcesFit",
+    "NodePorts",
+    "NodeAffinity",
+    "TaintToleration",
+)
+DEFAULT_SCORES = (
+    ("LeastAllocated", 1),
+    ("BalancedAllocation", 1),
+    ("NodeAffinity", 2),
+    ("TaintToleration", 3),
+)
+
+
+class ProfileError(PluginConfigError):
+    """The profile is invalid."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    filters: tuple[str, ...] = DEFAULT_FILTERS
+    scores: tuple[tuple[str, int], ...] = DEFAULT_SCORES
+    locating: tuple[str, ...] = ()
+    grouping: tuple[str, ...] = ()
+    args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+_KEYS = {"filters", "scores", "locating", "grouping", "args"}
+
+
+def load_profile(source: str | Path, registry: Registry) -> Profile:
+    """Parse YAML text (or a file) and validate it against ``registry``."""
+    where = str(source) if isinstance(source, Path) else "profile"
+    try:
+        text = source.read_text() if isinstance(source, Path) else source
+        doc = yaml.safe_load(text)
+    except OSError as exc:
+        raise ProfileError(f"{where}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{where}: not valid YAML: {exc}") from exc
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{where}: expected a mapping with keys {sorted(_KEYS)}")
+    unknown = set(doc) - _KEYS
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {sorted(unknown)} (known: {sorted(_KEYS)})")
+    profile = Profile(
+        filters=_names(doc, "filters", where, DEFAULT_FILTERS),
+        scores=_scores(doc, where),
+        locating=_names(doc, "locating", where, ()),
+        grouping=_names(doc, "grouping", where, ()),
+        args=_args(doc, where),
+    )
+    validate_profile(profile, registry, where)
+    return profile
+
+
+def validate_profile(profile: Profile, registry: Registry, where: str = "profile") -> None:
+    """Refuse unknown or duplicate plugins, bad weights, bad args (builds each plugin once)."""
+    from services.scheduler.framework.runtime import Framework  # the runtime checks the rest
+
+    for point, names in (
+        ("filters", profile.filters),
+        ("scores", tuple(n for n, _ in profile.scores)),
+        ("locating", profile.locating),
+        ("grouping", profile.grouping),
+    ):
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise ProfileError(f"{where}: {point}: plugin {name!r} listed twice")
+            seen.add(name)
+            if name not in registry:
+                raise ProfileError(
+                    f"{where}: {point}: unknown plugin {name!r} (known: {registry.names()})"
+                )
+    for name, weight in profile.scores:
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight <= 0:
+            raise ProfileError(f"{where}: scores: {name}: weight must be an integer > 0")
+    for name in profile.args:
+        if name not in registry:
+            raise ProfileError(f"{where}: args: unknown plugin {name!r}")
+    try:
+        Framework(profile, registry)
+    except ProfileError:
+        raise
+    except PluginConfigError as exc:
+        raise ProfileError(f"{where}: {exc}") from exc
+
+
+def _names(doc: dict[str, Any], key: str, where: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    if key not in doc:
+        return default
+    value = doc[key] or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProfileError(f"{where}: {key}: expected a list of plugin names")
+    return tuple(value)
+
+
+def _scores(doc: dict[str, Any], where: str) -> tuple[tuple[str, int], ...]:
+    if "scores" not in doc:
+        return DEFAULT_SCORES
+    value = doc["scores"] or []
+    if not isinstance(value, list):
+        raise ProfileError(f"{where}: scores: expected a list of {{name, weight}}")
+    out = []
+    for i, entry in enumerate(value):
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ProfileError(f"{where}: scores[{i}]: expected {{name: PLUGIN, weight: N}}")
+        extra = set(entry) - {"name", "weight"}
+        if extra:
+            raise ProfileError(f"{where}: scores[{i}]: unknown key(s) {sorted(extra)}")
+        weight = entry.get("weight", 1)
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight <= 0:
+            raise ProfileError(
+                f"{where}: scores[{i}] ({entry['name']}): weight must be an integer > 0, "
+                f"got {weight!r}"
+            )
+        out.append((entry["name"], weight))
+    return tuple(out)
+
+
+def _args(doc: dict[str, Any], where: str) -> dict[str, Mapping[str, Any]]:
+    value = doc.get("args") or {}
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: args: expected a mapping of plugin name to args")
+    for name, args in value.items():
+        if not isinstance(args, dict):
+            raise ProfileError(f"{where}: args: {name}: expected a mapping")
+    return value

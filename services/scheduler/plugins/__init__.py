@@ -1,0 +1,31 @@
+"""In-tree plugins, one module each (NAME, args, factory, SPEC)."""
+
+from services.scheduler.framework import Registry
+from services.scheduler.plugins import (
+    balancedallocation,
+    leastallocated,
+    mostallocated,
+    nodeaffinity,
+    nodeports,
+    noderesourcesfit,
+    nodeunschedulable,
+    tainttoleration,
+)
+
+
+def new_in_tree_registry() -> Registry:
+    return Registry(
+        [
+            noderesourcesfit.SPEC,
+            nodeunschedulable.SPEC,
+            nodeports.SPEC,
+            nodeaffinity.SPEC,
+            tainttoleration.SPEC,
+            leastallocated.SPEC,
+            mostallocated.SPEC,
+            balancedallocation.SPEC,
+        ]
+    )
+
+
+__all__ = ["new_in_tree_registry"]

@@ -1,0 +1,101 @@
+"""NodeAffinity: spec.template.node_selector (every key = value) and required node affinity
+(terms OR'd, expressions within a term AND'd) filter; preferred terms score (sum of the weights
+of matching terms, normalized to 0..100)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from services.common.nodeinfo import NodeInfo
+from services.scheduler.framework import (
+    MAX_NODE_SCORE,
+    FilterPlugin,
+    NoArgs,
+    NormalizeScore,
+    PluginSpec,
+    PodInfo,
+    ScorePlugin,
+    Status,
+)
+from services.scheduler.framework.interface import (
+    OP_DOES_NOT_EXIST,
+    OP_EXISTS,
+    OP_GT,
+    OP_IN,
+    OP_LT,
+    OP_NOT_IN,
+    Term,
+)
+
+NAME = "NodeAffinity"
+NOT_MATCHED = "node(s) didn't match node selector"
+_NOT_MATCHED = Status.unresolvable(NOT_MATCHED, plugin=NAME)
+
+
+def term_matches(term: Term, labels: dict[str, str]) -> bool:
+    """All requirements hold. An empty term matches nothing (as in Kubernetes)."""
+    if not term:
+        return False
+    for r in term:
+        value = labels.get(r.key)
+        op = r.op
+        if op == OP_IN:
+            ok = value is not None and value in r.values
+        elif op == OP_NOT_IN:
+            ok = value is None or value not in r.values
+        elif op == OP_EXISTS:
+            ok = value is not None
+        elif op == OP_DOES_NOT_EXIST:
+            ok = value is None
+        elif op in (OP_GT, OP_LT):
+            ok = False
+            if value is not None and r.number is not None:
+                try:
+                    n = int(value)
+                except ValueError:
+                    n = None
+                if n is not None:
+                    ok = n > r.number if op == OP_GT else n < r.number
+        else:  # unspecified operator: invalid, matches nothing
+            ok = False
+        if not ok:
+            return False
+    return True
+
+
+class NodeAffinity:
+    NAME: ClassVar[str] = NAME
+
+    def filter(self, pod: PodInfo, node: NodeInfo) -> Status | None:
+        labels = node.labels
+        for key, value in pod.node_selector:
+            if labels.get(key) != value:
+                return _NOT_MATCHED
+        terms = pod.required_terms
+        if terms and not any(term_matches(t, labels) for t in terms):
+            return _NOT_MATCHED
+        return None
+
+    def score(self, pod: PodInfo, node: NodeInfo) -> int:
+        total = 0
+        for weight, term in pod.preferred_terms:
+            if term_matches(term, node.labels):
+                total += weight
+        return total
+
+    def normalize_scores(self, pod: PodInfo, scores: list[int]) -> None:
+        top = max(scores, default=0)
+        if top <= 0:
+            return
+        for i, s in enumerate(scores):
+            scores[i] = s * MAX_NODE_SCORE // top
+
+
+def new(args: NoArgs) -> NodeAffinity:
+    return NodeAffinity()
+
+
+_check_filter: type[FilterPlugin] = NodeAffinity
+_check_score: type[ScorePlugin] = NodeAffinity
+_check_norm: type[NormalizeScore] = NodeAffinity
+SPEC = PluginSpec(NAME, NoArgs, new)
