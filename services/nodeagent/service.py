@@ -1,22 +1,132 @@
-"""The node agent: registers nodes, heartbeats, and runs the pods bound to them.
-
-For now the gRPC contract is registered with the generated base servicer, which answers every RPC
-with UNIMPLEMENTED; the process already starts, connects the store and reports health.
+"""The node agent: registers its nodes, heartbeats them, runs the pods bound to them, and serves
+the logs of process-mode pods (``godel.v1.NodeAgent``). See README.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import os
+import socket
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
 
 import grpc
+import psutil
+import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
-from services.runtime import Service, ServiceConfig
+from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.nodes import (
+    GiB,
+    NodeSet,
+    Shape,
+    dns_name,
+    hollow_nodes,
+    now_ms,
+    parse_labels,
+    parse_taints,
+    process_node,
+)
+from services.nodeagent.runner import PodRunner
+from services.runtime import ConfigError, Service, ServiceConfig, option
+from store import StoreError
+from store.informer import Informer
+
+log = structlog.get_logger(__name__)
+
+LOG_CHUNK_BYTES = 64 * 1024
+LOG_POLL_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
 class NodeAgentConfig(ServiceConfig):
-    """NodeAgent settings."""
+    """Node agent settings: the simulated (hollow) nodes and this machine as a process node."""
+
+    hollow_nodes: int = field(
+        default=100, metadata=option("simulated nodes served by this agent", minimum=0)
+    )
+    hollow_cpu_milli: int = field(
+        default=4000, metadata=option("guaranteed milli-CPU of each hollow node", minimum=0)
+    )
+    hollow_memory_bytes: int = field(
+        default=32 * GiB, metadata=option("guaranteed memory of each hollow node", minimum=0)
+    )
+    hollow_max_pods: int = field(
+        default=110, metadata=option("pod slots of each hollow node", minimum=0)
+    )
+    hollow_gpus: int = field(default=0, metadata=option("GPUs of each hollow node", minimum=0))
+    hollow_reclaimable_percent: int = field(
+        default=50,
+        metadata=option(
+            "share of a node's cpu and memory offered to best-effort pods (its reclaimable pool)",
+            minimum=0,
+            maximum=100,
+        ),
+    )
+    hollow_labels: str = field(
+        default="",
+        metadata=option(
+            "labels of every hollow node, e.g. 'zone=a,disk=ssd' (each also gets hostname=<name>"
+            " and zone=zone-0..zone-3 unless zone is given)"
+        ),
+    )
+    hollow_taints: str = field(
+        default="",
+        metadata=option("taints of every hollow node, e.g. 'gpu=true:NoSchedule,spot:NoExecute'"),
+    )
+    node_prefix: str = field(
+        default="",
+        metadata=option("hollow nodes are named <prefix>-<i> (default: the instance name)"),
+    )
+    process_node: bool = field(
+        default=False,
+        metadata=option(
+            "also serve this machine as a node (named after its hostname) that really runs pods"
+        ),
+    )
+    heartbeat_seconds: float = field(
+        default=2.0, metadata=option("seconds between node heartbeats", minimum=0.05)
+    )
+    work_dir: str = field(
+        default="",
+        metadata=option("process-mode pod work dirs and logs (default: <home>/pods)"),
+    )
+    status_flush_ms: int = field(
+        default=50,
+        metadata=option("how long pod phase changes gather before one batched write", minimum=1),
+    )
+    status_batch_max: int = field(
+        default=500,
+        metadata=option("pod phase changes that trigger a write at once", minimum=1),
+    )
+
+    def __post_init__(self) -> None:
+        # Bad labels or taints are a configuration error (exit 2), not a failed start.
+        for name, parse in (("hollow_labels", parse_labels), ("hollow_taints", parse_taints)):
+            try:
+                parse(getattr(self, name))
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+
+    def shape(self) -> Shape:
+        return Shape(
+            milli_cpu=self.hollow_cpu_milli,
+            memory_bytes=self.hollow_memory_bytes,
+            max_pods=self.hollow_max_pods,
+            gpus=self.hollow_gpus,
+            reclaimable_percent=self.hollow_reclaimable_percent,
+        )
+
+    def resolved_work_dir(self) -> Path:
+        if self.work_dir:
+            return Path(self.work_dir).expanduser()
+        if self.home:
+            return Path(self.home) / "pods"
+        return Path(tempfile.mkdtemp(prefix="godel-pods-"))
 
 
 class NodeAgentService(Service[NodeAgentConfig]):
@@ -24,8 +134,147 @@ class NodeAgentService(Service[NodeAgentConfig]):
     config_class = NodeAgentConfig
     grpc_services = (api_pb2.DESCRIPTOR.services_by_name["NodeAgent"].full_name,)
 
+    nodes: NodeSet
+    runner: PodRunner
+    informer: Informer
+
     def add_servicers(self, server: grpc.aio.Server) -> None:
-        # The generated base servicer answers every RPC with UNIMPLEMENTED (its stub marks the
-        # methods abstract, hence the ignore); the real servicer replaces it.
-        servicer = api_pb2_grpc.NodeAgentServicer()  # type: ignore[abstract]
-        api_pb2_grpc.add_NodeAgentServicer_to_server(servicer, server)
+        api_pb2_grpc.add_NodeAgentServicer_to_server(_NodeAgentServicer(self), server)
+
+    def desired_nodes(self) -> list[pb.Node]:
+        cfg = self.config
+        now = now_ms()
+        nodes = hollow_nodes(
+            cfg.hollow_nodes,
+            prefix=dns_name(cfg.node_prefix or cfg.name),
+            agent=cfg.name,
+            shape=cfg.shape(),
+            labels=parse_labels(cfg.hollow_labels),
+            taints=parse_taints(cfg.hollow_taints),
+            now=now,
+        )
+        if cfg.process_node:
+            nodes.append(
+                process_node(
+                    dns_name(socket.gethostname()),
+                    agent=cfg.name,
+                    cpus=psutil.cpu_count() or 1,
+                    memory_bytes=psutil.virtual_memory().total,
+                    max_pods=cfg.hollow_max_pods,
+                    reclaimable_percent=cfg.hollow_reclaimable_percent,
+                    labels={},
+                    taints=(),
+                    now=now,
+                )
+            )
+        return nodes
+
+    async def on_start(self) -> None:
+        cfg = self.config
+        work_dir = cfg.resolved_work_dir()
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.nodes = NodeSet(self.store, self.desired_nodes())
+        if not self.nodes.desired:
+            log.warning("this agent serves no nodes (hollow_nodes=0, process_node=false)")
+        await self.nodes.register()
+        self.runner = PodRunner(
+            self.store,
+            self.nodes.mode,
+            work_dir,
+            flush_interval=cfg.status_flush_ms / 1000,
+            flush_max=cfg.status_batch_max,
+        )
+        self.informer = Informer(self.store, ["Pod"])
+        self.informer.add_handlers(self.runner.handlers())
+        self.informer.start()
+        await self.informer.wait_synced()
+        self._heartbeat_task = self.spawn(self._heartbeat_loop(), name="heartbeat")
+        self._flusher_task = self.spawn(self.runner.run_flusher(), name="pod-status-flusher")
+        log.info(
+            "node agent started",
+            nodes=len(self.nodes.desired),
+            work_dir=str(work_dir),
+            heartbeat_seconds=cfg.heartbeat_seconds,
+        )
+
+    async def on_stop(self) -> None:
+        # Heartbeats just stop: nodes are not marked NotReady, so a quick restart fails no pod.
+        for task in (getattr(self, "_heartbeat_task", None), getattr(self, "_flusher_task", None)):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if hasattr(self, "informer"):
+            await self.informer.stop()
+        if hasattr(self, "runner"):
+            await self.runner.stop()
+
+    async def _heartbeat_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.config.heartbeat_seconds
+        next_tick = loop.time() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_tick - loop.time()))
+            next_tick = max(next_tick + interval, loop.time())
+            try:
+                await self.nodes.heartbeat()
+            except StoreError as exc:
+                log.warning("heartbeat failed", error=str(exc))
+
+
+class _NodeAgentServicer(api_pb2_grpc.NodeAgentServicer):
+    def __init__(self, agent: NodeAgentService) -> None:
+        self._agent = agent
+
+    async def Logs(
+        self, request: api_pb2.LogsRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> AsyncIterator[api_pb2.LogChunk]:
+        if request.tail_lines < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tail_lines: must be >= 0")
+        runner = getattr(self._agent, "runner", None)
+        run = runner.runs.get(request.pod) if runner is not None else None
+        if runner is None or run is None or run.log_path is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"pod {request.pod!r} is not run by node agent {self._agent.config.name!r} "
+                "(only process-mode pods on this agent's nodes have logs)",
+            )
+            return
+        path, exited = run.log_path, run.exited
+        # The child may not have opened its log yet.
+        while not path.exists():
+            if exited.is_set() or not request.follow:
+                return
+            await asyncio.sleep(LOG_POLL_SECONDS)
+        with path.open("rb") as f:
+            if request.tail_lines:
+                f.seek(_tail_offset(f, request.tail_lines))
+            while True:
+                chunk = f.read(LOG_CHUNK_BYTES)
+                if chunk:
+                    yield api_pb2.LogChunk(data=chunk)
+                    continue
+                if not request.follow or exited.is_set():
+                    # One last read: output written just before the exit was noticed.
+                    while chunk := f.read(LOG_CHUNK_BYTES):
+                        yield api_pb2.LogChunk(data=chunk)
+                    return
+                await asyncio.sleep(LOG_POLL_SECONDS)
+
+
+def _tail_offset(f: BinaryIO, lines: int) -> int:
+    """The offset where the last ``lines`` lines of the file start (a trailing newline does not
+    start an empty line)."""
+    end = f.seek(0, os.SEEK_END)
+    pos, found = end, 0
+    while pos > 0:
+        step = min(LOG_CHUNK_BYTES, pos)
+        pos -= step
+        f.seek(pos)
+        block = f.read(step)
+        for i in range(len(block) - 1, -1, -1):
+            if block[i] == 0x0A and pos + i != end - 1:
+                found += 1
+                if found == lines:
+                    return pos + i + 1
+    return 0

@@ -1,0 +1,332 @@
+"""The nodes a node agent serves: their shape (capacity, pools, topology), labels and taints,
+registration, and heartbeats.
+
+Plain builders (``hollow_nodes``, ``process_node``, ``parse_labels``, ``parse_taints``) are pure
+so they can be table-tested; :class:`NodeSet` owns the stored copies and every Node write.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from protos.godel.v1 import objects_pb2 as pb
+from store import AlreadyExistsError, ConflictError, NotFoundError, Store, StoreError
+
+log = structlog.get_logger(__name__)
+
+GiB = 1 << 30
+HOLLOW = "hollow"
+PROCESS = "process"
+ZONES = 4
+READY = "Ready"
+
+_TAINT_EFFECTS = {
+    "noschedule": pb.NO_SCHEDULE,
+    "prefernoschedule": pb.PREFER_NO_SCHEDULE,
+    "noexecute": pb.NO_EXECUTE,
+}
+_INVALID_NAME_CHARS = re.compile(r"[^a-z0-9.-]+")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The guaranteed capacity of one node and the share of it offered as reclaimable."""
+
+    milli_cpu: int = 4000
+    memory_bytes: int = 32 * GiB
+    max_pods: int = 110
+    gpus: int = 0
+    reclaimable_percent: int = 50
+    sockets: int = 2
+
+
+def dns_name(text: str) -> str:
+    """``text`` as a DNS-1123 name (hostnames may carry capitals or '_')."""
+    name = _INVALID_NAME_CHARS.sub("-", text.lower()).strip("-.")
+    return name[:200].rstrip("-.") or "node"
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``"zone=a,disk=ssd"`` → ``{"zone": "a", "disk": "ssd"}``; ValueError names a bad item."""
+    labels: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"label {item!r} is not KEY=VALUE")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def parse_taints(text: str) -> list[pb.Taint]:
+    """``"gpu=true:NoSchedule,dedicated:NoExecute"`` → taints (effect names as Kubernetes spells
+    them, case-insensitive); ValueError names a bad item."""
+    taints: list[pb.Taint] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key_value, sep, effect = item.rpartition(":")
+        effect_value = _TAINT_EFFECTS.get(effect.strip().lower())
+        if not sep or effect_value is None:
+            raise ValueError(
+                f"taint {item!r} is not KEY[=VALUE]:EFFECT "
+                "(EFFECT one of NoSchedule, PreferNoSchedule, NoExecute)"
+            )
+        key, _, value = key_value.partition("=")
+        if not key.strip():
+            raise ValueError(f"taint {item!r} has no key")
+        taints.append(pb.Taint(key=key.strip(), value=value.strip(), effect=effect_value))
+    return taints
+
+
+def topology(capacity: pb.Resources, sockets: int) -> pb.NodeTopology:
+    """``sockets`` sockets of one NUMA node each, the capacity split evenly (the remainder goes
+    to the last), so NUMA-aware placement has something real to divide."""
+    sockets = max(1, sockets)
+    topo = pb.NodeTopology(sockets=sockets)
+    for i in range(sockets):
+        last = i == sockets - 1
+
+        def share(total: int, last: bool = last) -> int:
+            part = total // sockets
+            return total - part * (sockets - 1) if last else part
+
+        topo.numa_nodes.append(
+            pb.NumaNode(
+                id=i,
+                socket=i,
+                capacity=pb.Resources(
+                    milli_cpu=share(capacity.milli_cpu),
+                    memory_bytes=share(capacity.memory_bytes),
+                    gpus=share(capacity.gpus),
+                ),
+            )
+        )
+    return topo
+
+
+def build_node(
+    name: str,
+    *,
+    agent: str,
+    mode: str,
+    shape: Shape,
+    labels: dict[str, str],
+    taints: Sequence[pb.Taint],
+    now: int,
+) -> pb.Node:
+    node = pb.Node(metadata=pb.ObjectMeta(name=name))
+    node.metadata.labels.update(labels)
+    node.spec.agent = agent
+    node.spec.mode = mode
+    node.spec.taints.extend(taints)
+    set_status(node, shape, now)
+    return node
+
+
+def set_status(node: pb.Node, shape: Shape, now: int) -> None:
+    """Capacity, pools, topology, and a fresh heartbeat."""
+    status = node.status
+    status.allocatable.CopyFrom(
+        pb.Resources(
+            milli_cpu=shape.milli_cpu,
+            memory_bytes=shape.memory_bytes,
+            gpus=shape.gpus,
+            pods=shape.max_pods,
+        )
+    )
+    pct = shape.reclaimable_percent
+    status.reclaimable.CopyFrom(
+        pb.Resources(
+            milli_cpu=shape.milli_cpu * pct // 100,
+            memory_bytes=shape.memory_bytes * pct // 100,
+        )
+    )
+    status.topology.CopyFrom(topology(status.allocatable, shape.sockets))
+    mark_ready(node, now)
+
+
+def mark_ready(node: pb.Node, now: int) -> None:
+    """A heartbeat: ready, condition Ready=True (its transition time kept while unchanged)."""
+    node.status.heartbeat_ms = now
+    node.status.ready = True
+    for cond in node.status.conditions:
+        if cond.type == READY:
+            if cond.status != "True":
+                cond.status, cond.reason, cond.message = "True", "AgentHeartbeat", ""
+                cond.last_transition_ms = now
+            return
+    node.status.conditions.append(
+        pb.Condition(type=READY, status="True", reason="AgentHeartbeat", last_transition_ms=now)
+    )
+
+
+def hollow_nodes(
+    count: int,
+    *,
+    prefix: str,
+    agent: str,
+    shape: Shape,
+    labels: dict[str, str],
+    taints: Sequence[pb.Taint],
+    now: int,
+) -> list[pb.Node]:
+    """``count`` simulated nodes ``<prefix>-<i>``: the common labels, ``hostname=<name>`` and a
+    ``zone`` cycling zone-0..zone-3 unless the labels fix one."""
+    nodes = []
+    for i in range(count):
+        name = f"{prefix}-{i}"
+        own = {"zone": f"zone-{i % ZONES}", **labels, "hostname": name}
+        nodes.append(
+            build_node(
+                name, agent=agent, mode=HOLLOW, shape=shape, labels=own, taints=taints, now=now
+            )
+        )
+    return nodes
+
+
+def process_node(
+    name: str,
+    *,
+    agent: str,
+    cpus: int,
+    memory_bytes: int,
+    max_pods: int,
+    reclaimable_percent: int,
+    labels: dict[str, str],
+    taints: Sequence[pb.Taint],
+    now: int,
+) -> pb.Node:
+    """This machine as a node: its real CPU count and memory, one socket."""
+    shape = Shape(
+        milli_cpu=cpus * 1000,
+        memory_bytes=memory_bytes,
+        max_pods=max_pods,
+        reclaimable_percent=reclaimable_percent,
+        sockets=1,
+    )
+    own = {"zone": "zone-0", **labels, "hostname": name}
+    return build_node(
+        name, agent=agent, mode=PROCESS, shape=shape, labels=own, taints=taints, now=now
+    )
+
+
+class NodeSet:
+    """The stored copies of this agent's nodes and every write to them.
+
+    Writes are compare-and-set against the versions of our own last writes; another writer (the
+    node lifecycle controller marking a node NotReady, an operator cordoning it) makes a write
+    conflict, and the node is re-read and written again with that writer's fields kept.
+    """
+
+    def __init__(self, store: Store, desired: Iterable[pb.Node]) -> None:
+        self._store = store
+        self.desired = {n.metadata.name: n for n in desired}
+        self.stored: dict[str, pb.Node] = {}
+        self.mode = {name: n.spec.mode for name, n in self.desired.items()}
+        self.heartbeats = 0  # update_many round trips, for tests and metrics
+
+    def names(self) -> set[str]:
+        return set(self.desired)
+
+    async def register(self) -> None:
+        """Create every node; one that already exists (an agent restart) is updated to this
+        agent's spec and status, keeping labels and cordons that others set."""
+        now = now_ms()
+        fresh = [_copy(n) for n in self.desired.values()]
+        for n in fresh:
+            mark_ready(n, now)
+        existing: list[str] = []
+        for node, result in zip(fresh, await self._store.create_many(fresh), strict=True):
+            if isinstance(result, AlreadyExistsError):
+                existing.append(node.metadata.name)
+            elif isinstance(result, StoreError):
+                raise result
+            else:
+                self.stored[node.metadata.name] = node
+        if existing:
+            await self._update_existing(existing)
+        log.info(
+            "nodes registered",
+            nodes=len(self.desired),
+            created=len(self.desired) - len(existing),
+            updated=len(existing),
+        )
+
+    async def _update_existing(self, names: list[str]) -> None:
+        for _ in range(5):  # a node may change between our read and our write
+            current = await self._store.get_many(pb.Node, names)
+            updates: list[pb.Node] = []
+            creates: list[pb.Node] = []
+            for name, node in zip(names, current, strict=True):
+                if node is None:
+                    creates.append(_copy(self.desired[name]))
+                    continue
+                updates.append(self._merged(node))
+            retry: list[str] = []
+            results = await self._store.update_many(updates) + await self._store.create_many(
+                creates
+            )
+            for node, result in zip(updates + creates, results, strict=True):
+                if isinstance(result, ConflictError | AlreadyExistsError | NotFoundError):
+                    retry.append(node.metadata.name)
+                elif isinstance(result, StoreError):
+                    raise result
+                else:
+                    self.stored[node.metadata.name] = node
+            if not retry:
+                return
+            names = retry
+        raise StoreError(f"nodes {names} kept changing while being registered")
+
+    def _merged(self, stored: pb.Node) -> pb.Node:
+        """The stored node with this agent's spec, labels, taints and status applied."""
+        want = self.desired[stored.metadata.name]
+        node = _copy(stored)
+        node.metadata.labels.update(want.metadata.labels)
+        node.spec.agent, node.spec.mode = want.spec.agent, want.spec.mode
+        del node.spec.taints[:]
+        node.spec.taints.extend(want.spec.taints)
+        conditions = list(node.status.conditions)
+        node.status.CopyFrom(want.status)
+        del node.status.conditions[:]
+        node.status.conditions.extend(conditions)
+        mark_ready(node, now_ms())
+        return node
+
+    async def heartbeat(self) -> None:
+        """One update_many for every node; conflicting nodes are re-read and written again in
+        the same tick, deleted ones are created again."""
+        now = now_ms()
+        batch = [self.stored[name] for name in self.desired if name in self.stored]
+        for node in batch:
+            mark_ready(node, now)
+        self.heartbeats += 1
+        results = await self._store.update_many(batch)
+        stale = [
+            n.metadata.name
+            for n, r in zip(batch, results, strict=True)
+            if isinstance(r, ConflictError | NotFoundError)
+        ]
+        errors = [r for r in results if isinstance(r, StoreError)]
+        if len(errors) > len(stale):
+            log.warning(
+                "heartbeat writes failed", failed=len(errors) - len(stale), error=str(errors[0])
+            )
+        if stale:
+            # Our copies stayed valid locally (mark_ready is idempotent), only their versions
+            # are stale: re-read, keep the other writer's fields, heartbeat again.
+            log.info("nodes changed by another writer; re-reading", nodes=len(stale))
+            await self._update_existing(stale)
+
+
+def _copy(node: pb.Node) -> pb.Node:
+    out = pb.Node()
+    out.CopyFrom(node)
+    return out

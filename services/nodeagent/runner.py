@@ -1,0 +1,474 @@
+"""Running the pods bound to this agent's nodes, and reporting their phases in batches.
+
+A pod is taken on when the informer shows it ``POD_BOUND`` to one of our nodes. Hollow pods are a
+timer (``template.duration_ms``; 0 runs until deleted); process pods are a child process in its
+own session (so the whole tree can be killed), output in ``<work_dir>/<pod>.log``.
+
+Every phase change is a *patch* queued in ``pending`` (one per pod; a later patch merges over an
+earlier unflushed one) and written by the flusher: one ``commit_many`` every ``flush_interval``
+or as soon as ``flush_max`` are pending, each pod a compare-and-set on its last known version
+(``Release`` for terminal phases, which returns the node claim). A conflict re-reads the pods
+that lost (one ``get_many``) and queues the patch again if it still applies. No per-pod round
+trip: the hot path is one write round trip per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from google.protobuf.message import Message
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.nodes import HOLLOW, PROCESS, now_ms
+from store import CommitError, ConflictError, NotFoundError, Store, StoreError
+from store.client import Op, Release, Update
+from store.errors import StoreUnavailableError
+from store.informer import Handlers
+
+log = structlog.get_logger(__name__)
+
+TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
+# How long a child gets between SIGTERM and SIGKILL.
+KILL_GRACE_SECONDS = 3.0
+# Passed through from the agent's environment; everything else a pod sees is its own.
+_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
+
+
+@dataclass(slots=True)
+class Patch:
+    """A phase change to write; fields left at zero/None are not touched."""
+
+    phase: int
+    started_ms: int = 0
+    finished_ms: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL
+
+    def then(self, later: Patch) -> Patch:
+        """This patch followed by ``later`` (both unflushed): the later phase wins, the earliest
+        start is kept (RUNNING then SUCCEEDED in one write)."""
+        return Patch(
+            later.phase,
+            self.started_ms or later.started_ms,
+            later.finished_ms or self.finished_ms,
+            later.exit_code if later.exit_code is not None else self.exit_code,
+            later.reason or self.reason,
+            later.message or self.message,
+        )
+
+    def applied_to(self, pod: pb.Pod) -> pb.Pod | None:
+        """A copy of ``pod`` with the patch applied, or None if it no longer applies (the pod
+        already ended or already runs)."""
+        phase = pod.status.phase
+        if phase in TERMINAL or (phase == pb.POD_RUNNING and self.phase == pb.POD_RUNNING):
+            return None
+        out = pb.Pod()
+        out.CopyFrom(pod)
+        status = out.status
+        status.phase = self.phase  # type: ignore[assignment]
+        if self.started_ms and not status.started_ms:
+            status.started_ms = self.started_ms
+        if self.terminal:
+            status.finished_ms = self.finished_ms or now_ms()
+            if not status.started_ms:
+                status.started_ms = status.finished_ms
+            status.exit_code = self.exit_code or 0
+            status.reason = self.reason
+            status.message = self.message
+        return out
+
+
+@dataclass(slots=True)
+class PodRun:
+    name: str
+    node: str
+    mode: str
+    # The latest known stored copy (never mutated: writes go to a copy).
+    pod: pb.Pod
+    started_ms: int = 0
+    timer: asyncio.TimerHandle | None = None
+    task: asyncio.Task[None] | None = None
+    log_path: Path | None = None
+    # Set once we queued the terminal patch (so our own write is not mistaken for another's).
+    finished: bool = False
+    # Set when the process has exited (log followers stop here).
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    # Why the child is being killed: "" (deleted / ended by someone else: write nothing) or the
+    # reason to report, e.g. "AgentStopped".
+    kill_reason: str = ""
+
+
+class PodRunner:
+    def __init__(
+        self,
+        store: Store,
+        node_modes: Mapping[str, str],
+        work_dir: Path,
+        *,
+        flush_interval: float = 0.05,
+        flush_max: int = 500,
+    ) -> None:
+        self._store = store
+        self.node_modes = dict(node_modes)
+        self.work_dir = work_dir
+        self.flush_interval = flush_interval
+        self.flush_max = flush_max
+        self.runs: dict[str, PodRun] = {}
+        self.pending: dict[str, Patch] = {}
+        # Version of our terminal write per finished pod no longer tracked in ``runs``, so a
+        # late informer event for an older version does not start it again.
+        self._finished: dict[str, int] = {}
+        self._has_work = asyncio.Event()
+        self._full = asyncio.Event()
+        self._stopping = False
+        # Round trips and pods written, for tests and metrics.
+        self.commit_calls = 0
+        self.pods_written = 0
+
+    # -----------------------------------------------------------------------------------------
+    # Informer side (synchronous, quick)
+    # -----------------------------------------------------------------------------------------
+
+    def handlers(self) -> Handlers:
+        return Handlers(
+            on_add=lambda _k, obj: self.observe(obj),
+            on_update=lambda _k, _old, obj: self.observe(obj),
+            on_delete=lambda _k, obj: self.deleted(obj),
+        )
+
+    def observe(self, obj: Message) -> None:
+        assert isinstance(obj, pb.Pod)
+        pod = obj
+        name = pod.metadata.name
+        version = pod.metadata.resource_version
+        run = self.runs.get(name)
+        if run is not None and pod.metadata.uid != run.pod.metadata.uid:
+            self.deleted(run.pod)  # deleted and created again between two events (a relist)
+            run = None
+        if run is not None:
+            if version > run.pod.metadata.resource_version:
+                run.pod = pod
+            if pod.spec.node_name != run.node or (
+                pod.status.phase in TERMINAL and not run.finished
+            ):
+                # Ended by someone else (node lost, evicted): stop it, write nothing.
+                log.info("pod ended elsewhere; stopping it", pod=name, phase=pod.status.phase)
+                self._stop_run(run, kill_reason="")
+                self.pending.pop(name, None)
+                run.finished = True
+                if run.mode == HOLLOW:
+                    self.runs.pop(name, None)
+            return
+        if self._stopping or self._finished.get(name, 0) >= version:
+            return
+        mode = self.node_modes.get(pod.spec.node_name)
+        if mode is None:
+            return
+        if pod.status.phase == pb.POD_BOUND:
+            self._start(pod, mode)
+        elif pod.status.phase == pb.POD_RUNNING:
+            self._resume(pod, mode)
+
+    def deleted(self, obj: Message) -> None:
+        assert isinstance(obj, pb.Pod)
+        name = obj.metadata.name
+        self._finished.pop(name, None)
+        self.pending.pop(name, None)
+        run = self.runs.pop(name, None)
+        if run is not None:
+            self._stop_run(run, kill_reason="")
+
+    # -----------------------------------------------------------------------------------------
+    # Running pods
+    # -----------------------------------------------------------------------------------------
+
+    def _start(self, pod: pb.Pod, mode: str) -> None:
+        name = pod.metadata.name
+        if mode == PROCESS and not pod.spec.template.command:
+            mode = HOLLOW  # nothing to execute: simulate it for its duration, like a hollow pod
+        run = self.runs[name] = PodRun(name, pod.spec.node_name, mode, pod, started_ms=now_ms())
+        if mode == HOLLOW:
+            self.queue(name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
+            if pod.spec.template.duration_ms:  # 0: runs until deleted
+                self._arm_timer(run, pod.spec.template.duration_ms)
+        else:
+            run.log_path = self.log_path(name)
+            run.task = asyncio.create_task(self._run_process(run), name=f"pod:{name}")
+
+    def _resume(self, pod: pb.Pod, mode: str) -> None:
+        """A pod already RUNNING on our node that we do not track: this agent restarted."""
+        name = pod.metadata.name
+        run = PodRun(name, pod.spec.node_name, mode, pod, started_ms=pod.status.started_ms)
+        if mode == PROCESS and pod.spec.template.command:
+            # Its process died with the previous agent; there is nothing to reattach to.
+            run.finished = True
+            self.runs[name] = run
+            run.exited.set()
+            self.queue(
+                name,
+                Patch(
+                    pb.POD_FAILED,
+                    finished_ms=now_ms(),
+                    exit_code=-1,
+                    reason="AgentRestarted",
+                    message="the node agent restarted while the pod's process ran",
+                ),
+            )
+            return
+        run.mode = HOLLOW
+        self.runs[name] = run
+        duration = pod.spec.template.duration_ms
+        if duration:
+            started = run.started_ms or now_ms()
+            self._arm_timer(run, max(0, started + duration - now_ms()))
+
+    def _arm_timer(self, run: PodRun, delay_ms: int) -> None:
+        run.timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._hollow_done, run)
+
+    def _hollow_done(self, run: PodRun) -> None:
+        run.timer = None
+        if self.runs.get(run.name) is not run:
+            return
+        run.finished = True
+        self.queue(run.name, Patch(pb.POD_SUCCEEDED, finished_ms=now_ms(), reason="Completed"))
+
+    async def _run_process(self, run: PodRun) -> None:
+        pod = run.pod
+        assert run.log_path is not None
+        cwd = self.work_dir / run.name
+        proc: asyncio.subprocess.Process | None = None
+        try:
+            cwd.mkdir(parents=True, exist_ok=True)
+            with run.log_path.open("wb") as out:
+                try:
+                    proc = await asyncio.create_subprocess_exec(
+                        *pod.spec.template.command,
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=asyncio.subprocess.STDOUT,
+                        cwd=cwd,
+                        env=pod_env(pod, os.environ),
+                        start_new_session=True,  # its own process group: kill the whole tree
+                    )
+                except OSError as exc:
+                    out.write(f"cannot start {list(pod.spec.template.command)}: {exc}\n".encode())
+                    self._process_ended(run, 127, "StartError", str(exc))
+                    return
+            log.info("pod process started", pod=run.name, pid=proc.pid)
+            self.queue(run.name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
+            code = await proc.wait()
+        except asyncio.CancelledError:
+            if proc is not None and proc.returncode is None:
+                await _kill(proc)
+            if run.kill_reason:
+                self._process_ended(
+                    run, _exit_code(proc.returncode if proc else None), run.kill_reason, ""
+                )
+            raise
+        finally:
+            run.exited.set()
+        if code == 0:
+            self._process_ended(run, 0, "Completed", "")
+        else:
+            message = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            self._process_ended(run, _exit_code(code), "Error", message)
+
+    def _process_ended(self, run: PodRun, code: int, reason: str, message: str) -> None:
+        run.finished = True
+        phase = pb.POD_SUCCEEDED if code == 0 and reason == "Completed" else pb.POD_FAILED
+        log.info("pod process ended", pod=run.name, exit_code=code, reason=reason)
+        self.queue(
+            run.name,
+            Patch(phase, finished_ms=now_ms(), exit_code=code, reason=reason, message=message),
+        )
+
+    def _stop_run(self, run: PodRun, *, kill_reason: str) -> None:
+        if run.timer is not None:
+            run.timer.cancel()
+            run.timer = None
+        if run.task is not None and not run.task.done():
+            run.kill_reason = kill_reason
+            run.task.cancel()
+
+    def log_path(self, pod: str) -> Path:
+        return self.work_dir / f"{pod}.log"
+
+    # -----------------------------------------------------------------------------------------
+    # Batched status writes
+    # -----------------------------------------------------------------------------------------
+
+    def queue(self, name: str, patch: Patch) -> None:
+        earlier = self.pending.get(name)
+        self.pending[name] = earlier.then(patch) if earlier else patch
+        self._has_work.set()
+        if len(self.pending) >= self.flush_max:
+            self._full.set()
+
+    async def run_flusher(self) -> None:
+        delay = 0.05
+        while True:
+            await self._has_work.wait()
+            if len(self.pending) < self.flush_max:
+                # Let a batch gather; flush at once when it is full.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), self.flush_interval)
+            self._has_work.clear()
+            self._full.clear()
+            try:
+                await self.flush()
+                delay = 0.05
+            except StoreUnavailableError as exc:
+                log.warning("store unavailable; pod status writes wait", error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            if self.pending:
+                self._has_work.set()
+
+    async def flush(self) -> None:
+        """Write up to ``flush_max`` pending patches in one round trip (plus one read of the pods
+        whose write conflicted)."""
+        batch: list[tuple[str, Patch]] = []
+        while self.pending and len(batch) < self.flush_max:
+            name = next(iter(self.pending))
+            batch.append((name, self.pending.pop(name)))
+        writes: list[tuple[str, Patch, pb.Pod]] = []
+        for name, patch in batch:
+            run = self.runs.get(name)
+            new = patch.applied_to(run.pod) if run is not None else None
+            if new is not None:
+                writes.append((name, patch, new))
+        if not writes:
+            return
+        commits: list[list[Op]] = [
+            [Release(new)] if patch.terminal else [Update(new)] for _, patch, new in writes
+        ]
+        self.commit_calls += 1
+        try:
+            results = await self._store.commit_many(commits)
+        except (StoreUnavailableError, asyncio.CancelledError):
+            for name, patch, _ in writes:  # ambiguous outcome: CAS makes a repeat harmless
+                self._requeue(name, patch)
+            raise
+        conflicts: list[tuple[str, Patch]] = []
+        for (name, patch, new), result in zip(writes, results, strict=True):
+            cause = result.cause if isinstance(result, CommitError) else result
+            if isinstance(cause, ConflictError):
+                conflicts.append((name, patch))
+            elif isinstance(cause, NotFoundError):
+                self._forget(name)  # deleted meanwhile
+            elif isinstance(cause, StoreError):
+                log.error("pod status write failed", pod=name, error=str(cause))
+            else:
+                self.pods_written += 1
+                self._written(name, patch, new)
+        if conflicts:
+            await self._reread(conflicts)
+
+    def _written(self, name: str, patch: Patch, new: pb.Pod) -> None:
+        run = self.runs.get(name)
+        if run is None:
+            return
+        if new.metadata.resource_version > run.pod.metadata.resource_version:
+            run.pod = new
+        if patch.terminal and run.mode == HOLLOW:
+            # Nothing left to serve for it; remember the write so late events are ignored.
+            self.runs.pop(name, None)
+            self._finished[name] = new.metadata.resource_version
+
+    async def _reread(self, conflicts: list[tuple[str, Patch]]) -> None:
+        fresh = await self._store.get_many(pb.Pod, [name for name, _ in conflicts])
+        for (name, patch), pod in zip(conflicts, fresh, strict=True):
+            run = self.runs.get(name)
+            if run is None:
+                continue
+            if pod is None:
+                self._forget(name)
+                continue
+            if pod.metadata.resource_version > run.pod.metadata.resource_version:
+                run.pod = pod
+            if pod.spec.node_name == run.node and patch.applied_to(pod) is not None:
+                self._requeue(name, patch)
+
+    def _requeue(self, name: str, patch: Patch) -> None:
+        later = self.pending.get(name)
+        self.pending[name] = patch.then(later) if later else patch
+        self._has_work.set()
+
+    def _forget(self, name: str) -> None:
+        run = self.runs.pop(name, None)
+        if run is not None:
+            self._stop_run(run, kill_reason="")
+
+    # -----------------------------------------------------------------------------------------
+    # Stop
+    # -----------------------------------------------------------------------------------------
+
+    async def stop(self, *, final_flush_attempts: int = 5) -> None:
+        """Kill process-mode children (their pods → FAILED "AgentStopped"), write what is
+        pending. Hollow pods stay RUNNING: a restarted agent resumes their timers."""
+        self._stopping = True
+        tasks = []
+        for run in list(self.runs.values()):
+            if run.timer is not None:
+                run.timer.cancel()
+                run.timer = None
+            if run.task is not None and not run.task.done():
+                self._stop_run(run, kill_reason="AgentStopped")
+                tasks.append(run.task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(final_flush_attempts):
+            if not self.pending:
+                break
+            try:
+                await self.flush()
+            except StoreUnavailableError as exc:
+                log.warning("final pod status flush failed", error=str(exc))
+                await asyncio.sleep(0.2)
+        if self.pending:
+            log.warning("pod status writes lost at stop", pods=len(self.pending))
+
+
+def pod_env(pod: pb.Pod, agent_env: Mapping[str, str]) -> dict[str, str]:
+    """A pod's environment: a few basics of the agent's (PATH, HOME, ...), the pod's identity
+    (GODEL_POD, GODEL_JOB, GODEL_POD_INDEX, GODEL_NODE), then the template's env."""
+    env = {k: agent_env[k] for k in _INHERITED_ENV if k in agent_env}
+    env.setdefault("PATH", os.defpath)
+    env.update(
+        GODEL_POD=pod.metadata.name,
+        GODEL_JOB=pod.spec.job,
+        GODEL_POD_INDEX=str(pod.spec.index),
+        GODEL_NODE=pod.spec.node_name,
+    )
+    env.update(pod.spec.template.env)
+    return env
+
+
+def _exit_code(returncode: int | None) -> int:
+    """The shell's convention: 128 + signal for a signalled child."""
+    if returncode is None:
+        return -1
+    return 128 - returncode if returncode < 0 else returncode
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the child's process group, SIGKILL it after the grace."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), wait)
+            return
+        except TimeoutError:
+            continue

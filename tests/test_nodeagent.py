@@ -1,0 +1,423 @@
+"""The node agent: node shapes (table-driven), registration, heartbeats, hollow and process pods,
+batched status writes, the Logs RPC, and a graceful stop. Real store, real gRPC on loopback, real
+child processes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from protos.godel.v1 import api_pb2, api_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.nodes import GiB, Shape, hollow_nodes, parse_labels, parse_taints
+from services.nodeagent.service import NodeAgentConfig, NodeAgentService
+from services.runtime import ConfigError, ServiceHost, load_config
+from store import Store
+from store.client import Fence
+from tests import factories as f
+
+# --------------------------------------------------------------------------------------------
+# Pure builders
+# --------------------------------------------------------------------------------------------
+
+LABEL_CASES: list[tuple[str, str, dict[str, str] | str]] = [
+    ("empty", "", {}),
+    ("two", "zone=a,disk=ssd", {"zone": "a", "disk": "ssd"}),
+    ("spaces and empty items", " a = 1 ,, b=2 ", {"a": "1", "b": "2"}),
+    ("empty value", "gpu=", {"gpu": ""}),
+    ("no equals", "zone", "is not KEY=VALUE"),
+    ("no key", "=a", "is not KEY=VALUE"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [c[1:] for c in LABEL_CASES], ids=[c[0] for c in LABEL_CASES]
+)
+def test_parse_labels(text: str, expected: dict[str, str] | str) -> None:
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            parse_labels(text)
+    else:
+        assert parse_labels(text) == expected
+
+
+TAINT_CASES: list[tuple[str, str, list[tuple[str, str, int]] | str]] = [
+    ("empty", "", []),
+    ("key value effect", "gpu=true:NoSchedule", [("gpu", "true", pb.NO_SCHEDULE)]),
+    ("key only, any case", "spot:noexecute", [("spot", "", pb.NO_EXECUTE)]),
+    ("two", "a=1:PreferNoSchedule,b:NoSchedule",
+     [("a", "1", pb.PREFER_NO_SCHEDULE), ("b", "", pb.NO_SCHEDULE)]),
+    ("no effect", "gpu=true", "is not KEY"),
+    ("unknown effect", "gpu=true:Sometimes", "is not KEY"),
+    ("no key", "=x:NoSchedule", "has no key"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [c[1:] for c in TAINT_CASES], ids=[c[0] for c in TAINT_CASES]
+)
+def test_parse_taints(text: str, expected: list[tuple[str, str, int]] | str) -> None:
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            parse_taints(text)
+    else:
+        assert [(t.key, t.value, t.effect) for t in parse_taints(text)] == expected
+
+
+def test_hollow_node_shape_labels_and_topology() -> None:
+    shape = Shape(milli_cpu=4001, memory_bytes=32 * GiB, max_pods=110, gpus=3)
+    nodes = hollow_nodes(
+        6, prefix="ha", agent="a", shape=shape, labels={"disk": "ssd"}, taints=(), now=1
+    )
+    assert [n.metadata.name for n in nodes] == [f"ha-{i}" for i in range(6)]
+    assert [n.metadata.labels["zone"] for n in nodes] == [f"zone-{i % 4}" for i in range(6)]
+    n = nodes[5]
+    assert dict(n.metadata.labels) == {"disk": "ssd", "hostname": "ha-5", "zone": "zone-1"}
+    assert (n.spec.agent, n.spec.mode) == ("a", "hollow")
+    alloc, rec = n.status.allocatable, n.status.reclaimable
+    assert (alloc.milli_cpu, alloc.memory_bytes, alloc.pods, alloc.gpus) == (4001, 32 * GiB, 110, 3)
+    assert (rec.milli_cpu, rec.memory_bytes, rec.gpus) == (2000, 16 * GiB, 0)
+    topo = n.status.topology
+    assert topo.sockets == 2
+    assert [(m.id, m.socket) for m in topo.numa_nodes] == [(0, 0), (1, 1)]
+    # The split adds up exactly (odd remainders go to the last NUMA node).
+    assert sum(m.capacity.milli_cpu for m in topo.numa_nodes) == 4001
+    assert sum(m.capacity.gpus for m in topo.numa_nodes) == 3
+    assert n.status.ready and n.status.heartbeat_ms == 1
+    # A zone given in the labels wins over the cycle.
+    fixed = hollow_nodes(
+        2, prefix="h", agent="a", shape=shape, labels={"zone": "z"}, taints=(), now=1
+    )
+    assert {m.metadata.labels["zone"] for m in fixed} == {"z"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--hollow-labels", "zone"], "hollow_labels: label 'zone' is not KEY=VALUE"),
+        (["--hollow-taints", "a=b"], "hollow_taints: taint 'a=b'"),
+        (["--hollow-reclaimable-percent", "150"], "above the maximum 100"),
+        (["--hollow-nodes", "-1"], "below the minimum 0"),
+    ],
+)
+def test_config_errors(argv: list[str], error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        load_config(NodeAgentConfig, argv, {})
+
+
+# --------------------------------------------------------------------------------------------
+# Against a real store
+# --------------------------------------------------------------------------------------------
+
+
+def agent_config(store_url: str, cluster: str, tmp_path: Path, **kw: Any) -> NodeAgentConfig:
+    defaults: dict[str, Any] = dict(
+        store_url=store_url,
+        cluster=cluster,
+        name="agent-a",
+        hollow_nodes=3,
+        heartbeat_seconds=0.2,
+        work_dir=str(tmp_path / "pods"),
+        home=tmp_path,
+        grace_seconds=0.5,
+    )
+    defaults.update(kw)
+    return NodeAgentConfig(**defaults)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def submit_and_bind(
+    store: Store, job: pb.Job, nodes: list[str], *, fence: Fence | None = None
+) -> list[pb.Pod]:
+    """Create the job's pods and bind them round-robin to ``nodes``, as the Binder would."""
+    pods = f.pods_of(job)
+    await store.create_unit(job, pods)
+    if fence is None:
+        ok, lease = await store.acquire_lease("binder", "test-binder", 60_000)
+        assert ok
+        fence = Fence("binder", lease.epoch)
+    for i, p in enumerate(pods):
+        p.spec.node_name = nodes[i % len(nodes)]
+        p.status.phase = pb.POD_BOUND
+        p.status.bound_ms = int(time.time() * 1000)
+    await store.bind(pods, fence=fence)
+    return pods
+
+
+async def phases(store: Store, names: list[str]) -> list[int]:
+    return [p.status.phase if p else -1 for p in await store.get_many(pb.Pod, names)]
+
+
+async def test_hollow_agent_registers_nodes(store: Store, store_url: str, tmp_path: Path) -> None:
+    cfg = agent_config(
+        store_url,
+        store.cluster,
+        tmp_path,
+        hollow_nodes=5,
+        hollow_cpu_milli=8000,
+        hollow_memory_bytes=16 * GiB,
+        hollow_max_pods=20,
+        hollow_gpus=2,
+        hollow_reclaimable_percent=25,
+        hollow_labels="disk=ssd",
+        hollow_taints="dedicated=batch:NoSchedule",
+        node_prefix="hn",
+    )
+    async with ServiceHost(NodeAgentService, cfg):
+        nodes, _ = await store.list_all(pb.Node)
+        by_name = {n.metadata.name: n for n in nodes}
+        assert sorted(by_name) == [f"hn-{i}" for i in range(5)]
+        n = by_name["hn-2"]
+        assert dict(n.metadata.labels) == {"disk": "ssd", "hostname": "hn-2", "zone": "zone-2"}
+        assert [(t.key, t.value, t.effect) for t in n.spec.taints] == [
+            ("dedicated", "batch", pb.NO_SCHEDULE)
+        ]
+        assert (n.spec.agent, n.spec.mode) == ("agent-a", "hollow")
+        a, r = n.status.allocatable, n.status.reclaimable
+        assert (a.milli_cpu, a.memory_bytes, a.pods, a.gpus) == (8000, 16 * GiB, 20, 2)
+        assert (r.milli_cpu, r.memory_bytes) == (2000, 4 * GiB)
+        assert n.status.ready and n.status.heartbeat_ms > 0
+        assert [c.type for c in n.status.conditions] == ["Ready"]
+        assert len(n.status.topology.numa_nodes) == 2
+        usage = await store.node_usage("hn-2")
+        assert usage is not None and usage.capacity["g.cpu"] == 8000
+
+        # Heartbeats advance, all nodes per round trip.
+        first = n.status.heartbeat_ms
+
+        async def advanced() -> bool:
+            fresh = await store.get_many(pb.Node, list(by_name))
+            return all(x is not None and x.status.heartbeat_ms > first for x in fresh)
+
+        await eventually(advanced, what="heartbeats")
+
+
+async def test_restart_updates_existing_nodes(store: Store, store_url: str, tmp_path: Path) -> None:
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=2, node_prefix="rn")
+    async with ServiceHost(NodeAgentService, cfg):
+        pass
+    # An operator cordons a node and labels it while the agent is down; it was also marked
+    # NotReady by the node lifecycle controller.
+    node = await store.get(pb.Node, "rn-0")
+    node.spec.unschedulable = True
+    node.metadata.labels["team"] = "x"
+    node.status.ready = False
+    node.status.conditions[0].status = "False"
+    await store.update(node)
+    cfg2 = agent_config(
+        store_url, store.cluster, tmp_path, hollow_nodes=2, node_prefix="rn",
+        hollow_cpu_milli=2000, name="agent-b",
+    )  # fmt: skip
+    async with ServiceHost(NodeAgentService, cfg2):
+        node = await store.get(pb.Node, "rn-0")
+        assert node.spec.unschedulable and node.metadata.labels["team"] == "x"
+        assert node.spec.agent == "agent-b"
+        assert node.status.allocatable.milli_cpu == 2000
+        assert node.status.ready and node.status.conditions[0].status == "True"
+        # The heartbeat keeps going after the conflict with our write above.
+        node.metadata.labels["late"] = "y"
+        await store.update(node)
+        before = node.status.heartbeat_ms
+
+        async def beat() -> bool:
+            n = await store.get(pb.Node, "rn-0")
+            return n.status.heartbeat_ms > before and n.metadata.labels["late"] == "y"
+
+        await eventually(beat, what="heartbeat after a conflicting write")
+
+
+async def test_hollow_pods_run_and_succeed(store: Store, store_url: str, tmp_path: Path) -> None:
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=4, node_prefix="hp")
+    nodes = [f"hp-{i}" for i in range(4)]
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        agent = host.service
+        assert isinstance(agent, NodeAgentService)
+        job = f.job("short", replicas=40, min_member=40)
+        job.spec.template.duration_ms = 700
+        forever = f.job("forever", replicas=2)
+        pods = await submit_and_bind(store, job, nodes)
+        _, lease = await store.acquire_lease("binder", "test-binder", 60_000)
+        stay = await submit_and_bind(store, forever, nodes[:1], fence=Fence("binder", lease.epoch))
+        names = [p.metadata.name for p in pods]
+
+        async def running() -> bool:
+            return set(await phases(store, names)) == {pb.POD_RUNNING}
+
+        await eventually(running, what="pods running")
+        usage = await store.node_usage("hp-0")
+        assert usage is not None and usage.used["pods"] == 12
+
+        async def succeeded() -> bool:
+            return set(await phases(store, names)) == {pb.POD_SUCCEEDED}
+
+        await eventually(succeeded, what="pods succeeded")
+        for p in await store.get_many(pb.Pod, names):
+            assert p is not None
+            assert p.status.finished_ms - p.status.started_ms >= 650
+            assert p.status.reason == "Completed"
+        # The claims came back; only the two run-forever pods still hold theirs.
+        for node in nodes:
+            usage = await store.node_usage(node)
+            assert usage is not None
+            assert usage.used["pods"] == (2 if node == "hp-0" else 0)
+        assert set(await phases(store, [p.metadata.name for p in stay])) == {pb.POD_RUNNING}
+        # 84 transitions (40 x RUNNING, SUCCEEDED; 2 x RUNNING), a handful of round trips.
+        assert agent.runner.pods_written == 82
+        assert agent.runner.commit_calls <= 10
+
+        # Deleting a run-forever pod forgets it.
+        await store.delete(pb.Pod, stay[0].metadata.name)
+
+        async def forgotten() -> bool:
+            return stay[0].metadata.name not in agent.runner.runs
+
+        await eventually(forgotten, what="deleted pod forgotten")
+
+
+async def test_hollow_pods_resume_after_restart(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=1, node_prefix="rs")
+    async with ServiceHost(NodeAgentService, cfg):
+        job = f.job("resume", replicas=3)
+        job.spec.template.duration_ms = 1500
+        pods = await submit_and_bind(store, job, ["rs-0"])
+        names = [p.metadata.name for p in pods]
+
+        async def running() -> bool:
+            return set(await phases(store, names)) == {pb.POD_RUNNING}
+
+        await eventually(running, what="pods running")
+    # Stopped: hollow pods are not failed; a new agent finishes them on time.
+    assert set(await phases(store, names)) == {pb.POD_RUNNING}
+    async with ServiceHost(NodeAgentService, cfg):
+
+        async def succeeded() -> bool:
+            return set(await phases(store, names)) == {pb.POD_SUCCEEDED}
+
+        await eventually(succeeded, what="resumed pods succeeded")
+
+
+def process_job(name: str, command: list[str], replicas: int = 1) -> pb.Job:
+    job = f.job(name, replicas=replicas, cpu=100)
+    job.spec.template.command.extend(command)
+    job.spec.template.env["GREETING"] = "hello"
+    return job
+
+
+async def read_logs(address: str, pod: str, **kw: Any) -> bytes:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = api_pb2_grpc.NodeAgentStub(channel)
+        out = b""
+        async for chunk in stub.Logs(api_pb2.LogsRequest(pod=pod, **kw), timeout=15):
+            out += chunk.data
+        return out
+
+
+async def test_process_mode(store: Store, store_url: str, tmp_path: Path) -> None:
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=0, process_node=True)
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        nodes, _ = await store.list_all(pb.Node)
+        assert len(nodes) == 1 and nodes[0].spec.mode == "process"
+        node = nodes[0].metadata.name
+        assert nodes[0].status.allocatable.milli_cpu % 1000 == 0
+        assert nodes[0].status.allocatable.memory_bytes > 0
+
+        _, lease = await store.acquire_lease("binder", "test-binder", 60_000)
+        fence = Fence("binder", lease.epoch)
+        ok = await submit_and_bind(
+            store, process_job("ok", ["sh", "-c", 'echo $GREETING; echo "pod=$GODEL_POD"']),
+            [node], fence=fence,
+        )  # fmt: skip
+        bad = await submit_and_bind(
+            store, process_job("bad", ["sh", "-c", "exit 3"]), [node], fence=fence
+        )
+        missing = await submit_and_bind(
+            store, process_job("missing", ["/nonexistent/binary"]), [node], fence=fence
+        )
+        slow = await submit_and_bind(
+            store,
+            process_job("slow", ["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.3; done"]),
+            [node],
+            fence=fence,
+        )
+        names = [p.metadata.name for p in (*ok, *bad, *missing, *slow)]
+
+        async def done() -> bool:
+            return all(ph in (pb.POD_SUCCEEDED, pb.POD_FAILED) for ph in await phases(store, names))
+
+        # Follow the slow pod's log while it runs: the stream ends when the process exits.
+        followed = await read_logs(host.address, "slow-0", follow=True)
+        assert followed == b"line1\nline2\nline3\n"
+        await eventually(done, what="process pods finished")
+
+        got = {p.metadata.name: p for p in await store.get_many(pb.Pod, names) if p}
+        assert got["ok-0"].status.phase == pb.POD_SUCCEEDED
+        assert got["ok-0"].status.exit_code == 0
+        assert got["bad-0"].status.phase == pb.POD_FAILED
+        assert (got["bad-0"].status.exit_code, got["bad-0"].status.reason) == (3, "Error")
+        assert got["missing-0"].status.phase == pb.POD_FAILED
+        assert got["missing-0"].status.reason == "StartError"
+        usage = await store.node_usage(node)
+        assert usage is not None and usage.used["pods"] == 0
+
+        assert await read_logs(host.address, "ok-0") == b"hello\npod=ok-0\n"
+        assert await read_logs(host.address, "slow-0", tail_lines=2) == b"line2\nline3\n"
+        assert (tmp_path / "pods" / "ok-0.log").read_bytes() == b"hello\npod=ok-0\n"
+
+        for pod in ("nope", ""):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await read_logs(host.address, pod)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            assert "is not run by node agent 'agent-a'" in (err.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await read_logs(host.address, "ok-0", tail_lines=-1)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_process_pods_killed_on_delete_and_stop(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=0, process_node=True)
+    host = ServiceHost(NodeAgentService, cfg)
+    async with host:
+        node = (await store.list_all(pb.Node))[0][0].metadata.name
+        pods = await submit_and_bind(
+            store, process_job("sleepy", ["sleep", "60"], replicas=2), [node]
+        )
+        names = [p.metadata.name for p in pods]
+
+        async def running() -> bool:
+            return set(await phases(store, names)) == {pb.POD_RUNNING}
+
+        await eventually(running, what="sleepers running")
+        agent = host.service
+        assert isinstance(agent, NodeAgentService)
+        procs = {n: agent.runner.runs[n].task for n in names}
+        await store.delete(pb.Pod, "sleepy-0")
+        task = procs["sleepy-0"]
+        assert task is not None
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+    # Graceful stop: the remaining child was killed and its pod failed, reason AgentStopped.
+    pod = await store.get(pb.Pod, "sleepy-1")
+    assert pod.status.phase == pb.POD_FAILED
+    assert pod.status.reason == "AgentStopped"
+    usage = await store.node_usage(node)
+    assert usage is not None and usage.used["pods"] == 0
+    # The node stays ready: a restart must not look like a lost node.
+    assert (await store.get(pb.Node, node)).status.ready
