@@ -1,6 +1,6 @@
 """Scheduling profile: which plugins run, with which score weights and args, loaded from YAML.
 
-    filters: [NodeUnschedulable, NodeResourcesFit, NodePorts, NodeAffinity, TaintToleration]
+    filters: [NodeUnschedulable, NodeAffinity, TaintToleration, NodePorts, NodeResourcesFit]
     scores:
       - {name: LeastAllocated, weight: 1}
       - {name: NodeAffinity, weight: 2}
@@ -23,12 +23,13 @@ import yaml
 
 from services.scheduler.framework.registry import PluginConfigError, Registry
 
+# Cheap, definitive (unresolvable) rejections first, as Gödel's ordered filter registry does.
 DEFAULT_FILTERS = (
     "NodeUnschedulable",
-    "NodeResourcesFit",
-    "NodePorts",
     "NodeAffinity",
     "TaintToleration",
+    "NodePorts",
+    "NodeResourcesFit",
 )
 DEFAULT_SCORES = (
     ("LeastAllocated", 1),

@@ -1,0 +1,256 @@
+"""Unit scheduling against a snapshot: the min-member decision over the pod-level cycle
+(filter -> score -> select), with Gödel's feasible-node search.
+
+Gödel mode (default): per pod template, a feasible-node cache. The first pod of a template scans
+nodes from a rotating offset, own partition first, until it has found ``len(unit pods) +
+scan_extra`` feasible nodes; they are scored once and kept in a heap. Later pods of the same
+template take the best cached node; after each assume only the chosen node is re-checked (and
+re-scored), since no other node changed. Kube mode, for comparison: no cache, every pod scans
+until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's adaptive
+percentageOfNodesToScore) and scores them.
+
+Everything here is synchronous; the caller updates the snapshot before a cycle.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from services.common.nodeinfo import NodeInfo
+from services.scheduler.cache import Snapshot
+from services.scheduler.framework import Code, Framework, PodInfo, UnitInfo
+
+Mode = Literal["godel", "kube"]
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    mode: Mode = "godel"
+    feasible_cache: bool = True
+    scan_extra: int = 50
+    # Kube mode: 0 = adaptive max(5, 50 - nodes/125)%, else this percentage; at least min_nodes.
+    percentage_of_nodes_to_score: int = 0
+    min_feasible_nodes: int = 100
+
+
+def num_feasible_nodes_to_find(n: int, percentage: int = 0, min_nodes: int = 100) -> int:
+    """kube-scheduler's numFeasibleNodesToFind."""
+    if n < min_nodes or percentage >= 100:
+        return n
+    if percentage <= 0:
+        percentage = max(5, 50 - n // 125)
+    return min(n, max(n * percentage // 100, min_nodes))
+
+
+@dataclass(slots=True)
+class Placement:
+    pod: str
+    resource_version: int
+    node: str
+
+
+@dataclass(slots=True)
+class UnitResult:
+    placements: list[Placement] = field(default_factory=list)
+    # Pods not placed and why (the message `godel explain` shows).
+    unplaced: dict[str, str] = field(default_factory=dict)
+    success: bool = False
+    reason: str = ""
+    examined: int = 0  # node filter passes (the cost of the search)
+    scans: int = 0
+    infeasible: bool = False  # no node could ever fit (every node failed for unresolvable reasons)
+
+
+def describe(total: int, fit: int, diag: dict[str, int]) -> str:
+    parts = sorted(diag.items(), key=lambda kv: (-kv[1], kv[0]))
+    detail = ", ".join(f"{count} {reason}" for reason, count in parts)
+    return f"{fit}/{total} nodes fit" + (f": {detail}" if detail else "")
+
+
+@dataclass(slots=True)
+class _Template:
+    heap: list[tuple[int, int, str]] = field(default_factory=list)
+    static: dict[str, int] = field(default_factory=dict)
+    failure: str = ""
+
+
+class UnitScheduler:
+    def __init__(self, framework: Framework, config: SearchConfig | None = None) -> None:
+        self.framework = framework
+        self.config = config or SearchConfig()
+        self.partition: frozenset[str] = frozenset()
+        self._offset = 0
+        self._seq = 0
+        self._segments: list[list[NodeInfo]] = []
+        self._segments_key: tuple[int, int, frozenset[str]] | None = None
+
+    def segments(self, snapshot: Snapshot) -> list[list[NodeInfo]]:
+        """Nodes in scan order: own partition first, then the rest."""
+        if not self.partition:
+            return [snapshot.nodes]
+        key = (id(snapshot.nodes), len(snapshot.nodes), self.partition)
+        if key != self._segments_key:
+            inside = [n for n in snapshot.nodes if n.name in self.partition]
+            outside = [n for n in snapshot.nodes if n.name not in self.partition]
+            self._segments = [s for s in (inside, outside) if s]
+            self._segments_key = key
+        # Entries may have been re-cloned since: resolve by name (cheap, partition-sized).
+        return [
+            [snapshot.infos[n.name] for n in seg if n.name in snapshot.infos]
+            for seg in self._segments
+        ]
+
+    # -- unit level --------------------------------------------------------------------------
+
+    def schedule(self, unit: UnitInfo, snapshot: Snapshot) -> UnitResult:
+        """Place the unit's pods, or none of them if fewer than ``unit.needed`` fit. Placements
+        are assumed into ``snapshot`` (so no node is over-committed within the cycle) and kept
+        there only on success."""
+        result = UnitResult()
+        groups = self.framework.node_groups(unit, snapshot.nodes)
+        if groups is None:
+            candidates: list[list[list[NodeInfo]]] = [self.segments(snapshot)]
+        else:
+            candidates = [[g] for g in groups if g]
+        if not candidates or not any(candidates[0]):
+            result.reason = describe(0, 0, {})
+            result.unplaced = {p.name: result.reason for p in unit.pods}
+            return result
+        for segments in candidates:
+            self._schedule_in(unit, snapshot, segments, result)
+            if result.success:
+                return result
+        return result
+
+    def _schedule_in(
+        self,
+        unit: UnitInfo,
+        snapshot: Snapshot,
+        segments: list[list[NodeInfo]],
+        result: UnitResult,
+    ) -> None:
+        needed = unit.needed
+        total_nodes = sum(len(s) for s in segments)
+        if self.config.mode == "kube":
+            limit = num_feasible_nodes_to_find(
+                total_nodes,
+                self.config.percentage_of_nodes_to_score,
+                self.config.min_feasible_nodes,
+            )
+        else:
+            limit = min(total_nodes, len(unit.pods) + self.config.scan_extra)
+        use_cache = self.config.mode == "godel" and self.config.feasible_cache
+        templates: dict[bytes, _Template] = {}
+        placements: list[tuple[PodInfo, str]] = []
+        unplaced: dict[str, str] = {}
+        all_unresolvable = True
+        allowed_failures = len(unit.pods) - needed
+        for pod in unit.pods:
+            if len(unplaced) > allowed_failures:
+                unplaced[pod.name] = "skipped: the unit cannot reach min_member"
+                continue
+            tmpl = templates.get(pod.template_key)
+            if tmpl is None:
+                tmpl = templates[pod.template_key] = _Template()
+            if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
+                unplaced[pod.name] = tmpl.failure
+                continue
+            node = self._take(tmpl) if use_cache else None
+            if node is None:
+                found, unresolvable = self._scan(pod, segments, limit, total_nodes, tmpl, result)
+                if not found:
+                    unplaced[pod.name] = tmpl.failure
+                    all_unresolvable = all_unresolvable and unresolvable
+                    continue
+                all_unresolvable = False
+                node = self._take(tmpl)
+                assert node is not None
+            info = snapshot.infos[node]
+            snapshot.assume(pod.req, node)
+            placements.append((pod, node))
+            if use_cache and self.framework.run_filters(pod, info) is None:
+                # Only the chosen node changed: re-check and re-score it alone.
+                self._push(tmpl, node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
+            if not use_cache:
+                tmpl.heap.clear()
+        if len(placements) >= needed and placements:
+            result.success = True
+            result.placements = [Placement(p.name, p.resource_version, n) for p, n in placements]
+            result.unplaced = unplaced
+            result.reason = ""
+            return
+        for pod, node in placements:
+            snapshot.forget(pod.name, node)
+        result.placements = []
+        first = next(iter(unplaced.values()), "")
+        result.reason = (
+            f"unit needs {needed} pod(s) placed, only {len(placements)} fit; {first}"
+            if needed > 1
+            else first
+        )
+        result.unplaced = {p.name: result.reason for p in unit.pods}
+        result.infeasible = bool(unplaced) and all_unresolvable and not placements
+
+    # -- pod level ---------------------------------------------------------------------------
+
+    def _take(self, tmpl: _Template) -> str | None:
+        if tmpl.heap:
+            return heapq.heappop(tmpl.heap)[2]
+        return None
+
+    def _push(self, tmpl: _Template, node: str, score: int) -> None:
+        self._seq += 1
+        heapq.heappush(tmpl.heap, (-score, self._seq, node))
+
+    def _scan(
+        self,
+        pod: PodInfo,
+        segments: Sequence[list[NodeInfo]],
+        limit: int,
+        total_nodes: int,
+        tmpl: _Template,
+        result: UnitResult,
+    ) -> tuple[bool, bool]:
+        """Filter nodes from the rotating offset until ``limit`` are feasible; score them into
+        the template's heap. Returns (found any, every failure was unresolvable)."""
+        filters = self.framework.filters
+        feasible: list[NodeInfo] = []
+        diag: dict[str, int] = {}
+        unresolvable = True
+        examined = 0
+        for seg in segments:
+            n = len(seg)
+            if not n:
+                continue
+            start = self._offset % n
+            for i in range(n):
+                node = seg[(start + i) % n]
+                examined += 1
+                for f in filters:
+                    status = f(pod, node)
+                    if status is not None:
+                        for r in status.reasons:
+                            diag[r] = diag.get(r, 0) + 1
+                        if status.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
+                            unresolvable = False
+                        break
+                else:
+                    feasible.append(node)
+                    if len(feasible) >= limit:
+                        break
+            if len(feasible) >= limit:
+                break
+        self._offset += examined
+        result.examined += examined
+        result.scans += 1
+        if not feasible:
+            tmpl.failure = describe(total_nodes, 0, diag)
+            return False, unresolvable
+        static, dynamic = self.framework.score_parts(pod, feasible)
+        for info, s, d in zip(feasible, static, dynamic, strict=True):
+            tmpl.static[info.name] = s
+            self._push(tmpl, info.name, s + d)
+        return True, False

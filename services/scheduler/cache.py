@@ -1,0 +1,213 @@
+"""The shard's live view of the cluster and the per-cycle snapshot.
+
+:class:`SchedulerCache` is fed by the store informer (Nodes and Pods): bound, non-terminal pods
+count on their nodes through ``NodeInfo.add_pod``. Pods this shard has *assumed* (decided, sent
+to the Binder, not yet seen bound) count too, so the next units do not reuse the room; a
+rejection forgets them, and the informer's bound pod replaces them.
+
+:class:`Snapshot` is what a scheduling cycle reads and mutates (assumes within a unit). Updating
+it clones only the NodeInfos whose generation changed since the last update: the cache records
+which nodes it touched, the snapshot which nodes the cycle touched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+from google.protobuf.message import Message
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.common.nodeinfo import NodeInfo, PodRequest
+
+log = structlog.get_logger(__name__)
+
+_TERMINAL = (pb.POD_SUCCEEDED, pb.POD_FAILED)
+
+
+@dataclass(slots=True)
+class Assumed:
+    node: str
+    req: PodRequest
+    # Set once the Binder answered BOUND: forgotten when the informer shows the pod bound, or
+    # at this deadline if it never does (e.g. the pod was deleted right away).
+    expires: float | None = None
+
+
+class SchedulerCache:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeInfo] = {}
+        self.present: set[str] = set()  # nodes that exist (others only hold pods' claims)
+        self.bound: dict[str, tuple[str, PodRequest]] = {}  # pod -> (node, request)
+        self.assumed: dict[str, Assumed] = {}
+        self.dirty: set[str] = set()
+        self.node_set_version = 0
+
+    # -- informer handlers -------------------------------------------------------------------
+
+    def on_add(self, kind: str, obj: Message) -> None:
+        if kind == "Node":
+            self.set_node(obj)  # type: ignore[arg-type]
+        elif kind == "Pod":
+            self.set_pod(obj)  # type: ignore[arg-type]
+
+    def on_update(self, kind: str, old: Message, new: Message) -> None:
+        self.on_add(kind, new)
+
+    def on_delete(self, kind: str, obj: Message) -> None:
+        if kind == "Node":
+            self.remove_node(obj.metadata.name)  # type: ignore[attr-defined]
+        elif kind == "Pod":
+            self.remove_pod(obj.metadata.name)  # type: ignore[attr-defined]
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def set_node(self, node: pb.Node) -> None:
+        name = node.metadata.name
+        info = self.nodes.get(name)
+        if info is None:
+            info = self.nodes[name] = NodeInfo(name)
+        info.set_node(node)
+        if name not in self.present:
+            self.present.add(name)
+            self.node_set_version += 1
+        self.dirty.add(name)
+
+    def remove_node(self, name: str) -> None:
+        if name in self.present:
+            self.present.discard(name)
+            self.node_set_version += 1
+            self.dirty.add(name)
+        info = self.nodes.get(name)
+        if info is not None and not info.pods:
+            del self.nodes[name]
+
+    def _node(self, name: str) -> NodeInfo:
+        info = self.nodes.get(name)
+        if info is None:  # a pod seen before its node: keep its claim on a placeholder
+            info = self.nodes[name] = NodeInfo(name)
+        return info
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def set_pod(self, pod: pb.Pod) -> None:
+        name = pod.metadata.name
+        node_name = pod.spec.node_name
+        if not node_name or pod.status.phase in _TERMINAL:
+            self.remove_pod(name, keep_assumed=not node_name)
+            return
+        current = self.bound.get(name)
+        if current is not None and current[0] == node_name:
+            return
+        if current is not None:
+            self._unaccount(name, current[0])
+        req = PodRequest.from_pod(pod)
+        assumed = self.assumed.pop(name, None)
+        if assumed is not None and assumed.node != node_name:
+            self._unaccount(name, assumed.node)
+        # If it was assumed on this node it is already counted: it just changes hands.
+        info = self._node(node_name)
+        info.add_pod(req)
+        self.bound[name] = (node_name, req)
+        self.dirty.add(node_name)
+
+    def remove_pod(self, name: str, *, keep_assumed: bool = False) -> None:
+        current = self.bound.pop(name, None)
+        if current is not None:
+            self._unaccount(name, current[0])
+        if not keep_assumed:
+            self.forget(name)
+
+    def _unaccount(self, pod: str, node_name: str) -> None:
+        info = self.nodes.get(node_name)
+        if info is None:
+            return
+        info.remove_pod(pod)
+        self.dirty.add(node_name)
+        if not info.pods and node_name not in self.present:
+            del self.nodes[node_name]
+
+    # -- assume / forget (this shard's undecided placements) ---------------------------------
+
+    def assume(self, req: PodRequest, node_name: str) -> bool:
+        """Count a placement sent to the Binder. False if the pod is already bound or assumed."""
+        if req.name in self.bound or req.name in self.assumed:
+            return False
+        info = self.nodes.get(node_name)
+        if info is None or node_name not in self.present:
+            return False
+        info.add_pod(req)
+        self.assumed[req.name] = Assumed(node_name, req)
+        self.dirty.add(node_name)
+        return True
+
+    def forget(self, pod: str) -> None:
+        """Drop an assumed placement (rejected by the Binder, or revoked)."""
+        assumed = self.assumed.pop(pod, None)
+        if assumed is not None:
+            self._unaccount(pod, assumed.node)
+
+    def confirm(self, pod: str, ttl_seconds: float) -> None:
+        """The Binder bound it: keep counting it until the informer shows it (or ``ttl``)."""
+        assumed = self.assumed.get(pod)
+        if assumed is not None and assumed.expires is None:
+            assumed.expires = time.monotonic() + ttl_seconds
+
+    def expire(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        stale = [n for n, a in self.assumed.items() if a.expires is not None and a.expires <= now]
+        for name in stale:
+            self.forget(name)
+        return len(stale)
+
+
+class Snapshot:
+    """Node state for scheduling cycles: NodeInfo clones in a stable order (by name)."""
+
+    def __init__(self) -> None:
+        self.infos: dict[str, NodeInfo] = {}
+        self.nodes: list[NodeInfo] = []  # existing nodes, sorted by name
+        self._index: dict[str, int] = {}
+        self._node_set_version = -1
+        self.touched: set[str] = set()  # nodes the cycle mutated: re-cloned on the next update
+        self.clones = 0  # how many NodeInfos the updates copied (tests, metrics)
+
+    def update(self, cache: SchedulerCache) -> int:
+        """Bring the snapshot up to the cache: clone only nodes whose generation changed."""
+        touched = self.touched
+        changed = cache.dirty | touched
+        cache.dirty = set()
+        self.touched = set()
+        copied = 0
+        for name in changed:
+            live = cache.nodes.get(name)
+            mine = self.infos.get(name)
+            if live is None or name not in cache.present:
+                self.infos.pop(name, None)
+                continue
+            if mine is None or mine.generation != live.generation or name in touched:
+                self.infos[name] = live.clone()
+                copied += 1
+        if self._node_set_version != cache.node_set_version:
+            self._node_set_version = cache.node_set_version
+            self.nodes = [self.infos[n] for n in sorted(self.infos)]
+            self._index = {info.name: i for i, info in enumerate(self.nodes)}
+        else:
+            for name in changed:
+                i = self._index.get(name)
+                if i is not None:
+                    self.nodes[i] = self.infos[name]
+        self.clones += copied
+        return copied
+
+    def get(self, name: str) -> NodeInfo | None:
+        return self.infos.get(name)
+
+    def assume(self, req: PodRequest, node_name: str) -> None:
+        self.infos[node_name].add_pod(req)
+        self.touched.add(node_name)
+
+    def forget(self, pod: str, node_name: str) -> None:
+        self.infos[node_name].remove_pod(pod)
+        self.touched.add(node_name)

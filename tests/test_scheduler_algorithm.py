@@ -1,0 +1,257 @@
+"""Unit-level scheduling against a snapshot: min-member decisions, no over-commit within a
+cycle, the feasible-node cache and the scan limit (counted in nodes examined), kube mode, and the
+cache/snapshot generation bookkeeping."""
+
+from __future__ import annotations
+
+import pytest
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.common.nodeinfo import PodRequest, resource_fit_failures
+from services.scheduler.algorithm import (
+    SearchConfig,
+    UnitScheduler,
+    num_feasible_nodes_to_find,
+)
+from services.scheduler.cache import SchedulerCache, Snapshot
+from services.scheduler.framework import Framework, PodInfo, Profile, UnitInfo
+from services.scheduler.plugins import new_in_tree_registry
+from tests.factories import GiB, job, node, pods_of
+
+REGISTRY = new_in_tree_registry()
+
+
+def cluster(n: int, *, cpu: int = 4000, taint_every: int = 0) -> tuple[SchedulerCache, Snapshot]:
+    cache = SchedulerCache()
+    for i in range(n):
+        nd = node(f"n{i:05d}", cpu=cpu, mem=64 * GiB)
+        if taint_every and i % taint_every == 0:
+            nd.spec.taints.add(key="dedicated", effect=pb.NO_SCHEDULE)
+        cache.set_node(nd)
+    snap = Snapshot()
+    snap.update(cache)
+    return cache, snap
+
+
+def unit_of(
+    name: str, replicas: int, min_member: int, cpu: int, already_bound: int = 0
+) -> UnitInfo:
+    j = job(name, replicas=replicas, min_member=min_member, cpu=cpu, mem=GiB)
+    pods = [PodInfo.from_pod(p) for p in pods_of(j)]
+    return UnitInfo(name, min_member, already_bound, 0, pods)
+
+
+def scheduler(**kw: object) -> UnitScheduler:
+    return UnitScheduler(Framework(Profile(), REGISTRY), SearchConfig(**kw))  # type: ignore[arg-type]
+
+
+def assert_not_overcommitted(snap: Snapshot) -> None:
+    for info in snap.nodes:
+        for pool in ("g", "be"):
+            cap, used = info.capacity[pool], info.requested[pool]
+            assert all(u <= c for u, c in zip(used, cap, strict=True)), info.name
+        assert len(info.pods) <= info.max_pods
+
+
+@pytest.mark.parametrize(
+    ("case", "replicas", "min_member", "already_bound", "want_placed"),
+    [
+        ("gang-5-fits-4-nothing", 5, 5, 0, 0),
+        ("gang-4-fits-4", 4, 4, 0, 4),
+        ("min-3-of-5-places-4", 5, 3, 0, 4),
+        ("gang-5-with-1-bound-needs-4", 4, 5, 1, 4),
+        ("gang-6-with-1-bound-needs-5-fails", 5, 6, 1, 0),
+        ("ever-scheduled-places-what-fits", 6, 2, 2, 4),
+    ],
+)
+def test_min_member_decision_on_nodes_fitting_four(
+    case: str, replicas: int, min_member: int, already_bound: int, want_placed: int
+) -> None:
+    # 2 nodes x 2 pods of 2000m each: room for exactly 4 pods.
+    _, snap = cluster(2, cpu=4000)
+    sched = scheduler()
+    result = sched.schedule(unit_of("g", replicas, min_member, 2000, already_bound), snap)
+    assert len(result.placements) == want_placed
+    assert result.success == (want_placed > 0)
+    assert_not_overcommitted(snap)
+    used = sum(info.requested["g"][0] for info in snap.nodes)
+    assert used == want_placed * 2000  # a failed unit leaves nothing assumed in the snapshot
+    if not result.success:
+        assert "insufficient cpu" in result.reason
+        assert set(result.unplaced) == {p.name for p in unit_of("g", replicas, 1, 1).pods}
+
+
+def test_gang_of_five_fits_five_without_overcommit() -> None:
+    _, snap = cluster(5, cpu=2500)  # one 2000m pod per node
+    result = scheduler().schedule(unit_of("g", 5, 5, 2000), snap)
+    assert result.success
+    assert sorted(p.node for p in result.placements) == [f"n{i:05d}" for i in range(5)]
+    assert_not_overcommitted(snap)
+    for info in snap.nodes:
+        req = PodRequest("x", "g", 2000, GiB, 0)
+        assert resource_fit_failures(info, req) == ["insufficient cpu"]
+
+
+def test_unschedulable_message_counts_reasons() -> None:
+    _, snap = cluster(10, cpu=1000, taint_every=5)
+    result = scheduler().schedule(unit_of("big", 1, 1, 2000), snap)
+    assert not result.success
+    assert result.reason == "0/10 nodes fit: 8 insufficient cpu, 2 untolerated taint"
+    assert result.unplaced == {"big-0": result.reason}
+
+
+def test_infeasible_when_every_node_fails_unresolvably() -> None:
+    _, snap = cluster(4, taint_every=1)
+    result = scheduler().schedule(unit_of("j", 2, 1, 100), snap)
+    assert not result.success and result.infeasible
+    assert result.reason == "0/4 nodes fit: 4 untolerated taint"
+
+
+def test_feasible_node_cache_scans_once_per_template() -> None:
+    _, snap = cluster(1000, cpu=64_000)
+    unit = unit_of("web", 20, 1, 100)
+    result = scheduler().schedule(unit, snap)
+    assert result.success and len(result.placements) == 20
+    # One scan, stopped at len(unit pods) + 50 feasible nodes; later pods reuse the cache.
+    assert result.scans == 1
+    assert result.examined == 20 + 50
+    # LeastAllocated spreads: each placement re-scored its node lower.
+    assert len({p.node for p in result.placements}) == 20
+
+
+def test_cache_off_scans_per_pod() -> None:
+    _, snap = cluster(1000, cpu=64_000)
+    result = scheduler(feasible_cache=False).schedule(unit_of("web", 20, 1, 100), snap)
+    assert result.success
+    assert result.scans == 20
+    assert result.examined == 20 * 70
+
+
+def test_scan_limit_is_configurable_and_capped_by_node_count() -> None:
+    _, snap = cluster(1000, cpu=64_000)
+    result = scheduler(scan_extra=5).schedule(unit_of("a", 3, 1, 100), snap)
+    assert result.examined == 8
+    _, small = cluster(30, cpu=64_000)
+    result = scheduler().schedule(unit_of("b", 3, 1, 100), small)
+    assert result.examined == 30
+
+
+def test_scan_skips_infeasible_nodes_and_counts_them() -> None:
+    _, snap = cluster(200, cpu=4000, taint_every=2)  # every other node tainted
+    result = scheduler(scan_extra=10).schedule(unit_of("a", 2, 1, 100), snap)
+    assert result.success
+    assert result.examined in (23, 24)  # 12 feasible among alternating nodes
+    assert all(int(p.node[1:]) % 2 == 1 for p in result.placements)
+
+
+def test_cache_recheck_drops_a_node_that_filled_up() -> None:
+    # Each node fits exactly one pod: the chosen node fails its re-check and leaves the cache.
+    _, snap = cluster(100, cpu=2000)
+    result = scheduler(scan_extra=0).schedule(unit_of("g", 10, 10, 2000), snap)
+    assert result.success
+    assert len({p.node for p in result.placements}) == 10
+    assert result.scans == 1 and result.examined == 10
+    assert_not_overcommitted(snap)
+
+
+def test_cache_exhausted_rescans_from_where_it_stopped() -> None:
+    _, snap = cluster(100, cpu=2000)
+    sched = scheduler(scan_extra=0)
+    unit = unit_of("g", 10, 10, 2000)
+    unit.pods = unit.pods[:5] + unit_of("g", 10, 10, 2000).pods[5:]
+    r1 = sched.schedule(unit, snap)
+    assert r1.success
+    r2 = sched.schedule(unit_of("h", 10, 10, 2000), snap)
+    assert r2.success
+    assert not {p.node for p in r1.placements} & {p.node for p in r2.placements}
+    # The rotating offset moved past the first unit's nodes, so nothing was rescanned.
+    assert r2.examined == 10
+
+
+def test_own_partition_first() -> None:
+    _, snap = cluster(100, cpu=64_000)
+    sched = scheduler(scan_extra=0)
+    sched.partition = frozenset(f"n{i:05d}" for i in range(90, 100))
+    result = sched.schedule(unit_of("a", 5, 1, 100), snap)
+    assert {int(p.node[1:]) for p in result.placements} <= set(range(90, 100))
+    # Partition full (needs more than it holds): spills to the rest.
+    result = sched.schedule(unit_of("b", 15, 1, 100), snap)
+    assert len(result.placements) == 15
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pct", "want"),
+    [
+        (10, 0, 10),
+        (99, 0, 99),
+        (1000, 0, 420),
+        (5000, 0, 500),
+        (6000, 0, 300),
+        (50_000, 0, 2500),
+        (1000, 10, 100),
+        (1000, 40, 400),
+        (1000, 100, 1000),
+        (300, 0, 144),
+    ],
+)
+def test_num_feasible_nodes_to_find(nodes: int, pct: int, want: int) -> None:
+    assert num_feasible_nodes_to_find(nodes, pct) == want
+
+
+def test_kube_mode_scans_adaptive_percentage_per_pod() -> None:
+    _, snap = cluster(1000, cpu=64_000)
+    result = scheduler(mode="kube").schedule(unit_of("a", 3, 1, 100), snap)
+    assert result.success
+    assert result.scans == 3
+    assert result.examined == 3 * 420
+
+
+def test_snapshot_copies_only_changed_nodes() -> None:
+    cache, snap = cluster(50)
+    assert snap.clones == 50
+    assert snap.update(cache) == 0
+    cache.assume(PodRequest("p1", "g", 100, 0, 0), "n00003")
+    cache.set_node(node("n00007", cpu=8000))
+    assert snap.update(cache) == 2
+    assert snap.get("n00003") is not cache.nodes["n00003"]
+    assert snap.get("n00003").requested["g"][0] == 100  # type: ignore[union-attr]
+    # A cycle's own assumes are undone on the next update.
+    snap.assume(PodRequest("p2", "g", 100, 0, 0), "n00010")
+    assert snap.update(cache) == 1
+    assert snap.get("n00010").requested["g"][0] == 0  # type: ignore[union-attr]
+    assert snap.update(cache) == 0
+
+
+def test_cache_assume_confirm_forget() -> None:
+    cache, snap = cluster(3)
+    req = PodRequest("p", "g", 1000, 0, 0)
+    assert cache.assume(req, "n00001")
+    assert not cache.assume(req, "n00002")  # already assumed
+    # The informer shows it bound: the claim changes hands without double counting.
+    pod = pods_of(job("j", cpu=1000, mem=0))[0]
+    pod.metadata.name = "p"
+    pod.spec.node_name = "n00001"
+    pod.status.phase = pb.POD_BOUND
+    cache.set_pod(pod)
+    assert "p" not in cache.assumed
+    assert cache.nodes["n00001"].requested["g"][0] == 1000
+    # Terminal pods return their claim.
+    pod.status.phase = pb.POD_SUCCEEDED
+    cache.set_pod(pod)
+    assert cache.nodes["n00001"].requested["g"][0] == 0
+    # A rejected placement is forgotten; a confirmed one expires if never seen bound.
+    assert cache.assume(PodRequest("q", "g", 500, 0, 0), "n00002")
+    cache.forget("q")
+    assert cache.nodes["n00002"].requested["g"][0] == 0
+    assert cache.assume(PodRequest("r", "g", 500, 0, 0), "n00002")
+    cache.confirm("r", ttl_seconds=0)
+    assert cache.expire() == 1 and cache.nodes["n00002"].requested["g"][0] == 0
+    # Pods seen before their node keep their claim on a placeholder.
+    early = pods_of(job("k", cpu=300, mem=0))[0]
+    early.spec.node_name = "later"
+    early.status.phase = pb.POD_BOUND
+    cache.set_pod(early)
+    cache.set_node(node("later", cpu=1000))
+    snap.update(cache)
+    assert snap.get("later").requested["g"][0] == 300  # type: ignore[union-attr]
+    assert "later" in [n.name for n in snap.nodes]
