@@ -1,0 +1,397 @@
+"""Controllers the dispatcher runs beside its queues: node lifecycle and job status.
+
+Both are plain classes over the dispatcher's informer (kinds Job, Pod, Node, Queue) and store::
+
+    lifecycle = NodeLifecycleController(store, informer, grace_seconds=10.0, interval_seconds=1.0)
+    job_status = JobStatusController(store, informer, interval_seconds=1.0)
+    service.spawn(lifecycle.run(), name="node-lifecycle")
+    service.spawn(job_status.run(), name="job-status")
+
+Construct them before (or after) ``informer.start()``: each registers its handlers at once and
+builds its indexes from what the cache already holds. ``run()`` waits for the informer to sync,
+then calls ``tick()`` every ``interval_seconds`` until cancelled; a store error in one tick is
+logged and retried on the next. ``tick()`` is public so tests can drive a controller
+deterministically.
+
+Who writes what (services/README.md): the node agent writes heartbeats and pod phases; the node
+lifecycle controller writes ``ready = False`` for lapsed nodes, fails their pods (``NodeLost``)
+and creates replacements; the job status controller writes ``Job.status`` counts and phase and
+never ``status.ever_scheduled`` (the Binder's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+
+import structlog
+from google.protobuf.message import Message
+
+from protos.godel.v1 import objects_pb2 as pb
+from store import CommitError, ConflictError, NotFoundError, Store, StoreError
+from store.client import Create, Op, Release, Update
+from store.informer import Handlers, Informer
+
+log = structlog.get_logger(__name__)
+
+TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
+# Phases of a pod that holds (or is about to use) its node.
+ON_NODE = frozenset({pb.POD_BOUND, pb.POD_RUNNING})
+READY = "Ready"
+NODE_LOST = "NodeLost"
+HEARTBEAT_LAPSED = "NodeHeartbeatLapsed"
+REPLACES_ANNOTATION = "godel.io/replaces"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def replacement_number(pod: pb.Pod) -> int:
+    """``n`` for a replacement pod ``<job>-<index>-r<n>``, 0 for an original pod."""
+    prefix = f"{pod.spec.job}-{pod.spec.index}-r"
+    rest = pod.metadata.name.removeprefix(prefix)
+    return int(rest) if rest != pod.metadata.name and rest.isdigit() else 0
+
+
+class PodIndex:
+    """Pods by node and by job, kept from informer events (references to cached objects)."""
+
+    def __init__(self, informer: Informer) -> None:
+        self.by_node: dict[str, dict[str, pb.Pod]] = {}
+        self.by_job: dict[str, dict[str, pb.Pod]] = {}
+        self.changed_jobs: set[str] = set()
+        informer.add_handlers(
+            Handlers(on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete)
+        )
+
+    def _on_add(self, kind: str, obj: Message) -> None:
+        if isinstance(obj, pb.Pod):
+            self._put(obj)
+        elif isinstance(obj, pb.Job):
+            self.changed_jobs.add(obj.metadata.name)
+
+    def _on_update(self, kind: str, old: Message, obj: Message) -> None:
+        if isinstance(old, pb.Pod) and isinstance(obj, pb.Pod):
+            self._drop(old)
+            self._put(obj)
+        elif isinstance(obj, pb.Job):
+            self.changed_jobs.add(obj.metadata.name)
+
+    def _on_delete(self, kind: str, obj: Message) -> None:
+        if isinstance(obj, pb.Pod):
+            self._drop(obj)
+        elif isinstance(obj, pb.Job):
+            self.changed_jobs.discard(obj.metadata.name)
+
+    def _put(self, pod: pb.Pod) -> None:
+        name = pod.metadata.name
+        if pod.spec.node_name:
+            self.by_node.setdefault(pod.spec.node_name, {})[name] = pod
+        if pod.spec.job:
+            self.by_job.setdefault(pod.spec.job, {})[name] = pod
+            self.changed_jobs.add(pod.spec.job)
+
+    def _drop(self, pod: pb.Pod) -> None:
+        name = pod.metadata.name
+        for index, key in ((self.by_node, pod.spec.node_name), (self.by_job, pod.spec.job)):
+            pods = index.get(key)
+            if pods is not None:
+                pods.pop(name, None)
+                if not pods:
+                    del index[key]
+        if pod.spec.job:
+            self.changed_jobs.add(pod.spec.job)
+
+
+# ---------------------------------------------------------------------------------------------
+# Node lifecycle
+# ---------------------------------------------------------------------------------------------
+
+
+class NodeLifecycleController:
+    """Marks nodes whose heartbeat lapsed NotReady and fails their pods (``NodeLost``), creating
+    replacements for jobs with ``spec.replace_lost_pods``; marks them ready again when their
+    heartbeat resumes (if the lapse was what made them NotReady).
+
+    One atomic commit per lost node (node update, its pods' ``Release``s, the replacements), all
+    nodes of a tick in one ``commit_many``. Every op is compare-and-set: a heartbeat that lands
+    between our read and our write makes the node's commit fail and the node is reconsidered on
+    the next tick. Pods bound to a node that no longer exists are failed the same way.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        *,
+        grace_seconds: float = 10.0,
+        interval_seconds: float = 1.0,
+    ) -> None:
+        self._store = store
+        self._informer = informer
+        self.grace_ms = int(grace_seconds * 1000)
+        self.interval = interval_seconds
+        self.pods = PodIndex(informer)
+        # Round trips, for tests and metrics.
+        self.commit_calls = 0
+
+    async def run(self) -> None:
+        await self._informer.wait_synced()
+        while True:
+            try:
+                await self.tick()
+            except StoreError as exc:
+                log.warning("node lifecycle tick failed", error=str(exc))
+            await asyncio.sleep(self.interval)
+
+    async def tick(self) -> None:
+        now = _now_ms()
+        commits: list[list[Op]] = []
+        described: list[tuple[str, str, int]] = []  # (node, what, pods failed)
+        nodes = {n.metadata.name: n for n in self._nodes()}
+        for name, node in nodes.items():
+            lapsed = now - node.status.heartbeat_ms > self.grace_ms
+            if lapsed:
+                ops = self._lost(node, now)
+                if ops:
+                    commits.append(ops)
+                    described.append((name, "lost", len(ops) - 1))
+            elif not node.status.ready and _ready_reason(node) == HEARTBEAT_LAPSED:
+                commits.append([Update(_set_ready(node, True, now, "NodeHeartbeatResumed", ""))])
+                described.append((name, "ready again", 0))
+        for name in list(self.pods.by_node):
+            if name not in nodes:
+                ops = self._fail_pods(name, now, f"node {name!r} no longer exists")
+                if ops:
+                    commits.append(ops)
+                    described.append((name, "gone", len(ops)))
+        if not commits:
+            return
+        self.commit_calls += 1
+        results = await self._store.commit_many(commits)
+        for (node_name, what, failed), result in zip(described, results, strict=True):
+            if isinstance(result, StoreError):
+                # Most often a heartbeat or a pod phase raced us: the next tick decides again.
+                log.info("node lifecycle commit skipped", node=node_name, error=str(result))
+            elif what == "ready again":
+                log.info("node ready again", node=node_name)
+            else:
+                log.warning("node lost", node=node_name, reason=what, pods_failed=failed)
+
+    def _nodes(self) -> Iterable[pb.Node]:
+        for obj in self._informer.list("Node"):
+            assert isinstance(obj, pb.Node)
+            yield obj
+
+    def _lost(self, node: pb.Node, now: int) -> list[Op]:
+        name = node.metadata.name
+        ops: list[Op] = []
+        if node.status.ready:
+            age_s = (now - node.status.heartbeat_ms) / 1000
+            message = f"no heartbeat for {age_s:.1f}s (grace {self.grace_ms / 1000:g}s)"
+            ops.append(Update(_set_ready(node, False, now, HEARTBEAT_LAPSED, message)))
+        ops += self._fail_pods(name, now, f"node {name!r} stopped heartbeating")
+        return ops
+
+    def _fail_pods(self, node: str, now: int, message: str) -> list[Op]:
+        ops: list[Op] = []
+        taken: set[str] = set()  # replacement names used in this commit
+        for pod in list(self.pods.by_node.get(node, {}).values()):
+            if pod.status.phase not in ON_NODE:
+                continue
+            failed = _copy_pod(pod)
+            failed.status.phase = pb.POD_FAILED
+            failed.status.reason = NODE_LOST
+            failed.status.message = message
+            failed.status.finished_ms = now
+            ops.append(Release(failed))
+            job = self._informer.get("Job", pod.spec.job) if pod.spec.job else None
+            if isinstance(job, pb.Job) and job.spec.replace_lost_pods:
+                replacement = self._replacement(pod, taken)
+                taken.add(replacement.metadata.name)
+                ops.append(Create(replacement))
+        return ops
+
+    def _replacement(self, pod: pb.Pod, taken: set[str]) -> pb.Pod:
+        """``<job>-<index>-r<n>``: the next free n for this index, pending, unbound."""
+        siblings = self.pods.by_job.get(pod.spec.job, {}).values()
+        n = 1 + max(
+            (replacement_number(p) for p in siblings if p.spec.index == pod.spec.index),
+            default=0,
+        )
+        name = f"{pod.spec.job}-{pod.spec.index}-r{n}"
+        while name in taken:
+            n += 1
+            name = f"{pod.spec.job}-{pod.spec.index}-r{n}"
+        new = pb.Pod(metadata=pb.ObjectMeta(name=name))
+        new.metadata.labels.update(pod.metadata.labels)
+        new.metadata.annotations.update(pod.metadata.annotations)
+        new.metadata.annotations[REPLACES_ANNOTATION] = pod.metadata.name
+        new.spec.CopyFrom(pod.spec)
+        new.spec.node_name = ""
+        del new.spec.numa_nodes[:]
+        new.status.phase = pb.POD_PENDING
+        return new
+
+
+def _ready_reason(node: pb.Node) -> str:
+    for cond in node.status.conditions:
+        if cond.type == READY:
+            return cond.reason
+    return ""
+
+
+def _set_ready(node: pb.Node, ready: bool, now: int, reason: str, message: str) -> pb.Node:
+    out = pb.Node()
+    out.CopyFrom(node)
+    out.status.ready = ready
+    status = "True" if ready else "False"
+    for cond in out.status.conditions:
+        if cond.type == READY:
+            if cond.status != status:
+                cond.last_transition_ms = now
+            cond.status, cond.reason, cond.message = status, reason, message
+            return out
+    out.status.conditions.append(
+        pb.Condition(
+            type=READY, status=status, reason=reason, message=message, last_transition_ms=now
+        )
+    )
+    return out
+
+
+def _copy_pod(pod: pb.Pod) -> pb.Pod:
+    out = pb.Pod()
+    out.CopyFrom(pod)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Job status
+# ---------------------------------------------------------------------------------------------
+
+
+def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> tuple[int, int, int, int, int]:
+    """(phase, bound, running, succeeded, failed) of a job from its pods.
+
+    Counts are over replicas: each index counts once, by its newest pod (a replacement
+    ``-r<n>`` supersedes the pod it replaces), so they add up to at most ``spec.replicas``.
+    ``bound`` is the replicas bound but not yet running. Phase, first match wins:
+
+    - SUCCEEDED: every replica ended and at least ``min_member`` succeeded (all of them when
+      ``min_member == replicas``);
+    - FAILED: so many replicas failed for good that ``min_member`` can no longer succeed (a
+      pod lost with its node is not failed for good while its job replaces lost pods);
+    - RUNNING: at least ``min_member`` running;
+    - SCHEDULED: at least ``min_member`` bound, running or succeeded;
+    - otherwise PENDING (or UNSCHEDULABLE, if the dispatcher said so and nothing is placed).
+    """
+    newest: dict[int, pb.Pod] = {}
+    for pod in pods:
+        cur = newest.get(pod.spec.index)
+        if cur is None or replacement_number(pod) > replacement_number(cur):
+            newest[pod.spec.index] = pod
+    bound = running = succeeded = failed = final_failed = 0
+    for pod in newest.values():
+        phase = pod.status.phase
+        if phase == pb.POD_BOUND:
+            bound += 1
+        elif phase == pb.POD_RUNNING:
+            running += 1
+        elif phase == pb.POD_SUCCEEDED:
+            succeeded += 1
+        elif phase == pb.POD_FAILED:
+            failed += 1
+            if not (job.spec.replace_lost_pods and pod.status.reason == NODE_LOST):
+                final_failed += 1
+    replicas = job.spec.replicas
+    min_member = job.spec.min_member or replicas
+    if replicas > 0 and succeeded + final_failed == replicas and succeeded >= min_member:
+        phase_ = pb.JOB_SUCCEEDED
+    elif replicas > 0 and replicas - final_failed < min_member:
+        phase_ = pb.JOB_FAILED
+    elif running >= min_member:
+        phase_ = pb.JOB_RUNNING
+    elif bound + running + succeeded >= min_member:
+        phase_ = pb.JOB_SCHEDULED
+    elif job.status.phase == pb.JOB_UNSCHEDULABLE and bound + running + succeeded == 0:
+        phase_ = pb.JOB_UNSCHEDULABLE
+    else:
+        phase_ = pb.JOB_PENDING
+    return phase_, bound, running, succeeded, failed
+
+
+def _current(job: pb.Job) -> tuple[int, int, int, int, int]:
+    s = job.status
+    return s.phase, s.bound, s.running, s.succeeded, s.failed
+
+
+class JobStatusController:
+    """Keeps ``Job.status`` counts and phase (see :func:`job_status`) current.
+
+    Jobs whose pods (or themselves) changed are recomputed every ``interval_seconds`` and the
+    changed ones written with one ``update_many``, so a job is written at most once per
+    interval. Writes are compare-and-set on the job's cached version; a conflict (the Binder set
+    ``ever_scheduled``, the dispatcher a condition) re-reads those jobs and writes again on top
+    of the fresh copies, so their fields are kept. Only phase and counts are ever changed.
+    """
+
+    def __init__(self, store: Store, informer: Informer, *, interval_seconds: float = 1.0) -> None:
+        self._store = store
+        self._informer = informer
+        self.interval = interval_seconds
+        self.pods = PodIndex(informer)
+        self.writes = 0  # update_many round trips, for tests and metrics
+
+    async def run(self) -> None:
+        await self._informer.wait_synced()
+        while True:
+            try:
+                await self.tick()
+            except StoreError as exc:
+                log.warning("job status tick failed", error=str(exc))
+            await asyncio.sleep(self.interval)
+
+    async def tick(self) -> None:
+        dirty, self.pods.changed_jobs = self.pods.changed_jobs, set()
+        jobs: list[pb.Job] = []
+        for name in dirty:
+            job = self._informer.get("Job", name)
+            if isinstance(job, pb.Job):
+                jobs.append(job)
+        try:
+            retry = await self._write(jobs)
+            if retry:
+                fresh = await self._store.get_many(pb.Job, retry)
+                retry = await self._write([j for j in fresh if j is not None])
+        except StoreError:
+            self.pods.changed_jobs |= dirty  # try them all again next tick
+            raise
+        self.pods.changed_jobs.update(retry)
+
+    async def _write(self, jobs: list[pb.Job]) -> list[str]:
+        """Write the jobs whose status changed; returns the names that conflicted."""
+        updates: list[pb.Job] = []
+        for job in jobs:
+            computed = job_status(job, self.pods.by_job.get(job.metadata.name, {}).values())
+            if computed == _current(job):
+                continue
+            new = pb.Job()
+            new.CopyFrom(job)
+            s = new.status
+            s.phase, s.bound, s.running, s.succeeded, s.failed = computed  # type: ignore[assignment]
+            updates.append(new)
+        if not updates:
+            return []
+        self.writes += 1
+        conflicts: list[str] = []
+        for job, result in zip(updates, await self._store.update_many(updates), strict=True):
+            if isinstance(result, ConflictError):
+                conflicts.append(job.metadata.name)
+            elif isinstance(result, NotFoundError | CommitError):
+                continue  # deleted meanwhile
+            elif isinstance(result, StoreError):
+                log.error("job status write failed", job=job.metadata.name, error=str(result))
+        return conflicts

@@ -1,0 +1,297 @@
+"""The dispatcher's controllers: node lifecycle (lapsed heartbeats → NotReady, pods NodeLost,
+replacements) and job status (counts and phase, table-driven). Real store, real node agent."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.controllers import (
+    JobStatusController,
+    NodeLifecycleController,
+    job_status,
+)
+from services.nodeagent.service import NodeAgentService
+from services.runtime import ServiceHost
+from store import Store
+from store.client import Fence
+from store.informer import Informer
+from tests import factories as f
+from tests.test_nodeagent import agent_config, eventually, phases
+
+KINDS = ["Job", "Pod", "Node", "Queue"]
+
+B, R, S, F, P = pb.POD_BOUND, pb.POD_RUNNING, pb.POD_SUCCEEDED, pb.POD_FAILED, pb.POD_PENDING
+LOST = (F, "NodeLost")
+
+# (case, replicas, min_member, replace_lost_pods, current phase,
+#  pods as (index, phase or (phase, reason), replacement number),
+#  expected (phase, bound, running, succeeded, failed))
+JOB_CASES: list[tuple[str, int, int, bool, int, list[tuple[int, object, int]], tuple[int, ...]]] = [
+    ("no pods yet", 3, 3, False, pb.JOB_PHASE_UNSPECIFIED, [], (pb.JOB_PENDING, 0, 0, 0, 0)),
+    ("all pending", 2, 2, False, pb.JOB_PENDING, [(0, P, 0), (1, P, 0)], (pb.JOB_PENDING, 0, 0, 0, 0)),
+    ("gang below min", 3, 3, False, pb.JOB_PENDING, [(0, B, 0), (1, B, 0), (2, P, 0)],
+     (pb.JOB_PENDING, 2, 0, 0, 0)),
+    ("gang bound", 3, 3, False, pb.JOB_PENDING, [(0, B, 0), (1, B, 0), (2, B, 0)],
+     (pb.JOB_SCHEDULED, 3, 0, 0, 0)),
+    ("scheduled, partly running", 3, 3, False, pb.JOB_SCHEDULED, [(0, R, 0), (1, B, 0), (2, R, 0)],
+     (pb.JOB_SCHEDULED, 1, 2, 0, 0)),
+    ("all running", 3, 3, False, pb.JOB_SCHEDULED, [(0, R, 0), (1, R, 0), (2, R, 0)],
+     (pb.JOB_RUNNING, 0, 3, 0, 0)),
+    ("deployment-like: one running is enough", 4, 1, False, pb.JOB_PENDING,
+     [(0, R, 0), (1, P, 0), (2, P, 0), (3, P, 0)], (pb.JOB_RUNNING, 0, 1, 0, 0)),
+    ("succeeded count towards scheduled", 2, 2, False, pb.JOB_RUNNING, [(0, S, 0), (1, R, 0)],
+     (pb.JOB_SCHEDULED, 0, 1, 1, 0)),
+    ("all succeeded", 2, 2, False, pb.JOB_RUNNING, [(0, S, 0), (1, S, 0)],
+     (pb.JOB_SUCCEEDED, 0, 0, 2, 0)),
+    ("one failed breaks a gang", 3, 3, False, pb.JOB_RUNNING, [(0, R, 0), (1, F, 0), (2, R, 0)],
+     (pb.JOB_FAILED, 0, 2, 0, 1)),
+    ("one failed, min_member still reachable", 3, 2, False, pb.JOB_RUNNING,
+     [(0, R, 0), (1, F, 0), (2, R, 0)], (pb.JOB_RUNNING, 0, 2, 0, 1)),
+    ("ended with enough successes", 3, 2, False, pb.JOB_RUNNING, [(0, S, 0), (1, F, 0), (2, S, 0)],
+     (pb.JOB_SUCCEEDED, 0, 0, 2, 1)),
+    ("lost but replaceable is not failed", 2, 2, True, pb.JOB_RUNNING, [(0, LOST, 0), (1, R, 0)],
+     (pb.JOB_PENDING, 0, 1, 0, 1)),
+    ("lost without replacement fails", 2, 2, False, pb.JOB_RUNNING, [(0, LOST, 0), (1, R, 0)],
+     (pb.JOB_FAILED, 0, 1, 0, 1)),
+    ("replacement supersedes the lost pod", 2, 2, True, pb.JOB_RUNNING,
+     [(0, LOST, 0), (0, R, 1), (1, R, 0)], (pb.JOB_RUNNING, 0, 2, 0, 0)),
+    ("newest replacement wins", 1, 1, True, pb.JOB_RUNNING,
+     [(0, LOST, 0), (0, LOST, 1), (0, B, 2)], (pb.JOB_SCHEDULED, 1, 0, 0, 0)),
+    ("unschedulable kept while nothing placed", 2, 2, False, pb.JOB_UNSCHEDULABLE,
+     [(0, P, 0), (1, P, 0)], (pb.JOB_UNSCHEDULABLE, 0, 0, 0, 0)),
+    ("unschedulable left once placed", 2, 1, False, pb.JOB_UNSCHEDULABLE, [(0, B, 0), (1, P, 0)],
+     (pb.JOB_SCHEDULED, 1, 0, 0, 0)),
+]  # fmt: skip
+
+
+def make_pod(job: str, index: int, state: object, rnum: int) -> pb.Pod:
+    name = f"{job}-{index}" + (f"-r{rnum}" if rnum else "")
+    pod = pb.Pod(metadata=pb.ObjectMeta(name=name))
+    pod.spec.job, pod.spec.index = job, index
+    phase, reason = state if isinstance(state, tuple) else (state, "")
+    pod.status.phase, pod.status.reason = phase, reason
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("replicas", "min_member", "replace", "current", "pods", "expected"),
+    [c[1:] for c in JOB_CASES],
+    ids=[c[0] for c in JOB_CASES],
+)
+def test_job_status(
+    replicas: int,
+    min_member: int,
+    replace: bool,
+    current: int,
+    pods: list[tuple[int, object, int]],
+    expected: tuple[int, ...],
+) -> None:
+    job = f.job("j", replicas=replicas, min_member=min_member)
+    job.spec.replace_lost_pods = replace
+    job.status.phase = current  # type: ignore[assignment]
+    assert job_status(job, [make_pod("j", *p) for p in pods]) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# Against a real store
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def informer(store: Store) -> AsyncIterator[Informer]:
+    inf = Informer(store, KINDS, block_ms=100)
+    inf.start()
+    await inf.wait_synced(10)
+    try:
+        yield inf
+    finally:
+        await inf.stop()
+
+
+async def caught_up(store: Store, informer: Informer) -> None:
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+
+
+async def binder_fence(store: Store) -> Fence:
+    ok, lease = await store.acquire_lease("binder", "test-binder", 60_000)
+    assert ok
+    return Fence("binder", lease.epoch)
+
+
+async def bind(store: Store, pods: list[pb.Pod], node: str, fence: Fence) -> None:
+    for p in pods:
+        p.spec.node_name = node
+        p.spec.numa_nodes.append(0)
+        p.status.phase = pb.POD_BOUND
+    await store.bind(pods, fence=fence)
+
+
+async def test_lapsed_node_lost_and_replaced(store: Store, informer: Informer) -> None:
+    now = int(time.time() * 1000)
+    stale, fresh = f.node("stale"), f.node("fresh")
+    stale.status.heartbeat_ms = now - 60_000
+    fresh.status.heartbeat_ms = now
+    for n in (stale, fresh):
+        await store.create(n)
+    web = f.job("web", replicas=2)
+    web.spec.replace_lost_pods = True
+    batch = f.job("batch", replicas=1)
+    web_pods, batch_pods = f.pods_of(web), f.pods_of(batch)
+    await store.create_unit(web, web_pods)
+    await store.create_unit(batch, batch_pods)
+    fence = await binder_fence(store)
+    await bind(store, [*web_pods, *batch_pods], "stale", fence)
+    other = f.job("other", replicas=1)
+    other_pods = f.pods_of(other)
+    await store.create_unit(other, other_pods)
+    await bind(store, other_pods, "fresh", fence)
+
+    ctl = NodeLifecycleController(store, informer, grace_seconds=10)
+    await caught_up(store, informer)
+    await ctl.tick()
+
+    node = await store.get(pb.Node, "stale")
+    assert not node.status.ready
+    ready = [c for c in node.status.conditions if c.type == "Ready"]
+    assert [(c.status, c.reason) for c in ready] == [("False", "NodeHeartbeatLapsed")]
+    assert (await store.get(pb.Node, "fresh")).status.ready
+    for name in ("web-0", "web-1", "batch-0"):
+        pod = await store.get(pb.Pod, name)
+        assert (pod.status.phase, pod.status.reason) == (pb.POD_FAILED, "NodeLost")
+        assert pod.status.finished_ms > 0
+    assert (await store.get(pb.Pod, "other-0")).status.phase == pb.POD_BOUND
+    usage = await store.node_usage("stale")
+    assert usage is not None and usage.used["pods"] == 0
+    # Replacements for the job that asked for them, pending and unbound; none for the batch job.
+    for i in (0, 1):
+        r = await store.get(pb.Pod, f"web-{i}-r1")
+        assert r.status.phase == pb.POD_PENDING
+        assert r.spec.node_name == "" and not r.spec.numa_nodes
+        assert (r.spec.job, r.spec.index) == ("web", i)
+        assert r.metadata.annotations["godel.io/replaces"] == f"web-{i}"
+    assert (await store.get_many(pb.Pod, ["batch-0-r1"])) == [None]
+
+    # A replacement lost in turn gets the next number.
+    await caught_up(store, informer)
+    r1 = await store.get(pb.Pod, "web-0-r1")
+    await bind(store, [r1], "fresh", fence)
+    fresh_node = await store.get(pb.Node, "fresh")
+    fresh_node.status.heartbeat_ms = now - 60_000
+    await store.update(fresh_node)
+    await caught_up(store, informer)
+    await ctl.tick()
+    assert (await store.get(pb.Pod, "web-0-r2")).status.phase == pb.POD_PENDING
+    assert (await store.get(pb.Pod, "other-0")).status.reason == "NodeLost"
+
+    # The stale node heartbeats again: ready again.
+    await caught_up(store, informer)
+    node = await store.get(pb.Node, "stale")
+    node.status.heartbeat_ms = int(time.time() * 1000)
+    await store.update(node)
+    await caught_up(store, informer)
+    await ctl.tick()
+    node = await store.get(pb.Node, "stale")
+    assert node.status.ready
+    assert [c.status for c in node.status.conditions if c.type == "Ready"] == ["True"]
+    # A quiet tick writes nothing.
+    await caught_up(store, informer)
+    calls = ctl.commit_calls
+    await ctl.tick()
+    assert ctl.commit_calls == calls
+
+
+async def test_stopped_agent_node_lost(
+    store: Store, store_url: str, tmp_path: Path, informer: Informer
+) -> None:
+    """End to end: a real agent runs a pod, stops; the controller's loop notices the lapse."""
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=1, node_prefix="gone")
+    job = f.job("svc", replicas=1)
+    job.spec.replace_lost_pods = True
+    async with ServiceHost(NodeAgentService, cfg):
+        pods = f.pods_of(job)
+        await store.create_unit(job, pods)
+        await bind(store, pods, "gone-0", await binder_fence(store))
+
+        async def running() -> bool:
+            return await phases(store, ["svc-0"]) == [pb.POD_RUNNING]
+
+        await eventually(running, what="pod running")
+    ctl = NodeLifecycleController(store, informer, grace_seconds=0.6, interval_seconds=0.1)
+    jobs = JobStatusController(store, informer, interval_seconds=0.1)
+    tasks = [asyncio.create_task(ctl.run()), asyncio.create_task(jobs.run())]
+    try:
+
+        async def lost() -> bool:
+            pods = await store.get_many(pb.Pod, ["svc-0", "svc-0-r1"])
+            node = await store.get(pb.Node, "gone-0")
+            return (
+                not node.status.ready
+                and pods[0] is not None
+                and pods[0].status.reason == "NodeLost"
+                and pods[1] is not None
+            )
+
+        await eventually(lost, what="node lost, pod failed and replaced")
+
+        async def job_pending() -> bool:
+            j = await store.get(pb.Job, "svc")
+            return (j.status.phase, j.status.failed) == (pb.JOB_PENDING, 0)
+
+        await eventually(job_pending, what="job status back to pending")
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    # The agent comes back: its heartbeat makes the node ready again.
+    async with ServiceHost(NodeAgentService, cfg):
+        assert (await store.get(pb.Node, "gone-0")).status.ready
+
+
+async def test_job_status_controller(store: Store, informer: Informer) -> None:
+    await store.create(f.node("n1"))
+    job = f.job("gang", replicas=3, min_member=3)
+    pods = f.pods_of(job)
+    await store.create_unit(job, pods)
+    ctl = JobStatusController(store, informer)
+    await caught_up(store, informer)
+    await ctl.tick()
+    j = await store.get(pb.Job, "gang")
+    assert j.status.phase == pb.JOB_PENDING
+
+    # The Binder binds the gang and sets ever_scheduled; our cached copy is then stale.
+    await bind(store, pods, "n1", await binder_fence(store))
+    j.status.ever_scheduled = True
+    await store.update(j)
+    await caught_up(store, informer)
+    await ctl.tick()
+    j = await store.get(pb.Job, "gang")
+    assert (j.status.phase, j.status.bound) == (pb.JOB_SCHEDULED, 3)
+    assert j.status.ever_scheduled
+
+    # A conflicting write between the informer's view and ours: re-read, ever_scheduled kept.
+    for p in pods[:2]:
+        p.status.phase = pb.POD_RUNNING
+    await store.update_many(pods[:2])
+    await caught_up(store, informer)
+    stale = await store.get(pb.Job, "gang")
+    stale.metadata.annotations["touched"] = "yes"
+    await store.update(stale)  # the informer has not seen this yet when the tick computes
+    writes = ctl.writes
+    await ctl.tick()
+    j = await store.get(pb.Job, "gang")
+    assert (j.status.phase, j.status.bound, j.status.running) == (pb.JOB_SCHEDULED, 1, 2)
+    assert j.status.ever_scheduled and j.metadata.annotations["touched"] == "yes"
+    assert ctl.writes - writes <= 2
+
+    # Nothing changed: no write.
+    await caught_up(store, informer)
+    await ctl.tick()
+    writes = ctl.writes
+    await ctl.tick()
+    assert ctl.writes == writes
