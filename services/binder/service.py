@@ -1,31 +1,453 @@
 """The binder: the leader-elected serialisation point that checks and commits bindings.
 
-For now the gRPC contract is registered with the generated base servicer, which answers every RPC
-with UNIMPLEMENTED; the process already starts, connects the store and reports health.
+One instance holds the store lease ``binder``; the others are warm standbys (their informer runs,
+so a new leader only has to catch up, not to list). Shards stream DecisionBatches to the leader;
+every stream's batches go through one queue to a single committer task, which checks each batch
+against the authoritative state (see ``decide.py``) and binds what it accepts in one fenced commit.
+See README.md for the invariants.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
+import structlog
+from grpc_health.v1 import health_pb2
 
-from protos.godel.v1 import internal_pb2, internal_pb2_grpc
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import internal_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.binder.decide import (
+    CONFLICT,
+    ERROR,
+    NOT_LEADER,
+    STALE,
+    BatchPlan,
+    uniform,
+)
+from services.binder.state import ClusterState
 from services.runtime import Service, ServiceConfig
+from services.runtime.config import ConfigError, option
+from store.client import Bind, Fence
+from store.errors import (
+    AlreadyBoundError,
+    CommitError,
+    ConflictError,
+    FencedError,
+    InsufficientCapacityError,
+    NotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
+from store.informer import Handlers, Informer
+from store.lease import LeaderElector
+
+log = structlog.get_logger(__name__)
+
+LEASE = "binder"
+BINDER_SERVICE = ipb.DESCRIPTOR.services_by_name["Binder"].full_name
+# Trailing metadata on FAILED_PRECONDITION: where the leader is, for shards to reconnect.
+LEADER_METADATA_KEY = "godel-leader-address"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @dataclass(frozen=True)
 class BinderConfig(ServiceConfig):
     """Binder settings."""
 
+    lease_ms: int = field(
+        default=3000,
+        metadata=option("leader lease duration; a dead leader is replaced after this", minimum=100),
+    )
+    renew_ms: int = field(
+        default=500,
+        metadata=option("how often the leader renews (at most half of lease_ms)", minimum=10),
+    )
+    advertise_address: str = field(
+        default="",
+        metadata=option("host:port published in the lease for shards (default: host:bound port)"),
+    )
+    queue_depth: int = field(
+        default=256,
+        metadata=option("decision batches queued for the committer before streams wait", minimum=1),
+    )
+    max_batch_pods: int = field(
+        default=20000,
+        metadata=option("placements accepted in one DecisionBatch", minimum=1),
+    )
+    commit_retries: int = field(
+        default=16,
+        metadata=option("commit attempts per batch after the store rejects one pod", minimum=0),
+    )
+    sync_timeout_seconds: float = field(
+        default=30.0,
+        metadata=option("how long to wait for the informer to list or catch up", minimum=0.1),
+    )
+
+    def __post_init__(self) -> None:
+        if self.renew_ms * 2 > self.lease_ms:
+            raise ConfigError(
+                f"renew_ms ({self.renew_ms}) must be at most half of lease_ms ({self.lease_ms})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    code: grpc.StatusCode
+    message: str
+
+
+class _Stream:
+    """One open Decide stream: answers (or an abort, or None = done) in order."""
+
+    __slots__ = ("epoch", "out")
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.out: asyncio.Queue[ipb.VerdictBatch | _Abort | None] = asyncio.Queue()
+
+
+@dataclass(slots=True)
+class _Work:
+    stream: _Stream
+    batch: ipb.DecisionBatch | None  # None: the stream half-closed; end it once answered
+
 
 class BinderService(Service[BinderConfig]):
     component = "binder"
     config_class = BinderConfig
-    grpc_services = (internal_pb2.DESCRIPTOR.services_by_name["Binder"].full_name,)
+    grpc_services = (BINDER_SERVICE,)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state = ClusterState()
+        self.informer = Informer(self.store, ["Node", "Pod"])
+        self.informer.add_handlers(
+            Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)
+        )
+        self.elector: LeaderElector | None = None
+        self._fence: Fence | None = None
+        self._ready = asyncio.Event()  # leading and caught up with the store
+        self._role_changed = asyncio.Event()
+        self._queue: asyncio.Queue[_Work] = asyncio.Queue(maxsize=self.config.queue_depth)
+        self._streams: set[_Stream] = set()
+        self._bound_port = 0
+        self._fenced_by: FencedError | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
 
     def add_servicers(self, server: grpc.aio.Server) -> None:
-        # The generated base servicer answers every RPC with UNIMPLEMENTED (its stub marks the
-        # methods abstract, hence the ignore); the real servicer replaces it.
-        servicer = internal_pb2_grpc.BinderServicer()  # type: ignore[abstract]
-        internal_pb2_grpc.add_BinderServicer_to_server(servicer, server)
+        # The runtime binds the port after this and does not tell the service; the lease must
+        # carry the real address (port 0 picks one), so note what add_insecure_port returns.
+        add_port = server.add_insecure_port
+
+        def add_insecure_port(address: str) -> int:
+            self._bound_port = add_port(address)
+            return self._bound_port
+
+        server.add_insecure_port = add_insecure_port  # type: ignore[method-assign]
+        internal_pb2_grpc.add_BinderServicer_to_server(_BinderServicer(self), server)
+
+    @property
+    def address(self) -> str:
+        if self.config.advertise_address:
+            return self.config.advertise_address
+        host = self.config.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{self._bound_port or self.config.port}"
+
+    @property
+    def is_leader(self) -> bool:
+        return self._fence is not None and self._ready.is_set()
+
+    async def on_start(self) -> None:
+        self.informer.start()
+        await self.informer.wait_synced(self.config.sync_timeout_seconds)
+        self.elector = LeaderElector(
+            self.store,
+            LEASE,
+            self.config.name,
+            address=self.address,
+            lease_ms=self.config.lease_ms,
+            renew_every_ms=self.config.renew_ms,
+            retry_every_ms=self.config.renew_ms,
+            on_elected=self._on_elected,
+            on_deposed=self._on_deposed,
+        )
+        self.spawn(self._commit_loop(), name="binder-committer")
+        self.spawn(self._health_loop(), name="binder-health")
+        self.spawn(self._resign_on_stop(), name="binder-resign")
+        self.elector.start()
+        log.info("campaigning", lease=LEASE, address=self.address)
+
+    async def on_stop(self) -> None:
+        if self.elector is not None:
+            await self.elector.stop(release=True)
+        await self.informer.stop()
+
+    async def _resign_on_stop(self) -> None:
+        # Release the lease as the stop begins, not after the gRPC grace: a standby takes over
+        # at once and open streams end now instead of holding the shutdown.
+        await self.stop_requested.wait()
+        if self.elector is not None:
+            await self.elector.stop(release=True)
+        self._step_down("shutting down")
+
+    # --- leadership -------------------------------------------------------------------------
+
+    async def _on_elected(self, fence: Fence) -> None:
+        self._fence = fence
+        self._ready.clear()
+        self._role_changed.set()
+        # Not awaited here: the elector must get back to renewing while we catch up.
+        self.spawn(self._catch_up(fence), name="binder-catch-up")
+
+    async def _catch_up(self, fence: Fence) -> None:
+        """Accept decisions only once the view holds every write made before this epoch (the
+        previous leader's binds included; fencing guarantees none can land after)."""
+        while self._fence is fence:
+            try:
+                revision = await self.store.revision()
+                await self.informer.wait_for_revision(revision, self.config.sync_timeout_seconds)
+            except (StoreUnavailableError, TimeoutError) as exc:
+                log.warning("leader catch-up failed; retrying", error=str(exc) or type(exc))
+                await asyncio.sleep(self.config.renew_ms / 1000)
+                continue
+            if self._fence is fence:
+                self._ready.set()
+                self._role_changed.set()
+                log.info("leading", epoch=fence.epoch, revision=revision, address=self.address)
+            return
+
+    async def _on_deposed(self, fence: Fence) -> None:
+        self._step_down("lease lost", fence)
+
+    def _step_down(self, reason: str, fence: Fence | None = None) -> None:
+        """Stop committing at once and end open streams so shards look the leader up again."""
+        if self._fence is None or (fence is not None and fence != self._fence):
+            return
+        epoch = self._fence.epoch
+        self._fence = None
+        self._ready.clear()
+        self._role_changed.set()
+        message = f"binder {self.config.name} is no longer the leader ({reason})"
+        for stream in self._streams:
+            stream.out.put_nowait(_Abort(grpc.StatusCode.UNAVAILABLE, message))
+        log.warning("stepped down", epoch=epoch, reason=reason, open_streams=len(self._streams))
+
+    async def _fenced(self, exc: FencedError) -> None:
+        """The store refused our epoch: step down now, then campaign afresh."""
+        self._step_down(f"fenced: {exc}")
+        if self.elector is not None:
+            await self.elector.stop(release=False)
+            self.elector.start()
+
+    async def _health_loop(self) -> None:
+        # The runtime marks every entry SERVING once on_start returns; wait for that so our own
+        # "leader only" status is not overwritten, then keep it in line with the role.
+        request = health_pb2.HealthCheckRequest(service=BINDER_SERVICE)
+        while (await self.health.Check(request, None)).status != SERVING:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # the runtime offers no event for it
+        while True:
+            self._role_changed.clear()
+            await self.health.set(BINDER_SERVICE, SERVING if self.is_leader else NOT_SERVING)
+            await self._role_changed.wait()
+
+    async def leader_address(self) -> str:
+        lease = await self.store.get_lease(LEASE)
+        return lease.holder_address if lease is not None and lease.holder else ""
+
+    # --- streams ----------------------------------------------------------------------------
+
+    async def decide(
+        self,
+        requests: AsyncIterator[ipb.DecisionBatch],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[ipb.VerdictBatch]:
+        fence = self._fence
+        if fence is None:
+            try:
+                leader = await self.leader_address()
+            except StoreUnavailableError:
+                leader = ""
+            context.set_trailing_metadata(((LEADER_METADATA_KEY, leader),))
+            where = f"the leader is at {leader}" if leader else "no leader is elected right now"
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"binder {self.config.name} is a standby; {where}",
+            )
+            return
+        stream = _Stream(fence.epoch)
+        self._streams.add(stream)
+        reader = asyncio.create_task(self._read(requests, stream), name="binder-stream-reader")
+        try:
+            while True:
+                item = await stream.out.get()
+                if item is None:
+                    return
+                if isinstance(item, _Abort):
+                    await context.abort(item.code, item.message)
+                    return
+                yield item
+        finally:
+            self._streams.discard(stream)
+            reader.cancel()
+
+    async def _read(self, requests: AsyncIterator[ipb.DecisionBatch], stream: _Stream) -> None:
+        """Decode a stream's batches into the committer's queue (streams read concurrently)."""
+        try:
+            async for batch in requests:
+                await self._queue.put(_Work(stream, batch))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the client went away or sent garbage: the RPC is over
+            log.info("decision stream ended", error=str(exc))
+            stream.out.put_nowait(None)
+            return
+        await self._queue.put(_Work(stream, None))
+
+    # --- the committer ----------------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        while True:
+            work = await self._queue.get()
+            if work.batch is None:
+                work.stream.out.put_nowait(None)
+                continue
+            try:
+                verdicts = await self._decide_batch(work.batch, work.stream)
+            except Exception as exc:
+                # A bug on one batch must not take the leader down for every shard.
+                log.exception("deciding a batch failed", batch_id=work.batch.batch_id)
+                verdicts = uniform(work.batch, ERROR, f"binder internal error: {exc}")
+            work.stream.out.put_nowait(verdicts)
+            if self._fenced_by is not None:
+                fenced, self._fenced_by = self._fenced_by, None
+                await self._fenced(fenced)
+
+    async def _leading_fence(self, stream: _Stream) -> Fence | None:
+        while True:
+            fence = self._fence
+            if fence is None or fence.epoch != stream.epoch:
+                return None
+            if self._ready.is_set():
+                return fence
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), 0.1)
+
+    async def _decide_batch(self, batch: ipb.DecisionBatch, stream: _Stream) -> ipb.VerdictBatch:
+        started = time.perf_counter()
+        size = sum(len(u.placements) for u in batch.units)
+        if size > self.config.max_batch_pods:
+            return uniform(
+                batch,
+                ERROR,
+                f"batch has {size} placements; the limit is {self.config.max_batch_pods}",
+            )
+        fence = await self._leading_fence(stream)
+        if fence is None:
+            return uniform(batch, NOT_LEADER, f"binder {self.config.name} is not the leader")
+        names = list(dict.fromkeys(p.pod for u in batch.units for p in u.placements if p.pod))
+        job_names = list(dict.fromkeys(u.job for u in batch.units if u.job))
+        try:
+            pods, jobs = await asyncio.gather(
+                self.store.get_many(pb.Pod, names), self.store.get_many(pb.Job, job_names)
+            )
+        except StoreUnavailableError as exc:
+            return uniform(batch, ERROR, f"store unavailable: {exc}")
+        plan = BatchPlan(
+            batch,
+            dict(zip(names, pods, strict=True)),
+            dict(zip(job_names, jobs, strict=True)),
+            self.state,
+        )
+        plan.run()
+        bound = await self._commit(plan, fence)
+        verdicts = plan.verdicts(bound)
+        log.debug(
+            "batch decided",
+            shard=batch.shard,
+            batch_id=batch.batch_id,
+            placements=size,
+            bound=len(bound),
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        return verdicts
+
+    async def _commit(self, plan: BatchPlan, fence: Fence) -> dict[str, pb.Pod]:
+        """Commit the plan's accepted pods in one fenced transaction; on a rejected op drop its
+        pod (or refresh its job) and retry the rest. Returns the pods bound."""
+        for _ in range(self.config.commit_retries + 1):
+            if self._fence is not fence:
+                plan.reject_all(NOT_LEADER, f"binder {self.config.name} lost the leadership")
+                return {}
+            ops, targets = plan.ops()
+            if not ops:
+                return {}
+            try:
+                await self.store.commit(ops, fence=fence)
+            except FencedError as exc:
+                # Stop committing now; the step-down (which aborts the streams) waits until this
+                # batch's NOT_LEADER answer is queued, so the shard learns why.
+                self._fenced_by = exc
+                plan.reject_all(NOT_LEADER, f"binder {self.config.name} was deposed: {exc}")
+                return {}
+            except CommitError as exc:
+                kind, name = targets[exc.index]
+                if kind == "Pod":
+                    code, reason = _verdict_for(exc.cause)
+                    plan.drop(name, code, reason)
+                else:
+                    await self._refresh_job(plan, name)
+                continue
+            except StoreUnavailableError as exc:
+                # The outcome is unknown; a retried decision would find its pods bound (STALE).
+                plan.reject_all(ERROR, f"store unavailable; the bind may or may not apply: {exc}")
+                return {}
+            except StoreError as exc:
+                plan.reject_all(ERROR, f"store rejected the batch: {exc}")
+                return {}
+            bound: dict[str, pb.Pod] = {}
+            for op in ops:
+                if isinstance(op, Bind):
+                    seen = self.informer.get("Pod", op.pod.metadata.name)
+                    seen_rv = seen.metadata.resource_version if seen is not None else 0  # type: ignore[attr-defined]
+                    self.state.record_bound(op.pod, seen_rv)
+                    bound[op.pod.metadata.name] = op.pod
+            return bound
+        plan.reject_all(CONFLICT, f"gave up after {self.config.commit_retries + 1} commit attempts")
+        return {}
+
+    async def _refresh_job(self, plan: BatchPlan, name: str) -> None:
+        """The job changed under us (e.g. its status counts): re-read it for the next attempt."""
+        try:
+            plan.jobs[name] = await self.store.get(pb.Job, name)
+        except NotFoundError:
+            plan.drop_job(name, STALE, f"job {name!r} was deleted")
+
+
+def _verdict_for(cause: StoreError) -> tuple[ipb.VerdictCode.ValueType, str]:
+    if isinstance(cause, AlreadyBoundError | ConflictError):
+        return STALE, str(cause)
+    if isinstance(cause, NotFoundError):
+        return (CONFLICT if cause.kind == "Node" else STALE), str(cause)
+    if isinstance(cause, InsufficientCapacityError):
+        return CONFLICT, str(cause)
+    return ERROR, str(cause)
+
+
+class _BinderServicer(internal_pb2_grpc.BinderServicer):
+    def __init__(self, service: BinderService) -> None:
+        self._service = service
+
+    async def Decide(self, request_iterator: Any, context: Any) -> AsyncIterator[ipb.VerdictBatch]:
+        # gRPC streams the answers only from an async generator function, hence the re-yield.
+        async for verdicts in self._service.decide(request_iterator, context):
+            yield verdicts

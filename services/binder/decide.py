@@ -1,0 +1,312 @@
+"""Checking one DecisionBatch against the authoritative state: which pods may bind.
+
+Order, after the per-pod checks (STALE / ERROR): single-node checks grouped per node (each node's
+placements are checked against a clone of its NodeInfo, adding accepted pods one by one; nodes do
+not depend on each other), then the cross-node gang rule serially. A gang rejection frees the room
+its pods took tentatively, so the nodes it touched are checked again until nothing changes.
+
+Synchronous and free of I/O: the service reads the pods and jobs, plans here, then commits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import objects_pb2 as pb
+from services.binder.state import TERMINAL, ClusterState
+from services.common.nodeinfo import PORTS_IN_USE, PodRequest, port_conflict, resource_fit_failures
+from store.client import Bind, Op, Update
+
+BOUND = ipb.BOUND
+CONFLICT = ipb.CONFLICT
+GANG_REJECTED = ipb.GANG_REJECTED
+STALE = ipb.STALE
+ERROR = ipb.ERROR
+NOT_LEADER = ipb.NOT_LEADER
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    code: ipb.VerdictCode.ValueType
+    reason: str
+
+
+NO_NAME = Rejection(ERROR, "placement without a pod name")
+DUPLICATE = Rejection(ERROR, "pod appears more than once in the batch")
+
+
+@dataclass(slots=True)
+class Candidate:
+    job: str
+    placement: ipb.Placement
+    pod: pb.Pod
+    req: PodRequest
+
+
+class BatchPlan:
+    """The verdicts of one batch as they are decided, and the commit that carries the accepted."""
+
+    def __init__(
+        self,
+        batch: ipb.DecisionBatch,
+        pods: dict[str, pb.Pod | None],
+        jobs: dict[str, pb.Job | None],
+        state: ClusterState,
+    ) -> None:
+        self.batch = batch
+        self.jobs = jobs
+        self.state = state
+        # Every placement in batch order: (job, pod name, node, verdict if malformed).
+        self.order: list[tuple[str, str, str, Rejection | None]] = []
+        self.candidates: dict[str, Candidate] = {}
+        self.rejected: dict[str, Rejection] = {}
+        self.gang_rejected: set[str] = set()  # jobs
+        self._precheck(pods)
+
+    # --- checks -----------------------------------------------------------------------------
+
+    def _precheck(self, pods: dict[str, pb.Pod | None]) -> None:
+        for unit in self.batch.units:
+            job = self.jobs.get(unit.job) if unit.job else None
+            for p in unit.placements:
+                name = p.pod
+                if not name:
+                    self.order.append((unit.job, name, p.node, NO_NAME))
+                    continue
+                if name in self.rejected or name in self.candidates:
+                    # The first occurrence keeps its verdict; each repeat is an error.
+                    self.order.append((unit.job, name, p.node, DUPLICATE))
+                    continue
+                self.order.append((unit.job, name, p.node, None))
+                reason = self._invalid(unit, p, job, pods.get(name))
+                if reason is not None:
+                    self.rejected[name] = reason
+                    continue
+                pod = pods[name]
+                assert pod is not None
+                self.candidates[name] = Candidate(unit.job, p, pod, PodRequest.from_pod(pod))
+
+    def _invalid(
+        self,
+        unit: ipb.UnitDecision,
+        p: ipb.Placement,
+        job: pb.Job | None,
+        pod: pb.Pod | None,
+    ) -> Rejection | None:
+        if not unit.job:
+            return Rejection(ERROR, "unit without a job name")
+        if not p.node:
+            return Rejection(ERROR, "placement without a node")
+        if p.victims:
+            return Rejection(ERROR, "preemption (victims) is not supported by this binder yet")
+        if pod is None:
+            return Rejection(STALE, f"pod {p.pod!r} not found")
+        if pod.spec.job != unit.job:
+            return Rejection(ERROR, f"pod {p.pod!r} belongs to job {pod.spec.job!r}")
+        if job is None:
+            return Rejection(STALE, f"job {unit.job!r} not found")
+        if pod.metadata.deletion_timestamp_ms:
+            return Rejection(STALE, "pod is being deleted")
+        if pod.spec.node_name:
+            return Rejection(STALE, f"pod already bound to {pod.spec.node_name!r}")
+        if pod.status.phase in TERMINAL:
+            return Rejection(STALE, "pod already finished")
+        if pod.metadata.resource_version != p.pod_resource_version:
+            return Rejection(
+                STALE,
+                f"pod changed: decided at resource_version {p.pod_resource_version}, "
+                f"now {pod.metadata.resource_version}",
+            )
+        return None
+
+    def run(self) -> None:
+        """Single-node checks per node, then the gang rule, until no gang rejection frees room."""
+        node_results: dict[str, dict[str, str | None]] = {}
+        dirty = {c.placement.node for c in self.candidates.values()}
+        while dirty:
+            for node in dirty:
+                node_results[node] = self._check_node(node)
+            newly = self._gang_check(node_results)
+            dirty = {c.placement.node for c in self.candidates.values() if c.job in newly} & set(
+                node_results
+            )
+            for job in newly:
+                self._reject_job(job, node_results)
+        for results in node_results.values():
+            for name, reason in results.items():
+                if reason is not None and name not in self.rejected:
+                    self.rejected[name] = Rejection(CONFLICT, reason)
+                    del self.candidates[name]
+
+    def _check_node(self, node: str) -> dict[str, str | None]:
+        """Each live candidate on ``node`` → None (fits) or why not, in batch order."""
+        names = [
+            n for _, n, nd, bad in self.order if nd == node and bad is None and n in self.candidates
+        ]
+        obj = self.state.nodes.get(node)
+        node_problem = None
+        if obj is None:
+            node_problem = f"node {node!r} not found"
+        elif not obj.status.ready:
+            node_problem = f"node {node!r} is not ready"
+        elif obj.spec.unschedulable:
+            node_problem = f"node {node!r} is unschedulable"
+        if node_problem is not None or obj is None:
+            return dict.fromkeys(names, node_problem)
+        numa_ids = {n.id for n in obj.status.topology.numa_nodes}
+        info = self.state.info_for(node).clone()
+        results: dict[str, str | None] = {}
+        for name in names:
+            cand = self.candidates[name]
+            missing = [i for i in cand.placement.numa_nodes if i not in numa_ids]
+            failures = resource_fit_failures(info, cand.req)
+            if port_conflict(info, cand.req):
+                failures.append(PORTS_IN_USE)
+            if missing:
+                failures.append(f"no NUMA node {', '.join(map(str, missing))}")
+            if failures:
+                results[name] = f"node {node!r}: {', '.join(failures)}"
+            else:
+                info.add_pod(cand.req)
+                results[name] = None
+        return results
+
+    def _gang_check(self, node_results: dict[str, dict[str, str | None]]) -> set[str]:
+        """Jobs that have never been scheduled and cannot reach min_member with this batch."""
+        accepted: dict[str, int] = {}
+        for cand in self.candidates.values():
+            if cand.job in self.gang_rejected:
+                continue
+            accepted.setdefault(cand.job, 0)
+            if node_results.get(cand.placement.node, {}).get(cand.pod.metadata.name) is None:
+                accepted[cand.job] += 1
+        return {job for job, n in accepted.items() if not self._gang_ok(job, n)}
+
+    def _gang_ok(self, job_name: str, accepted: int) -> bool:
+        job = self.jobs.get(job_name)
+        if job is None or job.status.ever_scheduled or job.spec.min_member <= 1:
+            return True  # min_member 1 has no partial state to avoid: plain CONFLICTs say more
+        return self.state.bound_count(job_name) + accepted >= job.spec.min_member
+
+    def _reject_job(
+        self, job_name: str, node_results: dict[str, dict[str, str | None]] | None = None
+    ) -> None:
+        """GANG_REJECTED for every live placement of the job (stale ones stay STALE)."""
+        self.gang_rejected.add(job_name)
+        job = self.jobs.get(job_name)
+        need = job.spec.min_member if job is not None else 0
+        members = [c for c in self.candidates.values() if c.job == job_name]
+        fits = 0
+        for c in members:
+            own = (node_results or {}).get(c.placement.node, {}).get(c.pod.metadata.name)
+            fits += own is None
+        bound = self.state.bound_count(job_name)
+        for c in members:
+            name = c.pod.metadata.name
+            own = (node_results or {}).get(c.placement.node, {}).get(name)
+            reason = (
+                f"gang: only {bound + fits} of min_member {need} pods of job {job_name!r} "
+                "could bind; none was bound"
+            )
+            if own is not None:
+                reason += f" (this pod: {own})"
+            self.rejected[name] = Rejection(GANG_REJECTED, reason)
+            del self.candidates[name]
+
+    # --- after a failed commit --------------------------------------------------------------
+
+    def drop(self, name: str, code: ipb.VerdictCode.ValueType, reason: str) -> None:
+        """Take an accepted pod out (the store refused it) and re-apply the gang rule to its job."""
+        cand = self.candidates.pop(name, None)
+        if cand is None:
+            return
+        self.rejected[name] = Rejection(code, reason)
+        n = sum(1 for c in self.candidates.values() if c.job == cand.job)
+        if not self._gang_ok(cand.job, n):
+            self._reject_job(cand.job)
+
+    def drop_job(self, job_name: str, code: ipb.VerdictCode.ValueType, reason: str) -> None:
+        for cand in [c for c in self.candidates.values() if c.job == job_name]:
+            self.candidates.pop(cand.pod.metadata.name)
+            self.rejected[cand.pod.metadata.name] = Rejection(code, reason)
+
+    def reject_all(self, code: ipb.VerdictCode.ValueType, reason: str) -> None:
+        for name in list(self.candidates):
+            self.rejected[name] = Rejection(code, reason)
+        self.candidates.clear()
+
+    # --- the commit -------------------------------------------------------------------------
+
+    def ops(self) -> tuple[list[Op], list[tuple[str, str]]]:
+        """The Bind ops of every accepted pod and the Update marking each job that reaches
+        min_member for the first time; with, per op, ("Pod" | "Job", name)."""
+        now = int(time.time() * 1000)
+        ops: list[Op] = []
+        targets: list[tuple[str, str]] = []
+        jobs: list[str] = []
+        for cand in self.candidates.values():
+            ops.append(Bind(bound_pod(cand.pod, cand.placement, now)))
+            targets.append(("Pod", cand.pod.metadata.name))
+            if cand.job not in jobs:
+                jobs.append(cand.job)
+        for job_name in jobs:
+            job = self.jobs.get(job_name)
+            if job is None or job.status.ever_scheduled:
+                continue
+            marked = pb.Job()
+            marked.CopyFrom(job)
+            marked.status.ever_scheduled = True
+            ops.append(Update(marked))
+            targets.append(("Job", job_name))
+        return ops, targets
+
+    def verdicts(self, bound: dict[str, pb.Pod]) -> ipb.VerdictBatch:
+        out = ipb.VerdictBatch(batch_id=self.batch.batch_id)
+        for job, name, node, bad in self.order:
+            v = out.verdicts.add(pod=name, job=job, node=node)
+            if bad is not None:
+                v.code = bad.code
+                v.reason = bad.reason
+            elif name in bound:
+                v.code = BOUND
+                v.resource_version = bound[name].metadata.resource_version
+            elif (r := self.rejected.get(name)) is not None:
+                v.code = r.code
+                v.reason = r.reason
+            else:  # accepted but not committed: only if the caller gave up
+                v.code = ERROR
+                v.reason = "not committed"
+        return out
+
+
+def bound_pod(pod: pb.Pod, placement: ipb.Placement, now_ms: int) -> pb.Pod:
+    """The pod as the Binder writes it when binding (see services/README.md)."""
+    out = pb.Pod()
+    out.CopyFrom(pod)
+    out.spec.node_name = placement.node
+    del out.spec.numa_nodes[:]
+    out.spec.numa_nodes.extend(placement.numa_nodes)
+    out.status.phase = pb.POD_BOUND
+    out.status.bound_ms = now_ms
+    out.status.reason = ""
+    out.status.message = ""
+    if placement.movement:
+        out.status.movement = placement.movement
+    kept = [c for c in out.status.conditions if c.type != "PodScheduled"]
+    del out.status.conditions[:]
+    out.status.conditions.extend(kept)
+    out.status.conditions.add(type="PodScheduled", status="True", last_transition_ms=now_ms)
+    return out
+
+
+def uniform(
+    batch: ipb.DecisionBatch, code: ipb.VerdictCode.ValueType, reason: str
+) -> ipb.VerdictBatch:
+    """The same verdict for every placement of the batch (e.g. NOT_LEADER)."""
+    out = ipb.VerdictBatch(batch_id=batch.batch_id)
+    for unit in batch.units:
+        for p in unit.placements:
+            out.verdicts.add(pod=p.pod, job=unit.job, node=p.node, code=code, reason=reason)
+    return out

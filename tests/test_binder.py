@@ -1,0 +1,579 @@
+"""The Binder against a real store and real gRPC: the test plays the scheduler shards, opening
+``Binder.Decide`` streams to a binder run in-process (ServiceHost) or as real processes.
+
+After every test an audit checks the invariants: no node over-committed (store accounting vs
+capacity, per pool) and no pod bound twice (claims vs pods; BOUND verdicts seen per pod)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import grpc
+import pytest
+
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import internal_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.binder.service import LEADER_METADATA_KEY, BinderConfig, BinderService
+from services.runtime import ServiceHost
+from services.runtime.healthcheck import probe
+from store import Store
+from store.client import Fence, Update
+from store.errors import FencedError
+from tests import factories as f
+
+BINDER = "godel.v1.Binder"
+V = ipb.VerdictCode
+Code: TypeAlias = ipb.VerdictCode.ValueType
+
+# Every BOUND verdict of the current test, per pod: a pod binds at most once.
+_bound_verdicts: Counter[str] = Counter()
+
+
+# --------------------------------------------------------------------------------------------
+# Harness
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+async def audit(store: Store) -> AsyncIterator[None]:
+    _bound_verdicts.clear()
+    yield
+    assert [p for p, n in _bound_verdicts.items() if n > 1] == [], "pod bound more than once"
+    nodes, _ = await store.list_all(pb.Node)
+    for node in nodes:
+        usage = await store.node_usage(node.metadata.name)
+        assert usage is not None
+        over = {k: (v, usage.capacity.get(k)) for k, v in usage.used.items()}
+        over = {k: uc for k, uc in over.items() if uc[0] > (uc[1] or 0)}
+        assert over == {}, f"node {node.metadata.name} over-committed: {over}"
+    pods, _ = await store.list_all(pb.Pod)
+    claims = await store.claims()
+    holding = {
+        p.metadata.name: p.spec.node_name
+        for p in pods
+        if p.spec.node_name and p.status.phase not in (pb.POD_SUCCEEDED, pb.POD_FAILED)
+    }
+    assert {name: c.split()[0] for name, c in claims.items()} == holding
+
+
+def config(store_url: str, cluster: str, name: str, **kw: Any) -> BinderConfig:
+    base: dict[str, Any] = {"lease_ms": 1000, "renew_ms": 200, "grace_seconds": 0.5}
+    return BinderConfig(store_url=store_url, cluster=cluster, name=name, **(base | kw))
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], timeout: float = 15.0, what: str = ""
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def leading(host: ServiceHost[BinderConfig]) -> bool:
+    service = host.service
+    return isinstance(service, BinderService) and service.is_leader
+
+
+@pytest.fixture
+async def binder(store_url: str, cluster_name: str) -> AsyncIterator[ServiceHost[BinderConfig]]:
+    async with ServiceHost(BinderService, config(store_url, cluster_name, "b1")) as host:
+        await eventually(lambda: leading(host), what="leadership")
+        yield host
+
+
+class Shard:
+    """A scheduler shard's end of one Decide stream."""
+
+    def __init__(self, address: str, name: str = "shard-0") -> None:
+        self.name = name
+        self.channel = grpc.aio.insecure_channel(address)
+        self.call: Any = internal_pb2_grpc.BinderStub(self.channel).Decide()  # type: ignore[no-untyped-call]
+        self.next_id = 0
+
+    async def send(self, *units: ipb.UnitDecision) -> int:
+        self.next_id += 1
+        await self.call.write(
+            ipb.DecisionBatch(shard=self.name, batch_id=self.next_id, units=units)
+        )
+        return self.next_id
+
+    async def read(self) -> ipb.VerdictBatch:
+        batch: ipb.VerdictBatch = await asyncio.wait_for(self.call.read(), 20)
+        for v in batch.verdicts:
+            if v.code == V.BOUND:
+                _bound_verdicts[v.pod] += 1
+        return batch
+
+    async def decide(self, *units: ipb.UnitDecision) -> dict[str, ipb.PodVerdict]:
+        batch_id = await self.send(*units)
+        answer = await self.read()
+        assert answer.batch_id == batch_id
+        assert len(answer.verdicts) == sum(len(u.placements) for u in units)
+        return {v.pod: v for v in answer.verdicts}
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+@pytest.fixture
+async def shards(binder: ServiceHost[BinderConfig]) -> AsyncIterator[list[Shard]]:
+    opened = [Shard(binder.address, f"shard-{i}") for i in range(2)]
+    yield opened
+    for s in opened:
+        await s.close()
+
+
+async def submit(store: Store, job: pb.Job) -> dict[str, pb.Pod]:
+    pods = f.pods_of(job)
+    await store.create_unit(job, pods)
+    return {p.metadata.name: p for p in pods}
+
+
+def unit(
+    job: pb.Job, pods: dict[str, pb.Pod], placements: list[tuple[str, str]]
+) -> ipb.UnitDecision:
+    u = ipb.UnitDecision(job=job.metadata.name, min_member=job.spec.min_member)
+    for pod, node in placements:
+        rv = pods[pod].metadata.resource_version if pod in pods else 1
+        u.placements.add(pod=pod, node=node, pod_resource_version=rv)
+    return u
+
+
+# --------------------------------------------------------------------------------------------
+# One batch: table of cases
+# --------------------------------------------------------------------------------------------
+
+
+def with_port(job: pb.Job, port: int) -> pb.Job:
+    job.spec.template.ports.add(container_port=port, host_port=port)
+    return job
+
+
+def ever_scheduled(job: pb.Job) -> pb.Job:
+    job.status.ever_scheduled = True
+    return job
+
+
+def node_state(name: str, *, ready: bool = True, unschedulable: bool = False) -> pb.Node:
+    n = f.node(name, cpu=1000)
+    n.status.ready = ready
+    n.spec.unschedulable = unschedulable
+    return n
+
+
+@dataclass
+class Case:
+    id: str
+    nodes: list[pb.Node]
+    jobs: list[pb.Job]
+    # Units in batch order: (job name, [(pod, node)]).
+    units: list[tuple[str, list[tuple[str, str]]]]
+    # pod -> (code, substring of the reason).
+    expect: dict[str, tuple[Code, str]]
+    # Pods decided at a resource_version that is no longer theirs.
+    stale: set[str] = field(default_factory=set)
+    # Jobs whose status.ever_scheduled must be True afterwards.
+    scheduled: set[str] = field(default_factory=set)
+
+
+G = "gang: only"
+CASES = [
+    Case(
+        "gang of 5 with room for 4: none bound",
+        [f.node("n1", cpu=1000)],
+        [f.job("g", replicas=5, min_member=5, cpu=250)],
+        [("g", [(f"g-{i}", "n1") for i in range(5)])],
+        {**{f"g-{i}": (V.GANG_REJECTED, G) for i in range(4)},
+         "g-4": (V.GANG_REJECTED, "insufficient cpu")},
+    ),
+    Case(
+        "ever scheduled unit: partial binds allowed",
+        [f.node("n1", cpu=1000)],
+        [ever_scheduled(f.job("g", replicas=5, min_member=5, cpu=250))],
+        [("g", [(f"g-{i}", "n1") for i in range(5)])],
+        {**{f"g-{i}": (V.BOUND, "") for i in range(4)}, "g-4": (V.CONFLICT, "insufficient cpu")},
+    ),
+    Case(
+        "gang that fits binds whole and is marked ever_scheduled",
+        [f.node("n1", cpu=1000), f.node("n2", cpu=1000)],
+        [f.job("g", replicas=3, min_member=3, cpu=400)],
+        [("g", [("g-0", "n1"), ("g-1", "n2"), ("g-2", "n1")])],
+        {"g-0": (V.BOUND, ""), "g-1": (V.BOUND, ""), "g-2": (V.BOUND, "")},
+        scheduled={"g"},
+    ),
+    Case(
+        "a rejected gang frees the room it took for later units",
+        [f.node("n1", cpu=1000)],
+        [f.job("g", replicas=3, min_member=3, cpu=400), f.job("h", cpu=400)],
+        [("g", [("g-0", "n1"), ("g-1", "n1"), ("g-2", "nowhere")]), ("h", [("h-0", "n1")])],
+        {"g-0": (V.GANG_REJECTED, G), "g-1": (V.GANG_REJECTED, G),
+         "g-2": (V.GANG_REJECTED, "not found"), "h-0": (V.BOUND, "")},
+        scheduled={"h"},
+    ),
+    Case(
+        "stale pod version",
+        [f.node("n1")],
+        [f.job("a", replicas=2)],
+        [("a", [("a-0", "n1"), ("a-1", "n1")])],
+        {"a-0": (V.STALE, "pod changed"), "a-1": (V.BOUND, "")},
+        stale={"a-0"},
+    ),
+    Case(
+        "unknown, unready and unschedulable nodes",
+        [node_state("down", ready=False), node_state("cordoned", unschedulable=True)],
+        [f.job("a", replicas=3)],
+        [("a", [("a-0", "nowhere"), ("a-1", "down"), ("a-2", "cordoned")])],
+        {"a-0": (V.CONFLICT, "not found"), "a-1": (V.CONFLICT, "not ready"),
+         "a-2": (V.CONFLICT, "unschedulable")},
+    ),
+    Case(
+        "best-effort pods use the reclaimable pool",
+        [f.node("n1", cpu=4000, be_cpu=150, be_mem=f.GiB)],
+        [f.job("be", replicas=2, cpu=100, qos=pb.QOS_BEST_EFFORT), f.job("g", cpu=100)],
+        [("be", [("be-0", "n1"), ("be-1", "n1")]), ("g", [("g-0", "n1")])],
+        {"be-0": (V.BOUND, ""), "be-1": (V.CONFLICT, "insufficient cpu"), "g-0": (V.BOUND, "")},
+    ),
+    Case(
+        "host ports",
+        [f.node("n1"), f.node("n2")],
+        [with_port(f.job("w", replicas=3), 8080)],
+        [("w", [("w-0", "n1"), ("w-1", "n1"), ("w-2", "n2")])],
+        {"w-0": (V.BOUND, ""), "w-1": (V.CONFLICT, "host port in use"), "w-2": (V.BOUND, "")},
+    ),
+    Case(
+        "pod slots",
+        [f.node("n1", pods=1)],
+        [f.job("a", replicas=2)],
+        [("a", [("a-0", "n1"), ("a-1", "n1")])],
+        {"a-0": (V.BOUND, ""), "a-1": (V.CONFLICT, "too many pods")},
+    ),
+    Case(
+        "malformed decisions",
+        [f.node("n1")],
+        [f.job("a", replicas=2), f.job("b")],
+        [("a", [("a-0", "n1"), ("a-0", "n1"), ("ghost", "n1"), ("b-0", "n1"), ("", "n1")]),
+         ("missing-job", [("a-1", "n1")])],
+        {"a-0": (V.BOUND, ""), "ghost": (V.STALE, "not found"), "b-0": (V.ERROR, "belongs to"),
+         "": (V.ERROR, "without a pod name"), "a-1": (V.ERROR, "belongs to")},
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+async def test_decide_batch(store: Store, shards: list[Shard], case: Case) -> None:
+    for n in case.nodes:
+        await store.create(n)
+    pods: dict[str, pb.Pod] = {}
+    jobs = {j.metadata.name: j for j in case.jobs}
+    for j in case.jobs:
+        pods |= await submit(store, j)
+    for name in case.stale:
+        pods[name].metadata.resource_version -= 1
+    units = [unit(jobs.get(job, pb.Job(metadata=pb.ObjectMeta(name=job))), pods, pl)
+             for job, pl in case.units]  # fmt: skip
+
+    answer = await shards[0].send(*units)
+    batch = await shards[0].read()
+    assert batch.batch_id == answer
+    assert len(batch.verdicts) == sum(len(pl) for _, pl in case.units)
+    got: dict[str, tuple[Code, str]] = {}
+    for v in batch.verdicts:
+        got.setdefault(v.pod, (v.code, v.reason))
+    assert {p: V.Name(c) for p, (c, _) in got.items()} == {
+        p: V.Name(c) for p, (c, _) in case.expect.items()
+    }
+    for pod, (_, reason) in case.expect.items():
+        assert reason in got[pod][1], (pod, got[pod])
+
+    stored = {p.metadata.name: p for p in (await store.list_all(pb.Pod))[0]}
+    for v in batch.verdicts:
+        if v.code == V.BOUND:
+            p = stored[v.pod]
+            assert p.spec.node_name == v.node and p.status.phase == pb.POD_BOUND
+            assert p.metadata.resource_version == v.resource_version
+            assert [(c.type, c.status) for c in p.status.conditions] == [("PodScheduled", "True")]
+            assert p.status.bound_ms > 0
+        elif v.pod in stored and v.pod not in case.stale and v.code != V.ERROR:
+            assert not stored[v.pod].spec.node_name
+    for name in case.scheduled:
+        assert (await store.get(pb.Job, name)).status.ever_scheduled
+
+
+# --------------------------------------------------------------------------------------------
+# Several batches and streams
+# --------------------------------------------------------------------------------------------
+
+
+async def test_two_shards_conflict_on_one_node(store: Store, shards: list[Shard]) -> None:
+    await store.create(f.node("n1", cpu=1000))
+    a = f.job("a", replicas=3, cpu=400)
+    b = f.job("b", replicas=3, cpu=400)
+    pa, pb_ = await submit(store, a), await submit(store, b)
+    results = await asyncio.gather(
+        shards[0].decide(unit(a, pa, [(p, "n1") for p in pa])),
+        shards[1].decide(unit(b, pb_, [(p, "n1") for p in pb_])),
+    )
+    verdicts = {k: v for r in results for k, v in r.items()}
+    codes = Counter(V.Name(v.code) for v in verdicts.values())
+    assert codes == {"BOUND": 2, "CONFLICT": 4}
+    for v in verdicts.values():
+        if v.code == V.CONFLICT:
+            assert "insufficient cpu" in v.reason
+    usage = await store.node_usage("n1")
+    assert usage is not None and usage.used["g.cpu"] == 800
+
+
+async def test_back_to_back_batches_see_each_other(store: Store, shards: list[Shard]) -> None:
+    """Pipelined batches: the second is checked before the informer can show the first."""
+    await store.create(f.node("n1", cpu=1000))
+    jobs = [f.job(f"j{i}", cpu=400) for i in range(3)]
+    pods = [await submit(store, j) for j in jobs]
+    for j, p in zip(jobs, pods, strict=True):
+        await shards[0].send(unit(j, p, [(f"{j.metadata.name}-0", "n1")]))
+    answers = [await shards[0].read() for _ in jobs]
+    assert [a.batch_id for a in answers] == [1, 2, 3]
+    assert [V.Name(a.verdicts[0].code) for a in answers] == ["BOUND", "BOUND", "CONFLICT"]
+
+
+async def test_duplicate_decision_is_stale(store: Store, shards: list[Shard]) -> None:
+    await store.create(f.node("n1"))
+    a = f.job("a")
+    pods = await submit(store, a)
+    decision = unit(a, pods, [("a-0", "n1")])
+    first = await shards[0].decide(decision)
+    second = await shards[1].decide(decision)
+    assert first["a-0"].code == V.BOUND
+    assert second["a-0"].code == V.STALE and "already bound" in second["a-0"].reason
+
+
+async def test_oversized_batch_is_refused(binder: ServiceHost[BinderConfig]) -> None:
+    shard = Shard(binder.address)
+    try:
+        big = ipb.UnitDecision(job="a")
+        for i in range(20001):
+            big.placements.add(pod=f"p-{i}", node="n1", pod_resource_version=1)
+        verdicts = await shard.decide(big)
+        assert {V.Name(v.code) for v in verdicts.values()} == {"ERROR"}
+        assert "limit" in verdicts["p-0"].reason
+    finally:
+        await shard.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Leadership
+# --------------------------------------------------------------------------------------------
+
+
+async def test_standby_answers_failed_precondition(
+    store: Store, binder: ServiceHost[BinderConfig], store_url: str, cluster_name: str
+) -> None:
+    async with ServiceHost(BinderService, config(store_url, cluster_name, "b2")) as standby:
+        lease = await store.get_lease("binder")
+        assert lease is not None and lease.holder == "b1"
+        assert lease.holder_address == binder.address
+        shard = Shard(standby.address)
+        try:
+            await shard.send(ipb.UnitDecision(job="a"))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await shard.read()
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert binder.address in (err.value.details() or "")
+            trailers = dict(err.value.trailing_metadata() or ())
+            assert trailers.get(LEADER_METADATA_KEY) == binder.address
+        finally:
+            await shard.close()
+
+        async def health(address: str, service: str) -> str:
+            return await asyncio.to_thread(probe, address, service)
+
+        await eventually(
+            lambda: _eq(health(standby.address, BINDER), "NOT_SERVING"), what="standby health"
+        )
+        assert await health(standby.address, "") == "SERVING"
+        assert await health(binder.address, BINDER) == "SERVING"
+
+
+async def _eq(value: Awaitable[str], expected: str) -> bool:
+    return await value == expected
+
+
+async def test_lease_loss_aborts_streams_and_campaigns_again(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    await store.create(f.node("n1"))
+    a = f.job("a", replicas=2)
+    pods = await submit(store, a)
+    assert (await shards[0].decide(unit(a, pods, [("a-0", "n1")])))["a-0"].code == V.BOUND
+    lease = await store.get_lease("binder")
+    assert lease is not None
+    assert await store.release_lease("binder", "b1", lease.epoch)
+    ok, stolen = await store.acquire_lease("binder", "thief", 2000, "10.0.0.9:1")
+    assert ok
+    # The renewal fails: the binder steps down and ends the stream so the shard reconnects.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await shards[0].read()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    shard = Shard(binder.address)
+    try:
+        await shard.send(unit(a, pods, [("a-1", "n1")]))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await shard.read()
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "10.0.0.9:1" in (err.value.details() or "")
+    finally:
+        await shard.close()
+    # The thief's lease lapses unrenewed; the binder wins it back with a newer epoch.
+    await eventually(lambda: leading(binder), what="re-election")
+    again = await store.get_lease("binder")
+    assert again is not None and again.holder == "b1" and again.epoch > stolen.epoch
+    shard = Shard(binder.address)
+    try:
+        assert (await shard.decide(unit(a, pods, [("a-1", "n1")])))["a-1"].code == V.BOUND
+    finally:
+        await shard.close()
+
+
+async def test_fenced_commit_answers_not_leader(
+    store: Store, store_url: str, cluster_name: str
+) -> None:
+    """The lease changes hands between renewals: the store refuses the old epoch's commit."""
+    cfg = config(store_url, cluster_name, "slow", lease_ms=30000, renew_ms=15000)
+    async with ServiceHost(BinderService, cfg) as host:
+        await eventually(lambda: leading(host), what="leadership")
+        await store.create(f.node("n1"))
+        a = f.job("a")
+        pods = await submit(store, a)
+        lease = await store.get_lease("binder")
+        assert lease is not None
+        await store.release_lease("binder", "slow", lease.epoch)
+        assert (await store.acquire_lease("binder", "thief", 30000))[0]
+        shard = Shard(host.address)
+        try:
+            verdicts = await shard.decide(unit(a, pods, [("a-0", "n1")]))
+            assert verdicts["a-0"].code == V.NOT_LEADER
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await shard.read()
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        finally:
+            await shard.close()
+        assert not (await store.get(pb.Pod, "a-0")).spec.node_name
+        assert not await leading(host)
+
+
+# --------------------------------------------------------------------------------------------
+# Failover between real processes
+# --------------------------------------------------------------------------------------------
+
+
+Start = Callable[..., subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def start_binder(store_url: str, cluster_name: str, tmp_path: Path) -> Iterator[Start]:
+    """Start ``python -m services.binder`` processes; stop what is left after the test."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, *flags: str) -> subprocess.Popen[bytes]:
+        with (tmp_path / f"{name}.log").open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "services.binder", "--store-url", store_url,
+                 "--cluster", cluster_name, "--name", name, "--port", "0",
+                 "--log-format", "json", *flags],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ},
+            )  # fmt: skip
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in started:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def test_failover_after_kill_9(store: Store, start_binder: Start) -> None:
+    lease_ms = 1000
+    by_name = {
+        name: start_binder(name, "--lease-ms", str(lease_ms), "--renew-ms", "200")
+        for name in ("b1", "b2")
+    }
+
+    async def holder() -> pb.Lease | None:
+        lease = await store.get_lease("binder")
+        return lease if lease is not None and lease.holder else None
+
+    await eventually(lambda: _some(holder()), what="a first leader")
+    first = await holder()
+    assert first is not None
+    await store.create(f.node("n1"))
+    a = f.job("a", replicas=2)
+    pods = await submit(store, a)
+    assert (await bind_via_leader(store, unit(a, pods, [("a-0", "n1")])))["a-0"].code == V.BOUND
+
+    by_name[first.holder].kill()  # SIGKILL: no release, the lease must lapse
+    by_name[first.holder].wait(10)
+    started = time.monotonic()
+
+    async def taken_over() -> bool:
+        lease = await holder()
+        return lease is not None and lease.holder != first.holder
+
+    await eventually(taken_over, timeout=20 * lease_ms / 1000, what="the standby to take over")
+    second = await holder()
+    assert second is not None and second.epoch > first.epoch
+    assert time.monotonic() - started < 20 * lease_ms / 1000
+
+    # The deposed leader's epoch no longer writes anything.
+    node = await store.get(pb.Node, "n1")
+    node.metadata.labels["touched"] = "yes"
+    with pytest.raises(FencedError):
+        await store.commit([Update(node)], fence=Fence("binder", first.epoch))
+    assert "touched" not in (await store.get(pb.Node, "n1")).metadata.labels
+
+    verdicts = await bind_via_leader(store, unit(a, pods, [("a-1", "n1")]))
+    assert verdicts["a-1"].code == V.BOUND
+    assert (await store.get(pb.Pod, "a-1")).spec.node_name == "n1"
+
+
+async def _some(value: Awaitable[object | None]) -> bool:
+    return await value is not None
+
+
+async def bind_via_leader(store: Store, decision: ipb.UnitDecision) -> dict[str, ipb.PodVerdict]:
+    """What a shard does: find the leader through the lease, retry while it is changing."""
+    deadline = time.monotonic() + 20
+    while True:
+        lease = await store.get_lease("binder")
+        if lease is not None and lease.holder:
+            shard = Shard(lease.holder_address)
+            try:
+                verdicts = await shard.decide(decision)
+                if all(v.code != V.NOT_LEADER for v in verdicts.values()):
+                    return verdicts
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.UNAVAILABLE,
+                ):
+                    raise
+            finally:
+                await shard.close()
+        assert time.monotonic() < deadline, "no leader answered"
+        await asyncio.sleep(0.1)
