@@ -1,22 +1,52 @@
 """The dispatcher: the public entry point (submissions, logical queues, dispatch to shards).
 
-For now the gRPC contract is registered with the generated base servicer, which answers every RPC
-with UNIMPLEMENTED; the process already starts, connects the store and reports health.
+``on_start`` syncs one informer (pods, jobs, nodes, queues, scheduler instances) before anything
+is served, so the pending units are rebuilt from the store before the first dispatch round and
+no pod is lost across a restart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
+import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
+from services.dispatcher.api import DispatcherServicer
+from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
 from services.runtime import Service, ServiceConfig
+from services.runtime.config import option
+from store.informer import Informer
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class DispatcherConfig(ServiceConfig):
     """Dispatcher settings."""
+
+    max_replicas: int = field(
+        default=100_000, metadata=option("most pods one job may ask for", minimum=1)
+    )
+    shard_grace_seconds: float = field(
+        default=5.0,
+        metadata=option("a shard whose heartbeat is older than this is dead", minimum=0.1),
+    )
+    backoff_initial_seconds: float = field(
+        default=1.0,
+        metadata=option("first requeue delay of an unschedulable unit (doubles)", minimum=0),
+    )
+    backoff_max_seconds: float = field(
+        default=60.0, metadata=option("longest requeue delay of an unschedulable unit", minimum=0)
+    )
+    max_batch_pods: int = field(
+        default=5000,
+        metadata=option("pods per UnitBatch message (a larger unit travels alone)", minimum=1),
+    )
+    informer_sync_seconds: float = field(
+        default=60.0, metadata=option("how long startup waits for the store's listing", minimum=1)
+    )
 
 
 class DispatcherService(Service[DispatcherConfig]):
@@ -25,7 +55,34 @@ class DispatcherService(Service[DispatcherConfig]):
     grpc_services = (api_pb2.DESCRIPTOR.services_by_name["Dispatcher"].full_name,)
 
     def add_servicers(self, server: grpc.aio.Server) -> None:
-        # The generated base servicer answers every RPC with UNIMPLEMENTED (its stub marks the
-        # methods abstract, hence the ignore); the real servicer replaces it.
-        servicer = api_pb2_grpc.DispatcherServicer()  # type: ignore[abstract]
+        cfg = self.config
+        # Built here (the servicer needs it) and fed in on_start, once the informer starts.
+        self.informer = Informer(self.store, UnitDispatcher.KINDS)
+        self.core = UnitDispatcher(
+            self.store,
+            self.informer,
+            DispatchSettings(
+                shard_grace_seconds=cfg.shard_grace_seconds,
+                backoff_initial_seconds=cfg.backoff_initial_seconds,
+                backoff_max_seconds=cfg.backoff_max_seconds,
+                max_batch_pods=cfg.max_batch_pods,
+            ),
+        )
+        servicer = DispatcherServicer(self.store, self.core, max_replicas=cfg.max_replicas)
         api_pb2_grpc.add_DispatcherServicer_to_server(servicer, server)
+
+    async def on_start(self) -> None:
+        self.informer.start()
+        try:
+            await self.informer.wait_synced(self.config.informer_sync_seconds)
+        except TimeoutError as exc:
+            raise RuntimeError("the store's listing did not arrive in time") from exc
+        log.info("queues rebuilt", pending_units=len(self.core.units))
+        self.spawn(self.core.run(), name="dispatch")
+        # TODO(controllers): start NodeLifecycleController and JobStatusController from
+        # services/dispatcher/controllers.py here — `self.spawn(Ctl(self.store, self.informer,
+        # ...).run(), name=...)` — once that module exists (another engineer owns it).
+
+    async def on_stop(self) -> None:
+        await self.core.close()
+        await self.informer.stop()

@@ -1,0 +1,514 @@
+"""The public API (`godel.v1.Dispatcher`): Submit, Apply, Get, List, Delete, Explain, Watch.
+
+Writes are batched per request: a submission is one pipelined round trip of per-job atomic
+commits, an Apply is one atomic commit of every valid object. Reads go to the store (not the
+informer cache), so a client reads its own writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, NoReturn
+
+import grpc
+import structlog
+from google.protobuf.message import Message
+
+from protos.godel.v1 import api_pb2, api_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher import validation as v
+from services.dispatcher.dispatch import UnitDispatcher, is_pending
+from store import (
+    AlreadyExistsError,
+    CommitError,
+    ConflictError,
+    InvalidObjectError,
+    NotFoundError,
+    ResourceVersionTooOldError,
+    Store,
+    StoreError,
+    StoreUnavailableError,
+)
+from store import kinds as kinds_mod
+from store.client import Create, Delete, Op, Update
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_PAGE = 500
+MAX_PAGE = 5000
+_CAS_RETRIES = 3
+APPLIABLE = ("Node", "Queue", "DisruptionBudget")
+# api.Object's oneof field per kind, e.g. "DisruptionBudget" -> "disruption_budget".
+OBJECT_FIELDS: dict[str, str] = {
+    kinds_mod.kind_named(f.message_type.name).name: f.name  # type: ignore[union-attr]
+    for f in api_pb2.Object.DESCRIPTOR.oneofs_by_name["kind"].fields
+}
+_KIND_OF_FIELD = {f: k for k, f in OBJECT_FIELDS.items()}
+_EVENT = {
+    "ADDED": api_pb2.WatchEvent.ADDED,
+    "MODIFIED": api_pb2.WatchEvent.MODIFIED,
+    "DELETED": api_pb2.WatchEvent.DELETED,
+}
+_FIT_RE = re.compile(r"^\s*(\d+)/(\d+) nodes? (?:fit|are available)\b:?\s*(.*)$")
+_REASON_RE = re.compile(r"^\s*(\d+)\s+(.+?)\s*\.?$")
+
+
+def wrap(kind: str, obj: Message) -> api_pb2.Object:
+    out = api_pb2.Object()
+    getattr(out, OBJECT_FIELDS[kind]).CopyFrom(obj)
+    return out
+
+
+def parse_summary(message: str) -> tuple[int, list[api_pb2.ReasonCount]]:
+    """Total nodes and per-reason counts of "0/5000 nodes fit: 4980 insufficient cpu, 20 ..."."""
+    m = _FIT_RE.match(message)
+    if m is None:
+        return 0, []
+    reasons = []
+    for part in m.group(3).split(","):
+        r = _REASON_RE.match(part)
+        if r is not None:
+            reasons.append(api_pb2.ReasonCount(reason=r.group(2), nodes=int(r.group(1))))
+    return int(m.group(2)), reasons
+
+
+async def _abort(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+def _kind(name: str) -> kinds_mod.Kind:
+    return kinds_mod.kind_named(name)
+
+
+class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
+    def __init__(self, store: Store, core: UnitDispatcher, *, max_replicas: int) -> None:
+        self.store = store
+        self.core = core
+        self.max_replicas = max_replicas
+
+    # -----------------------------------------------------------------------------------------
+    # Submit
+    # -----------------------------------------------------------------------------------------
+
+    async def Submit(self, request: api_pb2.SubmitRequest, context: Any) -> api_pb2.SubmitResponse:
+        try:
+            return await self._submit(request)
+        except StoreUnavailableError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def _submit(self, request: api_pb2.SubmitRequest) -> api_pb2.SubmitResponse:
+        jobs = list(request.jobs)
+        if not jobs:
+            return api_pb2.SubmitResponse()
+        names = [j.metadata.name for j in jobs]
+        queues = sorted({j.spec.queue for j in jobs if j.spec.queue not in ("", v.DEFAULT_QUEUE)})
+        existing = await self.store.get_many(pb.Job, names)
+        found_queues = await self.store.get_many(pb.Queue, queues)
+        ctx = v.SubmitContext(
+            existing_jobs=frozenset(n for n, j in zip(names, existing, strict=True) if j),
+            queues=frozenset(q for q, obj in zip(queues, found_queues, strict=True) if obj),
+            node_shapes=self.core.node_shapes(),
+            max_replicas=self.max_replicas,
+        )
+        problems = v.validate_submission(jobs, ctx)
+        results = [
+            api_pb2.SubmitResult(job=n, violations=p) for n, p in zip(names, problems, strict=True)
+        ]
+        valid = [i for i, p in enumerate(problems) if not p]
+        if request.dry_run or not valid:
+            return api_pb2.SubmitResponse(results=results)
+        units = {i: v.normalise_job(jobs[i]) for i in valid}
+        commits: list[list[Op]] = [
+            [Create(units[i]), *(Create(p) for p in v.pods_for(units[i]))] for i in valid
+        ]
+        # Each job is its own atomic commit; all of them travel in one round trip.
+        outcomes = await self.store.commit_many(commits)
+        for i, outcome in zip(valid, outcomes, strict=True):
+            if isinstance(outcome, StoreError):
+                results[i].violations.append(_store_violation(f"jobs[{i}]", outcome))
+            else:
+                results[i].created = True
+                results[i].resource_version = outcome[0]
+        created = sum(r.created for r in results)
+        log.info("submitted", jobs=len(jobs), created=created, rejected=len(jobs) - created)
+        return api_pb2.SubmitResponse(results=results)
+
+    # -----------------------------------------------------------------------------------------
+    # Apply
+    # -----------------------------------------------------------------------------------------
+
+    async def Apply(self, request: api_pb2.ApplyRequest, context: Any) -> api_pb2.ApplyResponse:
+        try:
+            for attempt in range(_CAS_RETRIES):
+                try:
+                    return await self._apply(request)
+                except CommitError as exc:
+                    # Someone wrote one of these objects between our read and our commit; the
+                    # client asked for no particular version, so merge again.
+                    cas = any(o.metadata.resource_version for o in _applied(request))  # type: ignore[attr-defined]
+                    if cas or attempt == _CAS_RETRIES - 1:
+                        await _abort(context, grpc.StatusCode.ABORTED, str(exc.cause))
+        except _Aborted as exc:
+            await _abort(context, grpc.StatusCode.ABORTED, str(exc))
+        except StoreUnavailableError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("unreachable")
+
+    async def _apply(self, request: api_pb2.ApplyRequest) -> api_pb2.ApplyResponse:
+        results: list[api_pb2.ApplyResult] = []
+        checked: list[tuple[int, str, Message]] = []
+        seen: dict[tuple[str, str], int] = {}
+        for i, wrapped in enumerate(request.objects):
+            prefix = f"objects[{i}]"
+            field = wrapped.WhichOneof("kind")
+            if field is None:
+                results.append(_invalid("", "", f"{prefix}", "empty object: set one kind"))
+                continue
+            kind = _KIND_OF_FIELD[field]
+            obj: Message = getattr(wrapped, field)
+            name = obj.metadata.name  # type: ignore[attr-defined]
+            if kind not in APPLIABLE:
+                hint = " (submit jobs with Submit)" if kind == "Job" else ""
+                results.append(
+                    _invalid(kind, name, f"{prefix}.{field}", f"{kind} cannot be applied{hint}")
+                )
+                continue
+            found = _validate_applied(kind, obj, f"{prefix}.{field}")
+            if (kind, name) in seen:
+                found.append(
+                    v.violation(
+                        f"{prefix}.{field}.metadata.name",
+                        f"duplicate of objects[{seen[kind, name]}]",
+                    )
+                )
+            seen.setdefault((kind, name), i)
+            results.append(api_pb2.ApplyResult(kind=kind, name=name, violations=found))
+            if found:
+                results[-1].action = "invalid"
+            else:
+                checked.append((i, kind, obj))
+
+        current: dict[tuple[str, str], Message | None] = {}
+        for kind in APPLIABLE:
+            names = [o.metadata.name for _, k, o in checked if k == kind]  # type: ignore[attr-defined]
+            cls = kinds_mod.kind_named(kind).message
+            for name, got in zip(names, await self.store.get_many(cls, names), strict=True):
+                current[kind, name] = got
+
+        ops: list[Op] = []
+        targets: list[tuple[int, Message]] = []
+        for i, kind, obj in checked:
+            name = obj.metadata.name  # type: ignore[attr-defined]
+            existing = current[kind, name]
+            wanted = obj.metadata.resource_version  # type: ignore[attr-defined]
+            if wanted and (existing is None or existing.metadata.resource_version != wanted):  # type: ignore[attr-defined]
+                have = existing.metadata.resource_version if existing else "absent"  # type: ignore[attr-defined]
+                raise _Aborted(
+                    f"{kind} {name!r} is not at resource_version {wanted} (it is {have})"
+                )
+            if existing is None:
+                new = _fresh(obj)
+                results[i].action = "created"
+                ops.append(Create(new))
+            else:
+                new = _merge(kind, existing, obj)
+                if new == existing:
+                    results[i].action = "unchanged"
+                    results[i].resource_version = existing.metadata.resource_version  # type: ignore[attr-defined]
+                    continue
+                results[i].action = "configured"
+                ops.append(Update(new))
+            targets.append((i, new))
+        if ops and not request.dry_run:
+            try:
+                await self.store.commit(ops)
+            except CommitError as exc:
+                if isinstance(exc.cause, ConflictError | AlreadyExistsError | NotFoundError):
+                    raise
+                i = targets[exc.index][0]
+                results[i].action = "invalid"
+                results[i].violations.append(_store_violation(f"objects[{i}]", exc.cause))
+                return api_pb2.ApplyResponse(results=results)
+            for i, new in targets:
+                results[i].resource_version = new.metadata.resource_version  # type: ignore[attr-defined]
+        return api_pb2.ApplyResponse(results=results)
+
+    # -----------------------------------------------------------------------------------------
+    # Reads
+    # -----------------------------------------------------------------------------------------
+
+    async def Get(self, request: api_pb2.GetRequest, context: Any) -> api_pb2.Object:
+        try:
+            kind = _kind(request.kind)
+            obj = await self.store.get(kind.message, request.name)
+        except InvalidObjectError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except NotFoundError as exc:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except StoreUnavailableError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        return wrap(kind.name, obj)
+
+    async def List(self, request: api_pb2.ListRequest, context: Any) -> api_pb2.ListResponse:
+        try:
+            kind = _kind(request.kind)
+        except InvalidObjectError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if request.job and kind.name != "Pod":
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job: only Pods have a job")
+        if not 0 <= request.limit <= MAX_PAGE:
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"limit: must be within 0..{MAX_PAGE}"
+            )
+        after = ""
+        if request.continue_token:
+            try:
+                after = base64.urlsafe_b64decode(request.continue_token.encode()).decode()
+            except (binascii.Error, UnicodeDecodeError, ValueError):
+                after = ""
+            if not after:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "continue_token: malformed")
+        try:
+            items, revision = await self.store.list_all(kind.message)
+        except StoreUnavailableError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        selector = dict(request.label_selector)
+        picked = sorted(
+            (
+                o
+                for o in items
+                if o.metadata.name > after  # type: ignore[attr-defined]
+                and all(o.metadata.labels.get(k) == val for k, val in selector.items())  # type: ignore[attr-defined]
+                and (not request.job or o.spec.job == request.job)  # type: ignore[attr-defined]
+            ),
+            key=lambda o: o.metadata.name,  # type: ignore[attr-defined, no-any-return]
+        )
+        limit = request.limit or DEFAULT_PAGE
+        page = picked[:limit]
+        token = ""
+        if len(picked) > limit:
+            token = base64.urlsafe_b64encode(page[-1].metadata.name.encode()).decode()  # type: ignore[attr-defined]
+        return api_pb2.ListResponse(
+            items=[wrap(kind.name, o) for o in page],
+            resource_version=revision,
+            continue_token=token,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Delete
+    # -----------------------------------------------------------------------------------------
+
+    async def Delete(self, request: api_pb2.DeleteRequest, context: Any) -> api_pb2.DeleteResponse:
+        try:
+            kind = _kind(request.kind)
+            if kind.name == "Job":
+                deleted = await self._delete_job(request.name, request.resource_version)
+                self.core.revoke(request.name)
+                return api_pb2.DeleteResponse(deleted=deleted)
+            await self.store.delete(
+                kind.message, request.name, expected_version=request.resource_version
+            )
+            return api_pb2.DeleteResponse(deleted=1)
+        except InvalidObjectError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except NotFoundError as exc:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except (ConflictError, _Aborted) as exc:
+            await _abort(context, grpc.StatusCode.ABORTED, str(exc))
+        except StoreUnavailableError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def _delete_job(self, name: str, expected: int) -> int:
+        """The job and every pod of it in one commit (bound pods return their claims)."""
+        for attempt in range(_CAS_RETRIES):
+            job = await self.store.get(pb.Job, name)
+            if expected and job.metadata.resource_version != expected:
+                raise ConflictError("Job", name, expected, job.metadata.resource_version)
+            # Pods are `<job>-<index>`; replacements of lost pods are named otherwise, and the
+            # informer knows them.
+            names = {f"{name}-{i}" for i in range(job.spec.replicas)}
+            names |= {
+                p.metadata.name  # type: ignore[attr-defined]
+                for p in self.core.informer.list("Pod")
+                if p.spec.job == name  # type: ignore[attr-defined]
+            }
+            pods = await self.store.get_many(pb.Pod, sorted(names))
+            ops: list[Op] = [Delete("Job", name, job.metadata.resource_version)]
+            ops += [Delete("Pod", p.metadata.name) for p in pods if p and p.spec.job == name]
+            try:
+                await self.store.commit(ops)
+            except CommitError as exc:
+                # A pod vanished or the job changed meanwhile: read again.
+                if attempt == _CAS_RETRIES - 1 or expected:
+                    raise _Aborted(str(exc.cause)) from exc
+                continue
+            log.info("job deleted", job=name, pods=len(ops) - 1)
+            return len(ops)
+        raise AssertionError("unreachable")
+
+    # -----------------------------------------------------------------------------------------
+    # Explain
+    # -----------------------------------------------------------------------------------------
+
+    async def Explain(
+        self, request: api_pb2.ExplainRequest, context: Any
+    ) -> api_pb2.ExplainResponse:
+        try:
+            pod = await self.store.get(pb.Pod, request.pod)
+        except NotFoundError as exc:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except StoreUnavailableError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        return self.explain(pod)
+
+    def explain(self, pod: pb.Pod) -> api_pb2.ExplainResponse:
+        out = api_pb2.ExplainResponse(
+            pod=pod.metadata.name,
+            phase=pod.status.phase,
+            node=pod.spec.node_name,
+            scheduler=pod.status.scheduler,
+        )
+        if pod.spec.node_name:
+            out.summary = f"bound to {pod.spec.node_name}"
+            if pod.status.phase != pb.POD_BOUND:
+                out.summary += f" ({pb.PodPhase.Name(pod.status.phase)})"
+            return out
+        if not is_pending(pod):
+            phase = pb.PodPhase.Name(pod.status.phase)
+            out.summary = f"{phase}: {pod.status.reason or pod.status.message or 'not scheduled'}"
+            return out
+        for cond in pod.status.conditions:
+            if cond.type == "PodScheduled" and cond.status == "False":
+                out.summary = cond.message or cond.reason
+                out.last_attempt_ms = cond.last_transition_ms
+                out.total_nodes, reasons = parse_summary(cond.message)
+                out.reasons.extend(reasons)
+                return out
+        out.summary = self.core.describe(pod.spec.job)
+        return out
+
+    # -----------------------------------------------------------------------------------------
+    # Watch
+    # -----------------------------------------------------------------------------------------
+
+    async def Watch(
+        self, request: api_pb2.WatchRequest, context: Any
+    ) -> AsyncIterator[api_pb2.WatchEvent]:
+        try:
+            kinds = [_kind(k).name for k in request.kinds] or list(kinds_mod.KINDS)
+        except InvalidObjectError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if request.from_revision < 0:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "from_revision: negative")
+        revision = request.from_revision
+        try:
+            if revision == 0:
+                snapshot = await self.store.list_kinds(kinds)
+                for kind, objs in snapshot.items.items():
+                    for obj in sorted(objs, key=lambda o: o.metadata.resource_version):  # type: ignore[attr-defined]
+                        yield api_pb2.WatchEvent(
+                            type=api_pb2.WatchEvent.ADDED,
+                            object=wrap(kind, obj),
+                            revision=obj.metadata.resource_version,  # type: ignore[attr-defined]
+                        )
+                revision = snapshot.revision
+                yield api_pb2.WatchEvent(type=api_pb2.WatchEvent.BOOKMARK, revision=revision)
+            async for batch in self.store.watch(revision, kinds):
+                for event in batch.events:
+                    if event.obj is None:
+                        continue
+                    yield api_pb2.WatchEvent(
+                        type=_EVENT[event.type],
+                        object=wrap(event.kind, event.obj),
+                        revision=event.revision,
+                    )
+                if not batch.events:
+                    yield api_pb2.WatchEvent(
+                        type=api_pb2.WatchEvent.BOOKMARK, revision=batch.revision
+                    )
+        except ResourceVersionTooOldError as exc:
+            await _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(exc))
+        except StoreUnavailableError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+
+class _Aborted(Exception):
+    """A compare-and-set the client asked for failed: answered with ABORTED."""
+
+
+def _applied(request: api_pb2.ApplyRequest) -> Sequence[Message]:
+    out = []
+    for wrapped in request.objects:
+        field = wrapped.WhichOneof("kind")
+        if field is not None:
+            out.append(getattr(wrapped, field))
+    return out
+
+
+def _invalid(kind: str, name: str, field: str, description: str) -> api_pb2.ApplyResult:
+    return api_pb2.ApplyResult(
+        kind=kind, name=name, action="invalid", violations=[v.violation(field, description)]
+    )
+
+
+def _validate_applied(kind: str, obj: Message, prefix: str) -> v.Violations:
+    if isinstance(obj, pb.Node):
+        return v.validate_node(obj, prefix)
+    if isinstance(obj, pb.Queue):
+        return v.validate_queue(obj, prefix)
+    assert isinstance(obj, pb.DisruptionBudget)
+    return v.validate_budget(obj, prefix)
+
+
+def _fresh(obj: Message) -> Message:
+    new = type(obj)()
+    new.CopyFrom(obj)
+    meta = new.metadata  # type: ignore[attr-defined]
+    meta.resource_version = 0
+    meta.uid = ""
+    meta.creation_timestamp_ms = 0
+    meta.deletion_timestamp_ms = 0
+    return new
+
+
+def _merge(kind: str, existing: Message, applied: Message) -> Message:
+    """The stored object with what a user may declare replaced: labels, annotations, spec, and
+    for a node its capacities and topology (heartbeat, readiness and conditions stay the node
+    agent's)."""
+    new = type(existing)()
+    new.CopyFrom(existing)
+    meta, src = new.metadata, applied.metadata  # type: ignore[attr-defined]
+    meta.labels.clear()
+    meta.labels.update(src.labels)
+    meta.annotations.clear()
+    meta.annotations.update(src.annotations)
+    if applied.HasField("spec"):
+        new.spec.CopyFrom(applied.spec)  # type: ignore[attr-defined]
+    else:
+        new.ClearField("spec")
+    if kind == "Node":
+        assert isinstance(new, pb.Node) and isinstance(applied, pb.Node)
+        for name in ("allocatable", "reclaimable", "topology"):
+            # CopyFrom of an absent field would make it present: "unchanged" would never hold.
+            if applied.status.HasField(name):
+                getattr(new.status, name).CopyFrom(getattr(applied.status, name))
+            else:
+                new.status.ClearField(name)  # type: ignore[arg-type]
+    return new
+
+
+def _store_violation(prefix: str, exc: StoreError) -> api_pb2.FieldViolation:
+    cause = exc.cause if isinstance(exc, CommitError) else exc
+    if isinstance(cause, AlreadyExistsError):
+        what = "job" if cause.kind == "Job" else cause.kind.lower()
+        return v.violation(
+            f"{prefix}.metadata.name", f"AlreadyExists: {what} {cause.name!r} already exists"
+        )
+    if isinstance(cause, InvalidObjectError):
+        field = f"{prefix}.{cause.field}" if cause.field else prefix
+        return v.violation(field, cause.reason)
+    return v.violation(prefix, f"the store rejected it: {cause}")

@@ -1,0 +1,659 @@
+"""The dispatch core: pending units, their queues, and the streams to the scheduler shards.
+
+State is rebuilt from the informer alone (a pod in POD_PENDING without a node belongs to its
+job's pending unit), so a dispatcher restart loses nothing: which shard holds a unit lives only
+here, and the Binder answers a duplicate decision with STALE.
+
+Everything below runs on one event loop: informer handlers, shard readers and the dispatch round
+mutate the state synchronously, never across an ``await``, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf.message import Message
+
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import internal_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.queueing import (
+    PendingUnit,
+    Quantities,
+    order,
+    policy_for,
+    quota_excess,
+)
+from services.dispatcher.validation import DEFAULT_QUEUE, NodeShape, pool_of
+from store import Store, StoreError
+from store.informer import Handlers, Informer
+
+log = structlog.get_logger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+RECONNECT_SECONDS = 1.0
+# How long to wait for the informer to catch up with the store before re-queueing a unit whose
+# attempt ended (so pods the Binder just bound are not sent again).
+SETTLE_TIMEOUT_SECONDS = 5.0
+POD_SCHEDULED = "PodScheduled"
+UNSCHEDULABLE = "Unschedulable"
+
+_BOUND_PHASES = (pb.POD_BOUND, pb.POD_RUNNING, pb.POD_SUCCEEDED)
+_CLAIM_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
+
+
+class UnitState(enum.Enum):
+    QUEUED = "queued"
+    BACKOFF = "backoff"
+    DISPATCHED = "dispatched"
+    # The attempt ended; waiting for the informer to catch up before queueing again.
+    SETTLING = "settling"
+    # Can never fit as specified: out of the queue until the cluster changes.
+    INFEASIBLE = "infeasible"
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchSettings:
+    shard_grace_seconds: float = 5.0
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 60.0
+    max_batch_pods: int = 5000
+
+
+@dataclass(slots=True, eq=False)
+class UnitEntry:
+    """A job with pending pods, as the dispatcher tracks it."""
+
+    job: str
+    queue: str
+    seq: int
+    enqueued_ms: int
+    pods: dict[str, pb.Pod] = field(default_factory=dict)
+    state: UnitState = UnitState.QUEUED
+    shard: str = ""
+    not_before: float = 0.0
+    attempts: int = 0
+    reason: str = ""
+    # Quota held while dispatched, so one round cannot overrun a queue's quota.
+    reserved: Quantities | None = None
+    # The quota resource that held it back in the last round ("" if none).
+    blocked: str = ""
+
+
+@dataclass(slots=True, eq=False)
+class ShardLink:
+    """The dispatcher's end of one shard's Dispatch stream."""
+
+    name: str
+    address: str
+    credits: int = 0
+    capacity: int = 0
+    ready: bool = False
+    # Undecided pods per unit sent to this shard.
+    undecided: dict[str, int] = field(default_factory=dict)
+    outbox: asyncio.Queue[ipb.DispatchMessage] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def load(self) -> int:
+        return sum(self.undecided.values())
+
+
+def is_pending(pod: pb.Pod) -> bool:
+    return pod.status.phase == pb.POD_PENDING and not pod.spec.node_name
+
+
+def _unschedulable_condition(pod: pb.Pod) -> pb.Condition | None:
+    for c in pod.status.conditions:
+        if c.type == POD_SCHEDULED and c.status == "False":
+            return c
+    return None
+
+
+def _material(node: pb.Node) -> bytes:
+    """A node's fields that decide whether pods fit it (not its heartbeat)."""
+    copy = pb.Node()
+    copy.CopyFrom(node)
+    copy.metadata.resource_version = 0
+    copy.status.heartbeat_ms = 0
+    return copy.SerializeToString(deterministic=True)
+
+
+def _shapes(node: pb.Node) -> dict[str, NodeShape]:
+    g, be = node.status.allocatable, node.status.reclaimable
+    return {
+        "g": NodeShape(g.milli_cpu, g.memory_bytes, g.gpus),
+        "be": NodeShape(be.milli_cpu, be.memory_bytes, be.gpus),
+    }
+
+
+class UnitDispatcher:
+    """Pending units → queues → shards. Feed it an informer over Pod, Job, Node, Queue and
+    SchedulerInstance, then ``await run()``."""
+
+    KINDS = ("Pod", "Job", "Node", "Queue", "SchedulerInstance")
+
+    def __init__(self, store: Store, informer: Informer, settings: DispatchSettings) -> None:
+        self.store = store
+        self.informer = informer
+        self.settings = settings
+        self.units: dict[str, UnitEntry] = {}
+        self.links: dict[str, ShardLink] = {}
+        self._seq = 0
+        # Per queue: requests of bound pods holding a claim, and of dispatched units.
+        self._usage: dict[str, Quantities] = {}
+        self._inflight: dict[str, Quantities] = {}
+        # Per pod: what it contributes (queue usage, job bound count), so updates are exact.
+        self._claimed: dict[str, tuple[str, Quantities]] = {}
+        self._bound_of: dict[str, str] = {}
+        self._bound: Counter[str] = Counter()
+        self._node_shapes: dict[str, dict[str, NodeShape]] = {}
+        self._retry_at: dict[str, float] = {}
+        self._kick = asyncio.Event()
+        self._settle = asyncio.Event()
+        self._shards_changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
+
+    # -----------------------------------------------------------------------------------------
+    # Informer handlers
+    # -----------------------------------------------------------------------------------------
+
+    def _on_add(self, kind: str, obj: Message) -> None:
+        self._on_change(kind, None, obj)
+
+    def _on_update(self, kind: str, old: Message, new: Message) -> None:
+        self._on_change(kind, old, new)
+
+    def _on_delete(self, kind: str, obj: Message) -> None:
+        self._on_change(kind, obj, None)
+
+    def _on_change(self, kind: str, old: Message | None, new: Message | None) -> None:
+        if kind == "Pod":
+            if old is not None:
+                assert isinstance(old, pb.Pod)
+                self._forget_pod(old)
+            if new is not None:
+                assert isinstance(new, pb.Pod)
+                self._track_pod(new)
+        elif kind == "Job" and new is None and old is not None:
+            self.revoke(old.metadata.name)  # type: ignore[attr-defined]
+        elif kind == "Node":
+            self._node_changed(old, new)
+        elif kind == "Queue":
+            self._kick.set()
+        elif kind == "SchedulerInstance":
+            self._shards_changed.set()
+
+    def _forget_pod(self, pod: pb.Pod) -> None:
+        name = pod.metadata.name
+        claimed = self._claimed.pop(name, None)
+        if claimed is not None:
+            self._usage[claimed[0]].add(claimed[1], -1)
+        job = self._bound_of.pop(name, None)
+        if job is not None:
+            self._bound[job] -= 1
+            if self._bound[job] <= 0:
+                del self._bound[job]
+        entry = self.units.get(pod.spec.job)
+        if entry is not None and entry.pods.pop(name, None) is not None:
+            self._drop_if_empty(entry)
+
+    def _track_pod(self, pod: pb.Pod) -> None:
+        name, job = pod.metadata.name, pod.spec.job
+        if pod.spec.node_name and pod.status.phase in _CLAIM_PHASES:
+            queue = pod.spec.queue or DEFAULT_QUEUE
+            q = Quantities.of_pod_request(pod.spec.template.requests)
+            self._claimed[name] = (queue, q)
+            self._usage.setdefault(queue, Quantities()).add(q)
+        if pod.spec.node_name and pod.status.phase in _BOUND_PHASES:
+            self._bound_of[name] = job
+            self._bound[job] += 1
+        if not is_pending(pod):
+            return
+        entry = self.units.get(job)
+        if entry is None:
+            self._seq += 1
+            entry = self.units[job] = UnitEntry(
+                job, pod.spec.queue or DEFAULT_QUEUE, self._seq, int(time.time() * 1000)
+            )
+        if name not in entry.pods:
+            self._kick.set()
+        entry.pods[name] = pod
+
+    def _drop_if_empty(self, entry: UnitEntry) -> None:
+        # A dispatched unit stays tracked until its shard reports on it (it counts as load).
+        if not entry.pods and entry.state != UnitState.DISPATCHED:
+            self.units.pop(entry.job, None)
+
+    def _node_changed(self, old: Message | None, new: Message | None) -> None:
+        if new is None:
+            if old is not None:
+                self._node_shapes.pop(old.metadata.name, None)  # type: ignore[attr-defined]
+            return
+        assert isinstance(new, pb.Node)
+        self._node_shapes[new.metadata.name] = _shapes(new)
+        if old is not None and _material(old) == _material(new):  # type: ignore[arg-type]
+            return
+        # A node appeared or changed: units that could never fit may fit now.
+        woke = 0
+        for entry in self.units.values():
+            if entry.state == UnitState.INFEASIBLE:
+                entry.state = UnitState.QUEUED
+                woke += 1
+        if woke:
+            log.info("cluster changed; infeasible units queued again", units=woke)
+            self._kick.set()
+
+    def node_shapes(self) -> dict[str, frozenset[NodeShape]]:
+        """Distinct node capacities per pool (for "no node can ever hold this pod")."""
+        out: dict[str, set[NodeShape]] = {"g": set(), "be": set()}
+        for shapes in self._node_shapes.values():
+            for pool, shape in shapes.items():
+                out[pool].add(shape)
+        return {pool: frozenset(s) for pool, s in out.items()}
+
+    # -----------------------------------------------------------------------------------------
+    # Loops
+    # -----------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The dispatch loop, the shard watcher and the settler; returns only by cancellation."""
+        loops = [
+            asyncio.create_task(self._dispatch_loop(), name="dispatch"),
+            asyncio.create_task(self._shard_loop(), name="shards"),
+            asyncio.create_task(self._settle_loop(), name="settle"),
+        ]
+        try:
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self.close()
+
+    async def close(self) -> None:
+        tasks = [link.task for link in self.links.values() if link.task is not None]
+        tasks += list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            timeout = self._next_deadline()
+            try:
+                await asyncio.wait_for(self._kick.wait(), timeout)
+            except TimeoutError:
+                pass
+            self._kick.clear()
+            self.dispatch_round()
+
+    def _next_deadline(self) -> float:
+        now = time.monotonic()
+        waits = [e.not_before - now for e in self.units.values() if e.state == UnitState.BACKOFF]
+        return max(0.01, min(waits, default=1.0))
+
+    async def _settle_loop(self) -> None:
+        while True:
+            await self._settle.wait()
+            self._settle.clear()
+            batch = [e for e in self.units.values() if e.state == UnitState.SETTLING]
+            try:
+                revision = await self.store.revision()
+                await self.informer.wait_for_revision(revision, SETTLE_TIMEOUT_SECONDS)
+            except (StoreError, TimeoutError) as exc:
+                log.warning("could not settle against the store; re-queueing", error=str(exc))
+            for entry in batch:
+                if entry.state == UnitState.SETTLING:
+                    entry.state = UnitState.QUEUED
+                    self._drop_if_empty(entry)
+            self._kick.set()
+
+    async def _shard_loop(self) -> None:
+        interval = min(1.0, self.settings.shard_grace_seconds / 4)
+        while True:
+            self.check_shards()
+            try:
+                await asyncio.wait_for(self._shards_changed.wait(), interval)
+            except TimeoutError:
+                pass
+            self._shards_changed.clear()
+
+    def check_shards(self) -> None:
+        """Open streams to live shards; drop the ones whose heartbeat lapsed or that vanished."""
+        now_ms = int(time.time() * 1000)
+        grace_ms = self.settings.shard_grace_seconds * 1000
+        live: dict[str, str] = {}
+        for obj in self.informer.list("SchedulerInstance"):
+            assert isinstance(obj, pb.SchedulerInstance)
+            if obj.spec.address and now_ms - obj.status.heartbeat_ms <= grace_ms:
+                live[obj.metadata.name] = obj.spec.address
+        for name, link in list(self.links.items()):
+            if live.get(name) != link.address:
+                self._drop_link(link, "heartbeat lapsed or instance gone")
+                if link.task is not None:
+                    link.task.cancel()
+        now = time.monotonic()
+        for name, address in live.items():
+            if name not in self.links and self._retry_at.get(name, 0.0) <= now:
+                link = self.links[name] = ShardLink(name, address)
+                link.task = asyncio.create_task(self._run_link(link), name=f"shard-{name}")
+                log.info("connecting to shard", shard=name, address=address)
+
+    # -----------------------------------------------------------------------------------------
+    # Shard streams
+    # -----------------------------------------------------------------------------------------
+
+    async def _run_link(self, link: ShardLink) -> None:
+        reason = "stream ended"
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
+        try:
+            async with grpc.aio.insecure_channel(link.address, options=options) as channel:
+                call = internal_pb2_grpc.SchedulerStub(channel).Dispatch()
+                writer = asyncio.create_task(self._write(link, call))
+                try:
+                    while True:
+                        msg = await call.read()
+                        if msg is grpc.aio.EOF:
+                            break
+                        assert isinstance(msg, ipb.ShardMessage)
+                        self._on_shard_message(link, msg)
+                finally:
+                    writer.cancel()
+                    await asyncio.gather(writer, return_exceptions=True)
+        except grpc.aio.AioRpcError as exc:
+            reason = f"{exc.code().name}: {exc.details()}"
+        except asyncio.CancelledError:
+            reason = "closed"
+            raise
+        finally:
+            self._drop_link(link, reason)
+
+    @staticmethod
+    async def _write(link: ShardLink, call: Any) -> None:
+        while True:
+            msg = await link.outbox.get()
+            try:
+                await call.write(msg)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                log.info("shard stream write failed", shard=link.name, error=str(exc))
+                return
+
+    def _on_shard_message(self, link: ShardLink, msg: ipb.ShardMessage) -> None:
+        if self.links.get(link.name) is not link:
+            return
+        body = msg.WhichOneof("body")
+        if body == "credit":
+            link.credits += msg.credit.pods
+            if not link.ready:
+                link.ready = True
+                link.capacity = msg.credit.pods
+                log.info("shard ready", shard=link.name, capacity=link.capacity)
+            self._kick.set()
+        elif body == "outcome":
+            self._on_outcome(link, msg.outcome)
+
+    def _on_outcome(self, link: ShardLink, outcome: ipb.UnitOutcome) -> None:
+        link.undecided.pop(outcome.job, None)
+        entry = self.units.get(outcome.job)
+        if entry is None or entry.state != UnitState.DISPATCHED or entry.shard != link.name:
+            return
+        self._release(entry)
+        entry.reason = outcome.reason
+        if outcome.code == ipb.UNIT_UNSCHEDULABLE:
+            entry.attempts += 1
+            delay = min(
+                self.settings.backoff_initial_seconds * 2 ** (entry.attempts - 1),
+                self.settings.backoff_max_seconds,
+            )
+            entry.state = UnitState.BACKOFF
+            entry.not_before = time.monotonic() + delay
+            log.info("unit unschedulable; backing off", job=entry.job, delay_s=delay)
+        elif outcome.code == ipb.UNIT_INFEASIBLE:
+            entry.state = UnitState.INFEASIBLE
+            log.info("unit infeasible", job=entry.job, reason=outcome.reason)
+            self._spawn(self._mark_unschedulable(entry, outcome.reason), f"mark-{entry.job}")
+        else:
+            entry.attempts = 0
+            entry.state = UnitState.SETTLING
+            self._settle.set()
+        self._drop_if_empty(entry)
+        self._kick.set()
+
+    async def _mark_unschedulable(self, entry: UnitEntry, reason: str) -> None:
+        """Record why on the pods that do not say so yet: one round trip, conflicts ignored (the
+        shard may have written its own, more detailed condition meanwhile)."""
+        updates = []
+        now_ms = int(time.time() * 1000)
+        for pod in entry.pods.values():
+            if _unschedulable_condition(pod) is not None:
+                continue
+            copy = pb.Pod()
+            copy.CopyFrom(pod)
+            copy.status.conditions.append(
+                pb.Condition(
+                    type=POD_SCHEDULED,
+                    status="False",
+                    reason=UNSCHEDULABLE,
+                    message=reason or "the unit can never fit as specified",
+                    last_transition_ms=now_ms,
+                )
+            )
+            updates.append(copy)
+        if updates:
+            try:
+                await self.store.update_many(updates)
+            except StoreError as exc:
+                log.warning("could not mark pods unschedulable", job=entry.job, error=str(exc))
+
+    def _drop_link(self, link: ShardLink, reason: str) -> None:
+        """The shard is gone: its undecided units go back to the queue for the other shards."""
+        if self.links.get(link.name) is not link:
+            return
+        del self.links[link.name]
+        self._retry_at[link.name] = time.monotonic() + RECONNECT_SECONDS
+        requeued = 0
+        for job in link.undecided:
+            entry = self.units.get(job)
+            if entry is not None and entry.state == UnitState.DISPATCHED:
+                if entry.shard == link.name:
+                    self._release(entry)
+                    entry.state = UnitState.SETTLING
+                    requeued += 1
+        link.undecided.clear()
+        log.warning("shard lost", shard=link.name, reason=reason, requeued_units=requeued)
+        self._settle.set()
+
+    def _release(self, entry: UnitEntry) -> None:
+        if entry.reserved is not None:
+            self._inflight[entry.queue].add(entry.reserved, -1)
+            entry.reserved = None
+        entry.shard = ""
+
+    def revoke(self, job: str) -> None:
+        """Forget a unit (its job was deleted); a shard holding it is told to drop it."""
+        entry = self.units.pop(job, None)
+        if entry is None:
+            return
+        if entry.state == UnitState.DISPATCHED:
+            link = self.links.get(entry.shard)
+            if link is not None:
+                link.undecided.pop(job, None)
+                link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[job])))
+            self._release(entry)
+
+    # -----------------------------------------------------------------------------------------
+    # The dispatch round
+    # -----------------------------------------------------------------------------------------
+
+    def _ready_units(self) -> dict[str, list[PendingUnit]]:
+        now = time.monotonic()
+        ready: dict[str, list[PendingUnit]] = {}
+        for entry in self.units.values():
+            if entry.state == UnitState.BACKOFF and entry.not_before <= now:
+                entry.state = UnitState.QUEUED
+            if entry.state != UnitState.QUEUED or not entry.pods:
+                continue
+            job = self.informer.get("Job", entry.job)
+            if not isinstance(job, pb.Job):
+                continue  # orphaned pods: nothing to schedule them as
+            ready.setdefault(entry.queue, []).append(
+                PendingUnit(
+                    entry.job,
+                    entry.queue,
+                    job.spec.priority,
+                    job.metadata.creation_timestamp_ms,
+                    entry.seq,
+                    len(entry.pods),
+                    Quantities.of_pod_request(job.spec.template.requests, len(entry.pods)),
+                )
+            )
+        return ready
+
+    def _ordered(self) -> dict[str, list[PendingUnit]]:
+        out = {}
+        for queue, units in sorted(self._ready_units().items()):
+            obj = self.informer.get("Queue", queue)
+            policy = policy_for(obj.spec.sort_policy if isinstance(obj, pb.Queue) else 0)
+            out[queue] = order(policy, units)
+        return out
+
+    def _quota(self, queue: str) -> pb.Resources | None:
+        obj = self.informer.get("Queue", queue)
+        if isinstance(obj, pb.Queue) and obj.spec.HasField("quota"):
+            return obj.spec.quota
+        return None
+
+    def dispatch_round(self) -> None:
+        """Hand ready units to shards, queue by queue in policy order, round-robin between
+        queues, each to the least-loaded shard with credits for the whole unit."""
+        links = sorted((lk for lk in self.links.values() if lk.ready), key=lambda lk: lk.name)
+        if not links:
+            return
+        queues = self._ordered()
+        batches: dict[str, list[ipb.Unit]] = {}
+        cursors = {q: iter(units) for q, units in queues.items()}
+        while cursors and any(lk.credits > 0 for lk in links):
+            for queue in list(cursors):
+                unit = next(cursors[queue], None)
+                if unit is None:
+                    del cursors[queue]
+                    continue
+                entry = self.units[unit.job]
+                used = Quantities()
+                used.add(self._usage.get(queue, Quantities()))
+                used.add(self._inflight.get(queue, Quantities()))
+                entry.blocked = quota_excess(self._quota(queue), used, unit.requests)
+                if entry.blocked:
+                    continue
+                link = self._choose(links, unit.pods)
+                if link is None:
+                    continue
+                batches.setdefault(link.name, []).append(self._send(entry, unit, link))
+        for name, units in batches.items():
+            self._flush(self.links[name], units)
+
+    @staticmethod
+    def _choose(links: list[ShardLink], pods: int) -> ShardLink | None:
+        best: ShardLink | None = None
+        for link in links:
+            # A unit larger than a shard's whole capacity goes when the shard is empty, so it is
+            # never starved by a stream of small units.
+            fits = link.credits >= pods or (
+                pods > link.capacity and link.load == 0 and link.credits > 0
+            )
+            if fits and (best is None or link.load < best.load):
+                best = link
+        return best
+
+    def _send(self, entry: UnitEntry, unit: PendingUnit, link: ShardLink) -> ipb.Unit:
+        job = self.informer.get("Job", entry.job)
+        assert isinstance(job, pb.Job)
+        pods = sorted(entry.pods.values(), key=lambda p: p.spec.index)
+        link.credits -= len(pods)
+        link.undecided[entry.job] = len(pods)
+        entry.state = UnitState.DISPATCHED
+        entry.shard = link.name
+        entry.reserved = unit.requests
+        self._inflight.setdefault(entry.queue, Quantities()).add(unit.requests)
+        return ipb.Unit(
+            job=job,
+            pods=[
+                ipb.PodRef(
+                    name=p.metadata.name,
+                    uid=p.metadata.uid,
+                    resource_version=p.metadata.resource_version,
+                    index=p.spec.index,
+                )
+                for p in pods
+            ],
+            already_bound=self._bound.get(entry.job, 0),
+            enqueued_ms=entry.enqueued_ms,
+        )
+
+    def _flush(self, link: ShardLink, units: list[ipb.Unit]) -> None:
+        """Many units per message, split so no message carries more than ``max_batch_pods``
+        pods (a single larger unit travels alone: units never split)."""
+        batch: list[ipb.Unit] = []
+        pods = 0
+        for unit in units:
+            if batch and pods + len(unit.pods) > self.settings.max_batch_pods:
+                link.outbox.put_nowait(ipb.DispatchMessage(units=ipb.UnitBatch(units=batch)))
+                batch, pods = [], 0
+            batch.append(unit)
+            pods += len(unit.pods)
+        if batch:
+            link.outbox.put_nowait(ipb.DispatchMessage(units=ipb.UnitBatch(units=batch)))
+        log.debug("dispatched", shard=link.name, units=len(units), credits=link.credits)
+
+    # -----------------------------------------------------------------------------------------
+    # Introspection (Explain)
+    # -----------------------------------------------------------------------------------------
+
+    def describe(self, job: str) -> str:
+        """Where a pending unit stands, in words."""
+        entry = self.units.get(job)
+        if entry is None:
+            return "not yet seen by the dispatcher"
+        if entry.state == UnitState.DISPATCHED:
+            return f"dispatched to {entry.shard}"
+        if entry.state == UnitState.SETTLING:
+            return "its last scheduling attempt ended; queueing again"
+        if entry.state == UnitState.INFEASIBLE:
+            return f"can never fit as specified ({entry.reason}); waiting for the cluster to change"
+        if entry.state == UnitState.BACKOFF:
+            left = max(0.0, entry.not_before - time.monotonic())
+            return (
+                f"unschedulable after {entry.attempts} attempt(s) ({entry.reason}); "
+                f"retrying in {left:.1f}s"
+            )
+        units = self._ordered().get(entry.queue, [])
+        position = next((i + 1 for i, u in enumerate(units) if u.job == job), 0)
+        text = f"waiting in queue {entry.queue} (position {position})"
+        if entry.blocked:
+            text += f": queue quota exceeded ({entry.blocked})"
+        elif not any(link.ready for link in self.links.values()):
+            text += ": no live scheduler shard"
+        return text
+
+    def pool_shapes_for(self, qos: int) -> frozenset[NodeShape]:
+        return self.node_shapes()[pool_of(qos)]

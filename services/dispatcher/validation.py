@@ -1,0 +1,439 @@
+"""Validation of what users submit and apply: pure functions returning FieldViolations.
+
+Every violation names the field by its path in the request (``jobs[0].spec.min_member``), so a
+client can point at the offending line of a manifest. Nothing here touches the store: the caller
+looks up what validation needs (existing jobs, queues, node capacities) and passes it in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+
+# A DNS-1123 label: every pod name `<job>-<index>` must be one too.
+_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_LABEL_LENGTH = 63
+# Kubernetes' range for user priorities (system classes sit above it).
+MIN_PRIORITY = -1_000_000_000
+MAX_PRIORITY = 1_000_000_000
+DEFAULT_QUEUE = "default"
+
+Violations = list[api_pb2.FieldViolation]
+
+_LABEL_OPS = pb.LabelSelectorRequirement
+_QOS_VALUES = frozenset(pb.QoS.values())
+_NUMA_VALUES = frozenset(pb.NumaPolicy.values())
+_SORT_VALUES = frozenset(pb.SortPolicy.values())
+_TAINT_EFFECTS = frozenset(pb.TaintEffect.values())
+
+
+def violation(field: str, description: str) -> api_pb2.FieldViolation:
+    return api_pb2.FieldViolation(field=field, description=description)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    """One distinct node capacity in a pool: (milli-CPU, memory bytes, GPUs)."""
+
+    cpu: int
+    mem: int
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitContext:
+    """What validating a submission needs to know about the cluster."""
+
+    existing_jobs: frozenset[str] = frozenset()
+    queues: frozenset[str] = frozenset()
+    # Distinct node capacities per pool ("g", "be"); empty when there are no nodes at all.
+    node_shapes: dict[str, frozenset[NodeShape]] | None = None
+    max_replicas: int = 100_000
+
+
+def pool_of(qos: int) -> str:
+    return "be" if qos == pb.QOS_BEST_EFFORT else "g"
+
+
+_POOL_NAMES = {"g": "guaranteed", "be": "best-effort"}
+
+
+def validate_label_name(name: str, field: str, *, max_length: int = MAX_LABEL_LENGTH) -> Violations:
+    if not name:
+        return [violation(field, "is required")]
+    if len(name) > max_length:
+        return [violation(field, f"must be at most {max_length} characters (got {len(name)})")]
+    if not _LABEL_RE.match(name):
+        return [
+            violation(
+                field,
+                f"{name!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit)",
+            )
+        ]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs
+# ---------------------------------------------------------------------------------------------
+
+
+def validate_submission(jobs: Sequence[pb.Job], ctx: SubmitContext) -> list[Violations]:
+    """One list of violations per job (empty = valid). Duplicates within the request are
+    reported on the later occurrences; jobs that already exist are reported per job."""
+    first_index: dict[str, int] = {}
+    out: list[Violations] = []
+    for i, job in enumerate(jobs):
+        prefix = f"jobs[{i}]"
+        found = validate_job(job, prefix, ctx)
+        name = job.metadata.name
+        if name:
+            if name in first_index:
+                found.insert(
+                    0,
+                    violation(
+                        f"{prefix}.metadata.name",
+                        f"duplicate of jobs[{first_index[name]}]: job names are unique",
+                    ),
+                )
+            else:
+                first_index[name] = i
+            if name in ctx.existing_jobs:
+                found.insert(0, already_exists(prefix, name))
+        out.append(found)
+    return out
+
+
+def already_exists(prefix: str, name: str) -> api_pb2.FieldViolation:
+    return violation(f"{prefix}.metadata.name", f"AlreadyExists: job {name!r} already exists")
+
+
+def validate_job(job: pb.Job, prefix: str, ctx: SubmitContext) -> Violations:
+    out: Violations = []
+    spec = job.spec
+    # Pod names are `<job>-<index>` and must be labels too: leave room for the largest index.
+    suffix = len(f"-{max(spec.replicas - 1, 0)}")
+    out += validate_label_name(
+        job.metadata.name, f"{prefix}.metadata.name", max_length=MAX_LABEL_LENGTH - suffix
+    )
+    s = f"{prefix}.spec"
+    if spec.replicas < 1:
+        out.append(violation(f"{s}.replicas", f"must be at least 1 (got {spec.replicas})"))
+    elif spec.replicas > ctx.max_replicas:
+        out.append(
+            violation(f"{s}.replicas", f"must be at most {ctx.max_replicas} (got {spec.replicas})")
+        )
+    if spec.min_member < 1:
+        out.append(violation(f"{s}.min_member", f"must be at least 1 (got {spec.min_member})"))
+    elif spec.replicas >= 1 and spec.min_member > spec.replicas:
+        out.append(
+            violation(
+                f"{s}.min_member",
+                f"must not exceed replicas ({spec.min_member} > {spec.replicas})",
+            )
+        )
+    if not MIN_PRIORITY <= spec.priority <= MAX_PRIORITY:
+        out.append(
+            violation(
+                f"{s}.priority",
+                f"must be within [{MIN_PRIORITY}, {MAX_PRIORITY}] (got {spec.priority})",
+            )
+        )
+    if spec.qos not in _QOS_VALUES:
+        out.append(violation(f"{s}.qos", f"unknown QoS value {spec.qos}"))
+    queue = spec.queue or DEFAULT_QUEUE
+    if queue != DEFAULT_QUEUE and queue not in ctx.queues:
+        out.append(violation(f"{s}.queue", f"queue {queue!r} does not exist"))
+    out += validate_template(spec.template, f"{s}.template")
+    if not any(v.field.startswith(f"{s}.template.requests") for v in out):
+        out += _check_some_node_fits(spec, f"{s}.template.requests", ctx)
+    return out
+
+
+def validate_template(t: pb.PodTemplate, prefix: str) -> Violations:
+    out = validate_requests(t.requests, f"{prefix}.requests")
+    if t.duration_ms < 0:
+        out.append(
+            violation(f"{prefix}.duration_ms", f"must not be negative (got {t.duration_ms})")
+        )
+    if t.numa_policy not in _NUMA_VALUES:
+        out.append(violation(f"{prefix}.numa_policy", f"unknown NUMA policy {t.numa_policy}"))
+    for key in t.node_selector:
+        if not key:
+            out.append(violation(f"{prefix}.node_selector", "keys must not be empty"))
+    out += validate_ports(t.ports, f"{prefix}.ports")
+    out += validate_tolerations(t.tolerations, f"{prefix}.tolerations")
+    if t.HasField("affinity"):
+        out += validate_affinity(t.affinity, f"{prefix}.affinity")
+    return out
+
+
+def validate_requests(r: pb.Resources, prefix: str) -> Violations:
+    out: Violations = []
+    for name in ("milli_cpu", "memory_bytes", "gpus", "pods"):
+        value = getattr(r, name)
+        if value < 0:
+            out.append(violation(f"{prefix}.{name}", f"must not be negative (got {value})"))
+    for key, value in r.extended.items():
+        if value < 0:
+            out.append(
+                violation(f"{prefix}.extended[{key}]", f"must not be negative (got {value})")
+            )
+    if not out and r.milli_cpu == 0 and r.memory_bytes == 0:
+        out.append(violation(prefix, "at least one of milli_cpu, memory_bytes must be set"))
+    return out
+
+
+def _check_some_node_fits(spec: pb.JobSpec, field: str, ctx: SubmitContext) -> Violations:
+    """A pod no node could hold even when empty would pend forever: report it instead. With no
+    nodes at all the cluster is still being built, so the job is accepted and pends."""
+    if not ctx.node_shapes or not any(ctx.node_shapes.values()):
+        return []
+    pool = pool_of(spec.qos)
+    shapes = ctx.node_shapes.get(pool, frozenset())
+    r = spec.template.requests
+    if any(s.cpu >= r.milli_cpu and s.mem >= r.memory_bytes and s.gpus >= r.gpus for s in shapes):
+        return []
+    where = f"in the {_POOL_NAMES[pool]} pool"
+    most = NodeShape(
+        max((s.cpu for s in shapes), default=0),
+        max((s.mem for s in shapes), default=0),
+        max((s.gpus for s in shapes), default=0),
+    )
+    prefix = "no node can ever hold this pod: "
+    if r.milli_cpu > most.cpu:
+        return [
+            violation(f"{field}.milli_cpu", f"{prefix}largest node has {most.cpu}m cpu {where}")
+        ]
+    if r.memory_bytes > most.mem:
+        return [
+            violation(
+                f"{field}.memory_bytes", f"{prefix}largest node has {most.mem} bytes memory {where}"
+            )
+        ]
+    if r.gpus > most.gpus:
+        return [violation(f"{field}.gpus", f"{prefix}largest node has {most.gpus} gpus {where}")]
+    return [violation(field, f"{prefix}no single node has this cpu, memory and gpus {where}")]
+
+
+def validate_ports(ports: Iterable[pb.ContainerPort], prefix: str) -> Violations:
+    out: Violations = []
+    seen: dict[tuple[str, int], int] = {}
+    for k, p in enumerate(ports):
+        f = f"{prefix}[{k}]"
+        if not 0 <= p.container_port <= 65535:
+            out.append(
+                violation(
+                    f"{f}.container_port", f"must be within 0..65535 (got {p.container_port})"
+                )
+            )
+        if p.host_port != 0 and not 1 <= p.host_port <= 65535:
+            out.append(violation(f"{f}.host_port", f"must be within 1..65535 (got {p.host_port})"))
+        if p.protocol not in ("", "TCP", "UDP"):
+            out.append(violation(f"{f}.protocol", f"must be TCP or UDP (got {p.protocol!r})"))
+        if p.host_port:
+            key = (p.protocol or "TCP", p.host_port)
+            if key in seen:
+                out.append(
+                    violation(f"{f}.host_port", f"duplicate of {prefix}[{seen[key]}].host_port")
+                )
+            seen.setdefault(key, k)
+    return out
+
+
+def validate_tolerations(tolerations: Iterable[pb.Toleration], prefix: str) -> Violations:
+    out: Violations = []
+    for k, t in enumerate(tolerations):
+        f = f"{prefix}[{k}]"
+        if t.operator == pb.Toleration.OPERATOR_UNSPECIFIED:
+            out.append(violation(f"{f}.operator", "must be set (EQUAL or EXISTS)"))
+        elif t.operator not in (pb.Toleration.EQUAL, pb.Toleration.EXISTS):
+            out.append(violation(f"{f}.operator", f"unknown operator {t.operator}"))
+        elif t.operator == pb.Toleration.EXISTS and t.value:
+            out.append(violation(f"{f}.value", "must be empty when operator is EXISTS"))
+        elif t.operator == pb.Toleration.EQUAL and not t.key:
+            out.append(violation(f"{f}.key", "is required when operator is EQUAL"))
+        if t.effect not in _TAINT_EFFECTS:
+            out.append(violation(f"{f}.effect", f"unknown taint effect {t.effect}"))
+    return out
+
+
+def validate_requirements(reqs: Iterable[pb.LabelSelectorRequirement], prefix: str) -> Violations:
+    out: Violations = []
+    for k, r in enumerate(reqs):
+        f = f"{prefix}[{k}]"
+        if not r.key:
+            out.append(violation(f"{f}.key", "is required"))
+        op = r.operator
+        if op == _LABEL_OPS.OPERATOR_UNSPECIFIED:
+            out.append(
+                violation(
+                    f"{f}.operator", "must be set (IN, NOT_IN, EXISTS, DOES_NOT_EXIST, GT, LT)"
+                )
+            )
+        elif op in (_LABEL_OPS.IN, _LABEL_OPS.NOT_IN):
+            if not r.values:
+                out.append(violation(f"{f}.values", "must not be empty for IN and NOT_IN"))
+        elif op in (_LABEL_OPS.EXISTS, _LABEL_OPS.DOES_NOT_EXIST):
+            if r.values:
+                out.append(violation(f"{f}.values", "must be empty for EXISTS and DOES_NOT_EXIST"))
+        elif op in (_LABEL_OPS.GT, _LABEL_OPS.LT):
+            if len(r.values) != 1 or not _is_int(r.values[0]):
+                out.append(violation(f"{f}.values", "GT and LT need exactly one integer value"))
+        else:
+            out.append(violation(f"{f}.operator", f"unknown operator {op}"))
+    return out
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_weight(weight: int, field: str) -> Violations:
+    if not 1 <= weight <= 100:
+        return [violation(field, f"must be within 1..100 (got {weight})")]
+    return []
+
+
+def validate_affinity(a: pb.Affinity, prefix: str) -> Violations:
+    out: Violations = []
+    na = f"{prefix}.node_affinity"
+    for t, term in enumerate(a.node_affinity.required):
+        out += validate_requirements(
+            term.match_expressions, f"{na}.required[{t}].match_expressions"
+        )
+    for t, pref in enumerate(a.node_affinity.preferred):
+        out += _check_weight(pref.weight, f"{na}.preferred[{t}].weight")
+        out += validate_requirements(
+            pref.preference.match_expressions, f"{na}.preferred[{t}].preference.match_expressions"
+        )
+    for name in ("pod_affinity", "pod_anti_affinity"):
+        pa: pb.PodAffinity = getattr(a, name)
+        p = f"{prefix}.{name}"
+        for t, pod_term in enumerate(pa.required):
+            out += _validate_pod_term(pod_term, f"{p}.required[{t}]")
+        for t, weighted in enumerate(pa.preferred):
+            out += _check_weight(weighted.weight, f"{p}.preferred[{t}].weight")
+            out += _validate_pod_term(weighted.term, f"{p}.preferred[{t}].term")
+    return out
+
+
+def _validate_pod_term(term: pb.PodAffinityTerm, prefix: str) -> Violations:
+    out = validate_requirements(term.label_selector, f"{prefix}.label_selector")
+    if not term.topology_key:
+        out.append(violation(f"{prefix}.topology_key", "is required"))
+    return out
+
+
+def pods_for(job: pb.Job) -> list[pb.Pod]:
+    """The pods of a (valid) job, as services/README.md specifies: `<job>-<index>`, pending, the
+    spec copied from the job."""
+    spec = job.spec
+    pods = []
+    for i in range(spec.replicas):
+        pod = pb.Pod()
+        pod.metadata.name = f"{job.metadata.name}-{i}"
+        pod.metadata.labels.update(spec.template.labels)
+        ps = pod.spec
+        ps.job = job.metadata.name
+        ps.index = i
+        ps.priority = spec.priority
+        ps.qos = spec.qos
+        ps.preemptible = spec.preemptible
+        ps.queue = spec.queue
+        ps.template.CopyFrom(spec.template)
+        pod.status.phase = pb.POD_PENDING
+        pods.append(pod)
+    return pods
+
+
+def normalise_job(job: pb.Job) -> pb.Job:
+    """The job as stored: defaults made explicit (queue "default", QoS guaranteed), pending."""
+    out = pb.Job()
+    out.CopyFrom(job)
+    out.metadata.resource_version = 0
+    out.metadata.uid = ""
+    out.metadata.creation_timestamp_ms = 0
+    out.metadata.deletion_timestamp_ms = 0
+    out.spec.queue = out.spec.queue or DEFAULT_QUEUE
+    if out.spec.qos == pb.QOS_UNSPECIFIED:
+        out.spec.qos = pb.QOS_GUARANTEED
+    out.ClearField("status")
+    out.status.phase = pb.JOB_PENDING
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Applied objects: nodes, queues, disruption budgets
+# ---------------------------------------------------------------------------------------------
+
+
+def validate_queue(q: pb.Queue, prefix: str) -> Violations:
+    out = validate_label_name(q.metadata.name, f"{prefix}.metadata.name")
+    out += _non_negative(q.spec.quota, f"{prefix}.spec.quota")
+    if q.spec.sort_policy not in _SORT_VALUES:
+        out.append(
+            violation(f"{prefix}.spec.sort_policy", f"unknown sort policy {q.spec.sort_policy}")
+        )
+    if q.spec.weight < 0:
+        out.append(
+            violation(f"{prefix}.spec.weight", f"must not be negative (got {q.spec.weight})")
+        )
+    return out
+
+
+def validate_node(n: pb.Node, prefix: str) -> Violations:
+    out = validate_label_name(n.metadata.name, f"{prefix}.metadata.name")
+    out += _non_negative(n.status.allocatable, f"{prefix}.status.allocatable")
+    out += _non_negative(n.status.reclaimable, f"{prefix}.status.reclaimable")
+    for k, taint in enumerate(n.spec.taints):
+        f = f"{prefix}.spec.taints[{k}]"
+        if not taint.key:
+            out.append(violation(f"{f}.key", "is required"))
+        if taint.effect == pb.TAINT_EFFECT_UNSPECIFIED:
+            out.append(
+                violation(
+                    f"{f}.effect", "must be set (NO_SCHEDULE, PREFER_NO_SCHEDULE, NO_EXECUTE)"
+                )
+            )
+        elif taint.effect not in _TAINT_EFFECTS:
+            out.append(violation(f"{f}.effect", f"unknown taint effect {taint.effect}"))
+    return out
+
+
+def validate_budget(b: pb.DisruptionBudget, prefix: str) -> Violations:
+    out = validate_label_name(b.metadata.name, f"{prefix}.metadata.name")
+    s = b.spec
+    if s.max_unavailable < 0:
+        out.append(violation(f"{prefix}.spec.max_unavailable", "must not be negative"))
+    if s.min_available < 0:
+        out.append(violation(f"{prefix}.spec.min_available", "must not be negative"))
+    if s.max_unavailable and s.min_available:
+        out.append(violation(f"{prefix}.spec", "set at most one of max_unavailable, min_available"))
+    if not s.job and not s.selector:
+        out.append(violation(f"{prefix}.spec", "set job or selector: a budget must select pods"))
+    out += validate_requirements(s.selector, f"{prefix}.spec.selector")
+    return out
+
+
+def _non_negative(r: pb.Resources, prefix: str) -> Violations:
+    out: Violations = []
+    for name in ("milli_cpu", "memory_bytes", "gpus", "pods"):
+        value = getattr(r, name)
+        if value < 0:
+            out.append(violation(f"{prefix}.{name}", f"must not be negative (got {value})"))
+    for key, value in r.extended.items():
+        if value < 0:
+            out.append(
+                violation(f"{prefix}.extended[{key}]", f"must not be negative (got {value})")
+            )
+    return out

@@ -1,0 +1,503 @@
+"""The dispatcher's public API through a real grpc.aio client against the service run in-process
+on a real store: Submit validation (table-driven, store unchanged on every rejection), Apply,
+Get, List, Delete, Explain, Watch, and their error codes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.api import parse_summary, wrap
+from store import Store
+from store.client import Bind
+from tests import factories as f
+from tests.dispatcher_harness import Running, dispatcher_config, eventually, run_dispatcher
+
+Job = pb.Job
+Mutate = Callable[[Job], None]
+
+
+@pytest.fixture
+async def dispatcher(store_url: str, cluster_name: str, tmp_path: Path) -> AsyncIterator[Running]:
+    async with run_dispatcher(dispatcher_config(store_url, cluster_name, tmp_path)) as running:
+        yield running
+
+
+async def seed(store: Store) -> None:
+    """One 4-core node (2 cores reclaimable), queue team-a, and an existing job "taken"."""
+    await store.create(f.node("n1", cpu=4000, be_cpu=2000, be_mem=f.GiB))
+    await store.create(pb.Queue(metadata=pb.ObjectMeta(name="team-a")))
+    await store.create_unit(f.job("taken"), f.pods_of(f.job("taken")))
+
+
+def _set(path: str, value: object) -> Mutate:
+    def mutate(job: Job) -> None:
+        *parents, last = path.split(".")
+        msg = job
+        for p in parents:
+            msg = getattr(msg, p)
+        setattr(msg, last, value)
+
+    return mutate
+
+
+def _toleration(job: Job) -> None:
+    job.spec.template.tolerations.add(key="gpu", value="x")
+
+
+def _affinity(job: Job) -> None:
+    term = job.spec.template.affinity.node_affinity.required.add()
+    term.match_expressions.add(key="zone", values=["a"])
+
+
+def _gt_not_int(job: Job) -> None:
+    term = job.spec.template.affinity.node_affinity.required.add()
+    term.match_expressions.add(key="cores", operator=pb.LabelSelectorRequirement.GT, values=["x"])
+
+
+def _anti_affinity(job: Job) -> None:
+    term = job.spec.template.affinity.pod_anti_affinity.required.add()
+    term.label_selector.add(key="app", operator=pb.LabelSelectorRequirement.EXISTS)
+
+
+def _host_port(port: int) -> Mutate:
+    def mutate(job: Job) -> None:
+        job.spec.template.ports.add(container_port=80, host_port=port)
+
+    return mutate
+
+
+def _dup_host_port(job: Job) -> None:
+    job.spec.template.ports.add(container_port=80, host_port=8080)
+    job.spec.template.ports.add(container_port=81, host_port=8080)
+
+
+def _extended(job: Job) -> None:
+    job.spec.template.requests.extended["example.com/fpga"] = -2
+
+
+def _no_resources(job: Job) -> None:
+    job.spec.template.requests.milli_cpu = 0
+    job.spec.template.requests.memory_bytes = 0
+
+
+def _best_effort_too_big(job: Job) -> None:
+    job.spec.qos = pb.QOS_BEST_EFFORT
+    job.spec.template.requests.milli_cpu = 3000
+
+
+T = "jobs[0].spec.template"
+BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
+    # (case, mutation of a valid 2-replica job, field, description contains)
+    ("name missing", _set("metadata.name", ""), "jobs[0].metadata.name", "is required"),
+    ("name not DNS-1123", _set("metadata.name", "Bad_Name"), "jobs[0].metadata.name", "DNS-1123 label"),
+    ("name with a dot", _set("metadata.name", "a.b"), "jobs[0].metadata.name", "DNS-1123 label"),
+    ("name leaves no room for -<index>", _set("metadata.name", "a" * 62), "jobs[0].metadata.name",
+     "at most 61 characters"),
+    ("job already exists", _set("metadata.name", "taken"), "jobs[0].metadata.name", "AlreadyExists"),
+    ("replicas zero", _set("spec.replicas", 0), "jobs[0].spec.replicas", "at least 1"),
+    ("replicas over the max", _set("spec.replicas", 100_001), "jobs[0].spec.replicas",
+     "at most 100000"),
+    ("min_member zero", _set("spec.min_member", 0), "jobs[0].spec.min_member", "at least 1"),
+    ("min_member over replicas", _set("spec.min_member", 3), "jobs[0].spec.min_member",
+     "must not exceed replicas"),
+    ("negative cpu", _set("spec.template.requests.milli_cpu", -1), f"{T}.requests.milli_cpu",
+     "must not be negative"),
+    ("negative extended", _extended, f"{T}.requests.extended[example.com/fpga]", "must not be negative"),
+    ("no cpu and no memory", _no_resources, f"{T}.requests",
+     "at least one of milli_cpu, memory_bytes must be set"),
+    ("unknown queue", _set("spec.queue", "nope"), "jobs[0].spec.queue", "does not exist"),
+    ("unknown qos", _set("spec.qos", 7), "jobs[0].spec.qos", "unknown QoS"),
+    ("priority out of range", _set("spec.priority", 2_000_000_000), "jobs[0].spec.priority",
+     "must be within"),
+    ("toleration operator unspecified", _toleration, f"{T}.tolerations[0].operator", "must be set"),
+    ("affinity operator unspecified", _affinity,
+     f"{T}.affinity.node_affinity.required[0].match_expressions[0].operator", "must be set"),
+    ("GT needs an integer", _gt_not_int,
+     f"{T}.affinity.node_affinity.required[0].match_expressions[0].values", "integer"),
+    ("anti-affinity without topology key", _anti_affinity,
+     f"{T}.affinity.pod_anti_affinity.required[0].topology_key", "is required"),
+    ("host port too high", _host_port(70000), f"{T}.ports[0].host_port", "1..65535"),
+    ("host port negative", _host_port(-1), f"{T}.ports[0].host_port", "1..65535"),
+    ("host port twice", _dup_host_port, f"{T}.ports[1].host_port", "duplicate"),
+    ("negative duration", _set("spec.template.duration_ms", -5), f"{T}.duration_ms",
+     "must not be negative"),
+    ("larger than every node", _set("spec.template.requests.milli_cpu", 8000),
+     f"{T}.requests.milli_cpu",
+     "no node can ever hold this pod: largest node has 4000m cpu in the guaranteed pool"),
+    ("best-effort larger than every reclaimable pool", _best_effort_too_big,
+     f"{T}.requests.milli_cpu", "largest node has 2000m cpu in the best-effort pool"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "description"),
+    [c[1:] for c in BAD_JOBS],
+    ids=[c[0] for c in BAD_JOBS],
+)
+async def test_submit_rejects_bad_jobs_and_writes_nothing(
+    dispatcher: Running, store: Store, mutate: Mutate, field: str, description: str
+) -> None:
+    await seed(store)
+    job = f.job("web", replicas=2, min_member=1)
+    mutate(job)
+    before = await store.revision()
+
+    response = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[job]))
+
+    [result] = response.results
+    assert not result.created
+    assert [v.field for v in result.violations] == [field], result.violations
+    assert description in result.violations[0].description
+    assert await store.revision() == before
+
+
+async def test_submit_writes_job_and_pods_per_contract(dispatcher: Running, store: Store) -> None:
+    await seed(store)
+    job = f.job("train", replicas=3, min_member=3, qos=pb.QOS_UNSPECIFIED)
+    job.spec.template.labels["app"] = "train"
+    job.spec.priority = 7
+    job.spec.preemptible = True
+    other = f.job("web", replicas=1)
+    other.spec.queue = "team-a"
+
+    response = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[job, other]))
+
+    assert [(r.job, r.created, list(r.violations)) for r in response.results] == [
+        ("train", True, []),
+        ("web", True, []),
+    ]
+    stored = await store.get(pb.Job, "train")
+    assert stored.metadata.resource_version == response.results[0].resource_version
+    assert stored.spec.queue == "default" and stored.spec.qos == pb.QOS_GUARANTEED
+    pods = await store.get_many(pb.Pod, ["train-0", "train-1", "train-2"])
+    for i, pod in enumerate(pods):
+        assert pod is not None
+        assert (pod.spec.job, pod.spec.index, pod.spec.priority) == ("train", i, 7)
+        assert pod.spec.qos == pb.QOS_GUARANTEED and pod.spec.preemptible
+        assert pod.spec.queue == "default" and pod.status.phase == pb.POD_PENDING
+        assert pod.spec.template == job.spec.template and pod.metadata.labels["app"] == "train"
+        assert not pod.spec.node_name
+    assert (await store.get(pb.Pod, "web-0")).spec.queue == "team-a"
+
+
+async def test_submit_duplicates_in_one_request_and_mixed_results(
+    dispatcher: Running, store: Store
+) -> None:
+    await seed(store)
+    jobs = [f.job("a"), f.job("a"), f.job("b", replicas=0), f.job("c")]
+    response = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=jobs))
+    got = [(r.job, r.created, [v.field for v in r.violations]) for r in response.results]
+    assert got == [
+        ("a", True, []),
+        ("a", False, ["jobs[1].metadata.name"]),
+        ("b", False, ["jobs[2].spec.replicas"]),
+        ("c", True, []),
+    ]
+    assert "duplicate of jobs[0]" in response.results[1].violations[0].description
+    assert (await store.get_many(pb.Job, ["b"])) == [None]
+
+
+async def test_submit_dry_run_and_edge_cases(dispatcher: Running, store: Store) -> None:
+    # No nodes at all: a big job is accepted and pends (the cluster is still being built).
+    big = f.job("big", cpu=64_000)
+    big.spec.template.ClearField("command")
+    dry = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[big], dry_run=True))
+    assert not dry.results[0].created and not dry.results[0].violations
+    assert await store.revision() == 0
+    real = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[big]))
+    assert real.results[0].created
+    again = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[big]))
+    assert "AlreadyExists" in again.results[0].violations[0].description
+    assert (await dispatcher.api.Submit(api_pb2.SubmitRequest())).results == []
+
+
+async def test_submit_reports_a_pod_name_collision_without_writing(
+    dispatcher: Running, store: Store
+) -> None:
+    orphan = f.pods_of(f.job("x"))[0]  # a pod "x-0" with no job
+    await store.create(orphan)
+    before = await store.revision()
+    response = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("x")]))
+    assert not response.results[0].created
+    assert "pod 'x-0' already exists" in response.results[0].violations[0].description
+    assert await store.revision() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Apply
+# ---------------------------------------------------------------------------------------------
+
+
+def _queue(name: str, **spec: object) -> api_pb2.Object:
+    return wrap("Queue", pb.Queue(metadata=pb.ObjectMeta(name=name), spec=pb.QueueSpec(**spec)))  # type: ignore[arg-type]
+
+
+async def test_apply_create_configure_unchanged_invalid(dispatcher: Running, store: Store) -> None:
+    quota = pb.Resources(milli_cpu=1000)
+    req = api_pb2.ApplyRequest(
+        objects=[_queue("q1", quota=quota), wrap("Node", f.node("n1")), _queue("Bad")]
+    )
+    first = await dispatcher.api.Apply(req)
+    assert [(r.kind, r.name, r.action) for r in first.results] == [
+        ("Queue", "q1", "created"),
+        ("Node", "n1", "created"),
+        ("Queue", "Bad", "invalid"),
+    ]
+    assert first.results[2].violations[0].field == "objects[2].queue.metadata.name"
+    again = await dispatcher.api.Apply(req)
+    assert [r.action for r in again.results] == ["unchanged", "unchanged", "invalid"]
+
+    changed = await dispatcher.api.Apply(
+        api_pb2.ApplyRequest(objects=[_queue("q1", sort_policy=pb.SORT_PRIORITY)])
+    )
+    assert changed.results[0].action == "configured"
+    stored = await store.get(pb.Queue, "q1")
+    assert stored.spec.sort_policy == pb.SORT_PRIORITY
+    assert stored.metadata.resource_version == changed.results[0].resource_version
+
+    # A node's heartbeat and readiness stay the agent's; capacity is the user's.
+    node = await store.get(pb.Node, "n1")
+    node.status.heartbeat_ms = 12345
+    await store.update(node)
+    bigger = f.node("n1", cpu=8000)
+    bigger.status.ready = False
+    assert (
+        await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[wrap("Node", bigger)]))
+    ).results[0].action == "configured"
+    node = await store.get(pb.Node, "n1")
+    assert node.status.allocatable.milli_cpu == 8000
+    assert node.status.heartbeat_ms == 12345 and node.status.ready
+
+
+BAD_APPLIED: list[tuple[str, api_pb2.Object, str]] = [
+    ("queue sort policy", _queue("q", sort_policy=9), "objects[0].queue.spec.sort_policy"),  # type: ignore[arg-type]
+    ("queue negative quota", _queue("q", quota=pb.Resources(gpus=-1)), "objects[0].queue.spec.quota.gpus"),
+    ("queue negative weight", _queue("q", weight=-1), "objects[0].queue.spec.weight"),
+    ("node negative capacity", wrap("Node", f.node("n", cpu=-1)),
+     "objects[0].node.status.allocatable.milli_cpu"),
+    ("node taint without effect", wrap("Node", pb.Node(metadata=pb.ObjectMeta(name="n"),
+     spec=pb.NodeSpec(taints=[pb.Taint(key="k")]))), "objects[0].node.spec.taints[0].effect"),
+    ("budget selects nothing", wrap("DisruptionBudget", pb.DisruptionBudget(
+        metadata=pb.ObjectMeta(name="b"))), "objects[0].disruption_budget.spec"),
+    ("jobs are submitted", wrap("Job", f.job("j")), "objects[0].job"),
+    ("empty object", api_pb2.Object(), "objects[0]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("obj", "field"), [c[1:] for c in BAD_APPLIED], ids=[c[0] for c in BAD_APPLIED]
+)
+async def test_apply_rejects_bad_objects(
+    dispatcher: Running, store: Store, obj: api_pb2.Object, field: str
+) -> None:
+    response = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[obj]))
+    assert response.results[0].action == "invalid"
+    assert [v.field for v in response.results[0].violations] == [field]
+    assert await store.revision() == 0
+
+
+async def test_apply_cas_conflict_is_aborted_and_dry_run_writes_nothing(
+    dispatcher: Running, store: Store
+) -> None:
+    created = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[_queue("q")]))
+    rv = created.results[0].resource_version
+    stale = _queue("q", weight=3)
+    stale.queue.metadata.resource_version = rv - 1 if rv > 1 else rv + 10
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[stale, _queue("other")]))
+    assert caught.value.code() == grpc.StatusCode.ABORTED
+    assert (await store.get_many(pb.Queue, ["other"])) == [None]
+    fresh = _queue("q", weight=3)
+    fresh.queue.metadata.resource_version = rv
+    ok = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[fresh]))
+    assert ok.results[0].action == "configured"
+    before = await store.revision()
+    dry = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[_queue("z")], dry_run=True))
+    assert dry.results[0].action == "created" and await store.revision() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Get, List, Delete
+# ---------------------------------------------------------------------------------------------
+
+
+async def _code(call: object) -> grpc.StatusCode:
+    try:
+        await call  # type: ignore[misc]
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()  # type: ignore[no-any-return]
+    raise AssertionError("the call succeeded")
+
+
+async def test_get_and_errors(dispatcher: Running, store: Store) -> None:
+    await store.create(f.node("n1"))
+    got = await dispatcher.api.Get(api_pb2.GetRequest(kind="Node", name="n1"))
+    assert got.node.metadata.name == "n1"
+    assert await _code(dispatcher.api.Get(api_pb2.GetRequest(kind="Node", name="nope"))) == (
+        grpc.StatusCode.NOT_FOUND
+    )
+    assert await _code(dispatcher.api.Get(api_pb2.GetRequest(kind="Nodes", name="n1"))) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+
+
+async def test_list_selectors_jobs_and_pages(dispatcher: Running, store: Store) -> None:
+    for i in range(5):
+        n = f.node(f"n{i}")
+        n.metadata.labels["zone"] = "a" if i % 2 else "b"
+        await store.create(n)
+    await store.create_unit(f.job("j", replicas=3), f.pods_of(f.job("j", replicas=3)))
+    await store.create_unit(f.job("k"), f.pods_of(f.job("k")))
+
+    zone_a = await dispatcher.api.List(
+        api_pb2.ListRequest(kind="Node", label_selector={"zone": "a"})
+    )
+    assert [o.node.metadata.name for o in zone_a.items] == ["n1", "n3"]
+    pods = await dispatcher.api.List(api_pb2.ListRequest(kind="Pod", job="j"))
+    assert [o.pod.metadata.name for o in pods.items] == ["j-0", "j-1", "j-2"]
+
+    names, token, pages = [], "", 0
+    while True:
+        page = await dispatcher.api.List(
+            api_pb2.ListRequest(kind="Node", limit=2, continue_token=token)
+        )
+        names += [o.node.metadata.name for o in page.items]
+        pages += 1
+        token = page.continue_token
+        if not token:
+            break
+    assert names == [f"n{i}" for i in range(5)] and pages == 3
+
+    bad = [
+        api_pb2.ListRequest(kind="Nope"),
+        api_pb2.ListRequest(kind="Node", job="j"),
+        api_pb2.ListRequest(kind="Node", continue_token="%%%"),
+        api_pb2.ListRequest(kind="Node", limit=-1),
+    ]
+    for request in bad:
+        assert await _code(dispatcher.api.List(request)) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_delete_job_removes_pods_in_one_commit(dispatcher: Running, store: Store) -> None:
+    await store.create(f.node("n1"))
+    await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("j", replicas=3)]))
+    # One pod bound: deleting returns its claim on the node.
+    pod = await store.get(pb.Pod, "j-1")
+    pod.spec.node_name = "n1"
+    pod.status.phase = pb.POD_BOUND
+    await store.commit([Bind(pod)])
+    job = await store.get(pb.Job, "j")
+
+    stale = api_pb2.DeleteRequest(
+        kind="Job", name="j", resource_version=job.metadata.resource_version + 100
+    )
+    assert await _code(dispatcher.api.Delete(stale)) == grpc.StatusCode.ABORTED
+    before = await store.revision()
+    response = await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Job", name="j"))
+    assert response.deleted == 4
+    assert await store.revision() == before + 4
+    assert await store.get_many(pb.Pod, ["j-0", "j-1", "j-2"]) == [None, None, None]
+    usage = await store.node_usage("n1")
+    assert usage is not None and usage.used["g.cpu"] == 0
+    assert await _code(dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Job", name="j"))) == (
+        grpc.StatusCode.NOT_FOUND
+    )
+    assert await _code(dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Bogus", name="j"))) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+    await store.create(f.node("n2"))
+    assert (await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Node", name="n2"))).deleted == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Explain
+# ---------------------------------------------------------------------------------------------
+
+
+def test_parse_summary() -> None:
+    total, reasons = parse_summary("0/5000 nodes fit: 4980 insufficient cpu, 20 untolerated taint")
+    assert total == 5000
+    assert [(r.reason, r.nodes) for r in reasons] == [
+        ("insufficient cpu", 4980),
+        ("untolerated taint", 20),
+    ]
+    assert parse_summary("something else") == (0, [])
+
+
+async def test_explain(dispatcher: Running, store: Store) -> None:
+    await store.create(f.node("n1"))
+    await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("a"), f.job("b"), f.job("c")]))
+    await eventually(lambda: len(dispatcher.service.core.units) == 3, what="units queued")
+
+    waiting = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="b-0"))
+    assert waiting.phase == pb.POD_PENDING
+    assert waiting.summary == "waiting in queue default (position 2): no live scheduler shard"
+
+    pod = await store.get(pb.Pod, "c-0")
+    pod.status.scheduler = "shard-1"
+    pod.status.conditions.add(
+        type="PodScheduled", status="False", reason="Unschedulable",
+        message="0/5 nodes fit: 4 insufficient cpu, 1 untolerated taint", last_transition_ms=99,
+    )  # fmt: skip
+    await store.update(pod)
+    why = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="c-0"))
+    assert why.summary == "0/5 nodes fit: 4 insufficient cpu, 1 untolerated taint"
+    assert why.total_nodes == 5 and why.last_attempt_ms == 99 and why.scheduler == "shard-1"
+    assert [(r.reason, r.nodes) for r in why.reasons] == [
+        ("insufficient cpu", 4),
+        ("untolerated taint", 1),
+    ]
+
+    pod = await store.get(pb.Pod, "a-0")
+    pod.spec.node_name = "n1"
+    pod.status.phase = pb.POD_BOUND
+    await store.commit([Bind(pod)])
+    bound = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="a-0"))
+    assert (bound.summary, bound.node) == ("bound to n1", "n1")
+    assert await _code(dispatcher.api.Explain(api_pb2.ExplainRequest(pod="zz"))) == (
+        grpc.StatusCode.NOT_FOUND
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Watch
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_watch_lists_then_streams(dispatcher: Running, store: Store) -> None:
+    await store.create(f.node("n1"))
+    await store.create(pb.Queue(metadata=pb.ObjectMeta(name="q")))
+    stream = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Node"]))
+    first = await stream.read()
+    assert (first.type, first.object.node.metadata.name) == (api_pb2.WatchEvent.ADDED, "n1")
+    bookmark = await stream.read()
+    assert bookmark.type == api_pb2.WatchEvent.BOOKMARK
+    assert bookmark.revision == await store.revision()
+    await store.create(pb.Queue(metadata=pb.ObjectMeta(name="q2")))  # not watched
+    await store.create(f.node("n2"))
+    await store.delete(pb.Node, "n1")
+    seen = []
+    while len(seen) < 2:
+        event = await asyncio.wait_for(stream.read(), 5)
+        if event.type != api_pb2.WatchEvent.BOOKMARK:
+            seen.append((event.type, event.object.node.metadata.name))
+    assert seen == [(api_pb2.WatchEvent.ADDED, "n2"), (api_pb2.WatchEvent.DELETED, "n1")]
+    stream.cancel()
+
+    # Resume from a revision: only what came after it.
+    resumed = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Queue"], from_revision=2))
+    event = await asyncio.wait_for(resumed.read(), 5)
+    assert (event.type, event.object.queue.metadata.name) == (api_pb2.WatchEvent.ADDED, "q2")
+    resumed.cancel()
+
+    bad = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Nope"]))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await bad.read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
