@@ -28,7 +28,7 @@ from services.binder.service import LEADER_METADATA_KEY, BinderConfig, BinderSer
 from services.runtime import ServiceHost
 from services.runtime.healthcheck import probe
 from store import Store
-from store.client import Fence, Update
+from store.client import Bind, Fence, Update
 from store.errors import FencedError
 from tests import factories as f
 
@@ -356,6 +356,41 @@ async def test_duplicate_decision_is_stale(store: Store, shards: list[Shard]) ->
     second = await shards[1].decide(decision)
     assert first["a-0"].code == V.BOUND
     assert second["a-0"].code == V.STALE and "already bound" in second["a-0"].reason
+
+
+async def test_store_refusal_drops_one_pod_and_commits_the_rest(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    """The binder's view is behind (its informer is paused while another writer fills n1): the
+    store's capacity check refuses that Bind, the binder drops the pod, re-applies the gang rule
+    and commits the rest of the batch."""
+    service = binder.service
+    assert isinstance(service, BinderService)
+    for name in ("n1", "n2"):
+        await store.create(f.node(name, cpu=1000))
+    filler = f.job("filler", cpu=1000)
+    filler_pods = await submit(store, filler)
+    gang = f.job("g", replicas=2, min_member=2, cpu=500)
+    single = f.job("s", replicas=2, cpu=500)
+    pods = await submit(store, gang) | await submit(store, single)
+    await service.informer.stop()
+    try:
+        taken = filler_pods["filler-0"]
+        taken.spec.node_name = "n1"
+        await store.commit([Bind(taken)])
+        verdicts = await shards[0].decide(
+            unit(gang, pods, [("g-0", "n1"), ("g-1", "n2")]),
+            unit(single, pods, [("s-0", "n1"), ("s-1", "n2")]),
+        )
+    finally:
+        service.informer.start()
+    codes = {p: V.Name(v.code) for p, v in verdicts.items()}
+    assert codes == {"g-0": "GANG_REJECTED", "g-1": "GANG_REJECTED", "s-0": "CONFLICT",
+                     "s-1": "BOUND"}  # fmt: skip
+    assert "insufficient cpu" in verdicts["s-0"].reason
+    assert "this pod: node 'n1' pool g: insufficient cpu" in verdicts["g-0"].reason
+    assert (await store.get(pb.Pod, "s-1")).spec.node_name == "n2"
+    assert not (await store.get(pb.Pod, "g-1")).spec.node_name
 
 
 async def test_oversized_batch_is_refused(binder: ServiceHost[BinderConfig]) -> None:

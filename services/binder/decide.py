@@ -133,7 +133,12 @@ class BatchPlan:
                 node_results
             )
             for job in newly:
-                self._reject_job(job, node_results)
+                own = {
+                    c.pod.metadata.name: node_results[c.placement.node].get(c.pod.metadata.name)
+                    for c in self.candidates.values()
+                    if c.job == job
+                }
+                self._reject_job(job, own)
         for results in node_results.values():
             for name, reason in results.items():
                 if reason is not None and name not in self.rejected:
@@ -190,42 +195,40 @@ class BatchPlan:
             return True  # min_member 1 has no partial state to avoid: plain CONFLICTs say more
         return self.state.bound_count(job_name) + accepted >= job.spec.min_member
 
-    def _reject_job(
-        self, job_name: str, node_results: dict[str, dict[str, str | None]] | None = None
-    ) -> None:
-        """GANG_REJECTED for every live placement of the job (stale ones stay STALE)."""
+    def _reject_job(self, job_name: str, own: dict[str, str | None]) -> None:
+        """GANG_REJECTED for every live placement of the job (stale ones stay STALE); ``own``
+        holds each pod's own failure, if any, which the reason repeats."""
         self.gang_rejected.add(job_name)
         job = self.jobs.get(job_name)
         need = job.spec.min_member if job is not None else 0
-        members = [c for c in self.candidates.values() if c.job == job_name]
-        fits = 0
-        for c in members:
-            own = (node_results or {}).get(c.placement.node, {}).get(c.pod.metadata.name)
-            fits += own is None
-        bound = self.state.bound_count(job_name)
-        for c in members:
-            name = c.pod.metadata.name
-            own = (node_results or {}).get(c.placement.node, {}).get(name)
+        members = [c.pod.metadata.name for c in self.candidates.values() if c.job == job_name]
+        fits = self.state.bound_count(job_name) + sum(own.get(n) is None for n in members)
+        for name in members:
             reason = (
-                f"gang: only {bound + fits} of min_member {need} pods of job {job_name!r} "
-                "could bind; none was bound"
+                f"gang: only {fits} of min_member {need} pods of job {job_name!r} could bind; "
+                "none was bound"
             )
-            if own is not None:
-                reason += f" (this pod: {own})"
+            if (failure := own.get(name)) is not None:
+                reason += f" (this pod: {failure})"
             self.rejected[name] = Rejection(GANG_REJECTED, reason)
             del self.candidates[name]
 
     # --- after a failed commit --------------------------------------------------------------
 
     def drop(self, name: str, code: ipb.VerdictCode.ValueType, reason: str) -> None:
-        """Take an accepted pod out (the store refused it) and re-apply the gang rule to its job."""
-        cand = self.candidates.pop(name, None)
+        """Take an accepted pod out (the store refused it) and re-apply the gang rule to its
+        job; a conflicting pod of a gang that falls short is GANG_REJECTED like the rest."""
+        cand = self.candidates.get(name)
         if cand is None:
             return
+        n = sum(1 for c in self.candidates.values() if c.job == cand.job and c is not cand)
+        if code == CONFLICT and not self._gang_ok(cand.job, n):
+            self._reject_job(cand.job, {name: reason})
+            return
+        del self.candidates[name]
         self.rejected[name] = Rejection(code, reason)
-        n = sum(1 for c in self.candidates.values() if c.job == cand.job)
         if not self._gang_ok(cand.job, n):
-            self._reject_job(cand.job)
+            self._reject_job(cand.job, {})
 
     def drop_job(self, job_name: str, code: ipb.VerdictCode.ValueType, reason: str) -> None:
         for cand in [c for c in self.candidates.values() if c.job == job_name]:

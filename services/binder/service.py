@@ -196,9 +196,9 @@ class BinderService(Service[BinderConfig]):
         # Release the lease as the stop begins, not after the gRPC grace: a standby takes over
         # at once and open streams end now instead of holding the shutdown.
         await self.stop_requested.wait()
+        self._step_down("shutting down")
         if self.elector is not None:
             await self.elector.stop(release=True)
-        self._step_down("shutting down")
 
     # --- leadership -------------------------------------------------------------------------
 
