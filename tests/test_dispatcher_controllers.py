@@ -137,7 +137,8 @@ async def test_lapsed_node_lost_and_replaced(store: Store, informer: Informer) -
     stale, fresh = f.node("stale"), f.node("fresh")
     stale.status.heartbeat_ms = now - 60_000
     fresh.status.heartbeat_ms = now
-    for n in (stale, fresh):
+    static = f.node("static")  # no agent, never heartbeated: not under heartbeat management
+    for n in (stale, fresh, static):
         await store.create(n)
     web = f.job("web", replicas=2)
     web.spec.replace_lost_pods = True
@@ -161,6 +162,7 @@ async def test_lapsed_node_lost_and_replaced(store: Store, informer: Informer) -
     ready = [c for c in node.status.conditions if c.type == "Ready"]
     assert [(c.status, c.reason) for c in ready] == [("False", "NodeHeartbeatLapsed")]
     assert (await store.get(pb.Node, "fresh")).status.ready
+    assert (await store.get(pb.Node, "static")).status.ready
     for name in ("web-0", "web-1", "batch-0"):
         pod = await store.get(pb.Pod, name)
         assert (pod.status.phase, pod.status.reason) == (pb.POD_FAILED, "NodeLost")

@@ -119,6 +119,10 @@ class NodeLifecycleController:
     nodes of a tick in one ``commit_many``. Every op is compare-and-set: a heartbeat that lands
     between our read and our write makes the node's commit fail and the node is reconsidered on
     the next tick. Pods bound to a node that no longer exists are failed the same way.
+
+    A node with no ``spec.agent`` that never heartbeated (created directly, e.g. by a test or a
+    simulator) is left alone; any other node gets the grace from its last heartbeat, or from its
+    creation until its first one.
     """
 
     def __init__(
@@ -152,7 +156,11 @@ class NodeLifecycleController:
         described: list[tuple[str, str, int]] = []  # (node, what, pods failed)
         nodes = {n.metadata.name: n for n in self._nodes()}
         for name, node in nodes.items():
-            lapsed = now - node.status.heartbeat_ms > self.grace_ms
+            if not node.spec.agent and not node.status.heartbeat_ms:
+                continue  # no agent and never a heartbeat: not under heartbeat management
+            # A new node gets the grace from its creation before its first heartbeat.
+            last = node.status.heartbeat_ms or node.metadata.creation_timestamp_ms
+            lapsed = now - last > self.grace_ms
             if lapsed:
                 ops = self._lost(node, now)
                 if ops:
@@ -189,7 +197,8 @@ class NodeLifecycleController:
         name = node.metadata.name
         ops: list[Op] = []
         if node.status.ready:
-            age_s = (now - node.status.heartbeat_ms) / 1000
+            last = node.status.heartbeat_ms or node.metadata.creation_timestamp_ms
+            age_s = (now - last) / 1000
             message = f"no heartbeat for {age_s:.1f}s (grace {self.grace_ms / 1000:g}s)"
             ops.append(Update(_set_ready(node, False, now, HEARTBEAT_LAPSED, message)))
         ops += self._fail_pods(name, now, f"node {name!r} stopped heartbeating")
