@@ -178,7 +178,8 @@ async def test_hollow_agent_registers_nodes(store: Store, store_url: str, tmp_pa
         hollow_taints="dedicated=batch:NoSchedule",
         node_prefix="hn",
     )
-    async with ServiceHost(NodeAgentService, cfg):
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        started = time.monotonic()
         nodes, _ = await store.list_all(pb.Node)
         by_name = {n.metadata.name: n for n in nodes}
         assert sorted(by_name) == [f"hn-{i}" for i in range(5)]
@@ -205,6 +206,11 @@ async def test_hollow_agent_registers_nodes(store: Store, store_url: str, tmp_pa
             return all(x is not None and x.status.heartbeat_ms > first for x in fresh)
 
         await eventually(advanced, what="heartbeats")
+        # One update_many per tick for all five nodes.
+        agent = host.service
+        assert isinstance(agent, NodeAgentService)
+        ticks = (time.monotonic() - started) / cfg.heartbeat_seconds
+        assert 1 <= agent.nodes.heartbeats <= ticks + 1
 
 
 async def test_restart_updates_existing_nodes(store: Store, store_url: str, tmp_path: Path) -> None:
@@ -421,3 +427,24 @@ async def test_process_pods_killed_on_delete_and_stop(
     assert usage is not None and usage.used["pods"] == 0
     # The node stays ready: a restart must not look like a lost node.
     assert (await store.get(pb.Node, node)).status.ready
+
+
+async def test_process_pod_of_a_crashed_agent_fails(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=0, process_node=True)
+    async with ServiceHost(NodeAgentService, cfg):
+        node = (await store.list_all(pb.Node))[0][0].metadata.name
+    # As if the agent had started it and then died with kill -9: RUNNING, no process behind it.
+    pods = await submit_and_bind(store, process_job("orphan", ["sleep", "60"]), [node])
+    pods[0].status.phase = pb.POD_RUNNING
+    await store.update(pods[0])
+    async with ServiceHost(NodeAgentService, cfg):
+
+        async def failed() -> bool:
+            pod = await store.get(pb.Pod, "orphan-0")
+            return (pod.status.phase, pod.status.reason) == (pb.POD_FAILED, "AgentRestarted")
+
+        await eventually(failed, what="orphaned pod failed")
+    usage = await store.node_usage(node)
+    assert usage is not None and usage.used["pods"] == 0
