@@ -186,8 +186,9 @@ class UnitScheduler:
             snapshot.forget(pod.name, node)
         result.placements = []
         first = next(iter(unplaced.values()), "")
+        # The node summary first: it is what `godel explain` leads with.
         result.reason = (
-            f"unit needs {needed} pod(s) placed, only {len(placements)} fit; {first}"
+            f"{first}; min_member needs {needed} pod(s) placed, {len(placements)} fit"
             if needed > 1
             else first
         )

@@ -1,31 +1,680 @@
-"""A scheduler shard: schedules the units the dispatcher streams to it, sends decisions to the Binder.
+"""A scheduler shard: schedules the units the dispatcher streams to it, sends decisions to the
+Binder leader, and hands back what it cannot place. See README.md for the contract.
 
-For now the gRPC contract is registered with the generated base servicer, which answers every RPC
-with UNIMPLEMENTED; the process already starts, connects the store and reports health.
+Tasks: the informer (Nodes, Pods, SchedulerInstances → the live cache), one scheduling loop (the
+only code that touches the snapshot and the unit queue), one Binder stream (decisions out,
+verdicts in; reconnects to the current leader and resends undecided batches), the heartbeat.
+Each dispatcher stream is served by its own handler; it only enqueues units and writes replies.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import heapq
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 import grpc
+import structlog
 
-from protos.godel.v1 import internal_pb2, internal_pb2_grpc
-from services.runtime import Service, ServiceConfig
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import internal_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.runtime import Service, ServiceConfig, option
+from services.runtime.config import ConfigError
+from services.runtime.service import MAX_MESSAGE_BYTES
+from services.scheduler.algorithm import SearchConfig, UnitScheduler
+from services.scheduler.cache import SchedulerCache, Snapshot
+from services.scheduler.framework import (
+    Framework,
+    PluginConfigError,
+    PodInfo,
+    Profile,
+    UnitInfo,
+    load_profile,
+)
+from services.scheduler.plugins import new_in_tree_registry
+from store.errors import AlreadyExistsError, ConflictError, NotFoundError, StoreError
+from store.informer import Handlers, Informer
+
+log = structlog.get_logger(__name__)
+
+SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
+BINDER_LEASE = "binder"
+_RETRY_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED, ipb.STALE, ipb.ERROR, ipb.VERDICT_UNSPECIFIED}
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
 
 
 @dataclass(frozen=True)
 class SchedulerConfig(ServiceConfig):
-    """Scheduler settings."""
+    """Scheduler shard settings."""
+
+    profile: str = field(
+        default="", metadata=option("scheduling profile YAML (plugins, weights); empty: default")
+    )
+    mode: Literal["godel", "kube"] = field(
+        default="godel",
+        metadata=option("'godel' (feasible-node cache, units+N scan) or 'kube' (for comparison)"),
+    )
+    feasible_cache: bool = field(
+        default=True, metadata=option("reuse feasible nodes across pods of the same template")
+    )
+    scan_extra: int = field(
+        default=50, metadata=option("feasible nodes scanned beyond the unit size", minimum=0)
+    )
+    percentage_of_nodes_to_score: int = field(
+        default=0,
+        metadata=option("kube mode: 0 = adaptive, else this percentage", minimum=0, maximum=100),
+    )
+    capacity: int = field(
+        default=5000, metadata=option("pods the dispatcher may hand this shard at once", minimum=1)
+    )
+    max_attempts: int = field(
+        default=5, metadata=option("binder rejections of a unit before handing it back", minimum=1)
+    )
+    backoff_initial_seconds: float = field(
+        default=0.1, metadata=option("first retry delay after a binder rejection", minimum=0)
+    )
+    backoff_max_seconds: float = field(
+        default=10.0, metadata=option("cap of the exponential retry delay", minimum=0)
+    )
+    heartbeat_seconds: float = field(
+        default=1.0, metadata=option("SchedulerInstance heartbeat period", minimum=0.05)
+    )
+    max_batch_pods: int = field(
+        default=5000, metadata=option("placements per DecisionBatch (many units each)", minimum=1)
+    )
+    cycle_budget_ms: int = field(
+        default=50, metadata=option("scheduling time per cycle before yielding to I/O", minimum=1)
+    )
+    assumed_ttl_seconds: float = field(
+        default=30.0,
+        metadata=option("how long a bound placement counts until the watch shows it", minimum=0),
+    )
+    advertise_address: str = field(
+        default="", metadata=option("host:port in SchedulerInstance (default: host:bound port)")
+    )
+    sync_timeout_seconds: float = field(
+        default=30.0, metadata=option("how long to wait for the store view to sync", minimum=0.1)
+    )
+
+    def __post_init__(self) -> None:
+        if self.backoff_max_seconds < self.backoff_initial_seconds:
+            raise ConfigError("backoff_max_seconds must be >= backoff_initial_seconds")
+
+
+# ---------------------------------------------------------------------------------------------
+# Units and streams
+# ---------------------------------------------------------------------------------------------
+
+
+class _DispatchStream:
+    """The reply side of one Dispatch stream: outcomes in order, credits coalesced."""
+
+    def __init__(self) -> None:
+        self.out: deque[ipb.ShardMessage] = deque()
+        self.credit = 0
+        self.closed = False
+        self._wake = asyncio.Event()
+
+    def send(self, msg: ipb.ShardMessage) -> None:
+        if not self.closed:
+            self.out.append(msg)
+            self._wake.set()
+
+    def give(self, pods: int) -> None:
+        if pods > 0 and not self.closed:
+            self.credit += pods
+            self._wake.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake.set()
+
+    async def next(self) -> ipb.ShardMessage | None:
+        while True:
+            if self.out:
+                return self.out.popleft()
+            if self.credit:
+                credit, self.credit = self.credit, 0
+                return ipb.ShardMessage(credit=ipb.Credit(pods=credit))
+            if self.closed:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+
+
+@dataclass(eq=False)
+class _Unit:
+    job: pb.Job
+    stream: _DispatchStream
+    seq: int
+    credits: int  # credits still held: returned as pods finish
+    already_bound: int
+    # Pods to schedule -> the resource version the view must have reached before trying them.
+    pending: dict[str, int] = field(default_factory=dict)
+    inflight: dict[str, str] = field(default_factory=dict)  # pod -> node, sent to the Binder
+    retry: dict[str, str] = field(default_factory=dict)  # pod -> rejection reason
+    bound: list[str] = field(default_factory=list)
+    handed_back: dict[str, str] = field(default_factory=dict)  # pod -> why not placed
+    attempts: int = 0
+    # Retries wait until the view has reached what the Binder saw when it rejected.
+    min_revision: int = 0
+    revoked: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.job.metadata.name
+
+    @property
+    def priority(self) -> int:
+        return self.job.spec.priority
+
+    def undecided(self) -> int:
+        return len(self.pending) + len(self.inflight) + len(self.retry)
+
+
+# ---------------------------------------------------------------------------------------------
+# The service
+# ---------------------------------------------------------------------------------------------
 
 
 class SchedulerService(Service[SchedulerConfig]):
     component = "scheduler"
     config_class = SchedulerConfig
-    grpc_services = (internal_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name,)
+    grpc_services = (SCHEDULER_SERVICE,)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        registry = new_in_tree_registry()
+        try:
+            profile = (
+                load_profile(Path(self.config.profile), registry)
+                if self.config.profile
+                else Profile()
+            )
+            self.framework = Framework(profile, registry)
+        except PluginConfigError as exc:
+            raise ConfigError(f"profile: {exc}") from exc
+        self.scheduler = UnitScheduler(
+            self.framework,
+            SearchConfig(
+                mode=self.config.mode,
+                feasible_cache=self.config.feasible_cache,
+                scan_extra=self.config.scan_extra,
+                percentage_of_nodes_to_score=self.config.percentage_of_nodes_to_score,
+            ),
+        )
+        self.cache = SchedulerCache()
+        self.snapshot = Snapshot()
+        self.informer = Informer(self.store, ["Node", "Pod", "SchedulerInstance"])
+        self.informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
+        self.units: dict[str, _Unit] = {}
+        self._ready: list[tuple[int, int, _Unit]] = []  # (-priority, arrival, unit)
+        self._backoff: list[tuple[float, int, _Unit]] = []  # (not before, arrival, unit)
+        self._seq = 0
+        self._wake = asyncio.Event()
+        # Decisions sent (or to send) and not yet answered, by batch id; resent on reconnect.
+        self._undecided: dict[int, tuple[ipb.DecisionBatch, list[_Unit]]] = {}
+        self._unsent: deque[int] = deque()
+        self._send_wake = asyncio.Event()
+        self._batch_id = 0
+        self._bound_port = 0
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self.stats = {"decided_pods": 0, "bound": 0, "rejected": 0, "handed_back": 0}
+
+    # -- lifecycle ---------------------------------------------------------------------------
 
     def add_servicers(self, server: grpc.aio.Server) -> None:
-        # The generated base servicer answers every RPC with UNIMPLEMENTED (its stub marks the
-        # methods abstract, hence the ignore); the real servicer replaces it.
-        servicer = internal_pb2_grpc.SchedulerServicer()  # type: ignore[abstract]
-        internal_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
+        # The runtime binds the port after this and does not tell the service; the
+        # SchedulerInstance must carry the real address (port 0 picks one).
+        add_port = server.add_insecure_port
+
+        def add_insecure_port(address: str) -> int:
+            self._bound_port = add_port(address)
+            return self._bound_port
+
+        server.add_insecure_port = add_insecure_port  # type: ignore[method-assign]
+        internal_pb2_grpc.add_SchedulerServicer_to_server(_SchedulerServicer(self), server)
+
+    @property
+    def address(self) -> str:
+        if self.config.advertise_address:
+            return self.config.advertise_address
+        host = self.config.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{self._bound_port or self.config.port}"
+
+    async def on_start(self) -> None:
+        self.informer.start()
+        await self.informer.wait_synced(self.config.sync_timeout_seconds)
+        await self._register()
+        self.spawn(self._schedule_loop(), name="scheduler-loop")
+        self.spawn(self._binder_loop(), name="scheduler-binder-stream")
+        self.spawn(self._heartbeat_loop(), name="scheduler-heartbeat")
+        log.info("shard ready", address=self.address, nodes=len(self.cache.present))
+
+    async def on_stop(self) -> None:
+        with contextlib.suppress(StoreError):
+            await self.store.delete(pb.SchedulerInstance, self.config.name)
+        for task in list(self._side_tasks):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, timeout=1)
+        await self.informer.stop()
+
+    async def _register(self) -> None:
+        inst = pb.SchedulerInstance(metadata=pb.ObjectMeta(name=self.config.name))
+        inst.spec.address = self.address
+        inst.status.heartbeat_ms = _now_ms()
+        inst.status.ready = True
+        try:
+            await self.store.create(inst)
+        except AlreadyExistsError:  # a restart under the same name: take it over
+            current = await self.store.get(pb.SchedulerInstance, self.config.name)
+            current.spec.address = self.address
+            current.status.CopyFrom(inst.status)
+            await self.store.update(current, force=True)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_seconds)
+            try:
+                inst = await self.store.get(pb.SchedulerInstance, self.config.name)
+                inst.status.heartbeat_ms = _now_ms()
+                inst.status.ready = True
+                inst.status.undecided_pods = sum(u.undecided() for u in self.units.values())
+                # CAS: never overwrite a partition the dispatcher wrote meanwhile.
+                await self.store.update(inst)
+            except NotFoundError:
+                await self._register()  # deleted (e.g. declared dead): announce again
+            except (ConflictError, StoreError) as exc:
+                log.warning("heartbeat failed", error=str(exc))
+
+    # -- informer ----------------------------------------------------------------------------
+
+    def _on_add(self, kind: str, obj: Any) -> None:
+        if kind == "SchedulerInstance":
+            if obj.metadata.name == self.config.name:
+                self.scheduler.partition = frozenset(obj.spec.partition)
+            return
+        self.cache.on_add(kind, obj)
+
+    def _on_update(self, kind: str, old: Any, new: Any) -> None:
+        self._on_add(kind, new)
+
+    def _on_delete(self, kind: str, obj: Any) -> None:
+        if kind != "SchedulerInstance":
+            self.cache.on_delete(kind, obj)
+
+    # -- dispatcher side ---------------------------------------------------------------------
+
+    def accept_units(self, stream: _DispatchStream, batch: ipb.UnitBatch) -> None:
+        for u in batch.units:
+            name = u.job.metadata.name
+            if not name or name in self.units:
+                # Already held (a re-dispatch): the dispatcher spent credits; give them back.
+                stream.give(len(u.pods))
+                continue
+            self._seq += 1
+            unit = _Unit(
+                job=u.job,
+                stream=stream,
+                seq=self._seq,
+                credits=len(u.pods),
+                already_bound=u.already_bound,
+                pending={p.name: p.resource_version for p in u.pods},
+            )
+            self.units[name] = unit
+            heapq.heappush(self._ready, (-unit.priority, unit.seq, unit))
+        self._wake.set()
+
+    def revoke(self, jobs: Iterable[str]) -> None:
+        for job in jobs:
+            unit = self.units.get(job)
+            if unit is not None:
+                self._drop(unit)
+
+    def stream_closed(self, stream: _DispatchStream) -> None:
+        """The dispatcher re-dispatches what this stream held: drop its units here."""
+        stream.close()
+        for unit in [u for u in self.units.values() if u.stream is stream]:
+            self._drop(unit)
+
+    def _drop(self, unit: _Unit) -> None:
+        unit.revoked = True
+        self.units.pop(unit.name, None)
+        for pod in unit.inflight:
+            # Verdicts still come; until then the placement keeps counting (it may bind).
+            self.cache.confirm(pod, self.config.assumed_ttl_seconds)
+        unit.stream.give(unit.credits)
+        unit.credits = 0
+
+    def _finish_pods(self, unit: _Unit, count: int) -> None:
+        count = min(count, unit.credits)
+        unit.credits -= count
+        unit.stream.give(count)
+
+    def _maybe_finish(self, unit: _Unit) -> None:
+        """Send the unit's one outcome once nothing of it is left undecided."""
+        if unit.revoked or unit.undecided():
+            return
+        self.units.pop(unit.name, None)
+        if unit.handed_back:
+            reason = next(iter(unit.handed_back.values()))
+            outcome = ipb.UnitOutcome(
+                job=unit.name,
+                code=ipb.UNIT_UNSCHEDULABLE,
+                reason=reason,
+                pods=list(unit.handed_back),
+            )
+            self.stats["handed_back"] += len(unit.handed_back)
+            self._side_task(self._mark_unschedulable(dict(unit.handed_back)))
+        else:
+            outcome = ipb.UnitOutcome(job=unit.name, code=ipb.UNIT_DONE, pods=unit.bound)
+        unit.stream.send(ipb.ShardMessage(outcome=outcome))
+        self._finish_pods(unit, unit.credits)
+
+    async def _mark_unschedulable(self, reasons: dict[str, str]) -> None:
+        """PodScheduled=False with the reason on pods handed back (what `godel explain` shows);
+        conflicts are ignored: whoever changed the pod meanwhile knows better."""
+        now = _now_ms()
+        pods: list[pb.Pod] = []
+        for name, reason in reasons.items():
+            cached = self.informer.get("Pod", name)
+            if not isinstance(cached, pb.Pod) or cached.spec.node_name:
+                continue
+            pod = pb.Pod()
+            pod.CopyFrom(cached)
+            cond = next((c for c in pod.status.conditions if c.type == "PodScheduled"), None)
+            if cond is None:
+                cond = pod.status.conditions.add(type="PodScheduled")
+            if cond.status != "False":
+                cond.last_transition_ms = now
+            cond.status, cond.reason, cond.message = "False", "Unschedulable", reason
+            pod.status.scheduler = self.config.name
+            pod.status.attempts += 1
+            pods.append(pod)
+        if not pods:
+            return
+        try:
+            await self.store.update_many(pods)
+        except StoreError as exc:
+            log.warning("could not record unschedulable pods", error=str(exc), pods=len(pods))
+
+    def _side_task(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    # -- the scheduling loop -----------------------------------------------------------------
+
+    async def _schedule_loop(self) -> None:
+        while True:
+            timeout = None
+            if self._backoff:
+                timeout = max(0.0, self._backoff[0][0] - time.monotonic())
+            if not self._ready:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            now = time.monotonic()
+            while self._backoff and self._backoff[0][0] <= now:
+                _, seq, unit = heapq.heappop(self._backoff)
+                if not unit.revoked:
+                    heapq.heappush(self._ready, (-unit.priority, seq, unit))
+            if self._ready:
+                self.run_cycle()
+                await asyncio.sleep(0)  # let streams and the informer run between cycles
+
+    def run_cycle(self) -> None:
+        """One scheduling cycle: refresh the snapshot, schedule ready units for up to the cycle
+        budget, send their decisions as one DecisionBatch."""
+        self.cache.expire()
+        self.snapshot.update(self.cache)
+        deadline = time.monotonic() + self.config.cycle_budget_ms / 1000
+        decisions: list[ipb.UnitDecision] = []
+        units: list[_Unit] = []
+        pods = 0
+        while self._ready and pods < self.config.max_batch_pods:
+            _, _, unit = heapq.heappop(self._ready)
+            if unit.revoked or not unit.pending:
+                continue
+            decision = self._attempt(unit)
+            if decision is not None:
+                decisions.append(decision)
+                units.append(unit)
+                pods += len(decision.placements)
+            if time.monotonic() >= deadline:
+                break
+        if decisions:
+            self._send(decisions, units)
+
+    def _attempt(self, unit: _Unit) -> ipb.UnitDecision | None:
+        infos: list[PodInfo] = []
+        revision = self.informer.revision
+        for name, rv in list(unit.pending.items()):
+            pod = self.informer.get("Pod", name)
+            if not isinstance(pod, pb.Pod) or pod.metadata.resource_version < rv:
+                if revision < rv:  # the view has not caught up with the dispatcher yet
+                    self._defer(unit, 0.02)
+                    return None
+                del unit.pending[name]  # deleted by its owner
+                self._finish_pods(unit, 1)
+                continue
+            if pod.spec.node_name or pod.status.phase != pb.POD_PENDING:
+                del unit.pending[name]  # bound meanwhile (e.g. an earlier decision of ours)
+                if pod.spec.node_name:
+                    unit.bound.append(name)
+                    unit.already_bound += 1
+                self._finish_pods(unit, 1)
+                continue
+            infos.append(PodInfo.from_pod(pod))
+        if not infos:
+            self._maybe_finish(unit)
+            return None
+        spec = unit.job.spec
+        info = UnitInfo(unit.name, spec.min_member, unit.already_bound, spec.priority, infos)
+        result = self.scheduler.schedule(info, self.snapshot)
+        unit.pending.clear()
+        if not result.success:
+            unit.handed_back.update(result.unplaced)
+            log.info("unit unschedulable", job=unit.name, reason=result.reason)
+            self._maybe_finish(unit)
+            return None
+        reqs = {p.name: p.req for p in infos}
+        placements = []
+        for p in result.placements:
+            self.cache.assume(reqs[p.pod], p.node)
+            unit.inflight[p.pod] = p.node
+            placements.append(
+                ipb.Placement(pod=p.pod, pod_resource_version=p.resource_version, node=p.node)
+            )
+        unit.handed_back.update(result.unplaced)
+        self.stats["decided_pods"] += len(placements)
+        return ipb.UnitDecision(
+            job=unit.name,
+            min_member=spec.min_member,
+            already_bound=unit.already_bound,
+            placements=placements,
+        )
+
+    def _defer(self, unit: _Unit, delay: float) -> None:
+        heapq.heappush(self._backoff, (time.monotonic() + delay, unit.seq, unit))
+        self._wake.set()
+
+    # -- the Binder side ---------------------------------------------------------------------
+
+    def _send(self, decisions: list[ipb.UnitDecision], units: list[_Unit]) -> None:
+        self._batch_id += 1
+        batch = ipb.DecisionBatch(shard=self.config.name, batch_id=self._batch_id, units=decisions)
+        self._undecided[self._batch_id] = (batch, units)
+        self._unsent.append(self._batch_id)
+        self._send_wake.set()
+
+    async def _binder_loop(self) -> None:
+        delay = 0.05
+        while True:
+            address = await self._binder_address()
+            if address is None:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            try:
+                await self._run_binder_stream(address)
+                log.info("binder stream ended; looking up the leader again", binder=address)
+            except grpc.aio.AioRpcError as exc:
+                log.info(
+                    "binder stream failed; looking up the leader again",
+                    binder=address,
+                    code=exc.code().name,
+                    details=exc.details(),
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _binder_address(self) -> str | None:
+        try:
+            lease = await self.store.get_lease(BINDER_LEASE)
+        except StoreError as exc:
+            log.warning("cannot read the binder lease", error=str(exc))
+            return None
+        if lease is None or not lease.holder or not lease.holder_address:
+            return None
+        return lease.holder_address
+
+    async def _run_binder_stream(self, address: str) -> None:
+        async with grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS) as channel:
+            call = internal_pb2_grpc.BinderStub(channel).Decide()
+            # Everything not yet answered goes again, in order; the Binder answers duplicates of
+            # already-bound pods with STALE.
+            self._unsent = deque(sorted(self._undecided))
+            writer = asyncio.create_task(self._write_batches(call))
+            try:
+                async for verdicts in call:
+                    if self.on_verdicts(verdicts):
+                        return  # NOT_LEADER: reconnect to the new leader
+            finally:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await writer
+
+    async def _write_batches(self, call: Any) -> None:
+        while True:
+            while self._unsent:
+                batch_id = self._unsent.popleft()
+                entry = self._undecided.get(batch_id)
+                if entry is not None:
+                    await call.write(entry[0])
+            self._send_wake.clear()
+            await self._send_wake.wait()
+
+    def on_verdicts(self, vb: ipb.VerdictBatch) -> bool:
+        """Apply one VerdictBatch. Returns True when the Binder said it is not the leader (the
+        batch stays undecided and is resent to the new leader)."""
+        entry = self._undecided.get(vb.batch_id)
+        if entry is None:
+            return False
+        if vb.verdicts and all(v.code == ipb.NOT_LEADER for v in vb.verdicts):
+            return True
+        del self._undecided[vb.batch_id]
+        batch, units = entry
+        got = {v.pod: v for v in vb.verdicts}
+        for decision, unit in zip(batch.units, units, strict=True):
+            for placement in decision.placements:
+                pod = placement.pod
+                verdict = got.get(pod)
+                code = verdict.code if verdict is not None else ipb.ERROR
+                reason = verdict.reason if verdict is not None else "no verdict from the binder"
+                unit.inflight.pop(pod, None)
+                if code == ipb.BOUND:
+                    self.stats["bound"] += 1
+                    self.cache.confirm(pod, self.config.assumed_ttl_seconds)
+                    if not unit.revoked:
+                        unit.bound.append(pod)
+                        unit.already_bound += 1
+                        self._finish_pods(unit, 1)
+                    continue
+                self.stats["rejected"] += 1
+                self.cache.forget(pod)
+                if not unit.revoked:
+                    name = ipb.VerdictCode.Name(code) if code in _RETRY_CODES else str(code)
+                    unit.retry[pod] = f"binder: {name}: {reason}"
+                    if verdict is not None:
+                        unit.min_revision = max(unit.min_revision, verdict.resource_version)
+            if not unit.revoked and not unit.inflight:
+                self._after_verdicts(unit)
+        self._wake.set()
+        return False
+
+    def _after_verdicts(self, unit: _Unit) -> None:
+        if unit.retry:
+            unit.attempts += 1
+            if unit.attempts >= self.config.max_attempts:
+                for pod, reason in unit.retry.items():
+                    unit.handed_back[pod] = f"{reason} (after {unit.attempts} attempts)"
+                unit.retry.clear()
+            else:
+                # Retry against a view that has seen at least what the Binder saw.
+                unit.pending = {pod: unit.min_revision for pod in unit.retry}
+                unit.retry.clear()
+                delay = min(
+                    self.config.backoff_initial_seconds * 2 ** (unit.attempts - 1),
+                    self.config.backoff_max_seconds,
+                )
+                self._defer(unit, delay)
+                return
+        self._maybe_finish(unit)
+
+
+class _SchedulerServicer(internal_pb2_grpc.SchedulerServicer):
+    def __init__(self, service: SchedulerService) -> None:
+        self.service = service
+
+    # Written with context.read()/write() (reads and writes run concurrently), not as the
+    # generator the generated base class declares.
+    async def Dispatch(  # type: ignore[override]
+        self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        service = self.service
+        stream = _DispatchStream()
+        stream.give(service.config.capacity)
+        peer = context.peer()
+        log.info("dispatcher connected", peer=peer)
+
+        async def read() -> None:
+            try:
+                while True:
+                    msg = await context.read()
+                    if msg is grpc.aio.EOF:
+                        return
+                    assert isinstance(msg, ipb.DispatchMessage)
+                    body = msg.WhichOneof("body")
+                    if body == "units":
+                        service.accept_units(stream, msg.units)
+                    elif body == "revoke":
+                        service.revoke(msg.revoke.jobs)
+            finally:
+                stream.close()
+
+        reader = asyncio.create_task(read())
+        try:
+            while (out := await stream.next()) is not None:
+                await context.write(out)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            service.stream_closed(stream)
+            log.info("dispatcher disconnected", peer=peer)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

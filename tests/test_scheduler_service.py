@@ -1,0 +1,234 @@
+"""The shard in-process against a real store and real gRPC on loopback: the test plays the
+dispatcher (opens Scheduler.Dispatch) and runs a small recording Binder servicer that holds the
+`binder` lease, to isolate the shard from the real Binder."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import internal_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.runtime import ServiceHost
+from services.scheduler.service import SchedulerConfig, SchedulerService
+from store import Store
+from store.errors import NotFoundError
+from tests.factories import GiB, job, node, pods_of
+
+
+@dataclass
+class RecordingBinder(internal_pb2_grpc.BinderServicer):
+    """Records every DecisionBatch; answers BOUND, except the first placement of each pod
+    listed in ``conflict_once`` (CONFLICT), and everything while ``not_leader`` is set."""
+
+    conflict_once: set[str] = field(default_factory=set)
+    batches: list[ipb.DecisionBatch] = field(default_factory=list)
+    not_leader: bool = False
+
+    async def Decide(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[ipb.DecisionBatch], context: Any
+    ) -> AsyncIterator[ipb.VerdictBatch]:
+        async for batch in request_iterator:
+            self.batches.append(batch)
+            out = ipb.VerdictBatch(batch_id=batch.batch_id)
+            for unit in batch.units:
+                for p in unit.placements:
+                    code = ipb.BOUND
+                    if self.not_leader:
+                        code = ipb.NOT_LEADER
+                    elif p.pod in self.conflict_once:
+                        self.conflict_once.discard(p.pod)
+                        code = ipb.CONFLICT
+                    out.verdicts.add(pod=p.pod, job=unit.job, code=code, node=p.node)
+            yield out
+
+
+@pytest.fixture
+async def binder(store: Store) -> AsyncIterator[RecordingBinder]:
+    servicer = RecordingBinder()
+    server = grpc.aio.server()
+    internal_pb2_grpc.add_BinderServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ok, _ = await store.acquire_lease("binder", "test-binder", 60_000, f"127.0.0.1:{port}")
+    assert ok
+    try:
+        yield servicer
+    finally:
+        await server.stop(0)
+
+
+class Dispatcher:
+    """The test's side of one Dispatch stream."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.aio.insecure_channel(address)
+        self.call: Any = internal_pb2_grpc.SchedulerStub(self.channel).Dispatch()
+        self.credits = 0
+        self.outcomes: dict[str, ipb.UnitOutcome] = {}
+
+    async def send(self, *units: ipb.Unit) -> None:
+        await self.call.write(ipb.DispatchMessage(units=ipb.UnitBatch(units=list(units))))
+
+    async def until(self, pred: Any, timeout: float = 10) -> None:
+        async def loop() -> None:
+            while not pred():
+                msg = await self.call.read()
+                assert msg is not grpc.aio.EOF
+                if msg.HasField("credit"):
+                    self.credits += msg.credit.pods
+                else:
+                    self.outcomes[msg.outcome.job] = msg.outcome
+
+        await asyncio.wait_for(loop(), timeout)
+
+    async def close(self) -> None:
+        await self.call.done_writing()
+        await self.channel.close()
+
+
+async def create_job(store: Store, j: pb.Job) -> ipb.Unit:
+    pods = pods_of(j)
+    await store.create_unit(j, pods)
+    return ipb.Unit(
+        job=j,
+        pods=[
+            ipb.PodRef(
+                name=p.metadata.name,
+                uid=p.metadata.uid,
+                resource_version=p.metadata.resource_version,
+                index=p.spec.index,
+            )
+            for p in pods
+        ],
+    )
+
+
+async def eventually(pred: Any, timeout: float = 10) -> None:
+    async def poll() -> None:
+        while not pred():  # noqa: ASYNC110 (state changes in another task, no event to wait on)
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+@pytest.fixture
+def config(store_url: str, cluster_name: str) -> SchedulerConfig:
+    return SchedulerConfig(
+        name="shard-a",
+        store_url=store_url,
+        cluster=cluster_name,
+        port=0,
+        heartbeat_seconds=0.1,
+        backoff_initial_seconds=0.01,
+        grace_seconds=0.5,
+        log_level="warning",
+    )
+
+
+async def test_shard_schedules_units_and_streams_decisions_to_the_binder(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    for i in range(5):
+        await store.create(node(f"n{i}", cpu=4000, mem=32 * GiB))
+    gang = await create_job(store, job("gang", replicas=5, min_member=5, cpu=3000, mem=GiB))
+    web = await create_job(store, job("web", replicas=3, min_member=1, cpu=500, mem=GiB))
+    big = await create_job(store, job("big", replicas=2, min_member=2, cpu=9000, mem=GiB))
+    binder.conflict_once = {"web-1"}
+
+    async with ServiceHost(SchedulerService, config) as host:
+        inst = await store.get(pb.SchedulerInstance, "shard-a")
+        assert inst.spec.address == host.address
+        d = Dispatcher(host.address)
+        await d.until(lambda: d.credits == 5000)  # Credit{capacity} on open
+        d.credits = 0
+        await d.send(gang, web, big)
+        await d.until(lambda: {"gang", "web", "big"} <= set(d.outcomes) and d.credits == 10)
+
+        assert d.outcomes["gang"].code == ipb.UNIT_DONE
+        assert sorted(d.outcomes["gang"].pods) == [f"gang-{i}" for i in range(5)]
+        assert d.outcomes["web"].code == ipb.UNIT_DONE
+        assert d.outcomes["big"].code == ipb.UNIT_UNSCHEDULABLE
+        assert "0/5 nodes fit: 5 insufficient cpu" in d.outcomes["big"].reason
+        assert sorted(d.outcomes["big"].pods) == ["big-0", "big-1"]
+
+        # The gang travelled whole in one decision; no node got more than it holds.
+        decisions = [u for b in binder.batches for u in b.units]
+        gang_decisions = [u for u in decisions if u.job == "gang"]
+        assert len(gang_decisions) == 1 and len(gang_decisions[0].placements) == 5
+        assert gang_decisions[0].min_member == 5
+        per_node: dict[str, int] = {}
+        for u in decisions:
+            for p in u.placements:
+                cpu = 3000 if u.job == "gang" else 500
+                per_node[p.node] = per_node.get(p.node, 0) + cpu
+        assert all(v <= 4000 for v in per_node.values())
+        assert all(b.shard == "shard-a" for b in binder.batches)
+        # web-1 was rejected once (CONFLICT) and decided again.
+        web_pods = [p.pod for u in decisions if u.job == "web" for p in u.placements]
+        assert sorted(web_pods) == ["web-0", "web-1", "web-1", "web-2"]
+        assert not any(u.job == "big" for u in decisions)
+
+        # The unschedulable pods carry the reason for `godel explain`.
+        async def marked() -> pb.Pod:
+            while True:
+                pod = await store.get(pb.Pod, "big-0")
+                if pod.status.conditions:
+                    return pod
+                await asyncio.sleep(0.02)
+
+        pod = await asyncio.wait_for(marked(), 5)
+        cond = pod.status.conditions[0]
+        assert (cond.type, cond.status, cond.reason) == ("PodScheduled", "False", "Unschedulable")
+        assert cond.message.startswith("0/5 nodes fit: 5 insufficient cpu")
+        assert pod.status.scheduler == "shard-a" and pod.status.attempts == 1
+
+        # Heartbeats advance.
+        before = (await store.get(pb.SchedulerInstance, "shard-a")).status.heartbeat_ms
+        await asyncio.sleep(0.35)
+        after = await store.get(pb.SchedulerInstance, "shard-a")
+        assert after.status.heartbeat_ms > before
+        assert after.status.ready
+        await d.close()
+
+    # A graceful stop removes the registration.
+    with pytest.raises(NotFoundError):
+        await store.get(pb.SchedulerInstance, "shard-a")
+
+
+async def test_revoke_and_binder_reconnect(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    for i in range(3):
+        await store.create(node(f"n{i}", cpu=4000, mem=32 * GiB))
+    binder.not_leader = True
+    a = await create_job(store, job("a", replicas=2, min_member=2, cpu=1000, mem=GiB))
+    async with ServiceHost(SchedulerService, config) as host:
+        d = Dispatcher(host.address)
+        await d.until(lambda: d.credits == 5000)
+        await d.send(a)
+        # The "standby" answers NOT_LEADER: the shard looks the leader up again and resends.
+        await eventually(lambda: len(binder.batches) >= 2)
+        binder.not_leader = False
+        await d.until(lambda: "a" in d.outcomes)
+        assert d.outcomes["a"].code == ipb.UNIT_DONE
+        assert {b.batch_id for b in binder.batches} == {binder.batches[0].batch_id}
+
+        # Revoked units are dropped and their credits returned, with no outcome.
+        service = host.service
+        assert isinstance(service, SchedulerService)
+        b = await create_job(store, job("b", replicas=2, min_member=2, cpu=1000, mem=GiB))
+        binder.not_leader = True  # keep b's decision undecided
+        d.credits = 0
+        await d.send(b)
+        await eventually(lambda: "b" in {u.job for x in binder.batches for u in x.units})
+        await d.call.write(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=["b"])))
+        await d.until(lambda: d.credits >= 4)  # a's 2 (already returned) + b's 2
+        assert "b" not in service.units and "b" not in d.outcomes
+        await d.close()
