@@ -217,7 +217,7 @@ class BinderService(Service[BinderConfig]):
                 revision = await self.store.revision()
                 await self.informer.wait_for_revision(revision, self.config.sync_timeout_seconds)
             except (StoreUnavailableError, TimeoutError) as exc:
-                log.warning("leader catch-up failed; retrying", error=str(exc) or type(exc))
+                log.warning("leader catch-up failed; retrying", error=repr(exc))
                 await asyncio.sleep(self.config.renew_ms / 1000)
                 continue
             if self._fence is fence:
