@@ -116,3 +116,17 @@ def test_unit_hooks_default_to_no_ops() -> None:
     fw = Framework(Profile(), REGISTRY)
     nodes = [NodeInfo.from_node(node("a", mem=GiB))]
     assert fw.node_groups(UnitInfo("j", 1, 0, 0), nodes) is None
+
+
+def test_bad_profile_file_is_a_config_error(tmp_path: Path) -> None:
+    from services.runtime import ConfigError, load_config
+    from services.scheduler.service import SchedulerConfig
+
+    path = tmp_path / "p.yaml"
+    path.write_text("filters: [NodePorts, NodePorts]\n")
+    with pytest.raises(ConfigError, match=r"profile: .*plugin 'NodePorts' listed twice"):
+        load_config(SchedulerConfig, ["--profile", str(path)], {})
+    path.write_text("scores: [MostAllocated]\n")
+    config = load_config(SchedulerConfig, ["--profile", str(path), "--mode", "kube"], {})
+    assert config.load_profile().scores == (("MostAllocated", 1),)
+    assert config.mode == "kube"

@@ -232,3 +232,37 @@ async def test_revoke_and_binder_reconnect(
         await d.until(lambda: d.credits >= 4)  # a's 2 (already returned) + b's 2
         assert "b" not in service.units and "b" not in d.outcomes
         await d.close()
+
+
+async def test_shard_with_the_real_binder_binds_gangs_without_overcommit(
+    store: Store, config: SchedulerConfig, store_url: str, cluster_name: str
+) -> None:
+    from services.binder.service import BinderConfig, BinderService
+
+    for i in range(4):
+        await store.create(node(f"n{i}", cpu=4000, mem=32 * GiB))
+    units = [
+        await create_job(store, job(f"g{k}", replicas=3, min_member=3, cpu=1000, mem=GiB))
+        for k in range(5)
+    ]
+    binder_config = BinderConfig(
+        name="binder-0", store_url=store_url, cluster=cluster_name, port=0, log_level="warning"
+    )
+    async with (
+        ServiceHost(BinderService, binder_config),
+        ServiceHost(SchedulerService, config) as shard,
+    ):
+        d = Dispatcher(shard.address)
+        await d.until(lambda: d.credits == 5000)
+        await d.send(*units)
+        await d.until(lambda: len(d.outcomes) == 5, timeout=20)
+        await d.close()
+
+    # 16 cpu-slots of 1000m: 5 gangs of 3 fit (15); every gang is whole.
+    codes = {job: o.code for job, o in d.outcomes.items()}
+    assert codes == {f"g{k}": ipb.UNIT_DONE for k in range(5)}
+    pods, _ = await store.list_all(pb.Pod)
+    assert all(p.spec.node_name and p.status.phase == pb.POD_BOUND for p in pods)
+    for i in range(4):
+        usage = await store.node_usage(f"n{i}")
+        assert usage is not None and usage.used["g.cpu"] <= 4000

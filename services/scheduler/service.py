@@ -109,6 +109,15 @@ class SchedulerConfig(ServiceConfig):
     def __post_init__(self) -> None:
         if self.backoff_max_seconds < self.backoff_initial_seconds:
             raise ConfigError("backoff_max_seconds must be >= backoff_initial_seconds")
+        self.load_profile()  # a bad profile is a config error: refused before anything starts
+
+    def load_profile(self) -> Profile:
+        if not self.profile:
+            return Profile()
+        try:
+            return load_profile(Path(self.profile), new_in_tree_registry())
+        except PluginConfigError as exc:
+            raise ConfigError(f"profile: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,16 +203,7 @@ class SchedulerService(Service[SchedulerConfig]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        registry = new_in_tree_registry()
-        try:
-            profile = (
-                load_profile(Path(self.config.profile), registry)
-                if self.config.profile
-                else Profile()
-            )
-            self.framework = Framework(profile, registry)
-        except PluginConfigError as exc:
-            raise ConfigError(f"profile: {exc}") from exc
+        self.framework = Framework(self.config.load_profile(), new_in_tree_registry())
         self.scheduler = UnitScheduler(
             self.framework,
             SearchConfig(
