@@ -78,7 +78,12 @@ def test_hollow_node_shape_labels_and_topology() -> None:
     assert [n.metadata.name for n in nodes] == [f"ha-{i}" for i in range(6)]
     assert [n.metadata.labels["zone"] for n in nodes] == [f"zone-{i % 4}" for i in range(6)]
     n = nodes[5]
-    assert dict(n.metadata.labels) == {"disk": "ssd", "hostname": "ha-5", "zone": "zone-1"}
+    assert dict(n.metadata.labels) == {
+        "disk": "ssd",
+        "hostname": "ha-5",
+        "zone": "zone-1",
+        "godel.io/mode": "hollow",
+    }
     assert (n.spec.agent, n.spec.mode) == ("a", "hollow")
     alloc, rec = n.status.allocatable, n.status.reclaimable
     assert (alloc.milli_cpu, alloc.memory_bytes, alloc.pods, alloc.gpus) == (4001, 32 * GiB, 110, 3)
@@ -184,7 +189,12 @@ async def test_hollow_agent_registers_nodes(store: Store, store_url: str, tmp_pa
         by_name = {n.metadata.name: n for n in nodes}
         assert sorted(by_name) == [f"hn-{i}" for i in range(5)]
         n = by_name["hn-2"]
-        assert dict(n.metadata.labels) == {"disk": "ssd", "hostname": "hn-2", "zone": "zone-2"}
+        assert dict(n.metadata.labels) == {
+            "disk": "ssd",
+            "hostname": "hn-2",
+            "zone": "zone-2",
+            "godel.io/mode": "hollow",
+        }
         assert [(t.key, t.value, t.effect) for t in n.spec.taints] == [
             ("dedicated", "batch", pb.NO_SCHEDULE)
         ]

@@ -43,6 +43,13 @@ def up(
         int, typer.Option(min=1, help="Binders (one leader, the rest standby).")
     ] = 2,
     nodeagents: Annotated[int, typer.Option(min=1, help="Node agent processes.")] = 1,
+    hollow_nodes: Annotated[
+        int, typer.Option(min=0, help="Simulated nodes (4 CPU, 32 GiB, 110 pods each).")
+    ] = 100,
+    process_node: Annotated[
+        bool,
+        typer.Option(help="Also run real processes on this machine, as one process-mode node."),
+    ] = True,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for SERVING.")] = 30.0,
     grace: Annotated[
         float, typer.Option(min=0, help="Services' shutdown grace period, in seconds.")
@@ -62,6 +69,8 @@ def up(
         nodeagents=nodeagents,
         ready_timeout=timeout,
         grace_seconds=grace,
+        hollow_nodes=hollow_nodes,
+        process_node=process_node,
     )
     try:
         state = local.up(godel_home, spec)

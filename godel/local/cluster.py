@@ -51,6 +51,26 @@ class ClusterSpec:
     grace_seconds: float = 5.0
     """Passed to each service: how long in-flight RPCs may run after SIGTERM."""
     fsync: Literal["always", "everysec", "no"] = "always"
+    hollow_nodes: int = 100
+    """Simulated nodes, split across the node agents."""
+    process_node: bool = True
+    """Whether the first node agent also serves this machine as a process-mode node."""
+    service_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Extra command-line arguments per service kind, e.g. (("scheduler", ("--x", "1")),)."""
+
+    def args_for(self, name: str, kind: str) -> list[str]:
+        args: list[str] = []
+        if kind == "nodeagent":
+            index = int(name.rsplit("-", 1)[1])
+            share = self.hollow_nodes // self.nodeagents + (
+                1 if index < self.hollow_nodes % self.nodeagents else 0
+            )
+            args += ["--hollow-nodes", str(share)]
+            args += ["--process-node", "true" if self.process_node and index == 0 else "false"]
+        for k, extra in self.service_args:
+            if k == kind:
+                args += extra
+        return args
 
     def services(self) -> list[tuple[str, str]]:
         """(name, kind) of every service process, in start order."""
@@ -228,6 +248,7 @@ def _start_service(
         "--home", str(home.path),
         "--grace-seconds", str(spec.grace_seconds),
         "--log-format", "json",
+        *spec.args_for(name, kind),
     ]  # fmt: skip
     log_path = home.log_file(name)
     with log_path.open("ab") as out:

@@ -111,6 +111,9 @@ def topology(capacity: pb.Resources, sockets: int) -> pb.NodeTopology:
     return topo
 
 
+MODE_LABEL = "godel.io/mode"
+
+
 def build_node(
     name: str,
     *,
@@ -123,6 +126,8 @@ def build_node(
 ) -> pb.Node:
     node = pb.Node(metadata=pb.ObjectMeta(name=name))
     node.metadata.labels.update(labels)
+    # Lets a job choose real processes (or simulation): nodeSelector {godel.io/mode: process}.
+    node.metadata.labels[MODE_LABEL] = mode
     node.spec.agent = agent
     node.spec.mode = mode
     node.spec.taints.extend(taints)
