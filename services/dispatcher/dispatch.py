@@ -135,6 +135,16 @@ def _shapes(node: pb.Node) -> dict[str, NodeShape]:
     }
 
 
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel until really done: redis-py can swallow a cancellation that lands mid-read."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.05)
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class UnitDispatcher:
     """Pending units → queues → shards. Feed it an informer over Pod, Job, Node, Queue and
     SchedulerInstance, then ``await run()``."""
@@ -161,6 +171,7 @@ class UnitDispatcher:
         self._settle = asyncio.Event()
         self._shards_changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
 
     # -----------------------------------------------------------------------------------------
@@ -277,17 +288,13 @@ class UnitDispatcher:
             for task in done:
                 task.result()
         finally:
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
             await self.close()
+            await _cancel(loops)
 
     async def close(self) -> None:
+        self._closing = True
         tasks = [link.task for link in self.links.values() if link.task is not None]
-        tasks += list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel([*tasks, *self._tasks])
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -295,7 +302,7 @@ class UnitDispatcher:
         task.add_done_callback(self._tasks.discard)
 
     async def _dispatch_loop(self) -> None:
-        while True:
+        while not self._closing:
             timeout = self._next_deadline()
             try:
                 await asyncio.wait_for(self._kick.wait(), timeout)
@@ -310,7 +317,7 @@ class UnitDispatcher:
         return max(0.01, min(waits, default=1.0))
 
     async def _settle_loop(self) -> None:
-        while True:
+        while not self._closing:
             await self._settle.wait()
             self._settle.clear()
             batch = [e for e in self.units.values() if e.state == UnitState.SETTLING]
@@ -327,7 +334,7 @@ class UnitDispatcher:
 
     async def _shard_loop(self) -> None:
         interval = min(1.0, self.settings.shard_grace_seconds / 4)
-        while True:
+        while not self._closing:
             self.check_shards()
             try:
                 await asyncio.wait_for(self._shards_changed.wait(), interval)
@@ -467,7 +474,7 @@ class UnitDispatcher:
 
     def _drop_link(self, link: ShardLink, reason: str) -> None:
         """The shard is gone: its undecided units go back to the queue for the other shards."""
-        if self.links.get(link.name) is not link:
+        if self.links.get(link.name) is not link or self._closing:
             return
         del self.links[link.name]
         self._retry_at[link.name] = time.monotonic() + RECONNECT_SECONDS

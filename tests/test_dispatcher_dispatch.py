@@ -1,0 +1,237 @@
+"""Dispatch over real gRPC: the dispatcher in-process, test-only Scheduler servicers as shards
+(see tests/dispatcher_harness.py), a real store. Whole units, least-loaded choice, credit flow
+control, huge units, backoff, infeasible units, dead shards, revokes, restarts, quotas."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import objects_pb2 as pb
+from store import Store
+from tests import factories as f
+from tests.dispatcher_harness import (
+    Running,
+    TestShard,
+    dispatcher_config,
+    eventually,
+    run_dispatcher,
+)
+
+
+@pytest.fixture
+def config(store_url: str, cluster_name: str, tmp_path: Path) -> Any:
+    return dispatcher_config(store_url, cluster_name, tmp_path)
+
+
+@pytest.fixture
+async def dispatcher(config: Any) -> AsyncIterator[Running]:
+    async with run_dispatcher(config) as running:
+        yield running
+
+
+@pytest.fixture
+async def shards(store: Store) -> AsyncIterator[list[TestShard]]:
+    started: list[TestShard] = []
+    yield started
+    for shard in started:
+        await shard.stop()
+
+
+async def start_shard(
+    shards: list[TestShard], store: Store, d: Running, name: str, capacity: int
+) -> TestShard:
+    shard = TestShard(name, store, capacity)
+    await shard.start()
+    shards.append(shard)
+    core = d.service.core
+    await eventually(lambda: name in core.links and core.links[name].ready, what=f"{name} ready")
+    return shard
+
+
+async def submit(d: Running, *jobs: pb.Job) -> None:
+    response = await d.api.Submit(api_pb2.SubmitRequest(jobs=list(jobs)))
+    assert all(r.created for r in response.results), response
+
+
+async def test_whole_units_least_loaded_and_credit_flow_control(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    await store.create(f.node("n1", cpu=64_000))
+    a = await start_shard(shards, store, dispatcher, "shard-a", capacity=4)
+    await submit(dispatcher, f.job("j1", replicas=3, min_member=3))
+    await eventually(lambda: a.jobs() == ["j1"], what="j1 on a")
+    unit = a.unit("j1")
+    assert [p.name for p in unit.pods] == ["j1-0", "j1-1", "j1-2"]
+    assert [p.index for p in unit.pods] == [0, 1, 2] and all(p.uid for p in unit.pods)
+    assert unit.job.spec.min_member == 3 and unit.already_bound == 0
+
+    b = await start_shard(shards, store, dispatcher, "shard-b", capacity=100)
+    # a holds 1 credit: a 2-pod unit must go to b.
+    await submit(dispatcher, f.job("j2", replicas=2))
+    await eventually(lambda: b.jobs() == ["j2"], what="j2 on b")
+    # Both fit a 1-pod unit; b is less loaded (2 undecided pods against 3).
+    await submit(dispatcher, f.job("j3"))
+    await eventually(lambda: b.jobs() == ["j2", "j3"], what="j3 on b")
+    assert a.jobs() == ["j1"]
+
+    # a finishes j1 (binds it, returns its credits): now a is the least loaded.
+    await a.bind_and_finish("j1", "n1")
+    await eventually(lambda: dispatcher.service.core.links["shard-a"].load == 0, what="a idle")
+    await submit(dispatcher, f.job("j4", replicas=2))
+    await eventually(lambda: a.jobs() == ["j1", "j4"], what="j4 on a")
+    # j1's pods were bound: nothing of it comes back.
+    assert b.jobs() == ["j2", "j3"]
+    # Never more pods in flight on a than it granted.
+    assert all(sum(len(u.pods) for u in batch.units) <= 4 for batch in a.batches)
+
+
+async def test_many_units_batched_and_capacity_respected(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    await submit(dispatcher, *[f.job(f"j{i}", replicas=2) for i in range(20)])
+    await eventually(lambda: len(dispatcher.service.core.units) == 20, what="queued")
+    shard = await start_shard(shards, store, dispatcher, "shard-a", capacity=30)
+    await eventually(lambda: len(shard.units) == 15, what="15 units")
+    await _settle_briefly()
+    assert len(shard.units) == 15  # 30 credits = 15 two-pod units, no more
+    assert len(shard.batches) == 1  # one message for the whole round
+    assert shard.jobs() == [f"j{i}" for i in range(15)]  # FIFO
+    for i in range(15):
+        shard.outcome(f"j{i}", ipb.UNIT_UNSCHEDULABLE, "0/0 nodes fit", credit=2)
+    # The other five go out as credits return; the unschedulable ones after their backoff.
+    await eventually(lambda: {f"j{i}" for i in range(15, 20)} <= set(shard.jobs()), what="rest")
+
+
+async def _settle_briefly() -> None:
+    import asyncio
+
+    await asyncio.sleep(0.3)
+
+
+async def test_a_unit_larger_than_capacity_goes_to_an_empty_shard(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    await store.create(f.node("n1", cpu=64_000))
+    shard = await start_shard(shards, store, dispatcher, "shard-a", capacity=2)
+    await submit(dispatcher, f.job("small", replicas=1))
+    await eventually(lambda: shard.jobs() == ["small"], what="small")
+    await submit(dispatcher, f.job("huge", replicas=5))
+    await _settle_briefly()
+    assert shard.jobs() == ["small"]  # not while the shard is busy
+    await shard.bind_and_finish("small", "n1")
+    await eventually(lambda: shard.jobs() == ["small", "huge"], what="huge once empty")
+    assert len(shard.unit("huge").pods) == 5  # whole, never split
+    await submit(dispatcher, f.job("after"))
+    await _settle_briefly()
+    assert "after" not in shard.jobs()  # no credits until huge is done
+    await shard.bind_and_finish("huge", "n1")
+    await eventually(lambda: "after" in shard.jobs(), what="after")
+
+
+async def test_unschedulable_backs_off_and_infeasible_waits_for_a_node(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    shard = await start_shard(shards, store, dispatcher, "shard-a", capacity=10)
+    await submit(dispatcher, f.job("u"), f.job("inf", replicas=2))
+    await eventually(lambda: sorted(shard.jobs()) == ["inf", "u"], what="both sent")
+
+    shard.outcome("u", ipb.UNIT_UNSCHEDULABLE, "0/1 nodes fit: 1 insufficient cpu", credit=1)
+    sent = time.monotonic()
+    await eventually(lambda: shard.jobs().count("u") == 2, what="u again")
+    assert time.monotonic() - sent >= 0.15  # backoff_initial_seconds = 0.2
+
+    reason = "0/1 nodes fit: 1 insufficient memory"
+    shard.outcome("inf", ipb.UNIT_INFEASIBLE, reason, credit=2)
+
+    async def marked() -> bool:
+        pods = await store.get_many(pb.Pod, ["inf-0", "inf-1"])
+        return all(p is not None and p.status.conditions for p in pods)
+
+    await eventually(marked, what="pods marked unschedulable")
+    pod = await store.get(pb.Pod, "inf-0")
+    [cond] = pod.status.conditions
+    assert (cond.type, cond.status, cond.reason, cond.message) == (
+        "PodScheduled", "False", "Unschedulable", reason,
+    )  # fmt: skip
+    why = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="inf-1"))
+    assert why.summary == reason and why.total_nodes == 1
+    await _settle_briefly()
+    await _settle_briefly()
+    assert shard.jobs().count("inf") == 1  # kept out of the queue
+
+    # A heartbeat-only node update is not a change; a new node is.
+    await store.create(f.node("n1"))
+    await eventually(lambda: shard.jobs().count("inf") == 2, what="inf after node added")
+
+
+async def test_dead_shard_units_go_to_the_live_one(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    a = await start_shard(shards, store, dispatcher, "shard-a", capacity=10)
+    await submit(dispatcher, f.job("j1", replicas=3), f.job("j2"))
+    await eventually(lambda: sorted(a.jobs()) == ["j1", "j2"], what="on a")
+    b = await start_shard(shards, store, dispatcher, "shard-b", capacity=10)
+    await a.stop()  # the stream breaks
+    await eventually(lambda: sorted(b.jobs()) == ["j1", "j2"], what="re-dispatched to b")
+    assert len(b.unit("j1").pods) == 3
+
+    # Heartbeat lapse (stream still open): b's units move to a new shard c.
+    c = await start_shard(shards, store, dispatcher, "shard-c", capacity=10)
+    await b.stop_heartbeat()
+    await eventually(lambda: sorted(c.jobs()) == ["j1", "j2"], timeout=10, what="moved to c")
+    assert "shard-b" not in dispatcher.service.core.links
+
+
+async def test_delete_revokes_from_the_shard(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    shard = await start_shard(shards, store, dispatcher, "shard-a", capacity=10)
+    await submit(dispatcher, f.job("gone", replicas=2))
+    await eventually(lambda: shard.jobs() == ["gone"], what="sent")
+    response = await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Job", name="gone"))
+    assert response.deleted == 3
+    await eventually(lambda: shard.revoked == ["gone"], what="revoked")
+    assert "gone" not in dispatcher.service.core.units
+
+
+async def test_restart_loses_no_pending_unit(
+    config: Any, store: Store, shards: list[TestShard]
+) -> None:
+    async with run_dispatcher(config) as first:
+        await submit(first, *[f.job(f"j{i}", replicas=2) for i in range(5)])
+        await store.create(f.node("n1"))
+    async with run_dispatcher(config) as second:
+        assert len(second.service.core.units) == 5  # rebuilt before serving
+        shard = await start_shard(shards, store, second, "shard-a", capacity=100)
+        await eventually(lambda: len(shard.units) == 5, what="all dispatched")
+        assert sorted(shard.jobs()) == [f"j{i}" for i in range(5)]
+
+
+async def test_queue_quota_holds_units_back(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    await store.create(f.node("n1", cpu=64_000))
+    queue = pb.Queue(metadata=pb.ObjectMeta(name="team"))
+    queue.spec.quota.milli_cpu = 1000
+    await store.create(queue)
+    jobs = [f.job(name, cpu=600) for name in ("first", "second")]
+    for j in jobs:
+        j.spec.queue = "team"
+    shard = await start_shard(shards, store, dispatcher, "shard-a", capacity=10)
+    await submit(dispatcher, *jobs)
+    await eventually(lambda: shard.jobs() == ["first"], what="first")
+    await _settle_briefly()
+    assert shard.jobs() == ["first"]
+    why = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="second-0"))
+    assert why.summary == "waiting in queue team (position 1): queue quota exceeded (cpu)"
+    # first finishes and its pod is deleted (its claim returned): second fits now.
+    await shard.bind_and_finish("first", "n1")
+    await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Job", name="first"))
+    await eventually(lambda: shard.jobs() == ["first", "second"], what="second")
