@@ -14,6 +14,7 @@ import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from services.dispatcher.api import DispatcherServicer
+from services.dispatcher.controllers import JobStatusController, NodeLifecycleController
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import option
@@ -43,6 +44,14 @@ class DispatcherConfig(ServiceConfig):
     max_batch_pods: int = field(
         default=5000,
         metadata=option("pods per UnitBatch message (a larger unit travels alone)", minimum=1),
+    )
+    node_grace_seconds: float = field(
+        default=10.0,
+        metadata=option("a node whose heartbeat is older than this is lost", minimum=0.1),
+    )
+    controller_interval_seconds: float = field(
+        default=1.0,
+        metadata=option("how often node lifecycle and job status are reconciled", minimum=0.01),
     )
     informer_sync_seconds: float = field(
         default=60.0, metadata=option("how long startup waits for the store's listing", minimum=1)
@@ -79,9 +88,18 @@ class DispatcherService(Service[DispatcherConfig]):
             raise RuntimeError("the store's listing did not arrive in time") from exc
         log.info("queues rebuilt", pending_units=len(self.core.units))
         self.spawn(self.core.run(), name="dispatch")
-        # TODO(controllers): start NodeLifecycleController and JobStatusController from
-        # services/dispatcher/controllers.py here — `self.spawn(Ctl(self.store, self.informer,
-        # ...).run(), name=...)` — once that module exists (another engineer owns it).
+        cfg = self.config
+        lifecycle = NodeLifecycleController(
+            self.store,
+            self.informer,
+            grace_seconds=cfg.node_grace_seconds,
+            interval_seconds=cfg.controller_interval_seconds,
+        )
+        job_status = JobStatusController(
+            self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
+        )
+        self.spawn(lifecycle.run(), name="node-lifecycle")
+        self.spawn(job_status.run(), name="job-status")
 
     async def on_stop(self) -> None:
         await self.core.close()
