@@ -70,10 +70,6 @@ class BinderConfig(ServiceConfig):
         default=500,
         metadata=option("how often the leader renews (at most half of lease_ms)", minimum=10),
     )
-    advertise_address: str = field(
-        default="",
-        metadata=option("host:port published in the lease for shards (default: host:bound port)"),
-    )
     queue_depth: int = field(
         default=256,
         metadata=option("decision batches queued for the committer before streams wait", minimum=1),
@@ -138,30 +134,12 @@ class BinderService(Service[BinderConfig]):
         self._role_changed = asyncio.Event()
         self._queue: asyncio.Queue[_Work] = asyncio.Queue(maxsize=self.config.queue_depth)
         self._streams: set[_Stream] = set()
-        self._bound_port = 0
         self._fenced_by: FencedError | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
     def add_servicers(self, server: grpc.aio.Server) -> None:
-        # The runtime binds the port after this and does not tell the service; the lease must
-        # carry the real address (port 0 picks one), so note what add_insecure_port returns.
-        add_port = server.add_insecure_port
-
-        def add_insecure_port(address: str) -> int:
-            self._bound_port = add_port(address)
-            return self._bound_port
-
-        server.add_insecure_port = add_insecure_port  # type: ignore[method-assign]
         internal_pb2_grpc.add_BinderServicer_to_server(_BinderServicer(self), server)
-
-    @property
-    def address(self) -> str:
-        if self.config.advertise_address:
-            return self.config.advertise_address
-        host = self.config.host
-        host = f"[{host}]" if ":" in host else host
-        return f"{host}:{self._bound_port or self.config.port}"
 
     @property
     def is_leader(self) -> bool:

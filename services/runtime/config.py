@@ -66,6 +66,10 @@ class ServiceConfig:
         metadata=option("instance id, unique in the cluster (default: HOSTNAME-PID)"),
     )
     host: str = field(default="127.0.0.1", metadata=option("address the gRPC server binds to"))
+    advertise_address: str = field(
+        default="",
+        metadata=option("host:port others reach this service at (default: host:bound port)"),
+    )
     port: int = field(
         default=0,
         metadata=option("gRPC port; 0 picks a free one (it is logged)", minimum=0, maximum=65535),

@@ -66,6 +66,14 @@ class Service(abc.ABC, Generic[ConfigT]):
         self.stop_requested = asyncio.Event()
         self.exit_code = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        # host:port the server listens on; set by the runtime before on_start.
+        self.bound_address = ""
+
+    @property
+    def address(self) -> str:
+        """Where other components reach this service (leases, registrations): the configured
+        advertise address, else the bound one (port 0 picks a free port at start)."""
+        return self.config.advertise_address or self.bound_address
 
     @abc.abstractmethod
     def add_servicers(self, server: grpc.aio.Server) -> None:
@@ -154,7 +162,7 @@ class ServiceHost(Generic[ConfigT]):
             port = server.add_insecure_port(f"{host}:{self.config.port}")
         except RuntimeError as exc:
             raise StartupError(f"cannot listen on {host}:{self.config.port}: {exc}") from exc
-        self.address = f"{host}:{port}"
+        self.address = service.bound_address = f"{host}:{port}"
         await server.start()
         log.info("listening", address=self.address, grpc_services=list(service.grpc_services))
 

@@ -99,9 +99,6 @@ class SchedulerConfig(ServiceConfig):
         default=30.0,
         metadata=option("how long a bound placement counts until the watch shows it", minimum=0),
     )
-    advertise_address: str = field(
-        default="", metadata=option("host:port in SchedulerInstance (default: host:bound port)")
-    )
     sync_timeout_seconds: float = field(
         default=30.0, metadata=option("how long to wait for the store view to sync", minimum=0.1)
     )
@@ -227,31 +224,13 @@ class SchedulerService(Service[SchedulerConfig]):
         self._unsent: deque[int] = deque()
         self._send_wake = asyncio.Event()
         self._batch_id = 0
-        self._bound_port = 0
         self._side_tasks: set[asyncio.Task[None]] = set()
         self.stats = {"decided_pods": 0, "bound": 0, "rejected": 0, "handed_back": 0}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def add_servicers(self, server: grpc.aio.Server) -> None:
-        # The runtime binds the port after this and does not tell the service; the
-        # SchedulerInstance must carry the real address (port 0 picks one).
-        add_port = server.add_insecure_port
-
-        def add_insecure_port(address: str) -> int:
-            self._bound_port = add_port(address)
-            return self._bound_port
-
-        server.add_insecure_port = add_insecure_port  # type: ignore[method-assign]
         internal_pb2_grpc.add_SchedulerServicer_to_server(_SchedulerServicer(self), server)
-
-    @property
-    def address(self) -> str:
-        if self.config.advertise_address:
-            return self.config.advertise_address
-        host = self.config.host
-        host = f"[{host}]" if ":" in host else host
-        return f"{host}:{self._bound_port or self.config.port}"
 
     async def on_start(self) -> None:
         self.informer.start()
