@@ -235,3 +235,56 @@ async def test_queue_quota_holds_units_back(
     await shard.bind_and_finish("first", "n1")
     await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Job", name="first"))
     await eventually(lambda: shard.jobs() == ["first", "second"], what="second")
+
+
+# ---------------------------------------------------------------------------------------------
+# The real pipeline: dispatcher + two real scheduler shards + the real Binder
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_with_real_shards_and_binder(
+    dispatcher: Running, store: Store, store_url: str, cluster_name: str
+) -> None:
+    from services.binder.service import BinderConfig, BinderService
+    from services.runtime import ServiceHost
+    from services.scheduler.service import SchedulerConfig, SchedulerService
+
+    for i in range(4):
+        await store.create(f.node(f"n{i}", cpu=4000))
+    binder = BinderConfig(
+        name="binder-0", store_url=store_url, cluster=cluster_name, port=0, log_level="warning"
+    )
+
+    def shard(name: str) -> SchedulerConfig:
+        return SchedulerConfig(
+            name=name, store_url=store_url, cluster=cluster_name, port=0,
+            heartbeat_seconds=0.1, backoff_initial_seconds=0.01, grace_seconds=0.5,
+            log_level="warning",
+        )  # fmt: skip
+
+    jobs = [f.job(f"g{k}", replicas=3, min_member=3, cpu=1000) for k in range(4)]
+    # Fits no free room once the others are bound: 4 x 3000m on 4000m nodes (12 cores used).
+    too_big = f.job("late", replicas=2, min_member=2, cpu=3000)
+    async with (
+        ServiceHost(BinderService, binder),
+        ServiceHost(SchedulerService, shard("shard-a")),
+        ServiceHost(SchedulerService, shard("shard-b")),
+    ):
+        core = dispatcher.service.core
+        await eventually(lambda: sum(lk.ready for lk in core.links.values()) == 2, what="shards")
+        await submit(dispatcher, *jobs)
+
+        async def all_bound() -> bool:
+            pods = await store.list_all(pb.Pod)
+            return len(pods[0]) == 12 and all(p.spec.node_name for p in pods[0])
+
+        await eventually(all_bound, timeout=20, what="12 pods bound")
+        await submit(dispatcher, too_big)
+
+        async def explained() -> bool:
+            why = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="late-0"))
+            return why.total_nodes == 4 and bool(why.reasons)
+
+        await eventually(explained, timeout=20, what="late explained")
+        usage = [await store.node_usage(f"n{i}") for i in range(4)]
+        assert all(u is not None and u.used["g.cpu"] <= 4000 for u in usage)
