@@ -1,0 +1,111 @@
+"""End-to-end fixtures: a real local cluster (store server + every service as its own process,
+as `godel up` starts it) per test, driven through the CLI and the client, and audited against
+the invariants after every test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from godel import local
+from godel.audit import audit
+from godel.client import GodelClient
+from store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Cluster:
+    home: local.GodelHome
+    state: local.ClusterState
+    client: GodelClient
+
+    def godel(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the real `godel` CLI against this cluster."""
+        result = subprocess.run(
+            [sys.executable, "-m", "godel", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "GODEL_HOME": str(self.home.path)},
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"godel {' '.join(args)} failed:\n{result.stderr}")
+        return result
+
+    def component(self, name: str) -> local.ComponentRecord:
+        record = self.state.component(name)
+        assert record is not None, name
+        return record
+
+    def reload(self) -> None:
+        state = self.home.load()
+        assert state is not None
+        self.state = state
+
+    def store(self) -> Store:
+        return asyncio.run(Store.connect(self.state.store_url))
+
+    def run_store(self, fn: Callable[[Store], Any]) -> Any:
+        async def go() -> Any:
+            store = await Store.connect(self.state.store_url)
+            try:
+                return await fn(store)
+            finally:
+                await store.close()
+
+        return asyncio.run(go())
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
+    """Poll until ``condition()`` is truthy; fail after ``timeout`` (generous: machines are
+    shared, and this measures correctness, not speed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what or condition}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def make_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Cluster]]:
+    monkeypatch.delenv("GODEL_REDIS_URL", raising=False)
+    clusters: list[Cluster] = []
+
+    def make(**spec_args: Any) -> Cluster:
+        spec_args.setdefault("grace_seconds", 2.0)
+        spec_args.setdefault("fsync", "everysec")
+        spec_args.setdefault("process_node", False)
+        home = local.GodelHome(tmp_path / f"home{len(clusters)}")
+        state = local.up(home, local.ClusterSpec(**spec_args))
+        cluster = Cluster(home, state, GodelClient(state.address_of("dispatcher")))
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        try:
+            cluster.reload()
+            report = cluster.run_store(audit)
+            assert report.ok, "invariants violated:\n" + "\n".join(report.violations)
+        finally:
+            cluster.client.close()
+            local.down(cluster.home)
