@@ -4,6 +4,7 @@ control, huge units, backoff, infeasible units, dead shards, revokes, restarts, 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -110,8 +111,7 @@ async def test_many_units_batched_and_capacity_respected(
 
 
 async def _settle_briefly() -> None:
-    import asyncio
-
+    """Give the dispatcher time to (wrongly) send something."""
     await asyncio.sleep(0.3)
 
 
