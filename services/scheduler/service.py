@@ -225,6 +225,7 @@ class SchedulerService(Service[SchedulerConfig]):
         self._send_wake = asyncio.Event()
         self._batch_id = 0
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self._heartbeat: asyncio.Task[None] | None = None
         self.stats = {"decided_pods": 0, "bound": 0, "rejected": 0, "handed_back": 0}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -238,10 +239,15 @@ class SchedulerService(Service[SchedulerConfig]):
         await self._register()
         self.spawn(self._schedule_loop(), name="scheduler-loop")
         self.spawn(self._binder_loop(), name="scheduler-binder-stream")
-        self.spawn(self._heartbeat_loop(), name="scheduler-heartbeat")
+        self._heartbeat = self.spawn(self._heartbeat_loop(), name="scheduler-heartbeat")
         log.info("shard ready", address=self.address, nodes=len(self.cache.present))
 
     async def on_stop(self) -> None:
+        # Stop heartbeating first: a heartbeat in flight would re-register the deleted shard.
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
         with contextlib.suppress(StoreError):
             await self.store.delete(pb.SchedulerInstance, self.config.name)
         for task in list(self._side_tasks):
