@@ -250,7 +250,7 @@ class BatchPlan:
         targets: list[tuple[str, str]] = []
         jobs: list[str] = []
         for cand in self.candidates.values():
-            ops.append(Bind(bound_pod(cand.pod, cand.placement, now)))
+            ops.append(Bind(bound_pod(cand.pod, cand.placement, self.batch.shard, now)))
             targets.append(("Pod", cand.pod.metadata.name))
             if cand.job not in jobs:
                 jobs.append(cand.job)
@@ -284,10 +284,11 @@ class BatchPlan:
         return out
 
 
-def bound_pod(pod: pb.Pod, placement: ipb.Placement, now_ms: int) -> pb.Pod:
+def bound_pod(pod: pb.Pod, placement: ipb.Placement, shard: str, now_ms: int) -> pb.Pod:
     """The pod as the Binder writes it when binding (see services/README.md)."""
     out = pb.Pod()
     out.CopyFrom(pod)
+    out.status.scheduler = shard  # the shard whose decision this is
     out.spec.node_name = placement.node
     del out.spec.numa_nodes[:]
     out.spec.numa_nodes.extend(placement.numa_nodes)
