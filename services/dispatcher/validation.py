@@ -174,16 +174,7 @@ def validate_template(t: pb.PodTemplate, prefix: str) -> Violations:
 
 
 def validate_requests(r: pb.Resources, prefix: str) -> Violations:
-    out: Violations = []
-    for name in ("milli_cpu", "memory_bytes", "gpus", "pods"):
-        value = getattr(r, name)
-        if value < 0:
-            out.append(violation(f"{prefix}.{name}", f"must not be negative (got {value})"))
-    for key, value in r.extended.items():
-        if value < 0:
-            out.append(
-                violation(f"{prefix}.extended[{key}]", f"must not be negative (got {value})")
-            )
+    out = _non_negative(r, prefix)
     if not out and r.milli_cpu == 0 and r.memory_bytes == 0:
         out.append(violation(prefix, "at least one of milli_cpu, memory_bytes must be set"))
     return out
