@@ -51,17 +51,34 @@ class LeaderElector:
         self._valid_until = 0.0
         self.elected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     @property
     def is_leader(self) -> bool:
         return self.fence is not None
 
     def start(self) -> None:
+        """Campaign in a task of the elector's own. Services should rather supervise
+        :meth:`run` themselves (``Service.spawn``), so that a crash of it is not silent."""
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"leader-elector:{self.lease}")
+            self._stopped = False
+            self._task = asyncio.create_task(self.run(), name=f"leader-elector:{self.lease}")
+
+    async def run(self) -> None:
+        """Campaign, hold and renew until :meth:`stop`."""
+        while not self._stopped:
+            if self.fence is None:
+                await self._campaign()
+            else:
+                await self._hold()
+
+    async def step_down(self, reason: str) -> None:
+        """Stop leading now (e.g. a fenced write proved the lease lost) and campaign afresh."""
+        await self._step_down(reason)
 
     async def stop(self, *, release: bool = True) -> None:
         """Stop campaigning; release the lease (so a standby takes over at once) if held."""
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -74,13 +91,6 @@ class LeaderElector:
                 with contextlib.suppress(StoreUnavailableError):
                     await self._store.release_lease(self.lease, self.holder, fence.epoch)
 
-    async def _run(self) -> None:
-        while True:
-            if self.fence is None:
-                await self._campaign()
-            else:
-                await self._hold()
-
     async def _campaign(self) -> None:
         try:
             ok, lease = await self._store.acquire_lease(
@@ -92,6 +102,10 @@ class LeaderElector:
         if not ok:
             await asyncio.sleep(self._retry_s)
             return
+        if self._stopped:  # stopped while the acquire was in flight: hand it straight back
+            with contextlib.suppress(StoreUnavailableError):
+                await self._store.release_lease(self.lease, self.holder, lease.epoch)
+            return
         self.fence = Fence(self.lease, lease.epoch)
         self._valid_until = time.monotonic() + self.lease_ms / 1000
         self.elected.set()
@@ -100,18 +114,23 @@ class LeaderElector:
             await self._on_elected(self.fence)
 
     async def _hold(self) -> None:
-        assert self.fence is not None
+        fence = self.fence
+        assert fence is not None
         await asyncio.sleep(self._renew_s)
+        if self.fence is not fence:
+            return  # stepped down while asleep
         sent = time.monotonic()
         try:
             ok, _ = await asyncio.wait_for(
-                self._store.renew_lease(self.lease, self.holder, self.fence.epoch, self.lease_ms),
+                self._store.renew_lease(self.lease, self.holder, fence.epoch, self.lease_ms),
                 timeout=max(0.05, self._valid_until - sent),
             )
         except (StoreUnavailableError, TimeoutError) as exc:
             # Keep leading only while the last successful renewal still covers us.
             if time.monotonic() >= self._valid_until:
                 await self._step_down(f"could not renew: {exc}")
+            return
+        if self.fence is not fence:
             return
         if ok:
             self._valid_until = sent + self.lease_ms / 1000

@@ -162,7 +162,7 @@ class BinderService(Service[BinderConfig]):
         self.spawn(self._commit_loop(), name="binder-committer")
         self.spawn(self._health_loop(), name="binder-health")
         self.spawn(self._resign_on_stop(), name="binder-resign")
-        self.elector.start()
+        self.spawn(self.elector.run(), name="binder-elector")
         log.info("campaigning", lease=LEASE, address=self.address)
 
     async def on_stop(self) -> None:
@@ -224,8 +224,7 @@ class BinderService(Service[BinderConfig]):
         """The store refused our epoch: step down now, then campaign afresh."""
         self._step_down(f"fenced: {exc}")
         if self.elector is not None:
-            await self.elector.stop(release=False)
-            self.elector.start()
+            await self.elector.step_down(f"fenced: {exc}")
 
     async def _health_loop(self) -> None:
         # The runtime marks every entry SERVING once on_start returns; wait for that so our own
