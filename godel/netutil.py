@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
+from pathlib import Path
+
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_STABLE_PORTS_FROM = 10_000
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -16,6 +21,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def stable_free_port(host: str = "127.0.0.1") -> int:
+    """An unused TCP port *outside* the kernel's ephemeral range, for a server that must come
+    back on the same port after a crash (the store). While such a server is down, its clients'
+    reconnect attempts get local ports from the ephemeral range; on loopback one of them can be
+    handed the server's own port and connect to itself, keeping the port busy so the restarted
+    server cannot bind. A port below that range is never handed out that way."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(_STABLE_PORTS_FROM, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return free_port(host)  # nothing free below the range: fall back rather than fail
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    return max(low, _STABLE_PORTS_FROM + 1000)
 
 
 def wait_for_port(host: str, port: int, timeout: float) -> bool:

@@ -24,7 +24,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from godel.netutil import free_port
+from godel.netutil import stable_free_port
 
 FsyncPolicy = Literal["always", "everysec", "no"]
 
@@ -130,7 +130,7 @@ class StoreServer:
             data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreServerError(f"cannot create store data dir {data_dir}: {exc}") from exc
-        port = port or free_port(HOST)
+        port = port or stable_free_port(HOST)
         server = cls(
             url=f"redis://{HOST}:{port}/0",
             port=port,

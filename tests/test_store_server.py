@@ -13,7 +13,7 @@ import psutil
 import pytest
 import redis
 
-from godel.netutil import free_port, wait_for_port
+from godel.netutil import free_port, stable_free_port, wait_for_port
 from store import server as server_mod
 from store.server import (
     LOG_FILE,
@@ -295,3 +295,11 @@ def test_free_port_and_wait_for_port() -> None:
         sock.bind(("127.0.0.1", port))
         sock.listen()
         assert wait_for_port("127.0.0.1", port, timeout=2.0)
+
+
+def test_store_ports_avoid_the_ephemeral_range(tmp_path: Path) -> None:
+    """A store restarted on its port must not find it taken by a client's self-connect."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert all(stable_free_port() < low for _ in range(20))
+    with StoreServer.start(tmp_path / "s") as server:
+        assert server.port < low
