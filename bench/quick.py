@@ -34,7 +34,7 @@ def _job(name: str, replicas: int) -> pb.Job:
 async def _bound(url: str) -> int:
     store = await Store.connect(url)
     try:
-        return len(await store.claims())
+        return await store.claim_count()
     finally:
         await store.close()
 

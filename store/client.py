@@ -454,6 +454,10 @@ class Store:
         used = {f[2:]: int(v or 0) for f, v in zip(fields[7:], values[7:], strict=True)}
         return NodeUsage(capacity, used)
 
+    async def claim_count(self) -> int:
+        """How many pods hold a node claim (bound or running): one cheap read, for sampling."""
+        return int(await _read(lambda: self._redis.hlen(self.keys.claims)))
+
     async def claims(self) -> dict[str, str]:
         """Every bound pod's claim: pod name -> "node pool cpu mem gpu"."""
         with _translate_errors():
