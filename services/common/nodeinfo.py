@@ -53,11 +53,20 @@ class PodRequest:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint as plain values (read per candidate node, so no protobuf access)."""
+
+    key: str
+    value: str
+    effect: int
+
+
 @dataclass(slots=True)
 class NodeInfo:
     name: str
     labels: dict[str, str] = field(default_factory=dict)
-    taints: tuple[pb.Taint, ...] = ()
+    taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     ready: bool = True
     # Capacity and requested amounts per pool: [milli-CPU, memory bytes, GPUs].
@@ -83,7 +92,7 @@ class NodeInfo:
         """Take the node's own fields (labels, taints, capacity); keep the pods."""
         g, be = node.status.allocatable, node.status.reclaimable
         self.labels = dict(node.metadata.labels)
-        self.taints = tuple(node.spec.taints)
+        self.taints = tuple(Taint(t.key, t.value, t.effect) for t in node.spec.taints)
         self.unschedulable = node.spec.unschedulable
         self.ready = node.status.ready
         self.capacity = {

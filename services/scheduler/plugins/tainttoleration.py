@@ -43,7 +43,6 @@ class TaintToleration:
     NAME: ClassVar[str] = NAME
 
     def filter(self, pod: PodInfo, node: NodeInfo) -> Status | None:
-        # NodeInfo keeps taints as protobuf messages; most nodes have none, so this stays cheap.
         for taint in node.taints:
             effect = taint.effect
             if effect in _HARD and not tolerates(pod.tolerations, taint.key, taint.value, effect):
