@@ -14,9 +14,9 @@ from typing import Annotated
 import structlog
 import typer
 
-from godel.cli import cluster, resources
+from godel.cli import bench, cluster, resources
 
-COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, resources)
+COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, resources, bench)
 
 app = typer.Typer(
     name="godel",

@@ -1,0 +1,502 @@
+"""The benchmark harness: one real local cluster per run, measured submit -> bound.
+
+For each run of a workload file it starts the store and every service as separate processes
+(``godel.local.up`` in a temporary GODEL_HOME), waits for every hollow node to be ready, submits
+and waits for the init pods (not measured), then starts the load process (``python -m
+bench.load``) and samples the number of bound pods (``Store.claim_count``) and every process's
+CPU and RSS once a second until every measured pod is bound. The cluster is stopped in every
+case (``godel.local.down`` in ``finally``), Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+import psutil
+import structlog
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench.load import build_jobs
+from bench.workload import Suite, Workload
+from godel import local
+from godel.client import GodelClient
+from protos.godel.v1 import objects_pb2 as pb
+from store import Store
+
+log = structlog.get_logger(__name__)
+
+Fsync = Literal["always", "everysec", "no"]
+INIT_PREFIX = "init"
+MEASURED_PREFIX = "m"
+_SAMPLE_SECONDS = 1.0
+_MIN_PARTIAL_SAMPLE = 0.2
+"""A final interval shorter than a second counts as a sample only if at least this long."""
+
+
+class BenchError(Exception):
+    """A run could not complete; the message says why (and where the logs were kept)."""
+
+
+@dataclass
+class ProcessUsage:
+    """CPU and memory of one process over the measured phase."""
+
+    cpu_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    _proc: psutil.Process | None = field(default=None, repr=False)
+    _cpu_start: float = field(default=0.0, repr=False)
+
+    def sample(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            with self._proc.oneshot():
+                times = self._proc.cpu_times()
+                rss = self._proc.memory_info().rss
+        except psutil.Error:
+            self._proc = None  # exited: keep what was last seen
+            return
+        self.cpu_seconds = times.user + times.system - self._cpu_start
+        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+
+    @classmethod
+    def start(cls, pid: int | None) -> ProcessUsage:
+        usage = cls()
+        if pid is None:
+            return usage
+        try:
+            usage._proc = psutil.Process(pid)
+            times = usage._proc.cpu_times()
+            usage._cpu_start = times.user + times.system
+        except psutil.Error:
+            usage._proc = None
+        usage.sample()
+        return usage
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "cpu_seconds": round(self.cpu_seconds, 2),
+            "peak_rss_mib": round(self.peak_rss_bytes / (1 << 20), 1),
+        }
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (what scheduler_perf reports for its samples)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * p // 100))
+    return ordered[min(len(ordered), int(rank)) - 1]
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+@contextmanager
+def _terminate_on_sigterm() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the `finally` blocks stop the cluster."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _StoreProbe:
+    """A store connection on a private event loop, for sync sampling."""
+
+    def __init__(self, url: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._store = self._loop.run_until_complete(Store.connect(url))
+
+    def claims(self) -> int:
+        return self._loop.run_until_complete(self._store.claim_count())
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._store.close())
+        self._loop.close()
+
+
+def run_suite(
+    suite: Suite,
+    *,
+    quick: bool,
+    fsync: Fsync = "always",
+    rate: float | None = None,
+    keep_logs: Path | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Run every variant of a workload file in order; return the report (see bench/README.md)."""
+    console = console or Console(stderr=True)
+    started = time.time()
+    runs = []
+    with _terminate_on_sigterm():
+        for workload in suite.runs:
+            runs.append(
+                run_one(workload, fsync=fsync, rate=rate, keep_logs=keep_logs, console=console)
+            )
+    report: dict[str, Any] = {
+        "workload": suite.name,
+        "description": suite.description,
+        "file": str(suite.path),
+        "quick": quick,
+        "fsync": fsync,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "seconds": round(time.time() - started, 1),
+        "command": " ".join(["python -m bench", *sys.argv[1:]]) if sys.argv else "",
+        "machine": machine(),
+        "baseline": suite.baseline,
+        "runs": runs,
+    }
+    if suite.baseline:
+        base = next(r for r in runs if r["variant"] == suite.baseline)
+        for r in runs:
+            r["ratio_to_baseline"] = _ratios(r, base)
+    return report
+
+
+def _ratios(run: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 2) if b else None
+
+    return {
+        "average": ratio(run["throughput"]["average"], base["throughput"]["average"]),
+        "overall": ratio(run["throughput"]["overall"], base["throughput"]["overall"]),
+        "latency_p50": ratio(run["latency_ms"]["p50"], base["latency_ms"]["p50"]),
+    }
+
+
+def run_one(
+    workload: Workload,
+    *,
+    fsync: Fsync = "always",
+    rate: float | None = None,
+    keep_logs: Path | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """One run on a fresh cluster; the cluster is gone when this returns or raises."""
+    console = console or Console(stderr=True)
+    shape = workload.cluster
+    service_args = [
+        ("nodeagent", _nodeagent_flags(workload)),
+        *((kind, _flags(args)) for kind, args in shape.service_args.items() if kind != "nodeagent"),
+    ]
+    spec = local.ClusterSpec(
+        schedulers=shape.shards,
+        binders=shape.binders,
+        nodeagents=shape.nodeagents,
+        hollow_nodes=shape.nodes,
+        process_node=False,
+        fsync=fsync,
+        ready_timeout=120.0,
+        service_args=tuple(service_args),
+    )
+    # The harness always starts its own store: an external one would mix in other data.
+    os.environ.pop("GODEL_REDIS_URL", None)
+    tmp = Path(tempfile.mkdtemp(prefix="godel-bench-"))
+    home = local.GodelHome(tmp)
+    load: subprocess.Popen[bytes] | None = None
+    ok = False
+    log.info("starting cluster", workload=workload.name, nodes=shape.nodes, shards=shape.shards)
+    try:
+        state = local.up(home, spec)
+        with _progress(console) as progress:
+            client = GodelClient(state.address_of("dispatcher"), timeout=120)
+            try:
+                _wait_nodes(client, shape.nodes, progress, timeout=180 + shape.nodes / 100)
+                probe = _StoreProbe(state.store_url)
+                try:
+                    init = _init_pods(client, probe, workload, progress)
+                    load, result = _measure(workload, state, probe, home, rate, progress, init)
+                finally:
+                    probe.close()
+                result["latency_ms"], result["bound"], last_bound_ms = _latencies(client)
+                _finish_times(result, last_bound_ms)
+            finally:
+                client.close()
+        ok = result["bound"] == workload.measured.count
+        if not ok:
+            raise BenchError(
+                f"{workload.name}: only {result['bound']}/{workload.measured.count} measured pods"
+                f" bound within {workload.timeout:g}s"
+            )
+        return result
+    finally:
+        if load is not None and load.poll() is None:
+            load.kill()
+            load.wait()
+        outcomes = local.down(home)
+        killed = [name for name, outcome in outcomes if outcome == "killed"]
+        if killed:
+            log.warning("components had to be killed", components=killed)
+        if not ok and keep_logs is not None and home.logs_dir.exists():
+            dest = keep_logs / f"{workload.name.replace('/', '-')}-logs-{int(time.time())}"
+            shutil.copytree(home.logs_dir, dest, dirs_exist_ok=True)
+            log.warning("run failed; service logs kept", logs=str(dest))
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _nodeagent_flags(workload: Workload) -> tuple[str, ...]:
+    shape = workload.cluster
+    flags = {
+        "hollow-cpu-milli": str(shape.cpu_milli),
+        "hollow-memory-bytes": str(shape.memory_bytes),
+        "hollow-max-pods": str(shape.max_pods),
+    }
+    if shape.labels:
+        flags["hollow-labels"] = ",".join(f"{k}={v}" for k, v in shape.labels.items())
+    flags.update(shape.service_args.get("nodeagent", {}))
+    return _flags(flags)
+
+
+def _flags(args: dict[str, str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for key, value in args.items():
+        out += [f"--{key.replace('_', '-')}", value]
+    return tuple(out)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _wait_nodes(client: GodelClient, nodes: int, progress: Progress, timeout: float) -> None:
+    task = progress.add_task("nodes ready", total=nodes, info="")
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = sum(1 for n in client.list("Node") if isinstance(n, pb.Node) and n.status.ready)
+        progress.update(task, completed=ready)
+        if ready >= nodes:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"only {ready}/{nodes} nodes ready after {timeout:g}s")
+        time.sleep(1.0)
+
+
+def _init_pods(
+    client: GodelClient, probe: _StoreProbe, workload: Workload, progress: Progress
+) -> int:
+    """Submit the init pods and wait until they are bound; returns the claims afterwards."""
+    phase = workload.init
+    if phase is None or phase.count == 0:
+        return probe.claims()
+    task = progress.add_task("init pods bound", total=phase.count, info="")
+    jobs = build_jobs(INIT_PREFIX, phase)
+    for i in range(0, len(jobs), 50):
+        batch = jobs[i : i + 50]
+        for job, result in zip(batch, client.submit(batch).results, strict=True):
+            if not result.created:
+                raise BenchError(f"init job {job.metadata.name} refused: {result.violations}")
+    deadline = time.monotonic() + workload.timeout
+    while (bound := probe.claims()) < phase.count:
+        progress.update(task, completed=bound)
+        if time.monotonic() > deadline:
+            raise BenchError(f"only {bound}/{phase.count} init pods bound")
+        time.sleep(0.25)
+    progress.update(task, completed=bound)
+    return bound
+
+
+def _measure(
+    workload: Workload,
+    state: local.ClusterState,
+    probe: _StoreProbe,
+    home: local.GodelHome,
+    rate: float | None,
+    progress: Progress,
+    baseline: int,
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    phase = workload.measured
+    if rate is not None:
+        phase = type(phase)(**{**phase.to_json(), "rate": rate})
+    plan = home.path / "load-plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "dispatcher": state.address_of("dispatcher"),
+                "prefix": MEASURED_PREFIX,
+                "phase": phase.to_json(),
+            }
+        )
+    )
+    load = subprocess.Popen(
+        [sys.executable, "-P", "-m", "bench.load", "--plan", str(plan)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    events: queue.Queue[dict[str, Any]] = queue.Queue()
+    threading.Thread(target=_read_events, args=(load, events), daemon=True).start()
+    usage = {c.name: ProcessUsage.start(c.pid) for c in state.components}
+    usage["load"] = ProcessUsage.start(load.pid)
+    task = progress.add_task("measured pods bound", total=phase.count, info="")
+
+    started = _wait_event(events, load, "started", timeout=300)
+    t0 = time.monotonic()
+    samples: list[float] = []
+    timeline: list[tuple[float, int]] = [(0.0, 0)]
+    last_t, last_bound = 0.0, 0
+    load_done: dict[str, Any] | None = None
+    while True:
+        next_tick = t0 + (len(timeline)) * _SAMPLE_SECONDS
+        time.sleep(max(0.0, next_tick - time.monotonic()))
+        now = time.monotonic() - t0
+        bound = probe.claims() - baseline
+        for u in usage.values():
+            u.sample()
+        timeline.append((round(now, 3), bound))
+        done = bound >= phase.count
+        interval = now - last_t
+        if not done or interval >= _MIN_PARTIAL_SAMPLE:
+            samples.append((bound - last_bound) / interval if interval > 0 else 0.0)
+        last_t, last_bound = now, bound
+        rate_now = samples[-1] if samples else 0.0
+        progress.update(task, completed=min(bound, phase.count), info=f"{rate_now:,.0f} pods/s")
+        load_done = load_done or _poll_event(events)
+        if load_done is not None and load_done["event"] == "failed":
+            raise BenchError(f"load process failed: {load_done.get('error')}")
+        if load.poll() not in (None, 0):
+            raise BenchError(f"load process exited with code {load.returncode}")
+        if done or now > workload.timeout:
+            break
+    total = timeline[-1][0]  # refined from the pods' bound_ms by _finish_times
+    if load.wait(timeout=60) != 0:
+        raise BenchError(f"load process exited with code {load.returncode}")
+    load_done = load_done or _wait_event(events, load, "done", timeout=10)
+    for u in usage.values():
+        u.sample()
+    measured = min(last_bound, phase.count)
+    result: dict[str, Any] = {
+        "name": workload.name,
+        "variant": workload.variant,
+        "cluster": asdict(workload.cluster),
+        "init_pods": baseline,
+        "measured_pods": phase.count,
+        "job_size": phase.job_size,
+        "gang_percent": phase.gang_percent,
+        "offered_rate": phase.rate,
+        "submit_seconds": round(float(load_done.get("seconds", 0.0)), 2),
+        "submit_requests": load_done.get("requests"),
+        "load_started_wall": started["wall"],
+        "total_seconds": round(total, 2),
+        "throughput": {
+            "average": round(sum(samples) / len(samples), 1) if samples else 0.0,
+            "p50": round(percentile(samples, 50), 1),
+            "p90": round(percentile(samples, 90), 1),
+            "p99": round(percentile(samples, 99), 1),
+            "overall": round(measured / total, 1) if total else 0.0,
+            "samples": [round(s, 1) for s in samples],
+        },
+        "timeline": timeline,
+        "resources": {name: u.to_json() for name, u in usage.items()},
+    }
+    return load, result
+
+
+def _read_events(load: subprocess.Popen[bytes], events: queue.Queue[dict[str, Any]]) -> None:
+    assert load.stdout is not None
+    for line in load.stdout:
+        try:
+            events.put(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+
+
+def _poll_event(events: queue.Queue[dict[str, Any]]) -> dict[str, Any] | None:
+    try:
+        return events.get_nowait()
+    except queue.Empty:
+        return None
+
+
+def _wait_event(
+    events: queue.Queue[dict[str, Any]], load: subprocess.Popen[bytes], name: str, timeout: float
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            event = events.get(timeout=0.1)
+        except queue.Empty:
+            if load.poll() not in (None, 0):
+                raise BenchError(f"load process exited with code {load.returncode}") from None
+            continue
+        if event["event"] == "failed":
+            raise BenchError(f"load process failed: {event.get('error')}")
+        if event["event"] == name:
+            return event
+    raise BenchError(f"load process did not report {name!r} within {timeout:g}s")
+
+
+def _finish_times(result: dict[str, Any], last_bound_ms: int) -> None:
+    """Total time = first submit to the last bind, from the pods' own timestamps: the 1 s
+    samples only bound it to within a second."""
+    if last_bound_ms <= 0:
+        return
+    total = max(0.001, last_bound_ms / 1000 - result["load_started_wall"])
+    result["total_seconds"] = round(total, 2)
+    result["throughput"]["overall"] = round(result["measured_pods"] / total, 1)
+
+
+def _latencies(client: GodelClient) -> tuple[dict[str, Any], int, int]:
+    """Submit -> bound latency of every measured pod (creation_timestamp_ms to bound_ms), from
+    one list at the end; returns (distribution, bound pod count, last bound_ms)."""
+    latencies: list[float] = []
+    last_bound_ms = 0
+    for pod in client.list("Pod", page_size=5000):
+        assert isinstance(pod, pb.Pod)
+        if not pod.spec.job.startswith(f"{MEASURED_PREFIX}-") or not pod.spec.node_name:
+            continue
+        latencies.append(float(pod.status.bound_ms - pod.metadata.creation_timestamp_ms))
+        last_bound_ms = max(last_bound_ms, pod.status.bound_ms)
+    latencies.sort()
+    dist = {
+        "count": len(latencies),
+        "mean": round(sum(latencies) / len(latencies), 1) if latencies else 0.0,
+        "p50": percentile(latencies, 50),
+        "p90": percentile(latencies, 90),
+        "p99": percentile(latencies, 99),
+        "max": latencies[-1] if latencies else 0.0,
+        # Enough points for a CDF plot without storing every pod.
+        "cdf": [latencies[int(i * (len(latencies) - 1) / 200)] for i in range(201)]
+        if latencies
+        else [],
+    }
+    return dist, len(latencies), last_bound_ms

@@ -1,0 +1,139 @@
+"""The report of a benchmark: JSON (everything), Markdown (tables) and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import time
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede pyplot
+import matplotlib.pyplot as plt
+
+
+def write(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Write ``<workload>-<timestamp>.{json,md}`` and ``-throughput.png`` / ``-latency.png``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    stem = out_dir / f"{report['workload']}{'-quick' if report['quick'] else ''}-{stamp}"
+    paths = {
+        "json": stem.with_suffix(".json"),
+        "md": stem.with_suffix(".md"),
+        "throughput": Path(f"{stem}-throughput.png"),
+        "latency": Path(f"{stem}-latency.png"),
+    }
+    paths["json"].write_text(json.dumps(report, indent=1) + "\n")
+    paths["md"].write_text(markdown(report, paths))
+    _plot_throughput(report, paths["throughput"])
+    _plot_latency(report, paths["latency"])
+    return paths
+
+
+def markdown(report: dict[str, Any], paths: dict[str, Path] | None = None) -> str:
+    m = report["machine"]
+    lines = [
+        f"# {report['workload']}{' (quick)' if report['quick'] else ''}",
+        "",
+        report["description"].strip(),
+        "",
+        f"- date: {report['started']}; command: `{report['command']}`",
+        f"- machine: {m['cpus']} cores, {m['memory_gib']} GiB, {m['platform']}, "
+        f"Python {m['python']}; store fsync: {report['fsync']}",
+        "",
+        summary_table(report),
+        "",
+        "Throughput: pods bound per 1 s sample during the measured phase (scheduler_perf style);",
+        "overall = measured pods / time from first submit to last sample. Latency: submit -> bound",
+        "per pod (creation_timestamp_ms to status.bound_ms).",
+        "",
+        "## CPU seconds (user+sys) and peak RSS per process, measured phase",
+        "",
+    ]
+    components = sorted({c for r in report["runs"] for c in r["resources"]})
+    lines.append("| process | " + " | ".join(_label(r) for r in report["runs"]) + " |")
+    lines.append("|---|" + "---|" * len(report["runs"]))
+    for c in components:
+        cells = []
+        for r in report["runs"]:
+            u = r["resources"].get(c)
+            cells.append(f"{u['cpu_seconds']:.1f} s / {u['peak_rss_mib']:.0f} MiB" if u else "")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    if paths:
+        lines += [
+            "",
+            f"![throughput]({paths['throughput'].name})",
+            f"![latency]({paths['latency'].name})",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    base = report.get("baseline")
+    head = [
+        "run", "nodes", "shards", "init", "measured", "avg pods/s", "P50", "P90", "P99",
+        "overall pods/s", "total s", "latency P50 / P99 ms",
+    ]  # fmt: skip
+    if base:
+        head.append(f"avg vs {base}")
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in report["runs"]:
+        t, lat = r["throughput"], r["latency_ms"]
+        cells = [
+            _label(r),
+            f"{r['cluster']['nodes']:,}",
+            str(r["cluster"]["shards"]),
+            f"{r['init_pods']:,}",
+            f"{r['measured_pods']:,}",
+            f"{t['average']:,.0f}",
+            f"{t['p50']:,.0f}",
+            f"{t['p90']:,.0f}",
+            f"{t['p99']:,.0f}",
+            f"{t['overall']:,.0f}",
+            f"{r['total_seconds']:.1f}",
+            f"{lat['p50']:,.0f} / {lat['p99']:,.0f}",
+        ]
+        if base:
+            ratio = r.get("ratio_to_baseline", {}).get("average")
+            cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _label(run: dict[str, Any]) -> str:
+    return str(run["variant"] or run["name"])
+
+
+def _plot_throughput(report: dict[str, Any], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in report["runs"]:
+        timeline = r["timeline"]
+        xs = [t for t, _ in timeline[1:]]
+        ys = [(b - pb) / (t - pt) if t > pt else 0.0 for (pt, pb), (t, b) in pairwise(timeline)]
+        ax.plot(xs, ys, marker=".", label=_label(r))
+    ax.set_xlabel("seconds since first submit")
+    ax.set_ylabel("pods bound per second")
+    ax.set_title(f"{report['workload']}: throughput")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_latency(report: dict[str, Any], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in report["runs"]:
+        cdf = r["latency_ms"]["cdf"]
+        if cdf:
+            ax.plot(cdf, [i / (len(cdf) - 1) for i in range(len(cdf))], label=_label(r))
+    ax.set_xlabel("submit -> bound latency (ms)")
+    ax.set_ylabel("fraction of measured pods")
+    ax.set_title(f"{report['workload']}: latency CDF")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,359 @@
+"""Workload files (``bench/workloads/*.yaml``): what a benchmark run starts and submits.
+
+    name: SchedulingBasic-500          # must equal the file name without .yaml
+    description: ...
+    cluster:
+      nodes: 500
+      node: {cpu: "4", memory: 32Gi, pods: 110}
+      labels: {disk: ssd}              # on every hollow node (each also has hostname, zone)
+      shards: 1                        # scheduler processes
+      binders: 1
+      nodes_per_agent: 5000            # one node agent process per this many nodes
+      scheduler: {mode: kube}          # extra flags per service kind (scheduler, binder, ...)
+    init:     {count: 500, job_size: 100, template: {requests: {cpu: 100m, memory: 500Mi}}}
+    measured:
+      count: 1000
+      job_size: 100
+      template: {requests: {cpu: 100m, memory: 500Mi}}   # a PodTemplate as in a Job manifest
+      min_member: 1                    # gang size of every job ...
+      gang_percent: 0                  # ... or this share of jobs is a full gang
+      per_node: false                  # one 1-pod job per node; "$node" in the template
+      rate: 0                          # offered pods/s; 0 = as fast as possible
+    timeout: 600                       # seconds for the measured pods to be bound
+    quick: {cluster: {nodes: 100}, measured: {count: 300}}   # merged over the above by --quick
+    baseline: kube                     # series only: the variant the others are compared to
+    variants:                          # series only: each merged over the above, run in order
+      - {name: godel}
+      - {name: kube, cluster: {scheduler: {mode: kube}}, quick: {...}}
+
+Every error names the file and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from godel.manifest import ManifestError, parse_document, parse_quantity
+from protos.godel.v1 import objects_pb2 as pb
+
+WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
+NODE_PLACEHOLDER = "$node"
+SERVICE_KINDS = ("dispatcher", "scheduler", "binder", "rescheduler", "nodeagent")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+_TOP = {"name", "description", "cluster", "init", "measured", "timeout", "quick", "variants"}
+_SERIES = {"baseline"}
+_CLUSTER = {"nodes", "node", "labels", "shards", "binders", "nodes_per_agent", *SERVICE_KINDS}
+_NODE = {"cpu", "memory", "pods"}
+_PHASE = {"count", "job_size", "template", "min_member", "gang_percent", "per_node", "rate"}
+
+
+class WorkloadError(ValueError):
+    """A workload file is missing, malformed or invalid; the message names file and field."""
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    nodes: int
+    cpu_milli: int = 4000
+    memory_bytes: int = 32 << 30
+    max_pods: int = 110
+    labels: dict[str, str] = field(default_factory=dict)
+    shards: int = 1
+    binders: int = 1
+    nodes_per_agent: int = 5000
+    service_args: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Extra flags per service kind: {"scheduler": {"mode": "kube"}} -> --mode kube."""
+
+    @property
+    def nodeagents(self) -> int:
+        return max(1, -(-self.nodes // self.nodes_per_agent))
+
+
+@dataclass(frozen=True)
+class PodPhase:
+    count: int
+    job_size: int
+    template: dict[str, Any]
+    """A PodTemplate as written in a Job manifest (camelCase or snake_case)."""
+    min_member: int = 1
+    gang_percent: int = 0
+    per_node: bool = False
+    rate: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "job_size": self.job_size,
+            "template": self.template,
+            "min_member": self.min_member,
+            "gang_percent": self.gang_percent,
+            "per_node": self.per_node,
+            "rate": self.rate,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PodPhase:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One run: a cluster and the pods submitted to it."""
+
+    name: str
+    """The file's name; for a series variant ``<file name>/<variant>``."""
+    variant: str
+    description: str
+    cluster: ClusterShape
+    init: PodPhase | None
+    measured: PodPhase
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Suite:
+    """What one workload file defines: one run, or a series of variants run side by side."""
+
+    name: str
+    description: str
+    path: Path
+    runs: list[Workload]
+    baseline: str | None
+    """The variant the others are compared to (same run), if any."""
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in WORKLOADS_DIR.glob("*.yaml"))
+
+
+def resolve(name_or_path: str) -> Path:
+    """A workload by name (``bench/workloads/<name>.yaml``) or by path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return path
+    candidate = WORKLOADS_DIR / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    raise WorkloadError(
+        f"no workload {name_or_path!r}: expected a file or one of {', '.join(available())}"
+    )
+
+
+def load(name_or_path: str, *, quick: bool = False) -> Suite:
+    path = resolve(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc}") from None
+    return parse(raw, path, quick=quick)
+
+
+def parse(raw: Any, path: Path, *, quick: bool = False) -> Suite:
+    """Validate a workload document and expand it into its runs."""
+    src = str(path)
+    doc = _mapping(raw, src, "")
+    _known(doc, _TOP | _SERIES, src, "")
+    name = doc.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise WorkloadError(f"{src}: name: required, letters, digits, '.', '_', '-' (got {name!r})")
+    if path.suffix in (".yaml", ".yml") and path.stem != name:
+        raise WorkloadError(f"{src}: name: {name!r} must equal the file name {path.stem!r}")
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        raise WorkloadError(f"{src}: description: must be a string")
+    base = {k: v for k, v in doc.items() if k not in ("quick", "variants", "baseline")}
+    base_quick = _mapping(doc.get("quick", {}), src, "quick")
+    variants = doc.get("variants")
+    baseline = doc.get("baseline")
+    if variants is None:
+        if baseline is not None:
+            raise WorkloadError(f"{src}: baseline: only a series (with variants) has a baseline")
+        merged = _merge(base, base_quick) if quick else base
+        return Suite(name, description, path, [_workload(merged, src, name, "")], None)
+    if not isinstance(variants, list) or not variants:
+        raise WorkloadError(f"{src}: variants: must be a non-empty list")
+    runs: list[Workload] = []
+    for i, v in enumerate(variants):
+        at = f"variants[{i}]"
+        variant = _mapping(v, src, at)
+        vname = variant.get("name")
+        if not isinstance(vname, str) or not _NAME.match(vname):
+            raise WorkloadError(f"{src}: {at}.name: required, a simple name (got {vname!r})")
+        if any(r.variant == vname for r in runs):
+            raise WorkloadError(f"{src}: {at}.name: duplicate variant {vname!r}")
+        _known(variant, (_TOP - {"variants", "name", "description"}) | {"name"}, src, at)
+        own = {k: x for k, x in variant.items() if k not in ("name", "quick")}
+        merged = _merge(base, own)
+        if quick:
+            merged = _merge(merged, base_quick)
+            merged = _merge(merged, _mapping(variant.get("quick", {}), src, f"{at}.quick"))
+        runs.append(_workload(merged, f"{src} ({at} {vname})", f"{name}/{vname}", vname))
+    if baseline is not None and baseline not in {r.variant for r in runs}:
+        raise WorkloadError(f"{src}: baseline: {baseline!r} is not a variant name")
+    return Suite(name, description, path, runs, baseline)
+
+
+def _workload(doc: dict[str, Any], src: str, name: str, variant: str) -> Workload:
+    _known(doc, _TOP, src, "")
+    cluster = _cluster(_mapping(doc.get("cluster"), src, "cluster"), src)
+    init = None
+    if doc.get("init") is not None:
+        init = _phase(_mapping(doc["init"], src, "init"), src, "init", measured=False)
+    measured = _phase(_mapping(doc.get("measured"), src, "measured"), src, "measured")
+    if measured.per_node and measured.count != cluster.nodes:
+        raise WorkloadError(
+            f"{src}: measured.count: per_node needs one pod per node "
+            f"({cluster.nodes}, got {measured.count})"
+        )
+    timeout = _number(doc.get("timeout", 600), src, "timeout", minimum=1)
+    return Workload(
+        name=name,
+        variant=variant,
+        description=str(doc.get("description", "")),
+        cluster=cluster,
+        init=init,
+        measured=measured,
+        timeout=timeout,
+    )
+
+
+def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
+    _known(doc, _CLUSTER, src, "cluster")
+    node = _mapping(doc.get("node", {}), src, "cluster.node")
+    _known(node, _NODE, src, "cluster.node")
+    try:
+        cpu = parse_quantity(node.get("cpu", "4"), cpu=True, field="cluster.node.cpu")
+        memory = parse_quantity(node.get("memory", "32Gi"), cpu=False, field="cluster.node.memory")
+    except ManifestError as exc:
+        raise WorkloadError(f"{src}: {exc}") from None
+    labels = _mapping(doc.get("labels", {}), src, "cluster.labels")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not isinstance(v, str | int) or "," in f"{k}={v}":
+            raise WorkloadError(f"{src}: cluster.labels.{k}: keys and values must be plain strings")
+    args: dict[str, dict[str, str]] = {}
+    for kind in SERVICE_KINDS:
+        flags = _mapping(doc.get(kind, {}), src, f"cluster.{kind}")
+        args[kind] = {str(k): _flag(v) for k, v in flags.items()}
+    return ClusterShape(
+        nodes=_int(doc.get("nodes"), src, "cluster.nodes", minimum=1),
+        cpu_milli=cpu,
+        memory_bytes=memory,
+        max_pods=_int(node.get("pods", 110), src, "cluster.node.pods", minimum=1),
+        labels={str(k): str(v) for k, v in labels.items()},
+        shards=_int(doc.get("shards", 1), src, "cluster.shards", minimum=1),
+        binders=_int(doc.get("binders", 1), src, "cluster.binders", minimum=1),
+        nodes_per_agent=_int(
+            doc.get("nodes_per_agent", 5000), src, "cluster.nodes_per_agent", minimum=1
+        ),
+        service_args={k: v for k, v in args.items() if v},
+    )
+
+
+def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> PodPhase:
+    _known(doc, _PHASE if measured else _PHASE - {"rate", "per_node"}, src, at)
+    count = _int(doc.get("count"), src, f"{at}.count", minimum=0 if not measured else 1)
+    per_node = doc.get("per_node", False)
+    if not isinstance(per_node, bool):
+        raise WorkloadError(f"{src}: {at}.per_node: must be true or false")
+    job_size = _int(doc.get("job_size", 1 if per_node else 100), src, f"{at}.job_size", minimum=1)
+    if per_node and job_size != 1:
+        raise WorkloadError(f"{src}: {at}.job_size: per_node jobs have one pod each")
+    min_member = _int(doc.get("min_member", 1), src, f"{at}.min_member", minimum=1)
+    if min_member > job_size:
+        raise WorkloadError(f"{src}: {at}.min_member: {min_member} exceeds job_size {job_size}")
+    gang = _int(doc.get("gang_percent", 0), src, f"{at}.gang_percent", minimum=0)
+    if gang > 100:
+        raise WorkloadError(f"{src}: {at}.gang_percent: must be within 0..100 (got {gang})")
+    template = _mapping(doc.get("template"), src, f"{at}.template")
+    text = json.dumps(template)
+    if NODE_PLACEHOLDER in text and not per_node:
+        raise WorkloadError(f"{src}: {at}.template: {NODE_PLACEHOLDER} needs per_node: true")
+    job_template(template, 1, 1, node="node-0", source=f"{src}: {at}")  # validates it
+    return PodPhase(
+        count=count,
+        job_size=job_size,
+        template=template,
+        min_member=min_member,
+        gang_percent=gang,
+        per_node=per_node,
+        rate=_number(doc.get("rate", 0), src, f"{at}.rate", minimum=0),
+    )
+
+
+def job_template(
+    template: dict[str, Any], replicas: int, min_member: int, *, node: str = "", source: str = ""
+) -> pb.Job:
+    """A Job (unnamed) with this pod template, replicas and gang size."""
+    tmpl = template
+    if node:
+        tmpl = json.loads(json.dumps(template).replace(NODE_PLACEHOLDER, node))
+    doc = {
+        "apiVersion": "godel/v1",
+        "kind": "Job",
+        "metadata": {"name": "template"},
+        "spec": {"replicas": replicas, "minMember": min_member, "template": tmpl},
+    }
+    try:
+        job = parse_document(doc, "")
+    except ManifestError as exc:
+        where = exc.field.replace("spec.template", "template", 1) if exc.field else "template"
+        raise WorkloadError(f"{source}.{where}: {exc.reason}") from None
+    assert isinstance(job.obj, pb.Job)
+    return job.obj
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge: mappings merge key by key, anything else replaces."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "template":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _mapping(value: Any, src: str, at: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        what = f"{at}: " if at else ""
+        raise WorkloadError(f"{src}: {what}must be a mapping (got {type(value).__name__})")
+    return value
+
+
+def _known(doc: dict[str, Any], allowed: set[str], src: str, at: str) -> None:
+    unknown = sorted(str(k) for k in doc if k not in allowed)
+    if unknown:
+        where = f"{at}." if at else ""
+        raise WorkloadError(
+            f"{src}: {where}{unknown[0]}: unknown field (expected one of {', '.join(sorted(allowed))})"
+        )
+
+
+def _int(value: Any, src: str, at: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WorkloadError(f"{src}: {at}: must be an integer (got {value!r})")
+    if value < minimum:
+        raise WorkloadError(f"{src}: {at}: must be at least {minimum} (got {value})")
+    return value
+
+
+def _number(value: Any, src: str, at: str, *, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise WorkloadError(f"{src}: {at}: must be a number (got {value!r})")
+    if value < minimum:
+        raise WorkloadError(f"{src}: {at}: must be at least {minimum:g} (got {value})")
+    return float(value)
+
+
+def _flag(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

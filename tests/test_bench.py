@@ -1,0 +1,145 @@
+"""The benchmark harness: workload-file validation (fast, table-driven) and one quick workload
+end to end through the real harness. Never a speed assertion: speed is what the harness
+reports, not what a test checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench import workload
+from bench.load import batches, build_jobs
+from bench.workload import PodPhase, WorkloadError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+VALID: dict[str, Any] = {
+    "name": "w",
+    "cluster": {"nodes": 10},
+    "measured": {"count": 20, "job_size": 10, "template": {"requests": {"cpu": "100m"}}},
+}
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    """VALID with one field (dotted path) replaced; value None deletes it."""
+    doc: dict[str, Any] = yaml.safe_load(yaml.safe_dump(VALID))
+    *parents, last = path.split(".")
+    target = doc
+    for p in parents:
+        target = target.setdefault(p, {})
+    if value is None:
+        target.pop(last, None)
+    else:
+        target[last] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("name", "bad name!", "w.yaml: name:"),
+        ("name", "other", "must equal the file name"),
+        ("cluster.nodes", 0, "cluster.nodes: must be at least 1"),
+        ("cluster.nodes", "many", "cluster.nodes: must be an integer"),
+        ("cluster.node", {"cpu": "4x"}, "cluster.node.cpu"),
+        ("cluster.zones", 3, "cluster.zones: unknown field"),
+        ("cluster.scheduler", ["kube"], "cluster.scheduler: must be a mapping"),
+        ("measured", None, "measured: must be a mapping"),
+        ("measured.count", -1, "measured.count: must be at least 1"),
+        ("measured.min_member", 11, "measured.min_member: 11 exceeds job_size 10"),
+        ("measured.gang_percent", 101, "measured.gang_percent: must be within 0..100"),
+        ("measured.template", {"requests": {"cpu": "x"}}, "measured.template.requests.cpu"),
+        ("measured.template", {"bogus": 1}, "measured.template"),
+        ("measured.per_node", True, "measured.job_size: per_node jobs have one pod each"),
+        ("measured.rate", -5, "measured.rate: must be at least 0"),
+        ("init", {"count": 1, "template": {}, "rate": 3}, "init.rate: unknown field"),
+        ("timeout", 0, "timeout: must be at least 1"),
+        ("baseline", "x", "baseline: only a series"),
+        ("variants", [], "variants: must be a non-empty list"),
+        ("variants", [{"name": "a"}, {"name": "a"}], "duplicate variant 'a'"),
+        ("variants", [{"name": "a", "nodes": 3}], "variants[0].nodes: unknown field"),
+    ],
+)
+def test_invalid_workload_names_file_and_field(path: str, value: Any, message: str) -> None:
+    with pytest.raises(WorkloadError) as err:
+        workload.parse(_with(path, value), Path("w.yaml"))
+    assert "w.yaml" in str(err.value)
+    assert message in str(err.value)
+
+
+def test_node_placeholder_needs_per_node() -> None:
+    template = {"nodeSelector": {"hostname": "$node"}, "requests": {"cpu": "1"}}
+    with pytest.raises(WorkloadError, match=r"\$node needs per_node"):
+        workload.parse(_with("measured.template", template), Path("w.yaml"))
+
+
+def test_quick_and_variants_merge_in_order() -> None:
+    doc = _with("quick", {"cluster": {"nodes": 2}, "measured": {"count": 4}})
+    doc["baseline"] = "b"
+    doc["variants"] = [
+        {"name": "a", "cluster": {"nodes": 50, "scheduler": {"mode": "kube"}}},
+        {"name": "b", "quick": {"cluster": {"nodes": 3}}},
+    ]
+    full = workload.parse(doc, Path("w.yaml"))
+    quick = workload.parse(doc, Path("w.yaml"), quick=True)
+    assert [(r.variant, r.cluster.nodes) for r in full.runs] == [("a", 50), ("b", 10)]
+    assert [(r.cluster.nodes, r.measured.count) for r in quick.runs] == [(2, 4), (3, 4)]
+    assert full.runs[0].cluster.service_args == {"scheduler": {"mode": "kube"}}
+    assert full.baseline == "b" and full.runs[0].name == "w/a"
+
+
+@pytest.mark.parametrize("name", workload.available())
+def test_shipped_workloads_are_valid(name: str) -> None:
+    for quick in (False, True):
+        suite = workload.load(name, quick=quick)
+        assert suite.runs and suite.name == name
+
+
+def test_jobs_gangs_and_batches() -> None:
+    phase = PodPhase(count=250, job_size=100, template={"requests": {"cpu": "1"}}, gang_percent=50)
+    jobs = build_jobs("m", phase)
+    assert [j.spec.replicas for j in jobs] == [100, 100, 50]
+    assert [j.spec.min_member for j in jobs] == [1, 100, 1]
+    grouped = list(batches(jobs * 10, rate=0))
+    assert [sum(j.spec.replicas for j in b) for b in grouped] == [1000, 1000, 500]
+    assert [len(b) for b in batches(jobs, rate=200)] == [1, 1, 1]  # ~10 pods per request
+    per_node = PodPhase(
+        count=2,
+        job_size=1,
+        per_node=True,
+        template={"nodeSelector": {"hostname": "$node"}, "requests": {"cpu": "1"}},
+    )
+    pinned = build_jobs("d", per_node, ["n-0", "n-1"])
+    assert [j.spec.template.node_selector["hostname"] for j in pinned] == ["n-0", "n-1"]
+
+
+@pytest.mark.timeout(120)
+def test_quick_workload_end_to_end(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "SchedulingBasic-500", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    [report_json] = tmp_path.glob("*.json")
+    report = json.loads(report_json.read_text())
+    [run] = report["runs"]
+    assert run["bound"] == run["measured_pods"] > 0
+    assert run["latency_ms"]["count"] == run["measured_pods"]
+    assert set(run["resources"]) >= {"store", "dispatcher", "scheduler-0", "binder-0", "load"}
+    assert run["throughput"]["samples"]
+    md = report_json.with_suffix(".md").read_text()
+    assert "| run |" in md and "avg pods/s" in md
+    pngs = sorted(tmp_path.glob("*.png"))
+    assert len(pngs) == 2
+    for png in pngs:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| SchedulingBasic-500 |" in result.stdout
