@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -48,7 +49,8 @@ INIT_PREFIX = "init"
 MEASURED_PREFIX = "m"
 _SAMPLE_SECONDS = 1.0
 _MIN_PARTIAL_SAMPLE = 0.2
-"""A final interval shorter than a second counts as a sample only if at least this long."""
+"""The interval holding the last bind counts as a sample only if at least this long (unless
+it is the only one)."""
 
 
 class BenchError(Exception):
@@ -371,9 +373,7 @@ def _measure(
 
     started = _wait_event(events, load, "started", timeout=300)
     t0 = time.monotonic()
-    samples: list[float] = []
     timeline: list[tuple[float, int]] = [(0.0, 0)]
-    last_t, last_bound = 0.0, 0
     load_done: dict[str, Any] | None = None
     while True:
         next_tick = t0 + (len(timeline)) * _SAMPLE_SECONDS
@@ -382,13 +382,9 @@ def _measure(
         bound = probe.claims() - baseline
         for u in usage.values():
             u.sample()
+        rate_now = (bound - timeline[-1][1]) / max(now - timeline[-1][0], 1e-3)
         timeline.append((round(now, 3), bound))
         done = bound >= phase.count
-        interval = now - last_t
-        if not done or interval >= _MIN_PARTIAL_SAMPLE:
-            samples.append((bound - last_bound) / interval if interval > 0 else 0.0)
-        last_t, last_bound = now, bound
-        rate_now = samples[-1] if samples else 0.0
         progress.update(task, completed=min(bound, phase.count), info=f"{rate_now:,.0f} pods/s")
         load_done = load_done or _poll_event(events)
         if load_done is not None and load_done["event"] == "failed":
@@ -397,13 +393,11 @@ def _measure(
             raise BenchError(f"load process exited with code {load.returncode}")
         if done or now > workload.timeout:
             break
-    total = timeline[-1][0]  # refined from the pods' bound_ms by _finish_times
     if load.wait(timeout=60) != 0:
         raise BenchError(f"load process exited with code {load.returncode}")
     load_done = load_done or _wait_event(events, load, "done", timeout=10)
     for u in usage.values():
         u.sample()
-    measured = min(last_bound, phase.count)
     result: dict[str, Any] = {
         "name": workload.name,
         "variant": workload.variant,
@@ -416,15 +410,6 @@ def _measure(
         "submit_seconds": round(float(load_done.get("seconds", 0.0)), 2),
         "submit_requests": load_done.get("requests"),
         "load_started_wall": started["wall"],
-        "total_seconds": round(total, 2),
-        "throughput": {
-            "average": round(sum(samples) / len(samples), 1) if samples else 0.0,
-            "p50": round(percentile(samples, 50), 1),
-            "p90": round(percentile(samples, 90), 1),
-            "p99": round(percentile(samples, 99), 1),
-            "overall": round(measured / total, 1) if total else 0.0,
-            "samples": [round(s, 1) for s in samples],
-        },
         "timeline": timeline,
         "resources": {name: u.to_json() for name, u in usage.items()},
     }
@@ -466,13 +451,28 @@ def _wait_event(
 
 
 def _finish_times(result: dict[str, Any], last_bound_ms: int) -> None:
-    """Total time = first submit to the last bind, from the pods' own timestamps: the 1 s
-    samples only bound it to within a second."""
-    if last_bound_ms <= 0:
-        return
-    total = max(0.001, last_bound_ms / 1000 - result["load_started_wall"])
+    """Total time and throughput. Total = first submit to the last bind, from the pods' own
+    timestamps (the 1 s samples only bound it to within a second); the sample that contains
+    the last bind is cut there, so a run shorter than a second is not reported as N pods/s."""
+    timeline: list[tuple[float, int]] = result["timeline"]
+    total = timeline[-1][0]
+    if last_bound_ms > 0:
+        total = min(total, max(0.001, last_bound_ms / 1000 - result["load_started_wall"]))
+    samples: list[float] = []
+    for (t0, b0), (t1, b1) in pairwise(timeline):
+        end = min(t1, total)
+        if t0 >= total or (end - t0 < _MIN_PARTIAL_SAMPLE and samples):
+            break
+        samples.append((b1 - b0) / max(end - t0, 1e-3))
     result["total_seconds"] = round(total, 2)
-    result["throughput"]["overall"] = round(result["measured_pods"] / total, 1)
+    result["throughput"] = {
+        "average": round(sum(samples) / len(samples), 1) if samples else 0.0,
+        "p50": round(percentile(samples, 50), 1),
+        "p90": round(percentile(samples, 90), 1),
+        "p99": round(percentile(samples, 99), 1),
+        "overall": round(min(timeline[-1][1], result["measured_pods"]) / total, 1),
+        "samples": [round(x, 1) for x in samples],
+    }
 
 
 def _latencies(client: GodelClient) -> tuple[dict[str, Any], int, int]:
