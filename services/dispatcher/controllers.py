@@ -182,7 +182,7 @@ class NodeLifecycleController:
         for (node_name, what, failed), result in zip(described, results, strict=True):
             if isinstance(result, StoreError):
                 # Most often a heartbeat or a pod phase raced us: the next tick decides again.
-                log.info("node lifecycle commit skipped", node=node_name, error=str(result))
+                log.debug("node lifecycle commit skipped", node=node_name, error=str(result))
             elif what == "ready again":
                 log.info("node ready again", node=node_name)
             else:
