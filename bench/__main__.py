@@ -9,30 +9,13 @@ harness).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
-import structlog
-
 from bench import workload as workloads
+from godel.cli.output import configure_logging
 
 DEFAULT_OUT = Path("bench/results")
-
-
-def configure_logging(verbose: bool) -> None:
-    # Logs to stderr: stdout carries only the report table.
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.INFO if verbose else logging.WARNING
-        ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
 
 
 def run(

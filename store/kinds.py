@@ -4,7 +4,7 @@ object passes before it is written (whatever service writes it)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -191,14 +191,3 @@ def decode_untrusted(kind: Kind, data: bytes) -> Message:
             "(another kind's object, or corrupt data)"
         )
     return obj
-
-
-def typed(cls: type[M]) -> Callable[[Message], M]:
-    """A cast helper for typed accessors: checks the message really is ``cls``."""
-
-    def cast(obj: Message) -> M:
-        if not isinstance(obj, cls):
-            raise InvalidObjectError(f"expected {cls.__name__}, got {type(obj).__name__}")
-        return obj
-
-    return cast

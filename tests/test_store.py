@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
 from store import (
@@ -430,7 +429,3 @@ async def test_garbage_in_the_store_is_reported_not_fatal(store: Store) -> None:
     listing = await store.list_kinds(["Node"])
     assert [n.metadata.name for n in listing.items["Node"]] == ["good"]  # type: ignore[attr-defined]
     assert [(k, n) for k, n, _ in listing.errors] == [("Node", "bad")]
-
-
-def _names(objs: list[Message]) -> list[str]:
-    return sorted(o.metadata.name for o in objs)  # type: ignore[attr-defined]

@@ -6,15 +6,13 @@ Each command group lives in its own module with a ``register(app)`` function; to
 
 from __future__ import annotations
 
-import logging
-import sys
 from types import ModuleType
 from typing import Annotated
 
-import structlog
 import typer
 
 from godel.cli import bench, cluster, resources
+from godel.cli.output import configure_logging
 
 COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, resources, bench)
 
@@ -33,18 +31,7 @@ def _global_options(
         bool, typer.Option("--verbose", "-v", help="Log what is being done (to stderr).")
     ] = False,
 ) -> None:
-    # Progress logs go to stderr so stdout stays clean for tables and -o json.
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.INFO if verbose else logging.WARNING
-        ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
+    configure_logging(verbose)
 
 
 for group in COMMAND_GROUPS:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import NoReturn
 
+import structlog
 import typer
 
 
@@ -33,3 +36,18 @@ def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` to stderr and exit with ``code``."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def configure_logging(verbose: bool) -> None:
+    """Command-line tools log to stderr, so stdout stays clean for tables and -o json."""
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.INFO if verbose else logging.WARNING
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
 from google.protobuf.message import Message
@@ -53,6 +53,20 @@ def replacement_number(pod: pb.Pod) -> int:
     prefix = f"{pod.spec.job}-{pod.spec.index}-r"
     rest = pod.metadata.name.removeprefix(prefix)
     return int(rest) if rest != pod.metadata.name and rest.isdigit() else 0
+
+
+async def _tick_forever(
+    name: str, informer: Informer, tick: Callable[[], Awaitable[None]], interval: float
+) -> None:
+    """Run ``tick`` every ``interval`` once the view has synced; a store failure skips a tick
+    (the next one decides again from the then-current view)."""
+    await informer.wait_synced()
+    while True:
+        try:
+            await tick()
+        except StoreError as exc:
+            log.warning("controller tick failed", controller=name, error=str(exc))
+        await asyncio.sleep(interval)
 
 
 class PodIndex:
@@ -142,13 +156,7 @@ class NodeLifecycleController:
         self.commit_calls = 0
 
     async def run(self) -> None:
-        await self._informer.wait_synced()
-        while True:
-            try:
-                await self.tick()
-            except StoreError as exc:
-                log.warning("node lifecycle tick failed", error=str(exc))
-            await asyncio.sleep(self.interval)
+        await _tick_forever("node lifecycle", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
         now = _now_ms()
@@ -355,13 +363,7 @@ class JobStatusController:
         self.writes = 0  # update_many round trips, for tests and metrics
 
     async def run(self) -> None:
-        await self._informer.wait_synced()
-        while True:
-            try:
-                await self.tick()
-            except StoreError as exc:
-                log.warning("job status tick failed", error=str(exc))
-            await asyncio.sleep(self.interval)
+        await _tick_forever("job status", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
         dirty, self.pods.changed_jobs = self.pods.changed_jobs, set()

@@ -56,9 +56,6 @@ class Cluster:
         assert state is not None
         self.state = state
 
-    def store(self) -> Store:
-        return asyncio.run(Store.connect(self.state.store_url))
-
     def run_store(self, fn: Callable[[Store], Any]) -> Any:
         async def go() -> Any:
             store = await Store.connect(self.state.store_url)
