@@ -25,9 +25,11 @@ DEFAULT_MAX_OBJECT_BYTES = 1 << 20
 class Kind:
     name: str
     message: type[Message]
-    # Paths (field names) from the object to every Resources message inside it; a path element
-    # ending in "[]" is a repeated field. Precomputed so validation does not walk descriptors.
+    # Paths (field names) from the object to every Resources message inside it, precomputed so
+    # validation does not walk descriptors: those through singular fields only, and those with
+    # a repeated element (marked by a trailing "[]").
     resource_paths: tuple[tuple[str, ...], ...]
+    repeated_resource_paths: tuple[tuple[str, ...], ...]
 
 
 def _resource_paths(message: type[Message]) -> tuple[tuple[str, ...], ...]:
@@ -51,7 +53,9 @@ def _resource_paths(message: type[Message]) -> tuple[tuple[str, ...], ...]:
 
 
 def _kind(name: str, message: type[Message]) -> Kind:
-    return Kind(name, message, _resource_paths(message))
+    paths = _resource_paths(message)
+    repeated = tuple(p for p in paths if any(e.endswith("[]") for e in p))
+    return Kind(name, message, tuple(p for p in paths if p not in repeated), repeated)
 
 
 KINDS: dict[str, Kind] = {
@@ -138,11 +142,10 @@ def _check_quantities(label: str, res: Message) -> None:
 def validate(obj: Message, kind: Kind) -> None:
     """Checks every stored object passes: a valid name and no negative resource quantity."""
     validate_name(obj.metadata.name)  # type: ignore[attr-defined]
+    for path in kind.repeated_resource_paths:
+        for label, res in _resources_at(obj, path):
+            _check_quantities(label, res)
     for path in kind.resource_paths:
-        if any(element.endswith("[]") for element in path):
-            for label, res in _resources_at(obj, path):
-                _check_quantities(label, res)
-            continue
         # The common case, walked directly: writes of every object pass here.
         msg = obj
         for name in path:
