@@ -144,6 +144,14 @@ class NodeUsage:
     used: dict[str, int]
 
 
+@dataclass(frozen=True, slots=True)
+class Heartbeats:
+    """Nodes' last heartbeats and the time they were read, all in the store server's clock."""
+
+    now_ms: int
+    last_ms: dict[str, int]
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -187,7 +195,7 @@ def _claim_spec(pod: pb.Pod) -> str:
 
 _LUA = {
     name: (resources.files("store") / "lua" / f"{name}.lua").read_text()
-    for name in ("commit", "lease")
+    for name in ("commit", "lease", "heartbeat")
 }
 
 
@@ -209,6 +217,7 @@ class Store:
         self.max_object_bytes = max_object_bytes
         self._commit_script = redis.register_script(_LUA["commit"])
         self._lease_script = redis.register_script(_LUA["lease"])
+        self._heartbeat_script = redis.register_script(_LUA["heartbeat"])
 
     @classmethod
     async def connect(
@@ -512,6 +521,36 @@ class Store:
         if lease.expires_ms <= int(r[8]):
             lease.holder = ""  # expired: nobody holds it
         return bool(int(r[0])), lease
+
+    # -----------------------------------------------------------------------------------------
+    # Node heartbeats (outside the change feed, like Kubernetes node leases)
+    # -----------------------------------------------------------------------------------------
+
+    async def record_heartbeats(self, nodes: Sequence[str]) -> list[str]:
+        """Stamp the named nodes with the server's time, in one round trip. Returns the names
+        with no Node object (deleted or never created): they get no heartbeat."""
+        if not nodes:
+            return []
+        reply = await self._heartbeat(["record", *nodes])
+        return [name.decode() for name in reply[1:]]
+
+    async def heartbeats(self) -> Heartbeats:
+        """Every node's last heartbeat and the server's time now, in one round trip."""
+        reply = await self._heartbeat(["read"])
+        flat = reply[1:]
+        last = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return Heartbeats(now_ms=int(reply[0]), last_ms=last)
+
+    async def forget_heartbeats(self, nodes: Sequence[str]) -> None:
+        """Drop the heartbeats of nodes that are gone."""
+        if nodes:
+            await self._heartbeat(["forget", *nodes])
+
+    async def _heartbeat(self, args: list[str]) -> Any:
+        with _translate_errors():
+            return await self._heartbeat_script(
+                keys=[self.keys.heartbeats, self.keys.data("Node")], args=args
+            )
 
     # -----------------------------------------------------------------------------------------
     # Watch

@@ -43,6 +43,11 @@ class Keys:
         """Resource versions of a kind's objects: field = name."""
         return f"{self._prefix}:rv:{kind}"
 
+    @property
+    def heartbeats(self) -> str:
+        """Node heartbeats (server ms), outside the change feed: field = node name."""
+        return f"{self._prefix}:heartbeats"
+
     def lease(self, name: str) -> str:
         return f"{self._prefix}:lease:{name}"
 

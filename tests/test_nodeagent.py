@@ -208,15 +208,18 @@ async def test_hollow_agent_registers_nodes(store: Store, store_url: str, tmp_pa
         usage = await store.node_usage("hn-2")
         assert usage is not None and usage.capacity["g.cpu"] == 8000
 
-        # Heartbeats advance, all nodes per round trip.
-        first = n.status.heartbeat_ms
+        # Heartbeats advance in the heartbeat hash, all nodes per round trip, and leave the Node
+        # objects (and so the change feed) alone.
+        first = await store.heartbeats()
+        assert set(first.last_ms) == set(by_name)
+        revision = await store.revision()
 
         async def advanced() -> bool:
-            fresh = await store.get_many(pb.Node, list(by_name))
-            return all(x is not None and x.status.heartbeat_ms > first for x in fresh)
+            beats = (await store.heartbeats()).last_ms
+            return all(beats[name] > first.last_ms[name] for name in by_name)
 
         await eventually(advanced, what="heartbeats")
-        # One update_many per tick for all five nodes.
+        assert await store.revision() == revision
         agent = host.service
         assert isinstance(agent, NodeAgentService)
         ticks = (time.monotonic() - started) / cfg.heartbeat_seconds
@@ -245,16 +248,20 @@ async def test_restart_updates_existing_nodes(store: Store, store_url: str, tmp_
         assert node.spec.agent == "agent-b"
         assert node.status.allocatable.milli_cpu == 2000
         assert node.status.ready and node.status.conditions[0].status == "True"
-        # The heartbeat keeps going after the conflict with our write above.
-        node.metadata.labels["late"] = "y"
-        await store.update(node)
-        before = node.status.heartbeat_ms
+        # A node deleted behind the agent's back is registered again by the next heartbeat.
+        await store.delete(pb.Node, "rn-1")
+
+        async def back() -> bool:
+            nodes = await store.get_many(pb.Node, ["rn-1"])
+            return nodes[0] is not None and nodes[0].spec.agent == "agent-b"
+
+        await eventually(back, what="deleted node registered again")
+        before = (await store.heartbeats()).last_ms["rn-1"]
 
         async def beat() -> bool:
-            n = await store.get(pb.Node, "rn-0")
-            return n.status.heartbeat_ms > before and n.metadata.labels["late"] == "y"
+            return (await store.heartbeats()).last_ms["rn-1"] > before
 
-        await eventually(beat, what="heartbeat after a conflicting write")
+        await eventually(beat, what="heartbeat of the re-registered node")
 
 
 async def test_hollow_pods_run_and_succeed(store: Store, store_url: str, tmp_path: Path) -> None:

@@ -252,6 +252,35 @@ async def test_best_effort_pods_use_the_reclaimable_pool(store: Store) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Node heartbeats
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_heartbeats_stamp_existing_nodes_outside_the_feed(store: Store) -> None:
+    names = [f"n{i}" for i in range(1200)]  # more than one HSET chunk in the script
+    await store.create_many([node(n) for n in names])
+    before = await snapshot(store)
+    missing = await store.record_heartbeats([*names, "ghost", "n5"])
+    assert missing == ["ghost"]
+    beats = await store.heartbeats()
+    assert set(beats.last_ms) == set(names)
+    assert all(0 < ms <= beats.now_ms for ms in beats.last_ms.values())
+    # No object, revision or feed entry changed: watchers are not woken by heartbeats.
+    assert await snapshot(store) == before
+
+    await asyncio.sleep(0.01)
+    await store.record_heartbeats(["n1"])
+    again = await store.heartbeats()
+    assert again.last_ms["n1"] > beats.last_ms["n1"]
+    assert again.last_ms["n2"] == beats.last_ms["n2"]
+
+    await store.forget_heartbeats(names[:1100])
+    assert set((await store.heartbeats()).last_ms) == set(names[1100:])
+    assert await store.record_heartbeats([]) == []
+    await store.forget_heartbeats([])
+
+
+# ---------------------------------------------------------------------------------------------
 # Leases and fencing
 # ---------------------------------------------------------------------------------------------
 

@@ -22,7 +22,6 @@ never ``status.ever_scheduled`` (the Binder's).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
@@ -42,10 +41,6 @@ READY = "Ready"
 NODE_LOST = "NodeLost"
 HEARTBEAT_LAPSED = "NodeHeartbeatLapsed"
 REPLACES_ANNOTATION = "godel.io/replaces"
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def replacement_number(pod: pb.Pod) -> int:
@@ -129,10 +124,12 @@ class NodeLifecycleController:
     replacements for jobs with ``spec.replace_lost_pods``; marks them ready again when their
     heartbeat resumes (if the lapse was what made them NotReady).
 
-    One atomic commit per lost node (node update, its pods' ``Release``s, the replacements), all
-    nodes of a tick in one ``commit_many``. Every op is compare-and-set: a heartbeat that lands
-    between our read and our write makes the node's commit fail and the node is reconsidered on
-    the next tick. Pods bound to a node that no longer exists are failed the same way.
+    Heartbeats are read from the store's heartbeat hash (one read per tick, in the store's clock),
+    not from Node objects, which the agents write only at registration. One atomic commit per lost
+    node (node update, its pods' ``Release``s, the replacements), all nodes of a tick in one
+    ``commit_many``. Every op is compare-and-set: a pod or node that changed since this view makes
+    that node's commit fail, and the node is reconsidered on the next tick. Pods bound to a node
+    that no longer exists are failed the same way.
 
     A node with no ``spec.agent`` that never heartbeated (created directly, e.g. by a test or a
     simulator) is left alone; any other node gets the grace from its last heartbeat, or from its
@@ -159,24 +156,30 @@ class NodeLifecycleController:
         await _tick_forever("node lifecycle", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
-        now = _now_ms()
+        beats = await self._store.heartbeats()
+        now = beats.now_ms  # the store's clock, like the heartbeats it compares against
         commits: list[list[Op]] = []
         described: list[tuple[str, str, int]] = []  # (node, what, pods failed)
         nodes = {n.metadata.name: n for n in self._nodes()}
         for name, node in nodes.items():
-            if not node.spec.agent and not node.status.heartbeat_ms:
+            # The agent stamps the node at registration and the heartbeat hash afterwards.
+            last = max(beats.last_ms.get(name, 0), node.status.heartbeat_ms)
+            if not node.spec.agent and not last:
                 continue  # no agent and never a heartbeat: not under heartbeat management
             # A new node gets the grace from its creation before its first heartbeat.
-            last = node.status.heartbeat_ms or node.metadata.creation_timestamp_ms
-            lapsed = now - last > self.grace_ms
-            if lapsed:
-                ops = self._lost(node, now)
+            last = last or node.metadata.creation_timestamp_ms
+            if now - last > self.grace_ms:
+                ops = self._lost(node, now, last)
                 if ops:
                     commits.append(ops)
                     described.append((name, "lost", len(ops) - 1))
             elif not node.status.ready and _ready_reason(node) == HEARTBEAT_LAPSED:
                 commits.append([Update(_set_ready(node, True, now, "NodeHeartbeatResumed", ""))])
                 described.append((name, "ready again", 0))
+        # Heartbeats of deleted nodes, once they lapsed (a node registering right now may be
+        # stamped before this view sees its object).
+        gone = [n for n, ms in beats.last_ms.items() if n not in nodes and now - ms > self.grace_ms]
+        await self._store.forget_heartbeats(gone)
         for name in list(self.pods.by_node):
             if name not in nodes:
                 ops = self._fail_pods(name, now, f"node {name!r} no longer exists")
@@ -201,11 +204,10 @@ class NodeLifecycleController:
             assert isinstance(obj, pb.Node)
             yield obj
 
-    def _lost(self, node: pb.Node, now: int) -> list[Op]:
+    def _lost(self, node: pb.Node, now: int, last: int) -> list[Op]:
         name = node.metadata.name
         ops: list[Op] = []
         if node.status.ready:
-            last = node.status.heartbeat_ms or node.metadata.creation_timestamp_ms
             age_s = (now - last) / 1000
             message = f"no heartbeat for {age_s:.1f}s (grace {self.grace_ms / 1000:g}s)"
             ops.append(Update(_set_ready(node, False, now, HEARTBEAT_LAPSED, message)))

@@ -1,6 +1,10 @@
 """The nodes a node agent serves: their shape (capacity, pools, topology), labels and taints,
 registration, and heartbeats.
 
+The Node object is written only at registration (and when it went missing); heartbeats are
+stamps in the store's heartbeat hash, outside the change feed, as Kubernetes keeps node leases
+apart from Node objects. A Node write per heartbeat would flood every watcher at scale.
+
 Plain builders (``hollow_nodes``, ``process_node``, ``parse_labels``, ``parse_taints``) are pure
 so they can be table-tested; :class:`NodeSet` owns the stored copies and every Node write.
 """
@@ -223,11 +227,11 @@ def process_node(
 
 
 class NodeSet:
-    """The stored copies of this agent's nodes and every write to them.
+    """The stored copies of this agent's nodes, their registration and their heartbeats.
 
-    Writes are compare-and-set against the versions of our own last writes; another writer (the
-    node lifecycle controller marking a node NotReady, an operator cordoning it) makes a write
-    conflict, and the node is re-read and written again with that writer's fields kept.
+    Registration of a node that already exists (an agent restart) re-reads it and writes it
+    compare-and-set with this agent's spec and status, keeping the fields other writers own
+    (labels they added, conditions); a conflict re-reads and writes again.
     """
 
     def __init__(self, store: Store, desired: Iterable[pb.Node]) -> None:
@@ -235,7 +239,7 @@ class NodeSet:
         self.desired = {n.metadata.name: n for n in desired}
         self.stored: dict[str, pb.Node] = {}
         self.mode = {name: n.spec.mode for name, n in self.desired.items()}
-        self.heartbeats = 0  # update_many round trips, for tests and metrics
+        self.heartbeats = 0  # heartbeat round trips, for tests and metrics
 
     def names(self) -> set[str]:
         return set(self.desired)
@@ -257,6 +261,7 @@ class NodeSet:
                 self.stored[node.metadata.name] = node
         if existing:
             await self._update_existing(existing)
+        await self._store.record_heartbeats(list(self.desired))
         log.info(
             "nodes registered",
             nodes=len(self.desired),
@@ -306,29 +311,16 @@ class NodeSet:
         return node
 
     async def heartbeat(self) -> None:
-        """One update_many for every node; conflicting nodes are re-read and written again in
-        the same tick, deleted ones are created again."""
-        now = now_ms()
-        batch = [self.stored[name] for name in self.desired if name in self.stored]
-        for node in batch:
-            mark_ready(node, now)
+        """One heartbeat for every node, in one round trip outside the change feed (so it wakes
+        no watcher); nodes deleted behind our back are registered again."""
         self.heartbeats += 1
-        results = await self._store.update_many(batch)
-        stale = [
-            n.metadata.name
-            for n, r in zip(batch, results, strict=True)
-            if isinstance(r, ConflictError | NotFoundError)
-        ]
-        errors = [r for r in results if isinstance(r, StoreError)]
-        if len(errors) > len(stale):
-            log.warning(
-                "heartbeat writes failed", failed=len(errors) - len(stale), error=str(errors[0])
-            )
-        if stale:
-            # Our copies stayed valid locally (mark_ready is idempotent), only their versions
-            # are stale: re-read, keep the other writer's fields, heartbeat again.
-            log.info("nodes changed by another writer; re-reading", nodes=len(stale))
-            await self._update_existing(stale)
+        missing = await self._store.record_heartbeats(list(self.desired))
+        if missing:
+            log.info("nodes missing from the store; registering them again", nodes=len(missing))
+            for name in missing:
+                self.stored.pop(name, None)
+            await self._update_existing(missing)
+            await self._store.record_heartbeats(missing)
 
 
 def _copy(node: pb.Node) -> pb.Node:

@@ -1,0 +1,46 @@
+-- Node heartbeats, kept like Kubernetes node leases: one field per node in a hash outside the
+-- change feed, so thousands of heartbeats a second cost a hash write each and wake no watcher.
+-- Time is the server's clock, so the agents' and the controller's clocks never matter.
+--
+-- KEYS[1] heartbeat hash   KEYS[2] the Node objects' hash
+-- ARGV[1] 'record' | 'read' | 'forget'   ARGV[2..] node names (record, forget)
+--
+-- record: stamps every named node that exists; returns {now_ms, missing name, ...}
+-- read:   returns {now_ms, name, ms, name, ms, ...}
+-- forget: drops the named fields; returns {now_ms}
+
+local beats, nodes, action = KEYS[1], KEYS[2], ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local CHUNK = 500 -- fields per HSET/HDEL call, well below Lua's unpack limit
+
+if action == 'record' then
+  local missing, args = {now}, {}
+  for i = 2, #ARGV do
+    local name = ARGV[i]
+    if redis.call('HEXISTS', nodes, name) == 1 then
+      args[#args + 1] = name
+      args[#args + 1] = now
+      if #args >= 2 * CHUNK then
+        redis.call('HSET', beats, unpack(args))
+        args = {}
+      end
+    else
+      missing[#missing + 1] = name
+    end
+  end
+  if #args > 0 then
+    redis.call('HSET', beats, unpack(args))
+  end
+  return missing
+elseif action == 'read' then
+  local out = redis.call('HGETALL', beats)
+  table.insert(out, 1, now)
+  return out
+elseif action == 'forget' then
+  for i = 2, #ARGV, CHUNK do
+    redis.call('HDEL', beats, unpack(ARGV, i, math.min(#ARGV, i + CHUNK - 1)))
+  end
+  return {now}
+end
+return redis.error_reply('unknown heartbeat action ' .. tostring(action))
