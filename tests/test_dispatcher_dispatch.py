@@ -110,6 +110,25 @@ async def test_many_units_batched_and_capacity_respected(
     await eventually(lambda: {f"j{i}" for i in range(15, 20)} <= set(shard.jobs()), what="rest")
 
 
+async def test_units_without_room_are_held_and_smaller_ones_behind_them_go(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    big = [f.job(f"big{i}", replicas=5, min_member=5) for i in range(10)]
+    await submit(dispatcher, *big, f.job("small", replicas=1))
+    core = dispatcher.service.core
+    await eventually(lambda: len(core.units) == 11, what="queued")
+    shard = await start_shard(shards, store, dispatcher, "shard-a", capacity=12)
+    # Two big units take 10 credits; the other eight do not fit the 2 left, the small one does.
+    await eventually(lambda: "small" in shard.jobs(), what="small unit sent")
+    await _settle_briefly()
+    assert shard.jobs() == ["big0", "big1", "small"]
+    # The held ones stay queued, in order, and go as credits come back.
+    assert core.describe("big2") == "waiting in queue default (position 1)"
+    assert core.describe("big9") == "waiting in queue default (position 8)"
+    shard.outcome("big0", ipb.UNIT_UNSCHEDULABLE, "0/0 nodes fit", credit=5)
+    await eventually(lambda: "big2" in shard.jobs(), what="big2 after credits returned")
+
+
 async def _settle_briefly() -> None:
     """Give the dispatcher time to (wrongly) send something."""
     await asyncio.sleep(0.3)

@@ -25,6 +25,7 @@ def cluster(n: int, *, cpu: int = 4000, taint_every: int = 0) -> tuple[Scheduler
     cache = SchedulerCache()
     for i in range(n):
         nd = node(f"n{i:05d}", cpu=cpu, mem=64 * GiB)
+        nd.metadata.labels["hostname"] = nd.metadata.name
         if taint_every and i % taint_every == 0:
             nd.spec.taints.add(key="dedicated", effect=pb.NO_SCHEDULE)
         cache.set_node(nd)
@@ -119,12 +120,20 @@ def test_feasible_node_cache_scans_once_per_template() -> None:
     assert len({p.node for p in result.placements}) == 20
 
 
-def test_cache_off_scans_per_pod() -> None:
+@pytest.mark.parametrize(
+    ("min_member", "per_pod"),
+    [
+        (1, 1 + 50),  # independent pods: each scans for itself + scan_extra (Gödel's AllMember=1)
+        (20, 20 + 50),  # a gang: each pod scans for the whole gang + scan_extra
+    ],
+)
+def test_cache_off_scans_per_pod(min_member: int, per_pod: int) -> None:
     _, snap = cluster(1000, cpu=64_000)
-    result = scheduler(feasible_cache=False).schedule(unit_of("web", 20, 1, 100), snap)
+    unit = unit_of("web", 20, min_member, 100)
+    result = scheduler(feasible_cache=False).schedule(unit, snap)
     assert result.success
     assert result.scans == 20
-    assert result.examined == 20 * 70
+    assert result.examined == 20 * per_pod
 
 
 def test_scan_limit_is_configurable_and_capped_by_node_count() -> None:
@@ -177,6 +186,55 @@ def test_own_partition_first() -> None:
     # Partition full (needs more than it holds): spills to the rest.
     result = sched.schedule(unit_of("b", 15, 1, 100), snap)
     assert len(result.placements) == 15
+
+
+def pinned_unit(name: str, hostname: str) -> UnitInfo:
+    """A DaemonSet-like unit: one pod required on the node labelled ``hostname``."""
+    j = job(name, replicas=1, min_member=1, cpu=100, mem=GiB)
+    term = j.spec.template.affinity.node_affinity.required.add()
+    term.match_expressions.add(
+        key="hostname", operator=pb.LabelSelectorRequirement.IN
+    ).values.append(hostname)
+    return UnitInfo(name, 1, 0, 0, [PodInfo.from_pod(p) for p in pods_of(j)])
+
+
+@pytest.mark.parametrize("mode", ["godel", "kube"])
+def test_pre_filter_narrows_a_pinned_pod_to_its_node(mode: str) -> None:
+    cache, snap = cluster(2000)
+    sched = scheduler(mode=mode)
+    result = sched.schedule(pinned_unit("ds-1", "n01234"), snap)
+    assert result.success and [p.node for p in result.placements] == ["n01234"]
+    assert result.examined == 1
+    # A node that does not exist: explained for every node, infeasible, nothing examined.
+    result = sched.schedule(pinned_unit("ds-2", "nope"), snap)
+    assert not result.success and result.infeasible and result.examined == 0
+    assert result.reason == "0/2000 nodes fit: 2000 node(s) didn't match node selector"
+    # The index follows label changes and node removals.
+    relabelled = node("n00007", cpu=4000, mem=64 * GiB)
+    relabelled.metadata.labels["hostname"] = "moved"
+    cache.set_node(relabelled)
+    cache.remove_node("n01234")
+    snap.update(cache)
+    assert sched.schedule(pinned_unit("ds-3", "n01234"), snap).reason.startswith("0/1999 nodes")
+    placed = sched.schedule(pinned_unit("ds-4", "moved"), snap)
+    assert [p.node for p in placed.placements] == ["n00007"]
+    assert not sched.schedule(pinned_unit("ds-5", "n00007"), snap).success
+
+
+def test_pre_filter_leaves_broad_selectors_to_the_scan() -> None:
+    # zone In [a] matches half the nodes: narrowing would cost more than the scan saves.
+    cache = SchedulerCache()
+    for i in range(400):
+        nd = node(f"n{i:05d}", cpu=4000, mem=64 * GiB)
+        nd.metadata.labels["zone"] = "a" if i % 2 else "b"
+        cache.set_node(nd)
+    snap = Snapshot()
+    snap.update(cache)
+    j = job("z", replicas=1, min_member=1, cpu=100, mem=GiB)
+    j.spec.template.node_selector["zone"] = "a"
+    unit = UnitInfo("z", 1, 0, 0, [PodInfo.from_pod(p) for p in pods_of(j)])
+    result = scheduler(scan_extra=0).schedule(unit, snap)
+    assert result.success and result.examined > 1
 
 
 @pytest.mark.parametrize(

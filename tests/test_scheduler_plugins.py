@@ -8,6 +8,7 @@ import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
 from services.common.nodeinfo import NodeInfo, PodRequest
+from services.scheduler.cache import LabelIndex
 from services.scheduler.framework import Code, PodInfo, Status
 from services.scheduler.plugins import (
     balancedallocation,
@@ -517,3 +518,63 @@ def test_weighted_resources() -> None:
     assert leastallocated.LeastAllocated(cpu_only).score(pod, n) == 50
     assert mostallocated.MostAllocated(cpu_only).score(pod, n) == 50
     assert Code.UNSCHEDULABLE > Code.SUCCESS
+
+
+# NodeAffinity's PreFilter: the label index narrows the candidates; the filter still decides.
+_INDEXED_NODES = {
+    "a1": {"zone": "a", "hostname": "a1"},
+    "a2": {"zone": "a", "hostname": "a2", "disk": "ssd"},
+    "b1": {"zone": "b", "hostname": "b1", "disk": "ssd"},
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "pod", "want"),
+    [
+        ("no-constraint", make_pod(), None),
+        ("selector", make_pod(selector={"zone": "a"}), {"a1", "a2"}),
+        ("selectors-intersect", make_pod(selector={"zone": "a", "disk": "ssd"}), {"a2"}),
+        ("selector-unknown-value", make_pod(selector={"zone": "z"}), set()),
+        ("in-by-hostname", make_pod(required=[[req("hostname", Req.IN, "b1")]]), {"b1"}),
+        (
+            "in-values-union",
+            make_pod(required=[[req("hostname", Req.IN, "a1", "b1")]]),
+            {"a1", "b1"},
+        ),
+        (
+            "terms-union",
+            make_pod(required=[[req("zone", Req.IN, "b")], [req("hostname", Req.IN, "a1")]]),
+            {"a1", "b1"},
+        ),
+        (
+            "term-without-in-does-not-narrow",
+            make_pod(required=[[req("zone", Req.IN, "b")], [req("disk", Req.EXISTS)]]),
+            None,
+        ),
+        (
+            "first-in-of-a-term-narrows",
+            make_pod(required=[[req("disk", Req.EXISTS), req("zone", Req.IN, "a")]]),
+            {"a1", "a2"},
+        ),
+        (
+            "selector-and-terms-intersect",
+            make_pod(selector={"disk": "ssd"}, required=[[req("zone", Req.IN, "a")]]),
+            {"a2"},
+        ),
+    ],
+)
+def test_node_affinity_pre_filter(case: str, pod: PodInfo, want: set[str] | None) -> None:
+    index = LabelIndex()
+    for name, labels in _INDEXED_NODES.items():
+        index.add(name, labels)
+    got = nodeaffinity.NodeAffinity().pre_filter(pod, index)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and set(got.nodes) == want
+        assert got.reason == nodeaffinity.NOT_MATCHED
+        # Never narrower than the filter: every node the filter passes is a candidate.
+        plugin = nodeaffinity.NodeAffinity()
+        for name, labels in _INDEXED_NODES.items():
+            if plugin.filter(pod, make_node(labels=labels)) is None:
+                assert name in got.nodes

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import heapq
 import time
 from collections import Counter
 from collections.abc import Coroutine
@@ -28,7 +29,8 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.queueing import (
     PendingUnit,
     Quantities,
-    order,
+    SortKey,
+    SortPolicy,
     policy_for,
     quota_excess,
 )
@@ -43,6 +45,9 @@ RECONNECT_SECONDS = 1.0
 # How long to wait for the informer to catch up with the store before re-queueing a unit whose
 # attempt ended (so pods the Binder just bound are not sent again).
 SETTLE_TIMEOUT_SECONDS = 5.0
+# A queue stops for the round after this many of its units found no room (quota or shard
+# credits), so a long queue of units too large for the shards left costs a bounded round.
+MAX_HELD_PER_ROUND = 64
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
 
@@ -86,6 +91,8 @@ class UnitEntry:
     reserved: Quantities | None = None
     # The quota resource that held it back in the last round ("" if none).
     blocked: str = ""
+    # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
+    in_heap: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -97,14 +104,23 @@ class ShardLink:
     credits: int = 0
     capacity: int = 0
     ready: bool = False
-    # Undecided pods per unit sent to this shard.
+    # Undecided pods per unit sent to this shard, and their sum (read once per unit placed).
     undecided: dict[str, int] = field(default_factory=dict)
+    load: int = 0
     outbox: asyncio.Queue[ipb.DispatchMessage] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
 
-    @property
-    def load(self) -> int:
-        return sum(self.undecided.values())
+    def hold(self, job: str, pods: int) -> None:
+        self.settle(job)
+        self.undecided[job] = pods
+        self.load += pods
+
+    def settle(self, job: str) -> None:
+        self.load -= self.undecided.pop(job, 0)
+
+    def clear(self) -> None:
+        self.undecided.clear()
+        self.load = 0
 
 
 def is_pending(pod: pb.Pod) -> bool:
@@ -167,6 +183,12 @@ class UnitDispatcher:
         self._bound: Counter[str] = Counter()
         self._node_shapes: dict[str, dict[str, NodeShape]] = {}
         self._retry_at: dict[str, float] = {}
+        # QUEUED units per queue as heaps of (policy key, seq, job), so a round costs what it
+        # dispatches, not every pending unit; stale items are skipped when popped.
+        self._heaps: dict[str, list[tuple[SortKey, int, str]]] = {}
+        self._policies: dict[str, SortPolicy] = {}
+        self._backoff: list[tuple[float, int, str]] = []  # (not_before, seq, job)
+        self._settling: set[str] = set()
         self._kick = asyncio.Event()
         self._settle = asyncio.Event()
         self._shards_changed = asyncio.Event()
@@ -200,7 +222,7 @@ class UnitDispatcher:
         elif kind == "Node":
             self._node_changed(old, new)
         elif kind == "Queue":
-            self._kick.set()
+            self._queue_changed((new or old).metadata.name)  # type: ignore[union-attr]
         elif kind == "SchedulerInstance":
             self._shards_changed.set()
 
@@ -236,9 +258,9 @@ class UnitDispatcher:
             entry = self.units[job] = UnitEntry(
                 job, pod.spec.queue or DEFAULT_QUEUE, self._seq, int(time.time() * 1000)
             )
-        if name not in entry.pods:
-            self._kick.set()
         entry.pods[name] = pod
+        if entry.state == UnitState.QUEUED and not entry.in_heap:
+            self._enqueue(entry)
 
     def _drop_if_empty(self, entry: UnitEntry) -> None:
         # A dispatched unit stays tracked until its shard reports on it (it counts as load).
@@ -255,14 +277,11 @@ class UnitDispatcher:
         if old is not None and _material(old) == _material(new):  # type: ignore[arg-type]
             return
         # A node appeared or changed: units that could never fit may fit now.
-        woke = 0
-        for entry in self.units.values():
-            if entry.state == UnitState.INFEASIBLE:
-                entry.state = UnitState.QUEUED
-                woke += 1
+        woke = [e for e in self.units.values() if e.state == UnitState.INFEASIBLE]
+        for entry in woke:
+            self._enqueue(entry)
         if woke:
-            log.info("cluster changed; infeasible units queued again", units=woke)
-            self._kick.set()
+            log.info("cluster changed; infeasible units queued again", units=len(woke))
 
     def node_shapes(self) -> dict[str, frozenset[NodeShape]]:
         """Distinct node capacities per pool (for "no node can ever hold this pod")."""
@@ -312,25 +331,35 @@ class UnitDispatcher:
             self.dispatch_round()
 
     def _next_deadline(self) -> float:
-        now = time.monotonic()
-        waits = [e.not_before - now for e in self.units.values() if e.state == UnitState.BACKOFF]
-        return max(0.01, min(waits, default=1.0))
+        if not self._backoff:
+            return 1.0
+        return max(0.01, self._backoff[0][0] - time.monotonic())
 
     async def _settle_loop(self) -> None:
         while not self._closing:
             await self._settle.wait()
             self._settle.clear()
-            batch = [e for e in self.units.values() if e.state == UnitState.SETTLING]
+            batch, self._settling = self._settling, set()
             try:
                 revision = await self.store.revision()
                 await self.informer.wait_for_revision(revision, SETTLE_TIMEOUT_SECONDS)
             except (StoreError, TimeoutError) as exc:
                 log.warning("could not settle against the store; re-queueing", error=str(exc))
-            for entry in batch:
-                if entry.state == UnitState.SETTLING:
-                    entry.state = UnitState.QUEUED
+            for job in batch:
+                entry = self.units.get(job)
+                if entry is None or entry.state != UnitState.SETTLING:
+                    continue
+                if entry.pods:
+                    self._enqueue(entry)
+                else:
                     self._drop_if_empty(entry)
             self._kick.set()
+
+    def _to_settle(self, entry: UnitEntry) -> None:
+        """The attempt ended: queue it again once the informer has caught up with the store."""
+        entry.state = UnitState.SETTLING
+        self._settling.add(entry.job)
+        self._settle.set()
 
     async def _shard_loop(self) -> None:
         interval = min(1.0, self.settings.shard_grace_seconds / 4)
@@ -420,7 +449,7 @@ class UnitDispatcher:
             self._on_outcome(link, msg.outcome)
 
     def _on_outcome(self, link: ShardLink, outcome: ipb.UnitOutcome) -> None:
-        link.undecided.pop(outcome.job, None)
+        link.settle(outcome.job)
         entry = self.units.get(outcome.job)
         if entry is None or entry.state != UnitState.DISPATCHED or entry.shard != link.name:
             return
@@ -434,6 +463,7 @@ class UnitDispatcher:
             )
             entry.state = UnitState.BACKOFF
             entry.not_before = time.monotonic() + delay
+            heapq.heappush(self._backoff, (entry.not_before, entry.seq, entry.job))
             log.info("unit unschedulable; backing off", job=entry.job, delay_s=delay)
         elif outcome.code == ipb.UNIT_INFEASIBLE:
             entry.state = UnitState.INFEASIBLE
@@ -441,8 +471,7 @@ class UnitDispatcher:
             self._spawn(self._mark_unschedulable(entry, outcome.reason), f"mark-{entry.job}")
         else:
             entry.attempts = 0
-            entry.state = UnitState.SETTLING
-            self._settle.set()
+            self._to_settle(entry)
         self._drop_if_empty(entry)
         self._kick.set()
 
@@ -484,11 +513,10 @@ class UnitDispatcher:
             if entry is not None and entry.state == UnitState.DISPATCHED:
                 if entry.shard == link.name:
                     self._release(entry)
-                    entry.state = UnitState.SETTLING
+                    self._to_settle(entry)
                     requeued += 1
-        link.undecided.clear()
+        link.clear()
         log.warning("shard lost", shard=link.name, reason=reason, requeued_units=requeued)
-        self._settle.set()
 
     def _release(self, entry: UnitEntry) -> None:
         if entry.reserved is not None:
@@ -504,7 +532,7 @@ class UnitDispatcher:
         if entry.state == UnitState.DISPATCHED:
             link = self.links.get(entry.shard)
             if link is not None:
-                link.undecided.pop(job, None)
+                link.settle(job)
                 link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[job])))
             self._release(entry)
 
@@ -512,37 +540,83 @@ class UnitDispatcher:
     # The dispatch round
     # -----------------------------------------------------------------------------------------
 
-    def _ready_units(self) -> dict[str, list[PendingUnit]]:
-        now = time.monotonic()
-        ready: dict[str, list[PendingUnit]] = {}
-        for entry in self.units.values():
-            if entry.state == UnitState.BACKOFF and entry.not_before <= now:
-                entry.state = UnitState.QUEUED
-            if entry.state != UnitState.QUEUED or not entry.pods:
-                continue
-            job = self.informer.get("Job", entry.job)
-            if not isinstance(job, pb.Job):
-                continue  # orphaned pods: nothing to schedule them as
-            ready.setdefault(entry.queue, []).append(
-                PendingUnit(
-                    entry.job,
-                    entry.queue,
-                    job.spec.priority,
-                    job.metadata.creation_timestamp_ms,
-                    entry.seq,
-                    len(entry.pods),
-                    Quantities.of_pod_request(job.spec.template.requests, len(entry.pods)),
-                )
-            )
-        return ready
+    def _pending(self, entry: UnitEntry) -> PendingUnit | None:
+        """The unit as queue policies and quotas see it; None while its Job is unknown."""
+        job = self.informer.get("Job", entry.job)
+        if not isinstance(job, pb.Job):
+            return None  # orphaned pods: nothing to schedule them as
+        return PendingUnit(
+            entry.job,
+            entry.queue,
+            job.spec.priority,
+            job.metadata.creation_timestamp_ms,
+            entry.seq,
+            len(entry.pods),
+            Quantities.of_pod_request(job.spec.template.requests, len(entry.pods)),
+        )
 
-    def _ordered(self) -> dict[str, list[PendingUnit]]:
-        out = {}
-        for queue, units in sorted(self._ready_units().items()):
+    def _policy(self, queue: str) -> SortPolicy:
+        policy = self._policies.get(queue)
+        if policy is None:
             obj = self.informer.get("Queue", queue)
-            policy = policy_for(obj.spec.sort_policy if isinstance(obj, pb.Queue) else 0)
-            out[queue] = order(policy, units)
+            sort_policy = obj.spec.sort_policy if isinstance(obj, pb.Queue) else 0
+            policy = self._policies[queue] = policy_for(sort_policy)
+        return policy
+
+    def _enqueue(self, entry: UnitEntry, *, kick: bool = True) -> None:
+        """Mark the unit QUEUED and put it in its queue's heap (once)."""
+        entry.state = UnitState.QUEUED
+        if entry.in_heap:
+            return
+        entry.in_heap = True
+        view = self._pending(entry) or PendingUnit(
+            entry.job, entry.queue, 0, entry.enqueued_ms, entry.seq, len(entry.pods), Quantities()
+        )
+        key = self._policy(entry.queue).key(view)
+        heapq.heappush(self._heaps.setdefault(entry.queue, []), (key, entry.seq, entry.job))
+        if kick:
+            self._kick.set()
+
+    def _pop(self, queue: str) -> UnitEntry | None:
+        """The queue's first unit that is still QUEUED with pods (stale items are dropped)."""
+        heap = self._heaps.get(queue)
+        while heap:
+            job = heapq.heappop(heap)[2]
+            entry = self.units.get(job)
+            if entry is None or not entry.in_heap or entry.queue != queue:
+                continue
+            entry.in_heap = False
+            if entry.state == UnitState.QUEUED and entry.pods:
+                return entry
+        return None
+
+    def _queued(self, queue: str) -> list[UnitEntry]:
+        """The queue's QUEUED units in dispatch order (for Explain; not on the hot path)."""
+        seen: set[str] = set()
+        out = []
+        for _, _, job in sorted(self._heaps.get(queue, [])):
+            entry = self.units.get(job)
+            if entry is not None and entry.in_heap and job not in seen:
+                seen.add(job)
+                out.append(entry)
         return out
+
+    def _queue_changed(self, queue: str) -> None:
+        """A queue was created or changed (its sort policy may differ): re-key its heap."""
+        self._policies.pop(queue, None)
+        members = self._queued(queue)
+        self._heaps[queue] = []
+        for entry in members:
+            entry.in_heap = False
+            self._enqueue(entry)
+        self._kick.set()
+
+    def _wake_backoffs(self, now: float) -> None:
+        while self._backoff and self._backoff[0][0] <= now:
+            job = heapq.heappop(self._backoff)[2]
+            entry = self.units.get(job)
+            if entry is not None and entry.state == UnitState.BACKOFF and entry.not_before <= now:
+                self._enqueue(entry, kick=False)
 
     def _quota(self, queue: str) -> pb.Resources | None:
         obj = self.informer.get("Queue", queue)
@@ -556,28 +630,45 @@ class UnitDispatcher:
         links = sorted((lk for lk in self.links.values() if lk.ready), key=lambda lk: lk.name)
         if not links:
             return
-        queues = self._ordered()
+        self._wake_backoffs(time.monotonic())
         batches: dict[str, list[ipb.Unit]] = {}
-        cursors = {q: iter(units) for q, units in queues.items()}
-        while cursors and any(lk.credits > 0 for lk in links):
-            for queue in list(cursors):
-                unit = next(cursors[queue], None)
-                if unit is None:
-                    del cursors[queue]
+        held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
+        budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
+        while budget and any(lk.credits > 0 for lk in links):
+            for queue in list(budget):
+                entry = self._pop(queue)
+                if entry is None:
+                    del budget[queue]
                     continue
-                entry = self.units[unit.job]
-                used = Quantities()
-                used.add(self._usage.get(queue, Quantities()))
-                used.add(self._inflight.get(queue, Quantities()))
-                entry.blocked = quota_excess(self._quota(queue), used, unit.requests)
-                if entry.blocked:
+                placed = self._place(entry, links)
+                if placed is not None:
+                    link, unit = placed
+                    batches.setdefault(link.name, []).append(self._send(entry, unit, link))
                     continue
-                link = self._choose(links, unit.pods)
-                if link is None:
-                    continue
-                batches.setdefault(link.name, []).append(self._send(entry, unit, link))
+                held.append(entry)
+                budget[queue] -= 1
+                if budget[queue] <= 0:
+                    del budget[queue]
+        for entry in held:
+            self._enqueue(entry, kick=False)
         for name, units in batches.items():
             self._flush(self.links[name], units)
+
+    def _place(
+        self, entry: UnitEntry, links: list[ShardLink]
+    ) -> tuple[ShardLink, PendingUnit] | None:
+        """The shard to send the unit to, or None (job unknown, over quota, no shard room)."""
+        unit = self._pending(entry)
+        if unit is None:
+            return None
+        used = Quantities()
+        used.add(self._usage.get(entry.queue, Quantities()))
+        used.add(self._inflight.get(entry.queue, Quantities()))
+        entry.blocked = quota_excess(self._quota(entry.queue), used, unit.requests)
+        if entry.blocked:
+            return None
+        link = self._choose(links, unit.pods)
+        return None if link is None else (link, unit)
 
     @staticmethod
     def _choose(links: list[ShardLink], pods: int) -> ShardLink | None:
@@ -597,7 +688,7 @@ class UnitDispatcher:
         assert isinstance(job, pb.Job)
         pods = sorted(entry.pods.values(), key=lambda p: p.spec.index)
         link.credits -= len(pods)
-        link.undecided[entry.job] = len(pods)
+        link.hold(entry.job, len(pods))
         entry.state = UnitState.DISPATCHED
         entry.shard = link.name
         entry.reserved = unit.requests
@@ -653,7 +744,7 @@ class UnitDispatcher:
                 f"unschedulable after {entry.attempts} attempt(s) ({entry.reason}); "
                 f"retrying in {left:.1f}s"
             )
-        units = self._ordered().get(entry.queue, [])
+        units = self._queued(entry.queue)
         position = next((i + 1 for i, u in enumerate(units) if u.job == job), 0)
         text = f"waiting in queue {entry.queue} (position {position})"
         if entry.blocked:

@@ -8,7 +8,6 @@ loop sorts the ready units of each queue once per round.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -132,7 +131,3 @@ def policy_for(sort_policy: int) -> SortPolicy:
     if sort_policy == pb.SORT_PRIORITY:
         return _PRIORITY
     return _FIFO
-
-
-def order(policy: SortPolicy, units: Iterable[PendingUnit]) -> list[PendingUnit]:
-    return sorted(units, key=policy.key)

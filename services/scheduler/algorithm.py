@@ -3,7 +3,8 @@
 
 Gödel mode (default): per pod template, a feasible-node cache. The first pod of a template scans
 nodes from a rotating offset, own partition first, until it has found ``len(unit pods) +
-scan_extra`` feasible nodes; they are scored once and kept in a heap. Later pods of the same
+scan_extra`` feasible nodes; they are scored once and kept in a heap (without the cache, every
+pod scans for ``scan_extra`` nodes more than its gang needs). Later pods of the same
 template take the best cached node; after each assume only the chosen node is re-checked (and
 re-scored), since no other node changed. Kube mode, for comparison: no cache, every pod scans
 until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's adaptive
@@ -21,7 +22,7 @@ from typing import Literal
 
 from services.common.nodeinfo import NodeInfo
 from services.scheduler.cache import Snapshot
-from services.scheduler.framework import Code, Framework, PodInfo, UnitInfo
+from services.scheduler.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 
 Mode = Literal["godel", "kube"]
 
@@ -75,6 +76,9 @@ class _Template:
     heap: list[tuple[int, int, str]] = field(default_factory=list)
     static: dict[str, int] = field(default_factory=dict)
     failure: str = ""
+    # Set when a PreFilter narrowed the nodes: what to scan, and why the rest were skipped.
+    segments: list[list[NodeInfo]] | None = None
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 class UnitScheduler:
@@ -119,17 +123,40 @@ class UnitScheduler:
             result.reason = describe(0, 0, {})
             result.unplaced = {p.name: result.reason for p in unit.pods}
             return result
+        # PreFilters narrow the whole view only: a node group is already a narrowed list.
+        labels = snapshot.labels if groups is None else None
         for segments in candidates:
-            self._schedule_in(unit, snapshot, segments, result)
+            self._schedule_in(unit, snapshot, segments, labels, result)
             if result.success:
                 return result
         return result
+
+    def _narrow(
+        self, pod: PodInfo, snapshot: Snapshot, labels: NodeLabels, total: int
+    ) -> tuple[list[list[NodeInfo]], dict[str, int]] | None:
+        """The segments to scan for ``pod`` when a PreFilter leaves few candidates (a quarter of
+        the nodes or fewer: with more, a scan from the rotating offset meets enough feasible
+        nodes sooner than building the list would take), and the diagnosis of the rest."""
+        found = self.framework.candidates(pod, labels)
+        if found is None or len(found.nodes) * 4 > total:
+            return None
+        infos = snapshot.infos
+        nodes = [infos[name] for name in sorted(found.nodes) if name in infos]
+        if self.partition:
+            inside = [n for n in nodes if n.name in self.partition]
+            outside = [n for n in nodes if n.name not in self.partition]
+            segments = [s for s in (inside, outside) if s]
+        else:
+            segments = [nodes] if nodes else []
+        skipped = total - len(nodes)
+        return segments, ({found.reason: skipped} if skipped else {})
 
     def _schedule_in(
         self,
         unit: UnitInfo,
         snapshot: Snapshot,
         segments: list[list[NodeInfo]],
+        labels: NodeLabels | None,
         result: UnitResult,
     ) -> None:
         needed = unit.needed
@@ -141,7 +168,7 @@ class UnitScheduler:
                 self.config.min_feasible_nodes,
             )
         else:
-            limit = min(total_nodes, len(unit.pods) + self.config.scan_extra)
+            limit = min(total_nodes, self._godel_scan(unit))
         use_cache = self.config.mode == "godel" and self.config.feasible_cache
         templates: dict[bytes, _Template] = {}
         placements: list[tuple[PodInfo, str]] = []
@@ -155,6 +182,9 @@ class UnitScheduler:
             tmpl = templates.get(pod.template_key)
             if tmpl is None:
                 tmpl = templates[pod.template_key] = _Template()
+                narrowed = labels and self._narrow(pod, snapshot, labels, total_nodes)
+                if narrowed:
+                    tmpl.segments, tmpl.skipped = narrowed
             if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
                 unplaced[pod.name] = tmpl.failure
                 continue
@@ -195,6 +225,15 @@ class UnitScheduler:
         result.unplaced = {p.name: result.reason for p in unit.pods}
         result.infeasible = bool(unplaced) and all_unresolvable and not placements
 
+    def _godel_scan(self, unit: UnitInfo) -> int:
+        """Feasible nodes to find per scan in Gödel mode. With the cache one scan serves every pod
+        of a template, so it must find a node for each of them. Without it every pod scans anew,
+        for ``AllMember + scan_extra`` as Gödel does: all the unit's pods for a gang, one for a
+        unit whose pods are placed independently."""
+        if self.config.feasible_cache or unit.min_member > 1:
+            return len(unit.pods) + self.config.scan_extra
+        return 1 + self.config.scan_extra
+
     # -- pod level ---------------------------------------------------------------------------
 
     def _take(self, tmpl: _Template) -> str | None:
@@ -219,7 +258,9 @@ class UnitScheduler:
         the template's heap. Returns (found any, every failure was unresolvable)."""
         filters = self.framework.filters
         feasible: list[NodeInfo] = []
-        diag: dict[str, int] = {}
+        diag = dict(tmpl.skipped)
+        if tmpl.segments is not None:
+            segments = tmpl.segments
         unresolvable = True
         examined = 0
         for seg in segments:

@@ -13,6 +13,7 @@ which nodes it touched, the snapshot which nodes the cycle touched.
 from __future__ import annotations
 
 import time
+from collections.abc import Set
 from dataclasses import dataclass
 
 import structlog
@@ -35,8 +36,34 @@ class Assumed:
     expires: float | None = None
 
 
+class LabelIndex:
+    """Existing nodes by label (key, value), for PreFilters. Changed only by Node events, never
+    by pod placements, so keeping it costs nothing on the hot path."""
+
+    _EMPTY: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        self._nodes: dict[tuple[str, str], set[str]] = {}
+
+    def nodes_with(self, key: str, value: str) -> Set[str]:
+        return self._nodes.get((key, value), self._EMPTY)
+
+    def add(self, node: str, labels: dict[str, str]) -> None:
+        for item in labels.items():
+            self._nodes.setdefault(item, set()).add(node)
+
+    def remove(self, node: str, labels: dict[str, str]) -> None:
+        for item in labels.items():
+            nodes = self._nodes.get(item)
+            if nodes is not None:
+                nodes.discard(node)
+                if not nodes:
+                    del self._nodes[item]
+
+
 class SchedulerCache:
     def __init__(self) -> None:
+        self.labels = LabelIndex()
         self.nodes: dict[str, NodeInfo] = {}
         self.present: set[str] = set()  # nodes that exist (others only hold pods' claims)
         self.bound: dict[str, tuple[str, PodRequest]] = {}  # pod -> (node, request)
@@ -68,7 +95,10 @@ class SchedulerCache:
         info = self.nodes.get(name)
         if info is None:
             info = self.nodes[name] = NodeInfo(name)
+        if name in self.present:
+            self.labels.remove(name, info.labels)
         info.set_node(node)
+        self.labels.add(name, info.labels)
         if name not in self.present:
             self.present.add(name)
             self.node_set_version += 1
@@ -76,6 +106,7 @@ class SchedulerCache:
 
     def remove_node(self, name: str) -> None:
         if name in self.present:
+            self.labels.remove(name, self.nodes[name].labels)
             self.present.discard(name)
             self.node_set_version += 1
             self.dirty.add(name)
@@ -172,9 +203,13 @@ class Snapshot:
         self._node_set_version = -1
         self.touched: set[str] = set()  # nodes the cycle mutated: re-cloned on the next update
         self.clones = 0  # how many NodeInfos the updates copied (tests, metrics)
+        # The cache's live label index (labels change only between cycles); None until the first
+        # update, so nothing is narrowed against an index that was never filled.
+        self.labels: LabelIndex | None = None
 
     def update(self, cache: SchedulerCache) -> int:
         """Bring the snapshot up to the cache: clone only nodes whose generation changed."""
+        self.labels = cache.labels
         touched = self.touched
         changed = cache.dirty | touched
         cache.dirty = set()

@@ -8,6 +8,7 @@ A Filter returns ``None`` for success (cheap and Go-faithful) or a :class:`Statu
 from __future__ import annotations
 
 import enum
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -159,6 +160,30 @@ class FilterPlugin(Plugin, Protocol):
     def filter(self, pod: PodInfo, node: NodeInfo) -> Status | None:
         """None if ``pod`` may run on ``node``; otherwise why not (short lowercase reasons)."""
         ...
+
+
+class NodeLabels(Protocol):
+    """The nodes carrying each label, kept up to date by the shard's cache."""
+
+    def nodes_with(self, key: str, value: str) -> Set[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """A PreFilter's answer: only ``nodes`` can pass the plugin's filter; every other node would
+    fail it with ``reason``."""
+
+    nodes: Set[str]
+    reason: str
+
+
+@runtime_checkable
+class PreFilter(Protocol):
+    """Optional for Filter plugins (kube-scheduler's PreFilterResult): name the only nodes that can
+    pass, from the label index, so a pod pinned to a few nodes is not filtered against all of
+    them. None: no narrowing. The filter still runs on every candidate."""
+
+    def pre_filter(self, pod: PodInfo, labels: NodeLabels) -> Candidates | None: ...
 
 
 @runtime_checkable

@@ -6,12 +6,15 @@ from collections.abc import Callable
 
 from services.common.nodeinfo import NodeInfo
 from services.scheduler.framework.interface import (
+    Candidates,
     FilterPlugin,
     GroupingPlugin,
     LocatingPlugin,
+    NodeLabels,
     NormalizeScore,
     Plugin,
     PodInfo,
+    PreFilter,
     ScorePlugin,
     Status,
     UnitInfo,
@@ -29,6 +32,7 @@ class Framework:
         self.plugins: dict[str, Plugin] = {}
         self.filters: list[FilterFn] = []
         self.filter_names: list[str] = []
+        self.pre_filters: list[PreFilter] = []
         # (name, weight, score fn, normalize fn or None)
         self.scores: list[
             tuple[str, int, ScoreFn, Callable[[PodInfo, list[int]], None] | None]
@@ -42,6 +46,8 @@ class Framework:
                 raise ProfileError(f"filters: plugin {name!r} is not a Filter plugin")
             self.filters.append(plugin.filter)
             self.filter_names.append(name)
+            if isinstance(plugin, PreFilter):
+                self.pre_filters.append(plugin)
         for name, weight in profile.scores:
             plugin = self._plugin(name, registry)
             if not isinstance(plugin, ScorePlugin):
@@ -67,6 +73,21 @@ class Framework:
         return plugin
 
     # -- pod level ---------------------------------------------------------------------------
+
+    def candidates(self, pod: PodInfo, labels: NodeLabels) -> Candidates | None:
+        """The only nodes that can pass every filter, by the PreFilters (None: any node may).
+        Several answers intersect; the excluded nodes are explained by the narrowest one."""
+        found: Candidates | None = None
+        for plugin in self.pre_filters:
+            answer = plugin.pre_filter(pod, labels)
+            if answer is None:
+                continue
+            if found is None:
+                found = answer
+            else:
+                narrower = answer if len(answer.nodes) < len(found.nodes) else found
+                found = Candidates(found.nodes & answer.nodes, narrower.reason)
+        return found
 
     def run_filters(self, pod: PodInfo, node: NodeInfo) -> Status | None:
         """The first failing filter's status (short-circuit), or None if every filter passes."""

@@ -1,19 +1,24 @@
 """NodeAffinity: spec.template.node_selector (every key = value) and required node affinity
 (terms OR'd, expressions within a term AND'd) filter; preferred terms score (sum of the weights
-of matching terms, normalized to 0..100)."""
+of matching terms, normalized to 0..100). Its PreFilter narrows a pod to the nodes carrying the
+exact label values it requires (a DaemonSet-like pod pinned by hostname examines one node)."""
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import ClassVar
 
 from services.common.nodeinfo import NodeInfo
 from services.scheduler.framework import (
     MAX_NODE_SCORE,
+    Candidates,
     FilterPlugin,
     NoArgs,
+    NodeLabels,
     NormalizeScore,
     PluginSpec,
     PodInfo,
+    PreFilter,
     ScorePlugin,
     Status,
 )
@@ -63,6 +68,22 @@ def term_matches(term: Term, labels: dict[str, str]) -> bool:
     return True
 
 
+def _nodes_matching_terms(terms: tuple[Term, ...], labels: NodeLabels) -> set[str] | None:
+    """Nodes that may match one of ``terms`` by each term's first ``In``; None if unknown."""
+    if not terms:
+        return None
+    union: set[str] = set()
+    for term in terms:
+        first_in = next((r for r in term if r.op == OP_IN), None)
+        if first_in is None:
+            if term:
+                return None  # a term without In can match any node
+            continue  # an empty term matches nothing
+        for value in first_in.values:
+            union |= labels.nodes_with(first_in.key, value)
+    return union
+
+
 class NodeAffinity:
     NAME: ClassVar[str] = NAME
 
@@ -75,6 +96,19 @@ class NodeAffinity:
         if terms and not any(term_matches(t, labels) for t in terms):
             return _NOT_MATCHED
         return None
+
+    def pre_filter(self, pod: PodInfo, labels: NodeLabels) -> Candidates | None:
+        """The nodes with every node_selector pair and, for the required terms, the union over
+        terms of the nodes matching each term's first ``In`` requirement. A non-empty term with no
+        ``In`` can match any node, so then the terms do not narrow."""
+        found: Set[str] | None = None
+        for key, value in pod.node_selector:
+            nodes = labels.nodes_with(key, value)
+            found = nodes if found is None else found & nodes
+        by_terms = _nodes_matching_terms(pod.required_terms, labels)
+        if by_terms is not None:
+            found = by_terms if found is None else found & by_terms
+        return None if found is None else Candidates(found, NOT_MATCHED)
 
     def score(self, pod: PodInfo, node: NodeInfo) -> int:
         total = 0
@@ -96,6 +130,7 @@ def new(args: NoArgs) -> NodeAffinity:
 
 
 _check_filter: type[FilterPlugin] = NodeAffinity
+_check_pre_filter: type[PreFilter] = NodeAffinity
 _check_score: type[ScorePlugin] = NodeAffinity
 _check_norm: type[NormalizeScore] = NodeAffinity
 SPEC = PluginSpec(NAME, NoArgs, new)
