@@ -1,4 +1,5 @@
-"""``python -m bench WORKLOAD [--quick] [--out bench/results] [--fsync ...] [--rate N]``
+"""``python -m bench WORKLOAD [--quick] [--variant V ...] [--out bench/results] [--fsync ...]
+[--rate N]``
 
 Runs a workload file (``bench/workloads/<WORKLOAD>.yaml`` or a path) against real local
 clusters and writes the report. ``python -m bench --list`` lists the workloads. Other entry
@@ -25,12 +26,13 @@ def run(
     out: Path = DEFAULT_OUT,
     fsync: str = "always",
     rate: float | None = None,
+    variants: list[str] | None = None,
 ) -> int:
     """Run one workload file and write its report; returns the exit code."""
     from bench import harness, report
 
     try:
-        suite = workloads.load(name, quick=quick)
+        suite = workloads.select(workloads.load(name, quick=quick), variants or [])
     except workloads.WorkloadError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
@@ -67,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report directory")
     parser.add_argument("--fsync", choices=("always", "everysec", "no"), default="always")
     parser.add_argument("--rate", type=float, help="offered pods/s (default: the workload's)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this variant of a series (repeatable; the baseline always runs too)",
+    )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     opts = parser.parse_args(argv)
@@ -75,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in workloads.available():
             sys.stdout.write(f"{name}\n")
         return 0 if opts.list else 2
-    return run(opts.workload, quick=opts.quick, out=opts.out, fsync=opts.fsync, rate=opts.rate)
+    return run(
+        opts.workload,
+        quick=opts.quick,
+        out=opts.out,
+        fsync=opts.fsync,
+        rate=opts.rate,
+        variants=opts.variant,
+    )
 
 
 if __name__ == "__main__":

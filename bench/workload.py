@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,23 @@ class Suite:
     runs: list[Workload]
     baseline: str | None
     """The variant the others are compared to (same run), if any."""
+
+
+def select(suite: Suite, variants: list[str]) -> Suite:
+    """Only the named variants of a series, plus its baseline (so every ratio is still to a
+    baseline measured in the same invocation)."""
+    if not variants:
+        return suite
+    known = [r.variant for r in suite.runs]
+    if suite.baseline is None:
+        raise WorkloadError(f"{suite.path}: not a series; --variant needs a file with variants")
+    unknown = [v for v in variants if v not in known]
+    if unknown:
+        raise WorkloadError(
+            f"{suite.path}: no variant {', '.join(map(repr, unknown))} (variants: {', '.join(known)})"
+        )
+    wanted = {*variants, suite.baseline}
+    return replace(suite, runs=[r for r in suite.runs if r.variant in wanted])
 
 
 def available() -> list[str]:

@@ -94,6 +94,17 @@ def test_quick_and_variants_merge_in_order() -> None:
     assert full.baseline == "b" and full.runs[0].name == "w/a"
 
 
+def test_select_variants_keeps_the_baseline() -> None:
+    suite = workload.load("GodelNodeScaling")
+    chosen = workload.select(suite, ["n20000"])
+    assert [r.variant for r in chosen.runs] == ["n20000", "kube-5000"]
+    assert workload.select(suite, []) is suite
+    with pytest.raises(workload.WorkloadError, match=r"no variant 'n3'.*variants: n100"):
+        workload.select(suite, ["n3"])
+    with pytest.raises(workload.WorkloadError, match="not a series"):
+        workload.select(workload.load("SchedulingBasic-500"), ["x"])
+
+
 @pytest.mark.parametrize("name", workload.available())
 def test_shipped_workloads_are_valid(name: str) -> None:
     for quick in (False, True):

@@ -31,6 +31,12 @@ def bench(
         float | None,
         typer.Option("--rate", min=0, help="Offered pods/s (default: the workload's)."),
     ] = None,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--variant", help="Run only this variant of a series (repeatable; plus the baseline)."
+        ),
+    ] = None,
 ) -> None:
     """Start a local cluster per run, submit the workload's pods, report throughput and latency.
 
@@ -40,6 +46,6 @@ def bench(
 
     if fsync not in ("always", "everysec", "no"):
         fail(f"--fsync must be always, everysec or no (got {fsync!r})", code=2)
-    code = run(workload, quick=quick, out=out, fsync=fsync, rate=rate)
+    code = run(workload, quick=quick, out=out, fsync=fsync, rate=rate, variants=variant)
     if code:
         raise typer.Exit(code)  # run() has said why
