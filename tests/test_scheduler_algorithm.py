@@ -313,3 +313,18 @@ def test_cache_assume_confirm_forget() -> None:
     snap.update(cache)
     assert snap.get("later").requested["g"][0] == 300  # type: ignore[union-attr]
     assert "later" in [n.name for n in snap.nodes]
+
+
+def test_steps_yield_after_each_pod_and_return_the_result() -> None:
+    _, snap = cluster(100, cpu=64_000)
+    steps = scheduler().steps(unit_of("web", 20, 1, 100), snap)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+            yields += 1
+        except StopIteration as done:
+            result = done.value
+            break
+    assert yields == 20
+    assert result.success and len(result.placements) == 20

@@ -10,13 +10,15 @@ re-scored), since no other node changed. Kube mode, for comparison: no cache, ev
 until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's adaptive
 percentageOfNodesToScore) and scores them.
 
-Everything here is synchronous; the caller updates the snapshot before a cycle.
+Everything here is synchronous; the caller updates the snapshot before a cycle. ``steps`` is the
+same search as a generator that yields after every pod, so a service can let its event loop run
+(streams, heartbeats, signals) while a large unit is placed: the snapshot is the cycle's own.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -113,6 +115,16 @@ class UnitScheduler:
         """Place the unit's pods, or none of them if fewer than ``unit.needed`` fit. Placements
         are assumed into ``snapshot`` (so no node is over-committed within the cycle) and kept
         there only on success."""
+        steps = self.steps(unit, snapshot)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: UnitResult = done.value
+                return result
+
+    def steps(self, unit: UnitInfo, snapshot: Snapshot) -> Generator[None, None, UnitResult]:
+        """:meth:`schedule`, yielding after each pod; returns the result."""
         result = UnitResult()
         groups = self.framework.node_groups(unit, snapshot.nodes)
         if groups is None:
@@ -126,7 +138,7 @@ class UnitScheduler:
         # PreFilters narrow the whole view only: a node group is already a narrowed list.
         labels = snapshot.labels if groups is None else None
         for segments in candidates:
-            self._schedule_in(unit, snapshot, segments, labels, result)
+            yield from self._schedule_in(unit, snapshot, segments, labels, result)
             if result.success:
                 return result
         return result
@@ -158,7 +170,7 @@ class UnitScheduler:
         segments: list[list[NodeInfo]],
         labels: NodeLabels | None,
         result: UnitResult,
-    ) -> None:
+    ) -> Generator[None, None, None]:
         needed = unit.needed
         total_nodes = sum(len(s) for s in segments)
         if self.config.mode == "kube":
@@ -176,6 +188,7 @@ class UnitScheduler:
         all_unresolvable = True
         allowed_failures = len(unit.pods) - needed
         for pod in unit.pods:
+            yield
             if len(unplaced) > allowed_failures:
                 unplaced[pod.name] = "skipped: the unit cannot reach min_member"
                 continue

@@ -28,7 +28,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.runtime import Service, ServiceConfig, option
 from services.runtime.config import ConfigError
 from services.runtime.service import MAX_MESSAGE_BYTES
-from services.scheduler.algorithm import SearchConfig, UnitScheduler
+from services.scheduler.algorithm import SearchConfig, UnitResult, UnitScheduler
 from services.scheduler.cache import SchedulerCache, Snapshot
 from services.scheduler.framework import (
     Framework,
@@ -46,6 +46,8 @@ log = structlog.get_logger(__name__)
 
 SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 BINDER_LEASE = "binder"
+# How long a unit search runs before letting the event loop serve streams and heartbeats.
+YIELD_SECONDS = 0.02
 _RETRY_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED, ipb.STALE, ipb.ERROR, ipb.VERDICT_UNSPECIFIED}
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -416,10 +418,10 @@ class SchedulerService(Service[SchedulerConfig]):
                 if not unit.revoked:
                     heapq.heappush(self._ready, (-unit.priority, seq, unit))
             if self._ready:
-                self.run_cycle()
+                await self.run_cycle()
                 await asyncio.sleep(0)  # let streams and the informer run between cycles
 
-    def run_cycle(self) -> None:
+    async def run_cycle(self) -> None:
         """One scheduling cycle: refresh the snapshot, schedule ready units for up to the cycle
         budget, send their decisions as one DecisionBatch."""
         self.cache.expire()
@@ -432,7 +434,7 @@ class SchedulerService(Service[SchedulerConfig]):
             _, _, unit = heapq.heappop(self._ready)
             if unit.revoked or not unit.pending:
                 continue
-            decision = self._attempt(unit)
+            decision = await self._attempt(unit)
             if decision is not None:
                 decisions.append(decision)
                 units.append(unit)
@@ -442,7 +444,7 @@ class SchedulerService(Service[SchedulerConfig]):
         if decisions:
             self._send(decisions, units)
 
-    def _attempt(self, unit: _Unit) -> ipb.UnitDecision | None:
+    async def _attempt(self, unit: _Unit) -> ipb.UnitDecision | None:
         infos: list[PodInfo] = []
         revision = self.informer.revision
         for name, rv in list(unit.pending.items()):
@@ -467,8 +469,10 @@ class SchedulerService(Service[SchedulerConfig]):
             return None
         spec = unit.job.spec
         info = UnitInfo(unit.name, spec.min_member, unit.already_bound, spec.priority, infos)
-        result = self.scheduler.schedule(info, self.snapshot)
+        result = await self._search(info)
         unit.pending.clear()
+        if unit.revoked:
+            return None  # revoked while being placed: its placements die with the snapshot
         if not result.success:
             unit.handed_back.update(result.unplaced)
             log.info("unit unschedulable", job=unit.name, reason=result.reason)
@@ -490,6 +494,22 @@ class SchedulerService(Service[SchedulerConfig]):
             already_bound=unit.already_bound,
             placements=placements,
         )
+
+    async def _search(self, info: UnitInfo) -> UnitResult:
+        """The unit search, letting the event loop run every ``YIELD_SECONDS``: a large unit
+        (a 10,000-pod gang, or kube mode's per-pod scans) takes seconds, and heartbeats, streams
+        and SIGTERM must not wait for it. Only this loop touches the snapshot meanwhile."""
+        steps = self.scheduler.steps(info, self.snapshot)
+        until = time.monotonic() + YIELD_SECONDS
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: UnitResult = done.value
+                return result
+            if time.monotonic() >= until:
+                await asyncio.sleep(0)
+                until = time.monotonic() + YIELD_SECONDS
 
     def _defer(self, unit: _Unit, delay: float) -> None:
         heapq.heappush(self._backoff, (time.monotonic() + delay, unit.seq, unit))
