@@ -23,6 +23,7 @@ from store.errors import ResourceVersionTooOldError, StoreUnavailableError
 
 log = structlog.get_logger(__name__)
 
+Selector = Callable[[str, Message], bool]
 AddHandler = Callable[[str, Message], None]
 UpdateHandler = Callable[[str, Message, Message], None]
 DeleteHandler = Callable[[str, Message], None]
@@ -47,8 +48,13 @@ class Informer:
         resync_seconds: float = 0.0,
         retry_max_seconds: float = 5.0,
         block_ms: int = 1000,
+        selector: Selector | None = None,
     ) -> None:
+        """``selector(kind, obj)`` narrows the cache to the objects it accepts, like a
+        Kubernetes field selector: others are neither cached nor delivered, and an object that
+        stops matching is delivered as deleted (a node agent caches only its nodes' pods)."""
         self._store = store
+        self._selector = selector
         self.kinds = list(kinds)
         self.cache: dict[str, dict[str, Message]] = {k: {} for k in self.kinds}
         self.revision = 0
@@ -158,7 +164,10 @@ class Informer:
             )
         for kind in self.kinds:
             old = self.cache[kind]
-            new = {obj.metadata.name: obj for obj in snapshot.items.get(kind, [])}  # type: ignore[attr-defined]
+            selected = snapshot.items.get(kind, [])
+            if self._selector is not None:
+                selected = [obj for obj in selected if self._selector(kind, obj)]
+            new = {obj.metadata.name: obj for obj in selected}  # type: ignore[attr-defined]
             self.cache[kind] = new
             for name, obj in new.items():
                 before = old.get(name)
@@ -182,7 +191,9 @@ class Informer:
             )
             return
         objs = self.cache[event.kind]
-        if event.type == "DELETED":
+        if event.type == "DELETED" or (
+            self._selector is not None and not self._selector(event.kind, event.obj)
+        ):
             old = objs.pop(event.name, None)
             if old is not None:
                 self._emit("on_delete", event.kind, event.obj)

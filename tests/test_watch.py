@@ -152,6 +152,38 @@ async def test_informer_relists_when_its_position_was_trimmed(
         await small.close()
 
 
+async def test_informer_selector_caches_and_delivers_only_matching_objects(
+    store: Store,
+) -> None:
+    """Like a field selector: unmatched objects are invisible; leaving the selection is a
+    delete, entering it an add; the initial list and the watch agree."""
+    await store.create(node("a-listed"))
+    await store.create(node("b-listed"))
+    informer = Informer(
+        store, ["Node"], block_ms=100, selector=lambda _k, n: n.metadata.labels.get("team") != "b"
+    )
+    mirror = Mirror()
+    informer.add_handlers(mirror.handlers())
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+        b = await store.get(pb.Node, "b-listed")
+        b.metadata.labels["team"] = "b"
+        await store.update(b)  # leaves the selection: delivered as a delete
+        c = node("c-watched")
+        c.metadata.labels["team"] = "b"
+        await store.create(c)  # never matches: never seen
+        a = await store.get(pb.Node, "a-listed")
+        await store.update(a)
+        b.metadata.labels["team"] = "a"
+        await store.update(b)  # enters the selection again: an add
+        await informer.wait_for_revision(await store.revision(), timeout=10)
+        assert set(informer.cache["Node"]) == set(mirror.objs) == {"a-listed", "b-listed"}
+        assert mirror.events == 2 + 1 + 1 + 1  # two listed, one delete, one update, one add
+    finally:
+        await informer.stop()
+
+
 async def test_informer_survives_a_store_restart(private_server: StoreServer) -> None:
     store = await Store.connect(private_server.url)
     informer = Informer(store, ["Node"], block_ms=100, retry_max_seconds=0.2)

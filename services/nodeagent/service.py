@@ -184,7 +184,14 @@ class NodeAgentService(Service[NodeAgentConfig]):
             flush_interval=cfg.status_flush_ms / 1000,
             flush_max=cfg.status_batch_max,
         )
-        self.informer = Informer(self.store, ["Pod"])
+        # Only the pods bound to our nodes: at 200,000 pods, caching every pod cost each agent
+        # over 300 MiB.
+        ours = self.nodes.names()
+        self.informer = Informer(
+            self.store,
+            ["Pod"],
+            selector=lambda _kind, pod: pod.spec.node_name in ours,  # type: ignore[attr-defined]
+        )
         self.informer.add_handlers(self.runner.handlers())
         self.informer.start()
         await self.informer.wait_synced()
