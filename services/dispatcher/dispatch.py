@@ -627,10 +627,10 @@ class UnitDispatcher:
     def dispatch_round(self) -> None:
         """Hand ready units to shards, queue by queue in policy order, round-robin between
         queues, each to the least-loaded shard with credits for the whole unit."""
+        self._wake_backoffs(time.monotonic())
         links = sorted((lk for lk in self.links.values() if lk.ready), key=lambda lk: lk.name)
         if not links:
             return
-        self._wake_backoffs(time.monotonic())
         batches: dict[str, list[ipb.Unit]] = {}
         held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
         budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
