@@ -11,6 +11,8 @@ case (``godel.local.down`` in ``finally``), Ctrl-C included.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -22,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
@@ -236,10 +238,11 @@ def run_one(
         with _progress(console) as progress:
             client = GodelClient(state.address_of("dispatcher"), timeout=120)
             try:
-                _wait_nodes(client, shape.nodes, progress, timeout=180 + shape.nodes / 100)
+                alive = functools.partial(_check_alive, state)
+                _wait_nodes(client, shape.nodes, progress, 180 + shape.nodes / 100, alive)
                 probe = _StoreProbe(state.store_url)
                 try:
-                    init = _init_pods(client, probe, workload, progress)
+                    init = _init_pods(client, probe, workload, progress, alive)
                     load, result = _measure(workload, state, probe, home, rate, progress, init)
                 finally:
                     probe.close()
@@ -301,10 +304,28 @@ def _progress(console: Console) -> Progress:
     )
 
 
-def _wait_nodes(client: GodelClient, nodes: int, progress: Progress, timeout: float) -> None:
+def _check_alive(state: local.ClusterState) -> None:
+    """Fail the run at once, naming the component and its last log lines, when a process of the
+    cluster has died (rather than waiting out the timeout for pods that cannot bind)."""
+    for component in state.components:
+        if component.pid is not None and component.process() is None:
+            tail = ""
+            with contextlib.suppress(OSError):
+                tail = "\n".join(Path(component.log).read_text().splitlines()[-5:])
+            raise BenchError(f"{component.name} is no longer running; its log ends:\n{tail}")
+
+
+def _wait_nodes(
+    client: GodelClient,
+    nodes: int,
+    progress: Progress,
+    timeout: float,
+    check_alive: Callable[[], None],
+) -> None:
     task = progress.add_task("nodes ready", total=nodes, info="")
     deadline = time.monotonic() + timeout
     while True:
+        check_alive()
         ready = sum(1 for n in client.list("Node") if isinstance(n, pb.Node) and n.status.ready)
         progress.update(task, completed=ready)
         if ready >= nodes:
@@ -315,7 +336,11 @@ def _wait_nodes(client: GodelClient, nodes: int, progress: Progress, timeout: fl
 
 
 def _init_pods(
-    client: GodelClient, probe: _StoreProbe, workload: Workload, progress: Progress
+    client: GodelClient,
+    probe: _StoreProbe,
+    workload: Workload,
+    progress: Progress,
+    check_alive: Callable[[], None],
 ) -> int:
     """Submit the init pods and wait until they are bound; returns the claims afterwards."""
     phase = workload.init
@@ -330,6 +355,7 @@ def _init_pods(
                 raise BenchError(f"init job {job.metadata.name} refused: {result.violations}")
     deadline = time.monotonic() + workload.timeout
     while (bound := probe.claims()) < phase.count:
+        check_alive()
         progress.update(task, completed=bound)
         if time.monotonic() > deadline:
             raise BenchError(f"only {bound}/{phase.count} init pods bound")
@@ -391,6 +417,7 @@ def _measure(
             raise BenchError(f"load process failed: {load_done.get('error')}")
         if load.poll() not in (None, 0):
             raise BenchError(f"load process exited with code {load.returncode}")
+        _check_alive(state)
         if done or now > workload.timeout:
             break
     if load.wait(timeout=60) != 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import time
@@ -17,10 +18,20 @@ def free_port(host: str = "127.0.0.1") -> int:
     The kernel picks it (bind to port 0). Another process may still take it before the caller
     binds, so servers started on it must fail loudly rather than silently share a port.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports unused right now on ``host``, for servers started together.
+    All sockets stay bound until every port is chosen: once a socket closes, the kernel may hand
+    its port out again, so picking one port at a time can give two servers the same port."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def stable_free_port(host: str = "127.0.0.1") -> int:

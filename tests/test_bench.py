@@ -5,6 +5,7 @@ reports, not what a test checks."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import workload
+from bench import harness, workload
 from bench.load import batches, build_jobs
 from bench.workload import PodPhase, WorkloadError
+from godel.local import ClusterState, ComponentRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,6 +105,26 @@ def test_select_variants_keeps_the_baseline() -> None:
         workload.select(suite, ["n3"])
     with pytest.raises(workload.WorkloadError, match="not a series"):
         workload.select(workload.load("SchedulingBasic-500"), ["x"])
+
+
+def test_a_dead_component_fails_the_run_naming_it(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "print('cannot listen on 127.0.0.1:1')"])
+    dead.wait()
+    log_file = tmp_path / "binder-0.log"
+    log_file.write_text("starting\nstartup failed: cannot listen on 127.0.0.1:1\n")
+    live = ComponentRecord(
+        "store", "store", "redis://x", os.getpid(), None, [], str(tmp_path / "s.log"), ""
+    )
+    gone = ComponentRecord(
+        "binder-0", "binder", "127.0.0.1:1", dead.pid, None, [], str(log_file), ""
+    )
+    state = ClusterState("redis://x", "", 5.0, [live])
+    harness._check_alive(state)  # all alive: nothing raised
+    state.components.append(gone)
+    with pytest.raises(
+        harness.BenchError, match=r"(?s)binder-0 is no longer running.*cannot listen"
+    ):
+        harness._check_alive(state)
 
 
 @pytest.mark.parametrize("name", workload.available())

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import redis
 
-from godel.netutil import free_port, stable_free_port, wait_for_port
+from godel.netutil import free_port, free_ports, stable_free_port, wait_for_port
 from store import server as server_mod
 from store.server import (
     LOG_FILE,
@@ -285,6 +285,13 @@ def test_store_url_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert store_url_from_env() is None
     monkeypatch.delenv("GODEL_REDIS_URL")
     assert store_url_from_env() is None
+
+
+def test_free_ports_are_distinct() -> None:
+    # Chosen one at a time, ports closed in between can repeat (two services on one port).
+    for _ in range(20):
+        ports = free_ports(12)
+        assert len(set(ports)) == 12
 
 
 def test_free_port_and_wait_for_port() -> None:

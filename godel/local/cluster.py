@@ -22,7 +22,7 @@ import psutil
 import structlog
 
 from godel.local.home import STORE, ClusterState, ComponentRecord, GodelHome, now_iso
-from godel.netutil import free_port
+from godel.netutil import free_ports
 from services.runtime.healthcheck import SERVING, TIMEOUT, UNREACHABLE, probe
 from store import Store, StoreError, StoreUnavailableError
 from store.server import LOG_FILE, StoreServer, StoreServerError, store_url_from_env
@@ -110,8 +110,9 @@ def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
         started: list[subprocess.Popen[bytes]] = []
         try:
             state.store_url = _start_store(home, spec, state)
-            for name, kind in spec.services():
-                started.append(_start_service(home, spec, state, name, kind))
+            services = list(spec.services())
+            for (name, kind), port in zip(services, free_ports(len(services), HOST), strict=True):
+                started.append(_start_service(home, spec, state, name, kind, port))
             _wait_serving(home, state, started, spec.ready_timeout)
         except BaseException:
             _stop(state)
@@ -173,8 +174,8 @@ def scale(home: GodelHome, kind: str, replicas: int, ready_timeout: float = 30.0
             taken = {c.name for c in state.components}
             names = (f"{kind}-{i}" for i in range(10_000) if f"{kind}-{i}" not in taken)
             procs = [
-                _start_service(home, spec, state, next(names), kind)
-                for _ in range(replicas - len(current))
+                _start_service(home, spec, state, next(names), kind, port)
+                for port in free_ports(replicas - len(current), HOST)
             ]
             started = state.components[-len(procs) :]
             _wait_serving_records(started, procs, ready_timeout)
@@ -234,9 +235,9 @@ def _start_store(home: GodelHome, spec: ClusterSpec, state: ClusterState) -> str
 
 
 def _start_service(
-    home: GodelHome, spec: ClusterSpec, state: ClusterState, name: str, kind: str
+    home: GodelHome, spec: ClusterSpec, state: ClusterState, name: str, kind: str, port: int
 ) -> subprocess.Popen[bytes]:
-    address = f"{HOST}:{free_port(HOST)}"
+    address = f"{HOST}:{port}"
     command = [
         # -P: never import from the working directory (a `store/` data dir there would shadow
         # the `store` package).
