@@ -60,6 +60,9 @@ class BatchPlan:
         self.state = state
         # Every placement in batch order: (job, pod name, node, verdict if malformed).
         self.order: list[tuple[str, str, str, Rejection | None]] = []
+        # Well-formed placements per node, in batch order (so a node's check is not a scan of
+        # the whole batch: that made a batch of n placements on n nodes cost n²).
+        self.on_node: dict[str, list[str]] = {}
         self.candidates: dict[str, Candidate] = {}
         self.rejected: dict[str, Rejection] = {}
         self.gang_rejected: set[str] = set()  # jobs
@@ -80,6 +83,7 @@ class BatchPlan:
                     self.order.append((unit.job, name, p.node, DUPLICATE))
                     continue
                 self.order.append((unit.job, name, p.node, None))
+                self.on_node.setdefault(p.node, []).append(name)
                 reason = self._invalid(unit, p, job, pods.get(name))
                 if reason is not None:
                     self.rejected[name] = reason
@@ -147,9 +151,7 @@ class BatchPlan:
 
     def _check_node(self, node: str) -> dict[str, str | None]:
         """Each live candidate on ``node`` → None (fits) or why not, in batch order."""
-        names = [
-            n for _, n, nd, bad in self.order if nd == node and bad is None and n in self.candidates
-        ]
+        names = [n for n in self.on_node.get(node, ()) if n in self.candidates]
         obj = self.state.nodes.get(node)
         node_problem = None
         if obj is None:
