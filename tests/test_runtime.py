@@ -28,6 +28,7 @@ from services.runtime import (
     ServiceConfig,
     ServiceHost,
     StartupError,
+    cancel_and_wait,
     load_config,
 )
 from services.runtime.healthcheck import probe
@@ -362,3 +363,22 @@ def test_healthcheck_module_exit_codes(dispatcher: Any) -> None:
     assert proc.wait(timeout=10) == 0
     gone = run("--timeout", "1")
     assert gone.returncode == 1 and "UNREACHABLE" in gone.stdout
+
+
+async def test_cancel_and_wait_outlasts_a_swallowed_cancellation() -> None:
+    """redis-py can swallow a cancellation mid-read; one cancel() then leaves the loop running."""
+    swallowed = []
+
+    async def stubborn_loop() -> None:
+        while True:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)  # as redis-py does: carry on as if nothing happened
+
+    task = asyncio.create_task(stubborn_loop())
+    await asyncio.sleep(0.02)
+    await asyncio.wait_for(cancel_and_wait([task]), timeout=5)
+    assert task.done() and task.cancelled() and swallowed

@@ -35,6 +35,7 @@ from services.dispatcher.queueing import (
     quota_excess,
 )
 from services.dispatcher.validation import DEFAULT_QUEUE, NodeShape, pool_of
+from services.runtime import cancel_and_wait
 from store import Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -149,16 +150,6 @@ def _shapes(node: pb.Node) -> dict[str, NodeShape]:
         "g": NodeShape(g.milli_cpu, g.memory_bytes, g.gpus),
         "be": NodeShape(be.milli_cpu, be.memory_bytes, be.gpus),
     }
-
-
-async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel until really done: redis-py can swallow a cancellation that lands mid-read."""
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.05)
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class UnitDispatcher:
@@ -308,12 +299,12 @@ class UnitDispatcher:
                 task.result()
         finally:
             await self.close()
-            await _cancel(loops)
+            await cancel_and_wait(loops)
 
     async def close(self) -> None:
         self._closing = True
         tasks = [link.task for link in self.links.values() if link.task is not None]
-        await _cancel([*tasks, *self._tasks])
+        await cancel_and_wait([*tasks, *self._tasks])
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)

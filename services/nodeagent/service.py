@@ -5,7 +5,6 @@ the logs of process-mode pods (``godel.v1.NodeAgent``). See README.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import tempfile
@@ -32,7 +31,7 @@ from services.nodeagent.nodes import (
     process_node,
 )
 from services.nodeagent.runner import PodRunner
-from services.runtime import ConfigError, Service, ServiceConfig, option
+from services.runtime import ConfigError, Service, ServiceConfig, cancel_and_wait, option
 from store import StoreError
 from store.informer import Informer
 
@@ -206,11 +205,8 @@ class NodeAgentService(Service[NodeAgentConfig]):
 
     async def on_stop(self) -> None:
         # Heartbeats just stop: nodes are not marked NotReady, so a quick restart fails no pod.
-        for task in (getattr(self, "_heartbeat_task", None), getattr(self, "_flusher_task", None)):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        tasks = (getattr(self, "_heartbeat_task", None), getattr(self, "_flusher_task", None))
+        await cancel_and_wait([t for t in tasks if t is not None])
         if hasattr(self, "informer"):
             await self.informer.stop()
         if hasattr(self, "runner"):

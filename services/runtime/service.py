@@ -104,9 +104,7 @@ class Service(abc.ABC, Generic[ConfigT]):
             self.stop_requested.set()
 
     async def cancel_background_tasks(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -115,6 +113,18 @@ class Service(abc.ABC, Generic[ConfigT]):
         if (error := task.exception()) is not None:
             log.error("background task failed", task=task.get_name(), exc_info=error)
             self.request_stop(f"task {task.get_name()} failed", exit_code=1)
+
+
+async def cancel_and_wait(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    """Cancel the tasks and wait until every one has really ended. Once is not enough: redis-py
+    can swallow a cancellation that lands while it reads a reply, and a loop around that read
+    then carries on (a scheduler shard's stop hung there until it was killed)."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.05)
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class ServiceHost(Generic[ConfigT]):

@@ -46,6 +46,7 @@ log = structlog.get_logger(__name__)
 
 SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 BINDER_LEASE = "binder"
+SIDE_TASKS_GRACE_SECONDS = 1.0
 # How long a unit search runs before letting the event loop serve streams and heartbeats.
 YIELD_SECONDS = 0.02
 _RETRY_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED, ipb.STALE, ipb.ERROR, ipb.VERDICT_UNSPECIFIED}
@@ -252,9 +253,14 @@ class SchedulerService(Service[SchedulerConfig]):
                 await self._heartbeat
         with contextlib.suppress(StoreError):
             await self.store.delete(pb.SchedulerInstance, self.config.name)
-        for task in list(self._side_tasks):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, timeout=1)
+        # Writes in flight (pods marked unschedulable) get one second in all, not one each:
+        # a shard stopped while handing back many units holds hundreds of them.
+        side = list(self._side_tasks)
+        if side:
+            _, late = await asyncio.wait(side, timeout=SIDE_TASKS_GRACE_SECONDS)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
         await self.informer.stop()
 
     async def _register(self) -> None:
