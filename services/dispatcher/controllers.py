@@ -162,8 +162,9 @@ class NodeLifecycleController:
         described: list[tuple[str, str, int]] = []  # (node, what, pods failed)
         nodes = {n.metadata.name: n for n in self._nodes()}
         for name, node in nodes.items():
-            # The agent stamps the node at registration and the heartbeat hash afterwards.
-            last = max(beats.last_ms.get(name, 0), node.status.heartbeat_ms)
+            # The heartbeat hash (server clock) when the agent has stamped it; the registration
+            # time written on the Node (the agent's clock) only before that.
+            last = beats.last_ms.get(name) or node.status.heartbeat_ms
             if not node.spec.agent and not last:
                 continue  # no agent and never a heartbeat: not under heartbeat management
             # A new node gets the grace from its creation before its first heartbeat.
