@@ -1126,6 +1126,9 @@ class NodeStatus(_message.Message):
     HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     READY_FIELD_NUMBER: _builtins.int
     heartbeat_ms: _builtins.int
+    """When the agent registered the node. Later heartbeats live in the store's heartbeat hash,
+    outside the change feed (Store.heartbeats), like Kubernetes node leases.
+    """
     ready: _builtins.bool
     @_builtins.property
     def allocatable(self) -> Global___Resources:
