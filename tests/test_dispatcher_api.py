@@ -339,7 +339,16 @@ async def _code(call: object) -> grpc.StatusCode:
 async def test_get_and_errors(dispatcher: Running, store: Store) -> None:
     await store.create(f.node("n1"))
     got = await dispatcher.api.Get(api_pb2.GetRequest(kind="Node", name="n1"))
-    assert got.node.metadata.name == "n1"
+    assert got.node.metadata.name == "n1" and got.node.status.heartbeat_ms == 0
+    # A node's last heartbeat is served from the heartbeat hash (the stored object keeps its
+    # registration time), by Get and by List.
+    await store.record_heartbeats(["n1"])
+    beat = (await store.heartbeats()).last_ms["n1"]
+    got = await dispatcher.api.Get(api_pb2.GetRequest(kind="Node", name="n1"))
+    assert got.node.status.heartbeat_ms == beat
+    listed = await dispatcher.api.List(api_pb2.ListRequest(kind="Node"))
+    assert [o.node.status.heartbeat_ms for o in listed.items] == [beat]
+    assert (await store.get(pb.Node, "n1")).status.heartbeat_ms == 0
     assert await _code(dispatcher.api.Get(api_pb2.GetRequest(kind="Node", name="nope"))) == (
         grpc.StatusCode.NOT_FOUND
     )

@@ -245,6 +245,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         try:
             kind = _kind(request.kind)
             obj = await self.store.get(kind.message, request.name)
+            if isinstance(obj, pb.Node):
+                await self._live_heartbeats([obj])
         except InvalidObjectError as exc:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except NotFoundError as exc:
@@ -289,6 +291,11 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         )
         limit = request.limit or DEFAULT_PAGE
         page = picked[:limit]
+        if kind.name == "Node":
+            try:
+                await self._live_heartbeats(page)  # type: ignore[arg-type]
+            except StoreUnavailableError as exc:
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
         token = ""
         if len(picked) > limit:
             token = base64.urlsafe_b64encode(page[-1].metadata.name.encode()).decode()  # type: ignore[attr-defined]
@@ -353,6 +360,15 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
     # -----------------------------------------------------------------------------------------
     # Explain
     # -----------------------------------------------------------------------------------------
+
+    async def _live_heartbeats(self, nodes: list[pb.Node]) -> None:
+        """Serve each node's last heartbeat from the store's heartbeat hash: the stored Node
+        keeps its registration time, since heartbeats stay out of the change feed."""
+        if not nodes:
+            return
+        beats = (await self.store.heartbeats()).last_ms
+        for node in nodes:
+            node.status.heartbeat_ms = beats.get(node.metadata.name, node.status.heartbeat_ms)
 
     async def Explain(
         self, request: api_pb2.ExplainRequest, context: Any

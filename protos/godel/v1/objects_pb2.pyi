@@ -1126,8 +1126,9 @@ class NodeStatus(_message.Message):
     HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     READY_FIELD_NUMBER: _builtins.int
     heartbeat_ms: _builtins.int
-    """When the agent registered the node. Later heartbeats live in the store's heartbeat hash,
-    outside the change feed (Store.heartbeats), like Kubernetes node leases.
+    """The last heartbeat. The stored object keeps the time the agent registered the node; later
+    heartbeats live in the store's heartbeat hash, outside the change feed (Store.heartbeats),
+    like Kubernetes node leases, and the Dispatcher API serves them here.
     """
     ready: _builtins.bool
     @_builtins.property
