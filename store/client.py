@@ -126,6 +126,9 @@ class WatchBatch:
     events: list[WatchEvent]
     # The feed position after this batch, including events of kinds not asked for.
     revision: int
+    # The read reached the end of the feed (fewer entries than asked for): the watcher was
+    # current as of this batch, not working through a backlog.
+    caught_up: bool = True
 
 
 @dataclass(slots=True)
@@ -620,7 +623,7 @@ class Store:
                         error,
                     )
                 )
-            yield WatchBatch(events, last)
+            yield WatchBatch(events, last, caught_up=len(entries) < count)
 
 
 class _ScriptCall:

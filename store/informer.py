@@ -59,6 +59,10 @@ class Informer:
         self.cache: dict[str, dict[str, Message]] = {k: {} for k in self.kinds}
         self.revision = 0
         self.relists = 0
+        # When (time.monotonic) the cache last held everything the store had, and whether it
+        # still does (the last read reached the end of the feed; we wait there for more).
+        self.current_at = 0.0
+        self._at_head = False
         self._handlers: list[Handlers] = []
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -82,6 +86,15 @@ class Informer:
 
     def list(self, kind: str) -> list[Message]:
         return list(self.cache[kind].values())
+
+    def staleness(self) -> float:
+        """0 while the cache keeps up with the store; while it works through a backlog, the
+        seconds since it last held everything the store had (infinite before the first sync).
+        Anything judged by age from this cache, heartbeats above all, is only as current as
+        this: a watcher behind sees every heartbeat late."""
+        if self._at_head:
+            return 0.0
+        return time.monotonic() - self.current_at if self.current_at else float("inf")
 
     @property
     def synced(self) -> bool:
@@ -124,7 +137,9 @@ class Informer:
         while not self._stopping:
             try:
                 if need_list:
+                    listed_at = time.monotonic()
                     self._replace(await self._store.list_kinds(self.kinds))
+                    self.current_at, self._at_head = listed_at, True
                     need_list = False
                     self._synced.set()
                     await self._notify()
@@ -136,6 +151,9 @@ class Informer:
                     for event in batch.events:
                         self._apply(event)
                     self.revision = batch.revision
+                    self._at_head = batch.caught_up
+                    if batch.caught_up:
+                        self.current_at = time.monotonic()
                     await self._notify()
                     delay = 0.05
                     if self._resync_seconds and (
@@ -148,6 +166,7 @@ class Informer:
                 log.info("informer relisting", kinds=self.kinds, reason=str(exc))
                 need_list = True
             except StoreUnavailableError as exc:
+                self._at_head = False  # cut off from the store: the view ages from now on
                 log.warning("informer lost the store; retrying", error=str(exc), delay_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._retry_max)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import Any
 
 import pytest
@@ -267,3 +268,43 @@ async def test_cas_history_is_linear_under_any_interleaving(
     assert feed == chain[1:]
     final = await store.get(pb.Node, name)
     assert final.metadata.resource_version == chain[-1]
+
+
+async def test_informer_staleness_tracks_a_backlog_and_an_outage(
+    private_server: StoreServer,
+) -> None:
+    store = await Store.connect(private_server.url)
+    informer = Informer(store, ["Node"], block_ms=100)
+    assert informer.staleness() == float("inf")  # never synced
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+        await informer.wait_for_revision(await store.revision(), timeout=10)
+        assert informer.staleness() == 0.0  # waiting at the head of the feed
+        private_server.kill()
+        await asyncio.sleep(0.5)
+        assert informer.staleness() >= 0.3  # cut off: the view ages
+        private_server.restart()
+
+        async def current() -> bool:
+            return informer.staleness() == 0.0
+
+        deadline = time.monotonic() + 15
+        while not await current():
+            assert time.monotonic() < deadline, "informer never caught up after the restart"
+            await asyncio.sleep(0.05)
+    finally:
+        await informer.stop()
+        await store.close()
+
+
+async def test_watch_batches_say_whether_they_reached_the_end_of_the_feed(store: Store) -> None:
+    start = await store.revision()
+    for i in range(5):
+        await store.create(node(f"n{i}"))
+    seen = []
+    async for batch in store.watch(start, count=2, block_ms=100):
+        seen.append((len(batch.events), batch.caught_up))
+        if batch.revision >= start + 5:
+            break
+    assert seen == [(2, False), (2, False), (1, True)]

@@ -180,6 +180,7 @@ class UnitDispatcher:
         self._policies: dict[str, SortPolicy] = {}
         self._backoff: list[tuple[float, int, str]] = []  # (not_before, seq, job)
         self._settling: set[str] = set()
+        self._judging = True  # whether shard liveness is judged (our view is current)
         self._kick = asyncio.Event()
         self._settle = asyncio.Event()
         self._shards_changed = asyncio.Event()
@@ -363,7 +364,8 @@ class UnitDispatcher:
             self._shards_changed.clear()
 
     def check_shards(self) -> None:
-        """Open streams to live shards; drop the ones whose heartbeat lapsed or that vanished."""
+        """Open streams to live shards; drop the ones whose heartbeat lapsed or that vanished
+        (only while our view of the store is current)."""
         now_ms = int(time.time() * 1000)
         grace_ms = self.settings.shard_grace_seconds * 1000
         live: dict[str, str] = {}
@@ -371,11 +373,25 @@ class UnitDispatcher:
             assert isinstance(obj, pb.SchedulerInstance)
             if obj.spec.address and now_ms - obj.status.heartbeat_ms <= grace_ms:
                 live[obj.metadata.name] = obj.spec.address
-        for name, link in list(self.links.items()):
-            if live.get(name) != link.address:
-                self._drop_link(link, "heartbeat lapsed or instance gone")
-                if link.task is not None:
-                    link.task.cancel()
+        stale = self.informer.staleness()
+        judging = stale <= self.settings.shard_grace_seconds / 2
+        if judging != self._judging:
+            # Behind (an overloaded dispatcher working through a backlog), every heartbeat in
+            # our view looks old: declaring live shards dead would requeue their units and add
+            # to the overload. Judge nobody until the view has caught up.
+            if judging:
+                log.info("view of the store caught up; judging shard liveness again")
+            else:
+                log.warning(
+                    "view of the store is behind; not judging shard liveness", behind_s=stale
+                )
+            self._judging = judging
+        if judging:
+            for name, link in list(self.links.items()):
+                if live.get(name) != link.address:
+                    self._drop_link(link, "heartbeat lapsed or instance gone")
+                    if link.task is not None:
+                        link.task.cancel()
         now = time.monotonic()
         for name, address in live.items():
             if name not in self.links and self._retry_at.get(name, 0.0) <= now:
