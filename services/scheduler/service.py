@@ -46,6 +46,7 @@ log = structlog.get_logger(__name__)
 
 SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 BINDER_LEASE = "binder"
+# How long a stopping shard lets its in-flight writes (pods marked unschedulable) finish.
 SIDE_TASKS_GRACE_SECONDS = 1.0
 # How long a unit search runs before letting the event loop serve streams and heartbeats.
 YIELD_SECONDS = 0.02
