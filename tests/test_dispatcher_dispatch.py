@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,40 @@ async def test_unschedulable_backs_off_and_infeasible_waits_for_a_node(
     # A heartbeat-only node update is not a change; a new node is.
     await store.create(f.node("n1"))
     await eventually(lambda: shard.jobs().count("inf") == 2, what="inf after node added")
+
+
+async def test_a_pod_update_keeps_the_state_of_its_one_pod_unit(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    shard = await start_shard(shards, store, dispatcher, "shard-a", capacity=10)
+    await submit(dispatcher, f.job("solo"))
+    await eventually(lambda: shard.jobs() == ["solo"], what="sent")
+    shard.outcome("solo", ipb.UNIT_INFEASIBLE, "0/1 nodes fit: 1 untolerated taint", credit=1)
+    core = dispatcher.service.core
+    await eventually(lambda: core.describe("solo").startswith("can never fit"), what="held")
+    pod = await store.get(pb.Pod, "solo-0")
+    pod.metadata.labels["touched"] = "yes"
+    await store.update(pod)
+    await core.informer.wait_for_revision(await store.revision(), 5)
+    # Its only pod changed: the unit is still held (it used to be dropped and queued afresh).
+    assert core.describe("solo").startswith("can never fit")
+    await _settle_briefly()
+    assert shard.jobs() == ["solo"]
+
+
+async def test_an_infeasible_unit_is_rechecked_after_a_while_without_a_node_change(
+    config: Any, store: Store, shards: list[TestShard]
+) -> None:
+    async with run_dispatcher(replace(config, infeasible_recheck_seconds=0.5)) as d:
+        shard = await start_shard(shards, store, d, "shard-a", capacity=10)
+        await submit(d, f.job("inf"))
+        await eventually(lambda: shard.jobs() == ["inf"], what="sent")
+        shard.outcome("inf", ipb.UNIT_INFEASIBLE, "0/0 nodes fit", credit=1)
+        await eventually(
+            lambda: "waiting for the cluster to change" in d.service.core.describe("inf"),
+            what="held as infeasible",
+        )
+        await eventually(lambda: shard.jobs().count("inf") == 2, what="rechecked")
 
 
 async def test_dead_shard_units_go_to_the_live_one(

@@ -140,6 +140,9 @@ async def test_shard_schedules_units_and_streams_decisions_to_the_binder(
     gang = await create_job(store, job("gang", replicas=5, min_member=5, cpu=3000, mem=GiB))
     web = await create_job(store, job("web", replicas=3, min_member=1, cpu=500, mem=GiB))
     big = await create_job(store, job("big", replicas=2, min_member=2, cpu=9000, mem=GiB))
+    nowhere = job("nowhere", replicas=2, min_member=1, cpu=100, mem=GiB)
+    nowhere.spec.template.node_selector["zone"] = "moon"
+    nowhere = await create_job(store, nowhere)
     binder.conflict_once = {"web-1"}
 
     async with ServiceHost(SchedulerService, config) as host:
@@ -148,8 +151,10 @@ async def test_shard_schedules_units_and_streams_decisions_to_the_binder(
         d = Dispatcher(host.address)
         await d.until(lambda: d.credits == 5000)  # Credit{capacity} on open
         d.credits = 0
-        await d.send(gang, web, big)
-        await d.until(lambda: {"gang", "web", "big"} <= set(d.outcomes) and d.credits == 10)
+        await d.send(gang, web, big, nowhere)
+        await d.until(
+            lambda: {"gang", "web", "big", "nowhere"} <= set(d.outcomes) and d.credits == 12
+        )
 
         assert d.outcomes["gang"].code == ipb.UNIT_DONE
         assert sorted(d.outcomes["gang"].pods) == [f"gang-{i}" for i in range(5)]
@@ -157,6 +162,12 @@ async def test_shard_schedules_units_and_streams_decisions_to_the_binder(
         assert d.outcomes["big"].code == ipb.UNIT_UNSCHEDULABLE
         assert "0/5 nodes fit: 5 insufficient cpu" in d.outcomes["big"].reason
         assert sorted(d.outcomes["big"].pods) == ["big-0", "big-1"]
+        # No node could ever take it (only more room could help "big"): infeasible, so the
+        # dispatcher holds it until the nodes change instead of retrying it.
+        assert d.outcomes["nowhere"].code == ipb.UNIT_INFEASIBLE
+        assert d.outcomes["nowhere"].reason.startswith(
+            "0/5 nodes fit: 5 node(s) didn't match node selector"
+        )
 
         # The gang travelled whole in one decision; no node got more than it holds.
         decisions = [u for b in binder.batches for u in b.units]
@@ -173,7 +184,7 @@ async def test_shard_schedules_units_and_streams_decisions_to_the_binder(
         # web-1 was rejected once (CONFLICT) and decided again.
         web_pods = [p.pod for u in decisions if u.job == "web" for p in u.placements]
         assert sorted(web_pods) == ["web-0", "web-1", "web-1", "web-2"]
-        assert not any(u.job == "big" for u in decisions)
+        assert not any(u.job in ("big", "nowhere") for u in decisions)
 
         # The unschedulable pods carry the reason for `godel explain`.
         async def marked() -> pb.Pod:

@@ -71,6 +71,7 @@ class DispatchSettings:
     shard_grace_seconds: float = 5.0
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 60.0
+    infeasible_recheck_seconds: float = 300.0
     max_batch_pods: int = 5000
 
 
@@ -203,12 +204,19 @@ class UnitDispatcher:
 
     def _on_change(self, kind: str, old: Message | None, new: Message | None) -> None:
         if kind == "Pod":
+            # An update is forget + track; the unit must not be dropped in between, or a one-pod
+            # unit would lose its state (backoff, infeasible) whenever its pod changes, e.g.
+            # when a shard records why the pod did not fit.
             if old is not None:
                 assert isinstance(old, pb.Pod)
                 self._forget_pod(old)
             if new is not None:
                 assert isinstance(new, pb.Pod)
                 self._track_pod(new)
+            if old is not None:
+                entry = self.units.get(old.spec.job)  # type: ignore[attr-defined]
+                if entry is not None:
+                    self._drop_if_empty(entry)
         elif kind == "Job" and new is None and old is not None:
             self.revoke(old.metadata.name)  # type: ignore[attr-defined]
         elif kind == "Node":
@@ -229,8 +237,8 @@ class UnitDispatcher:
             if self._bound[job] <= 0:
                 del self._bound[job]
         entry = self.units.get(pod.spec.job)
-        if entry is not None and entry.pods.pop(name, None) is not None:
-            self._drop_if_empty(entry)
+        if entry is not None:
+            entry.pods.pop(name, None)
 
     def _track_pod(self, pod: pb.Pod) -> None:
         name, job = pod.metadata.name, pod.spec.job
@@ -474,6 +482,11 @@ class UnitDispatcher:
             log.info("unit unschedulable; backing off", job=entry.job, delay_s=delay)
         elif outcome.code == ipb.UNIT_INFEASIBLE:
             entry.state = UnitState.INFEASIBLE
+            # Woken by a node change, and rechecked after a while anyway (as kube-scheduler
+            # flushes its unschedulable pods): the change may have reached us before the shard
+            # that judged the unit had seen it.
+            entry.not_before = time.monotonic() + self.settings.infeasible_recheck_seconds
+            heapq.heappush(self._backoff, (entry.not_before, entry.seq, entry.job))
             log.info("unit infeasible", job=entry.job, reason=outcome.reason)
             self._spawn(self._mark_unschedulable(entry, outcome.reason), f"mark-{entry.job}")
         else:
@@ -622,7 +635,8 @@ class UnitDispatcher:
         while self._backoff and self._backoff[0][0] <= now:
             job = heapq.heappop(self._backoff)[2]
             entry = self.units.get(job)
-            if entry is not None and entry.state == UnitState.BACKOFF and entry.not_before <= now:
+            waiting = (UnitState.BACKOFF, UnitState.INFEASIBLE)
+            if entry is not None and entry.state in waiting and entry.not_before <= now:
                 self._enqueue(entry, kick=False)
 
     def _quota(self, queue: str) -> pb.Resources | None:
@@ -744,7 +758,11 @@ class UnitDispatcher:
         if entry.state == UnitState.SETTLING:
             return "its last scheduling attempt ended; queueing again"
         if entry.state == UnitState.INFEASIBLE:
-            return f"can never fit as specified ({entry.reason}); waiting for the cluster to change"
+            left = max(0.0, entry.not_before - time.monotonic())
+            return (
+                f"can never fit as specified ({entry.reason}); waiting for the cluster to change"
+                f" (rechecked in {left:.0f}s)"
+            )
         if entry.state == UnitState.BACKOFF:
             left = max(0.0, entry.not_before - time.monotonic())
             return (

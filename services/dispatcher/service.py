@@ -41,6 +41,13 @@ class DispatcherConfig(ServiceConfig):
     backoff_max_seconds: float = field(
         default=60.0, metadata=option("longest requeue delay of an unschedulable unit", minimum=0)
     )
+    infeasible_recheck_seconds: float = field(
+        default=300.0,
+        metadata=option(
+            "a unit that can never fit is queued again on a node change, or after this long",
+            minimum=0,
+        ),
+    )
     max_batch_pods: int = field(
         default=5000,
         metadata=option("pods per UnitBatch message (a larger unit travels alone)", minimum=1),
@@ -74,6 +81,7 @@ class DispatcherService(Service[DispatcherConfig]):
                 shard_grace_seconds=cfg.shard_grace_seconds,
                 backoff_initial_seconds=cfg.backoff_initial_seconds,
                 backoff_max_seconds=cfg.backoff_max_seconds,
+                infeasible_recheck_seconds=cfg.infeasible_recheck_seconds,
                 max_batch_pods=cfg.max_batch_pods,
             ),
         )

@@ -175,6 +175,9 @@ class _Unit:
     retry: dict[str, str] = field(default_factory=dict)  # pod -> rejection reason
     bound: list[str] = field(default_factory=list)
     handed_back: dict[str, str] = field(default_factory=dict)  # pod -> why not placed
+    # The last search found every node failing for reasons no placement change can fix
+    # (taints, affinity, cordons): the dispatcher holds such a unit until the nodes change.
+    infeasible: bool = False
     attempts: int = 0
     # Retries wait until the view has reached what the Binder saw when it rejected.
     min_revision: int = 0
@@ -365,7 +368,7 @@ class SchedulerService(Service[SchedulerConfig]):
             reason = next(iter(unit.handed_back.values()))
             outcome = ipb.UnitOutcome(
                 job=unit.name,
-                code=ipb.UNIT_UNSCHEDULABLE,
+                code=ipb.UNIT_INFEASIBLE if unit.infeasible else ipb.UNIT_UNSCHEDULABLE,
                 reason=reason,
                 pods=list(unit.handed_back),
             )
@@ -480,6 +483,7 @@ class SchedulerService(Service[SchedulerConfig]):
         unit.pending.clear()
         if unit.revoked:
             return None  # revoked while being placed: its placements die with the snapshot
+        unit.infeasible = result.infeasible
         if not result.success:
             unit.handed_back.update(result.unplaced)
             log.info("unit unschedulable", job=unit.name, reason=result.reason)
