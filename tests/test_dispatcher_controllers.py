@@ -14,8 +14,10 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers import (
     JobStatusController,
     NodeLifecycleController,
+    QueueStatusController,
     job_status,
 )
+from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
 from services.nodeagent.service import NodeAgentService
 from services.runtime import ServiceHost
 from store import Store
@@ -266,6 +268,38 @@ async def test_stopped_agent_node_lost(
     # The agent comes back: its heartbeat makes the node ready again.
     async with ServiceHost(NodeAgentService, cfg):
         assert (await store.get(pb.Node, "gone-0")).status.ready
+
+
+async def test_queue_status_controller(store: Store, informer: Informer) -> None:
+    await store.create(f.node("n1"))
+    await store.create(pb.Queue(metadata=pb.ObjectMeta(name="batch")))
+    await store.create(pb.Queue(metadata=pb.ObjectMeta(name="idle")))
+    core = UnitDispatcher(store, informer, DispatchSettings())  # its accounting, not its loops
+    ctl = QueueStatusController(store, informer, core.queue_statuses)
+    job = f.job("work", replicas=3, cpu=500)
+    job.spec.queue = "batch"
+    pods = f.pods_of(job)
+    for pod in pods:
+        pod.spec.queue = "batch"  # as the Dispatcher's Submit stores them
+    await store.create_unit(job, pods)
+    await caught_up(store, informer)
+    await ctl.tick()
+    batch = await store.get(pb.Queue, "batch")
+    assert (batch.status.pending_units, batch.status.pending_pods) == (1, 3)
+    assert batch.status.used.milli_cpu == 0
+    # Two pods bind: they count as used, one stays pending.
+    await bind(store, pods[:2], "n1", await binder_fence(store))
+    await caught_up(store, informer)
+    await ctl.tick()
+    batch = await store.get(pb.Queue, "batch")
+    assert (batch.status.pending_units, batch.status.pending_pods) == (1, 1)
+    assert (batch.status.used.milli_cpu, batch.status.used.pods) == (1000, 2)
+    # An empty queue keeps an empty status; a quiet tick writes nothing.
+    assert (await store.get(pb.Queue, "idle")).status == pb.QueueStatus()
+    await caught_up(store, informer)
+    writes = ctl.writes
+    await ctl.tick()
+    assert ctl.writes == writes
 
 
 async def test_job_status_controller(store: Store, informer: Informer) -> None:

@@ -1,9 +1,10 @@
-"""Controllers the dispatcher runs beside its queues: node lifecycle and job status.
+"""Controllers the dispatcher runs beside its queues: node lifecycle, job status, queue status.
 
-Both are plain classes over the dispatcher's informer (kinds Job, Pod, Node, Queue) and store::
+All are plain classes over the dispatcher's informer (kinds Job, Pod, Node, Queue) and store::
 
     lifecycle = NodeLifecycleController(store, informer, grace_seconds=10.0, interval_seconds=1.0)
     job_status = JobStatusController(store, informer, interval_seconds=1.0)
+    queue_status = QueueStatusController(store, informer, core.queue_statuses)
     service.spawn(lifecycle.run(), name="node-lifecycle")
     service.spawn(job_status.run(), name="job-status")
 
@@ -16,7 +17,8 @@ deterministically.
 Who writes what (services/README.md): the node agent writes heartbeats and pod phases; the node
 lifecycle controller writes ``ready = False`` for lapsed nodes, fails their pods (``NodeLost``)
 and creates replacements; the job status controller writes ``Job.status`` counts and phase and
-never ``status.ever_scheduled`` (the Binder's).
+never ``status.ever_scheduled`` (the Binder's); the queue status controller writes only
+``Queue.status``.
 """
 
 from __future__ import annotations
@@ -286,6 +288,51 @@ def _copy_pod(pod: pb.Pod) -> pb.Pod:
     out = pb.Pod()
     out.CopyFrom(pod)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Queue status
+# ---------------------------------------------------------------------------------------------
+
+
+class QueueStatusController:
+    """Keeps ``Queue.status`` (resources its bound pods hold, its pending units and pods) current
+    from the dispatcher's accounting: the queues whose status changed are written with one
+    ``update_many`` per interval. Compare-and-set on the cached version; a conflict is left to
+    the next tick, which starts from the fresh copy the watch brings. Only status is changed."""
+
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        statuses: Callable[[], dict[str, pb.QueueStatus]],
+        *,
+        interval_seconds: float = 1.0,
+    ) -> None:
+        self._store = store
+        self._informer = informer
+        self._statuses = statuses
+        self.interval = interval_seconds
+        self.writes = 0  # update_many round trips, for tests and metrics
+
+    async def run(self) -> None:
+        await _tick_forever("queue status", self._informer, self.tick, self.interval)
+
+    async def tick(self) -> None:
+        updates: list[pb.Queue] = []
+        statuses = self._statuses()
+        for obj in self._informer.list("Queue"):
+            assert isinstance(obj, pb.Queue)
+            status = statuses.get(obj.metadata.name, pb.QueueStatus())
+            if status == obj.status:
+                continue
+            queue = pb.Queue()
+            queue.CopyFrom(obj)
+            queue.status.CopyFrom(status)
+            updates.append(queue)
+        if updates:
+            self.writes += 1
+            await self._store.update_many(updates)
 
 
 # ---------------------------------------------------------------------------------------------

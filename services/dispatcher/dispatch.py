@@ -283,6 +283,29 @@ class UnitDispatcher:
         if woke:
             log.info("cluster changed; infeasible units queued again", units=len(woke))
 
+    def queue_statuses(self) -> dict[str, pb.QueueStatus]:
+        """Per queue, what its bound pods hold and what waits in it, from this dispatcher's own
+        accounting (the source of ``Queue.status``), in one pass over the pending units. A
+        queue with nothing in it is absent."""
+        out: dict[str, pb.QueueStatus] = {}
+        for entry in self.units.values():
+            if entry.pods:
+                status = out.setdefault(entry.queue, pb.QueueStatus())
+                status.pending_units += 1
+                status.pending_pods += len(entry.pods)
+        for queue, used in self._usage.items():
+            if not used.is_zero():  # left unset, it equals the stored status of an idle queue
+                out.setdefault(queue, pb.QueueStatus()).used.CopyFrom(
+                    pb.Resources(
+                        milli_cpu=used.cpu,
+                        memory_bytes=used.mem,
+                        gpus=used.gpus,
+                        pods=used.pods,
+                        extended=used.extended,
+                    )
+                )
+        return out
+
     def node_shapes(self) -> dict[str, frozenset[NodeShape]]:
         """Distinct node capacities per pool (for "no node can ever hold this pod")."""
         out: dict[str, set[NodeShape]] = {"g": set(), "be": set()}

@@ -14,7 +14,11 @@ import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from services.dispatcher.api import DispatcherServicer
-from services.dispatcher.controllers import JobStatusController, NodeLifecycleController
+from services.dispatcher.controllers import (
+    JobStatusController,
+    NodeLifecycleController,
+    QueueStatusController,
+)
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import option
@@ -106,8 +110,15 @@ class DispatcherService(Service[DispatcherConfig]):
         job_status = JobStatusController(
             self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
         )
+        queue_status = QueueStatusController(
+            self.store,
+            self.informer,
+            self.core.queue_statuses,
+            interval_seconds=cfg.controller_interval_seconds,
+        )
         self.spawn(lifecycle.run(), name="node-lifecycle")
         self.spawn(job_status.run(), name="job-status")
+        self.spawn(queue_status.run(), name="queue-status")
 
     async def on_stop(self) -> None:
         await self.core.close()
