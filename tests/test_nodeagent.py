@@ -432,10 +432,19 @@ async def test_process_pods_killed_on_delete_and_stop(
         agent = host.service
         assert isinstance(agent, NodeAgentService)
         procs = {n: agent.runner.runs[n].task for n in names}
+        work = tmp_path / "pods"
+        assert (work / "sleepy-0").is_dir() and (work / "sleepy-0.log").exists()
         await store.delete(pb.Pod, "sleepy-0")
         task = procs["sleepy-0"]
         assert task is not None
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+
+        # A deleted pod's work dir and log go with it; the other pod's stay.
+        async def cleaned() -> bool:
+            return not (work / "sleepy-0").exists() and not (work / "sleepy-0.log").exists()
+
+        await eventually(cleaned, what="deleted pod's files removed")
+        assert (work / "sleepy-1").is_dir() and (work / "sleepy-1.log").exists()
     # Graceful stop: the remaining child was killed and its pod failed, reason AgentStopped.
     pod = await store.get(pb.Pod, "sleepy-1")
     assert pod.status.phase == pb.POD_FAILED

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
+import shutil
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -189,6 +191,20 @@ class PodRunner:
         run = self.runs.pop(name, None)
         if run is not None:
             self._stop_run(run, kill_reason="")
+            if run.mode == PROCESS:
+                # Its log and work dir live as long as the pod (as kubelet keeps a dead
+                # container's logs until its pod is deleted), then go once its process has.
+                if run.task is not None and not run.task.done():
+                    run.task.add_done_callback(functools.partial(self._files_after, name))
+                else:
+                    self._remove_files(name)
+
+    def _files_after(self, pod: str, _task: asyncio.Task[None]) -> None:
+        self._remove_files(pod)
+
+    def _remove_files(self, pod: str) -> None:
+        paths = (self.work_dir / pod, self.log_path(pod))
+        asyncio.get_running_loop().run_in_executor(None, _remove_paths, paths)
 
     # -----------------------------------------------------------------------------------------
     # Running pods
@@ -472,3 +488,11 @@ async def _kill(proc: asyncio.subprocess.Process) -> None:
             return
         except TimeoutError:
             continue
+
+
+def _remove_paths(paths: tuple[Path, ...]) -> None:
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
