@@ -4,7 +4,7 @@ multi-object commits, a change feed with list+watch, informers and fenced leases
 This package is the only code in the project that speaks Redis.
 """
 
-from store.client import Store
+from store.client import Store, redact_url
 from store.errors import (
     AlreadyBoundError,
     AlreadyExistsError,
@@ -34,4 +34,5 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailableError",
+    "redact_url",
 ]

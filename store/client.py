@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from google.protobuf.message import Message
@@ -153,6 +154,17 @@ class Heartbeats:
 
     now_ms: int
     last_ms: dict[str, int]
+
+
+def redact_url(url: str) -> str:
+    """The store URL with its password, if any, replaced by ``***`` (for logs and tables)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
+        f":{parts.port}" if parts.port else ""
+    )
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _now_ms() -> int:

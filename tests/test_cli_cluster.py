@@ -86,6 +86,12 @@ def test_up_status_down(godel: Godel, home: Path) -> None:
     assert all(c["alive"] and c["health"] == "SERVING" for c in components.values())
     pids = [c["pid"] for c in components.values()]
     assert all(not _gone(pid) for pid in pids)
+    # The store URL reaches the services through their environment, never their argv (which
+    # `ps` shows to everyone).
+    url = components["store"]["address"]
+    for name, c in components.items():
+        if name != "store":
+            assert not any(url in arg for arg in psutil.Process(c["pid"]).cmdline()), name
 
     table = godel("status")
     assert table.returncode == 0

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from godel.netutil import free_port, free_ports, stable_free_port, wait_for_port
+from store import redact_url
 from store import server as server_mod
 from store.server import (
     LOG_FILE,
@@ -292,6 +293,19 @@ def test_free_ports_are_distinct() -> None:
     for _ in range(20):
         ports = free_ports(12)
         assert len(set(ports)) == 12
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://:s3cret@db:6379/0", "redis://:***@db:6379/0"),
+        ("rediss://user:s3cret@db/2", "rediss://user:***@db/2"),
+        ("unix:///run/valkey.sock", "unix:///run/valkey.sock"),
+    ],
+)
+def test_store_urls_are_shown_without_their_password(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
 
 
 def test_free_port_and_wait_for_port() -> None:

@@ -17,6 +17,7 @@ import typer
 
 from godel import local
 from godel.cli.output import OutputFormat, fail, print_json, print_table
+from store import redact_url
 
 HomeOption = Annotated[
     Path | None,
@@ -78,7 +79,7 @@ def up(
         fail(str(exc))
     print_table(
         ["NAME", "PID", "ADDRESS", "LOG"],
-        [(c.name, c.pid, c.address, c.log) for c in state.components],
+        [(c.name, c.pid, redact_url(c.address), c.log) for c in state.components],
     )
     if not foreground:
         typer.echo(f"\ncluster running in {godel_home}; stop it with `godel down`")
@@ -113,12 +114,21 @@ def status(
     except (local.ClusterError, local.StateError) as exc:
         fail(str(exc))
     if output is OutputFormat.json:
-        print_json([asdict(s) | {"healthy": s.healthy} for s in statuses])
+        print_json(
+            [asdict(s) | {"address": redact_url(s.address), "healthy": s.healthy} for s in statuses]
+        )
     else:
         print_table(
             ["NAME", "PID", "ADDRESS", "ALIVE", "HEALTH", "AGE"],
             [
-                (s.name, s.pid, s.address, "yes" if s.alive else "no", s.health, _age(s.started))
+                (
+                    s.name,
+                    s.pid,
+                    redact_url(s.address),
+                    "yes" if s.alive else "no",
+                    s.health,
+                    _age(s.started),
+                )
                 for s in statuses
             ],
         )

@@ -245,7 +245,6 @@ def _start_service(
         "--name", name,
         "--host", HOST,
         "--port", address.rsplit(":", 1)[1],
-        "--store-url", state.store_url,
         "--home", str(home.path),
         "--grace-seconds", str(spec.grace_seconds),
         "--log-format", "json",
@@ -261,7 +260,9 @@ def _start_service(
             # Its own session: a Ctrl-C in the terminal of `godel up` does not reach it.
             start_new_session=True,
             cwd=home.path,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # The store URL travels in the environment, not argv: `ps` shows argv to every user
+            # of the machine, and the URL may carry a password.
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": state.store_url},
         )
     state.components.append(
         ComponentRecord(

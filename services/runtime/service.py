@@ -22,7 +22,6 @@ import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any, ClassVar, Generic, NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import structlog
@@ -32,7 +31,7 @@ from grpc_reflection.v1alpha import reflection
 
 from services.runtime.config import ConfigError, ConfigT, ServiceConfig, load_config
 from services.runtime.logging import configure_logging
-from store import Store, StoreUnavailableError
+from store import Store, StoreUnavailableError, redact_url
 
 log = structlog.get_logger(__name__)
 
@@ -272,7 +271,7 @@ def run_service(service_cls: type[Service[Any]], argv: Sequence[str]) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(service_cls.component, config.name, config.log_level, config.log_format)
-    log.info("starting", pid=os.getpid(), store_url=_redact(config.store_url))
+    log.info("starting", pid=os.getpid(), store_url=redact_url(config.store_url))
     exit_code: int = uvloop.run(serve(service_cls, config))
     return exit_code
 
@@ -292,20 +291,10 @@ async def _connect_store(config: ServiceConfig) -> Store:
         except StoreUnavailableError as exc:
             if loop.time() >= deadline:
                 raise StartupError(
-                    f"store {_redact(config.store_url)} still unreachable after "
+                    f"store {redact_url(config.store_url)} still unreachable after "
                     f"{config.store_connect_seconds:g}s: {exc}"
                 ) from exc
             log.warning(
-                "store unreachable, retrying", url=_redact(config.store_url), error=str(exc)
+                "store unreachable, retrying", url=redact_url(config.store_url), error=str(exc)
             )
             await asyncio.sleep(_STORE_RETRY_SECONDS)
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
-        f":{parts.port}" if parts.port else ""
-    )
-    return urlunsplit(parts._replace(netloc=netloc))
