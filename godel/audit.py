@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from placement.nodeinfo import NodeInfo, PodRequest, resource_fit_failures
 from protos.godel.v1 import objects_pb2 as pb
-from services.common.nodeinfo import NodeInfo, PodRequest, resource_fit_failures
 from store import Store
 
 _HOLDING = (pb.POD_BOUND, pb.POD_RUNNING)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protos.godel.v1 import objects_pb2 as pb
-from services.common.nodeinfo import (
+from placement.nodeinfo import (
     INSUFFICIENT_CPU,
     INSUFFICIENT_GPUS,
     INSUFFICIENT_MEMORY,
@@ -15,6 +14,7 @@ from services.common.nodeinfo import (
     port_conflict,
     resource_fit_failures,
 )
+from protos.godel.v1 import objects_pb2 as pb
 from tests.factories import GiB, node
 
 

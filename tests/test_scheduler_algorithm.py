@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from protos.godel.v1 import objects_pb2 as pb
-from services.common.nodeinfo import PodRequest, resource_fit_failures
-from services.scheduler.algorithm import (
+from placement.framework import Framework, PodInfo, Profile, UnitInfo
+from placement.nodeinfo import PodRequest, resource_fit_failures
+from placement.plugins import new_in_tree_registry
+from placement.search import (
     SearchConfig,
     UnitScheduler,
     num_feasible_nodes_to_find,
 )
-from services.scheduler.cache import SchedulerCache, Snapshot
-from services.scheduler.framework import Framework, PodInfo, Profile, UnitInfo
-from services.scheduler.plugins import new_in_tree_registry
+from placement.snapshot import Snapshot
+from protos.godel.v1 import objects_pb2 as pb
+from services.scheduler.cache import SchedulerCache
 from tests.factories import GiB, job, node, pods_of
 
 REGISTRY = new_in_tree_registry()

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from protos.godel.v1 import objects_pb2 as pb
-from services.common.nodeinfo import NodeInfo
-from services.scheduler.framework import (
+from placement.framework import (
     Framework,
     Profile,
     ProfileError,
@@ -17,7 +15,9 @@ from services.scheduler.framework import (
     UnitInfo,
     load_profile,
 )
-from services.scheduler.plugins import new_in_tree_registry
+from placement.nodeinfo import NodeInfo
+from placement.plugins import new_in_tree_registry
+from protos.godel.v1 import objects_pb2 as pb
 from tests.factories import GiB, node
 from tests.test_scheduler_plugins import make_node, make_pod, req
 

@@ -6,11 +6,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from protos.godel.v1 import objects_pb2 as pb
-from services.common.nodeinfo import NodeInfo, PodRequest
-from services.scheduler.cache import LabelIndex
-from services.scheduler.framework import Code, PodInfo, Status
-from services.scheduler.plugins import (
+from placement.framework import Code, PodInfo, Status
+from placement.nodeinfo import NodeInfo, PodRequest
+from placement.plugins import (
     balancedallocation,
     leastallocated,
     mostallocated,
@@ -20,7 +18,9 @@ from services.scheduler.plugins import (
     nodeunschedulable,
     tainttoleration,
 )
-from services.scheduler.plugins.resourceargs import ResourceWeights
+from placement.plugins.resourceargs import ResourceWeights
+from placement.snapshot import LabelIndex
+from protos.godel.v1 import objects_pb2 as pb
 from tests.factories import GiB, node
 
 Req = pb.LabelSelectorRequirement

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from placement.nodeinfo import PORTS_IN_USE, PodRequest, port_conflict, resource_fit_failures
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.state import TERMINAL, ClusterState
-from services.common.nodeinfo import PORTS_IN_USE, PodRequest, port_conflict, resource_fit_failures
 from store.client import Bind, Op, Update
 
 BOUND = ipb.BOUND

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
+from placement.nodeinfo import NodeInfo, PodRequest
 from protos.godel.v1 import objects_pb2 as pb
-from services.common.nodeinfo import NodeInfo, PodRequest
 
 TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
 

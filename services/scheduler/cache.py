@@ -1,26 +1,25 @@
-"""The shard's live view of the cluster and the per-cycle snapshot.
+"""The shard's live view of the cluster, from which each cycle's snapshot is updated.
 
 :class:`SchedulerCache` is fed by the store informer (Nodes and Pods): bound, non-terminal pods
 count on their nodes through ``NodeInfo.add_pod``. Pods this shard has *assumed* (decided, sent
 to the Binder, not yet seen bound) count too, so the next units do not reuse the room; a
 rejection forgets them, and the informer's bound pod replaces them.
 
-:class:`Snapshot` is what a scheduling cycle reads and mutates (assumes within a unit). Updating
-it clones only the NodeInfos whose generation changed since the last update: the cache records
-which nodes it touched, the snapshot which nodes the cycle touched.
+:class:`placement.snapshot.Snapshot` is what a scheduling cycle reads and mutates; it clones
+only the NodeInfos this cache marked ``dirty``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Set
 from dataclasses import dataclass
 
 import structlog
 from google.protobuf.message import Message
 
+from placement.nodeinfo import NodeInfo, PodRequest
+from placement.snapshot import LabelIndex
 from protos.godel.v1 import objects_pb2 as pb
-from services.common.nodeinfo import NodeInfo, PodRequest
 
 log = structlog.get_logger(__name__)
 
@@ -34,31 +33,6 @@ class Assumed:
     # Set once the Binder answered BOUND: forgotten when the informer shows the pod bound, or
     # at this deadline if it never does (e.g. the pod was deleted right away).
     expires: float | None = None
-
-
-class LabelIndex:
-    """Existing nodes by label (key, value), for PreFilters. Changed only by Node events, never
-    by pod placements, so keeping it costs nothing on the hot path."""
-
-    _EMPTY: frozenset[str] = frozenset()
-
-    def __init__(self) -> None:
-        self._nodes: dict[tuple[str, str], set[str]] = {}
-
-    def nodes_with(self, key: str, value: str) -> Set[str]:
-        return self._nodes.get((key, value), self._EMPTY)
-
-    def add(self, node: str, labels: dict[str, str]) -> None:
-        for item in labels.items():
-            self._nodes.setdefault(item, set()).add(node)
-
-    def remove(self, node: str, labels: dict[str, str]) -> None:
-        for item in labels.items():
-            nodes = self._nodes.get(item)
-            if nodes is not None:
-                nodes.discard(node)
-                if not nodes:
-                    del self._nodes[item]
 
 
 class SchedulerCache:
@@ -191,58 +165,3 @@ class SchedulerCache:
         for name in stale:
             self.forget(name)
         return len(stale)
-
-
-class Snapshot:
-    """Node state for scheduling cycles: NodeInfo clones in a stable order (by name)."""
-
-    def __init__(self) -> None:
-        self.infos: dict[str, NodeInfo] = {}
-        self.nodes: list[NodeInfo] = []  # existing nodes, sorted by name
-        self._index: dict[str, int] = {}
-        self._node_set_version = -1
-        self.touched: set[str] = set()  # nodes the cycle mutated: re-cloned on the next update
-        self.clones = 0  # how many NodeInfos the updates copied (tests, metrics)
-        # The cache's live label index (labels change only between cycles); None until the first
-        # update, so nothing is narrowed against an index that was never filled.
-        self.labels: LabelIndex | None = None
-
-    def update(self, cache: SchedulerCache) -> int:
-        """Bring the snapshot up to the cache: clone only nodes whose generation changed."""
-        self.labels = cache.labels
-        touched = self.touched
-        changed = cache.dirty | touched
-        cache.dirty = set()
-        self.touched = set()
-        copied = 0
-        for name in changed:
-            live = cache.nodes.get(name)
-            mine = self.infos.get(name)
-            if live is None or name not in cache.present:
-                self.infos.pop(name, None)
-                continue
-            if mine is None or mine.generation != live.generation or name in touched:
-                self.infos[name] = live.clone()
-                copied += 1
-        if self._node_set_version != cache.node_set_version:
-            self._node_set_version = cache.node_set_version
-            self.nodes = [self.infos[n] for n in sorted(self.infos)]
-            self._index = {info.name: i for i, info in enumerate(self.nodes)}
-        else:
-            for name in changed:
-                i = self._index.get(name)
-                if i is not None:
-                    self.nodes[i] = self.infos[name]
-        self.clones += copied
-        return copied
-
-    def get(self, name: str) -> NodeInfo | None:
-        return self.infos.get(name)
-
-    def assume(self, req: PodRequest, node_name: str) -> None:
-        self.infos[node_name].add_pod(req)
-        self.touched.add(node_name)
-
-    def forget(self, pod: str, node_name: str) -> None:
-        self.infos[node_name].remove_pod(pod)
-        self.touched.add(node_name)

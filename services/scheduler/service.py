@@ -22,15 +22,7 @@ from typing import Any, Literal
 import grpc
 import structlog
 
-from protos.godel.v1 import internal_pb2 as ipb
-from protos.godel.v1 import internal_pb2_grpc
-from protos.godel.v1 import objects_pb2 as pb
-from services.runtime import Service, ServiceConfig, option
-from services.runtime.config import ConfigError
-from services.runtime.service import MAX_MESSAGE_BYTES
-from services.scheduler.algorithm import SearchConfig, UnitResult, UnitScheduler
-from services.scheduler.cache import SchedulerCache, Snapshot
-from services.scheduler.framework import (
+from placement.framework import (
     Framework,
     PluginConfigError,
     PodInfo,
@@ -38,7 +30,16 @@ from services.scheduler.framework import (
     UnitInfo,
     load_profile,
 )
-from services.scheduler.plugins import new_in_tree_registry
+from placement.plugins import new_in_tree_registry
+from placement.search import SearchConfig, UnitResult, UnitScheduler
+from placement.snapshot import Snapshot
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import internal_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.runtime import Service, ServiceConfig, option
+from services.runtime.config import ConfigError
+from services.runtime.service import MAX_MESSAGE_BYTES
+from services.scheduler.cache import SchedulerCache
 from store.errors import AlreadyExistsError, ConflictError, NotFoundError, StoreError
 from store.informer import Handlers, Informer
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.common.nodeinfo import NodeInfo
-from services.scheduler.framework.interface import (
+from placement.framework.interface import (
     Candidates,
     FilterPlugin,
     GroupingPlugin,
@@ -19,8 +18,9 @@ from services.scheduler.framework.interface import (
     Status,
     UnitInfo,
 )
-from services.scheduler.framework.profile import Profile, ProfileError
-from services.scheduler.framework.registry import Registry
+from placement.framework.profile import Profile, ProfileError
+from placement.framework.registry import Registry
+from placement.nodeinfo import NodeInfo
 
 FilterFn = Callable[[PodInfo, NodeInfo], Status | None]
 ScoreFn = Callable[[PodInfo, NodeInfo], int]

@@ -1,13 +1,13 @@
 """NodeResourcesFit: the pod's requests fit the free capacity of its pool (guaranteed for online
 pods, reclaimable for best-effort ones) and a pod slot is free. The check itself is
-services.common.nodeinfo.resource_fit_failures, shared with the Binder."""
+placement.nodeinfo.resource_fit_failures, shared with the Binder."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from services.common.nodeinfo import NodeInfo, resource_fit_failures
-from services.scheduler.framework import FilterPlugin, NoArgs, PluginSpec, PodInfo, Status
+from placement.framework import FilterPlugin, NoArgs, PluginSpec, PodInfo, Status
+from placement.nodeinfo import NodeInfo, resource_fit_failures
 
 NAME = "NodeResourcesFit"
 

@@ -22,9 +22,9 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.common.nodeinfo import NodeInfo
-from services.scheduler.cache import Snapshot
-from services.scheduler.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
+from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
+from placement.nodeinfo import NodeInfo
+from placement.snapshot import Snapshot
 
 Mode = Literal["godel", "kube"]
 

@@ -1,6 +1,6 @@
 """The scheduling framework: plugin API, registry, profile, runtime. See ../README.md."""
 
-from services.scheduler.framework.interface import (
+from placement.framework.interface import (
     MAX_NODE_SCORE,
     Candidates,
     Code,
@@ -16,9 +16,9 @@ from services.scheduler.framework.interface import (
     Status,
     UnitInfo,
 )
-from services.scheduler.framework.profile import Profile, ProfileError, load_profile
-from services.scheduler.framework.registry import NoArgs, PluginConfigError, PluginSpec, Registry
-from services.scheduler.framework.runtime import Framework
+from placement.framework.profile import Profile, ProfileError, load_profile
+from placement.framework.registry import NoArgs, PluginConfigError, PluginSpec, Registry
+from placement.framework.runtime import Framework
 
 __all__ = [
     "MAX_NODE_SCORE",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from services.common.nodeinfo import PORTS_IN_USE, NodeInfo, port_conflict
-from services.scheduler.framework import FilterPlugin, NoArgs, PluginSpec, PodInfo, Status
+from placement.framework import FilterPlugin, NoArgs, PluginSpec, PodInfo, Status
+from placement.nodeinfo import PORTS_IN_USE, NodeInfo, port_conflict
 
 NAME = "NodePorts"
 _IN_USE = Status.unschedulable(PORTS_IN_USE, plugin=NAME)

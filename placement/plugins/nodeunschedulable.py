@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from services.common.nodeinfo import NodeInfo
-from services.scheduler.framework import FilterPlugin, NoArgs, PluginSpec, PodInfo, Status
+from placement.framework import FilterPlugin, NoArgs, PluginSpec, PodInfo, Status
+from placement.nodeinfo import NodeInfo
 
 NAME = "NodeUnschedulable"
 NODE_UNSCHEDULABLE = "node unschedulable"

@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import ClassVar
 
-from protos.godel.v1 import objects_pb2 as pb
-from services.common.nodeinfo import NodeInfo
-from services.scheduler.framework import (
+from placement.framework import (
     MAX_NODE_SCORE,
     FilterPlugin,
     NoArgs,
@@ -18,7 +16,9 @@ from services.scheduler.framework import (
     ScorePlugin,
     Status,
 )
-from services.scheduler.framework.interface import Toleration
+from placement.framework.interface import Toleration
+from placement.nodeinfo import NodeInfo
+from protos.godel.v1 import objects_pb2 as pb
 
 NAME = "TaintToleration"
 UNTOLERATED = "untolerated taint"

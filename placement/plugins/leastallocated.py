@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from services.common.nodeinfo import NodeInfo
-from services.scheduler.framework import MAX_NODE_SCORE, PluginSpec, PodInfo, ScorePlugin
-from services.scheduler.plugins.resourceargs import ResourceWeights, requested_after
+from placement.framework import MAX_NODE_SCORE, PluginSpec, PodInfo, ScorePlugin
+from placement.nodeinfo import NodeInfo
+from placement.plugins.resourceargs import ResourceWeights, requested_after
 
 NAME = "LeastAllocated"
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from services.scheduler.framework.interface import Plugin
+from placement.framework.interface import Plugin
 
 
 class PluginConfigError(ValueError):

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Set
 from typing import ClassVar
 
-from services.common.nodeinfo import NodeInfo
-from services.scheduler.framework import (
+from placement.framework import (
     MAX_NODE_SCORE,
     Candidates,
     FilterPlugin,
@@ -22,7 +21,7 @@ from services.scheduler.framework import (
     ScorePlugin,
     Status,
 )
-from services.scheduler.framework.interface import (
+from placement.framework.interface import (
     OP_DOES_NOT_EXIST,
     OP_EXISTS,
     OP_GT,
@@ -31,6 +30,7 @@ from services.scheduler.framework.interface import (
     OP_NOT_IN,
     Term,
 )
+from placement.nodeinfo import NodeInfo
 
 NAME = "NodeAffinity"
 NOT_MATCHED = "node(s) didn't match node selector"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.nodeinfo import NodeInfo
-from services.scheduler.framework import PodInfo
+from placement.framework import PodInfo
+from placement.nodeinfo import NodeInfo
 
 
 @dataclass(frozen=True)

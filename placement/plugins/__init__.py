@@ -1,7 +1,7 @@
 """In-tree plugins, one module each (NAME, args, factory, SPEC)."""
 
-from services.scheduler.framework import Registry
-from services.scheduler.plugins import (
+from placement.framework import Registry
+from placement.plugins import (
     balancedallocation,
     leastallocated,
     mostallocated,

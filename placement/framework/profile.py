@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from services.scheduler.framework.registry import PluginConfigError, Registry
+from placement.framework.registry import PluginConfigError, Registry
 
 # Cheap, definitive (unresolvable) rejections first, as Gödel's ordered filter registry does.
 DEFAULT_FILTERS = (
@@ -85,7 +85,7 @@ def load_profile(source: str | Path, registry: Registry) -> Profile:
 
 def validate_profile(profile: Profile, registry: Registry, where: str = "profile") -> None:
     """Refuse unknown or duplicate plugins, bad weights, bad args (builds each plugin once)."""
-    from services.scheduler.framework.runtime import Framework  # the runtime checks the rest
+    from placement.framework.runtime import Framework  # the runtime checks the rest
 
     for point, names in (
         ("filters", profile.filters),

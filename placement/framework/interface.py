@@ -12,8 +12,8 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
+from placement.nodeinfo import NodeInfo, PodRequest
 from protos.godel.v1 import objects_pb2 as pb
-from services.common.nodeinfo import NodeInfo, PodRequest
 
 MAX_NODE_SCORE = 100
 

@@ -1,0 +1,227 @@
+"""The rescheduler's plugin API: the cluster view a round plans against, moves, and the three
+kinds of plugin a policy names.
+
+A **detector** finds what is wrong (nodes to drain, pods to move); an **algorithm** proposes moves
+(pod, from, to) that repair it; a **check** vetoes single moves (protection, budgets, throttles).
+One class may be all three, as in the original (BinPacking detects and reschedules). Plugins are
+plain synchronous code over :class:`ClusterView`: a round gives each plugin its own copy.
+
+"Would this pod fit there" is always :meth:`ClusterView.fits`, which runs the placement library's
+filters (``placement.framework``) — the same code the shards and the Binder run — so a new filter
+constrains the rescheduler too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, runtime_checkable
+
+from placement.framework import Framework, PodInfo, Status
+from placement.nodeinfo import BEST_EFFORT, GUARANTEED, NodeInfo
+from protos.godel.v1 import objects_pb2 as pb
+
+# A pod (or its job) labelled or annotated with this, "true", is never moved (the Protection check).
+EXCLUDE_FROM_RESCHEDULING = "godel.io/exclude-from-rescheduling"
+
+# Resource names plugins' args use, and their index in NodeInfo's [cpu, memory, gpu] lists.
+RESOURCE_INDEX = {"cpu": 0, "memory": 1, "gpu": 2}
+POOLS = (GUARANTEED, BEST_EFFORT)
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Evict ``pod`` from ``source``; its replacement should land on ``target``."""
+
+    pod: str
+    job: str
+    source: str
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """A node a detector wants relieved: its ``pods`` (empty = any of them), and why."""
+
+    node: str
+    reason: str
+    pods: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class RunningPod:
+    """A bound or running pod as plans see it."""
+
+    pod: pb.Pod
+    info: PodInfo
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def job(self) -> str:
+        return self.pod.spec.job
+
+    @property
+    def node(self) -> str:
+        return self.pod.spec.node_name
+
+    @property
+    def pool(self) -> str:
+        return self.info.req.pool
+
+
+@dataclass
+class ClusterView:
+    """Nodes (NodeInfos with every bound, non-terminal pod accounted), those pods, their jobs,
+    the pending pods, and the disruption budgets: one consistent copy per round.
+
+    ``scope`` is the policy's node scope (by labels): detectors look only there and algorithms
+    target only there. ``move`` updates the view as if a move had happened, so later decisions
+    of the same round see the earlier ones.
+    """
+
+    nodes: dict[str, NodeInfo]
+    pods: dict[str, RunningPod]
+    jobs: dict[str, pb.Job]
+    framework: Framework
+    pending: list[pb.Pod] = field(default_factory=list)
+    budgets: list[pb.DisruptionBudget] = field(default_factory=list)
+    scope: frozenset[str] = frozenset()
+    revision: int = 0
+    _by_node: dict[str, set[str]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.scope:
+            self.scope = frozenset(self.nodes)
+        self._by_node = {name: set() for name in self.nodes}
+        for running in self.pods.values():
+            self._by_node.setdefault(running.node, set()).add(running.name)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def scoped_nodes(self) -> list[NodeInfo]:
+        """The in-scope nodes, by name."""
+        return [self.nodes[n] for n in sorted(self.scope) if n in self.nodes]
+
+    def pods_on(self, node: str) -> list[RunningPod]:
+        """The pods on ``node``, by name."""
+        return [self.pods[p] for p in sorted(self._by_node.get(node, ()))]
+
+    def job_pods(self, job: str) -> list[RunningPod]:
+        return sorted((p for p in self.pods.values() if p.job == job), key=lambda p: p.name)
+
+    def fits(self, pod: str, node: str) -> Status | None:
+        """None if ``pod`` may run on ``node`` as the view stands (every filter of the placement
+        library passes), else the first failing filter's status. A pod already on ``node``
+        is judged as if it were not there."""
+        running = self.pods[pod]
+        info = self.nodes.get(node)
+        if info is None:
+            return Status.unresolvable(f"node {node!r} not found")
+        if running.node == node:
+            info = info.clone()
+            info.remove_pod(pod)
+        return self.framework.run_filters(running.info, info)
+
+    # -- changing ----------------------------------------------------------------------------
+
+    def move(self, pod: str, target: str) -> None:
+        """Account ``pod`` on ``target`` instead of its current node."""
+        running = self.pods[pod]
+        source = running.node
+        if source == target:
+            return
+        self.nodes[source].remove_pod(pod)
+        self._by_node[source].discard(pod)
+        self.nodes[target].add_pod(running.info.req)
+        self._by_node.setdefault(target, set()).add(pod)
+        running.pod.spec.node_name = target
+
+    def remove(self, pod: str) -> RunningPod:
+        """Take ``pod`` off its node (evicted, not yet placed again)."""
+        running = self.pods.pop(pod)
+        self.nodes[running.node].remove_pod(pod)
+        self._by_node[running.node].discard(pod)
+        return running
+
+    def copy(self) -> ClusterView:
+        """An independent copy: moves on it leave this view as it is."""
+        pods = {}
+        for name, running in self.pods.items():
+            copied = pb.Pod()
+            copied.CopyFrom(running.pod)
+            pods[name] = RunningPod(copied, running.info)
+        return ClusterView(
+            nodes={n: info.clone() for n, info in self.nodes.items()},
+            pods=pods,
+            jobs=self.jobs,
+            framework=self.framework,
+            pending=self.pending,
+            budgets=self.budgets,
+            scope=self.scope,
+            revision=self.revision,
+        )
+
+
+def utilisation(node: NodeInfo, weights: dict[str, int], pool: str = GUARANTEED) -> float:
+    """The original's formula: Σ wᵢ·requestedᵢ/allocatableᵢ ÷ Σ wᵢ over resources with capacity
+    (a resource the node lacks counts as 0 used of 0, not a division by zero)."""
+    cap, used = node.capacity[pool], node.requested[pool]
+    total = weight_sum = 0.0
+    for name, weight in weights.items():
+        i = RESOURCE_INDEX[name]
+        weight_sum += weight
+        if cap[i] > 0:
+            total += weight * used[i] / cap[i]
+    return total / weight_sum if weight_sum else 0.0
+
+
+# A check's veto of one move while the algorithm plans: None = allowed, else why not.
+MoveVeto = Callable[[Move], str | None]
+
+
+def allow_all(_move: Move) -> str | None:
+    return None
+
+
+@runtime_checkable
+class Detector(Protocol):
+    NAME: ClassVar[str]
+
+    def detect(self, view: ClusterView) -> list[Detection]:
+        """The in-scope nodes (and pods) that should be relieved, most urgent first."""
+        ...
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    NAME: ClassVar[str]
+
+    def reschedule(
+        self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
+    ) -> list[Move]:
+        """Moves that repair ``detections``. Call ``veto`` on a candidate move before choosing it
+        (skip it when vetoed) and ``view.move`` after, so later choices see earlier ones. Every
+        target must be in scope and pass ``view.fits``."""
+        ...
+
+
+@runtime_checkable
+class Check(Protocol):
+    """A veto on single moves, and the memory of moves already admitted in this round."""
+
+    NAME: ClassVar[str]
+
+    def check(self, view: ClusterView, move: Move) -> str | None:
+        """None if ``move`` may happen (given the moves admitted so far), else why not."""
+        ...
+
+    def admit(self, view: ClusterView, move: Move) -> None:
+        """Record ``move`` as part of the round (budgets and throttles count it)."""
+        ...
+
+
+def names(plugins: Iterable[object]) -> list[str]:
+    return [getattr(p, "NAME", type(p).__name__) for p in plugins]
