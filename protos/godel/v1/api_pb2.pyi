@@ -553,9 +553,9 @@ class TriggerRequest(_message.Message):
     POLICY_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
     policy: _builtins.str
-    """Empty: every enabled policy."""
+    """Empty: every policy, one after another."""
     dry_run: _builtins.bool
-    """Plan and report the movements without evicting anything."""
+    """Plan and simulate the round without changing anything stored."""
     def __init__(
         self,
         *,
@@ -571,6 +571,202 @@ class TriggerRequest(_message.Message):
 Global___TriggerRequest: _TypeAlias = TriggerRequest  # noqa: Y015
 
 @_typing.final
+class PlannedMove(_message.Message):
+    """One pod move of a plan: evict `pod` from `from_node`; its replacement should run on `to_node`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
+    FROM_NODE_FIELD_NUMBER: _builtins.int
+    TO_NODE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    SIMULATED_NODE_FIELD_NUMBER: _builtins.int
+    pod: _builtins.str
+    job: _builtins.str
+    from_node: _builtins.str
+    to_node: _builtins.str
+    batch: _builtins.int
+    """The batch (0-based) the move is evicted in; batches respect disruption budgets."""
+    simulated_node: _builtins.str
+    """Dry run: where the simulated scheduler placed the replacement ("" = it fit nowhere)."""
+    def __init__(
+        self,
+        *,
+        pod: _builtins.str = ...,
+        job: _builtins.str = ...,
+        from_node: _builtins.str = ...,
+        to_node: _builtins.str = ...,
+        batch: _builtins.int = ...,
+        simulated_node: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "from_node", b"from_node", "job", b"job", "pod", b"pod", "simulated_node", b"simulated_node", "to_node", b"to_node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlannedMove: _TypeAlias = PlannedMove  # noqa: Y015
+
+@_typing.final
+class RejectedMove(_message.Message):
+    """A planned move dropped before the plan was made, and why (a check vetoed it, or the target
+    no longer fits once every moving pod is taken off its node).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_FIELD_NUMBER: _builtins.int
+    FROM_NODE_FIELD_NUMBER: _builtins.int
+    TO_NODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    pod: _builtins.str
+    from_node: _builtins.str
+    to_node: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        pod: _builtins.str = ...,
+        from_node: _builtins.str = ...,
+        to_node: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_node", b"from_node", "pod", b"pod", "reason", b"reason", "to_node", b"to_node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RejectedMove: _TypeAlias = RejectedMove  # noqa: Y015
+
+@_typing.final
+class ClusterFigures(_message.Message):
+    """Figures of the cluster (the policy's node scope) before or after a round."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    FREE_NODES_FIELD_NUMBER: _builtins.int
+    UTILISATION_SPREAD_FIELD_NUMBER: _builtins.int
+    GPU_FRAGMENTATION_FIELD_NUMBER: _builtins.int
+    WHOLE_FREE_GPU_NODES_FIELD_NUMBER: _builtins.int
+    SPREAD_SHARE_FIELD_NUMBER: _builtins.int
+    UNPLACED_PODS_FIELD_NUMBER: _builtins.int
+    nodes: _builtins.int
+    pods: _builtins.int
+    free_nodes: _builtins.int
+    """Nodes running no pod."""
+    utilisation_spread: _builtins.float
+    """Standard deviation of node utilisation (0..1) over nodes running pods, by the policy's
+    resource weights (cpu and memory when it names none).
+    """
+    gpu_fragmentation: _builtins.float
+    """Idle GPUs on nodes where some GPUs are in use, over all idle GPUs (0 when none idle): the
+    share of idle GPUs that a whole-machine job cannot use.
+    """
+    whole_free_gpu_nodes: _builtins.int
+    """Nodes with GPUs of which none is in use."""
+    spread_share: _builtins.float
+    """TopologySpread policies: the share of jobs within maxSkew across the policy's domains."""
+    unplaced_pods: _builtins.int
+    """Pods the simulated scheduler could place nowhere (after only)."""
+    def __init__(
+        self,
+        *,
+        nodes: _builtins.int = ...,
+        pods: _builtins.int = ...,
+        free_nodes: _builtins.int = ...,
+        utilisation_spread: _builtins.float = ...,
+        gpu_fragmentation: _builtins.float = ...,
+        whole_free_gpu_nodes: _builtins.int = ...,
+        spread_share: _builtins.float = ...,
+        unplaced_pods: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_nodes", b"free_nodes", "gpu_fragmentation", b"gpu_fragmentation", "nodes", b"nodes", "pods", b"pods", "spread_share", b"spread_share", "unplaced_pods", b"unplaced_pods", "utilisation_spread", b"utilisation_spread", "whole_free_gpu_nodes", b"whole_free_gpu_nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterFigures: _TypeAlias = ClusterFigures  # noqa: Y015
+
+@_typing.final
+class Plan(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    MOVES_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    STARTED_MS_FIELD_NUMBER: _builtins.int
+    DURATION_MS_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    DETECTED_NODES_FIELD_NUMBER: _builtins.int
+    TRIGGER_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    generation: _builtins.int
+    """The round's number (one counter over all policies)."""
+    dry_run: _builtins.bool
+    outcome: _builtins.str
+    """"planned", "nothing to do" or "aborted"; `message` says why."""
+    message: _builtins.str
+    batches: _builtins.int
+    started_ms: _builtins.int
+    duration_ms: _builtins.int
+    revision: _builtins.int
+    """The store revision of the view the round planned against."""
+    detected_nodes: _builtins.int
+    """Nodes the detector found (before the algorithm and checks)."""
+    trigger: _builtins.str
+    """What fired the round: "rpc", "periodic", "cron" or "signal"."""
+    @_builtins.property
+    def moves(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlannedMove]: ...
+    @_builtins.property
+    def rejected(self) -> _containers.RepeatedCompositeFieldContainer[Global___RejectedMove]: ...
+    @_builtins.property
+    def before(self) -> Global___ClusterFigures: ...
+    @_builtins.property
+    def after(self) -> Global___ClusterFigures:
+        """The predicted effect: the moves replayed batch by batch by the scheduling algorithm on a
+        copy of the state (dry run), else the plan's own targets.
+        """
+
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+        outcome: _builtins.str = ...,
+        message: _builtins.str = ...,
+        moves: _abc.Iterable[Global___PlannedMove] | None = ...,
+        batches: _builtins.int = ...,
+        rejected: _abc.Iterable[Global___RejectedMove] | None = ...,
+        before: Global___ClusterFigures | None = ...,
+        after: Global___ClusterFigures | None = ...,
+        started_ms: _builtins.int = ...,
+        duration_ms: _builtins.int = ...,
+        revision: _builtins.int = ...,
+        detected_nodes: _builtins.int = ...,
+        trigger: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "batches", b"batches", "before", b"before", "detected_nodes", b"detected_nodes", "dry_run", b"dry_run", "duration_ms", b"duration_ms", "generation", b"generation", "message", b"message", "moves", b"moves", "outcome", b"outcome", "policy", b"policy", "rejected", b"rejected", "revision", b"revision", "started_ms", b"started_ms", "trigger", b"trigger"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Plan: _TypeAlias = Plan  # noqa: Y015
+
+@_typing.final
 class TriggerResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -578,11 +774,16 @@ class TriggerResponse(_message.Message):
     MOVEMENTS_FIELD_NUMBER: _builtins.int
     EVICTED_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    PLANS_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     evicted: _builtins.int
     message: _builtins.str
     @_builtins.property
     def movements(self) -> _containers.RepeatedCompositeFieldContainer[_objects_pb2.Movement]: ...
+    @_builtins.property
+    def plans(self) -> _containers.RepeatedCompositeFieldContainer[Global___Plan]:
+        """One plan per policy run, in order."""
+
     def __init__(
         self,
         *,
@@ -590,10 +791,11 @@ class TriggerResponse(_message.Message):
         movements: _abc.Iterable[_objects_pb2.Movement] | None = ...,
         evicted: _builtins.int = ...,
         message: _builtins.str = ...,
+        plans: _abc.Iterable[Global___Plan] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evicted", b"evicted", "generation", b"generation", "message", b"message", "movements", b"movements"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evicted", b"evicted", "generation", b"generation", "message", b"message", "movements", b"movements", "plans", b"plans"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -618,20 +820,59 @@ Global___ListPoliciesRequest: _TypeAlias = ListPoliciesRequest  # noqa: Y015
 class PolicyInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ScopeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAME_FIELD_NUMBER: _builtins.int
     DETECTORS_FIELD_NUMBER: _builtins.int
     ALGORITHMS_FIELD_NUMBER: _builtins.int
     TRIGGERS_FIELD_NUMBER: _builtins.int
     LAST_RUN_MS_FIELD_NUMBER: _builtins.int
+    CHECKS_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    LAST_ROUND_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     last_run_ms: _builtins.int
+    schedule: _builtins.str
+    """E.g. "every 5m", "cron 0 3 * * *", "signal SIGUSR2"."""
+    running: _builtins.bool
+    """A round of this policy is running now."""
     @_builtins.property
     def detectors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def algorithms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def triggers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """"periodic", "cron", "signal" or "rpc"."""
+        """"periodic", "cron", "signal" and always "rpc"."""
+
+    @_builtins.property
+    def checks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def scope(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The node scope (label equality selector); empty = every node."""
+
+    @_builtins.property
+    def last_round(self) -> Global___Plan:
+        """The last round's plan, if any round ran since the rescheduler started."""
 
     def __init__(
         self,
@@ -641,10 +882,15 @@ class PolicyInfo(_message.Message):
         algorithms: _abc.Iterable[_builtins.str] | None = ...,
         triggers: _abc.Iterable[_builtins.str] | None = ...,
         last_run_ms: _builtins.int = ...,
+        checks: _abc.Iterable[_builtins.str] | None = ...,
+        scope: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        schedule: _builtins.str = ...,
+        last_round: Global___Plan | None = ...,
+        running: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_round", b"last_round"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithms", b"algorithms", "detectors", b"detectors", "last_run_ms", b"last_run_ms", "name", b"name", "triggers", b"triggers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithms", b"algorithms", "checks", b"checks", "detectors", b"detectors", "last_round", b"last_round", "last_run_ms", b"last_run_ms", "name", b"name", "running", b"running", "schedule", b"schedule", "scope", b"scope", "triggers", b"triggers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -405,14 +405,16 @@ class ReschedulerServicer:
     """
 
     def Trigger(self, request, context):
-        """Runs one rescheduling round now, for one policy or all.
+        """Runs one rescheduling round of a policy now (or of every policy, one after another) and
+        returns its plan. Rounds never overlap: a trigger waits for a running round to end.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListPolicies(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The configured policies with their triggers and last round.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

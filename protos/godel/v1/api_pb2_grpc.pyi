@@ -146,8 +146,11 @@ class ReschedulerStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ReschedulerAsyncStub: ...
     Trigger: _grpc.UnaryUnaryMultiCallable[_api_pb2.TriggerRequest, _api_pb2.TriggerResponse]
-    """Runs one rescheduling round now, for one policy or all."""
+    """Runs one rescheduling round of a policy now (or of every policy, one after another) and
+    returns its plan. Rounds never overlap: a trigger waits for a running round to end.
+    """
     ListPolicies: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListPoliciesRequest, _api_pb2.ListPoliciesResponse]
+    """The configured policies with their triggers and last round."""
 
 @_typing.type_check_only
 class ReschedulerAsyncStub(ReschedulerStub):
@@ -158,8 +161,11 @@ class ReschedulerAsyncStub(ReschedulerStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Trigger: _aio.UnaryUnaryMultiCallable[_api_pb2.TriggerRequest, _api_pb2.TriggerResponse]  # type: ignore[assignment]
-    """Runs one rescheduling round now, for one policy or all."""
+    """Runs one rescheduling round of a policy now (or of every policy, one after another) and
+    returns its plan. Rounds never overlap: a trigger waits for a running round to end.
+    """
     ListPolicies: _aio.UnaryUnaryMultiCallable[_api_pb2.ListPoliciesRequest, _api_pb2.ListPoliciesResponse]  # type: ignore[assignment]
+    """The configured policies with their triggers and last round."""
 
 class ReschedulerServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------------------------
@@ -173,14 +179,17 @@ class ReschedulerServicer(metaclass=_abc_1.ABCMeta):
         request: _api_pb2.TriggerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.TriggerResponse, _abc.Awaitable[_api_pb2.TriggerResponse]]:
-        """Runs one rescheduling round now, for one policy or all."""
+        """Runs one rescheduling round of a policy now (or of every policy, one after another) and
+        returns its plan. Rounds never overlap: a trigger waits for a running round to end.
+        """
 
     @_abc_1.abstractmethod
     def ListPolicies(
         self,
         request: _api_pb2.ListPoliciesRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_api_pb2.ListPoliciesResponse, _abc.Awaitable[_api_pb2.ListPoliciesResponse]]: ...
+    ) -> _typing.Union[_api_pb2.ListPoliciesResponse, _abc.Awaitable[_api_pb2.ListPoliciesResponse]]:
+        """The configured policies with their triggers and last round."""
 
 def add_ReschedulerServicer_to_server(servicer: ReschedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

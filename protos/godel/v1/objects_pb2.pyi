@@ -1453,11 +1453,14 @@ class MovementSpec(_message.Message):
     CREATOR_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
     creator: _builtins.str
     """The algorithm plugin that planned it, e.g. "BinPacking"."""
     generation: _builtins.int
     """The rescheduling round."""
     batch: _builtins.int
+    policy: _builtins.str
+    """The policy whose round made it."""
     @_builtins.property
     def deleted_tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskRef]:
         """Pods evicted in this batch."""
@@ -1469,10 +1472,11 @@ class MovementSpec(_message.Message):
         creator: _builtins.str = ...,
         generation: _builtins.int = ...,
         batch: _builtins.int = ...,
+        policy: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "creator", b"creator", "deleted_tasks", b"deleted_tasks", "generation", b"generation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "creator", b"creator", "deleted_tasks", b"deleted_tasks", "generation", b"generation", "policy", b"policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
