@@ -166,6 +166,32 @@ def ever_scheduled(job: pb.Job) -> pb.Job:
     return job
 
 
+def labelled(node: pb.Node, **labels: str) -> pb.Node:
+    node.metadata.labels.update(labels)
+    return node
+
+
+def tainted(node: pb.Node, key: str) -> pb.Node:
+    node.spec.taints.add(key=key, effect=pb.NO_SCHEDULE)
+    return node
+
+
+def selecting(job: pb.Job, **labels: str) -> pb.Job:
+    job.spec.template.node_selector.update(labels)
+    return job
+
+
+def requiring_zone(job: pb.Job, *zones: str) -> pb.Job:
+    term = job.spec.template.affinity.node_affinity.required.add()
+    term.match_expressions.add(key="zone", operator=pb.LabelSelectorRequirement.IN, values=zones)
+    return job
+
+
+def tolerating(job: pb.Job, key: str) -> pb.Job:
+    job.spec.template.tolerations.add(key=key, operator=pb.Toleration.EXISTS)
+    return job
+
+
 def node_state(name: str, *, ready: bool = True, unschedulable: bool = False) -> pb.Node:
     n = f.node(name, cpu=1000)
     n.status.ready = ready
@@ -258,6 +284,37 @@ CASES = [
         [f.job("a", replicas=2)],
         [("a", [("a-0", "n1"), ("a-1", "n1")])],
         {"a-0": (V.BOUND, ""), "a-1": (V.CONFLICT, "too many pods")},
+    ),
+    # A decision is a proposal: every hard rule the shards filter by is checked again, so a
+    # forged or stale decision cannot place a pod where its constraints forbid.
+    Case(
+        "forged: node selector not matched",
+        [labelled(f.node("gpu"), kind="gpu"), f.node("plain")],
+        [selecting(f.job("s", replicas=2), kind="gpu")],
+        [("s", [("s-0", "plain"), ("s-1", "gpu")])],
+        {"s-0": (V.CONFLICT, "NodeAffinity: node(s) didn't match node selector"),
+         "s-1": (V.BOUND, "")},
+    ),
+    Case(
+        "forged: required node affinity not matched",
+        [labelled(f.node("a"), zone="z1"), labelled(f.node("b"), zone="z2")],
+        [requiring_zone(f.job("z", replicas=2), "z1")],
+        [("z", [("z-0", "b"), ("z-1", "a")])],
+        {"z-0": (V.CONFLICT, "NodeAffinity"), "z-1": (V.BOUND, "")},
+    ),
+    Case(
+        "forged: untolerated taint",
+        [tainted(f.node("t"), "dedicated")],
+        [f.job("plain"), tolerating(f.job("tol"), "dedicated")],
+        [("plain", [("plain-0", "t")]), ("tol", [("tol-0", "t")])],
+        {"plain-0": (V.CONFLICT, "TaintToleration: untolerated taint"), "tol-0": (V.BOUND, "")},
+    ),
+    Case(
+        "forged: guaranteed pod on a node with only reclaimable room",
+        [f.node("n1", cpu=100, be_cpu=4000, be_mem=f.GiB)],
+        [f.job("g", cpu=1000)],
+        [("g", [("g-0", "n1")])],
+        {"g-0": (V.CONFLICT, "NodeResourcesFit: insufficient cpu")},
     ),
     Case(
         "malformed decisions",

@@ -90,7 +90,9 @@ class PodInfo:
     priority: int = 0
 
     @classmethod
-    def from_pod(cls, pod: pb.Pod) -> PodInfo:
+    def from_pod(cls, pod: pb.Pod, *, keyed: bool = True) -> PodInfo:
+        """``keyed=False`` skips the template key (a serialisation of the template), which only
+        the feasible-node cache needs."""
         tpl = pod.spec.template
         node_aff = tpl.affinity.node_affinity
         return cls(
@@ -98,7 +100,7 @@ class PodInfo:
             job=pod.spec.job,
             resource_version=pod.metadata.resource_version,
             req=PodRequest.from_pod(pod),
-            template_key=template_key(pod),
+            template_key=template_key(pod) if keyed else b"",
             node_selector=tuple(sorted(tpl.node_selector.items())),
             required_terms=tuple(_term(t) for t in node_aff.required),
             preferred_terms=tuple((p.weight, _term(p.preference)) for p in node_aff.preferred),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from placement.nodeinfo import PORTS_IN_USE, PodRequest, port_conflict, resource_fit_failures
+from placement.framework import Framework, PodInfo
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.state import TERMINAL, ClusterState
@@ -42,7 +42,7 @@ class Candidate:
     job: str
     placement: ipb.Placement
     pod: pb.Pod
-    req: PodRequest
+    info: PodInfo
 
 
 class BatchPlan:
@@ -54,10 +54,12 @@ class BatchPlan:
         pods: dict[str, pb.Pod | None],
         jobs: dict[str, pb.Job | None],
         state: ClusterState,
+        rules: Framework,
     ) -> None:
         self.batch = batch
         self.jobs = jobs
         self.state = state
+        self.rules = rules
         # Every placement in batch order: (job, pod name, node, verdict if malformed).
         self.order: list[tuple[str, str, str, Rejection | None]] = []
         # Well-formed placements per node, in batch order (so a node's check is not a scan of
@@ -90,7 +92,8 @@ class BatchPlan:
                     continue
                 pod = pods[name]
                 assert pod is not None
-                self.candidates[name] = Candidate(unit.job, p, pod, PodRequest.from_pod(pod))
+                info = PodInfo.from_pod(pod, keyed=False)
+                self.candidates[name] = Candidate(unit.job, p, pod, info)
 
     def _invalid(
         self,
@@ -150,33 +153,30 @@ class BatchPlan:
                     del self.candidates[name]
 
     def _check_node(self, node: str) -> dict[str, str | None]:
-        """Each live candidate on ``node`` → None (fits) or why not, in batch order."""
+        """Each live candidate on ``node`` → None (fits) or why not, in batch order. Every hard
+        rule is re-checked with the placement library's filters (the shard's decision is a
+        proposal, never an authority), against the node as bound pods and this batch's earlier
+        acceptances leave it."""
         names = [n for n in self.on_node.get(node, ()) if n in self.candidates]
         obj = self.state.nodes.get(node)
-        node_problem = None
         if obj is None:
-            node_problem = f"node {node!r} not found"
-        elif not obj.status.ready:
-            node_problem = f"node {node!r} is not ready"
-        elif obj.spec.unschedulable:
-            node_problem = f"node {node!r} is unschedulable"
-        if node_problem is not None or obj is None:
-            return dict.fromkeys(names, node_problem)
+            return dict.fromkeys(names, f"node {node!r} not found")
         numa_ids = {n.id for n in obj.status.topology.numa_nodes}
         info = self.state.info_for(node).clone()
         results: dict[str, str | None] = {}
         for name in names:
             cand = self.candidates[name]
+            failures: list[str] = []
+            status = self.rules.run_filters(cand.info, info)
+            if status is not None:
+                failures.append(f"{status.plugin}: {', '.join(status.reasons)}")
             missing = [i for i in cand.placement.numa_nodes if i not in numa_ids]
-            failures = resource_fit_failures(info, cand.req)
-            if port_conflict(info, cand.req):
-                failures.append(PORTS_IN_USE)
             if missing:
                 failures.append(f"no NUMA node {', '.join(map(str, missing))}")
             if failures:
-                results[name] = f"node {node!r}: {', '.join(failures)}"
+                results[name] = f"node {node!r}: {'; '.join(failures)}"
             else:
-                info.add_pod(cand.req)
+                info.add_pod(cand.info.req)
                 results[name] = None
         return results
 

@@ -20,6 +20,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2
 
+from placement.rules import hard_rules
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
@@ -124,6 +125,7 @@ class BinderService(Service[BinderConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = ClusterState()
+        self.rules = hard_rules()
         self.informer = Informer(self.store, ["Node", "Pod"])
         self.informer.add_handlers(
             Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)
@@ -344,6 +346,7 @@ class BinderService(Service[BinderConfig]):
             dict(zip(names, pods, strict=True)),
             dict(zip(job_names, jobs, strict=True)),
             self.state,
+            self.rules,
         )
         plan.run()
         bound = await self._commit(plan, fence)
