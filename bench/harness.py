@@ -34,13 +34,14 @@ from typing import Any, Literal
 
 import psutil
 import structlog
+from google.protobuf import json_format
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.load import build_jobs
 from bench.workload import Suite, Workload
 from godel import local
-from godel.client import GodelClient
+from godel.client import GodelClient, ReschedulerClient
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
 
@@ -248,6 +249,8 @@ def run_one(
                     probe.close()
                 result["latency_ms"], result["bound"], last_bound_ms = _latencies(client)
                 _finish_times(result, last_bound_ms)
+                if workload.reschedule is not None:
+                    result["reschedule"] = _reschedule(workload, state, console)
             finally:
                 client.close()
         ok = result["bound"] == workload.measured.count
@@ -272,12 +275,46 @@ def run_one(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _reschedule(workload: Workload, state: local.ClusterState, console: Console) -> dict[str, Any]:
+    """One round of the workload's policy once every measured pod is bound: how long it took
+    (the rescheduler's own planning time and the RPC's wall time) and what it predicts."""
+    assert workload.reschedule is not None
+    policy, dry_run = workload.reschedule.policy, workload.reschedule.dry_run
+    console.print(f"rescheduling: policy {policy}{' (dry run)' if dry_run else ''} ...")
+    with ReschedulerClient(state.address_of("rescheduler"), timeout=600) as client:
+        started = time.perf_counter()
+        response = client.trigger(policy, dry_run=dry_run)
+        wall = time.perf_counter() - started
+    plan = response.plans[0]
+    figures = {
+        when: json_format.MessageToDict(
+            getattr(plan, when),
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        )
+        for when in ("before", "after")
+    }
+    return {
+        "policy": policy,
+        "dry_run": dry_run,
+        "outcome": plan.outcome,
+        "message": plan.message,
+        "plan_seconds": round(plan.duration_ms / 1000, 3),
+        "rpc_seconds": round(wall, 3),
+        "moves": len(plan.moves),
+        "batches": plan.batches,
+        "rejected": len(plan.rejected),
+        **figures,
+    }
+
+
 def _nodeagent_flags(workload: Workload) -> tuple[str, ...]:
     shape = workload.cluster
     flags = {
         "hollow-cpu-milli": str(shape.cpu_milli),
         "hollow-memory-bytes": str(shape.memory_bytes),
         "hollow-max-pods": str(shape.max_pods),
+        "hollow-gpus": str(shape.gpus),
     }
     if shape.labels:
         flags["hollow-labels"] = ",".join(f"{k}={v}" for k, v in shape.labels.items())

@@ -48,7 +48,7 @@ def markdown(report: dict[str, Any], paths: dict[str, Path] | None = None) -> st
         "Throughput: pods bound per 1 s sample during the measured phase (scheduler_perf style);",
         "overall = measured pods / time from the first submit to the last bind.",
         "Latency: submit -> bound per pod (creation_timestamp_ms to status.bound_ms).",
-        "",
+        *rescheduling_section(report),
         "## CPU seconds (user+sys) and peak RSS per process, measured phase",
         "",
     ]
@@ -100,6 +100,34 @@ def summary_table(report: dict[str, Any]) -> str:
             cells.append(" / ".join(_times(ratios.get(k)) for k in ("average", "overall")))
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def rescheduling_section(report: dict[str, Any]) -> list[str]:
+    """The rounds triggered after the measured phase: time and predicted effect."""
+    runs = [r for r in report["runs"] if r.get("reschedule")]
+    if not runs:
+        return [""]
+    lines = [
+        "",
+        "## Rescheduling round after the measured phase",
+        "",
+        "| run | policy | outcome | moves | batches | plan s | RPC s | gpu frag before → after |"
+        " whole free gpu nodes | free nodes | jobs within skew | placed nowhere |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        x = r["reschedule"]
+        b, a = x["before"], x["after"]
+        lines.append(
+            f"| {_label(r)} | {x['policy']}{' (dry run)' if x['dry_run'] else ''} | "
+            f"{x['outcome']} | {x['moves']:,} | {x['batches']} | {x['plan_seconds']:.2f} | "
+            f"{x['rpc_seconds']:.2f} | {b['gpu_fragmentation']:.1%} → {a['gpu_fragmentation']:.1%} | "
+            f"{b['whole_free_gpu_nodes']:,} → {a['whole_free_gpu_nodes']:,} | "
+            f"{b['free_nodes']:,} → {a['free_nodes']:,} | "
+            f"{b['spread_share']:.1%} → {a['spread_share']:.1%} | {a['unplaced_pods']:,} |"
+        )
+    lines.append("")
+    return lines
 
 
 def _times(ratio: float | None) -> str:

@@ -4,7 +4,7 @@
     description: ...
     cluster:
       nodes: 500
-      node: {cpu: "4", memory: 32Gi, pods: 110}
+      node: {cpu: "4", memory: 32Gi, pods: 110, gpus: 0}
       labels: {disk: ssd}              # on every hollow node (each also has hostname, zone)
       shards: 1                        # scheduler processes
       binders: 1
@@ -19,6 +19,7 @@
       gang_percent: 0                  # ... or this share of jobs is a full gang
       per_node: false                  # one 1-pod job per node; "$node" in the template
       rate: 0                          # offered pods/s; 0 = as fast as possible
+    reschedule: {policy: gpu-defrag, dry_run: true}   # after the measured pods: one round
     timeout: 600                       # seconds for the measured pods to be bound
     quick: {cluster: {nodes: 100}, measured: {count: 300}}   # merged over the above by --quick
     baseline: kube                     # series only: the variant the others are compared to
@@ -48,10 +49,21 @@ NODE_PLACEHOLDER = "$node"
 SERVICE_KINDS = ("dispatcher", "scheduler", "binder", "rescheduler", "nodeagent")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-_TOP = {"name", "description", "cluster", "init", "measured", "timeout", "quick", "variants"}
+_TOP = {
+    "name",
+    "description",
+    "cluster",
+    "init",
+    "measured",
+    "reschedule",
+    "timeout",
+    "quick",
+    "variants",
+}
 _SERIES = {"baseline"}
 _CLUSTER = {"nodes", "node", "labels", "shards", "binders", "nodes_per_agent", *SERVICE_KINDS}
-_NODE = {"cpu", "memory", "pods"}
+_NODE = {"cpu", "memory", "pods", "gpus"}
+_RESCHEDULE = {"policy", "dry_run"}
 _PHASE = {"count", "job_size", "template", "min_member", "gang_percent", "per_node", "rate"}
 
 
@@ -65,6 +77,7 @@ class ClusterShape:
     cpu_milli: int = 4000
     memory_bytes: int = 32 << 30
     max_pods: int = 110
+    gpus: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     shards: int = 1
     binders: int = 1
@@ -105,6 +118,14 @@ class PodPhase:
 
 
 @dataclass(frozen=True)
+class Reschedule:
+    """A rescheduling round triggered once the measured pods are bound."""
+
+    policy: str
+    dry_run: bool = True
+
+
+@dataclass(frozen=True)
 class Workload:
     """One run: a cluster and the pods submitted to it."""
 
@@ -116,6 +137,7 @@ class Workload:
     init: PodPhase | None
     measured: PodPhase
     timeout: float
+    reschedule: Reschedule | None = None
 
 
 @dataclass(frozen=True)
@@ -231,6 +253,9 @@ def _workload(doc: dict[str, Any], src: str, name: str, variant: str) -> Workloa
             f"({cluster.nodes}, got {measured.count})"
         )
     timeout = _number(doc.get("timeout", 600), src, "timeout", minimum=1)
+    reschedule = None
+    if doc.get("reschedule") is not None:
+        reschedule = _reschedule(_mapping(doc["reschedule"], src, "reschedule"), src)
     return Workload(
         name=name,
         variant=variant,
@@ -239,7 +264,19 @@ def _workload(doc: dict[str, Any], src: str, name: str, variant: str) -> Workloa
         init=init,
         measured=measured,
         timeout=timeout,
+        reschedule=reschedule,
     )
+
+
+def _reschedule(doc: dict[str, Any], src: str) -> Reschedule:
+    _known(doc, _RESCHEDULE, src, "reschedule")
+    policy = doc.get("policy")
+    if not isinstance(policy, str) or not policy:
+        raise WorkloadError(f"{src}: reschedule.policy: required, a policy name")
+    dry_run = doc.get("dry_run", True)
+    if not isinstance(dry_run, bool):
+        raise WorkloadError(f"{src}: reschedule.dry_run: must be true or false")
+    return Reschedule(policy, dry_run)
 
 
 def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
@@ -264,6 +301,7 @@ def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
         cpu_milli=cpu,
         memory_bytes=memory,
         max_pods=_int(node.get("pods", 110), src, "cluster.node.pods", minimum=1),
+        gpus=_int(node.get("gpus", 0), src, "cluster.node.gpus", minimum=0),
         labels={str(k): str(v) for k, v in labels.items()},
         shards=_int(doc.get("shards", 1), src, "cluster.shards", minimum=1),
         binders=_int(doc.get("binders", 1), src, "cluster.binders", minimum=1),

@@ -138,6 +138,46 @@ class GodelClient:
             raise _client_error(exc, self.address) from None
 
 
+class ReschedulerClient:
+    """The Rescheduler's API: run a policy's round now (or simulate it), list the policies."""
+
+    def __init__(self, address: str, *, timeout: float = 300.0) -> None:
+        self.address = address
+        # A round on a large cluster takes seconds: the default deadline is generous.
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self._api = api_pb2_grpc.ReschedulerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ReschedulerClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def trigger(self, policy: str = "", *, dry_run: bool = False) -> api_pb2.TriggerResponse:
+        """One round of ``policy`` (every policy when empty) and its plan."""
+        request = api_pb2.TriggerRequest(policy=policy, dry_run=dry_run)
+        try:
+            return self._api.Trigger(request, timeout=self.timeout)  # type: ignore[no-any-return]
+        except grpc.RpcError as exc:
+            raise _client_error(exc, self.address) from None
+
+    def policies(self) -> list[api_pb2.PolicyInfo]:
+        try:
+            response = self._api.ListPolicies(api_pb2.ListPoliciesRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _client_error(exc, self.address) from None
+        return list(response.policies)
+
+
 def logs(
     agent_address: str,
     pod: str,

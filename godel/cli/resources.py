@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from godel import local
 from godel.cli.cluster import HomeOption
 from godel.cli.output import fail, print_json, print_table
+from godel.cli.reschedule import ReschedulerOption, get_policies
 from godel.client import ClientError, GodelClient
 from godel.client import logs as pod_logs
 from godel.manifest import ManifestError, dump_yaml, load, to_manifest
@@ -286,8 +287,12 @@ def get(
     ] = "",
     server: ServerOption = None,
     home: HomeOption = None,
+    rescheduler: ReschedulerOption = None,
 ) -> None:
-    """List objects of a type, or show one."""
+    """List objects of a type, or show one (`get policies` asks the rescheduler)."""
+    if target and target[0].lower() in ("policy", "policies"):
+        get_policies(output, rescheduler, home)
+        return
     kind, name = _split_target(target)
     labels = dict(kv.split("=", 1) for kv in selector.split(",") if "=" in kv)
     with _client(server, home) as client:

@@ -50,10 +50,16 @@ class Detection:
 
 @dataclass(slots=True)
 class RunningPod:
-    """A bound or running pod as plans see it."""
+    """A bound or running pod as plans see it. ``node`` is where the plan has it now (moves
+    change it; the stored ``pod`` is never mutated, so views can share it)."""
 
     pod: pb.Pod
     info: PodInfo
+    node: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.node:
+            self.node = self.pod.spec.node_name
 
     @property
     def name(self) -> str:
@@ -62,10 +68,6 @@ class RunningPod:
     @property
     def job(self) -> str:
         return self.pod.spec.job
-
-    @property
-    def node(self) -> str:
-        return self.pod.spec.node_name
 
     @property
     def pool(self) -> str:
@@ -89,11 +91,13 @@ class ClusterView:
     pending: list[pb.Pod] = field(default_factory=list)
     budgets: list[pb.DisruptionBudget] = field(default_factory=list)
     scope: frozenset[str] = frozenset()
+    # The label selector that chose ``scope`` (empty: every node).
+    scope_labels: dict[str, str] = field(default_factory=dict)
     revision: int = 0
     _by_node: dict[str, set[str]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.scope:
+        if not self.scope and not self.scope_labels:
             self.scope = frozenset(self.nodes)
         self._by_node = {name: set() for name in self.nodes}
         for running in self.pods.values():
@@ -137,7 +141,7 @@ class ClusterView:
         self._by_node[source].discard(pod)
         self.nodes[target].add_pod(running.info.req)
         self._by_node.setdefault(target, set()).add(pod)
-        running.pod.spec.node_name = target
+        running.node = target
 
     def remove(self, pod: str) -> RunningPod:
         """Take ``pod`` off its node (evicted, not yet placed again)."""
@@ -148,11 +152,7 @@ class ClusterView:
 
     def copy(self) -> ClusterView:
         """An independent copy: moves on it leave this view as it is."""
-        pods = {}
-        for name, running in self.pods.items():
-            copied = pb.Pod()
-            copied.CopyFrom(running.pod)
-            pods[name] = RunningPod(copied, running.info)
+        pods = {n: RunningPod(r.pod, r.info, r.node) for n, r in self.pods.items()}
         return ClusterView(
             nodes={n: info.clone() for n, info in self.nodes.items()},
             pods=pods,
@@ -161,6 +161,7 @@ class ClusterView:
             pending=self.pending,
             budgets=self.budgets,
             scope=self.scope,
+            scope_labels=self.scope_labels,
             revision=self.revision,
         )
 
@@ -210,9 +211,15 @@ class Algorithm(Protocol):
 
 @runtime_checkable
 class Check(Protocol):
-    """A veto on single moves, and the memory of moves already admitted in this round."""
+    """A veto on single moves, and the memory of moves already admitted in this round. One
+    instance lives as long as the rescheduler (throttles remember past rounds); ``start_round``
+    resets what belongs to one round."""
 
     NAME: ClassVar[str]
+
+    def start_round(self, view: ClusterView, now: float) -> None:
+        """A round (or a re-check of its plan) begins against ``view`` at ``now`` (unix s)."""
+        ...
 
     def check(self, view: ClusterView, move: Move) -> str | None:
         """None if ``move`` may happen (given the moves admitted so far), else why not."""
@@ -220,6 +227,10 @@ class Check(Protocol):
 
     def admit(self, view: ClusterView, move: Move) -> None:
         """Record ``move`` as part of the round (budgets and throttles count it)."""
+        ...
+
+    def record(self, moves: Sequence[Move], view: ClusterView, generation: int, now: float) -> None:
+        """``moves`` were carried out by round ``generation``: remember them (throttles)."""
         ...
 
 

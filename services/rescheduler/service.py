@@ -1,22 +1,98 @@
-"""The rescheduler: policies, movement planning and batch-by-batch eviction.
+"""The rescheduler service: policies from config, their triggers, and the Rescheduler RPCs.
 
-For now the gRPC contract is registered with the generated base servicer, which answers every RPC
-with UNIMPLEMENTED; the process already starts, connects the store and reports health.
+``Trigger`` runs one round of a named policy (or of each policy in turn) and returns its plan;
+``dry_run`` simulates the round on a copy of the state and changes nothing stored.
+``ListPolicies`` lists the policies with their triggers and last round. Periodic, cron and signal
+triggers run rounds by themselves. The view of the cluster comes from an informer on nodes, pods,
+jobs and disruption budgets, brought up to the store's current revision before every round.
+
+This rescheduler plans; it does not evict yet (Movements and the batch-by-batch eviction come with
+the Movement handshake), so a round that is not a dry run returns its plan without simulating it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
 
 import grpc
+import structlog
+import yaml
 
+from placement.rules import hard_rules
 from protos.godel.v1 import api_pb2, api_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.rescheduler.checks import new_check_registry
+from services.rescheduler.config import PolicyConfig, PolicyConfigError, load_policies
+from services.rescheduler.framework import Algorithm, Check, ClusterView, Detector
+from services.rescheduler.manager import PolicyManager, UnknownPolicyError
+from services.rescheduler.plugins import new_plugin_registry
+from services.rescheduler.round import Policy, RoundPlan
+from services.rescheduler.triggers import TriggerScheduler
+from services.rescheduler.view import build_view
 from services.runtime import Service, ServiceConfig
+from services.runtime.config import ConfigError, option
+from store.informer import Informer
+
+log = structlog.get_logger(__name__)
+
+KINDS = ("Node", "Pod", "Job", "DisruptionBudget")
+DEFAULT_POLICIES = "default_policies.yaml"
 
 
 @dataclass(frozen=True)
 class ReschedulerConfig(ServiceConfig):
-    """Rescheduler settings."""
+    """Rescheduler settings. Policies come from the `policies` list of the --config file (see
+    services/rescheduler/README.md); without one, the built-in defaults apply."""
+
+    policies: object = field(
+        default=None,
+        metadata=option("rescheduling policies (a list; --config file only)", file_only=True),
+    )
+    sync_timeout_seconds: float = field(
+        default=30.0,
+        metadata=option("how long a round waits for the view to reach the store", minimum=0.1),
+    )
+
+    def __post_init__(self) -> None:
+        try:
+            self.policy_configs()
+        except PolicyConfigError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def policy_configs(self) -> list[PolicyConfig]:
+        """The configured policies, validated against the plugin registries."""
+        plugins = new_plugin_registry()
+        if self.policies is None:
+            text = (resources.files("services.rescheduler") / DEFAULT_POLICIES).read_text()
+        else:
+            text = yaml.safe_dump({"policies": self.policies})
+        return load_policies(text, plugins, plugins, new_check_registry())
+
+
+def build_policy(config: PolicyConfig) -> Policy:
+    plugins = new_plugin_registry()
+    checks = new_check_registry()
+    detector = plugins.get(config.detector.name).build(config.detector.args)
+    algorithm = plugins.get(config.algorithm.name).build(config.algorithm.args)
+    assert isinstance(detector, Detector) and isinstance(algorithm, Algorithm)
+    built_checks: list[Check] = []
+    for ref in config.checks:
+        check = checks.get(ref.name).build(ref.args)
+        assert isinstance(check, Check)
+        built_checks.append(check)
+    return Policy(
+        name=config.name,
+        detector=detector,
+        algorithm=algorithm,
+        checks=built_checks,
+        scope_labels=dict(config.scope),
+        failure_ratio_threshold=config.failure_ratio_threshold,
+        detector_args=dict(config.detector.args),
+    )
 
 
 class ReschedulerService(Service[ReschedulerConfig]):
@@ -24,8 +100,131 @@ class ReschedulerService(Service[ReschedulerConfig]):
     config_class = ReschedulerConfig
     grpc_services = (api_pb2.DESCRIPTOR.services_by_name["Rescheduler"].full_name,)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.configs = {c.name: c for c in self.config.policy_configs()}
+        self.informer = Informer(self.store, list(KINDS))
+        self.rules = hard_rules()
+        self.manager = PolicyManager(
+            [build_policy(c) for c in self.configs.values()], self._fresh_view
+        )
+        self.triggers = TriggerScheduler(list(self.configs.values()), self._fire)
+
     def add_servicers(self, server: grpc.aio.Server) -> None:
-        # The generated base servicer answers every RPC with UNIMPLEMENTED (its stub marks the
-        # methods abstract, hence the ignore); the real servicer replaces it.
-        servicer = api_pb2_grpc.ReschedulerServicer()  # type: ignore[abstract]
-        api_pb2_grpc.add_ReschedulerServicer_to_server(servicer, server)
+        api_pb2_grpc.add_ReschedulerServicer_to_server(ReschedulerServicer(self), server)
+
+    async def on_start(self) -> None:
+        self.informer.start()
+        await self.informer.wait_synced(self.config.sync_timeout_seconds)
+        self.triggers.install_signal_handlers(asyncio.get_running_loop())
+        self.spawn(self.triggers.run(), name="triggers")
+        log.info("policies loaded", policies=self.manager.names())
+
+    async def on_stop(self) -> None:
+        self.triggers.remove_signal_handlers()
+        await self.informer.stop()
+
+    async def _fresh_view(self, scope_labels: Mapping[str, str]) -> ClusterView:
+        """The cluster as of now: the informer caught up to the store's current revision."""
+        revision = await self.store.revision()
+        await self.informer.wait_for_revision(revision, self.config.sync_timeout_seconds)
+        inf = self.informer
+        nodes: list[pb.Node] = inf.list("Node")  # type: ignore[assignment]
+        pods: list[pb.Pod] = inf.list("Pod")  # type: ignore[assignment]
+        jobs: list[pb.Job] = inf.list("Job")  # type: ignore[assignment]
+        budgets: list[pb.DisruptionBudget] = inf.list("DisruptionBudget")  # type: ignore[assignment]
+        # The informer replaces objects on change and never mutates them, so the lists can be
+        # read off the event loop.
+        return await asyncio.to_thread(
+            build_view,
+            nodes,
+            pods,
+            jobs,
+            budgets,
+            self.rules,
+            scope_labels=scope_labels,
+            revision=revision,
+        )
+
+    async def _fire(self, policy: str, trigger: str) -> None:
+        try:
+            await self.manager.run(policy, trigger=trigger, dry_run=False)
+        except Exception:
+            log.exception("round failed", policy=policy, trigger=trigger)
+
+    def policy_info(self, name: str) -> api_pb2.PolicyInfo:
+        config = self.configs[name]
+        state = self.manager.state(name)
+        info = api_pb2.PolicyInfo(
+            name=name,
+            detectors=[config.detector.name],
+            algorithms=[config.algorithm.name],
+            triggers=[*config.trigger.kinds(), "rpc"],
+            checks=[c.name for c in config.checks],
+            scope=dict(config.scope),
+            schedule=describe_schedule(config),
+            last_run_ms=state.last_run_ms,
+            running=state.running,
+        )
+        if state.last is not None:
+            info.last_round.CopyFrom(state.last.to_proto())
+        return info
+
+
+def describe_schedule(config: PolicyConfig) -> str:
+    parts = []
+    trigger = config.trigger
+    if trigger.period_seconds is not None:
+        parts.append(f"every {_duration(trigger.period_seconds)}")
+    if trigger.cron is not None:
+        parts.append(f"cron {trigger.cron}")
+    if trigger.signal is not None:
+        import signal
+
+        parts.append(f"signal {signal.Signals(trigger.signal).name}")
+    return ", ".join(parts) or "on request"
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    if whole != seconds or whole < 60:
+        return f"{seconds:g}s"
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{v}{u}" for v, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if v)
+
+
+class ReschedulerServicer(api_pb2_grpc.ReschedulerServicer):
+    def __init__(self, service: ReschedulerService) -> None:
+        self._service = service
+
+    async def Trigger(
+        self, request: api_pb2.TriggerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.TriggerResponse:
+        manager = self._service.manager
+        names = [request.policy] if request.policy else manager.names()
+        plans: list[RoundPlan] = []
+        try:
+            for name in names:
+                plans.append(await manager.run(name, trigger="rpc", dry_run=request.dry_run))
+        except UnknownPolicyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, exc.message)
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the rescheduler's view could not reach the store"
+            )
+        response = api_pb2.TriggerResponse(
+            generation=plans[-1].generation if plans else 0,
+            plans=[p.to_proto() for p in plans],
+        )
+        response.message = "; ".join(f"{p.policy}: {p.outcome} ({p.message})" for p in plans)
+        if not plans:
+            response.message = "no policies are configured"
+        return response
+
+    async def ListPolicies(
+        self, request: api_pb2.ListPoliciesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.ListPoliciesResponse:
+        return api_pb2.ListPoliciesResponse(
+            policies=[self._service.policy_info(n) for n in self._service.manager.names()]
+        )

@@ -52,9 +52,19 @@ def option(
     minimum: float | None = None,
     maximum: float | None = None,
     env_aliases: tuple[str, ...] = (),
+    file_only: bool = False,
 ) -> dict[str, Any]:
-    """Field metadata: help text, optional numeric bounds, extra environment variable names."""
-    return {"help": help, "minimum": minimum, "maximum": maximum, "env_aliases": env_aliases}
+    """Field metadata: help text, optional numeric bounds, extra environment variable names.
+    ``file_only``: a structured setting (type ``object``, e.g. a list of policies) that only the
+    ``--config`` file can give; it gets no flag and no environment variable, and the service
+    validates its shape itself."""
+    return {
+        "help": help,
+        "minimum": minimum,
+        "maximum": maximum,
+        "env_aliases": env_aliases,
+        "file_only": file_only,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +142,8 @@ def load_config(
                 raise ConfigError(f"{config_file}: unknown key {key!r} (known keys: {known})")
             raw[key] = (value, f"{config_file}: key {key!r}")
     for spec in fields.values():
+        if spec.metadata.get("file_only"):
+            continue
         for var in _env_names(spec):  # the canonical name first: it wins over its aliases
             if var in environ:
                 raw[spec.name] = (environ[var], f"environment variable {var}")
@@ -157,6 +169,8 @@ def build_parser(
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
     hints = typing.get_type_hints(config_cls)
     for spec in dataclasses.fields(config_cls):
+        if spec.metadata.get("file_only"):
+            continue
         hint = hints[spec.name]
         envs = " or ".join(f"${name}" for name in _env_names(spec))
         parser.add_argument(
@@ -215,6 +229,8 @@ def _convert(value: object, hint: object) -> object | None:
     """The converted value, or None when ``value`` does not fit ``hint``."""
     if _is_literal(hint):
         return value if value in typing.get_args(hint) else None
+    if hint is object:  # a file-only structured setting: its service checks the shape
+        return value
     if hint is bool:
         if isinstance(value, bool):
             return value

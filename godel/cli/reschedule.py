@@ -1,0 +1,180 @@
+"""`godel reschedule POLICY [--dry-run]` and `godel get policies`: the Rescheduler's API.
+
+The rescheduler is found through ``--rescheduler`` / ``$GODEL_RESCHEDULER``, else the local
+cluster in ``$GODEL_HOME``. A plan prints as a table of moves (with their batch and, for a dry
+run, where the simulated scheduler put each replacement) and a before/after summary.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from google.protobuf import json_format
+
+from godel import local
+from godel.cli.cluster import HomeOption
+from godel.cli.output import fail, print_json, print_table
+from godel.client import ClientError, ReschedulerClient
+from protos.godel.v1 import api_pb2
+
+ReschedulerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--rescheduler",
+        envvar="GODEL_RESCHEDULER",
+        help="Rescheduler address host:port (default: the local cluster's).",
+        show_default=False,
+    ),
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reschedule")(reschedule)
+
+
+def rescheduler_client(address: str | None, home: Path | None) -> ReschedulerClient:
+    if address:
+        return ReschedulerClient(address)
+    godel_home = local.GodelHome(home or local.default_home())
+    state = godel_home.load()
+    if state is None:
+        fail(f"no cluster in {godel_home}: start one with `godel up`, or pass --rescheduler")
+    return ReschedulerClient(state.address_of("rescheduler"))
+
+
+def reschedule(
+    policy: Annotated[str, typer.Argument(help="The policy to run (see `godel get policies`).")],
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Plan and simulate the round on a copy of the state; change nothing.",
+        ),
+    ] = False,
+    output: Annotated[
+        str, typer.Option("--output", "-o", help="table (default) or json.")
+    ] = "table",
+    rescheduler: ReschedulerOption = None,
+    home: HomeOption = None,
+) -> None:
+    """Run one rescheduling round of POLICY now and print its plan."""
+    if output not in ("table", "json"):
+        fail(f"unknown output format {output!r} (table or json)")
+    with rescheduler_client(rescheduler, home) as client:
+        try:
+            response = client.trigger(policy, dry_run=dry_run)
+        except ClientError as exc:
+            fail(str(exc))
+    if output == "json":
+        print_json([json_format.MessageToDict(p) for p in response.plans])
+        return
+    for plan in response.plans:
+        print_plan(plan)
+
+
+def print_plan(plan: api_pb2.Plan) -> None:
+    mode = "dry run" if plan.dry_run else "round"
+    typer.echo(
+        f"policy {plan.policy}: {mode} {plan.generation} {plan.outcome}: {plan.message} "
+        f"({plan.duration_ms} ms, store revision {plan.revision})"
+    )
+    if plan.moves:
+        typer.echo("")
+        headers = ["BATCH", "POD", "JOB", "FROM", "TO"]
+        if plan.dry_run:
+            headers.append("SIMULATED")
+        rows = []
+        for m in plan.moves:
+            row: list[object] = [m.batch, m.pod, m.job, m.from_node, m.to_node]
+            if plan.dry_run:
+                row.append(m.simulated_node or "(unplaced)")
+            rows.append(row)
+        print_table(headers, rows)
+    if plan.rejected:
+        typer.echo("")
+        typer.echo("dropped:")
+        print_table(
+            ["POD", "FROM", "TO", "REASON"],
+            [[r.pod, r.from_node, r.to_node, r.reason] for r in plan.rejected],
+        )
+    if plan.HasField("after"):
+        typer.echo("")
+        print_figures(plan.before, plan.after, gpu=_has_gpus(plan), spread=_is_spread(plan))
+
+
+def _has_gpus(plan: api_pb2.Plan) -> bool:
+    return plan.before.gpu_fragmentation > 0 or plan.before.whole_free_gpu_nodes > 0
+
+
+def _is_spread(plan: api_pb2.Plan) -> bool:
+    return plan.before.spread_share > 0 or plan.after.spread_share > 0
+
+
+def print_figures(
+    before: api_pb2.ClusterFigures, after: api_pb2.ClusterFigures, *, gpu: bool, spread: bool
+) -> None:
+    rows: list[list[object]] = [
+        ["free nodes", before.free_nodes, after.free_nodes],
+        [
+            "utilisation spread",
+            f"{before.utilisation_spread:.3f}",
+            f"{after.utilisation_spread:.3f}",
+        ],
+    ]
+    if gpu:
+        rows.append(
+            [
+                "gpu fragmentation",
+                f"{before.gpu_fragmentation:.1%}",
+                f"{after.gpu_fragmentation:.1%}",
+            ]
+        )
+        rows.append(
+            ["whole free gpu nodes", before.whole_free_gpu_nodes, after.whole_free_gpu_nodes]
+        )
+    if spread:
+        rows.append(
+            ["jobs within max skew", f"{before.spread_share:.1%}", f"{after.spread_share:.1%}"]
+        )
+    rows.append(["pods placed nowhere", "", after.unplaced_pods])
+    print_table(["", "BEFORE", "AFTER"], rows)
+
+
+def get_policies(output: str, rescheduler: str | None, home: Path | None) -> None:
+    """`godel get policies`: each policy's plugins, triggers and last round."""
+    with rescheduler_client(rescheduler, home) as client:
+        try:
+            policies = client.policies()
+        except ClientError as exc:
+            fail(str(exc))
+    if output == "json":
+        print_json([json_format.MessageToDict(p) for p in policies])
+        return
+    if not policies:
+        typer.echo("No policies configured.", err=True)
+        return
+    rows = []
+    for p in policies:
+        last = p.last_round
+        rows.append(
+            [
+                p.name,
+                ",".join(p.detectors),
+                ",".join(p.checks) or "<none>",
+                p.schedule,
+                _ago(p.last_run_ms) if p.last_run_ms else "<never>",
+                f"{last.outcome}: {len(last.moves)} moves" if p.HasField("last_round") else "",
+            ]
+        )
+    print_table(["NAME", "PLUGIN", "CHECKS", "TRIGGERS", "LAST-ROUND", "RESULT"], rows)
+
+
+def _ago(ms: int) -> str:
+    seconds = max(0, int(time.time() - ms / 1000))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"

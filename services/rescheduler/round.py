@@ -1,0 +1,386 @@
+"""One rescheduling round of one policy: detect → propose → validate → check → batch, and for a
+dry run, simulate.
+
+Every step starts from its own copy of the round's view, as the original takes a fresh snapshot
+per step, so a plugin's scratch moves never leak into the next step:
+
+1. **Detect**: the detector names the nodes (and pods) to relieve. Nothing found: done.
+2. **Propose**: the algorithm proposes moves, consulting the checks as it goes.
+3. **Validate**: every moving pod is taken off its node first, then each target is re-judged by
+   the placement library's filters in order (earlier moves assumed). Targets that no longer fit
+   are dropped; more than ``failure_ratio_threshold`` of them aborts the round.
+4. **Check**: the checks judge the final plan from scratch; any veto aborts the round (the
+   algorithm already respected them, so a veto here means the plan is wrong, not unlucky).
+5. **Batch**: the movement generator orders the moves into batches each within the disruption
+   budgets; moves that can never be admitted abort the round.
+6. **Simulate** (dry run): batch by batch, the moving pods leave their nodes and replacements are
+   placed by the real scheduling algorithm (``placement.search``) on a copy of the state,
+   trying the recommended node first as the shards will. The figures after come from there.
+
+Plain synchronous code over the view: the service runs it off the event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from placement.budgets import BudgetTracker
+
+from placement.framework import Framework, PodInfo, Profile, UnitInfo
+from placement.framework.interface import template_key
+from placement.plugins import new_in_tree_registry
+from placement.search import UnitScheduler
+from placement.snapshot import Snapshot
+from protos.godel.v1 import api_pb2 as api
+from protos.godel.v1 import objects_pb2 as pb
+from services.rescheduler import metrics
+from services.rescheduler.framework import Algorithm, Check, ClusterView, Detector, Move
+from services.rescheduler.generator import InfeasiblePlanError, plan_batches
+
+PLANNED = "planned"
+NOTHING = "nothing to do"
+ABORTED = "aborted"
+
+DEFAULT_WEIGHTS = {"cpu": 1, "memory": 1}
+# Suffix of a simulated replacement's name (a real one gets its own name from its job).
+REPLACEMENT_SUFFIX = "~replacement"
+
+
+@dataclass
+class Policy:
+    """A configured policy with its plugins built."""
+
+    name: str
+    detector: Detector
+    algorithm: Algorithm
+    checks: list[Check]
+    scope_labels: dict[str, str] = field(default_factory=dict)
+    failure_ratio_threshold: float = 0.2
+    # The detector's args: the figures use its resource weights and topology key, if any.
+    detector_args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Figures:
+    nodes: int = 0
+    pods: int = 0
+    free_nodes: int = 0
+    utilisation_spread: float = 0.0
+    gpu_fragmentation: float = 0.0
+    whole_free_gpu_nodes: int = 0
+    spread_share: float = 0.0
+    unplaced_pods: int = 0
+
+    def to_proto(self) -> api.ClusterFigures:
+        return api.ClusterFigures(**dataclasses.asdict(self))
+
+
+@dataclass
+class RoundPlan:
+    """What a round decided: the moves in batches, what was dropped and why, the predicted effect."""
+
+    policy: str
+    generation: int
+    dry_run: bool
+    trigger: str
+    outcome: str = NOTHING
+    message: str = ""
+    batches: list[list[Move]] = field(default_factory=list)
+    rejected: list[tuple[Move, str]] = field(default_factory=list)
+    before: Figures = field(default_factory=Figures)
+    after: Figures | None = None
+    # Dry run: pod -> the node its simulated replacement got ("" = none).
+    simulated: dict[str, str] = field(default_factory=dict)
+    started_ms: int = 0
+    duration_ms: int = 0
+    revision: int = 0
+    detected_nodes: int = 0
+
+    @property
+    def moves(self) -> list[Move]:
+        return [m for batch in self.batches for m in batch]
+
+    def to_proto(self) -> api.Plan:
+        out = api.Plan(
+            policy=self.policy,
+            generation=self.generation,
+            dry_run=self.dry_run,
+            outcome=self.outcome,
+            message=self.message,
+            batches=len(self.batches),
+            before=self.before.to_proto(),
+            started_ms=self.started_ms,
+            duration_ms=self.duration_ms,
+            revision=self.revision,
+            detected_nodes=self.detected_nodes,
+            trigger=self.trigger,
+        )
+        if self.after is not None:
+            out.after.CopyFrom(self.after.to_proto())
+        for index, batch in enumerate(self.batches):
+            for m in batch:
+                out.moves.add(
+                    pod=m.pod,
+                    job=m.job,
+                    from_node=m.source,
+                    to_node=m.target,
+                    batch=index,
+                    simulated_node=self.simulated.get(m.pod, ""),
+                )
+        for m, reason in self.rejected:
+            out.rejected.add(pod=m.pod, from_node=m.source, to_node=m.target, reason=reason)
+        return out
+
+
+def _vetoes(checks: Sequence[Check], view: ClusterView) -> Callable[[Move], str | None]:
+    def veto(move: Move) -> str | None:
+        for check in checks:
+            reason = check.check(view, move)
+            if reason is not None:
+                return f"{check.NAME}: {reason}"
+        return None
+
+    return veto
+
+
+class _BatchBudget:
+    """A fresh copy of the disruption budgets for one batch (the generator's BatchBudget)."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self._view = view
+        self._tracker = BudgetTracker(view.budgets)
+
+    def admit(self, moves: Sequence[Move]) -> str | None:
+        pods = [self._view.pods[m.pod].pod for m in moves if m.pod in self._view.pods]
+        broken = self._tracker.violations(pods)
+        if broken:
+            return "; ".join(broken)
+        self._tracker.admit(pods)
+        return None
+
+
+class RoundRunner:
+    """Runs rounds; holds the scheduling framework the dry run simulates replacements with."""
+
+    def __init__(self, scheduling: Framework | None = None) -> None:
+        self.scheduling = scheduling or Framework(Profile(), new_in_tree_registry())
+
+    def run(
+        self,
+        policy: Policy,
+        view: ClusterView,
+        *,
+        generation: int,
+        dry_run: bool,
+        trigger: str,
+        now: float | None = None,
+    ) -> RoundPlan:
+        started = time.time() if now is None else now
+        clock = time.perf_counter()
+        plan = RoundPlan(
+            policy.name,
+            generation,
+            dry_run,
+            trigger,
+            started_ms=int(started * 1000),
+            revision=view.revision,
+        )
+        plan.before = self._figures(policy, view)
+        try:
+            self._plan(policy, view, plan, started)
+        finally:
+            plan.duration_ms = int((time.perf_counter() - clock) * 1000)
+        return plan
+
+    def _plan(self, policy: Policy, view: ClusterView, plan: RoundPlan, now: float) -> None:
+        detections = policy.detector.detect(view.copy())
+        plan.detected_nodes = len({d.node for d in detections})
+        if not detections:
+            plan.message = f"{policy.detector.NAME} found nothing to relieve"
+            return
+
+        proposing = view.copy()
+        for check in policy.checks:
+            check.start_round(proposing, now)
+        moves = policy.algorithm.reschedule(
+            proposing, detections, _vetoes(policy.checks, proposing)
+        )
+        if not moves:
+            plan.message = (
+                f"{policy.detector.NAME} found {plan.detected_nodes} node(s) to relieve, but "
+                f"{policy.algorithm.NAME} found no move that fits and passes the checks"
+            )
+            return
+
+        moves, misfits = validate_targets(view, moves)
+        plan.rejected = misfits
+        total = len(moves) + len(misfits)
+        ratio = len(misfits) / total
+        if ratio > policy.failure_ratio_threshold:
+            plan.outcome = ABORTED
+            plan.message = (
+                f"{len(misfits)} of {total} planned targets no longer fit (failure ratio "
+                f"{ratio:.2f} > {policy.failure_ratio_threshold:g})"
+            )
+            return
+
+        final = view.copy()
+        for check in policy.checks:
+            check.start_round(final, now)
+        veto = _vetoes(policy.checks, final)
+        for move in moves:
+            reason = veto(move)
+            if reason is not None:
+                plan.outcome = ABORTED
+                plan.message = f"move of {move.pod} to {move.target} vetoed: {reason}"
+                return
+            for check in policy.checks:
+                check.admit(final, move)
+
+        try:
+            plan.batches = plan_batches(moves, lambda: _BatchBudget(view))
+        except InfeasiblePlanError as exc:
+            plan.outcome = ABORTED
+            pods = ", ".join(m.pod for m in exc.remaining[:5])
+            plan.message = f"no batch within the disruption budgets can move {pods}: {exc.reason}"
+            return
+
+        plan.outcome = PLANNED
+        after = view.copy()
+        if plan.dry_run:
+            plan.simulated = self.simulate(view, plan.batches)
+            for pod, node in plan.simulated.items():
+                if node:
+                    after.move(pod, node)
+                else:
+                    after.remove(pod)
+        else:
+            for move in plan.moves:
+                after.move(move.pod, move.target)
+        plan.after = self._figures(policy, after)
+        plan.after.unplaced_pods = sum(1 for node in plan.simulated.values() if not node)
+        batches = len(plan.batches)
+        plan.message = f"{len(plan.moves)} move(s) in {batches} batch(es)"
+
+    # -- dry run -----------------------------------------------------------------------------
+
+    def simulate(self, view: ClusterView, batches: Sequence[Sequence[Move]]) -> dict[str, str]:
+        """Replay ``batches`` on a copy of the state: each batch's pods leave their nodes, then
+        their replacements are placed (recommended node first, else the scheduling algorithm).
+        Returns pod -> the node its replacement got ("" = none fit)."""
+        snapshot = Snapshot.of(view.nodes.values())
+        search = UnitScheduler(self.scheduling)
+        placed: dict[str, str] = {}
+        for batch in batches:
+            for move in batch:
+                snapshot.forget(move.pod, move.source)
+            by_job: dict[str, list[Move]] = defaultdict(list)
+            for move in batch:
+                by_job[move.job].append(move)
+            for job, moves in sorted(by_job.items()):
+                leftovers: list[tuple[Move, PodInfo]] = []
+                for move in moves:
+                    replacement = _replacement(view, move.pod)
+                    target = snapshot.get(move.target)
+                    if (
+                        target is not None
+                        and self.scheduling.run_filters(replacement, target) is None
+                    ):
+                        snapshot.assume(replacement.req, move.target)
+                        placed[move.pod] = move.target
+                    else:
+                        leftovers.append((move, replacement))
+                if leftovers:
+                    placed |= self._search(search, snapshot, job, leftovers)
+        return placed
+
+    def _search(
+        self,
+        search: UnitScheduler,
+        snapshot: Snapshot,
+        job: str,
+        pods: list[tuple[Move, PodInfo]],
+    ) -> dict[str, str]:
+        unit = UnitInfo(job, 1, 0, pods[0][1].priority, [info for _, info in pods])
+        result = search.schedule(unit, snapshot)
+        by_replacement = {p.pod: p.node for p in result.placements}
+        return {move.pod: by_replacement.get(info.name, "") for move, info in pods}
+
+    # -- figures -----------------------------------------------------------------------------
+
+    def _figures(self, policy: Policy, view: ClusterView) -> Figures:
+        weights = policy.detector_args.get("resources") or DEFAULT_WEIGHTS
+        scoped = [view.nodes[n] for n in view.scope if n in view.nodes]
+        figures = Figures(
+            nodes=len(scoped),
+            pods=sum(len(info.pods) for info in scoped),
+            free_nodes=metrics.free_nodes(view),
+            utilisation_spread=metrics.utilisation_spread(view, dict(weights)),
+            gpu_fragmentation=metrics.gpu_fragmentation(view),
+            whole_free_gpu_nodes=metrics.whole_free_gpu_nodes(view),
+        )
+        key = policy.detector_args.get("topology_key")
+        if isinstance(key, str) and key:
+            from services.rescheduler.plugins.topologyspread import spread_share
+
+            figures.spread_share = spread_share(
+                view,
+                key,
+                int(policy.detector_args.get("max_skew", 1)),
+                int(policy.detector_args.get("min_pods", 2)),
+            )
+        return figures
+
+
+def validate_targets(
+    view: ClusterView, moves: Sequence[Move]
+) -> tuple[list[Move], list[tuple[Move, str]]]:
+    """Take every moving pod off its node, then re-judge each target in order with the
+    placement filters, assuming the moves that fit. Returns (fitting moves, dropped + why)."""
+    nodes = {name: info.clone() for name, info in view.nodes.items()}
+    for move in moves:
+        source = nodes.get(move.source)
+        if source is not None:
+            source.remove_pod(move.pod)
+    kept: list[Move] = []
+    dropped: list[tuple[Move, str]] = []
+    for move in moves:
+        running = view.pods.get(move.pod)
+        target = nodes.get(move.target)
+        if running is None:
+            dropped.append((move, "pod is gone"))
+            continue
+        if target is None:
+            dropped.append((move, f"node {move.target} is gone"))
+            continue
+        status = view.framework.run_filters(running.info, target)
+        if status is not None:
+            dropped.append((move, f"{status.plugin}: {', '.join(status.reasons)}"))
+            continue
+        target.add_pod(running.info.req)
+        kept.append(move)
+    return kept, dropped
+
+
+def _replacement(view: ClusterView, pod: str) -> PodInfo:
+    """The pod a moved pod's job gets instead: same template, its own name, keyed for the
+    feasible-node cache (pods of one template share a search)."""
+    running = view.pods[pod]
+    name = pod + REPLACEMENT_SUFFIX
+    info = dataclasses.replace(
+        running.info,
+        name=name,
+        req=dataclasses.replace(running.info.req, name=name),
+        template_key=template_key(running.pod),
+        resource_version=0,
+    )
+    return info
+
+
+def node_pool_pods(view: ClusterView, node: str) -> list[pb.Pod]:
+    return [p.pod for p in view.pods_on(node)]
