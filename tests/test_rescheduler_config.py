@@ -301,7 +301,7 @@ INVALID = [
     (
         "detector-args-not-mapping",
         doc(policy(detector={"name": "BinPacking", "args": [1]})),
-        "policies[0] (x): detector (BinPacking): args: expected a mapping, got a list",
+        "policies[0] (x): detector: args: BinPacking: expected a mapping, got a list",
     ),
     ("algorithm-missing", doc(policy(algorithm=DROP)), "policies[0] (x): algorithm: required"),
     (
@@ -368,6 +368,11 @@ INVALID = [
         "cron-too-few-fields",
         doc(policy(trigger={"cron": "0 3 * *"})),
         "policies[0] (x): trigger.cron: '0 3 * *' is not a valid cron expression",
+    ),
+    (
+        "cron-never-matches",
+        doc(policy(trigger={"cron": "0 0 31 2 *"})),
+        "policies[0] (x): trigger.cron: '0 0 31 2 *' never matches from now on",
     ),
     (
         "signal-sigterm",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
@@ -24,6 +25,7 @@ from services.rescheduler.config import (
 from services.rescheduler.triggers import (
     Due,
     ManualClock,
+    SystemClock,
     TriggerScheduler,
     next_fire,
 )
@@ -111,6 +113,13 @@ START = utc("2026-01-01T10:07:20")
             START,
             Due(utc("2026-01-01T10:15:00"), (PERIODIC, CRON)),
         ),
+        (TriggerConfig(cron="0 3 * * * 0 2020"), START, START, None),
+        (
+            TriggerConfig(period_seconds=300, cron="0 3 * * * 0 2020"),
+            START,
+            START,
+            Due(START + 300, (PERIODIC,)),
+        ),
     ],
     ids=[
         "no-trigger",
@@ -122,6 +131,8 @@ START = utc("2026-01-01T10:07:20")
         "period-earlier-than-cron",
         "cron-earlier-than-period",
         "period-and-cron-together",
+        "cron-of-a-past-year-never",
+        "period-with-cron-of-a-past-year",
     ],
 )
 def test_next_fire_is_the_earliest_of_period_and_cron(
@@ -158,6 +169,14 @@ async def test_manual_clock_refuses_to_go_back() -> None:
     clock = ManualClock(start=100.0)
     with pytest.raises(ValueError, match="time only moves forward"):
         await clock.advance_to(99.0)
+
+
+@pytest.mark.parametrize("offset", [-5.0, 0.0, 0.02], ids=["past", "now", "20ms-ahead"])
+async def test_system_clock_sleeps_until_wall_time_reaches_the_deadline(offset: float) -> None:
+    clock = SystemClock()
+    deadline = clock.now() + offset
+    await clock.sleep_until(deadline)
+    assert time.time() >= deadline
 
 
 # -- timed triggers -------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
       - name: gpu-defrag                     # lowercase alphanumerics and '-', unique
         trigger:                             # any combination; omitted or empty = only by RPC
           period: 5m                         # a duration: 30s, 5m, 1h30m, 1.5h, 500ms (> 0)
-          cron: "0 3 * * *"                  # a cron expression, in UTC (checked by croniter)
+          cron: "0 3 * * *"                  # a cron expression in UTC (croniter; a 6th field = seconds)
           signal: SIGUSR2                    # SIGHUP, SIGUSR1 or SIGUSR2, by name or number
         detector: {name: BinPacking, args: {resources: {gpu: 1}, threshold_percentage: 50}}
         algorithm: {name: BinPacking}        # args optional; a bare name works too
@@ -29,11 +29,12 @@ import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from placement.framework.registry import PluginConfigError, Registry
 
@@ -240,7 +241,7 @@ def _plugin_ref(raw: object, where: str, role: str, registry: Registry) -> Plugi
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        raise PolicyConfigError(f"{where} ({name}): args: expected a mapping, got {_kind(args)}")
+        raise PolicyConfigError(f"{where}: args: {name}: expected a mapping, got {_kind(args)}")
     try:
         registry.get(name).parse_args(args)
     except PluginConfigError as exc:
@@ -290,6 +291,11 @@ def _cron(raw: object) -> str | None:
         return None
     if not isinstance(raw, str) or not croniter.is_valid(raw):
         raise PolicyConfigError(f"trigger.cron: {raw!r} is not a valid cron expression")
+    try:
+        croniter(raw, datetime.now(UTC)).get_next(float)
+    except CroniterBadDateError as exc:
+        # Valid syntax that matches no date (31 February, a year gone by) would never fire.
+        raise PolicyConfigError(f"trigger.cron: {raw!r} never matches from now on") from exc
     return raw
 
 

@@ -29,10 +29,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import FrameType
 from typing import Protocol
 
 import structlog
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from services.rescheduler.config import CRON, PERIODIC, SIGNAL, PolicyConfig, TriggerConfig
 
@@ -40,6 +41,9 @@ log = structlog.get_logger(__name__)
 
 # fire(policy_name, trigger_kind): run one round of the named policy.
 FireFn = Callable[[str, str], Awaitable[None]]
+
+# What signal.getsignal returns: a Python handler, SIG_DFL/SIG_IGN, or None (set outside Python).
+_SignalHandler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 
 class Clock(Protocol):
@@ -135,14 +139,16 @@ class Due:
 
 def next_fire(trigger: TriggerConfig, *, after: float, last_periodic: float) -> Due | None:
     """When ``trigger`` next fires after ``after`` by its period or its cron expression,
-    whichever is earlier; None when it has neither. ``last_periodic`` is when the period last
-    fired (or when counting started)."""
+    whichever is earlier; None when it has neither (or its cron expression matches no later
+    time). ``last_periodic`` is when the period last fired (or when counting started)."""
     candidates: list[tuple[float, str]] = []
     if trigger.period_seconds is not None:
-        when = next_periodic(trigger.period_seconds, after=after, last=last_periodic)
-        candidates.append((when, PERIODIC))
+        periodic = next_periodic(trigger.period_seconds, after=after, last=last_periodic)
+        candidates.append((periodic, PERIODIC))
     if trigger.cron is not None:
-        candidates.append((next_cron(trigger.cron, after=after), CRON))
+        cron = next_cron(trigger.cron, after=after)
+        if cron is not None:
+            candidates.append((cron, CRON))
     if not candidates:
         return None
     earliest = min(when for when, _ in candidates)
@@ -162,10 +168,14 @@ def next_periodic(period_seconds: float, *, after: float, last: float) -> float:
     return upcoming
 
 
-def next_cron(expression: str, *, after: float) -> float:
-    """The first time strictly after ``after`` that ``expression`` matches, in UTC."""
+def next_cron(expression: str, *, after: float) -> float | None:
+    """The first time strictly after ``after`` that ``expression`` matches, in UTC; None when it
+    matches no later time (an expression bound to a year that has passed)."""
     start = datetime.fromtimestamp(after, tz=UTC)
-    return float(croniter(expression, start).get_next(float))
+    try:
+        return float(croniter(expression, start).get_next(float))
+    except CroniterBadDateError:
+        return None
 
 
 class _RunningFires:
@@ -231,9 +241,7 @@ class TriggerScheduler:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._fires = _RunningFires(fire)
         self._signal_loop: asyncio.AbstractEventLoop | None = None
-        self._previous_handlers: dict[
-            int, signal.Handlers | Callable[..., object] | int | None
-        ] = {}
+        self._previous_handlers: dict[int, _SignalHandler] = {}
 
     def is_running(self, policy: str) -> bool:
         """Whether a fire of ``policy`` started by this scheduler is still running."""
@@ -256,7 +264,8 @@ class TriggerScheduler:
         last_periodic = self._clock.now()
         while True:
             due = next_fire(policy.trigger, after=self._clock.now(), last_periodic=last_periodic)
-            if due is None:
+            if due is None:  # only when its cron expression matches no later time
+                log.info("policy has no further timed fires", policy=policy.name)
                 return
             await self._clock.sleep_until(due.when)
             if PERIODIC in due.kinds:
