@@ -33,6 +33,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
+from typing import Protocol
 
 from placement.framework.interface import PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest, pool_of, port_conflict, resource_fit_failures
@@ -176,7 +177,11 @@ def search_victims(
     budget_violations: BudgetFn | None = None,
 ) -> VictimSearch:
     """The minimal victim set on ``node`` as Gödel and kube-scheduler find it, with the reason
-    when there is none. ``node`` is not changed (the search works on a clone).
+    when there is none. ``node`` is not changed.
+
+    ``fits`` judges whether the preemptor fits a node (e.g. the framework's filters), called on a
+    clone of ``node`` as candidates are taken off and put back. None: the default,
+    :func:`resources_fit`, computed on a few integers without a clone.
 
     Remove every candidate; if the preemptor still does not fit, no set helps. Otherwise re-add
     candidates from the most valuable down (higher priority first; at equal priority the
@@ -188,21 +193,18 @@ def search_victims(
     (kube-scheduler's violating / non-violating split). A set that still breaks a budget is no
     answer (as Gödel's PDBChecker, and the Binder would refuse it): None with the budgets named.
     """
-    fits = fits or resources_fit
-    if fits(preemptor, node):
+    trial: _Trial = _Room(node, preemptor.req) if fits is None else _Clone(node, preemptor, fits)
+    if trial.fits():
         return VictimSearch([])
-    trial = node.clone()
-    present = [c for c in candidates if trial.remove_pod(c.req.name) is not None]
-    if not fits(preemptor, trial):
+    present = [c for c in candidates if trial.remove(c)]
+    if not trial.fits():
         return VictimSearch(None, NO_ROOM)
     order = sorted(present, key=_most_valuable_first)
     if budget_violations is not None:
         order = _budget_breakers_first(order, budget_violations)
     victims: list[VictimCandidate] = []
     for c in order:
-        trial.add_pod(c.req)
-        if not fits(preemptor, trial):
-            trial.remove_pod(c.req.name)
+        if not trial.keep(c):
             victims.append(c)
     if budget_violations is not None and victims:
         broken = budget_violations([v.name for v in victims])
@@ -221,6 +223,101 @@ def select_victims(
 ) -> list[VictimCandidate] | None:
     """:func:`search_victims` without the reason: the victims ([] = fits already), or None."""
     return search_victims(preemptor, node, candidates, fits, budget_violations).victims
+
+
+class _Trial(Protocol):
+    """The node as the victim search changes it: candidates taken off, then put back one by one
+    while the preemptor still fits."""
+
+    def fits(self) -> bool: ...
+
+    def remove(self, c: VictimCandidate) -> bool:
+        """Take ``c`` off; False if it is not on the node."""
+        ...
+
+    def keep(self, c: VictimCandidate) -> bool:
+        """Put ``c`` back if the preemptor still fits beside it; else leave it off (a victim)."""
+        ...
+
+
+class _Clone:
+    """Any fit judgement (the caller's filters) on a clone of the node."""
+
+    def __init__(self, node: NodeInfo, preemptor: PodInfo, fits: FitFn) -> None:
+        self._node = node.clone()
+        self._preemptor = preemptor
+        self._fits = fits
+
+    def fits(self) -> bool:
+        return self._fits(self._preemptor, self._node)
+
+    def remove(self, c: VictimCandidate) -> bool:
+        return self._node.remove_pod(c.req.name) is not None
+
+    def keep(self, c: VictimCandidate) -> bool:
+        self._node.add_pod(c.req)
+        if self._fits(self._preemptor, self._node):
+            return True
+        self._node.remove_pod(c.req.name)
+        return False
+
+
+class _Room:
+    """The default judgement (:func:`resources_fit`) on a few integers, without cloning the node:
+    what is free in the preemptor's pool, free pod slots, and how many of the preemptor's host
+    ports are held. It answers as ``resources_fit`` on the changed node would (the victim tables
+    run through both)."""
+
+    def __init__(self, node: NodeInfo, req: PodRequest) -> None:
+        self._req = req
+        self._pods = node.pods
+        self._taken: set[str] = set()
+        self.cpu, self.mem, self.gpu = node.free(req.pool)
+        self.slots = node.max_pods - len(node.pods)
+        self._ports = frozenset(req.host_ports)
+        self.held = len(self._ports & node.used_ports)
+
+    def fits(self) -> bool:
+        r = self._req
+        return (
+            self.slots >= 1
+            and not self.held
+            and (not r.cpu or r.cpu <= self.cpu)
+            and (not r.mem or r.mem <= self.mem)
+            and (not r.gpu or r.gpu <= self.gpu)
+        )
+
+    def remove(self, c: VictimCandidate) -> bool:
+        name = c.req.name
+        on_node = self._pods.get(name)  # what the node holds for it, as a clone would drop
+        if on_node is None or name in self._taken:
+            return False
+        self._taken.add(name)
+        self.slots += 1
+        if on_node.pool == self._req.pool:
+            self.cpu += on_node.cpu
+            self.mem += on_node.mem
+            self.gpu += on_node.gpu
+        if self._ports:
+            self.held -= len(self._ports.intersection(on_node.host_ports))
+        return True
+
+    def keep(self, c: VictimCandidate) -> bool:
+        # Called only while the preemptor fits, so only what ``c`` takes can break the fit.
+        r, need = c.req, self._req
+        if self.slots < 2 or (self._ports and not self._ports.isdisjoint(r.host_ports)):
+            return False
+        if r.pool == need.pool:
+            cpu, mem, gpu = self.cpu - r.cpu, self.mem - r.mem, self.gpu - r.gpu
+            if (
+                (need.cpu and need.cpu > cpu)
+                or (need.mem and need.mem > mem)
+                or (need.gpu and need.gpu > gpu)
+            ):
+                return False
+            self.cpu, self.mem, self.gpu = cpu, mem, gpu
+        self.slots -= 1
+        return True
 
 
 def _most_valuable_first(c: VictimCandidate) -> tuple[int, int, str]:

@@ -30,6 +30,7 @@ from placement.preemption import (
     could_fit_after_preemption,
     order_candidates,
     possible_victims,
+    resources_fit,
     search_victims,
     select_victims,
     victim_reason,
@@ -226,12 +227,19 @@ VICTIMS = [
 ]  # fmt: skip
 
 
+# The default judgement runs on integers; passing resources_fit runs it on a NodeInfo clone, the
+# path the caller's filters take: both must choose alike.
+FIT_PATHS = [("integers", None), ("clone", resources_fit)]
+
+
 @pytest.mark.parametrize(
     ("pods", "pre", "claimed", "budget_table", "expected"),
     [c[1:] for c in VICTIMS],
     ids=[c[0] for c in VICTIMS],
 )
+@pytest.mark.parametrize("fits", [c[1] for c in FIT_PATHS], ids=[c[0] for c in FIT_PATHS])
 def test_select_victims(
+    fits: FitFn | None,
     pods: list[P],
     pre: PodInfo,
     claimed: set[str],
@@ -242,12 +250,7 @@ def test_select_victims(
     before = (dict(info.pods), info.generation)
     candidates = possible_victims(pre, (p.pod() for p in pods), NOW, claimed)
 
-    victims = select_victims(
-        pre,
-        info,
-        candidates,
-        budget_violations=budget_fn(budget_table),
-    )
+    victims = select_victims(pre, info, candidates, fits, budget_fn(budget_table))
 
     assert (None if victims is None else sorted(v.name for v in victims)) == expected
     assert (dict(info.pods), info.generation) == before  # the search works on a clone
@@ -290,11 +293,14 @@ SLOT_VICTIMS = [
 @pytest.mark.parametrize(
     ("priorities", "expected"), [c[1:] for c in SLOT_VICTIMS], ids=[c[0] for c in SLOT_VICTIMS]
 )
-def test_select_victims_frees_pod_slots(priorities: list[int], expected: list[str] | None) -> None:
+@pytest.mark.parametrize("fits", [c[1] for c in FIT_PATHS], ids=[c[0] for c in FIT_PATHS])
+def test_select_victims_frees_pod_slots(
+    fits: FitFn | None, priorities: list[int], expected: list[str] | None
+) -> None:
     pods = [P(f"p{pr}-0", pr, cpu=0) for pr in priorities]
     pre = preemptor(cpu=100)
     candidates = possible_victims(pre, (p.pod() for p in pods), NOW, set())
-    victims = select_victims(pre, node_with(pods, slots=2), candidates)
+    victims = select_victims(pre, node_with(pods, slots=2), candidates, fits)
     assert (None if victims is None else [v.name for v in victims]) == expected
 
 
@@ -313,6 +319,16 @@ def test_select_victims_uses_the_callers_fit(fits: FitFn, expected: list[str] | 
     candidates = possible_victims(pre, (p.pod() for p in pods), NOW, set())
     victims = select_victims(pre, node_with(pods), candidates, fits)
     assert (None if victims is None else [v.name for v in victims]) == expected
+
+
+@pytest.mark.parametrize("fits", [c[1] for c in FIT_PATHS], ids=[c[0] for c in FIT_PATHS])
+def test_select_victims_ignores_candidates_not_on_the_node(fits: FitFn | None) -> None:
+    pods = [P("a-0", 10, cpu=4000)]
+    pre = preemptor(cpu=1000)
+    elsewhere = VictimCandidate.from_pod(P("gone-0", 1, cpu=4000).pod())
+    candidates = [elsewhere, *possible_victims(pre, (p.pod() for p in pods), NOW, set())]
+    victims = select_victims(pre, node_with(pods), candidates, fits)
+    assert victims is not None and [v.name for v in victims] == ["a-0"]
 
 
 # ---------------------------------------------------------------------------------------------
