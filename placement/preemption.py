@@ -22,10 +22,11 @@ How a caller uses it for one pod::
 **Gangs** (several pods of one unit) are placed one pod after the other against the cycle's
 snapshot: once a pod's candidate is chosen, the caller removes that node's victims from the
 snapshot's NodeInfo (``Snapshot.forget``) and adds the preemptor (``Snapshot.assume``), so the
-unit's later pods see the freed and the taken capacity, and pass the victims already chosen in
-``claimed`` so no victim is counted twice. All-or-nothing is the caller's job: if fewer than
-``min_member`` pods find a place, it forgets every placement of the unit (and re-adds the victims)
-and nothing is proposed.
+unit's later pods see the freed and the taken capacity. It passes the victims already chosen in
+``claimed`` so no victim is taken twice, and a ``budget_violations`` that counts them with each
+node's own, so the unit as a whole keeps every budget. All-or-nothing is the caller's job: if
+fewer than ``min_member`` pods find a place, it forgets every placement of the unit (and re-adds
+the victims) and nothing is proposed.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ FitFn = Callable[[PodInfo, NodeInfo], bool]
 BudgetFn = Callable[[Sequence[str]], list[str]]
 
 _RUNNING_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
+# A time after every real one: "protected until further notice", "started last".
+_NEVER_ENDS = (1 << 63) - 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,9 +90,6 @@ def protected_until_ms(pod: pb.Pod) -> int:
     if not started:
         return _NEVER_ENDS
     return started + seconds * 1000
-
-
-_NEVER_ENDS = (1 << 63) - 1
 
 
 def victim_reason(
