@@ -7,6 +7,8 @@
       replicas: 8
       minMember: 8                  # snake_case or camelCase field names
       qos: best-effort              # enum values in any case, with or without their prefix
+      preemptionPolicy: Never       # or PreemptLowerPriority (the default)
+      protectionSeconds: 600        # not a preemption victim until 10 minutes after it started
       template:
         requests: {cpu: 500m, memory: 1Gi, gpus: 1}   # quantities as Kubernetes writes them
 

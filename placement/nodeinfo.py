@@ -36,6 +36,8 @@ class PodRequest:
     mem: int
     gpu: int
     host_ports: tuple[tuple[str, int], ...] = ()
+    # The pod's priority, for preemption (placement.preemption sums requests per priority).
+    priority: int = 0
 
     @classmethod
     def from_pod(cls, pod: pb.Pod) -> PodRequest:
@@ -50,6 +52,7 @@ class PodRequest:
             req.memory_bytes,
             req.gpus,
             ports,
+            pod.spec.priority,
         )
 
 

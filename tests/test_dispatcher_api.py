@@ -128,6 +128,14 @@ BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
     ("host port twice", _dup_host_port, f"{T}.ports[1].host_port", "duplicate"),
     ("negative duration", _set("spec.template.duration_ms", -5), f"{T}.duration_ms",
      "must not be negative"),
+    ("negative termination grace", _set("spec.template.termination_grace_seconds", -1),
+     f"{T}.termination_grace_seconds", "must not be negative"),
+    ("negative protection", _set("spec.protection_seconds", -1), "jobs[0].spec.protection_seconds",
+     "must not be negative"),
+    ("negative backoff limit", _set("spec.backoff_limit", -1), "jobs[0].spec.backoff_limit",
+     "must not be negative"),
+    ("unknown preemption policy", _set("spec.preemption_policy", 9),
+     "jobs[0].spec.preemption_policy", "unknown preemption policy"),
     ("larger than every node", _set("spec.template.requests.milli_cpu", 8000),
      f"{T}.requests.milli_cpu",
      "no node can ever hold this pod: largest node has 4000m cpu in the guaranteed pool"),
@@ -185,6 +193,51 @@ async def test_submit_writes_job_and_pods_per_contract(dispatcher: Running, stor
         assert pod.spec.template == job.spec.template and pod.metadata.labels["app"] == "train"
         assert not pod.spec.node_name
     assert (await store.get(pb.Pod, "web-0")).spec.queue == "team-a"
+
+
+PREEMPTIBLE = [
+    # id, the queue's preemptible_default (None: the queue is not stored), the job's preemptible
+    # (None: unset), the pods' preemptible
+    ("job says true", False, True, True),
+    ("job says false over a true queue default", True, False, False),
+    ("unset takes the queue default true", True, None, True),
+    ("unset takes the queue default false", False, None, False),
+    ("unset in a queue that is not stored is false", None, None, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("queue_default", "job_says", "expected"),
+    [c[1:] for c in PREEMPTIBLE],
+    ids=[c[0] for c in PREEMPTIBLE],
+)
+async def test_submit_resolves_preemptible_and_copies_preemption_fields(
+    dispatcher: Running,
+    store: Store,
+    queue_default: bool | None,
+    job_says: bool | None,
+    expected: bool,
+) -> None:
+    await seed(store)
+    if queue_default is not None:
+        queue = pb.Queue(metadata=pb.ObjectMeta(name="default"))
+        queue.spec.preemptible_default = queue_default
+        await store.create(queue)
+    job = f.job("batch", replicas=2, min_member=1)
+    if job_says is not None:
+        job.spec.preemptible = job_says
+    job.spec.preemption_policy = pb.NEVER
+    job.spec.protection_seconds = 30
+
+    response = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[job]))
+
+    assert response.results[0].created, response.results[0].violations
+    stored = await store.get(pb.Job, "batch")
+    assert stored.spec.HasField("preemptible") == (job_says is not None)
+    for pod in await store.get_many(pb.Pod, ["batch-0", "batch-1"]):
+        assert pod is not None
+        assert pod.spec.preemptible == expected
+        assert pod.spec.preemption_policy == pb.NEVER and pod.spec.protection_seconds == 30
 
 
 async def test_submit_duplicates_in_one_request_and_mixed_results(

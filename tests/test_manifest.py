@@ -63,6 +63,62 @@ def test_job_manifest_round_trip() -> None:
     assert again == job
 
 
+PREEMPTION_FIELDS = [
+    # id, spec text, the field set on the parsed object (a path from the object), expected value
+    ("preemptionPolicy Never", "spec: {preemptionPolicy: Never}", "spec.preemption_policy",
+     pb.NEVER),
+    ("preemptionPolicy PreemptLowerPriority", "spec: {preemptionPolicy: PreemptLowerPriority}",
+     "spec.preemption_policy", pb.PREEMPT_LOWER_PRIORITY),
+    ("protectionSeconds", "spec: {protectionSeconds: 300}", "spec.protection_seconds", 300),
+    ("terminationGraceSeconds", "spec: {template: {terminationGraceSeconds: 10}}",
+     "spec.template.termination_grace_seconds", 10),
+    ("backoffLimit", "spec: {backoffLimit: 4}", "spec.backoff_limit", 4),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "expected"),
+    [c[1:] for c in PREEMPTION_FIELDS],
+    ids=[c[0] for c in PREEMPTION_FIELDS],
+)
+def test_job_preemption_fields_parse(text: str, path: str, expected: int) -> None:
+    [m] = load(_doc(text), "job.yaml")
+    value: object = m.obj
+    for part in path.split("."):
+        value = getattr(value, part)
+    assert value == expected
+
+
+PRESENCE = [
+    # id, job spec text, field of spec, present?, value
+    ("preemptible false is written, not unset", "spec: {preemptible: false}", "preemptible",
+     True, False),
+    ("preemptible omitted is unset", "spec: {replicas: 1}", "preemptible", False, False),
+    ("backoffLimit 0 is written, not unset", "spec: {backoffLimit: 0}", "backoff_limit", True, 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "present", "value"),
+    [c[1:] for c in PRESENCE],
+    ids=[c[0] for c in PRESENCE],
+)
+def test_optional_job_fields_keep_presence_through_a_round_trip(
+    text: str, field: str, present: bool, value: object
+) -> None:
+    [m] = load(_doc(text), "job.yaml")
+    again = load(__import__("yaml").safe_dump(to_manifest("Job", m.obj)), "again.yaml")[0].obj
+    for obj in (m.obj, again):
+        assert isinstance(obj, pb.Job)
+        assert obj.spec.HasField(field) == present
+        assert getattr(obj.spec, field) == value
+
+
+def test_queue_preemptible_default_parses() -> None:
+    [m] = load(_doc("spec: {preemptibleDefault: true}", kind="Queue"), "queue.yaml")
+    assert isinstance(m.obj, pb.Queue) and m.obj.spec.preemptible_default
+
+
 def _doc(body: str, kind: str = "Job") -> str:
     return f"apiVersion: godel/v1\nkind: {kind}\nmetadata: {{name: a}}\n{body}"
 

@@ -108,12 +108,16 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         if not jobs:
             return api_pb2.SubmitResponse()
         names = [j.metadata.name for j in jobs]
-        queues = sorted({j.spec.queue for j in jobs if j.spec.queue not in ("", v.DEFAULT_QUEUE)})
+        # The default queue need not exist as an object; it is read too for its defaults.
+        queues = sorted({j.spec.queue or v.DEFAULT_QUEUE for j in jobs})
         existing = await self.store.get_many(pb.Job, names)
         found_queues = await self.store.get_many(pb.Queue, queues)
+        queue_objects = {
+            q: obj for q, obj in zip(queues, found_queues, strict=True) if isinstance(obj, pb.Queue)
+        }
         ctx = v.SubmitContext(
             existing_jobs=frozenset(n for n, j in zip(names, existing, strict=True) if j),
-            queues=frozenset(q for q, obj in zip(queues, found_queues, strict=True) if obj),
+            queues=frozenset(queue_objects),
             node_shapes=self.core.node_shapes(),
             max_replicas=self.max_replicas,
         )
@@ -126,7 +130,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             return api_pb2.SubmitResponse(results=results)
         units = {i: v.normalise_job(jobs[i]) for i in valid}
         commits: list[list[Op]] = [
-            [Create(units[i]), *(Create(p) for p in v.pods_for(units[i]))] for i in valid
+            [Create(units[i]), *(Create(p) for p in _pods_for(units[i], queue_objects))]
+            for i in valid
         ]
         # Each job is its own atomic commit; all of them travel in one round trip.
         outcomes = await self.store.commit_many(commits)
@@ -544,3 +549,10 @@ def _store_violation(prefix: str, exc: StoreError) -> api_pb2.FieldViolation:
         field = f"{prefix}.{cause.field}" if cause.field else prefix
         return v.violation(field, cause.reason)
     return v.violation(prefix, f"the store rejected it: {cause}")
+
+
+def _pods_for(job: pb.Job, queues: dict[str, pb.Queue]) -> list[pb.Pod]:
+    """The job's pods, ``preemptible`` defaulting to its queue's ``preemptible_default`` (a queue
+    that is not stored, e.g. "default" before anyone applied it, defaults to false)."""
+    queue = queues.get(job.spec.queue)
+    return v.pods_for(job, queue is not None and queue.spec.preemptible_default)

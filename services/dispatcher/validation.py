@@ -26,6 +26,7 @@ Violations = list[api_pb2.FieldViolation]
 
 _LABEL_OPS = pb.LabelSelectorRequirement
 _QOS_VALUES = frozenset(pb.QoS.values())
+_PREEMPTION_POLICIES = frozenset(pb.PreemptionPolicy.values())
 _NUMA_VALUES = frozenset(pb.NumaPolicy.values())
 _SORT_VALUES = frozenset(pb.SortPolicy.values())
 _TAINT_EFFECTS = frozenset(pb.TaintEffect.values())
@@ -146,6 +147,7 @@ def validate_job(job: pb.Job, prefix: str, ctx: SubmitContext) -> Violations:
         )
     if spec.qos not in _QOS_VALUES:
         out.append(violation(f"{s}.qos", f"unknown QoS value {spec.qos}"))
+    out += _validate_preemption(spec, s)
     queue = spec.queue or DEFAULT_QUEUE
     if queue != DEFAULT_QUEUE and queue not in ctx.queues:
         out.append(violation(f"{s}.queue", f"queue {queue!r} does not exist"))
@@ -155,11 +157,40 @@ def validate_job(job: pb.Job, prefix: str, ctx: SubmitContext) -> Violations:
     return out
 
 
+def _validate_preemption(spec: pb.JobSpec, s: str) -> Violations:
+    out: Violations = []
+    if spec.preemption_policy not in _PREEMPTION_POLICIES:
+        out.append(
+            violation(
+                f"{s}.preemption_policy", f"unknown preemption policy {spec.preemption_policy}"
+            )
+        )
+    if spec.protection_seconds < 0:
+        out.append(
+            violation(
+                f"{s}.protection_seconds",
+                f"must not be negative (got {spec.protection_seconds})",
+            )
+        )
+    if spec.HasField("backoff_limit") and spec.backoff_limit < 0:
+        out.append(
+            violation(f"{s}.backoff_limit", f"must not be negative (got {spec.backoff_limit})")
+        )
+    return out
+
+
 def validate_template(t: pb.PodTemplate, prefix: str) -> Violations:
     out = validate_requests(t.requests, f"{prefix}.requests")
     if t.duration_ms < 0:
         out.append(
             violation(f"{prefix}.duration_ms", f"must not be negative (got {t.duration_ms})")
+        )
+    if t.termination_grace_seconds < 0:
+        out.append(
+            violation(
+                f"{prefix}.termination_grace_seconds",
+                f"must not be negative (got {t.termination_grace_seconds})",
+            )
         )
     if t.numa_policy not in _NUMA_VALUES:
         out.append(violation(f"{prefix}.numa_policy", f"unknown NUMA policy {t.numa_policy}"))
@@ -325,10 +356,16 @@ def _validate_pod_term(term: pb.PodAffinityTerm, prefix: str) -> Violations:
     return out
 
 
-def pods_for(job: pb.Job) -> list[pb.Pod]:
+def pods_for(job: pb.Job, preemptible_default: bool = False) -> list[pb.Pod]:
     """The pods of a (valid) job, as services/README.md specifies: `<job>-<index>`, pending, the
-    spec copied from the job."""
+    spec copied from the job.
+
+    ``preemptible_default`` is the job's queue's ``spec.preemptible_default``: it applies when the
+    job does not say. It is resolved here, once, so a pod (and the replacements copied from it)
+    keeps what it was created with even if the queue's default changes later.
+    """
     spec = job.spec
+    preemptible = spec.preemptible if spec.HasField("preemptible") else preemptible_default
     pods = []
     for i in range(spec.replicas):
         pod = pb.Pod()
@@ -339,7 +376,9 @@ def pods_for(job: pb.Job) -> list[pb.Pod]:
         ps.index = i
         ps.priority = spec.priority
         ps.qos = spec.qos
-        ps.preemptible = spec.preemptible
+        ps.preemptible = preemptible
+        ps.preemption_policy = spec.preemption_policy
+        ps.protection_seconds = spec.protection_seconds
         ps.queue = spec.queue
         ps.template.CopyFrom(spec.template)
         pod.status.phase = pb.POD_PENDING

@@ -85,6 +85,26 @@ NUMA_POLICY_EXCLUSIVE: NumaPolicy.ValueType  # 3
 """The pod gets whole NUMA nodes to itself."""
 Global___NumaPolicy: _TypeAlias = NumaPolicy  # noqa: Y015
 
+class _PreemptionPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PreemptionPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PreemptionPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PREEMPTION_POLICY_UNSPECIFIED: _PreemptionPolicy.ValueType  # 0
+    """treated as PREEMPT_LOWER_PRIORITY"""
+    PREEMPT_LOWER_PRIORITY: _PreemptionPolicy.ValueType  # 1
+    NEVER: _PreemptionPolicy.ValueType  # 2
+
+class PreemptionPolicy(_PreemptionPolicy, metaclass=_PreemptionPolicyEnumTypeWrapper):
+    """Whether a job's pods may preempt lower-priority pods of their pool when they do not fit."""
+
+PREEMPTION_POLICY_UNSPECIFIED: PreemptionPolicy.ValueType  # 0
+"""treated as PREEMPT_LOWER_PRIORITY"""
+PREEMPT_LOWER_PRIORITY: PreemptionPolicy.ValueType  # 1
+NEVER: PreemptionPolicy.ValueType  # 2
+Global___PreemptionPolicy: _TypeAlias = PreemptionPolicy  # noqa: Y015
+
 class _JobPhase:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -747,9 +767,12 @@ class PodTemplate(_message.Message):
     COMMAND_FIELD_NUMBER: _builtins.int
     ENV_FIELD_NUMBER: _builtins.int
     DURATION_MS_FIELD_NUMBER: _builtins.int
+    TERMINATION_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     numa_policy: Global___NumaPolicy.ValueType
     duration_ms: _builtins.int
     """Hollow mode: how long the pod runs before it succeeds. 0 runs until deleted."""
+    termination_grace_seconds: _builtins.int
+    """Seconds an evicted pod gets between SIGTERM and SIGKILL (process mode). 0: the agent's default."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -781,10 +804,11 @@ class PodTemplate(_message.Message):
         command: _abc.Iterable[_builtins.str] | None = ...,
         env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         duration_ms: _builtins.int = ...,
+        termination_grace_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "requests", b"requests"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "command", b"command", "duration_ms", b"duration_ms", "env", b"env", "labels", b"labels", "node_selector", b"node_selector", "numa_policy", b"numa_policy", "ports", b"ports", "requests", b"requests", "tolerations", b"tolerations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "command", b"command", "duration_ms", b"duration_ms", "env", b"env", "labels", b"labels", "node_selector", b"node_selector", "numa_policy", b"numa_policy", "ports", b"ports", "requests", b"requests", "termination_grace_seconds", b"termination_grace_seconds", "tolerations", b"tolerations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -802,6 +826,9 @@ class JobSpec(_message.Message):
     PREEMPTIBLE_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
     REPLACE_LOST_PODS_FIELD_NUMBER: _builtins.int
+    PREEMPTION_POLICY_FIELD_NUMBER: _builtins.int
+    PROTECTION_SECONDS_FIELD_NUMBER: _builtins.int
+    BACKOFF_LIMIT_FIELD_NUMBER: _builtins.int
     replicas: _builtins.int
     min_member: _builtins.int
     """Gang semantics: at least this many pods are placed together or none. 1 behaves like a Deployment."""
@@ -810,9 +837,19 @@ class JobSpec(_message.Message):
     """Name of a Queue; empty means "default"."""
     qos: Global___QoS.ValueType
     preemptible: _builtins.bool
-    """Whether higher-priority pods of the same pool may preempt this job's pods."""
+    """Whether higher-priority pods of the same pool may preempt this job's pods. Unset: the
+    queue's preemptible_default. (Was a plain bool: objects stored before hold `true` or nothing,
+    so an old `false` now reads as unset and takes the queue default, false unless set.)
+    """
     replace_lost_pods: _builtins.bool
     """Replace pods that fail because their node was lost (online services); batch jobs leave them failed."""
+    preemption_policy: Global___PreemptionPolicy.ValueType
+    protection_seconds: _builtins.int
+    """A pod of this job cannot be a preemption victim until this long after it started."""
+    backoff_limit: _builtins.int
+    """Failure policy of batch jobs: failed pods are retried at most this many times. Unset: the job
+    controller's default.
+    """
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
     def __init__(
@@ -823,15 +860,25 @@ class JobSpec(_message.Message):
         priority: _builtins.int = ...,
         queue: _builtins.str = ...,
         qos: Global___QoS.ValueType = ...,
-        preemptible: _builtins.bool = ...,
+        preemptible: _builtins.bool | None = ...,
         template: Global___PodTemplate | None = ...,
         replace_lost_pods: _builtins.bool = ...,
+        preemption_policy: Global___PreemptionPolicy.ValueType = ...,
+        protection_seconds: _builtins.int = ...,
+        backoff_limit: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["template", b"template"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "backoff_limit", b"backoff_limit", "preemptible", b"preemptible", "template", b"template"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_member", b"min_member", "preemptible", b"preemptible", "priority", b"priority", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "backoff_limit", b"backoff_limit", "min_member", b"min_member", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "template", b"template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__backoff_limit: _TypeAlias = _typing.Literal["backoff_limit"]  # noqa: Y015
+    _WhichOneofArgType__backoff_limit: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit"]  # noqa: Y015
+    _WhichOneofReturnType__preemptible: _TypeAlias = _typing.Literal["preemptible"]  # noqa: Y015
+    _WhichOneofArgType__preemptible: _TypeAlias = _typing.Literal["_preemptible", b"_preemptible"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__backoff_limit) -> _WhichOneofReturnType__backoff_limit | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__preemptible) -> _WhichOneofReturnType__preemptible | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
 
@@ -915,6 +962,8 @@ class PodSpec(_message.Message):
     TEMPLATE_FIELD_NUMBER: _builtins.int
     NODE_NAME_FIELD_NUMBER: _builtins.int
     NUMA_NODES_FIELD_NUMBER: _builtins.int
+    PREEMPTION_POLICY_FIELD_NUMBER: _builtins.int
+    PROTECTION_SECONDS_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     """The owning job (scheduling unit) and this pod's index within it."""
     index: _builtins.int
@@ -924,6 +973,9 @@ class PodSpec(_message.Message):
     queue: _builtins.str
     node_name: _builtins.str
     """Set by the Binder when the pod is bound."""
+    preemption_policy: Global___PreemptionPolicy.ValueType
+    """Copied from the job when the pod is created."""
+    protection_seconds: _builtins.int
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
     @_builtins.property
@@ -942,10 +994,12 @@ class PodSpec(_message.Message):
         template: Global___PodTemplate | None = ...,
         node_name: _builtins.str = ...,
         numa_nodes: _abc.Iterable[_builtins.int] | None = ...,
+        preemption_policy: Global___PreemptionPolicy.ValueType = ...,
+        protection_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["template", b"template"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "job", b"job", "node_name", b"node_name", "numa_nodes", b"numa_nodes", "preemptible", b"preemptible", "priority", b"priority", "qos", b"qos", "queue", b"queue", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "job", b"job", "node_name", b"node_name", "numa_nodes", b"numa_nodes", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "template", b"template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -966,6 +1020,8 @@ class PodStatus(_message.Message):
     FINISHED_MS_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     MOVEMENT_FIELD_NUMBER: _builtins.int
+    NOMINATED_NODE_FIELD_NUMBER: _builtins.int
+    PREEMPTED_BY_FIELD_NUMBER: _builtins.int
     phase: Global___PodPhase.ValueType
     reason: _builtins.str
     message: _builtins.str
@@ -978,6 +1034,10 @@ class PodStatus(_message.Message):
     exit_code: _builtins.int
     movement: _builtins.str
     """Set when a Movement recommended this pod's placement."""
+    nominated_node: _builtins.str
+    """On a preemptor: the node where it waits for its victims to go."""
+    preempted_by: _builtins.str
+    """On a victim: the preemptor pod that claimed (then evicted) it."""
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
     def __init__(
@@ -994,10 +1054,12 @@ class PodStatus(_message.Message):
         finished_ms: _builtins.int = ...,
         exit_code: _builtins.int = ...,
         movement: _builtins.str = ...,
+        nominated_node: _builtins.str = ...,
+        preempted_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "bound_ms", b"bound_ms", "conditions", b"conditions", "exit_code", b"exit_code", "finished_ms", b"finished_ms", "message", b"message", "movement", b"movement", "phase", b"phase", "reason", b"reason", "scheduler", b"scheduler", "started_ms", b"started_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "bound_ms", b"bound_ms", "conditions", b"conditions", "exit_code", b"exit_code", "finished_ms", b"finished_ms", "message", b"message", "movement", b"movement", "nominated_node", b"nominated_node", "phase", b"phase", "preempted_by", b"preempted_by", "reason", b"reason", "scheduler", b"scheduler", "started_ms", b"started_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1196,9 +1258,12 @@ class QueueSpec(_message.Message):
     QUOTA_FIELD_NUMBER: _builtins.int
     SORT_POLICY_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    PREEMPTIBLE_DEFAULT_FIELD_NUMBER: _builtins.int
     sort_policy: Global___SortPolicy.ValueType
     weight: _builtins.int
     """Relative share for FairShare."""
+    preemptible_default: _builtins.bool
+    """Whether pods of this queue's jobs are preemptible when their job does not say."""
     @_builtins.property
     def quota(self) -> Global___Resources:
         """The most this queue's bound pods may hold in total. Unset fields mean unlimited."""
@@ -1209,10 +1274,11 @@ class QueueSpec(_message.Message):
         quota: Global___Resources | None = ...,
         sort_policy: Global___SortPolicy.ValueType = ...,
         weight: _builtins.int = ...,
+        preemptible_default: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota", "sort_policy", b"sort_policy", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["preemptible_default", b"preemptible_default", "quota", b"quota", "sort_policy", b"sort_policy", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

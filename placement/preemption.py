@@ -1,0 +1,461 @@
+"""Preemption: who may preempt, who may be a victim, the fewest victims on one node, the order of
+candidate nodes, and a quick check that skips nodes where preemption cannot help.
+
+Gödel's semantics (reference/godel-scheduler.md §3.2), as plain synchronous functions over
+integers: they run per candidate node, inside a scheduling cycle.
+
+How a caller uses it for one pod::
+
+    if not can_preempt(pod):
+        ...  # stays pending
+    totals = LowerPriorityTotals()  # long-lived: per node, rebuilt only when the node changed
+    candidates = []
+    for node in nodes_that_failed_for_resolvable_reasons:
+        if not could_fit_after_preemption(info, node, totals):
+            continue  # hopeless: no pod-by-pod search
+        possible = possible_victims(info, pods_on(node), now_ms, claimed)
+        victims = select_victims(info, node, possible, fits, budget_violations)
+        if victims is not None:
+            candidates.append(Candidate(node.name, victims))
+    best = order_candidates(candidates)[0]
+
+**Gangs** (several pods of one unit) are placed one pod after the other against the cycle's
+snapshot: once a pod's candidate is chosen, the caller removes that node's victims from the
+snapshot's NodeInfo (``Snapshot.forget``) and adds the preemptor (``Snapshot.assume``), so the
+unit's later pods see the freed and the taken capacity. It passes the victims already chosen in
+``claimed`` so no victim is taken twice, and a ``budget_violations`` that counts them with each
+node's own, so the unit as a whole keeps every budget. All-or-nothing is the caller's job: if
+fewer than ``min_member`` pods find a place, it forgets every placement of the unit (and re-adds
+the victims) and nothing is proposed.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence, Set
+from dataclasses import dataclass
+from typing import Protocol
+
+from placement.framework.interface import PodInfo
+from placement.nodeinfo import NodeInfo, PodRequest, pool_of, port_conflict, resource_fit_failures
+from protos.godel.v1 import objects_pb2 as pb
+
+# Why a pod is not a possible victim (short, for `godel explain`).
+NOT_BOUND = "not bound or running"
+OTHER_POOL = "in the other pool"
+NOT_LOWER_PRIORITY = "priority not lower than the preemptor's"
+NOT_PREEMPTIBLE = "not preemptible"
+PROTECTED = "within its protection window"
+CLAIMED = "claimed by another preemptor"
+
+# Why a node has no victim set.
+NO_ROOM = "does not fit even with every possible victim gone"
+BUDGET_BLOCKS = "a disruption budget blocks it"
+
+# Added to each victim's priority in the priority sum (Gödel's MinPrioritySum), so a negative
+# priority never makes more victims look cheaper than fewer.
+PRIORITY_SUM_OFFSET = 1 << 31
+
+FitFn = Callable[[PodInfo, NodeInfo], bool]
+# Victim pod names -> the budgets their eviction together would break ([] = none).
+BudgetFn = Callable[[Sequence[str]], list[str]]
+
+_RUNNING_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
+# A time after every real one: "protected until further notice", "started last".
+_NEVER_ENDS = (1 << 63) - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Eligibility
+# ---------------------------------------------------------------------------------------------
+
+
+def can_preempt(pod: pb.Pod) -> bool:
+    """Whether ``pod`` may evict others when it does not fit (on unless its job says Never)."""
+    return pod.spec.preemption_policy != pb.NEVER
+
+
+def protected_until_ms(pod: pb.Pod) -> int:
+    """Until when ``pod`` cannot be a victim (0: never protected).
+
+    A pod with a protection window that has not started yet (bound, its process not running) is
+    protected: its window starts when it starts, as Gödel's NewlyStartedProtectionChecker rejects
+    a victim without a start time when the window is set. Without a window it is a fair victim
+    as soon as it is bound.
+    """
+    seconds = pod.spec.protection_seconds
+    if seconds <= 0:
+        return 0
+    started = pod.status.started_ms
+    if not started:
+        return _NEVER_ENDS
+    return started + seconds * 1000
+
+
+def victim_reason(
+    preemptor: PodInfo, candidate: pb.Pod, now_ms: int, claimed: Set[str]
+) -> str | None:
+    """None if ``candidate`` may be evicted for ``preemptor``; else why not.
+
+    ``claimed``: pods other preemptors already claimed (the Binder's claims, and victims this
+    cycle already chose for other pods). A pod claimed by this very preemptor (``preempted_by``
+    its name, e.g. on a retry) stays a possible victim.
+    """
+    spec, status = candidate.spec, candidate.status
+    if status.phase not in _RUNNING_PHASES:
+        return NOT_BOUND
+    if pool_of(spec.qos) != preemptor.req.pool:
+        return OTHER_POOL
+    if spec.priority >= preemptor.priority:
+        return NOT_LOWER_PRIORITY
+    if not spec.preemptible:
+        return NOT_PREEMPTIBLE
+    if protected_until_ms(candidate) > now_ms:
+        return PROTECTED
+    by = status.preempted_by
+    if candidate.metadata.name in claimed or (by and by != preemptor.name):
+        return CLAIMED
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class VictimCandidate:
+    """A possible victim as the victim search reads it. ``name`` is ``req.name``."""
+
+    name: str
+    job: str
+    priority: int
+    started_ms: int  # 0: not started yet
+    req: PodRequest
+
+    @classmethod
+    def from_pod(cls, pod: pb.Pod) -> VictimCandidate:
+        return cls(
+            pod.metadata.name,
+            pod.spec.job,
+            pod.spec.priority,
+            pod.status.started_ms,
+            PodRequest.from_pod(pod),
+        )
+
+
+def possible_victims(
+    preemptor: PodInfo, pods: Iterable[pb.Pod], now_ms: int, claimed: Set[str]
+) -> list[VictimCandidate]:
+    """The pods of ``pods`` (one node's) that ``preemptor`` may evict."""
+    return [
+        VictimCandidate.from_pod(p)
+        for p in pods
+        if victim_reason(preemptor, p, now_ms, claimed) is None
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The fewest victims on one node
+# ---------------------------------------------------------------------------------------------
+
+
+def resources_fit(pod: PodInfo, node: NodeInfo) -> bool:
+    """The default fit judgement: the pod's pool, pod slots and host ports."""
+    return not resource_fit_failures(node, pod.req) and not port_conflict(node, pod.req)
+
+
+@dataclass(frozen=True, slots=True)
+class VictimSearch:
+    """The answer for one node: ``victims`` (most valuable first; [] = fits already), or None
+    and ``reason`` when preemption on this node cannot place the pod."""
+
+    victims: list[VictimCandidate] | None
+    reason: str = ""
+
+
+def search_victims(
+    preemptor: PodInfo,
+    node: NodeInfo,
+    candidates: Sequence[VictimCandidate],
+    fits: FitFn | None = None,
+    budget_violations: BudgetFn | None = None,
+) -> VictimSearch:
+    """The minimal victim set on ``node`` as Gödel and kube-scheduler find it, with the reason
+    when there is none. ``node`` is not changed.
+
+    ``fits`` judges whether the preemptor fits a node (e.g. the framework's filters), called on a
+    clone of ``node`` as candidates are taken off and put back. None: the default,
+    :func:`resources_fit`, computed on a few integers without a clone.
+
+    Remove every candidate; if the preemptor still does not fit, no set helps. Otherwise re-add
+    candidates from the most valuable down (higher priority first; at equal priority the
+    earlier-started, and pods not started yet last), keeping each one the preemptor still fits
+    beside: those left out are the victims, so they are the least valuable pods that make room.
+
+    Budgets (``budget_violations``): candidates whose eviction would break a disruption budget
+    are re-added first, so a set that breaks none is found whenever re-adding them leaves room
+    (kube-scheduler's violating / non-violating split). A set that still breaks a budget is no
+    answer (as Gödel's PDBChecker, and the Binder would refuse it): None with the budgets named.
+    """
+    trial: _Trial = _Room(node, preemptor.req) if fits is None else _Clone(node, preemptor, fits)
+    if trial.fits():
+        return VictimSearch([])
+    present = [c for c in candidates if trial.remove(c)]
+    if not trial.fits():
+        return VictimSearch(None, NO_ROOM)
+    order = sorted(present, key=_most_valuable_first)
+    if budget_violations is not None:
+        order = _budget_breakers_first(order, budget_violations)
+    victims: list[VictimCandidate] = []
+    for c in order:
+        if not trial.keep(c):
+            victims.append(c)
+    if budget_violations is not None and victims:
+        broken = budget_violations([v.name for v in victims])
+        if broken:
+            return VictimSearch(None, f"{BUDGET_BLOCKS}: {'; '.join(broken)}")
+    victims.sort(key=_most_valuable_first)
+    return VictimSearch(victims)
+
+
+def select_victims(
+    preemptor: PodInfo,
+    node: NodeInfo,
+    candidates: Sequence[VictimCandidate],
+    fits: FitFn | None = None,
+    budget_violations: BudgetFn | None = None,
+) -> list[VictimCandidate] | None:
+    """:func:`search_victims` without the reason: the victims ([] = fits already), or None."""
+    return search_victims(preemptor, node, candidates, fits, budget_violations).victims
+
+
+class _Trial(Protocol):
+    """The node as the victim search changes it: candidates taken off, then put back one by one
+    while the preemptor still fits."""
+
+    def fits(self) -> bool: ...
+
+    def remove(self, c: VictimCandidate) -> bool:
+        """Take ``c`` off; False if it is not on the node."""
+        ...
+
+    def keep(self, c: VictimCandidate) -> bool:
+        """Put ``c`` back if the preemptor still fits beside it; else leave it off (a victim)."""
+        ...
+
+
+class _Clone:
+    """Any fit judgement (the caller's filters) on a clone of the node."""
+
+    def __init__(self, node: NodeInfo, preemptor: PodInfo, fits: FitFn) -> None:
+        self._node = node.clone()
+        self._preemptor = preemptor
+        self._fits = fits
+
+    def fits(self) -> bool:
+        return self._fits(self._preemptor, self._node)
+
+    def remove(self, c: VictimCandidate) -> bool:
+        return self._node.remove_pod(c.req.name) is not None
+
+    def keep(self, c: VictimCandidate) -> bool:
+        self._node.add_pod(c.req)
+        if self._fits(self._preemptor, self._node):
+            return True
+        self._node.remove_pod(c.req.name)
+        return False
+
+
+class _Room:
+    """The default judgement (:func:`resources_fit`) on a few integers, without cloning the node:
+    what is free in the preemptor's pool, free pod slots, and how many of the preemptor's host
+    ports are held. It answers as ``resources_fit`` on the changed node would (the victim tables
+    run through both)."""
+
+    def __init__(self, node: NodeInfo, req: PodRequest) -> None:
+        self._req = req
+        self._pods = node.pods
+        self._taken: set[str] = set()
+        self.cpu, self.mem, self.gpu = node.free(req.pool)
+        self.slots = node.max_pods - len(node.pods)
+        self._ports = frozenset(req.host_ports)
+        self.held = len(self._ports & node.used_ports)
+
+    def fits(self) -> bool:
+        r = self._req
+        return (
+            self.slots >= 1
+            and not self.held
+            and (not r.cpu or r.cpu <= self.cpu)
+            and (not r.mem or r.mem <= self.mem)
+            and (not r.gpu or r.gpu <= self.gpu)
+        )
+
+    def remove(self, c: VictimCandidate) -> bool:
+        name = c.req.name
+        on_node = self._pods.get(name)  # what the node holds for it, as a clone would drop
+        if on_node is None or name in self._taken:
+            return False
+        self._taken.add(name)
+        self.slots += 1
+        if on_node.pool == self._req.pool:
+            self.cpu += on_node.cpu
+            self.mem += on_node.mem
+            self.gpu += on_node.gpu
+        if self._ports:
+            self.held -= len(self._ports.intersection(on_node.host_ports))
+        return True
+
+    def keep(self, c: VictimCandidate) -> bool:
+        # Called only while the preemptor fits, so only what ``c`` takes can break the fit.
+        r, need = c.req, self._req
+        if self.slots < 2 or (self._ports and not self._ports.isdisjoint(r.host_ports)):
+            return False
+        if r.pool == need.pool:
+            cpu, mem, gpu = self.cpu - r.cpu, self.mem - r.mem, self.gpu - r.gpu
+            if (
+                (need.cpu and need.cpu > cpu)
+                or (need.mem and need.mem > mem)
+                or (need.gpu and need.gpu > gpu)
+            ):
+                return False
+            self.cpu, self.mem, self.gpu = cpu, mem, gpu
+        self.slots -= 1
+        return True
+
+
+def _most_valuable_first(c: VictimCandidate) -> tuple[int, int, str]:
+    # A pod not started yet has lost no work: the least valuable of its priority.
+    return -c.priority, c.started_ms or _NEVER_ENDS, c.name
+
+
+def _budget_breakers_first(
+    order: list[VictimCandidate], budget_violations: BudgetFn
+) -> list[VictimCandidate]:
+    """``order`` (most valuable first) with the candidates whose eviction would break a budget
+    moved to the front. Taken as the search takes victims, least valuable first, a candidate
+    breaks a budget when evicting it with the non-breaking ones before it would."""
+    allowed: list[str] = []
+    breakers: list[VictimCandidate] = []
+    others: list[VictimCandidate] = []
+    for c in reversed(order):
+        if budget_violations([*allowed, c.name]):
+            breakers.append(c)
+        else:
+            allowed.append(c.name)
+            others.append(c)
+    return breakers[::-1] + others[::-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Quick check: skip hopeless nodes without looking at their pods one by one
+# ---------------------------------------------------------------------------------------------
+
+# (milli-CPU, memory bytes, GPUs, pod count)
+Totals = tuple[int, int, int, int]
+_ZERO: Totals = (0, 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _PoolTotals:
+    priorities: list[int]  # ascending, distinct
+    # below[i]: what the pods of priorities[:i] hold together; below[len(priorities)]: all.
+    below: list[Totals]
+
+    def lower_than(self, priority: int) -> Totals:
+        return self.below[bisect_left(self.priorities, priority)]
+
+
+def _pool_totals(reqs: Iterable[PodRequest]) -> _PoolTotals:
+    per: dict[int, list[int]] = {}
+    for r in reqs:
+        t = per.setdefault(r.priority, [0, 0, 0, 0])
+        t[0] += r.cpu
+        t[1] += r.mem
+        t[2] += r.gpu
+        t[3] += 1
+    priorities = sorted(per)
+    below = [_ZERO]
+    cpu = mem = gpu = count = 0
+    for p in priorities:
+        t = per[p]
+        cpu, mem, gpu, count = cpu + t[0], mem + t[1], gpu + t[2], count + t[3]
+        below.append((cpu, mem, gpu, count))
+    return _PoolTotals(priorities, below)
+
+
+class LowerPriorityTotals:
+    """Per node and pool, what the pods below each priority hold, for the quick check.
+
+    Kept beside NodeInfo, not in it: maintaining it in ``NodeInfo.add_pod``/``remove_pod`` (the
+    scheduler's hot path) nearly doubled their cost. Instead a node's totals are computed from its
+    pods when first asked and reused while the node is unchanged: the same NodeInfo object at the
+    same generation (a snapshot clone that later diverges is another object). During a preemption
+    storm most nodes do not change between pods, so the check is a lookup and a bisect.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[NodeInfo, int, dict[str, _PoolTotals]]] = {}
+
+    def lower_than(self, node: NodeInfo, pool: str, priority: int) -> Totals:
+        """What ``node``'s pods of ``pool`` with priority below ``priority`` hold together."""
+        entry = self._nodes.get(node.name)
+        if entry is None or entry[0] is not node or entry[1] != node.generation:
+            pools = {
+                p: _pool_totals(r for r in node.pods.values() if r.pool == p) for p in node.capacity
+            }
+            entry = self._nodes[node.name] = (node, node.generation, pools)
+        pool_totals = entry[2].get(pool)
+        return pool_totals.lower_than(priority) if pool_totals else _ZERO
+
+    def forget(self, node: str) -> None:
+        """Drop a node that left the cluster."""
+        self._nodes.pop(node, None)
+
+
+def could_fit_after_preemption(
+    preemptor: PodInfo, node: NodeInfo, totals: LowerPriorityTotals | None = None
+) -> bool:
+    """Whether evicting every lower-priority pod of the preemptor's pool could make room: free
+    capacity plus their requests covers the request (cpu, memory, GPUs, a pod slot).
+
+    A necessary condition only (it ignores preemptibility, protection, claims, ports and the
+    other filters): False means no victim set on this node can help, True means search it.
+    Pass a long-lived ``totals`` so an unchanged node is not summed pod by pod again.
+    """
+    req = preemptor.req
+    lower = (totals or LowerPriorityTotals()).lower_than(node, req.pool, preemptor.priority)
+    free_cpu, free_mem, free_gpu = node.free(req.pool)
+    return (
+        node.max_pods - len(node.pods) + lower[3] >= 1
+        and (not req.cpu or req.cpu <= free_cpu + lower[0])
+        and (not req.mem or req.mem <= free_mem + lower[1])
+        and (not req.gpu or req.gpu <= free_gpu + lower[2])
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidate nodes and their order
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Candidate:
+    node: str
+    victims: list[VictimCandidate]
+
+
+def order_candidates(cands: Iterable[Candidate]) -> list[Candidate]:
+    """Best first, as Gödel sorts them: a node needing no victims; then the lowest highest-victim
+    priority; the lowest priority sum; the fewest victims; the latest earliest start time among
+    the highest-priority victims (kube-scheduler's rule: the least work lost; a node whose
+    victims have a start time beats one whose have none); then the node name, so the order is
+    deterministic."""
+    return sorted(cands, key=_candidate_key)
+
+
+def _candidate_key(c: Candidate) -> tuple[int, int, int, int, int, int, str]:
+    victims = c.victims
+    if not victims:
+        return 0, 0, 0, 0, 0, 0, c.node
+    highest = max(v.priority for v in victims)
+    priority_sum = sum(v.priority + PRIORITY_SUM_OFFSET for v in victims)
+    starts = [v.started_ms for v in victims if v.priority == highest and v.started_ms]
+    no_start, latest_first = (0, -min(starts)) if starts else (1, 0)
+    return 1, highest, priority_sum, len(victims), no_start, latest_first, c.node
