@@ -14,13 +14,13 @@ The status controller keeps every budget's status current; a decision builds a
 :class:`BudgetTracker` from the budgets and charges its victims against it::
 
     tracker = BudgetTracker(budgets)
-    if not (why := tracker.violations(victims)):
-        tracker.admit(victims)
+    why = tracker.try_admit(victims)     # all or none; [] when admitted, else one line per budget
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -36,36 +36,75 @@ _ON_NODE = frozenset({pb.POD_BOUND, pb.POD_RUNNING})
 
 def selects(budget: pb.DisruptionBudget, pod: pb.Pod) -> bool:
     """Whether ``budget`` covers ``pod``: by job when ``spec.job`` is set (the selector is then
-    ignored), else when every selector requirement holds on the pod template's labels. A budget
-    with neither selects nothing (an empty selector protecting every pod would be a trap)."""
-    spec = budget.spec
-    if spec.job:
-        return pod.spec.job == spec.job
-    if not spec.selector:
-        return False
-    labels = pod.spec.template.labels
-    return all(_holds(r, labels) for r in spec.selector)
+    ignored), else when every selector requirement holds on the pod template's labels
+    (In, NotIn, Exists, DoesNotExist; Gt and Lt compare integers, as node affinity does). A
+    budget with neither selects nothing (an empty selector protecting every pod is a trap).
+    To test many pods, compile once with :class:`Selection`."""
+    return Selection(budget).matches(pod)
 
 
-def _holds(r: pb.LabelSelectorRequirement, labels: Mapping[str, str]) -> bool:
-    value = labels.get(r.key)
-    op = r.operator
-    if op == _Req.IN:
-        return value is not None and value in r.values
-    if op == _Req.NOT_IN:
-        return value is None or value not in r.values
-    if op == _Req.EXISTS:
-        return value is not None
-    if op == _Req.DOES_NOT_EXIST:
-        return value is None
-    if op in (_Req.GT, _Req.LT) and value is not None and len(r.values) == 1:
-        # As in node affinity: both sides must be integers, else the requirement fails.
+@dataclass(frozen=True, slots=True)
+class _Requirement:
+    key: str
+    op: int
+    values: frozenset[str]
+    number: int | None  # Gt / Lt: the bound; None when it does not parse (matches nothing)
+
+    def holds(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        op = self.op
+        if op == _Req.IN:
+            return value is not None and value in self.values
+        if op == _Req.NOT_IN:
+            return value is None or value not in self.values
+        if op == _Req.EXISTS:
+            return value is not None
+        if op == _Req.DOES_NOT_EXIST:
+            return value is None
+        if op in (_Req.GT, _Req.LT) and value is not None and self.number is not None:
+            try:
+                have = int(value)
+            except ValueError:
+                return False
+            return have > self.number if op == _Req.GT else have < self.number
+        return False  # unspecified or unknown operator: validation rejects it; match nothing
+
+
+def _compile(r: pb.LabelSelectorRequirement) -> _Requirement:
+    number = None
+    if r.operator in (_Req.GT, _Req.LT) and len(r.values) == 1:
         try:
-            have, bound = int(value), int(r.values[0])
+            number = int(r.values[0])
         except ValueError:
+            number = None
+    return _Requirement(r.key, int(r.operator), frozenset(r.values), number)
+
+
+class Selection:
+    """Which pods a budget selects (see :func:`selects`), compiled once from its spec so that
+    testing thousands of pods does not re-read the protobuf requirements each time."""
+
+    __slots__ = ("_job", "_requirements")
+
+    def __init__(self, budget: pb.DisruptionBudget) -> None:
+        self._job = budget.spec.job
+        self._requirements = tuple(_compile(r) for r in budget.spec.selector)
+
+    def matches(self, pod: pb.Pod) -> bool:
+        spec = pod.spec
+        return self.matches_parts(spec.job, spec.template.labels)
+
+    def matches_parts(self, job: str, labels: Mapping[str, str]) -> bool:
+        """:meth:`matches` on a pod's job and template labels, read once by a caller that
+        tests one pod against many budgets."""
+        if self._job:
+            return job == self._job
+        if not self._requirements:
             return False
-        return have > bound if op == _Req.GT else have < bound
-    return False  # unspecified or unknown operator: validation rejects it; match nothing
+        for r in self._requirements:
+            if not r.holds(labels):
+                return False
+        return True
 
 
 def healthy(pod: pb.Pod) -> bool:
@@ -90,13 +129,18 @@ def expected_pods(
     ``jobs`` (deleted, its pods going) counts as one expected pod of its own, as Kubernetes
     counts pods without a controller. ``pods`` may hold more than the selected pods.
     """
+    selection = Selection(budget)
+    return _expected(budget, [p for p in pods if selection.matches(p)], jobs)
+
+
+def _expected(
+    budget: pb.DisruptionBudget, selected: Iterable[pb.Pod], jobs: Mapping[str, pb.Job]
+) -> int:
     seen_jobs: set[str] = set()
     orphans = 0
     if budget.spec.job and budget.spec.job in jobs:
         seen_jobs.add(budget.spec.job)
-    for pod in pods:
-        if not selects(budget, pod):
-            continue
+    for pod in selected:
         if pod.spec.job in jobs:
             seen_jobs.add(pod.spec.job)
         else:
@@ -121,7 +165,14 @@ def compute_status(
 ) -> pb.DisruptionBudgetStatus:
     """The budget's status over ``pods`` (which may hold more than the selected pods) and
     ``expected`` (see :func:`expected_pods`)."""
-    current = sum(1 for p in pods if selects(budget, p) and healthy(p))
+    selection = Selection(budget)
+    return _status(budget, [p for p in pods if selection.matches(p)], expected)
+
+
+def _status(
+    budget: pb.DisruptionBudget, selected: Iterable[pb.Pod], expected: int
+) -> pb.DisruptionBudgetStatus:
+    current = sum(1 for p in selected if healthy(p))
     desired = desired_healthy(budget, expected)
     return pb.DisruptionBudgetStatus(
         current_healthy=current,
@@ -141,11 +192,22 @@ def compute_statuses(
     by_job: dict[str, list[pb.Pod]] = {}
     for pod in everyone:
         by_job.setdefault(pod.spec.job, []).append(pod)
-    out: dict[str, pb.DisruptionBudgetStatus] = {}
-    for b in budgets:
-        candidates = by_job.get(b.spec.job, []) if b.spec.job else everyone
-        out[b.metadata.name] = compute_status(b, candidates, expected_pods(b, candidates, jobs))
-    return out
+    return {
+        b.metadata.name: current_status(
+            b, by_job.get(b.spec.job, []) if b.spec.job else everyone, jobs
+        )
+        for b in budgets
+    }
+
+
+def current_status(
+    budget: pb.DisruptionBudget, pods: Iterable[pb.Pod], jobs: Mapping[str, pb.Job]
+) -> pb.DisruptionBudgetStatus:
+    """:func:`compute_status` with ``expected`` from :func:`expected_pods`, selecting the pods
+    once. ``pods`` may hold more than the selected pods."""
+    selection = Selection(budget)
+    selected = [p for p in pods if selection.matches(p)]
+    return _status(budget, selected, _expected(budget, selected, jobs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,26 +219,36 @@ class BudgetTracker:
     """How many more disruptions each budget allows, as evictions are admitted one decision or
     round at a time.
 
-    Built from budgets whose status is current (``status.disruptions_allowed`` is the starting
-    allowance; a budget whose status was never computed allows nothing, as Kubernetes blocks
-    evictions under a budget it has not yet observed). Budgets with ``spec.job`` are indexed by
-    job, so looking up a pod's budgets costs one dict lookup plus the selector budgets.
+    The starting allowance of each budget is ``statuses[name].disruptions_allowed`` when
+    ``statuses`` is given, else its stored ``status.disruptions_allowed`` (a budget whose status
+    was never computed allows nothing, as Kubernetes blocks evictions under a budget it has not
+    yet observed). A stored status lags the controller's tick: it still counts a pod evicted a
+    moment ago. Whoever decides authoritatively (the Binder) therefore passes statuses computed
+    from its own current view, ``compute_statuses(budgets, pods, jobs)``. Budgets with
+    ``spec.job`` are indexed by job, so looking up a pod's budgets costs one dict lookup plus
+    the selector budgets.
 
     A pod counts once however often it is passed (a pod admitted earlier costs nothing again);
     a pod that is not healthy costs nothing; a pod no budget selects is always allowed.
     """
 
-    def __init__(self, budgets: Iterable[pb.DisruptionBudget]) -> None:
+    def __init__(
+        self,
+        budgets: Iterable[pb.DisruptionBudget],
+        statuses: Mapping[str, pb.DisruptionBudgetStatus] | None = None,
+    ) -> None:
         self._by_job: dict[str, list[pb.DisruptionBudget]] = {}
-        self._by_selector: list[pb.DisruptionBudget] = []
+        self._by_selector: list[tuple[Selection, pb.DisruptionBudget]] = []
         self._left: dict[str, int] = {}
         self._evicted: set[str] = set()  # pods admitted so far, by name
         for b in budgets:
-            self._left[b.metadata.name] = b.status.disruptions_allowed
+            name = b.metadata.name
+            status = b.status if statuses is None else statuses.get(name, b.status)
+            self._left[name] = status.disruptions_allowed
             if b.spec.job:
                 self._by_job.setdefault(b.spec.job, []).append(b)
             elif b.spec.selector:
-                self._by_selector.append(b)
+                self._by_selector.append((Selection(b), b))
 
     def copy(self) -> BudgetTracker:
         """An independent tracker with the same allowances and admitted pods (to try a set of
@@ -194,8 +266,11 @@ class BudgetTracker:
 
     def budgets_of(self, pod: pb.Pod) -> list[pb.DisruptionBudget]:
         """The budgets that select ``pod``."""
-        out = list(self._by_job.get(pod.spec.job, ()))
-        out += [b for b in self._by_selector if selects(b, pod)]
+        spec = pod.spec
+        out = list(self._by_job.get(spec.job, ()))
+        if self._by_selector:
+            job, labels = spec.job, spec.template.labels
+            out += [b for sel, b in self._by_selector if sel.matches_parts(job, labels)]
         return out
 
     def violations(self, pods: Sequence[pb.Pod]) -> list[str]:
@@ -215,6 +290,14 @@ class BudgetTracker:
         for name, needed in self._cost(pods).items():
             self._left[name] -= needed
         self._evicted.update(p.metadata.name for p in pods if healthy(p))
+
+    def try_admit(self, pods: Sequence[pb.Pod]) -> list[str]:
+        """Admit all of ``pods`` if no budget breaks, else none of them: the violations (empty
+        when admitted). A gang's victims or a batch of moves are all-or-nothing."""
+        why = self.violations(pods)
+        if not why:
+            self.admit(pods)
+        return why
 
     def _cost(self, pods: Sequence[pb.Pod]) -> dict[str, int]:
         """Disruptions per budget that evicting ``pods`` would add."""

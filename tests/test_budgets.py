@@ -10,6 +10,7 @@ from placement.budgets import (
     BudgetTracker,
     compute_status,
     compute_statuses,
+    current_status,
     expected_pods,
     healthy,
     selects,
@@ -221,6 +222,10 @@ def test_compute_statuses_looks_at_each_budgets_pods() -> None:
         for name, s in compute_statuses(budgets, pods, JOBS).items()
     }
     assert got == {"web-pdb": (2, 2, 0, 3), "apps": (3, 1, 2, 5)}
+    for b in budgets:  # one budget at a time over every pod: the same
+        assert (
+            current_status(b, pods, JOBS) == compute_statuses(budgets, pods, JOBS)[b.metadata.name]
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,6 +304,17 @@ def test_tracker_violations(
     assert [m.split()[2] for m in messages] == violated
 
 
+def test_tracker_from_fresh_statuses_ignores_a_stale_stored_one() -> None:
+    # The stored status still allows 1, but one web pod was evicted since: none is left.
+    pods = [*healthy_web(2), pod("web-2", F)]
+    stale = budget("web-db", job="web", min_available=2, allowed=1)
+    assert BudgetTracker([stale]).violations(pods[:1]) == []
+    fresh = BudgetTracker([stale], compute_statuses([stale], pods, JOBS))
+    assert fresh.violations(pods[:1]) == [
+        "disruption budget web-db allows 0 more disruptions (1 needed)"
+    ]
+
+
 def test_tracker_copy_is_independent() -> None:
     tracker = BudgetTracker([budget("web-db", job="web", allowed=1)])
     trial = tracker.copy()
@@ -306,6 +322,17 @@ def test_tracker_copy_is_independent() -> None:
     assert (trial.remaining("web-db"), tracker.remaining("web-db")) == (0, 1)
     assert tracker.violations([pod("web-1")]) == []
     assert trial.violations([pod("web-1")]) != []
+
+
+def test_try_admit_is_all_or_nothing() -> None:
+    tracker = BudgetTracker([budget("web-db", job="web", allowed=1)])
+    gang_victims = [pod("web-0"), pod("web-1")]
+    assert tracker.try_admit(gang_victims) == [
+        "disruption budget web-db allows 1 more disruption (2 needed)"
+    ]
+    assert tracker.remaining("web-db") == 1  # nothing of the refused set was charged
+    assert tracker.try_admit(gang_victims[:1]) == []
+    assert tracker.remaining("web-db") == 0
 
 
 def test_tracker_admits_across_calls_of_one_round() -> None:

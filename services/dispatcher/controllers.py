@@ -33,7 +33,7 @@ from functools import cached_property
 import structlog
 from google.protobuf.message import Message
 
-from placement.budgets import compute_status, expected_pods
+from placement.budgets import current_status
 from protos.godel.v1 import objects_pb2 as pb
 from store import CommitError, ConflictError, NotFoundError, Store, StoreError
 from store.client import Create, Op, Release, Update
@@ -469,7 +469,7 @@ class JobStatusController:
 
 
 class BudgetStatusController:
-    """Keeps every ``DisruptionBudget.status`` current (placement.budgets.compute_status: healthy
+    """Keeps every ``DisruptionBudget.status`` current (placement.budgets.current_status: healthy
     selected pods, desired, disruptions allowed, expected pods) as pods and jobs come and go.
 
     A tick recomputes only the budgets that may have changed: a job budget when its job or one
@@ -556,7 +556,7 @@ class _BudgetView:
             jobs = self._jobs((budget.spec.job,))
         else:
             candidates, jobs = self._everyone
-        return compute_status(budget, candidates, expected_pods(budget, candidates, jobs))
+        return current_status(budget, candidates, jobs)
 
     @cached_property
     def _everyone(self) -> tuple[list[pb.Pod], dict[str, pb.Job]]:
