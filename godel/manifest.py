@@ -12,6 +12,9 @@
       template:
         requests: {cpu: 500m, memory: 1Gi, gpus: 1}   # quantities as Kubernetes writes them
 
+Fields with presence keep an explicit 0: a DisruptionBudget's ``maxUnavailable: 0`` ("never
+disrupt") and ``minAvailable: 0`` are values, written back by ``get -o yaml``.
+
 Every error names the document and the field (``job.yaml[0] spec.template.requests.cpu: ...``).
 """
 
@@ -288,7 +291,16 @@ def to_dict(obj: Message) -> dict[str, Any]:
 
 
 def to_manifest(kind: str, obj: Message) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": kind, **to_dict(obj)}
+    out = {"apiVersion": API_VERSION, "kind": kind, **to_dict(obj)}
+    if isinstance(obj, pb.DisruptionBudget):
+        # "0 disruptions allowed" is what a budget's reader looks for: print every count, zeros
+        # included (to_dict leaves zeros out, as for every other kind).
+        out["status"] = json_format.MessageToDict(
+            obj.status,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        )
+    return out
 
 
 def dump_yaml(docs: Iterable[dict[str, Any]]) -> str:

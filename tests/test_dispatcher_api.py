@@ -338,7 +338,18 @@ BAD_APPLIED: list[tuple[str, api_pb2.Object, str]] = [
     ("node taint without effect", wrap("Node", pb.Node(metadata=pb.ObjectMeta(name="n"),
      spec=pb.NodeSpec(taints=[pb.Taint(key="k")]))), "objects[0].node.spec.taints[0].effect"),
     ("budget selects nothing", wrap("DisruptionBudget", pb.DisruptionBudget(
-        metadata=pb.ObjectMeta(name="b"))), "objects[0].disruption_budget.spec"),
+        metadata=pb.ObjectMeta(name="b"), spec=pb.DisruptionBudgetSpec(max_unavailable=0))),
+     "objects[0].disruption_budget.spec"),
+    ("budget without min or max", wrap("DisruptionBudget", pb.DisruptionBudget(
+        metadata=pb.ObjectMeta(name="b"), spec=pb.DisruptionBudgetSpec(job="j"))),
+     "objects[0].disruption_budget.spec.max_unavailable"),
+    ("budget with min and max", wrap("DisruptionBudget", pb.DisruptionBudget(
+        metadata=pb.ObjectMeta(name="b"),
+        spec=pb.DisruptionBudgetSpec(job="j", min_available=0, max_unavailable=0))),
+     "objects[0].disruption_budget.spec.min_available"),
+    ("budget with negative min", wrap("DisruptionBudget", pb.DisruptionBudget(
+        metadata=pb.ObjectMeta(name="b"), spec=pb.DisruptionBudgetSpec(job="j", min_available=-1))),
+     "objects[0].disruption_budget.spec.min_available"),
     ("jobs are submitted", wrap("Job", f.job("j")), "objects[0].job"),
     ("empty object", api_pb2.Object(), "objects[0]"),
 ]  # fmt: skip
@@ -354,6 +365,20 @@ async def test_apply_rejects_bad_objects(
     assert response.results[0].action == "invalid"
     assert [v.field for v in response.results[0].violations] == [field]
     assert await store.revision() == 0
+
+
+async def test_apply_budget_with_zero_keeps_the_zero(dispatcher: Running, store: Store) -> None:
+    never = pb.DisruptionBudget(
+        metadata=pb.ObjectMeta(name="web"), spec=pb.DisruptionBudgetSpec(job="web")
+    )
+    never.spec.max_unavailable = 0  # "never disrupt": a value, not unset
+    response = await dispatcher.api.Apply(
+        api_pb2.ApplyRequest(objects=[wrap("DisruptionBudget", never)])
+    )
+    assert [r.action for r in response.results] == ["created"]
+    stored = await store.get(pb.DisruptionBudget, "web")
+    assert stored.spec.HasField("max_unavailable") and stored.spec.max_unavailable == 0
+    assert not stored.spec.HasField("min_available")
 
 
 async def test_apply_cas_conflict_is_aborted_and_dry_run_writes_nothing(

@@ -1,5 +1,6 @@
 """The dispatcher's controllers: node lifecycle (lapsed heartbeats → NotReady, pods NodeLost,
-replacements) and job status (counts and phase, table-driven). Real store, real node agent."""
+replacements), job status (counts and phase, table-driven), queue status and disruption budget
+status. Real store, real node agent."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers import (
+    BudgetStatusController,
     JobStatusController,
     NodeLifecycleController,
     QueueStatusController,
@@ -26,7 +28,7 @@ from store.informer import Informer
 from tests import factories as f
 from tests.test_nodeagent import agent_config, eventually, phases
 
-KINDS = ["Job", "Pod", "Node", "Queue"]
+KINDS = ["Job", "Pod", "Node", "Queue", "DisruptionBudget"]
 
 B, R, S, F, P = pb.POD_BOUND, pb.POD_RUNNING, pb.POD_SUCCEEDED, pb.POD_FAILED, pb.POD_PENDING
 LOST = (F, "NodeLost")
@@ -344,3 +346,95 @@ async def test_job_status_controller(store: Store, informer: Informer) -> None:
     writes = ctl.writes
     await ctl.tick()
     assert ctl.writes == writes
+
+
+def _budget(
+    name: str,
+    *,
+    job: str = "",
+    app: str = "",
+    min_available: int | None = None,
+    max_unavailable: int | None = None,
+) -> pb.DisruptionBudget:
+    b = pb.DisruptionBudget(metadata=pb.ObjectMeta(name=name))
+    b.spec.job = job
+    if app:
+        b.spec.selector.add(key="app", operator=pb.LabelSelectorRequirement.IN, values=[app])
+    if min_available is not None:
+        b.spec.min_available = min_available
+    if max_unavailable is not None:
+        b.spec.max_unavailable = max_unavailable
+    return b
+
+
+async def _budget_counts(store: Store, name: str) -> tuple[int, int, int, int]:
+    s = (await store.get(pb.DisruptionBudget, name)).status
+    return s.current_healthy, s.desired_healthy, s.disruptions_allowed, s.expected_pods
+
+
+async def test_budget_status_controller(store: Store, informer: Informer) -> None:
+    await store.create(f.node("n1"))
+    web = f.job("web", replicas=3)
+    web.spec.template.labels["app"] = "web"
+    web_pods = f.pods_of(web)
+    await store.create_unit(web, web_pods)
+    other = f.job("other", replicas=2)
+    await store.create_unit(other, f.pods_of(other))
+    await store.create(_budget("web-min2", job="web", min_available=2))
+    await store.create(_budget("web-never", app="web", max_unavailable=0))
+    await store.create(_budget("other-any", job="other", min_available=0))
+    ctl = BudgetStatusController(store, informer)
+    await caught_up(store, informer)
+    await ctl.tick()
+    # Nothing placed yet: nothing healthy, nothing to disrupt.
+    assert await _budget_counts(store, "web-min2") == (0, 2, 0, 3)
+    assert await _budget_counts(store, "web-never") == (0, 3, 0, 3)
+
+    # The web pods bind: min 2 of 3 allows one disruption; max-unavailable 0 allows none.
+    await bind(store, web_pods, "n1", await binder_fence(store))
+    await caught_up(store, informer)
+    writes = ctl.writes
+    await ctl.tick()
+    assert ctl.writes == writes + 1  # both changed budgets in one update_many
+    assert await _budget_counts(store, "web-min2") == (3, 2, 1, 3)
+    assert await _budget_counts(store, "web-never") == (3, 3, 0, 3)
+
+    # One web pod fails: no disruption left under either budget.
+    web_pods[0].status.phase = pb.POD_FAILED
+    await store.update(web_pods[0])
+    await caught_up(store, informer)
+    await ctl.tick()
+    assert await _budget_counts(store, "web-min2") == (2, 2, 0, 3)
+    assert await _budget_counts(store, "web-never") == (2, 3, 0, 3)
+
+    # A new spec is applied (the status is kept until the next tick recomputes it).
+    relaxed = await store.get(pb.DisruptionBudget, "web-min2")
+    relaxed.spec.min_available = 0
+    await store.update(relaxed)
+    await caught_up(store, informer)
+    await ctl.tick()
+    assert await _budget_counts(store, "web-min2") == (2, 0, 2, 3)
+
+    # A spec written after this view was taken: the status write conflicts and is dropped (the
+    # user's spec survives), and the next tick computes from the new spec.
+    web_pods[1].status.phase = pb.POD_FAILED
+    await store.update(web_pods[1])
+    await caught_up(store, informer)
+    tightened = await store.get(pb.DisruptionBudget, "web-min2")
+    tightened.spec.min_available = 1
+    await store.update(tightened)  # not yet in the informer when the tick computes
+    await ctl.tick()
+    assert (await store.get(pb.DisruptionBudget, "web-min2")).spec.min_available == 1
+    await caught_up(store, informer)
+    await ctl.tick()
+    assert await _budget_counts(store, "web-min2") == (1, 1, 0, 3)
+
+    # Quiet: the ticks after the last write recompute nothing and write nothing.
+    await caught_up(store, informer)
+    await ctl.tick()
+    writes = ctl.writes
+    await ctl.tick()
+    assert ctl.writes == writes
+    assert (await store.get(pb.DisruptionBudget, "other-any")).status == pb.DisruptionBudgetStatus(
+        expected_pods=2
+    )

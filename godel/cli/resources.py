@@ -22,6 +22,7 @@ from godel.cli.reschedule import ReschedulerOption, get_policies
 from godel.client import ClientError, GodelClient
 from godel.client import logs as pod_logs
 from godel.manifest import ManifestError, dump_yaml, load, to_manifest
+from placement.budgets import selects
 from protos.godel.v1 import objects_pb2 as pb
 
 ServerOption = Annotated[
@@ -127,6 +128,32 @@ def _enum(value: int, enum: Any, prefix: str) -> str:
     return str(enum.Name(value)).removeprefix(prefix).replace("_", "-").lower()
 
 
+def _optional(msg: Message, field: str) -> object:
+    """A field with presence: its value (0 included), or ``<none>`` when unset (as kubectl)."""
+    return getattr(msg, field) if msg.HasField(field) else "<none>"
+
+
+# kubectl's spelling of selector requirements: `app in (a,b)`, `!zone`, `tier>2`.
+_SELECTOR_FORMATS = {
+    pb.LabelSelectorRequirement.IN: "{key} in ({values})",
+    pb.LabelSelectorRequirement.NOT_IN: "{key} notin ({values})",
+    pb.LabelSelectorRequirement.EXISTS: "{key}",
+    pb.LabelSelectorRequirement.DOES_NOT_EXIST: "!{key}",
+    pb.LabelSelectorRequirement.GT: "{key}>{values}",
+    pb.LabelSelectorRequirement.LT: "{key}<{values}",
+}
+
+
+def _budget_selects(budget: pb.DisruptionBudget) -> str:
+    """What a budget selects: ``job=web`` or its label selector."""
+    if budget.spec.job:
+        return f"job={budget.spec.job}"
+    return ",".join(
+        _SELECTOR_FORMATS.get(r.operator, "{key} ?").format(key=r.key, values=",".join(r.values))
+        for r in budget.spec.selector
+    )
+
+
 # Columns per kind: (header, getter, wide-only).
 Column = tuple[str, Callable[[Any], object], bool]
 COLUMNS: dict[str, list[Column]] = {
@@ -192,6 +219,18 @@ COLUMNS: dict[str, list[Column]] = {
             False,
         ),
         ("PENDING", lambda o: o.status.pending_pods, True),
+        ("AGE", _age, False),
+    ],
+    # As `kubectl get pdb`, plus what it selects and its counts in wide.
+    "DisruptionBudget": [
+        ("NAME", lambda o: o.metadata.name, False),
+        ("MIN-AVAILABLE", lambda o: _optional(o.spec, "min_available"), False),
+        ("MAX-UNAVAILABLE", lambda o: _optional(o.spec, "max_unavailable"), False),
+        ("ALLOWED-DISRUPTIONS", lambda o: o.status.disruptions_allowed, False),
+        ("SELECTOR", _budget_selects, True),
+        ("HEALTHY", lambda o: o.status.current_healthy, True),
+        ("DESIRED", lambda o: o.status.desired_healthy, True),
+        ("EXPECTED", lambda o: o.status.expected_pods, True),
         ("AGE", _age, False),
     ],
 }
@@ -324,6 +363,21 @@ def describe(
             pods = _guard(lambda: client.list("Pod", job=name))
             typer.echo("pods:")
             _print("Pod", pods, "table")
+        elif kind == "DisruptionBudget":
+            assert isinstance(obj, pb.DisruptionBudget)
+            pods = _guard(lambda: client.list("Pod", job=obj.spec.job))  # every pod if no job
+            _describe_budget(obj, [p for p in pods if isinstance(p, pb.Pod) and selects(obj, p)])
+
+
+def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> None:
+    s = budget.status
+    allowed = f"{s.disruptions_allowed} disruption{'' if s.disruptions_allowed == 1 else 's'}"
+    typer.echo(
+        f"budget: {allowed} allowed now ({s.current_healthy} healthy, "
+        f"{s.desired_healthy} desired, {s.expected_pods} expected)"
+    )
+    typer.echo("pods:")
+    _print("Pod", pods, "table")
 
 
 def delete(

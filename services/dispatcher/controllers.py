@@ -1,10 +1,13 @@
-"""Controllers the dispatcher runs beside its queues: node lifecycle, job status, queue status.
+"""Controllers the dispatcher runs beside its queues: node lifecycle, job status, queue status,
+disruption budget status.
 
-All are plain classes over the dispatcher's informer (kinds Job, Pod, Node, Queue) and store::
+All are plain classes over the dispatcher's informer (kinds Job, Pod, Node, Queue,
+DisruptionBudget) and store::
 
     lifecycle = NodeLifecycleController(store, informer, grace_seconds=10.0, interval_seconds=1.0)
     job_status = JobStatusController(store, informer, interval_seconds=1.0)
     queue_status = QueueStatusController(store, informer, core.queue_statuses)
+    budget_status = BudgetStatusController(store, informer, interval_seconds=1.0)
     service.spawn(lifecycle.run(), name="node-lifecycle")
     service.spawn(job_status.run(), name="job-status")
 
@@ -18,17 +21,19 @@ Who writes what (services/README.md): the node agent writes heartbeats and pod p
 lifecycle controller writes ``ready = False`` for lapsed nodes, fails their pods (``NodeLost``)
 and creates replacements; the job status controller writes ``Job.status`` counts and phase and
 never ``status.ever_scheduled`` (the Binder's); the queue status controller writes only
-``Queue.status``.
+``Queue.status``; the budget status controller writes only ``DisruptionBudget.status``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
+from functools import cached_property
 
 import structlog
 from google.protobuf.message import Message
 
+from placement.budgets import current_status
 from protos.godel.v1 import objects_pb2 as pb
 from store import CommitError, ConflictError, NotFoundError, Store, StoreError
 from store.client import Create, Op, Release, Update
@@ -456,3 +461,112 @@ class JobStatusController:
             elif isinstance(result, StoreError):
                 log.error("job status write failed", job=job.metadata.name, error=str(result))
         return conflicts
+
+
+# ---------------------------------------------------------------------------------------------
+# Disruption budget status
+# ---------------------------------------------------------------------------------------------
+
+
+class BudgetStatusController:
+    """Keeps every ``DisruptionBudget.status`` current (placement.budgets.current_status: healthy
+    selected pods, desired, disruptions allowed, expected pods) as pods and jobs come and go.
+
+    A tick recomputes only the budgets that may have changed: a job budget when its job or one
+    of its pods changed, a selector budget when any pod or job changed (it may select any), and
+    a budget whose own object changed (a new spec). The changed statuses are written with one
+    ``update_many``, compare-and-set on the cached version: a conflict means the budget was
+    written meanwhile (a user applied a new spec), and the watch brings that version as an
+    update, which marks the budget for the next tick. Only status is changed.
+    """
+
+    def __init__(self, store: Store, informer: Informer, *, interval_seconds: float = 1.0) -> None:
+        self._store = store
+        self._informer = informer
+        self.interval = interval_seconds
+        self.pods = PodIndex(informer)
+        self._changed_budgets: set[str] = set()
+        informer.add_handlers(
+            Handlers(
+                on_add=self._on_budget,
+                on_update=lambda kind, _old, obj: self._on_budget(kind, obj),
+            )
+        )
+        self.writes = 0  # update_many round trips, for tests and metrics
+
+    def _on_budget(self, kind: str, obj: Message) -> None:
+        if isinstance(obj, pb.DisruptionBudget):
+            self._changed_budgets.add(obj.metadata.name)
+
+    async def run(self) -> None:
+        await _tick_forever("budget status", self._informer, self.tick, self.interval)
+
+    async def tick(self) -> None:
+        changed_jobs, self.pods.changed_jobs = self.pods.changed_jobs, set()
+        changed_budgets, self._changed_budgets = self._changed_budgets, set()
+        updates: list[pb.DisruptionBudget] = []
+        view = _BudgetView(self.pods, self._informer)
+        for obj in self._informer.list("DisruptionBudget"):
+            assert isinstance(obj, pb.DisruptionBudget)
+            job = obj.spec.job
+            affected = job in changed_jobs if job else bool(changed_jobs)
+            if not affected and obj.metadata.name not in changed_budgets:
+                continue
+            status = view.status_of(obj)
+            if status == obj.status:
+                continue
+            new = pb.DisruptionBudget()
+            new.CopyFrom(obj)
+            new.status.CopyFrom(status)
+            updates.append(new)
+        if not updates:
+            return
+        self.writes += 1
+        try:
+            results = await self._store.update_many(updates)
+        except StoreError:
+            self._changed_budgets.update(b.metadata.name for b in updates)  # next tick
+            raise
+        for budget, result in zip(updates, results, strict=True):
+            if isinstance(result, ConflictError | NotFoundError | CommitError):
+                continue  # rewritten or deleted meanwhile: the watch brings what to do
+            if isinstance(result, StoreError):
+                self._changed_budgets.add(budget.metadata.name)
+                log.error(
+                    "budget status write failed", budget=budget.metadata.name, error=str(result)
+                )
+
+    def status_of(self, budget: pb.DisruptionBudget) -> pb.DisruptionBudgetStatus:
+        """The budget's status from this informer's view."""
+        return _BudgetView(self.pods, self._informer).status_of(budget)
+
+
+class _BudgetView:
+    """One tick's view of pods and jobs to compute budget statuses from. Every selector budget
+    looks at every pod, so all pods and their jobs are gathered once per tick, and only if a
+    selector budget needs them."""
+
+    def __init__(self, pods: PodIndex, informer: Informer) -> None:
+        self._pods = pods
+        self._informer = informer
+
+    def status_of(self, budget: pb.DisruptionBudget) -> pb.DisruptionBudgetStatus:
+        if budget.spec.job:
+            candidates = list(self._pods.by_job.get(budget.spec.job, {}).values())
+            jobs = self._jobs((budget.spec.job,))
+        else:
+            candidates, jobs = self._everyone
+        return current_status(budget, candidates, jobs)
+
+    @cached_property
+    def _everyone(self) -> tuple[list[pb.Pod], dict[str, pb.Job]]:
+        pods = [p for by_name in self._pods.by_job.values() for p in by_name.values()]
+        return pods, self._jobs(self._pods.by_job.keys())
+
+    def _jobs(self, names: Iterable[str]) -> dict[str, pb.Job]:
+        out: dict[str, pb.Job] = {}
+        for name in names:
+            job = self._informer.get("Job", name)
+            if isinstance(job, pb.Job):
+                out[name] = job
+        return out

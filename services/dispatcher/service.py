@@ -1,8 +1,8 @@
 """The dispatcher: the public entry point (submissions, logical queues, dispatch to shards).
 
-``on_start`` syncs one informer (pods, jobs, nodes, queues, scheduler instances) before anything
-is served, so the pending units are rebuilt from the store before the first dispatch round and
-no pod is lost across a restart.
+``on_start`` syncs one informer (pods, jobs, nodes, queues, scheduler instances, disruption
+budgets) before anything is served, so the pending units are rebuilt from the store before the
+first dispatch round and no pod is lost across a restart.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import structlog
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from services.dispatcher.api import DispatcherServicer
 from services.dispatcher.controllers import (
+    BudgetStatusController,
     JobStatusController,
     NodeLifecycleController,
     QueueStatusController,
@@ -25,6 +26,10 @@ from services.runtime.config import option
 from store.informer import Informer
 
 log = structlog.get_logger(__name__)
+
+# What the dispatcher's one informer caches: the dispatch core's kinds, and the budgets whose
+# status the budget status controller keeps.
+INFORMER_KINDS = (*UnitDispatcher.KINDS, "DisruptionBudget")
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,10 @@ class DispatcherConfig(ServiceConfig):
     )
     controller_interval_seconds: float = field(
         default=1.0,
-        metadata=option("how often node lifecycle and job status are reconciled", minimum=0.01),
+        metadata=option(
+            "how often node lifecycle and job, queue and budget status are reconciled",
+            minimum=0.01,
+        ),
     )
     informer_sync_seconds: float = field(
         default=60.0, metadata=option("how long startup waits for the store's listing", minimum=1)
@@ -77,7 +85,7 @@ class DispatcherService(Service[DispatcherConfig]):
     def add_servicers(self, server: grpc.aio.Server) -> None:
         cfg = self.config
         # Built here (the servicer needs it) and fed in on_start, once the informer starts.
-        self.informer = Informer(self.store, UnitDispatcher.KINDS)
+        self.informer = Informer(self.store, INFORMER_KINDS)
         self.core = UnitDispatcher(
             self.store,
             self.informer,
@@ -116,9 +124,13 @@ class DispatcherService(Service[DispatcherConfig]):
             self.core.queue_statuses,
             interval_seconds=cfg.controller_interval_seconds,
         )
+        budget_status = BudgetStatusController(
+            self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
+        )
         self.spawn(lifecycle.run(), name="node-lifecycle")
         self.spawn(job_status.run(), name="job-status")
         self.spawn(queue_status.run(), name="queue-status")
+        self.spawn(budget_status.run(), name="budget-status")
 
     async def on_stop(self) -> None:
         await self.core.close()

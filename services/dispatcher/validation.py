@@ -443,12 +443,34 @@ def validate_node(n: pb.Node, prefix: str) -> Violations:
 def validate_budget(b: pb.DisruptionBudget, prefix: str) -> Violations:
     out = validate_label_name(b.metadata.name, f"{prefix}.metadata.name")
     s = b.spec
-    if s.max_unavailable < 0:
-        out.append(violation(f"{prefix}.spec.max_unavailable", "must not be negative"))
-    if s.min_available < 0:
-        out.append(violation(f"{prefix}.spec.min_available", "must not be negative"))
-    if s.max_unavailable and s.min_available:
-        out.append(violation(f"{prefix}.spec", "set at most one of max_unavailable, min_available"))
+    has_max, has_min = s.HasField("max_unavailable"), s.HasField("min_available")
+    if has_max and s.max_unavailable < 0:
+        out.append(
+            violation(
+                f"{prefix}.spec.max_unavailable", f"must not be negative (got {s.max_unavailable})"
+            )
+        )
+    if has_min and s.min_available < 0:
+        out.append(
+            violation(
+                f"{prefix}.spec.min_available", f"must not be negative (got {s.min_available})"
+            )
+        )
+    if has_max and has_min:
+        out.append(
+            violation(
+                f"{prefix}.spec.min_available",
+                "set exactly one of min_available and max_unavailable, not both",
+            )
+        )
+    elif not has_max and not has_min:
+        out.append(
+            violation(
+                f"{prefix}.spec.max_unavailable",
+                "set exactly one of min_available and max_unavailable (0 is a value: "
+                "max_unavailable: 0 never allows a disruption)",
+            )
+        )
     if not s.job and not s.selector:
         out.append(violation(f"{prefix}.spec", "set job or selector: a budget must select pods"))
     out += validate_requirements(s.selector, f"{prefix}.spec.selector")

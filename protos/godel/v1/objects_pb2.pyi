@@ -1349,9 +1349,13 @@ class DisruptionBudgetSpec(_message.Message):
     job: _builtins.str
     """Pods of this job are protected. Empty: use the label selector."""
     max_unavailable: _builtins.int
-    """At most this many matching pods may be unavailable at once (0 = unset)."""
+    """Exactly one of the two is set. `optional` gives them presence, so 0 ("never disrupt" /
+    "none need stay") can be written; an object stored before they were optional and holding
+    0 reads as unset, which is what 0 meant then.
+    At most this many of the expected pods may be unavailable at once.
+    """
     min_available: _builtins.int
-    """At least this many matching pods must stay available (0 = unset)."""
+    """At least this many selected pods must stay healthy."""
     @_builtins.property
     def selector(self) -> _containers.RepeatedCompositeFieldContainer[Global___LabelSelectorRequirement]: ...
     def __init__(
@@ -1359,14 +1363,21 @@ class DisruptionBudgetSpec(_message.Message):
         *,
         job: _builtins.str = ...,
         selector: _abc.Iterable[Global___LabelSelectorRequirement] | None = ...,
-        max_unavailable: _builtins.int = ...,
-        min_available: _builtins.int = ...,
+        max_unavailable: _builtins.int | None = ...,
+        min_available: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_unavailable", b"_max_unavailable", "_min_available", b"_min_available", "max_unavailable", b"max_unavailable", "min_available", b"min_available"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "max_unavailable", b"max_unavailable", "min_available", b"min_available", "selector", b"selector"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_unavailable", b"_max_unavailable", "_min_available", b"_min_available", "job", b"job", "max_unavailable", b"max_unavailable", "min_available", b"min_available", "selector", b"selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_unavailable: _TypeAlias = _typing.Literal["max_unavailable"]  # noqa: Y015
+    _WhichOneofArgType__max_unavailable: _TypeAlias = _typing.Literal["_max_unavailable", b"_max_unavailable"]  # noqa: Y015
+    _WhichOneofReturnType__min_available: _TypeAlias = _typing.Literal["min_available"]  # noqa: Y015
+    _WhichOneofArgType__min_available: _TypeAlias = _typing.Literal["_min_available", b"_min_available"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_unavailable) -> _WhichOneofReturnType__max_unavailable | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_available) -> _WhichOneofReturnType__min_available | None: ...
 
 Global___DisruptionBudgetSpec: _TypeAlias = DisruptionBudgetSpec  # noqa: Y015
 
@@ -1377,19 +1388,26 @@ class DisruptionBudgetStatus(_message.Message):
     CURRENT_HEALTHY_FIELD_NUMBER: _builtins.int
     DESIRED_HEALTHY_FIELD_NUMBER: _builtins.int
     DISRUPTIONS_ALLOWED_FIELD_NUMBER: _builtins.int
+    EXPECTED_PODS_FIELD_NUMBER: _builtins.int
     current_healthy: _builtins.int
+    """Selected pods that are bound or running and not being deleted."""
     desired_healthy: _builtins.int
+    """min_available, or expected_pods - max_unavailable (at least 0)."""
     disruptions_allowed: _builtins.int
+    """max(0, current_healthy - desired_healthy): how many more may be evicted now."""
+    expected_pods: _builtins.int
+    """Replicas the selected jobs want."""
     def __init__(
         self,
         *,
         current_healthy: _builtins.int = ...,
         desired_healthy: _builtins.int = ...,
         disruptions_allowed: _builtins.int = ...,
+        expected_pods: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_healthy", b"current_healthy", "desired_healthy", b"desired_healthy", "disruptions_allowed", b"disruptions_allowed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_healthy", b"current_healthy", "desired_healthy", b"desired_healthy", "disruptions_allowed", b"disruptions_allowed", "expected_pods", b"expected_pods"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
