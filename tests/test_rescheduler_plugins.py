@@ -35,6 +35,7 @@ from services.rescheduler.plugins import (
     new_plugin_registry,
     topologyspread,
 )
+from services.rescheduler.plugins.targets import RankedNodes, RoomCache, utilisation_ceiling
 from tests.factories import GiB, node
 
 FRAMEWORK = Framework(Profile(), new_in_tree_registry())
@@ -220,6 +221,21 @@ BINPACKING_CASES = [
     ),
     pytest.param(GPU_FRAGMENTED, id="gpu-one-pod-moves-and-a-whole-node-comes-free"),
     pytest.param(ONE_POD_VETOED, id="a-vetoed-pod-keeps-its-whole-node-in-place"),
+    pytest.param(
+        Case(
+            [mknode("a-small", gpus=8), mknode("b-big", gpus=16), mknode("src", gpus=8)],
+            [
+                mkpod("s", "a-small", gpus=7),
+                mkpod("b", "b-big", gpus=14),
+                mkpod("pair", "src", gpus=2),
+            ],
+            GPU_PACKING,
+            detected=["src"],
+            # Both targets are 87.5 % used; only the 16-GPU node has 2 GPUs left.
+            moves=[("pair", "src", "b-big")],
+        ),
+        id="gpu-mixed-node-sizes-the-fullest-node-with-room-is-found",
+    ),
     pytest.param(
         Case(
             [mknode("n1"), mknode("tainted", taint="gpu-only"), mknode("n2")],
@@ -634,6 +650,63 @@ def test_registry_builds_each_plugin_as_detector_and_algorithm(name: str) -> Non
         True,
         True,
     )
+
+
+# -- target search helpers --------------------------------------------------------------------
+
+
+def test_ranked_nodes_rerank_one_node_keeps_the_order() -> None:
+    values = {"a": 0.5, "b": 0.2, "c": 0.9}
+    ranked = RankedNodes(values.__getitem__, values, descending=True)
+    values["b"] = 0.95
+    ranked.rank("b")
+    ranked.discard("c")
+    assert list(ranked.items()) == [(0.95, "b"), (0.5, "a")]
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "expected"),
+    [
+        pytest.param(1.0, ["c", "d", "a", "b"], id="all"),
+        pytest.param(0.75, ["a", "b"], id="ties-at-the-ceiling-included"),
+        pytest.param(0.1, [], id="none"),
+    ],
+)
+def test_ranked_nodes_items_below_ceiling(ceiling: float, expected: list[str]) -> None:
+    values = {"a": 0.75, "b": 0.5, "c": 1.0, "d": 0.875}
+    ranked = RankedNodes(values.__getitem__, values, descending=True)
+    assert [name for _, name in ranked.items_below(ceiling)] == expected
+
+
+@pytest.mark.parametrize(
+    ("freed", "expected"),
+    [
+        pytest.param(False, False, id="no-room-is-remembered"),
+        pytest.param(True, True, id="forgotten-once-the-node-loses-a-pod"),
+    ],
+)
+def test_room_cache(freed: bool, expected: bool) -> None:
+    view = build_view([mknode("n")], [mkpod("big", "n", cpu=9_000)])
+    pod = PodRequest("p", "g", 2_000, 0, 0)
+    room = RoomCache()
+    room.has_room(view.nodes["n"], pod)
+    view.nodes["n"].remove_pod("big")
+    if freed:
+        room.freed("n")
+    assert ("n" not in room.lacking(pod)) is expected
+
+
+@pytest.mark.parametrize(
+    ("req", "expected"),
+    [
+        pytest.param(PodRequest("p", "g", 0, 0, 2), 1 - 2 / 16, id="gpu-share-of-largest-node"),
+        pytest.param(PodRequest("p", "g", 1_000, 0, 0), None, id="no-weighted-resource"),
+        pytest.param(PodRequest("p", "be", 0, 0, 2), None, id="other-pool"),
+    ],
+)
+def test_utilisation_ceiling(req: PodRequest, expected: float | None) -> None:
+    ceiling = utilisation_ceiling(req, {"gpu": 1}, "g", [10_000, 10, 16])
+    assert ceiling == (None if expected is None else pytest.approx(expected))
 
 
 # -- metrics ----------------------------------------------------------------------------------

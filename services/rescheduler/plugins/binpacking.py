@@ -16,9 +16,8 @@ received pods in this call is not drained later in it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import takewhile
 from typing import ClassVar
 
 from placement.framework import PluginSpec
@@ -40,10 +39,10 @@ from services.rescheduler.plugins.args import (
 from services.rescheduler.plugins.targets import (
     RankedNodes,
     RoomCache,
-    adds_utilisation,
     drain,
     first_target,
     pod_share,
+    utilisation_ceiling,
 )
 
 NAME = "BinPacking"
@@ -97,8 +96,12 @@ class _Packing:
         self.room = RoomCache()
         self.received: set[str] = set()
         self.draining = ""
-        used = (n.name for n in view.scoped_nodes() if self._utilisation(n.name) > 0)
+        scoped = view.scoped_nodes()
+        used = (n.name for n in scoped if self._utilisation(n.name) > 0)
         self.targets = RankedNodes(self._utilisation, used, descending=True)
+        self.largest = [
+            max((n.capacity[self.pool][i] for n in scoped), default=0) for i in range(3)
+        ]
 
     def _utilisation(self, name: str) -> float:
         return utilisation(self.view.nodes[name], self.weights, self.pool)
@@ -131,13 +134,10 @@ class _Packing:
 
     def _target_for(self, pod: RunningPod) -> str | None:
         floor = self._utilisation(pod.node)  # the source's, less the pods that already left
-        # A node whose weighted resources are all used up cannot take a pod that needs one.
-        if adds_utilisation(pod.info.req, self.weights, self.pool):
-            ranked = self.targets.items_past(1.0)
-        else:
-            ranked = self.targets.items()
-        fuller = (name for _, name in takewhile(lambda item: item[0] >= floor, ranked))
-        return first_target(self.view, pod, fuller, self.room, self.veto)
+        # Skip, by bisection, the nodes too full to take the pod whatever their shape.
+        ceiling = utilisation_ceiling(pod.info.req, self.weights, self.pool, self.largest)
+        ranked = self.targets.items() if ceiling is None else self.targets.items_below(ceiling)
+        return first_target(self.view, pod, _at_least(floor, ranked), self.room, self.veto)
 
     def _moved(self, move: Move) -> None:
         self.room.freed(move.source)
@@ -149,6 +149,14 @@ class _Packing:
             self.targets.rank(name)
         else:
             self.targets.discard(name)
+
+
+def _at_least(floor: float, ranked: Iterator[tuple[float, str]]) -> Iterator[str]:
+    """The names of a descending ranking down to utilisation ``floor``."""
+    for used, name in ranked:
+        if used < floor:
+            return
+        yield name
 
 
 def new(args: Args) -> BinPacking:

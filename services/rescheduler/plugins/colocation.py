@@ -61,6 +61,10 @@ def _pods_of_pool(node: NodeInfo, pool: str) -> list[str]:
     return sorted(name for name, req in node.pods.items() if req.pool == pool)
 
 
+def _runs(node: NodeInfo, pool: str) -> bool:
+    return any(req.pool == pool for req in node.pods.values())
+
+
 class CoLocation:
     NAME: ClassVar[str] = NAME
 
@@ -131,13 +135,14 @@ class CoLocation:
                 if target is not None:
                     moves.append(Move(pod.name, pod.job, pod.node, target))
                     view.move(pod.name, target)
+                    room.freed(detection.node)
         return moves
 
     def _together(
         self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
     ) -> list[Move]:
         hosts = sorted(
-            (-self._load(n), n.name) for n in view.scoped_nodes() if _pods_of_pool(n, GUARANTEED)
+            (-self._load(n), n.name) for n in view.scoped_nodes() if _runs(n, GUARANTEED)
         )
         targets = [name for _, name in hosts]
         room = RoomCache()

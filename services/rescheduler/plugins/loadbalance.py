@@ -126,6 +126,7 @@ class _Balancing:
                 if target is not None:
                     moves.append(Move(pod.name, pod.job, source, target))
                     self.view.move(pod.name, target)
+                    self.room.freed(source)
                     self._moved(target)
                     break
         return moves

@@ -21,9 +21,6 @@ from services.rescheduler.framework import (
     RunningPod,
 )
 
-# Sorts after every node name, so bisecting on (key, _AFTER_ALL_NAMES) passes all ties of key.
-_AFTER_ALL_NAMES = chr(0x10FFFF)
-
 
 class RankedNodes:
     """Node names ordered by ``value(name)`` (ascending, or descending), ties by name.
@@ -64,16 +61,19 @@ class RankedNodes:
         """(value, name) pairs in rank order."""
         return ((self._sign * key, name) for key, name in self._order)
 
-    def items_past(self, value: float) -> Iterator[tuple[float, str]]:
-        """The pairs ranked after every node whose value is ``value`` or comes before it
-        (descending: value < ``value``; ascending: value > ``value``)."""
-        start = bisect.bisect_right(self._order, (self._sign * value, _AFTER_ALL_NAMES))
+    def items_below(self, ceiling: float) -> Iterator[tuple[float, str]]:
+        """The (value, name) pairs with value ≤ ``ceiling``, in rank order (descending only)."""
+        assert self._sign < 0, "items_below skips a prefix of a descending ranking"
+        start = bisect.bisect_left(self._order, (-ceiling, ""))
         order = self._order
-        return ((self._sign * order[i][0], order[i][1]) for i in range(start, len(order)))
+        return ((-order[i][0], order[i][1]) for i in range(start, len(order)))
+
+
+Shape = tuple[str, int, int, int]  # a request's pool and amounts
 
 
 class RoomCache:
-    """Remembers "``node`` has no room for requests of this shape" (pool and amounts).
+    """Remembers which nodes lack room for requests of each shape (pool and amounts).
 
     Sound because room only shrinks while a node gains pods; :meth:`freed` forgets a node's
     verdicts once it loses one. The test is NodeResourcesFit's own (placement.nodeinfo), so a
@@ -81,20 +81,25 @@ class RoomCache:
     """
 
     def __init__(self) -> None:
-        self._full: dict[str, set[tuple[str, int, int, int]]] = {}
+        self._lacking: dict[Shape, set[str]] = {}
+        self._shapes_of: dict[str, set[Shape]] = {}
+
+    def lacking(self, req: PodRequest) -> set[str]:
+        """The nodes known to lack room for ``req``'s shape (a live set, for fast skipping)."""
+        return self._lacking.setdefault((req.pool, req.cpu, req.mem, req.gpu), set())
 
     def has_room(self, node: NodeInfo, req: PodRequest) -> bool:
+        """Whether ``node`` has room for ``req`` (remembering a no)."""
+        if not resource_fit_failures(node, req):
+            return True
         shape = (req.pool, req.cpu, req.mem, req.gpu)
-        full = self._full.get(node.name)
-        if full is not None and shape in full:
-            return False
-        if resource_fit_failures(node, req):
-            self._full.setdefault(node.name, set()).add(shape)
-            return False
-        return True
+        self._lacking.setdefault(shape, set()).add(node.name)
+        self._shapes_of.setdefault(node.name, set()).add(shape)
+        return False
 
     def freed(self, node: str) -> None:
-        self._full.pop(node, None)
+        for shape in self._shapes_of.pop(node, ()):
+            self._lacking[shape].discard(node)
 
 
 def first_target(
@@ -106,15 +111,18 @@ def first_target(
 ) -> str | None:
     """The first candidate every plugin may target: in scope, not the pod's own node, with room,
     passing every placement filter (``view.fits``), and not vetoed by the round's checks."""
+    # Read once: this loop runs for every candidate of every pod.
+    own, req, scope, nodes = pod.node, pod.info.req, view.scope, view.nodes
+    lacking = room.lacking(req)
     for name in candidates:
-        if name == pod.node or name not in view.scope:
+        if name == own or name in lacking or name not in scope:
             continue
-        node = view.nodes.get(name)
-        if node is None or not room.has_room(node, pod.info.req):
+        node = nodes.get(name)
+        if node is None or not room.has_room(node, req):
             continue
         if view.fits(pod.name, name) is not None:
             continue
-        if veto(Move(pod.name, pod.job, pod.node, name)) is not None:
+        if veto(Move(pod.name, pod.job, own, name)) is not None:
             continue
         return name
     return None
@@ -136,13 +144,30 @@ def pod_share(node: NodeInfo, req: PodRequest, weights: dict[str, int], pool: st
     return total / weight_sum if weight_sum else 0.0
 
 
-def adds_utilisation(req: PodRequest, weights: dict[str, int], pool: str) -> bool:
-    """Whether ``req`` takes some weighted resource of ``pool`` (so it cannot fit a node whose
-    weighted resources are all used up)."""
+def utilisation_ceiling(
+    req: PodRequest, weights: dict[str, int], pool: str, largest: Sequence[int]
+) -> float | None:
+    """The highest utilisation (framework.utilisation of ``pool``) a node can have and still take
+    ``req``, or None when there is no such bound (a pod taking no weighted resource of ``pool``).
+
+    A node that takes the pod is over capacity in no resource, so its utilisation after the pod
+    is at most 1; and the pod adds at least its share of the largest node (``largest``: the
+    biggest capacity of each resource among the candidates). A node lacking a resource the pod
+    requests cannot take it at all, so the bound holds for every candidate.
+    """
+    if req.pool != pool:
+        return None
     amounts = (req.cpu, req.mem, req.gpu)
-    return req.pool == pool and any(
-        w > 0 and amounts[RESOURCE_INDEX[r]] for r, w in weights.items()
-    )
+    share = weight_sum = 0.0
+    for name, weight in weights.items():
+        i = RESOURCE_INDEX[name]
+        weight_sum += weight
+        if largest[i] > 0:
+            share += weight * amounts[i] / largest[i]
+    if share <= 0 or weight_sum <= 0:
+        return None
+    # Rounding may put a node that fits exactly a hair above the bound; keep it.
+    return 1.0 - share / weight_sum + 1e-9
 
 
 def drain(
