@@ -23,6 +23,7 @@ from typing import ClassVar
 from placement.framework import PluginSpec
 from placement.nodeinfo import GUARANTEED
 from services.rescheduler.framework import (
+    RESOURCE_INDEX,
     ClusterView,
     Detection,
     Move,
@@ -99,8 +100,10 @@ class _Packing:
         scoped = view.scoped_nodes()
         used = (n.name for n in scoped if self._utilisation(n.name) > 0)
         self.targets = RankedNodes(self._utilisation, used, descending=True)
+        # Per resource, the biggest capacity among the candidates (see utilisation_ceiling).
         self.largest = [
-            max((n.capacity[self.pool][i] for n in scoped), default=0) for i in range(3)
+            max((n.capacity[self.pool][i] for n in scoped), default=0)
+            for i in RESOURCE_INDEX.values()
         ]
 
     def _utilisation(self, name: str) -> float:

@@ -117,31 +117,40 @@ class _Balancing:
             if (not wanted or p.name in wanted) and self._share(node, p) > 0
         ]
         moves: list[Move] = []
-        # A pod without a target now has none later either: targets only fill up or drop out.
         while movable and self._utilisation(source) > self.high:
-            excess = self._utilisation(source) - self.high
-            for pod in self._next_pods(node, movable, excess):
-                movable.remove(pod)
-                target = first_target(self.view, pod, self._candidates(pod), self.room, self.veto)
-                if target is not None:
-                    moves.append(Move(pod.name, pod.job, source, target))
-                    self.view.move(pod.name, target)
-                    self.room.freed(source)
-                    self._moved(target)
-                    break
+            move = self._move_one(node, movable)
+            if move is None:
+                break
+            moves.append(move)
         return moves
 
-    def _next_pods(self, node: NodeInfo, pods: list[RunningPod], excess: float) -> list[RunningPod]:
-        """Pods in the order they are tried (see the module docstring)."""
-        enough = sorted((p for p in pods if self._share(node, p) >= excess), key=self._small_first)
-        short = sorted((p for p in pods if self._share(node, p) < excess), key=self._big_first)
+    def _move_one(self, node: NodeInfo, movable: list[RunningPod]) -> Move | None:
+        """Move the first pod (in :meth:`_next_pods` order) that has a target. Every pod tried
+        leaves ``movable``: one without a target now has none later either, as targets only
+        fill up or drop out."""
+        for pod in self._next_pods(node, movable):
+            movable.remove(pod)
+            target = first_target(self.view, pod, self._candidates(pod), self.room, self.veto)
+            if target is not None:
+                move = Move(pod.name, pod.job, node.name, target)
+                self.view.move(pod.name, target)
+                self.room.freed(node.name)
+                self._moved(target)
+                return move
+        return None
+
+    def _next_pods(self, node: NodeInfo, pods: list[RunningPod]) -> list[RunningPod]:
+        """The smallest pods whose leaving alone brings ``node`` to ≤ high, then the rest biggest
+        first; ties by name."""
+        excess = self._utilisation(node.name) - self.high
+        shares = {p.name: self._share(node, p) for p in pods}
+        enough = sorted(
+            (p for p in pods if shares[p.name] >= excess), key=lambda p: (shares[p.name], p.name)
+        )
+        short = sorted(
+            (p for p in pods if shares[p.name] < excess), key=lambda p: (-shares[p.name], p.name)
+        )
         return enough + short
-
-    def _small_first(self, pod: RunningPod) -> tuple[float, str]:
-        return self._share(self.view.nodes[pod.node], pod), pod.name
-
-    def _big_first(self, pod: RunningPod) -> tuple[float, str]:
-        return -self._share(self.view.nodes[pod.node], pod), pod.name
 
     def _share(self, node: NodeInfo, pod: RunningPod) -> float:
         return pod_share(node, pod.info.req, self.weights, self.pool)

@@ -34,10 +34,7 @@ class RankedNodes:
     ) -> None:
         self._value = value
         self._sign = -1.0 if descending else 1.0
-        self._entries: dict[str, tuple[float, str]] = {}
-        self._order: list[tuple[float, str]] = []
-        for name in names:
-            self._entries[name] = (self._sign * value(name), name)
+        self._entries = {name: (self._sign * value(name), name) for name in names}
         self._order = sorted(self._entries.values())
 
     def __contains__(self, name: object) -> bool:
