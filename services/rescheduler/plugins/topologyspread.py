@@ -55,21 +55,29 @@ class Topology:
     """The in-scope nodes' domains for one label key, and every job's pods per domain."""
 
     domain_of: dict[str, str]
-    domains: list[str]
+    nodes_in: dict[str, list[str]]
     jobs: dict[str, PodsByDomain]
+
+    @property
+    def domains(self) -> list[str]:
+        """By name."""
+        return list(self.nodes_in)
 
     @classmethod
     def of(cls, view: ClusterView, key: str) -> Topology:
         domain_of = {n.name: n.labels[key] for n in view.scoped_nodes() if key in n.labels}
+        nodes_in: dict[str, list[str]] = {d: [] for d in sorted(set(domain_of.values()))}
+        for node, domain in domain_of.items():
+            nodes_in[domain].append(node)
         jobs: dict[str, PodsByDomain] = {}
         for running in view.pods.values():
-            domain = domain_of.get(running.node)
-            if domain is not None:
-                jobs.setdefault(running.job, {}).setdefault(domain, []).append(running.name)
+            where = domain_of.get(running.node)
+            if where is not None:
+                jobs.setdefault(running.job, {}).setdefault(where, []).append(running.name)
         for by_domain in jobs.values():
             for pods in by_domain.values():
                 pods.sort()
-        return cls(domain_of, sorted(set(domain_of.values())), jobs)
+        return cls(domain_of, nodes_in, jobs)
 
     def counts(self, by_domain: PodsByDomain) -> dict[str, int]:
         return {d: len(by_domain.get(d, ())) for d in self.domains}
@@ -151,9 +159,8 @@ class _Spreading:
     def _ranking(self, domain: str) -> RankedNodes:
         ranking = self._rankings.get(domain)
         if ranking is None:
-            members = (n for n, d in self.topology.domain_of.items() if d == domain)
             ranking = self._rankings[domain] = RankedNodes(
-                self._utilisation, members, descending=False
+                self._utilisation, self.topology.nodes_in[domain], descending=False
             )
         return ranking
 
