@@ -1,0 +1,169 @@
+"""BinPacking (defragmentation): empty the least-used nodes onto already-used ones so whole nodes
+come free — with ``resources: {gpu: 1}``, whole GPU machines (scope such a policy to GPU nodes, or
+CPU-only nodes, at utilisation 0, are drained onto them).
+
+Detect: in-scope nodes running at least one pod whose utilisation (framework.utilisation of
+``pool``, weighted by ``resources``) is ≤ ``threshold_percentage``, least utilised first.
+
+Reschedule: each detected node in turn is drained all-or-nothing (a half-emptied node frees
+nothing): its pods, biggest share of the node first, each to the fullest in-scope node that fits,
+is not vetoed, already has utilisation > 0 (an empty node is never a target) and has at least the
+source's current utilisation. Pods therefore only move toward fuller nodes, which implies the
+original's check (the source's utilisation after the pod left ≤ the target's). If some pod has no
+target, the node's earlier moves are undone in the view and the next node is tried. A node that
+received pods in this call is not drained later in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from placement.framework import PluginSpec
+from placement.nodeinfo import GUARANTEED
+from services.rescheduler.framework import (
+    RESOURCE_INDEX,
+    ClusterView,
+    Detection,
+    Move,
+    MoveVeto,
+    RunningPod,
+    utilisation,
+)
+from services.rescheduler.plugins.args import (
+    default_weights,
+    validate_percentage,
+    validate_pool,
+    validate_weights,
+)
+from services.rescheduler.plugins.targets import (
+    RankedNodes,
+    RoomCache,
+    drain,
+    first_target,
+    pod_share,
+    utilisation_ceiling,
+)
+
+NAME = "BinPacking"
+
+
+@dataclass(frozen=True)
+class Args:
+    resources: dict[str, int] = field(default_factory=default_weights)
+    threshold_percentage: int = 50
+    pool: str = GUARANTEED
+
+    def validate(self) -> None:
+        validate_weights("resources", self.resources)
+        validate_percentage("threshold_percentage", self.threshold_percentage)
+        validate_pool("pool", self.pool)
+
+
+class BinPacking:
+    NAME: ClassVar[str] = NAME
+
+    def __init__(self, args: Args) -> None:
+        self.args = args
+
+    def detect(self, view: ClusterView) -> list[Detection]:
+        limit = self.args.threshold_percentage / 100
+        found = []
+        for node in view.scoped_nodes():
+            if node.pods:
+                used = utilisation(node, self.args.resources, self.args.pool)
+                if used <= limit:
+                    found.append((used, node.name))
+        threshold = self.args.threshold_percentage
+        return [
+            Detection(name, f"utilisation {used:.1%} <= {threshold}%")
+            for used, name in sorted(found)
+        ]
+
+    def reschedule(
+        self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
+    ) -> list[Move]:
+        return _Packing(self.args, view, veto).run(detections)
+
+
+class _Packing:
+    """The state of one reschedule call: targets ranked fullest first, the room memo, the node
+    being drained and the nodes that received pods."""
+
+    def __init__(self, args: Args, view: ClusterView, veto: MoveVeto) -> None:
+        self.weights, self.pool = args.resources, args.pool
+        self.view, self.veto = view, veto
+        self.room = RoomCache()
+        self.received: set[str] = set()
+        self.draining = ""
+        scoped = view.scoped_nodes()
+        used = (n.name for n in scoped if self._utilisation(n.name) > 0)
+        self.targets = RankedNodes(self._utilisation, used, descending=True)
+        # Per resource, the biggest capacity among the candidates (see utilisation_ceiling).
+        self.largest = [
+            max((n.capacity[self.pool][i] for n in scoped), default=0)
+            for i in RESOURCE_INDEX.values()
+        ]
+
+    def _utilisation(self, name: str) -> float:
+        return utilisation(self.view.nodes[name], self.weights, self.pool)
+
+    def run(self, detections: Sequence[Detection]) -> list[Move]:
+        moves: list[Move] = []
+        for detection in detections:
+            source = detection.node
+            if source in self.received or source not in self.view.scope:
+                continue
+            if source in self.view.nodes:
+                moves.extend(self._drain(source))
+        return moves
+
+    def _drain(self, source: str) -> list[Move]:
+        node = self.view.nodes[source]
+        pods = sorted(
+            self.view.pods_on(source),
+            key=lambda p: (-pod_share(node, p.info.req, self.weights, p.pool), p.name),
+        )
+        self.draining = source
+        self.targets.discard(source)
+        moves = drain(self.view, pods, self._target_for, self._moved)
+        self.draining = ""
+        if moves is None:
+            self._rerank(source)
+            return []
+        self.received.update(move.target for move in moves)
+        return moves
+
+    def _target_for(self, pod: RunningPod) -> str | None:
+        floor = self._utilisation(pod.node)  # the source's, less the pods that already left
+        # Skip, by bisection, the nodes too full to take the pod whatever their shape.
+        ceiling = utilisation_ceiling(pod.info.req, self.weights, self.pool, self.largest)
+        ranked = self.targets.items() if ceiling is None else self.targets.items_below(ceiling)
+        return first_target(self.view, pod, _at_least(floor, ranked), self.room, self.veto)
+
+    def _moved(self, move: Move) -> None:
+        self.room.freed(move.source)
+        self._rerank(move.source)
+        self._rerank(move.target)
+
+    def _rerank(self, name: str) -> None:
+        if name != self.draining and self._utilisation(name) > 0:
+            self.targets.rank(name)
+        else:
+            self.targets.discard(name)
+
+
+def _at_least(floor: float, ranked: Iterator[tuple[float, str]]) -> Iterator[str]:
+    """The names of a descending ranking down to utilisation ``floor``."""
+    for used, name in ranked:
+        if used < floor:
+            return
+        yield name
+
+
+def new(args: Args) -> BinPacking:
+    return BinPacking(args)
+
+
+SPEC = PluginSpec(NAME, Args, new)

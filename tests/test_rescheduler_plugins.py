@@ -1,0 +1,751 @@
+"""Table tests of the rescheduler's detector/algorithm plugins and plan metrics, over ClusterViews
+built directly (nodes and bound pods), judged by the real placement filters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from placement.framework import Framework, PluginConfigError, PodInfo, Profile
+from placement.nodeinfo import NodeInfo, PodRequest
+from placement.plugins import new_in_tree_registry
+from protos.godel.v1 import objects_pb2 as pb
+from services.rescheduler.framework import (
+    Algorithm,
+    ClusterView,
+    Detector,
+    Move,
+    MoveVeto,
+    RunningPod,
+    allow_all,
+    utilisation,
+)
+from services.rescheduler.metrics import (
+    free_nodes,
+    gpu_fragmentation,
+    utilisation_spread,
+    whole_free_gpu_nodes,
+)
+from services.rescheduler.plugins import (
+    binpacking,
+    colocation,
+    loadbalance,
+    new_plugin_registry,
+    topologyspread,
+)
+from services.rescheduler.plugins.targets import RankedNodes, RoomCache, utilisation_ceiling
+from tests.factories import GiB, node
+
+FRAMEWORK = Framework(Profile(), new_in_tree_registry())
+CPU = 10_000  # every node below has 10 CPUs unless told, so 1,000 milli-CPU is 10 %
+BE = pb.QOS_BEST_EFFORT
+
+
+# -- builders ---------------------------------------------------------------------------------
+
+
+def mknode(
+    name: str,
+    *,
+    gpus: int = 0,
+    be_cpu: int = 0,
+    labels: dict[str, str] | None = None,
+    taint: str = "",
+) -> pb.Node:
+    n = node(name, cpu=CPU, mem=10 * GiB, gpus=gpus, be_cpu=be_cpu, be_mem=10 * GiB * bool(be_cpu))
+    n.metadata.labels.update(labels or {})
+    if taint:
+        n.spec.taints.add(key=taint, value="x", effect=pb.NO_SCHEDULE)
+    return n
+
+
+def mkpod(
+    name: str,
+    on: str,
+    *,
+    cpu: int = 0,
+    mem: int = 0,
+    gpus: int = 0,
+    job: str = "j",
+    qos: int = pb.QOS_GUARANTEED,
+    selector: dict[str, str] | None = None,
+) -> pb.Pod:
+    p = pb.Pod(metadata=pb.ObjectMeta(name=name))
+    p.spec.job = job
+    p.spec.node_name = on
+    p.spec.qos = qos  # type: ignore[assignment]
+    p.spec.template.requests.milli_cpu = cpu
+    p.spec.template.requests.memory_bytes = mem
+    p.spec.template.requests.gpus = gpus
+    p.spec.template.node_selector.update(selector or {})
+    return p
+
+
+def build_view(nodes: list[pb.Node], pods: list[pb.Pod]) -> ClusterView:
+    """A view of copies: moves in it change neither ``nodes`` nor ``pods`` (cases share them)."""
+    infos = {n.metadata.name: NodeInfo.from_node(n) for n in nodes}
+    running = {}
+    for original in pods:
+        p = pb.Pod()
+        p.CopyFrom(original)
+        infos[p.spec.node_name].add_pod(PodRequest.from_pod(p))
+        running[p.metadata.name] = RunningPod(p, PodInfo.from_pod(p))
+    return ClusterView(nodes=infos, pods=running, jobs={}, framework=FRAMEWORK)
+
+
+def triples(moves: list[Move]) -> list[tuple[str, str, str]]:
+    return [(m.pod, m.source, m.target) for m in moves]
+
+
+def veto_pod(pod: str) -> MoveVeto:
+    def veto(move: Move) -> str | None:
+        return "protected" if move.pod == pod else None
+
+    return veto
+
+
+def placement(view: ClusterView) -> dict[str, list[str]]:
+    return {name: [p.name for p in view.pods_on(name)] for name in sorted(view.nodes)}
+
+
+@dataclass(frozen=True)
+class Case:
+    """A cluster, a plugin, and what its detect and reschedule should return."""
+
+    nodes: list[pb.Node]
+    pods: list[pb.Pod]
+    plugin: Any
+    detected: list[str]
+    moves: list[tuple[str, str, str]]
+    veto: MoveVeto = field(default=allow_all)
+
+
+# -- the utilisation formula ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("weights", "expected"),
+    [
+        pytest.param({"cpu": 1, "memory": 2}, 0.6333333, id="original-cpu1-memory2"),
+        pytest.param({"cpu": 1}, 0.3, id="cpu-only"),
+        pytest.param({"cpu": 1, "gpu": 1}, 0.15, id="gpu-without-capacity-counts-as-0"),
+    ],
+)
+def test_utilisation_formula(weights: dict[str, int], expected: float) -> None:
+    n = node("n", cpu=10_000, mem=10)
+    view = build_view(
+        [n],
+        [mkpod("a", "n", cpu=1_000, mem=6), mkpod("b", "n", cpu=2_000, mem=2)],
+    )
+    assert utilisation(view.nodes["n"], weights) == pytest.approx(expected, abs=1e-6)
+
+
+# -- BinPacking -------------------------------------------------------------------------------
+
+CPU_PACKING = binpacking.new(binpacking.Args(resources={"cpu": 1}))
+GPU_PACKING = binpacking.new(binpacking.Args(resources={"gpu": 1}))
+
+GPU_FRAGMENTED = Case(
+    [mknode("g1", gpus=8), mknode("g2", gpus=8), mknode("g3", gpus=8)],
+    [
+        mkpod("four", "g1", gpus=4),
+        mkpod("two", "g1", gpus=2),
+        mkpod("one", "g1", gpus=1),
+        mkpod("lone", "g2", gpus=1),
+    ],
+    GPU_PACKING,
+    detected=["g2"],
+    moves=[("lone", "g2", "g1")],
+)
+ONE_POD_VETOED = Case(
+    [mknode("n1"), mknode("n2"), mknode("n3")],
+    [
+        mkpod("a", "n1", cpu=1_000),
+        mkpod("b", "n1", cpu=1_000),
+        mkpod("c", "n2", cpu=1_000),
+        mkpod("d", "n3", cpu=4_000),
+    ],
+    CPU_PACKING,
+    detected=["n2", "n1", "n3"],
+    moves=[("c", "n2", "n3")],
+    veto=veto_pod("b"),
+)
+
+BINPACKING_CASES = [
+    pytest.param(
+        Case(
+            [mknode("n1"), mknode("n2"), mknode("n3")],
+            [
+                mkpod("a", "n1", cpu=1_000),
+                mkpod("b", "n2", cpu=2_000),
+                mkpod("c", "n3", cpu=4_000),
+            ],
+            CPU_PACKING,
+            detected=["n1", "n2", "n3"],
+            # n3 received pods, so it is not drained in turn.
+            moves=[("a", "n1", "n3"), ("b", "n2", "n3")],
+        ),
+        id="three-partly-used-nodes-consolidate-onto-the-fullest",
+    ),
+    pytest.param(
+        Case(
+            [mknode("n1"), mknode("n2")],
+            [mkpod("a", "n1", cpu=6_000), mkpod("b", "n2", cpu=7_000)],
+            CPU_PACKING,
+            detected=[],
+            moves=[],
+        ),
+        id="no-op-when-every-node-is-above-threshold",
+    ),
+    pytest.param(
+        Case(
+            [mknode("n1"), mknode("empty"), mknode("full")],
+            [mkpod("a", "n1", cpu=1_000), mkpod("f", "full", cpu=9_500)],
+            CPU_PACKING,
+            detected=["n1"],
+            moves=[],
+        ),
+        id="never-targets-an-empty-node",
+    ),
+    pytest.param(
+        Case(
+            [mknode("n1"), mknode("n2")],
+            [mkpod("a", "n1", cpu=4_000), mkpod("b", "n2", cpu=3_000)],
+            CPU_PACKING,
+            detected=["n2", "n1"],
+            moves=[("b", "n2", "n1")],
+        ),
+        id="moves-only-toward-a-fuller-node",
+    ),
+    pytest.param(GPU_FRAGMENTED, id="gpu-one-pod-moves-and-a-whole-node-comes-free"),
+    pytest.param(ONE_POD_VETOED, id="a-vetoed-pod-keeps-its-whole-node-in-place"),
+    pytest.param(
+        Case(
+            [mknode("a-small", gpus=8), mknode("b-big", gpus=16), mknode("src", gpus=8)],
+            [
+                mkpod("s", "a-small", gpus=7),
+                mkpod("b", "b-big", gpus=14),
+                mkpod("pair", "src", gpus=2),
+            ],
+            GPU_PACKING,
+            detected=["src"],
+            # Both targets are 87.5 % used; only the 16-GPU node has 2 GPUs left.
+            moves=[("pair", "src", "b-big")],
+        ),
+        id="gpu-mixed-node-sizes-the-fullest-node-with-room-is-found",
+    ),
+    pytest.param(
+        Case(
+            [mknode("n1"), mknode("tainted", taint="gpu-only"), mknode("n2")],
+            [
+                mkpod("a", "n1", cpu=1_000),
+                mkpod("t", "tainted", cpu=6_000),
+                mkpod("b", "n2", cpu=4_000),
+            ],
+            CPU_PACKING,
+            detected=["n1", "n2"],
+            moves=[("a", "n1", "n2")],
+        ),
+        id="never-targets-a-node-with-an-untolerated-taint",
+    ),
+    pytest.param(
+        Case(
+            [mknode("n1"), mknode("hdd"), mknode("ssd", labels={"disk": "ssd"})],
+            [
+                mkpod("a", "n1", cpu=1_000, selector={"disk": "ssd"}),
+                mkpod("h", "hdd", cpu=6_000),
+                mkpod("s", "ssd", cpu=3_000),
+            ],
+            CPU_PACKING,
+            detected=["n1", "ssd"],
+            moves=[("a", "n1", "ssd")],
+        ),
+        id="never-targets-a-node-the-pod-selector-excludes",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", BINPACKING_CASES)
+def test_binpacking_detects_nodes_at_or_below_threshold(case: Case) -> None:
+    view = build_view(case.nodes, case.pods)
+    assert [d.node for d in case.plugin.detect(view)] == case.detected
+
+
+@pytest.mark.parametrize("case", BINPACKING_CASES)
+def test_binpacking_moves(case: Case) -> None:
+    view = build_view(case.nodes, case.pods)
+    moves = case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
+    assert triples(moves) == case.moves
+
+
+def test_binpacking_undoes_a_node_it_cannot_drain_whole() -> None:
+    case = ONE_POD_VETOED
+    view = build_view(case.nodes, case.pods)
+    case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
+    assert placement(view) == {"n1": ["a", "b"], "n2": [], "n3": ["c", "d"]}
+
+
+def test_gpu_defragmentation_frees_a_whole_node() -> None:
+    view = build_view(GPU_FRAGMENTED.nodes, GPU_FRAGMENTED.pods)
+    before = (gpu_fragmentation(view), whole_free_gpu_nodes(view))
+    GPU_PACKING.reschedule(view, GPU_PACKING.detect(view), allow_all)
+    after = (gpu_fragmentation(view), whole_free_gpu_nodes(view))
+    # Idle before: 1 on g1 and 7 on g2 (stranded), 8 on g3; after: 8 on g2 and 8 on g3.
+    assert (before, after) == ((0.5, 1), (0.0, 2))
+
+
+# -- LoadBalance ------------------------------------------------------------------------------
+
+BALANCE = loadbalance.new(loadbalance.Args(resources={"cpu": 1}))
+TEN_SMALL = [mkpod(f"p{i}", "hot", cpu=900) for i in range(10)]
+
+LOADBALANCE_CASES = [
+    pytest.param(
+        Case(
+            [mknode("hot"), mknode("warm"), mknode("cool")],
+            [
+                mkpod("x", "hot", cpu=5_000),
+                mkpod("y", "hot", cpu=2_000),
+                mkpod("z", "hot", cpu=2_000),
+                mkpod("w", "warm", cpu=5_000),
+            ],
+            BALANCE,
+            detected=["hot"],
+            moves=[("y", "hot", "cool")],
+        ),
+        id="smallest-pod-that-suffices-goes-to-a-node-below-low",
+    ),
+    pytest.param(
+        Case(
+            [mknode("hot"), mknode("c1"), mknode("c2")],
+            TEN_SMALL,
+            BALANCE,
+            detected=["hot"],
+            # 90 % - 9 % is still above 80 %; c1 then holds 9 %, so c2 is the least utilised.
+            moves=[("p0", "hot", "c1"), ("p1", "hot", "c2")],
+        ),
+        id="biggest-first-until-at-or-below-high-least-utilised-target-first",
+    ),
+    pytest.param(
+        Case(
+            [mknode("hot"), mknode("cool")],
+            [mkpod("big", "hot", cpu=9_000), mkpod("c", "cool", cpu=2_000)],
+            BALANCE,
+            detected=["hot"],
+            moves=[],
+        ),
+        id="never-pushes-a-target-above-high",
+    ),
+    pytest.param(
+        Case(
+            [mknode("hot"), mknode("mid")],
+            [
+                mkpod("x", "hot", cpu=5_000),
+                mkpod("y", "hot", cpu=4_000),
+                mkpod("m", "mid", cpu=5_000),
+            ],
+            BALANCE,
+            detected=["hot"],
+            moves=[],
+        ),
+        id="no-node-below-low-no-move",
+    ),
+    pytest.param(
+        Case(
+            [mknode("a"), mknode("b")],
+            [mkpod("x", "a", cpu=8_000), mkpod("y", "b", cpu=1_000)],
+            BALANCE,
+            detected=[],
+            moves=[],
+        ),
+        id="no-node-above-high-no-detection",
+    ),
+    pytest.param(
+        Case(
+            [mknode("hot"), mknode("cool", taint="reserved"), mknode("ok")],
+            [
+                mkpod("x", "hot", cpu=5_000),
+                mkpod("y", "hot", cpu=4_000),
+                mkpod("o", "ok", cpu=2_000),
+            ],
+            BALANCE,
+            detected=["hot"],
+            moves=[("y", "hot", "ok")],
+        ),
+        id="skips-a-tainted-cooler-node",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LOADBALANCE_CASES)
+def test_loadbalance_detects_nodes_above_high(case: Case) -> None:
+    view = build_view(case.nodes, case.pods)
+    assert [d.node for d in case.plugin.detect(view)] == case.detected
+
+
+@pytest.mark.parametrize("case", LOADBALANCE_CASES)
+def test_loadbalance_moves(case: Case) -> None:
+    view = build_view(case.nodes, case.pods)
+    moves = case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
+    assert triples(moves) == case.moves
+
+
+# -- TopologySpread ---------------------------------------------------------------------------
+
+
+def zones(*spec: tuple[str, str]) -> list[pb.Node]:
+    """Nodes by (name, zone); an empty zone means the node has no zone label."""
+    return [mknode(name, labels={"zone": z} if z else {}) for name, z in spec]
+
+
+THREE_ZONES = zones(("a1", "a"), ("a2", "a"), ("b1", "b"), ("c1", "c"))
+SIX_IN_A = [mkpod(f"j{i}", "a1" if i < 3 else "a2", cpu=500) for i in range(6)]
+SPREAD = topologyspread.new(topologyspread.Args(topology_key="zone"))
+
+SPREAD_CASES = [
+    pytest.param(
+        Case(
+            THREE_ZONES,
+            SIX_IN_A,
+            SPREAD,
+            detected=["a1", "a2"],
+            moves=[
+                ("j0", "a1", "b1"),
+                ("j1", "a1", "c1"),
+                ("j2", "a1", "b1"),
+                ("j3", "a2", "c1"),
+            ],
+        ),
+        id="six-pods-in-one-zone-four-moves-two-into-each-other-zone",
+    ),
+    pytest.param(
+        Case(
+            THREE_ZONES,
+            SIX_IN_A,
+            topologyspread.new(topologyspread.Args(topology_key="zone", max_skew=2)),
+            detected=["a1", "a2"],
+            moves=[("j0", "a1", "b1"), ("j1", "a1", "c1"), ("j2", "a1", "b1")],
+        ),
+        id="max-skew-2-stops-at-3-2-1",
+    ),
+    pytest.param(
+        Case(
+            THREE_ZONES,
+            [mkpod("j0", "a1"), mkpod("j1", "a2"), mkpod("j2", "b1"), mkpod("j3", "c1")],
+            SPREAD,
+            detected=[],
+            moves=[],
+        ),
+        id="within-max-skew-nothing",
+    ),
+    pytest.param(
+        Case(
+            THREE_ZONES,
+            [mkpod("j0", "a1"), mkpod("j1", "a1")],
+            topologyspread.new(topologyspread.Args(topology_key="zone", min_pods=3)),
+            detected=[],
+            moves=[],
+        ),
+        id="job-below-min-pods-ignored",
+    ),
+    pytest.param(
+        Case(
+            [*THREE_ZONES, *zones(("bare", ""))],
+            [mkpod(f"j{i}", "bare") for i in range(4)] + [mkpod("k", "a1")],
+            SPREAD,
+            detected=[],
+            moves=[],
+        ),
+        id="node-without-the-key-is-in-no-domain",
+    ),
+    pytest.param(
+        Case(
+            [*zones(("a1", "a"), ("c1", "c")), mknode("b1", labels={"zone": "b"}, taint="t")],
+            [mkpod(f"j{i}", "a1", cpu=500) for i in range(3)] + [mkpod("fill", "c1", cpu=9_800)],
+            SPREAD,
+            detected=["a1"],
+            moves=[],
+        ),
+        id="no-fitting-node-in-the-sparse-zones-stops",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SPREAD_CASES)
+def test_topologyspread_detects_the_crowded_domain(case: Case) -> None:
+    view = build_view(case.nodes, case.pods)
+    assert [d.node for d in case.plugin.detect(view)] == case.detected
+
+
+@pytest.mark.parametrize("case", SPREAD_CASES)
+def test_topologyspread_moves(case: Case) -> None:
+    view = build_view(case.nodes, case.pods)
+    moves = case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
+    assert triples(moves) == case.moves
+
+
+def test_topologyspread_detection_names_the_jobs_pods_in_the_crowded_zone() -> None:
+    view = build_view(THREE_ZONES, SIX_IN_A)
+    assert [d.pods for d in SPREAD.detect(view)] == [("j0", "j1", "j2"), ("j3", "j4", "j5")]
+
+
+def test_spread_share_before_and_after() -> None:
+    view = build_view(
+        THREE_ZONES, [*SIX_IN_A, mkpod("k0", "a1", job="k"), mkpod("k1", "b1", job="k")]
+    )
+    before = topologyspread.spread_share(view, "zone", 1, 2)
+    SPREAD.reschedule(view, SPREAD.detect(view), allow_all)
+    after = topologyspread.spread_share(view, "zone", 1, 2)
+    assert (before, after) == (0.5, 1.0)
+
+
+# -- CoLocation -------------------------------------------------------------------------------
+
+
+def colo(mode: str) -> colocation.CoLocation:
+    return colocation.new(colocation.Args(mode=mode, resources={"cpu": 1}))
+
+
+COLOCATION_CASES = [
+    pytest.param(
+        Case(
+            [
+                mknode("hot", be_cpu=4_000),
+                mknode("calm50", be_cpu=4_000),
+                mknode("calm20", be_cpu=4_000),
+                mknode("nobe"),
+            ],
+            [
+                mkpod("g", "hot", cpu=8_000),
+                mkpod("e", "hot", cpu=1_000, qos=BE),
+                mkpod("g50", "calm50", cpu=5_000),
+                mkpod("g20", "calm20", cpu=2_000),
+            ],
+            colo("separate"),
+            detected=["hot"],
+            moves=[("e", "hot", "calm20")],
+        ),
+        id="separate-moves-best-effort-to-the-least-guaranteed-loaded-node",
+    ),
+    pytest.param(
+        Case(
+            [mknode("hot", be_cpu=4_000), mknode("calm")],
+            [mkpod("g", "hot", cpu=8_000), mkpod("e", "hot", cpu=1_000, qos=BE)],
+            colo("separate"),
+            detected=["hot"],
+            moves=[],
+        ),
+        id="separate-no-best-effort-room-no-move",
+    ),
+    pytest.param(
+        Case(
+            [mknode("hot", be_cpu=4_000), mknode("calm", be_cpu=4_000)],
+            [mkpod("g", "hot", cpu=6_000), mkpod("e", "hot", cpu=1_000, qos=BE)],
+            colo("separate"),
+            detected=[],
+            moves=[],
+        ),
+        id="separate-under-threshold-nothing",
+    ),
+    pytest.param(
+        Case(
+            [
+                mknode("be", be_cpu=4_000),
+                mknode("g30", be_cpu=4_000),
+                mknode("g60", be_cpu=4_000),
+                mknode("idle", be_cpu=4_000),
+            ],
+            [
+                mkpod("e1", "be", cpu=1_000, qos=BE),
+                mkpod("e2", "be", cpu=1_000, qos=BE),
+                mkpod("a", "g30", cpu=3_000),
+                mkpod("b", "g60", cpu=6_000),
+            ],
+            colo("together"),
+            detected=["be"],
+            moves=[("e1", "be", "g60"), ("e2", "be", "g60")],
+        ),
+        id="together-moves-best-effort-onto-the-fullest-guaranteed-node",
+    ),
+    pytest.param(
+        Case(
+            [mknode("be", be_cpu=8_000), mknode("g60", be_cpu=4_000)],
+            [
+                mkpod("e1", "be", cpu=1_000, qos=BE),
+                mkpod("e2", "be", cpu=6_000, qos=BE),
+                mkpod("b", "g60", cpu=6_000),
+            ],
+            colo("together"),
+            detected=["be"],
+            moves=[],
+        ),
+        id="together-all-or-nothing-when-one-pod-has-no-room",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", COLOCATION_CASES)
+def test_colocation_detects(case: Case) -> None:
+    view = build_view(case.nodes, case.pods)
+    assert [d.node for d in case.plugin.detect(view)] == case.detected
+
+
+@pytest.mark.parametrize("case", COLOCATION_CASES)
+def test_colocation_moves(case: Case) -> None:
+    view = build_view(case.nodes, case.pods)
+    moves = case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
+    assert triples(moves) == case.moves
+
+
+# -- args and registry ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("plugin", "raw", "field_named"),
+    [
+        pytest.param("BinPacking", {"resources": {"disk": 1}}, "resources", id="unknown-resource"),
+        pytest.param("BinPacking", {"resources": {"cpu": -1}}, "resources", id="negative-weight"),
+        pytest.param("BinPacking", {"resources": {"cpu": 0}}, "resources", id="weights-all-zero"),
+        pytest.param("BinPacking", {"resources": ["cpu"]}, "resources", id="weights-not-a-map"),
+        pytest.param(
+            "BinPacking", {"threshold_percentage": 101}, "threshold_percentage", id="threshold>100"
+        ),
+        pytest.param("BinPacking", {"pool": "spot"}, "pool", id="unknown-pool"),
+        pytest.param(
+            "LoadBalance",
+            {"high_percentage": 30, "low_percentage": 30},
+            "low_percentage",
+            id="low-not-below-high",
+        ),
+        pytest.param("TopologySpread", {}, "topology_key", id="topology-key-required"),
+        pytest.param(
+            "TopologySpread", {"topology_key": "zone", "max_skew": 0}, "max_skew", id="skew<1"
+        ),
+        pytest.param("CoLocation", {"mode": "mixed"}, "mode", id="unknown-mode"),
+        pytest.param(
+            "CoLocation",
+            {"guaranteed_threshold_percentage": -1},
+            "guaranteed_threshold_percentage",
+            id="threshold<0",
+        ),
+    ],
+)
+def test_invalid_args_are_refused_naming_the_field(
+    plugin: str, raw: dict[str, Any], field_named: str
+) -> None:
+    with pytest.raises(PluginConfigError, match=f"{plugin}: {field_named}"):
+        new_plugin_registry().get(plugin).parse_args(raw)
+
+
+@pytest.mark.parametrize(
+    "name", ["BinPacking", "CoLocation", "LoadBalance", "TopologySpread"], ids=str
+)
+def test_registry_builds_each_plugin_as_detector_and_algorithm(name: str) -> None:
+    raw = {"topology_key": "zone"} if name == "TopologySpread" else {}
+    plugin = new_plugin_registry().get(name).build(raw)
+    assert (plugin.NAME, isinstance(plugin, Detector), isinstance(plugin, Algorithm)) == (
+        name,
+        True,
+        True,
+    )
+
+
+# -- target search helpers --------------------------------------------------------------------
+
+
+def test_ranked_nodes_rerank_one_node_keeps_the_order() -> None:
+    values = {"a": 0.5, "b": 0.2, "c": 0.9}
+    ranked = RankedNodes(values.__getitem__, values, descending=True)
+    values["b"] = 0.95
+    ranked.rank("b")
+    ranked.discard("c")
+    assert list(ranked.items()) == [(0.95, "b"), (0.5, "a")]
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "expected"),
+    [
+        pytest.param(1.0, ["c", "d", "a", "b"], id="all"),
+        pytest.param(0.75, ["a", "b"], id="ties-at-the-ceiling-included"),
+        pytest.param(0.1, [], id="none"),
+    ],
+)
+def test_ranked_nodes_items_below_ceiling(ceiling: float, expected: list[str]) -> None:
+    values = {"a": 0.75, "b": 0.5, "c": 1.0, "d": 0.875}
+    ranked = RankedNodes(values.__getitem__, values, descending=True)
+    assert [name for _, name in ranked.items_below(ceiling)] == expected
+
+
+@pytest.mark.parametrize(
+    ("freed", "expected"),
+    [
+        pytest.param(False, False, id="no-room-is-remembered"),
+        pytest.param(True, True, id="forgotten-once-the-node-loses-a-pod"),
+    ],
+)
+def test_room_cache(freed: bool, expected: bool) -> None:
+    view = build_view([mknode("n")], [mkpod("big", "n", cpu=9_000)])
+    pod = PodRequest("p", "g", 2_000, 0, 0)
+    room = RoomCache()
+    room.has_room(view.nodes["n"], pod)
+    view.nodes["n"].remove_pod("big")
+    if freed:
+        room.freed("n")
+    assert ("n" not in room.lacking(pod)) is expected
+
+
+@pytest.mark.parametrize(
+    ("req", "expected"),
+    [
+        pytest.param(PodRequest("p", "g", 0, 0, 2), 1 - 2 / 16, id="gpu-share-of-largest-node"),
+        pytest.param(PodRequest("p", "g", 1_000, 0, 0), None, id="no-weighted-resource"),
+        pytest.param(PodRequest("p", "be", 0, 0, 2), None, id="other-pool"),
+    ],
+)
+def test_utilisation_ceiling(req: PodRequest, expected: float | None) -> None:
+    ceiling = utilisation_ceiling(req, {"gpu": 1}, "g", [10_000, 10, 16])
+    assert ceiling == (None if expected is None else pytest.approx(expected))
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+GPU_CLUSTER = build_view(
+    [mknode("g1", gpus=8), mknode("g2", gpus=8), mknode("g3", gpus=8), mknode("cpu")],
+    [
+        mkpod("six", "g1", gpus=6, cpu=2_000),
+        mkpod("two", "g2", gpus=2, cpu=6_000),
+        mkpod("web", "cpu", cpu=1_000),
+    ],
+)
+
+
+@pytest.mark.parametrize(
+    ("metric", "expected"),
+    [
+        # Idle GPUs: 2 on g1 and 6 on g2 (both partly used), 8 on g3: 8 of 16 stranded.
+        pytest.param(gpu_fragmentation, 0.5, id="gpu-fragmentation"),
+        pytest.param(free_nodes, 1, id="free-nodes"),
+        pytest.param(whole_free_gpu_nodes, 1, id="whole-free-gpu-nodes"),
+        # CPU utilisation of the nodes with pods: 0.2, 0.6, 0.1 -> mean 0.3.
+        pytest.param(
+            lambda v: utilisation_spread(v, {"cpu": 1}),
+            (((0.2 - 0.3) ** 2 + (0.6 - 0.3) ** 2 + (0.1 - 0.3) ** 2) / 3) ** 0.5,
+            id="utilisation-spread",
+        ),
+    ],
+)
+def test_metrics(metric: Any, expected: float) -> None:
+    assert metric(GPU_CLUSTER) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("metric", "expected"),
+    [
+        pytest.param(gpu_fragmentation, 0.0, id="gpu-fragmentation-nothing-idle"),
+        pytest.param(lambda v: utilisation_spread(v, {"cpu": 1}), 0.0, id="spread-no-pods"),
+    ],
+)
+def test_metrics_of_a_cluster_without_idle_gpus_or_pods(metric: Any, expected: float) -> None:
+    assert metric(build_view([mknode("cpu")], [])) == expected
