@@ -261,7 +261,11 @@ def test_dry_run_predicts_freed_gpu_nodes_and_changes_nothing() -> None:
     view = view_of(fragmented_gpus())
     bp = BinPacking(BinPackingArgs(resources=GPU, threshold_percentage=50))
     plan = RoundRunner().run(
-        policy(bp, detector_args={"resources": GPU}), view, generation=1, dry_run=True, trigger="rpc"
+        policy(bp, detector_args={"resources": GPU}),
+        view,
+        generation=1,
+        dry_run=True,
+        trigger="rpc",
     )
     assert plan.outcome == PLANNED, plan.message
     assert sorted((m.pod, m.target) for m in plan.moves) == [("a1", "c"), ("a2", "c"), ("b1", "c")]

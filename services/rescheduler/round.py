@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placement.budgets import BudgetTracker
-
 from placement.framework import Framework, PodInfo, Profile, UnitInfo
 from placement.framework.interface import template_key
 from placement.plugins import new_in_tree_registry

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from placement.budgets import BudgetTracker
-
 from placement.framework import NoArgs, PluginSpec
 from services.rescheduler.framework import Check, ClusterView, Move
 
