@@ -1,6 +1,6 @@
 """Shared fixtures: a real Redis-compatible server for the whole session (or $GODEL_REDIS_URL),
 and per-test isolation by cluster name (every key of a cluster carries its name), so tests never
-flush each other's data."""
+flush each other's data. The session-end guard is tests/exit_guard.py."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import pytest
 
 from store import Store
 from store.server import StoreServer, store_url_from_env
+
+# The run always exits, and fails naming any server, process or thread a test left running.
+pytest_plugins = ["tests.exit_guard"]
 
 
 @pytest.fixture(scope="session")

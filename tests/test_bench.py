@@ -154,14 +154,25 @@ def test_jobs_gangs_and_batches() -> None:
 
 @pytest.mark.timeout(120)
 def test_quick_workload_end_to_end(tmp_path: Path) -> None:
-    result = subprocess.run(
+    bench = subprocess.Popen(
         [sys.executable, "-m", "bench", "SchedulingBasic-500", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=110,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    try:
+        stdout, stderr = bench.communicate(timeout=100)
+    finally:
+        # On a timeout, SIGTERM (not run()'s SIGKILL) lets the bench stop the cluster it started.
+        if bench.poll() is None:
+            bench.terminate()
+            try:
+                bench.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                bench.kill()
+                bench.communicate()
+    assert bench.returncode == 0, stderr[-3000:]
     [report_json] = tmp_path.glob("*.json")
     report = json.loads(report_json.read_text())
     [run] = report["runs"]
@@ -175,4 +186,4 @@ def test_quick_workload_end_to_end(tmp_path: Path) -> None:
     assert len(pngs) == 2
     for png in pngs:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| SchedulingBasic-500 |" in result.stdout
+    assert "| SchedulingBasic-500 |" in stdout

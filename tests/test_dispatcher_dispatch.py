@@ -50,8 +50,8 @@ async def start_shard(
     shards: list[TestShard], store: Store, d: Running, name: str, capacity: int
 ) -> TestShard:
     shard = TestShard(name, store, capacity)
+    shards.append(shard)  # before start: a start that fails halfway is still stopped at teardown
     await shard.start()
-    shards.append(shard)
     core = d.service.core
     await eventually(lambda: name in core.links and core.links[name].ready, what=f"{name} ready")
     return shard

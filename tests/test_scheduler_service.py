@@ -56,9 +56,9 @@ async def binder(store: Store) -> AsyncIterator[RecordingBinder]:
     internal_pb2_grpc.add_BinderServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    ok, _ = await store.acquire_lease("binder", "test-binder", 60_000, f"127.0.0.1:{port}")
-    assert ok
     try:
+        ok, _ = await store.acquire_lease("binder", "test-binder", 60_000, f"127.0.0.1:{port}")
+        assert ok
         yield servicer
     finally:
         await server.stop(0)

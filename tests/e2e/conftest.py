@@ -5,6 +5,7 @@ the invariants after every test."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -98,11 +99,12 @@ def make_cluster(
         return cluster
 
     yield make
-    for cluster in clusters:
-        try:
+    # Every cluster goes down, even when an earlier one fails its audit.
+    with contextlib.ExitStack() as teardown:
+        for cluster in clusters:
+            teardown.callback(local.down, cluster.home)
+            teardown.callback(cluster.client.close)
+        for cluster in clusters:
             cluster.reload()
             report = cluster.run_store(audit)
             assert report.ok, "invariants violated:\n" + "\n".join(report.violations)
-        finally:
-            cluster.client.close()
-            local.down(cluster.home)

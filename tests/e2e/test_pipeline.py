@@ -76,7 +76,11 @@ def test_gang_waits_for_room_then_binds_whole(make_cluster: Callable[..., Cluste
         wait_until(lambda: bound(cluster, "gang") == 50, timeout=120, what="all 50 bound")
     finally:
         extra.send_signal(signal.SIGTERM)
-        extra.wait(30)
+        try:
+            extra.wait(30)
+        except subprocess.TimeoutExpired:
+            extra.kill()
+            extra.wait()
 
 
 def test_two_shards_conflicts_are_resolved_by_the_binder(
@@ -126,12 +130,17 @@ def test_binder_leader_kill9_fails_over_without_loss(make_cluster: Callable[...,
     stop = threading.Event()
     names: list[str] = []
     submitter = threading.Thread(
-        target=lambda: names.extend(_stream_jobs(cluster.client, "f", 40, stop))
+        target=lambda: names.extend(_stream_jobs(cluster.client, "f", 40, stop)), name="submitter"
     )
     submitter.start()
-    wait_until(lambda: len(names) >= 0 and bound(cluster, "f0") == 5, what="first job bound")
-    kill9(leader_record.pid)
-    submitter.join(120)
+    try:
+        wait_until(lambda: len(names) >= 0 and bound(cluster, "f0") == 5, what="first job bound")
+        kill9(leader_record.pid)
+    except BaseException:
+        stop.set()  # a failure must not leave the submitter running into the cluster's teardown
+        raise
+    finally:
+        submitter.join(120)
     new = wait_until(
         lambda: (
             (lease := cluster.run_store(lambda s: s.get_lease("binder")))
