@@ -124,10 +124,15 @@ def rescheduling_section(report: dict[str, Any]) -> list[str]:
             f"{x['rpc_seconds']:.2f} | {b['gpu_fragmentation']:.1%} → {a['gpu_fragmentation']:.1%} | "
             f"{b['whole_free_gpu_nodes']:,} → {a['whole_free_gpu_nodes']:,} | "
             f"{b['free_nodes']:,} → {a['free_nodes']:,} | "
-            f"{b['spread_share']:.1%} → {a['spread_share']:.1%} | {a['unplaced_pods']:,} |"
+            f"{_share(b['spread_share'], a['spread_share'])} | {a['unplaced_pods']:,} |"
         )
     lines.append("")
     return lines
+
+
+def _share(before: float, after: float) -> str:
+    """Jobs within max skew: only TopologySpread policies report it."""
+    return f"{before:.1%} → {after:.1%}" if before or after else "-"
 
 
 def _times(ratio: float | None) -> str:
