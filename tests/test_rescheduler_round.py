@@ -4,6 +4,8 @@ the failure ratio, and the dry run's simulation with the real scheduling algorit
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -24,6 +26,7 @@ from services.rescheduler.framework import (
     Move,
     MoveVeto,
 )
+from services.rescheduler.manager import PolicyManager, UnknownPolicyError
 from services.rescheduler.plugins.binpacking import Args as BinPackingArgs
 from services.rescheduler.plugins.binpacking import BinPacking
 from services.rescheduler.round import ABORTED, NOTHING, PLANNED, Policy, RoundRunner
@@ -373,3 +376,52 @@ def test_simulation_places_a_replacement_elsewhere_when_its_target_does_not_fit(
     spec = Spec({"a": [("a1", "w", 3000, 0)], "b": [("b1", "x", 3000, 0)], "c": []}, cpu=4000)
     placed = RoundRunner().simulate(view_of(spec), [[move("a1", "w", "a", "b")]])
     assert set(placed) == {"a1"} and placed["a1"] in ("a", "c")
+
+
+# --------------------------------------------------------------------------------------------
+# The policy manager
+# --------------------------------------------------------------------------------------------
+
+
+async def test_rounds_never_overlap_and_each_starts_from_a_fresh_view() -> None:
+    events: list[str] = []
+    inside = threading.Event()
+    release = threading.Event()
+
+    class Slow(Fixed):
+        def detect(self, view: ClusterView) -> list[Detection]:
+            events.append(f"detect {view.revision}")
+            inside.set()
+            release.wait(10)
+            return []
+
+    views = 0
+
+    async def fresh(scope: Any) -> ClusterView:
+        nonlocal views
+        views += 1
+        events.append(f"view {views}")
+        view = view_of(BASE)
+        view.revision = views
+        return view
+
+    first, second = (
+        Policy("first", Slow([]), Slow([]), []),
+        Policy("second", Slow([]), Slow([]), []),
+    )
+    manager = PolicyManager([first, second], fresh)
+    a = asyncio.create_task(manager.run("first", trigger="rpc", dry_run=True))
+    await asyncio.to_thread(inside.wait, 10)
+    b = asyncio.create_task(manager.run("second", trigger="periodic", dry_run=True))
+    await asyncio.sleep(0.2)
+    # The second round has not even built its view while the first is planning.
+    assert events == ["view 1", "detect 1"]
+    assert manager.state("first").running and not manager.state("second").running
+    release.set()
+    plan_a, plan_b = await asyncio.gather(a, b)
+    assert events == ["view 1", "detect 1", "view 2", "detect 2"]
+    assert plan_b.generation == plan_a.generation + 1
+    assert (plan_a.revision, plan_b.trigger) == (1, "periodic")
+    assert manager.state("second").last is plan_b
+    with pytest.raises(UnknownPolicyError, match="unknown policy 'third'"):
+        await manager.run("third", trigger="rpc", dry_run=True)

@@ -10,7 +10,7 @@
         algorithm: {name: BinPacking}        # args optional; a bare name works too
         checks:                              # names, or {name, args}; optional
           - Protection
-          - {name: Throttle, args: {label_key: app, window: 1h, max_moves: 2}}
+          - {name: Throttle, args: {label_key: app, window_seconds: 3600, max_moves: 2}}
         scope: {labels: {pool: gpu}}         # node label equality selector; omitted = all nodes
         failure_ratio_threshold: 0.2         # 0..1, default 0.2
 
