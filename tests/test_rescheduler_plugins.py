@@ -330,6 +330,17 @@ LOADBALANCE_CASES = [
     ),
     pytest.param(
         Case(
+            [mknode("hot"), mknode("c1")],
+            [mkpod(f"p{i}", "hot", cpu=1_000) for i in range(10)] + [mkpod("c", "c1", cpu=2_000)],
+            BALANCE,
+            detected=["hot"],
+            # c1 reaches 30 % with p0, so it is no target for p1 and hot stays at 90 %.
+            moves=[("p0", "hot", "c1")],
+        ),
+        id="a-target-that-reaches-low-stops-being-one",
+    ),
+    pytest.param(
+        Case(
             [mknode("hot"), mknode("cool")],
             [mkpod("big", "hot", cpu=9_000), mkpod("c", "cool", cpu=2_000)],
             BALANCE,
