@@ -83,7 +83,9 @@ def mkpod(
     return p
 
 
-def build_view(nodes: list[pb.Node], pods: list[pb.Pod]) -> ClusterView:
+def build_view(
+    nodes: list[pb.Node], pods: list[pb.Pod], scope: frozenset[str] = frozenset()
+) -> ClusterView:
     """A view of copies: moves in it change neither ``nodes`` nor ``pods`` (cases share them)."""
     infos = {n.metadata.name: NodeInfo.from_node(n) for n in nodes}
     running = {}
@@ -92,7 +94,7 @@ def build_view(nodes: list[pb.Node], pods: list[pb.Pod]) -> ClusterView:
         p.CopyFrom(original)
         infos[p.spec.node_name].add_pod(PodRequest.from_pod(p))
         running[p.metadata.name] = RunningPod(p, PodInfo.from_pod(p))
-    return ClusterView(nodes=infos, pods=running, jobs={}, framework=FRAMEWORK)
+    return ClusterView(nodes=infos, pods=running, jobs={}, framework=FRAMEWORK, scope=scope)
 
 
 def triples(moves: list[Move]) -> list[tuple[str, str, str]]:
@@ -120,6 +122,7 @@ class Case:
     detected: list[str]
     moves: list[tuple[str, str, str]]
     veto: MoveVeto = field(default=allow_all)
+    scope: frozenset[str] = frozenset()  # empty: every node
 
 
 # -- the utilisation formula ------------------------------------------------------------------
@@ -219,6 +222,22 @@ BINPACKING_CASES = [
         ),
         id="moves-only-toward-a-fuller-node",
     ),
+    pytest.param(
+        Case(
+            [mknode("n1"), mknode("n2"), mknode("out")],
+            [
+                mkpod("a", "n1", cpu=1_000),
+                mkpod("b", "n2", cpu=2_000),
+                mkpod("o", "out", cpu=4_000),
+            ],
+            CPU_PACKING,
+            detected=["n1", "n2"],
+            # "out" is the fullest, and within the threshold, but out of scope.
+            moves=[("a", "n1", "n2")],
+            scope=frozenset({"n1", "n2"}),
+        ),
+        id="only-in-scope-nodes-are-detected-and-targeted",
+    ),
     pytest.param(GPU_FRAGMENTED, id="gpu-one-pod-moves-and-a-whole-node-comes-free"),
     pytest.param(ONE_POD_VETOED, id="a-vetoed-pod-keeps-its-whole-node-in-place"),
     pytest.param(
@@ -269,13 +288,13 @@ BINPACKING_CASES = [
 
 @pytest.mark.parametrize("case", BINPACKING_CASES)
 def test_binpacking_detects_nodes_at_or_below_threshold(case: Case) -> None:
-    view = build_view(case.nodes, case.pods)
+    view = build_view(case.nodes, case.pods, case.scope)
     assert [d.node for d in case.plugin.detect(view)] == case.detected
 
 
 @pytest.mark.parametrize("case", BINPACKING_CASES)
 def test_binpacking_moves(case: Case) -> None:
-    view = build_view(case.nodes, case.pods)
+    view = build_view(case.nodes, case.pods, case.scope)
     moves = case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
     assert triples(moves) == case.moves
 
@@ -330,6 +349,17 @@ LOADBALANCE_CASES = [
     ),
     pytest.param(
         Case(
+            [mknode("hot"), mknode("c1")],
+            [mkpod(f"p{i}", "hot", cpu=1_000) for i in range(10)] + [mkpod("c", "c1", cpu=2_000)],
+            BALANCE,
+            detected=["hot"],
+            # c1 reaches 30 % with p0, so it is no target for p1 and hot stays at 90 %.
+            moves=[("p0", "hot", "c1")],
+        ),
+        id="a-target-that-reaches-low-stops-being-one",
+    ),
+    pytest.param(
+        Case(
             [mknode("hot"), mknode("cool")],
             [mkpod("big", "hot", cpu=9_000), mkpod("c", "cool", cpu=2_000)],
             BALANCE,
@@ -381,13 +411,13 @@ LOADBALANCE_CASES = [
 
 @pytest.mark.parametrize("case", LOADBALANCE_CASES)
 def test_loadbalance_detects_nodes_above_high(case: Case) -> None:
-    view = build_view(case.nodes, case.pods)
+    view = build_view(case.nodes, case.pods, case.scope)
     assert [d.node for d in case.plugin.detect(view)] == case.detected
 
 
 @pytest.mark.parametrize("case", LOADBALANCE_CASES)
 def test_loadbalance_moves(case: Case) -> None:
-    view = build_view(case.nodes, case.pods)
+    view = build_view(case.nodes, case.pods, case.scope)
     moves = case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
     assert triples(moves) == case.moves
 
@@ -475,13 +505,13 @@ SPREAD_CASES = [
 
 @pytest.mark.parametrize("case", SPREAD_CASES)
 def test_topologyspread_detects_the_crowded_domain(case: Case) -> None:
-    view = build_view(case.nodes, case.pods)
+    view = build_view(case.nodes, case.pods, case.scope)
     assert [d.node for d in case.plugin.detect(view)] == case.detected
 
 
 @pytest.mark.parametrize("case", SPREAD_CASES)
 def test_topologyspread_moves(case: Case) -> None:
-    view = build_view(case.nodes, case.pods)
+    view = build_view(case.nodes, case.pods, case.scope)
     moves = case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
     assert triples(moves) == case.moves
 
@@ -588,13 +618,13 @@ COLOCATION_CASES = [
 
 @pytest.mark.parametrize("case", COLOCATION_CASES)
 def test_colocation_detects(case: Case) -> None:
-    view = build_view(case.nodes, case.pods)
+    view = build_view(case.nodes, case.pods, case.scope)
     assert [d.node for d in case.plugin.detect(view)] == case.detected
 
 
 @pytest.mark.parametrize("case", COLOCATION_CASES)
 def test_colocation_moves(case: Case) -> None:
-    view = build_view(case.nodes, case.pods)
+    view = build_view(case.nodes, case.pods, case.scope)
     moves = case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
     assert triples(moves) == case.moves
 

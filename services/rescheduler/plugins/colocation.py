@@ -65,26 +65,33 @@ def _runs(node: NodeInfo, pool: str) -> bool:
     return any(req.pool == pool for req in node.pods.values())
 
 
-class CoLocation:
-    NAME: ClassVar[str] = NAME
+def _best_effort_pods(view: ClusterView, detection: Detection) -> list[RunningPod]:
+    """The detection's pods (or all the node's) that are still there and best-effort."""
+    wanted = set(detection.pods)
+    return [
+        p
+        for p in view.pods_on(detection.node)
+        if p.pool == BEST_EFFORT and (not wanted or p.name in wanted)
+    ]
+
+
+class _Mode:
+    """One mode's detect and reschedule; the guaranteed load they both read."""
 
     def __init__(self, args: Args) -> None:
         self.args = args
         self.threshold = args.guaranteed_threshold_percentage / 100
 
-    def _load(self, node: NodeInfo) -> float:
+    def load(self, node: NodeInfo) -> float:
         return utilisation(node, self.args.resources, GUARANTEED)
 
-    def detect(self, view: ClusterView) -> list[Detection]:
-        if self.args.mode == SEPARATE:
-            return self._detect_crowded(view)
-        return self._detect_best_effort_only(view)
 
-    def _detect_crowded(self, view: ClusterView) -> list[Detection]:
+class _Separate(_Mode):
+    def detect(self, view: ClusterView) -> list[Detection]:
         found = []
         for node in view.scoped_nodes():
             best_effort = _pods_of_pool(node, BEST_EFFORT)
-            load = self._load(node)
+            load = self.load(node)
             if best_effort and load > self.threshold:
                 found.append((-load, node.name, tuple(best_effort)))
         percent = self.args.guaranteed_threshold_percentage
@@ -93,7 +100,27 @@ class CoLocation:
             for minus, name, pods in sorted(found)
         ]
 
-    def _detect_best_effort_only(self, view: ClusterView) -> list[Detection]:
+    def reschedule(
+        self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
+    ) -> list[Move]:
+        calm = sorted(
+            (self.load(n), n.name) for n in view.scoped_nodes() if self.load(n) <= self.threshold
+        )
+        targets = [name for _, name in calm]
+        room = RoomCache()
+        moves: list[Move] = []
+        for detection in detections:
+            for pod in _best_effort_pods(view, detection):
+                target = first_target(view, pod, targets, room, veto)
+                if target is not None:
+                    moves.append(Move(pod.name, pod.job, pod.node, target))
+                    view.move(pod.name, target)
+                    room.freed(detection.node)
+        return moves
+
+
+class _Together(_Mode):
+    def detect(self, view: ClusterView) -> list[Detection]:
         found = []
         for node in view.scoped_nodes():
             best_effort = _pods_of_pool(node, BEST_EFFORT)
@@ -107,43 +134,7 @@ class CoLocation:
     def reschedule(
         self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
     ) -> list[Move]:
-        if self.args.mode == SEPARATE:
-            return self._separate(view, detections, veto)
-        return self._together(view, detections, veto)
-
-    def _best_effort_pods(self, view: ClusterView, detection: Detection) -> list[RunningPod]:
-        """The detection's pods (or all the node's) that are still there and best-effort."""
-        wanted = set(detection.pods)
-        return [
-            p
-            for p in view.pods_on(detection.node)
-            if p.pool == BEST_EFFORT and (not wanted or p.name in wanted)
-        ]
-
-    def _separate(
-        self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
-    ) -> list[Move]:
-        calm = sorted(
-            (self._load(n), n.name) for n in view.scoped_nodes() if self._load(n) <= self.threshold
-        )
-        targets = [name for _, name in calm]
-        room = RoomCache()
-        moves: list[Move] = []
-        for detection in detections:
-            for pod in self._best_effort_pods(view, detection):
-                target = first_target(view, pod, targets, room, veto)
-                if target is not None:
-                    moves.append(Move(pod.name, pod.job, pod.node, target))
-                    view.move(pod.name, target)
-                    room.freed(detection.node)
-        return moves
-
-    def _together(
-        self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
-    ) -> list[Move]:
-        hosts = sorted(
-            (-self._load(n), n.name) for n in view.scoped_nodes() if _runs(n, GUARANTEED)
-        )
+        hosts = sorted((-self.load(n), n.name) for n in view.scoped_nodes() if _runs(n, GUARANTEED))
         targets = [name for _, name in hosts]
         room = RoomCache()
         moves: list[Move] = []
@@ -152,12 +143,28 @@ class CoLocation:
                 continue
             drained = drain(
                 view,
-                self._best_effort_pods(view, detection),
+                _best_effort_pods(view, detection),
                 lambda pod: first_target(view, pod, targets, room, veto),
                 lambda move: room.freed(move.source),
             )
             moves.extend(drained or ())
         return moves
+
+
+class CoLocation:
+    NAME: ClassVar[str] = NAME
+
+    def __init__(self, args: Args) -> None:
+        self.args = args
+        self._mode = _Separate(args) if args.mode == SEPARATE else _Together(args)
+
+    def detect(self, view: ClusterView) -> list[Detection]:
+        return self._mode.detect(view)
+
+    def reschedule(
+        self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
+    ) -> list[Move]:
+        return self._mode.reschedule(view, detections, veto)
 
 
 def new(args: Args) -> CoLocation:
