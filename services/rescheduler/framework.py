@@ -192,7 +192,8 @@ class Detector(Protocol):
     NAME: ClassVar[str]
 
     def detect(self, view: ClusterView) -> list[Detection]:
-        """The in-scope nodes (and pods) that should be relieved, most urgent first."""
+        """The in-scope nodes (and pods) that should be relieved, most urgent first. Reads the
+        view only (it is the round's own, shared with the later steps)."""
         ...
 
 

@@ -22,6 +22,7 @@ Plain synchronous code over the view: the service runs it off the event loop.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections import defaultdict
@@ -31,12 +32,10 @@ from typing import Any
 
 from placement.budgets import BudgetTracker
 from placement.framework import Framework, PodInfo, Profile, UnitInfo
-from placement.framework.interface import template_key
 from placement.plugins import new_in_tree_registry
 from placement.search import UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import api_pb2 as api
-from protos.godel.v1 import objects_pb2 as pb
 from services.rescheduler import metrics
 from services.rescheduler.framework import Algorithm, Check, ClusterView, Detector, Move
 from services.rescheduler.generator import InfeasiblePlanError, plan_batches
@@ -197,7 +196,8 @@ class RoundRunner:
         return plan
 
     def _plan(self, policy: Policy, view: ClusterView, plan: RoundPlan, now: float) -> None:
-        detections = policy.detector.detect(view.copy())
+        # Detectors only read the view (the protocol says so); algorithms get their own copy.
+        detections = policy.detector.detect(view)
         plan.detected_nodes = len({d.node for d in detections})
         if not detections:
             plan.message = f"{policy.detector.NAME} found nothing to relieve"
@@ -228,10 +228,11 @@ class RoundRunner:
             )
             return
 
-        final = view.copy()
+        # Checks read the view and keep their own round state: the plan is judged against the
+        # cluster as it is, move by move.
         for check in policy.checks:
-            check.start_round(final, now)
-        veto = _vetoes(policy.checks, final)
+            check.start_round(view, now)
+        veto = _vetoes(policy.checks, view)
         for move in moves:
             reason = veto(move)
             if reason is not None:
@@ -239,10 +240,11 @@ class RoundRunner:
                 plan.message = f"move of {move.pod} to {move.target} vetoed: {reason}"
                 return
             for check in policy.checks:
-                check.admit(final, move)
+                check.admit(view, move)
 
+        budget = (lambda: _BatchBudget(view)) if view.budgets else None
         try:
-            plan.batches = plan_batches(moves, lambda: _BatchBudget(view))
+            plan.batches = plan_batches(moves, budget)
         except InfeasiblePlanError as exc:
             plan.outcome = ABORTED
             pods = ", ".join(m.pod for m in exc.remaining[:5])
@@ -275,6 +277,7 @@ class RoundRunner:
         snapshot = Snapshot.of(view.nodes.values())
         search = UnitScheduler(self.scheduling)
         placed: dict[str, str] = {}
+        keys: dict[tuple[object, ...], bytes] = {}
         for batch in batches:
             for move in batch:
                 snapshot.forget(move.pod, move.source)
@@ -284,7 +287,7 @@ class RoundRunner:
             for job, moves in sorted(by_job.items()):
                 leftovers: list[tuple[Move, PodInfo]] = []
                 for move in moves:
-                    replacement = _replacement(view, move.pod)
+                    replacement = _replacement(view, move.pod, keys)
                     target = snapshot.get(move.target)
                     if (
                         target is not None
@@ -366,20 +369,21 @@ def validate_targets(
     return kept, dropped
 
 
-def _replacement(view: ClusterView, pod: str) -> PodInfo:
-    """The pod a moved pod's job gets instead: same template, its own name, keyed for the
-    feasible-node cache (pods of one template share a search)."""
+def _replacement(view: ClusterView, pod: str, keys: dict[tuple[object, ...], bytes]) -> PodInfo:
+    """The pod a moved pod's job gets instead: same template, its own name. Its feasible-node
+    cache key groups replacements whose filter and score inputs are equal (``keys`` numbers the
+    distinct ones), which is what the template key promises, without serialising templates."""
     running = view.pods[pod]
-    name = pod + REPLACEMENT_SUFFIX
-    info = dataclasses.replace(
-        running.info,
-        name=name,
-        req=dataclasses.replace(running.info.req, name=name),
-        template_key=template_key(running.pod),
-        resource_version=0,
-    )
-    return info
-
-
-def node_pool_pods(view: ClusterView, node: str) -> list[pb.Pod]:
-    return [p.pod for p in view.pods_on(node)]
+    info, name = running.info, pod + REPLACEMENT_SUFFIX
+    req = info.req
+    inputs = (
+        req.pool, req.cpu, req.mem, req.gpu, req.host_ports,
+        info.node_selector, info.required_terms, info.preferred_terms, info.tolerations,
+    )  # fmt: skip
+    key = keys.setdefault(inputs, len(keys).to_bytes(8, "big"))
+    copied = copy.copy(info)
+    copied.name = name
+    copied.req = dataclasses.replace(req, name=name)
+    copied.template_key = key
+    copied.resource_version = 0
+    return copied

@@ -32,7 +32,7 @@ from services.rescheduler.manager import PolicyManager, UnknownPolicyError
 from services.rescheduler.plugins import new_plugin_registry
 from services.rescheduler.round import Policy, RoundPlan
 from services.rescheduler.triggers import TriggerScheduler
-from services.rescheduler.view import build_view
+from services.rescheduler.view import PodInfoCache, build_view
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import ConfigError, option
 from store.informer import Informer
@@ -105,6 +105,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
         self.configs = {c.name: c for c in self.config.policy_configs()}
         self.informer = Informer(self.store, list(KINDS))
         self.rules = hard_rules()
+        self.pod_infos = PodInfoCache()
         self.manager = PolicyManager(
             [build_policy(c) for c in self.configs.values()], self._fresh_view
         )
@@ -144,6 +145,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
             self.rules,
             scope_labels=scope_labels,
             revision=revision,
+            pod_infos=self.pod_infos,
         )
 
     async def _fire(self, policy: str, trigger: str) -> None:

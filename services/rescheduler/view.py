@@ -17,6 +17,26 @@ from services.rescheduler.framework import ClusterView, RunningPod
 _TERMINAL = (pb.POD_SUCCEEDED, pb.POD_FAILED)
 
 
+class PodInfoCache:
+    """Pods' PodInfo by name and resource_version (PodInfos are never mutated by a round)."""
+
+    def __init__(self) -> None:
+        self._infos: dict[str, tuple[int, PodInfo]] = {}
+
+    def get(self, pod: pb.Pod) -> PodInfo:
+        name, version = pod.metadata.name, pod.metadata.resource_version
+        hit = self._infos.get(name)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        info = PodInfo.from_pod(pod, keyed=False)
+        self._infos[name] = (version, info)
+        return info
+
+    def keep_only(self, names: set[str]) -> None:
+        for gone in self._infos.keys() - names:
+            del self._infos[gone]
+
+
 def build_view(
     nodes: Iterable[pb.Node],
     pods: Iterable[pb.Pod],
@@ -26,8 +46,13 @@ def build_view(
     *,
     scope_labels: Mapping[str, str] | None = None,
     revision: int = 0,
+    pod_infos: PodInfoCache | None = None,
 ) -> ClusterView:
+    """``pod_infos`` carries pods' converted form from one round to the next (a pod that has not
+    changed is not converted again)."""
     infos = {n.metadata.name: NodeInfo.from_node(n) for n in nodes}
+    cache = pod_infos if pod_infos is not None else PodInfoCache()
+    seen: set[str] = set()
     running: dict[str, RunningPod] = {}
     pending: list[pb.Pod] = []
     for pod in pods:
@@ -41,9 +66,11 @@ def build_view(
         info = infos.get(node)
         if info is None:
             continue  # its node is gone: nothing to move it from
-        pod_info = PodInfo.from_pod(pod, keyed=False)
+        pod_info = cache.get(pod)
+        seen.add(pod.metadata.name)
         info.add_pod(pod_info.req)
         running[pod.metadata.name] = RunningPod(pod, pod_info)
+    cache.keep_only(seen)
     selector = dict(scope_labels or {})
     scope = frozenset(
         name

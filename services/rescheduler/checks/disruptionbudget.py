@@ -29,7 +29,7 @@ class DisruptionBudget:
 
     def check(self, view: ClusterView, move: Move) -> str | None:
         running = view.pods.get(move.pod)
-        if running is None:
+        if running is None or not view.budgets:
             return None
         broken = self._tracker.violations([running.pod])
         return "; ".join(broken) if broken else None

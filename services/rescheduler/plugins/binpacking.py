@@ -99,6 +99,10 @@ class _Packing:
         self.draining = ""
         scoped = view.scoped_nodes()
         used = (n.name for n in scoped if self._utilisation(n.name) > 0)
+        # The smallest request per pool and resource of any pod in the view: a node with less
+        # free than that (or no pod slot) can take no pod at all, and leaves the ranking.
+        self.smallest = _smallest_requests(view)
+        used = (name for name in used if self._can_take_any(name))
         self.targets = RankedNodes(self._utilisation, used, descending=True)
         # Per resource, the biggest capacity among the candidates (see utilisation_ceiling).
         self.largest = [
@@ -148,10 +152,37 @@ class _Packing:
         self._rerank(move.target)
 
     def _rerank(self, name: str) -> None:
-        if name != self.draining and self._utilisation(name) > 0:
+        if name != self.draining and self._utilisation(name) > 0 and self._can_take_any(name):
             self.targets.rank(name)
         else:
             self.targets.discard(name)
+
+    def _can_take_any(self, name: str) -> bool:
+        """False when ``name`` is too full for even the smallest pod: the scan for every later
+        pod would only walk past it (full nodes rank first)."""
+        node = self.view.nodes[name]
+        if len(node.pods) >= node.max_pods:
+            return False
+        for pool, smallest in self.smallest.items():
+            free = node.free(pool)
+            if all(f >= need for f, need in zip(free, smallest, strict=True)):
+                return True
+        return False
+
+
+def _smallest_requests(view: ClusterView) -> dict[str, tuple[int, int, int]]:
+    """Per pool, the smallest cpu, memory and gpu request among the view's pods."""
+    smallest: dict[str, list[int]] = {}
+    for pod in view.pods.values():
+        req = pod.info.req
+        amounts = (req.cpu, req.mem, req.gpu)
+        current = smallest.get(req.pool)
+        if current is None:
+            smallest[req.pool] = list(amounts)
+        else:
+            for i, amount in enumerate(amounts):
+                current[i] = min(current[i], amount)
+    return {pool: (v[0], v[1], v[2]) for pool, v in smallest.items()}
 
 
 def _at_least(floor: float, ranked: Iterator[tuple[float, str]]) -> Iterator[str]:
