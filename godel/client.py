@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import grpc
 from google.protobuf.message import Message
@@ -52,17 +52,19 @@ def wrap(kind: str, obj: Message) -> api_pb2.Object:
     return wrapped
 
 
-class GodelClient:
-    def __init__(self, address: str, *, timeout: float = 30.0) -> None:
+class _Connection:
+    """One channel to one service: closing, ``with`` support, calls with the deadline and
+    errors as ClientError."""
+
+    def __init__(self, address: str, *, timeout: float) -> None:
         self.address = address
         self.timeout = timeout
         self._channel = grpc.insecure_channel(address, options=_OPTIONS)
-        self._api = api_pb2_grpc.DispatcherStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> GodelClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -78,6 +80,12 @@ class GodelClient:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise _client_error(exc, self.address) from None
+
+
+class GodelClient(_Connection):
+    def __init__(self, address: str, *, timeout: float = 30.0) -> None:
+        super().__init__(address, timeout=timeout)
+        self._api = api_pb2_grpc.DispatcherStub(self._channel)
 
     def submit(self, jobs: Sequence[pb.Job], *, dry_run: bool = False) -> api_pb2.SubmitResponse:
         """Validate and store jobs; each result says created, or lists the violations."""
@@ -138,43 +146,21 @@ class GodelClient:
             raise _client_error(exc, self.address) from None
 
 
-class ReschedulerClient:
+class ReschedulerClient(_Connection):
     """The Rescheduler's API: run a policy's round now (or simulate it), list the policies."""
 
     def __init__(self, address: str, *, timeout: float = 300.0) -> None:
-        self.address = address
         # A round on a large cluster takes seconds: the default deadline is generous.
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        super().__init__(address, timeout=timeout)
         self._api = api_pb2_grpc.ReschedulerStub(self._channel)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> ReschedulerClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def trigger(self, policy: str = "", *, dry_run: bool = False) -> api_pb2.TriggerResponse:
         """One round of ``policy`` (every policy when empty) and its plan."""
         request = api_pb2.TriggerRequest(policy=policy, dry_run=dry_run)
-        try:
-            return self._api.Trigger(request, timeout=self.timeout)  # type: ignore[no-any-return]
-        except grpc.RpcError as exc:
-            raise _client_error(exc, self.address) from None
+        return self._call(self._api.Trigger, request)  # type: ignore[no-any-return]
 
     def policies(self) -> list[api_pb2.PolicyInfo]:
-        try:
-            response = self._api.ListPolicies(api_pb2.ListPoliciesRequest(), timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise _client_error(exc, self.address) from None
+        response = self._call(self._api.ListPolicies, api_pb2.ListPoliciesRequest())
         return list(response.policies)
 
 

@@ -179,6 +179,16 @@ def audit(
         fail(str(exc))
 
 
+def local_address(kind: str, home: Path | None, flag: str) -> str:
+    """Where the local cluster in ``home`` (default $GODEL_HOME) serves ``kind``; exits with
+    an error naming ``flag`` when no cluster runs there."""
+    godel_home = _home(home)
+    state = godel_home.load()
+    if state is None:
+        fail(f"no cluster in {godel_home}: start one with `godel up`, or pass {flag}")
+    return state.address_of(kind)
+
+
 def _home(path: Path | None) -> local.GodelHome:
     return local.GodelHome(path or local.default_home())
 

@@ -14,8 +14,7 @@ from typing import Annotated
 import typer
 from google.protobuf import json_format
 
-from godel import local
-from godel.cli.cluster import HomeOption
+from godel.cli.cluster import HomeOption, local_address
 from godel.cli.output import fail, print_json, print_table
 from godel.client import ClientError, ReschedulerClient
 from protos.godel.v1 import api_pb2
@@ -36,13 +35,7 @@ def register(app: typer.Typer) -> None:
 
 
 def rescheduler_client(address: str | None, home: Path | None) -> ReschedulerClient:
-    if address:
-        return ReschedulerClient(address)
-    godel_home = local.GodelHome(home or local.default_home())
-    state = godel_home.load()
-    if state is None:
-        fail(f"no cluster in {godel_home}: start one with `godel up`, or pass --rescheduler")
-    return ReschedulerClient(state.address_of("rescheduler"))
+    return ReschedulerClient(address or local_address("rescheduler", home, "--rescheduler"))
 
 
 def reschedule(

@@ -16,7 +16,7 @@ import typer
 from google.protobuf.message import Message
 
 from godel import local
-from godel.cli.cluster import HomeOption
+from godel.cli.cluster import HomeOption, local_address
 from godel.cli.output import fail, print_json, print_table
 from godel.cli.reschedule import ReschedulerOption, get_policies
 from godel.client import ClientError, GodelClient
@@ -64,13 +64,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _client(server: str | None, home: Path | None) -> GodelClient:
-    if server:
-        return GodelClient(server)
-    godel_home = local.GodelHome(home or local.default_home())
-    state = godel_home.load()
-    if state is None:
-        fail(f"no cluster in {godel_home}: start one with `godel up`, or pass --server")
-    return GodelClient(state.address_of("dispatcher"))
+    return GodelClient(server or local_address("dispatcher", home, "--server"))
 
 
 def _kind(word: str) -> str:

@@ -169,13 +169,20 @@ class ClusterView:
 def utilisation(node: NodeInfo, weights: dict[str, int], pool: str = GUARANTEED) -> float:
     """The original's formula: Σ wᵢ·requestedᵢ/allocatableᵢ ÷ Σ wᵢ over resources with capacity
     (a resource the node lacks counts as 0 used of 0, not a division by zero)."""
-    cap, used = node.capacity[pool], node.requested[pool]
+    return weighted_fraction(node.requested[pool], node.capacity[pool], weights)
+
+
+def weighted_fraction(
+    amounts: Sequence[int], capacity: Sequence[int], weights: dict[str, int]
+) -> float:
+    """Σ wᵢ·amountᵢ/capacityᵢ ÷ Σ wᵢ, over [cpu, memory, gpu]; a resource without capacity
+    adds nothing (its weight still counts)."""
     total = weight_sum = 0.0
     for name, weight in weights.items():
         i = RESOURCE_INDEX[name]
         weight_sum += weight
-        if cap[i] > 0:
-            total += weight * used[i] / cap[i]
+        if capacity[i] > 0:
+            total += weight * amounts[i] / capacity[i]
     return total / weight_sum if weight_sum else 0.0
 
 

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from placement.nodeinfo import NodeInfo, PodRequest, resource_fit_failures
 from services.rescheduler.framework import (
-    RESOURCE_INDEX,
     ClusterView,
     Move,
     MoveVeto,
     RunningPod,
+    weighted_fraction,
 )
 
 
@@ -130,15 +130,7 @@ def pod_share(node: NodeInfo, req: PodRequest, weights: dict[str, int], pool: st
     0 for a pod of the other pool."""
     if req.pool != pool:
         return 0.0
-    cap = node.capacity[pool]
-    amounts = (req.cpu, req.mem, req.gpu)
-    total = weight_sum = 0.0
-    for name, weight in weights.items():
-        i = RESOURCE_INDEX[name]
-        weight_sum += weight
-        if cap[i] > 0:
-            total += weight * amounts[i] / cap[i]
-    return total / weight_sum if weight_sum else 0.0
+    return weighted_fraction((req.cpu, req.mem, req.gpu), node.capacity[pool], weights)
 
 
 def utilisation_ceiling(
@@ -154,17 +146,11 @@ def utilisation_ceiling(
     """
     if req.pool != pool:
         return None
-    amounts = (req.cpu, req.mem, req.gpu)
-    share = weight_sum = 0.0
-    for name, weight in weights.items():
-        i = RESOURCE_INDEX[name]
-        weight_sum += weight
-        if largest[i] > 0:
-            share += weight * amounts[i] / largest[i]
-    if share <= 0 or weight_sum <= 0:
+    share = weighted_fraction((req.cpu, req.mem, req.gpu), largest, weights)
+    if share <= 0:
         return None
     # Rounding may put a node that fits exactly a hair above the bound; keep it.
-    return 1.0 - share / weight_sum + 1e-9
+    return 1.0 - share + 1e-9
 
 
 def drain(
