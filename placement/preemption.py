@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from placement.framework.interface import PodInfo
-from placement.nodeinfo import NodeInfo, PodRequest, pool_of, port_conflict, resource_fit_failures
+from placement.nodeinfo import NodeInfo, PodRequest, port_conflict, resource_fit_failures
 from protos.godel.v1 import objects_pb2 as pb
 
 # Why a pod is not a possible victim (short, for `godel explain`).
@@ -101,32 +101,42 @@ def victim_reason(
     cycle already chose for other pods). A pod claimed by this very preemptor (``preempted_by``
     its name, e.g. on a retry) stays a possible victim.
     """
-    spec, status = candidate.spec, candidate.status
-    if status.phase not in _RUNNING_PHASES:
+    if candidate.status.phase not in _RUNNING_PHASES:
         return NOT_BOUND
-    if pool_of(spec.qos) != preemptor.req.pool:
+    return candidate_reason(preemptor, VictimCandidate.from_pod(candidate), now_ms, claimed)
+
+
+def candidate_reason(
+    preemptor: PodInfo, c: VictimCandidate, now_ms: int, claimed: Set[str]
+) -> str | None:
+    """:func:`victim_reason` on the compact record of a pod known to be bound or running (what
+    the shard's cache keeps per bound pod)."""
+    if c.req.pool != preemptor.req.pool:
         return OTHER_POOL
-    if spec.priority >= preemptor.priority:
+    if c.priority >= preemptor.priority:
         return NOT_LOWER_PRIORITY
-    if not spec.preemptible:
+    if not c.preemptible:
         return NOT_PREEMPTIBLE
-    if protected_until_ms(candidate) > now_ms:
+    if c.protected_until_ms > now_ms:
         return PROTECTED
-    by = status.preempted_by
-    if candidate.metadata.name in claimed or (by and by != preemptor.name):
+    if c.name in claimed or (c.preempted_by and c.preempted_by != preemptor.name):
         return CLAIMED
     return None
 
 
 @dataclass(frozen=True, slots=True)
 class VictimCandidate:
-    """A possible victim as the victim search reads it. ``name`` is ``req.name``."""
+    """A possible victim as the victim search reads it: a bound pod's compact record (no
+    protobuf), kept per bound pod by the shard's cache. ``name`` is ``req.name``."""
 
     name: str
     job: str
     priority: int
     started_ms: int  # 0: not started yet
     req: PodRequest
+    preemptible: bool = True
+    protected_until_ms: int = 0  # see protected_until_ms()
+    preempted_by: str = ""
 
     @classmethod
     def from_pod(cls, pod: pb.Pod) -> VictimCandidate:
@@ -136,6 +146,9 @@ class VictimCandidate:
             pod.spec.priority,
             pod.status.started_ms,
             PodRequest.from_pod(pod),
+            pod.spec.preemptible,
+            protected_until_ms(pod),
+            pod.status.preempted_by,
         )
 
 

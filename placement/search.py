@@ -10,6 +10,11 @@ re-scored), since no other node changed. Kube mode, for comparison: no cache, ev
 until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's adaptive
 percentageOfNodesToScore) and scores them.
 
+PostFilter (both modes): a pod no node fits, for reasons preemption can resolve, asks
+``placement.postfilter.Preemption`` for a node and victims; it is assumed there with its victims
+taken off the snapshot, so the unit's later pods see both. A gang preempts as a unit: if fewer
+than ``needed`` pods are placed, every placement is undone and every victim put back.
+
 Everything here is synchronous; the caller updates the snapshot before a cycle. ``steps`` is the
 same search as a generator that yields after every pod, so a service can let its event loop run
 (streams, heartbeats, signals) while a large unit is placed: the snapshot is the cycle's own.
@@ -18,12 +23,14 @@ same search as a generator that yields after every pod, so a service can let its
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 from placement.nodeinfo import NodeInfo
+from placement.postfilter import Preempted, Preemption, take, undo
 from placement.snapshot import Snapshot
 
 Mode = Literal["godel", "kube"]
@@ -53,6 +60,7 @@ class Placement:
     pod: str
     resource_version: int
     node: str
+    victims: list[str] = field(default_factory=list)  # pods to evict first (preemption)
 
 
 @dataclass(slots=True)
@@ -81,12 +89,22 @@ class _Template:
     # Set when a PreFilter narrowed the nodes: what to scan, and why the rest were skipped.
     segments: list[list[NodeInfo]] | None = None
     skipped: dict[str, int] = field(default_factory=dict)
+    unresolvable: bool = False  # the failure is one no eviction can change
+    # Preemption found nowhere for a pod of this template: its siblings will not either.
+    preemption_failure: str = ""
 
 
 class UnitScheduler:
-    def __init__(self, framework: Framework, config: SearchConfig | None = None) -> None:
+    def __init__(
+        self,
+        framework: Framework,
+        config: SearchConfig | None = None,
+        preemption: Preemption | None = None,
+    ) -> None:
         self.framework = framework
         self.config = config or SearchConfig()
+        # The PostFilter; None (or a profile with preemption off): pods that fit nowhere wait.
+        self.preemption = preemption if framework.profile.preemption else None
         self.partition: frozenset[str] = frozenset()
         self._offset = 0
         self._seq = 0
@@ -184,6 +202,8 @@ class UnitScheduler:
         use_cache = self.config.mode == "godel" and self.config.feasible_cache
         templates: dict[bytes, _Template] = {}
         placements: list[tuple[PodInfo, str]] = []
+        preempted: dict[str, Preempted] = {}  # pod -> its node and victims
+        now_ms = int(time.time() * 1000)
         unplaced: dict[str, str] = {}
         all_unresolvable = True
         allowed_failures = len(unit.pods) - needed
@@ -199,14 +219,21 @@ class UnitScheduler:
                 if narrowed:
                     tmpl.segments, tmpl.skipped = narrowed
             if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
-                unplaced[pod.name] = tmpl.failure
+                if tmpl.unresolvable:
+                    unplaced[pod.name] = tmpl.failure
+                elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
+                    placements.append((pod, preempted[pod.name].node))
                 continue
             node = self._take(tmpl) if use_cache else None
             if node is None:
                 found, unresolvable = self._scan(pod, segments, limit, total_nodes, tmpl, result)
                 if not found:
-                    unplaced[pod.name] = tmpl.failure
                     all_unresolvable = all_unresolvable and unresolvable
+                    tmpl.unresolvable = unresolvable
+                    if unresolvable:  # no eviction can change taints, affinity or cordons
+                        unplaced[pod.name] = tmpl.failure
+                    elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
+                        placements.append((pod, preempted[pod.name].node))
                     continue
                 all_unresolvable = False
                 node = self._take(tmpl)
@@ -221,12 +248,19 @@ class UnitScheduler:
                 tmpl.heap.clear()
         if len(placements) >= needed and placements:
             result.success = True
-            result.placements = [Placement(p.name, p.resource_version, n) for p, n in placements]
+            result.placements = [
+                Placement(p.name, p.resource_version, n, _victims(preempted.get(p.name)))
+                for p, n in placements
+            ]
             result.unplaced = unplaced
             result.reason = ""
             return
         for pod, node in placements:
-            snapshot.forget(pod.name, node)
+            place = preempted.get(pod.name)
+            if place is not None:
+                undo(snapshot, pod.name, place)  # the gang preempts as a unit, or not at all
+            else:
+                snapshot.forget(pod.name, node)
         result.placements = []
         first = next(iter(unplaced.values()), "")
         # The node summary first: it is what `godel explain` leads with.
@@ -237,6 +271,35 @@ class UnitScheduler:
         )
         result.unplaced = {p.name: result.reason for p in unit.pods}
         result.infeasible = bool(unplaced) and all_unresolvable and not placements
+
+    def _preempt(
+        self,
+        pod: PodInfo,
+        snapshot: Snapshot,
+        segments: list[list[NodeInfo]],
+        tmpl: _Template,
+        preempted: dict[str, Preempted],
+        now_ms: int,
+        unplaced: dict[str, str],
+    ) -> bool:
+        """The PostFilter for a pod the filters placed nowhere: True when it is assumed on a node
+        with its victims taken off; else its reason is in ``unplaced``."""
+        if self.preemption is None or not pod.can_preempt:
+            unplaced[pod.name] = tmpl.failure
+            return False
+        if tmpl.preemption_failure:
+            unplaced[pod.name] = tmpl.preemption_failure
+            return False
+        chosen = {v.name for place in preempted.values() for v in place.victims}
+        scan = tmpl.segments if tmpl.segments is not None else segments
+        place = self.preemption.find(pod, scan, now_ms, chosen)
+        if place is None:
+            tmpl.preemption_failure = f"{tmpl.failure}; {self.preemption.why}"
+            unplaced[pod.name] = tmpl.preemption_failure
+            return False
+        take(snapshot, pod.req, place)
+        preempted[pod.name] = place
+        return True
 
     def _godel_scan(self, unit: UnitInfo) -> int:
         """Feasible nodes to find per scan in Gödel mode. With the cache one scan serves every pod
@@ -309,3 +372,7 @@ class UnitScheduler:
             tmpl.static[info.name] = s
             self._push(tmpl, info.name, s + d)
         return True, False
+
+
+def _victims(place: Preempted | None) -> list[str]:
+    return [v.name for v in place.victims] if place is not None else []

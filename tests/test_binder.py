@@ -669,3 +669,245 @@ async def bind_via_leader(store: Store, decision: ipb.UnitDecision) -> dict[str,
                 await shard.close()
         assert time.monotonic() < deadline, "no leader answered"
         await asyncio.sleep(0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# Preemption: placements with victims
+# --------------------------------------------------------------------------------------------
+
+
+def prio(job: pb.Job, priority: int, *, preemptible: bool = True, replace: bool = False) -> pb.Job:
+    job.spec.priority = priority
+    job.spec.preemptible = preemptible
+    job.spec.replace_lost_pods = replace
+    return job
+
+
+async def submit_prio(store: Store, job: pb.Job) -> dict[str, pb.Pod]:
+    """As the dispatcher copies them: priority and preemptibility on every pod."""
+    pods = f.pods_of(job)
+    for p in pods:
+        p.spec.priority = job.spec.priority
+        p.spec.preemptible = job.spec.preemptible
+    await store.create_unit(job, pods)
+    return {p.metadata.name: p for p in pods}
+
+
+def budget(name: str, job: str, *, max_unavailable: int) -> pb.DisruptionBudget:
+    b = pb.DisruptionBudget(metadata=pb.ObjectMeta(name=name))
+    b.spec.job = job
+    b.spec.max_unavailable = max_unavailable
+    return b
+
+
+def preempting(
+    job: pb.Job, pods: dict[str, pb.Pod], placements: list[tuple[str, str, list[str]]]
+) -> ipb.UnitDecision:
+    u = unit(job, pods, [(p, n) for p, n, _ in placements])
+    for pl, (_, _, victims) in zip(u.placements, placements, strict=True):
+        pl.victims.extend(victims)
+    return u
+
+
+@dataclass
+class PreemptCase:
+    id: str
+    nodes: list[pb.Node]
+    # Jobs already running: (job, [(pod, node)]), bound through the binder first.
+    running: list[tuple[pb.Job, list[tuple[str, str]]]]
+    preemptors: list[pb.Job]
+    # One batch: (job name, [(pod, node, victims)]).
+    units: list[tuple[str, list[tuple[str, str, list[str]]]]]
+    expect: dict[str, tuple[Code, str]]
+    evicted: set[str]
+    budgets: list[pb.DisruptionBudget] = field(default_factory=list)
+
+
+LOW = 1
+HIGH = 10
+PREEMPT_CASES = [
+    PreemptCase(
+        "victim evicted and preemptor bound in one commit",
+        [f.node("n1", cpu=1000)],
+        [(prio(f.job("low", cpu=600), LOW), [("low-0", "n1")])],
+        [prio(f.job("high", cpu=600), HIGH)],
+        [("high", [("high-0", "n1", ["low-0"])])],
+        {"high-0": (V.BOUND, "")},
+        {"low-0"},
+    ),
+    PreemptCase(
+        "a victim already gone is fine",
+        [f.node("n1", cpu=1000)],
+        [],
+        [prio(f.job("high", cpu=600), HIGH)],
+        [("high", [("high-0", "n1", ["vanished"])])],
+        {"high-0": (V.BOUND, "")},
+        set(),
+    ),
+    PreemptCase(
+        "a victim claimed twice: the second claimant conflicts",
+        [f.node("n1", cpu=1000)],
+        [(prio(f.job("low", cpu=600), LOW), [("low-0", "n1")])],
+        [prio(f.job("high", replicas=2, cpu=300), HIGH)],
+        [("high", [("high-0", "n1", ["low-0"]), ("high-1", "n1", ["low-0"])])],
+        {"high-0": (V.BOUND, ""), "high-1": (V.CONFLICT, "claimed by 'high-0'")},
+        {"low-0"},
+    ),
+    PreemptCase(
+        "equal priority is never a victim",
+        [f.node("n1", cpu=1000)],
+        [(prio(f.job("peer", cpu=600), HIGH), [("peer-0", "n1")])],
+        [prio(f.job("high", cpu=600), HIGH)],
+        [("high", [("high-0", "n1", ["peer-0"])])],
+        {"high-0": (V.CONFLICT, "priority not lower")},
+        set(),
+    ),
+    PreemptCase(
+        "a non-preemptible pod is never a victim",
+        [f.node("n1", cpu=1000)],
+        [(prio(f.job("low", cpu=600), LOW, preemptible=False), [("low-0", "n1")])],
+        [prio(f.job("high", cpu=600), HIGH)],
+        [("high", [("high-0", "n1", ["low-0"])])],
+        {"high-0": (V.CONFLICT, "not preemptible")},
+        set(),
+    ),
+    PreemptCase(
+        "a victim of the other pool is refused",
+        [f.node("n1", cpu=1000, be_cpu=1000, be_mem=f.GiB)],
+        [(prio(f.job("be", cpu=600, qos=pb.QOS_BEST_EFFORT), LOW), [("be-0", "n1")])],
+        [prio(f.job("high", cpu=600), HIGH)],
+        [("high", [("high-0", "n1", ["be-0"])])],
+        {"high-0": (V.CONFLICT, "other pool")},
+        set(),
+    ),
+    PreemptCase(
+        "a victim on another node is refused",
+        [f.node("n1", cpu=1000), f.node("n2", cpu=1000)],
+        [(prio(f.job("low", replicas=2, cpu=600), LOW), [("low-0", "n1"), ("low-1", "n2")])],
+        [prio(f.job("high", cpu=600), HIGH)],
+        [("high", [("high-0", "n1", ["low-1"])])],
+        {"high-0": (V.CONFLICT, "is on node 'n2'")},
+        set(),
+    ),
+    PreemptCase(
+        "too few victims: the node check fails and nothing is evicted",
+        [f.node("n1", cpu=1000)],
+        [(prio(f.job("low", replicas=2, cpu=400), LOW), [("low-0", "n1"), ("low-1", "n1")])],
+        [prio(f.job("high", cpu=700), HIGH)],
+        [("high", [("high-0", "n1", ["low-0"])])],
+        {"high-0": (V.CONFLICT, "insufficient cpu")},
+        set(),
+    ),
+    PreemptCase(
+        "a disruption budget blocks: CONFLICT naming it, nothing evicted",
+        [f.node("n1", cpu=1000)],
+        [(prio(f.job("low", cpu=600), LOW), [("low-0", "n1")])],
+        [prio(f.job("high", cpu=600), HIGH)],
+        [("high", [("high-0", "n1", ["low-0"])])],
+        {"high-0": (V.CONFLICT, "disruption budget keep-low allows 0")},
+        set(),
+        [budget("keep-low", "low", max_unavailable=0)],
+    ),
+    PreemptCase(
+        "gang: the second member's victims break a budget, nothing evicted or bound",
+        [f.node("n1", cpu=1000), f.node("n2", cpu=1000)],
+        [(prio(f.job("low", replicas=2, cpu=600), LOW), [("low-0", "n1"), ("low-1", "n2")])],
+        [prio(f.job("gang", replicas=2, min_member=2, cpu=600), HIGH)],
+        [("gang", [("gang-0", "n1", ["low-0"]), ("gang-1", "n2", ["low-1"])])],
+        {"gang-0": (V.GANG_REJECTED, G), "gang-1": (V.CONFLICT, "disruption budget one")},
+        set(),
+        [budget("one", "low", max_unavailable=1)],
+    ),
+    PreemptCase(
+        "a later placement cannot take room a later preemptor frees",
+        [f.node("n1", cpu=1000)],
+        [(prio(f.job("low", cpu=600), LOW), [("low-0", "n1")])],
+        [prio(f.job("plain", cpu=600), HIGH), prio(f.job("high", cpu=600), HIGH)],
+        [("plain", [("plain-0", "n1", [])]), ("high", [("high-0", "n1", ["low-0"])])],
+        {"plain-0": (V.CONFLICT, "insufficient cpu"), "high-0": (V.BOUND, "")},
+        {"low-0"},
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PREEMPT_CASES, ids=[c.id for c in PREEMPT_CASES])
+async def test_preemption_batch(store: Store, shards: list[Shard], case: PreemptCase) -> None:
+    for n in case.nodes:
+        await store.create(n)
+    for b in case.budgets:
+        await store.create(b)
+    for job, placements in case.running:
+        pods = await submit_prio(store, job)
+        got = await shards[0].decide(unit(job, pods, placements))
+        assert {V.Name(v.code) for v in got.values()} == {"BOUND"}
+    pods = {}
+    jobs = {j.metadata.name: j for j in case.preemptors}
+    for j in case.preemptors:
+        pods |= await submit_prio(store, j)
+    await asyncio.sleep(0.2)  # the binder's view holds the budgets and the running pods
+    verdicts = await shards[1].decide(
+        *(preempting(jobs[job], pods, placements) for job, placements in case.units)
+    )
+    assert {p: V.Name(v.code) for p, v in verdicts.items()} == {
+        p: V.Name(c) for p, (c, _) in case.expect.items()
+    }
+    for pod, (_, reason) in case.expect.items():
+        assert reason in verdicts[pod].reason, (pod, verdicts[pod].reason)
+    stored = {p.metadata.name: p for p in (await store.list_all(pb.Pod))[0]}
+    evicted = {n for n, p in stored.items() if p.status.phase == pb.POD_FAILED}
+    assert evicted == case.evicted
+    for name in evicted:
+        p = stored[name]
+        assert p.status.reason == "Preempted" and p.status.finished_ms > 0
+        assert p.status.preempted_by in verdicts and verdicts[p.status.preempted_by].code == V.BOUND
+        assert p.status.preempted_by in p.status.message and p.spec.node_name in p.status.message
+
+
+async def test_evicted_pod_of_a_replacing_job_gets_a_replacement(
+    store: Store, shards: list[Shard]
+) -> None:
+    await store.create(f.node("n1", cpu=1000))
+    low = prio(f.job("svc", replicas=1, cpu=600), LOW, replace=True)
+    await shards[0].decide(unit(low, await submit_prio(store, low), [("svc-0", "n1")]))
+    high = prio(f.job("high", cpu=600), HIGH)
+    pods = await submit_prio(store, high)
+    await asyncio.sleep(0.1)
+    verdicts = await shards[0].decide(preempting(high, pods, [("high-0", "n1", ["svc-0"])]))
+    assert verdicts["high-0"].code == V.BOUND
+    old, new = await store.get_many(pb.Pod, ["svc-0", "svc-0-r1"])
+    assert old is not None and old.status.phase == pb.POD_FAILED
+    assert new is not None and new.status.phase == pb.POD_PENDING and not new.spec.node_name
+    assert new.spec.index == 0 and new.spec.priority == LOW
+    assert new.metadata.uid and new.metadata.uid != old.metadata.uid
+    assert new.metadata.annotations["godel.io/replaces"] == "svc-0"
+    # The eviction, the replacement and the bind are one commit: consecutive revisions.
+    assert new.metadata.resource_version == old.metadata.resource_version + 1
+
+
+async def test_two_shards_against_one_budget_never_exceed_it(
+    store: Store, shards: list[Shard]
+) -> None:
+    """Four full nodes of one job under maxUnavailable 2; two shards each send two preemptors
+    at once, each claiming a different victim: the binder admits at most two evictions."""
+    nodes = [f"n{i}" for i in range(4)]
+    for n in nodes:
+        await store.create(f.node(n, cpu=1000))
+    await store.create(budget("two", "low", max_unavailable=2))
+    low = prio(f.job("low", replicas=4, cpu=600), LOW)
+    await shards[0].decide(unit(low, await submit_prio(store, low), [(f"low-{i}", n) for i, n in enumerate(nodes)]))  # fmt: skip
+    a = prio(f.job("a", replicas=2, cpu=600), HIGH)
+    b = prio(f.job("b", replicas=2, cpu=600), HIGH)
+    pa, pb_ = await submit_prio(store, a), await submit_prio(store, b)
+    await asyncio.sleep(0.2)
+    results = await asyncio.gather(
+        shards[0].decide(preempting(a, pa, [("a-0", "n0", ["low-0"]), ("a-1", "n1", ["low-1"])])),
+        shards[1].decide(preempting(b, pb_, [("b-0", "n2", ["low-2"]), ("b-1", "n3", ["low-3"])])),
+    )
+    verdicts = {k: v for r in results for k, v in r.items()}
+    codes = Counter(V.Name(v.code) for v in verdicts.values())
+    assert codes == {"BOUND": 2, "CONFLICT": 2}
+    for v in verdicts.values():
+        if v.code == V.CONFLICT:
+            assert "disruption budget two" in v.reason
+    stored = (await store.list_all(pb.Pod))[0]
+    assert sum(p.status.reason == "Preempted" for p in stored) == 2

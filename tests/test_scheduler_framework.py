@@ -42,6 +42,11 @@ def test_profile_from_yaml_file(tmp_path: Path) -> None:
     assert profile.filters == ("NodeResourcesFit",)
     assert profile.scores == (("MostAllocated", 3), ("BalancedAllocation", 1))
     assert profile.args == {"MostAllocated": {"cpu": 2, "memory": 1}}
+    assert profile.preemption  # on unless switched off
+
+
+def test_preemption_is_switched_off_per_profile() -> None:
+    assert load_profile("preemption: false\n", REGISTRY).preemption is False
 
 
 BAD_PROFILES = [
@@ -72,6 +77,7 @@ BAD_PROFILES = [
     ("args-bad-key", "args: {LeastAllocated: {cpus: 1}}\n", "LeastAllocated: unknown arg 'cpus'"),
     ("args-bad-value", "args: {LeastAllocated: {cpu: -2}}\n", "weight of cpu must be >= 0"),
     ("args-no-args-plugin", "args: {NodePorts: {x: 1}}\n", "NodePorts: unknown arg 'x'"),
+    ("preemption-not-bool", "preemption: 'no'\n", "preemption: expected true or false"),
 ]
 
 

@@ -235,6 +235,24 @@ async def test_bind_accounts_and_release_returns(store: Store) -> None:
     assert await store.claims() == {}
 
 
+async def test_release_frees_room_for_a_bind_later_in_the_same_commit(store: Store) -> None:
+    """An eviction and its preemptor's bind commit together: the released claim is room for
+    the bind after it, and the node is never counted with both (nor with neither)."""
+    fence, pods = await _bound_setup(store)  # n1: 1000m; pods of 400m
+    bound = await store.bind(_on(pods[:2], "n1"), fence=fence)
+    victim = (await store.get_many(pb.Pod, [pods[0].metadata.name]))[0]
+    assert victim is not None and bound
+    victim.status.phase = pb.POD_FAILED
+    # A bind before the release does not see the room; after it, it does.
+    with pytest.raises(CommitError) as err:
+        await store.commit([Bind(_on(pods[2:], "n1")[0]), Release(victim)], fence=fence)
+    assert isinstance(err.value.cause, InsufficientCapacityError)
+    await store.commit([Release(victim), Bind(pods[2])], fence=fence)
+    usage = await store.node_usage("n1")
+    assert usage is not None and usage.used["g.cpu"] == 800 and usage.used["pods"] == 2
+    assert sorted(await store.claims()) == [pods[1].metadata.name, pods[2].metadata.name]
+
+
 async def test_best_effort_pods_use_the_reclaimable_pool(store: Store) -> None:
     await store.create(node("n1", cpu=1000, be_cpu=500, be_mem=8 << 30))
     j = job("batch", replicas=2, cpu=300, qos=pb.QOS_BEST_EFFORT)

@@ -88,6 +88,9 @@ class PodInfo:
     preferred_terms: tuple[tuple[int, Term], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     priority: int = 0
+    # May evict lower-priority pods when it does not fit (its job's preemptionPolicy is not
+    # Never).
+    can_preempt: bool = True
 
     @classmethod
     def from_pod(cls, pod: pb.Pod, *, keyed: bool = True) -> PodInfo:
@@ -109,6 +112,7 @@ class PodInfo:
                 for t in tpl.tolerations
             ),
             priority=pod.spec.priority,
+            can_preempt=pod.spec.preemption_policy != pb.NEVER,
         )
 
 

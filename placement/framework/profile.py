@@ -6,10 +6,11 @@
       - {name: NodeAffinity, weight: 2}
     args:
       LeastAllocated: {cpu_weight: 1, memory_weight: 1}
+    preemption: true      # PostFilter: evict lower-priority pods when nothing fits (default)
 
 A profile is refused, with a message naming the offending entry, for: unknown keys, an unknown
 plugin, a plugin listed twice at one extension point, a weight that is not a positive integer,
-a plugin that does not implement the extension point it is listed under, or bad args.
+a plugin that does not implement the extension point it is listed under, or bad args, a ``preemption`` that is not a boolean.
 """
 
 from __future__ import annotations
@@ -50,9 +51,11 @@ class Profile:
     locating: tuple[str, ...] = ()
     grouping: tuple[str, ...] = ()
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # PostFilter: a pod that fits nowhere may evict lower-priority pods (on unless switched off).
+    preemption: bool = True
 
 
-_KEYS = {"filters", "scores", "locating", "grouping", "args"}
+_KEYS = {"filters", "scores", "locating", "grouping", "args", "preemption"}
 
 
 def load_profile(source: str | Path, registry: Registry) -> Profile:
@@ -78,6 +81,7 @@ def load_profile(source: str | Path, registry: Registry) -> Profile:
         locating=_names(doc, "locating", where, ()),
         grouping=_names(doc, "grouping", where, ()),
         args=_args(doc, where),
+        preemption=_flag(doc, "preemption", where, default=True),
     )
     validate_profile(profile, registry, where)
     return profile
@@ -114,6 +118,13 @@ def validate_profile(profile: Profile, registry: Registry, where: str = "profile
         raise
     except PluginConfigError as exc:
         raise ProfileError(f"{where}: {exc}") from exc
+
+
+def _flag(doc: dict[str, Any], key: str, where: str, *, default: bool) -> bool:
+    value = doc.get(key, default)
+    if not isinstance(value, bool):
+        raise ProfileError(f"{where}: {key}: expected true or false, got {value!r}")
+    return value
 
 
 def _names(doc: dict[str, Any], key: str, where: str, default: tuple[str, ...]) -> tuple[str, ...]:

@@ -1,9 +1,13 @@
-"""Checking one DecisionBatch against the authoritative state: which pods may bind.
+"""Checking one DecisionBatch against the authoritative state: which pods may bind, and which
+victims are evicted for them.
 
-Order, after the per-pod checks (STALE / ERROR): single-node checks grouped per node (each node's
-placements are checked against a clone of its NodeInfo, adding accepted pods one by one; nodes do
-not depend on each other), then the cross-node gang rule serially. A gang rejection frees the room
-its pods took tentatively, so the nodes it touched are checked again until nothing changes.
+Order, after the per-pod checks (STALE / ERROR): victims claimed serially in batch order
+(``victims.py``: one preemptor per victim, re-validated, disruption budgets charged), then
+single-node checks grouped per node (each node's placements are checked against a clone of its
+NodeInfo, taking off a preemptor's victims just before it and adding accepted pods one by one;
+nodes do not depend on each other), then the cross-node gang rule serially. A gang rejection frees
+the room its pods took tentatively (and gives back their victims), so the nodes it touched are
+checked again until nothing changes.
 
 Synchronous and free of I/O: the service reads the pods and jobs, plans here, then commits.
 """
@@ -14,9 +18,12 @@ import time
 from dataclasses import dataclass
 
 from placement.framework import Framework, PodInfo
+from placement.nodeinfo import NodeInfo, PodRequest
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.state import TERMINAL, ClusterState
+from services.binder.victims import VictimClaims
+from services.eviction import PREEMPTED, Eviction, EvictionOps
 from store.client import Bind, Op, Update
 
 BOUND = ipb.BOUND
@@ -69,6 +76,11 @@ class BatchPlan:
         self.rejected: dict[str, Rejection] = {}
         self.gang_rejected: set[str] = set()  # jobs
         self._precheck(pods)
+        self.now_ms = int(time.time() * 1000)
+        self.claims = VictimClaims(
+            state, (v for c in self.candidates.values() for v in c.placement.victims), self.now_ms
+        )
+        self._claim_victims()
 
     # --- checks -----------------------------------------------------------------------------
 
@@ -106,8 +118,6 @@ class BatchPlan:
             return Rejection(ERROR, "unit without a job name")
         if not p.node:
             return Rejection(ERROR, "placement without a node")
-        if p.victims:
-            return Rejection(ERROR, "preemption (victims) is not supported by this binder yet")
         if pod is None:
             return Rejection(STALE, f"pod {p.pod!r} not found")
         if pod.spec.job != unit.job:
@@ -127,6 +137,23 @@ class BatchPlan:
                 f"now {pod.metadata.resource_version}",
             )
         return None
+
+    def _claim_victims(self) -> None:
+        """Serially, in batch order: each preemptor's victims, or CONFLICT with the reason."""
+        for name, cand in list(self.candidates.items()):
+            if not cand.placement.victims:
+                continue
+            why = self.claims.claim(cand.info, cand.placement.node, cand.placement.victims)
+            if why is not None:
+                self._remove(
+                    name, Rejection(CONFLICT, f"preemption on {cand.placement.node!r}: {why}")
+                )
+
+    def _remove(self, name: str, rejection: Rejection) -> None:
+        """Refuse an accepted candidate: its verdict, and its victims given back."""
+        self.candidates.pop(name, None)
+        self.rejected[name] = rejection
+        self.claims.release(name)
 
     def run(self) -> None:
         """Single-node checks per node, then the gang rule, until no gang rejection frees room."""
@@ -149,8 +176,7 @@ class BatchPlan:
         for results in node_results.values():
             for name, reason in results.items():
                 if reason is not None and name not in self.rejected:
-                    self.rejected[name] = Rejection(CONFLICT, reason)
-                    del self.candidates[name]
+                    self._remove(name, Rejection(CONFLICT, reason))
 
     def _check_node(self, node: str) -> dict[str, str | None]:
         """Each live candidate on ``node`` → None (fits) or why not, in batch order. Every hard
@@ -167,6 +193,13 @@ class BatchPlan:
         for name in names:
             cand = self.candidates[name]
             failures: list[str] = []
+            # The victims leave just before their preemptor is checked, and come back if it
+            # does not fit: earlier placements never get room a later preemptor frees.
+            freed = [
+                r
+                for v in self.claims.evict.get(name, ())
+                if (r := info.remove_pod(v.metadata.name)) is not None
+            ]
             status = self.rules.run_filters(cand.info, info)
             if status is not None:
                 failures.append(f"{status.plugin}: {', '.join(status.reasons)}")
@@ -174,6 +207,7 @@ class BatchPlan:
             if missing:
                 failures.append(f"no NUMA node {', '.join(map(str, missing))}")
             if failures:
+                _put_back(info, freed)
                 results[name] = f"node {node!r}: {'; '.join(failures)}"
             else:
                 info.add_pod(cand.info.req)
@@ -212,8 +246,7 @@ class BatchPlan:
             )
             if (failure := own.get(name)) is not None:
                 reason += f" (this pod: {failure})"
-            self.rejected[name] = Rejection(GANG_REJECTED, reason)
-            del self.candidates[name]
+            self._remove(name, Rejection(GANG_REJECTED, reason))
 
     # --- after a failed commit --------------------------------------------------------------
 
@@ -227,30 +260,41 @@ class BatchPlan:
         if code == CONFLICT and not self._gang_ok(cand.job, n):
             self._reject_job(cand.job, {name: reason})
             return
-        del self.candidates[name]
-        self.rejected[name] = Rejection(code, reason)
+        self._remove(name, Rejection(code, reason))
         if not self._gang_ok(cand.job, n):
             self._reject_job(cand.job, {})
 
     def drop_job(self, job_name: str, code: ipb.VerdictCode.ValueType, reason: str) -> None:
         for cand in [c for c in self.candidates.values() if c.job == job_name]:
-            self.candidates.pop(cand.pod.metadata.name)
-            self.rejected[cand.pod.metadata.name] = Rejection(code, reason)
+            self._remove(cand.pod.metadata.name, Rejection(code, reason))
 
     def reject_all(self, code: ipb.VerdictCode.ValueType, reason: str) -> None:
         for name in list(self.candidates):
-            self.rejected[name] = Rejection(code, reason)
-        self.candidates.clear()
+            self._remove(name, Rejection(code, reason))
 
     # --- the commit -------------------------------------------------------------------------
 
     def ops(self) -> tuple[list[Op], list[tuple[str, str]]]:
-        """The Bind ops of every accepted pod and the Update marking each job that reaches
-        min_member for the first time; with, per op, ("Pod" | "Job", name)."""
+        """The commit: every victim's eviction (with its replacement, if its job replaces lost
+        pods) first, so the room it frees is there for the binds; the Bind ops of every
+        accepted pod; the Update marking each job that reaches min_member for the first time.
+        With, per op, ("Victim" (naming its preemptor) | "Pod" | "Job", name)."""
         now = int(time.time() * 1000)
+        evictions = EvictionOps(self.state.jobs.get, self.state.pods_of_job)
         ops: list[Op] = []
         targets: list[tuple[str, str]] = []
         jobs: list[str] = []
+        for name, cand in self.candidates.items():
+            node = cand.placement.node
+            for victim in self.claims.evict.get(name, ()):
+                message = (
+                    f"preempted by pod {name!r} (priority {cand.info.priority}) "
+                    f"to make room on node {node!r}"
+                )
+                start = len(evictions.ops)
+                evictions.add(Eviction(victim, PREEMPTED, message, by=name), now)
+                targets += [("Victim", name)] * (len(evictions.ops) - start)
+        ops += evictions.ops
         for cand in self.candidates.values():
             ops.append(Bind(bound_pod(cand.pod, cand.placement, self.batch.shard, now)))
             targets.append(("Pod", cand.pod.metadata.name))
@@ -298,6 +342,7 @@ def bound_pod(pod: pb.Pod, placement: ipb.Placement, shard: str, now_ms: int) ->
     out.status.bound_ms = now_ms
     out.status.reason = ""
     out.status.message = ""
+    out.status.nominated_node = ""
     if placement.movement:
         out.status.movement = placement.movement
     kept = [c for c in out.status.conditions if c.type != "PodScheduled"]
@@ -305,6 +350,11 @@ def bound_pod(pod: pb.Pod, placement: ipb.Placement, shard: str, now_ms: int) ->
     out.status.conditions.extend(kept)
     out.status.conditions.add(type="PodScheduled", status="True", last_transition_ms=now_ms)
     return out
+
+
+def _put_back(info: NodeInfo, reqs: list[PodRequest]) -> None:
+    for r in reqs:
+        info.add_pod(r)
 
 
 def uniform(

@@ -35,7 +35,7 @@ from services.binder.decide import (
 from services.binder.state import ClusterState
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import ConfigError, option
-from store.client import Bind, Fence
+from store.client import Bind, Create, Fence
 from store.errors import (
     AlreadyBoundError,
     CommitError,
@@ -126,7 +126,7 @@ class BinderService(Service[BinderConfig]):
         super().__init__(*args, **kwargs)
         self.state = ClusterState()
         self.rules = hard_rules()
-        self.informer = Informer(self.store, ["Node", "Pod"])
+        self.informer = Informer(self.store, ["Node", "Pod", "Job", "DisruptionBudget"])
         self.informer.add_handlers(
             Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)
         )
@@ -384,6 +384,10 @@ class BinderService(Service[BinderConfig]):
                 if kind == "Pod":
                     code, reason = _verdict_for(exc.cause)
                     plan.drop(name, code, reason)
+                elif kind == "Victim":
+                    # A victim changed since this view (e.g. it started running): the shard
+                    # decides again against a view that shows the change.
+                    plan.drop(name, CONFLICT, f"a victim changed: {exc.cause}")
                 else:
                     await self._refresh_job(plan, name)
                 continue
@@ -396,11 +400,14 @@ class BinderService(Service[BinderConfig]):
                 return {}
             bound: dict[str, pb.Pod] = {}
             for op in ops:
+                written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
+                if not isinstance(written, pb.Pod):
+                    continue
+                seen = self.informer.get("Pod", written.metadata.name)
+                seen_rv = seen.metadata.resource_version if seen is not None else 0  # type: ignore[attr-defined]
+                self.state.record_written(written, seen_rv)
                 if isinstance(op, Bind):
-                    seen = self.informer.get("Pod", op.pod.metadata.name)
-                    seen_rv = seen.metadata.resource_version if seen is not None else 0  # type: ignore[attr-defined]
-                    self.state.record_bound(op.pod, seen_rv)
-                    bound[op.pod.metadata.name] = op.pod
+                    bound[written.metadata.name] = written
             return bound
         plan.reject_all(CONFLICT, f"gave up after {self.config.commit_retries + 1} commit attempts")
         return {}

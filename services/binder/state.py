@@ -1,8 +1,11 @@
-"""The binder's authoritative view: a NodeInfo per node holding every bound, non-terminal pod.
+"""The binder's authoritative view: a NodeInfo per node holding every bound, non-terminal pod,
+every pod as last written (for victims' re-validation and disruption budgets), jobs and budgets.
 
-Fed by the informer (Nodes and Pods) plus the pods this binder committed itself that the informer
-has not delivered yet ("assumed"), so back-to-back batches see each other. Plain synchronous code:
-informer handlers and the committer run on one event loop and never interleave mid-update.
+Fed by the informer (Nodes, Pods, Jobs, DisruptionBudgets) plus the pods this binder committed
+itself that the informer has not delivered yet ("assumed": binds, evictions, replacements), so
+back-to-back batches see each other. Pod objects are the informer's (or the binder's own written
+copies), referenced, not copied. Plain synchronous code: informer handlers and the committer run
+on one event loop and never interleave mid-update.
 """
 
 from __future__ import annotations
@@ -27,8 +30,12 @@ class ClusterState:
         # node object is gone: its pods still hold their claims).
         self.infos: dict[str, NodeInfo] = {}
         self.pod_node: dict[str, str] = {}
-        self.job_pods: dict[str, set[str]] = {}
-        # Pods this binder bound -> revision of the bind, until the informer shows that revision.
+        self.job_pods: dict[str, set[str]] = {}  # pods holding a claim, by job
+        self.pods: dict[str, pb.Pod] = {}  # every pod, any phase
+        self.all_job_pods: dict[str, set[str]] = {}  # every pod, by job (replacement names)
+        self.jobs: dict[str, pb.Job] = {}
+        self.budgets: dict[str, pb.DisruptionBudget] = {}
+        # Pods this binder wrote -> revision of the write, until the informer shows that revision.
         self.assumed: dict[str, int] = {}
 
     # --- informer handlers ------------------------------------------------------------------
@@ -38,6 +45,10 @@ class ClusterState:
             self._set_node(obj)  # type: ignore[arg-type]
         elif kind == "Pod":
             self._set_pod(obj)  # type: ignore[arg-type]
+        elif kind == "Job":
+            self.jobs[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
+        elif kind == "DisruptionBudget":
+            self.budgets[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
 
     def on_update(self, kind: str, _old: Message, new: Message) -> None:
         self.on_add(kind, new)
@@ -51,8 +62,19 @@ class ClusterState:
                 del self.infos[name]
         elif kind == "Pod":
             name = obj.metadata.name  # type: ignore[attr-defined]
+            job = obj.spec.job  # type: ignore[attr-defined]
             self.assumed.pop(name, None)
-            self._unplace(name, obj.spec.job)  # type: ignore[attr-defined]
+            self._unplace(name, job)
+            self.pods.pop(name, None)
+            members = self.all_job_pods.get(job)
+            if members is not None:
+                members.discard(name)
+                if not members:
+                    del self.all_job_pods[job]
+        elif kind == "Job":
+            self.jobs.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
+        elif kind == "DisruptionBudget":
+            self.budgets.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
 
     def _set_node(self, node: pb.Node) -> None:
         name = node.metadata.name
@@ -70,6 +92,12 @@ class ClusterState:
             if pod.metadata.resource_version < bound_at:
                 return  # an older state than our own bind: the bind stands
             del self.assumed[name]
+        self._apply(pod)
+
+    def _apply(self, pod: pb.Pod) -> None:
+        name = pod.metadata.name
+        self.pods[name] = pod
+        self.all_job_pods.setdefault(pod.spec.job, set()).add(name)
         if holds_claim(pod):
             self._place(pod)
         else:
@@ -109,13 +137,22 @@ class ClusterState:
             if not members:
                 del self.job_pods[job]
 
-    def record_bound(self, pod: pb.Pod, seen_revision: int) -> None:
-        """Account a pod this binder just bound. ``seen_revision`` is what the informer already
-        shows of it (0 if nothing), so a bind the informer delivered first is not re-assumed."""
+    def record_written(self, pod: pb.Pod, seen_revision: int) -> None:
+        """Account a pod this binder just wrote (bound, evicted or created). ``seen_revision`` is
+        what the informer already shows of it (0 if nothing), so a write the informer delivered
+        first is not re-assumed."""
         if seen_revision >= pod.metadata.resource_version:
             return  # the informer got there first and may already know later states
-        self._place(pod)
+        self._apply(pod)
         self.assumed[pod.metadata.name] = pod.metadata.resource_version
+
+    def pods_of_job(self, job: str) -> list[pb.Pod]:
+        """The job's pods, any phase."""
+        return [self.pods[n] for n in self.all_job_pods.get(job, ())]
+
+    def placed_pods(self, job: str) -> list[pb.Pod]:
+        """The job's pods that hold a claim (bound or running)."""
+        return [self.pods[n] for n in self.job_pods.get(job, ()) if n in self.pods]
 
     def bound_count(self, job: str) -> int:
         return len(self.job_pods.get(job, ()))

@@ -35,6 +35,13 @@ from google.protobuf.message import Message
 
 from placement.budgets import current_status
 from protos.godel.v1 import objects_pb2 as pb
+from services.eviction import (
+    EVICTION_REASONS,
+    NODE_LOST,
+    evicted,
+    replacement,
+    replacement_number,
+)
 from store import CommitError, ConflictError, NotFoundError, Store, StoreError
 from store.client import Create, Op, Release, Update
 from store.informer import Handlers, Informer
@@ -45,16 +52,7 @@ TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
 # Phases of a pod that holds (or is about to use) its node.
 ON_NODE = frozenset({pb.POD_BOUND, pb.POD_RUNNING})
 READY = "Ready"
-NODE_LOST = "NodeLost"
 HEARTBEAT_LAPSED = "NodeHeartbeatLapsed"
-REPLACES_ANNOTATION = "godel.io/replaces"
-
-
-def replacement_number(pod: pb.Pod) -> int:
-    """``n`` for a replacement pod ``<job>-<index>-r<n>``, 0 for an original pod."""
-    prefix = f"{pod.spec.job}-{pod.spec.index}-r"
-    rest = pod.metadata.name.removeprefix(prefix)
-    return int(rest) if rest != pod.metadata.name and rest.isdigit() else 0
 
 
 async def _tick_forever(
@@ -228,39 +226,14 @@ class NodeLifecycleController:
         for pod in list(self.pods.by_node.get(node, {}).values()):
             if pod.status.phase not in ON_NODE:
                 continue
-            failed = _copy_pod(pod)
-            failed.status.phase = pb.POD_FAILED
-            failed.status.reason = NODE_LOST
-            failed.status.message = message
-            failed.status.finished_ms = now
-            ops.append(Release(failed))
+            ops.append(Release(evicted(pod, NODE_LOST, message, now)))
             job = self._informer.get("Job", pod.spec.job) if pod.spec.job else None
             if isinstance(job, pb.Job) and job.spec.replace_lost_pods:
-                replacement = self._replacement(pod, taken)
-                taken.add(replacement.metadata.name)
-                ops.append(Create(replacement))
+                siblings = self.pods.by_job.get(pod.spec.job, {}).values()
+                new = replacement(pod, siblings, taken)
+                taken.add(new.metadata.name)
+                ops.append(Create(new))
         return ops
-
-    def _replacement(self, pod: pb.Pod, taken: set[str]) -> pb.Pod:
-        """``<job>-<index>-r<n>``: the next free n for this index, pending, unbound."""
-        siblings = self.pods.by_job.get(pod.spec.job, {}).values()
-        n = 1 + max(
-            (replacement_number(p) for p in siblings if p.spec.index == pod.spec.index),
-            default=0,
-        )
-        name = f"{pod.spec.job}-{pod.spec.index}-r{n}"
-        while name in taken:
-            n += 1
-            name = f"{pod.spec.job}-{pod.spec.index}-r{n}"
-        new = pb.Pod(metadata=pb.ObjectMeta(name=name))
-        new.metadata.labels.update(pod.metadata.labels)
-        new.metadata.annotations.update(pod.metadata.annotations)
-        new.metadata.annotations[REPLACES_ANNOTATION] = pod.metadata.name
-        new.spec.CopyFrom(pod.spec)
-        new.spec.node_name = ""
-        del new.spec.numa_nodes[:]
-        new.status.phase = pb.POD_PENDING
-        return new
 
 
 def _ready_reason(node: pb.Node) -> str:
@@ -286,12 +259,6 @@ def _set_ready(node: pb.Node, ready: bool, now: int, reason: str, message: str) 
             type=READY, status=status, reason=reason, message=message, last_transition_ms=now
         )
     )
-    return out
-
-
-def _copy_pod(pod: pb.Pod) -> pb.Pod:
-    out = pb.Pod()
-    out.CopyFrom(pod)
     return out
 
 
@@ -376,7 +343,7 @@ def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> tuple[int, int, int, int,
             succeeded += 1
         elif phase == pb.POD_FAILED:
             failed += 1
-            if not (job.spec.replace_lost_pods and pod.status.reason == NODE_LOST):
+            if not (job.spec.replace_lost_pods and pod.status.reason in EVICTION_REASONS):
                 final_failed += 1
     replicas = job.spec.replicas
     min_member = job.spec.min_member or replicas

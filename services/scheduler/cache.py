@@ -1,9 +1,13 @@
 """The shard's live view of the cluster, from which each cycle's snapshot is updated.
 
 :class:`SchedulerCache` is fed by the store informer (Nodes and Pods): bound, non-terminal pods
-count on their nodes through ``NodeInfo.add_pod``. Pods this shard has *assumed* (decided, sent
-to the Binder, not yet seen bound) count too, so the next units do not reuse the room; a
-rejection forgets them, and the informer's bound pod replaces them.
+count on their nodes through ``NodeInfo.add_pod``, and each keeps the compact record preemption
+reads (``VictimCandidate``: priority, pool, preemptibility, protection, start, claim). Pods this
+shard has *assumed* (decided, sent to the Binder, not yet seen bound) count too, so the next units
+do not reuse the room; a rejection forgets them, and the informer's bound pod replaces them. A
+preemptor's victims leave their node's accounting while it is assumed (the Binder evicts them in
+the commit that binds it) and are *claimed*, so no other preemptor of this shard takes them; a
+rejection puts them back.
 
 :class:`placement.snapshot.Snapshot` is what a scheduling cycle reads and mutates; it clones
 only the NodeInfos this cache marked ``dirty``.
@@ -12,12 +16,14 @@ only the NodeInfos this cache marked ``dirty``.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
 from google.protobuf.message import Message
 
 from placement.nodeinfo import NodeInfo, PodRequest
+from placement.preemption import VictimCandidate
 from placement.snapshot import LabelIndex
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -33,6 +39,7 @@ class Assumed:
     # Set once the Binder answered BOUND: forgotten when the informer shows the pod bound, or
     # at this deadline if it never does (e.g. the pod was deleted right away).
     expires: float | None = None
+    victims: tuple[str, ...] = ()
 
 
 class SchedulerCache:
@@ -40,8 +47,9 @@ class SchedulerCache:
         self.labels = LabelIndex()
         self.nodes: dict[str, NodeInfo] = {}
         self.present: set[str] = set()  # nodes that exist (others only hold pods' claims)
-        self.bound: dict[str, tuple[str, PodRequest]] = {}  # pod -> (node, request)
+        self.bound: dict[str, tuple[str, VictimCandidate]] = {}  # pod -> (node, its record)
         self.assumed: dict[str, Assumed] = {}
+        self.claimed: dict[str, str] = {}  # victim -> the assumed preemptor that claimed it
         self.dirty: set[str] = set()
         self.node_set_version = 0
 
@@ -102,25 +110,30 @@ class SchedulerCache:
         if not node_name or pod.status.phase in _TERMINAL:
             self.remove_pod(name, keep_assumed=not node_name)
             return
+        record = VictimCandidate.from_pod(pod)
         current = self.bound.get(name)
         if current is not None and current[0] == node_name:
+            # Same node: only what preemption reads may have changed (started, claimed).
+            self.bound[name] = (node_name, record)
             return
         if current is not None:
             self._unaccount(name, current[0])
-        req = PodRequest.from_pod(pod)
         assumed = self.assumed.pop(name, None)
-        if assumed is not None and assumed.node != node_name:
-            self._unaccount(name, assumed.node)
+        if assumed is not None:
+            self._unclaim(assumed)
+            if assumed.node != node_name:
+                self._unaccount(name, assumed.node)
         # If it was assumed on this node it is already counted: it just changes hands.
         info = self._node(node_name)
-        info.add_pod(req)
-        self.bound[name] = (node_name, req)
+        info.add_pod(record.req)
+        self.bound[name] = (node_name, record)
         self.dirty.add(node_name)
 
     def remove_pod(self, name: str, *, keep_assumed: bool = False) -> None:
         current = self.bound.pop(name, None)
         if current is not None:
             self._unaccount(name, current[0])
+            self.claimed.pop(name, None)
         if not keep_assumed:
             self.forget(name)
 
@@ -135,23 +148,45 @@ class SchedulerCache:
 
     # -- assume / forget (this shard's undecided placements) ---------------------------------
 
-    def assume(self, req: PodRequest, node_name: str) -> bool:
-        """Count a placement sent to the Binder. False if the pod is already bound or assumed."""
+    def assume(self, req: PodRequest, node_name: str, victims: Sequence[str] = ()) -> bool:
+        """Count a placement sent to the Binder, its victims taken off the node and claimed.
+        False if the pod is already bound or assumed."""
         if req.name in self.bound or req.name in self.assumed:
             return False
         info = self.nodes.get(node_name)
         if info is None or node_name not in self.present:
             return False
+        for victim in victims:
+            info.remove_pod(victim)
+            self.claimed[victim] = req.name
         info.add_pod(req)
-        self.assumed[req.name] = Assumed(node_name, req)
+        self.assumed[req.name] = Assumed(node_name, req, victims=tuple(victims))
         self.dirty.add(node_name)
         return True
 
     def forget(self, pod: str) -> None:
-        """Drop an assumed placement (rejected by the Binder, or revoked)."""
+        """Drop an assumed placement (rejected by the Binder, or revoked); its victims that
+        are still bound count on their node again."""
         assumed = self.assumed.pop(pod, None)
         if assumed is not None:
             self._unaccount(pod, assumed.node)
+            self._unclaim(assumed)
+            info = self.nodes.get(assumed.node)
+            for victim in assumed.victims:
+                held = self.bound.get(victim)
+                if info is not None and held is not None and held[0] == assumed.node:
+                    info.add_pod(held[1].req)
+                    self.dirty.add(assumed.node)
+
+    def _unclaim(self, assumed: Assumed) -> None:
+        for victim in assumed.victims:
+            if self.claimed.get(victim) == assumed.req.name:
+                del self.claimed[victim]
+
+    def running(self, pod: str) -> VictimCandidate | None:
+        """A bound pod's record, for the victim search (None: not bound here)."""
+        held = self.bound.get(pod)
+        return held[1] if held is not None else None
 
     def confirm(self, pod: str, ttl_seconds: float) -> None:
         """The Binder bound it: keep counting it until the informer shows it (or ``ttl``)."""

@@ -31,6 +31,7 @@ from placement.framework import (
     load_profile,
 )
 from placement.plugins import new_in_tree_registry
+from placement.postfilter import Preemption
 from placement.search import SearchConfig, UnitResult, UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import internal_pb2 as ipb
@@ -40,6 +41,7 @@ from services.runtime import Service, ServiceConfig, option
 from services.runtime.config import ConfigError
 from services.runtime.service import MAX_MESSAGE_BYTES
 from services.scheduler.cache import SchedulerCache
+from services.scheduler.victims import ShardVictims
 from store.errors import AlreadyExistsError, ConflictError, NotFoundError, StoreError
 from store.informer import Handlers, Informer
 
@@ -74,6 +76,12 @@ class SchedulerConfig(ServiceConfig):
     )
     scan_extra: int = field(
         default=50, metadata=option("feasible nodes scanned beyond the unit size", minimum=0)
+    )
+    preemption_candidates: int = field(
+        default=5,
+        metadata=option(
+            "preemption: nodes with a victim set to find before choosing the best", minimum=1
+        ),
     )
     percentage_of_nodes_to_score: int = field(
         default=0,
@@ -209,6 +217,12 @@ class SchedulerService(Service[SchedulerConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.framework = Framework(self.config.load_profile(), new_in_tree_registry())
+        self.cache = SchedulerCache()
+        self.snapshot = Snapshot()
+        self.informer = Informer(
+            self.store, ["Node", "Pod", "SchedulerInstance", "DisruptionBudget"]
+        )
+        self.victims = ShardVictims(self.cache, self.informer)
         self.scheduler = UnitScheduler(
             self.framework,
             SearchConfig(
@@ -217,10 +231,8 @@ class SchedulerService(Service[SchedulerConfig]):
                 scan_extra=self.config.scan_extra,
                 percentage_of_nodes_to_score=self.config.percentage_of_nodes_to_score,
             ),
+            Preemption(self.framework, self.victims, self.config.preemption_candidates),
         )
-        self.cache = SchedulerCache()
-        self.snapshot = Snapshot()
-        self.informer = Informer(self.store, ["Node", "Pod", "SchedulerInstance"])
         self.informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
         self.units: dict[str, _Unit] = {}
         self._ready: list[tuple[int, int, _Unit]] = []  # (-priority, arrival, unit)
@@ -303,13 +315,18 @@ class SchedulerService(Service[SchedulerConfig]):
             if obj.metadata.name == self.config.name:
                 self.scheduler.partition = frozenset(obj.spec.partition)
             return
+        if kind == "DisruptionBudget":
+            self.victims.budgets_changed()
+            return
         self.cache.on_add(kind, obj)
 
     def _on_update(self, kind: str, old: Any, new: Any) -> None:
         self._on_add(kind, new)
 
     def _on_delete(self, kind: str, obj: Any) -> None:
-        if kind != "SchedulerInstance":
+        if kind == "DisruptionBudget":
+            self.victims.budgets_changed()
+        elif kind != "SchedulerInstance":
             self.cache.on_delete(kind, obj)
 
     # -- dispatcher side ---------------------------------------------------------------------
@@ -493,10 +510,16 @@ class SchedulerService(Service[SchedulerConfig]):
         reqs = {p.name: p.req for p in infos}
         placements = []
         for p in result.placements:
-            self.cache.assume(reqs[p.pod], p.node)
+            self.cache.assume(reqs[p.pod], p.node, p.victims)
+            self.victims.admit(p.victims)
             unit.inflight[p.pod] = p.node
             placements.append(
-                ipb.Placement(pod=p.pod, pod_resource_version=p.resource_version, node=p.node)
+                ipb.Placement(
+                    pod=p.pod,
+                    pod_resource_version=p.resource_version,
+                    node=p.node,
+                    victims=p.victims,
+                )
             )
         unit.handed_back.update(result.unplaced)
         self.stats["decided_pods"] += len(placements)

@@ -49,8 +49,8 @@ local function split(s)
 end
 
 local function commit(base, nops)
-  -- Pass 1: check everything. Usage added by earlier claims of this same commit is tracked locally
-  -- so that two pods of one batch cannot share the last free slot.
+  -- Pass 1: check everything. Usage added (or released) by earlier claims of this same commit is
+  -- tracked locally so that two pods of one batch cannot share the last free slot.
   local ops = {}
   local seen = {}
   local pending_use = {}
@@ -100,6 +100,23 @@ local function commit(base, nops)
         pending_use[c[2]] = (pending_use[c[2]] or 0) + c[4]
       end
       op.claim = node .. ' ' .. pool .. ' ' .. f[4] .. ' ' .. f[5] .. ' ' .. f[6]
+    elseif a == 'R' then
+      -- A claim released earlier in this commit is room for the binds after it: an eviction
+      -- and its preemptor's bind commit together, never double-counting the node.
+      local claim = redis.call('HGET', claims_key, op.name)
+      if claim then
+        local f = split(claim)
+        local node, pool = f[1], f[2]
+        local key = node .. '|u.pods'
+        pending_use[key] = (pending_use[key] or 0) - 1
+        for j, r in ipairs(RESOURCES) do
+          local amount = tonumber(f[2 + j])
+          if amount > 0 then
+            key = node .. '|u.' .. pool .. '.' .. r
+            pending_use[key] = (pending_use[key] or 0) - amount
+          end
+        end
+      end
     end
     ops[i] = op
   end

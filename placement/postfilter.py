@@ -1,0 +1,180 @@
+"""The PostFilter step of the unit search: preemption for a pod no node fits as things stand.
+
+Gödel's scheduler-side preemption (reference/godel-scheduler.md §3.2) over the cycle's snapshot,
+with the pure pieces of ``placement.preemption``. For one pod:
+
+1. Nodes in the search's scan order from a rotating offset (so a storm of preemptors spreads
+   over the cluster instead of re-examining the same full nodes), skipping the nodes where
+   preemption cannot help: the quick check (free room plus the lower-priority pods of the pool,
+   on integers), then the filters other than the resource and port fits — a node failing one
+   of those for a reason preemption cannot resolve (taints, affinity, cordon) is skipped.
+2. On the rest, the possible victims (``candidate_reason`` over the compact records the shard's
+   cache keeps) and the fewest of them (``search_victims``), preferring sets that break no
+   disruption budget and refusing sets that do.
+3. The search stops at ``candidates`` nodes with a victim set (not all 5,000 nodes pod by pod);
+   ``order_candidates`` picks the best of them.
+
+The caller assumes the preemptor there with its victims taken off (``take``), so the unit's later
+pods see the room taken and freed, and undoes it (``undo``) when the unit fails as a whole.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence, Set
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from placement.framework import Code, Framework, PodInfo
+from placement.nodeinfo import NodeInfo, PodRequest
+from placement.preemption import (
+    BudgetFn,
+    Candidate,
+    FitFn,
+    LowerPriorityTotals,
+    VictimCandidate,
+    candidate_reason,
+    could_fit_after_preemption,
+    order_candidates,
+    search_victims,
+)
+from placement.snapshot import Snapshot
+
+# Filters whose failures the default victim search models on integers; any other resolvable
+# failure makes the search re-run every filter on a clone of the node.
+_RESOURCE_FILTERS = frozenset({"NodeResourcesFit", "NodePorts"})
+NO_VICTIMS = "no node where preemption helps"
+
+
+class VictimSource(Protocol):
+    """What the victim search reads beyond the snapshot (the shard's cache and budgets)."""
+
+    def running(self, pod: str) -> VictimCandidate | None:
+        """A bound pod's record; None for a pod not bound (e.g. assumed by this shard)."""
+        ...
+
+    @property
+    def claimed(self) -> Set[str]:
+        """Victims claimed by this shard's preemptors in flight."""
+        ...
+
+    def budget_violations(self, victims: Sequence[str]) -> list[str]:
+        """Budgets that evicting all of ``victims`` together would break ([] = none)."""
+        ...
+
+
+@dataclass(slots=True)
+class Preempted:
+    """A preemptor's place: its node and its victims (most valuable first)."""
+
+    node: str
+    victims: list[VictimCandidate] = field(default_factory=list)
+
+
+class Preemption:
+    def __init__(self, framework: Framework, source: VictimSource, candidates: int = 5) -> None:
+        self.framework = framework
+        self.source = source
+        self.candidates = max(1, candidates)
+        self.totals = LowerPriorityTotals()
+        self._others = [
+            f
+            for name, f in zip(framework.filter_names, framework.filters, strict=True)
+            if name not in _RESOURCE_FILTERS
+        ]
+        self._offset = 0
+        self.examined = 0  # nodes looked at (metrics, tests)
+        # Why the last find() found nothing, for `godel explain`.
+        self.why = ""
+
+    def find(
+        self,
+        pod: PodInfo,
+        segments: Sequence[Sequence[NodeInfo]],
+        now_ms: int,
+        chosen: Set[str] = frozenset(),
+    ) -> Preempted | None:
+        """The best node and victims for ``pod``, or None. ``chosen``: victims earlier pods of
+        the same unit already took (they count against the budgets with this pod's)."""
+        claimed = self.source.claimed
+        budgets = self._budget_fn(chosen)
+        found: list[Candidate] = []
+        diag: Counter[str] = Counter()
+        for seg in segments:
+            n = len(seg)
+            if not n:
+                continue
+            start = self._offset % n
+            for i in range(n):
+                node = seg[(start + i) % n]
+                self.examined += 1
+                self._offset += 1
+                victims = self._victims_on(pod, node, now_ms, claimed, chosen, budgets, diag)
+                if victims is not None:
+                    found.append(Candidate(node.name, victims))
+                    if len(found) >= self.candidates or not victims:
+                        break
+            if len(found) >= self.candidates or (found and not found[-1].victims):
+                break
+        if not found:
+            detail = ", ".join(f"{n} {why}" for why, n in diag.most_common(3))
+            self.why = f"preemption: {NO_VICTIMS}" + (f" ({detail})" if detail else "")
+            return None
+        best = order_candidates(found)[0]
+        return Preempted(best.node, best.victims)
+
+    def _victims_on(
+        self,
+        pod: PodInfo,
+        node: NodeInfo,
+        now_ms: int,
+        claimed: Set[str],
+        chosen: Set[str],
+        budgets: BudgetFn | None,
+        diag: Counter[str],
+    ) -> list[VictimCandidate] | None:
+        if not could_fit_after_preemption(pod, node, self.totals):
+            return None
+        fits: FitFn | None = None
+        for f in self._others:
+            status = f(pod, node)
+            if status is not None:
+                if status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
+                    return None
+                fits = self._all_filters  # a resolvable failure the integers do not model
+                break
+        possible = []
+        for name in node.pods:
+            c = self.source.running(name)
+            if c is None or name in chosen:
+                continue
+            if candidate_reason(pod, c, now_ms, claimed) is None:
+                possible.append(c)
+        search = search_victims(pod, node, possible, fits, budgets)
+        if search.victims is None:
+            diag[search.reason.split(":")[0]] += 1
+        return search.victims
+
+    def _all_filters(self, pod: PodInfo, node: NodeInfo) -> bool:
+        return self.framework.run_filters(pod, node) is None
+
+    def _budget_fn(self, chosen: Set[str]) -> BudgetFn:
+        violations = self.source.budget_violations
+        earlier = list(chosen)
+        if not earlier:
+            return violations
+        return lambda names: violations([*earlier, *names])
+
+
+def take(snapshot: Snapshot, req: PodRequest, place: Preempted) -> None:
+    """Assume ``req`` on its node with its victims taken off."""
+    for v in place.victims:
+        snapshot.forget(v.name, place.node)
+    snapshot.assume(req, place.node)
+
+
+def undo(snapshot: Snapshot, pod: str, place: Preempted) -> None:
+    """Reverse :func:`take`."""
+    snapshot.forget(pod, place.node)
+    for v in place.victims:
+        snapshot.assume(v.req, place.node)

@@ -1,0 +1,122 @@
+"""The one eviction path (ARCHITECTURE §5, invariant 6): what the store is told when a pod is
+taken off its node — by preemption today, later by rescheduling, quota reclaim, tidal pressure
+and drain — and by the node lifecycle controller when a node is lost.
+
+An evicted pod is not deleted: it is terminated (``POD_FAILED`` with the reason, a message, who
+evicted it and when) through a ``Release``, which returns its node claim in the same commit, and
+kept as a record. A pod of a job with ``spec.replace_lost_pods`` gets a replacement in the same
+commit (new uid, same index, ``<job>-<index>-r<n>``, pending), which enters its queue through the
+dispatcher's informer like any pending pod: a victim is never lost, and a crash between the two
+cannot happen because there is no "between".
+
+Pure and synchronous: callers (the Binder, the node lifecycle controller) own the commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Set
+from dataclasses import dataclass
+
+from protos.godel.v1 import objects_pb2 as pb
+from store.client import Create, Op, Release
+
+# Reasons an evicted pod carries in ``status.reason``.
+PREEMPTED = "Preempted"
+RESCHEDULED = "Rescheduled"
+RECLAIMED = "Reclaimed"
+DRAINED = "Drained"
+NODE_LOST = "NodeLost"
+# A failed pod with one of these reasons did not fail by itself: a job that replaces lost pods
+# is not failed by it (its replacement carries on).
+EVICTION_REASONS = frozenset({PREEMPTED, RESCHEDULED, RECLAIMED, DRAINED, NODE_LOST})
+
+REPLACES_ANNOTATION = "godel.io/replaces"
+
+
+def replacement_number(pod: pb.Pod) -> int:
+    """``n`` for a replacement pod ``<job>-<index>-r<n>``, 0 for an original pod."""
+    prefix = f"{pod.spec.job}-{pod.spec.index}-r"
+    rest = pod.metadata.name.removeprefix(prefix)
+    return int(rest) if rest != pod.metadata.name and rest.isdigit() else 0
+
+
+def evicted(pod: pb.Pod, reason: str, message: str, now_ms: int, by: str = "") -> pb.Pod:
+    """``pod`` as its eviction writes it (a copy): failed with ``reason``, ``message`` and
+    ``finished_ms``; ``by`` (the preemptor) in ``status.preempted_by``."""
+    out = pb.Pod()
+    out.CopyFrom(pod)
+    out.status.phase = pb.POD_FAILED
+    out.status.reason = reason
+    out.status.message = message
+    out.status.finished_ms = now_ms
+    if by:
+        out.status.preempted_by = by
+    return out
+
+
+def replacement(pod: pb.Pod, siblings: Iterable[pb.Pod], taken: Set[str] = frozenset()) -> pb.Pod:
+    """The pod that replaces ``pod``: ``<job>-<index>-r<n>`` with the next n after every sibling
+    of its index (``siblings``: the job's pods, any phase) and not in ``taken`` (names used
+    earlier in the same commit); same labels, annotations and spec, unbound, pending. No uid:
+    the store gives the new pod its own."""
+    index = pod.spec.index
+    n = 1 + max(
+        replacement_number(pod),
+        *(replacement_number(p) for p in siblings if p.spec.index == index),
+    )
+    name = f"{pod.spec.job}-{pod.spec.index}-r{n}"
+    while name in taken:
+        n += 1
+        name = f"{pod.spec.job}-{pod.spec.index}-r{n}"
+    new = pb.Pod(metadata=pb.ObjectMeta(name=name))
+    new.metadata.labels.update(pod.metadata.labels)
+    new.metadata.annotations.update(pod.metadata.annotations)
+    new.metadata.annotations[REPLACES_ANNOTATION] = pod.metadata.name
+    new.spec.CopyFrom(pod.spec)
+    new.spec.node_name = ""
+    del new.spec.numa_nodes[:]
+    new.status.phase = pb.POD_PENDING
+    return new
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """One pod to evict: why (``reason``), the human message, and who (a preemptor's name)."""
+
+    pod: pb.Pod
+    reason: str
+    message: str
+    by: str = ""
+
+
+class EvictionOps:
+    """Builds the store ops of evictions for one commit: each victim's ``Release`` and, for a
+    job that replaces lost pods, its replacement's ``Create``. Replacement names are unique
+    within the commit.
+
+    ``job_of(name)`` finds a job (None: gone, no replacement); ``pods_of(job)`` its pods (any
+    phase), from the caller's view. ``targets`` names, per op, the evicted pod it serves, so a
+    caller can tell which eviction the store refused.
+    """
+
+    def __init__(
+        self,
+        job_of: Callable[[str], pb.Job | None],
+        pods_of: Callable[[str], Iterable[pb.Pod]],
+    ) -> None:
+        self._job_of = job_of
+        self._pods_of = pods_of
+        self._taken: set[str] = set()
+        self.ops: list[Op] = []
+        self.targets: list[str] = []
+
+    def add(self, e: Eviction, now_ms: int) -> None:
+        pod = e.pod
+        self.ops.append(Release(evicted(pod, e.reason, e.message, now_ms, e.by)))
+        self.targets.append(pod.metadata.name)
+        job = self._job_of(pod.spec.job) if pod.spec.job else None
+        if job is not None and job.spec.replace_lost_pods:
+            new = replacement(pod, self._pods_of(pod.spec.job), self._taken)
+            self._taken.add(new.metadata.name)
+            self.ops.append(Create(new))
+            self.targets.append(pod.metadata.name)

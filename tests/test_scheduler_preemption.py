@@ -1,0 +1,243 @@
+"""The PostFilter step of the unit search (placement/postfilter.py) against a snapshot fed by the
+shard's cache: who is evicted, on which node, gangs as a unit, budgets, the switches, and the
+early stop. Table-driven over both search modes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence, Set
+from dataclasses import dataclass, field
+
+import pytest
+
+from placement.budgets import BudgetTracker
+from placement.framework import Framework, PodInfo, Profile, UnitInfo
+from placement.plugins import new_in_tree_registry
+from placement.postfilter import Preemption
+from placement.preemption import VictimCandidate
+from placement.search import SearchConfig, UnitScheduler
+from placement.snapshot import Snapshot
+from protos.godel.v1 import objects_pb2 as pb
+from services.scheduler.cache import SchedulerCache
+from tests.factories import GiB, job, node, pods_of
+
+REGISTRY = new_in_tree_registry()
+LOW, MID, HIGH = 1, 5, 10
+
+
+def running(
+    name: str,
+    on: str,
+    *,
+    cpu: int = 2000,
+    priority: int = LOW,
+    preemptible: bool = True,
+    job_name: str = "low",
+    started_ms: int = 1000,
+) -> pb.Pod:
+    p = pb.Pod(metadata=pb.ObjectMeta(name=name, resource_version=1))
+    p.spec.job = job_name
+    p.spec.priority = priority
+    p.spec.preemptible = preemptible
+    p.spec.node_name = on
+    p.spec.template.requests.milli_cpu = cpu
+    p.spec.template.requests.memory_bytes = GiB
+    p.status.phase = pb.POD_RUNNING
+    p.status.started_ms = started_ms
+    return p
+
+
+class CacheVictims:
+    """The VictimSource the shard builds (services/scheduler/victims.py), over a bare cache and
+    budgets given as objects (the shard reads them from its informer)."""
+
+    def __init__(self, cache: SchedulerCache, pods: dict[str, pb.Pod]) -> None:
+        self.cache = cache
+        self.pods = pods
+        self.budgets: list[pb.DisruptionBudget] = []
+
+    def running(self, pod: str) -> VictimCandidate | None:
+        return self.cache.running(pod)
+
+    @property
+    def claimed(self) -> Set[str]:
+        return self.cache.claimed.keys()
+
+    def budget_violations(self, victims: Sequence[str]) -> list[str]:
+        return BudgetTracker(self.budgets).violations([self.pods[v] for v in victims])
+
+
+def preemptor_unit(
+    name: str, replicas: int, cpu: int, *, priority: int = HIGH, never: bool = False
+) -> UnitInfo:
+    j = job(name, replicas=replicas, min_member=replicas, cpu=cpu, mem=GiB)
+    pods = pods_of(j)
+    for p in pods:
+        p.spec.priority = priority
+        if never:
+            p.spec.preemption_policy = pb.NEVER
+    return UnitInfo(name, replicas, 0, priority, [PodInfo.from_pod(p) for p in pods])
+
+
+@dataclass
+class Case:
+    id: str
+    nodes: list[pb.Node]
+    pods: list[pb.Pod]
+    unit: UnitInfo
+    # pod -> (node, victims); {} = nothing placed
+    expect: dict[str, tuple[str, list[str]]]
+    reason: str = ""  # substring of the failure reason when nothing is placed
+    budgets: list[pb.DisruptionBudget] = field(default_factory=list)
+    profile: Profile = field(default_factory=Profile)
+
+
+def n(name: str, cpu: int = 4000) -> pb.Node:
+    return node(name, cpu=cpu, mem=64 * GiB)
+
+
+def tainted(nd: pb.Node) -> pb.Node:
+    nd.spec.taints.add(key="dedicated", effect=pb.NO_SCHEDULE)
+    return nd
+
+
+def never_disrupt(job_name: str) -> pb.DisruptionBudget:
+    b = pb.DisruptionBudget(metadata=pb.ObjectMeta(name=f"keep-{job_name}"))
+    b.spec.job = job_name
+    b.spec.max_unavailable = 0
+    b.status.disruptions_allowed = 0
+    return b
+
+
+CASES = [
+    Case("fits: no victims",
+         [n("a")], [running("l0", "a")], preemptor_unit("p", 1, 2000),
+         {"p-0": ("a", [])}),
+    Case("one lower-priority pod is enough: exactly it",
+         [n("a")], [running("l0", "a", started_ms=1), running("l1", "a", started_ms=2)],
+         preemptor_unit("p", 1, 2000),
+         {"p-0": ("a", ["l1"])}),  # the later-started pod of equal priority goes
+    Case("the lower of two victims' priorities is evicted",
+         [n("a")], [running("m0", "a", priority=MID), running("l0", "a")],
+         preemptor_unit("p", 1, 2000),
+         {"p-0": ("a", ["l0"])}),
+    Case("the node with the cheapest victims is chosen",
+         [n("a"), n("b")],
+         [running("m0", "a", cpu=4000, priority=MID), running("l0", "b", cpu=4000)],
+         preemptor_unit("p", 1, 2000),
+         {"p-0": ("b", ["l0"])}),
+    Case("equal priority is never a victim",
+         [n("a")], [running("h0", "a", cpu=4000, priority=HIGH)], preemptor_unit("p", 1, 2000),
+         {}, "no node where preemption helps"),
+    Case("non-preemptible is never a victim",
+         [n("a")], [running("l0", "a", cpu=4000, preemptible=False)],
+         preemptor_unit("p", 1, 2000), {}, "no node where preemption helps"),
+    Case("preemptionPolicy Never waits",
+         [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000, never=True),
+         {}, "insufficient cpu"),
+    Case("preemption off in the profile",
+         [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000),
+         {}, "insufficient cpu", profile=Profile(preemption=False)),
+    Case("unresolvable nodes are not preempted on",
+         [tainted(n("a"))], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000),
+         {}, "untolerated taint"),
+    Case("a budget that forbids every victim blocks",
+         [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000),
+         {}, "a disruption budget blocks it", budgets=[never_disrupt("low")]),
+    Case("a budget steers to the victims it does not protect",
+         [n("a"), n("b")],
+         [running("l0", "a", cpu=4000), running("o0", "b", cpu=4000, job_name="other")],
+         preemptor_unit("p", 1, 2000),
+         {"p-0": ("b", ["o0"])}, budgets=[never_disrupt("low")]),
+    Case("a gang preempts as a unit: both members with their victims",
+         [n("a"), n("b")], [running("l0", "a", cpu=4000), running("l1", "b", cpu=4000)],
+         preemptor_unit("g", 2, 3000),
+         {"g-0": ("a", ["l0"]), "g-1": ("b", ["l1"])}),
+    Case("a gang whose second member finds no victims places nothing",
+         [n("a"), n("b")],
+         [running("l0", "a", cpu=4000), running("l1", "b", cpu=4000, preemptible=False)],
+         preemptor_unit("g", 2, 3000),
+         {}, "min_member needs 2"),
+    Case("later pods of the unit see the room a preemption freed",
+         [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("g", 2, 2000),
+         {"g-0": ("a", ["l0"]), "g-1": ("a", [])}),
+]  # fmt: skip
+
+
+def build(
+    nodes: list[pb.Node], pods: list[pb.Pod], profile: Profile, mode: str, candidates: int = 5
+) -> tuple[SchedulerCache, Snapshot, UnitScheduler, CacheVictims]:
+    cache = SchedulerCache()
+    for nd in nodes:
+        cache.set_node(nd)
+    for p in pods:
+        cache.set_pod(p)
+    snap = Snapshot()
+    snap.update(cache)
+    framework = Framework(profile, REGISTRY)
+    source = CacheVictims(cache, {p.metadata.name: p for p in pods})
+    sched = UnitScheduler(
+        framework,
+        SearchConfig(mode=mode),
+        Preemption(framework, source, candidates),  # type: ignore[arg-type]
+    )
+    return cache, snap, sched, source
+
+
+def held(snap: Snapshot) -> dict[str, set[str]]:
+    return {info.name: set(info.pods) for info in snap.nodes}
+
+
+@pytest.mark.parametrize("mode", ["godel", "kube"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_preemption(case: Case, mode: str) -> None:
+    _, snap, sched, source = build(case.nodes, case.pods, case.profile, mode)
+    source.budgets = case.budgets
+    before = held(snap)
+    result = sched.schedule(case.unit, snap)
+    got = {p.pod: (p.node, p.victims) for p in result.placements}
+    assert got == case.expect
+    assert result.success == bool(case.expect)
+    if not case.expect:
+        assert case.reason in result.reason, result.reason
+        assert held(snap) == before  # every assume undone, every victim back
+        return
+    after = held(snap)
+    for pod, (node_name, victims) in case.expect.items():
+        assert pod in after[node_name]
+        assert not set(victims) & after[node_name]
+    for info in snap.nodes:
+        assert all(u <= c for u, c in zip(info.requested["g"], info.capacity["g"], strict=True))
+
+
+def test_a_full_cluster_is_not_scanned_pod_by_pod() -> None:
+    """5,000 full nodes of low-priority pods: one preemptor examines a handful of nodes (the
+    search stops at ``candidates``), not the cluster."""
+    nodes = [n(f"n{i:05d}") for i in range(5000)]
+    pods = [running(f"l{i}", nd.metadata.name, cpu=4000) for i, nd in enumerate(nodes)]
+    _, snap, sched, _ = build(nodes, pods, Profile(), "godel", candidates=3)
+    assert sched.preemption is not None
+    result = sched.schedule(preemptor_unit("p", 1, 4000), snap)
+    assert result.success and len(result.placements[0].victims) == 1
+    assert sched.preemption.examined == 3
+    # The next preemptor starts where this one stopped: it does not re-examine the same nodes.
+    result = sched.schedule(preemptor_unit("q", 1, 4000), snap)
+    assert result.success and sched.preemption.examined == 6
+    assert result.placements[0].node != "n00000"
+
+
+def test_claimed_victims_are_not_taken_twice_and_come_back_on_forget() -> None:
+    """The shard's cache takes an assumed preemptor's victims off their node and claims them; a
+    Binder rejection (forget) puts them back."""
+    cache, snap, sched, _ = build([n("a")], [running("l0", "a", cpu=4000)], Profile(), "godel")
+    result = sched.schedule(preemptor_unit("p", 1, 4000), snap)
+    [placement] = result.placements
+    assert placement.victims == ["l0"]
+    req = PodInfo.from_pod(pods_of(job("p", cpu=4000, mem=GiB))[0]).req
+    assert cache.assume(req, "a", placement.victims)
+    assert set(cache.nodes["a"].pods) == {"p-0"} and dict(cache.claimed) == {"l0": "p-0"}
+    snap.update(cache)
+    # Another preemptor finds l0 claimed: nothing to take.
+    again = sched.schedule(preemptor_unit("q", 1, 4000), snap)
+    assert not again.success
+    cache.forget("p-0")
+    assert set(cache.nodes["a"].pods) == {"l0"} and not cache.claimed
