@@ -103,9 +103,14 @@ class EvictionOps:
         self,
         job_of: Callable[[str], pb.Job | None],
         pods_of: Callable[[str], Iterable[pb.Pod]],
+        *,
+        always_replace: bool = False,
     ) -> None:
+        """``always_replace``: every evicted pod of a live job gets a replacement, whatever the
+        job says about lost pods (a rescheduled pod is moved, never dropped)."""
         self._job_of = job_of
         self._pods_of = pods_of
+        self._always_replace = always_replace
         self._taken: set[str] = set()
         self.ops: list[Op] = []
         self.targets: list[str] = []
@@ -115,7 +120,7 @@ class EvictionOps:
         self.ops.append(Release(evicted(pod, e.reason, e.message, now_ms, e.by)))
         self.targets.append(pod.metadata.name)
         job = self._job_of(pod.spec.job) if pod.spec.job else None
-        if job is not None and job.spec.replace_lost_pods:
+        if job is not None and (self._always_replace or job.spec.replace_lost_pods):
             new = replacement(pod, self._pods_of(pod.spec.job), self._taken)
             self._taken.add(new.metadata.name)
             self.ops.append(Create(new))

@@ -32,6 +32,7 @@ from services.binder.decide import (
     BatchPlan,
     uniform,
 )
+from services.binder.evict import EvictPlan
 from services.binder.state import ClusterState
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import ConfigError, option
@@ -117,6 +118,13 @@ class _Work:
     batch: ipb.DecisionBatch | None  # None: the stream half-closed; end it once answered
 
 
+@dataclass(slots=True)
+class _EvictWork:
+    request: ipb.EvictRequest
+    epoch: int
+    done: asyncio.Future[ipb.EvictResponse]
+
+
 class BinderService(Service[BinderConfig]):
     component = "binder"
     config_class = BinderConfig
@@ -134,7 +142,10 @@ class BinderService(Service[BinderConfig]):
         self._fence: Fence | None = None
         self._ready = asyncio.Event()  # leading and caught up with the store
         self._role_changed = asyncio.Event()
-        self._queue: asyncio.Queue[_Work] = asyncio.Queue(maxsize=self.config.queue_depth)
+        # Decision batches and eviction requests, decided one at a time in arrival order.
+        self._queue: asyncio.Queue[_Work | _EvictWork] = asyncio.Queue(
+            maxsize=self.config.queue_depth
+        )
         self._streams: set[_Stream] = set()
         self._fenced_by: FencedError | None = None
 
@@ -252,16 +263,7 @@ class BinderService(Service[BinderConfig]):
     ) -> AsyncIterator[ipb.VerdictBatch]:
         fence = self._fence
         if fence is None:
-            try:
-                leader = await self.leader_address()
-            except StoreUnavailableError:
-                leader = ""
-            context.set_trailing_metadata(((LEADER_METADATA_KEY, leader),))
-            where = f"the leader is at {leader}" if leader else "no leader is elected right now"
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"binder {self.config.name} is a standby; {where}",
-            )
+            await self._refuse_as_standby(context)
             return
         stream = _Stream(fence.epoch)
         self._streams.add(stream)
@@ -297,6 +299,9 @@ class BinderService(Service[BinderConfig]):
     async def _commit_loop(self) -> None:
         while True:
             work = await self._queue.get()
+            if isinstance(work, _EvictWork):
+                await self._evict_work(work)
+                continue
             if work.batch is None:
                 work.stream.out.put_nowait(None)
                 continue
@@ -412,6 +417,103 @@ class BinderService(Service[BinderConfig]):
         plan.reject_all(CONFLICT, f"gave up after {self.config.commit_retries + 1} commit attempts")
         return {}
 
+    # --- evictions --------------------------------------------------------------------------
+
+    async def evict(
+        self, request: ipb.EvictRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ipb.EvictResponse:
+        fence = self._fence
+        if fence is None or not self._ready.is_set():
+            await self._refuse_as_standby(context)
+        assert fence is not None
+        if len(request.pods) > self.config.max_batch_pods:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(request.pods)} pods in one request; the limit is "
+                f"{self.config.max_batch_pods}",
+            )
+        if not request.reason:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason: required")
+        done: asyncio.Future[ipb.EvictResponse] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_EvictWork(request, fence.epoch, done))
+        try:
+            return await done
+        except StoreUnavailableError as exc:
+            # The outcome is unknown: the caller asks again, and finds the pods gone if it applied.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {exc}")
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("unreachable: abort raises")
+
+    async def _evict_work(self, work: _EvictWork) -> None:
+        try:
+            response = await self._evict(work.request, work.epoch)
+        except Exception as exc:
+            log.exception("evicting failed", requester=work.request.requester)
+            response = None
+            if not work.done.done():
+                work.done.set_exception(exc)
+        if response is not None and not work.done.done():
+            work.done.set_result(response)
+        if self._fenced_by is not None:
+            fenced, self._fenced_by = self._fenced_by, None
+            await self._fenced(fenced)
+
+    async def _evict(self, request: ipb.EvictRequest, epoch: int) -> ipb.EvictResponse:
+        """All of the request's live pods evicted in one fenced commit, or none (see evict.py).
+        A pod that changed under the commit is seen again through the informer and re-judged."""
+        for _ in range(self.config.commit_retries + 1):
+            fence = self._fence
+            if fence is None or fence.epoch != epoch:
+                raise StoreError(f"binder {self.config.name} lost the leadership")
+            plan = EvictPlan(request, self.state, int(time.time() * 1000))
+            ops, targets = plan.ops()
+            if plan.refused or not ops:
+                return plan.response()
+            try:
+                await self.store.commit(ops, fence=fence)
+            except FencedError as exc:
+                self._fenced_by = exc
+                raise
+            except CommitError as exc:
+                log.info("eviction raced a change; re-reading", pod=targets[exc.index])
+                await self.informer.wait_for_revision(
+                    await self.store.revision(), self.config.sync_timeout_seconds
+                )
+                continue
+            replacements: dict[str, str] = {}
+            for op, target in zip(ops, targets, strict=True):
+                written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
+                if not isinstance(written, pb.Pod):
+                    continue
+                seen = self.informer.get("Pod", written.metadata.name)
+                seen_rv = seen.metadata.resource_version if seen is not None else 0  # type: ignore[attr-defined]
+                self.state.record_written(written, seen_rv)
+                if isinstance(op, Create):
+                    replacements[target] = written.metadata.name
+            plan.evicted(replacements)
+            log.info(
+                "evicted",
+                requester=request.requester,
+                reason=request.reason,
+                movement=request.movement,
+                pods=len(plan.live),
+            )
+            return plan.response()
+        raise StoreError(f"gave up after {self.config.commit_retries + 1} commit attempts")
+
+    async def _refuse_as_standby(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        try:
+            leader = await self.leader_address()
+        except StoreUnavailableError:
+            leader = ""
+        context.set_trailing_metadata(((LEADER_METADATA_KEY, leader),))
+        where = f"the leader is at {leader}" if leader else "no leader is elected right now"
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"binder {self.config.name} is a standby; {where}",
+        )
+
     async def _refresh_job(self, plan: BatchPlan, name: str) -> None:
         """The job changed under us (e.g. its status counts): re-read it for the next attempt."""
         try:
@@ -438,3 +540,8 @@ class _BinderServicer(internal_pb2_grpc.BinderServicer):
         # gRPC streams the answers only from an async generator function, hence the re-yield.
         async for verdicts in self._service.decide(request_iterator, context):
             yield verdicts
+
+    async def Evict(
+        self, request: ipb.EvictRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ipb.EvictResponse:
+        return await self._service.evict(request, context)

@@ -30,38 +30,50 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.binder.state import ClusterState, holds_claim
 
 
-class VictimClaims:
-    def __init__(self, state: ClusterState, victims: Iterable[str], now_ms: int) -> None:
-        self.state = state
-        self.now_ms = now_ms
-        self.by: dict[str, str] = {}  # victim -> the preemptor that claimed it
-        self.evict: dict[str, list[pb.Pod]] = {}  # preemptor -> its live victims, claimed
-        self._budgets = self._relevant_budgets(victims)
-        self._statuses = {
-            b.metadata.name: current_status(b, self._budget_pods(b), state.jobs)
-            for b in self._budgets
-        }
-        self.tracker = BudgetTracker(self._budgets, self._statuses)
+class LiveBudgets:
+    """The disruption budgets that select any of some pods, with allowances computed from the
+    Binder's own current view (not the lagging stored statuses); ``tracker()`` charges evictions
+    against them."""
 
-    def _relevant_budgets(self, victims: Iterable[str]) -> list[pb.DisruptionBudget]:
-        """The budgets selecting any proposed victim: only their statuses are computed."""
+    def __init__(self, state: ClusterState, pods: Iterable[str]) -> None:
+        self.state = state
+        self.budgets = self._relevant(pods)
+        self.statuses = {
+            b.metadata.name: current_status(b, self._pods_of(b), state.jobs) for b in self.budgets
+        }
+
+    def tracker(self) -> BudgetTracker:
+        return BudgetTracker(self.budgets, self.statuses)
+
+    def _relevant(self, pods: Iterable[str]) -> list[pb.DisruptionBudget]:
+        """Only the budgets selecting one of ``pods`` get their status computed."""
         budgets = self.state.budgets.values()
         if not budgets:
             return []
         index = BudgetTracker(budgets)
         found: dict[str, pb.DisruptionBudget] = {}
-        for name in victims:
+        for name in pods:
             pod = self.state.pods.get(name)
             if pod is not None:
                 for b in index.budgets_of(pod):
                     found[b.metadata.name] = b
         return list(found.values())
 
-    def _budget_pods(self, budget: pb.DisruptionBudget) -> Iterable[pb.Pod]:
+    def _pods_of(self, budget: pb.DisruptionBudget) -> Iterable[pb.Pod]:
         # Only pods holding a claim count as healthy; a job budget needs only its job's.
         if budget.spec.job:
             return self.state.placed_pods(budget.spec.job)
         return self.state.pods.values()
+
+
+class VictimClaims:
+    def __init__(self, state: ClusterState, victims: Iterable[str], now_ms: int) -> None:
+        self.state = state
+        self.now_ms = now_ms
+        self.by: dict[str, str] = {}  # victim -> the preemptor that claimed it
+        self.evict: dict[str, list[pb.Pod]] = {}  # preemptor -> its live victims, claimed
+        self._budgets = LiveBudgets(state, victims)
+        self.tracker = self._budgets.tracker()
 
     def claim(self, preemptor: PodInfo, node: str, victims: Sequence[str]) -> str | None:
         """Claim ``victims`` for ``preemptor`` placed on ``node``: None when claimed (the live
@@ -96,6 +108,6 @@ class VictimClaims:
         for pod in victims:
             self.by.pop(pod.metadata.name, None)
         if victims:
-            self.tracker = BudgetTracker(self._budgets, self._statuses)
+            self.tracker = self._budgets.tracker()
             for kept in self.evict.values():
                 self.tracker.admit(kept)

@@ -15,12 +15,20 @@ from dataclasses import dataclass
 import structlog
 
 from services.rescheduler.framework import ClusterView
-from services.rescheduler.round import Policy, RoundPlan, RoundRunner
+from services.rescheduler.round import PLANNED, Policy, RoundPlan, RoundRunner
 
 log = structlog.get_logger(__name__)
 
 # Builds the view of the cluster for a node scope (label selector), current as of the call.
 ViewSource = Callable[[Mapping[str, str]], Awaitable[ClusterView]]
+# Carries out a planned round (Movements, eviction batch by batch).
+Execute = Callable[[Policy, RoundPlan, ClusterView], Awaitable[None]]
+# Prepares the store for a policy's new executed round (its previous Movements go).
+Prepare = Callable[[Policy], Awaitable[None]]
+
+
+class PausedError(RuntimeError):
+    """The kill switch is on: no round starts."""
 
 
 class UnknownPolicyError(KeyError):
@@ -46,11 +54,17 @@ class PolicyManager:
         policies: Sequence[Policy],
         view_source: ViewSource,
         runner: RoundRunner | None = None,
+        *,
+        execute: Execute | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         self.states = {p.name: PolicyState(p) for p in policies}
         self._view_source = view_source
         self._runner = runner or RoundRunner()
+        self._execute = execute
+        self._prepare = prepare
         self._lock = asyncio.Lock()
+        self.paused = False
         # The round counter, over all policies. Starts from the clock so that rounds after a
         # restart never reuse a generation (Movements and throttle history are keyed by it).
         self.generation = int(time.time() * 1000)
@@ -65,8 +79,11 @@ class PolicyManager:
         return state
 
     async def run(self, name: str, *, trigger: str, dry_run: bool) -> RoundPlan:
-        """One round of policy ``name``, after any round already running."""
+        """One round of policy ``name``, after any round already running. A round that is not a
+        dry run is executed (when an executor is configured); paused, only dry runs start."""
         state = self.state(name)
+        if self.paused and not dry_run:
+            raise PausedError("the rescheduler is paused: no round starts until it is resumed")
         async with self._lock:
             state.running = True
             try:
@@ -81,6 +98,13 @@ class PolicyManager:
                     dry_run=dry_run,
                     trigger=trigger,
                 )
+                if self._prepare is not None and not dry_run:
+                    await self._prepare(state.policy)
+                if self._execute is not None and not dry_run and plan.outcome == PLANNED:
+                    await self._execute(state.policy, plan, view)
+                    executed = [m for batch in plan.batches[: len(plan.movements)] for m in batch]
+                    for check in state.policy.checks:
+                        check.record(executed, view, plan.generation, time.time())
             finally:
                 state.running = False
             state.last = plan

@@ -98,6 +98,9 @@ class RoundPlan:
     duration_ms: int = 0
     revision: int = 0
     detected_nodes: int = 0
+    # Executed rounds: the Movements created, one per batch evicted, and the pods evicted.
+    movements: list[str] = field(default_factory=list)
+    evicted: int = 0
 
     @property
     def moves(self) -> list[Move]:
@@ -117,6 +120,8 @@ class RoundPlan:
             revision=self.revision,
             detected_nodes=self.detected_nodes,
             trigger=self.trigger,
+            movements=self.movements,
+            evicted=self.evicted,
         )
         if self.after is not None:
             out.after.CopyFrom(self.after.to_proto())

@@ -6,8 +6,8 @@
 triggers run rounds by themselves. The view of the cluster comes from an informer on nodes, pods,
 jobs and disruption budgets, brought up to the store's current revision before every round.
 
-This rescheduler plans; it does not evict yet (Movements and the batch-by-batch eviction come with
-the Movement handshake), so a round that is not a dry run returns its plan without simulating it.
+A round that is not a dry run is executed batch by batch (``executor.py``): a Movement per batch,
+acknowledged by every live shard, then eviction through the Binder. ``Pause`` is the kill switch.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.rescheduler.checks import new_check_registry
 from services.rescheduler.config import PolicyConfig, PolicyConfigError, load_policies
+from services.rescheduler.executor import BinderEvictor, ExecutionConfig, RoundExecutor
 from services.rescheduler.framework import Algorithm, Check, ClusterView, Detector
-from services.rescheduler.manager import PolicyManager, UnknownPolicyError
+from services.rescheduler.manager import PausedError, PolicyManager, UnknownPolicyError
+from services.rescheduler.movements import Recycler
 from services.rescheduler.plugins import new_plugin_registry
 from services.rescheduler.round import Policy, RoundPlan
 from services.rescheduler.triggers import TriggerScheduler
@@ -55,6 +57,26 @@ class ReschedulerConfig(ServiceConfig):
     sync_timeout_seconds: float = field(
         default=30.0,
         metadata=option("how long a round waits for the view to reach the store", minimum=0.1),
+    )
+    ack_timeout_seconds: float = field(
+        default=30.0,
+        metadata=option("how long a batch waits for every live shard's acknowledgement", minimum=0),
+    )
+    budget_wait_seconds: float = field(
+        default=60.0,
+        metadata=option("how long a batch waits for disruption budgets to allow it", minimum=0),
+    )
+    landing_timeout_seconds: float = field(
+        default=60.0,
+        metadata=option("how long a batch waits for its replacements to run", minimum=0),
+    )
+    movement_ttl_seconds: float = field(
+        default=600.0,
+        metadata=option("how long a Movement stays live for the shards", minimum=1),
+    )
+    movement_retention_seconds: float = field(
+        default=3600.0,
+        metadata=option("how long a finished Movement is kept before it is deleted", minimum=0),
     )
 
     def __post_init__(self) -> None:
@@ -106,8 +128,23 @@ class ReschedulerService(Service[ReschedulerConfig]):
         self.informer = Informer(self.store, list(KINDS))
         self.rules = hard_rules()
         self.pod_infos = PodInfoCache()
+        self.recycler = Recycler(self.store, self.config.movement_retention_seconds)
+        self.executor = RoundExecutor(
+            self.store,
+            BinderEvictor(self.store, f"rescheduler/{self.config.name}"),
+            lambda: self.manager.paused,
+            ExecutionConfig(
+                ack_timeout_seconds=self.config.ack_timeout_seconds,
+                budget_wait_seconds=self.config.budget_wait_seconds,
+                landing_timeout_seconds=self.config.landing_timeout_seconds,
+                movement_ttl_seconds=self.config.movement_ttl_seconds,
+            ),
+        )
         self.manager = PolicyManager(
-            [build_policy(c) for c in self.configs.values()], self._fresh_view
+            [build_policy(c) for c in self.configs.values()],
+            self._fresh_view,
+            execute=self.executor.execute,
+            prepare=self._prepare,
         )
         self.triggers = TriggerScheduler(list(self.configs.values()), self._fire)
 
@@ -117,6 +154,12 @@ class ReschedulerService(Service[ReschedulerConfig]):
     async def on_start(self) -> None:
         self.informer.start()
         await self.informer.wait_synced(self.config.sync_timeout_seconds)
+        # A previous rescheduler's rounds are over: none of its Movements should steer shards.
+        await self.recycler.all_stale()
+        self.spawn(
+            self.recycler.run(min(60.0, self.config.movement_retention_seconds or 60.0)),
+            name="recycler",
+        )
         self.triggers.install_signal_handlers(asyncio.get_running_loop())
         self.spawn(self.triggers.run(), name="triggers")
         log.info("policies loaded", policies=self.manager.names())
@@ -148,7 +191,14 @@ class ReschedulerService(Service[ReschedulerConfig]):
             pod_infos=self.pod_infos,
         )
 
+    async def _prepare(self, policy: Policy) -> None:
+        """A policy's new executed round replaces its previous round's Movements."""
+        await self.recycler.previous_of(policy.name)
+
     async def _fire(self, policy: str, trigger: str) -> None:
+        if self.manager.paused:
+            log.info("paused: trigger ignored", policy=policy, trigger=trigger)
+            return
         try:
             await self.manager.run(policy, trigger=trigger, dry_run=False)
         except Exception:
@@ -211,6 +261,11 @@ class ReschedulerServicer(api_pb2_grpc.ReschedulerServicer):
                 plans.append(await manager.run(name, trigger="rpc", dry_run=request.dry_run))
         except UnknownPolicyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, exc.message)
+        except PausedError as exc:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{exc} (godel reschedule --resume; a --dry-run still works)",
+            )
         except TimeoutError:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, "the rescheduler's view could not reach the store"
@@ -228,5 +283,15 @@ class ReschedulerServicer(api_pb2_grpc.ReschedulerServicer):
         self, request: api_pb2.ListPoliciesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.ListPoliciesResponse:
         return api_pb2.ListPoliciesResponse(
-            policies=[self._service.policy_info(n) for n in self._service.manager.names()]
+            policies=[self._service.policy_info(n) for n in self._service.manager.names()],
+            paused=self._service.manager.paused,
         )
+
+    async def Pause(
+        self, request: api_pb2.PauseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PauseResponse:
+        manager = self._service.manager
+        if manager.paused != request.paused:
+            manager.paused = request.paused
+            log.warning("rescheduling paused" if request.paused else "rescheduling resumed")
+        return api_pb2.PauseResponse(paused=manager.paused)

@@ -547,6 +547,45 @@ class WatchEvent(_message.Message):
 Global___WatchEvent: _TypeAlias = WatchEvent  # noqa: Y015
 
 @_typing.final
+class PauseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAUSED_FIELD_NUMBER: _builtins.int
+    paused: _builtins.bool
+    """true pauses, false resumes."""
+    def __init__(
+        self,
+        *,
+        paused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["paused", b"paused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseRequest: _TypeAlias = PauseRequest  # noqa: Y015
+
+@_typing.final
+class PauseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAUSED_FIELD_NUMBER: _builtins.int
+    paused: _builtins.bool
+    def __init__(
+        self,
+        *,
+        paused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["paused", b"paused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseResponse: _TypeAlias = PauseResponse  # noqa: Y015
+
+@_typing.final
 class TriggerRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -711,6 +750,8 @@ class Plan(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     DETECTED_NODES_FIELD_NUMBER: _builtins.int
     TRIGGER_FIELD_NUMBER: _builtins.int
+    MOVEMENTS_FIELD_NUMBER: _builtins.int
+    EVICTED_FIELD_NUMBER: _builtins.int
     policy: _builtins.str
     generation: _builtins.int
     """The round's number (one counter over all policies)."""
@@ -727,6 +768,7 @@ class Plan(_message.Message):
     """Nodes the detector found (before the algorithm and checks)."""
     trigger: _builtins.str
     """What fired the round: "rpc", "periodic", "cron" or "signal"."""
+    evicted: _builtins.int
     @_builtins.property
     def moves(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlannedMove]: ...
     @_builtins.property
@@ -738,6 +780,10 @@ class Plan(_message.Message):
         """The predicted effect: the moves replayed batch by batch by the scheduling algorithm on a
         copy of the state (dry run), else the plan's own targets.
         """
+
+    @_builtins.property
+    def movements(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Executed rounds: the Movements created (one per batch evicted) and the pods evicted."""
 
     def __init__(
         self,
@@ -757,10 +803,12 @@ class Plan(_message.Message):
         revision: _builtins.int = ...,
         detected_nodes: _builtins.int = ...,
         trigger: _builtins.str = ...,
+        movements: _abc.Iterable[_builtins.str] | None = ...,
+        evicted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "batches", b"batches", "before", b"before", "detected_nodes", b"detected_nodes", "dry_run", b"dry_run", "duration_ms", b"duration_ms", "generation", b"generation", "message", b"message", "moves", b"moves", "outcome", b"outcome", "policy", b"policy", "rejected", b"rejected", "revision", b"revision", "started_ms", b"started_ms", "trigger", b"trigger"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "batches", b"batches", "before", b"before", "detected_nodes", b"detected_nodes", "dry_run", b"dry_run", "duration_ms", b"duration_ms", "evicted", b"evicted", "generation", b"generation", "message", b"message", "movements", b"movements", "moves", b"moves", "outcome", b"outcome", "policy", b"policy", "rejected", b"rejected", "revision", b"revision", "started_ms", b"started_ms", "trigger", b"trigger"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -901,16 +949,20 @@ class ListPoliciesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     POLICIES_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    paused: _builtins.bool
+    """The kill switch is on: no round starts and no batch is evicted."""
     @_builtins.property
     def policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyInfo]: ...
     def __init__(
         self,
         *,
         policies: _abc.Iterable[Global___PolicyInfo] | None = ...,
+        paused: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policies", b"policies"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["paused", b"paused", "policies", b"policies"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -395,6 +395,11 @@ class ReschedulerStub:
                 request_serializer=protos_dot_godel_dot_v1_dot_api__pb2.ListPoliciesRequest.SerializeToString,
                 response_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.ListPoliciesResponse.FromString,
                 _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/godel.v1.Rescheduler/Pause',
+                request_serializer=protos_dot_godel_dot_v1_dot_api__pb2.PauseRequest.SerializeToString,
+                response_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.PauseResponse.FromString,
+                _registered_method=True)
 
 
 class ReschedulerServicer:
@@ -419,6 +424,14 @@ class ReschedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pause(self, request, context):
+        """The kill switch: paused, no policy starts a round and a running round evicts no further
+        batch; resumed, triggers work again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReschedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -431,6 +444,11 @@ def add_ReschedulerServicer_to_server(servicer, server):
                     servicer.ListPolicies,
                     request_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.ListPoliciesRequest.FromString,
                     response_serializer=protos_dot_godel_dot_v1_dot_api__pb2.ListPoliciesResponse.SerializeToString,
+            ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.PauseRequest.FromString,
+                    response_serializer=protos_dot_godel_dot_v1_dot_api__pb2.PauseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -491,6 +509,33 @@ class Rescheduler:
             '/godel.v1.Rescheduler/ListPolicies',
             protos_dot_godel_dot_v1_dot_api__pb2.ListPoliciesRequest.SerializeToString,
             protos_dot_godel_dot_v1_dot_api__pb2.ListPoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/godel.v1.Rescheduler/Pause',
+            protos_dot_godel_dot_v1_dot_api__pb2.PauseRequest.SerializeToString,
+            protos_dot_godel_dot_v1_dot_api__pb2.PauseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -151,6 +151,10 @@ class ReschedulerStub:
     """
     ListPolicies: _grpc.UnaryUnaryMultiCallable[_api_pb2.ListPoliciesRequest, _api_pb2.ListPoliciesResponse]
     """The configured policies with their triggers and last round."""
+    Pause: _grpc.UnaryUnaryMultiCallable[_api_pb2.PauseRequest, _api_pb2.PauseResponse]
+    """The kill switch: paused, no policy starts a round and a running round evicts no further
+    batch; resumed, triggers work again.
+    """
 
 @_typing.type_check_only
 class ReschedulerAsyncStub(ReschedulerStub):
@@ -166,6 +170,10 @@ class ReschedulerAsyncStub(ReschedulerStub):
     """
     ListPolicies: _aio.UnaryUnaryMultiCallable[_api_pb2.ListPoliciesRequest, _api_pb2.ListPoliciesResponse]  # type: ignore[assignment]
     """The configured policies with their triggers and last round."""
+    Pause: _aio.UnaryUnaryMultiCallable[_api_pb2.PauseRequest, _api_pb2.PauseResponse]  # type: ignore[assignment]
+    """The kill switch: paused, no policy starts a round and a running round evicts no further
+    batch; resumed, triggers work again.
+    """
 
 class ReschedulerServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------------------------
@@ -190,6 +198,16 @@ class ReschedulerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.ListPoliciesResponse, _abc.Awaitable[_api_pb2.ListPoliciesResponse]]:
         """The configured policies with their triggers and last round."""
+
+    @_abc_1.abstractmethod
+    def Pause(
+        self,
+        request: _api_pb2.PauseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.PauseResponse, _abc.Awaitable[_api_pb2.PauseResponse]]:
+        """The kill switch: paused, no policy starts a round and a running round evicts no further
+        batch; resumed, triggers work again.
+        """
 
 def add_ReschedulerServicer_to_server(servicer: ReschedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

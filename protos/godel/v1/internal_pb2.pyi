@@ -284,6 +284,116 @@ class ShardMessage(_message.Message):
 Global___ShardMessage: _TypeAlias = ShardMessage  # noqa: Y015
 
 @_typing.final
+class EvictRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PODS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REQUESTER_FIELD_NUMBER: _builtins.int
+    MOVEMENT_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """"Rescheduled", "Drained", ...: the evicted pods' status.reason."""
+    message: _builtins.str
+    """Why, for humans: the evicted pods' status.message."""
+    requester: _builtins.str
+    """Who asks, e.g. "rescheduler/<instance>"."""
+    movement: _builtins.str
+    """The Movement the eviction belongs to, if any (recorded on each evicted pod)."""
+    @_builtins.property
+    def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodRef]:
+        """The pods, with their uid as a precondition (a pod re-created under the same name is not
+        the one planned).
+        """
+
+    def __init__(
+        self,
+        *,
+        pods: _abc.Iterable[Global___PodRef] | None = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        requester: _builtins.str = ...,
+        movement: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "movement", b"movement", "pods", b"pods", "reason", b"reason", "requester", b"requester"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EvictRequest: _TypeAlias = EvictRequest  # noqa: Y015
+
+@_typing.final
+class EvictResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Outcome:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[EvictResult._Outcome.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        OUTCOME_UNSPECIFIED: EvictResult._Outcome.ValueType  # 0
+        EVICTED: EvictResult._Outcome.ValueType  # 1
+        GONE: EvictResult._Outcome.ValueType  # 2
+        """Already gone, finished or re-created (uid differs): nothing to evict."""
+        REFUSED: EvictResult._Outcome.ValueType  # 3
+        """Not evicted: a disruption budget or the pod's state forbids it (reason says which)."""
+
+    class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper): ...
+    OUTCOME_UNSPECIFIED: EvictResult.Outcome.ValueType  # 0
+    EVICTED: EvictResult.Outcome.ValueType  # 1
+    GONE: EvictResult.Outcome.ValueType  # 2
+    """Already gone, finished or re-created (uid differs): nothing to evict."""
+    REFUSED: EvictResult.Outcome.ValueType  # 3
+    """Not evicted: a disruption budget or the pod's state forbids it (reason says which)."""
+
+    POD_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REPLACEMENT_FIELD_NUMBER: _builtins.int
+    pod: _builtins.str
+    outcome: Global___EvictResult.Outcome.ValueType
+    reason: _builtins.str
+    replacement: _builtins.str
+    """The replacement pod created in the same commit."""
+    def __init__(
+        self,
+        *,
+        pod: _builtins.str = ...,
+        outcome: Global___EvictResult.Outcome.ValueType = ...,
+        reason: _builtins.str = ...,
+        replacement: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "pod", b"pod", "reason", b"reason", "replacement", b"replacement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EvictResult: _TypeAlias = EvictResult  # noqa: Y015
+
+@_typing.final
+class EvictResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___EvictResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___EvictResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EvictResponse: _TypeAlias = EvictResponse  # noqa: Y015
+
+@_typing.final
 class Placement(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

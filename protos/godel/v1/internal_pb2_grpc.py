@@ -130,6 +130,11 @@ class BinderStub:
                 request_serializer=protos_dot_godel_dot_v1_dot_internal__pb2.DecisionBatch.SerializeToString,
                 response_deserializer=protos_dot_godel_dot_v1_dot_internal__pb2.VerdictBatch.FromString,
                 _registered_method=True)
+        self.Evict = channel.unary_unary(
+                '/godel.v1.Binder/Evict',
+                request_serializer=protos_dot_godel_dot_v1_dot_internal__pb2.EvictRequest.SerializeToString,
+                response_deserializer=protos_dot_godel_dot_v1_dot_internal__pb2.EvictResponse.FromString,
+                _registered_method=True)
 
 
 class BinderServicer:
@@ -147,6 +152,15 @@ class BinderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Evict(self, request, context):
+        """Evicts pods through the one eviction path (the rescheduler's batches; later drain and
+        reclaim): all of them or none, within disruption budgets, each with a replacement pod, in
+        one fenced commit. Leader only, like Decide.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BinderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +168,11 @@ def add_BinderServicer_to_server(servicer, server):
                     servicer.Decide,
                     request_deserializer=protos_dot_godel_dot_v1_dot_internal__pb2.DecisionBatch.FromString,
                     response_serializer=protos_dot_godel_dot_v1_dot_internal__pb2.VerdictBatch.SerializeToString,
+            ),
+            'Evict': grpc.unary_unary_rpc_method_handler(
+                    servicer.Evict,
+                    request_deserializer=protos_dot_godel_dot_v1_dot_internal__pb2.EvictRequest.FromString,
+                    response_serializer=protos_dot_godel_dot_v1_dot_internal__pb2.EvictResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -187,6 +206,33 @@ class Binder:
             '/godel.v1.Binder/Decide',
             protos_dot_godel_dot_v1_dot_internal__pb2.DecisionBatch.SerializeToString,
             protos_dot_godel_dot_v1_dot_internal__pb2.VerdictBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Evict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/godel.v1.Binder/Evict',
+            protos_dot_godel_dot_v1_dot_internal__pb2.EvictRequest.SerializeToString,
+            protos_dot_godel_dot_v1_dot_internal__pb2.EvictResponse.FromString,
             options,
             channel_credentials,
             insecure,

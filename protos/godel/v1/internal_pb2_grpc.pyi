@@ -91,6 +91,11 @@ class BinderStub:
     """Opened by each shard to the current leader. A standby answers FAILED_PRECONDITION with the
     leader's address in the details.
     """
+    Evict: _grpc.UnaryUnaryMultiCallable[_internal_pb2.EvictRequest, _internal_pb2.EvictResponse]
+    """Evicts pods through the one eviction path (the rescheduler's batches; later drain and
+    reclaim): all of them or none, within disruption budgets, each with a replacement pod, in
+    one fenced commit. Leader only, like Decide.
+    """
 
 @_typing.type_check_only
 class BinderAsyncStub(BinderStub):
@@ -103,6 +108,11 @@ class BinderAsyncStub(BinderStub):
     Decide: _aio.StreamStreamMultiCallable[_internal_pb2.DecisionBatch, _internal_pb2.VerdictBatch]  # type: ignore[assignment]
     """Opened by each shard to the current leader. A standby answers FAILED_PRECONDITION with the
     leader's address in the details.
+    """
+    Evict: _aio.UnaryUnaryMultiCallable[_internal_pb2.EvictRequest, _internal_pb2.EvictResponse]  # type: ignore[assignment]
+    """Evicts pods through the one eviction path (the rescheduler's batches; later drain and
+    reclaim): all of them or none, within disruption budgets, each with a replacement pod, in
+    one fenced commit. Leader only, like Decide.
     """
 
 class BinderServicer(metaclass=_abc_1.ABCMeta):
@@ -119,6 +129,17 @@ class BinderServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_internal_pb2.VerdictBatch], _abc.AsyncIterator[_internal_pb2.VerdictBatch]]:
         """Opened by each shard to the current leader. A standby answers FAILED_PRECONDITION with the
         leader's address in the details.
+        """
+
+    @_abc_1.abstractmethod
+    def Evict(
+        self,
+        request: _internal_pb2.EvictRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_internal_pb2.EvictResponse, _abc.Awaitable[_internal_pb2.EvictResponse]]:
+        """Evicts pods through the one eviction path (the rescheduler's batches; later drain and
+        reclaim): all of them or none, within disruption budgets, each with a replacement pod, in
+        one fenced commit. Leader only, like Decide.
         """
 
 def add_BinderServicer_to_server(servicer: BinderServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1538,6 +1538,7 @@ class MovementSpec(_message.Message):
     GENERATION_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
+    DEADLINE_MS_FIELD_NUMBER: _builtins.int
     creator: _builtins.str
     """The algorithm plugin that planned it, e.g. "BinPacking"."""
     generation: _builtins.int
@@ -1545,6 +1546,11 @@ class MovementSpec(_message.Message):
     batch: _builtins.int
     policy: _builtins.str
     """The policy whose round made it."""
+    deadline_ms: _builtins.int
+    """After this (ms since the epoch) the Movement is no longer live: shards stop preferring its
+    nodes and waiting for them, and the recycler may delete it. Bounds what a rescheduler that
+    died mid-round leaves behind.
+    """
     @_builtins.property
     def deleted_tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskRef]:
         """Pods evicted in this batch."""
@@ -1557,10 +1563,11 @@ class MovementSpec(_message.Message):
         generation: _builtins.int = ...,
         batch: _builtins.int = ...,
         policy: _builtins.str = ...,
+        deadline_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "creator", b"creator", "deleted_tasks", b"deleted_tasks", "generation", b"generation", "policy", b"policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "creator", b"creator", "deadline_ms", b"deadline_ms", "deleted_tasks", b"deleted_tasks", "generation", b"generation", "policy", b"policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1573,21 +1580,34 @@ class MovementStatus(_message.Message):
     OWNERS_FIELD_NUMBER: _builtins.int
     NOTIFIED_SCHEDULERS_FIELD_NUMBER: _builtins.int
     PHASE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    FINISHED_MS_FIELD_NUMBER: _builtins.int
     phase: _builtins.str
+    """"Acknowledging" -> "Evicting" -> "Landing" (replacements being placed) -> "Done";
+    "Stopped" when the round stopped it (message says why).
+    """
+    message: _builtins.str
+    finished_ms: _builtins.int
     @_builtins.property
     def owners(self) -> _containers.RepeatedCompositeFieldContainer[Global___OwnerMovement]: ...
     @_builtins.property
-    def notified_schedulers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def notified_schedulers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Scheduler shards (instance names) that acknowledged the Movement. Its pods are evicted only
+        once every live shard is here.
+        """
+
     def __init__(
         self,
         *,
         owners: _abc.Iterable[Global___OwnerMovement] | None = ...,
         notified_schedulers: _abc.Iterable[_builtins.str] | None = ...,
         phase: _builtins.str = ...,
+        message: _builtins.str = ...,
+        finished_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["notified_schedulers", b"notified_schedulers", "owners", b"owners", "phase", b"phase"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished_ms", b"finished_ms", "message", b"message", "notified_schedulers", b"notified_schedulers", "owners", b"owners", "phase", b"phase"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

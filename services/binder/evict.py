@@ -1,0 +1,106 @@
+"""One EvictRequest against the Binder's view: which pods go, and the commit that takes them.
+
+All or nothing: a batch of the rescheduler (a swap, a cycle) is planned to leave together, so one
+pod that may not go keeps every pod of the request in place. A pod already gone, finished or
+re-created under its name (another uid) needs nothing and does not block the rest. The live pods
+are charged to the disruption budgets selecting them, with allowances from the Binder's own
+current view — the same accounting preemption's victims go through, and the committer decides one
+request or batch at a time, so evictions of every kind together never exceed a budget. Each pod
+is evicted through the one eviction path (``services.eviction``) with a replacement, in one
+commit the caller fences.
+
+Synchronous and free of I/O.
+"""
+
+from __future__ import annotations
+
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import objects_pb2 as pb
+from services.binder.state import ClusterState, holds_claim
+from services.binder.victims import LiveBudgets
+from services.eviction import Eviction, EvictionOps
+from store.client import Op
+
+EVICTED = ipb.EvictResult.EVICTED
+GONE = ipb.EvictResult.GONE
+REFUSED = ipb.EvictResult.REFUSED
+
+
+class EvictPlan:
+    def __init__(self, request: ipb.EvictRequest, state: ClusterState, now_ms: int) -> None:
+        self.request = request
+        self.state = state
+        self.now_ms = now_ms
+        self.results: dict[str, ipb.EvictResult] = {}
+        self.live: list[pb.Pod] = []
+        self.refused = False
+        self._check()
+
+    def _check(self) -> None:
+        problems: dict[str, str] = {}
+        for ref in self.request.pods:
+            pod = self.state.pods.get(ref.name)
+            if pod is None or not holds_claim(pod):
+                self._result(ref.name, GONE, "not bound or running")
+            elif ref.uid and pod.metadata.uid != ref.uid:
+                self._result(ref.name, GONE, f"re-created (uid {pod.metadata.uid}, not {ref.uid})")
+            elif pod.metadata.deletion_timestamp_ms:
+                self._result(ref.name, GONE, "being deleted")
+            elif ref.name in problems or any(p.metadata.name == ref.name for p in self.live):
+                problems[ref.name] = "named twice in the request"
+            else:
+                self.live.append(pod)
+        if not problems and self.live:
+            tracker = LiveBudgets(self.state, (p.metadata.name for p in self.live)).tracker()
+            broken = tracker.try_admit(self.live)
+            if broken:
+                problems = dict.fromkeys((p.metadata.name for p in self.live), "; ".join(broken))
+        if problems:
+            self.refuse(problems)
+
+    def refuse(self, problems: dict[str, str]) -> None:
+        """Nothing is evicted: each live pod says why (its own problem, else the others')."""
+        self.refused = True
+        summary = "; ".join(f"{name}: {why}" for name, why in problems.items())
+        for pod in self.live:
+            name = pod.metadata.name
+            own = problems.get(name)
+            self._result(name, REFUSED, own if own is not None else f"not alone: {summary}")
+        self.live = []
+
+    def ops(self) -> tuple[list[Op], list[str]]:
+        """The commit: each live pod released as evicted, with its replacement. Per op, the
+        evicted pod it serves."""
+        builder = EvictionOps(self.state.jobs.get, self.state.pods_of_job, always_replace=True)
+        for pod in self.live:
+            builder.add(
+                Eviction(pod, self.request.reason, self.request.message or self._message()),
+                self.now_ms,
+            )
+        return builder.ops, builder.targets
+
+    def _message(self) -> str:
+        by = self.request.requester or "a client"
+        movement = f" (movement {self.request.movement})" if self.request.movement else ""
+        return f"evicted by {by}{movement}"
+
+    def evicted(self, replacements: dict[str, str]) -> None:
+        """The commit applied: the live pods are evicted."""
+        for pod in self.live:
+            name = pod.metadata.name
+            result = self._result(name, EVICTED, "")
+            result.replacement = replacements.get(name, "")
+
+    def response(self) -> ipb.EvictResponse:
+        return ipb.EvictResponse(
+            results=[
+                self.results[ref.name] for ref in self.request.pods if ref.name in self.results
+            ]
+        )
+
+    def _result(
+        self, pod: str, outcome: ipb.EvictResult.Outcome.ValueType, reason: str
+    ) -> ipb.EvictResult:
+        result = ipb.EvictResult(pod=pod, outcome=outcome, reason=reason)
+        self.results[pod] = result
+        return result

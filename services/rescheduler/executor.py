@@ -1,0 +1,253 @@
+"""Executing a plan batch by batch: Movement, acknowledgement by every live shard, eviction
+through the Binder, replacements landing.
+
+Per batch, in order:
+
+1. stop if paused, or if the round's Movements so far show too many replacements landing off
+   their recommendation (``failure_ratio_threshold``);
+2. wait (bounded) until the batch fits the disruption budgets as they stand now — the previous
+   batch's replacements must be healthy again before more pods of the same job go;
+3. create the batch's Movement and wait until every live shard has acknowledged it (a shard
+   whose heartbeat lapses is dropped from the set, so a dead shard cannot block the round);
+4. ask the Binder to evict the batch (``Binder.Evict``: one eviction path, all or nothing,
+   budgets re-checked, each pod replaced in the same commit);
+5. wait (bounded) until the replacements run, then mark the Movement done.
+
+A round stopped at any step marks its current Movement ``Stopped`` with the reason. Nothing is
+evicted without a replacement (the Binder's commit carries both), so a rescheduler killed at any
+point leaves at most a Movement, which shards ignore past its deadline and the next start
+deletes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from placement.budgets import BudgetTracker
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import internal_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services.eviction import RESCHEDULED
+from services.rescheduler import movements as mv
+from services.rescheduler.framework import ClusterView, Move
+from services.rescheduler.round import Policy, RoundPlan
+from store import Store
+from store.errors import StoreError
+
+log = structlog.get_logger(__name__)
+
+BINDER_LEASE = "binder"
+_POLL_SECONDS = 0.2
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    ack_timeout_seconds: float = 30.0
+    budget_wait_seconds: float = 60.0
+    landing_timeout_seconds: float = 60.0
+    # How long a Movement stays live (shards prefer its nodes) after it is created.
+    movement_ttl_seconds: float = 600.0
+    # A shard is live while its heartbeat is younger than this.
+    shard_grace_seconds: float = 10.0
+
+
+class StopRound(Exception):
+    """The round evicts no further batch; the message says why."""
+
+
+class BinderEvictor:
+    """Calls ``Binder.Evict`` on the current leader (found through its lease), again after a
+    failover or while no leader is elected, within ``timeout_seconds``."""
+
+    def __init__(self, store: Store, requester: str, timeout_seconds: float = 30.0) -> None:
+        self.store = store
+        self.requester = requester
+        self.timeout = timeout_seconds
+
+    async def evict(self, request: ipb.EvictRequest) -> ipb.EvictResponse:
+        request.requester = self.requester
+        deadline = time.monotonic() + self.timeout
+        last = "no binder leader"
+        while time.monotonic() < deadline:
+            lease = await self.store.get_lease(BINDER_LEASE)
+            if lease is None or not lease.holder_address:
+                await asyncio.sleep(_POLL_SECONDS)
+                continue
+            async with grpc.aio.insecure_channel(lease.holder_address) as channel:
+                stub = internal_pb2_grpc.BinderStub(channel)
+                try:
+                    response: ipb.EvictResponse = await stub.Evict(
+                        request, timeout=max(0.1, deadline - time.monotonic())
+                    )
+                    return response
+                except grpc.aio.AioRpcError as exc:
+                    last = f"{exc.code().name}: {exc.details()}"
+                    if exc.code() not in (
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        grpc.StatusCode.UNAVAILABLE,
+                    ):
+                        raise StopRound(f"the Binder refused the eviction: {last}") from exc
+            await asyncio.sleep(_POLL_SECONDS)
+        raise StopRound(f"no Binder leader took the eviction within {self.timeout:g}s ({last})")
+
+
+class RoundExecutor:
+    def __init__(
+        self,
+        store: Store,
+        evictor: BinderEvictor,
+        paused: Callable[[], bool],
+        config: ExecutionConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.evictor = evictor
+        self.paused = paused
+        self.config = config or ExecutionConfig()
+
+    async def execute(self, policy: Policy, plan: RoundPlan, view: ClusterView) -> None:
+        """Evict ``plan`` batch by batch; records the Movements and the evictions on the plan."""
+        created: list[str] = []
+        for index, batch in enumerate(plan.batches):
+            try:
+                await self._batch(policy, plan, view, index, batch, created)
+            except StopRound as exc:
+                plan.message += f"; stopped before batch {index + 1} of {len(plan.batches)}: {exc}"
+                log.warning("round stopped", policy=policy.name, batch=index, reason=str(exc))
+                return
+        plan.message += f"; {plan.evicted} pod(s) evicted in {len(created)} batch(es)"
+
+    async def _batch(
+        self,
+        policy: Policy,
+        plan: RoundPlan,
+        view: ClusterView,
+        index: int,
+        batch: Sequence[Move],
+        created: list[str],
+    ) -> None:
+        if self.paused():
+            raise StopRound("the rescheduler is paused")
+        if created:
+            ratio = mv.failure_ratio(await self._movements(created))
+            if ratio > policy.failure_ratio_threshold:
+                raise StopRound(
+                    f"failure ratio {ratio:.2f} > {policy.failure_ratio_threshold:g}: too many "
+                    "replacements landed off their recommended nodes"
+                )
+        await self._wait_for_budgets(batch, view)
+        now_ms = int(time.time() * 1000)
+        movement = mv.build_movement(
+            policy=policy.name,
+            creator=policy.algorithm.NAME,
+            generation=plan.generation,
+            batch=index,
+            moves=batch,
+            view=view,
+            deadline_ms=now_ms + int(self.config.movement_ttl_seconds * 1000),
+        )
+        name = movement.metadata.name
+        await self.store.create(movement)
+        created.append(name)
+        plan.movements.append(name)
+        try:
+            await self._wait_for_acks(name)
+            await mv.change(self.store, name, mv.set_phase(mv.EVICTING))
+            replacements = await self._evict(batch, view, name, policy)
+            plan.evicted += len(replacements)
+            await mv.change(self.store, name, mv.set_phase(mv.LANDING))
+            await self._wait_for_landing(replacements)
+        except StopRound as exc:
+            await mv.change(self.store, name, mv.finish(mv.STOPPED, str(exc)))
+            raise
+        await mv.change(self.store, name, mv.finish(mv.DONE))
+
+    async def _movements(self, names: Sequence[str]) -> list[pb.Movement]:
+        found = await self.store.get_many(pb.Movement, names)
+        return [m for m in found if m is not None]
+
+    async def _wait_for_budgets(self, batch: Sequence[Move], view: ClusterView) -> None:
+        """Until the batch fits the budgets' current allowances (the status controller keeps
+        them; the previous batch's replacements count once healthy)."""
+        pods = [view.pods[m.pod].pod for m in batch if m.pod in view.pods]
+        deadline = time.monotonic() + self.config.budget_wait_seconds
+        while True:
+            budgets, _ = await self.store.list_all(pb.DisruptionBudget)
+            broken = BudgetTracker(budgets).violations(pods)
+            if not broken:
+                return
+            if time.monotonic() >= deadline:
+                raise StopRound(
+                    f"disruption budgets still forbid the batch after "
+                    f"{self.config.budget_wait_seconds:g}s: {'; '.join(broken)}"
+                )
+            await asyncio.sleep(_POLL_SECONDS)
+
+    async def _wait_for_acks(self, name: str) -> None:
+        deadline = time.monotonic() + self.config.ack_timeout_seconds
+        while True:
+            movement = await self.store.get(pb.Movement, name)
+            missing = sorted(await self._live_shards() - set(movement.status.notified_schedulers))
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise StopRound(
+                    f"shard(s) {', '.join(missing)} did not acknowledge movement {name} within "
+                    f"{self.config.ack_timeout_seconds:g}s"
+                )
+            await asyncio.sleep(_POLL_SECONDS)
+
+    async def _live_shards(self) -> set[str]:
+        instances, _ = await self.store.list_all(pb.SchedulerInstance)
+        now_ms = int(time.time() * 1000)
+        grace_ms = self.config.shard_grace_seconds * 1000
+        return {
+            s.metadata.name
+            for s in instances
+            if s.status.ready and now_ms - s.status.heartbeat_ms < grace_ms
+        }
+
+    async def _evict(
+        self, batch: Sequence[Move], view: ClusterView, movement: str, policy: Policy
+    ) -> list[str]:
+        request = ipb.EvictRequest(
+            reason=RESCHEDULED,
+            movement=movement,
+            message=f"rescheduled by policy {policy.name} (movement {movement})",
+        )
+        for move in batch:
+            uid = view.pods[move.pod].pod.metadata.uid if move.pod in view.pods else ""
+            request.pods.add(name=move.pod, uid=uid)
+        response = await self.evictor.evict(request)
+        refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
+        if refused:
+            reasons = "; ".join(f"{r.pod}: {r.reason}" for r in refused[:3])
+            raise StopRound(f"the Binder refused the batch: {reasons}")
+        return [r.replacement for r in response.results if r.replacement]
+
+    async def _wait_for_landing(self, replacements: Sequence[str]) -> None:
+        """Until every replacement runs (or finished, or is gone), or the timeout: the next batch
+        should not take more of a job before it has recovered."""
+        if not replacements:
+            return
+        deadline = time.monotonic() + self.config.landing_timeout_seconds
+        while time.monotonic() < deadline:
+            try:
+                pods = await self.store.get_many(pb.Pod, replacements)
+            except StoreError as exc:
+                log.warning("reading replacements failed", error=str(exc))
+                pods = []
+            waiting = [
+                p
+                for p in pods
+                if p is not None and p.status.phase in (pb.POD_PENDING, pb.POD_BOUND)
+            ]
+            if pods and not waiting:
+                return
+            await asyncio.sleep(_POLL_SECONDS)
+        log.info("replacements still landing; going on", count=len(replacements))
