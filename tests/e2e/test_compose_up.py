@@ -85,19 +85,12 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
         assert len(replicas) == SHARDS
         with GodelClient(api) as client:
             # Every shard publishes its own replica's address, and it answers there.
-            instances = wait_until(
-                lambda: (
-                    [
-                        i
-                        for i in client.list("SchedulerInstance")
-                        if i.status.ready  # type: ignore[attr-defined]
-                    ]
-                    if len(client.list("SchedulerInstance")) == SHARDS
-                    else None
-                ),
-                timeout=90,
-                what=f"{SHARDS} ready scheduler instances",
-            )
+            def ready_instances() -> list[pb.SchedulerInstance] | None:
+                listed = client.list("SchedulerInstance")
+                ready = [i for i in listed if i.status.ready]  # type: ignore[attr-defined]
+                return ready if len(ready) == SHARDS else None  # type: ignore[return-value]
+
+            instances = wait_until(ready_instances, timeout=90, what=f"{SHARDS} ready shards")
             addresses = sorted(i.spec.address for i in instances)  # type: ignore[attr-defined]
             assert addresses == sorted(replicas), "each shard advertises its replica's address"
             assert all(probe(a, "godel.v1.Scheduler") == "SERVING" for a in addresses)
@@ -117,19 +110,15 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             created = _godel(api, home, "apply", "-f", "-", stdin=_jobs_yaml())
             assert created.count(" created") == JOBS + 1, created
 
-            def spread_pods() -> list[pb.Pod]:
-                return [p for p in client.list("Pod") if p.metadata.name.startswith("spread-")]  # type: ignore[misc]
+            def bound_pods() -> list[pb.Pod] | None:
+                listed = [p for p in client.list("Pod") if p.metadata.name.startswith("spread-")]  # type: ignore[attr-defined]
+                done = len(listed) == JOBS * PODS_PER_JOB and all(
+                    p.spec.node_name  # type: ignore[attr-defined]
+                    for p in listed
+                )
+                return listed if done else None  # type: ignore[return-value]
 
-            pods = wait_until(
-                lambda: (
-                    (ps := spread_pods())
-                    and len(ps) == JOBS * PODS_PER_JOB
-                    and all(p.spec.node_name for p in ps)
-                    and ps
-                ),
-                timeout=120,
-                what="every pod bound",
-            )
+            pods = wait_until(bound_pods, timeout=120, what="every pod bound")
             shards = {p.status.scheduler for p in pods}
             names = {i.metadata.name for i in instances}
             assert shards <= names, shards - names
