@@ -120,12 +120,30 @@ class Replica:
 class Deployment:
     """A running emulated `docker compose up`; :meth:`down` stops it."""
 
-    replicas: list[Replica]
+    emulator: Emulator
     published: dict[int, str]  # container port of the dispatcher → host address
     proxies: list[socketserver.ThreadingTCPServer] = field(default_factory=list)
 
+    @property
+    def replicas(self) -> list[Replica]:
+        return self.emulator.replicas
+
     def of(self, service: str) -> list[Replica]:
         return [r for r in self.replicas if r.service == service]
+
+    def exec(self, service: str, *command: str) -> subprocess.CompletedProcess[str]:
+        """`docker compose exec SERVICE COMMAND...`: in the first replica's environment and home
+        (the image's `godel` script is ``python -m godel``)."""
+        replica = self.of(service)[0]
+        argv = ["python", "-m", "godel", *command[1:]] if command[0] == "godel" else list(command)
+        return subprocess.run(
+            self.emulator.argv(argv, replica),
+            env=self.emulator.environment(replica),
+            cwd=replica.root / "home",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def exited(self) -> list[str]:
         return [
@@ -311,7 +329,7 @@ def compose_up(
     """`docker compose up --scale ...` until the block exits, then `docker compose down`.
     Returns once every replica passed its healthcheck; any replica that exits fails it."""
     emulator = Emulator(workdir, scale)
-    deployment = Deployment(emulator.replicas, {})
+    deployment = Deployment(emulator, {})
     try:
         # depends_on: the store first, the others once it is healthy; all of them at once.
         waves = [

@@ -124,11 +124,16 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             assert shards <= names, shards - names
             assert len(shards) > 1, f"every unit went to one shard: {shards}"
 
-            # `godel logs` finds the agent through the address it publishes on its node.
+            # `godel logs` finds the agent through the address it publishes on its node: from
+            # inside the compose network (agents' hostnames resolve there, not on the Docker
+            # host), as `docker compose exec dispatcher godel logs hello-0`, its server coming
+            # from the file's GODEL_SERVER; and from here, which reaches the emulated agent.
             wait_until(
                 lambda: client.get("Pod", "hello-0").status.phase == pb.POD_SUCCEEDED,  # type: ignore[attr-defined]
                 timeout=90,
                 what="hello-0 succeeded",
             )
+            inside = deployment.exec("dispatcher", "godel", "logs", "hello-0")
+            assert (inside.returncode, inside.stdout) == (0, "hello\n"), inside.stderr
             assert _godel(api, home, "logs", "hello-0") == "hello\n"
         assert not deployment.exited(), deployment.exited()
