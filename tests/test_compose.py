@@ -160,6 +160,17 @@ def test_scaled_services_have_no_fixed_name_or_host_port(
         assert "ports" not in services[name], name
 
 
+def test_replicas_advertise_their_own_hostname(services: dict[str, dict[str, Any]]) -> None:
+    """Bound to 0.0.0.0 with no advertise address, a replica publishes its default hostname (its
+    container id, which Docker's DNS resolves on the project network). A fixed advertise address
+    would be the same for every replica of a scaled service, and a custom `hostname:` is not
+    resolvable by peers."""
+    for name, spec in _godel_services(services).items():
+        assert spec["environment"]["GODEL_HOST"] == "0.0.0.0", name
+        assert "GODEL_ADVERTISE_ADDRESS" not in spec["environment"], name
+        assert "hostname" not in spec, name
+
+
 def test_shutdown_grace_and_configuration(services: dict[str, dict[str, Any]]) -> None:
     for name, spec in _godel_services(services).items():
         environment = spec["environment"]

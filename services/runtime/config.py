@@ -53,11 +53,12 @@ def advertised_address(
     Node.spec.agent_address): the configured ``advertise_address``, else the bind host with the
     bound port, else — when the bind host is a wildcard — this machine's hostname.
 
-    The hostname, not the address it resolves to: in a compose project every container's hostname
-    (its short id) is a DNS name on the project network, and Docker's /etc/hosts maps it to the
-    container's address on its first network only, while a bare Debian host maps its own name to
-    127.0.1.1, which no peer can reach. A name is also re-resolved by gRPC on every reconnect, so a
-    container that restarts with a new address stays reachable under the address it published.
+    The hostname, not the address it resolves to: in a compose project a container's default
+    hostname (its short id) is a DNS name on the project network (Docker's embedded DNS answers it;
+    a custom ``hostname:`` it does not), while what the name resolves to locally is Docker's
+    /etc/hosts entry for the first network only, or on a bare Debian host 127.0.1.1, which no peer
+    can reach. gRPC also re-resolves a name on every reconnect, so a container that restarts with
+    a new address stays reachable under the address it published.
     """
     if advertise_address:
         return advertise_address

@@ -121,7 +121,7 @@ class Deployment:
     """A running emulated `docker compose up`; :meth:`down` stops it."""
 
     emulator: Emulator
-    published: dict[int, str]  # container port of the dispatcher → host address
+    published: dict[int, str]  # a published container port → its address on the "host"
     proxies: list[socketserver.ThreadingTCPServer] = field(default_factory=list)
 
     @property
