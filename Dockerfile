@@ -6,15 +6,25 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+RUN useradd --create-home --uid 10001 godel
 WORKDIR /src
+
+# The dependencies first, from the lock file alone: this layer is rebuilt only when
+# requirements.lock changes, so editing the code does not reinstall them. Every package and
+# version is pinned with its hashes (regenerate with the command at the top of the lock file).
+COPY requirements.lock .
+RUN pip install --require-hashes --no-deps -r requirements.lock
+
+# Then the project itself, resolving nothing: all it depends on is installed above.
 COPY . .
-RUN pip install . && useradd --create-home --uid 10001 godel
+RUN pip install --no-deps .
 
 # Run from the user's home, not /src: the installed packages are the ones imported.
 USER godel
 WORKDIR /home/godel
 
-# Services listen on all interfaces inside the container, log JSON lines to stdout.
+# Services listen on all interfaces inside the container (and, bound to a wildcard, advertise
+# the container's hostname to their peers), log JSON lines to stdout.
 ENV GODEL_HOST=0.0.0.0 \
     GODEL_PORT=50051 \
     GODEL_LOG_FORMAT=json \

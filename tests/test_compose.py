@@ -1,31 +1,101 @@
-"""docker-compose.yml and the Dockerfile, checked statically (no Docker engine needed): every
-command runs a module that exists, every container has a healthcheck, readiness ordering only
-references defined, health-checked services, and scaled services can actually scale."""
+"""docker-compose.yml and the Dockerfile, checked statically (no Docker engine needed): the file is
+valid under the compose specification's JSON schema, every command runs a module that exists,
+every container has a healthcheck, readiness ordering only references defined, health-checked
+services, scaled services can actually scale, and the image installs its locked dependencies in a
+layer of their own. tests/e2e/test_compose_up.py runs the file.
+
+The schema, tests/data/compose-spec.json, is the compose specification's
+(github.com/compose-spec/compose-spec, schema/compose-spec.json, Apache-2.0) as docker-compose
+1.29.2 ships it in its PyPI wheel (compose/config/compose_spec.json), copied byte for byte: no
+package on PyPI ships a newer copy (`compose-spec` wraps a Rust parser and has none), and it
+cannot be downloaded here. It covers every key this file uses.
+"""
 
 from __future__ import annotations
 
+import copy
 import importlib
+import importlib.metadata
 import importlib.util
+import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
+LOCK = ROOT / "requirements.lock"
+PYPROJECT = ROOT / "pyproject.toml"
+SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
 STORE = "store"
 SCALED = ("scheduler", "binder")
 DEPENDS_ON_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 
 
 @pytest.fixture(scope="module")
-def services() -> dict[str, dict[str, Any]]:
-    document = yaml.safe_load(COMPOSE.read_text())
-    assert isinstance(document, dict) and isinstance(document.get("services"), dict)
-    return document["services"]
+def document() -> dict[str, Any]:
+    loaded = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(loaded, dict) and isinstance(loaded.get("services"), dict)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def services(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return document["services"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft201909Validator:
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft201909Validator.check_schema(schema)  # the schema names draft 2019-09
+    return jsonschema.Draft201909Validator(schema)
+
+
+def test_file_is_valid_under_the_compose_specification_schema(
+    document: dict[str, Any], validator: jsonschema.Draft201909Validator
+) -> None:
+    errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(document)]
+    assert not errors, "\n".join(errors)
+
+
+SCHEMA_VIOLATIONS = [
+    # (case, path to a mapping, key, bad value): each must be rejected, or validation is toothless
+    ("unknown service key", ("services", "scheduler"), "replica", 4),
+    ("replicas not an integer", ("services", "scheduler", "deploy"), "replicas", "four"),
+    ("command not a string or list", ("services", "binder"), "command", {"python": "-m"}),
+    ("unknown depends_on condition", ("services", "dispatcher", "depends_on", "store"),
+     "condition", "service_ready"),
+    ("unknown healthcheck key", ("services", "store", "healthcheck"), "interval_seconds", 2),
+    ("unknown top-level key", (), "service", {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "key", "value"),
+    [case[1:] for case in SCHEMA_VIOLATIONS],
+    ids=[case[0] for case in SCHEMA_VIOLATIONS],
+)
+def test_schema_rejects_an_invalid_file(
+    document: dict[str, Any],
+    validator: jsonschema.Draft201909Validator,
+    path: tuple[str, ...],
+    key: str,
+    value: object,
+) -> None:
+    broken = copy.deepcopy(document)
+    target = broken
+    for step in path:
+        target = target[step]
+    target[key] = value
+    assert not validator.is_valid(broken)
 
 
 def _godel_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -90,6 +160,17 @@ def test_scaled_services_have_no_fixed_name_or_host_port(
         assert "ports" not in services[name], name
 
 
+def test_replicas_advertise_their_own_hostname(services: dict[str, dict[str, Any]]) -> None:
+    """Bound to 0.0.0.0 with no advertise address, a replica publishes its default hostname (its
+    container id, which Docker's DNS resolves on the project network). A fixed advertise address
+    would be the same for every replica of a scaled service, and a custom `hostname:` is not
+    resolvable by peers."""
+    for name, spec in _godel_services(services).items():
+        assert spec["environment"]["GODEL_HOST"] == "0.0.0.0", name
+        assert "GODEL_ADVERTISE_ADDRESS" not in spec["environment"], name
+        assert "hostname" not in spec, name
+
+
 def test_shutdown_grace_and_configuration(services: dict[str, dict[str, Any]]) -> None:
     for name, spec in _godel_services(services).items():
         environment = spec["environment"]
@@ -106,7 +187,65 @@ def test_store_persists_with_an_append_only_file(services: dict[str, dict[str, A
     assert services[STORE]["volumes"], "the AOF must live on a volume"
 
 
+def _instructions(dockerfile: str) -> list[str]:
+    """The Dockerfile's instructions, one per line (continuations joined, comments dropped)."""
+    joined = re.sub(r"\\\n\s*", " ", dockerfile)
+    return [line.strip() for line in joined.splitlines() if line.strip() and line[0] != "#"]
+
+
 def test_dockerfile_builds_one_image_from_this_project() -> None:
     text = DOCKERFILE.read_text()
     assert re.search(r"^FROM python:3\.11-slim\b", text, re.MULTILINE)
-    assert re.search(r"^RUN pip install \.", text, re.MULTILINE)
+    assert re.search(r"^RUN pip install --no-deps \.$", text, re.MULTILINE)
+
+
+def test_dockerfile_installs_the_lock_file_before_copying_the_source() -> None:
+    """A code edit invalidates only the layers after `COPY . .`: the locked dependencies must be
+    installed before it, from the lock file alone, and the project after it without resolving
+    (or the layer cache is defeated, or a dependency sneaks in unpinned)."""
+    steps = _instructions(DOCKERFILE.read_text())
+
+    def index(pattern: str) -> int:
+        found = [i for i, step in enumerate(steps) if re.fullmatch(pattern, step)]
+        assert len(found) == 1, f"expected one instruction matching {pattern!r}: {steps}"
+        return found[0]
+
+    copy_lock = index(rf"COPY {LOCK.name} \.")
+    install_lock = index(rf"RUN pip install --require-hashes --no-deps -r {LOCK.name}")
+    copy_source = index(r"COPY \. \.")
+    install_project = index(r"RUN pip install --no-deps \.")
+    assert copy_lock < install_lock < copy_source < install_project
+    assert not any(s.startswith(("COPY", "ADD")) for s in steps[:copy_lock]), "source copied early"
+
+
+def _locked() -> dict[str, str]:
+    """Canonical package name → pinned version, from ``name==version`` lines; each has hashes."""
+    text = LOCK.read_text()
+    pins = dict(re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", text, re.MULTILINE))
+    entries = re.split(r"\n(?=[A-Za-z0-9])", text)
+    for entry in entries:
+        if "==" in entry.split("\n", 1)[0]:
+            assert "--hash=sha256:" in entry, f"no hash for {entry.splitlines()[0]}"
+    return {canonicalize_name(name): version for name, version in pins.items()}
+
+
+def test_lock_file_pins_every_runtime_dependency() -> None:
+    """Every dependency of pyproject.toml (and of the extras it asks for, e.g. redis[hiredis]) is
+    in the lock at a version its specifier allows: the two cannot drift apart."""
+    locked = _locked()
+    assert "godel-scheduler-py" not in locked, "the project itself is installed from the source"
+    requirements = [
+        Requirement(r) for r in tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    ]
+    for requirement in requirements:
+        name = canonicalize_name(requirement.name)
+        assert name in locked, f"{requirement} is not in {LOCK.name}"
+        assert requirement.specifier.contains(locked[name], prereleases=True), (
+            f"{LOCK.name} pins {name}=={locked[name]}, outside {requirement}"
+        )
+        for extra in requirement.extras:
+            for dependency in map(Requirement, importlib.metadata.requires(requirement.name) or []):
+                if dependency.marker is not None and dependency.marker.evaluate({"extra": extra}):
+                    assert canonicalize_name(dependency.name) in locked, (
+                        f"{dependency.name} (of {requirement}) is not in {LOCK.name}"
+                    )

@@ -199,6 +199,7 @@ async def test_hollow_agent_registers_nodes(store: Store, store_url: str, tmp_pa
             ("dedicated", "batch", pb.NO_SCHEDULE)
         ]
         assert (n.spec.agent, n.spec.mode) == ("agent-a", "hollow")
+        assert n.spec.agent_address == host.address  # bound to 127.0.0.1: published as bound
         a, r = n.status.allocatable, n.status.reclaimable
         assert (a.milli_cpu, a.memory_bytes, a.pods, a.gpus) == (8000, 16 * GiB, 20, 2)
         assert (r.milli_cpu, r.memory_bytes) == (2000, 4 * GiB)
@@ -242,10 +243,10 @@ async def test_restart_updates_existing_nodes(store: Store, store_url: str, tmp_
         store_url, store.cluster, tmp_path, hollow_nodes=2, node_prefix="rn",
         hollow_cpu_milli=2000, name="agent-b",
     )  # fmt: skip
-    async with ServiceHost(NodeAgentService, cfg2):
+    async with ServiceHost(NodeAgentService, cfg2) as host:
         node = await store.get(pb.Node, "rn-0")
         assert node.spec.unschedulable and node.metadata.labels["team"] == "x"
-        assert node.spec.agent == "agent-b"
+        assert (node.spec.agent, node.spec.agent_address) == ("agent-b", host.address)
         assert node.status.allocatable.milli_cpu == 2000
         assert node.status.ready and node.status.conditions[0].status == "True"
         # A node deleted behind the agent's back is registered again by the next heartbeat.

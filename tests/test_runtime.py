@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from services.runtime import (
     cancel_and_wait,
     load_config,
 )
+from services.runtime.config import advertised_address
 from services.runtime.healthcheck import probe
 
 RESCHEDULER = api_pb2.DESCRIPTOR.services_by_name["Rescheduler"].full_name
@@ -240,6 +242,51 @@ async def test_port_zero_picks_a_free_port(service_config: ServiceConfig) -> Non
     async with ServiceHost(Quiet, replace(service_config, port=0)) as host:
         assert not host.address.endswith(":0")
         assert await _check(host.address, "") == "SERVING"
+
+
+ADVERTISE_CASES: list[tuple[str, str, str, str]] = [
+    # (case, advertise_address, bind host, expected with port 50051 and hostname "c0ffee")
+    ("explicit advertise address wins", "binder-0.example:7000", "0.0.0.0", "binder-0.example:7000"),
+    ("IPv4 wildcard: the hostname", "", "0.0.0.0", "c0ffee:50051"),
+    ("IPv6 wildcard: the hostname", "", "::", "c0ffee:50051"),
+    ("bracketed IPv6 wildcard: the hostname", "", "[::]", "c0ffee:50051"),
+    ("empty host binds all: the hostname", "", "", "c0ffee:50051"),
+    ("loopback, as godel up binds: unchanged", "", "127.0.0.1", "127.0.0.1:50051"),
+    ("a specific address: unchanged", "", "127.0.0.7", "127.0.0.7:50051"),
+    ("IPv6 address: bracketed", "", "::1", "[::1]:50051"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("advertise", "host", "expected"),
+    [case[1:] for case in ADVERTISE_CASES],
+    ids=[case[0] for case in ADVERTISE_CASES],
+)
+def test_advertised_address(advertise: str, host: str, expected: str) -> None:
+    assert advertised_address(advertise, host, 50051, hostname="c0ffee") == expected
+
+
+async def test_wildcard_bind_advertises_the_reachable_hostname(
+    service_config: ServiceConfig,
+) -> None:
+    """What a compose replica does: bound to 0.0.0.0, it publishes HOSTNAME:port, which a peer
+    can dial (here the machine's hostname resolves to itself), never 0.0.0.0."""
+
+    class Bare(Service[ServiceConfig]):  # RecordingService shadows `address`; this one does not
+        component = "bare"
+        config_class = ServiceConfig
+
+        def add_servicers(self, server: grpc.aio.Server) -> None:
+            pass
+
+    config = replace(service_config, host="0.0.0.0", port=0)
+    async with ServiceHost(Bare, config) as host:
+        service = host.service
+        assert service is not None
+        port = service.bound_port
+        assert host.address == f"0.0.0.0:{port}"
+        assert service.address == f"{socket.gethostname()}:{port}"
+        assert await _check(service.address, "") == "SERVING"
 
 
 async def test_failed_background_task_stops_the_service_with_exit_code_1(

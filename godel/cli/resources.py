@@ -418,7 +418,7 @@ def logs(
         if not obj.spec.node_name:  # type: ignore[attr-defined]
             fail(f"pod {pod} has not been placed on a node yet")
         node = _guard(lambda: client.get("Node", obj.spec.node_name))  # type: ignore[attr-defined]
-    agent = _agent_address(node.spec.agent, home)  # type: ignore[attr-defined]
+    agent = _agent_address(node.spec, home)  # type: ignore[attr-defined]
     try:
         for data in pod_logs(agent, pod, follow=follow, tail_lines=tail):
             sys.stdout.buffer.write(data)
@@ -427,8 +427,13 @@ def logs(
         fail(str(exc))
 
 
-def _agent_address(agent: str, home: Path | None) -> str:
-    """A node names its agent by address, or by component name within a local cluster."""
+def _agent_address(spec: pb.NodeSpec, home: Path | None) -> str:
+    """Where the node's agent serves logs: the address the agent publishes on its nodes (all a
+    compose deployment has: there is no local cluster state), else, for a node registered by an
+    agent that predates ``agent_address``, its name looked up in the local cluster state."""
+    if spec.agent_address:
+        return spec.agent_address
+    agent = spec.agent
     if ":" in agent:
         return agent
     state = local.GodelHome(home or local.default_home()).load()

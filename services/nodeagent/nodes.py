@@ -301,6 +301,7 @@ class NodeSet:
         node = _copy(stored)
         node.metadata.labels.update(want.metadata.labels)
         node.spec.agent, node.spec.mode = want.spec.agent, want.spec.mode
+        node.spec.agent_address = want.spec.agent_address
         del node.spec.taints[:]
         node.spec.taints.extend(want.spec.taints)
         conditions = list(node.status.conditions)

@@ -166,6 +166,9 @@ class NodeAgentService(Service[NodeAgentConfig]):
                     now=now,
                 )
             )
+        # Where `godel logs` reaches us: the advertised address, so it works with no local state.
+        for node in nodes:
+            node.spec.agent_address = self.address
         return nodes
 
     async def on_start(self) -> None:

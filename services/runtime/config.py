@@ -42,6 +42,31 @@ def default_instance_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
+"""Bind hosts meaning "every interface": no peer can dial them, so they are never advertised."""
+
+
+def advertised_address(
+    advertise_address: str, host: str, port: int, hostname: str | None = None
+) -> str:
+    """The ``host:port`` a service publishes for its peers (SchedulerInstance, binder lease,
+    Node.spec.agent_address): the configured ``advertise_address``, else the bind host with the
+    bound port, else — when the bind host is a wildcard — this machine's hostname.
+
+    The hostname, not the address it resolves to: in a compose project a container's default
+    hostname (its short id) is a DNS name on the project network (Docker's embedded DNS answers it;
+    a custom ``hostname:`` it does not), while what the name resolves to locally is Docker's
+    /etc/hosts entry for the first network only, or on a bare Debian host 127.0.1.1, which no peer
+    can reach. gRPC also re-resolves a name on every reconnect, so a container that restarts with
+    a new address stays reachable under the address it published.
+    """
+    if advertise_address:
+        return advertise_address
+    if host in WILDCARD_HOSTS:
+        host = hostname if hostname is not None else socket.gethostname()
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
 def default_home() -> Path:
     return Path.home() / ".godel"
 
@@ -78,7 +103,10 @@ class ServiceConfig:
     host: str = field(default="127.0.0.1", metadata=option("address the gRPC server binds to"))
     advertise_address: str = field(
         default="",
-        metadata=option("host:port others reach this service at (default: host:bound port)"),
+        metadata=option(
+            "host:port others reach this service at (default: host:bound port; the hostname "
+            "instead of a wildcard host such as 0.0.0.0)"
+        ),
     )
     port: int = field(
         default=0,

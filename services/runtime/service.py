@@ -29,7 +29,13 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.runtime.config import ConfigError, ConfigT, ServiceConfig, load_config
+from services.runtime.config import (
+    ConfigError,
+    ConfigT,
+    ServiceConfig,
+    advertised_address,
+    load_config,
+)
 from services.runtime.logging import configure_logging
 from store import Store, StoreUnavailableError, redact_url
 
@@ -65,14 +71,16 @@ class Service(abc.ABC, Generic[ConfigT]):
         self.stop_requested = asyncio.Event()
         self.exit_code = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        # host:port the server listens on; set by the runtime before on_start.
+        # host:port the server listens on, and the port alone; set by the runtime before on_start.
         self.bound_address = ""
+        self.bound_port = 0
 
     @property
     def address(self) -> str:
         """Where other components reach this service (leases, registrations): the configured
-        advertise address, else the bound one (port 0 picks a free port at start)."""
-        return self.config.advertise_address or self.bound_address
+        advertise address, else the bound host and port (port 0 picks a free port at start),
+        with the hostname in place of a wildcard bind host (see ``advertised_address``)."""
+        return advertised_address(self.config.advertise_address, self.config.host, self.bound_port)
 
     @abc.abstractmethod
     def add_servicers(self, server: grpc.aio.Server) -> None:
@@ -172,8 +180,14 @@ class ServiceHost(Generic[ConfigT]):
         except RuntimeError as exc:
             raise StartupError(f"cannot listen on {host}:{self.config.port}: {exc}") from exc
         self.address = service.bound_address = f"{host}:{port}"
+        service.bound_port = port
         await server.start()
-        log.info("listening", address=self.address, grpc_services=list(service.grpc_services))
+        log.info(
+            "listening",
+            address=self.address,
+            advertised=service.address,
+            grpc_services=list(service.grpc_services),
+        )
 
         await service.on_start()
         for name in served:

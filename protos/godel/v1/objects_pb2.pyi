@@ -1155,10 +1155,15 @@ class NodeSpec(_message.Message):
     TAINTS_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
+    AGENT_ADDRESS_FIELD_NUMBER: _builtins.int
     unschedulable: _builtins.bool
     agent: _builtins.str
-    """The node agent serving this node and its mode: "hollow" or "process"."""
+    """The node agent serving this node (its instance name) and its mode: "hollow" or "process"."""
     mode: _builtins.str
+    agent_address: _builtins.str
+    """host:port where that agent serves godel.v1.NodeAgent (pod logs), as it advertises it: how
+    `godel logs` reaches it without the local cluster state.
+    """
     @_builtins.property
     def taints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Taint]: ...
     def __init__(
@@ -1168,10 +1173,11 @@ class NodeSpec(_message.Message):
         taints: _abc.Iterable[Global___Taint] | None = ...,
         agent: _builtins.str = ...,
         mode: _builtins.str = ...,
+        agent_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "mode", b"mode", "taints", b"taints", "unschedulable", b"unschedulable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_address", b"agent_address", "mode", b"mode", "taints", b"taints", "unschedulable", b"unschedulable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

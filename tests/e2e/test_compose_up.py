@@ -1,0 +1,139 @@
+"""`docker compose up --scale scheduler=4` without a Docker engine: docker-compose.yml's services
+started as compose starts them (tests/e2e/compose.py says what is emulated and what is not), a job
+scheduled through the dispatcher's published port, and `godel logs` with no local cluster state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from godel.client import GodelClient
+from protos.godel.v1 import objects_pb2 as pb
+from services.runtime.healthcheck import probe
+from store import Store
+from tests.e2e.compose import Deployment, compose_up
+from tests.e2e.conftest import wait_until
+
+pytestmark = pytest.mark.e2e
+
+SHARDS = 4
+GRPC_PORT = 50051  # every godel container's port, as the file gives it
+HOLLOW_NODES = 100  # the node agent's default: the file sets no GODEL_HOLLOW_NODES
+# Several jobs at once: a unit never splits across shards, and the dispatcher hands each ready
+# unit to the least-loaded shard, so many units are what spread work over the shards.
+JOBS, PODS_PER_JOB = 12, 3
+
+
+def _jobs_yaml() -> str:
+    job = """apiVersion: godel/v1
+kind: Job
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  minMember: {replicas}
+  template:
+{extra}    requests: {{cpu: 100m, memory: 64Mi}}
+"""
+    spread = [job.format(name=f"spread-{i}", replicas=PODS_PER_JOB, extra="") for i in range(JOBS)]
+    hello = job.format(
+        name="hello",
+        replicas=1,
+        extra="    nodeSelector: {godel.io/mode: process}\n    command: [sh, -c, 'echo hello']\n",
+    )
+    return "---\n".join([*spread, hello])
+
+
+def _godel(server: str, home: Path, *args: str, stdin: str | None = None) -> str:
+    """The real CLI on the "Docker host": only the published port, and an empty GODEL_HOME, so
+    nothing can come from a local cluster.json."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GODEL_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "godel", *args, "--server", server],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "GODEL_HOME": str(home)},
+    )
+    assert result.returncode == 0, f"godel {' '.join(args)} failed:\n{result.stderr}"
+    return result.stdout
+
+
+def _binder_lease(deployment: Deployment) -> pb.Lease | None:
+    async def read() -> pb.Lease | None:
+        store = await Store.connect(f"redis://{deployment.of('store')[0].ip}:6379/0")
+        try:
+            return await store.get_lease("binder")
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
+    tmp_path: Path,
+) -> None:
+    with compose_up(tmp_path / "compose", scale={"scheduler": SHARDS}) as deployment:
+        api = deployment.published[GRPC_PORT]
+        replicas = {f"{r.ip}:{GRPC_PORT}" for r in deployment.of("scheduler")}
+        assert len(replicas) == SHARDS
+        with GodelClient(api) as client:
+            # Every shard publishes its own replica's address, and it answers there.
+            def ready_instances() -> list[pb.SchedulerInstance] | None:
+                listed = client.list("SchedulerInstance")
+                ready = [i for i in listed if i.status.ready]  # type: ignore[attr-defined]
+                return ready if len(ready) == SHARDS else None  # type: ignore[return-value]
+
+            instances = wait_until(ready_instances, timeout=90, what=f"{SHARDS} ready shards")
+            addresses = sorted(i.spec.address for i in instances)  # type: ignore[attr-defined]
+            assert addresses == sorted(replicas), "each shard advertises its replica's address"
+            assert all(probe(a, "godel.v1.Scheduler") == "SERVING" for a in addresses)
+            lease = _binder_lease(deployment)
+            binders = {f"{r.ip}:{GRPC_PORT}" for r in deployment.of("binder")}
+            assert lease is not None and lease.holder_address in binders
+
+            wait_until(
+                lambda: len(client.list("Node")) == HOLLOW_NODES + 1,
+                timeout=90,
+                what="the node agent's nodes",
+            )
+            agents = {n.spec.agent_address for n in client.list("Node")}  # type: ignore[attr-defined]
+            assert agents == {f"{deployment.of('nodeagent')[0].ip}:{GRPC_PORT}"}
+
+            home = tmp_path / "cli-home"  # empty: no local cluster state
+            created = _godel(api, home, "apply", "-f", "-", stdin=_jobs_yaml())
+            assert created.count(" created") == JOBS + 1, created
+
+            def bound_pods() -> list[pb.Pod] | None:
+                listed = [p for p in client.list("Pod") if p.metadata.name.startswith("spread-")]  # type: ignore[attr-defined]
+                done = len(listed) == JOBS * PODS_PER_JOB and all(
+                    p.spec.node_name  # type: ignore[attr-defined]
+                    for p in listed
+                )
+                return listed if done else None  # type: ignore[return-value]
+
+            pods = wait_until(bound_pods, timeout=120, what="every pod bound")
+            shards = {p.status.scheduler for p in pods}
+            names = {i.metadata.name for i in instances}
+            assert shards <= names, shards - names
+            assert len(shards) > 1, f"every unit went to one shard: {shards}"
+
+            # `godel logs` finds the agent through the address it publishes on its node: from
+            # inside the compose network (agents' hostnames resolve there, not on the Docker
+            # host), as `docker compose exec dispatcher godel logs hello-0`, its server coming
+            # from the file's GODEL_SERVER; and from here, which reaches the emulated agent.
+            wait_until(
+                lambda: client.get("Pod", "hello-0").status.phase == pb.POD_SUCCEEDED,  # type: ignore[attr-defined]
+                timeout=90,
+                what="hello-0 succeeded",
+            )
+            inside = deployment.exec("dispatcher", "godel", "logs", "hello-0")
+            assert (inside.returncode, inside.stdout) == (0, "hello\n"), inside.stderr
+            assert _godel(api, home, "logs", "hello-0") == "hello\n"
+        assert not deployment.exited(), deployment.exited()
