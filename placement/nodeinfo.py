@@ -39,6 +39,15 @@ class PodRequest:
     # The pod's priority, for preemption (placement.preemption sums requests per priority).
     priority: int = 0
 
+    def renamed(self, name: str) -> PodRequest:
+        """The same request for another pod (a replacement): cheaper than dataclasses.replace,
+        which a simulation of tens of thousands of moves calls as often."""
+        copy = object.__new__(PodRequest)
+        for slot in PodRequest.__slots__:
+            object.__setattr__(copy, slot, getattr(self, slot))
+        object.__setattr__(copy, "name", name)
+        return copy
+
     @classmethod
     def from_pod(cls, pod: pb.Pod) -> PodRequest:
         req = pod.spec.template.requests

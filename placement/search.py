@@ -61,6 +61,8 @@ class Placement:
     resource_version: int
     node: str
     victims: list[str] = field(default_factory=list)  # pods to evict first (preemption)
+    # The tag of the recommendation the pod used (UnitInfo.preferred), if any.
+    recommendation: str = ""
 
 
 @dataclass(slots=True)
@@ -207,11 +209,28 @@ class UnitScheduler:
         unplaced: dict[str, str] = {}
         all_unresolvable = True
         allowed_failures = len(unit.pods) - needed
+        # Recommendations by node (in first-mention order), each with the tags still open.
+        preferred: dict[str, list[str]] = {}
+        for recommended_node, tag in unit.preferred:
+            preferred.setdefault(recommended_node, []).append(tag)
+        recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
+        # Nodes changed by placements outside a template's own bookkeeping (recommendations):
+        # a cached candidate among them is re-checked before it is taken.
+        changed: set[str] = set()
         for pod in unit.pods:
             yield
             if len(unplaced) > allowed_failures:
                 unplaced[pod.name] = "skipped: the unit cannot reach min_member"
                 continue
+            if preferred:
+                taken = self._take_recommended(pod, snapshot, preferred)
+                if taken is not None:
+                    target, recommended[pod.name] = taken
+                    snapshot.assume(pod.req, target)
+                    placements.append((pod, target))
+                    changed.add(target)
+                    all_unresolvable = False
+                    continue
             tmpl = templates.get(pod.template_key)
             if tmpl is None:
                 tmpl = templates[pod.template_key] = _Template()
@@ -224,7 +243,7 @@ class UnitScheduler:
                 elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
                     placements.append((pod, preempted[pod.name].node))
                 continue
-            node = self._take(tmpl) if use_cache else None
+            node = self._take(tmpl, pod, snapshot, changed) if use_cache else None
             if node is None:
                 found, unresolvable = self._scan(pod, segments, limit, total_nodes, tmpl, result)
                 if not found:
@@ -236,7 +255,7 @@ class UnitScheduler:
                         placements.append((pod, preempted[pod.name].node))
                     continue
                 all_unresolvable = False
-                node = self._take(tmpl)
+                node = self._take(tmpl, pod, snapshot, changed)
                 assert node is not None
             info = snapshot.infos[node]
             snapshot.assume(pod.req, node)
@@ -249,7 +268,13 @@ class UnitScheduler:
         if len(placements) >= needed and placements:
             result.success = True
             result.placements = [
-                Placement(p.name, p.resource_version, n, _victims(preempted.get(p.name)))
+                Placement(
+                    p.name,
+                    p.resource_version,
+                    n,
+                    _victims(preempted.get(p.name)),
+                    recommended.get(p.name, ""),
+                )
                 for p, n in placements
             ]
             result.unplaced = unplaced
@@ -312,9 +337,28 @@ class UnitScheduler:
 
     # -- pod level ---------------------------------------------------------------------------
 
-    def _take(self, tmpl: _Template) -> str | None:
-        if tmpl.heap:
-            return heapq.heappop(tmpl.heap)[2]
+    def _take(
+        self, tmpl: _Template, pod: PodInfo, snapshot: Snapshot, changed: set[str]
+    ) -> str | None:
+        """The best cached candidate; one among ``changed`` is taken only if it still fits."""
+        while tmpl.heap:
+            node = heapq.heappop(tmpl.heap)[2]
+            if node not in changed or self.framework.run_filters(pod, snapshot.infos[node]) is None:
+                return node
+        return None
+
+    def _take_recommended(
+        self, pod: PodInfo, snapshot: Snapshot, preferred: dict[str, list[str]]
+    ) -> tuple[str, str] | None:
+        """The first recommended node that fits ``pod`` (filters only, as Gödel's preferred
+        nodes are tried), consuming one of its recommendations."""
+        for node, tags in preferred.items():
+            info = snapshot.infos.get(node)
+            if info is not None and self.framework.run_filters(pod, info) is None:
+                tag = tags.pop(0)
+                if not tags:
+                    del preferred[node]
+                return node, tag
         return None
 
     def _push(self, tmpl: _Template, node: str, score: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from placement.framework import PodInfo
 from placement.nodeinfo import (
     INSUFFICIENT_CPU,
     INSUFFICIENT_GPUS,
@@ -15,7 +16,7 @@ from placement.nodeinfo import (
     resource_fit_failures,
 )
 from protos.godel.v1 import objects_pb2 as pb
-from tests.factories import GiB, node
+from tests.factories import GiB, job, node, pods_of
 
 
 def info(**kw: int) -> NodeInfo:
@@ -112,3 +113,17 @@ def test_set_node_keeps_pods() -> None:
     bigger.spec.taints.add(key="k", effect=pb.NO_SCHEDULE)
     n.set_node(bigger)
     assert n.free("g")[0] == 1600 and len(n.taints) == 1
+
+
+def test_renamed_requests_and_pod_infos_keep_everything_but_the_name() -> None:
+    pod = pods_of(job("a", cpu=300, mem=7))[0]
+    pod.spec.template.node_selector["zone"] = "z1"
+    pod.spec.priority = 9
+    info = PodInfo.from_pod(pod)
+    copy = info.renamed("a-0-r1", b"k")
+    assert (copy.name, copy.req.name, copy.template_key, copy.resource_version) == (
+        "a-0-r1", "a-0-r1", b"k", 0,
+    )  # fmt: skip
+    assert (copy.req.cpu, copy.req.mem, copy.req.priority) == (300, 7, 9)
+    assert copy.node_selector == info.node_selector and copy.job == info.job
+    assert info.name == "a-0" and info.req.name == "a-0"  # the original is untouched

@@ -92,6 +92,17 @@ class PodInfo:
     # Never).
     can_preempt: bool = True
 
+    def renamed(self, name: str, template_key: bytes) -> PodInfo:
+        """The same pod under another name (a replacement's, in a simulation), not yet stored."""
+        copy = object.__new__(PodInfo)
+        for slot in PodInfo.__slots__:
+            setattr(copy, slot, getattr(self, slot))
+        copy.name = name
+        copy.req = self.req.renamed(name)
+        copy.template_key = template_key
+        copy.resource_version = 0
+        return copy
+
     @classmethod
     def from_pod(cls, pod: pb.Pod, *, keyed: bool = True) -> PodInfo:
         """``keyed=False`` skips the template key (a serialisation of the template), which only
@@ -144,6 +155,11 @@ class UnitInfo:
     already_bound: int
     priority: int
     pods: list[PodInfo] = field(default_factory=list)
+    # Recommended nodes the unit's pods try first, in order, each entry used by one pod at most
+    # (a node appears once per pod it should take): (node, tag). The tag — the Movement that
+    # recommended the node — travels with the placement. A preference, not a filter: a pod no
+    # recommended node fits is placed as usual.
+    preferred: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def needed(self) -> int:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from placement.rules import hard_rules
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services import movements
 from services.binder.decide import (
     CONFLICT,
     ERROR,
@@ -356,6 +358,7 @@ class BinderService(Service[BinderConfig]):
         plan.run()
         bound = await self._commit(plan, fence)
         verdicts = plan.verdicts(bound)
+        self._record_landings(bound.values())
         log.debug(
             "batch decided",
             shard=batch.shard,
@@ -416,6 +419,23 @@ class BinderService(Service[BinderConfig]):
             return bound
         plan.reject_all(CONFLICT, f"gave up after {self.config.commit_retries + 1} commit attempts")
         return {}
+
+    def _record_landings(self, bound: Iterable[pb.Pod]) -> None:
+        """Replacements of a Movement's jobs that bound: recorded on the Movement (actual on a
+        recommended node, else mismatched) after the commit, off the committer's path — the
+        record informs the rescheduler's failure ratio, it does not gate the bind."""
+        landed: dict[str, list[pb.Pod]] = defaultdict(list)
+        for pod in bound:
+            if pod.status.movement:
+                landed[pod.status.movement].append(pod)
+        for movement, pods in landed.items():
+            self.spawn(self._record_landing(movement, pods), name=f"binder-landing-{movement}")
+
+    async def _record_landing(self, movement: str, pods: list[pb.Pod]) -> None:
+        try:
+            await movements.change(self.store, movement, movements.record_landing(pods))
+        except StoreError as exc:
+            log.warning("recording landings failed", movement=movement, error=str(exc))
 
     # --- evictions --------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from placement.budgets import BudgetTracker
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services import movements as shared
 from services.eviction import RESCHEDULED
 from services.rescheduler import movements as mv
 from services.rescheduler.framework import ClusterView, Move
@@ -157,15 +158,15 @@ class RoundExecutor:
         plan.movements.append(name)
         try:
             await self._wait_for_acks(name)
-            await mv.change(self.store, name, mv.set_phase(mv.EVICTING))
+            await shared.change(self.store, name, shared.set_phase(shared.EVICTING))
             replacements = await self._evict(batch, view, name, policy)
             plan.evicted += len(replacements)
-            await mv.change(self.store, name, mv.set_phase(mv.LANDING))
+            await shared.change(self.store, name, shared.set_phase(shared.LANDING))
             await self._wait_for_landing(replacements)
         except StopRound as exc:
-            await mv.change(self.store, name, mv.finish(mv.STOPPED, str(exc)))
+            await shared.change(self.store, name, shared.finish(shared.STOPPED, str(exc)))
             raise
-        await mv.change(self.store, name, mv.finish(mv.DONE))
+        await shared.change(self.store, name, shared.finish(shared.DONE))
 
     async def _movements(self, names: Sequence[str]) -> list[pb.Movement]:
         found = await self.store.get_many(pb.Movement, names)

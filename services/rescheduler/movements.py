@@ -18,18 +18,12 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from protos.godel.v1 import objects_pb2 as pb
+from services.movements import ACKNOWLEDGING, FINISHED
 from services.rescheduler.framework import ClusterView, Move
 from store import Store
-from store.errors import ConflictError, NotFoundError, StoreError
+from store.errors import NotFoundError, StoreError
 
 log = structlog.get_logger(__name__)
-
-ACKNOWLEDGING = "Acknowledging"
-EVICTING = "Evicting"
-LANDING = "Landing"
-DONE = "Done"
-STOPPED = "Stopped"
-FINISHED = frozenset({DONE, STOPPED})
 
 POLICY_LABEL = "godel.io/policy"
 
@@ -80,46 +74,6 @@ def failure_ratio(movements: Sequence[pb.Movement]) -> float:
                 desired += rec.desired_pod_count
                 failed += max(0, len(rec.actual_pods) - rec.desired_pod_count)
     return failed / desired if desired else 0.0
-
-
-def live(movement: pb.Movement, now_ms: int) -> bool:
-    return movement.status.phase not in FINISHED and now_ms < movement.spec.deadline_ms
-
-
-async def change(
-    store: Store, name: str, mutate: Callable[[pb.Movement], None], *, attempts: int = 10
-) -> pb.Movement | None:
-    """Read, mutate and compare-and-set a Movement, again on a conflict (others write its status
-    too). None when it is gone."""
-    for _ in range(attempts):
-        try:
-            movement = await store.get(pb.Movement, name)
-        except NotFoundError:
-            return None
-        mutate(movement)
-        try:
-            return await store.update(movement)
-        except ConflictError:
-            continue
-        except NotFoundError:
-            return None
-    raise StoreError(f"movement {name}: gave up after {attempts} conflicting writes")
-
-
-def finish(phase: str, message: str = "") -> Callable[[pb.Movement], None]:
-    def mutate(movement: pb.Movement) -> None:
-        movement.status.phase = phase
-        movement.status.message = message
-        movement.status.finished_ms = int(time.time() * 1000)
-
-    return mutate
-
-
-def set_phase(phase: str) -> Callable[[pb.Movement], None]:
-    def mutate(movement: pb.Movement) -> None:
-        movement.status.phase = phase
-
-    return mutate
 
 
 class Recycler:

@@ -22,7 +22,6 @@ Plain synchronous code over the view: the service runs it off the event loop.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections import defaultdict
@@ -277,8 +276,9 @@ class RoundRunner:
 
     def simulate(self, view: ClusterView, batches: Sequence[Sequence[Move]]) -> dict[str, str]:
         """Replay ``batches`` on a copy of the state: each batch's pods leave their nodes, then
-        their replacements are placed (recommended node first, else the scheduling algorithm).
-        Returns pod -> the node its replacement got ("" = none fit)."""
+        their replacements are placed by the scheduling algorithm with the plan's targets as
+        recommended nodes — what the shards do with a Movement. Returns pod -> the node its
+        replacement got ("" = none fit)."""
         snapshot = Snapshot.of(view.nodes.values())
         search = UnitScheduler(self.scheduling)
         placed: dict[str, str] = {}
@@ -290,33 +290,21 @@ class RoundRunner:
             for move in batch:
                 by_job[move.job].append(move)
             for job, moves in sorted(by_job.items()):
-                leftovers: list[tuple[Move, PodInfo]] = []
-                for move in moves:
-                    replacement = _replacement(view, move.pod, keys)
-                    target = snapshot.get(move.target)
-                    if (
-                        target is not None
-                        and self.scheduling.run_filters(replacement, target) is None
-                    ):
-                        snapshot.assume(replacement.req, move.target)
-                        placed[move.pod] = move.target
-                    else:
-                        leftovers.append((move, replacement))
-                if leftovers:
-                    placed |= self._search(search, snapshot, job, leftovers)
+                infos = [_replacement(view, m.pod, keys) for m in moves]
+                replacements = {info.name: m for info, m in zip(infos, moves, strict=True)}
+                unit = UnitInfo(
+                    job,
+                    1,
+                    0,
+                    infos[0].priority,
+                    infos,
+                    preferred=[(m.target, "plan") for m in moves],
+                )
+                result = search.schedule(unit, snapshot)
+                got = {p.pod: p.node for p in result.placements}
+                for name, move in replacements.items():
+                    placed[move.pod] = got.get(name, "")
         return placed
-
-    def _search(
-        self,
-        search: UnitScheduler,
-        snapshot: Snapshot,
-        job: str,
-        pods: list[tuple[Move, PodInfo]],
-    ) -> dict[str, str]:
-        unit = UnitInfo(job, 1, 0, pods[0][1].priority, [info for _, info in pods])
-        result = search.schedule(unit, snapshot)
-        by_replacement = {p.pod: p.node for p in result.placements}
-        return {move.pod: by_replacement.get(info.name, "") for move, info in pods}
 
     # -- figures -----------------------------------------------------------------------------
 
@@ -385,10 +373,4 @@ def _replacement(view: ClusterView, pod: str, keys: dict[tuple[object, ...], byt
         req.pool, req.cpu, req.mem, req.gpu, req.host_ports,
         info.node_selector, info.required_terms, info.preferred_terms, info.tolerations,
     )  # fmt: skip
-    key = keys.setdefault(inputs, len(keys).to_bytes(8, "big"))
-    copied = copy.copy(info)
-    copied.name = name
-    copied.req = dataclasses.replace(req, name=name)
-    copied.template_key = key
-    copied.resource_version = 0
-    return copied
+    return info.renamed(name, keys.setdefault(inputs, len(keys).to_bytes(8, "big")))

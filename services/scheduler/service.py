@@ -41,6 +41,7 @@ from services.runtime import Service, ServiceConfig, option
 from services.runtime.config import ConfigError
 from services.runtime.service import MAX_MESSAGE_BYTES
 from services.scheduler.cache import SchedulerCache
+from services.scheduler.movements import MovementTracker
 from services.scheduler.victims import ShardVictims
 from store.errors import AlreadyExistsError, ConflictError, NotFoundError, StoreError
 from store.informer import Handlers, Informer
@@ -53,6 +54,8 @@ BINDER_LEASE = "binder"
 SIDE_TASKS_GRACE_SECONDS = 1.0
 # How long a unit search runs before letting the event loop serve streams and heartbeats.
 YIELD_SECONDS = 0.02
+# How often a unit waiting for a Movement's recommended node (a swap) looks again.
+MOVEMENT_WAIT_POLL_SECONDS = 0.2
 _RETRY_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED, ipb.STALE, ipb.ERROR, ipb.VERDICT_UNSPECIFIED}
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -111,6 +114,14 @@ class SchedulerConfig(ServiceConfig):
     assumed_ttl_seconds: float = field(
         default=30.0,
         metadata=option("how long a bound placement counts until the watch shows it", minimum=0),
+    )
+    movement_wait_seconds: float = field(
+        default=30.0,
+        metadata=option(
+            "how long after a Movement is made its replacements wait for a recommended node "
+            "still held by the Movement's own evicted pod (a swap)",
+            minimum=0,
+        ),
     )
     sync_timeout_seconds: float = field(
         default=30.0, metadata=option("how long to wait for the store view to sync", minimum=0.1)
@@ -220,7 +231,13 @@ class SchedulerService(Service[SchedulerConfig]):
         self.cache = SchedulerCache()
         self.snapshot = Snapshot()
         self.informer = Informer(
-            self.store, ["Node", "Pod", "SchedulerInstance", "DisruptionBudget"]
+            self.store, ["Node", "Pod", "SchedulerInstance", "DisruptionBudget", "Movement"]
+        )
+        self.movements = MovementTracker(
+            self.store,
+            self.config.name,
+            self._holds,
+            max_wait_seconds=self.config.movement_wait_seconds,
         )
         self.victims = ShardVictims(self.cache, self.informer)
         self.scheduler = UnitScheduler(
@@ -259,6 +276,7 @@ class SchedulerService(Service[SchedulerConfig]):
         await self._register()
         self.spawn(self._schedule_loop(), name="scheduler-loop")
         self.spawn(self._binder_loop(), name="scheduler-binder-stream")
+        self.spawn(self.movements.ack_loop(), name="scheduler-movement-acks")
         self._heartbeat = self.spawn(self._heartbeat_loop(), name="scheduler-heartbeat")
         log.info("shard ready", address=self.address, nodes=len(self.cache.present))
 
@@ -310,7 +328,14 @@ class SchedulerService(Service[SchedulerConfig]):
 
     # -- informer ----------------------------------------------------------------------------
 
+    def _holds(self, pod: str, node: str) -> bool:
+        bound = self.cache.bound.get(pod)
+        return bound is not None and bound[0] == node
+
     def _on_add(self, kind: str, obj: Any) -> None:
+        if kind == "Movement":
+            self.movements.on_add(kind, obj)
+            return
         if kind == "SchedulerInstance":
             if obj.metadata.name == self.config.name:
                 self.scheduler.partition = frozenset(obj.spec.partition)
@@ -326,6 +351,8 @@ class SchedulerService(Service[SchedulerConfig]):
     def _on_delete(self, kind: str, obj: Any) -> None:
         if kind == "DisruptionBudget":
             self.victims.budgets_changed()
+        elif kind == "Movement":
+            self.movements.on_delete(kind, obj)
         elif kind != "SchedulerInstance":
             self.cache.on_delete(kind, obj)
 
@@ -495,8 +522,22 @@ class SchedulerService(Service[SchedulerConfig]):
         if not infos:
             self._maybe_finish(unit)
             return None
+        waiting = self.movements.waiting_for(unit.name)
+        if waiting:
+            # A swap: the recommended room is being vacated; wait for it instead of going
+            # elsewhere (bounded by the Movement's age).
+            log.debug("unit waits for a recommended node", job=unit.name, reason=waiting)
+            self._defer(unit, MOVEMENT_WAIT_POLL_SECONDS)
+            return None
         spec = unit.job.spec
-        info = UnitInfo(unit.name, spec.min_member, unit.already_bound, spec.priority, infos)
+        info = UnitInfo(
+            unit.name,
+            spec.min_member,
+            unit.already_bound,
+            spec.priority,
+            infos,
+            preferred=self.movements.preferences(unit.name),
+        )
         result = await self._search(info)
         unit.pending.clear()
         if unit.revoked:
@@ -509,7 +550,12 @@ class SchedulerService(Service[SchedulerConfig]):
             return None
         reqs = {p.name: p.req for p in infos}
         placements = []
+        # Any replacement of a job a live Movement lists is recorded against it (actual when it
+        # used a recommendation, mismatched when not).
+        movement = self.movements.movement_of(unit.name)
         for p in result.placements:
+            if p.recommendation:
+                self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
             self.cache.assume(reqs[p.pod], p.node, p.victims)
             self.victims.admit(p.victims)
             unit.inflight[p.pod] = p.node
@@ -519,6 +565,7 @@ class SchedulerService(Service[SchedulerConfig]):
                     pod_resource_version=p.resource_version,
                     node=p.node,
                     victims=p.victims,
+                    movement=p.recommendation or movement,
                 )
             )
         unit.handed_back.update(result.unplaced)
