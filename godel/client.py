@@ -163,6 +163,15 @@ class ReschedulerClient(_Connection):
         response = self._call(self._api.ListPolicies, api_pb2.ListPoliciesRequest())
         return list(response.policies)
 
+    def paused(self) -> bool:
+        """Whether the kill switch is on."""
+        return bool(self._call(self._api.ListPolicies, api_pb2.ListPoliciesRequest()).paused)
+
+    def pause(self, paused: bool = True) -> bool:
+        """Pause (or, with False, resume) every policy's rounds and batches; the new state."""
+        response = self._call(self._api.Pause, api_pb2.PauseRequest(paused=paused))
+        return bool(response.paused)
+
 
 def logs(
     agent_address: str,

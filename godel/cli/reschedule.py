@@ -39,7 +39,13 @@ def rescheduler_client(address: str | None, home: Path | None) -> ReschedulerCli
 
 
 def reschedule(
-    policy: Annotated[str, typer.Argument(help="The policy to run (see `godel get policies`).")],
+    policy: Annotated[
+        str, typer.Argument(help="The policy to run (see `godel get policies`).")
+    ] = "",
+    pause: Annotated[
+        bool, typer.Option("--pause", help="Kill switch: no round starts, no batch is evicted.")
+    ] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Undo --pause.")] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -53,9 +59,24 @@ def reschedule(
     rescheduler: ReschedulerOption = None,
     home: HomeOption = None,
 ) -> None:
-    """Run one rescheduling round of POLICY now and print its plan."""
+    """Run one rescheduling round of POLICY now and print its plan (a dry run simulates it and
+    changes nothing); or pause / resume every policy."""
     if output not in ("table", "json"):
         fail(f"unknown output format {output!r} (table or json)")
+    if pause or resume:
+        if pause and resume:
+            fail("--pause and --resume exclude each other")
+        if policy or dry_run:
+            fail("--pause / --resume take no POLICY and no --dry-run: they act on every policy")
+        with rescheduler_client(rescheduler, home) as client:
+            try:
+                paused = client.pause(pause)
+            except ClientError as exc:
+                fail(str(exc))
+        typer.echo("rescheduling paused" if paused else "rescheduling resumed")
+        return
+    if not policy:
+        fail("name a POLICY (see `godel get policies`), or --pause / --resume")
     with rescheduler_client(rescheduler, home) as client:
         try:
             response = client.trigger(policy, dry_run=dry_run)
@@ -70,6 +91,8 @@ def reschedule(
 
 def print_plan(plan: api_pb2.Plan) -> None:
     mode = "dry run" if plan.dry_run else "round"
+    if plan.movements:
+        typer.echo(f"movements: {', '.join(plan.movements)} ({plan.evicted} pods evicted)")
     typer.echo(
         f"policy {plan.policy}: {mode} {plan.generation} {plan.outcome}: {plan.message} "
         f"({plan.duration_ms} ms, store revision {plan.revision})"
@@ -140,7 +163,7 @@ def get_policies(output: str, rescheduler: str | None, home: Path | None) -> Non
     """`godel get policies`: each policy's plugins, triggers and last round."""
     with rescheduler_client(rescheduler, home) as client:
         try:
-            policies = client.policies()
+            policies, paused = client.policies(), client.paused()
         except ClientError as exc:
             fail(str(exc))
     if output == "json":
@@ -149,6 +172,8 @@ def get_policies(output: str, rescheduler: str | None, home: Path | None) -> Non
     if not policies:
         typer.echo("No policies configured.", err=True)
         return
+    if paused:
+        typer.echo("rescheduling is PAUSED (godel reschedule --resume)", err=True)
     rows = []
     for p in policies:
         last = p.last_round

@@ -227,8 +227,28 @@ COLUMNS: dict[str, list[Column]] = {
         ("EXPECTED", lambda o: o.status.expected_pods, True),
         ("AGE", _age, False),
     ],
+    "Movement": [
+        ("NAME", lambda o: o.metadata.name, False),
+        ("POLICY", lambda o: o.spec.policy, False),
+        ("BATCH", lambda o: o.spec.batch, False),
+        ("PHASE", lambda o: o.status.phase, False),
+        ("PODS", lambda o: len(o.spec.deleted_tasks), False),
+        ("ACKS", lambda o: len(o.status.notified_schedulers), False),
+        ("ACTUAL", lambda o: _movement_counts(o)[0], False),
+        ("MISMATCHED", lambda o: _movement_counts(o)[1], False),
+        ("ROUND", lambda o: o.spec.generation, True),
+        ("MESSAGE", lambda o: o.status.message.replace(" ", "_"), True),
+        ("AGE", _age, False),
+    ],
 }
 _DEFAULT_COLUMNS: list[Column] = [("NAME", lambda o: o.metadata.name, False), ("AGE", _age, False)]
+
+
+def _movement_counts(movement: pb.Movement) -> tuple[int, int]:
+    """(replacements on a recommended node, replacements elsewhere)."""
+    owners = movement.status.owners
+    actual = sum(len(r.actual_pods) for o in owners for r in o.recommended_nodes)
+    return actual, sum(len(o.mismatched_tasks) for o in owners)
 
 
 def _print(kind: str, objs: Sequence[Message], output: str) -> None:
@@ -361,6 +381,32 @@ def describe(
             assert isinstance(obj, pb.DisruptionBudget)
             pods = _guard(lambda: client.list("Pod", job=obj.spec.job))  # every pod if no job
             _describe_budget(obj, [p for p in pods if isinstance(p, pb.Pod) and selects(obj, p)])
+        elif kind == "Movement":
+            assert isinstance(obj, pb.Movement)
+            _describe_movement(obj)
+
+
+def _describe_movement(movement: pb.Movement) -> None:
+    """A Movement's story: its batch, who acknowledged, and where each job's replacements went
+    against where they were recommended."""
+    s, spec = movement.status, movement.spec
+    typer.echo(
+        f"movement: batch {spec.batch} of round {spec.generation} of policy {spec.policy} "
+        f"({spec.creator}), {s.phase}{': ' + s.message if s.message else ''}"
+    )
+    acks = ", ".join(s.notified_schedulers) or "none yet"
+    typer.echo(f"acknowledged by: {acks}")
+    typer.echo("evicted:")
+    print_table(["POD", "FROM"], [[t.pod, t.node] for t in spec.deleted_tasks])
+    typer.echo("replacements:")
+    rows: list[list[object]] = []
+    for owner in s.owners:
+        for rec in owner.recommended_nodes:
+            landed = ",".join(t.pod for t in rec.actual_pods) or "<none>"
+            rows.append([owner.job, rec.node, rec.desired_pod_count, len(rec.actual_pods), landed])
+        for task in owner.mismatched_tasks:
+            rows.append([owner.job, f"(elsewhere: {task.node})", "", "", task.pod])
+    print_table(["JOB", "RECOMMENDED", "DESIRED", "ACTUAL", "PODS"], rows)
 
 
 def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> None:

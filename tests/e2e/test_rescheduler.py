@@ -134,3 +134,117 @@ def test_an_unknown_check_name_is_a_start_up_error_naming_it(tmp_path: Path) -> 
     )
     assert result.returncode == 2
     assert "NoSuchCheck" in result.stderr and "pack" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Executed rounds: Movements, acknowledgement, eviction through the Binder, replacements
+# --------------------------------------------------------------------------------------------
+
+TWO_NODES = ("nodeagent", ("--hollow-cpu-milli", "4000"))
+
+
+def cordon(cluster: Cluster, node: str, unschedulable: bool) -> None:
+    obj = cluster.client.get("Node", node)
+    assert isinstance(obj, pb.Node)
+    obj.spec.unschedulable = unschedulable
+    result = cluster.client.apply([("Node", obj)])
+    assert result.results[0].action in ("configured", "unchanged"), result
+
+
+def pods_on(cluster: Cluster, node: str) -> list[pb.Pod]:
+    return [
+        p
+        for p in cluster.client.list("Pod")
+        if isinstance(p, pb.Pod) and p.spec.node_name == node and p.status.phase == pb.POD_RUNNING
+    ]
+
+
+def original_case(cluster: Cluster) -> tuple[str, str]:
+    """The original rescheduler's case: two 4-CPU nodes, three 1-CPU pods on the first, one
+    1-CPU pod of a job `web` on the second. Returns (the busy node, the lone pod's node)."""
+    wait_until(lambda: len(cluster.client.list("Node")) == 2, 60, "2 nodes")
+    n1, n2 = sorted(n.metadata.name for n in cluster.client.list("Node"))  # type: ignore[attr-defined]
+    cordon(cluster, n2, True)
+    cluster.client.submit([make_job("base", replicas=3, cpu=1000)])
+    wait_until(lambda: len(pods_on(cluster, n1)) == 3, 60, "3 pods running on the first node")
+    cordon(cluster, n2, False)
+    cordon(cluster, n1, True)
+    cluster.client.submit([make_job("web", cpu=1000)])
+    wait_until(lambda: len(pods_on(cluster, n2)) == 1, 60, "web-0 running on the second node")
+    cordon(cluster, n1, False)
+    return n1, n2
+
+
+def test_binpacking_round_moves_the_lone_pod_through_one_movement(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=2, service_args=(TWO_NODES,))
+    n1, n2 = original_case(cluster)
+    with ReschedulerClient(cluster.state.address_of("rescheduler")) as client:
+        [plan] = client.trigger("binpacking").plans
+    assert plan.outcome == "planned", plan.message
+    assert [(m.pod, m.from_node, m.to_node) for m in plan.moves] == [("web-0", n2, n1)]
+    assert plan.evicted == 1 and len(plan.movements) == 1
+
+    [movement] = cluster.client.list("Movement")
+    assert isinstance(movement, pb.Movement)
+    assert [(o.job, [(r.node, r.desired_pod_count) for r in o.recommended_nodes])
+            for o in movement.status.owners] == [("web", [(n1, 1)])]  # fmt: skip
+    assert [t.pod for t in movement.spec.deleted_tasks] == ["web-0"]
+    # Both shards acknowledged before anything was evicted.
+    assert len(movement.status.notified_schedulers) == 2
+
+    evicted = cluster.client.get("Pod", "web-0")
+    assert isinstance(evicted, pb.Pod)
+    assert (evicted.status.phase, evicted.status.reason) == (pb.POD_FAILED, "Rescheduled")
+    wait_until(lambda: not pods_on(cluster, n2) and len(pods_on(cluster, n1)) == 4, 60,
+               "the second node empty, the replacement running on the first")  # fmt: skip
+
+    def recorded() -> pb.Movement | None:
+        m = cluster.client.get("Movement", movement.metadata.name)
+        assert isinstance(m, pb.Movement)
+        actual = [t.pod for r in m.status.owners[0].recommended_nodes for t in r.actual_pods]
+        return m if actual and m.status.phase == "Done" else None
+
+    done = wait_until(recorded, 60, "the replacement recorded as actual")
+    [landed] = done.status.owners[0].recommended_nodes[0].actual_pods
+    assert landed.node == n1 and landed.pod.startswith("web-0-r")
+    assert not done.status.owners[0].mismatched_tasks
+    listing = cluster.godel("get", "movements").stdout
+    assert movement.metadata.name in listing and "Done" in listing
+    described = cluster.godel("describe", "movement", movement.metadata.name).stdout
+    assert "acknowledged by" in described and landed.pod in described
+
+
+def test_a_budget_of_zero_keeps_the_pod_and_makes_no_movement(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2, service_args=(TWO_NODES,))
+    _, n2 = original_case(cluster)
+    budget = pb.DisruptionBudget(metadata=pb.ObjectMeta(name="web"))
+    budget.spec.job = "web"
+    budget.spec.max_unavailable = 0
+    assert cluster.client.apply([("DisruptionBudget", budget)]).results[0].action == "created"
+    with ReschedulerClient(cluster.state.address_of("rescheduler")) as client:
+        [plan] = client.trigger("binpacking").plans
+    assert plan.moves == [] and plan.evicted == 0 and plan.outcome != "planned"
+    assert cluster.client.list("Movement") == []
+    assert [p.metadata.name for p in pods_on(cluster, n2)] == ["web-0"]
+
+
+def test_pause_stops_rounds_until_resumed(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2, service_args=(TWO_NODES,))
+    _, n2 = original_case(cluster)
+    assert "paused" in cluster.godel("reschedule", "--pause").stdout
+    refused = cluster.godel("reschedule", "binpacking", check=False)
+    assert refused.returncode != 0 and "paused" in refused.stderr
+    # A dry run changes nothing, so it still works.
+    assert (
+        '"outcome": "planned"'
+        in cluster.godel("reschedule", "binpacking", "--dry-run", "-o", "json").stdout
+    )
+    assert "PAUSED" in cluster.godel("get", "policies").stderr
+    assert [p.metadata.name for p in pods_on(cluster, n2)] == ["web-0"]
+    assert "resumed" in cluster.godel("reschedule", "--resume").stdout
+    cluster.godel("reschedule", "binpacking")
+    wait_until(lambda: not pods_on(cluster, n2), 60, "the second node emptied after resuming")
