@@ -911,3 +911,118 @@ async def test_two_shards_against_one_budget_never_exceed_it(
             assert "disruption budget two" in v.reason
     stored = (await store.list_all(pb.Pod))[0]
     assert sum(p.status.reason == "Preempted" for p in stored) == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Binder.Evict: the one eviction path for requests (the rescheduler's batches). All or
+# nothing, within disruption budgets, a replacement per evicted pod in the same commit, pods
+# gone or re-created left alone.
+# --------------------------------------------------------------------------------------------
+
+E = ipb.EvictResult
+
+
+@pytest.fixture
+async def shard(binder: ServiceHost[BinderConfig]) -> AsyncIterator[Shard]:
+    s = Shard(binder.address)
+    yield s
+    await s.close()
+
+
+async def running_job(store: Store, shard: Shard, name: str, replicas: int) -> list[pb.Pod]:
+    """A job bound on n1 through the Binder, as the shards would place it."""
+    j = f.job(name, replicas=replicas, cpu=100)
+    pods = await submit(store, j)
+    verdicts = await shard.decide(unit(j, pods, [(p, "n1") for p in pods]))
+    assert {v.code for v in verdicts.values()} == {ipb.BOUND}
+    return [await store.get(pb.Pod, p) for p in pods]
+
+
+async def evict(address: str, pods: list[pb.Pod], **kw: str) -> dict[str, ipb.EvictResult]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        request = ipb.EvictRequest(reason="Rescheduled", requester="test", **kw)
+        for p in pods:
+            request.pods.add(name=p.metadata.name, uid=p.metadata.uid)
+        response = await internal_pb2_grpc.BinderStub(channel).Evict(request, timeout=20)
+    return {r.pod: r for r in response.results}
+
+
+async def test_evicted_pods_fail_as_rescheduled_and_get_a_replacement_in_one_commit(
+    store: Store, binder: ServiceHost[BinderConfig], shard: Shard
+) -> None:
+    await store.create(f.node("n1"))
+    pods = await running_job(store, shard, "web", 2)
+    results = await evict(binder.address, pods, movement="m-1")
+    assert {n: E.Outcome.Name(r.outcome) for n, r in results.items()} == {
+        "web-0": "EVICTED", "web-1": "EVICTED",
+    }  # fmt: skip
+    for name, result in results.items():
+        old = await store.get(pb.Pod, name)
+        assert (old.status.phase, old.status.reason) == (pb.POD_FAILED, "Rescheduled")
+        assert "m-1" in old.status.message
+        new = await store.get(pb.Pod, result.replacement)
+        assert new.status.phase == pb.POD_PENDING and not new.spec.node_name
+        assert new.spec.index == old.spec.index and new.metadata.uid != old.metadata.uid
+    assert await store.claims() == {}  # both claims returned
+
+
+async def test_pods_gone_or_recreated_are_left_alone(
+    store: Store, binder: ServiceHost[BinderConfig], shard: Shard
+) -> None:
+    await store.create(f.node("n1"))
+    pods = await running_job(store, shard, "web", 2)
+    stale = pb.Pod()
+    stale.CopyFrom(pods[1])
+    stale.metadata.uid = "someone-else"  # the planned pod was re-created under its name
+    ghost = pb.Pod(metadata=pb.ObjectMeta(name="ghost"))
+    results = await evict(binder.address, [pods[0], stale, ghost])
+    assert {n: E.Outcome.Name(r.outcome) for n, r in results.items()} == {
+        "web-0": "EVICTED", "web-1": "GONE", "ghost": "GONE",
+    }  # fmt: skip
+    assert (await store.get(pb.Pod, "web-1")).status.phase == pb.POD_BOUND
+
+
+@pytest.mark.parametrize(
+    ("max_unavailable", "outcome"), [(0, "REFUSED"), (1, "REFUSED"), (2, "EVICTED")],
+    ids=["never disrupt", "one at a time: two at once refused", "two allowed"],
+)  # fmt: skip
+async def test_a_budget_refuses_the_whole_request(
+    store: Store,
+    binder: ServiceHost[BinderConfig],
+    shard: Shard,
+    max_unavailable: int,
+    outcome: str,
+) -> None:
+    await store.create(f.node("n1"))
+    web = await running_job(store, shard, "web", 2)
+    other = await running_job(store, shard, "other", 1)
+    budget = pb.DisruptionBudget(metadata=pb.ObjectMeta(name="web"))
+    budget.spec.job = "web"
+    budget.spec.max_unavailable = max_unavailable
+    await store.create(budget)
+    host = binder.service
+    assert host is not None
+    await eventually(
+        lambda: _seen(host, "DisruptionBudget", "web"), what="the binder sees the budget"
+    )
+    results = await evict(binder.address, [*web, *other])
+    # All or nothing: the unbudgeted pod of another job stays too when the budget refuses.
+    expected = outcome
+    assert {E.Outcome.Name(r.outcome) for r in results.values()} == {expected}
+    if expected == "REFUSED":
+        assert "disruption budget web" in results["web-0"].reason
+        assert (await store.get(pb.Pod, "other-0")).status.phase == pb.POD_BOUND
+
+
+async def _seen(host: object, kind: str, name: str) -> bool:
+    return host.informer.get(kind, name) is not None  # type: ignore[attr-defined]
+
+
+async def test_a_request_without_a_reason_is_invalid(
+    binder: ServiceHost[BinderConfig],
+) -> None:
+    async with grpc.aio.insecure_channel(binder.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await internal_pb2_grpc.BinderStub(channel).Evict(ipb.EvictRequest(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "reason" in (err.value.details() or "")
