@@ -277,23 +277,30 @@ def run_one(
 
 def _reschedule(workload: Workload, state: local.ClusterState, console: Console) -> dict[str, Any]:
     """One round of the workload's policy once every measured pod is bound: how long it took
-    (the rescheduler's own planning time and the RPC's wall time) and what it predicts."""
+    (the rescheduler's own planning time and the RPC's wall time) and what it predicts. An
+    executed round returns once its last batch's replacements run, so its wall time is the time
+    from the trigger to the rescheduled cluster; a dry run afterwards measures that cluster with
+    the same figures (its "before")."""
     assert workload.reschedule is not None
     policy, dry_run = workload.reschedule.policy, workload.reschedule.dry_run
     console.print(f"rescheduling: policy {policy}{' (dry run)' if dry_run else ''} ...")
-    with ReschedulerClient(state.address_of("rescheduler"), timeout=600) as client:
+    measured: dict[str, Any] = {}
+    with ReschedulerClient(state.address_of("rescheduler"), timeout=1800) as client:
         started = time.perf_counter()
         response = client.trigger(policy, dry_run=dry_run)
         wall = time.perf_counter() - started
+        if not dry_run:
+            measured = _figures(client.trigger(policy, dry_run=True).plans[0].before)
     plan = response.plans[0]
-    figures = {
-        when: json_format.MessageToDict(
-            getattr(plan, when),
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-        )
-        for when in ("before", "after")
-    }
+    figures = {when: _figures(getattr(plan, when)) for when in ("before", "after")}
+    executed: dict[str, Any] = {}
+    if not dry_run:
+        executed = {
+            "evicted": plan.evicted,
+            "movements": len(plan.movements),
+            "moves_per_second": round(plan.evicted / wall, 1) if wall else 0.0,
+            "measured_after": measured,
+        }
     return {
         "policy": policy,
         "dry_run": dry_run,
@@ -305,7 +312,14 @@ def _reschedule(workload: Workload, state: local.ClusterState, console: Console)
         "batches": plan.batches,
         "rejected": len(plan.rejected),
         **figures,
+        **executed,
     }
+
+
+def _figures(figures: Any) -> dict[str, Any]:
+    return json_format.MessageToDict(
+        figures, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
 
 
 def _nodeagent_flags(workload: Workload) -> tuple[str, ...]:

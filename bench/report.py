@@ -127,6 +127,24 @@ def rescheduling_section(report: dict[str, Any]) -> list[str]:
             f"{_share(b['spread_share'], a['spread_share'])} | {a['unplaced_pods']:,} |"
         )
     lines.append("")
+    executed = [r for r in runs if "evicted" in r["reschedule"]]
+    if executed:
+        lines += [
+            "Executed rounds (RPC s = from the trigger until the last batch's replacements run):",
+            "",
+            "| run | evicted | movements | moves/s | gpu frag measured after | whole free gpu"
+            " nodes measured after | message |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in executed:
+            x = r["reschedule"]
+            m = x["measured_after"]
+            lines.append(
+                f"| {_label(r)} | {x['evicted']:,} | {x['movements']} | "
+                f"{x['moves_per_second']:,.0f} | {m.get('gpu_fragmentation', 0):.1%} | "
+                f"{m.get('whole_free_gpu_nodes', 0):,} | {x['message']} |"
+            )
+        lines.append("")
     return lines
 
 

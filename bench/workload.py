@@ -153,19 +153,19 @@ class Suite:
 
 
 def select(suite: Suite, variants: list[str]) -> Suite:
-    """Only the named variants of a series, plus its baseline (so every ratio is still to a
-    baseline measured in the same invocation)."""
+    """Only the named variants of a series, plus its baseline if it has one (so every ratio is
+    still to a baseline measured in the same invocation)."""
     if not variants:
         return suite
     known = [r.variant for r in suite.runs]
-    if suite.baseline is None:
+    if not any(known):
         raise WorkloadError(f"{suite.path}: not a series; --variant needs a file with variants")
     unknown = [v for v in variants if v not in known]
     if unknown:
         raise WorkloadError(
             f"{suite.path}: no variant {', '.join(map(repr, unknown))} (variants: {', '.join(known)})"
         )
-    wanted = {*variants, suite.baseline}
+    wanted = {*variants, *([suite.baseline] if suite.baseline else [])}
     return replace(suite, runs=[r for r in suite.runs if r.variant in wanted])
 
 

@@ -222,3 +222,12 @@ def test_a_recommended_node_filled_by_a_recommendation_is_rechecked_before_reuse
     snap = snapshot_of("a", "b", cpu=1000)
     result = SEARCH.schedule(unit(2, 1000, [("b", "m")]), snap)
     assert sorted((p.node, p.recommendation) for p in result.placements) == [("a", ""), ("b", "m")]
+
+
+def test_proposals_of_one_job_leave_another_jobs_recommendations_open() -> None:
+    t = tracker()
+    t.on_add("Movement", movement("m1", recommended={"a": {"n1": 2}, "b": {"n1": 2}}))
+    t.proposed("a-0-r1", "m1", "a", "n1")
+    t.proposed("a-1-r1", "m1", "a", "n1")
+    assert t.preferences("a") == []
+    assert t.preferences("b") == [("n1", "m1"), ("n1", "m1")]

@@ -56,6 +56,9 @@ class ExecutionConfig:
     movement_ttl_seconds: float = 600.0
     # A shard is live while its heartbeat is younger than this.
     shard_grace_seconds: float = 10.0
+    # Pods per Binder.Evict request: a large batch (tens of thousands of moves when no budget
+    # splits it) goes in several commits, each within the Binder's batch limit.
+    evict_chunk_pods: int = 2000
 
 
 class StopRound(Exception):
@@ -216,20 +219,29 @@ class RoundExecutor:
     async def _evict(
         self, batch: Sequence[Move], view: ClusterView, movement: str, policy: Policy
     ) -> list[str]:
-        request = ipb.EvictRequest(
-            reason=RESCHEDULED,
-            movement=movement,
-            message=f"rescheduled by policy {policy.name} (movement {movement})",
-        )
-        for move in batch:
-            uid = view.pods[move.pod].pod.metadata.uid if move.pod in view.pods else ""
-            request.pods.add(name=move.pod, uid=uid)
-        response = await self.evictor.evict(request)
-        refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
-        if refused:
-            reasons = "; ".join(f"{r.pod}: {r.reason}" for r in refused[:3])
-            raise StopRound(f"the Binder refused the batch: {reasons}")
-        return [r.replacement for r in response.results if r.replacement]
+        """Evict the batch, ``evict_chunk_pods`` per request (each all or nothing); the first
+        refused request stops the round. Returns the replacements' names."""
+        replacements: list[str] = []
+        chunk = self.config.evict_chunk_pods
+        for start in range(0, len(batch), chunk):
+            request = ipb.EvictRequest(
+                reason=RESCHEDULED,
+                movement=movement,
+                message=f"rescheduled by policy {policy.name} (movement {movement})",
+            )
+            for move in batch[start : start + chunk]:
+                uid = view.pods[move.pod].pod.metadata.uid if move.pod in view.pods else ""
+                request.pods.add(name=move.pod, uid=uid)
+            response = await self.evictor.evict(request)
+            refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
+            replacements += [r.replacement for r in response.results if r.replacement]
+            if refused:
+                reasons = "; ".join(f"{r.pod}: {r.reason}" for r in refused[:3])
+                raise StopRound(
+                    f"the Binder refused the batch ({len(replacements)} pod(s) evicted before): "
+                    f"{reasons}"
+                )
+        return replacements
 
     async def _wait_for_landing(self, replacements: Sequence[str]) -> None:
         """Until every replacement runs (or finished, or is gone), or the timeout: the next batch

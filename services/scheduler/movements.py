@@ -140,7 +140,8 @@ class MovementTracker:
                     pending = sum(
                         1
                         for pod, p in self._proposals.items()
-                        if (p.movement, p.node) == (name, rec.node) and pod not in recorded
+                        if (p.movement, p.job, p.node) == (name, job, rec.node)
+                        and pod not in recorded
                     )
                     open_ = rec.desired_pod_count - len(rec.actual_pods) - pending
                     out += [(rec.node, name)] * max(0, open_)
