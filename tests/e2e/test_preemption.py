@@ -86,3 +86,43 @@ def test_high_priority_job_preempts_only_lower_priority_same_pool_pods(
     out = cluster.godel("get", "pods", "-o", "wide").stdout
     line = next(x for x in out.splitlines() if x.startswith(evicted[0].metadata.name + " "))
     assert "failed" in line and "Preempted" in line
+
+
+def budget_yaml(min_available: int) -> str:
+    return (
+        "apiVersion: godel/v1\nkind: DisruptionBudget\nmetadata: {name: keep-low}\n"
+        f"spec:\n  job: low\n  minAvailable: {min_available}\n"
+    )
+
+
+def test_disruption_budget_blocks_then_allows_exactly_one_eviction(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(schedulers=2, hollow_nodes=3, service_args=(SMALL_NODES,))
+    wait_until(lambda: len(cluster.client.list("Node")) == 3, what="nodes registered")
+    cluster.godel("apply", "-f", "-", stdin=budget_yaml(3))
+    low = job_yaml("low", 3, "1", "  priority: 1\n  preemptible: true\n")
+    cluster.godel("apply", "-f", "-", stdin=low)
+    wait_until(lambda: placed(cluster, "low") == 3, timeout=120, what="low placed")
+
+    # Three victims under minAvailable 3: the preemptor waits, and says why.
+    cluster.godel("apply", "-f", "-", stdin=job_yaml("online", 1, "1", "  priority: 100\n"))
+
+    def explained() -> str:
+        out = cluster.godel("explain", "online-0").stdout
+        return out if "disruption budget blocks it" in out else ""
+
+    wait_until(explained, timeout=120, what="explain names the disruption budget")
+    assert placed(cluster, "online") == 0
+    assert all(p.status.phase != pb.POD_FAILED for p in pods(cluster, "low"))
+
+    # minAvailable 2: exactly one victim, and the preemptor runs.
+    cluster.godel("apply", "-f", "-", stdin=budget_yaml(2))
+    wait_until(
+        lambda: [p.status.phase for p in pods(cluster, "online")] == [pb.POD_RUNNING],
+        timeout=180,
+        what="the preemptor running",
+    )
+    failed = [p for p in pods(cluster, "low") if p.status.phase == pb.POD_FAILED]
+    assert [(p.status.reason, p.status.preempted_by) for p in failed] == [("Preempted", "online-0")]
+    assert placed(cluster, "low") == 3  # the victim keeps its record (and its node name)
