@@ -148,6 +148,12 @@ class _StoreProbe:
     def claims(self) -> int:
         return self._loop.run_until_complete(self._store.claim_count())
 
+    def claims_of(self, prefix: str) -> int:
+        """Claims held by pods of jobs named ``<prefix>-…`` (one HGETALL: only for workloads
+        where the total does not show progress, e.g. preemption keeps it constant)."""
+        claims = self._loop.run_until_complete(self._store.claims())
+        return sum(1 for pod in claims if pod.startswith(f"{prefix}-"))
+
     def close(self) -> None:
         self._loop.run_until_complete(self._store.close())
         self._loop.close()
@@ -456,7 +462,7 @@ def _measure(
         next_tick = t0 + (len(timeline)) * _SAMPLE_SECONDS
         time.sleep(max(0.0, next_tick - time.monotonic()))
         now = time.monotonic() - t0
-        bound = probe.claims() - baseline
+        bound = probe.claims_of(MEASURED_PREFIX) if workload.preempts else probe.claims() - baseline
         for u in usage.values():
             u.sample()
         rate_now = (bound - timeline[-1][1]) / max(now - timeline[-1][0], 1e-3)

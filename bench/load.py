@@ -35,11 +35,11 @@ def build_jobs(prefix: str, phase: PodPhase, nodes: Sequence[str] = ()) -> list[
             raise ValueError(f"per_node needs {phase.count} nodes, found {len(nodes)}")
         jobs = []
         for i, node in enumerate(nodes[: phase.count]):
-            job = job_template(phase.template, 1, 1, node=node)
+            job = job_template(phase.template, 1, 1, node=node, job=phase.job)
             job.metadata.name = f"{prefix}-{i}"
             jobs.append(job)
         return jobs
-    base = job_template(phase.template, phase.job_size, phase.min_member)
+    base = job_template(phase.template, phase.job_size, phase.min_member, job=phase.job)
     jobs = []
     for i, start in enumerate(range(0, phase.count, phase.job_size)):
         job = pb.Job()

@@ -15,6 +15,7 @@
       count: 1000
       job_size: 100
       template: {requests: {cpu: 100m, memory: 500Mi}}   # a PodTemplate as in a Job manifest
+      job: {priority: 100}             # other Job spec fields, as in a manifest (both phases)
       min_member: 1                    # gang size of every job ...
       gang_percent: 0                  # ... or this share of jobs is a full gang
       per_node: false                  # one 1-pod job per node; "$node" in the template
@@ -64,7 +65,18 @@ _SERIES = {"baseline"}
 _CLUSTER = {"nodes", "node", "labels", "shards", "binders", "nodes_per_agent", *SERVICE_KINDS}
 _NODE = {"cpu", "memory", "pods", "gpus"}
 _RESCHEDULE = {"policy", "dry_run"}
-_PHASE = {"count", "job_size", "template", "min_member", "gang_percent", "per_node", "rate"}
+_PHASE = {
+    "count",
+    "job_size",
+    "template",
+    "job",
+    "min_member",
+    "gang_percent",
+    "per_node",
+    "rate",
+}
+# Job spec fields a phase's ``job`` may not set: the phase itself decides them.
+_PHASE_OWNED = {"replicas", "minMember", "min_member", "template"}
 
 
 class WorkloadError(ValueError):
@@ -100,12 +112,19 @@ class PodPhase:
     gang_percent: int = 0
     per_node: bool = False
     rate: float = 0.0
+    job: dict[str, Any] = field(default_factory=dict)
+    """Other Job spec fields (``priority``, ``preemptible``, ...) as written in a manifest."""
+
+    @property
+    def priority(self) -> int:
+        return int(self.job.get("priority", 0))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "count": self.count,
             "job_size": self.job_size,
             "template": self.template,
+            "job": self.job,
             "min_member": self.min_member,
             "gang_percent": self.gang_percent,
             "per_node": self.per_node,
@@ -138,6 +157,12 @@ class Workload:
     measured: PodPhase
     timeout: float
     reschedule: Reschedule | None = None
+
+    @property
+    def preempts(self) -> bool:
+        """The measured pods outrank the init pods, which fill the cluster: each measured pod
+        bound evicts init pods, so progress is the measured pods' claims, not all claims."""
+        return self.init is not None and self.measured.priority > self.init.priority
 
 
 @dataclass(frozen=True)
@@ -331,7 +356,11 @@ def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> 
     text = json.dumps(template)
     if NODE_PLACEHOLDER in text and not per_node:
         raise WorkloadError(f"{src}: {at}.template: {NODE_PLACEHOLDER} needs per_node: true")
-    job_template(template, 1, 1, node="node-0", source=f"{src}: {at}")  # validates it
+    job = _mapping(doc.get("job", {}), src, f"{at}.job")
+    owned = sorted(set(job) & _PHASE_OWNED)
+    if owned:
+        raise WorkloadError(f"{src}: {at}.job.{owned[0]}: set by the phase itself")
+    job_template(template, 1, 1, node="node-0", source=f"{src}: {at}", job=job)  # validates it
     return PodPhase(
         count=count,
         job_size=job_size,
@@ -340,13 +369,21 @@ def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> 
         gang_percent=gang,
         per_node=per_node,
         rate=_number(doc.get("rate", 0), src, f"{at}.rate", minimum=0),
+        job=job,
     )
 
 
 def job_template(
-    template: dict[str, Any], replicas: int, min_member: int, *, node: str = "", source: str = ""
+    template: dict[str, Any],
+    replicas: int,
+    min_member: int,
+    *,
+    node: str = "",
+    source: str = "",
+    job: dict[str, Any] | None = None,
 ) -> pb.Job:
-    """A Job (unnamed) with this pod template, replicas and gang size."""
+    """A Job (unnamed) with this pod template, replicas and gang size, and the other spec
+    fields of ``job``."""
     tmpl = template
     if node:
         tmpl = json.loads(json.dumps(template).replace(NODE_PLACEHOLDER, node))
@@ -354,15 +391,16 @@ def job_template(
         "apiVersion": "godel/v1",
         "kind": "Job",
         "metadata": {"name": "template"},
-        "spec": {"replicas": replicas, "minMember": min_member, "template": tmpl},
+        "spec": {**(job or {}), "replicas": replicas, "minMember": min_member, "template": tmpl},
     }
     try:
-        job = parse_document(doc, "")
+        parsed = parse_document(doc, "")
     except ManifestError as exc:
         where = exc.field.replace("spec.template", "template", 1) if exc.field else "template"
+        where = where.replace("spec.", "job.", 1)
         raise WorkloadError(f"{source}.{where}: {exc.reason}") from None
-    assert isinstance(job.obj, pb.Job)
-    return job.obj
+    assert isinstance(parsed.obj, pb.Job)
+    return parsed.obj
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

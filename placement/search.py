@@ -6,7 +6,10 @@ nodes from a rotating offset, own partition first, until it has found ``len(unit
 scan_extra`` feasible nodes; they are scored once and kept in a heap (without the cache, every
 pod scans for ``scan_extra`` nodes more than its gang needs). Later pods of the same
 template take the best cached node; after each assume only the chosen node is re-checked (and
-re-scored), since no other node changed. Kube mode, for comparison: no cache, every pod scans
+re-scored), since no other node changed. A template that found no node is remembered across units (``_NoFit``): the next unit of the
+same template scans only the nodes that changed since (``Snapshot.changed_since``), so a stream
+of one-pod jobs waiting on a full cluster (a preemption storm) does not scan every node per pod.
+Kube mode, for comparison: no cache, every pod scans
 until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's adaptive
 percentageOfNodesToScore) and scores them.
 
@@ -83,6 +86,16 @@ def describe(total: int, fit: int, diag: dict[str, int]) -> str:
     return f"{fit}/{total} nodes fit" + (f": {detail}" if detail else "")
 
 
+@dataclass(frozen=True, slots=True)
+class _NoFit:
+    """No node fit a template at ``version`` of the snapshot ``snapshot`` (its token)."""
+
+    snapshot: int
+    version: int
+    failure: str
+    unresolvable: bool
+
+
 @dataclass(slots=True)
 class _Template:
     heap: list[tuple[int, int, str]] = field(default_factory=list)
@@ -94,6 +107,10 @@ class _Template:
     unresolvable: bool = False  # the failure is one no eviction can change
     # Preemption found nowhere for a pod of this template: its siblings will not either.
     preemption_failure: str = ""
+    # Scanning only the nodes changed since an earlier unit found none (``changed``; the
+    # PostFilter still looks everywhere): that unit's verdict.
+    known: _NoFit | None = None
+    changed: list[list[NodeInfo]] | None = None
 
 
 class UnitScheduler:
@@ -112,6 +129,7 @@ class UnitScheduler:
         self._seq = 0
         self._segments: list[list[NodeInfo]] = []
         self._segments_key: tuple[int, int, frozenset[str]] | None = None
+        self._no_fit: dict[bytes, _NoFit] = {}  # Gödel mode with the cache only
 
     def segments(self, snapshot: Snapshot) -> list[list[NodeInfo]]:
         """Nodes in scan order: own partition first, then the rest."""
@@ -237,6 +255,8 @@ class UnitScheduler:
                 narrowed = labels and self._narrow(pod, snapshot, labels, total_nodes)
                 if narrowed:
                     tmpl.segments, tmpl.skipped = narrowed
+                elif use_cache and labels is not None:
+                    self._since_no_fit(pod, snapshot, tmpl)
             if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
                 if tmpl.unresolvable:
                     unplaced[pod.name] = tmpl.failure
@@ -247,8 +267,11 @@ class UnitScheduler:
             if node is None:
                 found, unresolvable = self._scan(pod, segments, limit, total_nodes, tmpl, result)
                 if not found:
-                    all_unresolvable = all_unresolvable and unresolvable
                     tmpl.unresolvable = unresolvable
+                    if use_cache and labels is not None and not tmpl.skipped:
+                        self._remember_no_fit(pod, snapshot, tmpl)
+                    unresolvable = tmpl.unresolvable
+                    all_unresolvable = all_unresolvable and unresolvable
                     if unresolvable:  # no eviction can change taints, affinity or cordons
                         unplaced[pod.name] = tmpl.failure
                     elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
@@ -296,6 +319,29 @@ class UnitScheduler:
         )
         result.unplaced = {p.name: result.reason for p in unit.pods}
         result.infeasible = bool(unplaced) and all_unresolvable and not placements
+
+    def _since_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
+        """If an earlier unit's pod of this template found no node, scan only what changed."""
+        known = self._no_fit.get(pod.template_key)
+        if known is None or known.snapshot != snapshot.token:
+            return
+        changed = snapshot.changed_since(known.version)
+        if changed is None:
+            return
+        infos = snapshot.infos
+        tmpl.changed = [[infos[n] for n in sorted(changed) if n in infos]]
+        tmpl.known = known
+
+    def _remember_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
+        """Record that no node fits the template now; the verdict of the full scan is kept when
+        only changed nodes were scanned (their diagnosis alone would not describe the cluster)."""
+        known = tmpl.known
+        if known is not None:
+            tmpl.failure = known.failure
+            tmpl.unresolvable = tmpl.unresolvable and known.unresolvable
+        self._no_fit[pod.template_key] = _NoFit(
+            snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable
+        )
 
     def _preempt(
         self,
@@ -379,7 +425,9 @@ class UnitScheduler:
         filters = self.framework.filters
         feasible: list[NodeInfo] = []
         diag = dict(tmpl.skipped)
-        if tmpl.segments is not None:
+        if tmpl.changed is not None:
+            segments = tmpl.changed
+        elif tmpl.segments is not None:
             segments = tmpl.segments
         unresolvable = True
         examined = 0

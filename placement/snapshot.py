@@ -9,6 +9,7 @@ snapshot from NodeInfos (the rescheduler's simulation, tests).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Set
 from typing import Protocol
 
@@ -63,6 +64,11 @@ class _StaticSource:
             self.labels.add(info.name, info.labels)
 
 
+# Node changes remembered for changed_since(): a cycle's worth many times over.
+_MAX_CHANGES = 100_000
+_TOKENS = itertools.count(1)
+
+
 class Snapshot:
     """Node state for scheduling cycles: NodeInfo clones in a stable order (by name)."""
 
@@ -76,6 +82,11 @@ class Snapshot:
         # The cache's live label index (labels change only between cycles); None until the first
         # update, so nothing is narrowed against an index that was never filled.
         self.labels: LabelIndex | None = None
+        # Every change to a node, in order (updated from the cache, assumed on, forgotten
+        # from): what a search that found no node must look at again (``changed_since``).
+        self._changes: list[str] = []
+        self._changes_base = 0  # the change number of _changes[0]
+        self.token = next(_TOKENS)  # tells this snapshot's versions from another's
 
     @classmethod
     def of(cls, infos: Iterable[NodeInfo]) -> Snapshot:
@@ -100,6 +111,7 @@ class Snapshot:
                 continue
             if mine is None or mine.generation != live.generation or name in touched:
                 self.infos[name] = live.clone()
+                self._changes.append(name)
                 copied += 1
         if self._node_set_version != cache.node_set_version:
             self._node_set_version = cache.node_set_version
@@ -111,6 +123,9 @@ class Snapshot:
                 if i is not None:
                     self.nodes[i] = self.infos[name]
         self.clones += copied
+        if len(self._changes) > _MAX_CHANGES:  # older questions get "everything" (None)
+            self._changes_base += len(self._changes)
+            self._changes = []
         return copied
 
     def get(self, name: str) -> NodeInfo | None:
@@ -119,7 +134,21 @@ class Snapshot:
     def assume(self, req: PodRequest, node_name: str) -> None:
         self.infos[node_name].add_pod(req)
         self.touched.add(node_name)
+        self._changes.append(node_name)
 
     def forget(self, pod: str, node_name: str) -> None:
         self.infos[node_name].remove_pod(pod)
         self.touched.add(node_name)
+        self._changes.append(node_name)
+
+    @property
+    def version(self) -> int:
+        """A number that grows with every node change (see :meth:`changed_since`)."""
+        return self._changes_base + len(self._changes)
+
+    def changed_since(self, version: int) -> set[str] | None:
+        """The nodes changed (or added) since ``version``; None when that is no longer known.
+        A node not among them is exactly as it was then."""
+        if version < self._changes_base:
+            return None
+        return set(self._changes[version - self._changes_base :])

@@ -18,6 +18,7 @@ from bench import harness, workload
 from bench.load import batches, build_jobs
 from bench.workload import PodPhase, WorkloadError
 from godel.local import ClusterState, ComponentRecord
+from protos.godel.v1 import objects_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,6 +61,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("measured.template", {"bogus": 1}, "measured.template"),
         ("measured.per_node", True, "measured.job_size: per_node jobs have one pod each"),
         ("measured.rate", -5, "measured.rate: must be at least 0"),
+        ("measured.job", {"priority": "high"}, "measured.job.priority"),
+        ("measured.job", {"replicas": 3}, "measured.job.replicas: set by the phase itself"),
         ("init", {"count": 1, "template": {}, "rate": 3}, "init.rate: unknown field"),
         ("timeout", 0, "timeout: must be at least 1"),
         ("cluster.node", {"gpus": -1}, "cluster.node.gpus: must be at least 0"),
@@ -154,6 +157,22 @@ def test_jobs_gangs_and_batches() -> None:
     )
     pinned = build_jobs("d", per_node, ["n-0", "n-1"])
     assert [j.spec.template.node_selector["hostname"] for j in pinned] == ["n-0", "n-1"]
+
+
+def test_phase_job_fields_and_preempting_workloads() -> None:
+    """A phase's ``job`` sets the other Job spec fields; measured pods that outrank the init
+    pods make a preempting workload (progress counted by the measured pods' claims)."""
+    doc = _with("measured.job", {"priority": 100, "preemptionPolicy": "Never"})
+    doc["init"] = {"count": 10, "job_size": 10, "template": {"requests": {"cpu": "1"}},
+                   "job": {"priority": 1, "preemptible": True}}  # fmt: skip
+    [run] = workload.parse(doc, Path("w.yaml")).runs
+    assert run.preempts
+    [job] = build_jobs("m", run.measured)[:1]
+    assert (job.spec.priority, job.spec.preemption_policy) == (100, pb.NEVER)
+    assert job.spec.replicas == 10
+    [init] = build_jobs("init", run.init) if run.init else []
+    assert init.spec.priority == 1 and init.spec.preemptible
+    assert not workload.parse(VALID, Path("w.yaml")).runs[0].preempts
 
 
 @pytest.mark.timeout(120)

@@ -15,11 +15,13 @@ import pytest
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.eviction import PREEMPTED, evicted
 from services.nodeagent.nodes import GiB, Shape, hollow_nodes, parse_labels, parse_taints
+from services.nodeagent.runner import KILL_GRACE_SECONDS
 from services.nodeagent.service import NodeAgentConfig, NodeAgentService
 from services.runtime import ConfigError, ServiceHost, load_config
 from store import Store
-from store.client import Fence
+from store.client import Fence, Release
 from tests import factories as f
 
 # --------------------------------------------------------------------------------------------
@@ -475,3 +477,42 @@ async def test_process_pod_of_a_crashed_agent_fails(
         await eventually(failed, what="orphaned pod failed")
     usage = await store.node_usage(node)
     assert usage is not None and usage.used["pods"] == 0
+
+
+async def test_evicted_process_pod_gets_sigterm_then_sigkill_after_its_grace(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    """A preemption victim in process mode: the agent sees it Failed by someone else, sends
+    SIGTERM, waits the pod's termination grace (longer than the agent's default here), then
+    SIGKILLs the process it ignores TERM in; the evicted record is left as the Binder wrote it."""
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=0, process_node=True)
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        node = (await store.list_all(pb.Node))[0][0].metadata.name
+        job = process_job("victim", ["sh", "-c", 'trap "echo term" TERM; echo up; '
+                                     "while true; do sleep 0.1; done"])  # fmt: skip
+        grace = int(KILL_GRACE_SECONDS) + 2
+        job.spec.template.termination_grace_seconds = grace
+        await submit_and_bind(store, job, [node])
+
+        async def started() -> bool:
+            p = await store.get(pb.Pod, "victim-0")
+            return p.status.phase == pb.POD_RUNNING and b"up" in await read_logs(
+                host.address, "victim-0"
+            )
+
+        await eventually(started, what="victim running")
+        agent = host.service
+        assert isinstance(agent, NodeAgentService)
+        task = agent.runner.runs["victim-0"].task
+        assert task is not None
+        current = await store.get(pb.Pod, "victim-0")
+        gone = evicted(current, PREEMPTED, "preempted by pod 'p-0'", int(time.time() * 1000), "p-0")
+        began = time.monotonic()
+        await store.commit([Release(gone)])
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), grace + 20)
+        assert time.monotonic() - began >= grace - 0.5  # TERM ignored: KILL only after the grace
+        assert (tmp_path / "pods" / "victim-0.log").read_bytes().count(b"term") == 1
+        await asyncio.sleep(0.5)  # a write the agent would (wrongly) make
+    after = await store.get(pb.Pod, "victim-0")
+    assert (after.status.phase, after.status.reason) == (pb.POD_FAILED, PREEMPTED)
+    assert after.status.preempted_by == "p-0"

@@ -329,3 +329,28 @@ def test_steps_yield_after_each_pod_and_return_the_result() -> None:
             break
     assert yields == 20
     assert result.success and len(result.placements) == 20
+
+
+@pytest.mark.parametrize("mode", ["godel", "kube"])
+def test_a_template_that_found_no_node_rescans_only_changed_nodes(mode: str) -> None:
+    """Gödel mode remembers that no node fit a template: the next unit of the same template
+    examines only the nodes changed since (here none, then the one a pod left), and says the
+    first search's reason. Kube mode scans everything every time."""
+    cache, snap = cluster(1000, cpu=1000)
+    for i in range(1000):
+        filler = pods_of(job(f"f{i}", cpu=1000, mem=GiB))[0]
+        filler.spec.node_name = f"n{i:05d}"
+        filler.status.phase = pb.POD_RUNNING
+        cache.set_pod(filler)
+    snap.update(cache)
+    sched = scheduler(mode=mode)
+    first = sched.schedule(unit_of("a", 1, 1, 1000), snap)
+    assert not first.success and first.examined == 1000
+    again = sched.schedule(unit_of("b", 1, 1, 1000), snap)
+    assert not again.success and again.reason == first.reason
+    assert again.examined == (0 if mode == "godel" else 1000)
+    cache.remove_pod("f0-0")  # node n00000 has room again
+    snap.update(cache)
+    third = sched.schedule(unit_of("c", 1, 1, 1000), snap)
+    assert [p.node for p in third.placements] == ["n00000"]
+    assert third.examined == (1 if mode == "godel" else 1000)

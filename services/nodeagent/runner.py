@@ -37,7 +37,8 @@ from store.informer import Handlers
 log = structlog.get_logger(__name__)
 
 TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
-# How long a child gets between SIGTERM and SIGKILL.
+# How long a child gets between SIGTERM and SIGKILL, unless its template says otherwise
+# (``termination_grace_seconds``).
 KILL_GRACE_SECONDS = 3.0
 # Passed through from the agent's environment; everything else a pod sees is its own.
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
@@ -287,7 +288,7 @@ class PodRunner:
             code = await proc.wait()
         except asyncio.CancelledError:
             if proc is not None and proc.returncode is None:
-                await _kill(proc)
+                await _kill(proc, grace_seconds(run.pod))
             if run.kill_reason:
                 self._process_ended(
                     run, _exit_code(proc.returncode if proc else None), run.kill_reason, ""
@@ -478,9 +479,14 @@ def _exit_code(returncode: int | None) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    """SIGTERM the child's process group, SIGKILL it after the grace."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, None)):
+def grace_seconds(pod: pb.Pod) -> float:
+    """Between SIGTERM and SIGKILL: the pod's ``termination_grace_seconds``, else the default."""
+    return float(pod.spec.template.termination_grace_seconds or KILL_GRACE_SECONDS)
+
+
+async def _kill(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """SIGTERM the child's process group, SIGKILL it after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
