@@ -503,10 +503,6 @@ class BudgetStatusController:
                     "budget status write failed", budget=budget.metadata.name, error=str(result)
                 )
 
-    def status_of(self, budget: pb.DisruptionBudget) -> pb.DisruptionBudgetStatus:
-        """The budget's status from this informer's view."""
-        return _BudgetView(self.pods, self._informer).status_of(budget)
-
 
 class _BudgetView:
     """One tick's view of pods and jobs to compute budget statuses from. Every selector budget
