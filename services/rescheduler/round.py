@@ -1,8 +1,9 @@
 """One rescheduling round of one policy: detect → propose → validate → check → batch, and for a
 dry run, simulate.
 
-Every step starts from its own copy of the round's view, as the original takes a fresh snapshot
-per step, so a plugin's scratch moves never leak into the next step:
+The round's view is the cluster as the round found it and is never changed: the algorithm works
+on its own copy (its scratch moves never leak into the next step), and validation and the
+simulation on theirs; detection and the checks only read it.
 
 1. **Detect**: the detector names the nodes (and pods) to relieve. Nothing found: done.
 2. **Propose**: the algorithm proposes moves, consulting the checks as it goes.
@@ -14,8 +15,9 @@ per step, so a plugin's scratch moves never leak into the next step:
 5. **Batch**: the movement generator orders the moves into batches each within the disruption
    budgets; moves that can never be admitted abort the round.
 6. **Simulate** (dry run): batch by batch, the moving pods leave their nodes and replacements are
-   placed by the real scheduling algorithm (``placement.search``) on a copy of the state,
-   trying the recommended node first as the shards will. The figures after come from there.
+   placed by the real scheduling algorithm (``placement.search``) on a copy of the state, with
+   the plan's targets as recommended nodes (``UnitInfo.preferred``), exactly as the shards treat
+   a Movement. The figures after come from there.
 
 Plain synchronous code over the view: the service runs it off the event loop.
 """

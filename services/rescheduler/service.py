@@ -13,6 +13,7 @@ acknowledged by every live shard, then eviction through the Binder. ``Pause`` is
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -231,8 +232,6 @@ def describe_schedule(config: PolicyConfig) -> str:
     if trigger.cron is not None:
         parts.append(f"cron {trigger.cron}")
     if trigger.signal is not None:
-        import signal
-
         parts.append(f"signal {signal.Signals(trigger.signal).name}")
     return ", ".join(parts) or "on request"
 
