@@ -97,6 +97,10 @@ class Manifest:
         return wrapped
 
 
+# Quantities are stored as int64.
+_MAX_QUANTITY = (1 << 63) - 1
+
+
 def parse_quantity(value: Any, *, cpu: bool, field: str) -> int:
     """``500m`` / ``0.5`` / ``2`` cpu -> milli-CPU; ``1Gi`` / ``500M`` / ``1024`` -> bytes."""
     if isinstance(value, bool):
@@ -129,6 +133,10 @@ def parse_quantity(value: Any, *, cpu: bool, field: str) -> int:
             raise ManifestError(f"unknown unit {suffix!r} (use Ki, Mi, Gi, k, M, G)", field)
     except InvalidOperation as exc:
         raise ManifestError(f"{value!r} is not a quantity", field) from exc
+    if not result.is_finite():
+        raise ManifestError(f"{value!r} is not a finite quantity", field)
+    if result > _MAX_QUANTITY:
+        raise ManifestError(f"{value!r} is too large (at most {_MAX_QUANTITY} units)", field)
     if result != result.to_integral_value():
         raise ManifestError(f"{value!r} is finer than the smallest unit", field)
     return int(result)
@@ -278,11 +286,14 @@ def load(text: str, source: str = "<stdin>") -> list[Manifest]:
     """Every document of a (multi-document) YAML text."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        if not docs:
+            raise ManifestError("holds no manifest", source=source)
+        return [parse_document(d, f"{source}[{i}]") for i, d in enumerate(docs)]
     except yaml.YAMLError as exc:
         raise ManifestError(f"not valid YAML: {exc}", source=source) from None
-    if not docs:
-        raise ManifestError("holds no manifest", source=source)
-    return [parse_document(d, f"{source}[{i}]") for i, d in enumerate(docs)]
+    except RecursionError:
+        # A manifest is a few levels deep; thousands of nested brackets are garbage.
+        raise ManifestError("nested too deeply to be a manifest", source=source) from None
 
 
 def to_dict(obj: Message) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from store.errors import (
     InsufficientCapacityError,
     InvalidObjectError,
     NotFoundError,
+    ResourceVersionTooNewError,
     ResourceVersionTooOldError,
     StoreError,
     StoreUnavailableError,
@@ -594,7 +595,7 @@ class Store:
         with _translate_errors():
             current = await self.revision()
             if last > current:
-                raise ResourceVersionTooOldError(last, current)
+                raise ResourceVersionTooNewError(last, current)
             if last < current and await self._redis.xlen(self.keys.feed) == 0:
                 raise ResourceVersionTooOldError(last, current + 1)
         feed = self.keys.feed

@@ -93,6 +93,22 @@ class ResourceVersionTooOldError(StoreError):
         self.oldest = oldest
 
 
+class ResourceVersionTooNewError(ResourceVersionTooOldError):
+    """The requested revision is ahead of the store: a client's mistake, or a store that was
+    reset under a watcher that remembers the old one. A watcher relists all the same (hence the
+    base class), but a caller is told what happened, not that the feed was trimmed."""
+
+    def __init__(self, requested: int, current: int) -> None:
+        StoreError.__init__(
+            self,
+            f"revision {requested} is ahead of the store's current revision {current} "
+            "(a revision this store never reached: was it reset?)",
+        )
+        self.requested = requested
+        self.oldest = current
+        self.current = current
+
+
 class CommitError(StoreError):
     """An atomic commit failed one of its checks; nothing was written. ``index`` is the failing
     operation and ``cause`` the typed error for it."""

@@ -588,3 +588,15 @@ async def test_watch_lists_then_streams(dispatcher: Running, store: Store) -> No
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await bad.read()
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_watch_from_a_future_revision_says_so(dispatcher: Running, store: Store) -> None:
+    await store.create(f.node("n1"))
+    ahead = await store.revision() + 1000
+    stream = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Node"], from_revision=ahead))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stream.read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details() or ""
+    assert "from_revision" in details and "ahead of the store" in details
+    assert "no longer in the change feed" not in details

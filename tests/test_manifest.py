@@ -205,6 +205,17 @@ MALFORMED = [
         "spec.template.tolerations: expected a list",
     ),
     ("unknown top-level", _doc("extra: 1"), "unknown top-level field(s) extra"),
+    (
+        "infinite quantity",
+        _doc("spec: {template: {requests: {cpu: .inf}}}"),
+        "spec.template.requests.cpu: inf is not a finite quantity",
+    ),
+    (
+        "quantity beyond int64",
+        _doc("spec: {template: {requests: {memory: 99999999999999999999Gi}}}"),
+        "spec.template.requests.memory: '99999999999999999999Gi' is too large",
+    ),
+    ("nested too deeply", "[" * 5000 + "]" * 5000, "nested too deeply to be a manifest"),
 ]
 
 

@@ -27,6 +27,7 @@ from store import (
     ConflictError,
     InvalidObjectError,
     NotFoundError,
+    ResourceVersionTooNewError,
     ResourceVersionTooOldError,
     Store,
     StoreError,
@@ -467,6 +468,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                     yield api_pb2.WatchEvent(
                         type=api_pb2.WatchEvent.BOOKMARK, revision=batch.revision
                     )
+        except ResourceVersionTooNewError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"from_revision: {exc}")
         except ResourceVersionTooOldError as exc:
             await _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(exc))
         except StoreUnavailableError as exc:
