@@ -600,3 +600,25 @@ async def test_watch_from_a_future_revision_says_so(dispatcher: Running, store: 
     details = caught.value.details() or ""
     assert "from_revision" in details and "ahead of the store" in details
     assert "no longer in the change feed" not in details
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\xff\xff\xff\xff", b"\x0a\xff\x01garbage", bytes(range(256))],
+    ids=["invalid tag", "truncated field", "noise"],
+)
+async def test_garbage_bytes_are_an_invalid_argument_not_a_server_fault(
+    dispatcher: Running, store: Store, garbage: bytes
+) -> None:
+    before = await store.revision()
+    async with grpc.aio.insecure_channel(dispatcher.host.address) as channel:
+        submit = channel.unary_unary(
+            "/godel.v1.Dispatcher/Submit",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await submit(garbage, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid godel.v1.SubmitRequest" in (caught.value.details() or "")
+    assert await store.revision() == before  # nothing stored

@@ -36,6 +36,7 @@ from services.runtime.config import (
     advertised_address,
     load_config,
 )
+from services.runtime.decoding import RejectUndecodable
 from services.runtime.logging import configure_logging
 from store import Store, StoreUnavailableError, redact_url
 
@@ -162,12 +163,13 @@ class ServiceHost(Generic[ConfigT]):
             await self.health.set(name, NOT_SERVING)
 
         server = self._server = grpc.aio.server(
+            interceptors=[RejectUndecodable()],
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 # Two processes must never share a port silently (gRPC enables SO_REUSEPORT).
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         service.add_servicers(server)
