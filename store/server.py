@@ -7,8 +7,10 @@ bench — goes through ``StoreServer.start`` so that promise holds in one place.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
+from urllib.parse import quote
 
 import psutil
 import redis
@@ -31,6 +34,10 @@ FsyncPolicy = Literal["always", "everysec", "no"]
 HOST = "127.0.0.1"
 LOG_FILE = "server.log"
 PID_FILE = "server.pid"
+ACL_FILE = "users.acl"
+ADMIN_SECRET_FILE = "admin.secret"
+SERVICE_USER = "godel"
+ADMIN_USER = "admin"
 URL_ENV = "GODEL_REDIS_URL"
 _LOG_TAIL_LINES = 20
 _POLL = 0.02
@@ -90,7 +97,14 @@ def store_url_from_env() -> str | None:
 
 @dataclass
 class StoreServer:
-    """A server process on loopback whose data (AOF, log, pidfile) lives in ``data_dir``."""
+    """A server process on loopback whose data (AOF, log, pidfile) lives in ``data_dir``.
+
+    Started with a ``password`` the server is locked (ACL file in ``data_dir``, private to its
+    owner): no anonymous access; the services' user ``godel`` (``url`` carries its password) may
+    do everything the store needs but nothing that harms the whole server — ``FLUSHALL``,
+    ``CONFIG``, ``SHUTDOWN``, ``DEBUG``, ``KEYS`` and the like are refused; an ``admin`` user
+    (password in ``data_dir/admin.secret``) is what this class itself probes with.
+    """
 
     url: str
     port: int
@@ -101,6 +115,8 @@ class StoreServer:
     detach: bool = False
     # pid of a server started by another process (see from_pidfile); stop()/kill() signal it.
     attached_pid: int | None = None
+    # The admin user's password of a locked server (None: the server is open).
+    admin_password: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -116,10 +132,12 @@ class StoreServer:
         binary: str | None = None,
         detach: bool = False,
         ready_timeout: float = 15.0,
+        password: str | None = None,
     ) -> StoreServer:
         """Start a server and return once it answers and has replayed its AOF.
 
         ``detach`` puts the server in its own session so it outlives the caller (`godel up`).
+        ``password`` locks it (see the class); ``url`` then carries the services' credentials.
         On any failure the process is killed and StoreServerError carries the log tail.
         """
         if fsync not in _FSYNC_POLICIES:
@@ -131,14 +149,17 @@ class StoreServer:
         except OSError as exc:
             raise StoreServerError(f"cannot create store data dir {data_dir}: {exc}") from exc
         port = port or stable_free_port(HOST)
+        admin = _write_acl(data_dir, password) if password else None
+        credentials = f"{SERVICE_USER}:{quote(password, safe='')}@" if password else ""
         server = cls(
-            url=f"redis://{HOST}:{port}/0",
+            url=f"redis://{credentials}{HOST}:{port}/0",
             port=port,
             data_dir=data_dir,
             binary=binary,
             fsync=fsync,
             process=None,
             detach=detach,
+            admin_password=admin,
         )
         server._spawn(ready_timeout)
         return server
@@ -168,7 +189,8 @@ class StoreServer:
             ) from None
         if not _pid_alive(pid):
             raise StoreServerError(f"store server pid {pid} from {pidfile} is not running")
-        client = _client(port)
+        admin = _read_admin_secret(data_dir)
+        client = _client(port, admin)
         try:
             info: dict[str, Any] = client.info("server")
             fsync = str(client.config_get("appendfsync").get("appendfsync", ""))
@@ -193,6 +215,7 @@ class StoreServer:
             process=None,
             detach=True,
             attached_pid=pid,
+            admin_password=admin,
         )
 
     def _spawn(self, ready_timeout: float) -> None:
@@ -211,6 +234,8 @@ class StoreServer:
             "--logfile", str(log),
             "--pidfile", str(self.data_dir / PID_FILE),
         ]  # fmt: skip
+        if self.admin_password is not None:
+            argv += ["--aclfile", str(self.data_dir / ACL_FILE)]
         # stdout/stderr go to the log too: config errors are printed before --logfile takes over.
         with log.open("ab") as out:
             try:
@@ -271,7 +296,7 @@ class StoreServer:
             time.sleep(_POLL)
 
     def _not_ready_reason(self) -> str | None:
-        client = _client(self.port)
+        client = _client(self.port, self.admin_password)
         try:
             client.ping()
             info: dict[str, Any] = client.info()
@@ -351,16 +376,60 @@ class StoreServer:
         self.stop()
 
 
-def _client(port: int) -> redis.Redis:
+def _client(port: int, admin_password: str | None = None) -> redis.Redis:
     # Short timeouts and no retries (redis-py retries with backoff by default): a probe must fail
     # fast on a refused port or one held by something that never replies, and poll again.
     return redis.Redis(
         host=HOST,
         port=port,
+        username=ADMIN_USER if admin_password else None,
+        password=admin_password,
         socket_timeout=1.0,
         socket_connect_timeout=1.0,
         retry=Retry(NoBackoff(), 0),
     )
+
+
+# Commands the services' user may not run: each harms the whole server (data of every cluster,
+# durability, availability) or scans it; the store needs none of them.
+DENIED_COMMANDS = (
+    "flushall", "flushdb", "config", "shutdown", "debug", "keys", "acl", "monitor", "save",
+    "bgsave", "bgrewriteaof", "replicaof", "slaveof", "failover", "module", "swapdb", "migrate",
+    "restore", "sync", "psync", "script|flush", "function",
+)  # fmt: skip
+
+
+def _write_acl(data_dir: Path, password: str) -> str:
+    """The ACL file of a locked server (and the admin secret), readable by their owner only.
+    Passwords are stored as SHA-256 hashes, as the server's ACL allows."""
+    admin = secrets.token_urlsafe(24)
+    denied = " ".join(f"-{c}" for c in DENIED_COMMANDS)
+    lines = [
+        "user default off",
+        f"user {SERVICE_USER} on #{_sha256(password)} ~* &* +@all {denied}",
+        f"user {ADMIN_USER} on #{_sha256(admin)} ~* &* +@all",
+    ]
+    _write_private(data_dir / ACL_FILE, "\n".join(lines) + "\n")
+    _write_private(data_dir / ADMIN_SECRET_FILE, admin + "\n")
+    return admin
+
+
+def _read_admin_secret(data_dir: Path) -> str | None:
+    try:
+        return (data_dir / ADMIN_SECRET_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None  # an open server
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _pid_alive(pid: int) -> bool:

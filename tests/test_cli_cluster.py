@@ -12,9 +12,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
+import redis
 
 pytestmark = pytest.mark.e2e
 
@@ -111,6 +113,34 @@ def test_up_status_down(godel: Godel, home: Path) -> None:
     assert twice.returncode == 0 and "no cluster running" in twice.stdout
     after = godel("status")
     assert after.returncode != 0 and "no cluster" in after.stderr
+
+
+def test_up_locks_the_store_and_keeps_the_home_private(godel: Godel, home: Path) -> None:
+    started = godel("up", "--grace", "1", "--hollow-nodes", "2", "--no-process-node")
+    assert started.returncode == 0, started.stderr
+    state = json.loads((home / "cluster.json").read_text())
+    [store] = [c for c in state["components"] if c["name"] == "store"]
+    url = urlsplit(store["address"])
+    assert url.username == "godel" and url.password, "the services' URL carries the secret"
+
+    # Nobody gets in without it; the services' user cannot harm the whole server.
+    anonymous = redis.Redis(host=url.hostname, port=url.port, socket_timeout=5)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
+    services = redis.Redis.from_url(store["address"], socket_timeout=5)
+    assert services.ping()
+    for command in (("FLUSHALL",), ("CONFIG", "SET", "appendfsync", "no"), ("KEYS", "*")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            services.execute_command(*command)
+
+    # Every file under the home is its owner's alone; the secret is printed nowhere.
+    for path in [home, *home.rglob("*")]:
+        if path.is_symlink() or not path.exists():
+            continue
+        mode = path.stat().st_mode & 0o777
+        assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+    for printed in (started.stdout, godel("status").stdout, godel("status", "-o", "json").stdout):
+        assert url.password not in printed
 
 
 def test_status_reports_a_killed_component(godel: Godel) -> None:

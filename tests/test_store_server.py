@@ -324,3 +324,30 @@ def test_store_ports_avoid_the_ephemeral_range(tmp_path: Path) -> None:
     assert all(stable_free_port() < low for _ in range(20))
     with StoreServer.start(tmp_path / "s") as server:
         assert server.port < low
+
+
+def test_a_locked_server_refuses_strangers_and_harmful_commands(tmp_path: Path) -> None:
+    """With a password the server runs from an ACL file: nobody without the secret, and the
+    services' user cannot flush, reconfigure, shut down, debug or scan the server."""
+    server = StoreServer.start(tmp_path / "s", fsync="everysec", password="s3cret/with space")
+    try:
+        assert "s3cret" not in redact_url(server.url) and "godel:" in server.url
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=server.port, socket_timeout=5).ping()
+        services = redis.Redis.from_url(server.url, socket_timeout=5)
+        assert services.set("k", "v") and services.get("k") == b"v"
+        for command in (
+            ("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "SET", "appendfsync", "no"),
+            ("SHUTDOWN",), ("KEYS", "*"), ("ACL", "SETUSER", "x", "on"),
+        ):  # fmt: skip
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                services.execute_command(*command)
+        for private in ("users.acl", "admin.secret"):
+            assert (server.data_dir / private).stat().st_mode & 0o077 == 0
+        # The class manages it with its admin secret: attaching and restarting still work.
+        attached = StoreServer.from_pidfile(server.data_dir, server.port)
+        assert attached.pid == server.pid and attached.admin_password == server.admin_password
+        server.restart()
+        assert redis.Redis.from_url(server.url, socket_timeout=5).get("k") == b"v"
+    finally:
+        server.stop()

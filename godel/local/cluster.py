@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -103,6 +104,11 @@ def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
     """Start the store (unless $GODEL_REDIS_URL names one) and every service, and return once all
     report SERVING. On any failure everything started is stopped again and ClusterError says which
     component failed, with the tail of its log."""
+    # Everything the cluster writes under its home — state with the store's secret, logs, store
+    # data, pod work dirs — is private to its owner: files 0600, directories 0700. The services
+    # inherit the mask.
+    os.umask(0o077)
+    home.make_private()
     with home.lock():
         _refuse_running_cluster(home)
         home.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +221,11 @@ def _start_store(home: GodelHome, spec: ClusterSpec, state: ClusterState) -> str
         return external
     log.info("starting store server", data_dir=str(home.store_dir))
     try:
-        server = StoreServer.start(home.store_dir, fsync=spec.fsync, detach=True)
+        # A fresh secret per cluster: the store refuses anyone without it, and the services get
+        # it in their environment (never in argv, which every local user can read).
+        server = StoreServer.start(
+            home.store_dir, fsync=spec.fsync, detach=True, password=secrets.token_urlsafe(24)
+        )
     except StoreServerError as exc:
         raise ClusterError(f"store: {exc}") from exc
     assert server.pid is not None

@@ -100,6 +100,14 @@ class GodelHome:
     def log_file(self, component: str) -> Path:
         return self.logs_dir / f"{component}.log"
 
+    def make_private(self) -> None:
+        """The home and what it already holds, readable by its owner only (0700 / 0600)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for path in [self.path, *self.path.rglob("*")]:
+            if path.is_symlink():
+                continue
+            path.chmod(0o700 if path.is_dir() else 0o600)
+
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive while changing the cluster, so two `godel up` on one home cannot race."""
