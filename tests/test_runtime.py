@@ -429,3 +429,28 @@ async def test_cancel_and_wait_outlasts_a_swallowed_cancellation() -> None:
     await asyncio.sleep(0.02)
     await asyncio.wait_for(cancel_and_wait([task]), timeout=5)
     assert task.done() and task.cancelled() and swallowed
+
+
+class SlowToDrain(RecordingService):
+    """A service whose drain would take far longer than any grace."""
+
+    async def on_stop(self) -> None:
+        self.events.append("draining")
+        await asyncio.sleep(60)
+        self.events.append("drained")
+
+
+async def test_a_drain_that_overruns_the_grace_is_cut_at_it(
+    service_config: ServiceConfig,
+) -> None:
+    """The whole stop fits in grace_seconds (an orchestrator SIGKILLs a process that overstays
+    its grace): a drain still running when the grace is spent is cancelled, the store is still
+    closed, and the stop returns."""
+    config = replace(service_config, grace_seconds=1.0)
+    host = ServiceHost(SlowToDrain, config)
+    SlowToDrain.address = f"127.0.0.1:{config.port}"
+    await host.start()
+    await asyncio.wait_for(host.stop(), 30)  # the drain alone would take 60 s
+    service = host.service
+    assert isinstance(service, SlowToDrain)
+    assert service.events[-1] == "draining"  # cut, not finished

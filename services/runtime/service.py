@@ -49,6 +49,8 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 _STORE_RETRY_SECONDS = 0.5
+# Of a stop's grace, what is kept for on_stop after the gRPC server stopped (at most a quarter).
+DRAIN_RESERVE_SECONDS = 1.5
 
 
 class StartupError(Exception):
@@ -197,17 +199,28 @@ class ServiceHost(Generic[ConfigT]):
         log.info("serving", address=self.address)
 
     async def stop(self) -> None:
-        """Shut down in the documented order. Idempotent, and safe after a partial start."""
+        """Shut down in the documented order, within ``grace_seconds`` in all (an orchestrator
+        SIGKILLs a process that overstays its grace): in-flight RPCs get the grace less a drain
+        reserve — long-lived streams use all of it — and ``on_stop`` gets what remains, at least
+        the reserve. Idempotent, and safe after a partial start."""
         if self._stopped:
             return
         self._stopped = True
+        loop = asyncio.get_running_loop()
+        grace = self.config.grace_seconds
+        reserve = min(DRAIN_RESERVE_SECONDS, grace / 4)
+        deadline = loop.time() + grace
         await self.health.enter_graceful_shutdown()
         if self._server is not None:
-            log.info("stopping gRPC server", grace_seconds=self.config.grace_seconds)
-            await self._server.stop(self.config.grace_seconds)
+            log.info("stopping gRPC server", grace_seconds=grace)
+            await self._server.stop(grace - reserve)
         if self.service is not None:
             try:
-                await self.service.on_stop()
+                await asyncio.wait_for(
+                    self.service.on_stop(), max(deadline - loop.time(), reserve)
+                )
+            except TimeoutError:
+                log.warning("on_stop overran the grace; its work was cancelled")
             except Exception:
                 log.exception("on_stop failed")
                 self.service.exit_code = self.service.exit_code or 1
