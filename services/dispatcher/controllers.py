@@ -519,8 +519,8 @@ class JobRetryController:
         marked: list[pb.Job] = []
         for obj in self._informer.list("Job"):
             assert isinstance(obj, pb.Job)
-            if not obj.spec.HasField("backoff_limit"):
-                continue
+            if not obj.spec.HasField("backoff_limit") or obj.status.phase == pb.JOB_SUCCEEDED:
+                continue  # no policy, or nothing left to retry for
             pods = list(self.pods.by_job.get(obj.metadata.name, {}).values())
             policy = FailurePolicy.of(obj, pods)
             if policy.exceeded:
