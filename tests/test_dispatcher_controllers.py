@@ -107,7 +107,8 @@ def test_job_status(
 PREEMPTED = (F, "Preempted")
 ERR = (F, "Error")
 # (case, backoff_limit (None: unset), replace_lost_pods, pods, expected phase, within the limit)
-FAILURE_POLICY_CASES: list[tuple[str, int | None, bool, list[tuple[int, object, int]], int, bool]] = [
+PodRows = list[tuple[int, object, int]]
+FAILURE_POLICY_CASES: list[tuple[str, int | None, bool, PodRows, int, bool]] = [
     ("unset: a failed gang member fails the job", None, False,
      [(0, ERR, 0), (1, R, 0)], pb.JOB_FAILED, False),
     ("within the limit: retrying, not failed", 2, False,
