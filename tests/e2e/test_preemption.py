@@ -13,7 +13,7 @@ from tests.e2e.conftest import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
 
-NODES = 20
+NODES = 100
 SMALL_NODES = ("nodeagent", ("--hollow-cpu-milli", "1000", "--hollow-memory-bytes", str(4 << 30)))
 
 
