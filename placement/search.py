@@ -37,6 +37,8 @@ from placement.postfilter import Preempted, Preemption, take, undo
 from placement.snapshot import Snapshot
 
 Mode = Literal["godel", "kube"]
+# Templates remembered as fitting nowhere (a memory bound; forgetting one only costs a scan).
+_MAX_NO_FIT = 10_000
 
 
 @dataclass(frozen=True)
@@ -314,6 +316,8 @@ class UnitScheduler:
         if known is not None:
             tmpl.failure = known.failure
             tmpl.unresolvable = tmpl.unresolvable and known.unresolvable
+        if len(self._no_fit) >= _MAX_NO_FIT:  # many distinct failing templates: start afresh
+            self._no_fit.clear()
         self._no_fit[pod.template_key] = _NoFit(
             snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable
         )
