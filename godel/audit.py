@@ -1,8 +1,12 @@
-"""Audit a cluster's state against the invariants of ARCHITECTURE §5 (1–3):
+"""Audit a cluster's state against the invariants of ARCHITECTURE §5 (1–3, and 6 for
+preemption):
 
 1. no node is over-committed, per resource and per pool, counting bound and running pods;
 2. a pod is bound to at most one node, once (the store's claim agrees with the pod);
-3. a unit that has never been scheduled has either at least ``min_member`` pods placed or none.
+3. a unit that has never been scheduled has either at least ``min_member`` pods placed or none;
+6. a pod evicted by preemption (reason ``Preempted``) was preemptible and names its preemptor,
+   which (while it exists) is of the same pool, of strictly higher priority, and was placed on
+   the victim's node.
 
 Reads one consistent snapshot of the store; used by the end-to-end tests after every run and by
 ``godel audit`` on a live cluster.
@@ -13,11 +17,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from placement.nodeinfo import NodeInfo, PodRequest, resource_fit_failures
+from placement.nodeinfo import NodeInfo, PodRequest, pool_of, resource_fit_failures
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
 
 _HOLDING = (pb.POD_BOUND, pb.POD_RUNNING)
+PREEMPTED = "Preempted"  # services.eviction.PREEMPTED (the CLI does not import the services)
 
 
 @dataclass
@@ -86,5 +91,29 @@ async def audit(store: Store) -> AuditReport:
             report.violations.append(
                 f"job {job_name} has {count} pod(s) placed, fewer than min_member "
                 f"{job.spec.min_member}"
+            )
+
+    # 6. Preemption evicted only lower-priority, preemptible pods of the preemptor's pool.
+    by_name = {p.metadata.name: p for p in pods}
+    for victim in pods:
+        if victim.status.reason != PREEMPTED:
+            continue
+        name, by = victim.metadata.name, victim.status.preempted_by
+        if not victim.spec.preemptible or not by:
+            report.violations.append(
+                f"pod {name} was preempted but is not preemptible or names no preemptor"
+            )
+            continue
+        preemptor = by_name.get(by)
+        if preemptor is None:
+            continue  # deleted since: nothing left to compare
+        if (
+            preemptor.spec.priority <= victim.spec.priority
+            or pool_of(preemptor.spec.qos) != pool_of(victim.spec.qos)
+            or preemptor.spec.node_name != victim.spec.node_name
+        ):
+            report.violations.append(
+                f"pod {name} was preempted by {by}, which is not a higher-priority pod of its "
+                "pool placed on its node"
             )
     return report

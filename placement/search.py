@@ -6,12 +6,12 @@ nodes from a rotating offset, own partition first, until it has found ``len(unit
 scan_extra`` feasible nodes; they are scored once and kept in a heap (without the cache, every
 pod scans for ``scan_extra`` nodes more than its gang needs). Later pods of the same
 template take the best cached node; after each assume only the chosen node is re-checked (and
-re-scored), since no other node changed. A template that found no node is remembered across units (``_NoFit``): the next unit of the
-same template scans only the nodes that changed since (``Snapshot.changed_since``), so a stream
-of one-pod jobs waiting on a full cluster (a preemption storm) does not scan every node per pod.
-Kube mode, for comparison: no cache, every pod scans
-until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's adaptive
-percentageOfNodesToScore) and scores them.
+re-scored), since no other node changed. A template that found no node is remembered across
+units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
+(``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
+preemption storm) does not scan every node per pod. Kube mode, for comparison: no cache, every
+pod scans until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's
+adaptive percentageOfNodesToScore) and scores them.
 
 PostFilter (both modes): a pod no node fits, for reasons preemption can resolve, asks
 ``placement.postfilter.Preemption`` for a node and victims; it is assumed there with its victims
@@ -37,6 +37,8 @@ from placement.postfilter import Preempted, Preemption, take, undo
 from placement.snapshot import Snapshot
 
 Mode = Literal["godel", "kube"]
+# Templates remembered as fitting nowhere (a memory bound; forgetting one only costs a scan).
+_MAX_NO_FIT = 10_000
 
 
 @dataclass(frozen=True)
@@ -339,6 +341,8 @@ class UnitScheduler:
         if known is not None:
             tmpl.failure = known.failure
             tmpl.unresolvable = tmpl.unresolvable and known.unresolvable
+        if len(self._no_fit) >= _MAX_NO_FIT:  # many distinct failing templates: start afresh
+            self._no_fit.clear()
         self._no_fit[pod.template_key] = _NoFit(
             snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable
         )

@@ -8,8 +8,9 @@ import pytest
 
 from godel.audit import audit
 from protos.godel.v1 import objects_pb2 as pb
+from services.eviction import evicted
 from store import Store
-from store.client import Fence, Update
+from store.client import Bind, Fence, Release, Update
 from tests.factories import job, node, pods_of
 
 
@@ -47,11 +48,39 @@ async def over_committed(store: Store, fence: Fence, pods: list[pb.Pod]) -> None
         await store.commit([Update(_place(p))])
 
 
+async def _preempt(
+    store: Store, fence: Fence, pods: list[pb.Pod], *, victim_priority: int, preemptible: bool
+) -> None:
+    """g-0 and g-1 bound; g-2 (priority 10) takes g-0's place, which it evicts."""
+    for p, prio in zip(pods, (victim_priority, 1, 10), strict=True):
+        p.spec.priority, p.spec.preemptible = prio, preemptible
+    await store.bind([_place(p) for p in pods[:2]], fence=fence)
+    victim = evicted(
+        (await store.get_many(pb.Pod, ["g-0"]))[0] or pods[0], "Preempted", "", 1, "g-2"
+    )
+    await store.commit([Release(victim), Bind(_place(pods[2]))], fence=fence)
+
+
+async def preempted_lower_priority(store: Store, fence: Fence, pods: list[pb.Pod]) -> None:
+    await _preempt(store, fence, pods, victim_priority=1, preemptible=True)
+
+
+async def preempted_equal_priority(store: Store, fence: Fence, pods: list[pb.Pod]) -> None:
+    await _preempt(store, fence, pods, victim_priority=10, preemptible=True)
+
+
+async def preempted_not_preemptible(store: Store, fence: Fence, pods: list[pb.Pod]) -> None:
+    await _preempt(store, fence, pods, victim_priority=1, preemptible=False)
+
+
 CASES: list[tuple[str, Callable[..., Awaitable[None]], list[str]]] = [
     ("consistent", consistent, []),
     ("bound without claim", bound_without_claim, ["without claim"]),
     ("gang partially placed", gang_broken, ["fewer than min_member"]),
     ("over-committed", over_committed, ["over-committed", "without claim"]),
+    ("preempted a lower-priority preemptible pod", preempted_lower_priority, []),
+    ("preempted an equal-priority pod", preempted_equal_priority, ["not a higher-priority"]),
+    ("preempted a non-preemptible pod", preempted_not_preemptible, ["not preemptible"]),
 ]
 
 

@@ -894,7 +894,8 @@ async def test_two_shards_against_one_budget_never_exceed_it(
         await store.create(f.node(n, cpu=1000))
     await store.create(budget("two", "low", max_unavailable=2))
     low = prio(f.job("low", replicas=4, cpu=600), LOW)
-    await shards[0].decide(unit(low, await submit_prio(store, low), [(f"low-{i}", n) for i, n in enumerate(nodes)]))  # fmt: skip
+    spread = [(f"low-{i}", n) for i, n in enumerate(nodes)]
+    await shards[0].decide(unit(low, await submit_prio(store, low), spread))
     a = prio(f.job("a", replicas=2, cpu=600), HIGH)
     b = prio(f.job("b", replicas=2, cpu=600), HIGH)
     pa, pb_ = await submit_prio(store, a), await submit_prio(store, b)

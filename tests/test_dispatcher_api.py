@@ -14,8 +14,9 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.api import parse_summary, wrap
+from services.eviction import evicted
 from store import Store
-from store.client import Bind
+from store.client import Bind, Release
 from tests import factories as f
 from tests.dispatcher_harness import Running, dispatcher_config, eventually, run_dispatcher
 
@@ -548,6 +549,14 @@ async def test_explain(dispatcher: Running, store: Store) -> None:
     await store.commit([Bind(pod)])
     bound = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="a-0"))
     assert (bound.summary, bound.node) == ("bound to n1", "n1")
+
+    # An evicted pod keeps its node: explain says why it ended and who preempted it.
+    victim = evicted(
+        await store.get(pb.Pod, "a-0"), "Preempted", "preempted by pod 'x-0' on node 'n1'", 1, "x-0"
+    )
+    await store.commit([Release(victim)])
+    gone = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="a-0"))
+    assert gone.summary == "POD_FAILED: Preempted: preempted by pod 'x-0' on node 'n1'"
     assert await _code(dispatcher.api.Explain(api_pb2.ExplainRequest(pod="zz"))) == (
         grpc.StatusCode.NOT_FOUND
     )

@@ -14,6 +14,8 @@ import pytest
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers import (
     BudgetStatusController,
+    FailurePolicy,
+    JobRetryController,
     JobStatusController,
     NodeLifecycleController,
     QueueStatusController,
@@ -100,6 +102,99 @@ def test_job_status(
     job.spec.replace_lost_pods = replace
     job.status.phase = current  # type: ignore[assignment]
     assert job_status(job, [make_pod("j", *p) for p in pods]) == expected
+
+
+PREEMPTED = (F, "Preempted")
+ERR = (F, "Error")
+# (case, backoff_limit (None: unset), replace_lost_pods, pods, expected phase, within the limit)
+PodRows = list[tuple[int, object, int]]
+FAILURE_POLICY_CASES: list[tuple[str, int | None, bool, PodRows, int, bool]] = [
+    ("unset: a failed gang member fails the job", None, False,
+     [(0, ERR, 0), (1, R, 0)], pb.JOB_FAILED, False),
+    ("within the limit: retrying, not failed", 2, False,
+     [(0, ERR, 0), (1, R, 0)], pb.JOB_PENDING, True),
+    ("a retry running again", 2, False,
+     [(0, ERR, 0), (0, R, 1), (1, R, 0)], pb.JOB_RUNNING, True),
+    ("limit reached exactly: still retrying", 1, False,
+     [(0, ERR, 0), (0, P, 1), (1, R, 0)], pb.JOB_PENDING, True),
+    ("limit exceeded: failed", 1, False,
+     [(0, ERR, 0), (0, ERR, 1), (1, R, 0)], pb.JOB_FAILED, False),
+    ("limit 0: the first failure fails the job", 0, False,
+     [(0, ERR, 0), (1, R, 0)], pb.JOB_FAILED, False),
+    ("evictions replaced by a service do not count", 0, True,
+     [(0, PREEMPTED, 0), (0, R, 1), (1, R, 0)], pb.JOB_RUNNING, True),
+    ("evictions of a batch job count", 0, False,
+     [(0, PREEMPTED, 0), (1, R, 0)], pb.JOB_FAILED, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("limit", "replace", "pods", "phase", "retrying"),
+    [c[1:] for c in FAILURE_POLICY_CASES],
+    ids=[c[0] for c in FAILURE_POLICY_CASES],
+)
+def test_failure_policy(
+    limit: int | None,
+    replace: bool,
+    pods: list[tuple[int, object, int]],
+    phase: int,
+    retrying: bool,
+) -> None:
+    job = f.job("j", replicas=2, min_member=2)
+    job.spec.replace_lost_pods = replace
+    if limit is not None:
+        job.spec.backoff_limit = limit
+    made = [make_pod("j", *p) for p in pods]
+    assert job_status(job, made)[0] == phase
+    assert FailurePolicy.of(job, made).retrying == retrying
+
+
+@pytest.mark.parametrize(
+    ("failures", "delay_ms"), [(1, 10_000), (2, 20_000), (3, 40_000), (6, 320_000), (7, 360_000)]
+)
+def test_retry_backoff_doubles_up_to_the_cap(failures: int, delay_ms: int) -> None:
+    assert FailurePolicy(6, failures).delay_ms(10_000, 360_000) == delay_ms
+
+
+async def test_job_retry_controller(store: Store, informer: Informer) -> None:
+    """A batch job with backoffLimit 1: its failed pod is retried once its backoff has passed,
+    as a new pending pod of the same index; the retry failing too fails the job with the
+    reason; a job without the field is left alone."""
+    job = f.job("batch", replicas=1)
+    job.spec.backoff_limit = 1
+    plain = f.job("plain", replicas=1)
+    await store.create_unit(job, f.pods_of(job))
+    await store.create_unit(plain, f.pods_of(plain))
+    ctl = JobRetryController(store, informer, initial_backoff_seconds=10)
+
+    async def fail(name: str, at_ms: int) -> None:
+        pod = await store.get(pb.Pod, name)
+        pod.status.phase, pod.status.reason, pod.status.finished_ms = F, "Error", at_ms
+        await store.update(pod)
+        await caught_up(store, informer)
+
+    await fail("batch-0", 1_000)
+    await fail("plain-0", 1_000)
+    await ctl.tick(now_ms=10_999)  # within the backoff: nothing yet
+    names = {p.metadata.name for p in (await store.list_all(pb.Pod))[0]}
+    assert names == {"batch-0", "plain-0"}
+    await ctl.tick(now_ms=11_000)
+    retry = await store.get(pb.Pod, "batch-0-r1")
+    assert (retry.status.phase, retry.spec.index, retry.spec.node_name) == (P, 0, "")
+    assert retry.metadata.annotations["godel.io/replaces"] == "batch-0"
+    await caught_up(store, informer)
+    await fail("batch-0-r1", 20_000)
+    await ctl.tick(now_ms=1_000_000)
+    assert {p.metadata.name for p in (await store.list_all(pb.Pod))[0]} == names | {"batch-0-r1"}
+    failed = await store.get(pb.Job, "batch")
+    [cond] = failed.status.conditions
+    assert (cond.type, cond.reason) == ("Failed", "BackoffLimitExceeded")
+    assert "2 pods failed; backoffLimit is 1" in cond.message
+    await caught_up(store, informer)
+    await ctl.tick(now_ms=1_000_001)  # marked once
+    assert len((await store.get(pb.Job, "batch")).status.conditions) == 1
+    pods = [p for p in (await store.list_all(pb.Pod))[0] if p.spec.job == "batch"]
+    assert job_status(failed, pods)[0] == pb.JOB_FAILED
 
 
 # --------------------------------------------------------------------------------------------

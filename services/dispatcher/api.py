@@ -410,6 +410,13 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             node=pod.spec.node_name,
             scheduler=pod.status.scheduler,
         )
+        if pod.status.phase in (pb.POD_SUCCEEDED, pb.POD_FAILED) and pod.status.reason:
+            # Ended (an evicted pod keeps its node): why, and by whom (e.g. its preemptor).
+            phase = pb.PodPhase.Name(pod.status.phase)
+            out.summary = f"{phase}: {pod.status.reason}"
+            if pod.status.message:
+                out.summary += f": {pod.status.message}"
+            return out
         if pod.spec.node_name:
             out.summary = f"bound to {pod.spec.node_name}"
             if pod.status.phase != pb.POD_BOUND:

@@ -27,7 +27,9 @@ never ``status.ever_scheduled`` (the Binder's); the queue status controller writ
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from functools import cached_property
 
 import structlog
@@ -321,17 +323,17 @@ def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> tuple[int, int, int, int,
 
     - SUCCEEDED: every replica ended and at least ``min_member`` succeeded (all of them when
       ``min_member == replicas``);
-    - FAILED: so many replicas failed for good that ``min_member`` can no longer succeed (a
-      pod lost with its node is not failed for good while its job replaces lost pods);
+    - FAILED: more pods failed than ``backoff_limit`` allows, or so many replicas failed for
+      good that ``min_member`` can no longer succeed (a pod lost with its node or evicted is
+      not failed for good while its job replaces lost pods, nor a failed pod while the job's
+      failure policy retries it);
     - RUNNING: at least ``min_member`` running;
     - SCHEDULED: at least ``min_member`` bound, running or succeeded;
     - otherwise PENDING (or UNSCHEDULABLE, if the dispatcher said so and nothing is placed).
     """
-    newest: dict[int, pb.Pod] = {}
-    for pod in pods:
-        cur = newest.get(pod.spec.index)
-        if cur is None or replacement_number(pod) > replacement_number(cur):
-            newest[pod.spec.index] = pod
+    everyone = list(pods)
+    newest = newest_per_index(everyone)
+    policy = FailurePolicy.of(job, everyone)
     bound = running = succeeded = failed = final_failed = 0
     for pod in newest.values():
         phase = pod.status.phase
@@ -343,13 +345,13 @@ def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> tuple[int, int, int, int,
             succeeded += 1
         elif phase == pb.POD_FAILED:
             failed += 1
-            if not (job.spec.replace_lost_pods and pod.status.reason in EVICTION_REASONS):
+            if not (replaced(job, pod) or policy.retrying):
                 final_failed += 1
     replicas = job.spec.replicas
     min_member = job.spec.min_member or replicas
     if replicas > 0 and succeeded + final_failed == replicas and succeeded >= min_member:
         phase_ = pb.JOB_SUCCEEDED
-    elif replicas > 0 and replicas - final_failed < min_member:
+    elif policy.exceeded or (replicas > 0 and replicas - final_failed < min_member):
         phase_ = pb.JOB_FAILED
     elif running >= min_member:
         phase_ = pb.JOB_RUNNING
@@ -360,6 +362,53 @@ def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> tuple[int, int, int, int,
     else:
         phase_ = pb.JOB_PENDING
     return phase_, bound, running, succeeded, failed
+
+
+def newest_per_index(pods: Iterable[pb.Pod]) -> dict[int, pb.Pod]:
+    """Each index's newest pod (a replacement ``-r<n>`` supersedes the pod it replaces)."""
+    newest: dict[int, pb.Pod] = {}
+    for pod in pods:
+        cur = newest.get(pod.spec.index)
+        if cur is None or replacement_number(pod) > replacement_number(cur):
+            newest[pod.spec.index] = pod
+    return newest
+
+
+def replaced(job: pb.Job, pod: pb.Pod) -> bool:
+    """A failed pod its job replaces without counting it a failure: lost or evicted, in a job
+    that replaces lost pods (services keep replacing)."""
+    return job.spec.replace_lost_pods and pod.status.reason in EVICTION_REASONS
+
+
+@dataclass(frozen=True, slots=True)
+class FailurePolicy:
+    """A batch job's failure policy (``spec.backoff_limit``): its failed pods are retried, each
+    after an exponential backoff, until more than ``backoff_limit`` have failed; then the job
+    is Failed, reason ``BackoffLimitExceeded``. Unset: no retries (the job fails as its pods
+    do, as before the field existed). Pods a job that replaces lost pods replaced do not count.
+    """
+
+    limit: int | None
+    failures: int
+
+    @classmethod
+    def of(cls, job: pb.Job, pods: Iterable[pb.Pod]) -> FailurePolicy:
+        limit = job.spec.backoff_limit if job.spec.HasField("backoff_limit") else None
+        failures = sum(1 for p in pods if p.status.phase == pb.POD_FAILED and not replaced(job, p))
+        return cls(limit, failures)
+
+    @property
+    def retrying(self) -> bool:
+        return self.limit is not None and self.failures <= self.limit
+
+    @property
+    def exceeded(self) -> bool:
+        return self.limit is not None and self.failures > self.limit
+
+    def delay_ms(self, initial_ms: int, max_ms: int) -> int:
+        """How long after the latest failure its retry starts: ``initial`` doubled per earlier
+        failure, at most ``max`` (Kubernetes: 10 s, 20 s, 40 s, ... 6 min)."""
+        return min(initial_ms << max(self.failures - 1, 0), max_ms)
 
 
 def _current(job: pb.Job) -> tuple[int, int, int, int, int]:
@@ -428,6 +477,78 @@ class JobStatusController:
             elif isinstance(result, StoreError):
                 log.error("job status write failed", job=job.metadata.name, error=str(result))
         return conflicts
+
+
+# ---------------------------------------------------------------------------------------------
+# Job failure policy
+# ---------------------------------------------------------------------------------------------
+
+BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+FAILED_CONDITION = "Failed"
+
+
+class JobRetryController:
+    """Applies jobs' failure policy (:class:`FailurePolicy`): creates the retry of a failed pod
+    (``<job>-<index>-r<n>``, pending, through its queue like any new pod) once its backoff has
+    passed, and marks a job whose failures exceeded ``backoff_limit`` with the condition
+    ``Failed``/``BackoffLimitExceeded`` (the job status controller sets the phase). Retries
+    of a tick in one ``create_many``; a name taken meanwhile is left to the next tick."""
+
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        *,
+        interval_seconds: float = 1.0,
+        initial_backoff_seconds: float = 10.0,
+        max_backoff_seconds: float = 360.0,
+    ) -> None:
+        self._store = store
+        self._informer = informer
+        self.interval = interval_seconds
+        self.initial_ms = int(initial_backoff_seconds * 1000)
+        self.max_ms = int(max_backoff_seconds * 1000)
+        self.pods = PodIndex(informer)
+
+    async def run(self) -> None:
+        await _tick_forever("job retry", self._informer, self.tick, self.interval)
+
+    async def tick(self, now_ms: int | None = None) -> None:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        retries: list[pb.Pod] = []
+        marked: list[pb.Job] = []
+        for obj in self._informer.list("Job"):
+            assert isinstance(obj, pb.Job)
+            if not obj.spec.HasField("backoff_limit") or obj.status.phase == pb.JOB_SUCCEEDED:
+                continue  # no policy, or nothing left to retry for
+            pods = list(self.pods.by_job.get(obj.metadata.name, {}).values())
+            policy = FailurePolicy.of(obj, pods)
+            if policy.exceeded:
+                if not any(c.type == FAILED_CONDITION for c in obj.status.conditions):
+                    marked.append(_failed(obj, policy, now))
+                continue
+            delay = policy.delay_ms(self.initial_ms, self.max_ms)
+            for pod in newest_per_index(pods).values():
+                failed = pod.status.phase == pb.POD_FAILED and not replaced(obj, pod)
+                if failed and now >= pod.status.finished_ms + delay:
+                    retries.append(replacement(pod, pods))
+        if retries:
+            await self._store.create_many(retries)
+        if marked:
+            await self._store.update_many(marked)
+
+
+def _failed(job: pb.Job, policy: FailurePolicy, now_ms: int) -> pb.Job:
+    out = pb.Job()
+    out.CopyFrom(job)
+    out.status.conditions.add(
+        type=FAILED_CONDITION,
+        status="True",
+        reason=BACKOFF_LIMIT_EXCEEDED,
+        message=f"{policy.failures} pods failed; backoffLimit is {policy.limit}",
+        last_transition_ms=now_ms,
+    )
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from protos.godel.v1 import api_pb2, api_pb2_grpc
 from services.dispatcher.api import DispatcherServicer
 from services.dispatcher.controllers import (
     BudgetStatusController,
+    JobRetryController,
     JobStatusController,
     NodeLifecycleController,
     QueueStatusController,
@@ -127,10 +128,14 @@ class DispatcherService(Service[DispatcherConfig]):
         budget_status = BudgetStatusController(
             self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
         )
+        job_retry = JobRetryController(
+            self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
+        )
         self.spawn(lifecycle.run(), name="node-lifecycle")
         self.spawn(job_status.run(), name="job-status")
         self.spawn(queue_status.run(), name="queue-status")
         self.spawn(budget_status.run(), name="budget-status")
+        self.spawn(job_retry.run(), name="job-retry")
 
     async def on_stop(self) -> None:
         await self.core.close()

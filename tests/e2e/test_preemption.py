@@ -13,7 +13,7 @@ from tests.e2e.conftest import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
 
-NODES = 20
+NODES = 100
 SMALL_NODES = ("nodeagent", ("--hollow-cpu-milli", "1000", "--hollow-memory-bytes", str(4 << 30)))
 
 
@@ -85,7 +85,10 @@ def test_high_priority_job_preempts_only_lower_priority_same_pool_pods(
     # What a user sees of a victim.
     out = cluster.godel("get", "pods", "-o", "wide").stdout
     line = next(x for x in out.splitlines() if x.startswith(evicted[0].metadata.name + " "))
-    assert "failed" in line and "Preempted" in line
+    assert "failed" in line and "Preempted" in line and evicted[0].status.preempted_by in line
+    assert "PREEMPTED-BY" in out.splitlines()[0]
+    why = cluster.godel("explain", evicted[0].metadata.name).stdout
+    assert f"preempted by pod '{evicted[0].status.preempted_by}'" in why
 
 
 def budget_yaml(min_available: int) -> str:
