@@ -37,7 +37,7 @@ PID_FILE = "server.pid"
 ACL_FILE = "users.acl"
 ADMIN_SECRET_FILE = "admin.secret"
 SERVICE_USER = "godel"
-ADMIN_USER = "admin"
+ADMIN_USER = "default"
 URL_ENV = "GODEL_REDIS_URL"
 _LOG_TAIL_LINES = 20
 _POLL = 0.02
@@ -102,8 +102,8 @@ class StoreServer:
     Started with a ``password`` the server is locked (ACL file in ``data_dir``, private to its
     owner): no anonymous access; the services' user ``godel`` (``url`` carries its password) may
     do everything the store needs but nothing that harms the whole server — ``FLUSHALL``,
-    ``CONFIG``, ``SHUTDOWN``, ``DEBUG``, ``KEYS`` and the like are refused; an ``admin`` user
-    (password in ``data_dir/admin.secret``) is what this class itself probes with.
+    ``CONFIG``, ``SHUTDOWN``, ``DEBUG``, ``KEYS`` and the like are refused; the ``default`` user
+    is the admin (password in ``data_dir/admin.secret``), which this class itself probes with.
     """
 
     url: str
@@ -138,6 +138,8 @@ class StoreServer:
 
         ``detach`` puts the server in its own session so it outlives the caller (`godel up`).
         ``password`` locks it (see the class); ``url`` then carries the services' credentials.
+        Without one, a data dir locked before stays locked with its old ACL (``url`` then has no
+        credentials: only the secret's hash is kept).
         On any failure the process is killed and StoreServerError carries the log tail.
         """
         if fsync not in _FSYNC_POLICIES:
@@ -149,7 +151,10 @@ class StoreServer:
         except OSError as exc:
             raise StoreServerError(f"cannot create store data dir {data_dir}: {exc}") from exc
         port = port or stable_free_port(HOST)
-        admin = _write_acl(data_dir, password) if password else None
+        # A data dir that was locked stays locked when started again without a password (an
+        # operator restarting the store): its ACL file and admin secret are reused, so the
+        # services' credentials keep working.
+        admin = _write_acl(data_dir, password) if password else _read_admin_secret(data_dir)
         credentials = f"{SERVICE_USER}:{quote(password, safe='')}@" if password else ""
         server = cls(
             url=f"redis://{credentials}{HOST}:{port}/0",
@@ -405,9 +410,12 @@ def _write_acl(data_dir: Path, password: str) -> str:
     admin = secrets.token_urlsafe(24)
     denied = " ".join(f"-{c}" for c in DENIED_COMMANDS)
     lines = [
-        "user default off",
-        f"user {SERVICE_USER} on #{_sha256(password)} ~* &* +@all {denied}",
+        # The default user is the admin: it must keep every right, because the server replays
+        # its append-only file as that user (with "default off", every scripted commit in the
+        # AOF is refused at EXEC and lost on restart); a secret nobody else has keeps
+        # anonymous clients out.
         f"user {ADMIN_USER} on #{_sha256(admin)} ~* &* +@all",
+        f"user {SERVICE_USER} on #{_sha256(password)} ~* &* +@all {denied}",
     ]
     _write_private(data_dir / ACL_FILE, "\n".join(lines) + "\n")
     _write_private(data_dir / ADMIN_SECRET_FILE, admin + "\n")
@@ -415,10 +423,12 @@ def _write_acl(data_dir: Path, password: str) -> str:
 
 
 def _read_admin_secret(data_dir: Path) -> str | None:
+    if not (data_dir / ACL_FILE).exists():
+        return None  # an open server
     try:
         return (data_dir / ADMIN_SECRET_FILE).read_text().strip() or None
     except FileNotFoundError:
-        return None  # an open server
+        return None
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from godel.netutil import free_port, free_ports, stable_free_port, wait_for_port
-from store import redact_url
+from protos.godel.v1 import objects_pb2 as pb
+from store import Store, redact_url
 from store import server as server_mod
 from store.server import (
     LOG_FILE,
@@ -349,5 +350,36 @@ def test_a_locked_server_refuses_strangers_and_harmful_commands(tmp_path: Path) 
         assert attached.pid == server.pid and attached.admin_password == server.admin_password
         server.restart()
         assert redis.Redis.from_url(server.url, socket_timeout=5).get("k") == b"v"
+        # An operator starting it again on its data dir, without the secret: still locked,
+        # and the services' credentials still work.
+        server.kill()
+        again = StoreServer.start(server.data_dir, port=server.port, fsync="everysec")
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=again.port, socket_timeout=5).ping()
+        assert redis.Redis.from_url(server.url, socket_timeout=5).get("k") == b"v"
+        again.stop()
+    finally:
+        server.stop()
+
+
+async def test_a_locked_server_replays_scripted_commits_after_a_crash(tmp_path: Path) -> None:
+    """The store's commits are Lua scripts, which the append-only file holds as MULTI/EXEC
+    blocks; the server replays them as its default user, so a locked server must still replay
+    every one of them after a kill -9 (no acknowledged write lost)."""
+    server = StoreServer.start(tmp_path / "s", fsync="always", password="secret")
+    try:
+        store = await Store.connect(server.url, cluster="c")
+        for i in range(5):
+            await store.create(pb.Node(metadata=pb.ObjectMeta(name=f"n{i}")))
+        revision = await store.revision()
+        await store.close()
+        server.kill()
+        server.restart()
+        store = await Store.connect(server.url, cluster="c")
+        nodes, _ = await store.list_all(pb.Node)
+        assert sorted(n.metadata.name for n in nodes) == [f"n{i}" for i in range(5)]
+        assert await store.revision() == revision
+        await store.close()
+        assert "NOPERM" not in (server.data_dir / "server.log").read_text()
     finally:
         server.stop()
