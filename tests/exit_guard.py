@@ -137,6 +137,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
+    timeout = float(config.getini("exit_guard_timeout"))
+    if timeout > 0:
+        # Re-armed once pytest has reported: the whole timeout is for the interpreter's exit,
+        # however long the leftover check and the summary took on a loaded machine.
+        faulthandler.dump_traceback_later(timeout, exit=True, file=2)
     if _guard.real_server is not None:
         grpc.aio.server = _guard.real_server
         _guard.real_server = None
