@@ -6,6 +6,7 @@ cluster in ``$GODEL_HOME`` (what `godel up` started).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from godel import local
 from godel.cli.cluster import HomeOption, local_address
 from godel.cli.output import fail, print_json, print_table
 from godel.cli.reschedule import ReschedulerOption, get_policies
-from godel.client import ClientError, GodelClient
+from godel.client import ClientError, ProtoClient
 from godel.client import logs as pod_logs
 from godel.manifest import ManifestError, dump_yaml, load, to_manifest
 from placement.budgets import selects
@@ -63,8 +64,10 @@ def register(app: typer.Typer) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _client(server: str | None, home: Path | None) -> GodelClient:
-    return GodelClient(server or local_address("dispatcher", home, "--server"))
+def _client(server: str | None, home: Path | None) -> ProtoClient:
+    # $GODEL_ADDRESS too, as the SDK reads it: one variable points programs and CLI elsewhere.
+    address = server or os.environ.get("GODEL_ADDRESS")
+    return ProtoClient(address or local_address("dispatcher", home, "--server"))
 
 
 def _kind(word: str) -> str:
