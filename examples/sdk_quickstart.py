@@ -45,13 +45,16 @@ def main() -> int:
         handles = client.submit([gang, service])
         try:
             for handle in handles:
-                state = handle.wait("Running", timeout=120)
-                print(f"job/{state.name}: {state.phase}")
+                try:
+                    state = handle.wait("Running", timeout=120)
+                    print(f"job/{state.name}: {state.phase}")
+                except TimeoutError:
+                    print(f"job/{handle.name}: still {handle.status().phase} after 120s")
             for handle in handles:
                 for why in handle.explain():
                     where = f"on {why.node}" if why.node else f"pending: {why.summary}"
                     print(f"  pod/{why.pod}  {why.phase:<9} {where}")
-        except (ClientError, TimeoutError) as exc:
+        except ClientError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         finally:

@@ -191,7 +191,6 @@ def test_watch_resumes_through_a_dispatcher_kill9(make_cluster: Callable[..., Cl
             timeout=90,
             what="the deletion of w0 seen by the resumed watch",
         )
-    stop.set()
     # The truth: one uninterrupted watch of the same range, now that the dispatcher is up.
     truth: list[Event] = []
     with GodelClient(cluster.state.address_of("dispatcher")) as client:
@@ -199,6 +198,13 @@ def test_watch_resumes_through_a_dispatcher_kill9(make_cluster: Callable[..., Cl
             truth.append(event)
             if event.revision >= max(e.revision for e in seen):
                 break
+
+    # One more labelled change wakes the watcher, which then sees `stop` and returns.
+    stop.set()
+    with GodelClient(cluster.state.address_of("dispatcher")) as client:
+        client.job("w1").delete()
+    watcher.join(60)
+    assert not watcher.is_alive()
 
     def key(e: Event) -> tuple[str, str, str, int]:
         return (e.type, e.object.kind, e.object.name, e.revision)
