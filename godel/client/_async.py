@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -112,9 +113,13 @@ class AsyncJobHandle:
         Watch stream, not polling. Raises JobFailed if it fails or is deleted meanwhile,
         NotFound if it does not exist, TimeoutError after ``timeout`` seconds."""
         wanted = phase.capitalize()
-        async with asyncio.timeout(timeout):
+        if wanted not in (*JOB_PROGRESS, "Failed", "Unschedulable"):
+            raise ValueError(f"{phase!r} is not a job phase")
+        events = self.client._events(["Job"], job=self.name)
+        # aclosing: leaving early (found, failed, timed out) ends the stream now, not at GC.
+        async with asyncio.timeout(timeout), aclosing(events):
             seen = False
-            async for item in self.client._events(["Job"], job=self.name):
+            async for item in events:
                 if isinstance(item, int):  # a bookmark: the listing is complete
                     if not seen:
                         raise NotFound(grpc.StatusCode.NOT_FOUND, f"job {self.name!r} not found")

@@ -77,6 +77,20 @@ def test_sync_client_submits_waits_and_cleans_up(
         assert gang.delete() == 4
         with pytest.raises(NotFound):
             gang.status()
+        # A multi-document manifest, as `godel apply -f` takes it.
+        queue = (ROOT / "examples" / "queue.yaml").read_text()
+        applied = client.apply_manifest(
+            queue + "---\napiVersion: godel/v1\nkind: Job\nmetadata: {name: queued}\n"
+            "spec: {replicas: 1, minMember: 1, queue: research,"
+            " template: {requests: {cpu: 100m, memory: 64Mi}}}\n"
+        )
+        assert [(a.kind, a.name, a.action) for a in applied] == [
+            ("Queue", "research", "created"),
+            ("Job", "queued", "created"),
+        ]
+        queued = client.job("queued").wait("Running", timeout=90)
+        assert queued.spec["queue"] == "research"
+        client.job("queued").delete()
 
 
 def test_async_client_submits_waits_and_retries_idempotently(
