@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -315,6 +316,9 @@ def apply(
                 lambda: client.submit(
                     [m.obj for m in jobs],  # type: ignore[misc]
                     dry_run=dry_run,
+                    # The channel retries UNAVAILABLE: a retry after a lost reply then finds
+                    # the jobs its first attempt stored instead of reporting them as clashes.
+                    request_id=uuid.uuid4().hex,
                 )
             )
             for result in submitted.results:
@@ -323,7 +327,8 @@ def apply(
                     _report_violations(f"job/{result.job}", result.violations)
                 else:
                     typer.echo(
-                        f"job/{result.job} {'created' if result.created else 'valid'}{suffix}"
+                        f"job/{result.job} "
+                        f"{'created' if result.created or result.existing else 'valid'}{suffix}"
                     )
     if failed:
         raise typer.Exit(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
 
@@ -306,3 +308,48 @@ def test_quickstart_example_runs(make_cluster: Callable[..., Cluster]) -> None:
     assert "job/quickstart-web deleted" in out
     assert not cluster.client.list("Job"), "the example cleaned up"
     assert time.monotonic() - began < 240
+
+
+def test_grpcurl_walkthrough_in_the_reference_works(make_cluster: Callable[..., Cluster]) -> None:
+    """The reference's grpcurl requests, as grpcurl sends them: the service found through
+    reflection, each JSON body parsed against the reflected descriptors and called."""
+    from google.protobuf import descriptor_pool, json_format, message_factory
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    cluster = make_cluster(schedulers=1, hollow_nodes=2)
+    wait_until(lambda: len(cluster.client.list("Node")) == 2, what="nodes registered")
+    text = (ROOT / "godel" / "README.md").read_text()
+    calls = re.findall(r"-d '(.*?)' \\?\s*\$A godel\.v1\.Dispatcher/(\w+)", text, re.DOTALL)
+    assert [method for _, method in calls] == ["Submit", "Get", "Watch", "Delete"]
+    address = cluster.state.address_of("dispatcher")
+    with grpc.insecure_channel(address) as channel:
+        pool = descriptor_pool.DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
+        service = pool.FindServiceByName("godel.v1.Dispatcher")
+        for body, name in calls:
+            method = service.methods_by_name[name]
+            request = json_format.Parse(body, message_factory.GetMessageClass(method.input_type)())
+            reply_class = message_factory.GetMessageClass(method.output_type)
+            path = f"/godel.v1.Dispatcher/{name}"
+            if method.server_streaming:
+                stream = channel.unary_stream(
+                    path,
+                    request_serializer=type(request).SerializeToString,
+                    response_deserializer=reply_class.FromString,
+                )(request, timeout=30)
+                first = next(iter(stream))
+                assert first.object.pod.spec.job == "hello"
+                stream.cancel()
+                continue
+            reply = channel.unary_unary(
+                path,
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=reply_class.FromString,
+            )(request, timeout=30)
+            if name == "Submit":
+                assert reply.results[0].created, reply
+            elif name == "Get":
+                assert reply.job.metadata.name == "hello"
+            else:
+                assert reply.deleted == 2
