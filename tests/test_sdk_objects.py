@@ -54,6 +54,7 @@ def test_read_back_objects_are_manifest_shaped() -> None:
     assert isinstance(got, Pod) and (got.phase, got.node, got.job) == ("Running", "n1", "a")
     assert got.manifest["apiVersion"] == "godel/v1" and got.kind == "Pod"
     assert got.resource_version == 7 and str(got) == "Pod/a-0"
+    assert len({got, from_proto("Pod", pod)}) == 1  # usable in sets, e.g. of seen events
     stored = pb.Job(metadata=pb.ObjectMeta(name="a"))
     stored.status.phase = pb.JOB_SUCCEEDED
     assert from_proto("Job", stored).phase == "Succeeded"  # type: ignore[attr-defined]

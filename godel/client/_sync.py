@@ -109,6 +109,8 @@ class GodelClient:
         self.address = self._async.address
 
     def close(self) -> None:
+        if self._loop.loop.is_closed():
+            return  # closed before: close() may be called again (and by __exit__)
         self._loop.run(self._async.close())
         self._loop.stop()
 

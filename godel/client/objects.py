@@ -78,11 +78,14 @@ class Object:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.manifest, sort_keys=False)
 
+    def __hash__(self) -> int:
+        # The manifest is a dict (unhashable); an object's identity at a version is enough.
+        return hash((self.kind, self.name, self.resource_version))
+
     def __str__(self) -> str:
         return f"{self.kind}/{self.name}"
 
 
-@dataclass(frozen=True)
 class Job(Object):
     """A job: what one submits, and what the cluster reports of it."""
 
@@ -125,7 +128,6 @@ class Job(Object):
         return parsed.obj
 
 
-@dataclass(frozen=True)
 class Pod(Object):
     @property
     def phase(self) -> str:
