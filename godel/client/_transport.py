@@ -30,7 +30,10 @@ RETRY_POLICY: dict[str, Any] = {
     "backoffMultiplier": 2,
     "retryableStatusCodes": ["UNAVAILABLE"],
 }
-_SERVICES = ("godel.v1.Dispatcher", "godel.v1.Rescheduler", "godel.v1.NodeAgent")
+# Not the Rescheduler: a Trigger whose reply was lost has run its round, and running it again
+# would move pods twice. The Dispatcher's writes are safe to resend: Submit by its request id,
+# Apply is declarative; a resent Delete that had worked reports NotFound.
+_SERVICES = ("godel.v1.Dispatcher", "godel.v1.NodeAgent")
 SERVICE_CONFIG = json.dumps(
     {"methodConfig": [{"name": [{"service": s} for s in _SERVICES], "retryPolicy": RETRY_POLICY}]}
 )
