@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from godel.client import ClusterNotFound, Invalid, Job, discover, job
+from godel.client import AsyncGodelClient, ClusterNotFound, Invalid, Job, discover, job
 from godel.client.objects import Pod, from_proto
 from godel.manifest import load
 from protos.godel.v1 import objects_pb2 as pb
@@ -72,3 +72,12 @@ def test_discovery_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     monkeypatch.setenv("GODEL_ADDRESS", "address:2")
     assert discover() == "address:2"
     assert discover("given:3") == "given:3"
+
+
+async def test_apply_manifest_refuses_a_bad_manifest_before_any_call() -> None:
+    async with AsyncGodelClient("127.0.0.1:9") as client:  # nothing listens: no call is made
+        with pytest.raises(Invalid, match="not valid YAML"):
+            await client.apply_manifest("kind: [")
+        with pytest.raises(Invalid) as caught:
+            await client.apply_manifest({"apiVersion": "godel/v1", "kind": "Widget"})
+        assert caught.value.violations[0].field == "kind"

@@ -37,6 +37,7 @@ from godel.client.objects import (
     Job,
     Object,
     Pod,
+    invalid_manifest,
     object_from_wire,
 )
 from godel.manifest import ManifestError, load, parse_document, to_manifest
@@ -231,7 +232,7 @@ class AsyncGodelClient:
             try:
                 docs = load(manifest, "<manifest>")
             except ManifestError as exc:
-                raise rejected([Violation(exc.field, exc.reason)], str(exc)) from None
+                raise invalid_manifest(exc) from None
             jobs = [Job(to_manifest(d.kind, d.obj)) for d in docs if d.kind == "Job"]
             others = [(d.kind, d.obj) for d in docs if d.kind in _APPLIED]
         out: list[Applied] = []
@@ -391,7 +392,7 @@ def _parse_others(manifest: dict[str, Any]) -> list[tuple[str, Message]]:
     try:
         doc = parse_document(manifest, "<manifest>")
     except ManifestError as exc:
-        raise rejected([Violation(exc.field, exc.reason)], str(exc)) from None
+        raise invalid_manifest(exc) from None
     return [(doc.kind, doc.obj)]
 
 

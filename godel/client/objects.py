@@ -36,6 +36,11 @@ JOB_PROGRESS = ("Pending", "Scheduled", "Running", "Succeeded")
 POD_PROGRESS = ("Pending", "Bound", "Running", "Succeeded")
 
 
+def invalid_manifest(exc: ManifestError) -> Invalid:
+    """A manifest the converter refused, as the SDK reports any refused request."""
+    return Invalid(grpc.StatusCode.INVALID_ARGUMENT, str(exc), [Violation(exc.field, exc.reason)])
+
+
 def _phase(value: str | None, prefix: str) -> str:
     """``JOB_RUNNING`` -> ``Running`` (the manifest holds the enum's name)."""
     if not value:
@@ -105,9 +110,7 @@ class Job(Object):
                     raise ManifestError(f"is {parsed.kind!r}, not 'Job'", "kind", "<manifest>")
                 obj = parsed.obj
         except ManifestError as exc:
-            raise Invalid(
-                grpc.StatusCode.INVALID_ARGUMENT, str(exc), [Violation(exc.field, exc.reason)]
-            ) from None
+            raise invalid_manifest(exc) from None
         return cls(to_manifest("Job", obj))
 
     @property
