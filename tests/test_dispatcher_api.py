@@ -631,3 +631,73 @@ async def test_garbage_bytes_are_an_invalid_argument_not_a_server_fault(
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid godel.v1.SubmitRequest" in (caught.value.details() or "")
     assert await store.revision() == before  # nothing stored
+
+
+async def test_watch_filters_by_label_selector_and_job(dispatcher: Running, store: Store) -> None:
+    labelled = f.job("a")
+    labelled.metadata.labels["team"] = "ml"
+    await store.create_unit(labelled, f.pods_of(labelled))
+    await store.create_unit(f.job("b"), f.pods_of(f.job("b")))
+    stream = dispatcher.api.Watch(
+        api_pb2.WatchRequest(kinds=["Job", "Pod"], label_selector={"team": "ml"})
+    )
+    names = []
+    while (event := await asyncio.wait_for(stream.read(), 5)).type != api_pb2.WatchEvent.BOOKMARK:
+        names.append(event.object.job.metadata.name)
+    assert names == ["a"]  # its pods do not carry the job's labels
+    stream.cancel()
+
+    by_job = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job", "Pod"], job="b"))
+    listed = []
+    while (event := await asyncio.wait_for(by_job.read(), 5)).type != api_pb2.WatchEvent.BOOKMARK:
+        kind = event.object.WhichOneof("kind")
+        listed.append((kind, getattr(event.object, kind).metadata.name))
+    assert sorted(listed) == [("job", "b")] + [
+        ("pod", p.metadata.name) for p in f.pods_of(f.job("b"))
+    ]
+    # A change that does not match still moves the watcher on: a bookmark at its revision.
+    await store.create(pb.Queue(metadata=pb.ObjectMeta(name="q")))
+    await store.delete(pb.Job, "a")
+    revision = await store.revision()
+    while True:
+        event = await asyncio.wait_for(by_job.read(), 5)
+        assert event.type == api_pb2.WatchEvent.BOOKMARK
+        if event.revision >= revision:
+            break
+    by_job.cancel()
+
+    bad = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Node"], job="b"))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await bad.read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_submit_retried_with_its_request_id_reports_the_stored_job(
+    dispatcher: Running, store: Store
+) -> None:
+    await seed(store)
+    request = api_pb2.SubmitRequest(jobs=[f.job("r"), f.job("s")], request_id="req-1")
+    first = await dispatcher.api.Submit(request)
+    assert [(r.created, r.existing) for r in first.results] == [(True, False), (True, False)]
+    revision = await store.revision()
+    again = await dispatcher.api.Submit(request)
+    assert [(r.created, r.existing, list(r.violations)) for r in again.results] == [
+        (False, True, []),
+        (False, True, []),
+    ]
+    assert [r.resource_version for r in again.results] == [
+        r.resource_version for r in first.results
+    ]
+    assert await store.revision() == revision, "a retry writes nothing"
+    stored = await store.get(pb.Job, "r")
+    assert stored.metadata.annotations["godel.io/request-id"] == "req-1"
+    # Another request of the same name, or the same id with another spec: AlreadyExists.
+    other = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("r")], request_id="x"))
+    assert "AlreadyExists" in other.results[0].violations[0].description
+    changed = await dispatcher.api.Submit(
+        api_pb2.SubmitRequest(jobs=[f.job("r", replicas=3)], request_id="req-1")
+    )
+    assert "AlreadyExists" in changed.results[0].violations[0].description
+    # Without a request id nothing changes: a second submission is a clash.
+    plain = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("taken")]))
+    assert "AlreadyExists" in plain.results[0].violations[0].description

@@ -216,9 +216,7 @@ class ServiceHost(Generic[ConfigT]):
             await self._server.stop(grace - reserve)
         if self.service is not None:
             try:
-                await asyncio.wait_for(
-                    self.service.on_stop(), max(deadline - loop.time(), reserve)
-                )
+                await asyncio.wait_for(self.service.on_stop(), max(deadline - loop.time(), reserve))
             except TimeoutError:
                 log.warning("on_stop overran the grace; its work was cancelled")
             except Exception:

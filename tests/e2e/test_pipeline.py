@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from godel.client import ClientError, GodelClient
+from godel.client import ClientError, ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
 from store.server import StoreServer
 from tests.e2e.conftest import Cluster, wait_until
@@ -106,7 +106,7 @@ def test_two_shards_conflicts_are_resolved_by_the_binder(
     wait_until(settled, timeout=120, what="30 bound and the rest explained")
 
 
-def _stream_jobs(client: GodelClient, prefix: str, count: int, stop: threading.Event) -> list[str]:
+def _stream_jobs(client: ProtoClient, prefix: str, count: int, stop: threading.Event) -> list[str]:
     names = []
     for i in range(count):
         if stop.is_set():
