@@ -15,11 +15,15 @@ import pytest
 from placement.framework import Framework, PodInfo, Profile, UnitInfo
 from placement.nodeinfo import NodeInfo
 from placement.plugins import new_in_tree_registry
+from placement.rules import hard_rules
 from placement.search import UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
 from services import movements as shared
-from services.rescheduler.movements import failure_ratio
+from services.rescheduler.executor import ExecutionConfig
+from services.rescheduler.framework import Move
+from services.rescheduler.movements import build_movement, failure_ratio, movement_name
+from services.rescheduler.view import build_view
 from services.scheduler.movements import MovementTracker
 from tests.factories import job, node, pods_of
 
@@ -231,3 +235,37 @@ def test_proposals_of_one_job_leave_another_jobs_recommendations_open() -> None:
     t.proposed("a-1-r1", "m1", "a", "n1")
     assert t.preferences("a") == []
     assert t.preferences("b") == [("n1", "m1"), ("n1", "m1")]
+
+
+def test_a_movement_of_a_full_part_stays_well_within_the_store_object_limit() -> None:
+    """A batch of tens of thousands of moves goes as Movements of ExecutionConfig
+    .moves_per_movement each; one such Movement must fit the store's 1 MiB object limit with
+    room for the status the shards and the Binder add (acks, actual pods)."""
+
+    count = ExecutionConfig().moves_per_movement
+    nodes = [node(f"node-{i:05d}", cpu=64000, mem=256 << 30, gpus=8) for i in range(count // 10)]
+    pods = []
+    for i in range(count):
+        pod = bound(
+            f"train-{i // 100:04d}-{i % 100}-r1",
+            f"train-{i // 100:04d}",
+            nodes[i // 10].metadata.name,
+        )
+        pod.status.phase = pb.POD_RUNNING
+        pod.metadata.uid = f"{i:032x}"
+        pods.append(pod)
+    view = build_view(nodes, pods, [], [], hard_rules())
+    moves = [
+        Move(p.metadata.name, p.spec.job, p.spec.node_name, nodes[0].metadata.name) for p in pods
+    ]
+    m = build_movement(
+        policy="gpu-defrag", creator="BinPacking", generation=1795436264634, batch=0,
+        moves=moves, view=view, deadline_ms=0, part=3,
+    )  # fmt: skip
+    for owner in m.status.owners:  # the Binder fills actual pods up to the desired counts
+        for rec in owner.recommended_nodes:
+            for i in range(rec.desired_pod_count):
+                rec.actual_pods.add(pod=f"x{i}" * 3, uid="u" * 32, node=rec.node)
+    assert m.ByteSize() * 2 < 1 << 20
+    assert m.metadata.name == movement_name("gpu-defrag", 1795436264634, 0, 3)
+    assert movement_name("p", 1, 0) == "p-1-0" and movement_name("p", 1, 0, 2) == "p-1-0-2"

@@ -56,9 +56,11 @@ class ExecutionConfig:
     movement_ttl_seconds: float = 600.0
     # A shard is live while its heartbeat is younger than this.
     shard_grace_seconds: float = 10.0
-    # Pods per Binder.Evict request: a large batch (tens of thousands of moves when no budget
-    # splits it) goes in several commits, each within the Binder's batch limit.
-    evict_chunk_pods: int = 2000
+    # Moves per Movement: a large batch (tens of thousands of moves when no budget splits it)
+    # goes as several Movements, each within the store's object size limit and evicted in one
+    # Binder.Evict request within the Binder's batch limit. Parts of a budget-safe batch are
+    # budget-safe; a cycle cut at a part's edge waits for its room (bounded) like a swap.
+    moves_per_movement: int = 2000
 
 
 class StopRound(Exception):
@@ -117,14 +119,23 @@ class RoundExecutor:
     async def execute(self, policy: Policy, plan: RoundPlan, view: ClusterView) -> None:
         """Evict ``plan`` batch by batch; records the Movements and the evictions on the plan."""
         created: list[str] = []
+        size = self.config.moves_per_movement
         for index, batch in enumerate(plan.batches):
-            try:
-                await self._batch(policy, plan, view, index, batch, created)
-            except StopRound as exc:
-                plan.message += f"; stopped before batch {index + 1} of {len(plan.batches)}: {exc}"
-                log.warning("round stopped", policy=policy.name, batch=index, reason=str(exc))
-                return
-        plan.message += f"; {plan.evicted} pod(s) evicted in {len(created)} batch(es)"
+            parts = [batch[i : i + size] for i in range(0, len(batch), size)]
+            for part, moves in enumerate(parts):
+                try:
+                    await self._batch(policy, plan, view, index, part, moves, created)
+                except (StopRound, StoreError) as exc:
+                    where = f"batch {index + 1} of {len(plan.batches)}"
+                    if len(parts) > 1:
+                        where += f" (part {part + 1} of {len(parts)})"
+                    plan.message += f"; stopped at {where}: {exc}"
+                    log.warning("round stopped", policy=policy.name, batch=index, reason=str(exc))
+                    return
+        plan.message += (
+            f"; {plan.evicted} pod(s) evicted in {len(plan.batches)} batch(es), "
+            f"{len(created)} movement(s)"
+        )
 
     async def _batch(
         self,
@@ -132,6 +143,7 @@ class RoundExecutor:
         plan: RoundPlan,
         view: ClusterView,
         index: int,
+        part: int,
         batch: Sequence[Move],
         created: list[str],
     ) -> None:
@@ -151,6 +163,7 @@ class RoundExecutor:
             creator=policy.algorithm.NAME,
             generation=plan.generation,
             batch=index,
+            part=part,
             moves=batch,
             view=view,
             deadline_ms=now_ms + int(self.config.movement_ttl_seconds * 1000),
@@ -219,29 +232,22 @@ class RoundExecutor:
     async def _evict(
         self, batch: Sequence[Move], view: ClusterView, movement: str, policy: Policy
     ) -> list[str]:
-        """Evict the batch, ``evict_chunk_pods`` per request (each all or nothing); the first
-        refused request stops the round. Returns the replacements' names."""
-        replacements: list[str] = []
-        chunk = self.config.evict_chunk_pods
-        for start in range(0, len(batch), chunk):
-            request = ipb.EvictRequest(
-                reason=RESCHEDULED,
-                movement=movement,
-                message=f"rescheduled by policy {policy.name} (movement {movement})",
-            )
-            for move in batch[start : start + chunk]:
-                uid = view.pods[move.pod].pod.metadata.uid if move.pod in view.pods else ""
-                request.pods.add(name=move.pod, uid=uid)
-            response = await self.evictor.evict(request)
-            refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
-            replacements += [r.replacement for r in response.results if r.replacement]
-            if refused:
-                reasons = "; ".join(f"{r.pod}: {r.reason}" for r in refused[:3])
-                raise StopRound(
-                    f"the Binder refused the batch ({len(replacements)} pod(s) evicted before): "
-                    f"{reasons}"
-                )
-        return replacements
+        """Evict the batch in one request (all or nothing); a refusal stops the round. Returns
+        the replacements' names."""
+        request = ipb.EvictRequest(
+            reason=RESCHEDULED,
+            movement=movement,
+            message=f"rescheduled by policy {policy.name} (movement {movement})",
+        )
+        for move in batch:
+            uid = view.pods[move.pod].pod.metadata.uid if move.pod in view.pods else ""
+            request.pods.add(name=move.pod, uid=uid)
+        response = await self.evictor.evict(request)
+        refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
+        if refused:
+            reasons = "; ".join(f"{r.pod}: {r.reason}" for r in refused[:3])
+            raise StopRound(f"the Binder refused the batch: {reasons}")
+        return [r.replacement for r in response.results if r.replacement]
 
     async def _wait_for_landing(self, replacements: Sequence[str]) -> None:
         """Until every replacement runs (or finished, or is gone), or the timeout: the next batch

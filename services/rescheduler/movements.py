@@ -28,8 +28,9 @@ log = structlog.get_logger(__name__)
 POLICY_LABEL = "godel.io/policy"
 
 
-def movement_name(policy: str, generation: int, batch: int) -> str:
-    return f"{policy}-{generation}-{batch}"
+def movement_name(policy: str, generation: int, batch: int, part: int = 0) -> str:
+    """``<policy>-<round>-<batch>``, and ``-<part>`` for the later parts of a large batch."""
+    return f"{policy}-{generation}-{batch}" + (f"-{part}" if part else "")
 
 
 def build_movement(
@@ -41,10 +42,13 @@ def build_movement(
     moves: Sequence[Move],
     view: ClusterView,
     deadline_ms: int,
+    part: int = 0,
 ) -> pb.Movement:
     """The Movement of one batch: its pods (with uids, so a re-created pod is never taken for
     the planned one) and, per job, the recommended nodes with how many replacements each."""
-    movement = pb.Movement(metadata=pb.ObjectMeta(name=movement_name(policy, generation, batch)))
+    movement = pb.Movement(
+        metadata=pb.ObjectMeta(name=movement_name(policy, generation, batch, part))
+    )
     movement.metadata.labels[POLICY_LABEL] = policy
     spec = movement.spec
     spec.creator, spec.generation, spec.batch, spec.policy = creator, generation, batch, policy
