@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import psutil
 import pytest
@@ -134,7 +135,27 @@ async def current_view(store: Store) -> ClusterView:
     return build_view(nodes, all_pods, jobs, budgets, hard_rules(), revision=revision)
 
 
-def execute(cluster: Cluster, policy: Policy, batches: list[list[Move]]) -> RoundPlan:
+class HookedExecutor(RoundExecutor):
+    """The real executor, with a test's step run once between the first Movement's
+    acknowledgement and its eviction (to change the cluster "meanwhile", deterministically)."""
+
+    def __init__(self, *args: Any, after_acks: Callable[[], None] | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.after_acks = after_acks
+
+    async def _wait_for_acks(self, name: str) -> None:
+        await super()._wait_for_acks(name)
+        hook, self.after_acks = self.after_acks, None
+        if hook is not None:
+            await asyncio.to_thread(hook)
+
+
+def execute(
+    cluster: Cluster,
+    policy: Policy,
+    batches: list[list[Move]],
+    after_acks: Callable[[], None] | None = None,
+) -> RoundPlan:
     """Run ``batches`` through the real executor, in this process, against ``cluster``'s store
     and Binder, with generous timeouts (the outcome decides, not the clock)."""
 
@@ -148,13 +169,14 @@ def execute(cluster: Cluster, policy: Policy, batches: list[list[Move]]) -> Roun
             outcome=PLANNED,
             batches=batches,
         )
-        executor = RoundExecutor(
+        executor = HookedExecutor(
             store,
             BinderEvictor(store, "test"),
             paused=lambda: False,
             config=ExecutionConfig(
                 ack_timeout_seconds=60, budget_wait_seconds=60, landing_timeout_seconds=60
             ),
+            after_acks=after_acks,
         )
         await executor.execute(policy, plan, view)
         return plan
@@ -288,13 +310,15 @@ def test_a_swap_is_one_movement_and_both_replacements_land_on_their_recommendati
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("meanwhile", ["filled", "cordoned"])
 def test_a_replacement_off_its_recommendation_is_mismatched_and_stops_the_round(
-    make_cluster: Callable[..., Cluster],
+    make_cluster: Callable[..., Cluster], meanwhile: str
 ) -> None:
-    """A two-batch plan recommends n1 for both pods of `web`; n1 is cordoned meanwhile. The first
-    replacement lands elsewhere and is recorded as mismatched; the failure ratio (1.0 > 0.2)
-    stops the round: the second batch's pod stays where it is, untouched. In process, with a
-    hand-made plan."""
+    """A two-batch plan recommends n1 for both 3-CPU pods of `web`. After the first Movement is
+    acknowledged and before its eviction, n1 is filled (a 2-CPU pod of another job) or cordoned.
+    The first replacement lands elsewhere and is recorded as mismatched; the failure ratio
+    (1.0 > 0.2) stops the round: the second batch's pod stays where it is, untouched. In
+    process, with a hand-made plan."""
     cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=3, service_args=(TWO_NODES,))
     wait_until(lambda: len(cluster.client.list("Node")) == 3, 60, "3 nodes")
     n1, n2, n3 = sorted(n.metadata.name for n in cluster.client.list("Node"))  # type: ignore[attr-defined]
@@ -306,16 +330,30 @@ def test_a_replacement_off_its_recommendation_is_mismatched_and_stops_the_round(
         60,
         "web-0 and web-1 running on the second and third nodes",
     )
+    cordon(cluster, n1, False)
     apply_budgets(cluster, [budget("web", 1)])
     wait_budgets_current(cluster, ["web"], 1)
     first, second = (pod(cluster, f"web-{i}") for i in range(2))
-    # The plan a round would make with n1 open: both to n1 (the budget forces two batches).
-    # n1 stays cordoned: the replacement cannot use its recommendation.
+
+    def change_n1() -> None:
+        if meanwhile == "cordoned":
+            cordon(cluster, n1, True)
+            return
+        # Only n1 open: the filler goes there; 2 CPU of its 4 leave no room for 3.
+        for node in (n2, n3):
+            cordon(cluster, node, True)
+        cluster.client.submit([make_job("filler", cpu=2000)])
+        wait_until(lambda: running_on(cluster, "filler-0") == n1, 60, "the filler on n1")
+        for node in (n2, n3):
+            cordon(cluster, node, False)
+
+    # The plan a round makes from this state: both to n1 (the budget forces two batches).
     batches = [
         [Move("web-0", "web", first.spec.node_name, n1)],
         [Move("web-1", "web", second.spec.node_name, n1)],
     ]
-    plan = execute(cluster, make_policy("pack", failure_ratio_threshold=0.2), batches)
+    policy = make_policy("pack", failure_ratio_threshold=0.2)
+    plan = execute(cluster, policy, batches, after_acks=change_n1)
 
     assert plan.evicted == 1, plan.message
     assert "failure ratio 1.00 > 0.2" in plan.message and "before batch 2 of 2" in plan.message
