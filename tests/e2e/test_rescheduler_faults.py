@@ -503,14 +503,26 @@ def spread_web(cluster: Cluster, nodes: int) -> None:
     wait_budgets_current(cluster, ["web"], 1)
 
 
+@pytest.mark.parametrize("killed", ["after the first eviction", "while acknowledging"])
 def test_rescheduler_kill9_mid_round_leaves_no_pod_unreplaced_and_restarts_clean(
-    make_cluster: Callable[..., Cluster],
+    make_cluster: Callable[..., Cluster], killed: str
 ) -> None:
-    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=10, service_args=(TEN_NODES,))
+    """A 7-batch round (a budget of 1, one pod per batch) is killed -9 after its first eviction,
+    or while its first Movement waits for acknowledgements (held there by a third shard killed
+    just before: it counts as live until its heartbeat lapses)."""
+    acknowledging = killed == "while acknowledging"
+    cluster = make_cluster(
+        schedulers=3 if acknowledging else 2,
+        binders=1,
+        hollow_nodes=10,
+        service_args=(TEN_NODES,),
+    )
     spread_web(cluster, 10)
     with ReschedulerClient(cluster.state.address_of("rescheduler")) as client:
         [dry] = client.trigger("binpacking", dry_run=True).plans
     assert dry.outcome == PLANNED and dry.batches >= 3, dry.message
+    if acknowledging:
+        kill9(cluster.component("scheduler-2").pid)
 
     # The round runs in `godel reschedule` (it blocks until the round ends, or fails when the
     # rescheduler dies).
@@ -522,7 +534,10 @@ def test_rescheduler_kill9_mid_round_leaves_no_pod_unreplaced_and_restarts_clean
         env={**os.environ, "GODEL_HOME": str(cluster.home.path)},
     )
     try:
-        wait_until(lambda: rescheduled(pods(cluster)), 60, "the first batch evicted")
+        if acknowledging:
+            wait_until(lambda: movements(cluster), 60, "the first Movement")
+        else:
+            wait_until(lambda: rescheduled(pods(cluster)), 60, "the first batch evicted")
         kill9(cluster.component("rescheduler").pid)
         trigger.communicate(timeout=60)
     finally:
@@ -535,7 +550,14 @@ def test_rescheduler_kill9_mid_round_leaves_no_pod_unreplaced_and_restarts_clean
 
     # No pod is left evicted without a replacement.
     evicted = assert_every_evicted_pod_replaced(cluster)
-    assert evicted and len(evicted) < len(dry.moves)
+    if acknowledging:
+        # Killed before its eviction: nothing evicted, the Movement left behind unacknowledged.
+        assert not evicted
+        [left] = stale
+        assert left.status.phase == shared.ACKNOWLEDGING
+        assert "scheduler-2" not in left.status.notified_schedulers
+    else:
+        assert evicted and len(evicted) < len(dry.moves)
 
     # An operator starts it again: the crashed round's Movements go at start-up.
     restart(cluster, "rescheduler")
