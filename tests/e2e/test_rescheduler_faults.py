@@ -256,16 +256,19 @@ def test_a_swap_is_one_movement_and_both_replacements_land_on_their_recommendati
 ) -> None:
     """Two 3-CPU pods on two 4-CPU nodes exchange nodes: neither target has room until the other
     pod has left, so both go in one batch (one Movement, one Evict) and each replacement must
-    use the room its partner vacated. Executed in process with a hand-made plan."""
-    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=2, service_args=(TWO_NODES,))
-    wait_until(lambda: len(cluster.client.list("Node")) == 2, 60, "2 nodes")
-    n1, n2 = sorted(n.metadata.name for n in cluster.client.list("Node"))  # type: ignore[attr-defined]
+    use the room its partner vacated — not a third, empty node, nor its own old node, which
+    score as well. Executed in process with a hand-made plan."""
+    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=3, service_args=(TWO_NODES,))
+    wait_until(lambda: len(cluster.client.list("Node")) == 3, 60, "3 nodes")
+    n1, n2, n3 = sorted(n.metadata.name for n in cluster.client.list("Node"))  # type: ignore[attr-defined]
     cordon(cluster, n2, True)
+    cordon(cluster, n3, True)
     cluster.client.submit([make_job("a", cpu=THREE_CPU)])
     wait_until(lambda: running_on(cluster, "a-0") == n1, 60, "a-0 running on the first node")
     cordon(cluster, n2, False)
     cluster.client.submit([make_job("b", cpu=THREE_CPU)])
     wait_until(lambda: running_on(cluster, "b-0") == n2, 60, "b-0 running on the second node")
+    cordon(cluster, n3, False)
     apply_budgets(cluster, [budget("a", 1), budget("b", 1)])
     wait_budgets_current(cluster, ["a", "b"], 1)
 
