@@ -286,10 +286,13 @@ def test_a_swap_is_one_movement_and_both_replacements_land_on_their_recommendati
     replaced = replacements_of(pods(cluster))
     a_new, b_new = replaced["a-0"].metadata.name, replaced["b-0"].metadata.name
     wait_until(
-        lambda: running_on(cluster, a_new) == n2 and running_on(cluster, b_new) == n1,
+        lambda: running_on(cluster, a_new) and running_on(cluster, b_new),
         60,
-        "the replacements running on their recommended nodes (swapped)",
+        "both replacements running",
     )
+    # Each on its recommended node: the room its partner vacated.
+    landed_on = (running_on(cluster, a_new), running_on(cluster, b_new))
+    assert landed_on == (n2, n1), (landed_on, cluster.client.get("Movement", plan.movements[0]))
 
     def recorded() -> pb.Movement | None:
         m = cluster.client.get("Movement", movement.metadata.name)
