@@ -48,6 +48,7 @@ pytestmark = pytest.mark.e2e
 
 THREE_CPU = 3000
 ALIVE = (pb.POD_PENDING, pb.POD_BOUND, pb.POD_RUNNING)
+FOUR_CPU_NODES = TWO_NODES  # hollow nodes of 4 CPUs, however many
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,7 +259,7 @@ def test_a_swap_is_one_movement_and_both_replacements_land_on_their_recommendati
     pod has left, so both go in one batch (one Movement, one Evict) and each replacement must
     use the room its partner vacated — not a third, empty node, nor its own old node, which
     score as well. Executed in process with a hand-made plan."""
-    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=3, service_args=(TWO_NODES,))
+    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=3, service_args=(FOUR_CPU_NODES,))
     wait_until(lambda: len(cluster.client.list("Node")) == 3, 60, "3 nodes")
     n1, n2, n3 = sorted(n.metadata.name for n in cluster.client.list("Node"))  # type: ignore[attr-defined]
     cordon(cluster, n2, True)
@@ -325,7 +326,7 @@ def test_a_replacement_off_its_recommendation_is_mismatched_and_stops_the_round(
     The first replacement lands elsewhere and is recorded as mismatched; the failure ratio
     (1.0 > 0.2) stops the round: the second batch's pod stays where it is, untouched. In
     process, with a hand-made plan."""
-    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=3, service_args=(TWO_NODES,))
+    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=3, service_args=(FOUR_CPU_NODES,))
     wait_until(lambda: len(cluster.client.list("Node")) == 3, 60, "3 nodes")
     n1, n2, n3 = sorted(n.metadata.name for n in cluster.client.list("Node"))  # type: ignore[attr-defined]
     cordon(cluster, n1, True)
@@ -492,8 +493,6 @@ def test_gpu_defragmentation_frees_the_predicted_nodes_within_every_budget(
 # 4. kill -9 of the rescheduler mid-round
 # --------------------------------------------------------------------------------------------
 
-TEN_NODES = ("nodeagent", ("--hollow-cpu-milli", "4000"))
-
 
 def spread_web(cluster: Cluster, nodes: int) -> None:
     """`web`, one 1-CPU pod per 4-CPU node (least-allocated scoring spreads them), a budget of
@@ -521,7 +520,7 @@ def test_rescheduler_kill9_mid_round_leaves_no_pod_unreplaced_and_restarts_clean
         schedulers=3 if acknowledging else 2,
         binders=1,
         hollow_nodes=10,
-        service_args=(TEN_NODES,),
+        service_args=(FOUR_CPU_NODES,),
     )
     spread_web(cluster, 10)
     with ReschedulerClient(cluster.state.address_of("rescheduler")) as client:
@@ -597,13 +596,13 @@ def test_a_shard_killed_before_acknowledging_does_not_block_the_round(
 ) -> None:
     """scheduler-1 dies just before the round: its SchedulerInstance stays until its heartbeat
     lapses (the executor's 10 s grace), then it is dropped from the shards that must acknowledge.
-    The ack timeout is 300 s: had the round waited for the dead shard, it would have been stopped
+    The ack timeout is 120 s: had the round waited for the dead shard, it would have been stopped
     at that timeout with its Movement Stopped, not Done."""
     cluster = make_cluster(
         schedulers=2,
         binders=1,
         hollow_nodes=2,
-        service_args=(TWO_NODES, ("rescheduler", ("--ack-timeout-seconds", "300"))),
+        service_args=(FOUR_CPU_NODES, ("rescheduler", ("--ack-timeout-seconds", "120"))),
     )
     n1, _ = original_case(cluster)
     instances = {s.metadata.name for s in cluster.client.list("SchedulerInstance")}  # type: ignore[attr-defined]
