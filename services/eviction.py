@@ -112,8 +112,19 @@ class EvictionOps:
         self._pods_of = pods_of
         self._always_replace = always_replace
         self._taken: set[str] = set()
+        # A job's pods by index, built once per job: numbering a replacement reads only its
+        # index's pods (a 1,000-pod job evicted whole would otherwise scan the job per pod).
+        self._by_index: dict[str, dict[int, list[pb.Pod]]] = {}
         self.ops: list[Op] = []
         self.targets: list[str] = []
+
+    def _siblings(self, pod: pb.Pod) -> list[pb.Pod]:
+        by_index = self._by_index.get(pod.spec.job)
+        if by_index is None:
+            by_index = self._by_index[pod.spec.job] = {}
+            for sibling in self._pods_of(pod.spec.job):
+                by_index.setdefault(sibling.spec.index, []).append(sibling)
+        return by_index.get(pod.spec.index, [])
 
     def add(self, e: Eviction, now_ms: int) -> None:
         pod = e.pod
@@ -121,7 +132,7 @@ class EvictionOps:
         self.targets.append(pod.metadata.name)
         job = self._job_of(pod.spec.job) if pod.spec.job else None
         if job is not None and (self._always_replace or job.spec.replace_lost_pods):
-            new = replacement(pod, self._pods_of(pod.spec.job), self._taken)
+            new = replacement(pod, self._siblings(pod), self._taken)
             self._taken.add(new.metadata.name)
             self.ops.append(Create(new))
             self.targets.append(pod.metadata.name)

@@ -38,6 +38,7 @@ class EvictPlan:
 
     def _check(self) -> None:
         problems: dict[str, str] = {}
+        live: set[str] = set()
         for ref in self.request.pods:
             pod = self.state.pods.get(ref.name)
             if pod is None or not holds_claim(pod):
@@ -46,9 +47,10 @@ class EvictPlan:
                 self._result(ref.name, GONE, f"re-created (uid {pod.metadata.uid}, not {ref.uid})")
             elif pod.metadata.deletion_timestamp_ms:
                 self._result(ref.name, GONE, "being deleted")
-            elif ref.name in problems or any(p.metadata.name == ref.name for p in self.live):
+            elif ref.name in problems or ref.name in live:
                 problems[ref.name] = "named twice in the request"
             else:
+                live.add(ref.name)
                 self.live.append(pod)
         if not problems and self.live:
             tracker = LiveBudgets(self.state, (p.metadata.name for p in self.live)).tracker()

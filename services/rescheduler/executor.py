@@ -60,7 +60,7 @@ class ExecutionConfig:
     # goes as several Movements, each within the store's object size limit and evicted in one
     # Binder.Evict request within the Binder's batch limit. Parts of a budget-safe batch are
     # budget-safe; a cycle cut at a part's edge waits for its room (bounded) like a swap.
-    moves_per_movement: int = 2000
+    moves_per_movement: int = 1000
 
 
 class StopRound(Exception):
@@ -71,7 +71,7 @@ class BinderEvictor:
     """Calls ``Binder.Evict`` on the current leader (found through its lease), again after a
     failover or while no leader is elected, within ``timeout_seconds``."""
 
-    def __init__(self, store: Store, requester: str, timeout_seconds: float = 30.0) -> None:
+    def __init__(self, store: Store, requester: str, timeout_seconds: float = 120.0) -> None:
         self.store = store
         self.requester = requester
         self.timeout = timeout_seconds
