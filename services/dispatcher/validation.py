@@ -260,6 +260,41 @@ def validate_template(t: pb.PodTemplate, prefix: str) -> Violations:
     out += validate_tolerations(t.tolerations, f"{prefix}.tolerations")
     if t.HasField("affinity"):
         out += validate_affinity(t.affinity, f"{prefix}.affinity")
+    out += validate_spread(t.topology_spread_constraints, f"{prefix}.topology_spread_constraints")
+    return out
+
+
+_WHEN_UNSATISFIABLE = frozenset(pb.TopologySpreadConstraint.WhenUnsatisfiable.values())
+
+
+def validate_spread(constraints: Iterable[pb.TopologySpreadConstraint], prefix: str) -> Violations:
+    out: Violations = []
+    seen: dict[tuple[str, int], int] = {}
+    for k, c in enumerate(constraints):
+        f = f"{prefix}[{k}]"
+        if c.max_skew < 1:
+            out.append(violation(f"{f}.max_skew", f"must be at least 1 (got {c.max_skew})"))
+        if not c.topology_key:
+            out.append(violation(f"{f}.topology_key", "is required"))
+        else:
+            out += validate_label_key(c.topology_key, f"{f}.topology_key")
+        if c.when_unsatisfiable not in _WHEN_UNSATISFIABLE:
+            out.append(
+                violation(f"{f}.when_unsatisfiable", f"unknown value {c.when_unsatisfiable}")
+            )
+        out += validate_requirements(c.label_selector, f"{f}.label_selector")
+        # As Kubernetes: one constraint per (topology key, whenUnsatisfiable).
+        hard = c.when_unsatisfiable != pb.TopologySpreadConstraint.SCHEDULE_ANYWAY
+        key = (c.topology_key, int(hard))
+        if key in seen:
+            out.append(
+                violation(
+                    f,
+                    f"duplicate of {prefix}[{seen[key]}] (same topology_key and "
+                    "when_unsatisfiable)",
+                )
+            )
+        seen.setdefault(key, k)
     return out
 
 
