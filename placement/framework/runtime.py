@@ -45,6 +45,7 @@ class Framework:
         # of them prepared for runs only ``node_filters`` and the other scores: today's path.
         self.topology: list[TopologyPlugin] = []
         self.node_filters: list[FilterFn] = []
+        self.topology_filters: list[FilterFn] = []
         self._topology_scores: set[str] = set()
 
         for name in profile.filters:
@@ -57,6 +58,7 @@ class Framework:
                 self.pre_filters.append(plugin)
             if isinstance(plugin, TopologyPlugin):
                 self._add_topology(plugin)
+                self.topology_filters.append(plugin.filter)
             else:
                 self.node_filters.append(plugin.filter)
         for name, weight in profile.scores:
