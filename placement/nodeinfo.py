@@ -72,8 +72,15 @@ class PodRequest:
             ports,
             pod.spec.priority,
             dict(pod.metadata.labels) if pod.metadata.labels else _NO_LABELS,
-            tuple(pod_term(t) for t in pod.spec.template.affinity.pod_anti_affinity.required),
+            _anti_terms(pod.spec.template),
         )
+
+
+def _anti_terms(tpl: pb.PodTemplate) -> tuple[PodTerm, ...]:
+    # HasField first: reading an unset submessage builds it, and this runs for every pod.
+    if not tpl.HasField("affinity") or not tpl.affinity.HasField("pod_anti_affinity"):
+        return ()
+    return tuple(pod_term(t) for t in tpl.affinity.pod_anti_affinity.required)
 
 
 @dataclass(frozen=True, slots=True)

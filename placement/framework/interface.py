@@ -130,21 +130,33 @@ class PodInfo:
         """``keyed=False`` skips the template key (a serialisation of the template), which only
         the feasible-node cache needs."""
         tpl = pod.spec.template
-        node_aff = tpl.affinity.node_affinity
         req = PodRequest.from_pod(pod)
-        affinity = tpl.affinity
-        pod_affinity = tuple(pod_term(t) for t in affinity.pod_affinity.required)
-        preferred = tuple(
-            (w.weight, pod_term(w.term)) for w in affinity.pod_affinity.preferred
-        ) + tuple((-w.weight, pod_term(w.term)) for w in affinity.pod_anti_affinity.preferred)
-        spread = tuple(
-            SpreadConstraint(
-                c.max_skew,
-                c.topology_key,
-                c.when_unsatisfiable != pb.TopologySpreadConstraint.SCHEDULE_ANYWAY,
-                selector(c.label_selector),
+        has_affinity = tpl.HasField("affinity")
+        node_aff = tpl.affinity.node_affinity if has_affinity else _NO_NODE_AFFINITY
+        pod_affinity: tuple[PodTerm, ...] = ()
+        preferred: tuple[tuple[int, PodTerm], ...] = ()
+        # Only pods that declare pod affinity or spread pay for converting them (every pod of
+        # every cycle passes here).
+        if has_affinity and (
+            tpl.affinity.HasField("pod_affinity") or tpl.affinity.HasField("pod_anti_affinity")
+        ):
+            affinity = tpl.affinity
+            pod_affinity = tuple(pod_term(t) for t in affinity.pod_affinity.required)
+            preferred = tuple(
+                (w.weight, pod_term(w.term)) for w in affinity.pod_affinity.preferred
+            ) + tuple((-w.weight, pod_term(w.term)) for w in affinity.pod_anti_affinity.preferred)
+        spread = (
+            tuple(
+                SpreadConstraint(
+                    c.max_skew,
+                    c.topology_key,
+                    c.when_unsatisfiable != pb.TopologySpreadConstraint.SCHEDULE_ANYWAY,
+                    selector(c.label_selector),
+                )
+                for c in tpl.topology_spread_constraints
             )
-            for c in tpl.topology_spread_constraints
+            if tpl.topology_spread_constraints
+            else ()
         )
         return cls(
             name=pod.metadata.name,
@@ -167,6 +179,9 @@ class PodInfo:
             spread=spread,
             has_topology=bool(pod_affinity or preferred or spread or req.anti_terms),
         )
+
+
+_NO_NODE_AFFINITY = pb.NodeAffinity()
 
 
 def template_key(pod: pb.Pod) -> bytes:
