@@ -291,7 +291,10 @@ class UnitScheduler:
                     if pod_cache and labels is not None and not tmpl.skipped:
                         self._remember_no_fit(pod, snapshot, tmpl)
                     unresolvable = tmpl.unresolvable
-                    all_unresolvable = all_unresolvable and unresolvable
+                    # Pods bound or gone elsewhere can lift a topology rule: such a unit is
+                    # unschedulable (retried after a backoff), never infeasible (parked until a
+                    # node changes); preemption still does not try (the failure is unresolvable).
+                    all_unresolvable = all_unresolvable and unresolvable and not topo
                     if unresolvable:  # no eviction can change taints, affinity or cordons
                         unplaced[pod.name] = tmpl.failure
                     elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):

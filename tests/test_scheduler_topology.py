@@ -461,3 +461,13 @@ def test_search_plain_pods_keep_the_cache_and_never_activate_the_index() -> None
     result = scheduler.schedule(_unit("plain", 20), snapshot)
     assert result.success and result.scans == 1
     assert not snapshot.topology.active
+
+
+def test_search_a_unit_blocked_by_a_topology_rule_is_not_infeasible() -> None:
+    """Its pods wait for other pods to move, not for a node change: unschedulable, retried."""
+    scheduler, snapshot = _search(8, 4)
+    anti = [term(sel(app="web"), "zone")]
+    assert len(scheduler.schedule(_unit("a", 4, anti=anti), snapshot).placements) == 4
+    blocked = scheduler.schedule(_unit("b", 1, anti=anti), snapshot)
+    assert not blocked.success and not blocked.infeasible
+    assert "anti-affinity" in blocked.reason
