@@ -67,6 +67,36 @@ def _anti_affinity(job: Job) -> None:
     term.label_selector.add(key="app", operator=pb.LabelSelectorRequirement.EXISTS)
 
 
+def _node_value_impossible(job: Job) -> None:
+    term = job.spec.template.affinity.node_affinity.required.add()
+    term.match_expressions.add(
+        key="zone", operator=pb.LabelSelectorRequirement.NOT_IN, values=["a b"]
+    )
+
+
+def _pod_selector_value_impossible(job: Job) -> None:
+    term = job.spec.template.affinity.pod_anti_affinity.required.add(topology_key="zone")
+    term.label_selector.add(key="app", operator=pb.LabelSelectorRequirement.IN, values=["-web"])
+
+
+def _selector_key_impossible(job: Job) -> None:
+    term = job.spec.template.affinity.pod_affinity.preferred.add(weight=1).term
+    term.topology_key = "zone"
+    term.label_selector.add(key="a/b/c", operator=pb.LabelSelectorRequirement.EXISTS)
+
+
+def _node_selector_value_too_long(job: Job) -> None:
+    job.spec.template.node_selector["zone"] = "a" * 64
+
+
+def _spread_skew_zero(job: Job) -> None:
+    job.spec.template.topology_spread_constraints.add(topology_key="zone", max_skew=0)
+
+
+def _spread_no_key(job: Job) -> None:
+    job.spec.template.topology_spread_constraints.add(max_skew=1)
+
+
 def _host_port(port: int) -> Mutate:
     def mutate(job: Job) -> None:
         job.spec.template.ports.add(container_port=80, host_port=port)
@@ -124,6 +154,20 @@ BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
      f"{T}.affinity.node_affinity.required[0].match_expressions[0].values", "integer"),
     ("anti-affinity without topology key", _anti_affinity,
      f"{T}.affinity.pod_anti_affinity.required[0].topology_key", "is required"),
+    ("node affinity value no label can hold", _node_value_impossible,
+     f"{T}.affinity.node_affinity.required[0].match_expressions[0].values[0]",
+     "not a valid label value"),
+    ("pod selector value no label can hold", _pod_selector_value_impossible,
+     f"{T}.affinity.pod_anti_affinity.required[0].label_selector[0].values[0]",
+     "not a valid label value"),
+    ("pod selector key invalid", _selector_key_impossible,
+     f"{T}.affinity.pod_affinity.preferred[0].term.label_selector[0].key", "not a DNS-1123 subdomain"),
+    ("node selector value too long", _node_selector_value_too_long,
+     f"{T}.node_selector['zone']", "at most 63 characters"),
+    ("spread max_skew zero", _spread_skew_zero, f"{T}.topology_spread_constraints[0].max_skew",
+     "at least 1"),
+    ("spread without topology key", _spread_no_key,
+     f"{T}.topology_spread_constraints[0].topology_key", "is required"),
     ("host port too high", _host_port(70000), f"{T}.ports[0].host_port", "1..65535"),
     ("host port negative", _host_port(-1), f"{T}.ports[0].host_port", "1..65535"),
     ("host port twice", _dup_host_port, f"{T}.ports[1].host_port", "duplicate"),
