@@ -636,7 +636,9 @@ async def test_lease_loss_aborts_streams_and_campaigns_again(
     lease = await store.get_lease("binder")
     assert lease is not None
     assert await store.release_lease("binder", "b1", lease.epoch)
-    ok, stolen = await store.acquire_lease("binder", "thief", 2000, "10.0.0.9:1")
+    # Long enough that the thief still holds it while a loaded machine runs the checks below;
+    # short enough for the re-election to follow well within `eventually`.
+    ok, stolen = await store.acquire_lease("binder", "thief", 6000, "10.0.0.9:1")
     assert ok
     # The renewal fails: the binder steps down and ends the stream so the shard reconnects.
     with pytest.raises(grpc.aio.AioRpcError) as err:
