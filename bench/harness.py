@@ -41,7 +41,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench.load import build_jobs
 from bench.workload import Suite, Workload
 from godel import local
-from godel.client import GodelClient, ReschedulerClient
+from godel.client import ProtoClient, ReschedulerClient
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
 
@@ -243,7 +243,7 @@ def run_one(
     try:
         state = local.up(home, spec)
         with _progress(console) as progress:
-            client = GodelClient(state.address_of("dispatcher"), timeout=120)
+            client = ProtoClient(state.address_of("dispatcher"), timeout=120)
             try:
                 alive = functools.partial(_check_alive, state)
                 _wait_nodes(client, shape.nodes, progress, 180 + shape.nodes / 100, alive)
@@ -373,7 +373,7 @@ def _check_alive(state: local.ClusterState) -> None:
 
 
 def _wait_nodes(
-    client: GodelClient,
+    client: ProtoClient,
     nodes: int,
     progress: Progress,
     timeout: float,
@@ -393,7 +393,7 @@ def _wait_nodes(
 
 
 def _init_pods(
-    client: GodelClient,
+    client: ProtoClient,
     probe: _StoreProbe,
     workload: Workload,
     progress: Progress,
@@ -559,7 +559,7 @@ def _finish_times(result: dict[str, Any], last_bound_ms: int) -> None:
     }
 
 
-def _latencies(client: GodelClient) -> tuple[dict[str, Any], int, int]:
+def _latencies(client: ProtoClient) -> tuple[dict[str, Any], int, int]:
     """Submit -> bound latency of every measured pod (creation_timestamp_ms to bound_ms), from
     one list at the end; returns (distribution, bound pod count, last bound_ms)."""
     latencies: list[float] = []

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.workload import PodPhase, job_template
-from godel.client import ClientError, GodelClient
+from godel.client import ClientError, ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
 
 MAX_PODS_PER_REQUEST = 1000
@@ -70,7 +70,7 @@ def batches(jobs: Sequence[pb.Job], rate: float) -> Iterator[list[pb.Job]]:
         yield batch
 
 
-def submit_all(client: GodelClient, jobs: Sequence[pb.Job], rate: float) -> dict[str, Any]:
+def submit_all(client: ProtoClient, jobs: Sequence[pb.Job], rate: float) -> dict[str, Any]:
     started = time.monotonic()
     submitted = requests = 0
     for batch in batches(jobs, rate):
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     plan = json.loads(opts.plan.read_text())
     phase = PodPhase.from_json(plan["phase"])
-    with GodelClient(plan["dispatcher"], timeout=float(plan.get("timeout", 120))) as client:
+    with ProtoClient(plan["dispatcher"], timeout=float(plan.get("timeout", 120))) as client:
         nodes: list[str] = []
         if phase.per_node:
             nodes = sorted(n.metadata.name for n in client.list("Node"))  # type: ignore[attr-defined]

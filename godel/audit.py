@@ -1,9 +1,15 @@
 """Audit a cluster's state against the invariants of ARCHITECTURE §5 (1–3, and 6 for
-preemption):
+preemption) and the hard topology rules (4–5):
 
 1. no node is over-committed, per resource and per pool, counting bound and running pods;
 2. a pod is bound to at most one node, once (the store's claim agrees with the pod);
 3. a unit that has never been scheduled has either at least ``min_member`` pods placed or none;
+4. no placed pod shares a domain of a required anti-affinity term's topology key with a pod its
+   term selects (whichever pod declared the term);
+5. every ``DoNotSchedule`` spread constraint of a placed pod holds: over the domains its pod may
+   use, the pods its selector matches differ by at most ``maxSkew`` between the fullest and the
+   emptiest domain. (Kubernetes promises this as pods are placed; pods that end, or matching pods
+   without the constraint, can break it later, and are reported too.)
 6. a pod evicted by preemption (reason ``Preempted``) was preemptible and names its preemptor,
    which (while it exists) is of the same pool, of strictly higher priority, and was placed on
    the victim's node.
@@ -17,7 +23,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from placement.framework import PodInfo
+from placement.labelselector import matches
 from placement.nodeinfo import NodeInfo, PodRequest, pool_of, resource_fit_failures
+from placement.plugins.podtopologyspread import eligible_domains
+from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
 
@@ -66,6 +76,8 @@ async def audit(store: Store) -> AuditReport:
                 + ", ".join(failures)
             )
         info.add_pod(request)
+
+    _audit_topology(report, infos, pods)
 
     # 2. Claims and pods agree: each holding pod has exactly its claim; nothing else has one.
     holding = {p.metadata.name: p for p in pods if p.spec.node_name and p.status.phase in _HOLDING}
@@ -117,3 +129,52 @@ async def audit(store: Store) -> AuditReport:
                 "pool placed on its node"
             )
     return report
+
+
+def _audit_topology(report: AuditReport, infos: dict[str, NodeInfo], pods: list[pb.Pod]) -> None:
+    """4 and 5, from one topology index of every holding pod (as the shards and Binder count)."""
+    holding = [
+        p
+        for p in pods
+        if p.spec.node_name in infos
+        and p.status.phase in _HOLDING
+        and (
+            p.spec.template.affinity.pod_anti_affinity.required
+            or p.spec.template.topology_spread_constraints
+        )
+    ]
+    if not holding:
+        return
+    index = TopologyIndex()
+    index.activate(infos.values())
+    checked: set[tuple[object, ...]] = set()
+    for pod in holding:
+        info = PodInfo.from_pod(pod, keyed=False)
+        node = infos[pod.spec.node_name]
+        for term in info.req.anti_terms:
+            domain = node.labels.get(term.topology_key)
+            if domain is None:
+                continue
+            others = index.domain_counts(term.selector, term.topology_key).get(domain, 0)
+            others -= 1 if matches(term.selector, info.labels) else 0
+            if others > 0:
+                report.violations.append(
+                    f"pod {pod.metadata.name} on {node.name}: required anti-affinity broken, "
+                    f"{others} matching pod(s) in {term.topology_key}={domain}"
+                )
+        for c in info.spread:
+            key = (c.selector, c.topology_key, c.max_skew, info.node_selector, info.required_terms)
+            if not c.hard or key in checked:
+                continue
+            checked.add(key)
+            counts = index.domain_counts(c.selector, c.topology_key)
+            eligible = eligible_domains(info, c.topology_key, index)
+            per_domain = [counts.get(d, 0) for d in eligible]
+            if per_domain and max(per_domain) - min(per_domain) > c.max_skew:
+                fullest = max(eligible, key=lambda d: counts.get(d, 0))
+                report.violations.append(
+                    f"spread of job {pod.spec.job} over {c.topology_key} broken: skew "
+                    f"{max(per_domain) - min(per_domain)} > maxSkew {c.max_skew} "
+                    f"({c.topology_key}={fullest} holds {max(per_domain)}, the emptiest "
+                    f"{min(per_domain)})"
+                )

@@ -186,9 +186,33 @@ def _normalise(descriptor: Descriptor, data: Any, path: str) -> dict[str, Any]:
     return out
 
 
+def _label_selector(value: dict[str, Any], path: str) -> list[Any]:
+    """Kubernetes' LabelSelector, ``{matchLabels: {k: v}, matchExpressions: [...]}``, as the
+    list of requirements the protos hold (each matchLabels pair an ``In`` of one value)."""
+    unknown = set(value) - {"matchLabels", "match_labels", "matchExpressions", "match_expressions"}
+    if unknown:
+        raise ManifestError(
+            f"unknown field {sorted(unknown)[0]!r} (known: matchLabels, matchExpressions)", path
+        )
+    labels = value.get("matchLabels", value.get("match_labels")) or {}
+    if not isinstance(labels, dict):
+        raise ManifestError("expected a mapping", f"{path}.matchLabels")
+    exprs = value.get("matchExpressions", value.get("match_expressions")) or []
+    if not isinstance(exprs, list):
+        raise ManifestError(
+            f"expected a list, got {type(exprs).__name__}", f"{path}.matchExpressions"
+        )
+    out: list[Any] = [
+        {"key": str(k), "operator": "In", "values": [v]} for k, v in sorted(labels.items())
+    ]
+    return out + exprs
+
+
 def _normalise_value(fd: FieldDescriptor, value: Any, path: str) -> Any:
     if value is None:
         return None
+    if fd.name == "label_selector" and isinstance(value, dict):
+        value = _label_selector(value, path)
     if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
         if not isinstance(value, dict):
             raise ManifestError("expected a mapping", path)

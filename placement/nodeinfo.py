@@ -7,8 +7,10 @@ Plain synchronous code over integers: it runs once per candidate node per pod.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from placement.labelselector import PodTerm, pod_term
 from protos.godel.v1 import objects_pb2 as pb
 
 GUARANTEED = "g"
@@ -20,6 +22,9 @@ INSUFFICIENT_MEMORY = "insufficient memory"
 INSUFFICIENT_GPUS = "insufficient gpus"
 TOO_MANY_PODS = "too many pods"
 PORTS_IN_USE = "host port in use"
+
+
+_NO_LABELS: Mapping[str, str] = {}
 
 
 def pool_of(qos: int) -> str:
@@ -38,6 +43,10 @@ class PodRequest:
     host_ports: tuple[tuple[str, int], ...] = ()
     # The pod's priority, for preemption (placement.preemption sums requests per priority).
     priority: int = 0
+    # What inter-pod affinity and topology spread count (placement.topology): the pod's labels,
+    # and its required anti-affinity terms, which bind the pods placed after it too (symmetry).
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    anti_terms: tuple[PodTerm, ...] = ()
 
     def renamed(self, name: str) -> PodRequest:
         """The same request for another pod (a replacement): cheaper than dataclasses.replace,
@@ -62,7 +71,16 @@ class PodRequest:
             req.gpus,
             ports,
             pod.spec.priority,
+            dict(pod.metadata.labels) if pod.metadata.labels else _NO_LABELS,
+            _anti_terms(pod.spec.template),
         )
+
+
+def _anti_terms(tpl: pb.PodTemplate) -> tuple[PodTerm, ...]:
+    # HasField first: reading an unset submessage builds it, and this runs for every pod.
+    if not tpl.HasField("affinity") or not tpl.affinity.HasField("pod_anti_affinity"):
+        return ()
+    return tuple(pod_term(t) for t in tpl.affinity.pod_anti_affinity.required)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +111,9 @@ class NodeInfo:
     used_ports: set[tuple[str, int]] = field(default_factory=set)
     # Bumped on every change, so snapshots copy only the nodes that changed.
     generation: int = 0
+    # Pods here with required anti-affinity terms: while there are none anywhere, a pod without
+    # pod affinity or spread constraints needs no topology index at all.
+    anti_pods: int = 0
 
     @classmethod
     def from_node(cls, node: pb.Node) -> NodeInfo:
@@ -124,6 +145,8 @@ class NodeInfo:
         used[1] += req.mem
         used[2] += req.gpu
         self.used_ports.update(req.host_ports)
+        if req.anti_terms:
+            self.anti_pods += 1
         self.generation += 1
         return True
 
@@ -138,6 +161,8 @@ class NodeInfo:
         for port in req.host_ports:
             # No two pods of a node hold the same host port (NodePorts), so discarding is exact.
             self.used_ports.discard(port)
+        if req.anti_terms:
+            self.anti_pods -= 1
         self.generation += 1
         return req
 
@@ -158,6 +183,7 @@ class NodeInfo:
             dict(self.pods),
             set(self.used_ports),
             self.generation,
+            self.anti_pods,
         )
 
 

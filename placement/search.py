@@ -237,11 +237,25 @@ class UnitScheduler:
         # Nodes changed by placements outside a template's own bookkeeping (recommendations):
         # a cached candidate among them is re-checked before it is taken.
         changed: set[str] = set()
+        framework = self.framework
+        topology_plugins = bool(framework.topology)
         for pod in unit.pods:
             yield
             if len(unplaced) > allowed_failures:
                 unplaced[pod.name] = "skipped: the unit cannot reach min_member"
                 continue
+            # A pod with pod affinity, anti-affinity or spread constraints (or that an existing
+            # pod's anti-affinity concerns) reads the counts as the unit's earlier placements left
+            # them; every placement changes them, so such a pod bypasses the feasible-node cache
+            # (a fresh template, a scan of its own). Other pods stay on the plain path.
+            topo = (
+                topology_plugins
+                and (pod.has_topology or snapshot.topology.has_anti)
+                and framework.prepare(pod, snapshot.pod_counts())
+            )
+            if not topo:
+                pod.topology = None
+            pod_cache = use_cache and not topo
             if preferred:
                 taken = self._take_recommended(pod, snapshot, preferred)
                 if taken is not None:
@@ -251,13 +265,15 @@ class UnitScheduler:
                     changed.add(target)
                     all_unresolvable = False
                     continue
-            tmpl = templates.get(pod.template_key)
+            tmpl = None if topo else templates.get(pod.template_key)
             if tmpl is None:
-                tmpl = templates[pod.template_key] = _Template()
+                tmpl = _Template()
+                if not topo:
+                    templates[pod.template_key] = tmpl
                 narrowed = labels and self._narrow(pod, snapshot, labels, total_nodes)
                 if narrowed:
                     tmpl.segments, tmpl.skipped = narrowed
-                elif use_cache and labels is not None:
+                elif pod_cache and labels is not None:
                     self._since_no_fit(pod, snapshot, tmpl)
             if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
                 if tmpl.unresolvable:
@@ -265,15 +281,22 @@ class UnitScheduler:
                 elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
                     placements.append((pod, preempted[pod.name].node))
                 continue
-            node = self._take(tmpl, pod, snapshot, changed) if use_cache else None
+            node = self._take(tmpl, pod, snapshot, changed) if pod_cache else None
             if node is None:
-                found, unresolvable = self._scan(pod, segments, limit, total_nodes, tmpl, result)
+                # A topology pod scans for itself alone: one node and the usual margin.
+                pod_limit = min(limit, 1 + self.config.scan_extra) if topo and use_cache else limit
+                found, unresolvable = self._scan(
+                    pod, segments, pod_limit, total_nodes, tmpl, result
+                )
                 if not found:
                     tmpl.unresolvable = unresolvable
-                    if use_cache and labels is not None and not tmpl.skipped:
+                    if pod_cache and labels is not None and not tmpl.skipped:
                         self._remember_no_fit(pod, snapshot, tmpl)
                     unresolvable = tmpl.unresolvable
-                    all_unresolvable = all_unresolvable and unresolvable
+                    # Pods bound or gone elsewhere can lift a topology rule: such a unit is
+                    # unschedulable (retried after a backoff), never infeasible (parked until a
+                    # node changes); preemption still does not try (the failure is unresolvable).
+                    all_unresolvable = all_unresolvable and unresolvable and not topo
                     if unresolvable:  # no eviction can change taints, affinity or cordons
                         unplaced[pod.name] = tmpl.failure
                     elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
@@ -285,10 +308,10 @@ class UnitScheduler:
             info = snapshot.infos[node]
             snapshot.assume(pod.req, node)
             placements.append((pod, node))
-            if use_cache and self.framework.run_filters(pod, info) is None:
+            if pod_cache and self.framework.run_filters(pod, info) is None:
                 # Only the chosen node changed: re-check and re-score it alone.
                 self._push(tmpl, node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
-            if not use_cache:
+            if not pod_cache:
                 tmpl.heap.clear()
         if len(placements) >= needed and placements:
             result.success = True
@@ -426,7 +449,7 @@ class UnitScheduler:
     ) -> tuple[bool, bool]:
         """Filter nodes from the rotating offset until ``limit`` are feasible; score them into
         the template's heap. Returns (found any, every failure was unresolvable)."""
-        filters = self.framework.filters
+        filters = self.framework.filters_for(pod)
         feasible: list[NodeInfo] = []
         diag = dict(tmpl.skipped)
         if tmpl.changed is not None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Set
 from typing import Protocol
 
 from placement.nodeinfo import NodeInfo, PodRequest
+from placement.topology import TopologyIndex
 
 
 class LabelIndex:
@@ -87,6 +88,10 @@ class Snapshot:
         self._changes: list[str] = []
         self._changes_base = 0  # the change number of _changes[0]
         self.token = next(_TOKENS)  # tells this snapshot's versions from another's
+        # Pods matching a selector per topology domain (inter-pod affinity, spread): inactive,
+        # and free, until a pod needs it (``pod_counts``) or an anti-affine pod is placed; then
+        # kept in step with the nodes each update brings and the cycle's assumes and forgets.
+        self.topology = TopologyIndex()
 
     @classmethod
     def of(cls, infos: Iterable[NodeInfo]) -> Snapshot:
@@ -103,16 +108,26 @@ class Snapshot:
         cache.dirty = set()
         self.touched = set()
         copied = 0
+        topology = self.topology
+        anti_seen = False
         for name in changed:
             live = cache.nodes.get(name)
             mine = self.infos.get(name)
             if live is None or name not in cache.present:
                 self.infos.pop(name, None)
+                if topology.active:
+                    topology.sync_node(name, None)
                 continue
             if mine is None or mine.generation != live.generation or name in touched:
-                self.infos[name] = live.clone()
+                mine = self.infos[name] = live.clone()
                 self._changes.append(name)
                 copied += 1
+            if topology.active:
+                topology.sync_node(name, mine)
+            elif live.anti_pods:
+                anti_seen = True
+        if anti_seen:  # an anti-affine pod binds every later pod its terms match
+            self.pod_counts()
         if self._node_set_version != cache.node_set_version:
             self._node_set_version = cache.node_set_version
             self.nodes = [self.infos[n] for n in sorted(self.infos)]
@@ -135,11 +150,21 @@ class Snapshot:
         self.infos[node_name].add_pod(req)
         self.touched.add(node_name)
         self._changes.append(node_name)
+        if self.topology.active:
+            self.topology.add(node_name, req)
 
     def forget(self, pod: str, node_name: str) -> None:
         self.infos[node_name].remove_pod(pod)
         self.touched.add(node_name)
         self._changes.append(node_name)
+        if self.topology.active:
+            self.topology.remove(pod)
+
+    def pod_counts(self) -> TopologyIndex:
+        """The topology index, built from every node's pods on first use."""
+        if not self.topology.active:
+            self.topology.activate(self.infos.values())
+        return self.topology
 
     @property
     def version(self) -> int:

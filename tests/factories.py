@@ -51,6 +51,7 @@ def pods_of(j: pb.Job) -> list[pb.Pod]:
     out = []
     for i in range(j.spec.replicas):
         p = pb.Pod(metadata=pb.ObjectMeta(name=f"{j.metadata.name}-{i}"))
+        p.metadata.labels.update(j.spec.template.labels)  # as the dispatcher's pods_for does
         p.spec.job = j.metadata.name
         p.spec.index = i
         p.spec.qos = j.spec.qos

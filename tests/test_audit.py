@@ -94,3 +94,51 @@ async def test_audit(
     for needle in expected:
         assert any(needle in v for v in report.violations), report.violations
     assert report.ok == (not expected)
+
+
+# Topology rules: pods bound directly (as a faulty binder could), then audited.
+Req = pb.LabelSelectorRequirement
+
+
+def _topology_job(kind: str, replicas: int) -> pb.Job:
+    j = job(kind, replicas=replicas, cpu=100)
+    j.spec.template.labels["app"] = kind
+    if kind == "anti":
+        term = j.spec.template.affinity.pod_anti_affinity.required.add(topology_key="zone")
+        term.label_selector.add(key="app", operator=Req.IN, values=[kind])
+    else:
+        c = j.spec.template.topology_spread_constraints.add(max_skew=1, topology_key="zone")
+        c.label_selector.add(key="app", operator=Req.IN, values=[kind])
+    return j
+
+
+@pytest.mark.parametrize(
+    ("kind", "nodes", "expected"),
+    [
+        ("anti", ["a1", "b1"], ""),
+        ("anti", ["a1", "a2"], "required anti-affinity broken, 1 matching pod(s) in zone=a"),
+        ("spread", ["a1", "b1", "a2", "c1"], ""),
+        ("spread", ["a1", "a2", "b1", "a1"], "skew 3 > maxSkew 1 (zone=a holds 3, the emptiest 0"),
+    ],
+    ids=["anti-apart", "anti-together", "spread-balanced", "spread-skewed"],
+)
+async def test_audit_topology_rules(
+    store: Store, kind: str, nodes: list[str], expected: str
+) -> None:
+    for name in ("a1", "a2", "b1", "c1"):
+        n = node(name, cpu=4000, pods=10)
+        n.metadata.labels.update({"zone": name[0], "hostname": name})
+        await store.create(n)
+    j = _topology_job(kind, len(nodes))
+    pods = pods_of(j)
+    await store.create_unit(j, pods)
+    _, lease = await store.acquire_lease("binder", "b", 10_000)
+    for p, target in zip(pods, nodes, strict=True):
+        p.spec.node_name = target
+        p.status.phase = pb.POD_BOUND
+    await store.bind(pods, fence=Fence("binder", lease.epoch))
+    report = await audit(store)
+    if expected:
+        assert any(expected in v for v in report.violations), report.violations
+    else:
+        assert report.ok, report.violations

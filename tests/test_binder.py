@@ -176,6 +176,11 @@ def tainted(node: pb.Node, key: str) -> pb.Node:
     return node
 
 
+def labelled_job(job: pb.Job, **labels: str) -> pb.Job:
+    job.spec.template.labels.update(labels)
+    return job
+
+
 def selecting(job: pb.Job, **labels: str) -> pb.Job:
     job.spec.template.node_selector.update(labels)
     return job
@@ -190,6 +195,28 @@ def requiring_zone(job: pb.Job, *zones: str) -> pb.Job:
 def tolerating(job: pb.Job, key: str) -> pb.Job:
     job.spec.template.tolerations.add(key=key, operator=pb.Toleration.EXISTS)
     return job
+
+
+def anti_affine(job: pb.Job, app: str, key: str = "zone", *, avoid: str = "") -> pb.Job:
+    """Pods labelled app=<app>, required anti-affine on ``key`` to app=<avoid or app>."""
+    job.spec.template.labels["app"] = app
+    term = job.spec.template.affinity.pod_anti_affinity.required.add(topology_key=key)
+    term.label_selector.add(
+        key="app", operator=pb.LabelSelectorRequirement.IN, values=[avoid or app]
+    )
+    return job
+
+
+def spreading(job: pb.Job, app: str, key: str = "zone", skew: int = 1) -> pb.Job:
+    job.spec.template.labels["app"] = app
+    c = job.spec.template.topology_spread_constraints.add(max_skew=skew, topology_key=key)
+    c.when_unsatisfiable = pb.TopologySpreadConstraint.DO_NOT_SCHEDULE
+    c.label_selector.add(key="app", operator=pb.LabelSelectorRequirement.IN, values=[app])
+    return job
+
+
+def in_zone(name: str, zone: str, **kw: Any) -> pb.Node:
+    return labelled(f.node(name, **kw), zone=zone, hostname=name)
 
 
 def node_state(name: str, *, ready: bool = True, unschedulable: bool = False) -> pb.Node:
@@ -316,6 +343,50 @@ CASES = [
         [("g", [("g-0", "n1")])],
         {"g-0": (V.CONFLICT, "NodeResourcesFit: insufficient cpu")},
     ),
+    # Cross-node rules, serially in batch order: each placement counts once it is accepted.
+    Case(
+        "anti-affine pair in one batch, one zone: the second is refused",
+        [in_zone("n1", "a"), in_zone("n2", "a"), in_zone("n3", "b")],
+        [anti_affine(f.job("w", replicas=3), "web")],
+        [("w", [("w-0", "n1"), ("w-1", "n2"), ("w-2", "n3")])],
+        {"w-0": (V.BOUND, ""),
+         "w-1": (V.CONFLICT, "node 'n2': InterPodAffinity: node(s) didn't satisfy existing pods "
+                             "anti-affinity rules"),
+         "w-2": (V.BOUND, "")},
+    ),
+    Case(
+        "an accepted pod's anti-affinity keeps later matching pods out (symmetry)",
+        [in_zone("n1", "a"), in_zone("n2", "a"), in_zone("n3", "b")],
+        [anti_affine(f.job("db"), "db", avoid="web"),
+         labelled_job(f.job("web", replicas=2), app="web")],
+        [("db", [("db-0", "n1")]), ("web", [("web-0", "n2"), ("web-1", "n3")])],
+        {"db-0": (V.BOUND, ""),
+         "web-0": (V.CONFLICT, "didn't satisfy existing pods anti-affinity rules"),
+         "web-1": (V.BOUND, "")},
+    ),
+    Case(
+        "spread maxSkew 1 over zones",
+        [in_zone("n1", "a"), in_zone("n2", "a"), in_zone("n3", "b")],
+        [spreading(f.job("s", replicas=4), "s")],
+        [("s", [("s-0", "n1"), ("s-1", "n2"), ("s-2", "n3"), ("s-3", "n3")])],
+        {"s-0": (V.BOUND, ""),
+         "s-1": (V.CONFLICT, "PodTopologySpread: node(s) didn't match pod topology spread"),
+         "s-2": (V.BOUND, ""), "s-3": (V.BOUND, "")},
+    ),
+    Case(
+        "spread: a node without the topology key is refused",
+        [in_zone("n1", "a"), f.node("bare")],
+        [spreading(f.job("s"), "s")],
+        [("s", [("s-0", "bare")])],
+        {"s-0": (V.CONFLICT, "missing required label")},
+    ),
+    Case(
+        "a gang whose pods break anti-affinity is rejected whole",
+        [in_zone("n1", "a"), in_zone("n2", "b")],
+        [anti_affine(f.job("g", replicas=2, min_member=2), "g", "hostname")],
+        [("g", [("g-0", "n1"), ("g-1", "n1")])],
+        {"g-0": (V.GANG_REJECTED, G), "g-1": (V.GANG_REJECTED, "InterPodAffinity")},
+    ),
     Case(
         "malformed decisions",
         [f.node("n1")],
@@ -390,6 +461,60 @@ async def test_two_shards_conflict_on_one_node(store: Store, shards: list[Shard]
             assert "insufficient cpu" in v.reason
     usage = await store.node_usage("n1")
     assert usage is not None and usage.used["g.cpu"] == 800
+
+
+async def test_two_shards_anti_affine_pair_in_one_zone_at_once(
+    store: Store, shards: list[Shard]
+) -> None:
+    """Each shard saw an empty zone a and placed its anti-affine pod there in the same instant:
+    the Binder's serial cross-node check lets exactly one win, whichever batch came first."""
+    for name, zone in (("n1", "a"), ("n2", "a"), ("n3", "b")):
+        await store.create(in_zone(name, zone))
+    a = anti_affine(f.job("a"), "web")
+    b = anti_affine(f.job("b"), "web")
+    pa, pb_ = await submit(store, a), await submit(store, b)
+    results = await asyncio.gather(
+        shards[0].decide(unit(a, pa, [("a-0", "n1")])),
+        shards[1].decide(unit(b, pb_, [("b-0", "n2")])),
+    )
+    verdicts = {k: v for r in results for k, v in r.items()}
+    assert sorted(V.Name(v.code) for v in verdicts.values()) == ["BOUND", "CONFLICT"]
+    [lost] = [v for v in verdicts.values() if v.code == V.CONFLICT]
+    assert "InterPodAffinity" in lost.reason and "anti-affinity" in lost.reason
+    # The loser's shard retries elsewhere: zone b is free.
+    loser = a if lost.pod == "a-0" else b
+    pods = pa if loser is a else pb_
+    pods[lost.pod].metadata.resource_version = (
+        await store.get(pb.Pod, lost.pod)
+    ).metadata.resource_version
+    retry = await shards[0].decide(unit(loser, pods, [(lost.pod, "n3")]))
+    assert retry[lost.pod].code == V.BOUND
+
+
+async def test_two_shards_spread_holds_across_their_batches(
+    store: Store, shards: list[Shard]
+) -> None:
+    """Two shards each put two pods of one spread group (maxSkew 1 over zones a and b) into
+    zone a at once: across both batches only one pod more than zone b's count may bind there."""
+    for name, zone in (("n1", "a"), ("n2", "a"), ("n3", "b")):
+        await store.create(in_zone(name, zone))
+    a = spreading(f.job("a", replicas=2), "group")
+    b = spreading(f.job("b", replicas=2), "group")
+    pa, pb_ = await submit(store, a), await submit(store, b)
+    results = await asyncio.gather(
+        shards[0].decide(unit(a, pa, [("a-0", "n1"), ("a-1", "n3")])),
+        shards[1].decide(unit(b, pb_, [("b-0", "n2"), ("b-1", "n1")])),
+    )
+    verdicts = {k: v for r in results for k, v in r.items()}
+    bound = {k for k, v in verdicts.items() if v.code == V.BOUND}
+    refused = {k: v.reason for k, v in verdicts.items() if v.code == V.CONFLICT}
+    # Whichever batch is checked first, its placements count for the other: 3 bind if zone b's
+    # pod came first, 2 otherwise; never a skew above 1.
+    assert len(bound) >= 2 and len(bound) + len(refused) == 4
+    assert all("PodTopologySpread" in r for r in refused.values())
+    stored = {p.metadata.name: p for p in (await store.list_all(pb.Pod))[0]}
+    zones = Counter("a" if stored[p].spec.node_name in ("n1", "n2") else "b" for p in bound)
+    assert abs(zones["a"] - zones["b"]) <= 1
 
 
 async def test_back_to_back_batches_see_each_other(store: Store, shards: list[Shard]) -> None:
@@ -511,7 +636,9 @@ async def test_lease_loss_aborts_streams_and_campaigns_again(
     lease = await store.get_lease("binder")
     assert lease is not None
     assert await store.release_lease("binder", "b1", lease.epoch)
-    ok, stolen = await store.acquire_lease("binder", "thief", 2000, "10.0.0.9:1")
+    # Long enough that the thief still holds it while a loaded machine runs the checks below;
+    # short enough for the re-election to follow well within `eventually`.
+    ok, stolen = await store.acquire_lease("binder", "thief", 6000, "10.0.0.9:1")
     assert ok
     # The renewal fails: the binder steps down and ends the stream so the shard reconnects.
     with pytest.raises(grpc.aio.AioRpcError) as err:

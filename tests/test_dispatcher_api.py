@@ -67,6 +67,36 @@ def _anti_affinity(job: Job) -> None:
     term.label_selector.add(key="app", operator=pb.LabelSelectorRequirement.EXISTS)
 
 
+def _node_value_impossible(job: Job) -> None:
+    term = job.spec.template.affinity.node_affinity.required.add()
+    term.match_expressions.add(
+        key="zone", operator=pb.LabelSelectorRequirement.NOT_IN, values=["a b"]
+    )
+
+
+def _pod_selector_value_impossible(job: Job) -> None:
+    term = job.spec.template.affinity.pod_anti_affinity.required.add(topology_key="zone")
+    term.label_selector.add(key="app", operator=pb.LabelSelectorRequirement.IN, values=["-web"])
+
+
+def _selector_key_impossible(job: Job) -> None:
+    term = job.spec.template.affinity.pod_affinity.preferred.add(weight=1).term
+    term.topology_key = "zone"
+    term.label_selector.add(key="a/b/c", operator=pb.LabelSelectorRequirement.EXISTS)
+
+
+def _node_selector_value_too_long(job: Job) -> None:
+    job.spec.template.node_selector["zone"] = "a" * 64
+
+
+def _spread_skew_zero(job: Job) -> None:
+    job.spec.template.topology_spread_constraints.add(topology_key="zone", max_skew=0)
+
+
+def _spread_no_key(job: Job) -> None:
+    job.spec.template.topology_spread_constraints.add(max_skew=1)
+
+
 def _host_port(port: int) -> Mutate:
     def mutate(job: Job) -> None:
         job.spec.template.ports.add(container_port=80, host_port=port)
@@ -124,6 +154,20 @@ BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
      f"{T}.affinity.node_affinity.required[0].match_expressions[0].values", "integer"),
     ("anti-affinity without topology key", _anti_affinity,
      f"{T}.affinity.pod_anti_affinity.required[0].topology_key", "is required"),
+    ("node affinity value no label can hold", _node_value_impossible,
+     f"{T}.affinity.node_affinity.required[0].match_expressions[0].values[0]",
+     "not a valid label value"),
+    ("pod selector value no label can hold", _pod_selector_value_impossible,
+     f"{T}.affinity.pod_anti_affinity.required[0].label_selector[0].values[0]",
+     "not a valid label value"),
+    ("pod selector key invalid", _selector_key_impossible,
+     f"{T}.affinity.pod_affinity.preferred[0].term.label_selector[0].key", "not a DNS-1123 subdomain"),
+    ("node selector value too long", _node_selector_value_too_long,
+     f"{T}.node_selector['zone']", "at most 63 characters"),
+    ("spread max_skew zero", _spread_skew_zero, f"{T}.topology_spread_constraints[0].max_skew",
+     "at least 1"),
+    ("spread without topology key", _spread_no_key,
+     f"{T}.topology_spread_constraints[0].topology_key", "is required"),
     ("host port too high", _host_port(70000), f"{T}.ports[0].host_port", "1..65535"),
     ("host port negative", _host_port(-1), f"{T}.ports[0].host_port", "1..65535"),
     ("host port twice", _dup_host_port, f"{T}.ports[1].host_port", "duplicate"),
@@ -631,3 +675,73 @@ async def test_garbage_bytes_are_an_invalid_argument_not_a_server_fault(
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid godel.v1.SubmitRequest" in (caught.value.details() or "")
     assert await store.revision() == before  # nothing stored
+
+
+async def test_watch_filters_by_label_selector_and_job(dispatcher: Running, store: Store) -> None:
+    labelled = f.job("a")
+    labelled.metadata.labels["team"] = "ml"
+    await store.create_unit(labelled, f.pods_of(labelled))
+    await store.create_unit(f.job("b"), f.pods_of(f.job("b")))
+    stream = dispatcher.api.Watch(
+        api_pb2.WatchRequest(kinds=["Job", "Pod"], label_selector={"team": "ml"})
+    )
+    names = []
+    while (event := await asyncio.wait_for(stream.read(), 5)).type != api_pb2.WatchEvent.BOOKMARK:
+        names.append(event.object.job.metadata.name)
+    assert names == ["a"]  # its pods do not carry the job's labels
+    stream.cancel()
+
+    by_job = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job", "Pod"], job="b"))
+    listed = []
+    while (event := await asyncio.wait_for(by_job.read(), 5)).type != api_pb2.WatchEvent.BOOKMARK:
+        kind = event.object.WhichOneof("kind")
+        listed.append((kind, getattr(event.object, kind).metadata.name))
+    assert sorted(listed) == [("job", "b")] + [
+        ("pod", p.metadata.name) for p in f.pods_of(f.job("b"))
+    ]
+    # A change that does not match still moves the watcher on: a bookmark at its revision.
+    await store.create(pb.Queue(metadata=pb.ObjectMeta(name="q")))
+    await store.delete(pb.Job, "a")
+    revision = await store.revision()
+    while True:
+        event = await asyncio.wait_for(by_job.read(), 5)
+        assert event.type == api_pb2.WatchEvent.BOOKMARK
+        if event.revision >= revision:
+            break
+    by_job.cancel()
+
+    bad = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Node"], job="b"))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await bad.read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_submit_retried_with_its_request_id_reports_the_stored_job(
+    dispatcher: Running, store: Store
+) -> None:
+    await seed(store)
+    request = api_pb2.SubmitRequest(jobs=[f.job("r"), f.job("s")], request_id="req-1")
+    first = await dispatcher.api.Submit(request)
+    assert [(r.created, r.existing) for r in first.results] == [(True, False), (True, False)]
+    revision = await store.revision()
+    again = await dispatcher.api.Submit(request)
+    assert [(r.created, r.existing, list(r.violations)) for r in again.results] == [
+        (False, True, []),
+        (False, True, []),
+    ]
+    assert [r.resource_version for r in again.results] == [
+        r.resource_version for r in first.results
+    ]
+    assert await store.revision() == revision, "a retry writes nothing"
+    stored = await store.get(pb.Job, "r")
+    assert stored.metadata.annotations["godel.io/request-id"] == "req-1"
+    # Another request of the same name, or the same id with another spec: AlreadyExists.
+    other = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("r")], request_id="x"))
+    assert "AlreadyExists" in other.results[0].violations[0].description
+    changed = await dispatcher.api.Submit(
+        api_pb2.SubmitRequest(jobs=[f.job("r", replicas=3)], request_id="req-1")
+    )
+    assert "AlreadyExists" in changed.results[0].violations[0].description
+    # Without a request id nothing changes: a second submission is a clash.
+    plain = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("taken")]))
+    assert "AlreadyExists" in plain.results[0].violations[0].description

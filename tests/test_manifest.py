@@ -64,6 +64,76 @@ def test_job_manifest_round_trip() -> None:
     assert again == job
 
 
+TOPOLOGY_JOB = """
+apiVersion: godel/v1
+kind: Job
+metadata: {name: web}
+spec:
+  replicas: 3
+  template:
+    labels: {app: web}
+    requests: {cpu: 100m, memory: 64Mi}
+    affinity:
+      podAntiAffinity:
+        required:
+          - labelSelector: {matchLabels: {app: web}}
+            topologyKey: zone
+      podAffinity:
+        preferred:
+          - weight: 10
+            term:
+              labelSelector:
+                matchExpressions: [{key: tier, operator: Exists}]
+              topologyKey: hostname
+    topologySpreadConstraints:
+      - maxSkew: 1
+        topologyKey: zone
+        whenUnsatisfiable: DoNotSchedule
+        labelSelector: {matchLabels: {app: web}}
+      - {maxSkew: 2, topologyKey: hostname, whenUnsatisfiable: ScheduleAnyway, labelSelector: []}
+"""
+
+
+def test_topology_manifest_kubernetes_shapes_round_trip() -> None:
+    [m] = load(TOPOLOGY_JOB, "web.yaml")
+    job = m.obj
+    assert isinstance(job, pb.Job)
+    t = job.spec.template
+    anti = t.affinity.pod_anti_affinity.required[0]
+    assert anti.topology_key == "zone"
+    assert [(r.key, r.operator, list(r.values)) for r in anti.label_selector] == [
+        ("app", pb.LabelSelectorRequirement.IN, ["web"])
+    ]
+    pref = t.affinity.pod_affinity.preferred[0]
+    assert (
+        pref.weight == 10
+        and pref.term.label_selector[0].operator == pb.LabelSelectorRequirement.EXISTS
+    )
+    tsc = pb.TopologySpreadConstraint
+    hard, soft = t.topology_spread_constraints
+    assert (hard.max_skew, hard.topology_key, hard.when_unsatisfiable) == (
+        1,
+        "zone",
+        tsc.DO_NOT_SCHEDULE,
+    )
+    assert (soft.max_skew, soft.when_unsatisfiable, len(soft.label_selector)) == (
+        2,
+        tsc.SCHEDULE_ANYWAY,
+        0,
+    )
+    again = load(__import__("yaml").safe_dump(to_manifest("Job", job)), "again.yaml")[0].obj
+    assert again == job
+
+
+def test_label_selector_unknown_field_is_named() -> None:
+    text = TOPOLOGY_JOB.replace(
+        "{matchLabels: {app: web}}\n            topologyKey",
+        "{matchLabel: {app: web}}\n            topologyKey",
+    )
+    with pytest.raises(ManifestError, match="matchLabel"):
+        load(text, "web.yaml")
+
+
 PREEMPTION_FIELDS = [
     # id, spec text, the field set on the parsed object (a path from the object), expected value
     ("preemptionPolicy Never", "spec: {preemptionPolicy: Never}", "spec.preemption_policy",

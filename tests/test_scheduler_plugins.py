@@ -496,6 +496,59 @@ def test_resource_scores(case: ScoreCase) -> None:
         assert isinstance(s, int) and 0 <= s <= 100
 
 
+# With a gpu weight, a pod that requests no GPU is scored on cpu and memory only (kube-scheduler
+# skips a scalar resource the pod does not request); a GPU pod counts the node's GPUs.
+GPU_WEIGHTED = ResourceWeights(cpu=1, memory=1, gpu=1)
+GPU_SCORE_CASES = [
+    ScoreCase(
+        "cpu-pod-on-idle-gpu-node-ignores-gpus",
+        make_pod(cpu=2000, mem=GB),
+        make_node(cpu=4000, mem=4 * GB, gpus=8),
+        62,
+        37,
+        87,
+    ),
+    ScoreCase(
+        "cpu-pod-same-score-with-or-without-gpus",
+        make_pod(cpu=2000, mem=GB),
+        make_node(cpu=4000, mem=4 * GB, gpus=0),
+        62,
+        37,
+        87,
+    ),
+    ScoreCase(
+        "cpu-pod-ignores-gpus-in-use",
+        make_pod(cpu=1000, mem=GB),
+        make_node(
+            cpu=4000,
+            mem=4 * GB,
+            gpus=8,
+            used=[PodRequest("g", "g", 1000, GB, 8)],
+        ),
+        50,
+        50,
+        100,
+    ),
+    ScoreCase(
+        "gpu-pod-counts-gpus",
+        make_pod(cpu=2000, mem=GB, gpus=2),
+        make_node(cpu=4000, mem=4 * GB, gpus=8),
+        # least: (50 + 75 + 75) / 3; most: (50 + 25 + 25) / 3; balanced over 3 fractions.
+        66,
+        33,
+        88,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", GPU_SCORE_CASES, ids=[c.id for c in GPU_SCORE_CASES])
+def test_resource_scores_skip_resources_the_pod_does_not_request(case: ScoreCase) -> None:
+    least = leastallocated.LeastAllocated(GPU_WEIGHTED).score(case.pod, case.node)
+    most = mostallocated.MostAllocated(GPU_WEIGHTED).score(case.pod, case.node)
+    balanced = balancedallocation.BalancedAllocation(GPU_WEIGHTED).score(case.pod, case.node)
+    assert (least, most, balanced) == (case.least, case.most, case.balanced)
+
+
 @pytest.mark.parametrize(
     ("raw", "error"),
     [

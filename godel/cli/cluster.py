@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from godel import local
+from godel import client, local
 from godel.cli.output import OutputFormat, fail, print_json, print_table
 from store import redact_url
 
@@ -181,12 +181,12 @@ def audit(
 
 def local_address(kind: str, home: Path | None, flag: str) -> str:
     """Where the local cluster in ``home`` (default $GODEL_HOME) serves ``kind``; exits with
-    an error naming ``flag`` when no cluster runs there."""
-    godel_home = _home(home)
-    state = godel_home.load()
-    if state is None:
-        fail(f"no cluster in {godel_home}: start one with `godel up`, or pass {flag}")
-    return state.address_of(kind)
+    an error naming ``flag`` when no cluster runs there. The lookup is the SDK's, so programs
+    and the CLI find the same cluster."""
+    try:
+        return client.local_address(kind, home)
+    except client.ClusterNotFound as exc:
+        fail(f"{exc} or {flag}")
 
 
 def _home(path: Path | None) -> local.GodelHome:

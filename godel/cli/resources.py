@@ -6,8 +6,10 @@ cluster in ``$GODEL_HOME`` (what `godel up` started).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,7 +21,7 @@ from godel import local
 from godel.cli.cluster import HomeOption, local_address
 from godel.cli.output import fail, print_json, print_table
 from godel.cli.reschedule import ReschedulerOption, get_policies
-from godel.client import ClientError, GodelClient
+from godel.client import ClientError, ProtoClient
 from godel.client import logs as pod_logs
 from godel.manifest import ManifestError, dump_yaml, load, to_manifest
 from placement.budgets import selects
@@ -63,8 +65,10 @@ def register(app: typer.Typer) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _client(server: str | None, home: Path | None) -> GodelClient:
-    return GodelClient(server or local_address("dispatcher", home, "--server"))
+def _client(server: str | None, home: Path | None) -> ProtoClient:
+    # $GODEL_ADDRESS too, as the SDK reads it: one variable points programs and CLI elsewhere.
+    address = server or os.environ.get("GODEL_ADDRESS")
+    return ProtoClient(address or local_address("dispatcher", home, "--server"))
 
 
 def _kind(word: str) -> str:
@@ -314,6 +318,9 @@ def apply(
                 lambda: client.submit(
                     [m.obj for m in jobs],  # type: ignore[misc]
                     dry_run=dry_run,
+                    # The channel retries UNAVAILABLE: a retry after a lost reply then finds
+                    # the jobs its first attempt stored instead of reporting them as clashes.
+                    request_id=uuid.uuid4().hex,
                 )
             )
             for result in submitted.results:
@@ -322,7 +329,8 @@ def apply(
                     _report_violations(f"job/{result.job}", result.violations)
                 else:
                     typer.echo(
-                        f"job/{result.job} {'created' if result.created else 'valid'}{suffix}"
+                        f"job/{result.job} "
+                        f"{'created' if result.created or result.existing else 'valid'}{suffix}"
                     )
     if failed:
         raise typer.Exit(1)

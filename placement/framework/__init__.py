@@ -13,7 +13,9 @@ from placement.framework.interface import (
     PodInfo,
     PreFilter,
     ScorePlugin,
+    SpreadConstraint,
     Status,
+    TopologyPlugin,
     UnitInfo,
 )
 from placement.framework.profile import Profile, ProfileError, load_profile
@@ -40,7 +42,9 @@ __all__ = [
     "ProfileError",
     "Registry",
     "ScorePlugin",
+    "SpreadConstraint",
     "Status",
+    "TopologyPlugin",
     "UnitInfo",
     "load_profile",
 ]

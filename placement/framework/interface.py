@@ -8,11 +8,20 @@ A Filter returns ``None`` for success (cheap and Go-faithful) or a :class:`Statu
 from __future__ import annotations
 
 import enum
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
+from placement.labelselector import (
+    PodTerm,
+    Requirement,
+    Selector,
+    pod_term,
+    requirement,
+    selector,
+)
 from placement.nodeinfo import NodeInfo, PodRequest
+from placement.topology import PodCounts
 from protos.godel.v1 import objects_pb2 as pb
 
 MAX_NODE_SCORE = 100
@@ -50,19 +59,8 @@ class Status:
 # The pod as plugins see it: converted from protobuf once per template, then read per node.
 # ---------------------------------------------------------------------------------------------
 
-# Label selector operators (LabelSelectorRequirement.Operator values).
-OP_IN, OP_NOT_IN, OP_EXISTS, OP_DOES_NOT_EXIST, OP_GT, OP_LT = 1, 2, 3, 4, 5, 6
-
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    key: str
-    op: int
-    values: frozenset[str] = frozenset()
-    # For Gt/Lt: the single numeric value; None when it does not parse (matches nothing).
-    number: int | None = None
-
-
+# Label selector operators and requirements live in placement.labelselector (NodeInfo's pod
+# records need them too); re-exported here for the plugins.
 Term = tuple[Requirement, ...]  # AND of requirements
 
 
@@ -72,6 +70,16 @@ class Toleration:
     exists: bool  # operator Exists (else Equal)
     value: str
     effect: int  # 0 matches every effect
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadConstraint:
+    """Kubernetes' TopologySpreadConstraint as plain values."""
+
+    max_skew: int
+    topology_key: str
+    hard: bool  # DoNotSchedule (a filter); else ScheduleAnyway (a score)
+    selector: Selector
 
 
 @dataclass(slots=True)
@@ -91,6 +99,19 @@ class PodInfo:
     # May evict lower-priority pods when it does not fit (its job's preemptionPolicy is not
     # Never).
     can_preempt: bool = True
+    # Inter-pod affinity and topology spread (placement.plugins.interpodaffinity,
+    # podtopologyspread). The required anti-affinity terms are ``req.anti_terms``.
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pod_affinity: tuple[PodTerm, ...] = ()
+    # Preferred pod affinity (weight > 0) and anti-affinity (weight < 0) terms.
+    preferred_pod_terms: tuple[tuple[int, PodTerm], ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
+    # The pod has pod affinity, anti-affinity or spread constraints of its own.
+    has_topology: bool = False
+    # Per attempt: what the topology plugins prepared from the current counts, by plugin name
+    # (Framework.prepare). None: no topology rule concerns this pod now, so it takes the plain
+    # path (node filters only, the feasible-node cache).
+    topology: dict[str, object] | None = None
 
     def renamed(self, name: str, template_key: bytes) -> PodInfo:
         """The same pod under another name (a replacement's, in a simulation), not yet stored."""
@@ -101,6 +122,7 @@ class PodInfo:
         copy.req = self.req.renamed(name)
         copy.template_key = template_key
         copy.resource_version = 0
+        copy.topology = None
         return copy
 
     @classmethod
@@ -108,12 +130,39 @@ class PodInfo:
         """``keyed=False`` skips the template key (a serialisation of the template), which only
         the feasible-node cache needs."""
         tpl = pod.spec.template
-        node_aff = tpl.affinity.node_affinity
+        req = PodRequest.from_pod(pod)
+        has_affinity = tpl.HasField("affinity")
+        node_aff = tpl.affinity.node_affinity if has_affinity else _NO_NODE_AFFINITY
+        pod_affinity: tuple[PodTerm, ...] = ()
+        preferred: tuple[tuple[int, PodTerm], ...] = ()
+        # Only pods that declare pod affinity or spread pay for converting them (every pod of
+        # every cycle passes here).
+        if has_affinity and (
+            tpl.affinity.HasField("pod_affinity") or tpl.affinity.HasField("pod_anti_affinity")
+        ):
+            affinity = tpl.affinity
+            pod_affinity = tuple(pod_term(t) for t in affinity.pod_affinity.required)
+            preferred = tuple(
+                (w.weight, pod_term(w.term)) for w in affinity.pod_affinity.preferred
+            ) + tuple((-w.weight, pod_term(w.term)) for w in affinity.pod_anti_affinity.preferred)
+        spread = (
+            tuple(
+                SpreadConstraint(
+                    c.max_skew,
+                    c.topology_key,
+                    c.when_unsatisfiable != pb.TopologySpreadConstraint.SCHEDULE_ANYWAY,
+                    selector(c.label_selector),
+                )
+                for c in tpl.topology_spread_constraints
+            )
+            if tpl.topology_spread_constraints
+            else ()
+        )
         return cls(
             name=pod.metadata.name,
             job=pod.spec.job,
             resource_version=pod.metadata.resource_version,
-            req=PodRequest.from_pod(pod),
+            req=req,
             template_key=template_key(pod) if keyed else b"",
             node_selector=tuple(sorted(tpl.node_selector.items())),
             required_terms=tuple(_term(t) for t in node_aff.required),
@@ -124,7 +173,15 @@ class PodInfo:
             ),
             priority=pod.spec.priority,
             can_preempt=pod.spec.preemption_policy != pb.NEVER,
+            labels=req.labels,
+            pod_affinity=pod_affinity,
+            preferred_pod_terms=preferred,
+            spread=spread,
+            has_topology=bool(pod_affinity or preferred or spread or req.anti_terms),
         )
+
+
+_NO_NODE_AFFINITY = pb.NodeAffinity()
 
 
 def template_key(pod: pb.Pod) -> bytes:
@@ -137,13 +194,7 @@ def _term(term: pb.NodeSelectorTerm) -> Term:
 
 
 def _requirement(r: pb.LabelSelectorRequirement) -> Requirement:
-    number = None
-    if r.operator in (OP_GT, OP_LT) and len(r.values) == 1:
-        try:
-            number = int(r.values[0])
-        except ValueError:
-            number = None
-    return Requirement(r.key, int(r.operator), frozenset(r.values), number)
+    return requirement(r)
 
 
 @dataclass(slots=True)
@@ -206,6 +257,17 @@ class PreFilter(Protocol):
     them. None: no narrowing. The filter still runs on every candidate."""
 
     def pre_filter(self, pod: PodInfo, labels: NodeLabels) -> Candidates | None: ...
+
+
+@runtime_checkable
+class TopologyPlugin(Plugin, Protocol):
+    """A Filter or Score plugin that reads the topology index (inter-pod affinity, spread). Once
+    per scheduling attempt of a pod, before its filters and scores, ``prepare`` reads what the pod
+    needs from the counts; its filter and score read that state (``pod.topology[NAME]``), so the
+    per-node work is a few dict lookups. None: nothing to check for this pod. A pod no topology
+    plugin prepared for never runs them (and keeps the feasible-node cache)."""
+
+    def prepare(self, pod: PodInfo, counts: PodCounts) -> object | None: ...
 
 
 @runtime_checkable

@@ -31,12 +31,18 @@ DEFAULT_FILTERS = (
     "TaintToleration",
     "NodePorts",
     "NodeResourcesFit",
+    # Topology rules last: they run only for pods they concern (Framework.prepare).
+    "PodTopologySpread",
+    "InterPodAffinity",
 )
 DEFAULT_SCORES = (
     ("LeastAllocated", 1),
     ("BalancedAllocation", 1),
     ("NodeAffinity", 2),
     ("TaintToleration", 3),
+    # kube-scheduler's default weights.
+    ("PodTopologySpread", 2),
+    ("InterPodAffinity", 2),
 )
 
 

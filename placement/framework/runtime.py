@@ -16,11 +16,13 @@ from placement.framework.interface import (
     PreFilter,
     ScorePlugin,
     Status,
+    TopologyPlugin,
     UnitInfo,
 )
 from placement.framework.profile import Profile, ProfileError
 from placement.framework.registry import Registry
 from placement.nodeinfo import NodeInfo
+from placement.topology import PodCounts
 
 FilterFn = Callable[[PodInfo, NodeInfo], Status | None]
 ScoreFn = Callable[[PodInfo, NodeInfo], int]
@@ -39,6 +41,12 @@ class Framework:
         ] = []
         self.locating: list[LocatingPlugin] = []
         self.grouping: list[GroupingPlugin] = []
+        # Plugins reading the topology index, prepared per pod attempt (``prepare``); a pod none
+        # of them prepared for runs only ``node_filters`` and the other scores: today's path.
+        self.topology: list[TopologyPlugin] = []
+        self.node_filters: list[FilterFn] = []
+        self.topology_filters: list[FilterFn] = []
+        self._topology_scores: set[str] = set()
 
         for name in profile.filters:
             plugin = self._plugin(name, registry)
@@ -48,12 +56,20 @@ class Framework:
             self.filter_names.append(name)
             if isinstance(plugin, PreFilter):
                 self.pre_filters.append(plugin)
+            if isinstance(plugin, TopologyPlugin):
+                self._add_topology(plugin)
+                self.topology_filters.append(plugin.filter)
+            else:
+                self.node_filters.append(plugin.filter)
         for name, weight in profile.scores:
             plugin = self._plugin(name, registry)
             if not isinstance(plugin, ScorePlugin):
                 raise ProfileError(f"scores: plugin {name!r} is not a Score plugin")
             norm = plugin.normalize_scores if isinstance(plugin, NormalizeScore) else None
             self.scores.append((name, weight, plugin.score, norm))
+            if isinstance(plugin, TopologyPlugin):
+                self._add_topology(plugin)
+                self._topology_scores.add(name)
         for name in profile.locating:
             plugin = self._plugin(name, registry)
             if not isinstance(plugin, LocatingPlugin):
@@ -64,6 +80,10 @@ class Framework:
             if not isinstance(plugin, GroupingPlugin):
                 raise ProfileError(f"grouping: plugin {name!r} is not a Grouping plugin")
             self.grouping.append(plugin)
+
+    def _add_topology(self, plugin: TopologyPlugin) -> None:
+        if all(p is not plugin for p in self.topology):
+            self.topology.append(plugin)
 
     def _plugin(self, name: str, registry: Registry) -> Plugin:
         # One instance per plugin, shared by every extension point it is listed under.
@@ -89,9 +109,25 @@ class Framework:
                 found = Candidates(found.nodes & answer.nodes, narrower.reason)
         return found
 
+    def prepare(self, pod: PodInfo, counts: PodCounts) -> bool:
+        """Before a scheduling attempt of ``pod``: let each topology plugin read the counts it
+        needs (``pod.topology``). True when some topology rule concerns the pod."""
+        states: dict[str, object] = {}
+        for plugin in self.topology:
+            state = plugin.prepare(pod, counts)
+            if state is not None:
+                states[plugin.NAME] = state
+        pod.topology = states or None
+        return pod.topology is not None
+
+    def filters_for(self, pod: PodInfo) -> list[FilterFn]:
+        """The filters to run for ``pod``: all, or only the node filters when no topology rule
+        concerns it (prepared or not)."""
+        return self.filters if pod.topology is not None else self.node_filters
+
     def run_filters(self, pod: PodInfo, node: NodeInfo) -> Status | None:
         """The first failing filter's status (short-circuit), or None if every filter passes."""
-        for fn in self.filters:
+        for fn in self.filters if pod.topology is not None else self.node_filters:
             status = fn(pod, node)
             if status is not None:
                 return status
@@ -102,7 +138,10 @@ class Framework:
         first part depends only on node properties, so it is reused when a node is re-scored."""
         static = [0] * len(nodes)
         dynamic = [0] * len(nodes)
-        for _, weight, score, normalize in self.scores:
+        skip = self._topology_scores if pod.topology is None else ()
+        for name, weight, score, normalize in self.scores:
+            if name in skip:
+                continue
             raw = [score(pod, node) for node in nodes]
             if normalize is not None:
                 normalize(pod, raw)
@@ -114,7 +153,12 @@ class Framework:
         return static, dynamic
 
     def dynamic_score(self, pod: PodInfo, node: NodeInfo) -> int:
-        return sum(w * score(pod, node) for _, w, score, norm in self.scores if norm is None)
+        skip = self._topology_scores if pod.topology is None else ()
+        return sum(
+            w * score(pod, node)
+            for name, w, score, norm in self.scores
+            if norm is None and name not in skip
+        )
 
     # -- unit level (defaults are no-ops) ----------------------------------------------------
 

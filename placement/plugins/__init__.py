@@ -3,12 +3,14 @@
 from placement.framework import Registry
 from placement.plugins import (
     balancedallocation,
+    interpodaffinity,
     leastallocated,
     mostallocated,
     nodeaffinity,
     nodeports,
     noderesourcesfit,
     nodeunschedulable,
+    podtopologyspread,
     tainttoleration,
 )
 
@@ -24,6 +26,8 @@ def new_in_tree_registry() -> Registry:
             leastallocated.SPEC,
             mostallocated.SPEC,
             balancedallocation.SPEC,
+            interpodaffinity.SPEC,
+            podtopologyspread.SPEC,
         ]
     )
 

@@ -5,7 +5,7 @@ exact label values it requires (a DaemonSet-like pod pinned by hostname examines
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from typing import ClassVar
 
 from placement.framework import (
@@ -21,14 +21,14 @@ from placement.framework import (
     ScorePlugin,
     Status,
 )
-from placement.framework.interface import (
+from placement.framework.interface import Term
+from placement.labelselector import (
     OP_DOES_NOT_EXIST,
     OP_EXISTS,
     OP_GT,
     OP_IN,
     OP_LT,
     OP_NOT_IN,
-    Term,
 )
 from placement.nodeinfo import NodeInfo
 
@@ -37,7 +37,7 @@ NOT_MATCHED = "node(s) didn't match node selector"
 _NOT_MATCHED = Status.unresolvable(NOT_MATCHED, plugin=NAME)
 
 
-def term_matches(term: Term, labels: dict[str, str]) -> bool:
+def term_matches(term: Term, labels: Mapping[str, str]) -> bool:
     """All requirements hold. An empty term matches nothing (as in Kubernetes)."""
     if not term:
         return False

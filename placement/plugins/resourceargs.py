@@ -26,7 +26,17 @@ class ResourceWeights:
 
 
 def requested_after(pod: PodInfo, node: NodeInfo) -> tuple[list[int], list[int]]:
-    """(capacity, requested including this pod) of the pod's pool: [cpu, memory, gpus]."""
+    """(capacity, requested including this pod) of the pod's pool: [cpu, memory, gpus], as the
+    three resource scorers read it.
+
+    A pod that requests no GPU gets a GPU capacity of 0, which every scorer skips: kube-scheduler
+    skips an extended (scalar) resource the pod does not request
+    (``calculateResourceAllocatableRequest`` returns (0, 0)), so a CPU-only pod is neither drawn
+    onto nor pushed off GPU machines by a gpu weight. CPU and memory always count, as upstream.
+    """
     req = pod.req
     used = node.requested[req.pool]
-    return node.capacity[req.pool], [used[0] + req.cpu, used[1] + req.mem, used[2] + req.gpu]
+    cap = node.capacity[req.pool]
+    if not req.gpu:
+        return [cap[0], cap[1], 0], [used[0] + req.cpu, used[1] + req.mem, used[2]]
+    return cap, [used[0] + req.cpu, used[1] + req.mem, used[2] + req.gpu]

@@ -5,9 +5,12 @@ Order, after the per-pod checks (STALE / ERROR): victims claimed serially in bat
 (``victims.py``: one preemptor per victim, re-validated, disruption budgets charged), then
 single-node checks grouped per node (each node's placements are checked against a clone of its
 NodeInfo, taking off a preemptor's victims just before it and adding accepted pods one by one;
-nodes do not depend on each other), then the cross-node gang rule serially. A gang rejection frees
-the room its pods took tentatively (and gives back their victims), so the nodes it touched are
-checked again until nothing changes.
+nodes do not depend on each other), then the cross-node rules serially: inter-pod affinity and
+topology spread (every placement the node checks accepted, in batch order, against the cluster's
+pods plus the batch's placements accepted before it — so two shards' anti-affine pods sent into
+one zone at once cannot both bind), then the gang rule. A gang rejection frees the room its pods
+took tentatively (and gives back their victims), so the nodes it touched are checked again until
+nothing changes.
 
 Synchronous and free of I/O: the service reads the pods and jobs, plans here, then commits.
 """
@@ -162,6 +165,7 @@ class BatchPlan:
         while dirty:
             for node in dirty:
                 node_results[node] = self._check_node(node)
+            self._topology_check(node_results)
             newly = self._gang_check(node_results)
             dirty = {c.placement.node for c in self.candidates.values() if c.job in newly} & set(
                 node_results
@@ -213,6 +217,60 @@ class BatchPlan:
                 info.add_pod(cand.info.req)
                 results[name] = None
         return results
+
+    def _topology_check(self, node_results: dict[str, dict[str, str | None]]) -> None:
+        """Inter-pod affinity and spread, serially in batch order: each placement the node checks
+        accepted is judged against the bound pods and the batch's placements accepted before it
+        (then counted itself); a failure is recorded as its node result (CONFLICT, naming the
+        rule). The batch's tentative counts are taken back afterwards: committed binds come back
+        through the state's bookkeeping."""
+        rules, state = self.rules, self.state
+        if not rules.topology_filters:
+            return
+        live = [
+            c
+            for c in self.candidates.values()
+            if c.job not in self.gang_rejected
+            and node_results.get(c.placement.node, {}).get(c.pod.metadata.name) is None
+        ]
+        if not state.anti_placed and not any(c.info.has_topology for c in live):
+            return  # no rule concerns any pod of the batch: no index needed
+        counts = state.pod_counts()
+        added: list[str] = []
+        evicted: list[tuple[str, PodRequest]] = []
+        try:
+            # Victims leave in the same commit: they no longer count.
+            for cand in live:
+                for victim in self.claims.evict.get(cand.pod.metadata.name, ()):
+                    vname = victim.metadata.name
+                    vnode = state.pod_node.get(vname)
+                    req = counts.pods_on(vnode).get(vname) if vnode is not None else None
+                    if vnode is not None and req is not None:
+                        counts.remove(vname)
+                        evicted.append((vnode, req))
+            for cand in live:
+                name, node = cand.pod.metadata.name, cand.placement.node
+                info = cand.info
+                if (info.has_topology or counts.has_anti) and rules.prepare(info, counts):
+                    target = state.info_for(node)
+                    for check in rules.topology_filters:
+                        status = check(info, target)
+                        if status is not None:
+                            node_results[node][name] = (
+                                f"node {node!r}: {status.plugin}: {', '.join(status.reasons)} "
+                                "(counting bound pods and this batch's earlier placements)"
+                            )
+                            break
+                    info.topology = None
+                    if node_results[node][name] is not None:
+                        continue
+                counts.add(node, info.req)
+                added.append(name)
+        finally:
+            for name in added:
+                counts.remove(name)
+            for vnode, req in evicted:
+                counts.add(vnode, req)
 
     def _gang_check(self, node_results: dict[str, dict[str, str | None]]) -> set[str]:
         """Jobs that have never been scheduled and cannot reach min_member with this batch."""

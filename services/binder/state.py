@@ -13,6 +13,7 @@ from __future__ import annotations
 from google.protobuf.message import Message
 
 from placement.nodeinfo import NodeInfo, PodRequest
+from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 
 TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
@@ -37,6 +38,10 @@ class ClusterState:
         self.budgets: dict[str, pb.DisruptionBudget] = {}
         # Pods this binder wrote -> revision of the write, until the informer shows that revision.
         self.assumed: dict[str, int] = {}
+        # Pods per selector and topology domain, for the cross-node check of inter-pod affinity
+        # and spread: built on first use (``pod_counts``), then kept by the placement bookkeeping.
+        self.topology = TopologyIndex()
+        self.anti_placed = 0  # placed pods with required anti-affinity terms
 
     # --- informer handlers ------------------------------------------------------------------
 
@@ -57,6 +62,8 @@ class ClusterState:
         if kind == "Node":
             name = obj.metadata.name  # type: ignore[attr-defined]
             self.nodes.pop(name, None)
+            if self.topology.active:
+                self.topology.set_node(name, None)
             info = self.infos.get(name)
             if info is not None and not info.pods:
                 del self.infos[name]
@@ -81,9 +88,11 @@ class ClusterState:
         self.nodes[name] = node
         info = self.infos.get(name)
         if info is None:
-            self.infos[name] = NodeInfo.from_node(node)
+            info = self.infos[name] = NodeInfo.from_node(node)
         else:
             info.set_node(node)
+        if self.topology.active:
+            self.topology.set_node(name, info.labels)
 
     def _set_pod(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
@@ -118,7 +127,11 @@ class ClusterState:
             return
         if current is not None:
             self._unplace(name, pod.spec.job)
-        self.info_for(node).add_pod(PodRequest.from_pod(pod))
+        req = PodRequest.from_pod(pod)
+        self.info_for(node).add_pod(req)
+        self.anti_placed += bool(req.anti_terms)
+        if self.topology.active:
+            self.topology.add(node, req)
         self.pod_node[name] = node
         self.job_pods.setdefault(pod.spec.job, set()).add(name)
 
@@ -128,14 +141,23 @@ class ClusterState:
             return
         info = self.infos.get(node)
         if info is not None:
-            info.remove_pod(name)
+            req = info.remove_pod(name)
+            self.anti_placed -= bool(req is not None and req.anti_terms)
             if not info.pods and node not in self.nodes:
                 del self.infos[node]
+        if self.topology.active:
+            self.topology.remove(name)
         members = self.job_pods.get(job)
         if members is not None:
             members.discard(name)
             if not members:
                 del self.job_pods[job]
+
+    def pod_counts(self) -> TopologyIndex:
+        """The topology index, built from every placed pod on first use."""
+        if not self.topology.active:
+            self.topology.activate(self.infos.values(), present=self.nodes)
+        return self.topology
 
     def record_written(self, pod: pb.Pod, seen_revision: int) -> None:
         """Account a pod this binder just wrote (bound, evicted or created). ``seen_revision`` is

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -58,6 +58,8 @@ _EVENT = {
 }
 _FIT_RE = re.compile(r"^\s*(\d+)/(\d+) nodes? (?:fit|are available)\b:?\s*(.*)$")
 _REASON_RE = re.compile(r"^\s*(\d+)\s+(.+?)\s*\.?$")
+# The Submit request that created a job (SubmitRequest.request_id), so a retry recognises it.
+REQUEST_ID_ANNOTATION = "godel.io/request-id"
 
 
 def wrap(kind: str, obj: Message) -> api_pb2.Object:
@@ -116,34 +118,72 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         queue_objects = {
             q: obj for q, obj in zip(queues, found_queues, strict=True) if isinstance(obj, pb.Queue)
         }
+        # A retry of this very request (its reply was lost): those jobs are reported, not made.
+        replayed = {
+            i: stored
+            for i, stored in enumerate(existing)
+            if isinstance(stored, pb.Job) and _is_replay(request.request_id, jobs[i], stored)
+        }
         ctx = v.SubmitContext(
-            existing_jobs=frozenset(n for n, j in zip(names, existing, strict=True) if j),
+            existing_jobs=frozenset(
+                n
+                for i, (n, j) in enumerate(zip(names, existing, strict=True))
+                if j and i not in replayed
+            ),
             queues=frozenset(queue_objects),
             node_shapes=self.core.node_shapes(),
             max_replicas=self.max_replicas,
         )
         problems = v.validate_submission(jobs, ctx)
+        for i in replayed:
+            # Validated when first stored; the cluster may have changed since, the job has not.
+            problems[i] = []
         results = [
             api_pb2.SubmitResult(job=n, violations=p) for n, p in zip(names, problems, strict=True)
         ]
-        valid = [i for i, p in enumerate(problems) if not p]
+        for i, stored in replayed.items():
+            results[i].existing = True
+            results[i].resource_version = stored.metadata.resource_version
+        valid = [i for i, p in enumerate(problems) if not p and i not in replayed]
         if request.dry_run or not valid:
             return api_pb2.SubmitResponse(results=results)
         units = {i: v.normalise_job(jobs[i]) for i in valid}
+        if request.request_id:
+            for unit in units.values():
+                unit.metadata.annotations[REQUEST_ID_ANNOTATION] = request.request_id
         commits: list[list[Op]] = [
             [Create(units[i]), *(Create(p) for p in _pods_for(units[i], queue_objects))]
             for i in valid
         ]
         # Each job is its own atomic commit; all of them travel in one round trip.
         outcomes = await self.store.commit_many(commits)
+        raced: list[int] = []
         for i, outcome in zip(valid, outcomes, strict=True):
             if isinstance(outcome, StoreError):
+                cause = outcome.cause if isinstance(outcome, CommitError) else outcome
+                if request.request_id and isinstance(cause, AlreadyExistsError):
+                    raced.append(i)  # perhaps a concurrent retry of this request: look below
                 results[i].violations.append(_store_violation(f"jobs[{i}]", outcome))
             else:
                 results[i].created = True
                 results[i].resource_version = outcome[0]
+        if raced:
+            # Two attempts of one request raced (the first was still running when the client
+            # retried): the loser reports the winner's job instead of AlreadyExists.
+            stored_now = await self.store.get_many(pb.Job, [names[i] for i in raced])
+            for i, now in zip(raced, stored_now, strict=True):
+                if isinstance(now, pb.Job) and _is_replay(request.request_id, jobs[i], now):
+                    del results[i].violations[:]
+                    results[i].existing = True
+                    results[i].resource_version = now.metadata.resource_version
         created = sum(r.created for r in results)
-        log.info("submitted", jobs=len(jobs), created=created, rejected=len(jobs) - created)
+        log.info(
+            "submitted",
+            jobs=len(jobs),
+            created=created,
+            existing=len(replayed) + sum(r.existing for i, r in enumerate(results) if i in raced),
+            rejected=sum(1 for r in results if r.violations),
+        )
         return api_pb2.SubmitResponse(results=results)
 
     # -----------------------------------------------------------------------------------------
@@ -449,29 +489,39 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if request.from_revision < 0:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "from_revision: negative")
+        if request.job and not set(kinds) <= {"Job", "Pod"}:
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "job: only Jobs and Pods have a job"
+            )
+        matches = _watch_filter(dict(request.label_selector), request.job)
         revision = request.from_revision
         try:
             if revision == 0:
                 snapshot = await self.store.list_kinds(kinds)
                 for kind, objs in snapshot.items.items():
                     for obj in sorted(objs, key=lambda o: o.metadata.resource_version):  # type: ignore[attr-defined]
-                        yield api_pb2.WatchEvent(
-                            type=api_pb2.WatchEvent.ADDED,
-                            object=wrap(kind, obj),
-                            revision=obj.metadata.resource_version,  # type: ignore[attr-defined]
-                        )
+                        if matches(kind, obj):
+                            yield api_pb2.WatchEvent(
+                                type=api_pb2.WatchEvent.ADDED,
+                                object=wrap(kind, obj),
+                                revision=obj.metadata.resource_version,  # type: ignore[attr-defined]
+                            )
                 revision = snapshot.revision
                 yield api_pb2.WatchEvent(type=api_pb2.WatchEvent.BOOKMARK, revision=revision)
             async for batch in self.store.watch(revision, kinds):
+                sent = False
                 for event in batch.events:
-                    if event.obj is None:
+                    if event.obj is None or not matches(event.kind, event.obj):
                         continue
+                    sent = True
                     yield api_pb2.WatchEvent(
                         type=_EVENT[event.type],
                         object=wrap(event.kind, event.obj),
                         revision=event.revision,
                     )
-                if not batch.events:
+                if not sent:
+                    # Nothing (or nothing matching): tell the watcher how far the feed got, so
+                    # it resumes from here rather than re-reading changes it does not want.
                     yield api_pb2.WatchEvent(
                         type=api_pb2.WatchEvent.BOOKMARK, revision=batch.revision
                     )
@@ -481,6 +531,22 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(exc))
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+
+def _watch_filter(selector: dict[str, str], job: str) -> Callable[[str, Message], bool]:
+    """Whether a watched object matches a WatchRequest's label selector and job."""
+
+    def matches(kind: str, obj: Message) -> bool:
+        labels = obj.metadata.labels  # type: ignore[attr-defined]
+        if any(labels.get(k) != val for k, val in selector.items()):
+            return False
+        if not job:
+            return True
+        if kind == "Job":
+            return bool(obj.metadata.name == job)  # type: ignore[attr-defined]
+        return kind == "Pod" and bool(obj.spec.job == job)  # type: ignore[attr-defined]
+
+    return matches
 
 
 class _Aborted(Exception):
@@ -559,6 +625,17 @@ def _store_violation(prefix: str, exc: StoreError) -> api_pb2.FieldViolation:
         field = f"{prefix}.{cause.field}" if cause.field else prefix
         return v.violation(field, cause.reason)
     return v.violation(prefix, f"the store rejected it: {cause}")
+
+
+def _is_replay(request_id: str, submitted: pb.Job, stored: pb.Job) -> bool:
+    """Whether ``stored`` is what an earlier attempt of this request made of ``submitted``: the
+    same request id and the same spec (a different spec under a reused id is a client's bug, and
+    answered with AlreadyExists like any other clash)."""
+    return (
+        bool(request_id)
+        and stored.metadata.annotations.get(REQUEST_ID_ANNOTATION) == request_id
+        and stored.spec == v.normalise_job(submitted).spec
+    )
 
 
 def _pods_for(job: pb.Job, queues: dict[str, pb.Queue]) -> list[pb.Pod]:

@@ -17,6 +17,13 @@ from protos.godel.v1 import objects_pb2 as pb
 # A DNS-1123 label: every pod name `<job>-<index>` must be one too.
 _LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_LABEL_LENGTH = 63
+# Kubernetes' label syntax (apimachinery's IsValidLabelValue / IsQualifiedName): a value is empty
+# or up to 63 alphanumerics, '-', '_' and '.', starting and ending alphanumeric; a key is such a
+# name (non-empty) with an optional DNS-1123 subdomain prefix and '/'.
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_QUALIFIED_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_SUBDOMAIN_LENGTH = 253
 # Kubernetes' range for user priorities (system classes sit above it).
 MIN_PRIORITY = -1_000_000_000
 MAX_PRIORITY = 1_000_000_000
@@ -77,6 +84,53 @@ def validate_label_name(name: str, field: str, *, max_length: int = MAX_LABEL_LE
             )
         ]
     return []
+
+
+def validate_label_value(value: str, field: str) -> Violations:
+    """A label value as Kubernetes validates one (a selector value that no label can hold would
+    make an In term match nothing and a NotIn term match everything, silently)."""
+    if len(value) > MAX_LABEL_LENGTH:
+        return [
+            violation(field, f"must be at most {MAX_LABEL_LENGTH} characters (got {len(value)})")
+        ]
+    if not _LABEL_VALUE_RE.match(value):
+        return [
+            violation(
+                field,
+                f"{value!r} is not a valid label value (alphanumerics, '-', '_' and '.', "
+                "starting and ending with an alphanumeric)",
+            )
+        ]
+    return []
+
+
+def validate_label_key(key: str, field: str) -> Violations:
+    """A label key as Kubernetes validates one: ``[prefix/]name``."""
+    if not key:
+        return [violation(field, "is required")]
+    prefix, slash, name = key.rpartition("/")
+    if slash and (
+        not prefix or len(prefix) > MAX_SUBDOMAIN_LENGTH or not _DNS_SUBDOMAIN_RE.match(prefix)
+    ):
+        return [violation(field, f"{key!r}: prefix {prefix!r} is not a DNS-1123 subdomain")]
+    if len(name) > MAX_LABEL_LENGTH or not _QUALIFIED_NAME_RE.match(name):
+        return [
+            violation(
+                field,
+                f"{key!r} is not a valid label key (a name of at most {MAX_LABEL_LENGTH} "
+                "alphanumerics, '-', '_' and '.', starting and ending with an alphanumeric, "
+                "with an optional DNS-1123 subdomain prefix and '/')",
+            )
+        ]
+    return []
+
+
+def validate_labels(labels: dict[str, str], field: str) -> Violations:
+    out: Violations = []
+    for key in sorted(labels):
+        out += validate_label_key(key, f"{field}[{key!r}]")
+        out += validate_label_value(labels[key], f"{field}[{key!r}]")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,13 +248,53 @@ def validate_template(t: pb.PodTemplate, prefix: str) -> Violations:
         )
     if t.numa_policy not in _NUMA_VALUES:
         out.append(violation(f"{prefix}.numa_policy", f"unknown NUMA policy {t.numa_policy}"))
-    for key in t.node_selector:
+    for key in sorted(t.node_selector):
         if not key:
             out.append(violation(f"{prefix}.node_selector", "keys must not be empty"))
+            continue
+        f = f"{prefix}.node_selector[{key!r}]"
+        out += validate_label_key(key, f)
+        out += validate_label_value(t.node_selector[key], f)
+    out += validate_labels(dict(t.labels), f"{prefix}.labels")
     out += validate_ports(t.ports, f"{prefix}.ports")
     out += validate_tolerations(t.tolerations, f"{prefix}.tolerations")
     if t.HasField("affinity"):
         out += validate_affinity(t.affinity, f"{prefix}.affinity")
+    out += validate_spread(t.topology_spread_constraints, f"{prefix}.topology_spread_constraints")
+    return out
+
+
+_WHEN_UNSATISFIABLE = frozenset(pb.TopologySpreadConstraint.WhenUnsatisfiable.values())
+
+
+def validate_spread(constraints: Iterable[pb.TopologySpreadConstraint], prefix: str) -> Violations:
+    out: Violations = []
+    seen: dict[tuple[str, int], int] = {}
+    for k, c in enumerate(constraints):
+        f = f"{prefix}[{k}]"
+        if c.max_skew < 1:
+            out.append(violation(f"{f}.max_skew", f"must be at least 1 (got {c.max_skew})"))
+        if not c.topology_key:
+            out.append(violation(f"{f}.topology_key", "is required"))
+        else:
+            out += validate_label_key(c.topology_key, f"{f}.topology_key")
+        if c.when_unsatisfiable not in _WHEN_UNSATISFIABLE:
+            out.append(
+                violation(f"{f}.when_unsatisfiable", f"unknown value {c.when_unsatisfiable}")
+            )
+        out += validate_requirements(c.label_selector, f"{f}.label_selector")
+        # As Kubernetes: one constraint per (topology key, whenUnsatisfiable).
+        hard = c.when_unsatisfiable != pb.TopologySpreadConstraint.SCHEDULE_ANYWAY
+        key = (c.topology_key, int(hard))
+        if key in seen:
+            out.append(
+                violation(
+                    f,
+                    f"duplicate of {prefix}[{seen[key]}] (same topology_key and "
+                    "when_unsatisfiable)",
+                )
+            )
+        seen.setdefault(key, k)
     return out
 
 
@@ -289,8 +383,7 @@ def validate_requirements(reqs: Iterable[pb.LabelSelectorRequirement], prefix: s
     out: Violations = []
     for k, r in enumerate(reqs):
         f = f"{prefix}[{k}]"
-        if not r.key:
-            out.append(violation(f"{f}.key", "is required"))
+        out += validate_label_key(r.key, f"{f}.key")
         op = r.operator
         if op == _LABEL_OPS.OPERATOR_UNSPECIFIED:
             out.append(
@@ -301,6 +394,8 @@ def validate_requirements(reqs: Iterable[pb.LabelSelectorRequirement], prefix: s
         elif op in (_LABEL_OPS.IN, _LABEL_OPS.NOT_IN):
             if not r.values:
                 out.append(violation(f"{f}.values", "must not be empty for IN and NOT_IN"))
+            for v, value in enumerate(r.values):
+                out += validate_label_value(value, f"{f}.values[{v}]")
         elif op in (_LABEL_OPS.EXISTS, _LABEL_OPS.DOES_NOT_EXIST):
             if r.values:
                 out.append(violation(f"{f}.values", "must be empty for EXISTS and DOES_NOT_EXIST"))
@@ -353,6 +448,8 @@ def _validate_pod_term(term: pb.PodAffinityTerm, prefix: str) -> Violations:
     out = validate_requirements(term.label_selector, f"{prefix}.label_selector")
     if not term.topology_key:
         out.append(violation(f"{prefix}.topology_key", "is required"))
+    else:
+        out += validate_label_key(term.topology_key, f"{prefix}.topology_key")
     return out
 
 

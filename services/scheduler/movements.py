@@ -12,14 +12,15 @@ plugin).
   ``max_wait_seconds`` after the Movement was created.
 
 Recommendations this shard proposed count against the desired counts until the Binder records
-them (or ``PROPOSAL_TTL_SECONDS`` pass, for a proposal the Binder refused).
+them (or ``PROPOSAL_TTL_SECONDS`` pass, for a proposal the Binder refused), except against the
+pod that made them: placed again after a refusal, it may take its recommendation again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import structlog
@@ -119,12 +120,17 @@ class MovementTracker:
         found = [self.movements[n] for n in sorted(names) if n in self.movements]
         return [m for m in found if shared.live(m, now_ms)]
 
-    def preferences(self, job: str) -> list[tuple[str, str]]:
+    def preferences(self, job: str, placing: Iterable[str] = ()) -> list[tuple[str, str]]:
         """(node, movement) per recommendation still open for ``job``'s replacements, a node
-        repeated once per replacement it should still take; oldest Movement first."""
+        repeated once per replacement it should still take; oldest Movement first. ``placing``:
+        the pods about to be placed; an earlier proposal of theirs is void (the Binder refused
+        it, or they would not be placed again) and no longer holds its recommendation."""
         now = time.monotonic()
+        again = set(placing)
         self._proposals = {
-            pod: p for pod, p in self._proposals.items() if now - p.at < PROPOSAL_TTL_SECONDS
+            pod: p
+            for pod, p in self._proposals.items()
+            if now - p.at < PROPOSAL_TTL_SECONDS and pod not in again
         }
         movements = self._live_for(job, _now_ms())
         if not movements:

@@ -536,7 +536,7 @@ class SchedulerService(Service[SchedulerConfig]):
             unit.already_bound,
             spec.priority,
             infos,
-            preferred=self.movements.preferences(unit.name),
+            preferred=self.movements.preferences(unit.name, [p.name for p in infos]),
         )
         result = await self._search(info)
         unit.pending.clear()

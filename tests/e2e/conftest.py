@@ -19,7 +19,7 @@ import pytest
 
 from godel import local
 from godel.audit import audit
-from godel.client import GodelClient
+from godel.client import ProtoClient
 from store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class Cluster:
     home: local.GodelHome
     state: local.ClusterState
-    client: GodelClient
+    client: ProtoClient
 
     def godel(
         self, *args: str, stdin: str | None = None, check: bool = True
@@ -94,7 +94,7 @@ def make_cluster(
         spec_args.setdefault("process_node", False)
         home = local.GodelHome(tmp_path / f"home{len(clusters)}")
         state = local.up(home, local.ClusterSpec(**spec_args))
-        cluster = Cluster(home, state, GodelClient(state.address_of("dispatcher")))
+        cluster = Cluster(home, state, ProtoClient(state.address_of("dispatcher")))
         clusters.append(cluster)
         return cluster
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from godel.client import GodelClient
+from godel.client import ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe
 from store import Store
@@ -83,7 +83,7 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
         api = deployment.published[GRPC_PORT]
         replicas = {f"{r.ip}:{GRPC_PORT}" for r in deployment.of("scheduler")}
         assert len(replicas) == SHARDS
-        with GodelClient(api) as client:
+        with ProtoClient(api) as client:
             # Every shard publishes its own replica's address, and it answers there.
             def ready_instances() -> list[pb.SchedulerInstance] | None:
                 listed = client.list("SchedulerInstance")

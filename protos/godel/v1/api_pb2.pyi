@@ -98,8 +98,15 @@ class SubmitRequest(_message.Message):
 
     JOBS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     dry_run: _builtins.bool
     """Validate only; write nothing."""
+    request_id: _builtins.str
+    """Chosen by the client once per submission and sent again on every retry of it. Jobs created
+    by the request carry it (annotation "godel.io/request-id"), so a retry after a lost reply
+    finds them and reports them as `existing` instead of failing with AlreadyExists or creating
+    them twice. A job of the same name stored by another request is still AlreadyExists.
+    """
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_objects_pb2.Job]: ...
     def __init__(
@@ -107,10 +114,11 @@ class SubmitRequest(_message.Message):
         *,
         jobs: _abc.Iterable[_objects_pb2.Job] | None = ...,
         dry_run: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "jobs", b"jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "jobs", b"jobs", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -124,10 +132,15 @@ class SubmitResult(_message.Message):
     CREATED_FIELD_NUMBER: _builtins.int
     VIOLATIONS_FIELD_NUMBER: _builtins.int
     RESOURCE_VERSION_FIELD_NUMBER: _builtins.int
+    EXISTING_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     created: _builtins.bool
     resource_version: _builtins.int
     """Set when the job was stored."""
+    existing: _builtins.bool
+    """The job was already stored by an earlier attempt of this request (same request_id and
+    spec): nothing was written; resource_version is the stored job's.
+    """
     @_builtins.property
     def violations(self) -> _containers.RepeatedCompositeFieldContainer[Global___FieldViolation]: ...
     def __init__(
@@ -137,10 +150,11 @@ class SubmitResult(_message.Message):
         created: _builtins.bool = ...,
         violations: _abc.Iterable[Global___FieldViolation] | None = ...,
         resource_version: _builtins.int = ...,
+        existing: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "job", b"job", "resource_version", b"resource_version", "violations", b"violations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "existing", b"existing", "job", b"job", "resource_version", b"resource_version", "violations", b"violations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -480,20 +494,54 @@ Global___ExplainResponse: _TypeAlias = ExplainResponse  # noqa: Y015
 class WatchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelSelectorEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     KINDS_FIELD_NUMBER: _builtins.int
     FROM_REVISION_FIELD_NUMBER: _builtins.int
+    LABEL_SELECTOR_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
     from_revision: _builtins.int
+    """0: every matching object as ADDED, a BOOKMARK at the listing's revision, then changes.
+    Otherwise only the changes after this revision (a watcher resumes from the revision of the
+    last event or bookmark it received; each stored change has its own revision).
+    """
+    job: _builtins.str
+    """One job's objects only: the Job of this name and the Pods whose spec.job is this name."""
     @_builtins.property
     def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def label_selector(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Equality selectors on the object's labels (for DELETED, its last labels); all must match."""
+
     def __init__(
         self,
         *,
         kinds: _abc.Iterable[_builtins.str] | None = ...,
         from_revision: _builtins.int = ...,
+        label_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        job: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_revision", b"from_revision", "kinds", b"kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_revision", b"from_revision", "job", b"job", "kinds", b"kinds", "label_selector", b"label_selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -514,7 +562,10 @@ class WatchEvent(_message.Message):
         MODIFIED: WatchEvent._Type.ValueType  # 2
         DELETED: WatchEvent._Type.ValueType  # 3
         BOOKMARK: WatchEvent._Type.ValueType  # 4
-        """No object: the stream has reached this revision (progress notification)."""
+        """No object: the stream has reached this revision (progress notification). Also sent when
+        a batch of changes held none that matched the request's filters, so a filtered watcher's
+        resume point keeps moving.
+        """
 
     class Type(_Type, metaclass=_TypeEnumTypeWrapper): ...
     TYPE_UNSPECIFIED: WatchEvent.Type.ValueType  # 0
@@ -522,7 +573,10 @@ class WatchEvent(_message.Message):
     MODIFIED: WatchEvent.Type.ValueType  # 2
     DELETED: WatchEvent.Type.ValueType  # 3
     BOOKMARK: WatchEvent.Type.ValueType  # 4
-    """No object: the stream has reached this revision (progress notification)."""
+    """No object: the stream has reached this revision (progress notification). Also sent when
+    a batch of changes held none that matched the request's filters, so a filtered watcher's
+    resume point keeps moving.
+    """
 
     TYPE_FIELD_NUMBER: _builtins.int
     OBJECT_FIELD_NUMBER: _builtins.int

@@ -590,6 +590,62 @@ class Affinity(_message.Message):
 Global___Affinity: _TypeAlias = Affinity  # noqa: Y015
 
 @_typing.final
+class TopologySpreadConstraint(_message.Message):
+    """Kubernetes' TopologySpreadConstraint: the pods matching label_selector stay spread over the
+    domains of topology_key, no domain holding more than max_skew pods above the emptiest one.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _WhenUnsatisfiable:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _WhenUnsatisfiableEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[TopologySpreadConstraint._WhenUnsatisfiable.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        WHEN_UNSATISFIABLE_UNSPECIFIED: TopologySpreadConstraint._WhenUnsatisfiable.ValueType  # 0
+        """treated as DO_NOT_SCHEDULE (Kubernetes' default)"""
+        DO_NOT_SCHEDULE: TopologySpreadConstraint._WhenUnsatisfiable.ValueType  # 1
+        """a filter: a node that would break max_skew is not a candidate"""
+        SCHEDULE_ANYWAY: TopologySpreadConstraint._WhenUnsatisfiable.ValueType  # 2
+        """a score: nodes in less crowded domains score higher"""
+
+    class WhenUnsatisfiable(_WhenUnsatisfiable, metaclass=_WhenUnsatisfiableEnumTypeWrapper): ...
+    WHEN_UNSATISFIABLE_UNSPECIFIED: TopologySpreadConstraint.WhenUnsatisfiable.ValueType  # 0
+    """treated as DO_NOT_SCHEDULE (Kubernetes' default)"""
+    DO_NOT_SCHEDULE: TopologySpreadConstraint.WhenUnsatisfiable.ValueType  # 1
+    """a filter: a node that would break max_skew is not a candidate"""
+    SCHEDULE_ANYWAY: TopologySpreadConstraint.WhenUnsatisfiable.ValueType  # 2
+    """a score: nodes in less crowded domains score higher"""
+
+    MAX_SKEW_FIELD_NUMBER: _builtins.int
+    TOPOLOGY_KEY_FIELD_NUMBER: _builtins.int
+    WHEN_UNSATISFIABLE_FIELD_NUMBER: _builtins.int
+    LABEL_SELECTOR_FIELD_NUMBER: _builtins.int
+    max_skew: _builtins.int
+    topology_key: _builtins.str
+    when_unsatisfiable: Global___TopologySpreadConstraint.WhenUnsatisfiable.ValueType
+    @_builtins.property
+    def label_selector(self) -> _containers.RepeatedCompositeFieldContainer[Global___LabelSelectorRequirement]:
+        """Pods whose labels match all of these requirements (empty: every pod)."""
+
+    def __init__(
+        self,
+        *,
+        max_skew: _builtins.int = ...,
+        topology_key: _builtins.str = ...,
+        when_unsatisfiable: Global___TopologySpreadConstraint.WhenUnsatisfiable.ValueType = ...,
+        label_selector: _abc.Iterable[Global___LabelSelectorRequirement] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "max_skew", b"max_skew", "topology_key", b"topology_key", "when_unsatisfiable", b"when_unsatisfiable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopologySpreadConstraint: _TypeAlias = TopologySpreadConstraint  # noqa: Y015
+
+@_typing.final
 class Taint(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -768,6 +824,7 @@ class PodTemplate(_message.Message):
     ENV_FIELD_NUMBER: _builtins.int
     DURATION_MS_FIELD_NUMBER: _builtins.int
     TERMINATION_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    TOPOLOGY_SPREAD_CONSTRAINTS_FIELD_NUMBER: _builtins.int
     numa_policy: Global___NumaPolicy.ValueType
     duration_ms: _builtins.int
     """Hollow mode: how long the pod runs before it succeeds. 0 runs until deleted."""
@@ -791,6 +848,8 @@ class PodTemplate(_message.Message):
 
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def topology_spread_constraints(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopologySpreadConstraint]: ...
     def __init__(
         self,
         *,
@@ -805,10 +864,11 @@ class PodTemplate(_message.Message):
         env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         duration_ms: _builtins.int = ...,
         termination_grace_seconds: _builtins.int = ...,
+        topology_spread_constraints: _abc.Iterable[Global___TopologySpreadConstraint] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "requests", b"requests"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "command", b"command", "duration_ms", b"duration_ms", "env", b"env", "labels", b"labels", "node_selector", b"node_selector", "numa_policy", b"numa_policy", "ports", b"ports", "requests", b"requests", "termination_grace_seconds", b"termination_grace_seconds", "tolerations", b"tolerations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "command", b"command", "duration_ms", b"duration_ms", "env", b"env", "labels", b"labels", "node_selector", b"node_selector", "numa_policy", b"numa_policy", "ports", b"ports", "requests", b"requests", "termination_grace_seconds", b"termination_grace_seconds", "tolerations", b"tolerations", "topology_spread_constraints", b"topology_spread_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

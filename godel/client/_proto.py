@@ -1,12 +1,13 @@
-"""GodelClient: the Python client of a Gödel cluster's public API (the Dispatcher).
+"""The protobuf layer: the API's RPCs one to one, taking and returning the generated messages.
 
-    from godel.client import GodelClient
-    with GodelClient("127.0.0.1:50051") as c:
+    from godel.client import ProtoClient
+    with ProtoClient("127.0.0.1:50051") as c:
         result = c.submit([job])
         pods = c.list("Pod", job="train")
 
-Synchronous on purpose: it serves scripts and the CLI; services talk to each other over the
-internal streams instead.
+The CLI, the benchmarks and the tests use it, as they print or check exact wire objects.
+Programs use the SDK (GodelClient / AsyncGodelClient), which speaks manifests instead. Both share
+the channel options, retry policy and error mapping of ``_transport``.
 """
 
 from __future__ import annotations
@@ -18,23 +19,10 @@ from typing import Any, Self
 import grpc
 from google.protobuf.message import Message
 
+from godel.client._transport import CHANNEL_OPTIONS, client_error
 from godel.manifest import OBJECT_FIELDS
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-
-MAX_MESSAGE_BYTES = 64 << 20
-_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
-
-
-class ClientError(Exception):
-    """A call failed; ``code`` is the gRPC status code, the message says why."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def unwrap(obj: api_pb2.Object) -> tuple[str, Message]:
@@ -59,7 +47,7 @@ class _Connection:
     def __init__(self, address: str, *, timeout: float) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
     def close(self) -> None:
         self._channel.close()
@@ -79,19 +67,21 @@ class _Connection:
         try:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise _client_error(exc, self.address) from None
+            raise client_error(exc, self.address) from None
 
 
-class GodelClient(_Connection):
+class ProtoClient(_Connection):
     def __init__(self, address: str, *, timeout: float = 30.0) -> None:
         super().__init__(address, timeout=timeout)
         self._api = api_pb2_grpc.DispatcherStub(self._channel)
 
-    def submit(self, jobs: Sequence[pb.Job], *, dry_run: bool = False) -> api_pb2.SubmitResponse:
-        """Validate and store jobs; each result says created, or lists the violations."""
-        return self._call(  # type: ignore[no-any-return]
-            self._api.Submit, api_pb2.SubmitRequest(jobs=jobs, dry_run=dry_run)
-        )
+    def submit(
+        self, jobs: Sequence[pb.Job], *, dry_run: bool = False, request_id: str = ""
+    ) -> api_pb2.SubmitResponse:
+        """Validate and store jobs; each result says created (or existing, for a retry of the
+        same ``request_id``), or lists the violations."""
+        request = api_pb2.SubmitRequest(jobs=jobs, dry_run=dry_run, request_id=request_id)
+        return self._call(self._api.Submit, request)  # type: ignore[no-any-return]
 
     def apply(
         self, objects: Sequence[tuple[str, Message]], *, dry_run: bool = False
@@ -143,7 +133,7 @@ class GodelClient(_Connection):
         try:
             yield from self._api.Watch(request)
         except grpc.RpcError as exc:
-            raise _client_error(exc, self.address) from None
+            raise client_error(exc, self.address) from None
 
 
 class ReschedulerClient(_Connection):
@@ -182,19 +172,11 @@ def logs(
     timeout: float | None = None,
 ) -> Iterator[bytes]:
     """The output of a process-mode pod, from the node agent that ran it."""
-    with grpc.insecure_channel(agent_address, options=_OPTIONS) as channel:
+    with grpc.insecure_channel(agent_address, options=CHANNEL_OPTIONS) as channel:
         stub = api_pb2_grpc.NodeAgentStub(channel)
         request = api_pb2.LogsRequest(pod=pod, follow=follow, tail_lines=tail_lines)
         try:
             for chunk in stub.Logs(request, timeout=timeout):
                 yield chunk.data
         except grpc.RpcError as exc:
-            raise _client_error(exc, agent_address) from None
-
-
-def _client_error(exc: grpc.RpcError, address: str) -> ClientError:
-    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
-    details: str = exc.details() or ""  # type: ignore[attr-defined]
-    if code == grpc.StatusCode.UNAVAILABLE:
-        details = f"cannot reach {address}: {details}"
-    return ClientError(code, details)
+            raise client_error(exc, agent_address) from None

@@ -1,0 +1,66 @@
+"""The Python SDK of a Gödel cluster, and the protobuf client the CLI uses.
+
+    from godel.client import GodelClient, job
+
+    with GodelClient() as client:                # $GODEL_ADDRESS, else the `godel up` cluster
+        train = client.submit(job("train", replicas=8, cpu="2", memory="4Gi"))
+        train.wait("Running", timeout=60)
+        for pod in train.pods():
+            print(pod.name, pod.node)
+        train.delete()
+
+``AsyncGodelClient`` is the same API for asyncio (``await client.submit(...)``, ``async for
+event in client.watch(...)``). Objects come back manifest-shaped (``godel.client.objects``);
+failures are typed ClientErrors. See godel/README.md for the reference.
+"""
+
+from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, JobFailed
+from godel.client._proto import ProtoClient, ReschedulerClient, logs, unwrap, wrap
+from godel.client._sync import GodelClient, JobHandle
+from godel.client._transport import (
+    MAX_MESSAGE_BYTES,
+    AlreadyExists,
+    ClientError,
+    ClusterNotFound,
+    Conflict,
+    DeadlineExceeded,
+    Invalid,
+    NotFound,
+    Unavailable,
+    Violation,
+    discover,
+    local_address,
+)
+from godel.client.objects import Event, Explanation, Job, Object, Pod, job
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "AlreadyExists",
+    "Applied",
+    "AsyncGodelClient",
+    "AsyncJobHandle",
+    "ClientError",
+    "ClusterNotFound",
+    "Conflict",
+    "DeadlineExceeded",
+    "Event",
+    "Explanation",
+    "GodelClient",
+    "Invalid",
+    "Job",
+    "JobFailed",
+    "JobHandle",
+    "NotFound",
+    "Object",
+    "Pod",
+    "ProtoClient",
+    "ReschedulerClient",
+    "Unavailable",
+    "Violation",
+    "discover",
+    "job",
+    "local_address",
+    "logs",
+    "unwrap",
+    "wrap",
+]

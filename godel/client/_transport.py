@@ -1,0 +1,181 @@
+"""What every client shares, sync or async: finding the cluster, the channel's options (message
+sizes, retries), deadlines and turning a failed call into a typed ClientError.
+
+Retries of UNAVAILABLE are gRPC's own retry policy, set through the channel's service config:
+exponential backoff with jitter (gRPC randomises each delay in [0, backoff]), applied by the
+channel to unary calls and to a stream until its first message. Nothing is retried by hand for
+unary calls; a Watch that breaks mid-stream is resumed by the SDK from its last revision.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+MAX_MESSAGE_BYTES = 64 << 20
+DEFAULT_TIMEOUT = 30.0
+# gRPC caps maxAttempts at 5; with these backoffs a call rides out about 3 s of a restarting
+# server before it reports Unavailable.
+RETRY_POLICY: dict[str, Any] = {
+    "maxAttempts": 5,
+    "initialBackoff": "0.2s",
+    "maxBackoff": "2s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+# Not the Rescheduler: a Trigger whose reply was lost has run its round, and running it again
+# would move pods twice. The Dispatcher's writes are safe to resend: Submit by its request id,
+# Apply is declarative; a resent Delete that had worked reports NotFound.
+_SERVICES = ("godel.v1.Dispatcher", "godel.v1.NodeAgent")
+SERVICE_CONFIG = json.dumps(
+    {"methodConfig": [{"name": [{"service": s} for s in _SERVICES], "retryPolicy": RETRY_POLICY}]}
+)
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", SERVICE_CONFIG),
+]
+# Addresses a program may be given, in the order they are looked at.
+ADDRESS_VARIABLES = ("GODEL_ADDRESS", "GODEL_SERVER")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One problem with one field of a request, e.g. ``jobs[0].spec.min_member``."""
+
+    field: str
+    description: str
+
+
+class ClientError(Exception):
+    """A call failed; ``code`` is the gRPC status code, the message says why."""
+
+    stored: Sequence[str] = ()
+    """A batch submit refused in part: the jobs of the batch that were stored nonetheless."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NotFound(ClientError):
+    """The object does not exist (NOT_FOUND)."""
+
+
+class AlreadyExists(ClientError):
+    """An object of that name exists and was not made by this request."""
+
+
+class Invalid(ClientError):
+    """The request was refused as it stands (INVALID_ARGUMENT, or a rejected manifest or job);
+    ``violations`` says which fields are wrong and why."""
+
+    def __init__(
+        self, code: grpc.StatusCode, message: str, violations: list[Violation] | None = None
+    ) -> None:
+        super().__init__(code, message)
+        self.violations = violations or []
+
+
+class Unavailable(ClientError):
+    """The cluster could not be reached, even after retrying."""
+
+
+class Conflict(ClientError):
+    """A compare-and-set lost: the object changed since the version the caller named (ABORTED)."""
+
+
+class DeadlineExceeded(ClientError):
+    """The call took longer than its deadline."""
+
+
+class ClusterNotFound(Unavailable):
+    """No address was given and none could be discovered."""
+
+
+_ERRORS: dict[grpc.StatusCode, type[ClientError]] = {
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.INVALID_ARGUMENT: Invalid,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.ABORTED: Conflict,
+    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+}
+
+
+def client_error(exc: grpc.RpcError, address: str) -> ClientError:
+    """The typed error of a failed call (sync and aio errors alike)."""
+    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
+    details: str = exc.details() or ""  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNAVAILABLE:
+        details = f"cannot reach {address}: {details}"
+    return _ERRORS.get(code, ClientError)(code, details)
+
+
+def rejected(violations: list[Violation], what: str) -> ClientError:
+    """The error for a request the server answered with field violations: AlreadyExists when a
+    name clash is the only problem, else Invalid carrying every violation."""
+    text = "; ".join(f"{v.field}: {v.description}" for v in violations)
+    if all(v.description.startswith("AlreadyExists:") for v in violations):
+        return AlreadyExists(grpc.StatusCode.ALREADY_EXISTS, f"{what}: {text}")
+    return Invalid(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {text}", violations)
+
+
+def backoff(attempt: int, *, initial: float = 0.2, cap: float = 5.0) -> float:
+    """Seconds before reconnect ``attempt`` (0-based) of a broken stream: exponential, capped,
+    with full jitter so that many watchers of a restarted server do not return in step."""
+    return random.uniform(0, min(cap, initial * 2**attempt))
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+# ---------------------------------------------------------------------------------------------
+
+
+def local_address(kind: str, home: Path | None = None) -> str:
+    """Where the local cluster in ``home`` (default ``$GODEL_HOME``, else ``~/.godel``) serves
+    ``kind`` ("dispatcher", "rescheduler", ...), from the cluster.json `godel up` wrote."""
+    # Imported here: a program given an address never needs the local-cluster machinery.
+    from godel import local
+
+    godel_home = local.GodelHome(home or local.default_home())
+    try:
+        state = godel_home.load()
+    except local.StateError as exc:
+        raise ClusterNotFound(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+    if state is None:
+        raise ClusterNotFound(
+            grpc.StatusCode.UNAVAILABLE,
+            f"no cluster in {godel_home}: start one with `godel up`, or give its address "
+            "(GODEL_ADDRESS)",
+        )
+    try:
+        return state.address_of(kind)
+    except KeyError as exc:
+        raise ClusterNotFound(grpc.StatusCode.UNAVAILABLE, str(exc.args[0])) from None
+
+
+def discover(address: str | None = None, *, home: Path | None = None) -> str:
+    """The dispatcher's address: ``address`` if given, else ``$GODEL_ADDRESS`` or
+    ``$GODEL_SERVER`` (what a compose deployment or a remote cluster sets), else the local
+    cluster of ``home`` / ``$GODEL_HOME``."""
+    if address:
+        return address
+    for variable in ADDRESS_VARIABLES:
+        if value := os.environ.get(variable):
+            return value
+    return local_address("dispatcher", home)

@@ -1,0 +1,260 @@
+"""What SDK users hold: objects in the shape of their manifests, never protobuf messages.
+
+An ``Object`` wraps the manifest dict that ``godel get -o yaml`` prints (``apiVersion``,
+``kind``, ``metadata``, ``spec``, ``status``; field names as the CLI prints them) and adds typed
+accessors for what programs look at most (``phase``, ``node``). ``Job`` is also what one
+submits: built from a manifest dict, a YAML string or the ``job(...)`` helper, and checked by
+the same converter as ``godel apply`` (godel.manifest), so a mistake is reported before any call
+with the field it is in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import grpc
+import yaml
+from google.protobuf.message import Message
+
+from godel.client._transport import Invalid, Violation
+from godel.manifest import (
+    API_VERSION,
+    OBJECT_FIELDS,
+    ManifestError,
+    load,
+    parse_document,
+    to_manifest,
+)
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+# Jobs pass through these in order; waiting for one is satisfied by any later one (a short job
+# may go from Pending to Succeeded between two events). Failed and Unschedulable stand apart.
+JOB_PROGRESS = ("Pending", "Scheduled", "Running", "Succeeded")
+POD_PROGRESS = ("Pending", "Bound", "Running", "Succeeded")
+
+
+def invalid_manifest(exc: ManifestError) -> Invalid:
+    """A manifest the converter refused, as the SDK reports any refused request."""
+    return Invalid(grpc.StatusCode.INVALID_ARGUMENT, str(exc), [Violation(exc.field, exc.reason)])
+
+
+def _phase(value: str | None, prefix: str) -> str:
+    """``JOB_RUNNING`` -> ``Running`` (the manifest holds the enum's name)."""
+    if not value:
+        return "Pending"
+    return value.removeprefix(prefix).replace("_", " ").title().replace(" ", "")
+
+
+@dataclass(frozen=True)
+class Object:
+    """Any stored object, as its manifest. ``manifest`` is a plain dict: print it, dump it as
+    YAML (``to_yaml()``), or read fields from it."""
+
+    manifest: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.manifest.get("kind", ""))
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest.get("metadata", {}).get("name", ""))
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.manifest.get("metadata", {}).get("labels", {}))
+
+    @property
+    def resource_version(self) -> int:
+        # JSON renders int64 as a string.
+        return int(self.manifest.get("metadata", {}).get("resource_version", 0))
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return dict(self.manifest.get("spec", {}))
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.manifest.get("status", {}))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.manifest, sort_keys=False)
+
+    def __hash__(self) -> int:
+        # The manifest is a dict (unhashable); an object's identity at a version is enough.
+        return hash((self.kind, self.name, self.resource_version))
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+class Job(Object):
+    """A job: what one submits, and what the cluster reports of it."""
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any] | str) -> Job:
+        """A job from a manifest dict or a YAML string holding one Job document; raises
+        Invalid naming the field of any mistake."""
+        try:
+            if isinstance(manifest, str):
+                docs = load(manifest, "<manifest>")
+                if len(docs) != 1 or docs[0].kind != "Job":
+                    raise ManifestError("expected exactly one Job document", source="<manifest>")
+                obj = docs[0].obj
+            else:
+                parsed = parse_document(manifest, "<manifest>")
+                if parsed.kind != "Job":
+                    raise ManifestError(f"is {parsed.kind!r}, not 'Job'", "kind", "<manifest>")
+                obj = parsed.obj
+        except ManifestError as exc:
+            raise invalid_manifest(exc) from None
+        return cls(to_manifest("Job", obj))
+
+    @property
+    def phase(self) -> str:
+        """Pending, Scheduled, Running, Succeeded, Failed or Unschedulable."""
+        return _phase(self.status.get("phase"), "JOB_")
+
+    def to_proto(self) -> pb.Job:
+        """The job as the API takes it (what the system set, status above all, left out)."""
+        doc = {k: v for k, v in self.manifest.items() if k != "status"}
+        meta = {
+            k: v
+            for k, v in doc.get("metadata", {}).items()
+            if k not in ("uid", "resource_version", "creation_timestamp_ms")
+        }
+        parsed = parse_document({**doc, "metadata": meta}, self.name)
+        assert isinstance(parsed.obj, pb.Job)
+        return parsed.obj
+
+
+class Pod(Object):
+    @property
+    def phase(self) -> str:
+        """Pending, Bound, Running, Succeeded or Failed."""
+        return _phase(self.status.get("phase"), "POD_")
+
+    @property
+    def node(self) -> str:
+        """The node it is bound to ("" while pending)."""
+        return str(self.spec.get("node_name", ""))
+
+    @property
+    def job(self) -> str:
+        return str(self.spec.get("job", ""))
+
+
+_CLASSES: dict[str, type[Object]] = {"Job": Job, "Pod": Pod}
+_KIND_OF_FIELD = {f: k for k, f in OBJECT_FIELDS.items()}
+
+
+def from_proto(kind: str, obj: Message) -> Object:
+    """The SDK object of a stored protobuf object."""
+    cls = _CLASSES.get(kind)
+    if cls is None:
+        # Nodes, queues, budgets, ...: the manifest with its kind, no extra accessors.
+        return Object(to_manifest(kind, obj))
+    return cls(to_manifest(kind, obj))
+
+
+def object_from_wire(wrapped: api_pb2.Object) -> Object:
+    """The SDK object of an api.Object off the wire."""
+    field_name = wrapped.WhichOneof("kind")
+    if field_name is None:
+        raise ValueError("empty Object")
+    return from_proto(_KIND_OF_FIELD[field_name], getattr(wrapped, field_name))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change seen by a watch: ``object`` after it (for DELETED, its last state)."""
+
+    type: EventType
+    object: Object
+    revision: int
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a pod is where it is: bound to ``node``, or pending for ``summary``'s reasons
+    (``reasons`` counts the nodes that failed each check)."""
+
+    pod: str
+    phase: str
+    node: str
+    summary: str
+    total_nodes: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    scheduler: str = ""
+
+    @classmethod
+    def from_wire(cls, response: api_pb2.ExplainResponse) -> Explanation:
+        return cls(
+            pod=response.pod,
+            phase=_phase(pb.PodPhase.Name(response.phase), "POD_"),
+            node=response.node,
+            summary=response.summary,
+            total_nodes=response.total_nodes,
+            reasons={r.reason: r.nodes for r in response.reasons},
+            scheduler=response.scheduler,
+        )
+
+
+def job(
+    name: str,
+    *,
+    replicas: int = 1,
+    min_member: int | None = None,
+    cpu: str | int | float = "100m",
+    memory: str | int = "128Mi",
+    gpus: int = 0,
+    queue: str = "",
+    priority: int = 0,
+    qos: str = "",
+    labels: dict[str, str] | None = None,
+    pod_labels: dict[str, str] | None = None,
+    node_selector: dict[str, str] | None = None,
+    command: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    duration_ms: int = 0,
+    preemptible: bool | None = None,
+    replace_lost_pods: bool = False,
+) -> Job:
+    """A job from keywords: ``replicas`` pods with these requests, placed all together when
+    ``min_member`` (default: ``replicas``, a gang) of them fit. Quantities are written as in a
+    manifest (``cpu="500m"``, ``memory="4Gi"``). ``command`` runs on process-mode nodes;
+    ``duration_ms`` is how long a pod runs on a hollow node (0: until deleted)."""
+    template: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+    if gpus:
+        template["requests"]["gpus"] = gpus
+    optional: dict[str, Any] = {
+        "labels": pod_labels,
+        "nodeSelector": node_selector,
+        "command": command,
+        "env": env,
+        "durationMs": duration_ms,
+    }
+    template.update((k, v) for k, v in optional.items() if v)
+    spec: dict[str, Any] = {
+        "replicas": replicas,
+        "minMember": replicas if min_member is None else min_member,
+        "template": template,
+    }
+    optional = {
+        "queue": queue,
+        "priority": priority,
+        "qos": qos,
+        "replaceLostPods": replace_lost_pods,
+    }
+    spec.update((k, v) for k, v in optional.items() if v)
+    if preemptible is not None:
+        spec["preemptible"] = preemptible
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = labels
+    return Job.from_manifest(
+        {"apiVersion": API_VERSION, "kind": "Job", "metadata": metadata, "spec": spec}
+    )
