@@ -17,7 +17,7 @@ import pytest
 
 from godel.client import ClientError, ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
-from store.server import StoreServer
+from store.server import StoreServer, StoreServerError
 from tests.e2e.conftest import Cluster, wait_until
 from tests.factories import job as make_job
 
@@ -178,9 +178,20 @@ def test_store_restart_mid_run(make_cluster: Callable[..., Cluster]) -> None:
     port = int(store_record.address.rsplit(":", 1)[1].split("/")[0])
     server = StoreServer.from_pidfile(Path(cluster.home.store_dir), port)
     server.kill()
-    restarted = StoreServer.start(
-        Path(cluster.home.store_dir), port=port, fsync="everysec", detach=True
-    )
+
+    def restart() -> StoreServer | None:
+        # As an operator would: start it again on its port, again while the port is still
+        # held a moment after the kill (it was refused once with "Address already in use").
+        try:
+            return StoreServer.start(
+                Path(cluster.home.store_dir), port=port, fsync="everysec", detach=True
+            )
+        except StoreServerError as exc:
+            if "Address already in use" in str(exc):
+                return None
+            raise
+
+    restarted = wait_until(restart, timeout=30, what="the store to start again on its port")
     # Record the new server so `godel down` (the fixture's teardown) stops it.
     state = cluster.home.load()
     assert state is not None and restarted.pid is not None

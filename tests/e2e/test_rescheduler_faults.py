@@ -363,7 +363,7 @@ def test_a_replacement_off_its_recommendation_is_mismatched_and_stops_the_round(
     plan = execute(cluster, policy, batches, after_acks=change_n1)
 
     assert plan.evicted == 1, plan.message
-    assert "failure ratio 1.00 > 0.2" in plan.message and "before batch 2 of 2" in plan.message
+    assert "failure ratio 1.00 > 0.2" in plan.message and "stopped at batch 2 of 2" in plan.message
     [movement] = movements(cluster)
     assert plan.movements == [movement.metadata.name]
     assert movement.status.phase == shared.DONE
