@@ -11,10 +11,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from godel import local
@@ -56,6 +57,36 @@ class Cluster:
         state = self.home.load()
         assert state is not None
         self.state = state
+
+    def start_again(self, name: str) -> None:
+        """Start a (dead) component with the command `godel up` recorded for it, as an operator
+        would, and record the new process so that `godel down` (the teardown) stops it."""
+        record = self.component(name)
+        assert record.process() is None, f"{name} still runs"
+        with open(record.log, "ab") as out:
+            proc = subprocess.Popen(
+                record.command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.home.path,
+                env={
+                    **os.environ,
+                    "PYTHONUNBUFFERED": "1",
+                    "GODEL_STORE_URL": self.state.store_url,
+                },
+            )
+        state = self.home.load()
+        assert state is not None
+        state.components = [
+            replace(c, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time())
+            if c.name == name
+            else c
+            for c in state.components
+        ]
+        self.home.save(state)
+        self.reload()
 
     def run_store(self, fn: Callable[[Store], Any]) -> Any:
         async def go() -> Any:

@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -38,7 +37,6 @@ from services.rescheduler.plugins import new_plugin_registry
 from services.rescheduler.round import PLANNED, Policy, RoundPlan
 from services.rescheduler.service import build_policy
 from services.rescheduler.view import build_view
-from services.runtime.healthcheck import SERVING, probe
 from store import Store
 from tests.e2e.conftest import Cluster, wait_until
 from tests.e2e.test_rescheduler import GPU_NODES, TWO_NODES, cordon, gpu_job, original_case
@@ -215,36 +213,7 @@ def _zombie(pid: int) -> bool:
 
 
 def restart(cluster: Cluster, name: str) -> None:
-    """Start a (dead) component again with the command `godel up` recorded for it, as an operator
-    would, and record the new process so that `godel down` (the fixture's teardown) stops it."""
-    record = cluster.component(name)
-    assert record.process() is None, f"{name} still runs"
-    with open(record.log, "ab") as out:
-        proc = subprocess.Popen(
-            record.command,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=cluster.home.path,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": cluster.state.store_url},
-        )
-    state = cluster.home.load()
-    assert state is not None
-    state.components = [
-        replace(c, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time())
-        if c.name == name
-        else c
-        for c in state.components
-    ]
-    cluster.home.save(state)
-    cluster.reload()
-    wait_until(
-        lambda: proc.poll() is not None or probe(record.address, timeout=0.5) == SERVING,
-        60,
-        f"{name} serving again",
-    )
-    assert proc.poll() is None, f"{name} exited with {proc.returncode} on restart"
+    cluster.start_again(name)
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -35,7 +34,6 @@ from godel.client import (
     job,
 )
 from godel.netutil import free_ports
-from services.runtime.healthcheck import SERVING, probe
 from tests.e2e.conftest import ROOT, Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -144,28 +142,7 @@ def _restart(cluster: Cluster, name: str) -> None:
     proc = psutil.Process(record.pid)
     proc.kill()
     proc.wait(10)
-    with open(record.log, "ab") as out:
-        new = subprocess.Popen(
-            record.command,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=cluster.home.path,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": cluster.state.store_url},
-        )
-    # Recorded, so the fixture's `godel down` stops the new process.
-    state = cluster.home.load()
-    assert state is not None
-    state.components = [
-        replace(c, pid=new.pid, create_time=psutil.Process(new.pid).create_time())
-        if c.name == name
-        else c
-        for c in state.components
-    ]
-    cluster.home.save(state)
-    cluster.reload()
-    wait_until(lambda: probe(record.address, timeout=0.5) == SERVING, what=f"{name} serving")
+    cluster.start_again(name)
 
 
 def test_watch_resumes_through_a_dispatcher_kill9(make_cluster: Callable[..., Cluster]) -> None:
