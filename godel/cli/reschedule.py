@@ -163,7 +163,8 @@ def get_policies(output: str, rescheduler: str | None, home: Path | None) -> Non
     """`godel get policies`: each policy's plugins, triggers and last round."""
     with rescheduler_client(rescheduler, home) as client:
         try:
-            policies, paused = client.policies(), client.paused()
+            listing = client.list_policies()
+            policies, paused = list(listing.policies), listing.paused
         except ClientError as exc:
             fail(str(exc))
     if output == "json":

@@ -149,13 +149,12 @@ class ReschedulerClient(_Connection):
         request = api_pb2.TriggerRequest(policy=policy, dry_run=dry_run)
         return self._call(self._api.Trigger, request)  # type: ignore[no-any-return]
 
-    def policies(self) -> list[api_pb2.PolicyInfo]:
-        response = self._call(self._api.ListPolicies, api_pb2.ListPoliciesRequest())
-        return list(response.policies)
+    def list_policies(self) -> api_pb2.ListPoliciesResponse:
+        """The policies with their last rounds, and whether the kill switch is on."""
+        return self._call(self._api.ListPolicies, api_pb2.ListPoliciesRequest())  # type: ignore[no-any-return]
 
-    def paused(self) -> bool:
-        """Whether the kill switch is on."""
-        return bool(self._call(self._api.ListPolicies, api_pb2.ListPoliciesRequest()).paused)
+    def policies(self) -> list[api_pb2.PolicyInfo]:
+        return list(self.list_policies().policies)
 
     def pause(self, paused: bool = True) -> bool:
         """Pause (or, with False, resume) every policy's rounds and batches; the new state."""

@@ -34,6 +34,7 @@ from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import movements as shared
+from services.binder.service import LEASE as BINDER_LEASE
 from services.eviction import RESCHEDULED
 from services.rescheduler import movements as mv
 from services.rescheduler.framework import ClusterView, Move
@@ -43,7 +44,6 @@ from store.errors import StoreError
 
 log = structlog.get_logger(__name__)
 
-BINDER_LEASE = "binder"
 _POLL_SECONDS = 0.2
 
 

@@ -13,7 +13,7 @@ constrains the rescheduler too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -240,7 +240,3 @@ class Check(Protocol):
     def record(self, moves: Sequence[Move], view: ClusterView, generation: int, now: float) -> None:
         """``moves`` were carried out by round ``generation``: remember them (throttles)."""
         ...
-
-
-def names(plugins: Iterable[object]) -> list[str]:
-    return [getattr(p, "NAME", type(p).__name__) for p in plugins]

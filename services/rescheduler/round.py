@@ -40,6 +40,7 @@ from protos.godel.v1 import api_pb2 as api
 from services.rescheduler import metrics
 from services.rescheduler.framework import Algorithm, Check, ClusterView, Detector, Move
 from services.rescheduler.generator import InfeasiblePlanError, plan_batches
+from services.rescheduler.plugins.topologyspread import spread_share
 
 PLANNED = "planned"
 NOTHING = "nothing to do"
@@ -323,8 +324,6 @@ class RoundRunner:
         )
         key = policy.detector_args.get("topology_key")
         if isinstance(key, str) and key:
-            from services.rescheduler.plugins.topologyspread import spread_share
-
             figures.spread_share = spread_share(
                 view,
                 key,

@@ -54,6 +54,10 @@ async def _refuse(
 
 
 class RejectUndecodable(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self) -> None:
+        # Wrapped handlers by the handler grpc found: built once per method, not per call.
+        self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -62,18 +66,25 @@ class RejectUndecodable(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        what = _message_name(handler.request_deserializer)
-        decode = _lenient(handler.request_deserializer)
-        serialize = handler.response_serializer
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _unary(handler.unary_unary, what), decode, serialize
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _unary_stream(handler.unary_stream, what), decode, serialize
-            )
-        return handler
+        cached = self._wrapped.get(id(handler))
+        if cached is None or cached[0] is not handler:
+            cached = self._wrapped[id(handler)] = (handler, _wrap(handler))
+        return cached[1]
+
+
+def _wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    what = _message_name(handler.request_deserializer)
+    decode = _lenient(handler.request_deserializer)
+    serialize = handler.response_serializer
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            _unary(handler.unary_unary, what), decode, serialize
+        )
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            _unary_stream(handler.unary_stream, what), decode, serialize
+        )
+    return handler
 
 
 def _unary(behavior: Any, what: str) -> Any:

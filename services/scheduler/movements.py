@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -125,6 +126,9 @@ class MovementTracker:
         repeated once per replacement it should still take; oldest Movement first. ``placing``:
         the pods about to be placed; an earlier proposal of theirs is void (the Binder refused
         it, or they would not be placed again) and no longer holds its recommendation."""
+        movements = self._live_for(job, _now_ms())
+        if not movements:
+            return []  # every unit of every job asks: the common answer costs a lookup
         now = time.monotonic()
         again = set(placing)
         self._proposals = {
@@ -132,9 +136,21 @@ class MovementTracker:
             for pod, p in self._proposals.items()
             if now - p.at < PROPOSAL_TTL_SECONDS and pod not in again
         }
-        movements = self._live_for(job, _now_ms())
-        if not movements:
-            return []
+        # A proposal is recorded, once bound, as actual on the node it proposed: until then it
+        # holds its recommendation's slot.
+        recorded = {
+            t.pod
+            for movement in movements
+            for owner in movement.status.owners
+            if owner.job == job
+            for rec in owner.recommended_nodes
+            for t in rec.actual_pods
+        }
+        pending = Counter(
+            (p.movement, p.node)
+            for pod, p in self._proposals.items()
+            if p.job == job and pod not in recorded
+        )
         out: list[tuple[str, str]] = []
         for movement in sorted(movements, key=lambda m: m.metadata.creation_timestamp_ms):
             name = movement.metadata.name
@@ -142,14 +158,7 @@ class MovementTracker:
                 if owner.job != job:
                     continue
                 for rec in owner.recommended_nodes:
-                    recorded = {t.pod for t in rec.actual_pods}
-                    pending = sum(
-                        1
-                        for pod, p in self._proposals.items()
-                        if (p.movement, p.job, p.node) == (name, job, rec.node)
-                        and pod not in recorded
-                    )
-                    open_ = rec.desired_pod_count - len(rec.actual_pods) - pending
+                    open_ = rec.desired_pod_count - len(rec.actual_pods) - pending[name, rec.node]
                     out += [(rec.node, name)] * max(0, open_)
         return out
 

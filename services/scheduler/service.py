@@ -37,6 +37,7 @@ from placement.snapshot import Snapshot
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.binder.service import LEASE as BINDER_LEASE
 from services.runtime import Service, ServiceConfig, option
 from services.runtime.config import ConfigError
 from services.runtime.service import MAX_MESSAGE_BYTES
@@ -49,7 +50,6 @@ from store.informer import Handlers, Informer
 log = structlog.get_logger(__name__)
 
 SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
-BINDER_LEASE = "binder"
 # How long a stopping shard lets its in-flight writes (pods marked unschedulable) finish.
 SIDE_TASKS_GRACE_SECONDS = 1.0
 # How long a unit search runs before letting the event loop serve streams and heartbeats.
