@@ -352,6 +352,7 @@ class EvictRequest(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     REQUESTER_FIELD_NUMBER: _builtins.int
     MOVEMENT_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """"Rescheduled", "Drained", ...: the evicted pods' status.reason."""
     message: _builtins.str
@@ -360,6 +361,11 @@ class EvictRequest(_message.Message):
     """Who asks, e.g. "rescheduler/<instance>"."""
     movement: _builtins.str
     """The Movement the eviction belongs to, if any (recorded on each evicted pod)."""
+    partial: _builtins.bool
+    """Evict each pod that may go, in the order given, refusing only those that may not (a
+    disruption budget spent by the ones before). Default: all or nothing (a rescheduling batch
+    is planned to leave together).
+    """
     @_builtins.property
     def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodRef]:
         """The pods, with their uid as a precondition (a pod re-created under the same name is not
@@ -374,10 +380,11 @@ class EvictRequest(_message.Message):
         message: _builtins.str = ...,
         requester: _builtins.str = ...,
         movement: _builtins.str = ...,
+        partial: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "movement", b"movement", "pods", b"pods", "reason", b"reason", "requester", b"requester"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "movement", b"movement", "partial", b"partial", "pods", b"pods", "reason", b"reason", "requester", b"requester"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
