@@ -60,10 +60,13 @@ def pending_reason(pod: pb.Pod) -> str:
     cpu") for a scheduler's "0/N nodes fit: ..." summary, else the condition's own message."""
     for condition in pod.status.conditions:
         if condition.type == "PodScheduled" and condition.status == "False":
-            _, reasons = parse_summary(condition.message)
+            # "0/12 nodes fit: 12 insufficient cpu; preemption: ...; min_member needs ...":
+            # the node summary leads, what follows is the same for every pod of the unit.
+            first = condition.message.split(";", 1)[0].strip()
+            _, reasons = parse_summary(first)
             if reasons:
                 return max(reasons, key=lambda r: r.nodes).reason
-            return condition.message or condition.reason or WAITING
+            return first or condition.reason or WAITING
     return WAITING
 
 

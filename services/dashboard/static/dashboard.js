@@ -100,6 +100,14 @@ function drawSeries(canvasId, points, series, unit) {
       if (started) ctx.lineTo(x, y); else { ctx.moveTo(x, y); started = true; }
     });
     ctx.stroke();
+    // Dots as well: a lone second of binds has no line to draw.
+    ctx.fillStyle = s.colour;
+    points.forEach((p, i) => {
+      const v = p[s.key];
+      if (v === null || v === undefined || v === 0) return;
+      const x = pad + (i / Math.max(points.length - 1, 1)) * (w - pad);
+      ctx.fillRect(x - 1.5, h - 14 - (v / max) * (h - 22) - 1.5, 3, 3);
+    });
     ctx.fillStyle = s.colour;
     ctx.fillText(s.label, w - 150 + k * 70, 12);
   });
