@@ -1,5 +1,6 @@
 """The metrics endpoint every service gets from the runtime, and the store's round-trip time:
-scraped over real HTTP from a service run in-process against the real store server."""
+scraped over real HTTP from a service run in-process against the real store server; and what a
+Binder batch counts. (Metrics of a live cluster after a job: tests/e2e/test_metrics.py.)"""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ from typing import Any, ClassVar
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from godel.netutil import free_port
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import objects_pb2 as pb
+from services import metrics
 from services.runtime import Service, ServiceConfig, ServiceHost
 from services.runtime.metrics import SampledGauge
 from store import Store
@@ -109,3 +114,46 @@ async def _scrape_until(address: str, key: str, ok: Any = None) -> dict[str, flo
             return samples
         await asyncio.sleep(0.05)
     raise AssertionError(f"{key} never appeared at {address}")
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_a_decided_batch_counts_binds_refusals_by_reason_preemptions_and_latency() -> None:
+    batch = ipb.DecisionBatch(
+        units=[
+            ipb.UnitDecision(
+                job="j",
+                placements=[
+                    ipb.Placement(pod="j-0", node="n1", victims=["low-0", "low-1"]),
+                    ipb.Placement(pod="j-1", node="n2", victims=["low-2"]),
+                    ipb.Placement(pod="j-2", node="n3"),
+                    ipb.Placement(pod="j-3", node="n3"),
+                ],
+            )
+        ]
+    )
+    verdicts = ipb.VerdictBatch(
+        verdicts=[
+            ipb.PodVerdict(pod="j-0", code=ipb.BOUND),
+            ipb.PodVerdict(pod="j-1", code=ipb.CONFLICT),  # its victim was not evicted
+            ipb.PodVerdict(pod="j-2", code=ipb.CONFLICT),
+            ipb.PodVerdict(pod="j-3", code=ipb.STALE),
+        ]
+    )
+    bound = pb.Pod(metadata=pb.ObjectMeta(name="j-0", creation_timestamp_ms=10_000))
+    bound.status.bound_ms = 12_500
+    names = (
+        ("godel_binder_pods_bound_total", {}),
+        ("godel_binder_conflicts_total", {"reason": "conflict"}),
+        ("godel_binder_conflicts_total", {"reason": "stale"}),
+        ("godel_binder_conflicts_total", {"reason": "gang_rejected"}),
+        ("godel_binder_preemptions_total", {}),
+        ("godel_binder_submit_to_bound_seconds_count", {}),
+        ("godel_binder_submit_to_bound_seconds_sum", {}),
+    )
+    before = [_sample(name, **labels) for name, labels in names]
+    metrics.record_verdicts(batch, verdicts, [bound], now_ms=99_999)
+    moved = [_sample(name, **labels) - b for (name, labels), b in zip(names, before, strict=True)]
+    assert moved == [1, 2, 1, 0, 2, 1, 2.5]
