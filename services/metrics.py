@@ -111,6 +111,31 @@ BINDER_QUEUED_WORK = SampledGauge(
     "godel_binder_queued_batches", "Decision batches and eviction requests waiting to be decided"
 )
 
+# --- node agent ------------------------------------------------------------------------------
+
+NODEAGENT_PODS_RUNNING = SampledGauge(
+    "godel_nodeagent_pods_running",
+    "Pods this agent runs now, by mode (hollow: simulated; process: a real process)",
+    ("mode",),
+)
+NODEAGENT_NODES = SampledGauge("godel_nodeagent_nodes", "Nodes this agent serves")
+NODEAGENT_STATUS_WRITES_PENDING = SampledGauge(
+    "godel_nodeagent_status_writes_pending", "Pod phase changes waiting to be written to the store"
+)
+
+# --- rescheduler -----------------------------------------------------------------------------
+
+RESCHEDULER_ROUNDS = Counter(
+    "godel_rescheduler_rounds_total",
+    "Rescheduling rounds by policy and outcome (dry runs included, labelled)",
+    ["policy", "outcome", "dry_run"],
+)
+RESCHEDULER_PODS_EVICTED = Counter(
+    "godel_rescheduler_pods_evicted_total",
+    "Pods evicted by executed rescheduling rounds (each got a replacement)",
+    ["policy"],
+)
+
 _VERDICT_REASONS = {
     code: ipb.VerdictCode.Name(code).lower()
     for code in ipb.VerdictCode.values()

@@ -92,6 +92,23 @@ def test_metrics_move_after_a_job_and_status_shows_where_they_are(
     # Everything bound: the queue is known and empty.
     assert value(dispatcher, "godel_dispatcher_queue_pending_pods", queue="research") == 0
 
+    # The node agent's gauges, and a rescheduling round (a dry run) counted by outcome.
+    [agent] = [c for c in services if c.kind == "nodeagent"]
+    wait_until(
+        lambda: value(scrape(agent.metrics_address), "godel_nodeagent_nodes") == 8,
+        what="the agent's node count",
+    )
+    cluster.godel("reschedule", "binpacking", "--dry-run")
+    [rescheduler] = of("rescheduler")
+    rounds = [
+        v
+        for (name, labels), v in rescheduler.items()
+        if name == "godel_rescheduler_rounds_total"
+        and dict(labels)["policy"] == "binpacking"
+        and dict(labels)["dry_run"] == "true"
+    ]
+    assert sum(rounds) == 1
+
     # The store's round trips are timed in every service, and informers report their lag.
     for component in services:
         samples = scrape(component.metrics_address)
