@@ -10,7 +10,14 @@ import orjson
 import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dashboard.summary import WAITING, ClusterTracker, heatmap, pending_reason
+from services.dashboard.summary import (
+    WAITING,
+    ClusterTracker,
+    heatmap,
+    lease_summary,
+    movement_summary,
+    pending_reason,
+)
 
 HEATMAP_CASES = [
     # (case, utilisations, max cells, expected cells, expected nodes per cell)
@@ -125,3 +132,36 @@ def test_summary_size_does_not_grow_with_the_cluster() -> None:
     assert nodes["pools"]["guaranteed"]["nodes_per_cell"] == 10
     size = len(orjson.dumps({"nodes": nodes, "throughput": tracker.throughput()}))
     assert size < 64 * 1024, f"{size} bytes for 20,000 nodes"
+
+
+def test_recent_movements_newest_first_and_bounded() -> None:
+    movements = [
+        pb.Movement(
+            metadata=pb.ObjectMeta(name=f"m{i:02d}", creation_timestamp_ms=1000 + i),
+            spec=pb.MovementSpec(policy="binpacking", batch=i, deleted_tasks=[pb.TaskRef()] * 2),
+            status=pb.MovementStatus(phase="Done"),
+        )
+        for i in range(15)
+    ]
+    rows = movement_summary(list(movements))
+    assert [r["name"] for r in rows] == [f"m{i:02d}" for i in range(14, 4, -1)]
+    assert rows[0] | {"created_ms": 0} == {
+        "name": "m14", "policy": "binpacking", "batch": 14, "phase": "Done", "pods": 2,
+        "created_ms": 0, "message": "",
+    }  # fmt: skip
+
+
+LEASE_CASES = [
+    ("never taken", None, {"leader": None, "address": None, "epoch": 0}),
+    ("released or expired", pb.Lease(name="binder", epoch=3),
+     {"leader": None, "address": None, "epoch": 3}),
+    ("held", pb.Lease(name="binder", holder="binder-1", holder_address="127.0.0.1:5", epoch=4),
+     {"leader": "binder-1", "address": "127.0.0.1:5", "epoch": 4}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("lease", "expected"), [c[1:] for c in LEASE_CASES], ids=[c[0] for c in LEASE_CASES]
+)
+def test_binder_leader(lease: pb.Lease | None, expected: dict[str, object]) -> None:
+    assert lease_summary(lease) == expected
