@@ -13,6 +13,8 @@ import grpc
 import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services import metrics
 from services.dispatcher.api import DispatcherServicer
 from services.dispatcher.controllers import (
     BudgetStatusController,
@@ -136,6 +138,21 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(queue_status.run(), name="queue-status")
         self.spawn(budget_status.run(), name="budget-status")
         self.spawn(job_retry.run(), name="job-retry")
+
+    def sample_metrics(self) -> None:
+        queues = self.core.queue_statuses()
+        # Every known queue, so that an emptied queue reads 0 rather than vanishing.
+        names = {q.metadata.name for q in self.informer.list("Queue")} | set(queues)  # type: ignore[attr-defined]
+        idle = pb.QueueStatus()
+        metrics.DISPATCHER_QUEUE_PENDING_PODS.publish(
+            {(name,): queues.get(name, idle).pending_pods for name in names}
+        )
+        metrics.DISPATCHER_QUEUE_PENDING_UNITS.publish(
+            {(name,): queues.get(name, idle).pending_units for name in names}
+        )
+        links = self.core.links.values()
+        metrics.DISPATCHER_SHARD_CREDITS.publish({(link.name,): link.credits for link in links})
+        metrics.DISPATCHER_SHARD_UNDECIDED_PODS.publish({(link.name,): link.load for link in links})
 
     async def on_stop(self) -> None:
         await self.core.close()

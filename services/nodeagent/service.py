@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,10 @@ import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services import metrics
 from services.binder.client import BinderEvictor
 from services.nodeagent.nodes import (
+    HOLLOW,
     PROCESS,
     GiB,
     NodeSet,
@@ -251,6 +254,16 @@ class NodeAgentService(Service[NodeAgentConfig]):
             work_dir=str(work_dir),
             heartbeat_seconds=cfg.heartbeat_seconds,
         )
+
+    def sample_metrics(self) -> None:
+        if not hasattr(self, "runner"):
+            return  # still starting
+        running = Counter(run.mode for run in self.runner.runs.values() if not run.finished)
+        metrics.NODEAGENT_PODS_RUNNING.publish(
+            {(mode,): running[mode] for mode in (HOLLOW, PROCESS)}
+        )
+        metrics.NODEAGENT_NODES.set(len(self.nodes.desired))
+        metrics.NODEAGENT_STATUS_WRITES_PENDING.set(len(self.runner.pending))
 
     async def on_stop(self) -> None:
         # Heartbeats just stop: nodes are not marked NotReady, so a quick restart fails no pod.

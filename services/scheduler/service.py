@@ -37,6 +37,7 @@ from placement.snapshot import Snapshot
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services import metrics
 from services.binder.service import LEASE as BINDER_LEASE
 from services.runtime import Service, ServiceConfig, option
 from services.runtime.config import ConfigError
@@ -281,6 +282,12 @@ class SchedulerService(Service[SchedulerConfig]):
         self.spawn(self.movements.ack_loop(), name="scheduler-movement-acks")
         self._heartbeat = self.spawn(self._heartbeat_loop(), name="scheduler-heartbeat")
         log.info("shard ready", address=self.address, nodes=len(self.cache.present))
+
+    def sample_metrics(self) -> None:
+        # Heap entries of revoked units are skipped when popped; counted here, they are few.
+        metrics.SCHEDULER_PENDING_UNITS.publish(
+            {("ready",): len(self._ready), ("backoff",): len(self._backoff)}
+        )
 
     async def on_stop(self) -> None:
         # Stop heartbeating first: a heartbeat in flight would re-register the deleted shard.
@@ -540,12 +547,14 @@ class SchedulerService(Service[SchedulerConfig]):
             infos,
             preferred=self.movements.preferences(unit.name, [p.name for p in infos]),
         )
-        result = await self._search(info)
+        with metrics.SCHEDULER_SCHEDULING_DURATION.time():
+            result = await self._search(info)
         unit.pending.clear()
         if unit.revoked:
             return None  # revoked while being placed: its placements die with the snapshot
         unit.infeasible = result.infeasible
         if not result.success:
+            metrics.SCHEDULER_UNITS_UNSCHEDULABLE.inc()
             unit.handed_back.update(result.unplaced)
             log.info("unit unschedulable", job=unit.name, reason=result.reason)
             self._maybe_finish(unit)
@@ -572,6 +581,7 @@ class SchedulerService(Service[SchedulerConfig]):
             )
         unit.handed_back.update(result.unplaced)
         self.stats["decided_pods"] += len(placements)
+        metrics.SCHEDULER_PODS_SCHEDULED.inc(len(placements))
         self._nominate(unit, placements)
         return ipb.UnitDecision(
             job=unit.name,
