@@ -3,10 +3,16 @@ best-effort pods give way, and when a pool is worth writing."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
 from services.nodeagent.tidal import (
+    ProcessUsage,
     Usage,
     UsageCurve,
     hollow_usage,
@@ -130,12 +136,6 @@ def test_pool_moved(old: tuple[int, int], new: tuple[int, int], expected: bool) 
 
 def test_process_usage_measures_the_pod_process_tree() -> None:
     """A real process (with a child) is measured; a pod without a process counts as hollow."""
-    import subprocess
-    import sys
-    import time
-
-    from services.nodeagent.tidal import ProcessUsage
-
     busy = "import subprocess, sys, time; c = subprocess.Popen(['sleep', '30']); t = time.time()\nwhile time.time() - t < 30: pass"
     proc = subprocess.Popen([sys.executable, "-c", busy])
     try:
@@ -150,5 +150,7 @@ def test_process_usage_measures_the_pod_process_tree() -> None:
         # measurement (how much depends on the machine's load).
         assert second.milli_cpu > 1000
     finally:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
         proc.kill()
         proc.wait()
