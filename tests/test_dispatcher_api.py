@@ -179,6 +179,8 @@ BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
      "must not be negative"),
     ("negative backoff limit", _set("spec.backoff_limit", -1), "jobs[0].spec.backoff_limit",
      "must not be negative"),
+    ("negative ttl after finished", _set("spec.ttl_seconds_after_finished", -1),
+     "jobs[0].spec.ttl_seconds_after_finished", "must not be negative"),
     ("unknown preemption policy", _set("spec.preemption_policy", 9),
      "jobs[0].spec.preemption_policy", "unknown preemption policy"),
     ("larger than every node", _set("spec.template.requests.milli_cpu", 8000),

@@ -24,6 +24,7 @@ from services.dispatcher.controllers import (
     QueueStatusController,
 )
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
+from services.dispatcher.ttl import FinishedJobCollector
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import option
 from store.informer import Informer
@@ -77,6 +78,14 @@ class DispatcherConfig(ServiceConfig):
     )
     informer_sync_seconds: float = field(
         default=60.0, metadata=option("how long startup waits for the store's listing", minimum=1)
+    )
+    finished_job_ttl_seconds: int = field(
+        default=86_400,
+        metadata=option(
+            "a finished job (and its pods) is deleted this long after it finished unless its "
+            "spec.ttlSecondsAfterFinished says otherwise; -1 keeps finished jobs",
+            minimum=-1,
+        ),
     )
 
 
@@ -138,6 +147,15 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(queue_status.run(), name="queue-status")
         self.spawn(budget_status.run(), name="budget-status")
         self.spawn(job_retry.run(), name="job-retry")
+        ttl = cfg.finished_job_ttl_seconds
+        self.finished_jobs = FinishedJobCollector(
+            self.store,
+            self.informer,
+            job_status.pods,
+            default_ttl_seconds=None if ttl < 0 else ttl,
+            interval_seconds=max(cfg.controller_interval_seconds, 1.0),
+        )
+        self.spawn(self.finished_jobs.run(), name="finished-jobs")
 
     def sample_metrics(self) -> None:
         queues = self.core.queue_statuses()

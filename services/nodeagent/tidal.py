@@ -248,7 +248,9 @@ class TidalController:
 
     async def tick(self, now: float | None = None) -> None:
         # Without a curve, simulated online pods use all they requested.
-        percent = self.curve.percent_at(time.time() if now is None else now) if self.curve else 100.0
+        percent = (
+            self.curve.percent_at(time.time() if now is None else now) if self.curve else 100.0
+        )
         guaranteed: dict[str, list[pb.Pod]] = {}
         best_effort: dict[str, list[pb.Pod]] = {}
         for pod in self.pods():

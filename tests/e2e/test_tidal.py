@@ -39,8 +39,10 @@ def test_online_usage_pushes_best_effort_pods_elsewhere(
     cluster = make_cluster(schedulers=1, hollow_nodes=3, service_args=(TIDAL_NODES,))
     # Empty nodes: the whole node less the 10 % reserve is reclaimable (not the static 50 %).
     wait_until(
-        lambda: [n.status.reclaimable.milli_cpu for n in cluster.client.list("Node")]  # type: ignore[attr-defined]
-        == [7200] * 3,
+        lambda: (
+            [n.status.reclaimable.milli_cpu for n in cluster.client.list("Node")]  # type: ignore[attr-defined]
+            == [7200] * 3
+        ),
         what="tidal pools written",
     )
     batch = (
