@@ -6,7 +6,9 @@ nodes from a rotating offset, own partition first, until it has found ``len(unit
 scan_extra`` feasible nodes; they are scored once and kept in a heap (without the cache, every
 pod scans for ``scan_extra`` nodes more than its gang needs). Later pods of the same
 template take the best cached node; after each assume only the chosen node is re-checked (and
-re-scored), since no other node changed. A template that found no node is remembered across
+re-scored), since no other node changed. The cache outlives the unit: the next unit of the same
+template (a stream of one-pod jobs) takes it over, re-checking and re-scoring only the cached
+nodes changed since (``Snapshot.changed_since``). A template that found no node is remembered across
 units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
 (``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
 preemption storm) does not scan every node per pod. Kube mode, for comparison: no cache, every
@@ -39,6 +41,8 @@ from placement.snapshot import Snapshot
 Mode = Literal["godel", "kube"]
 # Templates remembered as fitting nowhere (a memory bound; forgetting one only costs a scan).
 _MAX_NO_FIT = 10_000
+# Feasible-node caches kept between units (the most recently used; forgetting one costs a scan).
+_MAX_KEPT = 1_000
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,9 @@ class _NoFit:
 @dataclass(slots=True)
 class _Template:
     heap: list[tuple[int, int, str]] = field(default_factory=list)
+    # The entry of each cached node that still counts (its sequence number): an entry pushed
+    # again when a node is re-scored supersedes the older one, which is skipped when popped.
+    live: dict[str, int] = field(default_factory=dict)
     static: dict[str, int] = field(default_factory=dict)
     failure: str = ""
     # Set when a PreFilter narrowed the nodes: what to scan, and why the rest were skipped.
@@ -132,6 +139,8 @@ class UnitScheduler:
         self._segments: list[list[NodeInfo]] = []
         self._segments_key: tuple[int, int, frozenset[str]] | None = None
         self._no_fit: dict[bytes, _NoFit] = {}  # Gödel mode with the cache only
+        # Feasible-node caches between units, by template: (snapshot token, version, cache).
+        self._kept: dict[bytes, tuple[int, int, _Template]] = {}
 
     def segments(self, snapshot: Snapshot) -> list[list[NodeInfo]]:
         """Nodes in scan order: own partition first, then the rest."""
@@ -266,6 +275,10 @@ class UnitScheduler:
                     all_unresolvable = False
                     continue
             tmpl = None if topo else templates.get(pod.template_key)
+            if tmpl is None and pod_cache and labels is not None:
+                tmpl = self._reuse(pod, snapshot)
+                if tmpl is not None:
+                    templates[pod.template_key] = tmpl
             if tmpl is None:
                 tmpl = _Template()
                 if not topo:
@@ -313,6 +326,7 @@ class UnitScheduler:
                 self._push(tmpl, node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
             if not pod_cache:
                 tmpl.heap.clear()
+                tmpl.live.clear()
         if len(placements) >= needed and placements:
             result.success = True
             result.placements = [
@@ -327,6 +341,8 @@ class UnitScheduler:
             ]
             result.unplaced = unplaced
             result.reason = ""
+            if use_cache and labels is not None:
+                self._keep(templates, snapshot)
             return
         for pod, node in placements:
             place = preempted.get(pod.name)
@@ -334,6 +350,8 @@ class UnitScheduler:
                 undo(snapshot, pod.name, place)  # the gang preempts as a unit, or not at all
             else:
                 snapshot.forget(pod.name, node)
+        if use_cache and labels is not None:
+            self._keep(templates, snapshot)
         result.placements = []
         first = next(iter(unplaced.values()), "")
         # The node summary first: it is what `godel explain` leads with.
@@ -344,6 +362,37 @@ class UnitScheduler:
         )
         result.unplaced = {p.name: result.reason for p in unit.pods}
         result.infeasible = bool(unplaced) and all_unresolvable and not placements
+
+    def _keep(self, templates: dict[bytes, _Template], snapshot: Snapshot) -> None:
+        """Keep the unit's feasible-node caches for the next units of the same templates (a
+        stream of one-pod jobs reuses one cache, as Gödel keys it by template, not by unit).
+        Only caches over the whole view that still hold candidates are kept."""
+        for key, tmpl in templates.items():
+            if tmpl.live and tmpl.segments is None and tmpl.changed is None and not tmpl.failure:
+                self._kept.pop(key, None)  # most recently used last
+                self._kept[key] = (snapshot.token, snapshot.version, tmpl)
+        while len(self._kept) > _MAX_KEPT:
+            del self._kept[next(iter(self._kept))]
+
+    def _reuse(self, pod: PodInfo, snapshot: Snapshot) -> _Template | None:
+        """An earlier unit's cache for ``pod``'s template, brought up to the snapshot: each
+        cached node changed since (others' binds, deletions, our own cycle's assumes) is checked
+        and re-scored again, or dropped. None when there is none or the changes are not known."""
+        kept = self._kept.pop(pod.template_key, None)  # one unit at a time uses a cache
+        if kept is None:
+            return None
+        token, version, tmpl = kept
+        changed = snapshot.changed_since(version) if token == snapshot.token else None
+        if changed is None:
+            return None
+        framework, infos = self.framework, snapshot.infos
+        for node in changed & tmpl.live.keys():
+            info = infos.get(node)
+            if info is None or framework.run_filters(pod, info) is not None:
+                del tmpl.live[node]  # its heap entry is skipped when popped
+            else:
+                self._push(tmpl, node, tmpl.static[node] + framework.dynamic_score(pod, info))
+        return tmpl
 
     def _since_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
         """If an earlier unit's pod of this template found no node, scan only what changed."""
@@ -415,7 +464,10 @@ class UnitScheduler:
     ) -> str | None:
         """The best cached candidate; one among ``changed`` is taken only if it still fits."""
         while tmpl.heap:
-            node = heapq.heappop(tmpl.heap)[2]
+            _, seq, node = heapq.heappop(tmpl.heap)
+            if tmpl.live.get(node) != seq:
+                continue  # superseded by a later entry, or dropped
+            del tmpl.live[node]
             if node not in changed or self.framework.run_filters(pod, snapshot.infos[node]) is None:
                 return node
         return None
@@ -437,6 +489,7 @@ class UnitScheduler:
     def _push(self, tmpl: _Template, node: str, score: int) -> None:
         self._seq += 1
         heapq.heappush(tmpl.heap, (-score, self._seq, node))
+        tmpl.live[node] = self._seq
 
     def _scan(
         self,
