@@ -183,7 +183,9 @@ class UnitScheduler:
         labels = snapshot.labels if grouped is None else None
         first_failure = ""
         for segments in candidates:
-            yield from self._schedule_in(unit, snapshot, segments, labels, result)
+            # A grouped unit takes recommendations only inside the group it is placed in.
+            within = None if grouped is None else {n.name for seg in segments for n in seg}
+            yield from self._schedule_in(unit, snapshot, segments, labels, result, within)
             if result.success:
                 return result
             first_failure = first_failure or result.reason
@@ -224,6 +226,7 @@ class UnitScheduler:
         segments: list[list[NodeInfo]],
         labels: NodeLabels | None,
         result: UnitResult,
+        within: set[str] | None = None,
     ) -> Generator[None, None, None]:
         needed = unit.needed
         total_nodes = sum(len(s) for s in segments)
@@ -272,7 +275,7 @@ class UnitScheduler:
                 pod.topology = None
             pod_cache = use_cache and not topo
             if preferred:
-                taken = self._take_recommended(pod, snapshot, preferred)
+                taken = self._take_recommended(pod, snapshot, preferred, within)
                 if taken is not None:
                     target, recommended[pod.name] = taken
                     self._assume(pod, snapshot, target, numa)
@@ -455,11 +458,18 @@ class UnitScheduler:
         return None
 
     def _take_recommended(
-        self, pod: PodInfo, snapshot: Snapshot, preferred: dict[str, list[str]]
+        self,
+        pod: PodInfo,
+        snapshot: Snapshot,
+        preferred: dict[str, list[str]],
+        within: set[str] | None,
     ) -> tuple[str, str] | None:
         """The first recommended node that fits ``pod`` (filters only, as Gödel's preferred
-        nodes are tried), consuming one of its recommendations."""
+        nodes are tried) and lies ``within`` the unit's node group, if it has one; consuming
+        one of its recommendations."""
         for node, tags in preferred.items():
+            if within is not None and node not in within:
+                continue
             info = snapshot.infos.get(node)
             if info is not None and self.framework.run_filters(pod, info) is None:
                 tag = tags.pop(0)

@@ -43,6 +43,8 @@ class Case:
     required: list[str]
     preferred: list[str] = field(default_factory=list)
     placed_nodes: tuple[str, ...] = ()
+    # Movement recommendations (node, tag) the unit's pods try first.
+    recommended: list[tuple[str, str]] = field(default_factory=list)
     # Expected: the (rack, switch) pairs the pods land on, or a substring of the failure.
     lands: set[tuple[str, str]] | None = None
     reason: str = ""
@@ -70,6 +72,8 @@ CASES = [
          placed_nodes=("b-04",), lands={("b", "b1")}),
     Case("placed pods fix the rack even when it is full", 2, 1000, ["rack"],
          placed_nodes=("x-12",), reason="outside the rack domain of the job's placed pods"),
+    Case("a recommendation outside the chosen rack is not taken", 2, 1000, ["rack"],
+         recommended=[("b-04", "m1"), ("a-00", "m1")], lands={("a", "a1")}),
     Case("preferred only: one switch, else anywhere", 4, 4000, [], ["switch"],
          lands={("b", "b1")}),
 ]  # fmt: skip
@@ -89,6 +93,7 @@ def test_job_level_affinity_domain_choice_and_spill(case: Case) -> None:
         pods,
         affinity=JobAffinity.from_job(j),
         placed_nodes=case.placed_nodes,
+        preferred=list(case.recommended),
     )
     result = UnitScheduler(Framework(Profile(), new_in_tree_registry())).schedule(unit, snapshot)
     if case.lands is None:

@@ -306,3 +306,13 @@ def test_search_hands_out_each_exclusive_numa_node_once() -> None:
     failed = UnitScheduler(framework).schedule(UnitInfo("g", 3, 0, 0, gang), fresh)
     assert not failed.success and not failed.placements
     assert fresh.infos["n1"].numa_owner == {}  # the failed gang's NUMA nodes are given back
+
+
+def test_a_replacement_holds_no_numa_nodes_until_placed() -> None:
+    """The rescheduler's simulated replacement of a bound pod starts without its NUMA nodes."""
+    bound = pods_of(numa_job(job("x"), EXCLUSIVE))[0]
+    bound.spec.numa_nodes.append(1)
+    info = PodInfo.from_pod(bound)
+    assert info.req.numa_nodes == (1,)
+    replacement = info.renamed("x-0-r1", b"k")
+    assert (replacement.req.numa_nodes, replacement.req.numa_policy) == ((), EXCLUSIVE)

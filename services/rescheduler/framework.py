@@ -19,6 +19,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from placement.framework import Framework, PodInfo, Status
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED, NodeInfo
+from placement.plugins.numatopology import pin_numa
 from protos.godel.v1 import objects_pb2 as pb
 
 # A pod (or its job) labelled or annotated with this, "true", is never moved (the Protection check).
@@ -139,7 +140,8 @@ class ClusterView:
             return
         self.nodes[source].remove_pod(pod)
         self._by_node[source].discard(pod)
-        self.nodes[target].add_pod(running.info.req)
+        # A NUMA-bound pod holds NUMA nodes of its new node, chosen as a shard would.
+        self.nodes[target].add_pod(pin_numa(self.nodes[target], running.info.req))
         self._by_node.setdefault(target, set()).add(pod)
         running.node = target
 
