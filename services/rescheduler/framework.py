@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
-from placement.framework import Framework, PodInfo, Status
+from placement.framework import Framework, JobAffinity, PodInfo, Status
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED, NodeInfo
+from placement.plugins import joblevelaffinity
 from placement.plugins.numatopology import pin_numa
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -128,7 +129,23 @@ class ClusterView:
         if running.node == node:
             info = info.clone()
             info.remove_pod(pod)
-        return self.framework.run_filters(running.info, info)
+        status = self.framework.run_filters(running.info, info)
+        return status if status is not None else self.job_affinity_status(running, info)
+
+    def job_affinity_status(self, running: RunningPod, target: NodeInfo) -> Status | None:
+        """Job-level affinity, the unit rule the node filters cannot see: a pod of a job with
+        required topology keys moves only within its current domain (where the job's other
+        pods are), as the Binder would refuse anything else."""
+        job = self.jobs.get(running.job)
+        affinity = JobAffinity.from_job(job) if job is not None else None
+        current = self.nodes.get(running.node)
+        if affinity is None or not affinity.required or current is None:
+            return None
+        broken = joblevelaffinity.domain_violations(
+            affinity, [("", current.labels), (running.name, target.labels)]
+        )
+        why = broken.get(running.name)
+        return None if why is None else Status.unresolvable(why, plugin=joblevelaffinity.NAME)
 
     # -- changing ----------------------------------------------------------------------------
 

@@ -356,6 +356,8 @@ def validate_targets(
             dropped.append((move, f"node {move.target} is gone"))
             continue
         status = view.framework.run_filters(running.info, target)
+        if status is None:
+            status = view.job_affinity_status(running, target)
         if status is not None:
             dropped.append((move, f"{status.plugin}: {', '.join(status.reasons)}"))
             continue
