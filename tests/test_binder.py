@@ -1176,9 +1176,9 @@ async def running_job(store: Store, shard: Shard, name: str, replicas: int) -> l
     return [await store.get(pb.Pod, p) for p in pods]
 
 
-async def evict(address: str, pods: list[pb.Pod], **kw: str) -> dict[str, ipb.EvictResult]:
+async def evict(address: str, pods: list[pb.Pod], **kw: str | bool) -> dict[str, ipb.EvictResult]:
     async with grpc.aio.insecure_channel(address) as channel:
-        request = ipb.EvictRequest(reason="Rescheduled", requester="test", **kw)
+        request = ipb.EvictRequest(**{"reason": "Rescheduled", "requester": "test", **kw})
         for p in pods:
             request.pods.add(name=p.metadata.name, uid=p.metadata.uid)
         response = await internal_pb2_grpc.BinderStub(channel).Evict(request, timeout=20)
@@ -1250,6 +1250,45 @@ async def test_a_budget_refuses_the_whole_request(
     if expected == "REFUSED":
         assert "disruption budget web" in results["web-0"].reason
         assert (await store.get(pb.Pod, "other-0")).status.phase == pb.POD_BOUND
+
+
+@pytest.mark.parametrize(
+    ("max_unavailable", "expected"),
+    [
+        (0, {"web-0": "REFUSED", "web-1": "REFUSED", "other-0": "EVICTED"}),
+        (1, {"web-0": "EVICTED", "web-1": "REFUSED", "other-0": "EVICTED"}),
+        (2, {"web-0": "EVICTED", "web-1": "EVICTED", "other-0": "EVICTED"}),
+    ],
+    ids=["never disrupt", "one at a time: the first goes", "two allowed"],
+)
+async def test_a_partial_request_takes_each_pod_the_budgets_allow(
+    store: Store,
+    binder: ServiceHost[BinderConfig],
+    shard: Shard,
+    max_unavailable: int,
+    expected: dict[str, str],
+) -> None:
+    await store.create(f.node("n1"))
+    web = await running_job(store, shard, "web", 2)
+    other = await running_job(store, shard, "other", 1)
+    budget = pb.DisruptionBudget(metadata=pb.ObjectMeta(name="web"))
+    budget.spec.job = "web"
+    budget.spec.max_unavailable = max_unavailable
+    await store.create(budget)
+    host = binder.service
+    assert host is not None
+    await eventually(
+        lambda: _seen(host, "DisruptionBudget", "web"), what="the binder sees the budget"
+    )
+    results = await evict(binder.address, [*web, *other], reason="Reclaimed", partial=True)
+    assert {n: E.Outcome.Name(r.outcome) for n, r in results.items()} == expected
+    for name, outcome in expected.items():
+        pod = await store.get(pb.Pod, name)
+        if outcome == "EVICTED":
+            assert (pod.status.phase, pod.status.reason) == (pb.POD_FAILED, "Reclaimed")
+        else:
+            assert pod.status.phase == pb.POD_BOUND
+            assert "disruption budget web" in results[name].reason
 
 
 async def _seen(host: object, kind: str, name: str) -> bool:

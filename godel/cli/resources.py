@@ -182,6 +182,7 @@ COLUMNS: dict[str, list[Column]] = {
         ("SCHEDULER", lambda o: o.status.scheduler, True),
         ("PRIORITY", lambda o: o.spec.priority, True),
         ("REASON", lambda o: o.status.reason, True),
+        ("NOMINATED", lambda o: o.status.nominated_node, True),
         ("PREEMPTED-BY", lambda o: o.status.preempted_by, True),
         ("RV", lambda o: o.metadata.resource_version, True),
         ("AGE", _age, False),

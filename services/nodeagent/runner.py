@@ -111,6 +111,7 @@ class PodRun:
     # Why the child is being killed: "" (deleted / ended by someone else: write nothing) or the
     # reason to report, e.g. "AgentStopped".
     kill_reason: str = ""
+    pid: int | None = None  # a process pod's process while it runs (tidal usage measures it)
 
 
 class PodRunner:
@@ -293,6 +294,7 @@ class PodRunner:
                     self._process_ended(run, 127, "StartError", str(exc))
                     return
             log.info("pod process started", pod=run.name, pid=proc.pid)
+            run.pid = proc.pid
             self.queue(run.name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
             code = await proc.wait()
         except asyncio.CancelledError:
@@ -304,6 +306,7 @@ class PodRunner:
                 )
             raise
         finally:
+            run.pid = None
             run.exited.set()
         if code == 0:
             self._process_ended(run, 0, "Completed", "")
@@ -327,6 +330,11 @@ class PodRunner:
         if run.task is not None and not run.task.done():
             run.kill_reason = kill_reason
             run.task.cancel()
+
+    def pid_of(self, pod: str) -> int | None:
+        """The running process of a process-mode pod, if any."""
+        run = self.runs.get(pod)
+        return None if run is None else run.pid
 
     def log_path(self, pod: str) -> Path:
         return self.work_dir / f"{pod}.log"

@@ -20,7 +20,9 @@ import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.binder.client import BinderEvictor
 from services.nodeagent.nodes import (
+    PROCESS,
     GiB,
     MachineNuma,
     NodeSet,
@@ -34,6 +36,14 @@ from services.nodeagent.nodes import (
     process_node,
 )
 from services.nodeagent.runner import PodRunner
+from services.nodeagent.tidal import (
+    ProcessUsage,
+    TidalController,
+    TidalSettings,
+    Usage,
+    UsageCurve,
+    hollow_usage,
+)
 from services.runtime import ConfigError, Service, ServiceConfig, cancel_and_wait, option
 from store import StoreError
 from store.informer import Informer
@@ -116,7 +126,42 @@ class NodeAgentConfig(ServiceConfig):
         metadata=option("pod phase changes that trigger a write at once", minimum=1),
     )
 
+    tidal: bool = field(
+        default=False,
+        metadata=option(
+            "reclaimable pools follow what guaranteed pods use (tidal best-effort capacity); "
+            "best-effort pods over a shrunk pool are evicted"
+        ),
+    )
+    tidal_usage_curve: str = field(
+        default="",
+        metadata=option(
+            "hollow online pods' usage through the day as a percent of their requests, "
+            "'hour=percent,...' linear between points (default: all of their requests)"
+        ),
+    )
+    tidal_period_seconds: float = field(
+        default=86_400.0,
+        metadata=option("the length of the curve's day (shorter plays a day faster)", minimum=1),
+    )
+    tidal_interval_seconds: float = field(
+        default=2.0, metadata=option("seconds between tidal pool updates", minimum=0.05)
+    )
+    tidal_reserve_percent: int = field(
+        default=10,
+        metadata=option(
+            "share of a node kept free of best-effort pods for online bursts",
+            minimum=0,
+            maximum=100,
+        ),
+    )
+
     def __post_init__(self) -> None:
+        if self.tidal_usage_curve:
+            try:
+                UsageCurve.parse(self.tidal_usage_curve, self.tidal_period_seconds)
+            except ValueError as exc:
+                raise ConfigError(f"tidal_usage_curve: {exc}") from None
         # Bad labels or taints are a configuration error (exit 2), not a failed start.
         for name, parse in (("hollow_labels", parse_labels), ("hollow_taints", parse_taints)):
             try:
@@ -221,6 +266,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
         self.informer.start()
         await self.informer.wait_synced()
         self._heartbeat_task = self.spawn(self._heartbeat_loop(), name="heartbeat")
+        self._tidal_task = self.spawn(self.tidal().run(), name="tidal") if cfg.tidal else None
         self._flusher_task = self.spawn(self.runner.run_flusher(), name="pod-status-flusher")
         log.info(
             "node agent started",
@@ -231,12 +277,45 @@ class NodeAgentService(Service[NodeAgentConfig]):
 
     async def on_stop(self) -> None:
         # Heartbeats just stop: nodes are not marked NotReady, so a quick restart fails no pod.
-        tasks = (getattr(self, "_heartbeat_task", None), getattr(self, "_flusher_task", None))
+        tasks = (
+            getattr(self, "_heartbeat_task", None),
+            getattr(self, "_flusher_task", None),
+            getattr(self, "_tidal_task", None),
+        )
         await cancel_and_wait([t for t in tasks if t is not None])
         if hasattr(self, "informer"):
             await self.informer.stop()
         if hasattr(self, "runner"):
             await self.runner.stop()
+
+    def tidal(self) -> TidalController:
+        """The tidal loop over this agent's nodes: hollow nodes' online usage from the curve,
+        the process node's measured."""
+        cfg = self.config
+        curve = (
+            UsageCurve.parse(cfg.tidal_usage_curve, cfg.tidal_period_seconds)
+            if cfg.tidal_usage_curve
+            else None
+        )
+        measured = ProcessUsage(self.runner.pid_of)
+
+        def usage(node: str, guaranteed: list[pb.Pod], percent: float) -> Usage:
+            if self.nodes.mode.get(node) == PROCESS:
+                return measured(guaranteed, percent)
+            return hollow_usage(guaranteed, percent)
+
+        return TidalController(
+            self.store,
+            self.nodes.desired,
+            lambda: self.informer.list("Pod"),  # type: ignore[arg-type,return-value]
+            usage,
+            curve,
+            BinderEvictor(self.store, f"nodeagent/{cfg.name}"),
+            TidalSettings(
+                interval_seconds=cfg.tidal_interval_seconds,
+                reserve_percent=cfg.tidal_reserve_percent,
+            ),
+        )
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()

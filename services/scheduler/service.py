@@ -203,6 +203,8 @@ class _Unit:
     # Retries wait until the view has reached what the Binder saw when it rejected.
     min_revision: int = 0
     revoked: bool = False
+    # Its last decision told the dispatcher of preemptions (a later one must say what changed).
+    nominated: bool = False
 
     @property
     def name(self) -> str:
@@ -576,6 +578,7 @@ class SchedulerService(Service[SchedulerConfig]):
             )
         unit.handed_back.update(result.unplaced)
         self.stats["decided_pods"] += len(placements)
+        self._nominate(unit, placements)
         return ipb.UnitDecision(
             job=unit.name,
             min_member=spec.min_member,
@@ -591,6 +594,21 @@ class SchedulerService(Service[SchedulerConfig]):
         if unit.already_bound:
             nodes += [node for node, rec in self.cache.bound.values() if rec.job == unit.name]
         return tuple(nodes)
+
+    @staticmethod
+    def _nominate(unit: _Unit, placements: list[ipb.Placement]) -> None:
+        """Tell the dispatcher which pods of this decision preempt, and where, while the
+        Binder has it (one message per unit, and only for units that preempt or did)."""
+        nominations = [
+            ipb.Nomination(pod=p.pod, node=p.node, victims=p.victims)
+            for p in placements
+            if p.victims
+        ]
+        if nominations or unit.nominated:
+            unit.nominated = bool(nominations)
+            unit.stream.send(
+                ipb.ShardMessage(nominations=ipb.Nominations(job=unit.name, pods=nominations))
+            )
 
     async def _search(self, info: UnitInfo) -> UnitResult:
         """The unit search, letting the event loop run every ``YIELD_SECONDS``: a large unit
