@@ -1,5 +1,5 @@
 """Audit a cluster's state against the invariants of ARCHITECTURE §5 (1–3, and 6 for
-preemption) and the hard topology rules (4–5):
+preemption) and the hard topology rules (4–5, 7–8):
 
 1. no node is over-committed, per resource and per pool, counting bound and running pods;
 2. a pod is bound to at most one node, once (the store's claim agrees with the pod);
@@ -10,14 +10,14 @@ preemption) and the hard topology rules (4–5):
    use, the pods its selector matches differ by at most ``maxSkew`` between the fullest and the
    emptiest domain. (Kubernetes promises this as pods are placed; pods that end, or matching pods
    without the constraint, can break it later, and are reported too.)
+6. a pod evicted by preemption (reason ``Preempted``) was preemptible and names its preemptor,
+   which (while it exists) is of the same pool, of strictly higher priority, and was placed on
+   the victim's node;
 7. every NUMA-bound pod (policy single or exclusive) holds NUMA nodes its node reports, that
    fit it by its policy, and no NUMA node is held exclusively by one pod and used by another
    (``placement.plugins.numatopology.verify``, as the Binder checks a decision);
 8. every job with a job-level affinity has all its placed pods in one domain of its required
-   keys (``placement.plugins.joblevelaffinity.domain_violations``, as the Binder checks);
-6. a pod evicted by preemption (reason ``Preempted``) was preemptible and names its preemptor,
-   which (while it exists) is of the same pool, of strictly higher priority, and was placed on
-   the victim's node.
+   keys (``placement.plugins.joblevelaffinity.domain_violations``, as the Binder checks).
 
 Reads one consistent snapshot of the store; used by the end-to-end tests after every run and by
 ``godel audit`` on a live cluster.
