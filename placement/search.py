@@ -35,6 +35,7 @@ from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 from placement.nodeinfo import NodeInfo
+from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
 from placement.snapshot import Snapshot
 
@@ -72,6 +73,8 @@ class Placement:
     victims: list[str] = field(default_factory=list)  # pods to evict first (preemption)
     # The tag of the recommendation the pod used (UnitInfo.preferred), if any.
     recommendation: str = ""
+    # The NUMA nodes a NUMA-bound pod would hold there (the Binder verifies them).
+    numa_nodes: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -175,21 +178,34 @@ class UnitScheduler:
     def steps(self, unit: UnitInfo, snapshot: Snapshot) -> Generator[None, None, UnitResult]:
         """:meth:`schedule`, yielding after each pod; returns the result."""
         result = UnitResult()
-        groups = self.framework.node_groups(unit, snapshot.nodes)
-        if groups is None:
+        grouped = self.framework.node_groups(unit, snapshot.nodes)
+        if grouped is None:
             candidates: list[list[list[NodeInfo]]] = [self.segments(snapshot)]
         else:
-            candidates = [[g] for g in groups if g]
+            candidates = [[g] for g in grouped.groups if g]
         if not candidates or not any(candidates[0]):
-            result.reason = describe(0, 0, {})
+            # A grouping that left nothing explains itself ("no single rack domain ...").
+            result.reason = grouped.reason if grouped and grouped.reason else describe(0, 0, {})
             result.unplaced = {p.name: result.reason for p in unit.pods}
             return result
         # PreFilters narrow the whole view only: a node group is already a narrowed list.
-        labels = snapshot.labels if groups is None else None
+        labels = snapshot.labels if grouped is None else None
+        first_failure = ""
         for segments in candidates:
-            yield from self._schedule_in(unit, snapshot, segments, labels, result)
+            # A grouped unit takes recommendations only inside the group it is placed in.
+            within = None if grouped is None else {n.name for seg in segments for n in seg}
+            yield from self._schedule_in(unit, snapshot, segments, labels, result, within)
             if result.success:
                 return result
+            first_failure = first_failure or result.reason
+        if grouped is not None and grouped.reason and len(candidates) > 0:
+            # Every group failed: say why in the best one, and that the gang cannot split.
+            result.reason = (
+                f"{first_failure} (in the best of {len(candidates)} node group(s) tried; "
+                f"{grouped.reason})"
+            )
+            result.unplaced = {p.name: result.reason for p in unit.pods}
+            result.infeasible = False  # room may free up in a domain
         return result
 
     def _narrow(
@@ -219,6 +235,7 @@ class UnitScheduler:
         segments: list[list[NodeInfo]],
         labels: NodeLabels | None,
         result: UnitResult,
+        within: set[str] | None = None,
     ) -> Generator[None, None, None]:
         needed = unit.needed
         total_nodes = sum(len(s) for s in segments)
@@ -243,6 +260,7 @@ class UnitScheduler:
         for recommended_node, tag in unit.preferred:
             preferred.setdefault(recommended_node, []).append(tag)
         recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
+        numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
         # Nodes changed by placements outside a template's own bookkeeping (recommendations):
         # a cached candidate among them is re-checked before it is taken.
         changed: set[str] = set()
@@ -266,10 +284,10 @@ class UnitScheduler:
                 pod.topology = None
             pod_cache = use_cache and not topo
             if preferred:
-                taken = self._take_recommended(pod, snapshot, preferred)
+                taken = self._take_recommended(pod, snapshot, preferred, within)
                 if taken is not None:
                     target, recommended[pod.name] = taken
-                    snapshot.assume(pod.req, target)
+                    self._assume(pod, snapshot, target, numa)
                     placements.append((pod, target))
                     changed.add(target)
                     all_unresolvable = False
@@ -291,7 +309,9 @@ class UnitScheduler:
             if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
                 if tmpl.unresolvable:
                     unplaced[pod.name] = tmpl.failure
-                elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
+                elif self._preempt(
+                    pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa
+                ):
                     placements.append((pod, preempted[pod.name].node))
                 continue
             node = self._take(tmpl, pod, snapshot, changed) if pod_cache else None
@@ -312,14 +332,16 @@ class UnitScheduler:
                     all_unresolvable = all_unresolvable and unresolvable and not topo
                     if unresolvable:  # no eviction can change taints, affinity or cordons
                         unplaced[pod.name] = tmpl.failure
-                    elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
+                    elif self._preempt(
+                        pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa
+                    ):
                         placements.append((pod, preempted[pod.name].node))
                     continue
                 all_unresolvable = False
                 node = self._take(tmpl, pod, snapshot, changed)
                 assert node is not None
             info = snapshot.infos[node]
-            snapshot.assume(pod.req, node)
+            self._assume(pod, snapshot, node, numa)
             placements.append((pod, node))
             if pod_cache and self.framework.run_filters(pod, info) is None:
                 # Only the chosen node changed: re-check and re-score it alone.
@@ -336,6 +358,7 @@ class UnitScheduler:
                     n,
                     _victims(preempted.get(p.name)),
                     recommended.get(p.name, ""),
+                    numa.get(p.name, ()),
                 )
                 for p, n in placements
             ]
@@ -428,6 +451,7 @@ class UnitScheduler:
         preempted: dict[str, Preempted],
         now_ms: int,
         unplaced: dict[str, str],
+        numa: dict[str, tuple[int, ...]],
     ) -> bool:
         """The PostFilter for a pod the filters placed nowhere: True when it is assumed on a node
         with its victims taken off; else its reason is in ``unplaced``."""
@@ -444,9 +468,22 @@ class UnitScheduler:
             tmpl.preemption_failure = f"{tmpl.failure}; {self.preemption.why}"
             unplaced[pod.name] = tmpl.preemption_failure
             return False
-        take(snapshot, pod.req, place)
+        req = take(snapshot, pod.req, place)
+        if req.numa_nodes:
+            numa[pod.name] = req.numa_nodes
         preempted[pod.name] = place
         return True
+
+    @staticmethod
+    def _assume(
+        pod: PodInfo, snapshot: Snapshot, node: str, numa: dict[str, tuple[int, ...]]
+    ) -> None:
+        """Assume ``pod`` on ``node``, a NUMA-bound pod holding the NUMA nodes chosen for it
+        there, so the unit's later pods see them taken."""
+        req = pin_numa(snapshot.infos[node], pod.req)
+        if req.numa_nodes:
+            numa[pod.name] = req.numa_nodes
+        snapshot.assume(req, node)
 
     def _godel_scan(self, unit: UnitInfo) -> int:
         """Feasible nodes to find per scan in Gödel mode. With the cache one scan serves every pod
@@ -473,11 +510,18 @@ class UnitScheduler:
         return None
 
     def _take_recommended(
-        self, pod: PodInfo, snapshot: Snapshot, preferred: dict[str, list[str]]
+        self,
+        pod: PodInfo,
+        snapshot: Snapshot,
+        preferred: dict[str, list[str]],
+        within: set[str] | None,
     ) -> tuple[str, str] | None:
         """The first recommended node that fits ``pod`` (filters only, as Gödel's preferred
-        nodes are tried), consuming one of its recommendations."""
+        nodes are tried) and lies ``within`` the unit's node group, if it has one; consuming
+        one of its recommendations."""
         for node, tags in preferred.items():
+            if within is not None and node not in within:
+                continue
             info = snapshot.infos.get(node)
             if info is not None and self.framework.run_filters(pod, info) is None:
                 tag = tags.pop(0)

@@ -174,6 +174,8 @@ COLUMNS: dict[str, list[Column]] = {
         ("JOB", lambda o: o.spec.job, False),
         ("PHASE", lambda o: _enum(o.status.phase or pb.POD_PENDING, pb.PodPhase, "POD_"), False),
         ("NODE", lambda o: o.spec.node_name, False),
+        # The NUMA nodes the Binder assigned (NUMA-bound pods), e.g. "0,1".
+        ("NUMA", lambda o: ",".join(map(str, o.spec.numa_nodes)), True),
         ("QOS", lambda o: _enum(o.spec.qos or pb.QOS_GUARANTEED, pb.QoS, "QOS_"), True),
         ("CPU", lambda o: _cpu(o.spec.template.requests.milli_cpu), True),
         ("MEMORY", lambda o: _mem(o.spec.template.requests.memory_bytes), True),

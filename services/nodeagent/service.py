@@ -5,6 +5,7 @@ the logs of process-mode pods (``godel.v1.NodeAgent``). See README.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import tempfile
@@ -26,10 +27,12 @@ from services.nodeagent.nodes import (
     HOLLOW,
     PROCESS,
     GiB,
+    MachineNuma,
     NodeSet,
     Shape,
     dns_name,
     hollow_nodes,
+    machine_numa,
     now_ms,
     parse_labels,
     parse_taints,
@@ -71,6 +74,16 @@ class NodeAgentConfig(ServiceConfig):
         default=110, metadata=option("pod slots of each hollow node", minimum=0)
     )
     hollow_gpus: int = field(default=0, metadata=option("GPUs of each hollow node", minimum=0))
+    hollow_sockets: int = field(
+        default=2, metadata=option("CPU sockets of each hollow node", minimum=1)
+    )
+    hollow_numa_per_socket: int = field(
+        default=1,
+        metadata=option(
+            "NUMA nodes per socket of each hollow node (cpu, memory and GPUs split evenly)",
+            minimum=1,
+        ),
+    )
     hollow_reclaimable_percent: int = field(
         default=50,
         metadata=option(
@@ -166,6 +179,8 @@ class NodeAgentConfig(ServiceConfig):
             max_pods=self.hollow_max_pods,
             gpus=self.hollow_gpus,
             reclaimable_percent=self.hollow_reclaimable_percent,
+            sockets=self.hollow_sockets,
+            numa_per_socket=self.hollow_numa_per_socket,
         )
 
     def resolved_work_dir(self) -> Path:
@@ -187,6 +202,12 @@ class NodeAgentService(Service[NodeAgentConfig]):
 
     def add_servicers(self, server: grpc.aio.Server) -> None:
         api_pb2_grpc.add_NodeAgentServicer_to_server(_NodeAgentServicer(self), server)
+
+    @functools.cached_property
+    def machine_numa(self) -> list[MachineNuma]:
+        """This machine's NUMA nodes and their CPUs (the process node's topology, and the CPUs
+        a process pod holding NUMA nodes is pinned to)."""
+        return machine_numa()
 
     def desired_nodes(self) -> list[pb.Node]:
         cfg = self.config
@@ -212,6 +233,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
                     labels={},
                     taints=(),
                     now=now,
+                    numa=self.machine_numa,
                 )
             )
         # Where `godel logs` reaches us: the advertised address, so it works with no local state.
@@ -233,6 +255,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
             work_dir,
             flush_interval=cfg.status_flush_ms / 1000,
             flush_max=cfg.status_batch_max,
+            numa_cpus={z.id: z.cpus for z in self.machine_numa} if cfg.process_node else {},
         )
         # Only the pods bound to our nodes: at 200,000 pods, caching every pod cost each agent
         # over 300 MiB.

@@ -24,6 +24,7 @@ import structlog
 
 from placement.framework import (
     Framework,
+    JobAffinity,
     PluginConfigError,
     PodInfo,
     Profile,
@@ -539,6 +540,7 @@ class SchedulerService(Service[SchedulerConfig]):
             self._defer(unit, MOVEMENT_WAIT_POLL_SECONDS)
             return None
         spec = unit.job.spec
+        affinity = JobAffinity.from_job(unit.job)
         info = UnitInfo(
             unit.name,
             spec.min_member,
@@ -546,6 +548,8 @@ class SchedulerService(Service[SchedulerConfig]):
             spec.priority,
             infos,
             preferred=self.movements.preferences(unit.name, [p.name for p in infos]),
+            affinity=affinity,
+            placed_nodes=self._placed_nodes(unit) if affinity is not None else (),
         )
         with metrics.SCHEDULER_SCHEDULING_DURATION.time():
             result = await self._search(info)
@@ -567,7 +571,8 @@ class SchedulerService(Service[SchedulerConfig]):
         for p in result.placements:
             if p.recommendation:
                 self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
-            self.cache.assume(reqs[p.pod], p.node, p.victims)
+            req = reqs[p.pod].pinned(p.numa_nodes) if p.numa_nodes else reqs[p.pod]
+            self.cache.assume(req, p.node, p.victims)
             self.victims.admit(p.victims)
             unit.inflight[p.pod] = p.node
             placements.append(
@@ -577,6 +582,7 @@ class SchedulerService(Service[SchedulerConfig]):
                     node=p.node,
                     victims=p.victims,
                     movement=p.recommendation or movement,
+                    numa_nodes=p.numa_nodes,
                 )
             )
         unit.handed_back.update(result.unplaced)
@@ -589,6 +595,15 @@ class SchedulerService(Service[SchedulerConfig]):
             already_bound=unit.already_bound,
             placements=placements,
         )
+
+    def _placed_nodes(self, unit: _Unit) -> tuple[str, ...]:
+        """Nodes of the job's pods bound (as this shard's cache knows them) or in flight: the
+        domain a job-level affinity confines the rest to. A scan of the bound pods, paid only by
+        units with a job affinity and pods already placed."""
+        nodes = list(unit.inflight.values())
+        if unit.already_bound:
+            nodes += [node for node, rec in self.cache.bound.values() if rec.job == unit.name]
+        return tuple(nodes)
 
     @staticmethod
     def _nominate(unit: _Unit, placements: list[ipb.Placement]) -> None:
