@@ -292,7 +292,6 @@ CASES = [
         [("g", [("g-0", "n1"), ("g-1", "n1"), ("g-2", "nowhere")]), ("h", [("h-0", "n1")])],
         {"g-0": (V.GANG_REJECTED, G), "g-1": (V.GANG_REJECTED, G),
          "g-2": (V.GANG_REJECTED, "not found"), "h-0": (V.BOUND, "")},
-        scheduled={"h"},
     ),
     Case(
         "stale pod version",
@@ -508,6 +507,9 @@ async def test_decide_batch(store: Store, shards: list[Shard], case: Case) -> No
             assert not stored[v.pod].spec.node_name
     for name in case.scheduled:
         assert (await store.get(pb.Job, name)).status.ever_scheduled
+    for job in case.jobs:  # only gangs are marked: a one-pod job costs no job write
+        if job.spec.min_member <= 1:
+            assert not (await store.get(pb.Job, job.metadata.name)).status.ever_scheduled
     for name, numa in case.numa.items():
         assert list(stored[name].spec.numa_nodes) == numa
 

@@ -400,7 +400,10 @@ class BatchPlan:
                 jobs.append(cand.job)
         for job_name in jobs:
             job = self.jobs.get(job_name)
-            if job is None or job.status.ever_scheduled:
+            # Only a gang needs the mark (its later pods may then bind one by one); a job of
+            # min_member 1 never waits for its siblings, and a write per one-pod job would cost
+            # a store write and a change event for every informer, per pod.
+            if job is None or job.status.ever_scheduled or job.spec.min_member <= 1:
                 continue
             marked = pb.Job()
             marked.CopyFrom(job)

@@ -251,7 +251,9 @@ def _validate_preemption(spec: pb.JobSpec, s: str) -> Violations:
         )
     ttl = spec.ttl_seconds_after_finished
     if spec.HasField("ttl_seconds_after_finished") and ttl < 0:
-        out.append(violation(f"{s}.ttl_seconds_after_finished", f"must not be negative (got {ttl})"))
+        out.append(
+            violation(f"{s}.ttl_seconds_after_finished", f"must not be negative (got {ttl})")
+        )
     return out
 
 
