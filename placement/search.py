@@ -2,8 +2,8 @@
 (filter -> score -> select), with Gödel's feasible-node search.
 
 Gödel mode (default): per pod template, a feasible-node cache. The first pod of a template scans
-nodes from a rotating offset, own partition first, until it has found ``len(unit pods) +
-scan_extra`` feasible nodes; they are scored once and kept in a heap (without the cache, every
+nodes from a rotating offset, own partition first (the others only when it has no feasible
+node), until it has found ``len(unit pods) + scan_extra`` feasible nodes; they are scored once and kept in a heap (without the cache, every
 pod scans for ``scan_extra`` nodes more than its gang needs). Later pods of the same
 template take the best cached node; after each assume only the chosen node is re-checked (and
 re-scored), since no other node changed. A template that found no node is remembered across
@@ -448,7 +448,9 @@ class UnitScheduler:
         result: UnitResult,
     ) -> tuple[bool, bool]:
         """Filter nodes from the rotating offset until ``limit`` are feasible; score them into
-        the template's heap. Returns (found any, every failure was unresolvable)."""
+        the template's heap. Segments are scanned in order (own partition first) and a later
+        one only if the earlier ones had no feasible node. Returns (found any, every failure
+        was unresolvable)."""
         filters = self.framework.filters_for(pod)
         feasible: list[NodeInfo] = []
         diag = dict(tmpl.skipped)
@@ -478,7 +480,10 @@ class UnitScheduler:
                     feasible.append(node)
                     if len(feasible) >= limit:
                         break
-            if len(feasible) >= limit:
+            # Past the own partition only when it had no feasible node at all (Gödel's rule):
+            # fewer than ``limit`` there still serve the template, and the other shards' nodes
+            # are where their decisions would conflict with ours.
+            if feasible:
                 break
         self._offset += examined
         result.examined += examined

@@ -561,6 +561,16 @@ class UnitDispatcher:
         link.clear()
         log.warning("shard lost", shard=link.name, reason=reason, requeued_units=requeued)
 
+    def requeue(self, entry: UnitEntry) -> None:
+        """Take a dispatched unit back from its shard and queue it again (the reconciler's
+        repair of a unit whose outcome can never come)."""
+        link = self.links.get(entry.shard)
+        if link is not None:
+            link.settle(entry.job)
+            link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[entry.job])))
+        self._release(entry)
+        self._to_settle(entry)
+
     def _release(self, entry: UnitEntry) -> None:
         if entry.reserved is not None:
             self._inflight[entry.queue].add(entry.reserved, -1)

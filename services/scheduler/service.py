@@ -57,6 +57,9 @@ YIELD_SECONDS = 0.02
 # How often a unit waiting for a Movement's recommended node (a swap) looks again.
 MOVEMENT_WAIT_POLL_SECONDS = 0.2
 _RETRY_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED, ipb.STALE, ipb.ERROR, ipb.VERDICT_UNSPECIFIED}
+# Rejections that count as optimistic-concurrency conflicts between shards (what the node
+# shuffler's conflict rate measures): the room was taken, or a sibling's was and sank the gang.
+_CONFLICT_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED}
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -125,6 +128,20 @@ class SchedulerConfig(ServiceConfig):
     )
     sync_timeout_seconds: float = field(
         default=30.0, metadata=option("how long to wait for the store view to sync", minimum=0.1)
+    )
+    verdict_timeout_seconds: float = field(
+        default=30.0,
+        metadata=option(
+            "a decision written to the Binder and unanswered this long on a live stream is "
+            "taken back and retried (the reconciler's repair of a lost verdict)",
+            minimum=0.1,
+        ),
+    )
+    reconcile_interval_seconds: float = field(
+        default=5.0,
+        metadata=option(
+            "how often the shard looks for decisions stuck without a verdict", minimum=0.05
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -261,9 +278,18 @@ class SchedulerService(Service[SchedulerConfig]):
         self._unsent: deque[int] = deque()
         self._send_wake = asyncio.Event()
         self._batch_id = 0
+        # When each undecided batch was written on the current Binder stream (monotonic).
+        self._written_at: dict[int, float] = {}
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._heartbeat: asyncio.Task[None] | None = None
-        self.stats = {"decided_pods": 0, "bound": 0, "rejected": 0, "handed_back": 0}
+        self.stats = {
+            "decided_pods": 0,
+            "bound": 0,
+            "rejected": 0,
+            "conflicted": 0,
+            "handed_back": 0,
+            "repaired_decisions": 0,
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -278,6 +304,7 @@ class SchedulerService(Service[SchedulerConfig]):
         self.spawn(self._binder_loop(), name="scheduler-binder-stream")
         self.spawn(self.movements.ack_loop(), name="scheduler-movement-acks")
         self._heartbeat = self.spawn(self._heartbeat_loop(), name="scheduler-heartbeat")
+        self.spawn(self._reconcile_loop(), name="scheduler-reconciler")
         log.info("shard ready", address=self.address, nodes=len(self.cache.present))
 
     async def on_stop(self) -> None:
@@ -319,6 +346,9 @@ class SchedulerService(Service[SchedulerConfig]):
                 inst.status.heartbeat_ms = _now_ms()
                 inst.status.ready = True
                 inst.status.undecided_pods = sum(u.undecided() for u in self.units.values())
+                inst.status.proposed_pods = self.stats["decided_pods"]
+                inst.status.bound_pods = self.stats["bound"]
+                inst.status.conflicted_pods = self.stats["conflicted"]
                 # CAS: never overwrite a partition the dispatcher wrote meanwhile.
                 await self.store.update(inst)
             except NotFoundError:
@@ -643,6 +673,7 @@ class SchedulerService(Service[SchedulerConfig]):
             # Everything not yet answered goes again, in order; the Binder answers duplicates of
             # already-bound pods with STALE.
             self._unsent = deque(sorted(self._undecided))
+            self._written_at.clear()
             writer = asyncio.create_task(self._write_batches(call))
             try:
                 async for verdicts in call:
@@ -660,6 +691,7 @@ class SchedulerService(Service[SchedulerConfig]):
                 entry = self._undecided.get(batch_id)
                 if entry is not None:
                     await call.write(entry[0])
+                    self._written_at.setdefault(batch_id, time.monotonic())
             self._send_wake.clear()
             await self._send_wake.wait()
 
@@ -672,6 +704,7 @@ class SchedulerService(Service[SchedulerConfig]):
         if vb.verdicts and all(v.code == ipb.NOT_LEADER for v in vb.verdicts):
             return True
         del self._undecided[vb.batch_id]
+        self._written_at.pop(vb.batch_id, None)
         batch, units = entry
         got = {v.pod: v for v in vb.verdicts}
         for decision, unit in zip(batch.units, units, strict=True):
@@ -690,6 +723,8 @@ class SchedulerService(Service[SchedulerConfig]):
                         self._finish_pods(unit, 1)
                     continue
                 self.stats["rejected"] += 1
+                if code in _CONFLICT_CODES:
+                    self.stats["conflicted"] += 1
                 self.cache.forget(pod)
                 if not unit.revoked:
                     name = ipb.VerdictCode.Name(code) if code in _RETRY_CODES else str(code)
@@ -700,6 +735,44 @@ class SchedulerService(Service[SchedulerConfig]):
                 self._after_verdicts(unit)
         self._wake.set()
         return False
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reconcile_interval_seconds)
+            self.reconcile()
+
+    def reconcile(self) -> int:
+        """Take back decisions the Binder received and never answered (a verdict lost while the
+        stream stayed up: a reconnect resends everything by itself). Their placements are
+        forgotten and their pods retried, as after an ERROR verdict; a pod that did bind is
+        found bound by the retry. Returns the number of decisions repaired."""
+        deadline = time.monotonic() - self.config.verdict_timeout_seconds
+        stuck = [b for b, at in self._written_at.items() if at <= deadline]
+        for batch_id in stuck:
+            entry = self._undecided.get(batch_id)
+            if entry is None:
+                self._written_at.pop(batch_id, None)
+                continue
+            batch, _ = entry
+            reason = f"no verdict within {self.config.verdict_timeout_seconds:g}s (reconciler)"
+            pods = [(d.job, p.pod) for d in batch.units for p in d.placements]
+            self.on_verdicts(
+                ipb.VerdictBatch(
+                    batch_id=batch_id,
+                    verdicts=[
+                        ipb.PodVerdict(pod=pod, job=job, code=ipb.ERROR, reason=reason)
+                        for job, pod in pods
+                    ],
+                )
+            )
+            self.stats["repaired_decisions"] += 1
+            log.warning(
+                "reconciler: decision without a verdict taken back",
+                batch_id=batch_id,
+                pods=len(pods),
+                repaired_total=self.stats["repaired_decisions"],
+            )
+        return len(stuck)
 
     def _after_verdicts(self, unit: _Unit) -> None:
         if unit.retry:
