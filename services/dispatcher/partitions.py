@@ -36,6 +36,7 @@ import structlog
 from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatch import live_shards
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -306,7 +307,7 @@ class NodeShuffler:
         self.store = store
         self.informer = informer
         self.settings = settings
-        self.grace_ms = int(shard_grace_seconds * 1000)
+        self.grace_seconds = shard_grace_seconds
         self.allocation = Allocation()
         self.counters = ShardCounters()
         self.meter = Meter(settings.window_seconds)
@@ -352,17 +353,6 @@ class NodeShuffler:
                 log.warning("node shuffler tick failed", error=str(exc))
             await asyncio.sleep(self.settings.interval_seconds)
 
-    def live_shards(self) -> dict[str, pb.SchedulerInstance]:
-        """Shards with an address and a heartbeat within the grace (as the dispatch core
-        judges them)."""
-        now_ms = int(time.time() * 1000)
-        out = {}
-        for obj in self.informer.list("SchedulerInstance"):
-            assert isinstance(obj, pb.SchedulerInstance)
-            if obj.spec.address and now_ms - obj.status.heartbeat_ms <= self.grace_ms:
-                out[obj.metadata.name] = obj
-        return out
-
     def measure(self, now: float) -> Figures:
         for obj in self.informer.list("SchedulerInstance"):
             assert isinstance(obj, pb.SchedulerInstance)
@@ -399,7 +389,7 @@ class NodeShuffler:
         now = time.monotonic()
         figures = self.measure(now)
         on = self.decide(figures, now)
-        live = self.live_shards()
+        live = live_shards(self.informer, self.grace_seconds)
         if on != self.on:
             log.info(
                 "node partitioning " + ("on" if on else "off"),

@@ -368,7 +368,12 @@ class SchedulerService(Service[SchedulerConfig]):
             return
         if kind == "SchedulerInstance":
             if obj.metadata.name == self.config.name:
-                self.scheduler.partition = frozenset(obj.spec.partition)
+                partition = frozenset(obj.spec.partition)
+                # Every heartbeat echoes the record: keep the same set unless it changed, so the
+                # search's cached scan order (keyed on it) is not compared node by node per cycle.
+                if partition != self.scheduler.partition:
+                    self.scheduler.partition = partition
+                    log.info("partition changed", nodes=len(partition))
             return
         if kind == "DisruptionBudget":
             self.victims.budgets_changed()
