@@ -263,3 +263,21 @@ async def test_auto_mode_follows_the_triggers(store: Store, informer: Informer) 
     await shuffler.tick()
     assert not shuffler.on
     assert await stored_partitions(store) == {"a": [], "b": []}
+
+
+async def test_one_live_shard_gets_no_partition(store: Store, informer: Informer) -> None:
+    """Nobody to conflict with: even with partitioning on, a lone shard keeps the whole view
+    (and its record stays small)."""
+    for i in range(4):
+        await store.create(f.node(f"n{i}"))
+    await heartbeat(store, "a")
+    await caught_up(store, informer)
+    shuffler = NodeShuffler(store, informer, PartitionSettings(mode="on"), shard_grace_seconds=5)
+    await shuffler.tick()
+    assert shuffler.on
+    assert await stored_partitions(store) == {"a": []}
+    await heartbeat(store, "b")
+    await heartbeat(store, "a")
+    await caught_up(store, informer)
+    await shuffler.tick()
+    assert {s: len(n) for s, n in (await stored_partitions(store)).items()} == {"a": 2, "b": 2}

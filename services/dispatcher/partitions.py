@@ -400,7 +400,9 @@ class NodeShuffler:
             )
             self.on = on
         nodes = [n.metadata.name for n in self.informer.list("Node")]  # type: ignore[attr-defined]
-        if on:
+        # One shard has nobody to conflict with: a partition of every node would only make its
+        # record (rewritten by every heartbeat) as large as the cluster.
+        if on and len(live) >= 2:
             if self.partitions is None:
                 stored = {name: list(inst.spec.partition) for name, inst in live.items()}
                 self.partitions = Partitions.seeded(stored, live, nodes)
@@ -416,7 +418,7 @@ class NodeShuffler:
         self, live: Mapping[str, pb.SchedulerInstance], wanted: Mapping[str, list[str]]
     ) -> None:
         """Write the partitions that differ from what is stored: compare-and-set on the cached
-        copy; a conflict (the shard's heartbeat won) is written again on the next tick."""
+        copy, once more on a fresh one when the shard's heartbeat won the race."""
         updates = []
         for shard, nodes in wanted.items():
             inst = live[shard]
@@ -429,7 +431,23 @@ class NodeShuffler:
             updates.append(new)
         if not updates:
             return
-        for inst, result in zip(updates, await self.store.update_many(updates), strict=True):
+        results = await self.store.update_many(updates)
+        # A heartbeat won the compare-and-set: once more on a fresh copy (else the next tick).
+        raced = [
+            u.metadata.name
+            for u, r in zip(updates, results, strict=True)
+            if isinstance(r, ConflictError)
+        ]
+        if raced:
+            retry = []
+            for fresh in await self.store.get_many(pb.SchedulerInstance, raced):
+                if fresh is not None:
+                    del fresh.spec.partition[:]
+                    fresh.spec.partition.extend(wanted[fresh.metadata.name])
+                    retry.append(fresh)
+            updates += retry
+            results += await self.store.update_many(retry)
+        for inst, result in zip(updates, results, strict=True):
             if isinstance(result, ConflictError | NotFoundError):
                 continue  # the next tick sees the newer copy (or the shard is gone)
             if isinstance(result, StoreError):
@@ -438,10 +456,3 @@ class NodeShuffler:
                 )
                 continue
             self.writes += 1
-
-
-def partition_summary(instances: Iterable[pb.SchedulerInstance]) -> tuple[bool, dict[str, int]]:
-    """(partitioning on, nodes per shard) as the stored instances say: what ``godel status``
-    prints. On when any shard holds a partition."""
-    sizes = {i.metadata.name: len(i.spec.partition) for i in instances}
-    return any(sizes.values()), sizes
