@@ -3,10 +3,10 @@
 
 Gödel mode (default): per pod template, a feasible-node cache. The first pod of a template scans
 nodes from a rotating offset, own partition first (the others only when it has no feasible
-node), until it has found ``len(unit pods) + scan_extra`` feasible nodes; they are scored once and kept in a heap (without the cache, every
-pod scans for ``scan_extra`` nodes more than its gang needs). Later pods of the same
-template take the best cached node; after each assume only the chosen node is re-checked (and
-re-scored), since no other node changed. A template that found no node is remembered across
+node), until it has found ``len(unit pods) + scan_extra`` feasible nodes; they are scored once
+and kept in a heap (without the cache, every pod scans for ``scan_extra`` nodes more than its
+gang needs). Later pods of the same template take the best cached node; after each assume only
+the chosen node is re-checked (and re-scored), since no other node changed. A template that found no node is remembered across
 units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
 (``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
 preemption storm) does not scan every node per pod. Kube mode, for comparison: no cache, every

@@ -753,11 +753,13 @@ class SchedulerService(Service[SchedulerConfig]):
         found bound by the retry. Returns the number of decisions repaired."""
         deadline = time.monotonic() - self.config.verdict_timeout_seconds
         stuck = [b for b, at in self._written_at.items() if at <= deadline]
+        repaired = 0
         for batch_id in stuck:
             entry = self._undecided.get(batch_id)
             if entry is None:
                 self._written_at.pop(batch_id, None)
                 continue
+            repaired += 1
             batch, _ = entry
             reason = f"no verdict within {self.config.verdict_timeout_seconds:g}s (reconciler)"
             pods = [(d.job, p.pod) for d in batch.units for p in d.placements]
@@ -777,7 +779,7 @@ class SchedulerService(Service[SchedulerConfig]):
                 pods=len(pods),
                 repaired_total=self.stats["repaired_decisions"],
             )
-        return len(stuck)
+        return repaired
 
     def _after_verdicts(self, unit: _Unit) -> None:
         if unit.retry:
