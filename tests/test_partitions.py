@@ -128,10 +128,12 @@ def test_triggers_at_the_papers_defaults(figures: Figures, expected: list[str]) 
 def test_meter_rates_over_the_window_and_shard_restarts() -> None:
     counters = ShardCounters()
     meter = Meter(window_seconds=10)
+    # First sight is a baseline: a shard's history before the dispatcher saw it is not a burst.
     counters.observe("a", proposed=0, bound=0, conflicted=0)
+    counters.observe("b", proposed=50_000, bound=50_000, conflicted=0)
     assert meter.sample(0.0, counters) == (0.0, 0.0)
     counters.observe("a", proposed=1000, bound=990, conflicted=10)
-    counters.observe("b", proposed=1000, bound=1000, conflicted=0)
+    counters.observe("b", proposed=51_000, bound=51_000, conflicted=0)
     throughput, conflicts = meter.sample(2.0, counters)
     assert (throughput, conflicts) == (995.0, 0.5)
     # Shard a restarted: its counters begin again at 0 and count on from there.

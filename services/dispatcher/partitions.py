@@ -205,7 +205,8 @@ class _Sample:
 
 class ShardCounters:
     """Sums the shards' cumulative counters (``SchedulerInstance.status``) into totals that only
-    grow: a counter that went down means its shard restarted, and counts from 0 again."""
+    grow, from the first sight of each shard on: a counter that went down means its shard
+    restarted, and counts from 0 again."""
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[int, int, int]] = {}
@@ -214,8 +215,13 @@ class ShardCounters:
         self.conflicted = 0
 
     def observe(self, shard: str, proposed: int, bound: int, conflicted: int) -> None:
-        last = self._last.get(shard, (0, 0, 0))
         now = (proposed, bound, conflicted)
+        last = self._last.get(shard)
+        if last is None:
+            # First sight (this dispatcher just started, or the shard did): a baseline, or a
+            # dispatcher restart would count a long-running shard's whole history as one burst.
+            self._last[shard] = now
+            return
         if any(n < old for n, old in zip(now, last, strict=True)):
             last = (0, 0, 0)
         self.proposed += proposed - last[0]
