@@ -76,6 +76,9 @@ class Partitions:
 
     members: dict[str, set[str]] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)
+    # Bumped by every change of membership: what a reader compares instead of the sets.
+    version: int = 0
+    _sorted: dict[str, tuple[int, list[str]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def seeded(
@@ -96,7 +99,11 @@ class Partitions:
         return {shard: len(nodes) for shard, nodes in self.members.items()}
 
     def of(self, shard: str) -> list[str]:
-        return sorted(self.members.get(shard, ()))
+        """The shard's nodes, sorted (kept until the partitions change)."""
+        cached = self._sorted.get(shard)
+        if cached is None or cached[0] != self.version:
+            cached = self._sorted[shard] = (self.version, sorted(self.members.get(shard, ())))
+        return cached[1]
 
     def _give(self, node: str, shard: str) -> None:
         previous = self.owner.get(node)
@@ -104,13 +111,17 @@ class Partitions:
             self.members[previous].discard(node)
         self.owner[node] = shard
         self.members[shard].add(node)
+        self.version += 1
 
     def add_shard(self, shard: str) -> None:
-        self.members.setdefault(shard, set())
+        if shard not in self.members:
+            self.members[shard] = set()
+            self.version += 1
 
     def remove_shard(self, shard: str) -> list[str]:
         """A dead shard's nodes go, one by one, to the shard with the fewest; returns them."""
         nodes = sorted(self.members.pop(shard, set()))
+        self.version += 1
         for node in nodes:
             del self.owner[node]
             if self.members:
@@ -129,6 +140,7 @@ class Partitions:
         shard = self.owner.pop(node, None)
         if shard is not None:
             self.members[shard].discard(node)
+            self.version += 1
 
     def rebalance(self) -> list[tuple[str, str, int]]:
         """Apply ``rebalance_move`` until it holds no more; returns the moves. Each move takes
@@ -145,17 +157,17 @@ class Partitions:
         """Follow the live shards and the existing nodes, then rebalance; True if anything
         changed."""
         live, existing = set(shards), set(nodes)
-        before = {s: frozenset(n) for s, n in self.members.items()}
+        before = self.version
         for shard in sorted(set(self.members) - live):
             self.remove_shard(shard)
         for shard in sorted(live):
             self.add_shard(shard)
-        for node in sorted(set(self.owner) - existing):
+        for node in sorted(self.owner.keys() - existing):
             self.remove_node(node)
-        for node in sorted(existing - set(self.owner)):
+        for node in sorted(existing - self.owner.keys()):
             self.add_node(node)
         self.rebalance()
-        return before != {s: frozenset(n) for s, n in self.members.items()}
+        return self.version != before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,6 +334,14 @@ class NodeShuffler:
         self.reason = ""
         self.partitions: Partitions | None = None
         self._clear_since: float | None = None
+        # Node additions and deletions seen, and what the partitions were last synced with:
+        # a tick with no shard or node coming or going costs no pass over the nodes.
+        self._node_events = 0
+        self._synced: tuple[frozenset[str], int] | None = None
+        # Per shard, the partitions (generation, version) last written; a new Partitions gets a
+        # new generation.
+        self._generation = 0
+        self._published: dict[str, tuple[int, int]] = {}
         self.writes = 0  # partitions written, for tests and logs
         informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
         for node in informer.list("Node"):
@@ -337,15 +357,22 @@ class NodeShuffler:
             self.allocation.on_pod(obj.metadata.name, obj)
         elif kind == "Node":
             assert isinstance(obj, pb.Node)
+            self._node_events += 1
             self.allocation.on_node(obj.metadata.name, obj)
 
     def _on_update(self, kind: str, old: Message, new: Message) -> None:
-        self._on_add(kind, new)
+        if kind == "Pod":
+            assert isinstance(new, pb.Pod)
+            self.allocation.on_pod(new.metadata.name, new)
+        elif kind == "Node":
+            assert isinstance(new, pb.Node)
+            self.allocation.on_node(new.metadata.name, new)
 
     def _on_delete(self, kind: str, obj: Message) -> None:
         if kind == "Pod":
             self.allocation.on_pod(obj.metadata.name, None)  # type: ignore[attr-defined]
         elif kind == "Node":
+            self._node_events += 1
             self.allocation.on_node(obj.metadata.name, None)  # type: ignore[attr-defined]
 
     # -- the loop ------------------------------------------------------------------------------
@@ -405,36 +432,50 @@ class NodeShuffler:
                 conflict_percent=round(figures.conflict_percent, 2),
             )
             self.on = on
-        nodes = [n.metadata.name for n in self.informer.list("Node")]  # type: ignore[attr-defined]
         # One shard has nobody to conflict with: a partition of every node would only make its
         # record (rewritten by every heartbeat) as large as the cluster.
         if on and len(live) >= 2:
-            if self.partitions is None:
-                stored = {name: list(inst.spec.partition) for name, inst in live.items()}
-                self.partitions = Partitions.seeded(stored, live, nodes)
-            if self.partitions.sync(live, nodes):
-                log.info("partitions changed", nodes=self.partitions.sizes())
-            wanted = {shard: self.partitions.of(shard) for shard in live}
+            synced = (frozenset(live), self._node_events)
+            if self.partitions is None or synced != self._synced:
+                nodes = [n.metadata.name for n in self.informer.list("Node")]  # type: ignore[attr-defined]
+                if self.partitions is None:
+                    stored = {name: list(inst.spec.partition) for name, inst in live.items()}
+                    self.partitions = Partitions.seeded(stored, live, nodes)
+                    self._generation += 1
+                if self.partitions.sync(live, nodes):
+                    log.info("partitions changed", nodes=self.partitions.sizes())
+                self._synced = synced
         else:
             self.partitions = None
-            wanted = {shard: [] for shard in live}
-        await self._publish(live, wanted)
+            self._synced = None
+        await self._publish(live)
 
-    async def _publish(
-        self, live: Mapping[str, pb.SchedulerInstance], wanted: Mapping[str, list[str]]
-    ) -> None:
-        """Write the partitions that differ from what is stored: compare-and-set on the cached
-        copy, once more on a fresh one when the shard's heartbeat won the race."""
-        updates = []
-        for shard, nodes in wanted.items():
-            inst = live[shard]
-            if list(inst.spec.partition) == nodes:
+    def _wanted(self, shard: str) -> tuple[list[str], tuple[int, int]]:
+        """The shard's partition and the (generation, version) it belongs to ((0, 0): none)."""
+        if self.partitions is None:
+            return [], (0, 0)
+        return self.partitions.of(shard), (self._generation, self.partitions.version)
+
+    async def _publish(self, live: Mapping[str, pb.SchedulerInstance]) -> None:
+        """Write the partitions that changed since last written, or whose stored copy is not
+        ours (a shard registered afresh): compare-and-set on the cached copy, once more on a
+        fresh one when the shard's heartbeat won the race."""
+        updates: list[pb.SchedulerInstance] = []
+        tokens: dict[str, tuple[int, int]] = {}
+        for shard, inst in live.items():
+            nodes, token = self._wanted(shard)
+            stored = inst.spec.partition
+            if self._published.get(shard) == token and len(stored) == len(nodes):
+                continue
+            if list(stored) == nodes:  # written before (e.g. by a dispatcher before a restart)
+                self._published[shard] = token
                 continue
             new = pb.SchedulerInstance()
             new.CopyFrom(inst)
             del new.spec.partition[:]
             new.spec.partition.extend(nodes)
             updates.append(new)
+            tokens[shard] = token
         if not updates:
             return
         results = await self.store.update_many(updates)
@@ -449,7 +490,7 @@ class NodeShuffler:
             for fresh in await self.store.get_many(pb.SchedulerInstance, raced):
                 if fresh is not None:
                     del fresh.spec.partition[:]
-                    fresh.spec.partition.extend(wanted[fresh.metadata.name])
+                    fresh.spec.partition.extend(self._wanted(fresh.metadata.name)[0])
                     retry.append(fresh)
             updates += retry
             results += await self.store.update_many(retry)
@@ -461,4 +502,5 @@ class NodeShuffler:
                     "could not write a partition", shard=inst.metadata.name, error=str(result)
                 )
                 continue
+            self._published[inst.metadata.name] = tokens[inst.metadata.name]
             self.writes += 1
