@@ -435,7 +435,10 @@ def _init_pods(
     if phase is None or phase.count == 0:
         return probe.claims()
     task = progress.add_task("init pods bound", total=phase.count, info="")
-    jobs = build_jobs(INIT_PREFIX, phase)
+    nodes: list[str] = []
+    if phase.per_node:  # one pod pinned to each node, as the measured phase does it
+        nodes = sorted(n.metadata.name for n in client.list("Node"))  # type: ignore[attr-defined]
+    jobs = build_jobs(INIT_PREFIX, phase, nodes)
     for i in range(0, len(jobs), 50):
         batch = jobs[i : i + 50]
         for job, result in zip(batch, client.submit(batch).results, strict=True):

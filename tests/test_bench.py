@@ -60,6 +60,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("measured.template", {"requests": {"cpu": "x"}}, "measured.template.requests.cpu"),
         ("measured.template", {"bogus": 1}, "measured.template"),
         ("measured.per_node", True, "measured.job_size: per_node jobs have one pod each"),
+        ("init", {"count": 11, "per_node": True, "template": {}}, "init.count: per_node pins"),
         ("measured.rate", -5, "measured.rate: must be at least 0"),
         ("measured.job", {"priority": "high"}, "measured.job.priority"),
         ("measured.job", {"replicas": 3}, "measured.job.replicas: set by the phase itself"),

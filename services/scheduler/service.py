@@ -686,7 +686,12 @@ class SchedulerService(Service[SchedulerConfig]):
                         return  # NOT_LEADER: reconnect to the new leader
             finally:
                 writer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                # A write racing the call's end raises InvalidStateError ("RPC already
+                # finished", e.g. when the Binder stepped down mid-stream): the stream is over
+                # either way, and the loop looks the leader up again.
+                with contextlib.suppress(
+                    asyncio.CancelledError, grpc.aio.AioRpcError, asyncio.InvalidStateError
+                ):
                     await writer
 
     async def _write_batches(self, call: Any) -> None:
