@@ -278,8 +278,12 @@ class SchedulerService(Service[SchedulerConfig]):
         self._unsent: deque[int] = deque()
         self._send_wake = asyncio.Event()
         self._batch_id = 0
-        # When each undecided batch was written on the current Binder stream (monotonic).
-        self._written_at: dict[int, float] = {}
+        # Each undecided batch written on the current Binder stream: when (monotonic) and in
+        # which order; and the latest write the Binder has answered. A batch left behind by an
+        # answer to a later one was lost, not merely slow.
+        self._written_at: dict[int, tuple[float, int]] = {}
+        self._writes = 0
+        self._answered_write = 0
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._heartbeat: asyncio.Task[None] | None = None
         self.stats = {
@@ -679,6 +683,7 @@ class SchedulerService(Service[SchedulerConfig]):
             # already-bound pods with STALE.
             self._unsent = deque(sorted(self._undecided))
             self._written_at.clear()
+            self._answered_write = 0
             writer = asyncio.create_task(self._write_batches(call))
             try:
                 async for verdicts in call:
@@ -701,7 +706,9 @@ class SchedulerService(Service[SchedulerConfig]):
                 entry = self._undecided.get(batch_id)
                 if entry is not None:
                     await call.write(entry[0])
-                    self._written_at.setdefault(batch_id, time.monotonic())
+                    if batch_id not in self._written_at:
+                        self._writes += 1
+                        self._written_at[batch_id] = (time.monotonic(), self._writes)
             self._send_wake.clear()
             await self._send_wake.wait()
 
@@ -714,7 +721,9 @@ class SchedulerService(Service[SchedulerConfig]):
         if vb.verdicts and all(v.code == ipb.NOT_LEADER for v in vb.verdicts):
             return True
         del self._undecided[vb.batch_id]
-        self._written_at.pop(vb.batch_id, None)
+        written = self._written_at.pop(vb.batch_id, None)
+        if written is not None:
+            self._answered_write = max(self._answered_write, written[1])
         batch, units = entry
         got = {v.pod: v for v in vb.verdicts}
         for decision, unit in zip(batch.units, units, strict=True):
@@ -753,11 +762,17 @@ class SchedulerService(Service[SchedulerConfig]):
 
     def reconcile(self) -> int:
         """Take back decisions the Binder received and never answered (a verdict lost while the
-        stream stayed up: a reconnect resends everything by itself). Their placements are
-        forgotten and their pods retried, as after an ERROR verdict; a pod that did bind is
-        found bound by the retry. Returns the number of decisions repaired."""
+        stream stayed up: a reconnect resends everything by itself): unanswered for
+        ``verdict_timeout_seconds`` although a decision written after them has been answered,
+        so a Binder that is only slow is left alone. Their placements are forgotten and their
+        pods retried, as after an ERROR verdict; a pod that did bind is found bound by the
+        retry. Returns the number of decisions repaired."""
         deadline = time.monotonic() - self.config.verdict_timeout_seconds
-        stuck = [b for b, at in self._written_at.items() if at <= deadline]
+        stuck = [
+            batch_id
+            for batch_id, (at, write) in self._written_at.items()
+            if at <= deadline and write < self._answered_write
+        ]
         repaired = 0
         for batch_id in stuck:
             entry = self._undecided.get(batch_id)
