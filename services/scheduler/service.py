@@ -132,8 +132,8 @@ class SchedulerConfig(ServiceConfig):
     verdict_timeout_seconds: float = field(
         default=30.0,
         metadata=option(
-            "a decision written to the Binder and unanswered this long on a live stream is "
-            "taken back and retried (the reconciler's repair of a lost verdict)",
+            "a decision written to the Binder, unanswered this long while a later one was "
+            "answered, is taken back and retried (the reconciler's repair of a lost verdict)",
             minimum=0.1,
         ),
     )
