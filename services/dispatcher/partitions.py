@@ -14,7 +14,8 @@ the live shards and the nodes, and writes the ones that changed.
   partition holds more than twice the smallest (and more than one node), move
   ``(most + least) // 2 - least`` nodes from it to the smallest: loads {10, 3} move 3.
 - A new node goes to the shard with the fewest nodes; a dead shard's nodes go one by one to the
-  shard with the fewest; a new shard starts empty and the rule fills it.
+  shard with the fewest; a new shard starts empty and the rule fills it. A lone live shard gets
+  no partition (nobody to conflict with).
 - Triggers (``Figures.triggers``): guaranteed-pool allocation above ``allocation_percent``,
   throughput (pods bound per second) above ``throughput_pods_per_second``, or a conflict rate
   (Binder CONFLICT/GANG_REJECTED verdicts per pod proposed) above ``conflict_percent``, over the
