@@ -7,9 +7,11 @@ cracks of the normal paths, repairs it, and logs and counts every repair (``repa
   ``dead_shard_seconds`` ago (a shard killed without its graceful stop leaves one behind, with
   its partition): deleted, compare-and-set. A shard that was only cut off registers again with
   its next heartbeat.
-- ``job_status``: a job whose stored status disagrees with its pods although the job status
-  controller has nothing pending for it (a write that failed for good): handed back to that
-  controller, the one writer of ``Job.status``, which writes it now.
+- ``job_status``: a job whose stored status disagrees with its pods on two passes in a row,
+  unchanged in between, although the job status controller has nothing pending for it (a write
+  that failed for good; one pass alone could be the moment between the controller's write and
+  our view of it): handed back to that controller, the one writer of ``Job.status``, which
+  writes it now.
 
 Placements a shard proposed and never got a verdict for are the shard's to repair (its own
 reconciler, ``services/scheduler/service.py``): only it holds them.
@@ -50,6 +52,8 @@ class Reconciler:
         self.interval = interval_seconds
         self.dead_shard_ms = int(dead_shard_seconds * 1000)
         self.repairs: Counter[str] = Counter()
+        # Jobs whose status disagreed on the last pass, with the version they had then.
+        self._suspect: dict[str, int] = {}
 
     async def run(self) -> None:
         await self.informer.wait_synced()
@@ -108,6 +112,7 @@ class Reconciler:
     async def _job_statuses(self) -> int:
         pods = self.job_status.pods
         stuck = []
+        suspect: dict[str, int] = {}
         for job in self.informer.list("Job"):
             assert isinstance(job, pb.Job)
             name = job.metadata.name
@@ -115,9 +120,15 @@ class Reconciler:
                 continue  # the controller will write it on its next tick
             computed = job_status(job, pods.by_job.get(name, {}).values())
             s = job.status
-            if computed != (s.phase, s.bound, s.running, s.succeeded, s.failed):
-                self._repaired("job_status", job=name, stored=str(s).replace("\n", " "))
-                stuck.append(name)
+            if computed == (s.phase, s.bound, s.running, s.succeeded, s.failed):
+                continue
+            version = job.metadata.resource_version
+            if self._suspect.get(name) != version:
+                suspect[name] = version  # first sight: it may be a write on its way
+                continue
+            self._repaired("job_status", job=name, stored=str(s).replace("\n", " "))
+            stuck.append(name)
+        self._suspect = suspect
         if stuck:
             pods.changed_jobs.update(stuck)
             await self.job_status.tick()
