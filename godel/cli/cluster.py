@@ -118,7 +118,9 @@ def status(
     home: HomeOption = None,
     output: Annotated[OutputFormat, typer.Option("--output", "-o")] = OutputFormat.table,
 ) -> None:
-    """Show every component: pid, address, alive, health. Exits 1 if any is unhealthy."""
+    """Show every component: pid, address, alive, health; then whether the nodes are
+    partitioned between the scheduler shards, and each shard's node count. Exits 1 if any
+    component is unhealthy."""
     try:
         statuses = local.status(_home(home))
         lease = local.binder_lease(_home(home))
@@ -163,6 +165,9 @@ def status(
         for s in statuses:
             if s.web_url:
                 typer.echo(f"dashboard: {s.web_url}")
+        dispatcher = next((s for s in statuses if s.kind == "dispatcher" and s.healthy), None)
+        if dispatcher is not None:
+            _print_partitions(dispatcher.address)
     unhealthy = [s.name for s in statuses if not s.healthy]
     if unhealthy:
         fail(f"unhealthy: {', '.join(unhealthy)}")
@@ -222,6 +227,24 @@ def local_address(kind: str, home: Path | None, flag: str) -> str:
 
 def _home(path: Path | None) -> local.GodelHome:
     return local.GodelHome(path or local.default_home())
+
+
+def _print_partitions(address: str) -> None:
+    """The node shuffler's partitions as the shards' SchedulerInstances hold them: on when any
+    shard has one (services/dispatcher/partitions.py)."""
+    try:
+        with client.ProtoClient(address, timeout=5.0) as api:
+            shards = api.list("SchedulerInstance")
+    except client.ClientError as exc:
+        typer.echo(f"\npartitioning: unknown ({exc})")
+        return
+    partitions = {s.metadata.name: len(s.spec.partition) for s in shards}  # type: ignore[attr-defined]
+    on = any(partitions.values())
+    typer.echo(f"\npartitioning: {'on' if on else 'off'}")
+    print_table(
+        ["SHARD", "NODES"],
+        [(name, count if on else "all") for name, count in sorted(partitions.items())],
+    )
 
 
 def _print_outcomes(outcomes: list[tuple[str, str]]) -> None:
