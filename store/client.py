@@ -163,6 +163,16 @@ class Heartbeats:
     last_ms: dict[str, int]
 
 
+@dataclass(frozen=True)
+class StaleBeats:
+    """What :meth:`Store.stale_heartbeats` read, in the store server's clock."""
+
+    now_ms: int
+    stamped: int  # nodes with a heartbeat stamp
+    stale: dict[str, int]  # the stamps older than asked
+    named: dict[str, int]  # the stamps of the nodes asked about (any age)
+
+
 def redact_url(url: str) -> str:
     """The store URL with its password, if any, replaced by ``***`` (for logs and tables)."""
     parts = urlsplit(url)
@@ -563,6 +573,18 @@ class Store:
         flat = reply[1:]
         last = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Heartbeats(now_ms=int(reply[0]), last_ms=last)
+
+    async def stale_heartbeats(self, older_than_ms: int, nodes: Sequence[str] = ()) -> StaleBeats:
+        """The heartbeats older than ``older_than_ms``, the stamps of ``nodes`` whatever their
+        age, and how many nodes have a stamp, in one round trip: a lifecycle tick that moves
+        only the few it acts on, not every node's stamp."""
+        reply = await self._heartbeat(["stale", str(older_than_ms), *nodes])
+        now, stamped, count = int(reply[0]), int(reply[1]), int(reply[2])
+        flat = reply[3:]
+        pairs = [(flat[i].decode(), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return StaleBeats(
+            now_ms=now, stamped=stamped, stale=dict(pairs[:count]), named=dict(pairs[count:])
+        )
 
     async def forget_heartbeats(self, nodes: Sequence[str]) -> None:
         """Drop the heartbeats of nodes that are gone."""

@@ -88,6 +88,9 @@ class Informer:
     def list(self, kind: str) -> list[Message]:
         return list(self.cache[kind].values())
 
+    def count(self, kind: str) -> int:
+        return len(self.cache[kind])
+
     def staleness(self) -> float:
         """0 while the cache keeps up with the store; while it works through a backlog, the
         seconds since it last held everything the store had (infinite before the first sync).

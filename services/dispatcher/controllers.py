@@ -156,13 +156,68 @@ class NodeLifecycleController:
         self.grace_ms = int(grace_seconds * 1000)
         self.interval = interval_seconds
         self.pods = PodIndex(informer)
+        # Nodes NotReady because their heartbeat lapsed: the ones that may come back.
+        self.lapsed: set[str] = set()
+        informer.add_handlers(
+            Handlers(
+                on_add=self._on_node,
+                on_update=lambda kind, _old, new: self._on_node(kind, new),
+                on_delete=lambda kind, obj: self._on_node(kind, obj, deleted=True),
+            )
+        )
         # Round trips, for tests and metrics.
         self.commit_calls = 0
+        self.full_ticks = 0  # ticks that read every node's stamp
+
+    def _on_node(self, kind: str, obj: Message, deleted: bool = False) -> None:
+        if not isinstance(obj, pb.Node):
+            return
+        name = obj.metadata.name
+        if not deleted and not obj.status.ready and _ready_reason(obj) == HEARTBEAT_LAPSED:
+            self.lapsed.add(name)
+        else:
+            self.lapsed.discard(name)
 
     async def run(self) -> None:
         await _tick_forever("node lifecycle", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
+        """One pass. Usually only the stale stamps and those of lapsed nodes travel and are
+        looked at (a cluster of 20,000 healthy nodes costs one small round trip); every node is
+        read when some node has no stamp at all (registered, not yet heartbeating)."""
+        beats = await self._store.stale_heartbeats(self.grace_ms, sorted(self.lapsed))
+        if beats.stamped < self._informer.count("Node"):
+            await self._full_tick()
+            return
+        now = beats.now_ms
+        commits: list[list[Op]] = []
+        described: list[tuple[str, str, int]] = []  # (node, what, pods failed)
+        gone: list[str] = []
+        for name, last in beats.stale.items():
+            node = self._informer.get("Node", name)
+            if not isinstance(node, pb.Node):
+                gone.append(name)  # a deleted node's stamp, lapsed
+                continue
+            ops = self._lost(node, now, last)
+            if ops:
+                commits.append(ops)
+                described.append((name, "lost", len(ops) - 1))
+        for name, last in beats.named.items():
+            node = self._informer.get("Node", name)
+            if isinstance(node, pb.Node) and now - last <= self.grace_ms:
+                commits.append([Update(_set_ready(node, True, now, "NodeHeartbeatResumed", ""))])
+                described.append((name, "ready again", 0))
+        await self._store.forget_heartbeats(gone)
+        for name in list(self.pods.by_node):
+            if self._informer.get("Node", name) is None:
+                ops = self._fail_pods(name, now, f"node {name!r} no longer exists")
+                if ops:
+                    commits.append(ops)
+                    described.append((name, "gone", len(ops)))
+        await self._commit(commits, described)
+
+    async def _full_tick(self) -> None:
+        self.full_ticks += 1
         beats = await self._store.heartbeats()
         now = beats.now_ms  # the store's clock, like the heartbeats it compares against
         commits: list[list[Op]] = []
@@ -194,6 +249,9 @@ class NodeLifecycleController:
                 if ops:
                     commits.append(ops)
                     described.append((name, "gone", len(ops)))
+        await self._commit(commits, described)
+
+    async def _commit(self, commits: list[list[Op]], described: list[tuple[str, str, int]]) -> None:
         if not commits:
             return
         self.commit_calls += 1
@@ -503,7 +561,12 @@ class JobRetryController:
     (``<job>-<index>-r<n>``, pending, through its queue like any new pod) once its backoff has
     passed, and marks a job whose failures exceeded ``backoff_limit`` with the condition
     ``Failed``/``BackoffLimitExceeded`` (the job status controller sets the phase). Retries
-    of a tick in one ``create_many``; a name taken meanwhile is left to the next tick."""
+    of a tick in one ``create_many``; a name taken meanwhile is left to the next tick.
+
+    A tick looks only at jobs with a failed pod (kept from pod events), not at every job: at a
+    million one-pod jobs a scan per second of all of them would be most of the dispatcher's
+    time. A job leaves that set once it has nothing more to retry (finished, marked failed, or
+    without a failure policy)."""
 
     def __init__(
         self,
@@ -520,6 +583,17 @@ class JobRetryController:
         self.initial_ms = int(initial_backoff_seconds * 1000)
         self.max_ms = int(max_backoff_seconds * 1000)
         self.pods = PodIndex(informer)
+        self.failing: set[str] = set()  # jobs with a failed pod that may still need a retry
+        informer.add_handlers(
+            Handlers(
+                on_add=self._on_pod,
+                on_update=lambda kind, _old, new: self._on_pod(kind, new),
+            )
+        )
+
+    def _on_pod(self, kind: str, obj: Message) -> None:
+        if isinstance(obj, pb.Pod) and obj.status.phase == pb.POD_FAILED and obj.spec.job:
+            self.failing.add(obj.spec.job)
 
     async def run(self) -> None:
         await _tick_forever("job retry", self._informer, self.tick, self.interval)
@@ -528,15 +602,22 @@ class JobRetryController:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         retries: list[pb.Pod] = []
         marked: list[pb.Job] = []
-        for obj in self._informer.list("Job"):
-            assert isinstance(obj, pb.Job)
-            if not obj.spec.HasField("backoff_limit") or obj.status.phase == pb.JOB_SUCCEEDED:
-                continue  # no policy, or nothing left to retry for
+        for name in list(self.failing):
+            obj = self._informer.get("Job", name)
+            if (
+                not isinstance(obj, pb.Job)
+                or not obj.spec.HasField("backoff_limit")
+                or obj.status.phase == pb.JOB_SUCCEEDED
+            ):
+                self.failing.discard(name)  # gone, no policy, or nothing left to retry for
+                continue
             pods = list(self.pods.by_job.get(obj.metadata.name, {}).values())
             policy = FailurePolicy.of(obj, pods)
             if policy.exceeded:
                 if not any(c.type == FAILED_CONDITION for c in obj.status.conditions):
                     marked.append(_failed(obj, policy, now))
+                else:
+                    self.failing.discard(name)  # marked: the job is Failed for good
                 continue
             delay = policy.delay_ms(self.initial_ms, self.max_ms)
             for pod in newest_per_index(pods).values():

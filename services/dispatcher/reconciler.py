@@ -7,8 +7,8 @@ cracks of the normal paths, repairs it, and logs and counts every repair (``repa
   ``dead_shard_seconds`` ago (a shard killed without its graceful stop leaves one behind, with
   its partition): deleted, compare-and-set. A shard that was only cut off registers again with
   its next heartbeat.
-- ``job_status``: a job whose stored status disagrees with its pods on two passes in a row,
-  unchanged in between, although the job status controller has nothing pending for it (a write
+- ``job_status``: a job whose stored status disagrees with its pods on two checks in a row,
+  unchanged in between (``jobs_per_pass`` jobs are checked per pass, round robin), although the job status controller has nothing pending for it (a write
   that failed for good; one pass alone could be the moment between the controller's write and
   our view of it): handed back to that controller, the one writer of ``Job.status``, which
   writes it now.
@@ -44,6 +44,7 @@ class Reconciler:
         *,
         interval_seconds: float = 5.0,
         dead_shard_seconds: float = 60.0,
+        jobs_per_pass: int = 2_000,
     ) -> None:
         self.store = store
         self.informer = informer
@@ -52,8 +53,12 @@ class Reconciler:
         self.interval = interval_seconds
         self.dead_shard_ms = int(dead_shard_seconds * 1000)
         self.repairs: Counter[str] = Counter()
-        # Jobs whose status disagreed on the last pass, with the version they had then.
+        # Jobs whose status disagreed when last checked, with the version they had then.
         self._suspect: dict[str, int] = {}
+        # Job statuses are checked a slice per pass (``jobs_per_pass``), round robin: a full
+        # recount of every job's pods each pass would cost in proportion to the cluster.
+        self.jobs_per_pass = jobs_per_pass
+        self._to_check: list[str] = []
 
     async def run(self) -> None:
         await self.informer.wait_synced()
@@ -112,23 +117,29 @@ class Reconciler:
     async def _job_statuses(self) -> int:
         pods = self.job_status.pods
         stuck = []
-        suspect: dict[str, int] = {}
-        for job in self.informer.list("Job"):
-            assert isinstance(job, pb.Job)
-            name = job.metadata.name
-            if name in pods.changed_jobs:
-                continue  # the controller will write it on its next tick
+        if not self._to_check:  # a new round over every job
+            names = [j.metadata.name for j in self.informer.list("Job")]  # type: ignore[attr-defined]
+            self._to_check = names[::-1]
+            known = set(names)
+            self._suspect = {n: v for n, v in self._suspect.items() if n in known}
+        for _ in range(min(self.jobs_per_pass, len(self._to_check))):
+            name = self._to_check.pop()
+            job = self.informer.get("Job", name)
+            if not isinstance(job, pb.Job) or name in pods.changed_jobs:
+                self._suspect.pop(name, None)  # gone, or the controller writes it next tick
+                continue
             computed = job_status(job, pods.by_job.get(name, {}).values())
             s = job.status
             if computed == (s.phase, s.bound, s.running, s.succeeded, s.failed):
+                self._suspect.pop(name, None)
                 continue
             version = job.metadata.resource_version
             if self._suspect.get(name) != version:
-                suspect[name] = version  # first sight: it may be a write on its way
+                self._suspect[name] = version  # first sight: it may be a write on its way
                 continue
+            del self._suspect[name]
             self._repaired("job_status", job=name, stored=str(s).replace("\n", " "))
             stuck.append(name)
-        self._suspect = suspect
         if stuck:
             pods.changed_jobs.update(stuck)
             await self.job_status.tick()
