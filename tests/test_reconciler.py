@@ -137,8 +137,8 @@ async def test_job_status_disagreeing_with_its_pods_is_rewritten(
     await corrupt("web")
     await corrupt("other")
     await informer.wait_for_revision(await store.revision(), timeout=10)
-    controller.pods.changed_jobs.discard("web")  # the controller dropped it: fell through
-    assert "other" in controller.pods.changed_jobs  # the controller will see to this one
+    controller.changed_jobs.discard("web")  # the controller dropped it: fell through
+    assert "other" in controller.changed_jobs  # the controller will see to this one
 
     # One pass only suspects it (a controller write may be on its way to our view); the next
     # pass, the job unchanged meanwhile, repairs it.

@@ -72,34 +72,51 @@ async def _tick_forever(
 
 
 class PodIndex:
-    """Pods by node and by job, kept from informer events (references to cached objects)."""
+    """Pods by node and by job, kept from informer events (references to cached objects). One
+    index serves every controller of the dispatcher (each pod event is indexed once, not once
+    per controller); a controller that acts on changed jobs takes its own feed of their names
+    (:meth:`subscribe`)."""
 
     def __init__(self, informer: Informer) -> None:
         self.by_node: dict[str, dict[str, pb.Pod]] = {}
         self.by_job: dict[str, dict[str, pb.Pod]] = {}
-        self.changed_jobs: set[str] = set()
+        self._informer = informer
+        self._feeds: list[set[str]] = []
         informer.add_handlers(
             Handlers(on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete)
         )
+
+    def subscribe(self) -> set[str]:
+        """A set that collects the names of jobs whose pods (or themselves) changed from now
+        on, starting with every job known; its owner takes names out as it handles them."""
+        feed = {j.metadata.name for j in self._informer.list("Job")}  # type: ignore[attr-defined]
+        feed |= self.by_job.keys()
+        self._feeds.append(feed)
+        return feed
+
+    def _changed(self, job: str) -> None:
+        for feed in self._feeds:
+            feed.add(job)
 
     def _on_add(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod):
             self._put(obj)
         elif isinstance(obj, pb.Job):
-            self.changed_jobs.add(obj.metadata.name)
+            self._changed(obj.metadata.name)
 
     def _on_update(self, kind: str, old: Message, obj: Message) -> None:
         if isinstance(old, pb.Pod) and isinstance(obj, pb.Pod):
             self._drop(old)
             self._put(obj)
         elif isinstance(obj, pb.Job):
-            self.changed_jobs.add(obj.metadata.name)
+            self._changed(obj.metadata.name)
 
     def _on_delete(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod):
             self._drop(obj)
         elif isinstance(obj, pb.Job):
-            self.changed_jobs.discard(obj.metadata.name)
+            for feed in self._feeds:
+                feed.discard(obj.metadata.name)
 
     def _put(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
@@ -107,7 +124,7 @@ class PodIndex:
             self.by_node.setdefault(pod.spec.node_name, {})[name] = pod
         if pod.spec.job:
             self.by_job.setdefault(pod.spec.job, {})[name] = pod
-            self.changed_jobs.add(pod.spec.job)
+            self._changed(pod.spec.job)
 
     def _drop(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
@@ -118,7 +135,7 @@ class PodIndex:
                 if not pods:
                     del index[key]
         if pod.spec.job:
-            self.changed_jobs.add(pod.spec.job)
+            self._changed(pod.spec.job)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,12 +167,13 @@ class NodeLifecycleController:
         *,
         grace_seconds: float = 10.0,
         interval_seconds: float = 1.0,
+        pods: PodIndex | None = None,
     ) -> None:
         self._store = store
         self._informer = informer
         self.grace_ms = int(grace_seconds * 1000)
         self.interval = interval_seconds
-        self.pods = PodIndex(informer)
+        self.pods = pods or PodIndex(informer)
         # Nodes NotReady because their heartbeat lapsed: the ones that may come back.
         self.lapsed: set[str] = set()
         informer.add_handlers(
@@ -487,18 +505,27 @@ class JobStatusController:
     of the fresh copies, so their fields are kept. Only phase and counts are ever changed.
     """
 
-    def __init__(self, store: Store, informer: Informer, *, interval_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        *,
+        interval_seconds: float = 1.0,
+        pods: PodIndex | None = None,
+    ) -> None:
         self._store = store
         self._informer = informer
         self.interval = interval_seconds
-        self.pods = PodIndex(informer)
+        self.pods = pods or PodIndex(informer)
+        self.changed_jobs = self.pods.subscribe()  # jobs to look at on the next tick
         self.writes = 0  # update_many round trips, for tests and metrics
 
     async def run(self) -> None:
         await _tick_forever("job status", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
-        dirty, self.pods.changed_jobs = self.pods.changed_jobs, set()
+        dirty = set(self.changed_jobs)
+        self.changed_jobs.clear()
         jobs: list[pb.Job] = []
         for name in dirty:
             job = self._informer.get("Job", name)
@@ -510,9 +537,9 @@ class JobStatusController:
                 fresh = await self._store.get_many(pb.Job, retry)
                 retry = await self._write([j for j in fresh if j is not None])
         except StoreError:
-            self.pods.changed_jobs |= dirty  # try them all again next tick
+            self.changed_jobs |= dirty  # try them all again next tick
             raise
-        self.pods.changed_jobs.update(retry)
+        self.changed_jobs.update(retry)
 
     async def _write(self, jobs: list[pb.Job]) -> list[str]:
         """Write the jobs whose status changed; returns the names that conflicted."""
@@ -576,13 +603,14 @@ class JobRetryController:
         interval_seconds: float = 1.0,
         initial_backoff_seconds: float = 10.0,
         max_backoff_seconds: float = 360.0,
+        pods: PodIndex | None = None,
     ) -> None:
         self._store = store
         self._informer = informer
         self.interval = interval_seconds
         self.initial_ms = int(initial_backoff_seconds * 1000)
         self.max_ms = int(max_backoff_seconds * 1000)
-        self.pods = PodIndex(informer)
+        self.pods = pods or PodIndex(informer)
         self.failing: set[str] = set()  # jobs with a failed pod that may still need a retry
         informer.add_handlers(
             Handlers(
@@ -660,11 +688,19 @@ class BudgetStatusController:
     update, which marks the budget for the next tick. Only status is changed.
     """
 
-    def __init__(self, store: Store, informer: Informer, *, interval_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        *,
+        interval_seconds: float = 1.0,
+        pods: PodIndex | None = None,
+    ) -> None:
         self._store = store
         self._informer = informer
         self.interval = interval_seconds
-        self.pods = PodIndex(informer)
+        self.pods = pods or PodIndex(informer)
+        self.changed_jobs = self.pods.subscribe()  # jobs to look at on the next tick
         self._changed_budgets: set[str] = set()
         informer.add_handlers(
             Handlers(
@@ -682,7 +718,8 @@ class BudgetStatusController:
         await _tick_forever("budget status", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
-        changed_jobs, self.pods.changed_jobs = self.pods.changed_jobs, set()
+        changed_jobs = set(self.changed_jobs)
+        self.changed_jobs.clear()
         changed_budgets, self._changed_budgets = self._changed_budgets, set()
         updates: list[pb.DisruptionBudget] = []
         view = _BudgetView(self.pods, self._informer)

@@ -125,7 +125,7 @@ class Reconciler:
         for _ in range(min(self.jobs_per_pass, len(self._to_check))):
             name = self._to_check.pop()
             job = self.informer.get("Job", name)
-            if not isinstance(job, pb.Job) or name in pods.changed_jobs:
+            if not isinstance(job, pb.Job) or name in self.job_status.changed_jobs:
                 self._suspect.pop(name, None)  # gone, or the controller writes it next tick
                 continue
             computed = job_status(job, pods.by_job.get(name, {}).values())
@@ -141,6 +141,6 @@ class Reconciler:
             self._repaired("job_status", job=name, stored=str(s).replace("\n", " "))
             stuck.append(name)
         if stuck:
-            pods.changed_jobs.update(stuck)
+            self.job_status.changed_jobs.update(stuck)
             await self.job_status.tick()
         return len(stuck)

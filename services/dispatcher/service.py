@@ -22,6 +22,7 @@ from services.dispatcher.controllers import (
     JobRetryController,
     JobStatusController,
     NodeLifecycleController,
+    PodIndex,
     QueueStatusController,
 )
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
@@ -168,14 +169,17 @@ class DispatcherService(Service[DispatcherConfig]):
         log.info("queues rebuilt", pending_units=len(self.core.units))
         self.spawn(self.core.run(), name="dispatch")
         cfg = self.config
+        every = cfg.controller_interval_seconds
+        pods = PodIndex(self.informer)  # one index of pods by node and job for every controller
         lifecycle = NodeLifecycleController(
             self.store,
             self.informer,
             grace_seconds=cfg.node_grace_seconds,
-            interval_seconds=cfg.controller_interval_seconds,
+            interval_seconds=every,
+            pods=pods,
         )
         job_status = JobStatusController(
-            self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
+            self.store, self.informer, interval_seconds=every, pods=pods
         )
         queue_status = QueueStatusController(
             self.store,
@@ -184,11 +188,9 @@ class DispatcherService(Service[DispatcherConfig]):
             interval_seconds=cfg.controller_interval_seconds,
         )
         budget_status = BudgetStatusController(
-            self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
+            self.store, self.informer, interval_seconds=every, pods=pods
         )
-        job_retry = JobRetryController(
-            self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
-        )
+        job_retry = JobRetryController(self.store, self.informer, interval_seconds=every, pods=pods)
         self.spawn(lifecycle.run(), name="node-lifecycle")
         self.spawn(job_status.run(), name="job-status")
         self.spawn(queue_status.run(), name="queue-status")
@@ -198,7 +200,7 @@ class DispatcherService(Service[DispatcherConfig]):
         self.finished_jobs = FinishedJobCollector(
             self.store,
             self.informer,
-            job_status.pods,
+            pods,
             default_ttl_seconds=None if ttl < 0 else ttl,
             interval_seconds=max(cfg.controller_interval_seconds, 1.0),
         )
