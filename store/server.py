@@ -7,6 +7,7 @@ bench — goes through ``StoreServer.start`` so that promise holds in one place.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import os
@@ -36,8 +37,12 @@ LOG_FILE = "server.log"
 PID_FILE = "server.pid"
 ACL_FILE = "users.acl"
 ADMIN_SECRET_FILE = "admin.secret"
+SERVICE_SECRET_FILE = "service.secret"
 SERVICE_USER = "godel"
 ADMIN_USER = "default"
+# May run PING and nothing else, without a password: what a container healthcheck needs, and all
+# it can do (docker-compose.yml's store).
+PING_USER = "ping"
 URL_ENV = "GODEL_REDIS_URL"
 _LOG_TAIL_LINES = 20
 _POLL = 0.02
@@ -404,10 +409,13 @@ DENIED_COMMANDS = (
 )  # fmt: skip
 
 
-def _write_acl(data_dir: Path, password: str) -> str:
+def _write_acl(
+    data_dir: Path, password: str, *, admin: str | None = None, ping_user: bool = False
+) -> str:
     """The ACL file of a locked server (and the admin secret), readable by their owner only.
-    Passwords are stored as SHA-256 hashes, as the server's ACL allows."""
-    admin = secrets.token_urlsafe(24)
+    Passwords are stored as SHA-256 hashes, as the server's ACL allows. ``admin`` reuses an admin
+    secret (a replica must accept the same credentials as its primary)."""
+    admin = admin or secrets.token_urlsafe(24)
     denied = " ".join(f"-{c}" for c in DENIED_COMMANDS)
     lines = [
         # The default user is the admin: it must keep every right, because the server replays
@@ -417,9 +425,37 @@ def _write_acl(data_dir: Path, password: str) -> str:
         f"user {ADMIN_USER} on #{_sha256(admin)} ~* &* +@all",
         f"user {SERVICE_USER} on #{_sha256(password)} ~* &* +@all {denied}",
     ]
+    if ping_user:
+        lines.append(f"user {PING_USER} on nopass -@all +ping")
     _write_private(data_dir / ACL_FILE, "\n".join(lines) + "\n")
     _write_private(data_dir / ADMIN_SECRET_FILE, admin + "\n")
     return admin
+
+
+def lock_secrets_dir(
+    directory: Path, *, acl_owner: int | None = None, secret_owner: int | None = None
+) -> bool:
+    """Lock a store that another program runs (docker-compose.yml's one-shot ``store-init``):
+    write ``users.acl`` and ``admin.secret`` for the server and ``service.secret``, the services'
+    password, unless the directory holds them already (a restarted project keeps its secret, so
+    the services' credentials keep working). The ACL also lets the user ``ping`` run PING without
+    a password, for the container's healthcheck. ``acl_owner``/``secret_owner`` chown the
+    server's files and the services' secret to the users that read them (containers run as
+    different users). Returns whether a new secret was written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    created = not (directory / ACL_FILE).exists()
+    if created:
+        password = secrets.token_urlsafe(24)
+        _write_acl(directory, password, ping_user=True)
+        _write_private(directory / SERVICE_SECRET_FILE, password + "\n")
+    for name, owner in (
+        (ACL_FILE, acl_owner),
+        (ADMIN_SECRET_FILE, acl_owner),
+        (SERVICE_SECRET_FILE, secret_owner),
+    ):
+        if owner is not None:
+            os.chown(directory / name, owner, -1)
+    return created
 
 
 def _read_admin_secret(data_dir: Path) -> str | None:
@@ -466,3 +502,23 @@ def _wait_gone(pid: int, timeout: float) -> bool:
             return False
         time.sleep(_POLL)
     return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m store.server lock DIR``: see :func:`lock_secrets_dir`."""
+    parser = argparse.ArgumentParser(prog="python -m store.server")
+    commands = parser.add_subparsers(dest="command", required=True)
+    lock = commands.add_parser("lock", help="write the ACL and secrets of a locked store")
+    lock.add_argument("directory", type=Path)
+    lock.add_argument("--acl-owner", type=int, help="uid that owns users.acl and admin.secret")
+    lock.add_argument("--secret-owner", type=int, help="uid that owns service.secret")
+    args = parser.parse_args(argv)
+    created = lock_secrets_dir(
+        args.directory, acl_owner=args.acl_owner, secret_owner=args.secret_owner
+    )
+    print(f"{'new' if created else 'kept the'} store secret in {args.directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -383,3 +383,39 @@ async def test_a_locked_server_replays_scripted_commits_after_a_crash(tmp_path: 
         assert "NOPERM" not in (server.data_dir / "server.log").read_text()
     finally:
         server.stop()
+
+
+def test_locking_a_secrets_dir_for_another_program(tmp_path: Path) -> None:
+    """docker-compose.yml's store-init: `python -m store.server lock DIR` writes an ACL and a
+    random services' password once; a server run from that ACL admits the services with it, a
+    PING-only user without one, and nobody else; running it again keeps the secret."""
+    secrets_dir = tmp_path / "secrets"
+    assert server_mod.main(["lock", str(secrets_dir), "--secret-owner", str(os.getuid())]) == 0
+    password = (secrets_dir / "service.secret").read_text().strip()
+    assert len(password) >= 24
+    for private in ("users.acl", "admin.secret", "service.secret"):
+        assert (secrets_dir / private).stat().st_mode & 0o077 == 0
+    assert server_mod.lock_secrets_dir(secrets_dir) is False
+    assert (secrets_dir / "service.secret").read_text().strip() == password
+
+    port = stable_free_port()
+    data = tmp_path / "data"
+    data.mkdir()
+    binary = find_server_binary()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+            "--save", "", "--aclfile", str(secrets_dir / "users.acl")]  # fmt: skip
+    with open(data / "log", "wb") as out:
+        proc = psutil.Popen(argv, stdout=out, stderr=out)
+    try:
+        wait_for_port("127.0.0.1", port, 10)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, socket_timeout=5).ping()
+        services = redis.Redis(port=port, username="godel", password=password, socket_timeout=5)
+        assert services.set("k", "v")
+        probe = redis.Redis(port=port, username="ping", password="anything", socket_timeout=5)
+        assert probe.ping()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            probe.get("k")
+    finally:
+        proc.kill()
+        proc.wait()
