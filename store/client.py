@@ -211,7 +211,7 @@ def _claim_spec(pod: pb.Pod) -> str:
 
 _LUA = {
     name: (resources.files("store") / "lua" / f"{name}.lua").read_text()
-    for name in ("commit", "lease", "heartbeat")
+    for name in ("commit", "lease", "heartbeat", "snapshot")
 }
 
 
@@ -234,6 +234,7 @@ class Store:
         self._commit_script = redis.register_script(_LUA["commit"])
         self._lease_script = redis.register_script(_LUA["lease"])
         self._heartbeat_script = redis.register_script(_LUA["heartbeat"])
+        self._snapshot_script = redis.register_script(_LUA["snapshot"])
 
     @classmethod
     async def connect(
@@ -263,6 +264,11 @@ class Store:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+    async def server_info(self) -> dict[str, Any]:
+        """The server's INFO ``server`` section (name, version, role, ...)."""
+        info: dict[str, Any] = await _read(lambda: self._redis.info("server"))
+        return info
 
     async def revision(self) -> int:
         """The current global revision (the last one assigned)."""
@@ -567,6 +573,23 @@ class Store:
             return await self._heartbeat_script(
                 keys=[self.keys.heartbeats, self.keys.data("Node")], args=args
             )
+
+    # -----------------------------------------------------------------------------------------
+    # Backup (store/backup.py writes and restores the file)
+    # -----------------------------------------------------------------------------------------
+
+    async def dump_keys(self) -> tuple[int, list[tuple[bytes, int, bytes]]]:
+        """The revision and every key of this cluster as (key, ms to live or -1, DUMP payload),
+        all read in one server-side script: a consistent snapshot, however busy the cluster.
+        The script holds the server while it runs (tens of ms per 100,000 objects)."""
+        with _translate_errors():
+            flat: Any = await self._snapshot_script(
+                keys=[], args=[self.keys.pattern, self.keys.revision]
+            )
+        keys: dict[bytes, tuple[bytes, int, bytes]] = {}
+        for i in range(1, len(flat), 3):
+            keys[flat[i]] = (flat[i], int(flat[i + 1]), flat[i + 2])
+        return int(flat[0]), list(keys.values())
 
     # -----------------------------------------------------------------------------------------
     # Watch

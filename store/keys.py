@@ -16,6 +16,11 @@ class Keys:
         return f"godel:{{{self.cluster}}}"
 
     @property
+    def pattern(self) -> str:
+        """A glob matching every key of this cluster and no other's."""
+        return f"{self._prefix}:*"
+
+    @property
     def revision(self) -> str:
         """The global revision counter."""
         return f"{self._prefix}:rev"
