@@ -15,12 +15,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from google.protobuf.message import Message
 from redis import exceptions as redis_errors
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from protos.godel.v1 import objects_pb2 as pb
@@ -34,6 +35,7 @@ from store.errors import (
     InsufficientCapacityError,
     InvalidObjectError,
     NotFoundError,
+    ReplicationError,
     ResourceVersionTooNewError,
     ResourceVersionTooOldError,
     StoreError,
@@ -157,15 +159,64 @@ class Heartbeats:
     last_ms: dict[str, int]
 
 
+SENTINEL_SCHEME = "redis+sentinel"
+
+
 def redact_url(url: str) -> str:
     """The store URL with its password, if any, replaced by ``***`` (for logs and tables)."""
     parts = urlsplit(url)
-    if parts.password is None:
+    credentials, at, hosts = parts.netloc.rpartition("@")
+    if not at or ":" not in credentials:
         return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
-        f":{parts.port}" if parts.port else ""
-    )
-    return urlunsplit(parts._replace(netloc=netloc))
+    user = credentials.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A replicated store found through Sentinel, as a URL names it:
+    ``redis+sentinel://[user:password@]host:port[,host:port...]/service[?replicas=N&replica_timeout_ms=T]``.
+    The password is the services' on the servers and on the Sentinels alike. ``replicas``: how
+    many replicas must have a write before the store acknowledges it (``WAIT``; default 1);
+    ``replica_timeout_ms``: how long a write waits for them before it fails."""
+
+    sentinels: list[tuple[str, int]]
+    service: str
+    username: str | None
+    password: str | None
+    replicas: int = 1
+    replica_timeout_ms: int = 2000
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelTarget:
+        parts = urlsplit(url)
+        if parts.scheme != SENTINEL_SCHEME:
+            raise ValueError(f"not a {SENTINEL_SCHEME}:// URL: {redact_url(url)}")
+        credentials, at, hosts = parts.netloc.rpartition("@")
+        username, _, password = credentials.partition(":") if at else ("", "", "")
+        sentinels: list[tuple[str, int]] = []
+        for address in hosts.split(","):
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"{redact_url(url)}: {address!r} is not host:port")
+            sentinels.append((host, int(port)))
+        service = parts.path.strip("/")
+        if not service:
+            raise ValueError(f"{redact_url(url)}: no service name (the path) given")
+        query = parse_qs(parts.query)
+        try:
+            replicas = int(query.get("replicas", ["1"])[0])
+            timeout = int(query.get("replica_timeout_ms", ["2000"])[0])
+        except ValueError as exc:
+            raise ValueError(f"{redact_url(url)}: {exc}") from exc
+        return cls(
+            sentinels=sentinels,
+            service=service,
+            username=unquote(username) or None,
+            password=unquote(password) or None,
+            replicas=replicas,
+            replica_timeout_ms=timeout,
+        )
 
 
 def _now_ms() -> int:
@@ -225,9 +276,14 @@ class Store:
         *,
         feed_max_len: int = DEFAULT_FEED_MAX_LEN,
         max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
+        replicas: int = 0,
+        replica_timeout_ms: int = 2000,
     ) -> None:
         self._redis = redis
         self.cluster = cluster
+        # Writes are acknowledged only once this many replicas have them (WAIT).
+        self.replicas = replicas
+        self.replica_timeout_ms = replica_timeout_ms
         self.keys = Keys(cluster)
         self.feed_max_len = feed_max_len
         self.max_object_bytes = max_object_bytes
@@ -246,16 +302,51 @@ class Store:
         max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
         max_connections: int = 64,
     ) -> Store:
+        """Connect to a ``redis://`` URL, or to the primary of a replicated store that Sentinel
+        watches (``redis+sentinel://``, see SentinelTarget): every new connection then asks the
+        Sentinels where the primary is, so after a failover the store follows the new one."""
         # No automatic retries: a commit whose reply was lost may have been applied, and only the
         # caller knows whether repeating it is safe.
-        redis = aioredis.Redis.from_url(
-            url,
-            decode_responses=False,
-            retry=Retry(NoBackoff(), 0),
-            max_connections=max_connections,
-            socket_connect_timeout=5,
+        replicas, replica_timeout_ms = 0, 2000
+        if url.startswith(f"{SENTINEL_SCHEME}://"):
+            try:
+                target = SentinelTarget.parse(url)
+            except ValueError as exc:
+                raise StoreError(str(exc)) from None
+            sentinel = Sentinel(  # type: ignore[no-untyped-call]
+                target.sentinels,
+                sentinel_kwargs={
+                    "password": target.password,
+                    "socket_timeout": 2,
+                    "socket_connect_timeout": 2,
+                },
+            )
+            redis: aioredis.Redis = sentinel.master_for(
+                target.service,
+                username=target.username,
+                password=target.password,
+                decode_responses=False,
+                retry=Retry(NoBackoff(), 0),
+                max_connections=max_connections,
+                socket_connect_timeout=5,
+            )
+            replicas, replica_timeout_ms = target.replicas, target.replica_timeout_ms
+        else:
+            redis = aioredis.Redis.from_url(
+                url,
+                decode_responses=False,
+                retry=Retry(NoBackoff(), 0),
+                max_connections=max_connections,
+                socket_connect_timeout=5,
+            )
+        store = cls(
+            redis,
+            cluster,
+            feed_max_len=feed_max_len,
+            max_object_bytes=max_object_bytes,
+            replicas=replicas,
+            replica_timeout_ms=replica_timeout_ms,
         )
-        store = cls(redis, cluster, feed_max_len=feed_max_len, max_object_bytes=max_object_bytes)
         await store.ping()
         return store
 
@@ -401,7 +492,7 @@ class Store:
                 placed.append(exc)
         calls = [c for c in calls if c.commits]
         replies: dict[int, list[Any] | BaseException] = {}
-        if len(calls) == 1:
+        if len(calls) == 1 and not self.replicas:
             with _translate_errors():
                 replies[id(calls[0])] = await self._commit_script(
                     keys=calls[0].keys, args=calls[0].args
@@ -411,9 +502,10 @@ class Store:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for call in calls:
                         await self._commit_script(keys=call.keys, args=call.args, client=pipe)
-                    for call, reply in zip(
-                        calls, await pipe.execute(raise_on_error=False), strict=True
-                    ):
+                    self._wait_for_replicas(pipe)
+                    executed = await pipe.execute(raise_on_error=False)
+                    self._check_replicated(executed)
+                    for call, reply in zip(calls, executed[: len(calls)], strict=True):
                         replies[id(call)] = reply
         results: list[list[int] | StoreError] = []
         for entry in placed:
@@ -430,6 +522,19 @@ class Store:
             except StoreError as exc:
                 results.append(exc)
         return results
+
+    def _wait_for_replicas(self, pipe: Any) -> None:
+        """End a pipeline of writes with WAIT: on the same connection, after them, so its count
+        is of replicas that have every one of them."""
+        if self.replicas:
+            pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
+
+    def _check_replicated(self, replies: list[Any]) -> None:
+        if not self.replicas:
+            return
+        acknowledged = replies[-1]
+        if isinstance(acknowledged, BaseException) or int(acknowledged) < self.replicas:
+            raise ReplicationError(self.replicas, self.replica_timeout_ms, acknowledged)
 
     async def create_many(self, objs: Sequence[M]) -> list[M | StoreError]:
         """Pipelined creates, each on its own (not atomic together)."""
@@ -527,9 +632,23 @@ class Store:
         self, action: str, name: str, holder: str, epoch: int, duration_ms: int, address: str
     ) -> tuple[bool, pb.Lease]:
         with _translate_errors():
-            r = await self._lease_script(
-                keys=[self.keys.lease(name)], args=[action, holder, epoch, duration_ms, address]
-            )
+            if self.replicas and action != "observe":
+                # A new epoch must survive a failover: granted only once a replica has it.
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    await self._lease_script(
+                        keys=[self.keys.lease(name)],
+                        args=[action, holder, epoch, duration_ms, address],
+                        client=pipe,
+                    )
+                    self._wait_for_replicas(pipe)
+                    replies = await pipe.execute()
+                self._check_replicated(replies)
+                r = replies[0]
+            else:
+                r = await self._lease_script(
+                    keys=[self.keys.lease(name)],
+                    args=[action, holder, epoch, duration_ms, address],
+                )
         lease = pb.Lease(
             name=name,
             holder=r[1].decode(),
