@@ -523,6 +523,20 @@ class Store:
                 results.append(exc)
         return results
 
+    async def replication_barrier(self) -> None:
+        """Return once the replicas have every write the primary acknowledged so far, or raise
+        ReplicationError. For a caller that found its earlier, unacknowledged write already
+        there (a retry) and is about to report it done: that write may not be replicated yet.
+        (A replica that has this later write has all earlier ones: replication is in order.)"""
+        if not self.replicas:
+            return
+        with _translate_errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.incr(self.keys.replication_barrier)
+                self._wait_for_replicas(pipe)
+                replies = await pipe.execute()
+        self._check_replicated(replies)
+
     def _wait_for_replicas(self, pipe: Any) -> None:
         """End a pipeline of writes with WAIT: on the same connection, after them, so its count
         is of replicas that have every one of them."""

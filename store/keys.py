@@ -53,6 +53,11 @@ class Keys:
         """Node heartbeats (server ms), outside the change feed: field = node name."""
         return f"{self._prefix}:heartbeats"
 
+    @property
+    def replication_barrier(self) -> str:
+        """Written only to wait behind it: a replica that has it has every earlier write."""
+        return f"{self._prefix}:barrier"
+
     def lease(self, name: str) -> str:
         return f"{self._prefix}:lease:{name}"
 

@@ -53,6 +53,14 @@ def up(
         bool,
         typer.Option(help="Also run real processes on this machine, as one process-mode node."),
     ] = True,
+    store_replicas: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Store replicas: with any, three Sentinels fail over to one when the primary "
+            "dies, and every write waits until each replica has it.",
+        ),
+    ] = 0,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for SERVING.")] = 30.0,
     grace: Annotated[
         float, typer.Option(min=0, help="Services' shutdown grace period, in seconds.")
@@ -74,6 +82,7 @@ def up(
         grace_seconds=grace,
         hollow_nodes=hollow_nodes,
         process_node=process_node,
+        store_replicas=store_replicas,
     )
     try:
         state = local.up(godel_home, spec)

@@ -16,7 +16,7 @@ from godel.local.cluster import ClusterError
 from godel.local.home import GodelHome
 from store import Store
 from store import backup as store_backup
-from store.server import ADMIN_USER, HOST, StoreServer, StoreServerError
+from store.server import ADMIN_USER, CONFIG_FILE, HOST, StoreServer, StoreServerError
 
 
 def backup(url: str, path: Path, cluster: str = "default") -> store_backup.Snapshot:
@@ -34,6 +34,17 @@ def backup(url: str, path: Path, cluster: str = "default") -> store_backup.Snaps
     return snapshot
 
 
+def _make_primary(config: Path) -> None:
+    """Drop the ``replicaof`` that Sentinel may have written into the primary's config after a
+    failover: the restore writes there, and `godel up` makes it the primary again anyway (its
+    replicas then copy the restored state from it)."""
+    if config.exists():
+        lines = config.read_text().splitlines()
+        kept = [line for line in lines if not line.startswith(("replicaof ", "slaveof "))]
+        if kept != lines:
+            config.write_text("\n".join(kept) + "\n")
+
+
 def restore(home: GodelHome, path: Path) -> store_backup.Snapshot:
     """Bring the stopped cluster in ``home`` back to the backup at ``path``."""
     snapshot = store_backup.read(path)
@@ -44,6 +55,7 @@ def restore(home: GodelHome, path: Path) -> store_backup.Snapshot:
                 f"the cluster in {home} is running: stop it with `godel down` before a restore"
             )
         home.make_private()
+        _make_primary(home.store_dir / CONFIG_FILE)
         try:
             server = StoreServer.start(home.store_dir)
         except StoreServerError as exc:
