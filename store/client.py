@@ -141,6 +141,8 @@ class ListResult:
     revision: int
     # Stored objects that could not be decoded (kind, name, error): reported, never fatal.
     errors: list[tuple[str, str, InvalidObjectError]] = field(default_factory=list)
+    # Every bound pod's node claim at the same revision (only when asked for; see claims()).
+    claims: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,9 +428,10 @@ class Store:
         items = next(iter(result.items.values()))
         return items, result.revision  # type: ignore[return-value]
 
-    async def list_kinds(self, kind_names: Sequence[str]) -> ListResult:
+    async def list_kinds(self, kind_names: Sequence[str], *, claims: bool = False) -> ListResult:
         """An atomic snapshot of several kinds and its revision: watching from that revision
-        misses nothing and repeats nothing."""
+        misses nothing and repeats nothing. ``claims`` adds the node claims of the same moment
+        (what an audit compares the pods with)."""
         kinds = [kinds_mod.kind_named(k) for k in kind_names]
 
         async def fetch() -> list[Any]:
@@ -437,10 +440,14 @@ class Store:
                 for kind in kinds:
                     pipe.hgetall(self.keys.data(kind.name))
                     pipe.hgetall(self.keys.versions(kind.name))
+                if claims:
+                    pipe.hgetall(self.keys.claims)
                 return await pipe.execute()  # type: ignore[no-any-return]
 
         replies = await _read(fetch)
         result = ListResult({}, int(replies[0] or 0))
+        if claims:
+            result.claims = {k.decode(): v.decode() for k, v in replies[-1].items()}
         for i, kind in enumerate(kinds):
             datas: dict[bytes, bytes] = replies[1 + 2 * i]
             rvs: dict[bytes, bytes] = replies[2 + 2 * i]

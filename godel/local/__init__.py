@@ -6,6 +6,7 @@ from godel.local.cluster import (
     ComponentStatus,
     down,
     scale,
+    start_again,
     status,
     up,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "default_home",
     "down",
     "scale",
+    "start_again",
     "status",
     "up",
 ]

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -465,3 +465,38 @@ def _log_tail(path: str) -> str:
     if not lines:
         return f"; its log {path} is empty"
     return f"\n--- last {len(lines)} lines of {path} ---\n" + "\n".join(lines)
+
+
+def start_again(home: GodelHome, name: str) -> ComponentRecord:
+    """Start a dead component with the command `godel up` recorded for it, as an operator (or a
+    supervisor) would, and record the new process. A store server comes back on its data dir
+    and port: a former primary rejoins as a replica (its Sentinels see to that)."""
+    with home.lock():
+        state = home.load()
+        if state is None:
+            raise ClusterError(f"no cluster in {home}: start one with `godel up`")
+        record = state.component(name)
+        if record is None or not record.command:
+            raise ClusterError(f"{name!r} is not a component `godel up` started in {home}")
+        if record.process() is not None:
+            raise ClusterError(f"{name} is still running (pid {record.pid})")
+        with open(record.log or os.devnull, "ab") as out:
+            proc = subprocess.Popen(
+                record.command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=home.path,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": state.store_url},
+            )
+        again = replace(
+            record,
+            pid=proc.pid,
+            create_time=psutil.Process(proc.pid).create_time(),
+            started=now_iso(),
+        )
+        state.components = [again if c.name == name else c for c in state.components]
+        home.save(state)
+        log.info("started again", component=name, pid=proc.pid)
+        return again
