@@ -21,10 +21,13 @@ def _bound(client: ProtoClient, job: str, replicas: int) -> dict[str, str] | Non
     return placed if len(placed) == replicas and all(placed.values()) else None
 
 
+@pytest.mark.parametrize("store_replicas", [0, 1], ids=["one server", "replicated"])
 def test_backup_of_a_running_cluster_restores_into_the_stopped_cluster(
-    make_cluster: Callable[..., Cluster],
+    make_cluster: Callable[..., Cluster], store_replicas: int
 ) -> None:
-    spec = {"schedulers": 1, "binders": 1, "hollow_nodes": 10}
+    """With a replicated store the backup is read through Sentinel from the primary, and the
+    restore goes into the primary's data dir; the replica copies it when the cluster starts."""
+    spec = {"schedulers": 1, "binders": 1, "hollow_nodes": 10, "store_replicas": store_replicas}
     cluster = make_cluster(**spec)
     cluster.godel("apply", "-f", "-", stdin=job_yaml("before", 6, 6, "500m"))
     placed = wait_until(lambda: _bound(cluster.client, "before", 6), what="before bound")
@@ -40,7 +43,10 @@ def test_backup_of_a_running_cluster_restores_into_the_stopped_cluster(
     cluster.godel("down")
     assert "restored " in cluster.godel("restore", str(backup)).stdout
 
-    state = local.up(cluster.home, local.ClusterSpec(grace_seconds=2.0, process_node=False, **spec))
+    state = local.up(
+        cluster.home,
+        local.ClusterSpec(grace_seconds=2.0, fsync="everysec", process_node=False, **spec),
+    )
     cluster.reload()
     cluster.client.close()
     cluster.client = ProtoClient(state.address_of("dispatcher"))
