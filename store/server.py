@@ -505,8 +505,10 @@ def lock_secrets_dir(
 class ReplicatedStore:
     """A primary, its replicas and the Sentinels that watch them (valkey's own high
     availability), all on loopback and locked with one secret; ``url`` finds the primary through
-    the Sentinels and makes every write wait for ``len(replicas)`` replicas (see
-    ``store.client.SentinelTarget``)."""
+    the Sentinels and makes every write wait until a replica has it (see
+    ``store.client.SentinelTarget``). One is enough: Sentinel promotes the replica with the most
+    of the primary's stream, which then has every acknowledged write; with more replicas, writes
+    go on while one of them is down."""
 
     primary: StoreServer
     replicas: list[StoreServer]
@@ -578,7 +580,7 @@ class ReplicatedStore:
         addresses = ",".join(f"{HOST}:{w.port}" for w in watchers)
         url = (
             f"redis+sentinel://{SERVICE_USER}:{quote(password, safe='')}@{addresses}/"
-            f"{SENTINEL_SERVICE}?replicas={replicas}&replica_timeout_ms={replica_timeout_ms}"
+            f"{SENTINEL_SERVICE}?replicas=1&replica_timeout_ms={replica_timeout_ms}"
         )
         return cls(primary=primary, replicas=copies, sentinels=watchers, url=url)
 

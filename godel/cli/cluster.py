@@ -58,7 +58,7 @@ def up(
         typer.Option(
             min=0,
             help="Store replicas: with any, three Sentinels fail over to one when the primary "
-            "dies, and every write waits until each replica has it.",
+            "dies, and every write waits until a replica has it.",
         ),
     ] = 0,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for SERVING.")] = 30.0,

@@ -64,7 +64,7 @@ class ClusterSpec:
     """Whether the first node agent also serves this machine as a process-mode node."""
     store_replicas: int = 0
     """Replicas of the store server; with any, three Sentinels watch the primary, services find
-    it through them, and a write is acknowledged only once every replica has it."""
+    it through them, and a write is acknowledged only once a replica has it."""
     service_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Extra command-line arguments per service kind, e.g. (("scheduler", ("--x", "1")),)."""
 
