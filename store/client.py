@@ -228,12 +228,23 @@ def _now_ms() -> int:
 _CONNECTION_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 
+def _is_busy(exc: redis_errors.ResponseError) -> bool:
+    # The server is running a script past its busy threshold and refuses every other command
+    # unexecuted (e.g. one atomic commit of a 100,000-pod job): unavailable for now, not an
+    # error of the request.
+    return str(exc).startswith("BUSY")
+
+
 @contextlib.contextmanager
 def _translate_errors() -> Iterator[None]:
     try:
         yield
     except _CONNECTION_ERRORS as exc:
         raise StoreUnavailableError(f"store unreachable: {exc}") from exc
+    except redis_errors.ResponseError as exc:
+        if _is_busy(exc):
+            raise StoreUnavailableError(f"store busy: {exc}") from exc
+        raise
 
 
 async def _read(call: Callable[[], Awaitable[T]]) -> T:
@@ -244,6 +255,9 @@ async def _read(call: Callable[[], Awaitable[T]]) -> T:
         return await call()
     except _CONNECTION_ERRORS:
         pass
+    except redis_errors.ResponseError as exc:
+        if not _is_busy(exc):
+            raise
     with _translate_errors():
         return await call()
 
@@ -522,7 +536,9 @@ class Store:
             call, index = entry
             reply = replies[id(call)]
             if isinstance(reply, BaseException):
-                results.append(StoreError(f"commit failed: {reply}"))
+                busy = isinstance(reply, redis_errors.ResponseError) and _is_busy(reply)
+                error = StoreUnavailableError if busy else StoreError
+                results.append(error(f"commit failed: {reply}"))
                 continue
             try:
                 results.append(call.finish(index, reply[index], fence))

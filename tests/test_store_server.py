@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import stat
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ import redis
 
 from godel.netutil import free_port, free_ports, stable_free_port, wait_for_port
 from protos.godel.v1 import objects_pb2 as pb
-from store import Store, redact_url
+from store import Store, StoreUnavailableError, redact_url
 from store import server as server_mod
 from store.server import (
     LOG_FILE,
@@ -419,3 +422,44 @@ def test_locking_a_secrets_dir_for_another_program(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_a_server_busy_with_a_long_script_is_unavailable_not_an_error(
+    private_server: StoreServer,
+) -> None:
+    """A server past its busy threshold in one script (one atomic commit of a huge job) refuses
+    every other command unexecuted with BUSY: the store reports that as unavailable, which every
+    service already waits out, instead of an unexpected error that would end a loop."""
+    admin = redis.Redis.from_url(private_server.url, socket_timeout=30)
+    admin.config_set("busy-reply-threshold", 100)
+    spin = (
+        "local t = redis.call('TIME'); local s = t[1] + 3; "
+        "repeat t = redis.call('TIME') until tonumber(t[1]) > s; return 1"
+    )
+    busy = threading.Thread(target=lambda: admin.eval(spin, 0), daemon=True)
+    store = await Store.connect(private_server.url, cluster="busy")
+    try:
+        busy.start()
+        deadline = time.monotonic() + 10
+        while not _answers_busy(private_server):
+            assert time.monotonic() < deadline, "the script never made the server busy"
+            await asyncio.sleep(0.05)
+        with pytest.raises(StoreUnavailableError, match="busy"):
+            await store.revision()
+        with pytest.raises(StoreUnavailableError, match="busy"):
+            await store.create(pb.Node(metadata=pb.ObjectMeta(name="n0")))
+    finally:
+        busy.join(30)
+        await store.close()
+        admin.close()
+
+
+def _answers_busy(server: StoreServer) -> bool:
+    probe = redis.Redis.from_url(server.url, socket_timeout=5)
+    try:
+        probe.ping()
+    except redis.ResponseError as exc:
+        return str(exc).startswith("BUSY")
+    finally:
+        probe.close()
+    return False
