@@ -23,9 +23,10 @@ from outside, through the store:
 - every binding seen before is still there, on the same node (no acknowledged binding lost);
 - ``godel audit``'s invariants: no node over-committed, no pod bound twice, no gang split.
 
-A component that dies *because of* a fault (a service whose startup failed while the store
-was failing over exits, as it should) is started again too, as a supervisor would, and named in
-the report ("others revived"). Exit code 0 when every fault recovered and every check held; 1
+The harness waits until the restarted component serves again before the next fault, as an
+operator confirms a restart. A component that dies *because of* a fault (a service whose
+startup fails while the store fails over exits, as it should) is started again too, as a
+supervisor would (every 2 s), and named in the report ("others revived"). Exit code 0 when every fault recovered and every check held; 1
 otherwise. The report (JSON and
 a Markdown table of recovery time per kind) goes to ``--out``.
 """
@@ -55,6 +56,7 @@ from godel import local
 from godel.audit import audit
 from godel.client import ClientError, ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
+from services.runtime.healthcheck import probe
 from store import Store, StoreError
 from store.client import SentinelTarget
 from store.server import SENTINEL_SERVICE
@@ -65,6 +67,7 @@ PROBE_PREFIX = "probe"
 LOAD_PREFIX = "load"
 _GONE_SECONDS = 30.0
 _RECOVERY_DEADLINE = 180.0
+_REVIVE_EVERY_SECONDS = 2.0
 
 
 @dataclass
@@ -212,14 +215,26 @@ class Harness:
         local.start_again(self.home, name)
         restarted = time.monotonic() - started
         self.state = self.home.load() or self.state
-        recovery = self._probe_bound(started)
+        revived: list[str] = []
+        recovery = self._probe_bound(started, revived)
+        self._wait_serving(name, revived)
         result = FaultResult(index, kind, name, sig.name, recovery, round(restarted, 2))
-        result.revived = self.revive()
-        if recovery is None and result.revived:
-            # Measured again with the fallen components back: the fault's own recovery then
-            # includes the supervisor's restart, as it would in production.
-            result.recovery_seconds = self._probe_bound(started)
+        result.revived = revived
         return result
+
+    def _wait_serving(self, name: str, revived: list[str]) -> None:
+        """As an operator confirms a restart: wait until the component serves again (a service
+        answers its health check SERVING), so the next fault does not land mid-startup."""
+        record = self.state.component(name)
+        if record is None or record.kind in ("store", "sentinel"):
+            return
+        deadline = time.monotonic() + _RECOVERY_DEADLINE
+        while time.monotonic() < deadline:
+            record = self.state.component(name)
+            if record is not None and probe(record.address, timeout=1) == "SERVING":
+                return
+            revived += self.revive()
+            time.sleep(0.2)
 
     def revive(self) -> list[str]:
         """Start again every component that is not running."""
@@ -230,20 +245,25 @@ class Harness:
         self.state = self.home.load() or self.state
         return dead
 
-    def _probe_bound(self, since: float) -> float | None:
+    def _probe_bound(self, since: float, revived: list[str]) -> float | None:
         """Submit a probe gang (retrying until acknowledged) and wait until it is bound whole;
-        seconds from ``since``, or None after the deadline."""
+        seconds from ``since``, or None after the deadline. Meanwhile, as a supervisor would,
+        start again any component that died (appended to ``revived``)."""
         self._probes += 1
-        probe = _job(f"{PROBE_PREFIX}-{self._probes}", 2, 2, 1000)
+        gang = _job(f"{PROBE_PREFIX}-{self._probes}", 2, 2, 1000)
         deadline = since + _RECOVERY_DEADLINE
         submitted = False
+        next_revive = time.monotonic() + _REVIVE_EVERY_SECONDS
         while time.monotonic() < deadline:
+            if time.monotonic() >= next_revive:
+                revived += self.revive()
+                next_revive = time.monotonic() + _REVIVE_EVERY_SECONDS
             try:
                 if not submitted:
-                    result = self.client.submit([probe], request_id=probe.metadata.name)
+                    result = self.client.submit([gang], request_id=gang.metadata.name)
                     submitted = result.results[0].created or result.results[0].existing
                 if submitted:
-                    pods = self.client.list("Pod", job=probe.metadata.name)
+                    pods = self.client.list("Pod", job=gang.metadata.name)
                     if len(pods) == 2 and all(p.spec.node_name for p in pods):  # type: ignore[attr-defined]
                         return round(time.monotonic() - since, 2)
             except ClientError:

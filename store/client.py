@@ -232,7 +232,8 @@ def _is_busy(exc: redis_errors.ResponseError) -> bool:
     # The server is running a script past its busy threshold and refuses every other command
     # unexecuted (e.g. one atomic commit of a 100,000-pod job): unavailable for now, not an
     # error of the request.
-    return str(exc).startswith("BUSY")
+    # (A pipeline wraps the reply: "Command # 1 (...) of pipeline caused error: ('BUSY ...',)".)
+    return str(exc).startswith("BUSY") or "('BUSY " in str(exc)
 
 
 @contextlib.contextmanager
