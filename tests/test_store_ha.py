@@ -135,6 +135,9 @@ async def test_a_write_no_replica_confirms_fails_with_a_clear_error(
             await store.create(node("n1"))
         with pytest.raises(ReplicationError):
             await store.acquire_lease("binder", "b0", 5000)
+        # A retry that finds its write there cannot report it stored until a replica has it.
+        with pytest.raises(ReplicationError):
+            await store.replication_barrier()
         # Not acknowledged is not undone: like a lost reply, the write may be there.
         replica.restart()
         attempts = iter(range(1_000_000))
@@ -147,5 +150,6 @@ async def test_a_write_no_replica_confirms_fails_with_a_clear_error(
             return True
 
         await _until(writable, "the replica to catch up")
+        await store.replication_barrier()  # the replica has everything now
     finally:
         await store.close()
