@@ -464,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     faults = len(KINDS) if opts.quick else opts.faults
     report = run(faults, hollow_nodes=opts.hollow_nodes, interval=opts.interval)
     opts.out.mkdir(parents=True, exist_ok=True)
-    stem = opts.out / f"faults{'-quick' if opts.quick else ''}-{report['started']}"
+    # Named as the other reports in bench/results/: <workload>-<UTC yyyymmdd-hhmmss>.
+    when = report["started"].replace("-", "").replace(":", "").replace("T", "-").rstrip("Z")
+    stem = opts.out / f"faults{'-quick' if opts.quick else ''}-{when}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     table = summary_table(report)
     stem.with_suffix(".md").write_text(table + "\n")
