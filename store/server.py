@@ -480,7 +480,8 @@ def lock_secrets_dir(
 ) -> bool:
     """Lock a store that another program runs (docker-compose.yml's one-shot ``store-init``):
     write ``users.acl`` and ``admin.secret`` for the server and ``service.secret``, the services'
-    password, unless the directory holds them already (a restarted project keeps its secret, so
+    password, unless the directory holds them already; and, from them, ``server.conf`` (the
+    replication login) and ``sentinel.conf`` for the ``ha`` profile (a restarted project keeps its secret, so
     the services' credentials keep working). The ACL also lets the user ``ping`` run PING without
     a password, for the container's healthcheck. ``acl_owner``/``secret_owner`` chown the
     server's files and the services' secret to the users that read them (containers run as
@@ -491,9 +492,17 @@ def lock_secrets_dir(
         password = secrets.token_urlsafe(24)
         _write_acl(directory, password, ping_user=True)
         _write_private(directory / SERVICE_SECRET_FILE, password + "\n")
+    password = (directory / SERVICE_SECRET_FILE).read_text().strip()
+    admin = (directory / ADMIN_SECRET_FILE).read_text().strip()
+    # For the `ha` profile: every server logs in to its primary as the admin (any of them may
+    # become a replica), and the Sentinels' config, which each copies to write its own.
+    _write_server_config(directory, admin, None)
+    _write_private(directory / SENTINEL_CONFIG_FILE, _compose_sentinel_config(password, admin))
     for name, owner in (
         (ACL_FILE, acl_owner),
         (ADMIN_SECRET_FILE, acl_owner),
+        (CONFIG_FILE, acl_owner),
+        (SENTINEL_CONFIG_FILE, acl_owner),
         (SERVICE_SECRET_FILE, secret_owner),
     ):
         if owner is not None:
@@ -728,6 +737,26 @@ class SentinelServer:
             if self.process.poll() is None:
                 self.process.kill()
             self.process.wait()
+
+
+def _compose_sentinel_config(password: str, admin: str) -> str:
+    """A Sentinel of docker-compose.yml's `ha` profile: it watches the service `store` by name
+    (addresses change as containers restart), clients log in with the services' password, the
+    healthcheck as `ping`."""
+    lines = [
+        "port 26379",
+        "sentinel resolve-hostnames yes",
+        "sentinel announce-hostnames yes",
+        f"requirepass {password}",
+        f"user {PING_USER} on nopass -@all +ping",
+        f"sentinel sentinel-pass {password}",
+        f"sentinel monitor {SENTINEL_SERVICE} store 6379 2",
+        f"sentinel auth-user {SENTINEL_SERVICE} {ADMIN_USER}",
+        f"sentinel auth-pass {SENTINEL_SERVICE} {admin}",
+        f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 5000",
+        f"sentinel failover-timeout {SENTINEL_SERVICE} 60000",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _read_admin_secret(data_dir: Path) -> str | None:

@@ -396,8 +396,16 @@ def test_locking_a_secrets_dir_for_another_program(tmp_path: Path) -> None:
     assert server_mod.main(["lock", str(secrets_dir), "--secret-owner", str(os.getuid())]) == 0
     password = (secrets_dir / "service.secret").read_text().strip()
     assert len(password) >= 24
-    for private in ("users.acl", "admin.secret", "service.secret"):
+    for private in ("users.acl", "admin.secret", "service.secret", "server.conf", "sentinel.conf"):
         assert (secrets_dir / private).stat().st_mode & 0o077 == 0
+    # For compose's `ha` profile: the replication login and the Sentinels' config, from the
+    # same secrets (the Sentinels take the services' password, log in to servers as the admin).
+    admin = (secrets_dir / "admin.secret").read_text().strip()
+    assert f"masterauth {admin}" in (secrets_dir / "server.conf").read_text()
+    sentinel_conf = (secrets_dir / "sentinel.conf").read_text()
+    assert (
+        f"requirepass {password}" in sentinel_conf and f"auth-pass godel {admin}" in sentinel_conf
+    )
     assert server_mod.lock_secrets_dir(secrets_dir) is False
     assert (secrets_dir / "service.secret").read_text().strip() == password
 
@@ -419,9 +427,36 @@ def test_locking_a_secrets_dir_for_another_program(tmp_path: Path) -> None:
         assert probe.ping()
         with pytest.raises(redis.exceptions.NoPermissionError):
             probe.get("k")
+        # The `ha` profile's replica: the same ACL, the replication login from server.conf.
+        replica_port = stable_free_port()
+        (tmp_path / "replica").mkdir()
+        replica_argv = [binary, str(secrets_dir / "server.conf"), "--port", str(replica_port),
+                        "--bind", "127.0.0.1", "--dir", str(tmp_path / "replica"), "--save", "",
+                        "--aclfile", str(secrets_dir / "users.acl"),
+                        "--replicaof", "127.0.0.1", str(port)]  # fmt: skip
+        with open(tmp_path / "replica.log", "wb") as out:
+            replica = psutil.Popen(replica_argv, stdout=out, stderr=out)
+        try:
+            admin = (secrets_dir / "admin.secret").read_text().strip()
+            copy = redis.Redis(port=replica_port, password=admin, socket_timeout=5)
+            deadline = time.monotonic() + 20
+            while not _replicating(copy):
+                assert time.monotonic() < deadline, "the replica never synced"
+                time.sleep(0.1)
+            assert copy.get("k") == b"v"
+        finally:
+            replica.kill()
+            replica.wait()
     finally:
         proc.kill()
         proc.wait()
+
+
+def _replicating(client: redis.Redis) -> bool:
+    try:
+        return client.info("replication").get("master_link_status") == "up"
+    except redis.RedisError:
+        return False
 
 
 async def test_a_server_busy_with_a_long_script_is_unavailable_not_an_error(

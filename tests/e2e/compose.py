@@ -35,6 +35,9 @@ What stands in for what, precisely:
   for the one-shot ``store-init`` to exit 0, ``service_healthy`` for the dependency's
   healthcheck (the store answers PING as the user its healthcheck names; a godel replica is
   healthy when its healthcheck command, run as the file gives it, exits 0).
+- **Profiles and variables.** Services with ``profiles`` (the ``ha`` profile's replica and
+  Sentinels) are not started, as compose starts none without ``--profile``; ``${VAR:-default}``
+  in an environment value takes this process's ``$VAR`` or the default.
 - **Not emulated:** ``restart`` policies (a replica that exits stays down, and the test fails on
   it, unless it is a one-shot that exited 0), ``init``, resource isolation, and Docker's DNS
   round-robin between replicas.
@@ -205,6 +208,8 @@ class Emulator:
         self.replicas: list[Replica] = []
         hosts = iter(range(2, 255))
         for service, spec in self.services.items():
+            if spec.get("profiles"):
+                continue  # started only with `--profile`, which this emulation never passes
             count = (scale or {}).get(service, spec.get("deploy", {}).get("replicas", 1))
             for index in range(1, count + 1):
                 root = workdir / f"{service}-{index}"
@@ -254,7 +259,9 @@ class Emulator:
         # A container inherits nothing from the host: PATH, the image's ENV, then the file's.
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": IMAGE_HOME}
         env.update(self.image_env)
-        env.update({k: str(v) for k, v in (replica.spec.get("environment") or {}).items()})
+        env.update(
+            {k: interpolate(str(v)) for k, v in (replica.spec.get("environment") or {}).items()}
+        )
         env = {key: self.localise(value, replica) for key, value in env.items()}
         env["PYTHONPATH"] = str(ROOT)  # the image's `pip install .` of this checkout
         return env
@@ -323,6 +330,15 @@ class Emulator:
             proxies.append(proxy)
             published[int(container_port)] = f"{self.host_ip}:{host_port}"
         return published, proxies
+
+
+def interpolate(value: str) -> str:
+    """``${VAR:-default}`` as compose resolves it from the environment it runs in."""
+    return re.sub(
+        r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}",
+        lambda m: os.environ.get(m[1]) or m[2],
+        value,
+    )
 
 
 def is_one_shot(spec: dict[str, Any]) -> bool:
