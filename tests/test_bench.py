@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import harness, workload
+from bench import faults, harness, workload
 from bench.load import batches, build_jobs
 from bench.workload import PodPhase, WorkloadError
 from godel.local import ClusterState, ComponentRecord
@@ -237,3 +237,31 @@ def test_conflicts_workload_reports_each_variants_conflict_rate(tmp_path: Path) 
     assert runs["partitions-on"]["conflicts"]["partitioned_shards"] == 2
     md = report_json.with_suffix(".md").read_text()
     assert "| conflicts | partitioned shards |" in md
+
+
+def test_fault_harness_quick_form_loses_nothing(tmp_path: Path) -> None:
+    """bench/faults.py's quick form, as CI runs it: under a steady load, one fault per component
+    kind (the store primary by kill -9 first: Sentinel fails over to the replica), each process
+    started again, and after every fault the invariants checked from outside. It exits 0 only
+    if every fault recovered and nothing acknowledged was lost; the report says so per kind."""
+    env = {k: v for k, v in os.environ.items() if k != "GODEL_REDIS_URL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.faults", "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    (report_file,) = tmp_path.glob("faults-quick-*.json")
+    report = json.loads(report_file.read_text())
+    assert report["ok"] and report["final_violations"] == []
+    assert [f["kind"] for f in report["faults"]] == list(faults.KINDS)
+    assert {f["signal"] for f in report["faults"]} == {"SIGKILL", "SIGTERM"}
+    assert report["faults"][0] == report["faults"][0] | {"kind": "store", "signal": "SIGKILL"}
+    assert all(
+        f["violations"] == [] and f["recovery_seconds"] is not None for f in report["faults"]
+    )
+    assert report["acknowledged_jobs"] > 0
+    assert "nothing lost" in result.stdout

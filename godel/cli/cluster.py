@@ -35,6 +35,8 @@ def register(app: typer.Typer) -> None:
     app.command("down")(down)
     app.command("status")(status)
     app.command("audit")(audit)
+    app.command("backup")(backup)
+    app.command("restore")(restore)
 
 
 def up(
@@ -51,6 +53,14 @@ def up(
         bool,
         typer.Option(help="Also run real processes on this machine, as one process-mode node."),
     ] = True,
+    store_replicas: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Store replicas: with any, three Sentinels fail over to one when the primary "
+            "dies, and every write waits until a replica has it.",
+        ),
+    ] = 0,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for SERVING.")] = 30.0,
     grace: Annotated[
         float, typer.Option(min=0, help="Services' shutdown grace period, in seconds.")
@@ -76,6 +86,7 @@ def up(
         hollow_nodes=hollow_nodes,
         process_node=process_node,
         dashboard=dashboard,
+        store_replicas=store_replicas,
     )
     try:
         state = local.up(godel_home, spec)
@@ -213,6 +224,54 @@ def audit(
         asyncio.run(check())
     except StoreError as exc:
         fail(str(exc))
+
+
+def backup(
+    file: Annotated[Path, typer.Argument(help="Where to write the backup.")],
+    home: HomeOption = None,
+    store_url: Annotated[
+        str | None,
+        typer.Option(
+            "--store-url",
+            envvar="GODEL_REDIS_URL",
+            show_default=False,
+            help="Back up this store instead of the local cluster's.",
+        ),
+    ] = None,
+) -> None:
+    """Write a consistent snapshot of the cluster's store to FILE, while the cluster runs."""
+    from godel.local.backup import backup as take_backup
+    from store import StoreError
+
+    url = store_url
+    if url is None:
+        state = _home(home).load()
+        if state is None:
+            fail(f"no cluster in {_home(home)}: start one with `godel up`, or pass --store-url")
+        url = state.store_url
+    try:
+        snapshot = take_backup(url, file)
+    except StoreError as exc:
+        fail(str(exc))
+    typer.echo(f"backed up {len(snapshot.entries)} keys at revision {snapshot.revision} to {file}")
+
+
+def restore(
+    file: Annotated[Path, typer.Argument(help="A file written by `godel backup`.")],
+    home: HomeOption = None,
+) -> None:
+    """Bring the stopped local cluster back to the backup in FILE; `godel up` then starts from it."""
+    from godel.local.backup import restore as run_restore
+    from store import StoreError
+
+    try:
+        snapshot = run_restore(_home(home), file)
+    except (StoreError, local.ClusterError, local.StateError) as exc:
+        fail(str(exc))
+    typer.echo(
+        f"restored {len(snapshot.entries)} keys at revision {snapshot.revision} "
+        f"(backup of {snapshot.created}) into {_home(home)}; start it with `godel up`"
+    )
 
 
 def local_address(kind: str, home: Path | None, flag: str) -> str:
