@@ -48,6 +48,7 @@ KINDS: dict[str, type[Message]] = {
     "Pod": pb.Pod,
     "Movement": pb.Movement,
     "SchedulerInstance": pb.SchedulerInstance,
+    "Event": pb.Event,
 }
 # Kinds a user may write; the others are produced by the system.
 APPLICABLE = ("Job", "Node", "Queue", "DisruptionBudget")
@@ -60,6 +61,7 @@ OBJECT_FIELDS = {
     "DisruptionBudget": "disruption_budget",
     "Movement": "movement",
     "SchedulerInstance": "scheduler_instance",
+    "Event": "event",
 }
 
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50}
@@ -406,7 +408,7 @@ def _resources_dict(r: pb.Resources) -> dict[str, Any]:
     return out
 
 
-def _field_value(fd: FieldDescriptor, value: Any) -> Any:
+def _field_value(fd: Any, value: Any) -> Any:
     if fd.message_type is not None:
         return message_dict(value)
     if fd.enum_type is not None:

@@ -5,7 +5,7 @@ The commands parse options and print; the process management is in :mod:`godel.l
 
 from __future__ import annotations
 
-import asyncio
+import shlex
 import signal
 import time
 from calendar import timegm
@@ -16,8 +16,8 @@ from typing import Annotated
 import typer
 
 from godel import client, local
+from godel.cli import output
 from godel.cli.output import OutputFormat, fail, print_json, print_table
-from store import redact_url
 
 HomeOption = Annotated[
     Path | None,
@@ -63,6 +63,8 @@ def up(
 
     Uses the store at $GODEL_REDIS_URL instead of starting one when that is set.
     """
+    from store import redact_url
+
     godel_home = _home(home)
     spec = local.ClusterSpec(
         schedulers=schedulers,
@@ -82,7 +84,7 @@ def up(
         [(c.name, c.pid, redact_url(c.address), c.log) for c in state.components],
     )
     if not foreground:
-        typer.echo(f"\ncluster running in {godel_home}; stop it with `godel down`")
+        typer.echo(f"\ncluster running in {godel_home}; stop it with `{_down_command(home)}`")
         return
     typer.echo(f"\ncluster running in {godel_home}; Ctrl-C stops it")
     stop_signals = {signal.SIGINT, signal.SIGTERM}
@@ -91,7 +93,15 @@ def up(
     _print_outcomes(local.down(godel_home))
 
 
-def down(home: HomeOption = None) -> None:
+def down(
+    home: HomeOption = None,
+    purge: Annotated[
+        bool,
+        typer.Option(
+            "--purge", help="Also remove the cluster's state directory (store data, logs)."
+        ),
+    ] = False,
+) -> None:
     """Stop the local cluster: SIGTERM every service, then the store; SIGKILL stragglers."""
     godel_home = _home(home)
     try:
@@ -100,8 +110,11 @@ def down(home: HomeOption = None) -> None:
         fail(str(exc))
     if not outcomes:
         typer.echo(f"no cluster running in {godel_home}")
-        return
-    _print_outcomes(outcomes)
+    else:
+        _print_outcomes(outcomes)
+    if purge:
+        for path in godel_home.purge():
+            typer.echo(f"removed {path}")
 
 
 def status(
@@ -109,6 +122,8 @@ def status(
     output: Annotated[OutputFormat, typer.Option("--output", "-o")] = OutputFormat.table,
 ) -> None:
     """Show every component: pid, address, alive, health. Exits 1 if any is unhealthy."""
+    from store import redact_url
+
     try:
         statuses = local.status(_home(home))
     except (local.ClusterError, local.StateError) as exc:
@@ -150,6 +165,8 @@ def audit(
     ] = None,
 ) -> None:
     """Check the cluster's state against the scheduling invariants; exits 1 on any violation."""
+    import asyncio
+
     from godel.audit import audit as run_audit
     from store import Store, StoreError
 
@@ -190,7 +207,16 @@ def local_address(kind: str, home: Path | None, flag: str) -> str:
 
 
 def _home(path: Path | None) -> local.GodelHome:
+    # Every command that gets here drives the local-cluster machinery, which logs.
+    output.configure_logging(output.VERBOSE)
     return local.GodelHome(path or local.default_home())
+
+
+def _down_command(home: Path | None) -> str:
+    """The `godel down` that stops the cluster `godel up` just started in ``home``."""
+    if home is None:
+        return "godel down"
+    return f"godel down --home {shlex.quote(str(home))}"
 
 
 def _print_outcomes(outcomes: list[tuple[str, str]]) -> None:

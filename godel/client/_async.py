@@ -16,7 +16,6 @@ from typing import Any, Self, overload
 import grpc
 from google.protobuf.message import Message
 
-from godel.client._proto import wrap
 from godel.client._transport import (
     CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT,
@@ -40,11 +39,10 @@ from godel.client.objects import (
     invalid_manifest,
     object_from_wire,
 )
-from godel.manifest import ManifestError, load, parse_document, to_manifest
+from godel.manifest import ManifestError, load, parse_document
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 
 # Jobs go to Submit, these to Apply (what `godel apply` does with a multi-document file).
-_APPLIED = ("Node", "Queue", "DisruptionBudget")
 _WATCH_TYPES: dict[int, EventType] = {
     api_pb2.WatchEvent.ADDED: "ADDED",
     api_pb2.WatchEvent.MODIFIED: "MODIFIED",
@@ -223,32 +221,25 @@ class AsyncGodelClient:
         return handles[0] if isinstance(jobs, Job) else handles
 
     async def apply_manifest(self, manifest: str | dict[str, Any]) -> list[Applied]:
-        """Apply a YAML text (one or more documents) or a manifest dict, as `godel apply -f`:
-        jobs are submitted, nodes, queues and budgets created or updated."""
-        if isinstance(manifest, dict):
-            jobs = [Job.from_manifest(manifest)] if manifest.get("kind") == "Job" else []
-            others = [] if jobs else _parse_others(manifest)
-        else:
-            try:
+        """Apply a YAML text (one or more documents, or a List) or a manifest dict, as `godel
+        apply -f`: each object is created, updated where it may change (``configured``) or left
+        ``unchanged``. A change to what cannot change (a job's replicas, say) is Invalid naming
+        the field. Idempotent, as ``submit``: the request carries a fresh request id."""
+        try:
+            if isinstance(manifest, dict):
+                docs = [parse_document(manifest, "<manifest>")]
+            else:
                 docs = load(manifest, "<manifest>")
-            except ManifestError as exc:
-                raise invalid_manifest(exc) from None
-            jobs = [Job(to_manifest(d.kind, d.obj)) for d in docs if d.kind == "Job"]
-            others = [(d.kind, d.obj) for d in docs if d.kind in _APPLIED]
-        out: list[Applied] = []
-        if others:
-            request = api_pb2.ApplyRequest(objects=[wrap(k, o) for k, o in others])
-            response = await self._call(self._api.Apply, request)
-            bad = [v for r in response.results for v in r.violations]
-            if bad:
-                raise rejected([Violation(v.field, v.description) for v in bad], "apply")
-            out += [Applied(r.kind, r.name, r.action) for r in response.results]
-        if jobs:
-            handles = await self.submit(jobs)
-            out += [
-                Applied("Job", h.name, "existing" if h.existing else "created") for h in handles
-            ]
-        return out
+        except ManifestError as exc:
+            raise invalid_manifest(exc) from None
+        request = api_pb2.ApplyRequest(
+            objects=[d.as_object() for d in docs], request_id=uuid.uuid4().hex
+        )
+        response = await self._call(self._api.Apply, request)
+        bad = [v for r in response.results for v in r.violations]
+        if bad:
+            raise rejected([Violation(v.field, v.description) for v in bad], "apply")
+        return [Applied(r.kind, r.name, r.action) for r in response.results]
 
     async def delete(self, kind: str, name: str, *, resource_version: int = 0) -> int:
         """Delete an object (a job with its pods); how many objects went. With
@@ -386,14 +377,6 @@ class AsyncGodelClient:
                 )
             await asyncio.sleep(backoff(attempt))
             attempt += 1
-
-
-def _parse_others(manifest: dict[str, Any]) -> list[tuple[str, Message]]:
-    try:
-        doc = parse_document(manifest, "<manifest>")
-    except ManifestError as exc:
-        raise invalid_manifest(exc) from None
-    return [(doc.kind, doc.obj)]
 
 
 __all__ = ["Applied", "AsyncGodelClient", "AsyncJobHandle", "ClientError", "JobFailed"]

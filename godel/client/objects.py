@@ -192,7 +192,9 @@ class Explanation:
     def from_wire(cls, response: api_pb2.ExplainResponse) -> Explanation:
         return cls(
             pod=response.pod,
-            phase=_phase(enum_word(pb.PodPhase.DESCRIPTOR, response.phase) if response.phase else ""),
+            phase=_phase(
+                enum_word(pb.PodPhase.DESCRIPTOR, response.phase) if response.phase else ""
+            ),
             node=response.node,
             summary=response.summary,
             total_nodes=response.total_nodes,

@@ -11,9 +11,11 @@ One home is one cluster; several homes are several clusters side by side.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -143,6 +145,27 @@ class GodelHome:
 
     def clear(self) -> None:
         self.state_file.unlink(missing_ok=True)
+
+    def purge(self) -> list[Path]:
+        """Remove what a cluster keeps here (store data, logs, state, lock) and the directory
+        once empty; what else it holds is not ours and stays. Returns what was removed."""
+        removed: list[Path] = []
+        for path in (self.store_dir, self.logs_dir):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+                removed.append(path)
+        for path in (
+            self.state_file,
+            self.state_file.with_suffix(".json.tmp"),
+            self.path / ".lock",
+        ):
+            if path.exists() or path.is_symlink():
+                path.unlink()
+                removed.append(path)
+        with contextlib.suppress(OSError):  # not empty: someone else's files stay
+            self.path.rmdir()
+            removed.append(self.path)
+        return removed
 
 
 class StateError(Exception):

@@ -1792,6 +1792,92 @@ class SchedulerInstance(_message.Message):
 Global___SchedulerInstance: _TypeAlias = SchedulerInstance  # noqa: Y015
 
 @_typing.final
+class ObjectReference(_message.Message):
+    """---------------------------------------------------------------------------------------------
+    Events: what happened, kept for a bounded time
+    ---------------------------------------------------------------------------------------------
+
+    The object an event concerns.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    name: _builtins.str
+    uid: _builtins.str
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        uid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "name", b"name", "uid", b"uid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ObjectReference: _TypeAlias = ObjectReference  # noqa: Y015
+
+@_typing.final
+class Event(_message.Message):
+    """One thing that happened to an object, as `kubectl get events` shows it: a preemption, an
+    eviction (rescheduling, drain), a movement, a bind rejection, a lost scheduler shard. Written
+    in batches by the service that knows (in the commit that did it, where there is one), and
+    deleted by the dispatcher once older than its retention.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METADATA_FIELD_NUMBER: _builtins.int
+    REGARDING_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    RELATED_FIELD_NUMBER: _builtins.int
+    EVENT_TIME_MS_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """One CamelCase word a program can match, e.g. "Preempted", "Drained", "BindRejected"."""
+    message: _builtins.str
+    type: _builtins.str
+    """"Normal" or "Warning"."""
+    source: _builtins.str
+    """The instance that recorded it, e.g. "binder-0"."""
+    event_time_ms: _builtins.int
+    @_builtins.property
+    def metadata(self) -> Global___ObjectMeta: ...
+    @_builtins.property
+    def regarding(self) -> Global___ObjectReference: ...
+    @_builtins.property
+    def related(self) -> Global___ObjectReference:
+        """Another object involved, e.g. the preemptor of a preempted pod or the node it left."""
+
+    def __init__(
+        self,
+        *,
+        metadata: Global___ObjectMeta | None = ...,
+        regarding: Global___ObjectReference | None = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        type: _builtins.str = ...,
+        source: _builtins.str = ...,
+        related: Global___ObjectReference | None = ...,
+        event_time_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "regarding", b"regarding", "related", b"related"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_time_ms", b"event_time_ms", "message", b"message", "metadata", b"metadata", "reason", b"reason", "regarding", b"regarding", "related", b"related", "source", b"source", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Event: _TypeAlias = Event  # noqa: Y015
+
+@_typing.final
 class Lease(_message.Message):
     """A leader lease. Kept by the store outside the object feed; epochs only ever increase, and
     fenced writes carry the epoch.
