@@ -13,6 +13,7 @@ import grpc
 import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
+from services import events
 from services.dispatcher.api import DispatcherServicer
 from services.dispatcher.controllers import (
     BudgetStatusController,
@@ -73,6 +74,14 @@ class DispatcherConfig(ServiceConfig):
             minimum=0.01,
         ),
     )
+    event_retention_seconds: float = field(
+        default=events.DEFAULT_RETENTION_SECONDS,
+        metadata=option("how long events are kept before they are deleted", minimum=1),
+    )
+    max_events: int = field(
+        default=events.DEFAULT_MAX_EVENTS,
+        metadata=option("the most events kept (the oldest go first)", minimum=1),
+    )
     informer_sync_seconds: float = field(
         default=60.0, metadata=option("how long startup waits for the store's listing", minimum=1)
     )
@@ -98,6 +107,7 @@ class DispatcherService(Service[DispatcherConfig]):
                 max_batch_pods=cfg.max_batch_pods,
             ),
         )
+        self.core.events = self.events = events.EventRecorder(self.store, cfg.name)
         servicer = DispatcherServicer(self.store, self.core, max_replicas=cfg.max_replicas)
         api_pb2_grpc.add_DispatcherServicer_to_server(servicer, server)
 
@@ -136,6 +146,13 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(queue_status.run(), name="queue-status")
         self.spawn(budget_status.run(), name="budget-status")
         self.spawn(job_retry.run(), name="job-retry")
+        self.spawn(self.events.run(), name="events")
+        reaper = events.EventReaper(
+            self.store,
+            events.Retention(cfg.event_retention_seconds, cfg.max_events),
+            interval_seconds=min(30.0, cfg.event_retention_seconds / 2),
+        )
+        self.spawn(reaper.run(), name="event-reaper")
 
     async def on_stop(self) -> None:
         await self.core.close()
