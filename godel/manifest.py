@@ -427,7 +427,10 @@ def message_dict(msg: Message) -> dict[str, Any]:
     listed = {fd.name: value for fd, value in msg.ListFields()}
     for fd in descriptor.fields:
         if fd.name not in listed:
-            if descriptor.full_name in _PRINT_ZEROS and not fd.is_repeated:
+            zeros = descriptor.full_name in _PRINT_ZEROS or (
+                fd.message_type is not None and fd.message_type.full_name in _PRINT_ZEROS
+            )
+            if zeros and not fd.is_repeated:
                 out[fd.json_name] = _field_value(fd, getattr(msg, fd.name))
             continue
         value = listed[fd.name]
