@@ -87,8 +87,9 @@ def test_watch_cordon_drain_within_a_budget(make_cluster: Callable[..., Cluster]
     )  # fmt: skip
     for job, count in (("db", 3), ("free", 1)):
         wait_until(
-            lambda j=job, c=count: sum(p.status.phase == pb.POD_RUNNING for p in pods(cluster, j))
-            == c,
+            lambda j=job, c=count: (
+                sum(p.status.phase == pb.POD_RUNNING for p in pods(cluster, j)) == c
+            ),
             timeout=120,
             what=f"{job} running",
         )
@@ -112,9 +113,7 @@ def test_watch_cordon_drain_within_a_budget(make_cluster: Callable[..., Cluster]
     failed = [p for p in pods(cluster, "db") if p.status.phase == pb.POD_FAILED]
     assert len(failed) == 1 and failed[0].status.reason == "Drained"
     # The replacement waits: the node is cordoned and the only one its pods may use.
-    assert all(
-        not p.spec.node_name for p in pods(cluster, "db") if p.metadata.name.endswith("-r1")
-    )
+    assert all(not p.spec.node_name for p in pods(cluster, "db") if p.metadata.name.endswith("-r1"))
     # Nothing more is allowed: a second pass evicts nothing and waits for the same two.
     again = cluster.godel("drain", node, "--timeout", "0", check=False)
     assert again.returncode == 1 and " evicted" not in again.stdout
