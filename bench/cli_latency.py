@@ -1,0 +1,113 @@
+"""Wall time of `godel get / describe / explain`, measured from outside the process.
+
+    python -m bench.cli_latency                      # its own cluster: 20 hollow nodes
+    python -m bench.cli_latency --home ~/.godel      # against a running local cluster
+    python -m bench.cli_latency --runs 30 --json     # more runs; results as JSON
+
+Each command runs ``--runs`` times as a fresh ``python -m godel`` process (what a user's shell
+does) and its wall time, from spawn to exit, is recorded; the report gives min / median / p90 per
+command beside the same figures for ``python -c pass`` (the interpreter's own start-up on this
+machine, in the same run), so the CLI's share reads as the difference. The goal (issue 12) is a
+median at or under 150 ms for get, describe and explain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from godel import local
+from godel.client import ProtoClient
+
+NODES = 20
+
+
+def _time(argv: list[str], env: dict[str, str], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        out.append(time.perf_counter() - started)
+        if result.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+    return out
+
+
+def _figures(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        "min_ms": round(ordered[0] * 1000, 1),
+        "median_ms": round(statistics.median(ordered) * 1000, 1),
+        "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))] * 1000, 1),
+    }
+
+
+def measure(home: Path, runs: int) -> dict[str, dict[str, float]]:
+    state = local.GodelHome(home).load()
+    if state is None:
+        raise SystemExit(f"no cluster in {home}")
+    with ProtoClient(state.address_of("dispatcher")) as client:
+        node = client.list("Node")[0].metadata.name  # type: ignore[attr-defined]
+        pods = client.list("Pod")
+    env = {**os.environ, "GODEL_HOME": str(home)}
+    godel = [sys.executable, "-m", "godel"]
+    commands = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "godel get nodes": [*godel, "get", "nodes"],
+        "godel get nodes -o yaml": [*godel, "get", "nodes", "-o", "yaml"],
+        f"godel describe node {node}": [*godel, "describe", "node", node],
+    }
+    if pods:
+        pod = pods[0].metadata.name  # type: ignore[attr-defined]
+        commands[f"godel explain {pod}"] = [*godel, "explain", pod]
+    return {name: _figures(_time(argv, env, runs)) for name, argv in commands.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--home", type=Path, help="a running local cluster (default: start one)")
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args()
+    if args.home is not None:
+        results = measure(args.home, args.runs)
+    else:
+        with tempfile.TemporaryDirectory(prefix="godel-cli-latency-") as tmp:
+            home = local.GodelHome(Path(tmp))
+            local.up(home, local.ClusterSpec(hollow_nodes=NODES, process_node=False))
+            try:
+                job = (
+                    "apiVersion: godel/v1\nkind: Job\nmetadata: {name: probe}\n"
+                    "spec: {replicas: 1, minMember: 1, template: {requests: {cpu: 100m}}}\n"
+                )
+                subprocess.run(
+                    [sys.executable, "-m", "godel", "apply", "-f", "-"],
+                    input=job,
+                    text=True,
+                    env={**os.environ, "GODEL_HOME": tmp},
+                    check=True,
+                    capture_output=True,
+                )
+                results = measure(home.path, args.runs)
+            finally:
+                local.down(home)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    width = max(len(name) for name in results)
+    print(f"{'command':<{width}}   min ms   median ms   p90 ms")
+    for name, fig in results.items():
+        print(
+            f"{name:<{width}}   {fig['min_ms']:>6}   {fig['median_ms']:>9}   {fig['p90_ms']:>6}"
+        )
+
+
+if __name__ == "__main__":
+    main()
