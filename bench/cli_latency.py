@@ -104,9 +104,7 @@ def main() -> None:
     width = max(len(name) for name in results)
     print(f"{'command':<{width}}   min ms   median ms   p90 ms")
     for name, fig in results.items():
-        print(
-            f"{name:<{width}}   {fig['min_ms']:>6}   {fig['median_ms']:>9}   {fig['p90_ms']:>6}"
-        )
+        print(f"{name:<{width}}   {fig['min_ms']:>6}   {fig['median_ms']:>9}   {fig['p90_ms']:>6}")
 
 
 if __name__ == "__main__":

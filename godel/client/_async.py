@@ -20,6 +20,7 @@ from godel.client._transport import (
     CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT,
     ClientError,
+    Invalid,
     NotFound,
     Unavailable,
     Violation,
@@ -40,6 +41,7 @@ from godel.client.objects import (
     object_from_wire,
 )
 from godel.manifest import ManifestError, load, parse_document
+from placement import labelselector
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 
 # Jobs go to Submit, these to Apply (what `godel apply` does with a multi-document file).
@@ -260,16 +262,16 @@ class AsyncGodelClient:
             await self._call(self._api.Get, api_pb2.GetRequest(kind=kind, name=name))
         )
 
-    async def list(
-        self, kind: str, *, job: str = "", labels: dict[str, str] | None = None
-    ) -> list[Object]:
+    async def list(self, kind: str, *, job: str = "", labels: Selector = None) -> list[Object]:
         """Every object of a kind (all pages), optionally only one job's pods or those whose
-        labels match all of ``labels``."""
+        labels match ``labels``: a dict (all pairs equal) or a selector in kubectl's grammar
+        (``"app in (web,api),!canary"``; a malformed one raises Invalid before any call)."""
+        equal, text = _selector(labels)
         items: list[Object] = []
         token = ""
         while True:
             request = api_pb2.ListRequest(
-                kind=kind, job=job, label_selector=labels or {}, continue_token=token
+                kind=kind, job=job, label_selector=equal, selector=text, continue_token=token
             )
             response = await self._call(self._api.List, request)
             items += [object_from_wire(o) for o in response.items]
@@ -286,7 +288,7 @@ class AsyncGodelClient:
         self,
         kinds: str | Sequence[str],
         *,
-        selector: dict[str, str] | None = None,
+        selector: Selector = None,
         job: str = "",
         from_revision: int = 0,
     ) -> AsyncGenerator[Event, None]:
@@ -304,7 +306,7 @@ class AsyncGodelClient:
         self,
         kinds: str | Sequence[str],
         *,
-        selector: dict[str, str] | None = None,
+        selector: Selector = None,
         job: str = "",
         from_revision: int = 0,
     ) -> AsyncGenerator[Event | int, None]:
@@ -316,6 +318,7 @@ class AsyncGodelClient:
         before its closing bookmark, it is listed again, and objects already delivered are
         skipped when unchanged, reported MODIFIED when changed and DELETED when gone."""
         kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+        equal, text = _selector(selector)
         revision = from_revision
         listing = from_revision == 0
         delivered: dict[tuple[str, str], Event] = {}  # of the listing, by (kind, name)
@@ -326,7 +329,8 @@ class AsyncGodelClient:
             request = api_pb2.WatchRequest(
                 kinds=kinds,
                 from_revision=0 if listing else revision,
-                label_selector=selector or {},
+                label_selector=equal,
+                selector=text,
                 job=job,
             )
             call = self._api.Watch(request)
@@ -377,6 +381,22 @@ class AsyncGodelClient:
                 )
             await asyncio.sleep(backoff(attempt))
             attempt += 1
+
+
+Selector = dict[str, str] | str | None
+
+
+def _selector(value: Selector) -> tuple[dict[str, str], str]:
+    """(equality map, selector text) of a dict or a kubectl-grammar string, the text checked."""
+    if not isinstance(value, str):
+        return dict(value or {}), ""
+    try:
+        labelselector.parse(value)
+    except labelselector.SelectorSyntaxError as exc:
+        raise Invalid(
+            grpc.StatusCode.INVALID_ARGUMENT, str(exc), [Violation("selector", exc.problem)]
+        ) from None
+    return {}, value
 
 
 __all__ = ["Applied", "AsyncGodelClient", "AsyncJobHandle", "ClientError", "JobFailed"]
