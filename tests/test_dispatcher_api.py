@@ -13,7 +13,7 @@ import pytest
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.api import parse_summary, wrap
+from services.dispatcher.api import wrap
 from services.eviction import evicted
 from store import Store
 from store.client import Bind, Release
@@ -608,16 +608,6 @@ async def test_delete_job_removes_pods_in_one_commit(dispatcher: Running, store:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_parse_summary() -> None:
-    total, reasons = parse_summary("0/5000 nodes fit: 4980 insufficient cpu, 20 untolerated taint")
-    assert total == 5000
-    assert [(r.reason, r.nodes) for r in reasons] == [
-        ("insufficient cpu", 4980),
-        ("untolerated taint", 20),
-    ]
-    assert parse_summary("something else") == (0, [])
-
-
 async def test_explain(dispatcher: Running, store: Store) -> None:
     await store.create(f.node("n1"))
     await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("a"), f.job("b"), f.job("c")]))
@@ -634,13 +624,22 @@ async def test_explain(dispatcher: Running, store: Store) -> None:
         message="0/5 nodes fit: 4 insufficient cpu, 1 untolerated taint", last_transition_ms=99,
     )  # fmt: skip
     await store.update(pod)
+    # A message alone (e.g. written by an older shard) is shown, never parsed into counts.
+    said = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="c-0"))
+    assert said.summary == "0/5 nodes fit: 4 insufficient cpu, 1 untolerated taint"
+    assert not said.reasons and not said.HasField("diagnosis")
+    pod = await store.get(pb.Pod, "c-0")
+    pod.status.unschedulable.total_nodes = 5
+    pod.status.unschedulable.reasons.add(reason="insufficient cpu", nodes=4)
+    pod.status.unschedulable.reasons.add(reason="untolerated taint", nodes=1)
+    await store.update(pod)
     why = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="c-0"))
-    assert why.summary == "0/5 nodes fit: 4 insufficient cpu, 1 untolerated taint"
     assert why.total_nodes == 5 and why.last_attempt_ms == 99 and why.scheduler == "shard-1"
     assert [(r.reason, r.nodes) for r in why.reasons] == [
         ("insufficient cpu", 4),
         ("untolerated taint", 1),
     ]
+    assert why.diagnosis == pod.status.unschedulable
 
     pod = await store.get(pb.Pod, "a-0")
     pod.spec.node_name = "n1"

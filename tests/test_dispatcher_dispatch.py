@@ -181,7 +181,7 @@ async def test_unschedulable_backs_off_and_infeasible_waits_for_a_node(
         "PodScheduled", "False", "Unschedulable", reason,
     )  # fmt: skip
     why = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="inf-1"))
-    assert why.summary == reason and why.total_nodes == 1
+    assert why.summary == reason and not why.reasons  # the message is shown, not parsed
     await _settle_briefly()
     await _settle_briefly()
     assert shard.jobs().count("inf") == 1  # kept out of the queue

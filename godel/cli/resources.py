@@ -572,7 +572,7 @@ def describe(
         obj = _guard(lambda: client.get(kind, name))
         typer.echo(dump_yaml([to_manifest(kind, obj)]), nl=False)
         if kind == "Pod":
-            typer.echo(f"scheduling: {_guard(lambda: client.explain(name)).summary}")
+            typer.echo(f"scheduling: {render_explanation(_guard(lambda: client.explain(name)))}")
         elif kind == "Job":
             pods = _guard(lambda: client.list("Pod", job=name))
             typer.echo("pods:")
@@ -682,7 +682,24 @@ def explain(
 
         print_json(json_format.MessageToDict(result, preserving_proto_field_name=True))
         return
-    typer.echo(f"pod/{result.pod}: {result.summary}")
+    typer.echo(f"pod/{result.pod}: {render_explanation(result)}")
+
+
+def render_explanation(result: api_pb2.ExplainResponse) -> str:
+    """A pending pod's explanation rendered from the shard's counts (``0/5 nodes fit: 4
+    insufficient cpu, 1 node unschedulable; min_member needs 8 pod(s) placed, 3 fit``); for
+    any other pod, the dispatcher's summary (where it runs, or why it ended)."""
+    if not result.HasField("diagnosis"):
+        return result.summary
+    d = result.diagnosis
+    text = f"0/{d.total_nodes} nodes fit"
+    if d.reasons:
+        text += ": " + ", ".join(f"{r.nodes} {r.reason}" for r in d.reasons)
+    if d.gang_needed:
+        text += f"; min_member needs {d.gang_needed} pod(s) placed, {d.gang_placed} fit"
+    if d.note:
+        text += f"; {d.note}"
+    return text
 
 
 def logs(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -67,8 +66,6 @@ _EVENT = {
     "MODIFIED": api_pb2.WatchEvent.MODIFIED,
     "DELETED": api_pb2.WatchEvent.DELETED,
 }
-_FIT_RE = re.compile(r"^\s*(\d+)/(\d+) nodes? (?:fit|are available)\b:?\s*(.*)$")
-_REASON_RE = re.compile(r"^\s*(\d+)\s+(.+?)\s*\.?$")
 # The Submit request that created a job (SubmitRequest.request_id), so a retry recognises it.
 REQUEST_ID_ANNOTATION = "godel.io/request-id"
 
@@ -77,19 +74,6 @@ def wrap(kind: str, obj: Message) -> api_pb2.Object:
     out = api_pb2.Object()
     getattr(out, OBJECT_FIELDS[kind]).CopyFrom(obj)
     return out
-
-
-def parse_summary(message: str) -> tuple[int, list[api_pb2.ReasonCount]]:
-    """Total nodes and per-reason counts of "0/5000 nodes fit: 4980 insufficient cpu, 20 ..."."""
-    m = _FIT_RE.match(message)
-    if m is None:
-        return 0, []
-    reasons = []
-    for part in m.group(3).split(","):
-        r = _REASON_RE.match(part)
-        if r is not None:
-            reasons.append(api_pb2.ReasonCount(reason=r.group(2), nodes=int(r.group(1))))
-    return int(m.group(2)), reasons
 
 
 async def _abort(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
@@ -537,8 +521,11 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             if cond.type == "PodScheduled" and cond.status == "False":
                 out.summary = cond.message or cond.reason
                 out.last_attempt_ms = cond.last_transition_ms
-                out.total_nodes, reasons = parse_summary(cond.message)
-                out.reasons.extend(reasons)
+                if pod.status.HasField("unschedulable"):
+                    # The shard's counts as it recorded them: no sentence is parsed back.
+                    out.diagnosis.CopyFrom(pod.status.unschedulable)
+                    out.total_nodes = pod.status.unschedulable.total_nodes
+                    out.reasons.extend(pod.status.unschedulable.reasons)
                 return out
         out.summary = self.core.describe(pod.spec.job)
         return out

@@ -441,28 +441,6 @@ class ExplainRequest(_message.Message):
 Global___ExplainRequest: _TypeAlias = ExplainRequest  # noqa: Y015
 
 @_typing.final
-class ReasonCount(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    REASON_FIELD_NUMBER: _builtins.int
-    NODES_FIELD_NUMBER: _builtins.int
-    reason: _builtins.str
-    nodes: _builtins.int
-    def __init__(
-        self,
-        *,
-        reason: _builtins.str = ...,
-        nodes: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes", "reason", b"reason"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ReasonCount: _TypeAlias = ReasonCount  # noqa: Y015
-
-@_typing.final
 class ExplainResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -474,6 +452,7 @@ class ExplainResponse(_message.Message):
     REASONS_FIELD_NUMBER: _builtins.int
     LAST_ATTEMPT_MS_FIELD_NUMBER: _builtins.int
     SCHEDULER_FIELD_NUMBER: _builtins.int
+    DIAGNOSIS_FIELD_NUMBER: _builtins.int
     pod: _builtins.str
     phase: _objects_pb2.PodPhase.ValueType
     node: _builtins.str
@@ -483,7 +462,13 @@ class ExplainResponse(_message.Message):
     last_attempt_ms: _builtins.int
     scheduler: _builtins.str
     @_builtins.property
-    def reasons(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReasonCount]: ...
+    def reasons(self) -> _containers.RepeatedCompositeFieldContainer[_objects_pb2.ReasonCount]: ...
+    @_builtins.property
+    def diagnosis(self) -> _objects_pb2.SchedulingDiagnosis:
+        """A pending pod's last failed attempt as the shard recorded it (PodStatus.unschedulable):
+        total_nodes and reasons above come from it, never from parsing `summary`.
+        """
+
     def __init__(
         self,
         *,
@@ -492,13 +477,14 @@ class ExplainResponse(_message.Message):
         node: _builtins.str = ...,
         summary: _builtins.str = ...,
         total_nodes: _builtins.int = ...,
-        reasons: _abc.Iterable[Global___ReasonCount] | None = ...,
+        reasons: _abc.Iterable[_objects_pb2.ReasonCount] | None = ...,
         last_attempt_ms: _builtins.int = ...,
         scheduler: _builtins.str = ...,
+        diagnosis: _objects_pb2.SchedulingDiagnosis | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["diagnosis", b"diagnosis"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_attempt_ms", b"last_attempt_ms", "node", b"node", "phase", b"phase", "pod", b"pod", "reasons", b"reasons", "scheduler", b"scheduler", "summary", b"summary", "total_nodes", b"total_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["diagnosis", b"diagnosis", "last_attempt_ms", b"last_attempt_ms", "node", b"node", "phase", b"phase", "pod", b"pod", "reasons", b"reasons", "scheduler", b"scheduler", "summary", b"summary", "total_nodes", b"total_nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
