@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-import yaml
-from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
@@ -301,6 +299,8 @@ def parse_document(doc: Any, source: str) -> Manifest:
         raise ManifestError("is required", "metadata.name", source)
     cls = KINDS[kind]
     body = {k: doc[k] for k in ("metadata", "spec", "status") if k in doc and doc[k] is not None}
+    from google.protobuf import json_format  # only what applies manifests pays for it
+
     try:
         normalised = _normalise(cls.DESCRIPTOR, body, "")  # type: ignore[arg-type]
         obj = json_format.ParseDict(normalised, cls(), ignore_unknown_fields=False)
@@ -331,6 +331,8 @@ def _documents(docs: list[Any], source: str) -> Iterable[tuple[Any, str]]:
 
 def load(text: str, source: str = "<stdin>") -> list[Manifest]:
     """Every document of a (multi-document) YAML text."""
+    import yaml  # imported here, as in dump_yaml: a table-printing `godel get` needs no YAML
+
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
         if not docs:
@@ -456,4 +458,6 @@ def to_list(items: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def dump_yaml(docs: Iterable[dict[str, Any]]) -> str:
+    import yaml
+
     return yaml.safe_dump_all(list(docs), sort_keys=False)

@@ -21,9 +21,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
+
 
 STATE_VERSION = 1
 STORE = "store"
@@ -54,6 +56,9 @@ class ComponentRecord:
 
     def process(self) -> psutil.Process | None:
         """The live process this record describes, or None if it has exited."""
+        # Imported here: reading the cluster's addresses (every `godel get`) needs no psutil.
+        import psutil
+
         if self.pid is None:
             return None
         try:
