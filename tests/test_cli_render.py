@@ -30,6 +30,11 @@ CASES = [
         "0/200 nodes fit: 200 insufficient cpu; min_member needs 500 pod(s) placed, 195 fit",
     ),
     (
+        "a gang, preemption tried",
+        _diagnosis(4, ("insufficient cpu", 4), gang_needed=5, gang_placed=4, note="no victims"),
+        "0/4 nodes fit: 4 insufficient cpu; no victims; min_member needs 5 pod(s) placed, 4 fit",
+    ),
+    (
         "preemption tried",
         _diagnosis(3, ("insufficient cpu", 3), note="no lower-priority victims"),
         "0/3 nodes fit: 3 insufficient cpu; no lower-priority victims",

@@ -687,18 +687,19 @@ def explain(
 
 def render_explanation(result: api_pb2.ExplainResponse) -> str:
     """A pending pod's explanation rendered from the shard's counts (``0/5 nodes fit: 4
-    insufficient cpu, 1 node unschedulable; min_member needs 8 pod(s) placed, 3 fit``); for
-    any other pod, the dispatcher's summary (where it runs, or why it ended)."""
+    insufficient cpu, 1 node unschedulable; min_member needs 8 pod(s) placed, 3 fit``, worded
+    as the shard's own condition message); for any other pod, the dispatcher's summary (where
+    it runs, or why it ended)."""
     if not result.HasField("diagnosis"):
         return result.summary
     d = result.diagnosis
     text = f"0/{d.total_nodes} nodes fit"
     if d.reasons:
         text += ": " + ", ".join(f"{r.nodes} {r.reason}" for r in d.reasons)
-    if d.gang_needed:
-        text += f"; min_member needs {d.gang_needed} pod(s) placed, {d.gang_placed} fit"
     if d.note:
         text += f"; {d.note}"
+    if d.gang_needed:
+        text += f"; min_member needs {d.gang_needed} pod(s) placed, {d.gang_placed} fit"
     return text
 
 
