@@ -99,6 +99,8 @@ class GodelHome:
         self.path = path.expanduser().resolve()
         self.store_dir = self.path / "store"
         self.logs_dir = self.path / "logs"
+        # Where node agents started with this home run process-mode pods (their work dir).
+        self.pods_dir = self.path / "pods"
         self.state_file = self.path / "cluster.json"
 
     def __str__(self) -> str:
@@ -152,10 +154,11 @@ class GodelHome:
         self.state_file.unlink(missing_ok=True)
 
     def purge(self) -> list[Path]:
-        """Remove what a cluster keeps here (store data, logs, state, lock) and the directory
-        once empty; what else it holds is not ours and stays. Returns what was removed."""
+        """Remove what a cluster keeps here (store data, logs, pods' work, state, lock) and the
+        directory once empty; what else it holds is not ours and stays. Returns what was
+        removed."""
         removed: list[Path] = []
-        for path in (self.store_dir, self.logs_dir):
+        for path in (self.store_dir, self.logs_dir, self.pods_dir):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
                 removed.append(path)
