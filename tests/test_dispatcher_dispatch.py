@@ -242,6 +242,19 @@ async def test_dead_shard_units_go_to_the_live_one(
     await eventually(lambda: sorted(c.jobs()) == ["j1", "j2"], timeout=10, what="moved to c")
     assert "shard-b" not in dispatcher.service.core.links
 
+    # Each loss is an event on the shard's SchedulerInstance, with the units it moved.
+    async def lost() -> dict[str, pb.Event]:
+        events, _ = await store.list_all(pb.Event)
+        return {e.regarding.name: e for e in events if e.reason == "ShardLost"}
+
+    async def both_lost() -> bool:
+        return set(await lost()) == {"shard-a", "shard-b"}
+
+    await eventually(both_lost, timeout=10, what="ShardLost events written")
+    event = (await lost())["shard-b"]
+    assert event.regarding.kind == "SchedulerInstance" and event.type == "Warning"
+    assert "2 undecided unit(s) dispatched again" in event.message
+
 
 async def test_delete_revokes_from_the_shard(
     dispatcher: Running, store: Store, shards: list[TestShard]
