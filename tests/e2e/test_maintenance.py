@@ -1,5 +1,5 @@
-"""Watching and node maintenance end to end, through the CLI against real processes: `get -w`
-sees a pod go from pending to bound; cordon/uncordon; a drain evicts through the Binder only what
+"""Watching and node maintenance end to end, through the CLI against real processes: cordon keeps
+a pod pending, `get -w` shows it pending, then bound once uncordoned; a drain evicts through the Binder only what
 the disruption budget allows, says which pods it waits for and why, and each eviction is an event
 shown by `get events`."""
 
@@ -40,7 +40,16 @@ def test_watch_cordon_drain_within_a_budget(make_cluster: Callable[..., Cluster]
     wait_until(lambda: len(cluster.client.list("Node")) == 3, what="nodes registered")
     node = sorted(n.metadata.name for n in cluster.client.list("Node"))[0]  # type: ignore[attr-defined]
 
-    # `get pods -w` from before the job exists: its pod appears pending, then bound.
+    # Cordon: no new pod goes there, the node says so.
+    assert cluster.godel("cordon", node).stdout.strip() == f"node/{node} cordoned"
+    assert cluster.client.get("Node", node).spec.unschedulable  # type: ignore[attr-defined]
+    listed = cluster.godel("get", "nodes").stdout
+    assert any(x.split()[:2] == [node, "Ready,SchedulingDisabled"] for x in listed.splitlines())
+    assert cluster.godel("cordon", node).stdout.strip() == f"node/{node} already cordoned"
+    # A pod that may run only there waits...
+    cluster.godel("apply", "-f", "-", stdin=pinned_job("solo", 1, node))
+
+    # ... and `get pods -w` shows it pending, then bound once the node is uncordoned.
     watch = subprocess.Popen(
         [sys.executable, "-m", "godel", "get", "pods", "-w", "-l", "app=solo"],
         stdout=subprocess.PIPE,
@@ -52,12 +61,13 @@ def test_watch_cordon_drain_within_a_budget(make_cluster: Callable[..., Cluster]
     reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")))  # type: ignore[union-attr]
     reader.start()
     try:
-        cluster.godel("apply", "-f", "-", stdin=pinned_job("solo", 1, node))
 
         def seen(phase: str) -> bool:
             return any(x.split()[:2] == ["solo-0", "solo"] and phase in x for x in list(lines))
 
         wait_until(lambda: seen("Pending"), what="the watch shows the pod pending")
+        assert cluster.godel("uncordon", node).stdout.strip() == f"node/{node} uncordoned"
+        assert not cluster.client.get("Node", node).spec.unschedulable  # type: ignore[attr-defined]
         wait_until(lambda: seen("Bound") or seen("Running"), what="the watch shows it bound")
         bound = next(x for x in lines if "Bound" in x or "Running" in x)
         assert node in bound.split()
@@ -66,15 +76,6 @@ def test_watch_cordon_drain_within_a_budget(make_cluster: Callable[..., Cluster]
         watch.wait(timeout=30)
         reader.join(timeout=30)
     cluster.godel("delete", "job", "solo")
-
-    # Cordon: no new pod goes there, the node says so; uncordon undoes it.
-    assert cluster.godel("cordon", node).stdout.strip() == f"node/{node} cordoned"
-    assert cluster.client.get("Node", node).spec.unschedulable  # type: ignore[attr-defined]
-    listed = cluster.godel("get", "nodes").stdout
-    assert any(x.split()[:2] == [node, "Ready,SchedulingDisabled"] for x in listed.splitlines())
-    assert cluster.godel("cordon", node).stdout.strip() == f"node/{node} already cordoned"
-    assert cluster.godel("uncordon", node).stdout.strip() == f"node/{node} uncordoned"
-    assert not cluster.client.get("Node", node).spec.unschedulable  # type: ignore[attr-defined]
 
     # Three pods under `minAvailable: 2` and one unprotected pod, all on the node.
     budget = (
