@@ -66,7 +66,9 @@ def measure(home: Path, runs: int, baseline: Path | None = None) -> dict[str, di
     with ProtoClient(state.address_of("dispatcher")) as client:
         node = client.list("Node")[0].metadata.name  # type: ignore[attr-defined]
         pods = client.list("Pod")
-    env = {**os.environ, "GODEL_HOME": str(home)}
+    # The dispatcher's address given, as a remote cluster's would be: every tree measured
+    # reads it alike (an older CLI may not read today's cluster.json).
+    env = {**os.environ, "GODEL_HOME": str(home), "GODEL_SERVER": state.address_of("dispatcher")}
     godel = [sys.executable, "-m", "godel"]
     commands = {
         "python -c pass": [sys.executable, "-c", "pass"],
