@@ -1,7 +1,7 @@
 """Manifests: Kubernetes-style YAML documents to and from the API's protobuf objects.
 
     apiVersion: godel/v1
-    kind: Job                       # Job | Node | Queue | DisruptionBudget
+    kind: Job                       # Job | Node | Queue | DisruptionBudget (or a List of them)
     metadata: {name: train, labels: {team: ml}}
     spec:
       replicas: 8
@@ -15,6 +15,11 @@
 Fields with presence keep an explicit 0: a DisruptionBudget's ``maxUnavailable: 0`` ("never
 disrupt") and ``minAvailable: 0`` are values, written back by ``get -o yaml``.
 
+``to_manifest`` prints stored objects in the same format (camelCase, quantities, enum values as
+words), and ``load`` reads that back to the same object: ``godel get job x -o yaml | godel apply
+-f -`` changes nothing. The system's ``status`` is read and ignored (a Node declares its
+capacities there).
+
 Every error names the document and the field (``job.yaml[0] spec.template.requests.cpu: ...``).
 """
 
@@ -26,8 +31,6 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-import yaml
-from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
@@ -43,6 +46,7 @@ KINDS: dict[str, type[Message]] = {
     "Pod": pb.Pod,
     "Movement": pb.Movement,
     "SchedulerInstance": pb.SchedulerInstance,
+    "Event": pb.Event,
 }
 # Kinds a user may write; the others are produced by the system.
 APPLICABLE = ("Job", "Node", "Queue", "DisruptionBudget")
@@ -55,6 +59,7 @@ OBJECT_FIELDS = {
     "DisruptionBudget": "disruption_budget",
     "Movement": "movement",
     "SchedulerInstance": "scheduler_instance",
+    "Event": "event",
 }
 
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50}
@@ -289,13 +294,13 @@ def parse_document(doc: Any, source: str) -> Manifest:
     unknown = sorted(set(doc) - {"apiVersion", "kind", "metadata", "spec", "status"})
     if unknown:
         raise ManifestError(f"unknown top-level field(s) {', '.join(unknown)}", source=source)
-    if "status" in doc and kind != "Node":
-        raise ManifestError("is set by the system, not in manifests", "status", source)
     metadata = doc.get("metadata")
     if not isinstance(metadata, dict) or not metadata.get("name"):
         raise ManifestError("is required", "metadata.name", source)
     cls = KINDS[kind]
     body = {k: doc[k] for k in ("metadata", "spec", "status") if k in doc and doc[k] is not None}
+    from google.protobuf import json_format  # only what applies manifests pays for it
+
     try:
         normalised = _normalise(cls.DESCRIPTOR, body, "")  # type: ignore[arg-type]
         obj = json_format.ParseDict(normalised, cls(), ignore_unknown_fields=False)
@@ -303,16 +308,36 @@ def parse_document(doc: Any, source: str) -> Manifest:
         raise ManifestError(exc.reason, exc.field, source) from None
     except json_format.ParseError as exc:
         raise ManifestError(str(exc), source=source) from None
+    if kind != "Node":
+        # What `godel get -o yaml` printed of the system's status is checked (a misspelt field
+        # is still an error) and dropped, as kubectl apply ignores it: only a node's capacities
+        # are declared in its status.
+        obj.ClearField("status")
     return Manifest(kind, obj, source)
+
+
+def _documents(docs: list[Any], source: str) -> Iterable[tuple[Any, str]]:
+    """Each manifest of a text's documents, a ``kind: List``'s items in their place."""
+    for i, doc in enumerate(docs):
+        here = f"{source}[{i}]"
+        if isinstance(doc, dict) and doc.get("kind") == "List":
+            items = doc.get("items")
+            if not isinstance(items, list):
+                raise ManifestError("a List needs a list of items", "items", here)
+            yield from ((item, f"{here}.items[{j}]") for j, item in enumerate(items))
+        else:
+            yield doc, here
 
 
 def load(text: str, source: str = "<stdin>") -> list[Manifest]:
     """Every document of a (multi-document) YAML text."""
+    import yaml  # imported here, as in dump_yaml: a table-printing `godel get` needs no YAML
+
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
         if not docs:
             raise ManifestError("holds no manifest", source=source)
-        return [parse_document(d, f"{source}[{i}]") for i, d in enumerate(docs)]
+        return [parse_document(d, where) for d, where in _documents(docs, source)]
     except yaml.YAMLError as exc:
         raise ManifestError(f"not valid YAML: {exc}", source=source) from None
     except RecursionError:
@@ -320,23 +345,119 @@ def load(text: str, source: str = "<stdin>") -> list[Manifest]:
         raise ManifestError("nested too deeply to be a manifest", source=source) from None
 
 
-def to_dict(obj: Message) -> dict[str, Any]:
-    """An object as a plain dict for -o json / yaml (proto field names, enum names)."""
-    return json_format.MessageToDict(obj, preserving_proto_field_name=True)
+# Enum value names kept in capitals when printed (``SORT_FIFO`` prints ``FIFO``, not ``Fifo``).
+_ACRONYMS = frozenset({"FIFO", "DRF", "GPU", "NUMA", "CPU"})
+# Status messages whose zero counts are printed: "0 disruptions allowed" is what a budget's reader
+# looks for.
+_PRINT_ZEROS = frozenset({pb.DisruptionBudgetStatus.DESCRIPTOR.full_name})
 
 
-def to_manifest(kind: str, obj: Message) -> dict[str, Any]:
-    out = {"apiVersion": API_VERSION, "kind": kind, **to_dict(obj)}
-    if isinstance(obj, pb.DisruptionBudget):
-        # "0 disruptions allowed" is what a budget's reader looks for: print every count, zeros
-        # included (to_dict leaves zeros out, as for every other kind).
-        out["status"] = json_format.MessageToDict(
-            obj.status,
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-        )
+def enum_word(enum: EnumDescriptor, number: int) -> str:
+    """An enum value as manifests write it: its name without the prefix every value of the enum
+    shares, in CamelCase (``QOS_BEST_EFFORT`` -> ``BestEffort``, ``JOB_RUNNING`` -> ``Running``,
+    ``NO_SCHEDULE`` -> ``NoSchedule``). ``_enum_value`` reads every such word back."""
+    value = enum.values_by_number.get(number)
+    if value is None:
+        return str(number)  # a value newer than this client: print it as stored
+    name = value.name.removeprefix(_enum_prefix(enum))
+    return "".join(w if w in _ACRONYMS else w.capitalize() for w in name.split("_"))
+
+
+def _enum_prefix(enum: EnumDescriptor) -> str:
+    """The longest ``X_`` prefix shared by every named (non-zero) value of an enum of two or
+    more such values, e.g. ``QOS_`` of QOS_GUARANTEED and QOS_BEST_EFFORT."""
+    names = [v.name for v in enum.values if v.number != 0]
+    if len(names) < 2:
+        return ""
+    words = [n.split("_") for n in names]
+    shared: list[str] = []
+    for parts in zip(*words, strict=False):
+        if len(set(parts)) != 1 or any(len(w) == len(shared) + 1 for w in words):
+            break  # not shared, or it would leave some value without a name
+        shared.append(parts[0])
+    return "".join(f"{w}_" for w in shared)
+
+
+def format_cpu(milli: int) -> str:
+    """Milli-CPU as Kubernetes writes it: ``2`` for whole cores, else ``500m``."""
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+
+
+def format_bytes(size: int) -> str | int:
+    """Bytes as Kubernetes writes them: the largest unit that divides them exactly (``512Mi``,
+    ``1G``), else the plain number."""
+    for unit, scale in sorted(
+        [*_BINARY.items(), *((u, s) for u, s in _DECIMAL.items() if u != "K")],
+        key=lambda item: -item[1],
+    ):
+        if size and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return size
+
+
+def _resources_dict(r: pb.Resources) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if r.milli_cpu:
+        out["cpu"] = format_cpu(r.milli_cpu)
+    if r.memory_bytes:
+        out["memory"] = format_bytes(r.memory_bytes)
+    if r.gpus:
+        out["gpus"] = r.gpus
+    if r.pods:
+        out["pods"] = r.pods
+    # Extended resources beside the others, as Kubernetes writes `example.com/fpga: 2`.
+    out.update(sorted(r.extended.items()))
     return out
 
 
+def _field_value(fd: Any, value: Any) -> Any:
+    if fd.message_type is not None:
+        return message_dict(value)
+    if fd.enum_type is not None:
+        return enum_word(fd.enum_type, value)
+    return value
+
+
+def message_dict(msg: Message) -> dict[str, Any]:
+    """A message in the manifest format: camelCase field names, quantities (``500m``, ``1Gi``),
+    enum values as words, int64 as numbers; unset fields left out. ``parse_document`` reads it
+    back to the same message."""
+    if isinstance(msg, pb.Resources):
+        return _resources_dict(msg)
+    descriptor = msg.DESCRIPTOR
+    out: dict[str, Any] = {}
+    listed = {fd.name: value for fd, value in msg.ListFields()}
+    for fd in descriptor.fields:
+        if fd.name not in listed:
+            zeros = descriptor.full_name in _PRINT_ZEROS or (
+                fd.message_type is not None and fd.message_type.full_name in _PRINT_ZEROS
+            )
+            if zeros and not fd.is_repeated:
+                out[fd.json_name] = _field_value(fd, getattr(msg, fd.name))
+            continue
+        value = listed[fd.name]
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            value_fd = fd.message_type.fields_by_name["value"]
+            out[fd.json_name] = {k: _field_value(value_fd, v) for k, v in sorted(value.items())}
+        elif fd.is_repeated:
+            out[fd.json_name] = [_field_value(fd, v) for v in value]
+        else:
+            out[fd.json_name] = _field_value(fd, value)
+    return out
+
+
+def to_manifest(kind: str, obj: Message) -> dict[str, Any]:
+    """A stored object as the manifest ``godel get -o yaml`` prints and ``godel apply`` reads."""
+    return {"apiVersion": API_VERSION, "kind": kind, **message_dict(obj)}
+
+
+def to_list(items: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Several manifests as one document, as kubectl prints a listing: ``kind: List``. ``load``
+    (and so ``godel apply -f``) reads it as its items."""
+    return {"apiVersion": API_VERSION, "kind": "List", "items": list(items)}
+
+
 def dump_yaml(docs: Iterable[dict[str, Any]]) -> str:
+    import yaml
+
     return yaml.safe_dump_all(list(docs), sort_keys=False)

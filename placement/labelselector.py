@@ -4,6 +4,7 @@ the topology index and the Binder. No protobuf once converted; ``matches`` runs 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -83,3 +84,139 @@ def selector(reqs: object) -> Selector:
 
 def pod_term(term: pb.PodAffinityTerm) -> PodTerm:
     return PodTerm(selector(term.label_selector), term.topology_key)
+
+
+# ---------------------------------------------------------------------------------------------
+# kubectl's selector text: `godel get pods -l 'app=web,tier!=db,zone in (a,b),!canary'`
+# ---------------------------------------------------------------------------------------------
+
+# A label key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters
+# (alphanumerics, '-', '_', '.'; alphanumeric at both ends). A value: such a name, or empty.
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}$")
+_VALUE_RE = re.compile(rf"^({_NAME})?$")
+# Tokens: words (keys, values, `in`, `notin`), operators, parentheses, commas; spaces between.
+_TOKEN_RE = re.compile(r"\s*(==|!=|=|!|>|<|\(|\)|,|[^\s=!<>(),]+)")
+_OPERATORS = {"=": OP_IN, "==": OP_IN, "!=": OP_NOT_IN, ">": OP_GT, "<": OP_LT}
+_SET_OPERATORS = {"in": OP_IN, "notin": OP_NOT_IN}
+_OPERATOR_TEXT = {OP_IN: "in", OP_NOT_IN: "notin"}
+
+
+class SelectorSyntaxError(ValueError):
+    """A selector text that does not parse; the message names the problem and where."""
+
+    def __init__(self, text: str, problem: str) -> None:
+        super().__init__(f"invalid label selector {text!r}: {problem}")
+        self.text = text
+        self.problem = problem
+
+
+def parse(text: str) -> Selector:
+    """A selector from kubectl's grammar: requirements separated by commas, all of which must
+    hold — ``k=v`` / ``k==v`` (In), ``k!=v`` (NotIn: also true without the label), ``k in (a,b)``,
+    ``k notin (a,b)``, ``k`` (Exists), ``!k`` (DoesNotExist), ``k>3`` / ``k<3`` (numeric). An
+    empty text selects everything. Anything else raises SelectorSyntaxError."""
+    tokens = _tokens(text)
+    out: list[Requirement] = []
+    i = 0
+
+    def take() -> str:
+        nonlocal i
+        if i >= len(tokens):
+            raise SelectorSyntaxError(text, "ends too early")
+        i += 1
+        return tokens[i - 1]
+
+    def peek() -> str | None:
+        return tokens[i] if i < len(tokens) else None
+
+    while i < len(tokens):
+        if peek() == "!":
+            take()
+            key = _key(text, take())
+            out.append(Requirement(key, OP_DOES_NOT_EXIST))
+        else:
+            key = _key(text, take())
+            following = peek()
+            if following is None or following == ",":
+                out.append(Requirement(key, OP_EXISTS))
+            elif following in _OPERATORS:
+                op = _OPERATORS[take()]
+                value = take() if peek() not in (None, ",") else ""
+                if op in (OP_GT, OP_LT):
+                    if not re.fullmatch(r"-?[0-9]+", value):
+                        raise SelectorSyntaxError(text, f"{key}{following}: expects an integer")
+                    out.append(Requirement(key, op, frozenset({value}), int(value)))
+                else:
+                    out.append(Requirement(key, op, frozenset({_value(text, value)})))
+            elif following in _SET_OPERATORS:
+                op = _SET_OPERATORS[take()]
+                if take() != "(":
+                    raise SelectorSyntaxError(
+                        text, f"'{following}' needs a list: {key} {following} (a,b)"
+                    )
+                values: list[str] = []
+                while True:
+                    word = take()
+                    if word == ")" and not values:
+                        raise SelectorSyntaxError(text, f"{key} {following} (): the list is empty")
+                    values.append(_value(text, word))
+                    closing = take()
+                    if closing == ")":
+                        break
+                    if closing != ",":
+                        raise SelectorSyntaxError(text, f"expected ',' or ')' after {word!r}")
+                out.append(Requirement(key, op, frozenset(values)))
+            else:
+                raise SelectorSyntaxError(
+                    text, f"unexpected {following!r} after {key!r} (=, ==, !=, in, notin)"
+                )
+        if i < len(tokens) and take() != ",":
+            raise SelectorSyntaxError(text, f"expected ',' before {tokens[i - 1]!r}")
+        if i == len(tokens) and tokens[-1] == ",":
+            raise SelectorSyntaxError(text, "ends with ','")
+    return tuple(out)
+
+
+def _tokens(text: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOKEN_RE.match(text, pos)
+        if m is None:  # pragma: no cover - the last alternative matches any other character
+            raise SelectorSyntaxError(text, f"unexpected character at {pos}")
+        tokens.append(m.group(1))
+        pos = m.end()
+    return tokens
+
+
+def _key(text: str, word: str) -> str:
+    if not _KEY_RE.match(word) or len(word.rpartition("/")[2]) > 63:
+        raise SelectorSyntaxError(text, f"{word!r} is not a label key")
+    return word
+
+
+def _value(text: str, word: str) -> str:
+    if not _VALUE_RE.match(word):
+        raise SelectorSyntaxError(text, f"{word!r} is not a label value")
+    return word
+
+
+def to_text(sel: Selector) -> str:
+    """A selector in kubectl's grammar (``parse`` reads it back): ``app=web,!canary``."""
+    parts: list[str] = []
+    for r in sel:
+        values = sorted(r.values)
+        if r.op == OP_EXISTS:
+            parts.append(r.key)
+        elif r.op == OP_DOES_NOT_EXIST:
+            parts.append(f"!{r.key}")
+        elif r.op in (OP_GT, OP_LT):
+            parts.append(f"{r.key}{'>' if r.op == OP_GT else '<'}{values[0] if values else ''}")
+        elif len(values) == 1:
+            parts.append(f"{r.key}{'=' if r.op == OP_IN else '!='}{values[0]}")
+        else:
+            parts.append(f"{r.key} {_OPERATOR_TEXT.get(r.op, '?')} ({','.join(values)})")
+    return ",".join(parts)

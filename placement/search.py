@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
@@ -39,6 +39,7 @@ from placement.nodeinfo import NodeInfo
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
 from placement.snapshot import Snapshot
+from protos.godel.v1 import objects_pb2 as pb
 
 Mode = Literal["godel", "kube"]
 # Templates remembered as fitting nowhere (a memory bound; forgetting one only costs a scan).
@@ -78,11 +79,39 @@ class Placement:
     numa_nodes: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Why a pod was placed nowhere, as data: the nodes considered and, per reason, how many
+    failed (most first); for a gang short of min_member, how many pods it needs and how many
+    fit; what preemption found. The shard stores it on the pod; `godel explain` renders it."""
+
+    total_nodes: int
+    reasons: tuple[tuple[str, int], ...] = ()
+    gang_needed: int = 0
+    gang_placed: int = 0
+    note: str = ""
+
+    def to_proto(self) -> pb.SchedulingDiagnosis:
+        return pb.SchedulingDiagnosis(
+            total_nodes=self.total_nodes,
+            reasons=[pb.ReasonCount(reason=r, nodes=n) for r, n in self.reasons],
+            gang_needed=self.gang_needed,
+            gang_placed=self.gang_placed,
+            note=self.note,
+        )
+
+
+def diagnose(total: int, diag: dict[str, int]) -> Diagnosis:
+    return Diagnosis(total, tuple(sorted(diag.items(), key=lambda kv: (-kv[1], kv[0]))))
+
+
 @dataclass(slots=True)
 class UnitResult:
     placements: list[Placement] = field(default_factory=list)
     # Pods not placed and why (the message `godel explain` shows).
     unplaced: dict[str, str] = field(default_factory=dict)
+    # The same as data, for the pods whose reason is a search's (not a skipped gang member's).
+    diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
     success: bool = False
     reason: str = ""
     examined: int = 0  # node filter passes (the cost of the search)
@@ -104,6 +133,7 @@ class _NoFit:
     version: int
     failure: str
     unresolvable: bool
+    diagnosis: Diagnosis | None = None
 
 
 @dataclass(slots=True)
@@ -114,12 +144,14 @@ class _Template:
     live: dict[str, int] = field(default_factory=dict)
     static: dict[str, int] = field(default_factory=dict)
     failure: str = ""
+    diagnosis: Diagnosis | None = None
     # Set when a PreFilter narrowed the nodes: what to scan, and why the rest were skipped.
     segments: list[list[NodeInfo]] | None = None
     skipped: dict[str, int] = field(default_factory=dict)
     unresolvable: bool = False  # the failure is one no eviction can change
     # Preemption found nowhere for a pod of this template: its siblings will not either.
     preemption_failure: str = ""
+    preemption_diagnosis: Diagnosis | None = None
     # Scanning only the nodes changed since an earlier unit found none (``changed``; the
     # PostFilter still looks everywhere): that unit's verdict.
     known: _NoFit | None = None
@@ -188,6 +220,7 @@ class UnitScheduler:
             # A grouping that left nothing explains itself ("no single rack domain ...").
             result.reason = grouped.reason if grouped and grouped.reason else describe(0, 0, {})
             result.unplaced = {p.name: result.reason for p in unit.pods}
+            result.diagnoses = {p.name: Diagnosis(0) for p in unit.pods}
             return result
         # PreFilters narrow the whole view only: a node group is already a narrowed list.
         labels = snapshot.labels if grouped is None else None
@@ -254,6 +287,7 @@ class UnitScheduler:
         preempted: dict[str, Preempted] = {}  # pod -> its node and victims
         now_ms = int(time.time() * 1000)
         unplaced: dict[str, str] = {}
+        diagnosed = result.diagnoses  # pod -> its Diagnosis, beside `unplaced`
         all_unresolvable = True
         allowed_failures = len(unit.pods) - needed
         # Recommendations by node (in first-mention order), each with the tags still open.
@@ -310,8 +344,9 @@ class UnitScheduler:
             if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
                 if tmpl.unresolvable:
                     unplaced[pod.name] = tmpl.failure
+                    _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
                 elif self._preempt(
-                    pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa
+                    pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa, diagnosed
                 ):
                     placements.append((pod, preempted[pod.name].node))
                 continue
@@ -333,8 +368,17 @@ class UnitScheduler:
                     all_unresolvable = all_unresolvable and unresolvable and not topo
                     if unresolvable:  # no eviction can change taints, affinity or cordons
                         unplaced[pod.name] = tmpl.failure
+                        _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
                     elif self._preempt(
-                        pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa
+                        pod,
+                        snapshot,
+                        segments,
+                        tmpl,
+                        preempted,
+                        now_ms,
+                        unplaced,
+                        numa,
+                        diagnosed,
                     ):
                         placements.append((pod, preempted[pod.name].node))
                     continue
@@ -365,6 +409,8 @@ class UnitScheduler:
             ]
             result.unplaced = unplaced
             result.reason = ""
+            for name in set(diagnosed) - set(unplaced):
+                del diagnosed[name]
             if use_cache and labels is not None:
                 self._keep(templates, snapshot)
             return
@@ -385,6 +431,14 @@ class UnitScheduler:
             else first
         )
         result.unplaced = {p.name: result.reason for p in unit.pods}
+        first_diagnosis = next((diagnosed[p] for p in unplaced if p in diagnosed), None)
+        diagnosed.clear()
+        if first_diagnosis is not None:
+            if needed > 1:
+                first_diagnosis = replace(
+                    first_diagnosis, gang_needed=needed, gang_placed=len(placements)
+                )
+            diagnosed.update(dict.fromkeys(result.unplaced, first_diagnosis))
         result.infeasible = bool(unplaced) and all_unresolvable and not placements
 
     def _keep(self, templates: dict[bytes, _Template], snapshot: Snapshot) -> None:
@@ -444,11 +498,12 @@ class UnitScheduler:
         known = tmpl.known
         if known is not None:
             tmpl.failure = known.failure
+            tmpl.diagnosis = known.diagnosis
             tmpl.unresolvable = tmpl.unresolvable and known.unresolvable
         if len(self._no_fit) >= _MAX_NO_FIT:  # many distinct failing templates: start afresh
             self._no_fit.clear()
         self._no_fit[pod.template_key] = _NoFit(
-            snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable
+            snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable, tmpl.diagnosis
         )
 
     def _preempt(
@@ -461,21 +516,27 @@ class UnitScheduler:
         now_ms: int,
         unplaced: dict[str, str],
         numa: dict[str, tuple[int, ...]],
+        diagnosed: dict[str, Diagnosis],
     ) -> bool:
         """The PostFilter for a pod the filters placed nowhere: True when it is assumed on a node
         with its victims taken off; else its reason is in ``unplaced``."""
         if self.preemption is None or not pod.can_preempt:
             unplaced[pod.name] = tmpl.failure
+            _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
             return False
         if tmpl.preemption_failure:
             unplaced[pod.name] = tmpl.preemption_failure
+            _diagnosed(diagnosed, pod.name, tmpl.preemption_diagnosis)
             return False
         chosen = {v.name for place in preempted.values() for v in place.victims}
         scan = tmpl.segments if tmpl.segments is not None else segments
         place = self.preemption.find(pod, scan, now_ms, chosen)
         if place is None:
             tmpl.preemption_failure = f"{tmpl.failure}; {self.preemption.why}"
+            if tmpl.diagnosis is not None:
+                tmpl.preemption_diagnosis = replace(tmpl.diagnosis, note=self.preemption.why)
             unplaced[pod.name] = tmpl.preemption_failure
+            _diagnosed(diagnosed, pod.name, tmpl.preemption_diagnosis)
             return False
         req = take(snapshot, pod.req, place)
         if req.numa_nodes:
@@ -596,12 +657,18 @@ class UnitScheduler:
         result.scans += 1
         if not feasible:
             tmpl.failure = describe(total_nodes, 0, diag)
+            tmpl.diagnosis = diagnose(total_nodes, diag)
             return False, unresolvable
         static, dynamic = self.framework.score_parts(pod, feasible)
         for info, s, d in zip(feasible, static, dynamic, strict=True):
             tmpl.static[info.name] = s
             self._push(tmpl, info.name, s + d)
         return True, False
+
+
+def _diagnosed(diagnosed: dict[str, Diagnosis], pod: str, diagnosis: Diagnosis | None) -> None:
+    if diagnosis is not None:
+        diagnosed[pod] = diagnosis
 
 
 def _victims(place: Preempted | None) -> list[str]:

@@ -68,6 +68,7 @@ KINDS: dict[str, Kind] = {
         _kind("DisruptionBudget", pb.DisruptionBudget),
         _kind("Movement", pb.Movement),
         _kind("SchedulerInstance", pb.SchedulerInstance),
+        _kind("Event", pb.Event),
     )
 }
 _BY_MESSAGE: dict[str, Kind] = {k.message.DESCRIPTOR.full_name: k for k in KINDS.values()}

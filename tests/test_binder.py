@@ -536,6 +536,20 @@ async def test_two_shards_conflict_on_one_node(store: Store, shards: list[Shard]
             assert "insufficient cpu" in v.reason
     usage = await store.node_usage("n1")
     assert usage is not None and usage.used["g.cpu"] == 800
+    # Each refused pod is a BindRejected event, written in the Binder's next batch of events.
+    refused = {p for p, v in verdicts.items() if v.code == V.CONFLICT}
+
+    async def rejected() -> dict[str, pb.Event]:
+        events, _ = await store.list_all(pb.Event)
+        return {e.regarding.name: e for e in events if e.reason == "BindRejected"}
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while set(await rejected()) != refused:
+        assert asyncio.get_running_loop().time() < deadline, "no BindRejected events"
+        await asyncio.sleep(0.05)
+    for event in (await rejected()).values():
+        assert event.type == "Warning" and event.related.name == "n1"
+        assert event.message.startswith("CONFLICT on n1: ") and "insufficient cpu" in event.message
 
 
 async def test_two_shards_anti_affine_pair_in_one_zone_at_once(

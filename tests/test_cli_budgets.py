@@ -70,15 +70,15 @@ async def test_apply_get_describe_budgets(dispatcher: Running, store: Store) -> 
     ]
     wide = (await godel(dispatcher, "get", "pdb", "databases", "-o", "wide")).splitlines()
     assert wide[0].split()[4:8] == ["SELECTOR", "HEALTHY", "DESIRED", "EXPECTED"]
-    assert wide[1].split()[4:7] == ["tier", "in", "(db)"]
+    assert wide[1].split()[4] == "tier=db"  # the selector in kubectl's grammar
 
     # `maxUnavailable: 0` survives apply and comes back from `get -o yaml`.
     yaml_out = await godel(dispatcher, "get", "pdb/databases", "-o", "yaml")
-    assert "  max_unavailable: 0\n" in yaml_out
-    assert "min_available" not in yaml_out
-    assert "  disruptions_allowed: 0\n" in yaml_out
+    assert "  maxUnavailable: 0\n" in yaml_out
+    assert "minAvailable" not in yaml_out
+    assert "  disruptionsAllowed: 0\n" in yaml_out
 
     described = await godel(dispatcher, "describe", "pdb", "web")
-    assert "  min_available: 5\n" in described
+    assert "  minAvailable: 5\n" in described
     assert "budget: 1 disruption allowed now (6 healthy, 5 desired, 6 expected)" in described
     assert sum(line.startswith("web-") for line in described.splitlines()) == 6

@@ -116,6 +116,20 @@ def test_up_status_down(godel: Godel, home: Path) -> None:
     after = godel("status")
     assert after.returncode != 0 and "no cluster" in after.stderr
 
+    # `--purge` removes what the cluster kept (store data, logs) and the home once empty.
+    assert (home / "store").is_dir()
+    purged = godel("down", "--purge")
+    assert purged.returncode == 0, purged.stderr
+    assert f"removed {home.resolve()}" in purged.stdout.splitlines()
+    assert not home.exists()
+
+
+def test_up_prints_the_down_that_stops_it(godel: Godel, home: Path) -> None:
+    started = godel("up", "--grace", "1", "--hollow-nodes", "1", "--no-process-node")
+    assert started.returncode == 0, started.stderr
+    # GODEL_HOME names the home here, as --home would: the printed command names it too.
+    assert started.stdout.rstrip().endswith(f"stop it with `godel down --home {home}`")
+
 
 def test_up_locks_the_store_and_keeps_the_home_private(godel: Godel, home: Path) -> None:
     started = godel("up", "--grace", "1", "--hollow-nodes", "2", "--no-process-node")

@@ -40,32 +40,40 @@ def test_heatmap_cells(
     assert heatmap(values, max_cells) == (cells, per_cell)
 
 
-def _pending(message: str | None) -> pb.Pod:
+def _pending(message: str | None, counts: tuple[tuple[str, int], ...] = ()) -> pb.Pod:
     pod = pb.Pod(metadata=pb.ObjectMeta(name="p"), status=pb.PodStatus(phase=pb.POD_PENDING))
     if message is not None:
         pod.status.conditions.add(
             type="PodScheduled", status="False", reason="Unschedulable", message=message
         )
+    for reason, nodes in counts:  # the shard's diagnosis, as it stores it beside the message
+        pod.status.unschedulable.reasons.add(reason=reason, nodes=nodes)
     return pod
 
 
 REASON_CASES = [
-    ("not looked at yet", None, WAITING),
+    ("not looked at yet", None, (), WAITING),
     ("the reason most nodes gave", "0/50 nodes fit: 30 insufficient memory, 20 insufficient cpu",
-     "insufficient memory"),
-    ("a gang's summary: the node reasons lead",
+     (("insufficient memory", 30), ("insufficient cpu", 20)), "insufficient memory"),
+    ("a gang's counts: the node reasons, never the gang's",
      "0/12 nodes fit: 12 insufficient cpu; preemption: no node where preemption helps; "
-     "min_member needs 20 pod(s) placed, 12 fit", "insufficient cpu"),
-    ("a message of another form is its own reason", "the unit can never fit as specified",
+     "min_member needs 20 pod(s) placed, 12 fit", (("insufficient cpu", 12),), "insufficient cpu"),
+    ("a message without counts is its own reason (never parsed)",
+     "0/3 nodes fit: 3 insufficient cpu", (), "0/3 nodes fit: 3 insufficient cpu"),
+    ("a message of another form is its own reason", "the unit can never fit as specified", (),
      "the unit can never fit as specified"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("message", "reason"), [c[1:] for c in REASON_CASES], ids=[c[0] for c in REASON_CASES]
+    ("message", "counts", "reason"),
+    [c[1:] for c in REASON_CASES],
+    ids=[c[0] for c in REASON_CASES],
 )
-def test_pending_reason(message: str | None, reason: str) -> None:
-    assert pending_reason(_pending(message)) == reason
+def test_pending_reason(
+    message: str | None, counts: tuple[tuple[str, int], ...], reason: str
+) -> None:
+    assert pending_reason(_pending(message, counts)) == reason
 
 
 def _node(name: str, cpu: int = 4000, memory: int = 8 << 30, reclaimable_cpu: int = 0) -> pb.Node:

@@ -13,7 +13,7 @@ import pytest
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.api import parse_summary, wrap
+from services.dispatcher.api import wrap
 from services.eviction import evicted
 from store import Store
 from store.client import Bind, Release
@@ -408,9 +408,61 @@ BAD_APPLIED: list[tuple[str, api_pb2.Object, str]] = [
     ("budget with negative min", wrap("DisruptionBudget", pb.DisruptionBudget(
         metadata=pb.ObjectMeta(name="b"), spec=pb.DisruptionBudgetSpec(job="j", min_available=-1))),
      "objects[0].disruption_budget.spec.min_available"),
-    ("jobs are submitted", wrap("Job", f.job("j")), "objects[0].job"),
+    ("pods are the system's", wrap("Pod", f.pods_of(f.job("j"))[0]), "objects[0].pod"),
     ("empty object", api_pb2.Object(), "objects[0]"),
 ]  # fmt: skip
+
+
+async def test_apply_jobs_like_every_kind(dispatcher: Running, store: Store) -> None:
+    """A Job applied: created (through Submit's validation), then unchanged when applied again,
+    configured when only what may change changed, refused naming each immutable field."""
+    await seed(store)
+    web = f.job("web", replicas=2)
+    first = await dispatcher.api.Apply(
+        api_pb2.ApplyRequest(objects=[wrap("Job", web)], request_id="r1")
+    )
+    assert [(r.action, list(r.violations)) for r in first.results] == [("created", [])]
+    assert len(await store.get_many(pb.Pod, ["web-0", "web-1"])) == 2
+
+    again = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[wrap("Job", web)]))
+    assert again.results[0].action == "unchanged"
+    stored = await store.get(pb.Job, "web")
+    # What `get -o yaml` prints (status, uid, version, the request id annotation) is unchanged.
+    assert (
+        await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[wrap("Job", stored)]))
+    ).results[0].action == "unchanged"
+
+    relabelled = pb.Job()
+    relabelled.CopyFrom(web)
+    relabelled.metadata.labels["team"] = "ml"
+    relabelled.spec.backoff_limit = 2
+    changed = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[wrap("Job", relabelled)]))
+    assert changed.results[0].action == "configured"
+    now = await store.get(pb.Job, "web")
+    assert now.metadata.labels["team"] == "ml" and now.spec.backoff_limit == 2
+    assert now.metadata.annotations["godel.io/request-id"] == "r1"  # the system's stays
+    assert now.status == stored.status
+
+    grown = pb.Job()
+    grown.CopyFrom(relabelled)
+    grown.spec.replicas = 3
+    grown.spec.template.requests.milli_cpu = 200
+    refused = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[wrap("Job", grown)]))
+    assert refused.results[0].action == "invalid"
+    assert [v.field for v in refused.results[0].violations] == [
+        "objects[0].job.spec.replicas",
+        "objects[0].job.spec.template.requests.milli_cpu",
+    ]
+    assert "immutable" in refused.results[0].violations[0].description
+    assert (await store.get(pb.Job, "web")).metadata.resource_version == (
+        now.metadata.resource_version
+    )
+
+    bad_new = f.job("huge", replicas=1, cpu=64000)
+    bad = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[wrap("Job", bad_new)]))
+    assert bad.results[0].action == "invalid"
+    assert bad.results[0].violations[0].field.startswith("objects[0].job.spec")
+    assert (await store.get_many(pb.Job, ["huge"])) == [None]
 
 
 @pytest.mark.parametrize(
@@ -505,6 +557,8 @@ async def test_list_selectors_jobs_and_pages(dispatcher: Running, store: Store) 
         api_pb2.ListRequest(kind="Node", label_selector={"zone": "a"})
     )
     assert [o.node.metadata.name for o in zone_a.items] == ["n1", "n3"]
+    not_a = await dispatcher.api.List(api_pb2.ListRequest(kind="Node", selector="zone notin (a)"))
+    assert [o.node.metadata.name for o in not_a.items] == ["n0", "n2", "n4"]
     pods = await dispatcher.api.List(api_pb2.ListRequest(kind="Pod", job="j"))
     assert [o.pod.metadata.name for o in pods.items] == ["j-0", "j-1", "j-2"]
 
@@ -525,6 +579,7 @@ async def test_list_selectors_jobs_and_pages(dispatcher: Running, store: Store) 
         api_pb2.ListRequest(kind="Node", job="j"),
         api_pb2.ListRequest(kind="Node", continue_token="%%%"),
         api_pb2.ListRequest(kind="Node", limit=-1),
+        api_pb2.ListRequest(kind="Node", selector="zone in a"),
     ]
     for request in bad:
         assert await _code(dispatcher.api.List(request)) == grpc.StatusCode.INVALID_ARGUMENT
@@ -566,16 +621,6 @@ async def test_delete_job_removes_pods_in_one_commit(dispatcher: Running, store:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_parse_summary() -> None:
-    total, reasons = parse_summary("0/5000 nodes fit: 4980 insufficient cpu, 20 untolerated taint")
-    assert total == 5000
-    assert [(r.reason, r.nodes) for r in reasons] == [
-        ("insufficient cpu", 4980),
-        ("untolerated taint", 20),
-    ]
-    assert parse_summary("something else") == (0, [])
-
-
 async def test_explain(dispatcher: Running, store: Store) -> None:
     await store.create(f.node("n1"))
     await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("a"), f.job("b"), f.job("c")]))
@@ -592,13 +637,22 @@ async def test_explain(dispatcher: Running, store: Store) -> None:
         message="0/5 nodes fit: 4 insufficient cpu, 1 untolerated taint", last_transition_ms=99,
     )  # fmt: skip
     await store.update(pod)
+    # A message alone (e.g. written by an older shard) is shown, never parsed into counts.
+    said = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="c-0"))
+    assert said.summary == "0/5 nodes fit: 4 insufficient cpu, 1 untolerated taint"
+    assert not said.reasons and not said.HasField("diagnosis")
+    pod = await store.get(pb.Pod, "c-0")
+    pod.status.unschedulable.total_nodes = 5
+    pod.status.unschedulable.reasons.add(reason="insufficient cpu", nodes=4)
+    pod.status.unschedulable.reasons.add(reason="untolerated taint", nodes=1)
+    await store.update(pod)
     why = await dispatcher.api.Explain(api_pb2.ExplainRequest(pod="c-0"))
-    assert why.summary == "0/5 nodes fit: 4 insufficient cpu, 1 untolerated taint"
     assert why.total_nodes == 5 and why.last_attempt_ms == 99 and why.scheduler == "shard-1"
     assert [(r.reason, r.nodes) for r in why.reasons] == [
         ("insufficient cpu", 4),
         ("untolerated taint", 1),
     ]
+    assert why.diagnosis == pod.status.unschedulable
 
     pod = await store.get(pb.Pod, "a-0")
     pod.spec.node_name = "n1"

@@ -10,6 +10,7 @@ from placement.framework import Framework, PodInfo, Profile, UnitInfo
 from placement.nodeinfo import PodRequest, resource_fit_failures
 from placement.plugins import new_in_tree_registry
 from placement.search import (
+    Diagnosis,
     SearchConfig,
     UnitScheduler,
     num_feasible_nodes_to_find,
@@ -100,6 +101,23 @@ def test_unschedulable_message_counts_reasons() -> None:
     assert not result.success
     assert result.reason == "0/10 nodes fit: 8 insufficient cpu, 2 untolerated taint"
     assert result.unplaced == {"big-0": result.reason}
+    # The same as data, for the pod's status (what `godel explain` renders).
+    assert result.diagnoses == {
+        "big-0": Diagnosis(10, (("insufficient cpu", 8), ("untolerated taint", 2)))
+    }
+
+
+def test_a_gang_short_of_min_member_is_diagnosed_as_data() -> None:
+    # Room for 4 pods of a gang of 5: the placed count is the gang's, never a node reason
+    # (the sentence "...; min_member needs 5 pod(s) placed, 4 fit" is not data to parse).
+    _, snap = cluster(2, cpu=4000)
+    result = scheduler().schedule(unit_of("g", 5, 5, 2000), snap)
+    assert not result.success
+    expected = Diagnosis(2, (("insufficient cpu", 2),), gang_needed=5, gang_placed=4)
+    assert result.diagnoses == {f"g-{i}": expected for i in range(5)}
+    proto = expected.to_proto()
+    assert [(r.reason, r.nodes) for r in proto.reasons] == [("insufficient cpu", 2)]
+    assert (proto.total_nodes, proto.gang_needed, proto.gang_placed) == (2, 5, 4)
 
 
 def test_infeasible_when_every_node_fails_unresolvably() -> None:

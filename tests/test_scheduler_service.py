@@ -204,6 +204,10 @@ async def test_shard_schedules_units_and_streams_decisions_to_the_binder(
         cond = pod.status.conditions[0]
         assert (cond.type, cond.status, cond.reason) == ("PodScheduled", "False", "Unschedulable")
         assert cond.message.startswith("0/5 nodes fit: 5 insufficient cpu")
+        assert pod.status.unschedulable.total_nodes == 5
+        assert [(r.reason, r.nodes) for r in pod.status.unschedulable.reasons] == [
+            ("insufficient cpu", 5)
+        ]
         assert pod.status.scheduler == "shard-a" and pod.status.attempts == 1
 
         # Heartbeats advance.

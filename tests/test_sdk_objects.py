@@ -81,3 +81,13 @@ async def test_apply_manifest_refuses_a_bad_manifest_before_any_call() -> None:
         with pytest.raises(Invalid) as caught:
             await client.apply_manifest({"apiVersion": "godel/v1", "kind": "Widget"})
         assert caught.value.violations[0].field == "kind"
+
+
+async def test_a_malformed_selector_is_invalid_before_any_call() -> None:
+    async with AsyncGodelClient("127.0.0.1:9") as client:  # nothing listens: no call is made
+        with pytest.raises(Invalid, match="invalid label selector 'app in web'"):
+            await client.list("Pod", labels="app in web")
+        with pytest.raises(Invalid) as caught:
+            async for _ in client.watch("Pod", selector="!"):
+                pass
+        assert caught.value.violations[0].field == "selector"

@@ -5,7 +5,7 @@ The commands parse options and print; the process management is in :mod:`godel.l
 
 from __future__ import annotations
 
-import asyncio
+import shlex
 import signal
 import time
 from calendar import timegm
@@ -16,8 +16,8 @@ from typing import Annotated
 import typer
 
 from godel import client, local
+from godel.cli import output
 from godel.cli.output import OutputFormat, fail, print_json, print_table
-from store import redact_url
 
 HomeOption = Annotated[
     Path | None,
@@ -76,6 +76,8 @@ def up(
 
     Uses the store at $GODEL_REDIS_URL instead of starting one when that is set.
     """
+    from store import redact_url
+
     godel_home = _home(home)
     spec = local.ClusterSpec(
         schedulers=schedulers,
@@ -103,7 +105,7 @@ def up(
         if c.web_url:
             typer.echo(f"\ndashboard: {c.web_url}")
     if not foreground:
-        typer.echo(f"\ncluster running in {godel_home}; stop it with `godel down`")
+        typer.echo(f"\ncluster running in {godel_home}; stop it with `{_down_command(home)}`")
         return
     typer.echo(f"\ncluster running in {godel_home}; Ctrl-C stops it")
     stop_signals = {signal.SIGINT, signal.SIGTERM}
@@ -112,7 +114,15 @@ def up(
     _print_outcomes(local.down(godel_home))
 
 
-def down(home: HomeOption = None) -> None:
+def down(
+    home: HomeOption = None,
+    purge: Annotated[
+        bool,
+        typer.Option(
+            "--purge", help="Also remove the cluster's state directory (store data, logs)."
+        ),
+    ] = False,
+) -> None:
     """Stop the local cluster: SIGTERM every service, then the store; SIGKILL stragglers."""
     godel_home = _home(home)
     try:
@@ -121,8 +131,11 @@ def down(home: HomeOption = None) -> None:
         fail(str(exc))
     if not outcomes:
         typer.echo(f"no cluster running in {godel_home}")
-        return
-    _print_outcomes(outcomes)
+    else:
+        _print_outcomes(outcomes)
+    if purge:
+        for path in godel_home.purge():
+            typer.echo(f"removed {path}")
 
 
 def status(
@@ -132,6 +145,8 @@ def status(
     """Show every component: pid, address, alive, health; then whether the nodes are
     partitioned between the scheduler shards, and each shard's node count. Exits 1 if any
     component is unhealthy."""
+    from store import redact_url
+
     try:
         statuses = local.status(_home(home))
         lease = local.binder_lease(_home(home))
@@ -197,6 +212,8 @@ def audit(
     ] = None,
 ) -> None:
     """Check the cluster's state against the scheduling invariants; exits 1 on any violation."""
+    import asyncio
+
     from godel.audit import audit as run_audit
     from store import Store, StoreError
 
@@ -285,6 +302,8 @@ def local_address(kind: str, home: Path | None, flag: str) -> str:
 
 
 def _home(path: Path | None) -> local.GodelHome:
+    # Every command that gets here drives the local-cluster machinery, which logs.
+    output.configure_logging(output.VERBOSE)
     return local.GodelHome(path or local.default_home())
 
 
@@ -304,6 +323,13 @@ def _print_partitions(address: str) -> None:
         ["SHARD", "NODES"],
         [(name, count if on else "all") for name, count in sorted(partitions.items())],
     )
+
+
+def _down_command(home: Path | None) -> str:
+    """The `godel down` that stops the cluster `godel up` just started in ``home``."""
+    if home is None:
+        return "godel down"
+    return f"godel down --home {shlex.quote(str(home))}"
 
 
 def _print_outcomes(outcomes: list[tuple[str, str]]) -> None:

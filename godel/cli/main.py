@@ -11,8 +11,7 @@ from typing import Annotated
 
 import typer
 
-from godel.cli import bench, cluster, reschedule, resources
-from godel.cli.output import configure_logging
+from godel.cli import bench, cluster, output, reschedule, resources
 
 COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, resources, reschedule, bench)
 
@@ -21,7 +20,8 @@ app = typer.Typer(
     help="Gödel: a unified scheduler for online services and offline batch/ML jobs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    # `godel --install-completion` (bash, zsh, fish, PowerShell); kind names complete too.
+    add_completion=True,
 )
 
 
@@ -31,7 +31,7 @@ def _global_options(
         bool, typer.Option("--verbose", "-v", help="Log what is being done (to stderr).")
     ] = False,
 ) -> None:
-    configure_logging(verbose)
+    output.VERBOSE = verbose
 
 
 for group in COMMAND_GROUPS:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import NoReturn
 
-import structlog
 import typer
+
+# Set by the global --verbose option; commands that run code which logs (the local-cluster
+# machinery) configure logging with it when they start, so a `godel get` never imports structlog.
+VERBOSE = False
 
 
 class OutputFormat(StrEnum):
@@ -18,14 +20,24 @@ class OutputFormat(StrEnum):
     json = "json"
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+def print_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    widths: Sequence[int] | None = None,
+    header: bool = True,
+) -> list[int]:
     """Left-aligned columns separated by three spaces, like kubectl: no borders, no wrapping, so
-    scripts can split on whitespace. Empty values print as ``<none>``."""
+    scripts can split on whitespace. Empty values print as ``<none>``. Returns the column
+    widths, which later rows of a watch (``header=False``) line up with."""
     cells = [[str(h) for h in headers]]
     cells += [[("<none>" if v is None or v == "" else str(v)) for v in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for row in cells:
-        typer.echo("   ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    wide = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    if widths is not None:
+        wide = [max(a, b) for a, b in zip(wide, widths, strict=True)]
+    for row in cells if header else cells[1:]:
+        typer.echo("   ".join(v.ljust(w) for v, w in zip(row, wide, strict=True)).rstrip())
+    return wide
 
 
 def print_json(value: object) -> None:
@@ -40,6 +52,10 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def configure_logging(verbose: bool) -> None:
     """Command-line tools log to stderr, so stdout stays clean for tables and -o json."""
+    import logging
+
+    import structlog
+
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,

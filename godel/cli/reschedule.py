@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from google.protobuf import json_format
 
 from godel.cli.cluster import HomeOption, local_address
 from godel.cli.output import fail, print_json, print_table
@@ -83,6 +82,8 @@ def reschedule(
         except ClientError as exc:
             fail(str(exc))
     if output == "json":
+        from google.protobuf import json_format
+
         print_json([json_format.MessageToDict(p) for p in response.plans])
         return
     for plan in response.plans:
@@ -168,6 +169,8 @@ def get_policies(output: str, rescheduler: str | None, home: Path | None) -> Non
         except ClientError as exc:
             fail(str(exc))
     if output == "json":
+        from google.protobuf import json_format
+
         print_json([json_format.MessageToDict(p) for p in policies])
         return
     if not policies:

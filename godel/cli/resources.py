@@ -1,4 +1,5 @@
-"""`godel apply|get|describe|delete|explain|logs|scale`: kubectl-like commands over the API.
+"""`godel apply|get|describe|delete|explain|logs|scale|cordon|uncordon|drain`: kubectl-like
+commands over the API.
 
 Commands find the cluster's dispatcher through ``--server`` / ``$GODEL_SERVER``, else the local
 cluster in ``$GODEL_HOME`` (what `godel up` started).
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
+import grpc
 import typer
 from google.protobuf.message import Message
 
@@ -21,10 +23,22 @@ from godel import local
 from godel.cli.cluster import HomeOption, local_address
 from godel.cli.output import fail, print_json, print_table
 from godel.cli.reschedule import ReschedulerOption, get_policies
-from godel.client import ClientError, ProtoClient
+from godel.client import ClientError, ProtoClient, unwrap
 from godel.client import logs as pod_logs
-from godel.manifest import ManifestError, dump_yaml, load, to_manifest
+from godel.manifest import (
+    Manifest,
+    ManifestError,
+    dump_yaml,
+    enum_word,
+    format_bytes,
+    format_cpu,
+    load,
+    to_list,
+    to_manifest,
+)
+from placement import labelselector
 from placement.budgets import selects
+from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 
 ServerOption = Annotated[
@@ -38,7 +52,13 @@ ServerOption = Annotated[
     ),
 ]
 OutputOption = Annotated[
-    str, typer.Option("--output", "-o", help="table (default), wide, json, yaml or name.")
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        help="table (default), wide, json, yaml or name.",
+        autocompletion=lambda: ["table", "wide", "json", "yaml", "name"],
+    ),
 ]
 
 # Every spelling a user may type for a kind, kubectl-style.
@@ -52,11 +72,26 @@ KIND_ALIASES = {
     **dict.fromkeys(
         ("scheduler", "schedulers", "schedulerinstance", "schedulerinstances"), "SchedulerInstance"
     ),
+    **dict.fromkeys(("event", "events", "ev"), "Event"),
 }
+# What shell completion offers for TYPE: each kind's plural.
+_KIND_WORDS = [
+    "jobs",
+    "pods",
+    "nodes",
+    "queues",
+    "disruptionbudgets",
+    "movements",
+    "schedulers",
+    "events",
+    "policies",
+]
+# How often `drain` asks again for the pods it waits for.
+DRAIN_RETRY_SECONDS = 2.0
 
 
 def register(app: typer.Typer) -> None:
-    for command in (apply, get, describe, delete, explain, logs, scale):
+    for command in (apply, get, describe, delete, explain, logs, scale, cordon, uncordon, drain):
         app.command(command.__name__)(command)
 
 
@@ -76,21 +111,49 @@ def _kind(word: str) -> str:
     if kind is None:
         fail(
             f"unknown resource type {word!r} (one of jobs, pods, nodes, queues, "
-            "disruptionbudgets, movements, schedulers)"
+            "disruptionbudgets, movements, schedulers, events)"
         )
     return kind
 
 
+def _complete_target(incomplete: str) -> list[str]:
+    return [w for w in _KIND_WORDS if w.startswith(incomplete)]
+
+
 def _split_target(words: Sequence[str]) -> tuple[str, str | None]:
     """`pods`, `pod NAME` or `pod/NAME`."""
+    kinds, name = _split_targets(words)
+    if len(kinds) != 1:
+        fail("expected one TYPE here, not a list")
+    return kinds[0], name
+
+
+def _split_targets(words: Sequence[str]) -> tuple[list[str], str | None]:
+    """`pods`, `job,pod`, `pod NAME` or `pod/NAME`: the kinds, and the name if one is given
+    (only with a single kind)."""
     if len(words) == 1 and "/" in words[0]:
         kind, name = words[0].split("/", 1)
-        return _kind(kind), name
-    if len(words) == 1:
-        return _kind(words[0]), None
+        return [_kind(kind)], name
+    if not words or len(words) > 2:
+        fail("expected TYPE [NAME], TYPE/NAME or TYPE,TYPE")
+    kinds = list(dict.fromkeys(_kind(w) for w in words[0].split(",") if w))
+    if not kinds:
+        fail(f"no resource type in {words[0]!r}")
     if len(words) == 2:
-        return _kind(words[0]), words[1]
-    fail("expected TYPE [NAME] or TYPE/NAME")
+        if len(kinds) != 1:
+            fail("a NAME goes with a single TYPE")
+        return kinds, words[1]
+    return kinds, None
+
+
+def _selector(text: str) -> str:
+    """A -l selector checked here, so a mistake is reported before any call (the server checks
+    it again)."""
+    try:
+        labelselector.parse(text)
+    except labelselector.SelectorSyntaxError as exc:
+        fail(str(exc))
+    return text
 
 
 def _guard(call: Callable[[], Any]) -> Any:
@@ -112,18 +175,32 @@ def _age(obj: Message) -> str:
 
 
 def _cpu(milli: int) -> str:
-    return f"{milli // 1000}" if milli % 1000 == 0 else f"{milli}m"
+    return format_cpu(milli)
 
 
 def _mem(size: int) -> str:
-    for unit, scale_ in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
-        if size >= scale_ and size % scale_ == 0:
-            return f"{size // scale_}{unit}"
-    return str(size)
+    return str(format_bytes(size))
 
 
-def _enum(value: int, enum: Any, prefix: str) -> str:
-    return str(enum.Name(value)).removeprefix(prefix).replace("_", "-").lower()
+def _enum(value: int, enum: Any) -> str:
+    """An enum value as manifests write it (``BestEffort``, ``Running``)."""
+    return enum_word(enum.DESCRIPTOR, value)
+
+
+def _node_status(node: pb.Node) -> str:
+    """kubectl's node STATUS: ``Ready`` / ``NotReady``, ``,SchedulingDisabled`` when cordoned."""
+    status = "Ready" if node.status.ready else "NotReady"
+    return status + (",SchedulingDisabled" if node.spec.unschedulable else "")
+
+
+def _ago(ms: int) -> str:
+    if not ms:
+        return "<unknown>"
+    seconds = max(0, int(time.time() - ms / 1000))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def _optional(msg: Message, field: str) -> object:
@@ -131,25 +208,11 @@ def _optional(msg: Message, field: str) -> object:
     return getattr(msg, field) if msg.HasField(field) else "<none>"
 
 
-# kubectl's spelling of selector requirements: `app in (a,b)`, `!zone`, `tier>2`.
-_SELECTOR_FORMATS = {
-    pb.LabelSelectorRequirement.IN: "{key} in ({values})",
-    pb.LabelSelectorRequirement.NOT_IN: "{key} notin ({values})",
-    pb.LabelSelectorRequirement.EXISTS: "{key}",
-    pb.LabelSelectorRequirement.DOES_NOT_EXIST: "!{key}",
-    pb.LabelSelectorRequirement.GT: "{key}>{values}",
-    pb.LabelSelectorRequirement.LT: "{key}<{values}",
-}
-
-
 def _budget_selects(budget: pb.DisruptionBudget) -> str:
-    """What a budget selects: ``job=web`` or its label selector."""
+    """What a budget selects: ``job=web`` or its label selector in kubectl's grammar."""
     if budget.spec.job:
         return f"job={budget.spec.job}"
-    return ",".join(
-        _SELECTOR_FORMATS.get(r.operator, "{key} ?").format(key=r.key, values=",".join(r.values))
-        for r in budget.spec.selector
-    )
+    return labelselector.to_text(labelselector.selector(budget.spec.selector))
 
 
 # Columns per kind: (header, getter, wide-only).
@@ -158,13 +221,13 @@ COLUMNS: dict[str, list[Column]] = {
     "Job": [
         ("NAME", lambda o: o.metadata.name, False),
         ("QUEUE", lambda o: o.spec.queue or "default", False),
-        ("QOS", lambda o: _enum(o.spec.qos or pb.QOS_GUARANTEED, pb.QoS, "QOS_"), False),
+        ("QOS", lambda o: _enum(o.spec.qos or pb.QOS_GUARANTEED, pb.QoS), False),
         ("REPLICAS", lambda o: o.spec.replicas, False),
         ("MIN", lambda o: o.spec.min_member, False),
         ("BOUND", lambda o: o.status.bound, False),
         ("RUNNING", lambda o: o.status.running, False),
         ("SUCCEEDED", lambda o: o.status.succeeded, False),
-        ("PHASE", lambda o: _enum(o.status.phase or pb.JOB_PENDING, pb.JobPhase, "JOB_"), False),
+        ("PHASE", lambda o: _enum(o.status.phase or pb.JOB_PENDING, pb.JobPhase), False),
         ("PRIORITY", lambda o: o.spec.priority, True),
         ("RV", lambda o: o.metadata.resource_version, True),
         ("AGE", _age, False),
@@ -172,11 +235,11 @@ COLUMNS: dict[str, list[Column]] = {
     "Pod": [
         ("NAME", lambda o: o.metadata.name, False),
         ("JOB", lambda o: o.spec.job, False),
-        ("PHASE", lambda o: _enum(o.status.phase or pb.POD_PENDING, pb.PodPhase, "POD_"), False),
+        ("PHASE", lambda o: _enum(o.status.phase or pb.POD_PENDING, pb.PodPhase), False),
         ("NODE", lambda o: o.spec.node_name, False),
         # The NUMA nodes the Binder assigned (NUMA-bound pods), e.g. "0,1".
         ("NUMA", lambda o: ",".join(map(str, o.spec.numa_nodes)), True),
-        ("QOS", lambda o: _enum(o.spec.qos or pb.QOS_GUARANTEED, pb.QoS, "QOS_"), True),
+        ("QOS", lambda o: _enum(o.spec.qos or pb.QOS_GUARANTEED, pb.QoS), True),
         ("CPU", lambda o: _cpu(o.spec.template.requests.milli_cpu), True),
         ("MEMORY", lambda o: _mem(o.spec.template.requests.memory_bytes), True),
         ("SCHEDULER", lambda o: o.status.scheduler, True),
@@ -189,7 +252,7 @@ COLUMNS: dict[str, list[Column]] = {
     ],
     "Node": [
         ("NAME", lambda o: o.metadata.name, False),
-        ("READY", lambda o: "True" if o.status.ready else "False", False),
+        ("STATUS", _node_status, False),
         ("CPU", lambda o: _cpu(o.status.allocatable.milli_cpu), False),
         ("MEMORY", lambda o: _mem(o.status.allocatable.memory_bytes), False),
         ("PODS", lambda o: o.status.allocatable.pods, False),
@@ -208,7 +271,7 @@ COLUMNS: dict[str, list[Column]] = {
         ("NAME", lambda o: o.metadata.name, False),
         (
             "POLICY",
-            lambda o: _enum(o.spec.sort_policy or pb.SORT_FIFO, pb.SortPolicy, "SORT_"),
+            lambda o: _enum(o.spec.sort_policy or pb.SORT_FIFO, pb.SortPolicy),
             False,
         ),
         (
@@ -249,6 +312,15 @@ COLUMNS: dict[str, list[Column]] = {
         ("MESSAGE", lambda o: o.status.message.replace(" ", "_"), True),
         ("AGE", _age, False),
     ],
+    # As `kubectl get events`.
+    "Event": [
+        ("LAST-SEEN", lambda o: _ago(o.event_time_ms), False),
+        ("TYPE", lambda o: o.type, False),
+        ("REASON", lambda o: o.reason, False),
+        ("OBJECT", lambda o: f"{o.regarding.kind.lower()}/{o.regarding.name}", False),
+        ("SOURCE", lambda o: o.source, True),
+        ("MESSAGE", lambda o: o.message, False),
+    ],
 }
 _DEFAULT_COLUMNS: list[Column] = [("NAME", lambda o: o.metadata.name, False), ("AGE", _age, False)]
 
@@ -260,21 +332,59 @@ def _movement_counts(movement: pb.Movement) -> tuple[int, int]:
     return actual, sum(len(o.mismatched_tasks) for o in owners)
 
 
-def _print(kind: str, objs: Sequence[Message], output: str) -> None:
+OUTPUTS = ("table", "wide", "json", "yaml", "name")
+
+
+def _check_output(output: str) -> None:
+    if output not in OUTPUTS:
+        fail(f"unknown output format {output!r} ({', '.join(OUTPUTS)})")
+
+
+def _columns(kind: str, output: str) -> list[Column]:
+    return [c for c in COLUMNS.get(kind, _DEFAULT_COLUMNS) if output == "wide" or not c[2]]
+
+
+def _row(kind: str, obj: Message, columns: list[Column], prefixed: bool) -> list[object]:
+    """A table row; with ``prefixed`` (several kinds in one listing) the name is `kind/name`,
+    as kubectl prints `get job,pod`."""
+    row = [c[1](obj) for c in columns]
+    if prefixed and columns and columns[0][0] == "NAME":
+        row[0] = f"{kind.lower()}/{row[0]}"
+    return row
+
+
+def _print(kind: str, objs: Sequence[Message], output: str, *, single: bool = False) -> None:
+    """Objects of one kind; ``single``: one object asked for by name (-o json/yaml print it
+    alone, a listing prints a List, as kubectl does)."""
+    _print_listing([(kind, objs)], output, single=single)
+
+
+def _print_listing(
+    listing: Sequence[tuple[str, Sequence[Message]]], output: str, *, single: bool = False
+) -> None:
+    _check_output(output)
     if output in ("json", "yaml"):
-        docs = [to_manifest(kind, o) for o in objs]
+        docs = [to_manifest(kind, o) for kind, objs in listing for o in objs]
+        document = docs[0] if single else to_list(docs)
         if output == "json":
-            print_json(docs[0] if len(docs) == 1 else {"items": docs})
+            print_json(document)
         else:
-            typer.echo(dump_yaml(docs), nl=False)
+            typer.echo(dump_yaml([document]), nl=False)
     elif output == "name":
-        for o in objs:
-            typer.echo(f"{kind.lower()}/{o.metadata.name}")  # type: ignore[attr-defined]
-    elif output in ("table", "wide"):
-        columns = [c for c in COLUMNS.get(kind, _DEFAULT_COLUMNS) if output == "wide" or not c[2]]
-        print_table([c[0] for c in columns], [[c[1](o) for c in columns] for o in objs])
+        for kind, objs in listing:
+            for o in objs:
+                typer.echo(f"{kind.lower()}/{o.metadata.name}")  # type: ignore[attr-defined]
     else:
-        fail(f"unknown output format {output!r} (table, wide, json, yaml, name)")
+        prefixed = len(listing) > 1
+        printed = False
+        for kind, objs in listing:
+            if not objs:
+                continue
+            if printed:
+                typer.echo("")
+            columns = _columns(kind, output)
+            print_table([c[0] for c in columns], [_row(kind, o, columns, prefixed) for o in objs])
+            printed = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,17 +392,9 @@ def _print(kind: str, objs: Sequence[Message], output: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def apply(
-    filename: Annotated[
-        list[str], typer.Option("--filename", "-f", help="Manifest file(s); - reads stdin.")
-    ],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate only.")] = False,
-    server: ServerOption = None,
-    home: HomeOption = None,
-) -> None:
-    """Create or update the jobs, nodes, queues and budgets in manifest files."""
-    manifests = []
-    for name in filename:
+def _read_manifests(filenames: Sequence[str]) -> list[Manifest]:
+    manifests: list[Manifest] = []
+    for name in filenames:
         try:
             text = sys.stdin.read() if name == "-" else Path(name).read_text()
         except OSError as exc:
@@ -301,40 +403,45 @@ def apply(
             manifests += load(text, "<stdin>" if name == "-" else name)
         except ManifestError as exc:
             fail(str(exc))
-    jobs = [m for m in manifests if m.kind == "Job"]
-    others = [m for m in manifests if m.kind != "Job"]
-    failed = False
+    return manifests
+
+
+FilenameOption = Annotated[
+    list[str], typer.Option("--filename", "-f", help="Manifest file(s); - reads stdin.")
+]
+
+
+def apply(
+    filename: FilenameOption,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate only.")] = False,
+    server: ServerOption = None,
+    home: HomeOption = None,
+) -> None:
+    """Create, update or leave unchanged the objects in manifest files (a List too).
+
+    Each is reported `created`, `configured` or `unchanged`; a change to a field that cannot
+    change (a job's replicas, say) is an error naming the field, and nothing is written for it.
+    """
+    manifests = _read_manifests(filename)
     with _client(server, home) as client:
-        suffix = " (dry run)" if dry_run else ""
-        if others:
-            applied = _guard(
-                lambda: client.apply([(m.kind, m.obj) for m in others], dry_run=dry_run)
+        applied = _guard(
+            lambda: client.apply(
+                [(m.kind, m.obj) for m in manifests],
+                dry_run=dry_run,
+                # The channel retries UNAVAILABLE: a retry after a lost reply then finds the
+                # jobs its first attempt stored instead of reporting them as clashes.
+                request_id=uuid.uuid4().hex,
             )
-            for result in applied.results:
-                if result.violations:
-                    failed = True
-                    _report_violations(f"{result.kind.lower()}/{result.name}", result.violations)
-                else:
-                    typer.echo(f"{result.kind.lower()}/{result.name} {result.action}{suffix}")
-        if jobs:
-            submitted = _guard(
-                lambda: client.submit(
-                    [m.obj for m in jobs],  # type: ignore[misc]
-                    dry_run=dry_run,
-                    # The channel retries UNAVAILABLE: a retry after a lost reply then finds
-                    # the jobs its first attempt stored instead of reporting them as clashes.
-                    request_id=uuid.uuid4().hex,
-                )
-            )
-            for result in submitted.results:
-                if result.violations:
-                    failed = True
-                    _report_violations(f"job/{result.job}", result.violations)
-                else:
-                    typer.echo(
-                        f"job/{result.job} "
-                        f"{'created' if result.created or result.existing else 'valid'}{suffix}"
-                    )
+        )
+    suffix = " (dry run)" if dry_run else ""
+    failed = False
+    for result in applied.results:
+        target = f"{result.kind.lower()}/{result.name}"
+        if result.violations:
+            failed = True
+            _report_violations(target, result.violations)
+        else:
+            typer.echo(f"{target} {result.action}{suffix}")
     if failed:
         raise typer.Exit(1)
 
@@ -345,39 +452,122 @@ def _report_violations(target: str, violations: Sequence[Any]) -> None:
 
 
 def get(
-    target: Annotated[list[str], typer.Argument(help="TYPE [NAME] or TYPE/NAME")],
+    target: Annotated[
+        list[str],
+        typer.Argument(
+            help="TYPE [NAME], TYPE/NAME or TYPE,TYPE (e.g. job,pod)",
+            autocompletion=_complete_target,
+        ),
+    ],
     output: OutputOption = "table",
     job: Annotated[str, typer.Option("--job", help="Pods of this job only.")] = "",
     selector: Annotated[
-        str, typer.Option("--selector", "-l", help="Label equality selector: k=v,k2=v2")
+        str,
+        typer.Option(
+            "--selector",
+            "-l",
+            help="Label selector, kubectl's grammar: 'app=web,tier!=db,zone in (a,b),!canary'.",
+        ),
     ] = "",
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", "-w", help="After listing, print each change as it happens."),
+    ] = False,
     server: ServerOption = None,
     home: HomeOption = None,
     rescheduler: ReschedulerOption = None,
 ) -> None:
-    """List objects of a type, or show one (`get policies` asks the rescheduler)."""
+    """List objects of one or more types, or show one (`get policies` asks the rescheduler)."""
     if target and target[0].lower() in ("policy", "policies"):
         get_policies(output, rescheduler, home)
         return
-    kind, name = _split_target(target)
-    labels = dict(kv.split("=", 1) for kv in selector.split(",") if "=" in kv)
+    _check_output(output)
+    kinds, name = _split_targets(target)
+    selector = _selector(selector)
+    if job and not set(kinds) <= {"Job", "Pod"}:
+        fail("--job picks a job's pods: only with pods (or jobs)")
     with _client(server, home) as client:
+        if watch:
+            _watch(client, kinds, name, output, selector=selector, job=job)
+            return
+        listing: list[tuple[str, Sequence[Message]]] = []
         if name:
-            objs = [_guard(lambda: client.get(kind, name))]
-        else:
-            objs = _guard(lambda: client.list(kind, job=job, labels=labels))
-    if not objs and output in ("table", "wide"):
-        typer.echo(f"No {kind.lower()}s found.", err=True)
+            listing.append((kinds[0], [_guard(lambda: client.get(kinds[0], name))]))
+        for kind in kinds if not name else []:
+            pods_of = job if kind == "Pod" else ""
+            objs = _guard(lambda: client.list(kind, job=pods_of, selector=selector))  # noqa: B023
+            listing.append((kind, objs))
+    if not any(objs for _, objs in listing) and output in ("table", "wide"):
+        typer.echo(f"No {', '.join(k.lower() + 's' for k in kinds)} found.", err=True)
         return
-    _print(kind, objs, output)
+    _print_listing(listing, output, single=bool(name))
+
+
+def _watch(
+    client: ProtoClient,
+    kinds: list[str],
+    name: str | None,
+    output: str,
+    *,
+    selector: str,
+    job: str,
+) -> None:
+    """`get -w`: the objects now, then one line (or document) per change, from the Watch
+    stream, until interrupted. Tables keep the first listing's columns."""
+    widths: dict[str, list[int]] = {}
+    listed: dict[str, list[Message]] = {k: [] for k in kinds}
+    listing = True
+    prefixed = len(kinds) > 1
+
+    def show(kind: str, objs: Sequence[Message], header: bool) -> None:
+        if output in ("table", "wide"):
+            columns = _columns(kind, output)
+            widths[kind] = print_table(
+                [c[0] for c in columns],
+                [_row(kind, o, columns, prefixed) for o in objs],
+                widths=widths.get(kind),
+                header=header,
+            )
+        else:
+            for obj in objs:
+                _print(kind, [obj], output, single=True)
+                if output == "yaml":
+                    typer.echo("---")
+
+    try:
+        for event in client.watch(
+            kinds, selector=selector, job=job if set(kinds) <= {"Job", "Pod"} else ""
+        ):
+            if event.type == api_pb2.WatchEvent.BOOKMARK:
+                if listing:
+                    listing = False
+                    for kind in kinds:
+                        if listed[kind] or output not in ("table", "wide"):
+                            show(kind, listed[kind], header=True)
+                continue
+            kind, obj = unwrap(event.object)
+            if name and obj.metadata.name != name:  # type: ignore[attr-defined]
+                continue
+            if listing:
+                listed[kind].append(obj)
+            else:
+                show(kind, [obj], header=kind not in widths)
+    except ClientError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        pass
 
 
 def describe(
-    target: Annotated[list[str], typer.Argument(help="TYPE NAME or TYPE/NAME")],
+    target: Annotated[
+        list[str],
+        typer.Argument(help="TYPE NAME or TYPE/NAME", autocompletion=_complete_target),
+    ],
     server: ServerOption = None,
     home: HomeOption = None,
 ) -> None:
-    """Everything about one object: its manifest, and for pods why they are (not) placed."""
+    """Everything about one object: its manifest, for pods why they are (not) placed, and the
+    events that concern it."""
     kind, name = _split_target(target)
     if not name:
         fail("describe needs a NAME")
@@ -385,7 +575,7 @@ def describe(
         obj = _guard(lambda: client.get(kind, name))
         typer.echo(dump_yaml([to_manifest(kind, obj)]), nl=False)
         if kind == "Pod":
-            typer.echo(f"scheduling: {_guard(lambda: client.explain(name)).summary}")
+            typer.echo(f"scheduling: {render_explanation(_guard(lambda: client.explain(name)))}")
         elif kind == "Job":
             pods = _guard(lambda: client.list("Pod", job=name))
             typer.echo("pods:")
@@ -397,6 +587,17 @@ def describe(
         elif kind == "Movement":
             assert isinstance(obj, pb.Movement)
             _describe_movement(obj)
+        events: list[pb.Event] = [
+            e
+            for e in _guard(lambda: client.list("Event"))
+            if isinstance(e, pb.Event) and e.regarding.kind == kind and e.regarding.name == name
+        ]
+    typer.echo("events:")
+    events.sort(key=lambda e: e.event_time_ms)
+    if events:
+        _print("Event", events, "table")
+    else:
+        typer.echo("  <none>")
 
 
 def _describe_movement(movement: pb.Movement) -> None:
@@ -434,17 +635,40 @@ def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> Non
 
 
 def delete(
-    target: Annotated[list[str], typer.Argument(help="TYPE NAME or TYPE/NAME")],
+    target: Annotated[
+        list[str] | None,
+        typer.Argument(help="TYPE NAME or TYPE/NAME", autocompletion=_complete_target),
+    ] = None,
+    filename: Annotated[
+        list[str] | None,
+        typer.Option("--filename", "-f", help="Delete the objects of these manifests."),
+    ] = None,
     server: ServerOption = None,
     home: HomeOption = None,
 ) -> None:
-    """Delete an object; deleting a job deletes its pods."""
-    kind, name = _split_target(target)
-    if not name:
-        fail("delete needs a NAME")
+    """Delete an object, or those of manifest files; deleting a job deletes its pods."""
+    if bool(target) == bool(filename):
+        fail("give TYPE NAME or -f FILE (not both)")
+    if filename:
+        targets = [(m.kind, m.name) for m in _read_manifests(filename)]
+    else:
+        kind, name = _split_target(target or [])
+        if not name:
+            fail("delete needs a NAME")
+        targets = [(kind, name)]
+    failed = False
     with _client(server, home) as client:
-        _guard(lambda: client.delete(kind, name))
-    typer.echo(f"{kind.lower()}/{name} deleted")
+        for kind, name in targets:
+            try:
+                client.delete(kind, name)
+            except ClientError as exc:
+                # As kubectl: report it and go on with the others; the exit status says so.
+                typer.echo(f"error: {kind.lower()}/{name}: {exc}", err=True)
+                failed = True
+            else:
+                typer.echo(f"{kind.lower()}/{name} deleted")
+    if failed:
+        raise typer.Exit(1)
 
 
 def explain(
@@ -461,7 +685,25 @@ def explain(
 
         print_json(json_format.MessageToDict(result, preserving_proto_field_name=True))
         return
-    typer.echo(f"pod/{result.pod}: {result.summary}")
+    typer.echo(f"pod/{result.pod}: {render_explanation(result)}")
+
+
+def render_explanation(result: api_pb2.ExplainResponse) -> str:
+    """A pending pod's explanation rendered from the shard's counts (``0/5 nodes fit: 4
+    insufficient cpu, 1 node unschedulable; min_member needs 8 pod(s) placed, 3 fit``, worded
+    as the shard's own condition message); for any other pod, the dispatcher's summary (where
+    it runs, or why it ended)."""
+    if not result.HasField("diagnosis"):
+        return result.summary
+    d = result.diagnosis
+    text = f"0/{d.total_nodes} nodes fit"
+    if d.reasons:
+        text += ": " + ", ".join(f"{r.nodes} {r.reason}" for r in d.reasons)
+    if d.note:
+        text += f"; {d.note}"
+    if d.gang_needed:
+        text += f"; min_member needs {d.gang_needed} pod(s) placed, {d.gang_placed} fit"
+    return text
 
 
 def logs(
@@ -522,3 +764,100 @@ def scale(
         fail(str(exc))
     for line in changes or [f"{kind} already has {count} replica(s)"]:
         typer.echo(line)
+
+
+# ---------------------------------------------------------------------------------------------
+# Node maintenance
+# ---------------------------------------------------------------------------------------------
+
+
+def cordon(
+    node: Annotated[str, typer.Argument(help="Node name")],
+    server: ServerOption = None,
+    home: HomeOption = None,
+) -> None:
+    """Mark a node unschedulable: no new pod is placed on it; its pods stay."""
+    _set_unschedulable(node, True, server, home)
+
+
+def uncordon(
+    node: Annotated[str, typer.Argument(help="Node name")],
+    server: ServerOption = None,
+    home: HomeOption = None,
+) -> None:
+    """Let new pods be placed on a cordoned node again."""
+    _set_unschedulable(node, False, server, home)
+
+
+def _set_unschedulable(node: str, value: bool, server: str | None, home: Path | None) -> None:
+    word = "cordoned" if value else "uncordoned"
+    with _client(server, home) as client:
+        for _ in range(3):  # another writer between our read and our write: read again
+            stored = _guard(lambda: client.get("Node", node))
+            assert isinstance(stored, pb.Node)
+            if stored.spec.unschedulable == value:
+                typer.echo(f"node/{node} already {word}")
+                return
+            stored.spec.unschedulable = value
+            try:
+                # The node as read, with its resource_version: Apply compare-and-sets on it.
+                result = client.apply([("Node", stored)]).results[0]
+            except ClientError as exc:
+                if exc.code == grpc.StatusCode.ABORTED:
+                    continue
+                fail(str(exc))
+            if result.violations:
+                _report_violations(f"node/{node}", result.violations)
+                raise typer.Exit(1)
+            typer.echo(f"node/{node} {word}")
+            return
+    fail(f"node/{node} kept changing; try again")
+
+
+def drain(
+    node: Annotated[str, typer.Argument(help="Node name")],
+    timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds to keep evicting what disruption budgets hold back (0: one pass).",
+        ),
+    ] = 300.0,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would be evicted; change nothing.")
+    ] = False,
+    server: ServerOption = None,
+    home: HomeOption = None,
+) -> None:
+    """Cordon a node and evict its pods, within their disruption budgets.
+
+    Evictions go through the Binder's one eviction path (reason Drained; a replacement is
+    queued for each). A pod whose budget allows no disruption now is waited for, and the drain
+    asks again until `--timeout`; it exits 1 naming the pods still there."""
+    deadline = time.monotonic() + timeout
+    reported: dict[str, str] = {}
+    with _client(server, home) as client:
+        while True:
+            response = _guard(lambda: client.drain(node, dry_run=dry_run))
+            if response.cordoned:
+                typer.echo(f"node/{node} cordoned")
+            waiting = []
+            for pod in response.pods:
+                if pod.outcome == "waiting":
+                    waiting.append(pod.pod)
+                    if reported.get(pod.pod) != pod.reason:
+                        typer.echo(f"pod/{pod.pod} waiting: {pod.reason}")
+                        reported[pod.pod] = pod.reason
+                elif pod.outcome == "evicted":
+                    replaced = f" (replacement {pod.replacement})" if pod.replacement else ""
+                    typer.echo(f"pod/{pod.pod} evicted{replaced}")
+                else:
+                    typer.echo(f"pod/{pod.pod} {pod.outcome}")
+            if dry_run:
+                return
+            if not waiting:
+                typer.echo(f"node/{node} drained")
+                return
+            if time.monotonic() + DRAIN_RETRY_SECONDS > deadline:
+                fail(f"node/{node} not drained: still waiting for {', '.join(waiting)}")
+            time.sleep(DRAIN_RETRY_SECONDS)

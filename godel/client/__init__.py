@@ -14,24 +14,62 @@ event in client.watch(...)``). Objects come back manifest-shaped (``godel.client
 failures are typed ClientErrors. See godel/README.md for the reference.
 """
 
-from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, JobFailed
-from godel.client._proto import ProtoClient, ReschedulerClient, logs, unwrap, wrap
-from godel.client._sync import GodelClient, JobHandle
-from godel.client._transport import (
-    MAX_MESSAGE_BYTES,
-    AlreadyExists,
-    ClientError,
-    ClusterNotFound,
-    Conflict,
-    DeadlineExceeded,
-    Invalid,
-    NotFound,
-    Unavailable,
-    Violation,
-    discover,
-    local_address,
-)
-from godel.client.objects import Event, Explanation, Job, Object, Pod, job
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, JobFailed
+    from godel.client._proto import ProtoClient, ReschedulerClient, logs, unwrap, wrap
+    from godel.client._sync import GodelClient, JobHandle
+    from godel.client._transport import (
+        MAX_MESSAGE_BYTES,
+        AlreadyExists,
+        ClientError,
+        ClusterNotFound,
+        Conflict,
+        DeadlineExceeded,
+        Invalid,
+        NotFound,
+        Unavailable,
+        Violation,
+        discover,
+        local_address,
+    )
+    from godel.client.objects import Event, Explanation, Job, Object, Pod, job
+
+# Names are imported on first use: the CLI needs only the protobuf client (``_proto``), not the
+# asyncio SDK, and a `godel get` should not pay for it.
+_HOMES = {
+    **dict.fromkeys(("Applied", "AsyncGodelClient", "AsyncJobHandle", "JobFailed"), "_async"),
+    **dict.fromkeys(("ProtoClient", "ReschedulerClient", "logs", "unwrap", "wrap"), "_proto"),
+    **dict.fromkeys(("GodelClient", "JobHandle"), "_sync"),
+    **dict.fromkeys(
+        (
+            "MAX_MESSAGE_BYTES",
+            "AlreadyExists",
+            "ClientError",
+            "ClusterNotFound",
+            "Conflict",
+            "DeadlineExceeded",
+            "Invalid",
+            "NotFound",
+            "Unavailable",
+            "Violation",
+            "discover",
+            "local_address",
+        ),
+        "_transport",
+    ),
+    **dict.fromkeys(("Event", "Explanation", "Job", "Object", "Pod", "job"), "objects"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

@@ -16,11 +16,11 @@ from typing import Any, Self, overload
 import grpc
 from google.protobuf.message import Message
 
-from godel.client._proto import wrap
 from godel.client._transport import (
     CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT,
     ClientError,
+    Invalid,
     NotFound,
     Unavailable,
     Violation,
@@ -40,11 +40,11 @@ from godel.client.objects import (
     invalid_manifest,
     object_from_wire,
 )
-from godel.manifest import ManifestError, load, parse_document, to_manifest
+from godel.manifest import ManifestError, load, parse_document
+from placement import labelselector
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 
 # Jobs go to Submit, these to Apply (what `godel apply` does with a multi-document file).
-_APPLIED = ("Node", "Queue", "DisruptionBudget")
 _WATCH_TYPES: dict[int, EventType] = {
     api_pb2.WatchEvent.ADDED: "ADDED",
     api_pb2.WatchEvent.MODIFIED: "MODIFIED",
@@ -223,32 +223,25 @@ class AsyncGodelClient:
         return handles[0] if isinstance(jobs, Job) else handles
 
     async def apply_manifest(self, manifest: str | dict[str, Any]) -> list[Applied]:
-        """Apply a YAML text (one or more documents) or a manifest dict, as `godel apply -f`:
-        jobs are submitted, nodes, queues and budgets created or updated."""
-        if isinstance(manifest, dict):
-            jobs = [Job.from_manifest(manifest)] if manifest.get("kind") == "Job" else []
-            others = [] if jobs else _parse_others(manifest)
-        else:
-            try:
+        """Apply a YAML text (one or more documents, or a List) or a manifest dict, as `godel
+        apply -f`: each object is created, updated where it may change (``configured``) or left
+        ``unchanged``. A change to what cannot change (a job's replicas, say) is Invalid naming
+        the field. Idempotent, as ``submit``: the request carries a fresh request id."""
+        try:
+            if isinstance(manifest, dict):
+                docs = [parse_document(manifest, "<manifest>")]
+            else:
                 docs = load(manifest, "<manifest>")
-            except ManifestError as exc:
-                raise invalid_manifest(exc) from None
-            jobs = [Job(to_manifest(d.kind, d.obj)) for d in docs if d.kind == "Job"]
-            others = [(d.kind, d.obj) for d in docs if d.kind in _APPLIED]
-        out: list[Applied] = []
-        if others:
-            request = api_pb2.ApplyRequest(objects=[wrap(k, o) for k, o in others])
-            response = await self._call(self._api.Apply, request)
-            bad = [v for r in response.results for v in r.violations]
-            if bad:
-                raise rejected([Violation(v.field, v.description) for v in bad], "apply")
-            out += [Applied(r.kind, r.name, r.action) for r in response.results]
-        if jobs:
-            handles = await self.submit(jobs)
-            out += [
-                Applied("Job", h.name, "existing" if h.existing else "created") for h in handles
-            ]
-        return out
+        except ManifestError as exc:
+            raise invalid_manifest(exc) from None
+        request = api_pb2.ApplyRequest(
+            objects=[d.as_object() for d in docs], request_id=uuid.uuid4().hex
+        )
+        response = await self._call(self._api.Apply, request)
+        bad = [v for r in response.results for v in r.violations]
+        if bad:
+            raise rejected([Violation(v.field, v.description) for v in bad], "apply")
+        return [Applied(r.kind, r.name, r.action) for r in response.results]
 
     async def delete(self, kind: str, name: str, *, resource_version: int = 0) -> int:
         """Delete an object (a job with its pods); how many objects went. With
@@ -269,16 +262,16 @@ class AsyncGodelClient:
             await self._call(self._api.Get, api_pb2.GetRequest(kind=kind, name=name))
         )
 
-    async def list(
-        self, kind: str, *, job: str = "", labels: dict[str, str] | None = None
-    ) -> list[Object]:
+    async def list(self, kind: str, *, job: str = "", labels: Selector = None) -> list[Object]:
         """Every object of a kind (all pages), optionally only one job's pods or those whose
-        labels match all of ``labels``."""
+        labels match ``labels``: a dict (all pairs equal) or a selector in kubectl's grammar
+        (``"app in (web,api),!canary"``; a malformed one raises Invalid before any call)."""
+        equal, text = _selector(labels)
         items: list[Object] = []
         token = ""
         while True:
             request = api_pb2.ListRequest(
-                kind=kind, job=job, label_selector=labels or {}, continue_token=token
+                kind=kind, job=job, label_selector=equal, selector=text, continue_token=token
             )
             response = await self._call(self._api.List, request)
             items += [object_from_wire(o) for o in response.items]
@@ -295,7 +288,7 @@ class AsyncGodelClient:
         self,
         kinds: str | Sequence[str],
         *,
-        selector: dict[str, str] | None = None,
+        selector: Selector = None,
         job: str = "",
         from_revision: int = 0,
     ) -> AsyncGenerator[Event, None]:
@@ -313,7 +306,7 @@ class AsyncGodelClient:
         self,
         kinds: str | Sequence[str],
         *,
-        selector: dict[str, str] | None = None,
+        selector: Selector = None,
         job: str = "",
         from_revision: int = 0,
     ) -> AsyncGenerator[Event | int, None]:
@@ -325,6 +318,7 @@ class AsyncGodelClient:
         before its closing bookmark, it is listed again, and objects already delivered are
         skipped when unchanged, reported MODIFIED when changed and DELETED when gone."""
         kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+        equal, text = _selector(selector)
         revision = from_revision
         listing = from_revision == 0
         delivered: dict[tuple[str, str], Event] = {}  # of the listing, by (kind, name)
@@ -335,7 +329,8 @@ class AsyncGodelClient:
             request = api_pb2.WatchRequest(
                 kinds=kinds,
                 from_revision=0 if listing else revision,
-                label_selector=selector or {},
+                label_selector=equal,
+                selector=text,
                 job=job,
             )
             call = self._api.Watch(request)
@@ -388,12 +383,20 @@ class AsyncGodelClient:
             attempt += 1
 
 
-def _parse_others(manifest: dict[str, Any]) -> list[tuple[str, Message]]:
+Selector = dict[str, str] | str | None
+
+
+def _selector(value: Selector) -> tuple[dict[str, str], str]:
+    """(equality map, selector text) of a dict or a kubectl-grammar string, the text checked."""
+    if not isinstance(value, str):
+        return dict(value or {}), ""
     try:
-        doc = parse_document(manifest, "<manifest>")
-    except ManifestError as exc:
-        raise invalid_manifest(exc) from None
-    return [(doc.kind, doc.obj)]
+        labelselector.parse(value)
+    except labelselector.SelectorSyntaxError as exc:
+        raise Invalid(
+            grpc.StatusCode.INVALID_ARGUMENT, str(exc), [Violation("selector", exc.problem)]
+        ) from None
+    return {}, value
 
 
 __all__ = ["Applied", "AsyncGodelClient", "AsyncJobHandle", "ClientError", "JobFailed"]

@@ -84,10 +84,17 @@ class ProtoClient(_Connection):
         return self._call(self._api.Submit, request)  # type: ignore[no-any-return]
 
     def apply(
-        self, objects: Sequence[tuple[str, Message]], *, dry_run: bool = False
+        self,
+        objects: Sequence[tuple[str, Message]],
+        *,
+        dry_run: bool = False,
+        request_id: str = "",
     ) -> api_pb2.ApplyResponse:
-        """Create or update nodes, queues and disruption budgets."""
-        request = api_pb2.ApplyRequest(objects=[wrap(k, o) for k, o in objects], dry_run=dry_run)
+        """Create, update or leave unchanged jobs, nodes, queues and disruption budgets; jobs
+        this creates carry ``request_id`` (see ``submit``)."""
+        request = api_pb2.ApplyRequest(
+            objects=[wrap(k, o) for k, o in objects], dry_run=dry_run, request_id=request_id
+        )
         return self._call(self._api.Apply, request)  # type: ignore[no-any-return]
 
     def get(self, kind: str, name: str) -> Message:
@@ -99,10 +106,11 @@ class ProtoClient(_Connection):
         *,
         job: str = "",
         labels: dict[str, str] | None = None,
+        selector: str = "",
         page_size: int = 0,
     ) -> list[Message]:
         """Every object of a kind (following pages), optionally only a job's pods or those
-        whose labels match."""
+        whose labels match (``labels``: equality; ``selector``: kubectl's grammar)."""
         items: list[Message] = []
         token = ""
         while True:
@@ -110,6 +118,7 @@ class ProtoClient(_Connection):
                 kind=kind,
                 job=job,
                 label_selector=labels or {},
+                selector=selector,
                 limit=page_size,
                 continue_token=token,
             )
@@ -126,10 +135,23 @@ class ProtoClient(_Connection):
     def explain(self, pod: str) -> api_pb2.ExplainResponse:
         return self._call(self._api.Explain, api_pb2.ExplainRequest(pod=pod))  # type: ignore[no-any-return]
 
+    def drain(self, node: str, *, dry_run: bool = False) -> api_pb2.DrainResponse:
+        """Cordon ``node`` and evict what its pods' budgets allow now (see DrainResponse)."""
+        request = api_pb2.DrainRequest(node=node, dry_run=dry_run)
+        return self._call(self._api.Drain, request)  # type: ignore[no-any-return]
+
     def watch(
-        self, kinds: Sequence[str], *, from_revision: int = 0
+        self,
+        kinds: Sequence[str],
+        *,
+        from_revision: int = 0,
+        selector: str = "",
+        job: str = "",
     ) -> Iterator[api_pb2.WatchEvent]:
-        request = api_pb2.WatchRequest(kinds=kinds, from_revision=from_revision)
+        """The Watch stream (no deadline: it lasts until the caller stops reading)."""
+        request = api_pb2.WatchRequest(
+            kinds=kinds, from_revision=from_revision, selector=selector, job=job
+        )
         try:
             yield from self._api.Watch(request)
         except grpc.RpcError as exc:

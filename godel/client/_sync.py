@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar, overload
 
-from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle
+from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, Selector
 from godel.client._transport import DEFAULT_TIMEOUT
 from godel.client.objects import Event, Explanation, Job, Object, Pod
 
@@ -153,9 +153,7 @@ class GodelClient:
     def get(self, kind: str, name: str) -> Object:
         return self._loop.run(self._async.get(kind, name))
 
-    def list(
-        self, kind: str, *, job: str = "", labels: dict[str, str] | None = None
-    ) -> list[Object]:
+    def list(self, kind: str, *, job: str = "", labels: Selector = None) -> list[Object]:
         return self._loop.run(self._async.list(kind, job=job, labels=labels))
 
     def explain(self, pod: str) -> Explanation:
@@ -165,7 +163,7 @@ class GodelClient:
         self,
         kinds: str | Sequence[str],
         *,
-        selector: dict[str, str] | None = None,
+        selector: Selector = None,
         job: str = "",
         from_revision: int = 0,
     ) -> Iterator[Event]:

@@ -150,7 +150,7 @@ def local_address(kind: str, home: Path | None = None) -> str:
     """Where the local cluster in ``home`` (default ``$GODEL_HOME``, else ``~/.godel``) serves
     ``kind`` ("dispatcher", "rescheduler", ...), from the cluster.json `godel up` wrote."""
     # Imported here: a program given an address never needs the local-cluster machinery.
-    from godel import local
+    from godel.local import home as local
 
     godel_home = local.GodelHome(home or local.default_home())
     try:

@@ -22,6 +22,7 @@ from godel.manifest import (
     API_VERSION,
     OBJECT_FIELDS,
     ManifestError,
+    enum_word,
     load,
     parse_document,
     to_manifest,
@@ -41,11 +42,9 @@ def invalid_manifest(exc: ManifestError) -> Invalid:
     return Invalid(grpc.StatusCode.INVALID_ARGUMENT, str(exc), [Violation(exc.field, exc.reason)])
 
 
-def _phase(value: str | None, prefix: str) -> str:
-    """``JOB_RUNNING`` -> ``Running`` (the manifest holds the enum's name)."""
-    if not value:
-        return "Pending"
-    return value.removeprefix(prefix).replace("_", " ").title().replace(" ", "")
+def _phase(value: str | None) -> str:
+    """The phase a manifest holds (``Running``), ``Pending`` when unset."""
+    return value or "Pending"
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,7 @@ class Object:
 
     @property
     def resource_version(self) -> int:
-        # JSON renders int64 as a string.
-        return int(self.manifest.get("metadata", {}).get("resource_version", 0))
+        return int(self.manifest.get("metadata", {}).get("resourceVersion", 0))
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -116,7 +114,7 @@ class Job(Object):
     @property
     def phase(self) -> str:
         """Pending, Scheduled, Running, Succeeded, Failed or Unschedulable."""
-        return _phase(self.status.get("phase"), "JOB_")
+        return _phase(self.status.get("phase"))
 
     def to_proto(self) -> pb.Job:
         """The job as the API takes it (what the system set, status above all, left out)."""
@@ -124,7 +122,7 @@ class Job(Object):
         meta = {
             k: v
             for k, v in doc.get("metadata", {}).items()
-            if k not in ("uid", "resource_version", "creation_timestamp_ms")
+            if k not in ("uid", "resourceVersion", "creationTimestampMs")
         }
         parsed = parse_document({**doc, "metadata": meta}, self.name)
         assert isinstance(parsed.obj, pb.Job)
@@ -135,12 +133,12 @@ class Pod(Object):
     @property
     def phase(self) -> str:
         """Pending, Bound, Running, Succeeded or Failed."""
-        return _phase(self.status.get("phase"), "POD_")
+        return _phase(self.status.get("phase"))
 
     @property
     def node(self) -> str:
         """The node it is bound to ("" while pending)."""
-        return str(self.spec.get("node_name", ""))
+        return str(self.spec.get("nodeName", ""))
 
     @property
     def job(self) -> str:
@@ -197,7 +195,9 @@ class Explanation:
     def from_wire(cls, response: api_pb2.ExplainResponse) -> Explanation:
         return cls(
             pod=response.pod,
-            phase=_phase(pb.PodPhase.Name(response.phase), "POD_"),
+            phase=_phase(
+                enum_word(pb.PodPhase.DESCRIPTOR, response.phase) if response.phase else ""
+            ),
             node=response.node,
             summary=response.summary,
             total_nodes=response.total_nodes,

@@ -13,17 +13,21 @@ One home is one cluster; several homes are several clusters side by side.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
+
 
 STATE_VERSION = 1
 STORE = "store"
@@ -60,6 +64,9 @@ class ComponentRecord:
 
     def process(self) -> psutil.Process | None:
         """The live process this record describes, or None if it has exited."""
+        # Imported here: reading the cluster's addresses (every `godel get`) needs no psutil.
+        import psutil
+
         if self.pid is None:
             return None
         try:
@@ -100,6 +107,8 @@ class GodelHome:
         self.path = path.expanduser().resolve()
         self.store_dir = self.path / "store"
         self.logs_dir = self.path / "logs"
+        # Where node agents started with this home run process-mode pods (their work dir).
+        self.pods_dir = self.path / "pods"
         self.state_file = self.path / "cluster.json"
 
     def __str__(self) -> str:
@@ -151,6 +160,28 @@ class GodelHome:
 
     def clear(self) -> None:
         self.state_file.unlink(missing_ok=True)
+
+    def purge(self) -> list[Path]:
+        """Remove what a cluster keeps here (store data, logs, pods' work, state, lock) and the
+        directory once empty; what else it holds is not ours and stays. Returns what was
+        removed."""
+        removed: list[Path] = []
+        for path in (self.store_dir, self.logs_dir, self.pods_dir):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+                removed.append(path)
+        for path in (
+            self.state_file,
+            self.state_file.with_suffix(".json.tmp"),
+            self.path / ".lock",
+        ):
+            if path.exists() or path.is_symlink():
+                path.unlink()
+                removed.append(path)
+        with contextlib.suppress(OSError):  # not empty: someone else's files stay
+            self.path.rmdir()
+            removed.append(self.path)
+        return removed
 
 
 class StateError(Exception):

@@ -25,8 +25,9 @@ from placement.rules import hard_rules
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services import metrics, movements
+from services import events, metrics, movements
 from services.binder.decide import (
+    BOUND,
     CONFLICT,
     ERROR,
     NOT_LEADER,
@@ -36,9 +37,10 @@ from services.binder.decide import (
 )
 from services.binder.evict import EvictPlan
 from services.binder.state import ClusterState
+from services.eviction import EVICTION_REASONS
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import ConfigError, option
-from store.client import Bind, Create, Fence
+from store.client import Bind, Create, Fence, Op, Release
 from store.errors import (
     AlreadyBoundError,
     CommitError,
@@ -150,6 +152,8 @@ class BinderService(Service[BinderConfig]):
         )
         self._streams: set[_Stream] = set()
         self._fenced_by: FencedError | None = None
+        # Preemptions, evictions and bind rejections, written in batches off the commit path.
+        self.events = events.EventRecorder(self.store, self.config.name)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -175,6 +179,7 @@ class BinderService(Service[BinderConfig]):
             on_deposed=self._on_deposed,
         )
         self.spawn(self._commit_loop(), name="binder-committer")
+        self.spawn(self.events.run(), name="binder-events")
         self.spawn(self._health_loop(), name="binder-health")
         self.spawn(self._resign_on_stop(), name="binder-resign")
         self.spawn(self.elector.run(), name="binder-elector")
@@ -366,6 +371,7 @@ class BinderService(Service[BinderConfig]):
         verdicts = plan.verdicts(bound)
         metrics.record_verdicts(batch, verdicts, bound.values(), int(time.time() * 1000))
         self._record_landings(bound.values())
+        self._record_rejections(verdicts)
         log.debug(
             "batch decided",
             shard=batch.shard,
@@ -413,6 +419,7 @@ class BinderService(Service[BinderConfig]):
             except StoreError as exc:
                 plan.reject_all(ERROR, f"store rejected the batch: {exc}")
                 return {}
+            self._record_evictions(ops)
             bound: dict[str, pb.Pod] = {}
             for op in ops:
                 written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
@@ -426,6 +433,42 @@ class BinderService(Service[BinderConfig]):
             return bound
         plan.reject_all(CONFLICT, f"gave up after {self.config.commit_retries + 1} commit attempts")
         return {}
+
+    def _record_evictions(self, ops: Iterable[Op]) -> None:
+        """An event per pod a commit evicted (a preemption's victims, a rescheduling's or a
+        drain's pods): its reason and message, the preemptor or the node it left."""
+        for op in ops:
+            if not isinstance(op, Release) or op.pod.status.reason not in EVICTION_REASONS:
+                continue
+            pod = op.pod
+            related = (
+                events.ref("Pod", name=pod.status.preempted_by)
+                if pod.status.preempted_by
+                else events.ref("Node", name=pod.spec.node_name)
+            )
+            self.events.record(
+                events.ref("Pod", pod),
+                pod.status.reason,
+                pod.status.message,
+                type_=events.WARNING,
+                related=related,
+            )
+
+    def _record_rejections(self, verdicts: ipb.VerdictBatch) -> None:
+        """An event per pod the Binder refused to bind, with why. A leadership change, or a
+        pod that changed or went since the decision (STALE), is no news about it: not
+        recorded."""
+        for verdict in verdicts.verdicts:
+            if verdict.code in (BOUND, NOT_LEADER, STALE, ipb.VERDICT_UNSPECIFIED):
+                continue
+            self.events.record(
+                events.ref("Pod", name=verdict.pod),
+                events.BIND_REJECTED,
+                f"{ipb.VerdictCode.Name(verdict.code)} on {verdict.node or 'no node'}: "
+                f"{verdict.reason}",
+                type_=events.WARNING,
+                related=events.ref("Node", name=verdict.node) if verdict.node else None,
+            )
 
     def _record_landings(self, bound: Iterable[pb.Pod]) -> None:
         """Replacements of a Movement's jobs that bound: recorded on the Movement (actual on a
@@ -519,6 +562,7 @@ class BinderService(Service[BinderConfig]):
                 if isinstance(op, Create):
                     replacements[target] = written.metadata.name
             plan.evicted(replacements)
+            self._record_evictions(ops)
             log.info(
                 "evicted",
                 requester=request.requester,

@@ -20,7 +20,6 @@ from typing import Any
 from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.api import parse_summary
 
 GUARANTEED = "guaranteed"
 BEST_EFFORT = "best_effort"
@@ -57,16 +56,14 @@ def pool_of(pod: pb.Pod) -> str:
 
 def pending_reason(pod: pb.Pod) -> str:
     """The reason a pending pod waits, as a group key: the reason most nodes gave ("insufficient
-    cpu") for a scheduler's "0/N nodes fit: ..." summary, else the condition's own message."""
+    cpu") in the shard's diagnosis (``status.unschedulable``, counts as data), else the
+    condition's own message."""
     for condition in pod.status.conditions:
         if condition.type == "PodScheduled" and condition.status == "False":
-            # "0/12 nodes fit: 12 insufficient cpu; preemption: ...; min_member needs ...":
-            # the node summary leads, what follows is the same for every pod of the unit.
-            first = condition.message.split(";", 1)[0].strip()
-            _, reasons = parse_summary(first)
+            reasons = pod.status.unschedulable.reasons
             if reasons:
-                return max(reasons, key=lambda r: r.nodes).reason
-            return first or condition.reason or WAITING
+                return str(max(reasons, key=lambda r: r.nodes).reason)
+            return condition.message or condition.reason or WAITING
     return WAITING
 
 

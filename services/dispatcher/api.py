@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import grpc
 import structlog
 from google.protobuf.message import Message
 
+from placement import labelselector
 from protos.godel.v1 import api_pb2, api_pb2_grpc
+from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
+from services.binder.client import BinderEvictor, EvictError
+from services.binder.state import holds_claim
 from services.dispatcher import validation as v
 from services.dispatcher.dispatch import UnitDispatcher, is_pending
+from services.eviction import DRAINED
 from store import (
     AlreadyExistsError,
     CommitError,
@@ -44,7 +48,13 @@ DEFAULT_PAGE = 500
 LIST_CATCH_UP_SECONDS = 2.0
 MAX_PAGE = 5000
 _CAS_RETRIES = 3
-APPLIABLE = ("Node", "Queue", "DisruptionBudget")
+APPLIABLE = ("Job", "Node", "Queue", "DisruptionBudget")
+# What an applied Job may change of a stored one (besides labels and annotations): what the job
+# controller reads from the job. The rest is copied into its pods or decided its placement.
+MUTABLE_JOB_SPEC = frozenset({"backoff_limit", "replace_lost_pods"})
+# Annotations the system sets on a job (e.g. its request id): an applied manifest without them
+# keeps them.
+SYSTEM_ANNOTATION_PREFIX = "godel.io/"
 # api.Object's oneof field per kind, e.g. "DisruptionBudget" -> "disruption_budget".
 OBJECT_FIELDS: dict[str, str] = {
     kinds_mod.kind_named(f.message_type.name).name: f.name  # type: ignore[union-attr]
@@ -56,8 +66,6 @@ _EVENT = {
     "MODIFIED": api_pb2.WatchEvent.MODIFIED,
     "DELETED": api_pb2.WatchEvent.DELETED,
 }
-_FIT_RE = re.compile(r"^\s*(\d+)/(\d+) nodes? (?:fit|are available)\b:?\s*(.*)$")
-_REASON_RE = re.compile(r"^\s*(\d+)\s+(.+?)\s*\.?$")
 # The Submit request that created a job (SubmitRequest.request_id), so a retry recognises it.
 REQUEST_ID_ANNOTATION = "godel.io/request-id"
 
@@ -66,19 +74,6 @@ def wrap(kind: str, obj: Message) -> api_pb2.Object:
     out = api_pb2.Object()
     getattr(out, OBJECT_FIELDS[kind]).CopyFrom(obj)
     return out
-
-
-def parse_summary(message: str) -> tuple[int, list[api_pb2.ReasonCount]]:
-    """Total nodes and per-reason counts of "0/5000 nodes fit: 4980 insufficient cpu, 20 ..."."""
-    m = _FIT_RE.match(message)
-    if m is None:
-        return 0, []
-    reasons = []
-    for part in m.group(3).split(","):
-        r = _REASON_RE.match(part)
-        if r is not None:
-            reasons.append(api_pb2.ReasonCount(reason=r.group(2), nodes=int(r.group(1))))
-    return int(m.group(2)), reasons
 
 
 async def _abort(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
@@ -95,6 +90,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         self.store = store
         self.core = core
         self.max_replicas = max_replicas
+        # Drains evict through the Binder leader, found through its lease.
+        self._evictor = BinderEvictor(store, "dispatcher/drain", timeout_seconds=30.0)
 
     # -----------------------------------------------------------------------------------------
     # Submit
@@ -227,12 +224,12 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             obj: Message = getattr(wrapped, field)
             name = obj.metadata.name  # type: ignore[attr-defined]
             if kind not in APPLIABLE:
-                hint = " (submit jobs with Submit)" if kind == "Job" else ""
                 results.append(
-                    _invalid(kind, name, f"{prefix}.{field}", f"{kind} cannot be applied{hint}")
+                    _invalid(kind, name, f"{prefix}.{field}", f"{kind} is managed by the system")
                 )
                 continue
-            found = _validate_applied(kind, obj, f"{prefix}.{field}")
+            # A new job is validated as a submission (below), a stored one by what may change.
+            found = [] if kind == "Job" else _validate_applied(kind, obj, f"{prefix}.{field}")
             if (kind, name) in seen:
                 found.append(
                     v.violation(
@@ -256,6 +253,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
 
         ops: list[Op] = []
         targets: list[tuple[int, Message]] = []
+        new_jobs: list[tuple[int, pb.Job]] = []
         for i, kind, obj in checked:
             name = obj.metadata.name  # type: ignore[attr-defined]
             existing = current[kind, name]
@@ -265,6 +263,26 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                 raise _Aborted(
                     f"{kind} {name!r} is not at resource_version {wanted} (it is {have})"
                 )
+            if isinstance(obj, pb.Job):
+                if existing is None:
+                    new_jobs.append((i, obj))
+                    continue
+                assert isinstance(existing, pb.Job)
+                changed, immutable = _job_update(existing, obj)
+                if immutable:
+                    results[i].action = "invalid"
+                    results[i].violations.extend(
+                        v.violation(f"objects[{i}].job.{path}", why) for path, why in immutable
+                    )
+                    continue
+                if changed == existing:
+                    results[i].action = "unchanged"
+                    results[i].resource_version = existing.metadata.resource_version
+                    continue
+                results[i].action = "configured"
+                ops.append(Update(changed))
+                targets.append((i, changed))
+                continue
             if existing is None:
                 new = _fresh(obj)
                 results[i].action = "created"
@@ -290,7 +308,40 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                 return api_pb2.ApplyResponse(results=results)
             for i, new in targets:
                 results[i].resource_version = new.metadata.resource_version  # type: ignore[attr-defined]
+        if new_jobs:
+            await self._create_jobs(request, new_jobs, results)
         return api_pb2.ApplyResponse(results=results)
+
+    async def _create_jobs(
+        self,
+        request: api_pb2.ApplyRequest,
+        jobs: list[tuple[int, pb.Job]],
+        results: list[api_pb2.ApplyResult],
+    ) -> None:
+        """Applied jobs not stored yet go through Submit: validated as submissions, stored with
+        their pods, and found again by a retry of the same request."""
+        submitted = await self._submit(
+            api_pb2.SubmitRequest(
+                jobs=[job for _, job in jobs],
+                dry_run=request.dry_run,
+                request_id=request.request_id,
+            )
+        )
+        for (i, _), outcome in zip(jobs, submitted.results, strict=True):
+            result = results[i]
+            for violation in outcome.violations:
+                # "jobs[k].spec.x" of the submission is "objects[i].job.spec.x" of this request.
+                _, _, rest = violation.field.partition(".")
+                result.violations.append(
+                    v.violation(
+                        f"objects[{i}].job" + (f".{rest}" if rest else ""), violation.description
+                    )
+                )
+            if result.violations:
+                result.action = "invalid"
+            else:
+                result.action = "created"
+                result.resource_version = outcome.resource_version
 
     # -----------------------------------------------------------------------------------------
     # Reads
@@ -335,13 +386,13 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             items, revision = await self._listing(kind.name, kind.message)
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
-        selector = dict(request.label_selector)
+        selects = await _selector(request, context)
         picked = sorted(
             (
                 o
                 for o in items
                 if o.metadata.name > after  # type: ignore[attr-defined]
-                and all(o.metadata.labels.get(k) == val for k, val in selector.items())  # type: ignore[attr-defined]
+                and selects(o.metadata.labels)  # type: ignore[attr-defined]
                 and (not request.job or o.spec.job == request.job)  # type: ignore[attr-defined]
             ),
             key=lambda o: o.metadata.name,  # type: ignore[attr-defined, no-any-return]
@@ -502,10 +553,72 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             if cond.type == "PodScheduled" and cond.status == "False":
                 out.summary = cond.message or cond.reason
                 out.last_attempt_ms = cond.last_transition_ms
-                out.total_nodes, reasons = parse_summary(cond.message)
-                out.reasons.extend(reasons)
+                if pod.status.HasField("unschedulable"):
+                    # The shard's counts as it recorded them: no sentence is parsed back.
+                    out.diagnosis.CopyFrom(pod.status.unschedulable)
+                    out.total_nodes = pod.status.unschedulable.total_nodes
+                    out.reasons.extend(pod.status.unschedulable.reasons)
                 return out
         out.summary = self.core.describe(pod.spec.job)
+        return out
+
+    # -----------------------------------------------------------------------------------------
+    # Drain
+    # -----------------------------------------------------------------------------------------
+
+    async def Drain(self, request: api_pb2.DrainRequest, context: Any) -> api_pb2.DrainResponse:
+        try:
+            return await self._drain(request)
+        except NotFoundError as exc:
+            await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except ConflictError as exc:
+            await _abort(context, grpc.StatusCode.ABORTED, str(exc))
+        except EvictError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        except StoreUnavailableError as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def _drain(self, request: api_pb2.DrainRequest) -> api_pb2.DrainResponse:
+        """Cordon the node, then evict each of its pods through the Binder (the one eviction
+        path, which charges disruption budgets): one request per pod, so a pod its budget
+        protects now waits without holding back the others."""
+        node = await self.store.get(pb.Node, request.node)
+        out = api_pb2.DrainResponse()
+        if not node.spec.unschedulable and not request.dry_run:
+            node.spec.unschedulable = True
+            await self.store.update(node)
+            out.cordoned = True
+        pods = sorted(
+            (
+                p
+                for p in self.core.informer.list("Pod")
+                if isinstance(p, pb.Pod) and p.spec.node_name == request.node and holds_claim(p)
+            ),
+            key=lambda p: p.metadata.name,
+        )
+        for pod in pods:
+            name = pod.metadata.name
+            if request.dry_run:
+                out.pods.add(pod=name, outcome="would evict")
+                continue
+            response = await self._evictor.evict(
+                ipb.EvictRequest(
+                    pods=[ipb.PodRef(name=name, uid=pod.metadata.uid)],
+                    reason=DRAINED,
+                    message=f"node {request.node} drained",
+                )
+            )
+            for result in response.results:
+                if result.outcome == ipb.EvictResult.EVICTED:
+                    out.pods.add(pod=name, outcome="evicted", replacement=result.replacement)
+                elif result.outcome == ipb.EvictResult.REFUSED:
+                    out.pods.add(pod=name, outcome="waiting", reason=result.reason)
+        log.info(
+            "drain",
+            node=request.node,
+            evicted=sum(p.outcome == "evicted" for p in out.pods),
+            waiting=sum(p.outcome == "waiting" for p in out.pods),
+        )
         return out
 
     # -----------------------------------------------------------------------------------------
@@ -525,7 +638,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "job: only Jobs and Pods have a job"
             )
-        matches = _watch_filter(dict(request.label_selector), request.job)
+        matches = _watch_filter(await _selector(request, context), request.job)
         revision = request.from_revision
         try:
             if revision == 0:
@@ -565,12 +678,32 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
 
 
-def _watch_filter(selector: dict[str, str], job: str) -> Callable[[str, Message], bool]:
-    """Whether a watched object matches a WatchRequest's label selector and job."""
+async def _selector(
+    request: api_pb2.ListRequest | api_pb2.WatchRequest, context: Any
+) -> Callable[[Mapping[str, str]], bool]:
+    """Whether labels match a request's selectors: the equality map and the selector text (an
+    unparsable text is INVALID_ARGUMENT, never ignored)."""
+    try:
+        parsed = labelselector.parse(request.selector)
+    except labelselector.SelectorSyntaxError as exc:
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"selector: {exc}")
+    equal = dict(request.label_selector)
+
+    def selects(labels: Mapping[str, str]) -> bool:
+        return all(labels.get(k) == val for k, val in equal.items()) and labelselector.matches(
+            parsed, labels
+        )
+
+    return selects
+
+
+def _watch_filter(
+    selects: Callable[[Mapping[str, str]], bool], job: str
+) -> Callable[[str, Message], bool]:
+    """Whether a watched object matches a WatchRequest's label selectors and job."""
 
     def matches(kind: str, obj: Message) -> bool:
-        labels = obj.metadata.labels  # type: ignore[attr-defined]
-        if any(labels.get(k) != val for k, val in selector.items()):
+        if not selects(obj.metadata.labels):  # type: ignore[attr-defined]
             return False
         if not job:
             return True
@@ -644,6 +777,52 @@ def _merge(kind: str, existing: Message, applied: Message) -> Message:
             else:
                 new.status.ClearField(name)  # type: ignore[arg-type]
     return new
+
+
+def _job_update(stored: pb.Job, applied: pb.Job) -> tuple[pb.Job, list[tuple[str, str]]]:
+    """The stored job with what ``applied`` may change (labels, annotations, MUTABLE_JOB_SPEC),
+    and each field it would change that may not: (path, why)."""
+    wanted = v.normalise_job(applied)
+    new = pb.Job()
+    new.CopyFrom(stored)
+    meta = new.metadata
+    meta.labels.clear()
+    meta.labels.update(applied.metadata.labels)
+    system = {
+        k: val
+        for k, val in stored.metadata.annotations.items()
+        if k.startswith(SYSTEM_ANNOTATION_PREFIX)
+    }
+    meta.annotations.clear()
+    meta.annotations.update({**system, **applied.metadata.annotations})
+    immutable: list[tuple[str, str]] = []
+    for path in _differences(stored.spec, wanted.spec, "spec"):
+        top = path.split(".")[1].split("[")[0]
+        if top in MUTABLE_JOB_SPEC:
+            continue
+        immutable.append((path, "is immutable: delete the job and apply it again to change it"))
+    new.spec.replace_lost_pods = wanted.spec.replace_lost_pods
+    if wanted.spec.HasField("backoff_limit"):
+        new.spec.backoff_limit = wanted.spec.backoff_limit
+    else:
+        new.spec.ClearField("backoff_limit")
+    return new, immutable
+
+
+def _differences(a: Message, b: Message, path: str) -> list[str]:
+    """The fields (dotted paths) where two messages of one type differ: into singular
+    messages, whole for repeated fields and maps."""
+    out: list[str] = []
+    for fd in a.DESCRIPTOR.fields:
+        here = f"{path}.{fd.name}"
+        if fd.message_type is not None and not fd.is_repeated:
+            if a.HasField(fd.name) or b.HasField(fd.name):
+                out += _differences(getattr(a, fd.name), getattr(b, fd.name), here)
+        elif fd.has_presence and a.HasField(fd.name) != b.HasField(fd.name):
+            out.append(here)
+        elif getattr(a, fd.name) != getattr(b, fd.name):
+            out.append(here)
+    return out
 
 
 def _store_violation(prefix: str, exc: StoreError) -> api_pb2.FieldViolation:

@@ -36,6 +36,7 @@ from services.dispatcher.queueing import (
     quota_excess,
 )
 from services.dispatcher.validation import DEFAULT_QUEUE, NodeShape, pool_of
+from services.events import SHARD_LOST, WARNING, EventRecorder, ref
 from services.runtime import cancel_and_wait
 from store import Store, StoreError
 from store.informer import Handlers, Informer
@@ -176,6 +177,8 @@ class UnitDispatcher:
     def __init__(self, store: Store, informer: Informer, settings: DispatchSettings) -> None:
         self.store = store
         self.informer = informer
+        # Where a lost shard is recorded as an event (the service sets it).
+        self.events: EventRecorder | None = None
         self.settings = settings
         self.units: dict[str, UnitEntry] = {}
         self.links: dict[str, ShardLink] = {}
@@ -582,6 +585,13 @@ class UnitDispatcher:
                     requeued += 1
         link.clear()
         log.warning("shard lost", shard=link.name, reason=reason, requeued_units=requeued)
+        if self.events is not None:
+            self.events.record(
+                ref("SchedulerInstance", name=link.name),
+                SHARD_LOST,
+                f"{reason}; {requeued} undecided unit(s) dispatched again",
+                type_=WARNING,
+            )
 
     def requeue(self, entry: UnitEntry) -> None:
         """Take a dispatched unit back from its shard and queue it again (the reconciler's

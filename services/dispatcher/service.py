@@ -15,7 +15,7 @@ import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services import metrics
+from services import events, metrics
 from services.dispatcher.api import DispatcherServicer
 from services.dispatcher.controllers import (
     BudgetStatusController,
@@ -79,6 +79,14 @@ class DispatcherConfig(ServiceConfig):
             "how often node lifecycle and job, queue and budget status are reconciled",
             minimum=0.01,
         ),
+    )
+    event_retention_seconds: float = field(
+        default=events.DEFAULT_RETENTION_SECONDS,
+        metadata=option("how long events are kept before they are deleted", minimum=1),
+    )
+    max_events: int = field(
+        default=events.DEFAULT_MAX_EVENTS,
+        metadata=option("the most events kept (the oldest go first)", minimum=1),
     )
     informer_sync_seconds: float = field(
         default=60.0, metadata=option("how long startup waits for the store's listing", minimum=1)
@@ -157,6 +165,7 @@ class DispatcherService(Service[DispatcherConfig]):
                 max_batch_pods=cfg.max_batch_pods,
             ),
         )
+        self.core.events = self.events = events.EventRecorder(self.store, cfg.name)
         servicer = DispatcherServicer(self.store, self.core, max_replicas=cfg.max_replicas)
         api_pb2_grpc.add_DispatcherServicer_to_server(servicer, server)
 
@@ -196,6 +205,13 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(queue_status.run(), name="queue-status")
         self.spawn(budget_status.run(), name="budget-status")
         self.spawn(job_retry.run(), name="job-retry")
+        self.spawn(self.events.run(), name="events")
+        reaper = events.EventReaper(
+            self.store,
+            events.Retention(cfg.event_retention_seconds, cfg.max_events),
+            interval_seconds=min(30.0, cfg.event_retention_seconds / 2),
+        )
+        self.spawn(reaper.run(), name="event-reaper")
         ttl = cfg.finished_job_ttl_seconds
         self.finished_jobs = FinishedJobCollector(
             self.store,

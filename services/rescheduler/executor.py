@@ -33,6 +33,15 @@ from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services import movements as shared
 from services.binder.client import BinderEvictor, EvictError
+from services.events import (
+    MOVEMENT_DONE,
+    MOVEMENT_PLANNED,
+    MOVEMENT_STOPPED,
+    NORMAL,
+    WARNING,
+    EventRecorder,
+    ref,
+)
 from services.eviction import RESCHEDULED
 from services.rescheduler import movements as mv
 from services.rescheduler.framework import ClusterView, Move
@@ -72,11 +81,14 @@ class RoundExecutor:
         evictor: BinderEvictor,
         paused: Callable[[], bool],
         config: ExecutionConfig | None = None,
+        *,
+        events: EventRecorder | None = None,
     ) -> None:
         self.store = store
         self.evictor = evictor
         self.paused = paused
         self.config = config or ExecutionConfig()
+        self.events = events
 
     async def execute(self, policy: Policy, plan: RoundPlan, view: ClusterView) -> None:
         """Evict ``plan`` batch by batch; records the Movements and the evictions on the plan."""
@@ -134,6 +146,13 @@ class RoundExecutor:
         await self.store.create(movement)
         created.append(name)
         plan.movements.append(name)
+        self._event(
+            movement,
+            MOVEMENT_PLANNED,
+            f"batch {index + 1} of {len(plan.batches)} of round {plan.generation} of policy "
+            f"{policy.name}: {len(batch)} pod(s) to move from "
+            f"{', '.join(sorted({m.source for m in batch}))}",
+        )
         try:
             await self._wait_for_acks(name)
             await shared.change(self.store, name, shared.set_phase(shared.EVICTING))
@@ -143,8 +162,16 @@ class RoundExecutor:
             await self._wait_for_landing(replacements)
         except StopRound as exc:
             await shared.change(self.store, name, shared.finish(shared.STOPPED, str(exc)))
+            self._event(movement, MOVEMENT_STOPPED, str(exc), type_=WARNING)
             raise
         await shared.change(self.store, name, shared.finish(shared.DONE))
+        self._event(movement, MOVEMENT_DONE, f"{len(replacements)} replacement(s) placed")
+
+    def _event(
+        self, movement: pb.Movement, reason: str, message: str, *, type_: str = NORMAL
+    ) -> None:
+        if self.events is not None:
+            self.events.record(ref("Movement", movement), reason, message, type_=type_)
 
     async def _movements(self, names: Sequence[str]) -> list[pb.Movement]:
         found = await self.store.get_many(pb.Movement, names)

@@ -26,6 +26,7 @@ import yaml
 from placement.rules import hard_rules
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services import events
 from services.binder.client import BinderEvictor
 from services.rescheduler.checks import new_check_registry
 from services.rescheduler.config import PolicyConfig, PolicyConfigError, load_policies
@@ -131,6 +132,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
         self.rules = hard_rules()
         self.pod_infos = PodInfoCache()
         self.recycler = Recycler(self.store, self.config.movement_retention_seconds)
+        self.events = events.EventRecorder(self.store, self.config.name)
         self.executor = RoundExecutor(
             self.store,
             BinderEvictor(self.store, f"rescheduler/{self.config.name}"),
@@ -141,6 +143,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
                 landing_timeout_seconds=self.config.landing_timeout_seconds,
                 movement_ttl_seconds=self.config.movement_ttl_seconds,
             ),
+            events=self.events,
         )
         self.manager = PolicyManager(
             [build_policy(c) for c in self.configs.values()],
@@ -164,6 +167,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
         )
         self.triggers.install_signal_handlers(asyncio.get_running_loop())
         self.spawn(self.triggers.run(), name="triggers")
+        self.spawn(self.events.run(), name="events")
         log.info("policies loaded", policies=self.manager.names())
 
     async def on_stop(self) -> None:

@@ -33,7 +33,7 @@ from placement.framework import (
 )
 from placement.plugins import new_in_tree_registry
 from placement.postfilter import Preemption
-from placement.search import SearchConfig, UnitResult, UnitScheduler
+from placement.search import Diagnosis, SearchConfig, UnitResult, UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
@@ -214,6 +214,8 @@ class _Unit:
     retry: dict[str, str] = field(default_factory=dict)  # pod -> rejection reason
     bound: list[str] = field(default_factory=list)
     handed_back: dict[str, str] = field(default_factory=dict)  # pod -> why not placed
+    # The search's diagnosis of handed-back pods, as data (stored on the pod for explain).
+    diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
     # The last search found every node failing for reasons no placement change can fix
     # (taints, affinity, cordons): the dispatcher holds such a unit until the nodes change.
     infeasible: bool = False
@@ -467,15 +469,19 @@ class SchedulerService(Service[SchedulerConfig]):
                 pods=list(unit.handed_back),
             )
             self.stats["handed_back"] += len(unit.handed_back)
-            self._side_task(self._mark_unschedulable(dict(unit.handed_back)))
+            self._side_task(self._mark_unschedulable(dict(unit.handed_back), dict(unit.diagnoses)))
         else:
             outcome = ipb.UnitOutcome(job=unit.name, code=ipb.UNIT_DONE, pods=unit.bound)
         unit.stream.send(ipb.ShardMessage(outcome=outcome))
         self._finish_pods(unit, unit.credits)
 
-    async def _mark_unschedulable(self, reasons: dict[str, str]) -> None:
-        """PodScheduled=False with the reason on pods handed back (what `godel explain` shows);
-        conflicts are ignored: whoever changed the pod meanwhile knows better."""
+    async def _mark_unschedulable(
+        self, reasons: dict[str, str], diagnoses: dict[str, Diagnosis]
+    ) -> None:
+        """PodScheduled=False with the reason on pods handed back, and the search's diagnosis
+        as data in ``status.unschedulable`` (what `godel explain` renders; a pod handed back
+        for another cause, e.g. the Binder's rejections, has none); conflicts are ignored:
+        whoever changed the pod meanwhile knows better."""
         now = _now_ms()
         pods: list[pb.Pod] = []
         for name, reason in reasons.items():
@@ -492,6 +498,11 @@ class SchedulerService(Service[SchedulerConfig]):
             cond.status, cond.reason, cond.message = "False", "Unschedulable", reason
             pod.status.scheduler = self.config.name
             pod.status.attempts += 1
+            diagnosis = diagnoses.get(name)
+            if diagnosis is None:
+                pod.status.ClearField("unschedulable")
+            else:
+                pod.status.unschedulable.CopyFrom(diagnosis.to_proto())
             pods.append(pod)
         if not pods:
             return
@@ -599,6 +610,7 @@ class SchedulerService(Service[SchedulerConfig]):
         if not result.success:
             metrics.SCHEDULER_UNITS_UNSCHEDULABLE.inc()
             unit.handed_back.update(result.unplaced)
+            unit.diagnoses.update(result.diagnoses)
             log.info("unit unschedulable", job=unit.name, reason=result.reason)
             self._maybe_finish(unit)
             return None
@@ -625,6 +637,7 @@ class SchedulerService(Service[SchedulerConfig]):
                 )
             )
         unit.handed_back.update(result.unplaced)
+        unit.diagnoses.update(result.diagnoses)
         self.stats["decided_pods"] += len(placements)
         metrics.SCHEDULER_PODS_SCHEDULED.inc(len(placements))
         self._nominate(unit, placements)

@@ -40,13 +40,14 @@ def test_walkthrough_outputs_describe_delete(make_cluster: Callable[..., Cluster
     wide = cluster.godel("get", "pods", "--job", "train", "-o", "wide").stdout.splitlines()
     assert "SCHEDULER" in wide[0] and len(wide) == 9
     as_json = json.loads(cluster.godel("get", "job", "train", "-o", "json").stdout)
-    assert as_json["kind"] == "Job" and as_json["spec"]["min_member"] == 8
-    as_yaml = list(yaml.safe_load_all(cluster.godel("get", "nodes", "-o", "yaml").stdout))
-    assert len(as_yaml) == 21 and {d["kind"] for d in as_yaml} == {"Node"}
+    assert as_json["kind"] == "Job" and as_json["spec"]["minMember"] == 8
+    as_yaml = yaml.safe_load(cluster.godel("get", "nodes", "-o", "yaml").stdout)
+    assert as_yaml["kind"] == "List"
+    assert len(as_yaml["items"]) == 21 and {d["kind"] for d in as_yaml["items"]} == {"Node"}
     assert cluster.godel("get", "pods", "-o", "name").stdout.startswith("pod/")
 
     described = cluster.godel("describe", "job/train").stdout
-    assert "min_member: 8" in described and "train-7" in described
+    assert "minMember: 8" in described and "train-7" in described
     assert "bound to" in cluster.godel("describe", "pod", "train-0").stdout
 
     assert cluster.godel("delete", "job", "train").stdout.strip() == "job/train deleted"

@@ -87,10 +87,28 @@ def test_high_priority_job_preempts_only_lower_priority_same_pool_pods(
     # What a user sees of a victim.
     out = cluster.godel("get", "pods", "-o", "wide").stdout
     line = next(x for x in out.splitlines() if x.startswith(evicted[0].metadata.name + " "))
-    assert "failed" in line and "Preempted" in line and evicted[0].status.preempted_by in line
+    assert "Failed" in line and "Preempted" in line and evicted[0].status.preempted_by in line
     assert "PREEMPTED-BY" in out.splitlines()[0]
     why = cluster.godel("explain", evicted[0].metadata.name).stdout
     assert f"preempted by pod '{evicted[0].status.preempted_by}'" in why
+    # Each preemption is an event (recorded by the Binder, written in its next batch), listed
+    # by `get events` and at the end of the victim's `describe`.
+    victims = {v.metadata.name: v for v in evicted}
+
+    def preempted_events() -> list[pb.Event]:
+        listed = [e for e in cluster.client.list("Event") if isinstance(e, pb.Event)]
+        return [e for e in listed if e.reason == "Preempted" and e.regarding.name in victims]
+
+    wait_until(lambda: len(preempted_events()) == 3, what="an event per preemption")
+    for event in preempted_events():
+        assert event.regarding.kind == "Pod" and event.type == "Warning"
+        assert event.related.name == victims[event.regarding.name].status.preempted_by
+    events = cluster.godel("get", "events").stdout.splitlines()
+    assert events[0].split()[:4] == ["LAST-SEEN", "TYPE", "REASON", "OBJECT"]
+    assert any("Preempted" in x and f"pod/{evicted[0].metadata.name}" in x for x in events)
+    described = cluster.godel("describe", "pod", evicted[0].metadata.name).stdout
+    tail = described.split("events:")[-1]
+    assert "Preempted" in tail and evicted[0].status.preempted_by in tail
 
 
 def budget_yaml(min_available: int) -> str:

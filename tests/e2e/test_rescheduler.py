@@ -214,6 +214,19 @@ def test_binpacking_round_moves_the_lone_pod_through_one_movement(
     assert movement.metadata.name in listing and "Done" in listing
     described = cluster.godel("describe", "movement", movement.metadata.name).stdout
     assert "acknowledged by" in described and landed.pod in described
+    # The movement and the eviction it made are events: planned and done on the Movement (the
+    # end of its describe), Rescheduled on the pod, related to the node it left.
+
+    def events() -> dict[tuple[str, str], pb.Event]:
+        listed = [e for e in cluster.client.list("Event") if isinstance(e, pb.Event)]
+        return {(e.reason, e.regarding.name): e for e in listed}
+
+    name = movement.metadata.name
+    wanted = {("MovementPlanned", name), ("MovementDone", name), ("Rescheduled", "web-0")}
+    seen = wait_until(lambda: (found := events()).keys() >= wanted and found, what="events")
+    assert seen["Rescheduled", "web-0"].related.name == n2
+    tail = cluster.godel("describe", "movement", name).stdout.split("events:")[-1]
+    assert "MovementPlanned" in tail and "MovementDone" in tail
 
 
 def test_a_budget_of_zero_keeps_the_pod_and_makes_no_movement(

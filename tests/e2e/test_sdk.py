@@ -79,15 +79,18 @@ def test_sync_client_submits_waits_and_cleans_up(
             gang.status()
         # A multi-document manifest, as `godel apply -f` takes it.
         queue = (ROOT / "examples" / "queue.yaml").read_text()
-        applied = client.apply_manifest(
+        manifest = (
             queue + "---\napiVersion: godel/v1\nkind: Job\nmetadata: {name: queued}\n"
             "spec: {replicas: 1, minMember: 1, queue: research,"
             " template: {requests: {cpu: 100m, memory: 64Mi}}}\n"
         )
+        applied = client.apply_manifest(manifest)
         assert [(a.kind, a.name, a.action) for a in applied] == [
             ("Queue", "research", "created"),
             ("Job", "queued", "created"),
         ]
+        again = client.apply_manifest(manifest)  # declarative: applying again changes nothing
+        assert [a.action for a in again] == ["unchanged", "unchanged"]
         queued = client.job("queued").wait("Running", timeout=90)
         assert queued.spec["queue"] == "research"
         client.job("queued").delete()

@@ -33,6 +33,7 @@ class Object(_message.Message):
     DISRUPTION_BUDGET_FIELD_NUMBER: _builtins.int
     MOVEMENT_FIELD_NUMBER: _builtins.int
     SCHEDULER_INSTANCE_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def job(self) -> _objects_pb2.Job: ...
     @_builtins.property
@@ -47,6 +48,8 @@ class Object(_message.Message):
     def movement(self) -> _objects_pb2.Movement: ...
     @_builtins.property
     def scheduler_instance(self) -> _objects_pb2.SchedulerInstance: ...
+    @_builtins.property
+    def event(self) -> _objects_pb2.Event: ...
     def __init__(
         self,
         *,
@@ -57,12 +60,13 @@ class Object(_message.Message):
         disruption_budget: _objects_pb2.DisruptionBudget | None = ...,
         movement: _objects_pb2.Movement | None = ...,
         scheduler_instance: _objects_pb2.SchedulerInstance | None = ...,
+        event: _objects_pb2.Event | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["job", "pod", "node", "queue", "disruption_budget", "movement", "scheduler_instance"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["job", "pod", "node", "queue", "disruption_budget", "movement", "scheduler_instance", "event"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -186,7 +190,10 @@ class ApplyRequest(_message.Message):
 
     OBJECTS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     dry_run: _builtins.bool
+    request_id: _builtins.str
+    """As SubmitRequest.request_id, for the jobs this request creates: a retry finds them."""
     @_builtins.property
     def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___Object]: ...
     def __init__(
@@ -194,10 +201,11 @@ class ApplyRequest(_message.Message):
         *,
         objects: _abc.Iterable[Global___Object] | None = ...,
         dry_run: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "objects", b"objects"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "objects", b"objects", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -308,12 +316,17 @@ class ListRequest(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     CONTINUE_TOKEN_FIELD_NUMBER: _builtins.int
+    SELECTOR_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
     job: _builtins.str
     """Pods only: the pods of this job."""
     limit: _builtins.int
     """Page size (0 = server default) and the continue token from the previous page."""
     continue_token: _builtins.str
+    selector: _builtins.str
+    """A label selector in kubectl's grammar ("app=web,tier!=db,zone in (a,b),!canary"); all its
+    requirements must hold, as must label_selector's. Unparsable: INVALID_ARGUMENT.
+    """
     @_builtins.property
     def label_selector(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Equality selectors on labels; all must match."""
@@ -326,10 +339,11 @@ class ListRequest(_message.Message):
         job: _builtins.str = ...,
         limit: _builtins.int = ...,
         continue_token: _builtins.str = ...,
+        selector: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["continue_token", b"continue_token", "job", b"job", "kind", b"kind", "label_selector", b"label_selector", "limit", b"limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["continue_token", b"continue_token", "job", b"job", "kind", b"kind", "label_selector", b"label_selector", "limit", b"limit", "selector", b"selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -427,28 +441,6 @@ class ExplainRequest(_message.Message):
 Global___ExplainRequest: _TypeAlias = ExplainRequest  # noqa: Y015
 
 @_typing.final
-class ReasonCount(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    REASON_FIELD_NUMBER: _builtins.int
-    NODES_FIELD_NUMBER: _builtins.int
-    reason: _builtins.str
-    nodes: _builtins.int
-    def __init__(
-        self,
-        *,
-        reason: _builtins.str = ...,
-        nodes: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes", "reason", b"reason"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ReasonCount: _TypeAlias = ReasonCount  # noqa: Y015
-
-@_typing.final
 class ExplainResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -462,6 +454,7 @@ class ExplainResponse(_message.Message):
     SCHEDULER_FIELD_NUMBER: _builtins.int
     NOMINATED_NODE_FIELD_NUMBER: _builtins.int
     VICTIMS_FIELD_NUMBER: _builtins.int
+    DIAGNOSIS_FIELD_NUMBER: _builtins.int
     pod: _builtins.str
     phase: _objects_pb2.PodPhase.ValueType
     node: _builtins.str
@@ -475,9 +468,15 @@ class ExplainResponse(_message.Message):
     pods it is evicting there.
     """
     @_builtins.property
-    def reasons(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReasonCount]: ...
+    def reasons(self) -> _containers.RepeatedCompositeFieldContainer[_objects_pb2.ReasonCount]: ...
     @_builtins.property
     def victims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def diagnosis(self) -> _objects_pb2.SchedulingDiagnosis:
+        """A pending pod's last failed attempt as the shard recorded it (PodStatus.unschedulable):
+        total_nodes and reasons above come from it, never from parsing `summary`.
+        """
+
     def __init__(
         self,
         *,
@@ -486,19 +485,101 @@ class ExplainResponse(_message.Message):
         node: _builtins.str = ...,
         summary: _builtins.str = ...,
         total_nodes: _builtins.int = ...,
-        reasons: _abc.Iterable[Global___ReasonCount] | None = ...,
+        reasons: _abc.Iterable[_objects_pb2.ReasonCount] | None = ...,
         last_attempt_ms: _builtins.int = ...,
         scheduler: _builtins.str = ...,
         nominated_node: _builtins.str = ...,
         victims: _abc.Iterable[_builtins.str] | None = ...,
+        diagnosis: _objects_pb2.SchedulingDiagnosis | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["diagnosis", b"diagnosis"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_attempt_ms", b"last_attempt_ms", "node", b"node", "nominated_node", b"nominated_node", "phase", b"phase", "pod", b"pod", "reasons", b"reasons", "scheduler", b"scheduler", "summary", b"summary", "total_nodes", b"total_nodes", "victims", b"victims"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["diagnosis", b"diagnosis", "last_attempt_ms", b"last_attempt_ms", "node", b"node", "nominated_node", b"nominated_node", "phase", b"phase", "pod", b"pod", "reasons", b"reasons", "scheduler", b"scheduler", "summary", b"summary", "total_nodes", b"total_nodes", "victims", b"victims"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExplainResponse: _TypeAlias = ExplainResponse  # noqa: Y015
+
+@_typing.final
+class DrainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    dry_run: _builtins.bool
+    """Say what would be evicted; cordon nothing, evict nothing."""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainRequest: _TypeAlias = DrainRequest  # noqa: Y015
+
+@_typing.final
+class DrainedPod(_message.Message):
+    """One pod of a drained node."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REPLACEMENT_FIELD_NUMBER: _builtins.int
+    pod: _builtins.str
+    outcome: _builtins.str
+    """"evicted" (now), "waiting" (a disruption budget or the Binder refused it for now: `reason`
+    says which) or "would evict" (dry run).
+    """
+    reason: _builtins.str
+    replacement: _builtins.str
+    """The pod that replaces an evicted one."""
+    def __init__(
+        self,
+        *,
+        pod: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        replacement: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "pod", b"pod", "reason", b"reason", "replacement", b"replacement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainedPod: _TypeAlias = DrainedPod  # noqa: Y015
+
+@_typing.final
+class DrainResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CORDONED_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    cordoned: _builtins.bool
+    """The node was cordoned by this call (false: it already was, or dry run)."""
+    @_builtins.property
+    def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___DrainedPod]: ...
+    def __init__(
+        self,
+        *,
+        cordoned: _builtins.bool = ...,
+        pods: _abc.Iterable[Global___DrainedPod] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cordoned", b"cordoned", "pods", b"pods"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainResponse: _TypeAlias = DrainResponse  # noqa: Y015
 
 @_typing.final
 class WatchRequest(_message.Message):
@@ -528,6 +609,7 @@ class WatchRequest(_message.Message):
     FROM_REVISION_FIELD_NUMBER: _builtins.int
     LABEL_SELECTOR_FIELD_NUMBER: _builtins.int
     JOB_FIELD_NUMBER: _builtins.int
+    SELECTOR_FIELD_NUMBER: _builtins.int
     from_revision: _builtins.int
     """0: every matching object as ADDED, a BOOKMARK at the listing's revision, then changes.
     Otherwise only the changes after this revision (a watcher resumes from the revision of the
@@ -535,6 +617,8 @@ class WatchRequest(_message.Message):
     """
     job: _builtins.str
     """One job's objects only: the Job of this name and the Pods whose spec.job is this name."""
+    selector: _builtins.str
+    """As ListRequest.selector."""
     @_builtins.property
     def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -548,10 +632,11 @@ class WatchRequest(_message.Message):
         from_revision: _builtins.int = ...,
         label_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         job: _builtins.str = ...,
+        selector: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_revision", b"from_revision", "job", b"job", "kinds", b"kinds", "label_selector", b"label_selector"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_revision", b"from_revision", "job", b"job", "kinds", b"kinds", "label_selector", b"label_selector", "selector", b"selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

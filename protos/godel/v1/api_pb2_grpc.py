@@ -68,6 +68,11 @@ class DispatcherStub:
                 request_serializer=protos_dot_godel_dot_v1_dot_api__pb2.ExplainRequest.SerializeToString,
                 response_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.ExplainResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/godel.v1.Dispatcher/Drain',
+                request_serializer=protos_dot_godel_dot_v1_dot_api__pb2.DrainRequest.SerializeToString,
+                response_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.DrainResponse.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/godel.v1.Dispatcher/Watch',
                 request_serializer=protos_dot_godel_dot_v1_dot_api__pb2.WatchRequest.SerializeToString,
@@ -122,6 +127,14 @@ class DispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Cordons a node and evicts its pods through the Binder's one eviction path, as far as
+        disruption budgets allow now; says which pods it still waits for (call again to go on).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Watch(self, request, context):
         """Streams changes of one or more kinds from a revision (0 = list first, then watch).
         """
@@ -161,6 +174,11 @@ def add_DispatcherServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.ExplainRequest.FromString,
                     response_serializer=protos_dot_godel_dot_v1_dot_api__pb2.ExplainResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.DrainRequest.FromString,
+                    response_serializer=protos_dot_godel_dot_v1_dot_api__pb2.DrainResponse.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -334,6 +352,33 @@ class Dispatcher:
             '/godel.v1.Dispatcher/Explain',
             protos_dot_godel_dot_v1_dot_api__pb2.ExplainRequest.SerializeToString,
             protos_dot_godel_dot_v1_dot_api__pb2.ExplainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/godel.v1.Dispatcher/Drain',
+            protos_dot_godel_dot_v1_dot_api__pb2.DrainRequest.SerializeToString,
+            protos_dot_godel_dot_v1_dot_api__pb2.DrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,10 @@ class DispatcherStub:
     Delete: _grpc.UnaryUnaryMultiCallable[_api_pb2.DeleteRequest, _api_pb2.DeleteResponse]
     Explain: _grpc.UnaryUnaryMultiCallable[_api_pb2.ExplainRequest, _api_pb2.ExplainResponse]
     """Why a pod is pending: the last scheduling attempt's per-reason node counts."""
+    Drain: _grpc.UnaryUnaryMultiCallable[_api_pb2.DrainRequest, _api_pb2.DrainResponse]
+    """Cordons a node and evicts its pods through the Binder's one eviction path, as far as
+    disruption budgets allow now; says which pods it still waits for (call again to go on).
+    """
     Watch: _grpc.UnaryStreamMultiCallable[_api_pb2.WatchRequest, _api_pb2.WatchEvent]
     """Streams changes of one or more kinds from a revision (0 = list first, then watch)."""
 
@@ -69,6 +73,10 @@ class DispatcherAsyncStub(DispatcherStub):
     Delete: _aio.UnaryUnaryMultiCallable[_api_pb2.DeleteRequest, _api_pb2.DeleteResponse]  # type: ignore[assignment]
     Explain: _aio.UnaryUnaryMultiCallable[_api_pb2.ExplainRequest, _api_pb2.ExplainResponse]  # type: ignore[assignment]
     """Why a pod is pending: the last scheduling attempt's per-reason node counts."""
+    Drain: _aio.UnaryUnaryMultiCallable[_api_pb2.DrainRequest, _api_pb2.DrainResponse]  # type: ignore[assignment]
+    """Cordons a node and evicts its pods through the Binder's one eviction path, as far as
+    disruption budgets allow now; says which pods it still waits for (call again to go on).
+    """
     Watch: _aio.UnaryStreamMultiCallable[_api_pb2.WatchRequest, _api_pb2.WatchEvent]  # type: ignore[assignment]
     """Streams changes of one or more kinds from a revision (0 = list first, then watch)."""
 
@@ -124,6 +132,16 @@ class DispatcherServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_api_pb2.ExplainResponse, _abc.Awaitable[_api_pb2.ExplainResponse]]:
         """Why a pod is pending: the last scheduling attempt's per-reason node counts."""
+
+    @_abc_1.abstractmethod
+    def Drain(
+        self,
+        request: _api_pb2.DrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.DrainResponse, _abc.Awaitable[_api_pb2.DrainResponse]]:
+        """Cordons a node and evicts its pods through the Binder's one eviction path, as far as
+        disruption budgets allow now; says which pods it still waits for (call again to go on).
+        """
 
     @_abc_1.abstractmethod
     def Watch(

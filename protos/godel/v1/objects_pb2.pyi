@@ -1137,6 +1137,7 @@ class PodStatus(_message.Message):
     MOVEMENT_FIELD_NUMBER: _builtins.int
     NOMINATED_NODE_FIELD_NUMBER: _builtins.int
     PREEMPTED_BY_FIELD_NUMBER: _builtins.int
+    UNSCHEDULABLE_FIELD_NUMBER: _builtins.int
     phase: Global___PodPhase.ValueType
     reason: _builtins.str
     message: _builtins.str
@@ -1155,6 +1156,10 @@ class PodStatus(_message.Message):
     """On a victim: the preemptor pod that claimed (then evicted) it."""
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
+    @_builtins.property
+    def unschedulable(self) -> Global___SchedulingDiagnosis:
+        """Set by the shard with PodScheduled=False: its last attempt's diagnosis."""
+
     def __init__(
         self,
         *,
@@ -1171,14 +1176,80 @@ class PodStatus(_message.Message):
         movement: _builtins.str = ...,
         nominated_node: _builtins.str = ...,
         preempted_by: _builtins.str = ...,
+        unschedulable: Global___SchedulingDiagnosis | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["unschedulable", b"unschedulable"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "bound_ms", b"bound_ms", "conditions", b"conditions", "exit_code", b"exit_code", "finished_ms", b"finished_ms", "message", b"message", "movement", b"movement", "nominated_node", b"nominated_node", "phase", b"phase", "preempted_by", b"preempted_by", "reason", b"reason", "scheduler", b"scheduler", "started_ms", b"started_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "bound_ms", b"bound_ms", "conditions", b"conditions", "exit_code", b"exit_code", "finished_ms", b"finished_ms", "message", b"message", "movement", b"movement", "nominated_node", b"nominated_node", "phase", b"phase", "preempted_by", b"preempted_by", "reason", b"reason", "scheduler", b"scheduler", "started_ms", b"started_ms", "unschedulable", b"unschedulable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PodStatus: _TypeAlias = PodStatus  # noqa: Y015
+
+@_typing.final
+class ReasonCount(_message.Message):
+    """How many nodes failed one check (e.g. "insufficient cpu") in a scheduling attempt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    nodes: _builtins.int
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        nodes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReasonCount: _TypeAlias = ReasonCount  # noqa: Y015
+
+@_typing.final
+class SchedulingDiagnosis(_message.Message):
+    """Why a scheduling attempt placed a pod nowhere, as data (the shard's counts; `godel explain`
+    renders the sentence).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOTAL_NODES_FIELD_NUMBER: _builtins.int
+    REASONS_FIELD_NUMBER: _builtins.int
+    GANG_NEEDED_FIELD_NUMBER: _builtins.int
+    GANG_PLACED_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    total_nodes: _builtins.int
+    """Nodes considered (none of which fit the pod), and per reason how many failed it, most
+    first (a node failing several checks counts under each).
+    """
+    gang_needed: _builtins.int
+    """A gang that could not reach min_member: the pods it needs placed, and how many fit."""
+    gang_placed: _builtins.int
+    note: _builtins.str
+    """What else was tried, e.g. why preemption found no victims."""
+    @_builtins.property
+    def reasons(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReasonCount]: ...
+    def __init__(
+        self,
+        *,
+        total_nodes: _builtins.int = ...,
+        reasons: _abc.Iterable[Global___ReasonCount] | None = ...,
+        gang_needed: _builtins.int = ...,
+        gang_placed: _builtins.int = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang_needed", b"gang_needed", "gang_placed", b"gang_placed", "note", b"note", "reasons", b"reasons", "total_nodes", b"total_nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchedulingDiagnosis: _TypeAlias = SchedulingDiagnosis  # noqa: Y015
 
 @_typing.final
 class Pod(_message.Message):
@@ -1859,6 +1930,92 @@ class SchedulerInstance(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SchedulerInstance: _TypeAlias = SchedulerInstance  # noqa: Y015
+
+@_typing.final
+class ObjectReference(_message.Message):
+    """---------------------------------------------------------------------------------------------
+    Events: what happened, kept for a bounded time
+    ---------------------------------------------------------------------------------------------
+
+    The object an event concerns.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    UID_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    name: _builtins.str
+    uid: _builtins.str
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        uid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "name", b"name", "uid", b"uid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ObjectReference: _TypeAlias = ObjectReference  # noqa: Y015
+
+@_typing.final
+class Event(_message.Message):
+    """One thing that happened to an object, as `kubectl get events` shows it: a preemption, an
+    eviction (rescheduling, drain), a movement, a bind rejection, a lost scheduler shard. Written
+    in batches by the service that knows (in the commit that did it, where there is one), and
+    deleted by the dispatcher once older than its retention.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METADATA_FIELD_NUMBER: _builtins.int
+    REGARDING_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    RELATED_FIELD_NUMBER: _builtins.int
+    EVENT_TIME_MS_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """One CamelCase word a program can match, e.g. "Preempted", "Drained", "BindRejected"."""
+    message: _builtins.str
+    type: _builtins.str
+    """"Normal" or "Warning"."""
+    source: _builtins.str
+    """The instance that recorded it, e.g. "binder-0"."""
+    event_time_ms: _builtins.int
+    @_builtins.property
+    def metadata(self) -> Global___ObjectMeta: ...
+    @_builtins.property
+    def regarding(self) -> Global___ObjectReference: ...
+    @_builtins.property
+    def related(self) -> Global___ObjectReference:
+        """Another object involved, e.g. the preemptor of a preempted pod or the node it left."""
+
+    def __init__(
+        self,
+        *,
+        metadata: Global___ObjectMeta | None = ...,
+        regarding: Global___ObjectReference | None = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        type: _builtins.str = ...,
+        source: _builtins.str = ...,
+        related: Global___ObjectReference | None = ...,
+        event_time_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "regarding", b"regarding", "related", b"related"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_time_ms", b"event_time_ms", "message", b"message", "metadata", b"metadata", "reason", b"reason", "regarding", b"regarding", "related", b"related", "source", b"source", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Event: _TypeAlias = Event  # noqa: Y015
 
 @_typing.final
 class Lease(_message.Message):

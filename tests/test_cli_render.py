@@ -1,0 +1,54 @@
+"""How the CLI renders a pending pod's explanation from the shard's counts (a table of
+diagnoses and the sentence each reads as); without counts it shows the server's summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from godel.cli.resources import render_explanation
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+
+
+def _diagnosis(total: int, *reasons: tuple[str, int], **extra: object) -> pb.SchedulingDiagnosis:
+    return pb.SchedulingDiagnosis(
+        total_nodes=total,
+        reasons=[pb.ReasonCount(reason=r, nodes=n) for r, n in reasons],
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+CASES = [
+    (
+        "counts",
+        _diagnosis(5, ("insufficient cpu", 4), ("untolerated taint", 1)),
+        "0/5 nodes fit: 4 insufficient cpu, 1 untolerated taint",
+    ),
+    (
+        "a gang short of min_member",
+        _diagnosis(200, ("insufficient cpu", 200), gang_needed=500, gang_placed=195),
+        "0/200 nodes fit: 200 insufficient cpu; min_member needs 500 pod(s) placed, 195 fit",
+    ),
+    (
+        "a gang, preemption tried",
+        _diagnosis(4, ("insufficient cpu", 4), gang_needed=5, gang_placed=4, note="no victims"),
+        "0/4 nodes fit: 4 insufficient cpu; no victims; min_member needs 5 pod(s) placed, 4 fit",
+    ),
+    (
+        "preemption tried",
+        _diagnosis(3, ("insufficient cpu", 3), note="no lower-priority victims"),
+        "0/3 nodes fit: 3 insufficient cpu; no lower-priority victims",
+    ),
+    ("no nodes", _diagnosis(0), "0/0 nodes fit"),
+]
+
+
+@pytest.mark.parametrize(("name", "diagnosis", "text"), CASES, ids=[c[0] for c in CASES])
+def test_rendered_from_counts(name: str, diagnosis: pb.SchedulingDiagnosis, text: str) -> None:
+    response = api_pb2.ExplainResponse(pod="p", summary="ignored", diagnosis=diagnosis)
+    assert render_explanation(response) == text
+
+
+def test_without_counts_the_summary_is_shown() -> None:
+    response = api_pb2.ExplainResponse(pod="p", summary="bound to n1", node="n1")
+    assert render_explanation(response) == "bound to n1"
