@@ -13,10 +13,11 @@ import pytest
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.api import parse_summary, wrap
+from services.dispatcher.api import parse_summary
 from services.eviction import evicted
 from store import Store
 from store.client import Bind, Release
+from store.kinds import wrap
 from tests import factories as f
 from tests.dispatcher_harness import Running, dispatcher_config, eventually, run_dispatcher
 

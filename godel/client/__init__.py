@@ -15,7 +15,7 @@ failures are typed ClientErrors. See godel/README.md for the reference.
 """
 
 from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, JobFailed
-from godel.client._proto import ProtoClient, ReschedulerClient, logs, unwrap, wrap
+from godel.client._proto import ProtoClient, ReschedulerClient, logs
 from godel.client._sync import GodelClient, JobHandle
 from godel.client._transport import (
     MAX_MESSAGE_BYTES,
@@ -32,6 +32,7 @@ from godel.client._transport import (
     local_address,
 )
 from godel.client.objects import Event, Explanation, Job, Object, Pod, job
+from store.kinds import unwrap, wrap
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

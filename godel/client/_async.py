@@ -16,7 +16,6 @@ from typing import Any, Self, overload
 import grpc
 from google.protobuf.message import Message
 
-from godel.client._proto import wrap
 from godel.client._transport import (
     CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT,
@@ -42,9 +41,9 @@ from godel.client.objects import (
 )
 from godel.manifest import ManifestError, load, parse_document, to_manifest
 from protos.godel.v1 import api_pb2, api_pb2_grpc
+from store.kinds import APPLIED_KINDS, wrap
 
 # Jobs go to Submit, these to Apply (what `godel apply` does with a multi-document file).
-_APPLIED = ("Node", "Queue", "DisruptionBudget")
 _WATCH_TYPES: dict[int, EventType] = {
     api_pb2.WatchEvent.ADDED: "ADDED",
     api_pb2.WatchEvent.MODIFIED: "MODIFIED",
@@ -234,7 +233,7 @@ class AsyncGodelClient:
             except ManifestError as exc:
                 raise invalid_manifest(exc) from None
             jobs = [Job(to_manifest(d.kind, d.obj)) for d in docs if d.kind == "Job"]
-            others = [(d.kind, d.obj) for d in docs if d.kind in _APPLIED]
+            others = [(d.kind, d.obj) for d in docs if d.kind in APPLIED_KINDS]
         out: list[Applied] = []
         if others:
             request = api_pb2.ApplyRequest(objects=[wrap(k, o) for k, o in others])

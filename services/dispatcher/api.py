@@ -20,7 +20,8 @@ from google.protobuf.message import Message
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher import validation as v
-from services.dispatcher.dispatch import UnitDispatcher, is_pending
+from services.dispatcher.dispatch import UnitDispatcher
+from services.dispatcher.unitqueue import is_pending
 from store import (
     AlreadyExistsError,
     CommitError,
@@ -35,6 +36,7 @@ from store import (
 )
 from store import kinds as kinds_mod
 from store.client import Create, Delete, Op, Update
+from store.kinds import APPLIED_KINDS, unwrap, wrap
 
 log = structlog.get_logger(__name__)
 
@@ -44,13 +46,6 @@ DEFAULT_PAGE = 500
 LIST_CATCH_UP_SECONDS = 2.0
 MAX_PAGE = 5000
 _CAS_RETRIES = 3
-APPLIABLE = ("Node", "Queue", "DisruptionBudget")
-# api.Object's oneof field per kind, e.g. "DisruptionBudget" -> "disruption_budget".
-OBJECT_FIELDS: dict[str, str] = {
-    kinds_mod.kind_named(f.message_type.name).name: f.name  # type: ignore[union-attr]
-    for f in api_pb2.Object.DESCRIPTOR.oneofs_by_name["kind"].fields
-}
-_KIND_OF_FIELD = {f: k for k, f in OBJECT_FIELDS.items()}
 _EVENT = {
     "ADDED": api_pb2.WatchEvent.ADDED,
     "MODIFIED": api_pb2.WatchEvent.MODIFIED,
@@ -60,12 +55,6 @@ _FIT_RE = re.compile(r"^\s*(\d+)/(\d+) nodes? (?:fit|are available)\b:?\s*(.*)$"
 _REASON_RE = re.compile(r"^\s*(\d+)\s+(.+?)\s*\.?$")
 # The Submit request that created a job (SubmitRequest.request_id), so a retry recognises it.
 REQUEST_ID_ANNOTATION = "godel.io/request-id"
-
-
-def wrap(kind: str, obj: Message) -> api_pb2.Object:
-    out = api_pb2.Object()
-    getattr(out, OBJECT_FIELDS[kind]).CopyFrom(obj)
-    return out
 
 
 def parse_summary(message: str) -> tuple[int, list[api_pb2.ReasonCount]]:
@@ -217,10 +206,9 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             if field is None:
                 results.append(_invalid("", "", f"{prefix}", "empty object: set one kind"))
                 continue
-            kind = _KIND_OF_FIELD[field]
-            obj: Message = getattr(wrapped, field)
+            kind, obj = unwrap(wrapped)
             name = obj.metadata.name  # type: ignore[attr-defined]
-            if kind not in APPLIABLE:
+            if kind not in APPLIED_KINDS:
                 hint = " (submit jobs with Submit)" if kind == "Job" else ""
                 results.append(
                     _invalid(kind, name, f"{prefix}.{field}", f"{kind} cannot be applied{hint}")
@@ -242,7 +230,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                 checked.append((i, kind, obj))
 
         current: dict[tuple[str, str], Message | None] = {}
-        for kind in APPLIABLE:
+        for kind in APPLIED_KINDS:
             names = [o.metadata.name for _, k, o in checked if k == kind]  # type: ignore[attr-defined]
             cls = kinds_mod.kind_named(kind).message
             for name, got in zip(names, await self.store.get_many(cls, names), strict=True):

@@ -50,6 +50,15 @@ class Quantities:
             else:
                 self.extended.pop(k, None)
 
+    def as_resources(self) -> pb.Resources:
+        return pb.Resources(
+            milli_cpu=self.cpu,
+            memory_bytes=self.mem,
+            gpus=self.gpus,
+            pods=self.pods,
+            extended=self.extended,
+        )
+
     def is_zero(self) -> bool:
         return not (self.cpu or self.mem or self.gpus or self.pods or self.extended)
 

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from placement.nodeinfo import POOL_NAMES, pool_of
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -58,16 +59,9 @@ class SubmitContext:
 
     existing_jobs: frozenset[str] = frozenset()
     queues: frozenset[str] = frozenset()
-    # Distinct node capacities per pool ("g", "be"); empty when there are no nodes at all.
+    # Distinct node capacities per pool (placement.nodeinfo.GUARANTEED, BEST_EFFORT); empty when there are no nodes at all.
     node_shapes: dict[str, frozenset[NodeShape]] | None = None
     max_replicas: int = 100_000
-
-
-def pool_of(qos: int) -> str:
-    return "be" if qos == pb.QOS_BEST_EFFORT else "g"
-
-
-_POOL_NAMES = {"g": "guaranteed", "be": "best-effort"}
 
 
 def validate_label_name(name: str, field: str, *, max_length: int = MAX_LABEL_LENGTH) -> Violations:
@@ -315,7 +309,7 @@ def _check_some_node_fits(spec: pb.JobSpec, field: str, ctx: SubmitContext) -> V
     r = spec.template.requests
     if any(s.cpu >= r.milli_cpu and s.mem >= r.memory_bytes and s.gpus >= r.gpus for s in shapes):
         return []
-    where = f"in the {_POOL_NAMES[pool]} pool"
+    where = f"in the {POOL_NAMES[pool]} pool"
     most = NodeShape(
         max((s.cpu for s in shapes), default=0),
         max((s.mem for s in shapes), default=0),

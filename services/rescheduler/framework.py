@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 from placement.framework import Framework, PodInfo, Status
-from placement.nodeinfo import BEST_EFFORT, GUARANTEED, NodeInfo
+from placement.nodeinfo import GUARANTEED, NodeInfo
 from protos.godel.v1 import objects_pb2 as pb
 
 # A pod (or its job) labelled or annotated with this, "true", is never moved (the Protection check).
@@ -26,7 +26,6 @@ EXCLUDE_FROM_RESCHEDULING = "godel.io/exclude-from-rescheduling"
 
 # Resource names plugins' args use, and their index in NodeInfo's [cpu, memory, gpu] lists.
 RESOURCE_INDEX = {"cpu": 0, "memory": 1, "gpu": 2}
-POOLS = (GUARANTEED, BEST_EFFORT)
 
 
 @dataclass(frozen=True, slots=True)

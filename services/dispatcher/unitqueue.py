@@ -1,0 +1,382 @@
+"""The dispatcher's queue of pending units: ordering within each logical queue, the quota
+check, backoff and the infeasible wait — kept apart from the shard streams as kube-scheduler
+keeps its scheduling queue apart from its cache.
+
+Synchronous and free of I/O: time comes in as arguments (``now`` on the monotonic clock,
+``now_ms`` on the wall clock), jobs and queues through the two lookups it is built with, and
+the round hands each unit it picks to a ``place`` callback (the dispatcher's shard choice). Its
+table tests need no store, no gRPC and no event loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.queueing import (
+    PendingUnit,
+    Quantities,
+    SortKey,
+    SortPolicy,
+    policy_for,
+    quota_excess,
+)
+from services.dispatcher.validation import DEFAULT_QUEUE
+
+# A queue stops for the round after this many of its units found no room (quota or shard
+# credits), so a long queue of units too large for the shards left costs a bounded round.
+MAX_HELD_PER_ROUND = 64
+
+_CLAIM_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
+
+
+class UnitState(enum.Enum):
+    QUEUED = "queued"
+    BACKOFF = "backoff"
+    DISPATCHED = "dispatched"
+    # The attempt ended; waiting for the informer to catch up before queueing again.
+    SETTLING = "settling"
+    # Can never fit as specified: out of the queue until the cluster changes.
+    INFEASIBLE = "infeasible"
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffSettings:
+    initial_seconds: float = 1.0
+    max_seconds: float = 60.0
+    infeasible_recheck_seconds: float = 300.0
+
+
+@dataclass(slots=True, eq=False)
+class UnitEntry:
+    """A job with pending pods, as the dispatcher tracks it."""
+
+    job: str
+    queue: str
+    seq: int
+    enqueued_ms: int
+    pods: dict[str, pb.Pod] = field(default_factory=dict)
+    state: UnitState = UnitState.QUEUED
+    shard: str = ""
+    not_before: float = 0.0
+    attempts: int = 0
+    reason: str = ""
+    # Quota held while dispatched, so one round cannot overrun a queue's quota.
+    reserved: Quantities | None = None
+    # The quota resource that held it back in the last round ("" if none).
+    blocked: str = ""
+    # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
+    in_heap: bool = False
+
+
+def is_pending(pod: pb.Pod) -> bool:
+    return pod.status.phase == pb.POD_PENDING and not pod.spec.node_name
+
+
+def queue_of(pod: pb.Pod) -> str:
+    return pod.spec.queue or DEFAULT_QUEUE
+
+
+JobLookup = Callable[[str], pb.Job | None]
+QueueLookup = Callable[[str], pb.Queue | None]
+# Offered each unit the round picks, with its requests: True if it was sent (the callback then
+# calls ``UnitQueue.dispatched``), False to hold it for the next round.
+Place = Callable[[UnitEntry, PendingUnit], bool]
+
+
+class UnitQueue:
+    """Pending units per logical queue, in policy order, with per-queue usage for the quota.
+
+    ``units`` holds every tracked unit whatever its state; only QUEUED units sit in a heap.
+    """
+
+    def __init__(self, jobs: JobLookup, queues: QueueLookup, backoff: BackoffSettings) -> None:
+        self.jobs = jobs
+        self.queues = queues
+        self.backoff = backoff
+        self.units: dict[str, UnitEntry] = {}
+        self._seq = 0
+        # Per queue: requests of bound pods holding a claim, and of dispatched units.
+        self._usage: dict[str, Quantities] = {}
+        self._inflight: dict[str, Quantities] = {}
+        # Per pod: the queue and requests it counts for, so removals are exact.
+        self._claimed: dict[str, tuple[str, Quantities]] = {}
+        # QUEUED units per queue as heaps of (policy key, seq, job), so a round costs what it
+        # dispatches, not every pending unit; stale items are skipped when popped.
+        self._heaps: dict[str, list[tuple[SortKey, int, str]]] = {}
+        self._policies: dict[str, SortPolicy] = {}
+        self._waiting: list[tuple[float, int, str]] = []  # BACKOFF/INFEASIBLE: (not_before, ...)
+
+    # -----------------------------------------------------------------------------------------
+    # Pods coming and going
+    # -----------------------------------------------------------------------------------------
+
+    def add_pod(self, pod: pb.Pod, now_ms: int) -> bool:
+        """Count a pod: its claim towards its queue's usage, and if pending, into its job's
+        unit. True when a unit joined its queue's heap (a round may send it)."""
+        name = pod.metadata.name
+        if pod.spec.node_name and pod.status.phase in _CLAIM_PHASES:
+            queue = queue_of(pod)
+            q = Quantities.of_pod_request(pod.spec.template.requests)
+            self._claimed[name] = (queue, q)
+            self._usage.setdefault(queue, Quantities()).add(q)
+        if not is_pending(pod):
+            return False
+        entry = self.units.get(pod.spec.job)
+        if entry is None:
+            self._seq += 1
+            entry = UnitEntry(pod.spec.job, queue_of(pod), self._seq, now_ms)
+            self.units[pod.spec.job] = entry
+        entry.pods[name] = pod
+        if entry.state == UnitState.QUEUED and not entry.in_heap:
+            self.enqueue(entry)
+            return True
+        return False
+
+    def remove_pod(self, pod: pb.Pod) -> None:
+        """Undo ``add_pod`` (the unit itself stays until ``drop_if_empty``, so an update —
+        remove then add — keeps its state)."""
+        name = pod.metadata.name
+        claimed = self._claimed.pop(name, None)
+        if claimed is not None:
+            self._usage[claimed[0]].add(claimed[1], -1)
+        entry = self.units.get(pod.spec.job)
+        if entry is not None:
+            entry.pods.pop(name, None)
+
+    def drop_if_empty(self, job: str) -> None:
+        # A dispatched unit stays tracked until its shard reports on it (it counts as load).
+        entry = self.units.get(job)
+        if entry is not None and not entry.pods and entry.state != UnitState.DISPATCHED:
+            del self.units[job]
+
+    def forget(self, job: str) -> UnitEntry | None:
+        """Stop tracking a unit (its job was deleted); its reserved quota is returned."""
+        entry = self.units.pop(job, None)
+        if entry is not None and entry.state == UnitState.DISPATCHED:
+            self.release(entry)
+        return entry
+
+    # -----------------------------------------------------------------------------------------
+    # Ordering
+    # -----------------------------------------------------------------------------------------
+
+    def view(self, entry: UnitEntry) -> PendingUnit | None:
+        """The unit as queue policies and quotas see it; None while its Job is unknown."""
+        job = self.jobs(entry.job)
+        if job is None:
+            return None  # orphaned pods: nothing to schedule them as
+        return PendingUnit(
+            entry.job,
+            entry.queue,
+            job.spec.priority,
+            job.metadata.creation_timestamp_ms,
+            entry.seq,
+            len(entry.pods),
+            Quantities.of_pod_request(job.spec.template.requests, len(entry.pods)),
+        )
+
+    def policy(self, queue: str) -> SortPolicy:
+        policy = self._policies.get(queue)
+        if policy is None:
+            obj = self.queues(queue)
+            policy = policy_for(obj.spec.sort_policy if obj is not None else 0)
+            self._policies[queue] = policy
+        return policy
+
+    def enqueue(self, entry: UnitEntry) -> None:
+        """Mark the unit QUEUED and put it in its queue's heap (once)."""
+        entry.state = UnitState.QUEUED
+        if entry.in_heap:
+            return
+        entry.in_heap = True
+        unit = self.view(entry) or PendingUnit(
+            entry.job, entry.queue, 0, entry.enqueued_ms, entry.seq, len(entry.pods), Quantities()
+        )
+        key = self.policy(entry.queue).key(unit)
+        heapq.heappush(self._heaps.setdefault(entry.queue, []), (key, entry.seq, entry.job))
+
+    def pop(self, queue: str) -> UnitEntry | None:
+        """The queue's first unit that is still QUEUED with pods (stale items are dropped)."""
+        heap = self._heaps.get(queue)
+        while heap:
+            job = heapq.heappop(heap)[2]
+            entry = self.units.get(job)
+            if entry is None or not entry.in_heap or entry.queue != queue:
+                continue
+            entry.in_heap = False
+            if entry.state == UnitState.QUEUED and entry.pods:
+                return entry
+        return None
+
+    def queued(self, queue: str) -> list[UnitEntry]:
+        """The queue's QUEUED units in dispatch order (for Explain; not on the hot path)."""
+        seen: set[str] = set()
+        out = []
+        for _, _, job in sorted(self._heaps.get(queue, [])):
+            entry = self.units.get(job)
+            if entry is not None and entry.in_heap and job not in seen:
+                seen.add(job)
+                out.append(entry)
+        return out
+
+    def position(self, entry: UnitEntry) -> int:
+        """1-based place of a QUEUED unit in its queue (0 if it is not there)."""
+        units = self.queued(entry.queue)
+        return next((i + 1 for i, u in enumerate(units) if u is entry), 0)
+
+    def queue_changed(self, queue: str) -> None:
+        """A queue was created or changed (its sort policy may differ): re-key its heap."""
+        self._policies.pop(queue, None)
+        members = self.queued(queue)
+        self._heaps[queue] = []
+        for entry in members:
+            entry.in_heap = False
+            self.enqueue(entry)
+
+    # -----------------------------------------------------------------------------------------
+    # Attempts that ended
+    # -----------------------------------------------------------------------------------------
+
+    def back_off(self, entry: UnitEntry, now: float) -> float:
+        """The unit did not fit: wait, doubling from ``initial_seconds`` per attempt, capped.
+        Returns the delay."""
+        entry.attempts += 1
+        doubled = self.backoff.initial_seconds * float(2 ** (entry.attempts - 1))
+        delay = min(doubled, self.backoff.max_seconds)
+        entry.state = UnitState.BACKOFF
+        entry.not_before = now + delay
+        heapq.heappush(self._waiting, (entry.not_before, entry.seq, entry.job))
+        return delay
+
+    def park_infeasible(self, entry: UnitEntry, now: float) -> None:
+        """The unit can never fit as specified: out of the queue until the cluster changes
+        (``wake_infeasible``), and rechecked after a while anyway (as kube-scheduler flushes its
+        unschedulable pods): the change may have reached us before the shard that judged it."""
+        entry.state = UnitState.INFEASIBLE
+        entry.not_before = now + self.backoff.infeasible_recheck_seconds
+        heapq.heappush(self._waiting, (entry.not_before, entry.seq, entry.job))
+
+    def succeeded(self, entry: UnitEntry) -> None:
+        """The attempt ended well (whatever is still pending waits to settle)."""
+        entry.attempts = 0
+        self.settle(entry)
+
+    def settle(self, entry: UnitEntry) -> None:
+        entry.state = UnitState.SETTLING
+
+    def settled(self, job: str) -> bool:
+        """The view has caught up after the unit's attempt: queue what is still pending. True
+        when it was queued again."""
+        entry = self.units.get(job)
+        if entry is None or entry.state != UnitState.SETTLING:
+            return False
+        if entry.pods:
+            self.enqueue(entry)
+            return True
+        self.drop_if_empty(job)
+        return False
+
+    def wake_infeasible(self) -> int:
+        """The cluster changed: units that could never fit may fit now. Returns how many."""
+        woke = [e for e in self.units.values() if e.state == UnitState.INFEASIBLE]
+        for entry in woke:
+            self.enqueue(entry)
+        return len(woke)
+
+    def wake(self, now: float) -> None:
+        """Queue the units whose backoff or infeasible recheck is due."""
+        while self._waiting and self._waiting[0][0] <= now:
+            job = heapq.heappop(self._waiting)[2]
+            entry = self.units.get(job)
+            waiting = (UnitState.BACKOFF, UnitState.INFEASIBLE)
+            if entry is not None and entry.state in waiting and entry.not_before <= now:
+                self.enqueue(entry)
+
+    def next_wake(self, now: float) -> float | None:
+        """Seconds until the earliest wait ends (None if nothing waits)."""
+        if not self._waiting:
+            return None
+        return self._waiting[0][0] - now
+
+    # -----------------------------------------------------------------------------------------
+    # Quota and the round
+    # -----------------------------------------------------------------------------------------
+
+    def quota(self, queue: str) -> pb.Resources | None:
+        obj = self.queues(queue)
+        if obj is not None and obj.spec.HasField("quota"):
+            return obj.spec.quota
+        return None
+
+    def used(self, queue: str) -> Quantities:
+        """What the queue holds: its bound pods' requests plus its dispatched units'."""
+        used = Quantities()
+        used.add(self._usage.get(queue, Quantities()))
+        used.add(self._inflight.get(queue, Quantities()))
+        return used
+
+    def dispatched(self, entry: UnitEntry, shard: str, requests: Quantities) -> None:
+        """The unit went to ``shard``: its requests count against the quota until it ends."""
+        entry.state = UnitState.DISPATCHED
+        entry.shard = shard
+        entry.reserved = requests
+        self._inflight.setdefault(entry.queue, Quantities()).add(requests)
+
+    def release(self, entry: UnitEntry) -> None:
+        """The dispatched attempt ended (or its shard is gone): return the reserved quota."""
+        if entry.reserved is not None:
+            self._inflight[entry.queue].add(entry.reserved, -1)
+            entry.reserved = None
+        entry.shard = ""
+
+    def round(self, now: float, place: Place, has_room: Callable[[], bool]) -> None:
+        """Offer ready units to ``place``, queue by queue in policy order, round-robin between
+        queues, while ``has_room()``. A unit over its queue's quota, or that ``place`` refuses,
+        is held for the next round; a queue stops after ``MAX_HELD_PER_ROUND`` such units."""
+        self.wake(now)
+        held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
+        budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
+        while budget and has_room():
+            for queue in list(budget):
+                entry = self.pop(queue)
+                if entry is None:
+                    del budget[queue]
+                    continue
+                if self._offer(entry, place):
+                    continue
+                held.append(entry)
+                budget[queue] -= 1
+                if budget[queue] <= 0:
+                    del budget[queue]
+        for entry in held:
+            self.enqueue(entry)
+
+    def _offer(self, entry: UnitEntry, place: Place) -> bool:
+        unit = self.view(entry)
+        if unit is None:
+            return False
+        entry.blocked = quota_excess(self.quota(entry.queue), self.used(entry.queue), unit.requests)
+        return not entry.blocked and place(entry, unit)
+
+    # -----------------------------------------------------------------------------------------
+    # Status
+    # -----------------------------------------------------------------------------------------
+
+    def statuses(self) -> dict[str, pb.QueueStatus]:
+        """Per queue, what its bound pods hold and what waits in it (the source of
+        ``Queue.status``), in one pass over the pending units. A queue with nothing in it is
+        absent."""
+        out: dict[str, pb.QueueStatus] = {}
+        for entry in self.units.values():
+            if entry.pods:
+                status = out.setdefault(entry.queue, pb.QueueStatus())
+                status.pending_units += 1
+                status.pending_pods += len(entry.pods)
+        for queue, used in self._usage.items():
+            if not used.is_zero():  # left unset, it equals the stored status of an idle queue
+                out.setdefault(queue, pb.QueueStatus()).used.CopyFrom(used.as_resources())
+        return out

@@ -1,0 +1,305 @@
+"""UnitQueue — the dispatcher's queue of pending units (ordering, quota, backoff): pure and
+synchronous, table-driven, no store, no gRPC, no event loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.queueing import PendingUnit
+from services.dispatcher.unitqueue import (
+    MAX_HELD_PER_ROUND,
+    BackoffSettings,
+    UnitEntry,
+    UnitQueue,
+    UnitState,
+)
+from tests import factories as f
+
+
+@dataclass
+class World:
+    """The jobs and queues a UnitQueue looks up, and the queue under test."""
+
+    jobs: dict[str, pb.Job] = field(default_factory=dict)
+    queues: dict[str, pb.Queue] = field(default_factory=dict)
+    backoff: BackoffSettings = field(default_factory=BackoffSettings)
+    uq: UnitQueue = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.uq = UnitQueue(self.jobs.get, self.queues.get, self.backoff)
+
+    def submit(
+        self,
+        name: str,
+        *,
+        queue: str = "default",
+        replicas: int = 1,
+        priority: int = 0,
+        created: int = 0,
+        cpu: int = 100,
+    ) -> list[pb.Pod]:
+        job = f.job(name, replicas=replicas, cpu=cpu)
+        job.spec.queue = queue
+        job.spec.priority = priority
+        job.metadata.creation_timestamp_ms = created
+        self.jobs[name] = job
+        pods = f.pods_of(job)
+        for pod in pods:
+            pod.spec.queue = queue
+            self.uq.add_pod(pod, now_ms=created)
+        return pods
+
+    def queue(
+        self, name: str, *, sort: int = pb.SORT_FIFO, quota: pb.Resources | None = None
+    ) -> None:
+        spec = pb.QueueSpec(sort_policy=sort)  # type: ignore[arg-type]
+        if quota is not None:
+            spec.quota.CopyFrom(quota)
+        self.queues[name] = pb.Queue(metadata=pb.ObjectMeta(name=name), spec=spec)
+        self.uq.queue_changed(name)
+
+    def take(self, *, accept: int = 10**9, now: float = 0.0) -> list[str]:
+        """One round with a placer that accepts the first ``accept`` units: the jobs sent."""
+        sent: list[str] = []
+
+        def place(entry: UnitEntry, unit: PendingUnit) -> bool:
+            if len(sent) >= accept:
+                return False
+            sent.append(entry.job)
+            self.uq.dispatched(entry, "shard-0", unit.requests)
+            return True
+
+        self.uq.round(now, place, lambda: len(sent) < accept)
+        return sent
+
+
+def bound(pod: pb.Pod, node: str = "n1") -> pb.Pod:
+    copy = pb.Pod()
+    copy.CopyFrom(pod)
+    copy.spec.node_name = node
+    copy.status.phase = pb.POD_BOUND
+    return copy
+
+
+# ---------------------------------------------------------------------------------------------
+# Order: within a queue by its policy, between queues round-robin
+# ---------------------------------------------------------------------------------------------
+
+# (case, queue specs {name: sort policy}, submissions (job, queue, priority, created), sent order)
+ORDER_CASES: list[tuple[str, dict[str, int], list[tuple[str, str, int, int]], list[str]]] = [
+    ("fifo by creation time", {"q": pb.SORT_FIFO},
+     [("b", "q", 0, 2), ("a", "q", 0, 1), ("c", "q", 0, 3)], ["a", "b", "c"]),
+    ("priority queue: highest first", {"q": pb.SORT_PRIORITY},
+     [("low", "q", 1, 1), ("high", "q", 9, 2), ("mid", "q", 5, 3)], ["high", "mid", "low"]),
+    ("no Queue object: fifo", {},
+     [("late", "default", 9, 2), ("early", "default", 0, 1)], ["early", "late"]),
+    ("queues alternate, by name first", {"a": pb.SORT_FIFO, "b": pb.SORT_FIFO},
+     [("b1", "b", 0, 1), ("b2", "b", 0, 2), ("a1", "a", 0, 3), ("a2", "a", 0, 4)],
+     ["a1", "b1", "a2", "b2"]),
+    ("a drained queue drops out of the rotation", {"a": pb.SORT_FIFO, "b": pb.SORT_FIFO},
+     [("a1", "a", 0, 1), ("b1", "b", 0, 2), ("b2", "b", 0, 3), ("b3", "b", 0, 4)],
+     ["a1", "b1", "b2", "b3"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("queues", "submissions", "expected"),
+    [c[1:] for c in ORDER_CASES],
+    ids=[c[0] for c in ORDER_CASES],
+)
+def test_round_order(
+    queues: dict[str, int], submissions: list[tuple[str, str, int, int]], expected: list[str]
+) -> None:
+    w = World()
+    for name, sort in queues.items():
+        w.queue(name, sort=sort)
+    for job, queue, priority, created in submissions:
+        w.submit(job, queue=queue, priority=priority, created=created)
+    assert w.take() == expected
+
+
+def test_queue_change_rekeys_its_heap() -> None:
+    w = World()
+    w.queue("q", sort=pb.SORT_FIFO)
+    w.submit("low", queue="q", priority=1, created=1)
+    w.submit("high", queue="q", priority=9, created=2)
+    w.queue("q", sort=pb.SORT_PRIORITY)
+    assert [e.job for e in w.uq.queued("q")] == ["high", "low"]
+    assert w.uq.position(w.uq.units["low"]) == 2
+    assert w.take() == ["high", "low"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Quota: bound usage + dispatched + the unit must fit
+# ---------------------------------------------------------------------------------------------
+
+# (case, quota, already bound cpu, units' cpu in order, sent, blocked resource of the first held)
+QUOTA_CASES: list[tuple[str, pb.Resources | None, int, list[int], list[int], str]] = [
+    ("no quota", None, 5000, [1000, 1000], [0, 1], ""),
+    ("fits exactly", pb.Resources(milli_cpu=1000), 0, [600, 400], [0, 1], ""),
+    ("dispatched units count in the same round", pb.Resources(milli_cpu=1000), 0,
+     [600, 600], [0], "cpu"),
+    ("bound pods count", pb.Resources(milli_cpu=1000), 800, [300], [], "cpu"),
+    ("a smaller unit behind a held one still goes", pb.Resources(milli_cpu=1000), 500,
+     [600, 400], [1], "cpu"),
+    ("pod count quota", pb.Resources(pods=2), 0, [100, 100, 100], [0, 1], "pods"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("quota", "bound_cpu", "units", "sent", "blocked"),
+    [c[1:] for c in QUOTA_CASES],
+    ids=[c[0] for c in QUOTA_CASES],
+)
+def test_quota(
+    quota: pb.Resources | None, bound_cpu: int, units: list[int], sent: list[int], blocked: str
+) -> None:
+    w = World()
+    w.queue("q", quota=quota)
+    if bound_cpu:
+        (pod,) = w.submit("running", queue="q", cpu=bound_cpu)
+        w.uq.remove_pod(pod)
+        w.uq.add_pod(bound(pod), now_ms=0)
+        w.uq.drop_if_empty("running")
+    for i, cpu in enumerate(units):
+        w.submit(f"u{i}", queue="q", cpu=cpu, created=i + 1)
+    assert w.take() == [f"u{i}" for i in sent]
+    held = [w.uq.units[f"u{i}"] for i in range(len(units)) if i not in sent]
+    assert (held[0].blocked if held else "") == blocked
+    assert all(e.state == UnitState.QUEUED and e.in_heap for e in held)
+
+
+def test_release_returns_reserved_quota() -> None:
+    w = World()
+    w.queue("q", quota=pb.Resources(milli_cpu=1000))
+    w.submit("a", queue="q", cpu=1000, created=1)
+    w.submit("b", queue="q", cpu=1000, created=2)
+    assert w.take() == ["a"]
+    w.uq.release(w.uq.units["a"])
+    w.uq.back_off(w.uq.units["a"], now=0.0)
+    assert w.take() == ["b"]
+    assert w.uq.used("q").cpu == 1000
+
+
+def test_a_refusing_placer_holds_at_most_the_round_budget() -> None:
+    w = World()
+    for i in range(MAX_HELD_PER_ROUND + 10):
+        w.submit(f"u{i}", created=i)
+    offered: list[str] = []
+
+    def place(entry: UnitEntry, unit: PendingUnit) -> bool:
+        offered.append(entry.job)
+        return False
+
+    w.uq.round(0.0, place, lambda: True)
+    assert len(offered) == MAX_HELD_PER_ROUND
+    assert len(w.uq.queued("default")) == MAX_HELD_PER_ROUND + 10  # all back in the queue
+
+
+# ---------------------------------------------------------------------------------------------
+# Backoff and the infeasible wait
+# ---------------------------------------------------------------------------------------------
+
+# (case, initial, max, attempts, expected delay of the last)
+BACKOFF_CASES: list[tuple[str, float, float, int, float]] = [
+    ("first attempt waits the initial delay", 1.0, 60.0, 1, 1.0),
+    ("doubles", 1.0, 60.0, 3, 4.0),
+    ("capped", 1.0, 60.0, 10, 60.0),
+    ("other initial", 0.5, 2.0, 2, 1.0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("initial", "cap", "attempts", "expected"),
+    [c[1:] for c in BACKOFF_CASES],
+    ids=[c[0] for c in BACKOFF_CASES],
+)
+def test_backoff_delay(initial: float, cap: float, attempts: int, expected: float) -> None:
+    w = World(backoff=BackoffSettings(initial, cap))
+    w.submit("a")
+    entry = w.uq.units["a"]
+    delays = [w.uq.back_off(entry, now=100.0) for _ in range(attempts)]
+    assert delays[-1] == expected
+    assert entry.state == UnitState.BACKOFF and entry.not_before == 100.0 + expected
+
+
+def test_backed_off_unit_waits_until_due() -> None:
+    w = World(backoff=BackoffSettings(2.0, 60.0))
+    w.submit("a")
+    entry = w.uq.units["a"]
+    assert w.take() == ["a"]
+    w.uq.release(entry)
+    w.uq.back_off(entry, now=10.0)
+    assert w.uq.next_wake(10.0) == 2.0
+    assert w.take(now=11.9) == []
+    assert w.take(now=12.0) == ["a"]
+    assert w.uq.next_wake(12.0) is None
+
+
+def test_success_resets_attempts_and_settles() -> None:
+    w = World()
+    (pod,) = w.submit("a", replicas=1)
+    entry = w.uq.units["a"]
+    w.uq.back_off(entry, now=0.0)
+    w.uq.succeeded(entry)
+    assert (entry.state, entry.attempts) == (UnitState.SETTLING, 0)
+    assert w.uq.settled("a")  # still has a pending pod: queued again
+    assert entry.state == UnitState.QUEUED
+    w.uq.settle(entry)
+    w.uq.remove_pod(pod)
+    assert not w.uq.settled("a")
+    assert "a" not in w.uq.units  # nothing left pending: dropped
+
+
+def test_infeasible_waits_for_a_cluster_change_or_the_recheck() -> None:
+    w = World(backoff=BackoffSettings(infeasible_recheck_seconds=300.0))
+    w.submit("a")
+    w.submit("b")
+    for job in ("a", "b"):
+        w.uq.park_infeasible(w.uq.units[job], now=0.0)
+    assert w.take(now=299.0) == []
+    assert w.uq.wake_infeasible() == 2
+    assert w.take(now=299.0) == ["a", "b"]
+    w.submit("c")
+    w.uq.park_infeasible(w.uq.units["c"], now=0.0)
+    assert w.take(now=300.0) == ["c"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tracking and status
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dispatched_unit_stays_tracked_without_pods() -> None:
+    w = World()
+    (pod,) = w.submit("a")
+    assert w.take() == ["a"]
+    w.uq.remove_pod(pod)
+    w.uq.drop_if_empty("a")
+    assert w.uq.units["a"].state == UnitState.DISPATCHED
+    assert w.uq.forget("a") is not None
+    assert w.uq.used("default").is_zero()
+
+
+def test_statuses_count_pending_and_bound() -> None:
+    w = World()
+    pods = w.submit("a", queue="q", replicas=3, cpu=200)
+    w.uq.remove_pod(pods[0])
+    w.uq.add_pod(bound(pods[0]), now_ms=0)
+    w.submit("b", queue="q", replicas=2)
+    w.submit("c", queue="other")
+    got = w.uq.statuses()
+    assert (got["q"].pending_units, got["q"].pending_pods) == (2, 4)
+    assert (got["q"].used.milli_cpu, got["q"].used.pods) == (200, 1)
+    assert (got["other"].pending_units, got["other"].HasField("used")) == (1, False)
+
+
+def test_unknown_job_is_held_not_sent() -> None:
+    w = World()
+    w.submit("a")
+    del w.jobs["a"]
+    assert w.take() == []
+    assert w.uq.units["a"].state == UnitState.QUEUED
