@@ -52,7 +52,7 @@ def test_less_and_names() -> None:
     assert less(FifoPolicy(), unit("a", created=1), unit("b", created=2))
     assert not less(PriorityPolicy(), unit("a"), unit("b", priority=1))
     assert policy_for(pb.SORT_PRIORITY).name == "Priority"
-    assert policy_for(pb.SORT_DRF).name == "FIFO"  # until DRF plugs in
+    assert policy_for(3).name == "FIFO"  # the retired DRF value of queues stored before
 
 
 def q(cpu: int = 0, mem: int = 0, gpus: int = 0, pods: int = 0, **ext: int) -> Quantities:

@@ -69,7 +69,7 @@ class World:
             if len(sent) >= accept:
                 return False
             sent.append(entry.job)
-            self.uq.dispatched(entry, "shard-0", unit.requests)
+            self.uq.dispatched(entry, "shard-0", unit)
             return True
 
         self.uq.round(now, place, lambda: len(sent) < accept)

@@ -80,10 +80,18 @@ def _kind(name: str) -> kinds_mod.Kind:
 
 
 class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
-    def __init__(self, store: Store, core: UnitDispatcher, *, max_replicas: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        core: UnitDispatcher,
+        *,
+        max_replicas: int,
+        max_pending_pods: int = 200_000,
+    ) -> None:
         self.store = store
         self.core = core
         self.max_replicas = max_replicas
+        self.max_pending_pods = max_pending_pods
 
     # -----------------------------------------------------------------------------------------
     # Submit
@@ -94,6 +102,13 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             return await self._submit(request)
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    def _limits(self, queue: pb.Queue | None) -> v.QueueLimits:
+        spec = queue.spec if queue is not None else pb.QueueSpec()
+        return v.QueueLimits(
+            spec.max_pods_per_job or self.max_replicas,
+            spec.max_pending_pods or self.max_pending_pods,
+        )
 
     async def _submit(self, request: api_pb2.SubmitRequest) -> api_pb2.SubmitResponse:
         jobs = list(request.jobs)
@@ -122,6 +137,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             queues=frozenset(queue_objects),
             node_shapes=self.core.node_shapes(),
             max_replicas=self.max_replicas,
+            queue_limits={q: self._limits(queue_objects.get(q)) for q in queues},
+            pending_pods=self.core.queue.pending_pods(),
         )
         problems = v.validate_submission(jobs, ctx)
         for i in replayed:

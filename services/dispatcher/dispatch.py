@@ -22,11 +22,14 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
+from placement.budgets import BudgetTracker
 from placement.nodeinfo import POOLS, pool_capacity, pool_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.queueing import PendingUnit
+from services.binder.client import BinderEvictor, EvictionUnavailable
+from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.reclaim import choose_victims
 from services.dispatcher.unitqueue import (
     BackoffSettings,
     UnitEntry,
@@ -34,6 +37,7 @@ from services.dispatcher.unitqueue import (
     UnitState,
 )
 from services.dispatcher.validation import NodeShape
+from services.eviction import RECLAIMED
 from services.runtime import cancel_and_wait
 from store import Store, StoreError
 from store.informer import Handlers, Informer
@@ -45,6 +49,8 @@ RECONNECT_SECONDS = 1.0
 # How long to wait for the informer to catch up with the store before re-queueing a unit whose
 # attempt ended (so pods the Binder just bound are not sent again).
 SETTLE_TIMEOUT_SECONDS = 5.0
+# How long a reclaim waits for its victims to leave our view before it may choose again.
+RECLAIM_SETTLE_SECONDS = 10.0
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
 
@@ -58,6 +64,10 @@ class DispatchSettings:
     backoff_max_seconds: float = 60.0
     infeasible_recheck_seconds: float = 300.0
     max_batch_pods: int = 5000
+    # Which queue dispatches next: a name of queueing.FAIRNESS.
+    queue_fairness: str = "drf"
+    # How often queues below their min are checked for capacity to reclaim.
+    reclaim_interval_seconds: float = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -112,16 +122,28 @@ def _shapes(node: pb.Node) -> dict[str, NodeShape]:
     return out
 
 
+def _offered(node: pb.Node) -> dict[str, Quantities]:
+    return {pool: Quantities.of(pool_capacity(node, pool)) for pool in POOLS}
+
+
 class UnitDispatcher:
     """Pending units → queues → shards. Feed it an informer over Pod, Job, Node, Queue and
     SchedulerInstance, then ``await run()``."""
 
-    KINDS = ("Pod", "Job", "Node", "Queue", "SchedulerInstance")
+    KINDS = ("Pod", "Job", "Node", "Queue", "SchedulerInstance", "DisruptionBudget")
 
-    def __init__(self, store: Store, informer: Informer, settings: DispatchSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        settings: DispatchSettings,
+        evictor: BinderEvictor | None = None,
+    ) -> None:
         self.store = store
         self.informer = informer
         self.settings = settings
+        # Reclaim's way to the one eviction path (None: no reclaim, e.g. in tests of dispatch).
+        self.evictor = evictor
         self.queue = UnitQueue(
             self._job,
             self._queue_object,
@@ -130,7 +152,12 @@ class UnitDispatcher:
                 settings.backoff_max_seconds,
                 settings.infeasible_recheck_seconds,
             ),
+            FAIRNESS[settings.queue_fairness],
         )
+        # Pods evicted by the last reclaim that our view still shows holding their claim: no new
+        # reclaim until they are gone (or RECLAIM_SETTLE_SECONDS pass), so none is counted twice.
+        self._reclaiming: frozenset[str] = frozenset()
+        self._reclaim_not_before = 0.0
         # Every tracked unit, whatever its state (the queue's table, shared).
         self.units = self.queue.units
         self.links: dict[str, ShardLink] = {}
@@ -211,9 +238,12 @@ class UnitDispatcher:
         if new is None:
             if old is not None:
                 self._node_shapes.pop(old.metadata.name, None)  # type: ignore[attr-defined]
+                self.queue.set_node(old.metadata.name, None)  # type: ignore[attr-defined]
             return
         assert isinstance(new, pb.Node)
         self._node_shapes[new.metadata.name] = _shapes(new)
+        usable = new.status.ready and not new.spec.unschedulable
+        self.queue.set_node(new.metadata.name, _offered(new) if usable else None)
         if old is not None and _material(old) == _material(new):  # type: ignore[arg-type]
             return
         # A node appeared or changed: units that could never fit may fit now.
@@ -245,6 +275,8 @@ class UnitDispatcher:
             asyncio.create_task(self._shard_loop(), name="shards"),
             asyncio.create_task(self._settle_loop(), name="settle"),
         ]
+        if self.evictor is not None:
+            loops.append(asyncio.create_task(self._reclaim_loop(), name="reclaim"))
         try:
             done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -290,6 +322,61 @@ class UnitDispatcher:
             for job in batch:
                 self.queue.settled(job)
             self._kick.set()
+
+    async def _reclaim_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self.settings.reclaim_interval_seconds)
+            await self.reclaim()
+
+    async def reclaim(self) -> int:
+        """Queues below their min with pending work and no room: evict pods other queues run on
+        borrowed capacity, through the Binder's one eviction path (one ``Binder.Evict`` per
+        starving queue, reason Reclaimed). Returns how many pods were evicted."""
+        if self.evictor is None or not self._judging:
+            return 0
+        claims = self.queue.claims()
+        still_held = {c.pod.metadata.name for c in claims} & self._reclaiming
+        if still_held and time.monotonic() < self._reclaim_not_before:
+            return 0  # the last reclaim's victims are not yet gone from our view
+        needs = self.queue.reclaim_needs()
+        if not needs:
+            return 0
+        budgets = [b for b in self.informer.list("DisruptionBudget")]
+        victims = choose_victims(
+            needs,
+            claims,
+            self.queue.bound_usage,
+            self.queue.min,
+            BudgetTracker(b for b in budgets if isinstance(b, pb.DisruptionBudget)),
+        )
+        if not victims:
+            return 0
+        self._reclaiming = frozenset(v.pod.metadata.name for v in victims)
+        self._reclaim_not_before = time.monotonic() + RECLAIM_SETTLE_SECONDS
+        evicted = 0
+        for queue in sorted({v.for_queue for v in victims}):
+            mine = [v.pod for v in victims if v.for_queue == queue]
+            request = ipb.EvictRequest(
+                reason=RECLAIMED,
+                message=f"reclaimed for queue {queue}, below its min",
+                pods=[ipb.PodRef(name=p.metadata.name, uid=p.metadata.uid) for p in mine],
+            )
+            try:
+                response = await self.evictor.evict(request)
+            except EvictionUnavailable as exc:
+                log.warning("reclaim failed", queue=queue, error=str(exc))
+                continue
+            done = [r for r in response.results if r.outcome == ipb.EvictResult.EVICTED]
+            refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
+            evicted += len(done)
+            log.info(
+                "reclaimed borrowed capacity",
+                queue=queue,
+                evicted=len(done),
+                refused=len(refused),
+                reason=refused[0].reason if refused else "",
+            )
+        return evicted
 
     def _to_settle(self, entry: UnitEntry) -> None:
         """The attempt ended: queue it again once the informer has caught up with the store."""
@@ -517,7 +604,7 @@ class UnitDispatcher:
         pods = sorted(entry.pods.values(), key=lambda p: p.spec.index)
         link.credits -= len(pods)
         link.hold(entry.job, len(pods))
-        self.queue.dispatched(entry, link.name, unit.requests)
+        self.queue.dispatched(entry, link.name, unit)
         return ipb.Unit(
             job=job,
             pods=[
@@ -576,6 +663,11 @@ class UnitDispatcher:
         text = f"waiting in queue {entry.queue} (position {self.queue.position(entry)})"
         if entry.blocked:
             text += f": queue quota exceeded ({entry.blocked})"
+        elif entry.waiting_for_room:
+            text += (
+                ": waiting for free room in the cluster (queues share it by "
+                f"{self.queue.fairness.name}; this queue goes next)"
+            )
         elif not any(link.ready for link in self.links.values()):
             text += ": no live scheduler shard"
         return text

@@ -8,11 +8,13 @@ first dispatch round and no pod is lost across a restart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import grpc
 import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
+from services.binder.client import BinderEvictor
 from services.dispatcher.api import DispatcherServicer
 from services.dispatcher.controllers import (
     BudgetStatusController,
@@ -28,9 +30,9 @@ from store.informer import Informer
 
 log = structlog.get_logger(__name__)
 
-# What the dispatcher's one informer caches: the dispatch core's kinds, and the budgets whose
-# status the budget status controller keeps.
-INFORMER_KINDS = (*UnitDispatcher.KINDS, "DisruptionBudget")
+# What the dispatcher's one informer caches: the dispatch core's kinds (budgets included: reclaim
+# respects them, and the budget status controller keeps their status).
+INFORMER_KINDS = UnitDispatcher.KINDS
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,31 @@ class DispatcherConfig(ServiceConfig):
     """Dispatcher settings."""
 
     max_replicas: int = field(
-        default=100_000, metadata=option("most pods one job may ask for", minimum=1)
+        default=100_000,
+        metadata=option(
+            "most pods one job may ask for (a queue's default max_pods_per_job)", minimum=1
+        ),
+    )
+    max_pending_pods: int = field(
+        default=200_000,
+        metadata=option(
+            "most pods that may wait pending in one queue (a queue's default max_pending_pods)",
+            minimum=1,
+        ),
+    )
+    queue_fairness: Literal["round-robin", "drf", "fair-share"] = field(
+        default="drf",
+        metadata=option(
+            "which queue dispatches next: drf (smallest dominant share of the cluster), "
+            "fair-share (smallest dominant share per unit of queue weight) or round-robin"
+        ),
+    )
+    reclaim_interval_seconds: float = field(
+        default=1.0,
+        metadata=option(
+            "how often queues below their min are checked for borrowed capacity to reclaim",
+            minimum=0.05,
+        ),
     )
     shard_grace_seconds: float = field(
         default=5.0,
@@ -96,9 +122,17 @@ class DispatcherService(Service[DispatcherConfig]):
                 backoff_max_seconds=cfg.backoff_max_seconds,
                 infeasible_recheck_seconds=cfg.infeasible_recheck_seconds,
                 max_batch_pods=cfg.max_batch_pods,
+                queue_fairness=cfg.queue_fairness,
+                reclaim_interval_seconds=cfg.reclaim_interval_seconds,
             ),
+            BinderEvictor(self.store, f"dispatcher/{cfg.name}", timeout_seconds=30.0),
         )
-        servicer = DispatcherServicer(self.store, self.core, max_replicas=cfg.max_replicas)
+        servicer = DispatcherServicer(
+            self.store,
+            self.core,
+            max_replicas=cfg.max_replicas,
+            max_pending_pods=cfg.max_pending_pods,
+        )
         api_pb2_grpc.add_DispatcherServicer_to_server(servicer, server)
 
     async def on_start(self) -> None:

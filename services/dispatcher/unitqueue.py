@@ -1,6 +1,6 @@
-"""The dispatcher's queue of pending units: ordering within each logical queue, the quota
-check, backoff and the infeasible wait — kept apart from the shard streams as kube-scheduler
-keeps its scheduling queue apart from its cache.
+"""The dispatcher's queue of pending units: ordering within each logical queue, fairness between
+queues, the quota check (max), min and borrowed capacity, backoff and the infeasible wait — kept
+apart from the shard streams as kube-scheduler keeps its scheduling queue apart from its cache.
 
 Synchronous and free of I/O: time comes in as arguments (``now`` on the monotonic clock,
 ``now_ms`` on the wall clock), jobs and queues through the two lookups it is built with, and
@@ -15,12 +15,19 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from placement.nodeinfo import GUARANTEED, POOLS, pool_of
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.queueing import (
+    Fairness,
     PendingUnit,
     Quantities,
+    QueueLoad,
+    RoundRobin,
     SortKey,
     SortPolicy,
+    dominant_share,
+    next_queue,
+    permille,
     policy_for,
     quota_excess,
 )
@@ -31,6 +38,9 @@ from services.dispatcher.validation import DEFAULT_QUEUE
 MAX_HELD_PER_ROUND = 64
 
 _CLAIM_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
+# What offering a unit came to: sent, held (quota, no shard, unknown job), or held because the
+# cluster has no room for it while other queues wait behind it.
+_SENT, _HELD, _NO_ROOM = 0, 1, 2
 
 
 class UnitState(enum.Enum):
@@ -66,10 +76,24 @@ class UnitEntry:
     reason: str = ""
     # Quota held while dispatched, so one round cannot overrun a queue's quota.
     reserved: Quantities | None = None
+    reserved_pool: str = GUARANTEED
     # The quota resource that held it back in the last round ("" if none).
     blocked: str = ""
+    # Held in the last round because the cluster had no free room for it while other queues
+    # had work too (fair sharing: it goes first once room frees).
+    waiting_for_room: bool = False
     # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
     in_heap: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A bound or running pod as its queue's usage counts it."""
+
+    queue: str
+    pool: str
+    requests: Quantities
+    pod: pb.Pod
 
 
 def is_pending(pod: pb.Pod) -> bool:
@@ -93,17 +117,29 @@ class UnitQueue:
     ``units`` holds every tracked unit whatever its state; only QUEUED units sit in a heap.
     """
 
-    def __init__(self, jobs: JobLookup, queues: QueueLookup, backoff: BackoffSettings) -> None:
+    def __init__(
+        self,
+        jobs: JobLookup,
+        queues: QueueLookup,
+        backoff: BackoffSettings,
+        fairness: Fairness | None = None,
+    ) -> None:
         self.jobs = jobs
         self.queues = queues
         self.backoff = backoff
+        self.fairness: Fairness = fairness or RoundRobin()
         self.units: dict[str, UnitEntry] = {}
         self._seq = 0
         # Per queue: requests of bound pods holding a claim, and of dispatched units.
         self._usage: dict[str, Quantities] = {}
         self._inflight: dict[str, Quantities] = {}
-        # Per pod: the queue and requests it counts for, so removals are exact.
-        self._claimed: dict[str, tuple[str, Quantities]] = {}
+        # Per pool: the same summed over queues (what the cluster's free room is taken by).
+        self._pool_used: dict[str, Quantities] = {pool: Quantities() for pool in POOLS}
+        # Per pod holding a claim: what it counts for, so removals are exact.
+        self._claimed: dict[str, Claim] = {}
+        # Per node (ready and schedulable): what it offers per pool, and the sums.
+        self._nodes: dict[str, dict[str, Quantities]] = {}
+        self._capacity: dict[str, Quantities] = {pool: Quantities() for pool in POOLS}
         # QUEUED units per queue as heaps of (policy key, seq, job), so a round costs what it
         # dispatches, not every pending unit; stale items are skipped when popped.
         self._heaps: dict[str, list[tuple[SortKey, int, str]]] = {}
@@ -119,10 +155,15 @@ class UnitQueue:
         unit. True when a unit joined its queue's heap (a round may send it)."""
         name = pod.metadata.name
         if pod.spec.node_name and pod.status.phase in _CLAIM_PHASES:
-            queue = queue_of(pod)
-            q = Quantities.of_pod_request(pod.spec.template.requests)
-            self._claimed[name] = (queue, q)
-            self._usage.setdefault(queue, Quantities()).add(q)
+            claim = Claim(
+                queue_of(pod),
+                pool_of(pod.spec.qos),
+                Quantities.of_pod_request(pod.spec.template.requests),
+                pod,
+            )
+            self._claimed[name] = claim
+            self._usage.setdefault(claim.queue, Quantities()).add(claim.requests)
+            self._pool_used[claim.pool].add(claim.requests)
         if not is_pending(pod):
             return False
         entry = self.units.get(pod.spec.job)
@@ -140,9 +181,10 @@ class UnitQueue:
         """Undo ``add_pod`` (the unit itself stays until ``drop_if_empty``, so an update —
         remove then add — keeps its state)."""
         name = pod.metadata.name
-        claimed = self._claimed.pop(name, None)
-        if claimed is not None:
-            self._usage[claimed[0]].add(claimed[1], -1)
+        claim = self._claimed.pop(name, None)
+        if claim is not None:
+            self._usage[claim.queue].add(claim.requests, -1)
+            self._pool_used[claim.pool].add(claim.requests, -1)
         entry = self.units.get(pod.spec.job)
         if entry is not None:
             entry.pods.pop(name, None)
@@ -177,6 +219,7 @@ class UnitQueue:
             entry.seq,
             len(entry.pods),
             Quantities.of_pod_request(job.spec.template.requests, len(entry.pods)),
+            pool_of(job.spec.qos),
         )
 
     def policy(self, queue: str) -> SortPolicy:
@@ -307,10 +350,26 @@ class UnitQueue:
     # -----------------------------------------------------------------------------------------
 
     def quota(self, queue: str) -> pb.Resources | None:
+        """The queue's max (``spec.quota``), None when it has none."""
         obj = self.queues(queue)
         if obj is not None and obj.spec.HasField("quota"):
             return obj.spec.quota
         return None
+
+    def min(self, queue: str) -> Quantities:
+        """The queue's min: capacity always available to it (nothing when unset)."""
+        obj = self.queues(queue)
+        if obj is not None and obj.spec.HasField("min"):
+            return Quantities.of(obj.spec.min)
+        return Quantities()
+
+    def weight(self, queue: str) -> int:
+        obj = self.queues(queue)
+        return max(1, obj.spec.weight) if obj is not None else 1
+
+    def bound_usage(self, queue: str) -> Quantities:
+        """What the queue's bound and running pods hold (not its dispatched units)."""
+        return self._usage.get(queue, Quantities())
 
     def used(self, queue: str) -> Quantities:
         """What the queue holds: its bound pods' requests plus its dispatched units'."""
@@ -319,48 +378,133 @@ class UnitQueue:
         used.add(self._inflight.get(queue, Quantities()))
         return used
 
-    def dispatched(self, entry: UnitEntry, shard: str, requests: Quantities) -> None:
+    def set_node(self, name: str, offered: dict[str, Quantities] | None) -> None:
+        """A node's capacity per pool (None: the node is gone, not ready or unschedulable)."""
+        old = self._nodes.pop(name, None)
+        if old is not None:
+            for pool, amount in old.items():
+                self._capacity[pool].add(amount, -1)
+        if offered is not None:
+            self._nodes[name] = offered
+            for pool, amount in offered.items():
+                self._capacity[pool].add(amount)
+
+    def capacity(self, pool: str = GUARANTEED) -> Quantities:
+        return self._capacity[pool]
+
+    def free(self, pool: str) -> Quantities:
+        """The pool's room left in the cluster as a whole: capacity minus every queue's bound
+        and dispatched requests (fragmentation aside: the shards judge the nodes)."""
+        free = self._capacity[pool].copy()
+        free.add(self._pool_used[pool], -1)
+        return free
+
+    def dispatched(self, entry: UnitEntry, shard: str, unit: PendingUnit) -> None:
         """The unit went to ``shard``: its requests count against the quota until it ends."""
         entry.state = UnitState.DISPATCHED
         entry.shard = shard
-        entry.reserved = requests
-        self._inflight.setdefault(entry.queue, Quantities()).add(requests)
+        entry.reserved = unit.requests
+        entry.reserved_pool = unit.pool
+        self._inflight.setdefault(entry.queue, Quantities()).add(unit.requests)
+        self._pool_used[unit.pool].add(unit.requests)
 
     def release(self, entry: UnitEntry) -> None:
         """The dispatched attempt ended (or its shard is gone): return the reserved quota."""
         if entry.reserved is not None:
             self._inflight[entry.queue].add(entry.reserved, -1)
+            self._pool_used[entry.reserved_pool].add(entry.reserved, -1)
             entry.reserved = None
         entry.shard = ""
 
     def round(self, now: float, place: Place, has_room: Callable[[], bool]) -> None:
-        """Offer ready units to ``place``, queue by queue in policy order, round-robin between
-        queues, while ``has_room()``. A unit over its queue's quota, or that ``place`` refuses,
-        is held for the next round; a queue stops after ``MAX_HELD_PER_ROUND`` such units."""
+        """Offer ready units to ``place`` while ``has_room()``: within a queue in its policy's
+        order; between queues by the fairness policy — round-robin, or the queue with the
+        smallest (weighted) dominant share next, whose next unit, when the cluster has no free
+        room for it while other queues have work too, is held and holds the others behind it
+        (they may not take the room it waits for). A single queue with work always sends, as
+        before fairness: its unit may preempt at the shard. A unit over its queue's quota, or
+        that ``place`` refuses, is held for the next round; a queue stops after
+        ``MAX_HELD_PER_ROUND`` such units."""
         self.wake(now)
         held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
         budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
+        fair = not self.fairness.work_conserving
         while budget and has_room():
-            for queue in list(budget):
+            for queue in self._turns(budget) if fair else list(budget):
                 entry = self.pop(queue)
                 if entry is None:
                     del budget[queue]
                     continue
-                if self._offer(entry, place):
+                outcome = self._offer(entry, place, contended=fair and len(budget) > 1)
+                if outcome == _SENT:
                     continue
                 held.append(entry)
+                if outcome == _NO_ROOM:
+                    budget.clear()  # everyone waits behind the queue with the smallest share
+                    break
                 budget[queue] -= 1
                 if budget[queue] <= 0:
                     del budget[queue]
         for entry in held:
             self.enqueue(entry)
 
-    def _offer(self, entry: UnitEntry, place: Place) -> bool:
+    def _turns(self, budget: dict[str, int]) -> list[str]:
+        """One turn: the queue the fairness policy picks among those with work."""
+        capacity = self._capacity[GUARANTEED]
+        loads = [QueueLoad(q, self.used(q), self.weight(q)) for q in budget]
+        return [next_queue(loads, capacity, self.fairness)]
+
+    def _offer(self, entry: UnitEntry, place: Place, *, contended: bool) -> int:
+        entry.waiting_for_room = False
         unit = self.view(entry)
         if unit is None:
-            return False
+            return _HELD
         entry.blocked = quota_excess(self.quota(entry.queue), self.used(entry.queue), unit.requests)
-        return not entry.blocked and place(entry, unit)
+        if entry.blocked:
+            return _HELD
+        if contended and not unit.requests.fits_in(self.free(unit.pool)):
+            entry.waiting_for_room = True
+            return _NO_ROOM
+        return _SENT if place(entry, unit) else _HELD
+
+    # -----------------------------------------------------------------------------------------
+    # Reclaim: queues below their min take back what others borrowed
+    # -----------------------------------------------------------------------------------------
+
+    def reclaim_needs(self) -> dict[str, Quantities]:
+        """Per queue below its min with pending work the cluster has no room for: how much
+        (guaranteed pool) must be freed for it — its pending requests, up to what its min still
+        owes it, beyond the free room."""
+        pending: dict[str, Quantities] = {}
+        for entry in self.units.values():
+            if entry.pods and entry.state != UnitState.DISPATCHED:
+                unit = self.view(entry)
+                if unit is not None and unit.pool == GUARANTEED:
+                    pending.setdefault(entry.queue, Quantities()).add(unit.requests)
+        free = self.free(GUARANTEED)
+        out: dict[str, Quantities] = {}
+        for queue, wanted in sorted(pending.items()):
+            floor = self.min(queue)
+            if floor.is_zero():
+                continue
+            owed = floor.beyond(self.used(queue))  # what the min still guarantees
+            need = wanted.capped_by(owed).beyond(free)
+            if not need.is_zero():
+                out[queue] = need
+                free = Quantities()  # the free room is spoken for by the first queue
+        return out
+
+    def claims(self) -> list[Claim]:
+        """Every bound or running pod with the queue it counts for."""
+        return list(self._claimed.values())
+
+    def pending_pods(self) -> dict[str, int]:
+        """Per queue, its pending pods (what admission limits count)."""
+        out: dict[str, int] = {}
+        for entry in self.units.values():
+            if entry.pods:
+                out[entry.queue] = out.get(entry.queue, 0) + len(entry.pods)
+        return out
 
     # -----------------------------------------------------------------------------------------
     # Status
@@ -376,7 +520,14 @@ class UnitQueue:
                 status = out.setdefault(entry.queue, pb.QueueStatus())
                 status.pending_units += 1
                 status.pending_pods += len(entry.pods)
+        capacity = self._capacity[GUARANTEED]
         for queue, used in self._usage.items():
-            if not used.is_zero():  # left unset, it equals the stored status of an idle queue
-                out.setdefault(queue, pb.QueueStatus()).used.CopyFrom(used.as_resources())
+            if used.is_zero():  # left unset, it equals the stored status of an idle queue
+                continue
+            status = out.setdefault(queue, pb.QueueStatus())
+            status.used.CopyFrom(used.as_resources())
+            borrowed = used.beyond(self.min(queue))
+            if not borrowed.is_zero():
+                status.borrowed.CopyFrom(borrowed.as_resources())
+            status.dominant_share_permille = permille(dominant_share(used, capacity))
         return out
