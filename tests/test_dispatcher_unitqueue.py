@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from placement.nodeinfo import GUARANTEED
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.queueing import PendingUnit
+from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
 from services.dispatcher.unitqueue import (
     MAX_HELD_PER_ROUND,
     BackoffSettings,
@@ -303,3 +304,125 @@ def test_unknown_job_is_held_not_sent() -> None:
     del w.jobs["a"]
     assert w.take() == []
     assert w.uq.units["a"].state == UnitState.QUEUED
+
+
+# ---------------------------------------------------------------------------------------------
+# Fairness in the round, min and borrowed, reclaim needs
+# ---------------------------------------------------------------------------------------------
+
+
+def fair_world(fairness: str, *, node_cpu: int = 10_000, **queues: dict[str, int]) -> World:
+    """A World whose cluster is one node of ``node_cpu``; ``queues``: name -> spec fields (cpu
+    amounts: ``min``, ``weight``, ``bound`` = cpu its running pods already hold)."""
+    w = World()
+    w.uq.fairness = FAIRNESS[fairness]
+    w.uq.set_node("n1", {GUARANTEED: Quantities(cpu=node_cpu, mem=64 * f.GiB, pods=110)})
+    for name, spec in queues.items():
+        qspec = pb.QueueSpec(weight=spec.get("weight", 0))
+        if spec.get("min"):
+            qspec.min.milli_cpu = spec["min"]
+        w.queues[name] = pb.Queue(metadata=pb.ObjectMeta(name=name), spec=qspec)
+        if spec.get("bound"):
+            (pod,) = w.submit(f"{name}-running", queue=name, cpu=spec["bound"])
+            w.uq.remove_pod(pod)
+            w.uq.add_pod(bound(pod), now_ms=0)
+            w.uq.drop_if_empty(f"{name}-running")
+    return w
+
+
+# (case, fairness, queues {name: spec}, submissions [(job, queue, cpu)], sent in order)
+FAIR_ROUND_CASES: list[tuple[str, str, dict[str, dict[str, int]], list[tuple[str, str, int]],
+                             list[str]]] = [
+    ("drf: the smaller share goes first, until no room", "drf",
+     {"a": {"bound": 6000}, "b": {"bound": 2000}},
+     [("a1", "a", 1000), ("b1", "b", 1000), ("b2", "b", 1000), ("b3", "b", 1000)],
+     ["b1", "b2"]),
+    ("drf: a larger share may not take the room the smaller waits for", "drf",
+     {"a": {"bound": 6000}, "b": {"bound": 3000}},
+     [("a1", "a", 500), ("b1", "b", 2000)], []),
+    ("drf: shares alternate as units go", "drf", {"a": {}, "b": {}},
+     [("a1", "a", 2000), ("a2", "a", 2000), ("b1", "b", 2000), ("b2", "b", 2000)],
+     ["a1", "b1", "a2", "b2"]),
+    ("drf: a queue alone sends without room (it may preempt)", "drf",
+     {"a": {"bound": 10_000}}, [("a1", "a", 1000)], ["a1"]),
+    ("fair-share: weights 3:1 split the room 3:1", "fair-share",
+     {"heavy": {"weight": 3}, "light": {"weight": 1}},
+     [*((f"h{i}", "heavy", 1000) for i in range(10)), *((f"l{i}", "light", 1000) for i in range(10))],
+     ["h0", "l0", "h1", "h2", "h3", "l1", "h4", "h5", "h6", "l2"]),
+    ("round-robin ignores room and shares", "round-robin",
+     {"a": {"bound": 10_000}, "b": {}}, [("a1", "a", 1000), ("b1", "b", 1000)], ["a1", "b1"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fairness", "queues", "submissions", "expected"),
+    [c[1:] for c in FAIR_ROUND_CASES],
+    ids=[c[0] for c in FAIR_ROUND_CASES],
+)
+def test_fair_round(
+    fairness: str,
+    queues: dict[str, dict[str, int]],
+    submissions: list[tuple[str, str, int]],
+    expected: list[str],
+) -> None:
+    w = fair_world(fairness, **queues)
+    for i, (job, queue, cpu) in enumerate(submissions):
+        w.submit(job, queue=queue, cpu=cpu, created=i + 1)
+    assert w.take() == expected
+
+
+def test_the_queue_waiting_for_room_says_so() -> None:
+    w = fair_world("drf", a={"bound": 9000}, b={"bound": 500})
+    w.submit("a1", queue="a", cpu=2000, created=1)
+    w.submit("b1", queue="b", cpu=2000, created=2)
+    assert w.take() == []
+    assert w.uq.units["b1"].waiting_for_room
+    assert not w.uq.units["a1"].waiting_for_room  # never offered: it waits behind b
+
+
+# (case, queues {name: spec}, pending [(job, queue, cpu)], needs {queue: cpu})
+RECLAIM_NEED_CASES: list[tuple[str, dict[str, dict[str, int]], list[tuple[str, str, int]],
+                               dict[str, int]]] = [
+    ("below min, cluster full: what it waits for", {"a": {"min": 5000}, "b": {"bound": 10_000}},
+     [("a1", "a", 1000), ("a2", "a", 1000)], {"a": 2000}),
+    ("only up to its min", {"a": {"min": 1500}, "b": {"bound": 10_000}},
+     [("a1", "a", 1000), ("a2", "a", 1000)], {"a": 1500}),
+    ("free room counts", {"a": {"min": 5000}, "b": {"bound": 9000}},
+     [("a1", "a", 3000)], {"a": 2000}),
+    ("room enough: nothing", {"a": {"min": 5000}, "b": {"bound": 2000}}, [("a1", "a", 3000)], {}),
+    ("at its min: nothing", {"a": {"min": 2000, "bound": 2000}, "b": {"bound": 8000}},
+     [("a1", "a", 1000)], {}),
+    ("no min: nothing", {"a": {}, "b": {"bound": 10_000}}, [("a1", "a", 1000)], {}),
+    ("no pending work: nothing", {"a": {"min": 5000}, "b": {"bound": 10_000}}, [], {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("queues", "pending", "expected"),
+    [c[1:] for c in RECLAIM_NEED_CASES],
+    ids=[c[0] for c in RECLAIM_NEED_CASES],
+)
+def test_reclaim_needs(
+    queues: dict[str, dict[str, int]], pending: list[tuple[str, str, int]], expected: dict[str, int]
+) -> None:
+    w = fair_world("drf", **queues)
+    for i, (job, queue, cpu) in enumerate(pending):
+        w.submit(job, queue=queue, cpu=cpu, created=i + 1)
+    assert {q: need.cpu for q, need in w.uq.reclaim_needs().items()} == expected
+
+
+def test_status_shows_borrowed_and_dominant_share() -> None:
+    w = fair_world("drf", a={"min": 3000, "bound": 5000}, b={"min": 6000, "bound": 2000})
+    got = w.uq.statuses()
+    assert (got["a"].used.milli_cpu, got["a"].borrowed.milli_cpu) == (5000, 2000)
+    assert got["a"].dominant_share_permille == 500
+    assert not got["b"].HasField("borrowed")  # within its min
+    assert got["b"].dominant_share_permille == 200
+
+
+def test_pending_pods_per_queue() -> None:
+    w = World()
+    w.submit("a", queue="q", replicas=3)
+    w.submit("b", queue="q", replicas=2)
+    w.submit("c", queue="other")
+    assert w.uq.pending_pods() == {"q": 5, "other": 1}

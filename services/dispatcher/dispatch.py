@@ -341,13 +341,14 @@ class UnitDispatcher:
         needs = self.queue.reclaim_needs()
         if not needs:
             return 0
-        budgets = [b for b in self.informer.list("DisruptionBudget")]
+        budgets = self.informer.list("DisruptionBudget")
         victims = choose_victims(
             needs,
             claims,
             self.queue.bound_usage,
             self.queue.min,
             BudgetTracker(b for b in budgets if isinstance(b, pb.DisruptionBudget)),
+            exclude=frozenset(still_held),
         )
         if not victims:
             return 0

@@ -117,6 +117,34 @@ class Quantities:
         )
 
 
+def borrowed(used: Quantities, floor: Quantities) -> Quantities:
+    """What a queue holding ``used`` has borrowed beyond its min ``floor``: per resource the min
+    names, the excess; a queue without a min has borrowed all it holds. A resource the min does
+    not name is not counted (a min of cpu only guarantees cpu)."""
+    if floor.is_zero():
+        return used.copy()
+    named = {name for name, amount in floor.items() if amount > 0}
+    excess = used.beyond(floor)
+    out = Quantities(
+        excess.cpu if "cpu" in named else 0,
+        excess.mem if "memory" in named else 0,
+        excess.gpus if "gpus" in named else 0,
+        excess.pods if "pods" in named else 0,
+    )
+    out.extended = {k: v for k, v in excess.extended.items() if k in named}
+    return out
+
+
+def within_borrowed(requests: Quantities, lent: Quantities, floor: Quantities) -> bool:
+    """Whether a pod of ``requests`` runs wholly on borrowed capacity ``lent`` (what
+    ``borrowed`` gives), judged on the resources its queue's min names (all, without a min)."""
+    if floor.is_zero():
+        return requests.fits_in(lent)
+    have = dict(lent.items())
+    named = {name for name, amount in floor.items() if amount > 0}
+    return all(amount <= have.get(name, 0) for name, amount in requests.items() if name in named)
+
+
 def dominant_share(used: Quantities, capacity: Quantities) -> Fraction:
     """The largest share of ``capacity`` that ``used`` holds over cpu, memory and gpus (DRF's
     dominant share), exact. A resource the cluster has none of does not count."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from placement.budgets import BudgetTracker
 from placement.nodeinfo import GUARANTEED
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.queueing import Quantities
+from services.dispatcher.queueing import Quantities, borrowed, within_borrowed
 from services.dispatcher.unitqueue import Claim
 
 
@@ -68,7 +68,8 @@ def choose_victims(
         ),
         key=_victim_order,
     )
-    borrowed = {q: bound_usage(q).beyond(mins(q)) for q in {c.queue for c in candidates}}
+    floors = {q: mins(q) for q in {c.queue for c in candidates}}
+    lent = {q: borrowed(bound_usage(q), floor) for q, floor in floors.items()}
     taken: set[str] = set()
     out: list[Victim] = []
     for queue, need in sorted(needs.items()):
@@ -79,12 +80,12 @@ def choose_victims(
             name = claim.pod.metadata.name
             if name in taken or not _helps(claim.requests, remaining):
                 continue
-            if not claim.requests.fits_in(borrowed[claim.queue]):
+            if not within_borrowed(claim.requests, lent[claim.queue], floors[claim.queue]):
                 continue  # it runs (at least partly) on its queue's own min
             if budgets.try_admit([claim.pod]):
                 continue  # a disruption budget forbids it
             taken.add(name)
-            borrowed[claim.queue].add(claim.requests, -1)
+            lent[claim.queue].add(claim.requests, -1)
             remaining.add(claim.requests, -1)
             out.append(Victim(claim.pod, queue))
     return out

@@ -25,6 +25,7 @@ from services.dispatcher.queueing import (
     RoundRobin,
     SortKey,
     SortPolicy,
+    borrowed,
     dominant_share,
     next_queue,
     permille,
@@ -526,8 +527,8 @@ class UnitQueue:
                 continue
             status = out.setdefault(queue, pb.QueueStatus())
             status.used.CopyFrom(used.as_resources())
-            borrowed = used.beyond(self.min(queue))
-            if not borrowed.is_zero():
-                status.borrowed.CopyFrom(borrowed.as_resources())
+            lent = borrowed(used, self.min(queue))
+            if not lent.is_zero():
+                status.borrowed.CopyFrom(lent.as_resources())
             status.dominant_share_permille = permille(dominant_share(used, capacity))
         return out
