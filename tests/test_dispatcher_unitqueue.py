@@ -426,3 +426,22 @@ def test_pending_pods_per_queue() -> None:
     w.submit("b", queue="q", replicas=2)
     w.submit("c", queue="other")
     assert w.uq.pending_pods() == {"q": 5, "other": 1}
+
+
+def test_room_is_kept_for_a_queue_below_its_min() -> None:
+    w = fair_world("drf", a={"min": 3000}, b={"bound": 7000})
+    w.submit("a1", queue="a", cpu=3000, created=1)
+    w.uq.back_off(w.uq.units["a1"], now=0.0)  # pending, but not ready this round
+    w.submit("b1", queue="b", cpu=1000, created=2)
+    assert w.take() == []  # the free 3000 are a's min
+    assert w.uq.units["b1"].waiting_for_room
+    w.uq.wake_queue("a")
+    assert w.take() == ["a1"]
+
+
+def test_below_its_min_a_unit_waits_for_reclaim_instead_of_failing_at_a_shard() -> None:
+    w = fair_world("drf", a={"min": 5000}, b={"bound": 10_000})
+    w.submit("a1", queue="a", cpu=1000)
+    assert w.take() == []
+    assert w.uq.units["a1"].waiting_for_room
+    assert {q: n.cpu for q, n in w.uq.reclaim_needs().items()} == {"a": 1000}

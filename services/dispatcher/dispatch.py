@@ -201,12 +201,16 @@ class UnitDispatcher:
             # An update is forget + track; the unit must not be dropped in between, or a one-pod
             # unit would lose its state (backoff, infeasible) whenever its pod changes, e.g.
             # when a shard records why the pod did not fit.
+            released = False
             if old is not None:
                 assert isinstance(old, pb.Pod)
-                self._forget_pod(old)
+                released = self._forget_pod(old)
             if new is not None:
                 assert isinstance(new, pb.Pod)
                 self._track_pod(new)
+                released = released and not self.queue.holds_claim(new.metadata.name)
+            if released:
+                self._kick.set()  # room freed: a unit held for it may go now
             if old is not None:
                 self.queue.drop_if_empty(old.spec.job)  # type: ignore[attr-defined]
         elif kind == "Job" and new is None and old is not None:
@@ -219,13 +223,15 @@ class UnitDispatcher:
         elif kind == "SchedulerInstance":
             self._shards_changed.set()
 
-    def _forget_pod(self, pod: pb.Pod) -> None:
-        self.queue.remove_pod(pod)
+    def _forget_pod(self, pod: pb.Pod) -> bool:
+        """Undo ``_track_pod``; True if the pod held a claim."""
+        released = self.queue.remove_pod(pod)
         job = self._bound_of.pop(pod.metadata.name, None)
         if job is not None:
             self._bound[job] -= 1
             if self._bound[job] <= 0:
                 del self._bound[job]
+        return released
 
     def _track_pod(self, pod: pb.Pod) -> None:
         if pod.spec.node_name and pod.status.phase in _BOUND_PHASES:
@@ -370,6 +376,9 @@ class UnitDispatcher:
             done = [r for r in response.results if r.outcome == ipb.EvictResult.EVICTED]
             refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
             evicted += len(done)
+            if done:
+                self.queue.wake_queue(queue)
+                self._kick.set()
             log.info(
                 "reclaimed borrowed capacity",
                 queue=queue,

@@ -199,6 +199,9 @@ class PendingUnit:
     requests: Quantities = field(default_factory=Quantities)
     # The pool the unit's pods draw from (placement.nodeinfo.pool_of).
     pool: str = GUARANTEED
+    # The requests of the pods it needs placed at least (its min_member, or all its pods if
+    # fewer are pending): what must fit for the unit to make progress.
+    least: Quantities = field(default_factory=Quantities)
 
 
 class SortPolicy(Protocol):

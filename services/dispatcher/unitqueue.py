@@ -141,6 +141,8 @@ class UnitQueue:
         # Per node (ready and schedulable): what it offers per pool, and the sums.
         self._nodes: dict[str, dict[str, Quantities]] = {}
         self._capacity: dict[str, Quantities] = {pool: Quantities() for pool in POOLS}
+        # What queues below their min are owed, as the current round started (``owed``).
+        self._round_owed: dict[str, Quantities] = {}
         # QUEUED units per queue as heaps of (policy key, seq, job), so a round costs what it
         # dispatches, not every pending unit; stale items are skipped when popped.
         self._heaps: dict[str, list[tuple[SortKey, int, str]]] = {}
@@ -178,9 +180,9 @@ class UnitQueue:
             return True
         return False
 
-    def remove_pod(self, pod: pb.Pod) -> None:
+    def remove_pod(self, pod: pb.Pod) -> bool:
         """Undo ``add_pod`` (the unit itself stays until ``drop_if_empty``, so an update —
-        remove then add — keeps its state)."""
+        remove then add — keeps its state). True if the pod held a claim."""
         name = pod.metadata.name
         claim = self._claimed.pop(name, None)
         if claim is not None:
@@ -189,6 +191,10 @@ class UnitQueue:
         entry = self.units.get(pod.spec.job)
         if entry is not None:
             entry.pods.pop(name, None)
+        return claim is not None
+
+    def holds_claim(self, pod: str) -> bool:
+        return pod in self._claimed
 
     def drop_if_empty(self, job: str) -> None:
         # A dispatched unit stays tracked until its shard reports on it (it counts as load).
@@ -221,6 +227,9 @@ class UnitQueue:
             len(entry.pods),
             Quantities.of_pod_request(job.spec.template.requests, len(entry.pods)),
             pool_of(job.spec.qos),
+            Quantities.of_pod_request(
+                job.spec.template.requests, min(max(1, job.spec.min_member), len(entry.pods))
+            ),
         )
 
     def policy(self, queue: str) -> SortPolicy:
@@ -324,6 +333,12 @@ class UnitQueue:
         self.drop_if_empty(job)
         return False
 
+    def wake_queue(self, queue: str) -> None:
+        """Room was freed for ``queue`` (reclaim): its backed-off units may try again now."""
+        for entry in self.units.values():
+            if entry.queue == queue and entry.state == UnitState.BACKOFF:
+                self.enqueue(entry)
+
     def wake_infeasible(self) -> int:
         """The cluster changed: units that could never fit may fit now. Returns how many."""
         woke = [e for e in self.units.values() if e.state == UnitState.INFEASIBLE]
@@ -421,12 +436,13 @@ class UnitQueue:
         """Offer ready units to ``place`` while ``has_room()``: within a queue in its policy's
         order; between queues by the fairness policy — round-robin, or the queue with the
         smallest (weighted) dominant share next, whose next unit, when the cluster has no free
-        room for it while other queues have work too, is held and holds the others behind it
+        room for its min_member pods while other queues have work too, is held and holds the others behind it
         (they may not take the room it waits for). A single queue with work always sends, as
         before fairness: its unit may preempt at the shard. A unit over its queue's quota, or
         that ``place`` refuses, is held for the next round; a queue stops after
         ``MAX_HELD_PER_ROUND`` such units."""
         self.wake(now)
+        self._round_owed = self.owed()
         held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
         budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
         fair = not self.fairness.work_conserving
@@ -463,36 +479,69 @@ class UnitQueue:
         entry.blocked = quota_excess(self.quota(entry.queue), self.used(entry.queue), unit.requests)
         if entry.blocked:
             return _HELD
-        if contended and not unit.requests.fits_in(self.free(unit.pool)):
+        if not unit.least.fits_in(self._room_for(entry.queue, unit.pool)):
             entry.waiting_for_room = True
-            return _NO_ROOM
+            if entry.queue in self._round_owed:
+                # Below its min: it waits for the room reclaim frees, rather than failing at a
+                # shard and backing off while others take that room.
+                return _HELD
+            if contended:
+                return _NO_ROOM
+            if any(other != entry.queue for other in self._round_owed):
+                return _HELD  # the room is kept for a queue below its min
+            entry.waiting_for_room = False  # alone: it goes, and may preempt at the shard
         return _SENT if place(entry, unit) else _HELD
+
+    def _room_for(self, queue: str, pool: str) -> Quantities:
+        """The free room of ``pool`` a unit of ``queue`` may take: all of it but what the mins
+        of other queues with pending work keep for them."""
+        free = self.free(pool)
+        if pool != GUARANTEED:
+            return free
+        for other, owed in self._round_owed.items():
+            if other != queue:
+                free = free.beyond(owed)
+        return free
 
     # -----------------------------------------------------------------------------------------
     # Reclaim: queues below their min take back what others borrowed
     # -----------------------------------------------------------------------------------------
 
-    def reclaim_needs(self) -> dict[str, Quantities]:
-        """Per queue below its min with pending work the cluster has no room for: how much
-        (guaranteed pool) must be freed for it — its pending requests, up to what its min still
-        owes it, beyond the free room."""
+    def owed(self) -> dict[str, Quantities]:
+        """Per queue below its min with pending work (guaranteed pool): what its min still owes
+        it, up to what its pending units ask for. Idle room up to this is kept for it, and
+        reclaim frees what the room lacks."""
+        mins: dict[str, Quantities] = {}
         pending: dict[str, Quantities] = {}
         for entry in self.units.values():
-            if entry.pods and entry.state != UnitState.DISPATCHED:
-                unit = self.view(entry)
-                if unit is not None and unit.pool == GUARANTEED:
-                    pending.setdefault(entry.queue, Quantities()).add(unit.requests)
-        free = self.free(GUARANTEED)
-        out: dict[str, Quantities] = {}
-        for queue, wanted in sorted(pending.items()):
-            floor = self.min(queue)
+            if not entry.pods or entry.state == UnitState.DISPATCHED:
+                continue
+            floor = mins.get(entry.queue)
+            if floor is None:
+                floor = mins[entry.queue] = self.min(entry.queue)
             if floor.is_zero():
                 continue
-            owed = floor.beyond(self.used(queue))  # what the min still guarantees
-            need = wanted.capped_by(owed).beyond(free)
+            unit = self.view(entry)
+            if unit is not None and unit.pool == GUARANTEED:
+                pending.setdefault(entry.queue, Quantities()).add(unit.requests)
+        out: dict[str, Quantities] = {}
+        for queue, wanted in sorted(pending.items()):
+            owed = wanted.capped_by(mins[queue].beyond(self.used(queue)))
+            if not owed.is_zero():
+                out[queue] = owed
+        return out
+
+    def reclaim_needs(self) -> dict[str, Quantities]:
+        """Per queue below its min with pending work the cluster has no room for: how much
+        (guaranteed pool) must be freed for it — what its min owes it (``owed``) beyond the
+        free room (which goes to the first such queue)."""
+        free = self.free(GUARANTEED)
+        out: dict[str, Quantities] = {}
+        for queue, owed in self.owed().items():
+            need = owed.beyond(free)
             if not need.is_zero():
                 out[queue] = need
-                free = Quantities()  # the free room is spoken for by the first queue
+            free = free.beyond(owed)
         return out
 
     def claims(self) -> list[Claim]:
