@@ -143,6 +143,8 @@ class UnitQueue:
         self._capacity: dict[str, Quantities] = {pool: Quantities() for pool in POOLS}
         # What queues below their min are owed, as the current round started (``owed``).
         self._round_owed: dict[str, Quantities] = {}
+        # A claim was released since the last round (room freed).
+        self._room_freed = False
         # QUEUED units per queue as heaps of (policy key, seq, job), so a round costs what it
         # dispatches, not every pending unit; stale items are skipped when popped.
         self._heaps: dict[str, list[tuple[SortKey, int, str]]] = {}
@@ -188,6 +190,7 @@ class UnitQueue:
         if claim is not None:
             self._usage[claim.queue].add(claim.requests, -1)
             self._pool_used[claim.pool].add(claim.requests, -1)
+            self._room_freed = True
         entry = self.units.get(pod.spec.job)
         if entry is not None:
             entry.pods.pop(name, None)
@@ -442,6 +445,9 @@ class UnitQueue:
         that ``place`` refuses, is held for the next round; a queue stops after
         ``MAX_HELD_PER_ROUND`` such units."""
         self.wake(now)
+        if self._room_freed and not self.fairness.work_conserving:
+            self._wake_for_freed_room()
+        self._room_freed = False
         self._round_owed = self.owed()
         held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
         budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
@@ -463,6 +469,22 @@ class UnitQueue:
                 if budget[queue] <= 0:
                     del budget[queue]
         for entry in held:
+            self.enqueue(entry)
+
+    def _wake_for_freed_room(self) -> None:
+        """Room freed: the backed-off units of the queue with the smallest share try again now
+        rather than when their backoff ends (as kube-scheduler moves unschedulable pods back on a
+        pod's deletion), so the room goes by fairness, not to whoever happens to be ready. At
+        most ``MAX_HELD_PER_ROUND`` of them; one that fails again backs off longer."""
+        waiting: dict[str, list[UnitEntry]] = {}
+        for entry in self.units.values():
+            if entry.state == UnitState.BACKOFF and entry.pods:
+                waiting.setdefault(entry.queue, []).append(entry)
+        if not waiting:
+            return
+        loads = [QueueLoad(q, self.used(q), self.weight(q)) for q in sorted(waiting)]
+        queue = next_queue(loads, self._capacity[GUARANTEED], self.fairness)
+        for entry in sorted(waiting[queue], key=lambda e: e.seq)[:MAX_HELD_PER_ROUND]:
             self.enqueue(entry)
 
     def _turns(self, budget: dict[str, int]) -> list[str]:
