@@ -2,14 +2,16 @@
 work than the other; their dominant shares are sampled over the run.
 
     python -m bench.fairness                     # 1:1 weights (DRF), 100 nodes, full size
-    python -m bench.fairness --weights 3:1       # FairShare: shares should converge to 3:1
+    python -m bench.fairness --weights 1:3       # FairShare: shares should converge to 1:3
     python -m bench.fairness --quick             # a short run (what the e2e test runs)
 
 Every hollow node has one cpu and every pod asks for one, so a queue's dominant share is the
 fraction of nodes its pods hold. Pods run for a while (a duration per job, spread so they do not
 all finish at once) and finish, so the room keeps freeing and the dispatcher's fairness decides
-who gets it. A sample counts while both queues have pods pending ("once both have work"); the
-report gives, over those samples, each queue's mean share, the mean and worst relative gap
+who gets it. A sample counts while both queues have pods pending ("once both have work") and
+the first pods' longest duration has passed: until some pods finish, an empty cluster is simply
+filled in the order the work arrived (nothing is taken from anyone; DRF is work-conserving), and
+only the room that frees afterwards is the dispatcher's to share. The report gives, over those samples, each queue's mean share, the mean and worst relative gap
 between the weighted shares, and the ratio of the mean shares. Results go to ``--out`` as JSON.
 
 The contention itself (``apply_queues``, ``submit_work``, ``sample``, ``summarise``) is shared
@@ -57,7 +59,7 @@ class Contention:
 
     @classmethod
     def quick(cls, weights: tuple[int, int] = (1, 1)) -> Contention:
-        return cls(weights=weights, light_jobs=24, duration_ms=3000)
+        return cls(weights=weights, light_jobs=40, duration_ms=2500)
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,10 @@ class Sample:
     light_pending: int
     heavy_pending: int
 
-    @property
-    def contended(self) -> bool:
-        return self.light_pending > 0 and self.heavy_pending > 0
+    def contended(self, c: Contention) -> bool:
+        """Both queues have work, and the first pods have had time to finish."""
+        warm = self.seconds * 1000 >= 2 * c.duration_ms
+        return warm and self.light_pending > 0 and self.heavy_pending > 0
 
 
 @dataclass
@@ -84,6 +87,10 @@ class Summary:
     gap_max: float
     # mean(heavy) / mean(light): the weights' ratio when fair.
     ratio: float
+    # The fraction of contended samples with a gap of at most 10 %.
+    within_ten_percent: float = 0.0
+    # The mean gap over the later half of the contended samples (after convergence).
+    late_gap_mean: float = 0.0
     timeline: list[Sample] = field(default_factory=list)
 
 
@@ -147,10 +154,21 @@ def sample(client: ProtoClient, c: Contention) -> list[Sample]:
     return out
 
 
+def clean_up(client: ProtoClient) -> None:
+    """Delete both queues' jobs (their pods go with them) and wait until no pod is left."""
+    for job in client.list("Job"):
+        name = job.metadata.name  # type: ignore[attr-defined]
+        if name.startswith((f"{LIGHT}-", f"{HEAVY}-")):
+            client.delete("Job", name)
+    deadline = time.monotonic() + 120
+    while client.list("Pod") and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def summarise(samples: list[Sample], c: Contention) -> Summary:
-    contended = [s for s in samples if s.contended and (s.light or s.heavy)]
+    contended = [s for s in samples if s.contended(c) and (s.light or s.heavy)]
     if not contended:
-        return Summary(0, 0.0, 0.0, 0.0, 0.0, 0.0, samples)
+        return Summary(0, 0.0, 0.0, 0.0, 0.0, 0.0, timeline=samples)
     wl, wh = c.weights
     gaps = []
     for s in contended:
@@ -158,6 +176,7 @@ def summarise(samples: list[Sample], c: Contention) -> Summary:
         gaps.append(abs(a - b) / max(a, b))
     light = statistics.fmean(s.light for s in contended)
     heavy = statistics.fmean(s.heavy for s in contended)
+    late = gaps[len(gaps) // 2 :]
     return Summary(
         len(contended),
         light,
@@ -165,6 +184,8 @@ def summarise(samples: list[Sample], c: Contention) -> Summary:
         statistics.fmean(gaps),
         max(gaps),
         heavy / light if light else float("inf"),
+        sum(1 for g in gaps if g <= 0.10) / len(gaps),
+        statistics.fmean(late),
         samples,
     )
 
@@ -208,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         f"contended samples={summary.samples}\n"
         f"mean share light={summary.light_mean / 10:.1f}% heavy={summary.heavy_mean / 10:.1f}% "
         f"ratio heavy/light={summary.ratio:.2f} (weights {heavy_w / light_w:.2f})\n"
-        f"weighted-share gap mean={summary.gap_mean:.1%} worst={summary.gap_max:.1%}"
+        f"weighted-share gap mean={summary.gap_mean:.1%} worst={summary.gap_max:.1%} "
+        f"late mean={summary.late_gap_mean:.1%}; samples within 10%: "
+        f"{summary.within_ten_percent:.0%}"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

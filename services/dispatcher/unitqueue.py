@@ -443,12 +443,14 @@ class UnitQueue:
         (they may not take the room it waits for). A single queue with work always sends, as
         before fairness: its unit may preempt at the shard. A unit over its queue's quota, or
         that ``place`` refuses, is held for the next round; a queue stops after
-        ``MAX_HELD_PER_ROUND`` such units."""
+        ``MAX_HELD_PER_ROUND`` such units. "Other queues have work" counts their units waiting
+        in backoff too: a queue alone ready may not flood the shards past the room while
+        another's units wait to retry."""
         self.wake(now)
         if self._room_freed and not self.fairness.work_conserving:
             self._wake_for_freed_room()
         self._room_freed = False
-        self._round_owed = self.owed()
+        self._round_owed, waiting = self._scan_pending()
         held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
         budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
         fair = not self.fairness.work_conserving
@@ -458,7 +460,8 @@ class UnitQueue:
                 if entry is None:
                     del budget[queue]
                     continue
-                outcome = self._offer(entry, place, contended=fair and len(budget) > 1)
+                contended = fair and (len(budget) > 1 or len(waiting) > 1)
+                outcome = self._offer(entry, place, contended=contended)
                 if outcome == _SENT:
                     continue
                 held.append(entry)
@@ -533,11 +536,17 @@ class UnitQueue:
         """Per queue below its min with pending work (guaranteed pool): what its min still owes
         it, up to what its pending units ask for. Idle room up to this is kept for it, and
         reclaim frees what the room lacks."""
+        return self._scan_pending()[0]
+
+    def _scan_pending(self) -> tuple[dict[str, Quantities], set[str]]:
+        """``owed``, and the queues with pending units not at a shard (in any state)."""
         mins: dict[str, Quantities] = {}
         pending: dict[str, Quantities] = {}
+        waiting: set[str] = set()
         for entry in self.units.values():
             if not entry.pods or entry.state == UnitState.DISPATCHED:
                 continue
+            waiting.add(entry.queue)
             floor = mins.get(entry.queue)
             if floor is None:
                 floor = mins[entry.queue] = self.min(entry.queue)
@@ -551,7 +560,7 @@ class UnitQueue:
             owed = wanted.capped_by(mins[queue].beyond(self.used(queue)))
             if not owed.is_zero():
                 out[queue] = owed
-        return out
+        return out, waiting
 
     def reclaim_needs(self) -> dict[str, Quantities]:
         """Per queue below its min with pending work the cluster has no room for: how much

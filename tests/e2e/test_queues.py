@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 import pytest
 
+from bench import fairness
 from protos.godel.v1 import objects_pb2 as pb
 from tests.e2e.conftest import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
 
-# Hollow nodes of one cpu: a node holds one 1-cpu pod, so counts of pods are shares of the cluster.
-ONE_CPU_NODES = ("nodeagent", ("--hollow-cpu-milli", "1000", "--hollow-memory-bytes", str(4 << 30)))
+ONE_CPU_NODES = fairness.ONE_CPU_NODES
 
 
 def queue_yaml(name: str, spec: str) -> str:
@@ -92,3 +92,41 @@ def test_a_queue_below_its_min_reclaims_what_another_borrowed(
     assert len(running(alpha)) == 5
     assert len([p for p in alpha if p.status.phase == pb.POD_PENDING]) == 2
     assert not [p for p in alpha if p.status.phase == pb.POD_FAILED]
+
+
+def contend(make_cluster: Callable[..., Cluster], c: fairness.Contention) -> fairness.Summary:
+    """The quick form of bench/fairness.py on this test's cluster: two queues on a full cluster
+    of 100 one-cpu hollow nodes, the heavy one submitting ten times the light one's work."""
+    cluster = make_cluster(
+        schedulers=2,
+        hollow_nodes=c.nodes,
+        service_args=(ONE_CPU_NODES, ("dispatcher", ("--queue-fairness", c.fairness))),
+    )
+    wait_until(lambda: len(cluster.client.list("Node")) == c.nodes, what="nodes registered")
+    fairness.apply_queues(cluster.client, c)
+    fairness.submit_work(cluster.client, c)
+    samples = fairness.sample(cluster.client, c)
+    # Stop the churn before the fixture's audit, which reads pods and claims one after the other.
+    fairness.clean_up(cluster.client)
+    return fairness.summarise(samples, c)
+
+
+def test_two_equal_queues_hold_equal_shares_on_a_full_cluster(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    summary = contend(make_cluster, fairness.Contention.quick((1, 1)))
+    assert summary.samples >= 5, summary.timeline
+    # Sampled while both have work: the shares stay within 10 % of each other (a sample may
+    # catch pods that just finished before their room is handed on; nine in ten may not).
+    assert summary.within_ten_percent >= 0.9, summary
+    assert summary.gap_mean <= 0.05, summary
+
+
+def test_weights_three_to_one_converge_to_shares_of_three_to_one(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    summary = contend(make_cluster, fairness.Contention.quick((1, 3)))
+    assert summary.samples >= 5, summary.timeline
+    assert 2.7 <= summary.ratio <= 3.3, summary
+    # Converged: the last half of the contended samples hold 3:1 within 10 %.
+    assert summary.late_gap_mean <= 0.10, summary
