@@ -449,14 +449,15 @@ def test_below_its_min_a_unit_waits_for_reclaim_instead_of_failing_at_a_shard() 
 
 def test_freed_room_wakes_the_smallest_share_queues_backed_off_units() -> None:
     w = fair_world("drf", a={"bound": 6000}, b={"bound": 3000})
-    w.submit("a1", queue="a", cpu=1000, created=1)
-    w.submit("b1", queue="b", cpu=1000, created=2)
-    for job in ("a1", "b1"):
-        w.uq.back_off(w.uq.units[job], now=0.0)
-    (running,) = w.submit("b-done", queue="b", cpu=1000, created=3)
+    (running,) = w.submit("b-done", queue="b", cpu=1000, created=1)
     w.uq.remove_pod(running)
     w.uq.add_pod(bound(running), now_ms=0)
-    w.uq.drop_if_empty("b-done")
-    w.uq.remove_pod(bound(running))  # it finished: its room is free
-    assert w.take(now=0.5) == ["b1"]  # b (the smaller share) retries before its backoff ends
-    assert w.uq.units["a1"].state == UnitState.BACKOFF
+    w.uq.drop_if_empty("b-done")  # the cluster is full: a 6000, b 4000
+    w.submit("b1", queue="b", cpu=1000, created=2)
+    w.uq.back_off(w.uq.units["b1"], now=0.0)  # it failed at a shard: retries at 1.0
+    w.submit("a1", queue="a", cpu=1000, created=3)
+    assert w.take(now=0.1) == []  # a1 waits for room while b's unit waits to retry
+    assert w.uq.units["a1"].waiting_for_room
+    w.uq.remove_pod(bound(running))  # a pod of b finished: its room is free
+    # b, the smaller share, retries at once (before its backoff ends) and takes the room first.
+    assert w.take(now=0.5)[0] == "b1"

@@ -130,6 +130,8 @@ class UnitQueue:
         self.backoff = backoff
         self.fairness: Fairness = fairness or RoundRobin()
         self.units: dict[str, UnitEntry] = {}
+        # The same units per queue, so questions about one queue cost its units, not all.
+        self._by_queue: dict[str, dict[str, UnitEntry]] = {}
         self._seq = 0
         # Per queue: requests of bound pods holding a claim, and of dispatched units.
         self._usage: dict[str, Quantities] = {}
@@ -143,8 +145,10 @@ class UnitQueue:
         self._capacity: dict[str, Quantities] = {pool: Quantities() for pool in POOLS}
         # What queues below their min are owed, as the current round started (``owed``).
         self._round_owed: dict[str, Quantities] = {}
-        # A claim was released since the last round (room freed).
+        # A claim was released since the last round (room freed), and whether the last round
+        # held a unit for room (only then is freed room worth waking backed-off units for).
         self._room_freed = False
+        self._held_for_room = False
         # QUEUED units per queue as heaps of (policy key, seq, job), so a round costs what it
         # dispatches, not every pending unit; stale items are skipped when popped.
         self._heaps: dict[str, list[tuple[SortKey, int, str]]] = {}
@@ -176,6 +180,7 @@ class UnitQueue:
             self._seq += 1
             entry = UnitEntry(pod.spec.job, queue_of(pod), self._seq, now_ms)
             self.units[pod.spec.job] = entry
+            self._by_queue.setdefault(entry.queue, {})[entry.job] = entry
         entry.pods[name] = pod
         if entry.state == UnitState.QUEUED and not entry.in_heap:
             self.enqueue(entry)
@@ -203,14 +208,24 @@ class UnitQueue:
         # A dispatched unit stays tracked until its shard reports on it (it counts as load).
         entry = self.units.get(job)
         if entry is not None and not entry.pods and entry.state != UnitState.DISPATCHED:
-            del self.units[job]
+            self._untrack(entry)
 
     def forget(self, job: str) -> UnitEntry | None:
         """Stop tracking a unit (its job was deleted); its reserved quota is returned."""
-        entry = self.units.pop(job, None)
-        if entry is not None and entry.state == UnitState.DISPATCHED:
+        entry = self.units.get(job)
+        if entry is None:
+            return None
+        self._untrack(entry)
+        if entry.state == UnitState.DISPATCHED:
             self.release(entry)
         return entry
+
+    def _untrack(self, entry: UnitEntry) -> None:
+        del self.units[entry.job]
+        members = self._by_queue[entry.queue]
+        del members[entry.job]
+        if not members:
+            del self._by_queue[entry.queue]
 
     # -----------------------------------------------------------------------------------------
     # Ordering
@@ -338,8 +353,8 @@ class UnitQueue:
 
     def wake_queue(self, queue: str) -> None:
         """Room was freed for ``queue`` (reclaim): its backed-off units may try again now."""
-        for entry in self.units.values():
-            if entry.queue == queue and entry.state == UnitState.BACKOFF:
+        for entry in list(self._by_queue.get(queue, {}).values()):
+            if entry.state == UnitState.BACKOFF:
                 self.enqueue(entry)
 
     def wake_infeasible(self) -> int:
@@ -447,24 +462,26 @@ class UnitQueue:
         in backoff too: a queue alone ready may not flood the shards past the room while
         another's units wait to retry."""
         self.wake(now)
-        if self._room_freed and not self.fairness.work_conserving:
+        fair = not self.fairness.work_conserving
+        if fair and self._room_freed and self._held_for_room:
             self._wake_for_freed_room()
-        self._room_freed = False
-        self._round_owed, waiting = self._scan_pending()
+        self._room_freed = self._held_for_room = False
+        self._round_owed = self.owed()
         held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
         budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
-        fair = not self.fairness.work_conserving
         while budget and has_room():
             for queue in self._turns(budget) if fair else list(budget):
                 entry = self.pop(queue)
                 if entry is None:
                     del budget[queue]
                     continue
-                contended = fair and (len(budget) > 1 or len(waiting) > 1)
-                outcome = self._offer(entry, place, contended=contended)
+                outcome = self._offer(
+                    entry, place, contended=fair and (len(budget) > 1 or self._others_wait(queue))
+                )
                 if outcome == _SENT:
                     continue
                 held.append(entry)
+                self._held_for_room |= entry.waiting_for_room
                 if outcome == _NO_ROOM:
                     budget.clear()  # everyone waits behind the queue with the smallest share
                     break
@@ -480,15 +497,26 @@ class UnitQueue:
         pod's deletion), so the room goes by fairness, not to whoever happens to be ready. At
         most ``MAX_HELD_PER_ROUND`` of them; one that fails again backs off longer."""
         waiting: dict[str, list[UnitEntry]] = {}
-        for entry in self.units.values():
-            if entry.state == UnitState.BACKOFF and entry.pods:
-                waiting.setdefault(entry.queue, []).append(entry)
+        for queue, members in self._by_queue.items():
+            backed_off = [e for e in members.values() if e.state == UnitState.BACKOFF and e.pods]
+            if backed_off:
+                waiting[queue] = backed_off
         if not waiting:
             return
         loads = [QueueLoad(q, self.used(q), self.weight(q)) for q in sorted(waiting)]
         queue = next_queue(loads, self._capacity[GUARANTEED], self.fairness)
         for entry in sorted(waiting[queue], key=lambda e: e.seq)[:MAX_HELD_PER_ROUND]:
             self.enqueue(entry)
+
+    def _others_wait(self, queue: str) -> bool:
+        """Whether a queue other than ``queue`` has pending units not at a shard (ready or
+        backing off). Stops at the first such unit: usually the first one looked at."""
+        for other, members in self._by_queue.items():
+            if other != queue and any(
+                e.pods and e.state != UnitState.DISPATCHED for e in members.values()
+            ):
+                return True
+        return False
 
     def _turns(self, budget: dict[str, int]) -> list[str]:
         """One turn: the queue the fairness policy picks among those with work."""
@@ -535,32 +563,23 @@ class UnitQueue:
     def owed(self) -> dict[str, Quantities]:
         """Per queue below its min with pending work (guaranteed pool): what its min still owes
         it, up to what its pending units ask for. Idle room up to this is kept for it, and
-        reclaim frees what the room lacks."""
-        return self._scan_pending()[0]
-
-    def _scan_pending(self) -> tuple[dict[str, Quantities], set[str]]:
-        """``owed``, and the queues with pending units not at a shard (in any state)."""
-        mins: dict[str, Quantities] = {}
-        pending: dict[str, Quantities] = {}
-        waiting: set[str] = set()
-        for entry in self.units.values():
-            if not entry.pods or entry.state == UnitState.DISPATCHED:
-                continue
-            waiting.add(entry.queue)
-            floor = mins.get(entry.queue)
-            if floor is None:
-                floor = mins[entry.queue] = self.min(entry.queue)
+        reclaim frees what the room lacks. Costs the units of queues with a min only."""
+        out: dict[str, Quantities] = {}
+        for queue, members in sorted(self._by_queue.items()):
+            floor = self.min(queue)
             if floor.is_zero():
                 continue
-            unit = self.view(entry)
-            if unit is not None and unit.pool == GUARANTEED:
-                pending.setdefault(entry.queue, Quantities()).add(unit.requests)
-        out: dict[str, Quantities] = {}
-        for queue, wanted in sorted(pending.items()):
-            owed = wanted.capped_by(mins[queue].beyond(self.used(queue)))
+            wanted = Quantities()
+            for entry in members.values():
+                if not entry.pods or entry.state == UnitState.DISPATCHED:
+                    continue
+                unit = self.view(entry)
+                if unit is not None and unit.pool == GUARANTEED:
+                    wanted.add(unit.requests)
+            owed = wanted.capped_by(floor.beyond(self.used(queue)))
             if not owed.is_zero():
                 out[queue] = owed
-        return out, waiting
+        return out
 
     def reclaim_needs(self) -> dict[str, Quantities]:
         """Per queue below its min with pending work the cluster has no room for: how much
