@@ -453,14 +453,13 @@ class UnitQueue:
     def round(self, now: float, place: Place, has_room: Callable[[], bool]) -> None:
         """Offer ready units to ``place`` while ``has_room()``: within a queue in its policy's
         order; between queues by the fairness policy — round-robin, or the queue with the
-        smallest (weighted) dominant share next, whose next unit, when the cluster has no free
-        room for its min_member pods while other queues have work too, is held and holds the others behind it
-        (they may not take the room it waits for). A single queue with work always sends, as
-        before fairness: its unit may preempt at the shard. A unit over its queue's quota, or
-        that ``place`` refuses, is held for the next round; a queue stops after
-        ``MAX_HELD_PER_ROUND`` such units. "Other queues have work" counts their units waiting
-        in backoff too: a queue alone ready may not flood the shards past the room while
-        another's units wait to retry."""
+        smallest (weighted) dominant share next. Under DRF/FairShare, when the cluster has no
+        free room for the min_member pods of that queue's next unit while other queues have
+        work too (ready or backing off), the unit is held and every queue waits behind it: none
+        may take the room it waits for. A queue alone with work sends as before fairness (its
+        unit may preempt at the shard). Room owed to a queue below its min is kept for it. A
+        unit over its queue's quota, or that ``place`` refuses, is held for the next round; a
+        queue stops after ``MAX_HELD_PER_ROUND`` such units."""
         self.wake(now)
         fair = not self.fairness.work_conserving
         if fair and self._room_freed and self._held_for_room:
