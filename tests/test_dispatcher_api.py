@@ -389,6 +389,8 @@ BAD_APPLIED: list[tuple[str, api_pb2.Object, str]] = [
      "objects[0].queue.spec.max_pods_per_job"),
     ("queue negative max pending pods", _queue("q", max_pending_pods=-1),
      "objects[0].queue.spec.max_pending_pods"),
+    ("queue its own parent", _queue("q", parent="q"), "objects[0].queue.spec.parent"),
+    ("queue parent not a name", _queue("q", parent="Bad Name"), "objects[0].queue.spec.parent"),
     ("node negative capacity", wrap("Node", f.node("n", cpu=-1)),
      "objects[0].node.status.allocatable.milli_cpu"),
     ("node taint without effect", wrap("Node", pb.Node(metadata=pb.ObjectMeta(name="n"),
@@ -836,3 +838,22 @@ async def test_admission_limits_refuse_with_the_limit_named(limited: Running, st
     await eventually(lambda: limited.service.core.queue.pending_pods().get("default") == 12)
     over = await limited.api.Submit(api_pb2.SubmitRequest(jobs=[_in_queue("f", "", 1)]))
     assert "at most 12 pending pods" in over.results[0].violations[0].description
+
+
+async def test_apply_refuses_queue_parents_that_form_a_cycle(
+    dispatcher: Running, store: Store
+) -> None:
+    first = await dispatcher.api.Apply(
+        api_pb2.ApplyRequest(objects=[_queue("org"), _queue("team", parent="org")])
+    )
+    assert [r.action for r in first.results] == ["created", "created"]
+    await eventually(lambda: len(dispatcher.service.core.informer.list("Queue")) == 2)
+    before = await store.revision()
+    looped = await dispatcher.api.Apply(
+        api_pb2.ApplyRequest(objects=[_queue("org", parent="team")])
+    )
+    (why,) = looped.results[0].violations
+    assert looped.results[0].action == "invalid"
+    assert why.field == "objects[0].queue.spec.parent"
+    assert "cycle: org -> team -> org" in why.description
+    assert await store.revision() == before

@@ -19,6 +19,7 @@ from services.dispatcher.queueing import (
     policy_for,
     quota_excess,
 )
+from services.dispatcher.validation import queue_cycles
 
 
 def unit(job: str, *, priority: int = 0, created: int = 0, seq: int = 0) -> PendingUnit:
@@ -176,3 +177,20 @@ BEYOND_CASES: list[tuple[str, Quantities, Quantities, Quantities]] = [
 )
 def test_beyond(amount: Quantities, floor: Quantities, expected: Quantities) -> None:
     assert amount.beyond(floor) == expected
+
+
+# (case, parents {queue: parent}, queues in a cycle)
+CYCLE_CASES: list[tuple[str, dict[str, str], set[str]]] = [
+    ("no parents", {"a": "", "b": ""}, set()),
+    ("a tree", {"org": "", "a": "org", "b": "org", "c": "a"}, set()),
+    ("two queues", {"a": "b", "b": "a"}, {"a", "b"}),
+    ("three, and one hanging off it", {"a": "b", "b": "c", "c": "a", "d": "a"}, {"a", "b", "c"}),
+    ("a parent not (yet) known", {"a": "ghost"}, set()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("parents", "expected"), [c[1:] for c in CYCLE_CASES], ids=[c[0] for c in CYCLE_CASES]
+)
+def test_queue_cycles(parents: dict[str, str], expected: set[str]) -> None:
+    assert set(queue_cycles(parents)) == expected

@@ -461,3 +461,52 @@ def test_freed_room_wakes_the_smallest_share_queues_backed_off_units() -> None:
     w.uq.remove_pod(bound(running))  # a pod of b finished: its room is free
     # b, the smaller share, retries at once (before its backoff ends) and takes the room first.
     assert w.take(now=0.5)[0] == "b1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Hierarchical queues: a parent's max bounds its children together
+# ---------------------------------------------------------------------------------------------
+
+# (case, queues {name: (parent, max cpu)}, bound cpu per queue, unit (queue, cpu), blocked)
+HIERARCHY_CASES: list[tuple[str, dict[str, tuple[str, int]], dict[str, int], tuple[str, int],
+                            str]] = [
+    ("within the parent's max", {"org": ("", 4000), "a": ("org", 0), "b": ("org", 0)},
+     {"a": 2000}, ("b", 2000), ""),
+    ("siblings together over the parent's max", {"org": ("", 4000), "a": ("org", 0),
+     "b": ("org", 0)}, {"a": 3000}, ("b", 2000), "cpu of parent queue org"),
+    ("the child's own max first", {"org": ("", 4000), "a": ("org", 1000)}, {}, ("a", 2000),
+     "cpu"),
+    ("a grandparent bounds grandchildren", {"top": ("", 3000), "mid": ("top", 0),
+     "a": ("mid", 0), "b": ("top", 0)}, {"b": 2000}, ("a", 2000), "cpu of parent queue top"),
+    ("the parent's own pods count", {"org": ("", 4000), "a": ("org", 0)}, {"org": 3000},
+     ("a", 2000), "cpu of parent queue org"),
+    ("other trees do not count", {"org": ("", 4000), "a": ("org", 0), "x": ("", 0)},
+     {"x": 9000}, ("a", 2000), ""),
+    ("a cycle ends the walk", {"a": ("b", 0), "b": ("a", 5000)}, {}, ("a", 1000), ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("queues", "bound_cpu", "unit", "blocked"),
+    [c[1:] for c in HIERARCHY_CASES],
+    ids=[c[0] for c in HIERARCHY_CASES],
+)
+def test_parent_quota_bounds_children(
+    queues: dict[str, tuple[str, int]],
+    bound_cpu: dict[str, int],
+    unit: tuple[str, int],
+    blocked: str,
+) -> None:
+    w = World()
+    for name, (parent, max_cpu) in queues.items():
+        spec = pb.QueueSpec(parent=parent)
+        if max_cpu:
+            spec.quota.milli_cpu = max_cpu
+        w.queues[name] = pb.Queue(metadata=pb.ObjectMeta(name=name), spec=spec)
+    for queue, cpu in bound_cpu.items():
+        (pod,) = w.submit(f"{queue}-running", queue=queue, cpu=cpu)
+        w.uq.remove_pod(pod)
+        w.uq.add_pod(bound(pod), now_ms=0)
+        w.uq.drop_if_empty(f"{queue}-running")
+    queue, cpu = unit
+    assert w.uq.quota_excess(queue, Quantities(cpu=cpu, pods=1)) == blocked

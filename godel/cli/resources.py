@@ -219,6 +219,7 @@ COLUMNS: dict[str, list[Column]] = {
     "Queue": [
         ("NAME", lambda o: o.metadata.name, False),
         ("POLICY", lambda o: _sort_policy(o.spec.sort_policy), False),
+        ("PARENT", lambda o: o.spec.parent, True),
         ("WEIGHT", lambda o: max(1, o.spec.weight), True),
         ("MIN-CPU", lambda o: _cpu_or_blank(o.spec.min), True),
         ("MAX-CPU", lambda o: _cpu_or_blank(o.spec.quota), False),

@@ -103,6 +103,34 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
 
+    def _refuse_queue_cycles(
+        self, checked: list[tuple[int, str, Message]], results: list[api_pb2.ApplyResult]
+    ) -> list[tuple[int, str, Message]]:
+        """Queues whose parents would lead back to them (with the queues known and this
+        request's) are invalid; the rest of the request stands."""
+        parents = {
+            q.metadata.name: q.spec.parent  # type: ignore[attr-defined]
+            for q in self.core.informer.list("Queue")
+        }
+        for _, _, obj in checked:
+            if isinstance(obj, pb.Queue):
+                parents[obj.metadata.name] = obj.spec.parent
+        cycles = v.queue_cycles(parents)
+        kept = []
+        for i, kind, obj in checked:
+            name = obj.metadata.name  # type: ignore[attr-defined]
+            if isinstance(obj, pb.Queue) and name in cycles:
+                results[i].violations.append(
+                    v.violation(
+                        f"objects[{i}].queue.spec.parent",
+                        f"the parents would form a cycle: {cycles[name]}",
+                    )
+                )
+                results[i].action = "invalid"
+            else:
+                kept.append((i, kind, obj))
+        return kept
+
     def _limits(self, queue: pb.Queue | None) -> v.QueueLimits:
         spec = queue.spec if queue is not None else pb.QueueSpec()
         return v.QueueLimits(
@@ -246,6 +274,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             else:
                 checked.append((i, kind, obj))
 
+        checked = self._refuse_queue_cycles(checked, results)
         current: dict[tuple[str, str], Message | None] = {}
         for kind in APPLIED_KINDS:
             names = [o.metadata.name for _, k, o in checked if k == kind]  # type: ignore[attr-defined]

@@ -390,6 +390,36 @@ class UnitQueue:
             return obj.spec.quota
         return None
 
+    def ancestors(self, queue: str) -> list[str]:
+        """The queue's parents, nearest first (a cycle, which Apply refuses, ends the walk)."""
+        out: list[str] = []
+        seen = {queue}
+        obj = self.queues(queue)
+        while obj is not None and obj.spec.parent and obj.spec.parent not in seen:
+            out.append(obj.spec.parent)
+            seen.add(obj.spec.parent)
+            obj = self.queues(obj.spec.parent)
+        return out
+
+    def quota_excess(self, queue: str, request: Quantities) -> str:
+        """The resource a unit of ``request`` would take past the queue's max, or past the max
+        of a parent queue (counting every queue below that parent); "" if it fits."""
+        blocked = quota_excess(self.quota(queue), self.used(queue), request)
+        if blocked:
+            return blocked
+        for parent in self.ancestors(queue):
+            limit = self.quota(parent)
+            if limit is None:
+                continue
+            below = Quantities()
+            for other in self._usage.keys() | self._inflight.keys():
+                if other == parent or parent in self.ancestors(other):
+                    below.add(self.used(other))
+            blocked = quota_excess(limit, below, request)
+            if blocked:
+                return f"{blocked} of parent queue {parent}"
+        return ""
+
     def min(self, queue: str) -> Quantities:
         """The queue's min: capacity always available to it (nothing when unset)."""
         obj = self.queues(queue)
@@ -528,7 +558,7 @@ class UnitQueue:
         unit = self.view(entry)
         if unit is None:
             return _HELD
-        entry.blocked = quota_excess(self.quota(entry.queue), self.used(entry.queue), unit.requests)
+        entry.blocked = self.quota_excess(entry.queue, unit.requests)
         if entry.blocked:
             return _HELD
         if not unit.least.fits_in(self._room_for(entry.queue, unit.pool)):

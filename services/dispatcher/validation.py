@@ -571,8 +571,27 @@ def validate_queue(q: pb.Queue, prefix: str) -> Violations:
         value = getattr(q.spec, name)
         if value < 0:
             out.append(violation(f"{prefix}.spec.{name}", f"must not be negative (got {value})"))
+    if q.spec.parent:
+        out += validate_label_name(q.spec.parent, f"{prefix}.spec.parent")
+        if q.spec.parent == q.metadata.name:
+            out.append(violation(f"{prefix}.spec.parent", "a queue cannot be its own parent"))
     if q.spec.HasField("min") and q.spec.HasField("quota"):
         out += _min_within_max(q.spec.min, q.spec.quota, prefix)
+    return out
+
+
+def queue_cycles(parents: Mapping[str, str]) -> dict[str, str]:
+    """Queues whose chain of parents (``parents``: queue -> parent, "" for none) comes back to
+    them, each with the cycle in words."""
+    out: dict[str, str] = {}
+    for queue in parents:
+        chain = [queue]
+        parent = parents.get(queue, "")
+        while parent and parent not in chain:
+            chain.append(parent)
+            parent = parents.get(parent, "")
+        if parent == queue:
+            out[queue] = " -> ".join([*chain, queue])
     return out
 
 

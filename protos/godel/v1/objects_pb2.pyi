@@ -1328,6 +1328,7 @@ class QueueSpec(_message.Message):
     MIN_FIELD_NUMBER: _builtins.int
     MAX_PODS_PER_JOB_FIELD_NUMBER: _builtins.int
     MAX_PENDING_PODS_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
     sort_policy: Global___SortPolicy.ValueType
     weight: _builtins.int
     """Relative share under the dispatcher's FairShare fairness (unset or 0: 1)."""
@@ -1338,6 +1339,10 @@ class QueueSpec(_message.Message):
     the most pods one job of this queue may have, and the most pods that may wait pending in it.
     """
     max_pending_pods: _builtins.int
+    parent: _builtins.str
+    """Hierarchical queues: the name of this queue's parent ("": none). A parent's quota (max)
+    bounds what all queues below it hold together; jobs may be submitted to any queue.
+    """
     @_builtins.property
     def quota(self) -> Global___Resources:
         """The queue's max: the most its bound and dispatched pods may hold in total, borrowed
@@ -1361,10 +1366,11 @@ class QueueSpec(_message.Message):
         min: Global___Resources | None = ...,
         max_pods_per_job: _builtins.int = ...,
         max_pending_pods: _builtins.int = ...,
+        parent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["min", b"min", "quota", b"quota"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_pending_pods", b"max_pending_pods", "max_pods_per_job", b"max_pods_per_job", "min", b"min", "preemptible_default", b"preemptible_default", "quota", b"quota", "sort_policy", b"sort_policy", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_pending_pods", b"max_pending_pods", "max_pods_per_job", b"max_pods_per_job", "min", b"min", "parent", b"parent", "preemptible_default", b"preemptible_default", "quota", b"quota", "sort_policy", b"sort_policy", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
