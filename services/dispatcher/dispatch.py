@@ -22,14 +22,13 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
-from placement.budgets import BudgetTracker
 from placement.nodeinfo import POOLS, pool_capacity, pool_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.client import BinderEvictor, EvictionUnavailable
+from services.binder.client import BinderEvictor
 from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
-from services.dispatcher.reclaim import choose_victims
+from services.dispatcher.reclaim import Reclaimer
 from services.dispatcher.unitqueue import (
     BackoffSettings,
     UnitEntry,
@@ -37,7 +36,6 @@ from services.dispatcher.unitqueue import (
     UnitState,
 )
 from services.dispatcher.validation import NodeShape
-from services.eviction import RECLAIMED
 from services.runtime import cancel_and_wait
 from store import Store, StoreError
 from store.informer import Handlers, Informer
@@ -49,8 +47,6 @@ RECONNECT_SECONDS = 1.0
 # How long to wait for the informer to catch up with the store before re-queueing a unit whose
 # attempt ended (so pods the Binder just bound are not sent again).
 SETTLE_TIMEOUT_SECONDS = 5.0
-# How long a reclaim waits for its victims to leave our view before it may choose again.
-RECLAIM_SETTLE_SECONDS = 10.0
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
 
@@ -142,8 +138,6 @@ class UnitDispatcher:
         self.store = store
         self.informer = informer
         self.settings = settings
-        # Reclaim's way to the one eviction path (None: no reclaim, e.g. in tests of dispatch).
-        self.evictor = evictor
         self.queue = UnitQueue(
             self._job,
             self._queue_object,
@@ -154,10 +148,6 @@ class UnitDispatcher:
             ),
             FAIRNESS[settings.queue_fairness],
         )
-        # Pods evicted by the last reclaim that our view still shows holding their claim: no new
-        # reclaim until they are gone (or RECLAIM_SETTLE_SECONDS pass), so none is counted twice.
-        self._reclaiming: frozenset[str] = frozenset()
-        self._reclaim_not_before = 0.0
         # Every tracked unit, whatever its state (the queue's table, shared).
         self.units = self.queue.units
         self.links: dict[str, ShardLink] = {}
@@ -169,6 +159,12 @@ class UnitDispatcher:
         self._settling: set[str] = set()
         self._judging = True  # whether shard liveness is judged (our view is current)
         self._kick = asyncio.Event()
+        # Quota reclaim, through the Binder's one eviction path (None: none, e.g. without one).
+        self.reclaimer = (
+            Reclaimer(self.queue, informer, evictor, self._kick, settings.reclaim_interval_seconds)
+            if evictor is not None
+            else None
+        )
         self._settle = asyncio.Event()
         self._shards_changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -281,8 +277,10 @@ class UnitDispatcher:
             asyncio.create_task(self._shard_loop(), name="shards"),
             asyncio.create_task(self._settle_loop(), name="settle"),
         ]
-        if self.evictor is not None:
-            loops.append(asyncio.create_task(self._reclaim_loop(), name="reclaim"))
+        if self.reclaimer is not None:
+            loops.append(
+                asyncio.create_task(self.reclaimer.run(lambda: self._judging), name="reclaim")
+            )
         try:
             done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -328,65 +326,6 @@ class UnitDispatcher:
             for job in batch:
                 self.queue.settled(job)
             self._kick.set()
-
-    async def _reclaim_loop(self) -> None:
-        while not self._closing:
-            await asyncio.sleep(self.settings.reclaim_interval_seconds)
-            await self.reclaim()
-
-    async def reclaim(self) -> int:
-        """Queues below their min with pending work and no room: evict pods other queues run on
-        borrowed capacity, through the Binder's one eviction path (one ``Binder.Evict`` per
-        starving queue, reason Reclaimed). Returns how many pods were evicted."""
-        if self.evictor is None or not self._judging:
-            return 0
-        claims = self.queue.claims()
-        still_held = {c.pod.metadata.name for c in claims} & self._reclaiming
-        if still_held and time.monotonic() < self._reclaim_not_before:
-            return 0  # the last reclaim's victims are not yet gone from our view
-        needs = self.queue.reclaim_needs()
-        if not needs:
-            return 0
-        budgets = self.informer.list("DisruptionBudget")
-        victims = choose_victims(
-            needs,
-            claims,
-            self.queue.bound_usage,
-            self.queue.min,
-            BudgetTracker(b for b in budgets if isinstance(b, pb.DisruptionBudget)),
-            exclude=frozenset(still_held),
-        )
-        if not victims:
-            return 0
-        self._reclaiming = frozenset(v.pod.metadata.name for v in victims)
-        self._reclaim_not_before = time.monotonic() + RECLAIM_SETTLE_SECONDS
-        evicted = 0
-        for queue in sorted({v.for_queue for v in victims}):
-            mine = [v.pod for v in victims if v.for_queue == queue]
-            request = ipb.EvictRequest(
-                reason=RECLAIMED,
-                message=f"reclaimed for queue {queue}, below its min",
-                pods=[ipb.PodRef(name=p.metadata.name, uid=p.metadata.uid) for p in mine],
-            )
-            try:
-                response = await self.evictor.evict(request)
-            except EvictionUnavailable as exc:
-                log.warning("reclaim failed", queue=queue, error=str(exc))
-                continue
-            done = [r for r in response.results if r.outcome == ipb.EvictResult.EVICTED]
-            refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
-            evicted += len(done)
-            if done:
-                self.queue.wake_queue(queue)
-                self._kick.set()
-            log.info(
-                "reclaimed borrowed capacity",
-                queue=queue,
-                evicted=len(done),
-                refused=len(refused),
-                reason=refused[0].reason if refused else "",
-            )
-        return evicted
 
     def _to_settle(self, entry: UnitEntry) -> None:
         """The attempt ended: queue it again once the informer has caught up with the store."""

@@ -8,19 +8,34 @@ least work lost), within disruption budgets. The victims are evicted through the
 path, ``Binder.Evict`` with reason ``Reclaimed`` (``services/eviction.py``), which re-checks the
 budgets against its own view and gives each victim a replacement in its queue.
 
-Pure and synchronous: the dispatcher calls ``choose_victims`` and sends the result.
+``choose_victims`` is pure; ``Reclaimer`` is the dispatcher's loop that asks the ``UnitQueue``
+what is needed, chooses, and sends one ``Binder.Evict`` per starving queue.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import structlog
+
 from placement.budgets import BudgetTracker
 from placement.nodeinfo import GUARANTEED
+from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
+from services.binder.client import BinderEvictor, EvictionUnavailable
 from services.dispatcher.queueing import Quantities, borrowed, within_borrowed
-from services.dispatcher.unitqueue import Claim
+from services.dispatcher.unitqueue import Claim, UnitQueue
+from services.eviction import RECLAIMED
+from store.informer import Informer
+
+log = structlog.get_logger(__name__)
+
+# How long a reclaim waits for its victims to leave the dispatcher's view before it may choose
+# again (they still count as the lender's usage until then).
+SETTLE_SECONDS = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +104,87 @@ def choose_victims(
             remaining.add(claim.requests, -1)
             out.append(Victim(claim.pod, queue))
     return out
+
+
+class Reclaimer:
+    """Every ``interval_seconds``: the queues below their min that need room
+    (``UnitQueue.reclaim_needs``), their victims (``choose_victims``, budgets from the informer's
+    stored statuses), one ``Binder.Evict`` per such queue with reason Reclaimed. Wakes the
+    queue's backed-off units and kicks the dispatch round when pods were evicted."""
+
+    def __init__(
+        self,
+        queue: UnitQueue,
+        informer: Informer,
+        evictor: BinderEvictor,
+        kick: asyncio.Event,
+        interval_seconds: float = 1.0,
+    ) -> None:
+        self.queue = queue
+        self.informer = informer
+        self.evictor = evictor
+        self.kick = kick
+        self.interval = interval_seconds
+        # The last reclaim's victims: no new reclaim while our view still shows them holding
+        # their claim (or SETTLE_SECONDS pass), so none is counted twice.
+        self._victims: frozenset[str] = frozenset()
+        self._not_before = 0.0
+
+    async def run(self, view_is_current: Callable[[], bool]) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if view_is_current():
+                await self.reclaim()
+
+    async def reclaim(self) -> int:
+        """One pass; returns how many pods were evicted."""
+        claims = self.queue.claims()
+        still_held = {c.pod.metadata.name for c in claims} & self._victims
+        if still_held and time.monotonic() < self._not_before:
+            return 0  # the last reclaim's victims are not yet gone from our view
+        needs = self.queue.reclaim_needs()
+        if not needs:
+            return 0
+        budgets = self.informer.list("DisruptionBudget")
+        victims = choose_victims(
+            needs,
+            claims,
+            self.queue.bound_usage,
+            self.queue.min,
+            BudgetTracker(b for b in budgets if isinstance(b, pb.DisruptionBudget)),
+            exclude=frozenset(still_held),
+        )
+        if not victims:
+            return 0
+        self._victims = frozenset(v.pod.metadata.name for v in victims)
+        self._not_before = time.monotonic() + SETTLE_SECONDS
+        evicted = 0
+        for queue in sorted({v.for_queue for v in victims}):
+            mine = [v.pod for v in victims if v.for_queue == queue]
+            evicted += await self._evict(queue, mine)
+        return evicted
+
+    async def _evict(self, queue: str, pods: list[pb.Pod]) -> int:
+        request = ipb.EvictRequest(
+            reason=RECLAIMED,
+            message=f"reclaimed for queue {queue}, below its min",
+            pods=[ipb.PodRef(name=p.metadata.name, uid=p.metadata.uid) for p in pods],
+        )
+        try:
+            response = await self.evictor.evict(request)
+        except EvictionUnavailable as exc:
+            log.warning("reclaim failed", queue=queue, error=str(exc))
+            return 0
+        done = [r for r in response.results if r.outcome == ipb.EvictResult.EVICTED]
+        refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
+        if done:
+            self.queue.wake_queue(queue)
+            self.kick.set()
+        log.info(
+            "reclaimed borrowed capacity",
+            queue=queue,
+            evicted=len(done),
+            refused=len(refused),
+            reason=refused[0].reason if refused else "",
+        )
+        return len(done)
