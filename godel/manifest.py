@@ -36,31 +36,9 @@ from google.protobuf.message import Message
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
+from store import kinds
 
 API_VERSION = "godel/v1"
-KINDS: dict[str, type[Message]] = {
-    "Job": pb.Job,
-    "Node": pb.Node,
-    "Queue": pb.Queue,
-    "DisruptionBudget": pb.DisruptionBudget,
-    "Pod": pb.Pod,
-    "Movement": pb.Movement,
-    "SchedulerInstance": pb.SchedulerInstance,
-    "Event": pb.Event,
-}
-# Kinds a user may write; the others are produced by the system.
-APPLICABLE = ("Job", "Node", "Queue", "DisruptionBudget")
-# The field of api.Object for each kind.
-OBJECT_FIELDS = {
-    "Job": "job",
-    "Pod": "pod",
-    "Node": "node",
-    "Queue": "queue",
-    "DisruptionBudget": "disruption_budget",
-    "Movement": "movement",
-    "SchedulerInstance": "scheduler_instance",
-    "Event": "event",
-}
 
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50}
 _DECIMAL = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
@@ -97,9 +75,7 @@ class Manifest:
         return str(self.obj.metadata.name)  # type: ignore[attr-defined]
 
     def as_object(self) -> api_pb2.Object:
-        wrapped = api_pb2.Object()
-        getattr(wrapped, OBJECT_FIELDS[self.kind]).CopyFrom(self.obj)
-        return wrapped
+        return kinds.wrap(self.kind, self.obj)
 
 
 # Quantities are stored as int64.
@@ -289,15 +265,15 @@ def parse_document(doc: Any, source: str) -> Manifest:
     if api_version != API_VERSION:
         raise ManifestError(f"must be {API_VERSION!r}, got {api_version!r}", "apiVersion", source)
     kind = doc.get("kind")
-    if kind not in APPLICABLE:
-        raise ManifestError(f"{kind!r} is not one of {', '.join(APPLICABLE)}", "kind", source)
+    if kind not in kinds.USER_KINDS:
+        raise ManifestError(f"{kind!r} is not one of {', '.join(kinds.USER_KINDS)}", "kind", source)
     unknown = sorted(set(doc) - {"apiVersion", "kind", "metadata", "spec", "status"})
     if unknown:
         raise ManifestError(f"unknown top-level field(s) {', '.join(unknown)}", source=source)
     metadata = doc.get("metadata")
     if not isinstance(metadata, dict) or not metadata.get("name"):
         raise ManifestError("is required", "metadata.name", source)
-    cls = KINDS[kind]
+    cls = kinds.kind_named(kind).message
     body = {k: doc[k] for k in ("metadata", "spec", "status") if k in doc and doc[k] is not None}
     from google.protobuf import json_format  # only what applies manifests pays for it
 

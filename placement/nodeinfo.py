@@ -15,6 +15,7 @@ from protos.godel.v1 import objects_pb2 as pb
 
 GUARANTEED = "g"
 BEST_EFFORT = "be"
+POOLS = (GUARANTEED, BEST_EFFORT)
 
 # Reasons, worded as kube-scheduler words them, so `godel explain` reads familiarly.
 INSUFFICIENT_CPU = "insufficient cpu"
@@ -28,7 +29,18 @@ _NO_LABELS: Mapping[str, str] = {}
 
 
 def pool_of(qos: int) -> str:
+    """The pool a pod draws from: the node's reclaimable capacity for best-effort pods, its
+    guaranteed (allocatable) capacity for every other QoS. The one home of this rule: the store's
+    node accounting, the shards, the Binder and the dispatcher all ask here."""
     return BEST_EFFORT if qos == pb.QOS_BEST_EFFORT else GUARANTEED
+
+
+POOL_NAMES = {GUARANTEED: "guaranteed", BEST_EFFORT: "best-effort"}
+
+
+def pool_capacity(node: pb.Node, pool: str) -> pb.Resources:
+    """What the node offers to pods of ``pool``."""
+    return node.status.reclaimable if pool == BEST_EFFORT else node.status.allocatable
 
 
 # NUMA policies that bind a pod to NUMA nodes (pb.NumaPolicy); others take the node's pool only.
@@ -167,16 +179,15 @@ class NodeInfo:
 
     def set_node(self, node: pb.Node) -> None:
         """Take the node's own fields (labels, taints, capacity); keep the pods."""
-        g, be = node.status.allocatable, node.status.reclaimable
         self.labels = dict(node.metadata.labels)
         self.taints = tuple(Taint(t.key, t.value, t.effect) for t in node.spec.taints)
         self.unschedulable = node.spec.unschedulable
         self.ready = node.status.ready
-        self.capacity = {
-            GUARANTEED: [g.milli_cpu, g.memory_bytes, g.gpus],
-            BEST_EFFORT: [be.milli_cpu, be.memory_bytes, be.gpus],
-        }
-        self.max_pods = g.pods
+        self.capacity = {}
+        for pool in POOLS:
+            offered = pool_capacity(node, pool)
+            self.capacity[pool] = [offered.milli_cpu, offered.memory_bytes, offered.gpus]
+        self.max_pods = node.status.allocatable.pods
         self.numa = tuple(
             NumaZone(z.id, z.socket, z.capacity.milli_cpu, z.capacity.memory_bytes, z.capacity.gpus)
             for z in node.status.topology.numa_nodes

@@ -24,6 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from placement.nodeinfo import pool_of
 from protos.godel.v1 import objects_pb2 as pb
 from store import kinds as kinds_mod
 from store.errors import (
@@ -56,7 +57,6 @@ T = TypeVar("T")
 DEFAULT_FEED_MAX_LEN = 500_000
 # Bounds the time one script call holds the (single-threaded) server.
 MAX_OPS_PER_CALL = 1000
-POOLS = {pb.QOS_UNSPECIFIED: "g", pb.QOS_GUARANTEED: "g", pb.QOS_BEST_EFFORT: "be"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ def _capacity_spec(node: pb.Node) -> str:
 
 def _claim_spec(pod: pb.Pod) -> str:
     req = pod.spec.template.requests
-    pool = POOLS.get(pod.spec.qos, "g")
+    pool = pool_of(pod.spec.qos)
     return f"B {pod.spec.node_name} {pool} {req.milli_cpu} {req.memory_bytes} {req.gpus}"
 
 

@@ -1,5 +1,7 @@
-"""The stored kinds: which protobuf message each kind is, how it is encoded, and the checks every
-object passes before it is written (whatever service writes it)."""
+"""The stored kinds — the one list of them: which protobuf message each kind is, the field of the
+API's tagged ``api.Object`` that carries it (``wrap`` / ``unwrap``), which kinds users write, how
+objects are encoded, and the checks every object passes before it is written (whatever service
+writes it). The dispatcher's API, the manifests, the SDK and the CLI all read the kinds here."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from store.errors import InvalidObjectError, ObjectTooLargeError
 
@@ -25,6 +28,8 @@ DEFAULT_MAX_OBJECT_BYTES = 1 << 20
 class Kind:
     name: str
     message: type[Message]
+    # The field of api.Object's ``kind`` oneof that carries it, e.g. "disruption_budget".
+    api_field: str
     # Paths (field names) from the object to every Resources message inside it, precomputed so
     # validation does not walk descriptors: those through singular fields only, and those with
     # a repeated element (marked by a trailing "[]").
@@ -52,10 +57,19 @@ def _resource_paths(message: type[Message]) -> tuple[tuple[str, ...], ...]:
     return tuple(paths)
 
 
+# api.Object's oneof fields by the full name of the message each carries.
+_API_FIELDS = {
+    f.message_type.full_name: f.name
+    for f in api_pb2.Object.DESCRIPTOR.oneofs_by_name["kind"].fields
+    if f.message_type is not None
+}
+
+
 def _kind(name: str, message: type[Message]) -> Kind:
     paths = _resource_paths(message)
     repeated = tuple(p for p in paths if any(e.endswith("[]") for e in p))
-    return Kind(name, message, tuple(p for p in paths if p not in repeated), repeated)
+    api_field = _API_FIELDS[message.DESCRIPTOR.full_name]
+    return Kind(name, message, api_field, tuple(p for p in paths if p not in repeated), repeated)
 
 
 KINDS: dict[str, Kind] = {
@@ -72,6 +86,25 @@ KINDS: dict[str, Kind] = {
     )
 }
 _BY_MESSAGE: dict[str, Kind] = {k.message.DESCRIPTOR.full_name: k for k in KINDS.values()}
+_BY_API_FIELD: dict[str, Kind] = {k.api_field: k for k in KINDS.values()}
+# Kinds users write: jobs through Submit, the others through Apply; the rest are the system's.
+USER_KINDS = ("Job", "Node", "Queue", "DisruptionBudget")
+APPLIED_KINDS = ("Node", "Queue", "DisruptionBudget")
+
+
+def wrap(kind: str, obj: Message) -> api_pb2.Object:
+    """The tagged api.Object carrying ``obj`` (a copy) as ``kind``."""
+    wrapped = api_pb2.Object()
+    getattr(wrapped, kind_named(kind).api_field).CopyFrom(obj)
+    return wrapped
+
+
+def unwrap(wrapped: api_pb2.Object) -> tuple[str, Message]:
+    """(kind name, object) of a tagged api.Object; InvalidObjectError if it carries nothing."""
+    field = wrapped.WhichOneof("kind")
+    if field is None:
+        raise InvalidObjectError("empty object: set one kind", "kind")
+    return _BY_API_FIELD[field].name, getattr(wrapped, field)
 
 
 def kind_of(obj: Message) -> Kind:

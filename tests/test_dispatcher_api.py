@@ -13,10 +13,11 @@ import pytest
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.api import wrap
+from services.dispatcher.queueing import policy_for
 from services.eviction import evicted
 from store import Store
 from store.client import Bind, Release
+from store.kinds import wrap
 from tests import factories as f
 from tests.dispatcher_harness import Running, dispatcher_config, eventually, run_dispatcher
 
@@ -391,6 +392,17 @@ BAD_APPLIED: list[tuple[str, api_pb2.Object, str]] = [
     ("queue sort policy", _queue("q", sort_policy=9), "objects[0].queue.spec.sort_policy"),  # type: ignore[arg-type]
     ("queue negative quota", _queue("q", quota=pb.Resources(gpus=-1)), "objects[0].queue.spec.quota.gpus"),
     ("queue negative weight", _queue("q", weight=-1), "objects[0].queue.spec.weight"),
+    ("queue retired DRF sort policy", _queue("q", sort_policy=3), "objects[0].queue.spec.sort_policy"),  # type: ignore[arg-type]
+    ("queue negative min", _queue("q", min=pb.Resources(milli_cpu=-1)),
+     "objects[0].queue.spec.min.milli_cpu"),
+    ("queue min above max", _queue("q", min=pb.Resources(milli_cpu=2000),
+     quota=pb.Resources(milli_cpu=1000)), "objects[0].queue.spec.min.milli_cpu"),
+    ("queue negative max pods per job", _queue("q", max_pods_per_job=-1),
+     "objects[0].queue.spec.max_pods_per_job"),
+    ("queue negative max pending pods", _queue("q", max_pending_pods=-1),
+     "objects[0].queue.spec.max_pending_pods"),
+    ("queue its own parent", _queue("q", parent="q"), "objects[0].queue.spec.parent"),
+    ("queue parent not a name", _queue("q", parent="Bad Name"), "objects[0].queue.spec.parent"),
     ("node negative capacity", wrap("Node", f.node("n", cpu=-1)),
      "objects[0].node.status.allocatable.milli_cpu"),
     ("node taint without effect", wrap("Node", pb.Node(metadata=pb.ObjectMeta(name="n"),
@@ -812,3 +824,102 @@ async def test_submit_retried_with_its_request_id_reports_the_stored_job(
     # Without a request id nothing changes: a second submission is a clash.
     plain = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("taken")]))
     assert "AlreadyExists" in plain.results[0].violations[0].description
+
+
+async def test_retired_sort_policy_is_refused_with_where_fairness_lives(
+    dispatcher: Running, store: Store
+) -> None:
+    response = await dispatcher.api.Apply(
+        api_pb2.ApplyRequest(objects=[_queue("q", sort_policy=4)])
+    )  # type: ignore[arg-type]
+    (why,) = response.results[0].violations
+    assert "FairShare" in why.description and "queue_fairness" in why.description
+    assert await store.revision() == 0
+
+
+async def test_a_queue_stored_with_a_retired_sort_policy_still_reads(store: Store) -> None:
+    """Queues written before DRF and FairShare moved to the dispatcher's config carry 3 or 4:
+    they decode, keep the value, and order their units FIFO."""
+    old = pb.Queue(metadata=pb.ObjectMeta(name="old"))
+    old.spec.ParseFromString(bytes([0x10, 3]))  # sort_policy = 3, as the previous version wrote
+    await store.create(old)
+    stored = await store.get(pb.Queue, "old")
+    assert stored.spec.sort_policy == 3
+    assert policy_for(stored.spec.sort_policy).name == "FIFO"
+
+
+# ---------------------------------------------------------------------------------------------
+# Admission limits per queue
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def limited(store_url: str, cluster_name: str, tmp_path: Path) -> AsyncIterator[Running]:
+    config = dispatcher_config(store_url, cluster_name, tmp_path, max_pending_pods=12)
+    async with run_dispatcher(config) as running:
+        yield running
+
+
+def _in_queue(name: str, queue: str, replicas: int) -> pb.Job:
+    job = f.job(name, replicas=replicas)
+    job.spec.queue = queue
+    return job
+
+
+async def test_admission_limits_refuse_with_the_limit_named(limited: Running, store: Store) -> None:
+    await store.create(f.node("n1"))
+    capped = pb.Queue(metadata=pb.ObjectMeta(name="capped"))
+    capped.spec.max_pods_per_job = 4
+    capped.spec.max_pending_pods = 6
+    await store.create(capped)
+
+    # Per job: the queue's own limit.
+    too_big = await limited.api.Submit(api_pb2.SubmitRequest(jobs=[_in_queue("big", "capped", 5)]))
+    (why,) = too_big.results[0].violations
+    assert why.field == "jobs[0].spec.replicas"
+    assert "at most 4 pods per job (max_pods_per_job)" in why.description
+
+    # Pending: counted across the request, then against what is already pending.
+    first = await limited.api.Submit(
+        api_pb2.SubmitRequest(jobs=[_in_queue("a", "capped", 4), _in_queue("b", "capped", 3)])
+    )
+    assert first.results[0].created and not first.results[1].created
+    (why,) = first.results[1].violations
+    assert why.field == "jobs[1].spec.replicas"
+    assert why.description == (
+        "queue 'capped' allows at most 6 pending pods (max_pending_pods): "
+        "4 are pending and this job adds 3"
+    )
+    await eventually(lambda: limited.service.core.queue.pending_pods().get("capped") == 4)
+    before = await store.revision()
+    again = await limited.api.Submit(api_pb2.SubmitRequest(jobs=[_in_queue("c", "capped", 3)]))
+    assert "4 are pending and this job adds 3" in again.results[0].violations[0].description
+    assert await store.revision() == before  # nothing stored for a refused job
+    fits = await limited.api.Submit(api_pb2.SubmitRequest(jobs=[_in_queue("d", "capped", 2)]))
+    assert fits.results[0].created
+
+    # The default queue has the dispatcher's default (max_pending_pods = 12 here).
+    ok = await limited.api.Submit(api_pb2.SubmitRequest(jobs=[_in_queue("e", "", 12)]))
+    assert ok.results[0].created
+    await eventually(lambda: limited.service.core.queue.pending_pods().get("default") == 12)
+    over = await limited.api.Submit(api_pb2.SubmitRequest(jobs=[_in_queue("f", "", 1)]))
+    assert "at most 12 pending pods" in over.results[0].violations[0].description
+
+
+async def test_apply_refuses_queue_parents_that_form_a_cycle(
+    dispatcher: Running, store: Store
+) -> None:
+    first = await dispatcher.api.Apply(
+        api_pb2.ApplyRequest(objects=[_queue("org"), _queue("team", parent="org")])
+    )
+    assert [r.action for r in first.results] == ["created", "created"]
+    await eventually(lambda: len(dispatcher.service.core.informer.list("Queue")) == 2)
+    before = await store.revision()
+    looped = await dispatcher.api.Apply(
+        api_pb2.ApplyRequest(objects=[_queue("org", parent="team")])
+    )
+    (why,) = looped.results[0].violations
+    assert looped.results[0].action == "invalid"
+    assert why.field == "objects[0].queue.spec.parent"
+    assert "cycle: org -> team -> org" in why.description
+    assert await store.revision() == before

@@ -1,4 +1,4 @@
-"""Queue sort policies and the quota check: pure, table-driven."""
+"""Queue sort policies, fairness between queues and the quota arithmetic: pure, table-driven."""
 
 from __future__ import annotations
 
@@ -6,14 +6,20 @@ import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.queueing import (
+    FAIRNESS,
     FifoPolicy,
     PendingUnit,
     PriorityPolicy,
     Quantities,
+    QueueLoad,
+    dominant_share,
     less,
+    next_queue,
+    permille,
     policy_for,
     quota_excess,
 )
+from services.dispatcher.validation import queue_cycles
 
 
 def unit(job: str, *, priority: int = 0, created: int = 0, seq: int = 0) -> PendingUnit:
@@ -52,7 +58,7 @@ def test_less_and_names() -> None:
     assert less(FifoPolicy(), unit("a", created=1), unit("b", created=2))
     assert not less(PriorityPolicy(), unit("a"), unit("b", priority=1))
     assert policy_for(pb.SORT_PRIORITY).name == "Priority"
-    assert policy_for(pb.SORT_DRF).name == "FIFO"  # until DRF plugs in
+    assert policy_for(3).name == "FIFO"  # the retired DRF value of queues stored before
 
 
 def q(cpu: int = 0, mem: int = 0, gpus: int = 0, pods: int = 0, **ext: int) -> Quantities:
@@ -92,3 +98,99 @@ def test_quantities() -> None:
     acc.add(total)
     acc.add(total, -1)
     assert acc.is_zero() and acc.extended == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Fairness between queues: given usages and weights, which queue goes next
+# ---------------------------------------------------------------------------------------------
+
+CLUSTER = q(cpu=100_000, mem=400 * 2**30, gpus=8)
+
+# (case, policy, [(queue, used, weight)], expected next queue)
+FAIRNESS_CASES: list[tuple[str, str, list[tuple[str, Quantities, int]], str]] = [
+    ("drf: smaller dominant share", "drf",
+     [("a", q(cpu=50_000), 1), ("b", q(cpu=10_000), 1)], "b"),
+    ("drf: memory can be the dominant resource", "drf",
+     [("a", q(cpu=30_000), 1), ("b", q(cpu=1_000, mem=200 * 2**30), 1)], "a"),
+    ("drf: gpus dominate", "drf",
+     [("a", q(cpu=40_000), 1), ("b", q(gpus=4), 1)], "a"),
+    ("drf: ignores weights", "drf",
+     [("a", q(cpu=20_000), 9), ("b", q(cpu=10_000), 1)], "b"),
+    ("drf: ties by name", "drf", [("b", q(cpu=5_000), 1), ("a", q(cpu=5_000), 1)], "a"),
+    ("drf: an idle queue first", "drf", [("busy", q(cpu=1), 1), ("idle", q(), 1)], "idle"),
+    ("fair-share: share per weight (3:1 at 60/30 -> 20 < 30)", "fair-share",
+     [("heavy", q(cpu=60_000), 3), ("light", q(cpu=30_000), 1)], "heavy"),
+    ("fair-share: at 3:1 exactly, ties by name", "fair-share",
+     [("heavy", q(cpu=75_000), 3), ("light", q(cpu=25_000), 1)], "heavy"),
+    ("fair-share: past 3:1 the light queue", "fair-share",
+     [("heavy", q(cpu=76_000), 3), ("light", q(cpu=24_000), 1)], "light"),
+    ("fair-share: weight 0 counts as 1", "fair-share",
+     [("a", q(cpu=10_000), 0), ("b", q(cpu=15_000), 1)], "a"),
+    ("round-robin: shares do not matter, ties by name", "round-robin",
+     [("b", q(), 1), ("a", q(cpu=90_000), 1)], "a"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "loads", "expected"),
+    [c[1:] for c in FAIRNESS_CASES],
+    ids=[c[0] for c in FAIRNESS_CASES],
+)
+def test_next_queue(policy: str, loads: list[tuple[str, Quantities, int]], expected: str) -> None:
+    got = next_queue([QueueLoad(n, used, w) for n, used, w in loads], CLUSTER, FAIRNESS[policy])
+    assert got == expected
+
+
+# (case, used, capacity, dominant share in thousandths)
+SHARE_CASES: list[tuple[str, Quantities, Quantities, int]] = [
+    ("nothing used", q(), CLUSTER, 0),
+    ("cpu", q(cpu=25_000), CLUSTER, 250),
+    ("the largest resource", q(cpu=10_000, mem=300 * 2**30), CLUSTER, 750),
+    ("a resource the cluster lacks does not count", q(cpu=10_000, gpus=2), q(cpu=100_000), 100),
+    ("rounded down", q(cpu=1), CLUSTER, 0),
+    ("all of it", CLUSTER, CLUSTER, 1000),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("used", "capacity", "expected"),
+    [c[1:] for c in SHARE_CASES],
+    ids=[c[0] for c in SHARE_CASES],
+)
+def test_dominant_share(used: Quantities, capacity: Quantities, expected: int) -> None:
+    assert permille(dominant_share(used, capacity)) == expected
+
+
+# (case, amount, floor, beyond)
+BEYOND_CASES: list[tuple[str, Quantities, Quantities, Quantities]] = [
+    ("below the floor: nothing borrowed", q(cpu=10), q(cpu=20), q()),
+    ("per resource", q(cpu=30, mem=5), q(cpu=20, mem=10), q(cpu=10)),
+    ("no floor: all of it", q(cpu=30, pods=2), q(), q(cpu=30, pods=2)),
+    ("extended", q(fpga=3), q(fpga=1), q(fpga=2)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("amount", "floor", "expected"),
+    [c[1:] for c in BEYOND_CASES],
+    ids=[c[0] for c in BEYOND_CASES],
+)
+def test_beyond(amount: Quantities, floor: Quantities, expected: Quantities) -> None:
+    assert amount.beyond(floor) == expected
+
+
+# (case, parents {queue: parent}, queues in a cycle)
+CYCLE_CASES: list[tuple[str, dict[str, str], set[str]]] = [
+    ("no parents", {"a": "", "b": ""}, set()),
+    ("a tree", {"org": "", "a": "org", "b": "org", "c": "a"}, set()),
+    ("two queues", {"a": "b", "b": "a"}, {"a", "b"}),
+    ("three, and one hanging off it", {"a": "b", "b": "c", "c": "a", "d": "a"}, {"a", "b", "c"}),
+    ("a parent not (yet) known", {"a": "ghost"}, set()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("parents", "expected"), [c[1:] for c in CYCLE_CASES], ids=[c[0] for c in CYCLE_CASES]
+)
+def test_queue_cycles(parents: dict[str, str], expected: set[str]) -> None:
+    assert set(queue_cycles(parents)) == expected

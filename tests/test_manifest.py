@@ -190,6 +190,20 @@ def test_queue_preemptible_default_parses() -> None:
     assert isinstance(m.obj, pb.Queue) and m.obj.spec.preemptible_default
 
 
+def test_queue_min_max_weight_and_limits_round_trip() -> None:
+    spec = (
+        "spec: {min: {cpu: '2', memory: 1Gi}, quota: {cpu: '4'}, weight: 3, "
+        "maxPodsPerJob: 10, maxPendingPods: 50}"
+    )
+    [m] = load(_doc(spec, kind="Queue"), "queue.yaml")
+    assert isinstance(m.obj, pb.Queue)
+    got = m.obj.spec
+    assert (got.min.milli_cpu, got.min.memory_bytes, got.quota.milli_cpu) == (2000, 1 << 30, 4000)
+    assert (got.weight, got.max_pods_per_job, got.max_pending_pods) == (3, 10, 50)
+    [again] = load(yaml.safe_dump(to_manifest("Queue", m.obj)), "again.yaml")
+    assert again.obj == m.obj
+
+
 # (id, spec as written, (min_available, max_unavailable) with None for unset)
 BUDGETS = [
     ("maxUnavailable 0 means never disrupt", "{job: web, maxUnavailable: 0}", (None, 0)),

@@ -203,6 +203,20 @@ def _ago(ms: int) -> str:
     return f"{seconds}s"
 
 
+def _sort_policy(value: int) -> str:
+    """A queue's sort policy; the retired DRF/FairShare values of old queues read as FIFO."""
+    known = value in pb.SortPolicy.values() and value != pb.SORT_POLICY_UNSPECIFIED
+    return _enum(value if known else pb.SORT_FIFO, pb.SortPolicy)
+
+
+def _cpu_or_blank(res: pb.Resources) -> str:
+    return _cpu(res.milli_cpu) if res.milli_cpu else ""
+
+
+def _mem_or_blank(res: pb.Resources) -> str:
+    return _mem(res.memory_bytes) if res.memory_bytes else ""
+
+
 def _optional(msg: Message, field: str) -> object:
     """A field with presence: its value (0 included), or ``<none>`` when unset (as kubectl)."""
     return getattr(msg, field) if msg.HasField(field) else "<none>"
@@ -267,24 +281,22 @@ COLUMNS: dict[str, list[Column]] = {
         ),
         ("AGE", _age, False),
     ],
+    # min / max (spec.quota) / used / borrowed per cpu and memory, pending and the dominant share.
     "Queue": [
         ("NAME", lambda o: o.metadata.name, False),
-        (
-            "POLICY",
-            lambda o: _enum(o.spec.sort_policy or pb.SORT_FIFO, pb.SortPolicy),
-            False,
-        ),
-        (
-            "QUOTA-CPU",
-            lambda o: _cpu(o.spec.quota.milli_cpu) if o.spec.quota.milli_cpu else "",
-            False,
-        ),
-        (
-            "QUOTA-MEMORY",
-            lambda o: _mem(o.spec.quota.memory_bytes) if o.spec.quota.memory_bytes else "",
-            False,
-        ),
+        ("POLICY", lambda o: _sort_policy(o.spec.sort_policy), False),
+        ("PARENT", lambda o: o.spec.parent, True),
+        ("WEIGHT", lambda o: max(1, o.spec.weight), True),
+        ("MIN-CPU", lambda o: _cpu_or_blank(o.spec.min), True),
+        ("MAX-CPU", lambda o: _cpu_or_blank(o.spec.quota), False),
+        ("MIN-MEMORY", lambda o: _mem_or_blank(o.spec.min), True),
+        ("MAX-MEMORY", lambda o: _mem_or_blank(o.spec.quota), False),
+        ("USED-CPU", lambda o: _cpu(o.status.used.milli_cpu), True),
+        ("USED-MEMORY", lambda o: _mem(o.status.used.memory_bytes), True),
+        ("BORROWED-CPU", lambda o: _cpu(o.status.borrowed.milli_cpu), True),
+        ("BORROWED-MEMORY", lambda o: _mem(o.status.borrowed.memory_bytes), True),
         ("PENDING", lambda o: o.status.pending_pods, True),
+        ("SHARE", lambda o: f"{o.status.dominant_share_permille / 10:g}%", True),
         ("AGE", _age, False),
     ],
     # As `kubectl get pdb`, plus what it selects and its counts in wide.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, JobFailed
-    from godel.client._proto import ProtoClient, ReschedulerClient, logs, unwrap, wrap
+    from godel.client._proto import ProtoClient, ReschedulerClient, logs
     from godel.client._sync import GodelClient, JobHandle
     from godel.client._transport import (
         MAX_MESSAGE_BYTES,
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         local_address,
     )
     from godel.client.objects import Event, Explanation, Job, Object, Pod, job
+    from store.kinds import unwrap, wrap
 
 # Names are imported on first use: the CLI needs only the protobuf client (``_proto``), not the
 # asyncio SDK, and a `godel get` should not pay for it.

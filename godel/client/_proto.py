@@ -20,24 +20,9 @@ import grpc
 from google.protobuf.message import Message
 
 from godel.client._transport import CHANNEL_OPTIONS, client_error
-from godel.manifest import OBJECT_FIELDS
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-
-
-def unwrap(obj: api_pb2.Object) -> tuple[str, Message]:
-    """(kind, object) of a tagged api.Object."""
-    field = obj.WhichOneof("kind")
-    if field is None:
-        raise ValueError("empty Object")
-    kind = next(k for k, f in OBJECT_FIELDS.items() if f == field)
-    return kind, getattr(obj, field)
-
-
-def wrap(kind: str, obj: Message) -> api_pb2.Object:
-    wrapped = api_pb2.Object()
-    getattr(wrapped, OBJECT_FIELDS[kind]).CopyFrom(obj)
-    return wrapped
+from store.kinds import unwrap, wrap
 
 
 class _Connection:

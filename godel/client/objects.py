@@ -20,7 +20,6 @@ from google.protobuf.message import Message
 from godel.client._transport import Invalid, Violation
 from godel.manifest import (
     API_VERSION,
-    OBJECT_FIELDS,
     ManifestError,
     enum_word,
     load,
@@ -29,6 +28,7 @@ from godel.manifest import (
 )
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
+from store.kinds import unwrap
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 # Jobs pass through these in order; waiting for one is satisfied by any later one (a short job
@@ -146,7 +146,6 @@ class Pod(Object):
 
 
 _CLASSES: dict[str, type[Object]] = {"Job": Job, "Pod": Pod}
-_KIND_OF_FIELD = {f: k for k, f in OBJECT_FIELDS.items()}
 
 
 def from_proto(kind: str, obj: Message) -> Object:
@@ -160,10 +159,7 @@ def from_proto(kind: str, obj: Message) -> Object:
 
 def object_from_wire(wrapped: api_pb2.Object) -> Object:
     """The SDK object of an api.Object off the wire."""
-    field_name = wrapped.WhichOneof("kind")
-    if field_name is None:
-        raise ValueError("empty Object")
-    return from_proto(_KIND_OF_FIELD[field_name], getattr(wrapped, field_name))
+    return from_proto(*unwrap(wrapped))
 
 
 @dataclass(frozen=True)

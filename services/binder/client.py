@@ -1,6 +1,7 @@
 """Asking the Binder leader to evict: the client side of ``Binder.Evict`` for the services that
-evict without scheduling (the rescheduler's movements, a node agent's tidal pressure). The
-Binder commits every eviction through the one eviction path (``services.eviction``)."""
+evict without scheduling (the rescheduler's movements, the dispatcher's quota reclaim and
+drain, a node agent's tidal pressure). The Binder commits every eviction through the one
+eviction path (``services.eviction``)."""
 
 from __future__ import annotations
 

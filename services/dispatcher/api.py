@@ -23,7 +23,8 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.binder.client import BinderEvictor, EvictError
 from services.binder.state import holds_claim
 from services.dispatcher import validation as v
-from services.dispatcher.dispatch import UnitDispatcher, is_pending
+from services.dispatcher.dispatch import UnitDispatcher
+from services.dispatcher.unitqueue import is_pending
 from services.eviction import DRAINED
 from store import (
     AlreadyExistsError,
@@ -39,6 +40,7 @@ from store import (
 )
 from store import kinds as kinds_mod
 from store.client import Create, Delete, Op, Update
+from store.kinds import USER_KINDS, unwrap, wrap
 
 log = structlog.get_logger(__name__)
 
@@ -48,19 +50,12 @@ DEFAULT_PAGE = 500
 LIST_CATCH_UP_SECONDS = 2.0
 MAX_PAGE = 5000
 _CAS_RETRIES = 3
-APPLIABLE = ("Job", "Node", "Queue", "DisruptionBudget")
 # What an applied Job may change of a stored one (besides labels and annotations): what the job
 # controller reads from the job. The rest is copied into its pods or decided its placement.
 MUTABLE_JOB_SPEC = frozenset({"backoff_limit", "replace_lost_pods"})
 # Annotations the system sets on a job (e.g. its request id): an applied manifest without them
 # keeps them.
 SYSTEM_ANNOTATION_PREFIX = "godel.io/"
-# api.Object's oneof field per kind, e.g. "DisruptionBudget" -> "disruption_budget".
-OBJECT_FIELDS: dict[str, str] = {
-    kinds_mod.kind_named(f.message_type.name).name: f.name  # type: ignore[union-attr]
-    for f in api_pb2.Object.DESCRIPTOR.oneofs_by_name["kind"].fields
-}
-_KIND_OF_FIELD = {f: k for k, f in OBJECT_FIELDS.items()}
 _EVENT = {
     "ADDED": api_pb2.WatchEvent.ADDED,
     "MODIFIED": api_pb2.WatchEvent.MODIFIED,
@@ -68,12 +63,6 @@ _EVENT = {
 }
 # The Submit request that created a job (SubmitRequest.request_id), so a retry recognises it.
 REQUEST_ID_ANNOTATION = "godel.io/request-id"
-
-
-def wrap(kind: str, obj: Message) -> api_pb2.Object:
-    out = api_pb2.Object()
-    getattr(out, OBJECT_FIELDS[kind]).CopyFrom(obj)
-    return out
 
 
 async def _abort(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
@@ -86,12 +75,20 @@ def _kind(name: str) -> kinds_mod.Kind:
 
 
 class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
-    def __init__(self, store: Store, core: UnitDispatcher, *, max_replicas: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        core: UnitDispatcher,
+        *,
+        max_replicas: int,
+        max_pending_pods: int = 200_000,
+    ) -> None:
         self.store = store
         self.core = core
         self.max_replicas = max_replicas
         # Drains evict through the Binder leader, found through its lease.
         self._evictor = BinderEvictor(store, "dispatcher/drain", timeout_seconds=30.0)
+        self.max_pending_pods = max_pending_pods
 
     # -----------------------------------------------------------------------------------------
     # Submit
@@ -102,6 +99,41 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             return await self._submit(request)
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    def _refuse_queue_cycles(
+        self, checked: list[tuple[int, str, Message]], results: list[api_pb2.ApplyResult]
+    ) -> list[tuple[int, str, Message]]:
+        """Queues whose parents would lead back to them (with the queues known and this
+        request's) are invalid; the rest of the request stands."""
+        parents = {
+            q.metadata.name: q.spec.parent  # type: ignore[attr-defined]
+            for q in self.core.informer.list("Queue")
+        }
+        for _, _, obj in checked:
+            if isinstance(obj, pb.Queue):
+                parents[obj.metadata.name] = obj.spec.parent
+        cycles = v.queue_cycles(parents)
+        kept = []
+        for i, kind, obj in checked:
+            name = obj.metadata.name  # type: ignore[attr-defined]
+            if isinstance(obj, pb.Queue) and name in cycles:
+                results[i].violations.append(
+                    v.violation(
+                        f"objects[{i}].queue.spec.parent",
+                        f"the parents would form a cycle: {cycles[name]}",
+                    )
+                )
+                results[i].action = "invalid"
+            else:
+                kept.append((i, kind, obj))
+        return kept
+
+    def _limits(self, queue: pb.Queue | None) -> v.QueueLimits:
+        spec = queue.spec if queue is not None else pb.QueueSpec()
+        return v.QueueLimits(
+            spec.max_pods_per_job or self.max_replicas,
+            spec.max_pending_pods or self.max_pending_pods,
+        )
 
     async def _submit(self, request: api_pb2.SubmitRequest) -> api_pb2.SubmitResponse:
         jobs = list(request.jobs)
@@ -130,6 +162,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             queues=frozenset(queue_objects),
             node_shapes=self.core.node_shapes(),
             max_replicas=self.max_replicas,
+            queue_limits={q: self._limits(queue_objects.get(q)) for q in queues},
+            pending_pods=self.core.queue.pending_pods(),
         )
         problems = v.validate_submission(jobs, ctx)
         for i in replayed:
@@ -220,10 +254,9 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             if field is None:
                 results.append(_invalid("", "", f"{prefix}", "empty object: set one kind"))
                 continue
-            kind = _KIND_OF_FIELD[field]
-            obj: Message = getattr(wrapped, field)
+            kind, obj = unwrap(wrapped)
             name = obj.metadata.name  # type: ignore[attr-defined]
-            if kind not in APPLIABLE:
+            if kind not in USER_KINDS:
                 results.append(
                     _invalid(kind, name, f"{prefix}.{field}", f"{kind} is managed by the system")
                 )
@@ -244,8 +277,9 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             else:
                 checked.append((i, kind, obj))
 
+        checked = self._refuse_queue_cycles(checked, results)
         current: dict[tuple[str, str], Message | None] = {}
-        for kind in APPLIABLE:
+        for kind in USER_KINDS:
             names = [o.metadata.name for _, k, o in checked if k == kind]  # type: ignore[attr-defined]
             cls = kinds_mod.kind_named(kind).message
             for name, got in zip(names, await self.store.get_many(cls, names), strict=True):

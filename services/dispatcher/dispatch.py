@@ -1,4 +1,5 @@
-"""The dispatch core: pending units, their queues, and the streams to the scheduler shards.
+"""The dispatch core: the informer's view fed into the queue of pending units
+(``unitqueue.UnitQueue``: ordering, quota, backoff), and the streams to the scheduler shards.
 
 State is rebuilt from the informer alone (a pod in POD_PENDING without a node belongs to its
 job's pending unit), so a dispatcher restart loses nothing: which shard holds a unit lives only
@@ -11,8 +12,6 @@ mutate the state synchronously, never across an ``await``, so no locks are neede
 from __future__ import annotations
 
 import asyncio
-import enum
-import heapq
 import time
 from collections import Counter
 from collections.abc import Coroutine
@@ -23,19 +22,21 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
+from placement.nodeinfo import POOLS, pool_capacity, pool_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.binder.client import BinderEvictor
 from services.dispatcher.nominations import Nominations
-from services.dispatcher.queueing import (
-    PendingUnit,
-    Quantities,
-    SortKey,
-    SortPolicy,
-    policy_for,
-    quota_excess,
+from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.reclaim import Reclaimer
+from services.dispatcher.unitqueue import (
+    BackoffSettings,
+    UnitEntry,
+    UnitQueue,
+    UnitState,
 )
-from services.dispatcher.validation import DEFAULT_QUEUE, NodeShape, pool_of
+from services.dispatcher.validation import NodeShape
 from services.events import SHARD_LOST, WARNING, EventRecorder, ref
 from services.runtime import cancel_and_wait
 from store import Store, StoreError
@@ -48,24 +49,10 @@ RECONNECT_SECONDS = 1.0
 # How long to wait for the informer to catch up with the store before re-queueing a unit whose
 # attempt ended (so pods the Binder just bound are not sent again).
 SETTLE_TIMEOUT_SECONDS = 5.0
-# A queue stops for the round after this many of its units found no room (quota or shard
-# credits), so a long queue of units too large for the shards left costs a bounded round.
-MAX_HELD_PER_ROUND = 64
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
 
 _BOUND_PHASES = (pb.POD_BOUND, pb.POD_RUNNING, pb.POD_SUCCEEDED)
-_CLAIM_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
-
-
-class UnitState(enum.Enum):
-    QUEUED = "queued"
-    BACKOFF = "backoff"
-    DISPATCHED = "dispatched"
-    # The attempt ended; waiting for the informer to catch up before queueing again.
-    SETTLING = "settling"
-    # Can never fit as specified: out of the queue until the cluster changes.
-    INFEASIBLE = "infeasible"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,28 +62,10 @@ class DispatchSettings:
     backoff_max_seconds: float = 60.0
     infeasible_recheck_seconds: float = 300.0
     max_batch_pods: int = 5000
-
-
-@dataclass(slots=True, eq=False)
-class UnitEntry:
-    """A job with pending pods, as the dispatcher tracks it."""
-
-    job: str
-    queue: str
-    seq: int
-    enqueued_ms: int
-    pods: dict[str, pb.Pod] = field(default_factory=dict)
-    state: UnitState = UnitState.QUEUED
-    shard: str = ""
-    not_before: float = 0.0
-    attempts: int = 0
-    reason: str = ""
-    # Quota held while dispatched, so one round cannot overrun a queue's quota.
-    reserved: Quantities | None = None
-    # The quota resource that held it back in the last round ("" if none).
-    blocked: str = ""
-    # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
-    in_heap: bool = False
+    # Which queue dispatches next: a name of queueing.FAIRNESS.
+    queue_fairness: str = "drf"
+    # How often queues below their min are checked for capacity to reclaim.
+    reclaim_interval_seconds: float = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -140,10 +109,6 @@ def live_shards(informer: Informer, grace_seconds: float) -> dict[str, pb.Schedu
     return live
 
 
-def is_pending(pod: pb.Pod) -> bool:
-    return pod.status.phase == pb.POD_PENDING and not pod.spec.node_name
-
-
 def _unschedulable_condition(pod: pb.Pod) -> pb.Condition | None:
     for c in pod.status.conditions:
         if c.type == POD_SCHEDULED and c.status == "False":
@@ -161,51 +126,76 @@ def _material(node: pb.Node) -> bytes:
 
 
 def _shapes(node: pb.Node) -> dict[str, NodeShape]:
-    g, be = node.status.allocatable, node.status.reclaimable
-    return {
-        "g": NodeShape(g.milli_cpu, g.memory_bytes, g.gpus),
-        "be": NodeShape(be.milli_cpu, be.memory_bytes, be.gpus),
-    }
+    out = {}
+    for pool in POOLS:
+        capacity = pool_capacity(node, pool)
+        out[pool] = NodeShape(capacity.milli_cpu, capacity.memory_bytes, capacity.gpus)
+    return out
+
+
+def _offered(node: pb.Node) -> dict[str, Quantities]:
+    return {pool: Quantities.of(pool_capacity(node, pool)) for pool in POOLS}
 
 
 class UnitDispatcher:
     """Pending units → queues → shards. Feed it an informer over Pod, Job, Node, Queue and
     SchedulerInstance, then ``await run()``."""
 
-    KINDS = ("Pod", "Job", "Node", "Queue", "SchedulerInstance")
+    KINDS = ("Pod", "Job", "Node", "Queue", "SchedulerInstance", "DisruptionBudget")
 
-    def __init__(self, store: Store, informer: Informer, settings: DispatchSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        settings: DispatchSettings,
+        evictor: BinderEvictor | None = None,
+    ) -> None:
         self.store = store
         self.informer = informer
         # Where a lost shard is recorded as an event (the service sets it).
         self.events: EventRecorder | None = None
         self.settings = settings
-        self.units: dict[str, UnitEntry] = {}
+        self.queue = UnitQueue(
+            self._job,
+            self._queue_object,
+            BackoffSettings(
+                settings.backoff_initial_seconds,
+                settings.backoff_max_seconds,
+                settings.infeasible_recheck_seconds,
+            ),
+            FAIRNESS[settings.queue_fairness],
+        )
+        # Every tracked unit, whatever its state (the queue's table, shared).
+        self.units = self.queue.units
         self.links: dict[str, ShardLink] = {}
         self.nominations = Nominations()
-        self._seq = 0
-        # Per queue: requests of bound pods holding a claim, and of dispatched units.
-        self._usage: dict[str, Quantities] = {}
-        self._inflight: dict[str, Quantities] = {}
-        # Per pod: what it contributes (queue usage, job bound count), so updates are exact.
-        self._claimed: dict[str, tuple[str, Quantities]] = {}
+        # Per pod: the job it counts as bound for (``Unit.already_bound``), so updates are exact.
         self._bound_of: dict[str, str] = {}
         self._bound: Counter[str] = Counter()
         self._node_shapes: dict[str, dict[str, NodeShape]] = {}
         self._retry_at: dict[str, float] = {}
-        # QUEUED units per queue as heaps of (policy key, seq, job), so a round costs what it
-        # dispatches, not every pending unit; stale items are skipped when popped.
-        self._heaps: dict[str, list[tuple[SortKey, int, str]]] = {}
-        self._policies: dict[str, SortPolicy] = {}
-        self._backoff: list[tuple[float, int, str]] = []  # (not_before, seq, job)
         self._settling: set[str] = set()
         self._judging = True  # whether shard liveness is judged (our view is current)
         self._kick = asyncio.Event()
+        # Quota reclaim, through the Binder's one eviction path (None: none, e.g. without one).
+        self.reclaimer = (
+            Reclaimer(self.queue, informer, evictor, self._kick, settings.reclaim_interval_seconds)
+            if evictor is not None
+            else None
+        )
         self._settle = asyncio.Event()
         self._shards_changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
+
+    def _job(self, name: str) -> pb.Job | None:
+        job = self.informer.get("Job", name)
+        return job if isinstance(job, pb.Job) else None
+
+    def _queue_object(self, name: str) -> pb.Queue | None:
+        queue = self.informer.get("Queue", name)
+        return queue if isinstance(queue, pb.Queue) else None
 
     # -----------------------------------------------------------------------------------------
     # Informer handlers
@@ -225,108 +215,70 @@ class UnitDispatcher:
             # An update is forget + track; the unit must not be dropped in between, or a one-pod
             # unit would lose its state (backoff, infeasible) whenever its pod changes, e.g.
             # when a shard records why the pod did not fit.
+            released = False
             if old is not None:
                 assert isinstance(old, pb.Pod)
-                self._forget_pod(old)
+                released = self._forget_pod(old)
             if new is not None:
                 assert isinstance(new, pb.Pod)
                 self._track_pod(new)
+                released = released and not self.queue.holds_claim(new.metadata.name)
+            if released:
+                self._kick.set()  # room freed: a unit held for it may go now
             if old is not None:
-                entry = self.units.get(old.spec.job)  # type: ignore[attr-defined]
-                if entry is not None:
-                    self._drop_if_empty(entry)
+                self.queue.drop_if_empty(old.spec.job)  # type: ignore[attr-defined]
         elif kind == "Job" and new is None and old is not None:
             self.revoke(old.metadata.name)  # type: ignore[attr-defined]
         elif kind == "Node":
             self._node_changed(old, new)
         elif kind == "Queue":
-            self._queue_changed((new or old).metadata.name)  # type: ignore[union-attr]
+            self.queue.queue_changed((new or old).metadata.name)  # type: ignore[union-attr]
+            self._kick.set()
         elif kind == "SchedulerInstance":
             self._shards_changed.set()
 
-    def _forget_pod(self, pod: pb.Pod) -> None:
-        name = pod.metadata.name
-        claimed = self._claimed.pop(name, None)
-        if claimed is not None:
-            self._usage[claimed[0]].add(claimed[1], -1)
-        job = self._bound_of.pop(name, None)
+    def _forget_pod(self, pod: pb.Pod) -> bool:
+        """Undo ``_track_pod``; True if the pod held a claim."""
+        released = self.queue.remove_pod(pod)
+        job = self._bound_of.pop(pod.metadata.name, None)
         if job is not None:
             self._bound[job] -= 1
             if self._bound[job] <= 0:
                 del self._bound[job]
-        entry = self.units.get(pod.spec.job)
-        if entry is not None:
-            entry.pods.pop(name, None)
+        return released
 
     def _track_pod(self, pod: pb.Pod) -> None:
-        name, job = pod.metadata.name, pod.spec.job
-        if pod.spec.node_name and pod.status.phase in _CLAIM_PHASES:
-            queue = pod.spec.queue or DEFAULT_QUEUE
-            q = Quantities.of_pod_request(pod.spec.template.requests)
-            self._claimed[name] = (queue, q)
-            self._usage.setdefault(queue, Quantities()).add(q)
         if pod.spec.node_name and pod.status.phase in _BOUND_PHASES:
-            self._bound_of[name] = job
-            self._bound[job] += 1
-        if not is_pending(pod):
-            return
-        entry = self.units.get(job)
-        if entry is None:
-            self._seq += 1
-            entry = self.units[job] = UnitEntry(
-                job, pod.spec.queue or DEFAULT_QUEUE, self._seq, int(time.time() * 1000)
-            )
-        entry.pods[name] = pod
-        if entry.state == UnitState.QUEUED and not entry.in_heap:
-            self._enqueue(entry)
-
-    def _drop_if_empty(self, entry: UnitEntry) -> None:
-        # A dispatched unit stays tracked until its shard reports on it (it counts as load).
-        if not entry.pods and entry.state != UnitState.DISPATCHED:
-            self.units.pop(entry.job, None)
+            self._bound_of[pod.metadata.name] = pod.spec.job
+            self._bound[pod.spec.job] += 1
+        if self.queue.add_pod(pod, int(time.time() * 1000)):
+            self._kick.set()
 
     def _node_changed(self, old: Message | None, new: Message | None) -> None:
         if new is None:
             if old is not None:
                 self._node_shapes.pop(old.metadata.name, None)  # type: ignore[attr-defined]
+                self.queue.set_node(old.metadata.name, None)  # type: ignore[attr-defined]
             return
         assert isinstance(new, pb.Node)
         self._node_shapes[new.metadata.name] = _shapes(new)
+        usable = new.status.ready and not new.spec.unschedulable
+        self.queue.set_node(new.metadata.name, _offered(new) if usable else None)
         if old is not None and _material(old) == _material(new):  # type: ignore[arg-type]
             return
         # A node appeared or changed: units that could never fit may fit now.
-        woke = [e for e in self.units.values() if e.state == UnitState.INFEASIBLE]
-        for entry in woke:
-            self._enqueue(entry)
+        woke = self.queue.wake_infeasible()
         if woke:
-            log.info("cluster changed; infeasible units queued again", units=len(woke))
+            self._kick.set()
+            log.info("cluster changed; infeasible units queued again", units=woke)
 
     def queue_statuses(self) -> dict[str, pb.QueueStatus]:
-        """Per queue, what its bound pods hold and what waits in it, from this dispatcher's own
-        accounting (the source of ``Queue.status``), in one pass over the pending units. A
-        queue with nothing in it is absent."""
-        out: dict[str, pb.QueueStatus] = {}
-        for entry in self.units.values():
-            if entry.pods:
-                status = out.setdefault(entry.queue, pb.QueueStatus())
-                status.pending_units += 1
-                status.pending_pods += len(entry.pods)
-        for queue, used in self._usage.items():
-            if not used.is_zero():  # left unset, it equals the stored status of an idle queue
-                out.setdefault(queue, pb.QueueStatus()).used.CopyFrom(
-                    pb.Resources(
-                        milli_cpu=used.cpu,
-                        memory_bytes=used.mem,
-                        gpus=used.gpus,
-                        pods=used.pods,
-                        extended=used.extended,
-                    )
-                )
-        return out
+        """Per queue, what its bound pods hold and what waits in it (``UnitQueue.statuses``)."""
+        return self.queue.statuses()
 
     def node_shapes(self) -> dict[str, frozenset[NodeShape]]:
         """Distinct node capacities per pool (for "no node can ever hold this pod")."""
-        out: dict[str, set[NodeShape]] = {"g": set(), "be": set()}
+        out: dict[str, set[NodeShape]] = {pool: set() for pool in POOLS}
         for shapes in self._node_shapes.values():
             for pool, shape in shapes.items():
                 out[pool].add(shape)
@@ -343,6 +295,10 @@ class UnitDispatcher:
             asyncio.create_task(self._shard_loop(), name="shards"),
             asyncio.create_task(self._settle_loop(), name="settle"),
         ]
+        if self.reclaimer is not None:
+            loops.append(
+                asyncio.create_task(self.reclaimer.run(lambda: self._judging), name="reclaim")
+            )
         try:
             done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -372,9 +328,8 @@ class UnitDispatcher:
             self.dispatch_round()
 
     def _next_deadline(self) -> float:
-        if not self._backoff:
-            return 1.0
-        return max(0.01, self._backoff[0][0] - time.monotonic())
+        left = self.queue.next_wake(time.monotonic())
+        return 1.0 if left is None else max(0.01, left)
 
     async def _settle_loop(self) -> None:
         while not self._closing:
@@ -387,18 +342,12 @@ class UnitDispatcher:
             except (StoreError, TimeoutError) as exc:
                 log.warning("could not settle against the store; re-queueing", error=str(exc))
             for job in batch:
-                entry = self.units.get(job)
-                if entry is None or entry.state != UnitState.SETTLING:
-                    continue
-                if entry.pods:
-                    self._enqueue(entry)
-                else:
-                    self._drop_if_empty(entry)
+                self.queue.settled(job)
             self._kick.set()
 
     def _to_settle(self, entry: UnitEntry) -> None:
         """The attempt ended: queue it again once the informer has caught up with the store."""
-        entry.state = UnitState.SETTLING
+        self.queue.settle(entry)
         self._settling.add(entry.job)
         self._settle.set()
 
@@ -515,31 +464,20 @@ class UnitDispatcher:
         entry = self.units.get(outcome.job)
         if entry is None or entry.state != UnitState.DISPATCHED or entry.shard != link.name:
             return
-        self._release(entry)
+        self.queue.release(entry)
         entry.reason = outcome.reason
         if outcome.code == ipb.UNIT_UNSCHEDULABLE:
-            entry.attempts += 1
-            delay = min(
-                self.settings.backoff_initial_seconds * 2 ** (entry.attempts - 1),
-                self.settings.backoff_max_seconds,
-            )
-            entry.state = UnitState.BACKOFF
-            entry.not_before = time.monotonic() + delay
-            heapq.heappush(self._backoff, (entry.not_before, entry.seq, entry.job))
+            delay = self.queue.back_off(entry, time.monotonic())
             log.info("unit unschedulable; backing off", job=entry.job, delay_s=delay)
         elif outcome.code == ipb.UNIT_INFEASIBLE:
-            entry.state = UnitState.INFEASIBLE
-            # Woken by a node change, and rechecked after a while anyway (as kube-scheduler
-            # flushes its unschedulable pods): the change may have reached us before the shard
-            # that judged the unit had seen it.
-            entry.not_before = time.monotonic() + self.settings.infeasible_recheck_seconds
-            heapq.heappush(self._backoff, (entry.not_before, entry.seq, entry.job))
+            self.queue.park_infeasible(entry, time.monotonic())
             log.info("unit infeasible", job=entry.job, reason=outcome.reason)
             self._spawn(self._mark_unschedulable(entry, outcome.reason), f"mark-{entry.job}")
         else:
-            entry.attempts = 0
-            self._to_settle(entry)
-        self._drop_if_empty(entry)
+            self.queue.succeeded(entry)
+            self._settling.add(entry.job)
+            self._settle.set()
+        self.queue.drop_if_empty(entry.job)
         self._kick.set()
 
     async def _mark_unschedulable(self, entry: UnitEntry, reason: str) -> None:
@@ -580,7 +518,7 @@ class UnitDispatcher:
             if entry is not None and entry.state == UnitState.DISPATCHED:
                 if entry.shard == link.name:
                     self.nominations.clear(job)
-                    self._release(entry)
+                    self.queue.release(entry)
                     self._to_settle(entry)
                     requeued += 1
         link.clear()
@@ -600,162 +538,45 @@ class UnitDispatcher:
         if link is not None:
             link.settle(entry.job)
             link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[entry.job])))
-        self._release(entry)
+        self.nominations.clear(entry.job)
+        self.queue.release(entry)
         self._to_settle(entry)
-
-    def _release(self, entry: UnitEntry) -> None:
-        if entry.reserved is not None:
-            self._inflight[entry.queue].add(entry.reserved, -1)
-            entry.reserved = None
-        entry.shard = ""
 
     def revoke(self, job: str) -> None:
         """Forget a unit (its job was deleted); a shard holding it is told to drop it."""
-        entry = self.units.pop(job, None)
+        entry = self.units.get(job)
         self.nominations.clear(job)
         if entry is None:
             return
-        if entry.state == UnitState.DISPATCHED:
-            link = self.links.get(entry.shard)
-            if link is not None:
-                link.settle(job)
-                link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[job])))
-            self._release(entry)
+        link = self.links.get(entry.shard) if entry.state == UnitState.DISPATCHED else None
+        if link is not None:
+            link.settle(job)
+            link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[job])))
+        self.queue.forget(job)
 
     # -----------------------------------------------------------------------------------------
     # The dispatch round
     # -----------------------------------------------------------------------------------------
 
-    def _pending(self, entry: UnitEntry) -> PendingUnit | None:
-        """The unit as queue policies and quotas see it; None while its Job is unknown."""
-        job = self.informer.get("Job", entry.job)
-        if not isinstance(job, pb.Job):
-            return None  # orphaned pods: nothing to schedule them as
-        return PendingUnit(
-            entry.job,
-            entry.queue,
-            job.spec.priority,
-            job.metadata.creation_timestamp_ms,
-            entry.seq,
-            len(entry.pods),
-            Quantities.of_pod_request(job.spec.template.requests, len(entry.pods)),
-        )
-
-    def _policy(self, queue: str) -> SortPolicy:
-        policy = self._policies.get(queue)
-        if policy is None:
-            obj = self.informer.get("Queue", queue)
-            sort_policy = obj.spec.sort_policy if isinstance(obj, pb.Queue) else 0
-            policy = self._policies[queue] = policy_for(sort_policy)
-        return policy
-
-    def _enqueue(self, entry: UnitEntry, *, kick: bool = True) -> None:
-        """Mark the unit QUEUED and put it in its queue's heap (once)."""
-        entry.state = UnitState.QUEUED
-        if entry.in_heap:
-            return
-        entry.in_heap = True
-        view = self._pending(entry) or PendingUnit(
-            entry.job, entry.queue, 0, entry.enqueued_ms, entry.seq, len(entry.pods), Quantities()
-        )
-        key = self._policy(entry.queue).key(view)
-        heapq.heappush(self._heaps.setdefault(entry.queue, []), (key, entry.seq, entry.job))
-        if kick:
-            self._kick.set()
-
-    def _pop(self, queue: str) -> UnitEntry | None:
-        """The queue's first unit that is still QUEUED with pods (stale items are dropped)."""
-        heap = self._heaps.get(queue)
-        while heap:
-            job = heapq.heappop(heap)[2]
-            entry = self.units.get(job)
-            if entry is None or not entry.in_heap or entry.queue != queue:
-                continue
-            entry.in_heap = False
-            if entry.state == UnitState.QUEUED and entry.pods:
-                return entry
-        return None
-
-    def _queued(self, queue: str) -> list[UnitEntry]:
-        """The queue's QUEUED units in dispatch order (for Explain; not on the hot path)."""
-        seen: set[str] = set()
-        out = []
-        for _, _, job in sorted(self._heaps.get(queue, [])):
-            entry = self.units.get(job)
-            if entry is not None and entry.in_heap and job not in seen:
-                seen.add(job)
-                out.append(entry)
-        return out
-
-    def _queue_changed(self, queue: str) -> None:
-        """A queue was created or changed (its sort policy may differ): re-key its heap."""
-        self._policies.pop(queue, None)
-        members = self._queued(queue)
-        self._heaps[queue] = []
-        for entry in members:
-            entry.in_heap = False
-            self._enqueue(entry)
-        self._kick.set()
-
-    def _wake_backoffs(self, now: float) -> None:
-        while self._backoff and self._backoff[0][0] <= now:
-            job = heapq.heappop(self._backoff)[2]
-            entry = self.units.get(job)
-            waiting = (UnitState.BACKOFF, UnitState.INFEASIBLE)
-            if entry is not None and entry.state in waiting and entry.not_before <= now:
-                self._enqueue(entry, kick=False)
-
-    def _quota(self, queue: str) -> pb.Resources | None:
-        obj = self.informer.get("Queue", queue)
-        if isinstance(obj, pb.Queue) and obj.spec.HasField("quota"):
-            return obj.spec.quota
-        return None
-
     def dispatch_round(self) -> None:
-        """Hand ready units to shards, queue by queue in policy order, round-robin between
-        queues, each to the least-loaded shard with credits for the whole unit."""
-        self._wake_backoffs(time.monotonic())
+        """Hand ready units to shards in the queue's order (``UnitQueue.round``), each to the
+        least-loaded shard with credits for the whole unit; one ``UnitBatch`` per shard."""
         links = sorted((lk for lk in self.links.values() if lk.ready), key=lambda lk: lk.name)
         if not links:
+            self.queue.wake(time.monotonic())
             return
         batches: dict[str, list[ipb.Unit]] = {}
-        held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
-        budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
-        while budget and any(lk.credits > 0 for lk in links):
-            for queue in list(budget):
-                entry = self._pop(queue)
-                if entry is None:
-                    del budget[queue]
-                    continue
-                placed = self._place(entry, links)
-                if placed is not None:
-                    link, unit = placed
-                    batches.setdefault(link.name, []).append(self._send(entry, unit, link))
-                    continue
-                held.append(entry)
-                budget[queue] -= 1
-                if budget[queue] <= 0:
-                    del budget[queue]
-        for entry in held:
-            self._enqueue(entry, kick=False)
+
+        def place(entry: UnitEntry, unit: PendingUnit) -> bool:
+            link = self._choose(links, unit.pods)
+            if link is None:
+                return False
+            batches.setdefault(link.name, []).append(self._send(entry, unit, link))
+            return True
+
+        self.queue.round(time.monotonic(), place, lambda: any(lk.credits > 0 for lk in links))
         for name, units in batches.items():
             self._flush(self.links[name], units)
-
-    def _place(
-        self, entry: UnitEntry, links: list[ShardLink]
-    ) -> tuple[ShardLink, PendingUnit] | None:
-        """The shard to send the unit to, or None (job unknown, over quota, no shard room)."""
-        unit = self._pending(entry)
-        if unit is None:
-            return None
-        used = Quantities()
-        used.add(self._usage.get(entry.queue, Quantities()))
-        used.add(self._inflight.get(entry.queue, Quantities()))
-        entry.blocked = quota_excess(self._quota(entry.queue), used, unit.requests)
-        if entry.blocked:
-            return None
-        link = self._choose(links, unit.pods)
-        return None if link is None else (link, unit)
 
     @staticmethod
     def _choose(links: list[ShardLink], pods: int) -> ShardLink | None:
@@ -776,10 +597,7 @@ class UnitDispatcher:
         pods = sorted(entry.pods.values(), key=lambda p: p.spec.index)
         link.credits -= len(pods)
         link.hold(entry.job, len(pods))
-        entry.state = UnitState.DISPATCHED
-        entry.shard = link.name
-        entry.reserved = unit.requests
-        self._inflight.setdefault(entry.queue, Quantities()).add(unit.requests)
+        self.queue.dispatched(entry, link.name, unit)
         return ipb.Unit(
             job=job,
             pods=[
@@ -835,11 +653,14 @@ class UnitDispatcher:
                 f"unschedulable after {entry.attempts} attempt(s) ({entry.reason}); "
                 f"retrying in {left:.1f}s"
             )
-        units = self._queued(entry.queue)
-        position = next((i + 1 for i, u in enumerate(units) if u.job == job), 0)
-        text = f"waiting in queue {entry.queue} (position {position})"
+        text = f"waiting in queue {entry.queue} (position {self.queue.position(entry)})"
         if entry.blocked:
             text += f": queue quota exceeded ({entry.blocked})"
+        elif entry.waiting_for_room:
+            text += (
+                ": waiting for free room in the cluster (queues share it by "
+                f"{self.queue.fairness.name}; this queue goes next)"
+            )
         elif not any(link.ready for link in self.links.values()):
             text += ": no live scheduler shard"
         return text

@@ -1,16 +1,17 @@
-"""Logical queues: how pending units are ordered within a queue, and the per-queue quota check.
+"""Logical queues: how pending units are ordered within a queue (a queue's :class:`SortPolicy`:
+FIFO, Priority), which queue dispatches next (the dispatcher's :class:`Fairness`: round-robin,
+DRF, FairShare), and the quantity arithmetic of quotas (``quota_excess``, min and borrowed).
 
-A queue's sort policy is a :class:`SortPolicy`: a key over :class:`PendingUnit` (smaller first).
-FIFO and Priority exist now; DRF and FairShare plug in by implementing the same protocol (they
-read usage through the state they are constructed with). Plain synchronous code: the dispatch
-loop sorts the ready units of each queue once per round.
+Plain synchronous functions over integers; the ``UnitQueue`` applies them in its round.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Protocol
 
+from placement.nodeinfo import GUARANTEED
 from protos.godel.v1 import objects_pb2 as pb
 
 SortKey = tuple[int, ...]
@@ -50,8 +51,114 @@ class Quantities:
             else:
                 self.extended.pop(k, None)
 
+    def as_resources(self) -> pb.Resources:
+        return pb.Resources(
+            milli_cpu=self.cpu,
+            memory_bytes=self.mem,
+            gpus=self.gpus,
+            pods=self.pods,
+            extended=self.extended,
+        )
+
     def is_zero(self) -> bool:
         return not (self.cpu or self.mem or self.gpus or self.pods or self.extended)
+
+    def copy(self) -> Quantities:
+        return Quantities(self.cpu, self.mem, self.gpus, self.pods, dict(self.extended))
+
+    @classmethod
+    def of(cls, resources: pb.Resources) -> Quantities:
+        return cls(
+            resources.milli_cpu,
+            resources.memory_bytes,
+            resources.gpus,
+            resources.pods,
+            dict(resources.extended),
+        )
+
+    def items(self) -> list[tuple[str, int]]:
+        """(resource name, amount) for every resource, as ``quota_excess`` names them."""
+        return [
+            ("cpu", self.cpu),
+            ("memory", self.mem),
+            ("gpus", self.gpus),
+            ("pods", self.pods),
+            *sorted(self.extended.items()),
+        ]
+
+    def fits_in(self, room: Quantities) -> bool:
+        """Whether every resource of this amount is within ``room``."""
+        have = dict(room.items())
+        return all(amount <= have.get(name, 0) for name, amount in self.items() if amount > 0)
+
+    def beyond(self, floor: Quantities) -> Quantities:
+        """Per resource, what exceeds ``floor`` (never negative): usage beyond a queue's min is
+        borrowed."""
+        out = Quantities(
+            max(0, self.cpu - floor.cpu),
+            max(0, self.mem - floor.mem),
+            max(0, self.gpus - floor.gpus),
+            max(0, self.pods - floor.pods),
+        )
+        for name, amount in self.extended.items():
+            extra = amount - floor.extended.get(name, 0)
+            if extra > 0:
+                out.extended[name] = extra
+        return out
+
+    def capped_by(self, cap: Quantities) -> Quantities:
+        """Per resource, the smaller of the two (extended resources of this amount only)."""
+        return Quantities(
+            min(self.cpu, cap.cpu),
+            min(self.mem, cap.mem),
+            min(self.gpus, cap.gpus),
+            min(self.pods, cap.pods),
+            {k: min(v, cap.extended.get(k, 0)) for k, v in self.extended.items()},
+        )
+
+
+def borrowed(used: Quantities, floor: Quantities) -> Quantities:
+    """What a queue holding ``used`` has borrowed beyond its min ``floor``: per resource the min
+    names, the excess; a queue without a min has borrowed all it holds. A resource the min does
+    not name is not counted (a min of cpu only guarantees cpu)."""
+    if floor.is_zero():
+        return used.copy()
+    named = {name for name, amount in floor.items() if amount > 0}
+    excess = used.beyond(floor)
+    out = Quantities(
+        excess.cpu if "cpu" in named else 0,
+        excess.mem if "memory" in named else 0,
+        excess.gpus if "gpus" in named else 0,
+        excess.pods if "pods" in named else 0,
+    )
+    out.extended = {k: v for k, v in excess.extended.items() if k in named}
+    return out
+
+
+def within_borrowed(requests: Quantities, lent: Quantities, floor: Quantities) -> bool:
+    """Whether a pod of ``requests`` runs wholly on borrowed capacity ``lent`` (what
+    ``borrowed`` gives), judged on the resources its queue's min names (all, without a min)."""
+    if floor.is_zero():
+        return requests.fits_in(lent)
+    have = dict(lent.items())
+    named = {name for name, amount in floor.items() if amount > 0}
+    return all(amount <= have.get(name, 0) for name, amount in requests.items() if name in named)
+
+
+def dominant_share(used: Quantities, capacity: Quantities) -> Fraction:
+    """The largest share of ``capacity`` that ``used`` holds over cpu, memory and gpus (DRF's
+    dominant share), exact. A resource the cluster has none of does not count."""
+    best = Fraction(0)
+    for amount, total in ((used.cpu, capacity.cpu), (used.mem, capacity.mem),
+                          (used.gpus, capacity.gpus)):  # fmt: skip
+        if total > 0:
+            best = max(best, Fraction(amount, total))
+    return best
+
+
+def permille(share: Fraction) -> int:
+    """A share in thousandths, rounded down (as ``QueueStatus.dominant_share_permille``)."""
+    return int(share * 1000)
 
 
 def quota_excess(quota: pb.Resources | None, used: Quantities, request: Quantities) -> str:
@@ -90,6 +197,11 @@ class PendingUnit:
     seq: int = 0
     pods: int = 1
     requests: Quantities = field(default_factory=Quantities)
+    # The pool the unit's pods draw from (placement.nodeinfo.pool_of).
+    pool: str = GUARANTEED
+    # The requests of the pods it needs placed at least (its min_member, or all its pods if
+    # fewer are pending): what must fit for the unit to make progress.
+    least: Quantities = field(default_factory=Quantities)
 
 
 class SortPolicy(Protocol):
@@ -127,7 +239,74 @@ _PRIORITY = PriorityPolicy()
 
 
 def policy_for(sort_policy: int) -> SortPolicy:
-    """The policy of a queue. DRF and FairShare fall back to FIFO until they are implemented."""
+    """The policy of a queue: Priority, else FIFO (also for the retired values 3 and 4, once
+    DRF and FairShare, which queues stored before their move to the dispatcher may hold)."""
     if sort_policy == pb.SORT_PRIORITY:
         return _PRIORITY
     return _FIFO
+
+
+# ---------------------------------------------------------------------------------------------
+# Fairness: which queue dispatches next
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLoad:
+    """What a fairness policy sees of one queue: what it holds (bound and dispatched) and its
+    weight (at least 1)."""
+
+    name: str
+    used: Quantities
+    weight: int = 1
+
+
+class Fairness(Protocol):
+    """Orders queues against each other: the queue with the smallest key dispatches next."""
+
+    name: str
+    # Whether a queue may go ahead of a queue with a smaller key when the cluster has no room
+    # for the smaller one's next unit (round-robin: yes, it ignores shares altogether).
+    work_conserving: bool
+
+    def key(self, load: QueueLoad, capacity: Quantities) -> Fraction: ...
+
+
+class RoundRobin:
+    """Queues take turns, whatever they hold (the order before DRF and FairShare)."""
+
+    name = "round-robin"
+    work_conserving = True
+
+    def key(self, load: QueueLoad, capacity: Quantities) -> Fraction:
+        return Fraction(0)
+
+
+class Drf:
+    """Dominant Resource Fairness: the queue holding the smallest dominant share of the cluster
+    goes next; weights are ignored."""
+
+    name = "drf"
+    work_conserving = False
+
+    def key(self, load: QueueLoad, capacity: Quantities) -> Fraction:
+        return dominant_share(load.used, capacity)
+
+
+class FairShare:
+    """Weighted DRF: the smallest dominant share per unit of weight goes next, so queues of
+    weights 3 and 1 converge to shares of 3:1."""
+
+    name = "fair-share"
+    work_conserving = False
+
+    def key(self, load: QueueLoad, capacity: Quantities) -> Fraction:
+        return dominant_share(load.used, capacity) / max(1, load.weight)
+
+
+FAIRNESS: dict[str, Fairness] = {f.name: f for f in (RoundRobin(), Drf(), FairShare())}
+
+
+def next_queue(loads: list[QueueLoad], capacity: Quantities, fairness: Fairness) -> str:
+    """The queue of ``loads`` that dispatches next: the smallest key, ties by name."""
+    return min(loads, key=lambda load: (fairness.key(load, capacity), load.name)).name

@@ -27,7 +27,8 @@ import structlog
 
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers import JobStatusController, job_status
-from services.dispatcher.dispatch import UnitDispatcher, UnitState
+from services.dispatcher.dispatch import UnitDispatcher
+from services.dispatcher.unitqueue import UnitState
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Informer
 

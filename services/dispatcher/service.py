@@ -16,6 +16,7 @@ import structlog
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import events, metrics
+from services.binder.client import BinderEvictor
 from services.dispatcher.api import DispatcherServicer
 from services.dispatcher.controllers import (
     BudgetStatusController,
@@ -35,9 +36,9 @@ from store.informer import Informer
 
 log = structlog.get_logger(__name__)
 
-# What the dispatcher's one informer caches: the dispatch core's kinds, and the budgets whose
-# status the budget status controller keeps.
-INFORMER_KINDS = (*UnitDispatcher.KINDS, "DisruptionBudget")
+# What the dispatcher's one informer caches: the dispatch core's kinds (budgets included: reclaim
+# respects them, and the budget status controller keeps their status).
+INFORMER_KINDS = UnitDispatcher.KINDS
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,31 @@ class DispatcherConfig(ServiceConfig):
     """Dispatcher settings."""
 
     max_replicas: int = field(
-        default=100_000, metadata=option("most pods one job may ask for", minimum=1)
+        default=100_000,
+        metadata=option(
+            "most pods one job may ask for (a queue's default max_pods_per_job)", minimum=1
+        ),
+    )
+    max_pending_pods: int = field(
+        default=200_000,
+        metadata=option(
+            "most pods that may wait pending in one queue (a queue's default max_pending_pods)",
+            minimum=1,
+        ),
+    )
+    queue_fairness: Literal["round-robin", "drf", "fair-share"] = field(
+        default="drf",
+        metadata=option(
+            "which queue dispatches next: drf (smallest dominant share of the cluster), "
+            "fair-share (smallest dominant share per unit of queue weight) or round-robin"
+        ),
+    )
+    reclaim_interval_seconds: float = field(
+        default=1.0,
+        metadata=option(
+            "how often queues below their min are checked for borrowed capacity to reclaim",
+            minimum=0.05,
+        ),
     )
     shard_grace_seconds: float = field(
         default=5.0,
@@ -163,10 +188,18 @@ class DispatcherService(Service[DispatcherConfig]):
                 backoff_max_seconds=cfg.backoff_max_seconds,
                 infeasible_recheck_seconds=cfg.infeasible_recheck_seconds,
                 max_batch_pods=cfg.max_batch_pods,
+                queue_fairness=cfg.queue_fairness,
+                reclaim_interval_seconds=cfg.reclaim_interval_seconds,
             ),
+            BinderEvictor(self.store, f"dispatcher/{cfg.name}", timeout_seconds=30.0),
+        )
+        servicer = DispatcherServicer(
+            self.store,
+            self.core,
+            max_replicas=cfg.max_replicas,
+            max_pending_pods=cfg.max_pending_pods,
         )
         self.core.events = self.events = events.EventRecorder(self.store, cfg.name)
-        servicer = DispatcherServicer(self.store, self.core, max_replicas=cfg.max_replicas)
         api_pb2_grpc.add_DispatcherServicer_to_server(servicer, server)
 
     async def on_start(self) -> None:

@@ -8,9 +8,10 @@ looks up what validation needs (existing jobs, queues, node capacities) and pass
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from placement.nodeinfo import POOL_NAMES, pool_of
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -36,6 +37,10 @@ _QOS_VALUES = frozenset(pb.QoS.values())
 _PREEMPTION_POLICIES = frozenset(pb.PreemptionPolicy.values())
 _NUMA_VALUES = frozenset(pb.NumaPolicy.values())
 _SORT_VALUES = frozenset(pb.SortPolicy.values())
+# Values SortPolicy once had, now the dispatcher's queue_fairness (queues stored with them read
+# as FIFO; new ones are refused).
+_RETIRED_SORT_POLICIES = {3: "DRF", 4: "FairShare"}
+_SCALAR_RESOURCES = ("milli_cpu", "memory_bytes", "gpus", "pods")
 _TAINT_EFFECTS = frozenset(pb.TaintEffect.values())
 
 
@@ -53,21 +58,27 @@ class NodeShape:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """A queue's admission limits, defaults resolved (the dispatcher's ``max_replicas`` and
+    ``max_pending_pods`` where its spec leaves them 0)."""
+
+    max_pods_per_job: int
+    max_pending_pods: int
+
+
+@dataclass(frozen=True, slots=True)
 class SubmitContext:
     """What validating a submission needs to know about the cluster."""
 
     existing_jobs: frozenset[str] = frozenset()
     queues: frozenset[str] = frozenset()
-    # Distinct node capacities per pool ("g", "be"); empty when there are no nodes at all.
+    # Distinct node capacities per pool (placement.nodeinfo.GUARANTEED, BEST_EFFORT); empty when there are no nodes at all.
     node_shapes: dict[str, frozenset[NodeShape]] | None = None
     max_replicas: int = 100_000
-
-
-def pool_of(qos: int) -> str:
-    return "be" if qos == pb.QOS_BEST_EFFORT else "g"
-
-
-_POOL_NAMES = {"g": "guaranteed", "be": "best-effort"}
+    # Per queue named by the request: its limits, and its pods pending now. A queue absent from
+    # ``queue_limits`` has none.
+    queue_limits: Mapping[str, QueueLimits] = field(default_factory=dict)
+    pending_pods: Mapping[str, int] = field(default_factory=dict)
 
 
 def validate_label_name(name: str, field: str, *, max_length: int = MAX_LABEL_LENGTH) -> Violations:
@@ -161,7 +172,33 @@ def validate_submission(jobs: Sequence[pb.Job], ctx: SubmitContext) -> list[Viol
             if name in ctx.existing_jobs:
                 found.insert(0, already_exists(prefix, name))
         out.append(found)
+    _check_pending_limits(jobs, out, ctx)
     return out
+
+
+def _check_pending_limits(
+    jobs: Sequence[pb.Job], found: list[Violations], ctx: SubmitContext
+) -> None:
+    """A queue's max_pending_pods, counting the pods already pending in it and those of the
+    request's earlier valid jobs: one submission cannot swamp the dispatcher."""
+    pending = dict(ctx.pending_pods)
+    for i, job in enumerate(jobs):
+        queue = job.spec.queue or DEFAULT_QUEUE
+        limits = ctx.queue_limits.get(queue)
+        if found[i] or limits is None:
+            continue
+        have = pending.get(queue, 0)
+        if have + job.spec.replicas > limits.max_pending_pods:
+            found[i].append(
+                violation(
+                    f"jobs[{i}].spec.replicas",
+                    f"queue {queue!r} allows at most {limits.max_pending_pods} pending pods "
+                    f"(max_pending_pods): {have} are pending and this job adds "
+                    f"{job.spec.replicas}",
+                )
+            )
+        else:
+            pending[queue] = have + job.spec.replicas
 
 
 def already_exists(prefix: str, name: str) -> api_pb2.FieldViolation:
@@ -204,8 +241,17 @@ def validate_job(job: pb.Job, prefix: str, ctx: SubmitContext) -> Violations:
     out += _validate_preemption(spec, s)
     out += _validate_job_affinity(spec.job_affinity, f"{s}.job_affinity")
     queue = spec.queue or DEFAULT_QUEUE
+    limits = ctx.queue_limits.get(queue)
     if queue != DEFAULT_QUEUE and queue not in ctx.queues:
         out.append(violation(f"{s}.queue", f"queue {queue!r} does not exist"))
+    elif limits is not None and limits.max_pods_per_job < spec.replicas <= ctx.max_replicas:
+        out.append(
+            violation(
+                f"{s}.replicas",
+                f"queue {queue!r} allows at most {limits.max_pods_per_job} pods per job "
+                f"(max_pods_per_job); this job asks for {spec.replicas}",
+            )
+        )
     out += validate_template(spec.template, f"{s}.template")
     if not any(v.field.startswith(f"{s}.template.requests") for v in out):
         out += _check_some_node_fits(spec, f"{s}.template.requests", ctx)
@@ -339,7 +385,7 @@ def _check_some_node_fits(spec: pb.JobSpec, field: str, ctx: SubmitContext) -> V
     r = spec.template.requests
     if any(s.cpu >= r.milli_cpu and s.mem >= r.memory_bytes and s.gpus >= r.gpus for s in shapes):
         return []
-    where = f"in the {_POOL_NAMES[pool]} pool"
+    where = f"in the {POOL_NAMES[pool]} pool"
     most = NodeShape(
         max((s.cpu for s in shapes), default=0),
         max((s.mem for s in shapes), default=0),
@@ -531,14 +577,61 @@ def normalise_job(job: pb.Job) -> pb.Job:
 def validate_queue(q: pb.Queue, prefix: str) -> Violations:
     out = validate_label_name(q.metadata.name, f"{prefix}.metadata.name")
     out += _non_negative(q.spec.quota, f"{prefix}.spec.quota")
-    if q.spec.sort_policy not in _SORT_VALUES:
+    out += _non_negative(q.spec.min, f"{prefix}.spec.min")
+    if q.spec.sort_policy in _RETIRED_SORT_POLICIES:
+        out.append(
+            violation(
+                f"{prefix}.spec.sort_policy",
+                f"{_RETIRED_SORT_POLICIES[q.spec.sort_policy]} is no longer a queue's sort policy: "
+                "it orders queues against each other, set by the dispatcher's queue_fairness "
+                "(use FIFO or Priority here)",
+            )
+        )
+    elif q.spec.sort_policy not in _SORT_VALUES:
         out.append(
             violation(f"{prefix}.spec.sort_policy", f"unknown sort policy {q.spec.sort_policy}")
         )
-    if q.spec.weight < 0:
-        out.append(
-            violation(f"{prefix}.spec.weight", f"must not be negative (got {q.spec.weight})")
-        )
+    for name in ("weight", "max_pods_per_job", "max_pending_pods"):
+        value = getattr(q.spec, name)
+        if value < 0:
+            out.append(violation(f"{prefix}.spec.{name}", f"must not be negative (got {value})"))
+    if q.spec.parent:
+        out += validate_label_name(q.spec.parent, f"{prefix}.spec.parent")
+        if q.spec.parent == q.metadata.name:
+            out.append(violation(f"{prefix}.spec.parent", "a queue cannot be its own parent"))
+    if q.spec.HasField("min") and q.spec.HasField("quota"):
+        out += _min_within_max(q.spec.min, q.spec.quota, prefix)
+    return out
+
+
+def queue_cycles(parents: Mapping[str, str]) -> dict[str, str]:
+    """Queues whose chain of parents (``parents``: queue -> parent, "" for none) comes back to
+    them, each with the cycle in words."""
+    out: dict[str, str] = {}
+    for queue in parents:
+        chain = [queue]
+        parent = parents.get(queue, "")
+        while parent and parent not in chain:
+            chain.append(parent)
+            parent = parents.get(parent, "")
+        if parent == queue:
+            out[queue] = " -> ".join([*chain, queue])
+    return out
+
+
+def _min_within_max(low: pb.Resources, high: pb.Resources, prefix: str) -> Violations:
+    """A queue's min may not exceed its max (``quota``; a 0 there is unlimited)."""
+    out: Violations = []
+    pairs = [(f, getattr(low, f), getattr(high, f)) for f in _SCALAR_RESOURCES]
+    pairs += [(f"extended[{k}]", v, high.extended.get(k, 0)) for k, v in low.extended.items()]
+    for name, floor, ceiling in pairs:
+        if ceiling and floor > ceiling:
+            out.append(
+                violation(
+                    f"{prefix}.spec.min.{name}",
+                    f"must not exceed the queue's max (spec.quota.{name}: {floor} > {ceiling})",
+                )
+            )
     return out
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 from placement.framework import Framework, JobAffinity, PodInfo, Status
-from placement.nodeinfo import BEST_EFFORT, GUARANTEED, NodeInfo
+from placement.nodeinfo import GUARANTEED, NodeInfo
 from placement.plugins import joblevelaffinity
 from placement.plugins.numatopology import pin_numa
 from protos.godel.v1 import objects_pb2 as pb
@@ -28,7 +28,6 @@ EXCLUDE_FROM_RESCHEDULING = "godel.io/exclude-from-rescheduling"
 
 # Resource names plugins' args use, and their index in NodeInfo's [cpu, memory, gpu] lists.
 RESOURCE_INDEX = {"cpu": 0, "memory": 1, "gpu": 2}
-POOLS = (GUARANTEED, BEST_EFFORT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,8 +153,8 @@ class BinderServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Evict(self, request, context):
-        """Evicts pods through the one eviction path (the rescheduler's batches; later drain and
-        reclaim): all of them or none, within disruption budgets, each with a replacement pod, in
+        """Evicts pods through the one eviction path (the rescheduler's batches, the dispatcher's
+        quota reclaim; later drain): all of them or none, within disruption budgets, each with a replacement pod, in
         one fenced commit. Leader only, like Decide.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

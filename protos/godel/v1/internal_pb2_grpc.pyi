@@ -92,8 +92,8 @@ class BinderStub:
     leader's address in the details.
     """
     Evict: _grpc.UnaryUnaryMultiCallable[_internal_pb2.EvictRequest, _internal_pb2.EvictResponse]
-    """Evicts pods through the one eviction path (the rescheduler's batches; later drain and
-    reclaim): all of them or none, within disruption budgets, each with a replacement pod, in
+    """Evicts pods through the one eviction path (the rescheduler's batches, the dispatcher's
+    quota reclaim; later drain): all of them or none, within disruption budgets, each with a replacement pod, in
     one fenced commit. Leader only, like Decide.
     """
 
@@ -110,8 +110,8 @@ class BinderAsyncStub(BinderStub):
     leader's address in the details.
     """
     Evict: _aio.UnaryUnaryMultiCallable[_internal_pb2.EvictRequest, _internal_pb2.EvictResponse]  # type: ignore[assignment]
-    """Evicts pods through the one eviction path (the rescheduler's batches; later drain and
-    reclaim): all of them or none, within disruption budgets, each with a replacement pod, in
+    """Evicts pods through the one eviction path (the rescheduler's batches, the dispatcher's
+    quota reclaim; later drain): all of them or none, within disruption budgets, each with a replacement pod, in
     one fenced commit. Leader only, like Decide.
     """
 
@@ -137,8 +137,8 @@ class BinderServicer(metaclass=_abc_1.ABCMeta):
         request: _internal_pb2.EvictRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_internal_pb2.EvictResponse, _abc.Awaitable[_internal_pb2.EvictResponse]]:
-        """Evicts pods through the one eviction path (the rescheduler's batches; later drain and
-        reclaim): all of them or none, within disruption budgets, each with a replacement pod, in
+        """Evicts pods through the one eviction path (the rescheduler's batches, the dispatcher's
+        quota reclaim; later drain): all of them or none, within disruption budgets, each with a replacement pod, in
         one fenced commit. Leader only, like Decide.
         """
 

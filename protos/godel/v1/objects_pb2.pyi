@@ -165,21 +165,21 @@ class _SortPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SortPolicy
     """FIFO"""
     SORT_FIFO: _SortPolicy.ValueType  # 1
     SORT_PRIORITY: _SortPolicy.ValueType  # 2
-    SORT_DRF: _SortPolicy.ValueType  # 3
-    SORT_FAIR_SHARE: _SortPolicy.ValueType  # 4
 
 class SortPolicy(_SortPolicy, metaclass=_SortPolicyEnumTypeWrapper):
     """---------------------------------------------------------------------------------------------
     Queues and budgets
     ---------------------------------------------------------------------------------------------
+
+    How units are ordered within one queue. Which queue dispatches next (DRF, FairShare) is the
+    dispatcher's setting `queue_fairness`, not a queue's: the values 3 (DRF) and 4 (FairShare)
+    once listed here are retired; a queue stored with one reads as FIFO.
     """
 
 SORT_POLICY_UNSPECIFIED: SortPolicy.ValueType  # 0
 """FIFO"""
 SORT_FIFO: SortPolicy.ValueType  # 1
 SORT_PRIORITY: SortPolicy.ValueType  # 2
-SORT_DRF: SortPolicy.ValueType  # 3
-SORT_FAIR_SHARE: SortPolicy.ValueType  # 4
 Global___SortPolicy: _TypeAlias = SortPolicy  # noqa: Y015
 
 @_typing.final
@@ -1451,14 +1451,36 @@ class QueueSpec(_message.Message):
     SORT_POLICY_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
     PREEMPTIBLE_DEFAULT_FIELD_NUMBER: _builtins.int
+    MIN_FIELD_NUMBER: _builtins.int
+    MAX_PODS_PER_JOB_FIELD_NUMBER: _builtins.int
+    MAX_PENDING_PODS_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
     sort_policy: Global___SortPolicy.ValueType
     weight: _builtins.int
-    """Relative share for FairShare."""
+    """Relative share under the dispatcher's FairShare fairness (unset or 0: 1)."""
     preemptible_default: _builtins.bool
     """Whether pods of this queue's jobs are preemptible when their job does not say."""
+    max_pods_per_job: _builtins.int
+    """Admission limits (0: the dispatcher's default, `max_pods_per_job` / `max_pending_pods`):
+    the most pods one job of this queue may have, and the most pods that may wait pending in it.
+    """
+    max_pending_pods: _builtins.int
+    parent: _builtins.str
+    """Hierarchical queues: the name of this queue's parent ("": none). A parent's quota (max)
+    bounds what all queues below it hold together; jobs may be submitted to any queue.
+    """
     @_builtins.property
     def quota(self) -> Global___Resources:
-        """The most this queue's bound pods may hold in total. Unset fields mean unlimited."""
+        """The queue's max: the most its bound and dispatched pods may hold in total, borrowed
+        capacity included. Unset fields mean unlimited.
+        """
+
+    @_builtins.property
+    def min(self) -> Global___Resources:
+        """The queue's min: capacity always available to it. What it holds beyond its min is
+        borrowed, and may be reclaimed (evicted, reason Reclaimed) when a queue below its own min
+        has pending work and the cluster is full. Unset fields mean 0 (everything is borrowed).
+        """
 
     def __init__(
         self,
@@ -1467,10 +1489,14 @@ class QueueSpec(_message.Message):
         sort_policy: Global___SortPolicy.ValueType = ...,
         weight: _builtins.int = ...,
         preemptible_default: _builtins.bool = ...,
+        min: Global___Resources | None = ...,
+        max_pods_per_job: _builtins.int = ...,
+        max_pending_pods: _builtins.int = ...,
+        parent: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["min", b"min", "quota", b"quota"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["preemptible_default", b"preemptible_default", "quota", b"quota", "sort_policy", b"sort_policy", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_pending_pods", b"max_pending_pods", "max_pods_per_job", b"max_pods_per_job", "min", b"min", "parent", b"parent", "preemptible_default", b"preemptible_default", "quota", b"quota", "sort_policy", b"sort_policy", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1483,20 +1509,32 @@ class QueueStatus(_message.Message):
     USED_FIELD_NUMBER: _builtins.int
     PENDING_UNITS_FIELD_NUMBER: _builtins.int
     PENDING_PODS_FIELD_NUMBER: _builtins.int
+    BORROWED_FIELD_NUMBER: _builtins.int
+    DOMINANT_SHARE_PERMILLE_FIELD_NUMBER: _builtins.int
     pending_units: _builtins.int
     pending_pods: _builtins.int
+    dominant_share_permille: _builtins.int
+    """The queue's dominant share of the cluster, in thousandths: the largest of used / cluster
+    capacity over cpu, memory and gpus (what DRF orders queues by).
+    """
     @_builtins.property
     def used(self) -> Global___Resources: ...
+    @_builtins.property
+    def borrowed(self) -> Global___Resources:
+        """What `used` holds beyond `spec.min`, per resource (reclaimable by queues below their min)."""
+
     def __init__(
         self,
         *,
         used: Global___Resources | None = ...,
         pending_units: _builtins.int = ...,
         pending_pods: _builtins.int = ...,
+        borrowed: Global___Resources | None = ...,
+        dominant_share_permille: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["used", b"used"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "used", b"used"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pending_pods", b"pending_pods", "pending_units", b"pending_units", "used", b"used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "dominant_share_permille", b"dominant_share_permille", "pending_pods", b"pending_pods", "pending_units", b"pending_units", "used", b"used"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

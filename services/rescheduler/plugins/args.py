@@ -5,7 +5,8 @@ weights are checked here in full (type, names, signs)."""
 
 from __future__ import annotations
 
-from services.rescheduler.framework import POOLS, RESOURCE_INDEX
+from placement.nodeinfo import POOLS
+from services.rescheduler.framework import RESOURCE_INDEX
 
 
 def default_weights() -> dict[str, int]:

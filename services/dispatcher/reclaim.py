@@ -1,0 +1,190 @@
+"""Quota reclaim: which borrowed pods go so a queue below its min gets its guaranteed capacity.
+
+A queue may borrow idle capacity beyond its min up to its max. When a queue below its min has
+pending work the cluster has no room for (``UnitQueue.reclaim_needs``), the dispatcher takes
+back borrowed capacity: pods of other queues, any priority, but only pods running on what their
+queue holds beyond its own min — lowest priority first, the newest first among equals (the
+least work lost), within disruption budgets. The victims are evicted through the one eviction
+path, ``Binder.Evict`` with reason ``Reclaimed`` (``services/eviction.py``), which re-checks the
+budgets against its own view and gives each victim a replacement in its queue.
+
+``choose_victims`` is pure; ``Reclaimer`` is the dispatcher's loop that asks the ``UnitQueue``
+what is needed, chooses, and sends one ``Binder.Evict`` per starving queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from placement.budgets import BudgetTracker
+from placement.nodeinfo import GUARANTEED
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import objects_pb2 as pb
+from services.binder.client import BinderEvictor, EvictError
+from services.dispatcher.queueing import Quantities, borrowed, within_borrowed
+from services.dispatcher.unitqueue import Claim, UnitQueue
+from services.eviction import RECLAIMED
+from store.informer import Informer
+
+log = structlog.get_logger(__name__)
+
+# How long a reclaim waits for its victims to leave the dispatcher's view before it may choose
+# again (they still count as the lender's usage until then).
+SETTLE_SECONDS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    pod: pb.Pod
+    # The queue whose min the eviction serves.
+    for_queue: str
+
+
+def _victim_order(claim: Claim) -> tuple[int, int, str]:
+    pod = claim.pod
+    return (pod.spec.priority, -pod.status.started_ms, pod.metadata.name)
+
+
+def _helps(requests: Quantities, remaining: Quantities) -> bool:
+    have = dict(requests.items())
+    return any(amount > 0 and have.get(name, 0) > 0 for name, amount in remaining.items())
+
+
+def choose_victims(
+    needs: Mapping[str, Quantities],
+    claims: Iterable[Claim],
+    bound_usage: Callable[[str], Quantities],
+    mins: Callable[[str], Quantities],
+    budgets: BudgetTracker,
+    *,
+    exclude: frozenset[str] = frozenset(),
+    limit: int = 1000,
+) -> list[Victim]:
+    """Borrowed pods to evict so each queue of ``needs`` gets what it lacks (guaranteed pool).
+
+    A pod is taken only if it fits within what its queue holds beyond its min (so what remains
+    of that queue stays at or above its min), it reduces something still needed, and evicting it
+    keeps every disruption budget. Queues that need capacity lose nothing. Fewer pods than needed
+    when not enough is borrowed; at most ``limit`` pods.
+    """
+    candidates = sorted(
+        (
+            c
+            for c in claims
+            if c.pool == GUARANTEED
+            and c.queue not in needs
+            and c.pod.metadata.name not in exclude
+            and not c.pod.metadata.deletion_timestamp_ms
+        ),
+        key=_victim_order,
+    )
+    floors = {q: mins(q) for q in {c.queue for c in candidates}}
+    lent = {q: borrowed(bound_usage(q), floor) for q, floor in floors.items()}
+    taken: set[str] = set()
+    out: list[Victim] = []
+    for queue, need in sorted(needs.items()):
+        remaining = need.copy()
+        for claim in candidates:
+            if len(out) >= limit or remaining.beyond(Quantities()).is_zero():
+                break
+            name = claim.pod.metadata.name
+            if name in taken or not _helps(claim.requests, remaining):
+                continue
+            if not within_borrowed(claim.requests, lent[claim.queue], floors[claim.queue]):
+                continue  # it runs (at least partly) on its queue's own min
+            if budgets.try_admit([claim.pod]):
+                continue  # a disruption budget forbids it
+            taken.add(name)
+            lent[claim.queue].add(claim.requests, -1)
+            remaining.add(claim.requests, -1)
+            out.append(Victim(claim.pod, queue))
+    return out
+
+
+class Reclaimer:
+    """Every ``interval_seconds``: the queues below their min that need room
+    (``UnitQueue.reclaim_needs``), their victims (``choose_victims``, budgets from the informer's
+    stored statuses), one ``Binder.Evict`` per such queue with reason Reclaimed. Wakes the
+    queue's backed-off units and kicks the dispatch round when pods were evicted."""
+
+    def __init__(
+        self,
+        queue: UnitQueue,
+        informer: Informer,
+        evictor: BinderEvictor,
+        kick: asyncio.Event,
+        interval_seconds: float = 1.0,
+    ) -> None:
+        self.queue = queue
+        self.informer = informer
+        self.evictor = evictor
+        self.kick = kick
+        self.interval = interval_seconds
+        # The last reclaim's victims: no new reclaim while our view still shows them holding
+        # their claim (or SETTLE_SECONDS pass), so none is counted twice.
+        self._victims: frozenset[str] = frozenset()
+        self._not_before = 0.0
+
+    async def run(self, view_is_current: Callable[[], bool]) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if view_is_current():
+                await self.reclaim()
+
+    async def reclaim(self) -> int:
+        """One pass; returns how many pods were evicted."""
+        claims = self.queue.claims()
+        still_held = {c.pod.metadata.name for c in claims} & self._victims
+        if still_held and time.monotonic() < self._not_before:
+            return 0  # the last reclaim's victims are not yet gone from our view
+        needs = self.queue.reclaim_needs()
+        if not needs:
+            return 0
+        budgets = self.informer.list("DisruptionBudget")
+        victims = choose_victims(
+            needs,
+            claims,
+            self.queue.bound_usage,
+            self.queue.min,
+            BudgetTracker(b for b in budgets if isinstance(b, pb.DisruptionBudget)),
+            exclude=frozenset(still_held),
+        )
+        if not victims:
+            return 0
+        self._victims = frozenset(v.pod.metadata.name for v in victims)
+        self._not_before = time.monotonic() + SETTLE_SECONDS
+        evicted = 0
+        for queue in sorted({v.for_queue for v in victims}):
+            mine = [v.pod for v in victims if v.for_queue == queue]
+            evicted += await self._evict(queue, mine)
+        return evicted
+
+    async def _evict(self, queue: str, pods: list[pb.Pod]) -> int:
+        request = ipb.EvictRequest(
+            reason=RECLAIMED,
+            message=f"reclaimed for queue {queue}, below its min",
+            pods=[ipb.PodRef(name=p.metadata.name, uid=p.metadata.uid) for p in pods],
+        )
+        try:
+            response = await self.evictor.evict(request)
+        except EvictError as exc:
+            log.warning("reclaim failed", queue=queue, error=str(exc))
+            return 0
+        done = [r for r in response.results if r.outcome == ipb.EvictResult.EVICTED]
+        refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
+        if done:
+            self.queue.wake_queue(queue)
+            self.kick.set()
+        log.info(
+            "reclaimed borrowed capacity",
+            queue=queue,
+            evicted=len(done),
+            refused=len(refused),
+            reason=refused[0].reason if refused else "",
+        )
+        return len(done)

@@ -1,0 +1,662 @@
+"""The dispatcher's queue of pending units: ordering within each logical queue, fairness between
+queues, the quota check (max), min and borrowed capacity, backoff and the infeasible wait — kept
+apart from the shard streams as kube-scheduler keeps its scheduling queue apart from its cache.
+
+Synchronous and free of I/O: time comes in as arguments (``now`` on the monotonic clock,
+``now_ms`` on the wall clock), jobs and queues through the two lookups it is built with, and
+the round hands each unit it picks to a ``place`` callback (the dispatcher's shard choice). Its
+table tests need no store, no gRPC and no event loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from placement.nodeinfo import GUARANTEED, POOLS, pool_of
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.queueing import (
+    Fairness,
+    PendingUnit,
+    Quantities,
+    QueueLoad,
+    RoundRobin,
+    SortKey,
+    SortPolicy,
+    borrowed,
+    dominant_share,
+    next_queue,
+    permille,
+    policy_for,
+    quota_excess,
+)
+from services.dispatcher.validation import DEFAULT_QUEUE
+
+# A queue stops for the round after this many of its units found no room (quota or shard
+# credits), so a long queue of units too large for the shards left costs a bounded round.
+MAX_HELD_PER_ROUND = 64
+
+_CLAIM_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
+# What offering a unit came to: sent, held (quota, no shard, unknown job), or held because the
+# cluster has no room for it while other queues wait behind it.
+_SENT, _HELD, _NO_ROOM = 0, 1, 2
+
+
+class UnitState(enum.Enum):
+    QUEUED = "queued"
+    BACKOFF = "backoff"
+    DISPATCHED = "dispatched"
+    # The attempt ended; waiting for the informer to catch up before queueing again.
+    SETTLING = "settling"
+    # Can never fit as specified: out of the queue until the cluster changes.
+    INFEASIBLE = "infeasible"
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffSettings:
+    initial_seconds: float = 1.0
+    max_seconds: float = 60.0
+    infeasible_recheck_seconds: float = 300.0
+
+
+@dataclass(slots=True, eq=False)
+class UnitEntry:
+    """A job with pending pods, as the dispatcher tracks it."""
+
+    job: str
+    queue: str
+    seq: int
+    enqueued_ms: int
+    pods: dict[str, pb.Pod] = field(default_factory=dict)
+    state: UnitState = UnitState.QUEUED
+    shard: str = ""
+    not_before: float = 0.0
+    attempts: int = 0
+    reason: str = ""
+    # Quota held while dispatched, so one round cannot overrun a queue's quota.
+    reserved: Quantities | None = None
+    reserved_pool: str = GUARANTEED
+    # The quota resource that held it back in the last round ("" if none).
+    blocked: str = ""
+    # Held in the last round because the cluster had no free room for it while other queues
+    # had work too (fair sharing: it goes first once room frees).
+    waiting_for_room: bool = False
+    # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
+    in_heap: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A bound or running pod as its queue's usage counts it."""
+
+    queue: str
+    pool: str
+    requests: Quantities
+    pod: pb.Pod
+
+
+def is_pending(pod: pb.Pod) -> bool:
+    return pod.status.phase == pb.POD_PENDING and not pod.spec.node_name
+
+
+def queue_of(pod: pb.Pod) -> str:
+    return pod.spec.queue or DEFAULT_QUEUE
+
+
+JobLookup = Callable[[str], pb.Job | None]
+QueueLookup = Callable[[str], pb.Queue | None]
+# Offered each unit the round picks, with its requests: True if it was sent (the callback then
+# calls ``UnitQueue.dispatched``), False to hold it for the next round.
+Place = Callable[[UnitEntry, PendingUnit], bool]
+
+
+class UnitQueue:
+    """Pending units per logical queue, in policy order, with per-queue usage for the quota.
+
+    ``units`` holds every tracked unit whatever its state; only QUEUED units sit in a heap.
+    """
+
+    def __init__(
+        self,
+        jobs: JobLookup,
+        queues: QueueLookup,
+        backoff: BackoffSettings,
+        fairness: Fairness | None = None,
+    ) -> None:
+        self.jobs = jobs
+        self.queues = queues
+        self.backoff = backoff
+        self.fairness: Fairness = fairness or RoundRobin()
+        self.units: dict[str, UnitEntry] = {}
+        # The same units per queue, so questions about one queue cost its units, not all.
+        self._by_queue: dict[str, dict[str, UnitEntry]] = {}
+        self._seq = 0
+        # Per queue: requests of bound pods holding a claim, and of dispatched units.
+        self._usage: dict[str, Quantities] = {}
+        self._inflight: dict[str, Quantities] = {}
+        # Per pool: the same summed over queues (what the cluster's free room is taken by).
+        self._pool_used: dict[str, Quantities] = {pool: Quantities() for pool in POOLS}
+        # Per pod holding a claim: what it counts for, so removals are exact.
+        self._claimed: dict[str, Claim] = {}
+        # Per node (ready and schedulable): what it offers per pool, and the sums.
+        self._nodes: dict[str, dict[str, Quantities]] = {}
+        self._capacity: dict[str, Quantities] = {pool: Quantities() for pool in POOLS}
+        # What queues below their min are owed, as the current round started (``owed``).
+        self._round_owed: dict[str, Quantities] = {}
+        # A claim was released since the last round (room freed), and whether the last round
+        # held a unit for room (only then is freed room worth waking backed-off units for).
+        self._room_freed = False
+        self._held_for_room = False
+        # QUEUED units per queue as heaps of (policy key, seq, job), so a round costs what it
+        # dispatches, not every pending unit; stale items are skipped when popped.
+        self._heaps: dict[str, list[tuple[SortKey, int, str]]] = {}
+        self._policies: dict[str, SortPolicy] = {}
+        self._waiting: list[tuple[float, int, str]] = []  # BACKOFF/INFEASIBLE: (not_before, ...)
+
+    # -----------------------------------------------------------------------------------------
+    # Pods coming and going
+    # -----------------------------------------------------------------------------------------
+
+    def add_pod(self, pod: pb.Pod, now_ms: int) -> bool:
+        """Count a pod: its claim towards its queue's usage, and if pending, into its job's
+        unit. True when a unit joined its queue's heap (a round may send it)."""
+        name = pod.metadata.name
+        if pod.spec.node_name and pod.status.phase in _CLAIM_PHASES:
+            claim = Claim(
+                queue_of(pod),
+                pool_of(pod.spec.qos),
+                Quantities.of_pod_request(pod.spec.template.requests),
+                pod,
+            )
+            self._claimed[name] = claim
+            self._usage.setdefault(claim.queue, Quantities()).add(claim.requests)
+            self._pool_used[claim.pool].add(claim.requests)
+        if not is_pending(pod):
+            return False
+        entry = self.units.get(pod.spec.job)
+        if entry is None:
+            self._seq += 1
+            entry = UnitEntry(pod.spec.job, queue_of(pod), self._seq, now_ms)
+            self.units[pod.spec.job] = entry
+            self._by_queue.setdefault(entry.queue, {})[entry.job] = entry
+        entry.pods[name] = pod
+        if entry.state == UnitState.QUEUED and not entry.in_heap:
+            self.enqueue(entry)
+            return True
+        return False
+
+    def remove_pod(self, pod: pb.Pod) -> bool:
+        """Undo ``add_pod`` (the unit itself stays until ``drop_if_empty``, so an update —
+        remove then add — keeps its state). True if the pod held a claim."""
+        name = pod.metadata.name
+        claim = self._claimed.pop(name, None)
+        if claim is not None:
+            self._usage[claim.queue].add(claim.requests, -1)
+            self._pool_used[claim.pool].add(claim.requests, -1)
+            self._room_freed = True
+        entry = self.units.get(pod.spec.job)
+        if entry is not None:
+            entry.pods.pop(name, None)
+        return claim is not None
+
+    def holds_claim(self, pod: str) -> bool:
+        return pod in self._claimed
+
+    def drop_if_empty(self, job: str) -> None:
+        # A dispatched unit stays tracked until its shard reports on it (it counts as load).
+        entry = self.units.get(job)
+        if entry is not None and not entry.pods and entry.state != UnitState.DISPATCHED:
+            self._untrack(entry)
+
+    def forget(self, job: str) -> UnitEntry | None:
+        """Stop tracking a unit (its job was deleted); its reserved quota is returned."""
+        entry = self.units.get(job)
+        if entry is None:
+            return None
+        self._untrack(entry)
+        if entry.state == UnitState.DISPATCHED:
+            self.release(entry)
+        return entry
+
+    def _untrack(self, entry: UnitEntry) -> None:
+        del self.units[entry.job]
+        members = self._by_queue[entry.queue]
+        del members[entry.job]
+        if not members:
+            del self._by_queue[entry.queue]
+
+    # -----------------------------------------------------------------------------------------
+    # Ordering
+    # -----------------------------------------------------------------------------------------
+
+    def view(self, entry: UnitEntry) -> PendingUnit | None:
+        """The unit as queue policies and quotas see it; None while its Job is unknown."""
+        job = self.jobs(entry.job)
+        if job is None:
+            return None  # orphaned pods: nothing to schedule them as
+        return PendingUnit(
+            entry.job,
+            entry.queue,
+            job.spec.priority,
+            job.metadata.creation_timestamp_ms,
+            entry.seq,
+            len(entry.pods),
+            Quantities.of_pod_request(job.spec.template.requests, len(entry.pods)),
+            pool_of(job.spec.qos),
+            Quantities.of_pod_request(
+                job.spec.template.requests, min(max(1, job.spec.min_member), len(entry.pods))
+            ),
+        )
+
+    def policy(self, queue: str) -> SortPolicy:
+        policy = self._policies.get(queue)
+        if policy is None:
+            obj = self.queues(queue)
+            policy = policy_for(obj.spec.sort_policy if obj is not None else 0)
+            self._policies[queue] = policy
+        return policy
+
+    def enqueue(self, entry: UnitEntry) -> None:
+        """Mark the unit QUEUED and put it in its queue's heap (once)."""
+        entry.state = UnitState.QUEUED
+        if entry.in_heap:
+            return
+        entry.in_heap = True
+        unit = self.view(entry) or PendingUnit(
+            entry.job, entry.queue, 0, entry.enqueued_ms, entry.seq, len(entry.pods), Quantities()
+        )
+        key = self.policy(entry.queue).key(unit)
+        heapq.heappush(self._heaps.setdefault(entry.queue, []), (key, entry.seq, entry.job))
+
+    def pop(self, queue: str) -> UnitEntry | None:
+        """The queue's first unit that is still QUEUED with pods (stale items are dropped)."""
+        heap = self._heaps.get(queue)
+        while heap:
+            job = heapq.heappop(heap)[2]
+            entry = self.units.get(job)
+            if entry is None or not entry.in_heap or entry.queue != queue:
+                continue
+            entry.in_heap = False
+            if entry.state == UnitState.QUEUED and entry.pods:
+                return entry
+        return None
+
+    def queued(self, queue: str) -> list[UnitEntry]:
+        """The queue's QUEUED units in dispatch order (for Explain; not on the hot path)."""
+        seen: set[str] = set()
+        out = []
+        for _, _, job in sorted(self._heaps.get(queue, [])):
+            entry = self.units.get(job)
+            if entry is not None and entry.in_heap and job not in seen:
+                seen.add(job)
+                out.append(entry)
+        return out
+
+    def position(self, entry: UnitEntry) -> int:
+        """1-based place of a QUEUED unit in its queue (0 if it is not there)."""
+        units = self.queued(entry.queue)
+        return next((i + 1 for i, u in enumerate(units) if u is entry), 0)
+
+    def queue_changed(self, queue: str) -> None:
+        """A queue was created or changed (its sort policy may differ): re-key its heap."""
+        self._policies.pop(queue, None)
+        members = self.queued(queue)
+        self._heaps[queue] = []
+        for entry in members:
+            entry.in_heap = False
+            self.enqueue(entry)
+
+    # -----------------------------------------------------------------------------------------
+    # Attempts that ended
+    # -----------------------------------------------------------------------------------------
+
+    def back_off(self, entry: UnitEntry, now: float) -> float:
+        """The unit did not fit: wait, doubling from ``initial_seconds`` per attempt, capped.
+        Returns the delay."""
+        entry.attempts += 1
+        doubled = self.backoff.initial_seconds * float(2 ** (entry.attempts - 1))
+        delay = min(doubled, self.backoff.max_seconds)
+        entry.state = UnitState.BACKOFF
+        entry.not_before = now + delay
+        heapq.heappush(self._waiting, (entry.not_before, entry.seq, entry.job))
+        return delay
+
+    def park_infeasible(self, entry: UnitEntry, now: float) -> None:
+        """The unit can never fit as specified: out of the queue until the cluster changes
+        (``wake_infeasible``), and rechecked after a while anyway (as kube-scheduler flushes its
+        unschedulable pods): the change may have reached us before the shard that judged it."""
+        entry.state = UnitState.INFEASIBLE
+        entry.not_before = now + self.backoff.infeasible_recheck_seconds
+        heapq.heappush(self._waiting, (entry.not_before, entry.seq, entry.job))
+
+    def succeeded(self, entry: UnitEntry) -> None:
+        """The attempt ended well (whatever is still pending waits to settle)."""
+        entry.attempts = 0
+        self.settle(entry)
+
+    def settle(self, entry: UnitEntry) -> None:
+        entry.state = UnitState.SETTLING
+
+    def settled(self, job: str) -> bool:
+        """The view has caught up after the unit's attempt: queue what is still pending. True
+        when it was queued again."""
+        entry = self.units.get(job)
+        if entry is None or entry.state != UnitState.SETTLING:
+            return False
+        if entry.pods:
+            self.enqueue(entry)
+            return True
+        self.drop_if_empty(job)
+        return False
+
+    def wake_queue(self, queue: str) -> None:
+        """Room was freed for ``queue`` (reclaim): its backed-off units may try again now."""
+        for entry in list(self._by_queue.get(queue, {}).values()):
+            if entry.state == UnitState.BACKOFF:
+                self.enqueue(entry)
+
+    def wake_infeasible(self) -> int:
+        """The cluster changed: units that could never fit may fit now. Returns how many."""
+        woke = [e for e in self.units.values() if e.state == UnitState.INFEASIBLE]
+        for entry in woke:
+            self.enqueue(entry)
+        return len(woke)
+
+    def wake(self, now: float) -> None:
+        """Queue the units whose backoff or infeasible recheck is due."""
+        while self._waiting and self._waiting[0][0] <= now:
+            job = heapq.heappop(self._waiting)[2]
+            entry = self.units.get(job)
+            waiting = (UnitState.BACKOFF, UnitState.INFEASIBLE)
+            if entry is not None and entry.state in waiting and entry.not_before <= now:
+                self.enqueue(entry)
+
+    def next_wake(self, now: float) -> float | None:
+        """Seconds until the earliest wait ends (None if nothing waits)."""
+        if not self._waiting:
+            return None
+        return self._waiting[0][0] - now
+
+    # -----------------------------------------------------------------------------------------
+    # Quota and the round
+    # -----------------------------------------------------------------------------------------
+
+    def quota(self, queue: str) -> pb.Resources | None:
+        """The queue's max (``spec.quota``), None when it has none."""
+        obj = self.queues(queue)
+        if obj is not None and obj.spec.HasField("quota"):
+            return obj.spec.quota
+        return None
+
+    def ancestors(self, queue: str) -> list[str]:
+        """The queue's parents, nearest first (a cycle, which Apply refuses, ends the walk)."""
+        out: list[str] = []
+        seen = {queue}
+        obj = self.queues(queue)
+        while obj is not None and obj.spec.parent and obj.spec.parent not in seen:
+            out.append(obj.spec.parent)
+            seen.add(obj.spec.parent)
+            obj = self.queues(obj.spec.parent)
+        return out
+
+    def quota_excess(self, queue: str, request: Quantities) -> str:
+        """The resource a unit of ``request`` would take past the queue's max, or past the max
+        of a parent queue (counting every queue below that parent); "" if it fits."""
+        blocked = quota_excess(self.quota(queue), self.used(queue), request)
+        if blocked:
+            return blocked
+        for parent in self.ancestors(queue):
+            limit = self.quota(parent)
+            if limit is None:
+                continue
+            below = Quantities()
+            for other in self._usage.keys() | self._inflight.keys():
+                if other == parent or parent in self.ancestors(other):
+                    below.add(self.used(other))
+            blocked = quota_excess(limit, below, request)
+            if blocked:
+                return f"{blocked} of parent queue {parent}"
+        return ""
+
+    def min(self, queue: str) -> Quantities:
+        """The queue's min: capacity always available to it (nothing when unset)."""
+        obj = self.queues(queue)
+        if obj is not None and obj.spec.HasField("min"):
+            return Quantities.of(obj.spec.min)
+        return Quantities()
+
+    def weight(self, queue: str) -> int:
+        obj = self.queues(queue)
+        return max(1, obj.spec.weight) if obj is not None else 1
+
+    def bound_usage(self, queue: str) -> Quantities:
+        """What the queue's bound and running pods hold (not its dispatched units)."""
+        return self._usage.get(queue, Quantities())
+
+    def used(self, queue: str) -> Quantities:
+        """What the queue holds: its bound pods' requests plus its dispatched units'."""
+        used = Quantities()
+        used.add(self._usage.get(queue, Quantities()))
+        used.add(self._inflight.get(queue, Quantities()))
+        return used
+
+    def set_node(self, name: str, offered: dict[str, Quantities] | None) -> None:
+        """A node's capacity per pool (None: the node is gone, not ready or unschedulable)."""
+        old = self._nodes.pop(name, None)
+        if old is not None:
+            for pool, amount in old.items():
+                self._capacity[pool].add(amount, -1)
+        if offered is not None:
+            self._nodes[name] = offered
+            for pool, amount in offered.items():
+                self._capacity[pool].add(amount)
+
+    def capacity(self, pool: str = GUARANTEED) -> Quantities:
+        return self._capacity[pool]
+
+    def free(self, pool: str) -> Quantities:
+        """The pool's room left in the cluster as a whole: capacity minus every queue's bound
+        and dispatched requests (fragmentation aside: the shards judge the nodes)."""
+        free = self._capacity[pool].copy()
+        free.add(self._pool_used[pool], -1)
+        return free
+
+    def dispatched(self, entry: UnitEntry, shard: str, unit: PendingUnit) -> None:
+        """The unit went to ``shard``: its requests count against the quota until it ends."""
+        entry.state = UnitState.DISPATCHED
+        entry.shard = shard
+        entry.reserved = unit.requests
+        entry.reserved_pool = unit.pool
+        self._inflight.setdefault(entry.queue, Quantities()).add(unit.requests)
+        self._pool_used[unit.pool].add(unit.requests)
+
+    def release(self, entry: UnitEntry) -> None:
+        """The dispatched attempt ended (or its shard is gone): return the reserved quota."""
+        if entry.reserved is not None:
+            self._inflight[entry.queue].add(entry.reserved, -1)
+            self._pool_used[entry.reserved_pool].add(entry.reserved, -1)
+            entry.reserved = None
+        entry.shard = ""
+
+    def round(self, now: float, place: Place, has_room: Callable[[], bool]) -> None:
+        """Offer ready units to ``place`` while ``has_room()``: within a queue in its policy's
+        order; between queues by the fairness policy — round-robin, or the queue with the
+        smallest (weighted) dominant share next. Under DRF/FairShare, when the cluster has no
+        free room for the min_member pods of that queue's next unit while other queues have
+        work too (ready or backing off), the unit is held and every queue waits behind it: none
+        may take the room it waits for. A queue alone with work sends as before fairness (its
+        unit may preempt at the shard). Room owed to a queue below its min is kept for it. A
+        unit over its queue's quota, or that ``place`` refuses, is held for the next round; a
+        queue stops after ``MAX_HELD_PER_ROUND`` such units."""
+        self.wake(now)
+        fair = not self.fairness.work_conserving
+        if fair and self._room_freed and self._held_for_room:
+            self._wake_for_freed_room()
+        self._room_freed = self._held_for_room = False
+        self._round_owed = self.owed()
+        held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
+        budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
+        while budget and has_room():
+            for queue in self._turns(budget) if fair else list(budget):
+                entry = self.pop(queue)
+                if entry is None:
+                    del budget[queue]
+                    continue
+                outcome = self._offer(
+                    entry, place, contended=fair and (len(budget) > 1 or self._others_wait(queue))
+                )
+                if outcome == _SENT:
+                    continue
+                held.append(entry)
+                self._held_for_room |= entry.waiting_for_room
+                if outcome == _NO_ROOM:
+                    budget.clear()  # everyone waits behind the queue with the smallest share
+                    break
+                budget[queue] -= 1
+                if budget[queue] <= 0:
+                    del budget[queue]
+        for entry in held:
+            self.enqueue(entry)
+
+    def _wake_for_freed_room(self) -> None:
+        """Room freed: the backed-off units of the queue with the smallest share try again now
+        rather than when their backoff ends (as kube-scheduler moves unschedulable pods back on a
+        pod's deletion), so the room goes by fairness, not to whoever happens to be ready. At
+        most ``MAX_HELD_PER_ROUND`` of them; one that fails again backs off longer."""
+        waiting: dict[str, list[UnitEntry]] = {}
+        for queue, members in self._by_queue.items():
+            backed_off = [e for e in members.values() if e.state == UnitState.BACKOFF and e.pods]
+            if backed_off:
+                waiting[queue] = backed_off
+        if not waiting:
+            return
+        loads = [QueueLoad(q, self.used(q), self.weight(q)) for q in sorted(waiting)]
+        queue = next_queue(loads, self._capacity[GUARANTEED], self.fairness)
+        for entry in sorted(waiting[queue], key=lambda e: e.seq)[:MAX_HELD_PER_ROUND]:
+            self.enqueue(entry)
+
+    def _others_wait(self, queue: str) -> bool:
+        """Whether a queue other than ``queue`` has pending units not at a shard (ready or
+        backing off). Stops at the first such unit: usually the first one looked at."""
+        for other, members in self._by_queue.items():
+            if other != queue and any(
+                e.pods and e.state != UnitState.DISPATCHED for e in members.values()
+            ):
+                return True
+        return False
+
+    def _turns(self, budget: dict[str, int]) -> list[str]:
+        """One turn: the queue the fairness policy picks among those with work."""
+        capacity = self._capacity[GUARANTEED]
+        loads = [QueueLoad(q, self.used(q), self.weight(q)) for q in budget]
+        return [next_queue(loads, capacity, self.fairness)]
+
+    def _offer(self, entry: UnitEntry, place: Place, *, contended: bool) -> int:
+        entry.waiting_for_room = False
+        unit = self.view(entry)
+        if unit is None:
+            return _HELD
+        entry.blocked = self.quota_excess(entry.queue, unit.requests)
+        if entry.blocked:
+            return _HELD
+        if not unit.least.fits_in(self._room_for(entry.queue, unit.pool)):
+            entry.waiting_for_room = True
+            if entry.queue in self._round_owed:
+                # Below its min: it waits for the room reclaim frees, rather than failing at a
+                # shard and backing off while others take that room.
+                return _HELD
+            if contended:
+                return _NO_ROOM
+            if any(other != entry.queue for other in self._round_owed):
+                return _HELD  # the room is kept for a queue below its min
+            entry.waiting_for_room = False  # alone: it goes, and may preempt at the shard
+        return _SENT if place(entry, unit) else _HELD
+
+    def _room_for(self, queue: str, pool: str) -> Quantities:
+        """The free room of ``pool`` a unit of ``queue`` may take: all of it but what the mins
+        of other queues with pending work keep for them."""
+        free = self.free(pool)
+        if pool != GUARANTEED:
+            return free
+        for other, owed in self._round_owed.items():
+            if other != queue:
+                free = free.beyond(owed)
+        return free
+
+    # -----------------------------------------------------------------------------------------
+    # Reclaim: queues below their min take back what others borrowed
+    # -----------------------------------------------------------------------------------------
+
+    def owed(self) -> dict[str, Quantities]:
+        """Per queue below its min with pending work (guaranteed pool): what its min still owes
+        it, up to what its pending units ask for. Idle room up to this is kept for it, and
+        reclaim frees what the room lacks. Costs the units of queues with a min only."""
+        out: dict[str, Quantities] = {}
+        for queue, members in sorted(self._by_queue.items()):
+            floor = self.min(queue)
+            if floor.is_zero():
+                continue
+            wanted = Quantities()
+            for entry in members.values():
+                if not entry.pods or entry.state == UnitState.DISPATCHED:
+                    continue
+                unit = self.view(entry)
+                if unit is not None and unit.pool == GUARANTEED:
+                    wanted.add(unit.requests)
+            owed = wanted.capped_by(floor.beyond(self.used(queue)))
+            if not owed.is_zero():
+                out[queue] = owed
+        return out
+
+    def reclaim_needs(self) -> dict[str, Quantities]:
+        """Per queue below its min with pending work the cluster has no room for: how much
+        (guaranteed pool) must be freed for it — what its min owes it (``owed``) beyond the
+        free room (which goes to the first such queue)."""
+        free = self.free(GUARANTEED)
+        out: dict[str, Quantities] = {}
+        for queue, owed in self.owed().items():
+            need = owed.beyond(free)
+            if not need.is_zero():
+                out[queue] = need
+            free = free.beyond(owed)
+        return out
+
+    def claims(self) -> list[Claim]:
+        """Every bound or running pod with the queue it counts for."""
+        return list(self._claimed.values())
+
+    def pending_pods(self) -> dict[str, int]:
+        """Per queue, its pending pods (what admission limits count)."""
+        out: dict[str, int] = {}
+        for entry in self.units.values():
+            if entry.pods:
+                out[entry.queue] = out.get(entry.queue, 0) + len(entry.pods)
+        return out
+
+    # -----------------------------------------------------------------------------------------
+    # Status
+    # -----------------------------------------------------------------------------------------
+
+    def statuses(self) -> dict[str, pb.QueueStatus]:
+        """Per queue, what its bound pods hold and what waits in it (the source of
+        ``Queue.status``), in one pass over the pending units. A queue with nothing in it is
+        absent."""
+        out: dict[str, pb.QueueStatus] = {}
+        for entry in self.units.values():
+            if entry.pods:
+                status = out.setdefault(entry.queue, pb.QueueStatus())
+                status.pending_units += 1
+                status.pending_pods += len(entry.pods)
+        capacity = self._capacity[GUARANTEED]
+        for queue, used in self._usage.items():
+            if used.is_zero():  # left unset, it equals the stored status of an idle queue
+                continue
+            status = out.setdefault(queue, pb.QueueStatus())
+            status.used.CopyFrom(used.as_resources())
+            lent = borrowed(used, self.min(queue))
+            if not lent.is_zero():
+                status.borrowed.CopyFrom(lent.as_resources())
+            status.dominant_share_permille = permille(dominant_share(used, capacity))
+        return out

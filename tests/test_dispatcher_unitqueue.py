@@ -1,0 +1,512 @@
+"""UnitQueue — the dispatcher's queue of pending units (ordering, quota, backoff): pure and
+synchronous, table-driven, no store, no gRPC, no event loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from placement.nodeinfo import GUARANTEED
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.unitqueue import (
+    MAX_HELD_PER_ROUND,
+    BackoffSettings,
+    UnitEntry,
+    UnitQueue,
+    UnitState,
+)
+from tests import factories as f
+
+
+@dataclass
+class World:
+    """The jobs and queues a UnitQueue looks up, and the queue under test."""
+
+    jobs: dict[str, pb.Job] = field(default_factory=dict)
+    queues: dict[str, pb.Queue] = field(default_factory=dict)
+    backoff: BackoffSettings = field(default_factory=BackoffSettings)
+    uq: UnitQueue = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.uq = UnitQueue(self.jobs.get, self.queues.get, self.backoff)
+
+    def submit(
+        self,
+        name: str,
+        *,
+        queue: str = "default",
+        replicas: int = 1,
+        priority: int = 0,
+        created: int = 0,
+        cpu: int = 100,
+    ) -> list[pb.Pod]:
+        job = f.job(name, replicas=replicas, cpu=cpu)
+        job.spec.queue = queue
+        job.spec.priority = priority
+        job.metadata.creation_timestamp_ms = created
+        self.jobs[name] = job
+        pods = f.pods_of(job)
+        for pod in pods:
+            pod.spec.queue = queue
+            self.uq.add_pod(pod, now_ms=created)
+        return pods
+
+    def queue(
+        self, name: str, *, sort: int = pb.SORT_FIFO, quota: pb.Resources | None = None
+    ) -> None:
+        spec = pb.QueueSpec(sort_policy=sort)  # type: ignore[arg-type]
+        if quota is not None:
+            spec.quota.CopyFrom(quota)
+        self.queues[name] = pb.Queue(metadata=pb.ObjectMeta(name=name), spec=spec)
+        self.uq.queue_changed(name)
+
+    def take(self, *, accept: int = 10**9, now: float = 0.0) -> list[str]:
+        """One round with a placer that accepts the first ``accept`` units: the jobs sent."""
+        sent: list[str] = []
+
+        def place(entry: UnitEntry, unit: PendingUnit) -> bool:
+            if len(sent) >= accept:
+                return False
+            sent.append(entry.job)
+            self.uq.dispatched(entry, "shard-0", unit)
+            return True
+
+        self.uq.round(now, place, lambda: len(sent) < accept)
+        return sent
+
+
+def bound(pod: pb.Pod, node: str = "n1") -> pb.Pod:
+    copy = pb.Pod()
+    copy.CopyFrom(pod)
+    copy.spec.node_name = node
+    copy.status.phase = pb.POD_BOUND
+    return copy
+
+
+# ---------------------------------------------------------------------------------------------
+# Order: within a queue by its policy, between queues round-robin
+# ---------------------------------------------------------------------------------------------
+
+# (case, queue specs {name: sort policy}, submissions (job, queue, priority, created), sent order)
+ORDER_CASES: list[tuple[str, dict[str, int], list[tuple[str, str, int, int]], list[str]]] = [
+    ("fifo by creation time", {"q": pb.SORT_FIFO},
+     [("b", "q", 0, 2), ("a", "q", 0, 1), ("c", "q", 0, 3)], ["a", "b", "c"]),
+    ("priority queue: highest first", {"q": pb.SORT_PRIORITY},
+     [("low", "q", 1, 1), ("high", "q", 9, 2), ("mid", "q", 5, 3)], ["high", "mid", "low"]),
+    ("no Queue object: fifo", {},
+     [("late", "default", 9, 2), ("early", "default", 0, 1)], ["early", "late"]),
+    ("queues alternate, by name first", {"a": pb.SORT_FIFO, "b": pb.SORT_FIFO},
+     [("b1", "b", 0, 1), ("b2", "b", 0, 2), ("a1", "a", 0, 3), ("a2", "a", 0, 4)],
+     ["a1", "b1", "a2", "b2"]),
+    ("a drained queue drops out of the rotation", {"a": pb.SORT_FIFO, "b": pb.SORT_FIFO},
+     [("a1", "a", 0, 1), ("b1", "b", 0, 2), ("b2", "b", 0, 3), ("b3", "b", 0, 4)],
+     ["a1", "b1", "b2", "b3"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("queues", "submissions", "expected"),
+    [c[1:] for c in ORDER_CASES],
+    ids=[c[0] for c in ORDER_CASES],
+)
+def test_round_order(
+    queues: dict[str, int], submissions: list[tuple[str, str, int, int]], expected: list[str]
+) -> None:
+    w = World()
+    for name, sort in queues.items():
+        w.queue(name, sort=sort)
+    for job, queue, priority, created in submissions:
+        w.submit(job, queue=queue, priority=priority, created=created)
+    assert w.take() == expected
+
+
+def test_queue_change_rekeys_its_heap() -> None:
+    w = World()
+    w.queue("q", sort=pb.SORT_FIFO)
+    w.submit("low", queue="q", priority=1, created=1)
+    w.submit("high", queue="q", priority=9, created=2)
+    w.queue("q", sort=pb.SORT_PRIORITY)
+    assert [e.job for e in w.uq.queued("q")] == ["high", "low"]
+    assert w.uq.position(w.uq.units["low"]) == 2
+    assert w.take() == ["high", "low"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Quota: bound usage + dispatched + the unit must fit
+# ---------------------------------------------------------------------------------------------
+
+# (case, quota, already bound cpu, units' cpu in order, sent, blocked resource of the first held)
+QUOTA_CASES: list[tuple[str, pb.Resources | None, int, list[int], list[int], str]] = [
+    ("no quota", None, 5000, [1000, 1000], [0, 1], ""),
+    ("fits exactly", pb.Resources(milli_cpu=1000), 0, [600, 400], [0, 1], ""),
+    ("dispatched units count in the same round", pb.Resources(milli_cpu=1000), 0,
+     [600, 600], [0], "cpu"),
+    ("bound pods count", pb.Resources(milli_cpu=1000), 800, [300], [], "cpu"),
+    ("a smaller unit behind a held one still goes", pb.Resources(milli_cpu=1000), 500,
+     [600, 400], [1], "cpu"),
+    ("pod count quota", pb.Resources(pods=2), 0, [100, 100, 100], [0, 1], "pods"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("quota", "bound_cpu", "units", "sent", "blocked"),
+    [c[1:] for c in QUOTA_CASES],
+    ids=[c[0] for c in QUOTA_CASES],
+)
+def test_quota(
+    quota: pb.Resources | None, bound_cpu: int, units: list[int], sent: list[int], blocked: str
+) -> None:
+    w = World()
+    w.queue("q", quota=quota)
+    if bound_cpu:
+        (pod,) = w.submit("running", queue="q", cpu=bound_cpu)
+        w.uq.remove_pod(pod)
+        w.uq.add_pod(bound(pod), now_ms=0)
+        w.uq.drop_if_empty("running")
+    for i, cpu in enumerate(units):
+        w.submit(f"u{i}", queue="q", cpu=cpu, created=i + 1)
+    assert w.take() == [f"u{i}" for i in sent]
+    held = [w.uq.units[f"u{i}"] for i in range(len(units)) if i not in sent]
+    assert (held[0].blocked if held else "") == blocked
+    assert all(e.state == UnitState.QUEUED and e.in_heap for e in held)
+
+
+def test_release_returns_reserved_quota() -> None:
+    w = World()
+    w.queue("q", quota=pb.Resources(milli_cpu=1000))
+    w.submit("a", queue="q", cpu=1000, created=1)
+    w.submit("b", queue="q", cpu=1000, created=2)
+    assert w.take() == ["a"]
+    w.uq.release(w.uq.units["a"])
+    w.uq.back_off(w.uq.units["a"], now=0.0)
+    assert w.take() == ["b"]
+    assert w.uq.used("q").cpu == 1000
+
+
+def test_a_refusing_placer_holds_at_most_the_round_budget() -> None:
+    w = World()
+    for i in range(MAX_HELD_PER_ROUND + 10):
+        w.submit(f"u{i}", created=i)
+    offered: list[str] = []
+
+    def place(entry: UnitEntry, unit: PendingUnit) -> bool:
+        offered.append(entry.job)
+        return False
+
+    w.uq.round(0.0, place, lambda: True)
+    assert len(offered) == MAX_HELD_PER_ROUND
+    assert len(w.uq.queued("default")) == MAX_HELD_PER_ROUND + 10  # all back in the queue
+
+
+# ---------------------------------------------------------------------------------------------
+# Backoff and the infeasible wait
+# ---------------------------------------------------------------------------------------------
+
+# (case, initial, max, attempts, expected delay of the last)
+BACKOFF_CASES: list[tuple[str, float, float, int, float]] = [
+    ("first attempt waits the initial delay", 1.0, 60.0, 1, 1.0),
+    ("doubles", 1.0, 60.0, 3, 4.0),
+    ("capped", 1.0, 60.0, 10, 60.0),
+    ("other initial", 0.5, 2.0, 2, 1.0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("initial", "cap", "attempts", "expected"),
+    [c[1:] for c in BACKOFF_CASES],
+    ids=[c[0] for c in BACKOFF_CASES],
+)
+def test_backoff_delay(initial: float, cap: float, attempts: int, expected: float) -> None:
+    w = World(backoff=BackoffSettings(initial, cap))
+    w.submit("a")
+    entry = w.uq.units["a"]
+    delays = [w.uq.back_off(entry, now=100.0) for _ in range(attempts)]
+    assert delays[-1] == expected
+    assert entry.state == UnitState.BACKOFF and entry.not_before == 100.0 + expected
+
+
+def test_backed_off_unit_waits_until_due() -> None:
+    w = World(backoff=BackoffSettings(2.0, 60.0))
+    w.submit("a")
+    entry = w.uq.units["a"]
+    assert w.take() == ["a"]
+    w.uq.release(entry)
+    w.uq.back_off(entry, now=10.0)
+    assert w.uq.next_wake(10.0) == 2.0
+    assert w.take(now=11.9) == []
+    assert w.take(now=12.0) == ["a"]
+    assert w.uq.next_wake(12.0) is None
+
+
+def test_success_resets_attempts_and_settles() -> None:
+    w = World()
+    (pod,) = w.submit("a", replicas=1)
+    entry = w.uq.units["a"]
+    w.uq.back_off(entry, now=0.0)
+    w.uq.succeeded(entry)
+    assert (entry.state, entry.attempts) == (UnitState.SETTLING, 0)
+    assert w.uq.settled("a")  # still has a pending pod: queued again
+    assert entry.state == UnitState.QUEUED
+    w.uq.settle(entry)
+    w.uq.remove_pod(pod)
+    assert not w.uq.settled("a")
+    assert "a" not in w.uq.units  # nothing left pending: dropped
+
+
+def test_infeasible_waits_for_a_cluster_change_or_the_recheck() -> None:
+    w = World(backoff=BackoffSettings(infeasible_recheck_seconds=300.0))
+    w.submit("a")
+    w.submit("b")
+    for job in ("a", "b"):
+        w.uq.park_infeasible(w.uq.units[job], now=0.0)
+    assert w.take(now=299.0) == []
+    assert w.uq.wake_infeasible() == 2
+    assert w.take(now=299.0) == ["a", "b"]
+    w.submit("c")
+    w.uq.park_infeasible(w.uq.units["c"], now=0.0)
+    assert w.take(now=300.0) == ["c"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tracking and status
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dispatched_unit_stays_tracked_without_pods() -> None:
+    w = World()
+    (pod,) = w.submit("a")
+    assert w.take() == ["a"]
+    w.uq.remove_pod(pod)
+    w.uq.drop_if_empty("a")
+    assert w.uq.units["a"].state == UnitState.DISPATCHED
+    assert w.uq.forget("a") is not None
+    assert w.uq.used("default").is_zero()
+
+
+def test_statuses_count_pending_and_bound() -> None:
+    w = World()
+    pods = w.submit("a", queue="q", replicas=3, cpu=200)
+    w.uq.remove_pod(pods[0])
+    w.uq.add_pod(bound(pods[0]), now_ms=0)
+    w.submit("b", queue="q", replicas=2)
+    w.submit("c", queue="other")
+    got = w.uq.statuses()
+    assert (got["q"].pending_units, got["q"].pending_pods) == (2, 4)
+    assert (got["q"].used.milli_cpu, got["q"].used.pods) == (200, 1)
+    assert (got["other"].pending_units, got["other"].HasField("used")) == (1, False)
+
+
+def test_unknown_job_is_held_not_sent() -> None:
+    w = World()
+    w.submit("a")
+    del w.jobs["a"]
+    assert w.take() == []
+    assert w.uq.units["a"].state == UnitState.QUEUED
+
+
+# ---------------------------------------------------------------------------------------------
+# Fairness in the round, min and borrowed, reclaim needs
+# ---------------------------------------------------------------------------------------------
+
+
+def fair_world(fairness: str, *, node_cpu: int = 10_000, **queues: dict[str, int]) -> World:
+    """A World whose cluster is one node of ``node_cpu``; ``queues``: name -> spec fields (cpu
+    amounts: ``min``, ``weight``, ``bound`` = cpu its running pods already hold)."""
+    w = World()
+    w.uq.fairness = FAIRNESS[fairness]
+    w.uq.set_node("n1", {GUARANTEED: Quantities(cpu=node_cpu, mem=64 * f.GiB, pods=110)})
+    for name, spec in queues.items():
+        qspec = pb.QueueSpec(weight=spec.get("weight", 0))
+        if spec.get("min"):
+            qspec.min.milli_cpu = spec["min"]
+        w.queues[name] = pb.Queue(metadata=pb.ObjectMeta(name=name), spec=qspec)
+        if spec.get("bound"):
+            (pod,) = w.submit(f"{name}-running", queue=name, cpu=spec["bound"])
+            w.uq.remove_pod(pod)
+            w.uq.add_pod(bound(pod), now_ms=0)
+            w.uq.drop_if_empty(f"{name}-running")
+    return w
+
+
+# (case, fairness, queues {name: spec}, submissions [(job, queue, cpu)], sent in order)
+FAIR_ROUND_CASES: list[tuple[str, str, dict[str, dict[str, int]], list[tuple[str, str, int]],
+                             list[str]]] = [
+    ("drf: the smaller share goes first, until no room", "drf",
+     {"a": {"bound": 6000}, "b": {"bound": 2000}},
+     [("a1", "a", 1000), ("b1", "b", 1000), ("b2", "b", 1000), ("b3", "b", 1000)],
+     ["b1", "b2"]),
+    ("drf: a larger share may not take the room the smaller waits for", "drf",
+     {"a": {"bound": 6000}, "b": {"bound": 3000}},
+     [("a1", "a", 500), ("b1", "b", 2000)], []),
+    ("drf: shares alternate as units go", "drf", {"a": {}, "b": {}},
+     [("a1", "a", 2000), ("a2", "a", 2000), ("b1", "b", 2000), ("b2", "b", 2000)],
+     ["a1", "b1", "a2", "b2"]),
+    ("drf: a queue alone sends without room (it may preempt)", "drf",
+     {"a": {"bound": 10_000}}, [("a1", "a", 1000)], ["a1"]),
+    ("fair-share: weights 3:1 split the room 3:1", "fair-share",
+     {"heavy": {"weight": 3}, "light": {"weight": 1}},
+     [*((f"h{i}", "heavy", 1000) for i in range(10)), *((f"l{i}", "light", 1000) for i in range(10))],
+     ["h0", "l0", "h1", "h2", "h3", "l1", "h4", "h5", "h6", "l2"]),
+    ("round-robin ignores room and shares", "round-robin",
+     {"a": {"bound": 10_000}, "b": {}}, [("a1", "a", 1000), ("b1", "b", 1000)], ["a1", "b1"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fairness", "queues", "submissions", "expected"),
+    [c[1:] for c in FAIR_ROUND_CASES],
+    ids=[c[0] for c in FAIR_ROUND_CASES],
+)
+def test_fair_round(
+    fairness: str,
+    queues: dict[str, dict[str, int]],
+    submissions: list[tuple[str, str, int]],
+    expected: list[str],
+) -> None:
+    w = fair_world(fairness, **queues)
+    for i, (job, queue, cpu) in enumerate(submissions):
+        w.submit(job, queue=queue, cpu=cpu, created=i + 1)
+    assert w.take() == expected
+
+
+def test_the_queue_waiting_for_room_says_so() -> None:
+    w = fair_world("drf", a={"bound": 9000}, b={"bound": 500})
+    w.submit("a1", queue="a", cpu=2000, created=1)
+    w.submit("b1", queue="b", cpu=2000, created=2)
+    assert w.take() == []
+    assert w.uq.units["b1"].waiting_for_room
+    assert not w.uq.units["a1"].waiting_for_room  # never offered: it waits behind b
+
+
+# (case, queues {name: spec}, pending [(job, queue, cpu)], needs {queue: cpu})
+RECLAIM_NEED_CASES: list[tuple[str, dict[str, dict[str, int]], list[tuple[str, str, int]],
+                               dict[str, int]]] = [
+    ("below min, cluster full: what it waits for", {"a": {"min": 5000}, "b": {"bound": 10_000}},
+     [("a1", "a", 1000), ("a2", "a", 1000)], {"a": 2000}),
+    ("only up to its min", {"a": {"min": 1500}, "b": {"bound": 10_000}},
+     [("a1", "a", 1000), ("a2", "a", 1000)], {"a": 1500}),
+    ("free room counts", {"a": {"min": 5000}, "b": {"bound": 9000}},
+     [("a1", "a", 3000)], {"a": 2000}),
+    ("room enough: nothing", {"a": {"min": 5000}, "b": {"bound": 2000}}, [("a1", "a", 3000)], {}),
+    ("at its min: nothing", {"a": {"min": 2000, "bound": 2000}, "b": {"bound": 8000}},
+     [("a1", "a", 1000)], {}),
+    ("no min: nothing", {"a": {}, "b": {"bound": 10_000}}, [("a1", "a", 1000)], {}),
+    ("no pending work: nothing", {"a": {"min": 5000}, "b": {"bound": 10_000}}, [], {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("queues", "pending", "expected"),
+    [c[1:] for c in RECLAIM_NEED_CASES],
+    ids=[c[0] for c in RECLAIM_NEED_CASES],
+)
+def test_reclaim_needs(
+    queues: dict[str, dict[str, int]], pending: list[tuple[str, str, int]], expected: dict[str, int]
+) -> None:
+    w = fair_world("drf", **queues)
+    for i, (job, queue, cpu) in enumerate(pending):
+        w.submit(job, queue=queue, cpu=cpu, created=i + 1)
+    assert {q: need.cpu for q, need in w.uq.reclaim_needs().items()} == expected
+
+
+def test_status_shows_borrowed_and_dominant_share() -> None:
+    w = fair_world("drf", a={"min": 3000, "bound": 5000}, b={"min": 6000, "bound": 2000})
+    got = w.uq.statuses()
+    assert (got["a"].used.milli_cpu, got["a"].borrowed.milli_cpu) == (5000, 2000)
+    assert got["a"].dominant_share_permille == 500
+    assert not got["b"].HasField("borrowed")  # within its min
+    assert got["b"].dominant_share_permille == 200
+
+
+def test_pending_pods_per_queue() -> None:
+    w = World()
+    w.submit("a", queue="q", replicas=3)
+    w.submit("b", queue="q", replicas=2)
+    w.submit("c", queue="other")
+    assert w.uq.pending_pods() == {"q": 5, "other": 1}
+
+
+def test_room_is_kept_for_a_queue_below_its_min() -> None:
+    w = fair_world("drf", a={"min": 3000}, b={"bound": 7000})
+    w.submit("a1", queue="a", cpu=3000, created=1)
+    w.uq.back_off(w.uq.units["a1"], now=0.0)  # pending, but not ready this round
+    w.submit("b1", queue="b", cpu=1000, created=2)
+    assert w.take() == []  # the free 3000 are a's min
+    assert w.uq.units["b1"].waiting_for_room
+    w.uq.wake_queue("a")
+    assert w.take() == ["a1"]
+
+
+def test_below_its_min_a_unit_waits_for_reclaim_instead_of_failing_at_a_shard() -> None:
+    w = fair_world("drf", a={"min": 5000}, b={"bound": 10_000})
+    w.submit("a1", queue="a", cpu=1000)
+    assert w.take() == []
+    assert w.uq.units["a1"].waiting_for_room
+    assert {q: n.cpu for q, n in w.uq.reclaim_needs().items()} == {"a": 1000}
+
+
+def test_freed_room_wakes_the_smallest_share_queues_backed_off_units() -> None:
+    w = fair_world("drf", a={"bound": 6000}, b={"bound": 3000})
+    (running,) = w.submit("b-done", queue="b", cpu=1000, created=1)
+    w.uq.remove_pod(running)
+    w.uq.add_pod(bound(running), now_ms=0)
+    w.uq.drop_if_empty("b-done")  # the cluster is full: a 6000, b 4000
+    w.submit("b1", queue="b", cpu=1000, created=2)
+    w.uq.back_off(w.uq.units["b1"], now=0.0)  # it failed at a shard: retries at 1.0
+    w.submit("a1", queue="a", cpu=1000, created=3)
+    assert w.take(now=0.1) == []  # a1 waits for room while b's unit waits to retry
+    assert w.uq.units["a1"].waiting_for_room
+    w.uq.remove_pod(bound(running))  # a pod of b finished: its room is free
+    # b, the smaller share, retries at once (before its backoff ends) and takes the room first.
+    assert w.take(now=0.5)[0] == "b1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Hierarchical queues: a parent's max bounds its children together
+# ---------------------------------------------------------------------------------------------
+
+# (case, queues {name: (parent, max cpu)}, bound cpu per queue, unit (queue, cpu), blocked)
+HIERARCHY_CASES: list[tuple[str, dict[str, tuple[str, int]], dict[str, int], tuple[str, int],
+                            str]] = [
+    ("within the parent's max", {"org": ("", 4000), "a": ("org", 0), "b": ("org", 0)},
+     {"a": 2000}, ("b", 2000), ""),
+    ("siblings together over the parent's max", {"org": ("", 4000), "a": ("org", 0),
+     "b": ("org", 0)}, {"a": 3000}, ("b", 2000), "cpu of parent queue org"),
+    ("the child's own max first", {"org": ("", 4000), "a": ("org", 1000)}, {}, ("a", 2000),
+     "cpu"),
+    ("a grandparent bounds grandchildren", {"top": ("", 3000), "mid": ("top", 0),
+     "a": ("mid", 0), "b": ("top", 0)}, {"b": 2000}, ("a", 2000), "cpu of parent queue top"),
+    ("the parent's own pods count", {"org": ("", 4000), "a": ("org", 0)}, {"org": 3000},
+     ("a", 2000), "cpu of parent queue org"),
+    ("other trees do not count", {"org": ("", 4000), "a": ("org", 0), "x": ("", 0)},
+     {"x": 9000}, ("a", 2000), ""),
+    ("a cycle ends the walk", {"a": ("b", 0), "b": ("a", 5000)}, {}, ("a", 1000), ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("queues", "bound_cpu", "unit", "blocked"),
+    [c[1:] for c in HIERARCHY_CASES],
+    ids=[c[0] for c in HIERARCHY_CASES],
+)
+def test_parent_quota_bounds_children(
+    queues: dict[str, tuple[str, int]],
+    bound_cpu: dict[str, int],
+    unit: tuple[str, int],
+    blocked: str,
+) -> None:
+    w = World()
+    for name, (parent, max_cpu) in queues.items():
+        spec = pb.QueueSpec(parent=parent)
+        if max_cpu:
+            spec.quota.milli_cpu = max_cpu
+        w.queues[name] = pb.Queue(metadata=pb.ObjectMeta(name=name), spec=spec)
+    for queue, cpu in bound_cpu.items():
+        (pod,) = w.submit(f"{queue}-running", queue=queue, cpu=cpu)
+        w.uq.remove_pod(pod)
+        w.uq.add_pod(bound(pod), now_ms=0)
+        w.uq.drop_if_empty(f"{queue}-running")
+    queue, cpu = unit
+    assert w.uq.quota_excess(queue, Quantities(cpu=cpu, pods=1)) == blocked
