@@ -37,7 +37,8 @@ kind: Queue
 metadata: {name: research}
 spec:
   quota: {cpu: "16", memory: 64Gi, example.com/fpga: 2}
-  sortPolicy: DRF
+  sortPolicy: Priority
+  min: {cpu: "4", memory: 16Gi}
   weight: 3
 ---
 apiVersion: godel/v1
@@ -121,7 +122,8 @@ async def test_get_yaml_applies_back_unchanged_for_every_kind(
     assert isinstance(job["metadata"]["resourceVersion"], int)
     queue = yaml.safe_load(await ok(dispatcher, "get", "queue/research", "-o", "yaml"))
     assert queue["spec"]["quota"] == {"cpu": "16", "memory": "64Gi", "example.com/fpga": 2}
-    assert queue["spec"]["sortPolicy"] == "DRF"
+    assert queue["spec"]["sortPolicy"] == "Priority"
+    assert queue["spec"]["min"] == {"cpu": "4", "memory": "16Gi"}
 
     # A listing of several kinds is one List document, and applies back unchanged too.
     listing = await ok(dispatcher, "get", "job,queue,node,pdb", "-o", "yaml")
