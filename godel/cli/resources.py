@@ -20,6 +20,7 @@ import typer
 from google.protobuf.message import Message
 
 from godel import local
+from godel.cli import output
 from godel.cli.cluster import HomeOption, local_address
 from godel.cli.output import fail, print_json, print_table
 from godel.cli.reschedule import ReschedulerOption, get_policies
@@ -765,6 +766,7 @@ def scale(
     kind, _, count = target.partition("=")
     if not count.isdigit():
         fail(f"expected KIND=N, e.g. scheduler=4, not {target!r}")
+    output.configure_logging(output.VERBOSE)  # the local-cluster machinery logs (to stderr)
     try:
         changes = local.scale(
             local.GodelHome(home or local.default_home()),
