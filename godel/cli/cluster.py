@@ -30,6 +30,12 @@ HomeOption = Annotated[
 ]
 
 
+INSECURE_WARNING = (
+    "WARNING: INSECURE CLUSTER (started with --insecure): gRPC is plaintext and "
+    "unauthenticated; anyone who reaches its ports may submit, read and delete anything"
+)
+
+
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
@@ -58,10 +64,20 @@ def up(
     foreground: Annotated[
         bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")
     ] = False,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Serve plaintext gRPC with no authentication: anyone who reaches a port may "
+            "do anything. Default: a cluster CA and mutual TLS.",
+        ),
+    ] = False,
 ) -> None:
     """Start a local cluster: the store server and every service as separate processes.
 
-    Uses the store at $GODEL_REDIS_URL instead of starting one when that is set.
+    Uses the store at $GODEL_REDIS_URL instead of starting one when that is set. Issues the
+    cluster's CA and certificates into HOME/tls (kept across restarts); the CLI and the SDK
+    pick the admin identity up from there.
     """
     godel_home = _home(home)
     spec = local.ClusterSpec(
@@ -72,6 +88,7 @@ def up(
         grace_seconds=grace,
         hollow_nodes=hollow_nodes,
         process_node=process_node,
+        insecure=insecure,
     )
     try:
         state = local.up(godel_home, spec)
@@ -81,6 +98,10 @@ def up(
         ["NAME", "PID", "ADDRESS", "LOG"],
         [(c.name, c.pid, redact_url(c.address), c.log) for c in state.components],
     )
+    if insecure:
+        typer.echo(INSECURE_WARNING, err=True)
+    else:
+        typer.echo(f"\nmutual TLS: credentials in {godel_home.tls_dir} (admin.crt is yours)")
     if not foreground:
         typer.echo(f"\ncluster running in {godel_home}; stop it with `godel down`")
         return
@@ -111,8 +132,11 @@ def status(
     """Show every component: pid, address, alive, health. Exits 1 if any is unhealthy."""
     try:
         statuses = local.status(_home(home))
+        state = _home(home).load()
     except (local.ClusterError, local.StateError) as exc:
         fail(str(exc))
+    if state is not None and state.insecure:
+        typer.echo(INSECURE_WARNING, err=True)
     if output is OutputFormat.json:
         print_json(
             [asdict(s) | {"address": redact_url(s.address), "healthy": s.healthy} for s in statuses]

@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from godel.cli import bench, cluster, reschedule, resources
+from godel.cli import bench, certs, cluster, reschedule, resources
 from godel.cli.output import configure_logging
 
-COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, resources, reschedule, bench)
+COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, certs, resources, reschedule, bench)
 
 app = typer.Typer(
     name="godel",

@@ -22,6 +22,7 @@ from typing import Literal
 import psutil
 import structlog
 
+from godel import tls
 from godel.local.home import STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from godel.netutil import free_ports
 from services.runtime.healthcheck import SERVING, TIMEOUT, UNREACHABLE, probe
@@ -56,6 +57,9 @@ class ClusterSpec:
     """Simulated nodes, split across the node agents."""
     process_node: bool = True
     """Whether the first node agent also serves this machine as a process-mode node."""
+    insecure: bool = False
+    """Serve plaintext gRPC with no authentication (`godel up --insecure`); the default issues
+    a cluster CA and certificates into ``$GODEL_HOME/tls`` and every service serves mutual TLS."""
     service_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Extra command-line arguments per service kind, e.g. (("scheduler", ("--x", "1")),)."""
 
@@ -112,8 +116,16 @@ def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
     with home.lock():
         _refuse_running_cluster(home)
         home.logs_dir.mkdir(parents=True, exist_ok=True)
-        state = ClusterState(store_url="", started=now_iso(), grace_seconds=spec.grace_seconds)
+        state = ClusterState(
+            store_url="",
+            started=now_iso(),
+            grace_seconds=spec.grace_seconds,
+            insecure=spec.insecure,
+        )
         started: list[subprocess.Popen[bytes]] = []
+        if not spec.insecure:
+            # Kept across `down`/`up`: clients and tenants holding certificates stay valid.
+            tls.init_cluster(home.tls_dir)
         try:
             state.store_url = _start_store(home, spec, state)
             services = list(spec.services())
@@ -147,8 +159,11 @@ def status(home: GodelHome, timeout: float = 1.0) -> list[ComponentStatus]:
     state = home.load()
     if state is None:
         raise ClusterError(f"no cluster in {home}: start one with `godel up`")
+    credentials = probe_credentials(home, state)
     with ThreadPoolExecutor(max_workers=len(state.components)) as pool:
-        return list(pool.map(lambda c: _component_status(c, timeout), state.components))
+        return list(
+            pool.map(lambda c: _component_status(c, timeout, credentials), state.components)
+        )
 
 
 SCALABLE = ("scheduler", "binder")
@@ -176,7 +191,7 @@ def scale(home: GodelHome, kind: str, replicas: int, ready_timeout: float = 30.0
             state.components = [c for c in state.components if c.name not in gone]
             home.save(state)
         elif len(current) < replicas:
-            spec = ClusterSpec(grace_seconds=state.grace_seconds)
+            spec = ClusterSpec(grace_seconds=state.grace_seconds, insecure=state.insecure)
             taken = {c.name for c in state.components}
             names = (f"{kind}-{i}" for i in range(10_000) if f"{kind}-{i}" not in taken)
             procs = [
@@ -184,7 +199,7 @@ def scale(home: GodelHome, kind: str, replicas: int, ready_timeout: float = 30.0
                 for port in free_ports(replicas - len(current), HOST)
             ]
             started = state.components[-len(procs) :]
-            _wait_serving_records(started, procs, ready_timeout)
+            _wait_serving_records(started, procs, ready_timeout, probe_credentials(home, state))
             changes += [f"{c.name} started at {c.address}" for c in started]
         return changes
 
@@ -258,6 +273,7 @@ def _start_service(
         "--home", str(home.path),
         "--grace-seconds", str(spec.grace_seconds),
         "--log-format", "json",
+        *(["--insecure", "true"] if spec.insecure else []),
         *spec.args_for(name, kind),
     ]  # fmt: skip
     log_path = home.log_file(name)
@@ -295,11 +311,26 @@ def _start_service(
 def _wait_serving(
     home: GodelHome, state: ClusterState, procs: list[subprocess.Popen[bytes]], timeout: float
 ) -> None:
-    _wait_serving_records([c for c in state.components if c.kind != STORE], procs, timeout)
+    services = [c for c in state.components if c.kind != STORE]
+    _wait_serving_records(services, procs, timeout, probe_credentials(home, state))
+
+
+def probe_credentials(home: GodelHome, state: ClusterState) -> tls.Credentials | None:
+    """What `godel` presents to the cluster's health checks: the admin identity, or nothing for
+    a cluster started with --insecure."""
+    if state.insecure:
+        return None
+    try:
+        return tls.load(home.tls_dir, tls.ADMIN)
+    except tls.CredentialsError as exc:
+        raise ClusterError(str(exc)) from exc
 
 
 def _wait_serving_records(
-    services: list[ComponentRecord], procs: list[subprocess.Popen[bytes]], timeout: float
+    services: list[ComponentRecord],
+    procs: list[subprocess.Popen[bytes]],
+    timeout: float,
+    credentials: tls.Credentials | None,
 ) -> None:
     pending = dict(zip((c.name for c in services), zip(services, procs, strict=True), strict=True))
     deadline = time.monotonic() + timeout
@@ -309,7 +340,7 @@ def _wait_serving_records(
                 raise ClusterError(
                     f"{name} exited with code {code} during startup{_log_tail(record.log)}"
                 )
-            if probe(record.address, timeout=0.5) == SERVING:
+            if probe(record.address, timeout=0.5, credentials=credentials) == SERVING:
                 log.info("serving", component=name)
                 del pending[name]
         if pending and time.monotonic() >= deadline:
@@ -378,13 +409,19 @@ def _signal(proc: psutil.Process, signum: signal.Signals) -> None:
         pass
 
 
-def _component_status(record: ComponentRecord, timeout: float) -> ComponentStatus:
+def _component_status(
+    record: ComponentRecord, timeout: float, credentials: tls.Credentials | None
+) -> ComponentStatus:
     if record.kind == STORE:
         health = _ping_store(record.address, timeout)
         alive = record.process() is not None if record.pid is not None else health == SERVING
     else:
         alive = record.process() is not None
-        health = probe(record.address, timeout=timeout) if alive else UNREACHABLE
+        health = (
+            probe(record.address, timeout=timeout, credentials=credentials)
+            if alive
+            else UNREACHABLE
+        )
     return ComponentStatus(
         name=record.name, kind=record.kind, pid=record.pid, address=record.address,
         alive=alive, health=health, started=record.started,

@@ -3,6 +3,7 @@
     $GODEL_HOME/
       store/              data dir of the store server (AOF, server.log, server.pid)
       logs/<name>.log     one log per service process
+      tls/                the cluster CA and certificates (godel.tls); absent with --insecure
       cluster.json        what is running: one record per component
       .lock               held while `godel up`/`down` change the cluster
 
@@ -75,6 +76,8 @@ class ClusterState:
     """The services' shutdown grace: `godel down` waits a little longer before SIGKILL."""
     components: list[ComponentRecord] = field(default_factory=list)
     version: int = STATE_VERSION
+    insecure: bool = False
+    """Started with --insecure: plaintext gRPC, no authentication (clients must not use TLS)."""
 
     def component(self, name: str) -> ComponentRecord | None:
         return next((c for c in self.components if c.name == name), None)
@@ -93,6 +96,7 @@ class GodelHome:
         self.store_dir = self.path / "store"
         self.logs_dir = self.path / "logs"
         self.state_file = self.path / "cluster.json"
+        self.tls_dir = self.path / "tls"
 
     def __str__(self) -> str:
         return str(self.path)

@@ -35,7 +35,7 @@ from services.dispatcher.queueing import (
     quota_excess,
 )
 from services.dispatcher.validation import DEFAULT_QUEUE, NodeShape, pool_of
-from services.runtime import cancel_and_wait
+from services.runtime import Dial, cancel_and_wait
 from store import Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -159,8 +159,11 @@ class UnitDispatcher:
 
     KINDS = ("Pod", "Job", "Node", "Queue", "SchedulerInstance")
 
-    def __init__(self, store: Store, informer: Informer, settings: DispatchSettings) -> None:
+    def __init__(
+        self, store: Store, informer: Informer, settings: DispatchSettings, *, dial: Dial
+    ) -> None:
         self.store = store
+        self.dial = dial
         self.informer = informer
         self.settings = settings
         self.units: dict[str, UnitEntry] = {}
@@ -441,7 +444,7 @@ class UnitDispatcher:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ]
         try:
-            async with grpc.aio.insecure_channel(link.address, options=options) as channel:
+            async with self.dial(link.address, options) as channel:
                 call = internal_pb2_grpc.SchedulerStub(channel).Dispatch()
                 writer = asyncio.create_task(self._write(link, call))
                 try:

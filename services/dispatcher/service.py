@@ -97,6 +97,7 @@ class DispatcherService(Service[DispatcherConfig]):
                 infeasible_recheck_seconds=cfg.infeasible_recheck_seconds,
                 max_batch_pods=cfg.max_batch_pods,
             ),
+            dial=self.dial,
         )
         servicer = DispatcherServicer(self.store, self.core, max_replicas=cfg.max_replicas)
         api_pb2_grpc.add_DispatcherServicer_to_server(servicer, server)

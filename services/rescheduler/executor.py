@@ -39,6 +39,7 @@ from services.eviction import RESCHEDULED
 from services.rescheduler import movements as mv
 from services.rescheduler.framework import ClusterView, Move
 from services.rescheduler.round import Policy, RoundPlan
+from services.runtime import Dial
 from store import Store
 from store.errors import StoreError
 
@@ -71,8 +72,11 @@ class BinderEvictor:
     """Calls ``Binder.Evict`` on the current leader (found through its lease), again after a
     failover or while no leader is elected, within ``timeout_seconds``."""
 
-    def __init__(self, store: Store, requester: str, timeout_seconds: float = 120.0) -> None:
+    def __init__(
+        self, store: Store, requester: str, dial: Dial, timeout_seconds: float = 120.0
+    ) -> None:
         self.store = store
+        self.dial = dial
         self.requester = requester
         self.timeout = timeout_seconds
 
@@ -85,7 +89,7 @@ class BinderEvictor:
             if lease is None or not lease.holder_address:
                 await asyncio.sleep(_POLL_SECONDS)
                 continue
-            async with grpc.aio.insecure_channel(lease.holder_address) as channel:
+            async with self.dial(lease.holder_address, ()) as channel:
                 stub = internal_pb2_grpc.BinderStub(channel)
                 try:
                     response: ipb.EvictResponse = await stub.Evict(

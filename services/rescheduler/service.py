@@ -132,7 +132,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
         self.recycler = Recycler(self.store, self.config.movement_retention_seconds)
         self.executor = RoundExecutor(
             self.store,
-            BinderEvictor(self.store, f"rescheduler/{self.config.name}"),
+            BinderEvictor(self.store, f"rescheduler/{self.config.name}", self.dial),
             lambda: self.manager.paused,
             ExecutionConfig(
                 ack_timeout_seconds=self.config.ack_timeout_seconds,
