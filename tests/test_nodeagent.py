@@ -133,6 +133,7 @@ def agent_config(store_url: str, cluster: str, tmp_path: Path, **kw: Any) -> Nod
         work_dir=str(tmp_path / "pods"),
         home=tmp_path,
         grace_seconds=0.5,
+        insecure=True,  # plaintext in-process; tests/test_tls.py covers TLS
     )
     defaults.update(kw)
     return NodeAgentConfig(**defaults)

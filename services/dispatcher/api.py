@@ -17,10 +17,13 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
+from godel.tls import Identity
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services import tenancy
 from services.dispatcher import validation as v
 from services.dispatcher.dispatch import UnitDispatcher, is_pending
+from services.runtime.auth import caller
 from store import (
     AlreadyExistsError,
     CommitError,
@@ -101,6 +104,9 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
     # -----------------------------------------------------------------------------------------
 
     async def Submit(self, request: api_pb2.SubmitRequest, context: Any) -> api_pb2.SubmitResponse:
+        # The whole request is refused before anything is stored: a batch never half-lands.
+        for job in request.jobs:
+            await _refuse_if(context, tenancy.submit_refusal(caller(), job))
         try:
             return await self._submit(request)
         except StoreUnavailableError as exc:
@@ -148,8 +154,10 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         if request.dry_run or not valid:
             return api_pb2.SubmitResponse(results=results)
         units = {i: v.normalise_job(jobs[i]) for i in valid}
-        if request.request_id:
-            for unit in units.values():
+        owner = _owner()
+        for unit in units.values():
+            unit.metadata.owner = owner  # never what the request said
+            if request.request_id:
                 unit.metadata.annotations[REQUEST_ID_ANNOTATION] = request.request_id
         commits: list[list[Op]] = [
             [Create(units[i]), *(Create(p) for p in _pods_for(units[i], queue_objects))]
@@ -203,11 +211,15 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                         await _abort(context, grpc.StatusCode.ABORTED, str(exc.cause))
         except _Aborted as exc:
             await _abort(context, grpc.StatusCode.ABORTED, str(exc))
+        except _Refused as exc:
+            await _abort(context, grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
         raise AssertionError("unreachable")
 
     async def _apply(self, request: api_pb2.ApplyRequest) -> api_pb2.ApplyResponse:
+        if request.objects and (why := tenancy.apply_refusal(caller())) is not None:
+            raise _Refused(why)
         results: list[api_pb2.ApplyResult] = []
         checked: list[tuple[int, str, Message]] = []
         seen: dict[tuple[str, str], int] = {}
@@ -302,6 +314,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        await _refuse_if(context, tenancy.read_refusal(caller(), kind.name, obj))
         return wrap(kind.name, obj)
 
     async def List(self, request: api_pb2.ListRequest, context: Any) -> api_pb2.ListResponse:
@@ -328,6 +341,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
         selector = dict(request.label_selector)
+        identity = caller()
         picked = sorted(
             (
                 o
@@ -335,6 +349,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                 if o.metadata.name > after  # type: ignore[attr-defined]
                 and all(o.metadata.labels.get(k) == val for k, val in selector.items())  # type: ignore[attr-defined]
                 and (not request.job or o.spec.job == request.job)  # type: ignore[attr-defined]
+                and tenancy.owns(identity, kind.name, o)
             ),
             key=lambda o: o.metadata.name,  # type: ignore[attr-defined, no-any-return]
         )
@@ -374,6 +389,9 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
     async def Delete(self, request: api_pb2.DeleteRequest, context: Any) -> api_pb2.DeleteResponse:
         try:
             kind = _kind(request.kind)
+            if not tenancy.unrestricted(identity := caller()):
+                stored = await self.store.get_many(kind.message, [request.name])
+                await _refuse_if(context, tenancy.delete_refusal(identity, kind.name, stored[0]))
             if kind.name == "Job":
                 deleted = await self._delete_job(request.name, request.resource_version)
                 self.core.revoke(request.name)
@@ -441,6 +459,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        await _refuse_if(context, tenancy.read_refusal(caller(), "Pod", pod))
         return self.explain(pod)
 
     def explain(self, pod: pb.Pod) -> api_pb2.ExplainResponse:
@@ -493,7 +512,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "job: only Jobs and Pods have a job"
             )
-        matches = _watch_filter(dict(request.label_selector), request.job)
+        matches = _watch_filter(dict(request.label_selector), request.job, caller())
         revision = request.from_revision
         try:
             if revision == 0:
@@ -533,10 +552,15 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
 
 
-def _watch_filter(selector: dict[str, str], job: str) -> Callable[[str, Message], bool]:
-    """Whether a watched object matches a WatchRequest's label selector and job."""
+def _watch_filter(
+    selector: dict[str, str], job: str, identity: Identity | None = None
+) -> Callable[[str, Message], bool]:
+    """Whether a watched object matches a WatchRequest's label selector and job, and is one
+    the caller may see (a tenant's own jobs and pods; a filtered-out change is a bookmark)."""
 
     def matches(kind: str, obj: Message) -> bool:
+        if not tenancy.owns(identity, kind, obj):
+            return False
         labels = obj.metadata.labels  # type: ignore[attr-defined]
         if any(labels.get(k) != val for k, val in selector.items()):
             return False
@@ -551,6 +575,21 @@ def _watch_filter(selector: dict[str, str], job: str) -> Callable[[str, Message]
 
 class _Aborted(Exception):
     """A compare-and-set the client asked for failed: answered with ABORTED."""
+
+
+class _Refused(Exception):
+    """The caller's identity may not do this (``tenancy``): answered with PERMISSION_DENIED."""
+
+
+async def _refuse_if(context: Any, refusal: str | None) -> None:
+    if refusal is not None:
+        await _abort(context, grpc.StatusCode.PERMISSION_DENIED, refusal)
+
+
+def _owner() -> str:
+    """What a new job's ``metadata.owner`` is: the calling tenant; empty for the admin."""
+    identity = caller()
+    return "" if tenancy.unrestricted(identity) or identity is None else identity.name
 
 
 def _applied(request: api_pb2.ApplyRequest) -> Sequence[Message]:

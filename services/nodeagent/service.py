@@ -19,6 +19,7 @@ import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services import tenancy
 from services.nodeagent.nodes import (
     GiB,
     NodeSet,
@@ -32,6 +33,7 @@ from services.nodeagent.nodes import (
 )
 from services.nodeagent.runner import PodRunner
 from services.runtime import ConfigError, Service, ServiceConfig, cancel_and_wait, option
+from services.runtime.auth import caller
 from store import StoreError
 from store.informer import Informer
 
@@ -246,6 +248,9 @@ class _NodeAgentServicer(api_pb2_grpc.NodeAgentServicer):
                 "(only process-mode pods on this agent's nodes have logs)",
             )
             return
+        # A tenant reads the logs of its own pods only (the rule the Dispatcher applies).
+        if (why := tenancy.read_refusal(caller(), "Pod", run.pod)) is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         path, exited = run.log_path, run.exited
         # The child may not have opened its log yet.
         while not path.exists():
