@@ -31,7 +31,7 @@ from services.nodeagent.nodes import (
     parse_taints,
     process_node,
 )
-from services.nodeagent.runner import PodRunner
+from services.nodeagent.runner import PodRunner, resolve_run_as
 from services.runtime import ConfigError, Service, ServiceConfig, cancel_and_wait, option
 from services.runtime.auth import caller
 from store import StoreError
@@ -96,6 +96,13 @@ class NodeAgentConfig(ServiceConfig):
         default="",
         metadata=option("process-mode pod work dirs and logs (default: <home>/pods)"),
     )
+    run_as: str = field(
+        default="",
+        metadata=option(
+            "user (name or uid) process-mode pods run as, never root (default: nobody when "
+            "the agent runs as root, else the agent's own user)"
+        ),
+    )
     status_flush_ms: int = field(
         default=50,
         metadata=option("how long pod phase changes gather before one batched write", minimum=1),
@@ -106,6 +113,10 @@ class NodeAgentConfig(ServiceConfig):
     )
 
     def __post_init__(self) -> None:
+        try:
+            resolve_run_as(self.run_as, os.geteuid())
+        except ValueError as exc:
+            raise ConfigError(f"run_as: {exc}") from None
         # Bad labels or taints are a configuration error (exit 2), not a failed start.
         for name, parse in (("hollow_labels", parse_labels), ("hollow_taints", parse_taints)):
             try:
@@ -187,6 +198,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
             work_dir,
             flush_interval=cfg.status_flush_ms / 1000,
             flush_max=cfg.status_batch_max,
+            run_as=resolve_run_as(cfg.run_as, os.geteuid()),
         )
         # Only the pods bound to our nodes: at 200,000 pods, caching every pod cost each agent
         # over 300 MiB.
