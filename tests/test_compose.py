@@ -36,6 +36,7 @@ LOCK = ROOT / "requirements.lock"
 PYPROJECT = ROOT / "pyproject.toml"
 SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
 STORE = "store"
+CERTS = "certs"  # the one-shot init service writing the cluster's credentials to its volume
 SCALED = ("scheduler", "binder")
 DEPENDS_ON_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 
@@ -99,7 +100,8 @@ def test_schema_rejects_an_invalid_file(
 
 
 def _godel_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {name: spec for name, spec in services.items() if name != STORE}
+    """The long-running Gödel components (not the store, not the one-shot certs service)."""
+    return {name: spec for name, spec in services.items() if name not in (STORE, CERTS)}
 
 
 def _seconds(duration: str) -> float:
@@ -111,7 +113,7 @@ def _seconds(duration: str) -> float:
 
 def test_every_component_has_a_service(services: dict[str, dict[str, Any]]) -> None:
     assert set(services) == {
-        STORE, "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent"
+        STORE, CERTS, "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent"
     }  # fmt: skip
 
 
@@ -127,6 +129,8 @@ def test_commands_run_importable_modules(services: dict[str, dict[str, Any]]) ->
 
 def test_every_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
     for name, spec in services.items():
+        if name == CERTS:  # one-shot: its dependents wait for it to complete, not to be healthy
+            continue
         test = spec.get("healthcheck", {}).get("test")
         assert test and test[0] == "CMD", f"{name}: healthcheck.test missing"
     for name, spec in _godel_services(services).items():
@@ -150,6 +154,45 @@ def test_depends_on_references_healthy_defined_services(
                 assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
     for name, spec in _godel_services(services).items():
         assert spec["depends_on"][STORE]["condition"] == "service_healthy", name
+        assert spec["depends_on"][CERTS]["condition"] == "service_completed_successfully", name
+
+
+def test_the_certs_service_issues_credentials_every_service_uses(
+    services: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The init service writes the CA and certificates to the certs volume once; every component
+    mounts that volume read-only and finds its identity there (GODEL_TLS_DIR), its certificate
+    naming every compose service name it may be dialled at."""
+    from cryptography import x509
+    from typer.testing import CliRunner
+
+    from godel import tls
+    from godel.cli.main import app
+
+    init = services[CERTS]
+    assert init["restart"] == "no" and "depends_on" not in init
+    command = init["command"]
+    assert command[:5] == ["python", "-m", "godel", "certs", "init"], command
+    directory = command[command.index("--dir") + 1]
+    assert f"certs:{directory}" in init["volumes"]
+    hosts = {command[i + 1] for i, arg in enumerate(command) if arg == "--host"}
+    assert hosts == set(_godel_services(services)), "every service name is in the certificate"
+    for name, spec in _godel_services(services).items():
+        assert spec["environment"]["GODEL_TLS_DIR"] == directory, name
+        assert f"certs:{directory}:ro" in spec["volumes"], name
+        assert "--insecure" not in spec["command"] and "GODEL_INSECURE" not in spec["environment"]
+    # The command, run: the credentials the services load.
+    result = CliRunner().invoke(app, [*command[3:5], "--dir", str(tmp_path), *command[7:]])
+    assert result.exit_code == 0, result.output
+    service = tls.load(tmp_path, tls.SERVICE)
+    assert tls.identity_of(service.certificate).role == "service"
+    names = (
+        x509.load_pem_x509_certificate(service.certificate)
+        .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        .value.get_values_for_type(x509.DNSName)
+    )
+    assert hosts | {tls.SERVICE_NAME} <= set(names)
+    assert tls.identity_of(tls.load(tmp_path, tls.ADMIN).certificate).role == "admin"
 
 
 def test_scaled_services_have_no_fixed_name_or_host_port(

@@ -26,11 +26,15 @@ What stands in for what, precisely:
   per replica (each container has its own filesystem); ``valkey-server`` is the server binary
   `store.server.find_server_binary` finds, run with the file's arguments in a directory standing
   in for the store's volume.
-- **Readiness.** The store's ``depends_on: service_healthy`` is honoured (the godel services start
-  once the store answers PING); a godel replica is healthy when its healthcheck command, run as
-  the file gives it, exits 0.
+- **Named volumes → shared directories.** A volume a godel service mounts (``certs:/certs``) is
+  one directory for every replica that mounts it; a path under the mount point in a command or
+  an environment value means that directory. (The store's ``/data`` is its own, as above.)
+- **Readiness.** ``depends_on`` is honoured: the godel services start once the store answers
+  PING and the one-shot ``certs`` service has exited 0 (``service_completed_successfully``); a
+  godel replica is healthy when its healthcheck command, run as the file gives it, exits 0.
 - **Not emulated:** ``restart`` policies (a replica that exits stays down, and the test fails on
-  it), ``init``, resource isolation, and Docker's DNS round-robin between replicas.
+  it — except a ``restart: "no"`` one-shot that exited 0), ``init``, read-only mounts, resource
+  isolation, and Docker's DNS round-robin between replicas.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from typing import Any
 
 import yaml
 
+from godel import tls
 from services.runtime.healthcheck import probe
 from store.server import find_server_binary
 
@@ -146,11 +151,19 @@ class Deployment:
         )
 
     def exited(self) -> list[str]:
+        """Replicas that stopped, but for one-shots that completed (``restart: "no"``, exit 0)."""
         return [
             f"{r.name} exited with {r.process.returncode}:\n{r.log_tail()}"
             for r in self.replicas
-            if r.process is not None and r.process.poll() is not None
+            if r.process is not None
+            and r.process.poll() is not None
+            and not (r.spec.get("restart") == "no" and r.process.returncode == 0)
         ]
+
+    def volume(self, name: str) -> Path:
+        """A named volume's directory, e.g. to copy the credentials out as
+        `docker compose cp certs:/certs/. DIR` does."""
+        return self.emulator.workdir / "volumes" / name
 
     def down(self) -> None:
         """Dependents first, the store last; each gets SIGTERM, then SIGKILL after its
@@ -198,6 +211,15 @@ class Emulator:
                 root = workdir / f"{service}-{index}"
                 self.replicas.append(Replica(service, index, f"{block}.{next(hosts)}", spec, root))
         self.dns = {r.service: r.ip for r in reversed(self.replicas)}  # first replica wins
+        named = set(self.document.get("volumes") or {})
+        self.mounts: dict[str, list[tuple[str, Path]]] = {}
+        for service, spec in self.services.items():
+            for entry in spec.get("volumes", []):
+                source, target = str(entry).split(":")[:2]
+                if source in named and service != "store":  # the store's data: see start()
+                    self.mounts.setdefault(service, []).append(
+                        (target, workdir / "volumes" / source)
+                    )
 
     def localise(self, value: str, replica: Replica) -> str:
         """A value of the file or the image as it reads inside ``replica``'s emulated container."""
@@ -209,6 +231,9 @@ class Emulator:
         value = re.sub(rf"(^|//)({names})(?=:\d)", lambda m: m[1] + self.dns[m[2]], value)
         if value == IMAGE_HOME or value.startswith(IMAGE_HOME + "/"):
             return str(replica.root / "home") + value[len(IMAGE_HOME) :]
+        for target, directory in self.mounts.get(replica.service, []):
+            if value == target or value.startswith(target + "/"):
+                return str(directory) + value[len(target) :]
         return value
 
     def argv(self, command: list[str], replica: Replica) -> list[str]:
@@ -229,6 +254,8 @@ class Emulator:
     def start(self, replica: Replica) -> None:
         home = replica.root / "home"
         home.mkdir(parents=True, exist_ok=True)
+        for _, directory in self.mounts.get(replica.service, []):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         command = list(replica.spec["command"])
         if command[0] == "valkey-server":
             data = replica.root / "data"  # the named volume mounted at /data, its working dir
@@ -247,7 +274,11 @@ class Emulator:
 
     def healthy(self, replica: Replica) -> bool:
         """The replica's healthcheck, as compose runs it (the store's `valkey-cli ping` is a
-        PING sent from here: valkey-cli need not be installed)."""
+        PING sent from here: valkey-cli need not be installed); for a one-shot service (no
+        healthcheck), whether it completed successfully."""
+        if "healthcheck" not in replica.spec:
+            assert replica.process is not None
+            return replica.process.poll() == 0
         test = replica.spec["healthcheck"]["test"]
         assert test[0] == "CMD", test
         if test[1] == "valkey-cli":
@@ -260,7 +291,9 @@ class Emulator:
         # on 2 shared cores): probe the same address in-process until SERVING, then run the
         # command itself once.
         if argv[1:3] == ["-m", "services.runtime.healthcheck"]:
-            if probe(argv[argv.index("--addr") + 1], timeout=2) != "SERVING":
+            credentials = tls.load(Path(self.environment(replica)["GODEL_TLS_DIR"]), tls.SERVICE)
+            address = argv[argv.index("--addr") + 1]
+            if probe(address, timeout=2, credentials=credentials) != "SERVING":
                 return False
         timeout = seconds(replica.spec["healthcheck"].get("timeout", "30s"))
         result = subprocess.run(
