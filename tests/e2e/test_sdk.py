@@ -18,6 +18,7 @@ import grpc
 import psutil
 import pytest
 
+from godel import tls
 from godel.client import (
     AlreadyExists,
     AsyncGodelClient,
@@ -300,8 +301,11 @@ def test_grpcurl_walkthrough_in_the_reference_works(make_cluster: Callable[..., 
     text = (ROOT / "godel" / "README.md").read_text()
     calls = re.findall(r"-d '(.*?)' \\?\s*\$A godel\.v1\.Dispatcher/(\w+)", text, re.DOTALL)
     assert [method for _, method in calls] == ["Submit", "Get", "Watch", "Delete"]
+    assert 'G="grpcurl -cacert $T/ca.crt -cert $T/admin.crt -key $T/admin.key"' in text
     address = cluster.state.address_of("dispatcher")
-    with grpc.insecure_channel(address) as channel:
+    # What those flags present: the cluster CA and the admin identity from $GODEL_HOME/tls.
+    admin = tls.load(cluster.home.tls_dir, tls.ADMIN)
+    with grpc.secure_channel(address, admin.channel()) as channel:
         pool = descriptor_pool.DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
         service = pool.FindServiceByName("godel.v1.Dispatcher")
         for body, name in calls:
