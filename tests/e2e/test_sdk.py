@@ -35,6 +35,7 @@ from godel.client import (
     job,
 )
 from godel.netutil import free_ports
+from services.runtime.healthcheck import probe
 from tests.e2e.conftest import ROOT, Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -144,6 +145,13 @@ def _restart(cluster: Cluster, name: str) -> None:
     proc.kill()
     proc.wait(10)
     cluster.start_again(name)
+    # Serving again before the test carries on: on a loaded machine a Python service takes
+    # longer to start than the client's retries last (about 3 s), which is not what is tested.
+    admin = tls.load(cluster.home.tls_dir, tls.ADMIN)
+    wait_until(
+        lambda: probe(record.address, timeout=2, credentials=admin) == "SERVING",
+        what=f"{name} serving again",
+    )
 
 
 def test_watch_resumes_through_a_dispatcher_kill9(make_cluster: Callable[..., Cluster]) -> None:
