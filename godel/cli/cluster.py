@@ -64,6 +64,14 @@ def up(
     foreground: Annotated[
         bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")
     ] = False,
+    run_as: Annotated[
+        str,
+        typer.Option(
+            "--run-as",
+            help="User process-mode pods run as, never root (default: nobody when started as "
+            "root, else yours).",
+        ),
+    ] = "",
     insecure: Annotated[
         bool,
         typer.Option(
@@ -89,6 +97,7 @@ def up(
         hollow_nodes=hollow_nodes,
         process_node=process_node,
         insecure=insecure,
+        run_as=run_as,
     )
     try:
         state = local.up(godel_home, spec)

@@ -60,6 +60,8 @@ class ClusterSpec:
     insecure: bool = False
     """Serve plaintext gRPC with no authentication (`godel up --insecure`); the default issues
     a cluster CA and certificates into ``$GODEL_HOME/tls`` and every service serves mutual TLS."""
+    run_as: str = ""
+    """The user process-mode pods run as (the node agents' --run-as; default: nobody as root)."""
     service_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Extra command-line arguments per service kind, e.g. (("scheduler", ("--x", "1")),)."""
 
@@ -72,6 +74,8 @@ class ClusterSpec:
             )
             args += ["--hollow-nodes", str(share)]
             args += ["--process-node", "true" if self.process_node and index == 0 else "false"]
+            if self.run_as:
+                args += ["--run-as", self.run_as]
         for k, extra in self.service_args:
             if k == kind:
                 args += extra
