@@ -177,7 +177,9 @@ async def test_a_service_without_credentials_refuses_to_start_unless_insecure_by
         environ={},
     )
     assert not config.insecure
-    with pytest.raises(StartupError, match="--insecure serves without TLS"):
+    with pytest.raises(
+        StartupError, match="--insecure true .or GODEL_INSECURE=true. serves without TLS"
+    ):
         async with ServiceHost(DispatcherService, config):
             pass
     async with ServiceHost(DispatcherService, replace(config, insecure=True)) as host:

@@ -199,6 +199,7 @@ def discover_credentials(home: Path | None = None) -> tls.Credentials | None:
     identity = os.environ.get(tls.IDENTITY_VARIABLE) or tls.ADMIN
     if directory := os.environ.get(tls.TLS_DIR_VARIABLE):
         return _load_credentials(Path(directory), identity)
+    # Imported here, as in local_address: a program given its credentials never needs it.
     from godel import local
 
     godel_home = local.GodelHome(home or local.default_home())

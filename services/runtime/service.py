@@ -344,7 +344,8 @@ def _load_credentials(config: ServiceConfig) -> tls.Credentials | None:
     except tls.CredentialsError as exc:
         raise StartupError(
             f"{exc}; `godel up` issues the cluster's credentials into HOME/tls (compose: the "
-            "certs service), --tls-dir names another directory, --insecure serves without TLS"
+            "certs service), --tls-dir names another directory, --insecure true (or "
+            "GODEL_INSECURE=true) serves without TLS"
         ) from exc
 
 
