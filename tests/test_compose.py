@@ -166,7 +166,7 @@ def test_the_certs_service_issues_credentials_every_service_uses(
     from cryptography import x509
     from typer.testing import CliRunner
 
-    from godel import tls
+    from godel import pki, tls
     from godel.cli.main import app
 
     init = services[CERTS]
@@ -185,14 +185,14 @@ def test_the_certs_service_issues_credentials_every_service_uses(
     result = CliRunner().invoke(app, [*command[3:5], "--dir", str(tmp_path), *command[7:]])
     assert result.exit_code == 0, result.output
     service = tls.load(tmp_path, tls.SERVICE)
-    assert tls.identity_of(service.certificate).role == "service"
+    assert pki.identity_of(service.certificate).role == "service"
     names = (
         x509.load_pem_x509_certificate(service.certificate)
         .extensions.get_extension_for_class(x509.SubjectAlternativeName)
         .value.get_values_for_type(x509.DNSName)
     )
     assert hosts | {tls.SERVICE_NAME} <= set(names)
-    assert tls.identity_of(tls.load(tmp_path, tls.ADMIN).certificate).role == "admin"
+    assert pki.identity_of(tls.load(tmp_path, tls.ADMIN).certificate).role == "admin"
 
 
 def test_scaled_services_have_no_fixed_name_or_host_port(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from godel import tls
+from godel import pki, tls
 from godel.tls import Identity
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
@@ -26,15 +26,15 @@ BOB = Identity("bob", "tenant", ("batch",))
 
 
 def test_a_cluster_ca_issues_identities_with_their_role_and_queues(tmp_path: Path) -> None:
-    tls.init_cluster(tmp_path, ["dispatcher", "10.0.0.7"])
-    tls.issue(tmp_path, "alice", "tenant", queues=["research", "default"])
+    pki.init_cluster(tmp_path, ["dispatcher", "10.0.0.7"])
+    pki.issue(tmp_path, "alice", "tenant", queues=["research", "default"])
     assert {p.name for p in tmp_path.iterdir()} == {
         f"{stem}.{ext}" for stem in ("ca", "service", "admin", "alice") for ext in ("crt", "key")
     }
     assert all(p.stat().st_mode & 0o077 == 0 for p in tmp_path.iterdir()), "private to owner"
     cases = [("service", SERVICE), ("admin", ADMIN), ("alice", ALICE)]
     for stem, identity in cases:
-        assert tls.identity_of(tls.load(tmp_path, stem).certificate) == identity, stem
+        assert pki.identity_of(tls.load(tmp_path, stem).certificate) == identity, stem
     service = x509.load_pem_x509_certificate((tmp_path / "service.crt").read_bytes())
     names = service.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     dns = names.get_values_for_type(x509.DNSName)
@@ -43,7 +43,7 @@ def test_a_cluster_ca_issues_identities_with_their_role_and_queues(tmp_path: Pat
     assert {"127.0.0.1", "10.0.0.7"} <= set(ips)
     # A second init keeps the CA: certificates issued before stay valid.
     before = (tmp_path / "ca.crt").read_bytes()
-    tls.init_cluster(tmp_path)
+    pki.init_cluster(tmp_path)
     assert (tmp_path / "ca.crt").read_bytes() == before
 
 
@@ -58,9 +58,9 @@ def test_a_cluster_ca_issues_identities_with_their_role_and_queues(tmp_path: Pat
 def test_issuing_refuses_bad_names_and_roles(
     tmp_path: Path, name: str, role: str, queues: list[str], error: str
 ) -> None:
-    tls.init_cluster(tmp_path)
+    pki.init_cluster(tmp_path)
     with pytest.raises(tls.CredentialsError, match=error):
-        tls.issue(tmp_path, name, role, queues=queues)  # type: ignore[arg-type]
+        pki.issue(tmp_path, name, role, queues=queues)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -178,7 +178,7 @@ async def test_a_service_without_credentials_refuses_to_start_unless_insecure_by
     )
     assert not config.insecure
     with pytest.raises(
-        StartupError, match="--insecure true .or GODEL_INSECURE=true. serves without TLS"
+        StartupError, match=r"--insecure true \(or GODEL_INSECURE=true\) serves without TLS"
     ):
         async with ServiceHost(DispatcherService, config):
             pass

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from godel import local, tls
+from godel import local, pki, tls
 from godel.cli.cluster import HomeOption
 from godel.cli.output import fail
 
@@ -57,7 +57,7 @@ def init(
     target = _directory(directory, home)
     existed = (target / f"{tls.CA}.crt").exists()
     try:
-        tls.init_cluster(target, host or [])
+        pki.init_cluster(target, host or [])
     except (tls.CredentialsError, OSError) as exc:
         fail(str(exc))
     typer.echo(f"{'kept the' if existed else 'created a'} cluster CA in {target}")
@@ -86,7 +86,7 @@ def issue(
         fail("--queue is for tenants: the admin may use every queue")
     target = _directory(directory, home)
     try:
-        path = tls.issue(target, name, role, queues=queue or [])  # type: ignore[arg-type]
+        path = pki.issue(target, name, role, queues=queue or [])  # type: ignore[arg-type]
     except tls.CredentialsError as exc:
         fail(str(exc))
     typer.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue or []) or 'none'})")

@@ -22,7 +22,7 @@ from typing import Literal
 import psutil
 import structlog
 
-from godel import tls
+from godel import pki, tls
 from godel.local.home import STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from godel.netutil import free_ports
 from services.runtime.healthcheck import SERVING, TIMEOUT, UNREACHABLE, probe
@@ -129,7 +129,7 @@ def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
         started: list[subprocess.Popen[bytes]] = []
         if not spec.insecure:
             # Kept across `down`/`up`: clients and tenants holding certificates stay valid.
-            tls.init_cluster(home.tls_dir)
+            pki.init_cluster(home.tls_dir)
         try:
             state.store_url = _start_store(home, spec, state)
             services = list(spec.services())

@@ -18,7 +18,8 @@ from typing import Any
 
 import grpc
 
-from godel.tls import CredentialsError, Identity, Role, identity_of
+from godel.pki import identity_of
+from godel.tls import CredentialsError, Identity, Role
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from godel import tls
+from godel import pki, tls
 from godel.client import (
     ClientError,
     GodelClient,
@@ -92,7 +92,7 @@ def test_every_service_refuses_callers_without_the_clusters_credentials(
     cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2)
     tls_dir = cluster.home.tls_dir
     admin = tls.load(tls_dir, tls.ADMIN)
-    tls.init_cluster(tmp_path / "other")
+    pki.init_cluster(tmp_path / "other")
     others = tls.load(tmp_path / "other", tls.ADMIN)  # a certificate of another cluster's CA
     roleless = roleless_certificate(tls_dir, tmp_path / "roleless")
     services = [c for c in cluster.state.components if c.kind != "store"]
@@ -277,5 +277,5 @@ def test_insecure_cluster_runs_and_status_says_so_loudly(
 
 
 def _fresh_ca(directory: Path) -> Path:
-    tls.init_cluster(directory)
+    pki.init_cluster(directory)
     return directory
