@@ -232,6 +232,7 @@ def run_one(
         fsync=fsync,
         ready_timeout=120.0,
         service_args=tuple(service_args),
+        dashboard=False,  # a watcher of every pod would take CPU from what is measured
     )
     # The harness always starts its own store: an external one would mix in other data.
     os.environ.pop("GODEL_REDIS_URL", None)

@@ -1,5 +1,5 @@
 """Audit a cluster's state against the invariants of ARCHITECTURE §5 (1–3, and 6 for
-preemption) and the hard topology rules (4–5):
+preemption) and the hard topology rules (4–5, 7–8):
 
 1. no node is over-committed, per resource and per pool, counting bound and running pods;
 2. a pod is bound to at most one node, once (the store's claim agrees with the pod);
@@ -12,7 +12,12 @@ preemption) and the hard topology rules (4–5):
    without the constraint, can break it later, and are reported too.)
 6. a pod evicted by preemption (reason ``Preempted``) was preemptible and names its preemptor,
    which (while it exists) is of the same pool, of strictly higher priority, and was placed on
-   the victim's node.
+   the victim's node;
+7. every NUMA-bound pod (policy single or exclusive) holds NUMA nodes its node reports, that
+   fit it by its policy, and no NUMA node is held exclusively by one pod and used by another
+   (``placement.plugins.numatopology.verify``, as the Binder checks a decision);
+8. every job with a job-level affinity has all its placed pods in one domain of its required
+   keys (``placement.plugins.joblevelaffinity.domain_violations``, as the Binder checks).
 
 Reads one consistent snapshot of the store; used by the end-to-end tests after every run and by
 ``godel audit`` on a live cluster.
@@ -23,9 +28,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from placement.framework import PodInfo
+from placement.framework import JobAffinity, PodInfo
 from placement.labelselector import matches
 from placement.nodeinfo import NodeInfo, PodRequest, pool_of, resource_fit_failures
+from placement.plugins import joblevelaffinity, numatopology
 from placement.plugins.podtopologyspread import eligible_domains
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
@@ -75,6 +81,14 @@ async def audit(store: Store) -> AuditReport:
                 f"node {info.name} over-committed by pod {pod.metadata.name}: "
                 + ", ".join(failures)
             )
+        # 7. Its NUMA nodes, against the NUMA-bound pods counted before it.
+        if request.numa_policy or request.numa_nodes:
+            why = numatopology.verify(info, request, request.numa_nodes)
+            if why is not None:
+                report.violations.append(
+                    f"pod {pod.metadata.name} on {info.name}: NUMA assignment "
+                    f"{list(request.numa_nodes)} broken: {why}"
+                )
         info.add_pod(request)
 
     _audit_topology(report, infos, pods)
@@ -104,6 +118,29 @@ async def audit(store: Store) -> AuditReport:
                 f"job {job_name} has {count} pod(s) placed, fewer than min_member "
                 f"{job.spec.min_member}"
             )
+
+    # 8. Job-level affinity: each job's placed pods share one domain of its required keys.
+    placed_by_job: dict[str, list[pb.Pod]] = defaultdict(list)
+    for pod in pods:
+        if pod.spec.node_name and pod.status.phase in _HOLDING:
+            placed_by_job[pod.spec.job].append(pod)
+    for job_name, members in placed_by_job.items():
+        job = jobs.get(job_name)
+        affinity = JobAffinity.from_job(job) if job is not None else None
+        if affinity is None or not affinity.required:
+            continue
+        members.sort(key=lambda p: (p.status.bound_ms, p.metadata.name))
+        broken = joblevelaffinity.domain_violations(
+            affinity,
+            [
+                (p.metadata.name, infos[p.spec.node_name].labels)
+                if p.spec.node_name in infos
+                else (p.metadata.name, None)
+                for p in members
+            ],
+        )
+        for name, why in sorted(broken.items()):
+            report.violations.append(f"job {job_name}: pod {name} breaks job-level affinity: {why}")
 
     # 6. Preemption evicted only lower-priority, preemptible pods of the preemptor's pool.
     by_name = {p.metadata.name: p for p in pods}

@@ -107,6 +107,54 @@ class Selection:
         return True
 
 
+class SelectorMembers:
+    """The pods each label-selector budget selects, kept as pods and budgets change, so that
+    whoever recomputes statuses often (the Binder, per batch with victims) reads a budget's own
+    pods instead of testing every pod of the cluster. Job budgets are not kept here: their pods
+    are the job's, which callers index already.
+
+    A pod is tested against each selector budget when first seen, when its labels change (they
+    seldom do: they are its job template's), and when a budget is added or changed.
+    """
+
+    def __init__(self) -> None:
+        self._selections: dict[str, Selection] = {}
+        self._members: dict[str, set[str]] = {}
+
+    def set_budget(self, budget: pb.DisruptionBudget, pods: Iterable[pb.Pod]) -> None:
+        """Add or change a budget; ``pods``: every pod now known (tested once)."""
+        name = budget.metadata.name
+        if budget.spec.job or not budget.spec.selector:
+            self.remove_budget(name)
+            return
+        selection = Selection(budget)
+        self._selections[name] = selection
+        self._members[name] = {p.metadata.name for p in pods if selection.matches(p)}
+
+    def remove_budget(self, name: str) -> None:
+        self._selections.pop(name, None)
+        self._members.pop(name, None)
+
+    def set_pod(self, pod: pb.Pod) -> None:
+        """A new pod, or one whose labels changed."""
+        if not self._selections:
+            return
+        name, job, labels = pod.metadata.name, pod.spec.job, pod.spec.template.labels
+        for budget, selection in self._selections.items():
+            if selection.matches_parts(job, labels):
+                self._members[budget].add(name)
+            else:
+                self._members[budget].discard(name)
+
+    def remove_pod(self, name: str) -> None:
+        for members in self._members.values():
+            members.discard(name)
+
+    def members(self, budget: str) -> set[str]:
+        """The names of the pods the budget selects (empty for a budget not kept here)."""
+        return self._members.get(budget, set())
+
+
 def healthy(pod: pb.Pod) -> bool:
     """Bound or running, and not being deleted.
 

@@ -31,6 +31,31 @@ def pool_of(qos: int) -> str:
     return BEST_EFFORT if qos == pb.QOS_BEST_EFFORT else GUARANTEED
 
 
+# NUMA policies that bind a pod to NUMA nodes (pb.NumaPolicy); others take the node's pool only.
+NUMA_SINGLE = pb.NUMA_POLICY_SINGLE
+NUMA_EXCLUSIVE = pb.NUMA_POLICY_EXCLUSIVE
+
+
+def numa_policy_of(pod: pb.Pod) -> int:
+    """The pod's NUMA binding: SINGLE, EXCLUSIVE or 0 (none). Best-effort pods live on the
+    reclaimable pool, which no NUMA node backs: they are never bound (as in Gödel)."""
+    policy = pod.spec.template.numa_policy
+    if policy in (NUMA_SINGLE, NUMA_EXCLUSIVE) and pod.spec.qos != pb.QOS_BEST_EFFORT:
+        return int(policy)
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class NumaZone:
+    """One NUMA node of a node's topology, as the node agent reports it (guaranteed pool)."""
+
+    id: int
+    socket: int
+    cpu: int
+    mem: int
+    gpu: int
+
+
 @dataclass(frozen=True, slots=True)
 class PodRequest:
     """What a pod takes from a node."""
@@ -47,6 +72,15 @@ class PodRequest:
     # and its required anti-affinity terms, which bind the pods placed after it too (symmetry).
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
     anti_terms: tuple[PodTerm, ...] = ()
+    # NUMA binding (SINGLE, EXCLUSIVE or 0) and, once chosen, the NUMA node ids it holds.
+    numa_policy: int = 0
+    numa_nodes: tuple[int, ...] = ()
+
+    def pinned(self, numa_nodes: tuple[int, ...]) -> PodRequest:
+        """The same request holding ``numa_nodes`` (the shard's or the Binder's choice)."""
+        copy = self.renamed(self.name)
+        object.__setattr__(copy, "numa_nodes", numa_nodes)
+        return copy
 
     def renamed(self, name: str) -> PodRequest:
         """The same request for another pod (a replacement): cheaper than dataclasses.replace,
@@ -73,6 +107,8 @@ class PodRequest:
             pod.spec.priority,
             dict(pod.metadata.labels) if pod.metadata.labels else _NO_LABELS,
             _anti_terms(pod.spec.template),
+            numa_policy_of(pod),
+            tuple(pod.spec.numa_nodes),
         )
 
 
@@ -114,6 +150,14 @@ class NodeInfo:
     # Pods here with required anti-affinity terms: while there are none anywhere, a pod without
     # pod affinity or spread constraints needs no topology index at all.
     anti_pods: int = 0
+    # NUMA topology and what NUMA-bound pods hold of it: per NUMA id the [cpu, mem, gpu] of
+    # single-NUMA pods, the exclusive owner of whole NUMA nodes, and the bound pods' total
+    # requests (the rest of the guaranteed pool's use is "shared": unbound pods).
+    numa: tuple[NumaZone, ...] = ()
+    numa_used: dict[int, list[int]] = field(default_factory=dict)
+    numa_owner: dict[int, str] = field(default_factory=dict)
+    numa_pods: int = 0
+    numa_bound: list[int] = field(default_factory=lambda: [0, 0, 0])
 
     @classmethod
     def from_node(cls, node: pb.Node) -> NodeInfo:
@@ -133,6 +177,10 @@ class NodeInfo:
             BEST_EFFORT: [be.milli_cpu, be.memory_bytes, be.gpus],
         }
         self.max_pods = g.pods
+        self.numa = tuple(
+            NumaZone(z.id, z.socket, z.capacity.milli_cpu, z.capacity.memory_bytes, z.capacity.gpus)
+            for z in node.status.topology.numa_nodes
+        )
         self.generation += 1
 
     def add_pod(self, req: PodRequest) -> bool:
@@ -147,8 +195,30 @@ class NodeInfo:
         self.used_ports.update(req.host_ports)
         if req.anti_terms:
             self.anti_pods += 1
+        if req.numa_nodes and req.numa_policy:
+            self._account_numa(req, 1)
         self.generation += 1
         return True
+
+    def _account_numa(self, req: PodRequest, sign: int) -> None:
+        self.numa_pods += sign
+        bound = self.numa_bound
+        bound[0] += sign * req.cpu
+        bound[1] += sign * req.mem
+        bound[2] += sign * req.gpu
+        if req.numa_policy == NUMA_EXCLUSIVE:
+            for i in req.numa_nodes:
+                if sign > 0:
+                    self.numa_owner[i] = req.name
+                elif self.numa_owner.get(i) == req.name:
+                    del self.numa_owner[i]
+            return
+        used = self.numa_used.setdefault(req.numa_nodes[0], [0, 0, 0])
+        used[0] += sign * req.cpu
+        used[1] += sign * req.mem
+        used[2] += sign * req.gpu
+        if not any(used):
+            del self.numa_used[req.numa_nodes[0]]
 
     def remove_pod(self, name: str) -> PodRequest | None:
         req = self.pods.pop(name, None)
@@ -163,6 +233,8 @@ class NodeInfo:
             self.used_ports.discard(port)
         if req.anti_terms:
             self.anti_pods -= 1
+        if req.numa_nodes and req.numa_policy:
+            self._account_numa(req, -1)
         self.generation += 1
         return req
 
@@ -184,6 +256,11 @@ class NodeInfo:
             set(self.used_ports),
             self.generation,
             self.anti_pods,
+            self.numa,
+            {i: list(v) for i, v in self.numa_used.items()},
+            dict(self.numa_owner),
+            self.numa_pods,
+            list(self.numa_bound),
         )
 
 

@@ -27,6 +27,7 @@ from typing import Protocol
 
 from placement.framework import Code, Framework, PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest
+from placement.plugins.numatopology import pin_numa
 from placement.preemption import (
     BudgetFn,
     Candidate,
@@ -166,11 +167,14 @@ class Preemption:
         return lambda names: violations([*earlier, *names])
 
 
-def take(snapshot: Snapshot, req: PodRequest, place: Preempted) -> None:
-    """Assume ``req`` on its node with its victims taken off."""
+def take(snapshot: Snapshot, req: PodRequest, place: Preempted) -> PodRequest:
+    """Assume ``req`` on its node with its victims taken off; returns the request as assumed
+    (a NUMA-bound pod holding the NUMA nodes its victims left)."""
     for v in place.victims:
         snapshot.forget(v.name, place.node)
+    req = pin_numa(snapshot.infos[place.node], req)
     snapshot.assume(req, place.node)
+    return req
 
 
 def undo(snapshot: Snapshot, pod: str, place: Preempted) -> None:

@@ -6,7 +6,9 @@ nodes from a rotating offset, own partition first, until it has found ``len(unit
 scan_extra`` feasible nodes; they are scored once and kept in a heap (without the cache, every
 pod scans for ``scan_extra`` nodes more than its gang needs). Later pods of the same
 template take the best cached node; after each assume only the chosen node is re-checked (and
-re-scored), since no other node changed. A template that found no node is remembered across
+re-scored), since no other node changed. The cache outlives the unit: the next unit of the same
+template (a stream of one-pod jobs) takes it over, re-checking and re-scoring only the cached
+nodes changed since (``Snapshot.changed_since``). A template that found no node is remembered across
 units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
 (``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
 preemption storm) does not scan every node per pod. Kube mode, for comparison: no cache, every
@@ -33,12 +35,15 @@ from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 from placement.nodeinfo import NodeInfo
+from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
 from placement.snapshot import Snapshot
 
 Mode = Literal["godel", "kube"]
 # Templates remembered as fitting nowhere (a memory bound; forgetting one only costs a scan).
 _MAX_NO_FIT = 10_000
+# Feasible-node caches kept between units (the most recently used; forgetting one costs a scan).
+_MAX_KEPT = 1_000
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class Placement:
     victims: list[str] = field(default_factory=list)  # pods to evict first (preemption)
     # The tag of the recommendation the pod used (UnitInfo.preferred), if any.
     recommendation: str = ""
+    # The NUMA nodes a NUMA-bound pod would hold there (the Binder verifies them).
+    numa_nodes: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -101,6 +108,9 @@ class _NoFit:
 @dataclass(slots=True)
 class _Template:
     heap: list[tuple[int, int, str]] = field(default_factory=list)
+    # The entry of each cached node that still counts (its sequence number): an entry pushed
+    # again when a node is re-scored supersedes the older one, which is skipped when popped.
+    live: dict[str, int] = field(default_factory=dict)
     static: dict[str, int] = field(default_factory=dict)
     failure: str = ""
     # Set when a PreFilter narrowed the nodes: what to scan, and why the rest were skipped.
@@ -132,6 +142,8 @@ class UnitScheduler:
         self._segments: list[list[NodeInfo]] = []
         self._segments_key: tuple[int, int, frozenset[str]] | None = None
         self._no_fit: dict[bytes, _NoFit] = {}  # Gödel mode with the cache only
+        # Feasible-node caches between units, by template: (snapshot token, version, cache).
+        self._kept: dict[bytes, tuple[int, int, _Template]] = {}
 
     def segments(self, snapshot: Snapshot) -> list[list[NodeInfo]]:
         """Nodes in scan order: own partition first, then the rest."""
@@ -166,21 +178,34 @@ class UnitScheduler:
     def steps(self, unit: UnitInfo, snapshot: Snapshot) -> Generator[None, None, UnitResult]:
         """:meth:`schedule`, yielding after each pod; returns the result."""
         result = UnitResult()
-        groups = self.framework.node_groups(unit, snapshot.nodes)
-        if groups is None:
+        grouped = self.framework.node_groups(unit, snapshot.nodes)
+        if grouped is None:
             candidates: list[list[list[NodeInfo]]] = [self.segments(snapshot)]
         else:
-            candidates = [[g] for g in groups if g]
+            candidates = [[g] for g in grouped.groups if g]
         if not candidates or not any(candidates[0]):
-            result.reason = describe(0, 0, {})
+            # A grouping that left nothing explains itself ("no single rack domain ...").
+            result.reason = grouped.reason if grouped and grouped.reason else describe(0, 0, {})
             result.unplaced = {p.name: result.reason for p in unit.pods}
             return result
         # PreFilters narrow the whole view only: a node group is already a narrowed list.
-        labels = snapshot.labels if groups is None else None
+        labels = snapshot.labels if grouped is None else None
+        first_failure = ""
         for segments in candidates:
-            yield from self._schedule_in(unit, snapshot, segments, labels, result)
+            # A grouped unit takes recommendations only inside the group it is placed in.
+            within = None if grouped is None else {n.name for seg in segments for n in seg}
+            yield from self._schedule_in(unit, snapshot, segments, labels, result, within)
             if result.success:
                 return result
+            first_failure = first_failure or result.reason
+        if grouped is not None and grouped.reason and len(candidates) > 0:
+            # Every group failed: say why in the best one, and that the gang cannot split.
+            result.reason = (
+                f"{first_failure} (in the best of {len(candidates)} node group(s) tried; "
+                f"{grouped.reason})"
+            )
+            result.unplaced = {p.name: result.reason for p in unit.pods}
+            result.infeasible = False  # room may free up in a domain
         return result
 
     def _narrow(
@@ -210,6 +235,7 @@ class UnitScheduler:
         segments: list[list[NodeInfo]],
         labels: NodeLabels | None,
         result: UnitResult,
+        within: set[str] | None = None,
     ) -> Generator[None, None, None]:
         needed = unit.needed
         total_nodes = sum(len(s) for s in segments)
@@ -234,6 +260,7 @@ class UnitScheduler:
         for recommended_node, tag in unit.preferred:
             preferred.setdefault(recommended_node, []).append(tag)
         recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
+        numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
         # Nodes changed by placements outside a template's own bookkeeping (recommendations):
         # a cached candidate among them is re-checked before it is taken.
         changed: set[str] = set()
@@ -257,15 +284,19 @@ class UnitScheduler:
                 pod.topology = None
             pod_cache = use_cache and not topo
             if preferred:
-                taken = self._take_recommended(pod, snapshot, preferred)
+                taken = self._take_recommended(pod, snapshot, preferred, within)
                 if taken is not None:
                     target, recommended[pod.name] = taken
-                    snapshot.assume(pod.req, target)
+                    self._assume(pod, snapshot, target, numa)
                     placements.append((pod, target))
                     changed.add(target)
                     all_unresolvable = False
                     continue
             tmpl = None if topo else templates.get(pod.template_key)
+            if tmpl is None and pod_cache and labels is not None:
+                tmpl = self._reuse(pod, snapshot)
+                if tmpl is not None:
+                    templates[pod.template_key] = tmpl
             if tmpl is None:
                 tmpl = _Template()
                 if not topo:
@@ -278,7 +309,9 @@ class UnitScheduler:
             if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
                 if tmpl.unresolvable:
                     unplaced[pod.name] = tmpl.failure
-                elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
+                elif self._preempt(
+                    pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa
+                ):
                     placements.append((pod, preempted[pod.name].node))
                 continue
             node = self._take(tmpl, pod, snapshot, changed) if pod_cache else None
@@ -299,20 +332,23 @@ class UnitScheduler:
                     all_unresolvable = all_unresolvable and unresolvable and not topo
                     if unresolvable:  # no eviction can change taints, affinity or cordons
                         unplaced[pod.name] = tmpl.failure
-                    elif self._preempt(pod, snapshot, segments, tmpl, preempted, now_ms, unplaced):
+                    elif self._preempt(
+                        pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa
+                    ):
                         placements.append((pod, preempted[pod.name].node))
                     continue
                 all_unresolvable = False
                 node = self._take(tmpl, pod, snapshot, changed)
                 assert node is not None
             info = snapshot.infos[node]
-            snapshot.assume(pod.req, node)
+            self._assume(pod, snapshot, node, numa)
             placements.append((pod, node))
             if pod_cache and self.framework.run_filters(pod, info) is None:
                 # Only the chosen node changed: re-check and re-score it alone.
                 self._push(tmpl, node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
             if not pod_cache:
                 tmpl.heap.clear()
+                tmpl.live.clear()
         if len(placements) >= needed and placements:
             result.success = True
             result.placements = [
@@ -322,11 +358,14 @@ class UnitScheduler:
                     n,
                     _victims(preempted.get(p.name)),
                     recommended.get(p.name, ""),
+                    numa.get(p.name, ()),
                 )
                 for p, n in placements
             ]
             result.unplaced = unplaced
             result.reason = ""
+            if use_cache and labels is not None:
+                self._keep(templates, snapshot)
             return
         for pod, node in placements:
             place = preempted.get(pod.name)
@@ -334,6 +373,8 @@ class UnitScheduler:
                 undo(snapshot, pod.name, place)  # the gang preempts as a unit, or not at all
             else:
                 snapshot.forget(pod.name, node)
+        if use_cache and labels is not None:
+            self._keep(templates, snapshot)
         result.placements = []
         first = next(iter(unplaced.values()), "")
         # The node summary first: it is what `godel explain` leads with.
@@ -344,6 +385,37 @@ class UnitScheduler:
         )
         result.unplaced = {p.name: result.reason for p in unit.pods}
         result.infeasible = bool(unplaced) and all_unresolvable and not placements
+
+    def _keep(self, templates: dict[bytes, _Template], snapshot: Snapshot) -> None:
+        """Keep the unit's feasible-node caches for the next units of the same templates (a
+        stream of one-pod jobs reuses one cache, as Gödel keys it by template, not by unit).
+        Only caches over the whole view that still hold candidates are kept."""
+        for key, tmpl in templates.items():
+            if tmpl.live and tmpl.segments is None and tmpl.changed is None and not tmpl.failure:
+                self._kept.pop(key, None)  # most recently used last
+                self._kept[key] = (snapshot.token, snapshot.version, tmpl)
+        while len(self._kept) > _MAX_KEPT:
+            del self._kept[next(iter(self._kept))]
+
+    def _reuse(self, pod: PodInfo, snapshot: Snapshot) -> _Template | None:
+        """An earlier unit's cache for ``pod``'s template, brought up to the snapshot: each
+        cached node changed since (others' binds, deletions, our own cycle's assumes) is checked
+        and re-scored again, or dropped. None when there is none or the changes are not known."""
+        kept = self._kept.pop(pod.template_key, None)  # one unit at a time uses a cache
+        if kept is None:
+            return None
+        token, version, tmpl = kept
+        changed = snapshot.changed_since(version) if token == snapshot.token else None
+        if changed is None:
+            return None
+        framework, infos = self.framework, snapshot.infos
+        for node in changed & tmpl.live.keys():
+            info = infos.get(node)
+            if info is None or framework.run_filters(pod, info) is not None:
+                del tmpl.live[node]  # its heap entry is skipped when popped
+            else:
+                self._push(tmpl, node, tmpl.static[node] + framework.dynamic_score(pod, info))
+        return tmpl
 
     def _since_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
         """If an earlier unit's pod of this template found no node, scan only what changed."""
@@ -379,6 +451,7 @@ class UnitScheduler:
         preempted: dict[str, Preempted],
         now_ms: int,
         unplaced: dict[str, str],
+        numa: dict[str, tuple[int, ...]],
     ) -> bool:
         """The PostFilter for a pod the filters placed nowhere: True when it is assumed on a node
         with its victims taken off; else its reason is in ``unplaced``."""
@@ -395,9 +468,22 @@ class UnitScheduler:
             tmpl.preemption_failure = f"{tmpl.failure}; {self.preemption.why}"
             unplaced[pod.name] = tmpl.preemption_failure
             return False
-        take(snapshot, pod.req, place)
+        req = take(snapshot, pod.req, place)
+        if req.numa_nodes:
+            numa[pod.name] = req.numa_nodes
         preempted[pod.name] = place
         return True
+
+    @staticmethod
+    def _assume(
+        pod: PodInfo, snapshot: Snapshot, node: str, numa: dict[str, tuple[int, ...]]
+    ) -> None:
+        """Assume ``pod`` on ``node``, a NUMA-bound pod holding the NUMA nodes chosen for it
+        there, so the unit's later pods see them taken."""
+        req = pin_numa(snapshot.infos[node], pod.req)
+        if req.numa_nodes:
+            numa[pod.name] = req.numa_nodes
+        snapshot.assume(req, node)
 
     def _godel_scan(self, unit: UnitInfo) -> int:
         """Feasible nodes to find per scan in Gödel mode. With the cache one scan serves every pod
@@ -415,17 +501,27 @@ class UnitScheduler:
     ) -> str | None:
         """The best cached candidate; one among ``changed`` is taken only if it still fits."""
         while tmpl.heap:
-            node = heapq.heappop(tmpl.heap)[2]
+            _, seq, node = heapq.heappop(tmpl.heap)
+            if tmpl.live.get(node) != seq:
+                continue  # superseded by a later entry, or dropped
+            del tmpl.live[node]
             if node not in changed or self.framework.run_filters(pod, snapshot.infos[node]) is None:
                 return node
         return None
 
     def _take_recommended(
-        self, pod: PodInfo, snapshot: Snapshot, preferred: dict[str, list[str]]
+        self,
+        pod: PodInfo,
+        snapshot: Snapshot,
+        preferred: dict[str, list[str]],
+        within: set[str] | None,
     ) -> tuple[str, str] | None:
         """The first recommended node that fits ``pod`` (filters only, as Gödel's preferred
-        nodes are tried), consuming one of its recommendations."""
+        nodes are tried) and lies ``within`` the unit's node group, if it has one; consuming
+        one of its recommendations."""
         for node, tags in preferred.items():
+            if within is not None and node not in within:
+                continue
             info = snapshot.infos.get(node)
             if info is not None and self.framework.run_filters(pod, info) is None:
                 tag = tags.pop(0)
@@ -437,6 +533,7 @@ class UnitScheduler:
     def _push(self, tmpl: _Template, node: str, score: int) -> None:
         self._seq += 1
         heapq.heappush(tmpl.heap, (-score, self._seq, node))
+        tmpl.live[node] = self._seq
 
     def _scan(
         self,

@@ -41,6 +41,12 @@ from store.errors import (
 )
 from store.keys import Keys
 from store.kinds import DEFAULT_MAX_OBJECT_BYTES, Kind
+from store.metrics import (
+    COMMIT_ROUND_TRIP,
+    HEARTBEAT_ROUND_TRIP,
+    LEASE_ROUND_TRIP,
+    READ_ROUND_TRIP,
+)
 
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
@@ -188,10 +194,11 @@ async def _read(call: Callable[[], Awaitable[T]]) -> T:
     fails once, so a read gets one retry on a fresh connection; writes never retry (their
     outcome would be ambiguous)."""
     try:
-        return await call()
+        with READ_ROUND_TRIP.time():
+            return await call()
     except _CONNECTION_ERRORS:
         pass
-    with _translate_errors():
+    with _translate_errors(), READ_ROUND_TRIP.time():
         return await call()
 
 
@@ -396,12 +403,12 @@ class Store:
         calls = [c for c in calls if c.commits]
         replies: dict[int, list[Any] | BaseException] = {}
         if len(calls) == 1:
-            with _translate_errors():
+            with _translate_errors(), COMMIT_ROUND_TRIP.time():
                 replies[id(calls[0])] = await self._commit_script(
                     keys=calls[0].keys, args=calls[0].args
                 )
         elif calls:
-            with _translate_errors():
+            with _translate_errors(), COMMIT_ROUND_TRIP.time():
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for call in calls:
                         await self._commit_script(keys=call.keys, args=call.args, client=pipe)
@@ -520,7 +527,7 @@ class Store:
     async def _lease(
         self, action: str, name: str, holder: str, epoch: int, duration_ms: int, address: str
     ) -> tuple[bool, pb.Lease]:
-        with _translate_errors():
+        with _translate_errors(), LEASE_ROUND_TRIP.time():
             r = await self._lease_script(
                 keys=[self.keys.lease(name)], args=[action, holder, epoch, duration_ms, address]
             )
@@ -563,7 +570,7 @@ class Store:
             await self._heartbeat(["forget", *nodes])
 
     async def _heartbeat(self, args: list[str]) -> Any:
-        with _translate_errors():
+        with _translate_errors(), HEARTBEAT_ROUND_TRIP.time():
             return await self._heartbeat_script(
                 keys=[self.keys.heartbeats, self.keys.data("Node")], args=args
             )

@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 
 from store.client import ListResult, Store, WatchEvent
 from store.errors import ResourceVersionTooOldError, StoreUnavailableError
+from store.metrics import INFORMER_LAG
 
 log = structlog.get_logger(__name__)
 
@@ -115,11 +116,13 @@ class Informer:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"informer{self.kinds}")
+            INFORMER_LAG.track(self)
 
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is None:
             return
+        INFORMER_LAG.forget(self)
         # redis-py's read timeout can swallow a cancellation that lands during a blocking
         # XREAD, so flag the loop too and cancel until the task has really ended.
         self._stopping = True

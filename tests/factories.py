@@ -59,3 +59,32 @@ def pods_of(j: pb.Job) -> list[pb.Pod]:
         p.status.phase = pb.POD_PENDING
         out.append(p)
     return out
+
+
+def with_numa(
+    n: pb.Node, *, sockets: int = 2, per_socket: int = 1, gpus_per_numa: int = 0
+) -> pb.Node:
+    """``n`` reporting ``sockets`` × ``per_socket`` NUMA nodes (ids in order) that split its
+    guaranteed cpu and memory evenly, each with ``gpus_per_numa`` GPUs (added to the node)."""
+    zones = sockets * per_socket
+    topo = n.status.topology
+    topo.sockets = sockets
+    for i in range(zones):
+        z = topo.numa_nodes.add(id=i, socket=i // per_socket)
+        z.capacity.milli_cpu = n.status.allocatable.milli_cpu // zones
+        z.capacity.memory_bytes = n.status.allocatable.memory_bytes // zones
+        z.capacity.gpus = gpus_per_numa
+    n.status.allocatable.gpus = gpus_per_numa * zones
+    return n
+
+
+def numa_job(j: pb.Job, policy: int, *, gpus: int = 0) -> pb.Job:
+    j.spec.template.numa_policy = policy  # type: ignore[assignment]
+    j.spec.template.requests.gpus = gpus
+    return j
+
+
+def job_affinity(j: pb.Job, required: list[str], preferred: list[str] | None = None) -> pb.Job:
+    j.spec.job_affinity.required_topology_keys.extend(required)
+    j.spec.job_affinity.preferred_topology_keys.extend(preferred or [])
+    return j

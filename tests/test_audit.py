@@ -11,7 +11,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import evicted
 from store import Store
 from store.client import Bind, Fence, Release, Update
-from tests.factories import job, node, pods_of
+from tests.factories import job, job_affinity, node, numa_job, pods_of, with_numa
 
 
 async def _setup(store: Store) -> tuple[Fence, list[pb.Pod]]:
@@ -136,6 +136,76 @@ async def test_audit_topology_rules(
     for p, target in zip(pods, nodes, strict=True):
         p.spec.node_name = target
         p.status.phase = pb.POD_BOUND
+    await store.bind(pods, fence=Fence("binder", lease.epoch))
+    report = await audit(store)
+    if expected:
+        assert any(expected in v for v in report.violations), report.violations
+    else:
+        assert report.ok, report.violations
+
+
+# NUMA and job-level affinity: pods bound directly (as a faulty binder could), then audited.
+EXCL, SINGLE = pb.NUMA_POLICY_EXCLUSIVE, pb.NUMA_POLICY_SINGLE
+
+
+@pytest.mark.parametrize(
+    ("policy", "assigned", "expected"),
+    [
+        (EXCL, [[0], [1]], ""),
+        (EXCL, [[0], [0]], "NUMA node 0 is held exclusively by pod"),
+        (SINGLE, [[0], [0]], ""),
+        (SINGLE, [[0], []], "no NUMA node assigned"),
+        (SINGLE, [[0], [3]], "no NUMA node 3"),
+        (pb.NUMA_POLICY_NONE, [[], [1]], "has no NUMA policy"),
+    ],
+    ids=[
+        "exclusive-apart",
+        "exclusive-shared",
+        "single-together",
+        "single-unassigned",
+        "single-unknown-id",
+        "none-assigned",
+    ],
+)
+async def test_audit_numa(
+    store: Store, policy: int, assigned: list[list[int]], expected: str
+) -> None:
+    await store.create(with_numa(node("n1", cpu=8000, pods=10)))
+    j = numa_job(job("x", replicas=2, cpu=1000), policy)
+    pods = pods_of(j)
+    await store.create_unit(j, pods)
+    _, lease = await store.acquire_lease("binder", "b", 10_000)
+    for p, ids in zip(pods, assigned, strict=True):
+        _place(p).spec.numa_nodes.extend(ids)
+    await store.bind(pods, fence=Fence("binder", lease.epoch))
+    report = await audit(store)
+    if expected:
+        assert any(expected in v for v in report.violations), report.violations
+    else:
+        assert report.ok, report.violations
+
+
+@pytest.mark.parametrize(
+    ("targets", "expected"),
+    [
+        (["a1", "a2"], ""),
+        (["a1", "b1"], "breaks job-level affinity: JobLevelAffinity: node is in rack=b"),
+    ],
+    ids=["one-rack", "two-racks"],
+)
+async def test_audit_job_level_affinity(store: Store, targets: list[str], expected: str) -> None:
+    for name in ("a1", "a2", "b1"):
+        n = node(name, cpu=4000, pods=10)
+        n.metadata.labels["rack"] = name[0]
+        await store.create(n)
+    j = job_affinity(job("g", replicas=2, min_member=2), ["rack"])
+    pods = pods_of(j)
+    await store.create_unit(j, pods)
+    _, lease = await store.acquire_lease("binder", "b", 10_000)
+    for p, target, at in zip(pods, targets, (1, 2), strict=True):
+        p.spec.node_name = target
+        p.status.phase = pb.POD_BOUND
+        p.status.bound_ms = at
     await store.bind(pods, fence=Fence("binder", lease.epoch))
     report = await audit(store)
     if expected:

@@ -147,12 +147,17 @@ async def submit(store: Store, job: pb.Job) -> dict[str, pb.Pod]:
 
 
 def unit(
-    job: pb.Job, pods: dict[str, pb.Pod], placements: list[tuple[str, str]]
+    job: pb.Job,
+    pods: dict[str, pb.Pod],
+    placements: list[tuple[str, str]] | list[tuple[str, str, list[int]]],
 ) -> ipb.UnitDecision:
+    """A decision; a placement may name the NUMA nodes it claims as a third element."""
     u = ipb.UnitDecision(job=job.metadata.name, min_member=job.spec.min_member)
-    for pod, node in placements:
+    for pod, node, *numa in placements:
         rv = pods[pod].metadata.resource_version if pod in pods else 1
-        u.placements.add(pod=pod, node=node, pod_resource_version=rv)
+        u.placements.add(
+            pod=pod, node=node, pod_resource_version=rv, numa_nodes=numa[0] if numa else []
+        )
     return u
 
 
@@ -224,6 +229,18 @@ def in_zone(name: str, zone: str, **kw: Any) -> pb.Node:
     return labelled(f.node(name, **kw), zone=zone, hostname=name)
 
 
+def numa_node(name: str, *, rack: str = "") -> pb.Node:
+    """8 cpu on 2 sockets × 1 NUMA node of 4 cpu each."""
+    n = f.with_numa(f.node(name, cpu=8000))
+    if rack:
+        n.metadata.labels["rack"] = rack
+    return n
+
+
+EXCL = pb.NUMA_POLICY_EXCLUSIVE
+SINGLE = pb.NUMA_POLICY_SINGLE
+
+
 def node_state(name: str, *, ready: bool = True, unschedulable: bool = False) -> pb.Node:
     n = f.node(name, cpu=1000)
     n.status.ready = ready
@@ -244,6 +261,8 @@ class Case:
     stale: set[str] = field(default_factory=set)
     # Jobs whose status.ever_scheduled must be True afterwards.
     scheduled: set[str] = field(default_factory=set)
+    # Bound pods' NUMA nodes as stored.
+    numa: dict[str, list[int]] = field(default_factory=dict)
 
 
 G = "gang: only"
@@ -278,7 +297,6 @@ CASES = [
         [("g", [("g-0", "n1"), ("g-1", "n1"), ("g-2", "nowhere")]), ("h", [("h-0", "n1")])],
         {"g-0": (V.GANG_REJECTED, G), "g-1": (V.GANG_REJECTED, G),
          "g-2": (V.GANG_REJECTED, "not found"), "h-0": (V.BOUND, "")},
-        scheduled={"h"},
     ),
     Case(
         "stale pod version",
@@ -392,6 +410,58 @@ CASES = [
         [("g", [("g-0", "n1"), ("g-1", "n1")])],
         {"g-0": (V.GANG_REJECTED, G), "g-1": (V.GANG_REJECTED, "InterPodAffinity")},
     ),
+    # NUMA: the Binder verifies a decision's NUMA claim, or chooses when it names none.
+    Case(
+        "forged: two pods claim the same exclusive NUMA node, the second is refused",
+        [numa_node("n1")],
+        [f.numa_job(f.job("x", replicas=2, cpu=1000), EXCL)],
+        [("x", [("x-0", "n1", [0]), ("x-1", "n1", [0])])],
+        {"x-0": (V.BOUND, ""),
+         "x-1": (V.CONFLICT, "NumaTopology: NUMA node 0 is held exclusively by pod 'x-0'")},
+        numa={"x-0": [0]},
+    ),
+    Case(
+        "NUMA nodes chosen by the Binder when the decision names none",
+        [numa_node("n1")],
+        [f.numa_job(f.job("x", replicas=3, cpu=1000), EXCL)],
+        [("x", [("x-0", "n1"), ("x-1", "n1"), ("x-2", "n1")])],
+        {"x-0": (V.BOUND, ""), "x-1": (V.BOUND, ""),
+         "x-2": (V.CONFLICT, "NumaTopology: not enough free NUMA nodes on one socket")},
+        numa={"x-0": [0], "x-1": [1]},
+    ),
+    Case(
+        "forged: a single-NUMA claim too big for its NUMA node",
+        [numa_node("n1")],
+        [f.numa_job(f.job("s", cpu=6000), SINGLE)],
+        [("s", [("s-0", "n1", [1])])],
+        {"s-0": (V.CONFLICT, "request exceeds every NUMA node")},
+    ),
+    Case(
+        "forged: NUMA nodes that do not exist",
+        [numa_node("n1")],
+        [f.numa_job(f.job("s"), SINGLE)],
+        [("s", [("s-0", "n1", [5])])],
+        {"s-0": (V.CONFLICT, "no NUMA node 5")},
+    ),
+    # Job-level affinity: every placed pod of the job in one rack.
+    Case(
+        "forged: a gang split over two racks is rejected whole",
+        [numa_node("a1", rack="a"), numa_node("b1", rack="b")],
+        [f.job_affinity(f.job("g", replicas=2, min_member=2), ["rack"])],
+        [("g", [("g-0", "a1"), ("g-1", "b1")])],
+        {"g-0": (V.GANG_REJECTED, G),
+         "g-1": (V.GANG_REJECTED, "JobLevelAffinity: node is in rack=b, the job's pods are in "
+                                  "rack=a")},
+    ),
+    Case(
+        "job-level affinity: a pod elsewhere is refused, the rest bind",
+        [numa_node("a1", rack="a"), numa_node("a2", rack="a"), numa_node("b1", rack="b"),
+         f.node("bare")],
+        [f.job_affinity(f.job("j", replicas=4), ["rack"])],
+        [("j", [("j-0", "a1"), ("j-1", "b1"), ("j-2", "a2"), ("j-3", "bare")])],
+        {"j-0": (V.BOUND, ""), "j-1": (V.CONFLICT, "rack=b, the job's pods are in rack=a"),
+         "j-2": (V.BOUND, ""), "j-3": (V.CONFLICT, "node has no rack label")},
+    ),
     Case(
         "malformed decisions",
         [f.node("n1")],
@@ -442,6 +512,11 @@ async def test_decide_batch(store: Store, shards: list[Shard], case: Case) -> No
             assert not stored[v.pod].spec.node_name
     for name in case.scheduled:
         assert (await store.get(pb.Job, name)).status.ever_scheduled
+    for job in case.jobs:  # only gangs are marked: a one-pod job costs no job write
+        if job.spec.min_member <= 1:
+            assert not (await store.get(pb.Job, job.metadata.name)).status.ever_scheduled
+    for name, numa in case.numa.items():
+        assert list(stored[name].spec.numa_nodes) == numa
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,6 +569,43 @@ async def test_two_shards_anti_affine_pair_in_one_zone_at_once(
     ).metadata.resource_version
     retry = await shards[0].decide(unit(loser, pods, [(lost.pod, "n3")]))
     assert retry[lost.pod].code == V.BOUND
+
+
+async def test_two_shards_claim_one_exclusive_numa_node_at_once(
+    store: Store, shards: list[Shard]
+) -> None:
+    """Each shard saw NUMA node 0 of n1 free and gave it to its exclusive pod in the same
+    instant: exactly one binds; the other is refused naming the holder, and never both hold it."""
+    await store.create(numa_node("n1"))
+    a = f.numa_job(f.job("a", cpu=1000), EXCL)
+    b = f.numa_job(f.job("b", cpu=1000), EXCL)
+    pa, pb_ = await submit(store, a), await submit(store, b)
+    results = await asyncio.gather(
+        shards[0].decide(unit(a, pa, [("a-0", "n1", [0])])),
+        shards[1].decide(unit(b, pb_, [("b-0", "n1", [0])])),
+    )
+    verdicts = {k: v for r in results for k, v in r.items()}
+    assert sorted(V.Name(v.code) for v in verdicts.values()) == ["BOUND", "CONFLICT"]
+    [won] = [k for k, v in verdicts.items() if v.code == V.BOUND]
+    [lost] = [v for v in verdicts.values() if v.code == V.CONFLICT]
+    assert f"NUMA node 0 is held exclusively by pod {won!r}" in lost.reason
+    stored = {p.metadata.name: p for p in (await store.list_all(pb.Pod))[0]}
+    assert [list(p.spec.numa_nodes) for p in stored.values() if p.spec.node_name] == [[0]]
+
+
+async def test_job_affinity_domain_is_fixed_by_bound_pods(
+    store: Store, shards: list[Shard]
+) -> None:
+    """A later batch of a job whose pods are bound in rack a may not place one in rack b."""
+    for name, rack in (("a1", "a"), ("b1", "b")):
+        await store.create(numa_node(name, rack=rack))
+    j = f.job_affinity(f.job("j", replicas=3), ["rack"])
+    pods = await submit(store, j)
+    first = await shards[0].decide(unit(j, pods, [("j-0", "a1")]))
+    assert first["j-0"].code == V.BOUND
+    later = await shards[1].decide(unit(j, pods, [("j-1", "b1"), ("j-2", "a1")]))
+    assert later["j-1"].code == V.CONFLICT and "rack=b" in later["j-1"].reason
+    assert later["j-2"].code == V.BOUND
 
 
 async def test_two_shards_spread_holds_across_their_batches(
@@ -1071,9 +1183,9 @@ async def running_job(store: Store, shard: Shard, name: str, replicas: int) -> l
     return [await store.get(pb.Pod, p) for p in pods]
 
 
-async def evict(address: str, pods: list[pb.Pod], **kw: str) -> dict[str, ipb.EvictResult]:
+async def evict(address: str, pods: list[pb.Pod], **kw: str | bool) -> dict[str, ipb.EvictResult]:
     async with grpc.aio.insecure_channel(address) as channel:
-        request = ipb.EvictRequest(reason="Rescheduled", requester="test", **kw)
+        request = ipb.EvictRequest(**{"reason": "Rescheduled", "requester": "test", **kw})
         for p in pods:
             request.pods.add(name=p.metadata.name, uid=p.metadata.uid)
         response = await internal_pb2_grpc.BinderStub(channel).Evict(request, timeout=20)
@@ -1145,6 +1257,45 @@ async def test_a_budget_refuses_the_whole_request(
     if expected == "REFUSED":
         assert "disruption budget web" in results["web-0"].reason
         assert (await store.get(pb.Pod, "other-0")).status.phase == pb.POD_BOUND
+
+
+@pytest.mark.parametrize(
+    ("max_unavailable", "expected"),
+    [
+        (0, {"web-0": "REFUSED", "web-1": "REFUSED", "other-0": "EVICTED"}),
+        (1, {"web-0": "EVICTED", "web-1": "REFUSED", "other-0": "EVICTED"}),
+        (2, {"web-0": "EVICTED", "web-1": "EVICTED", "other-0": "EVICTED"}),
+    ],
+    ids=["never disrupt", "one at a time: the first goes", "two allowed"],
+)
+async def test_a_partial_request_takes_each_pod_the_budgets_allow(
+    store: Store,
+    binder: ServiceHost[BinderConfig],
+    shard: Shard,
+    max_unavailable: int,
+    expected: dict[str, str],
+) -> None:
+    await store.create(f.node("n1"))
+    web = await running_job(store, shard, "web", 2)
+    other = await running_job(store, shard, "other", 1)
+    budget = pb.DisruptionBudget(metadata=pb.ObjectMeta(name="web"))
+    budget.spec.job = "web"
+    budget.spec.max_unavailable = max_unavailable
+    await store.create(budget)
+    host = binder.service
+    assert host is not None
+    await eventually(
+        lambda: _seen(host, "DisruptionBudget", "web"), what="the binder sees the budget"
+    )
+    results = await evict(binder.address, [*web, *other], reason="Reclaimed", partial=True)
+    assert {n: E.Outcome.Name(r.outcome) for n, r in results.items()} == expected
+    for name, outcome in expected.items():
+        pod = await store.get(pb.Pod, name)
+        if outcome == "EVICTED":
+            assert (pod.status.phase, pod.status.reason) == (pb.POD_FAILED, "Reclaimed")
+        else:
+            assert pod.status.phase == pb.POD_BOUND
+            assert "disruption budget web" in results[name].reason
 
 
 async def _seen(host: object, kind: str, name: str) -> bool:

@@ -8,6 +8,7 @@ import pytest
 
 from placement.budgets import (
     BudgetTracker,
+    SelectorMembers,
     compute_status,
     compute_statuses,
     current_status,
@@ -379,3 +380,51 @@ def test_zero_is_written_now() -> None:
     b = budget("web", job="web", max_unavailable=0)
     again = pb.DisruptionBudget.FromString(b.SerializeToString())
     assert again.spec.HasField("max_unavailable") and not again.spec.HasField("min_available")
+
+
+# ---------------------------------------------------------------------------------------------
+# Selector members (the Binder's incremental index)
+# ---------------------------------------------------------------------------------------------
+
+
+Step = tuple[str, str, dict[str, str]]  # (what, name or selector, labels)
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # Pods first, then the budget: it picks out its pods from those known.
+        (
+            [("pod", "a-0", {"app": "a"}), ("pod", "b-0", {"app": "b"}), ("budget", "a", {})],
+            {"a-0"},
+        ),
+        # The budget first: pods are tested as they come.
+        ([("budget", "a", {}), ("pod", "a-0", {"app": "a"}), ("pod", "b-0", {})], {"a-0"}),
+        # A pod whose labels change leaves (or joins); a deleted pod leaves.
+        ([("budget", "a", {}), ("pod", "a-0", {"app": "a"}), ("pod", "a-0", {"app": "x"})], set()),
+        ([("budget", "a", {}), ("pod", "a-0", {"app": "a"}), ("delete", "a-0", {})], set()),
+        # A changed selector re-selects; a removed budget keeps nothing.
+        ([("pod", "a-0", {"app": "a"}), ("budget", "a", {}), ("budget", "z", {})], set()),
+        ([("pod", "a-0", {"app": "a"}), ("budget", "a", {}), ("remove", "", {})], set()),
+        # A job budget is not kept here (its pods are its job's).
+        ([("pod", "a-0", {"app": "a"}), ("job-budget", "a", {})], set()),
+    ],
+)
+def test_selector_members(steps: list[Step], expected: set[str]) -> None:
+    members = SelectorMembers()
+    pods: dict[str, pb.Pod] = {}
+    for what, name, labels in steps:
+        if what == "pod":
+            pods[name] = pod(name, labels=labels)
+            members.set_pod(pods[name])
+        elif what == "delete":
+            del pods[name]
+            members.remove_pod(name)
+        elif what == "remove":
+            members.remove_budget("b")
+        elif what == "job-budget":
+            members.set_budget(budget(job=name, min_available=1), pods.values())
+        else:  # a budget selecting app=<name>
+            selector = [req("app", Req.IN, name)]
+            members.set_budget(budget(selector=selector, min_available=1), pods.values())
+    assert members.members("b") == expected

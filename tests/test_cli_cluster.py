@@ -24,7 +24,7 @@ Godel = Callable[..., subprocess.CompletedProcess[str]]
 
 DEFAULT_COMPONENTS = {
     "store", "dispatcher", "scheduler-0", "scheduler-1", "binder-0", "binder-1", "rescheduler",
-    "nodeagent-0",
+    "nodeagent-0", "dashboard",
 }  # fmt: skip
 
 
@@ -97,7 +97,9 @@ def test_up_status_down(godel: Godel, home: Path) -> None:
 
     table = godel("status")
     assert table.returncode == 0
-    assert table.stdout.split()[:6] == ["NAME", "PID", "ADDRESS", "ALIVE", "HEALTH", "AGE"]
+    assert table.stdout.split()[:7] == [
+        "NAME", "PID", "ADDRESS", "METRICS", "ALIVE", "HEALTH", "AGE",
+    ]  # fmt: skip
 
     again = godel("up")
     assert again.returncode != 0

@@ -113,8 +113,32 @@ def _seconds(duration: str) -> float:
 
 def test_every_component_has_a_service(services: dict[str, dict[str, Any]]) -> None:
     assert set(services) == {
-        STORE, CERTS, "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent"
+        STORE, CERTS, "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent", "dashboard"
     }  # fmt: skip
+
+
+def test_metrics_and_dashboard_ports_are_exposed_and_published_on_loopback(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """Every container serves metrics on the project network at the port its environment names;
+    what reaches the host is published on its loopback only, each host port once."""
+    host_ports: list[str] = []
+    for name, spec in _godel_services(services).items():
+        environment = spec["environment"]
+        assert environment["GODEL_METRICS_HOST"] == "0.0.0.0", name
+        assert str(environment["GODEL_METRICS_PORT"]) in spec["expose"], name
+        for entry in spec.get("ports", []):
+            host_ip, host_port, container_port = str(entry).split(":")
+            assert host_ip == "127.0.0.1", f"{name}: {entry} is published beyond loopback"
+            assert container_port in spec["expose"], f"{name}: {entry} publishes no served port"
+            host_ports.append(host_port)
+    assert len(host_ports) == len(set(host_ports)), "a host port is published twice"
+    dashboard = services["dashboard"]
+    web_port = str(dashboard["environment"]["GODEL_WEB_PORT"])
+    assert f"127.0.0.1:{web_port}:{web_port}" in dashboard["ports"]
+    for name in ("dispatcher", "rescheduler", "nodeagent", "dashboard"):
+        metrics = str(services[name]["environment"]["GODEL_METRICS_PORT"])
+        assert any(str(p).endswith(f":{metrics}") for p in services[name]["ports"]), name
 
 
 def test_commands_run_importable_modules(services: dict[str, dict[str, Any]]) -> None:

@@ -123,6 +123,13 @@ def _best_effort_too_big(job: Job) -> None:
     job.spec.template.requests.milli_cpu = 3000
 
 
+def _job_affinity(required: list[str], preferred: list[str]) -> Mutate:
+    def mutate(job: Job) -> None:
+        f.job_affinity(job, required, preferred)
+
+    return mutate
+
+
 T = "jobs[0].spec.template"
 BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
     # (case, mutation of a valid 2-replica job, field, description contains)
@@ -179,6 +186,12 @@ BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
      "must not be negative"),
     ("negative backoff limit", _set("spec.backoff_limit", -1), "jobs[0].spec.backoff_limit",
      "must not be negative"),
+    ("negative ttl after finished", _set("spec.ttl_seconds_after_finished", -1),
+     "jobs[0].spec.ttl_seconds_after_finished", "must not be negative"),
+    ("job affinity with an empty key", _job_affinity(["rack", ""], []),
+     "jobs[0].spec.job_affinity.required_topology_keys[1]", "is required"),
+    ("job affinity key listed twice", _job_affinity(["rack"], ["rack"]),
+     "jobs[0].spec.job_affinity.preferred_topology_keys[0]", "listed twice"),
     ("unknown preemption policy", _set("spec.preemption_policy", 9),
      "jobs[0].spec.preemption_policy", "unknown preemption policy"),
     ("larger than every node", _set("spec.template.requests.milli_cpu", 8000),

@@ -23,10 +23,11 @@ from services.dispatcher.controllers import (
     job_status,
 )
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
+from services.dispatcher.ttl import FinishedJobCollector
 from services.nodeagent.service import NodeAgentService
 from services.runtime import ServiceHost
 from store import Store
-from store.client import Fence
+from store.client import Fence, Release, Update
 from store.informer import Informer
 from tests import factories as f
 from tests.test_nodeagent import agent_config, eventually, phases
@@ -535,3 +536,70 @@ async def test_budget_status_controller(store: Store, informer: Informer) -> Non
     assert (await store.get(pb.DisruptionBudget, "other-any")).status == pb.DisruptionBudgetStatus(
         expected_pods=2
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Finished jobs: deleted with their pods once their TTL passed
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("phase", "finished_ms", "ttl", "default", "expected"),
+    [
+        (pb.JOB_SUCCEEDED, 1000, 60, None, 61_000),  # the job's own TTL
+        (pb.JOB_FAILED, 1000, None, 10, 11_000),  # the cluster default
+        (pb.JOB_SUCCEEDED, 1000, 0, 10, 1000),  # 0: at once, over the default
+        (pb.JOB_SUCCEEDED, 1000, None, None, None),  # no TTL anywhere: kept
+        (pb.JOB_RUNNING, 1000, 60, 10, None),  # not finished
+        (pb.JOB_SUCCEEDED, 0, 60, 10, None),  # finished time not stamped yet
+    ],
+)
+def test_finished_job_expiry(
+    phase: int, finished_ms: int, ttl: int | None, default: int | None, expected: int | None
+) -> None:
+    job = f.job("j")
+    job.status.phase = phase  # type: ignore[assignment]
+    job.status.finished_ms = finished_ms
+    if ttl is not None:
+        job.spec.ttl_seconds_after_finished = ttl
+    collector = FinishedJobCollector.__new__(FinishedJobCollector)
+    collector.default_ttl_seconds = default
+    assert collector.expiry_ms(job) == expected
+
+
+async def test_finished_jobs_are_deleted_with_their_pods_after_their_ttl(
+    store: Store, informer: Informer
+) -> None:
+    await store.create(f.node("n1"))
+    status = JobStatusController(store, informer)
+    collector = FinishedJobCollector(store, informer, status.pods, default_ttl_seconds=60)
+    jobs = {"quick": 0, "default": None, "kept": -1, "running": 0}
+    for name, ttl in jobs.items():
+        job = f.job(name, replicas=2)
+        if ttl is not None:
+            job.spec.ttl_seconds_after_finished = ttl
+        pods = f.pods_of(job)
+        await store.create_unit(job, pods)
+        await bind(store, pods, "n1", await binder_fence(store))
+        for p in pods:
+            p.status.phase = pb.POD_RUNNING if name == "running" else pb.POD_SUCCEEDED
+        await store.commit_many([[Release(p)] if name != "running" else [Update(p)] for p in pods])
+    await caught_up(store, informer)
+    await status.tick()  # phases computed; finished jobs stamped with finished_ms
+    await caught_up(store, informer)
+    finished = {n: (await store.get(pb.Job, n)).status.finished_ms for n in jobs}
+    assert finished["quick"] and finished["default"] and finished["kept"]
+    assert finished["running"] == 0
+
+    await collector.tick()  # now: only the job with TTL 0 is due
+    assert await names(store, pb.Job) == {"default", "kept", "running"}
+    assert {p.split("-")[0] for p in await names(store, pb.Pod)} == {"default", "kept", "running"}
+
+    await caught_up(store, informer)
+    await collector.tick(now_ms=finished["default"] + 61_000)  # past the default's minute
+    assert await names(store, pb.Job) == {"kept", "running"}
+    assert (collector.deleted_jobs, collector.deleted_pods) == (2, 4)
+
+
+async def names(store: Store, kind: type[pb.Job] | type[pb.Pod]) -> set[str]:
+    return {o.metadata.name for o in (await store.list_all(kind))[0]}

@@ -302,3 +302,29 @@ def test_examples_parse() -> None:
     assert files, "examples/ holds manifests"
     for path in files:
         assert load(path.read_text(), path.name)
+
+
+JOB_AFFINITY_NUMA_JOB = """
+apiVersion: godel/v1
+kind: Job
+metadata: {name: allreduce}
+spec:
+  replicas: 2
+  minMember: 2
+  jobAffinity: {requiredTopologyKeys: [rack], preferredTopologyKeys: [switch]}
+  template: {requests: {cpu: "1", memory: 1Gi, gpus: 4}, numaPolicy: Exclusive}
+"""
+
+
+def test_job_affinity_and_numa_policy_manifest_round_trip() -> None:
+    [m] = load(JOB_AFFINITY_NUMA_JOB, "allreduce.yaml")
+    job = m.obj
+    assert isinstance(job, pb.Job)
+    a = job.spec.job_affinity
+    assert (list(a.required_topology_keys), list(a.preferred_topology_keys)) == (
+        ["rack"],
+        ["switch"],
+    )
+    assert job.spec.template.numa_policy == pb.NUMA_POLICY_EXCLUSIVE
+    again = load(__import__("yaml").safe_dump(to_manifest("Job", job)), "again.yaml")[0].obj
+    assert again == job

@@ -5,6 +5,7 @@ child processes."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,7 +17,17 @@ import pytest
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import PREEMPTED, evicted
-from services.nodeagent.nodes import GiB, Shape, hollow_nodes, parse_labels, parse_taints
+from services.nodeagent.nodes import (
+    GiB,
+    MachineNuma,
+    Shape,
+    hollow_nodes,
+    machine_numa,
+    machine_topology,
+    parse_cpulist,
+    parse_labels,
+    parse_taints,
+)
 from services.nodeagent.runner import KILL_GRACE_SECONDS
 from services.nodeagent.service import NodeAgentConfig, NodeAgentService
 from services.runtime import ConfigError, ServiceHost, load_config
@@ -102,6 +113,49 @@ def test_hollow_node_shape_labels_and_topology() -> None:
         2, prefix="h", agent="a", shape=shape, labels={"zone": "z"}, taints=(), now=1
     )
     assert {m.metadata.labels["zone"] for m in fixed} == {"z"}
+
+
+def test_hollow_shape_declares_sockets_and_numa_nodes() -> None:
+    shape = Shape(milli_cpu=16000, memory_bytes=64 * GiB, gpus=8, sockets=2, numa_per_socket=2)
+    [n] = hollow_nodes(1, prefix="h", agent="a", shape=shape, labels={}, taints=(), now=1)
+    topo = n.status.topology
+    assert topo.sockets == 2
+    assert [(z.id, z.socket) for z in topo.numa_nodes] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert [(z.capacity.milli_cpu, z.capacity.memory_bytes, z.capacity.gpus)
+            for z in topo.numa_nodes] == [(4000, 16 * GiB, 2)] * 4  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [("0-3,8,10-11", [0, 1, 2, 3, 8, 10, 11]), ("5", [5]), ("", []), ("0-1\n", [0, 1])],
+)
+def test_parse_cpulist(text: str, cpus: list[int]) -> None:
+    assert parse_cpulist(text) == cpus
+
+
+def test_machine_numa_from_sysfs(tmp_path: Path) -> None:
+    """A sysfs tree as the kernel lays it out (files written here): two NUMA nodes on two
+    sockets, a memory-only one skipped; only CPUs this process may use count."""
+    allowed = sorted(os.sched_getaffinity(0))
+    for node, cpus, socket in (("node0", allowed[:1], 0), ("node1", allowed[1:], 1)):
+        (tmp_path / "node" / node).mkdir(parents=True)
+        (tmp_path / "node" / node / "cpulist").write_text(",".join(map(str, cpus)) + "\n")
+        for cpu in cpus:
+            top = tmp_path / "cpu" / f"cpu{cpu}" / "topology"
+            top.mkdir(parents=True)
+            (top / "physical_package_id").write_text(f"{socket}\n")
+    (tmp_path / "node" / "node2").mkdir()
+    (tmp_path / "node" / "node2" / "cpulist").write_text("\n")
+    found = machine_numa(tmp_path)
+    expected = [MachineNuma(0, 0, tuple(allowed[:1]))]
+    if allowed[1:]:
+        expected.append(MachineNuma(1, 1, tuple(allowed[1:])))
+    assert found == expected
+    topo = machine_topology(found, 10 * GiB)
+    assert sum(z.capacity.milli_cpu for z in topo.numa_nodes) == 1000 * len(allowed)
+    assert sum(z.capacity.memory_bytes for z in topo.numa_nodes) == 10 * GiB
+    # Without sysfs: one NUMA node of every allowed CPU.
+    assert machine_numa(tmp_path / "absent") == [MachineNuma(0, 0, tuple(allowed))]
 
 
 @pytest.mark.parametrize(
@@ -415,6 +469,47 @@ async def test_process_mode(store: Store, store_url: str, tmp_path: Path) -> Non
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await read_logs(host.address, "ok-0", tail_lines=-1)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="pinning needs os.sched_setaffinity and two CPUs",
+)
+async def test_process_pod_is_pinned_to_its_numa_nodes_cpus(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    """A process pod holding NUMA nodes runs on their CPUs only (os.sched_setaffinity before
+    its command starts); a pod holding none runs on every CPU. The machine's NUMA layout is set
+    on the real runner as two one-CPU NUMA nodes, so the test does not need a NUMA machine."""
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=0, process_node=True)
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        agent = host.service
+        assert isinstance(agent, NodeAgentService)
+        agent.runner.numa_cpus = {0: (first,), 1: (second,)}
+        [node] = [n.metadata.name for n in (await store.list_all(pb.Node))[0]]
+        show = ["python3", "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+        _, lease = await store.acquire_lease("binder", "test-binder", 60_000)
+        fence = Fence("binder", lease.epoch)
+        pods = []
+        for name, numa in (("on0", [0]), ("on1", [1]), ("free", [])):
+            job = f.numa_job(process_job(name, show), pb.NUMA_POLICY_SINGLE if numa else 0)
+            pod = f.pods_of(job)[0]
+            await store.create_unit(job, [pod])
+            pod.spec.node_name = node
+            pod.spec.numa_nodes.extend(numa)
+            pod.status.phase = pb.POD_BOUND
+            await store.bind([pod], fence=fence)
+            pods.append(pod.metadata.name)
+
+        async def done() -> bool:
+            return all(ph == pb.POD_SUCCEEDED for ph in await phases(store, pods))
+
+        await eventually(done, what="pinned pods finished")
+        assert await read_logs(host.address, "on0-0") == f"[{first}]\n".encode()
+        assert await read_logs(host.address, "on1-0") == f"[{second}]\n".encode()
+        everything = sorted(os.sched_getaffinity(0))
+        assert await read_logs(host.address, "free-0") == f"{everything}\n".encode()
 
 
 async def test_process_pods_killed_on_delete_and_stop(

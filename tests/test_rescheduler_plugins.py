@@ -36,7 +36,7 @@ from services.rescheduler.plugins import (
     topologyspread,
 )
 from services.rescheduler.plugins.targets import RankedNodes, RoomCache, utilisation_ceiling
-from tests.factories import GiB, node
+from tests.factories import GiB, job, job_affinity, node
 
 FRAMEWORK = Framework(Profile(), new_in_tree_registry())
 CPU = 10_000  # every node below has 10 CPUs unless told, so 1,000 milli-CPU is 10 %
@@ -779,3 +779,22 @@ def test_metrics(metric: Any, expected: float) -> None:
 )
 def test_metrics_of_a_cluster_without_idle_gpus_or_pods(metric: Any, expected: float) -> None:
     assert metric(build_view([mknode("cpu")], [])) == expected
+
+
+# -- the rules the node filters cannot see ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "refused"),
+    [("a2", ""), ("b1", "JobLevelAffinity: node is in rack=b, the job's pods are in rack=a")],
+    ids=["same-rack", "other-rack"],
+)
+def test_a_job_level_affinity_pod_moves_only_within_its_domain(target: str, refused: str) -> None:
+    nodes = [mknode(n, labels={"rack": n[0]}) for n in ("a1", "a2", "b1")]
+    view = build_view(nodes, [mkpod("p", "a1", cpu=1000, job="g")])
+    view.jobs["g"] = job_affinity(job("g"), ["rack"])
+    status = view.fits("p", target)
+    if refused:
+        assert status is not None and refused in status.reasons[0]
+    else:
+        assert status is None

@@ -354,3 +354,59 @@ def test_a_template_that_found_no_node_rescans_only_changed_nodes(mode: str) -> 
     third = sched.schedule(unit_of("c", 1, 1, 1000), snap)
     assert [p.node for p in third.placements] == ["n00000"]
     assert third.examined == (1 if mode == "godel" else 1000)
+
+
+# Gödel's feasible-node cache is keyed by template, not by unit: one-pod jobs of one template
+# share it, kept correct as nodes change between them.
+
+
+def filled(cache: SchedulerCache, name: str, node_name: str, cpu: int) -> None:
+    pod = pods_of(job(name, cpu=cpu, mem=GiB))[0]
+    pod.spec.node_name = node_name
+    pod.status.phase = pb.POD_RUNNING
+    cache.set_pod(pod)
+
+
+def test_one_pod_units_of_a_template_share_one_cache() -> None:
+    _, snap = cluster(200, cpu=4000)
+    sched = scheduler(scan_extra=10)
+    results = [sched.schedule(unit_of(f"u{i}", 1, 1, 100), snap) for i in range(30)]
+    assert all(r.success for r in results)
+    assert [r.scans for r in results] == [1] + [0] * 29  # the first unit's scan serves all
+    assert sum(r.examined for r in results) == results[0].examined == 11
+    assert_not_overcommitted(snap)
+    # Another template gets its own cache.
+    assert sched.schedule(unit_of("big", 1, 1, 2000), snap).scans == 1
+
+
+def test_a_kept_cache_skips_a_node_filled_by_others_since() -> None:
+    cache, snap = cluster(100, cpu=1000)  # each node fits one pod
+    sched = scheduler(scan_extra=5)
+    first = sched.schedule(unit_of("a", 1, 1, 1000), snap)
+    assert [p.node for p in first.placements] == ["n00000"]
+    filled(cache, "other", "n00001", 1000)  # another shard's bind reaches the view
+    snap.update(cache)
+    second = sched.schedule(unit_of("b", 1, 1, 1000), snap)
+    assert [p.node for p in second.placements] == ["n00002"]
+    assert second.scans == 0
+
+
+def test_a_kept_cache_rescores_a_node_changed_since() -> None:
+    cache, snap = cluster(100, cpu=4000)
+    sched = scheduler(scan_extra=5)
+    first = sched.schedule(unit_of("a", 1, 1, 1000), snap)
+    assert [p.node for p in first.placements] == ["n00000"]
+    filled(cache, "other", "n00001", 2000)  # still fits, but fuller than the empty nodes
+    snap.update(cache)
+    second = sched.schedule(unit_of("b", 1, 1, 1000), snap)
+    # Least allocated: an empty cached node, not n00001's stale score nor n00000.
+    assert [p.node for p in second.placements] == ["n00002"]
+    assert second.scans == 0
+
+
+def test_a_cache_is_not_kept_across_snapshots() -> None:
+    _, snap = cluster(50, cpu=4000)
+    sched = scheduler(scan_extra=5)
+    assert sched.schedule(unit_of("a", 1, 1, 100), snap).scans == 1
+    _, other = cluster(50, cpu=4000)
+    assert sched.schedule(unit_of("b", 1, 1, 100), other).scans == 1

@@ -11,6 +11,7 @@ import pytest
 
 from placement.budgets import BudgetTracker
 from placement.framework import Framework, PodInfo, Profile, UnitInfo
+from placement.nodeinfo import NUMA_EXCLUSIVE, NUMA_SINGLE
 from placement.plugins import new_in_tree_registry
 from placement.postfilter import Preemption
 from placement.preemption import VictimCandidate
@@ -18,7 +19,7 @@ from placement.search import SearchConfig, UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
 from services.scheduler.cache import SchedulerCache
-from tests.factories import GiB, job, node, pods_of
+from tests.factories import GiB, job, node, numa_job, pods_of, with_numa
 
 REGISTRY = new_in_tree_registry()
 LOW, MID, HIGH = 1, 5, 10
@@ -241,3 +242,33 @@ def test_claimed_victims_are_not_taken_twice_and_come_back_on_forget() -> None:
     assert not again.success
     cache.forget("p-0")
     assert set(cache.nodes["a"].pods) == {"l0"} and not cache.claimed
+
+
+def test_an_exclusive_numa_pod_preempts_the_pod_on_a_numa_node_and_takes_it() -> None:
+    """Two NUMA nodes, each held by a low-priority single-NUMA pod: a high-priority exclusive
+    pod fits only once one of them goes. The victim search judges it with every filter
+    (NumaTopology's failure is resolvable), and the preemptor is assumed holding the NUMA node
+    its victim leaves."""
+    cache = SchedulerCache()
+    cache.set_node(with_numa(node("n1", cpu=8000, mem=32 * GiB)))
+    pods = {}
+    for i in range(2):
+        p = running(f"low-{i}", "n1", cpu=1000)
+        p.spec.template.numa_policy = NUMA_SINGLE  # type: ignore[assignment]
+        p.spec.numa_nodes.append(i)
+        pods[p.metadata.name] = p
+        cache.set_pod(p)
+    snapshot = Snapshot()
+    snapshot.update(cache)
+    framework = Framework(Profile(), REGISTRY)
+    preemption = Preemption(framework, CacheVictims(cache, pods))
+    [pod] = pods_of(numa_job(job("x", cpu=2000, mem=GiB), NUMA_EXCLUSIVE))
+    pod.spec.priority = HIGH
+    unit = UnitInfo("x", 1, 0, HIGH, [PodInfo.from_pod(pod)])
+    result = UnitScheduler(framework, SearchConfig(), preemption).schedule(unit, snapshot)
+    assert result.success, result.reason
+    [placed] = result.placements
+    assert len(placed.victims) == 1
+    victim = int(placed.victims[0].split("-")[1])
+    assert placed.numa_nodes == (victim,)
+    assert snapshot.infos["n1"].numa_owner == {victim: "x-0"}

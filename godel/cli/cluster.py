@@ -80,6 +80,9 @@ def up(
             "do anything. Default: a cluster CA and mutual TLS.",
         ),
     ] = False,
+    dashboard: Annotated[
+        bool, typer.Option(help="Also start the web dashboard (its URL is in `godel status`).")
+    ] = True,
 ) -> None:
     """Start a local cluster: the store server and every service as separate processes.
 
@@ -98,19 +101,26 @@ def up(
         process_node=process_node,
         insecure=insecure,
         run_as=run_as,
+        dashboard=dashboard,
     )
     try:
         state = local.up(godel_home, spec)
     except (local.ClusterError, local.StateError) as exc:
         fail(str(exc))
     print_table(
-        ["NAME", "PID", "ADDRESS", "LOG"],
-        [(c.name, c.pid, redact_url(c.address), c.log) for c in state.components],
+        ["NAME", "PID", "ADDRESS", "METRICS", "LOG"],
+        [
+            (c.name, c.pid, redact_url(c.address), c.metrics_address or "-", c.log)
+            for c in state.components
+        ],
     )
     if insecure:
         typer.echo(INSECURE_WARNING, err=True)
     else:
         typer.echo(f"\nmutual TLS: credentials in {godel_home.tls_dir} (admin.crt is yours)")
+    for c in state.components:
+        if c.web_url:
+            typer.echo(f"\ndashboard: {c.web_url}")
     if not foreground:
         typer.echo(f"\ncluster running in {godel_home}; stop it with `godel down`")
         return
@@ -142,22 +152,33 @@ def status(
     try:
         statuses = local.status(_home(home))
         state = _home(home).load()
+        lease = local.binder_lease(_home(home))
     except (local.ClusterError, local.StateError) as exc:
         fail(str(exc))
     if state is not None and state.insecure:
         typer.echo(INSECURE_WARNING, err=True)
+    leader = lease.holder if lease is not None else ""
     if output is OutputFormat.json:
         print_json(
-            [asdict(s) | {"address": redact_url(s.address), "healthy": s.healthy} for s in statuses]
+            [
+                asdict(s)
+                | {
+                    "address": redact_url(s.address),
+                    "healthy": s.healthy,
+                    "leader": s.kind == "binder" and s.name == leader,
+                }
+                for s in statuses
+            ]
         )
     else:
         print_table(
-            ["NAME", "PID", "ADDRESS", "ALIVE", "HEALTH", "AGE"],
+            ["NAME", "PID", "ADDRESS", "METRICS", "ALIVE", "HEALTH", "AGE"],
             [
                 (
-                    s.name,
+                    s.name + (" (leader)" if s.kind == "binder" and s.name == leader else ""),
                     s.pid,
                     redact_url(s.address),
+                    f"http://{s.metrics_address}/metrics" if s.metrics_address else "-",
                     "yes" if s.alive else "no",
                     s.health,
                     _age(s.started),
@@ -165,6 +186,16 @@ def status(
                 for s in statuses
             ],
         )
+        typer.echo("")
+        if lease is None:
+            typer.echo("binder leader: unknown (the store did not answer)")
+        elif leader:
+            typer.echo(f"binder leader: {leader} at {lease.holder_address} (epoch {lease.epoch})")
+        else:
+            typer.echo(f"binder leader: none (last epoch {lease.epoch})")
+        for s in statuses:
+            if s.web_url:
+                typer.echo(f"dashboard: {s.web_url}")
     unhealthy = [s.name for s in statuses if not s.healthy]
     if unhealthy:
         fail(f"unhealthy: {', '.join(unhealthy)}")

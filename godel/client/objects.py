@@ -180,7 +180,8 @@ class Event:
 @dataclass(frozen=True)
 class Explanation:
     """Why a pod is where it is: bound to ``node``, or pending for ``summary``'s reasons
-    (``reasons`` counts the nodes that failed each check)."""
+    (``reasons`` counts the nodes that failed each check), or preempting ``victims`` on
+    ``nominated_node`` while the Binder has its decision."""
 
     pod: str
     phase: str
@@ -189,6 +190,8 @@ class Explanation:
     total_nodes: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     scheduler: str = ""
+    nominated_node: str = ""
+    victims: list[str] = field(default_factory=list)
 
     @classmethod
     def from_wire(cls, response: api_pb2.ExplainResponse) -> Explanation:
@@ -200,6 +203,8 @@ class Explanation:
             total_nodes=response.total_nodes,
             reasons={r.reason: r.nodes for r in response.reasons},
             scheduler=response.scheduler,
+            nominated_node=response.nominated_node,
+            victims=list(response.victims),
         )
 
 

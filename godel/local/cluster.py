@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ import structlog
 from godel import pki, tls
 from godel.local.home import STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from godel.netutil import free_ports
+from protos.godel.v1 import objects_pb2 as pb
+from services.binder.service import LEASE as BINDER_LEASE
 from services.runtime.healthcheck import SERVING, TIMEOUT, UNREACHABLE, probe
 from store import Store, StoreError, StoreUnavailableError
 from store.server import LOG_FILE, StoreServer, StoreServerError, store_url_from_env
@@ -62,6 +65,8 @@ class ClusterSpec:
     a cluster CA and certificates into ``$GODEL_HOME/tls`` and every service serves mutual TLS."""
     run_as: str = ""
     """The user process-mode pods run as (the node agents' --run-as; default: nobody as root)."""
+    dashboard: bool = True
+    """Whether to start the web dashboard (`godel status` shows its URL)."""
     service_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Extra command-line arguments per service kind, e.g. (("scheduler", ("--x", "1")),)."""
 
@@ -89,6 +94,7 @@ class ClusterSpec:
             *((f"binder-{i}", "binder") for i in range(self.binders)),
             ("rescheduler", "rescheduler"),
             *((f"nodeagent-{i}", "nodeagent") for i in range(self.nodeagents)),
+            *((("dashboard", "dashboard"),) if self.dashboard else ()),
         ]
 
 
@@ -98,6 +104,8 @@ class ComponentStatus:
     kind: str
     pid: int | None
     address: str
+    metrics_address: str
+    web_url: str
     alive: bool
     health: str
     """SERVING, NOT_SERVING, UNREACHABLE, TIMEOUT, ..."""
@@ -133,8 +141,9 @@ def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
         try:
             state.store_url = _start_store(home, spec, state)
             services = list(spec.services())
-            for (name, kind), port in zip(services, free_ports(len(services), HOST), strict=True):
-                started.append(_start_service(home, spec, state, name, kind, port))
+            ports = iter(free_ports(len(services) * 2 + 1, HOST))
+            for name, kind in services:
+                started.append(_start_service(home, spec, state, name, kind, ports))
             _wait_serving(home, state, started, spec.ready_timeout)
         except BaseException:
             _stop(state)
@@ -170,6 +179,26 @@ def status(home: GodelHome, timeout: float = 1.0) -> list[ComponentStatus]:
         )
 
 
+def binder_lease(home: GodelHome, timeout: float = 2.0) -> pb.Lease | None:
+    """The Binder lease as the store has it now (``holder`` empty when nobody leads), or None
+    when the store cannot say within ``timeout``."""
+    state = home.load()
+    if state is None:
+        raise ClusterError(f"no cluster in {home}: start one with `godel up`")
+
+    async def read() -> pb.Lease | None:
+        store = await Store.connect(state.store_url)
+        try:
+            return await store.get_lease(BINDER_LEASE)
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(asyncio.wait_for(read(), timeout))
+    except (TimeoutError, StoreError):
+        return None
+
+
 SCALABLE = ("scheduler", "binder")
 
 
@@ -198,9 +227,10 @@ def scale(home: GodelHome, kind: str, replicas: int, ready_timeout: float = 30.0
             spec = ClusterSpec(grace_seconds=state.grace_seconds, insecure=state.insecure)
             taken = {c.name for c in state.components}
             names = (f"{kind}-{i}" for i in range(10_000) if f"{kind}-{i}" not in taken)
+            ports = iter(free_ports((replicas - len(current)) * 2, HOST))
             procs = [
-                _start_service(home, spec, state, next(names), kind, port)
-                for port in free_ports(replicas - len(current), HOST)
+                _start_service(home, spec, state, next(names), kind, ports)
+                for _ in range(replicas - len(current))
             ]
             started = state.components[-len(procs) :]
             _wait_serving_records(started, procs, ready_timeout, probe_credentials(home, state))
@@ -264,9 +294,23 @@ def _start_store(home: GodelHome, spec: ClusterSpec, state: ClusterState) -> str
 
 
 def _start_service(
-    home: GodelHome, spec: ClusterSpec, state: ClusterState, name: str, kind: str, port: int
+    home: GodelHome,
+    spec: ClusterSpec,
+    state: ClusterState,
+    name: str,
+    kind: str,
+    ports: Iterator[int],
 ) -> subprocess.Popen[bytes]:
+    """Start one service on free ports taken from ``ports``: gRPC, metrics, and for the
+    dashboard its web page."""
+    port, metrics_port = next(ports), next(ports)
     address = f"{HOST}:{port}"
+    web_args: list[str] = []
+    web_url = ""
+    if kind == "dashboard":
+        web_port = next(ports)
+        web_args = ["--web-host", HOST, "--web-port", str(web_port)]
+        web_url = f"http://{HOST}:{web_port}/"
     command = [
         # -P: never import from the working directory (a `store/` data dir there would shadow
         # the `store` package).
@@ -278,6 +322,9 @@ def _start_service(
         "--grace-seconds", str(spec.grace_seconds),
         "--log-format", "json",
         *(["--insecure", "true"] if spec.insecure else []),
+        "--metrics-host", HOST,
+        "--metrics-port", str(metrics_port),
+        *web_args,
         *spec.args_for(name, kind),
     ]  # fmt: skip
     log_path = home.log_file(name)
@@ -304,6 +351,8 @@ def _start_service(
             command=command,
             log=str(log_path),
             started=now_iso(),
+            metrics_address=f"{HOST}:{metrics_port}",
+            web_url=web_url,
         )
     )
     # Recorded at once, so `godel down` can clean up even if this `up` is killed halfway.
@@ -428,6 +477,7 @@ def _component_status(
         )
     return ComponentStatus(
         name=record.name, kind=record.kind, pid=record.pid, address=record.address,
+        metrics_address=record.metrics_address, web_url=record.web_url,
         alive=alive, health=health, started=record.started,
     )  # fmt: skip
 

@@ -50,6 +50,10 @@ class ComponentRecord:
     log: str
     started: str
     """ISO-8601 UTC."""
+    metrics_address: str = ""
+    """``host:port`` of its Prometheus endpoint (``/metrics``); empty for the store."""
+    web_url: str = ""
+    """The dashboard's page, for the component that serves it."""
 
     def process(self) -> psutil.Process | None:
         """The live process this record describes, or None if it has exited."""

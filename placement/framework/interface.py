@@ -119,7 +119,10 @@ class PodInfo:
         for slot in PodInfo.__slots__:
             setattr(copy, slot, getattr(self, slot))
         copy.name = name
+        # A replacement holds no NUMA nodes until it is placed (the original's stay behind).
         copy.req = self.req.renamed(name)
+        if copy.req.numa_nodes:
+            copy.req = copy.req.pinned(())
         copy.template_key = template_key
         copy.resource_version = 0
         copy.topology = None
@@ -197,6 +200,24 @@ def _requirement(r: pb.LabelSelectorRequirement) -> Requirement:
     return requirement(r)
 
 
+@dataclass(frozen=True, slots=True)
+class JobAffinity:
+    """A job's JobAffinity (objects.proto) as plain values: the node label keys whose domains
+    hold the whole gang (required) and the finer ones tried first (preferred, coarse to fine)."""
+
+    required: tuple[str, ...] = ()
+    preferred: tuple[str, ...] = ()
+
+    @classmethod
+    def from_job(cls, job: pb.Job) -> JobAffinity | None:
+        if not job.spec.HasField("job_affinity"):
+            return None
+        a = job.spec.job_affinity
+        if not a.required_topology_keys and not a.preferred_topology_keys:
+            return None
+        return cls(tuple(a.required_topology_keys), tuple(a.preferred_topology_keys))
+
+
 @dataclass(slots=True)
 class UnitInfo:
     """A scheduling unit as the unit-level hooks see it."""
@@ -211,6 +232,10 @@ class UnitInfo:
     # recommended the node — travels with the placement. A preference, not a filter: a pod no
     # recommended node fits is placed as usual.
     preferred: list[tuple[str, str]] = field(default_factory=list)
+    # Job-level affinity (placement.plugins.joblevelaffinity), and the nodes of the job's pods
+    # already placed (bound or in flight), whose domain the rest must join.
+    affinity: JobAffinity | None = None
+    placed_nodes: tuple[str, ...] = ()
 
     @property
     def needed(self) -> int:
@@ -288,15 +313,25 @@ class NormalizeScore(Protocol):
     def normalize_scores(self, pod: PodInfo, scores: list[int]) -> None: ...
 
 
+@dataclass(slots=True)
+class NodeGroups:
+    """The node groups a unit tries in order, each on its own (the whole unit in one group).
+    ``reason`` says why the unit is confined to them; the search leads a failure with it."""
+
+    groups: list[list[NodeInfo]]
+    reason: str = ""
+
+
 @runtime_checkable
 class LocatingPlugin(Plugin, Protocol):
-    """Unit level: narrow the nodes a unit may use (default: all)."""
+    """Unit level: narrow the nodes a unit may use. None: no opinion on this unit (all)."""
 
-    def locate(self, unit: UnitInfo, nodes: list[NodeInfo]) -> list[NodeInfo]: ...
+    def locate(self, unit: UnitInfo, nodes: list[NodeInfo]) -> list[NodeInfo] | None: ...
 
 
 @runtime_checkable
 class GroupingPlugin(Plugin, Protocol):
-    """Unit level: split located nodes into groups tried in order (default: one group)."""
+    """Unit level: split located nodes into groups tried in order. None: no opinion on this
+    unit (one group of them all, the search's own scan order)."""
 
-    def group(self, unit: UnitInfo, nodes: list[NodeInfo]) -> list[list[NodeInfo]]: ...
+    def group(self, unit: UnitInfo, nodes: list[NodeInfo]) -> NodeGroups | None: ...

@@ -31,6 +31,8 @@ DEFAULT_FILTERS = (
     "TaintToleration",
     "NodePorts",
     "NodeResourcesFit",
+    # After the pool fit: NUMA nodes are a finer cut of the same room.
+    "NumaTopology",
     # Topology rules last: they run only for pods they concern (Framework.prepare).
     "PodTopologySpread",
     "InterPodAffinity",
@@ -43,7 +45,11 @@ DEFAULT_SCORES = (
     # kube-scheduler's default weights.
     ("PodTopologySpread", 2),
     ("InterPodAffinity", 2),
+    # Packs NUMA-bound pods onto partly used NUMA nodes; 0 for every other pod.
+    ("NumaTopology", 2),
 )
+# Unit level: job-level affinity groups a gang's nodes by topology domain (no-op for others).
+DEFAULT_GROUPING = ("JobLevelAffinity",)
 
 
 class ProfileError(PluginConfigError):
@@ -55,7 +61,7 @@ class Profile:
     filters: tuple[str, ...] = DEFAULT_FILTERS
     scores: tuple[tuple[str, int], ...] = DEFAULT_SCORES
     locating: tuple[str, ...] = ()
-    grouping: tuple[str, ...] = ()
+    grouping: tuple[str, ...] = DEFAULT_GROUPING
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # PostFilter: a pod that fits nowhere may evict lower-priority pods (on unless switched off).
     preemption: bool = True
@@ -85,7 +91,7 @@ def load_profile(source: str | Path, registry: Registry) -> Profile:
         filters=_names(doc, "filters", where, DEFAULT_FILTERS),
         scores=_scores(doc, where),
         locating=_names(doc, "locating", where, ()),
-        grouping=_names(doc, "grouping", where, ()),
+        grouping=_names(doc, "grouping", where, DEFAULT_GROUPING),
         args=_args(doc, where),
         preemption=_flag(doc, "preemption", where, default=True),
     )

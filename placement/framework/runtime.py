@@ -9,6 +9,7 @@ from placement.framework.interface import (
     FilterPlugin,
     GroupingPlugin,
     LocatingPlugin,
+    NodeGroups,
     NodeLabels,
     NormalizeScore,
     Plugin,
@@ -162,14 +163,30 @@ class Framework:
 
     # -- unit level (defaults are no-ops) ----------------------------------------------------
 
-    def node_groups(self, unit: UnitInfo, nodes: list[NodeInfo]) -> list[list[NodeInfo]] | None:
+    def node_groups(self, unit: UnitInfo, nodes: list[NodeInfo]) -> NodeGroups | None:
         """The node groups to try in order, or None for "all nodes, one group" (the default,
-        which lets the search use the snapshot's own ordering without copying)."""
-        if not self.locating and not self.grouping:
-            return None
+        and the answer when no plugin has an opinion on this unit: the search then keeps the
+        snapshot's own ordering without copying)."""
+        located = False
         for loc in self.locating:
-            nodes = loc.locate(unit, nodes)
-        groups = [nodes]
+            narrowed = loc.locate(unit, nodes)
+            if narrowed is not None:
+                nodes, located = narrowed, True
+        found = NodeGroups([nodes]) if located else None
         for grp in self.grouping:
-            groups = [g for group in groups for g in grp.group(unit, group)]
-        return groups
+            groups: list[list[NodeInfo]] = []
+            reasons: list[str] = []
+            opinion = False
+            for group in found.groups if found is not None else [nodes]:
+                split = grp.group(unit, group)
+                if split is None:
+                    groups.append(group)
+                else:
+                    opinion = True
+                    groups += split.groups
+                    if split.reason:
+                        reasons.append(split.reason)
+            if opinion:
+                prior = [found.reason] if found is not None and found.reason else []
+                found = NodeGroups(groups, "; ".join(prior + reasons))
+        return found

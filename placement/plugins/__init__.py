@@ -4,12 +4,14 @@ from placement.framework import Registry
 from placement.plugins import (
     balancedallocation,
     interpodaffinity,
+    joblevelaffinity,
     leastallocated,
     mostallocated,
     nodeaffinity,
     nodeports,
     noderesourcesfit,
     nodeunschedulable,
+    numatopology,
     podtopologyspread,
     tainttoleration,
 )
@@ -28,6 +30,8 @@ def new_in_tree_registry() -> Registry:
             balancedallocation.SPEC,
             interpodaffinity.SPEC,
             podtopologyspread.SPEC,
+            numatopology.SPEC,
+            joblevelaffinity.SPEC,
         ]
     )
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from placement.framework import Framework, PodInfo
+from placement.framework import Framework, JobAffinity, PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest
+from placement.plugins import joblevelaffinity, numatopology
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.state import TERMINAL, ClusterState
@@ -53,6 +54,8 @@ class Candidate:
     placement: ipb.Placement
     pod: pb.Pod
     info: PodInfo
+    # The NUMA nodes the pod binds with: the decision's, verified, or chosen here.
+    numa_nodes: tuple[int, ...] = ()
 
 
 class BatchPlan:
@@ -166,6 +169,7 @@ class BatchPlan:
             for node in dirty:
                 node_results[node] = self._check_node(node)
             self._topology_check(node_results)
+            self._job_affinity_check(node_results)
             newly = self._gang_check(node_results)
             dirty = {c.placement.node for c in self.candidates.values() if c.job in newly} & set(
                 node_results
@@ -191,7 +195,6 @@ class BatchPlan:
         obj = self.state.nodes.get(node)
         if obj is None:
             return dict.fromkeys(names, f"node {node!r} not found")
-        numa_ids = {n.id for n in obj.status.topology.numa_nodes}
         info = self.state.info_for(node).clone()
         results: dict[str, str | None] = {}
         for name in names:
@@ -207,14 +210,19 @@ class BatchPlan:
             status = self.rules.run_filters(cand.info, info)
             if status is not None:
                 failures.append(f"{status.plugin}: {', '.join(status.reasons)}")
-            missing = [i for i in cand.placement.numa_nodes if i not in numa_ids]
-            if missing:
-                failures.append(f"no NUMA node {', '.join(map(str, missing))}")
+            req = cand.info.req
+            if status is None:
+                numa = _numa_nodes(info, req, tuple(cand.placement.numa_nodes))
+                if isinstance(numa, str):
+                    failures.append(f"{numatopology.NAME}: {numa}")
+                else:
+                    cand.numa_nodes = numa
+                    req = req.pinned(numa) if numa else req
             if failures:
                 _put_back(info, freed)
                 results[name] = f"node {node!r}: {'; '.join(failures)}"
             else:
-                info.add_pod(cand.info.req)
+                info.add_pod(req)  # holding its NUMA nodes: a later claim on them is refused
                 results[name] = None
         return results
 
@@ -271,6 +279,36 @@ class BatchPlan:
                 counts.remove(name)
             for vnode, req in evicted:
                 counts.add(vnode, req)
+
+    def _job_affinity_check(self, node_results: dict[str, dict[str, str | None]]) -> None:
+        """Job-level affinity, serially: all placed pods of a job with required keys share one
+        domain — its bound pods' domain, else that of its first placement the node checks
+        accepted in this batch. A placement elsewhere (or on a node lacking the label) is a
+        CONFLICT naming both domains, and counts as a failure for the gang rule."""
+        live: dict[str, list[Candidate]] = {}
+        for cand in self.candidates.values():
+            if (
+                cand.job not in self.gang_rejected
+                and node_results.get(cand.placement.node, {}).get(cand.pod.metadata.name) is None
+            ):
+                live.setdefault(cand.job, []).append(cand)
+        nodes = self.state.nodes
+        for job_name, cands in live.items():
+            job = self.jobs.get(job_name)
+            affinity = JobAffinity.from_job(job) if job is not None else None
+            if affinity is None or not affinity.required:
+                continue
+            placed: list[tuple[str, dict[str, str] | None]] = [
+                (p.metadata.name, _labels(nodes.get(p.spec.node_name)))
+                for p in self.state.placed_pods(job_name)
+            ]
+            placed += [(c.pod.metadata.name, _labels(nodes.get(c.placement.node))) for c in cands]
+            violations = joblevelaffinity.domain_violations(affinity, placed)
+            for cand in cands:
+                why = violations.get(cand.pod.metadata.name)
+                if why is not None:
+                    node = cand.placement.node
+                    node_results[node][cand.pod.metadata.name] = f"node {node!r}: {why}"
 
     def _gang_check(self, node_results: dict[str, dict[str, str | None]]) -> set[str]:
         """Jobs that have never been scheduled and cannot reach min_member with this batch."""
@@ -354,13 +392,18 @@ class BatchPlan:
                 targets += [("Victim", name)] * (len(evictions.ops) - start)
         ops += evictions.ops
         for cand in self.candidates.values():
-            ops.append(Bind(bound_pod(cand.pod, cand.placement, self.batch.shard, now)))
+            ops.append(
+                Bind(bound_pod(cand.pod, cand.placement, self.batch.shard, now, cand.numa_nodes))
+            )
             targets.append(("Pod", cand.pod.metadata.name))
             if cand.job not in jobs:
                 jobs.append(cand.job)
         for job_name in jobs:
             job = self.jobs.get(job_name)
-            if job is None or job.status.ever_scheduled:
+            # Only a gang needs the mark (its later pods may then bind one by one); a job of
+            # min_member 1 never waits for its siblings, and a write per one-pod job would cost
+            # a store write and a change event for every informer, per pod.
+            if job is None or job.status.ever_scheduled or job.spec.min_member <= 1:
                 continue
             marked = pb.Job()
             marked.CopyFrom(job)
@@ -388,14 +431,21 @@ class BatchPlan:
         return out
 
 
-def bound_pod(pod: pb.Pod, placement: ipb.Placement, shard: str, now_ms: int) -> pb.Pod:
-    """The pod as the Binder writes it when binding (see services/README.md)."""
+def bound_pod(
+    pod: pb.Pod,
+    placement: ipb.Placement,
+    shard: str,
+    now_ms: int,
+    numa_nodes: tuple[int, ...] | None = None,
+) -> pb.Pod:
+    """The pod as the Binder writes it when binding (see services/README.md); ``numa_nodes``
+    (default: the placement's) are the NUMA nodes the Binder verified or chose."""
     out = pb.Pod()
     out.CopyFrom(pod)
     out.status.scheduler = shard  # the shard whose decision this is
     out.spec.node_name = placement.node
     del out.spec.numa_nodes[:]
-    out.spec.numa_nodes.extend(placement.numa_nodes)
+    out.spec.numa_nodes.extend(placement.numa_nodes if numa_nodes is None else numa_nodes)
     out.status.phase = pb.POD_BOUND
     out.status.bound_ms = now_ms
     out.status.reason = ""
@@ -408,6 +458,23 @@ def bound_pod(pod: pb.Pod, placement: ipb.Placement, shard: str, now_ms: int) ->
     out.status.conditions.extend(kept)
     out.status.conditions.add(type="PodScheduled", status="True", last_transition_ms=now_ms)
     return out
+
+
+def _numa_nodes(
+    info: NodeInfo, req: PodRequest, proposed: tuple[int, ...]
+) -> tuple[int, ...] | str:
+    """The NUMA nodes ``req`` binds with on ``info``: the decision's proposal if it still holds
+    (a claim on a NUMA node held exclusively by another pod is refused, never moved), the
+    Binder's own choice when the decision named none, or why neither works."""
+    if proposed or not req.numa_policy:
+        why = numatopology.verify(info, req, proposed)
+        return why if why is not None else proposed
+    found = numatopology.choose(info, req)
+    return found.reason if isinstance(found, numatopology.NumaFailure) else found
+
+
+def _labels(node: pb.Node | None) -> dict[str, str] | None:
+    return dict(node.metadata.labels) if node is not None else None
 
 
 def _put_back(info: NodeInfo, reqs: list[PodRequest]) -> None:

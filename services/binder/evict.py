@@ -1,7 +1,8 @@
 """One EvictRequest against the Binder's view: which pods go, and the commit that takes them.
 
-All or nothing: a batch of the rescheduler (a swap, a cycle) is planned to leave together, so one
-pod that may not go keeps every pod of the request in place. A pod already gone, finished or
+All or nothing by default: a batch of the rescheduler (a swap, a cycle) is planned to leave
+together, so one pod that may not go keeps every pod of the request in place. A ``partial``
+request (a node agent relieving pressure) takes each pod that may go, in order. A pod already gone, finished or
 re-created under its name (another uid) needs nothing and does not block the rest. The live pods
 are charged to the disruption budgets selecting them, with allowances from the Binder's own
 current view — the same accounting preemption's victims go through, and the committer decides one
@@ -52,6 +53,9 @@ class EvictPlan:
             else:
                 live.add(ref.name)
                 self.live.append(pod)
+        if self.request.partial:
+            self._admit_each(problems)
+            return
         if not problems and self.live:
             tracker = LiveBudgets(self.state, (p.metadata.name for p in self.live)).tracker()
             broken = tracker.try_admit(self.live)
@@ -59,6 +63,20 @@ class EvictPlan:
                 problems = dict.fromkeys((p.metadata.name for p in self.live), "; ".join(broken))
         if problems:
             self.refuse(problems)
+
+    def _admit_each(self, problems: dict[str, str]) -> None:
+        """A partial request: each live pod goes unless it has a problem of its own or the
+        budgets, charged with the pods before it, no longer allow it."""
+        tracker = LiveBudgets(self.state, (p.metadata.name for p in self.live)).tracker()
+        admitted: list[pb.Pod] = []
+        for pod in self.live:
+            name = pod.metadata.name
+            why = problems.get(name) or "; ".join(tracker.try_admit([pod]))
+            if why:
+                self._result(name, REFUSED, why)
+            else:
+                admitted.append(pod)
+        self.live = admitted
 
     def refuse(self, problems: dict[str, str]) -> None:
         """Nothing is evicted: each live pod says why (its own problem, else the others')."""

@@ -25,7 +25,7 @@ from placement.rules import hard_rules
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services import movements
+from services import metrics, movements
 from services.binder.decide import (
     CONFLICT,
     ERROR,
@@ -179,6 +179,12 @@ class BinderService(Service[BinderConfig]):
         self.spawn(self._resign_on_stop(), name="binder-resign")
         self.spawn(self.elector.run(), name="binder-elector")
         log.info("campaigning", lease=LEASE, address=self.address)
+
+    def sample_metrics(self) -> None:
+        leading = self.is_leader and self._fence is not None
+        metrics.BINDER_IS_LEADER.set(1 if leading else 0)
+        metrics.BINDER_LEASE_EPOCH.set(self._fence.epoch if leading and self._fence else 0)
+        metrics.BINDER_QUEUED_WORK.set(self._queue.qsize())
 
     async def on_stop(self) -> None:
         if self.elector is not None:
@@ -358,6 +364,7 @@ class BinderService(Service[BinderConfig]):
         plan.run()
         bound = await self._commit(plan, fence)
         verdicts = plan.verdicts(bound)
+        metrics.record_verdicts(batch, verdicts, bound.values(), int(time.time() * 1000))
         self._record_landings(bound.values())
         log.debug(
             "batch decided",

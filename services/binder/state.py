@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
+from placement.budgets import SelectorMembers
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
@@ -36,6 +37,7 @@ class ClusterState:
         self.all_job_pods: dict[str, set[str]] = {}  # every pod, by job (replacement names)
         self.jobs: dict[str, pb.Job] = {}
         self.budgets: dict[str, pb.DisruptionBudget] = {}
+        self.budget_members = SelectorMembers()  # pods of each label-selector budget
         # Pods this binder wrote -> revision of the write, until the informer shows that revision.
         self.assumed: dict[str, int] = {}
         # Pods per selector and topology domain, for the cross-node check of inter-pod affinity
@@ -54,6 +56,7 @@ class ClusterState:
             self.jobs[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
         elif kind == "DisruptionBudget":
             self.budgets[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
+            self.budget_members.set_budget(obj, self.pods.values())  # type: ignore[arg-type]
 
     def on_update(self, kind: str, _old: Message, new: Message) -> None:
         self.on_add(kind, new)
@@ -73,6 +76,7 @@ class ClusterState:
             self.assumed.pop(name, None)
             self._unplace(name, job)
             self.pods.pop(name, None)
+            self.budget_members.remove_pod(name)
             members = self.all_job_pods.get(job)
             if members is not None:
                 members.discard(name)
@@ -82,6 +86,7 @@ class ClusterState:
             self.jobs.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
         elif kind == "DisruptionBudget":
             self.budgets.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
+            self.budget_members.remove_budget(obj.metadata.name)  # type: ignore[attr-defined]
 
     def _set_node(self, node: pb.Node) -> None:
         name = node.metadata.name
@@ -105,6 +110,9 @@ class ClusterState:
 
     def _apply(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
+        old = self.pods.get(name)
+        if old is None or old.spec.template.labels != pod.spec.template.labels:
+            self.budget_members.set_pod(pod)
         self.pods[name] = pod
         self.all_job_pods.setdefault(pod.spec.job, set()).add(name)
         if holds_claim(pod):

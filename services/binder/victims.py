@@ -63,7 +63,9 @@ class LiveBudgets:
         # Only pods holding a claim count as healthy; a job budget needs only its job's.
         if budget.spec.job:
             return self.state.placed_pods(budget.spec.job)
-        return self.state.pods.values()
+        pods = self.state.pods
+        members = self.state.budget_members.members(budget.metadata.name)
+        return [pods[n] for n in members if n in pods]
 
 
 class VictimClaims:

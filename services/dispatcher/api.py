@@ -308,6 +308,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             obj = await self.store.get(kind.message, request.name)
             if isinstance(obj, pb.Node):
                 await self._live_heartbeats([obj])
+            elif isinstance(obj, pb.Pod):
+                self._show_nominations([obj])
         except InvalidObjectError as exc:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except NotFoundError as exc:
@@ -355,6 +357,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         )
         limit = request.limit or DEFAULT_PAGE
         page = [wrap(kind.name, o) for o in picked[:limit]]  # copies: the cache stays untouched
+        if kind.name == "Pod":
+            self._show_nominations([o.pod for o in page])
         if kind.name == "Node":
             try:
                 await self._live_heartbeats([o.node for o in page])
@@ -450,6 +454,17 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         for node in nodes:
             node.status.heartbeat_ms = beats.get(node.metadata.name, node.status.heartbeat_ms)
 
+    def _show_nominations(self, pods: list[pb.Pod]) -> None:
+        """Fill ``status.nominated_node`` of pending preemptors from the dispatcher's memory
+        (see services/dispatcher/nominations.py): the stored pod never carries it."""
+        if not len(self.core.nominations):
+            return
+        for pod in pods:
+            if is_pending(pod):
+                nomination = self.core.nominations.of(pod.spec.job, pod.metadata.name)
+                if nomination is not None:
+                    pod.status.nominated_node = nomination.node
+
     async def Explain(
         self, request: api_pb2.ExplainRequest, context: Any
     ) -> api_pb2.ExplainResponse:
@@ -484,6 +499,17 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         if not is_pending(pod):
             phase = pb.PodPhase.Name(pod.status.phase)
             out.summary = f"{phase}: {pod.status.reason or pod.status.message or 'not scheduled'}"
+            return out
+        nomination = self.core.nominations.of(pod.spec.job, pod.metadata.name)
+        if nomination is not None:
+            # In flight with the Binder: an earlier attempt's condition is no longer the story.
+            out.nominated_node = nomination.node
+            out.victims.extend(nomination.victims)
+            count = len(nomination.victims)
+            out.summary = (
+                f"preempting {count} pod{'' if count == 1 else 's'} on {nomination.node}: "
+                + ", ".join(nomination.victims)
+            )
             return out
         for cond in pod.status.conditions:
             if cond.type == "PodScheduled" and cond.status == "False":

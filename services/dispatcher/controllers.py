@@ -411,6 +411,9 @@ class FailurePolicy:
         return min(initial_ms << max(self.failures - 1, 0), max_ms)
 
 
+FINISHED_JOB_PHASES = frozenset({pb.JOB_SUCCEEDED, pb.JOB_FAILED})
+
+
 def _current(job: pb.Job) -> tuple[int, int, int, int, int]:
     s = job.status
     return s.phase, s.bound, s.running, s.succeeded, s.failed
@@ -456,14 +459,22 @@ class JobStatusController:
     async def _write(self, jobs: list[pb.Job]) -> list[str]:
         """Write the jobs whose status changed; returns the names that conflicted."""
         updates: list[pb.Job] = []
+        now_ms = int(time.time() * 1000)
         for job in jobs:
             computed = job_status(job, self.pods.by_job.get(job.metadata.name, {}).values())
-            if computed == _current(job):
+            finished = computed[0] in FINISHED_JOB_PHASES
+            # A job finished before finished_ms existed gets it now (its TTL counts from here).
+            stamp = finished and not job.status.finished_ms
+            if computed == _current(job) and not stamp:
                 continue
             new = pb.Job()
             new.CopyFrom(job)
             s = new.status
             s.phase, s.bound, s.running, s.succeeded, s.failed = computed  # type: ignore[assignment]
+            if stamp:
+                s.finished_ms = now_ms
+            elif not finished:
+                s.finished_ms = 0
             updates.append(new)
         if not updates:
             return []

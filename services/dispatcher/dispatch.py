@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.nominations import Nominations
 from services.dispatcher.queueing import (
     PendingUnit,
     Quantities,
@@ -168,6 +169,7 @@ class UnitDispatcher:
         self.settings = settings
         self.units: dict[str, UnitEntry] = {}
         self.links: dict[str, ShardLink] = {}
+        self.nominations = Nominations()
         self._seq = 0
         # Per queue: requests of bound pods holding a claim, and of dispatched units.
         self._usage: dict[str, Quantities] = {}
@@ -488,9 +490,18 @@ class UnitDispatcher:
             self._kick.set()
         elif body == "outcome":
             self._on_outcome(link, msg.outcome)
+        elif body == "nominations":
+            entry = self.units.get(msg.nominations.job)
+            if (
+                entry is not None
+                and entry.state == UnitState.DISPATCHED
+                and entry.shard == link.name
+            ):
+                self.nominations.record(msg.nominations)
 
     def _on_outcome(self, link: ShardLink, outcome: ipb.UnitOutcome) -> None:
         link.settle(outcome.job)
+        self.nominations.clear(outcome.job)
         entry = self.units.get(outcome.job)
         if entry is None or entry.state != UnitState.DISPATCHED or entry.shard != link.name:
             return
@@ -558,6 +569,7 @@ class UnitDispatcher:
             entry = self.units.get(job)
             if entry is not None and entry.state == UnitState.DISPATCHED:
                 if entry.shard == link.name:
+                    self.nominations.clear(job)
                     self._release(entry)
                     self._to_settle(entry)
                     requeued += 1
@@ -573,6 +585,7 @@ class UnitDispatcher:
     def revoke(self, job: str) -> None:
         """Forget a unit (its job was deleted); a shard holding it is told to drop it."""
         entry = self.units.pop(job, None)
+        self.nominations.clear(job)
         if entry is None:
             return
         if entry.state == UnitState.DISPATCHED:

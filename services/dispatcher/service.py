@@ -13,6 +13,8 @@ import grpc
 import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
+from protos.godel.v1 import objects_pb2 as pb
+from services import metrics
 from services.dispatcher.api import DispatcherServicer
 from services.dispatcher.controllers import (
     BudgetStatusController,
@@ -22,6 +24,7 @@ from services.dispatcher.controllers import (
     QueueStatusController,
 )
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
+from services.dispatcher.ttl import FinishedJobCollector
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import option
 from store.informer import Informer
@@ -75,6 +78,14 @@ class DispatcherConfig(ServiceConfig):
     )
     informer_sync_seconds: float = field(
         default=60.0, metadata=option("how long startup waits for the store's listing", minimum=1)
+    )
+    finished_job_ttl_seconds: int = field(
+        default=86_400,
+        metadata=option(
+            "a finished job (and its pods) is deleted this long after it finished unless its "
+            "spec.ttlSecondsAfterFinished says otherwise; -1 keeps finished jobs",
+            minimum=-1,
+        ),
     )
 
 
@@ -137,6 +148,30 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(queue_status.run(), name="queue-status")
         self.spawn(budget_status.run(), name="budget-status")
         self.spawn(job_retry.run(), name="job-retry")
+        ttl = cfg.finished_job_ttl_seconds
+        self.finished_jobs = FinishedJobCollector(
+            self.store,
+            self.informer,
+            job_status.pods,
+            default_ttl_seconds=None if ttl < 0 else ttl,
+            interval_seconds=max(cfg.controller_interval_seconds, 1.0),
+        )
+        self.spawn(self.finished_jobs.run(), name="finished-jobs")
+
+    def sample_metrics(self) -> None:
+        queues = self.core.queue_statuses()
+        # Every known queue, so that an emptied queue reads 0 rather than vanishing.
+        names = {q.metadata.name for q in self.informer.list("Queue")} | set(queues)  # type: ignore[attr-defined]
+        idle = pb.QueueStatus()
+        metrics.DISPATCHER_QUEUE_PENDING_PODS.publish(
+            {(name,): queues.get(name, idle).pending_pods for name in names}
+        )
+        metrics.DISPATCHER_QUEUE_PENDING_UNITS.publish(
+            {(name,): queues.get(name, idle).pending_units for name in names}
+        )
+        links = self.core.links.values()
+        metrics.DISPATCHER_SHARD_CREDITS.publish({(link.name,): link.credits for link in links})
+        metrics.DISPATCHER_SHARD_UNDECIDED_PODS.publish({(link.name,): link.load for link in links})
 
     async def on_stop(self) -> None:
         await self.core.close()

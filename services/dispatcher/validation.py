@@ -202,12 +202,31 @@ def validate_job(job: pb.Job, prefix: str, ctx: SubmitContext) -> Violations:
     if spec.qos not in _QOS_VALUES:
         out.append(violation(f"{s}.qos", f"unknown QoS value {spec.qos}"))
     out += _validate_preemption(spec, s)
+    out += _validate_job_affinity(spec.job_affinity, f"{s}.job_affinity")
     queue = spec.queue or DEFAULT_QUEUE
     if queue != DEFAULT_QUEUE and queue not in ctx.queues:
         out.append(violation(f"{s}.queue", f"queue {queue!r} does not exist"))
     out += validate_template(spec.template, f"{s}.template")
     if not any(v.field.startswith(f"{s}.template.requests") for v in out):
         out += _check_some_node_fits(spec, f"{s}.template.requests", ctx)
+    return out
+
+
+def _validate_job_affinity(a: pb.JobAffinity, prefix: str) -> Violations:
+    """Label keys, each once across both lists (a preferred key equal to a required one could
+    never narrow anything)."""
+    out: Violations = []
+    seen: set[str] = set()
+    for name, keys in (
+        ("required_topology_keys", a.required_topology_keys),
+        ("preferred_topology_keys", a.preferred_topology_keys),
+    ):
+        for i, key in enumerate(keys):
+            f = f"{prefix}.{name}[{i}]"
+            out += validate_label_key(key, f)
+            if key in seen:
+                out.append(violation(f, f"label key {key!r} is listed twice"))
+            seen.add(key)
     return out
 
 
@@ -229,6 +248,11 @@ def _validate_preemption(spec: pb.JobSpec, s: str) -> Violations:
     if spec.HasField("backoff_limit") and spec.backoff_limit < 0:
         out.append(
             violation(f"{s}.backoff_limit", f"must not be negative (got {spec.backoff_limit})")
+        )
+    ttl = spec.ttl_seconds_after_finished
+    if spec.HasField("ttl_seconds_after_finished") and ttl < 0:
+        out.append(
+            violation(f"{s}.ttl_seconds_after_finished", f"must not be negative (got {ttl})")
         )
     return out
 

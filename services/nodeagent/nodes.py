@@ -11,10 +11,12 @@ so they can be table-tested; :class:`NodeSet` owns the stored copies and every N
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
@@ -51,6 +53,7 @@ class Shape:
     gpus: int = 0
     reclaimable_percent: int = 50
     sockets: int = 2
+    numa_per_socket: int = 1
 
 
 def dns_name(text: str) -> str:
@@ -89,22 +92,24 @@ def parse_taints(text: str) -> list[pb.Taint]:
     return taints
 
 
-def topology(capacity: pb.Resources, sockets: int) -> pb.NodeTopology:
-    """``sockets`` sockets of one NUMA node each, the capacity split evenly (the remainder goes
-    to the last), so NUMA-aware placement has something real to divide."""
+def topology(capacity: pb.Resources, sockets: int, numa_per_socket: int = 1) -> pb.NodeTopology:
+    """``sockets`` sockets of ``numa_per_socket`` NUMA nodes each (ids in order, socket
+    ``id // numa_per_socket``), the capacity split evenly (the remainder goes to the last), so
+    NUMA-aware placement has something real to divide."""
     sockets = max(1, sockets)
+    zones = sockets * max(1, numa_per_socket)
     topo = pb.NodeTopology(sockets=sockets)
-    for i in range(sockets):
-        last = i == sockets - 1
+    for i in range(zones):
+        last = i == zones - 1
 
         def share(total: int, last: bool = last) -> int:
-            part = total // sockets
-            return total - part * (sockets - 1) if last else part
+            part = total // zones
+            return total - part * (zones - 1) if last else part
 
         topo.numa_nodes.append(
             pb.NumaNode(
                 id=i,
-                socket=i,
+                socket=i // max(1, numa_per_socket),
                 capacity=pb.Resources(
                     milli_cpu=share(capacity.milli_cpu),
                     memory_bytes=share(capacity.memory_bytes),
@@ -157,7 +162,7 @@ def set_status(node: pb.Node, shape: Shape, now: int) -> None:
             memory_bytes=shape.memory_bytes * pct // 100,
         )
     )
-    status.topology.CopyFrom(topology(status.allocatable, shape.sockets))
+    status.topology.CopyFrom(topology(status.allocatable, shape.sockets, shape.numa_per_socket))
     mark_ready(node, now)
 
 
@@ -200,6 +205,63 @@ def hollow_nodes(
     return nodes
 
 
+@dataclass(frozen=True, slots=True)
+class MachineNuma:
+    """One NUMA node of this machine: its id, socket and the CPUs this agent may use there."""
+
+    id: int
+    socket: int
+    cpus: tuple[int, ...]
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """The kernel's cpulist format: ``"0-3,8,10-11"`` → [0, 1, 2, 3, 8, 10, 11]."""
+    cpus: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def machine_numa(sysfs: Path = Path("/sys/devices/system")) -> list[MachineNuma]:
+    """This machine's NUMA nodes from sysfs, each with the CPUs this process may run on; one
+    NUMA node of every allowed CPU where sysfs does not say (other OSes, containers hiding it)."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not allowed:
+        allowed = list(range(os.cpu_count() or 1))
+    found: list[MachineNuma] = []
+    try:
+        for entry in sorted((sysfs / "node").glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+            cpus = [c for c in parse_cpulist((entry / "cpulist").read_text()) if c in allowed]
+            if not cpus:
+                continue  # memory-only NUMA node, or none of its CPUs are ours
+            package = sysfs / "cpu" / f"cpu{cpus[0]}" / "topology" / "physical_package_id"
+            socket = int(package.read_text()) if package.exists() else 0
+            found.append(MachineNuma(int(entry.name[4:]), max(socket, 0), tuple(cpus)))
+    except (OSError, ValueError):
+        found = []
+    return found or [MachineNuma(0, 0, tuple(allowed))]
+
+
+def machine_topology(numa: Sequence[MachineNuma], memory_bytes: int) -> pb.NodeTopology:
+    """The process node's topology: per NUMA node 1000 milli-CPU per CPU and a share of the
+    memory by CPU count (the remainder to the last)."""
+    total = sum(len(z.cpus) for z in numa) or 1
+    topo = pb.NodeTopology(sockets=len({z.socket for z in numa}))
+    given = 0
+    for i, zone in enumerate(numa):
+        mem = memory_bytes - given if i == len(numa) - 1 else memory_bytes * len(zone.cpus) // total
+        given += mem
+        topo.numa_nodes.append(
+            pb.NumaNode(
+                id=zone.id,
+                socket=zone.socket,
+                capacity=pb.Resources(milli_cpu=1000 * len(zone.cpus), memory_bytes=mem),
+            )
+        )
+    return topo
+
+
 def process_node(
     name: str,
     *,
@@ -211,8 +273,10 @@ def process_node(
     labels: dict[str, str],
     taints: Sequence[pb.Taint],
     now: int,
+    numa: Sequence[MachineNuma] = (),
 ) -> pb.Node:
-    """This machine as a node: its real CPU count and memory, one socket."""
+    """This machine as a node: its real CPU count and memory; its real NUMA nodes when given
+    (``machine_numa``), else one socket of one NUMA node."""
     shape = Shape(
         milli_cpu=cpus * 1000,
         memory_bytes=memory_bytes,
@@ -221,9 +285,12 @@ def process_node(
         sockets=1,
     )
     own = {"zone": "zone-0", **labels, "hostname": name}
-    return build_node(
+    node = build_node(
         name, agent=agent, mode=PROCESS, shape=shape, labels=own, taints=taints, now=now
     )
+    if numa:
+        node.status.topology.CopyFrom(machine_topology(numa, memory_bytes))
+    return node
 
 
 class NodeSet:

@@ -114,6 +114,7 @@ class PodRun:
     # Why the child is being killed: "" (deleted / ended by someone else: write nothing) or the
     # reason to report, e.g. "AgentStopped".
     kill_reason: str = ""
+    pid: int | None = None  # a process pod's process while it runs (tidal usage measures it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +164,11 @@ class PodRunner:
         flush_interval: float = 0.05,
         flush_max: int = 500,
         run_as: RunAs | None = None,
+        numa_cpus: Mapping[int, tuple[int, ...]] | None = None,
     ) -> None:
         self._store = store
+        # This machine's CPUs per NUMA id: a process pod holding NUMA nodes runs on theirs.
+        self.numa_cpus = dict(numa_cpus or {})
         self.node_modes = dict(node_modes)
         self.work_dir = work_dir
         # None: as the agent's own (non-root) user.
@@ -321,6 +325,7 @@ class PodRunner:
                 env.update(HOME=str(cwd), USER=user.name, LOGNAME=user.name)
                 env.update(pod.spec.template.env)  # the pod's own settings still win
             with run.log_path.open("wb") as out:
+                cpus = pinned_cpus(pod, self.numa_cpus)
                 try:
                     if user is not None:
                         argv = unprivileged(argv, user, env.get("PATH", os.defpath))
@@ -332,6 +337,11 @@ class PodRunner:
                         cwd=cwd,
                         env=env,
                         start_new_session=True,  # its own process group: kill the whole tree
+                        # In the child before the command runs, so every thread and process it
+                        # starts inherits the CPUs (a call on its pid afterwards would race).
+                        preexec_fn=functools.partial(os.sched_setaffinity, 0, cpus)
+                        if cpus
+                        else None,
                     )
                 except OSError as exc:
                     out.write(f"cannot start {list(pod.spec.template.command)}: {exc}\n".encode())
@@ -343,6 +353,7 @@ class PodRunner:
                 pid=proc.pid,
                 user=self.run_as.name if self.run_as else "(the agent's)",
             )
+            run.pid = proc.pid
             self.queue(run.name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
             code = await proc.wait()
         except asyncio.CancelledError:
@@ -354,6 +365,7 @@ class PodRunner:
                 )
             raise
         finally:
+            run.pid = None
             run.exited.set()
         if code == 0:
             self._process_ended(run, 0, "Completed", "")
@@ -377,6 +389,11 @@ class PodRunner:
         if run.task is not None and not run.task.done():
             run.kill_reason = kill_reason
             run.task.cancel()
+
+    def pid_of(self, pod: str) -> int | None:
+        """The running process of a process-mode pod, if any."""
+        run = self.runs.get(pod)
+        return None if run is None else run.pid
 
     def log_path(self, pod: str) -> Path:
         return self.work_dir / f"{pod}.log"
@@ -551,6 +568,14 @@ def unprivileged(argv: list[str], user: RunAs, path: str) -> list[str]:
         program,
         *argv,
     ]
+
+
+def pinned_cpus(pod: pb.Pod, numa_cpus: Mapping[int, tuple[int, ...]]) -> tuple[int, ...]:
+    """The CPUs of the NUMA nodes the Binder assigned the pod, where this OS can pin a process
+    (os.sched_setaffinity: Linux); () to run it unpinned."""
+    if not pod.spec.numa_nodes or not hasattr(os, "sched_setaffinity"):
+        return ()
+    return tuple(sorted({c for i in pod.spec.numa_nodes for c in numa_cpus.get(i, ())}))
 
 
 def pod_env(pod: pb.Pod, agent_env: Mapping[str, str]) -> dict[str, str]:

@@ -5,9 +5,11 @@ the logs of process-mode pods (``godel.v1.NodeAgent``). See README.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,19 +21,32 @@ import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services import tenancy
+from services import metrics, tenancy
+from services.binder.client import BinderEvictor
 from services.nodeagent.nodes import (
+    HOLLOW,
+    PROCESS,
     GiB,
+    MachineNuma,
     NodeSet,
     Shape,
     dns_name,
     hollow_nodes,
+    machine_numa,
     now_ms,
     parse_labels,
     parse_taints,
     process_node,
 )
 from services.nodeagent.runner import PodRunner, resolve_run_as
+from services.nodeagent.tidal import (
+    ProcessUsage,
+    TidalController,
+    TidalSettings,
+    Usage,
+    UsageCurve,
+    hollow_usage,
+)
 from services.runtime import ConfigError, Service, ServiceConfig, cancel_and_wait, option
 from services.runtime.auth import caller
 from store import StoreError
@@ -60,6 +75,16 @@ class NodeAgentConfig(ServiceConfig):
         default=110, metadata=option("pod slots of each hollow node", minimum=0)
     )
     hollow_gpus: int = field(default=0, metadata=option("GPUs of each hollow node", minimum=0))
+    hollow_sockets: int = field(
+        default=2, metadata=option("CPU sockets of each hollow node", minimum=1)
+    )
+    hollow_numa_per_socket: int = field(
+        default=1,
+        metadata=option(
+            "NUMA nodes per socket of each hollow node (cpu, memory and GPUs split evenly)",
+            minimum=1,
+        ),
+    )
     hollow_reclaimable_percent: int = field(
         default=50,
         metadata=option(
@@ -112,11 +137,46 @@ class NodeAgentConfig(ServiceConfig):
         metadata=option("pod phase changes that trigger a write at once", minimum=1),
     )
 
+    tidal: bool = field(
+        default=False,
+        metadata=option(
+            "reclaimable pools follow what guaranteed pods use (tidal best-effort capacity); "
+            "best-effort pods over a shrunk pool are evicted"
+        ),
+    )
+    tidal_usage_curve: str = field(
+        default="",
+        metadata=option(
+            "hollow online pods' usage through the day as a percent of their requests, "
+            "'hour=percent,...' linear between points (default: all of their requests)"
+        ),
+    )
+    tidal_period_seconds: float = field(
+        default=86_400.0,
+        metadata=option("the length of the curve's day (shorter plays a day faster)", minimum=1),
+    )
+    tidal_interval_seconds: float = field(
+        default=2.0, metadata=option("seconds between tidal pool updates", minimum=0.05)
+    )
+    tidal_reserve_percent: int = field(
+        default=10,
+        metadata=option(
+            "share of a node kept free of best-effort pods for online bursts",
+            minimum=0,
+            maximum=100,
+        ),
+    )
+
     def __post_init__(self) -> None:
         try:
             resolve_run_as(self.run_as, os.geteuid())
         except ValueError as exc:
             raise ConfigError(f"run_as: {exc}") from None
+        if self.tidal_usage_curve:
+            try:
+                UsageCurve.parse(self.tidal_usage_curve, self.tidal_period_seconds)
+            except ValueError as exc:
+                raise ConfigError(f"tidal_usage_curve: {exc}") from None
         # Bad labels or taints are a configuration error (exit 2), not a failed start.
         for name, parse in (("hollow_labels", parse_labels), ("hollow_taints", parse_taints)):
             try:
@@ -131,6 +191,8 @@ class NodeAgentConfig(ServiceConfig):
             max_pods=self.hollow_max_pods,
             gpus=self.hollow_gpus,
             reclaimable_percent=self.hollow_reclaimable_percent,
+            sockets=self.hollow_sockets,
+            numa_per_socket=self.hollow_numa_per_socket,
         )
 
     def resolved_work_dir(self) -> Path:
@@ -152,6 +214,12 @@ class NodeAgentService(Service[NodeAgentConfig]):
 
     def add_servicers(self, server: grpc.aio.Server) -> None:
         api_pb2_grpc.add_NodeAgentServicer_to_server(_NodeAgentServicer(self), server)
+
+    @functools.cached_property
+    def machine_numa(self) -> list[MachineNuma]:
+        """This machine's NUMA nodes and their CPUs (the process node's topology, and the CPUs
+        a process pod holding NUMA nodes is pinned to)."""
+        return machine_numa()
 
     def desired_nodes(self) -> list[pb.Node]:
         cfg = self.config
@@ -177,6 +245,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
                     labels={},
                     taints=(),
                     now=now,
+                    numa=self.machine_numa,
                 )
             )
         # Where `godel logs` reaches us: the advertised address, so it works with no local state.
@@ -199,6 +268,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
             flush_interval=cfg.status_flush_ms / 1000,
             flush_max=cfg.status_batch_max,
             run_as=resolve_run_as(cfg.run_as, os.geteuid()),
+            numa_cpus={z.id: z.cpus for z in self.machine_numa} if cfg.process_node else {},
         )
         # Only the pods bound to our nodes: at 200,000 pods, caching every pod cost each agent
         # over 300 MiB.
@@ -212,6 +282,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
         self.informer.start()
         await self.informer.wait_synced()
         self._heartbeat_task = self.spawn(self._heartbeat_loop(), name="heartbeat")
+        self._tidal_task = self.spawn(self.tidal().run(), name="tidal") if cfg.tidal else None
         self._flusher_task = self.spawn(self.runner.run_flusher(), name="pod-status-flusher")
         log.info(
             "node agent started",
@@ -220,14 +291,57 @@ class NodeAgentService(Service[NodeAgentConfig]):
             heartbeat_seconds=cfg.heartbeat_seconds,
         )
 
+    def sample_metrics(self) -> None:
+        if not hasattr(self, "runner"):
+            return  # still starting
+        running = Counter(run.mode for run in self.runner.runs.values() if not run.finished)
+        metrics.NODEAGENT_PODS_RUNNING.publish(
+            {(mode,): running[mode] for mode in (HOLLOW, PROCESS)}
+        )
+        metrics.NODEAGENT_NODES.set(len(self.nodes.desired))
+        metrics.NODEAGENT_STATUS_WRITES_PENDING.set(len(self.runner.pending))
+
     async def on_stop(self) -> None:
         # Heartbeats just stop: nodes are not marked NotReady, so a quick restart fails no pod.
-        tasks = (getattr(self, "_heartbeat_task", None), getattr(self, "_flusher_task", None))
+        tasks = (
+            getattr(self, "_heartbeat_task", None),
+            getattr(self, "_flusher_task", None),
+            getattr(self, "_tidal_task", None),
+        )
         await cancel_and_wait([t for t in tasks if t is not None])
         if hasattr(self, "informer"):
             await self.informer.stop()
         if hasattr(self, "runner"):
             await self.runner.stop()
+
+    def tidal(self) -> TidalController:
+        """The tidal loop over this agent's nodes: hollow nodes' online usage from the curve,
+        the process node's measured."""
+        cfg = self.config
+        curve = (
+            UsageCurve.parse(cfg.tidal_usage_curve, cfg.tidal_period_seconds)
+            if cfg.tidal_usage_curve
+            else None
+        )
+        measured = ProcessUsage(self.runner.pid_of)
+
+        def usage(node: str, guaranteed: list[pb.Pod], percent: float) -> Usage:
+            if self.nodes.mode.get(node) == PROCESS:
+                return measured(guaranteed, percent)
+            return hollow_usage(guaranteed, percent)
+
+        return TidalController(
+            self.store,
+            self.nodes.desired,
+            lambda: self.informer.list("Pod"),  # type: ignore[arg-type,return-value]
+            usage,
+            curve,
+            BinderEvictor(self.store, f"nodeagent/{cfg.name}", self.dial),
+            TidalSettings(
+                interval_seconds=cfg.tidal_interval_seconds,
+                reserve_percent=cfg.tidal_reserve_percent,
+            ),
+        )
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -26,20 +26,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import grpc
 import structlog
 
 from placement.budgets import BudgetTracker
 from protos.godel.v1 import internal_pb2 as ipb
-from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import movements as shared
-from services.binder.service import LEASE as BINDER_LEASE
+from services.binder.client import BinderEvictor, EvictError
 from services.eviction import RESCHEDULED
 from services.rescheduler import movements as mv
 from services.rescheduler.framework import ClusterView, Move
 from services.rescheduler.round import Policy, RoundPlan
-from services.runtime import Dial
 from store import Store
 from store.errors import StoreError
 
@@ -66,45 +63,6 @@ class ExecutionConfig:
 
 class StopRound(Exception):
     """The round evicts no further batch; the message says why."""
-
-
-class BinderEvictor:
-    """Calls ``Binder.Evict`` on the current leader (found through its lease), again after a
-    failover or while no leader is elected, within ``timeout_seconds``."""
-
-    def __init__(
-        self, store: Store, requester: str, dial: Dial, timeout_seconds: float = 120.0
-    ) -> None:
-        self.store = store
-        self.dial = dial
-        self.requester = requester
-        self.timeout = timeout_seconds
-
-    async def evict(self, request: ipb.EvictRequest) -> ipb.EvictResponse:
-        request.requester = self.requester
-        deadline = time.monotonic() + self.timeout
-        last = "no binder leader"
-        while time.monotonic() < deadline:
-            lease = await self.store.get_lease(BINDER_LEASE)
-            if lease is None or not lease.holder_address:
-                await asyncio.sleep(_POLL_SECONDS)
-                continue
-            async with self.dial(lease.holder_address, ()) as channel:
-                stub = internal_pb2_grpc.BinderStub(channel)
-                try:
-                    response: ipb.EvictResponse = await stub.Evict(
-                        request, timeout=max(0.1, deadline - time.monotonic())
-                    )
-                    return response
-                except grpc.aio.AioRpcError as exc:
-                    last = f"{exc.code().name}: {exc.details()}"
-                    if exc.code() not in (
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        grpc.StatusCode.UNAVAILABLE,
-                    ):
-                        raise StopRound(f"the Binder refused the eviction: {last}") from exc
-            await asyncio.sleep(_POLL_SECONDS)
-        raise StopRound(f"no Binder leader took the eviction within {self.timeout:g}s ({last})")
 
 
 class RoundExecutor:
@@ -246,7 +204,10 @@ class RoundExecutor:
         for move in batch:
             uid = view.pods[move.pod].pod.metadata.uid if move.pod in view.pods else ""
             request.pods.add(name=move.pod, uid=uid)
-        response = await self.evictor.evict(request)
+        try:
+            response = await self.evictor.evict(request)
+        except EvictError as exc:
+            raise StopRound(str(exc)) from exc
         refused = [r for r in response.results if r.outcome == ipb.EvictResult.REFUSED]
         if refused:
             reasons = "; ".join(f"{r.pod}: {r.reason}" for r in refused[:3])

@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
-from placement.framework import Framework, PodInfo, Status
+from placement.framework import Framework, JobAffinity, PodInfo, Status
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED, NodeInfo
+from placement.plugins import joblevelaffinity
+from placement.plugins.numatopology import pin_numa
 from protos.godel.v1 import objects_pb2 as pb
 
 # A pod (or its job) labelled or annotated with this, "true", is never moved (the Protection check).
@@ -127,7 +129,23 @@ class ClusterView:
         if running.node == node:
             info = info.clone()
             info.remove_pod(pod)
-        return self.framework.run_filters(running.info, info)
+        status = self.framework.run_filters(running.info, info)
+        return status if status is not None else self.job_affinity_status(running, info)
+
+    def job_affinity_status(self, running: RunningPod, target: NodeInfo) -> Status | None:
+        """Job-level affinity, the unit rule the node filters cannot see: a pod of a job with
+        required topology keys moves only within its current domain (where the job's other
+        pods are), as the Binder would refuse anything else."""
+        job = self.jobs.get(running.job)
+        affinity = JobAffinity.from_job(job) if job is not None else None
+        current = self.nodes.get(running.node)
+        if affinity is None or not affinity.required or current is None:
+            return None
+        broken = joblevelaffinity.domain_violations(
+            affinity, [("", current.labels), (running.name, target.labels)]
+        )
+        why = broken.get(running.name)
+        return None if why is None else Status.unresolvable(why, plugin=joblevelaffinity.NAME)
 
     # -- changing ----------------------------------------------------------------------------
 
@@ -139,7 +157,8 @@ class ClusterView:
             return
         self.nodes[source].remove_pod(pod)
         self._by_node[source].discard(pod)
-        self.nodes[target].add_pod(running.info.req)
+        # A NUMA-bound pod holds NUMA nodes of its new node, chosen as a shard would.
+        self.nodes[target].add_pod(pin_numa(self.nodes[target], running.info.req))
         self._by_node.setdefault(target, set()).add(pod)
         running.node = target
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from services import metrics
 from services.rescheduler.framework import ClusterView
 from services.rescheduler.round import PLANNED, Policy, RoundPlan, RoundRunner
 
@@ -109,6 +110,9 @@ class PolicyManager:
                 state.running = False
             state.last = plan
             state.last_run_ms = plan.started_ms
+        metrics.RESCHEDULER_ROUNDS.labels(name, plan.outcome, str(dry_run).lower()).inc()
+        if plan.evicted:
+            metrics.RESCHEDULER_PODS_EVICTED.labels(name).inc(plan.evicted)
         log.info(
             "round",
             policy=name,

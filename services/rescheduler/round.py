@@ -34,6 +34,7 @@ from typing import Any
 from placement.budgets import BudgetTracker
 from placement.framework import Framework, PodInfo, Profile, UnitInfo
 from placement.plugins import new_in_tree_registry
+from placement.plugins.numatopology import pin_numa
 from placement.search import UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import api_pb2 as api
@@ -355,10 +356,12 @@ def validate_targets(
             dropped.append((move, f"node {move.target} is gone"))
             continue
         status = view.framework.run_filters(running.info, target)
+        if status is None:
+            status = view.job_affinity_status(running, target)
         if status is not None:
             dropped.append((move, f"{status.plugin}: {', '.join(status.reasons)}"))
             continue
-        target.add_pod(running.info.req)
+        target.add_pod(pin_numa(target, running.info.req))  # its NUMA nodes there, if bound
         kept.append(move)
     return kept, dropped
 
@@ -371,7 +374,7 @@ def _replacement(view: ClusterView, pod: str, keys: dict[tuple[object, ...], byt
     info, name = running.info, pod + REPLACEMENT_SUFFIX
     req = info.req
     inputs = (
-        req.pool, req.cpu, req.mem, req.gpu, req.host_ports,
+        req.pool, req.cpu, req.mem, req.gpu, req.host_ports, req.numa_policy,
         info.node_selector, info.required_terms, info.preferred_terms, info.tolerations,
     )  # fmt: skip
     return info.renamed(name, keys.setdefault(inputs, len(keys).to_bytes(8, "big")))

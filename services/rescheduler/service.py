@@ -26,9 +26,10 @@ import yaml
 from placement.rules import hard_rules
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.binder.client import BinderEvictor
 from services.rescheduler.checks import new_check_registry
 from services.rescheduler.config import PolicyConfig, PolicyConfigError, load_policies
-from services.rescheduler.executor import BinderEvictor, ExecutionConfig, RoundExecutor
+from services.rescheduler.executor import ExecutionConfig, RoundExecutor
 from services.rescheduler.framework import Algorithm, Check, ClusterView, Detector
 from services.rescheduler.manager import PausedError, PolicyManager, UnknownPolicyError
 from services.rescheduler.movements import Recycler

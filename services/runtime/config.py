@@ -112,6 +112,25 @@ class ServiceConfig:
         default=0,
         metadata=option("gRPC port; 0 picks a free one (it is logged)", minimum=0, maximum=65535),
     )
+    metrics_host: str = field(
+        default="127.0.0.1",
+        metadata=option("address the Prometheus metrics endpoint binds to (loopback by default)"),
+    )
+    metrics_port: int = field(
+        default=0,
+        metadata=option(
+            "port of the Prometheus metrics endpoint (/metrics); 0 picks a free one (it is "
+            "logged), -1 serves none",
+            minimum=-1,
+            maximum=65535,
+        ),
+    )
+    metrics_sample_seconds: float = field(
+        default=1.0,
+        metadata=option(
+            "how often gauges (queue depths, credits, leadership) are sampled", minimum=0.05
+        ),
+    )
     store_url: str = field(
         default="redis://127.0.0.1:6379/0",
         metadata=option(

@@ -40,6 +40,7 @@ from services.runtime.config import (
 )
 from services.runtime.decoding import RejectUndecodable
 from services.runtime.logging import configure_logging
+from services.runtime.metrics import MetricsServer
 from store import Store, StoreUnavailableError, redact_url
 
 log = structlog.get_logger(__name__)
@@ -86,6 +87,8 @@ class Service(abc.ABC, Generic[ConfigT]):
         # What this service presents to its peers and trusts (None: insecure mode); set by the
         # runtime before on_start.
         self.credentials: tls.Credentials | None = None
+        # host:port of the Prometheus endpoint ("" when none is served); set before on_start.
+        self.metrics_address = ""
 
     @property
     def address(self) -> str:
@@ -110,6 +113,11 @@ class Service(abc.ABC, Generic[ConfigT]):
     async def on_stop(self) -> None:
         """Runs after the gRPC server has stopped and before the store is closed: drain in-flight
         work, release leases. Tasks started with :meth:`spawn` are cancelled afterwards."""
+
+    def sample_metrics(self) -> None:
+        """Copy this service's gauges (queue depths, credits, leadership) from its state into
+        their ``SampledGauge`` s. Runs on the event loop every ``metrics_sample_seconds``, so it
+        may read anything the service's tasks change; keep it to a pass over small state."""
 
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
         """Run ``coro`` for the life of the service. If it raises, the service stops with exit
@@ -166,6 +174,8 @@ class ServiceHost(Generic[ConfigT]):
         self.service: Service[ConfigT] | None = None
         self._store: Store | None = None
         self._server: grpc.aio.Server | None = None
+        self._metrics: MetricsServer | None = None
+        self._sampler: asyncio.Task[None] | None = None
         self._stopped = False
 
     async def start(self) -> None:
@@ -216,7 +226,15 @@ class ServiceHost(Generic[ConfigT]):
             tls="off (--insecure)" if credentials is None else "mutual TLS",
         )
 
+        if self.config.metrics_port >= 0:
+            self._metrics = _start_metrics(self.config.metrics_host, self.config.metrics_port)
+            service.metrics_address = self._metrics.address
+            log.info("metrics listening", address=service.metrics_address, path="/metrics")
+
         await service.on_start()
+        if self._metrics is not None:
+            # The runtime's own task, not the service's: it ends after on_stop, with the server.
+            self._sampler = asyncio.create_task(_sample_metrics(service), name="metrics-sampler")
         for name in served:
             await self.health.set(name, SERVING)
         log.info("serving", address=self.address)
@@ -248,6 +266,11 @@ class ServiceHost(Generic[ConfigT]):
             await self.service.cancel_background_tasks()
         if self._store is not None:
             await self._store.close()
+        if self._sampler is not None:
+            await cancel_and_wait([self._sampler])
+        if self._metrics is not None:
+            # Last: a scrape during the stop still answers.
+            await asyncio.to_thread(self._metrics.stop)
         log.info("stopped")
 
     async def __aenter__(self) -> ServiceHost[ConfigT]:
@@ -347,6 +370,23 @@ def _load_credentials(config: ServiceConfig) -> tls.Credentials | None:
             "certs service), --tls-dir names another directory, --insecure true (or "
             "GODEL_INSECURE=true) serves without TLS"
         ) from exc
+
+
+def _start_metrics(host: str, port: int) -> MetricsServer:
+    try:
+        return MetricsServer.start(host, port)
+    except OSError as exc:
+        raise StartupError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
+
+
+async def _sample_metrics(service: Service[Any]) -> None:
+    while True:
+        try:
+            service.sample_metrics()
+        except Exception:
+            # Stale gauges are better than a service stopped over its metrics.
+            log.exception("sampling metrics failed")
+        await asyncio.sleep(service.config.metrics_sample_seconds)
 
 
 async def _connect_store(config: ServiceConfig) -> Store:

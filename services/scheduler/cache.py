@@ -121,9 +121,10 @@ class SchedulerCache:
         assumed = self.assumed.pop(name, None)
         if assumed is not None:
             self._unclaim(assumed)
-            if assumed.node != node_name:
+            # Assumed on this node with the NUMA nodes it was bound with: already counted, it
+            # just changes hands. Elsewhere, or holding other NUMA nodes: counted again.
+            if assumed.node != node_name or assumed.req.numa_nodes != record.req.numa_nodes:
                 self._unaccount(name, assumed.node)
-        # If it was assumed on this node it is already counted: it just changes hands.
         info = self._node(node_name)
         info.add_pod(record.req)
         self.bound[name] = (node_name, record)

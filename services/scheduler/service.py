@@ -24,6 +24,7 @@ import structlog
 
 from placement.framework import (
     Framework,
+    JobAffinity,
     PluginConfigError,
     PodInfo,
     Profile,
@@ -37,6 +38,7 @@ from placement.snapshot import Snapshot
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services import metrics
 from services.binder.service import LEASE as BINDER_LEASE
 from services.runtime import Service, ServiceConfig, option
 from services.runtime.config import ConfigError
@@ -202,6 +204,8 @@ class _Unit:
     # Retries wait until the view has reached what the Binder saw when it rejected.
     min_revision: int = 0
     revoked: bool = False
+    # Its last decision told the dispatcher of preemptions (a later one must say what changed).
+    nominated: bool = False
 
     @property
     def name(self) -> str:
@@ -279,6 +283,12 @@ class SchedulerService(Service[SchedulerConfig]):
         self.spawn(self.movements.ack_loop(), name="scheduler-movement-acks")
         self._heartbeat = self.spawn(self._heartbeat_loop(), name="scheduler-heartbeat")
         log.info("shard ready", address=self.address, nodes=len(self.cache.present))
+
+    def sample_metrics(self) -> None:
+        # Heap entries of revoked units are skipped when popped; counted here, they are few.
+        metrics.SCHEDULER_PENDING_UNITS.publish(
+            {("ready",): len(self._ready), ("backoff",): len(self._backoff)}
+        )
 
     async def on_stop(self) -> None:
         # Stop heartbeating first: a heartbeat in flight would re-register the deleted shard.
@@ -530,6 +540,7 @@ class SchedulerService(Service[SchedulerConfig]):
             self._defer(unit, MOVEMENT_WAIT_POLL_SECONDS)
             return None
         spec = unit.job.spec
+        affinity = JobAffinity.from_job(unit.job)
         info = UnitInfo(
             unit.name,
             spec.min_member,
@@ -537,13 +548,17 @@ class SchedulerService(Service[SchedulerConfig]):
             spec.priority,
             infos,
             preferred=self.movements.preferences(unit.name, [p.name for p in infos]),
+            affinity=affinity,
+            placed_nodes=self._placed_nodes(unit) if affinity is not None else (),
         )
-        result = await self._search(info)
+        with metrics.SCHEDULER_SCHEDULING_DURATION.time():
+            result = await self._search(info)
         unit.pending.clear()
         if unit.revoked:
             return None  # revoked while being placed: its placements die with the snapshot
         unit.infeasible = result.infeasible
         if not result.success:
+            metrics.SCHEDULER_UNITS_UNSCHEDULABLE.inc()
             unit.handed_back.update(result.unplaced)
             log.info("unit unschedulable", job=unit.name, reason=result.reason)
             self._maybe_finish(unit)
@@ -556,7 +571,8 @@ class SchedulerService(Service[SchedulerConfig]):
         for p in result.placements:
             if p.recommendation:
                 self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
-            self.cache.assume(reqs[p.pod], p.node, p.victims)
+            req = reqs[p.pod].pinned(p.numa_nodes) if p.numa_nodes else reqs[p.pod]
+            self.cache.assume(req, p.node, p.victims)
             self.victims.admit(p.victims)
             unit.inflight[p.pod] = p.node
             placements.append(
@@ -566,16 +582,43 @@ class SchedulerService(Service[SchedulerConfig]):
                     node=p.node,
                     victims=p.victims,
                     movement=p.recommendation or movement,
+                    numa_nodes=p.numa_nodes,
                 )
             )
         unit.handed_back.update(result.unplaced)
         self.stats["decided_pods"] += len(placements)
+        metrics.SCHEDULER_PODS_SCHEDULED.inc(len(placements))
+        self._nominate(unit, placements)
         return ipb.UnitDecision(
             job=unit.name,
             min_member=spec.min_member,
             already_bound=unit.already_bound,
             placements=placements,
         )
+
+    def _placed_nodes(self, unit: _Unit) -> tuple[str, ...]:
+        """Nodes of the job's pods bound (as this shard's cache knows them) or in flight: the
+        domain a job-level affinity confines the rest to. A scan of the bound pods, paid only by
+        units with a job affinity and pods already placed."""
+        nodes = list(unit.inflight.values())
+        if unit.already_bound:
+            nodes += [node for node, rec in self.cache.bound.values() if rec.job == unit.name]
+        return tuple(nodes)
+
+    @staticmethod
+    def _nominate(unit: _Unit, placements: list[ipb.Placement]) -> None:
+        """Tell the dispatcher which pods of this decision preempt, and where, while the
+        Binder has it (one message per unit, and only for units that preempt or did)."""
+        nominations = [
+            ipb.Nomination(pod=p.pod, node=p.node, victims=p.victims)
+            for p in placements
+            if p.victims
+        ]
+        if nominations or unit.nominated:
+            unit.nominated = bool(nominations)
+            unit.stream.send(
+                ipb.ShardMessage(nominations=ipb.Nominations(job=unit.name, pods=nominations))
+            )
 
     async def _search(self, info: UnitInfo) -> UnitResult:
         """The unit search, letting the event loop run every ``YIELD_SECONDS``: a large unit

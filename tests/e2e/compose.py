@@ -126,7 +126,7 @@ class Deployment:
     """A running emulated `docker compose up`; :meth:`down` stops it."""
 
     emulator: Emulator
-    published: dict[int, str]  # a published container port → its address on the "host"
+    published: dict[int, str]  # a published host port → its address on the emulated "host"
     proxies: list[socketserver.ThreadingTCPServer] = field(default_factory=list)
 
     @property
@@ -315,7 +315,7 @@ class Emulator:
             assert host_ip == CONTAINER_LOOPBACK, entry
             proxy = tcp_proxy((self.host_ip, int(host_port)), (replica.ip, int(container_port)))
             proxies.append(proxy)
-            published[int(container_port)] = f"{self.host_ip}:{host_port}"
+            published[int(host_port)] = f"{self.host_ip}:{host_port}"
         return published, proxies
 
 

@@ -123,6 +123,8 @@ def make_cluster(
         spec_args.setdefault("grace_seconds", 2.0)
         spec_args.setdefault("fsync", "everysec")
         spec_args.setdefault("process_node", False)
+        # One process fewer on a shared machine; the dashboard's and metrics' tests ask for it.
+        spec_args.setdefault("dashboard", False)
         home = local.GodelHome(tmp_path / f"home{len(clusters)}")
         state = local.up(home, local.ClusterSpec(**spec_args))
         # As for a program run after `godel up`: the SDK and the CLI find the cluster and its

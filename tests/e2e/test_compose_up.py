@@ -6,10 +6,12 @@ scheduled through the dispatcher's published port, and `godel logs` with no loca
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -145,4 +147,17 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             inside = deployment.exec("dispatcher", "godel", "logs", "hello-0")
             assert (inside.returncode, inside.stdout) == (0, "hello\n"), inside.stderr
             assert _godel(api, home, "logs", "hello-0") == "hello\n"
+
+            # The dashboard and the singletons' metrics, through their published host ports.
+            def dashboard_nodes() -> int:
+                with urllib.request.urlopen(
+                    f"http://{deployment.published[8080]}/api/summary", timeout=10
+                ) as response:
+                    return int(json.loads(response.read())["nodes"]["total"])
+
+            wait_until(lambda: dashboard_nodes() == HOLLOW_NODES + 1, what="the dashboard's nodes")
+            with urllib.request.urlopen(
+                f"http://{deployment.published[9090]}/metrics", timeout=10
+            ) as response:
+                assert b"godel_dispatcher_shard_credits{" in response.read()
         assert not deployment.exited(), deployment.exited()

@@ -4,6 +4,8 @@ audits the invariants afterwards."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 
 import pytest
@@ -129,3 +131,53 @@ def test_disruption_budget_blocks_then_allows_exactly_one_eviction(
     failed = [p for p in pods(cluster, "low") if p.status.phase == pb.POD_FAILED]
     assert [(p.status.reason, p.status.preempted_by) for p in failed] == [("Preempted", "online-0")]
     assert placed(cluster, "low") == 3  # the victim keeps its record (and its node name)
+
+
+def test_a_preemptor_in_flight_shows_where_it_preempts(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """While the Binder has a preemptor's decision, `explain` says what it is preempting where
+    and `get pods -o wide` shows the nominated node; once bound, the nomination is gone. The
+    Binder is held mid-flight by stopping its processes (SIGSTOP), then let go."""
+    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2, service_args=(SMALL_NODES,))
+    wait_until(lambda: len(cluster.client.list("Node")) == 2, what="nodes registered")
+    cluster.godel(
+        "apply", "-f", "-", stdin=job_yaml("low", 2, "1", "  priority: 1\n  preemptible: true\n")
+    )
+    wait_until(lambda: placed(cluster, "low") == 2, timeout=120, what="low placed")
+
+    binders = [c for c in cluster.state.components if c.kind == "binder"]
+    assert binders
+    for binder in binders:
+        assert binder.pid is not None
+        os.kill(binder.pid, signal.SIGSTOP)
+    try:
+        cluster.godel("apply", "-f", "-", stdin=job_yaml("online", 1, "1", "  priority: 100\n"))
+
+        def explained() -> str:
+            out = cluster.godel("explain", "online-0").stdout
+            return out if "preempting 1 pod on " in out else ""
+
+        why = wait_until(explained, timeout=120, what="explain shows the preemption in flight")
+        victim = why.strip().rsplit(": ", 1)[1]
+        assert victim in {p.metadata.name for p in pods(cluster, "low")}
+        node = next(p.spec.node_name for p in pods(cluster, "low") if p.metadata.name == victim)
+        assert f"on {node}:" in why
+        table = cluster.godel("get", "pods", "-o", "wide").stdout.splitlines()
+        header = table[0]
+        row = next(line for line in table if line.startswith("online-0 "))
+        assert row[header.index("NOMINATED") :].split()[0] == node
+        assert row[header.index("NODE ") :].split()[0] == "<none>"  # not bound yet
+    finally:
+        for binder in binders:
+            assert binder.pid is not None
+            os.kill(binder.pid, signal.SIGCONT)
+
+    wait_until(
+        lambda: [p.status.phase for p in pods(cluster, "online")] == [pb.POD_RUNNING],
+        timeout=120,
+        what="the preemptor running",
+    )
+    (online,) = pods(cluster, "online")
+    assert online.spec.node_name == node and online.status.nominated_node == ""
+    assert "preempting" not in cluster.godel("explain", "online-0").stdout

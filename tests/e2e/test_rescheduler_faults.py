@@ -29,10 +29,11 @@ from godel.client import ReschedulerClient
 from placement.rules import hard_rules
 from protos.godel.v1 import objects_pb2 as pb
 from services import movements as shared
+from services.binder.client import BinderEvictor
 from services.eviction import REPLACES_ANNOTATION, RESCHEDULED
 from services.rescheduler.checks import new_check_registry
 from services.rescheduler.config import load_policies
-from services.rescheduler.executor import BinderEvictor, ExecutionConfig, RoundExecutor
+from services.rescheduler.executor import ExecutionConfig, RoundExecutor
 from services.rescheduler.framework import ClusterView, Move
 from services.rescheduler.plugins import new_plugin_registry
 from services.rescheduler.round import PLANNED, Policy, RoundPlan

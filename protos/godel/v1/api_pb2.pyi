@@ -460,6 +460,8 @@ class ExplainResponse(_message.Message):
     REASONS_FIELD_NUMBER: _builtins.int
     LAST_ATTEMPT_MS_FIELD_NUMBER: _builtins.int
     SCHEDULER_FIELD_NUMBER: _builtins.int
+    NOMINATED_NODE_FIELD_NUMBER: _builtins.int
+    VICTIMS_FIELD_NUMBER: _builtins.int
     pod: _builtins.str
     phase: _objects_pb2.PodPhase.ValueType
     node: _builtins.str
@@ -468,8 +470,14 @@ class ExplainResponse(_message.Message):
     total_nodes: _builtins.int
     last_attempt_ms: _builtins.int
     scheduler: _builtins.str
+    nominated_node: _builtins.str
+    """A pending preemptor whose decision is with the Binder: the node it is preempting on and the
+    pods it is evicting there.
+    """
     @_builtins.property
     def reasons(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReasonCount]: ...
+    @_builtins.property
+    def victims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -481,10 +489,12 @@ class ExplainResponse(_message.Message):
         reasons: _abc.Iterable[Global___ReasonCount] | None = ...,
         last_attempt_ms: _builtins.int = ...,
         scheduler: _builtins.str = ...,
+        nominated_node: _builtins.str = ...,
+        victims: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_attempt_ms", b"last_attempt_ms", "node", b"node", "phase", b"phase", "pod", b"pod", "reasons", b"reasons", "scheduler", b"scheduler", "summary", b"summary", "total_nodes", b"total_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_attempt_ms", b"last_attempt_ms", "node", b"node", "nominated_node", b"nominated_node", "phase", b"phase", "pod", b"pod", "reasons", b"reasons", "scheduler", b"scheduler", "summary", b"summary", "total_nodes", b"total_nodes", "victims", b"victims"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

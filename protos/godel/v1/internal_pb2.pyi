@@ -258,26 +258,86 @@ class UnitOutcome(_message.Message):
 Global___UnitOutcome: _TypeAlias = UnitOutcome  # noqa: Y015
 
 @_typing.final
+class Nomination(_message.Message):
+    """A preemptor's nominated node while its decision is with the Binder: what `explain` and the
+    NOMINATED column show in flight. Not stored (writing the pod would change the version the
+    decision was made against); the dispatcher keeps the latest per unit until its outcome.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    VICTIMS_FIELD_NUMBER: _builtins.int
+    pod: _builtins.str
+    node: _builtins.str
+    @_builtins.property
+    def victims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        pod: _builtins.str = ...,
+        node: _builtins.str = ...,
+        victims: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "pod", b"pod", "victims", b"victims"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Nomination: _TypeAlias = Nomination  # noqa: Y015
+
+@_typing.final
+class Nominations(_message.Message):
+    """Every nomination of one unit's latest decision (empty: none any more)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    @_builtins.property
+    def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___Nomination]: ...
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        pods: _abc.Iterable[Global___Nomination] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "pods", b"pods"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Nominations: _TypeAlias = Nominations  # noqa: Y015
+
+@_typing.final
 class ShardMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CREDIT_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    NOMINATIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def credit(self) -> Global___Credit: ...
     @_builtins.property
     def outcome(self) -> Global___UnitOutcome: ...
+    @_builtins.property
+    def nominations(self) -> Global___Nominations: ...
     def __init__(
         self,
         *,
         credit: Global___Credit | None = ...,
         outcome: Global___UnitOutcome | None = ...,
+        nominations: Global___Nominations | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "credit", b"credit", "outcome", b"outcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "credit", b"credit", "nominations", b"nominations", "outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "credit", b"credit", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "credit", b"credit", "nominations", b"nominations", "outcome", b"outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["credit", "outcome"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["credit", "outcome", "nominations"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -292,6 +352,7 @@ class EvictRequest(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     REQUESTER_FIELD_NUMBER: _builtins.int
     MOVEMENT_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """"Rescheduled", "Drained", ...: the evicted pods' status.reason."""
     message: _builtins.str
@@ -300,6 +361,11 @@ class EvictRequest(_message.Message):
     """Who asks, e.g. "rescheduler/<instance>"."""
     movement: _builtins.str
     """The Movement the eviction belongs to, if any (recorded on each evicted pod)."""
+    partial: _builtins.bool
+    """Evict each pod that may go, in the order given, refusing only those that may not (a
+    disruption budget spent by the ones before). Default: all or nothing (a rescheduling batch
+    is planned to leave together).
+    """
     @_builtins.property
     def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodRef]:
         """The pods, with their uid as a precondition (a pod re-created under the same name is not
@@ -314,10 +380,11 @@ class EvictRequest(_message.Message):
         message: _builtins.str = ...,
         requester: _builtins.str = ...,
         movement: _builtins.str = ...,
+        partial: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "movement", b"movement", "pods", b"pods", "reason", b"reason", "requester", b"requester"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "movement", b"movement", "partial", b"partial", "pods", b"pods", "reason", b"reason", "requester", b"requester"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -897,6 +897,8 @@ class JobSpec(_message.Message):
     PREEMPTION_POLICY_FIELD_NUMBER: _builtins.int
     PROTECTION_SECONDS_FIELD_NUMBER: _builtins.int
     BACKOFF_LIMIT_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_AFTER_FINISHED_FIELD_NUMBER: _builtins.int
+    JOB_AFFINITY_FIELD_NUMBER: _builtins.int
     replicas: _builtins.int
     min_member: _builtins.int
     """Gang semantics: at least this many pods are placed together or none. 1 behaves like a Deployment."""
@@ -918,8 +920,18 @@ class JobSpec(_message.Message):
     """Failure policy of batch jobs: failed pods are retried at most this many times. Unset: the job
     controller's default.
     """
+    ttl_seconds_after_finished: _builtins.int
+    """Seconds after the job finished (Succeeded or Failed) when it is deleted with its pods; 0:
+    at once. Unset: the cluster's default (the dispatcher's --finished-job-ttl-seconds).
+    """
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
+    @_builtins.property
+    def job_affinity(self) -> Global___JobAffinity:
+        """Job-level affinity (Gödel's locating/grouping unit plugins): the topology domains the whole
+        gang is placed in. Unset: none.
+        """
+
     def __init__(
         self,
         *,
@@ -934,21 +946,60 @@ class JobSpec(_message.Message):
         preemption_policy: Global___PreemptionPolicy.ValueType = ...,
         protection_seconds: _builtins.int = ...,
         backoff_limit: _builtins.int | None = ...,
+        ttl_seconds_after_finished: _builtins.int | None = ...,
+        job_affinity: Global___JobAffinity | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "backoff_limit", b"backoff_limit", "preemptible", b"preemptible", "template", b"template"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "preemptible", b"preemptible", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "backoff_limit", b"backoff_limit", "min_member", b"min_member", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "min_member", b"min_member", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backoff_limit: _TypeAlias = _typing.Literal["backoff_limit"]  # noqa: Y015
     _WhichOneofArgType__backoff_limit: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit"]  # noqa: Y015
     _WhichOneofReturnType__preemptible: _TypeAlias = _typing.Literal["preemptible"]  # noqa: Y015
     _WhichOneofArgType__preemptible: _TypeAlias = _typing.Literal["_preemptible", b"_preemptible"]  # noqa: Y015
+    _WhichOneofReturnType__ttl_seconds_after_finished: _TypeAlias = _typing.Literal["ttl_seconds_after_finished"]  # noqa: Y015
+    _WhichOneofArgType__ttl_seconds_after_finished: _TypeAlias = _typing.Literal["_ttl_seconds_after_finished", b"_ttl_seconds_after_finished"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__backoff_limit) -> _WhichOneofReturnType__backoff_limit | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__preemptible) -> _WhichOneofReturnType__preemptible | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttl_seconds_after_finished) -> _WhichOneofReturnType__ttl_seconds_after_finished | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class JobAffinity(_message.Message):
+    """Where a job's pods land together, by node labels. Nodes with equal values of every required
+    key form one domain (e.g. a rack): all placed pods of the job share one, and the best fitting
+    domain (the least free room that still holds the gang) is tried first. Preferred keys name
+    smaller domains inside it (e.g. a switch), tried first, finest last in the list first; the
+    gang spills from a preferred domain only within its required one, never across it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUIRED_TOPOLOGY_KEYS_FIELD_NUMBER: _builtins.int
+    PREFERRED_TOPOLOGY_KEYS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def required_topology_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def preferred_topology_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Coarse to fine, e.g. ["switch"] or ["pod", "switch"]."""
+
+    def __init__(
+        self,
+        *,
+        required_topology_keys: _abc.Iterable[_builtins.str] | None = ...,
+        preferred_topology_keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["preferred_topology_keys", b"preferred_topology_keys", "required_topology_keys", b"required_topology_keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobAffinity: _TypeAlias = JobAffinity  # noqa: Y015
 
 @_typing.final
 class JobStatus(_message.Message):
@@ -961,6 +1012,7 @@ class JobStatus(_message.Message):
     FAILED_FIELD_NUMBER: _builtins.int
     CONDITIONS_FIELD_NUMBER: _builtins.int
     EVER_SCHEDULED_FIELD_NUMBER: _builtins.int
+    FINISHED_MS_FIELD_NUMBER: _builtins.int
     phase: Global___JobPhase.ValueType
     bound: _builtins.int
     running: _builtins.int
@@ -968,6 +1020,8 @@ class JobStatus(_message.Message):
     failed: _builtins.int
     ever_scheduled: _builtins.bool
     """Set once the unit first reached min_member bound pods (gang invariant bookkeeping)."""
+    finished_ms: _builtins.int
+    """When the job reached Succeeded or Failed (the job status controller's clock)."""
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
     def __init__(
@@ -980,10 +1034,11 @@ class JobStatus(_message.Message):
         failed: _builtins.int = ...,
         conditions: _abc.Iterable[Global___Condition] | None = ...,
         ever_scheduled: _builtins.bool = ...,
+        finished_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "phase", b"phase", "running", b"running", "succeeded", b"succeeded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "finished_ms", b"finished_ms", "phase", b"phase", "running", b"running", "succeeded", b"succeeded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,61 @@
+"""Asking the Binder leader to evict: the client side of ``Binder.Evict`` for the services that
+evict without scheduling (the rescheduler's movements, a node agent's tidal pressure). The
+Binder commits every eviction through the one eviction path (``services.eviction``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import internal_pb2_grpc
+from services.binder.service import LEASE
+from services.runtime import Dial
+from store import Store
+
+POLL_SECONDS = 0.2
+# Codes worth asking again: no leader yet, the leader stepping down, or it being unreachable.
+_RETRY = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE})
+
+
+class EvictError(Exception):
+    """The Binder refused the request, or no leader answered in time; the message says which."""
+
+
+class BinderEvictor:
+    """Calls ``Binder.Evict`` on the current leader (found through its lease), again after a
+    failover or while no leader is elected, within ``timeout_seconds``."""
+
+    def __init__(
+        self, store: Store, requester: str, dial: Dial, timeout_seconds: float = 120.0
+    ) -> None:
+        self.store = store
+        # The caller's Service.dial: the Binder accepts Evict from service identities only.
+        self.dial = dial
+        self.requester = requester
+        self.timeout = timeout_seconds
+
+    async def evict(self, request: ipb.EvictRequest) -> ipb.EvictResponse:
+        request.requester = self.requester
+        deadline = time.monotonic() + self.timeout
+        last = "no binder leader"
+        while time.monotonic() < deadline:
+            lease = await self.store.get_lease(LEASE)
+            if lease is None or not lease.holder_address:
+                await asyncio.sleep(POLL_SECONDS)
+                continue
+            async with self.dial(lease.holder_address, ()) as channel:
+                stub = internal_pb2_grpc.BinderStub(channel)
+                try:
+                    response: ipb.EvictResponse = await stub.Evict(
+                        request, timeout=max(0.1, deadline - time.monotonic())
+                    )
+                    return response
+                except grpc.aio.AioRpcError as exc:
+                    last = f"{exc.code().name}: {exc.details()}"
+                    if exc.code() not in _RETRY:
+                        raise EvictError(f"the Binder refused the eviction: {last}") from exc
+            await asyncio.sleep(POLL_SECONDS)
+        raise EvictError(f"no Binder leader took the eviction within {self.timeout:g}s ({last})")

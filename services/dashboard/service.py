@@ -1,0 +1,187 @@
+"""The dashboard service: an informer over the cluster, one summary per tick, a web server.
+
+It is a runtime ``Service`` like the others (gRPC health for `godel up` and compose, metrics,
+SIGTERM), plus a uvicorn server for the page on ``web_host:web_port``. The summary is built once per
+``refresh_seconds`` whatever the number of browsers, serialised once, and every open event stream
+gets the same bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import orjson
+import structlog
+import uvicorn
+
+from services.binder.service import LEASE as BINDER_LEASE
+from services.dashboard.summary import (
+    ClusterTracker,
+    lease_summary,
+    movement_summary,
+    queue_summary,
+    shard_summary,
+)
+from services.dashboard.web import build_app
+from services.runtime import Service, ServiceConfig, StartupError, option
+from services.runtime.config import WILDCARD_HOSTS
+from store.errors import StoreUnavailableError
+from store.informer import Handlers, Informer
+
+log = structlog.get_logger(__name__)
+
+KINDS = ("Node", "Pod", "Queue", "SchedulerInstance", "Movement")
+
+
+@dataclass(frozen=True)
+class DashboardConfig(ServiceConfig):
+    """The live web dashboard."""
+
+    web_host: str = field(
+        default="127.0.0.1",
+        metadata=option("address the web page binds to (loopback by default)"),
+    )
+    web_port: int = field(
+        default=0,
+        metadata=option(
+            "port of the web page; 0 picks a free one (it is logged)", minimum=0, maximum=65535
+        ),
+    )
+    refresh_seconds: float = field(
+        default=1.0, metadata=option("how often the page is updated", minimum=0.1)
+    )
+    window_seconds: int = field(
+        default=300,
+        metadata=option("how many seconds of throughput and latency the page shows", minimum=10),
+    )
+    heatmap_cells: int = field(
+        default=2048,
+        metadata=option(
+            "at most this many heatmap cells per pool (a cell averages nodes)", minimum=16
+        ),
+    )
+    sync_timeout_seconds: float = field(
+        default=60.0, metadata=option("how long the first listing may take", minimum=1)
+    )
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside a service: signals are the runtime's (SIGTERM stops the whole service in
+    its documented order), so uvicorn must not install handlers of its own."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class DashboardService(Service[DashboardConfig]):
+    component = "dashboard"
+    config_class = DashboardConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.config
+        self.tracker = ClusterTracker(
+            window_seconds=cfg.window_seconds, max_cells=cfg.heatmap_cells
+        )
+        self.informer = Informer(self.store, KINDS)
+        self.informer.add_handlers(
+            Handlers(self.tracker.on_add, self.tracker.on_update, self.tracker.on_delete)
+        )
+        self.summary: bytes = b"{}"
+        self.version = 0
+        self.updated = asyncio.Condition()
+        self.closing = asyncio.Event()
+        self.web_address = ""
+        self._web: _EmbeddedServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.web_address}/"
+
+    def add_servicers(self, server: grpc.aio.Server) -> None:
+        pass  # health and reflection only
+
+    async def on_start(self) -> None:
+        self.informer.start()
+        await self.informer.wait_synced(self.config.sync_timeout_seconds)
+        await self._refresh()
+        sock = _listen(self.config.web_host, self.config.web_port)
+        host, port = sock.getsockname()[:2]
+        shown = socket.gethostname() if host in WILDCARD_HOSTS else host
+        self.web_address = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+        self._web = _EmbeddedServer(
+            uvicorn.Config(
+                build_app(self),
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=1,
+            )
+        )
+        self.spawn(self._web.serve(sockets=[sock]), name="dashboard-web")
+        self.spawn(self._refresh_loop(), name="dashboard-refresh")
+        log.info("dashboard listening", url=self.url)
+
+    async def on_stop(self) -> None:
+        self.closing.set()
+        async with self.updated:
+            self.updated.notify_all()  # open event streams end now
+        if self._web is not None:
+            self._web.should_exit = True
+        await self.informer.stop()
+
+    async def wait_for_update(self, seen: int) -> None:
+        """Until a summary newer than version ``seen`` is out, or the service stops."""
+        async with self.updated:
+            await self.updated.wait_for(lambda: self.version != seen or self.closing.is_set())
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.refresh_seconds)
+            try:
+                await self._refresh()
+            except StoreUnavailableError as exc:
+                log.warning("dashboard refresh failed; retrying", error=str(exc))
+
+    async def _refresh(self) -> None:
+        lease = await self.store.get_lease(BINDER_LEASE)
+        now_ms = int(time.time() * 1000)
+        informer, tracker = self.informer, self.tracker
+        summary = {
+            "cluster": self.store.cluster,
+            "time_ms": now_ms,
+            "informer_lag_seconds": min(informer.staleness(), 1e9),
+            "nodes": tracker.node_summary(),
+            "pods": tracker.pod_summary(),
+            "pending_reasons": tracker.pending_reasons(),
+            "throughput": tracker.throughput(now_ms / 1000),
+            "queues": queue_summary(informer.list("Queue")),
+            "shards": shard_summary(informer.list("SchedulerInstance"), now_ms),
+            "binder": lease_summary(lease),
+            "movements": movement_summary(informer.list("Movement")),
+        }
+        self.summary = orjson.dumps(summary)
+        async with self.updated:
+            self.version += 1
+            self.updated.notify_all()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot serve the dashboard on {host}:{port}: {exc}") from exc
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,340 @@
+"""The cluster at a glance, kept current from the informer's events and condensed once a tick.
+
+:class:`ClusterTracker` is fed by informer handlers (cheap, per change) and keeps what the page
+needs and the objects do not say directly: every node's requested resources per pool, pending pods
+and why they wait, and binds per second with their submit→bound latency. :meth:`summary` condenses
+that into one JSON-ready dict whose size does not grow with the cluster: nodes become at most
+``max_cells`` heatmap cells per pool (a cell averages a run of nodes), pending pods become counts
+per reason, and movements and the time series are bounded. On 20,000 nodes a tick is a pass over
+the nodes (no pods) and a message of a few tens of kilobytes, sent only when something changed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import Message
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.api import parse_summary
+
+GUARANTEED = "guaranteed"
+BEST_EFFORT = "best_effort"
+POOLS = (GUARANTEED, BEST_EFFORT)
+WAITING = "waiting to be scheduled"
+"""The reason shown for a pending pod no scheduler has reported on yet."""
+
+_TERMINAL = (pb.POD_SUCCEEDED, pb.POD_FAILED)
+_LATENCY_SAMPLES_PER_SECOND = 256
+_RECENT_MOVEMENTS = 10
+_MAX_REASONS = 12
+
+
+@dataclass(slots=True)
+class _Claim:
+    node: str
+    pool: str
+    milli_cpu: int
+    memory_bytes: int
+
+
+@dataclass(slots=True)
+class _Second:
+    """Binds observed in one wall-clock second and a sample of their latencies."""
+
+    at: int
+    bound: int = 0
+    latencies_ms: list[int] = field(default_factory=list)
+
+
+def pool_of(pod: pb.Pod) -> str:
+    return BEST_EFFORT if pod.spec.qos == pb.QOS_BEST_EFFORT else GUARANTEED
+
+
+def pending_reason(pod: pb.Pod) -> str:
+    """The reason a pending pod waits, as a group key: the reason most nodes gave ("insufficient
+    cpu") for a scheduler's "0/N nodes fit: ..." summary, else the condition's own message."""
+    for condition in pod.status.conditions:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            # "0/12 nodes fit: 12 insufficient cpu; preemption: ...; min_member needs ...":
+            # the node summary leads, what follows is the same for every pod of the unit.
+            first = condition.message.split(";", 1)[0].strip()
+            _, reasons = parse_summary(first)
+            if reasons:
+                return max(reasons, key=lambda r: r.nodes).reason
+            return first or condition.reason or WAITING
+    return WAITING
+
+
+def heatmap(values: list[float], max_cells: int) -> tuple[list[int], int]:
+    """Utilisations (0..1, or -1 for a node without capacity in the pool) as at most
+    ``max_cells`` percentages, each the mean of a run of nodes (-1: none of them has capacity);
+    also the number of nodes per cell."""
+    if not values:
+        return [], 1
+    per_cell = math.ceil(len(values) / max_cells)
+    cells: list[int] = []
+    for start in range(0, len(values), per_cell):
+        run = [v for v in values[start : start + per_cell] if v >= 0]
+        cells.append(round(100 * sum(run) / len(run)) if run else -1)
+    return cells, per_cell
+
+
+def percentile(sorted_values: list[int], q: float) -> int | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+class ClusterTracker:
+    """Informer handlers for Node and Pod, and the summary the dashboard sends."""
+
+    def __init__(self, *, window_seconds: int = 300, max_cells: int = 2048) -> None:
+        self.window_seconds = window_seconds
+        self.max_cells = max_cells
+        self.nodes: dict[str, pb.Node] = {}
+        # Per node, read once per change rather than from the protobuf on every tick (a tick
+        # over 20,000 nodes must stay a few tens of milliseconds): ready, and per pool
+        # (milli_cpu, memory_bytes) capacity. Node names sorted, until a node comes or goes.
+        self._capacity: dict[str, tuple[bool, dict[str, tuple[int, int]]]] = {}
+        self._order: list[str] | None = None
+        # Per node, its utilisation per pool (POOLS order), kept current as claims change.
+        self._utilisation: dict[str, tuple[float, float]] = {}
+        self._claims: dict[str, _Claim] = {}
+        # node -> pool -> [milli_cpu, memory_bytes] requested by the pods holding a claim there
+        self._used: dict[str, dict[str, list[int]]] = {}
+        self._pending: dict[str, str] = {}  # pod -> reason
+        self._phases: Counter[int] = Counter()
+        self._pod_phase: dict[str, int] = {}
+        self._seconds: deque[_Second] = deque()
+
+    # --- informer handlers ----------------------------------------------------------------
+
+    def on_add(self, kind: str, obj: Message) -> None:
+        self._changed(kind, None, obj)
+
+    def on_update(self, kind: str, old: Message, new: Message) -> None:
+        self._changed(kind, old, new)
+
+    def on_delete(self, kind: str, obj: Message) -> None:
+        self._changed(kind, obj, None)
+
+    def _changed(self, kind: str, old: Message | None, new: Message | None) -> None:
+        if kind == "Node":
+            if isinstance(new, pb.Node):
+                name = new.metadata.name
+                if name not in self.nodes:
+                    self._order = None
+                self.nodes[name] = new
+                g, be = new.status.allocatable, new.status.reclaimable
+                self._capacity[name] = (
+                    new.status.ready,
+                    {
+                        GUARANTEED: (g.milli_cpu, g.memory_bytes),
+                        BEST_EFFORT: (be.milli_cpu, be.memory_bytes),
+                    },
+                )
+                self._update_utilisation(name)
+            elif isinstance(old, pb.Node):
+                self.nodes.pop(old.metadata.name, None)
+                self._capacity.pop(old.metadata.name, None)
+                self._utilisation.pop(old.metadata.name, None)
+                self._order = None
+        elif kind == "Pod":
+            self._pod_changed(
+                old if isinstance(old, pb.Pod) else None, new if isinstance(new, pb.Pod) else None
+            )
+
+    def _pod_changed(self, old: pb.Pod | None, new: pb.Pod | None) -> None:
+        name = (new or old).metadata.name  # type: ignore[union-attr]
+        self._release(name)
+        self._pending.pop(name, None)
+        if (phase := self._pod_phase.pop(name, None)) is not None:
+            self._phases[phase] -= 1
+        if new is None:
+            return
+        self._pod_phase[name] = new.status.phase
+        self._phases[new.status.phase] += 1
+        if new.spec.node_name:
+            if new.status.phase not in _TERMINAL:
+                self._claim(name, new)
+            if old is not None and not old.spec.node_name:
+                self._record_bind(new)
+        elif new.status.phase == pb.POD_PENDING:
+            self._pending[name] = pending_reason(new)
+
+    def _claim(self, name: str, pod: pb.Pod) -> None:
+        req = pod.spec.template.requests
+        claim = _Claim(pod.spec.node_name, pool_of(pod), req.milli_cpu, req.memory_bytes)
+        self._claims[name] = claim
+        used = self._used.setdefault(claim.node, {}).setdefault(claim.pool, [0, 0])
+        used[0] += claim.milli_cpu
+        used[1] += claim.memory_bytes
+        self._update_utilisation(claim.node)
+
+    def _release(self, name: str) -> None:
+        claim = self._claims.pop(name, None)
+        if claim is not None:
+            used = self._used[claim.node][claim.pool]
+            used[0] -= claim.milli_cpu
+            used[1] -= claim.memory_bytes
+            self._update_utilisation(claim.node)
+
+    def _record_bind(self, pod: pb.Pod) -> None:
+        now = int(time.time())
+        if not self._seconds or self._seconds[-1].at != now:
+            self._seconds.append(_Second(now))
+            while self._seconds and self._seconds[0].at <= now - self.window_seconds:
+                self._seconds.popleft()
+        second = self._seconds[-1]
+        second.bound += 1
+        if len(second.latencies_ms) < _LATENCY_SAMPLES_PER_SECOND:
+            bound_ms = pod.status.bound_ms or int(time.time() * 1000)
+            second.latencies_ms.append(max(bound_ms - pod.metadata.creation_timestamp_ms, 0))
+
+    # --- the summary ----------------------------------------------------------------------
+
+    def _update_utilisation(self, node: str) -> None:
+        if node in self._capacity:  # a pod may name a node this view has not seen (yet)
+            self._utilisation[node] = (
+                self.utilisation(node, GUARANTEED),
+                self.utilisation(node, BEST_EFFORT),
+            )
+
+    def utilisation(self, node: str, pool: str) -> float:
+        """The dominant share (CPU or memory) of the pool requested by pods holding claims; -1
+        when the node has no capacity in the pool."""
+        cpu_cap, mem_cap = self._capacity[node][1][pool]
+        used = self._used.get(node, {}).get(pool)
+        if used is None:
+            return 0.0 if cpu_cap > 0 or mem_cap > 0 else -1.0
+        shares = [u / c for u, c in ((used[0], cpu_cap), (used[1], mem_cap)) if c > 0]
+        return min(max(shares), 1.0) if shares else -1.0
+
+    def node_summary(self) -> dict[str, Any]:
+        if self._order is None:
+            self._order = sorted(self._capacity)
+        order = self._order
+        pools: dict[str, Any] = {}
+        utilisation = self._utilisation
+        for index, pool in enumerate(POOLS):
+            values = [utilisation[name][index] for name in order]
+            cells, per_cell = heatmap(values, self.max_cells)
+            measured = [v for v in values if v >= 0]
+            pools[pool] = {
+                "cells": cells,
+                "nodes_per_cell": per_cell,
+                "mean_percent": round(100 * sum(measured) / len(measured)) if measured else None,
+                "busy_nodes": sum(1 for v in measured if v > 0),
+            }
+        return {
+            "total": len(order),
+            "ready": sum(1 for ready, _ in self._capacity.values() if ready),
+            "pools": pools,
+        }
+
+    def pod_summary(self) -> dict[str, int]:
+        return {
+            "pending": self._phases[pb.POD_PENDING],
+            "bound": self._phases[pb.POD_BOUND],
+            "running": self._phases[pb.POD_RUNNING],
+            "succeeded": self._phases[pb.POD_SUCCEEDED],
+            "failed": self._phases[pb.POD_FAILED],
+        }
+
+    def pending_reasons(self) -> list[dict[str, Any]]:
+        counts = Counter(self._pending.values())
+        return [{"reason": r, "pods": n} for r, n in counts.most_common(_MAX_REASONS)]
+
+    def throughput(self, now: float | None = None) -> dict[str, Any]:
+        """The window, one value per second, oldest first, as columns (compact in JSON): pods
+        bound, and their submit→bound latency p50 / p99 in ms (None for a second without
+        binds)."""
+        end = int(now if now is not None else time.time())
+        start = end - self.window_seconds + 1
+        by_second = {s.at: s for s in self._seconds}
+        bound: list[int] = []
+        p50: list[int | None] = []
+        p99: list[int | None] = []
+        for at in range(start, end + 1):
+            second = by_second.get(at)
+            latencies = sorted(second.latencies_ms) if second else []
+            bound.append(second.bound if second else 0)
+            p50.append(percentile(latencies, 0.5))
+            p99.append(percentile(latencies, 0.99))
+        return {"start": start, "bound": bound, "p50_ms": p50, "p99_ms": p99}
+
+
+def queue_summary(queues: list[Message]) -> list[dict[str, Any]]:
+    rows = []
+    for queue in sorted(queues, key=lambda q: q.metadata.name):  # type: ignore[attr-defined]
+        assert isinstance(queue, pb.Queue)
+        quota, used = queue.spec.quota, queue.status.used
+        rows.append(
+            {
+                "name": queue.metadata.name,
+                "quota": _resources(quota) if queue.spec.HasField("quota") else None,
+                "used": _resources(used),
+                "pending_pods": queue.status.pending_pods,
+                "pending_units": queue.status.pending_units,
+            }
+        )
+    return rows
+
+
+def shard_summary(shards: list[Message], now_ms: int) -> list[dict[str, Any]]:
+    rows = []
+    for shard in sorted(shards, key=lambda s: s.metadata.name):  # type: ignore[attr-defined]
+        assert isinstance(shard, pb.SchedulerInstance)
+        rows.append(
+            {
+                "name": shard.metadata.name,
+                "address": shard.spec.address,
+                "ready": shard.status.ready,
+                "heartbeat_age_s": round(max(now_ms - shard.status.heartbeat_ms, 0) / 1000, 1),
+                "undecided_pods": shard.status.undecided_pods,
+            }
+        )
+    return rows
+
+
+def movement_summary(movements: list[Message]) -> list[dict[str, Any]]:
+    recent = sorted(
+        movements,
+        key=lambda m: (m.metadata.creation_timestamp_ms, m.metadata.name),  # type: ignore[attr-defined]
+        reverse=True,
+    )[:_RECENT_MOVEMENTS]
+    rows = []
+    for movement in recent:
+        assert isinstance(movement, pb.Movement)
+        rows.append(
+            {
+                "name": movement.metadata.name,
+                "policy": movement.spec.policy,
+                "batch": movement.spec.batch,
+                "phase": movement.status.phase,
+                "pods": len(movement.spec.deleted_tasks),
+                "created_ms": movement.metadata.creation_timestamp_ms,
+                "message": movement.status.message,
+            }
+        )
+    return rows
+
+
+def lease_summary(lease: pb.Lease | None) -> dict[str, Any]:
+    if lease is None or not lease.holder:
+        return {"leader": None, "address": None, "epoch": lease.epoch if lease else 0}
+    return {"leader": lease.holder, "address": lease.holder_address, "epoch": lease.epoch}
+
+
+def _resources(r: pb.Resources) -> dict[str, int]:
+    return {
+        "milli_cpu": r.milli_cpu,
+        "memory_bytes": r.memory_bytes,
+        "gpus": r.gpus,
+        "pods": r.pods,
+    }

@@ -1,0 +1,113 @@
+"""Finished jobs do not pile up: a job that Succeeded or Failed is deleted with its pods once its
+``spec.ttl_seconds_after_finished`` (else the cluster default, ``--finished-job-ttl-seconds``)
+has passed since ``status.finished_ms``.
+
+Off the hot path and in batches: a heap of expiry times is kept from informer events (no scan of
+every job), and each tick deletes at most ``batch_jobs`` due jobs, each job with all its pods in
+one commit (as the Delete RPC does) and the commits pipelined in one ``commit_many``. A job that
+changed meanwhile, or whose pods the view did not know yet, fails its own commit only; it is
+looked at again at the next tick.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+
+import structlog
+from google.protobuf.message import Message
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.controllers import FINISHED_JOB_PHASES, PodIndex, _tick_forever
+from store import Store
+from store.client import Delete, Op
+from store.errors import StoreError
+from store.informer import Handlers, Informer
+
+log = structlog.get_logger(__name__)
+
+
+class FinishedJobCollector:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        pods: PodIndex,
+        *,
+        default_ttl_seconds: int | None,
+        interval_seconds: float = 5.0,
+        batch_jobs: int = 500,
+    ) -> None:
+        self._store = store
+        self._informer = informer
+        self._pods = pods  # shared with the job status controller (one index, not another)
+        self.default_ttl_seconds = default_ttl_seconds
+        self.interval = interval_seconds
+        self.batch_jobs = batch_jobs
+        self._due: list[tuple[int, str]] = []  # (expiry ms, job), a heap; stale entries skipped
+        self.deleted_jobs = 0  # for tests and metrics
+        self.deleted_pods = 0
+        informer.add_handlers(
+            Handlers(on_add=self._seen, on_update=lambda kind, _old, new: self._seen(kind, new))
+        )
+
+    def expiry_ms(self, job: pb.Job) -> int | None:
+        """When the finished job goes; None while it runs or when it is kept for good."""
+        if job.status.phase not in FINISHED_JOB_PHASES or not job.status.finished_ms:
+            return None
+        if job.spec.HasField("ttl_seconds_after_finished"):
+            ttl: int | None = job.spec.ttl_seconds_after_finished
+        else:
+            ttl = self.default_ttl_seconds
+        if ttl is None or ttl < 0:
+            return None
+        return job.status.finished_ms + ttl * 1000
+
+    def _seen(self, kind: str, obj: Message) -> None:
+        if isinstance(obj, pb.Job):
+            expiry = self.expiry_ms(obj)
+            if expiry is not None:
+                heapq.heappush(self._due, (expiry, obj.metadata.name))
+
+    async def run(self) -> None:
+        await _tick_forever("finished jobs", self._informer, self.tick, self.interval)
+
+    async def tick(self, now_ms: int | None = None) -> None:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        jobs: dict[str, pb.Job] = {}
+        while self._due and self._due[0][0] <= now and len(jobs) < self.batch_jobs:
+            _, name = heapq.heappop(self._due)
+            job = self._informer.get("Job", name)
+            if not isinstance(job, pb.Job) or name in jobs:
+                continue  # gone already, or a duplicate entry
+            expiry = self.expiry_ms(job)
+            if expiry is None:
+                continue  # running again, or its TTL was removed
+            if expiry > now:
+                heapq.heappush(self._due, (expiry, name))  # its TTL was raised
+                continue
+            jobs[name] = job
+        if not jobs:
+            return
+        commits: list[list[Op]] = []
+        for name, job in jobs.items():
+            ops: list[Op] = [Delete("Job", name, job.metadata.resource_version)]
+            ops += [Delete("Pod", pod) for pod in self._pods.by_job.get(name, {})]
+            commits.append(ops)
+        try:
+            results = await self._store.commit_many(commits)
+        except StoreError:
+            for name, job in jobs.items():  # all of them again next tick
+                heapq.heappush(self._due, (job.status.finished_ms, name))
+            raise
+        pods = 0
+        for (name, job), ops, result in zip(jobs.items(), commits, results, strict=True):
+            if isinstance(result, StoreError):
+                # Changed meanwhile (its update re-queues it) or a pod the view lacks: retry.
+                log.debug("finished job not deleted yet", job=name, error=str(result))
+                heapq.heappush(self._due, (job.status.finished_ms, name))
+                continue
+            self.deleted_jobs += 1
+            pods += len(ops) - 1
+        self.deleted_pods += pods
+        log.info("finished jobs deleted", jobs=len(jobs), pods=pods)

@@ -1,0 +1,85 @@
+"""The Prometheus endpoint every service serves, and the gauge kind the services sample.
+
+:class:`MetricsServer` exposes the process's default registry (``prometheus_client.REGISTRY``)
+over HTTP on ``metrics_host:metrics_port`` — loopback unless configured otherwise — from
+prometheus-client's own threaded server, so a scrape never waits on the event loop. The metric
+names live in ``services/metrics.py`` (and the store's in ``store/metrics.py``).
+
+State that only the event loop may read (queues, credits, leadership) is not read by the scrape
+thread: the service copies it into :class:`SampledGauge` s once per ``metrics_sample_seconds``
+(``Service.sample_metrics``), and a scrape reads the last copy. That also keeps gauges off the hot
+path entirely.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from wsgiref.simple_server import WSGIServer
+
+import structlog
+from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = structlog.get_logger(__name__)
+
+
+class MetricsServer:
+    """prometheus-client's HTTP exposition server for this process's registry."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread, host: str) -> None:
+        self._server = server
+        self._thread = thread
+        self.host = host
+        self.port: int = server.server_address[1]
+
+    @classmethod
+    def start(cls, host: str, port: int) -> MetricsServer:
+        """Listen on ``host:port`` (port 0 picks a free one); raises OSError if it is taken."""
+        server, thread = start_http_server(port, addr=host, registry=REGISTRY)
+        return cls(server, thread, host)
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+class SampledGauge(Collector):
+    """A labelled gauge whose whole set of series is replaced at once by :meth:`publish`.
+
+    Labels that disappear (a deleted queue, a dead shard) disappear from the next scrape, which a
+    ``Gauge`` with ``labels()`` cannot do without a window where the scrape sees none. ``publish``
+    swaps one reference, so the scrape thread always sees one complete sample."""
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self._values: Mapping[tuple[str, ...], float] = {}
+        REGISTRY.register(self)
+
+    def publish(self, values: Mapping[tuple[str, ...], float]) -> None:
+        self._values = dict(values)
+
+    def set(self, value: float) -> None:
+        """For a gauge without labels."""
+        self._values = {(): value}
+
+    def value(self, *labels: str) -> float | None:
+        return self._values.get(labels)
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, value in self._values.items():
+            family.add_metric(list(labels), value)
+        return [family]

@@ -1,0 +1,167 @@
+"""The dashboard's summary, table-driven: heatmap cells, pending reasons, per-pool utilisation
+from pod events, binds per second with their latency, and a size that does not grow with the
+cluster. (The page itself is tested in a real browser: tests/e2e/test_dashboard.py.)"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dashboard.summary import (
+    WAITING,
+    ClusterTracker,
+    heatmap,
+    lease_summary,
+    movement_summary,
+    pending_reason,
+)
+
+HEATMAP_CASES = [
+    # (case, utilisations, max cells, expected cells, expected nodes per cell)
+    ("no nodes", [], 4, [], 1),
+    ("one cell per node when they fit", [0.0, 0.5, 1.0], 4, [0, 50, 100], 1),
+    ("runs of nodes averaged", [0.0, 1.0, 0.5, 0.5, 0.2], 3, [50, 50, 20], 2),
+    ("no capacity in the pool", [-1.0, -1.0, 0.4], 3, [-1, -1, 40], 1),
+    ("nodes without capacity left out of a run's mean", [-1.0, 0.6, -1.0, -1.0], 2, [60, -1], 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "max_cells", "cells", "per_cell"),
+    [case[1:] for case in HEATMAP_CASES],
+    ids=[case[0] for case in HEATMAP_CASES],
+)
+def test_heatmap_cells(
+    values: list[float], max_cells: int, cells: list[int], per_cell: int
+) -> None:
+    assert heatmap(values, max_cells) == (cells, per_cell)
+
+
+def _pending(message: str | None) -> pb.Pod:
+    pod = pb.Pod(metadata=pb.ObjectMeta(name="p"), status=pb.PodStatus(phase=pb.POD_PENDING))
+    if message is not None:
+        pod.status.conditions.add(
+            type="PodScheduled", status="False", reason="Unschedulable", message=message
+        )
+    return pod
+
+
+REASON_CASES = [
+    ("not looked at yet", None, WAITING),
+    ("the reason most nodes gave", "0/50 nodes fit: 30 insufficient memory, 20 insufficient cpu",
+     "insufficient memory"),
+    ("a gang's summary: the node reasons lead",
+     "0/12 nodes fit: 12 insufficient cpu; preemption: no node where preemption helps; "
+     "min_member needs 20 pod(s) placed, 12 fit", "insufficient cpu"),
+    ("a message of another form is its own reason", "the unit can never fit as specified",
+     "the unit can never fit as specified"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"), [c[1:] for c in REASON_CASES], ids=[c[0] for c in REASON_CASES]
+)
+def test_pending_reason(message: str | None, reason: str) -> None:
+    assert pending_reason(_pending(message)) == reason
+
+
+def _node(name: str, cpu: int = 4000, memory: int = 8 << 30, reclaimable_cpu: int = 0) -> pb.Node:
+    return pb.Node(
+        metadata=pb.ObjectMeta(name=name),
+        status=pb.NodeStatus(
+            ready=True,
+            allocatable=pb.Resources(milli_cpu=cpu, memory_bytes=memory, pods=110),
+            reclaimable=pb.Resources(milli_cpu=reclaimable_cpu, memory_bytes=0),
+        ),
+    )
+
+
+def _pod(name: str, cpu: int, *, node: str = "", qos: int = pb.QOS_GUARANTEED) -> pb.Pod:
+    pod = pb.Pod(
+        metadata=pb.ObjectMeta(name=name, creation_timestamp_ms=int(time.time() * 1000) - 250),
+        spec=pb.PodSpec(node_name=node, qos=qos),
+        status=pb.PodStatus(phase=pb.POD_BOUND if node else pb.POD_PENDING),
+    )
+    pod.spec.template.requests.milli_cpu = cpu
+    if node:
+        pod.status.bound_ms = pod.metadata.creation_timestamp_ms + 250
+    return pod
+
+
+def test_pod_events_drive_utilisation_pending_reasons_and_throughput() -> None:
+    tracker = ClusterTracker(window_seconds=60, max_cells=16)
+    tracker.on_add("Node", _node("a"))
+    tracker.on_add("Node", _node("b", reclaimable_cpu=2000))
+    pending = _pod("p", 1000)
+    tracker.on_add("Pod", pending)
+    assert tracker.pending_reasons() == [{"reason": WAITING, "pods": 1}]
+
+    bound = _pod("p", 1000, node="a")
+    tracker.on_update("Pod", pending, bound)
+    best_effort = _pod("q", 1000, node="b", qos=pb.QOS_BEST_EFFORT)
+    tracker.on_add("Pod", best_effort)  # seen bound from the start: a listing, not a bind
+
+    nodes = tracker.node_summary()
+    assert nodes["total"] == 2 and nodes["ready"] == 2
+    assert nodes["pools"]["guaranteed"]["cells"] == [25, 0]
+    assert nodes["pools"]["best_effort"]["cells"] == [-1, 50]
+    assert tracker.pending_reasons() == []
+    assert tracker.pod_summary()["bound"] == 2
+
+    series = tracker.throughput()
+    assert sum(series["bound"]) == 1, "only the observed bind counts"
+    assert [v for v in series["p50_ms"] if v is not None] == [250]
+
+    finished = _pod("p", 1000, node="a")
+    finished.status.phase = pb.POD_SUCCEEDED
+    tracker.on_update("Pod", bound, finished)
+    assert tracker.node_summary()["pools"]["guaranteed"]["cells"] == [0, 0], "claim returned"
+    tracker.on_delete("Pod", best_effort)
+    assert tracker.node_summary()["pools"]["best_effort"]["cells"] == [-1, 0]
+
+
+def test_summary_size_does_not_grow_with_the_cluster() -> None:
+    tracker = ClusterTracker(window_seconds=300, max_cells=2048)
+    for i in range(20_000):
+        tracker.on_add("Node", _node(f"n{i:05d}"))
+    nodes = tracker.node_summary()
+    assert len(nodes["pools"]["guaranteed"]["cells"]) <= 2048
+    assert nodes["pools"]["guaranteed"]["nodes_per_cell"] == 10
+    size = len(orjson.dumps({"nodes": nodes, "throughput": tracker.throughput()}))
+    assert size < 64 * 1024, f"{size} bytes for 20,000 nodes"
+
+
+def test_recent_movements_newest_first_and_bounded() -> None:
+    movements = [
+        pb.Movement(
+            metadata=pb.ObjectMeta(name=f"m{i:02d}", creation_timestamp_ms=1000 + i),
+            spec=pb.MovementSpec(policy="binpacking", batch=i, deleted_tasks=[pb.TaskRef()] * 2),
+            status=pb.MovementStatus(phase="Done"),
+        )
+        for i in range(15)
+    ]
+    rows = movement_summary(list(movements))
+    assert [r["name"] for r in rows] == [f"m{i:02d}" for i in range(14, 4, -1)]
+    assert rows[0] | {"created_ms": 0} == {
+        "name": "m14", "policy": "binpacking", "batch": 14, "phase": "Done", "pods": 2,
+        "created_ms": 0, "message": "",
+    }  # fmt: skip
+
+
+LEASE_CASES = [
+    ("never taken", None, {"leader": None, "address": None, "epoch": 0}),
+    ("released or expired", pb.Lease(name="binder", epoch=3),
+     {"leader": None, "address": None, "epoch": 3}),
+    ("held", pb.Lease(name="binder", holder="binder-1", holder_address="127.0.0.1:5", epoch=4),
+     {"leader": "binder-1", "address": "127.0.0.1:5", "epoch": 4}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("lease", "expected"), [c[1:] for c in LEASE_CASES], ids=[c[0] for c in LEASE_CASES]
+)
+def test_binder_leader(lease: pb.Lease | None, expected: dict[str, object]) -> None:
+    assert lease_summary(lease) == expected
