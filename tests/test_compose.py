@@ -19,6 +19,8 @@ import importlib.metadata
 import importlib.util
 import json
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -188,10 +190,8 @@ def test_the_certs_service_issues_credentials_every_service_uses(
     mounts that volume read-only and finds its identity there (GODEL_TLS_DIR), its certificate
     naming every compose service name it may be dialled at."""
     from cryptography import x509
-    from typer.testing import CliRunner
 
     from godel import pki, tls
-    from godel.cli.main import app
 
     init = services[CERTS]
     assert init["restart"] == "no" and "depends_on" not in init
@@ -205,9 +205,15 @@ def test_the_certs_service_issues_credentials_every_service_uses(
         assert spec["environment"]["GODEL_TLS_DIR"] == directory, name
         assert f"certs:{directory}:ro" in spec["volumes"], name
         assert "--insecure" not in spec["command"] and "GODEL_INSECURE" not in spec["environment"]
-    # The command, run: the credentials the services load.
-    result = CliRunner().invoke(app, [*command[3:5], "--dir", str(tmp_path), *command[7:]])
-    assert result.exit_code == 0, result.output
+    # The command, run as the container runs it: the credentials the services load.
+    result = subprocess.run(
+        [sys.executable, *command[1:6], str(tmp_path), *command[7:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
     service = tls.load(tmp_path, tls.SERVICE)
     assert pki.identity_of(service.certificate).role == "service"
     names = (
