@@ -51,6 +51,9 @@ Fsync = Literal["always", "everysec", "no"]
 INIT_PREFIX = "init"
 MEASURED_PREFIX = "m"
 _SAMPLE_SECONDS = 1.0
+# Shards write their counters with their heartbeat (1 s by default): wait this long before
+# reading them, so the reading covers everything up to now.
+_HEARTBEAT_FLUSH_SECONDS = 1.5
 _MIN_PARTIAL_SAMPLE = 0.2
 """The interval holding the last bind counts as a sample only if at least this long (unless
 it is the only one)."""
@@ -154,6 +157,15 @@ class _StoreProbe:
         claims = self._loop.run_until_complete(self._store.claims())
         return sum(1 for pod in claims if pod.startswith(f"{prefix}-"))
 
+    def shard_counters(self) -> tuple[int, int, int, int]:
+        """(pods proposed, bound, conflicted, shards holding a partition) summed over the
+        shards' SchedulerInstance records, as their last heartbeat wrote them."""
+        instances, _ = self._loop.run_until_complete(self._store.list_all(pb.SchedulerInstance))
+        proposed = sum(i.status.proposed_pods for i in instances)
+        bound = sum(i.status.bound_pods for i in instances)
+        conflicted = sum(i.status.conflicted_pods for i in instances)
+        return proposed, bound, conflicted, sum(1 for i in instances if i.spec.partition)
+
     def close(self) -> None:
         self._loop.run_until_complete(self._store.close())
         self._loop.close()
@@ -251,7 +263,11 @@ def run_one(
                 probe = _StoreProbe(state.store_url)
                 try:
                     init = _init_pods(client, probe, workload, progress, alive)
+                    time.sleep(_HEARTBEAT_FLUSH_SECONDS)  # the shards' counters after init
+                    before = probe.shard_counters()
                     load, result = _measure(workload, state, probe, home, rate, progress, init)
+                    time.sleep(_HEARTBEAT_FLUSH_SECONDS)
+                    result["conflicts"] = _conflicts(before, probe.shard_counters())
                 finally:
                     probe.close()
                 result["latency_ms"], result["bound"], last_bound_ms = _latencies(client)
@@ -280,6 +296,21 @@ def run_one(
             shutil.copytree(home.logs_dir, dest, dirs_exist_ok=True)
             log.warning("run failed; service logs kept", logs=str(dest))
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _conflicts(
+    before: tuple[int, int, int, int], after: tuple[int, int, int, int]
+) -> dict[str, Any]:
+    """The Binder's conflict rate over the measured phase: pods it rejected as conflicts
+    (CONFLICT, GANG_REJECTED) per pod the shards proposed, from the shards' counters."""
+    proposed, bound, conflicted = (a - b for a, b in zip(after[:3], before[:3], strict=True))
+    return {
+        "proposed": proposed,
+        "bound": bound,
+        "conflicted": conflicted,
+        "rate_percent": round(100 * conflicted / proposed, 3) if proposed else 0.0,
+        "partitioned_shards": after[3],
+    }
 
 
 def _reschedule(
@@ -407,7 +438,10 @@ def _init_pods(
     if phase is None or phase.count == 0:
         return probe.claims()
     task = progress.add_task("init pods bound", total=phase.count, info="")
-    jobs = build_jobs(INIT_PREFIX, phase)
+    nodes: list[str] = []
+    if phase.per_node:  # one pod pinned to each node, as the measured phase does it
+        nodes = sorted(n.metadata.name for n in client.list("Node"))  # type: ignore[attr-defined]
+    jobs = build_jobs(INIT_PREFIX, phase, nodes)
     for i in range(0, len(jobs), 50):
         batch = jobs[i : i + 50]
         for job, result in zip(batch, client.submit(batch).results, strict=True):

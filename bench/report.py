@@ -76,6 +76,10 @@ def summary_table(report: dict[str, Any]) -> str:
         "run", "nodes", "shards", "init", "measured", "avg pods/s", "P50", "P90", "P99",
         "overall pods/s", "total s", "latency P50 / P99 ms",
     ]  # fmt: skip
+    # The Binder's conflict rate (conflicts per pod proposed), where shards compete.
+    conflicts = any(r["cluster"]["shards"] > 1 and "conflicts" in r for r in report["runs"])
+    if conflicts:
+        head += ["conflicts", "partitioned shards"]
     if base:
         head.append(f"avg / overall vs {base}")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -95,6 +99,13 @@ def summary_table(report: dict[str, Any]) -> str:
             f"{r['total_seconds']:.1f}",
             f"{lat['p50']:,.0f} / {lat['p99']:,.0f}",
         ]
+        if conflicts:
+            c = r.get("conflicts", {})
+            cells.append(
+                f"{c.get('rate_percent', 0):.2f} % ({c.get('conflicted', 0):,} of"
+                f" {c.get('proposed', 0):,})"
+            )
+            cells.append(str(c.get("partitioned_shards", 0)))
         if base:
             ratios = r.get("ratio_to_baseline", {})
             cells.append(" / ".join(_times(ratios.get(k)) for k in ("average", "overall")))

@@ -19,6 +19,7 @@
       min_member: 1                    # gang size of every job ...
       gang_percent: 0                  # ... or this share of jobs is a full gang
       per_node: false                  # one 1-pod job per node; "$node" in the template
+                                       # (init too: pins a pod to each of the first count nodes)
       rate: 0                          # offered pods/s; 0 = as fast as possible
     reschedule: {policy: gpu-defrag, dry_run: true}   # after the measured pods: one round
     timeout: 600                       # seconds for the measured pods to be bound
@@ -272,6 +273,11 @@ def _workload(doc: dict[str, Any], src: str, name: str, variant: str) -> Workloa
     if doc.get("init") is not None:
         init = _phase(_mapping(doc["init"], src, "init"), src, "init", measured=False)
     measured = _phase(_mapping(doc.get("measured"), src, "measured"), src, "measured")
+    if init is not None and init.per_node and init.count > cluster.nodes:
+        raise WorkloadError(
+            f"{src}: init.count: per_node pins one pod to each node; {cluster.nodes} nodes,"
+            f" got {init.count}"
+        )
     if measured.per_node and measured.count != cluster.nodes:
         raise WorkloadError(
             f"{src}: measured.count: per_node needs one pod per node "
@@ -338,7 +344,7 @@ def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
 
 
 def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> PodPhase:
-    _known(doc, _PHASE if measured else _PHASE - {"rate", "per_node"}, src, at)
+    _known(doc, _PHASE if measured else _PHASE - {"rate"}, src, at)
     count = _int(doc.get("count"), src, f"{at}.count", minimum=0 if not measured else 1)
     per_node = doc.get("per_node", False)
     if not isinstance(per_node, bool):

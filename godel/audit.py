@@ -54,8 +54,10 @@ class AuditReport:
 
 
 async def audit(store: Store) -> AuditReport:
-    listing = await store.list_kinds(["Node", "Pod", "Job"])
-    claims = await store.claims()
+    # The claims in the same snapshot as the pods: on a busy cluster, read apart, a pod bound
+    # in between would show as a claim held by no bound pod.
+    listing = await store.list_kinds(["Node", "Pod", "Job"], claims=True)
+    claims = listing.claims
     nodes: dict[str, pb.Node] = {n.metadata.name: n for n in listing.items["Node"]}  # type: ignore[attr-defined,misc]
     pods: list[pb.Pod] = listing.items["Pod"]  # type: ignore[assignment]
     jobs: dict[str, pb.Job] = {j.metadata.name: j for j in listing.items["Job"]}  # type: ignore[attr-defined,misc]

@@ -2,13 +2,14 @@
 (filter -> score -> select), with Gödel's feasible-node search.
 
 Gödel mode (default): per pod template, a feasible-node cache. The first pod of a template scans
-nodes from a rotating offset, own partition first, until it has found ``len(unit pods) +
-scan_extra`` feasible nodes; they are scored once and kept in a heap (without the cache, every
-pod scans for ``scan_extra`` nodes more than its gang needs). Later pods of the same
-template take the best cached node; after each assume only the chosen node is re-checked (and
-re-scored), since no other node changed. The cache outlives the unit: the next unit of the same
-template (a stream of one-pod jobs) takes it over, re-checking and re-scoring only the cached
-nodes changed since (``Snapshot.changed_since``). A template that found no node is remembered across
+nodes from a rotating offset, own partition first (the others only when it has no feasible
+node), until it has found ``len(unit pods) + scan_extra`` feasible nodes; they are scored once
+and kept in a heap (without the cache, every pod scans for ``scan_extra`` nodes more than its
+gang needs). Later pods of the same template take the best cached node; after each assume only
+the chosen node is re-checked (and re-scored), since no other node changed. The cache outlives
+the unit: the next unit of the same template (a stream of one-pod jobs) takes it over,
+re-checking and re-scoring only the cached nodes changed since (``Snapshot.changed_since``). A
+template that found no node is remembered across
 units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
 (``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
 preemption storm) does not scan every node per pod. Kube mode, for comparison: no cache, every
@@ -390,7 +391,13 @@ class UnitScheduler:
         """Keep the unit's feasible-node caches for the next units of the same templates (a
         stream of one-pod jobs reuses one cache, as Gödel keys it by template, not by unit).
         Only caches over the whole view that still hold candidates are kept."""
+        partition = self.partition
         for key, tmpl in templates.items():
+            if partition:
+                # Another shard's nodes were scanned only because ours had none: the next unit
+                # looks in our own partition first again.
+                for node in [n for n in tmpl.live if n not in partition]:
+                    del tmpl.live[node]
             if tmpl.live and tmpl.segments is None and tmpl.changed is None and not tmpl.failure:
                 self._kept.pop(key, None)  # most recently used last
                 self._kept[key] = (snapshot.token, snapshot.version, tmpl)
@@ -408,6 +415,8 @@ class UnitScheduler:
         changed = snapshot.changed_since(version) if token == snapshot.token else None
         if changed is None:
             return None
+        if self.partition and not tmpl.live.keys() <= self.partition:
+            return None  # the partition moved: scan it afresh
         framework, infos = self.framework, snapshot.infos
         for node in changed & tmpl.live.keys():
             info = infos.get(node)
@@ -545,7 +554,9 @@ class UnitScheduler:
         result: UnitResult,
     ) -> tuple[bool, bool]:
         """Filter nodes from the rotating offset until ``limit`` are feasible; score them into
-        the template's heap. Returns (found any, every failure was unresolvable)."""
+        the template's heap. Segments are scanned in order (own partition first) and a later
+        one only if the earlier ones had no feasible node. Returns (found any, every failure
+        was unresolvable)."""
         filters = self.framework.filters_for(pod)
         feasible: list[NodeInfo] = []
         diag = dict(tmpl.skipped)
@@ -575,7 +586,10 @@ class UnitScheduler:
                     feasible.append(node)
                     if len(feasible) >= limit:
                         break
-            if len(feasible) >= limit:
+            # Past the own partition only when it had no feasible node at all (Gödel's rule):
+            # fewer than ``limit`` there still serve the template, and the other shards' nodes
+            # are where their decisions would conflict with ours.
+            if feasible:
                 break
         self._offset += examined
         result.examined += examined

@@ -11,6 +11,20 @@ class StoreUnavailableError(StoreError):
     """The store server cannot be reached (connection refused, timed out or closed)."""
 
 
+class ReplicationError(StoreUnavailableError):
+    """A write reached the primary but not enough replicas within the timeout, so it is not
+    acknowledged: like a lost reply, it may or may not survive a failover. Callers treat it as
+    the store being unavailable (retry later; a retried commit is checked afresh)."""
+
+    def __init__(self, wanted: int, timeout_ms: int, acknowledged: object) -> None:
+        super().__init__(
+            f"write not acknowledged: {acknowledged} of {wanted} replica(s) had it after "
+            f"{timeout_ms} ms (is a replica down or still syncing?)"
+        )
+        self.wanted = wanted
+        self.acknowledged = acknowledged
+
+
 class NotFoundError(StoreError):
     def __init__(self, kind: str, name: str) -> None:
         super().__init__(f"{kind} {name!r} not found")

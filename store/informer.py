@@ -30,6 +30,11 @@ UpdateHandler = Callable[[str, Message, Message], None]
 DeleteHandler = Callable[[str, Message], None]
 
 
+# Beyond block_ms, how late a watch read at the head of the feed may return before the cache
+# counts as stale: a loaded process answers a little late without having fallen behind.
+_CONFIRMATION_SLACK_SECONDS = 0.5
+
+
 @dataclass(slots=True)
 class Handlers:
     """Callbacks run in the informer's task; keep them quick and non-blocking. The first
@@ -88,14 +93,26 @@ class Informer:
     def list(self, kind: str) -> list[Message]:
         return list(self.cache[kind].values())
 
+    def count(self, kind: str) -> int:
+        return len(self.cache[kind])
+
     def staleness(self) -> float:
-        """0 while the cache keeps up with the store; while it works through a backlog, the
-        seconds since it last held everything the store had (infinite before the first sync).
-        Anything judged by age from this cache, heartbeats above all, is only as current as
-        this: a watcher behind sees every heartbeat late."""
+        """0 while the cache keeps up with the store; otherwise the seconds since it last held
+        everything the store had (infinite before the first sync). Anything judged by age from
+        this cache, heartbeats above all, is only as current as this: a watcher behind sees
+        every heartbeat late.
+
+        Keeping up is proven, not assumed: at the head of the feed a watch read returns at least
+        every ``block_ms``, each confirming the cache current. So a cache whose last
+        confirmation is older than that is stale too, even at the head — its process's event
+        loop was busy with other work (or the store was), and heartbeats written meanwhile are
+        not in it yet."""
+        if not self.current_at:
+            return float("inf")
+        since = time.monotonic() - self.current_at
         if self._at_head:
-            return 0.0
-        return time.monotonic() - self.current_at if self.current_at else float("inf")
+            return max(0.0, since - self._block_ms / 1000 - _CONFIRMATION_SLACK_SECONDS)
+        return since
 
     @property
     def synced(self) -> bool:

@@ -16,6 +16,11 @@ class Keys:
         return f"godel:{{{self.cluster}}}"
 
     @property
+    def pattern(self) -> str:
+        """A glob matching every key of this cluster and no other's."""
+        return f"{self._prefix}:*"
+
+    @property
     def revision(self) -> str:
         """The global revision counter."""
         return f"{self._prefix}:rev"
@@ -47,6 +52,11 @@ class Keys:
     def heartbeats(self) -> str:
         """Node heartbeats (server ms), outside the change feed: field = node name."""
         return f"{self._prefix}:heartbeats"
+
+    @property
+    def replication_barrier(self) -> str:
+        """Written only to wait behind it: a replica that has it has every earlier write."""
+        return f"{self._prefix}:barrier"
 
     def lease(self, name: str) -> str:
         return f"{self._prefix}:lease:{name}"

@@ -7,6 +7,7 @@ bench — goes through ``StoreServer.start`` so that promise holds in one place.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import os
@@ -35,9 +36,18 @@ HOST = "127.0.0.1"
 LOG_FILE = "server.log"
 PID_FILE = "server.pid"
 ACL_FILE = "users.acl"
+# Settings that must not appear in argv (the replication credentials), and that Sentinel
+# rewrites (CONFIG REWRITE) when it turns a server into a replica or a primary.
+CONFIG_FILE = "server.conf"
+SENTINEL_CONFIG_FILE = "sentinel.conf"
+SENTINEL_SERVICE = "godel"
 ADMIN_SECRET_FILE = "admin.secret"
+SERVICE_SECRET_FILE = "service.secret"
 SERVICE_USER = "godel"
 ADMIN_USER = "default"
+# May run PING and nothing else, without a password: what a container healthcheck needs, and all
+# it can do (docker-compose.yml's store).
+PING_USER = "ping"
 URL_ENV = "GODEL_REDIS_URL"
 _LOG_TAIL_LINES = 20
 _POLL = 0.02
@@ -133,6 +143,8 @@ class StoreServer:
         detach: bool = False,
         ready_timeout: float = 15.0,
         password: str | None = None,
+        admin_password: str | None = None,
+        replica_of: int | None = None,
     ) -> StoreServer:
         """Start a server and return once it answers and has replayed its AOF.
 
@@ -140,6 +152,10 @@ class StoreServer:
         ``password`` locks it (see the class); ``url`` then carries the services' credentials.
         Without one, a data dir locked before stays locked with its old ACL (``url`` then has no
         credentials: only the secret's hash is kept).
+        ``admin_password`` gives the admin a known secret instead of a fresh one: every server
+        of a replicated store shares it, since each may become the primary, and replicas and
+        Sentinels log in with it. ``replica_of`` starts the server as a replica of the server
+        on that loopback port (Sentinel moves it later: its config file is rewritten then).
         On any failure the process is killed and StoreServerError carries the log tail.
         """
         if fsync not in _FSYNC_POLICIES:
@@ -154,7 +170,12 @@ class StoreServer:
         # A data dir that was locked stays locked when started again without a password (an
         # operator restarting the store): its ACL file and admin secret are reused, so the
         # services' credentials keep working.
-        admin = _write_acl(data_dir, password) if password else _read_admin_secret(data_dir)
+        admin: str | None = None
+        if password:
+            admin = _write_acl(data_dir, password, admin=admin_password)
+            _write_server_config(data_dir, admin, replica_of)
+        else:
+            admin = _read_admin_secret(data_dir)
         credentials = f"{SERVICE_USER}:{quote(password, safe='')}@" if password else ""
         server = cls(
             url=f"redis://{credentials}{HOST}:{port}/0",
@@ -223,11 +244,12 @@ class StoreServer:
             admin_password=admin,
         )
 
-    def _spawn(self, ready_timeout: float) -> None:
-        self._refuse_shared_data_dir()
-        log = self.data_dir / LOG_FILE
-        argv = [
-            self.binary,
+    @property
+    def argv(self) -> list[str]:
+        """The command line that runs this server (no secret in it: those are in files)."""
+        config = self.data_dir / CONFIG_FILE
+        argv = [self.binary, *([str(config)] if config.exists() else [])]
+        argv += [
             "--bind", HOST,
             "--port", str(self.port),
             "--dir", str(self.data_dir),
@@ -236,11 +258,17 @@ class StoreServer:
             "--appendfsync", self.fsync,
             "--save", "",  # no RDB snapshots: the AOF is the persistence
             "--protected-mode", "yes",
-            "--logfile", str(log),
+            "--logfile", str(self.data_dir / LOG_FILE),
             "--pidfile", str(self.data_dir / PID_FILE),
         ]  # fmt: skip
         if self.admin_password is not None:
             argv += ["--aclfile", str(self.data_dir / ACL_FILE)]
+        return argv
+
+    def _spawn(self, ready_timeout: float) -> None:
+        self._refuse_shared_data_dir()
+        log = self.data_dir / LOG_FILE
+        argv = self.argv
         # stdout/stderr go to the log too: config errors are printed before --logfile takes over.
         with log.open("ab") as out:
             try:
@@ -317,6 +345,26 @@ class StoreServer:
         if int(info.get("loading", 1)) != 0:
             return "still loading the append-only file"
         return None
+
+    def wait_replicating(self, timeout: float) -> None:
+        """Block until this replica has synced with its primary and streams from it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            client = _client(self.port, self.admin_password)
+            try:
+                info: dict[str, Any] = client.info("replication")
+            except redis.RedisError:
+                info = {}
+            finally:
+                client.close()
+            if info.get("master_link_status") == "up":
+                return
+            if time.monotonic() >= deadline:
+                raise StoreServerError(
+                    f"replica on port {self.port} not in sync with its primary after "
+                    f"{timeout:.1f}s (link {info.get('master_link_status')}){self._log_tail()}"
+                )
+            time.sleep(_POLL)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (the server fsyncs its AOF and exits), SIGKILL after ``timeout``. Idempotent."""
@@ -404,10 +452,13 @@ DENIED_COMMANDS = (
 )  # fmt: skip
 
 
-def _write_acl(data_dir: Path, password: str) -> str:
+def _write_acl(
+    data_dir: Path, password: str, *, admin: str | None = None, ping_user: bool = False
+) -> str:
     """The ACL file of a locked server (and the admin secret), readable by their owner only.
-    Passwords are stored as SHA-256 hashes, as the server's ACL allows."""
-    admin = secrets.token_urlsafe(24)
+    Passwords are stored as SHA-256 hashes, as the server's ACL allows. ``admin`` reuses an admin
+    secret (a replica must accept the same credentials as its primary)."""
+    admin = admin or secrets.token_urlsafe(24)
     denied = " ".join(f"-{c}" for c in DENIED_COMMANDS)
     lines = [
         # The default user is the admin: it must keep every right, because the server replays
@@ -417,9 +468,295 @@ def _write_acl(data_dir: Path, password: str) -> str:
         f"user {ADMIN_USER} on #{_sha256(admin)} ~* &* +@all",
         f"user {SERVICE_USER} on #{_sha256(password)} ~* &* +@all {denied}",
     ]
+    if ping_user:
+        lines.append(f"user {PING_USER} on nopass -@all +ping")
     _write_private(data_dir / ACL_FILE, "\n".join(lines) + "\n")
     _write_private(data_dir / ADMIN_SECRET_FILE, admin + "\n")
     return admin
+
+
+def lock_secrets_dir(
+    directory: Path, *, acl_owner: int | None = None, secret_owner: int | None = None
+) -> bool:
+    """Lock a store that another program runs (docker-compose.yml's one-shot ``store-init``):
+    write ``users.acl`` and ``admin.secret`` for the server and ``service.secret``, the services'
+    password, unless the directory holds them already; and, from them, ``server.conf`` (the
+    replication login) and ``sentinel.conf`` for the ``ha`` profile (a restarted project keeps its secret, so
+    the services' credentials keep working). The ACL also lets the user ``ping`` run PING without
+    a password, for the container's healthcheck. ``acl_owner``/``secret_owner`` chown the
+    server's files and the services' secret to the users that read them (containers run as
+    different users). Returns whether a new secret was written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    created = not (directory / ACL_FILE).exists()
+    if created:
+        password = secrets.token_urlsafe(24)
+        _write_acl(directory, password, ping_user=True)
+        _write_private(directory / SERVICE_SECRET_FILE, password + "\n")
+    password = (directory / SERVICE_SECRET_FILE).read_text().strip()
+    admin = (directory / ADMIN_SECRET_FILE).read_text().strip()
+    # For the `ha` profile: every server logs in to its primary as the admin (any of them may
+    # become a replica), and the Sentinels' config, which each copies to write its own.
+    _write_server_config(directory, admin, None)
+    _write_private(directory / SENTINEL_CONFIG_FILE, _compose_sentinel_config(password, admin))
+    for name, owner in (
+        (ACL_FILE, acl_owner),
+        (ADMIN_SECRET_FILE, acl_owner),
+        (CONFIG_FILE, acl_owner),
+        (SENTINEL_CONFIG_FILE, acl_owner),
+        (SERVICE_SECRET_FILE, secret_owner),
+    ):
+        if owner is not None:
+            os.chown(directory / name, owner, -1)
+    return created
+
+
+@dataclass
+class ReplicatedStore:
+    """A primary, its replicas and the Sentinels that watch them (valkey's own high
+    availability), all on loopback and locked with one secret; ``url`` finds the primary through
+    the Sentinels and makes every write wait until a replica has it (see
+    ``store.client.SentinelTarget``). One is enough: Sentinel promotes the replica with the most
+    of the primary's stream, which then has every acknowledged write; with more replicas, writes
+    go on while one of them is down."""
+
+    primary: StoreServer
+    replicas: list[StoreServer]
+    sentinels: list[SentinelServer]
+    url: str
+
+    @classmethod
+    def start(
+        cls,
+        base_dir: Path,
+        *,
+        password: str,
+        replicas: int = 1,
+        sentinels: int = 3,
+        fsync: FsyncPolicy = "always",
+        detach: bool = False,
+        down_after_ms: int = 1000,
+        replica_timeout_ms: int = 2000,
+        ready_timeout: float = 15.0,
+    ) -> ReplicatedStore:
+        """Start it: the primary in ``base_dir/store``, replica *i* in ``store-replica-<i>``,
+        Sentinel *i* in ``sentinel-<i>``. A majority of the Sentinels must agree to fail over.
+        On any failure everything started is killed."""
+        if replicas < 1 or sentinels < 1:
+            raise StoreServerError("a replicated store needs at least 1 replica and 1 sentinel")
+        started: list[StoreServer | SentinelServer] = []
+        try:
+            primary = StoreServer.start(
+                base_dir / "store", fsync=fsync, detach=detach, password=password,
+                ready_timeout=ready_timeout,
+            )  # fmt: skip
+            started.append(primary)
+            copies: list[StoreServer] = []
+            for i in range(replicas):
+                copies.append(
+                    StoreServer.start(
+                        base_dir / f"store-replica-{i}",
+                        fsync=fsync,
+                        detach=detach,
+                        password=password,
+                        admin_password=primary.admin_password,
+                        replica_of=primary.port,
+                        ready_timeout=ready_timeout,
+                    )
+                )
+                started.append(copies[-1])
+            for copy in copies:  # a write must find its replica from the start
+                copy.wait_replicating(ready_timeout)
+            assert primary.admin_password is not None
+            watchers: list[SentinelServer] = []
+            for i in range(sentinels):
+                watchers.append(
+                    SentinelServer.start(
+                        base_dir / f"sentinel-{i}",
+                        primary_port=primary.port,
+                        password=password,
+                        admin_password=primary.admin_password,
+                        quorum=sentinels // 2 + 1,
+                        down_after_ms=down_after_ms,
+                        detach=detach,
+                        ready_timeout=ready_timeout,
+                    )
+                )
+                started.append(watchers[-1])
+        except BaseException:
+            for process in started:
+                process.kill()
+            raise
+        addresses = ",".join(f"{HOST}:{w.port}" for w in watchers)
+        url = (
+            f"redis+sentinel://{SERVICE_USER}:{quote(password, safe='')}@{addresses}/"
+            f"{SENTINEL_SERVICE}?replicas=1&replica_timeout_ms={replica_timeout_ms}"
+        )
+        return cls(primary=primary, replicas=copies, sentinels=watchers, url=url)
+
+    @property
+    def servers(self) -> list[StoreServer]:
+        return [self.primary, *self.replicas]
+
+    def current_primary(self) -> StoreServer | None:
+        """The server the Sentinels now name as primary (None if none answers)."""
+        for sentinel in self.sentinels:
+            client = _client(sentinel.port, sentinel.password)
+            try:
+                _, port = client.execute_command(  # type: ignore[no-untyped-call]
+                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE
+                )
+            except (redis.RedisError, TypeError, ValueError):
+                continue
+            finally:
+                client.close()
+            return next((s for s in self.servers if s.port == int(port)), None)
+        return None
+
+    def stop(self) -> None:
+        for sentinel in self.sentinels:
+            sentinel.stop()
+        for server in self.servers:
+            server.stop()
+
+    def kill(self) -> None:
+        for sentinel in self.sentinels:
+            sentinel.kill()
+        for server in self.servers:
+            server.kill()
+
+
+def _write_server_config(data_dir: Path, admin: str, replica_of: int | None) -> None:
+    # Any server of a replicated store may become a replica (Sentinel demotes a primary that
+    # comes back): each logs in to its primary as the admin, which may PSYNC.
+    lines = [f"masteruser {ADMIN_USER}", f"masterauth {admin}"]
+    if replica_of is not None:
+        lines.append(f"replicaof {HOST} {replica_of}")
+    _write_private(data_dir / CONFIG_FILE, "\n".join(lines) + "\n")
+
+
+@dataclass
+class SentinelServer:
+    """A Sentinel watching the primary of a replicated store, on loopback; its config (with the
+    secrets) in ``data_dir``, which it rewrites as it learns the topology. Clients log in with
+    the services' password; it logs in to the servers as the admin."""
+
+    port: int
+    data_dir: Path
+    binary: str
+    password: str
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.binary, str(self.data_dir / SENTINEL_CONFIG_FILE), "--sentinel"]
+
+    @classmethod
+    def start(
+        cls,
+        data_dir: Path,
+        *,
+        primary_port: int,
+        password: str,
+        admin_password: str,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 10_000,
+        port: int = 0,
+        binary: str | None = None,
+        detach: bool = False,
+        ready_timeout: float = 15.0,
+    ) -> SentinelServer:
+        """Start a Sentinel monitoring the primary on ``primary_port``. It deems the primary down
+        after ``down_after_ms`` without a reply and fails over once ``quorum`` Sentinels agree."""
+        data_dir = Path(data_dir).resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        sentinel = cls(
+            port=port or stable_free_port(HOST),
+            data_dir=data_dir,
+            binary=binary or find_server_binary(),
+            password=password,
+        )
+        lines = [
+            f"port {sentinel.port}",
+            f"bind {HOST}",
+            f"dir {data_dir}",
+            f"logfile {data_dir / LOG_FILE}",
+            f"pidfile {data_dir / PID_FILE}",
+            f"requirepass {password}",
+            f"sentinel sentinel-pass {password}",
+            f"sentinel monitor {SENTINEL_SERVICE} {HOST} {primary_port} {quorum}",
+            f"sentinel auth-user {SENTINEL_SERVICE} {ADMIN_USER}",
+            f"sentinel auth-pass {SENTINEL_SERVICE} {admin_password}",
+            f"sentinel down-after-milliseconds {SENTINEL_SERVICE} {down_after_ms}",
+            f"sentinel failover-timeout {SENTINEL_SERVICE} {failover_timeout_ms}",
+            f"sentinel parallel-syncs {SENTINEL_SERVICE} 1",
+        ]
+        _write_private(data_dir / SENTINEL_CONFIG_FILE, "\n".join(lines) + "\n")
+        with (data_dir / LOG_FILE).open("ab") as out:
+            sentinel.process = subprocess.Popen(
+                sentinel.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=detach,
+            )
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if sentinel.process.poll() is not None:
+                raise StoreServerError(
+                    f"sentinel exited (code {sentinel.process.returncode}) on port "
+                    f"{sentinel.port}: see {data_dir / LOG_FILE}"
+                )
+            client = _client(sentinel.port, password)
+            try:
+                if int(client.info("server").get("process_id", -1)) == sentinel.pid:
+                    return sentinel
+            except redis.RedisError:
+                pass
+            finally:
+                client.close()
+            if time.monotonic() >= deadline:
+                sentinel.kill()
+                raise StoreServerError(f"sentinel on port {sentinel.port} not ready in time")
+            time.sleep(_POLL)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+
+
+def _compose_sentinel_config(password: str, admin: str) -> str:
+    """A Sentinel of docker-compose.yml's `ha` profile: it watches the service `store` by name
+    (addresses change as containers restart), clients log in with the services' password, the
+    healthcheck as `ping`."""
+    lines = [
+        "port 26379",
+        "sentinel resolve-hostnames yes",
+        "sentinel announce-hostnames yes",
+        f"requirepass {password}",
+        f"user {PING_USER} on nopass -@all +ping",
+        f"sentinel sentinel-pass {password}",
+        f"sentinel monitor {SENTINEL_SERVICE} store 6379 2",
+        f"sentinel auth-user {SENTINEL_SERVICE} {ADMIN_USER}",
+        f"sentinel auth-pass {SENTINEL_SERVICE} {admin}",
+        f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 5000",
+        f"sentinel failover-timeout {SENTINEL_SERVICE} 60000",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _read_admin_secret(data_dir: Path) -> str | None:
@@ -466,3 +803,23 @@ def _wait_gone(pid: int, timeout: float) -> bool:
             return False
         time.sleep(_POLL)
     return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m store.server lock DIR``: see :func:`lock_secrets_dir`."""
+    parser = argparse.ArgumentParser(prog="python -m store.server")
+    commands = parser.add_subparsers(dest="command", required=True)
+    lock = commands.add_parser("lock", help="write the ACL and secrets of a locked store")
+    lock.add_argument("directory", type=Path)
+    lock.add_argument("--acl-owner", type=int, help="uid that owns users.acl and admin.secret")
+    lock.add_argument("--secret-owner", type=int, help="uid that owns service.secret")
+    args = parser.parse_args(argv)
+    created = lock_secrets_dir(
+        args.directory, acl_owner=args.acl_owner, secret_owner=args.secret_owner
+    )
+    print(f"{'new' if created else 'kept the'} store secret in {args.directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import harness, workload
+from bench import faults, harness, workload
 from bench.load import batches, build_jobs
 from bench.workload import PodPhase, WorkloadError
 from godel.local import ClusterState, ComponentRecord
@@ -60,6 +60,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("measured.template", {"requests": {"cpu": "x"}}, "measured.template.requests.cpu"),
         ("measured.template", {"bogus": 1}, "measured.template"),
         ("measured.per_node", True, "measured.job_size: per_node jobs have one pod each"),
+        ("init", {"count": 11, "per_node": True, "template": {}}, "init.count: per_node pins"),
         ("measured.rate", -5, "measured.rate: must be at least 0"),
         ("measured.job", {"priority": "high"}, "measured.job.priority"),
         ("measured.job", {"replicas": 3}, "measured.job.replicas: set by the phase itself"),
@@ -175,17 +176,17 @@ def test_phase_job_fields_and_preempting_workloads() -> None:
     assert not workload.parse(VALID, Path("w.yaml")).runs[0].preempts
 
 
-@pytest.mark.timeout(120)
-def test_quick_workload_end_to_end(tmp_path: Path) -> None:
+def _run_quick(name: str, out: Path, timeout: float) -> str:
+    """``python -m bench NAME --quick``; returns its stdout, fails with its stderr."""
     bench = subprocess.Popen(
-        [sys.executable, "-m", "bench", "SchedulingBasic-500", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench", name, "--quick", "--out", str(out)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        stdout, stderr = bench.communicate(timeout=100)
+        stdout, stderr = bench.communicate(timeout=timeout)
     finally:
         # On a timeout, SIGTERM (not run()'s SIGKILL) lets the bench stop the cluster it started.
         if bench.poll() is None:
@@ -196,6 +197,12 @@ def test_quick_workload_end_to_end(tmp_path: Path) -> None:
                 bench.kill()
                 bench.communicate()
     assert bench.returncode == 0, stderr[-3000:]
+    return stdout
+
+
+@pytest.mark.timeout(120)
+def test_quick_workload_end_to_end(tmp_path: Path) -> None:
+    stdout = _run_quick("SchedulingBasic-500", tmp_path, 100)
     [report_json] = tmp_path.glob("*.json")
     report = json.loads(report_json.read_text())
     [run] = report["runs"]
@@ -210,3 +217,51 @@ def test_quick_workload_end_to_end(tmp_path: Path) -> None:
     for png in pngs:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| SchedulingBasic-500 |" in stdout
+
+
+@pytest.mark.timeout(240)
+def test_conflicts_workload_reports_each_variants_conflict_rate(tmp_path: Path) -> None:
+    """GodelConflicts-10000 runs partitioning off and on in one series, each with the shards'
+    counters over the measured phase (pods proposed, conflicts) and how many shards held a
+    partition."""
+    _run_quick("GodelConflicts-10000", tmp_path, 220)
+    [report_json] = tmp_path.glob("*.json")
+    runs = {r["variant"]: r for r in json.loads(report_json.read_text())["runs"]}
+    assert set(runs) == {"partitions-off", "partitions-on"}
+    for run in runs.values():
+        assert run["bound"] == run["measured_pods"] > 0
+        conflicts = run["conflicts"]
+        assert conflicts["proposed"] >= run["measured_pods"]
+        assert conflicts["proposed"] - conflicts["conflicted"] >= run["measured_pods"]
+    assert runs["partitions-off"]["conflicts"]["partitioned_shards"] == 0
+    assert runs["partitions-on"]["conflicts"]["partitioned_shards"] == 2
+    md = report_json.with_suffix(".md").read_text()
+    assert "| conflicts | partitioned shards |" in md
+
+
+def test_fault_harness_quick_form_loses_nothing(tmp_path: Path) -> None:
+    """bench/faults.py's quick form, as CI runs it: under a steady load, one fault per component
+    kind (the store primary by kill -9 first: Sentinel fails over to the replica), each process
+    started again, and after every fault the invariants checked from outside. It exits 0 only
+    if every fault recovered and nothing acknowledged was lost; the report says so per kind."""
+    env = {k: v for k, v in os.environ.items() if k != "GODEL_REDIS_URL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.faults", "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    (report_file,) = tmp_path.glob("faults-quick-*.json")
+    report = json.loads(report_file.read_text())
+    assert report["ok"] and report["final_violations"] == []
+    assert [f["kind"] for f in report["faults"]] == list(faults.KINDS)
+    assert {f["signal"] for f in report["faults"]} == {"SIGKILL", "SIGTERM"}
+    assert report["faults"][0] == report["faults"][0] | {"kind": "store", "signal": "SIGKILL"}
+    assert all(
+        f["violations"] == [] and f["recovery_seconds"] is not None for f in report["faults"]
+    )
+    assert report["acknowledged_jobs"] > 0
+    assert "nothing lost" in result.stdout

@@ -145,6 +145,39 @@ def test_up_locks_the_store_and_keeps_the_home_private(godel: Godel, home: Path)
         assert url.password not in printed
 
 
+def test_up_with_store_replicas_runs_a_replica_and_three_sentinels(
+    godel: Godel, home: Path
+) -> None:
+    """`godel up --store-replicas 1`: a primary, a replica and three Sentinels beside the
+    services, all healthy; the services get a Sentinel URL; no secret in any process's argv or
+    in what is printed; `godel down` stops them all."""
+    started = godel(
+        "up", "--store-replicas", "1", "--grace", "1", "--hollow-nodes", "2",
+        "--no-process-node", "--schedulers", "1", "--binders", "1",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    code, components = _status(godel)
+    assert code == 0, components
+    store_side = {"store", "store-replica-0", "sentinel-0", "sentinel-1", "sentinel-2"}
+    assert store_side <= set(components)
+    assert all(c["alive"] and c["health"] == "SERVING" for c in components.values())
+    state = json.loads((home / "cluster.json").read_text())
+    url = urlsplit(state["store_url"])
+    assert url.scheme == "redis+sentinel" and url.password
+    for printed in (started.stdout, godel("status").stdout, godel("status", "-o", "json").stdout):
+        assert url.password not in printed
+    admin = (home / "store" / "admin.secret").read_text().strip()
+    for name, c in components.items():
+        argv = " ".join(psutil.Process(c["pid"]).cmdline())
+        assert url.password not in argv and admin not in argv, f"a secret in {name}'s argv"
+    [replica_url] = [c["address"] for c in state["components"] if c["name"] == "store-replica-0"]
+    replica = redis.Redis.from_url(replica_url, socket_timeout=5)
+    assert replica.info("replication")["role"] == "slave"
+    pids = [c["pid"] for c in components.values()]
+    assert godel("down").returncode == 0
+    assert all(_gone(pid) for pid in pids)
+
+
 def test_status_reports_a_killed_component(godel: Godel) -> None:
     assert godel("up", "--schedulers", "1", "--binders", "1", "--grace", "1").returncode == 0
     _, components = _status(godel)

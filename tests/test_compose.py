@@ -24,6 +24,7 @@ import sys
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
@@ -39,6 +40,10 @@ PYPROJECT = ROOT / "pyproject.toml"
 SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
 STORE = "store"
 CERTS = "certs"  # the one-shot init service writing the cluster's credentials to its volume
+STORE_INIT = "store-init"
+HA = ("store-replica", "sentinel")  # profile `ha`
+STORE_SIDE = (STORE, STORE_INIT, *HA)
+SECRETS_VOLUME = "store-secrets"
 SCALED = ("scheduler", "binder")
 DEPENDS_ON_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 
@@ -102,8 +107,8 @@ def test_schema_rejects_an_invalid_file(
 
 
 def _godel_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The long-running Gödel components (not the store, not the one-shot certs service)."""
-    return {name: spec for name, spec in services.items() if name not in (STORE, CERTS)}
+    """The long-running Gödel components (not the store's side, not the one-shot certs)."""
+    return {name: spec for name, spec in services.items() if name not in (*STORE_SIDE, CERTS)}
 
 
 def _seconds(duration: str) -> float:
@@ -115,7 +120,8 @@ def _seconds(duration: str) -> float:
 
 def test_every_component_has_a_service(services: dict[str, dict[str, Any]]) -> None:
     assert set(services) == {
-        STORE, CERTS, "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent", "dashboard"
+        *STORE_SIDE, CERTS, "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent",
+        "dashboard",
     }  # fmt: skip
 
 
@@ -155,8 +161,8 @@ def test_commands_run_importable_modules(services: dict[str, dict[str, Any]]) ->
 
 def test_every_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
     for name, spec in services.items():
-        if name == CERTS:  # one-shot: its dependents wait for it to complete, not to be healthy
-            continue
+        if name in (STORE_INIT, CERTS):
+            continue  # a one-shot: it exits, and its dependents wait for that
         test = spec.get("healthcheck", {}).get("test")
         assert test and test[0] == "CMD", f"{name}: healthcheck.test missing"
     for name, spec in _godel_services(services).items():
@@ -247,7 +253,7 @@ def test_replicas_advertise_their_own_hostname(services: dict[str, dict[str, Any
 def test_shutdown_grace_and_configuration(services: dict[str, dict[str, Any]]) -> None:
     for name, spec in _godel_services(services).items():
         environment = spec["environment"]
-        assert environment["GODEL_STORE_URL"].startswith(f"redis://{STORE}:"), name
+        assert _default(environment["GODEL_STORE_URL"]).startswith(f"redis://godel@{STORE}:"), name
         grace = float(environment["GODEL_GRACE_SECONDS"])
         assert _seconds(spec["stop_grace_period"]) > grace, (
             f"{name}: stop_grace_period must exceed the gRPC grace, or Docker SIGKILLs mid-drain"
@@ -258,6 +264,54 @@ def test_store_persists_with_an_append_only_file(services: dict[str, dict[str, A
     command = services[STORE]["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
     assert services[STORE]["volumes"], "the AOF must live on a volume"
+
+
+def test_store_is_locked_with_a_generated_secret(services: dict[str, dict[str, Any]]) -> None:
+    """As `godel up` locks its store: an ACL file and a random password that the one-shot
+    store-init writes into a volume; the store runs from that ACL, the services read the password
+    from the volume, and no password appears in the file itself."""
+    init = services[STORE_INIT]
+    assert init["command"][:4] == ["python", "-m", "store.server", "lock"]
+    secrets_dir = init["command"][4]
+    assert f"{SECRETS_VOLUME}:{secrets_dir}" in init["volumes"]
+    assert init["restart"] == "no"
+    store = services[STORE]
+    assert store["depends_on"][STORE_INIT]["condition"] == "service_completed_successfully"
+    command = store["command"]
+    assert command[command.index("--aclfile") + 1] == f"{secrets_dir}/users.acl"
+    assert f"{SECRETS_VOLUME}:{secrets_dir}:ro" in store["volumes"]
+    for name, spec in _godel_services(services).items():
+        environment = spec["environment"]
+        assert environment["GODEL_STORE_PASSWORD_FILE"] == f"{secrets_dir}/service.secret", name
+        assert f"{SECRETS_VOLUME}:{secrets_dir}:ro" in spec["volumes"], name
+        url = urlsplit(_default(environment["GODEL_STORE_URL"]))
+        assert url.password is None, f"{name}: a password in the compose file"
+
+
+def _default(value: str) -> str:
+    """A value as compose interpolates it with the variable unset: ``${VAR:-default}``."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+def test_ha_profile_runs_a_replica_and_three_sentinels(
+    services: dict[str, dict[str, Any]], document: dict[str, Any]
+) -> None:
+    """`docker compose --profile ha up`: a replica of the store and three Sentinels (which
+    promote it), all from store-init's secrets, never started without the profile; the services
+    reach the store through the Sentinels when GODEL_STORE_URL says so."""
+    replica, sentinel = services["store-replica"], services["sentinel"]
+    for spec in (replica, sentinel):
+        assert spec["profiles"] == ["ha"]
+        assert f"{SECRETS_VOLUME}:/run/godel-store:ro" in spec["volumes"]
+    command = replica["command"]
+    assert command[1] == "/run/godel-store/server.conf", "the replication login, not in argv"
+    assert command[command.index("--replicaof") + 1 :] == [STORE, "6379"]
+    assert "/run/godel-store/sentinel.conf" in sentinel["command"][-1]
+    assert sentinel["deploy"]["replicas"] == 3
+    assert services[STORE]["command"][1] == "/run/godel-store/server.conf"
+    assert "store-replica-data" in document["volumes"]
+    url = services["dispatcher"]["environment"]["GODEL_STORE_URL"]
+    assert url.startswith("${GODEL_STORE_URL:-"), "the ha profile's URL comes from outside"
 
 
 def _instructions(dockerfile: str) -> list[str]:

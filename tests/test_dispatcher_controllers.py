@@ -306,6 +306,44 @@ async def test_lapsed_node_lost_and_replaced(store: Store, informer: Informer) -
     assert ctl.commit_calls == calls
 
 
+async def test_lifecycle_ticks_read_only_stale_stamps_while_every_node_heartbeats(
+    store: Store, informer: Informer
+) -> None:
+    for name in ("a", "b"):
+        await store.create(f.node(name))
+    await store.record_heartbeats(["a", "b"])
+    job = f.job("j", replicas=1)
+    pods = f.pods_of(job)
+    await store.create_unit(job, pods)
+    await bind(store, pods, "b", await binder_fence(store))
+    ctl = NodeLifecycleController(store, informer, grace_seconds=1)
+    await caught_up(store, informer)
+    await ctl.tick()
+    assert ctl.commit_calls == 0
+
+    await asyncio.sleep(1.2)  # b's stamp lapses; a keeps heartbeating
+    await store.record_heartbeats(["a"])
+    await caught_up(store, informer)
+    await ctl.tick()
+    assert not (await store.get(pb.Node, "b")).status.ready
+    assert (await store.get(pb.Pod, "j-0")).status.reason == "NodeLost"
+    assert (await store.get(pb.Node, "a")).status.ready
+
+    await store.record_heartbeats(["a", "b"])  # b is back
+    await caught_up(store, informer)
+    await ctl.tick()
+    assert (await store.get(pb.Node, "b")).status.ready
+    assert ctl.full_ticks == 0  # every node had a stamp: only stale and lapsed ones were read
+
+    # A node registered without a stamp yet: that tick reads every stamp (its grace counts
+    # from its registration).
+    await store.create(f.node("c"))
+    await store.record_heartbeats(["a", "b"])
+    await caught_up(store, informer)
+    await ctl.tick()
+    assert ctl.full_ticks == 1 and (await store.get(pb.Node, "c")).status.ready
+
+
 async def test_heartbeats_of_deleted_nodes_forgotten_once_lapsed(
     store: Store, informer: Informer
 ) -> None:

@@ -457,3 +457,20 @@ async def test_a_drain_that_overruns_the_grace_is_cut_at_it(
     service = host.service
     assert isinstance(service, SlowToDrain)
     assert service.events[-1] == "draining"  # cut, not finished
+
+
+def test_store_password_file_goes_into_the_store_url(tmp_path: Path) -> None:
+    secret = tmp_path / "service.secret"
+    secret.write_text("p@ss/word\n")
+    config = load_config(
+        ServiceConfig,
+        ["--store-url", "redis://godel@store:6379/0", "--store-password-file", str(secret)],
+        environ={},
+    )
+    assert config.store_connection_url() == "redis://godel:p%40ss%2Fword@store:6379/0"
+    assert load_config(ServiceConfig, [], environ={}).store_connection_url().startswith("redis://")
+    missing = load_config(
+        ServiceConfig, ["--store-password-file", str(tmp_path / "nope")], environ={}
+    )
+    with pytest.raises(ConfigError, match="store_password_file: cannot read"):
+        missing.store_connection_url()

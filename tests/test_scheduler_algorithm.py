@@ -189,6 +189,41 @@ def test_own_partition_first() -> None:
     assert len(result.placements) == 15
 
 
+# (case, partition nodes (of n00000..n00019), of which full (no room), pods of 1000m, expected
+#  nodes used: "inside" only, or "both")
+PARTITION_SCAN_CASES: list[tuple[str, range, range, int, str]] = [
+    ("room inside: the rest is not scanned, though emptier", range(0, 5), range(0, 3), 1, "inside"),
+    ("fewer feasible inside than the scan limit: still inside", range(0, 5), range(0, 4), 3,
+     "inside"),
+    ("inside full: the others' nodes", range(0, 5), range(0, 5), 1, "outside"),
+    ("inside runs out mid-unit: the rest goes outside", range(0, 5), range(0, 4), 8, "both"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("partition", "full", "pods", "expected"),
+    [c[1:] for c in PARTITION_SCAN_CASES],
+    ids=[c[0] for c in PARTITION_SCAN_CASES],
+)
+def test_partition_scanned_alone_unless_nothing_fits(
+    partition: range, full: range, pods: int, expected: str
+) -> None:
+    _, snap = cluster(20, cpu=4000)
+    inside = frozenset(f"n{i:05d}" for i in partition)
+    for name in sorted(inside):
+        # A full node keeps 500m (no room for 1000m); the others keep room for three pods.
+        cpu = 3500 if int(name[1:]) in full else 1000
+        snap.assume(PodRequest(f"fill-{name}", "g", cpu, GiB, 0), name)
+    sched = scheduler()
+    sched.partition = inside
+    result = sched.schedule(unit_of("u", pods, 1, 1000), snap)
+    assert len(result.placements) == pods
+    used = {p.node for p in result.placements}
+    where = {"inside" if n in inside else "outside" for n in used}
+    assert where == ({"inside", "outside"} if expected == "both" else {expected})
+    assert_not_overcommitted(snap)
+
+
 def pinned_unit(name: str, hostname: str) -> UnitInfo:
     """A DaemonSet-like unit: one pod required on the node labelled ``hostname``."""
     j = job(name, replicas=1, min_member=1, cpu=100, mem=GiB)
@@ -410,3 +445,16 @@ def test_a_cache_is_not_kept_across_snapshots() -> None:
     assert sched.schedule(unit_of("a", 1, 1, 100), snap).scans == 1
     _, other = cluster(50, cpu=4000)
     assert sched.schedule(unit_of("b", 1, 1, 100), other).scans == 1
+
+
+def test_a_kept_cache_holds_only_own_partition_nodes() -> None:
+    _, snap = cluster(100, cpu=4000)
+    sched = scheduler(scan_extra=5)
+    sched.partition = frozenset(f"n{i:05d}" for i in range(50, 100))
+    first = sched.schedule(unit_of("a", 1, 1, 100), snap)
+    assert first.placements[0].node >= "n00050"
+    second = sched.schedule(unit_of("b", 1, 1, 100), snap)
+    assert second.scans == 0 and second.placements[0].node >= "n00050"
+    sched.partition = frozenset(f"n{i:05d}" for i in range(50))  # the partition moved
+    third = sched.schedule(unit_of("c", 1, 1, 100), snap)
+    assert third.scans == 1 and third.placements[0].node < "n00050"

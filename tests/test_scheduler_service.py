@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -25,9 +25,11 @@ from tests.factories import GiB, job, node, pods_of
 @dataclass
 class RecordingBinder(internal_pb2_grpc.BinderServicer):
     """Records every DecisionBatch; answers BOUND, except the first placement of each pod
-    listed in ``conflict_once`` (CONFLICT), and everything while ``not_leader`` is set."""
+    listed in ``conflict_once`` (CONFLICT), and everything while ``not_leader`` is set. The
+    first batch holding a pod listed in ``silent_once`` gets no answer at all (a lost verdict)."""
 
     conflict_once: set[str] = field(default_factory=set)
+    silent_once: set[str] = field(default_factory=set)
     batches: list[ipb.DecisionBatch] = field(default_factory=list)
     not_leader: bool = False
 
@@ -36,6 +38,10 @@ class RecordingBinder(internal_pb2_grpc.BinderServicer):
     ) -> AsyncIterator[ipb.VerdictBatch]:
         async for batch in request_iterator:
             self.batches.append(batch)
+            pods = {p.pod for u in batch.units for p in u.placements}
+            if pods & self.silent_once:
+                self.silent_once -= pods
+                continue
             out = ipb.VerdictBatch(batch_id=batch.batch_id)
             for unit in batch.units:
                 for p in unit.placements:
@@ -279,3 +285,48 @@ async def test_shard_with_the_real_binder_binds_gangs_without_overcommit(
     for i in range(4):
         usage = await store.node_usage(f"n{i}")
         assert usage is not None and usage.used["g.cpu"] <= 4000
+
+
+async def test_reconciler_takes_back_a_decision_left_without_a_verdict(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """The Binder received a decision and never answered it while the stream stayed up and
+    answered later ones: within one reconcile interval past the verdict timeout the shard
+    forgets the placement, decides again and the unit completes; the repair is counted. A
+    decision merely slow (nothing after it answered) is left alone. The heartbeat reports the
+    shard's counters (pods proposed, bound, conflicted) for the dispatcher's node shuffler."""
+    await store.create(node("n0", cpu=4000, mem=32 * GiB))
+    lost = await create_job(store, job("lost", replicas=2, min_member=2, cpu=500, mem=GiB))
+    clash = await create_job(store, job("clash", replicas=1, cpu=500, mem=GiB))
+    binder.silent_once = {"lost-0"}
+    binder.conflict_once = {"clash-0"}
+    cfg = replace(config, verdict_timeout_seconds=0.5, reconcile_interval_seconds=0.1)
+    async with ServiceHost(SchedulerService, cfg) as host:
+        shard = host.service
+        assert isinstance(shard, SchedulerService)
+        d = Dispatcher(host.address)
+        await d.send(lost)
+        await eventually(lambda: len(binder.batches) == 1)
+        await asyncio.sleep(0.6)  # past the verdict timeout, with nothing after it answered
+        assert shard.reconcile() == 0  # only slow, as far as the shard can tell: left alone
+        assert shard.stats["repaired_decisions"] == 0 and "lost" not in d.outcomes
+        await d.send(clash)  # answered (CONFLICT, then BOUND): the Binder moved on past "lost"
+        await d.until(lambda: "lost" in d.outcomes and "clash" in d.outcomes)
+        assert d.outcomes["lost"].code == ipb.UNIT_DONE
+        assert sorted(d.outcomes["lost"].pods) == ["lost-0", "lost-1"]
+        assert shard.stats["repaired_decisions"] == 1
+        lost_decisions = [u for b in binder.batches for u in b.units if u.job == "lost"]
+        assert len(lost_decisions) == 2  # the unanswered one, and the one decided again
+
+        async def counters() -> tuple[int, int, int]:
+            s = (await store.get(pb.SchedulerInstance, "shard-a")).status
+            return s.proposed_pods, s.bound_pods, s.conflicted_pods
+
+        # lost: 2 + 2 proposed, 2 bound (the taken-back decision is no conflict);
+        # clash: 1 conflicted, then 1 bound.
+        for _ in range(100):
+            if await counters() == (6, 3, 1):
+                break
+            await asyncio.sleep(0.05)
+        assert await counters() == (6, 3, 1)
+        await d.close()

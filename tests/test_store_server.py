@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import stat
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ import redis
 
 from godel.netutil import free_port, free_ports, stable_free_port, wait_for_port
 from protos.godel.v1 import objects_pb2 as pb
-from store import Store, redact_url
+from store import Store, StoreUnavailableError, redact_url
 from store import server as server_mod
 from store.server import (
     LOG_FILE,
@@ -383,3 +386,115 @@ async def test_a_locked_server_replays_scripted_commits_after_a_crash(tmp_path: 
         assert "NOPERM" not in (server.data_dir / "server.log").read_text()
     finally:
         server.stop()
+
+
+def test_locking_a_secrets_dir_for_another_program(tmp_path: Path) -> None:
+    """docker-compose.yml's store-init: `python -m store.server lock DIR` writes an ACL and a
+    random services' password once; a server run from that ACL admits the services with it, a
+    PING-only user without one, and nobody else; running it again keeps the secret."""
+    secrets_dir = tmp_path / "secrets"
+    assert server_mod.main(["lock", str(secrets_dir), "--secret-owner", str(os.getuid())]) == 0
+    password = (secrets_dir / "service.secret").read_text().strip()
+    assert len(password) >= 24
+    for private in ("users.acl", "admin.secret", "service.secret", "server.conf", "sentinel.conf"):
+        assert (secrets_dir / private).stat().st_mode & 0o077 == 0
+    # For compose's `ha` profile: the replication login and the Sentinels' config, from the
+    # same secrets (the Sentinels take the services' password, log in to servers as the admin).
+    admin = (secrets_dir / "admin.secret").read_text().strip()
+    assert f"masterauth {admin}" in (secrets_dir / "server.conf").read_text()
+    sentinel_conf = (secrets_dir / "sentinel.conf").read_text()
+    assert (
+        f"requirepass {password}" in sentinel_conf and f"auth-pass godel {admin}" in sentinel_conf
+    )
+    assert server_mod.lock_secrets_dir(secrets_dir) is False
+    assert (secrets_dir / "service.secret").read_text().strip() == password
+
+    port = stable_free_port()
+    data = tmp_path / "data"
+    data.mkdir()
+    binary = find_server_binary()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+            "--save", "", "--aclfile", str(secrets_dir / "users.acl")]  # fmt: skip
+    with open(data / "log", "wb") as out:
+        proc = psutil.Popen(argv, stdout=out, stderr=out)
+    try:
+        wait_for_port("127.0.0.1", port, 10)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, socket_timeout=5).ping()
+        services = redis.Redis(port=port, username="godel", password=password, socket_timeout=5)
+        assert services.set("k", "v")
+        probe = redis.Redis(port=port, username="ping", password="anything", socket_timeout=5)
+        assert probe.ping()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            probe.get("k")
+        # The `ha` profile's replica: the same ACL, the replication login from server.conf.
+        replica_port = stable_free_port()
+        (tmp_path / "replica").mkdir()
+        replica_argv = [binary, str(secrets_dir / "server.conf"), "--port", str(replica_port),
+                        "--bind", "127.0.0.1", "--dir", str(tmp_path / "replica"), "--save", "",
+                        "--aclfile", str(secrets_dir / "users.acl"),
+                        "--replicaof", "127.0.0.1", str(port)]  # fmt: skip
+        with open(tmp_path / "replica.log", "wb") as out:
+            replica = psutil.Popen(replica_argv, stdout=out, stderr=out)
+        try:
+            admin = (secrets_dir / "admin.secret").read_text().strip()
+            copy = redis.Redis(port=replica_port, password=admin, socket_timeout=5)
+            deadline = time.monotonic() + 20
+            while not _replicating(copy):
+                assert time.monotonic() < deadline, "the replica never synced"
+                time.sleep(0.1)
+            assert copy.get("k") == b"v"
+        finally:
+            replica.kill()
+            replica.wait()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _replicating(client: redis.Redis) -> bool:
+    try:
+        return client.info("replication").get("master_link_status") == "up"
+    except redis.RedisError:
+        return False
+
+
+async def test_a_server_busy_with_a_long_script_is_unavailable_not_an_error(
+    private_server: StoreServer,
+) -> None:
+    """A server past its busy threshold in one script (one atomic commit of a huge job) refuses
+    every other command unexecuted with BUSY: the store reports that as unavailable, which every
+    service already waits out, instead of an unexpected error that would end a loop."""
+    admin = redis.Redis.from_url(private_server.url, socket_timeout=30)
+    admin.config_set("busy-reply-threshold", 100)
+    spin = (
+        "local t = redis.call('TIME'); local s = t[1] + 3; "
+        "repeat t = redis.call('TIME') until tonumber(t[1]) > s; return 1"
+    )
+    busy = threading.Thread(target=lambda: admin.eval(spin, 0), daemon=True)
+    store = await Store.connect(private_server.url, cluster="busy")
+    try:
+        busy.start()
+        deadline = time.monotonic() + 10
+        while not _answers_busy(private_server):
+            assert time.monotonic() < deadline, "the script never made the server busy"
+            await asyncio.sleep(0.05)
+        with pytest.raises(StoreUnavailableError, match="busy"):
+            await store.revision()
+        with pytest.raises(StoreUnavailableError, match="busy"):
+            await store.create(pb.Node(metadata=pb.ObjectMeta(name="n0")))
+    finally:
+        busy.join(30)
+        await store.close()
+        admin.close()
+
+
+def _answers_busy(server: StoreServer) -> bool:
+    probe = redis.Redis.from_url(server.url, socket_timeout=5)
+    try:
+        probe.ping()
+    except redis.ResponseError as exc:
+        return str(exc).startswith("BUSY")
+    finally:
+        probe.close()
+    return False

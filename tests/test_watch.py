@@ -302,6 +302,35 @@ async def test_informer_staleness_tracks_a_backlog_and_an_outage(
         await store.close()
 
 
+async def test_an_informer_whose_event_loop_was_busy_is_stale_until_it_reads_again(
+    store: Store,
+) -> None:
+    """Issue 16 item 7: a dispatcher busy with bulk work (a 100,000-pod submission) on its event
+    loop held a view that still claimed to be at the head of the feed, so every shard heartbeat
+    in it looked old and live shards were declared lost. A view not confirmed current within
+    its watch period is stale, whatever the last read said."""
+    informer = Informer(store, ["Node"], block_ms=100)
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+
+        async def current() -> bool:
+            return informer.staleness() == 0.0
+
+        deadline = time.monotonic() + 15
+        while not await current():
+            assert time.monotonic() < deadline, "informer never current"
+            await asyncio.sleep(0.05)
+        _busy_loop(2.0)  # bulk work on the event loop: nothing else runs meanwhile
+        assert informer.staleness() >= 1.0, "a view nobody refreshed for 2 s claimed to be current"
+        deadline = time.monotonic() + 15
+        while not await current():  # the loop is free again: the next read confirms it
+            assert time.monotonic() < deadline, "informer never current again"
+            await asyncio.sleep(0.05)
+    finally:
+        await informer.stop()
+
+
 async def test_watch_batches_say_whether_they_reached_the_end_of_the_feed(store: Store) -> None:
     start = await store.revision()
     for i in range(5):
@@ -312,3 +341,10 @@ async def test_watch_batches_say_whether_they_reached_the_end_of_the_feed(store:
         if batch.revision >= start + 5:
             break
     assert seen == [(2, False), (2, False), (1, True)]
+
+
+def _busy_loop(seconds: float) -> None:
+    """CPU-bound work that holds the event loop, as a long synchronous loop would."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass

@@ -41,6 +41,8 @@ def register(app: typer.Typer) -> None:
     app.command("down")(down)
     app.command("status")(status)
     app.command("audit")(audit)
+    app.command("backup")(backup)
+    app.command("restore")(restore)
 
 
 def up(
@@ -57,6 +59,14 @@ def up(
         bool,
         typer.Option(help="Also run real processes on this machine, as one process-mode node."),
     ] = True,
+    store_replicas: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Store replicas: with any, three Sentinels fail over to one when the primary "
+            "dies, and every write waits until a replica has it.",
+        ),
+    ] = 0,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for SERVING.")] = 30.0,
     grace: Annotated[
         float, typer.Option(min=0, help="Services' shutdown grace period, in seconds.")
@@ -102,6 +112,7 @@ def up(
         insecure=insecure,
         run_as=run_as,
         dashboard=dashboard,
+        store_replicas=store_replicas,
     )
     try:
         state = local.up(godel_home, spec)
@@ -148,7 +159,9 @@ def status(
     home: HomeOption = None,
     output: Annotated[OutputFormat, typer.Option("--output", "-o")] = OutputFormat.table,
 ) -> None:
-    """Show every component: pid, address, alive, health. Exits 1 if any is unhealthy."""
+    """Show every component: pid, address, alive, health; then whether the nodes are
+    partitioned between the scheduler shards, and each shard's node count. Exits 1 if any
+    component is unhealthy."""
     try:
         statuses = local.status(_home(home))
         state = _home(home).load()
@@ -196,6 +209,9 @@ def status(
         for s in statuses:
             if s.web_url:
                 typer.echo(f"dashboard: {s.web_url}")
+        dispatcher = next((s for s in statuses if s.kind == "dispatcher" and s.healthy), None)
+        if dispatcher is not None:
+            _print_partitions(dispatcher.address)
     unhealthy = [s.name for s in statuses if not s.healthy]
     if unhealthy:
         fail(f"unhealthy: {', '.join(unhealthy)}")
@@ -243,6 +259,54 @@ def audit(
         fail(str(exc))
 
 
+def backup(
+    file: Annotated[Path, typer.Argument(help="Where to write the backup.")],
+    home: HomeOption = None,
+    store_url: Annotated[
+        str | None,
+        typer.Option(
+            "--store-url",
+            envvar="GODEL_REDIS_URL",
+            show_default=False,
+            help="Back up this store instead of the local cluster's.",
+        ),
+    ] = None,
+) -> None:
+    """Write a consistent snapshot of the cluster's store to FILE, while the cluster runs."""
+    from godel.local.backup import backup as take_backup
+    from store import StoreError
+
+    url = store_url
+    if url is None:
+        state = _home(home).load()
+        if state is None:
+            fail(f"no cluster in {_home(home)}: start one with `godel up`, or pass --store-url")
+        url = state.store_url
+    try:
+        snapshot = take_backup(url, file)
+    except StoreError as exc:
+        fail(str(exc))
+    typer.echo(f"backed up {len(snapshot.entries)} keys at revision {snapshot.revision} to {file}")
+
+
+def restore(
+    file: Annotated[Path, typer.Argument(help="A file written by `godel backup`.")],
+    home: HomeOption = None,
+) -> None:
+    """Bring the stopped local cluster back to the backup in FILE; `godel up` then starts from it."""
+    from godel.local.backup import restore as run_restore
+    from store import StoreError
+
+    try:
+        snapshot = run_restore(_home(home), file)
+    except (StoreError, local.ClusterError, local.StateError) as exc:
+        fail(str(exc))
+    typer.echo(
+        f"restored {len(snapshot.entries)} keys at revision {snapshot.revision} "
+        f"(backup of {snapshot.created}) into {_home(home)}; start it with `godel up`"
+    )
+
+
 def local_address(kind: str, home: Path | None, flag: str) -> str:
     """Where the local cluster in ``home`` (default $GODEL_HOME) serves ``kind``; exits with
     an error naming ``flag`` when no cluster runs there. The lookup is the SDK's, so programs
@@ -255,6 +319,24 @@ def local_address(kind: str, home: Path | None, flag: str) -> str:
 
 def _home(path: Path | None) -> local.GodelHome:
     return local.GodelHome(path or local.default_home())
+
+
+def _print_partitions(address: str) -> None:
+    """The node shuffler's partitions as the shards' SchedulerInstances hold them: on when any
+    shard has one (services/dispatcher/partitions.py)."""
+    try:
+        with client.ProtoClient(address, timeout=5.0) as api:
+            shards = api.list("SchedulerInstance")
+    except client.ClientError as exc:
+        typer.echo(f"\npartitioning: unknown ({exc})")
+        return
+    partitions = {s.metadata.name: len(s.spec.partition) for s in shards}  # type: ignore[attr-defined]
+    on = any(partitions.values())
+    typer.echo(f"\npartitioning: {'on' if on else 'off'}")
+    print_table(
+        ["SHARD", "NODES"],
+        [(name, count if on else "all") for name, count in sorted(partitions.items())],
+    )
 
 
 def _print_outcomes(outcomes: list[tuple[str, str]]) -> None:

@@ -7,6 +7,7 @@ from godel.local.cluster import (
     binder_lease,
     down,
     scale,
+    start_again,
     status,
     up,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "default_home",
     "down",
     "scale",
+    "start_again",
     "status",
     "up",
 ]

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -24,13 +24,19 @@ import psutil
 import structlog
 
 from godel import pki, tls
-from godel.local.home import STORE, ClusterState, ComponentRecord, GodelHome, now_iso
+from godel.local.home import SENTINEL, STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from godel.netutil import free_ports
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.service import LEASE as BINDER_LEASE
 from services.runtime.healthcheck import SERVING, TIMEOUT, UNREACHABLE, probe
 from store import Store, StoreError, StoreUnavailableError
-from store.server import LOG_FILE, StoreServer, StoreServerError, store_url_from_env
+from store.server import (
+    LOG_FILE,
+    ReplicatedStore,
+    StoreServer,
+    StoreServerError,
+    store_url_from_env,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +73,9 @@ class ClusterSpec:
     """The user process-mode pods run as (the node agents' --run-as; default: nobody as root)."""
     dashboard: bool = True
     """Whether to start the web dashboard (`godel status` shows its URL)."""
+    store_replicas: int = 0
+    """Replicas of the store server; with any, three Sentinels watch the primary, services find
+    it through them, and a write is acknowledged only once a replica has it."""
     service_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Extra command-line arguments per service kind, e.g. (("scheduler", ("--x", "1")),)."""
 
@@ -268,29 +277,62 @@ def _start_store(home: GodelHome, spec: ClusterSpec, state: ClusterState) -> str
             )
         )
         return external
-    log.info("starting store server", data_dir=str(home.store_dir))
+    log.info("starting store server", data_dir=str(home.store_dir), replicas=spec.store_replicas)
+    # A fresh secret per cluster: the store refuses anyone without it, and the services get it
+    # in their environment (never in argv, which every local user can read).
+    password = secrets.token_urlsafe(24)
     try:
-        # A fresh secret per cluster: the store refuses anyone without it, and the services get
-        # it in their environment (never in argv, which every local user can read).
-        server = StoreServer.start(
-            home.store_dir, fsync=spec.fsync, detach=True, password=secrets.token_urlsafe(24)
-        )
+        if spec.store_replicas:
+            replicated = ReplicatedStore.start(
+                home.path, password=password, replicas=spec.store_replicas, fsync=spec.fsync,
+                detach=True,
+            )  # fmt: skip
+            servers, sentinels, url = replicated.servers, replicated.sentinels, replicated.url
+        else:
+            servers = [
+                StoreServer.start(home.store_dir, fsync=spec.fsync, detach=True, password=password)
+            ]
+            sentinels, url = [], servers[0].url
     except StoreServerError as exc:
         raise ClusterError(f"store: {exc}") from exc
-    assert server.pid is not None
+    # Each recorded with the command that runs it again (as an operator restarts a dead one).
+    for i, server in enumerate(servers):
+        _record_store_process(
+            state, STORE if i == 0 else f"{STORE}-replica-{i - 1}", STORE, server.url,
+            server.pid, server.argv, server.data_dir,
+        )  # fmt: skip
+    for i, sentinel in enumerate(sentinels):
+        address = f"{HOST}:{sentinel.port}"
+        _record_store_process(
+            state, f"{SENTINEL}-{i}", SENTINEL, address, sentinel.pid, sentinel.argv,
+            sentinel.data_dir,
+        )  # fmt: skip
+    home.save(state)
+    return url
+
+
+def _record_store_process(
+    state: ClusterState,
+    name: str,
+    kind: str,
+    address: str,
+    pid: int | None,
+    command: list[str],
+    data_dir: Path,
+) -> None:
+    assert pid is not None
     state.components.append(
         ComponentRecord(
-            name=STORE,
-            kind=STORE,
-            address=server.url,
-            pid=server.pid,
-            create_time=psutil.Process(server.pid).create_time(),
-            command=[server.binary],
-            log=str(home.store_dir / LOG_FILE),
+            name=name,
+            kind=kind,
+            address=address,
+            pid=pid,
+            create_time=psutil.Process(pid).create_time(),
+            command=command,
+            log=str(data_dir / LOG_FILE),
             started=now_iso(),
         )
     )
-    return server.url
 
 
 def _start_service(
@@ -364,7 +406,7 @@ def _start_service(
 def _wait_serving(
     home: GodelHome, state: ClusterState, procs: list[subprocess.Popen[bytes]], timeout: float
 ) -> None:
-    services = [c for c in state.components if c.kind != STORE]
+    services = [c for c in state.components if c.kind not in (STORE, SENTINEL)]
     _wait_serving_records(services, procs, timeout, probe_credentials(home, state))
 
 
@@ -406,11 +448,15 @@ def _wait_serving_records(
 
 
 def _stop(state: ClusterState, timeout: float | None = None) -> list[tuple[str, str]]:
-    services = [c for c in state.components if c.kind != STORE]
+    services = [c for c in state.components if c.kind not in (STORE, SENTINEL)]
+    sentinels = [c for c in state.components if c.kind == SENTINEL]
     stores = [c for c in state.components if c.kind == STORE]
     outcomes = _terminate(services, timeout if timeout is not None else state.grace_seconds + 5.0)
-    # The store goes last: services drain into it while they stop.
-    outcomes += _terminate(stores, timeout if timeout is not None else _STORE_STOP_SECONDS)
+    # The store goes last: services drain into it while they stop. Its Sentinels go before it,
+    # or they would fail over from a primary that is merely shutting down.
+    store_timeout = timeout if timeout is not None else _STORE_STOP_SECONDS
+    outcomes += _terminate(sentinels, store_timeout)
+    outcomes += _terminate(stores, store_timeout)
     return outcomes
 
 
@@ -465,7 +511,10 @@ def _signal(proc: psutil.Process, signum: signal.Signals) -> None:
 def _component_status(
     record: ComponentRecord, timeout: float, credentials: tls.Credentials | None
 ) -> ComponentStatus:
-    if record.kind == STORE:
+    if record.kind == SENTINEL:
+        alive = record.process() is not None
+        health = SERVING if alive else UNREACHABLE
+    elif record.kind == STORE:
         health = _ping_store(record.address, timeout)
         alive = record.process() is not None if record.pid is not None else health == SERVING
     else:
@@ -506,3 +555,38 @@ def _log_tail(path: str) -> str:
     if not lines:
         return f"; its log {path} is empty"
     return f"\n--- last {len(lines)} lines of {path} ---\n" + "\n".join(lines)
+
+
+def start_again(home: GodelHome, name: str) -> ComponentRecord:
+    """Start a dead component with the command `godel up` recorded for it, as an operator (or a
+    supervisor) would, and record the new process. A store server comes back on its data dir
+    and port: a former primary rejoins as a replica (its Sentinels see to that)."""
+    with home.lock():
+        state = home.load()
+        if state is None:
+            raise ClusterError(f"no cluster in {home}: start one with `godel up`")
+        record = state.component(name)
+        if record is None or not record.command:
+            raise ClusterError(f"{name!r} is not a component `godel up` started in {home}")
+        if record.process() is not None:
+            raise ClusterError(f"{name} is still running (pid {record.pid})")
+        with open(record.log or os.devnull, "ab") as out:
+            proc = subprocess.Popen(
+                record.command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=home.path,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": state.store_url},
+            )
+        again = replace(
+            record,
+            pid=proc.pid,
+            create_time=psutil.Process(proc.pid).create_time(),
+            started=now_iso(),
+        )
+        state.components = [again if c.name == name else c for c in state.components]
+        home.save(state)
+        log.info("started again", component=name, pid=proc.pid)
+        return again

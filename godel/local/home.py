@@ -2,6 +2,8 @@
 
     $GODEL_HOME/
       store/              data dir of the store server (AOF, server.log, server.pid)
+      store-replica-<i>/  data dirs of its replicas (`godel up --store-replicas N`)
+      sentinel-<i>/       the Sentinels watching them (config, log)
       logs/<name>.log     one log per service process
       tls/                the cluster CA and certificates (godel.tls); absent with --insecure
       cluster.json        what is running: one record per component
@@ -26,6 +28,7 @@ import psutil
 
 STATE_VERSION = 1
 STORE = "store"
+SENTINEL = "sentinel"
 
 
 def default_home() -> Path:
@@ -39,7 +42,8 @@ class ComponentRecord:
     name: str
     """Unique in the cluster: ``dispatcher``, ``scheduler-0``, ``store``, ..."""
     kind: str
-    """``store`` or a service package name (``python -m services.<kind>``)."""
+    """``store`` (the primary and any replica), ``sentinel``, or a service package name
+    (``python -m services.<kind>``)."""
     address: str
     """``host:port`` of its gRPC server (of the store: its URL)."""
     pid: int | None

@@ -152,6 +152,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             results[i].resource_version = stored.metadata.resource_version
         valid = [i for i, p in enumerate(problems) if not p and i not in replayed]
         if request.dry_run or not valid:
+            if replayed and not request.dry_run:
+                await self.store.replication_barrier()  # as below
             return api_pb2.SubmitResponse(results=results)
         units = {i: v.normalise_job(jobs[i]) for i in valid}
         owner = _owner()
@@ -184,6 +186,10 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                     del results[i].violations[:]
                     results[i].existing = True
                     results[i].resource_version = now.metadata.resource_version
+        if any(r.existing for r in results):
+            # Found by a retry, its first attempt perhaps unacknowledged: confirm it is on the
+            # replicas before reporting it stored.
+            await self.store.replication_barrier()
         created = sum(r.created for r in results)
         log.info(
             "submitted",

@@ -72,34 +72,51 @@ async def _tick_forever(
 
 
 class PodIndex:
-    """Pods by node and by job, kept from informer events (references to cached objects)."""
+    """Pods by node and by job, kept from informer events (references to cached objects). One
+    index serves every controller of the dispatcher (each pod event is indexed once, not once
+    per controller); a controller that acts on changed jobs takes its own feed of their names
+    (:meth:`subscribe`)."""
 
     def __init__(self, informer: Informer) -> None:
         self.by_node: dict[str, dict[str, pb.Pod]] = {}
         self.by_job: dict[str, dict[str, pb.Pod]] = {}
-        self.changed_jobs: set[str] = set()
+        self._informer = informer
+        self._feeds: list[set[str]] = []
         informer.add_handlers(
             Handlers(on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete)
         )
+
+    def subscribe(self) -> set[str]:
+        """A set that collects the names of jobs whose pods (or themselves) changed from now
+        on, starting with every job known; its owner takes names out as it handles them."""
+        feed = {j.metadata.name for j in self._informer.list("Job")}  # type: ignore[attr-defined]
+        feed |= self.by_job.keys()
+        self._feeds.append(feed)
+        return feed
+
+    def _changed(self, job: str) -> None:
+        for feed in self._feeds:
+            feed.add(job)
 
     def _on_add(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod):
             self._put(obj)
         elif isinstance(obj, pb.Job):
-            self.changed_jobs.add(obj.metadata.name)
+            self._changed(obj.metadata.name)
 
     def _on_update(self, kind: str, old: Message, obj: Message) -> None:
         if isinstance(old, pb.Pod) and isinstance(obj, pb.Pod):
             self._drop(old)
             self._put(obj)
         elif isinstance(obj, pb.Job):
-            self.changed_jobs.add(obj.metadata.name)
+            self._changed(obj.metadata.name)
 
     def _on_delete(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod):
             self._drop(obj)
         elif isinstance(obj, pb.Job):
-            self.changed_jobs.discard(obj.metadata.name)
+            for feed in self._feeds:
+                feed.discard(obj.metadata.name)
 
     def _put(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
@@ -107,7 +124,7 @@ class PodIndex:
             self.by_node.setdefault(pod.spec.node_name, {})[name] = pod
         if pod.spec.job:
             self.by_job.setdefault(pod.spec.job, {})[name] = pod
-            self.changed_jobs.add(pod.spec.job)
+            self._changed(pod.spec.job)
 
     def _drop(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
@@ -118,7 +135,7 @@ class PodIndex:
                 if not pods:
                     del index[key]
         if pod.spec.job:
-            self.changed_jobs.add(pod.spec.job)
+            self._changed(pod.spec.job)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,19 +167,75 @@ class NodeLifecycleController:
         *,
         grace_seconds: float = 10.0,
         interval_seconds: float = 1.0,
+        pods: PodIndex | None = None,
     ) -> None:
         self._store = store
         self._informer = informer
         self.grace_ms = int(grace_seconds * 1000)
         self.interval = interval_seconds
-        self.pods = PodIndex(informer)
+        self.pods = pods or PodIndex(informer)
+        # Nodes NotReady because their heartbeat lapsed: the ones that may come back.
+        self.lapsed: set[str] = set()
+        informer.add_handlers(
+            Handlers(
+                on_add=self._on_node,
+                on_update=lambda kind, _old, new: self._on_node(kind, new),
+                on_delete=lambda kind, obj: self._on_node(kind, obj, deleted=True),
+            )
+        )
         # Round trips, for tests and metrics.
         self.commit_calls = 0
+        self.full_ticks = 0  # ticks that read every node's stamp
+
+    def _on_node(self, kind: str, obj: Message, deleted: bool = False) -> None:
+        if not isinstance(obj, pb.Node):
+            return
+        name = obj.metadata.name
+        if not deleted and not obj.status.ready and _ready_reason(obj) == HEARTBEAT_LAPSED:
+            self.lapsed.add(name)
+        else:
+            self.lapsed.discard(name)
 
     async def run(self) -> None:
         await _tick_forever("node lifecycle", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
+        """One pass. Usually only the stale stamps and those of lapsed nodes travel and are
+        looked at (a cluster of 20,000 healthy nodes costs one small round trip); every node is
+        read when some node has no stamp at all (registered, not yet heartbeating)."""
+        beats = await self._store.stale_heartbeats(self.grace_ms, sorted(self.lapsed))
+        if beats.stamped < self._informer.count("Node"):
+            await self._full_tick()
+            return
+        now = beats.now_ms
+        commits: list[list[Op]] = []
+        described: list[tuple[str, str, int]] = []  # (node, what, pods failed)
+        gone: list[str] = []
+        for name, last in beats.stale.items():
+            node = self._informer.get("Node", name)
+            if not isinstance(node, pb.Node):
+                gone.append(name)  # a deleted node's stamp, lapsed
+                continue
+            ops = self._lost(node, now, last)
+            if ops:
+                commits.append(ops)
+                described.append((name, "lost", len(ops) - 1))
+        for name, last in beats.named.items():
+            node = self._informer.get("Node", name)
+            if isinstance(node, pb.Node) and now - last <= self.grace_ms:
+                commits.append([Update(_set_ready(node, True, now, "NodeHeartbeatResumed", ""))])
+                described.append((name, "ready again", 0))
+        await self._store.forget_heartbeats(gone)
+        for name in list(self.pods.by_node):
+            if self._informer.get("Node", name) is None:
+                ops = self._fail_pods(name, now, f"node {name!r} no longer exists")
+                if ops:
+                    commits.append(ops)
+                    described.append((name, "gone", len(ops)))
+        await self._commit(commits, described)
+
+    async def _full_tick(self) -> None:
+        self.full_ticks += 1
         beats = await self._store.heartbeats()
         now = beats.now_ms  # the store's clock, like the heartbeats it compares against
         commits: list[list[Op]] = []
@@ -194,6 +267,9 @@ class NodeLifecycleController:
                 if ops:
                     commits.append(ops)
                     described.append((name, "gone", len(ops)))
+        await self._commit(commits, described)
+
+    async def _commit(self, commits: list[list[Op]], described: list[tuple[str, str, int]]) -> None:
         if not commits:
             return
         self.commit_calls += 1
@@ -429,18 +505,27 @@ class JobStatusController:
     of the fresh copies, so their fields are kept. Only phase and counts are ever changed.
     """
 
-    def __init__(self, store: Store, informer: Informer, *, interval_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        *,
+        interval_seconds: float = 1.0,
+        pods: PodIndex | None = None,
+    ) -> None:
         self._store = store
         self._informer = informer
         self.interval = interval_seconds
-        self.pods = PodIndex(informer)
+        self.pods = pods or PodIndex(informer)
+        self.changed_jobs = self.pods.subscribe()  # jobs to look at on the next tick
         self.writes = 0  # update_many round trips, for tests and metrics
 
     async def run(self) -> None:
         await _tick_forever("job status", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
-        dirty, self.pods.changed_jobs = self.pods.changed_jobs, set()
+        dirty = set(self.changed_jobs)
+        self.changed_jobs.clear()
         jobs: list[pb.Job] = []
         for name in dirty:
             job = self._informer.get("Job", name)
@@ -452,9 +537,9 @@ class JobStatusController:
                 fresh = await self._store.get_many(pb.Job, retry)
                 retry = await self._write([j for j in fresh if j is not None])
         except StoreError:
-            self.pods.changed_jobs |= dirty  # try them all again next tick
+            self.changed_jobs |= dirty  # try them all again next tick
             raise
-        self.pods.changed_jobs.update(retry)
+        self.changed_jobs.update(retry)
 
     async def _write(self, jobs: list[pb.Job]) -> list[str]:
         """Write the jobs whose status changed; returns the names that conflicted."""
@@ -503,7 +588,12 @@ class JobRetryController:
     (``<job>-<index>-r<n>``, pending, through its queue like any new pod) once its backoff has
     passed, and marks a job whose failures exceeded ``backoff_limit`` with the condition
     ``Failed``/``BackoffLimitExceeded`` (the job status controller sets the phase). Retries
-    of a tick in one ``create_many``; a name taken meanwhile is left to the next tick."""
+    of a tick in one ``create_many``; a name taken meanwhile is left to the next tick.
+
+    A tick looks only at jobs with a failed pod (kept from pod events), not at every job: at a
+    million one-pod jobs a scan per second of all of them would be most of the dispatcher's
+    time. A job leaves that set once it has nothing more to retry (finished, marked failed, or
+    without a failure policy)."""
 
     def __init__(
         self,
@@ -513,13 +603,25 @@ class JobRetryController:
         interval_seconds: float = 1.0,
         initial_backoff_seconds: float = 10.0,
         max_backoff_seconds: float = 360.0,
+        pods: PodIndex | None = None,
     ) -> None:
         self._store = store
         self._informer = informer
         self.interval = interval_seconds
         self.initial_ms = int(initial_backoff_seconds * 1000)
         self.max_ms = int(max_backoff_seconds * 1000)
-        self.pods = PodIndex(informer)
+        self.pods = pods or PodIndex(informer)
+        self.failing: set[str] = set()  # jobs with a failed pod that may still need a retry
+        informer.add_handlers(
+            Handlers(
+                on_add=self._on_pod,
+                on_update=lambda kind, _old, new: self._on_pod(kind, new),
+            )
+        )
+
+    def _on_pod(self, kind: str, obj: Message) -> None:
+        if isinstance(obj, pb.Pod) and obj.status.phase == pb.POD_FAILED and obj.spec.job:
+            self.failing.add(obj.spec.job)
 
     async def run(self) -> None:
         await _tick_forever("job retry", self._informer, self.tick, self.interval)
@@ -528,15 +630,22 @@ class JobRetryController:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         retries: list[pb.Pod] = []
         marked: list[pb.Job] = []
-        for obj in self._informer.list("Job"):
-            assert isinstance(obj, pb.Job)
-            if not obj.spec.HasField("backoff_limit") or obj.status.phase == pb.JOB_SUCCEEDED:
-                continue  # no policy, or nothing left to retry for
+        for name in list(self.failing):
+            obj = self._informer.get("Job", name)
+            if (
+                not isinstance(obj, pb.Job)
+                or not obj.spec.HasField("backoff_limit")
+                or obj.status.phase == pb.JOB_SUCCEEDED
+            ):
+                self.failing.discard(name)  # gone, no policy, or nothing left to retry for
+                continue
             pods = list(self.pods.by_job.get(obj.metadata.name, {}).values())
             policy = FailurePolicy.of(obj, pods)
             if policy.exceeded:
                 if not any(c.type == FAILED_CONDITION for c in obj.status.conditions):
                     marked.append(_failed(obj, policy, now))
+                else:
+                    self.failing.discard(name)  # marked: the job is Failed for good
                 continue
             delay = policy.delay_ms(self.initial_ms, self.max_ms)
             for pod in newest_per_index(pods).values():
@@ -579,11 +688,19 @@ class BudgetStatusController:
     update, which marks the budget for the next tick. Only status is changed.
     """
 
-    def __init__(self, store: Store, informer: Informer, *, interval_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        *,
+        interval_seconds: float = 1.0,
+        pods: PodIndex | None = None,
+    ) -> None:
         self._store = store
         self._informer = informer
         self.interval = interval_seconds
-        self.pods = PodIndex(informer)
+        self.pods = pods or PodIndex(informer)
+        self.changed_jobs = self.pods.subscribe()  # jobs to look at on the next tick
         self._changed_budgets: set[str] = set()
         informer.add_handlers(
             Handlers(
@@ -601,7 +718,8 @@ class BudgetStatusController:
         await _tick_forever("budget status", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
-        changed_jobs, self.pods.changed_jobs = self.pods.changed_jobs, set()
+        changed_jobs = set(self.changed_jobs)
+        self.changed_jobs.clear()
         changed_budgets, self._changed_budgets = self._changed_budgets, set()
         updates: list[pb.DisruptionBudget] = []
         view = _BudgetView(self.pods, self._informer)

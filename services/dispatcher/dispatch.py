@@ -126,6 +126,19 @@ class ShardLink:
         self.load = 0
 
 
+def live_shards(informer: Informer, grace_seconds: float) -> dict[str, pb.SchedulerInstance]:
+    """Shards with an address whose heartbeat is within the grace, by name (who is alive, for
+    dispatch and for the node shuffler alike)."""
+    now_ms = int(time.time() * 1000)
+    grace_ms = grace_seconds * 1000
+    live = {}
+    for obj in informer.list("SchedulerInstance"):
+        assert isinstance(obj, pb.SchedulerInstance)
+        if obj.spec.address and now_ms - obj.status.heartbeat_ms <= grace_ms:
+            live[obj.metadata.name] = obj
+    return live
+
+
 def is_pending(pod: pb.Pod) -> bool:
     return pod.status.phase == pb.POD_PENDING and not pod.spec.node_name
 
@@ -402,13 +415,10 @@ class UnitDispatcher:
     def check_shards(self) -> None:
         """Open streams to live shards; drop the ones whose heartbeat lapsed or that vanished
         (only while our view of the store is current)."""
-        now_ms = int(time.time() * 1000)
-        grace_ms = self.settings.shard_grace_seconds * 1000
-        live: dict[str, str] = {}
-        for obj in self.informer.list("SchedulerInstance"):
-            assert isinstance(obj, pb.SchedulerInstance)
-            if obj.spec.address and now_ms - obj.status.heartbeat_ms <= grace_ms:
-                live[obj.metadata.name] = obj.spec.address
+        live = {
+            name: inst.spec.address
+            for name, inst in live_shards(self.informer, self.settings.shard_grace_seconds).items()
+        }
         stale = self.informer.staleness()
         judging = stale <= self.settings.shard_grace_seconds / 2
         if judging != self._judging:
@@ -575,6 +585,16 @@ class UnitDispatcher:
                     requeued += 1
         link.clear()
         log.warning("shard lost", shard=link.name, reason=reason, requeued_units=requeued)
+
+    def requeue(self, entry: UnitEntry) -> None:
+        """Take a dispatched unit back from its shard and queue it again (the reconciler's
+        repair of a unit whose outcome can never come)."""
+        link = self.links.get(entry.shard)
+        if link is not None:
+            link.settle(entry.job)
+            link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[entry.job])))
+        self._release(entry)
+        self._to_settle(entry)
 
     def _release(self, entry: UnitEntry) -> None:
         if entry.reserved is not None:

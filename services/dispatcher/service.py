@@ -8,6 +8,7 @@ first dispatch round and no pod is lost across a restart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import grpc
 import structlog
@@ -21,9 +22,12 @@ from services.dispatcher.controllers import (
     JobRetryController,
     JobStatusController,
     NodeLifecycleController,
+    PodIndex,
     QueueStatusController,
 )
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
+from services.dispatcher.partitions import NodeShuffler, PartitionSettings
+from services.dispatcher.reconciler import Reconciler
 from services.dispatcher.ttl import FinishedJobCollector
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import option
@@ -87,6 +91,50 @@ class DispatcherConfig(ServiceConfig):
             minimum=-1,
         ),
     )
+    partitioning: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata=option(
+            "node partitions between shards: 'auto' (past the thresholds below), 'on', 'off'"
+        ),
+    )
+    partition_allocation_percent: float = field(
+        default=90.0,
+        metadata=option(
+            "auto: partition above this guaranteed-pool allocation", minimum=0, maximum=100
+        ),
+    )
+    partition_throughput: float = field(
+        default=2000.0,
+        metadata=option("auto: partition above this many pods bound per second", minimum=0),
+    )
+    partition_conflict_percent: float = field(
+        default=1.0,
+        metadata=option(
+            "auto: partition above this share of proposed pods the Binder rejects as conflicts",
+            minimum=0,
+            maximum=100,
+        ),
+    )
+    partition_window_seconds: float = field(
+        default=10.0,
+        metadata=option("throughput and conflict rate are measured over this window", minimum=1),
+    )
+    partition_off_after_seconds: float = field(
+        default=30.0,
+        metadata=option("auto: partitioning goes off once no trigger fired this long", minimum=0),
+    )
+    reconcile_interval_seconds: float = field(
+        default=5.0,
+        metadata=option(
+            "how often the reconciler looks for stuck units, shards, jobs", minimum=0.05
+        ),
+    )
+    dead_shard_seconds: float = field(
+        default=60.0,
+        metadata=option(
+            "the reconciler deletes a SchedulerInstance silent for this long", minimum=1
+        ),
+    )
 
 
 class DispatcherService(Service[DispatcherConfig]):
@@ -122,14 +170,17 @@ class DispatcherService(Service[DispatcherConfig]):
         log.info("queues rebuilt", pending_units=len(self.core.units))
         self.spawn(self.core.run(), name="dispatch")
         cfg = self.config
+        every = cfg.controller_interval_seconds
+        pods = PodIndex(self.informer)  # one index of pods by node and job for every controller
         lifecycle = NodeLifecycleController(
             self.store,
             self.informer,
             grace_seconds=cfg.node_grace_seconds,
-            interval_seconds=cfg.controller_interval_seconds,
+            interval_seconds=every,
+            pods=pods,
         )
         job_status = JobStatusController(
-            self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
+            self.store, self.informer, interval_seconds=every, pods=pods
         )
         queue_status = QueueStatusController(
             self.store,
@@ -138,11 +189,9 @@ class DispatcherService(Service[DispatcherConfig]):
             interval_seconds=cfg.controller_interval_seconds,
         )
         budget_status = BudgetStatusController(
-            self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
+            self.store, self.informer, interval_seconds=every, pods=pods
         )
-        job_retry = JobRetryController(
-            self.store, self.informer, interval_seconds=cfg.controller_interval_seconds
-        )
+        job_retry = JobRetryController(self.store, self.informer, interval_seconds=every, pods=pods)
         self.spawn(lifecycle.run(), name="node-lifecycle")
         self.spawn(job_status.run(), name="job-status")
         self.spawn(queue_status.run(), name="queue-status")
@@ -152,11 +201,35 @@ class DispatcherService(Service[DispatcherConfig]):
         self.finished_jobs = FinishedJobCollector(
             self.store,
             self.informer,
-            job_status.pods,
+            pods,
             default_ttl_seconds=None if ttl < 0 else ttl,
             interval_seconds=max(cfg.controller_interval_seconds, 1.0),
         )
         self.spawn(self.finished_jobs.run(), name="finished-jobs")
+        self.shuffler = NodeShuffler(
+            self.store,
+            self.informer,
+            PartitionSettings(
+                mode=cfg.partitioning,
+                allocation_percent=cfg.partition_allocation_percent,
+                throughput_pods_per_second=cfg.partition_throughput,
+                conflict_percent=cfg.partition_conflict_percent,
+                window_seconds=cfg.partition_window_seconds,
+                off_after_seconds=cfg.partition_off_after_seconds,
+                interval_seconds=cfg.controller_interval_seconds,
+            ),
+            shard_grace_seconds=cfg.shard_grace_seconds,
+        )
+        self.reconciler = Reconciler(
+            self.store,
+            self.informer,
+            self.core,
+            job_status,
+            interval_seconds=cfg.reconcile_interval_seconds,
+            dead_shard_seconds=cfg.dead_shard_seconds,
+        )
+        self.spawn(self.shuffler.run(), name="node-shuffler")
+        self.spawn(self.reconciler.run(), name="reconciler")
 
     def sample_metrics(self) -> None:
         queues = self.core.queue_statuses()

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import yaml
 
@@ -138,6 +139,13 @@ class ServiceConfig:
             env_aliases=("GODEL_REDIS_URL",),
         ),
     )
+    store_password_file: str = field(
+        default="",
+        metadata=option(
+            "file holding the store password, put into the store URL (for secrets mounted from "
+            "a volume, as docker-compose.yml does; the URL then names only the user)"
+        ),
+    )
     cluster: str = field(
         default="default",
         metadata=option("cluster name: the store keeps each cluster's keys apart"),
@@ -174,6 +182,30 @@ class ServiceConfig:
 
     def credentials_dir(self) -> Path:
         return Path(self.tls_dir) if self.tls_dir else self.home / "tls"
+
+    def store_connection_url(self) -> str:
+        """``store_url`` with the password from ``store_password_file``, if one is given."""
+        if not self.store_password_file:
+            return self.store_url
+        path = Path(self.store_password_file).expanduser()
+        try:
+            password = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"store_password_file: cannot read {path}: {exc.strerror or exc}"
+            ) from exc
+        if not password:
+            raise ConfigError(f"store_password_file: {path} is empty")
+        return url_with_password(self.store_url, password)
+
+
+def url_with_password(url: str, password: str) -> str:
+    """``url`` carrying ``password`` (its user, if it names none, is the store's service user)."""
+    parts = urlsplit(url)
+    user = parts.username or "godel"
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 ConfigT = TypeVar("ConfigT", bound=ServiceConfig)

@@ -393,9 +393,13 @@ async def _connect_store(config: ServiceConfig) -> Store:
     """Connect, retrying while the store is unreachable (it may be starting or restarting)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + config.store_connect_seconds
+    try:
+        url = config.store_connection_url()
+    except ConfigError as exc:
+        raise StartupError(str(exc)) from exc
     while True:
         try:
-            return await Store.connect(config.store_url, cluster=config.cluster)
+            return await Store.connect(url, cluster=config.cluster)
         except StoreUnavailableError as exc:
             if loop.time() >= deadline:
                 raise StartupError(

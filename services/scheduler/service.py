@@ -59,6 +59,9 @@ YIELD_SECONDS = 0.02
 # How often a unit waiting for a Movement's recommended node (a swap) looks again.
 MOVEMENT_WAIT_POLL_SECONDS = 0.2
 _RETRY_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED, ipb.STALE, ipb.ERROR, ipb.VERDICT_UNSPECIFIED}
+# Rejections that count as optimistic-concurrency conflicts between shards (what the node
+# shuffler's conflict rate measures): the room was taken, or a sibling's was and sank the gang.
+_CONFLICT_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED}
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -127,6 +130,20 @@ class SchedulerConfig(ServiceConfig):
     )
     sync_timeout_seconds: float = field(
         default=30.0, metadata=option("how long to wait for the store view to sync", minimum=0.1)
+    )
+    verdict_timeout_seconds: float = field(
+        default=30.0,
+        metadata=option(
+            "a decision written to the Binder, unanswered this long while a later one was "
+            "answered, is taken back and retried (the reconciler's repair of a lost verdict)",
+            minimum=0.1,
+        ),
+    )
+    reconcile_interval_seconds: float = field(
+        default=5.0,
+        metadata=option(
+            "how often the shard looks for decisions stuck without a verdict", minimum=0.05
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -265,9 +282,22 @@ class SchedulerService(Service[SchedulerConfig]):
         self._unsent: deque[int] = deque()
         self._send_wake = asyncio.Event()
         self._batch_id = 0
+        # Each undecided batch written on the current Binder stream: when (monotonic) and in
+        # which order; and the latest write the Binder has answered. A batch left behind by an
+        # answer to a later one was lost, not merely slow.
+        self._written_at: dict[int, tuple[float, int]] = {}
+        self._writes = 0
+        self._answered_write = 0
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._heartbeat: asyncio.Task[None] | None = None
-        self.stats = {"decided_pods": 0, "bound": 0, "rejected": 0, "handed_back": 0}
+        self.stats = {
+            "decided_pods": 0,
+            "bound": 0,
+            "rejected": 0,
+            "conflicted": 0,
+            "handed_back": 0,
+            "repaired_decisions": 0,
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -282,6 +312,7 @@ class SchedulerService(Service[SchedulerConfig]):
         self.spawn(self._binder_loop(), name="scheduler-binder-stream")
         self.spawn(self.movements.ack_loop(), name="scheduler-movement-acks")
         self._heartbeat = self.spawn(self._heartbeat_loop(), name="scheduler-heartbeat")
+        self.spawn(self._reconcile_loop(), name="scheduler-reconciler")
         log.info("shard ready", address=self.address, nodes=len(self.cache.present))
 
     def sample_metrics(self) -> None:
@@ -329,6 +360,9 @@ class SchedulerService(Service[SchedulerConfig]):
                 inst.status.heartbeat_ms = _now_ms()
                 inst.status.ready = True
                 inst.status.undecided_pods = sum(u.undecided() for u in self.units.values())
+                inst.status.proposed_pods = self.stats["decided_pods"]
+                inst.status.bound_pods = self.stats["bound"]
+                inst.status.conflicted_pods = self.stats["conflicted"]
                 # CAS: never overwrite a partition the dispatcher wrote meanwhile.
                 await self.store.update(inst)
             except NotFoundError:
@@ -348,7 +382,12 @@ class SchedulerService(Service[SchedulerConfig]):
             return
         if kind == "SchedulerInstance":
             if obj.metadata.name == self.config.name:
-                self.scheduler.partition = frozenset(obj.spec.partition)
+                partition = frozenset(obj.spec.partition)
+                # Every heartbeat echoes the record: keep the same set unless it changed, so the
+                # search's cached scan order (keyed on it) is not compared node by node per cycle.
+                if partition != self.scheduler.partition:
+                    self.scheduler.partition = partition
+                    log.info("partition changed", nodes=len(partition))
             return
         if kind == "DisruptionBudget":
             self.victims.budgets_changed()
@@ -686,6 +725,8 @@ class SchedulerService(Service[SchedulerConfig]):
             # Everything not yet answered goes again, in order; the Binder answers duplicates of
             # already-bound pods with STALE.
             self._unsent = deque(sorted(self._undecided))
+            self._written_at.clear()
+            self._answered_write = 0
             writer = asyncio.create_task(self._write_batches(call))
             try:
                 async for verdicts in call:
@@ -693,7 +734,12 @@ class SchedulerService(Service[SchedulerConfig]):
                         return  # NOT_LEADER: reconnect to the new leader
             finally:
                 writer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                # A write racing the call's end raises InvalidStateError ("RPC already
+                # finished", e.g. when the Binder stepped down mid-stream): the stream is over
+                # either way, and the loop looks the leader up again.
+                with contextlib.suppress(
+                    asyncio.CancelledError, grpc.aio.AioRpcError, asyncio.InvalidStateError
+                ):
                     await writer
 
     async def _write_batches(self, call: Any) -> None:
@@ -703,6 +749,9 @@ class SchedulerService(Service[SchedulerConfig]):
                 entry = self._undecided.get(batch_id)
                 if entry is not None:
                     await call.write(entry[0])
+                    if batch_id not in self._written_at:
+                        self._writes += 1
+                        self._written_at[batch_id] = (time.monotonic(), self._writes)
             self._send_wake.clear()
             await self._send_wake.wait()
 
@@ -715,6 +764,9 @@ class SchedulerService(Service[SchedulerConfig]):
         if vb.verdicts and all(v.code == ipb.NOT_LEADER for v in vb.verdicts):
             return True
         del self._undecided[vb.batch_id]
+        written = self._written_at.pop(vb.batch_id, None)
+        if written is not None:
+            self._answered_write = max(self._answered_write, written[1])
         batch, units = entry
         got = {v.pod: v for v in vb.verdicts}
         for decision, unit in zip(batch.units, units, strict=True):
@@ -733,6 +785,8 @@ class SchedulerService(Service[SchedulerConfig]):
                         self._finish_pods(unit, 1)
                     continue
                 self.stats["rejected"] += 1
+                if code in _CONFLICT_CODES:
+                    self.stats["conflicted"] += 1
                 self.cache.forget(pod)
                 if not unit.revoked:
                     name = ipb.VerdictCode.Name(code) if code in _RETRY_CODES else str(code)
@@ -743,6 +797,52 @@ class SchedulerService(Service[SchedulerConfig]):
                 self._after_verdicts(unit)
         self._wake.set()
         return False
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reconcile_interval_seconds)
+            self.reconcile()
+
+    def reconcile(self) -> int:
+        """Take back decisions the Binder received and never answered (a verdict lost while the
+        stream stayed up: a reconnect resends everything by itself): unanswered for
+        ``verdict_timeout_seconds`` although a decision written after them has been answered,
+        so a Binder that is only slow is left alone. Their placements are forgotten and their
+        pods retried, as after an ERROR verdict; a pod that did bind is found bound by the
+        retry. Returns the number of decisions repaired."""
+        deadline = time.monotonic() - self.config.verdict_timeout_seconds
+        stuck = [
+            batch_id
+            for batch_id, (at, write) in self._written_at.items()
+            if at <= deadline and write < self._answered_write
+        ]
+        repaired = 0
+        for batch_id in stuck:
+            entry = self._undecided.get(batch_id)
+            if entry is None:
+                self._written_at.pop(batch_id, None)
+                continue
+            repaired += 1
+            batch, _ = entry
+            reason = f"no verdict within {self.config.verdict_timeout_seconds:g}s (reconciler)"
+            pods = [(d.job, p.pod) for d in batch.units for p in d.placements]
+            self.on_verdicts(
+                ipb.VerdictBatch(
+                    batch_id=batch_id,
+                    verdicts=[
+                        ipb.PodVerdict(pod=pod, job=job, code=ipb.ERROR, reason=reason)
+                        for job, pod in pods
+                    ],
+                )
+            )
+            self.stats["repaired_decisions"] += 1
+            log.warning(
+                "reconciler: decision without a verdict taken back",
+                batch_id=batch_id,
+                pods=len(pods),
+                repaired_total=self.stats["repaired_decisions"],
+            )
+        return repaired
 
     def _after_verdicts(self, unit: _Unit) -> None:
         if unit.retry:

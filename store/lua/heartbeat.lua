@@ -7,6 +7,9 @@
 --
 -- record: stamps every named node that exists; returns {now_ms, missing name, ...}
 -- read:   returns {now_ms, name, ms, name, ms, ...}
+-- stale:  ARGV[2] an age in ms, ARGV[3..] node names; returns {now_ms, fields in the hash,
+--         count of stale pairs, name, ms (older than the age) ..., then name, ms of each named
+--         node that has a stamp}: a controller's tick moves only what it acts on
 -- forget: drops the named fields; returns {now_ms}
 
 local beats, nodes, action = KEYS[1], KEYS[2], ARGV[1]
@@ -36,6 +39,28 @@ if action == 'record' then
 elseif action == 'read' then
   local out = redis.call('HGETALL', beats)
   table.insert(out, 1, now)
+  return out
+elseif action == 'stale' then
+  local cutoff = now - tonumber(ARGV[2])
+  local all = redis.call('HGETALL', beats)
+  local stale = {}
+  for i = 1, #all, 2 do
+    if tonumber(all[i + 1]) < cutoff then
+      stale[#stale + 1] = all[i]
+      stale[#stale + 1] = all[i + 1]
+    end
+  end
+  local out = {now, #all / 2, #stale / 2}
+  for i = 1, #stale do
+    out[#out + 1] = stale[i]
+  end
+  for i = 3, #ARGV do
+    local ms = redis.call('HGET', beats, ARGV[i])
+    if ms then
+      out[#out + 1] = ARGV[i]
+      out[#out + 1] = ms
+    end
+  end
   return out
 elseif action == 'forget' then
   for i = 2, #ARGV, CHUNK do

@@ -26,15 +26,21 @@ What stands in for what, precisely:
   per replica (each container has its own filesystem); ``valkey-server`` is the server binary
   `store.server.find_server_binary` finds, run with the file's arguments in a directory standing
   in for the store's volume.
-- **Named volumes → shared directories.** A volume a godel service mounts (``certs:/certs``) is
-  one directory for every replica that mounts it; a path under the mount point in a command or
-  an environment value means that directory. (The store's ``/data`` is its own, as above.)
-- **Readiness.** ``depends_on`` is honoured: the godel services start once the store answers
-  PING and the one-shot ``certs`` service has exited 0 (``service_completed_successfully``); a
-  godel replica is healthy when its healthcheck command, run as the file gives it, exits 0.
+- **Named volumes → shared directories.** A named volume is a directory of its own under the
+  work dir; a path inside a container's mount of it (``/run/godel-store`` or ``/certs`` in an
+  argument or an environment value) means that directory. (The store's ``/data`` is its ``--dir``, below.)
+- **Users → this user.** Every container runs as the user running the test; an argument giving
+  a file's owner uid (``--acl-owner``, ``--secret-owner``) therefore names this user.
+- **Readiness.** ``depends_on`` is honoured in order: ``service_completed_successfully`` waits
+  for the one-shot ``store-init`` to exit 0, ``service_healthy`` for the dependency's
+  healthcheck (the store answers PING as the user its healthcheck names; a godel replica is
+  healthy when its healthcheck command, run as the file gives it, exits 0).
+- **Profiles and variables.** Services with ``profiles`` (the ``ha`` profile's replica and
+  Sentinels) are not started, as compose starts none without ``--profile``; ``${VAR:-default}``
+  in an environment value takes this process's ``$VAR`` or the default.
 - **Not emulated:** ``restart`` policies (a replica that exits stays down, and the test fails on
-  it — except a ``restart: "no"`` one-shot that exited 0), ``init``, read-only mounts, resource
-  isolation, and Docker's DNS round-robin between replicas.
+  it, unless it is a one-shot that exited 0), ``init``, resource isolation, and Docker's DNS
+  round-robin between replicas.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 IMAGE_HOME = "/home/godel"
 WILDCARDS = ("0.0.0.0", "::")
 CONTAINER_LOOPBACK = "127.0.0.1"
+OWNER_FLAGS = ("--acl-owner", "--secret-owner")
 
 
 def load_compose(path: Path = COMPOSE_FILE) -> dict[str, Any]:
@@ -151,29 +158,25 @@ class Deployment:
         )
 
     def exited(self) -> list[str]:
-        """Replicas that stopped, but for one-shots that completed (``restart: "no"``, exit 0)."""
         return [
             f"{r.name} exited with {r.process.returncode}:\n{r.log_tail()}"
             for r in self.replicas
             if r.process is not None
             and r.process.poll() is not None
-            and not (r.spec.get("restart") == "no" and r.process.returncode == 0)
+            and not (is_one_shot(r.spec) and r.process.returncode == 0)
         ]
 
     def volume(self, name: str) -> Path:
-        """A named volume's directory, e.g. to copy the credentials out as
-        `docker compose cp certs:/certs/. DIR` does."""
-        return self.emulator.workdir / "volumes" / name
+        """The directory standing in for the named volume ``name``."""
+        return self.emulator.volume(name)
 
     def down(self) -> None:
-        """Dependents first, the store last; each gets SIGTERM, then SIGKILL after its
+        """Dependents first (reverse start order), the store last; each gets SIGTERM, then SIGKILL after its
         ``stop_grace_period`` (10 s when the file gives none, as compose does)."""
         for proxy in self.proxies:
             proxy.shutdown()
             proxy.server_close()
-        godel = [r for r in self.replicas if "depends_on" in r.spec]
-        others = [r for r in self.replicas if r not in godel]
-        for group in (godel, others):
+        for group in reversed(_waves(self.replicas)):
             running = [r for r in group if r.process is not None and r.process.poll() is None]
             for replica in running:
                 assert replica.process is not None
@@ -206,38 +209,49 @@ class Emulator:
         self.replicas: list[Replica] = []
         hosts = iter(range(2, 255))
         for service, spec in self.services.items():
+            if spec.get("profiles"):
+                continue  # started only with `--profile`, which this emulation never passes
             count = (scale or {}).get(service, spec.get("deploy", {}).get("replicas", 1))
             for index in range(1, count + 1):
                 root = workdir / f"{service}-{index}"
                 self.replicas.append(Replica(service, index, f"{block}.{next(hosts)}", spec, root))
         self.dns = {r.service: r.ip for r in reversed(self.replicas)}  # first replica wins
-        named = set(self.document.get("volumes") or {})
-        self.mounts: dict[str, list[tuple[str, Path]]] = {}
-        for service, spec in self.services.items():
-            for entry in spec.get("volumes", []):
-                source, target = str(entry).split(":")[:2]
-                if source in named and service != "store":  # the store's data: see start()
-                    self.mounts.setdefault(service, []).append(
-                        (target, workdir / "volumes" / source)
-                    )
+
+    def volume(self, name: str) -> Path:
+        path = self.workdir / "volumes" / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def mounts(self, replica: Replica) -> dict[str, Path]:
+        """Container path → directory, for the replica's named-volume mounts (not ``/data``: the
+        store's data volume is its ``--dir``)."""
+        found: dict[str, Path] = {}
+        for entry in replica.spec.get("volumes", []):
+            name, target = str(entry).split(":")[:2]
+            if target != "/data" and name in (self.document.get("volumes") or {}):
+                found[target] = self.volume(name)
+        return found
 
     def localise(self, value: str, replica: Replica) -> str:
         """A value of the file or the image as it reads inside ``replica``'s emulated container."""
         if value in WILDCARDS or value == CONTAINER_LOOPBACK:
             return replica.ip
         value = value.replace(f"{CONTAINER_LOOPBACK}:", f"{replica.ip}:")
-        # A service name as the host of a URL (scheme://name:port) or of host:port.
+        # A service name as the host of a URL (scheme://[user@]name:port) or of host:port.
         names = "|".join(re.escape(name) for name in self.dns)
-        value = re.sub(rf"(^|//)({names})(?=:\d)", lambda m: m[1] + self.dns[m[2]], value)
+        value = re.sub(rf"(^|//|@)({names})(?=:\d)", lambda m: m[1] + self.dns[m[2]], value)
         if value == IMAGE_HOME or value.startswith(IMAGE_HOME + "/"):
             return str(replica.root / "home") + value[len(IMAGE_HOME) :]
-        for target, directory in self.mounts.get(replica.service, []):
+        for target, directory in self.mounts(replica).items():
             if value == target or value.startswith(target + "/"):
                 return str(directory) + value[len(target) :]
         return value
 
     def argv(self, command: list[str], replica: Replica) -> list[str]:
         argv = [self.localise(str(arg), replica) for arg in command]
+        for i, arg in enumerate(argv[:-1]):
+            if arg in OWNER_FLAGS:
+                argv[i + 1] = str(os.getuid())
         if argv[0] == "python":
             argv[0] = sys.executable
         return argv
@@ -246,7 +260,9 @@ class Emulator:
         # A container inherits nothing from the host: PATH, the image's ENV, then the file's.
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": IMAGE_HOME}
         env.update(self.image_env)
-        env.update({k: str(v) for k, v in (replica.spec.get("environment") or {}).items()})
+        env.update(
+            {k: interpolate(str(v)) for k, v in (replica.spec.get("environment") or {}).items()}
+        )
         env = {key: self.localise(value, replica) for key, value in env.items()}
         env["PYTHONPATH"] = str(ROOT)  # the image's `pip install .` of this checkout
         return env
@@ -254,8 +270,6 @@ class Emulator:
     def start(self, replica: Replica) -> None:
         home = replica.root / "home"
         home.mkdir(parents=True, exist_ok=True)
-        for _, directory in self.mounts.get(replica.service, []):
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         command = list(replica.spec["command"])
         if command[0] == "valkey-server":
             data = replica.root / "data"  # the named volume mounted at /data, its working dir
@@ -274,23 +288,26 @@ class Emulator:
 
     def healthy(self, replica: Replica) -> bool:
         """The replica's healthcheck, as compose runs it (the store's `valkey-cli ping` is a
-        PING sent from here: valkey-cli need not be installed); for a one-shot service (no
-        healthcheck), whether it completed successfully."""
-        if "healthcheck" not in replica.spec:
-            assert replica.process is not None
-            return replica.process.poll() == 0
+        PING sent from here: valkey-cli need not be installed)."""
+        if is_one_shot(replica.spec):
+            return replica.process is not None and replica.process.poll() == 0
         test = replica.spec["healthcheck"]["test"]
         assert test[0] == "CMD", test
         if test[1] == "valkey-cli":
+            user, password = test[test.index("--user") + 1], test[test.index("--pass") + 1]
             with contextlib.suppress(OSError), socket.create_connection((replica.ip, 6379), 2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
+                s.sendall(f"AUTH {user} {password}\r\nPING\r\n".encode())
+                reply = b""
+                while reply.count(b"\r\n") < 2 and (chunk := s.recv(64)):
+                    reply += chunk
+                return reply == b"+OK\r\n+PONG\r\n"
             return False
         argv = self.argv(test[1:], replica)
         # Polling with the command would start a Python process per try (~0.5 s of CPU each,
         # on 2 shared cores): probe the same address in-process until SERVING, then run the
         # command itself once.
         if argv[1:3] == ["-m", "services.runtime.healthcheck"]:
+            # With the replica's own credentials (the certs volume), as its command has them.
             credentials = tls.load(Path(self.environment(replica)["GODEL_TLS_DIR"]), tls.SERVICE)
             address = argv[argv.index("--addr") + 1]
             if probe(address, timeout=2, credentials=credentials) != "SERVING":
@@ -317,6 +334,34 @@ class Emulator:
             proxies.append(proxy)
             published[int(host_port)] = f"{self.host_ip}:{host_port}"
         return published, proxies
+
+
+def interpolate(value: str) -> str:
+    """``${VAR:-default}`` as compose resolves it from the environment it runs in."""
+    return re.sub(
+        r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}",
+        lambda m: os.environ.get(m[1]) or m[2],
+        value,
+    )
+
+
+def is_one_shot(spec: dict[str, Any]) -> bool:
+    """A service that runs once and exits (``restart: "no"``), such as ``store-init``."""
+    return str(spec.get("restart", "")) == "no"
+
+
+def _waves(replicas: list[Replica]) -> list[list[Replica]]:
+    """Replicas grouped so each group depends only on earlier ones."""
+    waves: list[list[Replica]] = []
+    placed: set[str] = set()
+    remaining = list(replicas)
+    while remaining:
+        wave = [r for r in remaining if set(r.spec.get("depends_on") or {}) <= placed]
+        assert wave, f"depends_on cycle among {[r.name for r in remaining]}"
+        waves.append(wave)
+        placed |= {r.service for r in wave}
+        remaining = [r for r in remaining if r not in wave]
+    return waves
 
 
 def tcp_proxy(listen: tuple[str, int], target: tuple[str, int]) -> socketserver.ThreadingTCPServer:
@@ -364,11 +409,9 @@ def compose_up(
     emulator = Emulator(workdir, scale)
     deployment = Deployment(emulator, {})
     try:
-        # depends_on: the store first, the others once it is healthy; all of them at once.
-        waves = [
-            [r for r in emulator.replicas if "depends_on" not in r.spec],
-            [r for r in emulator.replicas if "depends_on" in r.spec],
-        ]
+        # depends_on: a service starts once what it depends on is healthy (or, for a one-shot,
+        # exited 0); the replicas of one wave start at once.
+        waves = _waves(emulator.replicas)
         give_up = time.monotonic() + deadline
         for wave in waves:
             for replica in wave:

@@ -19,7 +19,7 @@ import pytest
 from godel.client import ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe
-from store import Store
+from store import Store, StoreError
 from tests.e2e.compose import Deployment, compose_up
 from tests.e2e.conftest import wait_until
 
@@ -71,13 +71,27 @@ def _godel(server: str, home: Path, *args: str, stdin: str | None = None) -> str
 
 def _binder_lease(deployment: Deployment) -> pb.Lease | None:
     async def read() -> pb.Lease | None:
-        store = await Store.connect(f"redis://{deployment.of('store')[0].ip}:6379/0")
+        password = (deployment.volume("store-secrets") / "service.secret").read_text().strip()
+        url = f"redis://godel:{password}@{deployment.of('store')[0].ip}:6379/0"
+        store = await Store.connect(url)
         try:
             return await store.get_lease("binder")
         finally:
             await store.close()
 
     return asyncio.run(read())
+
+
+def _store_refuses_strangers(deployment: Deployment) -> bool:
+    async def connect() -> bool:
+        try:
+            store = await Store.connect(f"redis://{deployment.of('store')[0].ip}:6379/0")
+        except StoreError:
+            return True
+        await store.close()
+        return False
+
+    return asyncio.run(connect())
 
 
 def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
@@ -109,6 +123,8 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             lease = _binder_lease(deployment)
             binders = {f"{r.ip}:{GRPC_PORT}" for r in deployment.of("binder")}
             assert lease is not None and lease.holder_address in binders
+            # The store is locked: the services got in with the volume's secret, nobody else does.
+            assert _store_refuses_strangers(deployment)
 
             wait_until(
                 lambda: len(client.list("Node")) == HOLLOW_NODES + 1,

@@ -1808,19 +1808,33 @@ class SchedulerInstanceStatus(_message.Message):
     HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     READY_FIELD_NUMBER: _builtins.int
     UNDECIDED_PODS_FIELD_NUMBER: _builtins.int
+    PROPOSED_PODS_FIELD_NUMBER: _builtins.int
+    BOUND_PODS_FIELD_NUMBER: _builtins.int
+    CONFLICTED_PODS_FIELD_NUMBER: _builtins.int
     heartbeat_ms: _builtins.int
     ready: _builtins.bool
     undecided_pods: _builtins.int
+    proposed_pods: _builtins.int
+    """Cumulative since the shard started (a restart begins again at 0): pods proposed to the
+    Binder, those it bound, and those it rejected because another decision took the room first
+    (CONFLICT) or a sibling's conflict sank the gang (GANG_REJECTED). The dispatcher's node
+    shuffler reads throughput and the conflict rate from their changes.
+    """
+    bound_pods: _builtins.int
+    conflicted_pods: _builtins.int
     def __init__(
         self,
         *,
         heartbeat_ms: _builtins.int = ...,
         ready: _builtins.bool = ...,
         undecided_pods: _builtins.int = ...,
+        proposed_pods: _builtins.int = ...,
+        bound_pods: _builtins.int = ...,
+        conflicted_pods: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_ms", b"heartbeat_ms", "ready", b"ready", "undecided_pods", b"undecided_pods"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound_pods", b"bound_pods", "conflicted_pods", b"conflicted_pods", "heartbeat_ms", b"heartbeat_ms", "proposed_pods", b"proposed_pods", "ready", b"ready", "undecided_pods", b"undecided_pods"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

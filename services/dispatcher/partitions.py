@@ -1,0 +1,507 @@
+"""Node partitions between scheduler shards (Gödel's node shuffler).
+
+When shards contend — a nearly full cluster, a high bind rate, or many Binder conflicts — each
+live shard gets a partition of the nodes: it scans its own first and the others' only when its
+own has no feasible node (``placement/search.py``), so two shards rarely propose the same
+room. The partitions are published in ``SchedulerInstance.spec.partition``, which every shard
+already watches (its heartbeat is a compare-and-set, so it never overwrites one).
+
+The algorithm is plain functions and one plain class (``Partitions``); ``NodeShuffler`` is the
+I/O shell the dispatcher runs: it measures, decides on/off, keeps the partitions in step with
+the live shards and the nodes, and writes the ones that changed.
+
+- ``rebalance_move(loads)``: the original's rule over node counts per shard — when the largest
+  partition holds more than twice the smallest (and more than one node), move
+  ``(most + least) // 2 - least`` nodes from it to the smallest: loads {10, 3} move 3.
+- A new node goes to the shard with the fewest nodes; a dead shard's nodes go one by one to the
+  shard with the fewest; a new shard starts empty and the rule fills it. A lone live shard gets
+  no partition (nobody to conflict with).
+- Triggers (``Figures.triggers``): guaranteed-pool allocation above ``allocation_percent``,
+  throughput (pods bound per second) above ``throughput_pods_per_second``, or a conflict rate
+  (Binder CONFLICT/GANG_REJECTED verdicts per pod proposed) above ``conflict_percent``, over the
+  last ``window_seconds``. Partitioning goes on at once when one fires and off when none has
+  for ``off_after_seconds`` (a short lull must not undo it, since partitioning itself lowers the
+  conflict rate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import structlog
+from google.protobuf.message import Message
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatch import live_shards
+from store import ConflictError, NotFoundError, Store, StoreError
+from store.informer import Handlers, Informer
+
+log = structlog.get_logger(__name__)
+
+Mode = Literal["auto", "on", "off"]
+_CLAIM_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
+
+
+# ---------------------------------------------------------------------------------------------
+# The algorithm (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def rebalance_move(loads: Mapping[str, int]) -> tuple[str, str, int] | None:
+    """(from shard, to shard, nodes to move) by the original node shuffler's rule, or None when
+    the partitions are balanced enough. Ties go to the first name, so the result is stable."""
+    if len(loads) < 2:
+        return None
+    most = max(sorted(loads), key=lambda s: loads[s])
+    least = min(sorted(loads), key=lambda s: loads[s])
+    high, low = loads[most], loads[least]
+    if high > 2 * low and high > 1:
+        return most, least, (high + low) // 2 - low
+    return None
+
+
+def smallest(sizes: Mapping[str, int]) -> str:
+    """The shard with the fewest nodes (first name on a tie)."""
+    return min(sorted(sizes), key=lambda s: sizes[s])
+
+
+@dataclass
+class Partitions:
+    """Which shard owns which node. Plain state, no I/O: ``sync`` it with the live shards and
+    the nodes, then read ``of(shard)``."""
+
+    members: dict[str, set[str]] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)
+    # Bumped by every change of membership: what a reader compares instead of the sets.
+    version: int = 0
+    _sorted: dict[str, tuple[int, list[str]]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def seeded(
+        cls, stored: Mapping[str, Iterable[str]], shards: Iterable[str], nodes: Iterable[str]
+    ) -> Partitions:
+        """Rebuilt from partitions stored earlier (a dispatcher restart keeps them): a node
+        claimed twice stays with the first shard by name, unknown nodes and shards are dropped."""
+        out = cls()
+        existing = set(nodes)
+        for shard in sorted(shards):
+            out.members[shard] = set()
+            for node in stored.get(shard, ()):
+                if node in existing and node not in out.owner:
+                    out._give(node, shard)
+        return out
+
+    def sizes(self) -> dict[str, int]:
+        return {shard: len(nodes) for shard, nodes in self.members.items()}
+
+    def of(self, shard: str) -> list[str]:
+        """The shard's nodes, sorted (kept until the partitions change)."""
+        cached = self._sorted.get(shard)
+        if cached is None or cached[0] != self.version:
+            cached = self._sorted[shard] = (self.version, sorted(self.members.get(shard, ())))
+        return cached[1]
+
+    def _give(self, node: str, shard: str) -> None:
+        previous = self.owner.get(node)
+        if previous is not None:
+            self.members[previous].discard(node)
+        self.owner[node] = shard
+        self.members[shard].add(node)
+        self.version += 1
+
+    def add_shard(self, shard: str) -> None:
+        if shard not in self.members:
+            self.members[shard] = set()
+            self.version += 1
+
+    def remove_shard(self, shard: str) -> list[str]:
+        """A dead shard's nodes go, one by one, to the shard with the fewest; returns them."""
+        nodes = sorted(self.members.pop(shard, set()))
+        self.version += 1
+        for node in nodes:
+            del self.owner[node]
+            if self.members:
+                self._give(node, smallest(self.sizes()))
+        return nodes
+
+    def add_node(self, node: str) -> str | None:
+        """A new node goes to the shard with the fewest nodes; returns it (None: no shard)."""
+        if node in self.owner or not self.members:
+            return self.owner.get(node)
+        shard = smallest(self.sizes())
+        self._give(node, shard)
+        return shard
+
+    def remove_node(self, node: str) -> None:
+        shard = self.owner.pop(node, None)
+        if shard is not None:
+            self.members[shard].discard(node)
+            self.version += 1
+
+    def rebalance(self) -> list[tuple[str, str, int]]:
+        """Apply ``rebalance_move`` until it holds no more; returns the moves. Each move takes
+        the largest names of the giver's nodes, so repeated runs move the same nodes."""
+        moves = []
+        while (move := rebalance_move(self.sizes())) is not None:
+            giver, taker, count = move
+            for node in sorted(self.members[giver])[-count:]:
+                self._give(node, taker)
+            moves.append(move)
+        return moves
+
+    def sync(self, shards: Iterable[str], nodes: Iterable[str]) -> bool:
+        """Follow the live shards and the existing nodes, then rebalance; True if anything
+        changed."""
+        live, existing = set(shards), set(nodes)
+        before = self.version
+        for shard in sorted(set(self.members) - live):
+            self.remove_shard(shard)
+        for shard in sorted(live):
+            self.add_shard(shard)
+        for node in sorted(self.owner.keys() - existing):
+            self.remove_node(node)
+        for node in sorted(existing - self.owner.keys()):
+            self.add_node(node)
+        self.rebalance()
+        return self.version != before
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements and triggers (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionSettings:
+    mode: Mode = "auto"
+    allocation_percent: float = 90.0
+    throughput_pods_per_second: float = 2000.0
+    conflict_percent: float = 1.0
+    window_seconds: float = 10.0
+    off_after_seconds: float = 30.0
+    interval_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the shuffler measured: guaranteed-pool allocation, pods bound per second and the
+    Binder's conflict rate over the window (percent of pods proposed)."""
+
+    allocation_percent: float = 0.0
+    throughput: float = 0.0
+    conflict_percent: float = 0.0
+
+    def triggers(self, settings: PartitionSettings) -> list[str]:
+        """The thresholds exceeded, in words (empty: none)."""
+        out = []
+        if self.allocation_percent > settings.allocation_percent:
+            out.append(f"allocation {self.allocation_percent:.1f}%")
+        if self.throughput > settings.throughput_pods_per_second:
+            out.append(f"throughput {self.throughput:.0f} pods/s")
+        if self.conflict_percent > settings.conflict_percent:
+            out.append(f"conflicts {self.conflict_percent:.2f}%")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    at: float
+    proposed: int
+    bound: int
+    conflicted: int
+
+
+class ShardCounters:
+    """Sums the shards' cumulative counters (``SchedulerInstance.status``) into totals that only
+    grow, from the first sight of each shard on: a counter that went down means its shard
+    restarted, and counts from 0 again."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, int, int]] = {}
+        self.proposed = 0
+        self.bound = 0
+        self.conflicted = 0
+
+    def observe(self, shard: str, proposed: int, bound: int, conflicted: int) -> None:
+        now = (proposed, bound, conflicted)
+        last = self._last.get(shard)
+        if last is None:
+            # First sight (this dispatcher just started, or the shard did): a baseline, or a
+            # dispatcher restart would count a long-running shard's whole history as one burst.
+            self._last[shard] = now
+            return
+        if any(n < old for n, old in zip(now, last, strict=True)):
+            last = (0, 0, 0)
+        self.proposed += proposed - last[0]
+        self.bound += bound - last[1]
+        self.conflicted += conflicted - last[2]
+        self._last[shard] = now
+
+
+class Meter:
+    """Throughput and conflict rate over a sliding window of samples of ``ShardCounters``."""
+
+    def __init__(self, window_seconds: float) -> None:
+        self.window = window_seconds
+        self._samples: deque[_Sample] = deque()
+
+    def sample(self, at: float, counters: ShardCounters) -> tuple[float, float]:
+        """Record the totals at ``at``; returns (pods bound per second, conflict percent)."""
+        self._samples.append(_Sample(at, counters.proposed, counters.bound, counters.conflicted))
+        while len(self._samples) > 2 and self._samples[1].at <= at - self.window:
+            self._samples.popleft()
+        first, last = self._samples[0], self._samples[-1]
+        elapsed = last.at - first.at
+        throughput = (last.bound - first.bound) / elapsed if elapsed > 0 else 0.0
+        proposed = last.proposed - first.proposed
+        conflicts = 100.0 * (last.conflicted - first.conflicted) / proposed if proposed else 0.0
+        return throughput, conflicts
+
+
+class Allocation:
+    """Guaranteed-pool requests of the pods holding a claim against the nodes' allocatable, kept
+    per informer event (no scan): the allocation trigger's input."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[int, int]] = {}
+        self._pods: dict[str, tuple[int, int]] = {}
+        self.capacity = [0, 0]  # milli-CPU, bytes
+        self.requested = [0, 0]
+
+    def percent(self) -> float:
+        """The dominant resource's share: max over CPU and memory."""
+        shares = [
+            100.0 * req / cap for req, cap in zip(self.requested, self.capacity, strict=True) if cap
+        ]
+        return max(shares, default=0.0)
+
+    def on_node(self, name: str, node: pb.Node | None) -> None:
+        old = self._nodes.pop(name, (0, 0))
+        new = (0, 0)
+        if node is not None:
+            alloc = node.status.allocatable
+            new = self._nodes[name] = (alloc.milli_cpu, alloc.memory_bytes)
+        for i in range(2):
+            self.capacity[i] += new[i] - old[i]
+
+    def on_pod(self, name: str, pod: pb.Pod | None) -> None:
+        old = self._pods.pop(name, (0, 0))
+        new = (0, 0)
+        if (
+            pod is not None
+            and pod.spec.node_name
+            and pod.status.phase in _CLAIM_PHASES
+            and pod.spec.qos != pb.QOS_BEST_EFFORT
+        ):
+            req = pod.spec.template.requests
+            new = self._pods[name] = (req.milli_cpu, req.memory_bytes)
+        for i in range(2):
+            self.requested[i] += new[i] - old[i]
+
+
+# ---------------------------------------------------------------------------------------------
+# The I/O shell
+# ---------------------------------------------------------------------------------------------
+
+
+class NodeShuffler:
+    """Measures, turns partitioning on and off, and publishes each live shard's partition in
+    its ``SchedulerInstance.spec.partition``. Construct before or after ``informer.start()``
+    (kinds Pod, Node, SchedulerInstance); ``run()`` ticks every ``interval_seconds``; ``tick()``
+    is public so tests can drive it."""
+
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        settings: PartitionSettings,
+        *,
+        shard_grace_seconds: float,
+    ) -> None:
+        self.store = store
+        self.informer = informer
+        self.settings = settings
+        self.grace_seconds = shard_grace_seconds
+        self.allocation = Allocation()
+        self.counters = ShardCounters()
+        self.meter = Meter(settings.window_seconds)
+        self.figures = Figures()
+        self.on = False
+        self.reason = ""
+        self.partitions: Partitions | None = None
+        self._clear_since: float | None = None
+        # Node additions and deletions seen, and what the partitions were last synced with:
+        # a tick with no shard or node coming or going costs no pass over the nodes.
+        self._node_events = 0
+        self._synced: tuple[frozenset[str], int] | None = None
+        # Per shard, the partitions (generation, version) last written; a new Partitions gets a
+        # new generation.
+        self._generation = 0
+        self._published: dict[str, tuple[int, int]] = {}
+        self.writes = 0  # partitions written, for tests and logs
+        informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
+        for node in informer.list("Node"):
+            self._on_add("Node", node)
+        for pod in informer.list("Pod"):
+            self._on_add("Pod", pod)
+
+    # -- informer ------------------------------------------------------------------------------
+
+    def _on_add(self, kind: str, obj: Message) -> None:
+        if kind == "Pod":
+            assert isinstance(obj, pb.Pod)
+            self.allocation.on_pod(obj.metadata.name, obj)
+        elif kind == "Node":
+            assert isinstance(obj, pb.Node)
+            self._node_events += 1
+            self.allocation.on_node(obj.metadata.name, obj)
+
+    def _on_update(self, kind: str, old: Message, new: Message) -> None:
+        if kind == "Pod":
+            assert isinstance(new, pb.Pod)
+            self.allocation.on_pod(new.metadata.name, new)
+        elif kind == "Node":
+            assert isinstance(new, pb.Node)
+            self.allocation.on_node(new.metadata.name, new)
+
+    def _on_delete(self, kind: str, obj: Message) -> None:
+        if kind == "Pod":
+            self.allocation.on_pod(obj.metadata.name, None)  # type: ignore[attr-defined]
+        elif kind == "Node":
+            self._node_events += 1
+            self.allocation.on_node(obj.metadata.name, None)  # type: ignore[attr-defined]
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.informer.wait_synced()
+        while True:
+            try:
+                await self.tick()
+            except StoreError as exc:
+                log.warning("node shuffler tick failed", error=str(exc))
+            await asyncio.sleep(self.settings.interval_seconds)
+
+    def measure(self, now: float) -> Figures:
+        for obj in self.informer.list("SchedulerInstance"):
+            assert isinstance(obj, pb.SchedulerInstance)
+            s = obj.status
+            self.counters.observe(
+                obj.metadata.name, s.proposed_pods, s.bound_pods, s.conflicted_pods
+            )
+        throughput, conflicts = self.meter.sample(now, self.counters)
+        self.figures = Figures(self.allocation.percent(), throughput, conflicts)
+        return self.figures
+
+    def decide(self, figures: Figures, now: float) -> bool:
+        """On or off, by the mode and, in ``auto``, the triggers (off only after they have been
+        clear for ``off_after_seconds``)."""
+        mode = self.settings.mode
+        if mode != "auto":
+            self.reason = f"mode {mode}"
+            return mode == "on"
+        fired = figures.triggers(self.settings)
+        if fired:
+            self._clear_since = None
+            self.reason = ", ".join(fired)
+            return True
+        if not self.on:
+            return False
+        if self._clear_since is None:
+            self._clear_since = now
+        if now - self._clear_since >= self.settings.off_after_seconds:
+            self.reason = "triggers clear"
+            return False
+        return True
+
+    async def tick(self) -> None:
+        now = time.monotonic()
+        figures = self.measure(now)
+        on = self.decide(figures, now)
+        live = live_shards(self.informer, self.grace_seconds)
+        if on != self.on:
+            log.info(
+                "node partitioning " + ("on" if on else "off"),
+                reason=self.reason,
+                allocation_percent=round(figures.allocation_percent, 1),
+                pods_per_second=round(figures.throughput),
+                conflict_percent=round(figures.conflict_percent, 2),
+            )
+            self.on = on
+        # One shard has nobody to conflict with: a partition of every node would only make its
+        # record (rewritten by every heartbeat) as large as the cluster.
+        if on and len(live) >= 2:
+            synced = (frozenset(live), self._node_events)
+            if self.partitions is None or synced != self._synced:
+                nodes = [n.metadata.name for n in self.informer.list("Node")]  # type: ignore[attr-defined]
+                if self.partitions is None:
+                    stored = {name: list(inst.spec.partition) for name, inst in live.items()}
+                    self.partitions = Partitions.seeded(stored, live, nodes)
+                    self._generation += 1
+                if self.partitions.sync(live, nodes):
+                    log.info("partitions changed", nodes=self.partitions.sizes())
+                self._synced = synced
+        else:
+            self.partitions = None
+            self._synced = None
+        await self._publish(live)
+
+    def _wanted(self, shard: str) -> tuple[list[str], tuple[int, int]]:
+        """The shard's partition and the (generation, version) it belongs to ((0, 0): none)."""
+        if self.partitions is None:
+            return [], (0, 0)
+        return self.partitions.of(shard), (self._generation, self.partitions.version)
+
+    async def _publish(self, live: Mapping[str, pb.SchedulerInstance]) -> None:
+        """Write the partitions that changed since last written, or whose stored copy is not
+        ours (a shard registered afresh): compare-and-set on the cached copy, once more on a
+        fresh one when the shard's heartbeat won the race."""
+        updates: list[pb.SchedulerInstance] = []
+        tokens: dict[str, tuple[int, int]] = {}
+        for shard, inst in live.items():
+            nodes, token = self._wanted(shard)
+            stored = inst.spec.partition
+            if self._published.get(shard) == token and len(stored) == len(nodes):
+                continue
+            if list(stored) == nodes:  # written before (e.g. by a dispatcher before a restart)
+                self._published[shard] = token
+                continue
+            new = pb.SchedulerInstance()
+            new.CopyFrom(inst)
+            del new.spec.partition[:]
+            new.spec.partition.extend(nodes)
+            updates.append(new)
+            tokens[shard] = token
+        if not updates:
+            return
+        results = await self.store.update_many(updates)
+        # A heartbeat won the compare-and-set: once more on a fresh copy (else the next tick).
+        raced = [
+            u.metadata.name
+            for u, r in zip(updates, results, strict=True)
+            if isinstance(r, ConflictError)
+        ]
+        if raced:
+            retry = []
+            for fresh in await self.store.get_many(pb.SchedulerInstance, raced):
+                if fresh is not None:
+                    del fresh.spec.partition[:]
+                    fresh.spec.partition.extend(self._wanted(fresh.metadata.name)[0])
+                    retry.append(fresh)
+            updates += retry
+            results += await self.store.update_many(retry)
+        for inst, result in zip(updates, results, strict=True):
+            if isinstance(result, ConflictError | NotFoundError):
+                continue  # the next tick sees the newer copy (or the shard is gone)
+            if isinstance(result, StoreError):
+                log.warning(
+                    "could not write a partition", shard=inst.metadata.name, error=str(result)
+                )
+                continue
+            self._published[inst.metadata.name] = tokens[inst.metadata.name]
+            self.writes += 1

@@ -1,0 +1,146 @@
+"""The dispatcher's reconciler: every ``interval_seconds`` it looks for what fell between the
+cracks of the normal paths, repairs it, and logs and counts every repair (``repairs`` by kind).
+
+- ``orphaned_unit``: a unit the dispatch core believes DISPATCHED to a shard that has no stream
+  any more, or whose stream does not hold it (its outcome can never come): queued again.
+- ``dead_shard``: a ``SchedulerInstance`` whose heartbeat lapsed more than
+  ``dead_shard_seconds`` ago (a shard killed without its graceful stop leaves one behind, with
+  its partition): deleted, compare-and-set. A shard that was only cut off registers again with
+  its next heartbeat.
+- ``job_status``: a job whose stored status disagrees with its pods on two checks in a row,
+  unchanged in between (``jobs_per_pass`` jobs are checked per pass, round robin), although the job status controller has nothing pending for it (a write
+  that failed for good; one pass alone could be the moment between the controller's write and
+  our view of it): handed back to that controller, the one writer of ``Job.status``, which
+  writes it now.
+
+Placements a shard proposed and never got a verdict for are the shard's to repair (its own
+reconciler, ``services/scheduler/service.py``): only it holds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import structlog
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.controllers import JobStatusController, job_status
+from services.dispatcher.dispatch import UnitDispatcher, UnitState
+from store import ConflictError, NotFoundError, Store, StoreError
+from store.informer import Informer
+
+log = structlog.get_logger(__name__)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        core: UnitDispatcher,
+        job_status_controller: JobStatusController,
+        *,
+        interval_seconds: float = 5.0,
+        dead_shard_seconds: float = 60.0,
+        jobs_per_pass: int = 2_000,
+    ) -> None:
+        self.store = store
+        self.informer = informer
+        self.core = core
+        self.job_status = job_status_controller
+        self.interval = interval_seconds
+        self.dead_shard_ms = int(dead_shard_seconds * 1000)
+        self.repairs: Counter[str] = Counter()
+        # Jobs whose status disagreed when last checked, with the version they had then.
+        self._suspect: dict[str, int] = {}
+        # Job statuses are checked a slice per pass (``jobs_per_pass``), round robin: a full
+        # recount of every job's pods each pass would cost in proportion to the cluster.
+        self.jobs_per_pass = jobs_per_pass
+        self._to_check: list[str] = []
+
+    async def run(self) -> None:
+        await self.informer.wait_synced()
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.tick()
+            except StoreError as exc:
+                log.warning("reconciler tick failed", error=str(exc))
+
+    async def tick(self) -> Counter[str]:
+        """One pass; returns the repairs it made, by kind."""
+        made: Counter[str] = Counter()
+        made["orphaned_unit"] = self._orphaned_units()
+        made["dead_shard"] = await self._dead_shards()
+        made["job_status"] = await self._job_statuses()
+        made = +made  # drop the zeros
+        self.repairs.update(made)
+        return made
+
+    def _repaired(self, kind: str, **details: object) -> None:
+        log.warning("reconciler repaired", kind=kind, total=self.repairs[kind] + 1, **details)
+
+    def _orphaned_units(self) -> int:
+        count = 0
+        for entry in list(self.core.units.values()):
+            if entry.state != UnitState.DISPATCHED:
+                continue
+            link = self.core.links.get(entry.shard)
+            if link is not None and entry.job in link.undecided:
+                continue
+            self._repaired("orphaned_unit", job=entry.job, shard=entry.shard)
+            self.core.requeue(entry)
+            count += 1
+        return count
+
+    async def _dead_shards(self) -> int:
+        now_ms = int(time.time() * 1000)
+        count = 0
+        for obj in self.informer.list("SchedulerInstance"):
+            assert isinstance(obj, pb.SchedulerInstance)
+            if now_ms - obj.status.heartbeat_ms <= self.dead_shard_ms:
+                continue
+            name = obj.metadata.name
+            try:
+                await self.store.delete(
+                    pb.SchedulerInstance, name, expected_version=obj.metadata.resource_version
+                )
+            except (ConflictError, NotFoundError):
+                continue  # it heartbeated meanwhile, or is gone already
+            silent_s = (now_ms - obj.status.heartbeat_ms) // 1000
+            self._repaired("dead_shard", shard=name, silent_s=silent_s)
+            count += 1
+        return count
+
+    async def _job_statuses(self) -> int:
+        pods = self.job_status.pods
+        stuck = []
+        if not self._to_check:  # a new round over every job
+            names = [j.metadata.name for j in self.informer.list("Job")]  # type: ignore[attr-defined]
+            self._to_check = names[::-1]
+            known = set(names)
+            self._suspect = {n: v for n, v in self._suspect.items() if n in known}
+        for _ in range(min(self.jobs_per_pass, len(self._to_check))):
+            name = self._to_check.pop()
+            job = self.informer.get("Job", name)
+            if not isinstance(job, pb.Job) or name in self.job_status.changed_jobs:
+                self._suspect.pop(name, None)  # gone, or the controller writes it next tick
+                continue
+            computed = job_status(job, pods.by_job.get(name, {}).values())
+            s = job.status
+            if computed == (s.phase, s.bound, s.running, s.succeeded, s.failed):
+                self._suspect.pop(name, None)
+                continue
+            version = job.metadata.resource_version
+            if self._suspect.get(name) != version:
+                self._suspect[name] = version  # first sight: it may be a write on its way
+                continue
+            del self._suspect[name]
+            self._repaired("job_status", job=name, stored=str(s).replace("\n", " "))
+            stuck.append(name)
+        if stuck:
+            self.job_status.changed_jobs.update(stuck)
+            await self.job_status.tick()
+        return len(stuck)

@@ -1,0 +1,154 @@
+"""The dispatcher's reconciler: what falls between the cracks is repaired within one reconcile
+interval, and every repair is counted. The dispatcher in-process over real gRPC with test-only
+shards (tests/dispatcher_harness.py), a real store. (The shard's own reconciler, for decisions
+left without a verdict, is tested in tests/test_scheduler_service.py.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.controllers import JobStatusController
+from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher, UnitState
+from services.dispatcher.reconciler import Reconciler
+from store import Store
+from store.informer import Informer
+from tests import factories as f
+from tests.dispatcher_harness import (
+    Running,
+    TestShard,
+    dispatcher_config,
+    eventually,
+    run_dispatcher,
+)
+
+INTERVAL = 0.3
+
+
+@pytest.fixture
+async def dispatcher(store_url: str, cluster_name: str, tmp_path: Path) -> AsyncIterator[Running]:
+    config = dispatcher_config(
+        store_url,
+        cluster_name,
+        tmp_path,
+        reconcile_interval_seconds=INTERVAL,
+        dead_shard_seconds=1.0,
+        partitioning="off",
+    )
+    async with run_dispatcher(config) as running:
+        yield running
+
+
+@pytest.fixture
+async def shards() -> AsyncIterator[list[TestShard]]:
+    started: list[TestShard] = []
+    yield started
+    for shard in started:
+        await shard.stop()
+
+
+async def test_orphaned_unit_is_taken_back_and_dispatched_again(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    shard = TestShard("shard-a", store, 100)
+    shards.append(shard)
+    await shard.start()
+    core = dispatcher.service.core
+    await eventually(lambda: "shard-a" in core.links and core.links["shard-a"].ready)
+    response = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[f.job("j1", replicas=2)]))
+    assert response.results[0].created
+    await eventually(lambda: shard.jobs() == ["j1"], what="j1 dispatched")
+    # The dispatcher's record of what the shard holds loses the unit (as a stray outcome for
+    # it would): its real outcome can never be matched, and the unit would wait forever.
+    core.links["shard-a"].settle("j1")
+    assert core.units["j1"].state == UnitState.DISPATCHED
+    reconciler = dispatcher.service.reconciler
+    await eventually(
+        lambda: reconciler.repairs["orphaned_unit"] == 1, timeout=INTERVAL + 10, what="repair"
+    )
+    # Revoked from the shard (so it cannot be placed twice) and dispatched again, whole.
+    await eventually(lambda: shard.jobs() == ["j1", "j1"], what="j1 dispatched again")
+    assert shard.revoked == ["j1"]
+    assert [p.name for p in shard.unit("j1").pods] == ["j1-0", "j1-1"]
+    assert core.links["shard-a"].undecided == {"j1": 2}
+
+
+async def test_dead_shard_record_is_deleted_and_live_ones_kept(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    live = TestShard("shard-live", store, 10)
+    shards.append(live)
+    await live.start()
+    # What a shard killed with -9 leaves behind: its record, its partition, no heartbeat.
+    dead = pb.SchedulerInstance(metadata=pb.ObjectMeta(name="shard-dead"))
+    dead.spec.address = "127.0.0.1:1"
+    dead.spec.partition.extend(["n1", "n2"])
+    dead.status.heartbeat_ms = int(time.time() * 1000) - 120_000
+    await store.create(dead)
+    reconciler = dispatcher.service.reconciler
+
+    async def gone() -> bool:
+        return (await store.get_many(pb.SchedulerInstance, ["shard-dead"]))[0] is None
+
+    await eventually(gone, timeout=INTERVAL + 10, what="dead record deleted")
+    assert reconciler.repairs["dead_shard"] == 1
+    await store.get(pb.SchedulerInstance, "shard-live")  # still there
+
+
+@pytest.fixture
+async def informer(store: Store) -> AsyncIterator[Informer]:
+    inf = Informer(store, [*UnitDispatcher.KINDS], block_ms=100)
+    inf.start()
+    await inf.wait_synced(10)
+    try:
+        yield inf
+    finally:
+        await inf.stop()
+
+
+async def test_job_status_disagreeing_with_its_pods_is_rewritten(
+    store: Store, informer: Informer
+) -> None:
+    """The job status controller gave up on a job (a write that failed for good) and its stored
+    status disagrees with its pods: found on two passes in a row with no change in between, it
+    is written and the repair counted; a job the controller still has pending is left to it."""
+    controller = JobStatusController(store, informer)
+    core = UnitDispatcher(store, informer, DispatchSettings())
+    reconciler = Reconciler(store, informer, core, controller)
+    job = f.job("web", replicas=2)
+    await store.create_unit(job, f.pods_of(job))
+    other = f.job("other", replicas=1)
+    await store.create_unit(other, f.pods_of(other))
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+    await controller.tick()
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+    assert (await store.get(pb.Job, "web")).status.phase == pb.JOB_PENDING
+
+    async def corrupt(name: str) -> None:
+        stored = await store.get(pb.Job, name)
+        stored.status.phase, stored.status.running = pb.JOB_RUNNING, 2
+        await store.update(stored)
+
+    await corrupt("web")
+    await corrupt("other")
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+    controller.changed_jobs.discard("web")  # the controller dropped it: fell through
+    assert "other" in controller.changed_jobs  # the controller will see to this one
+
+    # One pass only suspects it (a controller write may be on its way to our view); the next
+    # pass, the job unchanged meanwhile, repairs it.
+    assert await reconciler.tick() == {}
+    assert await store.get(pb.Job, "web") == informer.get("Job", "web")
+    made = await reconciler.tick()
+    assert made == {"job_status": 1}
+    assert reconciler.repairs["job_status"] == 1
+    web = await store.get(pb.Job, "web")
+    assert (web.status.phase, web.status.running) == (pb.JOB_PENDING, 0)
+    # A second pass finds nothing left to repair.
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+    assert await reconciler.tick() == {}
