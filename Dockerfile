@@ -6,7 +6,10 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-RUN useradd --create-home --uid 10001 godel
+RUN useradd --create-home --uid 10001 godel \
+    # The certs volume's mount point: a fresh named volume takes its owner, so the one-shot
+    # certs service (running as godel) can write the cluster's credentials into it.
+    && mkdir /certs && chown godel:godel /certs && chmod 0700 /certs
 WORKDIR /src
 
 # The dependencies first, from the lock file alone: this layer is rebuilt only when

@@ -256,7 +256,7 @@ def run_one(
     try:
         state = local.up(home, spec)
         with _progress(console) as progress:
-            client = ProtoClient(state.address_of("dispatcher"), timeout=120)
+            client = ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path)
             try:
                 alive = functools.partial(_check_alive, state)
                 _wait_nodes(client, shape.nodes, progress, 180 + shape.nodes / 100, alive)
@@ -273,7 +273,7 @@ def run_one(
                 result["latency_ms"], result["bound"], last_bound_ms = _latencies(client)
                 _finish_times(result, last_bound_ms)
                 if workload.reschedule is not None:
-                    result["reschedule"] = _reschedule(workload, state, console)
+                    result["reschedule"] = _reschedule(workload, state, home, console)
             finally:
                 client.close()
         ok = result["bound"] == workload.measured.count
@@ -313,7 +313,9 @@ def _conflicts(
     }
 
 
-def _reschedule(workload: Workload, state: local.ClusterState, console: Console) -> dict[str, Any]:
+def _reschedule(
+    workload: Workload, state: local.ClusterState, home: local.GodelHome, console: Console
+) -> dict[str, Any]:
     """One round of the workload's policy once every measured pod is bound: how long it took
     (the rescheduler's own planning time and the RPC's wall time) and what it predicts. An
     executed round returns once its last batch's replacements run, so its wall time is the time
@@ -323,7 +325,7 @@ def _reschedule(workload: Workload, state: local.ClusterState, console: Console)
     policy, dry_run = workload.reschedule.policy, workload.reschedule.dry_run
     console.print(f"rescheduling: policy {policy}{' (dry run)' if dry_run else ''} ...")
     measured: dict[str, Any] = {}
-    with ReschedulerClient(state.address_of("rescheduler"), timeout=1800) as client:
+    with ReschedulerClient(state.address_of("rescheduler"), timeout=1800, home=home.path) as client:
         started = time.perf_counter()
         response = client.trigger(policy, dry_run=dry_run)
         wall = time.perf_counter() - started
@@ -473,6 +475,7 @@ def _measure(
         json.dumps(
             {
                 "dispatcher": state.address_of("dispatcher"),
+                "home": str(home.path),  # where the cluster's credentials are
                 "prefix": MEASURED_PREFIX,
                 "phase": phase.to_json(),
             }

@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     plan = json.loads(opts.plan.read_text())
     phase = PodPhase.from_json(plan["phase"])
-    with ProtoClient(plan["dispatcher"], timeout=float(plan.get("timeout", 120))) as client:
+    home = Path(plan["home"]) if "home" in plan else None  # its credentials: home/tls
+    with ProtoClient(
+        plan["dispatcher"], timeout=float(plan.get("timeout", 120)), home=home
+    ) as client:
         nodes: list[str] = []
         if phase.per_node:
             nodes = sorted(n.metadata.name for n in client.list("Node"))  # type: ignore[attr-defined]

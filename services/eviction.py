@@ -70,6 +70,7 @@ def replacement(pod: pb.Pod, siblings: Iterable[pb.Pod], taken: Set[str] = froze
         name = f"{pod.spec.job}-{pod.spec.index}-r{n}"
     new = pb.Pod(metadata=pb.ObjectMeta(name=name))
     new.metadata.labels.update(pod.metadata.labels)
+    new.metadata.owner = pod.metadata.owner  # the tenant's pod, as the one it replaces
     new.metadata.annotations.update(pod.metadata.annotations)
     new.metadata.annotations[REPLACES_ANNOTATION] = pod.metadata.name
     new.spec.CopyFrom(pod.spec)

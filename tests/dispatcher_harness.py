@@ -40,6 +40,7 @@ def dispatcher_config(
         shard_grace_seconds=1.0,
         backoff_initial_seconds=0.2,
         backoff_max_seconds=0.4,
+        insecure=True,  # in-process tests call it in plaintext; tests/test_tls.py covers TLS
     )
     return replace(base, **overrides)
 

@@ -68,7 +68,12 @@ async def audit(store: Store) -> AsyncIterator[None]:
 
 
 def config(store_url: str, cluster: str, name: str, **kw: Any) -> BinderConfig:
-    base: dict[str, Any] = {"lease_ms": 1000, "renew_ms": 200, "grace_seconds": 0.5}
+    base: dict[str, Any] = {
+        "lease_ms": 1000,
+        "renew_ms": 200,
+        "grace_seconds": 0.5,
+        "insecure": True,  # plaintext in-process; tests/test_tls.py covers TLS
+    }
     return BinderConfig(store_url=store_url, cluster=cluster, name=name, **(base | kw))
 
 
@@ -835,7 +840,7 @@ def start_binder(store_url: str, cluster_name: str, tmp_path: Path) -> Iterator[
             proc = subprocess.Popen(
                 [sys.executable, "-m", "services.binder", "--store-url", store_url,
                  "--cluster", cluster_name, "--name", name, "--port", "0",
-                 "--log-format", "json", *flags],
+                 "--log-format", "json", "--insecure", "true", *flags],
                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ},
             )  # fmt: skip
         started.append(proc)

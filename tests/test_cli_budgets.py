@@ -5,6 +5,7 @@ table reads like `kubectl get pdb`, and the status the dispatcher's controller k
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -38,6 +39,7 @@ async def godel(dispatcher: Running, *args: str) -> str:
         text=True,
         timeout=60,
         cwd=ROOT,
+        env={**os.environ, "GODEL_INSECURE": "true"},  # the in-process dispatcher is plaintext
     )
     assert result.returncode == 0, result.stderr
     return result.stdout

@@ -19,6 +19,8 @@ import importlib.metadata
 import importlib.util
 import json
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ LOCK = ROOT / "requirements.lock"
 PYPROJECT = ROOT / "pyproject.toml"
 SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
 STORE = "store"
+CERTS = "certs"  # the one-shot init service writing the cluster's credentials to its volume
 STORE_INIT = "store-init"
 HA = ("store-replica", "sentinel")  # profile `ha`
 STORE_SIDE = (STORE, STORE_INIT, *HA)
@@ -104,7 +107,8 @@ def test_schema_rejects_an_invalid_file(
 
 
 def _godel_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {name: spec for name, spec in services.items() if name not in STORE_SIDE}
+    """The long-running Gödel components (not the store's side, not the one-shot certs)."""
+    return {name: spec for name, spec in services.items() if name not in (*STORE_SIDE, CERTS)}
 
 
 def _seconds(duration: str) -> float:
@@ -116,7 +120,8 @@ def _seconds(duration: str) -> float:
 
 def test_every_component_has_a_service(services: dict[str, dict[str, Any]]) -> None:
     assert set(services) == {
-        *STORE_SIDE, "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent", "dashboard"
+        *STORE_SIDE, CERTS, "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent",
+        "dashboard",
     }  # fmt: skip
 
 
@@ -156,7 +161,7 @@ def test_commands_run_importable_modules(services: dict[str, dict[str, Any]]) ->
 
 def test_every_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
     for name, spec in services.items():
-        if name == STORE_INIT:
+        if name in (STORE_INIT, CERTS):
             continue  # a one-shot: it exits, and its dependents wait for that
         test = spec.get("healthcheck", {}).get("test")
         assert test and test[0] == "CMD", f"{name}: healthcheck.test missing"
@@ -181,6 +186,49 @@ def test_depends_on_references_healthy_defined_services(
                 assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
     for name, spec in _godel_services(services).items():
         assert spec["depends_on"][STORE]["condition"] == "service_healthy", name
+        assert spec["depends_on"][CERTS]["condition"] == "service_completed_successfully", name
+
+
+def test_the_certs_service_issues_credentials_every_service_uses(
+    services: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The init service writes the CA and certificates to the certs volume once; every component
+    mounts that volume read-only and finds its identity there (GODEL_TLS_DIR), its certificate
+    naming every compose service name it may be dialled at."""
+    from cryptography import x509
+
+    from godel import pki, tls
+
+    init = services[CERTS]
+    assert init["restart"] == "no" and "depends_on" not in init
+    command = init["command"]
+    assert command[:5] == ["python", "-m", "godel", "certs", "init"], command
+    directory = command[command.index("--dir") + 1]
+    assert f"certs:{directory}" in init["volumes"]
+    hosts = {command[i + 1] for i, arg in enumerate(command) if arg == "--host"}
+    assert hosts == set(_godel_services(services)), "every service name is in the certificate"
+    for name, spec in _godel_services(services).items():
+        assert spec["environment"]["GODEL_TLS_DIR"] == directory, name
+        assert f"certs:{directory}:ro" in spec["volumes"], name
+        assert "--insecure" not in spec["command"] and "GODEL_INSECURE" not in spec["environment"]
+    # The command, run as the container runs it: the credentials the services load.
+    result = subprocess.run(
+        [sys.executable, *command[1:6], str(tmp_path), *command[7:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    service = tls.load(tmp_path, tls.SERVICE)
+    assert pki.identity_of(service.certificate).role == "service"
+    names = (
+        x509.load_pem_x509_certificate(service.certificate)
+        .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        .value.get_values_for_type(x509.DNSName)
+    )
+    assert hosts | {tls.SERVICE_NAME} <= set(names)
+    assert pki.identity_of(tls.load(tmp_path, tls.ADMIN).certificate).role == "admin"
 
 
 def test_scaled_services_have_no_fixed_name_or_host_port(

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
@@ -410,7 +411,8 @@ async def test_queue_status_controller(store: Store, informer: Informer) -> None
     await store.create(f.node("n1"))
     await store.create(pb.Queue(metadata=pb.ObjectMeta(name="batch")))
     await store.create(pb.Queue(metadata=pb.ObjectMeta(name="idle")))
-    core = UnitDispatcher(store, informer, DispatchSettings())  # its accounting, not its loops
+    # Its accounting, not its loops: it never dials a shard.
+    core = UnitDispatcher(store, informer, DispatchSettings(), dial=grpc.aio.insecure_channel)
     ctl = QueueStatusController(store, informer, core.queue_statuses)
     job = f.job("work", replicas=3, cpu=500)
     job.spec.queue = "batch"

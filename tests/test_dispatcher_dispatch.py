@@ -319,14 +319,15 @@ async def test_with_real_shards_and_binder(
     for i in range(4):
         await store.create(f.node(f"n{i}", cpu=4000))
     binder = BinderConfig(
-        name="binder-0", store_url=store_url, cluster=cluster_name, port=0, log_level="warning"
-    )
+        name="binder-0", store_url=store_url, cluster=cluster_name, port=0, log_level="warning",
+        insecure=True,
+    )  # fmt: skip
 
     def shard(name: str) -> SchedulerConfig:
         return SchedulerConfig(
             name=name, store_url=store_url, cluster=cluster_name, port=0,
             heartbeat_seconds=0.1, backoff_initial_seconds=0.01, grace_seconds=0.5,
-            log_level="warning",
+            log_level="warning", insecure=True,
         )  # fmt: skip
 
     jobs = [f.job(f"g{k}", replicas=3, min_member=3, cpu=1000) for k in range(4)]

@@ -60,6 +60,7 @@ def service_config(store_url: str, cluster_name: str, tmp_path: Path) -> Service
         grace_seconds=0.5,
         home=tmp_path,
         metrics_sample_seconds=0.05,
+        insecure=True,  # plaintext in-process; tests/e2e/test_tls.py covers TLS
     )
 
 

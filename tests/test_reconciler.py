@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from protos.godel.v1 import api_pb2
@@ -118,7 +119,7 @@ async def test_job_status_disagreeing_with_its_pods_is_rewritten(
     status disagrees with its pods: found on two passes in a row with no change in between, it
     is written and the repair counted; a job the controller still has pending is left to it."""
     controller = JobStatusController(store, informer)
-    core = UnitDispatcher(store, informer, DispatchSettings())
+    core = UnitDispatcher(store, informer, DispatchSettings(), dial=grpc.aio.insecure_channel)
     reconciler = Reconciler(store, informer, core, controller)
     job = f.job("web", replicas=2)
     await store.create_unit(job, f.pods_of(job))

@@ -205,6 +205,7 @@ def service_config(store_url: str, cluster_name: str, tmp_path: Path) -> Service
         cluster=cluster_name,
         grace_seconds=0.5,
         home=tmp_path,
+        insecure=True,  # plaintext in-process; tests/test_tls.py covers TLS
     )
 
 
@@ -331,7 +332,8 @@ def dispatcher(store_url: str, cluster_name: str, tmp_path: Path) -> Iterator[An
             proc = subprocess.Popen(
                 [sys.executable, "-m", "services.dispatcher", "--port", str(port),
                  "--store-url", store_url, "--cluster", cluster_name, "--name", "dispatcher-test",
-                 "--grace-seconds", str(grace_seconds), "--log-format", "json"],
+                 "--grace-seconds", str(grace_seconds), "--log-format", "json",
+                 "--insecure", "true"],
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         started.append(proc)
@@ -398,7 +400,8 @@ def test_healthcheck_module_exit_codes(dispatcher: Any) -> None:
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "services.runtime.healthcheck", "--addr", address, *args],
+            [sys.executable, "-m", "services.runtime.healthcheck", "--addr", address,
+             "--insecure", *args],
             capture_output=True, text=True, timeout=30, env={**os.environ},
         )  # fmt: skip
 

@@ -134,6 +134,7 @@ def config(store_url: str, cluster_name: str) -> SchedulerConfig:
         heartbeat_seconds=0.1,
         backoff_initial_seconds=0.01,
         grace_seconds=0.5,
+        insecure=True,  # plaintext in-process; tests/test_tls.py covers TLS
         log_level="warning",
     )
 
@@ -267,8 +268,9 @@ async def test_shard_with_the_real_binder_binds_gangs_without_overcommit(
         for k in range(5)
     ]
     binder_config = BinderConfig(
-        name="binder-0", store_url=store_url, cluster=cluster_name, port=0, log_level="warning"
-    )
+        name="binder-0", store_url=store_url, cluster=cluster_name, port=0, log_level="warning",
+        insecure=True,
+    )  # fmt: skip
     async with (
         ServiceHost(BinderService, binder_config),
         ServiceHost(SchedulerService, config) as shard,

@@ -75,7 +75,9 @@ def test_discovery_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 
 async def test_apply_manifest_refuses_a_bad_manifest_before_any_call() -> None:
-    async with AsyncGodelClient("127.0.0.1:9") as client:  # nothing listens: no call is made
+    async with AsyncGodelClient(
+        "127.0.0.1:9", insecure=True
+    ) as client:  # nothing listens: no call is made
         with pytest.raises(Invalid, match="not valid YAML"):
             await client.apply_manifest("kind: [")
         with pytest.raises(Invalid) as caught:

@@ -35,7 +35,7 @@ async def test_a_listing_broken_by_a_restart_is_completed_without_repeats(
     seen: list[Event] = []
     async with run_dispatcher(config) as first:
         address = first.host.address
-        client = AsyncGodelClient(address, reconnect_timeout=30)
+        client = AsyncGodelClient(address, reconnect_timeout=30, insecure=True)
         requests: list[int] = []
         watch = client._api.Watch
 

@@ -30,6 +30,12 @@ HomeOption = Annotated[
 ]
 
 
+INSECURE_WARNING = (
+    "WARNING: INSECURE CLUSTER (started with --insecure): gRPC is plaintext and "
+    "unauthenticated; anyone who reaches its ports may submit, read and delete anything"
+)
+
+
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
@@ -68,13 +74,31 @@ def up(
     foreground: Annotated[
         bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")
     ] = False,
+    run_as: Annotated[
+        str,
+        typer.Option(
+            "--run-as",
+            help="User process-mode pods run as, never root (default: nobody when started as "
+            "root, else yours).",
+        ),
+    ] = "",
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Serve plaintext gRPC with no authentication: anyone who reaches a port may "
+            "do anything. Default: a cluster CA and mutual TLS.",
+        ),
+    ] = False,
     dashboard: Annotated[
         bool, typer.Option(help="Also start the web dashboard (its URL is in `godel status`).")
     ] = True,
 ) -> None:
     """Start a local cluster: the store server and every service as separate processes.
 
-    Uses the store at $GODEL_REDIS_URL instead of starting one when that is set.
+    Uses the store at $GODEL_REDIS_URL instead of starting one when that is set. Issues the
+    cluster's CA and certificates into HOME/tls (kept across restarts); the CLI and the SDK
+    pick the admin identity up from there.
     """
     from store import redact_url
 
@@ -87,6 +111,8 @@ def up(
         grace_seconds=grace,
         hollow_nodes=hollow_nodes,
         process_node=process_node,
+        insecure=insecure,
+        run_as=run_as,
         dashboard=dashboard,
         store_replicas=store_replicas,
     )
@@ -101,6 +127,10 @@ def up(
             for c in state.components
         ],
     )
+    if insecure:
+        typer.echo(INSECURE_WARNING, err=True)
+    else:
+        typer.echo(f"\nmutual TLS: credentials in {godel_home.tls_dir} (admin.crt is yours)")
     for c in state.components:
         if c.web_url:
             typer.echo(f"\ndashboard: {c.web_url}")
@@ -149,9 +179,12 @@ def status(
 
     try:
         statuses = local.status(_home(home))
+        state = _home(home).load()
         lease = local.binder_lease(_home(home))
     except (local.ClusterError, local.StateError) as exc:
         fail(str(exc))
+    if state is not None and state.insecure:
+        typer.echo(INSECURE_WARNING, err=True)
     leader = lease.holder if lease is not None else ""
     if output is OutputFormat.json:
         print_json(

@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from godel.cli import bench, cluster, output, reschedule, resources
+from godel.cli import bench, certs, cluster, output, reschedule, resources
 
-COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, resources, reschedule, bench)
+COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, certs, resources, reschedule, bench)
 
 app = typer.Typer(
     name="godel",

@@ -34,7 +34,11 @@ def register(app: typer.Typer) -> None:
 
 
 def rescheduler_client(address: str | None, home: Path | None) -> ReschedulerClient:
-    return ReschedulerClient(address or local_address("rescheduler", home, "--rescheduler"))
+    address = address or local_address("rescheduler", home, "--rescheduler")
+    try:  # the credentials as the SDK finds them: $GODEL_TLS_DIR, else the home's
+        return ReschedulerClient(address, home=home)
+    except ClientError as exc:
+        fail(str(exc))
 
 
 def reschedule(

@@ -104,7 +104,11 @@ def register(app: typer.Typer) -> None:
 def _client(server: str | None, home: Path | None) -> ProtoClient:
     # $GODEL_ADDRESS too, as the SDK reads it: one variable points programs and CLI elsewhere.
     address = server or os.environ.get("GODEL_ADDRESS")
-    return ProtoClient(address or local_address("dispatcher", home, "--server"))
+    address = address or local_address("dispatcher", home, "--server")
+    try:  # the credentials as the SDK finds them: $GODEL_TLS_DIR, else the home's
+        return ProtoClient(address, home=home)
+    except ClientError as exc:
+        fail(str(exc))
 
 
 def _kind(word: str) -> str:
@@ -734,7 +738,7 @@ def logs(
         node = _guard(lambda: client.get("Node", obj.spec.node_name))  # type: ignore[attr-defined]
     agent = _agent_address(node.spec, home)  # type: ignore[attr-defined]
     try:
-        for data in pod_logs(agent, pod, follow=follow, tail_lines=tail):
+        for data in pod_logs(agent, pod, follow=follow, tail_lines=tail, home=home):
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
     except ClientError as exc:

@@ -16,6 +16,7 @@ from typing import Any, Self, overload
 import grpc
 from google.protobuf.message import Message
 
+from godel import tls
 from godel.client._transport import (
     CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT,
@@ -28,6 +29,7 @@ from godel.client._transport import (
     client_error,
     discover,
     rejected,
+    resolve_credentials,
 )
 from godel.client.objects import (
     JOB_PROGRESS,
@@ -141,7 +143,9 @@ class AsyncGodelClient:
     """The asyncio client of a Gödel cluster.
 
     ``address`` defaults to ``$GODEL_ADDRESS`` / ``$GODEL_SERVER``, else the local cluster of
-    ``home`` / ``$GODEL_HOME`` (see ``discover``). ``timeout`` is every unary call's deadline;
+    ``home`` / ``$GODEL_HOME`` (see ``discover``), with the credentials
+    ``discover_credentials`` finds there unless ``credentials`` are given (``insecure=True``:
+    plaintext, for a cluster started with --insecure). ``timeout`` is every unary call's deadline;
     a broken watch is resumed for up to ``reconnect_timeout`` seconds before Unavailable.
     """
 
@@ -152,11 +156,14 @@ class AsyncGodelClient:
         home: Path | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         reconnect_timeout: float = 60.0,
+        credentials: tls.Credentials | None = None,
+        insecure: bool = False,
     ) -> None:
         self.address = discover(address, home=home)
         self.timeout = timeout
         self.reconnect_timeout = reconnect_timeout
-        self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self.credentials = resolve_credentials(credentials, insecure, home)
+        self._channel = tls.aio_channel(self.address, self.credentials, CHANNEL_OPTIONS)
         self._api = api_pb2_grpc.DispatcherStub(self._channel)
 
     async def close(self) -> None:

@@ -13,13 +13,15 @@ the channel options, retry policy and error mapping of ``_transport``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import grpc
 from google.protobuf.message import Message
 
-from godel.client._transport import CHANNEL_OPTIONS, client_error
+from godel import tls
+from godel.client._transport import CHANNEL_OPTIONS, client_error, resolve_credentials
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from store.kinds import unwrap, wrap
@@ -29,10 +31,19 @@ class _Connection:
     """One channel to one service: closing, ``with`` support, calls with the deadline and
     errors as ClientError."""
 
-    def __init__(self, address: str, *, timeout: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float,
+        home: Path | None = None,
+        credentials: tls.Credentials | None = None,
+        insecure: bool = False,
+    ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.credentials = resolve_credentials(credentials, insecure, home)
+        self._channel = tls.channel(address, self.credentials, CHANNEL_OPTIONS)
 
     def close(self) -> None:
         self._channel.close()
@@ -56,8 +67,21 @@ class _Connection:
 
 
 class ProtoClient(_Connection):
-    def __init__(self, address: str, *, timeout: float = 30.0) -> None:
-        super().__init__(address, timeout=timeout)
+    """The Dispatcher's API. Credentials as the SDK finds them (``discover_credentials``) unless
+    given; ``insecure=True`` for a cluster started with --insecure."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 30.0,
+        home: Path | None = None,
+        credentials: tls.Credentials | None = None,
+        insecure: bool = False,
+    ) -> None:
+        super().__init__(
+            address, timeout=timeout, home=home, credentials=credentials, insecure=insecure
+        )
         self._api = api_pb2_grpc.DispatcherStub(self._channel)
 
     def submit(
@@ -146,9 +170,19 @@ class ProtoClient(_Connection):
 class ReschedulerClient(_Connection):
     """The Rescheduler's API: run a policy's round now (or simulate it), list the policies."""
 
-    def __init__(self, address: str, *, timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 300.0,
+        home: Path | None = None,
+        credentials: tls.Credentials | None = None,
+        insecure: bool = False,
+    ) -> None:
         # A round on a large cluster takes seconds: the default deadline is generous.
-        super().__init__(address, timeout=timeout)
+        super().__init__(
+            address, timeout=timeout, home=home, credentials=credentials, insecure=insecure
+        )
         self._api = api_pb2_grpc.ReschedulerStub(self._channel)
 
     def trigger(self, policy: str = "", *, dry_run: bool = False) -> api_pb2.TriggerResponse:
@@ -176,9 +210,14 @@ def logs(
     follow: bool = False,
     tail_lines: int = 0,
     timeout: float | None = None,
+    home: Path | None = None,
+    credentials: tls.Credentials | None = None,
+    insecure: bool = False,
 ) -> Iterator[bytes]:
-    """The output of a process-mode pod, from the node agent that ran it."""
-    with grpc.insecure_channel(agent_address, options=CHANNEL_OPTIONS) as channel:
+    """The output of a process-mode pod, from the node agent that ran it (credentials as for
+    ``ProtoClient``)."""
+    chosen = resolve_credentials(credentials, insecure, home)
+    with tls.channel(agent_address, chosen, CHANNEL_OPTIONS) as channel:
         stub = api_pb2_grpc.NodeAgentStub(channel)
         request = api_pb2.LogsRequest(pod=pod, follow=follow, tail_lines=tail_lines)
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar, overload
 
+from godel import tls
 from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, Selector
 from godel.client._transport import DEFAULT_TIMEOUT
 from godel.client.objects import Event, Explanation, Job, Object, Pod
@@ -82,7 +83,8 @@ class GodelClient:
     """The synchronous client of a Gödel cluster: AsyncGodelClient's methods, blocking.
 
     ``address`` defaults to ``$GODEL_ADDRESS`` / ``$GODEL_SERVER``, else the local cluster of
-    ``home`` / ``$GODEL_HOME``.
+    ``home`` / ``$GODEL_HOME``; ``credentials`` to those ``discover_credentials`` finds
+    (``insecure=True``: plaintext, for a cluster started with --insecure).
     """
 
     def __init__(
@@ -92,13 +94,20 @@ class GodelClient:
         home: Path | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         reconnect_timeout: float = 60.0,
+        credentials: tls.Credentials | None = None,
+        insecure: bool = False,
     ) -> None:
         self._loop = _Loop()
 
         async def make() -> AsyncGodelClient:
             # Made on the loop: a grpc.aio channel belongs to the loop it was created on.
             return AsyncGodelClient(
-                address, home=home, timeout=timeout, reconnect_timeout=reconnect_timeout
+                address,
+                home=home,
+                timeout=timeout,
+                reconnect_timeout=reconnect_timeout,
+                credentials=credentials,
+                insecure=insecure,
             )
 
         try:

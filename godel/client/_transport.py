@@ -19,6 +19,8 @@ from typing import Any
 
 import grpc
 
+from godel import tls
+
 MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_TIMEOUT = 30.0
 # gRPC caps maxAttempts at 5; with these backoffs a call rides out about 3 s of a restarting
@@ -103,7 +105,15 @@ class DeadlineExceeded(ClientError):
 
 
 class ClusterNotFound(Unavailable):
-    """No address was given and none could be discovered."""
+    """No address was given and none could be discovered, or no credentials for it."""
+
+
+class Unauthenticated(ClientError):
+    """The server did not accept the caller's credentials (UNAUTHENTICATED)."""
+
+
+class PermissionDenied(ClientError):
+    """The caller's identity may not do this (PERMISSION_DENIED); the message names the rule."""
 
 
 _ERRORS: dict[grpc.StatusCode, type[ClientError]] = {
@@ -114,6 +124,8 @@ _ERRORS: dict[grpc.StatusCode, type[ClientError]] = {
     grpc.StatusCode.ABORTED: Conflict,
     grpc.StatusCode.FAILED_PRECONDITION: Conflict,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 
@@ -121,6 +133,13 @@ def client_error(exc: grpc.RpcError, address: str) -> ClientError:
     """The typed error of a failed call (sync and aio errors alike)."""
     code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
     details: str = exc.details() or ""  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNAVAILABLE and "handshake failed" in details.lower():
+        # The server refused our certificate (another cluster's CA), or is not the cluster's.
+        return Unauthenticated(
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"TLS handshake with {address} failed: the server and these credentials are not of "
+            f"the same cluster ({details})",
+        )
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"cannot reach {address}: {details}"
     return _ERRORS.get(code, ClientError)(code, details)
@@ -167,6 +186,56 @@ def local_address(kind: str, home: Path | None = None) -> str:
         return state.address_of(kind)
     except KeyError as exc:
         raise ClusterNotFound(grpc.StatusCode.UNAVAILABLE, str(exc.args[0])) from None
+
+
+def discover_credentials(home: Path | None = None) -> tls.Credentials | None:
+    """The credentials to call the cluster with, found as the address is: ``$GODEL_TLS_DIR``
+    (a directory holding ``ca.crt`` and the identity's certificate and key), else the
+    ``tls/`` directory of ``home`` / ``$GODEL_HOME``. The identity is ``$GODEL_IDENTITY``
+    (default ``admin``). None — plaintext — only when asked for by name: ``$GODEL_INSECURE``
+    set to true, or a local cluster that `godel up --insecure` started."""
+    if os.environ.get(tls.INSECURE_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):
+        return None
+    identity = os.environ.get(tls.IDENTITY_VARIABLE) or tls.ADMIN
+    if directory := os.environ.get(tls.TLS_DIR_VARIABLE):
+        return _load_credentials(Path(directory), identity)
+    # Imported here, as in local_address: a program given its credentials never needs it.
+    from godel import local
+
+    godel_home = local.GodelHome(home or local.default_home())
+    try:
+        state = godel_home.load()
+    except local.StateError:
+        state = None
+    if state is not None and state.insecure:
+        return None
+    if not (godel_home.tls_dir / f"{tls.CA}.crt").exists():
+        raise ClusterNotFound(
+            grpc.StatusCode.UNAVAILABLE,
+            f"no cluster credentials: {godel_home.tls_dir} holds none and $GODEL_TLS_DIR is not "
+            "set (`godel up` issues them; for compose, copy the certs volume and set "
+            "GODEL_TLS_DIR; for a cluster started with --insecure, set GODEL_INSECURE=true)",
+        )
+    return _load_credentials(godel_home.tls_dir, identity)
+
+
+def resolve_credentials(
+    credentials: tls.Credentials | None, insecure: bool, home: Path | None
+) -> tls.Credentials | None:
+    """What a client uses: none when ``insecure`` (asked for by name), the ``credentials``
+    given, else those :func:`discover_credentials` finds."""
+    if insecure:
+        return None
+    if credentials is not None:
+        return credentials
+    return discover_credentials(home)
+
+
+def _load_credentials(directory: Path, identity: str) -> tls.Credentials:
+    try:
+        return tls.load(directory, identity)
+    except tls.CredentialsError as exc:
+        raise ClusterNotFound(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
 
 
 def discover(address: str | None = None, *, home: Path | None = None) -> str:

@@ -23,6 +23,7 @@ from typing import Literal
 import psutil
 import structlog
 
+from godel import pki, tls
 from godel.local.home import SENTINEL, STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from godel.netutil import free_ports
 from protos.godel.v1 import objects_pb2 as pb
@@ -65,6 +66,11 @@ class ClusterSpec:
     """Simulated nodes, split across the node agents."""
     process_node: bool = True
     """Whether the first node agent also serves this machine as a process-mode node."""
+    insecure: bool = False
+    """Serve plaintext gRPC with no authentication (`godel up --insecure`); the default issues
+    a cluster CA and certificates into ``$GODEL_HOME/tls`` and every service serves mutual TLS."""
+    run_as: str = ""
+    """The user process-mode pods run as (the node agents' --run-as; default: nobody as root)."""
     dashboard: bool = True
     """Whether to start the web dashboard (`godel status` shows its URL)."""
     store_replicas: int = 0
@@ -82,6 +88,8 @@ class ClusterSpec:
             )
             args += ["--hollow-nodes", str(share)]
             args += ["--process-node", "true" if self.process_node and index == 0 else "false"]
+            if self.run_as:
+                args += ["--run-as", self.run_as]
         for k, extra in self.service_args:
             if k == kind:
                 args += extra
@@ -129,8 +137,16 @@ def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
     with home.lock():
         _refuse_running_cluster(home)
         home.logs_dir.mkdir(parents=True, exist_ok=True)
-        state = ClusterState(store_url="", started=now_iso(), grace_seconds=spec.grace_seconds)
+        state = ClusterState(
+            store_url="",
+            started=now_iso(),
+            grace_seconds=spec.grace_seconds,
+            insecure=spec.insecure,
+        )
         started: list[subprocess.Popen[bytes]] = []
+        if not spec.insecure:
+            # Kept across `down`/`up`: clients and tenants holding certificates stay valid.
+            pki.init_cluster(home.tls_dir)
         try:
             state.store_url = _start_store(home, spec, state)
             services = list(spec.services())
@@ -165,8 +181,11 @@ def status(home: GodelHome, timeout: float = 1.0) -> list[ComponentStatus]:
     state = home.load()
     if state is None:
         raise ClusterError(f"no cluster in {home}: start one with `godel up`")
+    credentials = probe_credentials(home, state)
     with ThreadPoolExecutor(max_workers=len(state.components)) as pool:
-        return list(pool.map(lambda c: _component_status(c, timeout), state.components))
+        return list(
+            pool.map(lambda c: _component_status(c, timeout, credentials), state.components)
+        )
 
 
 def binder_lease(home: GodelHome, timeout: float = 2.0) -> pb.Lease | None:
@@ -214,7 +233,7 @@ def scale(home: GodelHome, kind: str, replicas: int, ready_timeout: float = 30.0
             state.components = [c for c in state.components if c.name not in gone]
             home.save(state)
         elif len(current) < replicas:
-            spec = ClusterSpec(grace_seconds=state.grace_seconds)
+            spec = ClusterSpec(grace_seconds=state.grace_seconds, insecure=state.insecure)
             taken = {c.name for c in state.components}
             names = (f"{kind}-{i}" for i in range(10_000) if f"{kind}-{i}" not in taken)
             ports = iter(free_ports((replicas - len(current)) * 2, HOST))
@@ -223,7 +242,7 @@ def scale(home: GodelHome, kind: str, replicas: int, ready_timeout: float = 30.0
                 for _ in range(replicas - len(current))
             ]
             started = state.components[-len(procs) :]
-            _wait_serving_records(started, procs, ready_timeout)
+            _wait_serving_records(started, procs, ready_timeout, probe_credentials(home, state))
             changes += [f"{c.name} started at {c.address}" for c in started]
         return changes
 
@@ -344,6 +363,7 @@ def _start_service(
         "--home", str(home.path),
         "--grace-seconds", str(spec.grace_seconds),
         "--log-format", "json",
+        *(["--insecure", "true"] if spec.insecure else []),
         "--metrics-host", HOST,
         "--metrics-port", str(metrics_port),
         *web_args,
@@ -387,11 +407,25 @@ def _wait_serving(
     home: GodelHome, state: ClusterState, procs: list[subprocess.Popen[bytes]], timeout: float
 ) -> None:
     services = [c for c in state.components if c.kind not in (STORE, SENTINEL)]
-    _wait_serving_records(services, procs, timeout)
+    _wait_serving_records(services, procs, timeout, probe_credentials(home, state))
+
+
+def probe_credentials(home: GodelHome, state: ClusterState) -> tls.Credentials | None:
+    """What `godel` presents to the cluster's health checks: the admin identity, or nothing for
+    a cluster started with --insecure."""
+    if state.insecure:
+        return None
+    try:
+        return tls.load(home.tls_dir, tls.ADMIN)
+    except tls.CredentialsError as exc:
+        raise ClusterError(str(exc)) from exc
 
 
 def _wait_serving_records(
-    services: list[ComponentRecord], procs: list[subprocess.Popen[bytes]], timeout: float
+    services: list[ComponentRecord],
+    procs: list[subprocess.Popen[bytes]],
+    timeout: float,
+    credentials: tls.Credentials | None,
 ) -> None:
     pending = dict(zip((c.name for c in services), zip(services, procs, strict=True), strict=True))
     deadline = time.monotonic() + timeout
@@ -401,7 +435,7 @@ def _wait_serving_records(
                 raise ClusterError(
                     f"{name} exited with code {code} during startup{_log_tail(record.log)}"
                 )
-            if probe(record.address, timeout=0.5) == SERVING:
+            if probe(record.address, timeout=0.5, credentials=credentials) == SERVING:
                 log.info("serving", component=name)
                 del pending[name]
         if pending and time.monotonic() >= deadline:
@@ -474,7 +508,9 @@ def _signal(proc: psutil.Process, signum: signal.Signals) -> None:
         pass
 
 
-def _component_status(record: ComponentRecord, timeout: float) -> ComponentStatus:
+def _component_status(
+    record: ComponentRecord, timeout: float, credentials: tls.Credentials | None
+) -> ComponentStatus:
     if record.kind == SENTINEL:
         alive = record.process() is not None
         health = SERVING if alive else UNREACHABLE
@@ -483,7 +519,11 @@ def _component_status(record: ComponentRecord, timeout: float) -> ComponentStatu
         alive = record.process() is not None if record.pid is not None else health == SERVING
     else:
         alive = record.process() is not None
-        health = probe(record.address, timeout=timeout) if alive else UNREACHABLE
+        health = (
+            probe(record.address, timeout=timeout, credentials=credentials)
+            if alive
+            else UNREACHABLE
+        )
     return ComponentStatus(
         name=record.name, kind=record.kind, pid=record.pid, address=record.address,
         metrics_address=record.metrics_address, web_url=record.web_url,

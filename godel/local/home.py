@@ -5,6 +5,7 @@
       store-replica-<i>/  data dirs of its replicas (`godel up --store-replicas N`)
       sentinel-<i>/       the Sentinels watching them (config, log)
       logs/<name>.log     one log per service process
+      tls/                the cluster CA and certificates (godel.tls); absent with --insecure
       cluster.json        what is running: one record per component
       .lock               held while `godel up`/`down` change the cluster
 
@@ -90,6 +91,8 @@ class ClusterState:
     """The services' shutdown grace: `godel down` waits a little longer before SIGKILL."""
     components: list[ComponentRecord] = field(default_factory=list)
     version: int = STATE_VERSION
+    insecure: bool = False
+    """Started with --insecure: plaintext gRPC, no authentication (clients must not use TLS)."""
 
     def component(self, name: str) -> ComponentRecord | None:
         return next((c for c in self.components if c.name == name), None)
@@ -110,6 +113,7 @@ class GodelHome:
         # Where node agents started with this home run process-mode pods (their work dir).
         self.pods_dir = self.path / "pods"
         self.state_file = self.path / "cluster.json"
+        self.tls_dir = self.path / "tls"
 
     def __str__(self) -> str:
         return str(self.path)

@@ -13,6 +13,7 @@ import grpc
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from services.binder.service import LEASE
+from services.runtime import Dial
 from store import Store
 
 POLL_SECONDS = 0.2
@@ -28,8 +29,12 @@ class BinderEvictor:
     """Calls ``Binder.Evict`` on the current leader (found through its lease), again after a
     failover or while no leader is elected, within ``timeout_seconds``."""
 
-    def __init__(self, store: Store, requester: str, timeout_seconds: float = 120.0) -> None:
+    def __init__(
+        self, store: Store, requester: str, dial: Dial, timeout_seconds: float = 120.0
+    ) -> None:
         self.store = store
+        # The caller's Service.dial: the Binder accepts Evict from service identities only.
+        self.dial = dial
         self.requester = requester
         self.timeout = timeout_seconds
 
@@ -42,7 +47,7 @@ class BinderEvictor:
             if lease is None or not lease.holder_address:
                 await asyncio.sleep(POLL_SECONDS)
                 continue
-            async with grpc.aio.insecure_channel(lease.holder_address) as channel:
+            async with self.dial(lease.holder_address, ()) as channel:
                 stub = internal_pb2_grpc.BinderStub(channel)
                 try:
                     response: ipb.EvictResponse = await stub.Evict(

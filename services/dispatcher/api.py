@@ -16,16 +16,19 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
+from godel.tls import Identity
 from placement import labelselector
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.client import BinderEvictor, EvictError
+from services import tenancy
+from services.binder.client import EvictError
 from services.binder.state import holds_claim
 from services.dispatcher import validation as v
 from services.dispatcher.dispatch import UnitDispatcher
 from services.dispatcher.unitqueue import is_pending
 from services.eviction import DRAINED
+from services.runtime.auth import caller
 from store import (
     AlreadyExistsError,
     CommitError,
@@ -86,8 +89,6 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         self.store = store
         self.core = core
         self.max_replicas = max_replicas
-        # Drains evict through the Binder leader, found through its lease.
-        self._evictor = BinderEvictor(store, "dispatcher/drain", timeout_seconds=30.0)
         self.max_pending_pods = max_pending_pods
 
     # -----------------------------------------------------------------------------------------
@@ -95,6 +96,9 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
     # -----------------------------------------------------------------------------------------
 
     async def Submit(self, request: api_pb2.SubmitRequest, context: Any) -> api_pb2.SubmitResponse:
+        # The whole request is refused before anything is stored: a batch never half-lands.
+        for job in request.jobs:
+            await _refuse_if(context, tenancy.submit_refusal(caller(), job))
         try:
             return await self._submit(request)
         except StoreUnavailableError as exc:
@@ -181,8 +185,10 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                 await self.store.replication_barrier()  # as below
             return api_pb2.SubmitResponse(results=results)
         units = {i: v.normalise_job(jobs[i]) for i in valid}
-        if request.request_id:
-            for unit in units.values():
+        owner = _owner()
+        for unit in units.values():
+            unit.metadata.owner = owner  # never what the request said
+            if request.request_id:
                 unit.metadata.annotations[REQUEST_ID_ANNOTATION] = request.request_id
         commits: list[list[Op]] = [
             [Create(units[i]), *(Create(p) for p in _pods_for(units[i], queue_objects))]
@@ -240,11 +246,15 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                         await _abort(context, grpc.StatusCode.ABORTED, str(exc.cause))
         except _Aborted as exc:
             await _abort(context, grpc.StatusCode.ABORTED, str(exc))
+        except _Refused as exc:
+            await _abort(context, grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
         raise AssertionError("unreachable")
 
     async def _apply(self, request: api_pb2.ApplyRequest) -> api_pb2.ApplyResponse:
+        if request.objects and (why := tenancy.apply_refusal(caller())) is not None:
+            raise _Refused(why)
         results: list[api_pb2.ApplyResult] = []
         checked: list[tuple[int, str, Message]] = []
         seen: dict[tuple[str, str], int] = {}
@@ -395,6 +405,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        await _refuse_if(context, tenancy.read_refusal(caller(), kind.name, obj))
         return wrap(kind.name, obj)
 
     async def List(self, request: api_pb2.ListRequest, context: Any) -> api_pb2.ListResponse:
@@ -421,6 +432,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
         selects = await _selector(request, context)
+        identity = caller()
         picked = sorted(
             (
                 o
@@ -428,6 +440,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                 if o.metadata.name > after  # type: ignore[attr-defined]
                 and selects(o.metadata.labels)  # type: ignore[attr-defined]
                 and (not request.job or o.spec.job == request.job)  # type: ignore[attr-defined]
+                and tenancy.owns(identity, kind.name, o)
             ),
             key=lambda o: o.metadata.name,  # type: ignore[attr-defined, no-any-return]
         )
@@ -469,6 +482,9 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
     async def Delete(self, request: api_pb2.DeleteRequest, context: Any) -> api_pb2.DeleteResponse:
         try:
             kind = _kind(request.kind)
+            if not tenancy.unrestricted(identity := caller()):
+                stored = await self.store.get_many(kind.message, [request.name])
+                await _refuse_if(context, tenancy.delete_refusal(identity, kind.name, stored[0]))
             if kind.name == "Job":
                 deleted = await self._delete_job(request.name, request.resource_version)
                 self.core.revoke(request.name)
@@ -547,6 +563,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        await _refuse_if(context, tenancy.read_refusal(caller(), "Pod", pod))
         return self.explain(pod)
 
     def explain(self, pod: pb.Pod) -> api_pb2.ExplainResponse:
@@ -630,23 +647,27 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             ),
             key=lambda p: p.metadata.name,
         )
-        for pod in pods:
-            name = pod.metadata.name
-            if request.dry_run:
-                out.pods.add(pod=name, outcome="would evict")
-                continue
-            response = await self._evictor.evict(
+        if request.dry_run:
+            for pod in pods:
+                out.pods.add(pod=pod.metadata.name, outcome="would evict")
+        elif pods:
+            evictor = self.core.evictor
+            if evictor is None:
+                raise EvictError("this dispatcher has no way to reach the Binder")
+            # One partial request: each pod its disruption budgets allow goes, the rest wait.
+            response = await evictor.evict(
                 ipb.EvictRequest(
-                    pods=[ipb.PodRef(name=name, uid=pod.metadata.uid)],
+                    pods=[ipb.PodRef(name=p.metadata.name, uid=p.metadata.uid) for p in pods],
                     reason=DRAINED,
                     message=f"node {request.node} drained",
+                    partial=True,
                 )
             )
             for result in response.results:
                 if result.outcome == ipb.EvictResult.EVICTED:
-                    out.pods.add(pod=name, outcome="evicted", replacement=result.replacement)
+                    out.pods.add(pod=result.pod, outcome="evicted", replacement=result.replacement)
                 elif result.outcome == ipb.EvictResult.REFUSED:
-                    out.pods.add(pod=name, outcome="waiting", reason=result.reason)
+                    out.pods.add(pod=result.pod, outcome="waiting", reason=result.reason)
         log.info(
             "drain",
             node=request.node,
@@ -672,7 +693,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "job: only Jobs and Pods have a job"
             )
-        matches = _watch_filter(await _selector(request, context), request.job)
+        matches = _watch_filter(await _selector(request, context), request.job, caller())
         revision = request.from_revision
         try:
             if revision == 0:
@@ -732,11 +753,14 @@ async def _selector(
 
 
 def _watch_filter(
-    selects: Callable[[Mapping[str, str]], bool], job: str
+    selects: Callable[[Mapping[str, str]], bool], job: str, identity: Identity | None = None
 ) -> Callable[[str, Message], bool]:
-    """Whether a watched object matches a WatchRequest's label selectors and job."""
+    """Whether a watched object matches a WatchRequest's label selectors and job, and is one
+    the caller may see (a tenant's own jobs and pods; a filtered-out change is a bookmark)."""
 
     def matches(kind: str, obj: Message) -> bool:
+        if not tenancy.owns(identity, kind, obj):
+            return False
         if not selects(obj.metadata.labels):  # type: ignore[attr-defined]
             return False
         if not job:
@@ -750,6 +774,21 @@ def _watch_filter(
 
 class _Aborted(Exception):
     """A compare-and-set the client asked for failed: answered with ABORTED."""
+
+
+class _Refused(Exception):
+    """The caller's identity may not do this (``tenancy``): answered with PERMISSION_DENIED."""
+
+
+async def _refuse_if(context: Any, refusal: str | None) -> None:
+    if refusal is not None:
+        await _abort(context, grpc.StatusCode.PERMISSION_DENIED, refusal)
+
+
+def _owner() -> str:
+    """What a new job's ``metadata.owner`` is: the calling tenant; empty for the admin."""
+    identity = caller()
+    return "" if tenancy.unrestricted(identity) or identity is None else identity.name
 
 
 def _applied(request: api_pb2.ApplyRequest) -> Sequence[Message]:

@@ -38,7 +38,7 @@ from services.dispatcher.unitqueue import (
 )
 from services.dispatcher.validation import NodeShape
 from services.events import SHARD_LOST, WARNING, EventRecorder, ref
-from services.runtime import cancel_and_wait
+from services.runtime import Dial, cancel_and_wait
 from store import Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -149,8 +149,11 @@ class UnitDispatcher:
         informer: Informer,
         settings: DispatchSettings,
         evictor: BinderEvictor | None = None,
+        *,
+        dial: Dial,
     ) -> None:
         self.store = store
+        self.dial = dial
         self.informer = informer
         # Where a lost shard is recorded as an event (the service sets it).
         self.events: EventRecorder | None = None
@@ -177,7 +180,9 @@ class UnitDispatcher:
         self._settling: set[str] = set()
         self._judging = True  # whether shard liveness is judged (our view is current)
         self._kick = asyncio.Event()
-        # Quota reclaim, through the Binder's one eviction path (None: none, e.g. without one).
+        # Quota reclaim and drains, through the Binder's one eviction path (None: none, e.g. in a
+        # test without a Binder).
+        self.evictor = evictor
         self.reclaimer = (
             Reclaimer(self.queue, informer, evictor, self._kick, settings.reclaim_interval_seconds)
             if evictor is not None
@@ -405,7 +410,7 @@ class UnitDispatcher:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ]
         try:
-            async with grpc.aio.insecure_channel(link.address, options=options) as channel:
+            async with self.dial(link.address, options) as channel:
                 call = internal_pb2_grpc.SchedulerStub(channel).Dispatch()
                 writer = asyncio.create_task(self._write(link, call))
                 try:

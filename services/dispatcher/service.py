@@ -191,7 +191,8 @@ class DispatcherService(Service[DispatcherConfig]):
                 queue_fairness=cfg.queue_fairness,
                 reclaim_interval_seconds=cfg.reclaim_interval_seconds,
             ),
-            BinderEvictor(self.store, f"dispatcher/{cfg.name}", timeout_seconds=30.0),
+            BinderEvictor(self.store, f"dispatcher/{cfg.name}", self.dial, timeout_seconds=30.0),
+            dial=self.dial,
         )
         servicer = DispatcherServicer(
             self.store,

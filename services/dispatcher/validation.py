@@ -538,6 +538,7 @@ def pods_for(job: pb.Job, preemptible_default: bool = False) -> list[pb.Pod]:
         pod = pb.Pod()
         pod.metadata.name = f"{job.metadata.name}-{i}"
         pod.metadata.labels.update(spec.template.labels)
+        pod.metadata.owner = job.metadata.owner  # a tenant's pods are its own, as its job is
         ps = pod.spec
         ps.job = job.metadata.name
         ps.index = i

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import os
+import pwd
 import shutil
 import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +117,43 @@ class PodRun:
     pid: int | None = None  # a process pod's process while it runs (tidal usage measures it)
 
 
+@dataclass(frozen=True, slots=True)
+class RunAs:
+    """The unprivileged user process-mode pods run as."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+NOBODY = "nobody"
+
+
+def resolve_run_as(wanted: str, agent_uid: int) -> RunAs | None:
+    """Who pods run as, given ``--run-as`` (a user name or uid; empty: the default) and the
+    agent's own uid. None: as the agent itself, which is not root. Raises ValueError naming the
+    rule when the wish cannot be honoured: pods never run as root, and only a root agent can
+    switch to another user."""
+    if not wanted:
+        if agent_uid != 0:
+            return None
+        wanted = NOBODY  # started as root: never hand pods the machine
+    try:
+        entry = pwd.getpwuid(int(wanted)) if wanted.isdigit() else pwd.getpwnam(wanted)
+    except (KeyError, OverflowError):
+        raise ValueError(f"no user {wanted!r} on this machine") from None
+    if entry.pw_uid == 0:
+        raise ValueError(f"{wanted!r} is root: process-mode pods never run as root")
+    if agent_uid == 0:
+        return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid)
+    if entry.pw_uid == agent_uid:
+        return None
+    raise ValueError(
+        f"running pods as {wanted!r} needs the node agent to start as root "
+        f"(it runs as uid {agent_uid}; leave run_as empty to run them as that user)"
+    )
+
+
 class PodRunner:
     def __init__(
         self,
@@ -123,6 +163,7 @@ class PodRunner:
         *,
         flush_interval: float = 0.05,
         flush_max: int = 500,
+        run_as: RunAs | None = None,
         numa_cpus: Mapping[int, tuple[int, ...]] | None = None,
     ) -> None:
         self._store = store
@@ -130,6 +171,8 @@ class PodRunner:
         self.numa_cpus = dict(numa_cpus or {})
         self.node_modes = dict(node_modes)
         self.work_dir = work_dir
+        # None: as the agent's own (non-root) user.
+        self.run_as = run_as
         self.flush_interval = flush_interval
         self.flush_max = flush_max
         self.runs: dict[str, PodRun] = {}
@@ -270,18 +313,29 @@ class PodRunner:
         assert run.log_path is not None
         cwd = self.work_dir / run.name
         proc: asyncio.subprocess.Process | None = None
+        env = pod_env(pod, os.environ)
+        argv = list(pod.spec.template.command)
         try:
             cwd.mkdir(parents=True, exist_ok=True)
+            if (user := self.run_as) is not None:
+                # Its own work dir, its only writable place; the agent's directories above it
+                # stay private (the child enters it before it drops root).
+                os.chown(cwd, user.uid, user.gid)
+                cwd.chmod(0o700)
+                env.update(HOME=str(cwd), USER=user.name, LOGNAME=user.name)
+                env.update(pod.spec.template.env)  # the pod's own settings still win
             with run.log_path.open("wb") as out:
                 cpus = pinned_cpus(pod, self.numa_cpus)
                 try:
+                    if user is not None:
+                        argv = unprivileged(argv, user, env.get("PATH", os.defpath))
                     proc = await asyncio.create_subprocess_exec(
-                        *pod.spec.template.command,
+                        *argv,
                         stdin=asyncio.subprocess.DEVNULL,
                         stdout=out,
                         stderr=asyncio.subprocess.STDOUT,
                         cwd=cwd,
-                        env=pod_env(pod, os.environ),
+                        env=env,
                         start_new_session=True,  # its own process group: kill the whole tree
                         # In the child before the command runs, so every thread and process it
                         # starts inherits the CPUs (a call on its pid afterwards would race).
@@ -293,7 +347,12 @@ class PodRunner:
                     out.write(f"cannot start {list(pod.spec.template.command)}: {exc}\n".encode())
                     self._process_ended(run, 127, "StartError", str(exc))
                     return
-            log.info("pod process started", pod=run.name, pid=proc.pid)
+            log.info(
+                "pod process started",
+                pod=run.name,
+                pid=proc.pid,
+                user=self.run_as.name if self.run_as else "(the agent's)",
+            )
             run.pid = proc.pid
             self.queue(run.name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
             code = await proc.wait()
@@ -472,6 +531,43 @@ class PodRunner:
                 await asyncio.sleep(0.2)
         if self.pending:
             log.warning("pod status writes lost at stop", pods=len(self.pending))
+
+
+# Run by the pod's own interpreter process, which then becomes the pod's command (same pid, same
+# process group). Dropping root inside the child, rather than with subprocess's ``user=``: that
+# makes CPython fork() instead of vfork(), and a fork of this multi-threaded gRPC process can
+# crash the child before it execs; uvloop does not take ``extra_groups`` either.
+_DROP_ROOT = (
+    "import os, sys\n"
+    "uid, gid, program, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]\n"
+    "os.setgroups([]); os.setgid(gid); os.setuid(uid)\n"
+    "try:\n"
+    "    os.execv(program, argv)\n"
+    "except OSError as exc:\n"
+    "    sys.stderr.write(f'cannot start {argv}: {exc}\\n'); sys.exit(127)\n"
+)
+
+
+def unprivileged(argv: list[str], user: RunAs, path: str) -> list[str]:
+    """``argv`` run as ``user``: through an isolated interpreter that drops root (supplementary
+    groups, group, user — in that order, or the later calls are refused) and execs it. The
+    program is looked up here, with root's view of the file system: the unprivileged child may
+    not read the interpreter's own library any more. One that is not there is refused here, as
+    an exec of it would be (OSError: StartError)."""
+    program = shutil.which(argv[0], path=path)
+    if program is None:
+        raise FileNotFoundError(errno.ENOENT, "no such executable", argv[0])
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        _DROP_ROOT,
+        str(user.uid),
+        str(user.gid),
+        program,
+        *argv,
+    ]
 
 
 def pinned_cpus(pod: pb.Pod, numa_cpus: Mapping[int, tuple[int, ...]]) -> tuple[int, ...]:

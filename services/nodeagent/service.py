@@ -21,7 +21,7 @@ import structlog
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services import metrics
+from services import metrics, tenancy
 from services.binder.client import BinderEvictor
 from services.nodeagent.nodes import (
     HOLLOW,
@@ -38,7 +38,7 @@ from services.nodeagent.nodes import (
     parse_taints,
     process_node,
 )
-from services.nodeagent.runner import PodRunner
+from services.nodeagent.runner import PodRunner, resolve_run_as
 from services.nodeagent.tidal import (
     ProcessUsage,
     TidalController,
@@ -48,6 +48,7 @@ from services.nodeagent.tidal import (
     hollow_usage,
 )
 from services.runtime import ConfigError, Service, ServiceConfig, cancel_and_wait, option
+from services.runtime.auth import caller
 from store import StoreError
 from store.informer import Informer
 
@@ -120,6 +121,13 @@ class NodeAgentConfig(ServiceConfig):
         default="",
         metadata=option("process-mode pod work dirs and logs (default: <home>/pods)"),
     )
+    run_as: str = field(
+        default="",
+        metadata=option(
+            "user (name or uid) process-mode pods run as, never root (default: nobody when "
+            "the agent runs as root, else the agent's own user)"
+        ),
+    )
     status_flush_ms: int = field(
         default=50,
         metadata=option("how long pod phase changes gather before one batched write", minimum=1),
@@ -160,6 +168,10 @@ class NodeAgentConfig(ServiceConfig):
     )
 
     def __post_init__(self) -> None:
+        try:
+            resolve_run_as(self.run_as, os.geteuid())
+        except ValueError as exc:
+            raise ConfigError(f"run_as: {exc}") from None
         if self.tidal_usage_curve:
             try:
                 UsageCurve.parse(self.tidal_usage_curve, self.tidal_period_seconds)
@@ -255,6 +267,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
             work_dir,
             flush_interval=cfg.status_flush_ms / 1000,
             flush_max=cfg.status_batch_max,
+            run_as=resolve_run_as(cfg.run_as, os.geteuid()),
             numa_cpus={z.id: z.cpus for z in self.machine_numa} if cfg.process_node else {},
         )
         # Only the pods bound to our nodes: at 200,000 pods, caching every pod cost each agent
@@ -323,7 +336,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
             lambda: self.informer.list("Pod"),  # type: ignore[arg-type,return-value]
             usage,
             curve,
-            BinderEvictor(self.store, f"nodeagent/{cfg.name}"),
+            BinderEvictor(self.store, f"nodeagent/{cfg.name}", self.dial),
             TidalSettings(
                 interval_seconds=cfg.tidal_interval_seconds,
                 reserve_percent=cfg.tidal_reserve_percent,
@@ -361,6 +374,9 @@ class _NodeAgentServicer(api_pb2_grpc.NodeAgentServicer):
                 "(only process-mode pods on this agent's nodes have logs)",
             )
             return
+        # A tenant reads the logs of its own pods only (the rule the Dispatcher applies).
+        if (why := tenancy.read_refusal(caller(), "Pod", run.pod)) is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         path, exited = run.log_path, run.exited
         # The child may not have opened its log yet.
         while not path.exists():

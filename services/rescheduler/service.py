@@ -135,7 +135,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
         self.events = events.EventRecorder(self.store, self.config.name)
         self.executor = RoundExecutor(
             self.store,
-            BinderEvictor(self.store, f"rescheduler/{self.config.name}"),
+            BinderEvictor(self.store, f"rescheduler/{self.config.name}", self.dial),
             lambda: self.manager.paused,
             ExecutionConfig(
                 ack_timeout_seconds=self.config.ack_timeout_seconds,

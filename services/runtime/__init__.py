@@ -4,6 +4,7 @@ with health and reflection, and the start/stop lifecycle. See README.md."""
 from services.runtime.config import ConfigError, ServiceConfig, load_config, option
 from services.runtime.logging import configure_logging
 from services.runtime.service import (
+    Dial,
     Service,
     ServiceHost,
     StartupError,
@@ -15,6 +16,7 @@ from services.runtime.service import (
 
 __all__ = [
     "ConfigError",
+    "Dial",
     "Service",
     "ServiceConfig",
     "ServiceHost",

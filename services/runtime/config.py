@@ -169,6 +169,19 @@ class ServiceConfig:
         default_factory=default_home,
         metadata=option("local state directory (pod work dirs, logs); also $GODEL_HOME"),
     )
+    tls_dir: str = field(
+        default="",
+        metadata=option(
+            "directory of the cluster's CA and service certificate (default: HOME/tls)"
+        ),
+    )
+    insecure: bool = field(
+        default=False,
+        metadata=option("serve and dial without TLS: anyone who reaches the port may do anything"),
+    )
+
+    def credentials_dir(self) -> Path:
+        return Path(self.tls_dir) if self.tls_dir else self.home / "tls"
 
     def store_connection_url(self) -> str:
         """``store_url`` with the password from ``store_password_file``, if one is given."""

@@ -20,7 +20,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, ClassVar, Generic, NoReturn
 
 import grpc
@@ -29,6 +29,8 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from godel import tls
+from services.runtime.auth import Authorize
 from services.runtime.config import (
     ConfigError,
     ConfigT,
@@ -52,6 +54,10 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _STORE_RETRY_SECONDS = 0.5
 # Of a stop's grace, what is kept for on_stop after the gRPC server stopped (at most a quarter).
 DRAIN_RESERVE_SECONDS = 1.5
+
+
+Dial = Callable[[str, Sequence[tuple[str, Any]]], grpc.aio.Channel]
+"""``Service.dial``: a channel to a peer's published address with the service's credentials."""
 
 
 class StartupError(Exception):
@@ -78,6 +84,9 @@ class Service(abc.ABC, Generic[ConfigT]):
         # host:port the server listens on, and the port alone; set by the runtime before on_start.
         self.bound_address = ""
         self.bound_port = 0
+        # What this service presents to its peers and trusts (None: insecure mode); set by the
+        # runtime before on_start.
+        self.credentials: tls.Credentials | None = None
         # host:port of the Prometheus endpoint ("" when none is served); set before on_start.
         self.metrics_address = ""
 
@@ -87,6 +96,11 @@ class Service(abc.ABC, Generic[ConfigT]):
         advertise address, else the bound host and port (port 0 picks a free port at start),
         with the hostname in place of a wildcard bind host (see ``advertised_address``)."""
         return advertised_address(self.config.advertise_address, self.config.host, self.bound_port)
+
+    def dial(self, address: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+        """A channel to a peer service at the address it published, with this service's
+        credentials (mutual TLS), or plaintext in insecure mode."""
+        return tls.aio_channel(address, self.credentials, options)
 
     @abc.abstractmethod
     def add_servicers(self, server: grpc.aio.Server) -> None:
@@ -167,15 +181,20 @@ class ServiceHost(Generic[ConfigT]):
     async def start(self) -> None:
         """Connect the store, start serving, run ``on_start``, then report SERVING. On failure
         the caller should still call :meth:`stop` to release what was acquired."""
+        credentials = _load_credentials(self.config)
         self._store = await _connect_store(self.config)
         service = self.service = self.service_cls(self.config, self._store, self.health)
+        service.credentials = credentials
         # Nothing is SERVING until on_start has finished (the servicer starts with "" SERVING).
         served = ("", *service.grpc_services)
         for name in served:
             await self.health.set(name, NOT_SERVING)
 
         server = self._server = grpc.aio.server(
-            interceptors=[RejectUndecodable()],
+            # Authorisation first: a refused caller learns nothing about its request's shape.
+            interceptors=[RejectUndecodable()]
+            if credentials is None
+            else [Authorize(), RejectUndecodable()],
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -190,7 +209,10 @@ class ServiceHost(Generic[ConfigT]):
         )
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
         try:
-            port = server.add_insecure_port(f"{host}:{self.config.port}")
+            if credentials is None:
+                port = server.add_insecure_port(f"{host}:{self.config.port}")
+            else:
+                port = server.add_secure_port(f"{host}:{self.config.port}", credentials.server())
         except RuntimeError as exc:
             raise StartupError(f"cannot listen on {host}:{self.config.port}: {exc}") from exc
         self.address = service.bound_address = f"{host}:{port}"
@@ -201,6 +223,7 @@ class ServiceHost(Generic[ConfigT]):
             address=self.address,
             advertised=service.address,
             grpc_services=list(service.grpc_services),
+            tls="off (--insecure)" if credentials is None else "mutual TLS",
         )
 
         if self.config.metrics_port >= 0:
@@ -329,6 +352,24 @@ def run_service(service_cls: type[Service[Any]], argv: Sequence[str]) -> int:
 def main(service_cls: type[Service[Any]]) -> NoReturn:
     """The body of a service's ``__main__``: run it and exit with its code."""
     raise SystemExit(run_service(service_cls, sys.argv[1:]))
+
+
+def _load_credentials(config: ServiceConfig) -> tls.Credentials | None:
+    """The service identity from the config's TLS directory; None only when asked for by name
+    (``insecure``). Missing credentials stop the start: a service never falls back to
+    plaintext by itself."""
+    if config.insecure:
+        log.warning("serving WITHOUT TLS (--insecure): every caller may do everything")
+        return None
+    directory = config.credentials_dir()
+    try:
+        return tls.load(directory, tls.SERVICE)
+    except tls.CredentialsError as exc:
+        raise StartupError(
+            f"{exc}; `godel up` issues the cluster's credentials into HOME/tls (compose: the "
+            "certs service), --tls-dir names another directory, --insecure true (or "
+            "GODEL_INSECURE=true) serves without TLS"
+        ) from exc
 
 
 def _start_metrics(host: str, port: int) -> MetricsServer:

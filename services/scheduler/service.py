@@ -733,7 +733,7 @@ class SchedulerService(Service[SchedulerConfig]):
         return lease.holder_address
 
     async def _run_binder_stream(self, address: str) -> None:
-        async with grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS) as channel:
+        async with self.dial(address, _CHANNEL_OPTIONS) as channel:
             call = internal_pb2_grpc.BinderStub(channel).Decide()
             # Everything not yet answered goes again, in order; the Binder answers duplicates of
             # already-bound pods with STALE.

@@ -27,8 +27,8 @@ What stands in for what, precisely:
   `store.server.find_server_binary` finds, run with the file's arguments in a directory standing
   in for the store's volume.
 - **Named volumes → shared directories.** A named volume is a directory of its own under the
-  work dir; a path inside a container's mount of it (``/run/godel-store`` in an argument or an
-  environment value) means that directory. (The store's ``/data`` is its ``--dir``, below.)
+  work dir; a path inside a container's mount of it (``/run/godel-store`` or ``/certs`` in an
+  argument or an environment value) means that directory. (The store's ``/data`` is its ``--dir``, below.)
 - **Users → this user.** Every container runs as the user running the test; an argument giving
   a file's owner uid (``--acl-owner``, ``--secret-owner``) therefore names this user.
 - **Readiness.** ``depends_on`` is honoured in order: ``service_completed_successfully`` waits
@@ -65,6 +65,7 @@ from typing import Any
 
 import yaml
 
+from godel import tls
 from services.runtime.healthcheck import probe
 from store.server import find_server_binary
 
@@ -306,7 +307,10 @@ class Emulator:
         # on 2 shared cores): probe the same address in-process until SERVING, then run the
         # command itself once.
         if argv[1:3] == ["-m", "services.runtime.healthcheck"]:
-            if probe(argv[argv.index("--addr") + 1], timeout=2) != "SERVING":
+            # With the replica's own credentials (the certs volume), as its command has them.
+            credentials = tls.load(Path(self.environment(replica)["GODEL_TLS_DIR"]), tls.SERVICE)
+            address = argv[argv.index("--addr") + 1]
+            if probe(address, timeout=2, credentials=credentials) != "SERVING":
                 return False
         timeout = seconds(replica.spec["healthcheck"].get("timeout", "30s"))
         result = subprocess.run(

@@ -127,6 +127,9 @@ def make_cluster(
         spec_args.setdefault("dashboard", False)
         home = local.GodelHome(tmp_path / f"home{len(clusters)}")
         state = local.up(home, local.ClusterSpec(**spec_args))
+        # As for a program run after `godel up`: the SDK and the CLI find the cluster and its
+        # credentials (mutual TLS, the admin identity) in $GODEL_HOME.
+        monkeypatch.setenv("GODEL_HOME", str(home.path))
         cluster = Cluster(home, state, ProtoClient(state.address_of("dispatcher")))
         clusters.append(cluster)
         return cluster

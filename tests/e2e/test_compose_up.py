@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -52,8 +53,9 @@ spec:
 
 
 def _godel(server: str, home: Path, *args: str, stdin: str | None = None) -> str:
-    """The real CLI on the "Docker host": only the published port, and an empty GODEL_HOME, so
-    nothing can come from a local cluster.json."""
+    """The real CLI on the "Docker host": only the published port, and a GODEL_HOME holding
+    nothing but the credentials copied out of the certs volume, so nothing can come from a local
+    cluster.json."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GODEL_")}
     result = subprocess.run(
         [sys.executable, "-m", "godel", *args, "--server", server],
@@ -99,7 +101,11 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
         api = deployment.published[GRPC_PORT]
         replicas = {f"{r.ip}:{GRPC_PORT}" for r in deployment.of("scheduler")}
         assert len(replicas) == SHARDS
-        with ProtoClient(api) as client:
+        # `docker compose cp certs:/certs/. ~/.godel/tls`: the init service's credentials, which
+        # every service serves with, are all the host needs besides the address.
+        home = tmp_path / "cli-home"  # no local cluster state
+        shutil.copytree(deployment.volume("certs"), home / "tls")
+        with ProtoClient(api, home=home) as client:
             # Every shard publishes its own replica's address, and it answers there.
             def ready_instances() -> list[pb.SchedulerInstance] | None:
                 listed = client.list("SchedulerInstance")
@@ -109,7 +115,11 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             instances = wait_until(ready_instances, timeout=90, what=f"{SHARDS} ready shards")
             addresses = sorted(i.spec.address for i in instances)  # type: ignore[attr-defined]
             assert addresses == sorted(replicas), "each shard advertises its replica's address"
-            assert all(probe(a, "godel.v1.Scheduler") == "SERVING" for a in addresses)
+            admin = client.credentials
+            assert all(
+                probe(a, "godel.v1.Scheduler", credentials=admin) == "SERVING" for a in addresses
+            )
+            assert probe(api, credentials=None) == "UNREACHABLE", "plaintext is refused"
             lease = _binder_lease(deployment)
             binders = {f"{r.ip}:{GRPC_PORT}" for r in deployment.of("binder")}
             assert lease is not None and lease.holder_address in binders
@@ -124,7 +134,6 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             agents = {n.spec.agent_address for n in client.list("Node")}  # type: ignore[attr-defined]
             assert agents == {f"{deployment.of('nodeagent')[0].ip}:{GRPC_PORT}"}
 
-            home = tmp_path / "cli-home"  # empty: no local cluster state
             created = _godel(api, home, "apply", "-f", "-", stdin=_jobs_yaml())
             assert created.count(" created") == JOBS + 1, created
 

@@ -69,7 +69,7 @@ def test_gang_waits_for_room_then_binds_whole(make_cluster: Callable[..., Cluste
         [sys.executable, "-P", "-m", "services.nodeagent", "--name", "extra-agent",
          "--port", "0", "--store-url", cluster.state.store_url, "--hollow-nodes", "1",
          "--node-prefix", "extra", "--hollow-cpu-milli", "1000", "--process-node", "false",
-         "--log-format", "json"],
+         "--log-format", "json", "--tls-dir", str(cluster.home.tls_dir)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cluster.home.path,
     )  # fmt: skip
     try:

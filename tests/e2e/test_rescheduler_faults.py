@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
+from godel import tls
 from godel.client import ReschedulerClient
 from placement.rules import hard_rules
 from protos.godel.v1 import objects_pb2 as pb
@@ -159,6 +160,8 @@ def execute(
     """Run ``batches`` through the real executor, in this process, against ``cluster``'s store
     and Binder, with generous timeouts (the outcome decides, not the clock)."""
 
+    service_identity = tls.load(cluster.home.tls_dir, tls.SERVICE)
+
     async def go(store: Store) -> RoundPlan:
         view = await current_view(store)
         plan = RoundPlan(
@@ -171,7 +174,12 @@ def execute(
         )
         executor = HookedExecutor(
             store,
-            BinderEvictor(store, "test"),
+            # As the rescheduler does: the cluster's service identity (mutual TLS).
+            BinderEvictor(
+                store,
+                "test",
+                lambda address, options: tls.aio_channel(address, service_identity, options),
+            ),
             paused=lambda: False,
             config=ExecutionConfig(
                 ack_timeout_seconds=60, budget_wait_seconds=60, landing_timeout_seconds=60

@@ -18,6 +18,7 @@ import grpc
 import psutil
 import pytest
 
+from godel import tls
 from godel.client import (
     AlreadyExists,
     AsyncGodelClient,
@@ -34,6 +35,7 @@ from godel.client import (
     job,
 )
 from godel.netutil import free_ports
+from services.runtime.healthcheck import probe
 from tests.e2e.conftest import ROOT, Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -146,6 +148,13 @@ def _restart(cluster: Cluster, name: str) -> None:
     proc.kill()
     proc.wait(10)
     cluster.start_again(name)
+    # Serving again before the test carries on: on a loaded machine a Python service takes
+    # longer to start than the client's retries last (about 3 s), which is not what is tested.
+    admin = tls.load(cluster.home.tls_dir, tls.ADMIN)
+    wait_until(
+        lambda: probe(record.address, timeout=2, credentials=admin) == "SERVING",
+        what=f"{name} serving again",
+    )
 
 
 def test_watch_resumes_through_a_dispatcher_kill9(make_cluster: Callable[..., Cluster]) -> None:
@@ -303,8 +312,11 @@ def test_grpcurl_walkthrough_in_the_reference_works(make_cluster: Callable[..., 
     text = (ROOT / "godel" / "README.md").read_text()
     calls = re.findall(r"-d '(.*?)' \\?\s*\$A godel\.v1\.Dispatcher/(\w+)", text, re.DOTALL)
     assert [method for _, method in calls] == ["Submit", "Get", "Watch", "Delete"]
+    assert 'G="grpcurl -cacert $T/ca.crt -cert $T/admin.crt -key $T/admin.key"' in text
     address = cluster.state.address_of("dispatcher")
-    with grpc.insecure_channel(address) as channel:
+    # What those flags present: the cluster CA and the admin identity from $GODEL_HOME/tls.
+    admin = tls.load(cluster.home.tls_dir, tls.ADMIN)
+    with grpc.secure_channel(address, admin.channel()) as channel:
         pool = descriptor_pool.DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
         service = pool.FindServiceByName("godel.v1.Dispatcher")
         for body, name in calls:

@@ -238,6 +238,7 @@ class ObjectMeta(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     ANNOTATIONS_FIELD_NUMBER: _builtins.int
     DELETION_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """DNS-1123 label (lowercase alphanumerics and '-', at most 63 characters). Unique per kind."""
     uid: _builtins.str
@@ -248,6 +249,12 @@ class ObjectMeta(_message.Message):
     """Milliseconds since the Unix epoch, set by the store on create."""
     deletion_timestamp_ms: _builtins.int
     """Set when deletion has been requested but the object is still being finalised."""
+    owner: _builtins.str
+    """The tenant identity that submitted it (a Job, and its Pods and their replacements): set by
+    the Dispatcher from the caller's client certificate, never taken from the request. Empty for
+    what the admin identity made, or a cluster without TLS. A tenant reads and deletes only what
+    it owns.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -262,10 +269,11 @@ class ObjectMeta(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         annotations: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         deletion_timestamp_ms: _builtins.int = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "creation_timestamp_ms", b"creation_timestamp_ms", "deletion_timestamp_ms", b"deletion_timestamp_ms", "labels", b"labels", "name", b"name", "resource_version", b"resource_version", "uid", b"uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "creation_timestamp_ms", b"creation_timestamp_ms", "deletion_timestamp_ms", b"deletion_timestamp_ms", "labels", b"labels", "name", b"name", "owner", b"owner", "resource_version", b"resource_version", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,92 @@
+"""`godel certs`: the cluster's CA and the certificates of services, the admin and tenants.
+
+`godel up` runs `init` for its home by itself; compose runs it once in its ``certs`` service,
+writing to a volume the other services mount. The issuing is in :mod:`godel.tls`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from godel import local, pki, tls
+from godel.cli.cluster import HomeOption
+from godel.cli.output import fail
+
+certs_app = typer.Typer(
+    name="certs",
+    help="The cluster CA and its certificates (mutual TLS between services and clients).",
+    no_args_is_help=True,
+)
+
+DirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--dir",
+        envvar=tls.TLS_DIR_VARIABLE,
+        help="Credentials directory (default: HOME/tls).",
+        show_default=False,
+    ),
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(certs_app)
+
+
+def _directory(directory: Path | None, home: Path | None) -> Path:
+    return directory or local.GodelHome(home or local.default_home()).tls_dir
+
+
+@certs_app.command("init")
+def init(
+    directory: DirOption = None,
+    home: HomeOption = None,
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--host",
+            help="Another name or address the services are dialled at (repeatable), e.g. a "
+            "compose service name; loopback and this machine's name are always in.",
+        ),
+    ] = None,
+) -> None:
+    """Create the cluster CA with the service and admin certificates (kept if they exist)."""
+    target = _directory(directory, home)
+    existed = (target / f"{tls.CA}.crt").exists()
+    try:
+        pki.init_cluster(target, host or [])
+    except (tls.CredentialsError, OSError) as exc:
+        fail(str(exc))
+    typer.echo(f"{'kept the' if existed else 'created a'} cluster CA in {target}")
+
+
+@certs_app.command("issue")
+def issue(
+    name: Annotated[str, typer.Argument(help="The identity: a tenant's name, or an admin's.")],
+    role: Annotated[
+        str, typer.Option("--role", help="tenant (default), admin or service.")
+    ] = "tenant",
+    queue: Annotated[
+        list[str] | None,
+        typer.Option("--queue", help="A queue the tenant may submit to (repeatable)."),
+    ] = None,
+    directory: DirOption = None,
+    home: HomeOption = None,
+) -> None:
+    """Issue a certificate signed by the cluster CA: NAME.crt and NAME.key beside it.
+
+    A program uses it with GODEL_IDENTITY=NAME (and GODEL_TLS_DIR when not the home's).
+    """
+    if role not in tls.ROLES:
+        fail(f"--role must be one of {', '.join(tls.ROLES)}, not {role!r}")
+    if queue and role != "tenant":
+        fail("--queue is for tenants: the admin may use every queue")
+    target = _directory(directory, home)
+    try:
+        path = pki.issue(target, name, role, queues=queue or [])  # type: ignore[arg-type]
+    except tls.CredentialsError as exc:
+        fail(str(exc))
+    typer.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue or []) or 'none'})")

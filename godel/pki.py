@@ -1,0 +1,196 @@
+"""The cluster CA: creating it, issuing the certificates of services, the admin and tenants, and
+reading the identity a certificate names (``cryptography``). The layout of a credentials
+directory and the meaning of a certificate's subject are described in ``godel.tls``, which uses
+them; this module is imported by what makes certificates (`godel up`, `godel certs`) and by the
+servers (``services.runtime.auth``), not by clients.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from godel.tls import (
+    ADMIN,
+    CA,
+    QUEUE_URI_PREFIX,
+    ROLES,
+    SERVICE,
+    SERVICE_NAME,
+    CredentialsError,
+    Identity,
+    Role,
+)
+
+VALID_DAYS = 825  # the longest validity common TLS stacks accept for a leaf certificate
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def default_hosts() -> list[str]:
+    """Where a local cluster's services may be dialled: loopback and this machine's name."""
+    return ["127.0.0.1", "::1", "localhost", socket.gethostname()]
+
+
+def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "godel") -> None:
+    """A fresh CA with the service and admin certificates, unless ``directory`` already holds a
+    CA (then nothing changes: restarting a cluster keeps its credentials). Files are 0600."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if (directory / f"{CA}.crt").exists():
+        return
+    key = _new_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{cluster} cluster CA")])
+    now = _now()
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=10 * 365))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True,
+                content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    _write(directory, CA, ca, key)
+    issue(directory, SERVICE_NAME, "service", hosts=[*default_hosts(), *hosts], stem=SERVICE)
+    issue(directory, ADMIN, "admin", stem=ADMIN)
+
+
+def issue(
+    directory: Path,
+    name: str,
+    role: Role,
+    *,
+    hosts: Sequence[str] = (),
+    queues: Sequence[str] = (),
+    stem: str | None = None,
+) -> Path:
+    """Sign a certificate for ``name`` in ``role`` with the CA in ``directory`` and write
+    ``<stem>.crt`` / ``<stem>.key`` (stem: the name); returns the certificate's path."""
+    if role not in ROLES:
+        raise CredentialsError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    for what, value in [("name", name), *(("queue", q) for q in queues)]:
+        if not _NAME.match(value):
+            raise CredentialsError(
+                f"{what} {value!r} must be a DNS-1123 label (lowercase letters, digits, '-')"
+            )
+    ca_cert, ca_key = _load_ca(directory)
+    key = _new_key()
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+            x509.NameAttribute(NameOID.COMMON_NAME, name),
+        ]
+    )
+    alt_names: list[x509.GeneralName] = []
+    if role == "service":
+        alt_names.append(x509.DNSName(SERVICE_NAME))
+        for host in dict.fromkeys(hosts):
+            try:
+                alt_names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                alt_names.append(x509.DNSName(host))
+    alt_names += [x509.UniformResourceIdentifier(QUEUE_URI_PREFIX + q) for q in queues]
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    if role == "service":
+        usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+    now = _now()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    )
+    if alt_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+    certificate = builder.sign(ca_key, hashes.SHA256())
+    return _write(directory, stem or name, certificate, key)
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _write(directory: Path, stem: str, certificate: x509.Certificate, key: Any) -> Path:
+    key_path = directory / f"{stem}.key"
+    # Created 0600 from the start: the key is never readable by others, not even for a moment.
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    cert_path = directory / f"{stem}.crt"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    cert_path.chmod(0o600)
+    return cert_path
+
+
+def _load_ca(directory: Path) -> tuple[x509.Certificate, Any]:
+    try:
+        certificate = x509.load_pem_x509_certificate((directory / f"{CA}.crt").read_bytes())
+        key = serialization.load_pem_private_key(
+            (directory / f"{CA}.key").read_bytes(), password=None
+        )
+    except (OSError, ValueError) as exc:
+        raise CredentialsError(f"cannot use the cluster CA in {directory}: {exc}") from exc
+    return certificate, key
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def identity_of(pem: bytes) -> Identity:
+    """The identity a (verified) certificate names. Cached: every call of a connection carries
+    the same certificate, and parsing it each time would cost the hot path."""
+    certificate = x509.load_pem_x509_certificate(pem)
+    subject = certificate.subject
+    names = subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    units = subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+    name = str(names[0].value) if names else ""
+    role = str(units[0].value) if units else ""
+    if role not in ROLES:
+        raise CredentialsError(f"certificate of {name!r} names no role (service, admin, tenant)")
+    try:
+        alt = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = alt.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    queues = tuple(u[len(QUEUE_URI_PREFIX) :] for u in uris if u.startswith(QUEUE_URI_PREFIX))
+    return Identity(name, role, queues)  # type: ignore[arg-type]

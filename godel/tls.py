@@ -1,0 +1,121 @@
+"""The cluster's credentials on the wire: loading them, and gRPC servers and channels using them.
+(Making them — the CA, issuing certificates, reading the identity one names — is ``godel.pki``;
+it needs ``cryptography``, which clients never import.)
+
+A cluster's trust lives in one directory (``$GODEL_HOME/tls`` for `godel up`, a volume written
+by the ``certs`` init service in compose)::
+
+    ca.crt / ca.key           the cluster CA (the key only ever issues certificates)
+    service.crt / .key        the services' identity: mutual TLS between services
+    admin.crt / .key          the admin client identity: what the CLI and the SDK use by default
+    <tenant>.crt / .key       tenant identities, issued with `godel certs issue`
+
+Who a certificate belongs to is in its subject: the common name is the identity's name and the
+organizational unit its role (``service``, ``admin`` or ``tenant``). A tenant's certificate also
+lists the queues it may submit to, as URIs ``urn:godel:queue:<name>`` among its subject
+alternative names (``openssl x509 -text`` shows them), so that the services authorise a call from
+the certificate alone, with no lookup.
+
+Every service certificate names every address a replica may be dialled at — loopback, the
+machine's hostname, the compose service names — and also the fixed name ``SERVICE_NAME``. Our
+channels (services to their peers, the CLI, the SDK) verify the server against the cluster CA and
+``SERVICE_NAME`` rather than the dialled host: services dial the addresses their peers publish,
+and a compose replica's hostname is its container id, unknown when the certificate is issued.
+Tools such as grpcurl verify the host, which the certificate names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+
+Role = Literal["service", "admin", "tenant"]
+ROLES: tuple[Role, ...] = ("service", "admin", "tenant")
+SERVICE_NAME = "godel-service"
+"""A name every service certificate carries; peers verify it instead of the dialled host."""
+CA = "ca"
+SERVICE = "service"
+ADMIN = "admin"
+QUEUE_URI_PREFIX = "urn:godel:queue:"
+TLS_DIR_VARIABLE = "GODEL_TLS_DIR"
+IDENTITY_VARIABLE = "GODEL_IDENTITY"
+INSECURE_VARIABLE = "GODEL_INSECURE"
+
+
+class CredentialsError(Exception):
+    """Credentials are missing, unreadable or not the cluster's; the message says which file."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling, as its certificate says."""
+
+    name: str
+    role: Role
+    queues: tuple[str, ...] = ()
+    """For a tenant: the queues it may submit to."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What one party presents and trusts: the cluster CA, its certificate and key (PEM)."""
+
+    ca: bytes
+    certificate: bytes
+    private_key: bytes
+
+    def server(self) -> grpc.ServerCredentials:
+        # Mutual TLS: a caller without a certificate of this cluster's CA fails the handshake.
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.certificate)],
+            root_certificates=self.ca,
+            require_client_auth=True,
+        )
+
+    def channel(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(self.ca, self.private_key, self.certificate)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and channels
+# ---------------------------------------------------------------------------------------------
+
+
+def load(directory: Path, stem: str) -> Credentials:
+    """The CA and ``<stem>.crt`` / ``<stem>.key`` from ``directory``."""
+    files = [directory / f"{CA}.crt", directory / f"{stem}.crt", directory / f"{stem}.key"]
+    try:
+        ca, certificate, key = (path.read_bytes() for path in files)
+    except OSError as exc:
+        raise CredentialsError(f"cannot read the cluster credentials: {exc}") from exc
+    return Credentials(ca, certificate, key)
+
+
+def aio_channel(
+    address: str, credentials: Credentials | None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.aio.Channel:
+    """An asyncio channel to ``address``: mutual TLS with ``credentials``, plaintext when None
+    (insecure mode)."""
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    return grpc.aio.secure_channel(address, credentials.channel(), options=_tls_options(options))
+
+
+def channel(
+    address: str, credentials: Credentials | None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.Channel:
+    """The blocking twin of :func:`aio_channel`."""
+    if credentials is None:
+        return grpc.insecure_channel(address, options=list(options))
+    return grpc.secure_channel(address, credentials.channel(), options=_tls_options(options))
+
+
+def _tls_options(options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    # The server must hold the cluster's service certificate, whatever address it was dialled
+    # at: a published port, a compose replica's container id, a port forward. Only the cluster
+    # CA issues SERVICE_NAME, so this is as strict as checking the host, and never breaks on one.
+    return [*options, ("grpc.ssl_target_name_override", SERVICE_NAME)]

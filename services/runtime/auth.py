@@ -1,0 +1,162 @@
+"""Who may call what: every call's identity comes from its verified client certificate.
+
+The TLS handshake already refused anyone without a certificate of the cluster's CA (mutual TLS,
+``godel.tls``). This interceptor decides, per method, which roles may call it (``RULES``) and
+makes the caller's identity available to the servicer (:func:`caller`) for the finer, per-object
+rules of the public API (a tenant reads only its own jobs). A refusal is PERMISSION_DENIED naming
+the rule. In insecure mode (``--insecure``) there is no certificate and no interceptor: every
+caller may do everything, and :func:`caller` is None.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from godel.pki import identity_of
+from godel.tls import CredentialsError, Identity, Role
+
+
+@dataclass(frozen=True)
+class MethodRule:
+    """Which roles may call the methods under ``prefix``; ``name`` is quoted in refusals."""
+
+    prefix: str
+    roles: frozenset[Role]
+    name: str
+    says: str
+
+
+_CLIENTS: frozenset[Role] = frozenset({"admin", "tenant"})
+_EVERYONE: frozenset[Role] = frozenset({"service", "admin", "tenant"})
+
+RULES: tuple[MethodRule, ...] = (
+    MethodRule(
+        "/godel.v1.Scheduler/", frozenset({"service"}), "internal-rpc",
+        "internal RPCs accept only the cluster's service identities",
+    ),
+    MethodRule(
+        "/godel.v1.Binder/", frozenset({"service"}), "internal-rpc",
+        "internal RPCs accept only the cluster's service identities",
+    ),
+    MethodRule(
+        "/godel.v1.Rescheduler/ListPolicies", _CLIENTS, "public-api",
+        "the public API accepts the cluster's client identities",
+    ),
+    MethodRule(
+        "/godel.v1.Rescheduler/", frozenset({"admin"}), "admin-only",
+        "triggering and pausing rescheduling is for the admin identity",
+    ),
+    MethodRule(
+        "/godel.v1.Dispatcher/", _CLIENTS, "public-api",
+        "the public API accepts the cluster's client identities",
+    ),
+    MethodRule(
+        "/godel.v1.NodeAgent/Logs", _CLIENTS, "public-api",
+        "the public API accepts the cluster's client identities",
+    ),
+    MethodRule("/grpc.health.v1.Health/", _EVERYONE, "health", "anyone of the cluster"),
+    MethodRule("/grpc.reflection.", _EVERYONE, "reflection", "anyone of the cluster"),
+)  # fmt: skip
+"""First match wins (so a method's own rule goes before its service's)."""
+
+_caller: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("caller", default=None)
+
+
+def caller() -> Identity | None:
+    """The identity of the call being served; None in insecure mode (no certificates)."""
+    return _caller.get()
+
+
+def rule_for(method: str) -> MethodRule | None:
+    return next((rule for rule in RULES if method.startswith(rule.prefix)), None)
+
+
+def refusal(method: str, identity: Identity) -> str | None:
+    """Why ``identity`` may not call ``method`` (None: it may)."""
+    rule = rule_for(method)
+    if rule is None:
+        return f"rule default-deny: no rule admits {method.lstrip('/')}"
+    if identity.role in rule.roles:
+        return None
+    return (
+        f"rule {rule.name}: {rule.says}; {identity.role} identity {identity.name!r} "
+        f"may not call {method.lstrip('/')}"
+    )
+
+
+async def _identify(context: grpc.aio.ServicerContext[Any, Any], method: str) -> Identity:
+    pems = context.auth_context().get("x509_pem_cert") or []
+    if not pems:
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED, "no client certificate: the cluster requires one"
+        )
+    try:
+        identity = identity_of(bytes(pems[0]))
+    except (CredentialsError, ValueError) as exc:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+    if (why := refusal(method, identity)) is not None:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+    return identity
+
+
+class Authorize(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self) -> None:
+        # Wrapped handlers by the handler grpc found: built once per method, not per call.
+        self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        cached = self._wrapped.get(id(handler))
+        if cached is None or cached[0] is not handler:
+            method: str = handler_call_details.method
+            cached = self._wrapped[id(handler)] = (handler, _wrap(handler, method))
+        return cached[1]
+
+
+def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
+    )
+    for attribute, make in kinds:
+        behavior = getattr(handler, attribute)
+        if behavior is not None:
+            return make(  # type: ignore[no-any-return]
+                _checked(behavior, method),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+    return handler
+
+
+def _checked(behavior: Any, method: str) -> Any:
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            _caller.set(await _identify(context, method))
+            async for response in behavior(request, context):
+                yield response
+
+        return stream
+
+    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        _caller.set(await _identify(context, method))
+        return await behavior(request, context)
+
+    return call

@@ -1,0 +1,90 @@
+"""Tenants on the public API: what a caller's identity may do with which objects (the
+Dispatcher's API, and the node agents' Logs).
+
+The caller is the identity of its client certificate (``services.runtime.auth.caller``); which
+methods a role may call at all is decided before (``auth.RULES``). Here are the per-object rules:
+
+| rule | who | what |
+|---|---|---|
+| ``tenant-queues`` | tenant | submits only to the queues its certificate lists |
+| ``own-jobs-only`` | tenant | reads, explains, watches and deletes only Jobs and Pods it owns (``metadata.owner``) |
+| ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, ...) |
+
+Everything else a tenant may read (nodes, queues, schedulers: how the cluster looks). The admin
+identity — and everyone in a cluster started with --insecure (no identity) — may do everything.
+Each function returns None when allowed, else the refusal naming its rule.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.message import Message
+
+from godel.tls import Identity
+from protos.godel.v1 import objects_pb2 as pb
+
+DEFAULT_QUEUE = "default"
+OWNED_KINDS = frozenset({"Job", "Pod"})
+
+
+def unrestricted(identity: Identity | None) -> bool:
+    return identity is None or identity.role != "tenant"
+
+
+def submit_refusal(identity: Identity | None, job: pb.Job) -> str | None:
+    if unrestricted(identity):
+        return None
+    assert identity is not None
+    queue = job.spec.queue or DEFAULT_QUEUE
+    if queue in identity.queues:
+        return None
+    allowed = ", ".join(identity.queues) or "none"
+    return (
+        f"rule tenant-queues: tenant {identity.name!r} may submit only to its queues "
+        f"({allowed}); job {job.metadata.name!r} names queue {queue!r}"
+    )
+
+
+def owns(identity: Identity | None, kind: str, obj: Message) -> bool:
+    """Whether ``identity`` may see ``obj`` (List and Watch leave out what it may not)."""
+    if unrestricted(identity) or kind not in OWNED_KINDS:
+        return True
+    assert identity is not None
+    return bool(obj.metadata.owner == identity.name)  # type: ignore[attr-defined]
+
+
+def read_refusal(identity: Identity | None, kind: str, obj: Message) -> str | None:
+    if owns(identity, kind, obj):
+        return None
+    assert identity is not None
+    return _not_owned(identity, kind, obj, "read")
+
+
+def delete_refusal(identity: Identity | None, kind: str, obj: Message | None) -> str | None:
+    """``obj``: the stored object, when there is one (a missing one is NOT_FOUND for all)."""
+    if unrestricted(identity):
+        return None
+    assert identity is not None
+    if kind not in OWNED_KINDS:
+        return admin_only(identity, f"delete {kind}s")
+    if obj is None or owns(identity, kind, obj):
+        return None
+    return _not_owned(identity, kind, obj, "delete")
+
+
+def apply_refusal(identity: Identity | None) -> str | None:
+    if unrestricted(identity):
+        return None
+    assert identity is not None
+    return admin_only(identity, "apply nodes, queues or disruption budgets")
+
+
+def admin_only(identity: Identity, what: str) -> str:
+    return f"rule admin-only: only the admin identity may {what}; {identity.name!r} is a tenant"
+
+
+def _not_owned(identity: Identity, kind: str, obj: Message, verb: str) -> str:
+    name = obj.metadata.name  # type: ignore[attr-defined]
+    return (
+        f"rule own-jobs-only: tenant {identity.name!r} may {verb} only its own jobs and their "
+        f"pods; {kind} {name!r} is not its own"
+    )
