@@ -8,9 +8,10 @@ and kept in a heap (without the cache, every pod scans for ``scan_extra`` nodes 
 gang needs). Later pods of the same template take the best cached node; after each assume only
 the chosen node is re-checked (and re-scored), since no other node changed. The cache outlives
 the unit: the next unit of the same template (a stream of one-pod jobs) takes it over,
-re-checking and re-scoring only the cached nodes changed since (``Snapshot.changed_since``). A
-template that found no node is remembered across
-units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
+re-checking and re-scoring only the cached nodes changed since (``Snapshot.changed_since``),
+for as many pods as its scan found nodes; then the template scans afresh from the rotating
+offset, so the stream spreads as the scores want instead of piling onto the first nodes found.
+A template that found no node is remembered across units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
 (``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
 preemption storm) does not scan every node per pod. Kube mode, for comparison: no cache, every
 pod scans until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's
@@ -143,6 +144,11 @@ class _Template:
     # again when a node is re-scored supersedes the older one, which is skipped when popped.
     live: dict[str, int] = field(default_factory=dict)
     static: dict[str, int] = field(default_factory=dict)
+    # Pods the cache may still place before the template scans afresh: as many as its last
+    # scan found nodes. Kept across units, a cache would otherwise pile a stream of one-pod jobs
+    # onto the few nodes it found, where a fresh scan from the rotating offset spreads them as
+    # the scores want (kube-scheduler scans anew for every pod).
+    budget: int = 0
     failure: str = ""
     diagnosis: Diagnosis | None = None
     # Set when a PreFilter narrowed the nodes: what to scan, and why the rest were skipped.
@@ -452,7 +458,13 @@ class UnitScheduler:
                 # looks in our own partition first again.
                 for node in [n for n in tmpl.live if n not in partition]:
                     del tmpl.live[node]
-            if tmpl.live and tmpl.segments is None and tmpl.changed is None and not tmpl.failure:
+            if (
+                tmpl.live
+                and tmpl.budget > 0
+                and tmpl.segments is None
+                and tmpl.changed is None
+                and not tmpl.failure
+            ):
                 self._kept.pop(key, None)  # most recently used last
                 self._kept[key] = (snapshot.token, snapshot.version, tmpl)
         while len(self._kept) > _MAX_KEPT:
@@ -576,6 +588,7 @@ class UnitScheduler:
                 continue  # superseded by a later entry, or dropped
             del tmpl.live[node]
             if node not in changed or self.framework.run_filters(pod, snapshot.infos[node]) is None:
+                tmpl.budget -= 1
                 return node
         return None
 
@@ -663,6 +676,7 @@ class UnitScheduler:
         for info, s, d in zip(feasible, static, dynamic, strict=True):
             tmpl.static[info.name] = s
             self._push(tmpl, info.name, s + d)
+        tmpl.budget = len(feasible)
         return True, False
 
 

@@ -425,8 +425,11 @@ def test_one_pod_units_of_a_template_share_one_cache() -> None:
     sched = scheduler(scan_extra=10)
     results = [sched.schedule(unit_of(f"u{i}", 1, 1, 100), snap) for i in range(30)]
     assert all(r.success for r in results)
-    assert [r.scans for r in results] == [1] + [0] * 29  # the first unit's scan serves all
-    assert sum(r.examined for r in results) == results[0].examined == 11
+    # A scan finds 11 nodes (1 + scan_extra) and serves the next 11 pods, whatever their unit;
+    # then the template scans afresh from where the last scan stopped, so the stream spreads.
+    assert [r.scans for r in results] == ([1] + [0] * 10) * 2 + [1] + [0] * 7
+    assert sum(r.examined for r in results) == 33
+    assert len({r.placements[0].node for r in results}) == 30
     assert_not_overcommitted(snap)
     # Another template gets its own cache.
     assert sched.schedule(unit_of("big", 1, 1, 2000), snap).scans == 1
