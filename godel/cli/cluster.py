@@ -250,12 +250,7 @@ def audit(
     from godel.audit import audit as run_audit
     from store import Store, StoreError
 
-    url = store_url
-    if url is None:
-        state = _home(home).load()
-        if state is None:
-            fail(f"no cluster in {_home(home)}: start one with `godel up`, or pass --store-url")
-        url = state.store_url
+    url = _store_url(home, store_url)
 
     async def check() -> None:
         store = await Store.connect(url)
@@ -293,12 +288,7 @@ def backup(
     from godel.local.backup import backup as take_backup
     from store import StoreError
 
-    url = store_url
-    if url is None:
-        state = _home(home).load()
-        if state is None:
-            fail(f"no cluster in {_home(home)}: start one with `godel up`, or pass --store-url")
-        url = state.store_url
+    url = _store_url(home, store_url)
     try:
         snapshot = take_backup(url, file)
     except StoreError as exc:
@@ -332,6 +322,16 @@ def local_address(kind: str, home: Path | None, flag: str) -> str:
         return client.local_address(kind, home)
     except client.ClusterNotFound as exc:
         fail(f"{exc} or {flag}")
+
+
+def _store_url(home: Path | None, store_url: str | None) -> str:
+    """``--store-url`` if given, else the local cluster's store."""
+    if store_url is not None:
+        return store_url
+    state = _home(home).load()
+    if state is None:
+        fail(f"no cluster in {_home(home)}: start one with `godel up`, or pass --store-url")
+    return state.store_url
 
 
 def _home(path: Path | None) -> local.GodelHome:
