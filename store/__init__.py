@@ -2,9 +2,13 @@
 multi-object commits, a change feed with list+watch, informers and fenced leases.
 
 This package is the only code in the project that speaks Redis.
+
+``Store`` and ``redact_url`` are imported on first use: a CLI that only needs ``store.kinds`` (the
+list of kinds) or the errors must not pay for the Redis client and its metrics.
 """
 
-from store.client import Store, redact_url
+from typing import TYPE_CHECKING, Any
+
 from store.errors import (
     AlreadyBoundError,
     AlreadyExistsError,
@@ -21,6 +25,18 @@ from store.errors import (
     StoreError,
     StoreUnavailableError,
 )
+
+if TYPE_CHECKING:
+    from store.client import Store, redact_url
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Store", "redact_url"):
+        from store import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AlreadyBoundError",

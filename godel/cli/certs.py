@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from godel import local, pki, tls
+from godel import local, tls
 from godel.cli.cluster import HomeOption
 from godel.cli.output import fail
 
@@ -57,6 +57,8 @@ def init(
     target = _directory(directory, home)
     existed = (target / f"{tls.CA}.crt").exists()
     try:
+        from godel import pki  # cryptography: only for the commands that make certificates
+
         pki.init_cluster(target, host or [])
     except (tls.CredentialsError, OSError) as exc:
         fail(str(exc))
@@ -86,6 +88,8 @@ def issue(
         fail("--queue is for tenants: the admin may use every queue")
     target = _directory(directory, home)
     try:
+        from godel import pki
+
         path = pki.issue(target, name, role, queues=queue or [])  # type: ignore[arg-type]
     except tls.CredentialsError as exc:
         fail(str(exc))
