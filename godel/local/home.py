@@ -166,11 +166,11 @@ class GodelHome:
         self.state_file.unlink(missing_ok=True)
 
     def purge(self) -> list[Path]:
-        """Remove what a cluster keeps here (store data, logs, pods' work, state, lock) and the
-        directory once empty; what else it holds is not ours and stays. Returns what was
-        removed."""
+        """Remove what a cluster keeps here (store data, logs, pods' work, its CA and
+        certificates, state, lock) and the directory once empty; what else it holds is not ours
+        and stays. Returns what was removed."""
         removed: list[Path] = []
-        for path in (self.store_dir, self.logs_dir, self.pods_dir):
+        for path in (self.store_dir, self.logs_dir, self.pods_dir, self.tls_dir):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
                 removed.append(path)
