@@ -63,7 +63,7 @@ def measure(home: Path, runs: int, baseline: Path | None = None) -> dict[str, di
     state = local.GodelHome(home).load()
     if state is None:
         raise SystemExit(f"no cluster in {home}")
-    with ProtoClient(state.address_of("dispatcher")) as client:
+    with ProtoClient(state.address_of("dispatcher"), home=home) as client:
         node = client.list("Node")[0].metadata.name  # type: ignore[attr-defined]
         pods = client.list("Pod")
     # The dispatcher's address given, as a remote cluster's would be: every tree measured

@@ -201,7 +201,7 @@ def run(c: Contention) -> Summary:
     )
     state = local.up(home, spec)
     try:
-        with ProtoClient(state.address_of("dispatcher")) as client:
+        with ProtoClient(state.address_of("dispatcher"), home=home.path) as client:
             deadline = time.monotonic() + 120
             while len(client.list("Node")) < c.nodes and time.monotonic() < deadline:
                 time.sleep(0.5)

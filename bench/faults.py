@@ -95,9 +95,9 @@ class Load(threading.Thread):
     """Submits a job every ``interval`` seconds; remembers every job the Dispatcher acknowledged
     (created, or found as this request's own on a retry)."""
 
-    def __init__(self, dispatcher: str, interval: float) -> None:
+    def __init__(self, dispatcher: str, interval: float, home: Path) -> None:
         super().__init__(name="fault-load", daemon=True)
-        self._client = ProtoClient(dispatcher, timeout=10)
+        self._client = ProtoClient(dispatcher, timeout=10, home=home)  # the cluster's credentials
         self._interval = interval
         self._halt = threading.Event()
         self._lock = threading.Lock()
@@ -161,7 +161,7 @@ class Harness:
     def __init__(self, home: local.GodelHome, state: local.ClusterState) -> None:
         self.home = home
         self.state = state
-        self.client = ProtoClient(state.address_of("dispatcher"), timeout=10)
+        self.client = ProtoClient(state.address_of("dispatcher"), timeout=10, home=home.path)
         self.bindings: dict[str, str] = {}
         self._probes = 0
 
@@ -346,7 +346,7 @@ def run(faults: int, *, hollow_nodes: int = 40, interval: float = 0.3) -> dict[s
         state = local.up(home, spec)
         harness = Harness(home, state)
         wait_nodes(harness.client, hollow_nodes)
-        load = Load(state.address_of("dispatcher"), interval)
+        load = Load(state.address_of("dispatcher"), interval, home.path)
         load.start()
         for index in range(faults):
             kind = KINDS[index % len(KINDS)]

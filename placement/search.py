@@ -29,6 +29,7 @@ same search as a generator that yields after every pod, so a service can let its
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections.abc import Generator, Sequence
@@ -226,7 +227,8 @@ class UnitScheduler:
             # A grouping that left nothing explains itself ("no single rack domain ...").
             result.reason = grouped.reason if grouped and grouped.reason else describe(0, 0, {})
             result.unplaced = {p.name: result.reason for p in unit.pods}
-            result.diagnoses = {p.name: Diagnosis(0) for p in unit.pods}
+            note = grouped.reason if grouped else ""
+            result.diagnoses = {p.name: Diagnosis(0, note=note) for p in unit.pods}
             return result
         # PreFilters narrow the whole view only: a node group is already a narrowed list.
         labels = snapshot.labels if grouped is None else None
@@ -245,6 +247,12 @@ class UnitScheduler:
                 f"{grouped.reason})"
             )
             result.unplaced = {p.name: result.reason for p in unit.pods}
+            # The data `godel explain` renders says it too.
+            note = f"in the best of {len(candidates)} node group(s) tried; {grouped.reason}"
+            result.diagnoses = {
+                name: dataclasses.replace(d, note=f"{d.note}; {note}" if d.note else note)
+                for name, d in result.diagnoses.items()
+            }
             result.infeasible = False  # room may free up in a domain
         return result
 

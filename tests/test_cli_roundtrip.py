@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -86,6 +87,7 @@ async def godel(
         text=True,
         timeout=60,
         cwd=ROOT,
+        env={**os.environ, "GODEL_INSECURE": "true"},  # the in-process dispatcher is plaintext
     )
 
 

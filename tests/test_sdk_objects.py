@@ -86,7 +86,8 @@ async def test_apply_manifest_refuses_a_bad_manifest_before_any_call() -> None:
 
 
 async def test_a_malformed_selector_is_invalid_before_any_call() -> None:
-    async with AsyncGodelClient("127.0.0.1:9") as client:  # nothing listens: no call is made
+    # Nothing listens (no call is made); plaintext, so no credentials are looked for either.
+    async with AsyncGodelClient("127.0.0.1:9", insecure=True) as client:
         with pytest.raises(Invalid, match="invalid label selector 'app in web'"):
             await client.list("Pod", labels="app in web")
         with pytest.raises(Invalid) as caught:
