@@ -55,6 +55,7 @@ from bench.harness import machine, percentile
 from godel import local
 from godel.audit import audit
 from godel.client import ClientError, ProtoClient
+from godel.local.cluster import probe_credentials
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe
 from store import Store, StoreError
@@ -162,6 +163,7 @@ class Harness:
         self.home = home
         self.state = state
         self.client = ProtoClient(state.address_of("dispatcher"), timeout=10, home=home.path)
+        self.credentials = probe_credentials(home, state)  # health checks speak TLS too
         self.bindings: dict[str, str] = {}
         self._probes = 0
 
@@ -231,7 +233,10 @@ class Harness:
         deadline = time.monotonic() + _RECOVERY_DEADLINE
         while time.monotonic() < deadline:
             record = self.state.component(name)
-            if record is not None and probe(record.address, timeout=1) == "SERVING":
+            if (
+                record is not None
+                and probe(record.address, timeout=1, credentials=self.credentials) == "SERVING"
+            ):
                 return
             revived += self.revive()
             time.sleep(0.2)
