@@ -442,6 +442,11 @@ async def test_process_mode(store: Store, store_url: str, tmp_path: Path) -> Non
         async def done() -> bool:
             return all(ph in (pb.POD_SUCCEEDED, pb.POD_FAILED) for ph in await phases(store, names))
 
+        async def slow_started() -> bool:
+            return (await phases(store, ["slow-0"]))[0] in (pb.POD_RUNNING, pb.POD_SUCCEEDED)
+
+        # The agent learns of a bound pod through its informer; logs exist once it has started.
+        await eventually(slow_started, what="slow pod started")
         # Follow the slow pod's log while it runs: the stream ends when the process exits.
         followed = await read_logs(host.address, "slow-0", follow=True)
         assert followed == b"line1\nline2\nline3\n"
