@@ -255,6 +255,8 @@ def run_one(
     log.info("starting cluster", workload=workload.name, nodes=shape.nodes, shards=shape.shards)
     try:
         state = local.up(home, spec)
+        if shape.pin_shards:
+            pin_shards(state)
         with _progress(console) as progress:
             client = ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path)
             try:
@@ -456,6 +458,27 @@ def _init_pods(
         time.sleep(0.25)
     progress.update(task, completed=bound)
     return bound
+
+
+def pin_shards(state: local.ClusterState) -> dict[str, set[int]]:
+    """Shard i runs on CPU i mod cores only, every thread of it (what ``taskset -a -p`` does;
+    threads started later inherit it). The other processes keep every CPU. Returns each
+    shard's CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned: dict[str, set[int]] = {}
+    shards = sorted(
+        (c for c in state.components if c.kind == "scheduler" and c.pid),
+        key=lambda c: int(c.name.rsplit("-", 1)[-1]),
+    )
+    for i, shard in enumerate(shards):
+        assert shard.pid is not None
+        cpu = {cpus[i % len(cpus)]}
+        for tid in os.listdir(f"/proc/{shard.pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                os.sched_setaffinity(int(tid), cpu)
+        pinned[shard.name] = cpu
+    log.info("shards pinned", cpus={k: sorted(v) for k, v in pinned.items()})
+    return pinned
 
 
 def _measure(

@@ -9,6 +9,7 @@
       shards: 1                        # scheduler processes
       binders: 1
       nodes_per_agent: 5000            # one node agent process per this many nodes
+      pin_shards: false                # shard i runs on CPU i mod cores only (taskset)
       scheduler: {mode: kube}          # extra flags per service kind (scheduler, binder, ...)
     init:     {count: 500, job_size: 100, template: {requests: {cpu: 100m, memory: 500Mi}}}
     measured:
@@ -63,7 +64,16 @@ _TOP = {
     "variants",
 }
 _SERIES = {"baseline"}
-_CLUSTER = {"nodes", "node", "labels", "shards", "binders", "nodes_per_agent", *SERVICE_KINDS}
+_CLUSTER = {
+    "nodes",
+    "node",
+    "labels",
+    "shards",
+    "binders",
+    "nodes_per_agent",
+    "pin_shards",
+    *SERVICE_KINDS,
+}
 _NODE = {"cpu", "memory", "pods", "gpus"}
 _RESCHEDULE = {"policy", "dry_run"}
 _PHASE = {
@@ -97,6 +107,9 @@ class ClusterShape:
     nodes_per_agent: int = 5000
     service_args: dict[str, dict[str, str]] = field(default_factory=dict)
     """Extra flags per service kind: {"scheduler": {"mode": "kube"}} -> --mode kube."""
+    pin_shards: bool = False
+    """Shard i runs on CPU i mod cores only, as ``taskset`` would: the capacity model's check
+    (bench/capacity.py) that shards on cores of their own scale as predicted."""
 
     @property
     def nodeagents(self) -> int:
@@ -323,6 +336,9 @@ def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
     for k, v in labels.items():
         if not isinstance(k, str) or not isinstance(v, str | int) or "," in f"{k}={v}":
             raise WorkloadError(f"{src}: cluster.labels.{k}: keys and values must be plain strings")
+    pin_shards = doc.get("pin_shards", False)
+    if not isinstance(pin_shards, bool):
+        raise WorkloadError(f"{src}: cluster.pin_shards: must be true or false")
     args: dict[str, dict[str, str]] = {}
     for kind in SERVICE_KINDS:
         flags = _mapping(doc.get(kind, {}), src, f"cluster.{kind}")
@@ -340,6 +356,7 @@ def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
             doc.get("nodes_per_agent", 5000), src, "cluster.nodes_per_agent", minimum=1
         ),
         service_args={k: v for k, v in args.items() if v},
+        pin_shards=pin_shards,
     )
 
 
