@@ -134,6 +134,14 @@ class TestShard(internal_pb2_grpc.SchedulerServicer):
         if credit:
             self._out.put_nowait(ipb.ShardMessage(credit=ipb.Credit(pods=credit)))
 
+    def outcomes(self, jobs: list[str], code: int, reason: str = "", credit: int = 0) -> None:
+        """The same outcome for several units in one message, as a shard sends the units one
+        verdict batch settled."""
+        outcomes = [ipb.UnitOutcome(job=job, code=code, reason=reason) for job in jobs]  # type: ignore[arg-type]
+        self._out.put_nowait(ipb.ShardMessage(outcomes=ipb.UnitOutcomes(outcomes=outcomes)))
+        if credit:
+            self._out.put_nowait(ipb.ShardMessage(credit=ipb.Credit(pods=credit)))
+
     async def bind_and_finish(self, job: str, node: str) -> None:
         """Bind every pod of the unit (one store commit), then UNIT_DONE and the credits."""
         unit = self.unit(job)

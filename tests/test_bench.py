@@ -176,10 +176,10 @@ def test_phase_job_fields_and_preempting_workloads() -> None:
     assert not workload.parse(VALID, Path("w.yaml")).runs[0].preempts
 
 
-def _run_quick(name: str, out: Path, timeout: float) -> str:
-    """``python -m bench NAME --quick``; returns its stdout, fails with its stderr."""
+def _run_quick(name: str, out: Path, timeout: float, *args: str) -> str:
+    """``python -m bench NAME --quick [ARGS]``; returns its stdout, fails with its stderr."""
     bench = subprocess.Popen(
-        [sys.executable, "-m", "bench", name, "--quick", "--out", str(out)],
+        [sys.executable, "-m", "bench", name, "--quick", "--out", str(out), *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -217,6 +217,27 @@ def test_quick_workload_end_to_end(tmp_path: Path) -> None:
     for png in pngs:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| SchedulingBasic-500 |" in stdout
+
+
+@pytest.mark.timeout(120)
+def test_one_pod_jobs_workload_binds_every_pod(tmp_path: Path) -> None:
+    """SchedulingBasic-5000-Singles' quick form (issue 15), its one-pod-jobs variant: every
+    measured pod is its own job, and every one is bound. The shipped file runs with its other
+    variants left out (a copy under the same name): each variant is a cluster of its own, and
+    CI's time is short. (SchedulingNodeAffinity-5000-Singles has the same shape; CI checks
+    only that its file is valid.)"""
+    doc = yaml.safe_load((ROOT / "bench/workloads/SchedulingBasic-5000-Singles.yaml").read_text())
+    doc.pop("baseline")
+    doc["variants"] = [v for v in doc["variants"] if v["name"] == "singles"]
+    path = tmp_path / "SchedulingBasic-5000-Singles.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    _run_quick(str(path), tmp_path / "out", 100)
+    [report_json] = (tmp_path / "out").glob("*.json")
+    [run] = json.loads(report_json.read_text())["runs"]
+    assert run["variant"] == "singles" and run["job_size"] == 1
+    assert run["bound"] == run["measured_pods"] > 0
+    assert run["latency_ms"]["count"] == run["measured_pods"]
+    assert run["resources"]["dispatcher"]["cpu_seconds"] > 0
 
 
 @pytest.mark.timeout(240)

@@ -111,6 +111,22 @@ async def test_many_units_batched_and_capacity_respected(
     await eventually(lambda: {f"j{i}" for i in range(15, 20)} <= set(shard.jobs()), what="rest")
 
 
+async def test_outcomes_of_many_units_in_one_message_each_take_effect(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    """A shard reports the units one verdict batch settled in one message: every outcome in it
+    counts (each unit backs off and is sent again), not only the first."""
+    names = [f"s{i}" for i in range(6)]
+    await submit(dispatcher, *[f.job(name) for name in names])
+    core = dispatcher.service.core
+    shard = await start_shard(shards, store, dispatcher, "shard-a", capacity=100)
+    await eventually(lambda: sorted(shard.jobs()) == names, what="6 units sent")
+    shard.outcomes(names, ipb.UNIT_UNSCHEDULABLE, "0/0 nodes fit", credit=6)
+    # Each unit went again after its backoff: its outcome released it from the shard.
+    await eventually(lambda: sorted(shard.jobs()) == sorted(names * 2), what="all six again")
+    assert all(core.units[name].attempts == 1 for name in names)
+
+
 async def test_units_without_room_are_held_and_smaller_ones_behind_them_go(
     dispatcher: Running, store: Store, shards: list[TestShard]
 ) -> None:

@@ -78,6 +78,7 @@ class Dispatcher:
         self.call: Any = internal_pb2_grpc.SchedulerStub(self.channel).Dispatch()
         self.credits = 0
         self.outcomes: dict[str, ipb.UnitOutcome] = {}
+        self.outcome_messages = 0  # stream messages that carried outcomes
 
     async def send(self, *units: ipb.Unit) -> None:
         await self.call.write(ipb.DispatchMessage(units=ipb.UnitBatch(units=list(units))))
@@ -89,7 +90,12 @@ class Dispatcher:
                 assert msg is not grpc.aio.EOF
                 if msg.HasField("credit"):
                     self.credits += msg.credit.pods
-                else:
+                elif msg.HasField("outcomes"):
+                    self.outcome_messages += 1
+                    for outcome in msg.outcomes.outcomes:
+                        self.outcomes[outcome.job] = outcome
+                elif msg.HasField("outcome"):
+                    self.outcome_messages += 1
                     self.outcomes[msg.outcome.job] = msg.outcome
 
         await asyncio.wait_for(loop(), timeout)
@@ -222,6 +228,32 @@ async def test_shard_schedules_units_and_streams_decisions_to_the_binder(
     # A graceful stop removes the registration.
     with pytest.raises(NotFoundError):
         await store.get(pb.SchedulerInstance, "shard-a")
+
+
+async def test_outcomes_of_units_answered_in_one_verdict_batch_share_a_message(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """One-pod jobs end by the thousand: the outcomes of every unit one VerdictBatch settles
+    travel in one ShardMessage (``outcomes``), not one message per unit."""
+    for i in range(5):
+        await store.create(node(f"n{i}", cpu=4000, mem=32 * GiB))
+    singles = [
+        await create_job(store, job(f"s{k}", replicas=1, min_member=1, cpu=100, mem=GiB))
+        for k in range(20)
+    ]
+    async with ServiceHost(SchedulerService, config) as host:
+        d = Dispatcher(host.address)
+        await d.until(lambda: d.credits == 5000)
+        await d.send(*singles)
+        await d.until(lambda: len(d.outcomes) == 20)
+        await d.close()
+    assert {job: o.code for job, o in d.outcomes.items()} == {
+        f"s{k}": ipb.UNIT_DONE for k in range(20)
+    }
+    assert all(list(d.outcomes[f"s{k}"].pods) == [f"s{k}-0"] for k in range(20))
+    # Every verdict batch answered at most one outcome message (a cycle may split the 20 units
+    # over several decision batches on a slow machine; never one message per unit each).
+    assert 1 <= d.outcome_messages <= len(binder.batches)
 
 
 async def test_revoke_and_binder_reconnect(

@@ -452,7 +452,10 @@ class UnitDispatcher:
                 link.capacity = msg.credit.pods
                 log.info("shard ready", shard=link.name, capacity=link.capacity)
             self._kick.set()
-        elif body == "outcome":
+        elif body == "outcomes":
+            for outcome in msg.outcomes.outcomes:
+                self._on_outcome(link, outcome)
+        elif body == "outcome":  # a shard of the version before UnitOutcomes
             self._on_outcome(link, msg.outcome)
         elif body == "nominations":
             entry = self.units.get(msg.nominations.job)

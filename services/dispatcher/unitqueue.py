@@ -85,6 +85,10 @@ class UnitEntry:
     waiting_for_room: bool = False
     # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
     in_heap: bool = False
+    # The last ``UnitQueue.view`` of it and the Job object it was made from: good while that
+    # is still the informer's object and the pod count is the same. A unit is viewed when
+    # queued and again when offered; building one is most of the round's cost per unit.
+    view: tuple[pb.Job, PendingUnit] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +240,10 @@ class UnitQueue:
         job = self.jobs(entry.job)
         if job is None:
             return None  # orphaned pods: nothing to schedule them as
-        return PendingUnit(
+        cached = entry.view
+        if cached is not None and cached[0] is job and cached[1].pods == len(entry.pods):
+            return cached[1]
+        unit = PendingUnit(
             entry.job,
             entry.queue,
             job.spec.priority,
@@ -249,6 +256,8 @@ class UnitQueue:
                 job.spec.template.requests, min(max(1, job.spec.min_member), len(entry.pods))
             ),
         )
+        entry.view = (job, unit)
+        return unit
 
     def policy(self, queue: str) -> SortPolicy:
         policy = self._policies.get(queue)
@@ -549,6 +558,8 @@ class UnitQueue:
 
     def _turns(self, budget: dict[str, int]) -> list[str]:
         """One turn: the queue the fairness policy picks among those with work."""
+        if len(budget) == 1:
+            return list(budget)  # no choice to make (a round runs one turn per unit sent)
         capacity = self._capacity[GUARANTEED]
         loads = [QueueLoad(q, self.used(q), self.weight(q)) for q in budget]
         return [next_queue(loads, capacity, self.fairness)]

@@ -314,30 +314,61 @@ class Nominations(_message.Message):
 Global___Nominations: _TypeAlias = Nominations  # noqa: Y015
 
 @_typing.final
+class UnitOutcomes(_message.Message):
+    """The outcomes of several units, in the order they ended: one-pod jobs end by the thousand a
+    second, and a stream message per unit was most of the shard's and the dispatcher's cost on
+    this stream.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___UnitOutcome]: ...
+    def __init__(
+        self,
+        *,
+        outcomes: _abc.Iterable[Global___UnitOutcome] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnitOutcomes: _TypeAlias = UnitOutcomes  # noqa: Y015
+
+@_typing.final
 class ShardMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CREDIT_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     NOMINATIONS_FIELD_NUMBER: _builtins.int
+    OUTCOMES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def credit(self) -> Global___Credit: ...
     @_builtins.property
-    def outcome(self) -> Global___UnitOutcome: ...
+    def outcome(self) -> Global___UnitOutcome:
+        """One unit's outcome: what shards sent before `outcomes` (still accepted)."""
+
     @_builtins.property
     def nominations(self) -> Global___Nominations: ...
+    @_builtins.property
+    def outcomes(self) -> Global___UnitOutcomes: ...
     def __init__(
         self,
         *,
         credit: Global___Credit | None = ...,
         outcome: Global___UnitOutcome | None = ...,
         nominations: Global___Nominations | None = ...,
+        outcomes: Global___UnitOutcomes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "credit", b"credit", "nominations", b"nominations", "outcome", b"outcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "credit", b"credit", "nominations", b"nominations", "outcome", b"outcome", "outcomes", b"outcomes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "credit", b"credit", "nominations", b"nominations", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "credit", b"credit", "nominations", b"nominations", "outcome", b"outcome", "outcomes", b"outcomes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["credit", "outcome", "nominations"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["credit", "outcome", "nominations", "outcomes"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
