@@ -175,6 +175,9 @@ class _Template:
     raw: dict[str, tuple[int, ...]] = field(default_factory=dict)  # topology raw scores
     norm: dict[str, int] = field(default_factory=dict)  # ... normalized over the candidates
     by_domain: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    # Candidates only a topology rule turned away (a spread's domain at its skew): re-checked
+    # with the rest, and back among the candidates when the counts allow them again.
+    parked: set[str] = field(default_factory=set)
 
 
 class UnitScheduler:
@@ -556,17 +559,20 @@ class UnitScheduler:
         all are normalized again and the heap rebuilt (no plugin call per node)."""
         framework, infos, live = self.framework, snapshot.infos, tmpl.live
         changed = snapshot.changed_since(tmpl.version) if tmpl.token == snapshot.token else None
+        parked = tmpl.parked
         if changed is None:
             tmpl.heap.clear()
             live.clear()
+            parked.clear()
             return
         tmpl.version = snapshot.version
         every = shape != tmpl.shape
         tmpl.shape = shape
-        full = changed & live.keys()
+        known = live.keys() | parked
+        full = changed & known
         if every:
             self._index_domains(tmpl, infos)
-            domain = live.keys() - full
+            domain = known - full
         else:
             domain = set()
             by_domain = tmpl.by_domain
@@ -578,15 +584,25 @@ class UnitScheduler:
                     value = info.labels.get(key)
                     if value is not None and (key, value) in by_domain:
                         domain |= by_domain[key, value]
-            domain = (domain & live.keys()) - full
+            domain = (domain & known) - full
         if not full and not domain:
             return
         moved = every
+        topology_names = {p.NAME for p in framework.topology}
+        back: list[str] = []  # parked nodes the counts allow again
         for name in full:
             info = infos.get(name)
-            if info is None or framework.run_filters(pod, info) is not None:
-                del live[name]
+            status = framework.run_filters(pod, info) if info is not None else None
+            if info is None or status is not None:
+                live.pop(name, None)
+                if status is not None and status.plugin in topology_names:
+                    parked.add(name)
+                else:
+                    parked.discard(name)
                 continue
+            if name in parked:
+                parked.discard(name)
+                back.append(name)
             tmpl.dynamic[name] = framework.dynamic_score(pod, info)
             raw = framework.topology_raw(pod, info)
             if raw != tmpl.raw.get(name):
@@ -596,12 +612,22 @@ class UnitScheduler:
         for name in domain:
             info = infos[name]
             if any(f(pod, info) is not None for f in topology_filters):
-                del live[name]
+                live.pop(name, None)
+                parked.add(name)
                 continue
+            if name in parked:
+                # The node itself did not change, but a custom profile may order a node filter
+                # after the topology ones: the whole list judges its return.
+                if framework.run_filters(pod, info) is not None:
+                    continue
+                parked.discard(name)
+                back.append(name)
             raw = framework.topology_raw(pod, info)
             if raw != tmpl.raw[name]:
                 tmpl.raw[name] = raw
                 moved = True
+        for name in back:
+            live[name] = -1  # pushed below
         if moved:
             names = list(live)
             norm = framework.topology_scores(pod, [tmpl.raw[n] for n in names])
@@ -614,7 +640,7 @@ class UnitScheduler:
                 live[name] = self._seq
             heapq.heapify(tmpl.heap)
             return
-        for name in full & live.keys():  # only their own part of the score moved
+        for name in (full & live.keys()) | set(back):  # only their own part of the score moved
             self._push(tmpl, name, tmpl.static[name] + tmpl.dynamic[name] + tmpl.norm[name])
 
     @staticmethod
@@ -623,7 +649,7 @@ class UnitScheduler:
         assert tmpl.shape is not None
         by_domain: dict[tuple[str, str], set[str]] = {}
         tmpl.by_domain = by_domain
-        for name in tmpl.live:
+        for name in [*tmpl.live, *tmpl.parked]:
             info = infos.get(name)
             if info is None:
                 continue
@@ -834,6 +860,7 @@ class UnitScheduler:
         norm = framework.topology_scores(pod, raws)
         tmpl.heap.clear()
         tmpl.live.clear()
+        tmpl.parked.clear()
         tmpl.static.clear()
         tmpl.dynamic.clear()
         tmpl.raw.clear()

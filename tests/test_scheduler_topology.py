@@ -4,6 +4,7 @@ topology index, in kube-scheduler's manner: (pod, cluster of labelled nodes and 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -591,3 +592,15 @@ def test_search_topology_pods_of_a_unit_share_one_scan() -> None:
     assert result.success and len(result.placements) == 30
     assert len({p.node for p in result.placements}) == 30
     assert result.scans == 1 and result.examined == 51
+
+
+def test_search_spread_candidates_at_their_skew_wait_for_the_minimum_to_rise() -> None:
+    """A spread over zones turns a zone's candidates away while it is maxSkew ahead; they are
+    parked, not dropped, and taken again once the other zones catch up: one scan serves a unit
+    of 40 pods, and the zones end even."""
+    scheduler, snapshot = _search(200, 4)
+    result = scheduler.schedule(_unit("s", 40, constraints=[ZONE1]), snapshot)
+    assert result.success and len(result.placements) == 40
+    assert result.scans == 1
+    zones = Counter(snapshot.infos[p.node].labels["zone"] for p in result.placements)
+    assert sorted(zones.values()) == [10, 10, 10, 10]
