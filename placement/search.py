@@ -11,6 +11,9 @@ the unit: the next unit of the same template (a stream of one-pod jobs) takes it
 re-checking and re-scoring only the cached nodes changed since (``Snapshot.changed_since``),
 for as many pods as its scan found nodes; then the template scans afresh from the rotating
 offset, so the stream spreads as the scores want instead of piling onto the first nodes found.
+Pods a topology rule concerns (inter-pod affinity, spread) keep a cache of their own, re-checked
+before each pod only where the counts moved (``_refresh``: the changed nodes, the candidates
+sharing a domain with them, all of them when a global value such as a spread's minimum moved).
 A template that found no node is remembered across units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
 (``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
 preemption storm) does not scan every node per pod. Kube mode, for comparison: no cache, every
@@ -500,6 +503,7 @@ class UnitScheduler:
                 # looks in our own partition first again.
                 for node in [n for n in tmpl.live if n not in partition]:
                     del tmpl.live[node]
+                tmpl.parked &= partition
             if (
                 tmpl.live
                 and tmpl.budget > 0
