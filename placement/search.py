@@ -11,6 +11,9 @@ the unit: the next unit of the same template (a stream of one-pod jobs) takes it
 re-checking and re-scoring only the cached nodes changed since (``Snapshot.changed_since``),
 for as many pods as its scan found nodes; then the template scans afresh from the rotating
 offset, so the stream spreads as the scores want instead of piling onto the first nodes found.
+Pods a topology rule concerns (inter-pod affinity, spread) keep a cache of their own, re-checked
+before each pod only where the counts moved (``_refresh``: the changed nodes, the candidates
+sharing a domain with them, all of them when a global value such as a spread's minimum moved).
 A template that found no node is remembered across units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
 (``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
 preemption storm) does not scan every node per pod. Kube mode, for comparison: no cache, every
@@ -32,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -163,6 +166,21 @@ class _Template:
     # PostFilter still looks everywhere): that unit's verdict.
     known: _NoFit | None = None
     changed: list[list[NodeInfo]] | None = None
+    # Pods a topology rule concerns (their ``Framework.topology_shape``; None: a plain
+    # template). Their candidates are brought up to the counts before each pod (``_refresh``):
+    # the nodes changed since ``version`` of snapshot ``token`` are checked again in full, the
+    # cached nodes sharing a domain of ``shape``'s keys with one of them by the topology
+    # filters, and every cached node when the shape's global part moved.
+    shape: tuple[frozenset[str], Hashable] | None = None
+    token: int = 0
+    version: int = 0
+    dynamic: dict[str, int] = field(default_factory=dict)
+    raw: dict[str, tuple[int, ...]] = field(default_factory=dict)  # topology raw scores
+    norm: dict[str, int] = field(default_factory=dict)  # ... normalized over the candidates
+    by_domain: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    # Candidates only a topology rule turned away (a spread's domain at its skew): re-checked
+    # with the rest, and back among the candidates when the counts allow them again.
+    parked: set[str] = field(default_factory=set)
 
 
 class UnitScheduler:
@@ -322,8 +340,8 @@ class UnitScheduler:
                 continue
             # A pod with pod affinity, anti-affinity or spread constraints (or that an existing
             # pod's anti-affinity concerns) reads the counts as the unit's earlier placements left
-            # them; every placement changes them, so such a pod bypasses the feasible-node cache
-            # (a fresh template, a scan of its own). Other pods stay on the plain path.
+            # them. Its template's cache is kept apart (``shape``) and brought up to the counts
+            # before each pod (``_refresh``): a placement moves only its node's domains.
             topo = (
                 topology_plugins
                 and (pod.has_topology or snapshot.topology.has_anti)
@@ -331,7 +349,11 @@ class UnitScheduler:
             )
             if not topo:
                 pod.topology = None
-            pod_cache = use_cache and not topo
+            shape = None
+            if topo:
+                keys, every = framework.topology_shape(pod)
+                shape = (keys, (every, snapshot.topology.relabels))
+            pod_cache = use_cache
             if preferred:
                 taken = self._take_recommended(pod, snapshot, preferred, within)
                 if taken is not None:
@@ -341,19 +363,26 @@ class UnitScheduler:
                     changed.add(target)
                     all_unresolvable = False
                     continue
-            tmpl = None if topo else templates.get(pod.template_key)
+            tmpl = None if topo and not use_cache else templates.get(pod.template_key)
+            if tmpl is not None and (
+                (tmpl.shape is None) != (shape is None)  # a topology rule came or went
+                # A topology failure holds only while nothing changed: others' placements
+                # move counts (a spread's minimum rises).
+                or (tmpl.shape is not None and tmpl.failure and tmpl.version != snapshot.version)
+            ):
+                tmpl = None
             if tmpl is None and pod_cache and labels is not None:
-                tmpl = self._reuse(pod, snapshot)
+                tmpl = self._reuse(pod, snapshot, shape)
                 if tmpl is not None:
                     templates[pod.template_key] = tmpl
             if tmpl is None:
-                tmpl = _Template()
-                if not topo:
+                tmpl = _Template(shape=shape)
+                if not topo or use_cache:
                     templates[pod.template_key] = tmpl
                 narrowed = labels and self._narrow(pod, snapshot, labels, total_nodes)
                 if narrowed:
                     tmpl.segments, tmpl.skipped = narrowed
-                elif pod_cache and labels is not None:
+                elif pod_cache and labels is not None and shape is None:
                     self._since_no_fit(pod, snapshot, tmpl)
             if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
                 if tmpl.unresolvable:
@@ -364,16 +393,21 @@ class UnitScheduler:
                 ):
                     placements.append((pod, preempted[pod.name].node))
                 continue
+            if shape is not None and pod_cache and tmpl.live:
+                self._refresh(tmpl, pod, shape, snapshot)
             node = self._take(tmpl, pod, snapshot, changed) if pod_cache else None
             if node is None:
-                # A topology pod scans for itself alone: one node and the usual margin.
+                # A topology template scans one node and the usual margin at a time: its
+                # candidates are re-checked as counts move, a long list would cost more there.
                 pod_limit = min(limit, 1 + self.config.scan_extra) if topo and use_cache else limit
+                if shape is not None:  # what the fresh candidates are judged by
+                    tmpl.shape, tmpl.token, tmpl.version = shape, snapshot.token, snapshot.version
                 found, unresolvable = self._scan(
-                    pod, segments, pod_limit, total_nodes, tmpl, result
+                    pod, segments, pod_limit, total_nodes, tmpl, result, snapshot
                 )
                 if not found:
                     tmpl.unresolvable = unresolvable
-                    if pod_cache and labels is not None and not tmpl.skipped:
+                    if pod_cache and labels is not None and not tmpl.skipped and shape is None:
                         self._remember_no_fit(pod, snapshot, tmpl)
                     unresolvable = tmpl.unresolvable
                     # Pods bound or gone elsewhere can lift a topology rule: such a unit is
@@ -402,7 +436,10 @@ class UnitScheduler:
             info = snapshot.infos[node]
             self._assume(pod, snapshot, node, numa)
             placements.append((pod, node))
-            if pod_cache and self.framework.run_filters(pod, info) is None:
+            if pod_cache and shape is not None:
+                # Kept as a candidate: the next pod's refresh re-checks it with the new counts.
+                tmpl.live[node] = -1
+            elif pod_cache and self.framework.run_filters(pod, info) is None:
                 # Only the chosen node changed: re-check and re-score it alone.
                 self._push(tmpl, node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
             if not pod_cache:
@@ -466,6 +503,7 @@ class UnitScheduler:
                 # looks in our own partition first again.
                 for node in [n for n in tmpl.live if n not in partition]:
                     del tmpl.live[node]
+                tmpl.parked &= partition
             if (
                 tmpl.live
                 and tmpl.budget > 0
@@ -478,7 +516,9 @@ class UnitScheduler:
         while len(self._kept) > _MAX_KEPT:
             del self._kept[next(iter(self._kept))]
 
-    def _reuse(self, pod: PodInfo, snapshot: Snapshot) -> _Template | None:
+    def _reuse(
+        self, pod: PodInfo, snapshot: Snapshot, shape: tuple[frozenset[str], Hashable] | None
+    ) -> _Template | None:
         """An earlier unit's cache for ``pod``'s template, brought up to the snapshot: each
         cached node changed since (others' binds, deletions, our own cycle's assumes) is checked
         and re-scored again, or dropped. None when there is none or the changes are not known."""
@@ -486,7 +526,13 @@ class UnitScheduler:
         if kept is None:
             return None
         token, version, tmpl = kept
-        changed = snapshot.changed_since(version) if token == snapshot.token else None
+        if (tmpl.shape is None) != (shape is None) or token != snapshot.token:
+            return None
+        if tmpl.shape is not None:
+            if self.partition and not tmpl.live.keys() <= self.partition:
+                return None
+            return tmpl  # brought up to the snapshot by ``_refresh``, from its own version
+        changed = snapshot.changed_since(version)
         if changed is None:
             return None
         if self.partition and not tmpl.live.keys() <= self.partition:
@@ -499,6 +545,122 @@ class UnitScheduler:
             else:
                 self._push(tmpl, node, tmpl.static[node] + framework.dynamic_score(pod, info))
         return tmpl
+
+    def _refresh(
+        self,
+        tmpl: _Template,
+        pod: PodInfo,
+        shape: tuple[frozenset[str], Hashable],
+        snapshot: Snapshot,
+    ) -> None:
+        """Bring a topology template's candidates up to the snapshot for ``pod`` (prepared
+        now). A node's topology filters and scores read only its own domains of ``shape``'s keys
+        and ``shape``'s global part, and a domain's counts move only when a pod is added to or
+        removed from one of its nodes (relabels are in the global part: ``relabels``). So: the
+        nodes changed since are checked again in full; the others in a domain of a changed node
+        (or all, when the shape moved) by the topology filters, and their raw topology scores
+        read again. Topology scores are normalized over the candidates: when a raw score moved,
+        all are normalized again and the heap rebuilt (no plugin call per node)."""
+        framework, infos, live = self.framework, snapshot.infos, tmpl.live
+        changed = snapshot.changed_since(tmpl.version) if tmpl.token == snapshot.token else None
+        parked = tmpl.parked
+        if changed is None:
+            tmpl.heap.clear()
+            live.clear()
+            parked.clear()
+            return
+        tmpl.version = snapshot.version
+        every = shape != tmpl.shape
+        tmpl.shape = shape
+        known = live.keys() | parked
+        full = changed & known
+        if every:
+            self._index_domains(tmpl, infos)
+            domain = known - full
+        else:
+            domain = set()
+            by_domain = tmpl.by_domain
+            for name in changed:
+                info = infos.get(name)
+                if info is None:
+                    continue
+                for key in shape[0]:
+                    value = info.labels.get(key)
+                    if value is not None and (key, value) in by_domain:
+                        domain |= by_domain[key, value]
+            domain = (domain & known) - full
+        if not full and not domain:
+            return
+        moved = every
+        topology_names = {p.NAME for p in framework.topology}
+        back: list[str] = []  # parked nodes the counts allow again
+        for name in full:
+            info = infos.get(name)
+            status = framework.run_filters(pod, info) if info is not None else None
+            if info is None or status is not None:
+                live.pop(name, None)
+                if status is not None and status.plugin in topology_names:
+                    parked.add(name)
+                else:
+                    parked.discard(name)
+                continue
+            if name in parked:
+                parked.discard(name)
+                back.append(name)
+            tmpl.dynamic[name] = framework.dynamic_score(pod, info)
+            raw = framework.topology_raw(pod, info)
+            if raw != tmpl.raw.get(name):
+                tmpl.raw[name] = raw
+                moved = True
+        topology_filters = framework.topology_filters
+        for name in domain:
+            info = infos[name]
+            if any(f(pod, info) is not None for f in topology_filters):
+                live.pop(name, None)
+                parked.add(name)
+                continue
+            if name in parked:
+                # The node itself did not change, but a custom profile may order a node filter
+                # after the topology ones: the whole list judges its return.
+                if framework.run_filters(pod, info) is not None:
+                    continue
+                parked.discard(name)
+                back.append(name)
+            raw = framework.topology_raw(pod, info)
+            if raw != tmpl.raw[name]:
+                tmpl.raw[name] = raw
+                moved = True
+        for name in back:
+            live[name] = -1  # pushed below
+        if moved:
+            names = list(live)
+            norm = framework.topology_scores(pod, [tmpl.raw[n] for n in names])
+            tmpl.heap.clear()
+            for name, score in zip(names, norm, strict=True):
+                tmpl.norm[name] = score
+                self._seq += 1
+                total = tmpl.static[name] + tmpl.dynamic[name] + score
+                tmpl.heap.append((-total, self._seq, name))
+                live[name] = self._seq
+            heapq.heapify(tmpl.heap)
+            return
+        for name in (full & live.keys()) | set(back):  # only their own part of the score moved
+            self._push(tmpl, name, tmpl.static[name] + tmpl.dynamic[name] + tmpl.norm[name])
+
+    @staticmethod
+    def _index_domains(tmpl: _Template, infos: dict[str, NodeInfo]) -> None:
+        """The cached candidates by domain of the shape's keys."""
+        assert tmpl.shape is not None
+        by_domain: dict[tuple[str, str], set[str]] = {}
+        tmpl.by_domain = by_domain
+        for name in [*tmpl.live, *tmpl.parked]:
+            info = infos.get(name)
+            if info is None:
+                continue
+            for key in tmpl.shape[0]:
+                value = info.labels.get(key)
+                if value is not None:
+                    by_domain.setdefault((key, value), set()).add(name)
 
     def _since_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
         """If an earlier unit's pod of this template found no node, scan only what changed."""
@@ -634,6 +796,7 @@ class UnitScheduler:
         total_nodes: int,
         tmpl: _Template,
         result: UnitResult,
+        snapshot: Snapshot,
     ) -> tuple[bool, bool]:
         """Filter nodes from the rotating offset until ``limit`` are feasible; score them into
         the template's heap. Segments are scanned in order (own partition first) and a later
@@ -680,12 +843,38 @@ class UnitScheduler:
             tmpl.failure = describe(total_nodes, 0, diag)
             tmpl.diagnosis = diagnose(total_nodes, diag)
             return False, unresolvable
+        if tmpl.shape is not None:
+            self._scored_topology(pod, feasible, tmpl, snapshot)
+            return True, False
         static, dynamic = self.framework.score_parts(pod, feasible)
         for info, s, d in zip(feasible, static, dynamic, strict=True):
             tmpl.static[info.name] = s
             self._push(tmpl, info.name, s + d)
         tmpl.budget = len(feasible)
         return True, False
+
+    def _scored_topology(
+        self, pod: PodInfo, feasible: list[NodeInfo], tmpl: _Template, snapshot: Snapshot
+    ) -> None:
+        """A topology template's fresh candidates: scores kept in parts (node-only normalized,
+        per-node dynamic, topology raw and normalized) so ``_refresh`` can redo the moving ones."""
+        framework = self.framework
+        static, dynamic = framework.score_parts(pod, feasible, topology_apart=True)
+        raws = [framework.topology_raw(pod, info) for info in feasible]
+        norm = framework.topology_scores(pod, raws)
+        tmpl.heap.clear()
+        tmpl.live.clear()
+        tmpl.parked.clear()
+        tmpl.static.clear()
+        tmpl.dynamic.clear()
+        tmpl.raw.clear()
+        tmpl.norm.clear()
+        for info, s, d, r, t in zip(feasible, static, dynamic, raws, norm, strict=True):
+            name = info.name
+            tmpl.static[name], tmpl.dynamic[name], tmpl.raw[name], tmpl.norm[name] = s, d, r, t
+            self._push(tmpl, name, s + d + t)
+        tmpl.budget = len(feasible)
+        self._index_domains(tmpl, snapshot.infos)
 
 
 def _diagnosed(diagnosed: dict[str, Diagnosis], pod: str, diagnosis: Diagnosis | None) -> None:

@@ -62,6 +62,9 @@ class TopologyIndex:
         self._domains: dict[str, dict[str, int]] = {}
         # Pods by label (key, value): the candidates a counter with an ``In`` starts from.
         self._by_label: dict[tuple[str, str], set[str]] = {}
+        # Bumped when a known node changes labels or vanishes: its pods left domains the
+        # node's new labels no longer name (a cache keyed by domains starts over).
+        self.relabels = 0
 
     # -- feeding -----------------------------------------------------------------------------
 
@@ -86,6 +89,7 @@ class TopologyIndex:
         for req in pods:
             self.remove(req.name)
         if old is not None:
+            self.relabels += 1
             for key, counts in self._domains.items():
                 if key in old:
                     _bump(counts, old[key], -1)

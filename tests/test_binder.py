@@ -671,6 +671,23 @@ async def test_duplicate_decision_is_stale(store: Store, shards: list[Shard]) ->
     assert second["a-0"].code == V.STALE and "already bound" in second["a-0"].reason
 
 
+async def test_back_to_back_duplicate_is_refused_by_the_binders_own_check(
+    store: Store, shards: list[Shard]
+) -> None:
+    """The same decision twice on one stream, back to back: the second batch is read after the
+    first one's commit, so the Binder's own check refuses it (already bound), not the store."""
+    await store.create(f.node("n1"))
+    a = f.job("a")
+    pods = await submit(store, a)
+    decision = unit(a, pods, [("a-0", "n1")])
+    await shards[0].send(decision)
+    await shards[0].send(decision)
+    first, second = await shards[0].read(), await shards[0].read()
+    assert first.verdicts[0].code == V.BOUND
+    assert second.verdicts[0].code == V.STALE
+    assert second.verdicts[0].reason == "pod already bound to 'n1'"
+
+
 async def test_store_refusal_drops_one_pod_and_commits_the_rest(
     store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
 ) -> None:

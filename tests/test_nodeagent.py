@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,7 +29,7 @@ from services.nodeagent.nodes import (
     parse_labels,
     parse_taints,
 )
-from services.nodeagent.runner import KILL_GRACE_SECONDS
+from services.nodeagent.runner import KILL_GRACE_SECONDS, launcher
 from services.nodeagent.service import NodeAgentConfig, NodeAgentService
 from services.runtime import ConfigError, ServiceHost, load_config
 from store import Store
@@ -518,6 +519,39 @@ async def test_process_pod_is_pinned_to_its_numa_nodes_cpus(
         ours = await asyncio.to_thread(Path("/proc/self/status").read_text)
         everything = next(x for x in ours.splitlines() if x.startswith("Cpus_allowed_list:"))
         assert await read_logs(host.address, "free-0") == f"{everything}\n".encode()
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="pinning needs os.sched_setaffinity and two CPUs",
+)
+@pytest.mark.parametrize(
+    ("cpus", "exit_code"),
+    [
+        ((0,), 0),  # pinned, the agent's own user (no run-as: an unprivileged agent)
+        ((), 0),  # unpinned
+        ((10_000,), 127),  # a CPU that does not exist: the command never starts
+    ],
+)
+def test_launcher_pins_before_the_command_starts(cpus: tuple[int, ...], exit_code: int) -> None:
+    """The launcher interpreter sets the CPUs itself, then execs the command (same pid), so what
+    the command sees in /proc is the pinned set; a pin the OS refuses is a start error (127)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    want = [allowed[c] for c in cpus if c < len(allowed)] or cpus
+    show = ["sh", "-c", "grep Cpus_allowed_list /proc/self/status"]
+    argv = launcher(show, None, tuple(want), os.environ.get("PATH", os.defpath))
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert done.returncode == exit_code
+    if exit_code:
+        assert "cannot start" in done.stderr
+    elif want:
+        assert done.stdout == f"Cpus_allowed_list:\t{want[0]}\n"
+    else:
+        ours = Path("/proc/self/status").read_text()
+        assert (
+            done.stdout
+            == next(x for x in ours.splitlines() if x.startswith("Cpus_allowed_list")) + "\n"
+        )
 
 
 async def test_process_pods_killed_on_delete_and_stop(

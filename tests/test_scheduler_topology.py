@@ -4,6 +4,7 @@ topology index, in kube-scheduler's manner: (pod, cluster of labelled nodes and 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -471,3 +472,135 @@ def test_search_a_unit_blocked_by_a_topology_rule_is_not_infeasible() -> None:
     blocked = scheduler.schedule(_unit("b", 1, anti=anti), snapshot)
     assert not blocked.success and not blocked.infeasible
     assert "anti-affinity" in blocked.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# The topology feasible-node cache: every placement it makes is one a fresh scan would allow
+# ---------------------------------------------------------------------------------------------
+
+Outside = tuple[str, PodRequest]  # a pod another shard placed on a node, between units
+
+
+@dataclass
+class CacheCase:
+    id: str
+    nodes: int
+    zones: int
+    units: list[tuple[int, dict[str, object]]]  # (pods, pod_pb keywords) per unit
+    # Before unit i: pods placed from outside (other shards' binds reach the snapshot).
+    outside: dict[int, list[Outside]] = field(default_factory=dict)
+    gone: dict[int, list[Outside]] = field(default_factory=dict)  # ... and removed
+    placed: int | None = None  # how many pods in all get a node (None: all)
+    labels: dict[str, str] = field(default_factory=lambda: dict(WEB))
+
+
+DB_IN_Z2: list[Outside] = [("n002", placed("db-0", DB))]
+CACHE_CASES = [
+    CacheCase("anti-hostname", 60, 4, [(20, {"anti": [term(sel(app="web"), "hostname")]})] * 3),
+    CacheCase("anti-zone", 30, 5, [(4, {"anti": [term(sel(app="web"), "zone")]})] * 2, placed=5),
+    CacheCase(
+        "spread-zone-with-others-binding-between-units",
+        40,
+        4,
+        [(7, {"constraints": [ZONE1]})] * 5,
+        outside={2: [("n000", placed("o-0", WEB)), ("n004", placed("o-1", WEB))]},
+    ),
+    CacheCase(
+        # A pod leaving zone z3 lowers the minimum: the other zones' cached nodes (their own
+        # counts unchanged) must be judged against it too.
+        "a-pod-gone-lowers-the-spread-minimum",
+        40,
+        4,
+        [(1, {"constraints": [ZONE1]}), (1, {"constraints": [ZONE1]})],
+        outside={
+            0: [(f"n00{i}", placed(f"o-{i}", WEB)) for i in range(4)]
+            # Plain pods make z3's nodes score lowest: its cached nodes are taken last.
+            + [(f"n{i:03d}", placed(f"plain-{i}", {})) for i in range(3, 40, 4)]
+        },
+        gone={1: [("n003", placed("o-3", WEB))]},
+    ),
+    CacheCase(
+        "required-affinity-to-a-zone",
+        40,
+        4,
+        [(5, {"affinity": [term(sel(app="db"), "zone")]})] * 3,
+        outside={0: DB_IN_Z2},
+    ),
+    CacheCase(
+        "an-anti-affine-pod-placed-between-units-keeps-the-rest-out-of-its-zone",
+        40,
+        4,
+        [(6, {"constraints": [spread(3, "zone", sel(app="web"))]})] * 4,
+        outside={2: [("n001", placed("x-0", DB, anti=[term(sel(app="web"), "zone")]))]},
+        placed=21,  # z1 keeps its 3; the others reach 3 + maxSkew
+    ),
+    CacheCase(
+        "preferred-affinity-piles-onto-the-matching-node",
+        50,
+        5,
+        [(10, {"preferred": [(1, term(sel(app="web"), "hostname"))]})] * 3,
+        outside={0: [("n017", placed("w-0", WEB))]},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CACHE_CASES, ids=[c.id for c in CACHE_CASES])
+def test_search_topology_cache_places_only_what_a_fresh_scan_allows(case: CacheCase) -> None:
+    """Units of one topology template through Gödel mode's cache (candidates re-checked as the
+    counts move, kept across units), with other shards' pods arriving between units; a replay
+    on a fresh snapshot checks each placement, in order, with every filter freshly prepared."""
+    scheduler, snapshot = _search(case.nodes, case.zones)
+    _, replay = _search(case.nodes, case.zones)
+    log: list[tuple[str, PodInfo | PodRequest]] = []
+    total = 0
+    for k, (size, kw) in enumerate(case.units):
+        for node, req in case.outside.get(k, []):
+            snapshot.assume(req, node)
+            log.append((node, req))
+        for node, req in case.gone.get(k, []):
+            snapshot.forget(req.name, node)
+            log.append(("-" + node, req))
+        unit = _unit(f"u{k}", size, **kw)
+        by_name = {p.name: p for p in unit.pods}
+        result = scheduler.schedule(unit, snapshot)
+        total += len(result.placements)
+        log += [(pl.node, by_name[pl.pod]) for pl in result.placements]
+    assert total == (case.placed if case.placed is not None else sum(n for n, _ in case.units))
+    judge = scheduler.framework
+    for node, item in log:
+        if node.startswith("-"):
+            assert isinstance(item, PodRequest)
+            replay.forget(item.name, node[1:])
+        elif isinstance(item, PodInfo):
+            judge.prepare(item, replay.pod_counts())
+            assert judge.run_filters(item, replay.infos[node]) is None, (item.name, node)
+            replay.assume(item.req, node)
+        else:
+            replay.assume(item, node)
+    if case.id.startswith("required-affinity"):
+        assert {replay.infos[n].labels["zone"] for n, i in log} == {"z2"}
+    if case.id.startswith("preferred"):
+        assert all(n == "n017" for n, _ in log)  # 64 CPUs hold them all there
+
+
+def test_search_topology_pods_of_a_unit_share_one_scan() -> None:
+    """Anti-affine pods on ``hostname``: one scan finds 1 + scan_extra candidates and serves
+    the unit; after each placement only the chosen node is checked again (its own domain)."""
+    scheduler, snapshot = _search(200, 4)
+    anti = [term(sel(app="web"), "hostname")]
+    result = scheduler.schedule(_unit("w", 30, anti=anti), snapshot)
+    assert result.success and len(result.placements) == 30
+    assert len({p.node for p in result.placements}) == 30
+    assert result.scans == 1 and result.examined == 51
+
+
+def test_search_spread_candidates_at_their_skew_wait_for_the_minimum_to_rise() -> None:
+    """A spread over zones turns a zone's candidates away while it is maxSkew ahead; they are
+    parked, not dropped, and taken again once the other zones catch up: one scan serves a unit
+    of 40 pods, and the zones end even."""
+    scheduler, snapshot = _search(200, 4)
+    result = scheduler.schedule(_unit("s", 40, constraints=[ZONE1]), snapshot)
+    assert result.success and len(result.placements) == 40
+    assert result.scans == 1
+    zones = Counter(snapshot.infos[p.node].labels["zone"] for p in result.placements)
+    assert sorted(zones.values()) == [10, 10, 10, 10]

@@ -8,7 +8,7 @@ A Filter returns ``None`` for success (cheap and Go-faithful) or a :class:`Statu
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Set
+from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -293,6 +293,14 @@ class TopologyPlugin(Plugin, Protocol):
     plugin prepared for never runs them (and keeps the feasible-node cache)."""
 
     def prepare(self, pod: PodInfo, counts: PodCounts) -> object | None: ...
+
+    def shape(self, state: object) -> tuple[frozenset[str], Hashable]:
+        """What a node's result for the prepared ``state`` depends on besides the node itself:
+        the topology keys whose domain counts it reads (a pod added to or removed from a node
+        changes only that node's domains), and the values that hold for every node (a spread's
+        minimum). The search's feasible-node cache re-checks a cached node only when one of its
+        domains changed, and every cached node when this global part did."""
+        ...
 
 
 @runtime_checkable

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from placement.framework.interface import (
     Candidates,
@@ -134,12 +134,30 @@ class Framework:
                 return status
         return None
 
-    def score_parts(self, pod: PodInfo, nodes: list[NodeInfo]) -> tuple[list[int], list[int]]:
+    def topology_shape(self, pod: PodInfo) -> tuple[frozenset[str], Hashable]:
+        """The union of the prepared topology plugins' shapes (``TopologyPlugin.shape``): the
+        keys whose domains a node's result reads, and the part that holds for every node."""
+        keys: frozenset[str] = frozenset()
+        every: list[Hashable] = []
+        states = pod.topology or {}
+        for plugin in self.topology:
+            state = states.get(plugin.NAME)
+            if state is not None:
+                k, g = plugin.shape(state)
+                keys |= k
+                every.append((plugin.NAME, g))
+        return keys, tuple(every)
+
+    def score_parts(
+        self, pod: PodInfo, nodes: list[NodeInfo], *, topology_apart: bool = False
+    ) -> tuple[list[int], list[int]]:
         """Per node: (weighted sum of normalizing plugins, weighted sum of the others). The
-        first part depends only on node properties, so it is reused when a node is re-scored."""
+        first part depends only on node properties, so it is reused when a node is re-scored.
+        ``topology_apart``: leave the topology plugins out (``topology_raw`` and
+        ``topology_scores`` give them), since their scores move with the counts."""
         static = [0] * len(nodes)
         dynamic = [0] * len(nodes)
-        skip = self._topology_scores if pod.topology is None else ()
+        skip = self._topology_scores if pod.topology is None or topology_apart else ()
         for name, weight, score, normalize in self.scores:
             if name in skip:
                 continue
@@ -152,6 +170,28 @@ class Framework:
                 for i, s in enumerate(raw):
                     dynamic[i] += weight * s
         return static, dynamic
+
+    def topology_raw(self, pod: PodInfo, node: NodeInfo) -> tuple[int, ...]:
+        """The raw scores of the topology score plugins for a prepared pod, in profile order."""
+        return tuple(
+            score(pod, node) for name, _, score, _ in self.scores if name in self._topology_scores
+        )
+
+    def topology_scores(self, pod: PodInfo, raws: list[tuple[int, ...]]) -> list[int]:
+        """Per node: the weighted, normalized (over ``raws``, one tuple per node) sum of the
+        topology score plugins' raw scores."""
+        total = [0] * len(raws)
+        column = 0
+        for name, weight, _, normalize in self.scores:
+            if name not in self._topology_scores:
+                continue
+            values = [r[column] for r in raws]
+            column += 1
+            if normalize is not None:
+                normalize(pod, values)
+            for i, v in enumerate(values):
+                total[i] += weight * v
+        return total
 
     def dynamic_score(self, pod: PodInfo, node: NodeInfo) -> int:
         skip = self._topology_scores if pod.topology is None else ()

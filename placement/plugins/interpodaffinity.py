@@ -20,7 +20,7 @@ preferred terms are not scored back (symmetry holds for required anti-affinity o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, cast
 
@@ -92,6 +92,16 @@ class InterPodAffinity:
         if not (state.existing_anti or state.affinity or state.anti or state.preferred):
             return None
         return state
+
+    def shape(self, state: object) -> tuple[frozenset[str], Hashable]:
+        """Every term reads the domain of its key on the node; only the first-of-group exception
+        holds for every node at once."""
+        s = cast(State, state)
+        keys = {k for k, _ in s.existing_anti}
+        keys.update(k for k, _ in s.affinity)
+        keys.update(k for k, _ in s.anti)
+        keys.update(k for _, k, _ in s.preferred)
+        return frozenset(keys), s.first_of_group
 
     def filter(self, pod: PodInfo, node: NodeInfo) -> Status | None:
         if pod.topology is None or (raw := pod.topology.get(NAME)) is None:

@@ -19,7 +19,7 @@ failure is unresolvable (preemption does not evict to even out domains).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, cast
 
@@ -104,6 +104,12 @@ class PodTopologySpread:
         for c in pod.spread:
             (state.hard if c.hard else state.soft).append(_prepare(pod, c, counts))
         return state
+
+    def shape(self, state: object) -> tuple[frozenset[str], Hashable]:
+        """A constraint reads its key's domain on the node, and the minimum over all domains."""
+        s = cast(State, state)
+        keys = frozenset(p.key for p in s.hard) | frozenset(p.key for p in s.soft)
+        return keys, tuple((p.key, p.min_count) for p in s.hard)
 
     def filter(self, pod: PodInfo, node: NodeInfo) -> Status | None:
         if pod.topology is None or (raw := pod.topology.get(NAME)) is None:

@@ -327,8 +327,8 @@ class PodRunner:
             with run.log_path.open("wb") as out:
                 cpus = pinned_cpus(pod, self.numa_cpus)
                 try:
-                    if user is not None:
-                        argv = unprivileged(argv, user, env.get("PATH", os.defpath))
+                    if user is not None or cpus:
+                        argv = launcher(argv, user, cpus, env.get("PATH", os.defpath))
                     proc = await asyncio.create_subprocess_exec(
                         *argv,
                         stdin=asyncio.subprocess.DEVNULL,
@@ -337,11 +337,6 @@ class PodRunner:
                         cwd=cwd,
                         env=env,
                         start_new_session=True,  # its own process group: kill the whole tree
-                        # In the child before the command runs, so every thread and process it
-                        # starts inherits the CPUs (a call on its pid afterwards would race).
-                        preexec_fn=functools.partial(os.sched_setaffinity, 0, cpus)
-                        if cpus
-                        else None,
                     )
                 except OSError as exc:
                     out.write(f"cannot start {list(pod.spec.template.command)}: {exc}\n".encode())
@@ -534,26 +529,34 @@ class PodRunner:
 
 
 # Run by the pod's own interpreter process, which then becomes the pod's command (same pid, same
-# process group). Dropping root inside the child, rather than with subprocess's ``user=``: that
-# makes CPython fork() instead of vfork(), and a fork of this multi-threaded gRPC process can
-# crash the child before it execs; uvloop does not take ``extra_groups`` either.
-_DROP_ROOT = (
+# process group). Pinning and dropping root happen inside the child, rather than through
+# subprocess's ``preexec_fn`` or ``user=``: either makes CPython fork() instead of vfork(), and a
+# fork of this multi-threaded gRPC process can crash the child before it execs (``preexec_fn``
+# also runs Python code between fork and exec, which is unsafe with threads); uvloop does not
+# take ``extra_groups`` either. The CPUs are set first, while still root, so the command and
+# everything it starts inherit them (a call on its pid afterwards would race); uid -1: no drop.
+_LAUNCH = (
     "import os, sys\n"
-    "uid, gid, program, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]\n"
-    "os.setgroups([]); os.setgid(gid); os.setuid(uid)\n"
+    "uid, gid, cpus = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
+    "program, argv = sys.argv[4], sys.argv[5:]\n"
     "try:\n"
+    "    if cpus:\n"
+    "        os.sched_setaffinity(0, [int(c) for c in cpus.split(',')])\n"
+    "    if uid >= 0:\n"
+    "        os.setgroups([]); os.setgid(gid); os.setuid(uid)\n"
     "    os.execv(program, argv)\n"
     "except OSError as exc:\n"
     "    sys.stderr.write(f'cannot start {argv}: {exc}\\n'); sys.exit(127)\n"
 )
 
 
-def unprivileged(argv: list[str], user: RunAs, path: str) -> list[str]:
-    """``argv`` run as ``user``: through an isolated interpreter that drops root (supplementary
-    groups, group, user — in that order, or the later calls are refused) and execs it. The
-    program is looked up here, with root's view of the file system: the unprivileged child may
-    not read the interpreter's own library any more. One that is not there is refused here, as
-    an exec of it would be (OSError: StartError)."""
+def launcher(argv: list[str], user: RunAs | None, cpus: tuple[int, ...], path: str) -> list[str]:
+    """``argv`` run through an isolated interpreter that pins it to ``cpus`` (none: unpinned),
+    drops root to ``user`` (None: stays the agent's user) — supplementary groups, group, user, in
+    that order, or the later calls are refused — and execs it. The program is looked up here,
+    with root's view of the file system: the unprivileged child may not read the interpreter's
+    own library any more. One that is not there is refused here, as an exec of it would be
+    (OSError: StartError)."""
     program = shutil.which(argv[0], path=path)
     if program is None:
         raise FileNotFoundError(errno.ENOENT, "no such executable", argv[0])
@@ -562,9 +565,10 @@ def unprivileged(argv: list[str], user: RunAs, path: str) -> list[str]:
         "-I",
         "-S",
         "-c",
-        _DROP_ROOT,
-        str(user.uid),
-        str(user.gid),
+        _LAUNCH,
+        str(user.uid) if user is not None else "-1",
+        str(user.gid) if user is not None else "-1",
+        ",".join(map(str, cpus)),
         program,
         *argv,
     ]
