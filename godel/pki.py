@@ -20,6 +20,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from godel.tls import (
@@ -133,6 +134,27 @@ def issue(
         builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
     certificate = builder.sign(ca_key, hashes.SHA256())
     return _write(directory, stem or name, certificate, key)
+
+
+def export_pkcs12(directory: Path, stem: str, password: bytes) -> bytes:
+    """``<stem>.crt`` and ``.key`` with the cluster CA as one PKCS#12 bundle, encrypted with
+    ``password``: the form browsers and OS key stores import a client identity in (to open a
+    dashboard exposed with HTTPS). The CA rides along so that importers can show the chain."""
+    if not password:
+        raise CredentialsError("a PKCS#12 bundle needs a password: it holds a private key")
+    try:
+        ca = x509.load_pem_x509_certificate((directory / f"{CA}.crt").read_bytes())
+        certificate = x509.load_pem_x509_certificate((directory / f"{stem}.crt").read_bytes())
+        key = serialization.load_pem_private_key(
+            (directory / f"{stem}.key").read_bytes(), password=None
+        )
+    except (OSError, ValueError) as exc:
+        raise CredentialsError(f"cannot export {stem!r} from {directory}: {exc}") from exc
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CredentialsError(f"{directory / (stem + '.key')} is not a key this CA issues")
+    return pkcs12.serialize_key_and_certificates(
+        stem.encode(), key, certificate, [ca], serialization.BestAvailableEncryption(password)
+    )
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:

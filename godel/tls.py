@@ -22,10 +22,17 @@ channels (services to their peers, the CLI, the SDK) verify the server against t
 ``SERVICE_NAME`` rather than the dialled host: services dial the addresses their peers publish,
 and a compose replica's hostname is its container id, unknown when the certificate is issued.
 Tools such as grpcurl verify the host, which the certificate names.
+
+HTTP endpoints (every service's ``/metrics``, the dashboard's page) bound to a non-loopback
+address use the same trust: HTTPS with the service certificate, and a client certificate of the
+cluster's CA required (:func:`https_server_files`; Prometheus' ``tls_config`` with ``ca_file``,
+``cert_file``, ``key_file``; a browser imports the PKCS#12 bundle `godel certs export` writes).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +87,16 @@ class Credentials:
         return grpc.ssl_channel_credentials(self.ca, self.private_key, self.certificate)
 
 
+@dataclass(frozen=True)
+class CredentialFiles:
+    """Where a party's credentials are on disk, for TLS stacks that take file names (the
+    HTTPS servers of prometheus-client and uvicorn, stdlib ``ssl``)."""
+
+    ca: Path
+    certificate: Path
+    private_key: Path
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading and channels
 # ---------------------------------------------------------------------------------------------
@@ -93,6 +110,41 @@ def load(directory: Path, stem: str) -> Credentials:
     except OSError as exc:
         raise CredentialsError(f"cannot read the cluster credentials: {exc}") from exc
     return Credentials(ca, certificate, key)
+
+
+def files(directory: Path, stem: str) -> CredentialFiles:
+    """The paths of the CA and ``<stem>.crt`` / ``<stem>.key`` in ``directory``, each checked
+    readable now, so that a server fails at its start rather than at its first request."""
+    found = CredentialFiles(
+        directory / f"{CA}.crt", directory / f"{stem}.crt", directory / f"{stem}.key"
+    )
+    for path in (found.ca, found.certificate, found.private_key):
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise CredentialsError(f"cannot read the cluster credentials: {exc}") from exc
+    return found
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind host is reachable from this machine only: a loopback address or
+    ``localhost``. Any other name counts as exposed, whatever it resolves to today."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def https_client_context(found: CredentialFiles) -> ssl.SSLContext:
+    """A client's TLS context for the cluster's HTTPS endpoints: trusts only the cluster CA and
+    presents ``found``'s certificate (the endpoints require one)."""
+    context = ssl.create_default_context(cafile=str(found.ca))
+    context.load_cert_chain(str(found.certificate), str(found.private_key))
+    return context
 
 
 def aio_channel(

@@ -2,7 +2,9 @@
 
 :class:`MetricsServer` exposes the process's default registry (``prometheus_client.REGISTRY``)
 over HTTP on ``metrics_host:metrics_port`` — loopback unless configured otherwise — from
-prometheus-client's own threaded server, so a scrape never waits on the event loop. The metric
+prometheus-client's own threaded server, so a scrape never waits on the event loop. Bound to any
+other address it is HTTPS and requires a client certificate of the cluster's CA
+(``ServiceConfig.serves_https``), as the gRPC port does. The metric
 names live in ``services/metrics.py`` (and the store's in ``store/metrics.py``).
 
 State that only the event loop may read (queues, credits, leadership) is not read by the scrape
@@ -22,28 +24,50 @@ from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from godel.tls import CredentialFiles
+
 log = structlog.get_logger(__name__)
 
 
 class MetricsServer:
     """prometheus-client's HTTP exposition server for this process's registry."""
 
-    def __init__(self, server: WSGIServer, thread: threading.Thread, host: str) -> None:
+    def __init__(
+        self, server: WSGIServer, thread: threading.Thread, host: str, scheme: str
+    ) -> None:
         self._server = server
         self._thread = thread
         self.host = host
         self.port: int = server.server_address[1]
+        self.scheme = scheme
 
     @classmethod
-    def start(cls, host: str, port: int) -> MetricsServer:
-        """Listen on ``host:port`` (port 0 picks a free one); raises OSError if it is taken."""
-        server, thread = start_http_server(port, addr=host, registry=REGISTRY)
-        return cls(server, thread, host)
+    def start(cls, host: str, port: int, https: CredentialFiles | None = None) -> MetricsServer:
+        """Listen on ``host:port`` (port 0 picks a free one); raises OSError if it is taken.
+        With ``https``: TLS with that certificate, and a client certificate of its CA required
+        (a scrape without one fails the handshake)."""
+        if https is None:
+            server, thread = start_http_server(port, addr=host, registry=REGISTRY)
+            return cls(server, thread, host, "http")
+        server, thread = start_http_server(
+            port,
+            addr=host,
+            registry=REGISTRY,
+            certfile=str(https.certificate),
+            keyfile=str(https.private_key),
+            client_cafile=str(https.ca),
+            client_auth_required=True,
+        )
+        return cls(server, thread, host, "https")
 
     @property
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.address}/metrics"
 
     def stop(self) -> None:
         self._server.shutdown()

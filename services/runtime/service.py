@@ -87,8 +87,10 @@ class Service(abc.ABC, Generic[ConfigT]):
         # What this service presents to its peers and trusts (None: insecure mode); set by the
         # runtime before on_start.
         self.credentials: tls.Credentials | None = None
-        # host:port of the Prometheus endpoint ("" when none is served); set before on_start.
+        # host:port of the Prometheus endpoint ("" when none is served) and its URL; set before
+        # on_start.
         self.metrics_address = ""
+        self.metrics_url = ""
 
     @property
     def address(self) -> str:
@@ -101,6 +103,24 @@ class Service(abc.ABC, Generic[ConfigT]):
         """A channel to a peer service at the address it published, with this service's
         credentials (mutual TLS), or plaintext in insecure mode."""
         return tls.aio_channel(address, self.credentials, options)
+
+    def https_files(self, host: str, what: str) -> tls.CredentialFiles | None:
+        """The credentials an HTTP endpoint bound to ``host`` serves HTTPS with (client
+        certificates required), or None for plain HTTP: loopback (unless
+        ``https_on_loopback``) and insecure mode. ``what`` names the endpoint in the warning
+        an insecure service logs when it exposes one in plain HTTP."""
+        if not self.config.serves_https(host):
+            if self.config.insecure and not tls.is_loopback(host):
+                log.warning(
+                    "plain HTTP on an exposed address (--insecure): anyone may read it",
+                    endpoint=what,
+                    host=host,
+                )
+            return None
+        try:
+            return tls.files(self.config.credentials_dir(), tls.SERVICE)
+        except tls.CredentialsError as exc:
+            raise StartupError(f"{what} on {host} needs HTTPS: {exc}") from exc
 
     @abc.abstractmethod
     def add_servicers(self, server: grpc.aio.Server) -> None:
@@ -227,9 +247,16 @@ class ServiceHost(Generic[ConfigT]):
         )
 
         if self.config.metrics_port >= 0:
-            self._metrics = _start_metrics(self.config.metrics_host, self.config.metrics_port)
+            host = self.config.metrics_host
+            https = service.https_files(host, "metrics")
+            self._metrics = _start_metrics(host, self.config.metrics_port, https)
             service.metrics_address = self._metrics.address
-            log.info("metrics listening", address=service.metrics_address, path="/metrics")
+            service.metrics_url = self._metrics.url
+            log.info(
+                "metrics listening",
+                url=service.metrics_url,
+                tls="off" if https is None else "client certificate required",
+            )
 
         await service.on_start()
         if self._metrics is not None:
@@ -372,9 +399,9 @@ def _load_credentials(config: ServiceConfig) -> tls.Credentials | None:
         ) from exc
 
 
-def _start_metrics(host: str, port: int) -> MetricsServer:
+def _start_metrics(host: str, port: int, https: tls.CredentialFiles | None) -> MetricsServer:
     try:
-        return MetricsServer.start(host, port)
+        return MetricsServer.start(host, port, https)
     except OSError as exc:
         raise StartupError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
 
