@@ -129,20 +129,61 @@ _ERRORS: dict[grpc.StatusCode, type[ClientError]] = {
 }
 
 
-def client_error(exc: grpc.RpcError, address: str) -> ClientError:
-    """The typed error of a failed call (sync and aio errors alike)."""
+def client_error(exc: grpc.RpcError, address: str, *, plaintext: bool = False) -> ClientError:
+    """The typed error of a failed call (sync and aio errors alike). ``plaintext``: the call
+    went without TLS (insecure mode), which a TLS server refuses the same way."""
     code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
     details: str = exc.details() or ""  # type: ignore[attr-defined]
-    if code == grpc.StatusCode.UNAVAILABLE and "handshake failed" in details.lower():
-        # The server refused our certificate (another cluster's CA), or is not the cluster's.
+    if code == grpc.StatusCode.UNAVAILABLE and (refusal := handshake_refusal(details)):
         return Unauthenticated(
             grpc.StatusCode.UNAUTHENTICATED,
-            f"TLS handshake with {address} failed: the server and these credentials are not of "
-            f"the same cluster ({details})",
+            f"{address} {refusal}: {_credentials_hint(plaintext)} ({details})",
         )
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"cannot reach {address}: {details}"
     return _ERRORS.get(code, ClientError)(code, details)
+
+
+def handshake_refusal(details: str) -> str | None:
+    """What went wrong, when an UNAVAILABLE call's details say that the server was reached but
+    the TLS handshake did not complete; None when the server was not reached at all.
+
+    The services' mutual TLS (``require_client_auth``) refuses a client without a certificate
+    of the cluster's CA inside the handshake, so gRPC reports UNAVAILABLE, not UNAUTHENTICATED:
+    over TLS 1.3 the client has finished its side when the server checks the certificate, and
+    all it sees is the server closing the connection ("Socket closed"), which a plaintext client
+    sees too. A server that is down refuses the TCP connection instead ("Connection refused"),
+    or does not answer (a deadline). When the client rejects the server — another cluster's
+    CA — gRPC says "handshake failed"."""
+    lowered = details.lower()
+    if "failed to connect to all addresses" not in lowered:
+        return None  # a connection that broke after it was up: the server went away
+    if "handshake failed" in lowered:
+        return "and these credentials are not of the same cluster: the TLS handshake failed"
+    if "socket closed" in lowered:
+        return "closed the connection during the TLS handshake: it requires a client certificate"
+    return None
+
+
+def _credentials_hint(plaintext: bool) -> str:
+    if plaintext:
+        return (
+            "this client spoke plaintext (GODEL_INSECURE or --insecure), but the cluster serves "
+            "mutual TLS; unset it to use the cluster's credentials"
+        )
+    if directory := os.environ.get(tls.TLS_DIR_VARIABLE):
+        where = f"$GODEL_TLS_DIR ({directory})"
+    else:
+        from godel import local  # as discover_credentials: only when it is needed
+
+        where = f"{local.GodelHome(local.default_home()).tls_dir} (or $GODEL_TLS_DIR)"
+    identity = os.environ.get(tls.IDENTITY_VARIABLE) or tls.ADMIN
+    return (
+        "the cluster requires a client certificate signed by its own CA; the CLI and SDK "
+        f"look for ca.crt, {identity}.crt and {identity}.key in "
+        f"{where} (identity: $GODEL_IDENTITY, default admin); copy the cluster's there, or "
+        "issue one with `godel certs issue`"
+    )
 
 
 def rejected(violations: list[Violation], what: str) -> ClientError:
