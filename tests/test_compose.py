@@ -128,12 +128,15 @@ def test_every_component_has_a_service(services: dict[str, dict[str, Any]]) -> N
 def test_metrics_and_dashboard_ports_are_exposed_and_published_on_loopback(
     services: dict[str, dict[str, Any]],
 ) -> None:
-    """Every container serves metrics on the project network at the port its environment names;
-    what reaches the host is published on its loopback only, each host port once."""
+    """Every container serves metrics on the project network at the port its environment names,
+    over HTTPS requiring the cluster's client certificates; what reaches the host is published on
+    its loopback only, each host port once."""
     host_ports: list[str] = []
     for name, spec in _godel_services(services).items():
         environment = spec["environment"]
         assert environment["GODEL_METRICS_HOST"] == "0.0.0.0", name
+        # Exposed, so they require the cluster's client certificates (HTTPS).
+        assert str(environment["GODEL_HTTPS_ON_LOOPBACK"]) == "true", name
         assert str(environment["GODEL_METRICS_PORT"]) in spec["expose"], name
         for entry in spec.get("ports", []):
             host_ip, host_port, container_port = str(entry).split(":")
