@@ -29,6 +29,7 @@ from godel.tls import (
     QUEUE_URI_PREFIX,
     ROLES,
     SERVICE,
+    SERVICE_KINDS,
     SERVICE_NAME,
     CredentialsError,
     Identity,
@@ -47,12 +48,32 @@ def default_hosts() -> list[str]:
     return ["127.0.0.1", "::1", "localhost", socket.gethostname()]
 
 
-def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "godel") -> None:
-    """A fresh CA with the service and admin certificates, unless ``directory`` already holds a
-    CA (then nothing changes: restarting a cluster keeps its credentials). Files are 0600."""
+def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "godel") -> list[str]:
+    """A fresh CA with each service kind's certificate, the probes' service certificate and the
+    admin's. A directory that already holds a CA keeps it and every certificate it has (so that
+    restarting a cluster keeps its credentials); only the missing ones are issued, which brings
+    a directory from before per-kind identities up to date. Files are 0600. Returns the stems
+    issued."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if (directory / f"{CA}.crt").exists():
-        return
+    if not (directory / f"{CA}.crt").exists():
+        _new_ca(directory, cluster)
+    service_hosts = [*default_hosts(), *hosts]
+    wanted: list[tuple[str, str, Role]] = [
+        (SERVICE, SERVICE_NAME, "service"),
+        *((kind, kind, "service") for kind in SERVICE_KINDS),
+        (ADMIN, ADMIN, "admin"),
+    ]
+    issued = []
+    for stem, name, role in wanted:
+        if not (directory / f"{stem}.crt").exists():
+            issue(
+                directory, name, role, hosts=service_hosts if role == "service" else (), stem=stem
+            )
+            issued.append(stem)
+    return issued
+
+
+def _new_ca(directory: Path, cluster: str) -> None:
     key = _new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{cluster} cluster CA")])
     now = _now()
@@ -76,8 +97,6 @@ def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "god
         .sign(key, hashes.SHA256())
     )  # fmt: skip
     _write(directory, CA, ca, key)
-    issue(directory, SERVICE_NAME, "service", hosts=[*default_hosts(), *hosts], stem=SERVICE)
-    issue(directory, ADMIN, "admin", stem=ADMIN)
 
 
 def issue(

@@ -6,12 +6,15 @@ A cluster's trust lives in one directory (``$GODEL_HOME/tls`` for `godel up`, a 
 by the ``certs`` init service in compose)::
 
     ca.crt / ca.key           the cluster CA (the key only ever issues certificates)
-    service.crt / .key        the services' identity: mutual TLS between services
+    <kind>.crt / .key         each service kind's own identity (dispatcher, scheduler, binder,
+                              rescheduler, nodeagent, dashboard): what it serves and dials with
+    service.crt / .key        a service identity of no kind: health probes (compose, `godel up`)
     admin.crt / .key          the admin client identity: what the CLI and the SDK use by default
     <tenant>.crt / .key       tenant identities, issued with `godel certs issue`
 
 Who a certificate belongs to is in its subject: the common name is the identity's name and the
-organizational unit its role (``service``, ``admin`` or ``tenant``). A tenant's certificate also
+organizational unit its role (``service``, ``admin`` or ``tenant``); a service's name is its kind,
+so that each internal RPC admits only the kinds that call it (``services.runtime.auth``). A tenant's certificate also
 lists the queues it may submit to, as URIs ``urn:godel:queue:<name>`` among its subject
 alternative names (``openssl x509 -text`` shows them), so that the services authorise a call from
 the certificate alone, with no lookup.
@@ -46,6 +49,8 @@ SERVICE_NAME = "godel-service"
 """A name every service certificate carries; peers verify it instead of the dialled host."""
 CA = "ca"
 SERVICE = "service"
+SERVICE_KINDS = ("dispatcher", "scheduler", "binder", "rescheduler", "nodeagent", "dashboard")
+"""The service kinds, each with a certificate of its own named after it (``<kind>.crt``)."""
 ADMIN = "admin"
 QUEUE_URI_PREFIX = "urn:godel:queue:"
 TLS_DIR_VARIABLE = "GODEL_TLS_DIR"

@@ -38,6 +38,7 @@ def tls_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "tls"
     pki.init_cluster(directory)
     pki.issue(directory, "alice", "tenant", queues=["default"])
+    pki.issue(directory, Plain.component, "service")  # the test service's kind has no default
     return directory
 
 

@@ -55,16 +55,20 @@ def init(
         ),
     ] = None,
 ) -> None:
-    """Create the cluster CA with the service and admin certificates (kept if they exist)."""
+    """Create the cluster CA with each service kind's, the probes' and the admin's certificates.
+    What exists is kept; missing certificates are issued (a directory from an older release
+    gains the per-kind service identities)."""
     target = _directory(directory, home)
     existed = (target / f"{tls.CA}.crt").exists()
     try:
         from godel import pki  # cryptography: only for the commands that make certificates
 
-        pki.init_cluster(target, host or [])
+        issued = pki.init_cluster(target, host or [])
     except (tls.CredentialsError, OSError) as exc:
         fail(str(exc))
     typer.echo(f"{'kept the' if existed else 'created a'} cluster CA in {target}")
+    if existed and issued:
+        typer.echo(f"issued the missing certificates: {', '.join(issued)}")
 
 
 @certs_app.command("issue")

@@ -118,7 +118,7 @@ class Service(abc.ABC, Generic[ConfigT]):
                 )
             return None
         try:
-            return tls.files(self.config.credentials_dir(), tls.SERVICE)
+            return tls.files(self.config.credentials_dir(), self.component)
         except tls.CredentialsError as exc:
             raise StartupError(f"{what} on {host} needs HTTPS: {exc}") from exc
 
@@ -201,7 +201,7 @@ class ServiceHost(Generic[ConfigT]):
     async def start(self) -> None:
         """Connect the store, start serving, run ``on_start``, then report SERVING. On failure
         the caller should still call :meth:`stop` to release what was acquired."""
-        credentials = _load_credentials(self.config)
+        credentials = _load_credentials(self.config, self.service_cls.component)
         self._store = await _connect_store(self.config)
         service = self.service = self.service_cls(self.config, self._store, self.health)
         service.credentials = credentials
@@ -381,21 +381,30 @@ def main(service_cls: type[Service[Any]]) -> NoReturn:
     raise SystemExit(run_service(service_cls, sys.argv[1:]))
 
 
-def _load_credentials(config: ServiceConfig) -> tls.Credentials | None:
-    """The service identity from the config's TLS directory; None only when asked for by name
-    (``insecure``). Missing credentials stop the start: a service never falls back to
-    plaintext by itself."""
+def _load_credentials(config: ServiceConfig, kind: str) -> tls.Credentials | None:
+    """This service kind's identity (``<kind>.crt``) from the config's TLS directory; None only
+    when asked for by name (``insecure``). Missing credentials stop the start: a service never
+    falls back to plaintext by itself, nor to another kind's identity."""
     if config.insecure:
         log.warning("serving WITHOUT TLS (--insecure): every caller may do everything")
         return None
     directory = config.credentials_dir()
     try:
-        return tls.load(directory, tls.SERVICE)
+        return tls.load(directory, kind)
     except tls.CredentialsError as exc:
+        older = (directory / f"{tls.SERVICE}.crt").exists()
         raise StartupError(
-            f"{exc}; `godel up` issues the cluster's credentials into HOME/tls (compose: the "
-            "certs service), --tls-dir names another directory, --insecure true (or "
-            "GODEL_INSECURE=true) serves without TLS"
+            f"{exc}; "
+            + (
+                # A directory from before each kind had its own certificate.
+                f"each service kind now has its own certificate: `godel certs init --dir "
+                f"{directory}` issues the missing ones and keeps the rest (`godel up` and "
+                "compose's certs service do it by themselves)"
+                if older
+                else "`godel up` issues the cluster's credentials into HOME/tls (compose: the "
+                "certs service), --tls-dir names another directory, --insecure true (or "
+                "GODEL_INSECURE=true) serves without TLS"
+            )
         ) from exc
 
 
