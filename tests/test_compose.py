@@ -223,14 +223,19 @@ def test_the_certs_service_issues_credentials_every_service_uses(
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
-    service = tls.load(tmp_path, tls.SERVICE)
-    assert pki.identity_of(service.certificate).role == "service"
-    names = (
-        x509.load_pem_x509_certificate(service.certificate)
-        .extensions.get_extension_for_class(x509.SubjectAlternativeName)
-        .value.get_values_for_type(x509.DNSName)
-    )
-    assert hosts | {tls.SERVICE_NAME} <= set(names)
+    # Each component's own identity (named after its kind, which is its compose service name),
+    # and the probes' service identity, name every compose service.
+    for stem in (tls.SERVICE, *_godel_services(services)):
+        service = tls.load(tmp_path, stem)
+        identity = pki.identity_of(service.certificate)
+        assert identity.role == "service", stem
+        assert identity.name == (tls.SERVICE_NAME if stem == tls.SERVICE else stem)
+        names = (
+            x509.load_pem_x509_certificate(service.certificate)
+            .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+            .value.get_values_for_type(x509.DNSName)
+        )
+        assert hosts | {tls.SERVICE_NAME} <= set(names), stem
     assert pki.identity_of(tls.load(tmp_path, tls.ADMIN).certificate).role == "admin"
 
 
