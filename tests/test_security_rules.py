@@ -229,3 +229,31 @@ async def test_a_service_without_credentials_refuses_to_start_unless_insecure_by
             pass
     async with ServiceHost(DispatcherService, replace(config, insecure=True)) as host:
         assert host.service is not None and host.service.credentials is None
+
+
+async def test_a_service_on_a_directory_of_one_shared_identity_says_to_run_certs_init(
+    store_url: str, cluster_name: str, tmp_path: Path
+) -> None:
+    """A credentials directory from before per-kind identities (only ``service.crt``): the
+    service refuses to start and says how to bring it up to date; once that is done, it starts
+    with its own kind's identity."""
+    from services.dispatcher.service import DispatcherService
+    from services.runtime.config import load_config
+
+    directory = tmp_path / "tls"
+    pki.init_cluster(directory)
+    for kind in tls.SERVICE_KINDS:
+        (directory / f"{kind}.crt").unlink()
+        (directory / f"{kind}.key").unlink()
+    config = load_config(
+        DispatcherService.config_class,
+        ["--store-url", store_url, "--cluster", cluster_name, "--tls-dir", str(directory)],
+        environ={},
+    )
+    with pytest.raises(StartupError, match=r"dispatcher\.crt.*`godel certs init --dir "):
+        async with ServiceHost(DispatcherService, config):
+            pass
+    pki.init_cluster(directory)
+    async with ServiceHost(DispatcherService, config) as host:
+        assert host.service is not None and host.service.credentials is not None
+        assert pki.identity_of(host.service.credentials.certificate) == DISPATCHER
