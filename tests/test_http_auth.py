@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 import urllib.request
 from dataclasses import replace
@@ -135,6 +136,11 @@ async def test_exposed_metrics_require_a_client_certificate_of_the_cluster(
             _get(url, other)
         with pytest.raises(OSError):  # plain HTTP to the TLS port
             _get(url.replace("https://", "http://"))
+        # A stranger who connects and says nothing holds no one else up: each connection
+        # shakes hands in its own thread.
+        port = int(url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)):
+            assert b"process_cpu_seconds_total" in _get(url, _context(tls_dir, tls.ADMIN))
 
 
 async def test_metrics_on_loopback_stay_plain_http_unless_asked(

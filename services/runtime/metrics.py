@@ -15,13 +15,17 @@ path entirely.
 
 from __future__ import annotations
 
+import socket
+import ssl
 import threading
 from collections.abc import Iterable, Mapping
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import REGISTRY, make_wsgi_app, start_http_server
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from godel.tls import CredentialFiles
@@ -49,16 +53,22 @@ class MetricsServer:
         if https is None:
             server, thread = start_http_server(port, addr=host, registry=REGISTRY)
             return cls(server, thread, host, "http")
-        server, thread = start_http_server(
-            port,
-            addr=host,
-            registry=REGISTRY,
-            certfile=str(https.certificate),
-            keyfile=str(https.private_key),
-            client_cafile=str(https.ca),
-            client_auth_required=True,
+        # Not prometheus-client's own TLS: it wraps the listening socket, so each handshake runs
+        # in the accepting thread, and one client that connects and says nothing stops every
+        # scrape. Here a request's thread shakes hands, within HANDSHAKE_SECONDS.
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(https.ca))
+        context.load_cert_chain(str(https.certificate), str(https.private_key))
+        context.verify_mode = ssl.CERT_REQUIRED
+        server_class = _HttpsServer6 if ":" in host else _HttpsServer
+        https_server = make_server(
+            host.strip("[]"), port, make_wsgi_app(REGISTRY), server_class, _QuietHandler
         )
-        return cls(server, thread, host, "https")
+        https_server.context = context
+        thread = threading.Thread(
+            target=https_server.serve_forever, name="metrics-https", daemon=True
+        )
+        thread.start()
+        return cls(https_server, thread, host, "https")
 
     @property
     def address(self) -> str:
@@ -73,6 +83,37 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+HANDSHAKE_SECONDS = 10.0
+"""How long a metrics client may take over the TLS handshake and its request."""
+
+
+class _HttpsServer(ThreadingWSGIServer):
+    context: ssl.SSLContext
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, address = self.socket.accept()
+        connection.settimeout(HANDSHAKE_SECONDS)
+        # The handshake happens at the first read, in the request's own thread.
+        wrapped = self.context.wrap_socket(
+            connection, server_side=True, do_handshake_on_connect=False
+        )
+        return wrapped, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A refused or stalled handshake is the client's failure, not the server's: no
+        # traceback on stderr for each stranger that knocks.
+        log.debug("metrics request failed", client=str(client_address), exc_info=True)
+
+
+class _HttpsServer6(_HttpsServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scrape on stderr is noise
 
 
 class SampledGauge(Collector):
