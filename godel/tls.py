@@ -13,9 +13,9 @@ by the ``certs`` init service in compose)::
     <tenant>.crt / .key       tenant identities, issued with `godel certs issue`
 
 Who a certificate belongs to is in its subject: the common name is the identity's name and the
-organizational unit its role (``service``, ``admin`` or ``tenant``); a service's name is its kind,
-so that each internal RPC admits only the kinds that call it (``services.runtime.auth``). A tenant's certificate also
-lists the queues it may submit to, as URIs ``urn:godel:queue:<name>`` among its subject
+organizational unit its role (``service``, ``admin`` or ``tenant``); a service's name is its
+kind, so that each internal RPC admits only the kinds that call it (``services.runtime.auth``). A
+tenant's certificate also lists the queues it may submit to, as URIs ``urn:godel:queue:<name>`` among its subject
 alternative names (``openssl x509 -text`` shows them), so that the services authorise a call from
 the certificate alone, with no lookup.
 

@@ -2,9 +2,9 @@
 
 It is a runtime ``Service`` like the others (gRPC health for `godel up` and compose, metrics,
 SIGTERM), plus a uvicorn server for the page on ``web_host:web_port`` (HTTPS requiring a client
-certificate of the cluster when that is not loopback, as ``/metrics``). The summary is built once per
-``refresh_seconds`` whatever the number of browsers, serialised once, and every open event stream
-gets the same bytes.
+certificate of the cluster when that is not loopback, as ``/metrics``). The summary is built once
+per ``refresh_seconds`` whatever the number of browsers, serialised once, and every open event
+stream gets the same bytes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Who may call what: every call's identity comes from its verified client certificate.
 
 The TLS handshake already refused anyone without a certificate of the cluster's CA (mutual TLS,
-``godel.tls``). This interceptor decides, per method, which roles and service kinds may call it (``RULES``:
-the scheduler → Binder.Decide, the dispatcher → Scheduler.Dispatch, …) and
-makes the caller's identity available to the servicer (:func:`caller`) for the finer, per-object
-rules of the public API (a tenant reads only its own jobs). A refusal is PERMISSION_DENIED naming
+``godel.tls``). This interceptor decides, per method, which roles and service kinds may call it
+(``RULES``: the schedulers → Binder.Decide, the dispatcher → Scheduler.Dispatch, …) and makes
+the caller's identity available to the servicer (:func:`caller`) for the finer, per-object rules
+of the public API (a tenant reads only its own jobs). A refusal is PERMISSION_DENIED naming
 the rule. In insecure mode (``--insecure``) there is no certificate and no interceptor: every
 caller may do everything, and :func:`caller` is None.
 """
