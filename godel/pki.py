@@ -216,6 +216,23 @@ def _load_ca(directory: Path) -> tuple[x509.Certificate, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+def names_address(pem: bytes, address: str) -> bool:
+    """Whether a certificate names the host of ``address`` (``host:port``, ``[v6]:port`` or a
+    bare host) among its subject alternative names, as a client that verifies the host checks."""
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]:" in address else address
+    host = host.strip("[]")
+    certificate = x509.load_pem_x509_certificate(pem)
+    try:
+        alt = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower() in (n.lower() for n in alt.get_values_for_type(x509.DNSName))
+    return ip in alt.get_values_for_type(x509.IPAddress)
+
+
 @functools.lru_cache(maxsize=1024)
 def identity_of(pem: bytes) -> Identity:
     """The identity a (verified) certificate names. Cached: every call of a connection carries

@@ -257,3 +257,25 @@ async def test_a_service_on_a_directory_of_one_shared_identity_says_to_run_certs
     async with ServiceHost(DispatcherService, config) as host:
         assert host.service is not None and host.service.credentials is not None
         assert pki.identity_of(host.service.credentials.certificate) == DISPATCHER
+
+
+@pytest.mark.parametrize(
+    ("address", "named"),
+    [
+        ("127.0.0.1:50051", True),
+        ("[::1]:50051", True),
+        ("localhost:50051", True),
+        ("LOCALHOST:1", True),
+        ("binder:50051", True),  # a --host given to init
+        ("10.0.0.7:50051", True),
+        (f"{tls.SERVICE_NAME}:50051", True),
+        ("10.0.0.8:50051", False),
+        ("elsewhere.example:50051", False),
+    ],
+)
+def test_which_advertised_addresses_a_service_certificate_names(
+    tmp_path: Path, address: str, named: bool
+) -> None:
+    pki.init_cluster(tmp_path, ["binder", "10.0.0.7"])
+    pem = tls.load(tmp_path, "binder").certificate
+    assert pki.names_address(pem, address) is named

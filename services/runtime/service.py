@@ -29,7 +29,7 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from godel import tls
+from godel import pki, tls
 from services.runtime.auth import Authorize
 from services.runtime.config import (
     ConfigError,
@@ -237,6 +237,8 @@ class ServiceHost(Generic[ConfigT]):
             raise StartupError(f"cannot listen on {host}:{self.config.port}: {exc}") from exc
         self.address = service.bound_address = f"{host}:{port}"
         service.bound_port = port
+        if credentials is not None and self.config.advertise_address:
+            _check_advertised_name(credentials, service.address)
         await server.start()
         log.info(
             "listening",
@@ -406,6 +408,19 @@ def _load_credentials(config: ServiceConfig, kind: str) -> tls.Credentials | Non
                 "GODEL_INSECURE=true) serves without TLS"
             )
         ) from exc
+
+
+def _check_advertised_name(credentials: tls.Credentials, advertised: str) -> None:
+    """Warn when the certificate does not name the address an operator told this replica to
+    advertise: the cluster's own clients verify ``godel-service`` and still connect, but tools
+    that verify the host they dial (grpcurl, a Prometheus without ``server_name``) refuse it."""
+    if not pki.names_address(credentials.certificate, advertised):
+        log.warning(
+            "the service certificate does not name the advertised address; tools that verify "
+            "the host need the name godel-service (grpcurl -authority), or issue the "
+            "certificate with it (`godel certs init --host NAME` on a fresh directory)",
+            advertised=advertised,
+        )
 
 
 def _start_metrics(host: str, port: int, https: tls.CredentialFiles | None) -> MetricsServer:
