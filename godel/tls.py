@@ -152,6 +152,27 @@ def https_client_context(found: CredentialFiles) -> ssl.SSLContext:
     return context
 
 
+def handshake_refusal(details: str) -> str | None:
+    """What went wrong, when an UNAVAILABLE call's details say that the server was reached but
+    the TLS handshake did not complete; None when the server was not reached at all.
+
+    The services' mutual TLS (``require_client_auth``) refuses a client without a certificate
+    of the cluster's CA inside the handshake, so gRPC reports UNAVAILABLE, not UNAUTHENTICATED:
+    over TLS 1.3 the client has finished its side when the server checks the certificate, and
+    all it sees is the server closing the connection ("Socket closed"), which a plaintext client
+    sees too. A server that is down refuses the TCP connection instead ("Connection refused"),
+    or does not answer (a deadline). When the client rejects the server — another cluster's
+    CA — gRPC says "handshake failed"."""
+    lowered = details.lower()
+    if "failed to connect to all addresses" not in lowered:
+        return None  # a connection that broke after it was up: the server went away
+    if "handshake failed" in lowered:
+        return "and these credentials are not of the same cluster: the TLS handshake failed"
+    if "socket closed" in lowered:
+        return "closed the connection during the TLS handshake: it requires a client certificate"
+    return None
+
+
 def aio_channel(
     address: str, credentials: Credentials | None, options: Sequence[tuple[str, Any]] = ()
 ) -> grpc.aio.Channel:

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from godel import pki, tls
 from godel.cli.main import app
 from godel.client import ClientError, ProtoClient, Unauthenticated, Unavailable
-from godel.client._transport import handshake_refusal
+from services.runtime.healthcheck import probe
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def server(cluster_tls: Path) -> Iterator[str]:
     ],
 )
 def test_which_unavailable_details_are_a_refused_handshake(details: str, refused: bool) -> None:
-    assert (handshake_refusal(details) is not None) is refused
+    assert (tls.handshake_refusal(details) is not None) is refused
 
 
 def test_a_foreign_client_certificate_is_unauthenticated_and_says_where_the_cli_looks(
@@ -131,3 +131,17 @@ def test_the_cli_reports_a_refused_certificate_as_such(
     assert result.exit_code != 0
     assert "requires a client certificate" in result.output, result.output
     assert str(other) in result.output
+
+
+def test_health_probes_tell_a_refused_handshake_from_a_server_that_is_down(
+    server: str, cluster_tls: Path, tmp_path: Path
+) -> None:
+    admin = tls.load(cluster_tls, tls.ADMIN)
+    assert probe(server, credentials=admin) == "SERVING"
+    assert probe(server, credentials=None) == "UNAUTHENTICATED"  # plaintext
+    assert probe(server, credentials=tls.load(tmp_path / "other", tls.ADMIN)) == "UNAUTHENTICATED"
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = grpc_server.add_secure_port("127.0.0.1:0", tls.load(cluster_tls, tls.SERVICE).server())
+    grpc_server.start()
+    grpc_server.stop(None)
+    assert probe(f"127.0.0.1:{port}", credentials=admin) == "UNREACHABLE"

@@ -134,7 +134,7 @@ def client_error(exc: grpc.RpcError, address: str, *, plaintext: bool = False) -
     went without TLS (insecure mode), which a TLS server refuses the same way."""
     code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
     details: str = exc.details() or ""  # type: ignore[attr-defined]
-    if code == grpc.StatusCode.UNAVAILABLE and (refusal := handshake_refusal(details)):
+    if code == grpc.StatusCode.UNAVAILABLE and (refusal := tls.handshake_refusal(details)):
         return Unauthenticated(
             grpc.StatusCode.UNAUTHENTICATED,
             f"{address} {refusal}: {_credentials_hint(plaintext)} ({details})",
@@ -142,27 +142,6 @@ def client_error(exc: grpc.RpcError, address: str, *, plaintext: bool = False) -
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"cannot reach {address}: {details}"
     return _ERRORS.get(code, ClientError)(code, details)
-
-
-def handshake_refusal(details: str) -> str | None:
-    """What went wrong, when an UNAVAILABLE call's details say that the server was reached but
-    the TLS handshake did not complete; None when the server was not reached at all.
-
-    The services' mutual TLS (``require_client_auth``) refuses a client without a certificate
-    of the cluster's CA inside the handshake, so gRPC reports UNAVAILABLE, not UNAUTHENTICATED:
-    over TLS 1.3 the client has finished its side when the server checks the certificate, and
-    all it sees is the server closing the connection ("Socket closed"), which a plaintext client
-    sees too. A server that is down refuses the TCP connection instead ("Connection refused"),
-    or does not answer (a deadline). When the client rejects the server — another cluster's
-    CA — gRPC says "handshake failed"."""
-    lowered = details.lower()
-    if "failed to connect to all addresses" not in lowered:
-        return None  # a connection that broke after it was up: the server went away
-    if "handshake failed" in lowered:
-        return "and these credentials are not of the same cluster: the TLS handshake failed"
-    if "socket closed" in lowered:
-        return "closed the connection during the TLS handshake: it requires a client certificate"
-    return None
 
 
 def _credentials_hint(plaintext: bool) -> str:

@@ -121,7 +121,7 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             assert all(
                 probe(a, "godel.v1.Scheduler", credentials=admin) == "SERVING" for a in addresses
             )
-            assert probe(api, credentials=None) == "UNREACHABLE", "plaintext is refused"
+            assert probe(api, credentials=None) == "UNAUTHENTICATED", "plaintext is refused"
             lease = _binder_lease(deployment)
             binders = {f"{r.ip}:{GRPC_PORT}" for r in deployment.of("binder")}
             assert lease is not None and lease.holder_address in binders
