@@ -20,6 +20,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from godel.tls import (
@@ -28,6 +29,7 @@ from godel.tls import (
     QUEUE_URI_PREFIX,
     ROLES,
     SERVICE,
+    SERVICE_KINDS,
     SERVICE_NAME,
     CredentialsError,
     Identity,
@@ -46,12 +48,32 @@ def default_hosts() -> list[str]:
     return ["127.0.0.1", "::1", "localhost", socket.gethostname()]
 
 
-def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "godel") -> None:
-    """A fresh CA with the service and admin certificates, unless ``directory`` already holds a
-    CA (then nothing changes: restarting a cluster keeps its credentials). Files are 0600."""
+def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "godel") -> list[str]:
+    """A fresh CA with each service kind's certificate, the probes' service certificate and the
+    admin's. A directory that already holds a CA keeps it and every certificate it has (so that
+    restarting a cluster keeps its credentials); only the missing ones are issued, which brings
+    a directory from before per-kind identities up to date. Files are 0600. Returns the stems
+    issued."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if (directory / f"{CA}.crt").exists():
-        return
+    if not (directory / f"{CA}.crt").exists():
+        _new_ca(directory, cluster)
+    service_hosts = [*default_hosts(), *hosts]
+    wanted: list[tuple[str, str, Role]] = [
+        (SERVICE, SERVICE_NAME, "service"),
+        *((kind, kind, "service") for kind in SERVICE_KINDS),
+        (ADMIN, ADMIN, "admin"),
+    ]
+    issued = []
+    for stem, name, role in wanted:
+        if not (directory / f"{stem}.crt").exists():
+            issue(
+                directory, name, role, hosts=service_hosts if role == "service" else (), stem=stem
+            )
+            issued.append(stem)
+    return issued
+
+
+def _new_ca(directory: Path, cluster: str) -> None:
     key = _new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{cluster} cluster CA")])
     now = _now()
@@ -75,8 +97,6 @@ def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "god
         .sign(key, hashes.SHA256())
     )  # fmt: skip
     _write(directory, CA, ca, key)
-    issue(directory, SERVICE_NAME, "service", hosts=[*default_hosts(), *hosts], stem=SERVICE)
-    issue(directory, ADMIN, "admin", stem=ADMIN)
 
 
 def issue(
@@ -135,6 +155,27 @@ def issue(
     return _write(directory, stem or name, certificate, key)
 
 
+def export_pkcs12(directory: Path, stem: str, password: bytes) -> bytes:
+    """``<stem>.crt`` and ``.key`` with the cluster CA as one PKCS#12 bundle, encrypted with
+    ``password``: the form browsers and OS key stores import a client identity in (to open a
+    dashboard exposed with HTTPS). The CA rides along so that importers can show the chain."""
+    if not password:
+        raise CredentialsError("a PKCS#12 bundle needs a password: it holds a private key")
+    try:
+        ca = x509.load_pem_x509_certificate((directory / f"{CA}.crt").read_bytes())
+        certificate = x509.load_pem_x509_certificate((directory / f"{stem}.crt").read_bytes())
+        key = serialization.load_pem_private_key(
+            (directory / f"{stem}.key").read_bytes(), password=None
+        )
+    except (OSError, ValueError) as exc:
+        raise CredentialsError(f"cannot export {stem!r} from {directory}: {exc}") from exc
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CredentialsError(f"{directory / (stem + '.key')} is not a key this CA issues")
+    return pkcs12.serialize_key_and_certificates(
+        stem.encode(), key, certificate, [ca], serialization.BestAvailableEncryption(password)
+    )
+
+
 def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
@@ -173,6 +214,23 @@ def _load_ca(directory: Path) -> tuple[x509.Certificate, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def names_address(pem: bytes, address: str) -> bool:
+    """Whether a certificate names the host of ``address`` (``host:port``, ``[v6]:port`` or a
+    bare host) among its subject alternative names, as a client that verifies the host checks."""
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]:" in address else address
+    host = host.strip("[]")
+    certificate = x509.load_pem_x509_certificate(pem)
+    try:
+        alt = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower() in (n.lower() for n in alt.get_values_for_type(x509.DNSName))
+    return ip in alt.get_values_for_type(x509.IPAddress)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -6,13 +6,16 @@ A cluster's trust lives in one directory (``$GODEL_HOME/tls`` for `godel up`, a 
 by the ``certs`` init service in compose)::
 
     ca.crt / ca.key           the cluster CA (the key only ever issues certificates)
-    service.crt / .key        the services' identity: mutual TLS between services
+    <kind>.crt / .key         each service kind's own identity (dispatcher, scheduler, binder,
+                              rescheduler, nodeagent, dashboard): what it serves and dials with
+    service.crt / .key        a service identity of no kind: health probes (compose, `godel up`)
     admin.crt / .key          the admin client identity: what the CLI and the SDK use by default
     <tenant>.crt / .key       tenant identities, issued with `godel certs issue`
 
 Who a certificate belongs to is in its subject: the common name is the identity's name and the
-organizational unit its role (``service``, ``admin`` or ``tenant``). A tenant's certificate also
-lists the queues it may submit to, as URIs ``urn:godel:queue:<name>`` among its subject
+organizational unit its role (``service``, ``admin`` or ``tenant``); a service's name is its
+kind, so that each internal RPC admits only the kinds that call it (``services.runtime.auth``). A
+tenant's certificate also lists the queues it may submit to, as URIs ``urn:godel:queue:<name>`` among its subject
 alternative names (``openssl x509 -text`` shows them), so that the services authorise a call from
 the certificate alone, with no lookup.
 
@@ -22,10 +25,17 @@ channels (services to their peers, the CLI, the SDK) verify the server against t
 ``SERVICE_NAME`` rather than the dialled host: services dial the addresses their peers publish,
 and a compose replica's hostname is its container id, unknown when the certificate is issued.
 Tools such as grpcurl verify the host, which the certificate names.
+
+HTTP endpoints (every service's ``/metrics``, the dashboard's page) bound to a non-loopback
+address use the same trust: HTTPS with the service certificate, and a client certificate of the
+cluster's CA required (:func:`https_server_files`; Prometheus' ``tls_config`` with ``ca_file``,
+``cert_file``, ``key_file``; a browser imports the PKCS#12 bundle `godel certs export` writes).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +49,8 @@ SERVICE_NAME = "godel-service"
 """A name every service certificate carries; peers verify it instead of the dialled host."""
 CA = "ca"
 SERVICE = "service"
+SERVICE_KINDS = ("dispatcher", "scheduler", "binder", "rescheduler", "nodeagent", "dashboard")
+"""The service kinds, each with a certificate of its own named after it (``<kind>.crt``)."""
 ADMIN = "admin"
 QUEUE_URI_PREFIX = "urn:godel:queue:"
 TLS_DIR_VARIABLE = "GODEL_TLS_DIR"
@@ -80,6 +92,16 @@ class Credentials:
         return grpc.ssl_channel_credentials(self.ca, self.private_key, self.certificate)
 
 
+@dataclass(frozen=True)
+class CredentialFiles:
+    """Where a party's credentials are on disk, for TLS stacks that take file names (the
+    HTTPS servers of prometheus-client and uvicorn, stdlib ``ssl``)."""
+
+    ca: Path
+    certificate: Path
+    private_key: Path
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading and channels
 # ---------------------------------------------------------------------------------------------
@@ -93,6 +115,62 @@ def load(directory: Path, stem: str) -> Credentials:
     except OSError as exc:
         raise CredentialsError(f"cannot read the cluster credentials: {exc}") from exc
     return Credentials(ca, certificate, key)
+
+
+def files(directory: Path, stem: str) -> CredentialFiles:
+    """The paths of the CA and ``<stem>.crt`` / ``<stem>.key`` in ``directory``, each checked
+    readable now, so that a server fails at its start rather than at its first request."""
+    found = CredentialFiles(
+        directory / f"{CA}.crt", directory / f"{stem}.crt", directory / f"{stem}.key"
+    )
+    for path in (found.ca, found.certificate, found.private_key):
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise CredentialsError(f"cannot read the cluster credentials: {exc}") from exc
+    return found
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind host is reachable from this machine only: a loopback address or
+    ``localhost``. Any other name counts as exposed, whatever it resolves to today."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def https_client_context(found: CredentialFiles) -> ssl.SSLContext:
+    """A client's TLS context for the cluster's HTTPS endpoints: trusts only the cluster CA and
+    presents ``found``'s certificate (the endpoints require one)."""
+    context = ssl.create_default_context(cafile=str(found.ca))
+    context.load_cert_chain(str(found.certificate), str(found.private_key))
+    return context
+
+
+def handshake_refusal(details: str) -> str | None:
+    """What went wrong, when an UNAVAILABLE call's details say that the server was reached but
+    the TLS handshake did not complete; None when the server was not reached at all.
+
+    The services' mutual TLS (``require_client_auth``) refuses a client without a certificate
+    of the cluster's CA inside the handshake, so gRPC reports UNAVAILABLE, not UNAUTHENTICATED:
+    over TLS 1.3 the client has finished its side when the server checks the certificate, and
+    all it sees is the server closing the connection ("Socket closed"), which a plaintext client
+    sees too. A server that is down refuses the TCP connection instead ("Connection refused"),
+    or does not answer (a deadline). When the client rejects the server — another cluster's
+    CA — gRPC says "handshake failed"."""
+    lowered = details.lower()
+    if "failed to connect to all addresses" not in lowered:
+        return None  # a connection that broke after it was up: the server went away
+    if "handshake failed" in lowered:
+        return "and these credentials are not of the same cluster: the TLS handshake failed"
+    if "socket closed" in lowered:
+        return "closed the connection during the TLS handshake: it requires a client certificate"
+    return None
 
 
 def aio_channel(

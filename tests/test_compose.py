@@ -128,12 +128,15 @@ def test_every_component_has_a_service(services: dict[str, dict[str, Any]]) -> N
 def test_metrics_and_dashboard_ports_are_exposed_and_published_on_loopback(
     services: dict[str, dict[str, Any]],
 ) -> None:
-    """Every container serves metrics on the project network at the port its environment names;
-    what reaches the host is published on its loopback only, each host port once."""
+    """Every container serves metrics on the project network at the port its environment names,
+    over HTTPS requiring the cluster's client certificates; what reaches the host is published on
+    its loopback only, each host port once."""
     host_ports: list[str] = []
     for name, spec in _godel_services(services).items():
         environment = spec["environment"]
         assert environment["GODEL_METRICS_HOST"] == "0.0.0.0", name
+        # Exposed, so they require the cluster's client certificates (HTTPS).
+        assert str(environment["GODEL_HTTPS_ON_LOOPBACK"]) == "true", name
         assert str(environment["GODEL_METRICS_PORT"]) in spec["expose"], name
         for entry in spec.get("ports", []):
             host_ip, host_port, container_port = str(entry).split(":")
@@ -220,14 +223,19 @@ def test_the_certs_service_issues_credentials_every_service_uses(
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
-    service = tls.load(tmp_path, tls.SERVICE)
-    assert pki.identity_of(service.certificate).role == "service"
-    names = (
-        x509.load_pem_x509_certificate(service.certificate)
-        .extensions.get_extension_for_class(x509.SubjectAlternativeName)
-        .value.get_values_for_type(x509.DNSName)
-    )
-    assert hosts | {tls.SERVICE_NAME} <= set(names)
+    # Each component's own identity (named after its kind, which is its compose service name),
+    # and the probes' service identity, name every compose service.
+    for stem in (tls.SERVICE, *_godel_services(services)):
+        service = tls.load(tmp_path, stem)
+        identity = pki.identity_of(service.certificate)
+        assert identity.role == "service", stem
+        assert identity.name == (tls.SERVICE_NAME if stem == tls.SERVICE else stem)
+        names = (
+            x509.load_pem_x509_certificate(service.certificate)
+            .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+            .value.get_values_for_type(x509.DNSName)
+        )
+        assert hosts | {tls.SERVICE_NAME} <= set(names), stem
     assert pki.identity_of(tls.load(tmp_path, tls.ADMIN).certificate).role == "admin"
 
 

@@ -20,7 +20,10 @@ from services.runtime import ServiceHost, StartupError
 from services.runtime.auth import refusal
 
 ADMIN = Identity("admin", "admin")
-SERVICE = Identity(tls.SERVICE_NAME, "service")
+SERVICE = Identity(tls.SERVICE_NAME, "service")  # the probes' identity: a service of no kind
+DISPATCHER, SCHEDULER, BINDER, RESCHEDULER, NODEAGENT, DASHBOARD = (
+    Identity(kind, "service") for kind in tls.SERVICE_KINDS
+)
 ALICE = Identity("alice", "tenant", ("research", "default"))
 BOB = Identity("bob", "tenant", ("batch",))
 
@@ -28,11 +31,13 @@ BOB = Identity("bob", "tenant", ("batch",))
 def test_a_cluster_ca_issues_identities_with_their_role_and_queues(tmp_path: Path) -> None:
     pki.init_cluster(tmp_path, ["dispatcher", "10.0.0.7"])
     pki.issue(tmp_path, "alice", "tenant", queues=["research", "default"])
+    stems = ("ca", "service", *tls.SERVICE_KINDS, "admin", "alice")
     assert {p.name for p in tmp_path.iterdir()} == {
-        f"{stem}.{ext}" for stem in ("ca", "service", "admin", "alice") for ext in ("crt", "key")
+        f"{stem}.{ext}" for stem in stems for ext in ("crt", "key")
     }
     assert all(p.stat().st_mode & 0o077 == 0 for p in tmp_path.iterdir()), "private to owner"
     cases = [("service", SERVICE), ("admin", ADMIN), ("alice", ALICE)]
+    cases += [(kind, Identity(kind, "service")) for kind in tls.SERVICE_KINDS]
     for stem, identity in cases:
         assert pki.identity_of(tls.load(tmp_path, stem).certificate) == identity, stem
     service = x509.load_pem_x509_certificate((tmp_path / "service.crt").read_bytes())
@@ -41,10 +46,30 @@ def test_a_cluster_ca_issues_identities_with_their_role_and_queues(tmp_path: Pat
     ips = [str(ip) for ip in names.get_values_for_type(x509.IPAddress)]
     assert {tls.SERVICE_NAME, "localhost", "dispatcher"} <= set(dns)
     assert {"127.0.0.1", "10.0.0.7"} <= set(ips)
+    for kind in tls.SERVICE_KINDS:  # each kind's certificate names every address too
+        kind_names = (
+            x509.load_pem_x509_certificate((tmp_path / f"{kind}.crt").read_bytes())
+            .extensions.get_extension_for_class(x509.SubjectAlternativeName)
+            .value
+        )
+        assert {tls.SERVICE_NAME, "dispatcher"} <= set(kind_names.get_values_for_type(x509.DNSName))
     # A second init keeps the CA: certificates issued before stay valid.
     before = (tmp_path / "ca.crt").read_bytes()
-    pki.init_cluster(tmp_path)
+    assert pki.init_cluster(tmp_path) == []
     assert (tmp_path / "ca.crt").read_bytes() == before
+
+
+def test_init_brings_a_directory_from_before_per_kind_identities_up_to_date(
+    tmp_path: Path,
+) -> None:
+    pki.init_cluster(tmp_path)
+    kept = {stem: (tmp_path / f"{stem}.crt").read_bytes() for stem in ("ca", "service", "admin")}
+    for kind in tls.SERVICE_KINDS:  # the layout of an older release: one service identity
+        (tmp_path / f"{kind}.crt").unlink()
+        (tmp_path / f"{kind}.key").unlink()
+    assert pki.init_cluster(tmp_path, ["binder"]) == list(tls.SERVICE_KINDS)
+    assert {stem: (tmp_path / f"{stem}.crt").read_bytes() for stem in kept} == kept
+    assert pki.identity_of(tls.load(tmp_path, "binder").certificate) == BINDER
 
 
 @pytest.mark.parametrize(
@@ -66,14 +91,33 @@ def test_issuing_refuses_bad_names_and_roles(
 @pytest.mark.parametrize(
     ("method", "identity", "rule"),
     [
-        ("/godel.v1.Binder/Evict", SERVICE, None),
-        ("/godel.v1.Binder/Evict", ADMIN, "rule internal-rpc"),
-        ("/godel.v1.Binder/Decide", ALICE, "rule internal-rpc"),
-        ("/godel.v1.Scheduler/Dispatch", SERVICE, None),
-        ("/godel.v1.Scheduler/Dispatch", ADMIN, "rule internal-rpc"),
+        # Internal RPCs admit the service kinds that call them in a job's flow, and no other.
+        ("/godel.v1.Binder/Decide", SCHEDULER, None),
+        ("/godel.v1.Binder/Decide", DISPATCHER, "rule decide"),
+        ("/godel.v1.Binder/Decide", BINDER, "rule decide"),
+        ("/godel.v1.Binder/Decide", NODEAGENT, "rule decide"),
+        ("/godel.v1.Binder/Decide", DASHBOARD, "rule decide"),
+        ("/godel.v1.Binder/Decide", SERVICE, "rule decide"),
+        ("/godel.v1.Binder/Decide", ADMIN, "rule decide"),
+        ("/godel.v1.Binder/Decide", ALICE, "rule decide"),
+        ("/godel.v1.Binder/Evict", DISPATCHER, None),
+        ("/godel.v1.Binder/Evict", RESCHEDULER, None),
+        ("/godel.v1.Binder/Evict", NODEAGENT, None),
+        ("/godel.v1.Binder/Evict", ADMIN, None),
+        ("/godel.v1.Binder/Evict", SCHEDULER, "rule evict"),
+        ("/godel.v1.Binder/Evict", DASHBOARD, "rule evict"),
+        ("/godel.v1.Binder/Evict", SERVICE, "rule evict"),
+        ("/godel.v1.Binder/Evict", ALICE, "rule evict"),
+        ("/godel.v1.Scheduler/Dispatch", DISPATCHER, None),
+        ("/godel.v1.Scheduler/Dispatch", SCHEDULER, "rule dispatch"),
+        ("/godel.v1.Scheduler/Dispatch", RESCHEDULER, "rule dispatch"),
+        ("/godel.v1.Scheduler/Dispatch", SERVICE, "rule dispatch"),
+        ("/godel.v1.Scheduler/Dispatch", ADMIN, "rule dispatch"),
+        ("/godel.v1.Binder/Unknown", SCHEDULER, "rule default-deny"),
         ("/godel.v1.Dispatcher/Submit", ADMIN, None),
         ("/godel.v1.Dispatcher/Submit", ALICE, None),
         ("/godel.v1.Dispatcher/List", SERVICE, "rule public-api"),
+        ("/godel.v1.Dispatcher/List", DASHBOARD, "rule public-api"),
         ("/godel.v1.NodeAgent/Logs", ALICE, None),
         ("/godel.v1.NodeAgent/Logs", SERVICE, "rule public-api"),
         ("/godel.v1.Rescheduler/ListPolicies", ALICE, None),
@@ -82,6 +126,7 @@ def test_issuing_refuses_bad_names_and_roles(
         ("/godel.v1.Rescheduler/Pause", ALICE, "rule admin-only"),
         ("/grpc.health.v1.Health/Check", ALICE, None),
         ("/grpc.health.v1.Health/Check", SERVICE, None),
+        ("/grpc.health.v1.Health/Check", BINDER, None),
         ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", ALICE, None),
         ("/godel.v1.Unknown/Call", ADMIN, "rule default-deny"),
     ],
@@ -184,3 +229,53 @@ async def test_a_service_without_credentials_refuses_to_start_unless_insecure_by
             pass
     async with ServiceHost(DispatcherService, replace(config, insecure=True)) as host:
         assert host.service is not None and host.service.credentials is None
+
+
+async def test_a_service_on_a_directory_of_one_shared_identity_says_to_run_certs_init(
+    store_url: str, cluster_name: str, tmp_path: Path
+) -> None:
+    """A credentials directory from before per-kind identities (only ``service.crt``): the
+    service refuses to start and says how to bring it up to date; once that is done, it starts
+    with its own kind's identity."""
+    from services.dispatcher.service import DispatcherService
+    from services.runtime.config import load_config
+
+    directory = tmp_path / "tls"
+    pki.init_cluster(directory)
+    for kind in tls.SERVICE_KINDS:
+        (directory / f"{kind}.crt").unlink()
+        (directory / f"{kind}.key").unlink()
+    config = load_config(
+        DispatcherService.config_class,
+        ["--store-url", store_url, "--cluster", cluster_name, "--tls-dir", str(directory)],
+        environ={},
+    )
+    with pytest.raises(StartupError, match=r"dispatcher\.crt.*`godel certs init --dir "):
+        async with ServiceHost(DispatcherService, config):
+            pass
+    pki.init_cluster(directory)
+    async with ServiceHost(DispatcherService, config) as host:
+        assert host.service is not None and host.service.credentials is not None
+        assert pki.identity_of(host.service.credentials.certificate) == DISPATCHER
+
+
+@pytest.mark.parametrize(
+    ("address", "named"),
+    [
+        ("127.0.0.1:50051", True),
+        ("[::1]:50051", True),
+        ("localhost:50051", True),
+        ("LOCALHOST:1", True),
+        ("binder:50051", True),  # a --host given to init
+        ("10.0.0.7:50051", True),
+        (f"{tls.SERVICE_NAME}:50051", True),
+        ("10.0.0.8:50051", False),
+        ("elsewhere.example:50051", False),
+    ],
+)
+def test_which_advertised_addresses_a_service_certificate_names(
+    tmp_path: Path, address: str, named: bool
+) -> None:
+    pki.init_cluster(tmp_path, ["binder", "10.0.0.7"])
+    pem = tls.load(tmp_path, "binder").certificate
+    assert pki.names_address(pem, address) is named

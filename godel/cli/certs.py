@@ -6,6 +6,8 @@ writing to a volume the other services mount. The issuing is in :mod:`godel.tls`
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 from typing import Annotated
 
@@ -53,16 +55,20 @@ def init(
         ),
     ] = None,
 ) -> None:
-    """Create the cluster CA with the service and admin certificates (kept if they exist)."""
+    """Create the cluster CA with each service kind's, the probes' and the admin's certificates.
+    What exists is kept; missing certificates are issued (a directory from an older release
+    gains the per-kind service identities)."""
     target = _directory(directory, home)
     existed = (target / f"{tls.CA}.crt").exists()
     try:
         from godel import pki  # cryptography: only for the commands that make certificates
 
-        pki.init_cluster(target, host or [])
+        issued = pki.init_cluster(target, host or [])
     except (tls.CredentialsError, OSError) as exc:
         fail(str(exc))
     typer.echo(f"{'kept the' if existed else 'created a'} cluster CA in {target}")
+    if existed and issued:
+        typer.echo(f"issued the missing certificates: {', '.join(issued)}")
 
 
 @certs_app.command("issue")
@@ -94,3 +100,45 @@ def issue(
     except tls.CredentialsError as exc:
         fail(str(exc))
     typer.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue or []) or 'none'})")
+
+
+@certs_app.command("export")
+def export(
+    name: Annotated[
+        str, typer.Argument(help="The identity to export (default: admin).")
+    ] = tls.ADMIN,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Where to write the bundle (default: NAME.p12 beside it)."),
+    ] = None,
+    password: Annotated[
+        str | None,
+        typer.Option(
+            "--password",
+            envvar="GODEL_P12_PASSWORD",
+            help="The bundle's password (default: a random one, printed).",
+            show_default=False,
+        ),
+    ] = None,
+    directory: DirOption = None,
+    home: HomeOption = None,
+) -> None:
+    """Write NAME's certificate and key as a PKCS#12 bundle (.p12), for a browser or an OS key
+    store: an exposed dashboard (HTTPS) asks for a client certificate of the cluster. Import the
+    bundle as your certificate and ca.crt as a trusted authority."""
+    source = _directory(directory, home)
+    target = out or source / f"{name}.p12"
+    chosen = password if password is not None else secrets.token_urlsafe(12)
+    try:
+        from godel import pki
+
+        bundle = pki.export_pkcs12(source, name, chosen.encode())
+        # 0600 from the start, as the key it holds.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(bundle)
+    except (tls.CredentialsError, OSError) as exc:
+        fail(str(exc))
+    typer.echo(f"wrote {target} ({name!r}); authority to trust: {source / (tls.CA + '.crt')}")
+    if password is None:
+        typer.echo(f"password: {chosen}")

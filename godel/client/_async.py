@@ -184,7 +184,7 @@ class AsyncGodelClient:
         try:
             return await method(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise client_error(exc, self.address) from None
+            raise client_error(exc, self.address, plaintext=self.credentials is None) from None
 
     # -----------------------------------------------------------------------------------------
     # Writes
@@ -372,7 +372,7 @@ class AsyncGodelClient:
                         revision = event.revision
                     yield event
             except grpc.RpcError as exc:
-                error = client_error(exc, self.address)
+                error = client_error(exc, self.address, plaintext=self.credentials is None)
                 if exc.code() not in _RECONNECT:  # type: ignore[attr-defined]
                     raise error from None
             finally:

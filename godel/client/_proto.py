@@ -63,7 +63,7 @@ class _Connection:
         try:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise client_error(exc, self.address) from None
+            raise client_error(exc, self.address, plaintext=self.credentials is None) from None
 
 
 class ProtoClient(_Connection):
@@ -164,7 +164,7 @@ class ProtoClient(_Connection):
         try:
             yield from self._api.Watch(request)
         except grpc.RpcError as exc:
-            raise client_error(exc, self.address) from None
+            raise client_error(exc, self.address, plaintext=self.credentials is None) from None
 
 
 class ReschedulerClient(_Connection):
@@ -224,4 +224,4 @@ def logs(
             for chunk in stub.Logs(request, timeout=timeout):
                 yield chunk.data
         except grpc.RpcError as exc:
-            raise client_error(exc, agent_address) from None
+            raise client_error(exc, agent_address, plaintext=chosen is None) from None

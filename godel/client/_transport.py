@@ -129,20 +129,40 @@ _ERRORS: dict[grpc.StatusCode, type[ClientError]] = {
 }
 
 
-def client_error(exc: grpc.RpcError, address: str) -> ClientError:
-    """The typed error of a failed call (sync and aio errors alike)."""
+def client_error(exc: grpc.RpcError, address: str, *, plaintext: bool = False) -> ClientError:
+    """The typed error of a failed call (sync and aio errors alike). ``plaintext``: the call
+    went without TLS (insecure mode), which a TLS server refuses the same way."""
     code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
     details: str = exc.details() or ""  # type: ignore[attr-defined]
-    if code == grpc.StatusCode.UNAVAILABLE and "handshake failed" in details.lower():
-        # The server refused our certificate (another cluster's CA), or is not the cluster's.
+    if code == grpc.StatusCode.UNAVAILABLE and (refusal := tls.handshake_refusal(details)):
         return Unauthenticated(
             grpc.StatusCode.UNAUTHENTICATED,
-            f"TLS handshake with {address} failed: the server and these credentials are not of "
-            f"the same cluster ({details})",
+            f"{address} {refusal}: {_credentials_hint(plaintext)} ({details})",
         )
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"cannot reach {address}: {details}"
     return _ERRORS.get(code, ClientError)(code, details)
+
+
+def _credentials_hint(plaintext: bool) -> str:
+    if plaintext:
+        return (
+            "this client spoke plaintext (GODEL_INSECURE or --insecure), but the cluster serves "
+            "mutual TLS; unset it to use the cluster's credentials"
+        )
+    if directory := os.environ.get(tls.TLS_DIR_VARIABLE):
+        where = f"$GODEL_TLS_DIR ({directory})"
+    else:
+        from godel import local  # as discover_credentials: only when it is needed
+
+        where = f"{local.GodelHome(local.default_home()).tls_dir} (or $GODEL_TLS_DIR)"
+    identity = os.environ.get(tls.IDENTITY_VARIABLE) or tls.ADMIN
+    return (
+        "the cluster requires a client certificate signed by its own CA; the CLI and SDK "
+        f"look for ca.crt, {identity}.crt and {identity}.key in "
+        f"{where} (identity: $GODEL_IDENTITY, default admin); copy the cluster's there, or "
+        "issue one with `godel certs issue`"
+    )
 
 
 def rejected(violations: list[Violation], what: str) -> ClientError:

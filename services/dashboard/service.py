@@ -1,9 +1,10 @@
 """The dashboard service: an informer over the cluster, one summary per tick, a web server.
 
 It is a runtime ``Service`` like the others (gRPC health for `godel up` and compose, metrics,
-SIGTERM), plus a uvicorn server for the page on ``web_host:web_port``. The summary is built once per
-``refresh_seconds`` whatever the number of browsers, serialised once, and every open event stream
-gets the same bytes.
+SIGTERM), plus a uvicorn server for the page on ``web_host:web_port`` (HTTPS requiring a client
+certificate of the cluster when that is not loopback, as ``/metrics``). The summary is built once
+per ``refresh_seconds`` whatever the number of browsers, serialised once, and every open event
+stream gets the same bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ import orjson
 import structlog
 import uvicorn
 
+from godel.tls import CredentialFiles
 from services.binder.service import LEASE as BINDER_LEASE
 from services.dashboard.summary import (
     ClusterTracker,
@@ -100,11 +103,12 @@ class DashboardService(Service[DashboardConfig]):
         self.updated = asyncio.Condition()
         self.closing = asyncio.Event()
         self.web_address = ""
+        self.web_scheme = "http"
         self._web: _EmbeddedServer | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.web_address}/"
+        return f"{self.web_scheme}://{self.web_address}/"
 
     def add_servicers(self, server: grpc.aio.Server) -> None:
         pass  # health and reflection only
@@ -113,6 +117,9 @@ class DashboardService(Service[DashboardConfig]):
         self.informer.start()
         await self.informer.wait_synced(self.config.sync_timeout_seconds)
         await self._refresh()
+        # Exposed beyond loopback, the page asks the browser for a client certificate of the
+        # cluster, as every other port of the cluster does (`godel certs export` makes one).
+        https = self.https_files(self.config.web_host, "dashboard")
         sock = _listen(self.config.web_host, self.config.web_port)
         host, port = sock.getsockname()[:2]
         shown = socket.gethostname() if host in WILDCARD_HOSTS else host
@@ -124,11 +131,17 @@ class DashboardService(Service[DashboardConfig]):
                 access_log=False,
                 lifespan="off",
                 timeout_graceful_shutdown=1,
+                **_ssl_options(https),
             )
         )
+        self.web_scheme = "http" if https is None else "https"
         self.spawn(self._web.serve(sockets=[sock]), name="dashboard-web")
         self.spawn(self._refresh_loop(), name="dashboard-refresh")
-        log.info("dashboard listening", url=self.url)
+        log.info(
+            "dashboard listening",
+            url=self.url,
+            tls="off" if https is None else "client certificate required",
+        )
 
     async def on_stop(self) -> None:
         self.closing.set()
@@ -172,6 +185,17 @@ class DashboardService(Service[DashboardConfig]):
         async with self.updated:
             self.version += 1
             self.updated.notify_all()
+
+
+def _ssl_options(https: CredentialFiles | None) -> dict[str, Any]:
+    if https is None:
+        return {}
+    return {
+        "ssl_certfile": str(https.certificate),
+        "ssl_keyfile": str(https.private_key),
+        "ssl_ca_certs": str(https.ca),
+        "ssl_cert_reqs": ssl.CERT_REQUIRED,
+    }
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -1,9 +1,10 @@
 """Who may call what: every call's identity comes from its verified client certificate.
 
 The TLS handshake already refused anyone without a certificate of the cluster's CA (mutual TLS,
-``godel.tls``). This interceptor decides, per method, which roles may call it (``RULES``) and
-makes the caller's identity available to the servicer (:func:`caller`) for the finer, per-object
-rules of the public API (a tenant reads only its own jobs). A refusal is PERMISSION_DENIED naming
+``godel.tls``). This interceptor decides, per method, which roles and service kinds may call it
+(``RULES``: the schedulers → Binder.Decide, the dispatcher → Scheduler.Dispatch, …) and makes
+the caller's identity available to the servicer (:func:`caller`) for the finer, per-object rules
+of the public API (a tenant reads only its own jobs). A refusal is PERMISSION_DENIED naming
 the rule. In insecure mode (``--insecure``) there is no certificate and no interceptor: every
 caller may do everything, and :func:`caller` is None.
 """
@@ -19,51 +20,63 @@ from typing import Any
 import grpc
 
 from godel.pki import identity_of
-from godel.tls import CredentialsError, Identity, Role
+from godel.tls import CredentialsError, Identity
 
 
 @dataclass(frozen=True)
 class MethodRule:
-    """Which roles may call the methods under ``prefix``; ``name`` is quoted in refusals."""
+    """Who may call the methods under ``prefix``; ``name`` is quoted in refusals. ``admits``
+    holds roles (``admin``, ``tenant``, ``service``: any service) and service kinds as
+    ``service:<kind>`` (a service certificate's name is its kind, ``godel.tls``)."""
 
     prefix: str
-    roles: frozenset[Role]
+    admits: frozenset[str]
     name: str
     says: str
 
 
-_CLIENTS: frozenset[Role] = frozenset({"admin", "tenant"})
-_EVERYONE: frozenset[Role] = frozenset({"service", "admin", "tenant"})
+_CLIENTS = frozenset({"admin", "tenant"})
+_EVERYONE = frozenset({"service", "admin", "tenant"})
+_PUBLIC = "the public API accepts the cluster's client identities"
 
 RULES: tuple[MethodRule, ...] = (
+    # Internal RPCs: each admits the service kinds that call it in the flow of a job, and no
+    # other (a compromised dashboard or node agent cannot propose placements).
     MethodRule(
-        "/godel.v1.Scheduler/", frozenset({"service"}), "internal-rpc",
-        "internal RPCs accept only the cluster's service identities",
+        "/godel.v1.Scheduler/Dispatch", frozenset({"service:dispatcher"}), "dispatch",
+        "only the dispatcher hands units to a scheduler shard",
     ),
     MethodRule(
-        "/godel.v1.Binder/", frozenset({"service"}), "internal-rpc",
-        "internal RPCs accept only the cluster's service identities",
+        "/godel.v1.Binder/Decide", frozenset({"service:scheduler"}), "decide",
+        "only scheduler shards propose placements to the Binder",
     ),
     MethodRule(
-        "/godel.v1.Rescheduler/ListPolicies", _CLIENTS, "public-api",
-        "the public API accepts the cluster's client identities",
+        "/godel.v1.Binder/Evict",
+        frozenset({"service:dispatcher", "service:rescheduler", "service:nodeagent", "admin"}),
+        "evict",
+        "evictions come from the dispatcher (reclaim, drain), the rescheduler, node agents "
+        "(tidal pressure) and the admin",
     ),
+    MethodRule("/godel.v1.Rescheduler/ListPolicies", _CLIENTS, "public-api", _PUBLIC),
     MethodRule(
         "/godel.v1.Rescheduler/", frozenset({"admin"}), "admin-only",
         "triggering and pausing rescheduling is for the admin identity",
     ),
-    MethodRule(
-        "/godel.v1.Dispatcher/", _CLIENTS, "public-api",
-        "the public API accepts the cluster's client identities",
-    ),
-    MethodRule(
-        "/godel.v1.NodeAgent/Logs", _CLIENTS, "public-api",
-        "the public API accepts the cluster's client identities",
-    ),
+    MethodRule("/godel.v1.Dispatcher/", _CLIENTS, "public-api", _PUBLIC),
+    MethodRule("/godel.v1.NodeAgent/Logs", _CLIENTS, "public-api", _PUBLIC),
     MethodRule("/grpc.health.v1.Health/", _EVERYONE, "health", "anyone of the cluster"),
     MethodRule("/grpc.reflection.", _EVERYONE, "reflection", "anyone of the cluster"),
 )  # fmt: skip
-"""First match wins (so a method's own rule goes before its service's)."""
+"""First match wins (so a method's own rule goes before its service's); a method no rule names
+is refused (default-deny), so a new internal RPC admits no one until it is given a rule."""
+
+
+def principals(identity: Identity) -> frozenset[str]:
+    """What rules may name ``identity`` by: its role and, for a service, ``service:<kind>``."""
+    if identity.role == "service":
+        return frozenset({"service", f"service:{identity.name}"})
+    return frozenset({identity.role})
+
 
 _caller: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("caller", default=None)
 
@@ -82,7 +95,7 @@ def refusal(method: str, identity: Identity) -> str | None:
     rule = rule_for(method)
     if rule is None:
         return f"rule default-deny: no rule admits {method.lstrip('/')}"
-    if identity.role in rule.roles:
+    if principals(identity) & rule.admits:
         return None
     return (
         f"rule {rule.name}: {rule.says}; {identity.role} identity {identity.name!r} "

@@ -25,6 +25,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import yaml
 
+from godel import tls
+
 ENV_PREFIX = "GODEL_"
 
 LogFormat = Literal["auto", "json", "console"]
@@ -180,8 +182,24 @@ class ServiceConfig:
         metadata=option("serve and dial without TLS: anyone who reaches the port may do anything"),
     )
 
+    https_on_loopback: bool = field(
+        default=False,
+        metadata=option(
+            "serve metrics and the dashboard over HTTPS with client certificates on loopback "
+            "too (on any other address they always are, unless --insecure)"
+        ),
+    )
+
     def credentials_dir(self) -> Path:
         return Path(self.tls_dir) if self.tls_dir else self.home / "tls"
+
+    def serves_https(self, host: str) -> bool:
+        """Whether an HTTP endpoint bound to ``host`` (metrics, the dashboard) requires the
+        cluster's credentials: when exposed beyond loopback, or asked for; never in insecure
+        mode, which has no credentials to require."""
+        if self.insecure:
+            return False
+        return self.https_on_loopback or not tls.is_loopback(host)
 
     def store_connection_url(self) -> str:
         """``store_url`` with the password from ``store_password_file``, if one is given."""

@@ -26,6 +26,7 @@ from godel import tls
 SERVING = "SERVING"
 UNREACHABLE = "UNREACHABLE"
 TIMEOUT = "TIMEOUT"
+UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
 def probe(
@@ -35,7 +36,8 @@ def probe(
     credentials: tls.Credentials | None = None,
 ) -> str:
     """One ``Health.Check``: the status name (``SERVING``, ``NOT_SERVING``, ``SERVICE_UNKNOWN``)
-    or why there is none (``UNREACHABLE``, ``TIMEOUT``, or another gRPC status code name).
+    or why there is none (``UNREACHABLE``, ``UNAUTHENTICATED`` — the TLS handshake refused these
+    credentials —, ``TIMEOUT``, or another gRPC status code name).
     ``credentials`` None: plaintext, for a server started with --insecure."""
     with tls.channel(address, credentials) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -44,7 +46,9 @@ def probe(
         except grpc.RpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.UNAVAILABLE:
-                return UNREACHABLE
+                # Reached, but the handshake refused these credentials: not a server that is down.
+                refused = tls.handshake_refusal(exc.details() or "")
+                return UNREACHABLE if refused is None else UNAUTHENTICATED
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return TIMEOUT
             if code == grpc.StatusCode.NOT_FOUND:  # the server does not know that service name

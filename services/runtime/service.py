@@ -29,7 +29,7 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from godel import tls
+from godel import pki, tls
 from services.runtime.auth import Authorize
 from services.runtime.config import (
     ConfigError,
@@ -87,8 +87,10 @@ class Service(abc.ABC, Generic[ConfigT]):
         # What this service presents to its peers and trusts (None: insecure mode); set by the
         # runtime before on_start.
         self.credentials: tls.Credentials | None = None
-        # host:port of the Prometheus endpoint ("" when none is served); set before on_start.
+        # host:port of the Prometheus endpoint ("" when none is served) and its URL; set before
+        # on_start.
         self.metrics_address = ""
+        self.metrics_url = ""
 
     @property
     def address(self) -> str:
@@ -101,6 +103,24 @@ class Service(abc.ABC, Generic[ConfigT]):
         """A channel to a peer service at the address it published, with this service's
         credentials (mutual TLS), or plaintext in insecure mode."""
         return tls.aio_channel(address, self.credentials, options)
+
+    def https_files(self, host: str, what: str) -> tls.CredentialFiles | None:
+        """The credentials an HTTP endpoint bound to ``host`` serves HTTPS with (client
+        certificates required), or None for plain HTTP: loopback (unless
+        ``https_on_loopback``) and insecure mode. ``what`` names the endpoint in the warning
+        an insecure service logs when it exposes one in plain HTTP."""
+        if not self.config.serves_https(host):
+            if self.config.insecure and not tls.is_loopback(host):
+                log.warning(
+                    "plain HTTP on an exposed address (--insecure): anyone may read it",
+                    endpoint=what,
+                    host=host,
+                )
+            return None
+        try:
+            return tls.files(self.config.credentials_dir(), self.component)
+        except tls.CredentialsError as exc:
+            raise StartupError(f"{what} on {host} needs HTTPS: {exc}") from exc
 
     @abc.abstractmethod
     def add_servicers(self, server: grpc.aio.Server) -> None:
@@ -181,7 +201,7 @@ class ServiceHost(Generic[ConfigT]):
     async def start(self) -> None:
         """Connect the store, start serving, run ``on_start``, then report SERVING. On failure
         the caller should still call :meth:`stop` to release what was acquired."""
-        credentials = _load_credentials(self.config)
+        credentials = _load_credentials(self.config, self.service_cls.component)
         self._store = await _connect_store(self.config)
         service = self.service = self.service_cls(self.config, self._store, self.health)
         service.credentials = credentials
@@ -217,6 +237,8 @@ class ServiceHost(Generic[ConfigT]):
             raise StartupError(f"cannot listen on {host}:{self.config.port}: {exc}") from exc
         self.address = service.bound_address = f"{host}:{port}"
         service.bound_port = port
+        if credentials is not None and self.config.advertise_address:
+            _check_advertised_name(credentials, service.address)
         await server.start()
         log.info(
             "listening",
@@ -227,9 +249,16 @@ class ServiceHost(Generic[ConfigT]):
         )
 
         if self.config.metrics_port >= 0:
-            self._metrics = _start_metrics(self.config.metrics_host, self.config.metrics_port)
+            host = self.config.metrics_host
+            https = service.https_files(host, "metrics")
+            self._metrics = _start_metrics(host, self.config.metrics_port, https)
             service.metrics_address = self._metrics.address
-            log.info("metrics listening", address=service.metrics_address, path="/metrics")
+            service.metrics_url = self._metrics.url
+            log.info(
+                "metrics listening",
+                url=service.metrics_url,
+                tls="off" if https is None else "client certificate required",
+            )
 
         await service.on_start()
         if self._metrics is not None:
@@ -354,27 +383,49 @@ def main(service_cls: type[Service[Any]]) -> NoReturn:
     raise SystemExit(run_service(service_cls, sys.argv[1:]))
 
 
-def _load_credentials(config: ServiceConfig) -> tls.Credentials | None:
-    """The service identity from the config's TLS directory; None only when asked for by name
-    (``insecure``). Missing credentials stop the start: a service never falls back to
-    plaintext by itself."""
+def _load_credentials(config: ServiceConfig, kind: str) -> tls.Credentials | None:
+    """This service kind's identity (``<kind>.crt``) from the config's TLS directory; None only
+    when asked for by name (``insecure``). Missing credentials stop the start: a service never
+    falls back to plaintext by itself, nor to another kind's identity."""
     if config.insecure:
         log.warning("serving WITHOUT TLS (--insecure): every caller may do everything")
         return None
     directory = config.credentials_dir()
     try:
-        return tls.load(directory, tls.SERVICE)
+        return tls.load(directory, kind)
     except tls.CredentialsError as exc:
+        older = (directory / f"{tls.SERVICE}.crt").exists()
         raise StartupError(
-            f"{exc}; `godel up` issues the cluster's credentials into HOME/tls (compose: the "
-            "certs service), --tls-dir names another directory, --insecure true (or "
-            "GODEL_INSECURE=true) serves without TLS"
+            f"{exc}; "
+            + (
+                # A directory from before each kind had its own certificate.
+                f"each service kind now has its own certificate: `godel certs init --dir "
+                f"{directory}` issues the missing ones and keeps the rest (`godel up` and "
+                "compose's certs service do it by themselves)"
+                if older
+                else "`godel up` issues the cluster's credentials into HOME/tls (compose: the "
+                "certs service), --tls-dir names another directory, --insecure true (or "
+                "GODEL_INSECURE=true) serves without TLS"
+            )
         ) from exc
 
 
-def _start_metrics(host: str, port: int) -> MetricsServer:
+def _check_advertised_name(credentials: tls.Credentials, advertised: str) -> None:
+    """Warn when the certificate does not name the address an operator told this replica to
+    advertise: the cluster's own clients verify ``godel-service`` and still connect, but tools
+    that verify the host they dial (grpcurl, a Prometheus without ``server_name``) refuse it."""
+    if not pki.names_address(credentials.certificate, advertised):
+        log.warning(
+            "the service certificate does not name the advertised address; tools that verify "
+            "the host need the name godel-service (grpcurl -authority), or issue the "
+            "certificate with it (`godel certs init --host NAME` on a fresh directory)",
+            advertised=advertised,
+        )
+
+
+def _start_metrics(host: str, port: int, https: tls.CredentialFiles | None) -> MetricsServer:
     try:
-        return MetricsServer.start(host, port)
+        return MetricsServer.start(host, port, https)
     except OSError as exc:
         raise StartupError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
 

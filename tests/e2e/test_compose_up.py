@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from godel import tls
 from godel.client import ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe
@@ -119,7 +121,7 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             assert all(
                 probe(a, "godel.v1.Scheduler", credentials=admin) == "SERVING" for a in addresses
             )
-            assert probe(api, credentials=None) == "UNREACHABLE", "plaintext is refused"
+            assert probe(api, credentials=None) == "UNAUTHENTICATED", "plaintext is refused"
             lease = _binder_lease(deployment)
             binders = {f"{r.ip}:{GRPC_PORT}" for r in deployment.of("binder")}
             assert lease is not None and lease.holder_address in binders
@@ -164,16 +166,29 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             assert (inside.returncode, inside.stdout) == (0, "hello\n"), inside.stderr
             assert _godel(api, home, "logs", "hello-0") == "hello\n"
 
-            # The dashboard and the singletons' metrics, through their published host ports.
+            # The dashboard and the singletons' metrics, through their published host ports:
+            # HTTPS, and only with a client certificate of the cluster (the admin's, copied out).
+            # The host is not checked: the emulated proxy's address is in no certificate (a
+            # Prometheus sets tls_config.server_name: godel-service).
+            admin_https = tls.https_client_context(tls.files(home / "tls", tls.ADMIN))
+            admin_https.check_hostname = False
+            anonymous = ssl.create_default_context(cafile=str(home / "tls" / "ca.crt"))
+            anonymous.check_hostname = False
+
+            def get(path: str, context: ssl.SSLContext) -> bytes:
+                with urllib.request.urlopen(path, timeout=10, context=context) as response:
+                    body: bytes = response.read()
+                    return body
+
+            dashboard = f"https://{deployment.published[8080]}/api/summary"
+
             def dashboard_nodes() -> int:
-                with urllib.request.urlopen(
-                    f"http://{deployment.published[8080]}/api/summary", timeout=10
-                ) as response:
-                    return int(json.loads(response.read())["nodes"]["total"])
+                return int(json.loads(get(dashboard, admin_https))["nodes"]["total"])
 
             wait_until(lambda: dashboard_nodes() == HOLLOW_NODES + 1, what="the dashboard's nodes")
-            with urllib.request.urlopen(
-                f"http://{deployment.published[9090]}/metrics", timeout=10
-            ) as response:
-                assert b"godel_dispatcher_shard_credits{" in response.read()
+            metrics = f"https://{deployment.published[9090]}/metrics"
+            assert b"godel_dispatcher_shard_credits{" in get(metrics, admin_https)
+            for refused in (dashboard, metrics):
+                with pytest.raises(OSError):
+                    get(refused, anonymous)
         assert not deployment.exited(), deployment.exited()

@@ -160,7 +160,7 @@ def execute(
     """Run ``batches`` through the real executor, in this process, against ``cluster``'s store
     and Binder, with generous timeouts (the outcome decides, not the clock)."""
 
-    service_identity = tls.load(cluster.home.tls_dir, tls.SERVICE)
+    service_identity = tls.load(cluster.home.tls_dir, "rescheduler")  # who evicts in rounds
 
     async def go(store: Store) -> RoundPlan:
         view = await current_view(store)

@@ -120,39 +120,57 @@ def test_every_service_refuses_callers_without_the_clusters_credentials(
         assert len(client.list("Node")) == 2
 
 
-def test_internal_rpcs_refuse_client_identities(
+def test_internal_rpcs_admit_only_the_service_kinds_that_call_them(
     make_cluster: Callable[..., Cluster],
 ) -> None:
     cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2)
     cluster.godel("certs", "issue", "alice", "--queue", "research")
     binder = cluster.state.address_of("binder")
     shard = cluster.state.address_of("scheduler")
-    calls: list[tuple[str, Callable[[grpc.Channel, str], object]]] = [
-        (binder, lambda ch, _: internal_pb2_grpc.BinderStub(ch).Evict(
-            internal_pb2.EvictRequest(), timeout=10)),
-        (binder, lambda ch, _: next(iter(internal_pb2_grpc.BinderStub(ch).Decide(
-            iter([internal_pb2.DecisionBatch()]), timeout=10)))),
-        (shard, lambda ch, _: next(iter(internal_pb2_grpc.SchedulerStub(ch).Dispatch(
-            iter([]), timeout=10)))),
+    evict = (
+        binder,
+        "evict",
+        lambda ch: internal_pb2_grpc.BinderStub(ch).Evict(internal_pb2.EvictRequest(), timeout=10),
+    )
+    decide = (
+        binder,
+        "decide",
+        lambda ch: next(
+            iter(
+                internal_pb2_grpc.BinderStub(ch).Decide(
+                    iter([internal_pb2.DecisionBatch()]), timeout=10
+                )
+            )
+        ),
+    )
+    dispatch = (
+        shard,
+        "dispatch",
+        lambda ch: next(iter(internal_pb2_grpc.SchedulerStub(ch).Dispatch(iter([]), timeout=10))),
+    )
+    refused: list[tuple[str, tuple[str, str, Callable[[grpc.Channel], object]]]] = [
+        (tls.ADMIN, decide), (tls.ADMIN, dispatch),
+        ("alice", evict), ("alice", decide), ("alice", dispatch),
+        # Services of the cluster, but not the kinds that make these calls.
+        ("dashboard", evict), ("nodeagent", decide), ("dispatcher", decide),
+        ("scheduler", evict), ("rescheduler", dispatch), (tls.SERVICE, decide),
     ]  # fmt: skip
-    for identity in (tls.ADMIN, "alice"):
-        credentials = tls.load(cluster.home.tls_dir, identity)
-        for address, call in calls:
-            with tls.channel(address, credentials) as channel:
-                with pytest.raises(grpc.RpcError) as caught:
-                    call(channel, address)
-            assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED  # type: ignore[attr-defined]
-            assert "rule internal-rpc" in caught.value.details(), caught.value.details()  # type: ignore[attr-defined]
-    # The service identity passes the rule (an empty eviction is answered by the Binder).
-    service = tls.load(cluster.home.tls_dir, tls.SERVICE)
-    with tls.channel(binder, service) as channel:
-        try:
-            internal_pb2_grpc.BinderStub(channel).Evict(internal_pb2.EvictRequest(), timeout=10)
-        except grpc.RpcError as exc:
-            assert exc.code() not in (  # type: ignore[attr-defined]
-                grpc.StatusCode.PERMISSION_DENIED,
-                grpc.StatusCode.UNAUTHENTICATED,
-            ), exc
+    for identity, (address, rule, call) in refused:
+        with tls.channel(address, tls.load(cluster.home.tls_dir, identity)) as channel:
+            with pytest.raises(grpc.RpcError) as caught:
+                call(channel)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, identity  # type: ignore[attr-defined]
+        assert f"rule {rule}" in caught.value.details(), caught.value.details()  # type: ignore[attr-defined]
+    # The kinds that evict pass the rule (an empty eviction is answered by the Binder).
+    for identity in ("rescheduler", "nodeagent", "dispatcher", tls.ADMIN):
+        with tls.channel(binder, tls.load(cluster.home.tls_dir, identity)) as channel:
+            try:
+                internal_pb2_grpc.BinderStub(channel).Evict(internal_pb2.EvictRequest(), timeout=10)
+            except grpc.RpcError as exc:
+                assert exc.code() not in (  # type: ignore[attr-defined]
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                ), (identity, exc)
 
 
 def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileged(
