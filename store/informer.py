@@ -175,6 +175,9 @@ class Informer:
                     if batch.caught_up:
                         self.current_at = time.monotonic()
                     await self._notify()
+                    # A long feed (a 100,000-pod job being stored) must not keep this task
+                    # applying batch after batch: heartbeats and streams get a turn between.
+                    await asyncio.sleep(0)
                     delay = 0.05
                     if self._resync_seconds and (
                         time.monotonic() - last_resync >= self._resync_seconds
