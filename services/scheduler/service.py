@@ -46,6 +46,7 @@ from services.runtime.service import MAX_MESSAGE_BYTES
 from services.scheduler.cache import SchedulerCache
 from services.scheduler.movements import MovementTracker
 from services.scheduler.victims import ShardVictims
+from store.client import MAX_OPS_PER_CALL
 from store.errors import AlreadyExistsError, ConflictError, NotFoundError, StoreError
 from store.informer import Handlers, Informer
 
@@ -56,6 +57,10 @@ SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 SIDE_TASKS_GRACE_SECONDS = 1.0
 # How long a unit search runs before letting the event loop serve streams and heartbeats.
 YIELD_SECONDS = 0.02
+# Pods per round trip when recording why pods were handed back: the store's bound on one script
+# (store.client.MAX_OPS_PER_CALL), so a huge unit's pods go as many short calls with the event
+# loop free in between.
+MARK_CHUNK_PODS = MAX_OPS_PER_CALL
 # How often a unit waiting for a Movement's recommended node (a swap) looks again.
 MOVEMENT_WAIT_POLL_SECONDS = 0.2
 _RETRY_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED, ipb.STALE, ipb.ERROR, ipb.VERDICT_UNSPECIFIED}
@@ -485,6 +490,12 @@ class SchedulerService(Service[SchedulerConfig]):
         now = _now_ms()
         pods: list[pb.Pod] = []
         for name, reason in reasons.items():
+            if len(pods) >= MARK_CHUNK_PODS:
+                # Tens of thousands of pods handed back (a huge unit on a full cluster): written
+                # a chunk at a time, so building and encoding them never holds the event loop
+                # (heartbeats) for long.
+                await self._record_unschedulable(pods)
+                pods = []
             cached = self.informer.get("Pod", name)
             if not isinstance(cached, pb.Pod) or cached.spec.node_name:
                 continue
@@ -504,6 +515,9 @@ class SchedulerService(Service[SchedulerConfig]):
             else:
                 pod.status.unschedulable.CopyFrom(diagnosis.to_proto())
             pods.append(pod)
+        await self._record_unschedulable(pods)
+
+    async def _record_unschedulable(self, pods: list[pb.Pod]) -> None:
         if not pods:
             return
         try:
@@ -562,7 +576,15 @@ class SchedulerService(Service[SchedulerConfig]):
     async def _attempt(self, unit: _Unit) -> ipb.UnitDecision | None:
         infos: list[PodInfo] = []
         revision = self.informer.revision
+        until = time.monotonic() + YIELD_SECONDS
         for name, rv in list(unit.pending.items()):
+            if time.monotonic() >= until:
+                # A 100,000-pod unit takes seconds to read: heartbeats and streams run between
+                # (its pods are read one by one anyway, each as the view has it then).
+                await asyncio.sleep(0)
+                until = time.monotonic() + YIELD_SECONDS
+                if unit.revoked:
+                    return None
             pod = self.informer.get("Pod", name)
             if not isinstance(pod, pb.Pod) or pod.metadata.resource_version < rv:
                 if revision < rv:  # the view has not caught up with the dispatcher yet
