@@ -414,13 +414,22 @@ class SchedulerService(Service[SchedulerConfig]):
 
     # -- dispatcher side ---------------------------------------------------------------------
 
-    def accept_units(self, stream: _DispatchStream, batch: ipb.UnitBatch) -> None:
+    async def accept_units(self, stream: _DispatchStream, batch: ipb.UnitBatch) -> None:
         for u in batch.units:
             name = u.job.metadata.name
             if not name or name in self.units:
                 # Already held (a re-dispatch): the dispatcher spent credits; give them back.
                 stream.give(len(u.pods))
                 continue
+            pending: dict[str, int] = {}
+            until = time.monotonic() + YIELD_SECONDS
+            for p in u.pods:
+                pending[p.name] = p.resource_version
+                if time.monotonic() >= until:
+                    # 100,000 pod refs take seconds to read on a busy machine: heartbeats run
+                    # between (a stream that closes meanwhile cancels this read).
+                    await asyncio.sleep(0)
+                    until = time.monotonic() + YIELD_SECONDS
             self._seq += 1
             unit = _Unit(
                 job=u.job,
@@ -428,7 +437,7 @@ class SchedulerService(Service[SchedulerConfig]):
                 seq=self._seq,
                 credits=len(u.pods),
                 already_bound=u.already_bound,
-                pending={p.name: p.resource_version for p in u.pods},
+                pending=pending,
             )
             self.units[name] = unit
             heapq.heappush(self._ready, (-unit.priority, unit.seq, unit))
@@ -923,7 +932,7 @@ class _SchedulerServicer(internal_pb2_grpc.SchedulerServicer):
                     assert isinstance(msg, ipb.DispatchMessage)
                     body = msg.WhichOneof("body")
                     if body == "units":
-                        service.accept_units(stream, msg.units)
+                        await service.accept_units(stream, msg.units)
                     elif body == "revoke":
                         service.revoke(msg.revoke.jobs)
             finally:
