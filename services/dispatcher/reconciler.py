@@ -163,7 +163,11 @@ class Reconciler:
         for _ in range(min(self.jobs_per_pass, len(self._to_check))):
             name = self._to_check.pop()
             job = self.informer.get("Job", name)
-            if not isinstance(job, pb.Job) or name in self.job_status.changed_jobs:
+            if (
+                not isinstance(job, pb.Job)
+                or name in self.job_status.changed_jobs
+                or not pods_complete(job)  # still being created: the controller skips it too
+            ):
                 self._suspect.pop(name, None)  # gone, or the controller writes it next tick
                 continue
             computed = job_status(job, pods.by_job.get(name, {}).values())

@@ -340,7 +340,9 @@ class SchedulerService(Service[SchedulerConfig]):
         # a shard stopped while handing back many units holds hundreds of them.
         side = list(self._side_tasks)
         if side:
-            _, late = await asyncio.wait(side, timeout=SIDE_TASKS_GRACE_SECONDS)
+            # Within the grace: on_stop gets only a quarter of it once RPCs drained (runtime).
+            wait = min(SIDE_TASKS_GRACE_SECONDS, self.config.grace_seconds / 8)
+            _, late = await asyncio.wait(side, timeout=wait)
             for task in late:
                 task.cancel()
             await asyncio.gather(*side, return_exceptions=True)
