@@ -17,13 +17,11 @@ import pytest
 from protos.godel.v1 import objects_pb2 as pb
 from store import StoreUnavailableError
 from tests.e2e.conftest import Cluster, wait_until
-from tests.e2e.test_shutdown import stop_within_grace
 
 pytestmark = pytest.mark.e2e
 
 PODS = 100_000
 NODES = 20
-GRACE_SECONDS = 2.0
 SLOTS = NODES * 110  # hollow nodes hold 110 pods each: the rest of the job stays pending
 
 
@@ -42,7 +40,7 @@ def _events(log: Path, event: str) -> list[dict[str, object]]:
 def test_a_shard_under_a_100000_pod_submission_is_never_declared_lost(
     make_cluster: Callable[..., Cluster],
 ) -> None:
-    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=NODES, grace_seconds=GRACE_SECONDS)
+    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=NODES)
     shard = cluster.component("scheduler-0")
     wait_until(lambda: len(cluster.client.list("Node")) == NODES, what="nodes registered")
     wait_until(
@@ -79,6 +77,3 @@ def test_a_shard_under_a_100000_pod_submission_is_never_declared_lost(
     assert shard.process() is not None, "the shard itself died"
     cluster.reload()
     assert cluster.component("scheduler-0").pid == shard.pid
-    # Under this load (the shard still holding 97,800 pods it cannot place, every informer
-    # busy), every service still stops within its grace.
-    stop_within_grace(cluster, GRACE_SECONDS)
