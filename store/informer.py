@@ -163,6 +163,11 @@ class Informer:
                     need_list = False
                     self._synced.set()
                     await self._notify()
+                # When the read that brings the next batch was sent: what it brings is current
+                # as of then at least. Not when the batch is applied — a reply that waited in the
+                # socket while the event loop was busy elsewhere is as old as its request, and
+                # judging heartbeats by it declared live shards dead.
+                asked_at = time.monotonic()
                 async for batch in self._store.watch(
                     self.revision, self.kinds, block_ms=self._block_ms
                 ):
@@ -173,9 +178,13 @@ class Informer:
                     self.revision = batch.revision
                     self._at_head = batch.caught_up
                     if batch.caught_up:
-                        self.current_at = time.monotonic()
+                        self.current_at = asked_at
                     await self._notify()
+                    # A long feed (a 100,000-pod job being stored) must not keep this task
+                    # applying batch after batch: heartbeats and streams get a turn between.
+                    await asyncio.sleep(0)
                     delay = 0.05
+                    asked_at = time.monotonic()  # the generator reads the next batch now
                     if self._resync_seconds and (
                         time.monotonic() - last_resync >= self._resync_seconds
                     ):

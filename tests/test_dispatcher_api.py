@@ -13,7 +13,9 @@ import pytest
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.creation import CHUNK_OPS
 from services.dispatcher.queueing import policy_for
+from services.dispatcher.validation import PODS_CREATED_ANNOTATION
 from services.eviction import evicted
 from store import Store
 from store.client import Bind, Release
@@ -923,3 +925,40 @@ async def test_apply_refuses_queue_parents_that_form_a_cycle(
     assert why.field == "objects[0].queue.spec.parent"
     assert "cycle: org -> team -> org" in why.description
     assert await store.revision() == before
+
+
+async def test_a_job_too_big_for_one_store_script_is_stored_chunk_by_chunk(
+    dispatcher: Running, store: Store
+) -> None:
+    """A job of more pods than one store script should carry (``CHUNK_OPS``) is stored in
+    several commits — the job marked unfinished with its first chunk, then a chunk per commit
+    advancing the mark, the last one clearing it — so no script holds the store for long. The
+    reply comes once every pod is stored; a retry of the request reports the job."""
+    replicas = 2 * CHUNK_OPS + 500
+    request = api_pb2.SubmitRequest(jobs=[f.job("big", replicas=replicas)], request_id="big-1")
+    response = await dispatcher.api.Submit(request)
+    assert response.results[0].created, response.results[0].violations
+    stored = await store.get(pb.Job, "big")
+    assert PODS_CREATED_ANNOTATION not in stored.metadata.annotations
+    pods, _ = await store.list_all(pb.Pod)
+    assert sorted(p.spec.index for p in pods) == list(range(replicas))
+    # The job's history in the change feed: one write per commit, each with its chunk's mark.
+    marks: list[str] = []
+    async for batch in store.watch(0, ["Job"]):
+        marks += [e.obj.metadata.annotations.get(PODS_CREATED_ANNOTATION, "") for e in batch.events]  # type: ignore[union-attr]
+        if batch.caught_up:
+            break
+    assert marks == [str(CHUNK_OPS - 1), str(2 * CHUNK_OPS - 2), ""]
+    again = await dispatcher.api.Submit(request)
+    assert again.results[0].existing
+
+
+async def test_a_submitted_pods_created_mark_is_not_stored(
+    dispatcher: Running, store: Store
+) -> None:
+    """The mark is the system's: a user's copy of it would hold the job back for good."""
+    job = f.job("sly")
+    job.metadata.annotations[PODS_CREATED_ANNOTATION] = "0"
+    assert (await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=[job]))).results[0].created
+    stored = await store.get(pb.Job, "sly")
+    assert PODS_CREATED_ANNOTATION not in stored.metadata.annotations

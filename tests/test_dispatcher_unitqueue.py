@@ -17,6 +17,7 @@ from services.dispatcher.unitqueue import (
     UnitQueue,
     UnitState,
 )
+from services.dispatcher.validation import PODS_CREATED_ANNOTATION
 from tests import factories as f
 
 
@@ -510,3 +511,34 @@ def test_parent_quota_bounds_children(
         w.uq.drop_if_empty(f"{queue}-running")
     queue, cpu = unit
     assert w.uq.quota_excess(queue, Quantities(cpu=cpu, pods=1)) == blocked
+
+
+# (pods stored of the job's 4, the job's mark) -> whether the round sends the unit
+UNFINISHED_CASES = [
+    ("created whole (no mark)", 4, None, True),
+    ("an unreadable mark holds it back too", 4, "x", False),
+    ("first chunk only", 2, "2", False),
+    ("every pod stored, mark not yet cleared", 4, "3", False),
+]
+
+
+@pytest.mark.parametrize(("case", "stored", "mark", "sent"), UNFINISHED_CASES)
+def test_a_unit_whose_pods_are_still_being_created_is_not_sent(
+    case: str, stored: int, mark: str | None, sent: bool
+) -> None:
+    """A job created chunk by chunk (creation.py) carries PODS_CREATED_ANNOTATION until its last
+    chunk is stored: its unit waits, so a gang is never judged on part of its pods."""
+    world = World()
+    pods = world.submit("big", replicas=4)
+    job = world.jobs["big"]
+    if mark is not None:
+        job.metadata.annotations[PODS_CREATED_ANNOTATION] = mark
+    for pod in pods[stored:]:
+        world.uq.remove_pod(pod)
+    assert world.take() == (["big"] if sent else [])
+    if not sent:  # the last chunk clears the mark: the next round sends it whole
+        for pod in pods[stored:]:
+            world.uq.add_pod(pod, now_ms=0)
+        del job.metadata.annotations[PODS_CREATED_ANNOTATION]
+        assert world.take() == ["big"]
+        assert len(world.uq.units["big"].pods) == 4

@@ -15,8 +15,10 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers import JobStatusController
+from services.dispatcher.creation import CHUNK_OPS, first_commit
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher, UnitState
 from services.dispatcher.reconciler import Reconciler
+from services.dispatcher.validation import PODS_CREATED_ANNOTATION, normalise_job
 from store import Store
 from store.informer import Informer
 from tests import factories as f
@@ -153,3 +155,31 @@ async def test_job_status_disagreeing_with_its_pods_is_rewritten(
     # A second pass finds nothing left to repair.
     await informer.wait_for_revision(await store.revision(), timeout=10)
     assert await reconciler.tick() == {}
+
+
+async def test_a_job_left_unfinished_is_completed_and_dispatched_whole(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    """What a dispatcher that stopped midway through storing a big job leaves behind: the job,
+    marked with how many of its pods are stored, and those pods. Its unit is not dispatched
+    while so; the reconciler creates the rest (from the mark on) and the unit goes whole."""
+    shard = TestShard("shard-a", store, 10_000)
+    shards.append(shard)
+    await shard.start()
+    core = dispatcher.service.core
+    await eventually(lambda: "shard-a" in core.links and core.links["shard-a"].ready)
+    replicas = CHUNK_OPS + 200
+    job = normalise_job(f.job("half", replicas=replicas))
+    await store.commit(first_commit(job, False))  # the first commit of a Submit, and no more
+    assert job.metadata.annotations[PODS_CREATED_ANNOTATION] == str(CHUNK_OPS - 1)
+    reconciler = dispatcher.service.reconciler
+    await eventually(
+        lambda: reconciler.repairs["unfinished_job"] == 1, timeout=INTERVAL + 30, what="repair"
+    )
+    await eventually(lambda: shard.jobs() == ["half"], what="the unit dispatched")
+    # Sent once, with every pod: never a part of it.
+    assert sorted(p.index for p in shard.unit("half").pods) == list(range(replicas))
+    stored = await store.get(pb.Job, "half")
+    assert PODS_CREATED_ANNOTATION not in stored.metadata.annotations
+    pods, _ = await store.list_all(pb.Pod)
+    assert len(pods) == replicas

@@ -25,6 +25,7 @@ from services import tenancy
 from services.binder.client import EvictError
 from services.binder.state import holds_claim
 from services.dispatcher import validation as v
+from services.dispatcher.creation import PodCreator, first_commit
 from services.dispatcher.dispatch import UnitDispatcher
 from services.dispatcher.unitqueue import is_pending
 from services.eviction import DRAINED
@@ -85,11 +86,14 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         *,
         max_replicas: int,
         max_pending_pods: int = 200_000,
+        creator: PodCreator | None = None,
     ) -> None:
         self.store = store
         self.core = core
         self.max_replicas = max_replicas
         self.max_pending_pods = max_pending_pods
+        # Creates big jobs' pods chunk by chunk; the reconciler resumes what it left unfinished.
+        self.creator = creator or PodCreator(store)
 
     # -----------------------------------------------------------------------------------------
     # Submit
@@ -190,12 +194,19 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             unit.metadata.owner = owner  # never what the request said
             if request.request_id:
                 unit.metadata.annotations[REQUEST_ID_ANNOTATION] = request.request_id
-        commits: list[list[Op]] = [
-            [Create(units[i]), *(Create(p) for p in _pods_for(units[i], queue_objects))]
-            for i in valid
-        ]
-        # Each job is its own atomic commit; all of them travel in one round trip.
-        outcomes = await self.store.commit_many(commits)
+        preemptible = {i: _preemptible_default(units[i], queue_objects) for i in valid}
+        # Each job is its own atomic commit; all of them travel in one round trip. A job too big
+        # for one store script goes in with its first chunk of pods, marked unfinished, and the
+        # rest follow below (creation.py: no script holds the store for long).
+        commits = [first_commit(units[i], preemptible[i]) for i in valid]
+        unfinished = [i for i in valid if not v.pods_complete(units[i])]
+        # Ours until finished below (the reconciler resumes only jobs nobody is creating).
+        self.creator.active.update(units[i].metadata.name for i in unfinished)
+        try:
+            outcomes = await self.store.commit_many(commits)
+            await self._finish(unfinished, units, preemptible, outcomes, valid)
+        finally:
+            self.creator.active.difference_update(units[i].metadata.name for i in unfinished)
         raced: list[int] = []
         for i, outcome in zip(valid, outcomes, strict=True):
             if isinstance(outcome, StoreError):
@@ -228,6 +239,31 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             rejected=sum(1 for r in results if r.violations),
         )
         return api_pb2.SubmitResponse(results=results)
+
+    async def _finish(
+        self,
+        unfinished: list[int],
+        units: dict[int, pb.Job],
+        preemptible: dict[int, bool],
+        outcomes: list[list[int] | StoreError],
+        valid: list[int],
+    ) -> None:
+        """Create the rest of the pods of the big jobs whose first commit succeeded, one job
+        after another, so the reply says every pod is stored."""
+        stored = {i for i, o in zip(valid, outcomes, strict=True) if not isinstance(o, StoreError)}
+        for i in unfinished:
+            if i not in stored:
+                continue
+            try:
+                await self.creator.finish(units[i], preemptible[i])
+            except StoreError as exc:
+                # The job is stored, and marked: the reconciler finishes it (and the job is
+                # reported created, as it is).
+                log.warning(
+                    "job's pods not all created; the reconciler finishes them",
+                    job=units[i].metadata.name,
+                    error=str(exc),
+                )
 
     # -----------------------------------------------------------------------------------------
     # Apply
@@ -868,6 +904,10 @@ def _job_update(stored: pb.Job, applied: pb.Job) -> tuple[pb.Job, list[tuple[str
     }
     meta.annotations.clear()
     meta.annotations.update({**system, **applied.metadata.annotations})
+    # How far its pods' creation got is the system's alone to say.
+    meta.annotations.pop(v.PODS_CREATED_ANNOTATION, None)
+    if v.PODS_CREATED_ANNOTATION in system:
+        meta.annotations[v.PODS_CREATED_ANNOTATION] = system[v.PODS_CREATED_ANNOTATION]
     immutable: list[tuple[str, str]] = []
     for path in _differences(stored.spec, wanted.spec, "spec"):
         top = path.split(".")[1].split("[")[0]
@@ -922,8 +962,8 @@ def _is_replay(request_id: str, submitted: pb.Job, stored: pb.Job) -> bool:
     )
 
 
-def _pods_for(job: pb.Job, queues: dict[str, pb.Queue]) -> list[pb.Pod]:
-    """The job's pods, ``preemptible`` defaulting to its queue's ``preemptible_default`` (a queue
-    that is not stored, e.g. "default" before anyone applied it, defaults to false)."""
+def _preemptible_default(job: pb.Job, queues: dict[str, pb.Queue]) -> bool:
+    """What the job's pods' ``preemptible`` defaults to: its queue's ``preemptible_default`` (a
+    queue that is not stored, e.g. "default" before anyone applied it, defaults to false)."""
     queue = queues.get(job.spec.queue)
-    return v.pods_for(job, queue is not None and queue.spec.preemptible_default)
+    return queue is not None and queue.spec.preemptible_default

@@ -37,6 +37,7 @@ from google.protobuf.message import Message
 
 from placement.budgets import current_status
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.validation import pods_complete
 from services.eviction import (
     EVICTION_REASONS,
     NODE_LOST,
@@ -407,9 +408,17 @@ def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> tuple[int, int, int, int,
     - SCHEDULED: at least ``min_member`` bound, running or succeeded;
     - otherwise PENDING (or UNSCHEDULABLE, if the dispatcher said so and nothing is placed).
     """
-    everyone = list(pods)
-    newest = newest_per_index(everyone)
-    policy = FailurePolicy.of(job, everyone)
+    # One pass over the pods (a 100,000-pod job's status is recomputed as its pods change, on
+    # the dispatcher's event loop): the newest per index and the failures together.
+    newest: dict[int, pb.Pod] = {}
+    failures = 0
+    for pod in pods:
+        _keep_newest(newest, pod)
+        if pod.status.phase == pb.POD_FAILED and not replaced(job, pod):
+            failures += 1
+    policy = FailurePolicy(
+        job.spec.backoff_limit if job.spec.HasField("backoff_limit") else None, failures
+    )
     bound = running = succeeded = failed = final_failed = 0
     for pod in newest.values():
         phase = pod.status.phase
@@ -444,10 +453,16 @@ def newest_per_index(pods: Iterable[pb.Pod]) -> dict[int, pb.Pod]:
     """Each index's newest pod (a replacement ``-r<n>`` supersedes the pod it replaces)."""
     newest: dict[int, pb.Pod] = {}
     for pod in pods:
-        cur = newest.get(pod.spec.index)
-        if cur is None or replacement_number(pod) > replacement_number(cur):
-            newest[pod.spec.index] = pod
+        _keep_newest(newest, pod)
     return newest
+
+
+def _keep_newest(newest: dict[int, pb.Pod], pod: pb.Pod) -> None:
+    index = pod.spec.index
+    cur = newest.get(index)
+    # Names are compared only when an index has two pods (a replacement): rarely.
+    if cur is None or replacement_number(pod) > replacement_number(cur):
+        newest[index] = pod
 
 
 def replaced(job: pb.Job, pod: pb.Pod) -> bool:
@@ -529,7 +544,10 @@ class JobStatusController:
         jobs: list[pb.Job] = []
         for name in dirty:
             job = self._informer.get("Job", name)
-            if isinstance(job, pb.Job):
+            # A job whose pods are still being created is pending, nothing of it placed (it is
+            # not dispatched): recounting its growing pods every tick would only cost. The
+            # update that completes it brings it back here.
+            if isinstance(job, pb.Job) and pods_complete(job):
                 jobs.append(job)
         try:
             retry = await self._write(jobs)

@@ -234,6 +234,8 @@ class UnitDispatcher:
                 self.queue.drop_if_empty(old.spec.job)  # type: ignore[attr-defined]
         elif kind == "Job" and new is None and old is not None:
             self.revoke(old.metadata.name)  # type: ignore[attr-defined]
+        elif kind == "Job" and new is not None and new.metadata.name in self.units:  # type: ignore[attr-defined]
+            self._kick.set()  # e.g. its last pods were created: the unit may go now
         elif kind == "Node":
             self._node_changed(old, new)
         elif kind == "Queue":

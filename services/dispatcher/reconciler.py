@@ -12,6 +12,10 @@ cracks of the normal paths, repairs it, and logs and counts every repair (``repa
   that failed for good; one pass alone could be the moment between the controller's write and
   our view of it): handed back to that controller, the one writer of ``Job.status``, which
   writes it now.
+- ``unfinished_job``: a job whose pods are not all stored (``validation.PODS_CREATED_ANNOTATION``)
+  that nobody in this process is creating — the dispatcher that began it stopped midway: its
+  remaining pods are created, chunk by chunk, from where the mark says it got
+  (``creation.PodCreator.resume``), so its unit is dispatched whole.
 
 Placements a shard proposed and never got a verdict for are the shard's to repair (its own
 reconciler, ``services/scheduler/service.py``): only it holds them.
@@ -24,13 +28,16 @@ import time
 from collections import Counter
 
 import structlog
+from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers import JobStatusController, job_status
+from services.dispatcher.creation import PodCreator
 from services.dispatcher.dispatch import UnitDispatcher
 from services.dispatcher.unitqueue import UnitState
+from services.dispatcher.validation import pods_complete
 from store import ConflictError, NotFoundError, Store, StoreError
-from store.informer import Informer
+from store.informer import Handlers, Informer
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +53,7 @@ class Reconciler:
         interval_seconds: float = 5.0,
         dead_shard_seconds: float = 60.0,
         jobs_per_pass: int = 2_000,
+        creator: PodCreator | None = None,
     ) -> None:
         self.store = store
         self.informer = informer
@@ -60,6 +68,16 @@ class Reconciler:
         # recount of every job's pods each pass would cost in proportion to the cluster.
         self.jobs_per_pass = jobs_per_pass
         self._to_check: list[str] = []
+        self.creator = creator or PodCreator(store)
+        # Jobs whose pods are not all stored, kept from job events (no scan of every job).
+        self._unfinished: set[str] = set()
+        informer.add_handlers(
+            Handlers(
+                on_add=lambda _, job: self._on_job(job),
+                on_update=lambda _, __, job: self._on_job(job),
+                on_delete=lambda _, job: self._on_job(job, deleted=True),
+            )
+        )
 
     async def run(self) -> None:
         await self.informer.wait_synced()
@@ -76,12 +94,31 @@ class Reconciler:
         made["orphaned_unit"] = self._orphaned_units()
         made["dead_shard"] = await self._dead_shards()
         made["job_status"] = await self._job_statuses()
+        made["unfinished_job"] = await self._unfinished_jobs()
         made = +made  # drop the zeros
         self.repairs.update(made)
         return made
 
     def _repaired(self, kind: str, **details: object) -> None:
         log.warning("reconciler repaired", kind=kind, total=self.repairs[kind] + 1, **details)
+
+    def _on_job(self, job: Message, deleted: bool = False) -> None:
+        if not isinstance(job, pb.Job):
+            return
+        if deleted or pods_complete(job):
+            self._unfinished.discard(job.metadata.name)
+        else:
+            self._unfinished.add(job.metadata.name)
+
+    async def _unfinished_jobs(self) -> int:
+        """Last in a pass: a big job takes a while (each chunk is a commit)."""
+        count = 0
+        for name in sorted(self._unfinished - self.creator.active):
+            created = await self.creator.resume(name)
+            if created:
+                self._repaired("unfinished_job", job=name, pods_created=created)
+                count += 1
+        return count
 
     def _orphaned_units(self) -> int:
         count = 0
@@ -126,7 +163,11 @@ class Reconciler:
         for _ in range(min(self.jobs_per_pass, len(self._to_check))):
             name = self._to_check.pop()
             job = self.informer.get("Job", name)
-            if not isinstance(job, pb.Job) or name in self.job_status.changed_jobs:
+            if (
+                not isinstance(job, pb.Job)
+                or name in self.job_status.changed_jobs
+                or not pods_complete(job)  # still being created: the controller skips it too
+            ):
                 self._suspect.pop(name, None)  # gone, or the controller writes it next tick
                 continue
             computed = job_status(job, pods.by_job.get(name, {}).values())

@@ -26,6 +26,7 @@ from services.dispatcher.controllers import (
     PodIndex,
     QueueStatusController,
 )
+from services.dispatcher.creation import PodCreator
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
 from services.dispatcher.partitions import NodeShuffler, PartitionSettings
 from services.dispatcher.reconciler import Reconciler
@@ -194,11 +195,14 @@ class DispatcherService(Service[DispatcherConfig]):
             BinderEvictor(self.store, f"dispatcher/{cfg.name}", self.dial, timeout_seconds=30.0),
             dial=self.dial,
         )
+        # One creator of big jobs' pods, shared by Submit and the reconciler that resumes them.
+        self.creator = PodCreator(self.store)
         servicer = DispatcherServicer(
             self.store,
             self.core,
             max_replicas=cfg.max_replicas,
             max_pending_pods=cfg.max_pending_pods,
+            creator=self.creator,
         )
         self.core.events = self.events = events.EventRecorder(self.store, cfg.name)
         api_pb2_grpc.add_DispatcherServicer_to_server(servicer, server)
@@ -276,6 +280,7 @@ class DispatcherService(Service[DispatcherConfig]):
             job_status,
             interval_seconds=cfg.reconcile_interval_seconds,
             dead_shard_seconds=cfg.dead_shard_seconds,
+            creator=self.creator,
         )
         self.spawn(self.shuffler.run(), name="node-shuffler")
         self.spawn(self.reconciler.run(), name="reconciler")

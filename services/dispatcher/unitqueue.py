@@ -32,7 +32,7 @@ from services.dispatcher.queueing import (
     policy_for,
     quota_excess,
 )
-from services.dispatcher.validation import DEFAULT_QUEUE
+from services.dispatcher.validation import DEFAULT_QUEUE, pods_complete
 
 # A queue stops for the round after this many of its units found no room (quota or shard
 # credits), so a long queue of units too large for the shards left costs a bounded round.
@@ -236,10 +236,14 @@ class UnitQueue:
     # -----------------------------------------------------------------------------------------
 
     def view(self, entry: UnitEntry) -> PendingUnit | None:
-        """The unit as queue policies and quotas see it; None while its Job is unknown."""
+        """The unit as queue policies and quotas see it; None while its Job is unknown or its
+        pods are still being created (a unit goes whole: a gang judged on part of its pods
+        could be bound below its min_member, or a job sent in pieces)."""
         job = self.jobs(entry.job)
         if job is None:
             return None  # orphaned pods: nothing to schedule them as
+        if not pods_complete(job):
+            return None  # its pods are still being created (chunked): dispatch it whole
         cached = entry.view
         if cached is not None and cached[0] is job and cached[1].pods == len(entry.pods):
             return cached[1]

@@ -46,6 +46,7 @@ from services.runtime.service import MAX_MESSAGE_BYTES
 from services.scheduler.cache import SchedulerCache
 from services.scheduler.movements import MovementTracker
 from services.scheduler.victims import ShardVictims
+from store.client import MAX_OPS_PER_CALL
 from store.errors import AlreadyExistsError, ConflictError, NotFoundError, StoreError
 from store.informer import Handlers, Informer
 
@@ -56,6 +57,10 @@ SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 SIDE_TASKS_GRACE_SECONDS = 1.0
 # How long a unit search runs before letting the event loop serve streams and heartbeats.
 YIELD_SECONDS = 0.02
+# Pods per round trip when recording why pods were handed back: the store's bound on one script
+# (store.client.MAX_OPS_PER_CALL), so a huge unit's pods go as many short calls with the event
+# loop free in between.
+MARK_CHUNK_PODS = MAX_OPS_PER_CALL
 # How often a unit waiting for a Movement's recommended node (a swap) looks again.
 MOVEMENT_WAIT_POLL_SECONDS = 0.2
 _RETRY_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED, ipb.STALE, ipb.ERROR, ipb.VERDICT_UNSPECIFIED}
@@ -356,7 +361,9 @@ class SchedulerService(Service[SchedulerConfig]):
         # a shard stopped while handing back many units holds hundreds of them.
         side = list(self._side_tasks)
         if side:
-            _, late = await asyncio.wait(side, timeout=SIDE_TASKS_GRACE_SECONDS)
+            # Within the grace: on_stop gets only a quarter of it once RPCs drained (runtime).
+            wait = min(SIDE_TASKS_GRACE_SECONDS, self.config.grace_seconds / 8)
+            _, late = await asyncio.wait(side, timeout=wait)
             for task in late:
                 task.cancel()
             await asyncio.gather(*side, return_exceptions=True)
@@ -430,13 +437,22 @@ class SchedulerService(Service[SchedulerConfig]):
 
     # -- dispatcher side ---------------------------------------------------------------------
 
-    def accept_units(self, stream: _DispatchStream, batch: ipb.UnitBatch) -> None:
+    async def accept_units(self, stream: _DispatchStream, batch: ipb.UnitBatch) -> None:
         for u in batch.units:
             name = u.job.metadata.name
             if not name or name in self.units:
                 # Already held (a re-dispatch): the dispatcher spent credits; give them back.
                 stream.give(len(u.pods))
                 continue
+            pending: dict[str, int] = {}
+            until = time.monotonic() + YIELD_SECONDS
+            for p in u.pods:
+                pending[p.name] = p.resource_version
+                if time.monotonic() >= until:
+                    # 100,000 pod refs take seconds to read on a busy machine: heartbeats run
+                    # between (a stream that closes meanwhile cancels this read).
+                    await asyncio.sleep(0)
+                    until = time.monotonic() + YIELD_SECONDS
             self._seq += 1
             unit = _Unit(
                 job=u.job,
@@ -444,7 +460,7 @@ class SchedulerService(Service[SchedulerConfig]):
                 seq=self._seq,
                 credits=len(u.pods),
                 already_bound=u.already_bound,
-                pending={p.name: p.resource_version for p in u.pods},
+                pending=pending,
             )
             self.units[name] = unit
             heapq.heappush(self._ready, (-unit.priority, unit.seq, unit))
@@ -506,6 +522,12 @@ class SchedulerService(Service[SchedulerConfig]):
         now = _now_ms()
         pods: list[pb.Pod] = []
         for name, reason in reasons.items():
+            if len(pods) >= MARK_CHUNK_PODS:
+                # Tens of thousands of pods handed back (a huge unit on a full cluster): written
+                # a chunk at a time, so building and encoding them never holds the event loop
+                # (heartbeats) for long.
+                await self._record_unschedulable(pods)
+                pods = []
             cached = self.informer.get("Pod", name)
             if not isinstance(cached, pb.Pod) or cached.spec.node_name:
                 continue
@@ -525,6 +547,9 @@ class SchedulerService(Service[SchedulerConfig]):
             else:
                 pod.status.unschedulable.CopyFrom(diagnosis.to_proto())
             pods.append(pod)
+        await self._record_unschedulable(pods)
+
+    async def _record_unschedulable(self, pods: list[pb.Pod]) -> None:
         if not pods:
             return
         try:
@@ -583,7 +608,15 @@ class SchedulerService(Service[SchedulerConfig]):
     async def _attempt(self, unit: _Unit) -> ipb.UnitDecision | None:
         infos: list[PodInfo] = []
         revision = self.informer.revision
+        until = time.monotonic() + YIELD_SECONDS
         for name, rv in list(unit.pending.items()):
+            if time.monotonic() >= until:
+                # A 100,000-pod unit takes seconds to read: heartbeats and streams run between
+                # (its pods are read one by one anyway, each as the view has it then).
+                await asyncio.sleep(0)
+                until = time.monotonic() + YIELD_SECONDS
+                if unit.revoked:
+                    return None
             pod = self.informer.get("Pod", name)
             if not isinstance(pod, pb.Pod) or pod.metadata.resource_version < rv:
                 if revision < rv:  # the view has not caught up with the dispatcher yet
@@ -922,7 +955,7 @@ class _SchedulerServicer(internal_pb2_grpc.SchedulerServicer):
                     assert isinstance(msg, ipb.DispatchMessage)
                     body = msg.WhichOneof("body")
                     if body == "units":
-                        service.accept_units(stream, msg.units)
+                        await service.accept_units(stream, msg.units)
                     elif body == "revoke":
                         service.revoke(msg.revoke.jobs)
             finally:
