@@ -216,7 +216,9 @@ def test_shard_choice_prefers_a_partition_with_room(
         return None if left is None else cpu(left, pods=100)
 
     pods, milli = unit
-    chosen = choose_shard(links, pods, cpu(milli, pods), GUARANTEED, None if rooms is None else room)
+    chosen = choose_shard(
+        links, pods, cpu(milli, pods), GUARANTEED, None if rooms is None else room
+    )
     assert (chosen.name if chosen else None) == expected
 
 
