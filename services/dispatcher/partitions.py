@@ -370,10 +370,15 @@ class PartitionRoom:
 
     def on_pod(self, name: str, pod: pb.Pod | None) -> None:
         """A pod's claim: on its node while bound or running."""
-        old = self._claims.pop(name, None)
+        claims = pod is not None and pod.spec.node_name and pod.status.phase in _CLAIM_PHASES
+        old = self._claims.get(name)
+        if claims and old is not None and old[0] == pod.spec.node_name:  # type: ignore[union-attr]
+            return  # bound -> running: a bound pod's node, QoS and requests stay as they were
         if old is not None:
+            del self._claims[name]
             self._claim(*old, -1)
-        if pod is not None and pod.spec.node_name and pod.status.phase in _CLAIM_PHASES:
+        if claims:
+            assert pod is not None
             new = (
                 pod.spec.node_name,
                 pool_of(pod.spec.qos),
