@@ -138,13 +138,15 @@ class Reclaimer:
 
     async def reclaim(self) -> int:
         """One pass; returns how many pods were evicted."""
-        claims = self.queue.claims()
-        still_held = {c.pod.metadata.name for c in claims} & self._victims
+        # The last victims looked up by name, not every claim scanned: this runs every second
+        # and a pass over 20,000 claims was a quarter of a busy dispatcher's CPU.
+        still_held = {name for name in self._victims if self.queue.holds_claim(name)}
         if still_held and time.monotonic() < self._not_before:
             return 0  # the last reclaim's victims are not yet gone from our view
         needs = self.queue.reclaim_needs()
         if not needs:
             return 0
+        claims = self.queue.claims()
         budgets = self.informer.list("DisruptionBudget")
         victims = choose_victims(
             needs,
