@@ -5,6 +5,7 @@ partition (``PartitionRoom``) and the dispatcher's shard choice by it (``choose_
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -423,3 +424,27 @@ async def test_one_live_shard_gets_no_partition(store: Store, informer: Informer
     await caught_up(store, informer)
     await shuffler.tick()
     assert {s: len(n) for s, n in (await stored_partitions(store)).items()} == {"a": 2, "b": 2}
+
+
+async def test_a_view_behind_the_store_judges_no_shard_dead(
+    store: Store, informer: Informer
+) -> None:
+    """A dispatcher whose view lags sees every heartbeat late: its shuffler leaves the
+    partitions as published instead of clearing or moving them."""
+    for i in range(4):
+        await store.create(f.node(f"n{i}"))
+    for shard in ("a", "b"):
+        await heartbeat(store, shard)
+    await caught_up(store, informer)
+    shuffler = NodeShuffler(store, informer, PartitionSettings(mode="on"), shard_grace_seconds=0.4)
+    await shuffler.tick()
+    before = await stored_partitions(store)
+    assert {s: len(n) for s, n in before.items()} == {"a": 2, "b": 2}
+
+    # The view stops keeping up (here: its watch stopped) while the heartbeats grow old in it.
+    await informer.stop()
+    while informer.staleness() <= 0.4:  # noqa: ASYNC110 (the view ages with the clock alone)
+        await asyncio.sleep(0.05)
+    await shuffler.tick()
+    assert await stored_partitions(store) == before
+    assert shuffler.partitions is not None and shuffler.partitions.sizes() == {"a": 2, "b": 2}

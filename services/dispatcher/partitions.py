@@ -523,6 +523,12 @@ class NodeShuffler:
         now = time.monotonic()
         figures = self.measure(now)
         on = self.decide(figures, now)
+        if self.informer.staleness() > self.grace_seconds / 2:
+            # Behind the store (a busy dispatcher), every heartbeat in our view looks old:
+            # judging shards dead now would take their partitions away, or clear them all, and
+            # the shards would meet on the whole view until we caught up (as ``check_shards``
+            # judges nobody meanwhile). The partitions stay as published.
+            return
         live = live_shards(self.informer, self.grace_seconds)
         if on != self.on:
             log.info(
