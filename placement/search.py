@@ -197,8 +197,13 @@ class UnitScheduler:
         self.partition: frozenset[str] = frozenset()
         self._offset = 0
         self._seq = 0
+        # The partitioned scan order, kept between units: (snapshot token, layout, partition)
+        # it was built for, each node's (segment, position), and the snapshot version it is
+        # current at.
         self._segments: list[list[NodeInfo]] = []
         self._segments_key: tuple[int, int, frozenset[str]] | None = None
+        self._segments_at: dict[str, tuple[int, int]] = {}
+        self._segments_version = 0
         self._no_fit: dict[bytes, _NoFit] = {}  # Gödel mode with the cache only
         # Feasible-node caches between units, by template: (snapshot token, version, cache).
         self._kept: dict[bytes, tuple[int, int, _Template]] = {}
@@ -207,17 +212,29 @@ class UnitScheduler:
         """Nodes in scan order: own partition first, then the rest."""
         if not self.partition:
             return [snapshot.nodes]
-        key = (id(snapshot.nodes), len(snapshot.nodes), self.partition)
-        if key != self._segments_key:
+        key = (snapshot.token, snapshot.layout, self.partition)
+        changed = (
+            snapshot.changed_since(self._segments_version) if key == self._segments_key else None
+        )
+        if changed is None:
             inside = [n for n in snapshot.nodes if n.name in self.partition]
             outside = [n for n in snapshot.nodes if n.name not in self.partition]
             self._segments = [s for s in (inside, outside) if s]
+            self._segments_at = {
+                n.name: (k, i) for k, seg in enumerate(self._segments) for i, n in enumerate(seg)
+            }
             self._segments_key = key
-        # Entries may have been re-cloned since: resolve by name (cheap, partition-sized).
-        return [
-            [snapshot.infos[n.name] for n in seg if n.name in snapshot.infos]
-            for seg in self._segments
-        ]
+        else:
+            # Same nodes at the same places: only the entries re-cloned since are replaced
+            # (a unit's own assumes, others' binds), not all 10,000 resolved again per unit.
+            segments, infos = self._segments, snapshot.infos
+            for name in changed:
+                at = self._segments_at.get(name)
+                info = infos.get(name)
+                if at is not None and info is not None:
+                    segments[at[0]][at[1]] = info
+        self._segments_version = snapshot.version
+        return self._segments
 
     # -- unit level --------------------------------------------------------------------------
 

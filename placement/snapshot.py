@@ -78,6 +78,9 @@ class Snapshot:
         self.nodes: list[NodeInfo] = []  # existing nodes, sorted by name
         self._index: dict[str, int] = {}
         self._node_set_version = -1
+        # Bumped whenever ``nodes`` is rebuilt (a node added or removed); in between, an update
+        # only replaces re-cloned entries in place, at the same positions.
+        self.layout = 0
         self.touched: set[str] = set()  # nodes the cycle mutated: re-cloned on the next update
         self.clones = 0  # how many NodeInfos the updates copied (tests, metrics)
         # The cache's live label index (labels change only between cycles); None until the first
@@ -132,6 +135,7 @@ class Snapshot:
             self._node_set_version = cache.node_set_version
             self.nodes = [self.infos[n] for n in sorted(self.infos)]
             self._index = {info.name: i for i, info in enumerate(self.nodes)}
+            self.layout += 1
         else:
             for name in changed:
                 i = self._index.get(name)

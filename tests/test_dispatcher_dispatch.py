@@ -17,6 +17,7 @@ from protos.godel.v1 import api_pb2
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
+from store.client import Bind
 from tests import factories as f
 from tests.dispatcher_harness import (
     Running,
@@ -372,3 +373,56 @@ async def test_with_real_shards_and_binder(
         await eventually(explained, timeout=20, what="late explained")
         usage = [await store.node_usage(f"n{i}") for i in range(4)]
         assert all(u is not None and u.used["g.cpu"] <= 4000 for u in usage)
+
+
+async def test_with_partitions_a_unit_goes_to_the_shard_whose_partition_has_room(
+    store: Store, shards: list[TestShard], store_url: str, cluster_name: str, tmp_path: Path
+) -> None:
+    """Partitioning on: once shard a's partition is full, units go to b although a is as idle;
+    a unit no partition can hold goes by load balance alone."""
+    config = dispatcher_config(
+        store_url, cluster_name, tmp_path, partitioning="on", controller_interval_seconds=0.1
+    )
+    for i in range(4):
+        await store.create(f.node(f"n{i}", cpu=1000))
+    async with run_dispatcher(config) as d:
+        a = await start_shard(shards, store, d, "shard-a", capacity=100)
+        b = await start_shard(shards, store, d, "shard-b", capacity=100)
+        shuffler = d.service.shuffler
+        await eventually(
+            lambda: (
+                shuffler.room.of("shard-a", "g") is not None
+                and shuffler.room.of("shard-b", "g") is not None
+            ),
+            what="partitions",
+        )
+        assert shuffler.partitions is not None
+        own = shuffler.partitions.of("shard-a")
+        assert len(own) == 2
+
+        # Both partitions have room and both shards are idle: the first.
+        await submit(d, f.job("fill", replicas=2, cpu=1000))
+        await eventually(lambda: a.jobs() == ["fill"], what="fill on a")
+        pods = await store.get_many(pb.Pod, ["fill-0", "fill-1"])
+        for pod, node in zip(pods, own, strict=True):
+            assert pod is not None
+            pod.spec.node_name = node
+            pod.status.phase = pb.POD_BOUND
+        await store.commit([Bind(pod) for pod in pods if pod is not None])
+        a.outcome("fill", ipb.UNIT_DONE, credit=2)
+        await eventually(
+            lambda: (
+                shuffler.room.of("shard-a", "g").cpu == 0  # type: ignore[union-attr]
+                and d.service.core.links["shard-a"].load == 0
+            ),
+            what="a's partition full, a idle",
+        )
+
+        # a is as idle as b, but its partition is full: b.
+        await submit(d, f.job("next", cpu=500))
+        await eventually(lambda: b.jobs() == ["next"], what="next on b")
+        # No partition holds 3 x 1000m (b has 1500m left beside its undecided unit): the least
+        # loaded, a.
+        await submit(d, f.job("wide", replicas=3, cpu=1000))
+        await eventually(lambda: a.jobs() == ["fill", "wide"], what="wide on a")
+        assert b.jobs() == ["next"]

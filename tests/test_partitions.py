@@ -1,24 +1,30 @@
 """Node partitions: the shuffler rule and the partition operations (tables), the triggers, and
 the dispatcher's NodeShuffler against a real store (a dead shard's nodes move to the others, a
-new node joins the smallest partition, auto mode follows its triggers)."""
+new node joins the smallest partition, auto mode follows its triggers), the room left per
+partition (``PartitionRoom``) and the dispatcher's shard choice by it (``choose_shard``)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
+from placement.nodeinfo import BEST_EFFORT, GUARANTEED
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatch import ShardLink, choose_shard
 from services.dispatcher.partitions import (
     Figures,
     Meter,
     NodeShuffler,
+    PartitionRoom,
     Partitions,
     PartitionSettings,
     ShardCounters,
     rebalance_move,
 )
+from services.dispatcher.queueing import Quantities
 from store import NotFoundError, Store
 from store.client import Fence
 from store.informer import Informer
@@ -144,6 +150,141 @@ def test_meter_rates_over_the_window_and_shard_restarts() -> None:
     counters.observe("a", proposed=100, bound=90, conflicted=10)
     meter.sample(41.0, counters)
     assert meter.sample(42.0, counters) == (0.0, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The room left per partition, and the shard choice by it
+# ---------------------------------------------------------------------------------------------
+
+
+def cpu(milli: int, pods: int = 0) -> Quantities:
+    return Quantities(cpu=milli, mem=milli * 1000, pods=pods)
+
+
+# (case, shards as (name, credits, load, asked cpu of undecided units), room left per partition
+#  (cpu; absent: no partition), unit (pods, cpu), expected shard or None). Capacity is 10.
+CHOICE_CASES: list[
+    tuple[str, list[tuple[str, int, int, int]], dict[str, int] | None, tuple[int, int], str | None]
+] = [
+    ("no partitions: the least loaded", [("a", 10, 4, 0), ("b", 10, 2, 0)], None, (2, 200), "b"),
+    ("both have room: the least loaded", [("a", 10, 4, 0), ("b", 10, 2, 0)],
+     {"a": 1000, "b": 1000}, (2, 200), "b"),
+    ("only the busier has room: it goes there", [("a", 10, 4, 0), ("b", 10, 2, 0)],
+     {"a": 1000, "b": 100}, (2, 200), "a"),
+    ("room exactly the unit's: enough", [("a", 10, 4, 0), ("b", 10, 2, 0)],
+     {"a": 200, "b": 100}, (2, 200), "a"),
+    ("room taken by undecided units does not count", [("a", 10, 4, 900), ("b", 10, 2, 0)],
+     {"a": 1000, "b": 100}, (2, 200), "b"),
+    ("no partition has room: the least loaded", [("a", 10, 4, 0), ("b", 10, 2, 0)],
+     {"a": 100, "b": 100}, (2, 200), "b"),
+    ("room without credits is no choice", [("a", 1, 4, 0), ("b", 10, 2, 0)],
+     {"a": 1000, "b": 100}, (2, 200), "b"),
+    ("a shard without a partition is not preferred", [("a", 10, 4, 0), ("b", 10, 2, 0)],
+     {"a": 1000}, (2, 200), "a"),
+    ("least loaded among those with room", [("a", 10, 6, 0), ("b", 10, 2, 0), ("c", 10, 4, 0)],
+     {"a": 1000, "b": 0, "c": 1000}, (2, 200), "c"),
+    ("ties go to the first", [("a", 10, 2, 0), ("b", 10, 2, 0)], {"a": 1000, "b": 1000},
+     (2, 200), "a"),
+    ("larger than capacity: only an empty shard, room or not", [("a", 10, 3, 0), ("b", 5, 0, 0)],
+     {"a": 10_000, "b": 0}, (20, 2000), "b"),
+    ("no credits anywhere: none", [("a", 0, 4, 0), ("b", 1, 2, 0)], {"a": 1000, "b": 1000},
+     (2, 200), None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("shards", "rooms", "unit", "expected"),
+    [c[1:] for c in CHOICE_CASES],
+    ids=[c[0] for c in CHOICE_CASES],
+)
+def test_shard_choice_prefers_a_partition_with_room(
+    shards: list[tuple[str, int, int, int]],
+    rooms: dict[str, int] | None,
+    unit: tuple[int, int],
+    expected: str | None,
+) -> None:
+    links = []
+    for name, credits, load, asked in shards:
+        link = ShardLink(name, "", credits=credits, capacity=10, ready=True)
+        link.load = load
+        if asked:
+            link.hold("undecided", 0, GUARANTEED, cpu(asked))
+        links.append(link)
+
+    def room(shard: str, pool: str) -> Quantities | None:
+        assert pool == GUARANTEED
+        left = None if rooms is None else rooms.get(shard)
+        return None if left is None else cpu(left, pods=100)
+
+    pods, milli = unit
+    chosen = choose_shard(
+        links, pods, cpu(milli, pods), GUARANTEED, None if rooms is None else room
+    )
+    assert (chosen.name if chosen else None) == expected
+
+
+def test_undecided_asks_are_returned_when_the_unit_settles() -> None:
+    link = ShardLink("a", "", credits=10, capacity=10, ready=True)
+    link.hold("j1", 2, GUARANTEED, cpu(400, 2))
+    link.hold("j2", 1, BEST_EFFORT, cpu(100, 1))
+    assert not link.has_room(cpu(700), GUARANTEED, cpu(1000))
+    link.settle("j1")
+    assert link.has_room(cpu(700), GUARANTEED, cpu(1000)) and link.load == 1
+    assert not link.has_room(cpu(950), BEST_EFFORT, cpu(1000))
+    link.clear()
+    assert link.has_room(cpu(1000), BEST_EFFORT, cpu(1000))
+
+
+def bound(name: str, node: str, milli: int, qos: int = pb.QOS_GUARANTEED) -> pb.Pod:
+    pod = pb.Pod(metadata=pb.ObjectMeta(name=name))
+    pod.spec.node_name = node
+    pod.spec.qos = qos  # type: ignore[assignment]
+    pod.spec.template.requests.milli_cpu = milli
+    pod.status.phase = pb.POD_BOUND
+    return pod
+
+
+def test_partition_room_follows_nodes_pods_and_partitions() -> None:
+    room = PartitionRoom()
+    for name in ("n1", "n2", "n3"):
+        room.on_node(name, f.node(name, cpu=1000, mem=0, pods=10, be_cpu=500))
+    room.on_pod("p1", bound("p1", "n1", 300))
+    assert room.of("a", GUARANTEED) is None  # partitioning off: no partition has room
+
+    parts = Partitions.seeded({"a": ["n1", "n2"], "b": ["n3"]}, ["a", "b"], ["n1", "n2", "n3"])
+    room.regroup(parts, (1, parts.version))
+    assert room.of("a", GUARANTEED) == Quantities(cpu=1700, pods=19)
+    assert room.of("b", GUARANTEED) == Quantities(cpu=1000, pods=10)
+    assert room.of("a", BEST_EFFORT) == Quantities(cpu=1000)
+
+    # Claims come and go per event: a bind, a best-effort bind, a pod that finished.
+    room.on_pod("p2", bound("p2", "n3", 200))
+    room.on_pod("p3", bound("p3", "n2", 100, qos=pb.QOS_BEST_EFFORT))
+    done = bound("p1", "n1", 300)
+    done.status.phase = pb.POD_SUCCEEDED
+    room.on_pod("p1", done)
+    assert room.of("a", GUARANTEED) == Quantities(cpu=2000, pods=20)
+    assert room.of("a", BEST_EFFORT).cpu == 900  # type: ignore[union-attr]
+    assert room.of("b", GUARANTEED) == Quantities(cpu=800, pods=9)
+
+    # A cordoned node offers nothing; a deleted pod returns its claim.
+    cordoned = f.node("n3", cpu=1000, mem=0, pods=10)
+    cordoned.spec.unschedulable = True
+    room.on_node("n3", cordoned)
+    assert room.of("b", GUARANTEED) == Quantities(cpu=-200, pods=-1)
+    room.on_pod("p2", None)
+    assert room.of("b", GUARANTEED) == Quantities()
+
+    # The partitions change (n2 moves to b): summed again from the nodes.
+    parts.members["a"].discard("n2")
+    parts.members["b"].add("n2")
+    parts.owner["n2"] = "b"
+    parts.version += 1
+    room.regroup(parts, (1, parts.version))
+    assert room.of("a", GUARANTEED) == Quantities(cpu=1000, pods=10)
+    assert room.of("b", GUARANTEED) == Quantities(cpu=1000, pods=10)
+    room.regroup(None, None)
+    assert room.of("a", GUARANTEED) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,3 +424,27 @@ async def test_one_live_shard_gets_no_partition(store: Store, informer: Informer
     await caught_up(store, informer)
     await shuffler.tick()
     assert {s: len(n) for s, n in (await stored_partitions(store)).items()} == {"a": 2, "b": 2}
+
+
+async def test_a_view_behind_the_store_judges_no_shard_dead(
+    store: Store, informer: Informer
+) -> None:
+    """A dispatcher whose view lags sees every heartbeat late: its shuffler leaves the
+    partitions as published instead of clearing or moving them."""
+    for i in range(4):
+        await store.create(f.node(f"n{i}"))
+    for shard in ("a", "b"):
+        await heartbeat(store, shard)
+    await caught_up(store, informer)
+    shuffler = NodeShuffler(store, informer, PartitionSettings(mode="on"), shard_grace_seconds=0.4)
+    await shuffler.tick()
+    before = await stored_partitions(store)
+    assert {s: len(n) for s, n in before.items()} == {"a": 2, "b": 2}
+
+    # The view stops keeping up (here: its watch stopped) while the heartbeats grow old in it.
+    await informer.stop()
+    while informer.staleness() <= 0.4:  # noqa: ASYNC110 (the view ages with the clock alone)
+        await asyncio.sleep(0.05)
+    await shuffler.tick()
+    assert await stored_partitions(store) == before
+    assert shuffler.partitions is not None and shuffler.partitions.sizes() == {"a": 2, "b": 2}

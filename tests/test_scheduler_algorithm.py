@@ -207,6 +207,55 @@ def test_own_partition_first() -> None:
     assert len(result.placements) == 15
 
 
+def test_partition_scan_order_follows_the_snapshot_across_units() -> None:
+    """The own-partition-first order is kept between units, with only the nodes re-cloned since
+    replaced: every unit scans the snapshot's current NodeInfos (what the last cycle assumed is
+    seen), and nodes added or removed re-sort it."""
+    cache, snap = cluster(10, cpu=2000)
+    sched = scheduler(scan_extra=0)
+    sched.partition = frozenset(f"n{i:05d}" for i in range(5))
+
+    def current() -> bool:
+        segments = sched.segments(snap)
+        names = [[n.name for n in seg] for seg in segments]
+        fresh = all(n is snap.infos[n.name] for seg in segments for n in seg)
+        return fresh and names == [
+            sorted(n for n in snap.infos if n in sched.partition),
+            sorted(n for n in snap.infos if n not in sched.partition),
+        ]
+
+    def place(name: str, pods: int) -> list[str]:
+        """One unit of ``pods`` 1000m pods, assumed in the cache as the shard does; the next
+        cycle's update re-clones the nodes it took."""
+        unit = unit_of(name, pods, pods, 1000)
+        result = sched.schedule(unit, snap)
+        assert result.success
+        reqs = {p.name: p.req for p in unit.pods}
+        for p in result.placements:
+            cache.assume(reqs[p.pod], p.node)
+        snap.update(cache)
+        return [p.node for p in result.placements]
+
+    assert current()
+    # Five units of two 1000m pods fill the partition's ten rooms, never spilling outside:
+    # each unit sees what the earlier ones took.
+    for k in range(5):
+        assert all(n in sched.partition for n in place(f"u{k}", 2))
+        assert current()
+    assert_not_overcommitted(snap)
+    assert all(snap.infos[f"n{i:05d}"].requested["g"][0] == 2000 for i in range(5))
+    assert all(snap.infos[f"n{i:05d}"].requested["g"][0] == 0 for i in range(5, 10))
+
+    # A node joins (the partition's) and another leaves: the order is rebuilt.
+    extra = node("n00003a", cpu=2000, mem=64 * GiB)
+    cache.set_node(extra)
+    cache.on_delete("Node", node("n00007"))
+    sched.partition = sched.partition | {"n00003a"}
+    snap.update(cache)
+    assert current()
+    assert place("after", 1) == ["n00003a"]
+
+
 # (case, partition nodes (of n00000..n00019), of which full (no room), pods of 1000m, expected
 #  nodes used: "inside" only, or "both")
 PARTITION_SCAN_CASES: list[tuple[str, range, range, int, str]] = [

@@ -18,7 +18,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.runtime import ServiceHost
 from services.scheduler.service import SchedulerConfig, SchedulerService
 from store import Store
-from store.errors import NotFoundError
+from store.errors import ConflictError, NotFoundError
 from tests.factories import GiB, job, node, pods_of
 
 
@@ -366,3 +366,40 @@ async def test_reconciler_takes_back_a_decision_left_without_a_verdict(
             await asyncio.sleep(0.05)
         assert await counters() == (6, 3, 1)
         await d.close()
+
+
+async def test_heartbeats_keep_a_written_partition_and_the_shard_applies_it(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """The shard beats from the copy its watch holds (no read per beat): a partition the
+    dispatcher writes in between makes one beat lose its compare-and-set and go again on a fresh
+    copy, so the partition is never overwritten, and the shard scans it first."""
+    for i in range(4):
+        await store.create(node(f"n{i}"))
+    async with ServiceHost(SchedulerService, config) as host:
+        shard = host.service
+        await eventually(lambda: shard.informer.get("SchedulerInstance", "shard-a") is not None)
+        for partition in (["n1", "n3"], ["n0"]):
+            # What the node shuffler does: a compare-and-set, retried on a fresh copy.
+            for _ in range(20):
+                inst = await store.get(pb.SchedulerInstance, "shard-a")
+                del inst.spec.partition[:]
+                inst.spec.partition.extend(partition)
+                try:
+                    await store.update(inst)
+                    break
+                except ConflictError:
+                    continue
+            await eventually(lambda p=partition: shard.scheduler.partition == frozenset(p))  # type: ignore[misc]
+            beat = (await store.get(pb.SchedulerInstance, "shard-a")).status.heartbeat_ms
+
+            async def beaten(since: int = beat) -> pb.SchedulerInstance:
+                while True:
+                    got = await store.get(pb.SchedulerInstance, "shard-a")
+                    if got.status.heartbeat_ms > since:
+                        return got
+                    await asyncio.sleep(0.02)
+
+            after = await asyncio.wait_for(beaten(), 5)
+            assert list(after.spec.partition) == partition
+            assert shard.scheduler.partition == frozenset(partition)

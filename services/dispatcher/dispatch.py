@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
-from placement.nodeinfo import POOLS, pool_capacity, pool_of
+from placement.nodeinfo import GUARANTEED, POOLS, pool_capacity, pool_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
@@ -54,6 +54,10 @@ UNSCHEDULABLE = "Unschedulable"
 
 _BOUND_PHASES = (pb.POD_BOUND, pb.POD_RUNNING, pb.POD_SUCCEEDED)
 
+# (shard, pool) -> the room left in the shard's node partition (None: it has none; see
+# ``partitions.PartitionRoom``).
+PartitionRoomOf = Callable[[str, str], Quantities | None]
+
 
 @dataclass(frozen=True, slots=True)
 class DispatchSettings:
@@ -80,20 +84,81 @@ class ShardLink:
     # Undecided pods per unit sent to this shard, and their sum (read once per unit placed).
     undecided: dict[str, int] = field(default_factory=dict)
     load: int = 0
+    # What the undecided units ask, per unit (pool, requests) and summed per pool: room in the
+    # shard's partition that the partition's bound pods do not show yet.
+    asks: dict[str, tuple[str, Quantities]] = field(default_factory=dict)
+    reserved: dict[str, Quantities] = field(default_factory=dict)
     outbox: asyncio.Queue[ipb.DispatchMessage] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
 
-    def hold(self, job: str, pods: int) -> None:
+    def hold(
+        self, job: str, pods: int, pool: str = GUARANTEED, requests: Quantities | None = None
+    ) -> None:
         self.settle(job)
         self.undecided[job] = pods
         self.load += pods
+        if requests is not None:
+            self.asks[job] = (pool, requests)
+            self.reserved.setdefault(pool, Quantities()).add(requests)
 
     def settle(self, job: str) -> None:
         self.load -= self.undecided.pop(job, 0)
+        ask = self.asks.pop(job, None)
+        if ask is not None:
+            self.reserved[ask[0]].add(ask[1], -1)
 
     def clear(self) -> None:
         self.undecided.clear()
         self.load = 0
+        self.asks.clear()
+        self.reserved.clear()
+
+    def has_room(self, need: Quantities, pool: str, room: Quantities | None) -> bool:
+        """Whether ``room`` (left in this shard's partition), less what its undecided units
+        ask, still holds ``need``."""
+        if room is None:
+            return False
+        left = room.copy()
+        asked = self.reserved.get(pool)
+        if asked is not None:
+            left.add(asked, -1)
+        return need.fits_in(left)
+
+
+def choose_shard(
+    links: Sequence[ShardLink],
+    pods: int,
+    need: Quantities | None = None,
+    pool: str = GUARANTEED,
+    room: PartitionRoomOf | None = None,
+) -> ShardLink | None:
+    """The shard a unit of ``pods`` pods asking ``need`` of ``pool`` goes to, or None.
+
+    Candidates hold credits for the whole unit (a unit larger than a shard's capacity goes to
+    an empty shard, so a stream of small units never starves it). With node partitions
+    (``room``), the least-loaded candidate whose partition has room left for the unit goes
+    first: a shard scans its own partition first and another's only when its own has no
+    feasible node, so a unit sent where its partition is full lands on the other shards'
+    nodes, where their decisions conflict with its own. Without partitions, or when no
+    partition has the room, the least-loaded candidate. Ties go to the first."""
+    best: ShardLink | None = None
+    roomy: ShardLink | None = None
+    for link in links:
+        fits = link.credits >= pods or (
+            pods > link.capacity and link.load == 0 and link.credits > 0
+        )
+        if not fits:
+            continue
+        if best is None or link.load < best.load:
+            best = link
+        if (
+            room is not None
+            and need is not None
+            and (roomy is None or link.load < roomy.load)
+            and link.has_room(need, pool, room(link.name, pool))
+        ):
+            roomy = link
+    return roomy or best
 
 
 def live_shards(informer: Informer, grace_seconds: float) -> dict[str, pb.SchedulerInstance]:
@@ -172,6 +237,9 @@ class UnitDispatcher:
         self.units = self.queue.units
         self.links: dict[str, ShardLink] = {}
         self.nominations = Nominations()
+        # The room left per node partition (the service wires in the node shuffler's); None:
+        # the shard choice is load balance alone.
+        self.partition_room: PartitionRoomOf | None = None
         # Per pod: the job it counts as bound for (``Unit.already_bound``), so updates are exact.
         self._bound_of: dict[str, str] = {}
         self._bound: Counter[str] = Counter()
@@ -570,7 +638,8 @@ class UnitDispatcher:
 
     def dispatch_round(self) -> None:
         """Hand ready units to shards in the queue's order (``UnitQueue.round``), each to the
-        least-loaded shard with credits for the whole unit; one ``UnitBatch`` per shard."""
+        least-loaded shard with credits for the whole unit (preferring one whose partition has
+        room for it: ``choose_shard``); one ``UnitBatch`` per shard."""
         links = sorted((lk for lk in self.links.values() if lk.ready), key=lambda lk: lk.name)
         if not links:
             self.queue.wake(time.monotonic())
@@ -578,7 +647,7 @@ class UnitDispatcher:
         batches: dict[str, list[ipb.Unit]] = {}
 
         def place(entry: UnitEntry, unit: PendingUnit) -> bool:
-            link = self._choose(links, unit.pods)
+            link = choose_shard(links, unit.pods, unit.requests, unit.pool, self.partition_room)
             if link is None:
                 return False
             batches.setdefault(link.name, []).append(self._send(entry, unit, link))
@@ -588,25 +657,12 @@ class UnitDispatcher:
         for name, units in batches.items():
             self._flush(self.links[name], units)
 
-    @staticmethod
-    def _choose(links: list[ShardLink], pods: int) -> ShardLink | None:
-        best: ShardLink | None = None
-        for link in links:
-            # A unit larger than a shard's whole capacity goes when the shard is empty, so it is
-            # never starved by a stream of small units.
-            fits = link.credits >= pods or (
-                pods > link.capacity and link.load == 0 and link.credits > 0
-            )
-            if fits and (best is None or link.load < best.load):
-                best = link
-        return best
-
     def _send(self, entry: UnitEntry, unit: PendingUnit, link: ShardLink) -> ipb.Unit:
         job = self.informer.get("Job", entry.job)
         assert isinstance(job, pb.Job)
         pods = sorted(entry.pods.values(), key=lambda p: p.spec.index)
         link.credits -= len(pods)
-        link.hold(entry.job, len(pods))
+        link.hold(entry.job, len(pods), unit.pool, unit.requests)
         self.queue.dispatched(entry, link.name, unit)
         return ipb.Unit(
             job=job,

@@ -22,6 +22,10 @@ the live shards and the nodes, and writes the ones that changed.
   last ``window_seconds``. Partitioning goes on at once when one fires and off when none has
   for ``off_after_seconds`` (a short lull must not undo it, since partitioning itself lowers the
   conflict rate).
+- ``PartitionRoom``: the room left in each partition per pool (what its nodes offer minus the
+  claims of the pods bound there), kept per informer event and re-summed only when the
+  partitions change, so the dispatcher can send a unit to a shard whose partition holds it
+  (``dispatch.choose_shard``) without a pass over the nodes per unit.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ from typing import Literal
 import structlog
 from google.protobuf.message import Message
 
+from placement.nodeinfo import POOLS, pool_capacity, pool_of
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatch import live_shards
+from services.dispatcher.queueing import Quantities
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -304,6 +310,92 @@ class Allocation:
             self.requested[i] += new[i] - old[i]
 
 
+class PartitionRoom:
+    """Per shard and pool, the room left in its partition: the capacity its nodes offer (ready,
+    schedulable) minus the requests of the pods holding a claim on them. Fragmentation aside,
+    as the dispatcher's other room figures (``UnitQueue.free``): the shards judge the nodes.
+
+    Per node the offer and the claims are kept per informer event; a claim or an offer that
+    changes moves its owner's sum by the difference, so a question costs O(1). ``regroup``
+    re-sums from the nodes, O(nodes), when the partitions themselves change (rare)."""
+
+    def __init__(self) -> None:
+        self._offered: dict[str, dict[str, Quantities]] = {}  # node -> pool -> offer
+        self._used: dict[str, dict[str, Quantities]] = {}  # node -> pool -> claims' requests
+        self._claims: dict[str, tuple[str, str, Quantities]] = {}  # pod -> (node, pool, req)
+        self._owner: Mapping[str, str] = {}  # node -> shard (the Partitions' own map)
+        self._free: dict[str, dict[str, Quantities]] = {}  # shard -> pool -> room left
+        self.grouped: tuple[int, int] | None = None  # what ``regroup`` last summed
+
+    def of(self, shard: str, pool: str) -> Quantities | None:
+        """The room left in ``shard``'s partition (None: no partitions, or not its)."""
+        free = self._free.get(shard)
+        return None if free is None else free[pool]
+
+    def regroup(self, partitions: Partitions | None, token: tuple[int, int] | None) -> None:
+        """Sum the room per partition again, when ``token`` (which partitions, which version)
+        differs from the last sum's; None: partitioning is off."""
+        if token == self.grouped:
+            return
+        self.grouped = token
+        self._free = {}
+        if partitions is None:
+            self._owner = {}
+            return
+        self._owner = partitions.owner
+        for shard in partitions.members:
+            self._free[shard] = {pool: Quantities() for pool in POOLS}
+        for node, shard in self._owner.items():
+            self._shift(shard, node, 1)
+
+    def _shift(self, shard: str | None, node: str, sign: int) -> None:
+        """Add (1) or take away (-1) ``node``'s room to or from ``shard``'s sum."""
+        free = self._free.get(shard) if shard is not None else None
+        if free is None:
+            return
+        for pool, amount in self._offered.get(node, {}).items():
+            free[pool].add(amount, sign)
+        for pool, amount in self._used.get(node, {}).items():
+            free[pool].add(amount, -sign)
+
+    def on_node(self, name: str, node: pb.Node | None) -> None:
+        """A node's offer per pool (gone, not ready or cordoned: none)."""
+        owner = self._owner.get(name)
+        self._shift(owner, name, -1)
+        if node is not None and node.status.ready and not node.spec.unschedulable:
+            self._offered[name] = {pool: Quantities.of(pool_capacity(node, pool)) for pool in POOLS}
+        else:
+            self._offered.pop(name, None)
+        self._shift(owner, name, 1)
+
+    def on_pod(self, name: str, pod: pb.Pod | None) -> None:
+        """A pod's claim: on its node while bound or running."""
+        claims = pod is not None and pod.spec.node_name and pod.status.phase in _CLAIM_PHASES
+        old = self._claims.get(name)
+        if claims and old is not None and old[0] == pod.spec.node_name:  # type: ignore[union-attr]
+            return  # bound -> running: a bound pod's node, QoS and requests stay as they were
+        if old is not None:
+            del self._claims[name]
+            self._claim(*old, -1)
+        if claims:
+            assert pod is not None
+            new = (
+                pod.spec.node_name,
+                pool_of(pod.spec.qos),
+                Quantities.of_pod_request(pod.spec.template.requests),
+            )
+            self._claims[name] = new
+            self._claim(*new, 1)
+
+    def _claim(self, node: str, pool: str, requests: Quantities, sign: int) -> None:
+        used = self._used.setdefault(node, {})
+        used.setdefault(pool, Quantities()).add(requests, sign)
+        owner = self._owner.get(node)
+        free = self._free.get(owner) if owner is not None else None
+        if free is not None:
+            free[pool].add(requests, -sign)
+
+
 # ---------------------------------------------------------------------------------------------
 # The I/O shell
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +420,8 @@ class NodeShuffler:
         self.settings = settings
         self.grace_seconds = shard_grace_seconds
         self.allocation = Allocation()
+        # The room left per partition, for the dispatcher's shard choice.
+        self.room = PartitionRoom()
         self.counters = ShardCounters()
         self.meter = Meter(settings.window_seconds)
         self.figures = Figures()
@@ -356,25 +450,31 @@ class NodeShuffler:
         if kind == "Pod":
             assert isinstance(obj, pb.Pod)
             self.allocation.on_pod(obj.metadata.name, obj)
+            self.room.on_pod(obj.metadata.name, obj)
         elif kind == "Node":
             assert isinstance(obj, pb.Node)
             self._node_events += 1
             self.allocation.on_node(obj.metadata.name, obj)
+            self.room.on_node(obj.metadata.name, obj)
 
     def _on_update(self, kind: str, old: Message, new: Message) -> None:
         if kind == "Pod":
             assert isinstance(new, pb.Pod)
             self.allocation.on_pod(new.metadata.name, new)
+            self.room.on_pod(new.metadata.name, new)
         elif kind == "Node":
             assert isinstance(new, pb.Node)
             self.allocation.on_node(new.metadata.name, new)
+            self.room.on_node(new.metadata.name, new)
 
     def _on_delete(self, kind: str, obj: Message) -> None:
         if kind == "Pod":
             self.allocation.on_pod(obj.metadata.name, None)  # type: ignore[attr-defined]
+            self.room.on_pod(obj.metadata.name, None)  # type: ignore[attr-defined]
         elif kind == "Node":
             self._node_events += 1
             self.allocation.on_node(obj.metadata.name, None)  # type: ignore[attr-defined]
+            self.room.on_node(obj.metadata.name, None)  # type: ignore[attr-defined]
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -423,6 +523,12 @@ class NodeShuffler:
         now = time.monotonic()
         figures = self.measure(now)
         on = self.decide(figures, now)
+        if self.informer.staleness() > self.grace_seconds / 2:
+            # Behind the store (a busy dispatcher), every heartbeat in our view looks old:
+            # judging shards dead now would take their partitions away, or clear them all, and
+            # the shards would meet on the whole view until we caught up (as ``check_shards``
+            # judges nobody meanwhile). The partitions stay as published.
+            return
         live = live_shards(self.informer, self.grace_seconds)
         if on != self.on:
             log.info(
@@ -449,6 +555,8 @@ class NodeShuffler:
         else:
             self.partitions = None
             self._synced = None
+        parts = self.partitions
+        self.room.regroup(parts, None if parts is None else (self._generation, parts.version))
         await self._publish(live)
 
     def _wanted(self, shard: str) -> tuple[list[str], tuple[int, int]]:

@@ -273,6 +273,8 @@ class DispatcherService(Service[DispatcherConfig]):
             ),
             shard_grace_seconds=cfg.shard_grace_seconds,
         )
+        # Units go first to a shard whose partition has room for them (``choose_shard``).
+        self.core.partition_room = self.shuffler.room.of
         self.reconciler = Reconciler(
             self.store,
             self.informer,

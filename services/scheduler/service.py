@@ -300,6 +300,8 @@ class SchedulerService(Service[SchedulerConfig]):
             Preemption(self.framework, self.victims, self.config.preemption_candidates),
         )
         self.informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
+        # Our record's spec as last seen (its partition is applied only when the spec changed).
+        self._spec_seen: pb.SchedulerInstanceSpec | None = None
         self.units: dict[str, _Unit] = {}
         self._ready: list[tuple[int, int, _Unit]] = []  # (-priority, arrival, unit)
         self._backoff: list[tuple[float, int, _Unit]] = []  # (not before, arrival, unit)
@@ -386,19 +388,35 @@ class SchedulerService(Service[SchedulerConfig]):
         while True:
             await asyncio.sleep(self.config.heartbeat_seconds)
             try:
-                inst = await self.store.get(pb.SchedulerInstance, self.config.name)
-                inst.status.heartbeat_ms = _now_ms()
-                inst.status.ready = True
-                inst.status.undecided_pods = sum(u.undecided() for u in self.units.values())
-                inst.status.proposed_pods = self.stats["decided_pods"]
-                inst.status.bound_pods = self.stats["bound"]
-                inst.status.conflicted_pods = self.stats["conflicted"]
-                # CAS: never overwrite a partition the dispatcher wrote meanwhile.
-                await self.store.update(inst)
+                # The record as the watch last showed it: with a node partition it is ~100 KB,
+                # and fetching it every beat cost more than the beat. A copy the watch has not
+                # caught up with fails the compare-and-set and the beat goes again on a fresh one.
+                seen = self.informer.get("SchedulerInstance", self.config.name)
+                beaten = False
+                if isinstance(seen, pb.SchedulerInstance):
+                    with contextlib.suppress(ConflictError):
+                        # CAS: never overwrite a partition the dispatcher wrote meanwhile.
+                        await self.store.update(self._beat(seen))
+                        beaten = True
+                if not beaten:
+                    fresh = await self.store.get(pb.SchedulerInstance, self.config.name)
+                    await self.store.update(self._beat(fresh))
             except NotFoundError:
                 await self._register()  # deleted (e.g. declared dead): announce again
             except (ConflictError, StoreError) as exc:
                 log.warning("heartbeat failed", error=str(exc))
+
+    def _beat(self, seen: pb.SchedulerInstance) -> pb.SchedulerInstance:
+        """A copy of the record with this beat's liveness and counters."""
+        inst = pb.SchedulerInstance()
+        inst.CopyFrom(seen)
+        inst.status.heartbeat_ms = _now_ms()
+        inst.status.ready = True
+        inst.status.undecided_pods = sum(u.undecided() for u in self.units.values())
+        inst.status.proposed_pods = self.stats["decided_pods"]
+        inst.status.bound_pods = self.stats["bound"]
+        inst.status.conflicted_pods = self.stats["conflicted"]
+        return inst
 
     # -- informer ----------------------------------------------------------------------------
 
@@ -412,9 +430,14 @@ class SchedulerService(Service[SchedulerConfig]):
             return
         if kind == "SchedulerInstance":
             if obj.metadata.name == self.config.name:
+                # Every heartbeat echoes the record: the spec compared as a message (~0.2 ms at
+                # 5,000 names) spares building the set (~8 ms) when the partition did not change.
+                if self._spec_seen is not None and obj.spec == self._spec_seen:
+                    return
+                self._spec_seen = obj.spec
                 partition = frozenset(obj.spec.partition)
-                # Every heartbeat echoes the record: keep the same set unless it changed, so the
-                # search's cached scan order (keyed on it) is not compared node by node per cycle.
+                # Keep the same set unless it changed, so the search's cached scan order (keyed
+                # on it) is not compared node by node per cycle.
                 if partition != self.scheduler.partition:
                     self.scheduler.partition = partition
                     log.info("partition changed", nodes=len(partition))
