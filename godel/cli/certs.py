@@ -7,33 +7,36 @@ writing to a volume the other services mount. The issuing is in :mod:`godel.tls`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
-import typer
+import click
 
 from godel import local, tls
-from godel.cli.cluster import HomeOption
-from godel.cli.output import fail
+from godel.cli.cluster import home_option
+from godel.cli.output import Group, fail
 
-certs_app = typer.Typer(
-    name="certs",
+
+@click.group(
+    "certs",
+    cls=Group,
     help="The cluster CA and its certificates (mutual TLS between services and clients).",
     no_args_is_help=True,
 )
-
-DirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--dir",
-        envvar=tls.TLS_DIR_VARIABLE,
-        help="Credentials directory (default: HOME/tls).",
-        show_default=False,
-    ),
-]
+def certs_app() -> None:
+    pass
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(certs_app)
+dir_option = click.option(
+    "--dir",
+    "directory",
+    envvar=tls.TLS_DIR_VARIABLE,
+    type=click.Path(path_type=Path),
+    show_envvar=True,
+    help="Credentials directory (default: HOME/tls).",
+)
+
+
+def register(app: click.Group) -> None:
+    app.add_command(certs_app)
 
 
 def _directory(directory: Path | None, home: Path | None) -> Path:
@@ -41,42 +44,35 @@ def _directory(directory: Path | None, home: Path | None) -> Path:
 
 
 @certs_app.command("init")
-def init(
-    directory: DirOption = None,
-    home: HomeOption = None,
-    host: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--host",
-            help="Another name or address the services are dialled at (repeatable), e.g. a "
-            "compose service name; loopback and this machine's name are always in.",
-        ),
-    ] = None,
-) -> None:
+@dir_option
+@home_option
+@click.option(
+    "--host",
+    multiple=True,
+    help="Another name or address the services are dialled at (repeatable), e.g. a "
+    "compose service name; loopback and this machine's name are always in.",
+)
+def init(directory: Path | None, home: Path | None, host: tuple[str, ...]) -> None:
     """Create the cluster CA with the service and admin certificates (kept if they exist)."""
     target = _directory(directory, home)
     existed = (target / f"{tls.CA}.crt").exists()
     try:
         from godel import pki  # cryptography: only for the commands that make certificates
 
-        pki.init_cluster(target, host or [])
+        pki.init_cluster(target, list(host))
     except (tls.CredentialsError, OSError) as exc:
         fail(str(exc))
-    typer.echo(f"{'kept the' if existed else 'created a'} cluster CA in {target}")
+    click.echo(f"{'kept the' if existed else 'created a'} cluster CA in {target}")
 
 
 @certs_app.command("issue")
+@click.argument("name", help="The identity: a tenant's name, or an admin's.")
+@click.option("--role", default="tenant", help="tenant (default), admin or service.")
+@click.option("--queue", multiple=True, help="A queue the tenant may submit to (repeatable).")
+@dir_option
+@home_option
 def issue(
-    name: Annotated[str, typer.Argument(help="The identity: a tenant's name, or an admin's.")],
-    role: Annotated[
-        str, typer.Option("--role", help="tenant (default), admin or service.")
-    ] = "tenant",
-    queue: Annotated[
-        list[str] | None,
-        typer.Option("--queue", help="A queue the tenant may submit to (repeatable)."),
-    ] = None,
-    directory: DirOption = None,
-    home: HomeOption = None,
+    name: str, role: str, queue: tuple[str, ...], directory: Path | None, home: Path | None
 ) -> None:
     """Issue a certificate signed by the cluster CA: NAME.crt and NAME.key beside it.
 
@@ -90,7 +86,7 @@ def issue(
     try:
         from godel import pki
 
-        path = pki.issue(target, name, role, queues=queue or [])  # type: ignore[arg-type]
+        path = pki.issue(target, name, role, queues=list(queue))  # type: ignore[arg-type]
     except tls.CredentialsError as exc:
         fail(str(exc))
-    typer.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue or []) or 'none'})")
+    click.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue or []) or 'none'})")
