@@ -13,10 +13,6 @@ import click
 from godel.cli.output import fail
 
 
-def register(app: click.Group) -> None:
-    app.add_command(bench)
-
-
 @click.command("bench")
 @click.argument("workload", help="A workload name in bench/workloads/ or a YAML file path.")
 @click.option("--quick", is_flag=True, help="Use the workload's small sizes.")

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from godel import local, tls
-from godel.cli.cluster import home_option
+from godel.cli.common import home_option
 from godel.cli.output import Group, fail
 
 
@@ -33,10 +33,6 @@ dir_option = click.option(
     show_envvar=True,
     help="Credentials directory (default: HOME/tls).",
 )
-
-
-def register(app: click.Group) -> None:
-    app.add_command(certs_app)
 
 
 def _directory(directory: Path | None, home: Path | None) -> Path:

@@ -16,26 +16,13 @@ import click
 
 from godel import client, local
 from godel.cli import output
+from godel.cli.common import home_option
 from godel.cli.output import OutputFormat, fail, print_json, print_table
-
-home_option = click.option(
-    "--home",
-    envvar="GODEL_HOME",
-    type=click.Path(path_type=Path),
-    show_envvar=True,
-    help="State directory of the cluster: store data, logs, cluster.json (default ~/.godel).",
-)
-
 
 INSECURE_WARNING = (
     "WARNING: INSECURE CLUSTER (started with --insecure): gRPC is plaintext and "
     "unauthenticated; anyone who reaches its ports may submit, read and delete anything"
 )
-
-
-def register(app: click.Group) -> None:
-    for command in (up, down, status, audit, backup, restore):
-        app.add_command(command)
 
 
 @click.command("up")
@@ -318,16 +305,6 @@ def restore(file: Path, home: Path | None) -> None:
         f"restored {len(snapshot.entries)} keys at revision {snapshot.revision} "
         f"(backup of {snapshot.created}) into {_home(home)}; start it with `godel up`"
     )
-
-
-def local_address(kind: str, home: Path | None, flag: str) -> str:
-    """Where the local cluster in ``home`` (default $GODEL_HOME) serves ``kind``; exits with
-    an error naming ``flag`` when no cluster runs there. The lookup is the SDK's, so programs
-    and the CLI find the same cluster."""
-    try:
-        return client.local_address(kind, home)
-    except client.ClusterNotFound as exc:
-        fail(f"{exc} or {flag}")
 
 
 def _store_url(home: Path | None, store_url: str | None) -> str:

@@ -1,26 +1,65 @@
 """The `godel` entry point (console script ``godel = godel.cli.main:main``).
 
-Each command group lives in its own module with a ``register(app)`` function; to add commands
-(``get``, ``apply``, ...), write ``godel/cli/<group>.py`` and list it in ``COMMAND_GROUPS``.
+Each command group lives in its own module (``godel/cli/<group>.py``); to add a command, write
+it there as a click command and list it in ``COMMANDS``. A module is imported when one of its
+commands runs (or --help lists them all), so a `godel get` does not load the code of
+`godel up`, `certs` or `bench`.
 
-The parser is plain click, not typer: typer builds its commands from the functions' type
-hints at every start (and imports pydantic to check them), which cost a `godel get` more CPU
-than its RPC (issue 12; bench/README.md, "CLI latency"). Modules here import only what
-parsing needs; each command imports the client, gRPC and YAML when it runs.
+The parser is plain click, not typer: typer built its commands from the functions' type hints
+at every start (and imported pydantic to check them), which cost a `godel get` more CPU than
+its RPC (issue 12; bench/README.md, "CLI latency").
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
-from types import ModuleType
 
 import click
 
-from godel.cli import bench, certs, cluster, output, reschedule, resources
+from godel.cli import output
 
-# certs last: its group came after the single commands in typer's --help too.
-COMMAND_GROUPS: tuple[ModuleType, ...] = (cluster, resources, reschedule, bench, certs)
+# Command name -> "module:attribute", in the order --help lists them (the README's walk-through;
+# certs last, as the one group).
+COMMANDS = {
+    "up": "godel.cli.cluster:up",
+    "down": "godel.cli.cluster:down",
+    "status": "godel.cli.cluster:status",
+    "audit": "godel.cli.cluster:audit",
+    "backup": "godel.cli.cluster:backup",
+    "restore": "godel.cli.cluster:restore",
+    "apply": "godel.cli.resources:apply",
+    "get": "godel.cli.resources:get",
+    "describe": "godel.cli.resources:describe",
+    "delete": "godel.cli.resources:delete",
+    "explain": "godel.cli.resources:explain",
+    "logs": "godel.cli.resources:logs",
+    "scale": "godel.cli.resources:scale",
+    "cordon": "godel.cli.resources:cordon",
+    "uncordon": "godel.cli.resources:uncordon",
+    "drain": "godel.cli.resources:drain",
+    "reschedule": "godel.cli.reschedule:reschedule",
+    "bench": "godel.cli.bench:bench",
+    "certs": "godel.cli.certs:certs_app",
+}
+
+
+class _LazyGroup(output.Group):
+    """The root group: a command's module is imported when the command is looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attribute = target.partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command), target
+        return command
+
 
 # Shell completion: click's, driven by this variable (`_GODEL_COMPLETE=bash_source godel`).
 COMPLETE_VARIABLE = "_GODEL_COMPLETE"
@@ -75,7 +114,7 @@ def _install_completion(ctx: click.Context, _param: click.Parameter, value: bool
 
 @click.group(
     name="godel",
-    cls=output.Group,
+    cls=_LazyGroup,
     help="Gödel: a unified scheduler for online services and offline batch/ML jobs.",
     no_args_is_help=True,
     # Options with a default say so in --help, as they did under typer.
@@ -101,10 +140,6 @@ def _install_completion(ctx: click.Context, _param: click.Parameter, value: bool
 )
 def app(verbose: bool) -> None:
     output.VERBOSE = verbose
-
-
-for group in COMMAND_GROUPS:
-    group.register(app)
 
 
 def main() -> None:

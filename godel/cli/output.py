@@ -24,10 +24,11 @@ class Group(click.Group):
         return list(self.commands)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
         rows = [
             (name, " ".join((cmd.help or "").split("\n\n")[0].split()))
-            for name, cmd in self.commands.items()
-            if not cmd.hidden
+            for name, cmd in commands
+            if cmd is not None and not cmd.hidden
         ]
         if rows:
             with formatter.section("Commands"):

@@ -13,23 +13,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from godel.cli.cluster import home_option, local_address
+from godel.cli.common import home_option, local_address, rescheduler_option
 from godel.cli.output import fail, print_json, print_table
 
 if TYPE_CHECKING:  # the client and the messages load when a command runs
     from godel.client import ReschedulerClient
     from protos.godel.v1 import api_pb2
-
-rescheduler_option = click.option(
-    "--rescheduler",
-    envvar="GODEL_RESCHEDULER",
-    show_envvar=True,
-    help="Rescheduler address host:port (default: the local cluster's).",
-)
-
-
-def register(app: click.Group) -> None:
-    app.add_command(reschedule)
 
 
 def rescheduler_client(address: str | None, home: Path | None) -> ReschedulerClient:

@@ -21,9 +21,8 @@ from google.protobuf.message import Message
 
 from godel import local
 from godel.cli import output
-from godel.cli.cluster import home_option, local_address
+from godel.cli.common import home_option, local_address, rescheduler_option, server_option
 from godel.cli.output import fail, print_json, print_table
-from godel.cli.reschedule import get_policies, rescheduler_option
 from godel.client import ClientError, ProtoClient, unwrap
 from godel.client import logs as pod_logs
 from godel.manifest import (
@@ -37,18 +36,9 @@ from godel.manifest import (
     to_list,
     to_manifest,
 )
-from placement import labelselector
-from placement.budgets import selects
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 
-server_option = click.option(
-    "--server",
-    "-s",
-    envvar="GODEL_SERVER",
-    show_envvar=True,
-    help="Dispatcher address host:port (default: the local cluster's).",
-)
 output_option = click.option(
     "--output",
     "-o",
@@ -86,11 +76,6 @@ _KIND_WORDS = [
 ]
 # How often `drain` asks again for the pods it waits for.
 DRAIN_RETRY_SECONDS = 2.0
-
-
-def register(app: click.Group) -> None:
-    for command in (apply, get, describe, delete, explain, logs, scale, cordon, uncordon, drain):
-        app.add_command(command)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,6 +136,10 @@ def _split_targets(words: Sequence[str]) -> tuple[list[str], str | None]:
 def _selector(text: str) -> str:
     """A -l selector checked here, so a mistake is reported before any call (the server checks
     it again)."""
+    if not text:  # everything: no parser needed
+        return text
+    from placement import labelselector  # only a `get -l` pays for the parser
+
     try:
         labelselector.parse(text)
     except labelselector.SelectorSyntaxError as exc:
@@ -226,6 +215,8 @@ def _optional(msg: Message, field: str) -> object:
 
 def _budget_selects(budget: pb.DisruptionBudget) -> str:
     """What a budget selects: ``job=web`` or its label selector in kubectl's grammar."""
+    from placement import labelselector
+
     if budget.spec.job:
         return f"job={budget.spec.job}"
     return labelselector.to_text(labelselector.selector(budget.spec.selector))
@@ -495,6 +486,8 @@ def get(
 ) -> None:
     """List objects of one or more types, or show one (`get policies` asks the rescheduler)."""
     if target and target[0].lower() in ("policy", "policies"):
+        from godel.cli.reschedule import get_policies
+
         get_policies(output, rescheduler, home)
         return
     _check_output(output)
@@ -600,6 +593,8 @@ def describe(target: tuple[str, ...], server: str | None, home: Path | None) -> 
             click.echo("pods:")
             _print("Pod", pods, "table")
         elif kind == "DisruptionBudget":
+            from placement.budgets import selects
+
             assert isinstance(obj, pb.DisruptionBudget)
             pods = _guard(lambda: client.list("Pod", job=obj.spec.job))  # every pod if no job
             _describe_budget(obj, [p for p in pods if isinstance(p, pb.Pod) and selects(obj, p)])
