@@ -13,6 +13,12 @@ machine, in the same run), so the CLI's share reads as the difference, and the m
 ``--baseline-root``, each command also runs from that source tree (e.g. the code before a
 change) in the same run, interleaved, for a ratio. The goal (issue 12) is a median at or under
 150 ms for get, describe and explain on an idle machine.
+
+The commands run with their bytecode cached, as an installed CLI's is (pip compiles what it
+installs): each process gets ``PYTHONPYCACHEPREFIX`` (a temporary directory, so no source tree
+is written to) without ``PYTHONDONTWRITEBYTECODE``, and every command runs once, unmeasured,
+before the measured runs. ``--no-bytecode-cache`` measures with the environment as it is
+(with ``PYTHONDONTWRITEBYTECODE=1`` every run compiles the project's modules again).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from godel import local
 from godel.client import ProtoClient
@@ -59,7 +66,9 @@ def _figures(samples: list[tuple[float, float]]) -> dict[str, float]:
     }
 
 
-def measure(home: Path, runs: int, baseline: Path | None = None) -> dict[str, dict[str, float]]:
+def measure(
+    home: Path, runs: int, baseline: Path | None = None, *, bytecode_cache: bool = True
+) -> dict[str, dict[str, float]]:
     state = local.GodelHome(home).load()
     if state is None:
         raise SystemExit(f"no cluster in {home}")
@@ -69,6 +78,22 @@ def measure(home: Path, runs: int, baseline: Path | None = None) -> dict[str, di
     # The dispatcher's address given, as a remote cluster's would be: every tree measured
     # reads it alike (an older CLI may not read today's cluster.json).
     env = {**os.environ, "GODEL_HOME": str(home), "GODEL_SERVER": state.address_of("dispatcher")}
+    with tempfile.TemporaryDirectory(prefix="godel-cli-latency-pyc-") as pycache:
+        if bytecode_cache:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = pycache
+        return _measure(env, node, pods, runs, baseline, warm_up=bytecode_cache)
+
+
+def _measure(
+    env: dict[str, str],
+    node: str,
+    pods: list[Any],
+    runs: int,
+    baseline: Path | None,
+    *,
+    warm_up: bool,
+) -> dict[str, dict[str, float]]:
     godel = [sys.executable, "-m", "godel"]
     commands = {
         "python -c pass": [sys.executable, "-c", "pass"],
@@ -84,12 +109,15 @@ def measure(home: Path, runs: int, baseline: Path | None = None) -> dict[str, di
         root = baseline.resolve()
         trees[" (baseline)"] = ({**env, "PYTHONPATH": str(root)}, root)
     samples: dict[str, list[tuple[float, float]]] = {}
-    for _ in range(runs):  # interleaved: a burst of load hits every command alike
+    # Interleaved: a burst of load hits every command alike.
+    for run in range(runs + 1 if warm_up else runs):
         for name, argv in commands.items():
             for suffix, (tree_env, cwd) in trees.items():
                 if suffix and not name.startswith("godel"):
                     continue
-                samples.setdefault(name + suffix, []).append(_run(argv, tree_env, cwd))
+                timing = _run(argv, tree_env, cwd)
+                if run or not warm_up:  # the first round compiles and caches the bytecode
+                    samples.setdefault(name + suffix, []).append(timing)
     return {name: _figures(times) for name, times in samples.items()}
 
 
@@ -101,9 +129,15 @@ def main() -> None:
     parser.add_argument(
         "--baseline-root", type=Path, help="also run the CLI from this source tree, for a ratio"
     )
+    parser.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="run with the environment's bytecode settings, and no warm-up round",
+    )
     args = parser.parse_args()
+    cache = not args.no_bytecode_cache
     if args.home is not None:
-        results = measure(args.home, args.runs, args.baseline_root)
+        results = measure(args.home, args.runs, args.baseline_root, bytecode_cache=cache)
     else:
         with tempfile.TemporaryDirectory(prefix="godel-cli-latency-") as tmp:
             home = local.GodelHome(Path(tmp))
@@ -121,7 +155,7 @@ def main() -> None:
                     check=True,
                     capture_output=True,
                 )
-                results = measure(home.path, args.runs, args.baseline_root)
+                results = measure(home.path, args.runs, args.baseline_root, bytecode_cache=cache)
             finally:
                 local.down(home)
     if args.json:

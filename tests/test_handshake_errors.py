@@ -12,8 +12,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from click.testing import CliRunner
 from grpc_health.v1 import health, health_pb2_grpc
-from typer.testing import CliRunner
 
 from godel import pki, tls
 from godel.cli.main import app

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from click.testing import CliRunner
 from cryptography.hazmat.primitives.serialization import pkcs12
-from typer.testing import CliRunner
 
 from godel import pki, tls
 from godel.cli.main import app

@@ -7,36 +7,32 @@ A thin shell over the harness (``python -m bench``): the workloads are the files
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
-import typer
+import click
 
 from godel.cli.output import fail
 
 
-def register(app: typer.Typer) -> None:
-    app.command("bench")(bench)
-
-
+@click.command("bench")
+@click.argument("workload", help="A workload name in bench/workloads/ or a YAML file path.")
+@click.option("--quick", is_flag=True, help="Use the workload's small sizes.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("bench/results"),
+    help="Report directory.",
+)
+@click.option("--fsync", default="always", help="Store fsync policy: always, everysec or no.")
+@click.option(
+    "--rate", type=click.FloatRange(min=0), help="Offered pods/s (default: the workload's)."
+)
+@click.option(
+    "--variant",
+    multiple=True,
+    help="Run only this variant of a series (repeatable; plus the baseline).",
+)
 def bench(
-    workload: Annotated[
-        str, typer.Argument(help="A workload name in bench/workloads/ or a YAML file path.")
-    ],
-    quick: Annotated[bool, typer.Option("--quick", help="Use the workload's small sizes.")] = False,
-    out: Annotated[Path, typer.Option("--out", help="Report directory.")] = Path("bench/results"),
-    fsync: Annotated[
-        str, typer.Option("--fsync", help="Store fsync policy: always, everysec or no.")
-    ] = "always",
-    rate: Annotated[
-        float | None,
-        typer.Option("--rate", min=0, help="Offered pods/s (default: the workload's)."),
-    ] = None,
-    variant: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--variant", help="Run only this variant of a series (repeatable; plus the baseline)."
-        ),
-    ] = None,
+    workload: str, quick: bool, out: Path, fsync: str, rate: float | None, variant: tuple[str, ...]
 ) -> None:
     """Start a local cluster per run, submit the workload's pods, report throughput and latency.
 
@@ -46,6 +42,8 @@ def bench(
 
     if fsync not in ("always", "everysec", "no"):
         fail(f"--fsync must be always, everysec or no (got {fsync!r})", code=2)
-    code = run(workload, quick=quick, out=out, fsync=fsync, rate=rate, variants=variant)
+    code = run(
+        workload, quick=quick, out=out, fsync=fsync, rate=rate, variants=list(variant) or None
+    )
     if code:
-        raise typer.Exit(code)  # run() has said why
+        raise click.exceptions.Exit(code)  # run() has said why

@@ -9,33 +9,32 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Annotated
 
-import typer
+import click
 
 from godel import local, tls
-from godel.cli.cluster import HomeOption
-from godel.cli.output import fail
+from godel.cli.common import home_option
+from godel.cli.output import Group, fail
 
-certs_app = typer.Typer(
-    name="certs",
+
+@click.group(
+    "certs",
+    cls=Group,
     help="The cluster CA and its certificates (mutual TLS between services and clients).",
     no_args_is_help=True,
 )
-
-DirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--dir",
-        envvar=tls.TLS_DIR_VARIABLE,
-        help="Credentials directory (default: HOME/tls).",
-        show_default=False,
-    ),
-]
+def certs_app() -> None:
+    pass
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(certs_app)
+dir_option = click.option(
+    "--dir",
+    "directory",
+    envvar=tls.TLS_DIR_VARIABLE,
+    type=click.Path(path_type=Path),
+    show_envvar=True,
+    help="Credentials directory (default: HOME/tls).",
+)
 
 
 def _directory(directory: Path | None, home: Path | None) -> Path:
@@ -43,18 +42,15 @@ def _directory(directory: Path | None, home: Path | None) -> Path:
 
 
 @certs_app.command("init")
-def init(
-    directory: DirOption = None,
-    home: HomeOption = None,
-    host: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--host",
-            help="Another name or address the services are dialled at (repeatable), e.g. a "
-            "compose service name; loopback and this machine's name are always in.",
-        ),
-    ] = None,
-) -> None:
+@dir_option
+@home_option
+@click.option(
+    "--host",
+    multiple=True,
+    help="Another name or address the services are dialled at (repeatable), e.g. a "
+    "compose service name; loopback and this machine's name are always in.",
+)
+def init(directory: Path | None, home: Path | None, host: tuple[str, ...]) -> None:
     """Create the cluster CA with each service kind's, the probes' and the admin's certificates.
     What exists is kept; missing certificates are issued (a directory from an older release
     gains the per-kind service identities)."""
@@ -63,26 +59,22 @@ def init(
     try:
         from godel import pki  # cryptography: only for the commands that make certificates
 
-        issued = pki.init_cluster(target, host or [])
+        issued = pki.init_cluster(target, list(host))
     except (tls.CredentialsError, OSError) as exc:
         fail(str(exc))
-    typer.echo(f"{'kept the' if existed else 'created a'} cluster CA in {target}")
+    click.echo(f"{'kept the' if existed else 'created a'} cluster CA in {target}")
     if existed and issued:
-        typer.echo(f"issued the missing certificates: {', '.join(issued)}")
+        click.echo(f"issued the missing certificates: {', '.join(issued)}")
 
 
 @certs_app.command("issue")
+@click.argument("name", help="The identity: a tenant's name, or an admin's.")
+@click.option("--role", default="tenant", help="tenant (default), admin or service.")
+@click.option("--queue", multiple=True, help="A queue the tenant may submit to (repeatable).")
+@dir_option
+@home_option
 def issue(
-    name: Annotated[str, typer.Argument(help="The identity: a tenant's name, or an admin's.")],
-    role: Annotated[
-        str, typer.Option("--role", help="tenant (default), admin or service.")
-    ] = "tenant",
-    queue: Annotated[
-        list[str] | None,
-        typer.Option("--queue", help="A queue the tenant may submit to (repeatable)."),
-    ] = None,
-    directory: DirOption = None,
-    home: HomeOption = None,
+    name: str, role: str, queue: tuple[str, ...], directory: Path | None, home: Path | None
 ) -> None:
     """Issue a certificate signed by the cluster CA: NAME.crt and NAME.key beside it.
 
@@ -96,32 +88,32 @@ def issue(
     try:
         from godel import pki
 
-        path = pki.issue(target, name, role, queues=queue or [])  # type: ignore[arg-type]
+        path = pki.issue(target, name, role, queues=list(queue))  # type: ignore[arg-type]
     except tls.CredentialsError as exc:
         fail(str(exc))
-    typer.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue or []) or 'none'})")
+    click.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue or []) or 'none'})")
 
 
 @certs_app.command("export")
+@click.argument("name", default=tls.ADMIN, help="The identity to export (default: admin).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="Where to write the bundle (default: NAME.p12 beside it).",
+)
+@click.option(
+    "--password",
+    envvar="GODEL_P12_PASSWORD",
+    help="The bundle's password (default: a random one, printed).",
+)
+@dir_option
+@home_option
 def export(
-    name: Annotated[
-        str, typer.Argument(help="The identity to export (default: admin).")
-    ] = tls.ADMIN,
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", help="Where to write the bundle (default: NAME.p12 beside it)."),
-    ] = None,
-    password: Annotated[
-        str | None,
-        typer.Option(
-            "--password",
-            envvar="GODEL_P12_PASSWORD",
-            help="The bundle's password (default: a random one, printed).",
-            show_default=False,
-        ),
-    ] = None,
-    directory: DirOption = None,
-    home: HomeOption = None,
+    name: str,
+    out: Path | None,
+    password: str | None,
+    directory: Path | None,
+    home: Path | None,
 ) -> None:
     """Write NAME's certificate and key as a PKCS#12 bundle (.p12), for a browser or an OS key
     store: an exposed dashboard (HTTPS) asks for a client certificate of the cluster. Import the
@@ -139,6 +131,6 @@ def export(
             handle.write(bundle)
     except (tls.CredentialsError, OSError) as exc:
         fail(str(exc))
-    typer.echo(f"wrote {target} ({name!r}); authority to trust: {source / (tls.CA + '.crt')}")
+    click.echo(f"wrote {target} ({name!r}); authority to trust: {source / (tls.CA + '.crt')}")
     if password is None:
-        typer.echo(f"password: {chosen}")
+        click.echo(f"password: {chosen}")

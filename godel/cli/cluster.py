@@ -11,24 +11,13 @@ import time
 from calendar import timegm
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
 
-import typer
+import click
 
 from godel import client, local
 from godel.cli import output
+from godel.cli.common import home_option
 from godel.cli.output import OutputFormat, fail, print_json, print_table
-
-HomeOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--home",
-        envvar="GODEL_HOME",
-        help="State directory of the cluster: store data, logs, cluster.json (default ~/.godel).",
-        show_default=False,
-    ),
-]
-
 
 INSECURE_WARNING = (
     "WARNING: INSECURE CLUSTER (started with --insecure): gRPC is plaintext and "
@@ -36,63 +25,76 @@ INSECURE_WARNING = (
 )
 
 
-def register(app: typer.Typer) -> None:
-    app.command("up")(up)
-    app.command("down")(down)
-    app.command("status")(status)
-    app.command("audit")(audit)
-    app.command("backup")(backup)
-    app.command("restore")(restore)
-
-
+@click.command("up")
+@home_option
+@click.option("--schedulers", type=click.IntRange(min=1), default=2, help="Scheduler shards.")
+@click.option(
+    "--binders",
+    type=click.IntRange(min=1),
+    default=2,
+    help="Binders (one leader, the rest standby).",
+)
+@click.option("--nodeagents", type=click.IntRange(min=1), default=1, help="Node agent processes.")
+@click.option(
+    "--hollow-nodes",
+    type=click.IntRange(min=0),
+    default=100,
+    help="Simulated nodes (4 CPU, 32 GiB, 110 pods each).",
+)
+@click.option(
+    "--process-node/--no-process-node",
+    default=True,
+    help="Also run real processes on this machine, as one process-mode node.",
+)
+@click.option(
+    "--store-replicas",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Store replicas: with any, three Sentinels fail over to one when the primary "
+    "dies, and every write waits until a replica has it.",
+)
+@click.option(
+    "--timeout", type=click.FloatRange(min=1), default=30.0, help="Seconds to wait for SERVING."
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    help="Services' shutdown grace period, in seconds.",
+)
+@click.option("--foreground", is_flag=True, help="Stay attached; Ctrl-C stops the cluster.")
+@click.option(
+    "--run-as",
+    default="",
+    show_default=False,
+    help="User process-mode pods run as, never root (default: nobody when started as "
+    "root, else yours).",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Serve plaintext gRPC with no authentication: anyone who reaches a port may "
+    "do anything. Default: a cluster CA and mutual TLS.",
+)
+@click.option(
+    "--dashboard/--no-dashboard",
+    default=True,
+    help="Also start the web dashboard (its URL is in `godel status`).",
+)
 def up(
-    home: HomeOption = None,
-    schedulers: Annotated[int, typer.Option(min=1, help="Scheduler shards.")] = 2,
-    binders: Annotated[
-        int, typer.Option(min=1, help="Binders (one leader, the rest standby).")
-    ] = 2,
-    nodeagents: Annotated[int, typer.Option(min=1, help="Node agent processes.")] = 1,
-    hollow_nodes: Annotated[
-        int, typer.Option(min=0, help="Simulated nodes (4 CPU, 32 GiB, 110 pods each).")
-    ] = 100,
-    process_node: Annotated[
-        bool,
-        typer.Option(help="Also run real processes on this machine, as one process-mode node."),
-    ] = True,
-    store_replicas: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Store replicas: with any, three Sentinels fail over to one when the primary "
-            "dies, and every write waits until a replica has it.",
-        ),
-    ] = 0,
-    timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for SERVING.")] = 30.0,
-    grace: Annotated[
-        float, typer.Option(min=0, help="Services' shutdown grace period, in seconds.")
-    ] = 5.0,
-    foreground: Annotated[
-        bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")
-    ] = False,
-    run_as: Annotated[
-        str,
-        typer.Option(
-            "--run-as",
-            help="User process-mode pods run as, never root (default: nobody when started as "
-            "root, else yours).",
-        ),
-    ] = "",
-    insecure: Annotated[
-        bool,
-        typer.Option(
-            "--insecure",
-            help="Serve plaintext gRPC with no authentication: anyone who reaches a port may "
-            "do anything. Default: a cluster CA and mutual TLS.",
-        ),
-    ] = False,
-    dashboard: Annotated[
-        bool, typer.Option(help="Also start the web dashboard (its URL is in `godel status`).")
-    ] = True,
+    home: Path | None,
+    schedulers: int,
+    binders: int,
+    nodeagents: int,
+    hollow_nodes: int,
+    process_node: bool,
+    store_replicas: int,
+    timeout: float,
+    grace: float,
+    foreground: bool,
+    run_as: str,
+    insecure: bool,
+    dashboard: bool,
 ) -> None:
     """Start a local cluster: the store server and every service as separate processes.
 
@@ -128,31 +130,28 @@ def up(
         ],
     )
     if insecure:
-        typer.echo(INSECURE_WARNING, err=True)
+        click.echo(INSECURE_WARNING, err=True)
     else:
-        typer.echo(f"\nmutual TLS: credentials in {godel_home.tls_dir} (admin.crt is yours)")
+        click.echo(f"\nmutual TLS: credentials in {godel_home.tls_dir} (admin.crt is yours)")
     for c in state.components:
         if c.web_url:
-            typer.echo(f"\ndashboard: {c.web_url}")
+            click.echo(f"\ndashboard: {c.web_url}")
     if not foreground:
-        typer.echo(f"\ncluster running in {godel_home}; stop it with `{_down_command(home)}`")
+        click.echo(f"\ncluster running in {godel_home}; stop it with `{_down_command(home)}`")
         return
-    typer.echo(f"\ncluster running in {godel_home}; Ctrl-C stops it")
+    click.echo(f"\ncluster running in {godel_home}; Ctrl-C stops it")
     stop_signals = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     signal.sigwait(stop_signals)
     _print_outcomes(local.down(godel_home))
 
 
-def down(
-    home: HomeOption = None,
-    purge: Annotated[
-        bool,
-        typer.Option(
-            "--purge", help="Also remove the cluster's state directory (store data, logs)."
-        ),
-    ] = False,
-) -> None:
+@click.command("down")
+@home_option
+@click.option(
+    "--purge", is_flag=True, help="Also remove the cluster's state directory (store data, logs)."
+)
+def down(home: Path | None, purge: bool) -> None:
     """Stop the local cluster: SIGTERM every service, then the store; SIGKILL stragglers."""
     godel_home = _home(home)
     try:
@@ -160,18 +159,18 @@ def down(
     except local.StateError as exc:
         fail(str(exc))
     if not outcomes:
-        typer.echo(f"no cluster running in {godel_home}")
+        click.echo(f"no cluster running in {godel_home}")
     else:
         _print_outcomes(outcomes)
     if purge:
         for path in godel_home.purge():
-            typer.echo(f"removed {path}")
+            click.echo(f"removed {path}")
 
 
-def status(
-    home: HomeOption = None,
-    output: Annotated[OutputFormat, typer.Option("--output", "-o")] = OutputFormat.table,
-) -> None:
+@click.command("status")
+@home_option
+@click.option("--output", "-o", type=click.Choice([f.value for f in OutputFormat]), default="table")
+def status(home: Path | None, output: str) -> None:
     """Show every component: pid, address, alive, health; then whether the nodes are
     partitioned between the scheduler shards, and each shard's node count. Exits 1 if any
     component is unhealthy."""
@@ -184,9 +183,9 @@ def status(
     except (local.ClusterError, local.StateError) as exc:
         fail(str(exc))
     if state is not None and state.insecure:
-        typer.echo(INSECURE_WARNING, err=True)
+        click.echo(INSECURE_WARNING, err=True)
     leader = lease.holder if lease is not None else ""
-    if output is OutputFormat.json:
+    if output == OutputFormat.json:
         print_json(
             [
                 asdict(s)
@@ -214,16 +213,16 @@ def status(
                 for s in statuses
             ],
         )
-        typer.echo("")
+        click.echo("")
         if lease is None:
-            typer.echo("binder leader: unknown (the store did not answer)")
+            click.echo("binder leader: unknown (the store did not answer)")
         elif leader:
-            typer.echo(f"binder leader: {leader} at {lease.holder_address} (epoch {lease.epoch})")
+            click.echo(f"binder leader: {leader} at {lease.holder_address} (epoch {lease.epoch})")
         else:
-            typer.echo(f"binder leader: none (last epoch {lease.epoch})")
+            click.echo(f"binder leader: none (last epoch {lease.epoch})")
         for s in statuses:
             if s.web_url:
-                typer.echo(f"dashboard: {s.web_url}")
+                click.echo(f"dashboard: {s.web_url}")
         dispatcher = next((s for s in statuses if s.kind == "dispatcher" and s.healthy), None)
         if dispatcher is not None:
             _print_partitions(dispatcher.address)
@@ -232,18 +231,15 @@ def status(
         fail(f"unhealthy: {', '.join(unhealthy)}")
 
 
-def audit(
-    home: HomeOption = None,
-    store_url: Annotated[
-        str | None,
-        typer.Option(
-            "--store-url",
-            envvar="GODEL_REDIS_URL",
-            show_default=False,
-            help="Audit this store instead of the local cluster's.",
-        ),
-    ] = None,
-) -> None:
+@click.command("audit")
+@home_option
+@click.option(
+    "--store-url",
+    envvar="GODEL_REDIS_URL",
+    show_envvar=True,
+    help="Audit this store instead of the local cluster's.",
+)
+def audit(home: Path | None, store_url: str | None) -> None:
     """Check the cluster's state against the scheduling invariants; exits 1 on any violation."""
     import asyncio
 
@@ -258,12 +254,12 @@ def audit(
             report = await run_audit(store)
         finally:
             await store.close()
-        typer.echo(f"{report.nodes} nodes, {report.pods} pods, {report.bound} bound or running")
+        click.echo(f"{report.nodes} nodes, {report.pods} pods, {report.bound} bound or running")
         for violation in report.violations:
-            typer.echo(f"violation: {violation}", err=True)
+            click.echo(f"violation: {violation}", err=True)
         if not report.ok:
-            raise typer.Exit(1)
-        typer.echo("invariants hold: no over-commit, every pod bound once, gangs whole")
+            raise click.exceptions.Exit(1)
+        click.echo("invariants hold: no over-commit, every pod bound once, gangs whole")
 
     try:
         asyncio.run(check())
@@ -271,19 +267,16 @@ def audit(
         fail(str(exc))
 
 
-def backup(
-    file: Annotated[Path, typer.Argument(help="Where to write the backup.")],
-    home: HomeOption = None,
-    store_url: Annotated[
-        str | None,
-        typer.Option(
-            "--store-url",
-            envvar="GODEL_REDIS_URL",
-            show_default=False,
-            help="Back up this store instead of the local cluster's.",
-        ),
-    ] = None,
-) -> None:
+@click.command("backup")
+@click.argument("file", type=click.Path(path_type=Path), help="Where to write the backup.")
+@home_option
+@click.option(
+    "--store-url",
+    envvar="GODEL_REDIS_URL",
+    show_envvar=True,
+    help="Back up this store instead of the local cluster's.",
+)
+def backup(file: Path, home: Path | None, store_url: str | None) -> None:
     """Write a consistent snapshot of the cluster's store to FILE, while the cluster runs."""
     from godel.local.backup import backup as take_backup
     from store import StoreError
@@ -293,13 +286,13 @@ def backup(
         snapshot = take_backup(url, file)
     except StoreError as exc:
         fail(str(exc))
-    typer.echo(f"backed up {len(snapshot.entries)} keys at revision {snapshot.revision} to {file}")
+    click.echo(f"backed up {len(snapshot.entries)} keys at revision {snapshot.revision} to {file}")
 
 
-def restore(
-    file: Annotated[Path, typer.Argument(help="A file written by `godel backup`.")],
-    home: HomeOption = None,
-) -> None:
+@click.command("restore")
+@click.argument("file", type=click.Path(path_type=Path), help="A file written by `godel backup`.")
+@home_option
+def restore(file: Path, home: Path | None) -> None:
     """Bring the stopped local cluster back to the backup in FILE; `godel up` then starts from it."""
     from godel.local.backup import restore as run_restore
     from store import StoreError
@@ -308,20 +301,10 @@ def restore(
         snapshot = run_restore(_home(home), file)
     except (StoreError, local.ClusterError, local.StateError) as exc:
         fail(str(exc))
-    typer.echo(
+    click.echo(
         f"restored {len(snapshot.entries)} keys at revision {snapshot.revision} "
         f"(backup of {snapshot.created}) into {_home(home)}; start it with `godel up`"
     )
-
-
-def local_address(kind: str, home: Path | None, flag: str) -> str:
-    """Where the local cluster in ``home`` (default $GODEL_HOME) serves ``kind``; exits with
-    an error naming ``flag`` when no cluster runs there. The lookup is the SDK's, so programs
-    and the CLI find the same cluster."""
-    try:
-        return client.local_address(kind, home)
-    except client.ClusterNotFound as exc:
-        fail(f"{exc} or {flag}")
 
 
 def _store_url(home: Path | None, store_url: str | None) -> str:
@@ -347,11 +330,11 @@ def _print_partitions(address: str) -> None:
         with client.ProtoClient(address, timeout=5.0) as api:
             shards = api.list("SchedulerInstance")
     except client.ClientError as exc:
-        typer.echo(f"\npartitioning: unknown ({exc})")
+        click.echo(f"\npartitioning: unknown ({exc})")
         return
     partitions = {s.metadata.name: len(s.spec.partition) for s in shards}  # type: ignore[attr-defined]
     on = any(partitions.values())
-    typer.echo(f"\npartitioning: {'on' if on else 'off'}")
+    click.echo(f"\npartitioning: {'on' if on else 'off'}")
     print_table(
         ["SHARD", "NODES"],
         [(name, count if on else "all") for name, count in sorted(partitions.items())],
@@ -367,7 +350,7 @@ def _down_command(home: Path | None) -> str:
 
 def _print_outcomes(outcomes: list[tuple[str, str]]) -> None:
     for name, outcome in outcomes:
-        typer.echo(f"{name} {outcome}")
+        click.echo(f"{name} {outcome}")
 
 
 def _age(started_iso: str) -> str:

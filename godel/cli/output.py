@@ -8,11 +8,31 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import NoReturn
 
-import typer
+import click
 
 # Set by the global --verbose option; commands that run code which logs (the local-cluster
 # machinery) configure logging with it when they start, so a `godel get` never imports structlog.
 VERBOSE = False
+
+
+class Group(click.Group):
+    """A command group whose --help lists its commands in the order they were added (the
+    order of the README's walk-through, not the alphabet), each with the first paragraph of its
+    help in full, as typer, the previous parser, printed them."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        rows = [
+            (name, " ".join((cmd.help or "").split("\n\n")[0].split()))
+            for name, cmd in commands
+            if cmd is not None and not cmd.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 class OutputFormat(StrEnum):
@@ -36,18 +56,18 @@ def print_table(
     if widths is not None:
         wide = [max(a, b) for a, b in zip(wide, widths, strict=True)]
     for row in cells if header else cells[1:]:
-        typer.echo("   ".join(v.ljust(w) for v, w in zip(row, wide, strict=True)).rstrip())
+        click.echo("   ".join(v.ljust(w) for v, w in zip(row, wide, strict=True)).rstrip())
     return wide
 
 
 def print_json(value: object) -> None:
-    typer.echo(json.dumps(value, indent=2))
+    click.echo(json.dumps(value, indent=2))
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` to stderr and exit with ``code``."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+    click.echo(f"error: {message}", err=True)
+    raise click.exceptions.Exit(code)
 
 
 def configure_logging(verbose: bool) -> None:

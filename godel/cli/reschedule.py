@@ -9,31 +9,21 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING
 
-import typer
+import click
 
-from godel.cli.cluster import HomeOption, local_address
+from godel.cli.common import home_option, local_address, rescheduler_option
 from godel.cli.output import fail, print_json, print_table
-from godel.client import ClientError, ReschedulerClient
-from protos.godel.v1 import api_pb2
 
-ReschedulerOption = Annotated[
-    str | None,
-    typer.Option(
-        "--rescheduler",
-        envvar="GODEL_RESCHEDULER",
-        help="Rescheduler address host:port (default: the local cluster's).",
-        show_default=False,
-    ),
-]
-
-
-def register(app: typer.Typer) -> None:
-    app.command("reschedule")(reschedule)
+if TYPE_CHECKING:  # the client and the messages load when a command runs
+    from godel.client import ReschedulerClient
+    from protos.godel.v1 import api_pb2
 
 
 def rescheduler_client(address: str | None, home: Path | None) -> ReschedulerClient:
+    from godel.client import ClientError, ReschedulerClient
+
     address = address or local_address("rescheduler", home, "--rescheduler")
     try:  # the credentials as the SDK finds them: $GODEL_TLS_DIR, else the home's
         return ReschedulerClient(address, home=home)
@@ -41,29 +31,31 @@ def rescheduler_client(address: str | None, home: Path | None) -> ReschedulerCli
         fail(str(exc))
 
 
+@click.command("reschedule")
+@click.argument("policy", default="", help="The policy to run (see `godel get policies`).")
+@click.option("--pause", is_flag=True, help="Kill switch: no round starts, no batch is evicted.")
+@click.option("--resume", is_flag=True, help="Undo --pause.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Plan and simulate the round on a copy of the state; change nothing.",
+)
+@click.option("--output", "-o", default="table", help="table (default) or json.")
+@rescheduler_option
+@home_option
 def reschedule(
-    policy: Annotated[
-        str, typer.Argument(help="The policy to run (see `godel get policies`).")
-    ] = "",
-    pause: Annotated[
-        bool, typer.Option("--pause", help="Kill switch: no round starts, no batch is evicted.")
-    ] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Undo --pause.")] = False,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="Plan and simulate the round on a copy of the state; change nothing.",
-        ),
-    ] = False,
-    output: Annotated[
-        str, typer.Option("--output", "-o", help="table (default) or json.")
-    ] = "table",
-    rescheduler: ReschedulerOption = None,
-    home: HomeOption = None,
+    policy: str,
+    pause: bool,
+    resume: bool,
+    dry_run: bool,
+    output: str,
+    rescheduler: str | None,
+    home: Path | None,
 ) -> None:
     """Run one rescheduling round of POLICY now and print its plan (a dry run simulates it and
     changes nothing); or pause / resume every policy."""
+    from godel.client import ClientError
+
     if output not in ("table", "json"):
         fail(f"unknown output format {output!r} (table or json)")
     if pause or resume:
@@ -76,7 +68,7 @@ def reschedule(
                 paused = client.pause(pause)
             except ClientError as exc:
                 fail(str(exc))
-        typer.echo("rescheduling paused" if paused else "rescheduling resumed")
+        click.echo("rescheduling paused" if paused else "rescheduling resumed")
         return
     if not policy:
         fail("name a POLICY (see `godel get policies`), or --pause / --resume")
@@ -97,13 +89,13 @@ def reschedule(
 def print_plan(plan: api_pb2.Plan) -> None:
     mode = "dry run" if plan.dry_run else "round"
     if plan.movements:
-        typer.echo(f"movements: {', '.join(plan.movements)} ({plan.evicted} pods evicted)")
-    typer.echo(
+        click.echo(f"movements: {', '.join(plan.movements)} ({plan.evicted} pods evicted)")
+    click.echo(
         f"policy {plan.policy}: {mode} {plan.generation} {plan.outcome}: {plan.message} "
         f"({plan.duration_ms} ms, store revision {plan.revision})"
     )
     if plan.moves:
-        typer.echo("")
+        click.echo("")
         headers = ["BATCH", "POD", "JOB", "FROM", "TO"]
         if plan.dry_run:
             headers.append("SIMULATED")
@@ -115,14 +107,14 @@ def print_plan(plan: api_pb2.Plan) -> None:
             rows.append(row)
         print_table(headers, rows)
     if plan.rejected:
-        typer.echo("")
-        typer.echo("dropped:")
+        click.echo("")
+        click.echo("dropped:")
         print_table(
             ["POD", "FROM", "TO", "REASON"],
             [[r.pod, r.from_node, r.to_node, r.reason] for r in plan.rejected],
         )
     if plan.HasField("after"):
-        typer.echo("")
+        click.echo("")
         print_figures(plan.before, plan.after, gpu=_has_gpus(plan), spread=_is_spread(plan))
 
 
@@ -166,6 +158,8 @@ def print_figures(
 
 def get_policies(output: str, rescheduler: str | None, home: Path | None) -> None:
     """`godel get policies`: each policy's plugins, triggers and last round."""
+    from godel.client import ClientError
+
     with rescheduler_client(rescheduler, home) as client:
         try:
             listing = client.list_policies()
@@ -178,10 +172,10 @@ def get_policies(output: str, rescheduler: str | None, home: Path | None) -> Non
         print_json([json_format.MessageToDict(p) for p in policies])
         return
     if not policies:
-        typer.echo("No policies configured.", err=True)
+        click.echo("No policies configured.", err=True)
         return
     if paused:
-        typer.echo("rescheduling is PAUSED (godel reschedule --resume)", err=True)
+        click.echo("rescheduling is PAUSED (godel reschedule --resume)", err=True)
     rows = []
     for p in policies:
         last = p.last_round

@@ -13,17 +13,16 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
+import click
 import grpc
-import typer
 from google.protobuf.message import Message
 
 from godel import local
 from godel.cli import output
-from godel.cli.cluster import HomeOption, local_address
+from godel.cli.common import home_option, local_address, rescheduler_option, server_option
 from godel.cli.output import fail, print_json, print_table
-from godel.cli.reschedule import ReschedulerOption, get_policies
 from godel.client import ClientError, ProtoClient, unwrap
 from godel.client import logs as pod_logs
 from godel.manifest import (
@@ -37,30 +36,18 @@ from godel.manifest import (
     to_list,
     to_manifest,
 )
-from placement import labelselector
-from placement.budgets import selects
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 
-ServerOption = Annotated[
-    str | None,
-    typer.Option(
-        "--server",
-        "-s",
-        envvar="GODEL_SERVER",
-        help="Dispatcher address host:port (default: the local cluster's).",
-        show_default=False,
-    ),
-]
-OutputOption = Annotated[
-    str,
-    typer.Option(
-        "--output",
-        "-o",
-        help="table (default), wide, json, yaml or name.",
-        autocompletion=lambda: ["table", "wide", "json", "yaml", "name"],
-    ),
-]
+output_option = click.option(
+    "--output",
+    "-o",
+    default="table",
+    help="table (default), wide, json, yaml or name.",
+    shell_complete=lambda _ctx, _param, incomplete: [
+        w for w in ("table", "wide", "json", "yaml", "name") if w.startswith(incomplete)
+    ],
+)
 
 # Every spelling a user may type for a kind, kubectl-style.
 KIND_ALIASES = {
@@ -91,11 +78,6 @@ _KIND_WORDS = [
 DRAIN_RETRY_SECONDS = 2.0
 
 
-def register(app: typer.Typer) -> None:
-    for command in (apply, get, describe, delete, explain, logs, scale, cordon, uncordon, drain):
-        app.command(command.__name__)(command)
-
-
 # ---------------------------------------------------------------------------------------------
 # Plumbing
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +103,7 @@ def _kind(word: str) -> str:
     return kind
 
 
-def _complete_target(incomplete: str) -> list[str]:
+def _complete_target(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
     return [w for w in _KIND_WORDS if w.startswith(incomplete)]
 
 
@@ -154,6 +136,10 @@ def _split_targets(words: Sequence[str]) -> tuple[list[str], str | None]:
 def _selector(text: str) -> str:
     """A -l selector checked here, so a mistake is reported before any call (the server checks
     it again)."""
+    if not text:  # everything: no parser needed
+        return text
+    from placement import labelselector  # only a `get -l` pays for the parser
+
     try:
         labelselector.parse(text)
     except labelselector.SelectorSyntaxError as exc:
@@ -229,6 +215,8 @@ def _optional(msg: Message, field: str) -> object:
 
 def _budget_selects(budget: pb.DisruptionBudget) -> str:
     """What a budget selects: ``job=web`` or its label selector in kubectl's grammar."""
+    from placement import labelselector
+
     if budget.spec.job:
         return f"job={budget.spec.job}"
     return labelselector.to_text(labelselector.selector(budget.spec.selector))
@@ -386,11 +374,11 @@ def _print_listing(
         if output == "json":
             print_json(document)
         else:
-            typer.echo(dump_yaml([document]), nl=False)
+            click.echo(dump_yaml([document]), nl=False)
     elif output == "name":
         for kind, objs in listing:
             for o in objs:
-                typer.echo(f"{kind.lower()}/{o.metadata.name}")  # type: ignore[attr-defined]
+                click.echo(f"{kind.lower()}/{o.metadata.name}")  # type: ignore[attr-defined]
     else:
         prefixed = len(listing) > 1
         printed = False
@@ -398,7 +386,7 @@ def _print_listing(
             if not objs:
                 continue
             if printed:
-                typer.echo("")
+                click.echo("")
             columns = _columns(kind, output)
             print_table([c[0] for c in columns], [_row(kind, o, columns, prefixed) for o in objs])
             printed = True
@@ -423,17 +411,14 @@ def _read_manifests(filenames: Sequence[str]) -> list[Manifest]:
     return manifests
 
 
-FilenameOption = Annotated[
-    list[str], typer.Option("--filename", "-f", help="Manifest file(s); - reads stdin.")
-]
-
-
-def apply(
-    filename: FilenameOption,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate only.")] = False,
-    server: ServerOption = None,
-    home: HomeOption = None,
-) -> None:
+@click.command("apply")
+@click.option(
+    "--filename", "-f", multiple=True, required=True, help="Manifest file(s); - reads stdin."
+)
+@click.option("--dry-run", is_flag=True, help="Validate only.")
+@server_option
+@home_option
+def apply(filename: tuple[str, ...], dry_run: bool, server: str | None, home: Path | None) -> None:
     """Create, update or leave unchanged the objects in manifest files (a List too).
 
     Each is reported `created`, `configured` or `unchanged`; a change to a field that cannot
@@ -458,44 +443,51 @@ def apply(
             failed = True
             _report_violations(target, result.violations)
         else:
-            typer.echo(f"{target} {result.action}{suffix}")
+            click.echo(f"{target} {result.action}{suffix}")
     if failed:
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
 def _report_violations(target: str, violations: Sequence[Any]) -> None:
     for v in violations:
-        typer.echo(f"error: {target}: {v.field}: {v.description}", err=True)
+        click.echo(f"error: {target}: {v.field}: {v.description}", err=True)
 
 
+@click.command("get")
+@click.argument(
+    "target",
+    nargs=-1,
+    required=True,
+    help="TYPE [NAME], TYPE/NAME or TYPE,TYPE (e.g. job,pod)",
+    shell_complete=_complete_target,
+)
+@output_option
+@click.option("--job", default="", show_default=False, help="Pods of this job only.")
+@click.option(
+    "--selector",
+    "-l",
+    default="",
+    show_default=False,
+    help="Label selector, kubectl's grammar: 'app=web,tier!=db,zone in (a,b),!canary'.",
+)
+@click.option("--watch", "-w", is_flag=True, help="After listing, print each change as it happens.")
+@server_option
+@home_option
+@rescheduler_option
 def get(
-    target: Annotated[
-        list[str],
-        typer.Argument(
-            help="TYPE [NAME], TYPE/NAME or TYPE,TYPE (e.g. job,pod)",
-            autocompletion=_complete_target,
-        ),
-    ],
-    output: OutputOption = "table",
-    job: Annotated[str, typer.Option("--job", help="Pods of this job only.")] = "",
-    selector: Annotated[
-        str,
-        typer.Option(
-            "--selector",
-            "-l",
-            help="Label selector, kubectl's grammar: 'app=web,tier!=db,zone in (a,b),!canary'.",
-        ),
-    ] = "",
-    watch: Annotated[
-        bool,
-        typer.Option("--watch", "-w", help="After listing, print each change as it happens."),
-    ] = False,
-    server: ServerOption = None,
-    home: HomeOption = None,
-    rescheduler: ReschedulerOption = None,
+    target: tuple[str, ...],
+    output: str,
+    job: str,
+    selector: str,
+    watch: bool,
+    server: str | None,
+    home: Path | None,
+    rescheduler: str | None,
 ) -> None:
     """List objects of one or more types, or show one (`get policies` asks the rescheduler)."""
     if target and target[0].lower() in ("policy", "policies"):
+        from godel.cli.reschedule import get_policies
+
         get_policies(output, rescheduler, home)
         return
     _check_output(output)
@@ -515,7 +507,7 @@ def get(
             objs = _guard(lambda: client.list(kind, job=pods_of, selector=selector))  # noqa: B023
             listing.append((kind, objs))
     if not any(objs for _, objs in listing) and output in ("table", "wide"):
-        typer.echo(f"No {', '.join(k.lower() + 's' for k in kinds)} found.", err=True)
+        click.echo(f"No {', '.join(k.lower() + 's' for k in kinds)} found.", err=True)
         return
     _print_listing(listing, output, single=bool(name))
 
@@ -549,7 +541,7 @@ def _watch(
             for obj in objs:
                 _print(kind, [obj], output, single=True)
                 if output == "yaml":
-                    typer.echo("---")
+                    click.echo("---")
 
     try:
         for event in client.watch(
@@ -575,14 +567,17 @@ def _watch(
         pass
 
 
-def describe(
-    target: Annotated[
-        list[str],
-        typer.Argument(help="TYPE NAME or TYPE/NAME", autocompletion=_complete_target),
-    ],
-    server: ServerOption = None,
-    home: HomeOption = None,
-) -> None:
+@click.command("describe")
+@click.argument(
+    "target",
+    nargs=-1,
+    required=True,
+    help="TYPE NAME or TYPE/NAME",
+    shell_complete=_complete_target,
+)
+@server_option
+@home_option
+def describe(target: tuple[str, ...], server: str | None, home: Path | None) -> None:
     """Everything about one object: its manifest, for pods why they are (not) placed, and the
     events that concern it."""
     kind, name = _split_target(target)
@@ -590,14 +585,16 @@ def describe(
         fail("describe needs a NAME")
     with _client(server, home) as client:
         obj = _guard(lambda: client.get(kind, name))
-        typer.echo(dump_yaml([to_manifest(kind, obj)]), nl=False)
+        click.echo(dump_yaml([to_manifest(kind, obj)]), nl=False)
         if kind == "Pod":
-            typer.echo(f"scheduling: {render_explanation(_guard(lambda: client.explain(name)))}")
+            click.echo(f"scheduling: {render_explanation(_guard(lambda: client.explain(name)))}")
         elif kind == "Job":
             pods = _guard(lambda: client.list("Pod", job=name))
-            typer.echo("pods:")
+            click.echo("pods:")
             _print("Pod", pods, "table")
         elif kind == "DisruptionBudget":
+            from placement.budgets import selects
+
             assert isinstance(obj, pb.DisruptionBudget)
             pods = _guard(lambda: client.list("Pod", job=obj.spec.job))  # every pod if no job
             _describe_budget(obj, [p for p in pods if isinstance(p, pb.Pod) and selects(obj, p)])
@@ -609,27 +606,27 @@ def describe(
             for e in _guard(lambda: client.list("Event"))
             if isinstance(e, pb.Event) and e.regarding.kind == kind and e.regarding.name == name
         ]
-    typer.echo("events:")
+    click.echo("events:")
     events.sort(key=lambda e: e.event_time_ms)
     if events:
         _print("Event", events, "table")
     else:
-        typer.echo("  <none>")
+        click.echo("  <none>")
 
 
 def _describe_movement(movement: pb.Movement) -> None:
     """A Movement's story: its batch, who acknowledged, and where each job's replacements went
     against where they were recommended."""
     s, spec = movement.status, movement.spec
-    typer.echo(
+    click.echo(
         f"movement: batch {spec.batch} of round {spec.generation} of policy {spec.policy} "
         f"({spec.creator}), {s.phase}{': ' + s.message if s.message else ''}"
     )
     acks = ", ".join(s.notified_schedulers) or "none yet"
-    typer.echo(f"acknowledged by: {acks}")
-    typer.echo("evicted:")
+    click.echo(f"acknowledged by: {acks}")
+    click.echo("evicted:")
     print_table(["POD", "FROM"], [[t.pod, t.node] for t in spec.deleted_tasks])
-    typer.echo("replacements:")
+    click.echo("replacements:")
     rows: list[list[object]] = []
     for owner in s.owners:
         for rec in owner.recommended_nodes:
@@ -643,25 +640,21 @@ def _describe_movement(movement: pb.Movement) -> None:
 def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> None:
     s = budget.status
     allowed = f"{s.disruptions_allowed} disruption{'' if s.disruptions_allowed == 1 else 's'}"
-    typer.echo(
+    click.echo(
         f"budget: {allowed} allowed now ({s.current_healthy} healthy, "
         f"{s.desired_healthy} desired, {s.expected_pods} expected)"
     )
-    typer.echo("pods:")
+    click.echo("pods:")
     _print("Pod", pods, "table")
 
 
+@click.command("delete")
+@click.argument("target", nargs=-1, help="TYPE NAME or TYPE/NAME", shell_complete=_complete_target)
+@click.option("--filename", "-f", multiple=True, help="Delete the objects of these manifests.")
+@server_option
+@home_option
 def delete(
-    target: Annotated[
-        list[str] | None,
-        typer.Argument(help="TYPE NAME or TYPE/NAME", autocompletion=_complete_target),
-    ] = None,
-    filename: Annotated[
-        list[str] | None,
-        typer.Option("--filename", "-f", help="Delete the objects of these manifests."),
-    ] = None,
-    server: ServerOption = None,
-    home: HomeOption = None,
+    target: tuple[str, ...], filename: tuple[str, ...], server: str | None, home: Path | None
 ) -> None:
     """Delete an object, or those of manifest files; deleting a job deletes its pods."""
     if bool(target) == bool(filename):
@@ -669,7 +662,7 @@ def delete(
     if filename:
         targets = [(m.kind, m.name) for m in _read_manifests(filename)]
     else:
-        kind, name = _split_target(target or [])
+        kind, name = _split_target(target)
         if not name:
             fail("delete needs a NAME")
         targets = [(kind, name)]
@@ -680,20 +673,20 @@ def delete(
                 client.delete(kind, name)
             except ClientError as exc:
                 # As kubectl: report it and go on with the others; the exit status says so.
-                typer.echo(f"error: {kind.lower()}/{name}: {exc}", err=True)
+                click.echo(f"error: {kind.lower()}/{name}: {exc}", err=True)
                 failed = True
             else:
-                typer.echo(f"{kind.lower()}/{name} deleted")
+                click.echo(f"{kind.lower()}/{name} deleted")
     if failed:
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)
 
 
-def explain(
-    pod: Annotated[str, typer.Argument(help="Pod name")],
-    output: OutputOption = "table",
-    server: ServerOption = None,
-    home: HomeOption = None,
-) -> None:
+@click.command("explain")
+@click.argument("pod", help="Pod name")
+@output_option
+@server_option
+@home_option
+def explain(pod: str, output: str, server: str | None, home: Path | None) -> None:
     """Why a pod is pending (or where it runs)."""
     with _client(server, home) as client:
         result = _guard(lambda: client.explain(pod))
@@ -702,7 +695,7 @@ def explain(
 
         print_json(json_format.MessageToDict(result, preserving_proto_field_name=True))
         return
-    typer.echo(f"pod/{result.pod}: {render_explanation(result)}")
+    click.echo(f"pod/{result.pod}: {render_explanation(result)}")
 
 
 def render_explanation(result: api_pb2.ExplainResponse) -> str:
@@ -723,13 +716,13 @@ def render_explanation(result: api_pb2.ExplainResponse) -> str:
     return text
 
 
-def logs(
-    pod: Annotated[str, typer.Argument(help="Pod name")],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until it ends.")] = False,
-    tail: Annotated[int, typer.Option("--tail", help="Last N lines (0 = all).")] = 0,
-    server: ServerOption = None,
-    home: HomeOption = None,
-) -> None:
+@click.command("logs")
+@click.argument("pod", help="Pod name")
+@click.option("--follow", "-f", is_flag=True, help="Stream until it ends.")
+@click.option("--tail", default=0, help="Last N lines (0 = all).")
+@server_option
+@home_option
+def logs(pod: str, follow: bool, tail: int, server: str | None, home: Path | None) -> None:
     """The output of a process-mode pod."""
     with _client(server, home) as client:
         obj = _guard(lambda: client.get("Pod", pod))
@@ -761,11 +754,13 @@ def _agent_address(spec: pb.NodeSpec, home: Path | None) -> str:
     return record.address
 
 
-def scale(
-    target: Annotated[str, typer.Argument(help="KIND=N, e.g. scheduler=4")],
-    home: HomeOption = None,
-    timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for SERVING.")] = 30.0,
-) -> None:
+@click.command("scale")
+@click.argument("target", help="KIND=N, e.g. scheduler=4")
+@home_option
+@click.option(
+    "--timeout", type=click.FloatRange(min=1), default=30.0, help="Seconds to wait for SERVING."
+)
+def scale(target: str, home: Path | None, timeout: float) -> None:
     """Set the number of scheduler shards (or binders) of the local cluster."""
     kind, _, count = target.partition("=")
     if not count.isdigit():
@@ -781,7 +776,7 @@ def scale(
     except local.ClusterError as exc:
         fail(str(exc))
     for line in changes or [f"{kind} already has {count} replica(s)"]:
-        typer.echo(line)
+        click.echo(line)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -789,20 +784,20 @@ def scale(
 # ---------------------------------------------------------------------------------------------
 
 
-def cordon(
-    node: Annotated[str, typer.Argument(help="Node name")],
-    server: ServerOption = None,
-    home: HomeOption = None,
-) -> None:
+@click.command("cordon")
+@click.argument("node", help="Node name")
+@server_option
+@home_option
+def cordon(node: str, server: str | None, home: Path | None) -> None:
     """Mark a node unschedulable: no new pod is placed on it; its pods stay."""
     _set_unschedulable(node, True, server, home)
 
 
-def uncordon(
-    node: Annotated[str, typer.Argument(help="Node name")],
-    server: ServerOption = None,
-    home: HomeOption = None,
-) -> None:
+@click.command("uncordon")
+@click.argument("node", help="Node name")
+@server_option
+@home_option
+def uncordon(node: str, server: str | None, home: Path | None) -> None:
     """Let new pods be placed on a cordoned node again."""
     _set_unschedulable(node, False, server, home)
 
@@ -814,7 +809,7 @@ def _set_unschedulable(node: str, value: bool, server: str | None, home: Path | 
             stored = _guard(lambda: client.get("Node", node))
             assert isinstance(stored, pb.Node)
             if stored.spec.unschedulable == value:
-                typer.echo(f"node/{node} already {word}")
+                click.echo(f"node/{node} already {word}")
                 return
             stored.spec.unschedulable = value
             try:
@@ -826,27 +821,24 @@ def _set_unschedulable(node: str, value: bool, server: str | None, home: Path | 
                 fail(str(exc))
             if result.violations:
                 _report_violations(f"node/{node}", result.violations)
-                raise typer.Exit(1)
-            typer.echo(f"node/{node} {word}")
+                raise click.exceptions.Exit(1)
+            click.echo(f"node/{node} {word}")
             return
     fail(f"node/{node} kept changing; try again")
 
 
-def drain(
-    node: Annotated[str, typer.Argument(help="Node name")],
-    timeout: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            help="Seconds to keep evicting what disruption budgets hold back (0: one pass).",
-        ),
-    ] = 300.0,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="List what would be evicted; change nothing.")
-    ] = False,
-    server: ServerOption = None,
-    home: HomeOption = None,
-) -> None:
+@click.command("drain")
+@click.argument("node", help="Node name")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    help="Seconds to keep evicting what disruption budgets hold back (0: one pass).",
+)
+@click.option("--dry-run", is_flag=True, help="List what would be evicted; change nothing.")
+@server_option
+@home_option
+def drain(node: str, timeout: float, dry_run: bool, server: str | None, home: Path | None) -> None:
     """Cordon a node and evict its pods, within their disruption budgets.
 
     Evictions go through the Binder's one eviction path (reason Drained; a replacement is
@@ -858,23 +850,23 @@ def drain(
         while True:
             response = _guard(lambda: client.drain(node, dry_run=dry_run))
             if response.cordoned:
-                typer.echo(f"node/{node} cordoned")
+                click.echo(f"node/{node} cordoned")
             waiting = []
             for pod in response.pods:
                 if pod.outcome == "waiting":
                     waiting.append(pod.pod)
                     if reported.get(pod.pod) != pod.reason:
-                        typer.echo(f"pod/{pod.pod} waiting: {pod.reason}")
+                        click.echo(f"pod/{pod.pod} waiting: {pod.reason}")
                         reported[pod.pod] = pod.reason
                 elif pod.outcome == "evicted":
                     replaced = f" (replacement {pod.replacement})" if pod.replacement else ""
-                    typer.echo(f"pod/{pod.pod} evicted{replaced}")
+                    click.echo(f"pod/{pod.pod} evicted{replaced}")
                 else:
-                    typer.echo(f"pod/{pod.pod} {pod.outcome}")
+                    click.echo(f"pod/{pod.pod} {pod.outcome}")
             if dry_run:
                 return
             if not waiting:
-                typer.echo(f"node/{node} drained")
+                click.echo(f"node/{node} drained")
                 return
             if time.monotonic() + DRAIN_RETRY_SECONDS > deadline:
                 fail(f"node/{node} not drained: still waiting for {', '.join(waiting)}")
