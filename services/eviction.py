@@ -132,7 +132,9 @@ class EvictionOps:
         self.ops.append(Release(evicted(pod, e.reason, e.message, now_ms, e.by)))
         self.targets.append(pod.metadata.name)
         job = self._job_of(pod.spec.job) if pod.spec.job else None
-        if job is not None and (self._always_replace or job.spec.replace_lost_pods):
+        # A job whose deletion has begun (its pods going chunk by chunk) gets no new pods.
+        live = job is not None and not job.metadata.deletion_timestamp_ms
+        if job is not None and live and (self._always_replace or job.spec.replace_lost_pods):
             new = replacement(pod, self._siblings(pod), self._taken)
             self._taken.add(new.metadata.name)
             self.ops.append(Create(new))

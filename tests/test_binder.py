@@ -248,6 +248,12 @@ def node_state(name: str, *, ready: bool = True, unschedulable: bool = False) ->
     return n
 
 
+def being_deleted(job: pb.Job) -> pb.Job:
+    """Marked as the dispatcher's chunked deletion marks it (services/dispatcher/deletion.py)."""
+    job.metadata.deletion_timestamp_ms = 1
+    return job
+
+
 @dataclass
 class Case:
     id: str
@@ -297,6 +303,13 @@ CASES = [
         [("g", [("g-0", "n1"), ("g-1", "n1"), ("g-2", "nowhere")]), ("h", [("h-0", "n1")])],
         {"g-0": (V.GANG_REJECTED, G), "g-1": (V.GANG_REJECTED, G),
          "g-2": (V.GANG_REJECTED, "not found"), "h-0": (V.BOUND, "")},
+    ),
+    Case(
+        "a job whose deletion began binds nothing more",
+        [f.node("n1")],
+        [being_deleted(f.job("a"))],
+        [("a", [("a-0", "n1")])],
+        {"a-0": (V.STALE, "being deleted")},
     ),
     Case(
         "stale pod version",

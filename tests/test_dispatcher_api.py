@@ -953,6 +953,36 @@ async def test_a_job_too_big_for_one_store_script_is_stored_chunk_by_chunk(
     assert again.results[0].existing
 
 
+async def test_a_job_too_big_for_one_store_script_is_deleted_chunk_by_chunk(
+    dispatcher: Running, store: Store
+) -> None:
+    """Delete of a job whose pods do not fit one store script: the job is marked first (nothing
+    more is made for it), its pods go a chunk per commit, the job last with what remains; the
+    reply counts every object deleted."""
+    replicas = CHUNK_OPS + 500
+    created = await dispatcher.api.Submit(
+        api_pb2.SubmitRequest(jobs=[f.job("huge", replicas=replicas)])
+    )
+    assert created.results[0].created, created.results[0].violations
+    start = await store.revision()
+    response = await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Job", name="huge"))
+    assert response.deleted == replicas + 1
+    assert (await store.list_all(pb.Pod))[0] == []
+    assert await store.get_many(pb.Job, ["huge"]) == [None]
+    job_events: list[tuple[str, bool]] = []
+    pods_before_job = 0
+    async for batch in store.watch(start, ["Job", "Pod"]):
+        for e in batch.events:
+            if isinstance(e.obj, pb.Job):
+                job_events.append((e.type, bool(e.obj.metadata.deletion_timestamp_ms)))
+            elif e.type == "DELETED" and not any(t == "DELETED" for t, _ in job_events):
+                pods_before_job += 1
+        if batch.caught_up:
+            break
+    assert job_events == [("MODIFIED", True), ("DELETED", True)]
+    assert pods_before_job >= CHUNK_OPS  # at least one whole chunk went before the job
+
+
 async def test_a_submitted_pods_created_mark_is_not_stored(
     dispatcher: Running, store: Store
 ) -> None:

@@ -22,6 +22,7 @@ from services.dispatcher.controllers import (
     QueueStatusController,
     job_status,
 )
+from services.dispatcher.deletion import JobDeleter
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
 from services.dispatcher.ttl import FinishedJobCollector
 from services.nodeagent.service import NodeAgentService
@@ -641,3 +642,46 @@ async def test_finished_jobs_are_deleted_with_their_pods_after_their_ttl(
 
 async def names(store: Store, kind: type[pb.Job] | type[pb.Pod]) -> set[str]:
     return {o.metadata.name for o in (await store.list_all(kind))[0]}
+
+
+async def test_a_finished_job_too_big_for_one_script_is_deleted_in_chunks(
+    store: Store, informer: Informer
+) -> None:
+    """The finished-job collector hands a job whose deletion would not fit one store script to
+    the Delete RPC's JobDeleter: marked first, then its pods chunk by chunk, the job last; small
+    jobs still go in the one pipelined commit."""
+    await store.create(f.node("n1"))
+    status = JobStatusController(store, informer)
+    deleter = JobDeleter(store, lambda job: status.pods.by_job.get(job, {}).keys(), chunk_ops=4)
+    collector = FinishedJobCollector(
+        store, informer, status.pods, deleter=deleter, default_ttl_seconds=0
+    )
+    for name, replicas in (("big", 10), ("small", 2)):
+        job = f.job(name, replicas=replicas)
+        pods = f.pods_of(job)
+        await store.create_unit(job, pods)
+        await bind(store, pods, "n1", await binder_fence(store))
+        for p in pods:
+            p.status.phase = pb.POD_SUCCEEDED
+        await store.commit_many([[Release(p)] for p in pods])
+    await caught_up(store, informer)
+    await status.tick()
+    await caught_up(store, informer)
+    start = await store.revision()
+    await collector.tick()
+    assert await names(store, pb.Job) == set()
+    assert await names(store, pb.Pod) == set()
+    assert (collector.deleted_jobs, collector.deleted_pods) == (2, 12)
+    # The big job's history: marked, its pods in chunks, then itself; never all at once.
+    history: list[tuple[str, str, bool]] = []
+    async for batch in store.watch(start, ["Job", "Pod"]):
+        for e in batch.events:
+            if isinstance(e.obj, pb.Job) and e.name == "big":
+                history.append((e.kind, e.type, bool(e.obj.metadata.deletion_timestamp_ms)))
+            elif isinstance(e.obj, pb.Pod) and e.obj.spec.job == "big":
+                history.append((e.kind, e.type, False))
+        if batch.caught_up:
+            break
+    assert history[0] == ("Job", "MODIFIED", True), history[:3]
+    assert history[-1][0:2] == ("Job", "DELETED")
+    assert sum(1 for k, t, _ in history if k == "Pod" and t == "DELETED") == 10

@@ -542,3 +542,12 @@ def test_a_unit_whose_pods_are_still_being_created_is_not_sent(
         del job.metadata.annotations[PODS_CREATED_ANNOTATION]
         assert world.take() == ["big"]
         assert len(world.uq.units["big"].pods) == 4
+
+
+def test_a_unit_whose_job_is_being_deleted_is_not_sent() -> None:
+    """A job whose deletion began (deletion.py: marked, its pods going chunk by chunk) is not
+    scheduled any more, though some of its pods are still pending in the queue."""
+    world = World()
+    world.submit("going", replicas=3)
+    world.jobs["going"].metadata.deletion_timestamp_ms = 1
+    assert world.take() == []

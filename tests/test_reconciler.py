@@ -20,6 +20,7 @@ from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher, UnitS
 from services.dispatcher.reconciler import Reconciler
 from services.dispatcher.validation import PODS_CREATED_ANNOTATION, normalise_job
 from store import Store
+from store.client import Delete
 from store.informer import Informer
 from tests import factories as f
 from tests.dispatcher_harness import (
@@ -183,3 +184,21 @@ async def test_a_job_left_unfinished_is_completed_and_dispatched_whole(
     assert PODS_CREATED_ANNOTATION not in stored.metadata.annotations
     pods, _ = await store.list_all(pb.Pod)
     assert len(pods) == replicas
+
+
+async def test_a_deletion_left_midway_is_finished(dispatcher: Running, store: Store) -> None:
+    """What a dispatcher that stopped midway through deleting a big job leaves behind: the job
+    marked for deletion and some of its pods. The reconciler deletes the rest, then the job."""
+    job = normalise_job(f.job("leaving", replicas=6))
+    job.metadata.deletion_timestamp_ms = int(time.time() * 1000)
+    pods = f.pods_of(job)
+    await store.create_unit(job, pods)
+    await store.commit([Delete("Pod", p.metadata.name) for p in pods[:2]])  # the chunks done
+    reconciler = dispatcher.service.reconciler
+    await eventually(
+        lambda: reconciler.repairs["unfinished_deletion"] == 1,
+        timeout=INTERVAL + 30,
+        what="repair",
+    )
+    assert await store.get_many(pb.Job, ["leaving"]) == [None]
+    assert (await store.list_all(pb.Pod))[0] == []

@@ -130,6 +130,8 @@ class BatchPlan:
             return Rejection(ERROR, f"pod {p.pod!r} belongs to job {pod.spec.job!r}")
         if job is None:
             return Rejection(STALE, f"job {unit.job!r} not found")
+        if job.metadata.deletion_timestamp_ms:
+            return Rejection(STALE, f"job {unit.job!r} is being deleted")
         if pod.metadata.deletion_timestamp_ms:
             return Rejection(STALE, "pod is being deleted")
         if pod.spec.node_name:

@@ -26,6 +26,7 @@ from services.binder.client import EvictError
 from services.binder.state import holds_claim
 from services.dispatcher import validation as v
 from services.dispatcher.creation import PodCreator, first_commit
+from services.dispatcher.deletion import JobDeleter
 from services.dispatcher.dispatch import UnitDispatcher
 from services.dispatcher.unitqueue import is_pending
 from services.eviction import DRAINED
@@ -43,7 +44,7 @@ from store import (
     StoreUnavailableError,
 )
 from store import kinds as kinds_mod
-from store.client import Create, Delete, Op, Update
+from store.client import Create, Op, Update
 from store.kinds import USER_KINDS, unwrap, wrap
 
 log = structlog.get_logger(__name__)
@@ -87,6 +88,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         max_replicas: int,
         max_pending_pods: int = 200_000,
         creator: PodCreator | None = None,
+        deleter: JobDeleter | None = None,
     ) -> None:
         self.store = store
         self.core = core
@@ -94,6 +96,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         self.max_pending_pods = max_pending_pods
         # Creates big jobs' pods chunk by chunk; the reconciler resumes what it left unfinished.
         self.creator = creator or PodCreator(store)
+        # Deletes jobs with their pods, big ones chunk by chunk; the reconciler resumes them.
+        self.deleter = deleter or JobDeleter(store, self._replacement_pods)
 
     # -----------------------------------------------------------------------------------------
     # Submit
@@ -538,33 +542,23 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
 
+    def _replacement_pods(self, job: str) -> list[str]:
+        """Pods of ``job`` by the informer (replacements are not ``<job>-<index>``): a scan,
+        for a servicer built without the dispatcher's pod index."""
+        return [
+            p.metadata.name  # type: ignore[attr-defined]
+            for p in self.core.informer.list("Pod")
+            if p.spec.job == job  # type: ignore[attr-defined]
+        ]
+
     async def _delete_job(self, name: str, expected: int) -> int:
-        """The job and every pod of it in one commit (bound pods return their claims)."""
-        for attempt in range(_CAS_RETRIES):
-            job = await self.store.get(pb.Job, name)
-            if expected and job.metadata.resource_version != expected:
-                raise ConflictError("Job", name, expected, job.metadata.resource_version)
-            # Pods are `<job>-<index>`; replacements of lost pods are named otherwise, and the
-            # informer knows them.
-            names = {f"{name}-{i}" for i in range(job.spec.replicas)}
-            names |= {
-                p.metadata.name  # type: ignore[attr-defined]
-                for p in self.core.informer.list("Pod")
-                if p.spec.job == name  # type: ignore[attr-defined]
-            }
-            pods = await self.store.get_many(pb.Pod, sorted(names))
-            ops: list[Op] = [Delete("Job", name, job.metadata.resource_version)]
-            ops += [Delete("Pod", p.metadata.name) for p in pods if p and p.spec.job == name]
-            try:
-                await self.store.commit(ops)
-            except CommitError as exc:
-                # A pod vanished or the job changed meanwhile: read again.
-                if attempt == _CAS_RETRIES - 1 or expected:
-                    raise _Aborted(str(exc.cause)) from exc
-                continue
-            log.info("job deleted", job=name, pods=len(ops) - 1)
-            return len(ops)
-        raise AssertionError("unreachable")
+        """The job and every pod of it (bound pods return their claims): one commit, or in
+        chunks for a big job (``deletion.JobDeleter``)."""
+        job = await self.store.get(pb.Job, name)
+        try:
+            return await self.deleter.delete(job, expected)
+        except CommitError as exc:
+            raise _Aborted(str(exc.cause)) from exc
 
     # -----------------------------------------------------------------------------------------
     # Explain

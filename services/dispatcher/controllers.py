@@ -37,7 +37,7 @@ from google.protobuf.message import Message
 
 from placement.budgets import current_status
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.validation import pods_complete
+from services.dispatcher.validation import being_deleted, pods_complete
 from services.eviction import (
     EVICTION_REASONS,
     NODE_LOST,
@@ -547,7 +547,7 @@ class JobStatusController:
             # A job whose pods are still being created is pending, nothing of it placed (it is
             # not dispatched): recounting its growing pods every tick would only cost. The
             # update that completes it brings it back here.
-            if isinstance(job, pb.Job) and pods_complete(job):
+            if isinstance(job, pb.Job) and pods_complete(job) and not being_deleted(job):
                 jobs.append(job)
         try:
             retry = await self._write(jobs)
@@ -654,6 +654,7 @@ class JobRetryController:
                 not isinstance(obj, pb.Job)
                 or not obj.spec.HasField("backoff_limit")
                 or obj.status.phase == pb.JOB_SUCCEEDED
+                or being_deleted(obj)
             ):
                 self.failing.discard(name)  # gone, no policy, or nothing left to retry for
                 continue

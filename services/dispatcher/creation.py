@@ -76,7 +76,7 @@ class PodCreator:
                     # The job changed meanwhile (its status, an Apply): go on from the fresh
                     # copy, unless it is gone or another job of the same name.
                     fresh = (await self.store.get_many(pb.Job, [name]))[0]
-                    if fresh is None or fresh.metadata.uid != uid:
+                    if fresh is None or fresh.metadata.uid != uid or v.being_deleted(fresh):
                         log.info("job deleted while its pods were being created", job=name)
                         return created
                     job = fresh
@@ -94,7 +94,7 @@ class PodCreator:
         if name in self.active:
             return 0
         job = (await self.store.get_many(pb.Job, [name]))[0]
-        if job is None or v.pods_complete(job):
+        if job is None or v.pods_complete(job) or v.being_deleted(job):
             return 0
         first = (await self.store.get_many(pb.Pod, [f"{name}-0"]))[0]
         preemptible = first is not None and first.spec.preemptible

@@ -16,6 +16,9 @@ cracks of the normal paths, repairs it, and logs and counts every repair (``repa
   that nobody in this process is creating — the dispatcher that began it stopped midway: its
   remaining pods are created, chunk by chunk, from where the mark says it got
   (``creation.PodCreator.resume``), so its unit is dispatched whole.
+- ``unfinished_deletion``: a job marked for deletion (``metadata.deletion_timestamp_ms``) that
+  nobody in this process is deleting — the dispatcher deleting it chunk by chunk stopped midway:
+  its remaining pods and then the job are deleted (``deletion.JobDeleter.resume``).
 
 Placements a shard proposed and never got a verdict for are the shard's to repair (its own
 reconciler, ``services/scheduler/service.py``): only it holds them.
@@ -33,9 +36,10 @@ from google.protobuf.message import Message
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers import JobStatusController, job_status
 from services.dispatcher.creation import PodCreator
+from services.dispatcher.deletion import JobDeleter
 from services.dispatcher.dispatch import UnitDispatcher
 from services.dispatcher.unitqueue import UnitState
-from services.dispatcher.validation import pods_complete
+from services.dispatcher.validation import being_deleted, pods_complete
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -54,6 +58,7 @@ class Reconciler:
         dead_shard_seconds: float = 60.0,
         jobs_per_pass: int = 2_000,
         creator: PodCreator | None = None,
+        deleter: JobDeleter | None = None,
     ) -> None:
         self.store = store
         self.informer = informer
@@ -71,6 +76,9 @@ class Reconciler:
         self.creator = creator or PodCreator(store)
         # Jobs whose pods are not all stored, kept from job events (no scan of every job).
         self._unfinished: set[str] = set()
+        self.deleter = deleter or JobDeleter(store, lambda _job: ())
+        # Jobs whose deletion began (in chunks), kept from job events likewise.
+        self._deleting: set[str] = set()
         informer.add_handlers(
             Handlers(
                 on_add=lambda _, job: self._on_job(job),
@@ -95,6 +103,7 @@ class Reconciler:
         made["dead_shard"] = await self._dead_shards()
         made["job_status"] = await self._job_statuses()
         made["unfinished_job"] = await self._unfinished_jobs()
+        made["unfinished_deletion"] = await self._unfinished_deletions()
         made = +made  # drop the zeros
         self.repairs.update(made)
         return made
@@ -105,10 +114,15 @@ class Reconciler:
     def _on_job(self, job: Message, deleted: bool = False) -> None:
         if not isinstance(job, pb.Job):
             return
-        if deleted or pods_complete(job):
-            self._unfinished.discard(job.metadata.name)
+        name = job.metadata.name
+        if deleted or pods_complete(job) or being_deleted(job):
+            self._unfinished.discard(name)
         else:
-            self._unfinished.add(job.metadata.name)
+            self._unfinished.add(name)
+        if not deleted and being_deleted(job):
+            self._deleting.add(name)
+        else:
+            self._deleting.discard(name)
 
     async def _unfinished_jobs(self) -> int:
         """Last in a pass: a big job takes a while (each chunk is a commit)."""
@@ -117,6 +131,17 @@ class Reconciler:
             created = await self.creator.resume(name)
             if created:
                 self._repaired("unfinished_job", job=name, pods_created=created)
+                count += 1
+        return count
+
+    async def _unfinished_deletions(self) -> int:
+        """A job marked for deletion that nobody here is deleting: the dispatcher that began
+        it stopped midway (``deletion.py``)."""
+        count = 0
+        for name in sorted(self._deleting - self.deleter.active):
+            gone = await self.deleter.resume(name)
+            if gone:
+                self._repaired("unfinished_deletion", job=name, objects_deleted=gone)
                 count += 1
         return count
 

@@ -7,6 +7,7 @@ first dispatch round and no pod is lost across a restart.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,6 +28,7 @@ from services.dispatcher.controllers import (
     QueueStatusController,
 )
 from services.dispatcher.creation import PodCreator
+from services.dispatcher.deletion import JobDeleter
 from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
 from services.dispatcher.partitions import NodeShuffler, PartitionSettings
 from services.dispatcher.reconciler import Reconciler
@@ -197,12 +199,17 @@ class DispatcherService(Service[DispatcherConfig]):
         )
         # One creator of big jobs' pods, shared by Submit and the reconciler that resumes them.
         self.creator = PodCreator(self.store)
+        # One deleter of jobs with their pods (big ones in chunks), shared by Delete, the
+        # finished-job collector and the reconciler that resumes a deletion left midway.
+        self.pods: PodIndex | None = None  # built in on_start
+        self.deleter = JobDeleter(self.store, self._pods_of_job)
         servicer = DispatcherServicer(
             self.store,
             self.core,
             max_replicas=cfg.max_replicas,
             max_pending_pods=cfg.max_pending_pods,
             creator=self.creator,
+            deleter=self.deleter,
         )
         self.core.events = self.events = events.EventRecorder(self.store, cfg.name)
         api_pb2_grpc.add_DispatcherServicer_to_server(servicer, server)
@@ -218,6 +225,7 @@ class DispatcherService(Service[DispatcherConfig]):
         cfg = self.config
         every = cfg.controller_interval_seconds
         pods = PodIndex(self.informer)  # one index of pods by node and job for every controller
+        self.pods = pods
         lifecycle = NodeLifecycleController(
             self.store,
             self.informer,
@@ -255,6 +263,7 @@ class DispatcherService(Service[DispatcherConfig]):
             self.store,
             self.informer,
             pods,
+            deleter=self.deleter,
             default_ttl_seconds=None if ttl < 0 else ttl,
             interval_seconds=max(cfg.controller_interval_seconds, 1.0),
         )
@@ -283,9 +292,13 @@ class DispatcherService(Service[DispatcherConfig]):
             interval_seconds=cfg.reconcile_interval_seconds,
             dead_shard_seconds=cfg.dead_shard_seconds,
             creator=self.creator,
+            deleter=self.deleter,
         )
         self.spawn(self.shuffler.run(), name="node-shuffler")
         self.spawn(self.reconciler.run(), name="reconciler")
+
+    def _pods_of_job(self, job: str) -> Iterable[str]:
+        return self.pods.by_job.get(job, {}).keys() if self.pods is not None else ()
 
     def sample_metrics(self) -> None:
         queues = self.core.queue_statuses()

@@ -4,7 +4,8 @@ has passed since ``status.finished_ms``.
 
 Off the hot path and in batches: a heap of expiry times is kept from informer events (no scan of
 every job), and each tick deletes at most ``batch_jobs`` due jobs, each job with all its pods in
-one commit (as the Delete RPC does) and the commits pipelined in one ``commit_many``. A job that
+one commit (as the Delete RPC does) and the commits pipelined in one ``commit_many``; a job too
+big for one store script goes through the Delete RPC's ``JobDeleter``, in chunks. A job that
 changed meanwhile, or whose pods the view did not know yet, fails its own commit only; it is
 looked at again at the next tick.
 """
@@ -19,6 +20,7 @@ from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers import FINISHED_JOB_PHASES, PodIndex, _tick_forever
+from services.dispatcher.deletion import JobDeleter
 from store import Store
 from store.client import Delete, Op
 from store.errors import StoreError
@@ -34,6 +36,7 @@ class FinishedJobCollector:
         informer: Informer,
         pods: PodIndex,
         *,
+        deleter: JobDeleter | None = None,
         default_ttl_seconds: int | None,
         interval_seconds: float = 5.0,
         batch_jobs: int = 500,
@@ -41,6 +44,7 @@ class FinishedJobCollector:
         self._store = store
         self._informer = informer
         self._pods = pods  # shared with the job status controller (one index, not another)
+        self._deleter = deleter or JobDeleter(store, lambda job: pods.by_job.get(job, {}).keys())
         self.default_ttl_seconds = default_ttl_seconds
         self.interval = interval_seconds
         self.batch_jobs = batch_jobs
@@ -89,11 +93,29 @@ class FinishedJobCollector:
             jobs[name] = job
         if not jobs:
             return
+        big = {
+            name: job
+            for name, job in jobs.items()
+            if len(self._pods.by_job.get(name, {})) + 1 > self._deleter.chunk_ops
+        }
+        for name in big:
+            del jobs[name]
         commits: list[list[Op]] = []
         for name, job in jobs.items():
             ops: list[Op] = [Delete("Job", name, job.metadata.resource_version)]
             ops += [Delete("Pod", pod) for pod in self._pods.by_job.get(name, {})]
             commits.append(ops)
+        for name, job in big.items():
+            try:
+                gone = await self._deleter.delete(job)
+            except StoreError as exc:
+                log.debug("finished job not deleted yet", job=name, error=str(exc))
+                heapq.heappush(self._due, (job.status.finished_ms, name))
+                continue
+            self.deleted_jobs += 1
+            self.deleted_pods += gone - 1
+        if not commits:
+            return
         try:
             results = await self._store.commit_many(commits)
         except StoreError:

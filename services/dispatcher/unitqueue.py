@@ -32,7 +32,7 @@ from services.dispatcher.queueing import (
     policy_for,
     quota_excess,
 )
-from services.dispatcher.validation import DEFAULT_QUEUE, pods_complete
+from services.dispatcher.validation import DEFAULT_QUEUE, being_deleted, pods_complete
 
 # A queue stops for the round after this many of its units found no room (quota or shard
 # credits), so a long queue of units too large for the shards left costs a bounded round.
@@ -244,6 +244,8 @@ class UnitQueue:
             return None  # orphaned pods: nothing to schedule them as
         if not pods_complete(job):
             return None  # its pods are still being created (chunked): dispatch it whole
+        if being_deleted(job):
+            return None  # going, in chunks: nothing more of it is scheduled
         cached = entry.view
         if cached is not None and cached[0] is job and cached[1].pods == len(entry.pods):
             return cached[1]

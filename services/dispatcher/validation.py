@@ -535,6 +535,12 @@ def pods_complete(job: pb.Job) -> bool:
     return PODS_CREATED_ANNOTATION not in job.metadata.annotations
 
 
+def being_deleted(job: pb.Job) -> bool:
+    """Whether the job's deletion has begun (``deletion.JobDeleter``, in chunks): its pods are
+    going, and nothing new is made for it (no dispatch, no bind, no replacement, no status)."""
+    return job.metadata.deletion_timestamp_ms != 0
+
+
 def pods_created(job: pb.Job) -> int:
     """How many of the job's pods (from index 0) are stored: all of them without the mark; an
     unreadable mark counts as none (creation resumes from the start, AlreadyExists-safe)."""

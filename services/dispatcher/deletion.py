@@ -1,0 +1,158 @@
+"""Deleting a job and its pods in bounded chunks: the mirror of ``creation.py``.
+
+A job and all its pods deleted in one commit is atomic, but a store script cannot be
+interrupted: deleting a 100,000-pod job in one would hold Valkey past its busy threshold, and
+every other client (shard heartbeats, the Binder's lease) would get BUSY. So a job whose
+deletion takes more ops than one script should carry (``CHUNK_OPS``) goes in three steps:
+
+1. The job is **marked** (``metadata.deletion_timestamp_ms``, compare-and-set on the version the
+   caller read). From then on nothing new is made for it: its unit is not dispatched
+   (``UnitQueue.view``), the Binder refuses its pods, no replacement or retry pod is created,
+   and its status is left alone.
+2. Its pods are deleted a chunk per commit; each commit is an await, so the event loop serves
+   heartbeats, streams and other requests in between.
+3. The job goes with whatever pods remain (read again: a pod may have appeared meanwhile).
+
+Small jobs (the common case) are one commit as before. If the dispatcher stops midway, the mark
+stays on the job: the reconciler resumes the deletion (:meth:`JobDeleter.resume`); a second
+``Delete`` of the job does the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import structlog
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.creation import CHUNK_OPS
+from services.dispatcher.validation import being_deleted
+from store import CommitError, ConflictError, NotFoundError, Store
+from store.client import Delete, Op, Update
+
+log = structlog.get_logger(__name__)
+
+_RETRIES = 5
+
+
+class JobDeleter:
+    """Deletes jobs with their pods, in chunks when big. ``pods_of(job)``: names of the job's
+    pods other than ``<job>-<index>`` (replacements), from the caller's view. ``active``: the
+    jobs this process is deleting now (the reconciler leaves them alone)."""
+
+    def __init__(
+        self,
+        store: Store,
+        pods_of: Callable[[str], Iterable[str]],
+        chunk_ops: int = CHUNK_OPS,
+    ) -> None:
+        self.store = store
+        self.pods_of = pods_of
+        self.chunk_ops = max(2, chunk_ops)
+        self.active: set[str] = set()
+
+    def _pod_names(self, job: pb.Job) -> list[str]:
+        name = job.metadata.name
+        names = {f"{name}-{i}" for i in range(job.spec.replicas)}
+        names.update(self.pods_of(name))
+        return sorted(names)
+
+    async def delete(self, job: pb.Job, expected: int = 0) -> int:
+        """Delete ``job`` (as read; ``expected``: the version the caller insists on, 0 for any)
+        and its pods. Returns how many objects went. Raises ConflictError if ``expected`` is
+        stale, NotFoundError if the job is gone before anything of it was deleted."""
+        name = job.metadata.name
+        for _ in range(_RETRIES):
+            if expected and job.metadata.resource_version != expected:
+                raise ConflictError("Job", name, expected, job.metadata.resource_version)
+            pods = [
+                p
+                for p in await self.store.get_many(pb.Pod, self._pod_names(job))
+                if p is not None and p.spec.job == name
+            ]
+            if being_deleted(job) or len(pods) + 1 > self.chunk_ops:
+                return await self._in_chunks(job)
+            ops: list[Op] = [Delete("Job", name, job.metadata.resource_version)]
+            ops += [Delete("Pod", p.metadata.name) for p in pods]
+            try:
+                await self.store.commit(ops)
+            except CommitError:
+                # A pod vanished or the job changed meanwhile: read again.
+                if expected:
+                    raise
+                job = await self.store.get(pb.Job, name)
+                continue
+            log.info("job deleted", job=name, pods=len(pods))
+            return len(ops)
+        raise ConflictError("Job", name, 0, job.metadata.resource_version)
+
+    async def resume(self, name: str) -> int:
+        """Finish the deletion of a marked job a stopped dispatcher left behind."""
+        if name in self.active:
+            return 0
+        job = (await self.store.get_many(pb.Job, [name]))[0]
+        if job is None or not being_deleted(job):
+            return 0
+        return await self._in_chunks(job)
+
+    async def _in_chunks(self, job: pb.Job) -> int:
+        name = job.metadata.name
+        self.active.add(name)
+        try:
+            if not being_deleted(job):
+                marked = pb.Job()
+                marked.CopyFrom(job)
+                marked.metadata.deletion_timestamp_ms = int(time.time() * 1000)
+                await self.store.commit([Update(marked)])  # CAS: raises if it changed
+                job = marked
+                log.info("job deletion begun, in chunks", job=name, replicas=job.spec.replicas)
+            deleted = 0
+            while True:
+                names = self._pod_names(job)
+                pods = [
+                    p.metadata.name
+                    for p in await self.store.get_many(pb.Pod, names)
+                    if p is not None and p.spec.job == name
+                ]
+                if len(pods) + 1 <= self.chunk_ops:
+                    done = await self._last(job, pods)
+                    if done is None:  # the job changed (its status): again from the fresh copy
+                        fresh = (await self.store.get_many(pb.Job, [name]))[0]
+                        if fresh is None:
+                            return deleted
+                        job = fresh
+                        continue
+                    deleted += done
+                    log.info("job deleted", job=name, objects=deleted)
+                    return deleted
+                for first in range(0, len(pods), self.chunk_ops):
+                    deleted += await self._delete_pods(pods[first : first + self.chunk_ops])
+        finally:
+            self.active.discard(name)
+
+    async def _delete_pods(self, names: list[str]) -> int:
+        """One chunk; a pod that went meanwhile is skipped (read again)."""
+        for _ in range(_RETRIES):
+            try:
+                await self.store.commit([Delete("Pod", n) for n in names])
+                return len(names)
+            except CommitError as exc:
+                if not isinstance(exc.cause, NotFoundError):
+                    raise
+                names = [p.metadata.name for p in await self.store.get_many(pb.Pod, names) if p]
+        return 0  # the next listing finds what is left
+
+    async def _last(self, job: pb.Job, pods: list[str]) -> int | None:
+        """The job with its remaining pods; None if the job changed meanwhile."""
+        ops: list[Op] = [Delete("Job", job.metadata.name, job.metadata.resource_version)]
+        ops += [Delete("Pod", n) for n in pods]
+        try:
+            await self.store.commit(ops)
+        except CommitError as exc:
+            if exc.index == 0 and isinstance(exc.cause, ConflictError | NotFoundError):
+                return None
+            if isinstance(exc.cause, NotFoundError):
+                return None  # a pod went meanwhile: list again
+            raise
+        return len(ops)
