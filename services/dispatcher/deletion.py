@@ -66,15 +66,12 @@ class JobDeleter:
         for _ in range(_RETRIES):
             if expected and job.metadata.resource_version != expected:
                 raise ConflictError("Job", name, expected, job.metadata.resource_version)
-            pods = [
-                p
-                for p in await self.store.get_many(pb.Pod, self._pod_names(job))
-                if p is not None and p.spec.job == name
-            ]
-            if being_deleted(job) or len(pods) + 1 > self.chunk_ops:
+            names = self._pod_names(job)
+            if being_deleted(job) or len(names) + 1 > self.chunk_ops:
                 return await self._in_chunks(job)
+            pods = await self._found(name, names)
             ops: list[Op] = [Delete("Job", name, job.metadata.resource_version)]
-            ops += [Delete("Pod", p.metadata.name) for p in pods]
+            ops += [Delete("Pod", p) for p in pods]
             try:
                 await self.store.commit(ops)
             except CommitError:
@@ -96,6 +93,15 @@ class JobDeleter:
             return 0
         return await self._in_chunks(job)
 
+    async def _found(self, job: str, names: list[str]) -> list[str]:
+        """Which of ``names`` are stored pods of ``job``, read a chunk per round trip (the loop
+        serves others between: decoding 100,000 pods at once would hold it for seconds)."""
+        found: list[str] = []
+        for first in range(0, len(names), self.chunk_ops):
+            chunk = await self.store.get_many(pb.Pod, names[first : first + self.chunk_ops])
+            found += [p.metadata.name for p in chunk if p is not None and p.spec.job == job]
+        return found
+
     async def _in_chunks(self, job: pb.Job) -> int:
         name = job.metadata.name
         self.active.add(name)
@@ -108,26 +114,28 @@ class JobDeleter:
                 job = marked
                 log.info("job deletion begun, in chunks", job=name, replicas=job.spec.replicas)
             deleted = 0
+            names = self._pod_names(job)
             while True:
-                names = self._pod_names(job)
-                pods = [
-                    p.metadata.name
-                    for p in await self.store.get_many(pb.Pod, names)
-                    if p is not None and p.spec.job == name
-                ]
-                if len(pods) + 1 <= self.chunk_ops:
-                    done = await self._last(job, pods)
-                    if done is None:  # the job changed (its status): again from the fresh copy
-                        fresh = (await self.store.get_many(pb.Job, [name]))[0]
-                        if fresh is None:
-                            return deleted
-                        job = fresh
-                        continue
-                    deleted += done
-                    log.info("job deleted", job=name, objects=deleted)
-                    return deleted
-                for first in range(0, len(pods), self.chunk_ops):
-                    deleted += await self._delete_pods(pods[first : first + self.chunk_ops])
+                for first in range(0, len(names), self.chunk_ops):
+                    found = await self._found(name, names[first : first + self.chunk_ops])
+                    if found:
+                        deleted += await self._delete_pods(found)
+                # Nothing new is made for a marked job, but a pod may have appeared before its
+                # maker saw the mark (a replacement): the pod index names it, the job takes it.
+                late = await self._found(name, sorted(set(self.pods_of(name))))
+                if len(late) + 1 > self.chunk_ops:
+                    names = late
+                    continue
+                done = await self._last(job, late)
+                if done is None:  # the job changed (its status) or a pod went: read again
+                    fresh = (await self.store.get_many(pb.Job, [name]))[0]
+                    if fresh is None:
+                        return deleted
+                    job, names = fresh, late
+                    continue
+                deleted += done
+                log.info("job deleted", job=name, objects=deleted)
+                return deleted
         finally:
             self.active.discard(name)
 
@@ -144,15 +152,13 @@ class JobDeleter:
         return 0  # the next listing finds what is left
 
     async def _last(self, job: pb.Job, pods: list[str]) -> int | None:
-        """The job with its remaining pods; None if the job changed meanwhile."""
+        """The job with its remaining pods; None if the job changed or a pod went meanwhile."""
         ops: list[Op] = [Delete("Job", job.metadata.name, job.metadata.resource_version)]
         ops += [Delete("Pod", n) for n in pods]
         try:
             await self.store.commit(ops)
         except CommitError as exc:
-            if exc.index == 0 and isinstance(exc.cause, ConflictError | NotFoundError):
+            if isinstance(exc.cause, ConflictError | NotFoundError):
                 return None
-            if isinstance(exc.cause, NotFoundError):
-                return None  # a pod went meanwhile: list again
             raise
         return len(ops)

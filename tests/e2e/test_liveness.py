@@ -1,7 +1,8 @@
 """Issue 16 item 7: liveness that holds under load. Under a 100,000-pod submission — the
 dispatcher validating and storing it (a chunk per commit: services/dispatcher/creation.py),
 every informer taking in 100,000 pods, the shard reading and searching the unit and the Binder
-committing as many as fit — the dispatcher never declares its live shard lost. (Earlier it
+committing as many as fit — and then its deletion (marked, then a chunk per commit:
+services/dispatcher/deletion.py), the dispatcher never declares its live shard lost. (Earlier it
 did: one 100,000-op store script made every heartbeat BUSY; the shard's loop read the unit's
 100,000 pods without a pause; the dispatcher judged heartbeats from a reply that had waited in
 its socket while its own loop was busy.)"""
@@ -37,7 +38,7 @@ def _events(log: Path, event: str) -> list[dict[str, object]]:
     return found
 
 
-def test_a_shard_under_a_100000_pod_submission_is_never_declared_lost(
+def test_a_shard_under_a_100000_pod_submission_and_its_deletion_is_never_declared_lost(
     make_cluster: Callable[..., Cluster],
 ) -> None:
     cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=NODES)
@@ -72,6 +73,13 @@ def test_a_shard_under_a_100000_pod_submission_is_never_declared_lost(
         timeout=900,
         what=f"{SLOTS} pods of the job bound",
     )
+    # And all of it deleted again: 100,001 objects, never in one store script.
+    with_long_timeout = type(cluster.client)(cluster.state.address_of("dispatcher"), timeout=600)
+    try:
+        assert with_long_timeout.delete("Job", "huge") == PODS + 1
+    finally:
+        with_long_timeout.close()
+    assert cluster.run_store(lambda s: s.claim_count()) == 0
     lost = _events(Path(cluster.component("dispatcher").log), "shard lost")
     assert lost == [], f"the dispatcher declared a live shard lost: {lost}"
     assert shard.process() is not None, "the shard itself died"
