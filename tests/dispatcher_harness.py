@@ -9,6 +9,7 @@ real store when told to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -95,10 +96,23 @@ class TestShard(internal_pb2_grpc.SchedulerServicer):
     _out: asyncio.Queue[ipb.ShardMessage] = field(default_factory=asyncio.Queue)
     _server: grpc.aio.Server | None = None
     _beat: asyncio.Task[None] | None = None
+    _closing: asyncio.Event = field(default_factory=asyncio.Event)
+    _open_streams: int = 0
+    _no_streams: asyncio.Event = field(default_factory=asyncio.Event)
     address: str = ""
 
     async def Dispatch(self, request_iterator: Any, context: Any) -> None:
         self.streams += 1
+        self._open_streams += 1
+        self._no_streams.clear()
+        try:
+            await self._serve(request_iterator, context)
+        finally:
+            self._open_streams -= 1
+            if not self._open_streams:
+                self._no_streams.set()
+
+    async def _serve(self, request_iterator: Any, context: Any) -> None:
         await context.write(ipb.ShardMessage(credit=ipb.Credit(pods=self.capacity)))
 
         async def read() -> None:
@@ -110,16 +124,21 @@ class TestShard(internal_pb2_grpc.SchedulerServicer):
                     self.revoked.extend(msg.revoke.jobs)
 
         reader = asyncio.create_task(read())
+        closing = asyncio.ensure_future(self._closing.wait())
+        getter: asyncio.Future[ipb.ShardMessage] | None = None
         try:
-            while not reader.done():
+            while not reader.done() and not closing.done():
                 getter = asyncio.ensure_future(self._out.get())
-                await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({getter, reader, closing}, return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
                     await context.write(getter.result())
                 else:
                     getter.cancel()
         finally:
             reader.cancel()
+            closing.cancel()
+            if getter is not None:
+                getter.cancel()
 
     def jobs(self) -> list[str]:
         return [u.job.metadata.name for u in self.units]
@@ -189,5 +208,12 @@ class TestShard(internal_pb2_grpc.SchedulerServicer):
     async def stop(self) -> None:
         await self.stop_heartbeat()
         if self._server is not None:
+            # Our streams end from this side first (the RPC returns OK): grpc.aio's stop() of a
+            # server with a bidirectional stream still open hung a CI teardown for 300 s.
+            self._closing.set()
+            if self._open_streams:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._no_streams.wait(), 10)
             await self._server.stop(0)
             self._server = None
+        self._closing = asyncio.Event()  # a restarted shard serves streams again
