@@ -27,7 +27,7 @@ from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
 from services.dispatcher.ttl import FinishedJobCollector
 from services.nodeagent.service import NodeAgentService
 from services.runtime import ServiceHost
-from store import Store
+from store import CommitError, Store
 from store.client import Fence, Release, Update
 from store.informer import Informer
 from tests import factories as f
@@ -685,3 +685,21 @@ async def test_a_finished_job_too_big_for_one_script_is_deleted_in_chunks(
     assert history[0] == ("Job", "MODIFIED", True), history[:3]
     assert history[-1][0:2] == ("Job", "DELETED")
     assert sum(1 for k, t, _ in history if k == "Pod" and t == "DELETED") == 10
+
+
+async def test_a_big_job_changed_since_it_was_read_is_still_deleted(store: Store) -> None:
+    """The job status controller may write a job between Delete's read and the deletion mark:
+    the mark's compare-and-set fails, the job is read again and marked, and all of it goes.
+    With the version the caller insists on, the change is a conflict instead."""
+    deleter = JobDeleter(store, lambda _job: (), chunk_ops=4)
+    job = f.job("busy", replicas=10)
+    await store.create_unit(job, f.pods_of(job))
+    read = await store.get(pb.Job, "busy")
+    changed = await store.get(pb.Job, "busy")
+    changed.status.phase = pb.JOB_RUNNING
+    await store.update(changed)
+    with pytest.raises(CommitError):  # the Delete RPC answers ABORTED
+        await deleter.delete(read, expected=read.metadata.resource_version)
+    assert await deleter.delete(read) == 11
+    assert await names(store, pb.Job) == set()
+    assert await names(store, pb.Pod) == set()

@@ -68,7 +68,15 @@ class JobDeleter:
                 raise ConflictError("Job", name, expected, job.metadata.resource_version)
             names = self._pod_names(job)
             if being_deleted(job) or len(names) + 1 > self.chunk_ops:
-                return await self._in_chunks(job)
+                try:
+                    marked = await self._mark(job)
+                except CommitError:
+                    # The job changed since it was read (its status, most likely): again.
+                    if expected:
+                        raise
+                    job = await self.store.get(pb.Job, name)
+                    continue
+                return await self._in_chunks(marked)
             pods = await self._found(name, names)
             ops: list[Op] = [Delete("Job", name, job.metadata.resource_version)]
             ops += [Delete("Pod", p) for p in pods]
@@ -102,17 +110,23 @@ class JobDeleter:
             found += [p.metadata.name for p in chunk if p is not None and p.spec.job == job]
         return found
 
+    async def _mark(self, job: pb.Job) -> pb.Job:
+        """The job marked for deletion (compare-and-set: CommitError if it changed since it
+        was read); a job already marked as it is."""
+        if being_deleted(job):
+            return job
+        marked = pb.Job()
+        marked.CopyFrom(job)
+        marked.metadata.deletion_timestamp_ms = int(time.time() * 1000)
+        await self.store.commit([Update(marked)])
+        log.info("job deletion begun, in chunks", job=job.metadata.name, replicas=job.spec.replicas)
+        return marked
+
     async def _in_chunks(self, job: pb.Job) -> int:
+        """Delete a marked job's pods chunk by chunk, then the job."""
         name = job.metadata.name
         self.active.add(name)
         try:
-            if not being_deleted(job):
-                marked = pb.Job()
-                marked.CopyFrom(job)
-                marked.metadata.deletion_timestamp_ms = int(time.time() * 1000)
-                await self.store.commit([Update(marked)])  # CAS: raises if it changed
-                job = marked
-                log.info("job deletion begun, in chunks", job=name, replicas=job.spec.replicas)
             deleted = 0
             names = self._pod_names(job)
             while True:
