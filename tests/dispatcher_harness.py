@@ -202,7 +202,9 @@ class TestShard(internal_pb2_grpc.SchedulerServicer):
     async def stop_heartbeat(self) -> None:
         if self._beat is not None:
             self._beat.cancel()
-            await asyncio.gather(self._beat, return_exceptions=True)
+            # Bounded: a store call that swallows its cancellation must not hang a teardown.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(self._beat, return_exceptions=True), 5)
             self._beat = None
 
     async def stop(self) -> None:
