@@ -36,7 +36,7 @@ from services.dispatcher.unitqueue import (
     UnitQueue,
     UnitState,
 )
-from services.dispatcher.validation import NodeShape
+from services.dispatcher.validation import NodeShape, pods_complete
 from services.events import SHARD_LOST, WARNING, EventRecorder, ref
 from services.runtime import Dial, cancel_and_wait
 from store import Store, StoreError
@@ -302,8 +302,9 @@ class UnitDispatcher:
                 self.queue.drop_if_empty(old.spec.job)  # type: ignore[attr-defined]
         elif kind == "Job" and new is None and old is not None:
             self.revoke(old.metadata.name)  # type: ignore[attr-defined]
-        elif kind == "Job" and new is not None and new.metadata.name in self.units:  # type: ignore[attr-defined]
-            self._kick.set()  # e.g. its last pods were created: the unit may go now
+        elif kind == "Job" and isinstance(old, pb.Job) and isinstance(new, pb.Job):
+            if not pods_complete(old) and pods_complete(new) and new.metadata.name in self.units:
+                self._kick.set()  # its last pods were created: the unit may go now
         elif kind == "Node":
             self._node_changed(old, new)
         elif kind == "Queue":
