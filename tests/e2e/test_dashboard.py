@@ -94,7 +94,9 @@ def test_dashboard_shows_the_cluster_live_after_a_job(
     assert text_of(browser, "binder-leader").startswith("binder-")
     # One read of the whole table: the page re-renders rows on every update, so row elements
     # found a moment earlier can be stale by the time their text is read.
-    research = [row for row in text_of(browser, "queues").splitlines() if row.startswith("research")]
+    research = [
+        row for row in text_of(browser, "queues").splitlines() if row.startswith("research")
+    ]
     assert research and "64 / 256Gi" in research[0] and "10 / " in research[0]
     assert text_of(browser, "pods-pending") == "20"
     assert screenshot.stat().st_size > 10_000
