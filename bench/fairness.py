@@ -8,11 +8,13 @@ work than the other; their dominant shares are sampled over the run.
 Every hollow node has one cpu and every pod asks for one, so a queue's dominant share is the
 fraction of nodes its pods hold. Pods run for a while (a duration per job, spread so they do not
 all finish at once) and finish, so the room keeps freeing and the dispatcher's fairness decides
-who gets it. A sample counts while both queues have pods pending ("once both have work") and
-the first pods' longest duration has passed: until some pods finish, an empty cluster is simply
-filled in the order the work arrived (nothing is taken from anyone; DRF is work-conserving), and
-only the room that frees afterwards is the dispatcher's to share. The report gives, over those samples, each queue's mean share, the mean and worst relative gap
-between the weighted shares, and the ratio of the mean shares. Results go to ``--out`` as JSON.
+who gets it. A sample counts while both queues want at least their weighted share of the
+cluster (what they hold plus what they have pending; "once both have work") and the first pods'
+longest duration has passed: until some pods finish, an empty cluster is simply filled in the
+order the work arrived (nothing is taken from anyone; DRF is work-conserving), and only the room
+that frees afterwards is the dispatcher's to share. The report gives, over those samples, each
+queue's mean share, the mean and worst relative gap between the weighted shares, and the ratio
+of the mean shares. Results go to ``--out`` as JSON.
 
 The contention itself (``apply_queues``, ``submit_work``, ``sample``, ``summarise``) is shared
 with ``tests/e2e/test_queues.py``, which runs the quick form against its own cluster.
@@ -72,9 +74,17 @@ class Sample:
     heavy_pending: int
 
     def contended(self, c: Contention) -> bool:
-        """Both queues have work, and the first pods have had time to finish."""
+        """Both queues want at least their fair share (what they hold plus what they have
+        pending), and the first pods have had time to finish. A queue whose last few pods are
+        pending holds less than its share by choice, not by the dispatcher's unfairness: DRF
+        hands what it leaves to the other queue."""
         warm = self.seconds * 1000 >= 2 * c.duration_ms
-        return warm and self.light_pending > 0 and self.heavy_pending > 0
+        pod_permille = 1000 / c.nodes  # one pod fills one node (module docstring)
+        total_weight = sum(c.weights)
+        wants = (self.light + self.light_pending * pod_permille) * total_weight >= 1000 * c.weights[
+            0
+        ] and (self.heavy + self.heavy_pending * pod_permille) * total_weight >= 1000 * c.weights[1]
+        return warm and self.light_pending > 0 and self.heavy_pending > 0 and wants
 
 
 @dataclass

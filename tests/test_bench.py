@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import faults, harness, workload
+from bench import fairness, faults, harness, workload
 from bench.load import batches, build_jobs
 from bench.workload import PodPhase, WorkloadError
 from godel.local import ClusterState, ComponentRecord
@@ -286,3 +286,30 @@ def test_fault_harness_quick_form_loses_nothing(tmp_path: Path) -> None:
     )
     assert report["acknowledged_jobs"] > 0
     assert "nothing lost" in result.stdout
+
+
+# (case, weights, light share ‰, heavy share ‰, light pending, heavy pending, counted), on the
+# quick contention's 100 one-cpu nodes (one pod = 10 ‰) after its warm-up.
+@pytest.mark.parametrize(
+    ("weights", "light", "heavy", "light_pending", "heavy_pending", "counted"),
+    [
+        pytest.param((1, 1), 500, 500, 10, 100, True, id="both want more than half"),
+        pytest.param((1, 1), 400, 600, 10, 100, True, id="light short of half but wants it"),
+        pytest.param((1, 1), 300, 700, 3, 100, False, id="light wants only 330: not contended"),
+        pytest.param((1, 1), 500, 500, 0, 100, False, id="light has nothing pending"),
+        pytest.param((1, 3), 200, 750, 5, 100, True, id="light wants its quarter"),
+        pytest.param((1, 3), 200, 780, 4, 100, False, id="light wants 240 < its quarter"),
+        pytest.param((1, 3), 300, 600, 100, 10, False, id="heavy wants 700 < its three quarters"),
+    ],
+)
+def test_fairness_counts_a_sample_only_when_both_queues_want_their_share(
+    weights: tuple[int, int],
+    light: int,
+    heavy: int,
+    light_pending: int,
+    heavy_pending: int,
+    counted: bool,
+) -> None:
+    c = fairness.Contention.quick(weights)
+    s = fairness.Sample(60.0, light, heavy, light_pending, heavy_pending)
+    assert s.contended(c) is counted
