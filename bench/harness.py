@@ -447,7 +447,7 @@ def _init_pods(
     for i in range(0, len(jobs), 50):
         batch = jobs[i : i + 50]
         for job, result in zip(batch, client.submit(batch).results, strict=True):
-            if not result.created:
+            if not (result.created or result.existing):  # existing: a retried call
                 raise BenchError(f"init job {job.metadata.name} refused: {result.violations}")
     deadline = time.monotonic() + workload.timeout
     while (bound := probe.claims()) < phase.count:

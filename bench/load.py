@@ -82,7 +82,7 @@ def submit_all(client: ProtoClient, jobs: Sequence[pb.Job], rate: float) -> dict
         response = client.submit(batch)
         requests += 1
         for job, result in zip(batch, response.results, strict=True):
-            if not result.created:
+            if not (result.created or result.existing):  # existing: a retried call
                 violations = "; ".join(f"{v.field}: {v.description}" for v in result.violations)
                 raise RuntimeError(f"job {job.metadata.name} refused: {violations}")
         submitted += sum(j.spec.replicas for j in batch)

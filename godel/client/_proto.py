@@ -12,6 +12,7 @@ the channel options, retry policy and error mapping of ``_transport``.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -85,11 +86,16 @@ class ProtoClient(_Connection):
         self._api = api_pb2_grpc.DispatcherStub(self._channel)
 
     def submit(
-        self, jobs: Sequence[pb.Job], *, dry_run: bool = False, request_id: str = ""
+        self, jobs: Sequence[pb.Job], *, dry_run: bool = False, request_id: str | None = None
     ) -> api_pb2.SubmitResponse:
         """Validate and store jobs; each result says created (or existing, for a retry of the
-        same ``request_id``), or lists the violations."""
-        request = api_pb2.SubmitRequest(jobs=jobs, dry_run=dry_run, request_id=request_id)
+        same ``request_id``), or lists the violations. The request id is a fresh one unless
+        given, so the channel's own retry of a call whose reply was lost (the server busy past
+        its keepalive, a restart) reports the jobs the first attempt stored as existing, never
+        as AlreadyExists."""
+        request = api_pb2.SubmitRequest(
+            jobs=jobs, dry_run=dry_run, request_id=request_id or uuid.uuid4().hex
+        )
         return self._call(self._api.Submit, request)  # type: ignore[no-any-return]
 
     def apply(
@@ -97,12 +103,14 @@ class ProtoClient(_Connection):
         objects: Sequence[tuple[str, Message]],
         *,
         dry_run: bool = False,
-        request_id: str = "",
+        request_id: str | None = None,
     ) -> api_pb2.ApplyResponse:
         """Create, update or leave unchanged jobs, nodes, queues and disruption budgets; jobs
-        this creates carry ``request_id`` (see ``submit``)."""
+        this creates carry ``request_id`` (a fresh one unless given; see ``submit``)."""
         request = api_pb2.ApplyRequest(
-            objects=[wrap(k, o) for k, o in objects], dry_run=dry_run, request_id=request_id
+            objects=[wrap(k, o) for k, o in objects],
+            dry_run=dry_run,
+            request_id=request_id or uuid.uuid4().hex,
         )
         return self._call(self._api.Apply, request)  # type: ignore[no-any-return]
 

@@ -415,7 +415,15 @@ class UnitDispatcher:
             try:
                 revision = await self.store.revision()
                 await self.informer.wait_for_revision(revision, SETTLE_TIMEOUT_SECONDS)
-            except (StoreError, TimeoutError) as exc:
+            except TimeoutError:
+                # Our view is behind the store (a busy dispatcher, a burst of writes): the units
+                # go back anyway; a shard that finds their pods bound answers STALE.
+                log.warning(
+                    "view of the store still behind after the settle timeout; re-queueing",
+                    timeout_s=SETTLE_TIMEOUT_SECONDS,
+                    units=len(batch),
+                )
+            except StoreError as exc:
                 log.warning("could not settle against the store; re-queueing", error=str(exc))
             for job in batch:
                 self.queue.settled(job)
