@@ -158,6 +158,38 @@ async def test_job_status_disagreeing_with_its_pods_is_rewritten(
     assert await reconciler.tick() == {}
 
 
+async def test_job_status_is_not_judged_while_its_write_is_in_flight_or_the_view_is_behind(
+    store: Store, informer: Informer
+) -> None:
+    """On a busy store a controller write can take longer than a pass, and a view behind the
+    store shows statuses already rewritten: neither is a stuck status. (A 1,000,000-pod run
+    "repaired" hundreds of healthy jobs this way.)"""
+    controller = JobStatusController(store, informer)
+    core = UnitDispatcher(store, informer, DispatchSettings(), dial=grpc.aio.insecure_channel)
+    reconciler = Reconciler(store, informer, core, controller)
+    job = f.job("web", replicas=1)
+    await store.create_unit(job, f.pods_of(job))
+    stored = await store.get(pb.Job, "web")
+    stored.status.phase = pb.JOB_RUNNING  # disagrees with its pending pod
+    await store.update(stored)
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+    controller.changed_jobs.discard("web")
+
+    controller.writing = {"web"}  # the controller's tick is writing it
+    assert await reconciler.tick() == {}
+    assert await reconciler.tick() == {}
+
+    behind = Informer(store, [*UnitDispatcher.KINDS], block_ms=100)  # never synced: behind
+    lagging = Reconciler(store, behind, core, controller)
+    controller.writing = set()
+    assert await lagging.tick() == {}
+    assert await lagging.tick() == {}
+
+    # Neither any more: two passes repair it.
+    assert await reconciler.tick() == {}
+    assert await reconciler.tick() == {"job_status": 1}
+
+
 async def test_a_job_left_unfinished_is_completed_and_dispatched_whole(
     dispatcher: Running, store: Store, shards: list[TestShard]
 ) -> None:

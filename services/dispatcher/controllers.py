@@ -533,6 +533,9 @@ class JobStatusController:
         self.interval = interval_seconds
         self.pods = pods or PodIndex(informer)
         self.changed_jobs = self.pods.subscribe()  # jobs to look at on the next tick
+        # The jobs of the tick under way: their writes may be in flight (seconds, on a busy
+        # store), so the reconciler does not judge them meanwhile.
+        self.writing: set[str] = set()
         self.writes = 0  # update_many round trips, for tests and metrics
 
     async def run(self) -> None:
@@ -541,6 +544,13 @@ class JobStatusController:
     async def tick(self) -> None:
         dirty = set(self.changed_jobs)
         self.changed_jobs.clear()
+        self.writing |= dirty  # the reconciler may run a tick of its own meanwhile
+        try:
+            await self._tick(dirty)
+        finally:
+            self.writing -= dirty
+
+    async def _tick(self, dirty: set[str]) -> None:
         jobs: list[pb.Job] = []
         for name in dirty:
             job = self._informer.get("Job", name)

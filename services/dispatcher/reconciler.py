@@ -8,10 +8,11 @@ cracks of the normal paths, repairs it, and logs and counts every repair (``repa
   its partition): deleted, compare-and-set. A shard that was only cut off registers again with
   its next heartbeat.
 - ``job_status``: a job whose stored status disagrees with its pods on two checks in a row,
-  unchanged in between (``jobs_per_pass`` jobs are checked per pass, round robin), although the job status controller has nothing pending for it (a write
-  that failed for good; one pass alone could be the moment between the controller's write and
-  our view of it): handed back to that controller, the one writer of ``Job.status``, which
-  writes it now.
+  unchanged in between (``jobs_per_pass`` jobs are checked per pass, round robin), although the
+  job status controller has nothing pending or in flight for it (a write that failed for good;
+  one pass alone could be the moment between the controller's write and our view of it; no
+  pass judges while our view is behind the store): handed back to that controller, the one
+  writer of ``Job.status``, which writes it now.
 - ``unfinished_job``: a job whose pods are not all stored (``validation.PODS_CREATED_ANNOTATION``)
   that nobody in this process is creating — the dispatcher that began it stopped midway: its
   remaining pods are created, chunk by chunk, from where the mark says it got
@@ -178,6 +179,10 @@ class Reconciler:
         return count
 
     async def _job_statuses(self) -> int:
+        if self.informer.staleness() > 0:
+            # A view behind the store shows statuses the controller has rewritten since: two
+            # passes would both see the old version and "repair" what is not broken.
+            return 0
         pods = self.job_status.pods
         stuck = []
         if not self._to_check:  # a new round over every job
@@ -191,6 +196,7 @@ class Reconciler:
             if (
                 not isinstance(job, pb.Job)
                 or name in self.job_status.changed_jobs
+                or name in self.job_status.writing
                 or not pods_complete(job)  # still being created: the controller skips it too
             ):
                 self._suspect.pop(name, None)  # gone, or the controller writes it next tick
