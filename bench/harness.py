@@ -49,6 +49,8 @@ log = structlog.get_logger(__name__)
 
 Fsync = Literal["always", "everysec", "no"]
 INIT_PREFIX = "init"
+# Init pods submitted and not yet bound, at most (half the default queue's admission limit).
+INIT_IN_FLIGHT = 100_000
 MEASURED_PREFIX = "m"
 _SAMPLE_SECONDS = 1.0
 # Shards write their counters with their heartbeat (1 s by default): wait this long before
@@ -444,12 +446,22 @@ def _init_pods(
     if phase.per_node:  # one pod pinned to each node, as the measured phase does it
         nodes = sorted(n.metadata.name for n in client.list("Node"))  # type: ignore[attr-defined]
     jobs = build_jobs(INIT_PREFIX, phase, nodes)
+    deadline = time.monotonic() + workload.timeout
+    submitted = 0
     for i in range(0, len(jobs), 50):
+        # Paced: no more than INIT_IN_FLIGHT pods submitted and not yet bound, under the
+        # queue's admission limit (max_pending_pods) and with progress shown on the way.
+        while submitted - (bound := probe.claims()) > INIT_IN_FLIGHT:
+            check_alive()
+            progress.update(task, completed=bound)
+            if time.monotonic() > deadline:
+                raise BenchError(f"only {bound}/{phase.count} init pods bound")
+            time.sleep(0.25)
         batch = jobs[i : i + 50]
         for job, result in zip(batch, client.submit(batch).results, strict=True):
             if not (result.created or result.existing):  # existing: a retried call
                 raise BenchError(f"init job {job.metadata.name} refused: {result.violations}")
-    deadline = time.monotonic() + workload.timeout
+        submitted += sum(job.spec.replicas for job in batch)
     while (bound := probe.claims()) < phase.count:
         check_alive()
         progress.update(task, completed=bound)
