@@ -39,10 +39,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.load import build_jobs
-from bench.workload import Suite, Workload
+from bench.workload import SERVICE_KINDS, Suite, Workload
 from godel import local
 from godel.client import ProtoClient, ReschedulerClient
+from godel.local.cluster import probe_credentials
 from protos.godel.v1 import objects_pb2 as pb
+from services.runtime.healthcheck import probe
 from store import Store
 
 log = structlog.get_logger(__name__)
@@ -56,6 +58,9 @@ _SAMPLE_SECONDS = 1.0
 # Shards write their counters with their heartbeat (1 s by default): wait this long before
 # reading them, so the reading covers everything up to now.
 _HEARTBEAT_FLUSH_SECONDS = 1.5
+# A restarted service (``restart: true``): its graceful stop, then its start to SERVING.
+_RESTART_STOP_SECONDS = 30.0
+_RESTART_SERVING_SECONDS = 600.0
 _MIN_PARTIAL_SAMPLE = 0.2
 """The interval holding the last bind counts as a sample only if at least this long (unless
 it is the only one)."""
@@ -278,6 +283,8 @@ def run_one(
                 _finish_times(result, last_bound_ms)
                 if workload.reschedule is not None:
                     result["reschedule"] = _reschedule(workload, state, home, console)
+                if workload.restart:
+                    result["restart_seconds"] = _restart_each(state, home, console)
             finally:
                 client.close()
         ok = result["bound"] == workload.measured.count
@@ -300,6 +307,44 @@ def run_one(
             shutil.copytree(home.logs_dir, dest, dirs_exist_ok=True)
             log.warning("run failed; service logs kept", logs=str(dest))
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _restart_each(
+    state: local.ClusterState, home: local.GodelHome, console: Console
+) -> dict[str, float]:
+    """Each service (one of every kind; the store stays up) stopped with SIGTERM, started again
+    with its recorded command, and timed until its health check says SERVING — which a service
+    says only once its informer has synced with the store: the time to start against the
+    cluster's state as it stands. One at a time, each waited for, so the cluster keeps going."""
+    credentials = probe_credentials(home, state)
+    seen: set[str] = set()
+    out: dict[str, float] = {}
+    for record in state.components:
+        if record.kind not in SERVICE_KINDS or record.kind in seen or record.process() is None:
+            continue
+        seen.add(record.kind)
+        process = record.process()
+        assert process is not None
+        started = time.monotonic()
+        process.terminate()
+        try:
+            process.wait(_RESTART_STOP_SECONDS)
+        except psutil.TimeoutExpired:
+            process.kill()
+            process.wait(_RESTART_STOP_SECONDS)
+        stopped = time.monotonic()
+        again = local.start_again(home, record.name)
+        deadline = stopped + _RESTART_SERVING_SECONDS
+        while probe(again.address, timeout=1, credentials=credentials) != "SERVING":
+            if time.monotonic() > deadline or again.process() is None:
+                raise BenchError(f"{record.name} did not serve again after a restart")
+            time.sleep(0.1)
+        out[record.name] = round(time.monotonic() - stopped, 2)
+        console.print(
+            f"restart: {record.name} stopped in {stopped - started:.1f}s, "
+            f"serving again {out[record.name]:.1f}s later"
+        )
+    return out
 
 
 def _conflicts(

@@ -23,6 +23,8 @@
                                        # (init too: pins a pod to each of the first count nodes)
       rate: 0                          # offered pods/s; 0 = as fast as possible
     reschedule: {policy: gpu-defrag, dry_run: true}   # after the measured pods: one round
+    restart: false                     # after the measured pods: each service restarted in
+                                       # turn, timed until it serves (its informer synced)
     timeout: 600                       # seconds for the measured pods to be bound
     quick: {cluster: {nodes: 100}, measured: {count: 300}}   # merged over the above by --quick
     baseline: kube                     # series only: the variant the others are compared to
@@ -59,6 +61,7 @@ _TOP = {
     "init",
     "measured",
     "reschedule",
+    "restart",
     "timeout",
     "quick",
     "variants",
@@ -171,6 +174,7 @@ class Workload:
     measured: PodPhase
     timeout: float
     reschedule: Reschedule | None = None
+    restart: bool = False
 
     @property
     def preempts(self) -> bool:
@@ -300,6 +304,9 @@ def _workload(doc: dict[str, Any], src: str, name: str, variant: str) -> Workloa
     reschedule = None
     if doc.get("reschedule") is not None:
         reschedule = _reschedule(_mapping(doc["reschedule"], src, "reschedule"), src)
+    restart = doc.get("restart", False)
+    if not isinstance(restart, bool):
+        raise WorkloadError(f"{src}: restart: must be true or false")
     return Workload(
         name=name,
         variant=variant,
@@ -309,6 +316,7 @@ def _workload(doc: dict[str, Any], src: str, name: str, variant: str) -> Workloa
         measured=measured,
         timeout=timeout,
         reschedule=reschedule,
+        restart=restart,
     )
 
 
