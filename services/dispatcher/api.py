@@ -7,8 +7,6 @@ informer cache), so a client reads its own writes.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -24,6 +22,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
 from services.binder.client import EvictError
 from services.binder.state import holds_claim
+from services.dispatcher import listing
 from services.dispatcher import validation as v
 from services.dispatcher.creation import PodCreator, first_commit
 from services.dispatcher.deletion import JobDeleter
@@ -92,6 +91,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
     ) -> None:
         self.store = store
         self.core = core
+        self.snapshots = listing.ListingSnapshots()  # of paged Lists, for their next pages
         self.max_replicas = max_replicas
         self.max_pending_pods = max_pending_pods
         # Creates big jobs' pods chunk by chunk; the reconciler resumes what it left unfinished.
@@ -459,33 +459,45 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, f"limit: must be within 0..{MAX_PAGE}"
             )
-        after = ""
+        snapshot_id, after = "", ""
         if request.continue_token:
             try:
-                after = base64.urlsafe_b64decode(request.continue_token.encode()).decode()
-            except (binascii.Error, UnicodeDecodeError, ValueError):
-                after = ""
-            if not after:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "continue_token: malformed")
-        try:
-            items, revision = await self._listing(kind.name, kind.message)
-        except StoreUnavailableError as exc:
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+                snapshot_id, after = listing.decode_token(request.continue_token)
+            except listing.MalformedTokenError as exc:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         selects = await _selector(request, context)
         identity = caller()
-        picked = sorted(
-            (
-                o
-                for o in items
-                if o.metadata.name > after  # type: ignore[attr-defined]
-                and selects(o.metadata.labels)  # type: ignore[attr-defined]
-                and (not request.job or o.spec.job == request.job)  # type: ignore[attr-defined]
-                and tenancy.owns(identity, kind.name, o)
-            ),
-            key=lambda o: o.metadata.name,  # type: ignore[attr-defined, no-any-return]
-        )
         limit = request.limit or DEFAULT_PAGE
-        page = [wrap(kind.name, o) for o in picked[:limit]]  # copies: the cache stays untouched
+        # What a snapshot was made for: another request may not page through it.
+        key = (
+            kind.name,
+            request.selector,
+            tuple(sorted(request.label_selector.items())),
+            request.job,
+            identity,
+        )
+        kept = self.snapshots.window(snapshot_id, key, after, limit + 1) if snapshot_id else None
+        if kept is not None:
+            window, revision = kept
+        else:
+            try:
+                items, revision = await self._listing(kind.name, kind.message)
+            except StoreUnavailableError as exc:
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+            picked = sorted(
+                (
+                    o
+                    for o in items
+                    if o.metadata.name > after  # type: ignore[attr-defined]
+                    and selects(o.metadata.labels)  # type: ignore[attr-defined]
+                    and (not request.job or o.spec.job == request.job)  # type: ignore[attr-defined]
+                    and tenancy.owns(identity, kind.name, o)
+                ),
+                key=lambda o: o.metadata.name,  # type: ignore[attr-defined, no-any-return]
+            )
+            window = picked[: limit + 1]
+            snapshot_id = self.snapshots.keep(key, picked, revision) if len(picked) > limit else ""
+        page = [wrap(kind.name, o) for o in window[:limit]]  # copies: the cache stays untouched
         if kind.name == "Pod":
             self._show_nominations([o.pod for o in page])
         if kind.name == "Node":
@@ -494,9 +506,11 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             except StoreUnavailableError as exc:
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
         token = ""
-        if len(picked) > limit:
-            last = picked[limit - 1].metadata.name  # type: ignore[attr-defined]
-            token = base64.urlsafe_b64encode(last.encode()).decode()
+        if len(window) > limit:
+            last = window[limit - 1].metadata.name  # type: ignore[attr-defined]
+            token = listing.encode_token(snapshot_id, last)
+        elif snapshot_id:
+            self.snapshots.drop(snapshot_id)  # the last page
         return api_pb2.ListResponse(items=page, resource_version=revision, continue_token=token)
 
     async def _listing(self, kind: str, message: type[Message]) -> tuple[list[Message], int]:

@@ -203,7 +203,7 @@ class DispatcherService(Service[DispatcherConfig]):
         # finished-job collector and the reconciler that resumes a deletion left midway.
         self.pods: PodIndex | None = None  # built in on_start
         self.deleter = JobDeleter(self.store, self._pods_of_job)
-        servicer = DispatcherServicer(
+        self.api = servicer = DispatcherServicer(
             self.store,
             self.core,
             max_replicas=cfg.max_replicas,
