@@ -81,9 +81,12 @@ class Sample:
         warm = self.seconds * 1000 >= 2 * c.duration_ms
         pod_permille = 1000 / c.nodes  # one pod fills one node (module docstring)
         total_weight = sum(c.weights)
-        wants = (self.light + self.light_pending * pod_permille) * total_weight >= 1000 * c.weights[
-            0
-        ] and (self.heavy + self.heavy_pending * pod_permille) * total_weight >= 1000 * c.weights[1]
+        light_wants = self.light + self.light_pending * pod_permille
+        heavy_wants = self.heavy + self.heavy_pending * pod_permille
+        wants = (
+            light_wants * total_weight >= 1000 * c.weights[0]
+            and heavy_wants * total_weight >= 1000 * c.weights[1]
+        )
         return warm and self.light_pending > 0 and self.heavy_pending > 0 and wants
 
 
