@@ -109,9 +109,15 @@ class Shard:
 
     async def send(self, *units: ipb.UnitDecision) -> int:
         self.next_id += 1
-        await self.call.write(
-            ipb.DecisionBatch(shard=self.name, batch_id=self.next_id, units=units)
-        )
+        try:
+            await self.call.write(
+                ipb.DecisionBatch(shard=self.name, batch_id=self.next_id, units=units)
+            )
+        except Exception:
+            # A standby (or a binder stepping down) may end the stream before our message goes
+            # out: the write then fails, and the next read reports the stream's status.
+            if not self.call.done():
+                raise
         return self.next_id
 
     async def read(self) -> ipb.VerdictBatch:
