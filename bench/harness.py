@@ -320,11 +320,12 @@ def _restart_each(
     seen: set[str] = set()
     out: dict[str, float] = {}
     for record in state.components:
-        if record.kind not in SERVICE_KINDS or record.kind in seen or record.process() is None:
+        if record.kind not in SERVICE_KINDS or record.kind in seen:
+            continue
+        process = record.process()
+        if process is None:
             continue
         seen.add(record.kind)
-        process = record.process()
-        assert process is not None
         started = time.monotonic()
         process.terminate()
         try:

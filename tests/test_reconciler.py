@@ -41,7 +41,8 @@ async def dispatcher(store_url: str, cluster_name: str, tmp_path: Path) -> Async
         cluster_name,
         tmp_path,
         reconcile_interval_seconds=INTERVAL,
-        dead_shard_seconds=10.0,  # far above the test shards' 0.2 s beat, even on a loaded CI machine
+        # Far above the test shards' 0.2 s beat, even on a loaded CI machine.
+        dead_shard_seconds=10.0,
         partitioning="off",
     )
     async with run_dispatcher(config) as running:

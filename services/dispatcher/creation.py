@@ -5,10 +5,10 @@ One commit of a job and all its pods is atomic, but a store script cannot be int
 client — shard heartbeats, the Binder's lease — got BUSY. So a job with more pods than one
 script should carry (the job and ``store.client.MAX_OPS_PER_CALL`` pods, about the bound the
 store already puts on the scripts it batches: 0.1-0.2 s of server time on this busy machine,
-measured) is created as: the job, marked unfinished (``validation.PODS_CREATED_ANNOTATION``), with its first chunk of
-pods in one commit; then each further chunk in a commit that also advances the mark
-(compare-and-set on the job, so a job deleted or replaced meanwhile gets no stray pods); the last
-one clears it. Until then its unit is not dispatched (``UnitQueue.view``). Small jobs — the
+measured) is created as: the job, marked unfinished (``validation.PODS_CREATED_ANNOTATION``),
+with its first chunk of pods in one commit; then each further chunk in a commit that also
+advances the mark (compare-and-set on the job, so a job deleted or replaced meanwhile gets no
+stray pods); the last one clears it. Until then its unit is not dispatched (``UnitQueue.view``). Small jobs — the
 common case — are one commit as before.
 
 If the dispatcher stops midway, the mark says how far it got: the reconciler resumes the job
