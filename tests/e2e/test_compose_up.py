@@ -27,6 +27,8 @@ from tests.e2e.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
 
+ROOT = Path(__file__).resolve().parents[2]
+
 SHARDS = 4
 GRPC_PORT = 50051  # every godel container's port, as the file gives it
 HOLLOW_NODES = 100  # the node agent's default: the file sets no GODEL_HOLLOW_NODES
@@ -68,6 +70,21 @@ def _godel(server: str, home: Path, *args: str, stdin: str | None = None) -> str
         env={**env, "GODEL_HOME": str(home)},
     )
     assert result.returncode == 0, f"godel {' '.join(args)} failed:\n{result.stderr}"
+    return result.stdout
+
+
+def _quickstart(address: str, home: Path) -> str:
+    """examples/sdk_quickstart.py as a user runs it against a deployment: GODEL_ADDRESS set, the
+    cluster's credentials in the default place of GODEL_HOME (~/.godel/tls)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GODEL_")}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "sdk_quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**env, "GODEL_HOME": str(home), "GODEL_ADDRESS": address, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, f"the quickstart failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
 
@@ -165,6 +182,14 @@ def test_compose_up_scale_scheduler_4_schedules_through_the_published_port(
             inside = deployment.exec("dispatcher", "godel", "logs", "hello-0")
             assert (inside.returncode, inside.stdout) == (0, "hello\n"), inside.stderr
             assert _godel(api, home, "logs", "hello-0") == "hello\n"
+
+            # The SDK program written against `godel up` runs unchanged here: the credentials
+            # copied out once, and one variable naming the deployment.
+            out = _quickstart(api, home)
+            assert f"cluster: {api}" in out
+            assert "job/quickstart-train: Running" in out and "job/quickstart-web: Running" in out
+            assert out.count("pod/quickstart-train-") == 4 and "job/quickstart-web deleted" in out
+            assert not [j for j in client.list("Job") if j.metadata.name.startswith("quickstart")]  # type: ignore[attr-defined]
 
             # The dashboard and the singletons' metrics, through their published host ports:
             # HTTPS, and only with a client certificate of the cluster (the admin's, copied out).
