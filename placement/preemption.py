@@ -31,6 +31,7 @@ the victims) and nothing is proposed.
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
@@ -140,12 +141,13 @@ class VictimCandidate:
 
     @classmethod
     def from_pod(cls, pod: pb.Pod) -> VictimCandidate:
+        req = PodRequest.from_pod(pod)
         return cls(
-            pod.metadata.name,
-            pod.spec.job,
+            req.name,
+            sys.intern(pod.spec.job),  # shared by the job's pods
             pod.spec.priority,
             pod.status.started_ms,
-            PodRequest.from_pod(pod),
+            req,
             pod.spec.preemptible,
             protected_until_ms(pod),
             pod.status.preempted_by,

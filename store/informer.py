@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import structlog
 from google.protobuf.message import Message
 
+from store import kinds as kinds_mod
 from store.client import ListResult, Store, WatchEvent
+from store.encoded import EncodedObjects
 from store.errors import ResourceVersionTooOldError, StoreUnavailableError
 from store.metrics import INFORMER_LAG
 
@@ -29,6 +31,10 @@ AddHandler = Callable[[str, Message], None]
 UpdateHandler = Callable[[str, Message, Message], None]
 DeleteHandler = Callable[[str, Message], None]
 
+
+# Kinds cached encoded (store.encoded): those a cluster holds by the hundred thousand. Their
+# reads decode a fresh message each time; other kinds are few and read often, kept as messages.
+ENCODED_KINDS = frozenset({"Pod"})
 
 # Beyond block_ms, how late a watch read at the head of the feed may return before the cache
 # counts as stale: a loaded process answers a little late without having fallen behind.
@@ -62,7 +68,9 @@ class Informer:
         self._store = store
         self._selector = selector
         self.kinds = list(kinds)
-        self.cache: dict[str, dict[str, Message]] = {k: {} for k in self.kinds}
+        self.cache: dict[str, MutableMapping[str, Message]] = {
+            k: self._empty(k) for k in self.kinds
+        }
         self.revision = 0
         self.relists = 0
         # When (time.monotonic) the cache last held everything the store had, and whether it
@@ -78,6 +86,12 @@ class Informer:
         self._block_ms = block_ms
         # Waiters for wait_for_revision(), woken as batches apply.
         self._progress = asyncio.Condition()
+
+    @staticmethod
+    def _empty(kind: str) -> MutableMapping[str, Message]:
+        if kind in ENCODED_KINDS:
+            return EncodedObjects(kinds_mod.kind_named(kind).message)
+        return {}
 
     def add_handlers(self, handlers: Handlers) -> None:
         """Register handlers; objects already cached are delivered to them as adds."""
@@ -215,17 +229,19 @@ class Informer:
             selected = snapshot.items.get(kind, [])
             if self._selector is not None:
                 selected = [obj for obj in selected if self._selector(kind, obj)]
-            new = {obj.metadata.name: obj for obj in selected}  # type: ignore[attr-defined]
+            new = self._empty(kind)
+            for obj in selected:
+                new[obj.metadata.name] = obj  # type: ignore[attr-defined]
             self.cache[kind] = new
-            for name, obj in new.items():
+            for obj in selected:
+                name = obj.metadata.name  # type: ignore[attr-defined]
                 before = old.get(name)
                 if before is None:
                     self._emit("on_add", kind, obj)
                 elif before.metadata.resource_version != obj.metadata.resource_version:  # type: ignore[attr-defined]
                     self._emit("on_update", kind, before, obj)
-            for name, obj in old.items():
-                if name not in new:
-                    self._emit("on_delete", kind, obj)
+            for name in [n for n in old if n not in new]:
+                self._emit("on_delete", kind, old[name])
         self.revision = snapshot.revision
 
     def _apply(self, event: WatchEvent) -> None:
@@ -242,8 +258,8 @@ class Informer:
         if event.type == "DELETED" or (
             self._selector is not None and not self._selector(event.kind, event.obj)
         ):
-            old = objs.pop(event.name, None)
-            if old is not None:
+            if event.name in objs:
+                del objs[event.name]
                 self._emit("on_delete", event.kind, event.obj)
             return
         before = objs.get(event.name)

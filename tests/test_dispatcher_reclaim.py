@@ -33,7 +33,9 @@ def claim(
     pod.spec.template.requests.memory_bytes = mem
     pod.status.phase = pb.POD_RUNNING
     pod.status.started_ms = started
-    return Claim(queue, pool, Quantities.of_pod_request(pod.spec.template.requests), pod)
+    return Claim(
+        queue, pool, Quantities.of_pod_request(pod.spec.template.requests), pod.SerializeToString()
+    )
 
 
 def budget(job: str, allowed: int) -> pb.DisruptionBudget:

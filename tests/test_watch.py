@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from protos.godel.v1 import objects_pb2 as pb
 from store import ConflictError, ResourceVersionTooNewError, ResourceVersionTooOldError, Store
 from store.client import WatchEvent
+from store.encoded import EncodedObjects
 from store.informer import Handlers, Informer
 from store.server import StoreServer
 from tests.factories import node
@@ -348,3 +349,50 @@ def _busy_loop(seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
+
+
+async def test_informer_keeps_pods_encoded_and_relists_them_like_any_kind(
+    store_url: str, cluster_name: str
+) -> None:
+    """Pods are cached as bytes (store.encoded): handlers still get each add, update and
+    delete, an update's old state is the previous one, and a relist after the feed was trimmed
+    delivers the difference."""
+    small = await Store.connect(store_url, cluster=cluster_name, feed_max_len=10)
+    informer = Informer(small, ["Pod"], block_ms=100)
+    mirror = Mirror()
+    informer.add_handlers(mirror.handlers())
+
+    def pod(name: str) -> pb.Pod:
+        p = pb.Pod(metadata=pb.ObjectMeta(name=name))
+        p.spec.template.requests.milli_cpu = 100
+        return p
+
+    async def mirrors_store() -> None:
+        await informer.wait_for_revision(await small.revision(), timeout=10)
+        stored, _ = await small.list_all(pb.Pod)
+        expected = {p.metadata.name: p for p in stored}
+        assert isinstance(informer.cache["Pod"], EncodedObjects)
+        assert dict(informer.cache["Pod"]) == expected == mirror.objs
+
+    try:
+        for i in range(5):
+            await small.create(pod(f"p{i}"))
+        informer.start()
+        await informer.wait_synced(10)
+        await mirrors_store()
+        p1 = await small.get(pb.Pod, "p1")
+        p1.spec.node_name = "n1"
+        await small.update(p1)
+        await small.delete(pb.Pod, "p2")
+        await mirrors_store()
+        assert informer.get("Pod", "p1") == p1 and informer.get("Pod", "p2") is None
+        await informer.stop()
+        for i in range(5, 300):  # the feed is trimmed approximately: well past its length
+            await small.create(pod(f"p{i}"))
+        await small.delete(pb.Pod, "p3")
+        informer.start()
+        await mirrors_store()
+        assert informer.relists == 1 and informer.count("Pod") == 298
+    finally:
+        await informer.stop()
+        await small.close()

@@ -4,7 +4,8 @@ A page used to filter and sort every object of the kind again, so reading a kind
 O(N log N) per page and O(N² / page) in all: listing a million pods in pages of 5,000 took the
 dispatcher's event loop minutes. As Kubernetes' continue tokens do, the first page now keeps the
 sorted, filtered result (references to the informer's objects, which are replaced on change,
-never changed in place) and its token names that snapshot: each next page is a binary search
+never changed in place; pods encoded, ``store.encoded.EncodedList``) and its token names that
+snapshot: each next page is a binary search
 and a slice, and the whole listing is consistent at the first page's revision.
 
 A snapshot serves only the request it was made for (kind, selectors, job and the caller's
@@ -25,6 +26,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import Message
+
+from store.encoded import EncodedList
 
 # Kept this long after its last page was read, and at most this many at once (a list of
 # references: 8 bytes an object).
@@ -105,8 +108,12 @@ class ListingSnapshots:
             return None
         snapshot.expires = now + self.ttl
         self._snapshots.move_to_end(snapshot_id)
-        start = bisect_right(snapshot.objects, after, key=_name)
-        return list(snapshot.objects[start : start + size]), snapshot.revision
+        objects = snapshot.objects
+        if isinstance(objects, EncodedList):
+            start = objects.position_after(after)
+        else:
+            start = bisect_right(objects, after, key=_name)
+        return list(objects[start : start + size]), snapshot.revision
 
     def drop(self, snapshot_id: str) -> None:
         """The listing's last page was read."""

@@ -45,8 +45,8 @@ class Victim:
     for_queue: str
 
 
-def _victim_order(claim: Claim) -> tuple[int, int, str]:
-    pod = claim.pod
+def _victim_order(candidate: tuple[Claim, pb.Pod]) -> tuple[int, int, str]:
+    pod = candidate[1]
     return (pod.spec.priority, -pod.status.started_ms, pod.metadata.name)
 
 
@@ -72,37 +72,35 @@ def choose_victims(
     keeps every disruption budget. Queues that need capacity lose nothing. Fewer pods than needed
     when not enough is borrowed; at most ``limit`` pods.
     """
+    decoded = ((c, c.pod) for c in claims if c.pool == GUARANTEED and c.queue not in needs)
     candidates = sorted(
         (
-            c
-            for c in claims
-            if c.pool == GUARANTEED
-            and c.queue not in needs
-            and c.pod.metadata.name not in exclude
-            and not c.pod.metadata.deletion_timestamp_ms
+            (c, pod)
+            for c, pod in decoded
+            if pod.metadata.name not in exclude and not pod.metadata.deletion_timestamp_ms
         ),
         key=_victim_order,
     )
-    floors = {q: mins(q) for q in {c.queue for c in candidates}}
+    floors = {q: mins(q) for q in {c.queue for c, _ in candidates}}
     lent = {q: borrowed(bound_usage(q), floor) for q, floor in floors.items()}
     taken: set[str] = set()
     out: list[Victim] = []
     for queue, need in sorted(needs.items()):
         remaining = need.copy()
-        for claim in candidates:
+        for claim, pod in candidates:
             if len(out) >= limit or remaining.beyond(Quantities()).is_zero():
                 break
-            name = claim.pod.metadata.name
+            name = pod.metadata.name
             if name in taken or not _helps(claim.requests, remaining):
                 continue
             if not within_borrowed(claim.requests, lent[claim.queue], floors[claim.queue]):
                 continue  # it runs (at least partly) on its queue's own min
-            if budgets.try_admit([claim.pod]):
+            if budgets.try_admit([pod]):
                 continue  # a disruption budget forbids it
             taken.add(name)
             lent[claim.queue].add(claim.requests, -1)
             remaining.add(claim.requests, -1)
-            out.append(Victim(claim.pod, queue))
+            out.append(Victim(pod, queue))
     return out
 
 

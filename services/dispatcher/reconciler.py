@@ -201,7 +201,7 @@ class Reconciler:
             ):
                 self._suspect.pop(name, None)  # gone, or the controller writes it next tick
                 continue
-            computed = job_status(job, pods.by_job.get(name, {}).values())
+            computed = job_status(job, pods.pods_of(name))
             s = job.status
             if computed == (s.phase, s.bound, s.running, s.succeeded, s.failed):
                 self._suspect.pop(name, None)

@@ -298,7 +298,7 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(self.reconciler.run(), name="reconciler")
 
     def _pods_of_job(self, job: str) -> Iterable[str]:
-        return self.pods.by_job.get(job, {}).keys() if self.pods is not None else ()
+        return self.pods.by_job.get(job, ()) if self.pods is not None else ()
 
     def sample_metrics(self) -> None:
         queues = self.core.queue_statuses()

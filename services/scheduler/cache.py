@@ -127,7 +127,7 @@ class SchedulerCache:
                 self._unaccount(name, assumed.node)
         info = self._node(node_name)
         info.add_pod(record.req)
-        self.bound[name] = (node_name, record)
+        self.bound[name] = (info.name, record)  # the node's own name: one string per node
         self.dirty.add(node_name)
 
     def remove_pod(self, name: str, *, keep_assumed: bool = False) -> None:
