@@ -12,6 +12,9 @@ from services.dispatcher.queueing import Quantities
 from services.dispatcher.reclaim import choose_victims
 from services.dispatcher.unitqueue import Claim
 
+# Every pod a claim below was made for, as the dispatcher's informer would read it.
+PODS: dict[str, pb.Pod] = {}
+
 
 def claim(
     name: str,
@@ -33,9 +36,8 @@ def claim(
     pod.spec.template.requests.memory_bytes = mem
     pod.status.phase = pb.POD_RUNNING
     pod.status.started_ms = started
-    return Claim(
-        queue, pool, Quantities.of_pod_request(pod.spec.template.requests), pod.SerializeToString()
-    )
+    PODS[name] = pod
+    return Claim(name, queue, pool, Quantities.of_pod_request(pod.spec.template.requests))
 
 
 def budget(job: str, allowed: int) -> pb.DisruptionBudget:
@@ -96,6 +98,7 @@ def test_choose_victims(
     victims = choose_victims(
         {"a": Quantities(cpu=need)},
         claims,
+        PODS.get,
         lambda q: usage.get(q, Quantities()),
         lambda q: Quantities(cpu=mins.get(q, 0)),
         BudgetTracker(budgets),
@@ -109,9 +112,31 @@ def test_excluded_pods_are_not_chosen_again() -> None:
     victims = choose_victims(
         {"a": Quantities(cpu=1000)},
         claims,
+        PODS.get,
         lambda q: Quantities(cpu=2000, pods=2),
         lambda q: Quantities(),
         BudgetTracker(()),
         exclude=frozenset({"gone-soon"}),
     )
     assert [v.pod.metadata.name for v in victims] == ["other"]
+
+
+def test_a_claim_whose_pod_is_gone_from_the_view_is_not_chosen() -> None:
+    claims = [claim("vanished", started=9), claim("other", started=1)]
+    victims = choose_victims(
+        {"a": Quantities(cpu=1000)},
+        claims,
+        lambda name: None if name == "vanished" else PODS.get(name),
+        lambda q: Quantities(cpu=2000, pods=2),
+        lambda q: Quantities(),
+        BudgetTracker(()),
+    )
+    assert [v.pod.metadata.name for v in victims] == ["other"]
+
+
+def test_claims_of_pods_asking_the_same_share_one_quantities() -> None:
+    requests = pb.Resources(milli_cpu=500, memory_bytes=1 << 30)
+    one, two = Quantities.shared_request(requests), Quantities.shared_request(requests)
+    assert one is two and (one.cpu, one.mem, one.pods) == (500, 1 << 30, 1)
+    other = Quantities.shared_request(pb.Resources(milli_cpu=500, extended={"x/fpga": 1}))
+    assert other is not one and other.extended == {"x/fpga": 1}

@@ -7,6 +7,7 @@ Plain synchronous functions over integers; the ``UnitQueue`` applies them in its
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Protocol
@@ -40,6 +41,13 @@ class Quantities:
             # resource, and this runs a few times per unit.
             {k: v * count for k, v in requests.extended.items()} if requests.extended else {},
         )
+
+    @staticmethod
+    def shared_request(requests: pb.Resources) -> Quantities:
+        """One pod's requests as an instance shared by every pod asking the same (a job's
+        pods): for what is held per bound pod. Never mutate it; ``copy()`` it first."""
+        extended = tuple(sorted(requests.extended.items())) if requests.extended else ()
+        return _shared_request(requests.milli_cpu, requests.memory_bytes, requests.gpus, extended)
 
     def add(self, other: Quantities, sign: int = 1) -> None:
         self.cpu += sign * other.cpu
@@ -312,3 +320,10 @@ FAIRNESS: dict[str, Fairness] = {f.name: f for f in (RoundRobin(), Drf(), FairSh
 def next_queue(loads: list[QueueLoad], capacity: Quantities, fairness: Fairness) -> str:
     """The queue of ``loads`` that dispatches next: the smallest key, ties by name."""
     return min(loads, key=lambda load: (fairness.key(load, capacity), load.name)).name
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_request(
+    cpu: int, mem: int, gpus: int, extended: tuple[tuple[str, int], ...]
+) -> Quantities:
+    return Quantities(cpu, mem, gpus, 1, dict(extended))

@@ -58,6 +58,7 @@ def _helps(requests: Quantities, remaining: Quantities) -> bool:
 def choose_victims(
     needs: Mapping[str, Quantities],
     claims: Iterable[Claim],
+    read_pod: Callable[[str], pb.Pod | None],
     bound_usage: Callable[[str], Quantities],
     mins: Callable[[str], Quantities],
     budgets: BudgetTracker,
@@ -72,13 +73,13 @@ def choose_victims(
     keeps every disruption budget. Queues that need capacity lose nothing. Fewer pods than needed
     when not enough is borrowed; at most ``limit`` pods.
     """
-    decoded = ((c, c.pod) for c in claims if c.pool == GUARANTEED and c.queue not in needs)
+    read = (
+        (c, read_pod(c.name))
+        for c in claims
+        if c.pool == GUARANTEED and c.queue not in needs and c.name not in exclude
+    )
     candidates = sorted(
-        (
-            (c, pod)
-            for c, pod in decoded
-            if pod.metadata.name not in exclude and not pod.metadata.deletion_timestamp_ms
-        ),
+        ((c, pod) for c, pod in read if pod is not None and not pod.metadata.deletion_timestamp_ms),
         key=_victim_order,
     )
     floors = {q: mins(q) for q in {c.queue for c, _ in candidates}}
@@ -149,6 +150,7 @@ class Reclaimer:
         victims = choose_victims(
             needs,
             claims,
+            self._read_pod,
             self.queue.bound_usage,
             self.queue.min,
             BudgetTracker(b for b in budgets if isinstance(b, pb.DisruptionBudget)),
@@ -163,6 +165,10 @@ class Reclaimer:
             mine = [v.pod for v in victims if v.for_queue == queue]
             evicted += await self._evict(queue, mine)
         return evicted
+
+    def _read_pod(self, name: str) -> pb.Pod | None:
+        pod = self.informer.get("Pod", name)
+        return pod if isinstance(pod, pb.Pod) else None
 
     async def _evict(self, queue: str, pods: list[pb.Pod]) -> int:
         request = ipb.EvictRequest(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -93,27 +94,23 @@ class UnitEntry:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A bound or running pod as its queue's usage counts it. The pod is kept encoded (a
-    decoded pod held per bound pod was 2.6 KiB of it; see store.encoded) and decoded only for
-    quota reclaim, which reads few."""
+    """A bound or running pod as its queue's usage counts it: what quota needs, not the pod
+    (held per bound pod, a decoded pod was 2.6 KiB of it; reclaim reads the few it weighs from
+    the informer). ``requests`` is shared by pods asking the same and never mutated."""
 
+    name: str
     queue: str
     pool: str
     requests: Quantities
-    encoded: bytes
 
     @classmethod
     def of(cls, pod: pb.Pod) -> Claim:
         return cls(
-            queue_of(pod),
+            pod.metadata.name,
+            sys.intern(queue_of(pod)),
             pool_of(pod.spec.qos),
-            Quantities.of_pod_request(pod.spec.template.requests),
-            pod.SerializeToString(),
+            Quantities.shared_request(pod.spec.template.requests),
         )
-
-    @property
-    def pod(self) -> pb.Pod:
-        return pb.Pod.FromString(self.encoded)
 
 
 def is_pending(pod: pb.Pod) -> bool:
@@ -184,7 +181,7 @@ class UnitQueue:
         name = pod.metadata.name
         if pod.spec.node_name and pod.status.phase in _CLAIM_PHASES:
             claim = Claim.of(pod)
-            self._claimed[name] = claim
+            self._claimed[claim.name] = claim
             self._usage.setdefault(claim.queue, Quantities()).add(claim.requests)
             self._pool_used[claim.pool].add(claim.requests)
         if not is_pending(pod):

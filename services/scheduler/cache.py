@@ -127,7 +127,8 @@ class SchedulerCache:
                 self._unaccount(name, assumed.node)
         info = self._node(node_name)
         info.add_pod(record.req)
-        self.bound[name] = (info.name, record)  # the node's own name: one string per node
+        # Keyed by the record's own name and holding the node's: no string copied per pod.
+        self.bound[record.name] = (info.name, record)
         self.dirty.add(node_name)
 
     def remove_pod(self, name: str, *, keep_assumed: bool = False) -> None:
