@@ -157,4 +157,6 @@ def test_a_decided_batch_counts_binds_refusals_by_reason_preemptions_and_latency
     before = [_sample(name, **labels) for name, labels in names]
     metrics.record_verdicts(batch, verdicts, [bound], now_ms=99_999)
     moved = [_sample(name, **labels) - b for (name, labels), b in zip(names, before, strict=True)]
-    assert moved == [1, 2, 1, 0, 2, 1, 2.5]
+    # Approximately: the registry is shared, and the latency sum already holds other tests'
+    # observations, so the difference carries their rounding.
+    assert moved == pytest.approx([1, 2, 1, 0, 2, 1, 2.5])

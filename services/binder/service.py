@@ -136,9 +136,9 @@ class BinderService(Service[BinderConfig]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.state = ClusterState()
         self.rules = hard_rules()
         self.informer = Informer(self.store, ["Node", "Pod", "Job", "DisruptionBudget"])
+        self.state = ClusterState(lambda: self.informer.cache["Pod"])
         self.informer.add_handlers(
             Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)
         )

@@ -3,12 +3,14 @@ every pod as last written (for victims' re-validation and disruption budgets), j
 
 Fed by the informer (Nodes, Pods, Jobs, DisruptionBudgets) plus the pods this binder committed
 itself that the informer has not delivered yet ("assumed": binds, evictions, replacements), so
-back-to-back batches see each other. Pods are held encoded (store.encoded): each read is a fresh
-copy, so a change to it is only kept by writing it back. Plain synchronous code: informer handlers and the committer run
+back-to-back batches see each other (``PodBook``). Pod reads are fresh copies: a change to one is
+kept only by writing it. Plain synchronous code: informer handlers and the committer run
 on one event loop and never interleave mid-update.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
 
 from google.protobuf.message import Message
 
@@ -26,22 +28,65 @@ def holds_claim(pod: pb.Pod) -> bool:
     return bool(pod.spec.node_name) and pod.status.phase not in TERMINAL
 
 
+class PodBook(Mapping[str, pb.Pod]):
+    """Every pod as the Binder knows it, any phase: the informer's copy, or this binder's own
+    write (``written``: bound, evicted or created) until the informer shows that revision, so
+    back-to-back batches see each other. Each pod is held once in the process: the informer
+    keeps pods encoded (store.encoded) and the book reads them there; a state fed by hand (no
+    informer: ``informed`` None) keeps its own encoded copies. Reads are fresh copies."""
+
+    def __init__(self, informed: Callable[[], Mapping[str, Message]] | None) -> None:
+        self._own: EncodedObjects[pb.Pod] | None = None
+        if informed is None:
+            own = self._own = EncodedObjects(pb.Pod)
+            informed = lambda: own  # noqa: E731
+        # A function, not the mapping: the informer swaps in a new one when it relists.
+        self._informed = informed
+        self.written: dict[str, pb.Pod] = {}
+
+    def seen(self, pod: pb.Pod) -> None:
+        """The informer delivered ``pod`` (already in its cache; kept here if fed by hand)."""
+        if self._own is not None:
+            self._own[pod.metadata.name] = pod
+
+    def forget(self, name: str) -> None:
+        self.written.pop(name, None)
+        if self._own is not None:
+            self._own.pop(name, None)
+
+    def __getitem__(self, name: str) -> pb.Pod:
+        written = self.written.get(name)
+        if written is not None:
+            return written
+        return self._informed()[name]  # type: ignore[return-value]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.written or name in self._informed()
+
+    def __iter__(self) -> Iterator[str]:
+        informed = self._informed()
+        yield from informed
+        yield from (n for n in self.written if n not in informed)
+
+    def __len__(self) -> int:
+        informed = self._informed()
+        return len(informed) + sum(1 for n in self.written if n not in informed)
+
+
 class ClusterState:
-    def __init__(self) -> None:
+    def __init__(self, informed: Callable[[], Mapping[str, Message]] | None = None) -> None:
+        """``informed``: the informer's Pod cache, read through (None: fed by hand only)."""
         self.nodes: dict[str, pb.Node] = {}
         # NodeInfos exist for every known node and for any node a bound pod names (even if the
         # node object is gone: its pods still hold their claims).
         self.infos: dict[str, NodeInfo] = {}
         self.pod_node: dict[str, str] = {}
         self.job_pods: dict[str, set[str]] = {}  # pods holding a claim, by job
-        # Every pod, any phase, held encoded (a million decoded pods are 2.5 GiB): reads decode.
-        self.pods: EncodedObjects[pb.Pod] = EncodedObjects(pb.Pod)
+        self.pods = PodBook(informed)
         self.all_job_pods: dict[str, set[str]] = {}  # every pod, by job (replacement names)
         self.jobs: dict[str, pb.Job] = {}
         self.budgets: dict[str, pb.DisruptionBudget] = {}
         self.budget_members = SelectorMembers()  # pods of each label-selector budget
-        # Pods this binder wrote -> revision of the write, until the informer shows that revision.
-        self.assumed: dict[str, int] = {}
         # Pods per selector and topology domain, for the cross-node check of inter-pod affinity
         # and spread: built on first use (``pod_counts``), then kept by the placement bookkeeping.
         self.topology = TopologyIndex()
@@ -53,15 +98,18 @@ class ClusterState:
         if kind == "Node":
             self._set_node(obj)  # type: ignore[arg-type]
         elif kind == "Pod":
-            self._set_pod(obj)  # type: ignore[arg-type]
+            self._set_pod(obj, None)  # type: ignore[arg-type]
         elif kind == "Job":
             self.jobs[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
         elif kind == "DisruptionBudget":
             self.budgets[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
             self.budget_members.set_budget(obj, self.pods.values())  # type: ignore[arg-type]
 
-    def on_update(self, kind: str, _old: Message, new: Message) -> None:
-        self.on_add(kind, new)
+    def on_update(self, kind: str, old: Message, new: Message) -> None:
+        if kind == "Pod":
+            self._set_pod(new, old)  # type: ignore[arg-type]
+        else:
+            self.on_add(kind, new)
 
     def on_delete(self, kind: str, obj: Message) -> None:
         if kind == "Node":
@@ -75,9 +123,8 @@ class ClusterState:
         elif kind == "Pod":
             name = obj.metadata.name  # type: ignore[attr-defined]
             job = obj.spec.job  # type: ignore[attr-defined]
-            self.assumed.pop(name, None)
             self._unplace(name, job)
-            self.pods.pop(name, None)
+            self.pods.forget(name)
             self.budget_members.remove_pod(name)
             members = self.all_job_pods.get(job)
             if members is not None:
@@ -101,21 +148,22 @@ class ClusterState:
         if self.topology.active:
             self.topology.set_node(name, info.labels)
 
-    def _set_pod(self, pod: pb.Pod) -> None:
+    def _set_pod(self, pod: pb.Pod, previous: pb.Pod | None) -> None:
+        """An informer event; ``previous``: the informer's state before it."""
         name = pod.metadata.name
-        bound_at = self.assumed.get(name)
-        if bound_at is not None:
-            if pod.metadata.resource_version < bound_at:
-                return  # an older state than our own bind: the bind stands
-            del self.assumed[name]
-        self._apply(pod)
+        ours = self.pods.written.get(name)
+        if ours is not None:
+            if pod.metadata.resource_version < ours.metadata.resource_version:
+                return  # an older state than our own write: the write stands
+            del self.pods.written[name]
+            previous = ours
+        self.pods.seen(pod)
+        self._apply(pod, previous)
 
-    def _apply(self, pod: pb.Pod) -> None:
+    def _apply(self, pod: pb.Pod, previous: pb.Pod | None) -> None:
         name = pod.metadata.name
-        old = self.pods.get(name)
-        if old is None or old.spec.template.labels != pod.spec.template.labels:
+        if previous is None or previous.spec.template.labels != pod.spec.template.labels:
             self.budget_members.set_pod(pod)
-        self.pods[name] = pod
         self.all_job_pods.setdefault(pod.spec.job, set()).add(name)
         if holds_claim(pod):
             self._place(pod)
@@ -175,8 +223,8 @@ class ClusterState:
         first is not re-assumed."""
         if seen_revision >= pod.metadata.resource_version:
             return  # the informer got there first and may already know later states
-        self._apply(pod)
-        self.assumed[pod.metadata.name] = pod.metadata.resource_version
+        self._apply(pod, self.pods.get(pod.metadata.name))
+        self.pods.written[pod.metadata.name] = pod
 
     def pods_of_job(self, job: str) -> list[pb.Pod]:
         """The job's pods, any phase."""
