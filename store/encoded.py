@@ -58,6 +58,13 @@ class EncodedObjects(MutableMapping[str, M], Generic[M]):
     def put_encoded(self, name: str, data: bytes) -> None:
         self._data[name] = data
 
+    def copy(self) -> EncodedObjects[M]:
+        """A copy sharing the bytes (a pointer per object): safe to read on another thread
+        while this one keeps changing."""
+        other: EncodedObjects[M] = EncodedObjects(self._message)
+        other._data = dict(self._data)
+        return other
+
     def __repr__(self) -> str:
         return f"EncodedObjects({self._message.DESCRIPTOR.name}, {len(self._data)} objects)"
 

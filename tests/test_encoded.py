@@ -71,3 +71,13 @@ def test_pods_with_the_same_labels_share_one_label_set() -> None:
     assert other.labels == {"app": "db"} and other.labels is not one.labels
     assert PodRequest.from_pod(_pod("d")).labels == {}
     assert shared_labels({"x": "1"}) is shared_labels({"x": "1"})
+
+
+def test_a_copy_is_independent_of_later_changes() -> None:
+    pods: EncodedObjects[pb.Pod] = EncodedObjects(pb.Pod)
+    pods["a"] = _pod("a", "n1")
+    copied = pods.copy()
+    pods["a"] = _pod("a", "n2")
+    pods["b"] = _pod("b")
+    del pods["a"]
+    assert list(copied) == ["a"] and copied["a"].spec.node_name == "n1"

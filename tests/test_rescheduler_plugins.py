@@ -93,7 +93,7 @@ def build_view(
         p = pb.Pod()
         p.CopyFrom(original)
         infos[p.spec.node_name].add_pod(PodRequest.from_pod(p))
-        running[p.metadata.name] = RunningPod(p, PodInfo.from_pod(p))
+        running[p.metadata.name] = RunningPod.of(p, PodInfo.from_pod(p))
     return ClusterView(nodes=infos, pods=running, jobs={}, framework=FRAMEWORK, scope=scope)
 
 

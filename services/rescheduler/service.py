@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -40,6 +40,7 @@ from services.rescheduler.triggers import TriggerScheduler
 from services.rescheduler.view import PodInfoCache, build_view
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import ConfigError, option
+from store.encoded import EncodedObjects
 from store.informer import Informer
 
 log = structlog.get_logger(__name__)
@@ -180,11 +181,15 @@ class ReschedulerService(Service[ReschedulerConfig]):
         await self.informer.wait_for_revision(revision, self.config.sync_timeout_seconds)
         inf = self.informer
         nodes: list[pb.Node] = inf.list("Node")  # type: ignore[assignment]
-        pods: list[pb.Pod] = inf.list("Pod")  # type: ignore[assignment]
+        # The pods decoded one at a time as the view is built, from a copy of the cache's
+        # bytes: all of them decoded at once would be 2.6 GiB at a million pods.
+        cached = inf.cache["Pod"]
+        copied = cached.copy() if isinstance(cached, EncodedObjects) else dict(cached)
+        pods: Iterable[pb.Pod] = copied.values()  # type: ignore[assignment]
         jobs: list[pb.Job] = inf.list("Job")  # type: ignore[assignment]
         budgets: list[pb.DisruptionBudget] = inf.list("DisruptionBudget")  # type: ignore[assignment]
-        # The informer replaces objects on change and never mutates them, so the lists can be
-        # read off the event loop.
+        # The informer replaces objects on change and never mutates them, so the lists (and the
+        # copy of the pods) can be read off the event loop.
         return await asyncio.to_thread(
             build_view,
             nodes,

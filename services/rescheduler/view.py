@@ -69,7 +69,7 @@ def build_view(
         pod_info = cache.get(pod)
         seen.add(pod.metadata.name)
         info.add_pod(pod_info.req)
-        running[pod.metadata.name] = RunningPod(pod, pod_info)
+        running[pod.metadata.name] = RunningPod.of(pod, pod_info)
     cache.keep_only(seen)
     selector = dict(scope_labels or {})
     scope = frozenset(
