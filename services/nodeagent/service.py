@@ -377,10 +377,10 @@ class _NodeAgentServicer(api_pb2_grpc.NodeAgentServicer):
         # A tenant reads the logs of its own pods only (the rule the Dispatcher applies).
         if (why := tenancy.read_refusal(caller(), "Pod", run.pod)) is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
-        path, exited = run.log_path, run.exited
+        path = run.log_path
         # The child may not have opened its log yet.
         while not path.exists():
-            if exited.is_set() or not request.follow:
+            if run.exited or not request.follow:
                 return
             await asyncio.sleep(LOG_POLL_SECONDS)
         with path.open("rb") as f:
@@ -391,7 +391,7 @@ class _NodeAgentServicer(api_pb2_grpc.NodeAgentServicer):
                 if chunk:
                     yield api_pb2.LogChunk(data=chunk)
                     continue
-                if not request.follow or exited.is_set():
+                if not request.follow or run.exited:
                     # One last read: output written just before the exit was noticed.
                     while chunk := f.read(LOG_CHUNK_BYTES):
                         yield api_pb2.LogChunk(data=chunk)
