@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -106,6 +106,12 @@ class Informer:
 
     def list(self, kind: str) -> list[Message]:
         return list(self.cache[kind].values())
+
+    def each(self, kind: str) -> Iterator[Message]:
+        """The cached objects one at a time: a scan that keeps few of them does not hold them
+        all decoded at once (a million pods are 2.6 GiB decoded). Do not await while iterating:
+        the cache changes between event-loop steps."""
+        return iter(self.cache[kind].values())
 
     def count(self, kind: str) -> int:
         return len(self.cache[kind])

@@ -566,7 +566,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         for a servicer built without the dispatcher's pod index."""
         return [
             p.metadata.name  # type: ignore[attr-defined]
-            for p in self.core.informer.list("Pod")
+            for p in self.core.informer.each("Pod")
             if p.spec.job == job  # type: ignore[attr-defined]
         ]
 
@@ -691,7 +691,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         pods = sorted(
             (
                 p
-                for p in self.core.informer.list("Pod")
+                for p in self.core.informer.each("Pod")
                 if isinstance(p, pb.Pod) and p.spec.node_name == request.node and holds_claim(p)
             ),
             key=lambda p: p.metadata.name,

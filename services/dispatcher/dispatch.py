@@ -12,6 +12,7 @@ mutate the state synchronously, never across an ``await``, so no locks are neede
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
@@ -325,8 +326,9 @@ class UnitDispatcher:
 
     def _track_pod(self, pod: pb.Pod) -> None:
         if pod.spec.node_name and pod.status.phase in _BOUND_PHASES:
-            self._bound_of[pod.metadata.name] = pod.spec.job
-            self._bound[pod.spec.job] += 1
+            job = sys.intern(pod.spec.job)  # one string per job, not per bound pod
+            self._bound_of[pod.metadata.name] = job
+            self._bound[job] += 1
         if self.queue.add_pod(pod, int(time.time() * 1000)):
             self._kick.set()
 

@@ -441,7 +441,7 @@ class NodeShuffler:
         informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
         for node in informer.list("Node"):
             self._on_add("Node", node)
-        for pod in informer.list("Pod"):
+        for pod in informer.each("Pod"):
             self._on_add("Pod", pod)
 
     # -- informer ------------------------------------------------------------------------------

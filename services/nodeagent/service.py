@@ -333,7 +333,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
         return TidalController(
             self.store,
             self.nodes.desired,
-            lambda: self.informer.list("Pod"),  # type: ignore[arg-type,return-value]
+            lambda: self.informer.each("Pod"),  # type: ignore[arg-type,return-value]
             usage,
             curve,
             BinderEvictor(self.store, f"nodeagent/{cfg.name}", self.dial),
