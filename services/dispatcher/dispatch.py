@@ -574,8 +574,9 @@ class UnitDispatcher:
         shard may have written its own, more detailed condition meanwhile)."""
         updates = []
         now_ms = int(time.time() * 1000)
-        for pod in entry.pods.values():
-            if _unschedulable_condition(pod) is not None:
+        for name in list(entry.pods):
+            pod = self.informer.get("Pod", name)
+            if not isinstance(pod, pb.Pod) or _unschedulable_condition(pod) is not None:
                 continue
             copy = pb.Pod()
             copy.CopyFrom(pod)
@@ -671,7 +672,7 @@ class UnitDispatcher:
     def _send(self, entry: UnitEntry, unit: PendingUnit, link: ShardLink) -> ipb.Unit:
         job = self.informer.get("Job", entry.job)
         assert isinstance(job, pb.Job)
-        pods = sorted(entry.pods.values(), key=lambda p: p.spec.index)
+        pods = sorted(entry.pods.items(), key=lambda item: item[1].pod_index)
         link.credits -= len(pods)
         link.hold(entry.job, len(pods), unit.pool, unit.requests)
         self.queue.dispatched(entry, link.name, unit)
@@ -679,12 +680,9 @@ class UnitDispatcher:
             job=job,
             pods=[
                 ipb.PodRef(
-                    name=p.metadata.name,
-                    uid=p.metadata.uid,
-                    resource_version=p.metadata.resource_version,
-                    index=p.spec.index,
+                    name=name, uid=p.uid, resource_version=p.resource_version, index=p.pod_index
                 )
-                for p in pods
+                for name, p in pods
             ],
             already_bound=self._bound.get(entry.job, 0),
             enqueued_ms=entry.enqueued_ms,
