@@ -31,6 +31,7 @@ the live shards and the nodes, and writes the ones that changed.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -275,7 +276,8 @@ class Allocation:
 
     def __init__(self) -> None:
         self._nodes: dict[str, tuple[int, int]] = {}
-        self._pods: dict[str, tuple[int, int]] = {}
+        # Per pod holding a claim, its requests (shared by pods asking the same).
+        self._pods: dict[str, Quantities] = {}
         self.capacity = [0, 0]  # milli-CPU, bytes
         self.requested = [0, 0]
 
@@ -296,18 +298,19 @@ class Allocation:
             self.capacity[i] += new[i] - old[i]
 
     def on_pod(self, name: str, pod: pb.Pod | None) -> None:
-        old = self._pods.pop(name, (0, 0))
-        new = (0, 0)
+        old = self._pods.pop(name, None)
+        if old is not None:
+            self.requested[0] -= old.cpu
+            self.requested[1] -= old.mem
         if (
             pod is not None
             and pod.spec.node_name
             and pod.status.phase in _CLAIM_PHASES
             and pod.spec.qos != pb.QOS_BEST_EFFORT
         ):
-            req = pod.spec.template.requests
-            new = self._pods[name] = (req.milli_cpu, req.memory_bytes)
-        for i in range(2):
-            self.requested[i] += new[i] - old[i]
+            new = self._pods[name] = Quantities.shared_request(pod.spec.template.requests)
+            self.requested[0] += new.cpu
+            self.requested[1] += new.mem
 
 
 class PartitionRoom:
@@ -379,10 +382,10 @@ class PartitionRoom:
             self._claim(*old, -1)
         if claims:
             assert pod is not None
-            new = (
-                pod.spec.node_name,
+            new = (  # the node's name and the requests shared, not copied per pod
+                sys.intern(pod.spec.node_name),
                 pool_of(pod.spec.qos),
-                Quantities.of_pod_request(pod.spec.template.requests),
+                Quantities.shared_request(pod.spec.template.requests),
             )
             self._claims[name] = new
             self._claim(*new, 1)
@@ -449,8 +452,9 @@ class NodeShuffler:
     def _on_add(self, kind: str, obj: Message) -> None:
         if kind == "Pod":
             assert isinstance(obj, pb.Pod)
-            self.allocation.on_pod(obj.metadata.name, obj)
-            self.room.on_pod(obj.metadata.name, obj)
+            name = obj.metadata.name  # one string for both indexes (each read makes a new one)
+            self.allocation.on_pod(name, obj)
+            self.room.on_pod(name, obj)
         elif kind == "Node":
             assert isinstance(obj, pb.Node)
             self._node_events += 1
@@ -460,8 +464,9 @@ class NodeShuffler:
     def _on_update(self, kind: str, old: Message, new: Message) -> None:
         if kind == "Pod":
             assert isinstance(new, pb.Pod)
-            self.allocation.on_pod(new.metadata.name, new)
-            self.room.on_pod(new.metadata.name, new)
+            name = new.metadata.name
+            self.allocation.on_pod(name, new)
+            self.room.on_pod(name, new)
         elif kind == "Node":
             assert isinstance(new, pb.Node)
             self.allocation.on_node(new.metadata.name, new)
