@@ -151,6 +151,34 @@ class ListResult:
     claims: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class StoredListing:
+    """An atomic listing as stored (``Store.list_stored``): per kind, each object's bytes and
+    revision by name, decoded by ``objects``."""
+
+    revision: int
+    stored: dict[str, tuple[dict[bytes, bytes], dict[bytes, bytes]]] = field(default_factory=dict)
+    errors: list[tuple[str, str, InvalidObjectError]] = field(default_factory=list)
+    claims: dict[str, str] = field(default_factory=dict)
+
+    def kinds(self) -> list[str]:
+        return list(self.stored)
+
+    def objects(self, kind_name: str) -> Iterator[Message]:
+        """The kind's objects, decoded one at a time; the listing lets go of the kind's bytes
+        (a second call yields nothing). Undecodable ones are added to ``errors``."""
+        datas, rvs = self.stored.pop(kind_name, ({}, {}))
+        kind = kinds_mod.kind_named(kind_name)
+        for raw_name, data in datas.items():
+            rv = rvs.get(raw_name)
+            if rv is None:
+                continue
+            try:
+                yield kinds_mod.decode(kind, data, int(rv))
+            except InvalidObjectError as exc:
+                self.errors.append((kind.name, raw_name.decode(errors="replace"), exc))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeUsage:
     """A node's capacity and bound usage as the store accounts them, per pool."""
@@ -464,6 +492,16 @@ class Store:
         """An atomic snapshot of several kinds and its revision: watching from that revision
         misses nothing and repeats nothing. ``claims`` adds the node claims of the same moment
         (what an audit compares the pods with)."""
+        listing = await self.list_stored(kind_names, claims=claims)
+        items = {kind: list(listing.objects(kind)) for kind in listing.kinds()}
+        return ListResult(items, listing.revision, listing.errors, listing.claims)
+
+    async def list_stored(
+        self, kind_names: Sequence[str], *, claims: bool = False
+    ) -> StoredListing:
+        """``list_kinds`` before decoding: the stored bytes, decoded one object at a time by
+        ``StoredListing.objects``. An informer listing a million pods decodes each into its
+        cache as it goes instead of holding all of them decoded at once (2.6 GiB)."""
         kinds = [kinds_mod.kind_named(k) for k in kind_names]
 
         async def fetch() -> list[Any]:
@@ -477,23 +515,12 @@ class Store:
                 return await pipe.execute()  # type: ignore[no-any-return]
 
         replies = await _read(fetch)
-        result = ListResult({}, int(replies[0] or 0))
+        listing = StoredListing(int(replies[0] or 0))
         if claims:
-            result.claims = {k.decode(): v.decode() for k, v in replies[-1].items()}
+            listing.claims = {k.decode(): v.decode() for k, v in replies[-1].items()}
         for i, kind in enumerate(kinds):
-            datas: dict[bytes, bytes] = replies[1 + 2 * i]
-            rvs: dict[bytes, bytes] = replies[2 + 2 * i]
-            items: list[Message] = []
-            for raw_name, data in datas.items():
-                rv = rvs.get(raw_name)
-                if rv is None:
-                    continue
-                try:
-                    items.append(kinds_mod.decode(kind, data, int(rv)))
-                except InvalidObjectError as exc:
-                    result.errors.append((kind.name, raw_name.decode(errors="replace"), exc))
-            result.items[kind.name] = items
-        return result
+            listing.stored[kind.name] = (replies[1 + 2 * i], replies[2 + 2 * i])
+        return listing
 
     async def create_raw(self, kind_name: str, data: bytes) -> Message:
         """Store an object given as untrusted bytes (e.g. from the wire), strictly checked."""

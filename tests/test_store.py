@@ -476,3 +476,21 @@ async def test_garbage_in_the_store_is_reported_not_fatal(store: Store) -> None:
     listing = await store.list_kinds(["Node"])
     assert [n.metadata.name for n in listing.items["Node"]] == ["good"]  # type: ignore[attr-defined]
     assert [(k, n) for k, n, _ in listing.errors] == [("Node", "bad")]
+
+
+async def test_a_stored_listing_decodes_one_object_at_a_time_and_reports_garbage(
+    store: Store,
+) -> None:
+    for name in ("a", "b"):
+        await store.create(node(name))
+    await store._redis.hset(store.keys.data("Node"), "bad", b"\xff\xff\xff")
+    await store._redis.hset(store.keys.versions("Node"), "bad", 99)
+    listing = await store.list_stored(["Node", "Pod"])
+    assert listing.kinds() == ["Node", "Pod"] and listing.revision == await store.revision()
+    objects = listing.objects("Node")
+    first = next(objects)
+    assert first.metadata.name in ("a", "b") and not listing.errors  # type: ignore[attr-defined]
+    rest = [n.metadata.name for n in objects]  # type: ignore[attr-defined]
+    assert sorted([first.metadata.name, *rest]) == ["a", "b"]  # type: ignore[attr-defined]
+    assert [(k, n) for k, n, _ in listing.errors] == [("Node", "bad")]
+    assert list(listing.objects("Node")) == [] and listing.kinds() == ["Pod"]  # let go of
