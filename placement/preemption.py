@@ -140,7 +140,20 @@ class VictimCandidate:
     preempted_by: str = ""
 
     @classmethod
-    def from_pod(cls, pod: pb.Pod) -> VictimCandidate:
+    def from_pod(cls, pod: pb.Pod, held: VictimCandidate | None = None) -> VictimCandidate:
+        """``held``: the pod's record while it stayed on the same node, whose request (and so
+        job and name) still stands; only what a later state changes is read again."""
+        if held is not None:
+            return cls(
+                held.name,
+                held.job,
+                held.priority,
+                pod.status.started_ms,
+                held.req,
+                held.preemptible,
+                protected_until_ms(pod),
+                pod.status.preempted_by,
+            )
         req = PodRequest.from_pod(pod)
         return cls(
             req.name,

@@ -272,3 +272,22 @@ def test_an_exclusive_numa_pod_preempts_the_pod_on_a_numa_node_and_takes_it() ->
     victim = int(placed.victims[0].split("-")[1])
     assert placed.numa_nodes == (victim,)
     assert snapshot.infos["n1"].numa_owner == {victim: "x-0"}
+
+
+def test_a_pod_that_starts_on_its_node_keeps_the_request_the_node_accounts() -> None:
+    """Bound, then running on the same node: the record takes what changed (start, who claims
+    it) and shares the request the node holds, instead of a second one per pod."""
+    cache = SchedulerCache()
+    cache.set_node(n("a"))
+    bound = running("p", "a", started_ms=0)
+    bound.status.phase = pb.POD_BOUND
+    cache.set_pod(bound)
+    first = cache.running("p")
+    cache.set_pod(running("p", "a", started_ms=5000))
+    record = cache.running("p")
+    assert first is not None and record is not None
+    assert record.started_ms == 5000 and first.started_ms == 0
+    assert record.req is first.req is cache.nodes["a"].pods["p"]
+    cache.set_pod(running("p", "b", started_ms=5000))  # moved: a request of its own there
+    moved = cache.running("p")
+    assert moved is not None and moved.req is not first.req and "p" not in cache.nodes["a"].pods

@@ -110,12 +110,14 @@ class SchedulerCache:
         if not node_name or pod.status.phase in _TERMINAL:
             self.remove_pod(name, keep_assumed=not node_name)
             return
-        record = VictimCandidate.from_pod(pod)
         current = self.bound.get(name)
         if current is not None and current[0] == node_name:
-            # Same node: only what preemption reads may have changed (started, claimed).
-            self.bound[name] = (node_name, record)
+            # Same node: only what preemption reads may have changed (started, claimed). The
+            # request the node accounts stays, shared with the new record (a second request per
+            # pod, once running, was a fifth of the shard's memory).
+            self.bound[name] = (current[0], VictimCandidate.from_pod(pod, current[1]))
             return
+        record = VictimCandidate.from_pod(pod)
         if current is not None:
             self._unaccount(name, current[0])
         assumed = self.assumed.pop(name, None)
