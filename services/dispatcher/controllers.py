@@ -240,7 +240,7 @@ class NodeLifecycleController:
                 described.append((name, "ready again", 0))
         await self._store.forget_heartbeats(gone)
         for name in list(self.pods.by_node):
-            if self._informer.get("Node", name) is None:
+            if not self._informer.has("Node", name):
                 ops = self._fail_pods(name, now, f"node {name!r} no longer exists")
                 if ops:
                     commits.append(ops)

@@ -442,7 +442,7 @@ class NodeShuffler:
         self._published: dict[str, tuple[int, int]] = {}
         self.writes = 0  # partitions written, for tests and logs
         informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
-        for node in informer.list("Node"):
+        for node in informer.each("Node"):
             self._on_add("Node", node)
         for pod in informer.each("Pod"):
             self._on_add("Pod", pod)
@@ -549,7 +549,7 @@ class NodeShuffler:
         if on and len(live) >= 2:
             synced = (frozenset(live), self._node_events)
             if self.partitions is None or synced != self._synced:
-                nodes = [n.metadata.name for n in self.informer.list("Node")]  # type: ignore[attr-defined]
+                nodes = self.informer.names("Node")
                 if self.partitions is None:
                     stored = {name: list(inst.spec.partition) for name, inst in live.items()}
                     self.partitions = Partitions.seeded(stored, live, nodes)
