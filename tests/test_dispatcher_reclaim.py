@@ -36,8 +36,10 @@ def claim(
     pod.spec.template.requests.memory_bytes = mem
     pod.status.phase = pb.POD_RUNNING
     pod.status.started_ms = started
+    if pool == BEST_EFFORT:
+        pod.spec.qos = pb.QOS_BEST_EFFORT
     PODS[name] = pod
-    return Claim(name, queue, pool, Quantities.of_pod_request(pod.spec.template.requests))
+    return Claim.of(pod)
 
 
 def budget(job: str, allowed: int) -> pb.DisruptionBudget:
@@ -140,3 +142,26 @@ def test_claims_of_pods_asking_the_same_share_one_quantities() -> None:
     assert one is two and (one.cpu, one.mem, one.pods) == (500, 1 << 30, 1)
     other = Quantities.shared_request(pb.Resources(milli_cpu=500, extended={"x/fpga": 1}))
     assert other is not one and other.extended == {"x/fpga": 1}
+
+
+def test_only_the_pods_weighed_are_read_and_one_being_deleted_is_not_chosen() -> None:
+    leaving = claim("leaving", started=9)
+    PODS["leaving"].metadata.deletion_timestamp_ms = 5
+    claims = [Claim.of(PODS["leaving"]), claim("newer", started=8)]
+    claims += [claim(f"older-{i}", started=i) for i in range(5)]
+    read: list[str] = []
+
+    def read_pod(name: str) -> pb.Pod | None:
+        read.append(name)
+        return PODS.get(name)
+
+    victims = choose_victims(
+        {"a": Quantities(cpu=1000)},
+        claims,
+        read_pod,
+        lambda q: Quantities(cpu=7000, pods=7),
+        lambda q: Quantities(),
+        BudgetTracker(()),
+    )
+    assert leaving.deleting is False and claims[0].deleting is True
+    assert [v.pod.metadata.name for v in victims] == ["newer"] and read == ["newer"]

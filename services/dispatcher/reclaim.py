@@ -45,9 +45,8 @@ class Victim:
     for_queue: str
 
 
-def _victim_order(candidate: tuple[Claim, pb.Pod]) -> tuple[int, int, str]:
-    pod = candidate[1]
-    return (pod.spec.priority, -pod.status.started_ms, pod.metadata.name)
+def _victim_order(claim: Claim) -> tuple[int, int, str]:
+    return (claim.priority, -claim.started_ms, claim.name)
 
 
 def _helps(requests: Quantities, remaining: Quantities) -> bool:
@@ -73,29 +72,35 @@ def choose_victims(
     keeps every disruption budget. Queues that need capacity lose nothing. Fewer pods than needed
     when not enough is borrowed; at most ``limit`` pods.
     """
-    read = (
-        (c, read_pod(c.name))
-        for c in claims
-        if c.pool == GUARANTEED and c.queue not in needs and c.name not in exclude
-    )
+    # Ordered by the claims alone: only the pods actually weighed are read (decoded).
     candidates = sorted(
-        ((c, pod) for c, pod in read if pod is not None and not pod.metadata.deletion_timestamp_ms),
+        (
+            c
+            for c in claims
+            if c.pool == GUARANTEED
+            and c.queue not in needs
+            and c.name not in exclude
+            and not c.deleting
+        ),
         key=_victim_order,
     )
-    floors = {q: mins(q) for q in {c.queue for c, _ in candidates}}
+    floors = {q: mins(q) for q in {c.queue for c in candidates}}
     lent = {q: borrowed(bound_usage(q), floor) for q, floor in floors.items()}
     taken: set[str] = set()
     out: list[Victim] = []
     for queue, need in sorted(needs.items()):
         remaining = need.copy()
-        for claim, pod in candidates:
+        for claim in candidates:
             if len(out) >= limit or remaining.beyond(Quantities()).is_zero():
                 break
-            name = pod.metadata.name
+            name = claim.name
             if name in taken or not _helps(claim.requests, remaining):
                 continue
             if not within_borrowed(claim.requests, lent[claim.queue], floors[claim.queue]):
                 continue  # it runs (at least partly) on its queue's own min
+            pod = read_pod(name)
+            if pod is None:
+                continue  # gone from the view since
             if budgets.try_admit([pod]):
                 continue  # a disruption budget forbids it
             taken.add(name)

@@ -104,14 +104,18 @@ class UnitEntry:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A bound or running pod as its queue's usage counts it: what quota needs, not the pod
-    (held per bound pod, a decoded pod was 2.6 KiB of it; reclaim reads the few it weighs from
-    the informer). ``requests`` is shared by pods asking the same and never mutated."""
+    """A bound or running pod as its queue's usage counts it: what quota and reclaim's order
+    need, not the pod (held per bound pod, a decoded pod was 2.6 KiB of it; reclaim reads the
+    few it weighs from the informer). ``requests`` is shared by pods asking the same and never
+    mutated."""
 
     name: str
     queue: str
     pool: str
     requests: Quantities
+    priority: int = 0
+    started_ms: int = 0
+    deleting: bool = False
 
     @classmethod
     def of(cls, pod: pb.Pod) -> Claim:
@@ -120,6 +124,9 @@ class Claim:
             sys.intern(queue_of(pod)),
             pool_of(pod.spec.qos),
             Quantities.shared_request(pod.spec.template.requests),
+            pod.spec.priority,
+            pod.status.started_ms,
+            bool(pod.metadata.deletion_timestamp_ms),
         )
 
 
