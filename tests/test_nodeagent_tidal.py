@@ -139,6 +139,12 @@ def test_process_usage_measures_the_pod_process_tree() -> None:
     busy = "import subprocess, sys, time; c = subprocess.Popen(['sleep', '30']); t = time.time()\nwhile time.time() - t < 30: pass"
     proc = subprocess.Popen([sys.executable, "-c", busy])
     try:
+        # Measured too soon, the child is still between fork and exec (a few KiB of RSS): wait
+        # until it runs Python (a CI flake measured 4 KiB).
+        deadline = time.monotonic() + 30
+        while psutil.Process(proc.pid).memory_info().rss <= 1 << 20:
+            assert time.monotonic() < deadline, "the measured process never started"
+            time.sleep(0.05)
         pids = {"real": proc.pid}
         measure = ProcessUsage(pids.get)
         pods = [pod("real", 1000, 1 << 30), pod("simulated", 2000, 1000)]
