@@ -30,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from godel import pki, tls
+from services.runtime import gcpolicy
 from services.runtime.auth import Authorize
 from services.runtime.config import (
     ConfigError,
@@ -320,6 +321,7 @@ async def serve(service_cls: type[Service[ConfigT]], config: ConfigT) -> int:
     grpc.aio under uvloop does not stop on SIGTERM by itself, hence explicit loop handlers. A
     second signal exits at once, for when a graceful shutdown hangs.
     """
+    gcpolicy.tune_for_service()
     host = ServiceHost(service_cls, config)
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -356,7 +358,10 @@ async def serve(service_cls: type[Service[ConfigT]], config: ConfigT) -> int:
     assert host.service is not None
     if interrupted.is_set():  # the signal and the end of startup landed in the same loop turn
         host.service.request_stop("signal during startup")
+    # Serving, its caches loaded: take them out of the collector's sight.
+    freezer = asyncio.create_task(gcpolicy.keep_frozen(), name="gc-freeze")
     await host.service.stop_requested.wait()
+    await cancel_and_wait([freezer])
     await host.stop()
     return host.service.exit_code
 

@@ -114,6 +114,10 @@ def test_metrics_move_after_a_job_and_status_shows_where_they_are(
         samples = scrape(component.metrics_address)
         reads = value(samples, "godel_store_round_trip_seconds_count", operation="read")
         assert reads > 0, component.name
+        # Serving, each process froze its caches out of the collector's sight, after a full
+        # collection that was timed.
+        assert value(samples, "godel_gc_frozen_objects") > 0, component.name
+        assert value(samples, "godel_gc_pause_seconds_count", generation="2") >= 1, component.name
     assert any(name == "godel_store_informer_lag_seconds" for name, _ in dispatcher)
 
     # `godel status`: the leader (the one whose metrics say so), every metrics URL, the dashboard.
