@@ -24,11 +24,13 @@ import pytest
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.binder.decide import ATOMIC_DELETE_REPLICAS, informed_jobs
 from services.binder.service import LEADER_METADATA_KEY, BinderConfig, BinderService
+from services.dispatcher.creation import CHUNK_OPS
 from services.runtime import ServiceHost
 from services.runtime.healthcheck import probe
 from store import Store
-from store.client import Bind, Fence, Update
+from store.client import Bind, Delete, Fence, Update
 from store.errors import FencedError
 from tests import factories as f
 
@@ -536,6 +538,67 @@ async def test_decide_batch(store: Store, shards: list[Shard], case: Case) -> No
             assert not (await store.get(pb.Job, job.metadata.name)).status.ever_scheduled
     for name, numa in case.numa.items():
         assert list(stored[name].spec.numa_nodes) == numa
+
+
+# --------------------------------------------------------------------------------------------
+# Which jobs the Binder may take from its informer instead of reading them
+# --------------------------------------------------------------------------------------------
+
+
+def _decided(job: str, *versions: int) -> ipb.UnitDecision:
+    u = ipb.UnitDecision(job=job)
+    for i, rv in enumerate(versions):
+        u.placements.add(pod=f"{job}-{i}", node="n1", pod_resource_version=rv)
+    return u
+
+
+INFORMED_CASES = [
+    # (id, the informer's job or None, its revision, the pods' decided versions, taken from it)
+    ("one-pod job seen at the pod's version", f.job("a"), 10, (10,), True),
+    ("one-pod job seen later", f.job("a"), 50, (10,), True),
+    ("informer behind the decided pod", f.job("a"), 9, (10,), False),
+    ("one placement of several ahead of it", f.job("a", replicas=3), 10, (8, 11), False),
+    ("a gang: ever_scheduled must be fresh", f.job("a", replicas=2, min_member=2), 10, (5,), False),
+    ("a job of min_member 1 within the atomic deletion bound",
+     f.job("a", replicas=ATOMIC_DELETE_REPLICAS), 10, (5,), True),
+    ("a job deleted in chunks", f.job("a", replicas=ATOMIC_DELETE_REPLICAS + 1), 10, (5,), False),
+    ("marked for deletion", being_deleted(f.job("a")), 10, (5,), False),
+    ("not in the informer yet", None, 10, (5,), False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("informed", "revision", "versions", "taken"),
+    [c[1:] for c in INFORMED_CASES],
+    ids=[c[0] for c in INFORMED_CASES],
+)
+def test_informed_jobs(
+    informed: pb.Job | None, revision: int, versions: tuple[int, ...], taken: bool
+) -> None:
+    batch = ipb.DecisionBatch(units=[_decided("a", *versions), ipb.UnitDecision()])
+    known = informed_jobs(batch, {"a": informed}.get, revision)
+    assert known == ({"a": informed} if taken else {})
+
+
+def test_a_chunked_deletion_is_bigger_than_the_bound_the_binder_trusts() -> None:
+    # A job the Binder takes from its informer must be deleted in one commit with its pods.
+    assert ATOMIC_DELETE_REPLICAS * 2 < CHUNK_OPS
+
+
+async def test_a_one_pod_job_deleted_after_the_decision_is_refused(
+    store: Store, shards: list[Shard]
+) -> None:
+    await store.create(f.node("n1"))
+    job = f.job("gone")
+    pods = await submit(store, job)
+    decision = unit(job, pods, [("gone-0", "n1")])
+    # Deleted with its pod in one commit, as the dispatcher deletes a small job; the Binder's
+    # informer may still hold the job when the decision arrives.
+    await store.commit([Delete("Pod", "gone-0"), Delete("Job", "gone")])
+    await shards[0].send(decision)
+    batch = await shards[0].read()
+    assert [(v.pod, V.Name(v.code)) for v in batch.verdicts] == [("gone-0", "STALE")]
+    assert await store.get_many(pb.Pod, ["gone-0"]) == [None]
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,10 @@ Synchronous and free of I/O: the service reads the pods and jobs, plans here, th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from google.protobuf.message import Message
 
 from placement.framework import Framework, JobAffinity, PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest
@@ -36,6 +39,39 @@ GANG_REJECTED = ipb.GANG_REJECTED
 STALE = ipb.STALE
 ERROR = ipb.ERROR
 NOT_LEADER = ipb.NOT_LEADER
+
+
+# A job of at most this many pods is deleted in one commit with all its pods: the dispatcher's
+# JobDeleter splits only deletions of more objects than one store script carries (about 1,000).
+ATOMIC_DELETE_REPLICAS = 100
+
+
+def informed_jobs(
+    batch: ipb.DecisionBatch, informed: Callable[[str], Message | None], revision: int
+) -> dict[str, pb.Job]:
+    """The batch's jobs whose informer copy (``informed``, as of ``revision``) is as good as a
+    fresh read from the store; the caller reads the others. A stream of one-pod jobs otherwise
+    costs a Job read per pod.
+
+    What a plan reads of a job of ``min_member`` 1 is whether it exists, its deletion mark and
+    its immutable spec (``ever_scheduled`` matters to gangs only). Such a job, when small, is
+    deleted in one commit with its pods, so a deletion after ``revision`` — or a deletion and a
+    new job of the same name — took the decided pods with it, and their fresh read refuses them.
+    The copy must be no older than the pods as decided (``revision`` at least each placement's
+    ``pod_resource_version``): an older cache could still hold a deleted job of that name. A
+    job marked for deletion is read fresh, as are gangs and big jobs."""
+    known: dict[str, pb.Job] = {}
+    for unit in batch.units:
+        job = informed(unit.job) if unit.job else None
+        if (
+            isinstance(job, pb.Job)
+            and job.spec.min_member <= 1
+            and job.spec.replicas <= ATOMIC_DELETE_REPLICAS
+            and not job.metadata.deletion_timestamp_ms
+            and all(p.pod_resource_version <= revision for p in unit.placements)
+        ):
+            known[unit.job] = job
+    return known
 
 
 @dataclass(frozen=True, slots=True)

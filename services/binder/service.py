@@ -33,6 +33,7 @@ from services.binder.decide import (
     NOT_LEADER,
     STALE,
     BatchPlan,
+    informed_jobs,
     uniform,
 )
 from services.binder.evict import EvictPlan
@@ -352,20 +353,18 @@ class BinderService(Service[BinderConfig]):
         if fence is None:
             return uniform(batch, NOT_LEADER, f"binder {self.config.name} is not the leader")
         names = list(dict.fromkeys(p.pod for u in batch.units for p in u.placements if p.pod))
-        job_names = list(dict.fromkeys(u.job for u in batch.units if u.job))
+        known = informed_jobs(
+            batch, lambda name: self.informer.get("Job", name), self.informer.revision
+        )
+        to_read = list(dict.fromkeys(u.job for u in batch.units if u.job and u.job not in known))
         try:
-            pods, jobs = await asyncio.gather(
-                self.store.get_many(pb.Pod, names), self.store.get_many(pb.Job, job_names)
+            pods, read = await asyncio.gather(
+                self.store.get_many(pb.Pod, names), self.store.get_many(pb.Job, to_read)
             )
         except StoreUnavailableError as exc:
             return uniform(batch, ERROR, f"store unavailable: {exc}")
-        plan = BatchPlan(
-            batch,
-            dict(zip(names, pods, strict=True)),
-            dict(zip(job_names, jobs, strict=True)),
-            self.state,
-            self.rules,
-        )
+        jobs: dict[str, pb.Job | None] = {**known, **dict(zip(to_read, read, strict=True))}
+        plan = BatchPlan(batch, dict(zip(names, pods, strict=True)), jobs, self.state, self.rules)
         plan.run()
         bound = await self._commit(plan, fence)
         verdicts = plan.verdicts(bound)
