@@ -5,7 +5,7 @@ Get, List, Delete, Explain, Watch, and their error codes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -225,6 +225,34 @@ async def test_submit_rejects_bad_jobs_and_writes_nothing(
     assert [v.field for v in result.violations] == [field], result.violations
     assert description in result.violations[0].description
     assert await store.revision() == before
+
+
+async def test_the_largest_node_follows_nodes_coming_and_going(
+    dispatcher: Running, store: Store
+) -> None:
+    await store.create(f.node("small", cpu=4000))
+    big_job = f.job("big", cpu=8000)
+
+    async def refusal() -> str:
+        request = api_pb2.SubmitRequest(jobs=[big_job], dry_run=True)
+        [result] = (await dispatcher.api.Submit(request)).results
+        return "; ".join(v.description for v in result.violations)
+
+    async def says(text: str) -> bool:
+        return text in await refusal()
+
+    await eventually(lambda: says("largest node has 4000m cpu"))
+    await store.create(f.node("large", cpu=16000))
+    await eventually(lambda: _eq_async(refusal(), ""))  # a node that holds it: accepted
+    await store.create(f.node("large-2", cpu=16000))  # a second node of the same shape
+    await store.delete(pb.Node, "large")
+    assert await refusal() == ""  # one of that shape is left
+    await store.delete(pb.Node, "large-2")
+    await eventually(lambda: says("largest node has 4000m cpu"))
+
+
+async def _eq_async(value: Awaitable[str], expected: str) -> bool:
+    return await value == expected
 
 
 async def test_submit_writes_job_and_pods_per_contract(dispatcher: Running, store: Store) -> None:

@@ -429,6 +429,41 @@ def test_pending_pods_per_queue() -> None:
     assert w.uq.pending_pods() == {"q": 5, "other": 1}
 
 
+def test_pending_pods_stay_exact_as_pods_bind_update_and_jobs_go() -> None:
+    w = World()
+    a = w.submit("a", queue="q", replicas=3)
+    b = w.submit("b", queue="q", replicas=2)
+    w.submit("c", queue="other", replicas=2)
+
+    def counted() -> dict[str, int]:
+        # What the kept counts must equal: every tracked unit's pending pods, by queue.
+        out: dict[str, int] = {}
+        for entry in w.uq.units.values():
+            if entry.pods:
+                out[entry.queue] = out.get(entry.queue, 0) + len(entry.pods)
+        return out
+
+    w.uq.add_pod(a[0], now_ms=1)  # an update of a pod already counted: still one
+    assert w.uq.pending_pods() == counted() == {"q": 5, "other": 2}
+    bound = pb.Pod()
+    bound.CopyFrom(a[1])
+    bound.spec.node_name = "n1"
+    bound.status.phase = pb.POD_BOUND
+    w.uq.remove_pod(a[1])  # bound: an update is a remove and an add
+    w.uq.add_pod(bound, now_ms=2)
+    assert w.uq.pending_pods() == counted() == {"q": 4, "other": 2}
+    w.uq.remove_pod(a[1])  # removed twice: counted once
+    assert w.uq.forget("c") is not None  # its job deleted with pods still pending
+    assert w.uq.pending_pods() == counted() == {"q": 4}
+    for pod in b:
+        w.uq.remove_pod(pod)
+    w.uq.drop_if_empty("b")
+    assert w.uq.pending_pods() == counted() == {"q": 2}
+    w.uq.remove_pod(a[0])
+    w.uq.remove_pod(a[2])
+    assert w.uq.pending_pods() == counted() == {}
+
+
 def test_room_is_kept_for_a_queue_below_its_min() -> None:
     w = fair_world("drf", a={"min": 3000}, b={"bound": 7000})
     w.submit("a1", queue="a", cpu=3000, created=1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import heapq
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -166,6 +167,9 @@ class UnitQueue:
         # The same units per queue, so questions about one queue cost its units, not all.
         self._by_queue: dict[str, dict[str, UnitEntry]] = {}
         self._seq = 0
+        # Pending pods per queue, kept as pods come and go: every Submit checks admission
+        # limits against them, and counting every unit per request cost one-pod jobs dearly.
+        self._pending: Counter[str] = Counter()
         # Per queue: requests of bound pods holding a claim, and of dispatched units.
         self._usage: dict[str, Quantities] = {}
         self._inflight: dict[str, Quantities] = {}
@@ -209,6 +213,8 @@ class UnitQueue:
             entry = UnitEntry(pod.spec.job, queue_of(pod), self._seq, now_ms)
             self.units[pod.spec.job] = entry
             self._by_queue.setdefault(entry.queue, {})[entry.job] = entry
+        if name not in entry.pods:
+            self._pending[entry.queue] += 1
         entry.pods[name] = PendingRef(
             pod.metadata.uid, pod.metadata.resource_version, pod.spec.index
         )
@@ -227,8 +233,8 @@ class UnitQueue:
             self._pool_used[claim.pool].add(claim.requests, -1)
             self._room_freed = True
         entry = self.units.get(pod.spec.job)
-        if entry is not None:
-            entry.pods.pop(name, None)
+        if entry is not None and entry.pods.pop(name, None) is not None:
+            self._uncount(entry.queue, 1)
         return claim is not None
 
     def holds_claim(self, pod: str) -> bool:
@@ -250,7 +256,16 @@ class UnitQueue:
             self.release(entry)
         return entry
 
+    def _uncount(self, queue: str, pods: int) -> None:
+        left = self._pending[queue] - pods
+        if left:
+            self._pending[queue] = left
+        else:
+            del self._pending[queue]
+
     def _untrack(self, entry: UnitEntry) -> None:
+        if entry.pods:
+            self._uncount(entry.queue, len(entry.pods))
         del self.units[entry.job]
         members = self._by_queue[entry.queue]
         del members[entry.job]
@@ -672,11 +687,7 @@ class UnitQueue:
 
     def pending_pods(self) -> dict[str, int]:
         """Per queue, its pending pods (what admission limits count)."""
-        out: dict[str, int] = {}
-        for entry in self.units.values():
-            if entry.pods:
-                out[entry.queue] = out.get(entry.queue, 0) + len(entry.pods)
-        return out
+        return dict(self._pending)
 
     # -----------------------------------------------------------------------------------------
     # Status
