@@ -31,7 +31,7 @@ def run_child(body: str) -> dict[str, Any]:
     return parsed
 
 
-def test_freezing_takes_the_live_objects_out_of_sight_and_still_collects_young_garbage() -> None:
+def test_a_full_collection_frees_the_garbage_then_freezes_the_survivors() -> None:
     result = run_child(
         """
         import weakref
@@ -40,29 +40,47 @@ def test_freezing_takes_the_live_objects_out_of_sight_and_still_collects_young_g
         class Node:
             pass
 
+        def in_sight(obj):  # gc.get_objects does not list the permanent generation
+            return any(o is obj for o in gc.get_objects())
+
+        gcpolicy.tune_for_service()
         cache = [[i] for i in range(50_000)]  # long-lived (lists are tracked; atomic dicts not)
         a, b = Node(), Node()
         a.other, b.other = b, a  # a reference cycle, then dropped: garbage only gc can find
         gone = weakref.ref(a)
         del a, b
-        def in_sight(obj):
-            return any(o is obj for o in gc.get_objects())
-
         seen_before = in_sight(cache[-1])
-        frozen = gcpolicy.freeze_survivors()
+        frozen = gcpolicy.settle()
         result = {
             "frozen": frozen,
             "cycle_collected": gone() is None,
-            "in_sight": len(gc.get_objects()),  # the permanent generation is not listed
             "seen_before": seen_before,
             "seen_after": in_sight(cache[-1]),
+            "in_sight": len(gc.get_objects()),
         }
         """
     )
     assert result["seen_before"] and not result["seen_after"]
     assert result["frozen"] >= 50_000
-    assert result["cycle_collected"]  # collected before the freeze, not frozen with the rest
+    assert result["cycle_collected"]  # collected by the collection, not frozen with the rest
     assert result["in_sight"] < 1_000  # almost nothing left for the collector to walk
+
+
+def test_later_full_collections_walk_only_what_came_since_and_freeze_it_too() -> None:
+    result = run_child(
+        """
+        from services.runtime import gcpolicy
+
+        gcpolicy.tune_for_service()
+        gcpolicy.settle()
+        first = gc.get_freeze_count()
+        later = [[i] for i in range(20_000)]  # long-lived objects that arrive afterwards
+        gc.collect()  # as the collector's own full collections do
+        result = {"first": first, "second": gc.get_freeze_count(), "later": len(later)}
+        """
+    )
+    assert result["first"] > 0
+    assert result["second"] >= result["first"] + 20_000
 
 
 def test_a_service_process_collects_young_objects_less_often() -> None:
@@ -80,50 +98,26 @@ def test_a_service_process_collects_young_objects_less_often() -> None:
     assert gcpolicy.GEN0_THRESHOLD > default_gen0
 
 
-def test_keep_frozen_freezes_at_once_and_again_each_interval() -> None:
-    result = run_child(
-        """
-        import asyncio
-        from services.runtime import gcpolicy
-
-        async def main():
-            task = asyncio.create_task(gcpolicy.keep_frozen(interval_seconds=0.05))
-            await asyncio.sleep(0.01)
-            first = gc.get_freeze_count()
-            later = [[i] for i in range(20_000)]  # arrives after the first freeze
-            for _ in range(200):  # the next freeze takes them too
-                await asyncio.sleep(0.01)
-                if gc.get_freeze_count() >= first + 20_000:
-                    break
-            task.cancel()
-            return first, gc.get_freeze_count(), len(later)
-
-        first, second, _ = asyncio.run(main())
-        result = {"first": first, "second": second}
-        """
-    )
-    assert result["first"] > 0
-    assert result["second"] >= result["first"] + 20_000
-
-
-def test_every_collection_is_timed_by_generation() -> None:
+def test_every_collection_is_timed_by_generation_and_nothing_frozen_unless_asked() -> None:
     def count(generation: str) -> float:
         value = REGISTRY.get_sample_value(
             "godel_gc_pause_seconds_count", {"generation": generation}
         )
         return value or 0.0
 
-    recorder = gcpolicy.PauseRecorder()
+    hooks = gcpolicy.CollectorHooks(freeze=False)  # the test runner's objects stay in sight
+    frozen = gc.get_freeze_count()
     before = {g: count(g) for g in ("0", "1", "2")}
-    recorder.install()
+    hooks.install()
     try:
         gc.collect(0)
         gc.collect(2)
     finally:
-        recorder.remove()
-    assert recorder not in gc.callbacks
+        hooks.remove()
+    assert hooks not in gc.callbacks
     assert count("0") >= before["0"] + 1
     assert count("2") >= before["2"] + 1
+    assert gc.get_freeze_count() == frozen
     # Removed: further collections are not counted by it.
     after = count("2")
     gc.collect(2)

@@ -7,27 +7,26 @@ garbage. Measured with ``gc.callbacks`` in a run of 1,000 one-pod jobs a second:
 ran a full collection every 3–5 s, each 35–175 ms long, and found 0–66 objects to free. Those
 stalls were most of the p99 submit→bound latency, and their CPU was taken from scheduling.
 
-So a service process, once it is serving (its caches loaded):
+So a service process:
 
-- collects once, then **freezes** (``gc.freeze``): every object alive moves to the permanent
-  generation, which no collection walks;
-- every ``interval_seconds`` after, collects its young generations (cheap) and freezes again, so
-  the objects that have lived that long (the records of pods that arrived meanwhile) also leave
-  the collector's sight. A full collection then walks only what is younger than the interval;
+- **freezes** (``gc.freeze``) what survives each full collection: the survivors move to the
+  permanent generation, which no collection walks, so the next full collection walks only the
+  objects that became long-lived since the last one (the records of pods that arrived
+  meanwhile), not the whole cache again. Right after a full collection every object left is
+  alive, so nothing collectable is frozen;
+- runs one full collection, and so a freeze, when it starts serving (its caches loaded);
 - collects its youngest generation every 10,000 net allocations instead of 700: fewer, larger
   young collections, the same garbage found (what dies young dies by reference count anyway).
 
-The price is that a reference cycle holding a frozen object is never collected, and its memory
+The price is that a reference cycle that holds a frozen object is never collected, and its memory
 is never freed. The services hold few cycles (the full collections above freed 0–66 objects);
 ``godel_gc_frozen_objects`` shows the frozen set, and it should track the caches' size — a set
 that grows while the cluster does not is such a leak. Tests that run services in-process leave
-the test runner's collector as it is: only :func:`run_service` (a process of its own) applies
-this.
+the test runner's collector as it is: only ``serve`` (a process of its own) applies this.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import time
 from typing import Any
@@ -37,7 +36,7 @@ from prometheus_client import Gauge, Histogram
 # Young collections: every 10,000 net allocations (CPython's default is 700); the middle and old
 # generations keep CPython's ratios.
 GEN0_THRESHOLD = 10_000
-FREEZE_INTERVAL_SECONDS = 10.0
+OLDEST = 2
 
 GC_PAUSE = Histogram(
     "godel_gc_pause_seconds",
@@ -52,18 +51,24 @@ GC_FROZEN_OBJECTS = Gauge(
 GC_FROZEN_OBJECTS.set_function(gc.get_freeze_count)
 
 
-class PauseRecorder:
-    """Times every collection into ``godel_gc_pause_seconds`` (a ``gc.callbacks`` entry)."""
+class CollectorHooks:
+    """A ``gc.callbacks`` entry: times every collection into ``godel_gc_pause_seconds`` and,
+    with ``freeze``, freezes the survivors of every full collection."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, freeze: bool) -> None:
+        self.freeze = freeze
         self._started = 0.0
-        self._pauses = {str(g): GC_PAUSE.labels(str(g)) for g in range(3)}
+        self._pauses = {str(g): GC_PAUSE.labels(str(g)) for g in range(OLDEST + 1)}
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
-        else:
-            self._pauses[str(info["generation"])].observe(time.perf_counter() - self._started)
+            return
+        generation = info["generation"]
+        self._pauses[str(generation)].observe(time.perf_counter() - self._started)
+        if self.freeze and generation == OLDEST:
+            # The collection is over and found everything it could: all that is left is alive.
+            gc.freeze()
 
     def install(self) -> None:
         if self not in gc.callbacks:
@@ -74,25 +79,18 @@ class PauseRecorder:
             gc.callbacks.remove(self)
 
 
-def freeze_survivors(*, full: bool = False) -> int:
-    """Collect (the young generations; everything with ``full``), then freeze what is left.
-    Returns the number of objects frozen in all."""
-    gc.collect() if full else gc.collect(1)
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
-def tune_for_service() -> None:
-    """The thresholds, and the pause histogram. Called once, before the service starts."""
+def tune_for_service() -> CollectorHooks:
+    """The thresholds and the hooks, for the rest of the process's life. Called once, before
+    the service starts."""
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
-    PauseRecorder().install()
+    hooks = CollectorHooks(freeze=True)
+    hooks.install()
+    return hooks
 
 
-async def keep_frozen(interval_seconds: float = FREEZE_INTERVAL_SECONDS) -> None:
-    """Once serving: a full collection and a freeze now, then a young collection and a freeze
-    every ``interval_seconds``, until cancelled."""
-    freeze_survivors(full=True)
-    while True:
-        await asyncio.sleep(interval_seconds)
-        freeze_survivors()
+def settle() -> int:
+    """A full collection now (with the hooks installed, its survivors are frozen): once the
+    service is serving, its caches loaded. Returns the number of objects frozen in all."""
+    gc.collect()
+    return gc.get_freeze_count()

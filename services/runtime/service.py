@@ -358,10 +358,8 @@ async def serve(service_cls: type[Service[ConfigT]], config: ConfigT) -> int:
     assert host.service is not None
     if interrupted.is_set():  # the signal and the end of startup landed in the same loop turn
         host.service.request_stop("signal during startup")
-    # Serving, its caches loaded: take them out of the collector's sight.
-    freezer = asyncio.create_task(gcpolicy.keep_frozen(), name="gc-freeze")
+    gcpolicy.settle()  # serving, its caches loaded: take them out of the collector's sight
     await host.service.stop_requested.wait()
-    await cancel_and_wait([freezer])
     await host.stop()
     return host.service.exit_code
 
