@@ -83,21 +83,6 @@ def test_later_full_collections_walk_only_what_came_since_and_freeze_it_too() ->
     assert result["second"] >= result["first"] + 20_000
 
 
-def test_a_service_process_collects_young_objects_less_often() -> None:
-    result = run_child(
-        """
-        from services.runtime import gcpolicy
-
-        before = gc.get_threshold()
-        gcpolicy.tune_for_service()
-        result = {"before": before, "after": gc.get_threshold()}
-        """
-    )
-    default_gen0, gen1, gen2 = result["before"]
-    assert result["after"] == [gcpolicy.GEN0_THRESHOLD, gen1, gen2]
-    assert gcpolicy.GEN0_THRESHOLD > default_gen0
-
-
 def test_every_collection_is_timed_by_generation_and_nothing_frozen_unless_asked() -> None:
     def count(generation: str) -> float:
         value = REGISTRY.get_sample_value(
