@@ -18,8 +18,9 @@ So a service process:
 
 With that, a one-pod-jobs run spent about 0.25 s of each service's CPU in the collector, most of
 it at start-up, and no young collection took over 5 ms. CPython's thresholds stay as they are:
-young collections every 10,000 allocations instead of 700 cost as much CPU in all, and made
-middle-generation collections of up to 100,000 objects stop the process for up to 65 ms.
+young collections every 10,000 allocations instead of 700 saved a few percent of the CPU in
+interleaved runs, but made middle-generation collections of up to 100,000 objects that stopped
+the process for up to 65 ms.
 
 The price is that a reference cycle that holds a frozen object is never collected, and its memory
 is never freed. The services hold few cycles (the full collections above freed 0–66 objects);
