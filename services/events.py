@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ import structlog
 
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store, StoreError
-from store.client import Delete, Op
+from store.client import Delete, Op, new_uid
 
 log = structlog.get_logger(__name__)
 
@@ -66,7 +65,7 @@ def make_event(
     them)."""
     when = now_ms if now_ms is not None else int(time.time() * 1000)
     event = pb.Event(
-        metadata=pb.ObjectMeta(name=f"{regarding.name}.{uuid.uuid4().hex[:16]}"),
+        metadata=pb.ObjectMeta(name=f"{regarding.name}.{new_uid()[:16]}"),
         regarding=regarding,
         reason=reason,
         message=message,

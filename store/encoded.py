@@ -36,6 +36,12 @@ class EncodedObjects(MutableMapping[str, M], Generic[M]):
     def __getitem__(self, name: str) -> M:
         return self._message.FromString(self._data[name])
 
+    def get(self, name: str, default: M | None = None) -> M | None:  # type: ignore[override]
+        # Mapping.get goes through __getitem__ and a KeyError: on every watch event, that was
+        # most of the informer's lookup of the object before.
+        data = self._data.get(name)
+        return default if data is None else self._message.FromString(data)
+
     def __setitem__(self, name: str, obj: M) -> None:
         self._data[name] = obj.SerializeToString()
 

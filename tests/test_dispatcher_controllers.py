@@ -485,6 +485,32 @@ async def test_job_status_controller(store: Store, informer: Informer) -> None:
     assert ctl.writes == writes
 
 
+async def test_job_status_write_coming_back_is_not_another_look(
+    store: Store, informer: Informer
+) -> None:
+    """The controller's own status write, seen back through the watch, does not put the job
+    back in its feed; anyone else's update of the job does."""
+    await store.create(f.node("n1"))
+    job = f.job("solo", replicas=1, min_member=1)
+    pods = f.pods_of(job)
+    await store.create_unit(job, pods)
+    ctl = JobStatusController(store, informer)
+    await caught_up(store, informer)
+    await bind(store, pods, "n1", await binder_fence(store))
+    await caught_up(store, informer)
+    assert "solo" in ctl.changed_jobs  # its pod changed
+    await ctl.tick()
+    assert (await store.get(pb.Job, "solo")).status.phase == pb.JOB_SCHEDULED
+    await caught_up(store, informer)
+    assert "solo" not in ctl.changed_jobs  # our own write came back: nothing to look at
+
+    other = await store.get(pb.Job, "solo")
+    other.metadata.annotations["touched"] = "yes"
+    await store.update(other)
+    await caught_up(store, informer)
+    assert "solo" in ctl.changed_jobs  # someone else's write: looked at again
+
+
 def _budget(
     name: str,
     *,

@@ -84,6 +84,7 @@ class PodIndex:
         self.by_job: dict[str, set[str]] = {}
         self._informer = informer
         self._feeds: list[set[str]] = []
+        self._ignores: list[tuple[set[str], Callable[[pb.Job], bool]]] = []
         informer.add_handlers(
             Handlers(on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete)
         )
@@ -98,17 +99,27 @@ class PodIndex:
         cached = self._informer.cache["Pod"]
         return [cached[n] for n in names if n in cached]  # type: ignore[misc]
 
-    def subscribe(self) -> set[str]:
+    def subscribe(self, *, ignore: Callable[[pb.Job], bool] | None = None) -> set[str]:
         """A set that collects the names of jobs whose pods (or themselves) changed from now
-        on, starting with every job known; its owner takes names out as it handles them."""
+        on, starting with every job known; its owner takes names out as it handles them.
+        ``ignore(job)`` keeps an update of the job itself out of this feed (its owner's own
+        write coming back through the watch)."""
         feed = {j.metadata.name for j in self._informer.list("Job")}  # type: ignore[attr-defined]
         feed |= self.by_job.keys()
         self._feeds.append(feed)
+        if ignore is not None:
+            self._ignores.append((feed, ignore))
         return feed
 
     def _changed(self, job: str) -> None:
         for feed in self._feeds:
             feed.add(job)
+
+    def _job_changed(self, job: pb.Job) -> None:
+        ignored = {id(feed) for feed, ignore in self._ignores if ignore(job)}
+        for feed in self._feeds:
+            if id(feed) not in ignored:
+                feed.add(job.metadata.name)
 
     def _on_add(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod):
@@ -122,7 +133,7 @@ class PodIndex:
                 self._drop(old)
             self._put(obj)
         elif isinstance(obj, pb.Job):
-            self._changed(obj.metadata.name)
+            self._job_changed(obj)
 
     def _on_delete(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod):
@@ -522,6 +533,16 @@ def _current(job: pb.Job) -> tuple[int, int, int, int, int]:
     return s.phase, s.bound, s.running, s.succeeded, s.failed
 
 
+# Bound on the job status controller's record of its own writes not yet seen back.
+_MAX_UNSEEN_WRITES = 100_000
+
+
+def _written_status(job: pb.Job) -> tuple[int, ...]:
+    """The fields of a job's status that the job status controller writes."""
+    s = job.status
+    return (s.phase, s.bound, s.running, s.succeeded, s.failed, s.finished_ms)
+
+
 class JobStatusController:
     """Keeps ``Job.status`` counts and phase (see :func:`job_status`) current.
 
@@ -544,11 +565,21 @@ class JobStatusController:
         self._informer = informer
         self.interval = interval_seconds
         self.pods = pods or PodIndex(informer)
-        self.changed_jobs = self.pods.subscribe()  # jobs to look at on the next tick
+        # The status this controller wrote to each job, until the update comes back through
+        # the watch. That update changes nothing the status is computed from (it is what was
+        # computed), so it does not bring the job back for another look: with one-pod jobs that
+        # look was a second status computation per job, each reading the job's pods. Recorded
+        # before the write, since the watch may deliver the update before the write's reply.
+        self._written: dict[str, tuple[int, ...]] = {}
+        # jobs to look at on the next tick
+        self.changed_jobs = self.pods.subscribe(ignore=self._own_write)
         # The jobs of the tick under way: their writes may be in flight (seconds, on a busy
         # store), so the reconciler does not judge them meanwhile.
         self.writing: set[str] = set()
         self.writes = 0  # update_many round trips, for tests and metrics
+
+    def _own_write(self, job: pb.Job) -> bool:
+        return self._written.pop(job.metadata.name, None) == _written_status(job)
 
     async def run(self) -> None:
         await _tick_forever("job status", self._informer, self.tick, self.interval)
@@ -605,7 +636,17 @@ class JobStatusController:
             return []
         self.writes += 1
         conflicts: list[str] = []
+        if len(self._written) > _MAX_UNSEEN_WRITES:
+            # Left by jobs deleted before their update was seen (a relist skips it): forgetting
+            # them costs at most one more look each.
+            self._written.clear()
+        for job in updates:
+            self._written[job.metadata.name] = _written_status(job)
         for job, result in zip(updates, await self._store.update_many(updates), strict=True):
+            if isinstance(result, pb.Job):
+                continue
+            # Not written: any update that comes is someone else's.
+            self._written.pop(job.metadata.name, None)
             if isinstance(result, ConflictError):
                 conflicts.append(job.metadata.name)
             elif isinstance(result, NotFoundError | CommitError):
