@@ -16,6 +16,8 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatch import OutgoingUnit, unit_messages
+from services.dispatcher.unitqueue import PendingRef
 from store import Store
 from store.client import Bind
 from tests import factories as f
@@ -426,3 +428,34 @@ async def test_with_partitions_a_unit_goes_to_the_shard_whose_partition_has_room
         await submit(d, f.job("wide", replicas=3, cpu=1000))
         await eventually(lambda: a.jobs() == ["fill", "wide"], what="wide on a")
         assert b.jobs() == ["next"]
+
+
+def _outgoing(job: str, pods: int) -> OutgoingUnit:
+    refs = [(f"{job}-{i}", PendingRef(f"uid-{job}-{i}", 10 + i, i)) for i in range(pods)]
+    return OutgoingUnit(f.job(job, replicas=pods, min_member=pods), refs, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "max_batch_pods", "expected"),
+    [
+        ([1, 1, 1], 5000, [[1, 1, 1]]),
+        ([2, 2, 2], 4, [[2, 2], [2]]),
+        ([3, 3], 3, [[3], [3]]),
+        ([10, 1], 4, [[10], [1]]),  # a bigger unit travels alone, never split
+        ([1, 10, 1], 4, [[1], [10], [1]]),
+        ([], 4, []),
+    ],
+)
+def test_units_are_packed_into_messages_up_to_the_pod_limit(
+    sizes: list[int], max_batch_pods: int, expected: list[list[int]]
+) -> None:
+    units = [_outgoing(f"j{i}", n) for i, n in enumerate(sizes)]
+    messages = unit_messages(units, max_batch_pods)
+    assert [[len(u.pods) for u in m.units.units] for m in messages] == expected
+    sent = [u for m in messages for u in m.units.units]
+    assert [u.job.metadata.name for u in sent] == [f"j{i}" for i in range(len(sizes))]
+    first = sent[0] if sent else None
+    if first is not None:
+        assert [(p.name, p.uid, p.resource_version, p.index) for p in first.pods] == [
+            (f"j0-{i}", f"uid-j0-{i}", 10 + i, i) for i in range(sizes[0])
+        ]

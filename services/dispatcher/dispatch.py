@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import structlog
@@ -33,6 +33,7 @@ from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
 from services.dispatcher.reclaim import Reclaimer
 from services.dispatcher.unitqueue import (
     BackoffSettings,
+    PendingRef,
     UnitEntry,
     UnitQueue,
     UnitState,
@@ -58,6 +59,41 @@ _BOUND_PHASES = (pb.POD_BOUND, pb.POD_RUNNING, pb.POD_SUCCEEDED)
 # (shard, pool) -> the room left in the shard's node partition (None: it has none; see
 # ``partitions.PartitionRoom``).
 PartitionRoomOf = Callable[[str, str], Quantities | None]
+
+
+class OutgoingUnit(NamedTuple):
+    """A unit taken by a shard in this round, before it is written into the shard's message."""
+
+    job: pb.Job
+    pods: list[tuple[str, PendingRef]]  # by index
+    already_bound: int
+    enqueued_ms: int
+
+
+def unit_messages(units: Sequence[OutgoingUnit], max_batch_pods: int) -> list[ipb.DispatchMessage]:
+    """The messages that carry ``units`` to a shard, in order: many units per message, split so
+    no message carries more than ``max_batch_pods`` pods (a larger unit travels alone: units
+    never split). Each unit is built in place in its message; a Unit built apart is copied whole,
+    its Job too, into each message that nests it."""
+    messages: list[ipb.DispatchMessage] = []
+    pods = 0
+    for out in units:
+        if not messages or (pods and pods + len(out.pods) > max_batch_pods):
+            messages.append(ipb.DispatchMessage(units=ipb.UnitBatch()))
+            pods = 0
+        unit = messages[-1].units.units.add(
+            already_bound=out.already_bound, enqueued_ms=out.enqueued_ms
+        )
+        unit.job.CopyFrom(out.job)
+        for name, pending in out.pods:
+            unit.pods.add(
+                name=name,
+                uid=pending.uid,
+                resource_version=pending.resource_version,
+                index=pending.pod_index,
+            )
+        pods += len(out.pods)
+    return messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -676,7 +712,7 @@ class UnitDispatcher:
         if not links:
             self.queue.wake(time.monotonic())
             return
-        batches: dict[str, list[ipb.Unit]] = {}
+        batches: dict[str, list[OutgoingUnit]] = {}
 
         def place(entry: UnitEntry, unit: PendingUnit) -> bool:
             link = choose_shard(links, unit.pods, unit.requests, unit.pool, self.partition_room)
@@ -689,38 +725,19 @@ class UnitDispatcher:
         for name, units in batches.items():
             self._flush(self.links[name], units)
 
-    def _send(self, entry: UnitEntry, unit: PendingUnit, link: ShardLink) -> ipb.Unit:
+    def _send(self, entry: UnitEntry, unit: PendingUnit, link: ShardLink) -> OutgoingUnit:
+        """Count the unit as the shard's and return what its message carries."""
         job = self.informer.get("Job", entry.job)
         assert isinstance(job, pb.Job)
         pods = sorted(entry.pods.items(), key=lambda item: item[1].pod_index)
         link.credits -= len(pods)
         link.hold(entry.job, len(pods), unit.pool, unit.requests)
         self.queue.dispatched(entry, link.name, unit)
-        return ipb.Unit(
-            job=job,
-            pods=[
-                ipb.PodRef(
-                    name=name, uid=p.uid, resource_version=p.resource_version, index=p.pod_index
-                )
-                for name, p in pods
-            ],
-            already_bound=self._bound.get(entry.job, 0),
-            enqueued_ms=entry.enqueued_ms,
-        )
+        return OutgoingUnit(job, pods, self._bound.get(entry.job, 0), entry.enqueued_ms)
 
-    def _flush(self, link: ShardLink, units: list[ipb.Unit]) -> None:
-        """Many units per message, split so no message carries more than ``max_batch_pods``
-        pods (a single larger unit travels alone: units never split)."""
-        batch: list[ipb.Unit] = []
-        pods = 0
-        for unit in units:
-            if batch and pods + len(unit.pods) > self.settings.max_batch_pods:
-                link.outbox.put_nowait(ipb.DispatchMessage(units=ipb.UnitBatch(units=batch)))
-                batch, pods = [], 0
-            batch.append(unit)
-            pods += len(unit.pods)
-        if batch:
-            link.outbox.put_nowait(ipb.DispatchMessage(units=ipb.UnitBatch(units=batch)))
+    def _flush(self, link: ShardLink, units: list[OutgoingUnit]) -> None:
+        for message in unit_messages(units, self.settings.max_batch_pods):
+            link.outbox.put_nowait(message)
         log.debug("dispatched", shard=link.name, units=len(units), credits=link.credits)
 
     # -----------------------------------------------------------------------------------------

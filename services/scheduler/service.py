@@ -187,7 +187,9 @@ class _DispatchStream:
             self.out.append(msg)
             self._wake.set()
 
-    def outcome(self, outcome: ipb.UnitOutcome) -> None:
+    def outcome(
+        self, job: str, code: ipb.UnitOutcomeCode.ValueType, pods: Iterable[str], reason: str = ""
+    ) -> None:
         """Queue one unit's outcome, joining the outcomes already waiting at the tail (order
         is kept: a unit's nominations still precede its outcome). Units end by the thousand
         per verdict batch when they are one-pod jobs; one stream message each was most of
@@ -196,13 +198,13 @@ class _DispatchStream:
             return
         tail = self.out[-1] if self.out else None
         if (
-            tail is not None
-            and tail.HasField("outcomes")
-            and len(tail.outcomes.outcomes) < MAX_OUTCOMES_PER_MESSAGE
+            tail is None
+            or not tail.HasField("outcomes")
+            or len(tail.outcomes.outcomes) >= MAX_OUTCOMES_PER_MESSAGE
         ):
-            tail.outcomes.outcomes.append(outcome)
-        else:
-            self.out.append(ipb.ShardMessage(outcomes=ipb.UnitOutcomes(outcomes=[outcome])))
+            tail = ipb.ShardMessage(outcomes=ipb.UnitOutcomes())
+            self.out.append(tail)
+        tail.outcomes.outcomes.add(job=job, code=code, pods=pods, reason=reason)
         self._wake.set()
 
     def give(self, pods: int) -> None:
@@ -521,18 +523,16 @@ class SchedulerService(Service[SchedulerConfig]):
             return
         self.units.pop(unit.name, None)
         if unit.handed_back:
-            reason = next(iter(unit.handed_back.values()))
-            outcome = ipb.UnitOutcome(
-                job=unit.name,
-                code=ipb.UNIT_INFEASIBLE if unit.infeasible else ipb.UNIT_UNSCHEDULABLE,
-                reason=reason,
-                pods=list(unit.handed_back),
+            unit.stream.outcome(
+                unit.name,
+                ipb.UNIT_INFEASIBLE if unit.infeasible else ipb.UNIT_UNSCHEDULABLE,
+                list(unit.handed_back),
+                reason=next(iter(unit.handed_back.values())),
             )
             self.stats["handed_back"] += len(unit.handed_back)
             self._side_task(self._mark_unschedulable(dict(unit.handed_back), dict(unit.diagnoses)))
         else:
-            outcome = ipb.UnitOutcome(job=unit.name, code=ipb.UNIT_DONE, pods=unit.bound)
-        unit.stream.outcome(outcome)
+            unit.stream.outcome(unit.name, ipb.UNIT_DONE, unit.bound)
         self._finish_pods(unit, unit.credits)
 
     async def _mark_unschedulable(
@@ -611,24 +611,27 @@ class SchedulerService(Service[SchedulerConfig]):
         self.cache.expire()
         self.snapshot.update(self.cache)
         deadline = time.monotonic() + self.config.cycle_budget_ms / 1000
-        decisions: list[ipb.UnitDecision] = []
+        # Decisions are written into the batch as they are made: built apart, each (with its
+        # placements) would be copied whole into the batch.
+        batch = ipb.DecisionBatch(shard=self.config.name)
         units: list[_Unit] = []
         pods = 0
         while self._ready and pods < self.config.max_batch_pods:
             _, _, unit = heapq.heappop(self._ready)
             if unit.revoked or not unit.pending:
                 continue
-            decision = await self._attempt(unit)
+            decision = await self._attempt(unit, batch)
             if decision is not None:
-                decisions.append(decision)
                 units.append(unit)
                 pods += len(decision.placements)
             if time.monotonic() >= deadline:
                 break
-        if decisions:
-            self._send(decisions, units)
+        if units:
+            self._send(batch, units)
 
-    async def _attempt(self, unit: _Unit) -> ipb.UnitDecision | None:
+    async def _attempt(self, unit: _Unit, batch: ipb.DecisionBatch) -> ipb.UnitDecision | None:
+        """Place the unit's pending pods; on success its decision is appended to ``batch``
+        and returned."""
         infos: list[PodInfo] = []
         revision = self.informer.revision
         until = time.monotonic() + YIELD_SECONDS
@@ -692,7 +695,10 @@ class SchedulerService(Service[SchedulerConfig]):
             self._maybe_finish(unit)
             return None
         reqs = {p.name: p.req for p in infos}
-        placements = []
+        decision = batch.units.add(
+            job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
+        )
+        placements = decision.placements
         # Any replacement of a job a live Movement lists is recorded against it (actual when it
         # used a recommendation, mismatched when not).
         movement = self.movements.movement_of(unit.name)
@@ -703,27 +709,20 @@ class SchedulerService(Service[SchedulerConfig]):
             self.cache.assume(req, p.node, p.victims)
             self.victims.admit(p.victims)
             unit.inflight[p.pod] = p.node
-            placements.append(
-                ipb.Placement(
-                    pod=p.pod,
-                    pod_resource_version=p.resource_version,
-                    node=p.node,
-                    victims=p.victims,
-                    movement=p.recommendation or movement,
-                    numa_nodes=p.numa_nodes,
-                )
+            placements.add(
+                pod=p.pod,
+                pod_resource_version=p.resource_version,
+                node=p.node,
+                victims=p.victims,
+                movement=p.recommendation or movement,
+                numa_nodes=p.numa_nodes,
             )
         unit.handed_back.update(result.unplaced)
         unit.diagnoses.update(result.diagnoses)
         self.stats["decided_pods"] += len(placements)
         metrics.SCHEDULER_PODS_SCHEDULED.inc(len(placements))
         self._nominate(unit, placements)
-        return ipb.UnitDecision(
-            job=unit.name,
-            min_member=spec.min_member,
-            already_bound=unit.already_bound,
-            placements=placements,
-        )
+        return decision
 
     def _placed_nodes(self, unit: _Unit) -> tuple[str, ...]:
         """Nodes of the job's pods bound (as this shard's cache knows them) or in flight: the
@@ -735,7 +734,7 @@ class SchedulerService(Service[SchedulerConfig]):
         return tuple(nodes)
 
     @staticmethod
-    def _nominate(unit: _Unit, placements: list[ipb.Placement]) -> None:
+    def _nominate(unit: _Unit, placements: Iterable[ipb.Placement]) -> None:
         """Tell the dispatcher which pods of this decision preempt, and where, while the
         Binder has it (one message per unit, and only for units that preempt or did)."""
         nominations = [
@@ -771,9 +770,9 @@ class SchedulerService(Service[SchedulerConfig]):
 
     # -- the Binder side ---------------------------------------------------------------------
 
-    def _send(self, decisions: list[ipb.UnitDecision], units: list[_Unit]) -> None:
+    def _send(self, batch: ipb.DecisionBatch, units: list[_Unit]) -> None:
         self._batch_id += 1
-        batch = ipb.DecisionBatch(shard=self.config.name, batch_id=self._batch_id, units=decisions)
+        batch.batch_id = self._batch_id
         self._undecided[self._batch_id] = (batch, units)
         self._unsent.append(self._batch_id)
         self._send_wake.set()
