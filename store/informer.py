@@ -45,11 +45,17 @@ _CONFIRMATION_SLACK_SECONDS = 0.5
 @dataclass(slots=True)
 class Handlers:
     """Callbacks run in the informer's task; keep them quick and non-blocking. The first
-    argument is the kind."""
+    argument is the kind. ``kinds`` limits them to events of those kinds (None: every kind the
+    informer watches): an event is handed only to the handlers that want it, which matters
+    when a process has many and most care about one kind."""
 
     on_add: AddHandler | None = None
     on_update: UpdateHandler | None = None
     on_delete: DeleteHandler | None = None
+    kinds: frozenset[str] | None = None
+
+    def wants(self, kind: str) -> bool:
+        return self.kinds is None or kind in self.kinds
 
 
 class Informer:
@@ -78,7 +84,8 @@ class Informer:
         # still does (the last read reached the end of the feed; we wait there for more).
         self.current_at = 0.0
         self._at_head = False
-        self._handlers: list[Handlers] = []
+        # The callbacks of each (callback name, kind), in registration order.
+        self._routes: dict[tuple[str, str], list[Callable[..., None]]] = {}
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -96,11 +103,17 @@ class Informer:
 
     def add_handlers(self, handlers: Handlers) -> None:
         """Register handlers; objects already cached are delivered to them as adds."""
-        self._handlers.append(handlers)
+        for kind in self.kinds:
+            if handlers.wants(kind):
+                for callback in ("on_add", "on_update", "on_delete"):
+                    fn = getattr(handlers, callback)
+                    if fn is not None:
+                        self._routes.setdefault((callback, kind), []).append(fn)
         if handlers.on_add:
             for kind, objs in self.cache.items():
-                for obj in objs.values():
-                    handlers.on_add(kind, obj)
+                if handlers.wants(kind):
+                    for obj in objs.values():
+                        handlers.on_add(kind, obj)
 
     def get(self, kind: str, name: str) -> Message | None:
         return self.cache[kind].get(name)
@@ -294,10 +307,8 @@ class Informer:
 
     def _emit(self, callback: str, kind: str, *objs: Message) -> None:
         # A failing handler must not stop the informer or starve the other handlers.
-        for h in self._handlers:
-            fn = getattr(h, callback)
-            if fn is not None:
-                try:
-                    fn(kind, *objs)
-                except Exception:
-                    log.exception("informer handler failed", handler=callback, kind=kind)
+        for fn in self._routes.get((callback, kind), ()):
+            try:
+                fn(kind, *objs)
+            except Exception:
+                log.exception("informer handler failed", handler=callback, kind=kind)

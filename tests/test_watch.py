@@ -190,6 +190,47 @@ async def test_informer_selector_caches_and_delivers_only_matching_objects(
         await informer.stop()
 
 
+async def test_handlers_for_some_kinds_see_only_those_kinds(store: Store) -> None:
+    """Handlers that name their kinds get only those kinds' events, the listed objects (as
+    adds) included; handlers without kinds get every kind the informer watches."""
+    await store.create(node("listed"))
+    informer = Informer(store, ["Node", "Queue"], block_ms=100)
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+        seen: dict[str, list[tuple[str, str, str]]] = {"nodes": [], "all": []}
+
+        def recorder(into: str) -> Handlers:
+            def add(kind: str, obj: Message) -> None:
+                seen[into].append(("add", kind, obj.metadata.name))  # type: ignore[attr-defined]
+
+            def update(kind: str, _old: Message, obj: Message) -> None:
+                seen[into].append(("update", kind, obj.metadata.name))  # type: ignore[attr-defined]
+
+            def delete(kind: str, obj: Message) -> None:
+                seen[into].append(("delete", kind, obj.metadata.name))  # type: ignore[attr-defined]
+
+            kinds = frozenset({"Node"}) if into == "nodes" else None
+            return Handlers(on_add=add, on_update=update, on_delete=delete, kinds=kinds)
+
+        informer.add_handlers(recorder("nodes"))
+        informer.add_handlers(recorder("all"))
+        await store.create(pb.Queue(metadata=pb.ObjectMeta(name="q")))
+        n = await store.get(pb.Node, "listed")
+        await store.update(n)
+        await store.delete(pb.Queue, "q")
+        await informer.wait_for_revision(await store.revision(), timeout=10)
+        assert seen["nodes"] == [("add", "Node", "listed"), ("update", "Node", "listed")]
+        assert seen["all"] == [
+            ("add", "Node", "listed"),
+            ("add", "Queue", "q"),
+            ("update", "Node", "listed"),
+            ("delete", "Queue", "q"),
+        ]
+    finally:
+        await informer.stop()
+
+
 async def test_informer_survives_a_store_restart(private_server: StoreServer) -> None:
     store = await Store.connect(private_server.url)
     informer = Informer(store, ["Node"], block_ms=100, retry_max_seconds=0.2)

@@ -86,7 +86,12 @@ class PodIndex:
         self._feeds: list[set[str]] = []
         self._ignores: list[tuple[set[str], Callable[[pb.Job], bool]]] = []
         informer.add_handlers(
-            Handlers(on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete)
+            Handlers(
+                on_add=self._on_add,
+                on_update=self._on_update,
+                on_delete=self._on_delete,
+                kinds=frozenset({"Pod", "Job"}),
+            )
         )
 
     def pods_on(self, node: str) -> list[pb.Pod]:
@@ -205,6 +210,7 @@ class NodeLifecycleController:
                 on_add=self._on_node,
                 on_update=lambda kind, _old, new: self._on_node(kind, new),
                 on_delete=lambda kind, obj: self._on_node(kind, obj, deleted=True),
+                kinds=frozenset({"Node"}),
             )
         )
         # Round trips, for tests and metrics.
@@ -697,6 +703,7 @@ class JobRetryController:
             Handlers(
                 on_add=self._on_pod,
                 on_update=lambda kind, _old, new: self._on_pod(kind, new),
+                kinds=frozenset({"Pod"}),
             )
         )
 
@@ -788,6 +795,7 @@ class BudgetStatusController:
             Handlers(
                 on_add=self._on_budget,
                 on_update=lambda kind, _old, obj: self._on_budget(kind, obj),
+                kinds=frozenset({"DisruptionBudget"}),
             )
         )
         self.writes = 0  # update_many round trips, for tests and metrics

@@ -441,7 +441,9 @@ class NodeShuffler:
         self._generation = 0
         self._published: dict[str, tuple[int, int]] = {}
         self.writes = 0  # partitions written, for tests and logs
-        informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
+        informer.add_handlers(
+            Handlers(self._on_add, self._on_update, self._on_delete, frozenset({"Pod", "Node"}))
+        )
         for node in informer.each("Node"):
             self._on_add("Node", node)
         for pod in informer.each("Pod"):

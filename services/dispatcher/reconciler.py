@@ -85,6 +85,7 @@ class Reconciler:
                 on_add=lambda _, job: self._on_job(job),
                 on_update=lambda _, __, job: self._on_job(job),
                 on_delete=lambda _, job: self._on_job(job, deleted=True),
+                kinds=frozenset({"Job"}),
             )
         )
 

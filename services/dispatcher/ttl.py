@@ -52,7 +52,11 @@ class FinishedJobCollector:
         self.deleted_jobs = 0  # for tests and metrics
         self.deleted_pods = 0
         informer.add_handlers(
-            Handlers(on_add=self._seen, on_update=lambda kind, _old, new: self._seen(kind, new))
+            Handlers(
+                on_add=self._seen,
+                on_update=lambda kind, _old, new: self._seen(kind, new),
+                kinds=frozenset({"Job"}),
+            )
         )
 
     def expiry_ms(self, job: pb.Job) -> int | None:
