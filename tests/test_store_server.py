@@ -21,11 +21,15 @@ from protos.godel.v1 import objects_pb2 as pb
 from store import Store, StoreUnavailableError, redact_url
 from store import server as server_mod
 from store.server import (
+    ALLOCATOR_ENV,
     LOG_FILE,
     PID_FILE,
     StoreServer,
     StoreServerError,
+    find_jemalloc,
     find_server_binary,
+    jemalloc_preload,
+    server_malloc,
     store_url_from_env,
 )
 
@@ -130,6 +134,60 @@ def test_start_runs_aof_server_in_data_dir(launch: Launch, tmp_path: Path, fsync
     assert (data_dir / "appendonlydir").is_dir()
     assert (data_dir / LOG_FILE).stat().st_size > 0
     assert int((data_dir / PID_FILE).read_text()) == srv.pid
+
+
+def _mapped_libraries(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_server_built_with_glibc_malloc_runs_on_jemalloc_when_installed(
+    launch: Launch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundled server is built with glibc's malloc: with jemalloc installed (CI installs
+    Debian's libjemalloc2) it is preloaded; without, the server runs as built."""
+    monkeypatch.delenv(ALLOCATOR_ENV, raising=False)
+    srv = launch(tmp_path / "data")
+    assert srv.pid is not None
+    jemalloc = find_jemalloc()
+    built_with = server_malloc(srv.binary)
+    if built_with == "libc" and jemalloc is not None:
+        assert srv.allocator == "jemalloc (preloaded)"
+        assert "libjemalloc" in _mapped_libraries(srv.pid)
+    else:
+        assert srv.allocator == built_with
+        assert jemalloc_preload(srv.binary) is None
+    assert _client(srv).ping()
+
+
+def test_allocator_can_be_left_as_built(
+    launch: Launch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ALLOCATOR_ENV, "libc")
+    srv = launch(tmp_path / "data")
+    assert srv.pid is not None
+    assert srv.allocator == server_malloc(srv.binary)
+    if srv.allocator == "libc":
+        assert "libjemalloc" not in _mapped_libraries(srv.pid)
+    monkeypatch.setenv(ALLOCATOR_ENV, "tcmalloc")
+    with pytest.raises(StoreServerError, match=f"{ALLOCATOR_ENV} must be 'auto' or 'libc'"):
+        StoreServer.start(tmp_path / "other", ready_timeout=10.0)
+
+
+@pytest.mark.parametrize(
+    ("version", "malloc"),
+    [
+        ("Valkey server v=8.1.8 sha=00000000:1 malloc=libc bits=64 build=7eb4ebc9", "libc"),
+        ("Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64", "jemalloc-5.3.0"),
+        ("something else entirely", "unknown"),
+        ("", "unknown"),
+    ],
+)
+def test_server_malloc_reads_the_version_line(tmp_path: Path, version: str, malloc: str) -> None:
+    fake = tmp_path / "server"
+    fake.write_text(f"#!/bin/sh\necho '{version}'\n")
+    fake.chmod(0o755)
+    assert server_malloc(str(fake)) == malloc
+    assert server_malloc(str(tmp_path / "missing")) == "unknown"
 
 
 def test_rejects_unknown_fsync_policy(tmp_path: Path) -> None:
