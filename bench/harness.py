@@ -46,6 +46,7 @@ from godel.local.cluster import probe_credentials
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe
 from store import Store
+from store.server import allocator_of, find_server_binary
 
 log = structlog.get_logger(__name__)
 
@@ -128,6 +129,7 @@ def machine() -> dict[str, Any]:
         "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "store_allocator": allocator_of(find_server_binary()),
     }
 
 

@@ -98,6 +98,11 @@ def find_jemalloc() -> str | None:
     return ctypes.util.find_library("jemalloc")
 
 
+def allocator_of(binary: str) -> str:
+    """The allocator a server started from ``binary`` runs with, in words."""
+    return "jemalloc (preloaded)" if jemalloc_preload(binary) else server_malloc(binary)
+
+
 @functools.cache
 def server_malloc(binary: str) -> str:
     """The allocator ``binary`` was built with, as its ``--version`` says (``malloc=...``)."""
@@ -328,9 +333,7 @@ class StoreServer:
         preload = jemalloc_preload(self.binary)
         if preload is not None:
             env["LD_PRELOAD"] = " ".join(filter(None, [preload, env.get("LD_PRELOAD")]))
-            self.allocator = "jemalloc (preloaded)"
-        else:
-            self.allocator = server_malloc(self.binary)
+        self.allocator = allocator_of(self.binary)
         # stdout/stderr go to the log too: config errors are printed before --logfile takes over.
         with log.open("ab") as out:
             try:
