@@ -6,8 +6,9 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# jemalloc for the store server: the bundled valkey-server is built with glibc's malloc, which
-# costs it two fifths of its CPU here (store/server.py preloads jemalloc when it is installed).
+# jemalloc for the store server and the services: the bundled valkey-server and CPython are
+# built with glibc's malloc, whose slow path cost the store two fifths of its CPU here. Preloaded
+# into every process of the image (godel/allocator.py; unset LD_PRELOAD to run without it).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libjemalloc2 \
     && rm -rf /var/lib/apt/lists/*
@@ -34,7 +35,8 @@ WORKDIR /home/godel
 
 # Services listen on all interfaces inside the container (and, bound to a wildcard, advertise
 # the container's hostname to their peers), log JSON lines to stdout.
-ENV GODEL_HOST=0.0.0.0 \
+ENV LD_PRELOAD=libjemalloc.so.2 \
+    GODEL_HOST=0.0.0.0 \
     GODEL_PORT=50051 \
     GODEL_LOG_FORMAT=json \
     GODEL_HOME=/home/godel/.godel

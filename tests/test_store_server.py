@@ -16,19 +16,18 @@ import psutil
 import pytest
 import redis
 
+from godel.allocator import ALLOCATOR_ENV, JEMALLOC_PRELOADED, find_jemalloc, preloaded
 from godel.netutil import free_port, free_ports, stable_free_port, wait_for_port
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store, StoreUnavailableError, redact_url
 from store import server as server_mod
 from store.server import (
-    ALLOCATOR_ENV,
     LOG_FILE,
     PID_FILE,
     StoreServer,
     StoreServerError,
-    find_jemalloc,
     find_server_binary,
-    jemalloc_preload,
+    server_env,
     server_malloc,
     store_url_from_env,
 )
@@ -151,11 +150,11 @@ def test_server_built_with_glibc_malloc_runs_on_jemalloc_when_installed(
     jemalloc = find_jemalloc()
     built_with = server_malloc(srv.binary)
     if built_with == "libc" and jemalloc is not None:
-        assert srv.allocator == "jemalloc (preloaded)"
+        assert srv.allocator == JEMALLOC_PRELOADED
         assert "libjemalloc" in _mapped_libraries(srv.pid)
     else:
         assert srv.allocator == built_with
-        assert jemalloc_preload(srv.binary) is None
+        assert not preloaded(server_env(srv.binary))
     assert _client(srv).ping()
 
 
@@ -169,7 +168,7 @@ def test_allocator_can_be_left_as_built(
     if srv.allocator == "libc":
         assert "libjemalloc" not in _mapped_libraries(srv.pid)
     monkeypatch.setenv(ALLOCATOR_ENV, "tcmalloc")
-    with pytest.raises(StoreServerError, match=f"{ALLOCATOR_ENV} must be 'auto' or 'libc'"):
+    with pytest.raises(StoreServerError, match=f"{ALLOCATOR_ENV} must be one of 'auto', 'libc'"):
         StoreServer.start(tmp_path / "other", ready_timeout=10.0)
 
 

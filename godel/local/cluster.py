@@ -24,6 +24,7 @@ import psutil
 import structlog
 
 from godel import pki, tls
+from godel.allocator import AllocatorError, jemalloc_env
 from godel.local.home import SENTINEL, STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from godel.netutil import free_ports
 from protos.godel.v1 import objects_pb2 as pb
@@ -335,6 +336,17 @@ def _record_store_process(
     )
 
 
+def _service_env(state: ClusterState) -> dict[str, str]:
+    """A service's environment: the store URL travels here, not in argv (`ps` shows argv to
+    every user of the machine, and the URL may carry a password); jemalloc is preloaded when
+    the system has it (``godel.allocator``)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": state.store_url}
+    try:
+        return jemalloc_env(env)
+    except AllocatorError as exc:
+        raise ClusterError(str(exc)) from None
+
+
 def _start_service(
     home: GodelHome,
     spec: ClusterSpec,
@@ -379,9 +391,7 @@ def _start_service(
             # Its own session: a Ctrl-C in the terminal of `godel up` does not reach it.
             start_new_session=True,
             cwd=home.path,
-            # The store URL travels in the environment, not argv: `ps` shows argv to every user
-            # of the machine, and the URL may carry a password.
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": state.store_url},
+            env=_service_env(state),
         )
     state.components.append(
         ComponentRecord(
@@ -578,7 +588,7 @@ def start_again(home: GodelHome, name: str) -> ComponentRecord:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=home.path,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": state.store_url},
+                env=_service_env(state),
             )
         again = replace(
             record,

@@ -66,6 +66,7 @@ from typing import Any
 import yaml
 
 from godel import tls
+from godel.allocator import find_jemalloc
 from services.runtime.healthcheck import probe
 from store.server import find_server_binary
 
@@ -265,6 +266,10 @@ class Emulator:
         )
         env = {key: self.localise(value, replica) for key, value in env.items()}
         env["PYTHONPATH"] = str(ROOT)  # the image's `pip install .` of this checkout
+        if find_jemalloc() is None:
+            # The image installs the allocator it preloads; a host without it would only print
+            # the loader's complaint into every log.
+            env.pop("LD_PRELOAD", None)
         return env
 
     def start(self, replica: Replica) -> None:
