@@ -872,8 +872,13 @@ class Store:
             if first != last + 1:
                 raise ResourceVersionTooOldError(last, first)
             events: list[WatchEvent] = []
-            # Revisions are dense: entry i of a read is revision first + i.
-            for revision, (_, fields) in enumerate(entries, first):
+            final = int(entries[-1][0].split(b"-", 1)[0])
+            # Revisions are dense (commit.lua writes one entry per revision): entry i of a read
+            # is revision first + i, unless the ends say otherwise.
+            revisions: Sequence[int] = range(first, final + 1)
+            if len(revisions) != len(entries):
+                revisions = [int(entry[0].split(b"-", 1)[0]) for entry in entries]
+            for revision, (_, fields) in zip(revisions, entries, strict=True):
                 # commit.lua writes the fields in this order: t <type> k <kind> n <name> d <data>
                 if len(fields) == 8 and fields[2] == b"k":
                     type_, kind_name, name, data = fields[1], fields[3], fields[5], fields[7]
@@ -899,7 +904,7 @@ class Store:
                 events.append(
                     WatchEvent(_EVENT_TYPES[type_], kind.name, name.decode(), revision, obj, error)
                 )
-            last = first + len(entries) - 1
+            last = final
             yield WatchBatch(events, last, caught_up=len(entries) < count)
 
 

@@ -48,6 +48,23 @@ async def test_watch_delivers_every_change_in_order(store: Store) -> None:
     assert events[3].obj.metadata.name == "n1"  # type: ignore[union-attr]  # last state
 
 
+async def test_watch_reads_entries_in_any_field_order_and_with_sparse_revisions(
+    store: Store,
+) -> None:
+    """commit.lua writes every entry's fields in one order and one entry per revision; an entry
+    written otherwise (another order, a revision skipped) is still read right."""
+    await store.create(node("n1"))
+    odd = node("n2").SerializeToString()
+    # Fields in another order, and revision 2 skipped (the read starts at 1, so no trim).
+    await store._redis.xadd(store.keys.feed, {"d": odd, "n": "n2", "k": "Node", "t": "A"}, id="3-0")
+    events = await collect(store, 0, 2)
+    assert [(e.type, e.name, e.revision) for e in events] == [
+        ("ADDED", "n1", 1),
+        ("ADDED", "n2", 3),
+    ]
+    assert events[1].obj is not None and events[1].obj.metadata.resource_version == 3  # type: ignore[attr-defined]
+
+
 async def test_watch_filters_kinds_but_advances_past_them(store: Store) -> None:
     await store.create(node("n1"))
     await store.create(pb.Queue(metadata=pb.ObjectMeta(name="q")))
