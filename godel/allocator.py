@@ -13,6 +13,7 @@ glibc's.
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,8 +44,10 @@ def jemalloc_wanted(env: Mapping[str, str] | None = None) -> bool:
     return choice == "auto"
 
 
+@functools.cache
 def find_jemalloc() -> str | None:
-    """The path (or soname) of the system's jemalloc library, if there is one."""
+    """The path (or soname) of the system's jemalloc library, if there is one (looked up once:
+    the search may run ``ldconfig``)."""
     for path in _JEMALLOC_PATHS:
         if Path(path).is_file():
             return path
