@@ -441,13 +441,21 @@ async def test_queue_status_controller(store: Store, informer: Informer) -> None
     assert ctl.writes == writes
 
 
-async def test_job_status_controller(store: Store, informer: Informer) -> None:
+async def _job_on_a_node(
+    store: Store, informer: Informer, name: str, replicas: int
+) -> tuple[list[pb.Pod], JobStatusController]:
+    """A node, a job of ``replicas`` pods (all pending) and a job status controller over them."""
     await store.create(f.node("n1"))
-    job = f.job("gang", replicas=3, min_member=3)
+    job = f.job(name, replicas=replicas, min_member=replicas)
     pods = f.pods_of(job)
     await store.create_unit(job, pods)
     ctl = JobStatusController(store, informer)
     await caught_up(store, informer)
+    return pods, ctl
+
+
+async def test_job_status_controller(store: Store, informer: Informer) -> None:
+    pods, ctl = await _job_on_a_node(store, informer, "gang", 3)
     await ctl.tick()
     j = await store.get(pb.Job, "gang")
     assert j.status.phase == pb.JOB_PENDING
@@ -490,12 +498,7 @@ async def test_job_status_write_coming_back_is_not_another_look(
 ) -> None:
     """The controller's own status write, seen back through the watch, does not put the job
     back in its feed; anyone else's update of the job does."""
-    await store.create(f.node("n1"))
-    job = f.job("solo", replicas=1, min_member=1)
-    pods = f.pods_of(job)
-    await store.create_unit(job, pods)
-    ctl = JobStatusController(store, informer)
-    await caught_up(store, informer)
+    pods, ctl = await _job_on_a_node(store, informer, "solo", 1)
     await bind(store, pods, "n1", await binder_fence(store))
     await caught_up(store, informer)
     assert "solo" in ctl.changed_jobs  # its pod changed
