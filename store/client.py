@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+import structlog
 from google.protobuf.message import Message
 from redis import exceptions as redis_errors
 from redis.asyncio.retry import Retry
@@ -51,6 +52,8 @@ from store.metrics import (
     LEASE_ROUND_TRIP,
     READ_ROUND_TRIP,
 )
+
+log = structlog.get_logger(__name__)
 
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
@@ -118,6 +121,8 @@ Op = Create | Update | Delete | Bind | Release
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 _EVENT_TYPES: dict[bytes, EventType] = {b"A": "ADDED", b"M": "MODIFIED", b"D": "DELETED"}
+# The field names of a change feed entry, in the order commit.lua writes them.
+_FEED_FIELDS = [b"t", b"k", b"n", b"d"]
 
 
 @dataclass(slots=True)
@@ -880,16 +885,20 @@ class Store:
                 revisions = [int(entry[0].split(b"-", 1)[0]) for entry in entries]
             for revision, (_, fields) in zip(revisions, entries, strict=True):
                 # commit.lua writes the fields in this order: t <type> k <kind> n <name> d <data>
-                if len(fields) == 8 and fields[2] == b"k":
+                if len(fields) == 8 and fields[::2] == _FEED_FIELDS:
                     type_, kind_name, name, data = fields[1], fields[3], fields[5], fields[7]
                 else:  # written otherwise: read by name
-                    named = dict(zip(fields[::2], fields[1::2], strict=True))
-                    type_, kind_name, name, data = (
-                        named[b"t"],
-                        named[b"k"],
-                        named[b"n"],
-                        named[b"d"],
+                    named = dict(zip(fields[::2], fields[1::2], strict=False))
+                    type_, kind_name = named.get(b"t", b""), named.get(b"k", b"")
+                    name, data = named.get(b"n", b""), named.get(b"d", b"")
+                event_type = _EVENT_TYPES.get(type_)
+                if event_type is None or not name:
+                    log.error(
+                        "malformed change feed entry; skipped",
+                        revision=revision,
+                        fields=[bytes(f[:40]) for f in fields[::2]],
                     )
+                    continue
                 if wanted is not None and kind_name not in wanted:
                     continue
                 kind = decoders.get(kind_name)
@@ -902,7 +911,14 @@ class Store:
                 except InvalidObjectError as exc:
                     error = exc
                 events.append(
-                    WatchEvent(_EVENT_TYPES[type_], kind.name, name.decode(), revision, obj, error)
+                    WatchEvent(
+                        event_type,
+                        kind.name,
+                        name.decode(errors="replace"),
+                        revision,
+                        obj,
+                        error,
+                    )
                 )
             last = final
             yield WatchBatch(events, last, caught_up=len(entries) < count)

@@ -65,6 +65,23 @@ async def test_watch_reads_entries_in_any_field_order_and_with_sparse_revisions(
     assert events[1].obj is not None and events[1].obj.metadata.resource_version == 3  # type: ignore[attr-defined]
 
 
+async def test_malformed_feed_entries_are_skipped_and_the_watch_goes_on(store: Store) -> None:
+    """Garbage in the change feed (fields missing, an unknown event type, odd field counts)
+    is skipped; the watch advances past it and delivers what follows."""
+    await store.create(node("n1"))
+    feed = store.keys.feed
+    await store._redis.xadd(feed, {"x": "y"}, id="2-0")
+    await store._redis.xadd(feed, {"t": "Z", "k": "Node", "n": "bad", "d": b""}, id="3-0")
+    await store._redis.xadd(feed, {"k": "Node", "d": b"\xff"}, id="4-0")
+    await store._redis.execute_command("INCRBY", store.keys.revision, 3)
+    await store.create(node("n2"))
+    events = await collect(store, 0, 2)
+    assert [(e.type, e.name, e.revision) for e in events] == [
+        ("ADDED", "n1", 1),
+        ("ADDED", "n2", 5),
+    ]
+
+
 async def test_watch_filters_kinds_but_advances_past_them(store: Store) -> None:
     await store.create(node("n1"))
     await store.create(pb.Queue(metadata=pb.ObjectMeta(name="q")))
