@@ -798,3 +798,69 @@ def test_a_job_level_affinity_pod_moves_only_within_its_domain(target: str, refu
         assert status is not None and refused in status.reasons[0]
     else:
         assert status is None
+
+
+def _with_rules(pod: pb.Pod, app: str, *, anti_on: str = "", spread_on: str = "") -> pb.Pod:
+    """``pod`` labelled app=<app>; required anti-affine to its own app on ``anti_on``, or
+    spread (max skew 1, never anywhere) by ``spread_on``."""
+    pod.metadata.labels["app"] = app
+    pod.spec.template.labels["app"] = app
+    tpl = pod.spec.template
+    if anti_on:
+        term = tpl.affinity.pod_anti_affinity.required.add(topology_key=anti_on)
+        term.label_selector.add(key="app", operator=pb.LabelSelectorRequirement.IN, values=[app])
+    if spread_on:
+        c = tpl.topology_spread_constraints.add(max_skew=1, topology_key=spread_on)
+        c.when_unsatisfiable = pb.TopologySpreadConstraint.DO_NOT_SCHEDULE
+        c.label_selector.add(key="app", operator=pb.LabelSelectorRequirement.IN, values=[app])
+    return pod
+
+
+def _zoned_view() -> ClusterView:
+    """Zones z1 (two nodes), z2 (two), z3, z4 (empty). Pods a (z1) and b (z2): app=web, each
+    anti-affine to web in its zone; c: app=web, no rule, in z3; d1-d3: app=batch spread by
+    zone, one in each of z1-z3."""
+    names = ["z1-a", "z1-b", "z2-a", "z2-b", "z3-a", "z4-a"]
+    nodes = [mknode(n, labels={"zone": n[:2]}) for n in names]
+    pods = [
+        _with_rules(mkpod("a", "z1-a"), "web", anti_on="zone"),
+        _with_rules(mkpod("b", "z2-a"), "web", anti_on="zone"),
+        _with_rules(mkpod("c", "z3-a"), "web"),
+        *(_with_rules(mkpod(f"d{i}", f"z{i}-a"), "batch", spread_on="zone") for i in (1, 2, 3)),
+    ]
+    return build_view(nodes, pods)
+
+
+@pytest.mark.parametrize(
+    ("pod", "target", "refused"),
+    [
+        ("b", "z1-b", "InterPodAffinity"),  # its rule: a web pod is in z1
+        ("b", "z4-a", ""),
+        ("b", "z2-b", ""),  # within its own zone: itself does not count
+        ("c", "z1-b", "InterPodAffinity"),  # a's rule keeps web out of z1
+        ("c", "z4-a", ""),
+        ("d1", "z2-b", "PodTopologySpread"),  # z2 would hold 2, z1 none
+        ("d1", "z4-a", ""),  # one in each of z2-z4
+    ],
+)
+def test_moves_are_judged_by_inter_pod_affinity_and_spread(
+    pod: str, target: str, refused: str
+) -> None:
+    """The rules that count pods beyond the target node constrain the rescheduler as they
+    constrain a shard and the Binder (the placement library's topology filters)."""
+    status = _zoned_view().fits(pod, target)
+    if refused:
+        assert status is not None and status.plugin == refused
+    else:
+        assert status is None
+
+
+def test_the_topology_counts_follow_the_moves_of_a_round() -> None:
+    view = _zoned_view()
+    assert view.fits("c", "z4-a") is None
+    view.move("b", "z4-a")  # b's rule now keeps web out of z4, and no longer out of z2
+    refused = view.fits("c", "z4-a")
+    assert refused is not None and refused.plugin == "InterPodAffinity"
+    assert view.fits("c", "z2-b") is None
+    view.remove("a")
+    assert view.fits("c", "z1-b") is None

@@ -22,6 +22,7 @@ from placement.framework import Framework, JobAffinity, PodInfo, Status
 from placement.nodeinfo import GUARANTEED, NodeInfo
 from placement.plugins import joblevelaffinity
 from placement.plugins.numatopology import pin_numa
+from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 
 # A pod (or its job) labelled or annotated with this, "true", is never moved (the Protection check).
@@ -99,6 +100,9 @@ class ClusterView:
     scope_labels: dict[str, str] = field(default_factory=dict)
     revision: int = 0
     _by_node: dict[str, set[str]] = field(default_factory=dict, repr=False)
+    # Pods counted by topology domain, for inter-pod affinity and spread (the rules that look
+    # beyond the target node); built on first need, kept in step by ``move`` and ``remove``.
+    _topology: TopologyIndex | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.scope and not self.scope_labels:
@@ -132,7 +136,40 @@ class ClusterView:
             info = info.clone()
             info.remove_pod(pod)
         status = self.framework.run_filters(running.info, info)
+        if status is None:
+            status = self.topology_status(running, info)
         return status if status is not None else self.job_affinity_status(running, info)
+
+    def topology_status(self, running: RunningPod, target: NodeInfo) -> Status | None:
+        """Inter-pod affinity and topology spread, the rules that count pods beyond the target
+        node: judged as a shard and the Binder judge them (the placement library's topology
+        filters), against every other placed pod of the view. The pod itself is taken out of
+        the counts while it is judged: it is the one moving."""
+        framework = self.framework
+        if not framework.topology_filters:
+            return None
+        counts = self._topology_index()
+        info = running.info
+        if not (info.has_topology or counts.has_anti):
+            return None
+        counts.remove(running.name)
+        try:
+            if not framework.prepare(info, counts):
+                return None
+            for check in framework.topology_filters:
+                status = check(info, target)
+                if status is not None:
+                    return status
+            return None
+        finally:
+            info.topology = None
+            counts.add(running.node, info.req)
+
+    def _topology_index(self) -> TopologyIndex:
+        if self._topology is None:
+            self._topology = TopologyIndex()
+            self._topology.activate(self.nodes.values())
+        return self._topology
 
     def job_affinity_status(self, running: RunningPod, target: NodeInfo) -> Status | None:
         """Job-level affinity, the unit rule the node filters cannot see: a pod of a job with
@@ -160,15 +197,20 @@ class ClusterView:
         self.nodes[source].remove_pod(pod)
         self._by_node[source].discard(pod)
         # A NUMA-bound pod holds NUMA nodes of its new node, chosen as a shard would.
-        self.nodes[target].add_pod(pin_numa(self.nodes[target], running.info.req))
+        placed = pin_numa(self.nodes[target], running.info.req)
+        self.nodes[target].add_pod(placed)
         self._by_node.setdefault(target, set()).add(pod)
         running.node = target
+        if self._topology is not None:
+            self._topology.add(target, placed)
 
     def remove(self, pod: str) -> RunningPod:
         """Take ``pod`` off its node (evicted, not yet placed again)."""
         running = self.pods.pop(pod)
         self.nodes[running.node].remove_pod(pod)
         self._by_node[running.node].discard(pod)
+        if self._topology is not None:
+            self._topology.remove(pod)
         return running
 
     def copy(self) -> ClusterView:
