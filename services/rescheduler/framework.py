@@ -103,6 +103,9 @@ class ClusterView:
     # Pods counted by topology domain, for inter-pod affinity and spread (the rules that look
     # beyond the target node); built on first need, kept in step by ``move`` and ``remove``.
     _topology: TopologyIndex | None = field(default=None, repr=False)
+    # Whether some placed pod has required anti-affinity (None: not looked yet): without one, a
+    # pod with no topology rule of its own needs no counts, and the index is never built.
+    _anti_placed: bool | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.scope and not self.scope_labels:
@@ -146,12 +149,10 @@ class ClusterView:
         filters), against every other placed pod of the view. The pod itself is taken out of
         the counts while it is judged: it is the one moving."""
         framework = self.framework
-        if not framework.topology_filters:
+        info = running.info
+        if not framework.topology_filters or not (info.has_topology or self._anti_is_placed()):
             return None
         counts = self._topology_index()
-        info = running.info
-        if not (info.has_topology or counts.has_anti):
-            return None
         counts.remove(running.name)
         try:
             if not framework.prepare(info, counts):
@@ -164,6 +165,13 @@ class ClusterView:
         finally:
             info.topology = None
             counts.add(running.node, info.req)
+
+    def _anti_is_placed(self) -> bool:
+        if self._anti_placed is None:
+            self._anti_placed = any(
+                req.anti_terms for node in self.nodes.values() for req in node.pods.values()
+            )
+        return self._anti_placed
 
     def _topology_index(self) -> TopologyIndex:
         if self._topology is None:
