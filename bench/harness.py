@@ -41,7 +41,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench.load import build_jobs
 from bench.workload import SERVICE_KINDS, Suite, Workload
 from godel import local
-from godel.allocator import JEMALLOC_PRELOADED, jemalloc_env, preloaded
+from godel.allocator import allocator_in, jemalloc_env
 from godel.client import ProtoClient, ReschedulerClient
 from godel.local.cluster import probe_credentials
 from protos.godel.v1 import objects_pb2 as pb
@@ -131,7 +131,7 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "store_allocator": allocator_of(find_server_binary()),
-        "services_allocator": JEMALLOC_PRELOADED if preloaded(jemalloc_env()) else "libc",
+        "services_allocator": allocator_in(jemalloc_env()),
     }
 
 

@@ -67,3 +67,8 @@ def jemalloc_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 def preloaded(env: Mapping[str, str]) -> bool:
     """Whether ``env`` preloads jemalloc."""
     return "libjemalloc" in env.get("LD_PRELOAD", "")
+
+
+def allocator_in(env: Mapping[str, str], built_with: str = "libc") -> str:
+    """The allocator a program built with ``built_with`` runs with in ``env``, in words."""
+    return JEMALLOC_PRELOADED if preloaded(env) else built_with

@@ -30,12 +30,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from godel.allocator import (
-    JEMALLOC_PRELOADED,
-    AllocatorError,
-    jemalloc_env,
-    preloaded,
-)
+from godel.allocator import AllocatorError, allocator_in, jemalloc_env
 from godel.netutil import stable_free_port
 
 FsyncPolicy = Literal["always", "everysec", "no"]
@@ -74,7 +69,7 @@ def server_env(binary: str) -> dict[str, str]:
 
 def allocator_of(binary: str) -> str:
     """The allocator a server started from ``binary`` runs with, in words."""
-    return JEMALLOC_PRELOADED if preloaded(server_env(binary)) else server_malloc(binary)
+    return allocator_in(server_env(binary), server_malloc(binary))
 
 
 @functools.cache
@@ -307,7 +302,7 @@ class StoreServer:
             env = server_env(self.binary)
         except AllocatorError as exc:
             raise StoreServerError(str(exc)) from None
-        self.allocator = JEMALLOC_PRELOADED if preloaded(env) else server_malloc(self.binary)
+        self.allocator = allocator_in(env, server_malloc(self.binary))
         # stdout/stderr go to the log too: config errors are printed before --logfile takes over.
         with log.open("ab") as out:
             try:

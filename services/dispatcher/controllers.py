@@ -83,8 +83,8 @@ class PodIndex:
         self.by_node: dict[str, set[str]] = {}
         self.by_job: dict[str, set[str]] = {}
         self._informer = informer
-        self._feeds: list[set[str]] = []
-        self._ignores: list[tuple[set[str], Callable[[pb.Job], bool]]] = []
+        # Each subscriber's feed, and what it ignores of a job's own updates (subscribe).
+        self._feeds: list[tuple[set[str], Callable[[pb.Job], bool] | None]] = []
         informer.add_handlers(
             Handlers(
                 on_add=self._on_add,
@@ -111,19 +111,16 @@ class PodIndex:
         write coming back through the watch)."""
         feed = {j.metadata.name for j in self._informer.list("Job")}  # type: ignore[attr-defined]
         feed |= self.by_job.keys()
-        self._feeds.append(feed)
-        if ignore is not None:
-            self._ignores.append((feed, ignore))
+        self._feeds.append((feed, ignore))
         return feed
 
     def _changed(self, job: str) -> None:
-        for feed in self._feeds:
+        for feed, _ in self._feeds:
             feed.add(job)
 
     def _job_changed(self, job: pb.Job) -> None:
-        ignored = {id(feed) for feed, ignore in self._ignores if ignore(job)}
-        for feed in self._feeds:
-            if id(feed) not in ignored:
+        for feed, ignore in self._feeds:
+            if ignore is None or not ignore(job):
                 feed.add(job.metadata.name)
 
     def _on_add(self, kind: str, obj: Message) -> None:
@@ -144,7 +141,7 @@ class PodIndex:
         if isinstance(obj, pb.Pod):
             self._drop(obj)
         elif isinstance(obj, pb.Job):
-            for feed in self._feeds:
+            for feed, _ in self._feeds:
                 feed.discard(obj.metadata.name)
 
     def _put(self, pod: pb.Pod) -> None:
