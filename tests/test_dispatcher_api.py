@@ -346,6 +346,26 @@ async def test_submit_duplicates_in_one_request_and_mixed_results(
     assert (await store.get_many(pb.Job, ["b"])) == [None]
 
 
+async def test_jobs_of_one_spec_are_each_judged_in_one_request(
+    dispatcher: Running, store: Store
+) -> None:
+    """A spec is checked once per request when valid (one-pod jobs of one template), but a bad
+    name is still each job's, and a bad spec is reported on every job that has it."""
+    await seed(store)
+    jobs = [f.job("ok-1"), f.job("Bad_Name"), f.job("ok-2"), f.job("neg-1"), f.job("neg-2")]
+    for job in jobs[3:]:
+        job.spec.priority = 2_000_000_000
+    response = await dispatcher.api.Submit(api_pb2.SubmitRequest(jobs=jobs))
+    got = [(r.job, r.created, [v.field for v in r.violations]) for r in response.results]
+    assert got == [
+        ("ok-1", True, []),
+        ("Bad_Name", False, ["jobs[1].metadata.name"]),
+        ("ok-2", True, []),
+        ("neg-1", False, ["jobs[3].spec.priority"]),
+        ("neg-2", False, ["jobs[4].spec.priority"]),
+    ]
+
+
 async def test_submit_dry_run_and_edge_cases(dispatcher: Running, store: Store) -> None:
     # No nodes at all: a big job is accepted and pends (the cluster is still being built).
     big = f.job("big", cpu=64_000)
@@ -750,6 +770,67 @@ async def test_watch_lists_then_streams(dispatcher: Running, store: Store) -> No
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await bad.read()
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_one_pod_jobs_status_is_its_pods_in_get_list_and_watch(
+    dispatcher: Running, store: Store
+) -> None:
+    """A one-pod job stores no status: Get, List and Watch show the one its pod gives it, and a
+    watcher of Jobs gets the job again, at the pod's revision, each time its pod changes."""
+    await store.create(f.node("n1"))
+    await store.create_unit(f.job("solo"), f.pods_of(f.job("solo")))
+    start = await store.revision()
+    jobs = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job"], from_revision=start))
+    both = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job", "Pod"], from_revision=start))
+    pod = await store.get(pb.Pod, "solo-0")
+    pod.spec.node_name, pod.status.phase = "n1", pb.POD_BOUND
+    await store.commit([Bind(pod)])
+    bound_at = await store.revision()
+    pod.status.phase = pb.POD_RUNNING
+    await store.update(pod)
+    running_at = await store.revision()
+
+    async def phases_read() -> bool:
+        got = await dispatcher.api.Get(api_pb2.GetRequest(kind="Job", name="solo"))
+        listed = await dispatcher.api.List(api_pb2.ListRequest(kind="Job"))
+        return got.job.status.phase == listed.items[0].job.status.phase == pb.JOB_RUNNING
+
+    await eventually(phases_read, what="Get and List to show the job running")
+    assert (await store.get(pb.Job, "solo")).status.phase == pb.JOB_PHASE_UNSPECIFIED  # stored
+
+    async def changes(stream: object, count: int) -> list[tuple[str, int, int]]:
+        seen: list[tuple[str, int, int]] = []
+        while len(seen) < count:
+            event = await asyncio.wait_for(stream.read(), 5)  # type: ignore[attr-defined]
+            if event.type == api_pb2.WatchEvent.BOOKMARK:
+                continue
+            kind = event.object.WhichOneof("kind")
+            obj = getattr(event.object, kind)
+            assert event.type == api_pb2.WatchEvent.MODIFIED
+            seen.append((kind, event.revision, obj.status.phase))
+        return seen
+
+    assert await changes(jobs, 2) == [
+        ("job", bound_at, pb.JOB_SCHEDULED),
+        ("job", running_at, pb.JOB_RUNNING),
+    ]
+    assert await changes(both, 4) == [
+        ("job", bound_at, pb.JOB_SCHEDULED),
+        ("pod", bound_at, pb.POD_BOUND),
+        ("job", running_at, pb.JOB_RUNNING),
+        ("pod", running_at, pb.POD_RUNNING),
+    ]
+    jobs.cancel()
+    both.cancel()
+
+    # From the start: the listing shows it as read too.
+    listing = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job"], job="solo"))
+    first = await asyncio.wait_for(listing.read(), 5)
+    assert (first.type, first.object.job.status.phase) == (
+        api_pb2.WatchEvent.ADDED,
+        pb.JOB_RUNNING,
+    )
+    listing.cancel()
 
 
 async def test_watch_from_a_future_revision_says_so(dispatcher: Running, store: Store) -> None:

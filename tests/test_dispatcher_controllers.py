@@ -19,7 +19,9 @@ from services.dispatcher.controllers import (
     JobRetryController,
     JobStatusController,
     NodeLifecycleController,
+    PodIndex,
     QueueStatusController,
+    as_read,
     job_status,
 )
 from services.dispatcher.deletion import JobDeleter
@@ -107,8 +109,57 @@ def test_job_status(
     assert job_status(job, [make_pod("j", *p) for p in pods]) == expected
 
 
-PREEMPTED = (F, "Preempted")
 ERR = (F, "Error")
+
+# A one-pod job's status is derived from its pods when read. (case, backoff_limit (None: unset),
+# pods as (index, phase or (phase, reason), replacement number, finished_ms),
+# expected (phase, bound, running, succeeded, failed, finished_ms)); the job was created at 1234.
+DERIVED_CASES: list[tuple[str, int | None, list[tuple[int, object, int, int]], tuple[int, ...]]] = [
+    ("no pod yet", None, [], (pb.JOB_PENDING, 0, 0, 0, 0, 0)),
+    ("pending", None, [(0, P, 0, 0)], (pb.JOB_PENDING, 0, 0, 0, 0, 0)),
+    ("bound", None, [(0, B, 0, 0)], (pb.JOB_SCHEDULED, 1, 0, 0, 0, 0)),
+    ("running", None, [(0, R, 0, 0)], (pb.JOB_RUNNING, 0, 1, 0, 0, 0)),
+    ("succeeded: finished when the pod did", None, [(0, S, 0, 5000)],
+     (pb.JOB_SUCCEEDED, 0, 0, 1, 0, 5000)),
+    ("failed", None, [(0, ERR, 0, 7000)], (pb.JOB_FAILED, 0, 0, 0, 1, 7000)),
+    ("failed, retried: pending again", 2, [(0, ERR, 0, 7000), (0, P, 1, 0)],
+     (pb.JOB_PENDING, 0, 0, 0, 0, 0)),
+    ("retries exhausted", 0, [(0, ERR, 0, 7000)], (pb.JOB_FAILED, 0, 0, 0, 1, 7000)),
+    ("finished, no time on the pod: the job's creation", None, [(0, S, 0, 0)],
+     (pb.JOB_SUCCEEDED, 0, 0, 1, 0, 1234)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("limit", "pods", "expected"), [c[1:] for c in DERIVED_CASES], ids=[c[0] for c in DERIVED_CASES]
+)
+def test_a_one_pod_jobs_status_is_derived_from_its_pods(
+    limit: int | None, pods: list[tuple[int, object, int, int]], expected: tuple[int, ...]
+) -> None:
+    job = f.job("j", replicas=1)
+    job.metadata.creation_timestamp_ms = 1234
+    if limit is not None:
+        job.spec.backoff_limit = limit
+    # Whatever was stored (a status written before statuses were derived) does not count.
+    job.status.phase, job.status.running, job.status.finished_ms = pb.JOB_RUNNING, 1, 99
+    made = []
+    for index, state, rnum, finished in pods:
+        pod = make_pod("j", index, state, rnum)
+        pod.status.finished_ms = finished
+        made.append(pod)
+    read = as_read(job, made)
+    s = read.status
+    assert (s.phase, s.bound, s.running, s.succeeded, s.failed, s.finished_ms) == expected
+    assert job.status.running == 1  # a copy: the job given is untouched
+
+
+def test_a_bigger_jobs_status_is_read_as_stored() -> None:
+    job = f.job("j", replicas=2)
+    job.status.phase = pb.JOB_RUNNING
+    assert as_read(job, [make_pod("j", 0, P, 0)]) is job
+
+
+PREEMPTED = (F, "Preempted")
 # (case, backoff_limit (None: unset), replace_lost_pods, pods, expected phase, within the limit)
 PodRows = list[tuple[int, object, int]]
 FAILURE_POLICY_CASES: list[tuple[str, int | None, bool, PodRows, int, bool]] = [
@@ -378,8 +429,7 @@ async def test_stopped_agent_node_lost(
 
         await eventually(running, what="pod running")
     ctl = NodeLifecycleController(store, informer, grace_seconds=0.6, interval_seconds=0.1)
-    jobs = JobStatusController(store, informer, interval_seconds=0.1)
-    tasks = [asyncio.create_task(ctl.run()), asyncio.create_task(jobs.run())]
+    tasks = [asyncio.create_task(ctl.run())]
     try:
 
         async def lost() -> bool:
@@ -395,7 +445,9 @@ async def test_stopped_agent_node_lost(
         await eventually(lost, what="node lost, pod failed and replaced")
 
         async def job_pending() -> bool:
-            j = await store.get(pb.Job, "svc")
+            # A one-pod job: its status is derived from its pods (the lost one, replaced).
+            pods = [p for p in await store.get_many(pb.Pod, ["svc-0", "svc-0-r1"]) if p]
+            j = as_read(await store.get(pb.Job, "svc"), pods)
             return (j.status.phase, j.status.failed) == (pb.JOB_PENDING, 0)
 
         await eventually(job_pending, what="job status back to pending")
@@ -493,25 +545,48 @@ async def test_job_status_controller(store: Store, informer: Informer) -> None:
     assert ctl.writes == writes
 
 
+async def test_a_one_pod_jobs_status_is_not_written_but_read_from_its_pod(
+    store: Store, informer: Informer
+) -> None:
+    """The job status controller writes the status of a job of two pods and leaves a one-pod
+    job's as it was created; the PodIndex reads it from the pod."""
+    await store.create(f.node("n1"))
+    solo, pair = f.job("solo", replicas=1), f.job("pair", replicas=2, min_member=2)
+    for job in (solo, pair):
+        await store.create_unit(job, f.pods_of(job))
+    ctl = JobStatusController(store, informer)
+    await caught_up(store, informer)
+    stored_solo = await store.get(pb.Job, "solo")
+    await bind(store, (await store.list_all(pb.Pod))[0], "n1", await binder_fence(store))
+    await caught_up(store, informer)
+    await ctl.tick()
+    assert (await store.get(pb.Job, "pair")).status.phase == pb.JOB_SCHEDULED
+    now_solo = await store.get(pb.Job, "solo")
+    assert now_solo.metadata.resource_version == stored_solo.metadata.resource_version
+    assert now_solo.status == stored_solo.status  # as created: never written
+    read = ctl.pods.job_as_read(now_solo)
+    assert (read.status.phase, read.status.bound) == (pb.JOB_SCHEDULED, 1)
+
+
 async def test_job_status_write_coming_back_is_not_another_look(
     store: Store, informer: Informer
 ) -> None:
     """The controller's own status write, seen back through the watch, does not put the job
     back in its feed; anyone else's update of the job does."""
-    pods, ctl = await _job_on_a_node(store, informer, "solo", 1)
+    pods, ctl = await _job_on_a_node(store, informer, "duo", 2)
     await bind(store, pods, "n1", await binder_fence(store))
     await caught_up(store, informer)
-    assert "solo" in ctl.changed_jobs  # its pod changed
+    assert "duo" in ctl.changed_jobs  # its pods changed
     await ctl.tick()
-    assert (await store.get(pb.Job, "solo")).status.phase == pb.JOB_SCHEDULED
+    assert (await store.get(pb.Job, "duo")).status.phase == pb.JOB_SCHEDULED
     await caught_up(store, informer)
-    assert "solo" not in ctl.changed_jobs  # our own write came back: nothing to look at
+    assert "duo" not in ctl.changed_jobs  # our own write came back: nothing to look at
 
-    other = await store.get(pb.Job, "solo")
+    other = await store.get(pb.Job, "duo")
     other.metadata.annotations["touched"] = "yes"
     await store.update(other)
     await caught_up(store, informer)
-    assert "solo" in ctl.changed_jobs  # someone else's write: looked at again
+    assert "duo" in ctl.changed_jobs  # someone else's write: looked at again
 
 
 def _budget(
@@ -667,6 +742,33 @@ async def test_finished_jobs_are_deleted_with_their_pods_after_their_ttl(
     await collector.tick(now_ms=finished["default"] + 61_000)  # past the default's minute
     assert await names(store, pb.Job) == {"kept", "running"}
     assert (collector.deleted_jobs, collector.deleted_pods) == (2, 4)
+
+
+async def test_a_one_pod_job_goes_its_ttl_after_its_pod_finished(
+    store: Store, informer: Informer
+) -> None:
+    """A one-pod job's status is never written: the collector learns it finished from its pod,
+    and counts the TTL from the pod's finish."""
+    await store.create(f.node("n1"))
+    collector = FinishedJobCollector(store, informer, PodIndex(informer), default_ttl_seconds=60)
+    for name in ("done", "busy"):
+        job = f.job(name, replicas=1)
+        pods = f.pods_of(job)
+        await store.create_unit(job, pods)
+        await bind(store, pods, "n1", await binder_fence(store))
+        pod = pods[0]
+        if name == "done":
+            pod.status.phase, pod.status.finished_ms = pb.POD_SUCCEEDED, 10_000
+            await store.commit([Release(pod)])
+        else:
+            pod.status.phase = pb.POD_RUNNING
+            await store.update(pod)
+    await caught_up(store, informer)
+    await collector.tick(now_ms=69_000)  # 59 s after the pod finished: not yet
+    assert await names(store, pb.Job) == {"done", "busy"}
+    await collector.tick(now_ms=70_000)
+    assert await names(store, pb.Job) == {"busy"}
+    assert await names(store, pb.Pod) == {"busy-0"}
 
 
 async def names(store: Store, kind: type[pb.Job] | type[pb.Pod]) -> set[str]:

@@ -98,7 +98,9 @@ async def test_dead_shard_record_is_deleted_and_live_ones_kept(
     reconciler = dispatcher.service.reconciler
 
     async def gone() -> bool:
-        return (await store.get_many(pb.SchedulerInstance, ["shard-dead"]))[0] is None
+        # The repair is counted once the delete's reply is back: after the store shows it.
+        deleted = (await store.get_many(pb.SchedulerInstance, ["shard-dead"]))[0] is None
+        return deleted and reconciler.repairs["dead_shard"] > 0
 
     await eventually(gone, timeout=INTERVAL + 10, what="dead record deleted")
     assert reconciler.repairs["dead_shard"] == 1
@@ -127,8 +129,10 @@ async def test_job_status_disagreeing_with_its_pods_is_rewritten(
     reconciler = Reconciler(store, informer, core, controller)
     job = f.job("web", replicas=2)
     await store.create_unit(job, f.pods_of(job))
-    other = f.job("other", replicas=1)
+    other = f.job("other", replicas=2)
     await store.create_unit(other, f.pods_of(other))
+    solo = f.job("solo", replicas=1)  # stores no status: derived from its pod when read
+    await store.create_unit(solo, f.pods_of(solo))
     await informer.wait_for_revision(await store.revision(), timeout=10)
     await controller.tick()
     await informer.wait_for_revision(await store.revision(), timeout=10)
@@ -141,8 +145,10 @@ async def test_job_status_disagreeing_with_its_pods_is_rewritten(
 
     await corrupt("web")
     await corrupt("other")
+    await corrupt("solo")
     await informer.wait_for_revision(await store.revision(), timeout=10)
     controller.changed_jobs.discard("web")  # the controller dropped it: fell through
+    controller.changed_jobs.discard("solo")  # not judged: nothing stored of it is read
     assert "other" in controller.changed_jobs  # the controller will see to this one
 
     # One pass only suspects it (a controller write may be on its way to our view); the next
@@ -154,6 +160,7 @@ async def test_job_status_disagreeing_with_its_pods_is_rewritten(
     assert reconciler.repairs["job_status"] == 1
     web = await store.get(pb.Job, "web")
     assert (web.status.phase, web.status.running) == (pb.JOB_PENDING, 0)
+    assert (await store.get(pb.Job, "solo")).status.phase == pb.JOB_RUNNING  # left as stored
     # A second pass finds nothing left to repair.
     await informer.wait_for_revision(await store.revision(), timeout=10)
     assert await reconciler.tick() == {}
@@ -168,10 +175,10 @@ async def test_job_status_is_not_judged_while_its_write_is_in_flight_or_the_view
     controller = JobStatusController(store, informer)
     core = UnitDispatcher(store, informer, DispatchSettings(), dial=grpc.aio.insecure_channel)
     reconciler = Reconciler(store, informer, core, controller)
-    job = f.job("web", replicas=1)
+    job = f.job("web", replicas=2)
     await store.create_unit(job, f.pods_of(job))
     stored = await store.get(pb.Job, "web")
-    stored.status.phase = pb.JOB_RUNNING  # disagrees with its pending pod
+    stored.status.phase = pb.JOB_RUNNING  # disagrees with its pending pods
     await store.update(stored)
     await informer.wait_for_revision(await store.revision(), timeout=10)
     controller.changed_jobs.discard("web")

@@ -24,6 +24,7 @@ from services.binder.client import EvictError
 from services.binder.state import holds_claim
 from services.dispatcher import listing
 from services.dispatcher import validation as v
+from services.dispatcher.controllers import PodIndex, derives_status
 from services.dispatcher.creation import PodCreator, first_commit
 from services.dispatcher.deletion import JobDeleter
 from services.dispatcher.dispatch import UnitDispatcher
@@ -85,6 +86,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         self,
         store: Store,
         core: UnitDispatcher,
+        pods: PodIndex,
         *,
         max_replicas: int,
         max_pending_pods: int = 200_000,
@@ -93,6 +95,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
     ) -> None:
         self.store = store
         self.core = core
+        # A one-pod job's status is derived from its pod when read (controllers.as_read).
+        self.pods = pods
         self.snapshots = listing.ListingSnapshots()  # of paged Lists, for their next pages
         self.max_replicas = max_replicas
         self.max_pending_pods = max_pending_pods
@@ -441,6 +445,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                 await self._live_heartbeats([obj])
             elif isinstance(obj, pb.Pod):
                 self._show_nominations([obj])
+            elif isinstance(obj, pb.Job):
+                obj = self.pods.job_as_read(obj)
         except InvalidObjectError as exc:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except NotFoundError as exc:
@@ -504,6 +510,10 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         page = [wrap(kind.name, o) for o in window[:limit]]  # copies: the cache stays untouched
         if kind.name == "Pod":
             self._show_nominations([o.pod for o in page])
+        if kind.name == "Job":
+            for o in page:
+                if derives_status(o.job):
+                    o.job.status.CopyFrom(self.pods.job_as_read(o.job).status)
         if kind.name == "Node":
             try:
                 await self._live_heartbeats([o.node for o in page])
@@ -744,11 +754,18 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             )
         matches = _watch_filter(await _selector(request, context), request.job, caller())
         revision = request.from_revision
+        # A one-pod job's status is derived from its pod (controllers.as_read): the feed has no
+        # update of the job when its pod changes, so a watcher of Jobs gets one made from the
+        # pod's, at the pod's revision. Pods are read for that even when not asked for.
+        jobs_wanted, pods_wanted = "Job" in kinds, "Pod" in kinds
+        feed_kinds = [*kinds, "Pod"] if jobs_wanted and not pods_wanted else kinds
         try:
             if revision == 0:
                 snapshot = await self.store.list_kinds(kinds)
                 for kind, objs in snapshot.items.items():
                     for obj in sorted(objs, key=lambda o: o.metadata.resource_version):  # type: ignore[attr-defined]
+                        if isinstance(obj, pb.Job):
+                            obj = self.pods.job_as_read(obj)
                         if matches(kind, obj):
                             yield api_pb2.WatchEvent(
                                 type=api_pb2.WatchEvent.ADDED,
@@ -757,15 +774,31 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                             )
                 revision = snapshot.revision
                 yield api_pb2.WatchEvent(type=api_pb2.WatchEvent.BOOKMARK, revision=revision)
-            async for batch in self.store.watch(revision, kinds):
+            async for batch in self.store.watch(revision, feed_kinds):
                 sent = False
                 for event in batch.events:
-                    if event.obj is None or not matches(event.kind, event.obj):
+                    if event.obj is None:
+                        continue
+                    obj = event.obj
+                    if jobs_wanted and isinstance(obj, pb.Pod) and event.type != "DELETED":
+                        job = await self._job_of_changed_pod(obj, event.type)
+                        if job is not None and matches("Job", job):
+                            sent = True
+                            yield api_pb2.WatchEvent(
+                                type=api_pb2.WatchEvent.MODIFIED,
+                                object=wrap("Job", job),
+                                revision=event.revision,
+                            )
+                        if not pods_wanted:
+                            continue
+                    elif isinstance(obj, pb.Job) and event.type != "DELETED":
+                        obj = self.pods.job_as_read(obj)
+                    if not matches(event.kind, obj):
                         continue
                     sent = True
                     yield api_pb2.WatchEvent(
                         type=_EVENT[event.type],
-                        object=wrap(event.kind, event.obj),
+                        object=wrap(event.kind, obj),
                         revision=event.revision,
                     )
                 if not sent:
@@ -780,6 +813,19 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             await _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(exc))
         except StoreUnavailableError as exc:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def _job_of_changed_pod(self, pod: pb.Pod, event_type: str) -> pb.Job | None:
+        """The job of a pod that changed, as read now, if its status is derived from that pod
+        (a one-pod job); None for other jobs, whose status updates are in the feed. A pod's
+        creation changes nothing: its job was just created with it, pending."""
+        if event_type == "ADDED" or not pod.spec.job:
+            return None
+        job = self.core.informer.get("Job", pod.spec.job)
+        if job is None:  # the view lags the feed: ask the store
+            job = (await self.store.get_many(pb.Job, [pod.spec.job]))[0]
+        if not isinstance(job, pb.Job) or not derives_status(job):
+            return None
+        return self.pods.job_as_read(job, newer=pod)
 
 
 async def _selector(

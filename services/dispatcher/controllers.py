@@ -19,7 +19,8 @@ deterministically.
 
 Who writes what (services/README.md): the node agent writes heartbeats and pod phases; the node
 lifecycle controller writes ``ready = False`` for lapsed nodes, fails their pods (``NodeLost``)
-and creates replacements; the job status controller writes ``Job.status`` counts and phase and
+and creates replacements; the job status controller writes ``Job.status`` counts and phase of
+jobs of more than one pod (a one-pod job's are derived from its pod when read: ``as_read``) and
 never ``status.ever_scheduled`` (the Binder's); the queue status controller writes only
 ``Queue.status``; the budget status controller writes only ``DisruptionBudget.status``.
 """
@@ -99,6 +100,17 @@ class PodIndex:
 
     def pods_of(self, job: str) -> list[pb.Pod]:
         return self._read(self.by_job.get(job, ()))
+
+    def job_as_read(self, job: pb.Job, newer: pb.Pod | None = None) -> pb.Job:
+        """``job`` with its status as readers see it (:func:`as_read`), from the pods in the
+        view; ``newer``, a pod of the job fresher than the view's copy, counts instead."""
+        if not derives_status(job):
+            return job
+        pods = self.pods_of(job.metadata.name)
+        if newer is not None:
+            name = newer.metadata.name
+            pods = [p for p in pods if p.metadata.name != name] + [newer]
+        return as_read(job, pods)
 
     def _read(self, names: Iterable[str]) -> list[pb.Pod]:
         cached = self._informer.cache["Pod"]
@@ -531,6 +543,37 @@ class FailurePolicy:
 FINISHED_JOB_PHASES = frozenset({pb.JOB_SUCCEEDED, pb.JOB_FAILED})
 
 
+def derives_status(job: pb.Job) -> bool:
+    """Whether the job's status is derived from its pod when it is read, never stored: a job of
+    one replica. Its status says no more than its pod's phase does, and for a cluster of one-pod
+    jobs (online services, small batch tasks) writing it was a fifth of the change feed and a
+    tenth of the cluster's CPU: another store write per pod, and another event that every
+    watcher decoded. So the job status controller leaves such a job alone, and whatever shows a
+    job (Get, List, Watch, the finished-job collector) reads it through :func:`as_read`."""
+    return job.spec.replicas == 1
+
+
+def as_read(job: pb.Job, pods: Iterable[pb.Pod]) -> pb.Job:
+    """The job as readers see it: itself if its status is stored; else a copy with phase,
+    counts and ``finished_ms`` derived from ``pods`` (all of the job's, replacements included),
+    as the job status controller would have written them. ``finished_ms`` is when its last pod
+    finished (the job's creation if no pod says: its TTL then counts from there)."""
+    if not derives_status(job):
+        return job
+    pods = list(pods)
+    computed = job_status(job, pods)
+    out = pb.Job()
+    out.CopyFrom(job)
+    s = out.status
+    s.phase, s.bound, s.running, s.succeeded, s.failed = computed  # type: ignore[assignment]
+    if computed[0] in FINISHED_JOB_PHASES:
+        finished = max((p.status.finished_ms for p in pods), default=0)
+        s.finished_ms = finished or job.metadata.creation_timestamp_ms
+    else:
+        s.finished_ms = 0
+    return out
+
+
 def _current(job: pb.Job) -> tuple[int, int, int, int, int]:
     s = job.status
     return s.phase, s.bound, s.running, s.succeeded, s.failed
@@ -547,7 +590,8 @@ def _written_status(job: pb.Job) -> tuple[int, ...]:
 
 
 class JobStatusController:
-    """Keeps ``Job.status`` counts and phase (see :func:`job_status`) current.
+    """Keeps ``Job.status`` counts and phase (see :func:`job_status`) current, in the store, for
+    jobs of more than one replica (a one-pod job's is derived when read: :func:`derives_status`).
 
     Jobs whose pods (or themselves) changed are recomputed every ``interval_seconds`` and the
     changed ones written with one ``update_many``, so a job is written at most once per
@@ -603,7 +647,12 @@ class JobStatusController:
             # A job whose pods are still being created is pending, nothing of it placed (it is
             # not dispatched): recounting its growing pods every tick would only cost. The
             # update that completes it brings it back here.
-            if isinstance(job, pb.Job) and pods_complete(job) and not being_deleted(job):
+            if (
+                isinstance(job, pb.Job)
+                and pods_complete(job)
+                and not being_deleted(job)
+                and not derives_status(job)
+            ):
                 jobs.append(job)
         try:
             retry = await self._write(jobs)
@@ -720,7 +769,7 @@ class JobRetryController:
             if (
                 not isinstance(obj, pb.Job)
                 or not obj.spec.HasField("backoff_limit")
-                or obj.status.phase == pb.JOB_SUCCEEDED
+                or self.pods.job_as_read(obj).status.phase == pb.JOB_SUCCEEDED
                 or being_deleted(obj)
             ):
                 self.failing.discard(name)  # gone, no policy, or nothing left to retry for

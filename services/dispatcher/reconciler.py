@@ -12,7 +12,8 @@ cracks of the normal paths, repairs it, and logs and counts every repair (``repa
   job status controller has nothing pending or in flight for it (a write that failed for good;
   one pass alone could be the moment between the controller's write and our view of it; no
   pass judges while our view is behind the store): handed back to that controller, the one
-  writer of ``Job.status``, which writes it now.
+  writer of ``Job.status``, which writes it now. A one-pod job stores no status (it is derived
+  when read) and is not judged.
 - ``unfinished_job``: a job whose pods are not all stored (``validation.PODS_CREATED_ANNOTATION``)
   that nobody in this process is creating — the dispatcher that began it stopped midway: its
   remaining pods are created, chunk by chunk, from where the mark says it got
@@ -35,7 +36,7 @@ import structlog
 from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers import JobStatusController, job_status
+from services.dispatcher.controllers import JobStatusController, derives_status, job_status
 from services.dispatcher.creation import PodCreator
 from services.dispatcher.deletion import JobDeleter
 from services.dispatcher.dispatch import UnitDispatcher
@@ -199,6 +200,7 @@ class Reconciler:
                 or name in self.job_status.changed_jobs
                 or name in self.job_status.writing
                 or not pods_complete(job)  # still being created: the controller skips it too
+                or derives_status(job)  # nothing stored to disagree: derived when read
             ):
                 self._suspect.pop(name, None)  # gone, or the controller writes it next tick
                 continue

@@ -201,11 +201,13 @@ class DispatcherService(Service[DispatcherConfig]):
         self.creator = PodCreator(self.store)
         # One deleter of jobs with their pods (big ones in chunks), shared by Delete, the
         # finished-job collector and the reconciler that resumes a deletion left midway.
-        self.pods: PodIndex | None = None  # built in on_start
+        # One index of pods by node and job, for every controller and the API's job statuses.
+        self.pods = PodIndex(self.informer)
         self.deleter = JobDeleter(self.store, self._pods_of_job)
         self.api = servicer = DispatcherServicer(
             self.store,
             self.core,
+            self.pods,
             max_replicas=cfg.max_replicas,
             max_pending_pods=cfg.max_pending_pods,
             creator=self.creator,
@@ -224,8 +226,7 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(self.core.run(), name="dispatch")
         cfg = self.config
         every = cfg.controller_interval_seconds
-        pods = PodIndex(self.informer)  # one index of pods by node and job for every controller
-        self.pods = pods
+        pods = self.pods
         lifecycle = NodeLifecycleController(
             self.store,
             self.informer,
@@ -298,7 +299,7 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(self.reconciler.run(), name="reconciler")
 
     def _pods_of_job(self, job: str) -> Iterable[str]:
-        return self.pods.by_job.get(job, ()) if self.pods is not None else ()
+        return self.pods.by_job.get(job, ())
 
     def sample_metrics(self) -> None:
         queues = self.core.queue_statuses()

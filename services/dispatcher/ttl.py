@@ -1,6 +1,7 @@
 """Finished jobs do not pile up: a job that Succeeded or Failed is deleted with its pods once its
 ``spec.ttl_seconds_after_finished`` (else the cluster default, ``--finished-job-ttl-seconds``)
-has passed since ``status.finished_ms``.
+has passed since ``status.finished_ms`` (a one-pod job's status is derived: when its pod
+finished).
 
 Off the hot path and in batches: a heap of expiry times is kept from informer events (no scan of
 every job), and each tick deletes at most ``batch_jobs`` due jobs, each job with all its pods in
@@ -19,7 +20,13 @@ import structlog
 from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers import FINISHED_JOB_PHASES, PodIndex, _tick_forever
+from services.dispatcher.controllers import (
+    FINISHED_JOB_PHASES,
+    TERMINAL,
+    PodIndex,
+    _tick_forever,
+    derives_status,
+)
 from services.dispatcher.deletion import JobDeleter
 from store import Store
 from store.client import Delete, Op
@@ -55,12 +62,13 @@ class FinishedJobCollector:
             Handlers(
                 on_add=self._seen,
                 on_update=lambda kind, _old, new: self._seen(kind, new),
-                kinds=frozenset({"Job"}),
+                kinds=frozenset({"Job", "Pod"}),
             )
         )
 
     def expiry_ms(self, job: pb.Job) -> int | None:
-        """When the finished job goes; None while it runs or when it is kept for good."""
+        """When the finished job goes; None while it runs or when it is kept for good. ``job``
+        as read (``PodIndex.job_as_read``: a one-pod job's status derived from its pod)."""
         if job.status.phase not in FINISHED_JOB_PHASES or not job.status.finished_ms:
             return None
         if job.spec.HasField("ttl_seconds_after_finished"):
@@ -72,10 +80,24 @@ class FinishedJobCollector:
         return job.status.finished_ms + ttl * 1000
 
     def _seen(self, kind: str, obj: Message) -> None:
-        if isinstance(obj, pb.Job):
-            expiry = self.expiry_ms(obj)
-            if expiry is not None:
-                heapq.heappush(self._due, (expiry, obj.metadata.name))
+        if isinstance(obj, pb.Pod):
+            # A one-pod job finishes when its pod does, with no update of its own (its status
+            # is derived); the pods of other jobs finish theirs through its status update.
+            if obj.status.phase not in TERMINAL:
+                return
+            job = self._informer.get("Job", obj.spec.job)
+            if isinstance(job, pb.Job) and derives_status(job):
+                self._push(self._pods.job_as_read(job, newer=obj))
+        elif isinstance(obj, pb.Job):
+            if derives_status(obj) and obj.metadata.name not in self._pods.by_job:
+                return  # no pod yet (a job just created): its pod's finish brings it here
+            self._push(self._pods.job_as_read(obj))
+
+    def _push(self, job: pb.Job) -> None:
+        """Remember when the job (as read) goes, if it is finished and has a TTL."""
+        expiry = self.expiry_ms(job)
+        if expiry is not None:
+            heapq.heappush(self._due, (expiry, job.metadata.name))
 
     async def run(self) -> None:
         await _tick_forever("finished jobs", self._informer, self.tick, self.interval)
@@ -88,7 +110,7 @@ class FinishedJobCollector:
             job = self._informer.get("Job", name)
             if not isinstance(job, pb.Job) or name in jobs:
                 continue  # gone already, or a duplicate entry
-            expiry = self.expiry_ms(job)
+            expiry = self.expiry_ms(self._pods.job_as_read(job))
             if expiry is None:
                 continue  # running again, or its TTL was removed
             if expiry > now:
@@ -114,7 +136,7 @@ class FinishedJobCollector:
                 gone = await self._deleter.delete(job)
             except StoreError as exc:
                 log.debug("finished job not deleted yet", job=name, error=str(exc))
-                heapq.heappush(self._due, (job.status.finished_ms, name))
+                heapq.heappush(self._due, (now, name))  # due: tried again next tick
                 continue
             self.deleted_jobs += 1
             self.deleted_pods += gone - 1
@@ -123,15 +145,15 @@ class FinishedJobCollector:
         try:
             results = await self._store.commit_many(commits)
         except StoreError:
-            for name, job in jobs.items():  # all of them again next tick
-                heapq.heappush(self._due, (job.status.finished_ms, name))
+            for name in jobs:  # all of them again next tick
+                heapq.heappush(self._due, (now, name))  # due: tried again next tick
             raise
         pods = 0
-        for (name, job), ops, result in zip(jobs.items(), commits, results, strict=True):
+        for name, ops, result in zip(jobs, commits, results, strict=True):
             if isinstance(result, StoreError):
                 # Changed meanwhile (its update re-queues it) or a pod the view lacks: retry.
                 log.debug("finished job not deleted yet", job=name, error=str(result))
-                heapq.heappush(self._due, (job.status.finished_ms, name))
+                heapq.heappush(self._due, (now, name))  # due: tried again next tick
                 continue
             self.deleted_jobs += 1
             pods += len(ops) - 1

@@ -154,9 +154,12 @@ def validate_submission(jobs: Sequence[pb.Job], ctx: SubmitContext) -> list[Viol
     reported on the later occurrences; jobs that already exist are reported per job."""
     first_index: dict[str, int] = {}
     out: list[Violations] = []
+    # Specs already found valid in this request: the many jobs of one template (one-pod jobs
+    # submitted together) have their spec checked once, not once per job.
+    valid_specs: set[bytes] = set()
     for i, job in enumerate(jobs):
         prefix = f"jobs[{i}]"
-        found = validate_job(job, prefix, ctx)
+        found = validate_job(job, prefix, ctx, valid_specs)
         name = job.metadata.name
         if name:
             if name in first_index:
@@ -205,15 +208,30 @@ def already_exists(prefix: str, name: str) -> api_pb2.FieldViolation:
     return violation(f"{prefix}.metadata.name", f"AlreadyExists: job {name!r} already exists")
 
 
-def validate_job(job: pb.Job, prefix: str, ctx: SubmitContext) -> Violations:
-    out: Violations = []
+def validate_job(
+    job: pb.Job, prefix: str, ctx: SubmitContext, valid_specs: set[bytes] | None = None
+) -> Violations:
+    """The job's violations. ``valid_specs``: specs (serialised) known valid under ``ctx``; a
+    spec among them is not checked again, and one found valid is added."""
     spec = job.spec
     # Pod names are `<job>-<index>` and must be labels too: leave room for the largest index.
     suffix = len(f"-{max(spec.replicas - 1, 0)}")
-    out += validate_label_name(
+    out = validate_label_name(
         job.metadata.name, f"{prefix}.metadata.name", max_length=MAX_LABEL_LENGTH - suffix
     )
-    s = f"{prefix}.spec"
+    if valid_specs is None:
+        return out + _validate_spec(spec, f"{prefix}.spec", ctx)
+    key = spec.SerializeToString(deterministic=True)
+    if key in valid_specs:
+        return out
+    found = _validate_spec(spec, f"{prefix}.spec", ctx)
+    if not found:
+        valid_specs.add(key)
+    return out + found
+
+
+def _validate_spec(spec: pb.JobSpec, s: str, ctx: SubmitContext) -> Violations:
+    out: Violations = []
     if spec.replicas < 1:
         out.append(violation(f"{s}.replicas", f"must be at least 1 (got {spec.replicas})"))
     elif spec.replicas > ctx.max_replicas:
