@@ -584,7 +584,8 @@ def pods_for(
     # One prototype copied per pod: a copy of one message is several times cheaper than setting
     # every field again (100,000 pods took seconds of the dispatcher's event loop).
     proto = pb.Pod()
-    proto.metadata.labels.update(spec.template.labels)
+    if spec.template.labels:  # update() is a Python loop even over an empty map
+        proto.metadata.labels.update(spec.template.labels)
     proto.metadata.owner = job.metadata.owner  # a tenant's pods are its own, as its job is
     ps = proto.spec
     ps.job = job.metadata.name
