@@ -199,10 +199,10 @@ class DispatcherService(Service[DispatcherConfig]):
         )
         # One creator of big jobs' pods, shared by Submit and the reconciler that resumes them.
         self.creator = PodCreator(self.store)
-        # One deleter of jobs with their pods (big ones in chunks), shared by Delete, the
-        # finished-job collector and the reconciler that resumes a deletion left midway.
         # One index of pods by node and job, for every controller and the API's job statuses.
         self.pods = PodIndex(self.informer)
+        # One deleter of jobs with their pods (big ones in chunks), shared by Delete, the
+        # finished-job collector and the reconciler that resumes a deletion left midway.
         self.deleter = JobDeleter(self.store, self._pods_of_job)
         self.api = servicer = DispatcherServicer(
             self.store,

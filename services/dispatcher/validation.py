@@ -209,7 +209,7 @@ def already_exists(prefix: str, name: str) -> api_pb2.FieldViolation:
 
 
 def validate_job(
-    job: pb.Job, prefix: str, ctx: SubmitContext, valid_specs: set[bytes] | None = None
+    job: pb.Job, prefix: str, ctx: SubmitContext, valid_specs: set[bytes]
 ) -> Violations:
     """The job's violations. ``valid_specs``: specs (serialised) known valid under ``ctx``; a
     spec among them is not checked again, and one found valid is added."""
@@ -219,8 +219,6 @@ def validate_job(
     out = validate_label_name(
         job.metadata.name, f"{prefix}.metadata.name", max_length=MAX_LABEL_LENGTH - suffix
     )
-    if valid_specs is None:
-        return out + _validate_spec(spec, f"{prefix}.spec", ctx)
     key = spec.SerializeToString(deterministic=True)
     if key in valid_specs:
         return out
