@@ -851,10 +851,13 @@ class Store:
         *,
         block_ms: int = 1000,
         count: int = 4096,
+        keep: Callable[[str, bytes], bool] | None = None,
     ) -> AsyncIterator[WatchBatch]:
         """Every change after ``from_revision``, in order, in batches; an empty batch after
         ``block_ms`` without changes. Raises ResourceVersionTooOldError when the feed no longer
-        holds the next revision (trimmed, or the store was reset): the caller must relist."""
+        holds the next revision (trimmed, or the store was reset): the caller must relist.
+        ``keep(kind, name)``, if given, picks the changes wanted by the object's name before
+        the object is decoded (a watch of one job's pods need not decode every pod)."""
         wanted = {kinds_mod.kind_named(k).name.encode() for k in kinds} if kinds else None
         decoders = {k.name.encode(): k for k in kinds_mod.KINDS.values()}
         last = from_revision
@@ -902,7 +905,7 @@ class Store:
                 if wanted is not None and kind_name not in wanted:
                     continue
                 kind = decoders.get(kind_name)
-                if kind is None:
+                if kind is None or (keep is not None and not keep(kind.name, name)):
                     continue
                 obj: Message | None = None
                 error: InvalidObjectError | None = None

@@ -13,6 +13,7 @@ import pytest
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.api import _of_job
 from services.dispatcher.creation import CHUNK_OPS
 from services.dispatcher.queueing import policy_for
 from services.dispatcher.validation import PODS_CREATED_ANNOTATION
@@ -782,10 +783,15 @@ async def test_a_one_pod_jobs_status_is_its_pods_in_get_list_and_watch(
     start = await store.revision()
     jobs = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job"], from_revision=start))
     both = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job", "Pod"], from_revision=start))
+    one = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job"], job="solo", from_revision=start))
+    await store.create_unit(f.job("other"), f.pods_of(f.job("other")))
     pod = await store.get(pb.Pod, "solo-0")
     pod.spec.node_name, pod.status.phase = "n1", pb.POD_BOUND
     await store.commit([Bind(pod)])
     bound_at = await store.revision()
+    other = await store.get(pb.Pod, "other-0")
+    other.spec.node_name, other.status.phase = "n1", pb.POD_BOUND
+    await store.commit([Bind(other)])
     pod.status.phase = pb.POD_RUNNING
     await store.update(pod)
     running_at = await store.revision()
@@ -793,35 +799,47 @@ async def test_a_one_pod_jobs_status_is_its_pods_in_get_list_and_watch(
     async def phases_read() -> bool:
         got = await dispatcher.api.Get(api_pb2.GetRequest(kind="Job", name="solo"))
         listed = await dispatcher.api.List(api_pb2.ListRequest(kind="Job"))
-        return got.job.status.phase == listed.items[0].job.status.phase == pb.JOB_RUNNING
+        solo = next(o.job for o in listed.items if o.job.metadata.name == "solo")
+        return got.job.status.phase == solo.status.phase == pb.JOB_RUNNING
 
     await eventually(phases_read, what="Get and List to show the job running")
     assert (await store.get(pb.Job, "solo")).status.phase == pb.JOB_PHASE_UNSPECIFIED  # stored
 
-    async def changes(stream: object, count: int) -> list[tuple[str, int, int]]:
-        seen: list[tuple[str, int, int]] = []
-        while len(seen) < count:
+    async def changes(stream: object, last: str) -> list[tuple[str, str, int, int, int]]:
+        """(kind, name, event type, revision, phase) of every change up to the pod's running
+        (``last``: the kind whose event at that revision comes last)."""
+        seen: list[tuple[str, str, int, int, int]] = []
+        while True:
             event = await asyncio.wait_for(stream.read(), 5)  # type: ignore[attr-defined]
             if event.type == api_pb2.WatchEvent.BOOKMARK:
                 continue
             kind = event.object.WhichOneof("kind")
             obj = getattr(event.object, kind)
-            assert event.type == api_pb2.WatchEvent.MODIFIED
-            seen.append((kind, event.revision, obj.status.phase))
-        return seen
+            seen.append((kind, obj.metadata.name, event.type, event.revision, obj.status.phase))
+            if event.revision >= running_at and kind == last:
+                return seen
 
-    assert await changes(jobs, 2) == [
-        ("job", bound_at, pb.JOB_SCHEDULED),
-        ("job", running_at, pb.JOB_RUNNING),
+    modified = api_pb2.WatchEvent.MODIFIED
+    solo_changes = [
+        ("job", "solo", modified, bound_at, pb.JOB_SCHEDULED),
+        ("job", "solo", modified, running_at, pb.JOB_RUNNING),
     ]
-    assert await changes(both, 4) == [
-        ("job", bound_at, pb.JOB_SCHEDULED),
-        ("pod", bound_at, pb.POD_BOUND),
-        ("job", running_at, pb.JOB_RUNNING),
-        ("pod", running_at, pb.POD_RUNNING),
+    seen = await changes(jobs, "job")
+    # The other job as created (pending, though its pod is bound by now), then its pod's bind.
+    assert [c for c in seen if c[1] == "other"] == [
+        ("job", "other", api_pb2.WatchEvent.ADDED, start + 1, pb.JOB_PENDING),
+        ("job", "other", modified, bound_at + 1, pb.JOB_SCHEDULED),
     ]
-    jobs.cancel()
-    both.cancel()
+    assert [c for c in seen if c[1] == "solo"] == solo_changes
+    assert await changes(one, "job") == solo_changes
+    assert [c for c in await changes(both, "pod") if c[1].startswith("solo")] == [
+        solo_changes[0],
+        ("pod", "solo-0", modified, bound_at, pb.POD_BOUND),
+        solo_changes[1],
+        ("pod", "solo-0", modified, running_at, pb.POD_RUNNING),
+    ]
+    for stream in (jobs, both, one):
+        stream.cancel()
 
     # From the start: the listing shows it as read too.
     listing = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job"], job="solo"))
@@ -831,6 +849,23 @@ async def test_a_one_pod_jobs_status_is_its_pods_in_get_list_and_watch(
         pb.JOB_RUNNING,
     )
     listing.cancel()
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "kept"),
+    [
+        ("Job", b"j", True),
+        ("Job", b"j2", False),
+        ("Pod", b"j-0", True),
+        ("Pod", b"j-0-r1", True),
+        ("Pod", b"jj-0", False),
+        ("Pod", b"j", False),
+    ],
+)
+def test_a_watch_of_one_job_decodes_only_what_may_be_its(
+    kind: str, name: bytes, kept: bool
+) -> None:
+    assert _of_job("j")(kind, name) is kept
 
 
 async def test_watch_from_a_future_revision_says_so(dispatcher: Running, store: Store) -> None:

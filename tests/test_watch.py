@@ -90,6 +90,22 @@ async def test_watch_filters_kinds_but_advances_past_them(store: Store) -> None:
     assert [(e.kind, e.revision) for e in events] == [("Queue", 2)]
 
 
+async def test_watch_keeps_changes_by_name_before_decoding_them(store: Store) -> None:
+    """``keep`` picks changes by kind and name alone: a change it leaves out is not decoded (an
+    undecodable one raises nothing), and the watch still advances past it."""
+    await store.create(node("a-1"))
+    await store._redis.xadd(
+        store.keys.feed, {"t": "A", "k": "Node", "n": "b-1", "d": b"\xff\xff"}, id="2-0"
+    )
+    await store._redis.execute_command("INCRBY", store.keys.revision, 1)
+    await store.create(node("a-2"))
+    await store.create(node("b-2"))
+    events = await collect(store, 0, 4, keep=lambda kind, name: name.startswith(b"a-"))
+    assert [(e.name, e.revision, e.error) for e in events] == [("a-1", 1, None), ("a-2", 3, None)]
+    unfiltered = await collect(store, 0, 4)
+    assert [e.name for e in unfiltered if e.error is not None] == ["b-1"]
+
+
 async def test_resume_after_disconnect_has_no_gap_and_no_duplicate(store: Store) -> None:
     for i in range(50):
         await store.create(node(f"n{i}"))

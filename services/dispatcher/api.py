@@ -24,7 +24,7 @@ from services.binder.client import EvictError
 from services.binder.state import holds_claim
 from services.dispatcher import listing
 from services.dispatcher import validation as v
-from services.dispatcher.controllers import PodIndex, derives_status
+from services.dispatcher.controllers import PodIndex, as_read, derives_status
 from services.dispatcher.creation import PodCreator, first_commit
 from services.dispatcher.deletion import JobDeleter
 from services.dispatcher.dispatch import UnitDispatcher
@@ -774,7 +774,9 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                             )
                 revision = snapshot.revision
                 yield api_pb2.WatchEvent(type=api_pb2.WatchEvent.BOOKMARK, revision=revision)
-            async for batch in self.store.watch(revision, feed_kinds):
+            async for batch in self.store.watch(
+                revision, feed_kinds, keep=_of_job(request.job) if request.job else None
+            ):
                 sent = False
                 for event in batch.events:
                     if event.obj is None:
@@ -791,7 +793,9 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
                             )
                         if not pods_wanted:
                             continue
-                    elif isinstance(obj, pb.Job) and event.type != "DELETED":
+                    elif isinstance(obj, pb.Job) and event.type == "ADDED":
+                        obj = as_read(obj, ())  # created with its pods: nothing of it placed
+                    elif isinstance(obj, pb.Job) and event.type == "MODIFIED":
                         obj = self.pods.job_as_read(obj)
                     if not matches(event.kind, obj):
                         continue
@@ -865,6 +869,18 @@ def _watch_filter(
         return kind == "Pod" and bool(obj.spec.job == job)  # type: ignore[attr-defined]
 
     return matches
+
+
+def _of_job(job: str) -> Callable[[str, bytes], bool]:
+    """Whether a change of the feed may be of ``job`` or its pods, by the object's name alone
+    (pods are ``<job>-<index>``, replacements ``<job>-<index>-r<n>``), so a watch of one job
+    decodes only those: ``_watch_filter`` then decides on the object itself."""
+    name, pods = job.encode(), f"{job}-".encode()
+
+    def named(kind: str, obj_name: bytes) -> bool:
+        return obj_name == name if kind == "Job" else obj_name.startswith(pods)
+
+    return named
 
 
 class _Aborted(Exception):
