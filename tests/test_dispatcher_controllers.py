@@ -771,6 +771,32 @@ async def test_a_one_pod_job_goes_its_ttl_after_its_pod_finished(
     assert await names(store, pb.Pod) == {"busy-0"}
 
 
+@pytest.mark.parametrize(
+    "kinds", [["Job", "Pod"], ["Pod", "Job"]], ids=["jobs first", "pods first"]
+)
+async def test_a_one_pod_job_finished_before_a_restart_still_goes(
+    store: Store, kinds: list[str]
+) -> None:
+    """A dispatcher started after a one-pod job finished learns it from its listing, whichever
+    kind the listing hands over first."""
+    await store.create(f.node("n1"))
+    job = f.job("done", replicas=1)
+    pods = f.pods_of(job)
+    await store.create_unit(job, pods)
+    await bind(store, pods, "n1", await binder_fence(store))
+    pods[0].status.phase, pods[0].status.finished_ms = pb.POD_SUCCEEDED, 10_000
+    await store.commit([Release(pods[0])])
+    fresh = Informer(store, kinds, block_ms=100)
+    collector = FinishedJobCollector(store, fresh, PodIndex(fresh), default_ttl_seconds=60)
+    fresh.start()
+    try:
+        await fresh.wait_synced(10)
+        await collector.tick(now_ms=70_000)
+    finally:
+        await fresh.stop()
+    assert await names(store, pb.Job) == set()
+
+
 async def names(store: Store, kind: type[pb.Job] | type[pb.Pod]) -> set[str]:
     return {o.metadata.name for o in (await store.list_all(kind))[0]}
 
