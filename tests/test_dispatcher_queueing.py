@@ -194,3 +194,24 @@ CYCLE_CASES: list[tuple[str, dict[str, str], set[str]]] = [
 )
 def test_queue_cycles(parents: dict[str, str], expected: set[str]) -> None:
     assert set(queue_cycles(parents)) == expected
+
+
+Q = Quantities
+
+
+@pytest.mark.parametrize(
+    ("ask", "room", "fits"),
+    [
+        (Q(100, 10, 0, 1), Q(100, 10, 0, 1), True),  # exactly
+        (Q(101, 10, 0, 1), Q(100, 10, 0, 1), False),  # cpu over
+        (Q(100, 11, 0, 1), Q(100, 10, 0, 1), False),  # memory over
+        (Q(0, 0, 1, 0), Q(100, 10, 0, 1), False),  # a gpu where there is none
+        (Q(100, 10, 0, 2), Q(100, 10, 0, 1), False),  # pod slots over
+        (Q(100, 0, 0, 0), Q(100, -5, -1, -1), True),  # what is not asked is not judged
+        (Q(100, extended={"x": 1}), Q(100, extended={"x": 1}), True),
+        (Q(100, extended={"x": 2}), Q(100, extended={"x": 1}), False),
+        (Q(100), Q(100, extended={"x": 1}), True),  # room of a kind not asked for
+    ],
+)
+def test_fits_in(ask: Quantities, room: Quantities, fits: bool) -> None:
+    assert ask.fits_in(room) is fits

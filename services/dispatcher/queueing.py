@@ -98,6 +98,13 @@ class Quantities:
 
     def fits_in(self, room: Quantities) -> bool:
         """Whether every resource of this amount is within ``room``."""
+        if not self.extended:  # the common case, compared directly (a few times per unit)
+            return (
+                (self.cpu <= 0 or self.cpu <= room.cpu)
+                and (self.mem <= 0 or self.mem <= room.mem)
+                and (self.gpus <= 0 or self.gpus <= room.gpus)
+                and (self.pods <= 0 or self.pods <= room.pods)
+            )
         have = dict(room.items())
         return all(amount <= have.get(name, 0) for name, amount in self.items() if amount > 0)
 

@@ -290,18 +290,22 @@ class UnitQueue:
         cached = entry.view
         if cached is not None and cached[0] is job and cached[1].pods == len(entry.pods):
             return cached[1]
+        spec, count = job.spec, len(entry.pods)
+        requests = Quantities.of_pod_request(spec.template.requests, count)
+        least = min(max(1, spec.min_member), count)
         unit = PendingUnit(
             entry.job,
             entry.queue,
-            job.spec.priority,
+            spec.priority,
             job.metadata.creation_timestamp_ms,
             entry.seq,
-            len(entry.pods),
-            Quantities.of_pod_request(job.spec.template.requests, len(entry.pods)),
-            pool_of(job.spec.qos),
-            Quantities.of_pod_request(
-                job.spec.template.requests, min(max(1, job.spec.min_member), len(entry.pods))
-            ),
+            count,
+            requests,
+            pool_of(spec.qos),
+            # Never mutated: one instance serves both when the unit's min is all of it.
+            requests
+            if least == count
+            else Quantities.of_pod_request(spec.template.requests, least),
         )
         entry.view = (job, unit)
         return unit
@@ -460,7 +464,8 @@ class UnitQueue:
     def quota_excess(self, queue: str, request: Quantities) -> str:
         """The resource a unit of ``request`` would take past the queue's max, or past the max
         of a parent queue (counting every queue below that parent); "" if it fits."""
-        blocked = quota_excess(self.quota(queue), self.used(queue), request)
+        quota = self.quota(queue)
+        blocked = quota_excess(quota, self.used(queue), request) if quota is not None else ""
         if blocked:
             return blocked
         for parent in self.ancestors(queue):
