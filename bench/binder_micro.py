@@ -3,9 +3,12 @@ on loopback gRPC) and one shard's Decide stream sending every batch at once, so 
 always has the next batch queued (what pipelining it can overlap with a commit in flight):
 
     PYTHONPATH=. python -m bench.binder_micro [--nodes 2000] [--batches 40] [--batch 250]
+        [--unit-size N]
 
-Each batch is one unit of ``--batch`` one-pod placements spread over the nodes (no topology
-rules: the per-node checks, the reads and the commit). Prints pods/s from the first batch sent
+Each batch is one unit of ``--batch`` placements spread over the nodes (no topology rules: the
+per-node checks, the reads and the commit); with ``--unit-size``, units (jobs) of that many pods
+each, so ``--unit-size 1`` is a batch of one-pod jobs, what the Binder gets from one-pod
+traffic. Prints pods/s from the first batch sent
 to the last verdict read, and this process's CPU seconds (the Binder and the driver; the store
 server's work runs in its own process, which is what overlaps).
 """
@@ -26,6 +29,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.binder.service import BinderConfig, BinderService
 from services.runtime import ServiceHost
 from store import Store
+from store.client import Create
 from store.server import StoreServer
 
 
@@ -56,19 +60,21 @@ def _job(name: str, replicas: int) -> tuple[pb.Job, list[pb.Pod]]:
 async def run(args: argparse.Namespace, url: str) -> None:
     store = await Store.connect(url, cluster="binder-micro")
     await store.create_many([_node(i) for i in range(args.nodes)])
-    units = []
+    batches: list[list[ipb.UnitDecision]] = []
+    size = args.unit_size or args.batch
     for k in range(args.batches):
-        job, pods = _job(f"j{k}", args.batch)
-        await store.create_unit(job, pods)
-        stored = await store.get_many(pb.Pod, [p.metadata.name for p in pods])
-        u = ipb.UnitDecision(job=job.metadata.name, min_member=1)
-        for i, p in enumerate(stored):
-            assert p is not None
-            node = f"node-{(k * args.batch + i) % args.nodes:05d}"
-            u.placements.add(
-                pod=p.metadata.name, node=node, pod_resource_version=p.metadata.resource_version
-            )
-        units.append(u)
+        made = [_job(f"j{k}-{u}", size) for u in range(args.batch // size)]
+        await store.commit_many([[Create(job), *(Create(p) for p in pods)] for job, pods in made])
+        batch = []
+        for u, (job, pods) in enumerate(made):
+            decision = ipb.UnitDecision(job=job.metadata.name, min_member=1)
+            for i, p in enumerate(pods):
+                node = f"node-{(k * args.batch + u * size + i) % args.nodes:05d}"
+                decision.placements.add(
+                    pod=p.metadata.name, node=node, pod_resource_version=p.metadata.resource_version
+                )
+            batch.append(decision)
+        batches.append(batch)
     cfg = BinderConfig(store_url=url, cluster="binder-micro", name="b1", insecure=True)
     async with ServiceHost(BinderService, cfg) as host:
         while not (isinstance(host.service, BinderService) and host.service.is_leader):  # noqa: ASYNC110
@@ -76,16 +82,16 @@ async def run(args: argparse.Namespace, url: str) -> None:
         async with grpc.aio.insecure_channel(host.address) as channel:
             call = internal_pb2_grpc.BinderStub(channel).Decide()  # type: ignore[no-untyped-call]
             start, cpu = time.perf_counter(), time.process_time()
-            for k, u in enumerate(units):
-                await call.write(ipb.DecisionBatch(shard="s", batch_id=k + 1, units=[u]))
+            for k, batch in enumerate(batches):
+                await call.write(ipb.DecisionBatch(shard="s", batch_id=k + 1, units=batch))
             bound = 0
-            for _ in units:
+            for _ in batches:
                 answer: ipb.VerdictBatch = await call.read()
                 bound += sum(v.code == ipb.BOUND for v in answer.verdicts)
             elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
             await call.done_writing()
     await store.close()
-    total = args.batches * args.batch
+    total = args.batches * (args.batch // size) * size
     print(
         f"binder: {bound}/{total} pods bound in {elapsed:.2f} s = {bound / elapsed:,.0f} pods/s "
         f"(this process: CPU {cpu:.2f} s = {bound / cpu:,.0f} pods/CPU-s)"
@@ -97,6 +103,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--batch", type=int, default=250)
+    ap.add_argument("--unit-size", type=int, default=0, help="pods per unit (0: the batch)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = StoreServer.start(Path(tmp), fsync="everysec")
