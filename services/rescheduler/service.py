@@ -45,7 +45,9 @@ from store.informer import Informer
 
 log = structlog.get_logger(__name__)
 
-KINDS = ("Node", "Pod", "Job", "DisruptionBudget")
+# Jobs are not watched: a round reads them from the store (below). A watch would decode every
+# job's creation (and status change) between rounds, one per pod when every pod is its own job.
+KINDS = ("Node", "Pod", "DisruptionBudget")
 DEFAULT_POLICIES = "default_policies.yaml"
 
 
@@ -186,7 +188,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
         cached = inf.cache["Pod"]
         copied = cached.copy() if isinstance(cached, EncodedObjects) else dict(cached)
         pods: Iterable[pb.Pod] = copied.values()  # type: ignore[assignment]
-        jobs: list[pb.Job] = inf.list("Job")  # type: ignore[assignment]
+        jobs, _ = await self.store.list_all(pb.Job)  # at least as new as the pods above
         budgets: list[pb.DisruptionBudget] = inf.list("DisruptionBudget")  # type: ignore[assignment]
         # The informer replaces objects on change and never mutates them, so the lists (and the
         # copy of the pods) can be read off the event loop.
