@@ -8,9 +8,9 @@ always has the next batch queued (what pipelining it can overlap with a commit i
 Each batch is one unit of ``--batch`` placements spread over the nodes (no topology rules: the
 per-node checks, the reads and the commit); with ``--unit-size``, units (jobs) of that many pods
 each, so ``--unit-size 1`` is a batch of one-pod jobs, what the Binder gets from one-pod
-traffic. Prints pods/s from the first batch sent
-to the last verdict read, and this process's CPU seconds (the Binder and the driver; the store
-server's work runs in its own process, which is what overlaps).
+traffic. Prints pods/s from the first batch sent to the last verdict read, and this process's
+CPU seconds (the Binder and the driver; the store server's work runs in its own process, which
+is what overlaps).
 """
 
 from __future__ import annotations
