@@ -383,6 +383,30 @@ def test_snapshot_copies_only_changed_nodes() -> None:
     assert snap.update(cache) == 0
 
 
+def test_cache_expires_each_confirmed_placement_at_its_own_deadline() -> None:
+    """expire() looks at the placements only once the earliest deadline has passed, and then
+    drops exactly the expired ones; the later ones keep counting until theirs."""
+    cache = SchedulerCache()
+    cache.set_node(node("n1", cpu=4000))
+    for name in ("a", "b", "c"):
+        assert cache.assume(PodRequest(name, "g", 500, 0, 0), "n1")
+    assert cache.expire(now=1e12) == 0  # nothing confirmed: nothing expires, however late
+    cache.confirm("a", ttl_seconds=10)
+    cache.confirm("b", ttl_seconds=100)
+    soon = cache.assumed["a"].expires
+    assert soon is not None
+    assert cache.expire(now=soon - 1) == 0
+    assert cache.expire(now=soon) == 1 and set(cache.assumed) == {"b", "c"}
+    assert cache.nodes["n1"].requested["g"][0] == 1000
+    late = cache.assumed["b"].expires
+    assert late is not None
+    assert cache.expire(now=late - 1) == 0 and set(cache.assumed) == {"b", "c"}
+    assert cache.expire(now=late) == 1 and set(cache.assumed) == {"c"}
+    cache.confirm("c", ttl_seconds=0)
+    assert cache.expire() == 1 and not cache.assumed
+    assert cache.nodes["n1"].requested["g"][0] == 0
+
+
 def test_cache_assume_confirm_forget() -> None:
     cache, snap = cluster(3)
     req = PodRequest("p", "g", 1000, 0, 0)

@@ -417,7 +417,7 @@ class BatchPlan:
         evictions = EvictionOps(self.state.jobs.get, self.state.pods_of_job)
         ops: list[Op] = []
         targets: list[tuple[str, str]] = []
-        jobs: list[str] = []
+        jobs: dict[str, None] = {}  # in order; a batch of one-pod jobs names thousands
         for name, cand in self.candidates.items():
             node = cand.placement.node
             for victim in self.claims.evict.get(name, ()):
@@ -434,8 +434,7 @@ class BatchPlan:
                 Bind(bound_pod(cand.pod, cand.placement, self.batch.shard, now, cand.numa_nodes))
             )
             targets.append(("Pod", cand.pod.metadata.name))
-            if cand.job not in jobs:
-                jobs.append(cand.job)
+            jobs[cand.job] = None
         for job_name in jobs:
             job = self.jobs.get(job_name)
             # Only a gang needs the mark (its later pods may then bind one by one); a job of

@@ -595,8 +595,13 @@ def pods_for(
     ps.queue = spec.queue
     ps.template.CopyFrom(spec.template)
     proto.status.phase = pb.POD_PENDING
+    indexes = range(start, spec.replicas if stop is None else min(stop, spec.replicas))
+    if len(indexes) == 1:  # a one-pod job (most jobs of online traffic): the prototype is it
+        proto.metadata.name = f"{job.metadata.name}-{indexes[0]}"
+        proto.spec.index = indexes[0]
+        return [proto]
     pods = []
-    for i in range(start, spec.replicas if stop is None else min(stop, spec.replicas)):
+    for i in indexes:
         pod = pb.Pod()
         pod.CopyFrom(proto)
         pod.metadata.name = f"{job.metadata.name}-{i}"

@@ -15,6 +15,7 @@ only the NodeInfos this cache marked ``dirty``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ class SchedulerCache:
         self.claimed: dict[str, str] = {}  # victim -> the assumed preemptor that claimed it
         self.dirty: set[str] = set()
         self.node_set_version = 0
+        # The earliest deadline a confirmed placement may have (none sooner): each cycle asks
+        # to expire, and thousands of placements are assumed at once with one-pod jobs.
+        self._next_expiry = math.inf
 
     # -- informer handlers -------------------------------------------------------------------
 
@@ -197,10 +201,16 @@ class SchedulerCache:
         assumed = self.assumed.get(pod)
         if assumed is not None and assumed.expires is None:
             assumed.expires = time.monotonic() + ttl_seconds
+            self._next_expiry = min(self._next_expiry, assumed.expires)
 
     def expire(self, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
+        if now < self._next_expiry:
+            return 0
         stale = [n for n, a in self.assumed.items() if a.expires is not None and a.expires <= now]
         for name in stale:
             self.forget(name)
+        self._next_expiry = min(
+            (a.expires for a in self.assumed.values() if a.expires is not None), default=math.inf
+        )
         return len(stale)

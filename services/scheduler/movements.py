@@ -117,7 +117,9 @@ class MovementTracker:
     # -- scheduling --------------------------------------------------------------------------
 
     def _live_for(self, job: str, now_ms: int) -> list[pb.Movement]:
-        names = self._by_job.get(job, ())
+        names = self._by_job.get(job)
+        if not names:
+            return []
         found = [self.movements[n] for n in sorted(names) if n in self.movements]
         return [m for m in found if shared.live(m, now_ms)]
 
@@ -126,9 +128,11 @@ class MovementTracker:
         repeated once per replacement it should still take; oldest Movement first. ``placing``:
         the pods about to be placed; an earlier proposal of theirs is void (the Binder refused
         it, or they would not be placed again) and no longer holds its recommendation."""
+        if job not in self._by_job:
+            return []  # every unit of every job asks: the common answer costs a lookup
         movements = self._live_for(job, _now_ms())
         if not movements:
-            return []  # every unit of every job asks: the common answer costs a lookup
+            return []
         now = time.monotonic()
         again = set(placing)
         self._proposals = {
@@ -164,12 +168,16 @@ class MovementTracker:
 
     def movement_of(self, job: str) -> str:
         """A live Movement listing ``job`` (its replacements are recorded against it), or ""."""
+        if job not in self._by_job:
+            return ""
         movements = self._live_for(job, _now_ms())
         return movements[0].metadata.name if movements else ""
 
     def waiting_for(self, job: str) -> str:
         """Why ``job``'s replacements should wait (a recommended node still holds the
         Movement's own evicted pod, and the Movement is young), or "" to go ahead."""
+        if job not in self._by_job:
+            return ""  # asked of every unit: a job no Movement lists costs one lookup
         now_ms = _now_ms()
         for movement in self._live_for(job, now_ms):
             if now_ms - movement.metadata.creation_timestamp_ms >= self.max_wait_ms:

@@ -57,6 +57,9 @@ SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 SIDE_TASKS_GRACE_SECONDS = 1.0
 # How long a unit search runs before letting the event loop serve streams and heartbeats.
 YIELD_SECONDS = 0.02
+# A unit of up to this many pod refs is read without looking at the clock (well under a
+# millisecond); larger ones yield every YIELD_SECONDS while read.
+_READ_AT_ONCE = 1000
 # Pods per round trip when recording why pods were handed back: the store's bound on one script
 # (store.client.MAX_OPS_PER_CALL), so a huge unit's pods go as many short calls with the event
 # loop free in between.
@@ -181,10 +184,15 @@ class _DispatchStream:
         self.credit = 0
         self.closed = False
         self._wake = asyncio.Event()
+        # The UnitOutcomes message at the tail of ``out`` that outcomes still join, and how
+        # many it holds (kept here: asking the message costs more than the outcome itself).
+        self._joining: ipb.UnitOutcomes | None = None
+        self._joined = 0
 
     def send(self, msg: ipb.ShardMessage) -> None:
         if not self.closed:
             self.out.append(msg)
+            self._joining = None
             self._wake.set()
 
     def outcome(
@@ -196,15 +204,12 @@ class _DispatchStream:
         what this stream cost on both ends."""
         if self.closed:
             return
-        tail = self.out[-1] if self.out else None
-        if (
-            tail is None
-            or not tail.HasField("outcomes")
-            or len(tail.outcomes.outcomes) >= MAX_OUTCOMES_PER_MESSAGE
-        ):
+        if self._joining is None or self._joined >= MAX_OUTCOMES_PER_MESSAGE:
             tail = ipb.ShardMessage(outcomes=ipb.UnitOutcomes())
             self.out.append(tail)
-        tail.outcomes.outcomes.add(job=job, code=code, pods=pods, reason=reason)
+            self._joining, self._joined = tail.outcomes, 0
+        self._joining.outcomes.add(job=job, code=code, pods=pods, reason=reason)
+        self._joined += 1
         self._wake.set()
 
     def give(self, pods: int) -> None:
@@ -219,6 +224,8 @@ class _DispatchStream:
     async def next(self) -> ipb.ShardMessage | None:
         while True:
             if self.out:
+                if len(self.out) == 1:
+                    self._joining = None  # on its way: later outcomes start a new message
                 return self.out.popleft()
             if self.credit:
                 credit, self.credit = self.credit, 0
@@ -469,15 +476,19 @@ class SchedulerService(Service[SchedulerConfig]):
                 # Already held (a re-dispatch): the dispatcher spent credits; give them back.
                 stream.give(len(u.pods))
                 continue
-            pending: dict[str, int] = {}
-            until = time.monotonic() + YIELD_SECONDS
-            for p in u.pods:
-                pending[p.name] = p.resource_version
-                if time.monotonic() >= until:
-                    # 100,000 pod refs take seconds to read on a busy machine: heartbeats run
-                    # between (a stream that closes meanwhile cancels this read).
-                    await asyncio.sleep(0)
-                    until = time.monotonic() + YIELD_SECONDS
+            refs = u.pods
+            if len(refs) <= _READ_AT_ONCE:
+                pending = {p.name: p.resource_version for p in refs}
+            else:
+                pending = {}
+                until = time.monotonic() + YIELD_SECONDS
+                for p in refs:
+                    pending[p.name] = p.resource_version
+                    if time.monotonic() >= until:
+                        # 100,000 pod refs take seconds to read on a busy machine: heartbeats
+                        # run between (a stream that closes meanwhile cancels this read).
+                        await asyncio.sleep(0)
+                        until = time.monotonic() + YIELD_SECONDS
             self._seq += 1
             unit = _Unit(
                 job=u.job,
@@ -627,6 +638,7 @@ class SchedulerService(Service[SchedulerConfig]):
             if time.monotonic() >= deadline:
                 break
         if units:
+            metrics.SCHEDULER_PODS_SCHEDULED.inc(pods)  # once a cycle: one-pod units are many
             self._send(batch, units)
 
     async def _attempt(self, unit: _Unit, batch: ipb.DecisionBatch) -> ipb.UnitDecision | None:
@@ -720,7 +732,6 @@ class SchedulerService(Service[SchedulerConfig]):
         unit.handed_back.update(result.unplaced)
         unit.diagnoses.update(result.diagnoses)
         self.stats["decided_pods"] += len(placements)
-        metrics.SCHEDULER_PODS_SCHEDULED.inc(len(placements))
         self._nominate(unit, placements)
         return decision
 
