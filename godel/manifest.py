@@ -5,7 +5,7 @@
     metadata: {name: train, labels: {team: ml}}
     spec:
       replicas: 8
-      minMember: 8                  # snake_case or camelCase field names
+      minMember: 8                  # snake_case or camelCase names; default: replicas (a gang)
       qos: best-effort              # enum values in any case, with or without their prefix
       preemptionPolicy: Never       # or PreemptLowerPriority (the default)
       protectionSeconds: 600        # not a preemption victim until 10 minutes after it started
@@ -284,12 +284,20 @@ def parse_document(doc: Any, source: str) -> Manifest:
         raise ManifestError(exc.reason, exc.field, source) from None
     except json_format.ParseError as exc:
         raise ManifestError(str(exc), source=source) from None
+    if kind == "Job" and not _has_key(body.get("spec"), "minMember", "min_member"):
+        # Unsaid, a job's pods go together (a gang of all of them), as the SDK's job() makes
+        # it: the API cannot tell an unset min_member from 0, a manifest can.
+        obj.spec.min_member = obj.spec.replicas  # type: ignore[attr-defined]
     if kind != "Node":
         # What `godel get -o yaml` printed of the system's status is checked (a misspelt field
         # is still an error) and dropped, as kubectl apply ignores it: only a node's capacities
         # are declared in its status.
         obj.ClearField("status")
     return Manifest(kind, obj, source)
+
+
+def _has_key(section: Any, *names: str) -> bool:
+    return isinstance(section, dict) and any(name in section for name in names)
 
 
 def _documents(docs: list[Any], source: str) -> Iterable[tuple[Any, str]]:

@@ -64,6 +64,22 @@ def test_job_manifest_round_trip() -> None:
     assert again == job
 
 
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("{replicas: 3}", 3),  # unsaid: a gang of all of them, as the SDK's job() makes it
+        ("{replicas: 3, minMember: 1}", 1),
+        ("{replicas: 3, min_member: 2}", 2),
+        ("{replicas: 3, minMember: 0}", 0),  # said: kept, and refused by the server as 0
+    ],
+)
+def test_job_min_member_defaults_to_replicas(spec: str, expected: int) -> None:
+    text = f"apiVersion: godel/v1\nkind: Job\nmetadata: {{name: j}}\nspec: {spec}\n"
+    [m] = load(text, "j.yaml")
+    assert isinstance(m.obj, pb.Job)
+    assert m.obj.spec.min_member == expected
+
+
 TOPOLOGY_JOB = """
 apiVersion: godel/v1
 kind: Job
