@@ -16,6 +16,7 @@ from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime import ServiceHost
+from services.scheduler import service as scheduler_service
 from services.scheduler.service import SchedulerConfig, SchedulerService
 from store import Store
 from store.errors import ConflictError, NotFoundError
@@ -254,6 +255,38 @@ async def test_outcomes_of_units_answered_in_one_verdict_batch_share_a_message(
     # Every verdict batch answered at most one outcome message (a cycle may split the 20 units
     # over several decision batches on a slow machine; never one message per unit each).
     assert 1 <= d.outcome_messages <= len(binder.batches)
+
+
+async def test_dispatch_stream_joins_outcomes_in_order_and_never_into_a_sent_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outcomes join the waiting outcomes message at the tail; a nomination between them, a
+    full message (``MAX_OUTCOMES_PER_MESSAGE``) or the tail's being taken for sending starts a
+    new one, so order holds and a message once taken never changes."""
+    monkeypatch.setattr(scheduler_service, "MAX_OUTCOMES_PER_MESSAGE", 3)
+    stream = scheduler_service._DispatchStream()
+
+    def done(job: str) -> None:
+        stream.outcome(job, ipb.UNIT_DONE, [f"{job}-0"])
+
+    def jobs(msg: ipb.ShardMessage | None) -> list[str]:
+        assert msg is not None
+        if msg.HasField("nominations"):
+            return [f"nominations:{msg.nominations.job}"]
+        return [o.job for o in msg.outcomes.outcomes]
+
+    for job_name in ("a", "b", "c", "d"):
+        done(job_name)
+    stream.send(ipb.ShardMessage(nominations=ipb.Nominations(job="e")))
+    done("e")
+    taken = [await stream.next() for _ in range(3)]
+    assert [jobs(m) for m in taken] == [["a", "b", "c"], ["d"], ["nominations:e"]]
+    done("f")  # joins "e", still waiting
+    last = await stream.next()
+    assert jobs(last) == ["e", "f"]
+    done("g")  # "e, f" is taken: a new message
+    assert jobs(last) == ["e", "f"]
+    assert jobs(await stream.next()) == ["g"]
 
 
 async def test_revoke_and_binder_reconnect(
