@@ -3,6 +3,7 @@ synchronous, table-driven, no store, no gRPC, no event loop."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import pytest
@@ -297,6 +298,43 @@ def test_statuses_count_pending_and_bound() -> None:
     assert (got["q"].pending_units, got["q"].pending_pods) == (2, 4)
     assert (got["q"].used.milli_cpu, got["q"].used.pods) == (200, 1)
     assert (got["other"].pending_units, got["other"].HasField("used")) == (1, False)
+
+
+def test_status_counts_kept_as_pods_come_and_go_match_a_count_of_the_units() -> None:
+    """The pending counts per queue are kept as pods are added, bound, removed and units
+    dropped or forgotten; after every step they equal a count over the units themselves."""
+    rng = random.Random(15)
+    w = World()
+    pods: dict[str, list[pb.Pod]] = {}
+    for i in range(8):
+        pods[f"j{i}"] = w.submit(f"j{i}", queue=("a", "b")[i % 2], replicas=1 + i % 3)
+
+    def counted() -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for entry in w.uq.units.values():
+            if entry.pods:
+                units, n = out.get(entry.queue, (0, 0))
+                out[entry.queue] = (units + 1, n + len(entry.pods))
+        return out
+
+    for _ in range(400):
+        job = rng.choice(sorted(pods))
+        pod = rng.choice(pods[job])
+        step = rng.randrange(5)
+        if step == 0:
+            w.uq.remove_pod(pod)
+        elif step == 1:
+            w.uq.add_pod(pod, now_ms=0)
+        elif step == 2:
+            w.uq.remove_pod(pod)
+            w.uq.add_pod(bound(pod), now_ms=0)
+        elif step == 3:
+            w.uq.drop_if_empty(job)
+        else:
+            w.uq.forget(job)
+        got = {q: (s.pending_units, s.pending_pods) for q, s in w.uq.statuses().items()}
+        assert {q: c for q, c in got.items() if c != (0, 0)} == counted()
+        assert w.uq.pending_pods() == {q: n for q, (_, n) in counted().items()}
 
 
 def test_unknown_job_is_held_not_sent() -> None:

@@ -649,9 +649,9 @@ class JobStatusController:
             # update that completes it brings it back here.
             if (
                 isinstance(job, pb.Job)
+                and not derives_status(job)  # most jobs, with one-pod jobs: asked first
                 and pods_complete(job)
                 and not being_deleted(job)
-                and not derives_status(job)
             ):
                 jobs.append(job)
         try:

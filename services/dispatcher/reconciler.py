@@ -188,8 +188,8 @@ class Reconciler:
         pods = self.job_status.pods
         stuck = []
         if not self._to_check:  # a new round over every job
-            names = [j.metadata.name for j in self.informer.list("Job")]  # type: ignore[attr-defined]
-            self._to_check = names[::-1]
+            names = self.informer.names("Job")
+            self._to_check = list(reversed(names))
             known = set(names)
             self._suspect = {n: v for n, v in self._suspect.items() if n in known}
         for _ in range(min(self.jobs_per_pass, len(self._to_check))):
@@ -197,10 +197,10 @@ class Reconciler:
             job = self.informer.get("Job", name)
             if (
                 not isinstance(job, pb.Job)
+                or derives_status(job)  # nothing stored to disagree: derived when read
                 or name in self.job_status.changed_jobs
                 or name in self.job_status.writing
                 or not pods_complete(job)  # still being created: the controller skips it too
-                or derives_status(job)  # nothing stored to disagree: derived when read
             ):
                 self._suspect.pop(name, None)  # gone, or the controller writes it next tick
                 continue
