@@ -10,6 +10,7 @@ import pytest
 
 from placement.nodeinfo import GUARANTEED
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher import unitqueue
 from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
 from services.dispatcher.unitqueue import (
     MAX_HELD_PER_ROUND,
@@ -535,6 +536,49 @@ def test_freed_room_wakes_the_smallest_share_queues_backed_off_units() -> None:
     w.uq.remove_pod(bound(running))  # a pod of b finished: its room is free
     # b, the smaller share, retries at once (before its backoff ends) and takes the room first.
     assert w.take(now=0.5)[0] == "b1"
+
+
+def test_freed_room_wakes_backed_off_units_in_arrival_order_each_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Freed room wakes the smaller-share queue's first backed-off units in arrival order, at
+    most MAX_HELD_PER_ROUND of them; units that left backoff meanwhile are skipped, a unit
+    that backed off twice is woken once, and the other queue's units stay as they are."""
+    monkeypatch.setattr(unitqueue, "MAX_HELD_PER_ROUND", 2)
+    w = fair_world("drf", a={"bound": 6000}, b={"bound": 3000})
+    for i, (job, queue) in enumerate(
+        [("a1", "a"), ("b1", "b"), ("b2", "b"), ("b3", "b"), ("b4", "b")]
+    ):
+        w.submit(job, queue=queue, cpu=1000, created=i + 1)
+        w.uq.back_off(w.uq.units[job], now=0.0)
+    w.uq.enqueue(w.uq.units["b2"])  # its backoff ended: queued already
+    w.uq.enqueue(w.uq.units["b3"])  # tried again, and backed off again
+    w.uq.back_off(w.uq.units["b3"], now=0.0)
+
+    def backing_off() -> list[str]:
+        return sorted(j for j, e in w.uq.units.items() if e.state == UnitState.BACKOFF)
+
+    w.uq._wake_for_freed_room()
+    assert backing_off() == ["a1", "b4"]  # b1 and b3 woke; b2 was not backing off
+    w.uq._wake_for_freed_room()
+    assert backing_off() == ["a1"]  # then b4
+    w.uq._wake_for_freed_room()
+    assert backing_off() == []  # b has none left: a's turn
+
+
+def test_units_backing_off_again_and_again_keep_the_wake_heap_bounded() -> None:
+    """Every backoff pushes an item; items of units that left backoff by their timer are
+    never popped by a wake, so the heap is rebuilt once it outgrows its queue."""
+    w = World()
+    for i in range(3):
+        w.submit(f"u{i}", queue="q")
+    for _ in range(1000):
+        for entry in w.uq.units.values():
+            w.uq.enqueue(entry)
+            w.uq.back_off(entry, now=0.0)
+    assert len(w.uq._backed_off["q"]) <= 2 * 3 + 64
+    w.uq._wake_for_freed_room()
+    assert all(e.state == UnitState.QUEUED for e in w.uq.units.values())
 
 
 # ---------------------------------------------------------------------------------------------
