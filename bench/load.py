@@ -29,7 +29,9 @@ MAX_PODS_PER_REQUEST = 1000
 
 def build_jobs(prefix: str, phase: PodPhase, nodes: Sequence[str] = ()) -> list[pb.Job]:
     """The jobs of a pod phase: ``<prefix>-<i>``, ``job_size`` pods each (the last one smaller
-    if count is not a multiple), gang jobs spread evenly by ``gang_percent``."""
+    if count is not a multiple), gang jobs spread evenly by ``gang_percent``, round-robin over
+    the phase's queues."""
+    queues = phase.queue_names()
     if phase.per_node:
         if len(nodes) < phase.count:
             raise ValueError(f"per_node needs {phase.count} nodes, found {len(nodes)}")
@@ -37,6 +39,8 @@ def build_jobs(prefix: str, phase: PodPhase, nodes: Sequence[str] = ()) -> list[
         for i, node in enumerate(nodes[: phase.count]):
             job = job_template(phase.template, 1, 1, node=node, job=phase.job)
             job.metadata.name = f"{prefix}-{i}"
+            if queues:
+                job.spec.queue = queues[i % len(queues)]
             jobs.append(job)
         return jobs
     base = job_template(phase.template, phase.job_size, phase.min_member, job=phase.job)
@@ -50,8 +54,17 @@ def build_jobs(prefix: str, phase: PodPhase, nodes: Sequence[str] = ()) -> list[
         job.spec.min_member = (
             job.spec.replicas if gang else min(phase.min_member, job.spec.replicas)
         )
+        if queues:
+            job.spec.queue = queues[i % len(queues)]
         jobs.append(job)
     return jobs
+
+
+def create_queues(client: ProtoClient, phase: PodPhase) -> None:
+    """The phase's tenant queues, equal and without quotas (unchanged if they exist)."""
+    names = phase.queue_names()
+    if names:
+        client.apply([("Queue", pb.Queue(metadata=pb.ObjectMeta(name=n))) for n in names])
 
 
 def batches(jobs: Sequence[pb.Job], rate: float) -> Iterator[list[pb.Job]]:
@@ -108,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         if phase.per_node:
             nodes = sorted(n.metadata.name for n in client.list("Node"))  # type: ignore[attr-defined]
         jobs = build_jobs(plan["prefix"], phase, nodes)
+        create_queues(client, phase)
         _emit("started", jobs=len(jobs), pods=sum(j.spec.replicas for j in jobs))
         try:
             result = submit_all(client, jobs, phase.rate)

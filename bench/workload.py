@@ -22,6 +22,8 @@
       per_node: false                  # one 1-pod job per node; "$node" in the template
                                        # (init too: pins a pod to each of the first count nodes)
       rate: 0                          # offered pods/s; 0 = as fast as possible
+      queues: 0                        # jobs spread round-robin over this many queues
+                                       # (tenant-0..; created first), 0 = the default queue
     reschedule: {policy: gpu-defrag, dry_run: true}   # after the measured pods: one round
     restart: false                     # after the measured pods: each service restarted in
                                        # turn, timed until it serves (its informer synced)
@@ -51,6 +53,7 @@ from protos.godel.v1 import objects_pb2 as pb
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
 NODE_PLACEHOLDER = "$node"
+TENANT_QUEUE_PREFIX = "tenant-"
 SERVICE_KINDS = ("dispatcher", "scheduler", "binder", "rescheduler", "nodeagent")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -88,6 +91,7 @@ _PHASE = {
     "gang_percent",
     "per_node",
     "rate",
+    "queues",
 }
 # Job spec fields a phase's ``job`` may not set: the phase itself decides them.
 _PHASE_OWNED = {"replicas", "minMember", "min_member", "template"}
@@ -131,6 +135,11 @@ class PodPhase:
     rate: float = 0.0
     job: dict[str, Any] = field(default_factory=dict)
     """Other Job spec fields (``priority``, ``preemptible``, ...) as written in a manifest."""
+    queues: int = 0
+    """Jobs go round-robin to queues ``tenant-0`` .. ``tenant-<queues-1>`` (0: the default)."""
+
+    def queue_names(self) -> list[str]:
+        return [f"{TENANT_QUEUE_PREFIX}{i}" for i in range(self.queues)]
 
     @property
     def priority(self) -> int:
@@ -146,6 +155,7 @@ class PodPhase:
             "gang_percent": self.gang_percent,
             "per_node": self.per_node,
             "rate": self.rate,
+            "queues": self.queues,
         }
 
     @classmethod
@@ -369,7 +379,7 @@ def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
 
 
 def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> PodPhase:
-    _known(doc, _PHASE if measured else _PHASE - {"rate"}, src, at)
+    _known(doc, _PHASE if measured else _PHASE - {"rate", "queues"}, src, at)
     count = _int(doc.get("count"), src, f"{at}.count", minimum=0 if not measured else 1)
     per_node = doc.get("per_node", False)
     if not isinstance(per_node, bool):
@@ -391,6 +401,9 @@ def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> 
     owned = sorted(set(job) & _PHASE_OWNED)
     if owned:
         raise WorkloadError(f"{src}: {at}.job.{owned[0]}: set by the phase itself")
+    queues = _int(doc.get("queues", 0), src, f"{at}.queues", minimum=0)
+    if queues and "queue" in job:
+        raise WorkloadError(f"{src}: {at}.job.queue: set by the phase's queues")
     job_template(template, 1, 1, node="node-0", source=f"{src}: {at}", job=job)  # validates it
     return PodPhase(
         count=count,
@@ -401,6 +414,7 @@ def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> 
         per_node=per_node,
         rate=_number(doc.get("rate", 0), src, f"{at}.rate", minimum=0),
         job=job,
+        queues=queues,
     )
 
 

@@ -65,6 +65,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("measured.job", {"priority": "high"}, "measured.job.priority"),
         ("measured.job", {"replicas": 3}, "measured.job.replicas: set by the phase itself"),
         ("init", {"count": 1, "template": {}, "rate": 3}, "init.rate: unknown field"),
+        ("measured.queues", -1, "measured.queues: must be at least 0"),
+        ("init", {"count": 1, "template": {}, "queues": 2}, "init.queues: unknown field"),
         ("timeout", 0, "timeout: must be at least 1"),
         ("cluster.node", {"gpus": -1}, "cluster.node.gpus: must be at least 0"),
         ("reschedule", {"dry_run": True}, "reschedule.policy: required"),
@@ -82,6 +84,23 @@ def test_invalid_workload_names_file_and_field(path: str, value: Any, message: s
         workload.parse(_with(path, value), Path("w.yaml"))
     assert "w.yaml" in str(err.value)
     assert message in str(err.value)
+
+
+def test_queues_and_a_queue_of_the_job_are_refused_together() -> None:
+    doc = _with("measured.queues", 2)
+    doc["measured"]["job"] = {"queue": "q"}
+    with pytest.raises(WorkloadError, match=r"w.yaml: measured.job.queue: set by the phase"):
+        workload.parse(doc, Path("w.yaml"))
+
+
+def test_jobs_go_round_robin_to_the_tenant_queues() -> None:
+    phase = PodPhase(count=5, job_size=1, template={"requests": {"cpu": "1"}}, queues=2)
+    assert [j.spec.queue for j in build_jobs("m", phase)] == [
+        "tenant-0", "tenant-1", "tenant-0", "tenant-1", "tenant-0",
+    ]  # fmt: skip
+    assert PodPhase.from_json(phase.to_json()) == phase
+    alone = PodPhase(count=2, job_size=1, template={"requests": {"cpu": "1"}})
+    assert [j.spec.queue for j in build_jobs("m", alone)] == ["", ""]
 
 
 def test_node_placeholder_needs_per_node() -> None:
