@@ -338,3 +338,13 @@ def test_fairness_counts_a_sample_only_when_both_queues_want_their_share(
     c = fairness.Contention.quick(weights)
     s = fairness.Sample(60.0, light, heavy, light_pending, heavy_pending)
     assert s.contended(c) is counted
+
+
+def test_queue_micro_runs_both_cases() -> None:
+    """The unit-queue micro-benchmark's two cases run and do what they say (their timings are
+    for bench/README.md, not asserted)."""
+    from bench import queue_micro
+
+    assert "50 units of a sent while b has 50 at a shard" in queue_micro.others_wait(50)
+    # Each wake takes up to 64 of one queue's: tenant a's 100, the smaller share, over two.
+    assert "200 units backed off, 100 woken by 2 wakes" in queue_micro.freed_room(200, wakes=2)
