@@ -346,5 +346,5 @@ def test_queue_micro_runs_both_cases() -> None:
     from bench import queue_micro
 
     assert "50 units of a sent while b has 50 at a shard" in queue_micro.others_wait(50)
-    # Each wake takes up to 64 of one queue's: tenant a's 100, the smaller share, over two.
+    # Each wake takes up to 64 of one queue's: tenant a's 100 over two (the shares tie).
     assert "200 units backed off, 100 woken by 2 wakes" in queue_micro.freed_room(200, wakes=2)
