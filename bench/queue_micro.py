@@ -3,6 +3,7 @@ core, no services, one-pod units of two tenants' queues under DRF:
 
     PYTHONPATH=. python -m bench.queue_micro others-wait [--units 5000]
     PYTHONPATH=. python -m bench.queue_micro freed-room [--units 100000]
+    PYTHONPATH=. python -m bench.queue_micro owed [--units 100000]
 
 ``others-wait``: tenant ``b`` has ``--units`` units dispatched (at a shard), then tenant ``a``
 submits as many; one round sends all of ``a``'s. Every unit a round offers while only one
@@ -11,6 +12,9 @@ queue has units ready asks whether another queue waits. Prints the round's time 
 ``freed-room``: both tenants have ``--units`` units backed off in a full cluster, and room is
 freed: the smallest-share queue's first units wake (what every round does while units wait for
 room and pods finish). Prints the time per wake.
+
+``owed``: tenant ``a`` has a min of 50 CPUs and ``--units`` pending units; what its min still
+owes it is computed, as at the start of every round. Prints the time per computation.
 """
 
 from __future__ import annotations
@@ -95,15 +99,31 @@ def freed_room(units: int, wakes: int = 10) -> str:
     )
 
 
+def owed(units: int, rounds: int = 5) -> str:
+    cluster = _Cluster(node_cpu=10**6)
+    cluster.queues["a"].spec.min.milli_cpu = 50_000
+    cluster.uq.queue_changed("a")
+    for i in range(units):
+        cluster.submit(f"u-{i}", "a")
+    started = time.perf_counter()
+    for _ in range(rounds):
+        owed = cluster.uq.owed()
+    took = (time.perf_counter() - started) / rounds
+    cpu = owed["a"].cpu if "a" in owed else 0
+    return f"owed: {units} units pending, {cpu}m CPU owed: {took * 1000:.2f} ms per round"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("case", choices=["others-wait", "freed-room"])
+    ap.add_argument("case", choices=["others-wait", "freed-room", "owed"])
     ap.add_argument("--units", type=int, default=0, help="units per tenant (others-wait) or in all")
     opts = ap.parse_args(argv)
     if opts.case == "others-wait":
         print(others_wait(opts.units or 5000))
-    else:
+    elif opts.case == "freed-room":
         print(freed_room(opts.units or 100_000))
+    else:
+        print(owed(opts.units or 100_000))
     return 0
 
 

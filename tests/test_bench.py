@@ -348,3 +348,4 @@ def test_queue_micro_runs_both_cases() -> None:
     assert "50 units of a sent while b has 50 at a shard" in queue_micro.others_wait(50)
     # Each wake takes up to 64 of one queue's: tenant a's 100 over two (the shares tie).
     assert "200 units backed off, 100 woken by 2 wakes" in queue_micro.freed_room(200, wakes=2)
+    assert "300 units pending, 30000m CPU owed" in queue_micro.owed(300, rounds=1)

@@ -495,6 +495,52 @@ def test_reclaim_needs(
     assert {q: need.cpu for q, need in w.uq.reclaim_needs().items()} == expected
 
 
+def test_owed_stops_reading_units_once_they_ask_for_all_the_min_owes() -> None:
+    """``owed`` reads a queue's units only until they ask for all its min still owes; what it
+    returns equals the sum over every pending unit not at a shard, capped by the min left."""
+    rng = random.Random(7)
+
+    def every_unit(uq: UnitQueue) -> dict[str, tuple[int, int]]:
+        out = {}
+        for queue, members in sorted(uq._by_queue.items()):
+            floor = uq.min(queue)
+            wanted = Quantities()
+            for e in members.values():
+                unit = uq.view(e) if e.pods and e.state != UnitState.DISPATCHED else None
+                if unit is not None and unit.pool == GUARANTEED:
+                    wanted.add(unit.requests)
+            owed = wanted.capped_by(floor.beyond(uq.used(queue)))
+            if not floor.is_zero() and not owed.is_zero():
+                out[queue] = (owed.cpu, owed.mem)
+        return out
+
+    for _ in range(40):
+        w = World()
+        w.uq.set_node("n1", {GUARANTEED: Quantities(cpu=10**6, mem=1 << 50, pods=10**6)})
+        for queue in "ab":
+            spec = pb.QueueSpec()
+            spec.min.milli_cpu = rng.choice([0, 500, 3000, 20_000])
+            spec.min.memory_bytes = rng.choice([0, f.GiB, 8 * f.GiB])
+            w.queues[queue] = pb.Queue(metadata=pb.ObjectMeta(name=queue), spec=spec)
+            w.uq.queue_changed(queue)
+        for i in range(rng.randrange(40)):
+            queue = rng.choice("ab")
+            job = f.job(
+                f"j{i}",
+                replicas=rng.randint(1, 3),
+                cpu=rng.choice([100, 1000]),
+                mem=rng.choice([0, f.GiB // 4, 2 * f.GiB]),
+            )
+            job.spec.queue = queue
+            w.jobs[job.metadata.name] = job
+            for pod in f.pods_of(job):
+                pod.spec.queue = queue
+                w.uq.add_pod(pod, now_ms=0)
+        w.take(accept=rng.randrange(4))  # a few at a shard: they count as used, not owed
+        got = {q: (o.cpu, o.mem) for q, o in w.uq.owed().items()}
+        assert got == every_unit(w.uq)
+
+
 def test_status_shows_borrowed_and_dominant_share() -> None:
     w = fair_world("drf", a={"min": 3000, "bound": 5000}, b={"min": 6000, "bound": 2000})
     got = w.uq.statuses()

@@ -727,12 +727,17 @@ class UnitQueue:
     def owed(self) -> dict[str, Quantities]:
         """Per queue below its min with pending work (guaranteed pool): what its min still owes
         it, up to what its pending units ask for. Idle room up to this is kept for it, and
-        reclaim frees what the room lacks. Costs the units of queues with a min only."""
+        reclaim frees what the room lacks. Asked every round: it reads a queue's units only
+        until they ask for all its min still owes (a queue of 100,000 one-pod units and a min
+        took 0.14 s a round to add them all)."""
         out: dict[str, Quantities] = {}
         for queue, members in sorted(self._by_queue.items()):
             floor = self.min(queue)
             if floor.is_zero():
                 continue
+            left = floor.beyond(self.used(queue))
+            if left.is_zero():
+                continue  # its min is met
             wanted = Quantities()
             for entry in members.values():
                 if not entry.pods or entry.state == UnitState.DISPATCHED:
@@ -740,7 +745,9 @@ class UnitQueue:
                 unit = self.view(entry)
                 if unit is not None and unit.pool == GUARANTEED:
                     wanted.add(unit.requests)
-            owed = wanted.capped_by(floor.beyond(self.used(queue)))
+                    if left.fits_in(wanted):
+                        break  # more units would not change what it is owed
+            owed = wanted.capped_by(left)
             if not owed.is_zero():
                 out[queue] = owed
         return out
