@@ -202,7 +202,7 @@ class UnitQueue:
         # Per queue, the units that backed off, as heaps of (seq, job) in arrival order: freed
         # room wakes the first of one queue's (``_wake_for_freed_room``). An item whose unit
         # has left BACKOFF since is dropped when it comes up, so waking costs what it wakes,
-        # not a pass over every pending unit (100,000 backed-off units took 90 ms a round).
+        # not a pass over every pending unit (with 100,000 backed off: 20 ms a wake, per round).
         self._backed_off: dict[str, list[tuple[int, str]]] = {}
 
     # -----------------------------------------------------------------------------------------
@@ -729,7 +729,7 @@ class UnitQueue:
         it, up to what its pending units ask for. Idle room up to this is kept for it, and
         reclaim frees what the room lacks. Asked every round: it reads a queue's units only
         until they ask for all its min still owes (a queue of 100,000 one-pod units and a min
-        took 0.14 s a round to add them all)."""
+        took 0.13 s a round to add them all)."""
         out: dict[str, Quantities] = {}
         for queue, members in sorted(self._by_queue.items()):
             floor = self.min(queue)
