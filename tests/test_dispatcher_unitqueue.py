@@ -301,14 +301,16 @@ def test_statuses_count_pending_and_bound() -> None:
     assert (got["other"].pending_units, got["other"].HasField("used")) == (1, False)
 
 
-def test_status_counts_kept_as_pods_come_and_go_match_a_count_of_the_units() -> None:
-    """The pending counts per queue are kept as pods are added, bound, removed and units
-    dropped or forgotten; after every step they equal a count over the units themselves."""
-    rng = random.Random(15)
+def test_counts_kept_as_units_come_go_and_change_state_match_the_units() -> None:
+    """The per-queue counts (pending units and pods for the statuses; units not at a shard,
+    for whether another queue waits) are kept as pods are added, bound and removed and units
+    are sent, settle, back off, are parked, dropped or forgotten; after every step they equal
+    a count over the units themselves."""
+    rng = random.Random(42)
     w = World()
     pods: dict[str, list[pb.Pod]] = {}
-    for i in range(8):
-        pods[f"j{i}"] = w.submit(f"j{i}", queue=("a", "b")[i % 2], replicas=1 + i % 3)
+    for i in range(9):
+        pods[f"j{i}"] = w.submit(f"j{i}", queue="abc"[i % 3], replicas=1 + i % 3)
 
     def counted() -> dict[str, tuple[int, int]]:
         out: dict[str, tuple[int, int]] = {}
@@ -318,10 +320,18 @@ def test_status_counts_kept_as_pods_come_and_go_match_a_count_of_the_units() -> 
                 out[entry.queue] = (units + 1, n + len(entry.pods))
         return out
 
-    for _ in range(400):
+    def others_wait(queue: str) -> bool:
+        return any(
+            e.pods and e.state != UnitState.DISPATCHED
+            for e in w.uq.units.values()
+            if e.queue != queue
+        )
+
+    for _ in range(800):
         job = rng.choice(sorted(pods))
         pod = rng.choice(pods[job])
-        step = rng.randrange(5)
+        entry = w.uq.units.get(job)
+        step = rng.randrange(10)
         if step == 0:
             w.uq.remove_pod(pod)
         elif step == 1:
@@ -330,54 +340,22 @@ def test_status_counts_kept_as_pods_come_and_go_match_a_count_of_the_units() -> 
             w.uq.remove_pod(pod)
             w.uq.add_pod(bound(pod), now_ms=0)
         elif step == 3:
+            w.take(accept=rng.randrange(3))
+        elif step == 4 and entry is not None:
+            w.uq.back_off(entry, now=0.0)
+        elif step == 5 and entry is not None:
+            w.uq.settle(entry)
+        elif step == 6 and entry is not None:
+            w.uq.park_infeasible(entry, now=0.0)
+        elif step == 7 and entry is not None:
+            w.uq.enqueue(entry)
+        elif step == 8:
             w.uq.drop_if_empty(job)
-        else:
+        elif step == 9:
             w.uq.forget(job)
         got = {q: (s.pending_units, s.pending_pods) for q, s in w.uq.statuses().items()}
-        assert {q: c for q, c in got.items() if c != (0, 0)} == counted()
-        assert w.uq.pending_pods() == {q: n for q, (_, n) in counted().items()}
-
-
-def test_whether_other_queues_wait_is_kept_as_units_come_go_and_change_state() -> None:
-    """Whether a queue other than one has units with pending pods not at a shard is kept as
-    pods come and go and units are sent, settle, back off, are parked or forgotten; after
-    every step it equals the answer from the units themselves."""
-    rng = random.Random(42)
-    w = World()
-    pods: dict[str, list[pb.Pod]] = {}
-    for i in range(9):
-        pods[f"j{i}"] = w.submit(f"j{i}", queue="abc"[i % 3], replicas=1 + i % 2)
-
-    def others_wait(queue: str) -> bool:
-        return any(
-            e.pods and e.state != UnitState.DISPATCHED
-            for e in w.uq.units.values()
-            if e.queue != queue
-        )
-
-    for _ in range(600):
-        job = rng.choice(sorted(pods))
-        pod = rng.choice(pods[job])
-        entry = w.uq.units.get(job)
-        step = rng.randrange(9)
-        if step == 0:
-            w.uq.remove_pod(pod)
-        elif step == 1:
-            w.uq.add_pod(pod, now_ms=0)
-        elif step == 2:
-            w.take(accept=rng.randrange(3))
-        elif step == 3 and entry is not None:
-            w.uq.back_off(entry, now=0.0)
-        elif step == 4 and entry is not None:
-            w.uq.settle(entry)
-        elif step == 5 and entry is not None:
-            w.uq.park_infeasible(entry, now=0.0)
-        elif step == 6 and entry is not None:
-            w.uq.enqueue(entry)
-        elif step == 7:
-            w.uq.drop_if_empty(job)
-        elif step == 8:
-            w.uq.forget(job)
+        assert {q: c for q, c in got.items() if c != (0, 0)} == counted(), step
+        assert w.uq.pending_pods() == {q: n for q, (_, n) in counted().items()}, step
         for queue in "abc":
             assert w.uq._others_wait(queue) == others_wait(queue), (queue, step)
 
