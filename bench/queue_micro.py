@@ -4,6 +4,7 @@ core, no services, one-pod units of two tenants' queues under DRF:
     PYTHONPATH=. python -m bench.queue_micro others-wait [--units 5000]
     PYTHONPATH=. python -m bench.queue_micro freed-room [--units 100000]
     PYTHONPATH=. python -m bench.queue_micro owed [--units 100000]
+    PYTHONPATH=. python -m bench.queue_micro turns [--units 10000] [--queues 100]
 
 ``others-wait``: tenant ``b`` has ``--units`` units dispatched (at a shard), then tenant ``a``
 submits as many; one round sends all of ``a``'s. Every unit a round offers while only one
@@ -15,6 +16,9 @@ room and pods finish). Prints the time per wake.
 
 ``owed``: tenant ``a`` has a min of 50 CPUs and ``--units`` pending units; what its min still
 owes it is computed, as at the start of every round. Prints the time per computation.
+
+``turns``: ``--units`` units spread over ``--queues`` equal queues; one round sends them all,
+each turn going to the queue with the smallest dominant share. Prints the time per unit sent.
 """
 
 from __future__ import annotations
@@ -113,17 +117,36 @@ def owed(units: int, rounds: int = 5) -> str:
     return f"owed: {units} units pending, {cpu}m CPU owed: {took * 1000:.2f} ms per round"
 
 
+def turns(units: int, queues: int) -> str:
+    cluster = _Cluster(node_cpu=10**9)
+    names = [f"q{i}" for i in range(queues)]
+    for name in names:
+        cluster.queues[name] = pb.Queue(metadata=pb.ObjectMeta(name=name))
+    for i in range(units):
+        cluster.submit(f"u-{i}", names[i % queues])
+    started = time.perf_counter()
+    sent = cluster.send_all()
+    took = time.perf_counter() - started
+    return (
+        f"turns: {sent} units of {queues} queues sent in {took * 1000:.0f} ms "
+        f"({took / max(sent, 1) * 1e6:.1f} µs per unit)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("case", choices=["others-wait", "freed-room", "owed"])
+    ap.add_argument("case", choices=["others-wait", "freed-room", "owed", "turns"])
     ap.add_argument("--units", type=int, default=0, help="units per tenant (others-wait) or in all")
+    ap.add_argument("--queues", type=int, default=100, help="queues (turns)")
     opts = ap.parse_args(argv)
     if opts.case == "others-wait":
         print(others_wait(opts.units or 5000))
     elif opts.case == "freed-room":
         print(freed_room(opts.units or 100_000))
-    else:
+    elif opts.case == "owed":
         print(owed(opts.units or 100_000))
+    else:
+        print(turns(opts.units or 10_000, max(1, opts.queues)))
     return 0
 
 

@@ -349,3 +349,4 @@ def test_queue_micro_runs_both_cases() -> None:
     # Each wake takes up to 64 of one queue's: tenant a's 100 over two (the shares tie).
     assert "200 units backed off, 100 woken by 2 wakes" in queue_micro.freed_room(200, wakes=2)
     assert "300 units pending, 30000m CPU owed" in queue_micro.owed(300, rounds=1)
+    assert "turns: 60 units of 6 queues sent" in queue_micro.turns(60, 6)

@@ -4,7 +4,9 @@ synchronous, table-driven, no store, no gRPC, no event loop."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import pytest
 
@@ -390,6 +392,55 @@ def fair_world(fairness: str, *, node_cpu: int = 10_000, **queues: dict[str, int
             w.uq.add_pod(bound(pod), now_ms=0)
             w.uq.drop_if_empty(f"{name}-running")
     return w
+
+
+class _EveryKeyTurns:
+    """The turn order as it was computed before ``_Turns``: every queue's key at every turn."""
+
+    def __init__(self, key: Callable[[str], tuple[Fraction, str]], queues: Iterable[str]) -> None:
+        self._key = key
+
+    def next(self, budget: dict[str, int]) -> str | None:
+        return min(budget, key=self._key) if budget else None
+
+    def again(self, queue: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fairness", ["drf", "fair-share"])
+def test_turns_kept_in_a_heap_send_what_every_key_at_every_turn_sends(
+    fairness: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rounds that recompute only the key of the queue that just went send the same units, in
+    the same order, as rounds that recompute every queue's key at every turn: with weights,
+    mins, maxes, bound pods, units too big for the room and rounds cut short."""
+    rng = random.Random(fairness)
+    kept_in_a_heap = unitqueue._Turns
+
+    def run(turns: type, seed: int) -> list[list[str]]:
+        monkeypatch.setattr(unitqueue, "_Turns", turns)
+        pick = random.Random(seed)
+        specs = {
+            f"q{i}": {
+                "weight": pick.choice([0, 1, 3]),
+                "min": pick.choice([0, 0, 2000]),
+                "bound": pick.choice([0, 1000, 4000]),
+            }
+            for i in range(pick.randint(2, 6))
+        }
+        w = fair_world(fairness, node_cpu=pick.choice([8000, 20_000, 60_000]), **specs)
+        for name in specs:
+            if pick.random() < 0.3:
+                w.queues[name].spec.quota.milli_cpu = pick.choice([3000, 6000])
+                w.uq.queue_changed(name)
+        for i in range(pick.randint(5, 60)):
+            cpu = pick.choice([100, 500, 2000, 9000])
+            w.submit(f"j{i}", queue=pick.choice(sorted(specs)), cpu=cpu, created=i + 1)
+        return [w.take(accept=pick.randint(1, 25)) for _ in range(3)]
+
+    for trial in range(30):
+        seed = rng.randrange(1 << 30)
+        assert run(kept_in_a_heap, seed) == run(_EveryKeyTurns, seed), trial
 
 
 # (case, fairness, queues {name: spec}, submissions [(job, queue, cpu)], sent in order)

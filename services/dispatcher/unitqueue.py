@@ -14,8 +14,9 @@ import enum
 import heapq
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import NamedTuple
 
 from placement.nodeinfo import GUARANTEED, POOLS, pool_of
@@ -144,6 +145,30 @@ QueueLookup = Callable[[str], pb.Queue | None]
 # Offered each unit the round picks, with its requests: True if it was sent (the callback then
 # calls ``UnitQueue.dispatched``), False to hold it for the next round.
 Place = Callable[[UnitEntry, PendingUnit], bool]
+
+
+class _Turns:
+    """Whose turn it is within one round under a fairness policy: the queue with the smallest
+    key (ties by name). Every queue's key is computed once, and then only the key of the queue
+    that just had its turn: within a round nothing else changes what the others hold. (Every
+    queue's key per unit sent cost 0.4 ms a unit with 100 queues, 4.5 ms with 1,000.)"""
+
+    def __init__(self, key: Callable[[str], tuple[Fraction, str]], queues: Iterable[str]) -> None:
+        self._key = key
+        self._heap = [key(q) for q in queues]
+        heapq.heapify(self._heap)
+
+    def next(self, budget: dict[str, int]) -> str | None:
+        """The queue whose turn it is (taken off: ``again`` puts it back), None when none of
+        ``budget`` is left."""
+        while self._heap:
+            _, queue = heapq.heappop(self._heap)
+            if queue in budget:
+                return queue
+        return None
+
+    def again(self, queue: str) -> None:
+        heapq.heappush(self._heap, self._key(queue))
 
 
 class UnitQueue:
@@ -633,27 +658,53 @@ class UnitQueue:
         self._round_owed = self.owed()
         held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
         budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
-        while budget and has_room():
-            for queue in self._turns(budget) if fair else list(budget):
-                entry = self.pop(queue)
-                if entry is None:
-                    del budget[queue]
-                    continue
-                outcome = self._offer(
-                    entry, place, contended=fair and (len(budget) > 1 or self._others_wait(queue))
-                )
-                if outcome == _SENT:
-                    continue
-                held.append(entry)
-                self._held_for_room |= entry.waiting_for_room
-                if outcome == _NO_ROOM:
-                    budget.clear()  # everyone waits behind the queue with the smallest share
+        if fair:
+            turns = _Turns(self._turn_key, budget)
+            while budget and has_room():
+                queue = turns.next(budget)
+                if queue is None or not self._turn(queue, budget, held, place, fair):
                     break
-                budget[queue] -= 1
-                if budget[queue] <= 0:
-                    del budget[queue]
+                if queue in budget:
+                    turns.again(queue)
+        else:
+            while budget and has_room():
+                for queue in list(budget):
+                    self._turn(queue, budget, held, place, fair)
         for entry in held:
             self.enqueue(entry)
+
+    def _turn(
+        self,
+        queue: str,
+        budget: dict[str, int],
+        held: list[UnitEntry],
+        place: Place,
+        fair: bool,
+    ) -> bool:
+        """Offer ``queue``'s next unit. False when everyone must wait behind it (no room for
+        the queue with the smallest share: ``budget`` is cleared)."""
+        entry = self.pop(queue)
+        if entry is None:
+            del budget[queue]
+            return True
+        contended = fair and (len(budget) > 1 or self._others_wait(queue))
+        outcome = self._offer(entry, place, contended=contended)
+        if outcome == _SENT:
+            return True
+        held.append(entry)
+        self._held_for_room |= entry.waiting_for_room
+        if outcome == _NO_ROOM:
+            budget.clear()  # everyone waits behind the queue with the smallest share
+            return False
+        budget[queue] -= 1
+        if budget[queue] <= 0:
+            del budget[queue]
+        return True
+
+    def _turn_key(self, queue: str) -> tuple[Fraction, str]:
+        """Where ``queue`` stands for its next turn: the fairness policy's key, then its name."""
+        load = QueueLoad(queue, self.used(queue), self.weight(queue))
+        return self.fairness.key(load, self._capacity[GUARANTEED]), queue
 
     def _wake_for_freed_room(self) -> None:
         """Room freed: the backed-off units of the queue with the smallest share try again now
@@ -679,14 +730,6 @@ class UnitQueue:
         """Whether a queue other than ``queue`` has pending units not at a shard (ready,
         settling, backing off or parked), from the counts kept per queue."""
         return len(self._not_at_shard) > (1 if queue in self._not_at_shard else 0)
-
-    def _turns(self, budget: dict[str, int]) -> list[str]:
-        """One turn: the queue the fairness policy picks among those with work."""
-        if len(budget) == 1:
-            return list(budget)  # no choice to make (a round runs one turn per unit sent)
-        capacity = self._capacity[GUARANTEED]
-        loads = [QueueLoad(q, self.used(q), self.weight(q)) for q in budget]
-        return [next_queue(loads, capacity, self.fairness)]
 
     def _offer(self, entry: UnitEntry, place: Place, *, contended: bool) -> int:
         entry.waiting_for_room = False
