@@ -168,6 +168,7 @@ class _Turns:
         return None
 
     def again(self, queue: str) -> None:
+        """``queue`` had its turn and has more to offer: back, at its new key."""
         heapq.heappush(self._heap, self._key(queue))
 
 
@@ -659,12 +660,18 @@ class UnitQueue:
         held: list[UnitEntry] = []  # popped but not sent: back in their queues after the round
         budget = {q: MAX_HELD_PER_ROUND for q, heap in sorted(self._heaps.items()) if heap}
         if fair:
-            turns = _Turns(self._turn_key, budget)
+            turns = _Turns(self._turn_key, budget) if len(budget) > 1 else None
             while budget and has_room():
+                if len(budget) == 1 or turns is None:
+                    # No choice to make (most rounds: one queue has work), and none to come:
+                    # a round's queues only go.
+                    if not self._turn(next(iter(budget)), budget, held, place, fair):
+                        break
+                    continue
                 queue = turns.next(budget)
                 if queue is None or not self._turn(queue, budget, held, place, fair):
                     break
-                if queue in budget:
+                if len(budget) > 1 and queue in budget:
                     turns.again(queue)
         else:
             while budget and has_room():
