@@ -676,7 +676,8 @@ class UnitQueue:
         else:
             while budget and has_room():
                 for queue in list(budget):
-                    self._turn(queue, budget, held, place, fair)
+                    if not self._turn(queue, budget, held, place, fair):
+                        break
         for entry in held:
             self.enqueue(entry)
 
