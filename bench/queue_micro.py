@@ -70,6 +70,14 @@ class _Cluster:
         return sent
 
 
+def _send_timed(cluster: _Cluster) -> tuple[int, str]:
+    """One round sending every ready unit: how many, and "in X ms (Y µs per unit)"."""
+    started = time.perf_counter()
+    sent = cluster.send_all()
+    took = time.perf_counter() - started
+    return sent, f"in {took * 1000:.0f} ms ({took / max(sent, 1) * 1e6:.1f} µs per unit)"
+
+
 def others_wait(units: int) -> str:
     cluster = _Cluster(node_cpu=10**12)
     for i in range(units):
@@ -77,13 +85,8 @@ def others_wait(units: int) -> str:
     cluster.send_all()
     for i in range(units):
         cluster.submit(f"a-{i}", "a")
-    started = time.perf_counter()
-    sent = cluster.send_all()
-    took = time.perf_counter() - started
-    return (
-        f"others-wait: {sent} units of a sent while b has {units} at a shard in "
-        f"{took * 1000:.0f} ms ({took / max(sent, 1) * 1e6:.1f} µs per unit)"
-    )
+    sent, took = _send_timed(cluster)
+    return f"others-wait: {sent} units of a sent while b has {units} at a shard {took}"
 
 
 def freed_room(units: int, wakes: int = 10) -> str:
@@ -124,13 +127,8 @@ def turns(units: int, queues: int) -> str:
         cluster.queues[name] = pb.Queue(metadata=pb.ObjectMeta(name=name))
     for i in range(units):
         cluster.submit(f"u-{i}", names[i % queues])
-    started = time.perf_counter()
-    sent = cluster.send_all()
-    took = time.perf_counter() - started
-    return (
-        f"turns: {sent} units of {queues} queues sent in {took * 1000:.0f} ms "
-        f"({took / max(sent, 1) * 1e6:.1f} µs per unit)"
-    )
+    sent, took = _send_timed(cluster)
+    return f"turns: {sent} units of {queues} queues sent {took}"
 
 
 def main(argv: list[str] | None = None) -> int:
