@@ -324,9 +324,14 @@ class FairShare:
 FAIRNESS: dict[str, Fairness] = {f.name: f for f in (RoundRobin(), Drf(), FairShare())}
 
 
+def turn_key(load: QueueLoad, capacity: Quantities, fairness: Fairness) -> tuple[Fraction, str]:
+    """Where a queue stands for the next turn: the policy's key, ties by name."""
+    return fairness.key(load, capacity), load.name
+
+
 def next_queue(loads: list[QueueLoad], capacity: Quantities, fairness: Fairness) -> str:
-    """The queue of ``loads`` that dispatches next: the smallest key, ties by name."""
-    return min(loads, key=lambda load: (fairness.key(load, capacity), load.name)).name
+    """The queue of ``loads`` that dispatches next: the smallest ``turn_key``."""
+    return min(loads, key=lambda load: turn_key(load, capacity, fairness)).name
 
 
 @functools.lru_cache(maxsize=4096)

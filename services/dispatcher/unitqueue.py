@@ -35,6 +35,7 @@ from services.dispatcher.queueing import (
     permille,
     policy_for,
     quota_excess,
+    turn_key,
 )
 from services.dispatcher.validation import DEFAULT_QUEUE, being_deleted, pods_complete
 
@@ -145,6 +146,16 @@ QueueLookup = Callable[[str], pb.Queue | None]
 # Offered each unit the round picks, with its requests: True if it was sent (the callback then
 # calls ``UnitQueue.dispatched``), False to hold it for the next round.
 Place = Callable[[UnitEntry, PendingUnit], bool]
+
+
+def _adjust(counts: Counter[str], queue: str, change: int) -> None:
+    """Add ``change`` to a queue's count, keeping no entry at zero (an absent queue has none)."""
+    if change:
+        left = counts[queue] + change
+        if left:
+            counts[queue] = left
+        else:
+            del counts[queue]
 
 
 class _Turns:
@@ -303,21 +314,11 @@ class UnitQueue:
         return entry
 
     def _uncount(self, queue: str, pods: int, units: int) -> None:
-        for counter, gone in ((self._pending, pods), (self._pending_units, units)):
-            if not gone:
-                continue
-            left = counter[queue] - gone
-            if left:
-                counter[queue] = left
-            else:
-                del counter[queue]
+        _adjust(self._pending, queue, -pods)
+        _adjust(self._pending_units, queue, -units)
 
     def _count_not_at_shard(self, queue: str, change: int) -> None:
-        left = self._not_at_shard[queue] + change
-        if left:
-            self._not_at_shard[queue] = left
-        else:
-            del self._not_at_shard[queue]
+        _adjust(self._not_at_shard, queue, change)
 
     def _set_state(self, entry: UnitEntry, state: UnitState) -> None:
         """Every change of a unit's state goes here: to or from DISPATCHED, a unit with pods
@@ -710,9 +711,9 @@ class UnitQueue:
         return True
 
     def _turn_key(self, queue: str) -> tuple[Fraction, str]:
-        """Where ``queue`` stands for its next turn: the fairness policy's key, then its name."""
+        """Where ``queue`` stands for its next turn (``queueing.turn_key``)."""
         load = QueueLoad(queue, self.used(queue), self.weight(queue))
-        return self.fairness.key(load, self._capacity[GUARANTEED]), queue
+        return turn_key(load, self._capacity[GUARANTEED], self.fairness)
 
     def _wake_for_freed_room(self) -> None:
         """Room freed: the backed-off units of the queue with the smallest share try again now
