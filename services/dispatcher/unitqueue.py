@@ -350,13 +350,13 @@ class UnitQueue:
         job = self.jobs(entry.job)
         if job is None:
             return None  # orphaned pods: nothing to schedule them as
+        cached = entry.view
+        if cached is not None and cached[0] is job and cached[1].pods == len(entry.pods):
+            return cached[1]  # the same Job object, so it was whole and not being deleted
         if not pods_complete(job):
             return None  # its pods are still being created (chunked): dispatch it whole
         if being_deleted(job):
             return None  # going, in chunks: nothing more of it is scheduled
-        cached = entry.view
-        if cached is not None and cached[0] is job and cached[1].pods == len(entry.pods):
-            return cached[1]
         spec, count = job.spec, len(entry.pods)
         requests = Quantities.of_pod_request(spec.template.requests, count)
         least = min(max(1, spec.min_member), count)

@@ -261,13 +261,14 @@ class _Unit:
     # Its last decision told the dispatcher of preemptions (a later one must say what changed).
     nominated: bool = False
 
-    @property
-    def name(self) -> str:
-        return self.job.metadata.name
+    # Read from ``job`` once: a unit's name is asked for a dozen times on its way, and each
+    # read of a protobuf field builds a wrapper (one-pod units are many).
+    name: str = field(init=False)
+    priority: int = field(init=False)
 
-    @property
-    def priority(self) -> int:
-        return self.job.spec.priority
+    def __post_init__(self) -> None:
+        self.name = self.job.metadata.name
+        self.priority = self.job.spec.priority
 
     def undecided(self) -> int:
         return len(self.pending) + len(self.inflight) + len(self.retry)
