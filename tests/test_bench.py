@@ -19,6 +19,8 @@ from bench.load import batches, build_jobs
 from bench.workload import PodPhase, WorkloadError
 from godel.local import ClusterState, ComponentRecord
 from protos.godel.v1 import objects_pb2 as pb
+from services.runtime.metrics import MetricsServer
+from store.metrics import INFORMER_LAG
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,6 +157,57 @@ def test_a_dead_component_fails_the_run_naming_it(tmp_path: Path) -> None:
         harness._check_alive(state)
 
 
+class _Lagging:
+    """An informer as the lag metric sees it (``store.metrics._Lagging``)."""
+
+    def __init__(self, kinds: list[str], seconds: float) -> None:
+        self.kinds = kinds
+        self.seconds = seconds
+
+    def staleness(self) -> float:
+        return self.seconds
+
+
+def test_informer_lag_is_read_from_each_services_metrics_endpoint(tmp_path: Path) -> None:
+    """What the harness waits on before measuring: the worst informer lag any service's
+    Prometheus endpoint reports (a real scrape over loopback), none for the store (no
+    endpoint) and none for a service that does not answer."""
+    server = MetricsServer.start("127.0.0.1", 0)
+    lagging = _Lagging(["Pod"], 0.0)
+    INFORMER_LAG.track(lagging)
+    try:
+        record = ComponentRecord(
+            "dispatcher",
+            "dispatcher",
+            "x",
+            None,
+            None,
+            [],
+            str(tmp_path / "d.log"),
+            "",
+            metrics_address=f"127.0.0.1:{server.port}",
+        )
+        silent = ComponentRecord(
+            "binder-0",
+            "binder",
+            "x",
+            None,
+            None,
+            [],
+            str(tmp_path / "b.log"),
+            "",
+            metrics_address="127.0.0.1:1",
+        )
+        store = ComponentRecord("store", "store", "redis://x", None, None, [], "", "")
+        state = ClusterState("redis://x", "", 5.0, [store, record, silent])
+        assert harness.worst_informer_lag(state) == 0.0
+        lagging.seconds = 2.5
+        assert harness.worst_informer_lag(state) == 2.5
+    finally:
+        INFORMER_LAG.forget(lagging)
+        server.stop()
+
+
 @pytest.mark.parametrize("name", workload.available())
 def test_shipped_workloads_are_valid(name: str) -> None:
     for quick in (False, True):
@@ -230,6 +283,7 @@ def test_quick_workload_end_to_end(tmp_path: Path) -> None:
     assert run["latency_ms"]["count"] == run["measured_pods"]
     assert set(run["resources"]) >= {"store", "dispatcher", "scheduler-0", "binder-0", "load"}
     assert run["throughput"]["samples"]
+    assert run["settle"]["quiet"]  # the measured phase began once the init phase was taken in
     md = report_json.with_suffix(".md").read_text()
     assert "| run |" in md and "avg pods/s" in md
     pngs = sorted(tmp_path.glob("*.png"))
@@ -263,6 +317,39 @@ def test_one_pod_jobs_workload_binds_every_pod(tmp_path: Path) -> None:
     restarted = run["restart_seconds"]
     assert set(restarted) == {"dispatcher", "scheduler-0", "binder-0", "rescheduler", "nodeagent-0"}
     assert all(seconds > 0 for seconds in restarted.values())
+
+
+@pytest.mark.timeout(180)
+def test_one_pod_jobs_with_node_affinity_bind_every_pod(tmp_path: Path) -> None:
+    """SchedulingNodeAffinity-5000-Singles' quick form, its one-pod-jobs variant (a copy without
+    the others, as above): every measured pod, its own job requiring a zone, is bound."""
+    name = "SchedulingNodeAffinity-5000-Singles"
+    doc = yaml.safe_load((ROOT / f"bench/workloads/{name}.yaml").read_text())
+    doc.pop("baseline")
+    doc["variants"] = [v for v in doc["variants"] if v["name"] == "singles"]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    _run_quick(str(path), tmp_path / "out", 150)
+    [report_json] = (tmp_path / "out").glob("*.json")
+    [run] = json.loads(report_json.read_text())["runs"]
+    assert run["variant"] == "singles" and run["job_size"] == 1
+    assert run["bound"] == run["measured_pods"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_paper_scale_quick_form_reports_memory_and_restarts(tmp_path: Path) -> None:
+    """PaperScale-20000's quick form (issue 15, item 3, at 500 nodes and 10,000 pods): two
+    shards and two binders, every measured pod bound, every process's peak RSS reported (the
+    aim is on their sum), and each kind of service timed to SERVING after a restart."""
+    _run_quick("PaperScale-20000", tmp_path, 280)
+    [report_json] = tmp_path.glob("*.json")
+    [run] = json.loads(report_json.read_text())["runs"]
+    assert run["bound"] == run["measured_pods"] > 0
+    assert run["init_pods"] >= 10_000
+    resources = run["resources"]
+    assert {"scheduler-0", "scheduler-1", "binder-0", "binder-1", "store"} <= set(resources)
+    assert all(usage["peak_rss_mib"] > 0 for usage in resources.values())
+    assert set(run["restart_seconds"]) >= {"dispatcher", "scheduler-0", "binder-0"}
 
 
 @pytest.mark.timeout(240)
