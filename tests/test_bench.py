@@ -293,25 +293,31 @@ def test_quick_workload_end_to_end(tmp_path: Path) -> None:
     assert "| SchedulingBasic-500 |" in stdout
 
 
-@pytest.mark.timeout(180)
-def test_one_pod_jobs_workload_binds_every_pod(tmp_path: Path) -> None:
-    """SchedulingBasic-5000-Singles' quick form (issue 15), its one-pod-jobs variant: every
-    measured pod is its own job, and every one is bound. The shipped file runs with its other
-    variants left out (a copy under the same name): each variant is a cluster of its own, and
-    CI's time is short. (SchedulingNodeAffinity-5000-Singles has the same shape; CI checks
-    only that its file is valid.) The copy also asks for ``restart`` (PaperScale-20000's time
-    to start against a full cluster): each kind of service restarted, timed until it serves."""
-    doc = yaml.safe_load((ROOT / "bench/workloads/SchedulingBasic-5000-Singles.yaml").read_text())
+def _run_singles_only(name: str, tmp_path: Path, timeout: float, **extra: Any) -> dict[str, Any]:
+    """A shipped one-pod-jobs workload's quick form with only its ``singles`` variant and no
+    baseline (a copy under the same name: each variant is a cluster of its own, and CI's time is
+    short), ``extra`` set at its top level; returns its run."""
+    doc = yaml.safe_load((ROOT / f"bench/workloads/{name}.yaml").read_text())
     doc.pop("baseline")
     doc["variants"] = [v for v in doc["variants"] if v["name"] == "singles"]
-    doc["restart"] = True
-    path = tmp_path / "SchedulingBasic-5000-Singles.yaml"
+    doc.update(extra)
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
-    _run_quick(str(path), tmp_path / "out", 100)
+    _run_quick(str(path), tmp_path / "out", timeout)
     [report_json] = (tmp_path / "out").glob("*.json")
     [run] = json.loads(report_json.read_text())["runs"]
     assert run["variant"] == "singles" and run["job_size"] == 1
     assert run["bound"] == run["measured_pods"] > 0
+    return run
+
+
+@pytest.mark.timeout(180)
+def test_one_pod_jobs_workload_binds_every_pod(tmp_path: Path) -> None:
+    """SchedulingBasic-5000-Singles' quick form (issue 15), its one-pod-jobs variant: every
+    measured pod is its own job, and every one is bound. The copy also asks for ``restart``
+    (PaperScale-20000's time to start against a full cluster): each kind of service restarted,
+    timed until it serves."""
+    run = _run_singles_only("SchedulingBasic-5000-Singles", tmp_path, 100, restart=True)
     assert run["latency_ms"]["count"] == run["measured_pods"]
     assert run["resources"]["dispatcher"]["cpu_seconds"] > 0
     restarted = run["restart_seconds"]
@@ -321,19 +327,9 @@ def test_one_pod_jobs_workload_binds_every_pod(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_one_pod_jobs_with_node_affinity_bind_every_pod(tmp_path: Path) -> None:
-    """SchedulingNodeAffinity-5000-Singles' quick form, its one-pod-jobs variant (a copy without
-    the others, as above): every measured pod, its own job requiring a zone, is bound."""
-    name = "SchedulingNodeAffinity-5000-Singles"
-    doc = yaml.safe_load((ROOT / f"bench/workloads/{name}.yaml").read_text())
-    doc.pop("baseline")
-    doc["variants"] = [v for v in doc["variants"] if v["name"] == "singles"]
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    _run_quick(str(path), tmp_path / "out", 150)
-    [report_json] = (tmp_path / "out").glob("*.json")
-    [run] = json.loads(report_json.read_text())["runs"]
-    assert run["variant"] == "singles" and run["job_size"] == 1
-    assert run["bound"] == run["measured_pods"] > 0
+    """SchedulingNodeAffinity-5000-Singles' quick form, its one-pod-jobs variant: every measured
+    pod, its own job requiring a zone, is bound."""
+    _run_singles_only("SchedulingNodeAffinity-5000-Singles", tmp_path, 150)
 
 
 @pytest.mark.timeout(300)
