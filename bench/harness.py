@@ -503,9 +503,9 @@ def _settle(
 ) -> dict[str, Any]:
     """Wait until the cluster has taken in the init phase: the store's change feed quiet (the
     node agents have reported the init pods running) and every service's informer holding all
-    of it. Returns the seconds waited and whether it got there. Without it the measured phase of PaperScale-20000 began
-    under the last of a million pods' running reports, and the dispatcher's CPU in that phase
-    varied from 1 to 4 s between runs of the same build."""
+    of it. Returns the seconds waited and whether it got there. Without it the measured phase
+    of PaperScale-20000 began under the last of a million pods' running reports, and the
+    dispatcher's CPU in that phase varied from 1 to 4 s between runs of the same build."""
     task = progress.add_task("cluster settling after init", total=None, info="")
     started = time.monotonic()
     last = probe.revision()
