@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -168,10 +169,14 @@ class _Lagging:
         return self.seconds
 
 
-def test_informer_lag_is_read_from_each_services_metrics_endpoint(tmp_path: Path) -> None:
+def test_informer_lag_is_read_from_each_services_metrics_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the harness waits on before measuring: the worst informer lag any service's
     Prometheus endpoint reports (a real scrape over loopback), none for the store (no
-    endpoint) and none for a service that does not answer."""
+    endpoint) and none for a service that does not answer. This process's registry is the
+    endpoint's: only this test's informer is tracked (another test's may still be alive)."""
+    monkeypatch.setattr(INFORMER_LAG, "_informers", weakref.WeakSet())
     server = MetricsServer.start("127.0.0.1", 0)
     lagging = _Lagging(["Pod"], 0.0)
     INFORMER_LAG.track(lagging)
