@@ -552,3 +552,32 @@ def test_a_kept_cache_holds_only_own_partition_nodes() -> None:
     sched.partition = frozenset(f"n{i:05d}" for i in range(50))  # the partition moved
     third = sched.schedule(unit_of("c", 1, 1, 100), snap)
     assert third.scans == 1 and third.placements[0].node < "n00050"
+
+
+def test_cache_bound_nodes_of_a_job_follow_its_pods() -> None:
+    """The first question about a job scans the bound pods; then binds, moves and removals keep
+    its index right, and a job left with none bound holds no entry."""
+    cache, _ = cluster(4)
+    a_pods = pods_of(job("a", replicas=3, cpu=100, mem=0))
+    b_pod = pods_of(job("b", cpu=100, mem=0))[0]
+
+    def bind(pod: pb.Pod, node_name: str) -> None:
+        pod.spec.node_name = node_name
+        pod.status.phase = pb.POD_BOUND
+        cache.set_pod(pod)
+
+    assert cache.bound_nodes_of("a") == []
+    bind(a_pods[0], "n00000")
+    bind(b_pod, "n00001")
+    assert cache.bound_nodes_of("a") == ["n00000"]  # scanned: b's pod is not a's
+    bind(a_pods[1], "n00002")  # indexed as it binds
+    assert sorted(cache.bound_nodes_of("a")) == ["n00000", "n00002"]
+    bind(a_pods[1], "n00003")  # rebound elsewhere (a stale record replaced)
+    assert sorted(cache.bound_nodes_of("a")) == ["n00000", "n00003"]
+    a_pods[0].status.phase = pb.POD_SUCCEEDED  # terminal: no longer holds its node
+    cache.set_pod(a_pods[0])
+    cache.remove_pod(a_pods[1].metadata.name)
+    assert cache.bound_nodes_of("a") == []
+    bind(a_pods[2], "n00001")  # the emptied index was dropped: a fresh scan finds it
+    assert cache.bound_nodes_of("a") == ["n00001"]
+    assert cache.bound_nodes_of("b") == ["n00001"]

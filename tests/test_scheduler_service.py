@@ -20,7 +20,7 @@ from services.scheduler import service as scheduler_service
 from services.scheduler.service import SchedulerConfig, SchedulerService
 from store import Store
 from store.errors import ConflictError, NotFoundError
-from tests.factories import GiB, job, node, pods_of
+from tests.factories import GiB, job, job_affinity, node, pods_of
 
 
 @dataclass
@@ -319,6 +319,38 @@ async def test_revoke_and_binder_reconnect(
         await d.until(lambda: d.credits >= 4)  # a's 2 (already returned) + b's 2
         assert "b" not in service.units and "b" not in d.outcomes
         await d.close()
+
+
+async def test_a_job_affinity_keeps_the_rest_of_a_job_in_the_rack_of_its_bound_pods(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """Rack a fits the job tighter (the domain a new job would take), but the job's first pod
+    is bound in rack b: the rest follows it there, the shard finding the bound pod in its
+    cache."""
+    for rack, count, cpu in (("a", 2, 4000), ("b", 4, 8000)):
+        for i in range(count):
+            n = node(f"{rack}{i}", cpu=cpu, mem=32 * GiB)
+            n.metadata.labels["rack"] = rack
+            await store.create(n)
+    j = job_affinity(job("g", replicas=3, min_member=1, cpu=1000, mem=GiB), ["rack"])
+    unit = await create_job(store, j)
+    first = await store.get(pb.Pod, "g-0")
+    first.spec.node_name, first.status.phase = "b1", pb.POD_BOUND
+    await store.update(first)
+    del unit.pods[0]
+    unit.already_bound = 1
+
+    async with ServiceHost(SchedulerService, config) as host:
+        d = Dispatcher(host.address)
+        await d.until(lambda: d.credits == 5000)
+        await d.send(unit)
+        await d.until(lambda: "g" in d.outcomes)
+        await d.close()
+
+    assert d.outcomes["g"].code == ipb.UNIT_DONE
+    placed = {p.pod: p.node for b in binder.batches for u in b.units for p in u.placements}
+    assert set(placed) == {"g-1", "g-2"}
+    assert all(n.startswith("b") for n in placed.values()), placed
 
 
 async def test_shard_with_the_real_binder_binds_gangs_without_overcommit(

@@ -738,11 +738,10 @@ class SchedulerService(Service[SchedulerConfig]):
 
     def _placed_nodes(self, unit: _Unit) -> tuple[str, ...]:
         """Nodes of the job's pods bound (as this shard's cache knows them) or in flight: the
-        domain a job-level affinity confines the rest to. A scan of the bound pods, paid only by
-        units with a job affinity and pods already placed."""
+        domain a job-level affinity confines the rest to."""
         nodes = list(unit.inflight.values())
         if unit.already_bound:
-            nodes += [node for node, rec in self.cache.bound.values() if rec.job == unit.name]
+            nodes += self.cache.bound_nodes_of(unit.name)
         return tuple(nodes)
 
     @staticmethod
