@@ -140,9 +140,16 @@ class VictimCandidate:
     preempted_by: str = ""
 
     @classmethod
-    def from_pod(cls, pod: pb.Pod, held: VictimCandidate | None = None) -> VictimCandidate:
+    def from_pod(
+        cls,
+        pod: pb.Pod,
+        held: VictimCandidate | None = None,
+        request: PodRequest | None = None,
+    ) -> VictimCandidate:
         """``held``: the pod's record while it stayed on the same node, whose request (and so
-        job and name) still stands; only what a later state changes is read again."""
+        job and name) still stands; only what a later state changes is read again.
+        ``request``: the pod's request as its node already accounts it (an assumed placement
+        now bound), shared rather than read again."""
         if held is not None:
             return cls(
                 held.name,
@@ -154,7 +161,7 @@ class VictimCandidate:
                 protected_until_ms(pod),
                 pod.status.preempted_by,
             )
-        req = PodRequest.from_pod(pod)
+        req = PodRequest.from_pod(pod) if request is None else request
         return cls(
             req.name,
             sys.intern(pod.spec.job),  # shared by the job's pods

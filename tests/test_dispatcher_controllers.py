@@ -809,7 +809,7 @@ async def test_a_finished_job_too_big_for_one_script_is_deleted_in_chunks(
     jobs still go in the one pipelined commit."""
     await store.create(f.node("n1"))
     status = JobStatusController(store, informer)
-    deleter = JobDeleter(store, lambda job: status.pods.by_job.get(job, ()), chunk_ops=4)
+    deleter = JobDeleter(store, status.pods.by_job.get, chunk_ops=4)
     collector = FinishedJobCollector(
         store, informer, status.pods, deleter=deleter, default_ttl_seconds=0
     )

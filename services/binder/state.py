@@ -18,6 +18,7 @@ from placement.budgets import SelectorMembers
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
+from services.grouped import GroupedNames
 from store.encoded import EncodedObjects
 
 TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
@@ -81,9 +82,9 @@ class ClusterState:
         # node object is gone: its pods still hold their claims).
         self.infos: dict[str, NodeInfo] = {}
         self.pod_node: dict[str, str] = {}
-        self.job_pods: dict[str, set[str]] = {}  # pods holding a claim, by job
+        self.job_pods = GroupedNames()  # pods holding a claim, by job
         self.pods = PodBook(informed)
-        self.all_job_pods: dict[str, set[str]] = {}  # every pod, by job (replacement names)
+        self.all_job_pods = GroupedNames()  # every pod, by job (replacement names)
         self.jobs: dict[str, pb.Job] = {}
         self.budgets: dict[str, pb.DisruptionBudget] = {}
         self.budget_members = SelectorMembers()  # pods of each label-selector budget
@@ -126,11 +127,7 @@ class ClusterState:
             self._unplace(name, job)
             self.pods.forget(name)
             self.budget_members.remove_pod(name)
-            members = self.all_job_pods.get(job)
-            if members is not None:
-                members.discard(name)
-                if not members:
-                    del self.all_job_pods[job]
+            self.all_job_pods.discard(job, name)
         elif kind == "Job":
             self.jobs.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
         elif kind == "DisruptionBudget":
@@ -164,7 +161,7 @@ class ClusterState:
         name = pod.metadata.name
         if previous is None or previous.spec.template.labels != pod.spec.template.labels:
             self.budget_members.set_pod(pod)
-        self.all_job_pods.setdefault(pod.spec.job, set()).add(name)
+        self.all_job_pods.add(pod.spec.job, name)
         if holds_claim(pod):
             self._place(pod)
         else:
@@ -191,7 +188,7 @@ class ClusterState:
         if self.topology.active:
             self.topology.add(node, req)
         self.pod_node[name] = node
-        self.job_pods.setdefault(pod.spec.job, set()).add(name)
+        self.job_pods.add(pod.spec.job, name)
 
     def _unplace(self, name: str, job: str) -> None:
         node = self.pod_node.pop(name, None)
@@ -205,11 +202,7 @@ class ClusterState:
                 del self.infos[node]
         if self.topology.active:
             self.topology.remove(name)
-        members = self.job_pods.get(job)
-        if members is not None:
-            members.discard(name)
-            if not members:
-                del self.job_pods[job]
+        self.job_pods.discard(job, name)
 
     def pod_counts(self) -> TopologyIndex:
         """The topology index, built from every placed pod on first use."""
@@ -228,11 +221,11 @@ class ClusterState:
 
     def pods_of_job(self, job: str) -> list[pb.Pod]:
         """The job's pods, any phase."""
-        return [self.pods[n] for n in self.all_job_pods.get(job, ())]
+        return [self.pods[n] for n in self.all_job_pods.get(job)]
 
     def placed_pods(self, job: str) -> list[pb.Pod]:
         """The job's pods that hold a claim (bound or running)."""
-        return [self.pods[n] for n in self.job_pods.get(job, ()) if n in self.pods]
+        return [self.pods[n] for n in self.job_pods.get(job) if n in self.pods]
 
     def bound_count(self, job: str) -> int:
-        return len(self.job_pods.get(job, ()))
+        return self.job_pods.count(job)

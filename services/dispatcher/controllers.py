@@ -46,6 +46,7 @@ from services.eviction import (
     replacement,
     replacement_number,
 )
+from services.grouped import GroupedNames
 from store import CommitError, ConflictError, NotFoundError, Store, StoreError
 from store.client import Create, Op, Release, Update
 from store.informer import Handlers, Informer
@@ -81,8 +82,8 @@ class PodIndex:
     own feed of their names (:meth:`subscribe`)."""
 
     def __init__(self, informer: Informer) -> None:
-        self.by_node: dict[str, set[str]] = {}
-        self.by_job: dict[str, set[str]] = {}
+        self.by_node = GroupedNames()
+        self.by_job = GroupedNames()
         self._informer = informer
         # Each subscriber's feed, and what it ignores of a job's own updates (subscribe).
         self._feeds: list[tuple[set[str], Callable[[pb.Job], bool] | None]] = []
@@ -96,10 +97,10 @@ class PodIndex:
         )
 
     def pods_on(self, node: str) -> list[pb.Pod]:
-        return self._read(self.by_node.get(node, ()))
+        return self._read(self.by_node.get(node))
 
     def pods_of(self, job: str) -> list[pb.Pod]:
-        return self._read(self.by_job.get(job, ()))
+        return self._read(self.by_job.get(job))
 
     def job_as_read(self, job: pb.Job, newer: pb.Pod | None = None) -> pb.Job:
         """``job`` with its status as readers see it (:func:`as_read`), from the pods in the
@@ -159,19 +160,15 @@ class PodIndex:
     def _put(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
         if pod.spec.node_name:
-            self.by_node.setdefault(pod.spec.node_name, set()).add(name)
+            self.by_node.add(pod.spec.node_name, name)
         if pod.spec.job:
-            self.by_job.setdefault(pod.spec.job, set()).add(name)
+            self.by_job.add(pod.spec.job, name)
             self._changed(pod.spec.job)
 
     def _drop(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
-        for index, key in ((self.by_node, pod.spec.node_name), (self.by_job, pod.spec.job)):
-            names = index.get(key)
-            if names is not None:
-                names.discard(name)
-                if not names:
-                    del index[key]
+        self.by_node.discard(pod.spec.node_name, name)
+        self.by_job.discard(pod.spec.job, name)
         if pod.spec.job:
             self._changed(pod.spec.job)
 

@@ -299,7 +299,7 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(self.reconciler.run(), name="reconciler")
 
     def _pods_of_job(self, job: str) -> Iterable[str]:
-        return self.pods.by_job.get(job, ())
+        return self.pods.by_job.get(job)
 
     def sample_metrics(self) -> None:
         queues = self.core.queue_statuses()

@@ -51,7 +51,7 @@ class FinishedJobCollector:
         self._store = store
         self._informer = informer
         self._pods = pods  # shared with the job status controller (one index, not another)
-        self._deleter = deleter or JobDeleter(store, lambda job: pods.by_job.get(job, ()))
+        self._deleter = deleter or JobDeleter(store, pods.by_job.get)
         self.default_ttl_seconds = default_ttl_seconds
         self.interval = interval_seconds
         self.batch_jobs = batch_jobs
@@ -122,14 +122,14 @@ class FinishedJobCollector:
         big = {
             name: job
             for name, job in jobs.items()
-            if len(self._pods.by_job.get(name, ())) + 1 > self._deleter.chunk_ops
+            if self._pods.by_job.count(name) + 1 > self._deleter.chunk_ops
         }
         for name in big:
             del jobs[name]
         commits: list[list[Op]] = []
         for name, job in jobs.items():
             ops: list[Op] = [Delete("Job", name, job.metadata.resource_version)]
-            ops += [Delete("Pod", pod) for pod in self._pods.by_job.get(name, ())]
+            ops += [Delete("Pod", pod) for pod in self._pods.by_job.get(name)]
             commits.append(ops)
         for name, job in big.items():
             try:

@@ -125,15 +125,22 @@ class SchedulerCache:
             # pod, once running, was a fifth of the shard's memory).
             self.bound[name] = (current[0], VictimCandidate.from_pod(pod, current[1]))
             return
-        record = VictimCandidate.from_pod(pod)
+        assumed = self.assumed.pop(name, None)
+        # Assumed on this node with the NUMA nodes it was bound with: already counted, it just
+        # changes hands, and the record shares the request the node holds (a second one per
+        # pod this shard placed was memory and an object for the collector to walk).
+        # Elsewhere, or holding other NUMA nodes: counted again.
+        kept = (
+            assumed is not None
+            and assumed.node == node_name
+            and assumed.req.numa_nodes == tuple(pod.spec.numa_nodes)
+        )
+        record = VictimCandidate.from_pod(pod, request=assumed.req if kept and assumed else None)
         if current is not None:
             self._unaccount(name, current[0])
-        assumed = self.assumed.pop(name, None)
         if assumed is not None:
             self._unclaim(assumed)
-            # Assumed on this node with the NUMA nodes it was bound with: already counted, it
-            # just changes hands. Elsewhere, or holding other NUMA nodes: counted again.
-            if assumed.node != node_name or assumed.req.numa_nodes != record.req.numa_nodes:
+            if not kept:
                 self._unaccount(name, assumed.node)
         info = self._node(node_name)
         info.add_pod(record.req)
