@@ -25,7 +25,7 @@ class _Informer:
 
     def __init__(self) -> None:
         self.cache: EncodedObjects[pb.Pod] = EncodedObjects(pb.Pod)
-        self.state = ClusterState(lambda: self.cache)
+        self.state = ClusterState(lambda kind: self.cache)
 
     def put(self, pod: pb.Pod) -> None:
         old = self.cache.get(pod.metadata.name)

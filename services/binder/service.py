@@ -139,7 +139,7 @@ class BinderService(Service[BinderConfig]):
         super().__init__(*args, **kwargs)
         self.rules = hard_rules()
         self.informer = Informer(self.store, ["Node", "Pod", "Job", "DisruptionBudget"])
-        self.state = ClusterState(lambda: self.informer.cache["Pod"])
+        self.state = ClusterState(lambda kind: self.informer.cache[kind])
         self.informer.add_handlers(
             Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)
         )

@@ -75,23 +75,35 @@ class PodBook(Mapping[str, pb.Pod]):
 
 
 class ClusterState:
-    def __init__(self, informed: Callable[[], Mapping[str, Message]] | None = None) -> None:
-        """``informed``: the informer's Pod cache, read through (None: fed by hand only)."""
+    def __init__(self, informed: Callable[[str], Mapping[str, Message]] | None = None) -> None:
+        """``informed(kind)``: the informer's cache of Pods or Jobs, read through (None: fed by
+        hand only, the state keeps its own)."""
         self.nodes: dict[str, pb.Node] = {}
         # NodeInfos exist for every known node and for any node a bound pod names (even if the
         # node object is gone: its pods still hold their claims).
         self.infos: dict[str, NodeInfo] = {}
         self.pod_node: dict[str, str] = {}
         self.job_pods = GroupedNames()  # pods holding a claim, by job
-        self.pods = PodBook(informed)
+        self.pods = PodBook(None if informed is None else lambda: informed("Pod"))
         self.all_job_pods = GroupedNames()  # every pod, by job (replacement names)
-        self.jobs: dict[str, pb.Job] = {}
+        # Jobs are read through the informer's cache (held encoded: as many as pods with
+        # one-pod jobs); a state fed by hand keeps them here.
+        self._informed = informed
+        self._own_jobs: dict[str, pb.Job] | None = {} if informed is None else None
         self.budgets: dict[str, pb.DisruptionBudget] = {}
         self.budget_members = SelectorMembers()  # pods of each label-selector budget
         # Pods per selector and topology domain, for the cross-node check of inter-pod affinity
         # and spread: built on first use (``pod_counts``), then kept by the placement bookkeeping.
         self.topology = TopologyIndex()
         self.anti_placed = 0  # placed pods with required anti-affinity terms
+
+    @property
+    def jobs(self) -> Mapping[str, pb.Job]:
+        """Every job, by name; reads are fresh copies when read through the informer."""
+        if self._own_jobs is not None:
+            return self._own_jobs
+        assert self._informed is not None
+        return self._informed("Job")  # type: ignore[return-value]
 
     # --- informer handlers ------------------------------------------------------------------
 
@@ -101,7 +113,8 @@ class ClusterState:
         elif kind == "Pod":
             self._set_pod(obj, None)  # type: ignore[arg-type]
         elif kind == "Job":
-            self.jobs[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
+            if self._own_jobs is not None:
+                self._own_jobs[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
         elif kind == "DisruptionBudget":
             self.budgets[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
             self.budget_members.set_budget(obj, self.pods.values())  # type: ignore[arg-type]
@@ -129,7 +142,8 @@ class ClusterState:
             self.budget_members.remove_pod(name)
             self.all_job_pods.discard(job, name)
         elif kind == "Job":
-            self.jobs.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
+            if self._own_jobs is not None:
+                self._own_jobs.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
         elif kind == "DisruptionBudget":
             self.budgets.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
             self.budget_members.remove_budget(obj.metadata.name)  # type: ignore[attr-defined]

@@ -99,10 +99,10 @@ class UnitEntry:
     waiting_for_room: bool = False
     # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
     in_heap: bool = False
-    # The last ``UnitQueue.view`` of it and the Job object it was made from: good while that
-    # is still the informer's object and the pod count is the same. A unit is viewed when
-    # queued and again when offered; building one is most of the round's cost per unit.
-    view: tuple[pb.Job, PendingUnit] | None = None
+    # The last ``UnitQueue.view`` of it and the version of the Job it was made from: good while
+    # the job is at that version and the pod count is the same. A unit is viewed when queued
+    # and again when offered; building one is most of the round's cost per unit.
+    view: tuple[int, PendingUnit] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,8 +351,14 @@ class UnitQueue:
         if job is None:
             return None  # orphaned pods: nothing to schedule them as
         cached = entry.view
-        if cached is not None and cached[0] is job and cached[1].pods == len(entry.pods):
-            return cached[1]  # the same Job object, so it was whole and not being deleted
+        version = job.metadata.resource_version
+        if (
+            cached is not None
+            and version  # a job never stored has no version to tell its changes by
+            and cached[0] == version
+            and cached[1].pods == len(entry.pods)
+        ):
+            return cached[1]  # the same version of the job, so it was whole and not being deleted
         if not pods_complete(job):
             return None  # its pods are still being created (chunked): dispatch it whole
         if being_deleted(job):
@@ -374,7 +380,7 @@ class UnitQueue:
             if least == count
             else Quantities.of_pod_request(spec.template.requests, least),
         )
-        entry.view = (job, unit)
+        entry.view = (version, unit)
         return unit
 
     def policy(self, queue: str) -> SortPolicy:
