@@ -161,16 +161,24 @@ def _resources_at(obj: Message, path: tuple[str, ...]) -> Iterator[tuple[str, Me
     yield from nodes
 
 
-def _check_quantities(label: str, res: Message) -> None:
+def _check_quantities(path: tuple[str, ...] | str, res: Message) -> None:
+    """``path``: where ``res`` is, as field names (joined only for an error: every write of
+    every object passes here)."""
     for field, value in res.ListFields():
         if field.name == "extended":
             for key, amount in value.items():
                 if amount < 0:
                     raise InvalidObjectError(
-                        f"must not be negative (got {amount})", f"{label}.extended[{key}]"
+                        f"must not be negative (got {amount})", f"{_label(path)}.extended[{key}]"
                     )
         elif value < 0:
-            raise InvalidObjectError(f"must not be negative (got {value})", f"{label}.{field.name}")
+            raise InvalidObjectError(
+                f"must not be negative (got {value})", f"{_label(path)}.{field.name}"
+            )
+
+
+def _label(path: tuple[str, ...] | str) -> str:
+    return path if isinstance(path, str) else ".".join(path)
 
 
 def validate(obj: Message, kind: Kind) -> None:
@@ -187,7 +195,7 @@ def validate(obj: Message, kind: Kind) -> None:
                 break
             msg = getattr(msg, name)
         else:
-            _check_quantities(".".join(path), msg)
+            _check_quantities(path, msg)
 
 
 def encode(obj: Message, kind: Kind, max_bytes: int) -> bytes:
