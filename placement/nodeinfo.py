@@ -163,7 +163,8 @@ class NodeInfo:
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     ready: bool = True
-    # Capacity and requested amounts per pool: [milli-CPU, memory bytes, GPUs].
+    # Capacity and requested amounts per pool: [milli-CPU, memory bytes, GPUs]. Capacity is
+    # never changed in place (``set_node`` replaces it), so clones share it.
     capacity: dict[str, list[int]] = field(
         default_factory=lambda: {GUARANTEED: [0, 0, 0], BEST_EFFORT: [0, 0, 0]}
     )
@@ -270,14 +271,18 @@ class NodeInfo:
         return cap[0] - used[0], cap[1] - used[1], cap[2] - used[2]
 
     def clone(self) -> NodeInfo:
+        """A copy whose pods and use can change apart from this one. What only ``set_node``
+        changes (labels, taints, capacity, NUMA zones), and only by replacing it, is shared:
+        a snapshot clones every changed node every cycle."""
+        requested = self.requested
         return NodeInfo(
             self.name,
             self.labels,
             self.taints,
             self.unschedulable,
             self.ready,
-            {p: list(v) for p, v in self.capacity.items()},
-            {p: list(v) for p, v in self.requested.items()},
+            self.capacity,
+            {GUARANTEED: list(requested[GUARANTEED]), BEST_EFFORT: list(requested[BEST_EFFORT])},
             self.max_pods,
             dict(self.pods),
             set(self.used_ports),

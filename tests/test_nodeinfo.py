@@ -104,6 +104,10 @@ def test_clone_is_independent() -> None:
     c = n.clone()
     c.add_pod(req("a", cpu=1000))
     assert n.free("g")[0] == 1000 and c.free("g")[0] == 0
+    # Capacity is shared until the node changes; a change replaces it, so the clone keeps its own.
+    assert c.capacity is n.capacity
+    n.set_node(node("n", cpu=2000))
+    assert n.free("g")[0] == 2000 and c.free("g")[0] == 0 and c.capacity["g"][0] == 1000
 
 
 def test_set_node_keeps_pods() -> None:
