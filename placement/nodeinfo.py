@@ -220,7 +220,8 @@ class NodeInfo:
         used[0] += req.cpu
         used[1] += req.mem
         used[2] += req.gpu
-        self.used_ports.update(req.host_ports)
+        if req.host_ports:  # a new set, not changed in place: clones share it (``clone``)
+            self.used_ports = self.used_ports.union(req.host_ports)
         if req.anti_terms:
             self.anti_pods += 1
         if req.numa_nodes and req.numa_policy:
@@ -229,24 +230,33 @@ class NodeInfo:
         return True
 
     def _account_numa(self, req: PodRequest, sign: int) -> None:
+        # New containers, never changed in place: clones share them (``clone``), and only the
+        # few NUMA-bound pods pay for the copies.
         self.numa_pods += sign
         bound = self.numa_bound
-        bound[0] += sign * req.cpu
-        bound[1] += sign * req.mem
-        bound[2] += sign * req.gpu
+        self.numa_bound = [
+            bound[0] + sign * req.cpu,
+            bound[1] + sign * req.mem,
+            bound[2] + sign * req.gpu,
+        ]
         if req.numa_policy == NUMA_EXCLUSIVE:
+            owner = dict(self.numa_owner)
             for i in req.numa_nodes:
                 if sign > 0:
-                    self.numa_owner[i] = req.name
-                elif self.numa_owner.get(i) == req.name:
-                    del self.numa_owner[i]
+                    owner[i] = req.name
+                elif owner.get(i) == req.name:
+                    del owner[i]
+            self.numa_owner = owner
             return
-        used = self.numa_used.setdefault(req.numa_nodes[0], [0, 0, 0])
-        used[0] += sign * req.cpu
-        used[1] += sign * req.mem
-        used[2] += sign * req.gpu
-        if not any(used):
-            del self.numa_used[req.numa_nodes[0]]
+        zone = req.numa_nodes[0]
+        was = self.numa_used.get(zone, (0, 0, 0))
+        used = [was[0] + sign * req.cpu, was[1] + sign * req.mem, was[2] + sign * req.gpu]
+        numa_used = dict(self.numa_used)
+        if any(used):
+            numa_used[zone] = used
+        else:
+            numa_used.pop(zone, None)
+        self.numa_used = numa_used
 
     def remove_pod(self, name: str) -> PodRequest | None:
         req = self.pods.pop(name, None)
@@ -256,9 +266,9 @@ class NodeInfo:
         used[0] -= req.cpu
         used[1] -= req.mem
         used[2] -= req.gpu
-        for port in req.host_ports:
-            # No two pods of a node hold the same host port (NodePorts), so discarding is exact.
-            self.used_ports.discard(port)
+        if req.host_ports:
+            # No two pods of a node hold the same host port (NodePorts), so removing is exact.
+            self.used_ports = self.used_ports.difference(req.host_ports)
         if req.anti_terms:
             self.anti_pods -= 1
         if req.numa_nodes and req.numa_policy:
@@ -271,9 +281,10 @@ class NodeInfo:
         return cap[0] - used[0], cap[1] - used[1], cap[2] - used[2]
 
     def clone(self) -> NodeInfo:
-        """A copy whose pods and use can change apart from this one. What only ``set_node``
-        changes (labels, taints, capacity, NUMA zones), and only by replacing it, is shared:
-        a snapshot clones every changed node every cycle."""
+        """A copy whose pods and use can change apart from this one. What is only ever
+        replaced, never changed in place, is shared: labels, taints, capacity and NUMA zones
+        (``set_node``), host ports and NUMA use (pods with ports or NUMA binding make new ones).
+        A snapshot clones every changed node every cycle."""
         requested = self.requested
         return NodeInfo(
             self.name,
@@ -285,14 +296,14 @@ class NodeInfo:
             {GUARANTEED: list(requested[GUARANTEED]), BEST_EFFORT: list(requested[BEST_EFFORT])},
             self.max_pods,
             dict(self.pods),
-            set(self.used_ports),
+            self.used_ports,
             self.generation,
             self.anti_pods,
             self.numa,
-            {i: list(v) for i, v in self.numa_used.items()},
-            dict(self.numa_owner),
+            self.numa_used,
+            self.numa_owner,
             self.numa_pods,
-            list(self.numa_bound),
+            self.numa_bound,
         )
 
 

@@ -110,6 +110,17 @@ def test_clone_is_independent() -> None:
     assert n.free("g")[0] == 2000 and c.free("g")[0] == 0 and c.capacity["g"][0] == 1000
 
 
+def test_host_ports_of_a_clone_and_its_source_stay_apart() -> None:
+    n = info(cpu=1000)
+    n.add_pod(req("a", ports=(("TCP", 80),)))
+    c = n.clone()
+    c.add_pod(req("b", ports=(("TCP", 81),)))
+    n.remove_pod("a")
+    assert n.used_ports == set() and c.used_ports == {("TCP", 80), ("TCP", 81)}
+    c.remove_pod("b")
+    assert c.used_ports == {("TCP", 80)} and port_conflict(c, req(ports=(("TCP", 80),)))
+
+
 def test_set_node_keeps_pods() -> None:
     n = info(cpu=1000)
     n.add_pod(req("a", cpu=400))

@@ -283,6 +283,13 @@ def test_node_accounting_follows_pods_added_and_removed() -> None:
         [0, 0, 0],
     )
     assert clone.numa_owner == {0: "x"}  # the clone is its own
+    assert clone.numa_used[1][0] == 500 and clone.numa_bound[0] > 0
+    # And the other way: what a clone takes leaves its source as it was.
+    again = info.clone()
+    again.add_pod(held("y", EXCLUSIVE, (1,)))
+    again.add_pod(held("t", SINGLE, (0,), cpu=300))
+    assert (info.numa_owner, info.numa_used, info.numa_pods) == ({}, {}, 0)
+    assert again.numa_owner == {1: "y"} and again.numa_used[0][0] == 300
 
 
 def test_search_hands_out_each_exclusive_numa_node_once() -> None:
