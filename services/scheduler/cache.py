@@ -130,17 +130,19 @@ class SchedulerCache:
         # changes hands, and the record shares the request the node holds (a second one per
         # pod this shard placed was memory and an object for the collector to walk).
         # Elsewhere, or holding other NUMA nodes: counted again.
-        kept = (
-            assumed is not None
+        accounted = (
+            assumed.req
+            if assumed is not None
             and assumed.node == node_name
             and assumed.req.numa_nodes == tuple(pod.spec.numa_nodes)
+            else None
         )
-        record = VictimCandidate.from_pod(pod, request=assumed.req if kept and assumed else None)
+        record = VictimCandidate.from_pod(pod, request=accounted)
         if current is not None:
             self._unaccount(name, current[0])
         if assumed is not None:
             self._unclaim(assumed)
-            if not kept:
+            if accounted is None:
                 self._unaccount(name, assumed.node)
         info = self._node(node_name)
         info.add_pod(record.req)
