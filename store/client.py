@@ -52,6 +52,7 @@ from store.metrics import (
     LEASE_ROUND_TRIP,
     READ_ROUND_TRIP,
 )
+from store.packing import pack_with_hiredis
 
 log = structlog.get_logger(__name__)
 
@@ -432,7 +433,7 @@ class Store:
                 socket_connect_timeout=5,
             )
         store = cls(
-            redis,
+            pack_with_hiredis(redis),
             cluster,
             feed_max_len=feed_max_len,
             max_object_bytes=max_object_bytes,
