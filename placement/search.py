@@ -122,6 +122,9 @@ class UnitResult:
     examined: int = 0  # node filter passes (the cost of the search)
     scans: int = 0
     infeasible: bool = False  # no node could ever fit (every node failed for unresolvable reasons)
+    # Of an independent unit (UnitInfo.independent): the unplaced pods no node could ever fit,
+    # each judged alone as ``infeasible`` judges a unit.
+    infeasible_pods: set[str] = field(default_factory=set)
 
 
 def describe(total: int, fit: int, diag: dict[str, int]) -> str:
@@ -338,7 +341,9 @@ class UnitScheduler:
         unplaced: dict[str, str] = {}
         diagnosed = result.diagnoses  # pod -> its Diagnosis, beside `unplaced`
         all_unresolvable = True
-        allowed_failures = len(unit.pods) - needed
+        independent = unit.independent
+        # An independent unit's pods never skip: each is placed or not on its own.
+        allowed_failures = len(unit.pods) if independent else len(unit.pods) - needed
         # Recommendations by node (in first-mention order), each with the tags still open.
         preferred: dict[str, list[str]] = {}
         for recommended_node, tag in unit.preferred:
@@ -405,6 +410,8 @@ class UnitScheduler:
                 if tmpl.unresolvable:
                     unplaced[pod.name] = tmpl.failure
                     _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
+                    if independent and not topo:
+                        result.infeasible_pods.add(pod.name)
                 elif self._preempt(
                     pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa, diagnosed
                 ):
@@ -434,6 +441,8 @@ class UnitScheduler:
                     if unresolvable:  # no eviction can change taints, affinity or cordons
                         unplaced[pod.name] = tmpl.failure
                         _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
+                        if independent and not topo:
+                            result.infeasible_pods.add(pod.name)
                     elif self._preempt(
                         pod,
                         snapshot,
@@ -462,7 +471,8 @@ class UnitScheduler:
             if not pod_cache:
                 tmpl.heap.clear()
                 tmpl.live.clear()
-        if len(placements) >= needed and placements:
+        if independent or (len(placements) >= needed and placements):
+            # An independent unit succeeds whatever fits: its pods' own reasons stay theirs.
             result.success = True
             result.placements = [
                 Placement(

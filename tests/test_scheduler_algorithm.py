@@ -508,6 +508,83 @@ def test_one_pod_units_of_a_template_share_one_cache() -> None:
     assert sched.schedule(unit_of("big", 1, 1, 2000), snap).scans == 1
 
 
+def _loose_pod(name: str, cpu: int, *, selector: str = "") -> PodInfo:
+    """The one pod of a one-pod job; ``selector``: a node label value no node has."""
+    j = job(name, replicas=1, min_member=1, cpu=cpu, mem=GiB)
+    if selector:
+        j.spec.template.node_selector["zone"] = selector
+    return PodInfo.from_pod(pods_of(j)[0])
+
+
+# Nodes: 4 of 2000m (taint_every=0). Each case: the pods of one-pod jobs searched together,
+# and per pod: placed, or its own reason; and which are infeasible (no node could ever fit).
+INDEPENDENT_CASES = [
+    ("all-fit", [("a", 500, ""), ("b", 500, ""), ("c", 500, "")], {"a", "b", "c"}, {}, set()),
+    (
+        # The middle pod fits nowhere now (only preemption or room could help): the others are
+        # placed anyway, and nothing is undone for it.
+        "one-too-big",
+        [("a", 500, ""), ("big", 3000, ""), ("c", 500, "")],
+        {"a", "c"},
+        {"big": "0/4 nodes fit: 4 insufficient cpu"},
+        set(),
+    ),
+    (
+        "one-never-fits",
+        [("a", 500, ""), ("moon", 100, "moon"), ("c", 500, "")],
+        {"a", "c"},
+        {"moon": "0/4 nodes fit: 4 node(s) didn't match node selector"},
+        {"moon"},
+    ),
+    (
+        # Each failing pod keeps its own reason (a gang's pods would all get the first's).
+        "none-fit-each-its-own-reason",
+        [("big", 3000, ""), ("moon", 100, "moon")],
+        set(),
+        {
+            "big": "0/4 nodes fit: 4 insufficient cpu",
+            "moon": "0/4 nodes fit: 4 node(s) didn't match node selector",
+        },
+        {"moon"},
+    ),
+    (
+        # Room for 8 pods of 1000m: the ninth and tenth of the stream do not fit.
+        "the-stream-fills-the-cluster",
+        [(f"s{i}", 1000, "") for i in range(10)],
+        {f"s{i}" for i in range(8)},
+        {"s8": "0/4 nodes fit: 4 insufficient cpu", "s9": "0/4 nodes fit: 4 insufficient cpu"},
+        set(),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "pods", "placed", "unplaced", "infeasible"),
+    INDEPENDENT_CASES,
+    ids=[c[0] for c in INDEPENDENT_CASES],
+)
+def test_an_independent_unit_places_each_pod_on_its_own(
+    case: str,
+    pods: list[tuple[str, int, str]],
+    placed: set[str],
+    unplaced: dict[str, str],
+    infeasible: set[str],
+) -> None:
+    _, snap = cluster(4, cpu=2000)
+    infos = [_loose_pod(name, cpu, selector=sel) for name, cpu, sel in pods]
+    unit = UnitInfo("", 1, 0, 0, infos, independent=True)
+    result = scheduler().schedule(unit, snap)
+    assert result.success, case
+    assert {p.pod.rsplit("-", 1)[0] for p in result.placements} == placed
+    assert {k.rsplit("-", 1)[0]: v for k, v in result.unplaced.items()} == unplaced
+    assert {k.rsplit("-", 1)[0] for k in result.diagnoses} == set(unplaced)
+    assert {k.rsplit("-", 1)[0] for k in result.infeasible_pods} == infeasible
+    assert not result.infeasible  # the unit as a whole is never judged
+    # What was placed stays assumed (nothing rolled back), never over the nodes' room.
+    assert sum(len(info.pods) for info in snap.nodes) == len(placed)
+    assert_not_overcommitted(snap)
+
+
 def test_a_kept_cache_skips_a_node_filled_by_others_since() -> None:
     cache, snap = cluster(100, cpu=1000)  # each node fits one pod
     sched = scheduler(scan_extra=5)

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
@@ -255,6 +256,67 @@ async def test_outcomes_of_units_answered_in_one_verdict_batch_share_a_message(
     # Every verdict batch answered at most one outcome message (a cycle may split the 20 units
     # over several decision batches on a slow machine; never one message per unit each).
     assert 1 <= d.outcome_messages <= len(binder.batches)
+
+
+def searches() -> float:
+    """Unit searches the shards of this process have run (one timing sample each)."""
+    value = REGISTRY.get_sample_value("godel_scheduler_scheduling_duration_seconds_count")
+    return value or 0.0
+
+
+async def test_one_pod_jobs_share_a_search_and_each_ends_on_its_own(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """One-pod jobs in line are searched together (their pods placed independently), yet each
+    job gets its own decision and outcome: one that fits nowhere ever is infeasible, one too
+    big for the room is unschedulable, the rest are placed. A gang and a job with job-level
+    affinity are searched alone, and break the line."""
+    for i in range(4):
+        n = node(f"n{i}", cpu=4000, mem=32 * GiB)
+        n.metadata.labels["zone"] = "earth"
+        await store.create(n)
+    units = [
+        await create_job(store, job(f"s{k}", replicas=1, min_member=1, cpu=100, mem=GiB))
+        for k in range(10)
+    ]
+    moon = job("moon", replicas=1, min_member=1, cpu=100, mem=GiB)
+    moon.spec.template.node_selector["zone"] = "moon"
+    units.append(await create_job(store, moon))
+    units.append(await create_job(store, job("huge", replicas=1, min_member=1, cpu=9000)))
+    units += [
+        await create_job(store, job(f"t{k}", replicas=1, min_member=1, cpu=100, mem=GiB))
+        for k in range(5)
+    ]
+    units.append(await create_job(store, job("gang", replicas=2, min_member=2, cpu=100)))
+    units.append(
+        await create_job(store, job_affinity(job("racked", replicas=1, cpu=100), ["zone"]))
+    )
+    units.append(await create_job(store, job("last", replicas=1, min_member=1, cpu=100)))
+    async with ServiceHost(SchedulerService, config) as host:
+        d = Dispatcher(host.address)
+        await d.until(lambda: d.credits == 5000)
+        before = searches()
+        await d.send(*units)
+        await d.until(lambda: len(d.outcomes) == len(units))
+        ran = searches() - before
+        await d.close()
+
+    codes = {name: o.code for name, o in d.outcomes.items()}
+    assert codes.pop("moon") == ipb.UNIT_INFEASIBLE
+    assert d.outcomes["moon"].reason.startswith("0/4 nodes fit: 4 node(s) didn't match")
+    assert codes.pop("huge") == ipb.UNIT_UNSCHEDULABLE
+    assert d.outcomes["huge"].reason.startswith("0/4 nodes fit: 4 insufficient cpu")
+    assert set(codes.values()) == {ipb.UNIT_DONE}
+    decisions = [u for b in binder.batches for u in b.units]
+    # One decision per job placed, each naming its own job and pod.
+    assert sorted(u.job for u in decisions) == sorted(codes)
+    assert all(
+        [p.pod for p in u.placements] == [f"{u.job}-{i}" for i in range(len(u.placements))]
+        for u in decisions
+    )
+    # Seventeen one-pod jobs in line, the gang, the racked job, then one more one-pod job:
+    # four searches, not twenty.
+    assert ran == 4
 
 
 async def test_dispatch_stream_joins_outcomes_in_order_and_never_into_a_sent_message(

@@ -236,6 +236,10 @@ class UnitInfo:
     # already placed (bound or in flight), whose domain the rest must join.
     affinity: JobAffinity | None = None
     placed_nodes: tuple[str, ...] = ()
+    # Pods of one-pod jobs searched together (the shard batches them so a stream of one-pod
+    # jobs does not pay the search's set-up per pod): each pod is placed or not on its own,
+    # nothing is undone when another does not fit, and each keeps its own reason.
+    independent: bool = False
 
     @property
     def needed(self) -> int:

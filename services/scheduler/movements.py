@@ -123,6 +123,10 @@ class MovementTracker:
         found = [self.movements[n] for n in sorted(names) if n in self.movements]
         return [m for m in found if shared.live(m, now_ms)]
 
+    def lists(self, job: str) -> bool:
+        """Whether any Movement (live or not) lists ``job`` among its owners."""
+        return job in self._by_job
+
     def preferences(self, job: str, placing: Iterable[str] = ()) -> list[tuple[str, str]]:
         """(node, movement) per recommendation still open for ``job``'s replacements, a node
         repeated once per replacement it should still take; oldest Movement first. ``placing``:

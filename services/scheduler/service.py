@@ -31,9 +31,10 @@ from placement.framework import (
     UnitInfo,
     load_profile,
 )
+from placement.nodeinfo import PodRequest
 from placement.plugins import new_in_tree_registry
 from placement.postfilter import Preemption
-from placement.search import Diagnosis, SearchConfig, UnitResult, UnitScheduler
+from placement.search import Diagnosis, Placement, SearchConfig, UnitResult, UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
@@ -64,6 +65,9 @@ _READ_AT_ONCE = 1000
 # (store.client.MAX_OPS_PER_CALL), so a huge unit's pods go as many short calls with the event
 # loop free in between.
 MARK_CHUNK_PODS = MAX_OPS_PER_CALL
+# One-pod units searched together at most (Gödel mode): a stream of one-pod jobs paid the
+# search's set-up, a coroutine and a timing sample per pod. Bounded so one search stays short.
+MAX_LOOSE_GROUP = 256
 # How often a unit waiting for a Movement's recommended node (a swap) looks again.
 MOVEMENT_WAIT_POLL_SECONDS = 0.2
 _RETRY_CODES = {ipb.CONFLICT, ipb.GANG_REJECTED, ipb.STALE, ipb.ERROR, ipb.VERDICT_UNSPECIFIED}
@@ -265,10 +269,14 @@ class _Unit:
     # read of a protobuf field builds a wrapper (one-pod units are many).
     name: str = field(init=False)
     priority: int = field(init=False)
+    # A job whose pods are placed each on its own (min_member 1, no job-level affinity): when
+    # it has one pod to place it may share a search with others (``_attempt_loose``).
+    loose: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.name = self.job.metadata.name
         self.priority = self.job.spec.priority
+        self.loose = self.job.spec.min_member <= 1 and JobAffinity.from_job(self.job) is None
 
     def undecided(self) -> int:
         return len(self.pending) + len(self.inflight) + len(self.retry)
@@ -628,14 +636,21 @@ class SchedulerService(Service[SchedulerConfig]):
         batch = ipb.DecisionBatch(shard=self.config.name)
         units: list[_Unit] = []
         pods = 0
+        grouping = self.config.mode == "godel"
         while self._ready and pods < self.config.max_batch_pods:
             _, _, unit = heapq.heappop(self._ready)
             if unit.revoked or not unit.pending:
                 continue
-            decision = await self._attempt(unit, batch)
-            if decision is not None:
-                units.append(unit)
-                pods += len(decision.placements)
+            if grouping and self._is_loose(unit):
+                group = self._take_loose(unit, self.config.max_batch_pods - pods)
+                for decided in await self._attempt_loose(group, batch):
+                    units.append(decided)
+                    pods += 1
+            else:
+                decision = await self._attempt(unit, batch)
+                if decision is not None:
+                    units.append(unit)
+                    pods += len(decision.placements)
             if time.monotonic() >= deadline:
                 break
         if units:
@@ -656,22 +671,11 @@ class SchedulerService(Service[SchedulerConfig]):
                 until = time.monotonic() + YIELD_SECONDS
                 if unit.revoked:
                     return None
-            pod = self.informer.get("Pod", name)
-            if not isinstance(pod, pb.Pod) or pod.metadata.resource_version < rv:
-                if revision < rv:  # the view has not caught up with the dispatcher yet
-                    self._defer(unit, 0.02)
-                    return None
-                del unit.pending[name]  # deleted by its owner
-                self._finish_pods(unit, 1)
-                continue
-            if pod.spec.node_name or pod.status.phase != pb.POD_PENDING:
-                del unit.pending[name]  # bound meanwhile (e.g. an earlier decision of ours)
-                if pod.spec.node_name:
-                    unit.bound.append(name)
-                    unit.already_bound += 1
-                self._finish_pods(unit, 1)
-                continue
-            infos.append(PodInfo.from_pod(pod))
+            pod = self._pending_pod(unit, name, rv, revision)
+            if isinstance(pod, _NotYet):
+                return None
+            if pod is not None:
+                infos.append(pod)
         if not infos:
             self._maybe_finish(unit)
             return None
@@ -701,28 +705,132 @@ class SchedulerService(Service[SchedulerConfig]):
             return None  # revoked while being placed: its placements die with the snapshot
         unit.infeasible = result.infeasible
         if not result.success:
-            metrics.SCHEDULER_UNITS_UNSCHEDULABLE.inc()
-            unit.handed_back.update(result.unplaced)
-            unit.diagnoses.update(result.diagnoses)
-            log.info("unit unschedulable", job=unit.name, reason=result.reason)
-            self._maybe_finish(unit)
+            self._hand_back(unit, result.unplaced, result.diagnoses, result.reason)
             return None
-        reqs = {p.name: p.req for p in infos}
+        unit.handed_back.update(result.unplaced)
+        unit.diagnoses.update(result.diagnoses)
+        return self._propose(unit, result.placements, {p.name: p.req for p in infos}, batch)
+
+    def _pending_pod(
+        self, unit: _Unit, name: str, rv: int, revision: int
+    ) -> PodInfo | _NotYet | None:
+        """A pending pod of ``unit`` as the search takes it; None when it needs no placing
+        any more (deleted by its owner, or bound meanwhile: counted here); ``_NOT_YET`` when
+        the view has not caught up with the dispatcher (the unit is deferred)."""
+        pod = self.informer.get("Pod", name)
+        if not isinstance(pod, pb.Pod) or pod.metadata.resource_version < rv:
+            if revision < rv:  # the view has not caught up with the dispatcher yet
+                self._defer(unit, 0.02)
+                return _NOT_YET
+            del unit.pending[name]  # deleted by its owner
+            self._finish_pods(unit, 1)
+            return None
+        if pod.spec.node_name or pod.status.phase != pb.POD_PENDING:
+            del unit.pending[name]  # bound meanwhile (e.g. an earlier decision of ours)
+            if pod.spec.node_name:
+                unit.bound.append(name)
+                unit.already_bound += 1
+            self._finish_pods(unit, 1)
+            return None
+        return PodInfo.from_pod(pod)
+
+    def _is_loose(self, unit: _Unit) -> bool:
+        """Whether the unit's search may be shared: one pod to place, placed on its own, and
+        no Movement's recommendations or waits to honour."""
+        return unit.loose and len(unit.pending) == 1 and not self.movements.lists(unit.name)
+
+    def _take_loose(self, first: _Unit, room: int) -> list[_Unit]:
+        """``first`` and the loose units next in line after it (the ready order is kept: they
+        are searched in it), at most ``MAX_LOOSE_GROUP`` and ``room`` pods."""
+        group = [first]
+        limit = min(MAX_LOOSE_GROUP, max(1, room))
+        ready = self._ready
+        while ready and len(group) < limit:
+            unit = ready[0][2]
+            if unit.revoked or not unit.pending:
+                heapq.heappop(ready)
+                continue
+            if not self._is_loose(unit):
+                break
+            heapq.heappop(ready)
+            group.append(unit)
+        return group
+
+    async def _attempt_loose(self, group: list[_Unit], batch: ipb.DecisionBatch) -> list[_Unit]:
+        """Place the one pending pod of each of ``group``'s units in one search (pods placed
+        independently: ``UnitInfo.independent``); each unit then ends, or sends its decision
+        into ``batch``, as alone. Returns the units that sent one."""
+        revision = self.informer.revision
+        owners: list[tuple[_Unit, PodInfo]] = []
+        for unit in group:
+            name, rv = next(iter(unit.pending.items()))
+            pod = self._pending_pod(unit, name, rv, revision)
+            if pod is None:
+                self._maybe_finish(unit)
+            elif not isinstance(pod, _NotYet):
+                owners.append((unit, pod))
+        if not owners:
+            return []
+        search = UnitInfo("", 1, 0, 0, [info for _, info in owners], independent=True)
+        with metrics.SCHEDULER_SCHEDULING_DURATION.time():
+            result = await self._search(search)
+        placed = {p.pod: p for p in result.placements}
+        decided: list[_Unit] = []
+        for unit, info in owners:
+            unit.pending.clear()
+            if unit.revoked:
+                continue  # revoked while being placed: its placement dies with the snapshot
+            placement = placed.get(info.name)
+            if placement is None:
+                unit.infeasible = info.name in result.infeasible_pods
+                reason = result.unplaced.get(info.name, result.reason)
+                self._hand_back(unit, {info.name: reason}, result.diagnoses, reason)
+                continue
+            self._propose(unit, [placement], {info.name: info.req}, batch)
+            decided.append(unit)
+        return decided
+
+    def _hand_back(
+        self,
+        unit: _Unit,
+        unplaced: dict[str, str],
+        diagnoses: dict[str, Diagnosis],
+        reason: str,
+    ) -> None:
+        """The attempt placed nothing of the unit: its pods go back with why."""
+        metrics.SCHEDULER_UNITS_UNSCHEDULABLE.inc()
+        unit.handed_back.update(unplaced)
+        for pod in unplaced:
+            diagnosis = diagnoses.get(pod)
+            if diagnosis is not None:
+                unit.diagnoses[pod] = diagnosis
+        log.info("unit unschedulable", job=unit.name, reason=reason)
+        self._maybe_finish(unit)
+
+    def _propose(
+        self,
+        unit: _Unit,
+        placements: list[Placement],
+        requests: dict[str, PodRequest],
+        batch: ipb.DecisionBatch,
+    ) -> ipb.UnitDecision:
+        """Append the unit's decision to ``batch``, its placements assumed in the cache."""
+        spec = unit.job.spec
         decision = batch.units.add(
             job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
         )
-        placements = decision.placements
+        out = decision.placements
         # Any replacement of a job a live Movement lists is recorded against it (actual when it
         # used a recommendation, mismatched when not).
         movement = self.movements.movement_of(unit.name)
-        for p in result.placements:
+        for p in placements:
             if p.recommendation:
                 self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
-            req = reqs[p.pod].pinned(p.numa_nodes) if p.numa_nodes else reqs[p.pod]
+            req = requests[p.pod].pinned(p.numa_nodes) if p.numa_nodes else requests[p.pod]
             self.cache.assume(req, p.node, p.victims)
             self.victims.admit(p.victims)
             unit.inflight[p.pod] = p.node
-            placements.add(
+            out.add(
                 pod=p.pod,
                 pod_resource_version=p.resource_version,
                 node=p.node,
@@ -730,10 +838,8 @@ class SchedulerService(Service[SchedulerConfig]):
                 movement=p.recommendation or movement,
                 numa_nodes=p.numa_nodes,
             )
-        unit.handed_back.update(result.unplaced)
-        unit.diagnoses.update(result.diagnoses)
-        self.stats["decided_pods"] += len(placements)
-        self._nominate(unit, placements)
+        self.stats["decided_pods"] += len(out)
+        self._nominate(unit, out)
         return decision
 
     def _placed_nodes(self, unit: _Unit) -> tuple[str, ...]:
@@ -1004,6 +1110,13 @@ class _SchedulerServicer(internal_pb2_grpc.SchedulerServicer):
                 await reader
             service.stream_closed(stream)
             log.info("dispatcher disconnected", peer=peer)
+
+
+class _NotYet:
+    """A pending pod the shard's view has not caught up with (``_pending_pod``)."""
+
+
+_NOT_YET = _NotYet()
 
 
 def _now_ms() -> int:
