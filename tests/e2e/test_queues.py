@@ -116,9 +116,13 @@ def test_two_equal_queues_hold_equal_shares_on_a_full_cluster(
 ) -> None:
     summary = contend(make_cluster, fairness.Contention.quick((1, 1)))
     assert summary.samples >= 5, summary.timeline
-    # Sampled while both have work: the shares stay within 10 % of each other (a sample may
-    # catch pods that just finished before their room is handed on; nine in ten may not).
-    assert summary.within_ten_percent >= 0.9, summary
+    # Sampled while both have work: the shares stay within 10 % of each other. A sample may
+    # catch a job's pods that just finished before their room is handed on: five pods are five
+    # nodes of the queue's fifty, a 10 % gap by themselves, more with one other pod finishing.
+    # About one run in eight had two such samples of eighteen (before 3a8e724 and after), so up
+    # to one in five may; an unfair dispatcher is off in most samples, and the mean gap below
+    # is the bound that catches a small but steady bias.
+    assert summary.within_ten_percent >= 0.8, summary
     assert summary.gap_mean <= 0.05, summary
 
 
