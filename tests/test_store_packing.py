@@ -47,7 +47,7 @@ def test_an_argument_redis_cannot_take_is_a_data_error(bad: Any) -> None:
 @pytest.mark.parametrize(
     "base", [Connection, SSLConnection, UnixDomainSocketConnection, SentinelManagedConnection]
 )
-def test_every_connection_class_keeps_its_own_behaviour(base: type[Any]) -> None:
+def test_every_connection_class_gets_the_packer_once(base: type[Any]) -> None:
     packed = packed_class(base)
     assert issubclass(packed, HiredisPacking) and issubclass(packed, base)
     assert packed_class(base) is packed  # made once
