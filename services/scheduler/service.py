@@ -269,6 +269,7 @@ class _Unit:
     # read of a protobuf field builds a wrapper (one-pod units are many).
     name: str = field(init=False)
     priority: int = field(init=False)
+    affinity: JobAffinity | None = field(init=False)  # the job's job-level affinity (spec)
     # A job whose pods are placed each on its own (min_member 1, no job-level affinity): when
     # it has one pod to place it may share a search with others (``_attempt_loose``).
     loose: bool = field(init=False)
@@ -276,7 +277,8 @@ class _Unit:
     def __post_init__(self) -> None:
         self.name = self.job.metadata.name
         self.priority = self.job.spec.priority
-        self.loose = self.job.spec.min_member <= 1 and JobAffinity.from_job(self.job) is None
+        self.affinity = JobAffinity.from_job(self.job)
+        self.loose = self.job.spec.min_member <= 1 and self.affinity is None
 
     def undecided(self) -> int:
         return len(self.pending) + len(self.inflight) + len(self.retry)
@@ -687,7 +689,7 @@ class SchedulerService(Service[SchedulerConfig]):
             self._defer(unit, MOVEMENT_WAIT_POLL_SECONDS)
             return None
         spec = unit.job.spec
-        affinity = JobAffinity.from_job(unit.job)
+        affinity = unit.affinity
         info = UnitInfo(
             unit.name,
             spec.min_member,
