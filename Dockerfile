@@ -8,7 +8,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 # jemalloc for the store server and the services: the bundled valkey-server and CPython are
 # built with glibc's malloc, whose slow path cost the store two fifths of its CPU here. Preloaded
-# into every process of the image (godel/allocator.py; unset LD_PRELOAD to run without it).
+# into every process of the image (foundation/allocator.py; unset LD_PRELOAD to run without it).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libjemalloc2 \
     && rm -rf /var/lib/apt/lists/*

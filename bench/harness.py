@@ -42,8 +42,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.load import build_jobs
 from bench.workload import SERVICE_KINDS, Suite, Workload
+from foundation.allocator import allocator_in, jemalloc_env
 from godel import local
-from godel.allocator import allocator_in, jemalloc_env
 from godel.client import ProtoClient, ReschedulerClient
 from godel.local.cluster import probe_credentials
 from protos.godel.v1 import objects_pb2 as pb

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from placement.claims import CLAIM_PHASES, holds_claim
 from placement.framework import JobAffinity, PodInfo
 from placement.labelselector import matches
 from placement.nodeinfo import NodeInfo, PodRequest, pool_of, resource_fit_failures
@@ -37,7 +38,6 @@ from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
 
-_HOLDING = (pb.POD_BOUND, pb.POD_RUNNING)
 PREEMPTED = "Preempted"  # services.eviction.PREEMPTED (the CLI does not import the services)
 
 
@@ -67,7 +67,7 @@ async def audit(store: Store) -> AuditReport:
     # over-commit (the same fit rule the scheduler and binder use).
     infos = {name: NodeInfo.from_node(n) for name, n in nodes.items()}
     for pod in pods:
-        if not pod.spec.node_name or pod.status.phase not in _HOLDING:
+        if not holds_claim(pod):
             continue
         report.bound += 1
         info = infos.get(pod.spec.node_name)
@@ -96,7 +96,7 @@ async def audit(store: Store) -> AuditReport:
     _audit_topology(report, infos, pods)
 
     # 2. Claims and pods agree: each holding pod has exactly its claim; nothing else has one.
-    holding = {p.metadata.name: p for p in pods if p.spec.node_name and p.status.phase in _HOLDING}
+    holding = {p.metadata.name: p for p in pods if holds_claim(p)}
     for name, pod in holding.items():
         claim = claims.get(name)
         if claim is None:
@@ -124,7 +124,7 @@ async def audit(store: Store) -> AuditReport:
     # 8. Job-level affinity: each job's placed pods share one domain of its required keys.
     placed_by_job: dict[str, list[pb.Pod]] = defaultdict(list)
     for pod in pods:
-        if pod.spec.node_name and pod.status.phase in _HOLDING:
+        if holds_claim(pod):
             placed_by_job[pod.spec.job].append(pod)
     for job_name, members in placed_by_job.items():
         job = jobs.get(job_name)
@@ -176,7 +176,7 @@ def _audit_topology(report: AuditReport, infos: dict[str, NodeInfo], pods: list[
         p
         for p in pods
         if p.spec.node_name in infos
-        and p.status.phase in _HOLDING
+        and p.status.phase in CLAIM_PHASES
         and (
             p.spec.template.affinity.pod_anti_affinity.required
             or p.spec.template.topology_spread_constraints

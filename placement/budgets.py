@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from placement.claims import CLAIM_PHASES
 from protos.godel.v1 import objects_pb2 as pb
 
 _Req = pb.LabelSelectorRequirement
 # Phases in which a pod holds its node: evicting it is a disruption.
-_ON_NODE = frozenset({pb.POD_BOUND, pb.POD_RUNNING})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def healthy(pod: pb.Pod) -> bool:
     whose deletion was requested do not count: they are not serving, and evicting them costs
     nothing.
     """
-    return pod.status.phase in _ON_NODE and not pod.metadata.deletion_timestamp_ms
+    return pod.status.phase in CLAIM_PHASES and not pod.metadata.deletion_timestamp_ms
 
 
 def expected_pods(

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol
 
+from placement.claims import CLAIM_PHASES
 from placement.framework.interface import PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest, port_conflict, resource_fit_failures
 from protos.godel.v1 import objects_pb2 as pb
@@ -61,7 +62,6 @@ FitFn = Callable[[PodInfo, NodeInfo], bool]
 # Victim pod names -> the budgets their eviction together would break ([] = none).
 BudgetFn = Callable[[Sequence[str]], list[str]]
 
-_RUNNING_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
 # A time after every real one: "protected until further notice", "started last".
 _NEVER_ENDS = (1 << 63) - 1
 
@@ -102,7 +102,7 @@ def victim_reason(
     cycle already chose for other pods). A pod claimed by this very preemptor (``preempted_by``
     its name, e.g. on a retry) stays a possible victim.
     """
-    if candidate.status.phase not in _RUNNING_PHASES:
+    if candidate.status.phase not in CLAIM_PHASES:
         return NOT_BOUND
     return candidate_reason(preemptor, VictimCandidate.from_pod(candidate), now_ms, claimed)
 

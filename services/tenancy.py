@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
-from godel.tls import Identity
+from foundation.tls import Identity
 from protos.godel.v1 import objects_pb2 as pb
 
 DEFAULT_QUEUE = "default"

@@ -30,8 +30,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from godel.allocator import AllocatorError, allocator_in, jemalloc_env
-from godel.netutil import stable_free_port
+from foundation.allocator import AllocatorError, allocator_in, jemalloc_env
+from foundation.netutil import stable_free_port
 
 FsyncPolicy = Literal["always", "everysec", "no"]
 
@@ -63,7 +63,7 @@ class StoreServerError(Exception):
 
 def server_env(binary: str) -> dict[str, str]:
     """The environment a server started from ``binary`` runs in: this process's, with jemalloc
-    preloaded into a server built with glibc's malloc (``godel.allocator``)."""
+    preloaded into a server built with glibc's malloc (``foundation.allocator``)."""
     return jemalloc_env() if server_malloc(binary) == "libc" else dict(os.environ)
 
 

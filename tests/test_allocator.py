@@ -1,4 +1,4 @@
-"""godel.allocator: jemalloc preloaded into the processes the package starts, when installed."""
+"""foundation.allocator: jemalloc preloaded into the processes the package starts, when installed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from godel.allocator import (
+from foundation.allocator import (
     ALLOCATOR_ENV,
     AllocatorError,
     find_jemalloc,

@@ -25,8 +25,9 @@ from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.decide import ATOMIC_DELETE_REPLICAS, informed_jobs
-from services.binder.service import LEADER_METADATA_KEY, BinderConfig, BinderService
+from services.binder.service import BinderConfig, BinderService
 from services.dispatcher.creation import CHUNK_OPS
+from services.peers.binder import LEADER_METADATA_KEY
 from services.runtime import ServiceHost
 from services.runtime.healthcheck import probe
 from store import Store

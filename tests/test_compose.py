@@ -200,7 +200,7 @@ def test_the_certs_service_issues_credentials_every_service_uses(
     naming every compose service name it may be dialled at."""
     from cryptography import x509
 
-    from godel import pki, tls
+    from foundation import pki, tls
 
     init = services[CERTS]
     assert init["restart"] == "no" and "depends_on" not in init

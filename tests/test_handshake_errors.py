@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health, health_pb2_grpc
 
-from godel import pki, tls
+from foundation import pki, tls
 from godel.cli.main import app
 from godel.client import ClientError, ProtoClient, Unauthenticated, Unavailable
 from services.runtime.healthcheck import probe

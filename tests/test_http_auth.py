@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from godel import pki, tls
+from foundation import pki, tls
+from foundation.netutil import free_port
 from godel.cli.main import app
-from godel.netutil import free_port
 from services.dashboard.service import DashboardConfig, DashboardService
 from services.runtime import Service, ServiceConfig, ServiceHost
 

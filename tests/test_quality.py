@@ -30,3 +30,11 @@ def test_ruff_lint_and_format() -> None:
 def test_mypy_strict_on_our_packages() -> None:
     result = _run(sys.executable, "-m", "mypy")
     assert result.returncode == 0, result.stdout
+
+
+def test_import_layers_hold() -> None:
+    """pyproject's import-linter contracts: the layers, no service importing another's package,
+    the SDK free of the services, no cycles between sibling modules."""
+    lint_imports = str(Path(sys.executable).parent / "lint-imports")
+    result = _run(lint_imports, "--no-cache")
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -21,7 +21,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from godel.netutil import free_port
+from foundation.netutil import free_port
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from services.runtime import (
     ConfigError,

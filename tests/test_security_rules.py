@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from godel import pki, tls
-from godel.tls import Identity
+from foundation import pki, tls
+from foundation.tls import Identity
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
 from services.nodeagent.runner import RunAs, resolve_run_as

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import redis
 
-from godel.allocator import ALLOCATOR_ENV, JEMALLOC_PRELOADED, find_jemalloc, preloaded
-from godel.netutil import free_port, free_ports, stable_free_port, wait_for_port
+from foundation.allocator import ALLOCATOR_ENV, JEMALLOC_PRELOADED, find_jemalloc, preloaded
+from foundation.netutil import free_port, free_ports, stable_free_port, wait_for_port
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store, StoreUnavailableError, redact_url
 from store import server as server_mod

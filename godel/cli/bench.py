@@ -1,11 +1,14 @@
 """`godel bench WORKLOAD`: run a benchmark workload against real local clusters.
 
-A thin shell over the harness (``python -m bench``): the workloads are the files in
+A thin shell over the harness: it runs ``python -m bench`` in a process of its own (the CLI is
+a layer below the benchmarks, which start clusters through it). The workloads are the files in
 ``bench/workloads/``; see bench/README.md for what the report holds.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -38,12 +41,15 @@ def bench(
 
     Writes <workload>-<timestamp>.json, .md and PNG plots to --out; prints the summary table.
     """
-    from bench.__main__ import run
-
     if fsync not in ("always", "everysec", "no"):
         fail(f"--fsync must be always, everysec or no (got {fsync!r})", code=2)
-    code = run(
-        workload, quick=quick, out=out, fsync=fsync, rate=rate, variants=list(variant) or None
-    )
+    argv = [sys.executable, "-m", "bench", workload, "--out", str(out), "--fsync", fsync]
+    if quick:
+        argv.append("--quick")
+    if rate is not None:
+        argv += ["--rate", repr(rate)]
+    for name in variant:
+        argv += ["--variant", name]
+    code = subprocess.call(argv)
     if code:
-        raise click.exceptions.Exit(code)  # run() has said why
+        raise click.exceptions.Exit(code)  # the harness has said why

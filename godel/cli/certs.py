@@ -1,7 +1,7 @@
 """`godel certs`: the cluster's CA and the certificates of services, the admin and tenants.
 
 `godel up` runs `init` for its home by itself; compose runs it once in its ``certs`` service,
-writing to a volume the other services mount. The issuing is in :mod:`godel.tls`.
+writing to a volume the other services mount. The issuing is in :mod:`foundation.tls`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from godel import local, tls
+from foundation import tls
+from godel import local
 from godel.cli.common import home_option
 from godel.cli.output import Group, fail
 
@@ -57,7 +58,7 @@ def init(directory: Path | None, home: Path | None, host: tuple[str, ...]) -> No
     target = _directory(directory, home)
     existed = (target / f"{tls.CA}.crt").exists()
     try:
-        from godel import pki  # cryptography: only for the commands that make certificates
+        from foundation import pki  # cryptography: only for the commands that make certificates
 
         issued = pki.init_cluster(target, list(host))
     except (tls.CredentialsError, OSError) as exc:
@@ -86,7 +87,7 @@ def issue(
         fail("--queue is for tenants: the admin may use every queue")
     target = _directory(directory, home)
     try:
-        from godel import pki
+        from foundation import pki
 
         path = pki.issue(target, name, role, queues=list(queue))  # type: ignore[arg-type]
     except tls.CredentialsError as exc:
@@ -122,7 +123,7 @@ def export(
     target = out or source / f"{name}.p12"
     chosen = password if password is not None else secrets.token_urlsafe(12)
     try:
-        from godel import pki
+        from foundation import pki
 
         bundle = pki.export_pkcs12(source, name, chosen.encode())
         # 0600 from the start, as the key it holds.

@@ -16,7 +16,7 @@ from typing import Any, Self, overload
 import grpc
 from google.protobuf.message import Message
 
-from godel import tls
+from foundation import tls
 from godel.client._transport import (
     CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT,

@@ -21,7 +21,7 @@ from typing import Any, Self
 import grpc
 from google.protobuf.message import Message
 
-from godel import tls
+from foundation import tls
 from godel.client._transport import CHANNEL_OPTIONS, client_error, resolve_credentials
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar, overload
 
-from godel import tls
+from foundation import tls
 from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, Selector
 from godel.client._transport import DEFAULT_TIMEOUT
 from godel.client.objects import Event, Explanation, Job, Object, Pod

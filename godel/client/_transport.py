@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from godel import tls
+from foundation import tls
 
 MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_TIMEOUT = 30.0
@@ -153,7 +153,7 @@ def _credentials_hint(plaintext: bool) -> str:
     if directory := os.environ.get(tls.TLS_DIR_VARIABLE):
         where = f"$GODEL_TLS_DIR ({directory})"
     else:
-        from godel import local  # as discover_credentials: only when it is needed
+        from godel.local import home as local  # as discover_credentials: only when needed
 
         where = f"{local.GodelHome(local.default_home()).tls_dir} (or $GODEL_TLS_DIR)"
     identity = os.environ.get(tls.IDENTITY_VARIABLE) or tls.ADMIN
@@ -220,7 +220,7 @@ def discover_credentials(home: Path | None = None) -> tls.Credentials | None:
     if directory := os.environ.get(tls.TLS_DIR_VARIABLE):
         return _load_credentials(Path(directory), identity)
     # Imported here, as in local_address: a program given its credentials never needs it.
-    from godel import local
+    from godel.local import home as local
 
     godel_home = local.GodelHome(home or local.default_home())
     try:

@@ -23,12 +23,12 @@ from typing import Literal
 import psutil
 import structlog
 
-from godel import pki, tls
-from godel.allocator import AllocatorError, jemalloc_env
+from foundation import pki, tls
+from foundation.allocator import AllocatorError, jemalloc_env
+from foundation.netutil import free_ports
 from godel.local.home import SENTINEL, STORE, ClusterState, ComponentRecord, GodelHome, now_iso
-from godel.netutil import free_ports
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.service import LEASE as BINDER_LEASE
+from services.peers.binder import LEASE as BINDER_LEASE
 from services.runtime.healthcheck import SERVING, TIMEOUT, UNREACHABLE, probe
 from store import Store, StoreError, StoreUnavailableError
 from store.server import (
@@ -339,7 +339,7 @@ def _record_store_process(
 def _service_env(state: ClusterState) -> dict[str, str]:
     """A service's environment: the store URL travels here, not in argv (`ps` shows argv to
     every user of the machine, and the URL may carry a password); jemalloc is preloaded when
-    the system has it (``godel.allocator``)."""
+    the system has it (``foundation.allocator``)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": state.store_url}
     try:
         return jemalloc_env(env)

@@ -5,7 +5,7 @@
       store-replica-<i>/  data dirs of its replicas (`godel up --store-replicas N`)
       sentinel-<i>/       the Sentinels watching them (config, log)
       logs/<name>.log     one log per service process
-      tls/                the cluster CA and certificates (godel.tls); absent with --insecure
+      tls/                the cluster CA and certificates (foundation.tls); absent with --insecure
       cluster.json        what is running: one record per component
       .lock               held while `godel up`/`down` change the cluster
 

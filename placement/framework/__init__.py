@@ -20,9 +20,9 @@ from placement.framework.interface import (
     TopologyPlugin,
     UnitInfo,
 )
-from placement.framework.profile import Profile, ProfileError, load_profile
+from placement.framework.profile import Profile, ProfileError
 from placement.framework.registry import NoArgs, PluginConfigError, PluginSpec, Registry
-from placement.framework.runtime import Framework
+from placement.framework.runtime import Framework, load_profile
 
 __all__ = [
     "MAX_NODE_SCORE",

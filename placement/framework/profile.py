@@ -70,9 +70,16 @@ class Profile:
 _KEYS = {"filters", "scores", "locating", "grouping", "args", "preemption"}
 
 
-def load_profile(source: str | Path, registry: Registry) -> Profile:
-    """Parse YAML text (or a file) and validate it against ``registry``."""
-    where = str(source) if isinstance(source, Path) else "profile"
+def where_of(source: str | Path) -> str:
+    """How errors about a profile from ``source`` name it: its path, or "profile" for text."""
+    return str(source) if isinstance(source, Path) else "profile"
+
+
+def parse_profile(source: str | Path, registry: Registry) -> Profile:
+    """Parse YAML text (or a file) and check its shape against ``registry``: known plugins,
+    each listed once, integer weights. The plugins' own args are checked by building them
+    (``runtime.load_profile``, which callers use)."""
+    where = where_of(source)
     try:
         text = source.read_text() if isinstance(source, Path) else source
         doc = yaml.safe_load(text)
@@ -95,14 +102,12 @@ def load_profile(source: str | Path, registry: Registry) -> Profile:
         args=_args(doc, where),
         preemption=_flag(doc, "preemption", where, default=True),
     )
-    validate_profile(profile, registry, where)
+    check_profile(profile, registry, where)
     return profile
 
 
-def validate_profile(profile: Profile, registry: Registry, where: str = "profile") -> None:
-    """Refuse unknown or duplicate plugins, bad weights, bad args (builds each plugin once)."""
-    from placement.framework.runtime import Framework  # the runtime checks the rest
-
+def check_profile(profile: Profile, registry: Registry, where: str = "profile") -> None:
+    """Refuse unknown or duplicate plugins and bad weights."""
     for point, names in (
         ("filters", profile.filters),
         ("scores", tuple(n for n, _ in profile.scores)),
@@ -124,12 +129,6 @@ def validate_profile(profile: Profile, registry: Registry, where: str = "profile
     for name in profile.args:
         if name not in registry:
             raise ProfileError(f"{where}: args: unknown plugin {name!r}")
-    try:
-        Framework(profile, registry)
-    except ProfileError:
-        raise
-    except PluginConfigError as exc:
-        raise ProfileError(f"{where}: {exc}") from exc
 
 
 def _flag(doc: dict[str, Any], key: str, where: str, *, default: bool) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from pathlib import Path
 
 from placement.framework.interface import (
     Candidates,
@@ -20,8 +21,8 @@ from placement.framework.interface import (
     TopologyPlugin,
     UnitInfo,
 )
-from placement.framework.profile import Profile, ProfileError
-from placement.framework.registry import Registry
+from placement.framework.profile import Profile, ProfileError, parse_profile, where_of
+from placement.framework.registry import PluginConfigError, Registry
 from placement.nodeinfo import NodeInfo
 from placement.topology import PodCounts
 
@@ -230,3 +231,16 @@ class Framework:
                 prior = [found.reason] if found is not None and found.reason else []
                 found = NodeGroups(groups, "; ".join(prior + reasons))
         return found
+
+
+def load_profile(source: str | Path, registry: Registry) -> Profile:
+    """Parse YAML text (or a file) and validate it against ``registry``: its shape
+    (``profile.parse_profile``), then every plugin's args, by building each plugin once."""
+    profile = parse_profile(source, registry)
+    try:
+        Framework(profile, registry)
+    except ProfileError:
+        raise
+    except PluginConfigError as exc:
+        raise ProfileError(f"{where_of(source)}: {exc}") from exc
+    return profile

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
+from placement.claims import TERMINAL_PHASES
 from placement.framework import Framework, JobAffinity, PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins import joblevelaffinity, numatopology
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.state import TERMINAL, ClusterState
+from services.binder.state import ClusterState
 from services.binder.victims import VictimClaims
 from services.eviction import PREEMPTED, Eviction, EvictionOps
 from store.client import Bind, Op, Update
@@ -172,7 +173,7 @@ class BatchPlan:
             return Rejection(STALE, "pod is being deleted")
         if pod.spec.node_name:
             return Rejection(STALE, f"pod already bound to {pod.spec.node_name!r}")
-        if pod.status.phase in TERMINAL:
+        if pod.status.phase in TERMINAL_PHASES:
             return Rejection(STALE, "pod already finished")
         if pod.metadata.resource_version != p.pod_resource_version:
             return Rejection(

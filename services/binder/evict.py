@@ -15,9 +15,10 @@ Synchronous and free of I/O.
 
 from __future__ import annotations
 
+from placement.claims import holds_claim
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.state import ClusterState, holds_claim
+from services.binder.state import ClusterState
 from services.binder.victims import LiveBudgets
 from services.eviction import Eviction, EvictionOps
 from store.client import Op

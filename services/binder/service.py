@@ -39,6 +39,7 @@ from services.binder.decide import (
 from services.binder.evict import EvictPlan
 from services.binder.state import ClusterState
 from services.eviction import EVICTION_REASONS
+from services.peers.binder import LEADER_METADATA_KEY, LEASE
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import ConfigError, option
 from store.client import Bind, Create, Fence, Op, Release
@@ -57,10 +58,7 @@ from store.lease import LeaderElector
 
 log = structlog.get_logger(__name__)
 
-LEASE = "binder"
 BINDER_SERVICE = ipb.DESCRIPTOR.services_by_name["Binder"].full_name
-# Trailing metadata on FAILED_PRECONDITION: where the leader is, for shards to reconnect.
-LEADER_METADATA_KEY = "godel-leader-address"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

@@ -15,18 +15,12 @@ from collections.abc import Callable, Iterator, Mapping
 from google.protobuf.message import Message
 
 from placement.budgets import SelectorMembers
+from placement.claims import holds_claim
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 from services.grouped import GroupedNames
 from store.encoded import EncodedObjects
-
-TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
-
-
-def holds_claim(pod: pb.Pod) -> bool:
-    """Whether the pod occupies room on its node (bound and not finished)."""
-    return bool(pod.spec.node_name) and pod.status.phase not in TERMINAL
 
 
 class PodBook(Mapping[str, pb.Pod]):

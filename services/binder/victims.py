@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from placement.budgets import BudgetTracker, current_status
+from placement.claims import holds_claim
 from placement.framework import PodInfo
 from placement.preemption import victim_reason
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.state import ClusterState, holds_claim
+from services.binder.state import ClusterState
 
 
 class LiveBudgets:

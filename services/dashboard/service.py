@@ -23,8 +23,7 @@ import orjson
 import structlog
 import uvicorn
 
-from godel.tls import CredentialFiles
-from services.binder.service import LEASE as BINDER_LEASE
+from foundation.tls import CredentialFiles
 from services.dashboard.summary import (
     ClusterTracker,
     lease_summary,
@@ -33,6 +32,7 @@ from services.dashboard.summary import (
     shard_summary,
 )
 from services.dashboard.web import build_app
+from services.peers.binder import LEASE as BINDER_LEASE
 from services.runtime import Service, ServiceConfig, StartupError, option
 from services.runtime.config import WILDCARD_HOSTS
 from store.errors import StoreUnavailableError

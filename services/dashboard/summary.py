@@ -19,6 +19,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
 
 GUARANTEED = "guaranteed"
@@ -27,7 +28,6 @@ POOLS = (GUARANTEED, BEST_EFFORT)
 WAITING = "waiting to be scheduled"
 """The reason shown for a pending pod no scheduler has reported on yet."""
 
-_TERMINAL = (pb.POD_SUCCEEDED, pb.POD_FAILED)
 _LATENCY_SAMPLES_PER_SECOND = 256
 _RECENT_MOVEMENTS = 10
 _MAX_REASONS = 12
@@ -157,7 +157,7 @@ class ClusterTracker:
         self._pod_phase[name] = new.status.phase
         self._phases[new.status.phase] += 1
         if new.spec.node_name:
-            if new.status.phase not in _TERMINAL:
+            if new.status.phase not in TERMINAL_PHASES:
                 self._claim(name, new)
             if old is not None and not old.spec.node_name:
                 self._record_bind(new)

@@ -4,8 +4,9 @@ the page is plain HTML, CSS and JavaScript shipped inside this package."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
@@ -14,13 +15,27 @@ from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-if TYPE_CHECKING:
-    from services.dashboard.service import DashboardService
+
+class SummarySource(Protocol):
+    """What the routes read from the dashboard service: the current summary (JSON bytes), its
+    version, a wait for the next one, and whether the service is closing."""
+
+    @property
+    def summary(self) -> bytes: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def closing(self) -> asyncio.Event: ...
+
+    async def wait_for_update(self, seen: int) -> None: ...
+
 
 STATIC = ("services.dashboard", "static")
 
 
-def build_app(service: DashboardService) -> Starlette:
+def build_app(service: SummarySource) -> Starlette:
     static = StaticFiles(packages=[STATIC])
     index = static.lookup_path("index.html")[0]
 

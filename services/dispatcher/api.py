@@ -14,14 +14,13 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
-from godel.tls import Identity
+from foundation.tls import Identity
 from placement import labelselector
+from placement.claims import holds_claim
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
-from services.binder.client import EvictError
-from services.binder.state import holds_claim
 from services.dispatcher import listing
 from services.dispatcher import validation as v
 from services.dispatcher.controllers import PodIndex, as_read, derives_status
@@ -30,6 +29,7 @@ from services.dispatcher.deletion import JobDeleter
 from services.dispatcher.dispatch import UnitDispatcher
 from services.dispatcher.unitqueue import is_pending
 from services.eviction import DRAINED
+from services.peers.binder import EvictError
 from services.runtime.auth import caller
 from store import (
     AlreadyExistsError,

@@ -37,6 +37,7 @@ import structlog
 from google.protobuf.message import Message
 
 from placement.budgets import current_status
+from placement.claims import CLAIM_PHASES
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.validation import being_deleted, pods_complete
 from services.eviction import (
@@ -53,9 +54,6 @@ from store.informer import Handlers, Informer
 
 log = structlog.get_logger(__name__)
 
-TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
-# Phases of a pod that holds (or is about to use) its node.
-ON_NODE = frozenset({pb.POD_BOUND, pb.POD_RUNNING})
 READY = "Ready"
 HEARTBEAT_LAPSED = "NodeHeartbeatLapsed"
 
@@ -338,7 +336,7 @@ class NodeLifecycleController:
         ops: list[Op] = []
         taken: set[str] = set()  # replacement names used in this commit
         for pod in self.pods.pods_on(node):
-            if pod.status.phase not in ON_NODE:
+            if pod.status.phase not in CLAIM_PHASES:
                 continue
             ops.append(Release(evicted(pod, NODE_LOST, message, now)))
             job = self._informer.get("Job", pod.spec.job) if pod.spec.job else None

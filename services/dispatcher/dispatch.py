@@ -27,7 +27,6 @@ from placement.nodeinfo import GUARANTEED, POOLS, pool_capacity, pool_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.client import BinderEvictor
 from services.dispatcher.nominations import Nominations
 from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
 from services.dispatcher.reclaim import Reclaimer
@@ -40,6 +39,7 @@ from services.dispatcher.unitqueue import (
 )
 from services.dispatcher.validation import NodeShape, pods_complete
 from services.events import SHARD_LOST, WARNING, EventRecorder, ref
+from services.peers.binder import BinderEvictor
 from services.runtime import Dial, cancel_and_wait
 from store import Store, StoreError
 from store.informer import Handlers, Informer

@@ -41,6 +41,7 @@ from typing import Literal
 import structlog
 from google.protobuf.message import Message
 
+from placement.claims import CLAIM_PHASES
 from placement.nodeinfo import POOLS, pool_capacity, pool_of
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatch import live_shards
@@ -51,7 +52,6 @@ from store.informer import Handlers, Informer
 log = structlog.get_logger(__name__)
 
 Mode = Literal["auto", "on", "off"]
-_CLAIM_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +305,7 @@ class Allocation:
         if (
             pod is not None
             and pod.spec.node_name
-            and pod.status.phase in _CLAIM_PHASES
+            and pod.status.phase in CLAIM_PHASES
             and pod.spec.qos != pb.QOS_BEST_EFFORT
         ):
             new = self._pods[name] = Quantities.shared_request(pod.spec.template.requests)
@@ -373,7 +373,7 @@ class PartitionRoom:
 
     def on_pod(self, name: str, pod: pb.Pod | None) -> None:
         """A pod's claim: on its node while bound or running."""
-        claims = pod is not None and pod.spec.node_name and pod.status.phase in _CLAIM_PHASES
+        claims = pod is not None and pod.spec.node_name and pod.status.phase in CLAIM_PHASES
         old = self._claims.get(name)
         if claims and old is not None and old[0] == pod.spec.node_name:  # type: ignore[union-attr]
             return  # bound -> running: a bound pod's node, QoS and requests stay as they were

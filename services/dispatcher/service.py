@@ -17,7 +17,6 @@ import structlog
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import events, metrics
-from services.binder.client import BinderEvictor
 from services.dispatcher.api import DispatcherServicer
 from services.dispatcher.controllers import (
     BudgetStatusController,
@@ -33,6 +32,7 @@ from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
 from services.dispatcher.partitions import NodeShuffler, PartitionSettings
 from services.dispatcher.reconciler import Reconciler
 from services.dispatcher.ttl import FinishedJobCollector
+from services.peers.binder import BinderEvictor
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import option
 from store.informer import Informer

@@ -19,10 +19,10 @@ import time
 import structlog
 from google.protobuf.message import Message
 
+from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers import (
     FINISHED_JOB_PHASES,
-    TERMINAL,
     PodIndex,
     _tick_forever,
     derives_status,
@@ -83,7 +83,7 @@ class FinishedJobCollector:
         if isinstance(obj, pb.Pod):
             # A one-pod job finishes when its pod does, with no update of its own (its status
             # is derived); the pods of other jobs finish theirs through its status update.
-            if obj.status.phase not in TERMINAL:
+            if obj.status.phase not in TERMINAL_PHASES:
                 return
             job = self._informer.get("Job", obj.spec.job)
             if isinstance(job, pb.Job) and derives_status(job):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import NamedTuple
 
+from placement.claims import holds_claim
 from placement.nodeinfo import GUARANTEED, POOLS, pool_of
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.queueing import (
@@ -43,7 +44,6 @@ from services.dispatcher.validation import DEFAULT_QUEUE, being_deleted, pods_co
 # credits), so a long queue of units too large for the shards left costs a bounded round.
 MAX_HELD_PER_ROUND = 64
 
-_CLAIM_PHASES = (pb.POD_BOUND, pb.POD_RUNNING)
 # What offering a unit came to: sent, held (quota, no shard, unknown job), or held because the
 # cluster has no room for it while other queues wait behind it.
 _SENT, _HELD, _NO_ROOM = 0, 1, 2
@@ -250,7 +250,7 @@ class UnitQueue:
         """Count a pod: its claim towards its queue's usage, and if pending, into its job's
         unit. True when a unit joined its queue's heap (a round may send it)."""
         name = pod.metadata.name
-        if pod.spec.node_name and pod.status.phase in _CLAIM_PHASES:
+        if holds_claim(pod):
             claim = Claim.of(pod)
             self._claimed[claim.name] = claim
             self._usage.setdefault(claim.queue, Quantities()).add(claim.requests)

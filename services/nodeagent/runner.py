@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 from google.protobuf.message import Message
 
+from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
 from services.nodeagent.nodes import HOLLOW, PROCESS, now_ms
 from store import CommitError, ConflictError, NotFoundError, Store, StoreError
@@ -39,7 +40,6 @@ from store.informer import Handlers
 
 log = structlog.get_logger(__name__)
 
-TERMINAL = frozenset({pb.POD_SUCCEEDED, pb.POD_FAILED})
 # How long a child gets between SIGTERM and SIGKILL, unless its template says otherwise
 # (``termination_grace_seconds``).
 KILL_GRACE_SECONDS = 3.0
@@ -60,7 +60,7 @@ class Patch:
 
     @property
     def terminal(self) -> bool:
-        return self.phase in TERMINAL
+        return self.phase in TERMINAL_PHASES
 
     def then(self, later: Patch) -> Patch:
         """This patch followed by ``later`` (both unflushed): the later phase wins, the earliest
@@ -78,7 +78,7 @@ class Patch:
         """A copy of ``pod`` with the patch applied, or None if it no longer applies (the pod
         already ended or already runs)."""
         phase = pod.status.phase
-        if phase in TERMINAL or (phase == pb.POD_RUNNING and self.phase == pb.POD_RUNNING):
+        if phase in TERMINAL_PHASES or (phase == pb.POD_RUNNING and self.phase == pb.POD_RUNNING):
             return None
         out = pb.Pod()
         out.CopyFrom(pod)
@@ -236,7 +236,7 @@ class PodRunner:
         if run is not None:
             run.keep(pod)
             if pod.spec.node_name != run.node or (
-                pod.status.phase in TERMINAL and not run.finished
+                pod.status.phase in TERMINAL_PHASES and not run.finished
             ):
                 # Ended by someone else (node lost, evicted): stop it, write nothing.
                 log.info("pod ended elsewhere; stopping it", pod=name, phase=pod.status.phase)

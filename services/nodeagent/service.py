@@ -22,7 +22,6 @@ import structlog
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import metrics, tenancy
-from services.binder.client import BinderEvictor
 from services.nodeagent.nodes import (
     HOLLOW,
     PROCESS,
@@ -47,6 +46,7 @@ from services.nodeagent.tidal import (
     UsageCurve,
     hollow_usage,
 )
+from services.peers.binder import BinderEvictor
 from services.runtime import ConfigError, Service, ServiceConfig, cancel_and_wait, option
 from services.runtime.auth import caller
 from store import StoreError

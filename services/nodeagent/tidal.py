@@ -30,17 +30,17 @@ from dataclasses import dataclass
 import psutil
 import structlog
 
+from placement.claims import CLAIM_PHASES
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.client import BinderEvictor, EvictError
 from services.eviction import RECLAIMED
+from services.peers.binder import BinderEvictor, EvictError
 from store import Store
 from store.errors import ConflictError, StoreError
 
 log = structlog.get_logger(__name__)
 
 DAY_SECONDS = 86_400
-_HOLDS_NODE = frozenset({pb.POD_BOUND, pb.POD_RUNNING})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ class TidalController:
         guaranteed: dict[str, list[pb.Pod]] = {}
         best_effort: dict[str, list[pb.Pod]] = {}
         for pod in self.pods():
-            if pod.status.phase not in _HOLDS_NODE or pod.metadata.deletion_timestamp_ms:
+            if pod.status.phase not in CLAIM_PHASES or pod.metadata.deletion_timestamp_ms:
                 continue
             side = best_effort if pod.spec.qos == pb.QOS_BEST_EFFORT else guaranteed
             side.setdefault(pod.spec.node_name, []).append(pod)

@@ -32,7 +32,6 @@ from placement.budgets import BudgetTracker
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services import movements as shared
-from services.binder.client import BinderEvictor, EvictError
 from services.events import (
     MOVEMENT_DONE,
     MOVEMENT_PLANNED,
@@ -43,6 +42,7 @@ from services.events import (
     ref,
 )
 from services.eviction import RESCHEDULED
+from services.peers.binder import BinderEvictor, EvictError
 from services.rescheduler import movements as mv
 from services.rescheduler.framework import ClusterView, Move
 from services.rescheduler.round import Policy, RoundPlan

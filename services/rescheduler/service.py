@@ -27,7 +27,7 @@ from placement.rules import hard_rules
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import events
-from services.binder.client import BinderEvictor
+from services.peers.binder import BinderEvictor
 from services.rescheduler.checks import new_check_registry
 from services.rescheduler.config import PolicyConfig, PolicyConfigError, load_policies
 from services.rescheduler.executor import ExecutionConfig, RoundExecutor

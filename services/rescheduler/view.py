@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from placement.claims import TERMINAL_PHASES
 from placement.framework import Framework, PodInfo
 from placement.nodeinfo import NodeInfo
 from protos.godel.v1 import objects_pb2 as pb
 from services.rescheduler.framework import ClusterView, RunningPod
-
-_TERMINAL = (pb.POD_SUCCEEDED, pb.POD_FAILED)
 
 
 class PodInfoCache:
@@ -56,7 +55,7 @@ def build_view(
     running: dict[str, RunningPod] = {}
     pending: list[pb.Pod] = []
     for pod in pods:
-        if pod.status.phase in _TERMINAL or pod.metadata.deletion_timestamp_ms:
+        if pod.status.phase in TERMINAL_PHASES or pod.metadata.deletion_timestamp_ms:
             continue
         node = pod.spec.node_name
         if not node:

@@ -1,7 +1,7 @@
 """Who may call what: every call's identity comes from its verified client certificate.
 
 The TLS handshake already refused anyone without a certificate of the cluster's CA (mutual TLS,
-``godel.tls``). This interceptor decides, per method, which roles and service kinds may call it
+``foundation.tls``). This interceptor decides, per method, which roles and service kinds may call it
 (``RULES``: the schedulers → Binder.Decide, the dispatcher → Scheduler.Dispatch, …) and makes
 the caller's identity available to the servicer (:func:`caller`) for the finer, per-object rules
 of the public API (a tenant reads only its own jobs). A refusal is PERMISSION_DENIED naming
@@ -19,15 +19,15 @@ from typing import Any
 
 import grpc
 
-from godel.pki import identity_of
-from godel.tls import CredentialsError, Identity
+from foundation.pki import identity_of
+from foundation.tls import CredentialsError, Identity
 
 
 @dataclass(frozen=True)
 class MethodRule:
     """Who may call the methods under ``prefix``; ``name`` is quoted in refusals. ``admits``
     holds roles (``admin``, ``tenant``, ``service``: any service) and service kinds as
-    ``service:<kind>`` (a service certificate's name is its kind, ``godel.tls``)."""
+    ``service:<kind>`` (a service certificate's name is its kind, ``foundation.tls``)."""
 
     prefix: str
     admits: frozenset[str]

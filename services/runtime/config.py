@@ -25,7 +25,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import yaml
 
-from godel import tls
+from foundation import tls
 
 ENV_PREFIX = "GODEL_"
 

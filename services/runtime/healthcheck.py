@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from godel import tls
+from foundation import tls
 
 SERVING = "SERVING"
 UNREACHABLE = "UNREACHABLE"

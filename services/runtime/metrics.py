@@ -28,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from godel.tls import CredentialFiles
+from foundation.tls import CredentialFiles
 
 log = structlog.get_logger(__name__)
 

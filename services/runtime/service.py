@@ -29,7 +29,7 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from godel import pki, tls
+from foundation import pki, tls
 from services.runtime import gcpolicy
 from services.runtime.auth import Authorize
 from services.runtime.config import (

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 import structlog
 from google.protobuf.message import Message
 
+from placement.claims import TERMINAL_PHASES
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.preemption import VictimCandidate
 from placement.snapshot import LabelIndex
 from protos.godel.v1 import objects_pb2 as pb
 
 log = structlog.get_logger(__name__)
-
-_TERMINAL = (pb.POD_SUCCEEDED, pb.POD_FAILED)
 
 
 @dataclass(slots=True)
@@ -115,7 +114,7 @@ class SchedulerCache:
     def set_pod(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
         node_name = pod.spec.node_name
-        if not node_name or pod.status.phase in _TERMINAL:
+        if not node_name or pod.status.phase in TERMINAL_PHASES:
             self.remove_pod(name, keep_assumed=not node_name)
             return
         current = self.bound.get(name)

@@ -40,7 +40,7 @@ from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import metrics
-from services.binder.service import LEASE as BINDER_LEASE
+from services.peers.binder import LEASE as BINDER_LEASE
 from services.runtime import Service, ServiceConfig, option
 from services.runtime.config import ConfigError
 from services.runtime.service import MAX_MESSAGE_BYTES

@@ -65,8 +65,8 @@ from typing import Any
 
 import yaml
 
-from godel import tls
-from godel.allocator import find_jemalloc
+from foundation import tls
+from foundation.allocator import find_jemalloc
 from services.runtime.healthcheck import probe
 from store.server import find_server_binary
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from godel import tls
+from foundation import tls
 from godel.client import ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe

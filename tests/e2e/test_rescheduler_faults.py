@@ -24,13 +24,13 @@ from typing import Any
 import psutil
 import pytest
 
-from godel import tls
+from foundation import tls
 from godel.client import ReschedulerClient
 from placement.rules import hard_rules
 from protos.godel.v1 import objects_pb2 as pb
 from services import movements as shared
-from services.binder.client import BinderEvictor
 from services.eviction import REPLACES_ANNOTATION, RESCHEDULED
+from services.peers.binder import BinderEvictor
 from services.rescheduler.checks import new_check_registry
 from services.rescheduler.config import load_policies
 from services.rescheduler.executor import ExecutionConfig, RoundExecutor

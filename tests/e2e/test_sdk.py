@@ -18,7 +18,8 @@ import grpc
 import psutil
 import pytest
 
-from godel import tls
+from foundation import tls
+from foundation.netutil import free_ports
 from godel.client import (
     AlreadyExists,
     AsyncGodelClient,
@@ -34,7 +35,6 @@ from godel.client import (
     Unavailable,
     job,
 )
-from godel.netutil import free_ports
 from services.runtime.healthcheck import probe
 from tests.e2e.conftest import ROOT, Cluster, wait_until
 

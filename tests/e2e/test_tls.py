@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from godel import pki, tls
+from foundation import pki, tls
 from godel.client import (
     ClientError,
     GodelClient,

@@ -1,5 +1,5 @@
 """The cluster's credentials on the wire: loading them, and gRPC servers and channels using them.
-(Making them — the CA, issuing certificates, reading the identity one names — is ``godel.pki``;
+(Making them — the CA, issuing certificates, reading the identity one names — is ``foundation.pki``;
 it needs ``cryptography``, which clients never import.)
 
 A cluster's trust lives in one directory (``$GODEL_HOME/tls`` for `godel up`, a volume written

@@ -1,6 +1,6 @@
 """The cluster CA: creating it, issuing the certificates of services, the admin and tenants, and
 reading the identity a certificate names (``cryptography``). The layout of a credentials
-directory and the meaning of a certificate's subject are described in ``godel.tls``, which uses
+directory and the meaning of a certificate's subject are described in ``foundation.tls``, which uses
 them; this module is imported by what makes certificates (`godel up`, `godel certs`) and by the
 servers (``services.runtime.auth``), not by clients.
 """
@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from godel.tls import (
+from foundation.tls import (
     ADMIN,
     CA,
     QUEUE_URI_PREFIX,

@@ -1,7 +1,8 @@
-"""Asking the Binder leader to evict: the client side of ``Binder.Evict`` for the services that
-evict without scheduling (the rescheduler's movements, the dispatcher's quota reclaim and
-drain, a node agent's tidal pressure). The Binder commits every eviction through the one
-eviction path (``services.eviction``)."""
+"""What the Binder publishes: the name of its leader lease (whose holder address is where the
+leader serves), the trailer a standby names the leader in, and the client side of
+``Binder.Evict`` for the services that evict without scheduling (the rescheduler's movements,
+the dispatcher's quota reclaim and drain, a node agent's tidal pressure). The Binder commits
+every eviction through the one eviction path (``services.eviction``)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import grpc
 
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
-from services.binder.service import LEASE
 from services.runtime import Dial
 from store import Store
+
+# The Binder's leader lease: its holder is the leader, its holder_address where the leader serves.
+LEASE = "binder"
+# Trailing metadata on FAILED_PRECONDITION: where the leader is, for shards to reconnect.
+LEADER_METADATA_KEY = "godel-leader-address"
 
 POLL_SECONDS = 0.2
 # Codes worth asking again: no leader yet, the leader stepping down, or it being unreachable.

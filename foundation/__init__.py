@@ -1,0 +1,5 @@
+"""The bottom library: what every layer above may use and which uses none of them.
+
+TLS and the cluster's PKI (``tls``, ``pki``), network helpers (``netutil``), the memory
+allocator choice for spawned servers (``allocator``). Nothing here imports ``store``,
+``placement``, ``services``, ``godel`` or ``bench`` (pyproject's import-linter contracts)."""
