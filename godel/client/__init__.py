@@ -18,6 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from foundation.tls import Credentials
     from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, JobFailed
     from godel.client._proto import ProtoClient, ReschedulerClient, logs
     from godel.client._sync import GodelClient, JobHandle
@@ -53,6 +54,7 @@ _HOMES = {
             "AlreadyExists",
             "ClientError",
             "ClusterNotFound",
+            "Credentials",
             "Conflict",
             "DeadlineExceeded",
             "Invalid",
@@ -72,6 +74,10 @@ _HOMES = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "Credentials":  # the credentials= argument's type lives in the bottom library
+        from foundation.tls import Credentials
+
+        return Credentials
     module = _HOMES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -87,6 +93,7 @@ __all__ = [
     "ClientError",
     "ClusterNotFound",
     "Conflict",
+    "Credentials",
     "DeadlineExceeded",
     "Event",
     "Explanation",
