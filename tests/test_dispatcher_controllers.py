@@ -13,7 +13,8 @@ import grpc
 import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers import (
+from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.controllers.jobstatus import (
     BudgetStatusController,
     FailurePolicy,
     JobRetryController,
@@ -24,9 +25,8 @@ from services.dispatcher.controllers import (
     as_read,
     job_status,
 )
-from services.dispatcher.deletion import JobDeleter
-from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
-from services.dispatcher.ttl import FinishedJobCollector
+from services.dispatcher.controllers.ttl import FinishedJobCollector
+from services.dispatcher.dispatching.dispatch import DispatchSettings, UnitDispatcher
 from services.nodeagent.service import NodeAgentService
 from services.runtime import ServiceHost
 from store import CommitError, Store

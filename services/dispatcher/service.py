@@ -17,8 +17,10 @@ import structlog
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import events, metrics
-from services.dispatcher.api import DispatcherServicer
-from services.dispatcher.controllers import (
+from services.dispatcher.api.servicer import DispatcherServicer
+from services.dispatcher.controllers.creation import PodCreator
+from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.controllers.jobstatus import (
     BudgetStatusController,
     JobRetryController,
     JobStatusController,
@@ -26,12 +28,10 @@ from services.dispatcher.controllers import (
     PodIndex,
     QueueStatusController,
 )
-from services.dispatcher.creation import PodCreator
-from services.dispatcher.deletion import JobDeleter
-from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
-from services.dispatcher.partitions import NodeShuffler, PartitionSettings
-from services.dispatcher.reconciler import Reconciler
-from services.dispatcher.ttl import FinishedJobCollector
+from services.dispatcher.controllers.reconciler import Reconciler
+from services.dispatcher.controllers.ttl import FinishedJobCollector
+from services.dispatcher.dispatching.dispatch import DispatchSettings, UnitDispatcher
+from services.dispatcher.dispatching.partitions import NodeShuffler, PartitionSettings
 from services.peers.binder import BinderEvictor
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import option

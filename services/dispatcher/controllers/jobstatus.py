@@ -39,7 +39,7 @@ from google.protobuf.message import Message
 from placement.budgets import current_status
 from placement.claims import CLAIM_PHASES
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.validation import being_deleted, pods_complete
+from services.dispatcher.objects import being_deleted, pods_complete
 from services.eviction import (
     EVICTION_REASONS,
     NODE_LOST,

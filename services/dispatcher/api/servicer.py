@@ -21,13 +21,15 @@ from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
-from services.dispatcher import listing
-from services.dispatcher import validation as v
-from services.dispatcher.controllers import PodIndex, as_read, derives_status
-from services.dispatcher.creation import PodCreator, first_commit
-from services.dispatcher.deletion import JobDeleter
-from services.dispatcher.dispatch import UnitDispatcher
-from services.dispatcher.unitqueue import is_pending
+from services.dispatcher.api import listing
+from services.dispatcher.api import validation as v
+from services.dispatcher.controllers.creation import PodCreator, first_commit
+from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.controllers.jobstatus import PodIndex, as_read, derives_status
+from services.dispatcher.controllers.pods import normalise_job
+from services.dispatcher.dispatching.dispatch import UnitDispatcher
+from services.dispatcher.dispatching.unitqueue import is_pending
+from services.dispatcher.objects import DEFAULT_QUEUE, PODS_CREATED_ANNOTATION, pods_complete
 from services.eviction import DRAINED
 from services.peers.binder import EvictError
 from services.runtime.auth import caller
@@ -161,7 +163,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             return api_pb2.SubmitResponse()
         names = [j.metadata.name for j in jobs]
         # The default queue need not exist as an object; it is read too for its defaults.
-        queues = sorted({j.spec.queue or v.DEFAULT_QUEUE for j in jobs})
+        queues = sorted({j.spec.queue or DEFAULT_QUEUE for j in jobs})
         existing = await self.store.get_many(pb.Job, names)
         found_queues = await self.store.get_many(pb.Queue, queues)
         queue_objects = {
@@ -200,7 +202,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             if replayed and not request.dry_run:
                 await self.store.replication_barrier()  # as below
             return api_pb2.SubmitResponse(results=results)
-        units = {i: v.normalise_job(jobs[i]) for i in valid}
+        units = {i: normalise_job(jobs[i]) for i in valid}
         owner = _owner()
         for unit in units.values():
             unit.metadata.owner = owner  # never what the request said
@@ -211,7 +213,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         # for one store script goes in with its first chunk of pods, marked unfinished, and the
         # rest follow below (creation.py: no script holds the store for long).
         commits = [first_commit(units[i], preemptible[i]) for i in valid]
-        unfinished = [i for i in valid if not v.pods_complete(units[i])]
+        unfinished = [i for i in valid if not pods_complete(units[i])]
         # Ours until finished below (the reconciler resumes only jobs nobody is creating).
         self.creator.active.update(units[i].metadata.name for i in unfinished)
         try:
@@ -606,7 +608,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
 
     def _show_nominations(self, pods: list[pb.Pod]) -> None:
         """Fill ``status.nominated_node`` of pending preemptors from the dispatcher's memory
-        (see services/dispatcher/nominations.py): the stored pod never carries it."""
+        (see services/dispatcher/dispatching/nominations.py): the stored pod never carries it."""
         if not len(self.core.nominations):
             return
         for pod in pods:
@@ -968,7 +970,7 @@ def _merge(kind: str, existing: Message, applied: Message) -> Message:
 def _job_update(stored: pb.Job, applied: pb.Job) -> tuple[pb.Job, list[tuple[str, str]]]:
     """The stored job with what ``applied`` may change (labels, annotations, MUTABLE_JOB_SPEC),
     and each field it would change that may not: (path, why)."""
-    wanted = v.normalise_job(applied)
+    wanted = normalise_job(applied)
     new = pb.Job()
     new.CopyFrom(stored)
     meta = new.metadata
@@ -982,9 +984,9 @@ def _job_update(stored: pb.Job, applied: pb.Job) -> tuple[pb.Job, list[tuple[str
     meta.annotations.clear()
     meta.annotations.update({**system, **applied.metadata.annotations})
     # How far its pods' creation got is the system's alone to say.
-    meta.annotations.pop(v.PODS_CREATED_ANNOTATION, None)
-    if v.PODS_CREATED_ANNOTATION in system:
-        meta.annotations[v.PODS_CREATED_ANNOTATION] = system[v.PODS_CREATED_ANNOTATION]
+    meta.annotations.pop(PODS_CREATED_ANNOTATION, None)
+    if PODS_CREATED_ANNOTATION in system:
+        meta.annotations[PODS_CREATED_ANNOTATION] = system[PODS_CREATED_ANNOTATION]
     immutable: list[tuple[str, str]] = []
     for path in _differences(stored.spec, wanted.spec, "spec"):
         top = path.split(".")[1].split("[")[0]
@@ -1035,7 +1037,7 @@ def _is_replay(request_id: str, submitted: pb.Job, stored: pb.Job) -> bool:
     return (
         bool(request_id)
         and stored.metadata.annotations.get(REQUEST_ID_ANNOTATION) == request_id
-        and stored.spec == v.normalise_job(submitted).spec
+        and stored.spec == normalise_job(submitted).spec
     )
 
 

@@ -21,13 +21,13 @@ from google.protobuf.message import Message
 
 from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers import (
+from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.controllers.jobstatus import (
     FINISHED_JOB_PHASES,
     PodIndex,
     _tick_forever,
     derives_status,
 )
-from services.dispatcher.deletion import JobDeleter
 from store import Store
 from store.client import Delete, Op
 from store.errors import StoreError

@@ -27,17 +27,17 @@ from placement.nodeinfo import GUARANTEED, POOLS, pool_capacity, pool_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.nominations import Nominations
-from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
-from services.dispatcher.reclaim import Reclaimer
-from services.dispatcher.unitqueue import (
+from services.dispatcher.dispatching.nominations import Nominations
+from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.dispatching.reclaim import Reclaimer
+from services.dispatcher.dispatching.unitqueue import (
     BackoffSettings,
     PendingRef,
     UnitEntry,
     UnitQueue,
     UnitState,
 )
-from services.dispatcher.validation import NodeShape, pods_complete
+from services.dispatcher.objects import NodeShape, pods_complete
 from services.events import SHARD_LOST, WARNING, EventRecorder, ref
 from services.peers.binder import BinderEvictor
 from services.runtime import Dial, cancel_and_wait
