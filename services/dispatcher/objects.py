@@ -1,14 +1,36 @@
 """What the dispatcher's three roles (api, dispatching, controllers) read alike off stored
-objects: the default queue, a node's shape, and a job's two marks — its pods not all stored yet
-(``godel.io/pods-created``) and its deletion begun."""
+objects: their metadata, typed (``metadata_of``), the default queue, a node's shape, and a job's
+two marks — its pods not all stored yet (``godel.io/pods-created``) and its deletion begun."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from google.protobuf.message import Message
+
 from protos.godel.v1 import objects_pb2 as pb
 
 DEFAULT_QUEUE = "default"
+
+# Every stored kind (store.kinds.KINDS), each with its ``metadata``.
+STORED_MESSAGES = (
+    pb.Job,
+    pb.Pod,
+    pb.Node,
+    pb.Queue,
+    pb.DisruptionBudget,
+    pb.Movement,
+    pb.SchedulerInstance,
+    pb.Event,
+)
+
+
+def metadata_of(obj: Message) -> pb.ObjectMeta:
+    """A stored object's metadata, typed: the informer and the store hand objects over as the
+    bare ``Message``, whose fields the type checker cannot see."""
+    if not isinstance(obj, STORED_MESSAGES):
+        raise TypeError(f"{obj.DESCRIPTOR.full_name} is not a stored kind")
+    return obj.metadata
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,16 +18,14 @@ from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import events, metrics
 from services.dispatcher.api.servicer import DispatcherServicer
+from services.dispatcher.controllers.budgetstatus import BudgetStatusController
 from services.dispatcher.controllers.creation import PodCreator
 from services.dispatcher.controllers.deletion import JobDeleter
-from services.dispatcher.controllers.jobstatus import (
-    BudgetStatusController,
-    JobRetryController,
-    JobStatusController,
-    NodeLifecycleController,
-    PodIndex,
-    QueueStatusController,
-)
+from services.dispatcher.controllers.jobretry import JobRetryController
+from services.dispatcher.controllers.jobstatus import JobStatusController
+from services.dispatcher.controllers.nodelifecycle import NodeLifecycleController
+from services.dispatcher.controllers.podindex import PodIndex
+from services.dispatcher.controllers.queuestatus import QueueStatusController
 from services.dispatcher.controllers.reconciler import Reconciler
 from services.dispatcher.controllers.ttl import FinishedJobCollector
 from services.dispatcher.dispatching.dispatch import DispatchSettings, UnitDispatcher

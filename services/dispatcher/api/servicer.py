@@ -25,7 +25,8 @@ from services.dispatcher.api import listing
 from services.dispatcher.api import validation as v
 from services.dispatcher.controllers.creation import PodCreator, first_commit
 from services.dispatcher.controllers.deletion import JobDeleter
-from services.dispatcher.controllers.jobstatus import PodIndex, as_read, derives_status
+from services.dispatcher.controllers.jobphase import as_read, derives_status
+from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.dispatcher.dispatching.unitqueue import is_pending

@@ -38,11 +38,8 @@ from google.protobuf.message import Message
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers.creation import PodCreator
 from services.dispatcher.controllers.deletion import JobDeleter
-from services.dispatcher.controllers.jobstatus import (
-    JobStatusController,
-    derives_status,
-    job_status,
-)
+from services.dispatcher.controllers.jobphase import derives_status, job_status
+from services.dispatcher.controllers.jobstatus import JobStatusController
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.dispatcher.dispatching.unitqueue import UnitState
 from services.dispatcher.objects import being_deleted, pods_complete
