@@ -12,10 +12,11 @@ from protos.godel.v1 import objects_pb2 as pb
 
 DEFAULT_QUEUE = "default"
 
-# Every stored kind (store.kinds.KINDS), each with its ``metadata``.
+# Every stored kind (store.kinds.KINDS), each with its ``metadata``; the most numerous first
+# (isinstance tries them in order).
 STORED_MESSAGES = (
-    pb.Job,
     pb.Pod,
+    pb.Job,
     pb.Node,
     pb.Queue,
     pb.DisruptionBudget,
