@@ -1,4 +1,4 @@
-"""Micro-benchmark of the dispatcher's unit queue alone (services.dispatcher.unitqueue), one
+"""Micro-benchmark of the dispatcher's unit queue alone (services.dispatcher.dispatching.unitqueue), one
 core, no services, one-pod units of two tenants' queues under DRF:
 
     PYTHONPATH=. python -m bench.queue_micro others-wait [--units 5000]
@@ -28,8 +28,13 @@ import time
 
 from placement.nodeinfo import GUARANTEED
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
-from services.dispatcher.unitqueue import BackoffSettings, UnitEntry, UnitQueue, UnitState
+from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.dispatching.unitqueue import (
+    BackoffSettings,
+    UnitEntry,
+    UnitQueue,
+    UnitState,
+)
 
 TENANTS = ("a", "b")
 

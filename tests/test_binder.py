@@ -26,7 +26,7 @@ from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.decide import ATOMIC_DELETE_REPLICAS, informed_jobs
 from services.binder.service import BinderConfig, BinderService
-from services.dispatcher.creation import CHUNK_OPS
+from services.dispatcher.controllers.creation import CHUNK_OPS
 from services.peers.binder import LEADER_METADATA_KEY
 from services.runtime import ServiceHost
 from services.runtime.healthcheck import probe
@@ -258,7 +258,7 @@ def node_state(name: str, *, ready: bool = True, unschedulable: bool = False) ->
 
 
 def being_deleted(job: pb.Job) -> pb.Job:
-    """Marked as the dispatcher's chunked deletion marks it (services/dispatcher/deletion.py)."""
+    """Marked as the dispatcher's chunked deletion marks it (services/dispatcher/controllers/deletion.py)."""
     job.metadata.deletion_timestamp_ms = 1
     return job
 

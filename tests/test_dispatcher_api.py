@@ -13,10 +13,10 @@ import pytest
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.api import _of_job
-from services.dispatcher.creation import CHUNK_OPS
-from services.dispatcher.queueing import policy_for
-from services.dispatcher.validation import PODS_CREATED_ANNOTATION
+from services.dispatcher.api.watch import _of_job
+from services.dispatcher.controllers.creation import CHUNK_OPS
+from services.dispatcher.dispatching.queueing import policy_for
+from services.dispatcher.objects import PODS_CREATED_ANNOTATION
 from services.eviction import evicted
 from store import Store
 from store.client import Bind, Release

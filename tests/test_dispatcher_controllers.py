@@ -13,20 +13,16 @@ import grpc
 import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers import (
-    BudgetStatusController,
-    FailurePolicy,
-    JobRetryController,
-    JobStatusController,
-    NodeLifecycleController,
-    PodIndex,
-    QueueStatusController,
-    as_read,
-    job_status,
-)
-from services.dispatcher.deletion import JobDeleter
-from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
-from services.dispatcher.ttl import FinishedJobCollector
+from services.dispatcher.controllers.budgetstatus import BudgetStatusController
+from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.controllers.jobphase import FailurePolicy, as_read, job_status
+from services.dispatcher.controllers.jobretry import JobRetryController
+from services.dispatcher.controllers.jobstatus import JobStatusController
+from services.dispatcher.controllers.nodelifecycle import NodeLifecycleController
+from services.dispatcher.controllers.podindex import PodIndex
+from services.dispatcher.controllers.queuestatus import QueueStatusController
+from services.dispatcher.controllers.ttl import FinishedJobCollector
+from services.dispatcher.dispatching.dispatch import DispatchSettings, UnitDispatcher
 from services.nodeagent.service import NodeAgentService
 from services.runtime import ServiceHost
 from store import CommitError, Store

@@ -16,8 +16,8 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatch import OutgoingUnit, unit_messages
-from services.dispatcher.unitqueue import PendingRef
+from services.dispatcher.dispatching.dispatch import OutgoingUnit, unit_messages
+from services.dispatcher.dispatching.unitqueue import PendingRef
 from store import Store
 from store.client import Bind
 from tests import factories as f

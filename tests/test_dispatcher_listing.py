@@ -1,4 +1,4 @@
-"""Paged List's snapshots (services/dispatcher/listing.py): tokens, snapshot keeping and
+"""Paged List's snapshots (services/dispatcher/api/listing.py): tokens, snapshot keeping and
 expiry as plain state, table-driven; and the dispatcher's List paging through one."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.listing import (
+from services.dispatcher.api.listing import (
     ListingSnapshots,
     MalformedTokenError,
     decode_token,

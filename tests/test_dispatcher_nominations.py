@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from protos.godel.v1 import internal_pb2 as ipb
-from services.dispatcher.nominations import Nominations
+from services.dispatcher.dispatching.nominations import Nominations
 
 
 def noms(job: str, *pods: tuple[str, str, list[str]]) -> ipb.Nominations:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.queueing import (
+from services.dispatcher.api.validation import queue_cycles
+from services.dispatcher.dispatching.queueing import (
     FAIRNESS,
     FifoPolicy,
     PendingUnit,
@@ -19,7 +20,6 @@ from services.dispatcher.queueing import (
     policy_for,
     quota_excess,
 )
-from services.dispatcher.validation import queue_cycles
 
 
 def unit(job: str, *, priority: int = 0, created: int = 0, seq: int = 0) -> PendingUnit:

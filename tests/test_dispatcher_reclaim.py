@@ -8,9 +8,9 @@ import pytest
 from placement.budgets import BudgetTracker
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.queueing import Quantities
-from services.dispatcher.reclaim import choose_victims
-from services.dispatcher.unitqueue import Claim
+from services.dispatcher.dispatching.queueing import Quantities
+from services.dispatcher.dispatching.reclaim import choose_victims
+from services.dispatcher.dispatching.unitqueue import Claim
 
 # Every pod a claim below was made for, as the dispatcher's informer would read it.
 PODS: dict[str, pb.Pod] = {}

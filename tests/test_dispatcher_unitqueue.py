@@ -12,16 +12,16 @@ import pytest
 
 from placement.nodeinfo import GUARANTEED
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher import unitqueue
-from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
-from services.dispatcher.unitqueue import (
+from services.dispatcher.dispatching import unitqueue
+from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.dispatching.unitqueue import (
     MAX_HELD_PER_ROUND,
     BackoffSettings,
     UnitEntry,
     UnitQueue,
     UnitState,
 )
-from services.dispatcher.validation import PODS_CREATED_ANNOTATION
+from services.dispatcher.objects import PODS_CREATED_ANNOTATION
 from tests import factories as f
 
 

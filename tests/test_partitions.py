@@ -13,8 +13,8 @@ import pytest
 
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatch import ShardLink, choose_shard
-from services.dispatcher.partitions import (
+from services.dispatcher.dispatching.dispatch import ShardLink, choose_shard
+from services.dispatcher.dispatching.partitions import (
     Figures,
     Meter,
     NodeShuffler,
@@ -24,7 +24,7 @@ from services.dispatcher.partitions import (
     ShardCounters,
     rebalance_move,
 )
-from services.dispatcher.queueing import Quantities
+from services.dispatcher.dispatching.queueing import Quantities
 from store import NotFoundError, Store
 from store.client import Fence
 from store.informer import Informer

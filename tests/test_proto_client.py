@@ -8,7 +8,7 @@ from pathlib import Path
 
 from godel.client import ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.api import REQUEST_ID_ANNOTATION
+from services.dispatcher.api.submit import REQUEST_ID_ANNOTATION
 from store import Store
 from tests import factories as f
 from tests.dispatcher_harness import dispatcher_config, run_dispatcher

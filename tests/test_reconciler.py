@@ -14,11 +14,12 @@ import pytest
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers import JobStatusController
-from services.dispatcher.creation import CHUNK_OPS, first_commit
-from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher, UnitState
-from services.dispatcher.reconciler import Reconciler
-from services.dispatcher.validation import PODS_CREATED_ANNOTATION, normalise_job
+from services.dispatcher.controllers.creation import CHUNK_OPS, first_commit
+from services.dispatcher.controllers.jobstatus import JobStatusController
+from services.dispatcher.controllers.pods import normalise_job
+from services.dispatcher.controllers.reconciler import Reconciler
+from services.dispatcher.dispatching.dispatch import DispatchSettings, UnitDispatcher, UnitState
+from services.dispatcher.objects import PODS_CREATED_ANNOTATION
 from store import Store
 from store.client import Delete
 from store.informer import Informer

@@ -325,7 +325,7 @@ def _home(path: Path | None) -> local.GodelHome:
 
 def _print_partitions(address: str) -> None:
     """The node shuffler's partitions as the shards' SchedulerInstances hold them: on when any
-    shard has one (services/dispatcher/partitions.py)."""
+    shard has one (services/dispatcher/dispatching/partitions.py)."""
     try:
         with client.ProtoClient(address, timeout=5.0) as api:
             shards = api.list("SchedulerInstance")

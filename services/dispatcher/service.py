@@ -17,21 +17,19 @@ import structlog
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import events, metrics
-from services.dispatcher.api import DispatcherServicer
-from services.dispatcher.controllers import (
-    BudgetStatusController,
-    JobRetryController,
-    JobStatusController,
-    NodeLifecycleController,
-    PodIndex,
-    QueueStatusController,
-)
-from services.dispatcher.creation import PodCreator
-from services.dispatcher.deletion import JobDeleter
-from services.dispatcher.dispatch import DispatchSettings, UnitDispatcher
-from services.dispatcher.partitions import NodeShuffler, PartitionSettings
-from services.dispatcher.reconciler import Reconciler
-from services.dispatcher.ttl import FinishedJobCollector
+from services.dispatcher.api.servicer import DispatcherServicer
+from services.dispatcher.controllers.budgetstatus import BudgetStatusController
+from services.dispatcher.controllers.creation import PodCreator
+from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.controllers.jobretry import JobRetryController
+from services.dispatcher.controllers.jobstatus import JobStatusController
+from services.dispatcher.controllers.nodelifecycle import NodeLifecycleController
+from services.dispatcher.controllers.podindex import PodIndex
+from services.dispatcher.controllers.queuestatus import QueueStatusController
+from services.dispatcher.controllers.reconciler import Reconciler
+from services.dispatcher.controllers.ttl import FinishedJobCollector
+from services.dispatcher.dispatching.dispatch import DispatchSettings, UnitDispatcher
+from services.dispatcher.dispatching.partitions import NodeShuffler, PartitionSettings
 from services.peers.binder import BinderEvictor
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import option
@@ -225,33 +223,7 @@ class DispatcherService(Service[DispatcherConfig]):
         log.info("queues rebuilt", pending_units=len(self.core.units))
         self.spawn(self.core.run(), name="dispatch")
         cfg = self.config
-        every = cfg.controller_interval_seconds
-        pods = self.pods
-        lifecycle = NodeLifecycleController(
-            self.store,
-            self.informer,
-            grace_seconds=cfg.node_grace_seconds,
-            interval_seconds=every,
-            pods=pods,
-        )
-        job_status = JobStatusController(
-            self.store, self.informer, interval_seconds=every, pods=pods
-        )
-        queue_status = QueueStatusController(
-            self.store,
-            self.informer,
-            self.core.queue_statuses,
-            interval_seconds=cfg.controller_interval_seconds,
-        )
-        budget_status = BudgetStatusController(
-            self.store, self.informer, interval_seconds=every, pods=pods
-        )
-        job_retry = JobRetryController(self.store, self.informer, interval_seconds=every, pods=pods)
-        self.spawn(lifecycle.run(), name="node-lifecycle")
-        self.spawn(job_status.run(), name="job-status")
-        self.spawn(queue_status.run(), name="queue-status")
-        self.spawn(budget_status.run(), name="budget-status")
-        self.spawn(job_retry.run(), name="job-retry")
+        job_status = self._start_controllers()
         self.spawn(self.events.run(), name="events")
         reaper = events.EventReaper(
             self.store,
@@ -263,7 +235,7 @@ class DispatcherService(Service[DispatcherConfig]):
         self.finished_jobs = FinishedJobCollector(
             self.store,
             self.informer,
-            pods,
+            self.pods,
             deleter=self.deleter,
             default_ttl_seconds=None if ttl < 0 else ttl,
             interval_seconds=max(cfg.controller_interval_seconds, 1.0),
@@ -298,13 +270,46 @@ class DispatcherService(Service[DispatcherConfig]):
         self.spawn(self.shuffler.run(), name="node-shuffler")
         self.spawn(self.reconciler.run(), name="reconciler")
 
+    def _start_controllers(self) -> JobStatusController:
+        """The node lifecycle, job status, queue status, budget status and job retry
+        controllers, over the one pod index; the job status one is the reconciler's too."""
+        cfg = self.config
+        every = cfg.controller_interval_seconds
+        pods = self.pods
+        lifecycle = NodeLifecycleController(
+            self.store,
+            self.informer,
+            grace_seconds=cfg.node_grace_seconds,
+            interval_seconds=every,
+            pods=pods,
+        )
+        job_status = JobStatusController(
+            self.store, self.informer, interval_seconds=every, pods=pods
+        )
+        queue_status = QueueStatusController(
+            self.store,
+            self.informer,
+            self.core.queue_statuses,
+            interval_seconds=cfg.controller_interval_seconds,
+        )
+        budget_status = BudgetStatusController(
+            self.store, self.informer, interval_seconds=every, pods=pods
+        )
+        job_retry = JobRetryController(self.store, self.informer, interval_seconds=every, pods=pods)
+        self.spawn(lifecycle.run(), name="node-lifecycle")
+        self.spawn(job_status.run(), name="job-status")
+        self.spawn(queue_status.run(), name="queue-status")
+        self.spawn(budget_status.run(), name="budget-status")
+        self.spawn(job_retry.run(), name="job-retry")
+        return job_status
+
     def _pods_of_job(self, job: str) -> Iterable[str]:
         return self.pods.by_job.get(job)
 
     def sample_metrics(self) -> None:
         queues = self.core.queue_statuses()
         # Every known queue, so that an emptied queue reads 0 rather than vanishing.
-        names = {q.metadata.name for q in self.informer.list("Queue")} | set(queues)  # type: ignore[attr-defined]
+        names = set(self.informer.names("Queue")) | set(queues)
         idle = pb.QueueStatus()
         metrics.DISPATCHER_QUEUE_PENDING_PODS.publish(
             {(name,): queues.get(name, idle).pending_pods for name in names}

@@ -1,8 +1,8 @@
 """Issue 16 item 7: liveness that holds under load. Under a 100,000-pod submission — the
-dispatcher validating and storing it (a chunk per commit: services/dispatcher/creation.py),
+dispatcher validating and storing it (a chunk per commit: services/dispatcher/controllers/creation.py),
 every informer taking in 100,000 pods, the shard reading and searching the unit and the Binder
 committing as many as fit — and then its deletion (marked, then a chunk per commit:
-services/dispatcher/deletion.py), the dispatcher never declares its live shard lost. (Earlier it
+services/dispatcher/controllers/deletion.py), the dispatcher never declares its live shard lost. (Earlier it
 did: one 100,000-op store script made every heartbeat BUSY; the shard's loop read the unit's
 100,000 pods without a pause; the dispatcher judged heartbeats from a reply that had waited in
 its socket while its own loop was busy.)"""

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.partitions import rebalance_move
+from services.dispatcher.dispatching.partitions import rebalance_move
 from tests import factories as f
 from tests.e2e.conftest import Cluster, wait_until
 

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from placement.claims import holds_claim
 from placement.nodeinfo import GUARANTEED, POOLS, pool_of
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.queueing import (
+from services.dispatcher.dispatching.queueing import (
     Fairness,
     PendingUnit,
     Quantities,
@@ -38,7 +38,7 @@ from services.dispatcher.queueing import (
     quota_excess,
     turn_key,
 )
-from services.dispatcher.validation import DEFAULT_QUEUE, being_deleted, pods_complete
+from services.dispatcher.objects import DEFAULT_QUEUE, being_deleted, pods_complete
 
 # A queue stops for the round after this many of its units found no room (quota or shard
 # credits), so a long queue of units too large for the shards left costs a bounded round.

@@ -44,8 +44,8 @@ from google.protobuf.message import Message
 from placement.claims import CLAIM_PHASES
 from placement.nodeinfo import POOLS, pool_capacity, pool_of
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatch import live_shards
-from services.dispatcher.queueing import Quantities
+from services.dispatcher.dispatching.dispatch import live_shards
+from services.dispatcher.dispatching.queueing import Quantities
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
 

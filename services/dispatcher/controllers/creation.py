@@ -5,7 +5,7 @@ One commit of a job and all its pods is atomic, but a store script cannot be int
 client — shard heartbeats, the Binder's lease — got BUSY. So a job with more pods than one
 script should carry (the job and ``store.client.MAX_OPS_PER_CALL`` pods, about the bound the
 store already puts on the scripts it batches: 0.1-0.2 s of server time on this busy machine,
-measured) is created as: the job, marked unfinished (``validation.PODS_CREATED_ANNOTATION``),
+measured) is created as: the job, marked unfinished (``objects.PODS_CREATED_ANNOTATION``),
 with its first chunk of pods in one commit; then each further chunk in a commit that also
 advances the mark (compare-and-set on the job, so a job deleted or replaced meanwhile gets no
 stray pods); the last one clears it. Until then its unit is not dispatched (``UnitQueue.view``). Small jobs — the
@@ -20,7 +20,13 @@ from __future__ import annotations
 import structlog
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher import validation as v
+from services.dispatcher.controllers.pods import pods_for
+from services.dispatcher.objects import (
+    PODS_CREATED_ANNOTATION,
+    being_deleted,
+    pods_complete,
+    pods_created,
+)
 from store import CommitError, ConflictError, NotFoundError, Store
 from store.client import MAX_OPS_PER_CALL, Create, Op, Update
 
@@ -38,8 +44,8 @@ def first_commit(job: pb.Job, preemptible_default: bool, chunk_ops: int = CHUNK_
     the job marked unfinished with as many pods as fit (``job`` is marked in place)."""
     first = min(job.spec.replicas, chunk_ops - 1)
     if first < job.spec.replicas:
-        job.metadata.annotations[v.PODS_CREATED_ANNOTATION] = str(first)
-    return [Create(job), *(Create(p) for p in v.pods_for(job, preemptible_default, 0, first))]
+        job.metadata.annotations[PODS_CREATED_ANNOTATION] = str(first)
+    return [Create(job), *(Create(p) for p in pods_for(job, preemptible_default, 0, first))]
 
 
 class PodCreator:
@@ -61,16 +67,16 @@ class PodCreator:
         self.active.add(name)
         created = 0
         try:
-            while not v.pods_complete(job):
-                done = v.pods_created(job)
+            while not pods_complete(job):
+                done = pods_created(job)
                 stop = min(job.spec.replicas, done + self.chunk_ops - 1)
                 advanced = pb.Job()
                 advanced.CopyFrom(job)
                 if stop >= job.spec.replicas:
-                    del advanced.metadata.annotations[v.PODS_CREATED_ANNOTATION]
+                    del advanced.metadata.annotations[PODS_CREATED_ANNOTATION]
                 else:
-                    advanced.metadata.annotations[v.PODS_CREATED_ANNOTATION] = str(stop)
-                pods = v.pods_for(job, preemptible_default, done, stop)
+                    advanced.metadata.annotations[PODS_CREATED_ANNOTATION] = str(stop)
+                pods = pods_for(job, preemptible_default, done, stop)
                 try:
                     await self.store.commit([Update(advanced), *(Create(p) for p in pods)])
                 except CommitError as exc:
@@ -79,7 +85,7 @@ class PodCreator:
                     # The job changed meanwhile (its status, an Apply): go on from the fresh
                     # copy, unless it is gone or another job of the same name.
                     fresh = (await self.store.get_many(pb.Job, [name]))[0]
-                    if fresh is None or fresh.metadata.uid != uid or v.being_deleted(fresh):
+                    if fresh is None or fresh.metadata.uid != uid or being_deleted(fresh):
                         log.info("job deleted while its pods were being created", job=name)
                         return created
                     job = fresh
@@ -97,7 +103,7 @@ class PodCreator:
         if name in self.active:
             return 0
         job = (await self.store.get_many(pb.Job, [name]))[0]
-        if job is None or v.pods_complete(job) or v.being_deleted(job):
+        if job is None or pods_complete(job) or being_deleted(job):
             return 0
         first = (await self.store.get_many(pb.Pod, [f"{name}-0"]))[0]
         preemptible = first is not None and first.spec.preemptible

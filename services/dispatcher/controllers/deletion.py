@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.creation import CHUNK_OPS
-from services.dispatcher.validation import being_deleted
+from services.dispatcher.controllers.creation import CHUNK_OPS
+from services.dispatcher.objects import being_deleted
 from store import CommitError, ConflictError, NotFoundError, Store
 from store.client import Delete, Op, Update
 

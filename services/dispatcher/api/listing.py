@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
+from services.dispatcher.objects import metadata_of
 from store.encoded import EncodedList
 
 # Kept this long after its last page was read, and at most this many at once (a list of
@@ -42,7 +43,7 @@ class MalformedTokenError(ValueError):
 
 
 def _name(obj: Message) -> str:
-    return obj.metadata.name  # type: ignore[attr-defined, no-any-return]
+    return metadata_of(obj).name
 
 
 def encode_token(snapshot: str, last_name: str) -> str:

@@ -21,13 +21,10 @@ from google.protobuf.message import Message
 
 from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers import (
-    FINISHED_JOB_PHASES,
-    PodIndex,
-    _tick_forever,
-    derives_status,
-)
-from services.dispatcher.deletion import JobDeleter
+from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.controllers.jobphase import FINISHED_JOB_PHASES, derives_status
+from services.dispatcher.controllers.podindex import PodIndex
+from services.dispatcher.controllers.ticking import tick_forever
 from store import Store
 from store.client import Delete, Op
 from store.errors import StoreError
@@ -100,7 +97,7 @@ class FinishedJobCollector:
             heapq.heappush(self._due, (expiry, job.metadata.name))
 
     async def run(self) -> None:
-        await _tick_forever("finished jobs", self._informer, self.tick, self.interval)
+        await tick_forever("finished jobs", self._informer, self.tick, self.interval)
 
     async def tick(self, now_ms: int | None = None) -> None:
         now = int(time.time() * 1000) if now_ms is None else now_ms

@@ -14,7 +14,7 @@ cracks of the normal paths, repairs it, and logs and counts every repair (``repa
   pass judges while our view is behind the store): handed back to that controller, the one
   writer of ``Job.status``, which writes it now. A one-pod job stores no status (it is derived
   when read) and is not judged.
-- ``unfinished_job``: a job whose pods are not all stored (``validation.PODS_CREATED_ANNOTATION``)
+- ``unfinished_job``: a job whose pods are not all stored (``objects.PODS_CREATED_ANNOTATION``)
   that nobody in this process is creating — the dispatcher that began it stopped midway: its
   remaining pods are created, chunk by chunk, from where the mark says it got
   (``creation.PodCreator.resume``), so its unit is dispatched whole.
@@ -36,12 +36,13 @@ import structlog
 from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers import JobStatusController, derives_status, job_status
-from services.dispatcher.creation import PodCreator
-from services.dispatcher.deletion import JobDeleter
-from services.dispatcher.dispatch import UnitDispatcher
-from services.dispatcher.unitqueue import UnitState
-from services.dispatcher.validation import being_deleted, pods_complete
+from services.dispatcher.controllers.creation import PodCreator
+from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.controllers.jobphase import derives_status, job_status
+from services.dispatcher.controllers.jobstatus import JobStatusController
+from services.dispatcher.dispatching.dispatch import UnitDispatcher
+from services.dispatcher.dispatching.unitqueue import UnitState
+from services.dispatcher.objects import being_deleted, pods_complete
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from placement.nodeinfo import POOL_NAMES, pool_of
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.objects import DEFAULT_QUEUE, NodeShape
 
 # A DNS-1123 label: every pod name `<job>-<index>` must be one too.
 _LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -28,7 +29,6 @@ MAX_SUBDOMAIN_LENGTH = 253
 # Kubernetes' range for user priorities (system classes sit above it).
 MIN_PRIORITY = -1_000_000_000
 MAX_PRIORITY = 1_000_000_000
-DEFAULT_QUEUE = "default"
 
 Violations = list[api_pb2.FieldViolation]
 
@@ -46,15 +46,6 @@ _TAINT_EFFECTS = frozenset(pb.TaintEffect.values())
 
 def violation(field: str, description: str) -> api_pb2.FieldViolation:
     return api_pb2.FieldViolation(field=field, description=description)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeShape:
-    """One distinct node capacity in a pool: (milli-CPU, memory bytes, GPUs)."""
-
-    cpu: int
-    mem: int
-    gpus: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,95 +527,6 @@ def _validate_pod_term(term: pb.PodAffinityTerm, prefix: str) -> Violations:
         out.append(violation(f"{prefix}.topology_key", "is required"))
     else:
         out += validate_label_key(term.topology_key, f"{prefix}.topology_key")
-    return out
-
-
-# Present on a job whose pods are not all stored yet: how many are (indexes 0..n-1). A job too big
-# for one store script is created a chunk at a time (services/dispatcher/creation.py); until the
-# last chunk clears this mark, its unit is not dispatched (a gang must never be judged on part of
-# its pods). Absent on every job created whole, and on every job stored before it existed.
-PODS_CREATED_ANNOTATION = "godel.io/pods-created"
-
-
-def pods_complete(job: pb.Job) -> bool:
-    """Whether every pod of the job is stored (its unit may be dispatched)."""
-    return PODS_CREATED_ANNOTATION not in job.metadata.annotations
-
-
-def being_deleted(job: pb.Job) -> bool:
-    """Whether the job's deletion has begun (``deletion.JobDeleter``, in chunks): its pods are
-    going, and nothing new is made for it (no dispatch, no bind, no replacement, no status)."""
-    return job.metadata.deletion_timestamp_ms != 0
-
-
-def pods_created(job: pb.Job) -> int:
-    """How many of the job's pods (from index 0) are stored: all of them without the mark; an
-    unreadable mark counts as none (creation resumes from the start, AlreadyExists-safe)."""
-    mark = job.metadata.annotations.get(PODS_CREATED_ANNOTATION)
-    if mark is None:
-        return job.spec.replicas
-    return int(mark) if mark.isdigit() else 0
-
-
-def pods_for(
-    job: pb.Job, preemptible_default: bool = False, start: int = 0, stop: int | None = None
-) -> list[pb.Pod]:
-    """The pods of a (valid) job, as services/README.md specifies: `<job>-<index>`, pending, the
-    spec copied from the job; those of indexes ``start`` to ``stop`` (default: all), so a big
-    job's pods are built a chunk at a time rather than all at once on the event loop.
-
-    ``preemptible_default`` is the job's queue's ``spec.preemptible_default``: it applies when the
-    job does not say. It is resolved here, once, so a pod (and the replacements copied from it)
-    keeps what it was created with even if the queue's default changes later.
-    """
-    spec = job.spec
-    preemptible = spec.preemptible if spec.HasField("preemptible") else preemptible_default
-    # One prototype copied per pod: a copy of one message is several times cheaper than setting
-    # every field again (100,000 pods took seconds of the dispatcher's event loop).
-    proto = pb.Pod()
-    if spec.template.labels:  # update() is a Python loop even over an empty map
-        proto.metadata.labels.update(spec.template.labels)
-    proto.metadata.owner = job.metadata.owner  # a tenant's pods are its own, as its job is
-    ps = proto.spec
-    ps.job = job.metadata.name
-    ps.priority = spec.priority
-    ps.qos = spec.qos
-    ps.preemptible = preemptible
-    ps.preemption_policy = spec.preemption_policy
-    ps.protection_seconds = spec.protection_seconds
-    ps.queue = spec.queue
-    ps.template.CopyFrom(spec.template)
-    proto.status.phase = pb.POD_PENDING
-    indexes = range(start, spec.replicas if stop is None else min(stop, spec.replicas))
-    if len(indexes) == 1:  # a one-pod job (most jobs of online traffic): the prototype is it
-        proto.metadata.name = f"{job.metadata.name}-{indexes[0]}"
-        proto.spec.index = indexes[0]
-        return [proto]
-    pods = []
-    for i in indexes:
-        pod = pb.Pod()
-        pod.CopyFrom(proto)
-        pod.metadata.name = f"{job.metadata.name}-{i}"
-        pod.spec.index = i
-        pods.append(pod)
-    return pods
-
-
-def normalise_job(job: pb.Job) -> pb.Job:
-    """The job as stored: defaults made explicit (queue "default", QoS guaranteed), pending."""
-    out = pb.Job()
-    out.CopyFrom(job)
-    out.metadata.resource_version = 0
-    out.metadata.uid = ""
-    out.metadata.creation_timestamp_ms = 0
-    out.metadata.deletion_timestamp_ms = 0
-    # The system's mark, never the user's: a submitted one would hold the job back for good.
-    out.metadata.annotations.pop(PODS_CREATED_ANNOTATION, None)
-    out.spec.queue = out.spec.queue or DEFAULT_QUEUE
-    if out.spec.qos == pb.QOS_UNSPECIFIED:
-        out.spec.qos = pb.QOS_GUARANTEED
-    out.ClearField("status")
-    out.status.phase = pb.JOB_PENDING
     return out
 
 

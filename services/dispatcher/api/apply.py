@@ -1,0 +1,379 @@
+"""Apply (Node, Queue, DisruptionBudget; a Job's labels, annotations and failure policy): every
+valid object in one atomic commit, each reported ``created`` / ``configured`` / ``unchanged`` /
+``invalid``. With ``metadata.resource_version`` set it is a compare-and-set (a mismatch is
+ABORTED, nothing written); without, a concurrent write is merged again (``_CAS_RETRIES``). A job
+not stored yet goes through Submit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import grpc
+from google.protobuf.message import Message
+
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+from services import tenancy
+from services.dispatcher.api import validation as v
+from services.dispatcher.api.rpc import Aborted, Refused, abort, store_violation
+from services.dispatcher.api.submit import SubmitRpc
+from services.dispatcher.controllers.pods import normalise_job
+from services.dispatcher.objects import PODS_CREATED_ANNOTATION, metadata_of
+from services.runtime.auth import caller
+from store import (
+    AlreadyExistsError,
+    CommitError,
+    ConflictError,
+    NotFoundError,
+    Store,
+    StoreUnavailableError,
+)
+from store import kinds as kinds_mod
+from store.client import Create, Op, Update
+from store.informer import Informer
+from store.kinds import USER_KINDS, unwrap
+
+_CAS_RETRIES = 3
+# What an applied Job may change of a stored one (besides labels and annotations): what the job
+# controller reads from the job. The rest is copied into its pods or decided its placement.
+MUTABLE_JOB_SPEC = frozenset({"backoff_limit", "replace_lost_pods"})
+# Annotations the system sets on a job (e.g. its request id): an applied manifest without them
+# keeps them.
+SYSTEM_ANNOTATION_PREFIX = "godel.io/"
+
+# What Apply merges into a stored object (a stored Job changes by _job_update instead), and
+# what a Node declares of its status (the rest is its agent's).
+_MERGED_MESSAGES = (pb.Node, pb.Queue, pb.DisruptionBudget)
+_DECLARED_NODE_STATUS: tuple[Literal["allocatable", "reclaimable", "topology"], ...] = (
+    "allocatable",
+    "reclaimable",
+    "topology",
+)
+
+# An object of the request that passed its checks: (its index in the request, kind, object).
+Checked = tuple[int, str, Message]
+
+
+class ApplyRpc:
+    def __init__(self, store: Store, informer: Informer, submitter: SubmitRpc) -> None:
+        self.store = store
+        self.informer = informer
+        self.submitter = submitter
+
+    async def Apply(self, request: api_pb2.ApplyRequest, context: Any) -> api_pb2.ApplyResponse:
+        try:
+            for attempt in range(_CAS_RETRIES):
+                try:
+                    return await self._apply(request)
+                except CommitError as exc:
+                    # Someone wrote one of these objects between our read and our commit; the
+                    # client asked for no particular version, so merge again.
+                    cas = any(metadata_of(o).resource_version for o in _applied(request))
+                    if cas or attempt == _CAS_RETRIES - 1:
+                        await abort(context, grpc.StatusCode.ABORTED, str(exc.cause))
+        except Aborted as exc:
+            await abort(context, grpc.StatusCode.ABORTED, str(exc))
+        except Refused as exc:
+            await abort(context, grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except StoreUnavailableError as exc:
+            await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("unreachable")
+
+    async def _apply(self, request: api_pb2.ApplyRequest) -> api_pb2.ApplyResponse:
+        if request.objects and (why := tenancy.apply_refusal(caller())) is not None:
+            raise Refused(why)
+        results, checked = _check(request)
+        checked = self._refuse_queue_cycles(checked, results)
+        current: dict[tuple[str, str], Message | None] = {}
+        for kind in USER_KINDS:
+            names = [metadata_of(o).name for _, k, o in checked if k == kind]
+            cls = kinds_mod.kind_named(kind).message
+            for name, got in zip(names, await self.store.get_many(cls, names), strict=True):
+                current[kind, name] = got
+        ops, targets, new_jobs = _plan(checked, current, results)
+        if ops and not request.dry_run:
+            try:
+                await self.store.commit(ops)
+            except CommitError as exc:
+                if isinstance(exc.cause, ConflictError | AlreadyExistsError | NotFoundError):
+                    raise
+                i = targets[exc.index][0]
+                results[i].action = "invalid"
+                results[i].violations.append(store_violation(f"objects[{i}]", exc.cause))
+                return api_pb2.ApplyResponse(results=results)
+            for i, new in targets:
+                results[i].resource_version = metadata_of(new).resource_version
+        if new_jobs:
+            await self._create_jobs(request, new_jobs, results)
+        return api_pb2.ApplyResponse(results=results)
+
+    def _refuse_queue_cycles(
+        self, checked: list[Checked], results: list[api_pb2.ApplyResult]
+    ) -> list[Checked]:
+        """Queues whose parents would lead back to them (with the queues known and this
+        request's) are invalid; the rest of the request stands."""
+        parents = {
+            q.metadata.name: q.spec.parent
+            for q in self.informer.list("Queue")
+            if isinstance(q, pb.Queue)
+        }
+        for _, _, obj in checked:
+            if isinstance(obj, pb.Queue):
+                parents[obj.metadata.name] = obj.spec.parent
+        cycles = v.queue_cycles(parents)
+        kept = []
+        for i, kind, obj in checked:
+            name = metadata_of(obj).name
+            if isinstance(obj, pb.Queue) and name in cycles:
+                results[i].violations.append(
+                    v.violation(
+                        f"objects[{i}].queue.spec.parent",
+                        f"the parents would form a cycle: {cycles[name]}",
+                    )
+                )
+                results[i].action = "invalid"
+            else:
+                kept.append((i, kind, obj))
+        return kept
+
+    async def _create_jobs(
+        self,
+        request: api_pb2.ApplyRequest,
+        jobs: list[tuple[int, pb.Job]],
+        results: list[api_pb2.ApplyResult],
+    ) -> None:
+        """Applied jobs not stored yet go through Submit: validated as submissions, stored with
+        their pods, and found again by a retry of the same request."""
+        submitted = await self.submitter.submit(
+            api_pb2.SubmitRequest(
+                jobs=[job for _, job in jobs],
+                dry_run=request.dry_run,
+                request_id=request.request_id,
+            )
+        )
+        for (i, _), outcome in zip(jobs, submitted.results, strict=True):
+            result = results[i]
+            for violation in outcome.violations:
+                # "jobs[k].spec.x" of the submission is "objects[i].job.spec.x" of this request.
+                _, _, rest = violation.field.partition(".")
+                result.violations.append(
+                    v.violation(
+                        f"objects[{i}].job" + (f".{rest}" if rest else ""), violation.description
+                    )
+                )
+            if result.violations:
+                result.action = "invalid"
+            else:
+                result.action = "created"
+                result.resource_version = outcome.resource_version
+
+
+def _check(request: api_pb2.ApplyRequest) -> tuple[list[api_pb2.ApplyResult], list[Checked]]:
+    """A result per object of the request, ``invalid`` for those that fail their own checks
+    (kind, validation, a duplicate name), and the objects that pass them."""
+    results: list[api_pb2.ApplyResult] = []
+    checked: list[Checked] = []
+    seen: dict[tuple[str, str], int] = {}
+    for i, wrapped in enumerate(request.objects):
+        prefix = f"objects[{i}]"
+        field = wrapped.WhichOneof("kind")
+        if field is None:
+            results.append(_invalid("", "", f"{prefix}", "empty object: set one kind"))
+            continue
+        kind, obj = unwrap(wrapped)
+        name = metadata_of(obj).name
+        if kind not in USER_KINDS:
+            results.append(
+                _invalid(kind, name, f"{prefix}.{field}", f"{kind} is managed by the system")
+            )
+            continue
+        # A new job is validated as a submission (later), a stored one by what may change.
+        found = [] if kind == "Job" else _validate_applied(kind, obj, f"{prefix}.{field}")
+        if (kind, name) in seen:
+            found.append(
+                v.violation(
+                    f"{prefix}.{field}.metadata.name",
+                    f"duplicate of objects[{seen[kind, name]}]",
+                )
+            )
+        seen.setdefault((kind, name), i)
+        results.append(api_pb2.ApplyResult(kind=kind, name=name, violations=found))
+        if found:
+            results[-1].action = "invalid"
+        else:
+            checked.append((i, kind, obj))
+    return results, checked
+
+
+def _plan(
+    checked: list[Checked],
+    current: dict[tuple[str, str], Message | None],
+    results: list[api_pb2.ApplyResult],
+) -> tuple[list[Op], list[tuple[int, Message]], list[tuple[int, pb.Job]]]:
+    """What to write of each checked object against its stored copy: the ops, the objects they
+    write (by index in the request), and the jobs not stored yet (for Submit). Sets each
+    result's action; a compare-and-set that cannot hold raises Aborted."""
+    ops: list[Op] = []
+    targets: list[tuple[int, Message]] = []
+    new_jobs: list[tuple[int, pb.Job]] = []
+    for i, kind, obj in checked:
+        meta = metadata_of(obj)
+        existing = current[kind, meta.name]
+        wanted = meta.resource_version
+        if wanted and (existing is None or metadata_of(existing).resource_version != wanted):
+            have = metadata_of(existing).resource_version if existing else "absent"
+            raise Aborted(
+                f"{kind} {meta.name!r} is not at resource_version {wanted} (it is {have})"
+            )
+        if isinstance(obj, pb.Job):
+            if existing is None:
+                new_jobs.append((i, obj))
+                continue
+            assert isinstance(existing, pb.Job)
+            changed, immutable = _job_update(existing, obj)
+            if immutable:
+                results[i].action = "invalid"
+                results[i].violations.extend(
+                    v.violation(f"objects[{i}].job.{path}", why) for path, why in immutable
+                )
+                continue
+            if changed == existing:
+                results[i].action = "unchanged"
+                results[i].resource_version = existing.metadata.resource_version
+                continue
+            results[i].action = "configured"
+            ops.append(Update(changed))
+            targets.append((i, changed))
+            continue
+        if existing is None:
+            new = _fresh(obj)
+            results[i].action = "created"
+            ops.append(Create(new))
+        else:
+            new = _merge(kind, existing, obj)
+            if new == existing:
+                results[i].action = "unchanged"
+                results[i].resource_version = metadata_of(existing).resource_version
+                continue
+            results[i].action = "configured"
+            ops.append(Update(new))
+        targets.append((i, new))
+    return ops, targets, new_jobs
+
+
+def _applied(request: api_pb2.ApplyRequest) -> Sequence[Message]:
+    out = []
+    for wrapped in request.objects:
+        field = wrapped.WhichOneof("kind")
+        if field is not None:
+            out.append(getattr(wrapped, field))
+    return out
+
+
+def _invalid(kind: str, name: str, field: str, description: str) -> api_pb2.ApplyResult:
+    return api_pb2.ApplyResult(
+        kind=kind, name=name, action="invalid", violations=[v.violation(field, description)]
+    )
+
+
+def _validate_applied(kind: str, obj: Message, prefix: str) -> v.Violations:
+    if isinstance(obj, pb.Node):
+        return v.validate_node(obj, prefix)
+    if isinstance(obj, pb.Queue):
+        return v.validate_queue(obj, prefix)
+    assert isinstance(obj, pb.DisruptionBudget)
+    return v.validate_budget(obj, prefix)
+
+
+def _fresh(obj: Message) -> Message:
+    new = type(obj)()
+    new.CopyFrom(obj)
+    meta = metadata_of(new)
+    meta.resource_version = 0
+    meta.uid = ""
+    meta.creation_timestamp_ms = 0
+    meta.deletion_timestamp_ms = 0
+    return new
+
+
+def _merge(kind: str, existing: Message, applied: Message) -> Message:
+    """The stored object with what a user may declare replaced: labels, annotations, spec, and
+    for a node its capacities and topology (heartbeat, readiness and conditions stay the node
+    agent's)."""
+    new = type(existing)()
+    new.CopyFrom(existing)
+    meta, src = metadata_of(new), metadata_of(applied)
+    meta.labels.clear()
+    meta.labels.update(src.labels)
+    meta.annotations.clear()
+    meta.annotations.update(src.annotations)
+    if applied.HasField("spec"):
+        _spec_of(new).CopyFrom(_spec_of(applied))
+    else:
+        new.ClearField("spec")
+    if kind == "Node":
+        assert isinstance(new, pb.Node) and isinstance(applied, pb.Node)
+        for name in _DECLARED_NODE_STATUS:
+            # CopyFrom of an absent field would make it present: "unchanged" would never hold.
+            if applied.status.HasField(name):
+                getattr(new.status, name).CopyFrom(getattr(applied.status, name))
+            else:
+                new.status.ClearField(name)
+    return new
+
+
+def _spec_of(obj: Message) -> Message:
+    """The spec of an applied Node, Queue or DisruptionBudget (Jobs: ``_job_update``)."""
+    assert isinstance(obj, _MERGED_MESSAGES)
+    return obj.spec
+
+
+def _job_update(stored: pb.Job, applied: pb.Job) -> tuple[pb.Job, list[tuple[str, str]]]:
+    """The stored job with what ``applied`` may change (labels, annotations, MUTABLE_JOB_SPEC),
+    and each field it would change that may not: (path, why)."""
+    wanted = normalise_job(applied)
+    new = pb.Job()
+    new.CopyFrom(stored)
+    meta = new.metadata
+    meta.labels.clear()
+    meta.labels.update(applied.metadata.labels)
+    system = {
+        k: val
+        for k, val in stored.metadata.annotations.items()
+        if k.startswith(SYSTEM_ANNOTATION_PREFIX)
+    }
+    meta.annotations.clear()
+    meta.annotations.update({**system, **applied.metadata.annotations})
+    # How far its pods' creation got is the system's alone to say.
+    meta.annotations.pop(PODS_CREATED_ANNOTATION, None)
+    if PODS_CREATED_ANNOTATION in system:
+        meta.annotations[PODS_CREATED_ANNOTATION] = system[PODS_CREATED_ANNOTATION]
+    immutable: list[tuple[str, str]] = []
+    for path in _differences(stored.spec, wanted.spec, "spec"):
+        top = path.split(".")[1].split("[")[0]
+        if top in MUTABLE_JOB_SPEC:
+            continue
+        immutable.append((path, "is immutable: delete the job and apply it again to change it"))
+    new.spec.replace_lost_pods = wanted.spec.replace_lost_pods
+    if wanted.spec.HasField("backoff_limit"):
+        new.spec.backoff_limit = wanted.spec.backoff_limit
+    else:
+        new.spec.ClearField("backoff_limit")
+    return new, immutable
+
+
+def _differences(a: Message, b: Message, path: str) -> list[str]:
+    """The fields (dotted paths) where two messages of one type differ: into singular
+    messages, whole for repeated fields and maps."""
+    out: list[str] = []
+    for fd in a.DESCRIPTOR.fields:
+        here = f"{path}.{fd.name}"
+        if fd.message_type is not None and not fd.is_repeated:
+            if a.HasField(fd.name) or b.HasField(fd.name):
+                out += _differences(getattr(a, fd.name), getattr(b, fd.name), here)
+        elif fd.has_presence and a.HasField(fd.name) != b.HasField(fd.name):
+            out.append(here)
+        elif getattr(a, fd.name) != getattr(b, fd.name):
+            out.append(here)
+    return out

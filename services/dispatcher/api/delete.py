@@ -1,0 +1,81 @@
+"""Delete: a Job goes with all its pods (``controllers/deletion.py``: one commit, or in chunks
+when too big for one) and is revoked from the shard holding it; any other kind is one delete.
+``resource_version`` makes it a compare-and-set (ABORTED on a mismatch)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+from services import tenancy
+from services.dispatcher.api.rpc import Aborted, abort, refuse_if
+from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.dispatching.dispatch import UnitDispatcher
+from services.runtime.auth import caller
+from store import (
+    CommitError,
+    ConflictError,
+    InvalidObjectError,
+    NotFoundError,
+    Store,
+    StoreUnavailableError,
+)
+from store import kinds as kinds_mod
+from store.informer import Informer
+
+
+class DeleteRpc:
+    def __init__(self, store: Store, core: UnitDispatcher, deleter: JobDeleter) -> None:
+        self.store = store
+        self.core = core
+        self.deleter = deleter
+
+    async def Delete(self, request: api_pb2.DeleteRequest, context: Any) -> api_pb2.DeleteResponse:
+        try:
+            kind = kinds_mod.kind_named(request.kind)
+            if not tenancy.unrestricted(identity := caller()):
+                stored = await self.store.get_many(kind.message, [request.name])
+                await refuse_if(context, tenancy.delete_refusal(identity, kind.name, stored[0]))
+            if kind.name == "Job":
+                deleted = await self._delete_job(request.name, request.resource_version)
+                self.core.revoke(request.name)
+                return api_pb2.DeleteResponse(deleted=deleted)
+            await self.store.delete(
+                kind.message, request.name, expected_version=request.resource_version
+            )
+            return api_pb2.DeleteResponse(deleted=1)
+        except InvalidObjectError as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except NotFoundError as exc:
+            await abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except (ConflictError, Aborted) as exc:
+            await abort(context, grpc.StatusCode.ABORTED, str(exc))
+        except StoreUnavailableError as exc:
+            await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def _delete_job(self, name: str, expected: int) -> int:
+        """The job and every pod of it (bound pods return their claims): one commit, or in
+        chunks for a big job (``deletion.JobDeleter``)."""
+        job = await self.store.get(pb.Job, name)
+        try:
+            return await self.deleter.delete(job, expected)
+        except CommitError as exc:
+            raise Aborted(str(exc.cause)) from exc
+
+
+def pods_of_job_by_scan(informer: Informer) -> Callable[[str], list[str]]:
+    """Pods of a job by the informer (replacements are not ``<job>-<index>``): a scan, for a
+    servicer built without the dispatcher's pod index."""
+
+    def pods_of(job: str) -> list[str]:
+        return [
+            p.metadata.name
+            for p in informer.each("Pod")
+            if isinstance(p, pb.Pod) and p.spec.job == job
+        ]
+
+    return pods_of

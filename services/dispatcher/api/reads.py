@@ -1,0 +1,202 @@
+"""Get and List: read-your-writes. Get reads the store; List serves the dispatcher's informer
+cache once it has reached the store's revision at the time of the request, else the store, in
+pages sorted by name whose continue tokens name a kept snapshot (``listing.py``). A Node's
+heartbeat comes from the store's heartbeat hash, a pending preemptor's nominated node from the
+dispatcher's memory, a one-pod job's status from its pod."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from placement import labelselector
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+from services import tenancy
+from services.dispatcher.api import listing
+from services.dispatcher.api.rpc import abort, refuse_if
+from services.dispatcher.controllers.jobphase import derives_status
+from services.dispatcher.controllers.podindex import PodIndex
+from services.dispatcher.dispatching.dispatch import UnitDispatcher
+from services.dispatcher.dispatching.unitqueue import is_pending
+from services.dispatcher.objects import metadata_of
+from services.runtime.auth import caller
+from store import InvalidObjectError, NotFoundError, Store, StoreUnavailableError
+from store import kinds as kinds_mod
+from store.encoded import EncodedList
+from store.informer import ENCODED_KINDS
+from store.kinds import wrap
+
+DEFAULT_PAGE = 500
+# How long a List waits for the dispatcher's view to reach the store's revision before it reads
+# the store instead.
+LIST_CATCH_UP_SECONDS = 2.0
+MAX_PAGE = 5000
+
+
+class ReadRpc:
+    def __init__(
+        self,
+        store: Store,
+        core: UnitDispatcher,
+        pods: PodIndex,
+        snapshots: listing.ListingSnapshots,
+    ) -> None:
+        self.store = store
+        self.core = core
+        self.pods = pods
+        self.snapshots = snapshots
+
+    async def Get(self, request: api_pb2.GetRequest, context: Any) -> api_pb2.Object:
+        try:
+            kind = kinds_mod.kind_named(request.kind)
+            obj = await self.store.get(kind.message, request.name)
+            if isinstance(obj, pb.Node):
+                await self.live_heartbeats([obj])
+            elif isinstance(obj, pb.Pod):
+                self.show_nominations([obj])
+            elif isinstance(obj, pb.Job):
+                obj = self.pods.job_as_read(obj)
+        except InvalidObjectError as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except NotFoundError as exc:
+            await abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+        except StoreUnavailableError as exc:
+            await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        await refuse_if(context, tenancy.read_refusal(caller(), kind.name, obj))
+        return wrap(kind.name, obj)
+
+    async def List(self, request: api_pb2.ListRequest, context: Any) -> api_pb2.ListResponse:
+        try:
+            kind = kinds_mod.kind_named(request.kind)
+        except InvalidObjectError as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if request.job and kind.name != "Pod":
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job: only Pods have a job")
+        if not 0 <= request.limit <= MAX_PAGE:
+            await abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"limit: must be within 0..{MAX_PAGE}"
+            )
+        snapshot_id, after = "", ""
+        if request.continue_token:
+            try:
+                snapshot_id, after = listing.decode_token(request.continue_token)
+            except listing.MalformedTokenError as exc:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        selects = await request_selector(request, context)
+        identity = caller()
+        limit = request.limit or DEFAULT_PAGE
+        # What a snapshot was made for: another request may not page through it.
+        key = (
+            kind.name,
+            request.selector,
+            tuple(sorted(request.label_selector.items())),
+            request.job,
+            identity,
+        )
+        kept = self.snapshots.window(snapshot_id, key, after, limit + 1) if snapshot_id else None
+        if kept is not None:
+            window, revision = kept
+        else:
+            try:
+                items, revision = await self._listing(kind.name, kind.message)
+            except StoreUnavailableError as exc:
+                await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+            matches = (
+                o
+                for o in items
+                if (meta := metadata_of(o)).name > after
+                and selects(meta.labels)
+                and (not request.job or (isinstance(o, pb.Pod) and o.spec.job == request.job))
+                and tenancy.owns(identity, kind.name, o)
+            )
+            picked: Sequence[Message]
+            if kind.name in ENCODED_KINDS:  # kept encoded: a million decoded pods are 2.6 GiB
+                picked = EncodedList(kind.message, matches)
+            else:
+                picked = sorted(matches, key=lambda o: metadata_of(o).name)
+            window = picked[: limit + 1]
+            snapshot_id = self.snapshots.keep(key, picked, revision) if len(picked) > limit else ""
+        page = [wrap(kind.name, o) for o in window[:limit]]  # copies: the cache stays untouched
+        await self._as_read(kind.name, page, context)
+        token = ""
+        if len(window) > limit:
+            last = metadata_of(window[limit - 1]).name
+            token = listing.encode_token(snapshot_id, last)
+        elif snapshot_id:
+            self.snapshots.drop(snapshot_id)  # the last page
+        return api_pb2.ListResponse(items=page, resource_version=revision, continue_token=token)
+
+    async def _as_read(self, kind: str, page: list[api_pb2.Object], context: Any) -> None:
+        """A page's objects as readers see them: pods with their nominated node, one-pod jobs
+        with their derived status, nodes with their last heartbeat."""
+        if kind == "Pod":
+            self.show_nominations([o.pod for o in page])
+        if kind == "Job":
+            for o in page:
+                if derives_status(o.job):
+                    o.job.status.CopyFrom(self.pods.job_as_read(o.job).status)
+        if kind == "Node":
+            try:
+                await self.live_heartbeats([o.node for o in page])
+            except StoreUnavailableError as exc:
+                await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def _listing(self, kind: str, message: type[Message]) -> tuple[Iterable[Message], int]:
+        """Every object of a kind, at least as new as the store's current revision (so a List
+        sees the caller's own writes). Kinds the dispatcher watches come from its informer
+        cache, once it has caught up with that revision, instead of decoding the whole kind
+        from the store for each page; the store is the fallback when the view lags."""
+        informer = self.core.informer
+        if kind in informer.kinds:
+            revision = await self.store.revision()
+            try:
+                await informer.wait_for_revision(revision, LIST_CATCH_UP_SECONDS)
+            except TimeoutError:
+                pass
+            else:
+                # Read lazily: pods are decoded one at a time as the caller filters them.
+                return informer.cache[kind].values(), informer.revision
+        return await self.store.list_all(message)
+
+    async def live_heartbeats(self, nodes: list[pb.Node]) -> None:
+        """Serve each node's last heartbeat from the store's heartbeat hash: the stored Node
+        keeps its registration time, since heartbeats stay out of the change feed."""
+        if not nodes:
+            return
+        beats = (await self.store.heartbeats()).last_ms
+        for node in nodes:
+            node.status.heartbeat_ms = beats.get(node.metadata.name, node.status.heartbeat_ms)
+
+    def show_nominations(self, pods: list[pb.Pod]) -> None:
+        """Fill ``status.nominated_node`` of pending preemptors from the dispatcher's memory
+        (see services/dispatcher/dispatching/nominations.py): the stored pod never carries it."""
+        if not len(self.core.nominations):
+            return
+        for pod in pods:
+            if is_pending(pod):
+                nomination = self.core.nominations.of(pod.spec.job, pod.metadata.name)
+                if nomination is not None:
+                    pod.status.nominated_node = nomination.node
+
+
+async def request_selector(
+    request: api_pb2.ListRequest | api_pb2.WatchRequest, context: Any
+) -> Callable[[Mapping[str, str]], bool]:
+    """Whether labels match a request's selectors: the equality map and the selector text (an
+    unparsable text is INVALID_ARGUMENT, never ignored)."""
+    try:
+        parsed = labelselector.parse(request.selector)
+    except labelselector.SelectorSyntaxError as exc:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"selector: {exc}")
+    equal = dict(request.label_selector)
+
+    def selects(labels: Mapping[str, str]) -> bool:
+        return all(labels.get(k) == val for k, val in equal.items()) and labelselector.matches(
+            parsed, labels
+        )
+
+    return selects

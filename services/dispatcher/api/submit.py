@@ -1,0 +1,233 @@
+"""Submit: jobs validated as one request (nothing stored if the request is refused), each valid
+job stored with its pods as its own atomic commit, all in one round trip; a job too big for one
+store script is finished chunk by chunk (``controllers/creation.py``) before the reply. A retry
+of the same request (``request_id``) is answered with the jobs its first attempt made."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import structlog
+
+from protos.godel.v1 import api_pb2
+from protos.godel.v1 import objects_pb2 as pb
+from services import tenancy
+from services.dispatcher.api import validation as v
+from services.dispatcher.api.rpc import abort, refuse_if, store_violation
+from services.dispatcher.controllers.creation import PodCreator, first_commit
+from services.dispatcher.controllers.pods import normalise_job
+from services.dispatcher.dispatching.dispatch import UnitDispatcher
+from services.dispatcher.objects import DEFAULT_QUEUE, pods_complete
+from services.runtime.auth import caller
+from store import AlreadyExistsError, CommitError, Store, StoreError, StoreUnavailableError
+
+log = structlog.get_logger(__name__)
+
+# The Submit request that created a job (SubmitRequest.request_id), so a retry recognises it.
+REQUEST_ID_ANNOTATION = "godel.io/request-id"
+
+
+class SubmitRpc:
+    def __init__(
+        self,
+        store: Store,
+        core: UnitDispatcher,
+        creator: PodCreator,
+        *,
+        max_replicas: int,
+        max_pending_pods: int,
+    ) -> None:
+        self.store = store
+        self.core = core
+        self.creator = creator
+        self.max_replicas = max_replicas
+        self.max_pending_pods = max_pending_pods
+
+    async def Submit(self, request: api_pb2.SubmitRequest, context: Any) -> api_pb2.SubmitResponse:
+        # The whole request is refused before anything is stored: a batch never half-lands.
+        identity = caller()
+        if not tenancy.unrestricted(identity):  # the admin's thousands of jobs skip the loop
+            for job in request.jobs:
+                await refuse_if(context, tenancy.submit_refusal(identity, job))
+        try:
+            return await self.submit(request)
+        except StoreUnavailableError as exc:
+            await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    def _limits(self, queue: pb.Queue | None) -> v.QueueLimits:
+        spec = queue.spec if queue is not None else pb.QueueSpec()
+        return v.QueueLimits(
+            spec.max_pods_per_job or self.max_replicas,
+            spec.max_pending_pods or self.max_pending_pods,
+        )
+
+    async def submit(self, request: api_pb2.SubmitRequest) -> api_pb2.SubmitResponse:
+        """Submit without the caller's checks (also Apply's path for jobs not stored yet)."""
+        jobs = list(request.jobs)
+        if not jobs:
+            return api_pb2.SubmitResponse()
+        names = [j.metadata.name for j in jobs]
+        problems, replayed, queue_objects = await self._judge(request, jobs, names)
+        results = [
+            api_pb2.SubmitResult(job=n, violations=p) for n, p in zip(names, problems, strict=True)
+        ]
+        for i, stored in replayed.items():
+            results[i].existing = True
+            results[i].resource_version = stored.metadata.resource_version
+        valid = [i for i, p in enumerate(problems) if not p and i not in replayed]
+        if request.dry_run or not valid:
+            if replayed and not request.dry_run:
+                await self.store.replication_barrier()  # as below
+            return api_pb2.SubmitResponse(results=results)
+        units = {i: normalise_job(jobs[i]) for i in valid}
+        owner = _owner()
+        for unit in units.values():
+            unit.metadata.owner = owner  # never what the request said
+            if request.request_id:
+                unit.metadata.annotations[REQUEST_ID_ANNOTATION] = request.request_id
+        preemptible = {i: _preemptible_default(units[i], queue_objects) for i in valid}
+        outcomes = await self._store_jobs(units, preemptible, valid)
+        raced: list[int] = []
+        for i, outcome in zip(valid, outcomes, strict=True):
+            if isinstance(outcome, StoreError):
+                cause = outcome.cause if isinstance(outcome, CommitError) else outcome
+                if request.request_id and isinstance(cause, AlreadyExistsError):
+                    raced.append(i)  # perhaps a concurrent retry of this request: look below
+                results[i].violations.append(store_violation(f"jobs[{i}]", outcome))
+            else:
+                results[i].created = True
+                results[i].resource_version = outcome[0]
+        if raced:
+            await self._settle_races(request, jobs, raced, results)
+        if any(r.existing for r in results):
+            # Found by a retry, its first attempt perhaps unacknowledged: confirm it is on the
+            # replicas before reporting it stored.
+            await self.store.replication_barrier()
+        created = sum(r.created for r in results)
+        log.info(
+            "submitted",
+            jobs=len(jobs),
+            created=created,
+            existing=len(replayed) + sum(r.existing for i, r in enumerate(results) if i in raced),
+            rejected=sum(1 for r in results if r.violations),
+        )
+        return api_pb2.SubmitResponse(results=results)
+
+    async def _judge(
+        self, request: api_pb2.SubmitRequest, jobs: list[pb.Job], names: list[str]
+    ) -> tuple[list[v.Violations], dict[int, pb.Job], dict[str, pb.Queue]]:
+        """Each job's violations (none for a job a retry of this request finds stored), the
+        jobs found so, and the stored queues the jobs name."""
+        # The default queue need not exist as an object; it is read too for its defaults.
+        queues = sorted({j.spec.queue or DEFAULT_QUEUE for j in jobs})
+        existing = await self.store.get_many(pb.Job, names)
+        found_queues = await self.store.get_many(pb.Queue, queues)
+        queue_objects = {
+            q: obj for q, obj in zip(queues, found_queues, strict=True) if isinstance(obj, pb.Queue)
+        }
+        # A retry of this very request (its reply was lost): those jobs are reported, not made.
+        replayed = {
+            i: stored
+            for i, stored in enumerate(existing)
+            if isinstance(stored, pb.Job) and _is_replay(request.request_id, jobs[i], stored)
+        }
+        ctx = v.SubmitContext(
+            existing_jobs=frozenset(
+                n
+                for i, (n, j) in enumerate(zip(names, existing, strict=True))
+                if j and i not in replayed
+            ),
+            queues=frozenset(queue_objects),
+            node_shapes=self.core.node_shapes(),
+            max_replicas=self.max_replicas,
+            queue_limits={q: self._limits(queue_objects.get(q)) for q in queues},
+            pending_pods=self.core.queue.pending_pods(),
+        )
+        problems = v.validate_submission(jobs, ctx)
+        for i in replayed:
+            # Validated when first stored; the cluster may have changed since, the job has not.
+            problems[i] = []
+        return problems, replayed, queue_objects
+
+    async def _store_jobs(
+        self, units: dict[int, pb.Job], preemptible: dict[int, bool], valid: list[int]
+    ) -> list[list[int] | StoreError]:
+        """Each job is its own atomic commit; all of them travel in one round trip. A job too
+        big for one store script goes in with its first chunk of pods, marked unfinished, and
+        the rest follow (creation.py: no script holds the store for long)."""
+        commits = [first_commit(units[i], preemptible[i]) for i in valid]
+        unfinished = [i for i in valid if not pods_complete(units[i])]
+        # Ours until finished below (the reconciler resumes only jobs nobody is creating).
+        self.creator.active.update(units[i].metadata.name for i in unfinished)
+        try:
+            outcomes = await self.store.commit_many(commits)
+            await self._finish(unfinished, units, preemptible, outcomes, valid)
+        finally:
+            self.creator.active.difference_update(units[i].metadata.name for i in unfinished)
+        return outcomes
+
+    async def _settle_races(
+        self,
+        request: api_pb2.SubmitRequest,
+        jobs: list[pb.Job],
+        raced: list[int],
+        results: list[api_pb2.SubmitResult],
+    ) -> None:
+        """Two attempts of one request raced (the first was still running when the client
+        retried): the loser reports the winner's job instead of AlreadyExists."""
+        stored_now = await self.store.get_many(pb.Job, [jobs[i].metadata.name for i in raced])
+        for i, now in zip(raced, stored_now, strict=True):
+            if isinstance(now, pb.Job) and _is_replay(request.request_id, jobs[i], now):
+                del results[i].violations[:]
+                results[i].existing = True
+                results[i].resource_version = now.metadata.resource_version
+
+    async def _finish(
+        self,
+        unfinished: list[int],
+        units: dict[int, pb.Job],
+        preemptible: dict[int, bool],
+        outcomes: list[list[int] | StoreError],
+        valid: list[int],
+    ) -> None:
+        """Create the rest of the pods of the big jobs whose first commit succeeded, one job
+        after another, so the reply says every pod is stored."""
+        stored = {i for i, o in zip(valid, outcomes, strict=True) if not isinstance(o, StoreError)}
+        for i in unfinished:
+            if i not in stored:
+                continue
+            try:
+                await self.creator.finish(units[i], preemptible[i])
+            except StoreError as exc:
+                # The job is stored, and marked: the reconciler finishes it (and the job is
+                # reported created, as it is).
+                log.warning(
+                    "job's pods not all created; the reconciler finishes them",
+                    job=units[i].metadata.name,
+                    error=str(exc),
+                )
+
+
+def _owner() -> str:
+    """What a new job's ``metadata.owner`` is: the calling tenant; empty for the admin."""
+    identity = caller()
+    return "" if tenancy.unrestricted(identity) or identity is None else identity.name
+
+
+def _is_replay(request_id: str, submitted: pb.Job, stored: pb.Job) -> bool:
+    """Whether ``stored`` is what an earlier attempt of this request made of ``submitted``: the
+    same request id and the same spec (a different spec under a reused id is a client's bug, and
+    answered with AlreadyExists like any other clash)."""
+    return (
+        bool(request_id)
+        and stored.metadata.annotations.get(REQUEST_ID_ANNOTATION) == request_id
+        and stored.spec == normalise_job(submitted).spec
+    )
+
+
+def _preemptible_default(job: pb.Job, queues: dict[str, pb.Queue]) -> bool:
+    """What the job's pods' ``preemptible`` defaults to: its queue's ``preemptible_default`` (a
+    queue that is not stored, e.g. "default" before anyone applied it, defaults to false)."""
+    queue = queues.get(job.spec.queue)
+    return queue is not None and queue.spec.preemptible_default

@@ -1,0 +1,159 @@
+"""A job's status as its pods say it (``job_status``), its failure policy, and the status readers
+see (``as_read``: a one-pod job's is derived when read, never stored). Pure functions, used by the
+job status and job retry controllers, the reconciler, the finished-job collector and the API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.eviction import EVICTION_REASONS, replacement_number
+
+# (phase, bound, running, succeeded, failed): what the job status controller writes of a job.
+JobCounts = tuple["pb.JobPhase.ValueType", int, int, int, int]
+
+
+def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> JobCounts:
+    """(phase, bound, running, succeeded, failed) of a job from its pods.
+
+    Counts are over replicas: each index counts once, by its newest pod (a replacement
+    ``-r<n>`` supersedes the pod it replaces), so they add up to at most ``spec.replicas``.
+    ``bound`` is the replicas bound but not yet running. Phase, first match wins:
+
+    - SUCCEEDED: every replica ended and at least ``min_member`` succeeded (all of them when
+      ``min_member == replicas``);
+    - FAILED: more pods failed than ``backoff_limit`` allows, or so many replicas failed for
+      good that ``min_member`` can no longer succeed (a pod lost with its node or evicted is
+      not failed for good while its job replaces lost pods, nor a failed pod while the job's
+      failure policy retries it);
+    - RUNNING: at least ``min_member`` running;
+    - SCHEDULED: at least ``min_member`` bound, running or succeeded;
+    - otherwise PENDING (or UNSCHEDULABLE, if the dispatcher said so and nothing is placed).
+    """
+    # One pass over the pods (a 100,000-pod job's status is recomputed as its pods change, on
+    # the dispatcher's event loop): the newest per index and the failures together.
+    newest: dict[int, pb.Pod] = {}
+    failures = 0
+    for pod in pods:
+        _keep_newest(newest, pod)
+        if pod.status.phase == pb.POD_FAILED and not replaced(job, pod):
+            failures += 1
+    policy = FailurePolicy(
+        job.spec.backoff_limit if job.spec.HasField("backoff_limit") else None, failures
+    )
+    bound = running = succeeded = failed = final_failed = 0
+    for pod in newest.values():
+        phase = pod.status.phase
+        if phase == pb.POD_BOUND:
+            bound += 1
+        elif phase == pb.POD_RUNNING:
+            running += 1
+        elif phase == pb.POD_SUCCEEDED:
+            succeeded += 1
+        elif phase == pb.POD_FAILED:
+            failed += 1
+            if not (replaced(job, pod) or policy.retrying):
+                final_failed += 1
+    replicas = job.spec.replicas
+    min_member = job.spec.min_member or replicas
+    if replicas > 0 and succeeded + final_failed == replicas and succeeded >= min_member:
+        phase_ = pb.JOB_SUCCEEDED
+    elif policy.exceeded or (replicas > 0 and replicas - final_failed < min_member):
+        phase_ = pb.JOB_FAILED
+    elif running >= min_member:
+        phase_ = pb.JOB_RUNNING
+    elif bound + running + succeeded >= min_member:
+        phase_ = pb.JOB_SCHEDULED
+    elif job.status.phase == pb.JOB_UNSCHEDULABLE and bound + running + succeeded == 0:
+        phase_ = pb.JOB_UNSCHEDULABLE
+    else:
+        phase_ = pb.JOB_PENDING
+    return phase_, bound, running, succeeded, failed
+
+
+def newest_per_index(pods: Iterable[pb.Pod]) -> dict[int, pb.Pod]:
+    """Each index's newest pod (a replacement ``-r<n>`` supersedes the pod it replaces)."""
+    newest: dict[int, pb.Pod] = {}
+    for pod in pods:
+        _keep_newest(newest, pod)
+    return newest
+
+
+def _keep_newest(newest: dict[int, pb.Pod], pod: pb.Pod) -> None:
+    index = pod.spec.index
+    cur = newest.get(index)
+    # Names are compared only when an index has two pods (a replacement): rarely.
+    if cur is None or replacement_number(pod) > replacement_number(cur):
+        newest[index] = pod
+
+
+def replaced(job: pb.Job, pod: pb.Pod) -> bool:
+    """A failed pod its job replaces without counting it a failure: lost or evicted, in a job
+    that replaces lost pods (services keep replacing)."""
+    return job.spec.replace_lost_pods and pod.status.reason in EVICTION_REASONS
+
+
+@dataclass(frozen=True, slots=True)
+class FailurePolicy:
+    """A batch job's failure policy (``spec.backoff_limit``): its failed pods are retried, each
+    after an exponential backoff, until more than ``backoff_limit`` have failed; then the job
+    is Failed, reason ``BackoffLimitExceeded``. Unset: no retries (the job fails as its pods
+    do, as before the field existed). Pods a job that replaces lost pods replaced do not count.
+    """
+
+    limit: int | None
+    failures: int
+
+    @classmethod
+    def of(cls, job: pb.Job, pods: Iterable[pb.Pod]) -> FailurePolicy:
+        limit = job.spec.backoff_limit if job.spec.HasField("backoff_limit") else None
+        failures = sum(1 for p in pods if p.status.phase == pb.POD_FAILED and not replaced(job, p))
+        return cls(limit, failures)
+
+    @property
+    def retrying(self) -> bool:
+        return self.limit is not None and self.failures <= self.limit
+
+    @property
+    def exceeded(self) -> bool:
+        return self.limit is not None and self.failures > self.limit
+
+    def delay_ms(self, initial_ms: int, max_ms: int) -> int:
+        """How long after the latest failure its retry starts: ``initial`` doubled per earlier
+        failure, at most ``max`` (Kubernetes: 10 s, 20 s, 40 s, ... 6 min)."""
+        return min(initial_ms << max(self.failures - 1, 0), max_ms)
+
+
+FINISHED_JOB_PHASES = frozenset({pb.JOB_SUCCEEDED, pb.JOB_FAILED})
+
+
+def derives_status(job: pb.Job) -> bool:
+    """Whether the job's status is derived from its pod when it is read, never stored: a job of
+    one replica. Its status says no more than its pod's phase does, and for a cluster of one-pod
+    jobs (online services, small batch tasks) writing it was a fifth of the change feed and a
+    tenth of the cluster's CPU: another store write per pod, and another event that every
+    watcher decoded. So the job status controller leaves such a job alone, and whatever shows a
+    job (Get, List, Watch, the finished-job collector) reads it through :func:`as_read`."""
+    return job.spec.replicas == 1
+
+
+def as_read(job: pb.Job, pods: Iterable[pb.Pod]) -> pb.Job:
+    """The job as readers see it: itself if its status is stored; else a copy with phase,
+    counts and ``finished_ms`` derived from ``pods`` (all of the job's, replacements included),
+    as the job status controller would have written them. ``finished_ms`` is when its last pod
+    finished (the job's creation if no pod says: its TTL then counts from there)."""
+    if not derives_status(job):
+        return job
+    pods = list(pods)
+    computed = job_status(job, pods)
+    out = pb.Job()
+    out.CopyFrom(job)
+    s = out.status
+    s.phase, s.bound, s.running, s.succeeded, s.failed = computed
+    if computed[0] in FINISHED_JOB_PHASES:
+        finished = max((p.status.finished_ms for p in pods), default=0)
+        s.finished_ms = finished or job.metadata.creation_timestamp_ms
+    else:
+        s.finished_ms = 0
+    return out

@@ -1,0 +1,156 @@
+"""The job status controller: the one writer of ``Job.status`` (jobs of more than one pod)."""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.controllers.jobphase import (
+    FINISHED_JOB_PHASES,
+    JobCounts,
+    derives_status,
+    job_status,
+)
+from services.dispatcher.controllers.podindex import PodIndex
+from services.dispatcher.controllers.ticking import tick_forever
+from services.dispatcher.objects import being_deleted, pods_complete
+from store import CommitError, ConflictError, NotFoundError, Store, StoreError
+from store.informer import Informer
+
+log = structlog.get_logger(__name__)
+
+
+def _current(job: pb.Job) -> JobCounts:
+    s = job.status
+    return s.phase, s.bound, s.running, s.succeeded, s.failed
+
+
+# Bound on the job status controller's record of its own writes not yet seen back.
+_MAX_UNSEEN_WRITES = 100_000
+
+
+def _written_status(job: pb.Job) -> tuple[int, ...]:
+    """The fields of a job's status that the job status controller writes."""
+    s = job.status
+    return (s.phase, s.bound, s.running, s.succeeded, s.failed, s.finished_ms)
+
+
+class JobStatusController:
+    """Keeps ``Job.status`` counts and phase (see :func:`job_status`) current, in the store, for
+    jobs of more than one replica (a one-pod job's is derived when read: :func:`derives_status`).
+
+    Jobs whose pods (or themselves) changed are recomputed every ``interval_seconds`` and the
+    changed ones written with one ``update_many``, so a job is written at most once per
+    interval. Writes are compare-and-set on the job's cached version; a conflict (the Binder set
+    ``ever_scheduled``, the dispatcher a condition) re-reads those jobs and writes again on top
+    of the fresh copies, so their fields are kept. Only phase and counts are ever changed.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        *,
+        interval_seconds: float = 1.0,
+        pods: PodIndex | None = None,
+    ) -> None:
+        self._store = store
+        self._informer = informer
+        self.interval = interval_seconds
+        self.pods = pods or PodIndex(informer)
+        # The status this controller wrote to each job, until the update comes back through
+        # the watch. That update changes nothing the status is computed from (it is what was
+        # computed), so it does not bring the job back for another look: with one-pod jobs that
+        # look was a second status computation per job, each reading the job's pods. Recorded
+        # before the write, since the watch may deliver the update before the write's reply.
+        self._written: dict[str, tuple[int, ...]] = {}
+        # jobs to look at on the next tick
+        self.changed_jobs = self.pods.subscribe(ignore=self._own_write)
+        # The jobs of the tick under way: their writes may be in flight (seconds, on a busy
+        # store), so the reconciler does not judge them meanwhile.
+        self.writing: set[str] = set()
+        self.writes = 0  # update_many round trips, for tests and metrics
+
+    def _own_write(self, job: pb.Job) -> bool:
+        return self._written.pop(job.metadata.name, None) == _written_status(job)
+
+    async def run(self) -> None:
+        await tick_forever("job status", self._informer, self.tick, self.interval)
+
+    async def tick(self) -> None:
+        dirty = set(self.changed_jobs)
+        self.changed_jobs.clear()
+        self.writing |= dirty  # the reconciler may run a tick of its own meanwhile
+        try:
+            await self._tick(dirty)
+        finally:
+            self.writing -= dirty
+
+    async def _tick(self, dirty: set[str]) -> None:
+        jobs: list[pb.Job] = []
+        for name in dirty:
+            job = self._informer.get("Job", name)
+            # A job whose pods are still being created is pending, nothing of it placed (it is
+            # not dispatched): recounting its growing pods every tick would only cost. The
+            # update that completes it brings it back here.
+            if (
+                isinstance(job, pb.Job)
+                and not derives_status(job)  # most jobs, with one-pod jobs: asked first
+                and pods_complete(job)
+                and not being_deleted(job)
+            ):
+                jobs.append(job)
+        try:
+            retry = await self._write(jobs)
+            if retry:
+                fresh = await self._store.get_many(pb.Job, retry)
+                retry = await self._write([j for j in fresh if j is not None])
+        except StoreError:
+            self.changed_jobs |= dirty  # try them all again next tick
+            raise
+        self.changed_jobs.update(retry)
+
+    async def _write(self, jobs: list[pb.Job]) -> list[str]:
+        """Write the jobs whose status changed; returns the names that conflicted."""
+        updates: list[pb.Job] = []
+        now_ms = int(time.time() * 1000)
+        for job in jobs:
+            computed = job_status(job, self.pods.pods_of(job.metadata.name))
+            finished = computed[0] in FINISHED_JOB_PHASES
+            # A job finished before finished_ms existed gets it now (its TTL counts from here).
+            stamp = finished and not job.status.finished_ms
+            if computed == _current(job) and not stamp:
+                continue
+            new = pb.Job()
+            new.CopyFrom(job)
+            s = new.status
+            s.phase, s.bound, s.running, s.succeeded, s.failed = computed
+            if stamp:
+                s.finished_ms = now_ms
+            elif not finished:
+                s.finished_ms = 0
+            updates.append(new)
+        if not updates:
+            return []
+        self.writes += 1
+        conflicts: list[str] = []
+        if len(self._written) > _MAX_UNSEEN_WRITES:
+            # Left by jobs deleted before their update was seen (a relist skips it): forgetting
+            # them costs at most one more look each.
+            self._written.clear()
+        for job in updates:
+            self._written[job.metadata.name] = _written_status(job)
+        for job, result in zip(updates, await self._store.update_many(updates), strict=True):
+            if isinstance(result, pb.Job):
+                continue
+            # Not written: any update that comes is someone else's.
+            self._written.pop(job.metadata.name, None)
+            if isinstance(result, ConflictError):
+                conflicts.append(job.metadata.name)
+            elif isinstance(result, NotFoundError | CommitError):
+                continue  # deleted meanwhile
+            elif isinstance(result, StoreError):
+                log.error("job status write failed", job=job.metadata.name, error=str(result))
+        return conflicts

@@ -1,0 +1,144 @@
+"""The informer's view fed into the dispatch core: pods into the ``UnitQueue`` (and the count of
+bound pods per job that a unit carries to its shard), nodes into the queue's room and the node
+shapes, queue changes re-keyed, a deleted job revoked, a changed shard record signalled.
+
+Handlers run on the event loop and change the state synchronously, as the rest of the core."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import structlog
+from google.protobuf.message import Message
+
+from placement.nodeinfo import POOLS, pool_capacity
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.queueing import Quantities
+from services.dispatcher.dispatching.shapes import NodeShapes, shapes_of
+from services.dispatcher.dispatching.unitqueue import UnitQueue
+from services.dispatcher.objects import metadata_of, pods_complete
+
+log = structlog.get_logger(__name__)
+
+_BOUND_PHASES = (pb.POD_BOUND, pb.POD_RUNNING, pb.POD_SUCCEEDED)
+
+
+class ViewFeed:
+    def __init__(
+        self,
+        queue: UnitQueue,
+        kick: asyncio.Event,
+        shards_changed: asyncio.Event,
+        revoke: Callable[[str], None],
+    ) -> None:
+        self.queue = queue
+        self._kick = kick  # set: a dispatch round may send something now
+        self._shards_changed = shards_changed
+        self.revoke = revoke
+        self.shapes = NodeShapes()
+        # Per pod: the job it counts as bound for (``Unit.already_bound``), so updates are exact.
+        self._bound_job_of: dict[str, str] = {}
+        self._bound_pods: Counter[str] = Counter()
+
+    def bound_pods(self, job: str) -> int:
+        """How many of the job's pods are bound, running or succeeded."""
+        return self._bound_pods.get(job, 0)
+
+    def on_add(self, kind: str, obj: Message) -> None:
+        self._on_change(kind, None, obj)
+
+    def on_update(self, kind: str, old: Message, new: Message) -> None:
+        self._on_change(kind, old, new)
+
+    def on_delete(self, kind: str, obj: Message) -> None:
+        self._on_change(kind, obj, None)
+
+    def _on_change(self, kind: str, old: Message | None, new: Message | None) -> None:
+        if kind == "Pod":
+            # An update is forget + track; the unit must not be dropped in between, or a one-pod
+            # unit would lose its state (backoff, infeasible) whenever its pod changes, e.g.
+            # when a shard records why the pod did not fit.
+            released = False
+            if old is not None:
+                assert isinstance(old, pb.Pod)
+                released = self._forget_pod(old)
+            if new is not None:
+                assert isinstance(new, pb.Pod)
+                self._track_pod(new)
+                released = released and not self.queue.holds_claim(new.metadata.name)
+            if released:
+                self._kick.set()  # room freed: a unit held for it may go now
+            if old is not None:
+                self.queue.drop_if_empty(old.spec.job)
+        elif kind == "Job" and new is None and old is not None:
+            self.revoke(metadata_of(old).name)
+        elif kind == "Job" and isinstance(old, pb.Job) and isinstance(new, pb.Job):
+            if (
+                not pods_complete(old)
+                and pods_complete(new)
+                and new.metadata.name in self.queue.units
+            ):
+                self._kick.set()  # its last pods were created: the unit may go now
+        elif kind == "Node":
+            self._node_changed(old, new)
+        elif kind == "Queue":
+            queue = new if new is not None else old
+            assert isinstance(queue, pb.Queue)
+            self.queue.queue_changed(queue.metadata.name)
+            self._kick.set()
+        elif kind == "SchedulerInstance":
+            self._shards_changed.set()
+
+    def _forget_pod(self, pod: pb.Pod) -> bool:
+        """Undo ``_track_pod``; True if the pod held a claim."""
+        released = self.queue.remove_pod(pod)
+        job = self._bound_job_of.pop(pod.metadata.name, None)
+        if job is not None:
+            self._bound_pods[job] -= 1
+            if self._bound_pods[job] <= 0:
+                del self._bound_pods[job]
+        return released
+
+    def _track_pod(self, pod: pb.Pod) -> None:
+        if pod.spec.node_name and pod.status.phase in _BOUND_PHASES:
+            job = sys.intern(pod.spec.job)  # one string per job, not per bound pod
+            self._bound_job_of[pod.metadata.name] = job
+            self._bound_pods[job] += 1
+        if self.queue.add_pod(pod, int(time.time() * 1000)):
+            self._kick.set()
+
+    def _node_changed(self, old: Message | None, new: Message | None) -> None:
+        if new is None:
+            if old is not None:
+                name = metadata_of(old).name
+                self.shapes.set(name, None)
+                self.queue.set_node(name, None)
+            return
+        assert isinstance(new, pb.Node)
+        self.shapes.set(new.metadata.name, shapes_of(new))
+        usable = new.status.ready and not new.spec.unschedulable
+        self.queue.set_node(new.metadata.name, _offered(new) if usable else None)
+        if isinstance(old, pb.Node) and _material(old) == _material(new):
+            return
+        # A node appeared or changed: units that could never fit may fit now.
+        woke = self.queue.wake_infeasible()
+        if woke:
+            self._kick.set()
+            log.info("cluster changed; infeasible units queued again", units=woke)
+
+
+def _material(node: pb.Node) -> bytes:
+    """A node's fields that decide whether pods fit it (not its heartbeat)."""
+    copy = pb.Node()
+    copy.CopyFrom(node)
+    copy.metadata.resource_version = 0
+    copy.status.heartbeat_ms = 0
+    return copy.SerializeToString(deterministic=True)
+
+
+def _offered(node: pb.Node) -> dict[str, Quantities]:
+    return {pool: Quantities.of(pool_capacity(node, pool)) for pool in POOLS}
