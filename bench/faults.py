@@ -52,6 +52,7 @@ import psutil
 import redis
 
 from bench.harness import machine, percentile
+from foundation.retry import Backoff, Retry
 from godel import local
 from godel.audit import audit
 from godel.client import ClientError, ProtoClient
@@ -69,6 +70,9 @@ LOAD_PREFIX = "load"
 _GONE_SECONDS = 30.0
 _RECOVERY_DEADLINE = 180.0
 _REVIVE_EVERY_SECONDS = 2.0
+# The checker's store connections ride out a failover: every half second, 60 tries in all.
+_STORE_RETRY = Backoff(0.5)
+_STORE_ATTEMPTS = 60
 
 
 @dataclass
@@ -311,7 +315,8 @@ class Harness:
 
     def _run(self, fn: Any) -> Any:
         async def go() -> Any:
-            for attempt in range(60):
+            retry = Retry(_STORE_RETRY)
+            while True:
                 try:
                     store = await Store.connect(self.state.store_url)
                     try:
@@ -319,10 +324,9 @@ class Harness:
                     finally:
                         await store.close()
                 except StoreError:
-                    if attempt == 59:
+                    if retry.attempt == _STORE_ATTEMPTS - 1:
                         raise
-                    await asyncio.sleep(0.5)
-            return None
+                    await retry.sleep()
 
         return asyncio.run(go())
 

@@ -26,6 +26,7 @@ import structlog
 from foundation import pki, tls
 from foundation.allocator import AllocatorError, jemalloc_env
 from foundation.netutil import free_ports
+from foundation.retry import Backoff, Retry
 from godel.local.home import SENTINEL, STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from protos.godel.v1 import objects_pb2 as pb
 from services.peers.binder import LEASE as BINDER_LEASE
@@ -43,7 +44,7 @@ log = structlog.get_logger(__name__)
 
 HOST = "127.0.0.1"
 _LOG_TAIL_LINES = 30
-_POLL_SECONDS = 0.1
+_POLL = Backoff(0.1)  # waiting for components to serve: a constant poll within the timeout
 _STORE_STOP_SECONDS = 10.0
 
 
@@ -438,7 +439,7 @@ def _wait_serving_records(
     credentials: tls.Credentials | None,
 ) -> None:
     pending = dict(zip((c.name for c in services), zip(services, procs, strict=True), strict=True))
-    deadline = time.monotonic() + timeout
+    retry = Retry(_POLL, deadline_seconds=timeout)
     while pending:
         for name, (record, proc) in list(pending.items()):
             if (code := proc.poll()) is not None:
@@ -448,13 +449,13 @@ def _wait_serving_records(
             if probe(record.address, timeout=0.5, credentials=credentials) == SERVING:
                 log.info("serving", component=name)
                 del pending[name]
-        if pending and time.monotonic() >= deadline:
+        if pending and retry.expired:
             first = next(iter(pending.values()))[0]
             raise ClusterError(
                 f"{', '.join(pending)} not SERVING after {timeout:g}s{_log_tail(first.log)}"
             )
         if pending:
-            time.sleep(_POLL_SECONDS)
+            retry.sleep_sync()
 
 
 def _stop(state: ClusterState, timeout: float | None = None) -> list[tuple[str, str]]:

@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 from google.protobuf.message import Message
 
+from foundation.retry import Backoff, Retry
 from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
 from services.nodeagent.nodes import HOLLOW, PROCESS, now_ms
@@ -43,6 +44,8 @@ log = structlog.get_logger(__name__)
 # How long a child gets between SIGTERM and SIGKILL, unless its template says otherwise
 # (``termination_grace_seconds``).
 KILL_GRACE_SECONDS = 3.0
+# Pod status writes while the store is unavailable: 50 ms doubled up to 2 s.
+_STORE_RETRY = Backoff(0.05, cap=2.0)
 # Passed through from the agent's environment; everything else a pod sees is its own.
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
 
@@ -430,7 +433,7 @@ class PodRunner:
             self._full.set()
 
     async def run_flusher(self) -> None:
-        delay = 0.05
+        retry = Retry(_STORE_RETRY)
         while True:
             await self._has_work.wait()
             if len(self.pending) < self.flush_max:
@@ -441,11 +444,10 @@ class PodRunner:
             self._full.clear()
             try:
                 await self.flush()
-                delay = 0.05
+                retry.reset()
             except StoreUnavailableError as exc:
                 log.warning("store unavailable; pod status writes wait", error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await retry.sleep()
             if self.pending:
                 self._has_work.set()
 
