@@ -61,7 +61,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe
 from store import Store, StoreError
 from store.client import SentinelTarget
-from store.server import SENTINEL_SERVICE
+from store.server import primary_port_named_by
 
 KINDS = ("store", "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent")
 DEFAULT_OUT = Path("bench/results")
@@ -188,19 +188,13 @@ class Harness:
     def _primary(self) -> str:
         target = SentinelTarget.parse(self.state.store_url)
         for host, port in target.sentinels:
-            client = redis.Redis(host=host, port=port, password=target.password, socket_timeout=2)
-            try:
-                _, primary_port = client.execute_command(  # type: ignore[no-untyped-call]
-                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE
-                )
-            except (redis.RedisError, TypeError, ValueError):
+            primary_port = primary_port_named_by(
+                redis.Redis(host=host, port=port, password=target.password, socket_timeout=2)
+            )
+            if primary_port is None:
                 continue
-            finally:
-                client.close()
             for component in self.state.components:
-                if component.kind == "store" and component.address.endswith(
-                    f":{int(primary_port)}/0"
-                ):
+                if component.kind == "store" and component.address.endswith(f":{primary_port}/0"):
                     return component.name
         raise RuntimeError("no Sentinel names a primary")
 

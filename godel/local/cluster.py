@@ -383,17 +383,7 @@ def _start_service(
         *spec.args_for(name, kind),
     ]  # fmt: skip
     log_path = home.log_file(name)
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            # Its own session: a Ctrl-C in the terminal of `godel up` does not reach it.
-            start_new_session=True,
-            cwd=home.path,
-            env=_service_env(state),
-        )
+    proc = _spawn_service(command, str(log_path), home, state)
     state.components.append(
         ComponentRecord(
             name=name,
@@ -412,6 +402,23 @@ def _start_service(
     home.save(state)
     log.info("started", component=name, pid=proc.pid, address=address)
     return proc
+
+
+def _spawn_service(
+    command: list[str], log: str, home: GodelHome, state: ClusterState
+) -> subprocess.Popen[bytes]:
+    """A service process of the cluster, its output appended to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C in the terminal of `godel up` does not reach it.
+            start_new_session=True,
+            cwd=home.path,
+            env=_service_env(state),
+        )
 
 
 def _wait_serving(
@@ -581,16 +588,7 @@ def start_again(home: GodelHome, name: str) -> ComponentRecord:
             raise ClusterError(f"{name!r} is not a component `godel up` started in {home}")
         if record.process() is not None:
             raise ClusterError(f"{name} is still running (pid {record.pid})")
-        with open(record.log or os.devnull, "ab") as out:
-            proc = subprocess.Popen(
-                record.command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=home.path,
-                env=_service_env(state),
-            )
+        proc = _spawn_service(record.command, record.log or os.devnull, home, state)
         again = replace(
             record,
             pid=proc.pid,
