@@ -46,6 +46,8 @@ log = structlog.get_logger(__name__)
 KILL_GRACE_SECONDS = 3.0
 # Pod status writes while the store is unavailable: 50 ms doubled up to 2 s.
 _STORE_RETRY = Backoff(0.05, cap=2.0)
+# The last writes at stop: a few tries, 200 ms apart.
+_FINAL_FLUSH_RETRY = Backoff(0.2)
 # Passed through from the agent's environment; everything else a pod sees is its own.
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
 
@@ -541,6 +543,7 @@ class PodRunner:
                 self._stop_run(run, kill_reason="AgentStopped")
                 tasks.append(run.task)
         await asyncio.gather(*tasks, return_exceptions=True)
+        retry = Retry(_FINAL_FLUSH_RETRY)
         for _ in range(final_flush_attempts):
             if not self.pending:
                 break
@@ -548,7 +551,7 @@ class PodRunner:
                 await self.flush()
             except StoreUnavailableError as exc:
                 log.warning("final pod status flush failed", error=str(exc))
-                await asyncio.sleep(0.2)
+                await retry.sleep()
         if self.pending:
             log.warning("pod status writes lost at stop", pods=len(self.pending))
 
