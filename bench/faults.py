@@ -52,6 +52,7 @@ import psutil
 import redis
 
 from bench.harness import machine, percentile
+from foundation.retry import Backoff, Retry
 from godel import local
 from godel.audit import audit
 from godel.client import ClientError, ProtoClient
@@ -60,7 +61,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe
 from store import Store, StoreError
 from store.client import SentinelTarget
-from store.server import SENTINEL_SERVICE
+from store.server import primary_port_named_by
 
 KINDS = ("store", "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent")
 DEFAULT_OUT = Path("bench/results")
@@ -69,6 +70,9 @@ LOAD_PREFIX = "load"
 _GONE_SECONDS = 30.0
 _RECOVERY_DEADLINE = 180.0
 _REVIVE_EVERY_SECONDS = 2.0
+# The checker's store connections ride out a failover: every half second, 60 tries in all.
+_STORE_RETRY = Backoff(0.5)
+_STORE_ATTEMPTS = 60
 
 
 @dataclass
@@ -184,19 +188,13 @@ class Harness:
     def _primary(self) -> str:
         target = SentinelTarget.parse(self.state.store_url)
         for host, port in target.sentinels:
-            client = redis.Redis(host=host, port=port, password=target.password, socket_timeout=2)
-            try:
-                _, primary_port = client.execute_command(  # type: ignore[no-untyped-call]
-                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE
-                )
-            except (redis.RedisError, TypeError, ValueError):
+            primary_port = primary_port_named_by(
+                redis.Redis(host=host, port=port, password=target.password, socket_timeout=2)
+            )
+            if primary_port is None:
                 continue
-            finally:
-                client.close()
             for component in self.state.components:
-                if component.kind == "store" and component.address.endswith(
-                    f":{int(primary_port)}/0"
-                ):
+                if component.kind == "store" and component.address.endswith(f":{primary_port}/0"):
                     return component.name
         raise RuntimeError("no Sentinel names a primary")
 
@@ -311,7 +309,8 @@ class Harness:
 
     def _run(self, fn: Any) -> Any:
         async def go() -> Any:
-            for attempt in range(60):
+            retry = Retry(_STORE_RETRY)
+            while True:
                 try:
                     store = await Store.connect(self.state.store_url)
                     try:
@@ -319,10 +318,9 @@ class Harness:
                     finally:
                         await store.close()
                 except StoreError:
-                    if attempt == 59:
+                    if retry.attempt == _STORE_ATTEMPTS - 1:
                         raise
-                    await asyncio.sleep(0.5)
-            return None
+                    await retry.sleep()
 
         return asyncio.run(go())
 

@@ -12,6 +12,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 
 def write(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
@@ -181,14 +183,13 @@ def _plot_throughput(report: dict[str, Any], path: Path) -> None:
         xs = [t for t, _ in timeline[1:]]
         ys = [(b - pb) / (t - pt) if t > pt else 0.0 for (pt, pb), (t, b) in pairwise(timeline)]
         ax.plot(xs, ys, marker=".", label=_label(r))
-    ax.set_xlabel("seconds since first submit")
-    ax.set_ylabel("pods bound per second")
-    ax.set_title(f"{report['workload']}: throughput")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(
+        fig,
+        ax,
+        ("seconds since first submit", "pods bound per second"),
+        f"{report['workload']}: throughput",
+        path,
+    )
 
 
 def _plot_latency(report: dict[str, Any], path: Path) -> None:
@@ -197,9 +198,20 @@ def _plot_latency(report: dict[str, Any], path: Path) -> None:
         cdf = r["latency_ms"]["cdf"]
         if cdf:
             ax.plot(cdf, [i / (len(cdf) - 1) for i in range(len(cdf))], label=_label(r))
-    ax.set_xlabel("submit -> bound latency (ms)")
-    ax.set_ylabel("fraction of measured pods")
-    ax.set_title(f"{report['workload']}: latency CDF")
+    _save(
+        fig,
+        ax,
+        ("submit -> bound latency (ms)", "fraction of measured pods"),
+        f"{report['workload']}: latency CDF",
+        path,
+    )
+
+
+def _save(fig: Figure, ax: Axes, labels: tuple[str, str], title: str, path: Path) -> None:
+    """Label, title and grid a chart of one line per run, write it to ``path`` and close it."""
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import structlog
 from google.protobuf.message import Message
 
+from foundation.retry import Backoff, Retry
 from store import kinds as kinds_mod
 from store.client import Store, StoredListing, WatchEvent
 from store.encoded import EncodedObjects
@@ -196,7 +197,7 @@ class Informer:
 
     async def _run(self) -> None:
         need_list = not self._synced.is_set()  # a restarted informer resumes where it stopped
-        delay = 0.05
+        retry = Retry(Backoff(0.05, cap=self._retry_max))
         last_resync = time.monotonic()
         while not self._stopping:
             try:
@@ -227,7 +228,7 @@ class Informer:
                     # A long feed (a 100,000-pod job being stored) must not keep this task
                     # applying batch after batch: heartbeats and streams get a turn between.
                     await asyncio.sleep(0)
-                    delay = 0.05
+                    retry.reset()
                     asked_at = time.monotonic()  # the generator reads the next batch now
                     if self._resync_seconds and (
                         time.monotonic() - last_resync >= self._resync_seconds
@@ -240,9 +241,9 @@ class Informer:
                 need_list = True
             except StoreUnavailableError as exc:
                 self._at_head = False  # cut off from the store: the view ages from now on
+                delay = retry.next_delay()
                 log.warning("informer lost the store; retrying", error=str(exc), delay_s=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self._retry_max)
 
     async def _notify(self) -> None:
         async with self._progress:

@@ -18,7 +18,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -28,10 +27,11 @@ from urllib.parse import quote
 import psutil
 import redis
 from redis.backoff import NoBackoff
-from redis.retry import Retry
+from redis.retry import Retry as RedisRetry
 
 from foundation.allocator import AllocatorError, allocator_in, jemalloc_env
 from foundation.netutil import stable_free_port
+from foundation.retry import Backoff, Retry
 
 FsyncPolicy = Literal["always", "everysec", "no"]
 
@@ -53,7 +53,7 @@ ADMIN_USER = "default"
 PING_USER = "ping"
 URL_ENV = "GODEL_REDIS_URL"
 _LOG_TAIL_LINES = 20
-_POLL = 0.02
+_POLL = Backoff(0.02)  # waiting for a server to start, sync or stop: a constant poll
 _FSYNC_POLICIES: dict[str, FsyncPolicy] = {p: p for p in ("always", "everysec", "no")}
 
 
@@ -345,7 +345,7 @@ class StoreServer:
 
     def wait_ready(self, timeout: float) -> None:
         """Block until this server answers PING and has finished loading its AOF."""
-        deadline = time.monotonic() + timeout
+        retry = Retry(_POLL, deadline_seconds=timeout)
         while True:
             if not self.is_running():
                 code = self.process.returncode if self.process is not None else None
@@ -356,12 +356,12 @@ class StoreServer:
             reason = self._not_ready_reason()
             if reason is None:
                 return
-            if time.monotonic() >= deadline:
+            if retry.expired:
                 raise StoreServerError(
                     f"store server {self.binary} (pid {self.pid}) not ready on "
                     f"{HOST}:{self.port} after {timeout:.1f}s: {reason}{self._log_tail()}"
                 )
-            time.sleep(_POLL)
+            retry.sleep_sync()
 
     def _not_ready_reason(self) -> str | None:
         client = _client(self.port, self.admin_password)
@@ -383,7 +383,7 @@ class StoreServer:
 
     def wait_replicating(self, timeout: float) -> None:
         """Block until this replica has synced with its primary and streams from it."""
-        deadline = time.monotonic() + timeout
+        retry = Retry(_POLL, deadline_seconds=timeout)
         while True:
             client = _client(self.port, self.admin_password)
             try:
@@ -394,23 +394,17 @@ class StoreServer:
                 client.close()
             if info.get("master_link_status") == "up":
                 return
-            if time.monotonic() >= deadline:
+            if retry.expired:
                 raise StoreServerError(
                     f"replica on port {self.port} not in sync with its primary after "
                     f"{timeout:.1f}s (link {info.get('master_link_status')}){self._log_tail()}"
                 )
-            time.sleep(_POLL)
+            retry.sleep_sync()
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (the server fsyncs its AOF and exits), SIGKILL after ``timeout``. Idempotent."""
         if self.process is not None:
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGTERM)
-                try:
-                    self.process.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait()
+            _terminate(self.process, timeout)
             return
         if self.attached_pid is not None and _pid_alive(self.attached_pid):
             _signal(self.attached_pid, signal.SIGTERM)
@@ -420,9 +414,7 @@ class StoreServer:
     def kill(self) -> None:
         """SIGKILL now and reap: simulates a crash of the store (for fault tests)."""
         if self.process is not None:
-            if self.process.poll() is None:
-                self.process.kill()
-            self.process.wait()
+            _kill(self.process)
             return
         if self.attached_pid is not None and _pid_alive(self.attached_pid):
             _signal(self.attached_pid, signal.SIGKILL)
@@ -474,7 +466,7 @@ def _client(port: int, admin_password: str | None = None) -> redis.Redis:
         password=admin_password,
         socket_timeout=1.0,
         socket_connect_timeout=1.0,
-        retry=Retry(NoBackoff(), 0),
+        retry=RedisRetry(NoBackoff(), 0),
     )
 
 
@@ -635,16 +627,10 @@ class ReplicatedStore:
     def current_primary(self) -> StoreServer | None:
         """The server the Sentinels now name as primary (None if none answers)."""
         for sentinel in self.sentinels:
-            client = _client(sentinel.port, sentinel.password)
-            try:
-                _, port = client.execute_command(  # type: ignore[no-untyped-call]
-                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE
-                )
-            except (redis.RedisError, TypeError, ValueError):
+            port = primary_port_named_by(_client(sentinel.port, sentinel.password))
+            if port is None:
                 continue
-            finally:
-                client.close()
-            return next((s for s in self.servers if s.port == int(port)), None)
+            return next((s for s in self.servers if s.port == port), None)
         return None
 
     def stop(self) -> None:
@@ -739,7 +725,7 @@ class SentinelServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=detach,
             )
-        deadline = time.monotonic() + ready_timeout
+        retry = Retry(_POLL, deadline_seconds=ready_timeout)
         while True:
             if sentinel.process.poll() is not None:
                 raise StoreServerError(
@@ -754,24 +740,50 @@ class SentinelServer:
                 pass
             finally:
                 client.close()
-            if time.monotonic() >= deadline:
+            if retry.expired:
                 sentinel.kill()
                 raise StoreServerError(f"sentinel on port {sentinel.port} not ready in time")
-            time.sleep(_POLL)
+            retry.sleep_sync()
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.process is not None:
+            _terminate(self.process, timeout)
 
     def kill(self) -> None:
         if self.process is not None:
-            if self.process.poll() is None:
-                self.process.kill()
-            self.process.wait()
+            _kill(self.process)
+
+
+def primary_port_named_by(sentinel: redis.Redis) -> int | None:
+    """The port of the primary that a Sentinel (a client of it, closed here) names for
+    ``SENTINEL_SERVICE``; None when it does not answer or names none."""
+    try:
+        _, port = sentinel.execute_command(  # type: ignore[no-untyped-call]
+            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE
+        )
+        return int(port)
+    except (redis.RedisError, TypeError, ValueError):
+        return None
+    finally:
+        sentinel.close()
+
+
+def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM (a server fsyncs its AOF and exits), SIGKILL after ``timeout``; reaped. Nothing if
+    it has exited."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _kill(process)
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL now, unless it has exited, and reap."""
+    if process.poll() is None:
+        process.kill()
+    process.wait()
 
 
 def _compose_sentinel_config(password: str, admin: str) -> str:
@@ -832,11 +844,11 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
+    retry = Retry(_POLL, deadline_seconds=timeout)
     while _pid_alive(pid):
-        if time.monotonic() >= deadline:
+        if retry.expired:
             return False
-        time.sleep(_POLL)
+        retry.sleep_sync()
     return True
 
 

@@ -17,7 +17,7 @@ import click
 from godel import client, local
 from godel.cli import output
 from godel.cli.common import home_option
-from godel.cli.output import OutputFormat, fail, print_json, print_table
+from godel.cli.output import OutputFormat, age, fail, print_json, print_table
 
 INSECURE_WARNING = (
     "WARNING: INSECURE CLUSTER (started with --insecure): gRPC is plaintext and "
@@ -354,9 +354,4 @@ def _print_outcomes(outcomes: list[tuple[str, str]]) -> None:
 
 
 def _age(started_iso: str) -> str:
-    """kubectl-style age: 42s, 7m, 3h, 2d."""
-    seconds = int(time.time() - timegm(time.strptime(started_iso, "%Y-%m-%dT%H:%M:%SZ")))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
+    return age(time.time() - timegm(time.strptime(started_iso, "%Y-%m-%dT%H:%M:%SZ")))

@@ -1,9 +1,10 @@
-"""Output helpers shared by every command: kubectl-style tables, JSON, errors on stderr."""
+"""Output helpers shared by every command: kubectl-style tables, ages, JSON, errors on stderr."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import NoReturn
@@ -58,6 +59,26 @@ def print_table(
     for row in cells if header else cells[1:]:
         click.echo("   ".join(v.ljust(w) for v, w in zip(row, wide, strict=True)).rstrip())
     return wide
+
+
+_AGE_UNITS = (("d", 86400), ("h", 3600), ("m", 60))
+
+
+def age(seconds: float) -> str:
+    """kubectl-style age of a duration: 42s, 7m, 3h, 2d (its largest whole unit, rounded down;
+    a negative duration, a clock ahead of ours, is 0s)."""
+    whole = max(0, int(seconds))
+    for unit, size in _AGE_UNITS:
+        if whole >= size:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
+def age_of_ms(epoch_ms: int) -> str:
+    """How long ago ``epoch_ms`` (milliseconds since the epoch) was; ``<unknown>`` when unset."""
+    if not epoch_ms:
+        return "<unknown>"
+    return age(time.time() - epoch_ms / 1000)
 
 
 def print_json(value: object) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from godel.cli.common import home_option, local_address, rescheduler_option
-from godel.cli.output import fail, print_json, print_table
+from godel.cli.output import age, fail, print_json, print_table
 
 if TYPE_CHECKING:  # the client and the messages load when a command runs
     from godel.client import ReschedulerClient
@@ -193,8 +193,4 @@ def get_policies(output: str, rescheduler: str | None, home: Path | None) -> Non
 
 
 def _ago(ms: int) -> str:
-    seconds = max(0, int(time.time() - ms / 1000))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
+    return f"{age(time.time() - ms / 1000)} ago"

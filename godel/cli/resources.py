@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,10 +18,11 @@ import click
 import grpc
 from google.protobuf.message import Message
 
+from foundation.retry import Backoff, Retry
 from godel import local
 from godel.cli import output
 from godel.cli.common import home_option, local_address, rescheduler_option, server_option
-from godel.cli.output import fail, print_json, print_table
+from godel.cli.output import age_of_ms, fail, print_json, print_table
 from godel.client import ClientError, ProtoClient, unwrap
 from godel.client import logs as pod_logs
 from godel.manifest import (
@@ -155,14 +155,7 @@ def _guard(call: Callable[[], Any]) -> Any:
 
 
 def _age(obj: Message) -> str:
-    created = obj.metadata.creation_timestamp_ms  # type: ignore[attr-defined]
-    if not created:
-        return "<unknown>"
-    seconds = max(0, int(time.time() - created / 1000))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+    return age_of_ms(obj.metadata.creation_timestamp_ms)  # type: ignore[attr-defined]
 
 
 def _cpu(milli: int) -> str:
@@ -182,16 +175,6 @@ def _node_status(node: pb.Node) -> str:
     """kubectl's node STATUS: ``Ready`` / ``NotReady``, ``,SchedulingDisabled`` when cordoned."""
     status = "Ready" if node.status.ready else "NotReady"
     return status + (",SchedulingDisabled" if node.spec.unschedulable else "")
-
-
-def _ago(ms: int) -> str:
-    if not ms:
-        return "<unknown>"
-    seconds = max(0, int(time.time() - ms / 1000))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def _sort_policy(value: int) -> str:
@@ -319,7 +302,7 @@ COLUMNS: dict[str, list[Column]] = {
     ],
     # As `kubectl get events`.
     "Event": [
-        ("LAST-SEEN", lambda o: _ago(o.event_time_ms), False),
+        ("LAST-SEEN", lambda o: age_of_ms(o.event_time_ms), False),
         ("TYPE", lambda o: o.type, False),
         ("REASON", lambda o: o.reason, False),
         ("OBJECT", lambda o: f"{o.regarding.kind.lower()}/{o.regarding.name}", False),
@@ -844,7 +827,7 @@ def drain(node: str, timeout: float, dry_run: bool, server: str | None, home: Pa
     Evictions go through the Binder's one eviction path (reason Drained; a replacement is
     queued for each). A pod whose budget allows no disruption now is waited for, and the drain
     asks again until `--timeout`; it exits 1 naming the pods still there."""
-    deadline = time.monotonic() + timeout
+    retry = Retry(Backoff(DRAIN_RETRY_SECONDS), deadline_seconds=timeout)
     reported: dict[str, str] = {}
     with _client(server, home) as client:
         while True:
@@ -868,6 +851,6 @@ def drain(node: str, timeout: float, dry_run: bool, server: str | None, home: Pa
             if not waiting:
                 click.echo(f"node/{node} drained")
                 return
-            if time.monotonic() + DRAIN_RETRY_SECONDS > deadline:
+            if retry.remaining() < DRAIN_RETRY_SECONDS:  # no time left for another pass
                 fail(f"node/{node} not drained: still waiting for {', '.join(waiting)}")
-            time.sleep(DRAIN_RETRY_SECONDS)
+            retry.sleep_sync()

@@ -4,7 +4,6 @@ synchronous GodelClient runs this very code on a private event loop."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -17,15 +16,16 @@ import grpc
 from google.protobuf.message import Message
 
 from foundation import tls
+from foundation.retry import Retry
 from godel.client._transport import (
     CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT,
+    RECONNECT_BACKOFF,
     ClientError,
     Invalid,
     NotFound,
     Unavailable,
     Violation,
-    backoff,
     client_error,
     discover,
     rejected,
@@ -330,8 +330,7 @@ class AsyncGodelClient:
         listing = from_revision == 0
         delivered: dict[tuple[str, str], Event] = {}  # of the listing, by (kind, name)
         relisted: set[tuple[str, str]] = set()
-        attempt = 0
-        broken_since: float | None = None
+        reconnecting: Retry | None = None  # since the stream broke; none while it delivers
         while True:
             request = api_pb2.WatchRequest(
                 kinds=kinds,
@@ -343,7 +342,7 @@ class AsyncGodelClient:
             call = self._api.Watch(request)
             try:
                 async for wire in call:
-                    attempt, broken_since = 0, None
+                    reconnecting = None
                     if wire.type == api_pb2.WatchEvent.BOOKMARK:
                         if listing:
                             for key in sorted(delivered.keys() - relisted):
@@ -379,15 +378,14 @@ class AsyncGodelClient:
                 call.cancel()
             # The stream ended or broke: the server restarted or went away. Reconnect.
             relisted.clear()
-            now = time.monotonic()
-            broken_since = broken_since or now
-            if now - broken_since > self.reconnect_timeout:
+            if reconnecting is None:
+                reconnecting = Retry(RECONNECT_BACKOFF, deadline_seconds=self.reconnect_timeout)
+            elif reconnecting.remaining() < 0:
                 raise Unavailable(
                     grpc.StatusCode.UNAVAILABLE,
                     f"watch: cannot reach {self.address} for {self.reconnect_timeout:g}s",
                 )
-            await asyncio.sleep(backoff(attempt))
-            attempt += 1
+            await reconnecting.sleep()
 
 
 Selector = dict[str, str] | str | None

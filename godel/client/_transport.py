@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import grpc
 
 from foundation import tls
+from foundation.retry import Backoff
 
 MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_TIMEOUT = 30.0
@@ -174,10 +174,9 @@ def rejected(violations: list[Violation], what: str) -> ClientError:
     return Invalid(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {text}", violations)
 
 
-def backoff(attempt: int, *, initial: float = 0.2, cap: float = 5.0) -> float:
-    """Seconds before reconnect ``attempt`` (0-based) of a broken stream: exponential, capped,
-    with full jitter so that many watchers of a restarted server do not return in step."""
-    return random.uniform(0, min(cap, initial * 2**attempt))
+# Seconds before each reconnect of a broken stream: exponential, capped, with full jitter so that
+# many watchers of a restarted server do not return in step.
+RECONNECT_BACKOFF = Backoff(0.2, cap=5.0, jitter=True)
 
 
 # ---------------------------------------------------------------------------------------------

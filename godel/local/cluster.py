@@ -26,6 +26,7 @@ import structlog
 from foundation import pki, tls
 from foundation.allocator import AllocatorError, jemalloc_env
 from foundation.netutil import free_ports
+from foundation.retry import Backoff, Retry
 from godel.local.home import SENTINEL, STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from protos.godel.v1 import objects_pb2 as pb
 from services.peers.binder import LEASE as BINDER_LEASE
@@ -43,7 +44,7 @@ log = structlog.get_logger(__name__)
 
 HOST = "127.0.0.1"
 _LOG_TAIL_LINES = 30
-_POLL_SECONDS = 0.1
+_POLL = Backoff(0.1)  # waiting for components to serve: a constant poll within the timeout
 _STORE_STOP_SECONDS = 10.0
 
 
@@ -382,17 +383,7 @@ def _start_service(
         *spec.args_for(name, kind),
     ]  # fmt: skip
     log_path = home.log_file(name)
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            # Its own session: a Ctrl-C in the terminal of `godel up` does not reach it.
-            start_new_session=True,
-            cwd=home.path,
-            env=_service_env(state),
-        )
+    proc = _spawn_service(command, str(log_path), home, state)
     state.components.append(
         ComponentRecord(
             name=name,
@@ -411,6 +402,23 @@ def _start_service(
     home.save(state)
     log.info("started", component=name, pid=proc.pid, address=address)
     return proc
+
+
+def _spawn_service(
+    command: list[str], log: str, home: GodelHome, state: ClusterState
+) -> subprocess.Popen[bytes]:
+    """A service process of the cluster, its output appended to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C in the terminal of `godel up` does not reach it.
+            start_new_session=True,
+            cwd=home.path,
+            env=_service_env(state),
+        )
 
 
 def _wait_serving(
@@ -438,7 +446,7 @@ def _wait_serving_records(
     credentials: tls.Credentials | None,
 ) -> None:
     pending = dict(zip((c.name for c in services), zip(services, procs, strict=True), strict=True))
-    deadline = time.monotonic() + timeout
+    retry = Retry(_POLL, deadline_seconds=timeout)
     while pending:
         for name, (record, proc) in list(pending.items()):
             if (code := proc.poll()) is not None:
@@ -448,13 +456,13 @@ def _wait_serving_records(
             if probe(record.address, timeout=0.5, credentials=credentials) == SERVING:
                 log.info("serving", component=name)
                 del pending[name]
-        if pending and time.monotonic() >= deadline:
+        if pending and retry.expired:
             first = next(iter(pending.values()))[0]
             raise ClusterError(
                 f"{', '.join(pending)} not SERVING after {timeout:g}s{_log_tail(first.log)}"
             )
         if pending:
-            time.sleep(_POLL_SECONDS)
+            retry.sleep_sync()
 
 
 def _stop(state: ClusterState, timeout: float | None = None) -> list[tuple[str, str]]:
@@ -580,16 +588,7 @@ def start_again(home: GodelHome, name: str) -> ComponentRecord:
             raise ClusterError(f"{name!r} is not a component `godel up` started in {home}")
         if record.process() is not None:
             raise ClusterError(f"{name} is still running (pid {record.pid})")
-        with open(record.log or os.devnull, "ab") as out:
-            proc = subprocess.Popen(
-                record.command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=home.path,
-                env=_service_env(state),
-            )
+        proc = _spawn_service(record.command, record.log or os.devnull, home, state)
         again = replace(
             record,
             pid=proc.pid,

@@ -5,27 +5,22 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from placement.framework import MAX_NODE_SCORE, PluginSpec, PodInfo, ScorePlugin
-from placement.nodeinfo import NodeInfo
-from placement.plugins.resourceargs import ResourceWeights, requested_after
+from placement.framework import MAX_NODE_SCORE, PluginSpec, ScorePlugin
+from placement.plugins.resourceargs import ResourceAllocationScorer, ResourceWeights
 
 NAME = "MostAllocated"
 
 
-class MostAllocated:
+def most_allocated(requested: int, capacity: int) -> int:
+    """The share of ``capacity`` requested, at most all of it."""
+    return min(requested, capacity) * MAX_NODE_SCORE // capacity
+
+
+class MostAllocated(ResourceAllocationScorer):
     NAME: ClassVar[str] = NAME
 
     def __init__(self, args: ResourceWeights) -> None:
-        self.weights = args.as_tuple()
-
-    def score(self, pod: PodInfo, node: NodeInfo) -> int:
-        cap, req = requested_after(pod, node)
-        total = weight_sum = 0
-        for i, w in enumerate(self.weights):
-            if w and cap[i] > 0:
-                total += w * (min(req[i], cap[i]) * MAX_NODE_SCORE // cap[i])
-                weight_sum += w
-        return total // weight_sum if weight_sum else 0
+        super().__init__(args, most_allocated)
 
 
 def new(args: ResourceWeights) -> MostAllocated:

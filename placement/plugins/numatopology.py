@@ -69,23 +69,29 @@ def _shared_room_left(
     ``extra_owned`` capacity are held exclusively and ``extra_single`` is bound to one."""
     alloc, used = node.capacity[GUARANTEED], node.requested[GUARANTEED]
     bound = node.numa_bound
-    owned = [0, 0, 0]
-    for zone in node.numa:
-        if zone.id in node.numa_owner:
-            owned[0] += zone.cpu
-            owned[1] += zone.mem
-            owned[2] += zone.gpu
-    single = [0, 0, 0]
-    for u in node.numa_used.values():
-        single[0] += u[0]
-        single[1] += u[1]
-        single[2] += u[2]
+    held = _numa_held(node)
     add = (extra_single.cpu, extra_single.mem, extra_single.gpu) if extra_single else (0, 0, 0)
     for r in range(3):
         shared = used[r] - bound[r]
-        if shared and shared + owned[r] + extra_owned[r] + single[r] + add[r] > alloc[r]:
+        if shared and shared + held[r] + extra_owned[r] + add[r] > alloc[r]:
             return False
     return True
+
+
+def _numa_held(node: NodeInfo) -> list[int]:
+    """[cpu, memory, gpus] of the guaranteed pool that NUMA-bound pods hold, out of the shared
+    pods' reach: whole NUMA nodes held exclusively, and what single-NUMA pods use."""
+    held = [0, 0, 0]
+    for zone in node.numa:
+        if zone.id in node.numa_owner:
+            held[0] += zone.cpu
+            held[1] += zone.mem
+            held[2] += zone.gpu
+    for u in node.numa_used.values():
+        held[0] += u[0]
+        held[1] += u[1]
+        held[2] += u[2]
+    return held
 
 
 def choose(node: NodeInfo, req: PodRequest) -> Choice:
@@ -107,16 +113,7 @@ def _fits_shared(node: NodeInfo, req: PodRequest) -> Choice:
     if not node.numa_pods:  # nothing NUMA-bound here: the pool check says it all
         return ()
     alloc, used = node.capacity[GUARANTEED], node.requested[GUARANTEED]
-    taken = [0, 0, 0]
-    for zone in node.numa:
-        if zone.id in node.numa_owner:
-            taken[0] += zone.cpu
-            taken[1] += zone.mem
-            taken[2] += zone.gpu
-    for u in node.numa_used.values():
-        taken[0] += u[0]
-        taken[1] += u[1]
-        taken[2] += u[2]
+    taken = _numa_held(node)
     bound = node.numa_bound
     for r, want in enumerate((req.cpu, req.mem, req.gpu)):
         if want and used[r] - bound[r] + taken[r] + want > alloc[r]:

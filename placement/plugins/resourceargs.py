@@ -1,7 +1,10 @@
-"""Args shared by the resource score plugins: which resources count, and how much."""
+"""What the resource score plugins share: their args (which resources count, and how much),
+the pod's pool read as they read it (``requested_after``), and the one scoring loop of
+LeastAllocated and MostAllocated (``ResourceAllocationScorer``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from placement.framework import PodInfo
@@ -40,3 +43,29 @@ def requested_after(pod: PodInfo, node: NodeInfo) -> tuple[list[int], list[int]]
     if not req.gpu:
         return [cap[0], cap[1], 0], [used[0] + req.cpu, used[1] + req.mem, used[2]]
     return cap, [used[0] + req.cpu, used[1] + req.mem, used[2] + req.gpu]
+
+
+# One resource's score from (requested including the pod, capacity > 0): 0 .. MAX_NODE_SCORE.
+ResourceScore = Callable[[int, int], int]
+
+
+class ResourceAllocationScorer:
+    """kube-scheduler's ``resourceAllocationScorer``: the weighted mean over the weighted
+    resources the node has (capacity > 0) of ``resource_score(requested, capacity)``; 0 when it
+    has none. LeastAllocated and MostAllocated are this loop with their own resource score."""
+
+    def __init__(self, args: ResourceWeights, resource_score: ResourceScore) -> None:
+        # Only resources of weight > 0 take part: skipped once here, not per node.
+        self.weighted = tuple((i, w) for i, w in enumerate(args.as_tuple()) if w)
+        self.resource_score = resource_score
+
+    def score(self, pod: PodInfo, node: NodeInfo) -> int:
+        cap, req = requested_after(pod, node)
+        resource_score = self.resource_score
+        total = weight_sum = 0
+        for i, w in self.weighted:
+            capacity = cap[i]
+            if capacity > 0:
+                total += w * resource_score(req[i], capacity)
+                weight_sum += w
+        return total // weight_sum if weight_sum else 0

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -417,19 +417,28 @@ class BinderService(Service[BinderConfig]):
                 plan.reject_all(ERROR, f"store rejected the batch: {exc}")
                 return {}
             self._record_evictions(ops)
-            bound: dict[str, pb.Pod] = {}
-            for op in ops:
-                written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
-                if not isinstance(written, pb.Pod):
-                    continue
-                seen = self.informer.get("Pod", written.metadata.name)
-                seen_rv = seen.metadata.resource_version if seen is not None else 0  # type: ignore[attr-defined]
-                self.state.record_written(written, seen_rv)
-                if isinstance(op, Bind):
-                    bound[written.metadata.name] = written
-            return bound
+            return {
+                pod.metadata.name: pod
+                for i, pod in self._record_written(ops)
+                if isinstance(ops[i], Bind)
+            }
         plan.reject_all(CONFLICT, f"gave up after {self.config.commit_retries + 1} commit attempts")
         return {}
+
+    def _record_written(self, ops: Sequence[Op]) -> list[tuple[int, pb.Pod]]:
+        """Account each pod a committed batch of ``ops`` wrote (bound, evicted or created) in the
+        binder's state, unless the informer already shows that write; returns (the index of its
+        op, the pod) for each, in op order."""
+        written_pods: list[tuple[int, pb.Pod]] = []
+        for i, op in enumerate(ops):
+            written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
+            if not isinstance(written, pb.Pod):
+                continue
+            seen = self.informer.get("Pod", written.metadata.name)
+            seen_rv = seen.metadata.resource_version if seen is not None else 0  # type: ignore[attr-defined]
+            self.state.record_written(written, seen_rv)
+            written_pods.append((i, written))
+        return written_pods
 
     def _record_evictions(self, ops: Iterable[Op]) -> None:
         """An event per pod a commit evicted (a preemption's victims, a rescheduling's or a
@@ -548,16 +557,11 @@ class BinderService(Service[BinderConfig]):
                     await self.store.revision(), self.config.sync_timeout_seconds
                 )
                 continue
-            replacements: dict[str, str] = {}
-            for op, target in zip(ops, targets, strict=True):
-                written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
-                if not isinstance(written, pb.Pod):
-                    continue
-                seen = self.informer.get("Pod", written.metadata.name)
-                seen_rv = seen.metadata.resource_version if seen is not None else 0  # type: ignore[attr-defined]
-                self.state.record_written(written, seen_rv)
-                if isinstance(op, Create):
-                    replacements[target] = written.metadata.name
+            replacements = {
+                targets[i]: pod.metadata.name
+                for i, pod in self._record_written(ops)
+                if isinstance(ops[i], Create)
+            }
             plan.evicted(replacements)
             self._record_evictions(ops)
             log.info(

@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 from google.protobuf.message import Message
 
+from foundation.retry import Backoff, Retry
 from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
 from services.nodeagent.nodes import HOLLOW, PROCESS, now_ms
@@ -43,6 +44,10 @@ log = structlog.get_logger(__name__)
 # How long a child gets between SIGTERM and SIGKILL, unless its template says otherwise
 # (``termination_grace_seconds``).
 KILL_GRACE_SECONDS = 3.0
+# Pod status writes while the store is unavailable: 50 ms doubled up to 2 s.
+_STORE_RETRY = Backoff(0.05, cap=2.0)
+# The last writes at stop: a few tries, 200 ms apart.
+_FINAL_FLUSH_RETRY = Backoff(0.2)
 # Passed through from the agent's environment; everything else a pod sees is its own.
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
 
@@ -430,7 +435,7 @@ class PodRunner:
             self._full.set()
 
     async def run_flusher(self) -> None:
-        delay = 0.05
+        retry = Retry(_STORE_RETRY)
         while True:
             await self._has_work.wait()
             if len(self.pending) < self.flush_max:
@@ -441,11 +446,10 @@ class PodRunner:
             self._full.clear()
             try:
                 await self.flush()
-                delay = 0.05
+                retry.reset()
             except StoreUnavailableError as exc:
                 log.warning("store unavailable; pod status writes wait", error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await retry.sleep()
             if self.pending:
                 self._has_work.set()
 
@@ -539,6 +543,7 @@ class PodRunner:
                 self._stop_run(run, kill_reason="AgentStopped")
                 tasks.append(run.task)
         await asyncio.gather(*tasks, return_exceptions=True)
+        retry = Retry(_FINAL_FLUSH_RETRY)
         for _ in range(final_flush_attempts):
             if not self.pending:
                 break
@@ -546,7 +551,7 @@ class PodRunner:
                 await self.flush()
             except StoreUnavailableError as exc:
                 log.warning("final pod status flush failed", error=str(exc))
-                await asyncio.sleep(0.2)
+                await retry.sleep()
         if self.pending:
             log.warning("pod status writes lost at stop", pods=len(self.pending))
 

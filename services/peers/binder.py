@@ -6,11 +6,9 @@ every eviction through the one eviction path (``services.eviction``)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import grpc
 
+from foundation.retry import Backoff, Retry
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from services.runtime import Dial
@@ -22,6 +20,7 @@ LEASE = "binder"
 LEADER_METADATA_KEY = "godel-leader-address"
 
 POLL_SECONDS = 0.2
+_POLL = Backoff(POLL_SECONDS)  # a constant poll: a failover takes what it takes
 # Codes worth asking again: no leader yet, the leader stepping down, or it being unreachable.
 _RETRY = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE})
 
@@ -45,23 +44,23 @@ class BinderEvictor:
 
     async def evict(self, request: ipb.EvictRequest) -> ipb.EvictResponse:
         request.requester = self.requester
-        deadline = time.monotonic() + self.timeout
+        retry = Retry(_POLL, deadline_seconds=self.timeout)
         last = "no binder leader"
-        while time.monotonic() < deadline:
+        while not retry.expired:
             lease = await self.store.get_lease(LEASE)
             if lease is None or not lease.holder_address:
-                await asyncio.sleep(POLL_SECONDS)
+                await retry.sleep()
                 continue
             async with self.dial(lease.holder_address, ()) as channel:
                 stub = internal_pb2_grpc.BinderStub(channel)
                 try:
                     response: ipb.EvictResponse = await stub.Evict(
-                        request, timeout=max(0.1, deadline - time.monotonic())
+                        request, timeout=max(0.1, retry.remaining())
                     )
                     return response
                 except grpc.aio.AioRpcError as exc:
                     last = f"{exc.code().name}: {exc.details()}"
                     if exc.code() not in _RETRY:
                         raise EvictError(f"the Binder refused the eviction: {last}") from exc
-            await asyncio.sleep(POLL_SECONDS)
+            await retry.sleep()
         raise EvictError(f"no Binder leader took the eviction within {self.timeout:g}s ({last})")

@@ -21,13 +21,13 @@ deletes.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
 
+from foundation.retry import Backoff, Retry
 from placement.budgets import BudgetTracker
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
@@ -51,7 +51,8 @@ from store.errors import StoreError
 
 log = structlog.get_logger(__name__)
 
-_POLL_SECONDS = 0.2
+# Waiting on budgets, acknowledgements and replacements: a constant poll within a deadline.
+_POLL = Backoff(0.2)
 
 
 @dataclass(frozen=True)
@@ -181,32 +182,32 @@ class RoundExecutor:
         """Until the batch fits the budgets' current allowances (the status controller keeps
         them; the previous batch's replacements count once healthy)."""
         pods = [view.pods[m.pod].pod for m in batch if m.pod in view.pods]
-        deadline = time.monotonic() + self.config.budget_wait_seconds
+        retry = Retry(_POLL, deadline_seconds=self.config.budget_wait_seconds)
         while True:
             budgets, _ = await self.store.list_all(pb.DisruptionBudget)
             broken = BudgetTracker(budgets).violations(pods)
             if not broken:
                 return
-            if time.monotonic() >= deadline:
+            if retry.expired:
                 raise StopRound(
                     f"disruption budgets still forbid the batch after "
                     f"{self.config.budget_wait_seconds:g}s: {'; '.join(broken)}"
                 )
-            await asyncio.sleep(_POLL_SECONDS)
+            await retry.sleep()
 
     async def _wait_for_acks(self, name: str) -> None:
-        deadline = time.monotonic() + self.config.ack_timeout_seconds
+        retry = Retry(_POLL, deadline_seconds=self.config.ack_timeout_seconds)
         while True:
             movement = await self.store.get(pb.Movement, name)
             missing = sorted(await self._live_shards() - set(movement.status.notified_schedulers))
             if not missing:
                 return
-            if time.monotonic() >= deadline:
+            if retry.expired:
                 raise StopRound(
                     f"shard(s) {', '.join(missing)} did not acknowledge movement {name} within "
                     f"{self.config.ack_timeout_seconds:g}s"
                 )
-            await asyncio.sleep(_POLL_SECONDS)
+            await retry.sleep()
 
     async def _live_shards(self) -> set[str]:
         instances, _ = await self.store.list_all(pb.SchedulerInstance)
@@ -246,8 +247,8 @@ class RoundExecutor:
         should not take more of a job before it has recovered."""
         if not replacements:
             return
-        deadline = time.monotonic() + self.config.landing_timeout_seconds
-        while time.monotonic() < deadline:
+        retry = Retry(_POLL, deadline_seconds=self.config.landing_timeout_seconds)
+        while not retry.expired:
             try:
                 pods = await self.store.get_many(pb.Pod, replacements)
             except StoreError as exc:
@@ -260,5 +261,5 @@ class RoundExecutor:
             ]
             if pods and not waiting:
                 return
-            await asyncio.sleep(_POLL_SECONDS)
+            await retry.sleep()
         log.info("replacements still landing; going on", count=len(replacements))

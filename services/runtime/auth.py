@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ import grpc
 
 from foundation.pki import identity_of
 from foundation.tls import CredentialsError, Identity
+from services.runtime.interceptor import WrappingInterceptor
 
 
 @dataclass(frozen=True)
@@ -118,24 +119,9 @@ async def _identify(context: grpc.aio.ServicerContext[Any, Any], method: str) ->
     return identity
 
 
-class Authorize(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self) -> None:
-        # Wrapped handlers by the handler grpc found: built once per method, not per call.
-        self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        cached = self._wrapped.get(id(handler))
-        if cached is None or cached[0] is not handler:
-            method: str = handler_call_details.method
-            cached = self._wrapped[id(handler)] = (handler, _wrap(handler, method))
-        return cached[1]
+class Authorize(WrappingInterceptor):
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        return _wrap(handler, method)
 
 
 def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:

@@ -12,11 +12,13 @@ ones, between services — keep the strict deserializer. Servicers never see the
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+
+from services.runtime.interceptor import WrappingInterceptor
 
 
 class _Undecodable:
@@ -53,23 +55,12 @@ async def _refuse(
     )
 
 
-class RejectUndecodable(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self) -> None:
-        # Wrapped handlers by the handler grpc found: built once per method, not per call.
-        self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+class RejectUndecodable(WrappingInterceptor):
+    def wraps(self, handler: grpc.RpcMethodHandler) -> bool:
+        return handler.request_deserializer is not None
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
-            return handler
-        cached = self._wrapped.get(id(handler))
-        if cached is None or cached[0] is not handler:
-            cached = self._wrapped[id(handler)] = (handler, _wrap(handler))
-        return cached[1]
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        return _wrap(handler)
 
 
 def _wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

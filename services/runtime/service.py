@@ -30,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from foundation import pki, tls
+from foundation.retry import Backoff, Retry
 from services.runtime import gcpolicy
 from services.runtime.auth import Authorize
 from services.runtime.config import (
@@ -52,7 +53,8 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
-_STORE_RETRY_SECONDS = 0.5
+# While the store is unreachable at startup: try every half second, up to store_connect_seconds.
+_STORE_RETRY = Backoff(0.5)
 # Of a stop's grace, what is kept for on_stop after the gRPC server stopped (at most a quarter).
 DRAIN_RESERVE_SECONDS = 1.5
 
@@ -446,7 +448,7 @@ async def _sample_metrics(service: Service[Any]) -> None:
 async def _connect_store(config: ServiceConfig) -> Store:
     """Connect, retrying while the store is unreachable (it may be starting or restarting)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + config.store_connect_seconds
+    retry = Retry(_STORE_RETRY, deadline_seconds=config.store_connect_seconds, clock=loop.time)
     try:
         url = config.store_connection_url()
     except ConfigError as exc:
@@ -455,7 +457,7 @@ async def _connect_store(config: ServiceConfig) -> Store:
         try:
             return await Store.connect(url, cluster=config.cluster)
         except StoreUnavailableError as exc:
-            if loop.time() >= deadline:
+            if retry.expired:
                 raise StartupError(
                     f"store {redact_url(config.store_url)} still unreachable after "
                     f"{config.store_connect_seconds:g}s: {exc}"
@@ -463,4 +465,4 @@ async def _connect_store(config: ServiceConfig) -> Store:
             log.warning(
                 "store unreachable, retrying", url=redact_url(config.store_url), error=str(exc)
             )
-            await asyncio.sleep(_STORE_RETRY_SECONDS)
+            await retry.sleep()
