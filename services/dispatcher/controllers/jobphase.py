@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from foundation.retry import Backoff
 from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import EVICTION_REASONS, replacement_number
 
@@ -122,7 +123,7 @@ class FailurePolicy:
     def delay_ms(self, initial_ms: int, max_ms: int) -> int:
         """How long after the latest failure its retry starts: ``initial`` doubled per earlier
         failure, at most ``max`` (Kubernetes: 10 s, 20 s, 40 s, ... 6 min)."""
-        return min(initial_ms << max(self.failures - 1, 0), max_ms)
+        return int(Backoff(initial_ms, cap=max_ms).delay(max(self.failures - 1, 0)))
 
 
 FINISHED_JOB_PHASES = frozenset({pb.JOB_SUCCEEDED, pb.JOB_FAILED})
