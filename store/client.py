@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -45,7 +45,7 @@ from store.errors import (
     StoreUnavailableError,
 )
 from store.keys import Keys
-from store.kinds import DEFAULT_MAX_OBJECT_BYTES, Kind
+from store.kinds import DEFAULT_MAX_OBJECT_BYTES, Kind, StoredObject
 from store.metrics import (
     COMMIT_ROUND_TRIP,
     HEARTBEAT_ROUND_TRIP,
@@ -56,7 +56,8 @@ from store.packing import pack_with_hiredis
 
 log = structlog.get_logger(__name__)
 
-M = TypeVar("M", bound=Message)
+# A stored kind's message: reads and writes return the type of the class asked for.
+M = TypeVar("M", bound=StoredObject)
 T = TypeVar("T")
 
 DEFAULT_FEED_MAX_LEN = 500_000
@@ -79,14 +80,14 @@ class Fence:
 
 @dataclass(frozen=True, slots=True)
 class Create:
-    obj: Message
+    obj: Message  # a stored kind's message (checked when the commit is built)
 
 
 @dataclass(frozen=True, slots=True)
 class Update:
     """Compare-and-set on ``obj.metadata.resource_version`` unless ``force``."""
 
-    obj: Message
+    obj: Message  # a stored kind's message (checked when the commit is built)
     force: bool = False
 
 
@@ -134,7 +135,7 @@ class WatchEvent:
     revision: int
     # The object after the change; for DELETED, its last state. None if the stored bytes could
     # not be decoded (reported in ``error``).
-    obj: Message | None
+    obj: StoredObject | None
     error: InvalidObjectError | None = None
 
 
@@ -150,7 +151,7 @@ class WatchBatch:
 
 @dataclass(slots=True)
 class ListResult:
-    items: dict[str, list[Message]]
+    items: dict[str, list[StoredObject]]
     revision: int
     # Stored objects that could not be decoded (kind, name, error): reported, never fatal.
     errors: list[tuple[str, str, InvalidObjectError]] = field(default_factory=list)
@@ -171,7 +172,7 @@ class StoredListing:
     def kinds(self) -> list[str]:
         return list(self.stored)
 
-    def objects(self, kind_name: str) -> Iterator[Message]:
+    def objects(self, kind_name: str) -> Iterator[StoredObject]:
         """The kind's objects, decoded one at a time; the listing lets go of the kind's bytes
         (a second call yields nothing). Undecodable ones are added to ``errors``."""
         datas, rvs = self.stored.pop(kind_name, ({}, {}))
@@ -493,7 +494,7 @@ class Store:
         data, rv = await _read(fetch)
         if data is None or rv is None:
             raise NotFoundError(kind.name, name)
-        return kinds_mod.decode(kind, data, int(rv))  # type: ignore[return-value]
+        return kinds_mod.decode(kind, data, int(rv))
 
     async def get_many(self, cls: type[M], names: Sequence[str]) -> list[M | None]:
         """Objects by name in one round trip; None where absent."""
@@ -509,15 +510,22 @@ class Store:
 
         datas, rvs = await _read(fetch)
         return [
-            kinds_mod.decode(kind, d, int(v)) if d is not None and v is not None else None  # type: ignore[misc]
+            kinds_mod.decode(kind, d, int(v)) if d is not None and v is not None else None
             for d, v in zip(datas, rvs, strict=True)
         ]
 
-    async def list_all(self, cls: type[M]) -> tuple[list[M], int]:
-        """Every object of a kind and the revision they are consistent with."""
+    @overload
+    async def list_all(self, cls: type[M]) -> tuple[list[M], int]: ...
+
+    @overload
+    async def list_all(self, cls: type[Message]) -> tuple[list[StoredObject], int]: ...
+
+    async def list_all(self, cls: type[Message]) -> tuple[list[Any], int]:
+        """Every object of a kind and the revision they are consistent with (typed by ``cls``
+        when the class is known where it is called)."""
         result = await self.list_kinds([kinds_mod.kind_for_class(cls).name])
         items = next(iter(result.items.values()))
-        return items, result.revision  # type: ignore[return-value]
+        return items, result.revision
 
     async def list_kinds(self, kind_names: Sequence[str], *, claims: bool = False) -> ListResult:
         """An atomic snapshot of several kinds and its revision: watching from that revision
@@ -553,7 +561,7 @@ class Store:
             listing.stored[kind.name] = (replies[1 + 2 * i], replies[2 + 2 * i])
         return listing
 
-    async def create_raw(self, kind_name: str, data: bytes) -> Message:
+    async def create_raw(self, kind_name: str, data: bytes) -> StoredObject:
         """Store an object given as untrusted bytes (e.g. from the wire), strictly checked."""
         kind = kinds_mod.kind_named(kind_name)
         obj = kinds_mod.decode_untrusted(kind, data)
@@ -908,7 +916,7 @@ class Store:
                 kind = decoders.get(kind_name)
                 if kind is None or (keep is not None and not keep(kind.name, name)):
                     continue
-                obj: Message | None = None
+                obj: StoredObject | None = None
                 error: InvalidObjectError | None = None
                 try:
                     obj = kinds_mod.decode(kind, data, revision)
@@ -945,7 +953,7 @@ class _ScriptCall:
         self._slots: dict[str, int] = {}
         # Per commit, per op: (kind, name, expected version) and the object to stamp with its
         # new revision.
-        self.commits: list[tuple[list[tuple[str, str, int]], list[Message | None]]] = []
+        self.commits: list[tuple[list[tuple[str, str, int]], list[StoredObject | None]]] = []
 
     def _slot(self, kind: Kind) -> int:
         slot = self._slots.get(kind.name)
@@ -961,7 +969,7 @@ class _ScriptCall:
             raise InvalidObjectError("a commit needs at least one operation")
         args: list[Any] = [len(ops)]
         described: list[tuple[str, str, int]] = []
-        targets: list[Message | None] = []
+        targets: list[StoredObject | None] = []
         now = _now_ms()
         for op in ops:
             if isinstance(op, Delete):
@@ -973,10 +981,12 @@ class _ScriptCall:
                 targets.append(None)
                 continue
             obj = op.pod if isinstance(op, Bind | Release) else op.obj
+            if not isinstance(obj, kinds_mod.STORED_MESSAGES):
+                raise kinds_mod.not_stored(obj)
             if isinstance(op, Bind) and not op.pod.spec.node_name:
                 raise InvalidObjectError("is required to bind", "spec.node_name")
             kind = kinds_mod.kind_of(obj)
-            meta = obj.metadata  # type: ignore[attr-defined]
+            meta = obj.metadata
             if isinstance(op, Create):
                 if not meta.uid:
                     meta.uid = new_uid()
@@ -995,8 +1005,8 @@ class _ScriptCall:
                 acct = _claim_spec(op.pod)
             elif isinstance(op, Release):
                 acct = "R"
-            elif kind.name == "Node":
-                acct = _capacity_spec(obj)  # type: ignore[arg-type]
+            elif isinstance(obj, pb.Node):
+                acct = _capacity_spec(obj)
             else:
                 acct = ""
             data = kinds_mod.encode(obj, kind, max_object_bytes)
@@ -1017,7 +1027,7 @@ class _ScriptCall:
             revisions = list(range(first, first + len(targets)))
             for obj, rev in zip(targets, revisions, strict=True):
                 if obj is not None:
-                    obj.metadata.resource_version = rev  # type: ignore[attr-defined]
+                    obj.metadata.resource_version = rev
             return revisions
         op_index, code = int(reply[1]), reply[2].decode()
         detail = [x.decode() if isinstance(x, bytes) else str(x) for x in reply[3:]]

@@ -51,7 +51,7 @@ _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
 class Patch:
     """A phase change to write; fields left at zero/None are not touched."""
 
-    phase: int
+    phase: pb.PodPhase.ValueType
     started_ms: int = 0
     finished_ms: int = 0
     exit_code: int | None = None
@@ -83,7 +83,7 @@ class Patch:
         out = pb.Pod()
         out.CopyFrom(pod)
         status = out.status
-        status.phase = self.phase  # type: ignore[assignment]
+        status.phase = self.phase
         if self.started_ms and not status.started_ms:
             status.started_ms = self.started_ms
         if self.terminal:
