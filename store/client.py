@@ -278,9 +278,10 @@ def _feed_entries(response: Any, **_: Any) -> list[Any]:
     when the read timed out); RESP3 replies are a map by stream, RESP2 ones a list of pairs."""
     if not response:
         return []
-    if isinstance(response, dict):
-        return next(iter(response.values()))  # type: ignore[no-any-return]
-    return response[0][1]  # type: ignore[no-any-return]
+    entries: list[Any] = (
+        next(iter(response.values())) if isinstance(response, dict) else response[0][1]
+    )
+    return entries
 
 
 # Uids name objects; they guard nothing, so they need uniqueness, not unpredictability: a
@@ -407,7 +408,7 @@ class Store:
                 target = SentinelTarget.parse(url)
             except ValueError as exc:
                 raise StoreError(str(exc)) from None
-            sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves Sentinel.__init__ unannotated
                 target.sentinels,
                 sentinel_kwargs={
                     "password": target.password,
@@ -489,7 +490,8 @@ class Store:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hget(self.keys.data(kind.name), name)
                 pipe.hget(self.keys.versions(kind.name), name)
-                return await pipe.execute()  # type: ignore[no-any-return]
+                replies: list[Any] = await pipe.execute()
+                return replies
 
         data, rv = await _read(fetch)
         if data is None or rv is None:
@@ -506,7 +508,8 @@ class Store:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hmget(self.keys.data(kind.name), list(names))
                 pipe.hmget(self.keys.versions(kind.name), list(names))
-                return await pipe.execute()  # type: ignore[no-any-return]
+                replies: list[Any] = await pipe.execute()
+                return replies
 
         datas, rvs = await _read(fetch)
         return [
@@ -551,7 +554,8 @@ class Store:
                     pipe.hgetall(self.keys.versions(kind.name))
                 if claims:
                     pipe.hgetall(self.keys.claims)
-                return await pipe.execute()  # type: ignore[no-any-return]
+                replies: list[Any] = await pipe.execute()
+                return replies
 
         replies = await _read(fetch)
         listing = StoredListing(int(replies[0] or 0))
@@ -879,7 +883,7 @@ class Store:
         feed = self.keys.feed
         while True:
             with _translate_errors():
-                entries: list[Any] = await self._redis.execute_command(  # type: ignore[no-untyped-call]
+                entries: list[Any] = await self._redis.execute_command(  # type: ignore[no-untyped-call]  # redis-py leaves execute_command unannotated
                     "XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", feed, f"{last}-0"
                 )
             if not entries:

@@ -637,7 +637,7 @@ class ReplicatedStore:
         for sentinel in self.sentinels:
             client = _client(sentinel.port, sentinel.password)
             try:
-                _, port = client.execute_command(  # type: ignore[no-untyped-call]
+                _, port = client.execute_command(  # type: ignore[no-untyped-call]  # redis-py leaves execute_command unannotated
                     "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE
                 )
             except (redis.RedisError, TypeError, ValueError):
