@@ -559,7 +559,7 @@ def _init_pods(
     task = progress.add_task("init pods bound", total=phase.count, info="")
     nodes: list[str] = []
     if phase.per_node:  # one pod pinned to each node, as the measured phase does it
-        nodes = sorted(n.metadata.name for n in client.list("Node"))  # type: ignore[attr-defined]
+        nodes = sorted(n.metadata.name for n in client.list(pb.Node))
     jobs = build_jobs(INIT_PREFIX, phase, nodes)
     deadline = time.monotonic() + workload.timeout
     submitted = 0

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -157,6 +157,11 @@ class ListResult:
     errors: list[tuple[str, str, InvalidObjectError]] = field(default_factory=list)
     # Every bound pod's node claim at the same revision (only when asked for; see claims()).
     claims: dict[str, str] = field(default_factory=dict)
+
+    def items_of(self, cls: type[M]) -> list[M]:
+        """The listed objects of the kind whose message is ``cls``, typed by it."""
+        # A kind's list holds its messages only (store.kinds decodes them).
+        return cast("list[M]", self.items[kinds_mod.kind_for_class(cls).name])
 
 
 @dataclass(slots=True)

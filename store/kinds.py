@@ -149,6 +149,14 @@ def kind_of(obj: Message) -> Kind[StoredObject]:
     return kind
 
 
+def stored(obj: Message) -> StoredObject:
+    """``obj`` typed as the stored object it is (e.g. what ``unwrap`` gives); InvalidObjectError
+    for any other message type."""
+    if isinstance(obj, STORED_MESSAGES):
+        return obj
+    raise not_stored(obj)
+
+
 def not_stored(obj: Message) -> InvalidObjectError:
     """The error for a message that is none of the stored kinds."""
     return InvalidObjectError(

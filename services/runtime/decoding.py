@@ -53,7 +53,7 @@ async def _refuse(
     )
 
 
-class RejectUndecodable(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class RejectUndecodable(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no type information: its classes are Any
     def __init__(self) -> None:
         # Wrapped handlers by the handler grpc found: built once per method, not per call.
         self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
