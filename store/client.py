@@ -990,7 +990,7 @@ class _ScriptCall:
                 targets.append(None)
                 continue
             obj = op.pod if isinstance(op, Bind | Release) else op.obj
-            if not isinstance(obj, kinds_mod.STORED_MESSAGES):
+            if not kinds_mod.is_stored(obj):
                 raise kinds_mod.not_stored(obj)
             if isinstance(op, Bind) and not op.pod.spec.node_name:
                 raise InvalidObjectError("is required to bind", "spec.node_name")
@@ -1014,7 +1014,7 @@ class _ScriptCall:
                 acct = _claim_spec(op.pod)
             elif isinstance(op, Release):
                 acct = "R"
-            elif isinstance(obj, pb.Node):
+            elif type(obj) is pb.Node:  # not isinstance: ~0.2 µs when it is not (kinds.is_stored)
                 acct = _capacity_spec(obj)
             else:
                 acct = ""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar, overload
 
 from google.protobuf.message import DecodeError, Message
+from typing_extensions import TypeIs
 from typing_extensions import TypeVar as DefaultedTypeVar
 
 from protos.godel.v1 import api_pb2
@@ -109,18 +110,6 @@ _BY_API_FIELD: dict[str, Kind[StoredObject]] = {k.api_field: k for k in KINDS.va
 # By the class itself: a typed read names its kind by class (``Store.get(pb.Pod, ...)``), and a
 # class hashes faster than its descriptor's name is read.
 _BY_CLASS: dict[type[Message], Kind[StoredObject]] = {k.message: k for k in KINDS.values()}
-# The classes of StoredObject, for ``isinstance(obj, STORED_MESSAGES)``: it narrows a message
-# of a kind known only at run time to StoredObject.
-STORED_MESSAGES = (
-    pb.Job,
-    pb.Pod,
-    pb.Node,
-    pb.Queue,
-    pb.DisruptionBudget,
-    pb.Movement,
-    pb.SchedulerInstance,
-    pb.Event,
-)
 # Kinds users write: jobs through Submit, the others through Apply; the rest are the system's.
 USER_KINDS = ("Job", "Node", "Queue", "DisruptionBudget")
 APPLIED_KINDS = ("Node", "Queue", "DisruptionBudget")
@@ -143,16 +132,23 @@ def unwrap(wrapped: api_pb2.Object) -> tuple[str, Message]:
 
 def kind_of(obj: Message) -> Kind[StoredObject]:
     """The kind of a stored object; InvalidObjectError for any other message type."""
-    kind = _BY_MESSAGE.get(obj.DESCRIPTOR.full_name)
+    kind = _BY_CLASS.get(type(obj)) or _BY_MESSAGE.get(obj.DESCRIPTOR.full_name)
     if kind is None:
         raise not_stored(obj)
     return kind
 
 
+def is_stored(obj: Message) -> TypeIs[StoredObject]:
+    """Whether ``obj`` is a stored kind's message; narrows a message whose kind is chosen at
+    run time to StoredObject. By its class: ``isinstance`` with the eight classes costs ~0.2 µs
+    for each class ``obj`` is not (the classes' metaclass answers), on every written object."""
+    return type(obj) in _BY_CLASS
+
+
 def stored(obj: Message) -> StoredObject:
     """``obj`` typed as the stored object it is (e.g. what ``unwrap`` gives); InvalidObjectError
     for any other message type."""
-    if isinstance(obj, STORED_MESSAGES):
+    if is_stored(obj):
         return obj
     raise not_stored(obj)
 

@@ -108,28 +108,36 @@ class ClusterState:
     # --- informer handlers ------------------------------------------------------------------
 
     # The handlers tell kinds apart by the object's class (the kind's message), which also
-    # types it; ``kind`` says the same.
+    # types it; ``kind`` says the same. ``type(obj) is``, not isinstance: an isinstance that
+    # fails costs ~0.2 µs (the message classes' metaclass answers it), on every event.
 
     def on_add(self, kind: str, obj: StoredObject) -> None:
-        if isinstance(obj, pb.Node):
-            self._set_node(obj)
-        elif isinstance(obj, pb.Pod):
+        if type(obj) is pb.Pod:
             self._set_pod(obj, None)
-        elif isinstance(obj, pb.Job):
+        elif type(obj) is pb.Node:
+            self._set_node(obj)
+        elif type(obj) is pb.Job:
             if self._own_jobs is not None:
                 self._own_jobs[obj.metadata.name] = obj
-        elif isinstance(obj, pb.DisruptionBudget):
+        elif type(obj) is pb.DisruptionBudget:
             self.budgets[obj.metadata.name] = obj
             self.budget_members.set_budget(obj, self.pods.values())
 
     def on_update(self, kind: str, old: StoredObject, new: StoredObject) -> None:
-        if isinstance(new, pb.Pod) and isinstance(old, pb.Pod):
+        if type(new) is pb.Pod and type(old) is pb.Pod:
             self._set_pod(new, old)
         else:
             self.on_add(kind, new)
 
     def on_delete(self, kind: str, obj: StoredObject) -> None:
-        if isinstance(obj, pb.Node):
+        if type(obj) is pb.Pod:
+            name = obj.metadata.name
+            job = obj.spec.job
+            self._unplace(name, job)
+            self.pods.forget(name)
+            self.budget_members.remove_pod(name)
+            self.all_job_pods.discard(job, name)
+        elif type(obj) is pb.Node:
             name = obj.metadata.name
             self.nodes.pop(name, None)
             if self.topology.active:
@@ -137,17 +145,10 @@ class ClusterState:
             info = self.infos.get(name)
             if info is not None and not info.pods:
                 del self.infos[name]
-        elif isinstance(obj, pb.Pod):
-            name = obj.metadata.name
-            job = obj.spec.job
-            self._unplace(name, job)
-            self.pods.forget(name)
-            self.budget_members.remove_pod(name)
-            self.all_job_pods.discard(job, name)
-        elif isinstance(obj, pb.Job):
+        elif type(obj) is pb.Job:
             if self._own_jobs is not None:
                 self._own_jobs.pop(obj.metadata.name, None)
-        elif isinstance(obj, pb.DisruptionBudget):
+        elif type(obj) is pb.DisruptionBudget:
             self.budgets.pop(obj.metadata.name, None)
             self.budget_members.remove_budget(obj.metadata.name)
 
