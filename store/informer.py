@@ -64,6 +64,24 @@ class Handlers:
     def wants(self, kind: str) -> bool:
         return self.kinds is None or kind in self.kinds
 
+    @classmethod
+    def of(
+        cls,
+        kind: type[S],
+        *,
+        on_add: Callable[[str, S], None] | None = None,
+        on_update: Callable[[str, S, S], None] | None = None,
+        on_delete: Callable[[str, S], None] | None = None,
+    ) -> Handlers:
+        """Handlers of one kind, named by its message class and typed by it."""
+        # ``kinds`` is this kind alone, so they are handed this kind's messages only.
+        return cls(
+            cast("AddHandler | None", on_add),
+            cast("UpdateHandler | None", on_update),
+            cast("DeleteHandler | None", on_delete),
+            frozenset({kinds_mod.kind_for_class(kind).name}),
+        )
+
 
 class Informer:
     def __init__(

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from google.protobuf.message import Message
 
 from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
@@ -218,15 +217,14 @@ class PodRunner:
     # -----------------------------------------------------------------------------------------
 
     def handlers(self) -> Handlers:
-        return Handlers(
-            on_add=lambda _k, obj: self.observe(obj),
-            on_update=lambda _k, _old, obj: self.observe(obj),
-            on_delete=lambda _k, obj: self.deleted(obj),
+        return Handlers.of(
+            pb.Pod,
+            on_add=lambda _k, pod: self.observe(pod),
+            on_update=lambda _k, _old, pod: self.observe(pod),
+            on_delete=lambda _k, pod: self.deleted(pod),
         )
 
-    def observe(self, obj: Message) -> None:
-        assert isinstance(obj, pb.Pod)
-        pod = obj
+    def observe(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
         version = pod.metadata.resource_version
         run = self.runs.get(name)
@@ -256,9 +254,8 @@ class PodRunner:
         elif pod.status.phase == pb.POD_RUNNING:
             self._resume(pod, mode)
 
-    def deleted(self, obj: Message) -> None:
-        assert isinstance(obj, pb.Pod)
-        name = obj.metadata.name
+    def deleted(self, pod: pb.Pod) -> None:
+        name = pod.metadata.name
         self._finished.pop(name, None)
         self.pending.pop(name, None)
         run = self.runs.pop(name, None)
