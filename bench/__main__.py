@@ -12,9 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench import workload as workloads
 from godel.cli.output import configure_logging
+
+if TYPE_CHECKING:  # the harness is imported when a workload runs, not for --help
+    from bench.harness import Fsync
 
 DEFAULT_OUT = Path("bench/results")
 
@@ -24,7 +28,7 @@ def run(
     *,
     quick: bool = False,
     out: Path = DEFAULT_OUT,
-    fsync: str = "always",
+    fsync: Fsync = "always",
     rate: float | None = None,
     variants: list[str] | None = None,
 ) -> int:
@@ -43,7 +47,7 @@ def run(
         result = harness.run_suite(
             suite,
             quick=quick,
-            fsync=fsync,  # type: ignore[arg-type]
+            fsync=fsync,
             rate=rate,
             keep_logs=out,
         )

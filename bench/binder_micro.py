@@ -80,7 +80,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
         while not (isinstance(host.service, BinderService) and host.service.is_leader):  # noqa: ASYNC110
             await asyncio.sleep(0.05)  # the service offers no event for it
         async with grpc.aio.insecure_channel(host.address) as channel:
-            call = internal_pb2_grpc.BinderStub(channel).Decide()  # type: ignore[no-untyped-call]
+            call = internal_pb2_grpc.BinderStub(channel).Decide()
             start, cpu = time.perf_counter(), time.process_time()
             for k, batch in enumerate(batches):
                 await call.write(ipb.DecisionBatch(shard="s", batch_id=k + 1, units=batch))

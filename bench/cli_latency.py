@@ -33,10 +33,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from godel import local
 from godel.client import ProtoClient
+from protos.godel.v1 import objects_pb2 as pb
 
 NODES = 20
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,8 +73,8 @@ def measure(
     if state is None:
         raise SystemExit(f"no cluster in {home}")
     with ProtoClient(state.address_of("dispatcher"), home=home) as client:
-        node = client.list("Node")[0].metadata.name  # type: ignore[attr-defined]
-        pods = client.list("Pod")
+        node = client.list(pb.Node)[0].metadata.name
+        pods = client.list(pb.Pod)
     # The dispatcher's address given, as a remote cluster's would be: every tree measured
     # reads it alike (an older CLI may not read today's cluster.json).
     env = {**os.environ, "GODEL_HOME": str(home), "GODEL_SERVER": state.address_of("dispatcher")}
@@ -88,7 +88,7 @@ def measure(
 def _measure(
     env: dict[str, str],
     node: str,
-    pods: list[Any],
+    pods: list[pb.Pod],
     runs: int,
     baseline: Path | None,
     *,
@@ -102,7 +102,7 @@ def _measure(
         f"godel describe node {node}": [*godel, "describe", "node", node],
     }
     if pods:
-        pod = pods[0].metadata.name  # type: ignore[attr-defined]
+        pod = pods[0].metadata.name
         commands[f"godel explain {pod}"] = [*godel, "explain", pod]
     trees = {"": (env, ROOT)}
     if baseline is not None:

@@ -149,7 +149,7 @@ def sample(client: ProtoClient, c: Contention) -> list[Sample]:
     out: list[Sample] = []
     seen_work = False
     while time.monotonic() - start < c.timeout_seconds:
-        status = {q.metadata.name: q.status for q in client.list("Queue")}  # type: ignore[attr-defined]
+        status = {q.metadata.name: q.status for q in client.list(pb.Queue)}
         light, heavy = status.get(LIGHT), status.get(HEAVY)
         if light is not None and heavy is not None:
             s = Sample(
@@ -169,8 +169,8 @@ def sample(client: ProtoClient, c: Contention) -> list[Sample]:
 
 def clean_up(client: ProtoClient) -> None:
     """Delete both queues' jobs (their pods go with them) and wait until no pod is left."""
-    for job in client.list("Job"):
-        name = job.metadata.name  # type: ignore[attr-defined]
+    for job in client.list(pb.Job):
+        name = job.metadata.name
         if name.startswith((f"{LIGHT}-", f"{HEAVY}-")):
             client.delete("Job", name)
     deadline = time.monotonic() + 120

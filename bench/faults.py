@@ -266,8 +266,8 @@ class Harness:
                     result = self.client.submit([gang], request_id=gang.metadata.name)
                     submitted = result.results[0].created or result.results[0].existing
                 if submitted:
-                    pods = self.client.list("Pod", job=gang.metadata.name)
-                    if len(pods) == 2 and all(p.spec.node_name for p in pods):  # type: ignore[attr-defined]
+                    pods = self.client.list(pb.Pod, job=gang.metadata.name)
+                    if len(pods) == 2 and all(p.spec.node_name for p in pods):
                         return round(time.monotonic() - since, 2)
             except ClientError:
                 pass
@@ -280,8 +280,8 @@ class Harness:
         async def read(store: Store) -> tuple[list[pb.Pod], set[str], list[str]]:
             listing = await store.list_kinds(["Job", "Pod"])
             report = await audit(store)
-            jobs = {j.metadata.name for j in listing.items["Job"]}  # type: ignore[attr-defined]
-            return listing.items["Pod"], jobs, report.violations  # type: ignore[return-value]
+            jobs = {j.metadata.name for j in listing.items_of(pb.Job)}
+            return listing.items_of(pb.Pod), jobs, report.violations
 
         pods: list[pb.Pod]
         jobs: set[str]
@@ -373,7 +373,7 @@ def run(faults: int, *, hollow_nodes: int = 40, interval: float = 0.3) -> dict[s
 
 def wait_nodes(client: ProtoClient, count: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
-    while len([n for n in client.list("Node") if n.status.ready]) < count:  # type: ignore[attr-defined]
+    while len([n for n in client.list(pb.Node) if n.status.ready]) < count:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{count} hollow nodes not ready after {timeout:g}s")
         time.sleep(0.5)

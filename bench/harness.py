@@ -486,7 +486,7 @@ def _wait_nodes(
     deadline = time.monotonic() + timeout
     while True:
         check_alive()
-        ready = sum(1 for n in client.list("Node") if isinstance(n, pb.Node) and n.status.ready)
+        ready = sum(1 for n in client.list(pb.Node) if n.status.ready)
         progress.update(task, completed=ready)
         if ready >= nodes:
             return
@@ -559,7 +559,7 @@ def _init_pods(
     task = progress.add_task("init pods bound", total=phase.count, info="")
     nodes: list[str] = []
     if phase.per_node:  # one pod pinned to each node, as the measured phase does it
-        nodes = sorted(n.metadata.name for n in client.list("Node"))  # type: ignore[attr-defined]
+        nodes = sorted(n.metadata.name for n in client.list(pb.Node))
     jobs = build_jobs(INIT_PREFIX, phase, nodes)
     deadline = time.monotonic() + workload.timeout
     submitted = 0
@@ -755,8 +755,7 @@ def _latencies(client: ProtoClient) -> tuple[dict[str, Any], int, int]:
     one list at the end; returns (distribution, bound pod count, last bound_ms)."""
     latencies: list[float] = []
     last_bound_ms = 0
-    for pod in client.list("Pod", page_size=5000):
-        assert isinstance(pod, pb.Pod)
+    for pod in client.list(pb.Pod, page_size=5000):
         if not pod.spec.job.startswith(f"{MEASURED_PREFIX}-") or not pod.spec.node_name:
             continue
         latencies.append(float(pod.status.bound_ms - pod.metadata.creation_timestamp_ms))

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ) as client:
         nodes: list[str] = []
         if phase.per_node:
-            nodes = sorted(n.metadata.name for n in client.list("Node"))  # type: ignore[attr-defined]
+            nodes = sorted(n.metadata.name for n in client.list(pb.Node))
         jobs = build_jobs(plan["prefix"], phase, nodes)
         create_queues(client, phase)
         _emit("started", jobs=len(jobs), pods=sum(j.spec.replicas for j in jobs))

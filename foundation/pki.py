@@ -251,4 +251,4 @@ def identity_of(pem: bytes) -> Identity:
     except x509.ExtensionNotFound:
         uris = []
     queues = tuple(u[len(QUEUE_URI_PREFIX) :] for u in uris if u.startswith(QUEUE_URI_PREFIX))
-    return Identity(name, role, queues)  # type: ignore[arg-type]
+    return Identity(name, role, queues)

@@ -58,9 +58,9 @@ async def audit(store: Store) -> AuditReport:
     # in between would show as a claim held by no bound pod.
     listing = await store.list_kinds(["Node", "Pod", "Job"], claims=True)
     claims = listing.claims
-    nodes: dict[str, pb.Node] = {n.metadata.name: n for n in listing.items["Node"]}  # type: ignore[attr-defined,misc]
-    pods: list[pb.Pod] = listing.items["Pod"]  # type: ignore[assignment]
-    jobs: dict[str, pb.Job] = {j.metadata.name: j for j in listing.items["Job"]}  # type: ignore[attr-defined,misc]
+    nodes = {n.metadata.name: n for n in listing.items_of(pb.Node)}
+    pods = listing.items_of(pb.Pod)
+    jobs = {j.metadata.name: j for j in listing.items_of(pb.Job)}
     report = AuditReport(nodes=len(nodes), pods=len(pods))
 
     # 1. Re-add every holding pod to a fresh NodeInfo; any addition that does not fit is an

@@ -37,6 +37,7 @@ from google.protobuf.message import Message
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from store import kinds
+from store.kinds import StoredObject
 
 API_VERSION = "godel/v1"
 
@@ -67,12 +68,12 @@ class ManifestError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Manifest:
     kind: str
-    obj: Message
+    obj: StoredObject
     source: str
 
     @property
     def name(self) -> str:
-        return str(self.obj.metadata.name)  # type: ignore[attr-defined]
+        return self.obj.metadata.name
 
     def as_object(self) -> api_pb2.Object:
         return kinds.wrap(self.kind, self.obj)
@@ -278,17 +279,17 @@ def parse_document(doc: Any, source: str) -> Manifest:
     from google.protobuf import json_format  # only what applies manifests pays for it
 
     try:
-        normalised = _normalise(cls.DESCRIPTOR, body, "")  # type: ignore[arg-type]
+        normalised = _normalise(cls.DESCRIPTOR, body, "")
         obj = json_format.ParseDict(normalised, cls(), ignore_unknown_fields=False)
     except ManifestError as exc:
         raise ManifestError(exc.reason, exc.field, source) from None
     except json_format.ParseError as exc:
         raise ManifestError(str(exc), source=source) from None
-    if kind == "Job" and not _has_key(body.get("spec"), "minMember", "min_member"):
+    if isinstance(obj, pb.Job) and not _has_key(body.get("spec"), "minMember", "min_member"):
         # Unsaid, a job's pods go together (a gang of all of them), as the SDK's job() makes
         # it: the API cannot tell an unset min_member from 0, a manifest can.
-        obj.spec.min_member = obj.spec.replicas  # type: ignore[attr-defined]
-    if kind != "Node":
+        obj.spec.min_member = obj.spec.replicas
+    if isinstance(obj, pb.Job | pb.Queue | pb.DisruptionBudget):  # the user kinds but Node
         # What `godel get -o yaml` printed of the system's status is checked (a misspelt field
         # is still an error) and dropped, as kubectl apply ignores it: only a node's capacities
         # are declared in its status.

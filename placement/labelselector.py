@@ -5,7 +5,7 @@ the topology index and the Binder. No protobuf once converted; ``matches`` runs 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from protos.godel.v1 import objects_pb2 as pb
@@ -75,10 +75,10 @@ def requirement(r: pb.LabelSelectorRequirement) -> Requirement:
     return Requirement(r.key, int(r.operator), frozenset(r.values), number)
 
 
-def selector(reqs: object) -> Selector:
+def selector(reqs: Iterable[pb.LabelSelectorRequirement]) -> Selector:
     """A selector from a repeated LabelSelectorRequirement, in a canonical order, so equal
     selectors written in another order share one index entry."""
-    out = [requirement(r) for r in reqs]  # type: ignore[attr-defined]
+    out = [requirement(r) for r in reqs]
     return tuple(sorted(out, key=lambda r: (r.key, r.op, sorted(r.values))))
 
 

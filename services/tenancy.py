@@ -48,14 +48,14 @@ def owns(identity: Identity | None, kind: str, obj: Message) -> bool:
     """Whether ``identity`` may see ``obj`` (List and Watch leave out what it may not)."""
     if unrestricted(identity) or kind not in OWNED_KINDS:
         return True
-    assert identity is not None
-    return bool(obj.metadata.owner == identity.name)  # type: ignore[attr-defined]
+    assert identity is not None and isinstance(obj, pb.Pod | pb.Job)  # OWNED_KINDS
+    return obj.metadata.owner == identity.name
 
 
 def read_refusal(identity: Identity | None, kind: str, obj: Message) -> str | None:
     if owns(identity, kind, obj):
         return None
-    assert identity is not None
+    assert identity is not None and isinstance(obj, pb.Pod | pb.Job)  # as owns() found
     return _not_owned(identity, kind, obj, "read")
 
 
@@ -68,6 +68,7 @@ def delete_refusal(identity: Identity | None, kind: str, obj: Message | None) ->
         return admin_only(identity, f"delete {kind}s")
     if obj is None or owns(identity, kind, obj):
         return None
+    assert isinstance(obj, pb.Pod | pb.Job)  # as owns() found
     return _not_owned(identity, kind, obj, "delete")
 
 
@@ -82,8 +83,8 @@ def admin_only(identity: Identity, what: str) -> str:
     return f"rule admin-only: only the admin identity may {what}; {identity.name!r} is a tenant"
 
 
-def _not_owned(identity: Identity, kind: str, obj: Message, verb: str) -> str:
-    name = obj.metadata.name  # type: ignore[attr-defined]
+def _not_owned(identity: Identity, kind: str, obj: pb.Pod | pb.Job, verb: str) -> str:
+    name = obj.metadata.name
     return (
         f"rule own-jobs-only: tenant {identity.name!r} may {verb} only its own jobs and their "
         f"pods; {kind} {name!r} is not its own"

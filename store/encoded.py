@@ -22,6 +22,7 @@ from typing import Generic, TypeVar, overload
 from google.protobuf.message import Message
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 
 class EncodedObjects(MutableMapping[str, M], Generic[M]):
@@ -36,7 +37,13 @@ class EncodedObjects(MutableMapping[str, M], Generic[M]):
     def __getitem__(self, name: str) -> M:
         return self._message.FromString(self._data[name])
 
-    def get(self, name: str, default: M | None = None) -> M | None:  # type: ignore[override]
+    @overload
+    def get(self, name: str, /) -> M | None: ...
+
+    @overload
+    def get(self, name: str, default: M | T, /) -> M | T: ...
+
+    def get(self, name: str, default: object = None) -> object:
         # Mapping.get goes through __getitem__ and a KeyError: on every watch event, that was
         # most of the informer's lookup of the object before.
         data = self._data.get(name)
@@ -84,7 +91,7 @@ class EncodedList(Sequence[M], Generic[M]):
     def __init__(self, message: type[M], objects: Iterable[M]) -> None:
         self._message = message
         entries = sorted(
-            ((o.metadata.name, o.SerializeToString()) for o in objects),  # type: ignore[attr-defined]
+            ((o.metadata.name, o.SerializeToString()) for o in objects),  # type: ignore[attr-defined]  # M: a stored kind's message (all have metadata), Message where the API's List picks the kind at run time
             key=lambda e: e[0],
         )
         self._names: list[str] = [name for name, _ in entries]

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import Any, cast, overload
 
 import structlog
 from google.protobuf.message import Message
@@ -23,14 +24,17 @@ from store import kinds as kinds_mod
 from store.client import Store, StoredListing, WatchEvent
 from store.encoded import EncodedObjects
 from store.errors import ResourceVersionTooOldError, StoreUnavailableError
+from store.kinds import S, StoredObject
 from store.metrics import INFORMER_LAG
 
 log = structlog.get_logger(__name__)
 
-Selector = Callable[[str, Message], bool]
-AddHandler = Callable[[str, Message], None]
-UpdateHandler = Callable[[str, Message, Message], None]
-DeleteHandler = Callable[[str, Message], None]
+# Handlers and selectors get the kind's name and its object; ``isinstance`` narrows the object
+# to the kind's message (a handler of one kind may take that message: see Handlers.kinds).
+Selector = Callable[[str, StoredObject], bool]
+AddHandler = Callable[[str, StoredObject], None]
+UpdateHandler = Callable[[str, StoredObject, StoredObject], None]
+DeleteHandler = Callable[[str, StoredObject], None]
 
 
 # Kinds cached encoded (store.encoded): those a cluster holds by the ten thousand or more (a
@@ -61,6 +65,24 @@ class Handlers:
     def wants(self, kind: str) -> bool:
         return self.kinds is None or kind in self.kinds
 
+    @classmethod
+    def of(
+        cls,
+        kind: type[S],
+        *,
+        on_add: Callable[[str, S], None] | None = None,
+        on_update: Callable[[str, S, S], None] | None = None,
+        on_delete: Callable[[str, S], None] | None = None,
+    ) -> Handlers:
+        """Handlers of one kind, named by its message class and typed by it."""
+        # ``kinds`` is this kind alone, so they are handed this kind's messages only.
+        return cls(
+            cast("AddHandler | None", on_add),
+            cast("UpdateHandler | None", on_update),
+            cast("DeleteHandler | None", on_delete),
+            frozenset({kinds_mod.kind_for_class(kind).name}),
+        )
+
 
 class Informer:
     def __init__(
@@ -79,7 +101,7 @@ class Informer:
         self._store = store
         self._selector = selector
         self.kinds = list(kinds)
-        self.cache: dict[str, MutableMapping[str, Message]] = {
+        self.cache: dict[str, MutableMapping[str, StoredObject]] = {
             k: self._empty(k) for k in self.kinds
         }
         self.revision = 0
@@ -100,7 +122,7 @@ class Informer:
         self._progress = asyncio.Condition()
 
     @staticmethod
-    def _empty(kind: str) -> MutableMapping[str, Message]:
+    def _empty(kind: str) -> MutableMapping[str, StoredObject]:
         if kind in ENCODED_KINDS:
             return EncodedObjects(kinds_mod.kind_named(kind).message)
         return {}
@@ -119,17 +141,47 @@ class Informer:
                     for obj in objs.values():
                         handlers.on_add(kind, obj)
 
-    def get(self, kind: str, name: str) -> Message | None:
-        return self.cache[kind].get(name)
+    # Reads name the kind by its message class, typed by it (``get(pb.Pod, name)`` is a
+    # ``pb.Pod``), or by its name (``get("Pod", name)``: a kind chosen at run time, untyped).
 
-    def list(self, kind: str) -> list[Message]:
-        return list(self.cache[kind].values())
+    def objects(self, cls: type[S]) -> Mapping[str, S]:
+        """The cache of a kind, by name, typed by its message class. The informer replaces the
+        mapping when it relists: read it again rather than keep it."""
+        # The cache of a kind holds that kind's messages only (store.kinds decodes them).
+        return cast("Mapping[str, S]", self.cache[kinds_mod.kind_for_class(cls).name])
 
-    def each(self, kind: str) -> Iterator[Message]:
+    @overload
+    def get(self, kind: type[S], name: str) -> S | None: ...
+
+    @overload
+    def get(self, kind: str, name: str) -> Message | None: ...
+
+    def get(self, kind: str | type[Message], name: str) -> Any:
+        return self._cache_of(kind).get(name)
+
+    @overload
+    def list(self, kind: type[S]) -> list[S]: ...
+
+    @overload
+    def list(self, kind: str) -> list[Message]: ...
+
+    def list(self, kind: str | type[Message]) -> list[Any]:
+        return list(self._cache_of(kind).values())
+
+    @overload
+    def each(self, kind: type[S]) -> Iterator[S]: ...
+
+    @overload
+    def each(self, kind: str) -> Iterator[Message]: ...
+
+    def each(self, kind: str | type[Message]) -> Iterator[Any]:
         """The cached objects one at a time: a scan that keeps few of them does not hold them
         all decoded at once (a million pods are 2.6 GiB decoded). Do not await while iterating:
         the cache changes between event-loop steps."""
-        return iter(self.cache[kind].values())
+        return iter(self._cache_of(kind).values())
+
+    def _cache_of(self, kind: str | type[Message]) -> MutableMapping[str, StoredObject]:
+        return self.cache[kind if isinstance(kind, str) else kinds_mod.kind_for_class(kind).name]
 
     def has(self, kind: str, name: str) -> bool:
         """Whether the object is cached, without reading (decoding) it."""
@@ -255,12 +307,12 @@ class Informer:
         Two passes, so memory stays flat: the listing is decoded one object at a time into the
         new cache (a million pods decoded at once were 2.6 GiB); then, with the cache whole,
         handlers get the difference, each object read back from it."""
-        fresh: dict[str, MutableMapping[str, Message]] = {}
+        fresh: dict[str, MutableMapping[str, StoredObject]] = {}
         for kind in self.kinds:
             new = fresh[kind] = self._empty(kind)
             for obj in listing.objects(kind):
                 if self._selector is None or self._selector(kind, obj):
-                    new[obj.metadata.name] = obj  # type: ignore[attr-defined]
+                    new[obj.metadata.name] = obj
         for kind, name, error in listing.errors:
             log.error(
                 "undecodable object in the store; skipped", kind=kind, name=name, error=str(error)
@@ -273,7 +325,7 @@ class Informer:
                 before = old.get(name)
                 if before is None:
                     self._emit("on_add", kind, obj)
-                elif before.metadata.resource_version != obj.metadata.resource_version:  # type: ignore[attr-defined]
+                elif before.metadata.resource_version != obj.metadata.resource_version:
                     self._emit("on_update", kind, before, obj)
             for name in [n for n in old if n not in new]:
                 self._emit("on_delete", kind, old[name])
@@ -309,7 +361,7 @@ class Informer:
             for obj in list(objs.values()):
                 self._emit("on_update", kind, obj, obj)
 
-    def _emit(self, callback: str, kind: str, *objs: Message) -> None:
+    def _emit(self, callback: str, kind: str, *objs: StoredObject) -> None:
         # A failing handler must not stop the informer or starve the other handlers.
         for fn in self._routes.get((callback, kind), ()):
             try:

@@ -8,15 +8,33 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar, overload
 
 from google.protobuf.message import DecodeError, Message
+from typing_extensions import TypeIs
+from typing_extensions import TypeVar as DefaultedTypeVar
 
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from store.errors import InvalidObjectError, ObjectTooLargeError
 
-M = TypeVar("M", bound=Message)
+# Any stored object: every kind's message has ``metadata`` (an ObjectMeta), so code handed an
+# object of a kind it does not know still reads its name and version; ``isinstance`` narrows
+# it to one kind. What the store, informer and SDK hand out, instead of the bare ``Message``.
+StoredObject: TypeAlias = (
+    pb.Job
+    | pb.Pod
+    | pb.Node
+    | pb.Queue
+    | pb.DisruptionBudget
+    | pb.Movement
+    | pb.SchedulerInstance
+    | pb.Event
+)
+# One stored kind's message, for reads typed by the class asked for (``Store.get(pb.Pod, ...)``).
+S = TypeVar("S", bound=StoredObject)
+# Defaulted, so a bare ``Kind`` (a kind not known until run time) is ``Kind[StoredObject]``.
+S_co = DefaultedTypeVar("S_co", bound=StoredObject, covariant=True, default=StoredObject)
 
 # DNS-1123 subdomain: lowercase alphanumerics, '-' and '.', starting and ending alphanumeric.
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -25,9 +43,9 @@ DEFAULT_MAX_OBJECT_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
-class Kind:
+class Kind(Generic[S_co]):
     name: str
-    message: type[Message]
+    message: type[S_co]
     # The field of api.Object's ``kind`` oneof that carries it, e.g. "disruption_budget".
     api_field: str
     # Paths (field names) from the object to every Resources message inside it, precomputed so
@@ -65,14 +83,14 @@ _API_FIELDS = {
 }
 
 
-def _kind(name: str, message: type[Message]) -> Kind:
+def _kind(name: str, message: type[S]) -> Kind[S]:
     paths = _resource_paths(message)
     repeated = tuple(p for p in paths if any(e.endswith("[]") for e in p))
     api_field = _API_FIELDS[message.DESCRIPTOR.full_name]
     return Kind(name, message, api_field, tuple(p for p in paths if p not in repeated), repeated)
 
 
-KINDS: dict[str, Kind] = {
+KINDS: dict[str, Kind[StoredObject]] = {
     k.name: k
     for k in (
         _kind("Job", pb.Job),
@@ -85,8 +103,13 @@ KINDS: dict[str, Kind] = {
         _kind("Event", pb.Event),
     )
 }
-_BY_MESSAGE: dict[str, Kind] = {k.message.DESCRIPTOR.full_name: k for k in KINDS.values()}
-_BY_API_FIELD: dict[str, Kind] = {k.api_field: k for k in KINDS.values()}
+_BY_MESSAGE: dict[str, Kind[StoredObject]] = {
+    k.message.DESCRIPTOR.full_name: k for k in KINDS.values()
+}
+_BY_API_FIELD: dict[str, Kind[StoredObject]] = {k.api_field: k for k in KINDS.values()}
+# By the class itself: a typed read names its kind by class (``Store.get(pb.Pod, ...)``), and a
+# class hashes faster than its descriptor's name is read.
+_BY_CLASS: dict[type[Message], Kind[StoredObject]] = {k.message: k for k in KINDS.values()}
 # Kinds users write: jobs through Submit, the others through Apply; the rest are the system's.
 USER_KINDS = ("Job", "Node", "Queue", "DisruptionBudget")
 APPLIED_KINDS = ("Node", "Queue", "DisruptionBudget")
@@ -107,25 +130,55 @@ def unwrap(wrapped: api_pb2.Object) -> tuple[str, Message]:
     return _BY_API_FIELD[field].name, getattr(wrapped, field)
 
 
-def kind_of(obj: Message) -> Kind:
+def kind_of(obj: Message) -> Kind[StoredObject]:
     """The kind of a stored object; InvalidObjectError for any other message type."""
-    kind = _BY_MESSAGE.get(obj.DESCRIPTOR.full_name)
+    kind = _BY_CLASS.get(type(obj)) or _BY_MESSAGE.get(obj.DESCRIPTOR.full_name)
     if kind is None:
-        raise InvalidObjectError(
-            f"{obj.DESCRIPTOR.full_name} is not a stored kind (one of {', '.join(KINDS)})"
-        )
+        raise not_stored(obj)
     return kind
 
 
-def kind_named(name: str) -> Kind:
+def is_stored(obj: Message) -> TypeIs[StoredObject]:
+    """Whether ``obj`` is a stored kind's message; narrows a message whose kind is chosen at
+    run time to StoredObject. By its class: ``isinstance`` with the eight classes costs ~0.2 µs
+    for each class ``obj`` is not (the classes' metaclass answers), on every written object."""
+    return type(obj) in _BY_CLASS
+
+
+def stored(obj: Message) -> StoredObject:
+    """``obj`` typed as the stored object it is (e.g. what ``unwrap`` gives); InvalidObjectError
+    for any other message type."""
+    if is_stored(obj):
+        return obj
+    raise not_stored(obj)
+
+
+def not_stored(obj: Message) -> InvalidObjectError:
+    """The error for a message that is none of the stored kinds."""
+    return InvalidObjectError(
+        f"{obj.DESCRIPTOR.full_name} is not a stored kind (one of {', '.join(KINDS)})"
+    )
+
+
+def kind_named(name: str) -> Kind[StoredObject]:
     kind = KINDS.get(name)
     if kind is None:
         raise InvalidObjectError(f"unknown kind {name!r} (one of {', '.join(KINDS)})", "kind")
     return kind
 
 
-def kind_for_class(cls: type[Message]) -> Kind:
-    kind = _BY_MESSAGE.get(cls.DESCRIPTOR.full_name)
+@overload
+def kind_for_class(cls: type[S]) -> Kind[S]: ...
+
+
+@overload
+def kind_for_class(cls: type[Message]) -> Kind[StoredObject]: ...
+
+
+def kind_for_class(cls: type[Message]) -> Kind[Any]:
+    """The kind whose message is ``cls``, typed by it (a class known only at run time, typed
+    ``type[Message]``, gives ``Kind[StoredObject]``)."""
+    kind = _BY_CLASS.get(cls) or _BY_MESSAGE.get(cls.DESCRIPTOR.full_name)
     if kind is None:
         raise InvalidObjectError(f"{cls.DESCRIPTOR.full_name} is not a stored kind")
     return kind
@@ -181,15 +234,15 @@ def _label(path: tuple[str, ...] | str) -> str:
     return path if isinstance(path, str) else ".".join(path)
 
 
-def validate(obj: Message, kind: Kind) -> None:
+def validate(obj: StoredObject, kind: Kind[StoredObject]) -> None:
     """Checks every stored object passes: a valid name and no negative resource quantity."""
-    validate_name(obj.metadata.name)  # type: ignore[attr-defined]
+    validate_name(obj.metadata.name)
     for path in kind.repeated_resource_paths:
         for label, res in _resources_at(obj, path):
             _check_quantities(label, res)
     for path in kind.resource_paths:
         # The common case, walked directly: writes of every object pass here.
-        msg = obj
+        msg: Message = obj
         for name in path:
             if not msg.HasField(name):
                 break
@@ -198,33 +251,33 @@ def validate(obj: Message, kind: Kind) -> None:
             _check_quantities(path, msg)
 
 
-def encode(obj: Message, kind: Kind, max_bytes: int) -> bytes:
+def encode(obj: StoredObject, kind: Kind[StoredObject], max_bytes: int) -> bytes:
     """Validate and serialise. The stored bytes never carry resource_version: the store keeps it
     beside the object and sets it on read."""
     validate(obj, kind)
-    rv = obj.metadata.resource_version  # type: ignore[attr-defined]
-    obj.metadata.resource_version = 0  # type: ignore[attr-defined]
+    rv = obj.metadata.resource_version
+    obj.metadata.resource_version = 0
     try:
         data = obj.SerializeToString()
     finally:
-        obj.metadata.resource_version = rv  # type: ignore[attr-defined]
+        obj.metadata.resource_version = rv
     if len(data) > max_bytes:
-        raise ObjectTooLargeError(kind.name, obj.metadata.name, len(data), max_bytes)  # type: ignore[attr-defined]
+        raise ObjectTooLargeError(kind.name, obj.metadata.name, len(data), max_bytes)
     return data
 
 
-def decode(kind: Kind, data: bytes, resource_version: int) -> Message:
+def decode(kind: Kind[S], data: bytes, resource_version: int) -> S:
     """Parse stored bytes; InvalidObjectError if they are not a valid object of this kind."""
     obj = kind.message()
     try:
         obj.ParseFromString(data)
     except DecodeError as exc:
         raise InvalidObjectError(f"bytes are not a valid {kind.name}: {exc}") from exc
-    obj.metadata.resource_version = resource_version  # type: ignore[attr-defined]
+    obj.metadata.resource_version = resource_version
     return obj
 
 
-def decode_untrusted(kind: Kind, data: bytes) -> Message:
+def decode_untrusted(kind: Kind[S], data: bytes) -> S:
     """Parse bytes from outside (the wire, a file) strictly: besides undecodable input, reject
     fields this kind does not define, which is what another kind's or random bytes look like."""
     obj = decode(kind, data, 0)

@@ -758,7 +758,7 @@ def primary_port_named_by(sentinel: redis.Redis) -> int | None:
     """The port of the primary that a Sentinel (a client of it, closed here) names for
     ``SENTINEL_SERVICE``; None when it does not answer or names none."""
     try:
-        _, port = sentinel.execute_command(  # type: ignore[no-untyped-call]
+        _, port = sentinel.execute_command(  # type: ignore[no-untyped-call]  # redis-py leaves execute_command unannotated
             "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE
         )
         return int(port)

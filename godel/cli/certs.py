@@ -89,7 +89,7 @@ def issue(
     try:
         from foundation import pki
 
-        path = pki.issue(target, name, role, queues=list(queue))  # type: ignore[arg-type]
+        path = pki.issue(target, name, role, queues=list(queue))
     except tls.CredentialsError as exc:
         fail(str(exc))
     click.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue or []) or 'none'})")

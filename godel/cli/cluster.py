@@ -326,13 +326,16 @@ def _home(path: Path | None) -> local.GodelHome:
 def _print_partitions(address: str) -> None:
     """The node shuffler's partitions as the shards' SchedulerInstances hold them: on when any
     shard has one (services/dispatcher/dispatching/partitions.py)."""
+    # Here, not at the top: the cluster commands that talk to no API do not load the messages.
+    from protos.godel.v1 import objects_pb2
+
     try:
         with client.ProtoClient(address, timeout=5.0) as api:
-            shards = api.list("SchedulerInstance")
+            shards = api.list(objects_pb2.SchedulerInstance)
     except client.ClientError as exc:
         click.echo(f"\npartitioning: unknown ({exc})")
         return
-    partitions = {s.metadata.name: len(s.spec.partition) for s in shards}  # type: ignore[attr-defined]
+    partitions = {s.metadata.name: len(s.spec.partition) for s in shards}
     on = any(partitions.values())
     click.echo(f"\npartitioning: {'on' if on else 'off'}")
     print_table(

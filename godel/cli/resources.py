@@ -12,7 +12,7 @@ import sys
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import grpc
@@ -38,6 +38,7 @@ from godel.manifest import (
 )
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
+from store.kinds import StoredObject, stored
 
 output_option = click.option(
     "--output",
@@ -76,6 +77,8 @@ _KIND_WORDS = [
 ]
 # How often `drain` asks again for the pods it waits for.
 DRAIN_RETRY_SECONDS = 2.0
+
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,15 +150,15 @@ def _selector(text: str) -> str:
     return text
 
 
-def _guard(call: Callable[[], Any]) -> Any:
+def _guard(call: Callable[[], T]) -> T:
     try:
         return call()
     except ClientError as exc:
         fail(str(exc))
 
 
-def _age(obj: Message) -> str:
-    return age_of_ms(obj.metadata.creation_timestamp_ms)  # type: ignore[attr-defined]
+def _age(obj: StoredObject) -> str:
+    return age_of_ms(obj.metadata.creation_timestamp_ms)
 
 
 def _cpu(milli: int) -> str:
@@ -332,7 +335,7 @@ def _columns(kind: str, output: str) -> list[Column]:
     return [c for c in COLUMNS.get(kind, _DEFAULT_COLUMNS) if output == "wide" or not c[2]]
 
 
-def _row(kind: str, obj: Message, columns: list[Column], prefixed: bool) -> list[object]:
+def _row(kind: str, obj: StoredObject, columns: list[Column], prefixed: bool) -> list[object]:
     """A table row; with ``prefixed`` (several kinds in one listing) the name is `kind/name`,
     as kubectl prints `get job,pod`."""
     row = [c[1](obj) for c in columns]
@@ -341,14 +344,14 @@ def _row(kind: str, obj: Message, columns: list[Column], prefixed: bool) -> list
     return row
 
 
-def _print(kind: str, objs: Sequence[Message], output: str, *, single: bool = False) -> None:
+def _print(kind: str, objs: Sequence[StoredObject], output: str, *, single: bool = False) -> None:
     """Objects of one kind; ``single``: one object asked for by name (-o json/yaml print it
     alone, a listing prints a List, as kubectl does)."""
     _print_listing([(kind, objs)], output, single=single)
 
 
 def _print_listing(
-    listing: Sequence[tuple[str, Sequence[Message]]], output: str, *, single: bool = False
+    listing: Sequence[tuple[str, Sequence[StoredObject]]], output: str, *, single: bool = False
 ) -> None:
     _check_output(output)
     if output in ("json", "yaml"):
@@ -361,7 +364,7 @@ def _print_listing(
     elif output == "name":
         for kind, objs in listing:
             for o in objs:
-                click.echo(f"{kind.lower()}/{o.metadata.name}")  # type: ignore[attr-defined]
+                click.echo(f"{kind.lower()}/{o.metadata.name}")
     else:
         prefixed = len(listing) > 1
         printed = False
@@ -482,7 +485,7 @@ def get(
         if watch:
             _watch(client, kinds, name, output, selector=selector, job=job)
             return
-        listing: list[tuple[str, Sequence[Message]]] = []
+        listing: list[tuple[str, Sequence[StoredObject]]] = []
         if name:
             listing.append((kinds[0], [_guard(lambda: client.get(kinds[0], name))]))
         for kind in kinds if not name else []:
@@ -507,11 +510,11 @@ def _watch(
     """`get -w`: the objects now, then one line (or document) per change, from the Watch
     stream, until interrupted. Tables keep the first listing's columns."""
     widths: dict[str, list[int]] = {}
-    listed: dict[str, list[Message]] = {k: [] for k in kinds}
+    listed: dict[str, list[StoredObject]] = {k: [] for k in kinds}
     listing = True
     prefixed = len(kinds) > 1
 
-    def show(kind: str, objs: Sequence[Message], header: bool) -> None:
+    def show(kind: str, objs: Sequence[StoredObject], header: bool) -> None:
         if output in ("table", "wide"):
             columns = _columns(kind, output)
             widths[kind] = print_table(
@@ -537,8 +540,9 @@ def _watch(
                         if listed[kind] or output not in ("table", "wide"):
                             show(kind, listed[kind], header=True)
                 continue
-            kind, obj = unwrap(event.object)
-            if name and obj.metadata.name != name:  # type: ignore[attr-defined]
+            kind, message = unwrap(event.object)
+            obj = stored(message)
+            if name and obj.metadata.name != name:
                 continue
             if listing:
                 listed[kind].append(obj)
@@ -572,22 +576,22 @@ def describe(target: tuple[str, ...], server: str | None, home: Path | None) -> 
         if kind == "Pod":
             click.echo(f"scheduling: {render_explanation(_guard(lambda: client.explain(name)))}")
         elif kind == "Job":
-            pods = _guard(lambda: client.list("Pod", job=name))
+            pods = _guard(lambda: client.list(pb.Pod, job=name))
             click.echo("pods:")
             _print("Pod", pods, "table")
         elif kind == "DisruptionBudget":
             from placement.budgets import selects
 
             assert isinstance(obj, pb.DisruptionBudget)
-            pods = _guard(lambda: client.list("Pod", job=obj.spec.job))  # every pod if no job
-            _describe_budget(obj, [p for p in pods if isinstance(p, pb.Pod) and selects(obj, p)])
+            pods = _guard(lambda: client.list(pb.Pod, job=obj.spec.job))  # every pod if no job
+            _describe_budget(obj, [p for p in pods if selects(obj, p)])
         elif kind == "Movement":
             assert isinstance(obj, pb.Movement)
             _describe_movement(obj)
-        events: list[pb.Event] = [
+        events = [
             e
-            for e in _guard(lambda: client.list("Event"))
-            if isinstance(e, pb.Event) and e.regarding.kind == kind and e.regarding.name == name
+            for e in _guard(lambda: client.list(pb.Event))
+            if e.regarding.kind == kind and e.regarding.name == name
         ]
     click.echo("events:")
     events.sort(key=lambda e: e.event_time_ms)
@@ -708,11 +712,11 @@ def render_explanation(result: api_pb2.ExplainResponse) -> str:
 def logs(pod: str, follow: bool, tail: int, server: str | None, home: Path | None) -> None:
     """The output of a process-mode pod."""
     with _client(server, home) as client:
-        obj = _guard(lambda: client.get("Pod", pod))
-        if not obj.spec.node_name:  # type: ignore[attr-defined]
+        obj = _guard(lambda: client.get(pb.Pod, pod))
+        if not obj.spec.node_name:
             fail(f"pod {pod} has not been placed on a node yet")
-        node = _guard(lambda: client.get("Node", obj.spec.node_name))  # type: ignore[attr-defined]
-    agent = _agent_address(node.spec, home)  # type: ignore[attr-defined]
+        node = _guard(lambda: client.get(pb.Node, obj.spec.node_name))
+    agent = _agent_address(node.spec, home)
     try:
         for data in pod_logs(agent, pod, follow=follow, tail_lines=tail, home=home):
             sys.stdout.buffer.write(data)
@@ -789,15 +793,14 @@ def _set_unschedulable(node: str, value: bool, server: str | None, home: Path | 
     word = "cordoned" if value else "uncordoned"
     with _client(server, home) as client:
         for _ in range(3):  # another writer between our read and our write: read again
-            stored = _guard(lambda: client.get("Node", node))
-            assert isinstance(stored, pb.Node)
-            if stored.spec.unschedulable == value:
+            current = _guard(lambda: client.get(pb.Node, node))
+            if current.spec.unschedulable == value:
                 click.echo(f"node/{node} already {word}")
                 return
-            stored.spec.unschedulable = value
+            current.spec.unschedulable = value
             try:
                 # The node as read, with its resource_version: Apply compare-and-sets on it.
-                result = client.apply([("Node", stored)]).results[0]
+                result = client.apply([("Node", current)]).results[0]
             except ClientError as exc:
                 if exc.code == grpc.StatusCode.ABORTED:
                     continue

@@ -372,7 +372,7 @@ class AsyncGodelClient:
                     yield event
             except grpc.RpcError as exc:
                 error = client_error(exc, self.address, plaintext=self.credentials is None)
-                if exc.code() not in _RECONNECT:  # type: ignore[attr-defined]
+                if exc.code() not in _RECONNECT:
                     raise error from None
             finally:
                 call.cancel()

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, overload
 
 import grpc
 from google.protobuf.message import Message
@@ -25,7 +25,7 @@ from foundation import tls
 from godel.client._transport import CHANNEL_OPTIONS, client_error, resolve_credentials
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from store.kinds import unwrap, wrap
+from store.kinds import S, StoredObject, kind_for_class, unwrap, wrap
 
 
 class _Connection:
@@ -61,6 +61,8 @@ class _Connection:
         self.close()
 
     def _call(self, method: Any, request: Message) -> Any:
+        """The RPC's response. Untyped, as grpc is (the generated stubs name each RPC's
+        response type, but through grpc's untyped callables): callers annotate it."""
         try:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as exc:
@@ -96,7 +98,8 @@ class ProtoClient(_Connection):
         request = api_pb2.SubmitRequest(
             jobs=jobs, dry_run=dry_run, request_id=request_id or uuid.uuid4().hex
         )
-        return self._call(self._api.Submit, request)  # type: ignore[no-any-return]
+        response: api_pb2.SubmitResponse = self._call(self._api.Submit, request)
+        return response
 
     def apply(
         self,
@@ -112,11 +115,34 @@ class ProtoClient(_Connection):
             dry_run=dry_run,
             request_id=request_id or uuid.uuid4().hex,
         )
-        return self._call(self._api.Apply, request)  # type: ignore[no-any-return]
+        response: api_pb2.ApplyResponse = self._call(self._api.Apply, request)
+        return response
 
-    def get(self, kind: str, name: str) -> Message:
-        return unwrap(self._call(self._api.Get, api_pb2.GetRequest(kind=kind, name=name)))[1]
+    # get and list name the kind by its message class, typed by it (``get(pb.Pod, name)`` is a
+    # ``pb.Pod``: the API answers with the kind asked for), or by its name (any StoredObject).
 
+    @overload
+    def get(self, kind: type[S], name: str) -> S: ...
+
+    @overload
+    def get(self, kind: str, name: str) -> StoredObject: ...
+
+    def get(self, kind: str | type[Message], name: str) -> Any:
+        request = api_pb2.GetRequest(kind=_kind_name(kind), name=name)
+        return unwrap(self._call(self._api.Get, request))[1]
+
+    @overload
+    def list(
+        self,
+        kind: type[S],
+        *,
+        job: str = "",
+        labels: dict[str, str] | None = None,
+        selector: str = "",
+        page_size: int = 0,
+    ) -> list[S]: ...
+
+    @overload
     def list(
         self,
         kind: str,
@@ -125,14 +151,24 @@ class ProtoClient(_Connection):
         labels: dict[str, str] | None = None,
         selector: str = "",
         page_size: int = 0,
-    ) -> list[Message]:
+    ) -> list[StoredObject]: ...
+
+    def list(
+        self,
+        kind: str | type[Message],
+        *,
+        job: str = "",
+        labels: dict[str, str] | None = None,
+        selector: str = "",
+        page_size: int = 0,
+    ) -> list[Any]:
         """Every object of a kind (following pages), optionally only a job's pods or those
         whose labels match (``labels``: equality; ``selector``: kubectl's grammar)."""
         items: list[Message] = []
         token = ""
         while True:
             request = api_pb2.ListRequest(
-                kind=kind,
+                kind=_kind_name(kind),
                 job=job,
                 label_selector=labels or {},
                 selector=selector,
@@ -150,12 +186,16 @@ class ProtoClient(_Connection):
         return int(self._call(self._api.Delete, request).deleted)
 
     def explain(self, pod: str) -> api_pb2.ExplainResponse:
-        return self._call(self._api.Explain, api_pb2.ExplainRequest(pod=pod))  # type: ignore[no-any-return]
+        response: api_pb2.ExplainResponse = self._call(
+            self._api.Explain, api_pb2.ExplainRequest(pod=pod)
+        )
+        return response
 
     def drain(self, node: str, *, dry_run: bool = False) -> api_pb2.DrainResponse:
         """Cordon ``node`` and evict what its pods' budgets allow now (see DrainResponse)."""
         request = api_pb2.DrainRequest(node=node, dry_run=dry_run)
-        return self._call(self._api.Drain, request)  # type: ignore[no-any-return]
+        response: api_pb2.DrainResponse = self._call(self._api.Drain, request)
+        return response
 
     def watch(
         self,
@@ -173,6 +213,10 @@ class ProtoClient(_Connection):
             yield from self._api.Watch(request)
         except grpc.RpcError as exc:
             raise client_error(exc, self.address, plaintext=self.credentials is None) from None
+
+
+def _kind_name(kind: str | type[Message]) -> str:
+    return kind if isinstance(kind, str) else kind_for_class(kind).name
 
 
 class ReschedulerClient(_Connection):
@@ -196,11 +240,15 @@ class ReschedulerClient(_Connection):
     def trigger(self, policy: str = "", *, dry_run: bool = False) -> api_pb2.TriggerResponse:
         """One round of ``policy`` (every policy when empty) and its plan."""
         request = api_pb2.TriggerRequest(policy=policy, dry_run=dry_run)
-        return self._call(self._api.Trigger, request)  # type: ignore[no-any-return]
+        response: api_pb2.TriggerResponse = self._call(self._api.Trigger, request)
+        return response
 
     def list_policies(self) -> api_pb2.ListPoliciesResponse:
         """The policies with their last rounds, and whether the kill switch is on."""
-        return self._call(self._api.ListPolicies, api_pb2.ListPoliciesRequest())  # type: ignore[no-any-return]
+        response: api_pb2.ListPoliciesResponse = self._call(
+            self._api.ListPolicies, api_pb2.ListPoliciesRequest()
+        )
+        return response
 
     def policies(self) -> list[api_pb2.PolicyInfo]:
         return list(self.list_policies().policies)

@@ -132,8 +132,8 @@ _ERRORS: dict[grpc.StatusCode, type[ClientError]] = {
 def client_error(exc: grpc.RpcError, address: str, *, plaintext: bool = False) -> ClientError:
     """The typed error of a failed call (sync and aio errors alike). ``plaintext``: the call
     went without TLS (insecure mode), which a TLS server refuses the same way."""
-    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
-    details: str = exc.details() or ""  # type: ignore[attr-defined]
+    code: grpc.StatusCode = exc.code()
+    details: str = exc.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE and (refusal := tls.handshake_refusal(details)):
         return Unauthenticated(
             grpc.StatusCode.UNAUTHENTICATED,

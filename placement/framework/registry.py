@@ -12,7 +12,7 @@ import dataclasses
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from placement.framework.interface import Plugin
 
@@ -22,6 +22,10 @@ class PluginConfigError(ValueError):
 
 
 class Args(Protocol):
+    """A frozen dataclass (what ``dataclasses.fields`` reads) with a ``validate()``."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
 
@@ -48,7 +52,7 @@ class PluginSpec(Generic[A]):
         raw = dict(raw or {})
         if not isinstance(raw, dict):
             raise PluginConfigError(f"{self.name}: args must be a mapping")
-        fields = {f.name: f for f in dataclasses.fields(self.args_type)}  # type: ignore[arg-type]
+        fields = {f.name: f for f in dataclasses.fields(self.args_type)}
         hints = typing.get_type_hints(self.args_type)
         for key, value in raw.items():
             if key not in fields:

@@ -137,7 +137,7 @@ class BinderService(Service[BinderConfig]):
         super().__init__(*args, **kwargs)
         self.rules = hard_rules()
         self.informer = Informer(self.store, ["Node", "Pod", "Job", "DisruptionBudget"])
-        self.state = ClusterState(lambda kind: self.informer.cache[kind])
+        self.state = ClusterState(self.informer.objects)
         self.informer.add_handlers(
             Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)
         )
@@ -434,8 +434,8 @@ class BinderService(Service[BinderConfig]):
             written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
             if not isinstance(written, pb.Pod):
                 continue
-            seen = self.informer.get("Pod", written.metadata.name)
-            seen_rv = seen.metadata.resource_version if seen is not None else 0  # type: ignore[attr-defined]
+            seen = self.informer.get(pb.Pod, written.metadata.name)
+            seen_rv = seen.metadata.resource_version if seen is not None else 0
             self.state.record_written(written, seen_rv)
             written_pods.append((i, written))
         return written_pods

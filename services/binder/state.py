@@ -11,8 +11,7 @@ on one event loop and never interleave mid-update.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-
-from google.protobuf.message import Message
+from typing import Protocol
 
 from placement.budgets import SelectorMembers
 from placement.claims import holds_claim
@@ -21,6 +20,13 @@ from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 from services.grouped import GroupedNames
 from store.encoded import EncodedObjects
+from store.kinds import S, StoredObject
+
+
+class Informed(Protocol):
+    """The informer's cache of a kind, typed by its message class (``Informer.objects``)."""
+
+    def __call__(self, cls: type[S], /) -> Mapping[str, S]: ...
 
 
 class PodBook(Mapping[str, pb.Pod]):
@@ -30,7 +36,7 @@ class PodBook(Mapping[str, pb.Pod]):
     keeps pods encoded (store.encoded) and the book reads them there; a state fed by hand (no
     informer: ``informed`` None) keeps its own encoded copies. Reads are fresh copies."""
 
-    def __init__(self, informed: Callable[[], Mapping[str, Message]] | None) -> None:
+    def __init__(self, informed: Callable[[], Mapping[str, pb.Pod]] | None) -> None:
         self._own: EncodedObjects[pb.Pod] | None = None
         if informed is None:
             own = self._own = EncodedObjects(pb.Pod)
@@ -53,7 +59,7 @@ class PodBook(Mapping[str, pb.Pod]):
         written = self.written.get(name)
         if written is not None:
             return written
-        return self._informed()[name]  # type: ignore[return-value]
+        return self._informed()[name]
 
     def __contains__(self, name: object) -> bool:
         return name in self.written or name in self._informed()
@@ -69,16 +75,16 @@ class PodBook(Mapping[str, pb.Pod]):
 
 
 class ClusterState:
-    def __init__(self, informed: Callable[[str], Mapping[str, Message]] | None = None) -> None:
-        """``informed(kind)``: the informer's cache of Pods or Jobs, read through (None: fed by
-        hand only, the state keeps its own)."""
+    def __init__(self, informed: Informed | None = None) -> None:
+        """``informed(pb.Pod)``: the informer's cache of Pods or Jobs, read through (None: fed
+        by hand only, the state keeps its own)."""
         self.nodes: dict[str, pb.Node] = {}
         # NodeInfos exist for every known node and for any node a bound pod names (even if the
         # node object is gone: its pods still hold their claims).
         self.infos: dict[str, NodeInfo] = {}
         self.pod_node: dict[str, str] = {}
         self.job_pods = GroupedNames()  # pods holding a claim, by job
-        self.pods = PodBook(None if informed is None else lambda: informed("Pod"))
+        self.pods = PodBook(None if informed is None else lambda: informed(pb.Pod))
         self.all_job_pods = GroupedNames()  # every pod, by job (replacement names)
         # Jobs are read through the informer's cache (held encoded: as many as pods with
         # one-pod jobs); a state fed by hand keeps them here.
@@ -97,50 +103,54 @@ class ClusterState:
         if self._own_jobs is not None:
             return self._own_jobs
         assert self._informed is not None
-        return self._informed("Job")  # type: ignore[return-value]
+        return self._informed(pb.Job)
 
     # --- informer handlers ------------------------------------------------------------------
 
-    def on_add(self, kind: str, obj: Message) -> None:
-        if kind == "Node":
-            self._set_node(obj)  # type: ignore[arg-type]
-        elif kind == "Pod":
-            self._set_pod(obj, None)  # type: ignore[arg-type]
-        elif kind == "Job":
-            if self._own_jobs is not None:
-                self._own_jobs[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
-        elif kind == "DisruptionBudget":
-            self.budgets[obj.metadata.name] = obj  # type: ignore[attr-defined,assignment]
-            self.budget_members.set_budget(obj, self.pods.values())  # type: ignore[arg-type]
+    # The handlers tell kinds apart by the object's class (the kind's message), which also
+    # types it; ``kind`` says the same. ``type(obj) is``, not isinstance: an isinstance that
+    # fails costs ~0.2 µs (the message classes' metaclass answers it), on every event.
 
-    def on_update(self, kind: str, old: Message, new: Message) -> None:
-        if kind == "Pod":
-            self._set_pod(new, old)  # type: ignore[arg-type]
+    def on_add(self, kind: str, obj: StoredObject) -> None:
+        if type(obj) is pb.Pod:
+            self._set_pod(obj, None)
+        elif type(obj) is pb.Node:
+            self._set_node(obj)
+        elif type(obj) is pb.Job:
+            if self._own_jobs is not None:
+                self._own_jobs[obj.metadata.name] = obj
+        elif type(obj) is pb.DisruptionBudget:
+            self.budgets[obj.metadata.name] = obj
+            self.budget_members.set_budget(obj, self.pods.values())
+
+    def on_update(self, kind: str, old: StoredObject, new: StoredObject) -> None:
+        if type(new) is pb.Pod and type(old) is pb.Pod:
+            self._set_pod(new, old)
         else:
             self.on_add(kind, new)
 
-    def on_delete(self, kind: str, obj: Message) -> None:
-        if kind == "Node":
-            name = obj.metadata.name  # type: ignore[attr-defined]
+    def on_delete(self, kind: str, obj: StoredObject) -> None:
+        if type(obj) is pb.Pod:
+            name = obj.metadata.name
+            job = obj.spec.job
+            self._unplace(name, job)
+            self.pods.forget(name)
+            self.budget_members.remove_pod(name)
+            self.all_job_pods.discard(job, name)
+        elif type(obj) is pb.Node:
+            name = obj.metadata.name
             self.nodes.pop(name, None)
             if self.topology.active:
                 self.topology.set_node(name, None)
             info = self.infos.get(name)
             if info is not None and not info.pods:
                 del self.infos[name]
-        elif kind == "Pod":
-            name = obj.metadata.name  # type: ignore[attr-defined]
-            job = obj.spec.job  # type: ignore[attr-defined]
-            self._unplace(name, job)
-            self.pods.forget(name)
-            self.budget_members.remove_pod(name)
-            self.all_job_pods.discard(job, name)
-        elif kind == "Job":
+        elif type(obj) is pb.Job:
             if self._own_jobs is not None:
-                self._own_jobs.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
-        elif kind == "DisruptionBudget":
-            self.budgets.pop(obj.metadata.name, None)  # type: ignore[attr-defined]
-            self.budget_members.remove_budget(obj.metadata.name)  # type: ignore[attr-defined]
+                self._own_jobs.pop(obj.metadata.name, None)
+        elif type(obj) is pb.DisruptionBudget:
+            self.budgets.pop(obj.metadata.name, None)
+            self.budget_members.remove_budget(obj.metadata.name)
 
     def _set_node(self, node: pb.Node) -> None:
         name = node.metadata.name

@@ -24,6 +24,7 @@ import structlog
 import uvicorn
 
 from foundation.tls import CredentialFiles
+from protos.godel.v1 import objects_pb2 as pb
 from services.dashboard.summary import (
     ClusterTracker,
     lease_summary,
@@ -176,10 +177,10 @@ class DashboardService(Service[DashboardConfig]):
             "pods": tracker.pod_summary(),
             "pending_reasons": tracker.pending_reasons(),
             "throughput": tracker.throughput(now_ms / 1000),
-            "queues": queue_summary(informer.list("Queue")),
-            "shards": shard_summary(informer.list("SchedulerInstance"), now_ms),
+            "queues": queue_summary(informer.list(pb.Queue)),
+            "shards": shard_summary(informer.list(pb.SchedulerInstance), now_ms),
             "binder": lease_summary(lease),
-            "movements": movement_summary(informer.list("Movement")),
+            "movements": movement_summary(informer.list(pb.Movement)),
         }
         self.summary = orjson.dumps(summary)
         async with self.updated:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,7 +148,10 @@ class ClusterTracker:
             )
 
     def _pod_changed(self, old: pb.Pod | None, new: pb.Pod | None) -> None:
-        name = (new or old).metadata.name  # type: ignore[union-attr]
+        changed = new or old
+        if changed is None:  # neither is a pod
+            return
+        name = changed.metadata.name
         self._release(name)
         self._pending.pop(name, None)
         if (phase := self._pod_phase.pop(name, None)) is not None:
@@ -266,10 +270,9 @@ class ClusterTracker:
         return {"start": start, "bound": bound, "p50_ms": p50, "p99_ms": p99}
 
 
-def queue_summary(queues: list[Message]) -> list[dict[str, Any]]:
+def queue_summary(queues: Iterable[pb.Queue]) -> list[dict[str, Any]]:
     rows = []
-    for queue in sorted(queues, key=lambda q: q.metadata.name):  # type: ignore[attr-defined]
-        assert isinstance(queue, pb.Queue)
+    for queue in sorted(queues, key=lambda q: q.metadata.name):
         quota, used = queue.spec.quota, queue.status.used
         rows.append(
             {
@@ -283,10 +286,9 @@ def queue_summary(queues: list[Message]) -> list[dict[str, Any]]:
     return rows
 
 
-def shard_summary(shards: list[Message], now_ms: int) -> list[dict[str, Any]]:
+def shard_summary(shards: Iterable[pb.SchedulerInstance], now_ms: int) -> list[dict[str, Any]]:
     rows = []
-    for shard in sorted(shards, key=lambda s: s.metadata.name):  # type: ignore[attr-defined]
-        assert isinstance(shard, pb.SchedulerInstance)
+    for shard in sorted(shards, key=lambda s: s.metadata.name):
         rows.append(
             {
                 "name": shard.metadata.name,
@@ -299,15 +301,14 @@ def shard_summary(shards: list[Message], now_ms: int) -> list[dict[str, Any]]:
     return rows
 
 
-def movement_summary(movements: list[Message]) -> list[dict[str, Any]]:
+def movement_summary(movements: Iterable[pb.Movement]) -> list[dict[str, Any]]:
     recent = sorted(
         movements,
-        key=lambda m: (m.metadata.creation_timestamp_ms, m.metadata.name),  # type: ignore[attr-defined]
+        key=lambda m: (m.metadata.creation_timestamp_ms, m.metadata.name),
         reverse=True,
     )[:_RECENT_MOVEMENTS]
     rows = []
     for movement in recent:
-        assert isinstance(movement, pb.Movement)
         rows.append(
             {
                 "name": movement.metadata.name,

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from google.protobuf.message import Message
 
 from foundation.retry import Backoff, Retry
 from placement.claims import TERMINAL_PHASES
@@ -56,7 +55,7 @@ _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER")
 class Patch:
     """A phase change to write; fields left at zero/None are not touched."""
 
-    phase: int
+    phase: pb.PodPhase.ValueType
     started_ms: int = 0
     finished_ms: int = 0
     exit_code: int | None = None
@@ -88,7 +87,7 @@ class Patch:
         out = pb.Pod()
         out.CopyFrom(pod)
         status = out.status
-        status.phase = self.phase  # type: ignore[assignment]
+        status.phase = self.phase
         if self.started_ms and not status.started_ms:
             status.started_ms = self.started_ms
         if self.terminal:
@@ -223,15 +222,14 @@ class PodRunner:
     # -----------------------------------------------------------------------------------------
 
     def handlers(self) -> Handlers:
-        return Handlers(
-            on_add=lambda _k, obj: self.observe(obj),
-            on_update=lambda _k, _old, obj: self.observe(obj),
-            on_delete=lambda _k, obj: self.deleted(obj),
+        return Handlers.of(
+            pb.Pod,
+            on_add=lambda _k, pod: self.observe(pod),
+            on_update=lambda _k, _old, pod: self.observe(pod),
+            on_delete=lambda _k, pod: self.deleted(pod),
         )
 
-    def observe(self, obj: Message) -> None:
-        assert isinstance(obj, pb.Pod)
-        pod = obj
+    def observe(self, pod: pb.Pod) -> None:
         name = pod.metadata.name
         version = pod.metadata.resource_version
         run = self.runs.get(name)
@@ -261,9 +259,8 @@ class PodRunner:
         elif pod.status.phase == pb.POD_RUNNING:
             self._resume(pod, mode)
 
-    def deleted(self, obj: Message) -> None:
-        assert isinstance(obj, pb.Pod)
-        name = obj.metadata.name
+    def deleted(self, pod: pb.Pod) -> None:
+        name = pod.metadata.name
         self._finished.pop(name, None)
         self.pending.pop(name, None)
         run = self.runs.pop(name, None)

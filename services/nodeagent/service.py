@@ -276,7 +276,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
         self.informer = Informer(
             self.store,
             ["Pod"],
-            selector=lambda _kind, pod: pod.spec.node_name in ours,  # type: ignore[attr-defined]
+            selector=lambda _kind, pod: isinstance(pod, pb.Pod) and pod.spec.node_name in ours,
         )
         self.informer.add_handlers(self.runner.handlers())
         self.informer.start()
@@ -333,7 +333,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
         return TidalController(
             self.store,
             self.nodes.desired,
-            lambda: self.informer.each("Pod"),  # type: ignore[arg-type,return-value]
+            lambda: self.informer.each(pb.Pod),
             usage,
             curve,
             BinderEvictor(self.store, f"nodeagent/{cfg.name}", self.dial),

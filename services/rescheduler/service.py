@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -182,14 +182,14 @@ class ReschedulerService(Service[ReschedulerConfig]):
         revision = await self.store.revision()
         await self.informer.wait_for_revision(revision, self.config.sync_timeout_seconds)
         inf = self.informer
-        nodes: list[pb.Node] = inf.list("Node")  # type: ignore[assignment]
+        nodes = inf.list(pb.Node)
         # The pods decoded one at a time as the view is built, from a copy of the cache's
         # bytes: all of them decoded at once would be 2.6 GiB at a million pods.
-        cached = inf.cache["Pod"]
+        cached = inf.objects(pb.Pod)
         copied = cached.copy() if isinstance(cached, EncodedObjects) else dict(cached)
-        pods: Iterable[pb.Pod] = copied.values()  # type: ignore[assignment]
+        pods = copied.values()
         jobs, _ = await self.store.list_all(pb.Job)  # at least as new as the pods above
-        budgets: list[pb.DisruptionBudget] = inf.list("DisruptionBudget")  # type: ignore[assignment]
+        budgets = inf.list(pb.DisruptionBudget)
         # The informer replaces objects on change and never mutates them, so the lists (and the
         # copy of the pods) can be read off the event loop.
         return await asyncio.to_thread(

@@ -134,7 +134,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     for attribute, make in kinds:
         behavior = getattr(handler, attribute)
         if behavior is not None:
-            return make(  # type: ignore[no-any-return]
+            return make(
                 _checked(behavior, method),
                 handler.request_deserializer,
                 handler.response_serializer,
