@@ -163,7 +163,8 @@ class Committer:
                 log.exception("deciding a batch failed", batch_id=work.batch.batch_id)
                 verdicts = uniform(work.batch, ERROR, f"binder internal error: {exc}")
             work.stream.out.put_nowait(verdicts)
-            await self.leadership.step_down_if_fenced()
+            if self.leadership.fenced_by is not None:
+                await self.leadership.step_down_if_fenced()
 
     async def _decide_batch(self, batch: ipb.DecisionBatch, stream: _Stream) -> ipb.VerdictBatch:
         started = time.perf_counter()
