@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.load import build_jobs
-from bench.workload import SERVICE_KINDS, Suite, Workload
+from bench.workload import SERVICE_KINDS, PodPhase, Suite, Workload
 from foundation.allocator import allocator_in, jemalloc_env
 from godel import local
 from godel.client import ProtoClient, ReschedulerClient
@@ -255,11 +255,38 @@ def run_one(
     """One run on a fresh cluster; the cluster is gone when this returns or raises."""
     console = console or Console(stderr=True)
     shape = workload.cluster
+    spec = _cluster_spec(workload, fsync)
+    # The harness always starts its own store: an external one would mix in other data.
+    os.environ.pop("GODEL_REDIS_URL", None)
+    tmp = Path(tempfile.mkdtemp(prefix="godel-bench-"))
+    home = local.GodelHome(tmp)
+    ok = False
+    log.info("starting cluster", workload=workload.name, nodes=shape.nodes, shards=shape.shards)
+    try:
+        state = local.up(home, spec)
+        if shape.pin_shards:
+            pin_shards(state)
+        with _progress(console) as progress:
+            result = _run_workload(workload, state, home, rate, progress, console)
+        ok = result["bound"] == workload.measured.count
+        if not ok:
+            raise BenchError(
+                f"{workload.name}: only {result['bound']}/{workload.measured.count} measured pods"
+                f" bound within {workload.timeout:g}s"
+            )
+        return result
+    finally:
+        _tear_down(workload, home, keep_logs if not ok else None)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cluster_spec(workload: Workload, fsync: Fsync) -> local.ClusterSpec:
+    shape = workload.cluster
     service_args = [
         ("nodeagent", _nodeagent_flags(workload)),
         *((kind, _flags(args)) for kind, args in shape.service_args.items() if kind != "nodeagent"),
     ]
-    spec = local.ClusterSpec(
+    return local.ClusterSpec(
         schedulers=shape.shards,
         binders=shape.binders,
         nodeagents=shape.nodeagents,
@@ -270,62 +297,61 @@ def run_one(
         service_args=tuple(service_args),
         dashboard=False,  # a watcher of every pod would take CPU from what is measured
     )
-    # The harness always starts its own store: an external one would mix in other data.
-    os.environ.pop("GODEL_REDIS_URL", None)
-    tmp = Path(tempfile.mkdtemp(prefix="godel-bench-"))
-    home = local.GodelHome(tmp)
+
+
+def _run_workload(
+    workload: Workload,
+    state: local.ClusterState,
+    home: local.GodelHome,
+    rate: float | None,
+    progress: Progress,
+    console: Console,
+) -> dict[str, Any]:
+    """The workload on a started cluster: nodes up, the init pods, the measured phase, then
+    latencies, rescheduling and restarts as the workload asks. The load process is gone when
+    this returns or raises."""
+    shape = workload.cluster
+    client = ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path)
     load: subprocess.Popen[bytes] | None = None
-    ok = False
-    log.info("starting cluster", workload=workload.name, nodes=shape.nodes, shards=shape.shards)
     try:
-        state = local.up(home, spec)
-        if shape.pin_shards:
-            pin_shards(state)
-        with _progress(console) as progress:
-            client = ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path)
-            try:
-                alive = functools.partial(_check_alive, state)
-                _wait_nodes(client, shape.nodes, progress, 180 + shape.nodes / 100, alive)
-                probe = _StoreProbe(state.store_url)
-                try:
-                    init = _init_pods(client, probe, workload, progress, alive)
-                    settle = _settle(probe, state, progress, alive)
-                    time.sleep(_HEARTBEAT_FLUSH_SECONDS)  # the shards' counters after init
-                    before = probe.shard_counters()
-                    load, result = _measure(workload, state, probe, home, rate, progress, init)
-                    result["settle"] = settle
-                    time.sleep(_HEARTBEAT_FLUSH_SECONDS)
-                    result["conflicts"] = _conflicts(before, probe.shard_counters())
-                finally:
-                    probe.close()
-                result["latency_ms"], result["bound"], last_bound_ms = _latencies(client)
-                _finish_times(result, last_bound_ms)
-                if workload.reschedule is not None:
-                    result["reschedule"] = _reschedule(workload, state, home, console)
-                if workload.restart:
-                    result["restart_seconds"] = _restart_each(state, home, console)
-            finally:
-                client.close()
-        ok = result["bound"] == workload.measured.count
-        if not ok:
-            raise BenchError(
-                f"{workload.name}: only {result['bound']}/{workload.measured.count} measured pods"
-                f" bound within {workload.timeout:g}s"
-            )
+        alive = functools.partial(_check_alive, state)
+        _wait_nodes(client, shape.nodes, progress, 180 + shape.nodes / 100, alive)
+        probe = _StoreProbe(state.store_url)
+        try:
+            init = _init_pods(client, probe, workload, progress, alive)
+            settle = _settle(probe, state, progress, alive)
+            time.sleep(_HEARTBEAT_FLUSH_SECONDS)  # the shards' counters after init
+            before = probe.shard_counters()
+            load, result = _measure(workload, state, probe, home, rate, progress, init)
+            result["settle"] = settle
+            time.sleep(_HEARTBEAT_FLUSH_SECONDS)
+            result["conflicts"] = _conflicts(before, probe.shard_counters())
+        finally:
+            probe.close()
+        result["latency_ms"], result["bound"], last_bound_ms = _latencies(client)
+        _finish_times(result, last_bound_ms)
+        if workload.reschedule is not None:
+            result["reschedule"] = _reschedule(workload, state, home, console)
+        if workload.restart:
+            result["restart_seconds"] = _restart_each(state, home, console)
         return result
     finally:
+        client.close()
         if load is not None and load.poll() is None:
             load.kill()
             load.wait()
-        outcomes = local.down(home)
-        killed = [name for name, outcome in outcomes if outcome == "killed"]
-        if killed:
-            log.warning("components had to be killed", components=killed)
-        if not ok and keep_logs is not None and home.logs_dir.exists():
-            dest = keep_logs / f"{workload.name.replace('/', '-')}-logs-{int(time.time())}"
-            shutil.copytree(home.logs_dir, dest, dirs_exist_ok=True)
-            log.warning("run failed; service logs kept", logs=str(dest))
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tear_down(workload: Workload, home: local.GodelHome, keep_logs: Path | None) -> None:
+    """Stop the cluster; with ``keep_logs`` (a failed run), copy its service logs there."""
+    outcomes = local.down(home)
+    killed = [name for name, outcome in outcomes if outcome == "killed"]
+    if killed:
+        log.warning("components had to be killed", components=killed)
+    if keep_logs is not None and home.logs_dir.exists():
+        dest = keep_logs / f"{workload.name.replace('/', '-')}-logs-{int(time.time())}"
+        shutil.copytree(home.logs_dir, dest, dirs_exist_ok=True)
+        log.warning("run failed; service logs kept", logs=str(dest))
 
 
 def _restart_each(
@@ -620,22 +646,7 @@ def _measure(
     phase = workload.measured
     if rate is not None:
         phase = type(phase)(**{**phase.to_json(), "rate": rate})
-    plan = home.path / "load-plan.json"
-    plan.write_text(
-        json.dumps(
-            {
-                "dispatcher": state.address_of("dispatcher"),
-                "home": str(home.path),  # where the cluster's credentials are
-                "prefix": MEASURED_PREFIX,
-                "phase": phase.to_json(),
-            }
-        )
-    )
-    load = subprocess.Popen(
-        [sys.executable, "-P", "-m", "bench.load", "--plan", str(plan)],
-        stdout=subprocess.PIPE,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    load = _start_load(phase, state, home)
     events: queue.Queue[dict[str, Any]] = queue.Queue()
     threading.Thread(target=_read_events, args=(load, events), daemon=True).start()
     task = progress.add_task("measured pods bound", total=phase.count, info="")
@@ -646,28 +657,17 @@ def _measure(
     # node affinity was a tenth of Daemonset-15000's CPU per pod).
     usage = {c.name: ProcessUsage.start(c.pid) for c in state.components}
     usage["load"] = ProcessUsage.start(load.pid)
-    t0 = time.monotonic()
     timeline: list[tuple[float, int]] = [(0.0, 0)]
-    load_done: dict[str, Any] | None = None
-    while True:
-        next_tick = t0 + (len(timeline)) * _SAMPLE_SECONDS
-        time.sleep(max(0.0, next_tick - time.monotonic()))
-        now = time.monotonic() - t0
-        bound = probe.claims_of(MEASURED_PREFIX) if workload.preempts else probe.claims() - baseline
-        for u in usage.values():
-            u.sample()
-        rate_now = (bound - timeline[-1][1]) / max(now - timeline[-1][0], 1e-3)
-        timeline.append((round(now, 3), bound))
-        done = bound >= phase.count
+
+    def bound_now() -> int:
+        return probe.claims_of(MEASURED_PREFIX) if workload.preempts else probe.claims() - baseline
+
+    def show(bound: int, rate_now: float) -> None:
         progress.update(task, completed=min(bound, phase.count), info=f"{rate_now:,.0f} pods/s")
-        load_done = load_done or _poll_event(events)
-        if load_done is not None and load_done["event"] == "failed":
-            raise BenchError(f"load process failed: {load_done.get('error')}")
-        if load.poll() not in (None, 0):
-            raise BenchError(f"load process exited with code {load.returncode}")
-        _check_alive(state)
-        if done or now > workload.timeout:
-            break
+
+    load_done = _sample_until_bound(
+        workload, state, phase.count, load, events, usage, timeline, bound_now, show
+    )
     if load.wait(timeout=60) != 0:
         raise BenchError(f"load process exited with code {load.returncode}")
     load_done = load_done or _wait_event(events, load, "done", timeout=10)
@@ -689,6 +689,65 @@ def _measure(
         "resources": {name: u.to_json() for name, u in usage.items()},
     }
     return load, result
+
+
+def _start_load(
+    phase: PodPhase, state: local.ClusterState, home: local.GodelHome
+) -> subprocess.Popen[bytes]:
+    """The load process (``bench.load``) submitting ``phase``'s measured pods."""
+    plan = home.path / "load-plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "dispatcher": state.address_of("dispatcher"),
+                "home": str(home.path),  # where the cluster's credentials are
+                "prefix": MEASURED_PREFIX,
+                "phase": phase.to_json(),
+            }
+        )
+    )
+    return subprocess.Popen(
+        [sys.executable, "-P", "-m", "bench.load", "--plan", str(plan)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+
+
+def _sample_until_bound(
+    workload: Workload,
+    state: local.ClusterState,
+    count: int,
+    load: subprocess.Popen[bytes],
+    events: queue.Queue[dict[str, Any]],
+    usage: dict[str, ProcessUsage],
+    timeline: list[tuple[float, int]],
+    bound_now: Callable[[], int],
+    show: Callable[[int, float], None],
+) -> dict[str, Any] | None:
+    """Every ``_SAMPLE_SECONDS`` until ``count`` measured pods are bound (or the workload's
+    timeout): the bound count onto ``timeline``, a CPU sample of each process, the load's and
+    the cluster's health. Returns the load's last event if it arrived (its "done")."""
+    t0 = time.monotonic()
+    load_done: dict[str, Any] | None = None
+    while True:
+        next_tick = t0 + (len(timeline)) * _SAMPLE_SECONDS
+        time.sleep(max(0.0, next_tick - time.monotonic()))
+        now = time.monotonic() - t0
+        bound = bound_now()
+        for u in usage.values():
+            u.sample()
+        rate_now = (bound - timeline[-1][1]) / max(now - timeline[-1][0], 1e-3)
+        timeline.append((round(now, 3), bound))
+        done = bound >= count
+        show(bound, rate_now)
+        load_done = load_done or _poll_event(events)
+        if load_done is not None and load_done["event"] == "failed":
+            raise BenchError(f"load process failed: {load_done.get('error')}")
+        if load.poll() not in (None, 0):
+            raise BenchError(f"load process exited with code {load.returncode}")
+        _check_alive(state)
+        if done or now > workload.timeout:
+            return load_done
 
 
 def _read_events(load: subprocess.Popen[bytes], events: queue.Queue[dict[str, Any]]) -> None:

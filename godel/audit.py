@@ -26,6 +26,7 @@ Reads one consistent snapshot of the store; used by the end-to-end tests after e
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from placement.claims import CLAIM_PHASES, holds_claim
@@ -62,10 +63,22 @@ async def audit(store: Store) -> AuditReport:
     pods = listing.items_of(pb.Pod)
     jobs = {j.metadata.name: j for j in listing.items_of(pb.Job)}
     report = AuditReport(nodes=len(nodes), pods=len(pods))
-
-    # 1. Re-add every holding pod to a fresh NodeInfo; any addition that does not fit is an
-    # over-commit (the same fit rule the scheduler and binder use).
     infos = {name: NodeInfo.from_node(n) for name, n in nodes.items()}
+    # One check per invariant family, in this order (the report lists violations as found).
+    _audit_room(report, infos, pods)
+    _audit_topology(report, infos, pods)
+    _audit_claims(report, pods, claims)
+    _audit_gangs(report, pods, jobs)
+    _audit_job_affinity(report, infos, pods, jobs)
+    _audit_preemptions(report, pods)
+    return report
+
+
+def _audit_room(report: AuditReport, infos: dict[str, NodeInfo], pods: list[pb.Pod]) -> None:
+    """1 and 7: re-add every holding pod to its fresh ``NodeInfo`` (counted in
+    ``report.bound``); any addition that does not fit is an over-commit (the same fit rule the
+    scheduler and binder use), and its NUMA nodes are verified against the NUMA-bound pods
+    counted before it."""
     for pod in pods:
         if not holds_claim(pod):
             continue
@@ -83,7 +96,6 @@ async def audit(store: Store) -> AuditReport:
                 f"node {info.name} over-committed by pod {pod.metadata.name}: "
                 + ", ".join(failures)
             )
-        # 7. Its NUMA nodes, against the NUMA-bound pods counted before it.
         if request.numa_policy or request.numa_nodes:
             why = numatopology.verify(info, request, request.numa_nodes)
             if why is not None:
@@ -93,9 +105,9 @@ async def audit(store: Store) -> AuditReport:
                 )
         info.add_pod(request)
 
-    _audit_topology(report, infos, pods)
 
-    # 2. Claims and pods agree: each holding pod has exactly its claim; nothing else has one.
+def _audit_claims(report: AuditReport, pods: list[pb.Pod], claims: Mapping[str, str]) -> None:
+    """2: claims and pods agree: each holding pod has exactly its claim; nothing else has one."""
     holding = {p.metadata.name: p for p in pods if holds_claim(p)}
     for name, pod in holding.items():
         claim = claims.get(name)
@@ -108,7 +120,9 @@ async def audit(store: Store) -> AuditReport:
     for name in claims.keys() - holding.keys():
         report.violations.append(f"claim of {name} is held by no bound or running pod")
 
-    # 3. Gang: every job whose pods were ever placed got at least min_member of them placed.
+
+def _audit_gangs(report: AuditReport, pods: list[pb.Pod], jobs: dict[str, pb.Job]) -> None:
+    """3: every job whose pods were ever placed got at least min_member of them placed."""
     placed: dict[str, int] = defaultdict(int)
     for pod in pods:
         if pod.spec.node_name:
@@ -121,7 +135,11 @@ async def audit(store: Store) -> AuditReport:
                 f"{job.spec.min_member}"
             )
 
-    # 8. Job-level affinity: each job's placed pods share one domain of its required keys.
+
+def _audit_job_affinity(
+    report: AuditReport, infos: dict[str, NodeInfo], pods: list[pb.Pod], jobs: dict[str, pb.Job]
+) -> None:
+    """8: each job's placed pods share one domain of its required keys."""
     placed_by_job: dict[str, list[pb.Pod]] = defaultdict(list)
     for pod in pods:
         if holds_claim(pod):
@@ -144,7 +162,9 @@ async def audit(store: Store) -> AuditReport:
         for name, why in sorted(broken.items()):
             report.violations.append(f"job {job_name}: pod {name} breaks job-level affinity: {why}")
 
-    # 6. Preemption evicted only lower-priority, preemptible pods of the preemptor's pool.
+
+def _audit_preemptions(report: AuditReport, pods: list[pb.Pod]) -> None:
+    """6: preemption evicted only lower-priority, preemptible pods of the preemptor's pool."""
     by_name = {p.metadata.name: p for p in pods}
     for victim in pods:
         if victim.status.reason != PREEMPTED:
@@ -167,7 +187,6 @@ async def audit(store: Store) -> AuditReport:
                 f"pod {name} was preempted by {by}, which is not a higher-priority pod of its "
                 "pool placed on its node"
             )
-    return report
 
 
 def _audit_topology(report: AuditReport, infos: dict[str, NodeInfo], pods: list[pb.Pod]) -> None:

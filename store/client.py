@@ -897,52 +897,67 @@ class Store:
             first = int(entries[0][0].split(b"-", 1)[0])
             if first != last + 1:
                 raise ResourceVersionTooOldError(last, first)
-            events: list[WatchEvent] = []
             final = int(entries[-1][0].split(b"-", 1)[0])
-            # Revisions are dense (commit.lua writes one entry per revision): entry i of a read
-            # is revision first + i, unless the ends say otherwise.
-            revisions: Sequence[int] = range(first, final + 1)
-            if len(revisions) != len(entries):
-                revisions = [int(entry[0].split(b"-", 1)[0]) for entry in entries]
-            for revision, (_, fields) in zip(revisions, entries, strict=True):
-                # commit.lua writes the fields in this order: t <type> k <kind> n <name> d <data>
-                if len(fields) == 8 and fields[::2] == _FEED_FIELDS:
-                    type_, kind_name, name, data = fields[1], fields[3], fields[5], fields[7]
-                else:  # written otherwise: read by name
-                    named = dict(zip(fields[::2], fields[1::2], strict=False))
-                    type_, kind_name = named.get(b"t", b""), named.get(b"k", b"")
-                    name, data = named.get(b"n", b""), named.get(b"d", b"")
-                event_type = _EVENT_TYPES.get(type_)
-                if event_type is None or not name:
-                    log.error(
-                        "malformed change feed entry; skipped",
-                        revision=revision,
-                        fields=[bytes(f[:40]) for f in fields[::2]],
-                    )
-                    continue
-                if wanted is not None and kind_name not in wanted:
-                    continue
-                kind = decoders.get(kind_name)
-                if kind is None or (keep is not None and not keep(kind.name, name)):
-                    continue
-                obj: StoredObject | None = None
-                error: InvalidObjectError | None = None
-                try:
-                    obj = kinds_mod.decode(kind, data, revision)
-                except InvalidObjectError as exc:
-                    error = exc
-                events.append(
-                    WatchEvent(
-                        event_type,
-                        kind.name,
-                        name.decode(errors="replace"),
-                        revision,
-                        obj,
-                        error,
-                    )
-                )
+            events = _feed_events(entries, first, final, wanted, decoders, keep)
             last = final
             yield WatchBatch(events, last, caught_up=len(entries) < count)
+
+
+def _feed_events(
+    entries: list[Any],
+    first: int,
+    final: int,
+    wanted: set[bytes] | None,
+    decoders: dict[bytes, kinds_mod.Kind],
+    keep: Callable[[str, bytes], bool] | None,
+) -> list[WatchEvent]:
+    """The events of one read of the change feed (revisions ``first`` to ``final``), of the
+    ``wanted`` kinds and the names ``keep`` picks, each decoded (or carrying its decoding
+    error); a malformed entry is logged and skipped."""
+    events: list[WatchEvent] = []
+    # Revisions are dense (commit.lua writes one entry per revision): entry i of a read
+    # is revision first + i, unless the ends say otherwise.
+    revisions: Sequence[int] = range(first, final + 1)
+    if len(revisions) != len(entries):
+        revisions = [int(entry[0].split(b"-", 1)[0]) for entry in entries]
+    for revision, (_, fields) in zip(revisions, entries, strict=True):
+        # commit.lua writes the fields in this order: t <type> k <kind> n <name> d <data>
+        if len(fields) == 8 and fields[::2] == _FEED_FIELDS:
+            type_, kind_name, name, data = fields[1], fields[3], fields[5], fields[7]
+        else:  # written otherwise: read by name
+            named = dict(zip(fields[::2], fields[1::2], strict=False))
+            type_, kind_name = named.get(b"t", b""), named.get(b"k", b"")
+            name, data = named.get(b"n", b""), named.get(b"d", b"")
+        event_type = _EVENT_TYPES.get(type_)
+        if event_type is None or not name:
+            log.error(
+                "malformed change feed entry; skipped",
+                revision=revision,
+                fields=[bytes(f[:40]) for f in fields[::2]],
+            )
+            continue
+        if wanted is not None and kind_name not in wanted:
+            continue
+        kind = decoders.get(kind_name)
+        if kind is None or (keep is not None and not keep(kind.name, name)):
+            continue
+        obj: StoredObject | None = None
+        error: InvalidObjectError | None = None
+        try:
+            obj = kinds_mod.decode(kind, data, revision)
+        except InvalidObjectError as exc:
+            error = exc
+        events.append(
+            WatchEvent(
+                event_type,
+                kind.name,
+                name.decode(errors="replace"),
+                revision,
+                obj,
+                error,
+            )
+        )
+    return events
 
 
 class _ScriptCall:

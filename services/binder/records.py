@@ -1,0 +1,109 @@
+"""What a Binder commit leaves behind besides the store's write, for both of its write paths
+(a decision batch's binds and evictions, an Evict request's evictions): each written pod
+accounted in the binder's state until the informer shows it, events, a Movement's landings."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import structlog
+
+from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import objects_pb2 as pb
+from services import events, movements
+from services.binder.decide import BOUND, NOT_LEADER, STALE
+from services.binder.leadership import Spawn
+from services.binder.state import ClusterState
+from services.eviction import EVICTION_REASONS
+from store.client import Create, Op, Release, Store
+from store.errors import StoreError
+from store.informer import Informer
+
+log = structlog.get_logger(__name__)
+
+
+class CommitRecords:
+    """The records of committed writes; each method runs right after a successful commit."""
+
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        state: ClusterState,
+        recorder: events.EventRecorder,
+        spawn: Spawn,
+    ) -> None:
+        self.store = store
+        self.informer = informer
+        self.state = state
+        self.events = recorder
+        self.spawn = spawn
+
+    def written(self, ops: Sequence[Op]) -> list[tuple[int, pb.Pod]]:
+        """Account each pod a committed batch of ``ops`` wrote (bound, evicted or created) in the
+        binder's state, unless the informer already shows that write; returns (the index of its
+        op, the pod) for each, in op order."""
+        written_pods: list[tuple[int, pb.Pod]] = []
+        for i, op in enumerate(ops):
+            written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
+            if not isinstance(written, pb.Pod):
+                continue
+            seen = self.informer.get(pb.Pod, written.metadata.name)
+            seen_rv = seen.metadata.resource_version if seen is not None else 0
+            self.state.record_written(written, seen_rv)
+            written_pods.append((i, written))
+        return written_pods
+
+    def evictions(self, ops: Iterable[Op]) -> None:
+        """An event per pod a commit evicted (a preemption's victims, a rescheduling's or a
+        drain's pods): its reason and message, the preemptor or the node it left."""
+        for op in ops:
+            if not isinstance(op, Release) or op.pod.status.reason not in EVICTION_REASONS:
+                continue
+            pod = op.pod
+            related = (
+                events.ref("Pod", name=pod.status.preempted_by)
+                if pod.status.preempted_by
+                else events.ref("Node", name=pod.spec.node_name)
+            )
+            self.events.record(
+                events.ref("Pod", pod),
+                pod.status.reason,
+                pod.status.message,
+                type_=events.WARNING,
+                related=related,
+            )
+
+    def rejections(self, verdicts: ipb.VerdictBatch) -> None:
+        """An event per pod the Binder refused to bind, with why. A leadership change, or a
+        pod that changed or went since the decision (STALE), is no news about it: not
+        recorded."""
+        for verdict in verdicts.verdicts:
+            if verdict.code in (BOUND, NOT_LEADER, STALE, ipb.VERDICT_UNSPECIFIED):
+                continue
+            self.events.record(
+                events.ref("Pod", name=verdict.pod),
+                events.BIND_REJECTED,
+                f"{ipb.VerdictCode.Name(verdict.code)} on {verdict.node or 'no node'}: "
+                f"{verdict.reason}",
+                type_=events.WARNING,
+                related=events.ref("Node", name=verdict.node) if verdict.node else None,
+            )
+
+    def landings(self, bound: Iterable[pb.Pod]) -> None:
+        """Replacements of a Movement's jobs that bound: recorded on the Movement (actual on a
+        recommended node, else mismatched) after the commit, off the committer's path — the
+        record informs the rescheduler's failure ratio, it does not gate the bind."""
+        landed: dict[str, list[pb.Pod]] = defaultdict(list)
+        for pod in bound:
+            if pod.status.movement:
+                landed[pod.status.movement].append(pod)
+        for movement, pods in landed.items():
+            self.spawn(self._record_landing(movement, pods), name=f"binder-landing-{movement}")
+
+    async def _record_landing(self, movement: str, pods: list[pb.Pod]) -> None:
+        try:
+            await movements.change(self.store, movement, movements.record_landing(pods))
+        except StoreError as exc:
+            log.warning("recording landings failed", movement=movement, error=str(exc))
