@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from placement.labelselector import PodTerm, pod_term
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 
 GUARANTEED = "g"
@@ -86,7 +87,9 @@ class NumaZone:
 
 @dataclass(frozen=True, slots=True)
 class PodRequest:
-    """What a pod takes from a node."""
+    """What a pod takes from a node: its amounts (read as ``Quantities.shared_request``, the
+    one resource vector, and kept as plain ints for the per-node loops), pool, ports, priority,
+    labels and NUMA binding."""
 
     name: str
     pool: str
@@ -121,15 +124,16 @@ class PodRequest:
 
     @classmethod
     def from_pod(cls, pod: pb.Pod) -> PodRequest:
-        req = pod.spec.template.requests
+        # The one reading of a template's requests (shared by every pod asking the same).
+        req = Quantities.shared_request(pod.spec.template.requests)
         ports = tuple(
             (p.protocol or "TCP", p.host_port) for p in pod.spec.template.ports if p.host_port
         )
         return cls(
             pod.metadata.name,
             pool_of(pod.spec.qos),
-            req.milli_cpu,
-            req.memory_bytes,
+            req.cpu,
+            req.mem,
             req.gpus,
             ports,
             pod.spec.priority,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.queueing import (
     FAIRNESS,
     FifoPolicy,
     PendingUnit,
     PriorityPolicy,
-    Quantities,
     QueueLoad,
     dominant_share,
     less,

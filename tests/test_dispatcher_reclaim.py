@@ -7,8 +7,8 @@ import pytest
 
 from placement.budgets import BudgetTracker
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.queueing import Quantities
 from services.dispatcher.reclaim import choose_victims
 from services.dispatcher.unitqueue import Claim
 

@@ -24,11 +24,12 @@ import structlog
 from google.protobuf.message import Message
 
 from placement.nodeinfo import GUARANTEED, POOLS, pool_capacity, pool_of
+from placement.resources import Quantities
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.nominations import Nominations
-from services.dispatcher.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.reclaim import Reclaimer
 from services.dispatcher.unitqueue import (
     BackoffSettings,
