@@ -2,11 +2,11 @@
 
 :class:`ClusterTracker` is fed by informer handlers (cheap, per change) and keeps what the page
 needs and the objects do not say directly: every node's requested resources per pool
-(``placement.room``, kept per node), pending pods
-and why they wait, and binds per second with their submit→bound latency. :meth:`summary` condenses
-that into one JSON-ready dict whose size does not grow with the cluster: nodes become at most
-``max_cells`` heatmap cells per pool (a cell averages a run of nodes), pending pods become counts
-per reason, and movements and the time series are bounded. On 20,000 nodes a tick is a pass over
+(``placement.room``, kept per node), pending pods and why they wait, and binds per second with
+their submit→bound latency. :meth:`summary` condenses that into one JSON-ready dict whose size
+does not grow with the cluster: nodes become at most ``max_cells`` heatmap cells per pool (a cell
+averages a run of nodes), pending pods become counts per reason, and movements and the time
+series are bounded. On 20,000 nodes a tick is a pass over
 the nodes (no pods) and a message of a few tens of kilobytes, sent only when something changed.
 """
 
