@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from placement.claims import holds_claim
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED, POOLS
 from placement.resources import Quantities
-from placement.room import PoolRoom, Room, RoomClaim, usable_offer
+from placement.room import NodeRoom, PoolRoom, RoomClaim, usable_offer
 from protos.godel.v1 import objects_pb2 as pb
 from tests import factories as f
 
@@ -105,12 +106,23 @@ CASES: list[tuple[str, list[Node | Pod], tuple[int, int, int]]] = [
 ]
 
 
-def play(room: Room, events: list[Node | Pod]) -> None:
+def play(room: NodeRoom, events: list[Node | Pod]) -> None:
     for e in events:
         if isinstance(e, Node):
             room.on_node(e.name, node_of(e))
         else:
             room.on_pod(e.name, pod_of(e))
+
+
+def play_totals(room: PoolRoom[RoomClaim], events: list[Node | Pod]) -> None:
+    """The events as a caller of the totals alone feeds them (the dispatcher's queue)."""
+    for e in events:
+        if isinstance(e, Node):
+            room.set_node(e.name, usable_offer(node_of(e)))
+        elif (pod := pod_of(e)) is not None and holds_claim(pod):
+            room.claim(e.name, RoomClaim.of(pod))
+        else:
+            room.release(e.name)
 
 
 def figures(free: dict[str, Quantities]) -> tuple[int, int, int]:
@@ -119,15 +131,18 @@ def figures(free: dict[str, Quantities]) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize(("case", "events", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_free_room(case: str, events: list[Node | Pod], expected: tuple[int, int, int]) -> None:
-    totals = Room()
-    play(totals, events)
+    totals: PoolRoom[RoomClaim] = PoolRoom()
+    play_totals(totals, events)
     assert figures({p: totals.free(p) for p in POOLS}) == expected
+    per_node = NodeRoom()
+    play(per_node, events)
+    assert figures({p: per_node.free(p) for p in POOLS}) == expected
 
     # Per node and per group (all nodes in one, grouped before the events) it agrees.
     names = {e.name for e in events if isinstance(e, Node)} | {
         e.node for e in events if isinstance(e, Pod) and e.node
     }
-    grouped = Room(per_node=True)
+    grouped = NodeRoom()
     grouped.regroup(dict.fromkeys(names, "all"), ["all", "empty"])
     play(grouped, events)
     by_node = {pool: Quantities() for pool in POOLS}
@@ -145,7 +160,7 @@ def test_free_room(case: str, events: list[Node | Pod], expected: tuple[int, int
 
 
 def test_groups_follow_their_nodes_only() -> None:
-    room = Room(per_node=True)
+    room = NodeRoom()
     for name in ("n1", "n2", "n3"):
         room.on_node(name, node_of(Node(name)))
     owner = {"n1": "a", "n2": "a", "n3": "b"}
@@ -176,7 +191,7 @@ def test_holds_count_in_the_totals_only() -> None:
 
 
 def test_claims_are_kept_per_pod() -> None:
-    room = Room()
+    room = NodeRoom()
     pod = pod_of(Pod("p", "n1", cpu=250))
     assert pod is not None
     room.on_pod("p", pod)

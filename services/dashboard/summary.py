@@ -23,7 +23,7 @@ from google.protobuf.message import Message
 from placement import nodeinfo
 from placement.claims import TERMINAL_PHASES
 from placement.resources import Quantities
-from placement.room import PoolRoom, RoomClaim
+from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 
 GUARANTEED = "guaranteed"
@@ -96,7 +96,7 @@ class ClusterTracker:
         # Per node and pool, its capacity (CPU and memory) and what the pods holding a claim
         # there request: the room accumulator kept per node (the page shows nodes), offered by
         # every node, ready or not (a node's utilisation is shown whatever its state).
-        self._room: PoolRoom[RoomClaim] = PoolRoom(per_node=True)
+        self._room = NodeRoom()
         # Per node, its utilisation per pool (POOLS order), kept current as claims change.
         self._utilisation: dict[str, tuple[float, float]] = {}
         self._pending: dict[str, str] = {}  # pod -> reason

@@ -42,7 +42,7 @@ from google.protobuf.message import Message
 
 from placement.nodeinfo import GUARANTEED
 from placement.resources import Quantities
-from placement.room import PoolRoom, Room, RoomClaim
+from placement.room import NodeRoom, PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatch import live_shards
 from store import ConflictError, NotFoundError, Store, StoreError
@@ -304,14 +304,14 @@ class PartitionRoom:
     schedulable) minus the requests of the pods holding a claim on them. Fragmentation aside,
     as the dispatcher's other room figures (``UnitQueue.free``): the shards judge the nodes.
 
-    The accumulator (``placement.room.Room``) kept per node and grouped by the shard whose
+    The accumulator (``placement.room.NodeRoom``) kept per node and grouped by the shard whose
     partition holds the node, rather than summed over the cluster as the queue's: per informer
     event a claim or an offer that changes moves its owner's sum by the difference, so a
     question costs O(1); ``regroup`` re-sums from the nodes, O(nodes), when the partitions
     themselves change (rare)."""
 
     def __init__(self) -> None:
-        self.room = Room(per_node=True)
+        self.room = NodeRoom()
         self.grouped: tuple[int, int] | None = None  # what ``regroup`` last summed
 
     def of(self, shard: str, pool: str) -> Quantities | None:

@@ -120,9 +120,6 @@ class Claim:
     priority: int = 0
     started_ms: int = 0
     deleting: bool = False
-    # Its node (interned): with ``pool`` and ``requests``, what the queue's room counts
-    # (``placement.room.Held``), so one record per bound pod serves both.
-    node: str = ""
 
     @classmethod
     def of(cls, pod: pb.Pod) -> Claim:
@@ -134,7 +131,6 @@ class Claim:
             pod.spec.priority,
             pod.status.started_ms,
             bool(pod.metadata.deletion_timestamp_ms),
-            sys.intern(pod.spec.node_name),
         )
 
 
@@ -224,9 +220,10 @@ class UnitQueue:
         self._usage: dict[str, Quantities] = {}
         self._inflight: dict[str, Quantities] = {}
         # The cluster's room per pool (placement.room): what the nodes (ready, schedulable)
-        # offer, minus the claims (one ``Claim`` per pod holding one, so removals are exact)
-        # and the dispatched units' requests (held until their attempt ends). Totals only: the
-        # queue judges the cluster as a whole (the shards judge the nodes), so no sum per node.
+        # offer, minus the claims (its ``Claim`` per pod holding one, also what quota and
+        # reclaim read: one record per bound pod, and removals are exact) and the dispatched
+        # units' requests (held until their attempt ends). Totals only: the queue judges the
+        # cluster as a whole (the shards judge the nodes), so no sum per node.
         self._room: PoolRoom[Claim] = PoolRoom()
         # What queues below their min are owed, as the current round started (``owed``).
         self._round_owed: dict[str, Quantities] = {}

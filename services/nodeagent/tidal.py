@@ -33,7 +33,7 @@ from google.protobuf.message import Message
 
 from placement.claims import holds_claim
 from placement.nodeinfo import BEST_EFFORT
-from placement.room import PoolRoom, RoomClaim
+from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import RECLAIMED
@@ -254,7 +254,7 @@ class TidalController:
         self.evicted = 0  # for tests and metrics
         # Per node and pool, what the pods the tide counts (``gives_way``) request. No node
         # offers: the pool is what this loop computes.
-        self.held: PoolRoom[RoomClaim] = PoolRoom(per_node=True)
+        self.held = NodeRoom()
 
     def handlers(self) -> Handlers:
         """Informer handlers (kind Pod) that keep ``held``: register them on the informer
