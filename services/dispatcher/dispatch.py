@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 
 from placement.nodeinfo import GUARANTEED, POOLS, pool_capacity, pool_of
 from placement.resources import Quantities
+from placement.room import usable_offer
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
@@ -236,10 +237,6 @@ def _shapes(node: pb.Node) -> dict[str, NodeShape]:
     return out
 
 
-def _offered(node: pb.Node) -> dict[str, Quantities]:
-    return {pool: Quantities.of(pool_capacity(node, pool)) for pool in POOLS}
-
-
 class UnitDispatcher:
     """Pending units → queues → shards. Feed it an informer over Pod, Job, Node, Queue and
     SchedulerInstance, then ``await run()``."""
@@ -396,8 +393,7 @@ class UnitDispatcher:
             return
         assert isinstance(new, pb.Node)
         self._set_shapes(new.metadata.name, _shapes(new))
-        usable = new.status.ready and not new.spec.unschedulable
-        self.queue.set_node(new.metadata.name, _offered(new) if usable else None)
+        self.queue.set_node(new.metadata.name, usable_offer(new))
         if old is not None and _material(old) == _material(new):  # type: ignore[arg-type]
             return
         # A node appeared or changed: units that could never fit may fit now.
