@@ -4,8 +4,8 @@ the one reading of a pod template's requests into it.
 Every figure of room and usage is one: a node's offer per pool and the room left per pool
 (``placement.room``), a queue's usage, quota, min and borrowed amounts (the dispatcher), a
 unit's requests. ``PodRequest`` (``placement.nodeinfo``) is what a pod asks of one node, not a
-vector: it reads its cpu, memory and GPUs through ``Quantities.shared_request`` too, and keeps
-them as plain fields because the per-node filter and score loops read them.
+vector: it keeps its cpu, memory and GPUs as plain fields because the per-node filter and score
+loops read them.
 """
 
 from __future__ import annotations
