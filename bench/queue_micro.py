@@ -27,8 +27,9 @@ import argparse
 import time
 
 from placement.nodeinfo import GUARANTEED
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.dispatching.unitqueue import (
     BackoffSettings,
     UnitEntry,

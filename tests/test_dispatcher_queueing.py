@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.api.validation import queue_cycles
 from services.dispatcher.dispatching.queueing import (
@@ -11,7 +12,6 @@ from services.dispatcher.dispatching.queueing import (
     FifoPolicy,
     PendingUnit,
     PriorityPolicy,
-    Quantities,
     QueueLoad,
     dominant_share,
     less,

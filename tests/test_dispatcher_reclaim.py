@@ -7,8 +7,8 @@ import pytest
 
 from placement.budgets import BudgetTracker
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatching.queueing import Quantities
 from services.dispatcher.dispatching.reclaim import choose_victims
 from services.dispatcher.dispatching.unitqueue import Claim
 

@@ -11,9 +11,10 @@ from fractions import Fraction
 import pytest
 
 from placement.nodeinfo import GUARANTEED
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching import unitqueue
-from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.dispatching.unitqueue import (
     MAX_HELD_PER_ROUND,
     BackoffSettings,

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.dispatch import ShardLink, choose_shard
 from services.dispatcher.dispatching.partitions import (
@@ -24,7 +25,6 @@ from services.dispatcher.dispatching.partitions import (
     ShardCounters,
     rebalance_move,
 )
-from services.dispatcher.dispatching.queueing import Quantities
 from store import NotFoundError, Store
 from store.client import Fence
 from store.informer import Informer

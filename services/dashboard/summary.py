@@ -1,11 +1,12 @@
 """The cluster at a glance, kept current from the informer's events and condensed once a tick.
 
 :class:`ClusterTracker` is fed by informer handlers (cheap, per change) and keeps what the page
-needs and the objects do not say directly: every node's requested resources per pool, pending pods
-and why they wait, and binds per second with their submit→bound latency. :meth:`summary` condenses
-that into one JSON-ready dict whose size does not grow with the cluster: nodes become at most
-``max_cells`` heatmap cells per pool (a cell averages a run of nodes), pending pods become counts
-per reason, and movements and the time series are bounded. On 20,000 nodes a tick is a pass over
+needs and the objects do not say directly: every node's requested resources per pool
+(``placement.room``, kept per node), pending pods and why they wait, and binds per second with
+their submit→bound latency. :meth:`summary` condenses that into one JSON-ready dict whose size
+does not grow with the cluster: nodes become at most ``max_cells`` heatmap cells per pool (a cell
+averages a run of nodes), pending pods become counts per reason, and movements and the time
+series are bounded. On 20,000 nodes a tick is a pass over
 the nodes (no pods) and a message of a few tens of kilobytes, sent only when something changed.
 """
 
@@ -20,12 +21,17 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from placement import nodeinfo
 from placement.claims import TERMINAL_PHASES
+from placement.resources import Quantities
+from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 
 GUARANTEED = "guaranteed"
 BEST_EFFORT = "best_effort"
 POOLS = (GUARANTEED, BEST_EFFORT)
+# The page's pool names -> placement's.
+_POOL = {GUARANTEED: nodeinfo.GUARANTEED, BEST_EFFORT: nodeinfo.BEST_EFFORT}
 WAITING = "waiting to be scheduled"
 """The reason shown for a pending pod no scheduler has reported on yet."""
 
@@ -35,24 +41,12 @@ _MAX_REASONS = 12
 
 
 @dataclass(slots=True)
-class _Claim:
-    node: str
-    pool: str
-    milli_cpu: int
-    memory_bytes: int
-
-
-@dataclass(slots=True)
 class _Second:
     """Binds observed in one wall-clock second and a sample of their latencies."""
 
     at: int
     bound: int = 0
     latencies_ms: list[int] = field(default_factory=list)
-
-
-def pool_of(pod: pb.Pod) -> str:
-    return BEST_EFFORT if pod.spec.qos == pb.QOS_BEST_EFFORT else GUARANTEED
 
 
 def pending_reason(pod: pb.Pod) -> str:
@@ -96,15 +90,16 @@ class ClusterTracker:
         self.max_cells = max_cells
         self.nodes: dict[str, pb.Node] = {}
         # Per node, read once per change rather than from the protobuf on every tick (a tick
-        # over 20,000 nodes must stay a few tens of milliseconds): ready, and per pool
-        # (milli_cpu, memory_bytes) capacity. Node names sorted, until a node comes or goes.
-        self._capacity: dict[str, tuple[bool, dict[str, tuple[int, int]]]] = {}
+        # over 20,000 nodes must stay a few tens of milliseconds): ready. Node names sorted,
+        # until a node comes or goes.
+        self._ready: dict[str, bool] = {}
         self._order: list[str] | None = None
+        # Per node and pool, its capacity (CPU and memory) and what the pods holding a claim
+        # there request: the room accumulator kept per node (the page shows nodes), offered by
+        # every node, ready or not (a node's utilisation is shown whatever its state).
+        self._room = NodeRoom()
         # Per node, its utilisation per pool (POOLS order), kept current as claims change.
         self._utilisation: dict[str, tuple[float, float]] = {}
-        self._claims: dict[str, _Claim] = {}
-        # node -> pool -> [milli_cpu, memory_bytes] requested by the pods holding a claim there
-        self._used: dict[str, dict[str, list[int]]] = {}
         self._pending: dict[str, str] = {}  # pod -> reason
         self._phases: Counter[int] = Counter()
         self._pod_phase: dict[str, int] = {}
@@ -129,17 +124,19 @@ class ClusterTracker:
                     self._order = None
                 self.nodes[name] = new
                 g, be = new.status.allocatable, new.status.reclaimable
-                self._capacity[name] = (
-                    new.status.ready,
+                self._ready[name] = new.status.ready
+                self._room.set_node(
+                    name,
                     {
-                        GUARANTEED: (g.milli_cpu, g.memory_bytes),
-                        BEST_EFFORT: (be.milli_cpu, be.memory_bytes),
+                        nodeinfo.GUARANTEED: Quantities(g.milli_cpu, g.memory_bytes),
+                        nodeinfo.BEST_EFFORT: Quantities(be.milli_cpu, be.memory_bytes),
                     },
                 )
                 self._update_utilisation(name)
             elif isinstance(old, pb.Node):
                 self.nodes.pop(old.metadata.name, None)
-                self._capacity.pop(old.metadata.name, None)
+                self._ready.pop(old.metadata.name, None)
+                self._room.set_node(old.metadata.name, None)
                 self._utilisation.pop(old.metadata.name, None)
                 self._order = None
         elif kind == "Pod":
@@ -161,6 +158,8 @@ class ClusterTracker:
         self._pod_phase[name] = new.status.phase
         self._phases[new.status.phase] += 1
         if new.spec.node_name:
+            # Its own rule, kept from before ``placement.claims``: a pod on a node counts until
+            # it finishes (a bound pod is BOUND or RUNNING, so the two agree in practice).
             if new.status.phase not in TERMINAL_PHASES:
                 self._claim(name, new)
             if old is not None and not old.spec.node_name:
@@ -169,20 +168,13 @@ class ClusterTracker:
             self._pending[name] = pending_reason(new)
 
     def _claim(self, name: str, pod: pb.Pod) -> None:
-        req = pod.spec.template.requests
-        claim = _Claim(pod.spec.node_name, pool_of(pod), req.milli_cpu, req.memory_bytes)
-        self._claims[name] = claim
-        used = self._used.setdefault(claim.node, {}).setdefault(claim.pool, [0, 0])
-        used[0] += claim.milli_cpu
-        used[1] += claim.memory_bytes
+        claim = RoomClaim.of(pod)
+        self._room.claim(name, claim)
         self._update_utilisation(claim.node)
 
     def _release(self, name: str) -> None:
-        claim = self._claims.pop(name, None)
+        claim = self._room.release(name)
         if claim is not None:
-            used = self._used[claim.node][claim.pool]
-            used[0] -= claim.milli_cpu
-            used[1] -= claim.memory_bytes
             self._update_utilisation(claim.node)
 
     def _record_bind(self, pod: pb.Pod) -> None:
@@ -200,7 +192,7 @@ class ClusterTracker:
     # --- the summary ----------------------------------------------------------------------
 
     def _update_utilisation(self, node: str) -> None:
-        if node in self._capacity:  # a pod may name a node this view has not seen (yet)
+        if node in self._ready:  # a pod may name a node this view has not seen (yet)
             self._utilisation[node] = (
                 self.utilisation(node, GUARANTEED),
                 self.utilisation(node, BEST_EFFORT),
@@ -209,16 +201,19 @@ class ClusterTracker:
     def utilisation(self, node: str, pool: str) -> float:
         """The dominant share (CPU or memory) of the pool requested by pods holding claims; -1
         when the node has no capacity in the pool."""
-        cpu_cap, mem_cap = self._capacity[node][1][pool]
-        used = self._used.get(node, {}).get(pool)
+        offer = self._room.node_offer(node, _POOL[pool])
+        if offer is None:
+            raise KeyError(node)
+        cpu_cap, mem_cap = offer.cpu, offer.mem
+        used = self._room.node_claimed(node, _POOL[pool])
         if used is None:
             return 0.0 if cpu_cap > 0 or mem_cap > 0 else -1.0
-        shares = [u / c for u, c in ((used[0], cpu_cap), (used[1], mem_cap)) if c > 0]
+        shares = [u / c for u, c in ((used.cpu, cpu_cap), (used.mem, mem_cap)) if c > 0]
         return min(max(shares), 1.0) if shares else -1.0
 
     def node_summary(self) -> dict[str, Any]:
         if self._order is None:
-            self._order = sorted(self._capacity)
+            self._order = sorted(self._ready)
         order = self._order
         pools: dict[str, Any] = {}
         utilisation = self._utilisation
@@ -234,7 +229,7 @@ class ClusterTracker:
             }
         return {
             "total": len(order),
-            "ready": sum(1 for ready, _ in self._capacity.values() if ready),
+            "ready": sum(1 for ready in self._ready.values() if ready),
             "pools": pools,
         }
 

@@ -330,7 +330,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
                 return measured(guaranteed, percent)
             return hollow_usage(guaranteed, percent)
 
-        return TidalController(
+        controller = TidalController(
             self.store,
             self.nodes.desired,
             lambda: self.informer.each(pb.Pod),
@@ -342,6 +342,8 @@ class NodeAgentService(Service[NodeAgentConfig]):
                 reserve_percent=cfg.tidal_reserve_percent,
             ),
         )
+        self.informer.add_handlers(controller.handlers())  # what its pods hold per node
+        return controller
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -29,14 +29,18 @@ from dataclasses import dataclass
 
 import psutil
 import structlog
+from google.protobuf.message import Message
 
-from placement.claims import CLAIM_PHASES
+from placement.claims import holds_claim
+from placement.nodeinfo import BEST_EFFORT
+from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import RECLAIMED
 from services.peers.binder import BinderEvictor, EvictError
 from store import Store
 from store.errors import ConflictError, StoreError
+from store.informer import Handlers
 
 log = structlog.get_logger(__name__)
 
@@ -214,9 +218,20 @@ class TidalSettings:
     min_change_percent: int = 2
 
 
+def gives_way(pod: pb.Pod) -> bool:
+    """Whether the tide counts the pod on its node: it holds a claim there and is not already
+    being deleted (its room is on its way back; it is not evicted again)."""
+    return holds_claim(pod) and not pod.metadata.deletion_timestamp_ms
+
+
 class TidalController:
     """Once per interval: each node's pool from its online usage, written where it moved, and
-    best-effort pods over the pool evicted (one partial ``Binder.Evict`` for every node)."""
+    best-effort pods over the pool evicted (one partial ``Binder.Evict`` for every node).
+
+    What the pods hold per node and pool is the room accumulator (``placement.room``, kept per
+    node: the tide judges each node's reclaimable pool on its own), fed by ``handlers()``
+    per informer event; each tick still passes over the agent's own pods for the per-pod
+    choices (whose process to measure, whom to evict)."""
 
     def __init__(
         self,
@@ -237,6 +252,32 @@ class TidalController:
         self.settings = settings
         self.pools: dict[str, pb.Resources] = {}  # last pool written per node
         self.evicted = 0  # for tests and metrics
+        # Per node and pool, what the pods the tide counts (``gives_way``) request. No node
+        # offers: the pool is what this loop computes.
+        self.held = NodeRoom()
+
+    def handlers(self) -> Handlers:
+        """Informer handlers (kind Pod) that keep ``held``: register them on the informer
+        ``pods`` reads."""
+        return Handlers(
+            lambda _kind, pod: self.on_pod(pod),
+            lambda _kind, _old, pod: self.on_pod(pod),
+            lambda _kind, pod: self.on_pod(pod, gone=True),
+            frozenset({"Pod"}),
+        )
+
+    def on_pod(self, pod: Message, *, gone: bool = False) -> None:
+        """A pod added or changed (``gone``: deleted): its claim on its node, if the tide
+        counts it."""
+        if not isinstance(pod, pb.Pod):
+            return
+        name = pod.metadata.name
+        if gone or not gives_way(pod):
+            self.held.release(name)
+            return
+        old = self.held.claim_of(name)
+        if old is None or old.node != pod.spec.node_name:
+            self.held.claim(name, RoomClaim.of(pod))
 
     async def run(self) -> None:
         while True:
@@ -254,7 +295,7 @@ class TidalController:
         guaranteed: dict[str, list[pb.Pod]] = {}
         best_effort: dict[str, list[pb.Pod]] = {}
         for pod in self.pods():
-            if pod.status.phase not in CLAIM_PHASES or pod.metadata.deletion_timestamp_ms:
+            if not gives_way(pod):
                 continue
             side = best_effort if pod.spec.qos == pb.QOS_BEST_EFFORT else guaranteed
             side.setdefault(pod.spec.node_name, []).append(pod)
@@ -267,7 +308,7 @@ class TidalController:
                 self.settings.reserve_percent,
                 node.status.reclaimable.gpus,
             )
-        await self._write_pools(pools, best_effort)
+        await self._write_pools(pools)
         victims = [
             v
             for name, pool in pools.items()
@@ -276,15 +317,14 @@ class TidalController:
         if victims:
             await self._evict(victims)
 
-    async def _write_pools(
-        self, pools: dict[str, pb.Resources], best_effort: dict[str, list[pb.Pod]]
-    ) -> None:
+    async def _write_pools(self, pools: dict[str, pb.Resources]) -> None:
         """Write the pools that moved enough, or that shrank below what best-effort pods hold
         (the shards must stop adding to those at once). One read and one write round trip."""
         changed = []
         for name, pool in pools.items():
             last = self.pools.get(name)
-            held_cpu = sum(p.spec.template.requests.milli_cpu for p in best_effort.get(name, []))
+            held = self.held.node_claimed(name, BEST_EFFORT)
+            held_cpu = held.cpu if held is not None else 0
             if (
                 last is None
                 or pool_moved(

@@ -21,12 +21,13 @@ import grpc
 import structlog
 
 from placement.nodeinfo import GUARANTEED
+from placement.resources import Quantities
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.feed import ViewFeed
 from services.dispatcher.dispatching.nominations import Nominations
-from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit, Quantities
+from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.dispatching.reclaim import Reclaimer
 from services.dispatcher.dispatching.unitqueue import (
     BackoffSettings,

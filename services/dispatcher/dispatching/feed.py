@@ -15,9 +15,8 @@ from collections.abc import Callable
 import structlog
 from google.protobuf.message import Message
 
-from placement.nodeinfo import POOLS, pool_capacity
+from placement.room import usable_offer
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatching.queueing import Quantities
 from services.dispatcher.dispatching.shapes import NodeShapes, shapes_of
 from services.dispatcher.dispatching.unitqueue import UnitQueue
 from services.dispatcher.objects import metadata_of, pods_complete
@@ -120,8 +119,7 @@ class ViewFeed:
             return
         assert isinstance(new, pb.Node)
         self.shapes.set(new.metadata.name, shapes_of(new))
-        usable = new.status.ready and not new.spec.unschedulable
-        self.queue.set_node(new.metadata.name, _offered(new) if usable else None)
+        self.queue.set_node(new.metadata.name, usable_offer(new))
         if isinstance(old, pb.Node) and _material(old) == _material(new):
             return
         # A node appeared or changed: units that could never fit may fit now.
@@ -138,7 +136,3 @@ def _material(node: pb.Node) -> bytes:
     copy.metadata.resource_version = 0
     copy.status.heartbeat_ms = 0
     return copy.SerializeToString(deterministic=True)
-
-
-def _offered(node: pb.Node) -> dict[str, Quantities]:
-    return {pool: Quantities.of(pool_capacity(node, pool)) for pool in POOLS}

@@ -31,7 +31,6 @@ the live shards and the nodes, and writes the ones that changed.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -41,11 +40,11 @@ from typing import Literal
 import structlog
 from google.protobuf.message import Message
 
-from placement.claims import CLAIM_PHASES
-from placement.nodeinfo import POOLS, pool_capacity, pool_of
+from placement.nodeinfo import GUARANTEED
+from placement.resources import Quantities
+from placement.room import NodeRoom, PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.dispatch import live_shards
-from services.dispatcher.dispatching.queueing import Quantities
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -271,46 +270,33 @@ class Meter:
 
 
 class Allocation:
-    """Guaranteed-pool requests of the pods holding a claim against the nodes' allocatable, kept
-    per informer event (no scan): the allocation trigger's input."""
+    """Guaranteed-pool requests of the pods holding a claim against every node's allocatable:
+    the allocation trigger's input. The claims are the partitions' room's (one record per bound
+    pod for both); the capacity is summed here because it deliberately counts every node, ready
+    or not (the room counts only the nodes new pods may use). Both kept per informer event."""
 
-    def __init__(self) -> None:
-        self._nodes: dict[str, tuple[int, int]] = {}
-        # Per pod holding a claim, its requests (shared by pods asking the same).
-        self._pods: dict[str, Quantities] = {}
-        self.capacity = [0, 0]  # milli-CPU, bytes
-        self.requested = [0, 0]
+    def __init__(self, room: PoolRoom[RoomClaim]) -> None:
+        self._claims = room
+        # Every node's allocatable cpu and memory (whatever its state), in the same accumulator.
+        self._nodes: PoolRoom[RoomClaim] = PoolRoom()
 
     def percent(self) -> float:
         """The dominant resource's share: max over CPU and memory."""
+        capacity = self._nodes.capacity(GUARANTEED)
+        requested = self._claims.claimed(GUARANTEED)
         shares = [
-            100.0 * req / cap for req, cap in zip(self.requested, self.capacity, strict=True) if cap
+            100.0 * req / cap
+            for req, cap in ((requested.cpu, capacity.cpu), (requested.mem, capacity.mem))
+            if cap
         ]
         return max(shares, default=0.0)
 
     def on_node(self, name: str, node: pb.Node | None) -> None:
-        old = self._nodes.pop(name, (0, 0))
-        new = (0, 0)
+        offer = None
         if node is not None:
             alloc = node.status.allocatable
-            new = self._nodes[name] = (alloc.milli_cpu, alloc.memory_bytes)
-        for i in range(2):
-            self.capacity[i] += new[i] - old[i]
-
-    def on_pod(self, name: str, pod: pb.Pod | None) -> None:
-        old = self._pods.pop(name, None)
-        if old is not None:
-            self.requested[0] -= old.cpu
-            self.requested[1] -= old.mem
-        if (
-            pod is not None
-            and pod.spec.node_name
-            and pod.status.phase in CLAIM_PHASES
-            and pod.spec.qos != pb.QOS_BEST_EFFORT
-        ):
-            new = self._pods[name] = Quantities.shared_request(pod.spec.template.requests)
-            self.requested[0] += new.cpu
-            self.requested[1] += new.mem
+            offer = {GUARANTEED: Quantities(alloc.milli_cpu, alloc.memory_bytes)}
+        self._nodes.set_node(name, offer)
 
 
 class PartitionRoom:
@@ -318,22 +304,19 @@ class PartitionRoom:
     schedulable) minus the requests of the pods holding a claim on them. Fragmentation aside,
     as the dispatcher's other room figures (``UnitQueue.free``): the shards judge the nodes.
 
-    Per node the offer and the claims are kept per informer event; a claim or an offer that
-    changes moves its owner's sum by the difference, so a question costs O(1). ``regroup``
-    re-sums from the nodes, O(nodes), when the partitions themselves change (rare)."""
+    The accumulator (``placement.room.NodeRoom``) kept per node and grouped by the shard whose
+    partition holds the node, rather than summed over the cluster as the queue's: per informer
+    event a claim or an offer that changes moves its owner's sum by the difference, so a
+    question costs O(1); ``regroup`` re-sums from the nodes, O(nodes), when the partitions
+    themselves change (rare)."""
 
     def __init__(self) -> None:
-        self._offered: dict[str, dict[str, Quantities]] = {}  # node -> pool -> offer
-        self._used: dict[str, dict[str, Quantities]] = {}  # node -> pool -> claims' requests
-        self._claims: dict[str, tuple[str, str, Quantities]] = {}  # pod -> (node, pool, req)
-        self._owner: Mapping[str, str] = {}  # node -> shard (the Partitions' own map)
-        self._free: dict[str, dict[str, Quantities]] = {}  # shard -> pool -> room left
+        self.room = NodeRoom()
         self.grouped: tuple[int, int] | None = None  # what ``regroup`` last summed
 
     def of(self, shard: str, pool: str) -> Quantities | None:
         """The room left in ``shard``'s partition (None: no partitions, or not its)."""
-        free = self._free.get(shard)
-        return None if free is None else free[pool]
+        return self.room.group_free(shard, pool)
 
     def regroup(self, partitions: Partitions | None, token: tuple[int, int] | None) -> None:
         """Sum the room per partition again, when ``token`` (which partitions, which version)
@@ -341,62 +324,18 @@ class PartitionRoom:
         if token == self.grouped:
             return
         self.grouped = token
-        self._free = {}
         if partitions is None:
-            self._owner = {}
-            return
-        self._owner = partitions.owner
-        for shard in partitions.members:
-            self._free[shard] = {pool: Quantities() for pool in POOLS}
-        for node, shard in self._owner.items():
-            self._shift(shard, node, 1)
-
-    def _shift(self, shard: str | None, node: str, sign: int) -> None:
-        """Add (1) or take away (-1) ``node``'s room to or from ``shard``'s sum."""
-        free = self._free.get(shard) if shard is not None else None
-        if free is None:
-            return
-        for pool, amount in self._offered.get(node, {}).items():
-            free[pool].add(amount, sign)
-        for pool, amount in self._used.get(node, {}).items():
-            free[pool].add(amount, -sign)
+            self.room.regroup(None)
+        else:
+            self.room.regroup(partitions.owner, partitions.members)
 
     def on_node(self, name: str, node: pb.Node | None) -> None:
         """A node's offer per pool (gone, not ready or cordoned: none)."""
-        owner = self._owner.get(name)
-        self._shift(owner, name, -1)
-        if node is not None and node.status.ready and not node.spec.unschedulable:
-            self._offered[name] = {pool: Quantities.of(pool_capacity(node, pool)) for pool in POOLS}
-        else:
-            self._offered.pop(name, None)
-        self._shift(owner, name, 1)
+        self.room.on_node(name, node)
 
     def on_pod(self, name: str, pod: pb.Pod | None) -> None:
         """A pod's claim: on its node while bound or running."""
-        claims = pod is not None and pod.spec.node_name and pod.status.phase in CLAIM_PHASES
-        old = self._claims.get(name)
-        if claims and old is not None and old[0] == pod.spec.node_name:  # type: ignore[union-attr]
-            return  # bound -> running: a bound pod's node, QoS and requests stay as they were
-        if old is not None:
-            del self._claims[name]
-            self._claim(*old, -1)
-        if claims:
-            assert pod is not None
-            new = (  # the node's name and the requests shared, not copied per pod
-                sys.intern(pod.spec.node_name),
-                pool_of(pod.spec.qos),
-                Quantities.shared_request(pod.spec.template.requests),
-            )
-            self._claims[name] = new
-            self._claim(*new, 1)
-
-    def _claim(self, node: str, pool: str, requests: Quantities, sign: int) -> None:
-        used = self._used.setdefault(node, {})
-        used.setdefault(pool, Quantities()).add(requests, sign)
-        owner = self._owner.get(node)
-        free = self._free.get(owner) if owner is not None else None
-        if free is not None:
-            free[pool].add(requests, -sign)
+        self.room.on_pod(name, pod)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,9 +361,9 @@ class NodeShuffler:
         self.informer = informer
         self.settings = settings
         self.grace_seconds = shard_grace_seconds
-        self.allocation = Allocation()
         # The room left per partition, for the dispatcher's shard choice.
         self.room = PartitionRoom()
+        self.allocation = Allocation(self.room.room)
         self.counters = ShardCounters()
         self.meter = Meter(settings.window_seconds)
         self.figures = Figures()
@@ -454,9 +393,7 @@ class NodeShuffler:
     def _on_add(self, kind: str, obj: Message) -> None:
         if kind == "Pod":
             assert isinstance(obj, pb.Pod)
-            name = obj.metadata.name  # one string for both indexes (each read makes a new one)
-            self.allocation.on_pod(name, obj)
-            self.room.on_pod(name, obj)
+            self.room.on_pod(obj.metadata.name, obj)
         elif kind == "Node":
             assert isinstance(obj, pb.Node)
             self._node_events += 1
@@ -466,9 +403,7 @@ class NodeShuffler:
     def _on_update(self, kind: str, old: Message, new: Message) -> None:
         if kind == "Pod":
             assert isinstance(new, pb.Pod)
-            name = new.metadata.name
-            self.allocation.on_pod(name, new)
-            self.room.on_pod(name, new)
+            self.room.on_pod(new.metadata.name, new)
         elif kind == "Node":
             assert isinstance(new, pb.Node)
             self.allocation.on_node(new.metadata.name, new)
@@ -476,7 +411,6 @@ class NodeShuffler:
 
     def _on_delete(self, kind: str, obj: Message) -> None:
         if kind == "Pod":
-            self.allocation.on_pod(obj.metadata.name, None)  # type: ignore[attr-defined]
             self.room.on_pod(obj.metadata.name, None)  # type: ignore[attr-defined]
         elif kind == "Node":
             self._node_events += 1

@@ -1,137 +1,22 @@
 """Logical queues: how pending units are ordered within a queue (a queue's :class:`SortPolicy`:
 FIFO, Priority), which queue dispatches next (the dispatcher's :class:`Fairness`: round-robin,
-DRF, FairShare), and the quantity arithmetic of quotas (``quota_excess``, min and borrowed).
+DRF, FairShare), and the quota arithmetic over ``placement.resources.Quantities``
+(``quota_excess``, min and borrowed).
 
 Plain synchronous functions over integers; the ``UnitQueue`` applies them in its round.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Protocol
 
 from placement.nodeinfo import GUARANTEED
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 
 SortKey = tuple[int, ...]
-
-
-@dataclass(slots=True)
-class Quantities:
-    """An amount of each resource (milli-CPU, bytes, GPUs, pod slots, extended), mutable so
-    usage can be kept incrementally."""
-
-    cpu: int = 0
-    mem: int = 0
-    gpus: int = 0
-    pods: int = 0
-    extended: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def of_pod_request(cls, requests: pb.Resources, count: int = 1) -> Quantities:
-        """``count`` pods' requests; each pod takes one pod slot."""
-        return cls(
-            requests.milli_cpu * count,
-            requests.memory_bytes * count,
-            requests.gpus * count,
-            count,
-            # Iterating a protobuf map costs even when empty; most pods ask for no extended
-            # resource, and this runs a few times per unit.
-            {k: v * count for k, v in requests.extended.items()} if requests.extended else {},
-        )
-
-    @staticmethod
-    def shared_request(requests: pb.Resources) -> Quantities:
-        """One pod's requests as an instance shared by every pod asking the same (a job's
-        pods): for what is held per bound pod. Never mutate it; ``copy()`` it first."""
-        extended = tuple(sorted(requests.extended.items())) if requests.extended else ()
-        return _shared_request(requests.milli_cpu, requests.memory_bytes, requests.gpus, extended)
-
-    def add(self, other: Quantities, sign: int = 1) -> None:
-        self.cpu += sign * other.cpu
-        self.mem += sign * other.mem
-        self.gpus += sign * other.gpus
-        self.pods += sign * other.pods
-        for k, v in other.extended.items():
-            total = self.extended.get(k, 0) + sign * v
-            if total:
-                self.extended[k] = total
-            else:
-                self.extended.pop(k, None)
-
-    def as_resources(self) -> pb.Resources:
-        return pb.Resources(
-            milli_cpu=self.cpu,
-            memory_bytes=self.mem,
-            gpus=self.gpus,
-            pods=self.pods,
-            extended=self.extended,
-        )
-
-    def is_zero(self) -> bool:
-        return not (self.cpu or self.mem or self.gpus or self.pods or self.extended)
-
-    def copy(self) -> Quantities:
-        return Quantities(self.cpu, self.mem, self.gpus, self.pods, dict(self.extended))
-
-    @classmethod
-    def of(cls, resources: pb.Resources) -> Quantities:
-        return cls(
-            resources.milli_cpu,
-            resources.memory_bytes,
-            resources.gpus,
-            resources.pods,
-            dict(resources.extended),
-        )
-
-    def items(self) -> list[tuple[str, int]]:
-        """(resource name, amount) for every resource, as ``quota_excess`` names them."""
-        return [
-            ("cpu", self.cpu),
-            ("memory", self.mem),
-            ("gpus", self.gpus),
-            ("pods", self.pods),
-            *sorted(self.extended.items()),
-        ]
-
-    def fits_in(self, room: Quantities) -> bool:
-        """Whether every resource of this amount is within ``room``."""
-        if not self.extended:  # the common case, compared directly (a few times per unit)
-            return (
-                (self.cpu <= 0 or self.cpu <= room.cpu)
-                and (self.mem <= 0 or self.mem <= room.mem)
-                and (self.gpus <= 0 or self.gpus <= room.gpus)
-                and (self.pods <= 0 or self.pods <= room.pods)
-            )
-        have = dict(room.items())
-        return all(amount <= have.get(name, 0) for name, amount in self.items() if amount > 0)
-
-    def beyond(self, floor: Quantities) -> Quantities:
-        """Per resource, what exceeds ``floor`` (never negative): usage beyond a queue's min is
-        borrowed."""
-        out = Quantities(
-            max(0, self.cpu - floor.cpu),
-            max(0, self.mem - floor.mem),
-            max(0, self.gpus - floor.gpus),
-            max(0, self.pods - floor.pods),
-        )
-        for name, amount in self.extended.items():
-            extra = amount - floor.extended.get(name, 0)
-            if extra > 0:
-                out.extended[name] = extra
-        return out
-
-    def capped_by(self, cap: Quantities) -> Quantities:
-        """Per resource, the smaller of the two (extended resources of this amount only)."""
-        return Quantities(
-            min(self.cpu, cap.cpu),
-            min(self.mem, cap.mem),
-            min(self.gpus, cap.gpus),
-            min(self.pods, cap.pods),
-            {k: min(v, cap.extended.get(k, 0)) for k, v in self.extended.items()},
-        )
 
 
 def borrowed(used: Quantities, floor: Quantities) -> Quantities:
@@ -332,10 +217,3 @@ def turn_key(load: QueueLoad, capacity: Quantities, fairness: Fairness) -> tuple
 def next_queue(loads: list[QueueLoad], capacity: Quantities, fairness: Fairness) -> str:
     """The queue of ``loads`` that dispatches next: the smallest ``turn_key``."""
     return min(loads, key=lambda load: turn_key(load, capacity, fairness)).name
-
-
-@functools.lru_cache(maxsize=4096)
-def _shared_request(
-    cpu: int, mem: int, gpus: int, extended: tuple[tuple[str, int], ...]
-) -> Quantities:
-    return Quantities(cpu, mem, gpus, 1, dict(extended))

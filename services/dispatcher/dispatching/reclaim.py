@@ -23,9 +23,10 @@ import structlog
 
 from placement.budgets import BudgetTracker
 from placement.nodeinfo import GUARANTEED
+from placement.resources import Quantities
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatching.queueing import Quantities, borrowed, within_borrowed
+from services.dispatcher.dispatching.queueing import borrowed, within_borrowed
 from services.dispatcher.dispatching.unitqueue import Claim, UnitQueue
 from services.eviction import RECLAIMED
 from services.peers.binder import BinderEvictor, EvictError

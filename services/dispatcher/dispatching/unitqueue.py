@@ -20,12 +20,13 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from placement.claims import holds_claim
-from placement.nodeinfo import GUARANTEED, POOLS, pool_of
+from placement.nodeinfo import GUARANTEED, pool_of
+from placement.resources import Quantities
+from placement.room import PoolRoom
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.queueing import (
     Fairness,
     PendingUnit,
-    Quantities,
     QueueLoad,
     RoundRobin,
     SortKey,
@@ -218,13 +219,12 @@ class UnitQueue:
         # Per queue: requests of bound pods holding a claim, and of dispatched units.
         self._usage: dict[str, Quantities] = {}
         self._inflight: dict[str, Quantities] = {}
-        # Per pool: the same summed over queues (what the cluster's free room is taken by).
-        self._pool_used: dict[str, Quantities] = {pool: Quantities() for pool in POOLS}
-        # Per pod holding a claim: what it counts for, so removals are exact.
-        self._claimed: dict[str, Claim] = {}
-        # Per node (ready and schedulable): what it offers per pool, and the sums.
-        self._nodes: dict[str, dict[str, Quantities]] = {}
-        self._capacity: dict[str, Quantities] = {pool: Quantities() for pool in POOLS}
+        # The cluster's room per pool (placement.room): what the nodes (ready, schedulable)
+        # offer, minus the claims (its ``Claim`` per pod holding one, also what quota and
+        # reclaim read: one record per bound pod, and removals are exact) and the dispatched
+        # units' requests (held until their attempt ends). Totals only: the queue judges the
+        # cluster as a whole (the shards judge the nodes), so no sum per node.
+        self._room: PoolRoom[Claim] = PoolRoom()
         # What queues below their min are owed, as the current round started (``owed``).
         self._round_owed: dict[str, Quantities] = {}
         # A claim was released since the last round (room freed), and whether the last round
@@ -252,9 +252,8 @@ class UnitQueue:
         name = pod.metadata.name
         if holds_claim(pod):
             claim = Claim.of(pod)
-            self._claimed[claim.name] = claim
+            self._room.claim(claim.name, claim)
             self._usage.setdefault(claim.queue, Quantities()).add(claim.requests)
-            self._pool_used[claim.pool].add(claim.requests)
         if not is_pending(pod):
             return False
         entry = self.units.get(pod.spec.job)
@@ -281,10 +280,9 @@ class UnitQueue:
         """Undo ``add_pod`` (the unit itself stays until ``drop_if_empty``, so an update —
         remove then add — keeps its state). True if the pod held a claim."""
         name = pod.metadata.name
-        claim = self._claimed.pop(name, None)
+        claim = self._room.release(name)
         if claim is not None:
             self._usage[claim.queue].add(claim.requests, -1)
-            self._pool_used[claim.pool].add(claim.requests, -1)
             self._room_freed = True
         entry = self.units.get(pod.spec.job)
         if entry is not None and entry.pods.pop(name, None) is not None:
@@ -295,7 +293,7 @@ class UnitQueue:
         return claim is not None
 
     def holds_claim(self, pod: str) -> bool:
-        return pod in self._claimed
+        return self._room.holds(pod)
 
     def drop_if_empty(self, job: str) -> None:
         # A dispatched unit stays tracked until its shard reports on it (it counts as load).
@@ -612,24 +610,15 @@ class UnitQueue:
 
     def set_node(self, name: str, offered: dict[str, Quantities] | None) -> None:
         """A node's capacity per pool (None: the node is gone, not ready or unschedulable)."""
-        old = self._nodes.pop(name, None)
-        if old is not None:
-            for pool, amount in old.items():
-                self._capacity[pool].add(amount, -1)
-        if offered is not None:
-            self._nodes[name] = offered
-            for pool, amount in offered.items():
-                self._capacity[pool].add(amount)
+        self._room.set_node(name, offered)
 
     def capacity(self, pool: str = GUARANTEED) -> Quantities:
-        return self._capacity[pool]
+        return self._room.capacity(pool)
 
     def free(self, pool: str) -> Quantities:
         """The pool's room left in the cluster as a whole: capacity minus every queue's bound
         and dispatched requests (fragmentation aside: the shards judge the nodes)."""
-        free = self._capacity[pool].copy()
-        free.add(self._pool_used[pool], -1)
-        return free
+        return self._room.free(pool)
 
     def dispatched(self, entry: UnitEntry, shard: str, unit: PendingUnit) -> None:
         """The unit went to ``shard``: its requests count against the quota until it ends."""
@@ -638,13 +627,13 @@ class UnitQueue:
         entry.reserved = unit.requests
         entry.reserved_pool = unit.pool
         self._inflight.setdefault(entry.queue, Quantities()).add(unit.requests)
-        self._pool_used[unit.pool].add(unit.requests)
+        self._room.hold(unit.pool, unit.requests)
 
     def release(self, entry: UnitEntry) -> None:
         """The dispatched attempt ended (or its shard is gone): return the reserved quota."""
         if entry.reserved is not None:
             self._inflight[entry.queue].add(entry.reserved, -1)
-            self._pool_used[entry.reserved_pool].add(entry.reserved, -1)
+            self._room.hold(entry.reserved_pool, entry.reserved, -1)
             entry.reserved = None
         entry.shard = ""
 
@@ -719,7 +708,7 @@ class UnitQueue:
     def _turn_key(self, queue: str) -> tuple[Fraction, str]:
         """Where ``queue`` stands for its next turn (``queueing.turn_key``)."""
         load = QueueLoad(queue, self.used(queue), self.weight(queue))
-        return turn_key(load, self._capacity[GUARANTEED], self.fairness)
+        return turn_key(load, self._room.capacity(GUARANTEED), self.fairness)
 
     def _wake_for_freed_room(self) -> None:
         """Room freed: the backed-off units of the queue with the smallest share try again now
@@ -730,7 +719,7 @@ class UnitQueue:
         if not waiting:
             return
         loads = [QueueLoad(q, self.used(q), self.weight(q)) for q in waiting]
-        queue = next_queue(loads, self._capacity[GUARANTEED], self.fairness)
+        queue = next_queue(loads, self._room.capacity(GUARANTEED), self.fairness)
         heap = self._backed_off[queue]
         woken = 0
         while heap and woken < MAX_HELD_PER_ROUND:
@@ -825,7 +814,7 @@ class UnitQueue:
 
     def claims(self) -> list[Claim]:
         """Every bound or running pod with the queue it counts for."""
-        return list(self._claimed.values())
+        return list(self._room.claims())
 
     def pending_pods(self) -> dict[str, int]:
         """Per queue, its pending pods (what admission limits count)."""
@@ -843,7 +832,7 @@ class UnitQueue:
             queue: pb.QueueStatus(pending_units=units, pending_pods=self._pending[queue])
             for queue, units in self._pending_units.items()
         }
-        capacity = self._capacity[GUARANTEED]
+        capacity = self._room.capacity(GUARANTEED)
         for queue, used in self._usage.items():
             if used.is_zero():  # left unset, it equals the stored status of an idle queue
                 continue
