@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import time
 from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -186,6 +187,25 @@ class _Template:
     parked: set[str] = field(default_factory=set)
 
 
+def run_steps(
+    steps: Generator[None, None, UnitResult], until: float = math.inf
+) -> UnitResult | None:
+    """Drive a search's steps (``UnitScheduler.steps``): its result once it ends, or None when
+    ``time.monotonic()`` reached ``until`` first (call again to go on). A service gives the
+    event loop a turn between calls; ``UnitScheduler.schedule`` runs it to the end at once."""
+    try:
+        if until == math.inf:
+            while True:
+                next(steps)
+        while True:
+            next(steps)
+            if time.monotonic() >= until:
+                return None
+    except StopIteration as done:
+        result: UnitResult = done.value
+        return result
+
+
 class UnitScheduler:
     def __init__(
         self,
@@ -245,13 +265,9 @@ class UnitScheduler:
         """Place the unit's pods, or none of them if fewer than ``unit.needed`` fit. Placements
         are assumed into ``snapshot`` (so no node is over-committed within the cycle) and kept
         there only on success."""
-        steps = self.steps(unit, snapshot)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                result: UnitResult = done.value
-                return result
+        result = run_steps(self.steps(unit, snapshot))
+        assert result is not None  # no deadline: run to the end
+        return result
 
     def steps(self, unit: UnitInfo, snapshot: Snapshot) -> Generator[None, None, UnitResult]:
         """:meth:`schedule`, yielding after each pod; returns the result."""
