@@ -44,6 +44,7 @@ from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 from placement.nodeinfo import NodeInfo
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
+from placement.scan import partition_first, rotated
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -206,6 +207,90 @@ def run_steps(
         return result
 
 
+class _UnitRun:
+    """One unit's pass over one node group (``UnitScheduler._schedule_in``): what its pods'
+    cycles share, and what they placed so far. Written out rather than a dataclass: one is made
+    per unit, and a stream of one-pod jobs makes thousands a second (a dataclass's default
+    factories cost five times the literals)."""
+
+    __slots__ = (
+        "all_unresolvable",
+        "allowed_failures",
+        "changed",
+        "labels",
+        "limit",
+        "needed",
+        "now_ms",
+        "numa",
+        "placements",
+        "preempted",
+        "preferred",
+        "recommended",
+        "result",
+        "segments",
+        "snapshot",
+        "templates",
+        "total_nodes",
+        "unit",
+        "unplaced",
+        "use_cache",
+        "within",
+    )
+
+    def __init__(
+        self,
+        config: SearchConfig,
+        unit: UnitInfo,
+        snapshot: Snapshot,
+        segments: list[list[NodeInfo]],
+        labels: NodeLabels | None,
+        result: UnitResult,
+        within: set[str] | None,
+    ) -> None:
+        self.unit = unit
+        self.needed = needed = unit.needed  # placements for the unit to succeed (min-member)
+        self.snapshot = snapshot
+        self.segments = segments
+        self.labels = labels  # for PreFilters; None: a node group (already narrowed)
+        self.result = result
+        self.within = within  # a grouped unit takes recommendations only inside its group
+        self.total_nodes = total_nodes = sum(len(s) for s in segments)
+        # Feasible nodes a scan looks for.
+        if config.mode == "kube":
+            self.limit = num_feasible_nodes_to_find(
+                total_nodes, config.percentage_of_nodes_to_score, config.min_feasible_nodes
+            )
+        elif config.feasible_cache or unit.min_member > 1:
+            # With the cache one scan serves every pod of a template, so it must find a node
+            # for each of them.
+            self.limit = min(total_nodes, len(unit.pods) + config.scan_extra)
+        else:
+            # Without it every pod scans anew, for ``AllMember + scan_extra`` as Gödel does:
+            # all the unit's pods for a gang, one for a unit placed independently.
+            self.limit = min(total_nodes, 1 + config.scan_extra)
+        self.use_cache = config.mode == "godel" and config.feasible_cache
+        self.now_ms = int(time.time() * 1000)
+        # Pods that may go unplaced before the rest are skipped: an independent unit's pods
+        # never skip, each is placed or not on its own.
+        pods = len(unit.pods)
+        self.allowed_failures = pods if unit.independent else pods - needed
+        # Recommendations by node (in first-mention order), each with the tags still open.
+        preferred: dict[str, list[str]] = {}
+        for recommended_node, tag in unit.preferred:
+            preferred.setdefault(recommended_node, []).append(tag)
+        self.preferred = preferred
+        self.templates: dict[bytes, _Template] = {}
+        self.placements: list[tuple[PodInfo, str]] = []
+        self.preempted: dict[str, Preempted] = {}  # pod -> its node and victims
+        self.unplaced: dict[str, str] = {}  # pod -> why
+        self.recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
+        self.numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
+        # Nodes changed by placements outside a template's own bookkeeping (recommendations):
+        # a cached candidate among them is re-checked before it is taken.
+        self.changed: set[str] = set()
+        self.all_unresolvable = True
+
+
 class UnitScheduler:
     def __init__(
         self,
@@ -217,6 +302,7 @@ class UnitScheduler:
         self.config = config or SearchConfig()
         # The PostFilter; None (or a profile with preemption off): pods that fit nowhere wait.
         self.preemption = preemption if framework.profile.preemption else None
+        self._topology_plugins = bool(framework.topology)
         self.partition: frozenset[str] = frozenset()
         self._offset = 0
         self._seq = 0
@@ -240,9 +326,7 @@ class UnitScheduler:
             snapshot.changed_since(self._segments_version) if key == self._segments_key else None
         )
         if changed is None:
-            inside = [n for n in snapshot.nodes if n.name in self.partition]
-            outside = [n for n in snapshot.nodes if n.name not in self.partition]
-            self._segments = [s for s in (inside, outside) if s]
+            self._segments = partition_first(snapshot.nodes, self.partition)
             self._segments_at = {
                 n.name: (k, i) for k, seg in enumerate(self._segments) for i, n in enumerate(seg)
             }
@@ -322,13 +406,13 @@ class UnitScheduler:
         infos = snapshot.infos
         nodes = [infos[name] for name in sorted(found.nodes) if name in infos]
         if self.partition:
-            inside = [n for n in nodes if n.name in self.partition]
-            outside = [n for n in nodes if n.name not in self.partition]
-            segments = [s for s in (inside, outside) if s]
+            segments = partition_first(nodes, self.partition)
         else:
             segments = [nodes] if nodes else []
         skipped = total - len(nodes)
         return segments, ({found.reason: skipped} if skipped else {})
+
+    # -- one unit over one node group: the pods' scheduling cycles ----------------------------
 
     def _schedule_in(
         self,
@@ -339,201 +423,236 @@ class UnitScheduler:
         result: UnitResult,
         within: set[str] | None = None,
     ) -> Generator[None, None, None]:
-        needed = unit.needed
-        total_nodes = sum(len(s) for s in segments)
-        if self.config.mode == "kube":
-            limit = num_feasible_nodes_to_find(
-                total_nodes,
-                self.config.percentage_of_nodes_to_score,
-                self.config.min_feasible_nodes,
-            )
-        else:
-            limit = min(total_nodes, self._godel_scan(unit))
-        use_cache = self.config.mode == "godel" and self.config.feasible_cache
-        templates: dict[bytes, _Template] = {}
-        placements: list[tuple[PodInfo, str]] = []
-        preempted: dict[str, Preempted] = {}  # pod -> its node and victims
-        now_ms = int(time.time() * 1000)
-        unplaced: dict[str, str] = {}
-        diagnosed = result.diagnoses  # pod -> its Diagnosis, beside `unplaced`
-        all_unresolvable = True
-        independent = unit.independent
-        # An independent unit's pods never skip: each is placed or not on its own.
-        allowed_failures = len(unit.pods) if independent else len(unit.pods) - needed
-        # Recommendations by node (in first-mention order), each with the tags still open.
-        preferred: dict[str, list[str]] = {}
-        for recommended_node, tag in unit.preferred:
-            preferred.setdefault(recommended_node, []).append(tag)
-        recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
-        numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
-        # Nodes changed by placements outside a template's own bookkeeping (recommendations):
-        # a cached candidate among them is re-checked before it is taken.
-        changed: set[str] = set()
-        framework = self.framework
-        topology_plugins = bool(framework.topology)
+        """Each pod through its cycle (``_schedule_pod``), yielding before each; then the unit's
+        min-member verdict: its placements kept (``_keep_unit``) or all undone (``_undo_unit``)."""
+        run = _UnitRun(self.config, unit, snapshot, segments, labels, result, within)
+        unplaced, allowed_failures = run.unplaced, run.allowed_failures
         for pod in unit.pods:
             yield
             if len(unplaced) > allowed_failures:
                 unplaced[pod.name] = "skipped: the unit cannot reach min_member"
                 continue
-            # A pod with pod affinity, anti-affinity or spread constraints (or that an existing
-            # pod's anti-affinity concerns) reads the counts as the unit's earlier placements left
-            # them. Its template's cache is kept apart (``shape``) and brought up to the counts
-            # before each pod (``_refresh``): a placement moves only its node's domains.
-            topo = (
-                topology_plugins
-                and (pod.has_topology or snapshot.topology.has_anti)
-                and framework.prepare(pod, snapshot.pod_counts())
-            )
-            if not topo:
-                pod.topology = None
-            shape = None
-            if topo:
-                keys, every = framework.topology_shape(pod)
-                shape = (keys, (every, snapshot.topology.relabels))
-            pod_cache = use_cache
-            if preferred:
-                taken = self._take_recommended(pod, snapshot, preferred, within)
-                if taken is not None:
-                    target, recommended[pod.name] = taken
-                    self._assume(pod, snapshot, target, numa)
-                    placements.append((pod, target))
-                    changed.add(target)
-                    all_unresolvable = False
-                    continue
-            tmpl = None if topo and not use_cache else templates.get(pod.template_key)
-            if tmpl is not None and (
-                (tmpl.shape is None) != (shape is None)  # a topology rule came or went
-                # A topology failure holds only while nothing changed: others' placements
-                # move counts (a spread's minimum rises).
-                or (tmpl.shape is not None and tmpl.failure and tmpl.version != snapshot.version)
-            ):
-                tmpl = None
-            if tmpl is None and pod_cache and labels is not None:
-                tmpl = self._reuse(pod, snapshot, shape)
-                if tmpl is not None:
-                    templates[pod.template_key] = tmpl
-            if tmpl is None:
-                tmpl = _Template(shape=shape)
-                if not topo or use_cache:
-                    templates[pod.template_key] = tmpl
-                narrowed = labels and self._narrow(pod, snapshot, labels, total_nodes)
-                if narrowed:
-                    tmpl.segments, tmpl.skipped = narrowed
-                elif pod_cache and labels is not None and shape is None:
-                    self._since_no_fit(pod, snapshot, tmpl)
-            if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
-                if tmpl.unresolvable:
-                    unplaced[pod.name] = tmpl.failure
-                    _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
-                    if independent and not topo:
-                        result.infeasible_pods.add(pod.name)
-                elif self._preempt(
-                    pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa, diagnosed
-                ):
-                    placements.append((pod, preempted[pod.name].node))
-                continue
-            if shape is not None and pod_cache and tmpl.live:
+            self._schedule_pod(run, pod)
+        if unit.independent or (len(run.placements) >= run.needed and run.placements):
+            self._keep_unit(run)
+        else:
+            self._undo_unit(run)
+
+    def _schedule_pod(self, run: _UnitRun, pod: PodInfo) -> None:
+        """One pod's cycle, as kube-scheduler's reads: PreFilter (the topology counts, the
+        template's candidates), Select the best candidate the template's cache holds, or Filter
+        and Score a fresh scan first (``_scan``); Reserve it (assume). PostFilter (preemption)
+        when nothing fits."""
+        snapshot = run.snapshot
+        shape = None
+        if self._topology_plugins and (pod.has_topology or snapshot.topology.has_anti):
+            shape = self._prefilter_topology(pod, snapshot)
+        else:
+            pod.topology = None  # no topology rule concerns it: no counts to read
+        if run.preferred and self._place_recommended(run, pod):
+            return
+        tmpl = self._template(run, pod, shape)
+        if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
+            self._post_filter(run, pod, tmpl, shape is not None)
+            return
+        node = None
+        if run.use_cache:
+            if shape is not None and tmpl.live:
                 self._refresh(tmpl, pod, shape, snapshot)
-            node = self._take(tmpl, pod, snapshot, changed) if pod_cache else None
+            node = self._take(tmpl, pod, snapshot, run.changed)
+        if node is None:
+            node = self._scan(run, pod, tmpl, shape)
             if node is None:
-                # A topology template scans one node and the usual margin at a time: its
-                # candidates are re-checked as counts move, a long list would cost more there.
-                pod_limit = min(limit, 1 + self.config.scan_extra) if topo and use_cache else limit
-                if shape is not None:  # what the fresh candidates are judged by
-                    tmpl.shape, tmpl.token, tmpl.version = shape, snapshot.token, snapshot.version
-                found, unresolvable = self._scan(
-                    pod, segments, pod_limit, total_nodes, tmpl, result, snapshot
-                )
-                if not found:
-                    tmpl.unresolvable = unresolvable
-                    if pod_cache and labels is not None and not tmpl.skipped and shape is None:
-                        self._remember_no_fit(pod, snapshot, tmpl)
-                    unresolvable = tmpl.unresolvable
-                    # Pods bound or gone elsewhere can lift a topology rule: such a unit is
-                    # unschedulable (retried after a backoff), never infeasible (parked until a
-                    # node changes); preemption still does not try (the failure is unresolvable).
-                    all_unresolvable = all_unresolvable and unresolvable and not topo
-                    if unresolvable:  # no eviction can change taints, affinity or cordons
-                        unplaced[pod.name] = tmpl.failure
-                        _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
-                        if independent and not topo:
-                            result.infeasible_pods.add(pod.name)
-                    elif self._preempt(
-                        pod,
-                        snapshot,
-                        segments,
-                        tmpl,
-                        preempted,
-                        now_ms,
-                        unplaced,
-                        numa,
-                        diagnosed,
-                    ):
-                        placements.append((pod, preempted[pod.name].node))
-                    continue
-                all_unresolvable = False
-                node = self._take(tmpl, pod, snapshot, changed)
-                assert node is not None
-            info = snapshot.infos[node]
-            self._assume(pod, snapshot, node, numa)
-            placements.append((pod, node))
-            if pod_cache and shape is not None:
-                # Kept as a candidate: the next pod's refresh re-checks it with the new counts.
-                tmpl.live[node] = -1
-            elif pod_cache and self.framework.run_filters(pod, info) is None:
-                # Only the chosen node changed: re-check and re-score it alone.
-                self._push(tmpl, node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
-            if not pod_cache:
-                tmpl.heap.clear()
-                tmpl.live.clear()
-        if independent or (len(placements) >= needed and placements):
-            # An independent unit succeeds whatever fits: its pods' own reasons stay theirs.
-            result.success = True
-            result.placements = [
-                Placement(
-                    p.name,
-                    p.resource_version,
-                    n,
-                    _victims(preempted.get(p.name)),
-                    recommended.get(p.name, ""),
-                    numa.get(p.name, ()),
-                )
-                for p, n in placements
-            ]
-            result.unplaced = unplaced
-            result.reason = ""
+                return
+        self._reserve(run, pod, tmpl, node, shape)
+
+    def _scan(
+        self,
+        run: _UnitRun,
+        pod: PodInfo,
+        tmpl: _Template,
+        shape: tuple[frozenset[str], Hashable] | None,
+    ) -> str | None:
+        """Filter nodes, Score the feasible ones into the template's cache and Select the
+        best; None when no node fits (the PostFilter has had its turn)."""
+        snapshot = run.snapshot
+        # A topology template scans one node and the usual margin at a time: its candidates
+        # are re-checked as counts move, a long list would cost more there.
+        limit = run.limit
+        if shape is not None:
+            if run.use_cache:
+                limit = min(limit, 1 + self.config.scan_extra)
+            # What the fresh candidates are judged by.
+            tmpl.shape, tmpl.token, tmpl.version = shape, snapshot.token, snapshot.version
+        feasible, unresolvable = self._filter(pod, run, limit, tmpl)
+        if not feasible:
+            self._no_feasible_node(run, pod, tmpl, unresolvable, shape is not None)
+            return None
+        run.all_unresolvable = False
+        self._score(pod, feasible, tmpl, snapshot)
+        node = self._take(tmpl, pod, snapshot, run.changed)
+        assert node is not None
+        return node
+
+    def _prefilter_topology(
+        self, pod: PodInfo, snapshot: Snapshot
+    ) -> tuple[frozenset[str], Hashable] | None:
+        """Called for a pod with pod affinity, anti-affinity or spread constraints (or that an
+        existing pod's anti-affinity may concern): it reads the counts as the unit's earlier placements left
+        them. Its template's cache is kept apart by this shape (None: no topology rule concerns
+        the pod) and brought up to the counts before each pod (``_refresh``): a placement moves
+        only its node's domains."""
+        framework = self.framework
+        if framework.prepare(pod, snapshot.pod_counts()):
+            keys, every = framework.topology_shape(pod)
+            return keys, (every, snapshot.topology.relabels)
+        return None  # prepare() left pod.topology None
+
+    def _place_recommended(self, run: _UnitRun, pod: PodInfo) -> bool:
+        """Place ``pod`` on a node a Movement recommended, if one fits."""
+        taken = self._take_recommended(pod, run.snapshot, run.preferred, run.within)
+        if taken is None:
+            return False
+        target, run.recommended[pod.name] = taken
+        self._assume(pod, run.snapshot, target, run.numa)
+        run.placements.append((pod, target))
+        run.changed.add(target)
+        run.all_unresolvable = False
+        return True
+
+    def _template(
+        self, run: _UnitRun, pod: PodInfo, shape: tuple[frozenset[str], Hashable] | None
+    ) -> _Template:
+        """The feasible-node cache ``pod``'s template uses in this unit: the unit's own, an
+        earlier unit's brought up to the snapshot (``_reuse``), or a fresh one (narrowed by a
+        PreFilter, or scanning only the nodes changed since the template last fit nowhere)."""
+        topo, use_cache, labels = shape is not None, run.use_cache, run.labels
+        key = pod.template_key
+        tmpl = None if topo and not use_cache else run.templates.get(key)
+        if tmpl is not None and (
+            (tmpl.shape is None) != (shape is None)  # a topology rule came or went
+            # A topology failure holds only while nothing changed: others' placements
+            # move counts (a spread's minimum rises).
+            or (tmpl.shape is not None and tmpl.failure and tmpl.version != run.snapshot.version)
+        ):
+            tmpl = None
+        if tmpl is None and use_cache and labels is not None:
+            tmpl = self._reuse(pod, run.snapshot, shape)
+            if tmpl is not None:
+                run.templates[key] = tmpl
+        if tmpl is None:
+            tmpl = _Template(shape=shape)
+            if not topo or use_cache:
+                run.templates[key] = tmpl
+            narrowed = labels and self._narrow(pod, run.snapshot, labels, run.total_nodes)
+            if narrowed:
+                tmpl.segments, tmpl.skipped = narrowed
+            elif use_cache and labels is not None and shape is None:
+                self._since_no_fit(pod, run.snapshot, tmpl)
+        return tmpl
+
+    def _no_feasible_node(
+        self, run: _UnitRun, pod: PodInfo, tmpl: _Template, unresolvable: bool, topo: bool
+    ) -> None:
+        """A fresh scan found no node for ``pod``: the template's failure is remembered (its
+        siblings, and the next units of the template, start from it) and ``pod`` goes to the
+        PostFilter."""
+        tmpl.unresolvable = unresolvable
+        if run.use_cache and run.labels is not None and not tmpl.skipped and not topo:
+            self._remember_no_fit(pod, run.snapshot, tmpl)
+        # Pods bound or gone elsewhere can lift a topology rule: such a unit is unschedulable
+        # (retried after a backoff), never infeasible (parked until a node changes);
+        # preemption still does not try (the failure is unresolvable).
+        run.all_unresolvable = run.all_unresolvable and tmpl.unresolvable and not topo
+        self._post_filter(run, pod, tmpl, topo)
+
+    def _post_filter(self, run: _UnitRun, pod: PodInfo, tmpl: _Template, topo: bool) -> None:
+        """No node fits ``pod``: preemption when an eviction can help, else its reason."""
+        if tmpl.unresolvable:  # no eviction can change taints, affinity or cordons
+            run.unplaced[pod.name] = tmpl.failure
+            _diagnosed(run.result.diagnoses, pod.name, tmpl.diagnosis)
+            if run.unit.independent and not topo:
+                run.result.infeasible_pods.add(pod.name)
+        elif self._preempt(pod, run, tmpl):
+            run.placements.append((pod, run.preempted[pod.name].node))
+
+    def _reserve(
+        self,
+        run: _UnitRun,
+        pod: PodInfo,
+        tmpl: _Template,
+        node: str,
+        shape: tuple[frozenset[str], Hashable] | None,
+    ) -> None:
+        """Assume ``pod`` on the selected ``node``; only that node changed, so only it is
+        re-checked and re-scored in the template's cache."""
+        snapshot = run.snapshot
+        info = snapshot.infos[node]
+        self._assume(pod, snapshot, node, run.numa)
+        run.placements.append((pod, node))
+        if not run.use_cache:
+            tmpl.heap.clear()
+            tmpl.live.clear()
+        elif shape is not None:
+            # Kept as a candidate: the next pod's refresh re-checks it with the new counts.
+            tmpl.live[node] = -1
+        elif self.framework.run_filters(pod, info) is None:
+            self._push(tmpl, node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
+
+    def _keep_unit(self, run: _UnitRun) -> None:
+        """The unit succeeds (an independent one whatever fits: its pods' own reasons stay
+        theirs): its placements stand."""
+        result, unplaced, diagnosed = run.result, run.unplaced, run.result.diagnoses
+        preempted, recommended, numa = run.preempted, run.recommended, run.numa
+        result.success = True
+        result.placements = [
+            Placement(
+                p.name,
+                p.resource_version,
+                n,
+                [v.name for v in preempted[p.name].victims] if p.name in preempted else [],
+                recommended.get(p.name, ""),
+                numa.get(p.name, ()),
+            )
+            for p, n in run.placements
+        ]
+        result.unplaced = unplaced
+        result.reason = ""
+        if diagnosed:
             for name in set(diagnosed) - set(unplaced):
                 del diagnosed[name]
-            if use_cache and labels is not None:
-                self._keep(templates, snapshot)
-            return
-        for pod, node in placements:
-            place = preempted.get(pod.name)
+        if run.use_cache and run.labels is not None:
+            self._keep(run.templates, run.snapshot)
+
+    def _undo_unit(self, run: _UnitRun) -> None:
+        """Fewer than ``needed`` pods fit: every placement is undone (a gang preempts as a
+        unit, or not at all) and every pod gets the first pod's reason."""
+        snapshot, result, unplaced = run.snapshot, run.result, run.unplaced
+        needed, placed, diagnosed = run.needed, len(run.placements), result.diagnoses
+        for pod, node in run.placements:
+            place = run.preempted.get(pod.name)
             if place is not None:
-                undo(snapshot, pod.name, place)  # the gang preempts as a unit, or not at all
+                undo(snapshot, pod.name, place)
             else:
                 snapshot.forget(pod.name, node)
-        if use_cache and labels is not None:
-            self._keep(templates, snapshot)
+        if run.use_cache and run.labels is not None:
+            self._keep(run.templates, snapshot)
         result.placements = []
         first = next(iter(unplaced.values()), "")
         # The node summary first: it is what `godel explain` leads with.
         result.reason = (
-            f"{first}; min_member needs {needed} pod(s) placed, {len(placements)} fit"
+            f"{first}; min_member needs {needed} pod(s) placed, {placed} fit"
             if needed > 1
             else first
         )
-        result.unplaced = {p.name: result.reason for p in unit.pods}
+        result.unplaced = {p.name: result.reason for p in run.unit.pods}
         first_diagnosis = next((diagnosed[p] for p in unplaced if p in diagnosed), None)
         diagnosed.clear()
         if first_diagnosis is not None:
             if needed > 1:
-                first_diagnosis = replace(
-                    first_diagnosis, gang_needed=needed, gang_placed=len(placements)
-                )
+                first_diagnosis = replace(first_diagnosis, gang_needed=needed, gang_placed=placed)
             diagnosed.update(dict.fromkeys(result.unplaced, first_diagnosis))
-        result.infeasible = bool(unplaced) and all_unresolvable and not placements
+        result.infeasible = bool(unplaced) and run.all_unresolvable and not placed
 
     def _keep(self, templates: dict[bytes, _Template], snapshot: Snapshot) -> None:
         """Keep the unit's feasible-node caches for the next units of the same templates (a
@@ -731,20 +850,10 @@ class UnitScheduler:
             snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable, tmpl.diagnosis
         )
 
-    def _preempt(
-        self,
-        pod: PodInfo,
-        snapshot: Snapshot,
-        segments: list[list[NodeInfo]],
-        tmpl: _Template,
-        preempted: dict[str, Preempted],
-        now_ms: int,
-        unplaced: dict[str, str],
-        numa: dict[str, tuple[int, ...]],
-        diagnosed: dict[str, Diagnosis],
-    ) -> bool:
+    def _preempt(self, pod: PodInfo, run: _UnitRun, tmpl: _Template) -> bool:
         """The PostFilter for a pod the filters placed nowhere: True when it is assumed on a node
-        with its victims taken off; else its reason is in ``unplaced``."""
+        with its victims taken off; else its reason is in ``run.unplaced``."""
+        unplaced, diagnosed = run.unplaced, run.result.diagnoses
         if self.preemption is None or not pod.can_preempt:
             unplaced[pod.name] = tmpl.failure
             _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
@@ -753,9 +862,9 @@ class UnitScheduler:
             unplaced[pod.name] = tmpl.preemption_failure
             _diagnosed(diagnosed, pod.name, tmpl.preemption_diagnosis)
             return False
-        chosen = {v.name for place in preempted.values() for v in place.victims}
-        scan = tmpl.segments if tmpl.segments is not None else segments
-        place = self.preemption.find(pod, scan, now_ms, chosen)
+        chosen = {v.name for place in run.preempted.values() for v in place.victims}
+        scan = tmpl.segments if tmpl.segments is not None else run.segments
+        place = self.preemption.find(pod, scan, run.now_ms, chosen)
         if place is None:
             tmpl.preemption_failure = f"{tmpl.failure}; {self.preemption.why}"
             if tmpl.diagnosis is not None:
@@ -763,10 +872,10 @@ class UnitScheduler:
             unplaced[pod.name] = tmpl.preemption_failure
             _diagnosed(diagnosed, pod.name, tmpl.preemption_diagnosis)
             return False
-        req = take(snapshot, pod.req, place)
+        req = take(run.snapshot, pod.req, place)
         if req.numa_nodes:
-            numa[pod.name] = req.numa_nodes
-        preempted[pod.name] = place
+            run.numa[pod.name] = req.numa_nodes
+        run.preempted[pod.name] = place
         return True
 
     @staticmethod
@@ -779,15 +888,6 @@ class UnitScheduler:
         if req.numa_nodes:
             numa[pod.name] = req.numa_nodes
         snapshot.assume(req, node)
-
-    def _godel_scan(self, unit: UnitInfo) -> int:
-        """Feasible nodes to find per scan in Gödel mode. With the cache one scan serves every pod
-        of a template, so it must find a node for each of them. Without it every pod scans anew,
-        for ``AllMember + scan_extra`` as Gödel does: all the unit's pods for a gang, one for a
-        unit whose pods are placed independently."""
-        if self.config.feasible_cache or unit.min_member > 1:
-            return len(unit.pods) + self.config.scan_extra
-        return 1 + self.config.scan_extra
 
     # -- pod level ---------------------------------------------------------------------------
 
@@ -831,23 +931,17 @@ class UnitScheduler:
         heapq.heappush(tmpl.heap, (-score, self._seq, node))
         tmpl.live[node] = self._seq
 
-    def _scan(
-        self,
-        pod: PodInfo,
-        segments: Sequence[list[NodeInfo]],
-        limit: int,
-        total_nodes: int,
-        tmpl: _Template,
-        result: UnitResult,
-        snapshot: Snapshot,
-    ) -> tuple[bool, bool]:
-        """Filter nodes from the rotating offset until ``limit`` are feasible; score them into
-        the template's heap. Segments are scanned in order (own partition first) and a later
-        one only if the earlier ones had no feasible node. Returns (found any, every failure
-        was unresolvable)."""
+    def _filter(
+        self, pod: PodInfo, run: _UnitRun, limit: int, tmpl: _Template
+    ) -> tuple[list[NodeInfo], bool]:
+        """Filter nodes from the rotating offset until ``limit`` are feasible. Segments are
+        scanned in order (own partition first) and a later one only if the earlier ones had no
+        feasible node. Returns (the feasible nodes, every failure was unresolvable); with none,
+        the template's failure says why."""
         filters = self.framework.filters_for(pod)
         feasible: list[NodeInfo] = []
         diag = dict(tmpl.skipped)
+        segments: Sequence[list[NodeInfo]] = run.segments
         if tmpl.changed is not None:
             segments = tmpl.changed
         elif tmpl.segments is not None:
@@ -855,12 +949,7 @@ class UnitScheduler:
         unresolvable = True
         examined = 0
         for seg in segments:
-            n = len(seg)
-            if not n:
-                continue
-            start = self._offset % n
-            for i in range(n):
-                node = seg[(start + i) % n]
+            for node in rotated(seg, self._offset):
                 examined += 1
                 for f in filters:
                     status = f(pod, node)
@@ -880,21 +969,27 @@ class UnitScheduler:
             if feasible:
                 break
         self._offset += examined
-        result.examined += examined
-        result.scans += 1
+        run.result.examined += examined
+        run.result.scans += 1
         if not feasible:
-            tmpl.failure = describe(total_nodes, 0, diag)
-            tmpl.diagnosis = diagnose(total_nodes, diag)
-            return False, unresolvable
+            tmpl.failure = describe(run.total_nodes, 0, diag)
+            tmpl.diagnosis = diagnose(run.total_nodes, diag)
+            return feasible, unresolvable
+        return feasible, False
+
+    def _score(
+        self, pod: PodInfo, feasible: list[NodeInfo], tmpl: _Template, snapshot: Snapshot
+    ) -> None:
+        """Score the feasible nodes into the template's heap (the candidates ``_take`` selects
+        from), as many pods' worth as the scan found nodes."""
         if tmpl.shape is not None:
             self._scored_topology(pod, feasible, tmpl, snapshot)
-            return True, False
+            return
         static, dynamic = self.framework.score_parts(pod, feasible)
         for info, s, d in zip(feasible, static, dynamic, strict=True):
             tmpl.static[info.name] = s
             self._push(tmpl, info.name, s + d)
         tmpl.budget = len(feasible)
-        return True, False
 
     def _scored_topology(
         self, pod: PodInfo, feasible: list[NodeInfo], tmpl: _Template, snapshot: Snapshot
@@ -923,7 +1018,3 @@ class UnitScheduler:
 def _diagnosed(diagnosed: dict[str, Diagnosis], pod: str, diagnosis: Diagnosis | None) -> None:
     if diagnosis is not None:
         diagnosed[pod] = diagnosis
-
-
-def _victims(place: Preempted | None) -> list[str]:
-    return [v.name for v in place.victims] if place is not None else []
