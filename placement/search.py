@@ -12,7 +12,7 @@ re-checking and re-scoring only the cached nodes changed since (``Snapshot.chang
 for as many pods as its scan found nodes; then the template scans afresh from the rotating
 offset, so the stream spreads as the scores want instead of piling onto the first nodes found.
 Pods a topology rule concerns (inter-pod affinity, spread) keep a cache of their own, re-checked
-before each pod only where the counts moved (``_refresh``: the changed nodes, the candidates
+before each pod only where the counts moved (``_Template.refresh``: the changed nodes, the candidates
 sharing a domain with them, all of them when a global value such as a spread's minimum moved).
 A template that found no node is remembered across units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
 (``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Generator, Hashable, Sequence
@@ -53,6 +54,9 @@ Mode = Literal["godel", "kube"]
 _MAX_NO_FIT = 10_000
 # Feasible-node caches kept between units (the most recently used; forgetting one costs a scan).
 _MAX_KEPT = 1_000
+# Heap entries' sequence numbers: an entry's tie-break among equal scores (first pushed first)
+# and its identity (``_Template.live``: an entry pushed again supersedes the older one).
+_SEQUENCE = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ class _Template:
     known: _NoFit | None = None
     changed: list[list[NodeInfo]] | None = None
     # Pods a topology rule concerns (their ``Framework.topology_shape``; None: a plain
-    # template). Their candidates are brought up to the counts before each pod (``_refresh``):
+    # template). Their candidates are brought up to the counts before each pod (``refresh``):
     # the nodes changed since ``version`` of snapshot ``token`` are checked again in full, the
     # cached nodes sharing a domain of ``shape``'s keys with one of them by the topology
     # filters, and every cached node when the shape's global part moved.
@@ -186,6 +190,288 @@ class _Template:
     # Candidates only a topology rule turned away (a spread's domain at its skew): re-checked
     # with the rest, and back among the candidates when the counts allow them again.
     parked: set[str] = field(default_factory=set)
+
+    def push(self, node: str, score: int) -> None:
+        """(Re-)enter ``node`` with ``score``; an older entry of it is skipped when popped."""
+        seq = next(_SEQUENCE)
+        heapq.heappush(self.heap, (-score, seq, node))
+        self.live[node] = seq
+
+    # -- topology templates ------------------------------------------------------------------
+
+    def score_topology(
+        self, framework: Framework, pod: PodInfo, feasible: list[NodeInfo], snapshot: Snapshot
+    ) -> None:
+        """A topology template's fresh candidates: scores kept in parts (node-only normalized,
+        per-node dynamic, topology raw and normalized) so ``refresh`` can redo the moving ones."""
+        static, dynamic = framework.score_parts(pod, feasible, topology_apart=True)
+        raws = [framework.topology_raw(pod, info) for info in feasible]
+        norm = framework.topology_scores(pod, raws)
+        self.heap.clear()
+        self.live.clear()
+        self.parked.clear()
+        self.static.clear()
+        self.dynamic.clear()
+        self.raw.clear()
+        self.norm.clear()
+        for info, s, d, r, t in zip(feasible, static, dynamic, raws, norm, strict=True):
+            name = info.name
+            self.static[name], self.dynamic[name], self.raw[name], self.norm[name] = s, d, r, t
+            self.push(name, s + d + t)
+        self.budget = len(feasible)
+        self.index_domains(snapshot.infos)
+
+    def index_domains(self, infos: dict[str, NodeInfo]) -> None:
+        """The cached candidates by domain of the shape's keys."""
+        assert self.shape is not None
+        by_domain: dict[tuple[str, str], set[str]] = {}
+        self.by_domain = by_domain
+        for name in [*self.live, *self.parked]:
+            info = infos.get(name)
+            if info is None:
+                continue
+            for key in self.shape[0]:
+                value = info.labels.get(key)
+                if value is not None:
+                    by_domain.setdefault((key, value), set()).add(name)
+
+    def refresh(
+        self,
+        framework: Framework,
+        pod: PodInfo,
+        shape: tuple[frozenset[str], Hashable],
+        snapshot: Snapshot,
+    ) -> None:
+        """Bring a topology template's candidates up to the snapshot for ``pod`` (prepared
+        now). A node's topology filters and scores read only its own domains of ``shape``'s keys
+        and ``shape``'s global part, and a domain's counts move only when a pod is added to or
+        removed from one of its nodes (relabels are in the global part: ``relabels``). So: the
+        nodes changed since are checked again in full; the others in a domain of a changed node
+        (or all, when the shape moved) by the topology filters, and their raw topology scores
+        read again. Topology scores are normalized over the candidates: when a raw score moved,
+        all are normalized again and the heap rebuilt (no plugin call per node)."""
+        changed = snapshot.changed_since(self.version) if self.token == snapshot.token else None
+        if changed is None:
+            self.heap.clear()
+            self.live.clear()
+            self.parked.clear()
+            return
+        self.version = snapshot.version
+        every = shape != self.shape
+        self.shape = shape
+        full, domain = self._to_recheck(shape, changed, snapshot.infos, every)
+        if not full and not domain:
+            return
+        back: list[str] = []  # parked nodes the counts allow again
+        moved = self._recheck_changed(framework, pod, full, snapshot.infos, back)
+        moved = self._recheck_domain(framework, pod, domain, snapshot.infos, back) or moved
+        for name in back:
+            self.live[name] = -1  # pushed below
+        if every or moved:
+            self._renormalize(framework, pod)
+            return
+        for name in (full & self.live.keys()) | set(back):  # only their own part of the score moved
+            self.push(name, self.static[name] + self.dynamic[name] + self.norm[name])
+
+    def _to_recheck(
+        self,
+        shape: tuple[frozenset[str], Hashable],
+        changed: set[str],
+        infos: dict[str, NodeInfo],
+        every: bool,
+    ) -> tuple[set[str], set[str]]:
+        """The candidates to check again in full (changed themselves) and by the topology
+        filters only (sharing a domain with a changed node; all of them when ``every``)."""
+        known = self.live.keys() | self.parked
+        full = changed & known
+        if every:
+            self.index_domains(infos)
+            return full, known - full
+        domain: set[str] = set()
+        by_domain = self.by_domain
+        for name in changed:
+            info = infos.get(name)
+            if info is None:
+                continue
+            for key in shape[0]:
+                value = info.labels.get(key)
+                if value is not None and (key, value) in by_domain:
+                    domain |= by_domain[key, value]
+        return full, (domain & known) - full
+
+    def _recheck_changed(
+        self,
+        framework: Framework,
+        pod: PodInfo,
+        full: set[str],
+        infos: dict[str, NodeInfo],
+        back: list[str],
+    ) -> bool:
+        """Every filter and score again on the changed candidates; True when a raw topology
+        score moved. Parked nodes that pass again are added to ``back``."""
+        live, parked, moved = self.live, self.parked, False
+        topology_names = {p.NAME for p in framework.topology}
+        for name in full:
+            info = infos.get(name)
+            status = framework.run_filters(pod, info) if info is not None else None
+            if info is None or status is not None:
+                live.pop(name, None)
+                if status is not None and status.plugin in topology_names:
+                    parked.add(name)
+                else:
+                    parked.discard(name)
+                continue
+            if name in parked:
+                parked.discard(name)
+                back.append(name)
+            self.dynamic[name] = framework.dynamic_score(pod, info)
+            raw = framework.topology_raw(pod, info)
+            if raw != self.raw.get(name):
+                self.raw[name] = raw
+                moved = True
+        return moved
+
+    def _recheck_domain(
+        self,
+        framework: Framework,
+        pod: PodInfo,
+        domain: set[str],
+        infos: dict[str, NodeInfo],
+        back: list[str],
+    ) -> bool:
+        """The topology filters and raw scores again on candidates whose domains moved; True
+        when a raw score moved. Parked nodes that pass again are added to ``back``."""
+        live, parked, moved = self.live, self.parked, False
+        topology_filters = framework.topology_filters
+        for name in domain:
+            info = infos[name]
+            if any(f(pod, info) is not None for f in topology_filters):
+                live.pop(name, None)
+                parked.add(name)
+                continue
+            if name in parked:
+                # The node itself did not change, but a custom profile may order a node filter
+                # after the topology ones: the whole list judges its return.
+                if framework.run_filters(pod, info) is not None:
+                    continue
+                parked.discard(name)
+                back.append(name)
+            raw = framework.topology_raw(pod, info)
+            if raw != self.raw[name]:
+                self.raw[name] = raw
+                moved = True
+        return moved
+
+    def _renormalize(self, framework: Framework, pod: PodInfo) -> None:
+        """Topology scores normalized again over every candidate, and the heap rebuilt."""
+        live = self.live
+        names = list(live)
+        norm = framework.topology_scores(pod, [self.raw[n] for n in names])
+        self.heap.clear()
+        for name, score in zip(names, norm, strict=True):
+            self.norm[name] = score
+            seq = next(_SEQUENCE)
+            total = self.static[name] + self.dynamic[name] + score
+            self.heap.append((-total, seq, name))
+            live[name] = seq
+        heapq.heapify(self.heap)
+
+
+class _TemplateMemory:
+    """What the search remembers of templates between units: the feasible-node caches kept
+    (the most recently used; forgetting one costs a scan) and the templates no node fit."""
+
+    def __init__(self) -> None:
+        self.no_fit: dict[bytes, _NoFit] = {}  # Gödel mode with the cache only
+        # Feasible-node caches between units, by template: (snapshot token, version, cache).
+        self.kept: dict[bytes, tuple[int, int, _Template]] = {}
+
+    def keep(
+        self, templates: dict[bytes, _Template], snapshot: Snapshot, partition: frozenset[str]
+    ) -> None:
+        """Keep the unit's feasible-node caches for the next units of the same templates (a
+        stream of one-pod jobs reuses one cache, as Gödel keys it by template, not by unit).
+        Only caches over the whole view that still hold candidates are kept."""
+        kept = self.kept
+        for key, tmpl in templates.items():
+            if partition:
+                # Another shard's nodes were scanned only because ours had none: the next unit
+                # looks in our own partition first again.
+                for node in [n for n in tmpl.live if n not in partition]:
+                    del tmpl.live[node]
+                tmpl.parked &= partition
+            if (
+                tmpl.live
+                and tmpl.budget > 0
+                and tmpl.segments is None
+                and tmpl.changed is None
+                and not tmpl.failure
+            ):
+                kept.pop(key, None)  # most recently used last
+                kept[key] = (snapshot.token, snapshot.version, tmpl)
+        while len(kept) > _MAX_KEPT:
+            del kept[next(iter(kept))]
+
+    def reuse(
+        self,
+        framework: Framework,
+        pod: PodInfo,
+        snapshot: Snapshot,
+        shape: tuple[frozenset[str], Hashable] | None,
+        partition: frozenset[str],
+    ) -> _Template | None:
+        """An earlier unit's cache for ``pod``'s template, brought up to the snapshot: each
+        cached node changed since (others' binds, deletions, our own cycle's assumes) is checked
+        and re-scored again, or dropped. None when there is none or the changes are not known."""
+        kept = self.kept.pop(pod.template_key, None)  # one unit at a time uses a cache
+        if kept is None:
+            return None
+        token, version, tmpl = kept
+        if (tmpl.shape is None) != (shape is None) or token != snapshot.token:
+            return None
+        if tmpl.shape is not None:
+            if partition and not tmpl.live.keys() <= partition:
+                return None
+            return tmpl  # brought up to the snapshot by ``refresh``, from its own version
+        changed = snapshot.changed_since(version)
+        if changed is None:
+            return None
+        if partition and not tmpl.live.keys() <= partition:
+            return None  # the partition moved: scan it afresh
+        infos = snapshot.infos
+        for node in changed & tmpl.live.keys():
+            info = infos.get(node)
+            if info is None or framework.run_filters(pod, info) is not None:
+                del tmpl.live[node]  # its heap entry is skipped when popped
+            else:
+                tmpl.push(node, tmpl.static[node] + framework.dynamic_score(pod, info))
+        return tmpl
+
+    def since_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
+        """If an earlier unit's pod of this template found no node, scan only what changed."""
+        known = self.no_fit.get(pod.template_key)
+        if known is None or known.snapshot != snapshot.token:
+            return
+        changed = snapshot.changed_since(known.version)
+        if changed is None:
+            return
+        infos = snapshot.infos
+        tmpl.changed = [[infos[n] for n in sorted(changed) if n in infos]]
+        tmpl.known = known
+
+    def remember_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
+        """Record that no node fits the template now; the verdict of the full scan is kept when
+        only changed nodes were scanned (their diagnosis alone would not describe the cluster)."""
+        known = tmpl.known
+        if known is not None:
+            tmpl.failure = known.failure
+            tmpl.diagnosis = known.diagnosis
+            tmpl.unresolvable = tmpl.unresolvable and known.unresolvable
+        if len(self.no_fit) >= _MAX_NO_FIT:  # many distinct failing templates: start afresh
+            self.no_fit.clear()
+        self.no_fit[pod.template_key] = _NoFit(
+            snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable, tmpl.diagnosis
+        )
 
 
 def run_steps(
@@ -290,6 +576,87 @@ class _UnitRun:
         self.changed: set[str] = set()
         self.all_unresolvable = True
 
+    def assume(self, pod: PodInfo, node: str) -> None:
+        """Assume ``pod`` on ``node``, a NUMA-bound pod holding the NUMA nodes chosen for it
+        there, so the unit's later pods see them taken."""
+        req = pin_numa(self.snapshot.infos[node], pod.req)
+        if req.numa_nodes:
+            self.numa[pod.name] = req.numa_nodes
+        self.snapshot.assume(req, node)
+
+    def place_recommended(self, framework: Framework, pod: PodInfo) -> bool:
+        """Place ``pod`` on the first recommended node that fits it (filters only, as Gödel's
+        preferred nodes are tried) and lies ``within`` the unit's node group, if it has one,
+        consuming one of its recommendations. False: none does."""
+        preferred, within, infos = self.preferred, self.within, self.snapshot.infos
+        for node, tags in preferred.items():
+            if within is not None and node not in within:
+                continue
+            info = infos.get(node)
+            if info is not None and framework.run_filters(pod, info) is None:
+                self.recommended[pod.name] = tags.pop(0)
+                if not tags:
+                    del preferred[node]
+                self.assume(pod, node)
+                self.placements.append((pod, node))
+                self.changed.add(node)
+                self.all_unresolvable = False
+                return True
+        return False
+
+    # -- the unit's verdict (min-member) ------------------------------------------------------
+
+    def succeed(self) -> None:
+        """The unit succeeds (an independent one whatever fits: its pods' own reasons stay
+        theirs): its placements stand."""
+        result, unplaced, diagnosed = self.result, self.unplaced, self.result.diagnoses
+        preempted, recommended, numa = self.preempted, self.recommended, self.numa
+        result.success = True
+        result.placements = [
+            Placement(
+                p.name,
+                p.resource_version,
+                n,
+                [v.name for v in preempted[p.name].victims] if p.name in preempted else [],
+                recommended.get(p.name, ""),
+                numa.get(p.name, ()),
+            )
+            for p, n in self.placements
+        ]
+        result.unplaced = unplaced
+        result.reason = ""
+        if diagnosed:
+            for name in set(diagnosed) - set(unplaced):
+                del diagnosed[name]
+
+    def fail(self) -> None:
+        """Fewer than ``needed`` pods fit: every placement is undone (a gang preempts as a
+        unit, or not at all) and every pod gets the first pod's reason."""
+        snapshot, result, unplaced = self.snapshot, self.result, self.unplaced
+        needed, placed, diagnosed = self.needed, len(self.placements), result.diagnoses
+        for pod, node in self.placements:
+            place = self.preempted.get(pod.name)
+            if place is not None:
+                undo(snapshot, pod.name, place)
+            else:
+                snapshot.forget(pod.name, node)
+        result.placements = []
+        first = next(iter(unplaced.values()), "")
+        # The node summary first: it is what `godel explain` leads with.
+        result.reason = (
+            f"{first}; min_member needs {needed} pod(s) placed, {placed} fit"
+            if needed > 1
+            else first
+        )
+        result.unplaced = {p.name: result.reason for p in self.unit.pods}
+        first_diagnosis = next((diagnosed[p] for p in unplaced if p in diagnosed), None)
+        diagnosed.clear()
+        if first_diagnosis is not None:
+            if needed > 1:
+                first_diagnosis = replace(first_diagnosis, gang_needed=needed, gang_placed=placed)
+            diagnosed.update(dict.fromkeys(result.unplaced, first_diagnosis))
+        result.infeasible = bool(unplaced) and self.all_unresolvable and not placed
+
 
 class UnitScheduler:
     def __init__(
@@ -305,7 +672,6 @@ class UnitScheduler:
         self._topology_plugins = bool(framework.topology)
         self.partition: frozenset[str] = frozenset()
         self._offset = 0
-        self._seq = 0
         # The partitioned scan order, kept between units: (snapshot token, layout, partition)
         # it was built for, each node's (segment, position), and the snapshot version it is
         # current at.
@@ -313,9 +679,7 @@ class UnitScheduler:
         self._segments_key: tuple[int, int, frozenset[str]] | None = None
         self._segments_at: dict[str, tuple[int, int]] = {}
         self._segments_version = 0
-        self._no_fit: dict[bytes, _NoFit] = {}  # Gödel mode with the cache only
-        # Feasible-node caches between units, by template: (snapshot token, version, cache).
-        self._kept: dict[bytes, tuple[int, int, _Template]] = {}
+        self._memory = _TemplateMemory()
 
     def segments(self, snapshot: Snapshot) -> list[list[NodeInfo]]:
         """Nodes in scan order: own partition first, then the rest."""
@@ -424,7 +788,7 @@ class UnitScheduler:
         within: set[str] | None = None,
     ) -> Generator[None, None, None]:
         """Each pod through its cycle (``_schedule_pod``), yielding before each; then the unit's
-        min-member verdict: its placements kept (``_keep_unit``) or all undone (``_undo_unit``)."""
+        min-member verdict: its placements kept (``_UnitRun.succeed``) or all undone (``fail``)."""
         run = _UnitRun(self.config, unit, snapshot, segments, labels, result, within)
         unplaced, allowed_failures = run.unplaced, run.allowed_failures
         for pod in unit.pods:
@@ -434,9 +798,11 @@ class UnitScheduler:
                 continue
             self._schedule_pod(run, pod)
         if unit.independent or (len(run.placements) >= run.needed and run.placements):
-            self._keep_unit(run)
+            run.succeed()
         else:
-            self._undo_unit(run)
+            run.fail()
+        if run.use_cache and run.labels is not None:
+            self._memory.keep(run.templates, snapshot, self.partition)
 
     def _schedule_pod(self, run: _UnitRun, pod: PodInfo) -> None:
         """One pod's cycle, as kube-scheduler's reads: PreFilter (the topology counts, the
@@ -449,7 +815,7 @@ class UnitScheduler:
             shape = self._prefilter_topology(pod, snapshot)
         else:
             pod.topology = None  # no topology rule concerns it: no counts to read
-        if run.preferred and self._place_recommended(run, pod):
+        if run.preferred and run.place_recommended(self.framework, pod):
             return
         tmpl = self._template(run, pod, shape)
         if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
@@ -458,7 +824,7 @@ class UnitScheduler:
         node = None
         if run.use_cache:
             if shape is not None and tmpl.live:
-                self._refresh(tmpl, pod, shape, snapshot)
+                tmpl.refresh(self.framework, pod, shape, snapshot)
             node = self._take(tmpl, pod, snapshot, run.changed)
         if node is None:
             node = self._scan(run, pod, tmpl, shape)
@@ -500,25 +866,13 @@ class UnitScheduler:
         """Called for a pod with pod affinity, anti-affinity or spread constraints (or that an
         existing pod's anti-affinity may concern): it reads the counts as the unit's earlier placements left
         them. Its template's cache is kept apart by this shape (None: no topology rule concerns
-        the pod) and brought up to the counts before each pod (``_refresh``): a placement moves
+        the pod) and brought up to the counts before each pod (``_Template.refresh``): a placement moves
         only its node's domains."""
         framework = self.framework
         if framework.prepare(pod, snapshot.pod_counts()):
             keys, every = framework.topology_shape(pod)
             return keys, (every, snapshot.topology.relabels)
         return None  # prepare() left pod.topology None
-
-    def _place_recommended(self, run: _UnitRun, pod: PodInfo) -> bool:
-        """Place ``pod`` on a node a Movement recommended, if one fits."""
-        taken = self._take_recommended(pod, run.snapshot, run.preferred, run.within)
-        if taken is None:
-            return False
-        target, run.recommended[pod.name] = taken
-        self._assume(pod, run.snapshot, target, run.numa)
-        run.placements.append((pod, target))
-        run.changed.add(target)
-        run.all_unresolvable = False
-        return True
 
     def _template(
         self, run: _UnitRun, pod: PodInfo, shape: tuple[frozenset[str], Hashable] | None
@@ -537,7 +891,7 @@ class UnitScheduler:
         ):
             tmpl = None
         if tmpl is None and use_cache and labels is not None:
-            tmpl = self._reuse(pod, run.snapshot, shape)
+            tmpl = self._memory.reuse(self.framework, pod, run.snapshot, shape, self.partition)
             if tmpl is not None:
                 run.templates[key] = tmpl
         if tmpl is None:
@@ -548,7 +902,7 @@ class UnitScheduler:
             if narrowed:
                 tmpl.segments, tmpl.skipped = narrowed
             elif use_cache and labels is not None and shape is None:
-                self._since_no_fit(pod, run.snapshot, tmpl)
+                self._memory.since_no_fit(pod, run.snapshot, tmpl)
         return tmpl
 
     def _no_feasible_node(
@@ -559,7 +913,7 @@ class UnitScheduler:
         PostFilter."""
         tmpl.unresolvable = unresolvable
         if run.use_cache and run.labels is not None and not tmpl.skipped and not topo:
-            self._remember_no_fit(pod, run.snapshot, tmpl)
+            self._memory.remember_no_fit(pod, run.snapshot, tmpl)
         # Pods bound or gone elsewhere can lift a topology rule: such a unit is unschedulable
         # (retried after a backoff), never infeasible (parked until a node changes);
         # preemption still does not try (the failure is unresolvable).
@@ -588,7 +942,7 @@ class UnitScheduler:
         re-checked and re-scored in the template's cache."""
         snapshot = run.snapshot
         info = snapshot.infos[node]
-        self._assume(pod, snapshot, node, run.numa)
+        run.assume(pod, node)
         run.placements.append((pod, node))
         if not run.use_cache:
             tmpl.heap.clear()
@@ -597,258 +951,7 @@ class UnitScheduler:
             # Kept as a candidate: the next pod's refresh re-checks it with the new counts.
             tmpl.live[node] = -1
         elif self.framework.run_filters(pod, info) is None:
-            self._push(tmpl, node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
-
-    def _keep_unit(self, run: _UnitRun) -> None:
-        """The unit succeeds (an independent one whatever fits: its pods' own reasons stay
-        theirs): its placements stand."""
-        result, unplaced, diagnosed = run.result, run.unplaced, run.result.diagnoses
-        preempted, recommended, numa = run.preempted, run.recommended, run.numa
-        result.success = True
-        result.placements = [
-            Placement(
-                p.name,
-                p.resource_version,
-                n,
-                [v.name for v in preempted[p.name].victims] if p.name in preempted else [],
-                recommended.get(p.name, ""),
-                numa.get(p.name, ()),
-            )
-            for p, n in run.placements
-        ]
-        result.unplaced = unplaced
-        result.reason = ""
-        if diagnosed:
-            for name in set(diagnosed) - set(unplaced):
-                del diagnosed[name]
-        if run.use_cache and run.labels is not None:
-            self._keep(run.templates, run.snapshot)
-
-    def _undo_unit(self, run: _UnitRun) -> None:
-        """Fewer than ``needed`` pods fit: every placement is undone (a gang preempts as a
-        unit, or not at all) and every pod gets the first pod's reason."""
-        snapshot, result, unplaced = run.snapshot, run.result, run.unplaced
-        needed, placed, diagnosed = run.needed, len(run.placements), result.diagnoses
-        for pod, node in run.placements:
-            place = run.preempted.get(pod.name)
-            if place is not None:
-                undo(snapshot, pod.name, place)
-            else:
-                snapshot.forget(pod.name, node)
-        if run.use_cache and run.labels is not None:
-            self._keep(run.templates, snapshot)
-        result.placements = []
-        first = next(iter(unplaced.values()), "")
-        # The node summary first: it is what `godel explain` leads with.
-        result.reason = (
-            f"{first}; min_member needs {needed} pod(s) placed, {placed} fit"
-            if needed > 1
-            else first
-        )
-        result.unplaced = {p.name: result.reason for p in run.unit.pods}
-        first_diagnosis = next((diagnosed[p] for p in unplaced if p in diagnosed), None)
-        diagnosed.clear()
-        if first_diagnosis is not None:
-            if needed > 1:
-                first_diagnosis = replace(first_diagnosis, gang_needed=needed, gang_placed=placed)
-            diagnosed.update(dict.fromkeys(result.unplaced, first_diagnosis))
-        result.infeasible = bool(unplaced) and run.all_unresolvable and not placed
-
-    def _keep(self, templates: dict[bytes, _Template], snapshot: Snapshot) -> None:
-        """Keep the unit's feasible-node caches for the next units of the same templates (a
-        stream of one-pod jobs reuses one cache, as Gödel keys it by template, not by unit).
-        Only caches over the whole view that still hold candidates are kept."""
-        partition = self.partition
-        for key, tmpl in templates.items():
-            if partition:
-                # Another shard's nodes were scanned only because ours had none: the next unit
-                # looks in our own partition first again.
-                for node in [n for n in tmpl.live if n not in partition]:
-                    del tmpl.live[node]
-                tmpl.parked &= partition
-            if (
-                tmpl.live
-                and tmpl.budget > 0
-                and tmpl.segments is None
-                and tmpl.changed is None
-                and not tmpl.failure
-            ):
-                self._kept.pop(key, None)  # most recently used last
-                self._kept[key] = (snapshot.token, snapshot.version, tmpl)
-        while len(self._kept) > _MAX_KEPT:
-            del self._kept[next(iter(self._kept))]
-
-    def _reuse(
-        self, pod: PodInfo, snapshot: Snapshot, shape: tuple[frozenset[str], Hashable] | None
-    ) -> _Template | None:
-        """An earlier unit's cache for ``pod``'s template, brought up to the snapshot: each
-        cached node changed since (others' binds, deletions, our own cycle's assumes) is checked
-        and re-scored again, or dropped. None when there is none or the changes are not known."""
-        kept = self._kept.pop(pod.template_key, None)  # one unit at a time uses a cache
-        if kept is None:
-            return None
-        token, version, tmpl = kept
-        if (tmpl.shape is None) != (shape is None) or token != snapshot.token:
-            return None
-        if tmpl.shape is not None:
-            if self.partition and not tmpl.live.keys() <= self.partition:
-                return None
-            return tmpl  # brought up to the snapshot by ``_refresh``, from its own version
-        changed = snapshot.changed_since(version)
-        if changed is None:
-            return None
-        if self.partition and not tmpl.live.keys() <= self.partition:
-            return None  # the partition moved: scan it afresh
-        framework, infos = self.framework, snapshot.infos
-        for node in changed & tmpl.live.keys():
-            info = infos.get(node)
-            if info is None or framework.run_filters(pod, info) is not None:
-                del tmpl.live[node]  # its heap entry is skipped when popped
-            else:
-                self._push(tmpl, node, tmpl.static[node] + framework.dynamic_score(pod, info))
-        return tmpl
-
-    def _refresh(
-        self,
-        tmpl: _Template,
-        pod: PodInfo,
-        shape: tuple[frozenset[str], Hashable],
-        snapshot: Snapshot,
-    ) -> None:
-        """Bring a topology template's candidates up to the snapshot for ``pod`` (prepared
-        now). A node's topology filters and scores read only its own domains of ``shape``'s keys
-        and ``shape``'s global part, and a domain's counts move only when a pod is added to or
-        removed from one of its nodes (relabels are in the global part: ``relabels``). So: the
-        nodes changed since are checked again in full; the others in a domain of a changed node
-        (or all, when the shape moved) by the topology filters, and their raw topology scores
-        read again. Topology scores are normalized over the candidates: when a raw score moved,
-        all are normalized again and the heap rebuilt (no plugin call per node)."""
-        framework, infos, live = self.framework, snapshot.infos, tmpl.live
-        changed = snapshot.changed_since(tmpl.version) if tmpl.token == snapshot.token else None
-        parked = tmpl.parked
-        if changed is None:
-            tmpl.heap.clear()
-            live.clear()
-            parked.clear()
-            return
-        tmpl.version = snapshot.version
-        every = shape != tmpl.shape
-        tmpl.shape = shape
-        known = live.keys() | parked
-        full = changed & known
-        if every:
-            self._index_domains(tmpl, infos)
-            domain = known - full
-        else:
-            domain = set()
-            by_domain = tmpl.by_domain
-            for name in changed:
-                info = infos.get(name)
-                if info is None:
-                    continue
-                for key in shape[0]:
-                    value = info.labels.get(key)
-                    if value is not None and (key, value) in by_domain:
-                        domain |= by_domain[key, value]
-            domain = (domain & known) - full
-        if not full and not domain:
-            return
-        moved = every
-        topology_names = {p.NAME for p in framework.topology}
-        back: list[str] = []  # parked nodes the counts allow again
-        for name in full:
-            info = infos.get(name)
-            status = framework.run_filters(pod, info) if info is not None else None
-            if info is None or status is not None:
-                live.pop(name, None)
-                if status is not None and status.plugin in topology_names:
-                    parked.add(name)
-                else:
-                    parked.discard(name)
-                continue
-            if name in parked:
-                parked.discard(name)
-                back.append(name)
-            tmpl.dynamic[name] = framework.dynamic_score(pod, info)
-            raw = framework.topology_raw(pod, info)
-            if raw != tmpl.raw.get(name):
-                tmpl.raw[name] = raw
-                moved = True
-        topology_filters = framework.topology_filters
-        for name in domain:
-            info = infos[name]
-            if any(f(pod, info) is not None for f in topology_filters):
-                live.pop(name, None)
-                parked.add(name)
-                continue
-            if name in parked:
-                # The node itself did not change, but a custom profile may order a node filter
-                # after the topology ones: the whole list judges its return.
-                if framework.run_filters(pod, info) is not None:
-                    continue
-                parked.discard(name)
-                back.append(name)
-            raw = framework.topology_raw(pod, info)
-            if raw != tmpl.raw[name]:
-                tmpl.raw[name] = raw
-                moved = True
-        for name in back:
-            live[name] = -1  # pushed below
-        if moved:
-            names = list(live)
-            norm = framework.topology_scores(pod, [tmpl.raw[n] for n in names])
-            tmpl.heap.clear()
-            for name, score in zip(names, norm, strict=True):
-                tmpl.norm[name] = score
-                self._seq += 1
-                total = tmpl.static[name] + tmpl.dynamic[name] + score
-                tmpl.heap.append((-total, self._seq, name))
-                live[name] = self._seq
-            heapq.heapify(tmpl.heap)
-            return
-        for name in (full & live.keys()) | set(back):  # only their own part of the score moved
-            self._push(tmpl, name, tmpl.static[name] + tmpl.dynamic[name] + tmpl.norm[name])
-
-    @staticmethod
-    def _index_domains(tmpl: _Template, infos: dict[str, NodeInfo]) -> None:
-        """The cached candidates by domain of the shape's keys."""
-        assert tmpl.shape is not None
-        by_domain: dict[tuple[str, str], set[str]] = {}
-        tmpl.by_domain = by_domain
-        for name in [*tmpl.live, *tmpl.parked]:
-            info = infos.get(name)
-            if info is None:
-                continue
-            for key in tmpl.shape[0]:
-                value = info.labels.get(key)
-                if value is not None:
-                    by_domain.setdefault((key, value), set()).add(name)
-
-    def _since_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
-        """If an earlier unit's pod of this template found no node, scan only what changed."""
-        known = self._no_fit.get(pod.template_key)
-        if known is None or known.snapshot != snapshot.token:
-            return
-        changed = snapshot.changed_since(known.version)
-        if changed is None:
-            return
-        infos = snapshot.infos
-        tmpl.changed = [[infos[n] for n in sorted(changed) if n in infos]]
-        tmpl.known = known
-
-    def _remember_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
-        """Record that no node fits the template now; the verdict of the full scan is kept when
-        only changed nodes were scanned (their diagnosis alone would not describe the cluster)."""
-        known = tmpl.known
-        if known is not None:
-            tmpl.failure = known.failure
-            tmpl.diagnosis = known.diagnosis
-            tmpl.unresolvable = tmpl.unresolvable and known.unresolvable
-        if len(self._no_fit) >= _MAX_NO_FIT:  # many distinct failing templates: start afresh
-            self._no_fit.clear()
-        self._no_fit[pod.template_key] = _NoFit(
-            snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable, tmpl.diagnosis
-        )
+            tmpl.push(node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
 
     def _preempt(self, pod: PodInfo, run: _UnitRun, tmpl: _Template) -> bool:
         """The PostFilter for a pod the filters placed nowhere: True when it is assumed on a node
@@ -878,17 +981,6 @@ class UnitScheduler:
         run.preempted[pod.name] = place
         return True
 
-    @staticmethod
-    def _assume(
-        pod: PodInfo, snapshot: Snapshot, node: str, numa: dict[str, tuple[int, ...]]
-    ) -> None:
-        """Assume ``pod`` on ``node``, a NUMA-bound pod holding the NUMA nodes chosen for it
-        there, so the unit's later pods see them taken."""
-        req = pin_numa(snapshot.infos[node], pod.req)
-        if req.numa_nodes:
-            numa[pod.name] = req.numa_nodes
-        snapshot.assume(req, node)
-
     # -- pod level ---------------------------------------------------------------------------
 
     def _take(
@@ -904,32 +996,6 @@ class UnitScheduler:
                 tmpl.budget -= 1
                 return node
         return None
-
-    def _take_recommended(
-        self,
-        pod: PodInfo,
-        snapshot: Snapshot,
-        preferred: dict[str, list[str]],
-        within: set[str] | None,
-    ) -> tuple[str, str] | None:
-        """The first recommended node that fits ``pod`` (filters only, as Gödel's preferred
-        nodes are tried) and lies ``within`` the unit's node group, if it has one; consuming
-        one of its recommendations."""
-        for node, tags in preferred.items():
-            if within is not None and node not in within:
-                continue
-            info = snapshot.infos.get(node)
-            if info is not None and self.framework.run_filters(pod, info) is None:
-                tag = tags.pop(0)
-                if not tags:
-                    del preferred[node]
-                return node, tag
-        return None
-
-    def _push(self, tmpl: _Template, node: str, score: int) -> None:
-        self._seq += 1
-        heapq.heappush(tmpl.heap, (-score, self._seq, node))
-        tmpl.live[node] = self._seq
 
     def _filter(
         self, pod: PodInfo, run: _UnitRun, limit: int, tmpl: _Template
@@ -983,36 +1049,13 @@ class UnitScheduler:
         """Score the feasible nodes into the template's heap (the candidates ``_take`` selects
         from), as many pods' worth as the scan found nodes."""
         if tmpl.shape is not None:
-            self._scored_topology(pod, feasible, tmpl, snapshot)
+            tmpl.score_topology(self.framework, pod, feasible, snapshot)
             return
         static, dynamic = self.framework.score_parts(pod, feasible)
         for info, s, d in zip(feasible, static, dynamic, strict=True):
             tmpl.static[info.name] = s
-            self._push(tmpl, info.name, s + d)
+            tmpl.push(info.name, s + d)
         tmpl.budget = len(feasible)
-
-    def _scored_topology(
-        self, pod: PodInfo, feasible: list[NodeInfo], tmpl: _Template, snapshot: Snapshot
-    ) -> None:
-        """A topology template's fresh candidates: scores kept in parts (node-only normalized,
-        per-node dynamic, topology raw and normalized) so ``_refresh`` can redo the moving ones."""
-        framework = self.framework
-        static, dynamic = framework.score_parts(pod, feasible, topology_apart=True)
-        raws = [framework.topology_raw(pod, info) for info in feasible]
-        norm = framework.topology_scores(pod, raws)
-        tmpl.heap.clear()
-        tmpl.live.clear()
-        tmpl.parked.clear()
-        tmpl.static.clear()
-        tmpl.dynamic.clear()
-        tmpl.raw.clear()
-        tmpl.norm.clear()
-        for info, s, d, r, t in zip(feasible, static, dynamic, raws, norm, strict=True):
-            name = info.name
-            tmpl.static[name], tmpl.dynamic[name], tmpl.raw[name], tmpl.norm[name] = s, d, r, t
-            self._push(tmpl, name, s + d + t)
-        tmpl.budget = len(feasible)
-        self._index_domains(tmpl, snapshot.infos)
 
 
 def _diagnosed(diagnosed: dict[str, Diagnosis], pod: str, diagnosis: Diagnosis | None) -> None:
