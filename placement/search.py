@@ -540,7 +540,7 @@ class _UnitRun:
         self.labels = labels  # for PreFilters; None: a node group (already narrowed)
         self.result = result
         self.within = within  # a grouped unit takes recommendations only inside its group
-        self.total_nodes = total_nodes = sum(len(s) for s in segments)
+        self.total_nodes = total_nodes = sum(map(len, segments))
         # Feasible nodes a scan looks for.
         if config.mode == "kube":
             self.limit = num_feasible_nodes_to_find(

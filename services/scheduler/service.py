@@ -1,10 +1,12 @@
 """A scheduler shard: schedules the units the dispatcher streams to it, sends decisions to the
 Binder leader, and hands back what it cannot place. See README.md for the contract.
 
-Tasks: the informer (Nodes, Pods, SchedulerInstances → the live cache), one scheduling loop (the
-only code that touches the snapshot and the unit queue), one Binder stream (decisions out,
-verdicts in; reconnects to the current leader and resends undecided batches), the heartbeat.
-Each dispatcher stream is served by its own handler; it only enqueues units and writes replies.
+This module composes the parts (README.md's table): the informer (Nodes, Pods,
+SchedulerInstances → the live cache), the unit queue (``queue.ShardQueue``) and the units held
+(``units.UnitBook``), one scheduling loop running ``cycle.ShardCycle`` (the only code that
+touches the snapshot), the Binder link (``binder_link.BinderLink``: decisions out, verdicts in,
+the reconciler), registration and the heartbeat. Each dispatcher stream is served by its own
+handler; it only enqueues units and writes replies.
 """
 
 from __future__ import annotations
@@ -464,10 +466,6 @@ class SchedulerService(Service[SchedulerConfig]):
     async def run_cycle(self) -> None:
         """One scheduling cycle (``cycle.ShardCycle``)."""
         await self.cycle.run()
-
-    def on_verdicts(self, vb: ipb.VerdictBatch) -> bool:
-        """Apply one VerdictBatch (``binder_link.BinderLink.receive``)."""
-        return self.link.receive(vb)
 
     async def _reconcile_loop(self) -> None:
         while True:
