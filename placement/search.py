@@ -817,7 +817,11 @@ class UnitScheduler:
             pod.topology = None  # no topology rule concerns it: no counts to read
         if run.preferred and run.place_recommended(self.framework, pod):
             return
-        tmpl = self._template(run, pod, shape)
+        # A plain template the unit already holds is the common case (a gang's later pods):
+        # taken here without the call; ``_template`` decides every other case.
+        tmpl = run.templates.get(pod.template_key) if shape is None else None
+        if tmpl is None or tmpl.shape is not None:
+            tmpl = self._template(run, pod, shape)
         if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
             self._post_filter(run, pod, tmpl, shape is not None)
             return
