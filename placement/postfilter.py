@@ -39,6 +39,7 @@ from placement.preemption import (
     order_candidates,
     search_victims,
 )
+from placement.scan import rotated
 from placement.snapshot import Snapshot
 
 # Filters whose failures the default victim search models on integers; any other resolvable
@@ -102,12 +103,7 @@ class Preemption:
         found: list[Candidate] = []
         diag: Counter[str] = Counter()
         for seg in segments:
-            n = len(seg)
-            if not n:
-                continue
-            start = self._offset % n
-            for i in range(n):
-                node = seg[(start + i) % n]
+            for node in rotated(seg, self._offset):
                 self.examined += 1
                 self._offset += 1
                 victims = self._victims_on(pod, node, now_ms, claimed, chosen, budgets, diag)

@@ -12,7 +12,7 @@ re-checking and re-scoring only the cached nodes changed since (``Snapshot.chang
 for as many pods as its scan found nodes; then the template scans afresh from the rotating
 offset, so the stream spreads as the scores want instead of piling onto the first nodes found.
 Pods a topology rule concerns (inter-pod affinity, spread) keep a cache of their own, re-checked
-before each pod only where the counts moved (``_refresh``: the changed nodes, the candidates
+before each pod only where the counts moved (``_Template.refresh``: the changed nodes, the candidates
 sharing a domain with them, all of them when a global value such as a spread's minimum moved).
 A template that found no node is remembered across units (``_NoFit``): the next unit of the same template scans only the nodes that changed since
 (``Snapshot.changed_since``), so a stream of one-pod jobs waiting on a full cluster (a
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
+import math
 import time
 from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,6 +45,7 @@ from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 from placement.nodeinfo import NodeInfo
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
+from placement.scan import partition_first, rotated
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -51,6 +54,9 @@ Mode = Literal["godel", "kube"]
 _MAX_NO_FIT = 10_000
 # Feasible-node caches kept between units (the most recently used; forgetting one costs a scan).
 _MAX_KEPT = 1_000
+# Heap entries' sequence numbers: an entry's tie-break among equal scores (first pushed first)
+# and its identity (``_Template.live``: an entry pushed again supersedes the older one).
+_SEQUENCE = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,7 @@ class _Template:
     known: _NoFit | None = None
     changed: list[list[NodeInfo]] | None = None
     # Pods a topology rule concerns (their ``Framework.topology_shape``; None: a plain
-    # template). Their candidates are brought up to the counts before each pod (``_refresh``):
+    # template). Their candidates are brought up to the counts before each pod (``refresh``):
     # the nodes changed since ``version`` of snapshot ``token`` are checked again in full, the
     # cached nodes sharing a domain of ``shape``'s keys with one of them by the topology
     # filters, and every cached node when the shape's global part moved.
@@ -185,6 +191,472 @@ class _Template:
     # with the rest, and back among the candidates when the counts allow them again.
     parked: set[str] = field(default_factory=set)
 
+    def push(self, node: str, score: int) -> None:
+        """(Re-)enter ``node`` with ``score``; an older entry of it is skipped when popped."""
+        seq = next(_SEQUENCE)
+        heapq.heappush(self.heap, (-score, seq, node))
+        self.live[node] = seq
+
+    # -- topology templates ------------------------------------------------------------------
+
+    def score_topology(
+        self, framework: Framework, pod: PodInfo, feasible: list[NodeInfo], snapshot: Snapshot
+    ) -> None:
+        """A topology template's fresh candidates: scores kept in parts (node-only normalized,
+        per-node dynamic, topology raw and normalized) so ``refresh`` can redo the moving ones."""
+        static, dynamic = framework.score_parts(pod, feasible, topology_apart=True)
+        raws = [framework.topology_raw(pod, info) for info in feasible]
+        norm = framework.topology_scores(pod, raws)
+        self.heap.clear()
+        self.live.clear()
+        self.parked.clear()
+        self.static.clear()
+        self.dynamic.clear()
+        self.raw.clear()
+        self.norm.clear()
+        for info, s, d, r, t in zip(feasible, static, dynamic, raws, norm, strict=True):
+            name = info.name
+            self.static[name], self.dynamic[name], self.raw[name], self.norm[name] = s, d, r, t
+            self.push(name, s + d + t)
+        self.budget = len(feasible)
+        self.index_domains(snapshot.infos)
+
+    def index_domains(self, infos: dict[str, NodeInfo]) -> None:
+        """The cached candidates by domain of the shape's keys."""
+        assert self.shape is not None
+        by_domain: dict[tuple[str, str], set[str]] = {}
+        self.by_domain = by_domain
+        for name in [*self.live, *self.parked]:
+            info = infos.get(name)
+            if info is None:
+                continue
+            for key in self.shape[0]:
+                value = info.labels.get(key)
+                if value is not None:
+                    by_domain.setdefault((key, value), set()).add(name)
+
+    def refresh(
+        self,
+        framework: Framework,
+        pod: PodInfo,
+        shape: tuple[frozenset[str], Hashable],
+        snapshot: Snapshot,
+    ) -> None:
+        """Bring a topology template's candidates up to the snapshot for ``pod`` (prepared
+        now). A node's topology filters and scores read only its own domains of ``shape``'s keys
+        and ``shape``'s global part, and a domain's counts move only when a pod is added to or
+        removed from one of its nodes (relabels are in the global part: ``relabels``). So: the
+        nodes changed since are checked again in full; the others in a domain of a changed node
+        (or all, when the shape moved) by the topology filters, and their raw topology scores
+        read again. Topology scores are normalized over the candidates: when a raw score moved,
+        all are normalized again and the heap rebuilt (no plugin call per node)."""
+        changed = snapshot.changed_since(self.version) if self.token == snapshot.token else None
+        if changed is None:
+            self.heap.clear()
+            self.live.clear()
+            self.parked.clear()
+            return
+        self.version = snapshot.version
+        every = shape != self.shape
+        self.shape = shape
+        full, domain = self._to_recheck(shape, changed, snapshot.infos, every)
+        if not full and not domain:
+            return
+        back: list[str] = []  # parked nodes the counts allow again
+        moved = self._recheck_changed(framework, pod, full, snapshot.infos, back)
+        moved = self._recheck_domain(framework, pod, domain, snapshot.infos, back) or moved
+        for name in back:
+            self.live[name] = -1  # pushed below
+        if every or moved:
+            self._renormalize(framework, pod)
+            return
+        for name in (full & self.live.keys()) | set(back):  # only their own part of the score moved
+            self.push(name, self.static[name] + self.dynamic[name] + self.norm[name])
+
+    def _to_recheck(
+        self,
+        shape: tuple[frozenset[str], Hashable],
+        changed: set[str],
+        infos: dict[str, NodeInfo],
+        every: bool,
+    ) -> tuple[set[str], set[str]]:
+        """The candidates to check again in full (changed themselves) and by the topology
+        filters only (sharing a domain with a changed node; all of them when ``every``)."""
+        known = self.live.keys() | self.parked
+        full = changed & known
+        if every:
+            self.index_domains(infos)
+            return full, known - full
+        domain: set[str] = set()
+        by_domain = self.by_domain
+        for name in changed:
+            info = infos.get(name)
+            if info is None:
+                continue
+            for key in shape[0]:
+                value = info.labels.get(key)
+                if value is not None and (key, value) in by_domain:
+                    domain |= by_domain[key, value]
+        return full, (domain & known) - full
+
+    def _recheck_changed(
+        self,
+        framework: Framework,
+        pod: PodInfo,
+        full: set[str],
+        infos: dict[str, NodeInfo],
+        back: list[str],
+    ) -> bool:
+        """Every filter and score again on the changed candidates; True when a raw topology
+        score moved. Parked nodes that pass again are added to ``back``."""
+        live, parked, moved = self.live, self.parked, False
+        topology_names = {p.NAME for p in framework.topology}
+        for name in full:
+            info = infos.get(name)
+            status = framework.run_filters(pod, info) if info is not None else None
+            if info is None or status is not None:
+                live.pop(name, None)
+                if status is not None and status.plugin in topology_names:
+                    parked.add(name)
+                else:
+                    parked.discard(name)
+                continue
+            if name in parked:
+                parked.discard(name)
+                back.append(name)
+            self.dynamic[name] = framework.dynamic_score(pod, info)
+            raw = framework.topology_raw(pod, info)
+            if raw != self.raw.get(name):
+                self.raw[name] = raw
+                moved = True
+        return moved
+
+    def _recheck_domain(
+        self,
+        framework: Framework,
+        pod: PodInfo,
+        domain: set[str],
+        infos: dict[str, NodeInfo],
+        back: list[str],
+    ) -> bool:
+        """The topology filters and raw scores again on candidates whose domains moved; True
+        when a raw score moved. Parked nodes that pass again are added to ``back``."""
+        live, parked, moved = self.live, self.parked, False
+        topology_filters = framework.topology_filters
+        for name in domain:
+            info = infos[name]
+            if any(f(pod, info) is not None for f in topology_filters):
+                live.pop(name, None)
+                parked.add(name)
+                continue
+            if name in parked:
+                # The node itself did not change, but a custom profile may order a node filter
+                # after the topology ones: the whole list judges its return.
+                if framework.run_filters(pod, info) is not None:
+                    continue
+                parked.discard(name)
+                back.append(name)
+            raw = framework.topology_raw(pod, info)
+            if raw != self.raw[name]:
+                self.raw[name] = raw
+                moved = True
+        return moved
+
+    def _renormalize(self, framework: Framework, pod: PodInfo) -> None:
+        """Topology scores normalized again over every candidate, and the heap rebuilt."""
+        live = self.live
+        names = list(live)
+        norm = framework.topology_scores(pod, [self.raw[n] for n in names])
+        self.heap.clear()
+        for name, score in zip(names, norm, strict=True):
+            self.norm[name] = score
+            seq = next(_SEQUENCE)
+            total = self.static[name] + self.dynamic[name] + score
+            self.heap.append((-total, seq, name))
+            live[name] = seq
+        heapq.heapify(self.heap)
+
+
+class _TemplateMemory:
+    """What the search remembers of templates between units: the feasible-node caches kept
+    (the most recently used; forgetting one costs a scan) and the templates no node fit."""
+
+    def __init__(self) -> None:
+        self.no_fit: dict[bytes, _NoFit] = {}  # Gödel mode with the cache only
+        # Feasible-node caches between units, by template: (snapshot token, version, cache).
+        self.kept: dict[bytes, tuple[int, int, _Template]] = {}
+
+    def keep(
+        self, templates: dict[bytes, _Template], snapshot: Snapshot, partition: frozenset[str]
+    ) -> None:
+        """Keep the unit's feasible-node caches for the next units of the same templates (a
+        stream of one-pod jobs reuses one cache, as Gödel keys it by template, not by unit).
+        Only caches over the whole view that still hold candidates are kept."""
+        kept = self.kept
+        for key, tmpl in templates.items():
+            if partition:
+                # Another shard's nodes were scanned only because ours had none: the next unit
+                # looks in our own partition first again.
+                for node in [n for n in tmpl.live if n not in partition]:
+                    del tmpl.live[node]
+                tmpl.parked &= partition
+            if (
+                tmpl.live
+                and tmpl.budget > 0
+                and tmpl.segments is None
+                and tmpl.changed is None
+                and not tmpl.failure
+            ):
+                kept.pop(key, None)  # most recently used last
+                kept[key] = (snapshot.token, snapshot.version, tmpl)
+        while len(kept) > _MAX_KEPT:
+            del kept[next(iter(kept))]
+
+    def reuse(
+        self,
+        framework: Framework,
+        pod: PodInfo,
+        snapshot: Snapshot,
+        shape: tuple[frozenset[str], Hashable] | None,
+        partition: frozenset[str],
+    ) -> _Template | None:
+        """An earlier unit's cache for ``pod``'s template, brought up to the snapshot: each
+        cached node changed since (others' binds, deletions, our own cycle's assumes) is checked
+        and re-scored again, or dropped. None when there is none or the changes are not known."""
+        kept = self.kept.pop(pod.template_key, None)  # one unit at a time uses a cache
+        if kept is None:
+            return None
+        token, version, tmpl = kept
+        if (tmpl.shape is None) != (shape is None) or token != snapshot.token:
+            return None
+        if tmpl.shape is not None:
+            if partition and not tmpl.live.keys() <= partition:
+                return None
+            return tmpl  # brought up to the snapshot by ``refresh``, from its own version
+        changed = snapshot.changed_since(version)
+        if changed is None:
+            return None
+        if partition and not tmpl.live.keys() <= partition:
+            return None  # the partition moved: scan it afresh
+        infos = snapshot.infos
+        for node in changed & tmpl.live.keys():
+            info = infos.get(node)
+            if info is None or framework.run_filters(pod, info) is not None:
+                del tmpl.live[node]  # its heap entry is skipped when popped
+            else:
+                tmpl.push(node, tmpl.static[node] + framework.dynamic_score(pod, info))
+        return tmpl
+
+    def since_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
+        """If an earlier unit's pod of this template found no node, scan only what changed."""
+        known = self.no_fit.get(pod.template_key)
+        if known is None or known.snapshot != snapshot.token:
+            return
+        changed = snapshot.changed_since(known.version)
+        if changed is None:
+            return
+        infos = snapshot.infos
+        tmpl.changed = [[infos[n] for n in sorted(changed) if n in infos]]
+        tmpl.known = known
+
+    def remember_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
+        """Record that no node fits the template now; the verdict of the full scan is kept when
+        only changed nodes were scanned (their diagnosis alone would not describe the cluster)."""
+        known = tmpl.known
+        if known is not None:
+            tmpl.failure = known.failure
+            tmpl.diagnosis = known.diagnosis
+            tmpl.unresolvable = tmpl.unresolvable and known.unresolvable
+        if len(self.no_fit) >= _MAX_NO_FIT:  # many distinct failing templates: start afresh
+            self.no_fit.clear()
+        self.no_fit[pod.template_key] = _NoFit(
+            snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable, tmpl.diagnosis
+        )
+
+
+def run_steps(
+    steps: Generator[None, None, UnitResult], until: float = math.inf
+) -> UnitResult | None:
+    """Drive a search's steps (``UnitScheduler.steps``): its result once it ends, or None when
+    ``time.monotonic()`` reached ``until`` first (call again to go on). A service gives the
+    event loop a turn between calls; ``UnitScheduler.schedule`` runs it to the end at once."""
+    try:
+        if until == math.inf:
+            while True:
+                next(steps)
+        while True:
+            next(steps)
+            if time.monotonic() >= until:
+                return None
+    except StopIteration as done:
+        result: UnitResult = done.value
+        return result
+
+
+class _UnitRun:
+    """One unit's pass over one node group (``UnitScheduler._schedule_in``): what its pods'
+    cycles share, and what they placed so far. Written out rather than a dataclass: one is made
+    per unit, and a stream of one-pod jobs makes thousands a second (a dataclass's default
+    factories cost five times the literals)."""
+
+    __slots__ = (
+        "all_unresolvable",
+        "allowed_failures",
+        "changed",
+        "labels",
+        "limit",
+        "needed",
+        "now_ms",
+        "numa",
+        "placements",
+        "preempted",
+        "preferred",
+        "recommended",
+        "result",
+        "segments",
+        "snapshot",
+        "templates",
+        "total_nodes",
+        "unit",
+        "unplaced",
+        "use_cache",
+        "within",
+    )
+
+    def __init__(
+        self,
+        config: SearchConfig,
+        unit: UnitInfo,
+        snapshot: Snapshot,
+        segments: list[list[NodeInfo]],
+        labels: NodeLabels | None,
+        result: UnitResult,
+        within: set[str] | None,
+    ) -> None:
+        self.unit = unit
+        self.needed = needed = unit.needed  # placements for the unit to succeed (min-member)
+        self.snapshot = snapshot
+        self.segments = segments
+        self.labels = labels  # for PreFilters; None: a node group (already narrowed)
+        self.result = result
+        self.within = within  # a grouped unit takes recommendations only inside its group
+        self.total_nodes = total_nodes = sum(map(len, segments))
+        # Feasible nodes a scan looks for.
+        if config.mode == "kube":
+            self.limit = num_feasible_nodes_to_find(
+                total_nodes, config.percentage_of_nodes_to_score, config.min_feasible_nodes
+            )
+        elif config.feasible_cache or unit.min_member > 1:
+            # With the cache one scan serves every pod of a template, so it must find a node
+            # for each of them.
+            self.limit = min(total_nodes, len(unit.pods) + config.scan_extra)
+        else:
+            # Without it every pod scans anew, for ``AllMember + scan_extra`` as Gödel does:
+            # all the unit's pods for a gang, one for a unit placed independently.
+            self.limit = min(total_nodes, 1 + config.scan_extra)
+        self.use_cache = config.mode == "godel" and config.feasible_cache
+        self.now_ms = int(time.time() * 1000)
+        # Pods that may go unplaced before the rest are skipped: an independent unit's pods
+        # never skip, each is placed or not on its own.
+        pods = len(unit.pods)
+        self.allowed_failures = pods if unit.independent else pods - needed
+        # Recommendations by node (in first-mention order), each with the tags still open.
+        preferred: dict[str, list[str]] = {}
+        for recommended_node, tag in unit.preferred:
+            preferred.setdefault(recommended_node, []).append(tag)
+        self.preferred = preferred
+        self.templates: dict[bytes, _Template] = {}
+        self.placements: list[tuple[PodInfo, str]] = []
+        self.preempted: dict[str, Preempted] = {}  # pod -> its node and victims
+        self.unplaced: dict[str, str] = {}  # pod -> why
+        self.recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
+        self.numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
+        # Nodes changed by placements outside a template's own bookkeeping (recommendations):
+        # a cached candidate among them is re-checked before it is taken.
+        self.changed: set[str] = set()
+        self.all_unresolvable = True
+
+    def assume(self, pod: PodInfo, node: str) -> None:
+        """Assume ``pod`` on ``node``, a NUMA-bound pod holding the NUMA nodes chosen for it
+        there, so the unit's later pods see them taken."""
+        req = pin_numa(self.snapshot.infos[node], pod.req)
+        if req.numa_nodes:
+            self.numa[pod.name] = req.numa_nodes
+        self.snapshot.assume(req, node)
+
+    def place_recommended(self, framework: Framework, pod: PodInfo) -> bool:
+        """Place ``pod`` on the first recommended node that fits it (filters only, as Gödel's
+        preferred nodes are tried) and lies ``within`` the unit's node group, if it has one,
+        consuming one of its recommendations. False: none does."""
+        preferred, within, infos = self.preferred, self.within, self.snapshot.infos
+        for node, tags in preferred.items():
+            if within is not None and node not in within:
+                continue
+            info = infos.get(node)
+            if info is not None and framework.run_filters(pod, info) is None:
+                self.recommended[pod.name] = tags.pop(0)
+                if not tags:
+                    del preferred[node]
+                self.assume(pod, node)
+                self.placements.append((pod, node))
+                self.changed.add(node)
+                self.all_unresolvable = False
+                return True
+        return False
+
+    # -- the unit's verdict (min-member) ------------------------------------------------------
+
+    def succeed(self) -> None:
+        """The unit succeeds (an independent one whatever fits: its pods' own reasons stay
+        theirs): its placements stand."""
+        result, unplaced, diagnosed = self.result, self.unplaced, self.result.diagnoses
+        preempted, recommended, numa = self.preempted, self.recommended, self.numa
+        result.success = True
+        result.placements = [
+            Placement(
+                p.name,
+                p.resource_version,
+                n,
+                [v.name for v in preempted[p.name].victims] if p.name in preempted else [],
+                recommended.get(p.name, ""),
+                numa.get(p.name, ()),
+            )
+            for p, n in self.placements
+        ]
+        result.unplaced = unplaced
+        result.reason = ""
+        if diagnosed:
+            for name in set(diagnosed) - set(unplaced):
+                del diagnosed[name]
+
+    def fail(self) -> None:
+        """Fewer than ``needed`` pods fit: every placement is undone (a gang preempts as a
+        unit, or not at all) and every pod gets the first pod's reason."""
+        snapshot, result, unplaced = self.snapshot, self.result, self.unplaced
+        needed, placed, diagnosed = self.needed, len(self.placements), result.diagnoses
+        for pod, node in self.placements:
+            place = self.preempted.get(pod.name)
+            if place is not None:
+                undo(snapshot, pod.name, place)
+            else:
+                snapshot.forget(pod.name, node)
+        result.placements = []
+        first = next(iter(unplaced.values()), "")
+        # The node summary first: it is what `godel explain` leads with.
+        result.reason = (
+            f"{first}; min_member needs {needed} pod(s) placed, {placed} fit"
+            if needed > 1
+            else first
+        )
+        result.unplaced = {p.name: result.reason for p in self.unit.pods}
+        first_diagnosis = next((diagnosed[p] for p in unplaced if p in diagnosed), None)
+        diagnosed.clear()
+        if first_diagnosis is not None:
+            if needed > 1:
+                first_diagnosis = replace(first_diagnosis, gang_needed=needed, gang_placed=placed)
+            diagnosed.update(dict.fromkeys(result.unplaced, first_diagnosis))
+        result.infeasible = bool(unplaced) and self.all_unresolvable and not placed
+
 
 class UnitScheduler:
     def __init__(
@@ -197,9 +669,9 @@ class UnitScheduler:
         self.config = config or SearchConfig()
         # The PostFilter; None (or a profile with preemption off): pods that fit nowhere wait.
         self.preemption = preemption if framework.profile.preemption else None
+        self._topology_plugins = bool(framework.topology)
         self.partition: frozenset[str] = frozenset()
         self._offset = 0
-        self._seq = 0
         # The partitioned scan order, kept between units: (snapshot token, layout, partition)
         # it was built for, each node's (segment, position), and the snapshot version it is
         # current at.
@@ -207,9 +679,7 @@ class UnitScheduler:
         self._segments_key: tuple[int, int, frozenset[str]] | None = None
         self._segments_at: dict[str, tuple[int, int]] = {}
         self._segments_version = 0
-        self._no_fit: dict[bytes, _NoFit] = {}  # Gödel mode with the cache only
-        # Feasible-node caches between units, by template: (snapshot token, version, cache).
-        self._kept: dict[bytes, tuple[int, int, _Template]] = {}
+        self._memory = _TemplateMemory()
 
     def segments(self, snapshot: Snapshot) -> list[list[NodeInfo]]:
         """Nodes in scan order: own partition first, then the rest."""
@@ -220,9 +690,7 @@ class UnitScheduler:
             snapshot.changed_since(self._segments_version) if key == self._segments_key else None
         )
         if changed is None:
-            inside = [n for n in snapshot.nodes if n.name in self.partition]
-            outside = [n for n in snapshot.nodes if n.name not in self.partition]
-            self._segments = [s for s in (inside, outside) if s]
+            self._segments = partition_first(snapshot.nodes, self.partition)
             self._segments_at = {
                 n.name: (k, i) for k, seg in enumerate(self._segments) for i, n in enumerate(seg)
             }
@@ -245,13 +713,9 @@ class UnitScheduler:
         """Place the unit's pods, or none of them if fewer than ``unit.needed`` fit. Placements
         are assumed into ``snapshot`` (so no node is over-committed within the cycle) and kept
         there only on success."""
-        steps = self.steps(unit, snapshot)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                result: UnitResult = done.value
-                return result
+        result = run_steps(self.steps(unit, snapshot))
+        assert result is not None  # no deadline: run to the end
+        return result
 
     def steps(self, unit: UnitInfo, snapshot: Snapshot) -> Generator[None, None, UnitResult]:
         """:meth:`schedule`, yielding after each pod; returns the result."""
@@ -306,13 +770,13 @@ class UnitScheduler:
         infos = snapshot.infos
         nodes = [infos[name] for name in sorted(found.nodes) if name in infos]
         if self.partition:
-            inside = [n for n in nodes if n.name in self.partition]
-            outside = [n for n in nodes if n.name not in self.partition]
-            segments = [s for s in (inside, outside) if s]
+            segments = partition_first(nodes, self.partition)
         else:
             segments = [nodes] if nodes else []
         skipped = total - len(nodes)
         return segments, ({found.reason: skipped} if skipped else {})
+
+    # -- one unit over one node group: the pods' scheduling cycles ----------------------------
 
     def _schedule_in(
         self,
@@ -323,412 +787,180 @@ class UnitScheduler:
         result: UnitResult,
         within: set[str] | None = None,
     ) -> Generator[None, None, None]:
-        needed = unit.needed
-        total_nodes = sum(len(s) for s in segments)
-        if self.config.mode == "kube":
-            limit = num_feasible_nodes_to_find(
-                total_nodes,
-                self.config.percentage_of_nodes_to_score,
-                self.config.min_feasible_nodes,
-            )
-        else:
-            limit = min(total_nodes, self._godel_scan(unit))
-        use_cache = self.config.mode == "godel" and self.config.feasible_cache
-        templates: dict[bytes, _Template] = {}
-        placements: list[tuple[PodInfo, str]] = []
-        preempted: dict[str, Preempted] = {}  # pod -> its node and victims
-        now_ms = int(time.time() * 1000)
-        unplaced: dict[str, str] = {}
-        diagnosed = result.diagnoses  # pod -> its Diagnosis, beside `unplaced`
-        all_unresolvable = True
-        independent = unit.independent
-        # An independent unit's pods never skip: each is placed or not on its own.
-        allowed_failures = len(unit.pods) if independent else len(unit.pods) - needed
-        # Recommendations by node (in first-mention order), each with the tags still open.
-        preferred: dict[str, list[str]] = {}
-        for recommended_node, tag in unit.preferred:
-            preferred.setdefault(recommended_node, []).append(tag)
-        recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
-        numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
-        # Nodes changed by placements outside a template's own bookkeeping (recommendations):
-        # a cached candidate among them is re-checked before it is taken.
-        changed: set[str] = set()
-        framework = self.framework
-        topology_plugins = bool(framework.topology)
+        """Each pod through its cycle (``_schedule_pod``), yielding before each; then the unit's
+        min-member verdict: its placements kept (``_UnitRun.succeed``) or all undone (``fail``)."""
+        run = _UnitRun(self.config, unit, snapshot, segments, labels, result, within)
+        unplaced, allowed_failures = run.unplaced, run.allowed_failures
         for pod in unit.pods:
             yield
             if len(unplaced) > allowed_failures:
                 unplaced[pod.name] = "skipped: the unit cannot reach min_member"
                 continue
-            # A pod with pod affinity, anti-affinity or spread constraints (or that an existing
-            # pod's anti-affinity concerns) reads the counts as the unit's earlier placements left
-            # them. Its template's cache is kept apart (``shape``) and brought up to the counts
-            # before each pod (``_refresh``): a placement moves only its node's domains.
-            topo = (
-                topology_plugins
-                and (pod.has_topology or snapshot.topology.has_anti)
-                and framework.prepare(pod, snapshot.pod_counts())
-            )
-            if not topo:
-                pod.topology = None
-            shape = None
-            if topo:
-                keys, every = framework.topology_shape(pod)
-                shape = (keys, (every, snapshot.topology.relabels))
-            pod_cache = use_cache
-            if preferred:
-                taken = self._take_recommended(pod, snapshot, preferred, within)
-                if taken is not None:
-                    target, recommended[pod.name] = taken
-                    self._assume(pod, snapshot, target, numa)
-                    placements.append((pod, target))
-                    changed.add(target)
-                    all_unresolvable = False
-                    continue
-            tmpl = None if topo and not use_cache else templates.get(pod.template_key)
-            if tmpl is not None and (
-                (tmpl.shape is None) != (shape is None)  # a topology rule came or went
-                # A topology failure holds only while nothing changed: others' placements
-                # move counts (a spread's minimum rises).
-                or (tmpl.shape is not None and tmpl.failure and tmpl.version != snapshot.version)
-            ):
-                tmpl = None
-            if tmpl is None and pod_cache and labels is not None:
-                tmpl = self._reuse(pod, snapshot, shape)
-                if tmpl is not None:
-                    templates[pod.template_key] = tmpl
-            if tmpl is None:
-                tmpl = _Template(shape=shape)
-                if not topo or use_cache:
-                    templates[pod.template_key] = tmpl
-                narrowed = labels and self._narrow(pod, snapshot, labels, total_nodes)
-                if narrowed:
-                    tmpl.segments, tmpl.skipped = narrowed
-                elif pod_cache and labels is not None and shape is None:
-                    self._since_no_fit(pod, snapshot, tmpl)
-            if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
-                if tmpl.unresolvable:
-                    unplaced[pod.name] = tmpl.failure
-                    _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
-                    if independent and not topo:
-                        result.infeasible_pods.add(pod.name)
-                elif self._preempt(
-                    pod, snapshot, segments, tmpl, preempted, now_ms, unplaced, numa, diagnosed
-                ):
-                    placements.append((pod, preempted[pod.name].node))
-                continue
-            if shape is not None and pod_cache and tmpl.live:
-                self._refresh(tmpl, pod, shape, snapshot)
-            node = self._take(tmpl, pod, snapshot, changed) if pod_cache else None
-            if node is None:
-                # A topology template scans one node and the usual margin at a time: its
-                # candidates are re-checked as counts move, a long list would cost more there.
-                pod_limit = min(limit, 1 + self.config.scan_extra) if topo and use_cache else limit
-                if shape is not None:  # what the fresh candidates are judged by
-                    tmpl.shape, tmpl.token, tmpl.version = shape, snapshot.token, snapshot.version
-                found, unresolvable = self._scan(
-                    pod, segments, pod_limit, total_nodes, tmpl, result, snapshot
-                )
-                if not found:
-                    tmpl.unresolvable = unresolvable
-                    if pod_cache and labels is not None and not tmpl.skipped and shape is None:
-                        self._remember_no_fit(pod, snapshot, tmpl)
-                    unresolvable = tmpl.unresolvable
-                    # Pods bound or gone elsewhere can lift a topology rule: such a unit is
-                    # unschedulable (retried after a backoff), never infeasible (parked until a
-                    # node changes); preemption still does not try (the failure is unresolvable).
-                    all_unresolvable = all_unresolvable and unresolvable and not topo
-                    if unresolvable:  # no eviction can change taints, affinity or cordons
-                        unplaced[pod.name] = tmpl.failure
-                        _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
-                        if independent and not topo:
-                            result.infeasible_pods.add(pod.name)
-                    elif self._preempt(
-                        pod,
-                        snapshot,
-                        segments,
-                        tmpl,
-                        preempted,
-                        now_ms,
-                        unplaced,
-                        numa,
-                        diagnosed,
-                    ):
-                        placements.append((pod, preempted[pod.name].node))
-                    continue
-                all_unresolvable = False
-                node = self._take(tmpl, pod, snapshot, changed)
-                assert node is not None
-            info = snapshot.infos[node]
-            self._assume(pod, snapshot, node, numa)
-            placements.append((pod, node))
-            if pod_cache and shape is not None:
-                # Kept as a candidate: the next pod's refresh re-checks it with the new counts.
-                tmpl.live[node] = -1
-            elif pod_cache and self.framework.run_filters(pod, info) is None:
-                # Only the chosen node changed: re-check and re-score it alone.
-                self._push(tmpl, node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
-            if not pod_cache:
-                tmpl.heap.clear()
-                tmpl.live.clear()
-        if independent or (len(placements) >= needed and placements):
-            # An independent unit succeeds whatever fits: its pods' own reasons stay theirs.
-            result.success = True
-            result.placements = [
-                Placement(
-                    p.name,
-                    p.resource_version,
-                    n,
-                    _victims(preempted.get(p.name)),
-                    recommended.get(p.name, ""),
-                    numa.get(p.name, ()),
-                )
-                for p, n in placements
-            ]
-            result.unplaced = unplaced
-            result.reason = ""
-            for name in set(diagnosed) - set(unplaced):
-                del diagnosed[name]
-            if use_cache and labels is not None:
-                self._keep(templates, snapshot)
+            self._schedule_pod(run, pod)
+        if unit.independent or (len(run.placements) >= run.needed and run.placements):
+            run.succeed()
+        else:
+            run.fail()
+        if run.use_cache and run.labels is not None:
+            self._memory.keep(run.templates, snapshot, self.partition)
+
+    def _schedule_pod(self, run: _UnitRun, pod: PodInfo) -> None:
+        """One pod's cycle, as kube-scheduler's reads: PreFilter (the topology counts, the
+        template's candidates), Select the best candidate the template's cache holds, or Filter
+        and Score a fresh scan first (``_scan``); Reserve it (assume). PostFilter (preemption)
+        when nothing fits."""
+        snapshot = run.snapshot
+        shape = None
+        if self._topology_plugins and (pod.has_topology or snapshot.topology.has_anti):
+            shape = self._prefilter_topology(pod, snapshot)
+        else:
+            pod.topology = None  # no topology rule concerns it: no counts to read
+        if run.preferred and run.place_recommended(self.framework, pod):
             return
-        for pod, node in placements:
-            place = preempted.get(pod.name)
-            if place is not None:
-                undo(snapshot, pod.name, place)  # the gang preempts as a unit, or not at all
-            else:
-                snapshot.forget(pod.name, node)
-        if use_cache and labels is not None:
-            self._keep(templates, snapshot)
-        result.placements = []
-        first = next(iter(unplaced.values()), "")
-        # The node summary first: it is what `godel explain` leads with.
-        result.reason = (
-            f"{first}; min_member needs {needed} pod(s) placed, {len(placements)} fit"
-            if needed > 1
-            else first
-        )
-        result.unplaced = {p.name: result.reason for p in unit.pods}
-        first_diagnosis = next((diagnosed[p] for p in unplaced if p in diagnosed), None)
-        diagnosed.clear()
-        if first_diagnosis is not None:
-            if needed > 1:
-                first_diagnosis = replace(
-                    first_diagnosis, gang_needed=needed, gang_placed=len(placements)
-                )
-            diagnosed.update(dict.fromkeys(result.unplaced, first_diagnosis))
-        result.infeasible = bool(unplaced) and all_unresolvable and not placements
+        # A plain template the unit already holds is the common case (a gang's later pods):
+        # taken here without the call; ``_template`` decides every other case.
+        tmpl = run.templates.get(pod.template_key) if shape is None else None
+        if tmpl is None or tmpl.shape is not None:
+            tmpl = self._template(run, pod, shape)
+        if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
+            self._post_filter(run, pod, tmpl, shape is not None)
+            return
+        node = None
+        if run.use_cache:
+            if shape is not None and tmpl.live:
+                tmpl.refresh(self.framework, pod, shape, snapshot)
+            node = self._take(tmpl, pod, snapshot, run.changed)
+        if node is None:
+            node = self._scan(run, pod, tmpl, shape)
+            if node is None:
+                return
+        self._reserve(run, pod, tmpl, node, shape)
 
-    def _keep(self, templates: dict[bytes, _Template], snapshot: Snapshot) -> None:
-        """Keep the unit's feasible-node caches for the next units of the same templates (a
-        stream of one-pod jobs reuses one cache, as Gödel keys it by template, not by unit).
-        Only caches over the whole view that still hold candidates are kept."""
-        partition = self.partition
-        for key, tmpl in templates.items():
-            if partition:
-                # Another shard's nodes were scanned only because ours had none: the next unit
-                # looks in our own partition first again.
-                for node in [n for n in tmpl.live if n not in partition]:
-                    del tmpl.live[node]
-                tmpl.parked &= partition
-            if (
-                tmpl.live
-                and tmpl.budget > 0
-                and tmpl.segments is None
-                and tmpl.changed is None
-                and not tmpl.failure
-            ):
-                self._kept.pop(key, None)  # most recently used last
-                self._kept[key] = (snapshot.token, snapshot.version, tmpl)
-        while len(self._kept) > _MAX_KEPT:
-            del self._kept[next(iter(self._kept))]
+    def _scan(
+        self,
+        run: _UnitRun,
+        pod: PodInfo,
+        tmpl: _Template,
+        shape: tuple[frozenset[str], Hashable] | None,
+    ) -> str | None:
+        """Filter nodes, Score the feasible ones into the template's cache and Select the
+        best; None when no node fits (the PostFilter has had its turn)."""
+        snapshot = run.snapshot
+        # A topology template scans one node and the usual margin at a time: its candidates
+        # are re-checked as counts move, a long list would cost more there.
+        limit = run.limit
+        if shape is not None:
+            if run.use_cache:
+                limit = min(limit, 1 + self.config.scan_extra)
+            # What the fresh candidates are judged by.
+            tmpl.shape, tmpl.token, tmpl.version = shape, snapshot.token, snapshot.version
+        feasible, unresolvable = self._filter(pod, run, limit, tmpl)
+        if not feasible:
+            self._no_feasible_node(run, pod, tmpl, unresolvable, shape is not None)
+            return None
+        run.all_unresolvable = False
+        self._score(pod, feasible, tmpl, snapshot)
+        node = self._take(tmpl, pod, snapshot, run.changed)
+        assert node is not None
+        return node
 
-    def _reuse(
-        self, pod: PodInfo, snapshot: Snapshot, shape: tuple[frozenset[str], Hashable] | None
-    ) -> _Template | None:
-        """An earlier unit's cache for ``pod``'s template, brought up to the snapshot: each
-        cached node changed since (others' binds, deletions, our own cycle's assumes) is checked
-        and re-scored again, or dropped. None when there is none or the changes are not known."""
-        kept = self._kept.pop(pod.template_key, None)  # one unit at a time uses a cache
-        if kept is None:
-            return None
-        token, version, tmpl = kept
-        if (tmpl.shape is None) != (shape is None) or token != snapshot.token:
-            return None
-        if tmpl.shape is not None:
-            if self.partition and not tmpl.live.keys() <= self.partition:
-                return None
-            return tmpl  # brought up to the snapshot by ``_refresh``, from its own version
-        changed = snapshot.changed_since(version)
-        if changed is None:
-            return None
-        if self.partition and not tmpl.live.keys() <= self.partition:
-            return None  # the partition moved: scan it afresh
-        framework, infos = self.framework, snapshot.infos
-        for node in changed & tmpl.live.keys():
-            info = infos.get(node)
-            if info is None or framework.run_filters(pod, info) is not None:
-                del tmpl.live[node]  # its heap entry is skipped when popped
-            else:
-                self._push(tmpl, node, tmpl.static[node] + framework.dynamic_score(pod, info))
+    def _prefilter_topology(
+        self, pod: PodInfo, snapshot: Snapshot
+    ) -> tuple[frozenset[str], Hashable] | None:
+        """Called for a pod with pod affinity, anti-affinity or spread constraints (or that an
+        existing pod's anti-affinity may concern): it reads the counts as the unit's earlier placements left
+        them. Its template's cache is kept apart by this shape (None: no topology rule concerns
+        the pod) and brought up to the counts before each pod (``_Template.refresh``): a placement moves
+        only its node's domains."""
+        framework = self.framework
+        if framework.prepare(pod, snapshot.pod_counts()):
+            keys, every = framework.topology_shape(pod)
+            return keys, (every, snapshot.topology.relabels)
+        return None  # prepare() left pod.topology None
+
+    def _template(
+        self, run: _UnitRun, pod: PodInfo, shape: tuple[frozenset[str], Hashable] | None
+    ) -> _Template:
+        """The feasible-node cache ``pod``'s template uses in this unit: the unit's own, an
+        earlier unit's brought up to the snapshot (``_reuse``), or a fresh one (narrowed by a
+        PreFilter, or scanning only the nodes changed since the template last fit nowhere)."""
+        topo, use_cache, labels = shape is not None, run.use_cache, run.labels
+        key = pod.template_key
+        tmpl = None if topo and not use_cache else run.templates.get(key)
+        if tmpl is not None and (
+            (tmpl.shape is None) != (shape is None)  # a topology rule came or went
+            # A topology failure holds only while nothing changed: others' placements
+            # move counts (a spread's minimum rises).
+            or (tmpl.shape is not None and tmpl.failure and tmpl.version != run.snapshot.version)
+        ):
+            tmpl = None
+        if tmpl is None and use_cache and labels is not None:
+            tmpl = self._memory.reuse(self.framework, pod, run.snapshot, shape, self.partition)
+            if tmpl is not None:
+                run.templates[key] = tmpl
+        if tmpl is None:
+            tmpl = _Template(shape=shape)
+            if not topo or use_cache:
+                run.templates[key] = tmpl
+            narrowed = labels and self._narrow(pod, run.snapshot, labels, run.total_nodes)
+            if narrowed:
+                tmpl.segments, tmpl.skipped = narrowed
+            elif use_cache and labels is not None and shape is None:
+                self._memory.since_no_fit(pod, run.snapshot, tmpl)
         return tmpl
 
-    def _refresh(
-        self,
-        tmpl: _Template,
-        pod: PodInfo,
-        shape: tuple[frozenset[str], Hashable],
-        snapshot: Snapshot,
+    def _no_feasible_node(
+        self, run: _UnitRun, pod: PodInfo, tmpl: _Template, unresolvable: bool, topo: bool
     ) -> None:
-        """Bring a topology template's candidates up to the snapshot for ``pod`` (prepared
-        now). A node's topology filters and scores read only its own domains of ``shape``'s keys
-        and ``shape``'s global part, and a domain's counts move only when a pod is added to or
-        removed from one of its nodes (relabels are in the global part: ``relabels``). So: the
-        nodes changed since are checked again in full; the others in a domain of a changed node
-        (or all, when the shape moved) by the topology filters, and their raw topology scores
-        read again. Topology scores are normalized over the candidates: when a raw score moved,
-        all are normalized again and the heap rebuilt (no plugin call per node)."""
-        framework, infos, live = self.framework, snapshot.infos, tmpl.live
-        changed = snapshot.changed_since(tmpl.version) if tmpl.token == snapshot.token else None
-        parked = tmpl.parked
-        if changed is None:
-            tmpl.heap.clear()
-            live.clear()
-            parked.clear()
-            return
-        tmpl.version = snapshot.version
-        every = shape != tmpl.shape
-        tmpl.shape = shape
-        known = live.keys() | parked
-        full = changed & known
-        if every:
-            self._index_domains(tmpl, infos)
-            domain = known - full
-        else:
-            domain = set()
-            by_domain = tmpl.by_domain
-            for name in changed:
-                info = infos.get(name)
-                if info is None:
-                    continue
-                for key in shape[0]:
-                    value = info.labels.get(key)
-                    if value is not None and (key, value) in by_domain:
-                        domain |= by_domain[key, value]
-            domain = (domain & known) - full
-        if not full and not domain:
-            return
-        moved = every
-        topology_names = {p.NAME for p in framework.topology}
-        back: list[str] = []  # parked nodes the counts allow again
-        for name in full:
-            info = infos.get(name)
-            status = framework.run_filters(pod, info) if info is not None else None
-            if info is None or status is not None:
-                live.pop(name, None)
-                if status is not None and status.plugin in topology_names:
-                    parked.add(name)
-                else:
-                    parked.discard(name)
-                continue
-            if name in parked:
-                parked.discard(name)
-                back.append(name)
-            tmpl.dynamic[name] = framework.dynamic_score(pod, info)
-            raw = framework.topology_raw(pod, info)
-            if raw != tmpl.raw.get(name):
-                tmpl.raw[name] = raw
-                moved = True
-        topology_filters = framework.topology_filters
-        for name in domain:
-            info = infos[name]
-            if any(f(pod, info) is not None for f in topology_filters):
-                live.pop(name, None)
-                parked.add(name)
-                continue
-            if name in parked:
-                # The node itself did not change, but a custom profile may order a node filter
-                # after the topology ones: the whole list judges its return.
-                if framework.run_filters(pod, info) is not None:
-                    continue
-                parked.discard(name)
-                back.append(name)
-            raw = framework.topology_raw(pod, info)
-            if raw != tmpl.raw[name]:
-                tmpl.raw[name] = raw
-                moved = True
-        for name in back:
-            live[name] = -1  # pushed below
-        if moved:
-            names = list(live)
-            norm = framework.topology_scores(pod, [tmpl.raw[n] for n in names])
-            tmpl.heap.clear()
-            for name, score in zip(names, norm, strict=True):
-                tmpl.norm[name] = score
-                self._seq += 1
-                total = tmpl.static[name] + tmpl.dynamic[name] + score
-                tmpl.heap.append((-total, self._seq, name))
-                live[name] = self._seq
-            heapq.heapify(tmpl.heap)
-            return
-        for name in (full & live.keys()) | set(back):  # only their own part of the score moved
-            self._push(tmpl, name, tmpl.static[name] + tmpl.dynamic[name] + tmpl.norm[name])
+        """A fresh scan found no node for ``pod``: the template's failure is remembered (its
+        siblings, and the next units of the template, start from it) and ``pod`` goes to the
+        PostFilter."""
+        tmpl.unresolvable = unresolvable
+        if run.use_cache and run.labels is not None and not tmpl.skipped and not topo:
+            self._memory.remember_no_fit(pod, run.snapshot, tmpl)
+        # Pods bound or gone elsewhere can lift a topology rule: such a unit is unschedulable
+        # (retried after a backoff), never infeasible (parked until a node changes);
+        # preemption still does not try (the failure is unresolvable).
+        run.all_unresolvable = run.all_unresolvable and tmpl.unresolvable and not topo
+        self._post_filter(run, pod, tmpl, topo)
 
-    @staticmethod
-    def _index_domains(tmpl: _Template, infos: dict[str, NodeInfo]) -> None:
-        """The cached candidates by domain of the shape's keys."""
-        assert tmpl.shape is not None
-        by_domain: dict[tuple[str, str], set[str]] = {}
-        tmpl.by_domain = by_domain
-        for name in [*tmpl.live, *tmpl.parked]:
-            info = infos.get(name)
-            if info is None:
-                continue
-            for key in tmpl.shape[0]:
-                value = info.labels.get(key)
-                if value is not None:
-                    by_domain.setdefault((key, value), set()).add(name)
+    def _post_filter(self, run: _UnitRun, pod: PodInfo, tmpl: _Template, topo: bool) -> None:
+        """No node fits ``pod``: preemption when an eviction can help, else its reason."""
+        if tmpl.unresolvable:  # no eviction can change taints, affinity or cordons
+            run.unplaced[pod.name] = tmpl.failure
+            _diagnosed(run.result.diagnoses, pod.name, tmpl.diagnosis)
+            if run.unit.independent and not topo:
+                run.result.infeasible_pods.add(pod.name)
+        elif self._preempt(pod, run, tmpl):
+            run.placements.append((pod, run.preempted[pod.name].node))
 
-    def _since_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
-        """If an earlier unit's pod of this template found no node, scan only what changed."""
-        known = self._no_fit.get(pod.template_key)
-        if known is None or known.snapshot != snapshot.token:
-            return
-        changed = snapshot.changed_since(known.version)
-        if changed is None:
-            return
-        infos = snapshot.infos
-        tmpl.changed = [[infos[n] for n in sorted(changed) if n in infos]]
-        tmpl.known = known
-
-    def _remember_no_fit(self, pod: PodInfo, snapshot: Snapshot, tmpl: _Template) -> None:
-        """Record that no node fits the template now; the verdict of the full scan is kept when
-        only changed nodes were scanned (their diagnosis alone would not describe the cluster)."""
-        known = tmpl.known
-        if known is not None:
-            tmpl.failure = known.failure
-            tmpl.diagnosis = known.diagnosis
-            tmpl.unresolvable = tmpl.unresolvable and known.unresolvable
-        if len(self._no_fit) >= _MAX_NO_FIT:  # many distinct failing templates: start afresh
-            self._no_fit.clear()
-        self._no_fit[pod.template_key] = _NoFit(
-            snapshot.token, snapshot.version, tmpl.failure, tmpl.unresolvable, tmpl.diagnosis
-        )
-
-    def _preempt(
+    def _reserve(
         self,
+        run: _UnitRun,
         pod: PodInfo,
-        snapshot: Snapshot,
-        segments: list[list[NodeInfo]],
         tmpl: _Template,
-        preempted: dict[str, Preempted],
-        now_ms: int,
-        unplaced: dict[str, str],
-        numa: dict[str, tuple[int, ...]],
-        diagnosed: dict[str, Diagnosis],
-    ) -> bool:
+        node: str,
+        shape: tuple[frozenset[str], Hashable] | None,
+    ) -> None:
+        """Assume ``pod`` on the selected ``node``; only that node changed, so only it is
+        re-checked and re-scored in the template's cache."""
+        snapshot = run.snapshot
+        info = snapshot.infos[node]
+        run.assume(pod, node)
+        run.placements.append((pod, node))
+        if not run.use_cache:
+            tmpl.heap.clear()
+            tmpl.live.clear()
+        elif shape is not None:
+            # Kept as a candidate: the next pod's refresh re-checks it with the new counts.
+            tmpl.live[node] = -1
+        elif self.framework.run_filters(pod, info) is None:
+            tmpl.push(node, tmpl.static[node] + self.framework.dynamic_score(pod, info))
+
+    def _preempt(self, pod: PodInfo, run: _UnitRun, tmpl: _Template) -> bool:
         """The PostFilter for a pod the filters placed nowhere: True when it is assumed on a node
-        with its victims taken off; else its reason is in ``unplaced``."""
+        with its victims taken off; else its reason is in ``run.unplaced``."""
+        unplaced, diagnosed = run.unplaced, run.result.diagnoses
         if self.preemption is None or not pod.can_preempt:
             unplaced[pod.name] = tmpl.failure
             _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
@@ -737,9 +969,9 @@ class UnitScheduler:
             unplaced[pod.name] = tmpl.preemption_failure
             _diagnosed(diagnosed, pod.name, tmpl.preemption_diagnosis)
             return False
-        chosen = {v.name for place in preempted.values() for v in place.victims}
-        scan = tmpl.segments if tmpl.segments is not None else segments
-        place = self.preemption.find(pod, scan, now_ms, chosen)
+        chosen = {v.name for place in run.preempted.values() for v in place.victims}
+        scan = tmpl.segments if tmpl.segments is not None else run.segments
+        place = self.preemption.find(pod, scan, run.now_ms, chosen)
         if place is None:
             tmpl.preemption_failure = f"{tmpl.failure}; {self.preemption.why}"
             if tmpl.diagnosis is not None:
@@ -747,31 +979,11 @@ class UnitScheduler:
             unplaced[pod.name] = tmpl.preemption_failure
             _diagnosed(diagnosed, pod.name, tmpl.preemption_diagnosis)
             return False
-        req = take(snapshot, pod.req, place)
+        req = take(run.snapshot, pod.req, place)
         if req.numa_nodes:
-            numa[pod.name] = req.numa_nodes
-        preempted[pod.name] = place
+            run.numa[pod.name] = req.numa_nodes
+        run.preempted[pod.name] = place
         return True
-
-    @staticmethod
-    def _assume(
-        pod: PodInfo, snapshot: Snapshot, node: str, numa: dict[str, tuple[int, ...]]
-    ) -> None:
-        """Assume ``pod`` on ``node``, a NUMA-bound pod holding the NUMA nodes chosen for it
-        there, so the unit's later pods see them taken."""
-        req = pin_numa(snapshot.infos[node], pod.req)
-        if req.numa_nodes:
-            numa[pod.name] = req.numa_nodes
-        snapshot.assume(req, node)
-
-    def _godel_scan(self, unit: UnitInfo) -> int:
-        """Feasible nodes to find per scan in Gödel mode. With the cache one scan serves every pod
-        of a template, so it must find a node for each of them. Without it every pod scans anew,
-        for ``AllMember + scan_extra`` as Gödel does: all the unit's pods for a gang, one for a
-        unit whose pods are placed independently."""
-        if self.config.feasible_cache or unit.min_member > 1:
-            return len(unit.pods) + self.config.scan_extra
-        return 1 + self.config.scan_extra
 
     # -- pod level ---------------------------------------------------------------------------
 
@@ -789,49 +1001,17 @@ class UnitScheduler:
                 return node
         return None
 
-    def _take_recommended(
-        self,
-        pod: PodInfo,
-        snapshot: Snapshot,
-        preferred: dict[str, list[str]],
-        within: set[str] | None,
-    ) -> tuple[str, str] | None:
-        """The first recommended node that fits ``pod`` (filters only, as Gödel's preferred
-        nodes are tried) and lies ``within`` the unit's node group, if it has one; consuming
-        one of its recommendations."""
-        for node, tags in preferred.items():
-            if within is not None and node not in within:
-                continue
-            info = snapshot.infos.get(node)
-            if info is not None and self.framework.run_filters(pod, info) is None:
-                tag = tags.pop(0)
-                if not tags:
-                    del preferred[node]
-                return node, tag
-        return None
-
-    def _push(self, tmpl: _Template, node: str, score: int) -> None:
-        self._seq += 1
-        heapq.heappush(tmpl.heap, (-score, self._seq, node))
-        tmpl.live[node] = self._seq
-
-    def _scan(
-        self,
-        pod: PodInfo,
-        segments: Sequence[list[NodeInfo]],
-        limit: int,
-        total_nodes: int,
-        tmpl: _Template,
-        result: UnitResult,
-        snapshot: Snapshot,
-    ) -> tuple[bool, bool]:
-        """Filter nodes from the rotating offset until ``limit`` are feasible; score them into
-        the template's heap. Segments are scanned in order (own partition first) and a later
-        one only if the earlier ones had no feasible node. Returns (found any, every failure
-        was unresolvable)."""
+    def _filter(
+        self, pod: PodInfo, run: _UnitRun, limit: int, tmpl: _Template
+    ) -> tuple[list[NodeInfo], bool]:
+        """Filter nodes from the rotating offset until ``limit`` are feasible. Segments are
+        scanned in order (own partition first) and a later one only if the earlier ones had no
+        feasible node. Returns (the feasible nodes, every failure was unresolvable); with none,
+        the template's failure says why."""
         filters = self.framework.filters_for(pod)
         feasible: list[NodeInfo] = []
         diag = dict(tmpl.skipped)
+        segments: Sequence[list[NodeInfo]] = run.segments
         if tmpl.changed is not None:
             segments = tmpl.changed
         elif tmpl.segments is not None:
@@ -839,12 +1019,7 @@ class UnitScheduler:
         unresolvable = True
         examined = 0
         for seg in segments:
-            n = len(seg)
-            if not n:
-                continue
-            start = self._offset % n
-            for i in range(n):
-                node = seg[(start + i) % n]
+            for node in rotated(seg, self._offset):
                 examined += 1
                 for f in filters:
                     status = f(pod, node)
@@ -864,50 +1039,29 @@ class UnitScheduler:
             if feasible:
                 break
         self._offset += examined
-        result.examined += examined
-        result.scans += 1
+        run.result.examined += examined
+        run.result.scans += 1
         if not feasible:
-            tmpl.failure = describe(total_nodes, 0, diag)
-            tmpl.diagnosis = diagnose(total_nodes, diag)
-            return False, unresolvable
+            tmpl.failure = describe(run.total_nodes, 0, diag)
+            tmpl.diagnosis = diagnose(run.total_nodes, diag)
+            return feasible, unresolvable
+        return feasible, False
+
+    def _score(
+        self, pod: PodInfo, feasible: list[NodeInfo], tmpl: _Template, snapshot: Snapshot
+    ) -> None:
+        """Score the feasible nodes into the template's heap (the candidates ``_take`` selects
+        from), as many pods' worth as the scan found nodes."""
         if tmpl.shape is not None:
-            self._scored_topology(pod, feasible, tmpl, snapshot)
-            return True, False
+            tmpl.score_topology(self.framework, pod, feasible, snapshot)
+            return
         static, dynamic = self.framework.score_parts(pod, feasible)
         for info, s, d in zip(feasible, static, dynamic, strict=True):
             tmpl.static[info.name] = s
-            self._push(tmpl, info.name, s + d)
+            tmpl.push(info.name, s + d)
         tmpl.budget = len(feasible)
-        return True, False
-
-    def _scored_topology(
-        self, pod: PodInfo, feasible: list[NodeInfo], tmpl: _Template, snapshot: Snapshot
-    ) -> None:
-        """A topology template's fresh candidates: scores kept in parts (node-only normalized,
-        per-node dynamic, topology raw and normalized) so ``_refresh`` can redo the moving ones."""
-        framework = self.framework
-        static, dynamic = framework.score_parts(pod, feasible, topology_apart=True)
-        raws = [framework.topology_raw(pod, info) for info in feasible]
-        norm = framework.topology_scores(pod, raws)
-        tmpl.heap.clear()
-        tmpl.live.clear()
-        tmpl.parked.clear()
-        tmpl.static.clear()
-        tmpl.dynamic.clear()
-        tmpl.raw.clear()
-        tmpl.norm.clear()
-        for info, s, d, r, t in zip(feasible, static, dynamic, raws, norm, strict=True):
-            name = info.name
-            tmpl.static[name], tmpl.dynamic[name], tmpl.raw[name], tmpl.norm[name] = s, d, r, t
-            self._push(tmpl, name, s + d + t)
-        tmpl.budget = len(feasible)
-        self._index_domains(tmpl, snapshot.infos)
 
 
 def _diagnosed(diagnosed: dict[str, Diagnosis], pod: str, diagnosis: Diagnosis | None) -> None:
     if diagnosis is not None:
         diagnosed[pod] = diagnosis
-
-
-def _victims(place: Preempted | None) -> list[str]:
-    return [v.name for v in place.victims] if place is not None else []

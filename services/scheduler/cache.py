@@ -63,19 +63,19 @@ class SchedulerCache:
     # -- informer handlers -------------------------------------------------------------------
 
     def on_add(self, kind: str, obj: Message) -> None:
-        if kind == "Node":
-            self.set_node(obj)  # type: ignore[arg-type]
-        elif kind == "Pod":
-            self.set_pod(obj)  # type: ignore[arg-type]
+        if isinstance(obj, pb.Node):
+            self.set_node(obj)
+        elif isinstance(obj, pb.Pod):
+            self.set_pod(obj)
 
     def on_update(self, kind: str, old: Message, new: Message) -> None:
         self.on_add(kind, new)
 
     def on_delete(self, kind: str, obj: Message) -> None:
-        if kind == "Node":
-            self.remove_node(obj.metadata.name)  # type: ignore[attr-defined]
-        elif kind == "Pod":
-            self.remove_pod(obj.metadata.name)  # type: ignore[attr-defined]
+        if isinstance(obj, pb.Node):
+            self.remove_node(obj.metadata.name)
+        elif isinstance(obj, pb.Pod):
+            self.remove_pod(obj.metadata.name)
 
     # -- nodes -------------------------------------------------------------------------------
 

@@ -85,8 +85,8 @@ class MovementTracker:
         self.on_add(kind, new)
 
     def on_delete(self, kind: str, obj: Message) -> None:
-        if kind == KIND:
-            self._forget(obj.metadata.name)  # type: ignore[attr-defined]
+        if isinstance(obj, pb.Movement):
+            self._forget(obj.metadata.name)
 
     def _forget(self, name: str) -> None:
         old = self.movements.pop(name, None)
