@@ -25,6 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import grpc
 import structlog
 
+from foundation.retry import Backoff, Retry
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from services.peers.binder import LEASE as BINDER_LEASE
@@ -108,12 +109,11 @@ class BinderLink(Generic[U]):
 
     async def run(self) -> None:
         """Keep a stream to the current leader, for ever."""
-        delay = _RELOOK_SECONDS
+        relook = Retry(Backoff(_RELOOK_SECONDS, cap=_RELOOK_MAX_SECONDS))
         while True:
             address = await self._leader_address()
             if address is None:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RELOOK_MAX_SECONDS)
+                await relook.sleep()
                 continue
             try:
                 await self._run_stream(address)
@@ -125,8 +125,7 @@ class BinderLink(Generic[U]):
                     code=exc.code().name,
                     details=exc.details(),
                 )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _RELOOK_MAX_SECONDS)
+            await relook.sleep()
 
     async def _leader_address(self) -> str | None:
         try:

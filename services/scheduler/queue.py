@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Sized
 from typing import Generic, Protocol, TypeVar
 
+from foundation.retry import Backoff
+
 
 class Queued(Protocol):
     """What the queue reads of a unit."""
@@ -51,6 +53,7 @@ class ShardQueue(Generic[U]):
     ) -> None:
         self.backoff_initial_seconds = backoff_initial_seconds
         self.backoff_max_seconds = backoff_max_seconds
+        self._backoff_policy = Backoff(backoff_initial_seconds, cap=backoff_max_seconds)
         self._clock = clock
         self._ready: list[tuple[int, int, U]] = []  # (-priority, arrival, unit)
         self._backoff: list[tuple[float, int, U]] = []  # (not before, arrival, unit)
@@ -68,8 +71,7 @@ class ShardQueue(Generic[U]):
     def retry_delay(self, attempts: int) -> float:
         """The backoff after the ``attempts``-th rejection: the initial delay doubled per
         attempt after the first, capped."""
-        delay: float = self.backoff_initial_seconds * 2 ** (attempts - 1)
-        return min(delay, self.backoff_max_seconds)
+        return self._backoff_policy.delay(attempts - 1)
 
     def retry(self, unit: U, attempts: int) -> None:
         """Defer ``unit`` by the backoff of its ``attempts``-th rejection."""

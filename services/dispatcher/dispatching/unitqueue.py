@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import NamedTuple
 
+from foundation.retry import Backoff
 from placement.claims import holds_claim
 from placement.nodeinfo import GUARANTEED, pool_of
 from placement.resources import Quantities
@@ -447,8 +448,9 @@ class UnitQueue:
         """The unit did not fit: wait, doubling from ``initial_seconds`` per attempt, capped.
         Returns the delay."""
         entry.attempts += 1
-        doubled = self.backoff.initial_seconds * float(2 ** (entry.attempts - 1))
-        delay = min(doubled, self.backoff.max_seconds)
+        delay = Backoff(self.backoff.initial_seconds, cap=self.backoff.max_seconds).delay(
+            entry.attempts - 1
+        )
         self._set_state(entry, UnitState.BACKOFF)
         entry.not_before = now + delay
         heapq.heappush(self._waiting, (entry.not_before, entry.seq, entry.job))
