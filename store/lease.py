@@ -1,4 +1,5 @@
-"""LeaderElector: hold a store lease, renew it, and step down the moment it may be lost.
+"""Leases: the store's lease operations (``Leases``, part of ``Store``) and ``LeaderElector``,
+which holds a lease, renews it, and steps down the moment it may be lost.
 
 Leadership is only ever proven by the fencing epoch: a deposed leader's fenced writes are
 rejected by the store itself, so the local view here can be conservative without being
@@ -11,13 +12,89 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import structlog
 
-from store.client import Fence, Store
+from protos.godel.v1 import objects_pb2 as pb
+from store.connection import StoreConnection, translate_errors
 from store.errors import StoreUnavailableError
+from store.metrics import LEASE_ROUND_TRIP
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Proof of leadership carried by leader-only writes."""
+
+    lease: str
+    epoch: int
+
+
+class Leases(StoreConnection):
+    """Leases on the server's clock (``lua/lease.lua``): a new holder gets epoch + 1, and a write
+    fenced with an older epoch is rejected."""
+
+    async def acquire_lease(
+        self, name: str, holder: str, duration_ms: int, address: str = ""
+    ) -> tuple[bool, pb.Lease]:
+        """Take the lease if it is free or expired (new epoch), or extend it if ``holder``
+        already has it. Returns (acquired, lease as now stored)."""
+        return await self._lease("acquire", name, holder, 0, duration_ms, address)
+
+    async def renew_lease(
+        self, name: str, holder: str, epoch: int, duration_ms: int
+    ) -> tuple[bool, pb.Lease]:
+        """Extend a lease held at ``epoch``; False once it expired or changed hands."""
+        return await self._lease("renew", name, holder, epoch, duration_ms, "")
+
+    async def release_lease(self, name: str, holder: str, epoch: int) -> bool:
+        """Step down: the lease becomes free at once (the epoch stays, so writes fenced with it
+        are rejected from now on)."""
+        ok, _ = await self._lease("release", name, holder, epoch, 0, "")
+        return ok
+
+    async def get_lease(self, name: str) -> pb.Lease | None:
+        """The lease as stored (holder empty if released); None if never taken."""
+        _, lease = await self._lease("observe", name, "", 0, 0, "")
+        return lease if lease.epoch else None
+
+    async def _lease(
+        self, action: str, name: str, holder: str, epoch: int, duration_ms: int, address: str
+    ) -> tuple[bool, pb.Lease]:
+        with translate_errors(), LEASE_ROUND_TRIP.time():
+            if self.replicas and action != "observe":
+                # A new epoch must survive a failover: granted only once a replica has it.
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    await self._lease_script(
+                        keys=[self.keys.lease(name)],
+                        args=[action, holder, epoch, duration_ms, address],
+                        client=pipe,
+                    )
+                    self._wait_for_replicas(pipe)
+                    replies = await pipe.execute()
+                self._check_replicated(replies)
+                r = replies[0]
+            else:
+                r = await self._lease_script(
+                    keys=[self.keys.lease(name)],
+                    args=[action, holder, epoch, duration_ms, address],
+                )
+        lease = pb.Lease(
+            name=name,
+            holder=r[1].decode(),
+            holder_address=r[2].decode(),
+            epoch=int(r[3]),
+            duration_ms=int(r[4]),
+            acquired_ms=int(r[5]),
+            renewed_ms=int(r[6]),
+            expires_ms=int(r[7]),
+        )
+        if lease.expires_ms <= int(r[8]):
+            lease.holder = ""  # expired: nobody holds it
+        return bool(int(r[0])), lease
+
 
 LeadershipCallback = Callable[[Fence], Awaitable[None]]
 
@@ -25,7 +102,7 @@ LeadershipCallback = Callable[[Fence], Awaitable[None]]
 class LeaderElector:
     def __init__(
         self,
-        store: Store,
+        store: Leases,
         lease: str,
         holder: str,
         *,
