@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,25 @@ from store.server import StoreServer, store_url_from_env
 
 # The run always exits, and fails naming any server, process or thread a test left running.
 pytest_plugins = ["tests.exit_guard"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (pyproject's addopts: two workers), the e2e tests (tests/e2e/, each
+    starting a whole cluster) form one unit of work, run one after the other by one worker,
+    while the other tests are handed out one by one to whichever worker is free: never two
+    clusters at once on a 2-core machine, for tests that wait on real processes and time and
+    bind the ports `godel up` picked. (xdist's own `--dist loadgroup` cannot do it under
+    pytest 9: it regroups by rewriting node ids, which pytest 9 no longer lets it do.)"""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for on the command line
+    from xdist.scheduler import LoadScopeScheduling
+
+    class E2EOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid
+
+    return E2EOnOneWorker(config, log)
 
 
 @pytest.fixture(scope="session")
