@@ -15,20 +15,24 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self, overload
+from typing import Any, overload
 
 import grpc
 from google.protobuf.message import Message
 
 from foundation import tls
-from godel.client._transport import CHANNEL_OPTIONS, client_error, resolve_credentials
+from godel.client._transport import (
+    CHANNEL_OPTIONS,
+    ClosedOnExit,
+    client_error,
+    resolve_credentials,
+)
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from store.kinds import S, StoredObject, kind_for_class, unwrap, wrap
 
 
-class _Connection:
+class _Connection(ClosedOnExit):
     """One channel to one service: closing, ``with`` support, calls with the deadline and
     errors as ClientError."""
 
@@ -48,17 +52,6 @@ class _Connection:
 
     def close(self) -> None:
         self._channel.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _call(self, method: Any, request: Message) -> Any:
         """The RPC's response. Untyped, as grpc is (the generated stubs name each RPC's
