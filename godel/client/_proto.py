@@ -15,50 +15,53 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self, overload
+from typing import Any, ClassVar, Generic, TypeVar, overload
 
 import grpc
 from google.protobuf.message import Message
 
 from foundation import tls
-from godel.client._transport import CHANNEL_OPTIONS, client_error, resolve_credentials
+from godel.client._transport import (
+    CHANNEL_OPTIONS,
+    ClosedOnExit,
+    client_error,
+    resolve_credentials,
+)
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from store.kinds import S, StoredObject, kind_for_class, unwrap, wrap
 
+# The generated stub of the service a client speaks to.
+Stub = TypeVar("Stub")
 
-class _Connection:
-    """One channel to one service: closing, ``with`` support, calls with the deadline and
-    errors as ClientError."""
+
+class _Connection(ClosedOnExit, Generic[Stub]):
+    """One channel to one service: its stub, closing, ``with`` support, calls with the deadline
+    and errors as ClientError. A client names its service's stub (``_stub``) and its default
+    deadline (``default_timeout``, used when ``timeout`` is not given)."""
+
+    default_timeout: ClassVar[float]
 
     def __init__(
         self,
         address: str,
         *,
-        timeout: float,
+        timeout: float | None = None,
         home: Path | None = None,
         credentials: tls.Credentials | None = None,
         insecure: bool = False,
     ) -> None:
         self.address = address
-        self.timeout = timeout
+        self.timeout = self.default_timeout if timeout is None else timeout
         self.credentials = resolve_credentials(credentials, insecure, home)
         self._channel = tls.channel(address, self.credentials, CHANNEL_OPTIONS)
+        self._api = self._stub(self._channel)
+
+    def _stub(self, channel: grpc.Channel) -> Stub:
+        raise NotImplementedError
 
     def close(self) -> None:
         self._channel.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _call(self, method: Any, request: Message) -> Any:
         """The RPC's response. Untyped, as grpc is (the generated stubs name each RPC's
@@ -69,23 +72,14 @@ class _Connection:
             raise client_error(exc, self.address, plaintext=self.credentials is None) from None
 
 
-class ProtoClient(_Connection):
+class ProtoClient(_Connection[api_pb2_grpc.DispatcherStub]):
     """The Dispatcher's API. Credentials as the SDK finds them (``discover_credentials``) unless
-    given; ``insecure=True`` for a cluster started with --insecure."""
+    given; ``insecure=True`` for a cluster started with --insecure. ``timeout``: 30 s."""
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        timeout: float = 30.0,
-        home: Path | None = None,
-        credentials: tls.Credentials | None = None,
-        insecure: bool = False,
-    ) -> None:
-        super().__init__(
-            address, timeout=timeout, home=home, credentials=credentials, insecure=insecure
-        )
-        self._api = api_pb2_grpc.DispatcherStub(self._channel)
+    default_timeout = 30.0
+
+    def _stub(self, channel: grpc.Channel) -> api_pb2_grpc.DispatcherStub:
+        return api_pb2_grpc.DispatcherStub(channel)
 
     def submit(
         self, jobs: Sequence[pb.Job], *, dry_run: bool = False, request_id: str | None = None
@@ -219,23 +213,15 @@ def _kind_name(kind: str | type[Message]) -> str:
     return kind if isinstance(kind, str) else kind_for_class(kind).name
 
 
-class ReschedulerClient(_Connection):
-    """The Rescheduler's API: run a policy's round now (or simulate it), list the policies."""
+class ReschedulerClient(_Connection[api_pb2_grpc.ReschedulerStub]):
+    """The Rescheduler's API: run a policy's round now (or simulate it), list the policies.
+    ``timeout``: 300 s."""
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        timeout: float = 300.0,
-        home: Path | None = None,
-        credentials: tls.Credentials | None = None,
-        insecure: bool = False,
-    ) -> None:
-        # A round on a large cluster takes seconds: the default deadline is generous.
-        super().__init__(
-            address, timeout=timeout, home=home, credentials=credentials, insecure=insecure
-        )
-        self._api = api_pb2_grpc.ReschedulerStub(self._channel)
+    # A round on a large cluster takes seconds: the default deadline is generous.
+    default_timeout = 300.0
+
+    def _stub(self, channel: grpc.Channel) -> api_pb2_grpc.ReschedulerStub:
+        return api_pb2_grpc.ReschedulerStub(channel)
 
     def trigger(self, policy: str = "", *, dry_run: bool = False) -> api_pb2.TriggerResponse:
         """One round of ``policy`` (every policy when empty) and its plan."""

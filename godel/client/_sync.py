@@ -9,12 +9,11 @@ import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from foundation import tls
 from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, Selector
-from godel.client._transport import DEFAULT_TIMEOUT
+from godel.client._transport import DEFAULT_TIMEOUT, ClosedOnExit
 from godel.client.objects import Event, Explanation, Job, Object, Pod
 
 T = TypeVar("T")
@@ -79,7 +78,7 @@ class JobHandle:
         return self._loop.run(self._handle.wait(phase, timeout))
 
 
-class GodelClient:
+class GodelClient(ClosedOnExit):
     """The synchronous client of a Gödel cluster: AsyncGodelClient's methods, blocking.
 
     ``address`` defaults to ``$GODEL_ADDRESS`` / ``$GODEL_SERVER``, else the local cluster of
@@ -122,17 +121,6 @@ class GodelClient:
             return  # closed before: close() may be called again (and by __exit__)
         self._loop.run(self._async.close())
         self._loop.stop()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @overload
     def submit(self, jobs: Job, *, request_id: str | None = None) -> JobHandle: ...

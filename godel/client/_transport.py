@@ -14,7 +14,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import grpc
 
@@ -47,6 +48,24 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 # Addresses a program may be given, in the order they are looked at.
 ADDRESS_VARIABLES = ("GODEL_ADDRESS", "GODEL_SERVER")
+
+
+class ClosedOnExit:
+    """``with`` support for a blocking client: the block's end calls ``close()``."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 # ---------------------------------------------------------------------------------------------

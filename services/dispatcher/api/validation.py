@@ -75,34 +75,38 @@ class SubmitContext:
 def validate_label_name(name: str, field: str, *, max_length: int = MAX_LABEL_LENGTH) -> Violations:
     if not name:
         return [violation(field, "is required")]
-    if len(name) > max_length:
-        return [violation(field, f"must be at most {max_length} characters (got {len(name)})")]
-    if not _LABEL_RE.match(name):
-        return [
-            violation(
-                field,
-                f"{name!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
-                "starting and ending with a letter or digit)",
-            )
-        ]
-    return []
+    return _bounded_match(
+        name,
+        field,
+        max_length,
+        _LABEL_RE,
+        "is not a DNS-1123 label (lowercase letters, digits and '-', "
+        "starting and ending with a letter or digit)",
+    )
 
 
 def validate_label_value(value: str, field: str) -> Violations:
     """A label value as Kubernetes validates one (a selector value that no label can hold would
     make an In term match nothing and a NotIn term match everything, silently)."""
-    if len(value) > MAX_LABEL_LENGTH:
-        return [
-            violation(field, f"must be at most {MAX_LABEL_LENGTH} characters (got {len(value)})")
-        ]
-    if not _LABEL_VALUE_RE.match(value):
-        return [
-            violation(
-                field,
-                f"{value!r} is not a valid label value (alphanumerics, '-', '_' and '.', "
-                "starting and ending with an alphanumeric)",
-            )
-        ]
+    return _bounded_match(
+        value,
+        field,
+        MAX_LABEL_LENGTH,
+        _LABEL_VALUE_RE,
+        "is not a valid label value (alphanumerics, '-', '_' and '.', "
+        "starting and ending with an alphanumeric)",
+    )
+
+
+def _bounded_match(
+    text: str, field: str, max_length: int, pattern: re.Pattern[str], not_matched: str
+) -> Violations:
+    """At most ``max_length`` characters, then ``pattern`` (``not_matched`` says what it wants):
+    the one violation of the first check that fails."""
+    if len(text) > max_length:
+        return [violation(field, f"must be at most {max_length} characters (got {len(text)})")]
+    if not pattern.match(text):
+        return [violation(field, f"{text!r} {not_matched}")]
     return []
 
 
