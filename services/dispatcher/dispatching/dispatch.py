@@ -25,17 +25,17 @@ from placement.resources import Quantities
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.entries import (
+    BackoffSettings,
+    PendingRef,
+    UnitEntry,
+    UnitState,
+)
 from services.dispatcher.dispatching.feed import ViewFeed
 from services.dispatcher.dispatching.nominations import Nominations
 from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.dispatching.reclaim import Reclaimer
-from services.dispatcher.dispatching.unitqueue import (
-    BackoffSettings,
-    PendingRef,
-    UnitEntry,
-    UnitQueue,
-    UnitState,
-)
+from services.dispatcher.dispatching.unitqueue import UnitQueue
 from services.dispatcher.objects import NodeShape
 from services.events import SHARD_LOST, WARNING, EventRecorder, ref
 from services.peers.binder import BinderEvictor
