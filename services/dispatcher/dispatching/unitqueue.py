@@ -8,7 +8,8 @@ the round hands each unit it picks to a ``place`` callback (the dispatcher's sha
 table tests need no store, no gRPC and no event loop.
 
 ``UnitQueue`` tracks the units and composes the parts that each do one job: ``QueueHeaps``
-(heaps.py: per-queue policy order), ``QuotaLedger`` (ledger.py: usage, quotas, the room),
+(heaps.py: a unit's view, per-queue policy order), ``QuotaLedger`` (ledger.py: usage, quotas,
+the room),
 ``Waits`` (waiting.py: backoff and the infeasible wait), ``QueueFigures`` (figures.py: the
 per-queue counts and ``Queue.status``) and ``Rounds`` (here: which queue and unit next).
 """
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable
 from fractions import Fraction
 
 from placement.claims import holds_claim
-from placement.nodeinfo import GUARANTEED, pool_of
+from placement.nodeinfo import GUARANTEED
 from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import (
@@ -46,7 +47,6 @@ from services.dispatcher.dispatching.queueing import (
     turn_key,
 )
 from services.dispatcher.dispatching.waiting import Waits
-from services.dispatcher.objects import being_deleted, pods_complete
 
 # The records the queue tracks live in entries.py; its callers import them from here with it.
 __all__ = [
@@ -106,8 +106,7 @@ class _Turns:
 class Rounds:
     """The round: which queue's turn it is under the fairness policy, which of its units go and
     which are held (quota, room, a queue below its min owed the room), and what the mins of
-    queues below them are owed. Works over the queue's parts; ``view`` and ``enqueue`` are the
-    ``UnitQueue``'s."""
+    queues below them are owed. Works over the queue's parts."""
 
     def __init__(
         self,
@@ -116,8 +115,6 @@ class Rounds:
         waits: Waits,
         figures: QueueFigures,
         by_queue: dict[str, dict[str, UnitEntry]],
-        view: Callable[[UnitEntry], PendingUnit | None],
-        enqueue: Callable[[UnitEntry], None],
         fairness: Fairness,
     ) -> None:
         self.fairness = fairness
@@ -126,8 +123,8 @@ class Rounds:
         self._waits = waits
         self._figures = figures
         self._by_queue = by_queue
-        self._view = view
-        self._enqueue = enqueue
+        self._view = heaps.view
+        self._enqueue = heaps.enqueue
         # What queues below their min are owed, as the current round started (``owed``).
         self._round_owed: dict[str, Quantities] = {}
         # Whether the last round held a unit for room (only then is room freed since worth
@@ -315,18 +312,16 @@ class UnitQueue:
         # The same units per queue, so questions about one queue cost its units, not all.
         self._by_queue: dict[str, dict[str, UnitEntry]] = {}
         self._seq = 0
-        heaps = self._heaps = QueueHeaps(queues, self.units)
         ledger = self._ledger = QuotaLedger(queues)
-        waits = self._waits = Waits(backoff, self.units, self._by_queue)
         figures = self._figures = QueueFigures(ledger)
+        heaps = self._heaps = QueueHeaps(jobs, queues, self.units, figures.set_state)
+        waits = self._waits = Waits(backoff, self.units, self._by_queue)
         rounds = self._rounds = Rounds(
             heaps,
             ledger,
             waits,
             figures,
             self._by_queue,
-            self.view,
-            self.enqueue,
             fairness or RoundRobin(),
         )
         self._backed_off = waits.backed_off
@@ -336,6 +331,8 @@ class UnitQueue:
         self._others_wait = figures.others_wait
         self.pending_pods = figures.pending_pods
         self.statuses = figures.statuses
+        self.view = heaps.view
+        self.enqueue = heaps.enqueue
         self.policy = heaps.policy
         self.pop = heaps.pop
         self.queued = heaps.queued
@@ -431,57 +428,6 @@ class UnitQueue:
     # -----------------------------------------------------------------------------------------
     # Ordering
     # -----------------------------------------------------------------------------------------
-
-    def view(self, entry: UnitEntry) -> PendingUnit | None:
-        """The unit as queue policies and quotas see it; None while its Job is unknown or its
-        pods are still being created (a unit goes whole: a gang judged on part of its pods
-        could be bound below its min_member, or a job sent in pieces)."""
-        job = self.jobs(entry.job)
-        if job is None:
-            return None  # orphaned pods: nothing to schedule them as
-        cached = entry.view
-        version = job.metadata.resource_version
-        if (
-            cached is not None
-            and version  # a job never stored has no version to tell its changes by
-            and cached[0] == version
-            and cached[1].pods == len(entry.pods)
-        ):
-            return cached[1]  # the same version of the job, so it was whole and not being deleted
-        if not pods_complete(job):
-            return None  # its pods are still being created (chunked): dispatch it whole
-        if being_deleted(job):
-            return None  # going, in chunks: nothing more of it is scheduled
-        spec, count = job.spec, len(entry.pods)
-        requests = Quantities.of_pod_request(spec.template.requests, count)
-        least = min(max(1, spec.min_member), count)
-        unit = PendingUnit(
-            entry.job,
-            entry.queue,
-            spec.priority,
-            job.metadata.creation_timestamp_ms,
-            entry.seq,
-            count,
-            requests,
-            pool_of(spec.qos),
-            # Never mutated: one instance serves both when the unit's min is all of it.
-            requests
-            if least == count
-            else Quantities.of_pod_request(spec.template.requests, least),
-        )
-        entry.view = (version, unit)
-        return unit
-
-    def enqueue(self, entry: UnitEntry) -> None:
-        """Mark the unit QUEUED and put it in its queue's heap (once)."""
-        self._set_state(entry, UnitState.QUEUED)
-        if entry.in_heap:
-            return
-        entry.in_heap = True
-        unit = self.view(entry) or PendingUnit(
-            entry.job, entry.queue, 0, entry.enqueued_ms, entry.seq, len(entry.pods), Quantities()
-        )
-        self._heaps.push(entry, unit)
 
     def queue_changed(self, queue: str) -> None:
         """A queue was created or changed (its sort policy may differ): re-key its heap."""
