@@ -12,7 +12,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
 from services.dispatcher.api.rpc import abort, refuse_if
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
-from services.dispatcher.dispatching.unitqueue import is_pending
+from services.dispatcher.dispatching.entries import is_pending
 from services.runtime.auth import caller
 from store import NotFoundError, Store, StoreUnavailableError
 

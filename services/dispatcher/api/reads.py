@@ -21,7 +21,7 @@ from services.dispatcher.api.rpc import abort, refuse_if
 from services.dispatcher.controllers.jobphase import derives_status
 from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
-from services.dispatcher.dispatching.unitqueue import is_pending
+from services.dispatcher.dispatching.entries import is_pending
 from services.dispatcher.objects import metadata_of
 from services.runtime.auth import caller
 from store import InvalidObjectError, NotFoundError, Store, StoreUnavailableError

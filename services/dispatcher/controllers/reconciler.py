@@ -41,7 +41,7 @@ from services.dispatcher.controllers.deletion import JobDeleter
 from services.dispatcher.controllers.jobphase import derives_status, job_status
 from services.dispatcher.controllers.jobstatus import JobStatusController
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
-from services.dispatcher.dispatching.unitqueue import UnitState
+from services.dispatcher.dispatching.entries import UnitState
 from services.dispatcher.objects import being_deleted, pods_complete
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer

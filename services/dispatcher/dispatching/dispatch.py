@@ -25,17 +25,18 @@ from placement.resources import Quantities
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.entries import (
+    BackoffSettings,
+    PendingRef,
+    UnitEntry,
+    UnitState,
+)
 from services.dispatcher.dispatching.feed import ViewFeed
 from services.dispatcher.dispatching.nominations import Nominations
 from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.dispatching.reclaim import Reclaimer
-from services.dispatcher.dispatching.unitqueue import (
-    BackoffSettings,
-    PendingRef,
-    UnitEntry,
-    UnitQueue,
-    UnitState,
-)
+from services.dispatcher.dispatching.settling import Settler
+from services.dispatcher.dispatching.unitqueue import UnitQueue
 from services.dispatcher.objects import NodeShape
 from services.events import SHARD_LOST, WARNING, EventRecorder, ref
 from services.peers.binder import BinderEvictor
@@ -47,9 +48,6 @@ log = structlog.get_logger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 RECONNECT_SECONDS = 1.0
-# How long to wait for the informer to catch up with the store before re-queueing a unit whose
-# attempt ended (so pods the Binder just bound are not sent again).
-SETTLE_TIMEOUT_SECONDS = 5.0
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
 
@@ -215,13 +213,76 @@ def _unschedulable_condition(pod: pb.Pod) -> pb.Condition | None:
     return None
 
 
+async def mark_unschedulable(
+    store: Store, informer: Informer, entry: UnitEntry, reason: str
+) -> None:
+    """Record why on the pods that do not say so yet: one round trip, conflicts ignored (the
+    shard may have written its own, more detailed condition meanwhile)."""
+    updates = []
+    now_ms = int(time.time() * 1000)
+    for name in list(entry.pods):
+        pod = informer.get("Pod", name)
+        if not isinstance(pod, pb.Pod) or _unschedulable_condition(pod) is not None:
+            continue
+        copy = pb.Pod()
+        copy.CopyFrom(pod)
+        copy.status.conditions.append(
+            pb.Condition(
+                type=POD_SCHEDULED,
+                status="False",
+                reason=UNSCHEDULABLE,
+                message=reason or "the unit can never fit as specified",
+                last_transition_ms=now_ms,
+            )
+        )
+        updates.append(copy)
+    if updates:
+        try:
+            await store.update_many(updates)
+        except StoreError as exc:
+            log.warning("could not mark pods unschedulable", job=entry.job, error=str(exc))
+
+
+def describe_unit(entry: UnitEntry, queue: UnitQueue, shards_ready: bool) -> str:
+    """Where a tracked unit stands, in words (Explain's summary)."""
+    if entry.state == UnitState.DISPATCHED:
+        return f"dispatched to {entry.shard}"
+    if entry.state == UnitState.SETTLING:
+        return "its last scheduling attempt ended; queueing again"
+    if entry.state == UnitState.INFEASIBLE:
+        left = max(0.0, entry.not_before - time.monotonic())
+        return (
+            f"can never fit as specified ({entry.reason}); waiting for the cluster to change"
+            f" (rechecked in {left:.0f}s)"
+        )
+    if entry.state == UnitState.BACKOFF:
+        left = max(0.0, entry.not_before - time.monotonic())
+        return (
+            f"unschedulable after {entry.attempts} attempt(s) ({entry.reason}); "
+            f"retrying in {left:.1f}s"
+        )
+    text = f"waiting in queue {entry.queue} (position {queue.position(entry)})"
+    if entry.blocked:
+        text += f": queue quota exceeded ({entry.blocked})"
+    elif entry.waiting_for_room:
+        text += (
+            ": waiting for free room in the cluster (queues share it by "
+            f"{queue.fairness.name}; this queue goes next)"
+        )
+    elif not shards_ready:
+        text += ": no live scheduler shard"
+    return text
+
+
 class UnitDispatcher:
     """Pending units → queues → shards. Feed it an informer over Pod, Job, Node, Queue and
     SchedulerInstance, then ``await run()``.
 
-    A little over the ~400-line class target: the round, the shard links and their stream
-    callbacks change one state (which unit is with which shard, credits, settling) that keeps
-    "a unit never splits across shards" true; split, that invariant would span classes."""
+    The round, the shard links and their stream callbacks stay in this one class: they change
+    one state (which unit is with which shard, credits) that keeps "a unit never splits across
+    shards" true; split, that invariant would span classes. The settle wait (``Settler``),
+    Explain's words (``describe_unit``) and the Unschedulable write (``mark_unschedulable``)
+    live apart."""
 
     KINDS = ("Pod", "Job", "Node", "Queue", "SchedulerInstance", "DisruptionBudget")
 
@@ -258,7 +319,6 @@ class UnitDispatcher:
         # the shard choice is load balance alone.
         self.partition_room: PartitionRoomOf | None = None
         self._retry_at: dict[str, float] = {}
-        self._settling: set[str] = set()
         self._judging = True  # whether shard liveness is judged (our view is current)
         self._kick = asyncio.Event()
         self._shards_changed = asyncio.Event()
@@ -270,7 +330,7 @@ class UnitDispatcher:
             if evictor is not None
             else None
         )
-        self._settle = asyncio.Event()
+        self.settler = Settler(store, informer, self.queue, self._kick)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         # The informer's events into the queue, the node shapes and the bound counts.
@@ -302,7 +362,7 @@ class UnitDispatcher:
         loops = [
             asyncio.create_task(self._dispatch_loop(), name="dispatch"),
             asyncio.create_task(self._shard_loop(), name="shards"),
-            asyncio.create_task(self._settle_loop(), name="settle"),
+            asyncio.create_task(self.settler.run(lambda: self._closing), name="settle"),
         ]
         if self.reclaimer is not None:
             loops.append(
@@ -340,33 +400,10 @@ class UnitDispatcher:
         left = self.queue.next_wake(time.monotonic())
         return 1.0 if left is None else max(0.01, left)
 
-    async def _settle_loop(self) -> None:
-        while not self._closing:
-            await self._settle.wait()
-            self._settle.clear()
-            batch, self._settling = self._settling, set()
-            try:
-                revision = await self.store.revision()
-                await self.informer.wait_for_revision(revision, SETTLE_TIMEOUT_SECONDS)
-            except TimeoutError:
-                # Our view is behind the store (a busy dispatcher, a burst of writes): the units
-                # go back anyway; a shard that finds their pods bound answers STALE.
-                log.warning(
-                    "view of the store still behind after the settle timeout; re-queueing",
-                    timeout_s=SETTLE_TIMEOUT_SECONDS,
-                    units=len(batch),
-                )
-            except StoreError as exc:
-                log.warning("could not settle against the store; re-queueing", error=str(exc))
-            for job in batch:
-                self.queue.settled(job)
-            self._kick.set()
-
     def _to_settle(self, entry: UnitEntry) -> None:
         """The attempt ended: queue it again once the informer has caught up with the store."""
         self.queue.settle(entry)
-        self._settling.add(entry.job)
-        self._settle.set()
+        self.settler.add(entry)
 
     async def _shard_loop(self) -> None:
         interval = min(1.0, self.settings.shard_grace_seconds / 4)
@@ -492,40 +529,15 @@ class UnitDispatcher:
         elif outcome.code == ipb.UNIT_INFEASIBLE:
             self.queue.park_infeasible(entry, time.monotonic())
             log.info("unit infeasible", job=entry.job, reason=outcome.reason)
-            self._spawn(self._mark_unschedulable(entry, outcome.reason), f"mark-{entry.job}")
+            self._spawn(
+                mark_unschedulable(self.store, self.informer, entry, outcome.reason),
+                f"mark-{entry.job}",
+            )
         else:
             self.queue.succeeded(entry)
-            self._settling.add(entry.job)
-            self._settle.set()
+            self.settler.add(entry)
         self.queue.drop_if_empty(entry.job)
         self._kick.set()
-
-    async def _mark_unschedulable(self, entry: UnitEntry, reason: str) -> None:
-        """Record why on the pods that do not say so yet: one round trip, conflicts ignored (the
-        shard may have written its own, more detailed condition meanwhile)."""
-        updates = []
-        now_ms = int(time.time() * 1000)
-        for name in list(entry.pods):
-            pod = self.informer.get("Pod", name)
-            if not isinstance(pod, pb.Pod) or _unschedulable_condition(pod) is not None:
-                continue
-            copy = pb.Pod()
-            copy.CopyFrom(pod)
-            copy.status.conditions.append(
-                pb.Condition(
-                    type=POD_SCHEDULED,
-                    status="False",
-                    reason=UNSCHEDULABLE,
-                    message=reason or "the unit can never fit as specified",
-                    last_transition_ms=now_ms,
-                )
-            )
-            updates.append(copy)
-        if updates:
-            try:
-                await self.store.update_many(updates)
-            except StoreError as exc:
-                log.warning("could not mark pods unschedulable", job=entry.job, error=str(exc))
 
     def _drop_link(self, link: ShardLink, reason: str) -> None:
         """The shard is gone: its undecided units go back to the queue for the other shards."""
@@ -620,34 +632,9 @@ class UnitDispatcher:
     # -----------------------------------------------------------------------------------------
 
     def describe(self, job: str) -> str:
-        """Where a pending unit stands, in words."""
+        """Where a pending unit stands, in words (``describe_unit``)."""
         entry = self.units.get(job)
         if entry is None:
             return "not yet seen by the dispatcher"
-        if entry.state == UnitState.DISPATCHED:
-            return f"dispatched to {entry.shard}"
-        if entry.state == UnitState.SETTLING:
-            return "its last scheduling attempt ended; queueing again"
-        if entry.state == UnitState.INFEASIBLE:
-            left = max(0.0, entry.not_before - time.monotonic())
-            return (
-                f"can never fit as specified ({entry.reason}); waiting for the cluster to change"
-                f" (rechecked in {left:.0f}s)"
-            )
-        if entry.state == UnitState.BACKOFF:
-            left = max(0.0, entry.not_before - time.monotonic())
-            return (
-                f"unschedulable after {entry.attempts} attempt(s) ({entry.reason}); "
-                f"retrying in {left:.1f}s"
-            )
-        text = f"waiting in queue {entry.queue} (position {self.queue.position(entry)})"
-        if entry.blocked:
-            text += f": queue quota exceeded ({entry.blocked})"
-        elif entry.waiting_for_room:
-            text += (
-                ": waiting for free room in the cluster (queues share it by "
-                f"{self.queue.fairness.name}; this queue goes next)"
-            )
-        elif not any(link.ready for link in self.links.values()):
-            text += ": no live scheduler shard"
-        return text
+        shards = any(link.ready for link in self.links.values())
+        return describe_unit(entry, self.queue, shards)

@@ -26,8 +26,9 @@ from placement.nodeinfo import GUARANTEED
 from placement.resources import Quantities
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.entries import Claim
 from services.dispatcher.dispatching.queueing import borrowed, within_borrowed
-from services.dispatcher.dispatching.unitqueue import Claim, UnitQueue
+from services.dispatcher.dispatching.unitqueue import UnitQueue
 from services.eviction import RECLAIMED
 from services.peers.binder import BinderEvictor, EvictError
 from store.informer import Informer

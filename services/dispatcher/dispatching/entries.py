@@ -1,0 +1,114 @@
+"""What the dispatcher's unit queue tracks: a unit (``UnitEntry``, one per job with pending pods,
+and its ``UnitState``), what it sends of each pending pod (``PendingRef``), a bound pod's claim
+as its queue's usage counts it (``Claim``), and the backoff settings. Plain records; the queue
+(``unitqueue.UnitQueue``) and its parts change them."""
+
+from __future__ import annotations
+
+import enum
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from placement.nodeinfo import GUARANTEED, pool_of
+from placement.resources import Quantities
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.queueing import PendingUnit
+from services.dispatcher.objects import DEFAULT_QUEUE
+
+
+class UnitState(enum.Enum):
+    QUEUED = "queued"
+    BACKOFF = "backoff"
+    DISPATCHED = "dispatched"
+    # The attempt ended; waiting for the informer to catch up before queueing again.
+    SETTLING = "settling"
+    # Can never fit as specified: out of the queue until the cluster changes.
+    INFEASIBLE = "infeasible"
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffSettings:
+    initial_seconds: float = 1.0
+    max_seconds: float = 60.0
+    infeasible_recheck_seconds: float = 300.0
+
+
+class PendingRef(NamedTuple):
+    """What a unit sends of each pending pod (its name is the key): held for every pending pod
+    of the cluster, so not the pod itself (2.6 KiB decoded; the informer has it)."""
+
+    uid: str
+    resource_version: int
+    pod_index: int  # its index in the job ("index" is a tuple's method)
+
+
+@dataclass(slots=True, eq=False)
+class UnitEntry:
+    """A job with pending pods, as the dispatcher tracks it."""
+
+    job: str
+    queue: str
+    seq: int
+    enqueued_ms: int
+    pods: dict[str, PendingRef] = field(default_factory=dict)
+    state: UnitState = UnitState.QUEUED
+    shard: str = ""
+    not_before: float = 0.0
+    attempts: int = 0
+    reason: str = ""
+    # Quota held while dispatched, so one round cannot overrun a queue's quota.
+    reserved: Quantities | None = None
+    reserved_pool: str = GUARANTEED
+    # The quota resource that held it back in the last round ("" if none).
+    blocked: str = ""
+    # Held in the last round because the cluster had no free room for it while other queues
+    # had work too (fair sharing: it goes first once room frees).
+    waiting_for_room: bool = False
+    # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
+    in_heap: bool = False
+    # The last ``UnitQueue.view`` of it and the version of the Job it was made from: good while
+    # the job is at that version and the pod count is the same. A unit is viewed when queued
+    # and again when offered; building one is most of the round's cost per unit.
+    view: tuple[int, PendingUnit] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A bound or running pod as its queue's usage counts it: what quota and reclaim's order
+    need, not the pod (held per bound pod, a decoded pod was 2.6 KiB of it; reclaim reads the
+    few it weighs from the informer). ``requests`` is shared by pods asking the same and never
+    mutated."""
+
+    name: str
+    queue: str
+    pool: str
+    requests: Quantities
+    priority: int = 0
+    started_ms: int = 0
+    deleting: bool = False
+
+    @classmethod
+    def of(cls, pod: pb.Pod) -> Claim:
+        return cls(
+            pod.metadata.name,
+            sys.intern(queue_of(pod)),
+            pool_of(pod.spec.qos),
+            Quantities.shared_request(pod.spec.template.requests),
+            pod.spec.priority,
+            pod.status.started_ms,
+            bool(pod.metadata.deletion_timestamp_ms),
+        )
+
+
+def is_pending(pod: pb.Pod) -> bool:
+    return pod.status.phase == pb.POD_PENDING and not pod.spec.node_name
+
+
+def queue_of(pod: pb.Pod) -> str:
+    return pod.spec.queue or DEFAULT_QUEUE
+
+
+JobLookup = Callable[[str], pb.Job | None]
+QueueLookup = Callable[[str], pb.Queue | None]

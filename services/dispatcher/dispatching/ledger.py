@@ -1,0 +1,149 @@
+"""What each queue holds and may hold (``QuotaLedger``): per queue the requests of its bound pods
+holding a claim and of its dispatched units, its max (``spec.quota``, also its parents'), its
+min and weight, and the cluster's free room per pool (a ``placement.room.PoolRoom``)."""
+
+from __future__ import annotations
+
+from placement.nodeinfo import GUARANTEED
+from placement.resources import Quantities
+from placement.room import PoolRoom
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.entries import Claim, QueueLookup, UnitEntry
+from services.dispatcher.dispatching.queueing import PendingUnit, quota_excess
+
+
+class QuotaLedger:
+    """Per-queue usage against the queues' quotas, and the room left in the cluster."""
+
+    def __init__(self, queues: QueueLookup) -> None:
+        self.queues = queues
+        # Per queue: requests of bound pods holding a claim (``usage``), and of dispatched
+        # units (held until their attempt ends).
+        self.usage: dict[str, Quantities] = {}
+        self._inflight: dict[str, Quantities] = {}
+        # The cluster's room per pool (placement.room): what the nodes (ready, schedulable)
+        # offer, minus the claims (its ``Claim`` per pod holding one, also what quota and
+        # reclaim read: one record per bound pod, and removals are exact) and the dispatched
+        # units' requests. Totals only: the queue judges the cluster as a whole (the shards
+        # judge the nodes), so no sum per node.
+        self._room: PoolRoom[Claim] = PoolRoom()
+        # A claim was released since the last round (room freed).
+        self.room_freed = False
+
+    # -----------------------------------------------------------------------------------------
+    # Claims and dispatched units
+    # -----------------------------------------------------------------------------------------
+
+    def claim(self, claim: Claim) -> None:
+        """A pod holds a claim: it takes room and counts towards its queue's usage."""
+        self._room.claim(claim.name, claim)
+        self.usage.setdefault(claim.queue, Quantities()).add(claim.requests)
+
+    def release(self, pod: str) -> Claim | None:
+        """The pod's claim (if it held one) is gone: its room is free again."""
+        claim = self._room.release(pod)
+        if claim is not None:
+            self.usage[claim.queue].add(claim.requests, -1)
+            self.room_freed = True
+        return claim
+
+    def holds_claim(self, pod: str) -> bool:
+        return self._room.holds(pod)
+
+    def claims(self) -> list[Claim]:
+        """Every bound or running pod with the queue it counts for."""
+        return list(self._room.claims())
+
+    def reserve(self, entry: UnitEntry, unit: PendingUnit) -> None:
+        """The unit was dispatched: its requests count against quota and room until it ends."""
+        entry.reserved = unit.requests
+        entry.reserved_pool = unit.pool
+        self._inflight.setdefault(entry.queue, Quantities()).add(unit.requests)
+        self._room.hold(unit.pool, unit.requests)
+
+    def unreserve(self, entry: UnitEntry) -> None:
+        """The dispatched attempt ended: return what ``reserve`` held."""
+        if entry.reserved is not None:
+            self._inflight[entry.queue].add(entry.reserved, -1)
+            self._room.hold(entry.reserved_pool, entry.reserved, -1)
+            entry.reserved = None
+
+    # -----------------------------------------------------------------------------------------
+    # The queues' limits
+    # -----------------------------------------------------------------------------------------
+
+    def quota(self, queue: str) -> pb.Resources | None:
+        """The queue's max (``spec.quota``), None when it has none."""
+        obj = self.queues(queue)
+        if obj is not None and obj.spec.HasField("quota"):
+            return obj.spec.quota
+        return None
+
+    def ancestors(self, queue: str) -> list[str]:
+        """The queue's parents, nearest first (a cycle, which Apply refuses, ends the walk)."""
+        out: list[str] = []
+        seen = {queue}
+        obj = self.queues(queue)
+        while obj is not None and obj.spec.parent and obj.spec.parent not in seen:
+            out.append(obj.spec.parent)
+            seen.add(obj.spec.parent)
+            obj = self.queues(obj.spec.parent)
+        return out
+
+    def quota_excess(self, queue: str, request: Quantities) -> str:
+        """The resource a unit of ``request`` would take past the queue's max, or past the max
+        of a parent queue (counting every queue below that parent); "" if it fits."""
+        quota = self.quota(queue)
+        blocked = quota_excess(quota, self.used(queue), request) if quota is not None else ""
+        if blocked:
+            return blocked
+        for parent in self.ancestors(queue):
+            limit = self.quota(parent)
+            if limit is None:
+                continue
+            below = Quantities()
+            for other in self.usage.keys() | self._inflight.keys():
+                if other == parent or parent in self.ancestors(other):
+                    below.add(self.used(other))
+            blocked = quota_excess(limit, below, request)
+            if blocked:
+                return f"{blocked} of parent queue {parent}"
+        return ""
+
+    def min(self, queue: str) -> Quantities:
+        """The queue's min: capacity always available to it (nothing when unset)."""
+        obj = self.queues(queue)
+        if obj is not None and obj.spec.HasField("min"):
+            return Quantities.of(obj.spec.min)
+        return Quantities()
+
+    def weight(self, queue: str) -> int:
+        obj = self.queues(queue)
+        return max(1, obj.spec.weight) if obj is not None else 1
+
+    # -----------------------------------------------------------------------------------------
+    # What queues hold, and the room left
+    # -----------------------------------------------------------------------------------------
+
+    def bound_usage(self, queue: str) -> Quantities:
+        """What the queue's bound and running pods hold (not its dispatched units)."""
+        return self.usage.get(queue, Quantities())
+
+    def used(self, queue: str) -> Quantities:
+        """What the queue holds: its bound pods' requests plus its dispatched units'."""
+        used = Quantities()
+        used.add(self.usage.get(queue, Quantities()))
+        used.add(self._inflight.get(queue, Quantities()))
+        return used
+
+    def set_node(self, name: str, offered: dict[str, Quantities] | None) -> None:
+        """A node's capacity per pool (None: the node is gone, not ready or unschedulable)."""
+        self._room.set_node(name, offered)
+
+    def capacity(self, pool: str = GUARANTEED) -> Quantities:
+        return self._room.capacity(pool)
+
+    def free(self, pool: str) -> Quantities:
+        """The pool's room left in the cluster as a whole: capacity minus every queue's bound
+        and dispatched requests (fragmentation aside: the shards judge the nodes)."""
+        return self._room.free(pool)
