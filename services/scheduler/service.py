@@ -34,6 +34,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services import metrics
 from services.runtime import Service, ServiceConfig, option
 from services.runtime.config import ConfigError
+from services.runtime.streams import messages
 from services.scheduler.binder_link import BinderLink
 from services.scheduler.cache import SchedulerCache
 from services.scheduler.cycle import YIELD_SECONDS, CycleSettings, ShardCycle
@@ -497,11 +498,7 @@ class _SchedulerServicer(internal_pb2_grpc.SchedulerServicer):
 
         async def read() -> None:
             try:
-                while True:
-                    msg = await context.read()
-                    if msg is grpc.aio.EOF:
-                        return
-                    assert isinstance(msg, ipb.DispatchMessage)
+                async for msg in messages(context.read, ipb.DispatchMessage):
                     body = msg.WhichOneof("body")
                     if body == "units":
                         await service.accept_units(stream, msg.units)

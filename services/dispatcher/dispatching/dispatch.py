@@ -41,6 +41,7 @@ from services.dispatcher.objects import NodeShape
 from services.events import SHARD_LOST, WARNING, EventRecorder, ref
 from services.peers.binder import BinderEvictor
 from services.runtime import Dial, cancel_and_wait
+from services.runtime.streams import messages
 from store import Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -463,11 +464,7 @@ class UnitDispatcher:
                 call = internal_pb2_grpc.SchedulerStub(channel).Dispatch()
                 writer = asyncio.create_task(self._write(link, call))
                 try:
-                    while True:
-                        msg = await call.read()
-                        if msg is grpc.aio.EOF:
-                            break
-                        assert isinstance(msg, ipb.ShardMessage)
+                    async for msg in messages(call.read, ipb.ShardMessage):
                         self._on_shard_message(link, msg)
                 finally:
                     writer.cancel()
