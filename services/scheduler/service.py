@@ -486,8 +486,8 @@ class _SchedulerServicer(internal_pb2_grpc.SchedulerServicer):
         self.service = service
 
     # Written with context.read()/write() (reads and writes run concurrently), not as the
-    # generator the generated base class declares.
-    async def Dispatch(  # type: ignore[override]
+    # generator the generated base class declares; hence the override its signature differs by.
+    async def Dispatch(  # type: ignore[override]  # read()/write(), not the generator form
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         service = self.service

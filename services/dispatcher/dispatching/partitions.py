@@ -45,6 +45,7 @@ from placement.resources import Quantities
 from placement.room import NodeRoom, PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.dispatch import live_shards
+from services.dispatcher.objects import metadata_of
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -410,12 +411,13 @@ class NodeShuffler:
             self.room.on_node(new.metadata.name, new)
 
     def _on_delete(self, kind: str, obj: Message) -> None:
+        name = metadata_of(obj).name
         if kind == "Pod":
-            self.room.on_pod(obj.metadata.name, None)  # type: ignore[attr-defined]
+            self.room.on_pod(name, None)
         elif kind == "Node":
             self._node_events += 1
-            self.allocation.on_node(obj.metadata.name, None)  # type: ignore[attr-defined]
-            self.room.on_node(obj.metadata.name, None)  # type: ignore[attr-defined]
+            self.allocation.on_node(name, None)
+            self.room.on_node(name, None)
 
     # -- the loop ------------------------------------------------------------------------------
 
