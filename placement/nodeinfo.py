@@ -2,7 +2,10 @@
 implementation of "do this pod's requests fit this node" shared by the scheduler shards (against
 their snapshot) and the Binder (against the authoritative state).
 
-Plain synchronous code over integers: it runs once per candidate node per pod.
+Plain synchronous code over integers: it runs once per candidate node per pod. A pod's amounts
+are the one resource vector (``placement.resources.Quantities``, ``PodRequest.requests``); a
+node's capacity and requested amounts per pool stay int lists [milli-CPU, bytes, GPUs], which
+the loops index.
 """
 
 from __future__ import annotations
