@@ -2,7 +2,10 @@
 implementation of "do this pod's requests fit this node" shared by the scheduler shards (against
 their snapshot) and the Binder (against the authoritative state).
 
-Plain synchronous code over integers: it runs once per candidate node per pod.
+Plain synchronous code over integers: it runs once per candidate node per pod. A pod's amounts
+are the one resource vector (``placement.resources.Quantities``, ``PodRequest.requests``); a
+node's capacity and requested amounts per pool stay int lists [milli-CPU, bytes, GPUs], which
+the loops index.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from placement.labelselector import PodTerm, pod_term
+from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 
 GUARANTEED = "g"
@@ -84,19 +88,38 @@ class NumaZone:
     gpu: int
 
 
-@dataclass(frozen=True, slots=True)
+# One pod's amounts as the shared vector of every pod asking the same, keyed by (milli-CPU,
+# bytes, GPUs) for the usual pod without extended resources: a dict lookup per pod event, where
+# ``Quantities.shared_request`` (sorting, a tuple, an lru_cache) cost ``from_pod`` 5 %. Bounded
+# like that cache: the distinct shapes of a cluster are few.
+_SHARED_AMOUNTS: dict[tuple[int, int, int], Quantities] = {}
+_SHARED_AMOUNTS_MAX = 4096
+
+
+def _shared_amounts(cpu: int, mem: int, gpus: int) -> Quantities:
+    key = (cpu, mem, gpus)
+    shared = _SHARED_AMOUNTS.get(key)
+    if shared is None:
+        if len(_SHARED_AMOUNTS) >= _SHARED_AMOUNTS_MAX:
+            _SHARED_AMOUNTS.clear()
+        shared = _SHARED_AMOUNTS[key] = Quantities(cpu, mem, gpus, 1)
+    return shared
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class PodRequest:
-    """What a pod asks of one node: its amounts, pool, ports, priority, labels and NUMA binding.
-    Not a resource vector (that is ``placement.resources.Quantities``, what room and usage are
-    summed in): the amounts are three plain ints because the per-node filter and score loops
-    read them, and read straight from the template because this runs per pod event in every
-    shard and the Binder (through ``Quantities.shared_request`` it cost 5 % more)."""
+    """What a pod asks of one node: its requests, pool, ports, priority, labels and NUMA binding.
+
+    ``requests`` is the resource vector (``placement.resources.Quantities``, the one that room
+    and usage are summed in), one pod slot, shared by every pod asking the same: never mutate
+    it. The per-node filter and score loops read ``q = req.requests`` once, then ``q.cpu``,
+    ``q.mem``, ``q.gpus``; ``cpu``, ``mem`` and ``gpu`` are read-only views for everyone else.
+    Constructed as before, ``PodRequest(name, pool, cpu, mem, gpu, ...)``, or with
+    ``requests=`` a vector instead of the three amounts."""
 
     name: str
     pool: str
-    cpu: int
-    mem: int
-    gpu: int
+    requests: Quantities = field(hash=False)
     host_ports: tuple[tuple[str, int], ...] = ()
     # The pod's priority, for preemption (placement.preemption sums requests per priority).
     priority: int = 0
@@ -107,6 +130,45 @@ class PodRequest:
     # NUMA binding (SINGLE, EXCLUSIVE or 0) and, once chosen, the NUMA node ids it holds.
     numa_policy: int = 0
     numa_nodes: tuple[int, ...] = ()
+
+    def __init__(
+        self,
+        name: str,
+        pool: str,
+        cpu: int = 0,
+        mem: int = 0,
+        gpu: int = 0,
+        host_ports: tuple[tuple[str, int], ...] = (),
+        priority: int = 0,
+        labels: Mapping[str, str] | None = None,
+        anti_terms: tuple[PodTerm, ...] = (),
+        numa_policy: int = 0,
+        numa_nodes: tuple[int, ...] = (),
+        *,
+        requests: Quantities | None = None,
+    ) -> None:
+        setattr_ = object.__setattr__  # frozen
+        setattr_(self, "name", name)
+        setattr_(self, "pool", pool)
+        setattr_(self, "requests", _shared_amounts(cpu, mem, gpu) if requests is None else requests)
+        setattr_(self, "host_ports", host_ports)
+        setattr_(self, "priority", priority)
+        setattr_(self, "labels", {} if labels is None else labels)
+        setattr_(self, "anti_terms", anti_terms)
+        setattr_(self, "numa_policy", numa_policy)
+        setattr_(self, "numa_nodes", numa_nodes)
+
+    @property
+    def cpu(self) -> int:
+        return self.requests.cpu
+
+    @property
+    def mem(self) -> int:
+        return self.requests.mem
+
+    @property
+    def gpu(self) -> int:
+        return self.requests.gpus
 
     def pinned(self, numa_nodes: tuple[int, ...]) -> PodRequest:
         """The same request holding ``numa_nodes`` (the shard's or the Binder's choice)."""
@@ -125,22 +187,23 @@ class PodRequest:
 
     @classmethod
     def from_pod(cls, pod: pb.Pod) -> PodRequest:
-        req = pod.spec.template.requests
-        ports = tuple(
-            (p.protocol or "TCP", p.host_port) for p in pod.spec.template.ports if p.host_port
-        )
+        tpl = pod.spec.template
+        req = tpl.requests
+        ports = tuple((p.protocol or "TCP", p.host_port) for p in tpl.ports if p.host_port)
         return cls(
             pod.metadata.name,
             pool_of(pod.spec.qos),
-            req.milli_cpu,
-            req.memory_bytes,
-            req.gpus,
-            ports,
-            pod.spec.priority,
-            shared_labels(pod.metadata.labels) if pod.metadata.labels else _NO_LABELS,
-            _anti_terms(pod.spec.template),
-            numa_policy_of(pod),
-            tuple(pod.spec.numa_nodes),
+            host_ports=ports,
+            priority=pod.spec.priority,
+            labels=shared_labels(pod.metadata.labels) if pod.metadata.labels else _NO_LABELS,
+            anti_terms=_anti_terms(tpl),
+            numa_policy=numa_policy_of(pod),
+            numa_nodes=tuple(pod.spec.numa_nodes),
+            requests=(
+                Quantities.shared_request(req)
+                if req.extended
+                else _shared_amounts(req.milli_cpu, req.memory_bytes, req.gpus)
+            ),
         )
 
 
@@ -221,9 +284,10 @@ class NodeInfo:
             return False
         self.pods[req.name] = req
         used = self.requested[req.pool]
-        used[0] += req.cpu
-        used[1] += req.mem
-        used[2] += req.gpu
+        q = req.requests
+        used[0] += q.cpu
+        used[1] += q.mem
+        used[2] += q.gpus
         if req.host_ports:  # a new set, not changed in place: clones share it (``clone``)
             self.used_ports = self.used_ports.union(req.host_ports)
         if req.anti_terms:
@@ -238,10 +302,11 @@ class NodeInfo:
         # few NUMA-bound pods pay for the copies.
         self.numa_pods += sign
         bound = self.numa_bound
+        q = req.requests
         self.numa_bound = [
-            bound[0] + sign * req.cpu,
-            bound[1] + sign * req.mem,
-            bound[2] + sign * req.gpu,
+            bound[0] + sign * q.cpu,
+            bound[1] + sign * q.mem,
+            bound[2] + sign * q.gpus,
         ]
         if req.numa_policy == NUMA_EXCLUSIVE:
             owner = dict(self.numa_owner)
@@ -254,7 +319,7 @@ class NodeInfo:
             return
         zone = req.numa_nodes[0]
         was = self.numa_used.get(zone, (0, 0, 0))
-        used = [was[0] + sign * req.cpu, was[1] + sign * req.mem, was[2] + sign * req.gpu]
+        used = [was[0] + sign * q.cpu, was[1] + sign * q.mem, was[2] + sign * q.gpus]
         numa_used = dict(self.numa_used)
         if any(used):
             numa_used[zone] = used
@@ -267,9 +332,10 @@ class NodeInfo:
         if req is None:
             return None
         used = self.requested[req.pool]
-        used[0] -= req.cpu
-        used[1] -= req.mem
-        used[2] -= req.gpu
+        q = req.requests
+        used[0] -= q.cpu
+        used[1] -= q.mem
+        used[2] -= q.gpus
         if req.host_ports:
             # No two pods of a node hold the same host port (NodePorts), so removing is exact.
             self.used_ports = self.used_ports.difference(req.host_ports)
@@ -317,11 +383,12 @@ def resource_fit_failures(node: NodeInfo, req: PodRequest) -> list[str]:
     if len(node.pods) + 1 > node.max_pods:
         failures.append(TOO_MANY_PODS)
     cap, used = node.capacity[req.pool], node.requested[req.pool]
-    if req.cpu and used[0] + req.cpu > cap[0]:
+    q = req.requests
+    if q.cpu and used[0] + q.cpu > cap[0]:
         failures.append(INSUFFICIENT_CPU)
-    if req.mem and used[1] + req.mem > cap[1]:
+    if q.mem and used[1] + q.mem > cap[1]:
         failures.append(INSUFFICIENT_MEMORY)
-    if req.gpu and used[2] + req.gpu > cap[2]:
+    if q.gpus and used[2] + q.gpus > cap[2]:
         failures.append(INSUFFICIENT_GPUS)
     return failures
 

@@ -313,13 +313,13 @@ class _Room:
         self.held = len(self._ports & node.used_ports)
 
     def fits(self) -> bool:
-        r = self._req
+        q = self._req.requests
         return (
             self.slots >= 1
             and not self.held
-            and (not r.cpu or r.cpu <= self.cpu)
-            and (not r.mem or r.mem <= self.mem)
-            and (not r.gpu or r.gpu <= self.gpu)
+            and (not q.cpu or q.cpu <= self.cpu)
+            and (not q.mem or q.mem <= self.mem)
+            and (not q.gpus or q.gpus <= self.gpu)
         )
 
     def remove(self, c: VictimCandidate) -> bool:
@@ -330,9 +330,10 @@ class _Room:
         self._taken.add(name)
         self.slots += 1
         if on_node.pool == self._req.pool:
-            self.cpu += on_node.cpu
-            self.mem += on_node.mem
-            self.gpu += on_node.gpu
+            q = on_node.requests
+            self.cpu += q.cpu
+            self.mem += q.mem
+            self.gpu += q.gpus
         if self._ports:
             self.held -= len(self._ports.intersection(on_node.host_ports))
         return True
@@ -343,11 +344,12 @@ class _Room:
         if self.slots < 2 or (self._ports and not self._ports.isdisjoint(r.host_ports)):
             return False
         if r.pool == need.pool:
-            cpu, mem, gpu = self.cpu - r.cpu, self.mem - r.mem, self.gpu - r.gpu
+            q, want = r.requests, need.requests
+            cpu, mem, gpu = self.cpu - q.cpu, self.mem - q.mem, self.gpu - q.gpus
             if (
-                (need.cpu and need.cpu > cpu)
-                or (need.mem and need.mem > mem)
-                or (need.gpu and need.gpu > gpu)
+                (want.cpu and want.cpu > cpu)
+                or (want.mem and want.mem > mem)
+                or (want.gpus and want.gpus > gpu)
             ):
                 return False
             self.cpu, self.mem, self.gpu = cpu, mem, gpu
@@ -401,9 +403,10 @@ def _pool_totals(reqs: Iterable[PodRequest]) -> _PoolTotals:
     per: dict[int, list[int]] = {}
     for r in reqs:
         t = per.setdefault(r.priority, [0, 0, 0, 0])
-        t[0] += r.cpu
-        t[1] += r.mem
-        t[2] += r.gpu
+        q = r.requests
+        t[0] += q.cpu
+        t[1] += q.mem
+        t[2] += q.gpus
         t[3] += 1
     priorities = sorted(per)
     below = [_ZERO]
@@ -457,11 +460,12 @@ def could_fit_after_preemption(
     req = preemptor.req
     lower = (totals or LowerPriorityTotals()).lower_than(node, req.pool, preemptor.priority)
     free_cpu, free_mem, free_gpu = node.free(req.pool)
+    q = req.requests
     return (
         node.max_pods - len(node.pods) + lower[3] >= 1
-        and (not req.cpu or req.cpu <= free_cpu + lower[0])
-        and (not req.mem or req.mem <= free_mem + lower[1])
-        and (not req.gpu or req.gpu <= free_gpu + lower[2])
+        and (not q.cpu or q.cpu <= free_cpu + lower[0])
+        and (not q.mem or q.mem <= free_mem + lower[1])
+        and (not q.gpus or q.gpus <= free_gpu + lower[2])
     )
 
 

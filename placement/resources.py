@@ -3,9 +3,10 @@ the one reading of a pod template's requests into it.
 
 Every figure of room and usage is one: a node's offer per pool and the room left per pool
 (``placement.room``), a queue's usage, quota, min and borrowed amounts (the dispatcher), a
-unit's requests. ``PodRequest`` (``placement.nodeinfo``) is what a pod asks of one node, not a
-vector: it keeps its cpu, memory and GPUs as plain fields because the per-node filter and score
-loops read them.
+unit's requests, and what a pod asks of one node (``PodRequest.requests`` in
+``placement.nodeinfo``: the instance shared by every pod asking the same, which
+``shared_request`` makes and ``PodRequest.from_pod`` keeps in a faster cache for the usual
+request without extended resources).
 """
 
 from __future__ import annotations

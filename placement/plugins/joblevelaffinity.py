@@ -64,9 +64,9 @@ def _needs(unit: UnitInfo) -> tuple[str, list[int]]:
     pods = unit.pods
     pool = pods[0].req.pool if pods else "g"
     n = unit.needed
-    cpu = sorted(p.req.cpu for p in pods)[:n]
-    mem = sorted(p.req.mem for p in pods)[:n]
-    gpu = sorted(p.req.gpu for p in pods)[:n]
+    cpu = sorted(p.req.requests.cpu for p in pods)[:n]
+    mem = sorted(p.req.requests.mem for p in pods)[:n]
+    gpu = sorted(p.req.requests.gpus for p in pods)[:n]
     total = [sum(cpu), sum(mem), sum(gpu), n]
     return pool, total
 

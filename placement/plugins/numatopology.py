@@ -59,7 +59,8 @@ Choice = tuple[int, ...] | NumaFailure
 
 
 def _covers(cpu: int, mem: int, gpu: int, req: PodRequest) -> bool:
-    return req.cpu <= cpu and req.mem <= mem and req.gpu <= gpu
+    q = req.requests
+    return q.cpu <= cpu and q.mem <= mem and q.gpus <= gpu
 
 
 def _shared_room_left(
@@ -70,7 +71,8 @@ def _shared_room_left(
     alloc, used = node.capacity[GUARANTEED], node.requested[GUARANTEED]
     bound = node.numa_bound
     held = _numa_held(node)
-    add = (extra_single.cpu, extra_single.mem, extra_single.gpu) if extra_single else (0, 0, 0)
+    q = extra_single.requests if extra_single else None
+    add = (q.cpu, q.mem, q.gpus) if q else (0, 0, 0)
     for r in range(3):
         shared = used[r] - bound[r]
         if shared and shared + held[r] + extra_owned[r] + add[r] > alloc[r]:
@@ -115,7 +117,8 @@ def _fits_shared(node: NodeInfo, req: PodRequest) -> Choice:
     alloc, used = node.capacity[GUARANTEED], node.requested[GUARANTEED]
     taken = _numa_held(node)
     bound = node.numa_bound
-    for r, want in enumerate((req.cpu, req.mem, req.gpu)):
+    q = req.requests
+    for r, want in enumerate((q.cpu, q.mem, q.gpus)):
         if want and used[r] - bound[r] + taken[r] + want > alloc[r]:
             return NumaFailure(NO_SHARED_ROOM)
     return ()
@@ -124,6 +127,7 @@ def _fits_shared(node: NodeInfo, req: PodRequest) -> Choice:
 def _choose_single(node: NodeInfo, req: PodRequest) -> Choice:
     best: tuple[int, int, int, int] | None = None
     big_enough = False
+    q = req.requests
     for zone in node.numa:
         if not _covers(zone.cpu, zone.mem, zone.gpu, req):
             continue
@@ -138,7 +142,7 @@ def _choose_single(node: NodeInfo, req: PodRequest) -> Choice:
         )
         if not _covers(cpu, mem, gpu, req):
             continue
-        key = (cpu - req.cpu, mem - req.mem, gpu - req.gpu, zone.id)  # best fit first
+        key = (cpu - q.cpu, mem - q.mem, gpu - q.gpus, zone.id)  # best fit first
         if best is None or key < best:
             best = key
     if best is None:

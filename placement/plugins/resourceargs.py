@@ -38,11 +38,12 @@ def requested_after(pod: PodInfo, node: NodeInfo) -> tuple[list[int], list[int]]
     onto nor pushed off GPU machines by a gpu weight. CPU and memory always count, as upstream.
     """
     req = pod.req
+    q = req.requests
     used = node.requested[req.pool]
     cap = node.capacity[req.pool]
-    if not req.gpu:
-        return [cap[0], cap[1], 0], [used[0] + req.cpu, used[1] + req.mem, used[2]]
-    return cap, [used[0] + req.cpu, used[1] + req.mem, used[2] + req.gpu]
+    if not q.gpus:
+        return [cap[0], cap[1], 0], [used[0] + q.cpu, used[1] + q.mem, used[2]]
+    return cap, [used[0] + q.cpu, used[1] + q.mem, used[2] + q.gpus]
 
 
 # One resource's score from (requested including the pod, capacity > 0): 0 .. MAX_NODE_SCORE.

@@ -373,8 +373,9 @@ def _replacement(view: ClusterView, pod: str, keys: dict[tuple[object, ...], byt
     running = view.pods[pod]
     info, name = running.info, pod + REPLACEMENT_SUFFIX
     req = info.req
+    q = req.requests
     inputs = (
-        req.pool, req.cpu, req.mem, req.gpu, req.host_ports, req.numa_policy,
+        req.pool, q.cpu, q.mem, q.gpus, req.host_ports, req.numa_policy,
         info.node_selector, info.required_terms, info.preferred_terms, info.tolerations,
     )  # fmt: skip
     return info.renamed(name, keys.setdefault(inputs, len(keys).to_bytes(8, "big")))

@@ -175,7 +175,8 @@ def _smallest_requests(view: ClusterView) -> dict[str, tuple[int, int, int]]:
     smallest: dict[str, list[int]] = {}
     for pod in view.pods.values():
         req = pod.info.req
-        amounts = (req.cpu, req.mem, req.gpu)
+        q = req.requests
+        amounts = (q.cpu, q.mem, q.gpus)
         current = smallest.get(req.pool)
         if current is None:
             smallest[req.pool] = list(amounts)

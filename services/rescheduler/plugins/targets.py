@@ -83,13 +83,15 @@ class RoomCache:
 
     def lacking(self, req: PodRequest) -> set[str]:
         """The nodes known to lack room for ``req``'s shape (a live set, for fast skipping)."""
-        return self._lacking.setdefault((req.pool, req.cpu, req.mem, req.gpu), set())
+        q = req.requests
+        return self._lacking.setdefault((req.pool, q.cpu, q.mem, q.gpus), set())
 
     def has_room(self, node: NodeInfo, req: PodRequest) -> bool:
         """Whether ``node`` has room for ``req`` (remembering a no)."""
         if not resource_fit_failures(node, req):
             return True
-        shape = (req.pool, req.cpu, req.mem, req.gpu)
+        q = req.requests
+        shape = (req.pool, q.cpu, q.mem, q.gpus)
         self._lacking.setdefault(shape, set()).add(node.name)
         self._shapes_of.setdefault(node.name, set()).add(shape)
         return False
@@ -130,7 +132,8 @@ def pod_share(node: NodeInfo, req: PodRequest, weights: dict[str, int], pool: st
     0 for a pod of the other pool."""
     if req.pool != pool:
         return 0.0
-    return weighted_fraction((req.cpu, req.mem, req.gpu), node.capacity[pool], weights)
+    q = req.requests
+    return weighted_fraction((q.cpu, q.mem, q.gpus), node.capacity[pool], weights)
 
 
 def utilisation_ceiling(
@@ -146,7 +149,8 @@ def utilisation_ceiling(
     """
     if req.pool != pool:
         return None
-    share = weighted_fraction((req.cpu, req.mem, req.gpu), largest, weights)
+    q = req.requests
+    share = weighted_fraction((q.cpu, q.mem, q.gpus), largest, weights)
     if share <= 0:
         return None
     # Rounding may put a node that fits exactly a hair above the bound; keep it.
