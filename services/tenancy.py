@@ -8,7 +8,7 @@ methods a role may call at all is decided before (``auth.RULES``). Here are the 
 |---|---|---|
 | ``tenant-queues`` | tenant | submits only to the queues its certificate lists |
 | ``own-jobs-only`` | tenant | reads, explains, watches and deletes only Jobs and Pods it owns (``metadata.owner``) |
-| ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, ...) |
+| ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, ...), drains no node (a drain cordons it and evicts every tenant's pods on it) |
 
 Everything else a tenant may read (nodes, queues, schedulers: how the cluster looks). The admin
 identity — and everyone in a cluster started with --insecure (no identity) — may do everything.
@@ -77,6 +77,15 @@ def apply_refusal(identity: Identity | None) -> str | None:
         return None
     assert identity is not None
     return admin_only(identity, "apply nodes, queues or disruption budgets")
+
+
+def drain_refusal(identity: Identity | None) -> str | None:
+    """Draining is the operator's: it cordons a node and evicts whatever runs there, other
+    tenants' pods included, and even its dry run lists those pods by name."""
+    if unrestricted(identity):
+        return None
+    assert identity is not None
+    return admin_only(identity, "drain nodes")
 
 
 def admin_only(identity: Identity, what: str) -> str:

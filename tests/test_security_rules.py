@@ -174,6 +174,9 @@ NODE = pb.Node(metadata=pb.ObjectMeta(name="n1"))
         ("tenant deletes a missing job", lambda: tenancy.delete_refusal(ALICE, "Job", None), None),
         ("admin deletes a node", lambda: tenancy.delete_refusal(ADMIN, "Node", NODE), None),
         ("tenant applies", lambda: tenancy.apply_refusal(ALICE), "rule admin-only"),
+        ("tenant drains a node", lambda: tenancy.drain_refusal(ALICE), "rule admin-only"),
+        ("admin drains a node", lambda: tenancy.drain_refusal(ADMIN), None),
+        ("anyone drains on an insecure cluster", lambda: tenancy.drain_refusal(None), None),
         ("admin applies", lambda: tenancy.apply_refusal(ADMIN), None),
     ],
 )  # fmt: skip

@@ -208,6 +208,9 @@ def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileg
         ("delete another's job", lambda: bob.delete("Job", "alice-work"), "rule own-jobs-only"),
         ("apply a queue", lambda: bob.apply([("Queue", queue)]), "rule admin-only"),
         ("delete a node", lambda: bob.delete("Node", "nodeagent-0-0"), "rule admin-only"),
+        ("drain a node", lambda: bob.drain("nodeagent-0-0"), "rule admin-only"),
+        ("list a node's pods by a dry-run drain",
+         lambda: bob.drain("nodeagent-0-0", dry_run=True), "rule admin-only"),
         ("trigger rescheduling",
          lambda: ReschedulerClient(cluster.state.address_of("rescheduler"),
                                    credentials=bob.credentials).trigger(dry_run=True),
@@ -217,6 +220,9 @@ def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileg
         with pytest.raises(PermissionDenied) as caught:
             call()
         assert rule in str(caught.value), f"{what}: {caught.value}"
+    # The refused drain touched nothing: the node is still schedulable.
+    drained = cluster.client.get("Node", "nodeagent-0-0")
+    assert isinstance(drained, pb.Node) and not drained.spec.unschedulable
     # Lists leave out what is not the caller's; the admin sees everything.
     assert bob.list("Job") == [] and bob.list("Pod", job="alice-work") == []
     assert [j.metadata.name for j in alice.list("Job")] == ["alice-work"]  # type: ignore[attr-defined]

@@ -13,10 +13,12 @@ from placement.claims import holds_claim
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.api.rpc import abort
+from services import tenancy
+from services.dispatcher.api.rpc import abort, refuse_if
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.eviction import DRAINED
 from services.peers.binder import EvictError
+from services.runtime.auth import caller
 from store import ConflictError, NotFoundError, Store, StoreUnavailableError
 
 log = structlog.get_logger(__name__)
@@ -28,6 +30,8 @@ class DrainRpc:
         self.core = core
 
     async def Drain(self, request: api_pb2.DrainRequest, context: Any) -> api_pb2.DrainResponse:
+        # Before anything is read: a refused caller learns nothing of the node or its pods.
+        await refuse_if(context, tenancy.drain_refusal(caller()))
         try:
             return await self._drain(request)
         except NotFoundError as exc:
