@@ -60,12 +60,15 @@ def make_event(
     type_: str = NORMAL,
     related: pb.ObjectReference | None = None,
     now_ms: int | None = None,
+    owner: str = "",
 ) -> pb.Event:
     """An event named ``<object>.<random>`` (unique without a round trip, as Kubernetes names
-    them)."""
+    them). ``owner``: the tenant whose pod or job it regards (that object's ``metadata.owner``),
+    the only tenant that may read it (``services.tenancy``); empty for the cluster's own
+    events (nodes, movements, shards), which only the admin reads."""
     when = now_ms if now_ms is not None else int(time.time() * 1000)
     event = pb.Event(
-        metadata=pb.ObjectMeta(name=f"{regarding.name}.{new_uid()[:16]}"),
+        metadata=pb.ObjectMeta(name=f"{regarding.name}.{new_uid()[:16]}", owner=owner),
         regarding=regarding,
         reason=reason,
         message=message,
@@ -97,12 +100,22 @@ class EventRecorder:
         *,
         type_: str = NORMAL,
         related: pb.ObjectReference | None = None,
+        owner: str = "",
     ) -> None:
+        """Buffer an event; ``owner`` as ``make_event``'s."""
         if len(self._buffer) >= MAX_BUFFERED:
             self._dropped += 1
             return
         self._buffer.append(
-            make_event(regarding, reason, message, source=self.source, type_=type_, related=related)
+            make_event(
+                regarding,
+                reason,
+                message,
+                source=self.source,
+                type_=type_,
+                related=related,
+                owner=owner,
+            )
         )
 
     async def run(self) -> None:

@@ -7,10 +7,11 @@ methods a role may call at all is decided before (``auth.RULES``). Here are the 
 | rule | who | what |
 |---|---|---|
 | ``tenant-queues`` | tenant | submits only to the queues its certificate lists |
-| ``own-jobs-only`` | tenant | reads, explains, watches and deletes only Jobs and Pods it owns (``metadata.owner``) |
+| ``own-jobs-only`` | tenant | reads, explains, watches and deletes only Jobs and Pods it owns (``metadata.owner``), and reads only the Events about them (an event's owner is its pod's or job's, ``services.events``) |
 | ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, ...), drains no node (a drain cordons it and evicts every tenant's pods on it) |
 
-Everything else a tenant may read (nodes, queues, schedulers: how the cluster looks). The admin
+Everything else a tenant may read (nodes, queues, schedulers: how the cluster looks); the
+cluster's own events (about nodes, movements, shards) are the admin's. The admin
 identity — and everyone in a cluster started with --insecure (no identity) — may do everything.
 Each function returns None when allowed, else the refusal naming its rule.
 """
@@ -23,7 +24,9 @@ from foundation.tls import Identity
 from protos.godel.v1 import objects_pb2 as pb
 
 DEFAULT_QUEUE = "default"
-OWNED_KINDS = frozenset({"Job", "Pod"})
+OWNED_KINDS = frozenset({"Job", "Pod", "Event"})
+# What a tenant may delete of what it owns: its events are records, not its to remove.
+DELETED_BY_OWNER = frozenset({"Job", "Pod"})
 
 
 def unrestricted(identity: Identity | None) -> bool:
@@ -48,14 +51,14 @@ def owns(identity: Identity | None, kind: str, obj: Message) -> bool:
     """Whether ``identity`` may see ``obj`` (List and Watch leave out what it may not)."""
     if unrestricted(identity) or kind not in OWNED_KINDS:
         return True
-    assert identity is not None and isinstance(obj, pb.Pod | pb.Job)  # OWNED_KINDS
+    assert identity is not None and isinstance(obj, pb.Pod | pb.Job | pb.Event)  # OWNED_KINDS
     return obj.metadata.owner == identity.name
 
 
 def read_refusal(identity: Identity | None, kind: str, obj: Message) -> str | None:
     if owns(identity, kind, obj):
         return None
-    assert identity is not None and isinstance(obj, pb.Pod | pb.Job)  # as owns() found
+    assert identity is not None and isinstance(obj, pb.Pod | pb.Job | pb.Event)  # as owns()
     return _not_owned(identity, kind, obj, "read")
 
 
@@ -64,11 +67,11 @@ def delete_refusal(identity: Identity | None, kind: str, obj: Message | None) ->
     if unrestricted(identity):
         return None
     assert identity is not None
-    if kind not in OWNED_KINDS:
+    if kind not in DELETED_BY_OWNER:
         return admin_only(identity, f"delete {kind}s")
     if obj is None or owns(identity, kind, obj):
         return None
-    assert isinstance(obj, pb.Pod | pb.Job)  # as owns() found
+    assert isinstance(obj, pb.Pod | pb.Job | pb.Event)  # as owns() found
     return _not_owned(identity, kind, obj, "delete")
 
 
@@ -92,7 +95,7 @@ def admin_only(identity: Identity, what: str) -> str:
     return f"rule admin-only: only the admin identity may {what}; {identity.name!r} is a tenant"
 
 
-def _not_owned(identity: Identity, kind: str, obj: pb.Pod | pb.Job, verb: str) -> str:
+def _not_owned(identity: Identity, kind: str, obj: pb.Pod | pb.Job | pb.Event, verb: str) -> str:
     name = obj.metadata.name
     return (
         f"rule own-jobs-only: tenant {identity.name!r} may {verb} only its own jobs and their "

@@ -14,7 +14,7 @@ from cryptography import x509
 from foundation import pki, tls
 from foundation.tls import Identity
 from protos.godel.v1 import objects_pb2 as pb
-from services import tenancy
+from services import events, tenancy
 from services.nodeagent.runner import RunAs, resolve_run_as
 from services.runtime import ServiceHost, StartupError
 from services.runtime.auth import refusal
@@ -150,6 +150,10 @@ ALICES_JOB = _job("a", "research", owner="alice")
 ALICES_POD = pb.Pod(metadata=pb.ObjectMeta(name="a-0", owner="alice"))
 ADMINS_JOB = _job("x")
 NODE = pb.Node(metadata=pb.ObjectMeta(name="n1"))
+ALICES_EVENT = events.make_event(
+    events.ref("Pod", ALICES_POD), "Preempted", "m", source="binder-0", owner="alice"
+)
+NODES_EVENT = events.make_event(events.ref("Node", NODE), "ShardLost", "m", source="dispatcher")
 
 
 @pytest.mark.parametrize(
@@ -174,6 +178,11 @@ NODE = pb.Node(metadata=pb.ObjectMeta(name="n1"))
         ("tenant deletes a missing job", lambda: tenancy.delete_refusal(ALICE, "Job", None), None),
         ("admin deletes a node", lambda: tenancy.delete_refusal(ADMIN, "Node", NODE), None),
         ("tenant applies", lambda: tenancy.apply_refusal(ALICE), "rule admin-only"),
+        ("owner reads the event about its pod", lambda: tenancy.read_refusal(ALICE, "Event", ALICES_EVENT), None),
+        ("other tenant reads the event about it", lambda: tenancy.read_refusal(BOB, "Event", ALICES_EVENT), "rule own-jobs-only"),
+        ("tenant reads the cluster's own event", lambda: tenancy.read_refusal(ALICE, "Event", NODES_EVENT), "rule own-jobs-only"),
+        ("admin reads any event", lambda: tenancy.read_refusal(ADMIN, "Event", ALICES_EVENT), None),
+        ("owner deletes the event about its pod", lambda: tenancy.delete_refusal(ALICE, "Event", ALICES_EVENT), "rule admin-only"),
         ("tenant drains a node", lambda: tenancy.drain_refusal(ALICE), "rule admin-only"),
         ("admin drains a node", lambda: tenancy.drain_refusal(ADMIN), None),
         ("anyone drains on an insecure cluster", lambda: tenancy.drain_refusal(None), None),

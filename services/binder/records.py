@@ -73,6 +73,7 @@ class CommitRecords:
                 pod.status.message,
                 type_=events.WARNING,
                 related=related,
+                owner=pod.metadata.owner,
             )
 
     def rejections(self, verdicts: ipb.VerdictBatch) -> None:
@@ -82,6 +83,7 @@ class CommitRecords:
         for verdict in verdicts.verdicts:
             if verdict.code in (BOUND, NOT_LEADER, STALE, ipb.VERDICT_UNSPECIFIED):
                 continue
+            refused = self.informer.get(pb.Pod, verdict.pod)
             self.events.record(
                 events.ref("Pod", name=verdict.pod),
                 events.BIND_REJECTED,
@@ -89,6 +91,7 @@ class CommitRecords:
                 f"{verdict.reason}",
                 type_=events.WARNING,
                 related=events.ref("Node", name=verdict.node) if verdict.node else None,
+                owner=refused.metadata.owner if refused is not None else "",
             )
 
     def landings(self, bound: Iterable[pb.Pod]) -> None:

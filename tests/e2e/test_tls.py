@@ -275,6 +275,57 @@ def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileg
         client.close()
 
 
+def test_tenants_read_only_the_events_about_their_own_pods(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """A drain evicts both tenants' pods; each eviction's event belongs to its pod's owner:
+    the owner lists and reads it, the other tenant neither lists nor reads it, the admin sees
+    them all."""
+    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2, process_node=False)
+    wait_until(lambda: len(cluster.client.list("Node")) == 2, what="nodes registered")
+    cluster.godel("apply", "-f", "-", stdin=QUEUES)
+    cluster.godel("certs", "issue", "alice", "--queue", "research")
+    cluster.godel("certs", "issue", "bob", "--queue", "batch")
+    address = cluster.state.address_of("dispatcher")
+    alice, bob = (
+        ProtoClient(address, credentials=tls.load(cluster.home.tls_dir, name))
+        for name in ("alice", "bob")
+    )
+    for client, name, queue in ((alice, "alice-w", "research"), (bob, "bob-w", "batch")):
+        assert client.submit([job(name, cpu="100m", memory="64Mi", queue=queue).to_proto()])
+    nodes: set[str] = set()
+    for name in ("alice-w-0", "bob-w-0"):
+        wait_until(lambda n=name: cluster.client.get("Pod", n).spec.node_name, what=f"{name} bound")  # type: ignore[attr-defined]
+        nodes.add(cluster.client.get("Pod", name).spec.node_name)  # type: ignore[attr-defined]
+    for node in nodes:
+        cluster.client.drain(node)
+
+    def about(events: list[pb.Event], pod: str) -> list[pb.Event]:
+        return [e for e in events if e.reason == "Drained" and e.regarding.name == pod]
+
+    def listed(client: ProtoClient) -> list[pb.Event]:
+        return client.list(pb.Event)
+
+    wait_until(
+        lambda: (
+            about(listed(cluster.client), "alice-w-0") and about(listed(cluster.client), "bob-w-0")
+        ),
+        what="the admin sees both evictions' events",
+    )
+    alices, bobs = listed(alice), listed(bob)
+    assert about(alices, "alice-w-0") and not about(alices, "bob-w-0")
+    assert about(bobs, "bob-w-0") and not about(bobs, "alice-w-0")
+    assert {e.metadata.owner for e in alices} == {"alice"}
+    assert {e.metadata.owner for e in bobs} == {"bob"}
+    alices_event = about(alices, "alice-w-0")[0].metadata.name
+    assert alice.get("Event", alices_event).metadata.name == alices_event  # type: ignore[attr-defined]
+    with pytest.raises(PermissionDenied) as caught:
+        bob.get("Event", alices_event)
+    assert "rule own-jobs-only" in str(caught.value)
+    for client in (alice, bob):
+        client.close()
+
+
 def test_insecure_cluster_runs_and_status_says_so_loudly(
     make_cluster: Callable[..., Cluster],
 ) -> None:
