@@ -73,6 +73,12 @@ def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "god
     return issued
 
 
+def reserved_names() -> tuple[str, ...]:
+    """The identities `init_cluster` makes and only it may: the CA, the services' and the
+    admin's. Issuing one by hand would replace it (``godel certs issue`` refuses them)."""
+    return (CA, SERVICE, *SERVICE_KINDS, ADMIN)
+
+
 def _new_ca(directory: Path, cluster: str) -> None:
     key = _new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{cluster} cluster CA")])
@@ -112,6 +118,9 @@ def issue(
     ``<stem>.crt`` / ``<stem>.key`` (stem: the name); returns the certificate's path."""
     if role not in ROLES:
         raise CredentialsError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    if (stem or name) == CA:
+        # Written once, by _new_ca: a leaf under its name would replace the cluster's CA key.
+        raise CredentialsError(f"{CA!r} names the cluster CA: no identity may be issued as it")
     for what, value in [("name", name), *(("queue", q) for q in queues)]:
         if not _NAME.match(value):
             raise CredentialsError(

@@ -72,23 +72,46 @@ def init(directory: Path | None, home: Path | None, host: tuple[str, ...]) -> No
 @click.argument("name", help="The identity: a tenant's name, or an admin's.")
 @click.option("--role", default="tenant", help="tenant (default), admin or service.")
 @click.option("--queue", multiple=True, help="A queue the tenant may submit to (repeatable).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an identity issued before (its old certificate stays valid until it expires).",
+)
 @dir_option
 @home_option
 def issue(
-    name: str, role: str, queue: tuple[str, ...], directory: Path | None, home: Path | None
+    name: str,
+    role: str,
+    queue: tuple[str, ...],
+    force: bool,
+    directory: Path | None,
+    home: Path | None,
 ) -> None:
     """Issue a certificate signed by the cluster CA: NAME.crt and NAME.key beside it.
 
-    A program uses it with GODEL_IDENTITY=NAME (and GODEL_TLS_DIR when not the home's).
+    A program uses it with GODEL_IDENTITY=NAME (and GODEL_TLS_DIR when not the home's). The
+    cluster's own identities (the CA, the services', the admin's) are `godel certs init`'s and
+    never issued here; an identity issued before is kept unless --force.
     """
     if role not in tls.ROLES:
         fail(f"--role must be one of {', '.join(tls.ROLES)}, not {role!r}")
     if queue and role != "tenant":
         fail("--queue is for tenants: the admin may use every queue")
     target = _directory(directory, home)
-    try:
-        from foundation import pki
+    from foundation import pki
 
+    if name in pki.reserved_names():
+        fail(
+            f"{name!r} is one of the cluster's own identities ({', '.join(pki.reserved_names())}),"
+            " made by `godel certs init`: issue another name",
+            code=2,
+        )
+    if (target / f"{name}.crt").exists() and not force:
+        fail(
+            f"{name!r} is already issued ({target / (name + '.crt')}): pass --force to replace it",
+            code=2,
+        )
+    try:
         path = pki.issue(target, name, role, queues=list(queue))
     except tls.CredentialsError as exc:
         fail(str(exc))
