@@ -51,9 +51,7 @@ class ShardQueue(Generic[U]):
         backoff_max_seconds: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.backoff_initial_seconds = backoff_initial_seconds
-        self.backoff_max_seconds = backoff_max_seconds
-        self._backoff_policy = Backoff(backoff_initial_seconds, cap=backoff_max_seconds)
+        self._retry_policy = Backoff(backoff_initial_seconds, cap=backoff_max_seconds)
         self._clock = clock
         self._ready: list[tuple[int, int, U]] = []  # (-priority, arrival, unit)
         self._backoff: list[tuple[float, int, U]] = []  # (not before, arrival, unit)
@@ -71,7 +69,7 @@ class ShardQueue(Generic[U]):
     def retry_delay(self, attempts: int) -> float:
         """The backoff after the ``attempts``-th rejection: the initial delay doubled per
         attempt after the first, capped."""
-        return self._backoff_policy.delay(attempts - 1)
+        return self._retry_policy.delay(attempts - 1)
 
     def retry(self, unit: U, attempts: int) -> None:
         """Defer ``unit`` by the backoff of its ``attempts``-th rejection."""

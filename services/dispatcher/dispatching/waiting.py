@@ -25,6 +25,7 @@ class Waits:
         by_queue: dict[str, dict[str, UnitEntry]],
     ) -> None:
         self.settings = settings
+        self._backoff = Backoff(settings.initial_seconds, cap=settings.max_seconds)
         self._units = units
         self._by_queue = by_queue
         self._timers: list[tuple[float, int, str]] = []  # (not_before, seq, job)
@@ -38,10 +39,7 @@ class Waits:
         """Time the unit's backoff: doubling from ``initial_seconds`` per attempt, capped.
         Returns the delay."""
         entry.attempts += 1
-        settings = self.settings
-        delay = Backoff(settings.initial_seconds, cap=settings.max_seconds).delay(
-            entry.attempts - 1
-        )
+        delay = self._backoff.delay(entry.attempts - 1)
         entry.not_before = now + delay
         heapq.heappush(self._timers, (entry.not_before, entry.seq, entry.job))
         heap = self.backed_off.setdefault(entry.queue, [])
