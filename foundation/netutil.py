@@ -22,12 +22,28 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports unused right now on ``host``, for servers started together.
-    All sockets stay bound until every port is chosen: once a socket closes, the kernel may hand
-    its port out again, so picking one port at a time can give two servers the same port."""
+    """``count`` distinct TCP ports unused right now on ``host``, for servers started together
+    (a local cluster's services bind theirs a moment later).
+
+    Chosen below the kernel's ephemeral range, as ``stable_free_port`` is: a port the kernel
+    picked (bind to port 0) is one it also hands out as the local port of outgoing connections,
+    so on a busy machine a connection could take it before its server binds it. All sockets stay
+    bound until every port is chosen, so the ports are distinct. Falls back to the kernel's pick
+    when nothing below the range is free."""
+    low = _ephemeral_low()
     with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        for _ in range(count * 20):
+            if len(ports) == count:
+                return ports
+            port = random.randrange(_STABLE_PORTS_FROM, low)
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            ports.append(port)
+        while len(ports) < count:
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             sock.bind((host, 0))
             ports.append(int(sock.getsockname()[1]))

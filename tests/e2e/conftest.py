@@ -112,9 +112,10 @@ def wait_until(condition: Callable[[], Any], timeout: float = 60.0, what: str = 
         time.sleep(0.2)
 
 
-# `godel up` picks its services' ports as free and each service binds its own a moment later: on
-# a machine that is busy making connections (the tests of the other worker, other programs), an
-# outgoing connection may take one of them as its local port in between.
+# `godel up` picks its services' ports as free and each service binds its own a moment later.
+# The ports come from below the kernel's ephemeral range (foundation.netutil.free_ports), so no
+# outgoing connection takes one; another program binding the same port by number in between
+# still could, and this retry is the backstop for that.
 _PORT_TAKEN = "Address already in use"
 _UP_ATTEMPTS = 3
 
