@@ -1,5 +1,5 @@
 """Audit a cluster's state against the invariants of ARCHITECTURE §5 (1–3, and 6 for
-preemption) and the hard topology rules (4–5, 7–8):
+preemption), the hard topology rules (4–5, 7–8) and the queues' maxima (9):
 
 1. no node is over-committed, per resource and per pool, counting bound and running pods;
 2. a pod is bound to at most one node, once (the store's claim agrees with the pod);
@@ -11,13 +11,17 @@ preemption) and the hard topology rules (4–5, 7–8):
    emptiest domain. (Kubernetes promises this as pods are placed; pods that end, or matching pods
    without the constraint, can break it later, and are reported too.)
 6. a pod evicted by preemption (reason ``Preempted``) was preemptible and names its preemptor,
-   which (while it exists) is of the same pool, of strictly higher priority, and was placed on
-   the victim's node;
+   which (while it exists) is of the same pool, of strictly higher priority, was placed on
+   the victim's node, and may preempt (its ``preemptionPolicy`` is not Never:
+   ``placement.preemption.can_preempt``);
 7. every NUMA-bound pod (policy single or exclusive) holds NUMA nodes its node reports, that
    fit it by its policy, and no NUMA node is held exclusively by one pod and used by another
    (``placement.plugins.numatopology.verify``, as the Binder checks a decision);
 8. every job with a job-level affinity has all its placed pods in one domain of its required
-   keys (``placement.plugins.joblevelaffinity.domain_violations``, as the Binder checks).
+   keys (``placement.plugins.joblevelaffinity.domain_violations``, as the Binder checks);
+9. no queue's bound and running pods (with those of the queues below it) hold more than its max,
+   ``spec.quota``, in any resource (``placement.quotas``, as the Binder checks). A max lowered
+   below what a queue already holds is reported too: nothing is evicted for it.
 
 Reads one consistent snapshot of the store; used by the end-to-end tests after every run and by
 ``godel audit`` on a live cluster.
@@ -35,6 +39,9 @@ from placement.labelselector import matches
 from placement.nodeinfo import NodeInfo, PodRequest, pool_of, resource_fit_failures
 from placement.plugins import joblevelaffinity, numatopology
 from placement.plugins.podtopologyspread import eligible_domains
+from placement.preemption import can_preempt
+from placement.quotas import SubtreeUsage, format_amount, queue_of
+from placement.resources import Quantities
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
@@ -57,11 +64,12 @@ class AuditReport:
 async def audit(store: Store) -> AuditReport:
     # The claims in the same snapshot as the pods: on a busy cluster, read apart, a pod bound
     # in between would show as a claim held by no bound pod.
-    listing = await store.list_kinds(["Node", "Pod", "Job"], claims=True)
+    listing = await store.list_kinds(["Node", "Pod", "Job", "Queue"], claims=True)
     claims = listing.claims
     nodes = {n.metadata.name: n for n in listing.items_of(pb.Node)}
     pods = listing.items_of(pb.Pod)
     jobs = {j.metadata.name: j for j in listing.items_of(pb.Job)}
+    queues = {q.metadata.name: q for q in listing.items_of(pb.Queue)}
     report = AuditReport(nodes=len(nodes), pods=len(pods))
     infos = {name: NodeInfo.from_node(n) for name, n in nodes.items()}
     # One check per invariant family, in this order (the report lists violations as found).
@@ -71,6 +79,7 @@ async def audit(store: Store) -> AuditReport:
     _audit_gangs(report, pods, jobs)
     _audit_job_affinity(report, infos, pods, jobs)
     _audit_preemptions(report, pods)
+    _audit_quotas(report, pods, queues)
     return report
 
 
@@ -178,6 +187,11 @@ def _audit_preemptions(report: AuditReport, pods: list[pb.Pod]) -> None:
         preemptor = by_name.get(by)
         if preemptor is None:
             continue  # deleted since: nothing left to compare
+        if not can_preempt(preemptor):
+            report.violations.append(
+                f"pod {name} was preempted by {by}, whose preemptionPolicy is Never"
+            )
+            continue
         if (
             preemptor.spec.priority <= victim.spec.priority
             or pool_of(preemptor.spec.qos) != pool_of(victim.spec.qos)
@@ -187,6 +201,21 @@ def _audit_preemptions(report: AuditReport, pods: list[pb.Pod]) -> None:
                 f"pod {name} was preempted by {by}, which is not a higher-priority pod of its "
                 "pool placed on its node"
             )
+
+
+def _audit_quotas(report: AuditReport, pods: list[pb.Pod], queues: dict[str, pb.Queue]) -> None:
+    """9: what each queue's holding pods ask, against every max (a parent's counting the queues
+    below it)."""
+    held: dict[str, Quantities] = defaultdict(Quantities)
+    for pod in pods:
+        if holds_claim(pod):
+            held[queue_of(pod)].add(Quantities.shared_request(pod.spec.template.requests))
+    for found in SubtreeUsage(queues.get, held).over_max(sorted(queues)):
+        e = found.excess
+        report.violations.append(
+            f"queue {found.queue} holds {format_amount(e.resource, e.want)} of {e.resource} "
+            f"in bound pods, over its max {format_amount(e.resource, e.limit)}"
+        )
 
 
 def _audit_topology(report: AuditReport, infos: dict[str, NodeInfo], pods: list[pb.Pod]) -> None:

@@ -6,8 +6,8 @@ integers: they run per candidate node, inside a scheduling cycle.
 
 How a caller uses it for one pod::
 
-    if not can_preempt(pod):
-        ...  # stays pending
+    if preemptor_refusal(info) is not None:
+        ...  # stays pending (preemptionPolicy Never)
     totals = LowerPriorityTotals()  # long-lived: per node, rebuilt only when the node changed
     candidates = []
     for node in nodes_that_failed_for_resolvable_reasons:
@@ -42,6 +42,9 @@ from placement.framework.interface import PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest, port_conflict, resource_fit_failures
 from protos.godel.v1 import objects_pb2 as pb
 
+# Why a pod may not preempt at all.
+NEVER_PREEMPTS = "preemptionPolicy Never: it may evict no other pod"
+
 # Why a pod is not a possible victim (short, for `godel explain`).
 NOT_BOUND = "not bound or running"
 OTHER_POOL = "in the other pool"
@@ -71,9 +74,23 @@ _NEVER_ENDS = (1 << 63) - 1
 # ---------------------------------------------------------------------------------------------
 
 
+def policy_allows_preemption(policy: int) -> bool:
+    """The one home of the rule: a pod may evict others when it does not fit unless its
+    ``preemptionPolicy`` (copied from its job) is Never; unset means PreemptLowerPriority."""
+    return policy != pb.NEVER
+
+
 def can_preempt(pod: pb.Pod) -> bool:
-    """Whether ``pod`` may evict others when it does not fit (on unless its job says Never)."""
-    return pod.spec.preemption_policy != pb.NEVER
+    """Whether ``pod`` may evict others when it does not fit."""
+    return policy_allows_preemption(pod.spec.preemption_policy)
+
+
+def preemptor_refusal(preemptor: PodInfo) -> str | None:
+    """None if ``preemptor`` may evict others; else why not, naming the rule (the shard's
+    PostFilter skips such a pod; the Binder refuses a decision that gives it victims)."""
+    if policy_allows_preemption(preemptor.preemption_policy):
+        return None
+    return f"pod {preemptor.name!r} has {NEVER_PREEMPTS}"
 
 
 def protected_until_ms(pod: pb.Pod) -> int:

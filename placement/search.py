@@ -45,6 +45,7 @@ from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 from placement.nodeinfo import NodeInfo
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
+from placement.preemption import preemptor_refusal
 from placement.scan import partition_first, rotated
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
@@ -961,7 +962,7 @@ class UnitScheduler:
         """The PostFilter for a pod the filters placed nowhere: True when it is assumed on a node
         with its victims taken off; else its reason is in ``run.unplaced``."""
         unplaced, diagnosed = run.unplaced, run.result.diagnoses
-        if self.preemption is None or not pod.can_preempt:
+        if self.preemption is None or preemptor_refusal(pod) is not None:
             unplaced[pod.name] = tmpl.failure
             _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
             return False

@@ -21,9 +21,9 @@ from __future__ import annotations
 from google.protobuf.message import Message
 
 from foundation.tls import Identity
+from placement.quotas import DEFAULT_QUEUE
 from protos.godel.v1 import objects_pb2 as pb
 
-DEFAULT_QUEUE = "default"
 OWNED_KINDS = frozenset({"Job", "Pod", "Event"})
 # What a tenant may delete of what it owns: its events are records, not its to remove.
 DELETED_BY_OWNER = frozenset({"Job", "Pod"})

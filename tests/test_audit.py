@@ -49,11 +49,18 @@ async def over_committed(store: Store, fence: Fence, pods: list[pb.Pod]) -> None
 
 
 async def _preempt(
-    store: Store, fence: Fence, pods: list[pb.Pod], *, victim_priority: int, preemptible: bool
+    store: Store,
+    fence: Fence,
+    pods: list[pb.Pod],
+    *,
+    victim_priority: int,
+    preemptible: bool,
+    policy: pb.PreemptionPolicy.ValueType = pb.PREEMPT_LOWER_PRIORITY,
 ) -> None:
     """g-0 and g-1 bound; g-2 (priority 10) takes g-0's place, which it evicts."""
     for p, prio in zip(pods, (victim_priority, 1, 10), strict=True):
         p.spec.priority, p.spec.preemptible = prio, preemptible
+    pods[2].spec.preemption_policy = policy
     await store.bind([_place(p) for p in pods[:2]], fence=fence)
     victim = evicted(
         (await store.get_many(pb.Pod, ["g-0"]))[0] or pods[0], "Preempted", "", 1, "g-2"
@@ -73,6 +80,10 @@ async def preempted_not_preemptible(store: Store, fence: Fence, pods: list[pb.Po
     await _preempt(store, fence, pods, victim_priority=1, preemptible=False)
 
 
+async def preempted_by_a_never_preemptor(store: Store, fence: Fence, pods: list[pb.Pod]) -> None:
+    await _preempt(store, fence, pods, victim_priority=1, preemptible=True, policy=pb.NEVER)
+
+
 CASES: list[tuple[str, Callable[..., Awaitable[None]], list[str]]] = [
     ("consistent", consistent, []),
     ("bound without claim", bound_without_claim, ["without claim"]),
@@ -81,7 +92,9 @@ CASES: list[tuple[str, Callable[..., Awaitable[None]], list[str]]] = [
     ("preempted a lower-priority preemptible pod", preempted_lower_priority, []),
     ("preempted an equal-priority pod", preempted_equal_priority, ["not a higher-priority"]),
     ("preempted a non-preemptible pod", preempted_not_preemptible, ["not preemptible"]),
-]
+    ("preempted by a preemptionPolicy Never pod", preempted_by_a_never_preemptor,
+     ["preempted by g-2, whose preemptionPolicy is Never"]),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "make", "expected"), CASES, ids=[c[0] for c in CASES])
@@ -210,5 +223,45 @@ async def test_audit_job_level_affinity(store: Store, targets: list[str], expect
     report = await audit(store)
     if expected:
         assert any(expected in v for v in report.violations), report.violations
+    else:
+        assert report.ok, report.violations
+
+
+def _queue(name: str, cpu: int, parent: str = "") -> pb.Queue:
+    q = pb.Queue(metadata=pb.ObjectMeta(name=name))
+    q.spec.quota.milli_cpu = cpu
+    q.spec.parent = parent
+    return q
+
+
+@pytest.mark.parametrize(
+    ("queues", "expected"),
+    [
+        ([_queue("team", 900)], ""),
+        ([_queue("team", 800)], "queue team holds 900m of cpu in bound pods, over its max 800m"),
+        (
+            [_queue("org", 500), _queue("team", 0, parent="org")],
+            "queue org holds 900m of cpu in bound pods, over its max 500m",
+        ),
+    ],
+    ids=["within-max", "over-max", "over-a-parent-max"],
+)
+async def test_audit_queue_quotas(store: Store, queues: list[pb.Queue], expected: str) -> None:
+    """Three pods of 300m of queue ``team`` bound directly (as a Binder that ignored the max
+    could): 900m against the maxima."""
+    for q in queues:
+        await store.create(q)
+    await store.create(node("n1", cpu=4000, pods=10))
+    j = job("g", replicas=3, cpu=300)
+    j.spec.queue = "team"
+    pods = pods_of(j)
+    for p in pods:
+        p.spec.queue = "team"
+    await store.create_unit(j, pods)
+    _, lease = await store.acquire_lease("binder", "b", 10_000)
+    await store.bind([_place(p) for p in pods], fence=Fence("binder", lease.epoch))
+    report = await audit(store)
+    if expected:
+        assert [v for v in report.violations if "queue" in v] == [expected]
     else:
         assert report.ok, report.violations

@@ -21,17 +21,19 @@ from typing import Any, TypeAlias
 import grpc
 import pytest
 
+from godel.audit import audit as audit_cluster
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.decide import ATOMIC_DELETE_REPLICAS, informed_jobs
 from services.binder.service import BinderConfig, BinderService
+from services.binder.state import ClusterState
 from services.dispatcher.controllers.creation import CHUNK_OPS
 from services.peers.binder import LEADER_METADATA_KEY
 from services.runtime import ServiceHost
 from services.runtime.healthcheck import probe
 from store import Store
-from store.client import Bind, Delete, Fence, Update
+from store.client import Bind, Delete, Fence, Release, Update
 from store.errors import FencedError
 from tests import factories as f
 
@@ -1042,11 +1044,14 @@ def prio(job: pb.Job, priority: int, *, preemptible: bool = True, replace: bool 
 
 
 async def submit_prio(store: Store, job: pb.Job) -> dict[str, pb.Pod]:
-    """As the dispatcher copies them: priority and preemptibility on every pod."""
+    """As the dispatcher copies them: priority, preemptibility, preemption policy and queue on
+    every pod."""
     pods = f.pods_of(job)
     for p in pods:
         p.spec.priority = job.spec.priority
         p.spec.preemptible = job.spec.preemptible
+        p.spec.preemption_policy = job.spec.preemption_policy
+        p.spec.queue = job.spec.queue
     await store.create_unit(job, pods)
     return {p.metadata.name: p for p in pods}
 
@@ -1270,6 +1275,273 @@ async def test_two_shards_against_one_budget_never_exceed_it(
             assert "disruption budget two" in v.reason
     stored = (await store.list_all(pb.Pod))[0]
     assert sum(p.status.reason == "Preempted" for p in stored) == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Forged decisions the shards would never make: the Binder re-checks the preemptor's policy and
+# the queues' maxima (the dispatcher's admission is not the last word).
+# --------------------------------------------------------------------------------------------
+
+
+async def rejection_event(store: Store, pod: str) -> pb.Event:
+    """The BindRejected event of ``pod``, written in the Binder's next batch of events."""
+    deadline = asyncio.get_running_loop().time() + 15
+    while True:
+        events, _ = await store.list_all(pb.Event)
+        found = [e for e in events if e.reason == "BindRejected" and e.regarding.name == pod]
+        if found:
+            return found[0]
+        assert asyncio.get_running_loop().time() < deadline, f"no BindRejected event of {pod}"
+        await asyncio.sleep(0.05)
+
+
+async def test_victims_of_a_never_preemptor_are_refused_and_not_evicted(
+    store: Store, shards: list[Shard]
+) -> None:
+    """A decision giving victims to a pod whose preemptionPolicy is Never, as a forged or buggy
+    shard could send it: refused naming the rule, its victim left running."""
+    await store.create(f.node("n1", cpu=1000))
+    low = prio(f.job("low", cpu=600), LOW)
+    await shards[0].decide(unit(low, await submit_prio(store, low), [("low-0", "n1")]))
+    never = prio(f.job("never", cpu=600), HIGH)
+    never.spec.preemption_policy = pb.NEVER
+    pods = await submit_prio(store, never)
+    verdicts = await shards[1].decide(preempting(never, pods, [("never-0", "n1", ["low-0"])]))
+    refused = verdicts["never-0"]
+    assert V.Name(refused.code) == "CONFLICT"
+    assert "pod 'never-0' has preemptionPolicy Never" in refused.reason, refused.reason
+    victim, preemptor = await store.get_many(pb.Pod, ["low-0", "never-0"])
+    assert victim is not None and victim.status.phase == pb.POD_BOUND
+    assert victim.spec.node_name == "n1" and not victim.status.preempted_by
+    assert preemptor is not None and not preemptor.spec.node_name
+    event = await rejection_event(store, "never-0")
+    assert "preemptionPolicy Never" in event.message, event.message
+
+
+def queue(name: str, *, cpu: int = 0, mem: int = 0, pods: int = 0, parent: str = "") -> pb.Queue:
+    q = pb.Queue(metadata=pb.ObjectMeta(name=name))
+    if cpu or mem or pods:
+        q.spec.quota.milli_cpu, q.spec.quota.memory_bytes, q.spec.quota.pods = cpu, mem, pods
+    q.spec.parent = parent
+    return q
+
+
+def queued(job: pb.Job, queue_name: str) -> pb.Job:
+    job.spec.queue = queue_name
+    return job
+
+
+def binder_state(binder: ServiceHost[BinderConfig]) -> ClusterState:
+    service = binder.service
+    assert isinstance(service, BinderService)
+    return service.state
+
+
+async def binder_caught_up(binder: ServiceHost[BinderConfig], store: Store) -> None:
+    """The binder's informer has applied every change so far (the queues just created)."""
+    service = binder.service
+    assert isinstance(service, BinderService)
+    await service.informer.wait_for_revision(await store.revision(), timeout=15)
+
+
+async def queues_within_max(store: Store) -> list[str]:
+    """What ``godel audit`` reports of the queues' maxima (empty: every queue within)."""
+    return [v for v in (await audit_cluster(store)).violations if "queue" in v]
+
+
+@dataclass
+class QuotaCase:
+    id: str
+    queues: list[pb.Queue]
+    # Jobs already bound: (job, [(pod, node)]), through the binder first.
+    running: list[tuple[pb.Job, list[tuple[str, str]]]]
+    jobs: list[pb.Job]
+    # One batch: (job name, [(pod, node, victims)]).
+    units: list[tuple[str, list[tuple[str, str, list[str]]]]]
+    expect: dict[str, tuple[Code, str]]
+    evicted: set[str] = field(default_factory=set)
+
+
+Q = "QueueQuota: queue 'team' would hold"
+QUOTA_CASES = [
+    QuotaCase(
+        "within the max: every placement binds",
+        [queue("team", cpu=1000)],
+        [],
+        [queued(f.job("a", replicas=2, cpu=500), "team")],
+        [("a", [("a-0", "n1", []), ("a-1", "n1", [])])],
+        {"a-0": (V.BOUND, ""), "a-1": (V.BOUND, "")},
+    ),
+    QuotaCase(
+        "a batch past the max: the placement that would cross it is refused",
+        [queue("team", cpu=1000)],
+        [],
+        [queued(f.job("a", replicas=2, cpu=800), "team")],
+        [("a", [("a-0", "n1", []), ("a-1", "n1", [])])],
+        {"a-0": (V.BOUND, ""), "a-1": (V.CONFLICT, f"{Q} 1600m of cpu, over its max 1000m")},
+    ),
+    QuotaCase(
+        "the queue's bound pods count",
+        [queue("team", cpu=1000)],
+        [(queued(f.job("old", cpu=600), "team"), [("old-0", "n1")])],
+        [queued(f.job("a", cpu=600), "team")],
+        [("a", [("a-0", "n1", [])])],
+        {"a-0": (V.CONFLICT, f"{Q} 1200m of cpu, over its max 1000m")},
+    ),
+    QuotaCase(
+        "memory is judged too",
+        [queue("team", mem=f.GiB)],
+        [],
+        [queued(f.job("a", replicas=2, cpu=10, mem=600 * f.MiB), "team")],
+        [("a", [("a-0", "n1", []), ("a-1", "n1", [])])],
+        {"a-0": (V.BOUND, ""), "a-1": (V.CONFLICT, f"{Q} {1200 * f.MiB}B of memory")},
+    ),
+    QuotaCase(
+        "so is the pod count",
+        [queue("team", pods=1)],
+        [],
+        [queued(f.job("a", replicas=2, cpu=10), "team")],
+        [("a", [("a-0", "n1", []), ("a-1", "n1", [])])],
+        {"a-0": (V.BOUND, ""), "a-1": (V.CONFLICT, f"{Q} 2 of pods, over its max 1")},
+    ),
+    QuotaCase(
+        "a parent's max bounds the queues below it",
+        [queue("org", cpu=1000), queue("team", parent="org")],
+        [(queued(f.job("old", cpu=600), "org"), [("old-0", "n1")])],
+        [queued(f.job("a", cpu=600), "team")],
+        [("a", [("a-0", "n1", [])])],
+        {"a-0": (V.CONFLICT, "parent queue 'org' of 'team' would hold 1200m of cpu")},
+    ),
+    QuotaCase(
+        "another queue's pods do not count",
+        [queue("team", cpu=1000)],
+        [(queued(f.job("old", cpu=900), "other"), [("old-0", "n1")])],
+        [queued(f.job("a", cpu=1000), "team")],
+        [("a", [("a-0", "n1", [])])],
+        {"a-0": (V.BOUND, "")},
+    ),
+    QuotaCase(
+        "a gang past the max is rejected whole",
+        [queue("team", cpu=1000)],
+        [],
+        [queued(f.job("g", replicas=2, min_member=2, cpu=600), "team")],
+        [("g", [("g-0", "n1", []), ("g-1", "n1", [])])],
+        {"g-0": (V.GANG_REJECTED, G), "g-1": (V.GANG_REJECTED, Q)},
+    ),
+    QuotaCase(
+        "victims of the same queue free what they hold",
+        [queue("team", cpu=1000)],
+        [(prio(queued(f.job("low", cpu=800), "team"), LOW), [("low-0", "n1")])],
+        [prio(queued(f.job("high", cpu=800), "team"), HIGH)],
+        [("high", [("high-0", "n1", ["low-0"])])],
+        {"high-0": (V.BOUND, "")},
+        {"low-0"},
+    ),
+    QuotaCase(
+        "victims of another queue free nothing of it, and stay",
+        [queue("team", cpu=1000)],
+        [
+            (queued(f.job("old", cpu=600), "team"), [("old-0", "n1")]),
+            (prio(queued(f.job("low", cpu=800), "other"), LOW), [("low-0", "n1")]),
+        ],
+        [prio(queued(f.job("high", cpu=600), "team"), HIGH)],
+        [("high", [("high-0", "n1", ["low-0"])])],
+        {"high-0": (V.CONFLICT, f"{Q} 1200m of cpu")},
+    ),
+    QuotaCase(
+        "an earlier placement cannot take quota a later preemptor frees",
+        [queue("team", cpu=1000)],
+        [(prio(queued(f.job("low", cpu=800), "team"), LOW), [("low-0", "n1")])],
+        [
+            queued(f.job("plain", cpu=300), "team"),
+            prio(queued(f.job("high", cpu=800), "team"), HIGH),
+        ],
+        [("plain", [("plain-0", "n1", [])]), ("high", [("high-0", "n1", ["low-0"])])],
+        {"plain-0": (V.CONFLICT, f"{Q} 1100m of cpu"), "high-0": (V.BOUND, "")},
+        {"low-0"},
+    ),
+    QuotaCase(
+        "a preemptor refused for the max frees nothing: its victims stay and count",
+        [queue("team", cpu=1000)],
+        [(prio(queued(f.job("low", cpu=800), "team"), LOW), [("low-0", "n1")])],
+        [
+            prio(queued(f.job("high", cpu=1100), "team"), HIGH),
+            queued(f.job("plain", cpu=300), "team"),
+        ],
+        [("high", [("high-0", "n1", ["low-0"])]), ("plain", [("plain-0", "n1", [])])],
+        {"high-0": (V.CONFLICT, f"{Q} 1100m of cpu"), "plain-0": (V.CONFLICT, f"{Q} 1100m")},
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", QUOTA_CASES, ids=[c.id for c in QUOTA_CASES])
+async def test_queue_max_batch(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard], case: QuotaCase
+) -> None:
+    for n in (f.node("n1", cpu=8000), f.node("n2", cpu=8000)):
+        await store.create(n)
+    for q in case.queues:
+        await store.create(q)
+    await binder_caught_up(binder, store)
+    for job, placements in case.running:
+        pods = await submit_prio(store, job)
+        got = await shards[0].decide(unit(job, pods, placements))
+        assert {V.Name(v.code) for v in got.values()} == {"BOUND"}
+    pods = {}
+    jobs = {j.metadata.name: j for j in case.jobs}
+    for j in case.jobs:
+        pods |= await submit_prio(store, j)
+    await asyncio.sleep(0.2)  # the binder's view holds the running pods
+    verdicts = await shards[1].decide(
+        *(preempting(jobs[job], pods, placements) for job, placements in case.units)
+    )
+    assert {p: V.Name(v.code) for p, v in verdicts.items()} == {
+        p: V.Name(c) for p, (c, _) in case.expect.items()
+    }
+    for pod, (_, reason) in case.expect.items():
+        assert reason in verdicts[pod].reason, (pod, verdicts[pod].reason)
+    stored = {p.metadata.name: p for p in (await store.list_all(pb.Pod))[0]}
+    assert {n for n, p in stored.items() if p.status.phase == pb.POD_FAILED} == case.evicted
+    assert await queues_within_max(store) == []
+
+
+async def test_racing_shards_never_take_a_queue_past_its_max(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    """Two shards each send a pod of 800m of queue ``team`` (max 1 CPU) at once, as forged or
+    racing decisions could: one binds, the other is refused naming the rule, and the queue's
+    bound usage stays within its max."""
+    await store.create(f.node("n1", cpu=8000))
+    await store.create(queue("team", cpu=1000))
+    await binder_caught_up(binder, store)
+    a, b = queued(f.job("a", cpu=800), "team"), queued(f.job("b", cpu=800), "team")
+    pa, pb_ = await submit_prio(store, a), await submit_prio(store, b)
+    results = await asyncio.gather(
+        shards[0].decide(unit(a, pa, [("a-0", "n1")])),
+        shards[1].decide(unit(b, pb_, [("b-0", "n1")])),
+    )
+    verdicts = {k: v for r in results for k, v in r.items()}
+    assert sorted(V.Name(v.code) for v in verdicts.values()) == ["BOUND", "CONFLICT"]
+    [(lost, refused)] = [(p, v) for p, v in verdicts.items() if v.code == V.CONFLICT]
+    assert f"{Q} 1600m of cpu, over its max 1000m" in refused.reason, refused.reason
+    event = await rejection_event(store, lost)
+    assert "QueueQuota" in event.message, event.message
+    assert await queues_within_max(store) == []
+    # Room freed in the queue is usable again: the bound pod finishes, the other binds.
+    [(won, _)] = [(p, v) for p, v in verdicts.items() if v.code == V.BOUND]
+    done = await store.get(pb.Pod, won)
+    done.status.phase = pb.POD_SUCCEEDED
+    await store.commit([Release(done)])
+    retry = a if lost == "a-0" else b
+    pods = pa if lost == "a-0" else pb_
+    state = binder_state(binder)
+
+    async def released() -> bool:
+        return state.queue_usage["team"].is_zero()
+
+    await eventually(released, what="the finished pod's quota given back")
+    again = await shards[0].decide(unit(retry, pods, [(lost, "n1")]))
+    assert V.Name(again[lost].code) == "BOUND", again[lost].reason
 
 
 # --------------------------------------------------------------------------------------------

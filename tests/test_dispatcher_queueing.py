@@ -1,4 +1,5 @@
-"""Queue sort policies, fairness between queues and the quota arithmetic: pure, table-driven."""
+"""Queue sort policies, fairness between queues and the quota arithmetic: pure, table-driven.
+A queue's max (``placement.quotas``) is tested in tests/test_quotas.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from services.dispatcher.dispatching.queueing import (
     next_queue,
     permille,
     policy_for,
-    quota_excess,
 )
 
 
@@ -63,31 +63,6 @@ def test_less_and_names() -> None:
 
 def q(cpu: int = 0, mem: int = 0, gpus: int = 0, pods: int = 0, **ext: int) -> Quantities:
     return Quantities(cpu, mem, gpus, pods, dict(ext))
-
-
-QUOTA_CASES: list[tuple[str, pb.Resources | None, Quantities, Quantities, str]] = [
-    ("no quota", None, q(cpu=10**9), q(cpu=10**9), ""),
-    ("empty quota is unlimited", pb.Resources(), q(cpu=5), q(cpu=5), ""),
-    ("fits exactly", pb.Resources(milli_cpu=1000), q(cpu=600), q(cpu=400), ""),
-    ("cpu over", pb.Resources(milli_cpu=1000), q(cpu=600), q(cpu=401), "cpu"),
-    ("unset cpu unlimited, memory over", pb.Resources(memory_bytes=100), q(cpu=10**6, mem=50),
-     q(mem=51), "memory"),
-    ("gpus over", pb.Resources(gpus=2), q(gpus=2), q(gpus=1), "gpus"),
-    ("pod count over", pb.Resources(pods=3), q(pods=2), q(pods=2), "pods"),
-    ("extended over", pb.Resources(extended={"fpga": 1}), q(fpga=1), q(fpga=1), "fpga"),
-    ("extended not requested", pb.Resources(extended={"fpga": 1}), q(fpga=1), q(cpu=1), ""),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("quota", "used", "request_", "expected"),
-    [c[1:] for c in QUOTA_CASES],
-    ids=[c[0] for c in QUOTA_CASES],
-)
-def test_quota(
-    quota: pb.Resources | None, used: Quantities, request_: Quantities, expected: str
-) -> None:
-    assert quota_excess(quota, used, request_) == expected
 
 
 def test_quantities() -> None:

@@ -96,9 +96,9 @@ class PodInfo:
     preferred_terms: tuple[tuple[int, Term], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     priority: int = 0
-    # May evict lower-priority pods when it does not fit (its job's preemptionPolicy is not
-    # Never).
-    can_preempt: bool = True
+    # Its job's preemptionPolicy: whether it may evict lower-priority pods when it does not fit
+    # is placement.preemption's rule (``preemptor_refusal``), read there only.
+    preemption_policy: int = pb.PREEMPTION_POLICY_UNSPECIFIED
     # Inter-pod affinity and topology spread (placement.plugins.interpodaffinity,
     # podtopologyspread). The required anti-affinity terms are ``req.anti_terms``.
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -175,7 +175,7 @@ class PodInfo:
                 for t in tpl.tolerations
             ),
             priority=pod.spec.priority,
-            can_preempt=pod.spec.preemption_policy != pb.NEVER,
+            preemption_policy=pod.spec.preemption_policy,
             labels=req.labels,
             pod_affinity=pod_affinity,
             preferred_pod_terms=preferred,

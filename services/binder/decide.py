@@ -8,9 +8,11 @@ NodeInfo, taking off a preemptor's victims just before it and adding accepted po
 nodes do not depend on each other), then the cross-node rules serially: inter-pod affinity and
 topology spread (every placement the node checks accepted, in batch order, against the cluster's
 pods plus the batch's placements accepted before it — so two shards' anti-affine pods sent into
-one zone at once cannot both bind), then the gang rule. A gang rejection frees the room its pods
-took tentatively (and gives back their victims), so the nodes it touched are checked again until
-nothing changes.
+one zone at once cannot both bind), job-level affinity, the queues' maxima (each placement
+against what its queue's bound pods hold plus the batch's placements accepted before it, less
+its own victims: the dispatcher's admission is not the last word), then the gang rule. A gang
+rejection frees the room its pods took tentatively (and gives back their victims), so the nodes
+it touched are checked again until nothing changes.
 
 Synchronous and free of I/O: the service reads the pods and jobs, plans here, then commits.
 """
@@ -27,6 +29,7 @@ from placement.claims import TERMINAL_PHASES
 from placement.framework import Framework, JobAffinity, PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins import joblevelaffinity, numatopology
+from placement.quotas import SubtreeUsage, queue_of, quota_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.state import ClusterState
@@ -209,6 +212,7 @@ class BatchPlan:
                 node_results[node] = self._check_node(node)
             self._topology_check(node_results)
             self._job_affinity_check(node_results)
+            self._quota_check(node_results)
             newly = self._gang_check(node_results)
             dirty = {c.placement.node for c in self.candidates.values() if c.job in newly} & set(
                 node_results
@@ -349,6 +353,57 @@ class BatchPlan:
                     node = cand.placement.node
                     node_results[node][cand.pod.metadata.name] = f"node {node!r}: {why}"
 
+    def _quota_check(self, node_results: dict[str, dict[str, str | None]]) -> None:
+        """The queues' maxima over every placement the earlier checks accepted (recorded as its
+        node result, CONFLICT naming the rule; it counts for the gang rule). Judged afresh on
+        each pass: a gang rejected since gives back what it took."""
+        live = [
+            c
+            for c in self.candidates.values()
+            if c.job not in self.gang_rejected
+            and node_results.get(c.placement.node, {}).get(c.pod.metadata.name) is None
+        ]
+        for name, why in self._over_quota(live).items():
+            node_results[self.candidates[name].placement.node][name] = why
+
+    def _over_quota(self, live: list[Candidate]) -> dict[str, str]:
+        """Each of ``live`` (in batch order) that would take its queue, or a queue above it, past
+        its max → why (``placement.quotas``, every resource of the vector). Serially: each is
+        judged against what the queues' bound pods hold plus the placements of ``live``
+        accepted before it, its own victims taken off just before (so an earlier placement
+        never gets quota a later preemptor frees, and a refused preemptor frees none)."""
+        state = self.state
+        if not any(quota_of(q) is not None for q in state.queues.values()):
+            return {}  # no queue has a max
+        # What each queue and the queues below it hold as the batch is judged: bound pods, then
+        # the accepted placements.
+        usage = SubtreeUsage(state.queues.get, state.queue_usage)
+        refused: dict[str, str] = {}
+        for cand in live:
+            name = cand.pod.metadata.name
+            queue = queue_of(cand.pod)
+            freed = [
+                h
+                for v in self.claims.evict.get(name, ())
+                if (h := state.held_by(v.metadata.name)) is not None
+            ]
+            for q, amount in freed:
+                usage.charge(q, amount, -1)
+            if not usage.maxima(queue):
+                continue  # no max above it: what it takes is read by no check
+            request = cand.info.req.requests
+            found = usage.excess(queue, request)
+            if found is not None:
+                for q, amount in freed:
+                    usage.charge(q, amount)
+                refused[name] = (
+                    f"{found.describe(queue)} (counting its bound pods and this batch's "
+                    "earlier placements)"
+                )
+                continue
+            usage.charge(queue, request)
+        return refused
+
     def _gang_check(self, node_results: dict[str, dict[str, str | None]]) -> set[str]:
         """Jobs that have never been scheduled and cannot reach min_member with this batch."""
         accepted: dict[str, int] = {}
@@ -387,7 +442,13 @@ class BatchPlan:
 
     def drop(self, name: str, code: ipb.VerdictCode.ValueType, reason: str) -> None:
         """Take an accepted pod out (the store refused it) and re-apply the gang rule to its
-        job; a conflicting pod of a gang that falls short is GANG_REJECTED like the rest."""
+        job; a conflicting pod of a gang that falls short is GANG_REJECTED like the rest. Then
+        the queues' maxima again: a refused preemptor's victims stay, and the quota they
+        freed with them."""
+        self._drop(name, code, reason)
+        self._recheck_quotas()
+
+    def _drop(self, name: str, code: ipb.VerdictCode.ValueType, reason: str) -> None:
         cand = self.candidates.get(name)
         if cand is None:
             return
@@ -402,6 +463,14 @@ class BatchPlan:
     def drop_job(self, job_name: str, code: ipb.VerdictCode.ValueType, reason: str) -> None:
         for cand in [c for c in self.candidates.values() if c.job == job_name]:
             self._remove(cand.pod.metadata.name, Rejection(code, reason))
+        self._recheck_quotas()
+
+    def _recheck_quotas(self) -> None:
+        """After accepted pods were taken out, the rest judged by the queues' maxima again
+        (each refusal is a CONFLICT that re-applies the gang rule) until all hold."""
+        while over := self._over_quota(list(self.candidates.values())):
+            for name, why in over.items():
+                self._drop(name, CONFLICT, why)
 
     def reject_all(self, code: ipb.VerdictCode.ValueType, reason: str) -> None:
         for name in list(self.candidates):

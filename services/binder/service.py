@@ -48,7 +48,7 @@ class BinderService(Service[BinderConfig]):
         super().__init__(*args, **kwargs)
         cfg = self.config
         self.rules = hard_rules()
-        self.informer = Informer(self.store, ["Node", "Pod", "Job", "DisruptionBudget"])
+        self.informer = Informer(self.store, ["Node", "Pod", "Job", "DisruptionBudget", "Queue"])
         self.state = ClusterState(self.informer.objects)
         self.informer.add_handlers(
             Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)

@@ -1,21 +1,25 @@
 """The binder's authoritative view: a NodeInfo per node holding every bound, non-terminal pod,
-every pod as last written (for victims' re-validation and disruption budgets), jobs and budgets.
+every pod as last written (for victims' re-validation and disruption budgets), jobs, budgets,
+queues and what each queue's bound pods hold (for its max).
 
-Fed by the informer (Nodes, Pods, Jobs, DisruptionBudgets) plus the pods this binder committed
-itself that the informer has not delivered yet ("assumed": binds, evictions, replacements), so
-back-to-back batches see each other (``PodBook``). Pod reads are fresh copies: a change to one is
-kept only by writing it. Plain synchronous code: informer handlers and the committer run
-on one event loop and never interleave mid-update.
+Fed by the informer (Nodes, Pods, Jobs, DisruptionBudgets, Queues) plus the pods this binder
+committed itself that the informer has not delivered yet ("assumed": binds, evictions,
+replacements), so back-to-back batches see each other (``PodBook``). Pod reads are fresh
+copies: a change to one is kept only by writing it. Plain synchronous code: informer handlers
+and the committer run on one event loop and never interleave mid-update.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from placement.budgets import SelectorMembers
 from placement.claims import holds_claim
 from placement.nodeinfo import NodeInfo, PodRequest
+from placement.quotas import queue_of
+from placement.resources import Quantities
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 from services.grouped import GroupedNames
@@ -96,6 +100,12 @@ class ClusterState:
         # and spread: built on first use (``pod_counts``), then kept by the placement bookkeeping.
         self.topology = TopologyIndex()
         self.anti_placed = 0  # placed pods with required anti-affinity terms
+        self.queues: dict[str, pb.Queue] = {}
+        # What each queue's placed pods hold (their requests), kept as pods are placed and
+        # unplaced, and the queue each placed pod counts in: the Binder judges a binding against
+        # its queue's max without a scan.
+        self.queue_usage: dict[str, Quantities] = {}
+        self.pod_queue: dict[str, str] = {}
 
     @property
     def jobs(self) -> Mapping[str, pb.Job]:
@@ -122,6 +132,8 @@ class ClusterState:
         elif type(obj) is pb.DisruptionBudget:
             self.budgets[obj.metadata.name] = obj
             self.budget_members.set_budget(obj, self.pods.values())
+        elif type(obj) is pb.Queue:
+            self.queues[obj.metadata.name] = obj
 
     def on_update(self, kind: str, old: StoredObject, new: StoredObject) -> None:
         if type(new) is pb.Pod and type(old) is pb.Pod:
@@ -151,6 +163,8 @@ class ClusterState:
         elif type(obj) is pb.DisruptionBudget:
             self.budgets.pop(obj.metadata.name, None)
             self.budget_members.remove_budget(obj.metadata.name)
+        elif type(obj) is pb.Queue:
+            self.queues.pop(obj.metadata.name, None)
 
     def _set_node(self, node: pb.Node) -> None:
         name = node.metadata.name
@@ -207,20 +221,35 @@ class ClusterState:
             self.topology.add(node, req)
         self.pod_node[name] = node
         self.job_pods.add(pod.spec.job, name)
+        queue = self.pod_queue[name] = sys.intern(queue_of(pod))
+        usage = self.queue_usage.get(queue)
+        if usage is None:
+            usage = self.queue_usage[queue] = Quantities()
+        usage.add(req.requests)
 
     def _unplace(self, name: str, job: str) -> None:
         node = self.pod_node.pop(name, None)
         if node is None:
             return
         info = self.infos.get(node)
+        queue = self.pod_queue.pop(name, None)
         if info is not None:
             req = info.remove_pod(name)
             self.anti_placed -= bool(req is not None and req.anti_terms)
+            if req is not None and queue is not None:
+                self.queue_usage[queue].add(req.requests, -1)
             if not info.pods and node not in self.nodes:
                 del self.infos[node]
         if self.topology.active:
             self.topology.remove(name)
         self.job_pods.discard(job, name)
+
+    def held_by(self, name: str) -> tuple[str, Quantities] | None:
+        """The queue a placed pod counts in and what it holds there (None: not placed)."""
+        node, queue = self.pod_node.get(name), self.pod_queue.get(name)
+        info = self.infos.get(node) if node is not None else None
+        req = info.pods.get(name) if info is not None else None
+        return (queue, req.requests) if queue is not None and req is not None else None
 
     def pod_counts(self) -> TopologyIndex:
         """The topology index, built from every placed pod on first use."""

@@ -4,6 +4,8 @@ Binder's view, charged to disruption budgets. Synchronous and free of I/O.
 A shard's victim choice is a proposal, like its placement. Serially, in batch order, each
 preemptor's victims are checked:
 
+- a preemptor whose ``preemptionPolicy`` is Never may have no victims at all
+  (``placement.preemption.preemptor_refusal``): its placement is refused, nothing evicted;
 - a victim already gone (deleted, finished, evicted by an earlier batch) needs nothing: it is
   simply not evicted again;
 - a victim claimed by another preemptor of this batch, moved to another node, or no longer a
@@ -26,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from placement.budgets import BudgetTracker, current_status
 from placement.claims import holds_claim
 from placement.framework import PodInfo
-from placement.preemption import victim_reason
+from placement.preemption import preemptor_refusal, victim_reason
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.state import ClusterState
 
@@ -80,7 +82,12 @@ class VictimClaims:
 
     def claim(self, preemptor: PodInfo, node: str, victims: Sequence[str]) -> str | None:
         """Claim ``victims`` for ``preemptor`` placed on ``node``: None when claimed (the live
-        ones are in ``evict[preemptor.name]``), else why not (nothing claimed)."""
+        ones are in ``evict[preemptor.name]``), else why not (nothing claimed). A preemptor
+        whose policy is Never claims none, even victims already gone: such a decision is not
+        one a shard makes."""
+        refused = preemptor_refusal(preemptor)
+        if refused is not None:
+            return refused
         live: list[pb.Pod] = []
         for name in dict.fromkeys(victims):
             other = self.by.get(name)

@@ -1,5 +1,5 @@
 """What the dispatcher's three roles (api, dispatching, controllers) read alike off stored
-objects: their metadata, typed (``metadata_of``), the default queue, a node's shape, and a job's
+objects: their metadata, typed (``metadata_of``), a node's shape, and a job's
 two marks — its pods not all stored yet (``godel.io/pods-created``) and its deletion begun."""
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
-
-DEFAULT_QUEUE = "default"
 
 # Every stored kind (store.kinds.KINDS), each with its ``metadata``; the most numerous first
 # (isinstance tries them in order).

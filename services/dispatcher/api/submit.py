@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import structlog
 
+from placement.quotas import DEFAULT_QUEUE
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
@@ -18,7 +19,7 @@ from services.dispatcher.api.rpc import abort, refuse_if, store_violation
 from services.dispatcher.controllers.creation import PodCreator, first_commit
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
-from services.dispatcher.objects import DEFAULT_QUEUE, pods_complete
+from services.dispatcher.objects import pods_complete
 from services.runtime.auth import caller
 from store import AlreadyExistsError, CommitError, Store, StoreError, StoreUnavailableError
 

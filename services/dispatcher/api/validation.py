@@ -12,9 +12,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from placement.nodeinfo import POOL_NAMES, pool_of
+from placement.quotas import DEFAULT_QUEUE
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.objects import DEFAULT_QUEUE, NodeShape
+from services.dispatcher.objects import NodeShape
 
 # A DNS-1123 label: every pod name `<job>-<index>` must be one too.
 _LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -4,8 +4,9 @@ chunked creation (``creation.py``); validation (``api/validation.py``) only judg
 
 from __future__ import annotations
 
+from placement.quotas import DEFAULT_QUEUE
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.objects import DEFAULT_QUEUE, PODS_CREATED_ANNOTATION
+from services.dispatcher.objects import PODS_CREATED_ANNOTATION
 
 
 def pods_for(

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from placement.nodeinfo import GUARANTEED, pool_of
+from placement.quotas import queue_of
 from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.queueing import PendingUnit
-from services.dispatcher.objects import DEFAULT_QUEUE
 
 
 class UnitState(enum.Enum):
@@ -104,10 +104,6 @@ class Claim:
 
 def is_pending(pod: pb.Pod) -> bool:
     return pod.status.phase == pb.POD_PENDING and not pod.spec.node_name
-
-
-def queue_of(pod: pb.Pod) -> str:
-    return pod.spec.queue or DEFAULT_QUEUE
 
 
 JobLookup = Callable[[str], pb.Job | None]

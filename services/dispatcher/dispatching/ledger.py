@@ -5,11 +5,12 @@ min and weight, and the cluster's free room per pool (a ``placement.room.PoolRoo
 from __future__ import annotations
 
 from placement.nodeinfo import GUARANTEED
+from placement.quotas import ancestors, held_below, hierarchy_excess, quota_of
 from placement.resources import Quantities
 from placement.room import PoolRoom
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import Claim, QueueLookup, UnitEntry
-from services.dispatcher.dispatching.queueing import PendingUnit, quota_excess
+from services.dispatcher.dispatching.queueing import PendingUnit
 
 
 class QuotaLedger:
@@ -74,41 +75,27 @@ class QuotaLedger:
 
     def quota(self, queue: str) -> pb.Resources | None:
         """The queue's max (``spec.quota``), None when it has none."""
-        obj = self.queues(queue)
-        if obj is not None and obj.spec.HasField("quota"):
-            return obj.spec.quota
-        return None
+        return quota_of(self.queues(queue))
 
     def ancestors(self, queue: str) -> list[str]:
-        """The queue's parents, nearest first (a cycle, which Apply refuses, ends the walk)."""
-        out: list[str] = []
-        seen = {queue}
-        obj = self.queues(queue)
-        while obj is not None and obj.spec.parent and obj.spec.parent not in seen:
-            out.append(obj.spec.parent)
-            seen.add(obj.spec.parent)
-            obj = self.queues(obj.spec.parent)
-        return out
+        """The queue's parents, nearest first."""
+        return ancestors(queue, self.queues)
 
     def quota_excess(self, queue: str, request: Quantities) -> str:
         """The resource a unit of ``request`` would take past the queue's max, or past the max
-        of a parent queue (counting every queue below that parent); "" if it fits."""
-        quota = self.quota(queue)
-        blocked = quota_excess(quota, self.used(queue), request) if quota is not None else ""
-        if blocked:
-            return blocked
-        for parent in self.ancestors(queue):
-            limit = self.quota(parent)
-            if limit is None:
-                continue
-            below = Quantities()
-            for other in self.usage.keys() | self._inflight.keys():
-                if other == parent or parent in self.ancestors(other):
-                    below.add(self.used(other))
-            blocked = quota_excess(limit, below, request)
-            if blocked:
-                return f"{blocked} of parent queue {parent}"
-        return ""
+        of a parent queue (each counting every queue below it; ``placement.quotas``); "" if it
+        fits."""
+        holders = self.usage.keys() | self._inflight.keys()
+        found = hierarchy_excess(
+            queue,
+            request,
+            self.queues,
+            lambda judged: held_below(judged, self.queues, self.used, holders),
+        )
+        if found is None:
+            return ""
+        resource = found.excess.resource
+        return resource if found.queue == queue else f"{resource} of parent queue {found.queue}"
 
     def min(self, queue: str) -> Quantities:
         """The queue's min: capacity always available to it (nothing when unset)."""

@@ -1,7 +1,7 @@
 """Logical queues: how pending units are ordered within a queue (a queue's :class:`SortPolicy`:
 FIFO, Priority), which queue dispatches next (the dispatcher's :class:`Fairness`: round-robin,
-DRF, FairShare), and the quota arithmetic over ``placement.resources.Quantities``
-(``quota_excess``, min and borrowed).
+DRF, FairShare), and the min and borrowed arithmetic over ``placement.resources.Quantities``
+(a queue's max is judged by ``placement.quotas``, shared with the Binder and audit).
 
 Plain synchronous functions over integers; the ``UnitQueue`` applies them in its round.
 """
@@ -61,29 +61,6 @@ def dominant_share(used: Quantities, capacity: Quantities) -> Fraction:
 def permille(share: Fraction) -> int:
     """A share in thousandths, rounded down (as ``QueueStatus.dominant_share_permille``)."""
     return int(share * 1000)
-
-
-def quota_excess(quota: pb.Resources | None, used: Quantities, request: Quantities) -> str:
-    """The first resource for which ``used + request`` exceeds ``quota`` ("" if it fits).
-
-    A quota field of 0 is unlimited: proto3 cannot tell an unset field from zero, and a queue
-    that admits nothing is better expressed by not submitting to it.
-    """
-    if quota is None:
-        return ""
-    checks = (
-        ("cpu", quota.milli_cpu, used.cpu + request.cpu),
-        ("memory", quota.memory_bytes, used.mem + request.mem),
-        ("gpus", quota.gpus, used.gpus + request.gpus),
-        ("pods", quota.pods, used.pods + request.pods),
-    )
-    for name, limit, want in checks:
-        if limit and want > limit:
-            return name
-    for name, limit in quota.extended.items():
-        if limit and used.extended.get(name, 0) + request.extended.get(name, 0) > limit:
-            return name
-    return ""
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from fractions import Fraction
 
 from placement.claims import holds_claim
 from placement.nodeinfo import GUARANTEED
+from placement.quotas import queue_of
 from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import (
@@ -33,7 +34,6 @@ from services.dispatcher.dispatching.entries import (
     UnitEntry,
     UnitState,
     is_pending,
-    queue_of,
 )
 from services.dispatcher.dispatching.figures import QueueFigures
 from services.dispatcher.dispatching.heaps import QueueHeaps
@@ -62,7 +62,6 @@ __all__ = [
     "UnitQueue",
     "UnitState",
     "is_pending",
-    "queue_of",
 ]
 
 # A queue stops for the round after this many of its units found no room (quota or shard
