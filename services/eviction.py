@@ -35,9 +35,13 @@ REPLACES_ANNOTATION = "godel.io/replaces"
 
 def replacement_number(pod: pb.Pod) -> int:
     """``n`` for a replacement pod ``<job>-<index>-r<n>``, 0 for an original pod."""
-    prefix = f"{pod.spec.job}-{pod.spec.index}-r"
-    rest = pod.metadata.name.removeprefix(prefix)
-    return int(rest) if rest != pod.metadata.name and rest.isdigit() else 0
+    return replacement_number_of(pod.spec.job, pod.spec.index, pod.metadata.name)
+
+
+def replacement_number_of(job: str, index: int, name: str) -> int:
+    """:func:`replacement_number` of the pod ``name`` of ``job`` at ``index``."""
+    rest = name.removeprefix(f"{job}-{index}-r")
+    return int(rest) if rest != name and rest.isdigit() else 0
 
 
 def evicted(pod: pb.Pod, reason: str, message: str, now_ms: int, by: str = "") -> pb.Pod:

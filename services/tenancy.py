@@ -13,7 +13,9 @@ methods a role may call at all is decided before (``auth.RULES``). Here are the 
 Everything else a tenant may read (nodes, queues, schedulers: how the cluster looks); the
 cluster's own events (about nodes, movements, shards) are the admin's. The admin
 identity — and everyone in a cluster started with --insecure (no identity) — may do everything.
-Each function returns None when allowed, else the refusal naming its rule.
+Each function returns None when allowed, else the refusal naming its rule. How much a tenant may
+submit (pods per job, live pods) is the dispatcher's: its admission limits
+(``services/dispatcher/api/admission.py``).
 """
 
 from __future__ import annotations

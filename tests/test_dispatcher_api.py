@@ -5,6 +5,8 @@ Get, List, Delete, Explain, Watch, and their error codes."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -15,9 +17,11 @@ from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.api.watch import _of_job
 from services.dispatcher.controllers.creation import CHUNK_OPS
+from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.dispatching.queueing import policy_for
 from services.dispatcher.objects import PODS_CREATED_ANNOTATION
 from services.eviction import evicted
+from services.runtime.healthcheck import probe
 from store import Store
 from store.client import Bind, Release
 from store.kinds import wrap
@@ -26,6 +30,8 @@ from tests.dispatcher_harness import Running, dispatcher_config, eventually, run
 
 Job = pb.Job
 Mutate = Callable[[Job], None]
+# Generous: a health check that waited this long for the dispatcher's loop is starved.
+HEALTH_DEADLINE_SECONDS = 10.0
 
 
 @pytest.fixture
@@ -1097,22 +1103,28 @@ async def test_a_job_too_big_for_one_store_script_is_stored_chunk_by_chunk(
     assert again.results[0].existing
 
 
-async def test_a_job_too_big_for_one_store_script_is_deleted_chunk_by_chunk(
+async def test_a_job_too_big_for_one_store_script_is_deleted_in_the_background_chunk_by_chunk(
     dispatcher: Running, store: Store
 ) -> None:
-    """Delete of a job whose pods do not fit one store script: the job is marked first (nothing
-    more is made for it), its pods go a chunk per commit, the job last with what remains; the
-    reply counts every object deleted."""
-    replicas = CHUNK_OPS + 500
+    """Delete of a job whose pods do not fit one store script answers at once, in progress
+    with the pods it has left: the job is marked first (nothing more is made for it), then its
+    pods go a chunk per commit in the background, the job last with what remains."""
+    replicas = 3 * CHUNK_OPS
     created = await dispatcher.api.Submit(
         api_pb2.SubmitRequest(jobs=[f.job("huge", replicas=replicas)])
     )
     assert created.results[0].created, created.results[0].violations
+    pods = dispatcher.service.pods
+    await eventually(lambda: pods.by_job.count("huge") == replicas, what="the view has its pods")
     start = await store.revision()
     response = await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Job", name="huge"))
-    assert response.deleted == replicas + 1
+    assert (response.deleted, response.in_progress, response.pods_remaining) == (0, True, replicas)
+
+    async def gone() -> bool:
+        return await store.get_many(pb.Job, ["huge"]) == [None]
+
+    await eventually(gone, timeout=60, what="the job deleted")
     assert (await store.list_all(pb.Pod))[0] == []
-    assert await store.get_many(pb.Job, ["huge"]) == [None]
     job_events: list[tuple[str, bool]] = []
     pods_before_job = 0
     async for batch in store.watch(start, ["Job", "Pod"]):
@@ -1125,6 +1137,106 @@ async def test_a_job_too_big_for_one_store_script_is_deleted_chunk_by_chunk(
             break
     assert job_events == [("MODIFIED", True), ("DELETED", True)]
     assert pods_before_job >= CHUNK_OPS  # at least one whole chunk went before the job
+
+
+async def test_health_checks_answer_while_a_big_job_is_created_and_deleted(
+    dispatcher: Running, store: Store
+) -> None:
+    """A job of a tenant's largest size (10,000 pods, ten store commits) created and deleted:
+    the dispatcher's health check, asked over and over from another thread meanwhile, answers
+    SERVING every time (each creation and deletion chunk is an await; the job's status is
+    counted a slice at a time)."""
+    replicas = 10_000
+    stop = threading.Event()
+    answers: list[str] = []
+
+    def probe_until_stopped() -> None:
+        while not stop.is_set():
+            answers.append(probe(dispatcher.host.address, timeout=HEALTH_DEADLINE_SECONDS))
+            time.sleep(0.05)
+
+    prober = asyncio.create_task(asyncio.to_thread(probe_until_stopped))
+    try:
+        created = await dispatcher.api.Submit(
+            api_pb2.SubmitRequest(jobs=[f.job("huge", replicas=replicas)])
+        )
+        assert created.results[0].created, created.results[0].violations
+        pods = dispatcher.service.pods
+        await eventually(lambda: pods.by_job.count("huge") == replicas, timeout=60)
+        response = await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Job", name="huge"))
+        assert response.in_progress
+
+        async def gone() -> bool:
+            return await store.get_many(pb.Job, ["huge"]) == [None]
+
+        await eventually(gone, timeout=120, what="the job deleted")
+    finally:
+        stop.set()
+        await prober
+    assert answers and set(answers) == {"SERVING"}, answers
+
+
+async def test_a_job_being_deleted_reads_as_deleting_with_its_pods_left_and_delete_resumes_it(
+    store_url: str, cluster_name: str, tmp_path: Path, store: Store
+) -> None:
+    """A job marked for deletion that no one is deleting (its dispatcher stopped midway; the
+    reconciler, which would resume it, is slowed here): Get, List and Watch show it as phase
+    Deleting with the pods it has left, never stored so; a Delete of it answers in progress and
+    finishes it."""
+    job = normalise_job(f.job("leaving", replicas=6))
+    job.metadata.deletion_timestamp_ms = 1
+    await store.create_unit(job, f.pods_of(job)[2:])  # two pods went before the stop
+    config = dispatcher_config(store_url, cluster_name, tmp_path, reconcile_interval_seconds=3600)
+    async with run_dispatcher(config) as dispatcher:
+        got = (await dispatcher.api.Get(api_pb2.GetRequest(kind="Job", name="leaving"))).job
+        listed = (await dispatcher.api.List(api_pb2.ListRequest(kind="Job"))).items[0].job
+        watch = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job"]))
+        watched = (await anext(aiter(watch))).object.job
+        watch.cancel()
+        for seen in (got, listed, watched):
+            assert (seen.status.phase, seen.status.pods_remaining) == (pb.JOB_DELETING, 4)
+        assert (await store.get(pb.Job, "leaving")).status.phase != pb.JOB_DELETING
+
+        response = await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Job", name="leaving"))
+        assert (response.in_progress, response.pods_remaining) == (True, 4)
+
+        async def gone() -> bool:
+            return await store.get_many(pb.Job, ["leaving"]) == [None]
+
+        await eventually(gone, timeout=30, what="the job deleted")
+        assert (await store.list_all(pb.Pod))[0] == []
+
+
+async def test_a_deletion_under_way_when_the_dispatcher_stops_is_finished_by_the_next(
+    store_url: str, cluster_name: str, tmp_path: Path, store: Store
+) -> None:
+    """The store is the truth: a dispatcher stopped right after it answered a big job's Delete
+    leaves the job marked with its pods; the next dispatcher's reconciler finishes it."""
+    replicas = 2 * CHUNK_OPS
+    config = dispatcher_config(store_url, cluster_name, tmp_path, reconcile_interval_seconds=0.2)
+    async with run_dispatcher(config) as first:
+        created = await first.api.Submit(
+            api_pb2.SubmitRequest(jobs=[f.job("huge", replicas=replicas)])
+        )
+        assert created.results[0].created, created.results[0].violations
+        # The RPC's handler called in-process, then the deleter's stop (what the service's stop
+        # does) before the loop runs anything else: no chunk of the deletion is done.
+        deleting = first.service.api.deleting
+        response = await deleting.Delete(api_pb2.DeleteRequest(kind="Job", name="huge"), None)
+        await first.service.deleter.close()
+    assert response.in_progress
+    left = await store.get(pb.Job, "huge")
+    assert left.metadata.deletion_timestamp_ms, "marked before the answer"
+    assert len((await store.list_all(pb.Pod))[0]) == replicas
+
+    async with run_dispatcher(config) as second:
+
+        async def gone() -> bool:
+            return await store.get_many(pb.Job, ["huge"]) == [None]
+
+        await eventually(gone, timeout=60, what="the next dispatcher finished the deletion")
+        assert (await store.list_all(pb.Pod))[0] == []
+        assert second.service.reconciler.repairs["unfinished_deletion"] == 1
 
 
 async def test_a_submitted_pods_created_mark_is_not_stored(

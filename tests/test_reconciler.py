@@ -241,5 +241,9 @@ async def test_a_deletion_left_midway_is_finished(dispatcher: Running, store: St
         timeout=INTERVAL + 30,
         what="repair",
     )
-    assert await store.get_many(pb.Job, ["leaving"]) == [None]
+
+    async def gone() -> bool:  # in the deleter's background, as a Delete's
+        return await store.get_many(pb.Job, ["leaving"]) == [None]
+
+    await eventually(gone, timeout=30, what="the job deleted")
     assert (await store.list_all(pb.Pod))[0] == []

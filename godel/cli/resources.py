@@ -23,7 +23,14 @@ from godel import local
 from godel.cli import output
 from godel.cli.common import home_option, local_address, rescheduler_option, server_option
 from godel.cli.output import age_of_ms, fail, print_json, print_table
-from godel.client import ClientError, ProtoClient, unwrap
+from godel.client import (
+    ClientError,
+    DeadlineExceeded,
+    NotFound,
+    ProtoClient,
+    Unavailable,
+    unwrap,
+)
 from godel.client import logs as pod_logs
 from godel.manifest import (
     Manifest,
@@ -77,6 +84,8 @@ _KIND_WORDS = [
 ]
 # How often `drain` asks again for the pods it waits for.
 DRAIN_RETRY_SECONDS = 2.0
+# How often `delete` reads a job whose deletion it follows.
+DELETE_POLL_SECONDS = 1.0
 
 T = TypeVar("T")
 
@@ -638,12 +647,33 @@ def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> Non
 @click.command("delete")
 @click.argument("target", nargs=-1, help="TYPE NAME or TYPE/NAME", shell_complete=_complete_target)
 @click.option("--filename", "-f", multiple=True, help="Delete the objects of these manifests.")
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    help="Follow a big job's deletion, which goes on in the dispatcher, until it is done "
+    "(default); --no-wait returns once it has begun.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="With --wait: seconds to follow a deletion (0: until it is done); it goes on after.",
+)
 @server_option
 @home_option
 def delete(
-    target: tuple[str, ...], filename: tuple[str, ...], server: str | None, home: Path | None
+    target: tuple[str, ...],
+    filename: tuple[str, ...],
+    wait: bool,
+    timeout: float,
+    server: str | None,
+    home: Path | None,
 ) -> None:
-    """Delete an object, or those of manifest files; deleting a job deletes its pods."""
+    """Delete an object, or those of manifest files; deleting a job deletes its pods.
+
+    A job too big for one store commit is marked and its pods go in the background: the
+    dispatcher answers at once, the job reads as Deleting with the pods it has left, and this
+    follows it until it is gone (a dispatcher restarted meanwhile finishes it)."""
     if bool(target) == bool(filename):
         fail("give TYPE NAME or -f FILE (not both)")
     if filename:
@@ -655,17 +685,79 @@ def delete(
         targets = [(kind, name)]
     failed = False
     with _client(server, home) as client:
+        in_progress: dict[str, int] = {}  # job -> its pods left
         for kind, name in targets:
             try:
-                client.delete(kind, name)
+                response = client.delete_object(kind, name)
             except ClientError as exc:
                 # As kubectl: report it and go on with the others; the exit status says so.
                 click.echo(f"error: {kind.lower()}/{name}: {exc}", err=True)
                 failed = True
             else:
-                click.echo(f"{kind.lower()}/{name} deleted")
+                if response.in_progress:
+                    click.echo(
+                        f"{kind.lower()}/{name} deletion in progress: "
+                        f"{_pods(response.pods_remaining)} remaining"
+                    )
+                    in_progress[name] = response.pods_remaining
+                else:
+                    click.echo(f"{kind.lower()}/{name} deleted")
+        if not wait:
+            for name in in_progress:
+                click.echo(f"job/{name}: the dispatcher goes on; `godel get job {name}` follows it")
+        else:
+            retry = Retry(Backoff(DELETE_POLL_SECONDS), deadline_seconds=timeout or None)
+            for name, remaining in in_progress.items():
+                failed |= not _follow_deletion(client, name, remaining, retry)
     if failed:
         raise click.exceptions.Exit(1)
+
+
+def _pods(count: int) -> str:
+    return f"{count} pod{'' if count == 1 else 's'}"
+
+
+def _follow_deletion(client: ProtoClient, name: str, remaining: int, retry: Retry) -> bool:
+    """Follow a job's deletion (it reads as Deleting) until it is gone, printing the pods it has
+    left as they change from ``remaining``; False (and said why) when ``retry``'s deadline
+    passes first. A
+    dispatcher that does not answer meanwhile (restarting, or busy past a call's deadline) is
+    waited for: the deletion goes on, or the next dispatcher finishes it."""
+    uid = ""
+    shown = remaining
+    silent = False  # the dispatcher did not answer the last read
+    while True:
+        try:
+            job = client.get(pb.Job, name)
+        except NotFound:
+            click.echo(f"job/{name} deleted")
+            return True
+        except (Unavailable, DeadlineExceeded) as exc:
+            if not silent:
+                click.echo(
+                    f"job/{name}: no answer from the dispatcher ({exc}); still waiting", err=True
+                )
+            silent = True
+        except ClientError as exc:
+            click.echo(f"error: job/{name}: {exc}", err=True)
+            return False
+        else:
+            silent = False
+            if (uid and job.metadata.uid != uid) or not job.metadata.deletion_timestamp_ms:
+                click.echo(f"job/{name} deleted")  # and another of that name made since
+                return True
+            uid = job.metadata.uid
+            if job.status.pods_remaining != shown:
+                shown = job.status.pods_remaining
+                click.echo(f"job/{name} deleting: {_pods(shown)} remaining")
+        if retry.remaining() < DELETE_POLL_SECONDS:
+            click.echo(
+                f"error: job/{name} still being deleted ({_pods(shown)} remaining); "
+                f"the dispatcher goes on: `godel get job {name}` follows it",
+                err=True,
+            )
+            return False
+        retry.sleep_sync()
 
 
 @click.command("explain")

@@ -107,7 +107,9 @@ class AsyncJobHandle:
         return list(await asyncio.gather(*(self.client.explain(p.name) for p in pods)))
 
     async def delete(self) -> int:
-        """Delete the job and its pods; how many objects went."""
+        """Delete the job and its pods; how many objects went (0 for a job too big for one
+        store commit: its pods go on being deleted in the dispatcher, and it reads as phase
+        Deleting until it is gone)."""
         return await self.client.delete("Job", self.name)
 
     async def wait(self, phase: str = "Succeeded", timeout: float | None = None) -> Job:
@@ -251,7 +253,9 @@ class AsyncGodelClient:
         return [Applied(r.kind, r.name, r.action) for r in response.results]
 
     async def delete(self, kind: str, name: str, *, resource_version: int = 0) -> int:
-        """Delete an object (a job with its pods); how many objects went. With
+        """Delete an object (a job with its pods); how many objects went. A job too big for one
+        store commit is only marked by the time this returns (0): its pods go on being deleted
+        in the dispatcher, and it reads as phase Deleting until it is gone. With
         ``resource_version``, only if unchanged since (else Conflict)."""
         request = api_pb2.DeleteRequest(kind=kind, name=name, resource_version=resource_version)
         return int((await self._call(self._api.Delete, request)).deleted)

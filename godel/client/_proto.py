@@ -176,8 +176,17 @@ class ProtoClient(_Connection[api_pb2_grpc.DispatcherStub]):
                 return items
 
     def delete(self, kind: str, name: str, *, resource_version: int = 0) -> int:
+        """How many objects went (0 for a big job whose deletion goes on: see delete_object)."""
+        return int(self.delete_object(kind, name, resource_version=resource_version).deleted)
+
+    def delete_object(
+        self, kind: str, name: str, *, resource_version: int = 0
+    ) -> api_pb2.DeleteResponse:
+        """The Delete call's answer: ``deleted`` objects, or for a job too big for one commit
+        ``in_progress`` with its ``pods_remaining`` (it reads as Deleting until it is gone)."""
         request = api_pb2.DeleteRequest(kind=kind, name=name, resource_version=resource_version)
-        return int(self._call(self._api.Delete, request).deleted)
+        response: api_pb2.DeleteResponse = self._call(self._api.Delete, request)
+        return response
 
     def explain(self, pod: str) -> api_pb2.ExplainResponse:
         response: api_pb2.ExplainResponse = self._call(

@@ -17,6 +17,7 @@ import structlog
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import events, metrics
+from services.dispatcher.api.admission import AdmissionLimits
 from services.dispatcher.api.servicer import DispatcherServicer
 from services.dispatcher.controllers.budgetstatus import BudgetStatusController
 from services.dispatcher.controllers.creation import PodCreator
@@ -47,9 +48,27 @@ class DispatcherConfig(ServiceConfig):
     """Dispatcher settings."""
 
     max_replicas: int = field(
+        default=10_000,
+        metadata=option(
+            "most pods one job of a tenant may ask for (a queue's default max_pods_per_job "
+            "for tenants)",
+            minimum=1,
+        ),
+    )
+    admin_max_replicas: int = field(
         default=100_000,
         metadata=option(
-            "most pods one job may ask for (a queue's default max_pods_per_job)", minimum=1
+            "most pods one job of the admin identity may ask for; in a cluster without TLS "
+            "every caller is the admin (a queue's default max_pods_per_job for the admin)",
+            minimum=1,
+        ),
+    )
+    max_pods_per_tenant: int = field(
+        default=50_000,
+        metadata=option(
+            "most live pods (not Succeeded or Failed) one tenant may hold; a job past it is "
+            "refused (the admin has no such limit)",
+            minimum=1,
         ),
     )
     max_pending_pods: int = field(
@@ -206,7 +225,11 @@ class DispatcherService(Service[DispatcherConfig]):
             self.store,
             self.core,
             self.pods,
-            max_replicas=cfg.max_replicas,
+            limits=AdmissionLimits(
+                max_replicas=cfg.max_replicas,
+                admin_max_replicas=cfg.admin_max_replicas,
+                max_pods_per_tenant=cfg.max_pods_per_tenant,
+            ),
             max_pending_pods=cfg.max_pending_pods,
             creator=self.creator,
             deleter=self.deleter,
@@ -322,5 +345,8 @@ class DispatcherService(Service[DispatcherConfig]):
         metrics.DISPATCHER_SHARD_UNDECIDED_PODS.publish({(link.name,): link.load for link in links})
 
     async def on_stop(self) -> None:
+        # Deletions under way stop between chunks; their jobs stay marked for the next
+        # dispatcher's reconciler.
+        await self.deleter.close()
         await self.core.close()
         await self.informer.stop()

@@ -406,16 +406,27 @@ class DeleteResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DELETED_FIELD_NUMBER: _builtins.int
+    IN_PROGRESS_FIELD_NUMBER: _builtins.int
+    PODS_REMAINING_FIELD_NUMBER: _builtins.int
     deleted: _builtins.int
     """Objects removed: a job's deletion also removes its pods."""
+    in_progress: _builtins.bool
+    """A job too big for one store commit: marked for deletion (it reads as phase Deleting), its
+    pods going in the background, the job last; `deleted` is 0 and the call answers at once.
+    Follow it with Get (NOT_FOUND once done). A dispatcher restarted meanwhile finishes it.
+    """
+    pods_remaining: _builtins.int
+    """With in_progress: the job's pods not deleted yet, as the dispatcher's view holds them."""
     def __init__(
         self,
         *,
         deleted: _builtins.int = ...,
+        in_progress: _builtins.bool = ...,
+        pods_remaining: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "in_progress", b"in_progress", "pods_remaining", b"pods_remaining"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -119,6 +119,11 @@ class _JobPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobPhase.Val
     JOB_SUCCEEDED: _JobPhase.ValueType  # 4
     JOB_FAILED: _JobPhase.ValueType  # 5
     JOB_UNSCHEDULABLE: _JobPhase.ValueType  # 6
+    JOB_DELETING: _JobPhase.ValueType  # 7
+    """Shown when read, never stored: the job is marked for deletion
+    (metadata.deletion_timestamp_ms) and its pods are going, in the background; the job goes
+    last (status.pods_remaining says how far it got).
+    """
 
 class JobPhase(_JobPhase, metaclass=_JobPhaseEnumTypeWrapper): ...
 
@@ -130,6 +135,11 @@ JOB_RUNNING: JobPhase.ValueType  # 3
 JOB_SUCCEEDED: JobPhase.ValueType  # 4
 JOB_FAILED: JobPhase.ValueType  # 5
 JOB_UNSCHEDULABLE: JobPhase.ValueType  # 6
+JOB_DELETING: JobPhase.ValueType  # 7
+"""Shown when read, never stored: the job is marked for deletion
+(metadata.deletion_timestamp_ms) and its pods are going, in the background; the job goes
+last (status.pods_remaining says how far it got).
+"""
 Global___JobPhase: _TypeAlias = JobPhase  # noqa: Y015
 
 class _PodPhase:
@@ -1013,6 +1023,7 @@ class JobStatus(_message.Message):
     CONDITIONS_FIELD_NUMBER: _builtins.int
     EVER_SCHEDULED_FIELD_NUMBER: _builtins.int
     FINISHED_MS_FIELD_NUMBER: _builtins.int
+    PODS_REMAINING_FIELD_NUMBER: _builtins.int
     phase: Global___JobPhase.ValueType
     bound: _builtins.int
     running: _builtins.int
@@ -1022,6 +1033,10 @@ class JobStatus(_message.Message):
     """Set once the unit first reached min_member bound pods (gang invariant bookkeeping)."""
     finished_ms: _builtins.int
     """When the job reached Succeeded or Failed (the job status controller's clock)."""
+    pods_remaining: _builtins.int
+    """While the job is Deleting (shown when read, never stored): its pods not deleted yet, as
+    the dispatcher's view holds them.
+    """
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
     def __init__(
@@ -1035,10 +1050,11 @@ class JobStatus(_message.Message):
         conditions: _abc.Iterable[Global___Condition] | None = ...,
         ever_scheduled: _builtins.bool = ...,
         finished_ms: _builtins.int = ...,
+        pods_remaining: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "finished_ms", b"finished_ms", "phase", b"phase", "running", b"running", "succeeded", b"succeeded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "finished_ms", b"finished_ms", "phase", b"phase", "pods_remaining", b"pods_remaining", "running", b"running", "succeeded", b"succeeded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

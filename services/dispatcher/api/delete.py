@@ -1,6 +1,9 @@
-"""Delete: a Job goes with all its pods (``controllers/deletion.py``: one commit, or in chunks
-when too big for one) and is revoked from the shard holding it; any other kind is one delete.
-``resource_version`` makes it a compare-and-set (ABORTED on a mismatch)."""
+"""Delete: a Job goes with all its pods (``controllers/deletion.py``) and is revoked from the
+shard holding it; any other kind is one delete. A job small enough for one commit is gone when
+the call answers; a bigger one is marked and answered at once as in progress, with the pods it
+has left, while its pods go in the background (it reads as Deleting until it is gone; a second
+Delete answers the same, and resumes it if no one here is deleting it). ``resource_version``
+makes it a compare-and-set (ABORTED on a mismatch)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
 from services.dispatcher.api.rpc import Aborted, abort, refuse_if
-from services.dispatcher.controllers.deletion import JobDeleter
+from services.dispatcher.controllers.deletion import Deletion, JobDeleter
+from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.runtime.auth import caller
 from store import (
@@ -29,10 +33,13 @@ from store.informer import Informer
 
 
 class DeleteRpc:
-    def __init__(self, store: Store, core: UnitDispatcher, deleter: JobDeleter) -> None:
+    def __init__(
+        self, store: Store, core: UnitDispatcher, deleter: JobDeleter, pods: PodIndex
+    ) -> None:
         self.store = store
         self.core = core
         self.deleter = deleter
+        self.pods = pods
 
     async def Delete(self, request: api_pb2.DeleteRequest, context: Any) -> api_pb2.DeleteResponse:
         try:
@@ -41,9 +48,13 @@ class DeleteRpc:
                 stored = await self.store.get_many(kind.message, [request.name])
                 await refuse_if(context, tenancy.delete_refusal(identity, kind.name, stored[0]))
             if kind.name == "Job":
-                deleted = await self._delete_job(request.name, request.resource_version)
+                deletion = await self._delete_job(request.name, request.resource_version)
                 self.core.revoke(request.name)
-                return api_pb2.DeleteResponse(deleted=deleted)
+                if not deletion.in_progress:
+                    return api_pb2.DeleteResponse(deleted=deletion.deleted)
+                return api_pb2.DeleteResponse(
+                    in_progress=True, pods_remaining=self.pods.by_job.count(request.name)
+                )
             await self.store.delete(
                 kind.message, request.name, expected_version=request.resource_version
             )
@@ -57,12 +68,12 @@ class DeleteRpc:
         except StoreUnavailableError as exc:
             await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
 
-    async def _delete_job(self, name: str, expected: int) -> int:
-        """The job and every pod of it (bound pods return their claims): one commit, or in
-        chunks for a big job (``deletion.JobDeleter``)."""
+    async def _delete_job(self, name: str, expected: int) -> Deletion:
+        """The job and every pod of it (bound pods return their claims): one commit, or a big
+        job marked and deleted in chunks in the background (``deletion.JobDeleter.start``)."""
         job = await self.store.get(pb.Job, name)
         try:
-            return await self.deleter.delete(job, expected)
+            return await self.deleter.start(job, expected)
         except CommitError as exc:
             raise Aborted(str(exc.cause)) from exc
 

@@ -2,7 +2,7 @@
 cache once it has reached the store's revision at the time of the request, else the store, in
 pages sorted by name whose continue tokens name a kept snapshot (``listing.py``). A Node's
 heartbeat comes from the store's heartbeat hash, a pending preemptor's nominated node from the
-dispatcher's memory, a one-pod job's status from its pod."""
+dispatcher's memory, a one-pod job's status from its pod, a job being deleted as Deleting."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from services.dispatcher.controllers.jobphase import derives_status
 from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.dispatcher.dispatching.entries import is_pending
-from services.dispatcher.objects import metadata_of
+from services.dispatcher.objects import being_deleted, metadata_of
 from services.runtime.auth import caller
 from store import InvalidObjectError, NotFoundError, Store, StoreUnavailableError
 from store import kinds as kinds_mod
@@ -132,12 +132,13 @@ class ReadRpc:
 
     async def _as_read(self, kind: str, page: list[api_pb2.Object], context: Any) -> None:
         """A page's objects as readers see them: pods with their nominated node, one-pod jobs
-        with their derived status, nodes with their last heartbeat."""
+        with their derived status, jobs being deleted as Deleting, nodes with their last
+        heartbeat."""
         if kind == "Pod":
             self.show_nominations([o.pod for o in page])
         if kind == "Job":
             for o in page:
-                if derives_status(o.job):
+                if derives_status(o.job) or being_deleted(o.job):
                     o.job.status.CopyFrom(self.pods.job_as_read(o.job).status)
         if kind == "Node":
             try:

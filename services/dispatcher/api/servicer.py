@@ -14,6 +14,7 @@ from typing import Any
 
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from services.dispatcher.api import listing
+from services.dispatcher.api.admission import AdmissionLimits
 from services.dispatcher.api.apply import ApplyRpc
 from services.dispatcher.api.delete import DeleteRpc, pods_of_job_by_scan
 from services.dispatcher.api.drain import DrainRpc
@@ -35,7 +36,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         core: UnitDispatcher,
         pods: PodIndex,
         *,
-        max_replicas: int,
+        limits: AdmissionLimits,
         max_pending_pods: int = 200_000,
         creator: PodCreator | None = None,
         deleter: JobDeleter | None = None,
@@ -51,14 +52,14 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             store,
             core,
             self.creator,
-            max_replicas=max_replicas,
+            limits=limits,
             max_pending_pods=max_pending_pods,
         )
         self.applying = ApplyRpc(store, core.informer, self.submitting)
         self.reading = ReadRpc(store, core, pods, self.snapshots)
         self.watching = WatchRpc(store, core.informer, pods)
         self.explaining = ExplainRpc(store, core)
-        self.deleting = DeleteRpc(store, core, self.deleter)
+        self.deleting = DeleteRpc(store, core, self.deleter, pods)
         self.draining = DrainRpc(store, core)
 
     async def Submit(self, request: api_pb2.SubmitRequest, context: Any) -> api_pb2.SubmitResponse:

@@ -1,7 +1,9 @@
 """Submit: jobs validated as one request (nothing stored if the request is refused), each valid
 job stored with its pods as its own atomic commit, all in one round trip; a job too big for one
 store script is finished chunk by chunk (``controllers/creation.py``) before the reply. A retry
-of the same request (``request_id``) is answered with the jobs its first attempt made."""
+of the same request (``request_id``) is answered with the jobs its first attempt made. Each job
+is held to the caller's admission limits (``admission.py``: pods per job, a tenant's live
+pods); a tenant's Submits take turns."""
 
 from __future__ import annotations
 
@@ -15,6 +17,12 @@ from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
 from services.dispatcher.api import validation as v
+from services.dispatcher.api.admission import (
+    AdmissionLimits,
+    TenantPods,
+    TenantTurns,
+    ViewBehindError,
+)
 from services.dispatcher.api.rpc import abort, refuse_if, store_violation
 from services.dispatcher.controllers.creation import PodCreator, first_commit
 from services.dispatcher.controllers.pods import normalise_job
@@ -36,32 +44,44 @@ class SubmitRpc:
         core: UnitDispatcher,
         creator: PodCreator,
         *,
-        max_replicas: int,
+        limits: AdmissionLimits,
         max_pending_pods: int,
     ) -> None:
         self.store = store
         self.core = core
         self.creator = creator
-        self.max_replicas = max_replicas
+        self.limits = limits
         self.max_pending_pods = max_pending_pods
+        # Each tenant's live pods, from the informer's pod events (its listing included).
+        self.tenant_pods = TenantPods(core.informer)
+        self.turns = TenantTurns(store, core.informer)
 
     async def Submit(self, request: api_pb2.SubmitRequest, context: Any) -> api_pb2.SubmitResponse:
         # The whole request is refused before anything is stored: a batch never half-lands.
         identity = caller()
-        if not tenancy.unrestricted(identity):  # the admin's thousands of jobs skip the loop
+        try:
+            if tenancy.unrestricted(identity):  # the admin's thousands of jobs skip the loop
+                return await self.submit(request)
+            assert identity is not None  # a tenant
             for job in request.jobs:
                 await refuse_if(context, tenancy.submit_refusal(identity, job))
-        try:
-            return await self.submit(request)
-        except StoreUnavailableError as exc:
+            async with self.turns.turn(identity.name):
+                return await self.submit(request)
+        except (StoreUnavailableError, ViewBehindError) as exc:
             await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
 
-    def _limits(self, queue: pb.Queue | None) -> v.QueueLimits:
+    def _limits(self, queue: pb.Queue | None, max_replicas: int) -> v.QueueLimits:
         spec = queue.spec if queue is not None else pb.QueueSpec()
         return v.QueueLimits(
-            spec.max_pods_per_job or self.max_replicas,
+            spec.max_pods_per_job or max_replicas,
             spec.max_pending_pods or self.max_pending_pods,
         )
+
+    def _tenant_limit(self, tenant: str) -> v.TenantLimit | None:
+        """The calling tenant's live pods and their limit; None for the admin (``tenant`` "")."""
+        if not tenant:
+            return None
+        return v.TenantLimit(tenant, self.tenant_pods.of(tenant), self.limits.max_pods_per_tenant)
 
     async def submit(self, request: api_pb2.SubmitRequest) -> api_pb2.SubmitResponse:
         """Submit without the caller's checks (also Apply's path for jobs not stored yet)."""
@@ -133,6 +153,7 @@ class SubmitRpc:
             for i, stored in enumerate(existing)
             if isinstance(stored, pb.Job) and _is_replay(request.request_id, jobs[i], stored)
         }
+        max_replicas, replicas_setting = self.limits.replicas_for(caller())
         ctx = v.SubmitContext(
             existing_jobs=frozenset(
                 n
@@ -141,9 +162,11 @@ class SubmitRpc:
             ),
             queues=frozenset(queue_objects),
             node_shapes=self.core.node_shapes(),
-            max_replicas=self.max_replicas,
-            queue_limits={q: self._limits(queue_objects.get(q)) for q in queues},
+            max_replicas=max_replicas,
+            max_replicas_setting=replicas_setting,
+            queue_limits={q: self._limits(queue_objects.get(q), max_replicas) for q in queues},
             pending_pods=self.core.queue.pending_pods(),
+            tenant_limit=self._tenant_limit(_owner()),
         )
         problems = v.validate_submission(jobs, ctx)
         for i in replayed:

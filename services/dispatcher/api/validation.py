@@ -59,18 +59,32 @@ class QueueLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantLimit:
+    """A tenant's live pods now, and the most it may hold (``max_pods_per_tenant``)."""
+
+    tenant: str
+    live_pods: int
+    max_pods: int
+
+
+@dataclass(frozen=True, slots=True)
 class SubmitContext:
-    """What validating a submission needs to know about the cluster."""
+    """What validating a submission needs to know about the cluster and the caller."""
 
     existing_jobs: frozenset[str] = frozenset()
     queues: frozenset[str] = frozenset()
     # Distinct node capacities per pool (placement.nodeinfo.GUARANTEED, BEST_EFFORT); empty when there are no nodes at all.
     node_shapes: dict[str, frozenset[NodeShape]] | None = None
+    # The most pods one job of the caller may have, and the dispatcher's setting that says so
+    # (admission.AdmissionLimits.replicas_for).
     max_replicas: int = 100_000
+    max_replicas_setting: str = "admin_max_replicas"
     # Per queue named by the request: its limits, and its pods pending now. A queue absent from
     # ``queue_limits`` has none.
     queue_limits: Mapping[str, QueueLimits] = field(default_factory=dict)
     pending_pods: Mapping[str, int] = field(default_factory=dict)
+    # A tenant caller's live pods and their limit; None for the admin (no such limit).
+    tenant_limit: TenantLimit | None = None
 
 
 def validate_label_name(name: str, field: str, *, max_length: int = MAX_LABEL_LENGTH) -> Violations:
@@ -172,6 +186,7 @@ def validate_submission(jobs: Sequence[pb.Job], ctx: SubmitContext) -> list[Viol
                 found.insert(0, already_exists(prefix, name))
         out.append(found)
     _check_pending_limits(jobs, out, ctx)
+    _check_tenant_limit(jobs, out, ctx)
     return out
 
 
@@ -198,6 +213,31 @@ def _check_pending_limits(
             )
         else:
             pending[queue] = have + job.spec.replicas
+
+
+def _check_tenant_limit(
+    jobs: Sequence[pb.Job], found: list[Violations], ctx: SubmitContext
+) -> None:
+    """A tenant's max_pods_per_tenant, counting its live pods and those of the request's
+    earlier valid jobs."""
+    limit = ctx.tenant_limit
+    if limit is None:
+        return
+    held = limit.live_pods
+    for i, job in enumerate(jobs):
+        if found[i]:
+            continue
+        if held + job.spec.replicas > limit.max_pods:
+            found[i].append(
+                violation(
+                    f"jobs[{i}].spec.replicas",
+                    f"tenant {limit.tenant!r} may hold at most {limit.max_pods} live pods "
+                    f"(max_pods_per_tenant): it holds {held} and this job adds "
+                    f"{job.spec.replicas}",
+                )
+            )
+        else:
+            held += job.spec.replicas
 
 
 def already_exists(prefix: str, name: str) -> api_pb2.FieldViolation:
@@ -230,7 +270,11 @@ def _validate_spec(spec: pb.JobSpec, s: str, ctx: SubmitContext) -> Violations:
         out.append(violation(f"{s}.replicas", f"must be at least 1 (got {spec.replicas})"))
     elif spec.replicas > ctx.max_replicas:
         out.append(
-            violation(f"{s}.replicas", f"must be at most {ctx.max_replicas} (got {spec.replicas})")
+            violation(
+                f"{s}.replicas",
+                f"must be at most {ctx.max_replicas} (got {spec.replicas}): the dispatcher's "
+                f"{ctx.max_replicas_setting}",
+            )
         )
     if spec.min_member < 1:
         out.append(violation(f"{s}.min_member", f"must be at least 1 (got {spec.min_member})"))

@@ -1,6 +1,8 @@
 """A job's status as its pods say it (``job_status``), its failure policy, and the status readers
-see (``as_read``: a one-pod job's is derived when read, never stored). Pure functions, used by the
-job status and job retry controllers, the reconciler, the finished-job collector and the API."""
+see (``as_read``: a one-pod job's is derived when read, never stored; ``as_deleting``: a job
+being deleted reads as Deleting). Pure functions (``StatusTally``: ``job_status`` a slice of pods
+at a time), used by the job status and job retry controllers, the reconciler, the finished-job
+collector and the API."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 
 from foundation.retry import Backoff
 from protos.godel.v1 import objects_pb2 as pb
-from services.eviction import EVICTION_REASONS, replacement_number
+from services.eviction import EVICTION_REASONS, replacement_number, replacement_number_of
 
 # (phase, bound, running, succeeded, failed): what the job status controller writes of a job.
 JobCounts = tuple["pb.JobPhase.ValueType", int, int, int, int]
@@ -32,45 +34,73 @@ def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> JobCounts:
     - SCHEDULED: at least ``min_member`` bound, running or succeeded;
     - otherwise PENDING (or UNSCHEDULABLE, if the dispatcher said so and nothing is placed).
     """
-    # One pass over the pods (a 100,000-pod job's status is recomputed as its pods change, on
-    # the dispatcher's event loop): the newest per index and the failures together.
-    newest: dict[int, pb.Pod] = {}
-    failures = 0
-    for pod in pods:
-        _keep_newest(newest, pod)
-        if pod.status.phase == pb.POD_FAILED and not replaced(job, pod):
-            failures += 1
-    policy = FailurePolicy(
-        job.spec.backoff_limit if job.spec.HasField("backoff_limit") else None, failures
-    )
-    bound = running = succeeded = failed = final_failed = 0
-    for pod in newest.values():
-        phase = pod.status.phase
-        if phase == pb.POD_BOUND:
-            bound += 1
-        elif phase == pb.POD_RUNNING:
-            running += 1
-        elif phase == pb.POD_SUCCEEDED:
-            succeeded += 1
-        elif phase == pb.POD_FAILED:
-            failed += 1
-            if not (replaced(job, pod) or policy.retrying):
-                final_failed += 1
-    replicas = job.spec.replicas
-    min_member = job.spec.min_member or replicas
-    if replicas > 0 and succeeded + final_failed == replicas and succeeded >= min_member:
-        phase_ = pb.JOB_SUCCEEDED
-    elif policy.exceeded or (replicas > 0 and replicas - final_failed < min_member):
-        phase_ = pb.JOB_FAILED
-    elif running >= min_member:
-        phase_ = pb.JOB_RUNNING
-    elif bound + running + succeeded >= min_member:
-        phase_ = pb.JOB_SCHEDULED
-    elif job.status.phase == pb.JOB_UNSCHEDULABLE and bound + running + succeeded == 0:
-        phase_ = pb.JOB_UNSCHEDULABLE
-    else:
-        phase_ = pb.JOB_PENDING
-    return phase_, bound, running, succeeded, failed
+    tally = StatusTally(job)
+    tally.add(pods)
+    return tally.counts()
+
+
+class StatusTally:
+    """:func:`job_status` over a job's pods handed in slices (:meth:`add`), so a caller on the
+    event loop can yield between them: a 100,000-pod job's pods decoded and counted at once
+    held the dispatcher's loop for a second, health checks and streams waiting. Keeps per index
+    only what the counts need of its newest pod, not the pod."""
+
+    __slots__ = ("_failures", "_job", "_newest")
+
+    def __init__(self, job: pb.Job) -> None:
+        self._job = job
+        # index -> (name, phase, replaced) of its newest pod so far
+        self._newest: dict[int, tuple[str, int, bool]] = {}
+        self._failures = 0
+
+    def add(self, pods: Iterable[pb.Pod]) -> None:
+        job, newest = self._job, self._newest
+        for pod in pods:
+            phase = pod.status.phase
+            lost = replaced(job, pod)
+            if phase == pb.POD_FAILED and not lost:
+                self._failures += 1
+            index = pod.spec.index
+            cur = newest.get(index)
+            # Names are compared only when an index has two pods (a replacement): rarely.
+            if cur is None or replacement_number(pod) > replacement_number_of(
+                pod.spec.job, index, cur[0]
+            ):
+                newest[index] = (pod.metadata.name, phase, lost)
+
+    def counts(self) -> JobCounts:
+        job = self._job
+        policy = FailurePolicy(
+            job.spec.backoff_limit if job.spec.HasField("backoff_limit") else None,
+            self._failures,
+        )
+        bound = running = succeeded = failed = final_failed = 0
+        for _, phase, lost in self._newest.values():
+            if phase == pb.POD_BOUND:
+                bound += 1
+            elif phase == pb.POD_RUNNING:
+                running += 1
+            elif phase == pb.POD_SUCCEEDED:
+                succeeded += 1
+            elif phase == pb.POD_FAILED:
+                failed += 1
+                if not (lost or policy.retrying):
+                    final_failed += 1
+        replicas = job.spec.replicas
+        min_member = job.spec.min_member or replicas
+        if replicas > 0 and succeeded + final_failed == replicas and succeeded >= min_member:
+            phase_ = pb.JOB_SUCCEEDED
+        elif policy.exceeded or (replicas > 0 and replicas - final_failed < min_member):
+            phase_ = pb.JOB_FAILED
+        elif running >= min_member:
+            phase_ = pb.JOB_RUNNING
+        elif bound + running + succeeded >= min_member:
+            phase_ = pb.JOB_SCHEDULED
+        elif job.status.phase == pb.JOB_UNSCHEDULABLE and bound + running + succeeded == 0:
+            phase_ = pb.JOB_UNSCHEDULABLE
+        else:
+            phase_ = pb.JOB_PENDING
+        return phase_, bound, running, succeeded, failed
 
 
 def newest_per_index(pods: Iterable[pb.Pod]) -> dict[int, pb.Pod]:
@@ -157,4 +187,15 @@ def as_read(job: pb.Job, pods: Iterable[pb.Pod]) -> pb.Job:
         s.finished_ms = finished or job.metadata.creation_timestamp_ms
     else:
         s.finished_ms = 0
+    return out
+
+
+def as_deleting(job: pb.Job, pods_remaining: int) -> pb.Job:
+    """A job marked for deletion (``objects.being_deleted``) as readers see it: a copy in phase
+    Deleting with the pods it has left. Never stored: the mark is the state (the job status
+    controller leaves a marked job alone), this is how it shows."""
+    out = pb.Job()
+    out.CopyFrom(job)
+    out.status.phase = pb.JOB_DELETING
+    out.status.pods_remaining = pods_remaining
     return out

@@ -11,7 +11,6 @@ from services.dispatcher.controllers.jobphase import (
     FINISHED_JOB_PHASES,
     JobCounts,
     derives_status,
-    job_status,
 )
 from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.controllers.ticking import tick_forever
@@ -117,7 +116,7 @@ class JobStatusController:
         updates: list[pb.Job] = []
         now_ms = int(time.time() * 1000)
         for job in jobs:
-            computed = job_status(job, self.pods.pods_of(job.metadata.name))
+            computed = await self.pods.status_of(job)
             finished = computed[0] in FINISHED_JOB_PHASES
             # A job finished before finished_ms existed gets it now (its TTL counts from here).
             stamp = finished and not job.status.finished_ms

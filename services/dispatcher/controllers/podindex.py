@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 
 from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers.jobphase import as_read, derives_status
+from services.dispatcher.controllers.jobphase import (
+    JobCounts,
+    StatusTally,
+    as_deleting,
+    as_read,
+    derives_status,
+)
+from services.dispatcher.objects import being_deleted
 from services.grouped import GroupedNames
 from store.informer import Handlers, Informer
+
+# Pods of one job read (decoded from the informer's cache) and counted between two turns of the
+# event loop by :meth:`PodIndex.status_of`: some milliseconds.
+STATUS_SLICE_PODS = 2_000
 
 
 class PodIndex:
@@ -40,9 +52,25 @@ class PodIndex:
     def pods_of(self, job: str) -> list[pb.Pod]:
         return self._read(self.by_job.get(job))
 
+    async def status_of(self, job: pb.Job) -> JobCounts:
+        """``job_status`` of ``job`` from its pods in the view, read and counted a slice at a
+        time with the loop served between (a big job's pods change meanwhile: each change
+        brings the job back to whoever computes its status)."""
+        names = list(self.by_job.get(job.metadata.name))
+        tally = StatusTally(job)
+        for first in range(0, len(names), STATUS_SLICE_PODS):
+            if first:
+                await asyncio.sleep(0)
+            tally.add(self._read(names[first : first + STATUS_SLICE_PODS]))
+        return tally.counts()
+
     def job_as_read(self, job: pb.Job, newer: pb.Pod | None = None) -> pb.Job:
-        """``job`` with its status as readers see it (:func:`as_read`), from the pods in the
-        view; ``newer``, a pod of the job fresher than the view's copy, counts instead."""
+        """``job`` with its status as readers see it, from the pods in the view: Deleting with
+        the pods it has left once marked for deletion (:func:`as_deleting`), else derived from
+        its pod for a one-pod job (:func:`as_read`; ``newer``, a pod of the job fresher than the
+        view's copy, counts instead); else ``job`` itself."""
+        if being_deleted(job):
+            return as_deleting(job, self.by_job.count(job.metadata.name))
         if not derives_status(job):
             return job
         pods = self.pods_of(job.metadata.name)

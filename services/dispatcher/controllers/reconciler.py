@@ -20,7 +20,8 @@ cracks of the normal paths, repairs it, and logs and counts every repair (``repa
   (``creation.PodCreator.resume``), so its unit is dispatched whole.
 - ``unfinished_deletion``: a job marked for deletion (``metadata.deletion_timestamp_ms``) that
   nobody in this process is deleting — the dispatcher deleting it chunk by chunk stopped midway:
-  its remaining pods and then the job are deleted (``deletion.JobDeleter.resume``).
+  its remaining pods and then the job are deleted, in the deleter's background
+  (``deletion.JobDeleter.resume_in_background``).
 
 Placements a shard proposed and never got a verdict for are the shard's to repair (its own
 reconciler, ``services/scheduler/service.py``): only it holds them.
@@ -38,7 +39,7 @@ from google.protobuf.message import Message
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers.creation import PodCreator
 from services.dispatcher.controllers.deletion import JobDeleter
-from services.dispatcher.controllers.jobphase import derives_status, job_status
+from services.dispatcher.controllers.jobphase import derives_status
 from services.dispatcher.controllers.jobstatus import JobStatusController
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.dispatcher.dispatching.entries import UnitState
@@ -140,12 +141,12 @@ class Reconciler:
 
     async def _unfinished_deletions(self) -> int:
         """A job marked for deletion that nobody here is deleting: the dispatcher that began
-        it stopped midway (``deletion.py``)."""
+        it stopped midway (``deletion.py``). Resumed in the deleter's background, as a Delete
+        is: a big job's pods take minutes, and the other repairs do not wait for them."""
         count = 0
         for name in sorted(self._deleting - self.deleter.active):
-            gone = await self.deleter.resume(name)
-            if gone:
-                self._repaired("unfinished_deletion", job=name, objects_deleted=gone)
+            if await self.deleter.resume_in_background(name):
+                self._repaired("unfinished_deletion", job=name)
                 count += 1
         return count
 
@@ -202,10 +203,11 @@ class Reconciler:
                 or name in self.job_status.changed_jobs
                 or name in self.job_status.writing
                 or not pods_complete(job)  # still being created: the controller skips it too
+                or being_deleted(job)  # going: the controller leaves its status alone too
             ):
                 self._suspect.pop(name, None)  # gone, or the controller writes it next tick
                 continue
-            computed = job_status(job, pods.pods_of(name))
+            computed = await pods.status_of(job)
             s = job.status
             if computed == (s.phase, s.bound, s.running, s.succeeded, s.failed):
                 self._suspect.pop(name, None)
