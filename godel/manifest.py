@@ -20,7 +20,11 @@ words), and ``load`` reads that back to the same object: ``godel get job x -o ya
 -f -`` changes nothing. The system's ``status`` is read and ignored (a Node declares its
 capacities there).
 
-Every error names the document and the field (``job.yaml[0] spec.template.requests.cpu: ...``).
+Every error is one line naming the document and the field (``job.yaml[0]
+spec.template.requests.cpu: ...``); labels, node selectors, selector keys and values, topology
+keys, taints and tolerations are held to Kubernetes' label syntax as they are read
+(``placement.labels``, the rules the dispatcher applies again). ``load`` takes bytes too
+(``load_file`` reads a file): what is not UTF-8 text is named by its first bad byte.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from placement import labels as labels_syntax
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from store import kinds
@@ -54,6 +60,37 @@ _RESOURCE_ALIASES = {
     "nvidia.com/gpu": "gpus",
     "pods": "pods",
 }
+
+
+# Fields with a label's syntax (``placement.labels``, the rules the dispatcher holds every request
+# to), checked as a manifest is read so the error names the manifest's own field: maps of labels
+# (key and value), label keys, label values. A selector requirement's values are labels' values
+# for In and NotIn (``_check_requirement``).
+_LABEL_MAPS = frozenset(
+    {
+        pb.ObjectMeta.DESCRIPTOR.fields_by_name["labels"].full_name,
+        pb.PodTemplate.DESCRIPTOR.fields_by_name["labels"].full_name,
+        pb.PodTemplate.DESCRIPTOR.fields_by_name["node_selector"].full_name,
+    }
+)
+_LABEL_KEYS = frozenset(
+    {
+        pb.LabelSelectorRequirement.DESCRIPTOR.fields_by_name["key"].full_name,
+        pb.PodAffinityTerm.DESCRIPTOR.fields_by_name["topology_key"].full_name,
+        pb.TopologySpreadConstraint.DESCRIPTOR.fields_by_name["topology_key"].full_name,
+        pb.JobAffinity.DESCRIPTOR.fields_by_name["required_topology_keys"].full_name,
+        pb.JobAffinity.DESCRIPTOR.fields_by_name["preferred_topology_keys"].full_name,
+        pb.Taint.DESCRIPTOR.fields_by_name["key"].full_name,
+        pb.Toleration.DESCRIPTOR.fields_by_name["key"].full_name,
+    }
+)
+_LABEL_VALUES = frozenset(
+    {
+        pb.Taint.DESCRIPTOR.fields_by_name["value"].full_name,
+        pb.Toleration.DESCRIPTOR.fields_by_name["value"].full_name,
+    }
+)
+_VALUED_OPERATORS = frozenset({pb.LabelSelectorRequirement.IN, pb.LabelSelectorRequirement.NOT_IN})
 
 
 class ManifestError(ValueError):
@@ -165,7 +202,22 @@ def _normalise(descriptor: Descriptor, data: Any, path: str) -> dict[str, Any]:
             known = ", ".join(f.name for f in descriptor.fields)
             raise ManifestError(f"unknown field (known: {known})", here)
         out[fd.name] = _normalise_value(fd, value, here)
+    if descriptor.full_name == pb.LabelSelectorRequirement.DESCRIPTOR.full_name:
+        _check_requirement(out, path)
     return out
+
+
+def _check_requirement(normalised: dict[str, Any], path: str) -> None:
+    """An In or NotIn requirement's values are label values (Gt and Lt take integers)."""
+    if normalised.get("operator") not in _VALUED_OPERATORS:
+        return
+    for i, value in enumerate(normalised.get("values") or []):
+        _check_label(labels_syntax.value_problem(value), f"{path}.values[{i}]")
+
+
+def _check_label(problem: str | None, path: str) -> None:
+    if problem is not None:
+        raise ManifestError(problem, path)
 
 
 def _label_selector(value: dict[str, Any], path: str) -> list[Any]:
@@ -184,6 +236,11 @@ def _label_selector(value: dict[str, Any], path: str) -> list[Any]:
         raise ManifestError(
             f"expected a list, got {type(exprs).__name__}", f"{path}.matchExpressions"
         )
+    for k, v in labels.items():
+        here = f"{path}.matchLabels[{str(k)!r}]"
+        _check_label(labels_syntax.key_problem(str(k)), here)
+        if isinstance(v, str | int | float | bool):
+            _check_label(labels_syntax.value_problem(str(v)), here)
     out: list[Any] = [
         {"key": str(k), "operator": "In", "values": [v]} for k, v in sorted(labels.items())
     ]
@@ -199,12 +256,27 @@ def _normalise_value(fd: FieldDescriptor, value: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ManifestError("expected a mapping", path)
         value_fd = fd.message_type.fields_by_name["value"]
+        if fd.full_name in _LABEL_MAPS:
+            return _normalise_labels(value_fd, value, path)
         return {str(k): _normalise_value(value_fd, v, f"{path}.{k}") for k, v in value.items()}
     if fd.is_repeated:
         if not isinstance(value, list):
             raise ManifestError(f"expected a list, got {type(value).__name__}", path)
         return [_normalise_single(fd, v, f"{path}[{i}]") for i, v in enumerate(value)]
     return _normalise_single(fd, value, path)
+
+
+def _normalise_labels(value_fd: FieldDescriptor, value: dict[Any, Any], path: str) -> Any:
+    """A map of labels, each key and value checked (``metadata.labels['team']``)."""
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        key = str(k)
+        here = f"{path}[{key!r}]"
+        _check_label(labels_syntax.key_problem(key), here)
+        out[key] = _normalise_value(value_fd, v, here)
+        if isinstance(out[key], str):  # else json_format names what it is instead
+            _check_label(labels_syntax.value_problem(out[key]), here)
+    return out
 
 
 def _normalise_single(fd: FieldDescriptor, value: Any, path: str) -> Any:
@@ -217,6 +289,10 @@ def _normalise_single(fd: FieldDescriptor, value: Any, path: str) -> Any:
             return str(value)  # label values like `gpu: 1` are strings
         if not isinstance(value, str):
             raise ManifestError(f"expected a string, got {type(value).__name__}", path)
+        if fd.full_name in _LABEL_KEYS and value:  # an empty one the dispatcher says is required
+            _check_label(labels_syntax.key_problem(value), path)
+        elif fd.full_name in _LABEL_VALUES:
+            _check_label(labels_syntax.value_problem(value), path)
     elif fd.type == FieldDescriptor.TYPE_BOOL:
         if not isinstance(value, bool):
             raise ManifestError(f"expected true or false, got {value!r}", path)
@@ -314,20 +390,68 @@ def _documents(docs: list[Any], source: str) -> Iterable[tuple[Any, str]]:
             yield doc, here
 
 
-def load(text: str, source: str = "<stdin>") -> list[Manifest]:
-    """Every document of a (multi-document) YAML text."""
+def load(text: str | bytes, source: str = "<stdin>") -> list[Manifest]:
+    """Every document of a (multi-document) YAML text; bytes must be UTF-8. Whatever is wrong —
+    bytes that are not text, YAML that does not parse, a field that does not fit — is one
+    ManifestError of one line, naming ``source``."""
     import yaml  # imported here, as in dump_yaml: a table-printing `godel get` needs no YAML
 
+    if isinstance(text, bytes):
+        text = _decode(text, source)
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
         if not docs:
             raise ManifestError("holds no manifest", source=source)
         return [parse_document(d, where) for d, where in _documents(docs, source)]
+    except yaml.reader.ReaderError as exc:
+        # A character YAML refuses (NUL, other control characters): a binary file, mostly.
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise ManifestError(
+            f"not text (control character #x{exc.character:02x} at line {line}, column {column})",
+            source=source,
+        ) from None
     except yaml.YAMLError as exc:
-        raise ManifestError(f"not valid YAML: {exc}", source=source) from None
+        raise ManifestError(f"not valid YAML: {_yaml_problem(exc)}", source=source) from None
     except RecursionError:
         # A manifest is a few levels deep; thousands of nested brackets are garbage.
         raise ManifestError("nested too deeply to be a manifest", source=source) from None
+
+
+def load_file(path: str | Path) -> list[Manifest]:
+    """Every manifest of a file (as ``load``), the errors naming the file; a file that cannot be
+    read is a ManifestError too."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ManifestError(f"cannot read: {exc.strerror or exc}", source=str(path)) from None
+    return load(data, str(path))
+
+
+def _decode(data: bytes, source: str) -> str:
+    """UTF-8 bytes as text; anything else is a ManifestError naming the first offending byte
+    (a binary file, or text in another encoding)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ManifestError(
+            f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}, line {line})",
+            source=source,
+        ) from None
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """A YAML error on one line: what it was parsing, the problem, and where (PyYAML's own text
+    spans several lines and quotes the input)."""
+    import yaml
+
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return " ".join(str(exc).split())
+    parts = [p for p in (exc.context, exc.problem) if p]
+    mark = exc.problem_mark or exc.context_mark
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return ": ".join(parts) + where if parts else " ".join(str(exc).split())
 
 
 # Enum value names kept in capitals when printed (``SORT_FIFO`` prints ``FIFO``, not ``Fifo``).

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from placement import labels
 from protos.godel.v1 import objects_pb2 as pb
 
 # Label selector operators (LabelSelectorRequirement.Operator values).
@@ -90,11 +91,6 @@ def pod_term(term: pb.PodAffinityTerm) -> PodTerm:
 # kubectl's selector text: `godel get pods -l 'app=web,tier!=db,zone in (a,b),!canary'`
 # ---------------------------------------------------------------------------------------------
 
-# A label key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters
-# (alphanumerics, '-', '_', '.'; alphanumeric at both ends). A value: such a name, or empty.
-_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}$")
-_VALUE_RE = re.compile(rf"^({_NAME})?$")
 # Tokens: words (keys, values, `in`, `notin`), operators, parentheses, commas; spaces between.
 _TOKEN_RE = re.compile(r"\s*(==|!=|=|!|>|<|\(|\)|,|[^\s=!<>(),]+)")
 _OPERATORS = {"=": OP_IN, "==": OP_IN, "!=": OP_NOT_IN, ">": OP_GT, "<": OP_LT}
@@ -193,14 +189,14 @@ def _tokens(text: str) -> list[str]:
 
 
 def _key(text: str, word: str) -> str:
-    if not _KEY_RE.match(word) or len(word.rpartition("/")[2]) > 63:
-        raise SelectorSyntaxError(text, f"{word!r} is not a label key")
+    if (problem := labels.key_problem(word)) is not None:
+        raise SelectorSyntaxError(text, problem)
     return word
 
 
 def _value(text: str, word: str) -> str:
-    if not _VALUE_RE.match(word):
-        raise SelectorSyntaxError(text, f"{word!r} is not a label value")
+    if (problem := labels.value_problem(word)) is not None:
+        raise SelectorSyntaxError(text, problem)
     return word
 
 

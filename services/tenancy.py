@@ -6,9 +6,9 @@ methods a role may call at all is decided before (``auth.RULES``). Here are the 
 
 | rule | who | what |
 |---|---|---|
-| ``tenant-queues`` | tenant | submits only to the queues its certificate lists |
-| ``own-jobs-only`` | tenant | reads, explains, watches and deletes only Jobs and Pods it owns (``metadata.owner``), and reads only the Events about them (an event's owner is its pod's or job's, ``services.events``) |
-| ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, ...), drains no node (a drain cordons it and evicts every tenant's pods on it) |
+| ``tenant-queues`` | tenant | submits and applies jobs only to the queues its certificate lists |
+| ``own-jobs-only`` | tenant | reads, explains, watches, applies over and deletes only Jobs and Pods it owns (``metadata.owner``), and reads only the Events about them (an event's owner is its pod's or job's, ``services.events``) |
+| ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, ...: of Apply's kinds only Jobs), drains no node (a drain cordons it and evicts every tenant's pods on it) |
 
 Everything else a tenant may read (nodes, queues, schedulers: how the cluster looks); the
 cluster's own events (about nodes, movements, shards) are the admin's. The admin
@@ -77,11 +77,26 @@ def delete_refusal(identity: Identity | None, kind: str, obj: Message | None) ->
     return _not_owned(identity, kind, obj, "delete")
 
 
-def apply_refusal(identity: Identity | None) -> str | None:
+def apply_refusal(identity: Identity | None, kind: str, obj: Message) -> str | None:
+    """An object of an Apply, judged before anything is read: a tenant applies Jobs, into its
+    queues, as it submits them; every other kind is the admin's. Over a stored job, see
+    ``apply_over_refusal``."""
     if unrestricted(identity):
         return None
     assert identity is not None
-    return admin_only(identity, "apply nodes, queues or disruption budgets")
+    if kind != "Job":
+        return admin_only(identity, f"apply {kind} objects (a tenant applies only Jobs)")
+    assert isinstance(obj, pb.Job)  # the Object's kind names its message
+    return submit_refusal(identity, obj)
+
+
+def apply_over_refusal(identity: Identity | None, kind: str, stored: Message) -> str | None:
+    """An applied object that is stored already: a tenant changes only its own jobs (its
+    ``apply_refusal`` let no other kind through)."""
+    if owns(identity, kind, stored):
+        return None
+    assert identity is not None and isinstance(stored, pb.Pod | pb.Job | pb.Event)  # as owns()
+    return _not_owned(identity, kind, stored, "apply")
 
 
 def drain_refusal(identity: Identity | None) -> str | None:

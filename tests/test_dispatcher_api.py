@@ -99,6 +99,20 @@ def _node_selector_value_too_long(job: Job) -> None:
     job.spec.template.node_selector["zone"] = "a" * 64
 
 
+def _labelled(key: str, value: str, *, pod: bool = False) -> Mutate:
+    def mutate(job: Job) -> None:
+        (job.spec.template if pod else job.metadata).labels[key] = value
+
+    return mutate
+
+
+def _toleration_of(key: str, value: str) -> Mutate:
+    def mutate(job: Job) -> None:
+        job.spec.template.tolerations.add(key=key, operator=pb.Toleration.EQUAL, value=value)
+
+    return mutate
+
+
 def _spread_skew_zero(job: Job) -> None:
     job.spec.template.topology_spread_constraints.add(topology_key="zone", max_skew=0)
 
@@ -181,6 +195,20 @@ BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
      f"{T}.affinity.pod_affinity.preferred[0].term.label_selector[0].key", "not a DNS-1123 subdomain"),
     ("node selector value too long", _node_selector_value_too_long,
      f"{T}.node_selector['zone']", "at most 63 characters"),
+    ("job label key with spaces", _labelled("has spaces!", "x"),
+     "jobs[0].metadata.labels['has spaces!']", "'has spaces!' is not a valid label key"),
+    ("job label value of 70 characters", _labelled("team", "v" * 70),
+     "jobs[0].metadata.labels['team']", "at most 63 characters (got 70)"),
+    ("job label key a/b/c", _labelled("a/b/c", "x"),
+     "jobs[0].metadata.labels['a/b/c']", "prefix 'a/b' is not a DNS-1123 subdomain"),
+    ("pod label key with spaces", _labelled("has spaces!", "x", pod=True),
+     f"{T}.labels['has spaces!']", "is not a valid label key"),
+    ("pod label value of 70 characters", _labelled("team", "v" * 70, pod=True),
+     f"{T}.labels['team']", "at most 63 characters (got 70)"),
+    ("toleration key not a label key", _toleration_of("x y", "a"), f"{T}.tolerations[0].key",
+     "'x y' is not a valid label key"),
+    ("toleration value not a label value", _toleration_of("gpu", "a b"),
+     f"{T}.tolerations[0].value", "'a b' is not a valid label value"),
     ("spread max_skew zero", _spread_skew_zero, f"{T}.topology_spread_constraints[0].max_skew",
      "at least 1"),
     ("spread without topology key", _spread_no_key,
@@ -477,6 +505,24 @@ BAD_APPLIED: list[tuple[str, api_pb2.Object, str]] = [
     ("budget with negative min", wrap("DisruptionBudget", pb.DisruptionBudget(
         metadata=pb.ObjectMeta(name="b"), spec=pb.DisruptionBudgetSpec(job="j", min_available=-1))),
      "objects[0].disruption_budget.spec.min_available"),
+    ("node label key with spaces", wrap("Node", pb.Node(metadata=pb.ObjectMeta(name="n", labels={"has spaces!": "x"}))),
+     "objects[0].node.metadata.labels['has spaces!']"),
+    ("node label value of 70 characters", wrap("Node", pb.Node(metadata=pb.ObjectMeta(name="n", labels={"zone": "v" * 70}))),
+     "objects[0].node.metadata.labels['zone']"),
+    ("node taint key", wrap("Node", pb.Node(metadata=pb.ObjectMeta(name="n"),
+     spec=pb.NodeSpec(taints=[pb.Taint(key="a/b/c", effect=pb.NO_SCHEDULE)]))),
+     "objects[0].node.spec.taints[0].key"),
+    ("node taint value", wrap("Node", pb.Node(metadata=pb.ObjectMeta(name="n"),
+     spec=pb.NodeSpec(taints=[pb.Taint(key="k", value="x y", effect=pb.NO_SCHEDULE)]))),
+     "objects[0].node.spec.taints[0].value"),
+    ("queue label", wrap("Queue", pb.Queue(metadata=pb.ObjectMeta(name="q", labels={"a/b/c": "x"}))),
+     "objects[0].queue.metadata.labels['a/b/c']"),
+    ("budget label", wrap("DisruptionBudget", pb.DisruptionBudget(
+        metadata=pb.ObjectMeta(name="b", labels={"team": "has spaces!"}),
+        spec=pb.DisruptionBudgetSpec(job="j", max_unavailable=1))),
+     "objects[0].disruption_budget.metadata.labels['team']"),
+    ("new job label", wrap("Job", pb.Job(metadata=pb.ObjectMeta(name="j", labels={"a b": "x"}))),
+     "objects[0].job.metadata.labels['a b']"),
     ("pods are the system's", wrap("Pod", f.pods_of(f.job("j"))[0]), "objects[0].pod"),
     ("empty object", api_pb2.Object(), "objects[0]"),
 ]  # fmt: skip
@@ -523,6 +569,18 @@ async def test_apply_jobs_like_every_kind(dispatcher: Running, store: Store) -> 
         "objects[0].job.spec.template.requests.milli_cpu",
     ]
     assert "immutable" in refused.results[0].violations[0].description
+    assert (await store.get(pb.Job, "web")).metadata.resource_version == (
+        now.metadata.resource_version
+    )
+    # Labels are what may change of a stored job: held to the label syntax there too.
+    mislabelled = pb.Job()
+    mislabelled.CopyFrom(relabelled)
+    mislabelled.metadata.labels["has spaces!"] = "x"
+    refused = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[wrap("Job", mislabelled)]))
+    assert refused.results[0].action == "invalid"
+    assert [v.field for v in refused.results[0].violations] == [
+        "objects[0].job.metadata.labels['has spaces!']"
+    ]
     assert (await store.get(pb.Job, "web")).metadata.resource_version == (
         now.metadata.resource_version
     )

@@ -84,8 +84,8 @@ def test_selectors_select(text: str, labels: dict[str, str], selected: bool) -> 
 
 INVALID = [
     ("app=web,", "ends with ','"),
-    (",app=web", "',' is not a label key"),
-    ("app=web,,tier=db", "',' is not a label key"),
+    (",app=web", "',' is not a valid label key"),
+    ("app=web,,tier=db", "',' is not a valid label key"),
     ("app in web", "'in' needs a list"),
     ("app in ()", "the list is empty"),
     ("app in (a", "ends too early"),
@@ -94,13 +94,14 @@ INVALID = [
     ("app=web tier=db", "expected ',' before 'tier'"),
     ("app ~ web", "unexpected '~'"),
     ("app=we b", "expected ',' before 'b'"),
-    ("-app=web", "'-app' is not a label key"),
-    ("app=-web", "'-web' is not a label value"),
+    ("-app=web", "'-app' is not a valid label key"),
+    ("app=-web", "'-web' is not a valid label value"),
     ("gpu>two", "gpu>: expects an integer"),
     ("!", "ends too early"),
     ("!app=web", "expected ',' before '='"),
-    ("a" * 64 + "=x", "is not a label key"),
-    ("app=" + "v" * 64, "is not a label value"),
+    ("a" * 64 + "=x", "the name must be at most 63 characters (got 64)"),
+    ("app=" + "v" * 64, "a label value must be at most 63 characters (got 64)"),
+    ("a/b/c=x", "prefix 'a/b' is not a DNS-1123 subdomain"),
 ]
 
 

@@ -1,5 +1,6 @@
 """Manifests: friendly quantities and enums parse to exact integers and values; every malformed
-manifest gets an error naming the document and the field."""
+manifest gets a one-line error naming the document and the field — labels and selectors held to
+Kubernetes' label syntax, bytes that are not UTF-8 text named by the first bad byte."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from godel.manifest import ManifestError, load, parse_quantity, to_manifest
+from godel.manifest import ManifestError, load, load_file, parse_quantity, to_manifest
 from protos.godel.v1 import objects_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,6 +270,10 @@ def _doc(body: str, kind: str = "Job") -> str:
     return f"apiVersion: godel/v1\nkind: {kind}\nmetadata: {{name: a}}\n{body}"
 
 
+def _labelled(labels: str, kind: str = "Job") -> str:
+    return f"apiVersion: godel/v1\nkind: {kind}\nmetadata: {{name: a, labels: {labels}}}\n"
+
+
 MALFORMED = [
     # name, text, error text that must appear
     ("not yaml", "[1, 2", "not valid YAML"),
@@ -316,7 +321,44 @@ MALFORMED = [
         "spec.template.requests.memory: '99999999999999999999Gi' is too large",
     ),
     ("nested too deeply", "[" * 5000 + "]" * 5000, "nested too deeply to be a manifest"),
-]
+    ("YAML error on one line", "a:\n  - b\n c: d",
+     "not valid YAML: while parsing a block mapping: expected <block end>, but found "
+     "'<block mapping start>' (line 3, column 2)"),
+    ("a control character", "apiVersion: godel/v1\nkind: Job\nmetadata: {name: a\x00}",
+     "not text (control character #x00 at line 3, column 19)"),
+    # Label syntax (placement.labels), named by the manifest's own field.
+    ("label key with spaces", _labelled("{'has spaces!': x}"),
+     "metadata.labels['has spaces!']: 'has spaces!' is not a valid label key"),
+    ("label value of 70 characters", _labelled("{team: " + "v" * 70 + "}"),
+     "metadata.labels['team']: a label value must be at most 63 characters (got 70)"),
+    ("label key a/b/c", _labelled("{a/b/c: x}"),
+     "metadata.labels['a/b/c']: 'a/b/c': prefix 'a/b' is not a DNS-1123 subdomain"),
+    ("empty label key", _labelled("{'': x}"), "metadata.labels['']: a label key must not be empty"),
+    ("pod label value", _doc("spec: {template: {labels: {app: 'x y'}}}"),
+     "spec.template.labels['app']: 'x y' is not a valid label value"),
+    ("node selector value", _doc("spec: {template: {nodeSelector: {zone: -a}}}"),
+     "spec.template.nodeSelector['zone']: '-a' is not a valid label value"),
+    ("matchLabels key", _doc("spec: {template: {affinity: {podAffinity: {required: "
+                             "[{topologyKey: zone, labelSelector: {matchLabels: {'x y': a}}}]}}}}"),
+     "spec.template.affinity.podAffinity.required[0].labelSelector.matchLabels['x y']: "
+     "'x y' is not a valid label key"),
+    ("In value", _doc("spec: {template: {affinity: {nodeAffinity: {required: [{matchExpressions: "
+                      "[{key: zone, operator: In, values: [a, 'b c']}]}]}}}}"),
+     "nodeAffinity.required[0].matchExpressions[0].values[1]: 'b c' is not a valid label value"),
+    ("selector key", _doc("spec: {template: {affinity: {nodeAffinity: {required: [{matchExpressions: "
+                          "[{key: '-zone', operator: Exists}]}]}}}}"),
+     "matchExpressions[0].key: '-zone' is not a valid label key"),
+    ("topology key", _doc("spec: {jobAffinity: {requiredTopologyKeys: [rack, 'Bad Key']}}"),
+     "spec.jobAffinity.requiredTopologyKeys[1]: 'Bad Key' is not a valid label key"),
+    ("toleration value", _doc("spec: {template: {tolerations: [{key: gpu, operator: Equal, "
+                              "value: 'a b'}]}}"),
+     "spec.template.tolerations[0].value: 'a b' is not a valid label value"),
+    ("node label", "apiVersion: godel/v1\nkind: Node\nmetadata: {name: n, labels: {zone: 'a!'}}",
+     "metadata.labels['zone']: 'a!' is not a valid label value"),
+    ("taint key", _doc("spec: {taints: [{key: 'x y', effect: NoSchedule}]}", kind="Node"),
+     "spec.taints[0].key: 'x y' is not a valid label key"),
+    ("queue label", _labelled("{'q q': x}", kind="Queue"), "metadata.labels['q q']"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "text", "needle"), MALFORMED, ids=[m[0] for m in MALFORMED])
@@ -325,6 +367,49 @@ def test_malformed_manifests_name_the_problem(name: str, text: str, needle: str)
         load(text, "bad.yaml")
     assert needle in str(err.value)
     assert str(err.value).startswith("bad.yaml")
+    assert "\n" not in str(err.value), "one line"
+
+
+def test_valid_labels_and_selector_values_pass() -> None:
+    """What the label syntax allows reads, including a Gt/Lt value (an integer, not a label
+    value) and labels written as numbers."""
+    [m] = load(
+        _labelled("{godel.io/team: ml, gpu: 1, empty: ''}")
+        + "spec: {template: {affinity: {nodeAffinity: {required: [{matchExpressions: "
+        "[{key: cores, operator: Gt, values: ['-3']}]}]}}}}",
+        "ok.yaml",
+    )
+    assert dict(m.obj.metadata.labels) == {"godel.io/team": "ml", "gpu": "1", "empty": ""}
+
+
+NOT_TEXT = [
+    # (case, bytes, the one-line error after the file's name)
+    ("a byte that is not UTF-8", b"apiVersion: godel/v1\nkind: Job\nmetadata: {name: x\xff}\n",
+     "job.yaml: not UTF-8 text (byte 0xff at offset 49, line 3)"),
+    ("binary", bytes(range(256)), "job.yaml: not UTF-8 text (byte 0x80 at offset 128, line 2)"),
+    ("UTF-16", "kind: Job\n".encode("utf-16"), "job.yaml: not UTF-8 text (byte 0xff at offset 0, line 1)"),
+    ("NUL bytes", b"\x00" * 16, "job.yaml: not text (control character #x00 at line 1, column 1)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("data", "error"), [c[1:] for c in NOT_TEXT], ids=[c[0] for c in NOT_TEXT])
+def test_bytes_that_are_not_text_are_one_line_naming_the_file(
+    data: bytes, error: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_bytes(data)
+    for read in (lambda: load(data, "job.yaml"), lambda: load_file(path)):
+        with pytest.raises(ManifestError) as err:
+            read()
+        assert str(err.value).replace(str(path), "job.yaml") == error
+
+
+def test_utf8_bytes_and_a_missing_file() -> None:
+    text = "apiVersion: godel/v1\nkind: Job\nmetadata: {name: a, annotations: {note: café}}\n"
+    [m] = load(("\ufeff" + text).encode(), "job.yaml")  # a byte-order mark is allowed
+    assert m.obj.metadata.annotations["note"] == "café"
+    with pytest.raises(ManifestError, match=r"^/nonexistent/job.yaml: cannot read: No such file"):
+        load_file("/nonexistent/job.yaml")
 
 
 def test_examples_parse() -> None:

@@ -47,6 +47,9 @@ LABEL_CASES: list[tuple[str, str, dict[str, str] | str]] = [
     ("empty value", "gpu=", {"gpu": ""}),
     ("no equals", "zone", "is not KEY=VALUE"),
     ("no key", "=a", "is not KEY=VALUE"),
+    ("key with spaces", "has spaces!=a", "'has spaces!' is not a valid label key"),
+    ("key with two slashes", "a/b/c=x", "prefix 'a/b' is not a DNS-1123 subdomain"),
+    ("value too long", "zone=" + "v" * 70, "at most 63 characters"),
 ]
 
 
@@ -70,6 +73,8 @@ TAINT_CASES: list[tuple[str, str, list[tuple[str, str, int]] | str]] = [
     ("no effect", "gpu=true", "is not KEY"),
     ("unknown effect", "gpu=true:Sometimes", "is not KEY"),
     ("no key", "=x:NoSchedule", "has no key"),
+    ("key not a label key", "x y=1:NoSchedule", "'x y' is not a valid label key"),
+    ("value not a label value", "gpu=-x:NoSchedule", "'-x' is not a valid label value"),
 ]  # fmt: skip
 
 

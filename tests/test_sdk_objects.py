@@ -13,6 +13,8 @@ from godel.client.objects import Pod, from_proto
 from godel.manifest import load
 from protos.godel.v1 import objects_pb2 as pb
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def test_job_helper_matches_the_manifest_converter() -> None:
     built = job(
@@ -83,6 +85,30 @@ async def test_apply_manifest_refuses_a_bad_manifest_before_any_call() -> None:
         with pytest.raises(Invalid) as caught:
             await client.apply_manifest({"apiVersion": "godel/v1", "kind": "Widget"})
         assert caught.value.violations[0].field == "kind"
+        # The bytes of a file, as read: not UTF-8 text is one line naming the first bad byte.
+        with pytest.raises(Invalid) as caught:
+            await client.apply_manifest((ROOT / "examples" / "queue.yaml").read_bytes() + b"\xff")
+        assert str(caught.value).startswith("<manifest>: not UTF-8 text (byte 0xff at offset ")
+        assert "\n" not in str(caught.value)
+        with pytest.raises(Invalid) as caught:
+            await client.apply_manifest(_LABELLED)
+        assert caught.value.violations[0].field == "metadata.labels['has spaces!']"
+
+
+_LABELLED = "apiVersion: godel/v1\nkind: Job\nmetadata: {name: a, labels: {'has spaces!': x}}\n"
+
+
+def test_a_job_from_bytes_reads_utf8_and_refuses_the_rest_on_one_line() -> None:
+    text = "apiVersion: godel/v1\nkind: Job\nmetadata: {name: a, annotations: {note: café}}\n"
+    assert Job.from_manifest(text.encode()).manifest["metadata"]["annotations"] == {"note": "café"}
+    with pytest.raises(Invalid) as caught:
+        Job.from_manifest(text.encode("latin-1"))
+    assert str(caught.value) == "<manifest>: not UTF-8 text (byte 0xe9 at offset 74, line 3)"
+    with pytest.raises(Invalid) as caught:
+        Job.from_manifest(_LABELLED)
+    assert str(caught.value).startswith(
+        "<manifest>[0] metadata.labels['has spaces!']: 'has spaces!' is not a valid label key"
+    )
 
 
 async def test_a_malformed_selector_is_invalid_before_any_call() -> None:

@@ -40,6 +40,7 @@ from godel.manifest import (
     format_bytes,
     format_cpu,
     load,
+    load_file,
     to_list,
     to_manifest,
 )
@@ -393,14 +394,15 @@ def _print_listing(
 
 
 def _read_manifests(filenames: Sequence[str]) -> list[Manifest]:
+    """Every manifest of the files (``-``: stdin, read as bytes like a file), all read before
+    any call: one that cannot be read, is not UTF-8 text or not a manifest is a one-line error
+    naming it, and nothing is sent."""
     manifests: list[Manifest] = []
     for name in filenames:
         try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text()
-        except OSError as exc:
-            fail(f"cannot read {name}: {exc.strerror}")
-        try:
-            manifests += load(text, "<stdin>" if name == "-" else name)
+            manifests += (
+                load(sys.stdin.buffer.read(), "<stdin>") if name == "-" else load_file(name)
+            )
         except ManifestError as exc:
             fail(str(exc))
     return manifests

@@ -231,11 +231,13 @@ class AsyncGodelClient:
             raise error
         return handles[0] if isinstance(jobs, Job) else handles
 
-    async def apply_manifest(self, manifest: str | dict[str, Any]) -> list[Applied]:
-        """Apply a YAML text (one or more documents, or a List) or a manifest dict, as `godel
-        apply -f`: each object is created, updated where it may change (``configured``) or left
-        ``unchanged``. A change to what cannot change (a job's replicas, say) is Invalid naming
-        the field. Idempotent, as ``submit``: the request carries a fresh request id."""
+    async def apply_manifest(self, manifest: str | bytes | dict[str, Any]) -> list[Applied]:
+        """Apply a YAML text (one or more documents, or a List; bytes must be UTF-8) or a
+        manifest dict, as `godel apply -f`: each object is created, updated where it may change
+        (``configured``) or left ``unchanged``. A change to what cannot change (a job's
+        replicas, say) is Invalid naming the field, as is a text that is not a manifest (bytes
+        that are not UTF-8 text included): nothing is sent then. Idempotent, as ``submit``: the
+        request carries a fresh request id."""
         try:
             if isinstance(manifest, dict):
                 docs = [parse_document(manifest, "<manifest>")]

@@ -138,7 +138,7 @@ class GodelClient(ClosedOnExit):
         handles = self._loop.run(self._async.submit(list(jobs), request_id=request_id))
         return [JobHandle(h, self._loop) for h in handles]
 
-    def apply_manifest(self, manifest: str | dict[str, Any]) -> list[Applied]:
+    def apply_manifest(self, manifest: str | bytes | dict[str, Any]) -> list[Applied]:
         return self._loop.run(self._async.apply_manifest(manifest))
 
     def delete(self, kind: str, name: str, *, resource_version: int = 0) -> int:

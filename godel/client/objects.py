@@ -93,11 +93,11 @@ class Job(Object):
     """A job: what one submits, and what the cluster reports of it."""
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any] | str) -> Job:
-        """A job from a manifest dict or a YAML string holding one Job document; raises
-        Invalid naming the field of any mistake."""
+    def from_manifest(cls, manifest: dict[str, Any] | str | bytes) -> Job:
+        """A job from a manifest dict or a YAML text (str, or UTF-8 bytes) holding one Job
+        document; raises Invalid naming the field of any mistake."""
         try:
-            if isinstance(manifest, str):
+            if isinstance(manifest, str | bytes):
                 docs = load(manifest, "<manifest>")
                 if len(docs) != 1 or docs[0].kind != "Job":
                     raise ManifestError("expected exactly one Job document", source="<manifest>")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import structlog
 
+from placement import labels as label_syntax
 from protos.godel.v1 import objects_pb2 as pb
 from store import AlreadyExistsError, ConflictError, NotFoundError, Store, StoreError
 
@@ -69,7 +70,11 @@ def parse_labels(text: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"label {item!r} is not KEY=VALUE")
-        labels[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        problem = label_syntax.key_problem(key) or label_syntax.value_problem(value)
+        if problem is not None:
+            raise ValueError(f"label {item!r}: {problem}")
+        labels[key] = value
     return labels
 
 
@@ -86,9 +91,14 @@ def parse_taints(text: str) -> list[pb.Taint]:
                 "(EFFECT one of NoSchedule, PreferNoSchedule, NoExecute)"
             )
         key, _, value = key_value.partition("=")
-        if not key.strip():
+        key, value = key.strip(), value.strip()
+        if not key:
             raise ValueError(f"taint {item!r} has no key")
-        taints.append(pb.Taint(key=key.strip(), value=value.strip(), effect=effect_value))
+        # A taint's key and value have a label's syntax, as Kubernetes validates them.
+        problem = label_syntax.key_problem(key) or label_syntax.value_problem(value)
+        if problem is not None:
+            raise ValueError(f"taint {item!r}: {problem}")
+        taints.append(pb.Taint(key=key, value=value, effect=effect_value))
     return taints
 
 

@@ -2,7 +2,9 @@
 valid object in one atomic commit, each reported ``created`` / ``configured`` / ``unchanged`` /
 ``invalid``. With ``metadata.resource_version`` set it is a compare-and-set (a mismatch is
 ABORTED, nothing written); without, a concurrent write is merged again (``_CAS_RETRIES``). A job
-not stored yet goes through Submit."""
+not stored yet goes through Submit. A tenant applies only Jobs, into its queues, and over stored
+jobs only its own (``services.tenancy``); one object it may not apply refuses the whole request
+(PERMISSION_DENIED)."""
 
 from __future__ import annotations
 
@@ -81,8 +83,12 @@ class ApplyRpc:
         raise AssertionError("unreachable")
 
     async def _apply(self, request: api_pb2.ApplyRequest) -> api_pb2.ApplyResponse:
-        if request.objects and (why := tenancy.apply_refusal(caller())) is not None:
-            raise Refused(why)
+        identity = caller()
+        # A refused object refuses the whole request before anything is read or written.
+        if not tenancy.unrestricted(identity):
+            for wrapped in request.objects:
+                if wrapped.WhichOneof("kind") is not None:
+                    _refuse_if(tenancy.apply_refusal(identity, *unwrap(wrapped)))
         results, checked = _check(request)
         checked = self._refuse_queue_cycles(checked, results)
         current: dict[tuple[str, str], Message | None] = {}
@@ -91,6 +97,10 @@ class ApplyRpc:
             cls = kinds_mod.kind_named(kind).message
             for name, got in zip(names, await self.store.get_many(cls, names), strict=True):
                 current[kind, name] = got
+        if not tenancy.unrestricted(identity):
+            for (kind, _), stored in current.items():
+                if stored is not None:
+                    _refuse_if(tenancy.apply_over_refusal(identity, kind, stored))
         ops, targets, new_jobs = _plan(checked, current, results)
         if ops and not request.dry_run:
             try:
@@ -188,8 +198,7 @@ def _check(request: api_pb2.ApplyRequest) -> tuple[list[api_pb2.ApplyResult], li
                 _invalid(kind, name, f"{prefix}.{field}", f"{kind} is managed by the system")
             )
             continue
-        # A new job is validated as a submission (later), a stored one by what may change.
-        found = [] if kind == "Job" else _validate_applied(kind, obj, f"{prefix}.{field}")
+        found = _validate_applied(kind, obj, f"{prefix}.{field}")
         if (kind, name) in seen:
             found.append(
                 v.violation(
@@ -262,6 +271,11 @@ def _plan(
     return ops, targets, new_jobs
 
 
+def _refuse_if(why: str | None) -> None:
+    if why is not None:
+        raise Refused(why)
+
+
 def _applied(request: api_pb2.ApplyRequest) -> Sequence[Message]:
     out = []
     for wrapped in request.objects:
@@ -278,6 +292,10 @@ def _invalid(kind: str, name: str, field: str, description: str) -> api_pb2.Appl
 
 
 def _validate_applied(kind: str, obj: Message, prefix: str) -> v.Violations:
+    if isinstance(obj, pb.Job):
+        # The whole of a new job is validated as a submission (later); of a stored one only
+        # what may change is taken, and of that only its labels need a syntax.
+        return v.validate_labels(obj.metadata.labels, f"{prefix}.metadata.labels")
     if isinstance(obj, pb.Node):
         return v.validate_node(obj, prefix)
     if isinstance(obj, pb.Queue):

@@ -11,22 +11,17 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from placement import labels
 from placement.nodeinfo import POOL_NAMES, pool_of
 from placement.quotas import DEFAULT_QUEUE
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.objects import NodeShape
 
-# A DNS-1123 label: every pod name `<job>-<index>` must be one too.
-_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# A DNS-1123 label: every pod name `<job>-<index>` must be one too. Matched whole (fullmatch):
+# a '$' would let a trailing newline through.
+_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 MAX_LABEL_LENGTH = 63
-# Kubernetes' label syntax (apimachinery's IsValidLabelValue / IsQualifiedName): a value is empty
-# or up to 63 alphanumerics, '-', '_' and '.', starting and ending alphanumeric; a key is such a
-# name (non-empty) with an optional DNS-1123 subdomain prefix and '/'.
-_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_QUALIFIED_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-MAX_SUBDOMAIN_LENGTH = 253
 # Kubernetes' range for user priorities (system classes sit above it).
 MIN_PRIORITY = -1_000_000_000
 MAX_PRIORITY = 1_000_000_000
@@ -88,69 +83,45 @@ class SubmitContext:
 
 
 def validate_label_name(name: str, field: str, *, max_length: int = MAX_LABEL_LENGTH) -> Violations:
+    """An object's name: a DNS-1123 label of at most ``max_length`` characters."""
     if not name:
         return [violation(field, "is required")]
-    return _bounded_match(
-        name,
-        field,
-        max_length,
-        _LABEL_RE,
-        "is not a DNS-1123 label (lowercase letters, digits and '-', "
-        "starting and ending with a letter or digit)",
-    )
-
-
-def validate_label_value(value: str, field: str) -> Violations:
-    """A label value as Kubernetes validates one (a selector value that no label can hold would
-    make an In term match nothing and a NotIn term match everything, silently)."""
-    return _bounded_match(
-        value,
-        field,
-        MAX_LABEL_LENGTH,
-        _LABEL_VALUE_RE,
-        "is not a valid label value (alphanumerics, '-', '_' and '.', "
-        "starting and ending with an alphanumeric)",
-    )
-
-
-def _bounded_match(
-    text: str, field: str, max_length: int, pattern: re.Pattern[str], not_matched: str
-) -> Violations:
-    """At most ``max_length`` characters, then ``pattern`` (``not_matched`` says what it wants):
-    the one violation of the first check that fails."""
-    if len(text) > max_length:
-        return [violation(field, f"must be at most {max_length} characters (got {len(text)})")]
-    if not pattern.match(text):
-        return [violation(field, f"{text!r} {not_matched}")]
-    return []
-
-
-def validate_label_key(key: str, field: str) -> Violations:
-    """A label key as Kubernetes validates one: ``[prefix/]name``."""
-    if not key:
-        return [violation(field, "is required")]
-    prefix, slash, name = key.rpartition("/")
-    if slash and (
-        not prefix or len(prefix) > MAX_SUBDOMAIN_LENGTH or not _DNS_SUBDOMAIN_RE.match(prefix)
-    ):
-        return [violation(field, f"{key!r}: prefix {prefix!r} is not a DNS-1123 subdomain")]
-    if len(name) > MAX_LABEL_LENGTH or not _QUALIFIED_NAME_RE.match(name):
+    if len(name) > max_length:
+        return [violation(field, f"must be at most {max_length} characters (got {len(name)})")]
+    if not _DNS_LABEL_RE.fullmatch(name):
         return [
             violation(
                 field,
-                f"{key!r} is not a valid label key (a name of at most {MAX_LABEL_LENGTH} "
-                "alphanumerics, '-', '_' and '.', starting and ending with an alphanumeric, "
-                "with an optional DNS-1123 subdomain prefix and '/')",
+                f"{name!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit)",
             )
         ]
     return []
 
 
-def validate_labels(labels: dict[str, str], field: str) -> Violations:
+def validate_label_value(value: str, field: str) -> Violations:
+    """A label value (or a selector's: held to the same syntax), as ``placement.labels`` says."""
+    problem = labels.value_problem(value)
+    return [] if problem is None else [violation(field, problem)]
+
+
+def validate_label_key(key: str, field: str) -> Violations:
+    """A label key (a selector's, a topology key), as ``placement.labels`` says; an empty one
+    "is required"."""
+    if not key:
+        return [violation(field, "is required")]
+    problem = labels.key_problem(key)
+    return [] if problem is None else [violation(field, problem)]
+
+
+def validate_labels(label_map: Mapping[str, str], field: str) -> Violations:
+    """A map of labels: each key and value, the field naming the key (``…labels['team']``)."""
     out: Violations = []
-    for key in sorted(labels):
-        out += validate_label_key(key, f"{field}[{key!r}]")
-        out += validate_label_value(labels[key], f"{field}[{key!r}]")
+    for key in sorted(label_map):
+        here = f"{field}[{key!r}]"
+        if (problem := labels.key_problem(key)) is not None:
+            out.append(violation(here, problem))
+        out += validate_label_value(label_map[key], here)
     return out
 
 
@@ -255,6 +226,7 @@ def validate_job(
     out = validate_label_name(
         job.metadata.name, f"{prefix}.metadata.name", max_length=MAX_LABEL_LENGTH - suffix
     )
+    out += validate_labels(job.metadata.labels, f"{prefix}.metadata.labels")
     key = spec.SerializeToString(deterministic=True)
     if key in valid_specs:
         return out
@@ -374,14 +346,8 @@ def validate_template(t: pb.PodTemplate, prefix: str) -> Violations:
         )
     if t.numa_policy not in _NUMA_VALUES:
         out.append(violation(f"{prefix}.numa_policy", f"unknown NUMA policy {t.numa_policy}"))
-    for key in sorted(t.node_selector):
-        if not key:
-            out.append(violation(f"{prefix}.node_selector", "keys must not be empty"))
-            continue
-        f = f"{prefix}.node_selector[{key!r}]"
-        out += validate_label_key(key, f)
-        out += validate_label_value(t.node_selector[key], f)
-    out += validate_labels(dict(t.labels), f"{prefix}.labels")
+    out += validate_labels(t.node_selector, f"{prefix}.node_selector")
+    out += validate_labels(t.labels, f"{prefix}.labels")
     out += validate_ports(t.ports, f"{prefix}.ports")
     out += validate_tolerations(t.tolerations, f"{prefix}.tolerations")
     if t.HasField("affinity"):
@@ -500,6 +466,9 @@ def validate_tolerations(tolerations: Iterable[pb.Toleration], prefix: str) -> V
             out.append(violation(f"{f}.value", "must be empty when operator is EXISTS"))
         elif t.operator == pb.Toleration.EQUAL and not t.key:
             out.append(violation(f"{f}.key", "is required when operator is EQUAL"))
+        if t.key:  # empty with EXISTS: every taint
+            out += validate_label_key(t.key, f"{f}.key")
+        out += validate_label_value(t.value, f"{f}.value")
         if t.effect not in _TAINT_EFFECTS:
             out.append(violation(f"{f}.effect", f"unknown taint effect {t.effect}"))
     return out
@@ -586,6 +555,7 @@ def _validate_pod_term(term: pb.PodAffinityTerm, prefix: str) -> Violations:
 
 def validate_queue(q: pb.Queue, prefix: str) -> Violations:
     out = validate_label_name(q.metadata.name, f"{prefix}.metadata.name")
+    out += validate_labels(q.metadata.labels, f"{prefix}.metadata.labels")
     out += _non_negative(q.spec.quota, f"{prefix}.spec.quota")
     out += _non_negative(q.spec.min, f"{prefix}.spec.min")
     if q.spec.sort_policy in _RETIRED_SORT_POLICIES:
@@ -647,12 +617,14 @@ def _min_within_max(low: pb.Resources, high: pb.Resources, prefix: str) -> Viola
 
 def validate_node(n: pb.Node, prefix: str) -> Violations:
     out = validate_label_name(n.metadata.name, f"{prefix}.metadata.name")
+    out += validate_labels(n.metadata.labels, f"{prefix}.metadata.labels")
     out += _non_negative(n.status.allocatable, f"{prefix}.status.allocatable")
     out += _non_negative(n.status.reclaimable, f"{prefix}.status.reclaimable")
     for k, taint in enumerate(n.spec.taints):
         f = f"{prefix}.spec.taints[{k}]"
-        if not taint.key:
-            out.append(violation(f"{f}.key", "is required"))
+        # A taint's key and value have a label's syntax (as Kubernetes validates them).
+        out += validate_label_key(taint.key, f"{f}.key")
+        out += validate_label_value(taint.value, f"{f}.value")
         if taint.effect == pb.TAINT_EFFECT_UNSPECIFIED:
             out.append(
                 violation(
@@ -666,6 +638,7 @@ def validate_node(n: pb.Node, prefix: str) -> Violations:
 
 def validate_budget(b: pb.DisruptionBudget, prefix: str) -> Violations:
     out = validate_label_name(b.metadata.name, f"{prefix}.metadata.name")
+    out += validate_labels(b.metadata.labels, f"{prefix}.metadata.labels")
     s = b.spec
     has_max, has_min = s.HasField("max_unavailable"), s.HasField("min_available")
     if has_max and s.max_unavailable < 0:
