@@ -13,7 +13,7 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +25,30 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from foundation.tls import (
     ADMIN,
+    AGENT_URI_PREFIX,
     CA,
+    NODE_URI_PREFIX,
+    NODEAGENT,
     QUEUE_URI_PREFIX,
     ROLES,
     SERVICE,
     SERVICE_KINDS,
     SERVICE_NAME,
+    SHARED_KINDS,
     CredentialsError,
     Identity,
     Role,
+    agent_stem,
 )
 
 VALID_DAYS = 825  # the longest validity common TLS stacks accept for a leaf certificate
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A node's name as node agents make them (DNS names: hostnames keep their dots), or a prefix of
+# one ending in '*'; never '*' alone, which would be every node of the cluster.
+_NODE_PATTERN = re.compile(
+    r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # a node's name
+    r"|[a-z0-9][-a-z0-9.]{0,251}\*"  # a prefix of names
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,19 +59,27 @@ def default_hosts() -> list[str]:
     return ["127.0.0.1", "::1", "localhost", socket.gethostname()]
 
 
-def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "godel") -> list[str]:
-    """A fresh CA with each service kind's certificate, the probes' service certificate and the
-    admin's. A directory that already holds a CA keeps it and every certificate it has (so that
-    restarting a cluster keeps its credentials); only the missing ones are issued, which brings
-    a directory from before per-kind identities up to date. Files are 0600. Returns the stems
-    issued."""
+def init_cluster(
+    directory: Path,
+    hosts: Iterable[str] = (),
+    cluster: str = "godel",
+    agents: Mapping[str, Sequence[str]] | None = None,
+) -> list[str]:
+    """A fresh CA with the certificate of each shared service kind, the probes' service
+    certificate, the admin's, and each of ``agents``' own (agent name → the nodes it serves,
+    :func:`issue_agent`). A directory that already holds a CA keeps it and every certificate it
+    has (so that restarting a cluster keeps its credentials); only the missing ones are issued,
+    which brings a directory from an older release up to date, and an agent's is issued again
+    when it names other nodes than asked. The one certificate all node agents shared before
+    each had its own is removed: it names no agent and may evict nothing. Files are 0600.
+    Returns the stems issued."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not (directory / f"{CA}.crt").exists():
         _new_ca(directory, cluster)
     service_hosts = [*default_hosts(), *hosts]
     wanted: list[tuple[str, str, Role]] = [
         (SERVICE, SERVICE_NAME, "service"),
-        *((kind, kind, "service") for kind in SERVICE_KINDS),
+        *((kind, kind, "service") for kind in SHARED_KINDS),
         (ADMIN, ADMIN, "admin"),
     ]
     issued = []
@@ -70,12 +89,28 @@ def init_cluster(directory: Path, hosts: Iterable[str] = (), cluster: str = "god
                 directory, name, role, hosts=service_hosts if role == "service" else (), stem=stem
             )
             issued.append(stem)
+    for suffix in (".crt", ".key"):
+        (directory / f"{NODEAGENT}{suffix}").unlink(missing_ok=True)
+    for agent, nodes in (agents or {}).items():
+        if _agent_identity(directory, agent) != (agent, tuple(dict.fromkeys(nodes))):
+            issue_agent(directory, agent, nodes, hosts=service_hosts)
+            issued.append(agent_stem(agent))
     return issued
+
+
+def _agent_identity(directory: Path, agent: str) -> tuple[str, tuple[str, ...]] | None:
+    """The agent and nodes the certificate of ``agent`` in ``directory`` names, if it has one."""
+    try:
+        identity = identity_of((directory / f"{agent_stem(agent)}.crt").read_bytes())
+    except (OSError, ValueError, CredentialsError):
+        return None
+    return identity.agent, identity.nodes
 
 
 def reserved_names() -> tuple[str, ...]:
     """The identities `init_cluster` makes and only it may: the CA, the services' and the
-    admin's. Issuing one by hand would replace it (``godel certs issue`` refuses them)."""
+    admin's (and ``nodeagent``, the kind whose agents each have their own). Issuing one by hand
+    would replace it (``godel certs issue`` refuses them)."""
     return (CA, SERVICE, *SERVICE_KINDS, ADMIN)
 
 
@@ -126,6 +161,37 @@ def issue(
             raise CredentialsError(
                 f"{what} {value!r} must be a DNS-1123 label (lowercase letters, digits, '-')"
             )
+    uris = [QUEUE_URI_PREFIX + q for q in queues]
+    return _sign(directory, name, role, hosts, uris, stem or name)
+
+
+def issue_agent(
+    directory: Path, agent: str, nodes: Sequence[str], *, hosts: Sequence[str] = ()
+) -> Path:
+    """Sign node agent ``agent``'s own certificate: the service kind ``nodeagent``, naming the
+    agent and the ``nodes`` it serves (names, or prefixes ending in ``*``), so that it acts on
+    those nodes only; its server names are the services' (it serves ``NodeAgent.Logs``).
+    Written as ``nodeagent.<agent>.crt`` / ``.key`` (``tls.agent_stem``)."""
+    if not _NAME.match(agent):
+        raise CredentialsError(
+            f"agent {agent!r} must be a DNS-1123 label (lowercase letters, digits, '-')"
+        )
+    if not nodes:
+        raise CredentialsError(f"agent {agent!r}: name at least one node it serves")
+    for node in nodes:
+        if not _NODE_PATTERN.fullmatch(node):
+            raise CredentialsError(
+                f"node {node!r} must be a node's name (lowercase letters, digits, '-', '.') or "
+                "such a prefix ending in '*', e.g. 'nodeagent-0-*'"
+            )
+    uris = [AGENT_URI_PREFIX + agent, *(NODE_URI_PREFIX + node for node in dict.fromkeys(nodes))]
+    hosts = [*default_hosts(), *hosts]
+    return _sign(directory, NODEAGENT, "service", hosts, uris, agent_stem(agent))
+
+
+def _sign(
+    directory: Path, name: str, role: Role, hosts: Sequence[str], uris: Sequence[str], stem: str
+) -> Path:
     ca_cert, ca_key = _load_ca(directory)
     key = _new_key()
     subject = x509.Name(
@@ -142,7 +208,7 @@ def issue(
                 alt_names.append(x509.IPAddress(ipaddress.ip_address(host)))
             except ValueError:
                 alt_names.append(x509.DNSName(host))
-    alt_names += [x509.UniformResourceIdentifier(QUEUE_URI_PREFIX + q) for q in queues]
+    alt_names += [x509.UniformResourceIdentifier(uri) for uri in uris]
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if role == "service":
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
@@ -161,7 +227,7 @@ def issue(
     if alt_names:
         builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
     certificate = builder.sign(ca_key, hashes.SHA256())
-    return _write(directory, stem or name, certificate, key)
+    return _write(directory, stem, certificate, key)
 
 
 def export_pkcs12(directory: Path, stem: str, password: bytes) -> bytes:
@@ -260,4 +326,8 @@ def identity_of(pem: bytes) -> Identity:
     except x509.ExtensionNotFound:
         uris = []
     queues = tuple(u[len(QUEUE_URI_PREFIX) :] for u in uris if u.startswith(QUEUE_URI_PREFIX))
-    return Identity(name, role, queues)
+    agents = [u[len(AGENT_URI_PREFIX) :] for u in uris if u.startswith(AGENT_URI_PREFIX)]
+    nodes = tuple(u[len(NODE_URI_PREFIX) :] for u in uris if u.startswith(NODE_URI_PREFIX))
+    if len(agents) > 1:
+        raise CredentialsError(f"certificate of {name!r} names {len(agents)} agents, not one")
+    return Identity(name, role, queues, agents[0] if agents else "", nodes)

@@ -6,8 +6,9 @@ A cluster's trust lives in one directory (``$GODEL_HOME/tls`` for `godel up`, a 
 by the ``certs`` init service in compose)::
 
     ca.crt / ca.key           the cluster CA (the key only ever issues certificates)
-    <kind>.crt / .key         each service kind's own identity (dispatcher, scheduler, binder,
-                              rescheduler, nodeagent, dashboard): what it serves and dials with
+    <kind>.crt / .key         each shared service kind's identity (dispatcher, scheduler,
+                              binder, rescheduler, dashboard): what its replicas serve and dial with
+    nodeagent.<agent>.crt/.key  each node agent's own identity: its name and the nodes it serves
     service.crt / .key        a service identity of no kind: health probes (compose, `godel up`)
     admin.crt / .key          the admin client identity: what the CLI and the SDK use by default
     <tenant>.crt / .key       tenant identities, issued with `godel certs issue`
@@ -17,7 +18,12 @@ organizational unit its role (``service``, ``admin`` or ``tenant``); a service's
 kind, so that each internal RPC admits only the kinds that call it (``services.runtime.auth``). A
 tenant's certificate also lists the queues it may submit to, as URIs ``urn:godel:queue:<name>`` among its subject
 alternative names (``openssl x509 -text`` shows them), so that the services authorise a call from
-the certificate alone, with no lookup.
+the certificate alone, with no lookup. Likewise a node agent's certificate (CN ``nodeagent``)
+names the agent, ``urn:godel:agent:<name>``, and the nodes it serves, ``urn:godel:node:<pattern>``
+(a node's name, or a prefix ending in ``*``: ``nodeagent-0-*`` covers the hollow nodes
+``nodeagent-0-0``, ``nodeagent-0-1``, ...): the replicas of the other kinds are interchangeable
+and share their kind's certificate, but each agent acts on its own nodes only, so what one agent
+holds must not act for another (the Binder's eviction rules, ``services/binder/evictrules.py``).
 
 Every service certificate names every address a replica may be dialled at — loopback, the
 machine's hostname, the compose service names — and also the fixed name ``SERVICE_NAME``. Our
@@ -49,10 +55,16 @@ SERVICE_NAME = "godel-service"
 """A name every service certificate carries; peers verify it instead of the dialled host."""
 CA = "ca"
 SERVICE = "service"
-SERVICE_KINDS = ("dispatcher", "scheduler", "binder", "rescheduler", "nodeagent", "dashboard")
-"""The service kinds, each with a certificate of its own named after it (``<kind>.crt``)."""
+NODEAGENT = "nodeagent"
+SERVICE_KINDS = ("dispatcher", "scheduler", "binder", "rescheduler", NODEAGENT, "dashboard")
+"""The service kinds: the name (CN) of their certificates."""
+SHARED_KINDS = tuple(kind for kind in SERVICE_KINDS if kind != NODEAGENT)
+"""The kinds whose replicas share one certificate named after the kind (``<kind>.crt``). Node
+agents are not among them: each has its own, naming its nodes (:func:`agent_stem`)."""
 ADMIN = "admin"
 QUEUE_URI_PREFIX = "urn:godel:queue:"
+AGENT_URI_PREFIX = "urn:godel:agent:"
+NODE_URI_PREFIX = "urn:godel:node:"
 TLS_DIR_VARIABLE = "GODEL_TLS_DIR"
 IDENTITY_VARIABLE = "GODEL_IDENTITY"
 INSECURE_VARIABLE = "GODEL_INSECURE"
@@ -70,6 +82,23 @@ class Identity:
     role: Role
     queues: tuple[str, ...] = ()
     """For a tenant: the queues it may submit to."""
+    agent: str = ""
+    """For a node agent: the agent (its ``--name``) the certificate was issued to."""
+    nodes: tuple[str, ...] = ()
+    """For a node agent: the nodes it serves, each a name or a prefix ending in ``*``."""
+
+    def serves(self, node: str) -> bool:
+        """Whether ``node`` is among the nodes this identity's certificate names."""
+        return any(
+            node.startswith(pattern[:-1]) if pattern.endswith("*") else node == pattern
+            for pattern in self.nodes
+        )
+
+
+def agent_stem(agent: str) -> str:
+    """The file stem of node agent ``agent``'s own certificate: ``nodeagent.<agent>``. No name
+    `godel certs issue` accepts has a dot, so it never meets a tenant's or an admin's."""
+    return f"{NODEAGENT}.{agent}"
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,63 @@ def test_the_library_refuses_to_issue_as_the_ca_whoever_calls_it(cluster_tls: Pa
     with pytest.raises(tls.CredentialsError, match="names the cluster CA"):
         pki.issue(cluster_tls, "mallory", "tenant", stem=tls.CA)
     assert (cluster_tls / f"{tls.CA}.key").read_bytes() == ca_key
+
+
+def test_a_node_agent_is_issued_its_own_certificate_naming_its_nodes(cluster_tls: Path) -> None:
+    """`godel certs issue NAME --role nodeagent`: nodeagent.NAME.crt, naming the agent and the
+    nodes it serves (default: its hollow nodes, NAME-*); kept unless --force, like any other."""
+    issued = certs(cluster_tls, "issue", "rack-7", "--role", "nodeagent")
+    assert issued.returncode == 0, issued.stderr
+    assert "nodes: rack-7-*" in issued.stdout
+    identity = pki.identity_of((cluster_tls / "nodeagent.rack-7.crt").read_bytes())
+    assert (identity.name, identity.agent, identity.nodes) == ("nodeagent", "rack-7", ("rack-7-*",))
+
+    again = certs(cluster_tls, "issue", "rack-7", "--role", "nodeagent", "--node", "x-*")
+    assert again.returncode == 2 and "'rack-7' is already issued" in again.stderr
+    forced = certs(
+        cluster_tls, "issue", "rack-7", "--role", "nodeagent", "--node", "rack-7-*",
+        "--node", "gpu-box", "--force",
+    )  # fmt: skip
+    assert forced.returncode == 0, forced.stderr
+    identity = pki.identity_of((cluster_tls / "nodeagent.rack-7.crt").read_bytes())
+    assert identity.nodes == ("rack-7-*", "gpu-box")
+    # An agent named like a service kind is still an agent: its file is its own.
+    named = certs(cluster_tls, "issue", "nodeagent", "--role", "nodeagent")
+    assert named.returncode == 0, named.stderr
+    assert not (cluster_tls / "nodeagent.crt").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("--node", "x-*"), "--node is for node agents (--role nodeagent)"),
+        (("--role", "nodeagent", "--node", "*"), "node '*' must be a node's name"),
+        (("--role", "nodeagent", "--queue", "q"), "--queue is for tenants"),
+        (("--role", "agent"), "--role must be one of service, admin, tenant, nodeagent"),
+    ],
+)
+def test_issue_refuses_bad_agent_requests_in_one_line_writing_nothing(
+    cluster_tls: Path, args: tuple[str, ...], error: str
+) -> None:
+    before = _files(cluster_tls)
+    result = certs(cluster_tls, "issue", "rack-9", *args)
+    assert result.returncode != 0 and error in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert _files(cluster_tls) == before
+
+
+def test_init_issues_the_agents_it_is_told_of_and_keeps_them(tmp_path: Path) -> None:
+    """As compose's certs service runs it on every `up`: the agent's certificate once, then
+    kept while it names the same nodes."""
+    first = certs(tmp_path, "init", "--agent", "edge=edge-*,edge-box", "--agent", "core")
+    assert first.returncode == 0, first.stderr
+    edge = pki.identity_of((tmp_path / "nodeagent.edge.crt").read_bytes())
+    core = pki.identity_of((tmp_path / "nodeagent.core.crt").read_bytes())
+    assert (edge.agent, edge.nodes) == ("edge", ("edge-*", "edge-box"))
+    assert (core.agent, core.nodes) == ("core", ("core-*",))
+    before = _files(tmp_path)
+    again = certs(tmp_path, "init", "--agent", "edge=edge-*,edge-box", "--agent", "core")
+    assert again.returncode == 0 and "issued" not in again.stdout
+    assert _files(tmp_path) == before
+    empty = certs(tmp_path, "init", "--agent", "edge=")
+    assert empty.returncode != 0 and "--agent 'edge='" in empty.stderr

@@ -223,13 +223,21 @@ def test_the_certs_service_issues_credentials_every_service_uses(
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
-    # Each component's own identity (named after its kind, which is its compose service name),
-    # and the probes' service identity, name every compose service.
-    for stem in (tls.SERVICE, *_godel_services(services)):
+    # Each component's own identity (named after its kind, which is its compose service name;
+    # the node agent's after the agent, GODEL_NAME), and the probes' service identity, name
+    # every compose service.
+    agent = services["nodeagent"]["environment"]
+    agent_stem = tls.agent_stem(agent["GODEL_NAME"])
+    stems = [
+        tls.SERVICE,
+        *(k if k != tls.NODEAGENT else agent_stem for k in _godel_services(services)),
+    ]
+    for stem in stems:
         service = tls.load(tmp_path, stem)
         identity = pki.identity_of(service.certificate)
         assert identity.role == "service", stem
-        assert identity.name == (tls.SERVICE_NAME if stem == tls.SERVICE else stem)
+        kind = tls.NODEAGENT if stem == agent_stem else stem
+        assert identity.name == (tls.SERVICE_NAME if stem == tls.SERVICE else kind)
         names = (
             x509.load_pem_x509_certificate(service.certificate)
             .extensions.get_extension_for_class(x509.SubjectAlternativeName)
@@ -237,6 +245,14 @@ def test_the_certs_service_issues_credentials_every_service_uses(
         )
         assert hosts | {tls.SERVICE_NAME} <= set(names), stem
     assert pki.identity_of(tls.load(tmp_path, tls.ADMIN).certificate).role == "admin"
+    # The node agent's certificate is its own: it names the agent and every node the agent
+    # serves (its hollow nodes, named after it, and its process node), and no other.
+    assert not (tmp_path / f"{tls.NODEAGENT}.crt").exists(), "no certificate shared by agents"
+    identity = pki.identity_of(tls.load(tmp_path, agent_stem).certificate)
+    assert identity.agent == agent["GODEL_NAME"]
+    served = [f"{agent['GODEL_NAME']}-{i}" for i in (0, 99)] + [agent["GODEL_PROCESS_NODE_NAME"]]
+    assert all(identity.serves(node) for node in served), identity.nodes
+    assert not identity.serves("nodeagent2-0") and not identity.serves("elsewhere")
 
 
 def test_scaled_services_have_no_fixed_name_or_host_port(

@@ -13,11 +13,14 @@ from cryptography import x509
 
 from foundation import pki, tls
 from foundation.tls import Identity
+from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services import events, tenancy
+from services.binder import evictrules
 from services.nodeagent.runner import RunAs, resolve_run_as
 from services.runtime import ServiceHost, StartupError
 from services.runtime.auth import refusal
+from store import Store
 
 ADMIN = Identity("admin", "admin")
 SERVICE = Identity(tls.SERVICE_NAME, "service")  # the probes' identity: a service of no kind
@@ -31,13 +34,13 @@ BOB = Identity("bob", "tenant", ("batch",))
 def test_a_cluster_ca_issues_identities_with_their_role_and_queues(tmp_path: Path) -> None:
     pki.init_cluster(tmp_path, ["dispatcher", "10.0.0.7"])
     pki.issue(tmp_path, "alice", "tenant", queues=["research", "default"])
-    stems = ("ca", "service", *tls.SERVICE_KINDS, "admin", "alice")
+    stems = ("ca", "service", *tls.SHARED_KINDS, "admin", "alice")
     assert {p.name for p in tmp_path.iterdir()} == {
         f"{stem}.{ext}" for stem in stems for ext in ("crt", "key")
     }
     assert all(p.stat().st_mode & 0o077 == 0 for p in tmp_path.iterdir()), "private to owner"
     cases = [("service", SERVICE), ("admin", ADMIN), ("alice", ALICE)]
-    cases += [(kind, Identity(kind, "service")) for kind in tls.SERVICE_KINDS]
+    cases += [(kind, Identity(kind, "service")) for kind in tls.SHARED_KINDS]
     for stem, identity in cases:
         assert pki.identity_of(tls.load(tmp_path, stem).certificate) == identity, stem
     service = x509.load_pem_x509_certificate((tmp_path / "service.crt").read_bytes())
@@ -46,7 +49,7 @@ def test_a_cluster_ca_issues_identities_with_their_role_and_queues(tmp_path: Pat
     ips = [str(ip) for ip in names.get_values_for_type(x509.IPAddress)]
     assert {tls.SERVICE_NAME, "localhost", "dispatcher"} <= set(dns)
     assert {"127.0.0.1", "10.0.0.7"} <= set(ips)
-    for kind in tls.SERVICE_KINDS:  # each kind's certificate names every address too
+    for kind in tls.SHARED_KINDS:  # each kind's certificate names every address too
         kind_names = (
             x509.load_pem_x509_certificate((tmp_path / f"{kind}.crt").read_bytes())
             .extensions.get_extension_for_class(x509.SubjectAlternativeName)
@@ -64,12 +67,88 @@ def test_init_brings_a_directory_from_before_per_kind_identities_up_to_date(
 ) -> None:
     pki.init_cluster(tmp_path)
     kept = {stem: (tmp_path / f"{stem}.crt").read_bytes() for stem in ("ca", "service", "admin")}
-    for kind in tls.SERVICE_KINDS:  # the layout of an older release: one service identity
+    for kind in tls.SHARED_KINDS:  # the layout of an older release: one service identity
         (tmp_path / f"{kind}.crt").unlink()
         (tmp_path / f"{kind}.key").unlink()
-    assert pki.init_cluster(tmp_path, ["binder"]) == list(tls.SERVICE_KINDS)
+    assert pki.init_cluster(tmp_path, ["binder"]) == list(tls.SHARED_KINDS)
     assert {stem: (tmp_path / f"{stem}.crt").read_bytes() for stem in kept} == kept
     assert pki.identity_of(tls.load(tmp_path, "binder").certificate) == BINDER
+
+
+def test_each_node_agent_has_its_own_certificate_naming_the_nodes_it_serves(
+    tmp_path: Path,
+) -> None:
+    agents = {"nodeagent-0": ["nodeagent-0-*", "myhost"], "nodeagent-1": ["nodeagent-1-*"]}
+    issued = pki.init_cluster(tmp_path, agents=agents)
+    assert issued[-2:] == ["nodeagent.nodeagent-0", "nodeagent.nodeagent-1"]
+    assert not (tmp_path / "nodeagent.crt").exists(), "no certificate shared by every agent"
+    zero = pki.identity_of(tls.load(tmp_path, tls.agent_stem("nodeagent-0")).certificate)
+    assert zero == Identity(
+        "nodeagent", "service", agent="nodeagent-0", nodes=("nodeagent-0-*", "myhost")
+    )
+    assert refusal("/godel.v1.Binder/Evict", zero) is None  # the kind's method rules hold
+    assert pki.names_address(tls.load(tmp_path, "nodeagent.nodeagent-0").certificate, "localhost:1")
+    # Kept while it names the nodes asked for; issued again when they change (another host).
+    kept = (tmp_path / "nodeagent.nodeagent-1.crt").read_bytes()
+    assert pki.init_cluster(tmp_path, agents=agents) == []
+    moved = {**agents, "nodeagent-0": ["nodeagent-0-*", "otherhost"]}
+    assert pki.init_cluster(tmp_path, agents=moved) == ["nodeagent.nodeagent-0"]
+    assert pki.identity_of((tmp_path / "nodeagent.nodeagent-0.crt").read_bytes()).nodes == (
+        "nodeagent-0-*",
+        "otherhost",
+    )
+    assert (tmp_path / "nodeagent.nodeagent-1.crt").read_bytes() == kept
+
+
+def test_init_removes_the_certificate_every_agent_shared_before(tmp_path: Path) -> None:
+    pki.init_cluster(tmp_path)
+    pki.issue(tmp_path, "nodeagent", "service")  # as init made it before agents had their own
+    assert pki.identity_of((tmp_path / "nodeagent.crt").read_bytes()) == NODEAGENT
+    assert pki.init_cluster(tmp_path, agents={"nodeagent-0": ["nodeagent-0-*"]}) == [
+        "nodeagent.nodeagent-0"
+    ]
+    assert not (tmp_path / "nodeagent.crt").exists() and not (tmp_path / "nodeagent.key").exists()
+
+
+@pytest.mark.parametrize(
+    ("nodes", "node", "served"),
+    [
+        (("nodeagent-0-*",), "nodeagent-0-0", True),
+        (("nodeagent-0-*",), "nodeagent-0-17", True),
+        (("nodeagent-1-*",), "nodeagent-10-0", False),  # another agent's, sharing a prefix
+        (("nodeagent-0-*", "myhost"), "myhost", True),
+        (("myhost",), "myhost2", False),
+        (("nodeagent-0-*",), "", False),  # a pod bound nowhere
+        ((), "nodeagent-0-0", False),  # the shared certificate of before names no node
+    ],
+)
+def test_which_nodes_an_agent_identity_serves(
+    nodes: tuple[str, ...], node: str, served: bool
+) -> None:
+    identity = Identity("nodeagent", "service", agent="a", nodes=nodes)
+    assert identity.serves(node) is served
+
+
+@pytest.mark.parametrize(
+    ("agent", "nodes", "error"),
+    [
+        ("Agent-0", ["agent-0-*"], "agent 'Agent-0' must be a DNS-1123 label"),
+        ("agent-0", [], "name at least one node"),
+        ("agent-0", ["*"], r"node '\*' must be a node's name"),  # every node of the cluster
+        ("agent-0", ["a-*-b"], r"node 'a-\*-b' must be"),
+        ("agent-0", ["Big-*"], r"node 'Big-\*' must be"),
+        ("agent-0", ["a b"], "node 'a b' must be"),
+        ("agent-0", ["ok\n"], "must be"),
+    ],
+)
+def test_issuing_an_agent_refuses_bad_names_and_nodes(
+    tmp_path: Path, agent: str, nodes: list[str], error: str
+) -> None:
+    pki.init_cluster(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(tls.CredentialsError, match=error):
+        pki.issue_agent(tmp_path, agent, nodes)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 @pytest.mark.parametrize(
@@ -205,6 +284,72 @@ def test_tenancy_rules(what: str, refusal_of: object, rule: str | None) -> None:
         assert why is not None and why.startswith(rule), f"{what}: {why}"
 
 
+AGENT_0 = Identity("nodeagent", "service", agent="nodeagent-0", nodes=("nodeagent-0-*", "myhost"))
+
+
+def _pod(name: str, node: str, qos: pb.QoS.ValueType = pb.QOS_BEST_EFFORT) -> pb.Pod:
+    pod = pb.Pod(metadata=pb.ObjectMeta(name=name, uid=f"uid-{name}"))
+    pod.spec.node_name, pod.spec.qos = node, qos
+    return pod
+
+
+PODS = {
+    p.metadata.name: p
+    for p in (
+        _pod("be-mine", "nodeagent-0-3"),
+        _pod("be-machine", "myhost"),
+        _pod("online-mine", "nodeagent-0-3", pb.QOS_GUARANTEED),
+        _pod("unspecified-mine", "nodeagent-0-3", pb.QOS_UNSPECIFIED),  # guaranteed
+        _pod("be-theirs", "nodeagent-1-0"),
+        _pod("pending", ""),
+    )
+}
+
+
+def _evict(reason: str, *pods: str, requester: str = "", uid: str = "") -> ipb.EvictRequest:
+    request = ipb.EvictRequest(reason=reason, requester=requester)
+    for name in pods:
+        request.pods.add(name=name, uid=uid)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("what", "identity", "request_", "rule"),
+    [
+        ("agent: its own node's best-effort pod, for the tide", AGENT_0, _evict("Reclaimed", "be-mine", "be-machine", requester="nodeagent/nodeagent-0"), None),
+        ("agent: no requester (the Binder writes it)", AGENT_0, _evict("Reclaimed", "be-mine"), None),
+        ("agent: a pod on another agent's node", AGENT_0, _evict("Reclaimed", "be-mine", "be-theirs"), "rule evict-own-nodes"),
+        ("agent: a pod bound nowhere", AGENT_0, _evict("Reclaimed", "pending"), "rule evict-own-nodes"),
+        ("agent: another reason", AGENT_0, _evict("Preempted", "be-mine"), "rule evict-reasons"),
+        ("agent: drain", AGENT_0, _evict("Drained", "be-mine"), "rule evict-reasons"),
+        ("agent: a guaranteed pod", AGENT_0, _evict("Reclaimed", "online-mine"), "rule evict-best-effort"),
+        ("agent: a pod of no stated QoS", AGENT_0, _evict("Reclaimed", "unspecified-mine"), "rule evict-best-effort"),
+        ("agent: as another agent", AGENT_0, _evict("Reclaimed", "be-mine", requester="nodeagent/nodeagent-1"), "rule evict-requester"),
+        ("agent: as the rescheduler", AGENT_0, _evict("Reclaimed", "be-mine", requester="rescheduler/r"), "rule evict-requester"),
+        ("agent: a pod the Binder has not", AGENT_0, _evict("Reclaimed", "gone"), None),
+        ("agent: another uid than the pod's", AGENT_0, _evict("Reclaimed", "be-theirs", uid="old"), None),
+        ("the shared agent certificate of before", NODEAGENT, _evict("Reclaimed", "be-mine"), "rule evict-own-nodes"),
+        ("rescheduler: a movement", RESCHEDULER, _evict("Rescheduled", "be-theirs", requester="rescheduler/r-1"), None),
+        ("rescheduler: quota reclaim", RESCHEDULER, _evict("Reclaimed", "be-theirs"), "rule evict-reasons"),
+        ("dispatcher: drain", DISPATCHER, _evict("Drained", "online-mine", requester="dispatcher/d"), None),
+        ("dispatcher: quota reclaim", DISPATCHER, _evict("Reclaimed", "online-mine"), None),
+        ("dispatcher: a movement", DISPATCHER, _evict("Rescheduled", "online-mine"), "rule evict-reasons"),
+        ("dispatcher: as the admin", DISPATCHER, _evict("Drained", "online-mine", requester="admin"), "rule evict-requester"),
+        ("admin: anything", ADMIN, _evict("Maintenance", "online-mine", "be-theirs"), None),
+        ("admin: as a node agent", ADMIN, _evict("Reclaimed", "be-mine", requester="nodeagent/nodeagent-0"), "rule evict-requester"),
+        ("insecure cluster: no identity", None, _evict("Whatever", "be-theirs", requester="x"), None),
+    ],
+)  # fmt: skip
+def test_evict_rules(
+    what: str, identity: Identity | None, request_: ipb.EvictRequest, rule: str | None
+) -> None:
+    why = evictrules.refusal(identity, request_, PODS.get)
+    if rule is None:
+        assert why is None, f"{what}: {why}"
+    else:
+        assert why is not None and why.startswith(rule), f"{what}: {why}"
+
+
 NOBODY = pwd.getpwnam("nobody")
 
 
@@ -262,7 +407,7 @@ async def test_a_service_on_a_directory_of_one_shared_identity_says_to_run_certs
 
     directory = tmp_path / "tls"
     pki.init_cluster(directory)
-    for kind in tls.SERVICE_KINDS:
+    for kind in tls.SHARED_KINDS:
         (directory / f"{kind}.crt").unlink()
         (directory / f"{kind}.key").unlink()
     config = load_config(
@@ -277,6 +422,43 @@ async def test_a_service_on_a_directory_of_one_shared_identity_says_to_run_certs
     async with ServiceHost(DispatcherService, config) as host:
         assert host.service is not None and host.service.credentials is not None
         assert pki.identity_of(host.service.credentials.certificate) == DISPATCHER
+
+
+async def test_a_node_agent_starts_only_with_its_own_certificate_naming_its_nodes(
+    store_url: str, cluster_name: str, store: Store, tmp_path: Path
+) -> None:
+    """A node agent serves and dials with ``nodeagent.<name>.crt``: none (a directory of before
+    agents had their own) or one naming other nodes stops its start, saying how to issue the
+    right one, before it registers a node; with it, it starts as that identity."""
+    from services.nodeagent.service import NodeAgentService
+    from services.runtime.config import load_config
+
+    directory = tmp_path / "tls"
+    pki.init_cluster(directory)
+    config = load_config(
+        NodeAgentService.config_class,
+        ["--store-url", store_url, "--cluster", cluster_name, "--tls-dir", str(directory),
+         "--name", "rack-a", "--hollow-nodes", "2", "--home", str(tmp_path)],
+        environ={},
+    )  # fmt: skip
+    with pytest.raises(StartupError, match=r"`godel certs issue rack-a --role nodeagent"):
+        async with ServiceHost(NodeAgentService, config):
+            pass
+    pki.issue_agent(directory, "rack-a", ["rack-b-*"])  # another agent's nodes
+    with pytest.raises(
+        StartupError,
+        match=r"names agent 'rack-a' serving rack-b-\*; this is agent 'rack-a', serving "
+        r"rack-a-0, rack-a-1: issue its certificate with `godel certs issue rack-a --role "
+        r"nodeagent --node 'rack-a-\*' --force`",
+    ):
+        async with ServiceHost(NodeAgentService, config):
+            pass
+    assert (await store.list_all(pb.Node))[0] == [], "a refused agent registers nothing"
+    pki.issue_agent(directory, "rack-a", ["rack-a-*"])
+    async with ServiceHost(NodeAgentService, config) as host:
+        assert host.service is not None and host.service.credentials is not None
+        identity = pki.identity_of(host.service.credentials.certificate)
+        assert (identity.agent, identity.nodes) == ("rack-a", ("rack-a-*",))
 
 
 @pytest.mark.parametrize(

@@ -51,16 +51,28 @@ def _directory(directory: Path | None, home: Path | None) -> Path:
     help="Another name or address the services are dialled at (repeatable), e.g. a "
     "compose service name; loopback and this machine's name are always in.",
 )
-def init(directory: Path | None, home: Path | None, host: tuple[str, ...]) -> None:
-    """Create the cluster CA with each service kind's, the probes' and the admin's certificates.
-    What exists is kept; missing certificates are issued (a directory from an older release
-    gains the per-kind service identities)."""
+@click.option(
+    "--agent",
+    multiple=True,
+    metavar="NAME[=NODE,...]",
+    help="A node agent (its --name) to issue its own certificate for, naming the nodes it "
+    "serves: node names or prefixes ending in '*' (default NAME-*: its hollow nodes). "
+    "Repeatable.",
+)
+def init(
+    directory: Path | None, home: Path | None, host: tuple[str, ...], agent: tuple[str, ...]
+) -> None:
+    """Create the cluster CA with each service kind's, the probes' and the admin's certificates,
+    and each --agent's own. What exists is kept; missing certificates are issued (a directory
+    from an older release gains the per-kind service identities), an agent's again when it
+    named other nodes."""
     target = _directory(directory, home)
     existed = (target / f"{tls.CA}.crt").exists()
+    agents = dict(_agent(value) for value in agent)
     try:
         from foundation import pki  # cryptography: only for the commands that make certificates
 
-        issued = pki.init_cluster(target, list(host))
+        issued = pki.init_cluster(target, list(host), agents=agents)
     except (tls.CredentialsError, OSError) as exc:
         fail(str(exc))
     click.echo(f"{'kept the' if existed else 'created a'} cluster CA in {target}")
@@ -68,10 +80,31 @@ def init(directory: Path | None, home: Path | None, host: tuple[str, ...]) -> No
         click.echo(f"issued the missing certificates: {', '.join(issued)}")
 
 
+def _agent(value: str) -> tuple[str, list[str]]:
+    """``NAME`` or ``NAME=NODE,NODE``: an agent and the nodes its certificate names."""
+    from services.nodeagent.nodes import agent_nodes
+
+    name, given, nodes = value.partition("=")
+    if given and not nodes.strip():
+        fail(f"--agent {value!r}: name its nodes after '=', or leave out '=' for {name}-*")
+    return name, [n.strip() for n in nodes.split(",")] if given else agent_nodes(name)
+
+
 @certs_app.command("issue")
-@click.argument("name", help="The identity: a tenant's name, or an admin's.")
-@click.option("--role", default="tenant", help="tenant (default), admin or service.")
+@click.argument("name", help="The identity: a tenant's name, an admin's, or a node agent's.")
+@click.option("--role", default="tenant", help="tenant (default), admin, service or nodeagent.")
 @click.option("--queue", multiple=True, help="A queue the tenant may submit to (repeatable).")
+@click.option(
+    "--node",
+    multiple=True,
+    help="For --role nodeagent: a node the agent serves, or a prefix ending in '*' "
+    "(repeatable; default NAME-*, its hollow nodes).",
+)
+@click.option(
+    "--host",
+    multiple=True,
+    help="For --role nodeagent: another name or address it is dialled at (repeatable).",
+)
 @click.option(
     "--force",
     is_flag=True,
@@ -83,6 +116,8 @@ def issue(
     name: str,
     role: str,
     queue: tuple[str, ...],
+    node: tuple[str, ...],
+    host: tuple[str, ...],
     force: bool,
     directory: Path | None,
     home: Path | None,
@@ -92,30 +127,43 @@ def issue(
     A program uses it with GODEL_IDENTITY=NAME (and GODEL_TLS_DIR when not the home's). The
     cluster's own identities (the CA, the services', the admin's) are `godel certs init`'s and
     never issued here; an identity issued before is kept unless --force.
+
+    --role nodeagent issues node agent NAME (its --name) its own certificate,
+    nodeagent.NAME.crt, naming the nodes it serves (--node): the Binder lets it evict only
+    best-effort pods there, for tidal pressure.
     """
-    if role not in tls.ROLES:
-        fail(f"--role must be one of {', '.join(tls.ROLES)}, not {role!r}")
+    agent = role == tls.NODEAGENT
+    if role not in tls.ROLES and not agent:
+        fail(f"--role must be one of {', '.join((*tls.ROLES, tls.NODEAGENT))}, not {role!r}")
     if queue and role != "tenant":
         fail("--queue is for tenants: the admin may use every queue")
+    if (node or host) and not agent:
+        fail(f"--{'node' if node else 'host'} is for node agents (--role nodeagent)")
     target = _directory(directory, home)
     from foundation import pki
 
-    if name in pki.reserved_names():
+    stem = tls.agent_stem(name) if agent else name
+    if stem in pki.reserved_names():
         fail(
             f"{name!r} is one of the cluster's own identities ({', '.join(pki.reserved_names())}),"
             " made by `godel certs init`: issue another name",
             code=2,
         )
-    if (target / f"{name}.crt").exists() and not force:
+    if (target / f"{stem}.crt").exists() and not force:
         fail(
-            f"{name!r} is already issued ({target / (name + '.crt')}): pass --force to replace it",
+            f"{name!r} is already issued ({target / (stem + '.crt')}): pass --force to replace it",
             code=2,
         )
     try:
-        path = pki.issue(target, name, role, queues=list(queue))
+        if role in tls.ROLES:
+            path = pki.issue(target, name, role, queues=list(queue))
+            click.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue) or 'none'})")
+        else:
+            nodes = list(node) or _agent(name)[1]
+            path = pki.issue_agent(target, name, nodes, hosts=list(host))
+            click.echo(f"issued {path} (node agent {name!r}; nodes: {', '.join(nodes)})")
     except tls.CredentialsError as exc:
         fail(str(exc))
-    click.echo(f"issued {path} ({role} {name!r}; queues: {', '.join(queue or []) or 'none'})")
 
 
 @certs_app.command("export")

@@ -29,6 +29,7 @@ from foundation.netutil import free_ports
 from foundation.retry import Backoff, Retry
 from godel.local.home import SENTINEL, STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.nodes import agent_nodes, machine_node_name
 from services.peers.binder import LEASE as BINDER_LEASE
 from services.runtime.healthcheck import SERVING, TIMEOUT, UNREACHABLE, probe
 from store import Store, StoreError, StoreUnavailableError
@@ -97,6 +98,15 @@ class ClusterSpec:
                 args += extra
         return args
 
+    def agents(self) -> dict[str, list[str]]:
+        """Each node agent's name and the nodes its certificate names: its hollow nodes (named
+        after it) and, for the first, this machine as a process node."""
+        names = [name for name, kind in self.services() if kind == "nodeagent"]
+        return {
+            name: agent_nodes(name, machine_node_name() if self.process_node and i == 0 else "")
+            for i, name in enumerate(names)
+        }
+
     def services(self) -> list[tuple[str, str]]:
         """(name, kind) of every service process, in start order."""
         return [
@@ -148,7 +158,9 @@ def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
         started: list[subprocess.Popen[bytes]] = []
         if not spec.insecure:
             # Kept across `down`/`up`: clients and tenants holding certificates stay valid.
-            pki.init_cluster(home.tls_dir)
+            # Each node agent's own is issued when missing (a home from before they had their
+            # own) or naming other nodes (another hostname, another process node).
+            pki.init_cluster(home.tls_dir, agents=spec.agents())
         try:
             state.store_url = _start_store(home, spec, state)
             services = list(spec.services())

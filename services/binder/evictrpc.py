@@ -1,6 +1,7 @@
 """The Binder's ``Evict`` RPC: a request queued with the decision batches (so it is decided one
-at a time with them, against the same view), then all of its live pods evicted in one fenced
-commit, or none (the plan is ``evict.py``)."""
+at a time with them, against the same view), judged against its caller's identity
+(``evictrules.py``), then all of its live pods evicted in one fenced commit, or none (the plan
+is ``evict.py``)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from typing import Any
 import grpc
 import structlog
 
+from foundation.tls import Identity
 from protos.godel.v1 import internal_pb2 as ipb
+from services.binder import evictrules
 from services.binder.config import BinderConfig
 from services.binder.evict import EvictPlan
 from services.binder.leadership import Leadership
 from services.binder.records import CommitRecords
 from services.binder.state import ClusterState
+from services.runtime.auth import caller
 from store.client import Create, Store
 from store.errors import CommitError, FencedError, StoreError, StoreUnavailableError
 from store.informer import Informer
@@ -31,6 +35,12 @@ class EvictWork:
     request: ipb.EvictRequest
     epoch: int
     done: asyncio.Future[ipb.EvictResponse]
+    caller: Identity | None
+    """Who asks, from its certificate (None: insecure mode)."""
+
+
+class EvictRefused(Exception):
+    """The caller may not ask this eviction; the message names the rule (``evictrules``)."""
 
 
 class Evictions:
@@ -69,10 +79,15 @@ class Evictions:
             )
         if not request.reason:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason: required")
+        identity = caller()
+        if identity is not None and not request.requester:
+            request.requester = evictrules.requester_of(identity)
         done: asyncio.Future[ipb.EvictResponse] = asyncio.get_running_loop().create_future()
-        await self.enqueue(EvictWork(request, fence.epoch, done))
+        await self.enqueue(EvictWork(request, fence.epoch, done, identity))
         try:
             return await done
+        except EvictRefused as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except StoreUnavailableError as exc:
             # The outcome is unknown: the caller asks again, and finds the pods gone if it applied.
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store unavailable: {exc}")
@@ -83,7 +98,12 @@ class Evictions:
     async def run(self, work: EvictWork) -> None:
         """The committer's turn for one request: its answer (or its error) to the waiting RPC."""
         try:
-            response = await self._evict(work.request, work.epoch)
+            response = await self._evict(work)
+        except EvictRefused as exc:
+            log.warning("eviction refused", requester=work.request.requester, why=str(exc))
+            response = None
+            if not work.done.done():
+                work.done.set_exception(exc)
         except Exception as exc:
             log.exception("evicting failed", requester=work.request.requester)
             response = None
@@ -92,13 +112,18 @@ class Evictions:
         if response is not None and not work.done.done():
             work.done.set_result(response)
 
-    async def _evict(self, request: ipb.EvictRequest, epoch: int) -> ipb.EvictResponse:
+    async def _evict(self, work: EvictWork) -> ipb.EvictResponse:
         """All of the request's live pods evicted in one fenced commit, or none (see evict.py).
-        A pod that changed under the commit is seen again through the informer and re-judged."""
+        A pod that changed under the commit is seen again through the informer and re-judged,
+        the caller's rights included (the view they are judged against is the commit's)."""
+        request, epoch = work.request, work.epoch
         for _ in range(self.config.commit_retries + 1):
             fence = self.leadership.fence
             if fence is None or fence.epoch != epoch:
                 raise StoreError(f"binder {self.config.name} lost the leadership")
+            why = evictrules.refusal(work.caller, request, self.state.pods.get)
+            if why is not None:
+                raise EvictRefused(why)
             plan = EvictPlan(request, self.state, int(time.time() * 1000))
             ops, targets = plan.ops()
             if plan.refused or not ops:

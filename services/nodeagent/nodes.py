@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,18 @@ def dns_name(text: str) -> str:
     """``text`` as a DNS-1123 name (hostnames may carry capitals or '_')."""
     name = _INVALID_NAME_CHARS.sub("-", text.lower()).strip("-.")
     return name[:200].rstrip("-.") or "node"
+
+
+def machine_node_name(configured: str = "") -> str:
+    """The name of the process node: as configured, else this machine's hostname."""
+    return dns_name(configured or socket.gethostname())
+
+
+def agent_nodes(prefix: str, process_node: str = "") -> list[str]:
+    """The nodes an agent serves as its certificate names them (``tls.Identity.nodes``): its
+    hollow nodes ``<prefix>-<i>`` as the prefix ``<prefix>-*``, and its process node (if any)
+    by name."""
+    return [f"{dns_name(prefix)}-*", *([dns_name(process_node)] if process_node else [])]
 
 
 def parse_labels(text: str) -> dict[str, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import socket
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ import grpc
 import psutil
 import structlog
 
+from foundation import pki, tls
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import metrics, tenancy
@@ -29,8 +29,10 @@ from services.nodeagent.nodes import (
     MachineNuma,
     NodeSet,
     Shape,
+    agent_nodes,
     dns_name,
     hollow_nodes,
+    machine_node_name,
     machine_numa,
     now_ms,
     parse_labels,
@@ -47,7 +49,14 @@ from services.nodeagent.tidal import (
     hollow_usage,
 )
 from services.peers.binder import BinderEvictor
-from services.runtime import ConfigError, Service, ServiceConfig, cancel_and_wait, option
+from services.runtime import (
+    ConfigError,
+    Service,
+    ServiceConfig,
+    StartupError,
+    cancel_and_wait,
+    option,
+)
 from services.runtime.auth import caller
 from store import StoreError
 from store.informer import Informer
@@ -113,6 +122,10 @@ class NodeAgentConfig(ServiceConfig):
         metadata=option(
             "also serve this machine as a node (named after its hostname) that really runs pods"
         ),
+    )
+    process_node_name: str = field(
+        default="",
+        metadata=option("the process node's name (default: this machine's hostname)"),
     )
     heartbeat_seconds: float = field(
         default=2.0, metadata=option("seconds between node heartbeats", minimum=0.05)
@@ -212,6 +225,11 @@ class NodeAgentService(Service[NodeAgentConfig]):
     runner: PodRunner
     informer: Informer
 
+    @classmethod
+    def credentials_stem(cls, config: NodeAgentConfig) -> str:
+        # Its own, naming its nodes: another agent's certificate must not act on them.
+        return tls.agent_stem(config.name)
+
     def add_servicers(self, server: grpc.aio.Server) -> None:
         api_pb2_grpc.add_NodeAgentServicer_to_server(_NodeAgentServicer(self), server)
 
@@ -224,19 +242,20 @@ class NodeAgentService(Service[NodeAgentConfig]):
     def desired_nodes(self) -> list[pb.Node]:
         cfg = self.config
         now = now_ms()
+        prefix, machine = self._node_names()
         nodes = hollow_nodes(
             cfg.hollow_nodes,
-            prefix=dns_name(cfg.node_prefix or cfg.name),
+            prefix=dns_name(prefix),
             agent=cfg.name,
             shape=cfg.shape(),
             labels=parse_labels(cfg.hollow_labels),
             taints=parse_taints(cfg.hollow_taints),
             now=now,
         )
-        if cfg.process_node:
+        if machine:
             nodes.append(
                 process_node(
-                    dns_name(socket.gethostname()),
+                    machine,
                     agent=cfg.name,
                     cpus=psutil.cpu_count() or 1,
                     memory_bytes=psutil.virtual_memory().total,
@@ -260,6 +279,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
         self.nodes = NodeSet(self.store, self.desired_nodes())
         if not self.nodes.desired:
             log.warning("this agent serves no nodes (hollow_nodes=0, process_node=false)")
+        self._check_certificate_names_the_nodes()
         await self.nodes.register()
         self.runner = PodRunner(
             self.store,
@@ -290,6 +310,33 @@ class NodeAgentService(Service[NodeAgentConfig]):
             work_dir=str(work_dir),
             heartbeat_seconds=cfg.heartbeat_seconds,
         )
+
+    def _check_certificate_names_the_nodes(self) -> None:
+        """Refuse to start on nodes the certificate does not name: the Binder would refuse
+        this agent's evictions there (``services/binder/evictrules.py``), so its tidal pressure
+        could never be relieved. Said at start, with the command that issues the right one."""
+        if self.credentials is None:
+            return  # insecure mode: no identities
+        identity = pki.identity_of(self.credentials.certificate)
+        name = self.config.name
+        foreign = [n for n in self.nodes.names() if not identity.serves(n)]
+        if identity.agent == name and not foreign:
+            return
+        nodes = " ".join(f"--node '{p}'" for p in agent_nodes(*self._node_names()))
+        raise StartupError(
+            f"{tls.agent_stem(name)}.crt names agent {identity.agent!r} serving "
+            f"{', '.join(identity.nodes) or 'no nodes'}; this is agent {name!r}"
+            + (f", serving {', '.join(sorted(foreign)[:3])}" if foreign else "")
+            + (" ..." if len(foreign) > 3 else "")
+            + f": issue its certificate with `godel certs issue {name} --role nodeagent "
+            f"{nodes} --force`"
+        )
+
+    def _node_names(self) -> tuple[str, str]:
+        """The hollow nodes' prefix and the process node's name ("" when none)."""
+        cfg = self.config
+        process = machine_node_name(cfg.process_node_name) if cfg.process_node else ""
+        return cfg.node_prefix or cfg.name, process
 
     def sample_metrics(self) -> None:
         if not hasattr(self, "runner"):

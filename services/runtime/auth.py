@@ -51,6 +51,8 @@ RULES: tuple[MethodRule, ...] = (
         "/godel.v1.Binder/Decide", frozenset({"service:scheduler"}), "decide",
         "only scheduler shards propose placements to the Binder",
     ),
+    # What each of them may evict (a node agent: its own nodes' best-effort pods, for tidal
+    # pressure) is the Binder's to judge: services/binder/evictrules.py.
     MethodRule(
         "/godel.v1.Binder/Evict",
         frozenset({"service:dispatcher", "service:rescheduler", "service:nodeagent", "admin"}),

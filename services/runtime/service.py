@@ -95,6 +95,12 @@ class Service(abc.ABC, Generic[ConfigT]):
         self.metrics_address = ""
         self.metrics_url = ""
 
+    @classmethod
+    def credentials_stem(cls, config: ConfigT) -> str:
+        """The certificate this service serves and dials with (``<stem>.crt`` in the TLS
+        directory): its kind's, which every replica shares. A node agent has its own."""
+        return cls.component
+
     @property
     def address(self) -> str:
         """Where other components reach this service (leases, registrations): the configured
@@ -121,7 +127,7 @@ class Service(abc.ABC, Generic[ConfigT]):
                 )
             return None
         try:
-            return tls.files(self.config.credentials_dir(), self.component)
+            return tls.files(self.config.credentials_dir(), self.credentials_stem(self.config))
         except tls.CredentialsError as exc:
             raise StartupError(f"{what} on {host} needs HTTPS: {exc}") from exc
 
@@ -204,7 +210,7 @@ class ServiceHost(Generic[ConfigT]):
     async def start(self) -> None:
         """Connect the store, start serving, run ``on_start``, then report SERVING. On failure
         the caller should still call :meth:`stop` to release what was acquired."""
-        credentials = _load_credentials(self.config, self.service_cls.component)
+        credentials = _load_credentials(self.config, self.service_cls.credentials_stem(self.config))
         self._store = await _connect_store(self.config)
         service = self.service = self.service_cls(self.config, self._store, self.health)
         service.credentials = credentials
@@ -388,31 +394,43 @@ def main(service_cls: type[Service[Any]]) -> NoReturn:
     raise SystemExit(run_service(service_cls, sys.argv[1:]))
 
 
-def _load_credentials(config: ServiceConfig, kind: str) -> tls.Credentials | None:
-    """This service kind's identity (``<kind>.crt``) from the config's TLS directory; None only
-    when asked for by name (``insecure``). Missing credentials stop the start: a service never
-    falls back to plaintext by itself, nor to another kind's identity."""
+def _load_credentials(config: ServiceConfig, stem: str) -> tls.Credentials | None:
+    """This service's identity (``<stem>.crt``, ``Service.credentials_stem``) from the config's
+    TLS directory; None only when asked for by name (``insecure``). Missing credentials stop the
+    start: a service never falls back to plaintext by itself, nor to another identity."""
     if config.insecure:
         log.warning("serving WITHOUT TLS (--insecure): every caller may do everything")
         return None
     directory = config.credentials_dir()
     try:
-        return tls.load(directory, kind)
+        return tls.load(directory, stem)
     except tls.CredentialsError as exc:
         older = (directory / f"{tls.SERVICE}.crt").exists()
-        raise StartupError(
-            f"{exc}; "
-            + (
-                # A directory from before each kind had its own certificate.
+        agent_prefix = tls.agent_stem("")
+        if stem.startswith(agent_prefix) and older:
+            # A node agent's own certificate, which names its nodes: made per agent.
+            agent = stem.removeprefix(agent_prefix)
+            hint = (
+                f"each node agent has its own certificate, naming the nodes it serves: "
+                f"`godel certs issue {agent} --role nodeagent --dir {directory}` issues it for "
+                f"its hollow nodes {agent}-* (--node names others: the process node, another "
+                "--node-prefix); `godel up`, and compose's certs service for its agent, do it "
+                "by themselves"
+            )
+        elif older:
+            # A directory from before each kind had its own certificate.
+            hint = (
                 f"each service kind now has its own certificate: `godel certs init --dir "
                 f"{directory}` issues the missing ones and keeps the rest (`godel up` and "
                 "compose's certs service do it by themselves)"
-                if older
-                else "`godel up` issues the cluster's credentials into HOME/tls (compose: the "
+            )
+        else:
+            hint = (
+                "`godel up` issues the cluster's credentials into HOME/tls (compose: the "
                 "certs service), --tls-dir names another directory, --insecure true (or "
                 "GODEL_INSECURE=true) serves without TLS"
             )
-        ) from exc
+        raise StartupError(f"{exc}; {hint}") from exc
 
 
 def _check_advertised_name(credentials: tls.Credentials, advertised: str) -> None:

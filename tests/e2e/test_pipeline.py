@@ -64,7 +64,9 @@ def test_gang_waits_for_room_then_binds_whole(make_cluster: Callable[..., Cluste
     out = cluster.godel("explain", "gang-0").stdout
     assert summary in out
 
-    # One more node (a node agent of its own, as an operator would add one): the gang fits.
+    # One more node (a node agent of its own, as an operator would add one, with its own
+    # certificate naming its nodes): the gang fits.
+    cluster.godel("certs", "issue", "extra-agent", "--role", "nodeagent", "--node", "extra-*")
     extra = subprocess.Popen(
         [sys.executable, "-P", "-m", "services.nodeagent", "--name", "extra-agent",
          "--port", "0", "--store-url", cluster.state.store_url, "--hollow-nodes", "1",

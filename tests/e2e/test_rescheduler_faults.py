@@ -177,7 +177,7 @@ def execute(
             # As the rescheduler does: the cluster's service identity (mutual TLS).
             BinderEvictor(
                 store,
-                "test",
+                "rescheduler/test",  # who it is: the Binder refuses a requester not its own
                 lambda address, options: tls.aio_channel(address, service_identity, options),
             ),
             paused=lambda: False,

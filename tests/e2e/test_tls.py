@@ -148,11 +148,12 @@ def test_internal_rpcs_admit_only_the_service_kinds_that_call_them(
         "dispatch",
         lambda ch: next(iter(internal_pb2_grpc.SchedulerStub(ch).Dispatch(iter([]), timeout=10))),
     )
+    agent = tls.agent_stem("nodeagent-0")  # a node agent's own certificate
     refused: list[tuple[str, tuple[str, str, Callable[[grpc.Channel], object]]]] = [
         (tls.ADMIN, decide), (tls.ADMIN, dispatch),
         ("alice", evict), ("alice", decide), ("alice", dispatch),
         # Services of the cluster, but not the kinds that make these calls.
-        ("dashboard", evict), ("nodeagent", decide), ("dispatcher", decide),
+        ("dashboard", evict), (agent, decide), ("dispatcher", decide),
         ("scheduler", evict), ("rescheduler", dispatch), (tls.SERVICE, decide),
     ]  # fmt: skip
     for identity, (address, rule, call) in refused:
@@ -162,7 +163,7 @@ def test_internal_rpcs_admit_only_the_service_kinds_that_call_them(
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, identity  # type: ignore[attr-defined]
         assert f"rule {rule}" in caught.value.details(), caught.value.details()  # type: ignore[attr-defined]
     # The kinds that evict pass the rule (an empty eviction is answered by the Binder).
-    for identity in ("rescheduler", "nodeagent", "dispatcher", tls.ADMIN):
+    for identity in ("rescheduler", agent, "dispatcher", tls.ADMIN):
         with tls.channel(binder, tls.load(cluster.home.tls_dir, identity)) as channel:
             try:
                 internal_pb2_grpc.BinderStub(channel).Evict(internal_pb2.EvictRequest(), timeout=10)
@@ -171,6 +172,84 @@ def test_internal_rpcs_admit_only_the_service_kinds_that_call_them(
                     grpc.StatusCode.PERMISSION_DENIED,
                     grpc.StatusCode.UNAUTHENTICATED,
                 ), (identity, exc)
+
+
+def test_node_agents_have_their_own_identities_and_evict_only_best_effort_pods_of_their_nodes(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """`godel up` on a home from before node agents had their own certificates: each agent is
+    issued its own (naming its nodes) and the one they shared is removed. Then the attacks one
+    agent's certificate made on the Binder before — evicting any pod anywhere, for any reason,
+    as anyone — each refused, naming the rule, evicting nothing; and the eviction tidal
+    pressure needs still done, signed by the agent."""
+    tls_dir = tmp_path / "home0" / "tls"  # where make_cluster puts its first home
+    pki.init_cluster(tls_dir)
+    pki.issue(tls_dir, tls.NODEAGENT, "service")  # the certificate every agent shared before
+    shared = tls.load(tls_dir, tls.NODEAGENT)
+    cluster = make_cluster(schedulers=1, binders=1, nodeagents=2, hollow_nodes=4)
+    assert not (tls_dir / f"{tls.NODEAGENT}.crt").exists()
+    agent_a = tls.load(tls_dir, tls.agent_stem("nodeagent-0"))
+    assert pki.identity_of(agent_a.certificate).nodes == ("nodeagent-0-*",)
+
+    # nodeagent-0 serves nodeagent-0-0 and -1, nodeagent-1 the nodeagent-1-* ones.
+    placed = {
+        "be-a": ("nodeagent-0-0", "best-effort", 0),
+        "online-a": ("nodeagent-0-0", "", 0),
+        "be-b": ("nodeagent-1-0", "best-effort", 0),
+        "vip-b": ("nodeagent-1-0", "", 1000),  # high priority, not preemptible
+    }
+    for name, (node, qos, priority) in placed.items():
+        work = job(
+            name, cpu="100m", memory="64Mi", qos=qos, priority=priority,
+            preemptible=False if priority else None, node_selector={"hostname": node},
+        )  # fmt: skip
+        assert cluster.client.submit([work.to_proto()]).results[0].created
+
+    def running() -> dict[str, str]:
+        pods = [cluster.client.get("Pod", f"{name}-0") for name in placed]
+        return {
+            p.metadata.name: p.spec.node_name  # type: ignore[attr-defined]
+            for p in pods
+            if p.status.phase == pb.POD_RUNNING  # type: ignore[attr-defined]
+        }
+
+    wait_until(lambda: len(running()) == len(placed), what="every pod running")
+    binder = cluster.state.address_of("binder")
+
+    def evict(
+        credentials: tls.Credentials, reason: str, pod: str, requester: str = ""
+    ) -> internal_pb2.EvictResponse:
+        request = internal_pb2.EvictRequest(reason=reason, requester=requester, partial=True)
+        request.pods.add(name=pod)
+        with tls.channel(binder, credentials) as channel:
+            response: internal_pb2.EvictResponse = internal_pb2_grpc.BinderStub(channel).Evict(
+                request, timeout=30
+            )
+            return response
+
+    attacks = [
+        ("a pod on another agent's node", agent_a, "Reclaimed", "vip-b-0", "", "evict-own-nodes"),
+        ("a best-effort pod there", agent_a, "Reclaimed", "be-b-0", "", "evict-own-nodes"),
+        ("its own node's pod, as preemption", agent_a, "Preempted", "be-a-0", "", "evict-reasons"),
+        ("its own node's guaranteed pod", agent_a, "Reclaimed", "online-a-0", "", "evict-best-effort"),
+        ("as the rescheduler", agent_a, "Reclaimed", "be-a-0", "rescheduler/r", "evict-requester"),
+        ("as the other agent", agent_a, "Reclaimed", "be-a-0", "nodeagent/nodeagent-1", "evict-requester"),
+        ("with the shared certificate of before", shared, "Reclaimed", "be-b-0", "", "evict-own-nodes"),
+    ]  # fmt: skip
+    for what, credentials, reason, pod, requester, rule in attacks:
+        with pytest.raises(grpc.RpcError) as caught:
+            evict(credentials, reason, pod, requester)
+        code, details = caught.value.code(), caught.value.details()  # type: ignore[attr-defined]
+        assert code == grpc.StatusCode.PERMISSION_DENIED, (what, code, details)
+        assert details.startswith(f"rule {rule}:"), (what, details)
+    assert running() == {name + "-0": node for name, (node, _, _) in placed.items()}
+
+    # What tidal pressure asks: its own node's best-effort pod, Reclaimed; the Binder signs it.
+    (result,) = evict(agent_a, "Reclaimed", "be-a-0").results
+    assert result.outcome == internal_pb2.EvictResult.EVICTED, result
+    evicted = cluster.client.get("Pod", "be-a-0")
+    assert evicted.status.reason == "Reclaimed"  # type: ignore[attr-defined]
+    assert evicted.status.message == "evicted by nodeagent/nodeagent-0"  # type: ignore[attr-defined]
 
 
 def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileged(

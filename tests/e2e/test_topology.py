@@ -34,7 +34,12 @@ def gang_yaml(name: str, replicas: int, *, extra: str = "") -> str:
 @contextlib.contextmanager
 def rack_agents(cluster: Cluster, racks: dict[str, int]) -> Iterator[None]:
     """One node agent per rack, as an operator adds machines: ``count`` hollow nodes of 4 cpu
-    labelled rack=<name>, named <name>-<i>. Stopped (SIGTERM) at the end."""
+    labelled rack=<name>, named <name>-<i>, each agent with its own certificate naming them.
+    Stopped (SIGTERM) at the end."""
+    for rack in racks:
+        cluster.godel(
+            "certs", "issue", f"rack-{rack}", "--role", "nodeagent", "--node", f"{rack}-*"
+        )
     agents = [
         subprocess.Popen(
             [
