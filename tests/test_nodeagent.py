@@ -632,7 +632,7 @@ async def test_process_pod_is_pinned_to_its_numa_nodes_cpus(
         assert isinstance(agent, NodeAgentService)
         agent.runner.numa_cpus = {0: (first,), 1: (second,)}
         [node] = [n.metadata.name for n in (await store.list_all(pb.Node))[0]]
-        # /proc, not a python3: the pod runs unprivileged (nobody, the agent being root here),
+        # /proc, not a python3: the pod runs unprivileged (a uid of its own, the agent being root),
         # and may not read the test runner's own interpreter.
         show = ["sh", "-c", "grep Cpus_allowed_list /proc/self/status"]
         _, lease = await store.acquire_lease("binder", "test-binder", 60_000)

@@ -7,15 +7,15 @@ number: a group of its own). A uid is one pod's from its start until its process
 on one byte of ``UID_LOCK_FILE``, dropped by the kernel if the agent dies), and skips a uid that a
 live process or an entry of the agent's work dir still has — so a restarted agent, whose locks
 died with it, does not hand a pod's uid to another while that pod's orphans run or its files are
-reachable. Uids go round the range (least recently used first), which puts as many pod runs as
-the range is long between two pods sharing a uid.
+reachable. Uids go round the range: while an agent runs, a uid comes back to another pod only
+after the rest of the range has been handed out (a restarted agent starts again at its start).
 
 A pod's cgroup (``Cgroups``: v2 where the agent's cgroup2 directory has the cpu and memory
 controllers, else v1's cpu and memory hierarchies, else none) is made under the agent's own
 cgroup, named after the pod's uid in the store; the launcher joins it before it drops root.
 
-Plain functions hold the rules (tested table by table in tests/test_isolation.py); the two
-classes only read and write the kernel's files.
+Plain functions hold the rules (tested table by table in tests/test_isolation.py); the classes
+(``UidClaims``, ``PodUids``, ``Cgroups``) only hold the kernel state that applies them.
 """
 
 from __future__ import annotations

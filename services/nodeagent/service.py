@@ -287,9 +287,12 @@ class NodeAgentService(Service[NodeAgentConfig]):
         cfg = self.config
         work_dir = cfg.resolved_work_dir()
         work_dir.mkdir(parents=True, exist_ok=True)
-        # No pod may list it, nor read another pod's log in it (a pod's own dir is entered by its
-        # child while still root).
-        work_dir.chmod(0o700)
+        try:
+            # No pod may list it, nor read another pod's log in it (a pod's own dir is entered by
+            # its child while still root).
+            work_dir.chmod(0o700)
+        except PermissionError:
+            log.warning("the pods' work dir is not ours: it stays as it is", work_dir=str(work_dir))
         self.nodes = NodeSet(self.store, self.desired_nodes())
         if not self.nodes.desired:
             log.warning("this agent serves no nodes (hollow_nodes=0, process_node=false)")

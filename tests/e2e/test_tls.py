@@ -1,7 +1,8 @@
 """Authentication and authorisation on a real `godel up` cluster: every service refuses callers
 without the cluster's credentials, internal RPCs refuse client identities, tenants are held to
-their queues and their own jobs (the rules, refusals naming them), process-mode pods run as an
-unprivileged user, and `godel up --insecure` runs — and says so."""
+their queues and their own jobs (the rules, refusals naming them), process-mode pods run each as
+a uid of its own and one tenant's pod cannot reach another's, and `godel up --insecure` runs —
+and says so."""
 
 from __future__ import annotations
 
@@ -174,7 +175,7 @@ def test_internal_rpcs_admit_only_the_service_kinds_that_call_them(
                 ), (identity, exc)
 
 
-def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileged(
+def test_tenants_keep_to_their_queues_and_their_own_jobs_and_their_pods_run_apart(
     make_cluster: Callable[..., Cluster],
 ) -> None:
     cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2, process_node=True)
