@@ -88,3 +88,20 @@ def job_affinity(j: pb.Job, required: list[str], preferred: list[str] | None = N
     j.spec.job_affinity.required_topology_keys.extend(required)
     j.spec.job_affinity.preferred_topology_keys.extend(preferred or [])
     return j
+
+
+# A process pod's attack on another tenant's running pod (pid ``$TARGET``) through
+# /proc/<pid>/cwd, and on the agent's pod dir (``$AGENT_DIR``) and the other pod's log
+# (``$VICTIM_LOG``): it prints its uid, then an ATTACK- line for each attempt that worked, then
+# "attack over".
+POD_ATTACK = """
+id -u
+theirs=/proc/$TARGET/cwd
+cat $theirs/secret && echo ATTACK-READ
+ls $theirs && echo ATTACK-LISTED
+echo stolen >> $theirs/secret && echo ATTACK-WROTE
+kill -9 $TARGET && echo ATTACK-KILLED
+ls $AGENT_DIR && echo ATTACK-LISTED-AGENT-DIR
+cat $VICTIM_LOG && echo ATTACK-READ-LOG
+echo attack over
+"""

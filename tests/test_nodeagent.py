@@ -18,6 +18,7 @@ import pytest
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import PREEMPTED, evicted
+from services.nodeagent.isolation import V2, Cgroups, PodCgroup, cgroup_name, parse_pids
 from services.nodeagent.nodes import (
     GiB,
     MachineNuma,
@@ -29,7 +30,7 @@ from services.nodeagent.nodes import (
     parse_labels,
     parse_taints,
 )
-from services.nodeagent.runner import KILL_GRACE_SECONDS, launcher
+from services.nodeagent.runner import KILL_GRACE_SECONDS, RunAs, launcher
 from services.nodeagent.service import NodeAgentConfig, NodeAgentService
 from services.runtime import ConfigError, ServiceHost, load_config
 from store import Store
@@ -171,6 +172,7 @@ def test_machine_numa_from_sysfs(tmp_path: Path) -> None:
         (["--hollow-taints", "a=b"], "hollow_taints: taint 'a=b'"),
         (["--hollow-reclaimable-percent", "150"], "above the maximum 100"),
         (["--hollow-nodes", "-1"], "below the minimum 0"),
+        (["--run-as", "nobody", "--pod-uid-range", "300000-300009"], "pod_uid_range: give run_as"),
     ],
 )
 def test_config_errors(argv: list[str], error: str) -> None:
@@ -482,6 +484,142 @@ async def test_process_mode(store: Store, store_url: str, tmp_path: Path) -> Non
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def tenant_job(job: pb.Job, owner: str) -> pb.Job:
+    job.metadata.owner = owner
+    return job
+
+
+def ids_of(pid: int, which: str = "Uid:") -> list[int]:
+    """A process's real, effective, saved and file-system uids (or ``Gid:``)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(x for x in status.splitlines() if x.startswith(which))
+    return [int(u) for u in line.split()[1:]]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid per pod needs the agent to run as root")
+async def test_process_pods_of_two_tenants_cannot_reach_each_other(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    """Each process pod runs as a uid of its own (the default range of a root agent), in a
+    private work dir under a private agent dir: Bob's pod cannot read, list or write Alice's
+    files through /proc/<her pid>/cwd, kill her process, list the agent's pod dir or read her
+    log. Her uid goes back when she is deleted."""
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=0, process_node=True)
+    work = tmp_path / "pods"
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        agent = host.service
+        assert isinstance(agent, NodeAgentService)
+        [node] = [n.metadata.name for n in (await store.list_all(pb.Node))[0]]
+        _, lease = await store.acquire_lease("binder", "test-binder", 60_000)
+        fence = Fence("binder", lease.epoch)
+        victim = tenant_job(
+            process_job("victim", ["sh", "-c", "echo secret > secret; echo up; exec sleep 60"]),
+            "alice",
+        )
+        await submit_and_bind(store, victim, [node], fence=fence)
+
+        async def victim_up() -> bool:
+            log = work / "victim-0.log"
+            return log.exists() and b"up" in log.read_bytes()
+
+        await eventually(victim_up, what="the victim pod up")
+        pid = agent.runner.pid_of("victim-0")
+        assert pid is not None
+        victim_uid = ids_of(pid)[0]
+
+        attacker = tenant_job(process_job("attacker", ["sh", "-c", f.POD_ATTACK]), "bob")
+        attacker.spec.template.env.update(
+            TARGET=str(pid), AGENT_DIR=str(work), VICTIM_LOG=str(work / "victim-0.log")
+        )
+        await submit_and_bind(store, attacker, [node], fence=fence)
+
+        async def attack_over() -> bool:
+            return (await phases(store, ["attacker-0"]))[0] in (pb.POD_SUCCEEDED, pb.POD_FAILED)
+
+        await eventually(attack_over, what="the attack over")
+        said = (work / "attacker-0.log").read_text().splitlines()
+        assert said[-1] == "attack over", said
+        assert [line for line in said if line.startswith("ATTACK-")] == []
+        attacker_uid = int(said[0])
+
+        # Alice's pod runs on, its file as it wrote it.
+        assert (await phases(store, ["victim-0"]))[0] == pb.POD_RUNNING
+        assert agent.runner.pid_of("victim-0") == pid
+        os.kill(pid, 0)
+        assert (work / "victim-0" / "secret").read_text() == "secret\n"
+        # Each its own uid, from the range, neither root nor the other's; its group its own.
+        uids = agent.runner.pod_uids
+        assert uids is not None
+        assert victim_uid != attacker_uid and {victim_uid, attacker_uid} <= set(uids.uids)
+        assert ids_of(pid) == [victim_uid] * 4
+        assert ids_of(pid, "Gid:") == [victim_uid] * 4
+        mine = (work / "victim-0").stat()
+        assert (mine.st_uid, mine.st_mode & 0o777) == (victim_uid, 0o700)
+        assert work.stat().st_mode & 0o777 == 0o700
+        assert (work / "victim-0.log").stat().st_mode & 0o777 == 0o600
+        # The attacker ended: its uid is no longer held, its dir is the agent's again.
+        assert uids.held == {victim_uid}
+        assert (work / "attacker-0").stat().st_uid == os.geteuid()
+
+        task = agent.runner.runs["victim-0"].task
+        assert task is not None
+        await store.delete(pb.Pod, "victim-0")
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
+        assert uids.held == frozenset()
+
+
+def usable_cgroups() -> bool:
+    return os.geteuid() == 0 and Cgroups.detect() is not None
+
+
+@pytest.mark.skipif(
+    not usable_cgroups(),
+    reason="no usable cgroups here: neither v2 with cpu and memory nor writable v1 cpu and "
+    "memory hierarchies (or not root)",
+)
+async def test_process_pod_runs_in_a_cgroup_holding_its_requests(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    """The pod's process is in a cgroup of its own whose CPU and memory limits are the pod's
+    requests; the cgroup goes when the pod's process does."""
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=0, process_node=True)
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        agent = host.service
+        assert isinstance(agent, NodeAgentService)
+        cgroups = agent.runner.cgroups
+        assert cgroups is not None
+        [node] = [n.metadata.name for n in (await store.list_all(pb.Node))[0]]
+        job = process_job("limited", ["sh", "-c", "echo up; exec sleep 60"])
+        job.spec.template.requests.milli_cpu = 250
+        job.spec.template.requests.memory_bytes = 96 * 1024 * 1024  # whole pages
+        [pod] = await submit_and_bind(store, job, [node])
+
+        async def running() -> bool:
+            return agent.runner.pid_of("limited-0") is not None
+
+        await eventually(running, what="the limited pod running")
+        pid = agent.runner.pid_of("limited-0")
+        stored = await store.get(pb.Pod, "limited-0")
+        cgroup = cgroups.existing(cgroup_name(stored.metadata.uid))
+        assert cgroup is not None
+        for directory in cgroup.dirs:
+            assert pid in parse_pids((directory / "cgroup.procs").read_text())
+        values = cgroup.limits()
+        if cgroups.version == V2:
+            assert values == {"cpu.max": "25000 100000", "memory.max": str(96 * 1024 * 1024)}
+        else:
+            assert values == {
+                "cpu.cfs_quota_us": "25000",
+                "cpu.cfs_period_us": "100000",
+                "memory.limit_in_bytes": str(96 * 1024 * 1024),
+            }
+        task = agent.runner.runs["limited-0"].task
+        assert task is not None
+        await store.delete(pb.Pod, pod.metadata.name)
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
+        assert not any(d.exists() for d in cgroup.dirs)
+
+
 @pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
     reason="pinning needs os.sched_setaffinity and two CPUs",
@@ -499,7 +637,7 @@ async def test_process_pod_is_pinned_to_its_numa_nodes_cpus(
         assert isinstance(agent, NodeAgentService)
         agent.runner.numa_cpus = {0: (first,), 1: (second,)}
         [node] = [n.metadata.name for n in (await store.list_all(pb.Node))[0]]
-        # /proc, not a python3: the pod runs unprivileged (nobody, the agent being root here),
+        # /proc, not a python3: the pod runs unprivileged (a uid of its own, the agent being root),
         # and may not read the test runner's own interpreter.
         show = ["sh", "-c", "grep Cpus_allowed_list /proc/self/status"]
         _, lease = await store.acquire_lease("binder", "test-binder", 60_000)
@@ -620,6 +758,68 @@ async def test_process_pod_of_a_crashed_agent_fails(
         await eventually(failed, what="orphaned pod failed")
     usage = await store.node_usage(node)
     assert usage is not None and usage.used["pods"] == 0
+
+
+def previous_agents_pod(cwd: Path, uid: int, cgroup: PodCgroup | None) -> subprocess.Popen[bytes]:
+    """What an agent killed with -9 leaves of a running pod: its process, as the agent started
+    it (the launcher: into its cgroup, down to its uid, in its work dir), still running."""
+    cwd.mkdir(parents=True)
+    os.chown(cwd, uid, uid)
+    joins = cgroup.procs_files if cgroup is not None else ()
+    argv = launcher(["sleep", "60"], RunAs.own_uid(uid), (), os.defpath, joins)
+    proc = subprocess.Popen(argv, cwd=cwd, start_new_session=True)
+    deadline = time.monotonic() + 20
+    while ids_of(proc.pid)[0] != uid:  # in its cgroup and down to its uid (the launcher's order)
+        assert proc.poll() is None and time.monotonic() < deadline, "the pod did not start"
+        time.sleep(0.01)
+    return proc
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid per pod needs the agent to run as root")
+async def test_a_restarted_agent_kills_what_a_dead_agents_pod_left(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    """The previous agent died with its pod's process running: the restarted one fails the pod
+    (AgentRestarted) and finds what is left from the work dir's owner (the pod's uid) and the
+    cgroup named after the pod: the process is killed, the cgroup removed, the dir handed back
+    to the agent, and the uid is free again."""
+    cfg = agent_config(
+        store_url, store.cluster, tmp_path, hollow_nodes=0, process_node=True,
+        pod_uid_range="290300-290303",
+    )  # fmt: skip
+    async with ServiceHost(NodeAgentService, cfg):
+        node = (await store.list_all(pb.Node))[0][0].metadata.name
+    [pod] = await submit_and_bind(store, process_job("orphan", ["sleep", "60"]), [node])
+    pod.status.phase = pb.POD_RUNNING
+    await store.update(pod)
+    stored = await store.get(pb.Pod, "orphan-0")
+    cgroups = Cgroups.detect()
+    cgroup = cgroups.create(cgroup_name(stored.metadata.uid), 100, 0) if cgroups else None
+    work = tmp_path / "pods" / "orphan-0"
+    left = await asyncio.to_thread(previous_agents_pod, work, 290_300, cgroup)
+    try:
+        async with ServiceHost(NodeAgentService, cfg) as host:
+            agent = host.service
+            assert isinstance(agent, NodeAgentService)
+
+            async def failed() -> bool:
+                pod = await store.get(pb.Pod, "orphan-0")
+                return (pod.status.phase, pod.status.reason) == (pb.POD_FAILED, "AgentRestarted")
+
+            await eventually(failed, what="orphaned pod failed")
+            assert await asyncio.to_thread(left.wait, 20) == -9
+            task = agent.runner.runs["orphan-0"].task
+            assert task is not None
+            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
+            assert cgroup is None or not any(d.exists() for d in cgroup.dirs)
+            assert work.stat().st_uid == os.geteuid()
+            assert agent.runner.pod_uids is not None and agent.runner.pod_uids.held == frozenset()
+    finally:
+        if left.poll() is None:
+            left.kill()
+            left.wait()
+        if cgroups is not None and cgroup is not None:
+            await cgroups.remove(cgroup)
 
 
 async def test_evicted_process_pod_gets_sigterm_then_sigkill_after_its_grace(

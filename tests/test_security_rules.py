@@ -356,7 +356,7 @@ NOBODY = pwd.getpwnam("nobody")
 @pytest.mark.parametrize(
     ("wanted", "agent_uid", "expected"),
     [
-        ("", 0, RunAs("nobody", NOBODY.pw_uid, NOBODY.pw_gid)),
+        ("", 0, None),  # a root agent: a uid per pod (tests/test_isolation.py), no shared user
         ("nobody", 0, RunAs("nobody", NOBODY.pw_uid, NOBODY.pw_gid)),
         (str(NOBODY.pw_uid), 0, RunAs("nobody", NOBODY.pw_uid, NOBODY.pw_gid)),
         ("", 1000, None),  # an unprivileged agent: its own user

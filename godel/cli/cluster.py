@@ -67,8 +67,8 @@ INSECURE_WARNING = (
     "--run-as",
     default="",
     show_default=False,
-    help="User process-mode pods run as, never root (default: nobody when started as "
-    "root, else yours).",
+    help="One user every process-mode pod runs as, never root (default: each pod a uid of "
+    "its own when started as root, else yours).",
 )
 @click.option(
     "--insecure",

@@ -73,7 +73,8 @@ class ClusterSpec:
     """Serve plaintext gRPC with no authentication (`godel up --insecure`); the default issues
     a cluster CA and certificates into ``$GODEL_HOME/tls`` and every service serves mutual TLS."""
     run_as: str = ""
-    """The user process-mode pods run as (the node agents' --run-as; default: nobody as root)."""
+    """One user every process-mode pod runs as (the node agents' --run-as; default: each pod a
+    uid of its own when the agents run as root)."""
     dashboard: bool = True
     """Whether to start the web dashboard (`godel status` shows its URL)."""
     store_replicas: int = 0

@@ -26,12 +26,20 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import structlog
 
 from foundation.retry import Backoff, Retry
 from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.isolation import (
+    Cgroups,
+    PodCgroup,
+    PodUids,
+    cgroup_name,
+    kill_every_process_of,
+)
 from services.nodeagent.nodes import HOLLOW, PROCESS, now_ms
 from store import CommitError, ConflictError, NotFoundError, Store, StoreError
 from store.client import Op, Release, Update
@@ -149,25 +157,26 @@ class PodRun:
 
 @dataclass(frozen=True, slots=True)
 class RunAs:
-    """The unprivileged user process-mode pods run as."""
+    """The unprivileged user a process-mode pod runs as."""
 
     name: str
     uid: int
     gid: int
 
-
-NOBODY = "nobody"
+    @classmethod
+    def own_uid(cls, uid: int) -> RunAs:
+        """A uid of the pod's own (from the agent's range): no user of the machine's, its group
+        the same number."""
+        return cls(f"pod-{uid}", uid, uid)
 
 
 def resolve_run_as(wanted: str, agent_uid: int) -> RunAs | None:
-    """Who pods run as, given ``--run-as`` (a user name or uid; empty: the default) and the
-    agent's own uid. None: as the agent itself, which is not root. Raises ValueError naming the
-    rule when the wish cannot be honoured: pods never run as root, and only a root agent can
-    switch to another user."""
+    """The one user every pod runs as, given ``--run-as`` (a user name or uid); None: empty (a
+    root agent then gives each pod a uid of its own, see isolation.py; another runs them as
+    itself). Raises ValueError naming the rule when the wish cannot be honoured: pods never run
+    as root, and only a root agent can switch to another user."""
     if not wanted:
-        if agent_uid != 0:
-            return None
-        wanted = NOBODY  # started as root: never hand pods the machine
+        return None
     try:
         entry = pwd.getpwuid(int(wanted)) if wanted.isdigit() else pwd.getpwnam(wanted)
     except (KeyError, OverflowError):
@@ -184,6 +193,16 @@ def resolve_run_as(wanted: str, agent_uid: int) -> RunAs | None:
     )
 
 
+@dataclass(slots=True)
+class Confinement:
+    """What keeps one process pod apart, recorded as it is taken so that all of it is handed
+    back when the pod ends: its user, whether that uid is the pod's alone, its cgroup."""
+
+    user: RunAs | None = None
+    own_uid: bool = False
+    cgroup: PodCgroup | None = None
+
+
 class PodRunner:
     def __init__(
         self,
@@ -194,6 +213,8 @@ class PodRunner:
         flush_interval: float = 0.05,
         flush_max: int = 500,
         run_as: RunAs | None = None,
+        pod_uids: PodUids | None = None,
+        cgroups: Cgroups | None = None,
         numa_cpus: Mapping[int, tuple[int, ...]] | None = None,
     ) -> None:
         self._store = store
@@ -201,8 +222,12 @@ class PodRunner:
         self.numa_cpus = dict(numa_cpus or {})
         self.node_modes = dict(node_modes)
         self.work_dir = work_dir
-        # None: as the agent's own (non-root) user.
+        # Who process pods run as: a uid of their own each (``pod_uids``), else ``run_as`` for
+        # all of them, else (both None) the agent's own non-root user.
         self.run_as = run_as
+        self.pod_uids = pod_uids
+        # None: pods run without CPU and memory limits (no usable cgroups).
+        self.cgroups = cgroups
         self.flush_interval = flush_interval
         self.flush_max = flush_max
         self.runs: dict[str, PodRun] = {}
@@ -303,10 +328,12 @@ class PodRunner:
         name = pod.metadata.name
         run = PodRun.of(pod, mode, started_ms=pod.status.started_ms)
         if mode == PROCESS and pod.spec.template.command:
-            # Its process died with the previous agent; there is nothing to reattach to.
+            # Its process died with the previous agent, or runs unwatched: nothing to reattach
+            # to. What may be left of it is killed.
             run.finished = True
             self.runs[name] = run
             run.exited = True
+            run.task = asyncio.create_task(self._reclaim(run), name=f"reclaim:{name}")
             self.queue(
                 name,
                 Patch(
@@ -336,44 +363,22 @@ class PodRunner:
         self.queue(run.name, Patch(pb.POD_SUCCEEDED, finished_ms=now_ms(), reason="Completed"))
 
     async def _run_process(self, run: PodRun) -> None:
-        pod = run.pod
-        assert run.log_path is not None
         cwd = self.work_dir / run.name
         proc: asyncio.subprocess.Process | None = None
-        env = pod_env(pod, os.environ)
-        argv = list(pod.spec.template.command)
+        held = Confinement()  # filled as it is taken: whatever was taken is handed back
         try:
-            cwd.mkdir(parents=True, exist_ok=True)
-            if (user := self.run_as) is not None:
-                # Its own work dir, its only writable place; the agent's directories above it
-                # stay private (the child enters it before it drops root).
-                os.chown(cwd, user.uid, user.gid)
-                cwd.chmod(0o700)
-                env.update(HOME=str(cwd), USER=user.name, LOGNAME=user.name)
-                env.update(pod.spec.template.env)  # the pod's own settings still win
-            with run.log_path.open("wb") as out:
-                cpus = pinned_cpus(pod, self.numa_cpus)
-                try:
-                    if user is not None or cpus:
-                        argv = launcher(argv, user, cpus, env.get("PATH", os.defpath))
-                    proc = await asyncio.create_subprocess_exec(
-                        *argv,
-                        stdin=asyncio.subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=asyncio.subprocess.STDOUT,
-                        cwd=cwd,
-                        env=env,
-                        start_new_session=True,  # its own process group: kill the whole tree
-                    )
-                except OSError as exc:
-                    out.write(f"cannot start {list(pod.spec.template.command)}: {exc}\n".encode())
-                    self._process_ended(run, 127, "StartError", str(exc))
-                    return
+            try:
+                proc = await self._spawn(run, cwd, held)
+            except OSError as exc:
+                await self._hand_back(held, cwd)
+                self._process_ended(run, 127, "StartError", str(exc))
+                return
             log.info(
                 "pod process started",
                 pod=run.name,
                 pid=proc.pid,
-                user=self.run_as.name if self.run_as else "(the agent's)",
+                user=held.user.name if held.user else "(the agent's)",
+                cgroup=bool(held.cgroup),
             )
             run.pid = proc.pid
             self.queue(run.name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
@@ -381,6 +386,7 @@ class PodRunner:
         except asyncio.CancelledError:
             if proc is not None and proc.returncode is None:
                 await _kill(proc, grace_seconds(run.pod))
+            await self._hand_back(held, cwd)
             if run.kill_reason:
                 self._process_ended(
                     run, _exit_code(proc.returncode if proc else None), run.kill_reason, ""
@@ -389,11 +395,100 @@ class PodRunner:
         finally:
             run.pid = None
             run.exited = True
+        # Before the end is reported: once a pod is seen ended, nothing of it runs any more.
+        await self._hand_back(held, cwd)
         if code == 0:
             self._process_ended(run, 0, "Completed", "")
         else:
             message = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
             self._process_ended(run, _exit_code(code), "Error", message)
+
+    async def _spawn(self, run: PodRun, cwd: Path, held: Confinement) -> asyncio.subprocess.Process:
+        """Start the pod's process: its user and cgroup taken (recorded in ``held``), its work
+        dir made its own, then the command through the launcher. OSError (also written to its
+        log): it did not start."""
+        pod = run.pod
+        assert run.log_path is not None
+        with _open_log(run.log_path) as out:
+            try:
+                held.user = self.run_as
+                if self.pod_uids is not None:
+                    held.user, held.own_uid = RunAs.own_uid(await self._allocate_uid()), True
+                _make_work_dir(cwd, held.user)
+                env = pod_env(pod, os.environ)
+                if (user := held.user) is not None:
+                    env.update(HOME=str(cwd), TMPDIR=str(cwd), USER=user.name, LOGNAME=user.name)
+                    env.update(pod.spec.template.env)  # the pod's own settings still win
+                if self.cgroups is not None:
+                    requests = pod.spec.template.requests
+                    held.cgroup = self.cgroups.create(
+                        cgroup_name(run.uid), requests.milli_cpu, requests.memory_bytes
+                    )
+                argv = list(pod.spec.template.command)
+                cpus = pinned_cpus(pod, self.numa_cpus)
+                if user is not None or cpus or held.cgroup is not None:
+                    joins = held.cgroup.procs_files if held.cgroup is not None else ()
+                    argv = launcher(argv, user, cpus, env.get("PATH", os.defpath), joins)
+                return await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,  # its own process group: kill the whole tree
+                )
+            except OSError as exc:
+                out.write(f"cannot start {list(pod.spec.template.command)}: {exc}\n".encode())
+                raise
+
+    async def _allocate_uid(self) -> int:
+        """A uid of the pod's own (off the event loop: it reads /proc). If the pod is cancelled
+        meanwhile, the uid is released once it comes."""
+        assert self.pod_uids is not None
+        uids = self.pod_uids
+        allocation = asyncio.get_running_loop().run_in_executor(None, uids.allocate)
+        try:
+            return await asyncio.shield(allocation)
+        except asyncio.CancelledError:
+            allocation.add_done_callback(
+                lambda done: None if done.exception() else uids.release(done.result())
+            )
+            raise
+
+    async def _hand_back(self, held: Confinement, cwd: Path) -> None:
+        """Give back what kept a pod apart once its process has ended: whatever still runs as
+        its own uid or in its cgroup is killed, the cgroup removed, its work dir handed back to
+        the agent (so whoever gets the uid next cannot reach its files), the uid released."""
+        user, own_uid, cgroup = held.user, held.own_uid, held.cgroup
+        held.user, held.own_uid, held.cgroup = None, False, None
+        if user is not None and own_uid:
+            await kill_every_process_of(user.uid)
+        if cgroup is not None and self.cgroups is not None:
+            await self.cgroups.remove(cgroup)
+        if user is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(cwd, os.geteuid(), os.getegid(), follow_symlinks=False)
+        if user is not None and own_uid and self.pod_uids is not None:
+            self.pod_uids.release(user.uid)
+
+    async def _reclaim(self, run: PodRun) -> None:
+        """A process pod a previous agent ran (it died, kill -9): what may still run of it is
+        killed and its cgroup removed, found from what that agent left — the work dir's owner
+        (its uid, if this agent can claim it: nobody else holds it) and the cgroup named after
+        the pod."""
+        cwd = self.work_dir / run.name
+        held = Confinement()
+        if self.pod_uids is not None:
+            with contextlib.suppress(FileNotFoundError):
+                owner = cwd.stat().st_uid
+                if self.pod_uids.claim(owner):
+                    held.user, held.own_uid = RunAs.own_uid(owner), True
+        if self.cgroups is not None:
+            held.cgroup = self.cgroups.existing(cgroup_name(run.uid))
+        if held.user is not None or held.cgroup is not None:
+            log.info("cleaning up after a previous agent's pod", pod=run.name)
+        await self._hand_back(held, cwd)
 
     def _process_ended(self, run: PodRun, code: int, reason: str, message: str) -> None:
         run.finished = True
@@ -554,34 +649,46 @@ class PodRunner:
 
 
 # Run by the pod's own interpreter process, which then becomes the pod's command (same pid, same
-# process group). Pinning and dropping root happen inside the child, rather than through
-# subprocess's ``preexec_fn`` or ``user=``: either makes CPython fork() instead of vfork(), and a
-# fork of this multi-threaded gRPC process can crash the child before it execs (``preexec_fn``
-# also runs Python code between fork and exec, which is unsafe with threads); uvloop does not
-# take ``extra_groups`` either. The CPUs are set first, while still root, so the command and
-# everything it starts inherit them (a call on its pid afterwards would race); uid -1: no drop.
+# process group). Joining the cgroup, pinning and dropping root happen inside the child, rather
+# than through subprocess's ``preexec_fn`` or ``user=``: either makes CPython fork() instead of
+# vfork(), and a fork of this multi-threaded gRPC process can crash the child before it execs
+# (``preexec_fn`` also runs Python code between fork and exec, which is unsafe with threads);
+# uvloop does not take ``extra_groups`` either. The cgroup is joined and the CPUs are set first,
+# while still root, so the command and everything it starts are in them (a call on its pid
+# afterwards would race); uid -1: no drop. A dropped pod's files are its own only (umask 077),
+# wherever it writes them.
 _LAUNCH = (
     "import os, sys\n"
-    "uid, gid, cpus = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
-    "program, argv = sys.argv[4], sys.argv[5:]\n"
+    "uid, gid, cpus, cgroups = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]\n"
+    "program, argv = sys.argv[5], sys.argv[6:]\n"
     "try:\n"
+    "    for procs in filter(None, cgroups.split('\\n')):\n"
+    "        with open(procs, 'w') as joined:\n"
+    "            joined.write(str(os.getpid()))\n"
     "    if cpus:\n"
     "        os.sched_setaffinity(0, [int(c) for c in cpus.split(',')])\n"
     "    if uid >= 0:\n"
-    "        os.setgroups([]); os.setgid(gid); os.setuid(uid)\n"
+    "        os.setgroups([]); os.setgid(gid); os.setuid(uid); os.umask(0o077)\n"
     "    os.execv(program, argv)\n"
     "except OSError as exc:\n"
     "    sys.stderr.write(f'cannot start {argv}: {exc}\\n'); sys.exit(127)\n"
 )
 
 
-def launcher(argv: list[str], user: RunAs | None, cpus: tuple[int, ...], path: str) -> list[str]:
-    """``argv`` run through an isolated interpreter that pins it to ``cpus`` (none: unpinned),
-    drops root to ``user`` (None: stays the agent's user) — supplementary groups, group, user, in
-    that order, or the later calls are refused — and execs it. The program is looked up here,
-    with root's view of the file system: the unprivileged child may not read the interpreter's
-    own library any more. One that is not there is refused here, as an exec of it would be
-    (OSError: StartError)."""
+def launcher(
+    argv: list[str],
+    user: RunAs | None,
+    cpus: tuple[int, ...],
+    path: str,
+    cgroup_procs: tuple[Path, ...] = (),
+) -> list[str]:
+    """``argv`` run through an isolated interpreter that joins the cgroup whose ``cgroup.procs``
+    files are ``cgroup_procs`` (none: stays in the agent's), pins it to ``cpus`` (none:
+    unpinned), drops root to ``user`` (None: stays the agent's user) — supplementary groups,
+    group, user, in that order, or the later calls are refused — and execs it. The program is
+    looked up here, with root's view of the file system: the unprivileged child may not read the
+    interpreter's own library any more. One that is not there is refused here, as an exec of it
+    would be (OSError: StartError)."""
     program = shutil.which(argv[0], path=path)
     if program is None:
         raise FileNotFoundError(errno.ENOENT, "no such executable", argv[0])
@@ -594,6 +701,7 @@ def launcher(argv: list[str], user: RunAs | None, cpus: tuple[int, ...], path: s
         str(user.uid) if user is not None else "-1",
         str(user.gid) if user is not None else "-1",
         ",".join(map(str, cpus)),
+        "\n".join(map(str, cgroup_procs)),
         program,
         *argv,
     ]
@@ -644,6 +752,22 @@ async def _kill(proc: asyncio.subprocess.Process, grace: float) -> None:
             return
         except TimeoutError:
             continue
+
+
+def _make_work_dir(cwd: Path, user: RunAs | None) -> None:
+    """The pod's work dir; run as another user, its own (0700) and its only writable place. The
+    agent's directories above it stay private: the child enters it before it drops root."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    if user is not None:
+        os.chown(cwd, user.uid, user.gid)
+        cwd.chmod(0o700)
+
+
+def _open_log(path: Path) -> BinaryIO:
+    """A pod's log, new and readable by the agent only (the work dir it is in is private too)."""
+    return os.fdopen(
+        os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "wb"
+    )
 
 
 def _remove_paths(paths: tuple[Path, ...]) -> None:

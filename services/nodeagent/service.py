@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import pwd
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -22,6 +23,14 @@ from foundation import pki, tls
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import metrics, tenancy
+from services.nodeagent.isolation import (
+    DEFAULT_UID_RANGE,
+    Cgroups,
+    PodUids,
+    UidClaims,
+    resolve_uid_range,
+    uid_lock_file,
+)
 from services.nodeagent.nodes import (
     HOLLOW,
     PROCESS,
@@ -39,7 +48,7 @@ from services.nodeagent.nodes import (
     parse_taints,
     process_node,
 )
-from services.nodeagent.runner import PodRunner, resolve_run_as
+from services.nodeagent.runner import PodRunner, RunAs, resolve_run_as
 from services.nodeagent.tidal import (
     ProcessUsage,
     TidalController,
@@ -137,8 +146,16 @@ class NodeAgentConfig(ServiceConfig):
     run_as: str = field(
         default="",
         metadata=option(
-            "user (name or uid) process-mode pods run as, never root (default: nobody when "
-            "the agent runs as root, else the agent's own user)"
+            "one user (name or uid) every process-mode pod runs as, never root (default: each "
+            "pod a uid of its own from pod_uid_range when the agent runs as root, else the "
+            "agent's own user)"
+        ),
+    )
+    pod_uid_range: str = field(
+        default="",
+        metadata=option(
+            "uids a root agent gives process-mode pods, one each while it runs, 'FIRST-LAST' "
+            f"(default {DEFAULT_UID_RANGE}; no user of the machine may be in it)"
         ),
     )
     status_flush_ms: int = field(
@@ -185,6 +202,10 @@ class NodeAgentConfig(ServiceConfig):
             resolve_run_as(self.run_as, os.geteuid())
         except ValueError as exc:
             raise ConfigError(f"run_as: {exc}") from None
+        try:
+            self.pod_uids()
+        except ValueError as exc:
+            raise ConfigError(f"pod_uid_range: {exc}") from None
         if self.tidal_usage_curve:
             try:
                 UsageCurve.parse(self.tidal_usage_curve, self.tidal_period_seconds)
@@ -196,6 +217,15 @@ class NodeAgentConfig(ServiceConfig):
                 parse(getattr(self, name))
             except ValueError as exc:
                 raise ConfigError(f"{name}: {exc}") from None
+
+    def pod_uids(self) -> range | None:
+        """The uids process pods get one each of; None: they run as one user."""
+        return resolve_uid_range(
+            self.pod_uid_range,
+            agent_uid=os.geteuid(),
+            run_as=self.run_as,
+            machine_users={entry.pw_uid: entry.pw_name for entry in pwd.getpwall()},
+        )
 
     def shape(self) -> Shape:
         return Shape(
@@ -276,18 +306,27 @@ class NodeAgentService(Service[NodeAgentConfig]):
         cfg = self.config
         work_dir = cfg.resolved_work_dir()
         work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            # No pod may list it, nor read another pod's log in it (a pod's own dir is entered by
+            # its child while still root).
+            work_dir.chmod(0o700)
+        except PermissionError:
+            log.warning("the pods' work dir is not ours: it stays as it is", work_dir=str(work_dir))
         self.nodes = NodeSet(self.store, self.desired_nodes())
         if not self.nodes.desired:
             log.warning("this agent serves no nodes (hollow_nodes=0, process_node=false)")
         self._check_certificate_names_the_nodes()
         await self.nodes.register()
+        run_as, pod_uids, cgroups = self._pod_isolation(work_dir)
         self.runner = PodRunner(
             self.store,
             self.nodes.mode,
             work_dir,
             flush_interval=cfg.status_flush_ms / 1000,
             flush_max=cfg.status_batch_max,
-            run_as=resolve_run_as(cfg.run_as, os.geteuid()),
+            run_as=run_as,
+            pod_uids=pod_uids,
+            cgroups=cgroups,
             numa_cpus={z.id: z.cpus for z in self.machine_numa} if cfg.process_node else {},
         )
         # Only the pods bound to our nodes: at 200,000 pods, caching every pod cost each agent
@@ -337,6 +376,30 @@ class NodeAgentService(Service[NodeAgentConfig]):
         cfg = self.config
         process = machine_node_name(cfg.process_node_name) if cfg.process_node else ""
         return cfg.node_prefix or cfg.name, process
+    def _pod_isolation(self, work_dir: Path) -> tuple[RunAs | None, PodUids | None, Cgroups | None]:
+        """Who process pods run as (one user, or a uid each) and their cgroups; what does not
+        hold is logged once."""
+        cfg = self.config
+        run_as = resolve_run_as(cfg.run_as, os.geteuid())
+        uids = cfg.pod_uids()
+        if not cfg.process_node:
+            return run_as, None, None
+        pod_uids = None
+        if uids is not None:
+            pod_uids = PodUids(uids, work_dir, UidClaims(uid_lock_file()))
+            log.info("process pods run as a uid of their own", uids=f"{uids.start}-{uids[-1]}")
+        elif run_as is not None:
+            log.warning(
+                "process pods all run as one user: they are not isolated from each other",
+                user=run_as.name,
+            )
+        else:
+            log.warning(
+                "process pods run as the agent's own user: they are not isolated from each "
+                "other nor from the agent (start the agent as root for a uid per pod)",
+                uid=os.geteuid(),
+            )
+        return run_as, pod_uids, Cgroups.detect()
 
     def sample_metrics(self) -> None:
         if not hasattr(self, "runner"):
@@ -360,6 +423,8 @@ class NodeAgentService(Service[NodeAgentConfig]):
             await self.informer.stop()
         if hasattr(self, "runner"):
             await self.runner.stop()
+            if self.runner.pod_uids is not None:
+                self.runner.pod_uids.close()  # its pods are gone: their uids with them
 
     def tidal(self) -> TidalController:
         """The tidal loop over this agent's nodes: hollow nodes' online usage from the curve,

@@ -1,13 +1,13 @@
 """Authentication and authorisation on a real `godel up` cluster: every service refuses callers
 without the cluster's credentials, internal RPCs refuse client identities, tenants are held to
-their queues and their own jobs (the rules, refusals naming them), process-mode pods run as an
-unprivileged user, and `godel up --insecure` runs — and says so."""
+their queues and their own jobs (the rules, refusals naming them), process-mode pods run each as
+a uid of its own and one tenant's pod cannot reach another's, and `godel up --insecure` runs —
+and says so."""
 
 from __future__ import annotations
 
 import datetime
 import os
-import pwd
 import subprocess
 import sys
 from collections.abc import Callable
@@ -36,6 +36,8 @@ from godel.client import (
 from godel.client._transport import client_error
 from protos.godel.v1 import internal_pb2, internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.isolation import DEFAULT_UID_RANGE, parse_uid_range
+from tests import factories as f
 from tests.e2e.conftest import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -252,7 +254,7 @@ def test_node_agents_have_their_own_identities_and_evict_only_best_effort_pods_o
     assert evicted.status.message == "evicted by nodeagent/nodeagent-0"  # type: ignore[attr-defined]
 
 
-def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileged(
+def test_tenants_keep_to_their_queues_and_their_own_jobs_and_their_pods_run_apart(
     make_cluster: Callable[..., Cluster],
 ) -> None:
     cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2, process_node=True)
@@ -268,7 +270,7 @@ def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileg
     alice, bob = as_("alice"), as_("bob")
     work = job(
         "alice-work", cpu="100m", memory="64Mi", queue="research", node_selector=PROCESS,
-        command=["sh", "-c", "echo started; exec sleep 120"],
+        command=["sh", "-c", "echo secret > secret; echo started; exec sleep 120"],
     )  # fmt: skip
     result = alice.submit([work.to_proto()]).results[0]
     assert result.created, result
@@ -314,7 +316,7 @@ def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileg
     )  # fmt: skip
     assert refused.returncode != 0 and "rule own-jobs-only" in refused.stderr, refused.stderr
 
-    # The pod's process: the unprivileged default user, in its own work dir.
+    # The pod's process: a uid of its own from the agent's default range, in its own work dir.
     wait_until(
         lambda: alice.get("Pod", "alice-work-0").status.phase == pb.POD_RUNNING,  # type: ignore[attr-defined]
         what="the process pod running",
@@ -336,9 +338,29 @@ def test_tenants_keep_to_their_queues_and_their_own_jobs_and_pods_run_unprivileg
     status = Path(f"/proc/{proc.pid}/status").read_text()
     uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
     gids = next(line for line in status.splitlines() if line.startswith("Gid:")).split()[1:]
-    nobody = pwd.getpwnam("nobody")
-    assert uids == [str(nobody.pw_uid)] * 4 and gids == [str(nobody.pw_gid)] * 4
-    assert work_dir.stat().st_uid == nobody.pw_uid
+    own = int(uids[0])
+    assert own in parse_uid_range(DEFAULT_UID_RANGE)
+    assert uids == [str(own)] * 4 and gids == [str(own)] * 4
+    assert work_dir.stat().st_uid == own
+
+    # Bob's pod, on the same node, goes for hers: nothing of it works.
+    attack = job(
+        "bob-attack", cpu="100m", memory="64Mi", queue="batch", node_selector=PROCESS,
+        command=["sh", "-c", f.POD_ATTACK],
+        env={"TARGET": str(proc.pid), "AGENT_DIR": str(work_dir.parent),
+             "VICTIM_LOG": str(work_dir.parent / "alice-work-0.log")},
+    )  # fmt: skip
+    assert bob.submit([attack.to_proto()]).results[0].created
+    wait_until(
+        lambda: bob.get(pb.Pod, "bob-attack-0").status.phase in (pb.POD_SUCCEEDED, pb.POD_FAILED),
+        what="bob's attack over",
+    )
+    said = b"".join(logs(cluster.state.address_of("nodeagent"), "bob-attack-0",
+                         credentials=bob.credentials)).decode().splitlines()  # fmt: skip
+    assert said[-1] == "attack over" and int(said[0]) != own, said
+    assert [line for line in said if line.startswith("ATTACK-")] == []
+    assert proc.is_running()
+    assert (work_dir / "secret").read_text() == "secret\n"
 
     # Its logs: the owner reads them through the node agent, another tenant may not.
     agent_address = cluster.state.address_of("nodeagent")
