@@ -29,6 +29,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 
+from foundation import privatefiles
 from foundation.allocator import AllocatorError, allocator_in, jemalloc_env
 from foundation.netutil import stable_free_port
 from foundation.retry import Backoff, Retry
@@ -138,9 +139,14 @@ class StoreServer:
 
     Started with a ``password`` the server is locked (ACL file in ``data_dir``, private to its
     owner): no anonymous access; the services' user ``godel`` (``url`` carries its password) may
-    do everything the store needs but nothing that harms the whole server — ``FLUSHALL``,
-    ``CONFIG``, ``SHUTDOWN``, ``DEBUG``, ``KEYS`` and the like are refused; the ``default`` user
-    is the admin (password in ``data_dir/admin.secret``), which this class itself probes with.
+    do everything the store needs but nothing that harms the whole server or its other clients
+    — ``FLUSHALL``, ``CONFIG``, ``SHUTDOWN``, ``DEBUG``, ``KEYS``, ``CLIENT PAUSE``/``KILL``
+    and the like are refused (``DENIED_CATEGORIES``); the ``default`` user is the admin
+    (password in ``data_dir/admin.secret``), which this class itself probes with.
+
+    Whatever the caller's umask, the server's files are its owner's alone: the data dir is
+    created 0700, the log 0600, and the server runs with umask ``PRIVATE_UMASK`` (its AOF,
+    pidfile and rewritten config too).
     """
 
     url: str
@@ -192,7 +198,7 @@ class StoreServer:
         binary = binary or find_server_binary()
         data_dir = Path(data_dir).resolve()
         try:
-            data_dir.mkdir(parents=True, exist_ok=True)
+            privatefiles.make_dir(data_dir)
         except OSError as exc:
             raise StoreServerError(f"cannot create store data dir {data_dir}: {exc}") from exc
         port = port or stable_free_port(HOST)
@@ -304,7 +310,7 @@ class StoreServer:
             raise StoreServerError(str(exc)) from None
         self.allocator = allocator_in(env, server_malloc(self.binary))
         # stdout/stderr go to the log too: config errors are printed before --logfile takes over.
-        with log.open("ab") as out:
+        with privatefiles.open_append(log) as out:
             try:
                 self.process = subprocess.Popen(
                     argv,
@@ -313,6 +319,7 @@ class StoreServer:
                     stderr=subprocess.STDOUT,
                     start_new_session=self.detach,
                     env=env,
+                    umask=privatefiles.PRIVATE_UMASK,
                 )
             except OSError as exc:
                 raise StoreServerError(
@@ -470,13 +477,16 @@ def _client(port: int, admin_password: str | None = None) -> redis.Redis:
     )
 
 
-# Commands the services' user may not run: each harms the whole server (data of every cluster,
-# durability, availability) or scans it; the store needs none of them.
-DENIED_COMMANDS = (
-    "flushall", "flushdb", "config", "shutdown", "debug", "keys", "acl", "monitor", "save",
-    "bgsave", "bgrewriteaof", "replicaof", "slaveof", "failover", "module", "swapdb", "migrate",
-    "restore", "sync", "psync", "script|flush", "function",
-)  # fmt: skip
+# What the services' user may not run: the server's own categories of administrative and
+# dangerous commands — flushing, reconfiguring, shutting down, replicating, scanning every key,
+# and every CLIENT command that acts on other connections (KILL, PAUSE, UNPAUSE, UNBLOCK, LIST,
+# NO-EVICT), which would let one compromised service stall or cut off the others —, and besides
+# them scripts that outlive a call or stop another's (FUNCTION, SCRIPT FLUSH/KILL). The store
+# needs none of them.
+DENIED_CATEGORIES = ("admin", "dangerous")
+DENIED_COMMANDS = ("function", "script|flush", "script|kill")
+# ... but back from those categories, what the store does need: INFO (``Store.server_info``).
+SERVICE_NEEDS = ("info",)
 
 
 def _write_acl(
@@ -486,19 +496,28 @@ def _write_acl(
     Passwords are stored as SHA-256 hashes, as the server's ACL allows. ``admin`` reuses an admin
     secret (a replica must accept the same credentials as its primary)."""
     admin = admin or secrets.token_urlsafe(24)
-    denied = " ".join(f"-{c}" for c in DENIED_COMMANDS)
+    # Rules apply left to right: everything, minus the categories, plus what the store needs
+    # of them, minus the single commands.
+    rights = " ".join(
+        [
+            "+@all",
+            *(f"-@{c}" for c in DENIED_CATEGORIES),
+            *(f"+{c}" for c in SERVICE_NEEDS),
+            *(f"-{c}" for c in DENIED_COMMANDS),
+        ]
+    )
     lines = [
         # The default user is the admin: it must keep every right, because the server replays
         # its append-only file as that user (with "default off", every scripted commit in the
         # AOF is refused at EXEC and lost on restart); a secret nobody else has keeps
         # anonymous clients out.
         f"user {ADMIN_USER} on #{_sha256(admin)} ~* &* +@all",
-        f"user {SERVICE_USER} on #{_sha256(password)} ~* &* +@all {denied}",
+        f"user {SERVICE_USER} on #{_sha256(password)} ~* &* {rights}",
     ]
     if ping_user:
         lines.append(f"user {PING_USER} on nopass -@all +ping")
-    _write_private(data_dir / ACL_FILE, "\n".join(lines) + "\n")
-    _write_private(data_dir / ADMIN_SECRET_FILE, admin + "\n")
+    privatefiles.write(data_dir / ACL_FILE, "\n".join(lines) + "\n")
+    privatefiles.write(data_dir / ADMIN_SECRET_FILE, admin + "\n")
     return admin
 
 
@@ -513,18 +532,18 @@ def lock_secrets_dir(
     a password, for the container's healthcheck. ``acl_owner``/``secret_owner`` chown the
     server's files and the services' secret to the users that read them (containers run as
     different users). Returns whether a new secret was written."""
-    directory.mkdir(parents=True, exist_ok=True)
+    privatefiles.make_dir(directory)
     created = not (directory / ACL_FILE).exists()
     if created:
         password = secrets.token_urlsafe(24)
         _write_acl(directory, password, ping_user=True)
-        _write_private(directory / SERVICE_SECRET_FILE, password + "\n")
+        privatefiles.write(directory / SERVICE_SECRET_FILE, password + "\n")
     password = (directory / SERVICE_SECRET_FILE).read_text().strip()
     admin = (directory / ADMIN_SECRET_FILE).read_text().strip()
     # For the `ha` profile: every server logs in to its primary as the admin (any of them may
     # become a replica), and the Sentinels' config, which each copies to write its own.
     _write_server_config(directory, admin, None)
-    _write_private(directory / SENTINEL_CONFIG_FILE, _compose_sentinel_config(password, admin))
+    privatefiles.write(directory / SENTINEL_CONFIG_FILE, _compose_sentinel_config(password, admin))
     for name, owner in (
         (ACL_FILE, acl_owner),
         (ADMIN_SECRET_FILE, acl_owner),
@@ -652,7 +671,7 @@ def _write_server_config(data_dir: Path, admin: str, replica_of: int | None) -> 
     lines = [f"masteruser {ADMIN_USER}", f"masterauth {admin}"]
     if replica_of is not None:
         lines.append(f"replicaof {HOST} {replica_of}")
-    _write_private(data_dir / CONFIG_FILE, "\n".join(lines) + "\n")
+    privatefiles.write(data_dir / CONFIG_FILE, "\n".join(lines) + "\n")
 
 
 @dataclass
@@ -694,7 +713,7 @@ class SentinelServer:
         """Start a Sentinel monitoring the primary on ``primary_port``. It deems the primary down
         after ``down_after_ms`` without a reply and fails over once ``quorum`` Sentinels agree."""
         data_dir = Path(data_dir).resolve()
-        data_dir.mkdir(parents=True, exist_ok=True)
+        privatefiles.make_dir(data_dir)
         sentinel = cls(
             port=port or stable_free_port(HOST),
             data_dir=data_dir,
@@ -716,14 +735,16 @@ class SentinelServer:
             f"sentinel failover-timeout {SENTINEL_SERVICE} {failover_timeout_ms}",
             f"sentinel parallel-syncs {SENTINEL_SERVICE} 1",
         ]
-        _write_private(data_dir / SENTINEL_CONFIG_FILE, "\n".join(lines) + "\n")
-        with (data_dir / LOG_FILE).open("ab") as out:
+        privatefiles.write(data_dir / SENTINEL_CONFIG_FILE, "\n".join(lines) + "\n")
+        with privatefiles.open_append(data_dir / LOG_FILE) as out:
             sentinel.process = subprocess.Popen(
                 sentinel.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=detach,
+                # Its config holds the secrets, and it rewrites it as it learns the topology.
+                umask=privatefiles.PRIVATE_UMASK,
             )
         retry = Retry(_POLL, deadline_seconds=ready_timeout)
         while True:
@@ -813,13 +834,6 @@ def _read_admin_secret(data_dir: Path) -> str | None:
         return (data_dir / ADMIN_SECRET_FILE).read_text().strip() or None
     except FileNotFoundError:
         return None
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
 
 
 def _sha256(text: str) -> str:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,9 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 import redis
+
+from foundation import pki, tls
+from godel import local
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +54,8 @@ def godel(home: Path) -> Iterator[Godel]:
             capture_output=True,
             text=True,
             timeout=90,
+            # A shell's usual umask: what the cluster keeps private, it does so itself.
+            umask=0o022,
         )
 
     yield run
@@ -57,6 +65,19 @@ def godel(home: Path) -> Iterator[Godel]:
 def _status(godel: Godel) -> tuple[int, dict[str, dict[str, Any]]]:
     result = godel("status", "-o", "json")
     return result.returncode, {c["name"]: c for c in json.loads(result.stdout)}
+
+
+def _fetch(url: str, tls_dir: Path, identity: str | None) -> bytes:
+    """GET ``url`` trusting the cluster's CA, presenting ``identity``'s certificate (None:
+    none)."""
+    if identity is None:
+        context = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+    else:
+        context = tls.https_client_context(tls.files(tls_dir, identity))
+    context.check_hostname = False  # dialled at 127.0.0.1; the CA is what matters
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
+        body: bytes = response.read()
+        return body
 
 
 def _gone(pid: int) -> bool:
@@ -95,8 +116,33 @@ def test_up_status_down(godel: Godel, home: Path) -> None:
         if name != "store":
             assert not any(url in arg for arg in psutil.Process(c["pid"]).cmdline()), name
 
+    # Process-mode pods run on this machine (the default): loopback is no boundary, so every
+    # metrics endpoint and the dashboard require a certificate of the cluster even there, and
+    # the dashboard the admin's.
+    assert "require a client certificate" in started.stdout
+    tls_dir = home / "tls"
+    pki.issue(tls_dir, "alice", "tenant", queues=["default"])
+    for name, c in components.items():
+        if c["metrics_address"]:
+            assert c["metrics_url"].startswith("https://127.0.0.1:"), name
+            with pytest.raises(OSError):  # no certificate: the handshake is refused
+                _fetch(c["metrics_url"], tls_dir, None)
+            with pytest.raises(OSError):
+                _fetch(c["metrics_url"].replace("https://", "http://"), tls_dir, None)
+            assert b"process_cpu_seconds_total" in _fetch(c["metrics_url"], tls_dir, "alice")
+    dashboard = components["dashboard"]["web_url"]
+    assert dashboard.startswith("https://127.0.0.1:")
+    with pytest.raises(OSError):
+        _fetch(dashboard + "api/summary", tls_dir, None)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _fetch(dashboard + "api/summary", tls_dir, "alice")
+    assert refused.value.code == 403
+    summary = json.loads(_fetch(dashboard + "api/summary", tls_dir, tls.ADMIN))
+    assert summary["nodes"]["total"] >= 1
+
     table = godel("status")
     assert table.returncode == 0
+    assert components["dispatcher"]["metrics_url"] in table.stdout
     assert table.stdout.split()[:7] == [
         "NAME", "PID", "ADDRESS", "METRICS", "ALIVE", "HEALTH", "AGE",
     ]  # fmt: skip
@@ -150,13 +196,18 @@ def test_up_locks_the_store_and_keeps_the_home_private(godel: Godel, home: Path)
             services.execute_command(*command)
 
     # Every file under the home is its owner's alone; the secret is printed nowhere.
-    for path in [home, *home.rglob("*")]:
-        if path.is_symlink() or not path.exists():
-            continue
-        mode = path.stat().st_mode & 0o777
-        assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+    assert _exposed(home) == []
     for printed in (started.stdout, godel("status").stdout, godel("status", "-o", "json").stdout):
         assert url.password not in printed
+
+
+def _exposed(home: Path) -> list[str]:
+    """What under ``home`` its owner's group or others may use at all (mode & 0o077)."""
+    return [
+        f"{path} is {oct(path.stat().st_mode & 0o777)}"
+        for path in [home, *home.rglob("*")]
+        if not path.is_symlink() and path.exists() and path.stat().st_mode & 0o077
+    ]
 
 
 def test_up_with_store_replicas_runs_a_replica_and_three_sentinels(
@@ -164,7 +215,10 @@ def test_up_with_store_replicas_runs_a_replica_and_three_sentinels(
 ) -> None:
     """`godel up --store-replicas 1`: a primary, a replica and three Sentinels beside the
     services, all healthy; the services get a Sentinel URL; no secret in any process's argv or
-    in what is printed; `godel down` stops them all."""
+    in what is printed. Through `godel scale` and the restart of a dead component, from a
+    shell whose umask lets everyone read, every file of the home stays its owner's alone.
+    `godel down --purge` stops them all and removes the whole home: replicas and Sentinels
+    (whose config holds the admin's password) too."""
     started = godel(
         "up", "--store-replicas", "1", "--grace", "1", "--hollow-nodes", "2",
         "--no-process-node", "--schedulers", "1", "--binders", "1",
@@ -187,9 +241,37 @@ def test_up_with_store_replicas_runs_a_replica_and_three_sentinels(
     [replica_url] = [c["address"] for c in state["components"] if c["name"] == "store-replica-0"]
     replica = redis.Redis.from_url(replica_url, socket_timeout=5)
     assert replica.info("replication")["role"] == "slave"
+    assert _exposed(home) == []
+
+    # `godel scale` and a restart write cluster.json, new logs and what the new processes
+    # write: all private, though the shell's umask is 022.
+    scaled = godel("scale", "scheduler=2")
+    assert scaled.returncode == 0, scaled.stderr
+    os.kill(components["scheduler-0"]["pid"], signal.SIGKILL)
+    _wait_until(lambda: _gone(components["scheduler-0"]["pid"]))
+    restarted = subprocess.run(
+        [sys.executable, "-c", "import sys; from godel import local; "
+         "local.start_again(local.GodelHome(local.default_home()), sys.argv[1])", "scheduler-0"],
+        env={**os.environ, "GODEL_HOME": str(home)}, umask=0o022, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert restarted.returncode == 0, restarted.stderr
+    code, components = _status(godel)
+    assert code == 0 and {"scheduler-0", "scheduler-1"} <= set(components), components
+    assert (home / "logs" / "scheduler-1.log").is_file()
+    assert _exposed(home) == []
+
     pids = [c["pid"] for c in components.values()]
-    assert godel("down").returncode == 0
+    store_side = ["store", "store-replica-0", "sentinel-0", "sentinel-1", "sentinel-2"]
+    assert all((home / name).is_dir() for name in store_side)
+    with pytest.raises(local.StateError, match="a cluster is running"):
+        local.GodelHome(home).purge()  # never from under a running cluster
+    assert all((home / name).is_dir() for name in store_side)
+    purged = godel("down", "--purge")
+    assert purged.returncode == 0, purged.stderr
     assert all(_gone(pid) for pid in pids)
+    assert f"removed {home.resolve() / 'sentinel-0'}" in purged.stdout.splitlines()
+    assert not home.exists(), sorted(home.rglob("*"))
 
 
 def test_status_reports_a_killed_component(godel: Godel) -> None:
@@ -225,3 +307,38 @@ def test_up_names_the_failing_component_and_stops_the_rest(godel: Godel, home: P
         if str(home) in " ".join(p.info["cmdline"] or [])
     ]
     assert leftovers == []
+
+
+def test_purge_removes_only_a_homes_own_and_refuses_other_directories(
+    godel: Godel, home: Path, tmp_path: Path
+) -> None:
+    """`godel down --purge` pointed at a directory `godel up` did not make (its own `store/`
+    and `logs/` notwithstanding) refuses, one line, and removes nothing. In a home it removes
+    what a cluster keeps, and follows no symlink out of it."""
+    home.mkdir()
+    (home / "store").mkdir()
+    (home / "store" / "data.db").write_text("mine")
+    (home / "logs").mkdir()
+    (home / "notes.txt").write_text("mine")
+    refused = godel("down", "--purge")
+    assert refused.returncode != 0
+    assert "does not look like a godel home" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert (home / "store" / "data.db").read_text() == "mine"
+    assert (home / "logs").is_dir() and (home / "notes.txt").is_file()
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep")
+    (home / ".godel-home").write_text("")  # as `godel up` marks a home
+    (home / "sentinel-0").symlink_to(outside)
+    (home / "store-replica-0").mkdir()
+    (home / "store-replica-0" / "link").symlink_to(outside / "keep")
+    (home / "store-replica-0" / "dir-link").symlink_to(outside)
+    purged = godel("down", "--purge")
+    assert purged.returncode == 0, purged.stderr
+    assert (outside / "keep").read_text() == "keep"
+    assert not (home / "store").exists() and not (home / "store-replica-0").exists()
+    assert not (home / "logs").exists() and not (home / ".godel-home").exists()
+    # Not the cluster's: the symlink (a cluster makes none) and the user's own file stay.
+    assert (home / "sentinel-0").is_symlink() and (home / "notes.txt").is_file()

@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import ssl
+import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -189,6 +190,38 @@ async def test_an_exposed_dashboard_requires_a_client_certificate_of_the_cluster
             await asyncio.to_thread(_get, url + "api/summary", _context(tls_dir, None))
         with pytest.raises(OSError):
             await asyncio.to_thread(_get, url.replace("https://", "http://") + "api/summary")
+
+
+def _refusal(url: str, context: ssl.SSLContext) -> tuple[int, str]:
+    """The HTTP status and body of a request the server answers with an error."""
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _get(url, context)
+    return refused.value.code, refused.value.read().decode()
+
+
+async def test_the_dashboard_is_the_admins_alone(config: ServiceConfig, tls_dir: Path) -> None:
+    """Over HTTPS (here on loopback, as `godel up` serves it when process-mode pods run on the
+    machine) the summary — every queue, pending reasons, movements — is the admin's: no
+    certificate fails the handshake, a tenant's (or a service's) is refused with 403."""
+    dashboard = replace(_dashboard(config, "127.0.0.1"), https_on_loopback=True)
+    async with ServiceHost(DashboardService, dashboard) as host:
+        assert isinstance(host.service, DashboardService)
+        url = host.service.url
+        assert url.startswith("https://127.0.0.1:")
+        admin = _context(tls_dir, tls.ADMIN)
+        summary = json.loads(await asyncio.to_thread(_get, url + "api/summary", admin))
+        assert summary["cluster"] == config.cluster
+        assert b"<html" in await asyncio.to_thread(_get, url, admin)
+        with pytest.raises(OSError):
+            await asyncio.to_thread(_get, url + "api/summary", _context(tls_dir, None))
+        for identity in ("alice", "dashboard"):
+            for path in ("", "api/summary", "api/events", "static/dashboard.js"):
+                code, body = await asyncio.to_thread(
+                    _refusal, url + path, _context(tls_dir, identity)
+                )
+                assert code == 403 and "admin" in body, (identity, path)
+        # Its health is no secret: any certificate of the cluster may ask.
+        assert await asyncio.to_thread(_get, url + "healthz", _context(tls_dir, "alice")) == b"ok"
 
 
 async def test_the_dashboard_on_loopback_stays_plain_http(config: ServiceConfig) -> None:

@@ -422,6 +422,56 @@ def test_a_locked_server_refuses_strangers_and_harmful_commands(tmp_path: Path) 
         server.stop()
 
 
+async def test_the_services_user_cannot_pause_or_cut_off_other_clients(
+    launch: Launch, tmp_path: Path
+) -> None:
+    """A compromised service holds the services' password: it must not stall every other
+    client (CLIENT PAUSE), disconnect them (CLIENT KILL), list them, unblock their reads, or
+    kill and flush scripts. The store does all its work without any of these: after a round of
+    commits, reads, the change feed and a lease, the server has refused it nothing."""
+    server = launch(tmp_path / "s", fsync="everysec", password="s3cret")
+    assert server.admin_password is not None
+    admin = redis.Redis(
+        port=server.port, username="default", password=server.admin_password, socket_timeout=5
+    )
+    services = redis.Redis.from_url(server.url, socket_timeout=5)
+    try:
+        victim = int(admin.client_id())
+        for command in (
+            ("CLIENT", "PAUSE", "60000"), ("CLIENT", "PAUSE", "60000", "WRITE"),
+            ("CLIENT", "KILL", "ID", str(victim)), ("CLIENT", "KILL", "USER", "default"),
+            ("CLIENT", "UNPAUSE"), ("CLIENT", "UNBLOCK", str(victim)), ("CLIENT", "LIST"),
+            ("CLIENT", "NO-EVICT", "on"), ("SCRIPT", "KILL"), ("SCRIPT", "FLUSH"),
+            ("FUNCTION", "FLUSH"), ("SLOWLOG", "GET"), ("LATENCY", "RESET"), ("ROLE",),
+            ("CONFIG", "GET", "*"), ("REPLICAOF", "NO", "ONE"),
+        ):  # fmt: skip
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                services.execute_command(*command)
+        assert admin.ping(), "the admin's connection was neither killed nor paused"
+        admin.acl_log_reset()
+
+        store = await Store.connect(server.url, cluster="c")
+        try:
+            await store.create(pb.Node(metadata=pb.ObjectMeta(name="n0")))
+            await store.update(await store.get(pb.Node, "n0"))
+            nodes, revision = await store.list_all(pb.Node)
+            assert [n.metadata.name for n in nodes] == ["n0"] and revision > 0
+            watch = store.watch(0, ["Node"], block_ms=100)
+            batch = await anext(watch)
+            await watch.aclose()
+            assert [e.name for e in batch.events] == ["n0", "n0"]
+            acquired, lease = await store.acquire_lease("l", "me", 5000)
+            renewed, _ = await store.renew_lease("l", "me", lease.epoch, 5000)
+            assert acquired and renewed
+            assert (await store.server_info())["process_id"] == server.pid
+        finally:
+            await store.close()
+        assert admin.acl_log() == [], "the store was refused a command it needs"
+    finally:
+        admin.close()
+        services.close()
+
+
 async def test_a_locked_server_replays_scripted_commits_after_a_crash(tmp_path: Path) -> None:
     """The store's commits are Lua scripts, which the append-only file holds as MULTI/EXEC
     blocks; the server replays them as its default user, so a locked server must still replay

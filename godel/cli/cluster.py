@@ -44,7 +44,8 @@ INSECURE_WARNING = (
 @click.option(
     "--process-node/--no-process-node",
     default=True,
-    help="Also run real processes on this machine, as one process-mode node.",
+    help="Also run real processes on this machine, as one process-mode node (metrics and the "
+    "dashboard then require a client certificate on loopback too: pods can reach it).",
 )
 @click.option(
     "--store-replicas",
@@ -133,6 +134,11 @@ def up(
         click.echo(INSECURE_WARNING, err=True)
     else:
         click.echo(f"\nmutual TLS: credentials in {godel_home.tls_dir} (admin.crt is yours)")
+    if state.https_on_loopback:
+        click.echo(
+            "metrics and the dashboard require a client certificate (process-mode pods run on "
+            "this machine): `godel certs export` writes admin.p12 for your browser"
+        )
     for c in state.components:
         if c.web_url:
             click.echo(f"\ndashboard: {c.web_url}")
@@ -149,7 +155,10 @@ def up(
 @click.command("down")
 @home_option
 @click.option(
-    "--purge", is_flag=True, help="Also remove the cluster's state directory (store data, logs)."
+    "--purge",
+    is_flag=True,
+    help="Also remove everything the cluster keeps in its home (store data and replicas, "
+    "Sentinels, logs, certificates, state), and the home once empty.",
 )
 def down(home: Path | None, purge: bool) -> None:
     """Stop the local cluster: SIGTERM every service, then the store; SIGKILL stragglers."""
@@ -163,7 +172,11 @@ def down(home: Path | None, purge: bool) -> None:
     else:
         _print_outcomes(outcomes)
     if purge:
-        for path in godel_home.purge():
+        try:
+            removed = godel_home.purge()
+        except local.StateError as exc:
+            fail(str(exc))
+        for path in removed:
             click.echo(f"removed {path}")
 
 
@@ -205,7 +218,7 @@ def status(home: Path | None, output: str) -> None:
                     s.name + (" (leader)" if s.kind == "binder" and s.name == leader else ""),
                     s.pid,
                     redact_url(s.address),
-                    f"http://{s.metrics_address}/metrics" if s.metrics_address else "-",
+                    s.metrics_url or "-",
                     "yes" if s.alive else "no",
                     s.health,
                     _age(s.started),

@@ -12,6 +12,7 @@ import asyncio
 from pathlib import Path
 from urllib.parse import quote
 
+from foundation import privatefiles
 from godel.local.cluster import ClusterError
 from godel.local.home import GodelHome
 from store import Store
@@ -42,7 +43,7 @@ def _make_primary(config: Path) -> None:
         lines = config.read_text().splitlines()
         kept = [line for line in lines if not line.startswith(("replicaof ", "slaveof "))]
         if kept != lines:
-            config.write_text("\n".join(kept) + "\n")
+            privatefiles.write(config, "\n".join(kept) + "\n")  # it holds the admin's secret
 
 
 def restore(home: GodelHome, path: Path) -> store_backup.Snapshot:

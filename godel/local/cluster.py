@@ -8,6 +8,7 @@ them; `status` checks that each is alive and healthy. The CLI is only a thin she
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -23,7 +24,7 @@ from typing import Literal
 import psutil
 import structlog
 
-from foundation import pki, tls
+from foundation import pki, privatefiles, tls
 from foundation.allocator import AllocatorError, jemalloc_env
 from foundation.netutil import free_ports
 from foundation.retry import Backoff, Retry
@@ -108,6 +109,12 @@ class ClusterSpec:
             for i, name in enumerate(names)
         }
 
+    @property
+    def https_on_loopback(self) -> bool:
+        """Whether metrics and the dashboard require a client certificate on loopback too: when
+        process-mode pods run on this machine, loopback is no boundary (any pod reaches it)."""
+        return self.process_node and not self.insecure
+
     def services(self) -> list[tuple[str, str]]:
         """(name, kind) of every service process, in start order."""
         return [
@@ -127,6 +134,8 @@ class ComponentStatus:
     pid: int | None
     address: str
     metrics_address: str
+    metrics_url: str
+    """Its Prometheus endpoint (https:// when it requires a client certificate); empty if none."""
     web_url: str
     alive: bool
     health: str
@@ -143,18 +152,19 @@ def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
     report SERVING. On any failure everything started is stopped again and ClusterError says which
     component failed, with the tail of its log."""
     # Everything the cluster writes under its home — state with the store's secret, logs, store
-    # data, pod work dirs — is private to its owner: files 0600, directories 0700. The services
-    # inherit the mask.
-    os.umask(0o077)
-    home.make_private()
+    # data, pod work dirs — is private to its owner: files 0600, directories 0700 (the lock
+    # sets the umask every process started here inherits; GodelHome).
     with home.lock():
+        home.make_private()
+        home.mark()
         _refuse_running_cluster(home)
-        home.logs_dir.mkdir(parents=True, exist_ok=True)
+        privatefiles.make_dir(home.logs_dir)
         state = ClusterState(
             store_url="",
             started=now_iso(),
             grace_seconds=spec.grace_seconds,
             insecure=spec.insecure,
+            https_on_loopback=spec.https_on_loopback,
         )
         started: list[subprocess.Popen[bytes]] = []
         if not spec.insecure:
@@ -197,9 +207,10 @@ def status(home: GodelHome, timeout: float = 1.0) -> list[ComponentStatus]:
     if state is None:
         raise ClusterError(f"no cluster in {home}: start one with `godel up`")
     credentials = probe_credentials(home, state)
+    scheme = http_scheme(state)
     with ThreadPoolExecutor(max_workers=len(state.components)) as pool:
         return list(
-            pool.map(lambda c: _component_status(c, timeout, credentials), state.components)
+            pool.map(lambda c: _component_status(c, timeout, credentials, scheme), state.components)
         )
 
 
@@ -378,7 +389,7 @@ def _start_service(
     if kind == "dashboard":
         web_port = next(ports)
         web_args = ["--web-host", HOST, "--web-port", str(web_port)]
-        web_url = f"http://{HOST}:{web_port}/"
+        web_url = f"{http_scheme(state)}://{HOST}:{web_port}/"
     command = [
         # -P: never import from the working directory (a `store/` data dir there would shadow
         # the `store` package).
@@ -390,6 +401,7 @@ def _start_service(
         "--grace-seconds", str(spec.grace_seconds),
         "--log-format", "json",
         *(["--insecure", "true"] if spec.insecure else []),
+        *(["--https-on-loopback", "true"] if state.https_on_loopback else []),
         "--metrics-host", HOST,
         "--metrics-port", str(metrics_port),
         *web_args,
@@ -420,8 +432,9 @@ def _start_service(
 def _spawn_service(
     command: list[str], log: str, home: GodelHome, state: ClusterState
 ) -> subprocess.Popen[bytes]:
-    """A service process of the cluster, its output appended to ``log``."""
-    with open(log, "ab") as out:
+    """A service process of the cluster, its output appended to ``log`` (none if empty)."""
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(privatefiles.open_append(log)) if log else subprocess.DEVNULL
         return subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
@@ -431,7 +444,14 @@ def _spawn_service(
             start_new_session=True,
             cwd=home.path,
             env=_service_env(state),
+            # What it writes (logs, pods' work dirs) is private, however it was started.
+            umask=privatefiles.PRIVATE_UMASK,
         )
+
+
+def http_scheme(state: ClusterState) -> str:
+    """How the cluster's HTTP endpoints (metrics, the dashboard) are reached on loopback."""
+    return "https" if state.https_on_loopback else "http"
 
 
 def _wait_serving(
@@ -540,7 +560,7 @@ def _signal(proc: psutil.Process, signum: signal.Signals) -> None:
 
 
 def _component_status(
-    record: ComponentRecord, timeout: float, credentials: tls.Credentials | None
+    record: ComponentRecord, timeout: float, credentials: tls.Credentials | None, scheme: str
 ) -> ComponentStatus:
     if record.kind == SENTINEL:
         alive = record.process() is not None
@@ -557,7 +577,9 @@ def _component_status(
         )
     return ComponentStatus(
         name=record.name, kind=record.kind, pid=record.pid, address=record.address,
-        metrics_address=record.metrics_address, web_url=record.web_url,
+        metrics_address=record.metrics_address,
+        metrics_url=f"{scheme}://{record.metrics_address}/metrics" if record.metrics_address else "",
+        web_url=record.web_url,
         alive=alive, health=health, started=record.started,
     )  # fmt: skip
 
@@ -601,7 +623,7 @@ def start_again(home: GodelHome, name: str) -> ComponentRecord:
             raise ClusterError(f"{name!r} is not a component `godel up` started in {home}")
         if record.process() is not None:
             raise ClusterError(f"{name} is still running (pid {record.pid})")
-        proc = _spawn_service(record.command, record.log or os.devnull, home, state)
+        proc = _spawn_service(record.command, record.log, home, state)
         again = replace(
             record,
             pid=proc.pid,

@@ -6,10 +6,17 @@
       sentinel-<i>/       the Sentinels watching them (config, log)
       logs/<name>.log     one log per service process
       tls/                the cluster CA and certificates (foundation.tls); absent with --insecure
+      pods/               process-mode pods' work dirs and logs (node agents started with it)
       cluster.json        what is running: one record per component
-      .lock               held while `godel up`/`down` change the cluster
+      .lock               held while `godel up`/`down`/`scale`/`restore` change the cluster
+      .godel-home         written by `godel up`: tells `godel down --purge` this is a home
 
 One home is one cluster; several homes are several clusters side by side.
+
+All of it is its owner's alone (files 0600, directories 0700), whichever command wrote it: each
+file is created with that mode (``foundation.privatefiles``), and while a command holds the lock
+its umask — which every process it spawns inherits: services, store servers, Sentinels, and what
+they write in turn — is ``PRIVATE_UMASK``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -26,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from foundation import privatefiles
+
 if TYPE_CHECKING:
     import psutil
 
@@ -33,6 +43,10 @@ if TYPE_CHECKING:
 STATE_VERSION = 1
 STORE = "store"
 SENTINEL = "sentinel"
+MARKER = ".godel-home"
+LOCK = ".lock"
+# The data dirs of a replicated store's replicas and Sentinels (store.server.ReplicatedStore).
+_STORE_SIDE_DIR = re.compile(r"(store-replica|sentinel)-\d+")
 
 
 def default_home() -> Path:
@@ -93,6 +107,9 @@ class ClusterState:
     version: int = STATE_VERSION
     insecure: bool = False
     """Started with --insecure: plaintext gRPC, no authentication (clients must not use TLS)."""
+    https_on_loopback: bool = False
+    """The services' metrics and the dashboard require a client certificate of the cluster
+    even on loopback (HTTPS): process-mode pods run on this machine and can reach loopback."""
 
     def component(self, name: str) -> ComponentRecord | None:
         return next((c for c in self.components if c.name == name), None)
@@ -122,20 +139,31 @@ class GodelHome:
         return self.logs_dir / f"{component}.log"
 
     def make_private(self) -> None:
-        """The home and what it already holds, readable by its owner only (0700 / 0600)."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        """The home and what it already holds (from before files were created private),
+        readable by its owner only (0700 / 0600)."""
+        privatefiles.make_dir(self.path)
         for path in [self.path, *self.path.rglob("*")]:
             if path.is_symlink():
                 continue
-            path.chmod(0o700 if path.is_dir() else 0o600)
+            mode = privatefiles.DIR_MODE if path.is_dir() else privatefiles.FILE_MODE
+            path.chmod(mode)
+
+    def mark(self) -> None:
+        """Mark this directory as a godel home (what `godel down --purge` asks for)."""
+        privatefiles.write(
+            self.path / MARKER,
+            "A godel home: `godel down --purge` removes what the cluster keeps here.\n",
+        )
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """Exclusive while changing the cluster, so two `godel up` on one home cannot race."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with (self.path / ".lock").open("w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
+        """Exclusive while changing the cluster, so two `godel up` on one home cannot race;
+        what is written and spawned meanwhile is private (``PRIVATE_UMASK``)."""
+        with privatefiles.private_umask():
+            privatefiles.make_dir(self.path)
+            with privatefiles.open_append(self.path / LOCK) as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                yield
 
     def load(self) -> ClusterState | None:
         try:
@@ -157,39 +185,65 @@ class GodelHome:
 
     def save(self, state: ClusterState) -> None:
         # Write-then-rename: a crash mid-write never leaves a truncated cluster.json behind.
-        self.path.mkdir(parents=True, exist_ok=True)
+        # It holds the store's password: 0600 from the start, whatever the umask.
+        privatefiles.make_dir(self.path)
         partial = self.state_file.with_suffix(".json.tmp")
-        partial.write_text(json.dumps(asdict(state), indent=2) + "\n")
+        privatefiles.write(partial, json.dumps(asdict(state), indent=2) + "\n")
         partial.replace(self.state_file)
 
     def clear(self) -> None:
         self.state_file.unlink(missing_ok=True)
 
+    def looks_like_home(self) -> bool:
+        """Whether `godel up` made this directory (its marker), or it holds nothing but the lock
+        a command took."""
+        if (self.path / MARKER).is_file():
+            return True
+        return {entry.name for entry in self.path.iterdir()} <= {LOCK}
+
     def purge(self) -> list[Path]:
-        """Remove what a cluster keeps here (store data, logs, pods' work, its CA and
-        certificates, state, lock) and the directory once empty; what else it holds is not ours
-        and stays. Returns what was removed."""
+        """Remove everything a cluster keeps here — the store's data and its replicas', the
+        Sentinels' configs, logs, pods' work, the CA and certificates, state, lock, marker —
+        and the directory once empty. What else it holds is not ours and stays, and so does any
+        symlink (a cluster makes none): nothing outside the home is touched. Refused (StateError)
+        for a directory that does not look like a home, or while a cluster runs in it. Returns
+        what was removed."""
+        if not self.path.is_dir():
+            return []
+        if not self.looks_like_home():
+            raise StateError(
+                f"{self} does not look like a godel home (no {MARKER}, which `godel up` writes): "
+                "not purging it"
+            )
         removed: list[Path] = []
-        for path in (self.store_dir, self.logs_dir, self.pods_dir, self.tls_dir):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-                removed.append(path)
-        for path in (
-            self.state_file,
-            self.state_file.with_suffix(".json.tmp"),
-            self.path / ".lock",
-        ):
-            if path.exists() or path.is_symlink():
-                path.unlink()
-                removed.append(path)
+        with self.lock():
+            state = self.load()
+            if state is not None and any(c.process() is not None for c in state.components):
+                raise StateError(f"a cluster is running in {self}: stop it with `godel down`")
+            for entry in sorted(self.path.iterdir()):
+                if entry.is_symlink() or not self._made_by_a_cluster(entry.name):
+                    continue
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+                removed.append(entry)
         with contextlib.suppress(OSError):  # not empty: someone else's files stay
             self.path.rmdir()
             removed.append(self.path)
         return removed
 
+    def _made_by_a_cluster(self, name: str) -> bool:
+        kept = (self.store_dir, self.logs_dir, self.pods_dir, self.tls_dir, self.state_file)
+        return (
+            name in {path.name for path in kept}
+            or name in {self.state_file.with_suffix(".json.tmp").name, LOCK, MARKER}
+            or _STORE_SIDE_DIR.fullmatch(name) is not None
+        )
+
 
 class StateError(Exception):
-    """cluster.json cannot be used."""
+    """cluster.json cannot be used, or the home cannot be purged; the message says why."""
 
 
 def now_iso() -> str:

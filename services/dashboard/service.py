@@ -1,8 +1,9 @@
 """The dashboard service: an informer over the cluster, one summary per tick, a web server.
 
 It is a runtime ``Service`` like the others (gRPC health for `godel up` and compose, metrics,
-SIGTERM), plus a uvicorn server for the page on ``web_host:web_port`` (HTTPS requiring a client
-certificate of the cluster when that is not loopback, as ``/metrics``). The summary is built once
+SIGTERM), plus a uvicorn server for the page on ``web_host:web_port`` (HTTPS requiring the
+admin's client certificate when that is not loopback, or with ``https_on_loopback``; see
+``web.py``). The summary is built once
 per ``refresh_seconds`` whatever the number of browsers, serialised once, and every open event
 stream gets the same bytes.
 """
@@ -16,14 +17,16 @@ import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import orjson
 import structlog
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from foundation.tls import CredentialFiles
+from foundation.pki import identity_of
+from foundation.tls import CredentialFiles, CredentialsError, Identity
 from protos.godel.v1 import objects_pb2 as pb
 from services.dashboard.summary import (
     ClusterTracker,
@@ -32,7 +35,7 @@ from services.dashboard.summary import (
     queue_summary,
     shard_summary,
 )
-from services.dashboard.web import build_app
+from services.dashboard.web import Callers, build_app
 from services.peers.binder import LEASE as BINDER_LEASE
 from services.runtime import Service, ServiceConfig, StartupError, option
 from services.runtime.config import WILDCARD_HOSTS
@@ -118,20 +121,25 @@ class DashboardService(Service[DashboardConfig]):
         self.informer.start()
         await self.informer.wait_synced(self.config.sync_timeout_seconds)
         await self._refresh()
-        # Exposed beyond loopback, the page asks the browser for a client certificate of the
-        # cluster, as every other port of the cluster does (`godel certs export` makes one).
+        # Exposed beyond loopback (or asked to on loopback), the page asks the browser for the
+        # admin's client certificate (`godel certs export` makes a bundle of it).
         https = self.https_files(self.config.web_host, "dashboard")
+        callers: Callers | None = None if https is None else {}
         sock = _listen(self.config.web_host, self.config.web_port)
         host, port = sock.getsockname()[:2]
         shown = socket.gethostname() if host in WILDCARD_HOSTS else host
         self.web_address = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
         self._web = _EmbeddedServer(
             uvicorn.Config(
-                build_app(self),
+                build_app(self, callers),
                 log_config=None,
                 access_log=False,
                 lifespan="off",
                 timeout_graceful_shutdown=1,
+                # The client address is the connection's own: no forwarding header may name
+                # another (an admin's connection, to borrow its identity).
+                proxy_headers=False,
+                http="auto" if callers is None else _identifying_protocol(callers),
                 **_ssl_options(https),
             )
         )
@@ -197,6 +205,37 @@ def _ssl_options(https: CredentialFiles | None) -> dict[str, Any]:
         "ssl_ca_certs": str(https.ca),
         "ssl_cert_reqs": ssl.CERT_REQUIRED,
     }
+
+
+def _identifying_protocol(callers: Callers) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol, noting in ``callers`` whom each connection's client
+    certificate names while the connection is open (the handshake is over by then)."""
+
+    class Identifying(H11Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            # A stream server's transport (uvloop's is not an asyncio.Transport subclass).
+            super().connection_made(cast(asyncio.Transport, transport))
+            caller = _caller(transport)
+            if self.client is not None and caller is not None:
+                callers[self.client] = caller
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.client is not None:
+                callers.pop(self.client, None)
+            super().connection_lost(exc)
+
+    return Identifying
+
+
+def _caller(transport: asyncio.BaseTransport) -> Identity | None:
+    tls = transport.get_extra_info("ssl_object")
+    der = tls.getpeercert(binary_form=True) if isinstance(tls, ssl.SSLObject) else None
+    if not der:
+        return None
+    try:
+        return identity_of(ssl.DER_cert_to_PEM_cert(der).encode())
+    except CredentialsError:
+        return None  # a certificate of the CA that names no role: nobody
 
 
 def _listen(host: str, port: int) -> socket.socket:
