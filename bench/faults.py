@@ -3,23 +3,34 @@ killed (SIGKILL) and stopped (SIGTERM) in turn, each started again as an operato
 invariants checked from outside after every fault.
 
     python -m bench.faults                  # 100 faults (default), report in bench/results/
-    python -m bench.faults --quick          # one fault per component kind (what CI runs)
+    python -m bench.faults --quick          # one fault per kind and store restart (what CI runs)
     python -m bench.faults --faults 12 --out /tmp/r
+    python -m bench.faults --store-replicas 2   # the store primary also never started again
 
-The cluster is `godel up --store-replicas 1` (a primary, a replica, three Sentinels), two
-scheduler shards, two binders, the rescheduler and one node agent of hollow nodes. The load
-thread submits a job every ``--interval`` seconds through the Dispatcher's public API (gangs,
-min-member-1 services; pods that run a few seconds, so capacity keeps turning over), retrying
-each Submit with its request id until the Dispatcher acknowledges it, as a careful client does.
+The cluster is `godel up --store-replicas 1` (a primary, a replica, three Sentinels; see
+``--store-replicas``), two scheduler shards, two binders, the rescheduler and one node agent of
+hollow nodes. The load thread submits a job every ``--interval`` seconds through the
+Dispatcher's public API (gangs, min-member-1 services; pods that run a few seconds, so capacity
+keeps turning over), retrying each Submit with its request id until the Dispatcher acknowledges
+it, as a careful client does.
 
 Fault *i* hits kind ``KINDS[i % 6]`` (the store primary as Sentinel names it, the dispatcher, a
 scheduler shard, the Binder leader, the rescheduler, the node agent) with SIGKILL or SIGTERM,
 alternating so that every kind gets both. The harness waits until the process is gone, starts it
 again with the command `godel up` recorded (``godel.local.start_again``), then submits a probe
-gang and measures **recovery**: from the signal until that probe is bound whole. Then it checks,
-from outside, through the store:
+gang and measures **recovery**: from the signal until that probe is bound whole.
 
-- every job the Dispatcher acknowledged exists with a pod for each of its indexes;
+The store primary is started again in turn at once (as a supervisor does), after
+``--store-restart-delay`` seconds, and — with two replicas or more, which can go on without it —
+never (only once the fault is over, so the next finds a whole store). For it the harness also
+measures **failover**: from the signal until the store first acknowledges a write (a
+replication barrier: a write ``WAIT`` confirms on a replica), and which server took it.
+
+After every fault it checks, from outside, through the store:
+
+- every job the Dispatcher acknowledged exists with a pod for each of its indexes, and every one
+  of those pods is bound (waiting for that up to ``_BIND_DEADLINE`` seconds): acknowledged work
+  is not only kept but scheduled;
 - every binding seen before is still there, on the same node (no acknowledged binding lost);
 - ``godel audit``'s invariants: no node over-committed, no pod bound twice, no gang split.
 
@@ -35,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -64,15 +76,57 @@ from store.client import SentinelTarget
 from store.server import primary_port_named_by
 
 KINDS = ("store", "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent")
+DEFAULT_STORE_RESTART_DELAY = 5.0
 DEFAULT_OUT = Path("bench/results")
 PROBE_PREFIX = "probe"
 LOAD_PREFIX = "load"
 _GONE_SECONDS = 30.0
 _RECOVERY_DEADLINE = 180.0
 _REVIVE_EVERY_SECONDS = 2.0
+# How long the acknowledged pods may take to be bound after a fault before the check fails.
+_BIND_DEADLINE = 120.0
+_FAILOVER_POLL_SECONDS = 0.05
 # The checker's store connections ride out a failover: every half second, 60 tries in all.
 _STORE_RETRY = Backoff(0.5)
 _STORE_ATTEMPTS = 60
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault to inject: ``kind``'s target gets ``signal`` and is started again
+    ``restart_after`` seconds later (None: not before the fault is over)."""
+
+    kind: str
+    signal: signal.Signals
+    restart_after: float | None = 0.0
+
+    @property
+    def restart(self) -> str:
+        if self.restart_after is None:
+            return "never"
+        return "at once" if self.restart_after == 0 else f"after {self.restart_after:g}s"
+
+
+def store_restarts(store_replicas: int, delay: float) -> tuple[float | None, ...]:
+    """When the killed store primary is started again: at once, after ``delay``, and — when a
+    replica is left to confirm writes without it — never."""
+    return (0.0, delay, None) if store_replicas >= 2 else (0.0, delay)
+
+
+def plan(faults: int, restarts: tuple[float | None, ...], *, quick: bool = False) -> list[Fault]:
+    """The faults in order. The full run: kind ``KINDS[i % 6]``, the signal alternating per kind
+    and round, the store's restart changing every second round (so each gets both signals).
+    The quick form: the store primary killed once per restart, then every other kind once."""
+    if quick:
+        return [Fault("store", signal.SIGKILL, after) for after in restarts] + [
+            Fault(kind, signal_for(i)) for i, kind in enumerate(KINDS) if kind != "store"
+        ]
+    planned: list[Fault] = []
+    for i in range(faults):
+        kind = KINDS[i % len(KINDS)]
+        after = restarts[(i // len(KINDS) // 2) % len(restarts)] if kind == "store" else 0.0
+        planned.append(Fault(kind, signal_for(i), after))
+    return planned
 
 
 @dataclass
@@ -83,8 +137,16 @@ class FaultResult:
     signal: str
     recovery_seconds: float | None
     """Signal → the probe gang bound whole; None if it never was within the deadline."""
-    restart_seconds: float
+    restart_seconds: float | None
     """Signal → the process started again (waiting for the old one to be gone included)."""
+    restart: str = "at once"
+    """When the process was started again: "at once", "after 5s", or "never" (during the
+    fault; it was started again once the fault was over)."""
+    failover_seconds: float | None = None
+    """The store primary only: signal → the first write the store acknowledged (None: none
+    within the deadline)."""
+    failover_to: str = ""
+    """The store server that acknowledged that write (the new primary, or the old one back)."""
     violations: list[str] = field(default_factory=list)
     revived: list[str] = field(default_factory=list)
     """Other components found dead after this fault and started again, as a supervisor
@@ -93,7 +155,8 @@ class FaultResult:
 
     @property
     def ok(self) -> bool:
-        return self.recovery_seconds is not None and not self.violations
+        failed_over = self.kind != "store" or self.failover_seconds is not None
+        return self.recovery_seconds is not None and failed_over and not self.violations
 
 
 class Load(threading.Thread):
@@ -145,6 +208,42 @@ class Load(threading.Thread):
         self._client.close()
 
 
+class FailoverClock(threading.Thread):
+    """Started right after the store primary's signal: writes through the Sentinels (a
+    replication barrier, acknowledged only once a replica has it) until the store acknowledges
+    one, and keeps the time that took and the port of the server that took it."""
+
+    def __init__(self, store_url: str, since: float) -> None:
+        super().__init__(name="failover-clock", daemon=True)
+        self._url = store_url
+        self._since = since
+        self.seconds: float | None = None
+        self.primary_port: int | None = None
+
+    def run(self) -> None:
+        asyncio.run(self._measure())
+
+    async def _measure(self) -> None:
+        deadline = self._since + _RECOVERY_DEADLINE
+        store: Store | None = None
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    if store is None:
+                        store = await Store.connect(self._url)
+                    await store.replication_barrier()
+                except StoreError:
+                    await asyncio.sleep(_FAILOVER_POLL_SECONDS)
+                    continue
+                self.seconds = round(time.monotonic() - self._since, 2)
+                with contextlib.suppress(StoreError):
+                    self.primary_port = int((await store.server_info())["tcp_port"])
+                return
+        finally:
+            if store is not None:
+                await store.close()
+
+
 def _job(name: str, replicas: int, min_member: int, duration_ms: int) -> pb.Job:
     job = pb.Job(metadata=pb.ObjectMeta(name=name))
     job.spec.replicas = replicas
@@ -170,6 +269,11 @@ class Harness:
         self.credentials = probe_credentials(home, state)  # health checks speak TLS too
         self.bindings: dict[str, str] = {}
         self._probes = 0
+        # A component whose restart is deferred (the store primary started again later, or
+        # never during its fault): left down, not revived as a casualty.
+        self._held_down: str | None = None
+        self._restarted_at = 0.0
+        self._starting = threading.Lock()
 
     # --- choosing and hitting the target -------------------------------------------------
 
@@ -198,29 +302,66 @@ class Harness:
                     return component.name
         raise RuntimeError("no Sentinel names a primary")
 
-    def hit(self, index: int, kind: str, sig: signal.Signals) -> FaultResult:
+    def hit(self, index: int, fault: Fault) -> FaultResult:
         self.state = self.home.load() or self.state
-        name = self.target(kind, index)
+        name = self.target(fault.kind, index)
         record = self.state.component(name)
         assert record is not None and record.pid is not None
         process = record.process()
         started = time.monotonic()
         if process is not None:
-            process.send_signal(sig)
+            process.send_signal(fault.signal)
             try:
                 process.wait(_GONE_SECONDS)
             except psutil.TimeoutExpired:
                 process.kill()  # an operator's next step too
                 process.wait(_GONE_SECONDS)
-        local.start_again(self.home, name)
-        restarted = time.monotonic() - started
-        self.state = self.home.load() or self.state
+        # Timed from the signal, writing from when the old primary is gone (a SIGTERMed one
+        # may still take a write on its way out).
+        clock = FailoverClock(self.state.store_url, started) if fault.kind == "store" else None
+        if clock is not None:
+            clock.start()
+        self._held_down = name
+        # At its time, on a timer of its own: the probe below may block in a call for seconds.
+        timer: threading.Timer | None = None
+        if fault.restart_after is not None:
+            due = max(0.0, started + fault.restart_after - time.monotonic())
+            timer = threading.Timer(due, self._start_held_down)
+            timer.start()
         revived: list[str] = []
         recovery = self._probe_bound(started, revived)
+        if timer is not None:
+            timer.join()
+        # Never during the fault: now it is over, so the next finds the whole cluster. (Also a
+        # start the timer could not make: this one raises.)
+        if self._held_down is not None:
+            self._start_held_down()
+        self.state = self.home.load() or self.state
+        restarted = self._restarted_at - started
         self._wait_serving(name, revived)
-        result = FaultResult(index, kind, name, sig.name, recovery, round(restarted, 2))
+        result = FaultResult(
+            index, fault.kind, name, fault.signal.name, recovery,
+            round(restarted, 2) if fault.restart_after is not None else None, fault.restart,
+        )  # fmt: skip
         result.revived = revived
+        if clock is not None:
+            clock.join(_RECOVERY_DEADLINE)
+            result.failover_seconds = clock.seconds
+            result.failover_to = self._store_named(clock.primary_port)
         return result
+
+    def _start_held_down(self) -> None:
+        with self._starting:
+            assert self._held_down is not None
+            local.start_again(self.home, self._held_down)
+            self._restarted_at = time.monotonic()
+            self._held_down = None
+
+    def _store_named(self, port: int | None) -> str:
+        for component in self.state.components:
+            if component.kind == "store" and component.address.endswith(f":{port}/0"):
+                return component.name
+        return ""
 
     def _wait_serving(self, name: str, revived: list[str]) -> None:
         """As an operator confirms a restart: wait until the component serves again (a service
@@ -240,13 +381,18 @@ class Harness:
             time.sleep(0.2)
 
     def revive(self) -> list[str]:
-        """Start again every component that is not running."""
-        self.state = self.home.load() or self.state
-        dead = [c.name for c in self.state.components if c.pid and c.process() is None]
-        for name in dead:
-            local.start_again(self.home, name)
-        self.state = self.home.load() or self.state
-        return dead
+        """Start again every component that is not running (but the one held down)."""
+        with self._starting:  # not while the held-down one is being started on its timer
+            self.state = self.home.load() or self.state
+            dead = [
+                c.name
+                for c in self.state.components
+                if c.pid and c.name != self._held_down and c.process() is None
+            ]
+            for name in dead:
+                local.start_again(self.home, name)
+            self.state = self.home.load() or self.state
+            return dead
 
     def _probe_bound(self, since: float, revived: list[str]) -> float | None:
         """Submit a probe gang (retrying until acknowledged) and wait until it is bound whole;
@@ -305,7 +451,38 @@ class Harness:
                     f"{now.get(pod_name, 'gone')!r}"
                 )
         self.bindings.update({name: node for name, node in now.items() if node})
-        return violations
+        return violations + self.await_bound(acknowledged)
+
+    def await_bound(self, acknowledged: dict[str, int]) -> list[str]:
+        """Wait until every pod of every acknowledged job is bound (each index has a pod with a
+        node): what was acknowledged is scheduled, not only kept. A violation names the pods
+        still unbound after ``_BIND_DEADLINE`` seconds."""
+
+        async def read(store: Store) -> list[pb.Pod]:
+            pods, _ = await store.list_all(pb.Pod)
+            return pods
+
+        deadline = time.monotonic() + _BIND_DEADLINE
+        while True:
+            bound: dict[str, set[int]] = defaultdict(set)
+            for pod in self._run(read):
+                if pod.spec.node_name:
+                    bound[pod.spec.job].add(pod.spec.index)
+            unbound = [
+                f"{name}[{index}]"
+                for name, replicas in acknowledged.items()
+                for index in range(replicas)
+                if index not in bound[name]
+            ]
+            if not unbound:
+                return []
+            if time.monotonic() >= deadline:
+                shown = ", ".join(unbound[:10]) + (", ..." if len(unbound) > 10 else "")
+                return [
+                    f"{len(unbound)} acknowledged pod(s) not bound after {_BIND_DEADLINE:g}s: "
+                    f"{shown}"
+                ]
+            time.sleep(0.2)
 
     def _run(self, fn: Any) -> Any:
         async def go() -> Any:
@@ -333,13 +510,22 @@ def signal_for(index: int) -> signal.Signals:
     return signal.SIGKILL if (index + index // len(KINDS)) % 2 == 0 else signal.SIGTERM
 
 
-def run(faults: int, *, hollow_nodes: int = 40, interval: float = 0.3) -> dict[str, Any]:
+def run(
+    faults: int,
+    *,
+    quick: bool = False,
+    hollow_nodes: int = 40,
+    interval: float = 0.3,
+    store_replicas: int = 1,
+    store_restart_delay: float = DEFAULT_STORE_RESTART_DELAY,
+) -> dict[str, Any]:
+    planned = plan(faults, store_restarts(store_replicas, store_restart_delay), quick=quick)
     os.environ.pop("GODEL_REDIS_URL", None)
     tmp = Path(tempfile.mkdtemp(prefix="godel-faults-"))
     home = local.GodelHome(tmp)
     spec = local.ClusterSpec(
         schedulers=2, binders=2, hollow_nodes=hollow_nodes, process_node=False,
-        store_replicas=1, grace_seconds=2.0, ready_timeout=120.0,
+        store_replicas=store_replicas, grace_seconds=2.0, ready_timeout=120.0,
     )  # fmt: skip
     started = time.time()
     results: list[FaultResult] = []
@@ -351,9 +537,8 @@ def run(faults: int, *, hollow_nodes: int = 40, interval: float = 0.3) -> dict[s
         wait_nodes(harness.client, hollow_nodes)
         load = Load(state.address_of("dispatcher"), interval, home.path)
         load.start()
-        for index in range(faults):
-            kind = KINDS[index % len(KINDS)]
-            result = harness.hit(index, kind, signal_for(index))
+        for index, fault in enumerate(planned):
+            result = harness.hit(index, fault)
             result.violations = harness.check(load.snapshot())
             results.append(result)
             _progress(result)
@@ -368,7 +553,9 @@ def run(faults: int, *, hollow_nodes: int = 40, interval: float = 0.3) -> dict[s
             harness.close()
         local.down(home)
         shutil.rmtree(tmp, ignore_errors=True)
-    return _report(results, final, load, started, faults, hollow_nodes, interval)
+    return _report(
+        results, final, load, started, len(planned), hollow_nodes, interval, store_replicas
+    )
 
 
 def wait_nodes(client: ProtoClient, count: int, timeout: float = 120.0) -> None:
@@ -382,9 +569,14 @@ def wait_nodes(client: ProtoClient, count: int, timeout: float = 120.0) -> None:
 def _progress(result: FaultResult) -> None:
     recovery = "NOT RECOVERED" if result.recovery_seconds is None else f"{result.recovery_seconds}s"
     revived = f" (revived: {', '.join(result.revived)})" if result.revived else ""
+    failover = ""
+    if result.kind == "store":
+        took = "none" if result.failover_seconds is None else f"{result.failover_seconds}s"
+        failover = f" (restarted {result.restart}; first write acknowledged: {took}"
+        failover += f" on {result.failover_to})" if result.failover_to else ")"
     sys.stderr.write(
-        f"fault {result.index + 1}: {result.signal} {result.component}: recovered in {recovery}"
-        f"{revived}{'; ' + '; '.join(result.violations) if result.violations else ''}\n"
+        f"fault {result.index + 1}: {result.signal} {result.component}{failover}: recovered in "
+        f"{recovery}{revived}{'; ' + '; '.join(result.violations) if result.violations else ''}\n"
     )
 
 
@@ -396,6 +588,7 @@ def _report(
     faults: int,
     hollow_nodes: int,
     interval: float,
+    store_replicas: int,
 ) -> dict[str, Any]:
     per_kind: dict[str, Any] = {}
     for kind in KINDS:
@@ -410,6 +603,19 @@ def _report(
             "recovery_max_s": max(times) if times else None,
             "revived_after": sum(len(r.revived) for r in mine),
         }
+    store_failover: dict[str, Any] = {}
+    for restart in dict.fromkeys(r.restart for r in results if r.kind == "store"):
+        mine = [r for r in results if r.kind == "store" and r.restart == restart]
+        times = [r.failover_seconds for r in mine if r.failover_seconds is not None]
+        recovered = [r.recovery_seconds for r in mine if r.recovery_seconds is not None]
+        store_failover[restart] = {
+            "faults": len(mine),
+            "no_write_acknowledged": len(mine) - len(times),
+            "failover_p50_s": percentile(times, 50) if times else None,
+            "failover_max_s": max(times) if times else None,
+            "recovery_p50_s": percentile(recovered, 50) if recovered else None,
+            "recovery_max_s": max(recovered) if recovered else None,
+        }
     acknowledged = load.snapshot() if load is not None else {}
     return {
         "workload": "faults",
@@ -419,6 +625,7 @@ def _report(
         "machine": machine(),
         "faults_planned": faults,
         "hollow_nodes": hollow_nodes,
+        "store_replicas": store_replicas,
         "submit_interval_s": interval,
         "acknowledged_jobs": len(acknowledged),
         "acknowledged_pods": sum(acknowledged.values()),
@@ -426,6 +633,7 @@ def _report(
         "ok": len(results) == faults and all(r.ok for r in results) and not final,
         "final_violations": final,
         "per_kind": per_kind,
+        "store_failover": store_failover,
         "faults": [r.__dict__ | {"ok": r.ok} for r in results],
     }
 
@@ -441,6 +649,22 @@ def summary_table(report: dict[str, Any]) -> str:
             f"| {kind} | {row['faults']} | {row['sigkill']} | {row['sigterm']} | "
             f"{row['not_recovered']} | {row['recovery_p50_s']} | {row['recovery_max_s']} | "
             f"{row['revived_after']} |"
+        )
+    lines += [
+        "",
+        f"Store primary, by when it was started again ({report['store_replicas']} replica(s)): "
+        "failover = signal → the first write the store acknowledged; recovery = signal → a "
+        "probe gang bound whole.",
+        "",
+        "| restart | faults | no write acknowledged | failover P50 s | failover max s "
+        "| recovery P50 s | recovery max s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for restart, row in report["store_failover"].items():
+        lines.append(
+            f"| {restart} | {row['faults']} | {row['no_write_acknowledged']} | "
+            f"{row['failover_p50_s']} | {row['failover_max_s']} | {row['recovery_p50_s']} | "
+            f"{row['recovery_max_s']} |"
         )
     violations = sum(len(f["violations"]) for f in report["faults"]) + len(
         report["final_violations"]
@@ -459,13 +683,41 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.faults", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--faults", type=int, default=100, help="faults to inject (default 100)")
-    parser.add_argument("--quick", action="store_true", help="one fault per component kind")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one fault per component kind, the store primary's once per restart",
+    )
     parser.add_argument("--hollow-nodes", type=int, default=40)
     parser.add_argument("--interval", type=float, default=0.3, help="seconds between load jobs")
+    parser.add_argument(
+        "--store-replicas",
+        type=int,
+        default=1,
+        help="the store's replicas (default 1; with 2 or more the killed primary is also "
+        "never started again during its fault)",
+    )
+    parser.add_argument(
+        "--store-restart-delay",
+        type=float,
+        default=DEFAULT_STORE_RESTART_DELAY,
+        help="seconds after its signal the store primary is started again in its delayed turn "
+        f"(default {DEFAULT_STORE_RESTART_DELAY:g})",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report directory")
     opts = parser.parse_args(argv)
-    faults = len(KINDS) if opts.quick else opts.faults
-    report = run(faults, hollow_nodes=opts.hollow_nodes, interval=opts.interval)
+    if opts.store_replicas < 1:
+        parser.error("--store-replicas: must be at least 1")
+    if opts.store_restart_delay <= 0:
+        parser.error("--store-restart-delay: must be more than 0 (the other turn is at once)")
+    report = run(
+        opts.faults,
+        quick=opts.quick,
+        hollow_nodes=opts.hollow_nodes,
+        interval=opts.interval,
+        store_replicas=opts.store_replicas,
+        store_restart_delay=opts.store_restart_delay,
+    )
     opts.out.mkdir(parents=True, exist_ok=True)
     # Named as the other reports in bench/results/: <workload>-<UTC yyyymmdd-hhmmss>.
     when = report["started"].replace("-", "").replace(":", "").replace("T", "-").rstrip("Z")

@@ -18,6 +18,8 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -44,6 +46,8 @@ ACL_FILE = "users.acl"
 # rewrites (CONFIG REWRITE) when it turns a server into a replica or a primary.
 CONFIG_FILE = "server.conf"
 SENTINEL_CONFIG_FILE = "sentinel.conf"
+# In a replicated store's server data dir: its Sentinels, one host:port a line (store/rejoin.py).
+SENTINELS_FILE = "sentinels"
 SENTINEL_SERVICE = "godel"
 ADMIN_SECRET_FILE = "admin.secret"
 SERVICE_SECRET_FILE = "service.secret"
@@ -52,6 +56,9 @@ ADMIN_USER = "default"
 # May run PING and nothing else, without a password: what a container healthcheck needs, and all
 # it can do (docker-compose.yml's store).
 PING_USER = "ping"
+# The Sentinels' user for the servers they watch (logging in with the servers' admin secret): it
+# may ask where the primary is, and nothing else (store/rejoin.py asks before a server starts).
+STORE_SERVER_USER = "store-server"
 URL_ENV = "GODEL_REDIS_URL"
 _LOG_TAIL_LINES = 20
 _POLL = Backoff(0.02)  # waiting for a server to start, sync or stop: a constant poll
@@ -180,6 +187,7 @@ class StoreServer:
         password: str | None = None,
         admin_password: str | None = None,
         replica_of: int | None = None,
+        sentinels: Sequence[int] = (),
     ) -> StoreServer:
         """Start a server and return once it answers and has replayed its AOF.
 
@@ -191,6 +199,9 @@ class StoreServer:
         of a replicated store shares it, since each may become the primary, and replicas and
         Sentinels log in with it. ``replica_of`` starts the server as a replica of the server
         on that loopback port (Sentinel moves it later: its config file is rewritten then).
+        ``sentinels``, the loopback ports of the Sentinels that will watch it, makes every start
+        of the server, this one and every later one, ask them for its role first
+        (``store/rejoin.py``).
         On any failure the process is killed and StoreServerError carries the log tail.
         """
         if fsync not in _FSYNC_POLICIES:
@@ -208,9 +219,9 @@ class StoreServer:
         admin: str | None = None
         if password:
             admin = _write_acl(data_dir, password, admin=admin_password)
-            _write_server_config(data_dir, admin, replica_of)
+            _write_server_config(data_dir, admin, replica_of, sentinels)
         else:
-            admin = _read_admin_secret(data_dir)
+            admin = read_admin_secret(data_dir)
         credentials = f"{SERVICE_USER}:{quote(password, safe='')}@" if password else ""
         server = cls(
             url=f"redis://{credentials}{HOST}:{port}/0",
@@ -250,7 +261,7 @@ class StoreServer:
             ) from None
         if not _pid_alive(pid):
             raise StoreServerError(f"store server pid {pid} from {pidfile} is not running")
-        admin = _read_admin_secret(data_dir)
+        admin = read_admin_secret(data_dir)
         client = _client(port, admin)
         try:
             info: dict[str, Any] = client.info("server")
@@ -281,7 +292,21 @@ class StoreServer:
 
     @property
     def argv(self) -> list[str]:
-        """The command line that runs this server (no secret in it: those are in files)."""
+        """The command line that starts this server (no secret in it: those are in files): a
+        server of a replicated store starts through ``store.rejoin``, which asks the Sentinels
+        for its role and then runs ``server_argv`` in its place."""
+        if not (self.data_dir / SENTINELS_FILE).exists():
+            return self.server_argv
+        return [
+            # -P: never import from the working directory (a `store/` data dir there would
+            # shadow the `store` package).
+            sys.executable, "-P", "-m", "store.rejoin",
+            "--data-dir", str(self.data_dir), "--port", str(self.port), "--", *self.server_argv,
+        ]  # fmt: skip
+
+    @property
+    def server_argv(self) -> list[str]:
+        """The server's own command line."""
         config = self.data_dir / CONFIG_FILE
         argv = [self.binary, *([str(config)] if config.exists() else [])]
         argv += [
@@ -580,7 +605,7 @@ class ReplicatedStore:
         sentinels: int = 3,
         fsync: FsyncPolicy = "always",
         detach: bool = False,
-        down_after_ms: int = 1000,
+        down_after_ms: int = 2000,
         replica_timeout_ms: int = 2000,
         ready_timeout: float = 15.0,
     ) -> ReplicatedStore:
@@ -590,10 +615,13 @@ class ReplicatedStore:
         if replicas < 1 or sentinels < 1:
             raise StoreServerError("a replicated store needs at least 1 replica and 1 sentinel")
         started: list[StoreServer | SentinelServer] = []
+        # The Sentinels' ports are chosen first: every server's data dir names them, so that
+        # each start of a server asks them for its role (store/rejoin.py).
+        sentinel_ports = [stable_free_port(HOST) for _ in range(sentinels)]
         try:
             primary = StoreServer.start(
                 base_dir / "store", fsync=fsync, detach=detach, password=password,
-                ready_timeout=ready_timeout,
+                ready_timeout=ready_timeout, sentinels=sentinel_ports,
             )  # fmt: skip
             started.append(primary)
             copies: list[StoreServer] = []
@@ -607,6 +635,7 @@ class ReplicatedStore:
                         admin_password=primary.admin_password,
                         replica_of=primary.port,
                         ready_timeout=ready_timeout,
+                        sentinels=sentinel_ports,
                     )
                 )
                 started.append(copies[-1])
@@ -614,10 +643,11 @@ class ReplicatedStore:
                 copy.wait_replicating(ready_timeout)
             assert primary.admin_password is not None
             watchers: list[SentinelServer] = []
-            for i in range(sentinels):
+            for i, port in enumerate(sentinel_ports):
                 watchers.append(
                     SentinelServer.start(
                         base_dir / f"sentinel-{i}",
+                        port=port,
                         primary_port=primary.port,
                         password=password,
                         admin_password=primary.admin_password,
@@ -665,13 +695,28 @@ class ReplicatedStore:
             server.kill()
 
 
-def _write_server_config(data_dir: Path, admin: str, replica_of: int | None) -> None:
+def _write_server_config(
+    data_dir: Path, admin: str, replica_of: int | None, sentinels: Sequence[int] = ()
+) -> None:
     # Any server of a replicated store may become a replica (Sentinel demotes a primary that
     # comes back): each logs in to its primary as the admin, which may PSYNC.
-    lines = [f"masteruser {ADMIN_USER}", f"masterauth {admin}"]
+    lines = [
+        f"masteruser {ADMIN_USER}",
+        f"masterauth {admin}",
+        # A replica that needs a full copy gets it at once. (The default waits 5 s for more
+        # replicas to share one transfer; after a failover, the new primary's only replica is
+        # the one copying, and no write is acknowledged until it has the copy.)
+        "repl-diskless-sync-delay 0",
+    ]
     if replica_of is not None:
         lines.append(f"replicaof {HOST} {replica_of}")
     privatefiles.write(data_dir / CONFIG_FILE, "\n".join(lines) + "\n")
+    if sentinels:
+        privatefiles.write(
+            data_dir / SENTINELS_FILE, "".join(f"{HOST}:{port}\n" for port in sentinels)
+        )
+    else:  # a server locked afresh without Sentinels (a home reused): start it directly
+        (data_dir / SENTINELS_FILE).unlink(missing_ok=True)
 
 
 @dataclass
@@ -703,15 +748,26 @@ class SentinelServer:
         password: str,
         admin_password: str,
         quorum: int = 2,
-        down_after_ms: int = 1000,
-        failover_timeout_ms: int = 10_000,
+        down_after_ms: int = 2000,
+        failover_timeout_ms: int = 3000,
         port: int = 0,
         binary: str | None = None,
         detach: bool = False,
         ready_timeout: float = 15.0,
     ) -> SentinelServer:
         """Start a Sentinel monitoring the primary on ``primary_port``. It deems the primary down
-        after ``down_after_ms`` without a reply and fails over once ``quorum`` Sentinels agree."""
+        after ``down_after_ms`` without a reply and fails over once ``quorum`` Sentinels agree.
+
+        ``down_after_ms`` must leave room for Sentinel's own reconnection: after a failover it
+        reconnects to the new primary at most once a second (its ping period) yet counts the
+        time from the switch, so with 1000 it sometimes deemed the new primary down a second
+        after promoting it — and, other Sentinels' "down" answers about the old primary still
+        on record, failed over again at once, leaving the first new primary a primary that
+        Sentinel demotes only ~10 s later (no write acknowledged meanwhile, and the writes it
+        took unacknowledged rolled back). 2000 leaves a full ping period.
+        ``failover_timeout_ms`` bounds each step of a failover, and a Sentinel whose attempt
+        failed (a split vote) tries again after twice that: 3 s keeps a second attempt within
+        the 10 s a failover may take (on loopback a step takes milliseconds)."""
         data_dir = Path(data_dir).resolve()
         privatefiles.make_dir(data_dir)
         sentinel = cls(
@@ -728,6 +784,7 @@ class SentinelServer:
             f"pidfile {data_dir / PID_FILE}",
             f"requirepass {password}",
             f"sentinel sentinel-pass {password}",
+            f"user {STORE_SERVER_USER} on #{_sha256(admin_password)} -@all +ping +sentinel|master",
             f"sentinel monitor {SENTINEL_SERVICE} {HOST} {primary_port} {quorum}",
             f"sentinel auth-user {SENTINEL_SERVICE} {ADMIN_USER}",
             f"sentinel auth-pass {SENTINEL_SERVICE} {admin_password}",
@@ -827,7 +884,7 @@ def _compose_sentinel_config(password: str, admin: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _read_admin_secret(data_dir: Path) -> str | None:
+def read_admin_secret(data_dir: Path) -> str | None:
     if not (data_dir / ACL_FILE).exists():
         return None  # an open server
     try:

@@ -374,10 +374,12 @@ def test_conflicts_workload_reports_each_variants_conflict_rate(tmp_path: Path) 
 
 
 def test_fault_harness_quick_form_loses_nothing(tmp_path: Path) -> None:
-    """bench/faults.py's quick form, as CI runs it: under a steady load, one fault per component
-    kind (the store primary by kill -9 first: Sentinel fails over to the replica), each process
-    started again, and after every fault the invariants checked from outside. It exits 0 only
-    if every fault recovered and nothing acknowledged was lost; the report says so per kind."""
+    """bench/faults.py's quick form, as CI runs it: under a steady load, the store primary
+    killed (kill -9) twice — started again at once, as a supervisor does, then after 5 s — and
+    one fault per other component kind, each process started again, and after every fault the
+    invariants checked from outside, every acknowledged pod bound included. It exits 0 only if
+    every fault recovered, the store acknowledged writes again after each of its kills, and
+    nothing acknowledged was lost or left unbound; the report says so per kind and per restart."""
     env = {k: v for k, v in os.environ.items() if k != "GODEL_REDIS_URL"}
     result = subprocess.run(
         [sys.executable, "-m", "bench.faults", "--quick", "--out", str(tmp_path)],
@@ -391,14 +393,55 @@ def test_fault_harness_quick_form_loses_nothing(tmp_path: Path) -> None:
     (report_file,) = tmp_path.glob("faults-quick-*.json")
     report = json.loads(report_file.read_text())
     assert report["ok"] and report["final_violations"] == []
-    assert [f["kind"] for f in report["faults"]] == list(faults.KINDS)
+    assert [f["kind"] for f in report["faults"]] == ["store", *faults.KINDS]
     assert {f["signal"] for f in report["faults"]} == {"SIGKILL", "SIGTERM"}
-    assert report["faults"][0] == report["faults"][0] | {"kind": "store", "signal": "SIGKILL"}
+    store = [f for f in report["faults"] if f["kind"] == "store"]
+    assert [(f["signal"], f["restart"]) for f in store] == [
+        ("SIGKILL", "at once"),
+        ("SIGKILL", "after 5s"),
+    ]
+    assert all(f["failover_seconds"] is not None and f["failover_to"] for f in store)
+    assert list(report["store_failover"]) == ["at once", "after 5s"]
     assert all(
         f["violations"] == [] and f["recovery_seconds"] is not None for f in report["faults"]
     )
     assert report["acknowledged_jobs"] > 0
     assert "nothing lost" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("replicas", "restarts"),
+    [(1, ["at once", "after 5s"]), (2, ["at once", "after 5s", "never"])],
+)
+def test_the_store_primary_is_started_again_at_once_later_and_with_a_spare_replica_never(
+    replicas: int, restarts: list[str]
+) -> None:
+    """Each restart of the store primary, in the full run, under both signals (one replica must
+    have the killed server back before writes resume; "never" needs a second one); the quick
+    form kills it once per restart."""
+    modes = faults.store_restarts(replicas, 5.0)
+    planned = faults.plan(12 * len(modes), modes)
+    store = [(f.restart, f.signal.name) for f in planned if f.kind == "store"]
+    assert sorted(set(store)) == sorted({(r, s) for r in restarts for s in ("SIGKILL", "SIGTERM")})
+    assert [f.kind for f in planned[:6]] == list(faults.KINDS)
+    quick = faults.plan(0, modes, quick=True)
+    assert [(f.kind, f.restart) for f in quick[: len(restarts)]] == [("store", r) for r in restarts]
+    assert [f.kind for f in quick[len(restarts) :]] == list(faults.KINDS[1:])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--store-replicas", "0"], "--store-replicas: must be at least 1"),
+        (["--store-restart-delay", "0"], "--store-restart-delay: must be more than 0"),
+    ],
+)
+def test_fault_harness_refuses_a_bad_store_option(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        faults.main(args)
+    assert message in capsys.readouterr().err
 
 
 # (case, weights, light share ‰, heavy share ‰, light pending, heavy pending, counted), on the

@@ -238,6 +238,11 @@ def test_up_with_store_replicas_runs_a_replica_and_three_sentinels(
     for name, c in components.items():
         argv = " ".join(psutil.Process(c["pid"]).cmdline())
         assert url.password not in argv and admin not in argv, f"a secret in {name}'s argv"
+    # A store server is started (and started again) through store.rejoin: it asks the
+    # Sentinels for its role first, so a killed primary started again comes back as a replica.
+    for record in state["components"]:
+        if record["kind"] == "store":
+            assert record["command"][1:4] == ["-P", "-m", "store.rejoin"], record["command"]
     [replica_url] = [c["address"] for c in state["components"] if c["name"] == "store-replica-0"]
     replica = redis.Redis.from_url(replica_url, socket_timeout=5)
     assert replica.info("replication")["role"] == "slave"

@@ -10,11 +10,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from foundation.netutil import stable_free_port
 from protos.godel.v1 import objects_pb2 as pb
 from store import FencedError, ReplicationError, Store, StoreUnavailableError, redact_url
 from store.client import Bind, Fence, SentinelTarget
-from store.server import ReplicatedStore, StoreServer
+from store.rejoin import PrimaryView, await_role, choose
+from store.server import (
+    ADMIN_USER,
+    HOST,
+    SENTINEL_SERVICE,
+    STORE_SERVER_USER,
+    ReplicatedStore,
+    SentinelServer,
+    StoreServer,
+)
 from tests.factories import job, node, pods_of
 
 
@@ -153,3 +164,133 @@ async def test_a_write_no_replica_confirms_fails_with_a_clear_error(
         await store.replication_barrier()  # the replica has everything now
     finally:
         await store.close()
+
+
+async def test_a_primary_killed_and_started_at_once_rejoins_as_a_replica_and_loses_nothing(
+    replicated: ReplicatedStore,
+) -> None:
+    """kill -9 of the primary and a start again at once, as a supervisor does: the server waits
+    for the Sentinels' failover and comes back as the new primary's replica (not as a second
+    primary, which Sentinel would demote only after its own wait of 8-10 s while no write could
+    be acknowledged), writes go on, and no acknowledged write is lost."""
+    store = await Store.connect(replicated.url, cluster="ha")
+    try:
+        acknowledged: list[str] = []
+        stop = asyncio.Event()
+        writer = asyncio.create_task(_commit_until_stopped(store, acknowledged, stop))
+        await _until(lambda: _async_true(len(acknowledged) >= 20), "writes before the kill")
+        old = replicated.primary
+        old.kill()
+        await asyncio.to_thread(old.restart, 60.0)  # returns once the server serves
+
+        promoted = replicated.current_primary()
+        assert promoted is not None and promoted is not old, "the Sentinels promoted the replica"
+        client = redis.Redis(
+            port=old.port, username=ADMIN_USER, password=old.admin_password, socket_timeout=5
+        )
+        try:
+            replication = client.info("replication")
+        finally:
+            client.close()
+        assert (replication["role"], replication["master_port"]) == ("slave", promoted.port)
+
+        before = len(acknowledged)
+        await _until(lambda: _async_true(len(acknowledged) > before + 20), "writes after")
+        stop.set()
+        await writer
+        jobs, _ = await store.list_all(pb.Job)
+        pods, _ = await store.list_all(pb.Pod)
+        names = {j.metadata.name for j in jobs}
+        missing = [name for name in acknowledged if name not in names]
+        assert not missing, f"acknowledged jobs lost in the failover: {missing}"
+        pod_names = {p.metadata.name for p in pods}
+        assert all(f"{name}-{i}" in pod_names for name in acknowledged for i in range(2))
+    finally:
+        await store.close()
+
+
+def _view(port: int, epoch: int = 0, flags: str = "master") -> PrimaryView:
+    return PrimaryView(HOST, port, epoch, frozenset(flags.split(",")), 1000, 3000)
+
+
+ME = (HOST, 7000)
+
+
+@pytest.mark.parametrize(
+    ("views", "replica_of"),
+    [
+        pytest.param([], None, id="no Sentinel answers: as configured"),
+        pytest.param([_view(7001)] * 3, (HOST, 7001), id="another is the primary: its replica"),
+        pytest.param(
+            [_view(7000), _view(7001, epoch=1), _view(7000)],
+            (HOST, 7001),
+            id="the newest configuration wins",
+        ),
+        pytest.param([_view(7000)] * 3, None, id="named and seen well: as configured"),
+        pytest.param(
+            [_view(7000, flags="master,disconnected"), _view(7000)], "wait", id="link lost: wait"
+        ),
+        pytest.param([_view(7000, flags="master,s_down")], "wait", id="deemed down: wait"),
+        pytest.param(
+            [_view(7000, flags="master,s_down,o_down,failover_in_progress")],
+            "wait",
+            id="failing over: wait",
+        ),
+    ],
+)
+def test_a_starting_server_takes_the_role_the_sentinels_give(
+    views: list[PrimaryView], replica_of: tuple[str, int] | str | None
+) -> None:
+    role = choose(views, ME)
+    if replica_of == "wait":
+        assert role is None
+    else:
+        assert role is not None and role.replica_of == replica_of
+        assert role.server_args() == ([] if replica_of is None else ["--replicaof", HOST, "7001"])
+
+
+@pytest.fixture
+def lone_sentinel(tmp_path: Path) -> Iterator[tuple[SentinelServer, int]]:
+    """A Sentinel watching a primary that is not running (a port nothing serves)."""
+    dead_port = stable_free_port(HOST)
+    sentinel = SentinelServer.start(
+        tmp_path / "sentinel",
+        primary_port=dead_port,
+        password="service-pw",
+        admin_password="admin-pw",
+        quorum=1,
+        down_after_ms=100,
+        failover_timeout_ms=100,
+    )
+    try:
+        yield sentinel, dead_port
+    finally:
+        sentinel.kill()
+
+
+def test_a_server_the_sentinels_cannot_replace_starts_as_the_primary_after_a_failover_time(
+    lone_sentinel: tuple[SentinelServer, int],
+) -> None:
+    """No replica to promote (both servers died): once a failover's time has passed, the
+    primary the Sentinels name starts as the primary rather than waiting for ever."""
+    sentinel, dead_port = lone_sentinel
+    role = await_role([(HOST, sentinel.port)], "admin-pw", (HOST, dead_port))
+    assert role.replica_of is None
+    assert "no failover within 0.4s" in role.reason
+
+
+def test_the_servers_login_to_the_sentinels_may_only_ask_where_the_primary_is(
+    lone_sentinel: tuple[SentinelServer, int],
+) -> None:
+    sentinel, _ = lone_sentinel
+    client = redis.Redis(port=sentinel.port, username=STORE_SERVER_USER, password="admin-pw")
+    try:
+        assert client.sentinel_master(SENTINEL_SERVICE, return_responses=True)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.sentinel_failover(SENTINEL_SERVICE)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.sentinel_set(SENTINEL_SERVICE, "down-after-milliseconds", 1)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.sentinel_remove(SENTINEL_SERVICE)
+    finally:
+        client.close()

@@ -613,7 +613,8 @@ def _log_tail(path: str) -> str:
 def start_again(home: GodelHome, name: str) -> ComponentRecord:
     """Start a dead component with the command `godel up` recorded for it, as an operator (or a
     supervisor) would, and record the new process. A store server comes back on its data dir
-    and port: a former primary rejoins as a replica (its Sentinels see to that)."""
+    and port, and a server of a replicated store in the role its Sentinels give it: a former
+    primary as the new primary's replica (its command asks them first: ``store/rejoin.py``)."""
     with home.lock():
         state = home.load()
         if state is None:

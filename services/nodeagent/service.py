@@ -376,6 +376,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
         cfg = self.config
         process = machine_node_name(cfg.process_node_name) if cfg.process_node else ""
         return cfg.node_prefix or cfg.name, process
+
     def _pod_isolation(self, work_dir: Path) -> tuple[RunAs | None, PodUids | None, Cgroups | None]:
         """Who process pods run as (one user, or a uid each) and their cgroups; what does not
         hold is logged once."""
