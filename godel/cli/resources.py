@@ -635,24 +635,45 @@ def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> Non
     _print("Pod", pods, "table")
 
 
+def _delete_targets(words: Sequence[str]) -> list[tuple[str, str]]:
+    """`TYPE NAME [NAME...]` or `TYPE/NAME [TYPE/NAME...]`, as kubectl takes them: (kind, name)
+    pairs in the order given."""
+    if all("/" in word for word in words):
+        pairs = [word.split("/", 1) for word in words]
+        if not all(name for _, name in pairs):
+            fail("delete needs a NAME after each TYPE/")
+        return [(_kind(kind), name) for kind, name in pairs]
+    if any("/" in word for word in words):
+        fail("give TYPE NAME [NAME...] or TYPE/NAME [TYPE/NAME...], not both forms")
+    kind, names = words[0], words[1:]
+    if "," in kind:
+        fail("a NAME goes with a single TYPE")
+    if not names:
+        fail("delete needs a NAME")
+    return [(_kind(kind), name) for name in names]
+
+
 @click.command("delete")
-@click.argument("target", nargs=-1, help="TYPE NAME or TYPE/NAME", shell_complete=_complete_target)
+@click.argument(
+    "target",
+    nargs=-1,
+    help="TYPE NAME [NAME...] or TYPE/NAME [TYPE/NAME...]",
+    shell_complete=_complete_target,
+)
 @click.option("--filename", "-f", multiple=True, help="Delete the objects of these manifests.")
 @server_option
 @home_option
 def delete(
     target: tuple[str, ...], filename: tuple[str, ...], server: str | None, home: Path | None
 ) -> None:
-    """Delete an object, or those of manifest files; deleting a job deletes its pods."""
+    """Delete objects, or those of manifest files; deleting a job deletes its pods. Each name is
+    reported on its own line; one that fails does not stop the others (the exit status is 1)."""
     if bool(target) == bool(filename):
         fail("give TYPE NAME or -f FILE (not both)")
     if filename:
         targets = [(m.kind, m.name) for m in _read_manifests(filename)]
     else:
-        kind, name = _split_target(target)
-        if not name:
-            fail("delete needs a NAME")
-        targets = [(kind, name)]
+        targets = _delete_targets(target)
     failed = False
     with _client(server, home) as client:
         for kind, name in targets:
