@@ -15,6 +15,9 @@ The status controller keeps every budget's status current; a decision builds a
 
     tracker = BudgetTracker(budgets)
     why = tracker.try_admit(victims)     # all or none; [] when admitted, else one line per budget
+
+A planner that takes a move back (the rescheduler's all-or-nothing drains) gives the disruption
+back with ``tracker.release(pods)``.
 """
 
 from __future__ import annotations
@@ -338,6 +341,18 @@ class BudgetTracker:
         for name, needed in self._cost(pods).items():
             self._left[name] -= needed
         self._evicted.update(p.metadata.name for p in pods if healthy(p))
+
+    def release(self, pods: Sequence[pb.Pod]) -> None:
+        """Undo :meth:`admit` for ``pods``: an eviction that was counted is given up (a plan
+        took a move back), and each budget of an admitted pod allows one disruption more again.
+        A pod that was not admitted changes nothing."""
+        for pod in pods:
+            name = pod.metadata.name
+            if name not in self._evicted:
+                continue
+            self._evicted.discard(name)
+            for b in self.budgets_of(pod):
+                self._left[b.metadata.name] += 1
 
     def try_admit(self, pods: Sequence[pb.Pod]) -> list[str]:
         """Admit all of ``pods`` if no budget breaks, else none of them: the violations (empty

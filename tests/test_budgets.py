@@ -344,6 +344,22 @@ def test_tracker_admits_across_calls_of_one_round() -> None:
     assert tracker.violations([pod("web-2")]) != []
 
 
+def test_release_gives_an_admitted_pods_disruption_back_and_nothing_else() -> None:
+    both = [budget("by-job", job="web", allowed=1),
+            budget("by-label", selector=[req("app", Req.IN, "web")], allowed=1)]  # fmt: skip
+    tracker = BudgetTracker(both)
+    taken = pod("web-0", labels={"app": "web"})
+    tracker.admit([taken])
+    assert (tracker.remaining("by-job"), tracker.remaining("by-label")) == (0, 0)
+    tracker.release([pod("web-1", labels={"app": "web"})])  # never admitted: no change
+    assert (tracker.remaining("by-job"), tracker.remaining("by-label")) == (0, 0)
+    tracker.release([taken])
+    assert (tracker.remaining("by-job"), tracker.remaining("by-label")) == (1, 1)
+    tracker.release([taken])  # released already: no disruption given back twice
+    assert tracker.remaining("by-job") == 1
+    assert tracker.violations([pod("web-1", labels={"app": "web"})]) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Objects stored before the fields had presence
 # ---------------------------------------------------------------------------------------------

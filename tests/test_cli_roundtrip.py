@@ -197,3 +197,37 @@ async def test_selectors_with_the_full_grammar_and_bad_ones_refused(
     assert await ok(dispatcher, *names, "app!=web") == ""
     bad = await godel(dispatcher, *names, "app in web")
     assert bad.returncode == 1 and "invalid label selector 'app in web'" in bad.stderr
+
+
+TWO_JOBS = """
+apiVersion: godel/v1
+kind: Job
+metadata: {name: a}
+spec: {replicas: 1, template: {requests: {cpu: 100m, memory: 64Mi}}}
+---
+apiVersion: godel/v1
+kind: Job
+metadata: {name: b}
+spec: {replicas: 2, template: {requests: {cpu: 100m, memory: 64Mi}}}
+"""
+
+
+async def test_delete_takes_several_names_and_reports_each(
+    dispatcher: Running, store: Store, tmp_path: Path
+) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(TWO_JOBS)
+    await ok(dispatcher, "apply", "-f", str(path))
+
+    result = await godel(dispatcher, "delete", "job", "a", "missing", "b")
+    # As kubectl: a line per name deleted, the missing one reported without stopping the rest,
+    # and the exit status says one failed.
+    assert result.stdout.splitlines() == ["job/a deleted", "job/b deleted"]
+    assert "job/missing" in result.stderr and result.returncode == 1
+    assert await store.get_many(pb.Job, ["a", "b"]) == [None, None]
+
+    await ok(dispatcher, "apply", "-f", str(path))
+    both = await ok(dispatcher, "delete", "job/a", "job/b")
+    assert both.splitlines() == ["job/a deleted", "job/b deleted"]
+    mixed = await godel(dispatcher, "delete", "job", "a", "job/b")
+    assert mixed.returncode != 0 and "not both forms" in mixed.stderr

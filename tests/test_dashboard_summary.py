@@ -17,6 +17,7 @@ from services.dashboard.summary import (
     lease_summary,
     movement_summary,
     pending_reason,
+    queue_summary,
 )
 
 HEATMAP_CASES = [
@@ -87,10 +88,18 @@ def _node(name: str, cpu: int = 4000, memory: int = 8 << 30, reclaimable_cpu: in
     )
 
 
-def _pod(name: str, cpu: int, *, node: str = "", qos: int = pb.QOS_GUARANTEED) -> pb.Pod:
+def _pod(
+    name: str,
+    cpu: int,
+    *,
+    node: str = "",
+    qos: int = pb.QOS_GUARANTEED,
+    queue: str = "default",
+    job: str = "j",
+) -> pb.Pod:
     pod = pb.Pod(
         metadata=pb.ObjectMeta(name=name, creation_timestamp_ms=int(time.time() * 1000) - 250),
-        spec=pb.PodSpec(node_name=node, qos=qos),
+        spec=pb.PodSpec(node_name=node, qos=qos, queue=queue, job=job),
         status=pb.PodStatus(phase=pb.POD_BOUND if node else pb.POD_PENDING),
     )
     pod.spec.template.requests.milli_cpu = cpu
@@ -173,3 +182,53 @@ LEASE_CASES = [
 )
 def test_binder_leader(lease: pb.Lease | None, expected: dict[str, object]) -> None:
     assert lease_summary(lease) == expected
+
+
+def _row(rows: list[dict[str, object]], name: str) -> dict[str, object]:
+    [row] = [r for r in rows if r["name"] == name]
+    return row
+
+
+def test_the_default_queue_is_listed_without_a_queue_object_with_what_its_pods_hold() -> None:
+    tracker = ClusterTracker(window_seconds=60, max_cells=16)
+    tracker.on_add("Node", _node("a"))
+    research = pb.Queue(metadata=pb.ObjectMeta(name="research"))
+    research.spec.quota.milli_cpu = 8000
+    research.status.pending_pods = 7
+    assert [r["name"] for r in queue_summary([research], tracker.default_queue_status())] == [
+        "default",
+        "research",
+    ], "listed while still empty"
+
+    waiting = _pod("w-0", 500, job="w")
+    tracker.on_add("Pod", waiting)
+    tracker.on_add("Pod", _pod("w-1", 500, job="w"))
+    tracker.on_add("Pod", _pod("x-0", 300, job="x", queue=""))  # stored before queue was set
+    bound = _pod("b-0", 1000, node="a", job="b")
+    tracker.on_add("Pod", bound)
+    tracker.on_add("Pod", _pod("r-0", 2000, node="a", queue="research"))  # another queue's
+    rows = queue_summary([research], tracker.default_queue_status())
+    assert [r["name"] for r in rows] == ["default", "research"]
+    default = _row(rows, "default")
+    assert default["quota"] is None
+    assert default["used"] == {"milli_cpu": 1000, "memory_bytes": 0, "gpus": 0, "pods": 1}
+    assert (default["pending_pods"], default["pending_units"]) == (3, 2)
+    assert _row(rows, "research")["pending_pods"] == 7  # a stored queue keeps its own status
+
+    # w-0 binds, b-0 finishes: what the queue holds and what waits follow.
+    tracker.on_update("Pod", waiting, _pod("w-0", 500, node="a", job="w"))
+    finished = _pod("b-0", 1000, node="a", job="b")
+    finished.status.phase = pb.POD_SUCCEEDED
+    tracker.on_update("Pod", bound, finished)
+    default = _row(queue_summary([research], tracker.default_queue_status()), "default")
+    assert default["used"] == {"milli_cpu": 500, "memory_bytes": 0, "gpus": 0, "pods": 1}
+    assert (default["pending_pods"], default["pending_units"]) == (2, 2)
+
+
+def test_a_stored_default_queue_is_listed_once_with_its_own_status() -> None:
+    stored = pb.Queue(metadata=pb.ObjectMeta(name="default"))
+    stored.spec.quota.milli_cpu = 4000
+    stored.status.pending_pods = 2
+    rows = queue_summary([stored], pb.QueueStatus(pending_pods=99))
+    assert [(r["name"], r["pending_pods"]) for r in rows] == [("default", 2)]
+    assert rows[0]["quota"] == {"milli_cpu": 4000, "memory_bytes": 0, "gpus": 0, "pods": 0}

@@ -299,6 +299,40 @@ def test_binpacking_moves(case: Case) -> None:
     assert triples(moves) == case.moves
 
 
+# The original's case (its BinPacking check's table): 10-CPU nodes, cpu weighted; p3 moves
+# from n2 to n1. (id, pods, allowed)
+ORIGINAL_TARGET_RULE = [
+    ("the source after the pod left is as full as the target: allowed",
+     [mkpod("p1", "n1", cpu=2_000), mkpod("p2", "n2", cpu=2_000), mkpod("p3", "n2", cpu=2_000)],
+     True),
+    ("the source after the pod left is fuller than the target: refused",
+     [mkpod("p1", "n1", cpu=2_000), mkpod("p2", "n2", cpu=3_000), mkpod("p3", "n2", cpu=2_000)],
+     False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pods", "allowed"),
+    [c[1:] for c in ORIGINAL_TARGET_RULE],
+    ids=[c[0] for c in ORIGINAL_TARGET_RULE],
+)
+def test_binpacking_target_rule_is_the_originals(pods: list[pb.Pod], allowed: bool) -> None:
+    view = build_view([mknode("n1"), mknode("n2")], pods)
+    args = binpacking.Args(resources={"cpu": 1})
+    assert binpacking.target_allowed(view, "p3", "n1", args) is allowed
+
+
+def test_binpacking_drains_a_node_onto_one_less_full_than_it_was() -> None:
+    """The original's first case through the algorithm: n1's pod is protected, so n1 stays; n2
+    (40 %) drains onto n1 (20 %), which is at least as full as n2 once each pod has left it."""
+    view = build_view(
+        [mknode("n1"), mknode("n2")],
+        [mkpod("p1", "n1", cpu=2_000), mkpod("p2", "n2", cpu=2_000), mkpod("p3", "n2", cpu=2_000)],
+    )
+    moves = CPU_PACKING.reschedule(view, CPU_PACKING.detect(view), veto_pod("p1"))
+    assert triples(moves) == [("p2", "n2", "n1"), ("p3", "n2", "n1")]
+
+
 def test_binpacking_undoes_a_node_it_cannot_drain_whole() -> None:
     case = ONE_POD_VETOED
     view = build_view(case.nodes, case.pods)

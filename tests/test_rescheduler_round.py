@@ -12,12 +12,15 @@ from typing import Any, ClassVar
 
 import pytest
 
+from placement.framework import PluginConfigError
 from placement.rules import hard_rules
 from protos.godel.v1 import objects_pb2 as pb
+from services.rescheduler.checks import new_check_registry
 from services.rescheduler.checks.disruptionbudget import DisruptionBudget
 from services.rescheduler.checks.pendingchecker import PendingChecker, PendingCheckerArgs
 from services.rescheduler.checks.protection import Protection
 from services.rescheduler.checks.throttle import GroupThrottle, Throttle, ThrottleArgs
+from services.rescheduler.config import PolicyConfigError, load_policies
 from services.rescheduler.framework import (
     EXCLUDE_FROM_RESCHEDULING,
     Check,
@@ -27,9 +30,11 @@ from services.rescheduler.framework import (
     MoveVeto,
 )
 from services.rescheduler.manager import PolicyManager, UnknownPolicyError
+from services.rescheduler.plugins import new_plugin_registry
 from services.rescheduler.plugins.binpacking import Args as BinPackingArgs
 from services.rescheduler.plugins.binpacking import BinPacking
 from services.rescheduler.round import ABORTED, NOTHING, PLANNED, Policy, RoundRunner
+from services.rescheduler.service import ReschedulerConfig, build_policy
 from services.rescheduler.view import build_view
 from tests import factories as f
 
@@ -52,6 +57,12 @@ class Spec:
     budgets: list[pb.DisruptionBudget] = field(default_factory=list)
     pending: int = 0
     pod_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Pending pods with a node selector each (besides the ``pending`` ones, which have none).
+    pending_selectors: list[dict[str, str]] = field(default_factory=list)
+    # Placed pods' node selectors, and the preemptible ones.
+    pod_selectors: dict[str, dict[str, str]] = field(default_factory=dict)
+    preemptible: frozenset[str] = frozenset()
+    scope_labels: dict[str, str] = field(default_factory=dict)
 
 
 def view_of(spec: Spec) -> ClusterView:
@@ -66,16 +77,22 @@ def view_of(spec: Spec) -> ClusterView:
             pod.spec.template.requests.memory_bytes = f.MiB
             pod.spec.template.requests.gpus = gpus
             pod.spec.template.labels.update(spec.pod_labels.get(pod_name, {}))
+            pod.spec.template.node_selector.update(spec.pod_selectors.get(pod_name, {}))
+            pod.spec.preemptible = pod_name in spec.preemptible
             pod.status.phase = pb.POD_RUNNING
             pods.append(pod)
             job = jobs.setdefault(job_name, pb.Job(metadata=pb.ObjectMeta(name=job_name)))
             job.metadata.labels.update(spec.jobs.get(job_name, {}))
             job.spec.replicas += 1
-    for i in range(spec.pending):
+    selectors = [{}] * spec.pending + spec.pending_selectors
+    for i, selector in enumerate(selectors):
         pending = pb.Pod(metadata=pb.ObjectMeta(name=f"pending-{i}"))
+        pending.spec.template.node_selector.update(selector)
         pending.status.phase = pb.POD_PENDING
         pods.append(pending)
-    return build_view(nodes, pods, jobs.values(), spec.budgets, hard_rules())
+    return build_view(
+        nodes, pods, jobs.values(), spec.budgets, hard_rules(), scope_labels=spec.scope_labels
+    )
 
 
 def budget(name: str, job: str, *, max_unavailable: int, allowed: int) -> pb.DisruptionBudget:
@@ -110,10 +127,28 @@ class CheckCase:
     vetoed: str | None
     # Moves of earlier rounds: (moves, generation, seconds before now).
     history: list[tuple[list[Move], int, float]] = field(default_factory=list)
+    # Admitted moves taken back before the judged one (a drain that could not finish).
+    retracted: list[Move] = field(default_factory=list)
 
 
-def throttle(max_moves: int, window: int = 3600, label_key: str = "") -> ThrottleArgs:
-    return ThrottleArgs(label_key=label_key, window_seconds=window, max_moves=max_moves)
+def throttle(
+    max_moves: int, window: int = 3600, label_key: str = "", preemptible: bool | None = None
+) -> ThrottleArgs:
+    return ThrottleArgs(
+        label_key=label_key, window_seconds=window, max_moves=max_moves, preemptible=preemptible
+    )
+
+
+def pending(
+    max_pending: int | None = None, key: str = "", thresholds: dict[str, int] | None = None
+) -> PendingChecker:
+    args = PendingCheckerArgs(max_pending, key, thresholds or {})
+    args.validate()
+    return PendingChecker(args)
+
+
+GPU_POD = {"p1": {"pool": "gpu"}}  # p1 asks for the gpu sub-cluster; p2 and q1 name none
+WEB_PREEMPTIBLE = frozenset({"p1", "p2"})
 
 
 CHECK_CASES = [
@@ -137,10 +172,28 @@ CHECK_CASES = [
         [], move("p1"), "web",
     ),
     CheckCase(
-        "budget: one allowed: a pod may move (batches share it out)",
+        "budget: one allowed: the first move of a round passes",
         DisruptionBudget(),
         Spec(BASE.nodes, budgets=[budget("web", "web", max_unavailable=1, allowed=1)]),
+        [], move("p1"), None,
+    ),
+    CheckCase(
+        "budget: one allowed: a second move of the round is refused (the first used it)",
+        DisruptionBudget(),
+        Spec(BASE.nodes, budgets=[budget("web", "web", max_unavailable=1, allowed=1)]),
+        [move("p2")], move("p1"), "allows 0 more disruptions",
+    ),
+    CheckCase(
+        "budget: two allowed: a second move passes",
+        DisruptionBudget(),
+        Spec(BASE.nodes, budgets=[budget("web", "web", max_unavailable=2, allowed=2)]),
         [move("p2")], move("p1"), None,
+    ),
+    CheckCase(
+        "budget: a retracted move gives its disruption back",
+        DisruptionBudget(),
+        Spec(BASE.nodes, budgets=[budget("web", "web", max_unavailable=1, allowed=1)]),
+        [move("p2")], move("p1"), None, retracted=[move("p2")],
     ),
     CheckCase(
         "budget: a pod no budget selects",
@@ -178,6 +231,43 @@ CHECK_CASES = [
         Throttle(throttle(0, label_key="app")), BASE, [], move("p1"), None,
     ),
     CheckCase(
+        "throttle: a retracted move is not counted",
+        Throttle(throttle(1)), BASE, [move("p2")], move("p1"), None, retracted=[move("p2")],
+    ),
+    CheckCase(
+        "throttle limited to preemptible pods: a preemptible pod's second move",
+        Throttle(throttle(1, preemptible=True)), Spec(BASE.nodes, preemptible=WEB_PREEMPTIBLE),
+        [move("p2")], move("p1"), "already moved 1",
+    ),
+    CheckCase(
+        "throttle limited to preemptible pods: a non-preemptible pod is not limited",
+        Throttle(throttle(1, preemptible=True)), BASE, [move("p2")], move("p1"), None,
+    ),
+    CheckCase(
+        "throttle limited to preemptible pods: a non-preemptible pod's move is not counted",
+        Throttle(throttle(1, preemptible=True)), Spec(BASE.nodes, preemptible=frozenset({"p1"})),
+        [move("p2")], move("p1"), None,
+    ),
+    CheckCase(
+        "throttle limited to preemptible pods: earlier rounds' moves of them count",
+        Throttle(throttle(1, preemptible=True)), Spec(BASE.nodes, preemptible=WEB_PREEMPTIBLE),
+        [], move("p1"), "already moved 1", history=[([move("p2")], 1, 60.0)],
+    ),
+    CheckCase(
+        "throttle limited to non-preemptible pods: a non-preemptible pod's second move",
+        Throttle(throttle(1, preemptible=False)), BASE, [move("p2")], move("p1"), "already moved",
+    ),
+    CheckCase(
+        "throttle limited to non-preemptible pods: a preemptible pod is not limited",
+        Throttle(throttle(1, preemptible=False)), Spec(BASE.nodes, preemptible=WEB_PREEMPTIBLE),
+        [move("p2")], move("p1"), None,
+    ),
+    CheckCase(
+        "group throttle limited to preemptible pods: a non-preemptible pod is not limited",
+        GroupThrottle(throttle(1, preemptible=True)), BASE, [], move("p1"), None,
+        history=[([move("p2")], 7, 60.0)],
+    ),
+    CheckCase(
         "group throttle: many moves in one round count once",
         GroupThrottle(throttle(1)), BASE, [move("p2")], move("p1"), None,
     ),
@@ -192,14 +282,71 @@ CHECK_CASES = [
         history=[([move("p2")], 7, 60.0), ([move("p2")], 8, 30.0)],
     ),
     CheckCase(
+        "pending: no threshold is no limit",
+        pending(), Spec(BASE.nodes, pending=50), [], move("p1"), None,
+    ),
+    CheckCase(
         "pending: within the threshold",
-        PendingChecker(PendingCheckerArgs(max_pending=2)), Spec(BASE.nodes, pending=2),
-        [], move("p1"), None,
+        pending(2), Spec(BASE.nodes, pending=2), [], move("p1"), None,
     ),
     CheckCase(
         "pending: over the threshold",
-        PendingChecker(PendingCheckerArgs(max_pending=2)), Spec(BASE.nodes, pending=3),
-        [], move("p1"), "3 pods are pending",
+        pending(2), Spec(BASE.nodes, pending=3), [], move("p1"), "3 pods are pending",
+    ),
+    CheckCase(
+        "pending: only pods that could run in the policy's scope count",
+        pending(0),
+        Spec(BASE.nodes, pending_selectors=[{"pool": "cpu"}] * 3, scope_labels={"pool": "gpu"}),
+        [], move("p1"), None,
+    ),
+    CheckCase(
+        "pending: a threshold counts the pod's own sub-cluster: within",
+        pending(1, "pool"),
+        Spec(BASE.nodes, pod_selectors=GPU_POD,
+             pending_selectors=[{"pool": "cpu"}] * 3 + [{"pool": "gpu"}]),
+        [], move("p1"), None,
+    ),
+    CheckCase(
+        "pending: a threshold counts the pod's own sub-cluster: over",
+        pending(1, "pool"),
+        Spec(BASE.nodes, pod_selectors=GPU_POD, pending_selectors=[{"pool": "gpu"}] * 2),
+        [], move("p1"), "2 pods are pending in sub-cluster pool='gpu' (max 1)",
+    ),
+    CheckCase(
+        "pending: a pod naming no sub-cluster is in the default one",
+        pending(0, "pool"),
+        Spec(BASE.nodes, pending_selectors=[{"pool": "gpu"}] * 3),
+        [], move("p2"), None,
+    ),
+    CheckCase(
+        "pending: the default sub-cluster's own pending pods",
+        pending(0, "pool"), Spec(BASE.nodes, pending=1), [], move("p2"), "1 pods are pending",
+    ),
+    CheckCase(
+        "pending: a per-sub-cluster threshold beside the default",
+        pending(0, "pool", {"gpu": 5}),
+        Spec(BASE.nodes, pod_selectors=GPU_POD, pending_selectors=[{"pool": "gpu"}] * 5),
+        [], move("p1"), None,
+    ),
+    CheckCase(
+        "pending: the default threshold for a sub-cluster not listed",
+        pending(0, "pool", {"gpu": 5}),
+        Spec(BASE.nodes, pod_selectors={"q1": {"pool": "cpu"}},
+             pending_selectors=[{"pool": "cpu"}]),
+        [], move("q1", "db"), "1 pods are pending in sub-cluster pool='cpu' (max 0)",
+    ),
+    CheckCase(
+        "pending: per-sub-cluster thresholds only: other sub-clusters have no limit",
+        pending(None, "pool", {"gpu": 0}),
+        Spec(BASE.nodes, pod_selectors={"q1": {"pool": "cpu"}},
+             pending_selectors=[{"pool": "cpu"}] * 9 + [{"pool": "gpu"}]),
+        [], move("q1", "db"), None,
+    ),
+    CheckCase(
+        "pending: per-sub-cluster thresholds only: a listed sub-cluster over its own",
+        pending(None, "pool", {"gpu": 0}),
+        Spec(BASE.nodes, pod_selectors=GPU_POD, pending_selectors=[{"pool": "gpu"}]),
+        [], move("p1"), "(max 0)",
     ),
 ]  # fmt: skip
 
@@ -214,6 +361,8 @@ def test_check(case: CheckCase) -> None:
     for admitted in case.admitted:
         assert case.check.check(view, admitted) is None, admitted
         case.check.admit(view, admitted)
+    for retracted in case.retracted:
+        case.check.retract(view, retracted)
     reason = case.check.check(view, case.judged)
     if case.vetoed is None:
         assert reason is None
@@ -227,7 +376,8 @@ def test_check(case: CheckCase) -> None:
 
 
 class Fixed:
-    """A detector and algorithm that propose exactly the given moves (for round mechanics)."""
+    """A detector and algorithm that propose exactly the given moves (for round mechanics), as
+    the protocol asks: each one the checks do not veto is made on the view."""
 
     NAME: ClassVar[str] = "Fixed"
 
@@ -240,7 +390,12 @@ class Fixed:
     def reschedule(
         self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
     ) -> list[Move]:
-        return [m for m in self.moves if veto(m) is None]
+        chosen = []
+        for m in self.moves:
+            if veto(m) is None:
+                view.move(m.pod, m.target)
+                chosen.append(m)
+        return chosen
 
 
 def policy(plugin: Any, checks: Sequence[Check] = (), **kw: Any) -> Policy:
@@ -280,6 +435,87 @@ def test_dry_run_predicts_freed_gpu_nodes_and_changes_nothing() -> None:
     # The view the round planned against is untouched.
     assert {p.name: p.node for p in view.pods.values()}["a1"] == "a"
     assert len(view.nodes["c"].pods) == 5
+
+
+def default_policy(name: str) -> Policy:
+    """A built-in policy (default_policies.yaml), built as the service builds it."""
+    [config] = [c for c in ReschedulerConfig().policy_configs() if c.name == name]
+    return build_policy(config)
+
+
+@pytest.mark.parametrize("name", ["gpu-defrag", "binpacking"])
+def test_the_built_in_packing_policies_run_while_large_gpu_pods_wait(name: str) -> None:
+    # Whole-machine pods waiting for a free 8-GPU node are what defragmentation is for.
+    spec = fragmented_gpus()
+    spec.pending_selectors = [{}] * 4
+    plan = RoundRunner().run(
+        default_policy(name), view_of(spec), generation=1, dry_run=True, trigger="rpc"
+    )
+    assert plan.outcome == PLANNED, plan.message
+    assert plan.moves
+
+
+def test_a_built_in_policy_holds_back_behind_a_backlog() -> None:
+    spec = fragmented_gpus()
+    spec.pending = 1001
+    plan = RoundRunner().run(
+        default_policy("gpu-defrag"), view_of(spec), generation=1, dry_run=True, trigger="rpc"
+    )
+    assert plan.outcome == NOTHING and not plan.moves, plan.message
+
+
+@pytest.mark.parametrize(
+    ("check", "raw", "named"),
+    [
+        pytest.param("PendingChecker", {"max_pending": -1}, "max_pending", id="max-pending<0"),
+        pytest.param("PendingChecker", {"max_pending": True}, "max_pending", id="max-pending-bool"),
+        pytest.param("PendingChecker", {"thresholds": ["gpu"], "sub_cluster_key": "pool"},
+                     "thresholds", id="thresholds-not-a-map"),
+        pytest.param("PendingChecker", {"thresholds": {"gpu": -1}, "sub_cluster_key": "pool"},
+                     "thresholds.gpu", id="threshold<0"),
+        pytest.param("PendingChecker", {"thresholds": {"gpu": 1}}, "sub_cluster_key",
+                     id="thresholds-without-key"),
+        pytest.param("PendingChecker", {"sub_cluster_key": 3}, "sub_cluster_key", id="key-type"),
+        pytest.param("PendingChecker", {"max_pendin": 3}, "max_pendin", id="unknown-arg"),
+        pytest.param("Throttle", {"preemptible": "yes"}, "preemptible", id="preemptible-str"),
+        pytest.param("GroupThrottle", {"preemptible": 1}, "preemptible", id="preemptible-int"),
+    ],
+)  # fmt: skip
+def test_invalid_check_args_are_refused_naming_the_field(
+    check: str, raw: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(PluginConfigError) as refused:
+        new_check_registry().get(check).parse_args(raw)
+    message = str(refused.value)
+    assert message.startswith(f"{check}: ") and named in message and "\n" not in message
+
+
+def test_a_bad_check_arg_in_a_policy_file_is_one_line_naming_the_entry() -> None:
+    text = """
+policies:
+  - name: pack
+    detector: {name: BinPacking}
+    algorithm: {name: BinPacking}
+    checks: [Protection, {name: PendingChecker, args: {max_pending: -5}}]
+"""
+    plugins = new_plugin_registry()
+    with pytest.raises(PolicyConfigError) as refused:
+        load_policies(text, plugins, plugins, new_check_registry())
+    assert str(refused.value) == (
+        "policies[0] (pack): checks[1]: args: PendingChecker: max_pending must be an int >= 0 "
+        "(omitted: no limit), got -5"
+    )
+
+
+def test_valid_check_args_build() -> None:
+    registry = new_check_registry()
+    checker = registry.get("PendingChecker").build(
+        {"max_pending": 10, "sub_cluster_key": "pool", "thresholds": {"gpu": 100}}
+    )
+    assert isinstance(checker, PendingChecker)
+    assert checker.args == PendingCheckerArgs(10, "pool", {"gpu": 100})
+    throttle = registry.get("Throttle").build({"preemptible": True, "max_moves": 3})
+    assert isinstance(throttle, Throttle) and throttle.args.preemptible is True
 
 
 def test_nothing_to_do_when_no_node_is_below_threshold() -> None:
@@ -338,35 +574,79 @@ def test_a_check_veto_on_the_final_plan_aborts_the_round() -> None:
     assert plan.outcome == ABORTED and "Protection" in plan.message and "p1" in plan.message
 
 
-@pytest.mark.parametrize(
-    ("allowed", "batches"), [(1, 3), (2, 2), (3, 1)], ids=["budget 1", "budget 2", "budget 3"]
-)
-def test_batches_respect_the_disruption_budget(allowed: int, batches: int) -> None:
+def three_web_pods(allowed: int) -> tuple[Spec, list[Move]]:
+    """One pod of `web` on each of a, b and c, a budget allowing ``allowed``, and the moves of
+    all three to d."""
     spec = Spec(
         {"a": [("w1", "web", 100, 0)], "b": [("w2", "web", 100, 0)], "c": [("w3", "web", 100, 0)],
          "d": []},
         budgets=[budget("web", "web", max_unavailable=allowed, allowed=allowed)],
     )  # fmt: skip
     moves = [move("w1", "web", "a", "d"), move("w2", "web", "b", "d"), move("w3", "web", "c", "d")]
+    return spec, moves
+
+
+@pytest.mark.parametrize(
+    ("allowed", "planned"), [(1, 1), (2, 2), (3, 3)], ids=["budget 1", "budget 2", "budget 3"]
+)
+def test_a_round_plans_no_more_moves_of_a_budget_than_it_allows(allowed: int, planned: int) -> None:
+    spec, moves = three_web_pods(allowed)
     plan = RoundRunner().run(
         policy(Fixed(moves), [DisruptionBudget()]),
         view_of(spec), generation=1, dry_run=False, trigger="rpc",
     )  # fmt: skip
+    assert plan.outcome == PLANNED, plan.message
+    assert [m.pod for m in plan.moves] == [m.pod for m in moves[:planned]]
+    # What the plan promises runs at once: one batch within the budget.
+    assert len(plan.batches) == 1
+
+
+def test_the_budget_is_used_up_across_a_drain_and_given_back_when_it_is_undone() -> None:
+    """BinPacking drains a first (least used): w1 takes the budget's one disruption, w2 then
+    finds none, so a cannot be emptied and w1's move is taken back, with its disruption. b's lone
+    pod w3 then moves. Without the check consuming the budget the plan would hold all three moves
+    of a budget of one; without the giving back, none."""
+    spec = Spec(
+        {"a": [("w1", "web", 100, 0), ("w2", "web", 100, 0)], "b": [("w3", "web", 400, 0)],
+         "c": [("f1", "filler", 2400, 0)]},
+        budgets=[budget("web", "web", max_unavailable=1, allowed=1)],
+    )  # fmt: skip
+    cpu = BinPacking(BinPackingArgs(resources={"cpu": 1}, threshold_percentage=50))
+    plan = RoundRunner().run(
+        policy(cpu, [DisruptionBudget()]), view_of(spec), generation=1, dry_run=False,
+        trigger="rpc",
+    )  # fmt: skip
+    assert plan.outcome == PLANNED, plan.message
+    assert [(m.pod, m.source, m.target) for m in plan.moves] == [("w3", "b", "c")]
+
+
+@pytest.mark.parametrize(
+    ("allowed", "batches"), [(1, 3), (2, 2), (3, 1)], ids=["budget 1", "budget 2", "budget 3"]
+)
+def test_without_the_check_batches_respect_the_disruption_budget(
+    allowed: int, batches: int
+) -> None:
+    # A policy that does not list DisruptionBudget plans every move; the generator then cuts
+    # the plan into batches each within the budgets (the executor waits for them between).
+    spec, moves = three_web_pods(allowed)
+    plan = RoundRunner().run(
+        policy(Fixed(moves)), view_of(spec), generation=1, dry_run=False, trigger="rpc"
+    )
     assert plan.outcome == PLANNED, plan.message
     assert len(plan.batches) == batches
     assert all(len(b) <= allowed for b in plan.batches)
 
 
 def test_a_swap_that_no_budget_admits_aborts_the_round() -> None:
+    # Without the DisruptionBudget check the swap is planned whole; no batch can hold it.
     spec = Spec(
         {"a": [("w1", "web", 100, 0)], "b": [("w2", "web", 100, 0)]},
         budgets=[budget("web", "web", max_unavailable=1, allowed=1)],
     )
     swap = [move("w1", "web", "a", "b"), move("w2", "web", "b", "a")]
     plan = RoundRunner().run(
-        policy(Fixed(swap), [DisruptionBudget()]),
-        view_of(spec), generation=1, dry_run=False, trigger="rpc",
-    )  # fmt: skip
+        policy(Fixed(swap)), view_of(spec), generation=1, dry_run=False, trigger="rpc"
+    )
     assert plan.outcome == ABORTED and "disruption budget" in plan.message
 
 

@@ -646,8 +646,31 @@ def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> Non
     _print("Pod", pods, "table")
 
 
+def _delete_targets(words: Sequence[str]) -> list[tuple[str, str]]:
+    """`TYPE NAME [NAME...]` or `TYPE/NAME [TYPE/NAME...]`, as kubectl takes them: (kind, name)
+    pairs in the order given."""
+    if all("/" in word for word in words):
+        pairs = [word.split("/", 1) for word in words]
+        if not all(name for _, name in pairs):
+            fail("delete needs a NAME after each TYPE/")
+        return [(_kind(kind), name) for kind, name in pairs]
+    if any("/" in word for word in words):
+        fail("give TYPE NAME [NAME...] or TYPE/NAME [TYPE/NAME...], not both forms")
+    kind, names = words[0], words[1:]
+    if "," in kind:
+        fail("a NAME goes with a single TYPE")
+    if not names:
+        fail("delete needs a NAME")
+    return [(_kind(kind), name) for name in names]
+
+
 @click.command("delete")
-@click.argument("target", nargs=-1, help="TYPE NAME or TYPE/NAME", shell_complete=_complete_target)
+@click.argument(
+    "target",
+    nargs=-1,
+    help="TYPE NAME [NAME...] or TYPE/NAME [TYPE/NAME...]",
+    shell_complete=_complete_target,
+)
 @click.option("--filename", "-f", multiple=True, help="Delete the objects of these manifests.")
 @click.option(
     "--wait/--no-wait",
@@ -671,7 +694,8 @@ def delete(
     server: str | None,
     home: Path | None,
 ) -> None:
-    """Delete an object, or those of manifest files; deleting a job deletes its pods.
+    """Delete objects, or those of manifest files; deleting a job deletes its pods. Each name is
+    reported on its own line; one that fails does not stop the others (the exit status is 1).
 
     A job too big for one store commit is marked and its pods go in the background: the
     dispatcher answers at once, the job reads as Deleting with the pods it has left, and this
@@ -681,10 +705,7 @@ def delete(
     if filename:
         targets = [(m.kind, m.name) for m in _read_manifests(filename)]
     else:
-        kind, name = _split_target(target)
-        if not name:
-            fail("delete needs a NAME")
-        targets = [(kind, name)]
+        targets = _delete_targets(target)
     failed = False
     with _client(server, home) as client:
         in_progress: dict[str, int] = {}  # job -> its pods left

@@ -185,7 +185,7 @@ class DashboardService(Service[DashboardConfig]):
             "pods": tracker.pod_summary(),
             "pending_reasons": tracker.pending_reasons(),
             "throughput": tracker.throughput(now_ms / 1000),
-            "queues": queue_summary(informer.list(pb.Queue)),
+            "queues": queue_summary(informer.list(pb.Queue), tracker.default_queue_status()),
             "shards": shard_summary(informer.list(pb.SchedulerInstance), now_ms),
             "binder": lease_summary(lease),
             "movements": movement_summary(informer.list(pb.Movement)),

@@ -26,6 +26,7 @@ from placement.claims import TERMINAL_PHASES
 from placement.resources import Quantities
 from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
+from services.tenancy import DEFAULT_QUEUE
 
 GUARANTEED = "guaranteed"
 BEST_EFFORT = "best_effort"
@@ -82,6 +83,47 @@ def percentile(sorted_values: list[int], q: float) -> int | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
+class _DefaultQueue:
+    """The default queue's figures, counted from its pods. Jobs that name no queue go there, and
+    no Queue object need exist for it — nor, then, a status that the dispatcher writes — so the
+    page counts what its pods hold and how many of them wait, as ``Queue.status`` would."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, Quantities] = {}  # pod -> its requests, while it holds a claim
+        self._used = Quantities()
+        self._waiting: dict[str, str] = {}  # pending pod -> its job
+        self._jobs: Counter[str] = Counter()  # job -> its pending pods
+
+    @staticmethod
+    def has(pod: pb.Pod) -> bool:
+        return pod.spec.queue in ("", DEFAULT_QUEUE)
+
+    def holds(self, name: str, requests: Quantities) -> None:
+        self._held[name] = requests
+        self._used.add(requests)
+
+    def waits(self, name: str, job: str) -> None:
+        self._waiting[name] = job
+        self._jobs[job] += 1
+
+    def forget(self, name: str) -> None:
+        held = self._held.pop(name, None)
+        if held is not None:
+            self._used.add(held, -1)
+        job = self._waiting.pop(name, None)
+        if job is not None:
+            self._jobs[job] -= 1
+            if not self._jobs[job]:
+                del self._jobs[job]
+
+    def status(self) -> pb.QueueStatus:
+        return pb.QueueStatus(
+            used=self._used.as_resources(),
+            pending_pods=len(self._waiting),
+            pending_units=len(self._jobs),
+        )
+
+
 class ClusterTracker:
     """Informer handlers for Node and Pod, and the summary the dashboard sends."""
 
@@ -104,6 +146,7 @@ class ClusterTracker:
         self._phases: Counter[int] = Counter()
         self._pod_phase: dict[str, int] = {}
         self._seconds: deque[_Second] = deque()
+        self._default_queue = _DefaultQueue()
 
     # --- informer handlers ----------------------------------------------------------------
 
@@ -151,6 +194,7 @@ class ClusterTracker:
         name = changed.metadata.name
         self._release(name)
         self._pending.pop(name, None)
+        self._default_queue.forget(name)
         if (phase := self._pod_phase.pop(name, None)) is not None:
             self._phases[phase] -= 1
         if new is None:
@@ -166,11 +210,15 @@ class ClusterTracker:
                 self._record_bind(new)
         elif new.status.phase == pb.POD_PENDING:
             self._pending[name] = pending_reason(new)
+            if _DefaultQueue.has(new):
+                self._default_queue.waits(name, new.spec.job)
 
     def _claim(self, name: str, pod: pb.Pod) -> None:
         claim = RoomClaim.of(pod)
         self._room.claim(name, claim)
         self._update_utilisation(claim.node)
+        if _DefaultQueue.has(pod):
+            self._default_queue.holds(name, claim.requests)
 
     def _release(self, name: str) -> None:
         claim = self._room.release(name)
@@ -242,6 +290,10 @@ class ClusterTracker:
             "failed": self._phases[pb.POD_FAILED],
         }
 
+    def default_queue_status(self) -> pb.QueueStatus:
+        """The default queue's status as its pods show it (see :func:`queue_summary`)."""
+        return self._default_queue.status()
+
     def pending_reasons(self) -> list[dict[str, Any]]:
         counts = Counter(self._pending.values())
         return [{"reason": r, "pods": n} for r, n in counts.most_common(_MAX_REASONS)]
@@ -265,9 +317,19 @@ class ClusterTracker:
         return {"start": start, "bound": bound, "p50_ms": p50, "p99_ms": p99}
 
 
-def queue_summary(queues: Iterable[pb.Queue]) -> list[dict[str, Any]]:
+def queue_summary(
+    queues: Iterable[pb.Queue], default_status: pb.QueueStatus | None = None
+) -> list[dict[str, Any]]:
+    """A row per queue, by name. The default queue is listed even when no Queue object is
+    stored for it (jobs naming no queue go there): without quota, with ``default_status``
+    (:meth:`ClusterTracker.default_queue_status`)."""
+    by_name = {q.metadata.name: q for q in queues}
+    if DEFAULT_QUEUE not in by_name:
+        by_name[DEFAULT_QUEUE] = pb.Queue(
+            metadata=pb.ObjectMeta(name=DEFAULT_QUEUE), status=default_status
+        )
     rows = []
-    for queue in sorted(queues, key=lambda q: q.metadata.name):
+    for _, queue in sorted(by_name.items()):
         quota, used = queue.spec.quota, queue.status.used
         rows.append(
             {

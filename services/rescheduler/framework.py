@@ -86,7 +86,8 @@ class ClusterView:
 
     ``scope`` is the policy's node scope (by labels): detectors look only there and algorithms
     target only there. ``move`` updates the view as if a move had happened, so later decisions
-    of the same round see the earlier ones.
+    of the same round see the earlier ones, and tells ``move_listener`` (pod, from, to) if one is
+    set: the round counts the moves an algorithm makes that way (see round.py).
     """
 
     nodes: dict[str, NodeInfo]
@@ -99,6 +100,9 @@ class ClusterView:
     # The label selector that chose ``scope`` (empty: every node).
     scope_labels: dict[str, str] = field(default_factory=dict)
     revision: int = 0
+    # Hears of every move made with ``move`` (pod, from, to), undoing ones included; a copy of
+    # the view starts without one.
+    move_listener: Callable[[str, str, str], None] | None = field(default=None, repr=False)
     _by_node: dict[str, set[str]] = field(default_factory=dict, repr=False)
     # Pods counted by topology domain, for inter-pod affinity and spread (the rules that look
     # beyond the target node); built on first need, kept in step by ``move`` and ``remove``.
@@ -211,6 +215,8 @@ class ClusterView:
         running.node = target
         if self._topology is not None:
             self._topology.add(target, placed)
+        if self.move_listener is not None:
+            self.move_listener(pod, source, target)
 
     def remove(self, pod: str) -> RunningPod:
         """Take ``pod`` off its node (evicted, not yet placed again)."""
@@ -283,8 +289,10 @@ class Algorithm(Protocol):
         self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
     ) -> list[Move]:
         """Moves that repair ``detections``. Call ``veto`` on a candidate move before choosing it
-        (skip it when vetoed) and ``view.move`` after, so later choices see earlier ones. Every
-        target must be in scope and pass ``view.fits``."""
+        (skip it when vetoed) and ``view.move`` after, so later choices see earlier ones: the
+        round's checks count every move made on the view (budgets and throttles are used up by
+        it), and a pod moved back to its node is uncounted. Every target must be in scope and
+        pass ``view.fits``."""
         ...
 
 
@@ -306,6 +314,11 @@ class Check(Protocol):
 
     def admit(self, view: ClusterView, move: Move) -> None:
         """Record ``move`` as part of the round (budgets and throttles count it)."""
+        ...
+
+    def retract(self, view: ClusterView, move: Move) -> None:
+        """``move``, admitted earlier in this round, was taken back before the plan was final
+        (an all-or-nothing drain that could not finish): stop counting it."""
         ...
 
     def record(self, moves: Sequence[Move], view: ClusterView, generation: int, now: float) -> None:

@@ -6,7 +6,11 @@ on its own copy (its scratch moves never leak into the next step), and validatio
 simulation on theirs; detection and the checks only read it.
 
 1. **Detect**: the detector names the nodes (and pods) to relieve. Nothing found: done.
-2. **Propose**: the algorithm proposes moves, consulting the checks as it goes.
+2. **Propose**: the algorithm proposes moves, consulting the checks as it goes. Every move it
+   makes on its view is admitted by the checks at once (as the original assumes each chosen
+   move in its check stores): a disruption budget's allowance and a throttle's moves are used up
+   by it, so a round never plans more moves than a budget allows; a move the algorithm takes
+   back (a drain that could not finish) is retracted.
 3. **Validate**: every moving pod is taken off its node first, then each target is re-judged by
    the placement library's filters in order (earlier moves assumed). Targets that no longer fit
    are dropped; more than ``failure_ratio_threshold`` of them aborts the round.
@@ -154,6 +158,31 @@ def _vetoes(checks: Sequence[Check], view: ClusterView) -> Callable[[Move], str 
     return veto
 
 
+class _Admissions:
+    """Keeps the checks' count of a round's moves in step with the algorithm's view (its
+    ``move_listener``): a pod that leaves its node is admitted, one put back is retracted, and
+    one moved on again is counted once, from its own node to the latest target."""
+
+    def __init__(self, checks: Sequence[Check], view: ClusterView) -> None:
+        self._checks = checks
+        self._view = view
+        self._admitted: dict[str, Move] = {}  # pod -> its move as the checks count it
+
+    def moved(self, pod: str, source: str, target: str) -> None:
+        origin = source
+        earlier = self._admitted.pop(pod, None)
+        if earlier is not None:
+            origin = earlier.source
+            for check in self._checks:
+                check.retract(self._view, earlier)
+        if target == origin:
+            return
+        move = Move(pod, self._view.pods[pod].job, origin, target)
+        for check in self._checks:
+            check.admit(self._view, move)
+        self._admitted[pod] = move
+
+
 class _BatchBudget:
     """A fresh copy of the disruption budgets for one batch (the generator's BatchBudget)."""
 
@@ -214,6 +243,7 @@ class RoundRunner:
         proposing = view.copy()
         for check in policy.checks:
             check.start_round(proposing, now)
+        proposing.move_listener = _Admissions(policy.checks, proposing).moved
         moves = policy.algorithm.reschedule(
             proposing, detections, _vetoes(policy.checks, proposing)
         )

@@ -7,6 +7,12 @@ The swap and the mismatch run the real executor (``RoundExecutor``) in the test 
 a real cluster's store and Binder, with a hand-made plan: the plugins do not plan a swap on
 purpose, and a mismatch needs the recommended node to change between planning and landing, which
 a hand-made plan makes deterministic. Everything else goes through the rescheduler service.
+
+The GPU defragmentation and the kill -9 run rounds of several batches, each within a budget of
+one. A policy with the DisruptionBudget check plans no more moves of a budget than it allows now
+(one, here: a one-batch round), so these rescheduler processes run the built-in policies without
+that check (``batched_policies``): every move the packing wants is planned, and the budgets are
+kept batch by batch — the generator, the executor's wait for them, the Binder.
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from foundation import tls
 from godel.client import ReschedulerClient
@@ -61,6 +70,18 @@ def budget(job: str, max_unavailable: int) -> pb.DisruptionBudget:
     out.spec.job = job
     out.spec.max_unavailable = max_unavailable
     return out
+
+
+def batched_policies(tmp_path: Path) -> tuple[str, tuple[str, ...]]:
+    """The rescheduler's args for the built-in policies without the DisruptionBudget check
+    (see the module docstring), from a --config file in ``tmp_path``."""
+    text = (resources.files("services.rescheduler") / "default_policies.yaml").read_text()
+    policies = yaml.safe_load(text)["policies"]
+    for policy in policies:
+        policy["checks"] = [c for c in policy["checks"] if c != "DisruptionBudget"]
+    path = tmp_path / "batched-policies.yaml"
+    path.write_text(yaml.safe_dump({"policies": policies}))
+    return ("rescheduler", ("--config", str(path)))
 
 
 def apply_budgets(cluster: Cluster, budgets: Sequence[pb.DisruptionBudget]) -> None:
@@ -420,10 +441,15 @@ def whole_free_nodes(cluster: Cluster) -> int:
 
 
 def test_gpu_defragmentation_frees_the_predicted_nodes_within_every_budget(
-    make_cluster: Callable[..., Cluster],
+    make_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:
     replicas, jobs = 10, [f"train-{i}" for i in range(10)]
-    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=50, service_args=(GPU_NODES,))
+    cluster = make_cluster(
+        schedulers=2,
+        binders=1,
+        hollow_nodes=50,
+        service_args=(GPU_NODES, batched_policies(tmp_path)),
+    )
     wait_until(lambda: len(cluster.client.list("Node")) == 50, 120, "50 nodes registered")
     # 100 one-GPU pods, spread about 2 per node by least-allocated scoring: no node is whole.
     cluster.client.submit([gpu_job(job, replicas) for job in jobs])
@@ -488,7 +514,7 @@ def spread_web(cluster: Cluster, nodes: int) -> None:
 
 @pytest.mark.parametrize("killed", ["after the first eviction", "while acknowledging"])
 def test_rescheduler_kill9_mid_round_leaves_no_pod_unreplaced_and_restarts_clean(
-    make_cluster: Callable[..., Cluster], killed: str
+    make_cluster: Callable[..., Cluster], killed: str, tmp_path: Path
 ) -> None:
     """A 7-batch round (a budget of 1, one pod per batch) is killed -9 after its first eviction,
     or while its first Movement waits for acknowledgements (held there by a third shard killed
@@ -498,7 +524,7 @@ def test_rescheduler_kill9_mid_round_leaves_no_pod_unreplaced_and_restarts_clean
         schedulers=3 if acknowledging else 2,
         binders=1,
         hollow_nodes=10,
-        service_args=(FOUR_CPU_NODES,),
+        service_args=(FOUR_CPU_NODES, batched_policies(tmp_path)),
     )
     spread_web(cluster, 10)
     with ReschedulerClient(cluster.state.address_of("rescheduler")) as client:

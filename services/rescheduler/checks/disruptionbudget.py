@@ -1,9 +1,12 @@
-"""DisruptionBudget: a pod whose disruption budgets allow no disruption now is never moved.
+"""DisruptionBudget: a move may not take more disruptions than its pod's budgets allow now, and
+the moves a round plans use the allowance up (as the original's PDBChecker assumes each move it
+passes): one round never plans more moves of a budget than ``disruptions_allowed``, so a plan
+never promises moves that the batches and the Binder would refuse.
 
 The budgets are the DisruptionBudget objects preemption obeys, read through the one budget
-logic (``placement.budgets``). This check answers "may this pod be disrupted at all"; how many
-may go at once is the movement generator's business, which cuts the plan into batches each
-admitted by a fresh copy of the same budgets.
+logic (``placement.budgets.BudgetTracker``), which a round charges move by move and gives back
+when the algorithm takes a move back. The movement generator then cuts the plan into batches,
+each admitted by a fresh copy of the same budgets, and the Binder checks every eviction again.
 """
 
 from __future__ import annotations
@@ -35,8 +38,14 @@ class DisruptionBudget:
         return "; ".join(broken) if broken else None
 
     def admit(self, view: ClusterView, move: Move) -> None:
-        # Admitted moves do not use up the budget here: batches do (see the module docstring).
-        return None
+        running = view.pods.get(move.pod)
+        if running is not None and view.budgets:
+            self._tracker.admit([running.pod])
+
+    def retract(self, view: ClusterView, move: Move) -> None:
+        running = view.pods.get(move.pod)
+        if running is not None and view.budgets:
+            self._tracker.release([running.pod])
 
     def record(self, moves: Sequence[Move], view: ClusterView, generation: int, now: float) -> None:
         return None

@@ -41,6 +41,9 @@ class Protection:
     def admit(self, view: ClusterView, move: Move) -> None:
         return None
 
+    def retract(self, view: ClusterView, move: Move) -> None:
+        return None
+
     def record(self, moves: Sequence[Move], view: ClusterView, generation: int, now: float) -> None:
         return None
 

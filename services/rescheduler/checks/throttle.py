@@ -4,6 +4,12 @@ Throttle counts moves per value inside a sliding window (past rounds' moves plus
 this round); GroupThrottle counts distinct rounds that moved any pod with the value, so a service
 is disturbed by at most N rounds per window however many of its pods each round moves. The value
 is the pod's ``label_key`` label, or its job's name when ``label_key`` is empty (the default).
+
+``preemptible`` limits a throttle to the pods that may be preempted (true) or to those that may
+not (false), as the original's ``canBePreempted`` item does; omitted, it throttles every pod. A
+pod is preemptible as preemption reads it: its ``spec.preemptible`` (its job's, else its queue's
+default). Pods a throttle does not apply to are neither limited nor counted by it. (A policy lists
+each check once: a Throttle may limit one kind while a GroupThrottle limits the other.)
 """
 
 from __future__ import annotations
@@ -27,22 +33,34 @@ class ThrottleArgs:
     window_seconds: int = 3600
     # Moves (Throttle) or rounds (GroupThrottle) allowed per value and window.
     max_moves: int = 1
+    # Only preemptible pods (true), only the others (false), or every pod (omitted).
+    preemptible: bool | None = None
 
     def validate(self) -> None:
         if self.window_seconds <= 0:
             raise ValueError("window_seconds must be > 0")
         if self.max_moves < 0:
             raise ValueError("max_moves must be >= 0")
+        if self.preemptible is not None and not isinstance(self.preemptible, bool):
+            raise ValueError(
+                f"preemptible must be true, false or omitted (every pod), got {self.preemptible!r}"
+            )
 
 
-def throttle_value(view: ClusterView, move: Move, label_key: str) -> str | None:
-    """The value the move is throttled under; None when the pod has no such label."""
-    if not label_key:
+def throttle_value(view: ClusterView, move: Move, args: ThrottleArgs) -> str | None:
+    """The value the move is throttled under; None when the throttle does not apply to the pod
+    (it lacks the label, or is not of the preemptibility the throttle is limited to)."""
+    if not args.label_key and args.preemptible is None:
         return move.job
     running = view.pods.get(move.pod)
     if running is None:
         return None
-    return running.pod.spec.template.labels.get(label_key)
+    pod = running.pod  # decoded once for both questions
+    if args.preemptible is not None and pod.spec.preemptible != args.preemptible:
+        return None
+    if not args.label_key:
+        return move.job
+    return pod.spec.template.labels.get(args.label_key)
 
 
 class _History:
@@ -75,16 +93,24 @@ class Throttle:
         self.history = _History(args.window_seconds)
         self._now = 0.0
         self._admitted: dict[str, int] = defaultdict(int)
+        # Per pod, its value in this round (checks ask about one pod once per candidate node).
+        self._values: dict[str, str | None] = {}
 
     def start_round(self, view: ClusterView, now: float) -> None:
         self._now = now
         self._admitted.clear()
+        self._values.clear()
+
+    def _value(self, view: ClusterView, move: Move) -> str | None:
+        if move.pod not in self._values:
+            self._values[move.pod] = throttle_value(view, move, self.args)
+        return self._values[move.pod]
 
     def _used(self, value: str) -> int:
         return len(self.history.within(value, self._now)) + self._admitted[value]
 
     def check(self, view: ClusterView, move: Move) -> str | None:
-        value = throttle_value(view, move, self.args.label_key)
+        value = self._value(view, move)
         if value is None:
             return None
         if self._used(value) >= self.args.max_moves:
@@ -99,13 +125,18 @@ class Throttle:
         return f"{key}={value}" if key else f"job {value}"
 
     def admit(self, view: ClusterView, move: Move) -> None:
-        value = throttle_value(view, move, self.args.label_key)
+        value = self._value(view, move)
         if value is not None:
             self._admitted[value] += 1
 
+    def retract(self, view: ClusterView, move: Move) -> None:
+        value = self._value(view, move)
+        if value is not None and self._admitted[value] > 0:
+            self._admitted[value] -= 1
+
     def record(self, moves: Sequence[Move], view: ClusterView, generation: int, now: float) -> None:
         for move in moves:
-            value = throttle_value(view, move, self.args.label_key)
+            value = throttle_value(view, move, self.args)
             if value is not None:
                 self.history.add(value, now, generation)
 
@@ -119,7 +150,7 @@ class GroupThrottle(Throttle):
         return len(rounds) + (1 if self._admitted[value] else 0)
 
     def check(self, view: ClusterView, move: Move) -> str | None:
-        value = throttle_value(view, move, self.args.label_key)
+        value = self._value(view, move)
         if value is None or self._admitted[value]:
             return None  # this round already counts against the value: more of it costs nothing
         if self._used(value) >= self.args.max_moves:

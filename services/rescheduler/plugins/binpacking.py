@@ -7,11 +7,23 @@ Detect: in-scope nodes running at least one pod whose utilisation (framework.uti
 
 Reschedule: each detected node in turn is drained all-or-nothing (a half-emptied node frees
 nothing): its pods, biggest share of the node first, each to the fullest in-scope node that fits,
-is not vetoed, already has utilisation > 0 (an empty node is never a target) and has at least the
-source's current utilisation. Pods therefore only move toward fuller nodes, which implies the
-original's check (the source's utilisation after the pod left ≤ the target's). If some pod has no
-target, the node's earlier moves are undone in the view and the next node is tried. A node that
-received pods in this call is not drained later in it.
+is not vetoed, already has utilisation > 0 (an empty node is never a target) and passes the
+target rule. If some pod has no target, the node's earlier moves are undone in the view and the
+next node is tried. A node that received pods in this call is not drained later in it.
+
+The target rule is the original's (its BinPacking check): the target's utilisation must be at
+least the source's **after the moving pod has left it** — a pod never leaves a node that would
+still be fuller than where it goes. With the original's case (10-CPU nodes, ``cpu`` weighted):
+
+    ======================  ======================  ==========  ========================
+    source (pods, CPU)      target (pods, CPU)      moving pod  verdict
+    ======================  ======================  ==========  ========================
+    n2: p2 2 + p3 2 = 40 %  n1: p1 2 = 20 %         p3          allowed (20 % ≤ 20 %)
+    n2: p2 3 + p3 2 = 50 %  n1: p1 2 = 20 %         p3          refused (30 % > 20 %)
+    ======================  ======================  ==========  ========================
+
+The source's utilisation before the pod leaves (40 % in the first row) is not the bound: that
+would refuse moves the original makes.
 """
 
 from __future__ import annotations
@@ -140,7 +152,7 @@ class _Packing:
         return moves
 
     def _target_for(self, pod: RunningPod) -> str | None:
-        floor = self._utilisation(pod.node)  # the source's, less the pods that already left
+        floor = source_after_leaving(self.view, pod, self.weights, self.pool)
         # Skip, by bisection, the nodes too full to take the pod whatever their shape.
         ceiling = utilisation_ceiling(pod.info.req, self.weights, self.pool, self.largest)
         ranked = self.targets.items() if ceiling is None else self.targets.items_below(ceiling)
@@ -168,6 +180,24 @@ class _Packing:
             if all(f >= need for f, need in zip(free, smallest, strict=True)):
                 return True
         return False
+
+
+def source_after_leaving(
+    view: ClusterView, pod: RunningPod, weights: dict[str, int], pool: str
+) -> float:
+    """The target rule's floor: the utilisation of the pod's node (as the view has it) once the
+    pod has left it. Utilisation is linear in the requests, so that is the node's less the pod's
+    share; a hair is taken off so that a target exactly as full is not lost to rounding."""
+    node = view.nodes[pod.node]
+    return utilisation(node, weights, pool) - pod_share(node, pod.info.req, weights, pool) - 1e-9
+
+
+def target_allowed(view: ClusterView, pod: str, target: str, args: Args) -> bool:
+    """The target rule (see the module docstring): ``target``'s utilisation is at least that of
+    ``pod``'s node after the pod left it."""
+    running = view.pods[pod]
+    floor = source_after_leaving(view, running, args.resources, args.pool)
+    return utilisation(view.nodes[target], args.resources, args.pool) >= floor
 
 
 def _smallest_requests(view: ClusterView) -> dict[str, tuple[int, int, int]]:
