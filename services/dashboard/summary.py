@@ -23,10 +23,10 @@ from google.protobuf.message import Message
 
 from placement import nodeinfo
 from placement.claims import TERMINAL_PHASES
+from placement.quotas import DEFAULT_QUEUE
 from placement.resources import Quantities
 from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
-from services.tenancy import DEFAULT_QUEUE
 
 GUARANTEED = "guaranteed"
 BEST_EFFORT = "best_effort"
