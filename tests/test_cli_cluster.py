@@ -261,7 +261,11 @@ def test_up_with_store_replicas_runs_a_replica_and_three_sentinels(
         text=True, timeout=60,
     )  # fmt: skip
     assert restarted.returncode == 0, restarted.stderr
-    code, components = _status(godel)
+    # The restarted shard (and the one scale added) answer their health checks once they have
+    # caught up with the store: on a loaded machine that takes a few seconds.
+    seen: list[tuple[int, dict[str, dict[str, Any]]]] = []
+    _wait_until(lambda: seen.append(_status(godel)) or seen[-1][0] == 0, timeout=60)
+    code, components = seen[-1]
     assert code == 0 and {"scheduler-0", "scheduler-1"} <= set(components), components
     assert (home / "logs" / "scheduler-1.log").is_file()
     assert _exposed(home) == []

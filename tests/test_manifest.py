@@ -413,7 +413,8 @@ def test_utf8_bytes_and_a_missing_file() -> None:
 
 
 def test_examples_parse() -> None:
-    files = sorted((ROOT / "examples").glob("*.yaml"))
+    # A service's config file (examples/dispatcher-config.yaml) is not a manifest.
+    files = sorted(p for p in (ROOT / "examples").glob("*.yaml") if not p.stem.endswith("-config"))
     assert files, "examples/ holds manifests"
     for path in files:
         assert load(path.read_text(), path.name)
