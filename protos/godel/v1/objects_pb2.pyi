@@ -843,11 +843,18 @@ class PodTemplate(_message.Message):
     DURATION_MS_FIELD_NUMBER: _builtins.int
     TERMINATION_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     TOPOLOGY_SPREAD_CONSTRAINTS_FIELD_NUMBER: _builtins.int
+    GPU_MILLI_FIELD_NUMBER: _builtins.int
+    GPU_MODELS_FIELD_NUMBER: _builtins.int
     numa_policy: Global___NumaPolicy.ValueType
     duration_ms: _builtins.int
     """Hollow mode: how long the pod runs before it succeeds. 0 runs until deleted."""
     termination_grace_seconds: _builtins.int
     """Seconds an evicted pod gets between SIGTERM and SIGKILL (process mode). 0: the agent's default."""
+    gpu_milli: _builtins.int
+    """A share of one GPU card, in milli-GPU (1..999), with requests.gpus = 1: the pod sits on one
+    card that has at least this much free, and other shares may sit beside it. 0: the pod takes
+    requests.gpus whole cards, wholly free, of one node.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -868,6 +875,10 @@ class PodTemplate(_message.Message):
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def topology_spread_constraints(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopologySpreadConstraint]: ...
+    @_builtins.property
+    def gpu_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The GPU card models the pod accepts (e.g. "V100M16", "V100M32"). Empty: any model."""
+
     def __init__(
         self,
         *,
@@ -883,10 +894,12 @@ class PodTemplate(_message.Message):
         duration_ms: _builtins.int = ...,
         termination_grace_seconds: _builtins.int = ...,
         topology_spread_constraints: _abc.Iterable[Global___TopologySpreadConstraint] | None = ...,
+        gpu_milli: _builtins.int = ...,
+        gpu_models: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "requests", b"requests"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "command", b"command", "duration_ms", b"duration_ms", "env", b"env", "labels", b"labels", "node_selector", b"node_selector", "numa_policy", b"numa_policy", "ports", b"ports", "requests", b"requests", "termination_grace_seconds", b"termination_grace_seconds", "tolerations", b"tolerations", "topology_spread_constraints", b"topology_spread_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "command", b"command", "duration_ms", b"duration_ms", "env", b"env", "gpu_milli", b"gpu_milli", "gpu_models", b"gpu_models", "labels", b"labels", "node_selector", b"node_selector", "numa_policy", b"numa_policy", "ports", b"ports", "requests", b"requests", "termination_grace_seconds", b"termination_grace_seconds", "tolerations", b"tolerations", "topology_spread_constraints", b"topology_spread_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1103,6 +1116,7 @@ class PodSpec(_message.Message):
     NUMA_NODES_FIELD_NUMBER: _builtins.int
     PREEMPTION_POLICY_FIELD_NUMBER: _builtins.int
     PROTECTION_SECONDS_FIELD_NUMBER: _builtins.int
+    GPU_CARDS_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     """The owning job (scheduling unit) and this pod's index within it."""
     index: _builtins.int
@@ -1121,6 +1135,12 @@ class PodSpec(_message.Message):
     def numa_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """NUMA nodes assigned by the Binder for NUMA-bound pods."""
 
+    @_builtins.property
+    def gpu_cards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The GPU cards (indices on spec.node_name) the Binder assigned in its commit: requests.gpus
+        whole cards, or the one card a share (template.gpu_milli) sits on.
+        """
+
     def __init__(
         self,
         *,
@@ -1135,10 +1155,11 @@ class PodSpec(_message.Message):
         numa_nodes: _abc.Iterable[_builtins.int] | None = ...,
         preemption_policy: Global___PreemptionPolicy.ValueType = ...,
         protection_seconds: _builtins.int = ...,
+        gpu_cards: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["template", b"template"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "job", b"job", "node_name", b"node_name", "numa_nodes", b"numa_nodes", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_cards", b"gpu_cards", "index", b"index", "job", b"job", "node_name", b"node_name", "numa_nodes", b"numa_nodes", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "template", b"template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1403,12 +1424,17 @@ class NodeStatus(_message.Message):
     CONDITIONS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     READY_FIELD_NUMBER: _builtins.int
+    GPU_MODEL_FIELD_NUMBER: _builtins.int
     heartbeat_ms: _builtins.int
     """The last heartbeat. The stored object keeps the time the agent registered the node; later
     heartbeats live in the store's heartbeat hash, outside the change feed (Store.heartbeats),
     like Kubernetes node leases, and the Dispatcher API serves them here.
     """
     ready: _builtins.bool
+    gpu_model: _builtins.str
+    """The model of the node's GPU cards (a node's cards share one model), e.g. "V100M32", "T4".
+    Its cards are indexed 0 .. allocatable.gpus - 1. Empty on a node without GPUs.
+    """
     @_builtins.property
     def allocatable(self) -> Global___Resources:
         """The guaranteed pool (online pods)."""
@@ -1430,10 +1456,11 @@ class NodeStatus(_message.Message):
         conditions: _abc.Iterable[Global___Condition] | None = ...,
         heartbeat_ms: _builtins.int = ...,
         ready: _builtins.bool = ...,
+        gpu_model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "reclaimable", b"reclaimable", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "conditions", b"conditions", "heartbeat_ms", b"heartbeat_ms", "ready", b"ready", "reclaimable", b"reclaimable", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "conditions", b"conditions", "gpu_model", b"gpu_model", "heartbeat_ms", b"heartbeat_ms", "ready", b"ready", "reclaimable", b"reclaimable", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
