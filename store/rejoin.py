@@ -1,19 +1,26 @@
 """How a server of a replicated store starts: in the role its Sentinels give it.
 
-    python -P -m store.rejoin --data-dir DIR --port PORT -- valkey-server ARGS...
+    python -P -m store.rejoin --data-dir DIR [--host NAME] --port PORT -- valkey-server ARGS...
 
 Every start of a server of a ``ReplicatedStore`` goes through this (it is the command `godel up`
-records, so an operator or a supervisor that starts a dead server again runs it too). It asks
-the Sentinels named in ``DIR/sentinels`` which server is the primary, then replaces itself
-(exec, same pid) with the server:
+records, so an operator or a supervisor that starts a dead server again runs it too), and so does
+every start of a store server of docker-compose.yml (its `ha` profile's primary and replica,
+``--host`` their service name, the name they announce). It asks the Sentinels named in
+``DIR/sentinels`` (``host:port`` a line; every address a name resolves to, as a scaled compose
+service has several) which server is the primary, then replaces itself (exec, same pid) with the
+server:
 
-- another server is the primary → the server starts as its replica (``--replicaof``);
+- another server is the primary → the server starts as its replica (``--replicaof``, replacing
+  any the command gives);
 - this server is, and the Sentinels have lost it (its link is down, or they deem it down, or a
   failover is under way) → it waits for their verdict, polling every 0.1 s: once they promote
   another server it starts as that one's replica; if none is promoted within a failover's time
   (``down-after-milliseconds`` + 3 × ``failover-timeout``: no replica to promote, no quorum) it
   starts as the primary they still name;
-- no Sentinel answers (the store's first start: they start after the servers) → as configured.
+- this server is, and they have not lost it → as the primary (without any ``--replicaof`` of the
+  command: compose's replica was started as one, and may since have been promoted);
+- no Sentinel answers (the store's first start: they start after the servers; a compose project
+  without the `ha` profile) → as configured.
 
 Why: a primary killed and started again at once comes back *as a primary*, from its config
 file, while the Sentinels fail over from it (they notice its death within
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -88,16 +96,31 @@ class PrimaryView:
 
 @dataclass(frozen=True)
 class Role:
-    """How to start: as a replica of ``replica_of``, or (None) as the config file says."""
+    """How to start: as a replica of ``replica_of``; or (None) as the primary when ``primary``;
+    else as the command and the config file say."""
 
     replica_of: tuple[str, int] | None
     reason: str
+    primary: bool = False
 
-    def server_args(self) -> list[str]:
+    def server_command(self, command: Sequence[str]) -> list[str]:
+        """The server's command for this role: a ``--replicaof HOST PORT`` the command gives is
+        dropped unless the role is "as configured", and the role's own appended."""
+        if self.replica_of is None and not self.primary:
+            return list(command)
+        kept: list[str] = []
+        skip = 0
+        for arg in command:
+            if skip:
+                skip -= 1
+            elif arg in ("--replicaof", "--slaveof"):
+                skip = 2
+            else:
+                kept.append(arg)
         if self.replica_of is None:
-            return []
+            return kept
         host, port = self.replica_of
-        return ["--replicaof", host, str(port)]
+        return [*kept, "--replicaof", host, str(port)]
 
 
 def choose(views: Sequence[PrimaryView], me: tuple[str, int]) -> Role | None:
@@ -111,13 +134,13 @@ def choose(views: Sequence[PrimaryView], me: tuple[str, int]) -> Role | None:
         return Role(primary, f"the Sentinels name {newest.host}:{newest.port} the primary")
     if any(view.flags & LOST_FLAGS for view in views):
         return None
-    return Role(None, "the Sentinels name this server the primary: starting as configured")
+    return Role(None, "the Sentinels name this server the primary", primary=True)
 
 
 def ask(sentinels: Sequence[tuple[str, int]], admin_password: str | None) -> list[PrimaryView]:
     """What every Sentinel that answers says of the primary (silent ones are left out)."""
     views: list[PrimaryView] = []
-    for host, port in sentinels:
+    for host, port in resolve(sentinels):
         client = redis.Redis(
             host=host,
             port=port,
@@ -138,6 +161,22 @@ def ask(sentinels: Sequence[tuple[str, int]], admin_password: str | None) -> lis
     return views
 
 
+def resolve(sentinels: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Each Sentinel's every address: a name may stand for several (Docker's DNS answers a scaled
+    service's name with each replica's address). A name that does not resolve is left out."""
+    addresses: list[tuple[str, int]] = []
+    for host, port in sentinels:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        for info in infos:
+            address = (str(info[4][0]), port)
+            if address not in addresses:
+                addresses.append(address)
+    return addresses
+
+
 def await_role(
     sentinels: Sequence[tuple[str, int]], admin_password: str | None, me: tuple[str, int]
 ) -> Role:
@@ -150,7 +189,7 @@ def await_role(
             return role
         bound = max(view.failover_bound_seconds for view in views)
         if time.monotonic() - started >= bound:
-            return Role(None, f"no failover within {bound:g}s: starting as the primary")
+            return Role(None, f"no failover within {bound:g}s: starting as the primary", True)
         time.sleep(POLL_SECONDS)
 
 
@@ -170,6 +209,9 @@ def read_sentinels(data_dir: Path) -> list[tuple[str, int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m store.rejoin", description=__doc__)
     parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument(
+        "--host", default=HOST, help="this server's address as the Sentinels name it"
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the server's command")
     args = parser.parse_args(argv)
@@ -177,12 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("the server's command is missing (after --)")
     role = await_role(
-        read_sentinels(args.data_dir), read_admin_secret(args.data_dir), (HOST, args.port)
+        read_sentinels(args.data_dir), read_admin_secret(args.data_dir), (args.host, args.port)
     )
     # The server's log (where this goes, before the server's own --logfile takes over) says why.
     sys.stdout.write(f"store.rejoin: {role.reason}\n")
     sys.stdout.flush()
-    os.execv(command[0], [*command, *role.server_args()])
+    server = role.server_command(command)
+    # execvp: compose names the server by its name on $PATH; `godel up`, by its path.
+    os.execvp(server[0], server)
 
 
 if __name__ == "__main__":

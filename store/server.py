@@ -49,6 +49,14 @@ SENTINEL_CONFIG_FILE = "sentinel.conf"
 # In a replicated store's server data dir: its Sentinels, one host:port a line (store/rejoin.py).
 SENTINELS_FILE = "sentinels"
 SENTINEL_SERVICE = "godel"
+# How quickly Sentinel acts, the same for `godel up --ha` and compose's `ha` profile (the reasons
+# are in SentinelServer.start): a primary silent this long is deemed down, and each step of a
+# failover is bounded by the timeout.
+SENTINEL_DOWN_AFTER_MS = 2000
+SENTINEL_FAILOVER_TIMEOUT_MS = 3000
+# Where compose's `ha` profile runs its Sentinels: every replica of the `sentinel` service, by
+# its DNS name (store.rejoin asks each address the name resolves to).
+COMPOSE_SENTINELS = ("sentinel:26379",)
 ADMIN_SECRET_FILE = "admin.secret"
 SERVICE_SECRET_FILE = "service.secret"
 SERVICE_USER = "godel"
@@ -187,7 +195,7 @@ class StoreServer:
         password: str | None = None,
         admin_password: str | None = None,
         replica_of: int | None = None,
-        sentinels: Sequence[int] = (),
+        sentinels: Sequence[str] = (),
     ) -> StoreServer:
         """Start a server and return once it answers and has replayed its AOF.
 
@@ -199,7 +207,7 @@ class StoreServer:
         of a replicated store shares it, since each may become the primary, and replicas and
         Sentinels log in with it. ``replica_of`` starts the server as a replica of the server
         on that loopback port (Sentinel moves it later: its config file is rewritten then).
-        ``sentinels``, the loopback ports of the Sentinels that will watch it, makes every start
+        ``sentinels``, the addresses (``host:port``) of the Sentinels that will watch it, makes every start
         of the server, this one and every later one, ask them for its role first
         (``store/rejoin.py``).
         On any failure the process is killed and StoreServerError carries the log tail.
@@ -566,8 +574,9 @@ def lock_secrets_dir(
     password = (directory / SERVICE_SECRET_FILE).read_text().strip()
     admin = (directory / ADMIN_SECRET_FILE).read_text().strip()
     # For the `ha` profile: every server logs in to its primary as the admin (any of them may
-    # become a replica), and the Sentinels' config, which each copies to write its own.
-    _write_server_config(directory, admin, None)
+    # become a replica) and asks the Sentinels its role when it starts (store.rejoin), and the
+    # Sentinels' config, which each copies to write its own.
+    _write_server_config(directory, admin, None, COMPOSE_SENTINELS)
     privatefiles.write(directory / SENTINEL_CONFIG_FILE, _compose_sentinel_config(password, admin))
     for name, owner in (
         (ACL_FILE, acl_owner),
@@ -605,7 +614,7 @@ class ReplicatedStore:
         sentinels: int = 3,
         fsync: FsyncPolicy = "always",
         detach: bool = False,
-        down_after_ms: int = 2000,
+        down_after_ms: int = SENTINEL_DOWN_AFTER_MS,
         replica_timeout_ms: int = 2000,
         ready_timeout: float = 15.0,
     ) -> ReplicatedStore:
@@ -618,10 +627,11 @@ class ReplicatedStore:
         # The Sentinels' ports are chosen first: every server's data dir names them, so that
         # each start of a server asks them for its role (store/rejoin.py).
         sentinel_ports = [stable_free_port(HOST) for _ in range(sentinels)]
+        sentinel_addresses = [f"{HOST}:{port}" for port in sentinel_ports]
         try:
             primary = StoreServer.start(
                 base_dir / "store", fsync=fsync, detach=detach, password=password,
-                ready_timeout=ready_timeout, sentinels=sentinel_ports,
+                ready_timeout=ready_timeout, sentinels=sentinel_addresses,
             )  # fmt: skip
             started.append(primary)
             copies: list[StoreServer] = []
@@ -635,7 +645,7 @@ class ReplicatedStore:
                         admin_password=primary.admin_password,
                         replica_of=primary.port,
                         ready_timeout=ready_timeout,
-                        sentinels=sentinel_ports,
+                        sentinels=sentinel_addresses,
                     )
                 )
                 started.append(copies[-1])
@@ -696,7 +706,7 @@ class ReplicatedStore:
 
 
 def _write_server_config(
-    data_dir: Path, admin: str, replica_of: int | None, sentinels: Sequence[int] = ()
+    data_dir: Path, admin: str, replica_of: int | None, sentinels: Sequence[str] = ()
 ) -> None:
     # Any server of a replicated store may become a replica (Sentinel demotes a primary that
     # comes back): each logs in to its primary as the admin, which may PSYNC.
@@ -713,7 +723,7 @@ def _write_server_config(
     privatefiles.write(data_dir / CONFIG_FILE, "\n".join(lines) + "\n")
     if sentinels:
         privatefiles.write(
-            data_dir / SENTINELS_FILE, "".join(f"{HOST}:{port}\n" for port in sentinels)
+            data_dir / SENTINELS_FILE, "".join(f"{address}\n" for address in sentinels)
         )
     else:  # a server locked afresh without Sentinels (a home reused): start it directly
         (data_dir / SENTINELS_FILE).unlink(missing_ok=True)
@@ -748,8 +758,8 @@ class SentinelServer:
         password: str,
         admin_password: str,
         quorum: int = 2,
-        down_after_ms: int = 2000,
-        failover_timeout_ms: int = 3000,
+        down_after_ms: int = SENTINEL_DOWN_AFTER_MS,
+        failover_timeout_ms: int = SENTINEL_FAILOVER_TIMEOUT_MS,
         port: int = 0,
         binary: str | None = None,
         detach: bool = False,
@@ -866,20 +876,24 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 def _compose_sentinel_config(password: str, admin: str) -> str:
     """A Sentinel of docker-compose.yml's `ha` profile: it watches the service `store` by name
-    (addresses change as containers restart), clients log in with the services' password, the
-    healthcheck as `ping`."""
+    (addresses change as containers restart; each server announces its service name), clients
+    log in with the services' password, the healthcheck as `ping`, and a starting server
+    (store.rejoin) as the store's own user with the admin secret, to ask for its role. Timings
+    as `godel up --ha` has them."""
     lines = [
         "port 26379",
         "sentinel resolve-hostnames yes",
         "sentinel announce-hostnames yes",
         f"requirepass {password}",
         f"user {PING_USER} on nopass -@all +ping",
+        f"user {STORE_SERVER_USER} on #{_sha256(admin)} -@all +ping +sentinel|master",
         f"sentinel sentinel-pass {password}",
         f"sentinel monitor {SENTINEL_SERVICE} store 6379 2",
         f"sentinel auth-user {SENTINEL_SERVICE} {ADMIN_USER}",
         f"sentinel auth-pass {SENTINEL_SERVICE} {admin}",
-        f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 5000",
-        f"sentinel failover-timeout {SENTINEL_SERVICE} 60000",
+        f"sentinel down-after-milliseconds {SENTINEL_SERVICE} {SENTINEL_DOWN_AFTER_MS}",
+        f"sentinel failover-timeout {SENTINEL_SERVICE} {SENTINEL_FAILOVER_TIMEOUT_MS}",
+        f"sentinel parallel-syncs {SENTINEL_SERVICE} 1",
     ]
     return "\n".join(lines) + "\n"
 

@@ -32,6 +32,8 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+import store.server as server_mod
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -328,14 +330,64 @@ def test_ha_profile_runs_a_replica_and_three_sentinels(
         assert spec["profiles"] == ["ha"]
         assert f"{SECRETS_VOLUME}:/run/godel-store:ro" in spec["volumes"]
     command = replica["command"]
-    assert command[1] == "/run/godel-store/server.conf", "the replication login, not in argv"
+    server = command[command.index("valkey-server") :]
+    assert server[1] == "/run/godel-store/server.conf", "the replication login, not in argv"
     assert command[command.index("--replicaof") + 1 :] == [STORE, "6379"]
     assert "/run/godel-store/sentinel.conf" in sentinel["command"][-1]
     assert sentinel["deploy"]["replicas"] == 3
-    assert services[STORE]["command"][1] == "/run/godel-store/server.conf"
+    store = services[STORE]["command"]
+    assert store[store.index("valkey-server") + 1] == "/run/godel-store/server.conf"
     assert "store-replica-data" in document["volumes"]
     url = services["dispatcher"]["environment"]["GODEL_STORE_URL"]
     assert url.startswith("${GODEL_STORE_URL:-"), "the ha profile's URL comes from outside"
+
+
+@pytest.mark.parametrize("name", [STORE, "store-replica"])
+def test_every_start_of_a_store_server_asks_the_sentinels_its_role(
+    services: dict[str, dict[str, Any]], name: str
+) -> None:
+    """As `godel up --ha` starts its servers: through store.rejoin, so that a primary killed and
+    restarted comes back as the new primary's replica at once (not as a second primary for
+    Sentinel to demote ~18 s later), and a promoted replica restarts as the primary. Each
+    server names itself as the Sentinels know it: its service name, which it announces."""
+    spec = services[name]
+    command = spec["command"]
+    assert command[:4] == ["python", "-P", "-m", "store.rejoin"], name
+    server = command.index("--")
+    options = dict(zip(command[4:server:2], command[5:server:2], strict=True))
+    assert options == {"--data-dir": "/run/godel-store", "--host": name, "--port": "6379"}
+    assert command[server + 1] == "valkey-server"
+    assert command[command.index("--replica-announce-ip") + 1] == name
+    assert command[command.index("--dir") + 1] == "/data"
+    assert f"{name}-data:/data" in spec["volumes"]
+    # The valkey image's user, owner of store-init's server files (--acl-owner) and of the
+    # image's /data; never the services' user, who must not read the admin secret.
+    init = services[STORE_INIT]["command"]
+    assert spec["user"] == f"{init[init.index('--acl-owner') + 1]}:999"
+    assert init[init.index("--secret-owner") + 1] != "999"
+    assert spec["image"] == services["dispatcher"]["image"], "our image: store.rejoin is in it"
+
+
+def test_the_image_carries_the_store_server_and_its_cli_on_the_path() -> None:
+    """The store's containers run this image: valkey-server (which store.rejoin execs by name)
+    and valkey-cli (their healthcheck) are on $PATH, and /data belongs to the store's user."""
+    steps = _instructions(DOCKERFILE.read_text())
+    step = next(s for s in steps if "find_server_binary" in s)
+    assert 'ln -s "$server" /usr/local/bin/valkey-server' in step
+    assert '/valkey-cli" /usr/local/bin/valkey-cli' in step
+    assert "mkdir /data && chown 999:999 /data" in step
+
+
+def test_the_sentinels_act_as_quickly_as_godel_up_has_them(tmp_path: Path) -> None:
+    """Compose's Sentinels with `godel up --ha`'s timings (a dead primary replaced within
+    seconds, not the 5 s + 60 s they had), and a login for store.rejoin to ask them."""
+    server_mod.lock_secrets_dir(tmp_path / "secrets")
+    conf = (tmp_path / "secrets" / "sentinel.conf").read_text()
+    assert f"down-after-milliseconds godel {server_mod.SENTINEL_DOWN_AFTER_MS}\n" in conf
+    assert f"failover-timeout godel {server_mod.SENTINEL_FAILOVER_TIMEOUT_MS}\n" in conf
+    assert f"user {server_mod.STORE_SERVER_USER} on #" in conf
+    sentinels = (tmp_path / "secrets" / server_mod.SENTINELS_FILE).read_text().split()
+    assert sentinels == ["sentinel:26379"]
 
 
 def _instructions(dockerfile: str) -> list[str]:

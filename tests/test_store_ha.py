@@ -16,7 +16,7 @@ from foundation.netutil import stable_free_port
 from protos.godel.v1 import objects_pb2 as pb
 from store import FencedError, ReplicationError, Store, StoreUnavailableError, redact_url
 from store.client import Bind, Fence, SentinelTarget
-from store.rejoin import PrimaryView, await_role, choose
+from store.rejoin import PrimaryView, await_role, choose, resolve
 from store.server import (
     ADMIN_USER,
     HOST,
@@ -216,37 +216,59 @@ def _view(port: int, epoch: int = 0, flags: str = "master") -> PrimaryView:
 ME = (HOST, 7000)
 
 
+# The command a compose replica starts with: as configured, its primary is `store`.
+COMMAND = ["valkey-server", "server.conf", "--replicaof", "store", "6379", "--save", ""]
+
+
 @pytest.mark.parametrize(
-    ("views", "replica_of"),
+    ("views", "command"),
     [
-        pytest.param([], None, id="no Sentinel answers: as configured"),
-        pytest.param([_view(7001)] * 3, (HOST, 7001), id="another is the primary: its replica"),
+        pytest.param([], COMMAND, id="no Sentinel answers: as configured"),
+        pytest.param(
+            [_view(7001)] * 3,
+            ["valkey-server", "server.conf", "--save", "", "--replicaof", HOST, "7001"],
+            id="another is the primary: its replica",
+        ),
         pytest.param(
             [_view(7000), _view(7001, epoch=1), _view(7000)],
-            (HOST, 7001),
+            ["valkey-server", "server.conf", "--save", "", "--replicaof", HOST, "7001"],
             id="the newest configuration wins",
         ),
-        pytest.param([_view(7000)] * 3, None, id="named and seen well: as configured"),
         pytest.param(
-            [_view(7000, flags="master,disconnected"), _view(7000)], "wait", id="link lost: wait"
+            [_view(7000)] * 3,
+            ["valkey-server", "server.conf", "--save", ""],
+            id="named and seen well: the primary, whatever the command said",
         ),
-        pytest.param([_view(7000, flags="master,s_down")], "wait", id="deemed down: wait"),
+        pytest.param(
+            [_view(7000, flags="master,disconnected"), _view(7000)], None, id="link lost: wait"
+        ),
+        pytest.param([_view(7000, flags="master,s_down")], None, id="deemed down: wait"),
         pytest.param(
             [_view(7000, flags="master,s_down,o_down,failover_in_progress")],
-            "wait",
+            None,
             id="failing over: wait",
         ),
     ],
 )
 def test_a_starting_server_takes_the_role_the_sentinels_give(
-    views: list[PrimaryView], replica_of: tuple[str, int] | str | None
+    views: list[PrimaryView], command: list[str] | None
 ) -> None:
     role = choose(views, ME)
-    if replica_of == "wait":
+    if command is None:
         assert role is None
     else:
-        assert role is not None and role.replica_of == replica_of
-        assert role.server_args() == ([] if replica_of is None else ["--replicaof", HOST, "7001"])
+        assert role is not None and role.server_command(COMMAND) == command
+
+
+def test_sentinels_named_by_a_name_are_asked_at_every_address_it_has() -> None:
+    """Compose's Sentinels are three replicas of one service, `sentinel`: its name resolves to
+    each one's address, and each is asked; a name that resolves nowhere (a project without the
+    `ha` profile) is no Sentinel."""
+    addresses = resolve([("localhost", 26379), ("127.0.0.1", 26380)])
+    assert ("127.0.0.1", 26379) in addresses and addresses[-1] == ("127.0.0.1", 26380)
+    assert {port for _, port in addresses[:-1]} == {26379}, "each of localhost's addresses"
+    assert len(addresses) == len(set(addresses)), "an address asked once"
+    assert resolve([("no-such-sentinel.invalid", 26379)]) == []
 
 
 @pytest.fixture

@@ -23,9 +23,9 @@ What stands in for what, precisely:
   replica.
 - **The image → this checkout.** ``python`` is this interpreter with the checkout on
   PYTHONPATH (the image `pip install`s the same tree); the image's ``/home/godel`` is a directory
-  per replica (each container has its own filesystem); ``valkey-server`` is the server binary
-  `store.server.find_server_binary` finds, run with the file's arguments in a directory standing
-  in for the store's volume.
+  per replica (each container has its own filesystem); ``valkey-server`` (run directly or
+  through ``store.rejoin``) is the server binary `store.server.find_server_binary` finds, run
+  with the file's arguments in a directory standing in for the store's volume.
 - **Named volumes → shared directories.** A named volume is a directory of its own under the
   work dir; a path inside a container's mount of it (``/run/godel-store`` or ``/certs`` in an
   argument or an environment value) means that directory. (The store's ``/data`` is its ``--dir``, below.)
@@ -276,11 +276,16 @@ class Emulator:
         home = replica.root / "home"
         home.mkdir(parents=True, exist_ok=True)
         command = list(replica.spec["command"])
-        if command[0] == "valkey-server":
-            data = replica.root / "data"  # the named volume mounted at /data, its working dir
+        if "valkey-server" in command:  # run directly, or through store.rejoin
+            data = replica.root / "data"  # the named volume mounted at /data
             data.mkdir(exist_ok=True)
-            command = [find_server_binary(), *command[1:]]
-            command += ["--bind", replica.ip, "--port", "6379", "--dir", str(data)]
+            server = command.index("valkey-server")
+            command[server] = find_server_binary()
+            if "--dir" in command:
+                command[command.index("--dir") + 1] = str(data)
+            else:  # /data is the valkey image's working dir
+                command += ["--dir", str(data)]
+            command += ["--bind", replica.ip, "--port", "6379"]
         with replica.log.open("ab") as out:
             replica.process = subprocess.Popen(
                 self.argv(command, replica),
