@@ -73,6 +73,7 @@ _SETTLE_POLL_SECONDS = 0.5
 _SETTLE_QUIET_CHANGES = 50
 _SETTLE_MAX_SECONDS = 300.0
 _INFORMER_LAG_METRIC = "godel_store_informer_lag_seconds"
+_LEASE_LATENESS_METRIC = "godel_lease_renewal_lateness_max_seconds"
 _MIN_PARTIAL_SAMPLE = 0.2
 """The interval holding the last bind counts as a sample only if at least this long (unless
 it is the only one)."""
@@ -189,6 +190,11 @@ class _StoreProbe:
         bound = sum(i.status.bound_pods for i in instances)
         conflicted = sum(i.status.conflicted_pods for i in instances)
         return proposed, bound, conflicted, sum(1 for i in instances if i.spec.partition)
+
+    def binder_epoch(self) -> int:
+        """The Binder lease's epoch: each change of leader (or re-election) adds one."""
+        lease = self._loop.run_until_complete(self._store.get_lease("binder"))
+        return lease.epoch if lease is not None else 0
 
     def close(self) -> None:
         self._loop.run_until_complete(self._store.close())
@@ -318,14 +324,18 @@ def _run_workload(
         _wait_nodes(client, shape.nodes, progress, 180 + shape.nodes / 100, alive)
         probe = _StoreProbe(state.store_url)
         try:
+            epochs = [probe.binder_epoch()]
             init = _init_pods(client, probe, workload, progress, alive)
             settle = _settle(probe, state, progress, alive)
             time.sleep(_HEARTBEAT_FLUSH_SECONDS)  # the shards' counters after init
             before = probe.shard_counters()
+            epochs.append(probe.binder_epoch())
             load, result = _measure(workload, state, probe, home, rate, progress, init)
             result["settle"] = settle
             time.sleep(_HEARTBEAT_FLUSH_SECONDS)
             result["conflicts"] = _conflicts(before, probe.shard_counters())
+            epochs.append(probe.binder_epoch())
+            result["leadership"] = _leadership(state, epochs)
         finally:
             probe.close()
         result["latency_ms"], result["bound"], last_bound_ms = _latencies(client)
@@ -551,12 +561,37 @@ def _settle(
     return {"seconds": waited, "quiet": quiet}
 
 
+def _leadership(state: local.ClusterState, epochs: list[int]) -> dict[str, Any]:
+    """How steady the Binder's leadership was: the lease's changes of hands during the init
+    phase and the measured phase (``epochs`` read before init, before and after the measured
+    phase) and the worst lateness of a renewal any Binder saw (its metrics)."""
+    start, measured, end = epochs
+    return {
+        "epoch": end,
+        "changes_init": measured - start,
+        "changes_measured": end - measured,
+        "worst_renewal_lateness_s": round(
+            worst_metric(state, _LEASE_LATENESS_METRIC, kinds=("binder",)), 4
+        ),
+    }
+
+
 def worst_informer_lag(state: local.ClusterState) -> float:
     """The most any service's informer is behind the store, in seconds (0: every one holds
     all of it), from each service's Prometheus endpoint; a service that does not answer counts
     as not behind (its liveness is checked apart)."""
+    return worst_metric(state, _INFORMER_LAG_METRIC)
+
+
+def worst_metric(
+    state: local.ClusterState, metric: str, kinds: tuple[str, ...] | None = None
+) -> float:
+    """The greatest value of ``metric`` over the services' Prometheus endpoints (of ``kinds``
+    only, if given); a service that does not answer is left out, 0 if none has it."""
     worst = 0.0
     for component in state.components:
+        if kinds is not None and component.kind not in kinds:
+            continue
         if not component.metrics_address:
             continue
         url = f"http://{component.metrics_address}/metrics"
@@ -566,7 +601,7 @@ def worst_informer_lag(state: local.ClusterState) -> float:
         except OSError:
             continue
         for family in text_string_to_metric_families(text):
-            if family.name == _INFORMER_LAG_METRIC:
+            if family.name == metric:
                 worst = max([worst, *(sample.value for sample in family.samples)])
     return worst
 

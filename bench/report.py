@@ -52,6 +52,7 @@ def markdown(report: dict[str, Any], paths: dict[str, Path] | None = None) -> st
         "Throughput: pods bound per 1 s sample during the measured phase (scheduler_perf style);",
         "overall = measured pods / time from the first submit to the last bind.",
         "Latency: submit -> bound per pod (creation_timestamp_ms to status.bound_ms).",
+        *leadership_section(report),
         *rescheduling_section(report),
         "## CPU seconds (user+sys) and peak RSS per process, measured phase",
         "",
@@ -115,6 +116,28 @@ def summary_table(report: dict[str, Any]) -> str:
             cells.append(" / ".join(_times(ratios.get(k)) for k in ("average", "overall")))
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def leadership_section(report: dict[str, Any]) -> list[str]:
+    """How steady the Binder's lease was: changes of hands per phase and the worst renewal
+    lateness (a lease lapses when lateness reaches its duration minus the renewal period)."""
+    runs = [r for r in report["runs"] if r.get("leadership")]
+    if not runs:
+        return [""]
+    lines = [
+        "",
+        "## Binder leadership",
+        "",
+        "| run | lease changes (init / measured) | epoch at end | worst renewal lateness |",
+        "|---|---|---|---|",
+    ]
+    for r in runs:
+        x = r["leadership"]
+        lines.append(
+            f"| {_label(r)} | {x['changes_init']} / {x['changes_measured']} | {x['epoch']} | "
+            f"{x['worst_renewal_lateness_s'] * 1000:,.0f} ms |"
+        )
+    return [*lines, ""]
 
 
 def rescheduling_section(report: dict[str, Any]) -> list[str]:

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Protocol
 
-from prometheus_client import REGISTRY, Histogram
+from prometheus_client import REGISTRY, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -34,6 +34,20 @@ READ_ROUND_TRIP = STORE_ROUND_TRIP.labels("read")
 COMMIT_ROUND_TRIP = STORE_ROUND_TRIP.labels("commit")
 LEASE_ROUND_TRIP = STORE_ROUND_TRIP.labels("lease")
 HEARTBEAT_ROUND_TRIP = STORE_ROUND_TRIP.labels("heartbeat")
+
+LEASE_RENEWAL_LATENESS = Histogram(
+    "godel_lease_renewal_lateness_seconds",
+    "How late a held lease's renewal was confirmed: from when it was due (the renewal period "
+    "after the last one was sent) to the store's reply. A lease is lost when this reaches the "
+    "lease's duration minus the period.",
+    ["lease"],
+    buckets=_ROUND_TRIP_BUCKETS,
+)
+LEASE_RENEWAL_LATENESS_MAX = Gauge(
+    "godel_lease_renewal_lateness_max_seconds",
+    "The greatest lateness of a held lease's renewal since the process started.",
+    ["lease"],
+)
 
 
 class _Lagging(Protocol):

@@ -351,6 +351,13 @@ def test_paper_scale_quick_form_reports_memory_and_restarts(tmp_path: Path) -> N
     assert {"scheduler-0", "scheduler-1", "binder-0", "binder-1", "store"} <= set(resources)
     assert all(usage["peak_rss_mib"] > 0 for usage in resources.values())
     assert set(run["restart_seconds"]) >= {"dispatcher", "scheduler-0", "binder-0"}
+    # Issue 34: the Binder's lease never changes hands while the cluster fills and measures
+    # (its renewals run on a thread of their own), and the report shows the worst lateness.
+    leadership = run["leadership"]
+    assert leadership["changes_init"] == leadership["changes_measured"] == 0, leadership
+    assert 0 < leadership["worst_renewal_lateness_s"]
+    md = report_json.with_suffix(".md").read_text()
+    assert "## Binder leadership" in md and "worst renewal lateness" in md
 
 
 @pytest.mark.timeout(240)

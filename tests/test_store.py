@@ -4,6 +4,9 @@ commits, node accounting, fencing and malformed input."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -366,6 +369,131 @@ async def test_leader_elector_failover(store_url: str, cluster_name: str) -> Non
             await e.stop()
         for s in stores:
             await s.close()
+
+
+async def test_a_lease_kept_on_its_own_thread_outlives_a_blocked_event_loop(
+    store_url: str, cluster_name: str
+) -> None:
+    """The owner's event loop blocked for three lease durations (a Binder deciding a huge
+    batch): a LeaseKeeper renews from its own thread and keeps the lease (a standby campaigning
+    meanwhile never gets it); the same block costs a plain LeaderElector in that loop its lease.
+    Callbacks reach the owner's loop in order; a stop releases the lease for the standby."""
+    from store.lease import LeaseKeeper, Leases
+    from store.metrics import LEASE_RENEWAL_LATENESS_MAX
+
+    lease_ms, renew_ms = 600, 100
+    seen: list[tuple[str, int, bool]] = []
+    owner = asyncio.get_running_loop()
+
+    async def elected(fence: Fence) -> None:
+        seen.append(("elected", fence.epoch, asyncio.get_running_loop() is owner))
+
+    async def deposed(fence: Fence) -> None:
+        seen.append(("deposed", fence.epoch, asyncio.get_running_loop() is owner))
+
+    keeper = LeaseKeeper(
+        lambda: Leases.connect(store_url, cluster=cluster_name),
+        "kept",
+        "keeper",
+        lease_ms=lease_ms,
+        renew_every_ms=renew_ms,
+        retry_every_ms=50,
+        on_elected=elected,
+        on_deposed=deposed,
+    )
+    standby_store = await Store.connect(store_url, cluster=cluster_name)
+    standby = _Standby(store_url, cluster_name, "kept", lease_ms)
+    running = asyncio.create_task(keeper.run())
+    try:
+        await wait_for(lambda: keeper.fence is not None, what="the keeper elected")
+        held = keeper.fence
+        assert held is not None
+        standby.start()  # campaigns from its own thread while our loop is blocked
+        time.sleep(3 * lease_ms / 1000)  # noqa: ASYNC251  # the owner's loop blocked: the point
+        assert not standby.join(), "the standby took the lease from a busy owner"
+        assert keeper.fence == held
+        lease = await standby_store.get_lease("kept")
+        assert lease is not None and lease.holder == "keeper" and lease.epoch == held.epoch
+        await wait_for(lambda: seen == [("elected", held.epoch, True)], what="elected callback")
+        assert keeper.max_lateness_s < lease_ms / 1000
+        assert LEASE_RENEWAL_LATENESS_MAX.labels("kept")._value.get() == keeper.max_lateness_s
+
+        await keeper.step_down("fenced elsewhere")
+        await wait_for(lambda: ("deposed", held.epoch, True) in seen, what="deposed callback")
+        # Campaigning afresh, it takes the lease back (its own: the same epoch).
+        await wait_for(lambda: keeper.fence is not None, what="re-elected")
+        again = keeper.fence
+        assert again is not None and again.epoch >= held.epoch
+        await wait_for(lambda: seen[-1][0] == "elected", what="the second elected callback")
+        await keeper.stop()  # releases: the standby may take it at once
+        ok, taken = await standby_store.acquire_lease("kept", "standby", lease_ms)
+        assert ok and taken.epoch > again.epoch
+        await running
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await standby_store.close()
+
+
+async def test_a_plain_elector_in_a_blocked_loop_loses_its_lease(
+    store_url: str, cluster_name: str
+) -> None:
+    """The control of the test above: renewals in the owner's own loop wait behind its work,
+    and the standby takes the lease."""
+    from store.lease import LeaderElector
+
+    lease_ms = 600
+    owner_store = await Store.connect(store_url, cluster=cluster_name)
+    owner = LeaderElector(owner_store, "plain", "owner", lease_ms=lease_ms, renew_every_ms=100)
+    standby = _Standby(store_url, cluster_name, "plain", lease_ms)
+    try:
+        owner.start()
+        await asyncio.wait_for(owner.elected.wait(), 5)
+        standby.start()
+        time.sleep(3 * lease_ms / 1000)  # noqa: ASYNC251  # the owner's loop blocked: the point
+        assert standby.join(), "the standby should have taken the lapsed lease"
+    finally:
+        await owner.stop(release=False)
+        await owner_store.close()
+
+
+class _Standby:
+    """A LeaderElector campaigning from a thread and loop of its own for two seconds (while the
+    test blocks its own loop); ``join`` says whether it ended up leading."""
+
+    def __init__(self, url: str, cluster: str, lease: str, lease_ms: int) -> None:
+        self._args = (url, cluster, lease, lease_ms)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._campaign()))
+        self.leading = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> bool:
+        self._thread.join()
+        return self.leading
+
+    async def _campaign(self) -> None:
+        from store.lease import LeaderElector
+
+        url, cluster, lease, lease_ms = self._args
+        store = await Store.connect(url, cluster=cluster)
+        elector = LeaderElector(
+            store, lease, "standby", lease_ms=lease_ms, renew_every_ms=100, retry_every_ms=50
+        )
+        elector.start()
+        await asyncio.sleep(2)
+        self.leading = elector.is_leader
+        await elector.stop(release=False)
+        await store.close()
+
+
+async def wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from services.peers.binder import LEADER_METADATA_KEY, LEASE
 from store.client import Fence, Store
 from store.errors import FencedError, StoreUnavailableError
 from store.informer import Informer
-from store.lease import LeaderElector
+from store.lease import Leases, LeaseKeeper
 
 log = structlog.get_logger(__name__)
 
@@ -50,7 +50,7 @@ class Leadership:
         self.health = health_servicer
         self.spawn = spawn
         self.abort_streams = abort_streams
-        self.elector: LeaderElector | None = None
+        self.elector: LeaseKeeper | None = None
         self.fence: Fence | None = None
         self.ready = asyncio.Event()  # leading and caught up with the store
         self._role_changed = asyncio.Event()
@@ -64,10 +64,13 @@ class Leadership:
         return self.fence is not None and self.ready.is_set()
 
     def campaign(self, address: str) -> Coroutine[Any, Any, None]:
-        """The elector for this instance at ``address``; returns its loop, to be spawned."""
+        """The elector for this instance at ``address``; returns its loop, to be spawned. It
+        renews from a thread of its own, over a connection of its own (``LeaseKeeper``): a busy
+        event loop here never lets the lease lapse."""
         self._address = address
-        self.elector = LeaderElector(
-            self.store,
+        url, cluster = self.config.store_connection_url(), self.config.cluster
+        self.elector = LeaseKeeper(
+            lambda: Leases.connect(url, cluster=cluster, max_connections=4),
             LEASE,
             self.config.name,
             address=address,
