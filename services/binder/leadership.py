@@ -18,7 +18,7 @@ from services.peers.binder import LEADER_METADATA_KEY, LEASE
 from store.client import Fence, Store
 from store.errors import FencedError, StoreUnavailableError
 from store.informer import Informer
-from store.lease import Leases, LeaseKeeper
+from store.lease import LeaseKeeper, Leases
 
 log = structlog.get_logger(__name__)
 
