@@ -64,7 +64,7 @@ class CacheVictims:
         return self.cache.claimed.keys()
 
     def budget_violations(self, victims: Sequence[str]) -> list[str]:
-        return BudgetTracker(self.budgets).violations([self.pods[v] for v in victims])
+        return BudgetTracker(self.budgets).broken([self.pods[v] for v in victims])
 
 
 def preemptor_unit(
@@ -128,13 +128,14 @@ CASES = [
          {"p-0": ("b", ["l0"])}),
     Case("equal priority is never a victim",
          [n("a")], [running("h0", "a", cpu=4000, priority=HIGH)], preemptor_unit("p", 1, 2000),
-         {}, "no node where preemption helps"),
+         {}, "preemption cannot help: on 1 node they have equal or higher priority (10 or more)"),
     Case("non-preemptible is never a victim",
          [n("a")], [running("l0", "a", cpu=4000, preemptible=False)],
-         preemptor_unit("p", 1, 2000), {}, "no node where preemption helps"),
+         preemptor_unit("p", 1, 2000), {},
+         "on 1 node the pods that would have to go are not preemptible"),
     Case("preemptionPolicy Never waits",
          [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000, never=True),
-         {}, "insufficient cpu"),
+         {}, "insufficient cpu; preemption cannot help: this pod's `preemptionPolicy` is Never"),
     Case("preemption off in the profile",
          [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000),
          {}, "insufficient cpu", profile=Profile(preemption=False)),
@@ -143,7 +144,8 @@ CASES = [
          {}, "untolerated taint"),
     Case("a budget that forbids every victim blocks",
          [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000),
-         {}, "a disruption budget blocks it", budgets=[never_disrupt("low")]),
+         {}, "on 1 node budget keep-low allows no more evictions",
+         budgets=[never_disrupt("low")]),
     Case("a budget steers to the victims it does not protect",
          [n("a"), n("b")],
          [running("l0", "a", cpu=4000), running("o0", "b", cpu=4000, job_name="other")],
