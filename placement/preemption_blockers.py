@@ -11,11 +11,12 @@ victim set, so a search that succeeds pays nothing here. A node counts once, und
   **not preemptible**, **protected** (within ``protectionSeconds``), **priority** (equal to the
   preemptor's or higher), **claimed** (another preemptor's victims). The node's reason is the
   group that, were its pods possible victims as well, would make room — the smallest such group
-  when several would (the least a user has to change); when no group would alone, the largest.
+  when several would (the least a user has to change); when only several groups together
+  would, the largest of them.
   Judged by the default resource fit on integers (``search_victims`` without ``fits``), also
   where other filters decide the search.
-- **no room**: nothing of the above would help: the node is too small even with every pod of the
-  pool gone, or what is in the way is in the other pool or not bound yet.
+- **no room**: none of the groups would help, even all together: the node is too small even with
+  every pod of the pool gone, or what is in the way is in the other pool or not bound yet.
 
 A node the quick check skips (``could_fit_after_preemption``: not even every lower-priority pod
 gone makes room) is judged on its totals alone, as the check is: **priority** when every pod of
@@ -102,15 +103,27 @@ def node_blocker(
     helping = [
         reason
         for reason, group in groups.items()
-        if search_victims(preemptor, node, possible + group).victims is not None
+        if _makes_room(preemptor, node, possible, group)
     ]
     if helping:
         reason = min(helping, key=lambda r: (len(groups[r]), _ORDER.index(r)))
-    else:
+    elif len(groups) > 1 and _makes_room(preemptor, node, possible, *groups.values()):
         reason = min(groups, key=lambda r: (-len(groups[r]), _ORDER.index(r)))
+    else:
+        return NodeBlocker(BLOCKED_NO_ROOM)
     if reason != BLOCKED_PROTECTED:
         return NodeBlocker(reason)
     return NodeBlocker(reason, max(c.protected_until_ms for c in groups[reason]))
+
+
+def _makes_room(
+    preemptor: PodInfo,
+    node: NodeInfo,
+    possible: list[VictimCandidate],
+    *groups: list[VictimCandidate],
+) -> bool:
+    together = possible + [c for group in groups for c in group]
+    return search_victims(preemptor, node, together).victims is not None
 
 
 def quick_check_blocker(preemptor: PodInfo, node: NodeInfo, totals: LowerPriorityTotals) -> str:
