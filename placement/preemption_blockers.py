@@ -101,9 +101,7 @@ def node_blocker(
     if not groups:
         return NodeBlocker(BLOCKED_NO_ROOM)
     helping = [
-        reason
-        for reason, group in groups.items()
-        if _makes_room(preemptor, node, possible, group)
+        reason for reason, group in groups.items() if _makes_room(preemptor, node, possible, group)
     ]
     if helping:
         reason = min(helping, key=lambda r: (len(groups[r]), _ORDER.index(r)))

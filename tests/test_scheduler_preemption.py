@@ -339,8 +339,9 @@ def test_no_node_helps_the_diagnosis_counts_nodes_per_blocking_reason(mode: str)
         "keep-low allows no more evictions; on 1 node they have equal or higher priority (10 or "
         "more)"
     )
-    assert "0/6 nodes fit: 6 insufficient cpu; preemption cannot help: on 2 nodes" in (
-        result.unplaced["p-0"]
+    assert (
+        "0/6 nodes fit: 6 insufficient cpu; preemption cannot help: on 2 nodes"
+        in (result.unplaced["p-0"])
     )
 
 
