@@ -13,9 +13,10 @@ with the pure pieces of ``placement.preemption``. For one pod:
    disruption budget and refusing sets that do.
 3. The search stops at ``candidates`` nodes with a victim set (not all 5,000 nodes pod by pod);
    ``order_candidates`` picks the best of them.
-4. Every node that fails (the quick check, or no victim set) is tallied under why
-   (``placement.preemption_blockers``): what `godel explain` tells a user when no node helps.
-   A node that has a victim set costs nothing more.
+4. When no node has a victim set, the nodes that failed (the quick check, or no victim set)
+   are tallied under why (``placement.preemption_blockers``): what `godel explain` tells a
+   user. While searching, a failed node is only noted in a list; a search that finds a place
+   judges none of them.
 
 The caller assumes the preemptor there with its victims taken off (``take``), so the unit's later
 pods see the room taken and freed, and undoes it (``undo``) when the unit fails as a whole.
@@ -77,6 +78,15 @@ class VictimSource(Protocol):
 
 
 @dataclass(slots=True)
+class _Failed:
+    """The nodes one search found no victim set on, noted for the tally should it find none."""
+
+    skipped: list[NodeInfo] = field(default_factory=list)  # by the quick check
+    no_room: list[NodeInfo] = field(default_factory=list)  # even every possible victim gone
+    budgets: list[tuple[str, ...]] = field(default_factory=list)  # per node, the budgets
+
+
+@dataclass(slots=True)
 class Preempted:
     """A preemptor's place: its node and its victims (most valuable first)."""
 
@@ -114,12 +124,12 @@ class Preemption:
         claimed = self.source.claimed
         budgets = self._budget_fn(chosen)
         found: list[Candidate] = []
-        tally = PreemptionTally()
+        failed = _Failed()
         for seg in segments:
             for node in rotated(seg, self._offset):
                 self.examined += 1
                 self._offset += 1
-                victims = self._victims_on(pod, node, now_ms, claimed, chosen, budgets, tally)
+                victims = self._victims_on(pod, node, now_ms, claimed, chosen, budgets, failed)
                 if victims is not None:
                     found.append(Candidate(node.name, victims))
                     if len(found) >= self.candidates or not victims:
@@ -127,7 +137,7 @@ class Preemption:
             if len(found) >= self.candidates or (found and not found[-1].victims):
                 break
         if not found:
-            self.blocked = tally
+            self.blocked = tally = self._tally(pod, failed, now_ms, claimed, chosen)
             self.why = preemption_sentence(
                 tally.reasons(),
                 priority=pod.priority,
@@ -148,10 +158,10 @@ class Preemption:
         claimed: Set[str],
         chosen: Set[str],
         budgets: BudgetFn | None,
-        tally: PreemptionTally,
+        failed: _Failed,
     ) -> list[VictimCandidate] | None:
         if not could_fit_after_preemption(pod, node, self.totals):
-            tally.add(NodeBlocker(quick_check_blocker(pod, node, self.totals)))
+            failed.skipped.append(node)
             return None
         fits: FitFn | None = None
         for f in self._others:
@@ -171,10 +181,23 @@ class Preemption:
         search = search_victims(pod, node, possible, fits, budgets)
         if search.victims is None:
             if search.budgets:
-                tally.add_budgets(search.budgets)
+                failed.budgets.append(search.budgets)
             elif search.reason == NO_ROOM:
-                tally.add(node_blocker(pod, node, self._records(node, chosen), now_ms, claimed))
+                failed.no_room.append(node)
         return search.victims
+
+    def _tally(
+        self, pod: PodInfo, failed: _Failed, now_ms: int, claimed: Set[str], chosen: Set[str]
+    ) -> PreemptionTally:
+        """Why each node ``failed`` notes could not help (the snapshot is as it was searched)."""
+        tally = PreemptionTally()
+        for node in failed.skipped:
+            tally.add(NodeBlocker(quick_check_blocker(pod, node, self.totals)))
+        for node in failed.no_room:
+            tally.add(node_blocker(pod, node, self._records(node, chosen), now_ms, claimed))
+        for names in failed.budgets:
+            tally.add_budgets(names)
+        return tally
 
     def _records(self, node: NodeInfo, chosen: Set[str]) -> list[VictimCandidate]:
         """The records of ``node``'s bound pods the search looks at (not those ``chosen``)."""

@@ -278,6 +278,16 @@ def select_victims(
     return search_victims(preemptor, node, candidates, fits, budget_violations).victims
 
 
+def fits_without(preemptor: PodInfo, node: NodeInfo, candidates: Iterable[VictimCandidate]) -> bool:
+    """Whether ``preemptor`` fits ``node`` once every one of ``candidates`` is gone, by the
+    default judgement on integers: :func:`search_victims`' first question alone (for
+    ``placement.preemption_blockers``, which asks it of pods that are not possible victims)."""
+    trial = _Room(node, preemptor.req)
+    for c in candidates:
+        trial.remove(c)
+    return trial.fits()
+
+
 class _Trial(Protocol):
     """The node as the victim search changes it: candidates taken off, then put back one by one
     while the preemptor still fits."""

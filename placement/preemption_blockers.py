@@ -13,7 +13,7 @@ victim set, so a search that succeeds pays nothing here. A node counts once, und
   group that, were its pods possible victims as well, would make room — the smallest such group
   when several would (the least a user has to change); when only several groups together
   would, the largest of them.
-  Judged by the default resource fit on integers (``search_victims`` without ``fits``), also
+  Judged by the default resource fit on integers (``preemption.fits_without``), also
   where other filters decide the search.
 - **no room**: none of the groups would help, even all together: the node is too small even with
   every pod of the pool gone, or what is in the way is in the other pool or not bound yet.
@@ -26,6 +26,7 @@ resolves (taints, affinity, cordon) are not counted: the filter reasons already 
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from placement.preemption import (
     LowerPriorityTotals,
     VictimCandidate,
     candidate_reason,
-    search_victims,
+    fits_without,
 )
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -120,8 +121,7 @@ def _makes_room(
     possible: list[VictimCandidate],
     *groups: list[VictimCandidate],
 ) -> bool:
-    together = possible + [c for group in groups for c in group]
-    return search_victims(preemptor, node, together).victims is not None
+    return fits_without(preemptor, node, itertools.chain(possible, *groups))
 
 
 def quick_check_blocker(preemptor: PodInfo, node: NodeInfo, totals: LowerPriorityTotals) -> str:
