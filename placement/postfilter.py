@@ -192,7 +192,8 @@ class Preemption:
         """Why each node ``failed`` notes could not help (the snapshot is as it was searched)."""
         tally = PreemptionTally()
         for node in failed.skipped:
-            tally.add(NodeBlocker(quick_check_blocker(pod, node, self.totals)))
+            records = self._records(node, chosen)
+            tally.add(NodeBlocker(quick_check_blocker(pod, node, records, self.totals)))
         for node in failed.no_room:
             tally.add(node_blocker(pod, node, self._records(node, chosen), now_ms, claimed))
         for names in failed.budgets:

@@ -19,8 +19,8 @@ victim set, so a search that succeeds pays nothing here. A node counts once, und
   every pod of the pool gone, or what is in the way is in the other pool or not bound yet.
 
 A node the quick check skips (``could_fit_after_preemption``: not even every lower-priority pod
-gone makes room) is judged on its totals alone, as the check is: **priority** when every pod of
-the pool gone would make room, else **no room**. Nodes skipped for a failure no eviction
+gone makes room) is blocked by **priority** when evicting every bound pod of the pool would make
+room, else **no room** (e.g. a gang's own members, assumed there but not bound, hold it). Nodes skipped for a failure no eviction
 resolves (taints, affinity, cordon) are not counted: the filter reasons already explain them.
 """
 
@@ -124,9 +124,15 @@ def _makes_room(
     return fits_without(preemptor, node, itertools.chain(possible, *groups))
 
 
-def quick_check_blocker(preemptor: PodInfo, node: NodeInfo, totals: LowerPriorityTotals) -> str:
-    """Why a node the quick check skipped cannot help: ``priority`` when evicting every pod of
-    the pool, whatever its priority, would make room; else ``no room``."""
+def quick_check_blocker(
+    preemptor: PodInfo,
+    node: NodeInfo,
+    pods: Sequence[VictimCandidate],
+    totals: LowerPriorityTotals,
+) -> str:
+    """Why a node the quick check skipped cannot help: ``priority`` when evicting every bound
+    pod of the pool (``pods``: the node's records), whatever its priority, would make room;
+    else ``no room``. The totals answer first when not even every pod gone would do."""
     req = preemptor.req
     everyone = totals.lower_than(node, req.pool, _ABOVE_EVERY_PRIORITY)
     free_cpu, free_mem, free_gpu = node.free(req.pool)
@@ -137,7 +143,12 @@ def quick_check_blocker(preemptor: PodInfo, node: NodeInfo, totals: LowerPriorit
         and (not q.mem or q.mem <= free_mem + everyone[1])
         and (not q.gpus or q.gpus <= free_gpu + everyone[2])
     )
-    return BLOCKED_PRIORITY if room else BLOCKED_NO_ROOM
+    if not room:
+        return BLOCKED_NO_ROOM
+    if len(pods) == len(node.pods):  # every pod there is bound: the totals are theirs
+        return BLOCKED_PRIORITY
+    # Pods not bound yet (a unit's own members assumed here) are no one's to evict.
+    return BLOCKED_PRIORITY if fits_without(preemptor, node, pods) else BLOCKED_NO_ROOM
 
 
 @dataclass(slots=True)
@@ -208,7 +219,10 @@ def _clause(reason: str, n: int, priority: int, protection_ends_ms: int, now_ms:
     if reason == BLOCKED_CLAIMED:
         return f"{where} they are already being evicted for other pods"
     if reason == BLOCKED_NO_ROOM:
-        return f"{where} there is no room even with every pod in the way gone"
+        return (
+            f"{where} evicting cannot make room (what holds it is not bound yet or in the other "
+            "pool, or the node is too small)"
+        )
     if reason.startswith(_BUDGET):
         return f"{where} budget {reason.removeprefix(_BUDGET)} allows no more evictions"
     return f"{where} {reason}"  # a reason a newer shard knows: as it is

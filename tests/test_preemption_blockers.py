@@ -97,20 +97,27 @@ def test_node_blocker(pods: list[P], cpu: int, claimed: set[str], expected: Node
 
 
 QUICK_CHECK = [
-    # id, pods on a 4000m node, preemptor cpu, expected reason
+    # id, pods on a 4000m node, of them bound (None: all), preemptor cpu, expected reason
     ("equal and higher priority fill the node", [P("a-0", 100, cpu=2000), P("b-0", 200, cpu=2000)],
-     1000, BLOCKED_PRIORITY),
-    ("too small even empty", [P("a-0", 200, cpu=2000)], 8000, BLOCKED_NO_ROOM),
+     None, 1000, BLOCKED_PRIORITY),
+    ("too small even empty", [P("a-0", 200, cpu=2000)], None, 8000, BLOCKED_NO_ROOM),
+    ("the unit's own members, assumed there, not bound",
+     [P("g-0", 100, cpu=2000), P("g-1", 100, cpu=2000)], [], 1000, BLOCKED_NO_ROOM),
+    ("one bound pod of higher priority would do", [P("g-0", 100, cpu=2000), P("h-0", 200, cpu=2000)],
+     [P("h-0", 200, cpu=2000)], 2000, BLOCKED_PRIORITY),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("pods", "cpu", "expected"), [c[1:] for c in QUICK_CHECK], ids=[c[0] for c in QUICK_CHECK]
+    ("pods", "bound", "cpu", "expected"),
+    [c[1:] for c in QUICK_CHECK],
+    ids=[c[0] for c in QUICK_CHECK],
 )
-def test_quick_check_blocker(pods: list[P], cpu: int, expected: str) -> None:
+def test_quick_check_blocker(pods: list[P], bound: list[P] | None, cpu: int, expected: str) -> None:
     pre, info, totals = preemptor(cpu=cpu), node_with(pods), LowerPriorityTotals()
     assert not could_fit_after_preemption(pre, info, totals)  # the node the check skips
-    assert quick_check_blocker(pre, info, totals) == expected
+    held = records(pods if bound is None else bound)
+    assert quick_check_blocker(pre, info, held, totals) == expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +184,8 @@ SENTENCES = [
      "ago: the next attempt may do"),
     ("claimed and no room", [(BLOCKED_CLAIMED, 2), (BLOCKED_NO_ROOM, 1)], 0,
      "preemption cannot help: on 2 nodes they are already being evicted for other pods; on 1 "
-     "node there is no room even with every pod in the way gone"),
+     "node evicting cannot make room (what holds it is not bound yet or in the other pool, or "
+     "the node is too small)"),
     ("a reason a newer shard knows, as it is", [("frobnicated", 3)], 0,
      "preemption cannot help: on 3 nodes frobnicated"),
     ("nothing tallied", [], 0, ""),

@@ -352,3 +352,14 @@ def test_a_pod_that_never_preempts_says_so_in_its_diagnosis() -> None:
     diagnosis = result.diagnoses["p-0"].to_proto()
     assert diagnosis.preemption_never and not diagnosis.preemption_reasons
     assert [(r.reason, r.nodes) for r in diagnosis.reasons] == [("insufficient cpu", 1)]
+
+
+def test_a_gang_held_up_by_its_own_members_is_not_told_of_priority() -> None:
+    """A gang of three on two empty nodes: its own members, assumed and not bound, hold the
+    room, so preemption cannot help for want of room, not because of anyone's priority."""
+    _, snap, sched, _ = build([n("a"), n("b")], [], Profile(), "godel")
+    result = sched.schedule(preemptor_unit("g", 3, 4000, priority=LOW), snap)
+    assert not result.success
+    diagnosis = result.diagnoses["g-2"].to_proto()
+    assert [(r.reason, r.nodes) for r in diagnosis.preemption_reasons] == [("no room", 2)]
+    assert diagnosis.gang_needed == 3 and diagnosis.gang_placed == 2
