@@ -335,6 +335,11 @@ class BudgetTracker:
             if needed > self._left[name]
         ]
 
+    def broken(self, pods: Sequence[pb.Pod]) -> list[str]:
+        """The names of the budgets :meth:`violations` describes, in name order."""
+        cost = self._cost(pods)
+        return [name for name, needed in sorted(cost.items()) if needed > self._left[name]]
+
     def admit(self, pods: Sequence[pb.Pod]) -> None:
         """Record the eviction of ``pods``. It does not check: call :meth:`violations` first
         (an over-admitted budget shows a negative :meth:`remaining`)."""

@@ -13,6 +13,10 @@ with the pure pieces of ``placement.preemption``. For one pod:
    disruption budget and refusing sets that do.
 3. The search stops at ``candidates`` nodes with a victim set (not all 5,000 nodes pod by pod);
    ``order_candidates`` picks the best of them.
+4. When no node has a victim set, the nodes that failed (the quick check, or no victim set)
+   are tallied under why (``placement.preemption_blockers``): what `godel explain` tells a
+   user. While searching, a failed node is only noted in a list; a search that finds a place
+   judges none of them.
 
 The caller assumes the preemptor there with its victims taken off (``take``), so the unit's later
 pods see the room taken and freed, and undoes it (``undo``) when the unit fails as a whole.
@@ -20,7 +24,6 @@ pods see the room taken and freed, and undoes it (``undo``) when the unit fails 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -29,6 +32,7 @@ from placement.framework import Code, Framework, PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins.numatopology import pin_numa
 from placement.preemption import (
+    NO_ROOM,
     BudgetFn,
     Candidate,
     FitFn,
@@ -38,6 +42,13 @@ from placement.preemption import (
     could_fit_after_preemption,
     order_candidates,
     search_victims,
+)
+from placement.preemption_blockers import (
+    NodeBlocker,
+    PreemptionTally,
+    node_blocker,
+    preemption_sentence,
+    quick_check_blocker,
 )
 from placement.scan import rotated
 from placement.snapshot import Snapshot
@@ -61,8 +72,18 @@ class VictimSource(Protocol):
         ...
 
     def budget_violations(self, victims: Sequence[str]) -> list[str]:
-        """Budgets that evicting all of ``victims`` together would break ([] = none)."""
+        """The names of the budgets that evicting all of ``victims`` together would break
+        ([] = none)."""
         ...
+
+
+@dataclass(slots=True)
+class _Failed:
+    """The nodes one search found no victim set on, noted for the tally should it find none."""
+
+    skipped: list[NodeInfo] = field(default_factory=list)  # by the quick check
+    no_room: list[NodeInfo] = field(default_factory=list)  # even every possible victim gone
+    budgets: list[tuple[str, ...]] = field(default_factory=list)  # per node, the budgets
 
 
 @dataclass(slots=True)
@@ -86,7 +107,9 @@ class Preemption:
         ]
         self._offset = 0
         self.examined = 0  # nodes looked at (metrics, tests)
-        # Why the last find() found nothing, for `godel explain`.
+        # Why the last find() found nothing: per node, as data (`godel explain` renders it),
+        # and the sentence for the pod's condition.
+        self.blocked = PreemptionTally()
         self.why = ""
 
     def find(
@@ -101,12 +124,12 @@ class Preemption:
         claimed = self.source.claimed
         budgets = self._budget_fn(chosen)
         found: list[Candidate] = []
-        diag: Counter[str] = Counter()
+        failed = _Failed()
         for seg in segments:
             for node in rotated(seg, self._offset):
                 self.examined += 1
                 self._offset += 1
-                victims = self._victims_on(pod, node, now_ms, claimed, chosen, budgets, diag)
+                victims = self._victims_on(pod, node, now_ms, claimed, chosen, budgets, failed)
                 if victims is not None:
                     found.append(Candidate(node.name, victims))
                     if len(found) >= self.candidates or not victims:
@@ -114,8 +137,15 @@ class Preemption:
             if len(found) >= self.candidates or (found and not found[-1].victims):
                 break
         if not found:
-            detail = ", ".join(f"{n} {why}" for why, n in diag.most_common(3))
-            self.why = f"preemption: {NO_VICTIMS}" + (f" ({detail})" if detail else "")
+            self.blocked = tally = self._tally(pod, failed, now_ms, claimed, chosen)
+            self.why = preemption_sentence(
+                tally.reasons(),
+                priority=pod.priority,
+                protection_ends_ms=tally.stored_protection_end(),
+                now_ms=now_ms,
+            )
+            if not self.why:  # no node the search could judge (none left to examine)
+                self.why = f"preemption: {NO_VICTIMS}"
             return None
         best = order_candidates(found)[0]
         return Preempted(best.node, best.victims)
@@ -128,9 +158,10 @@ class Preemption:
         claimed: Set[str],
         chosen: Set[str],
         budgets: BudgetFn | None,
-        diag: Counter[str],
+        failed: _Failed,
     ) -> list[VictimCandidate] | None:
         if not could_fit_after_preemption(pod, node, self.totals):
+            failed.skipped.append(node)
             return None
         fits: FitFn | None = None
         for f in self._others:
@@ -149,8 +180,31 @@ class Preemption:
                 possible.append(c)
         search = search_victims(pod, node, possible, fits, budgets)
         if search.victims is None:
-            diag[search.reason.split(":")[0]] += 1
+            if search.budgets:
+                failed.budgets.append(search.budgets)
+            elif search.reason == NO_ROOM:
+                failed.no_room.append(node)
         return search.victims
+
+    def _tally(
+        self, pod: PodInfo, failed: _Failed, now_ms: int, claimed: Set[str], chosen: Set[str]
+    ) -> PreemptionTally:
+        """Why each node ``failed`` notes could not help (the snapshot is as it was searched)."""
+        tally = PreemptionTally()
+        for node in failed.skipped:
+            records = self._records(node, chosen)
+            tally.add(NodeBlocker(quick_check_blocker(pod, node, records, self.totals)))
+        for node in failed.no_room:
+            tally.add(node_blocker(pod, node, self._records(node, chosen), now_ms, claimed))
+        for names in failed.budgets:
+            tally.add_budgets(names)
+        return tally
+
+    def _records(self, node: NodeInfo, chosen: Set[str]) -> list[VictimCandidate]:
+        """The records of ``node``'s bound pods the search looks at (not those ``chosen``)."""
+        running = self.source.running
+        records = (running(name) for name in node.pods if name not in chosen)
+        return [c for c in records if c is not None]
 
     def _all_filters(self, pod: PodInfo, node: NodeInfo) -> bool:
         return self.framework.run_filters(pod, node) is None

@@ -62,7 +62,7 @@ BUDGET_BLOCKS = "a disruption budget blocks it"
 PRIORITY_SUM_OFFSET = 1 << 31
 
 FitFn = Callable[[PodInfo, NodeInfo], bool]
-# Victim pod names -> the budgets their eviction together would break ([] = none).
+# Victim pod names -> the names of the budgets their eviction together would break ([] = none).
 BudgetFn = Callable[[Sequence[str]], list[str]]
 
 # A time after every real one: "protected until further notice", "started last".
@@ -219,6 +219,7 @@ class VictimSearch:
 
     victims: list[VictimCandidate] | None
     reason: str = ""
+    budgets: tuple[str, ...] = ()  # the budgets a victim set would break, when they block it
 
 
 def search_victims(
@@ -261,7 +262,7 @@ def search_victims(
     if budget_violations is not None and victims:
         broken = budget_violations([v.name for v in victims])
         if broken:
-            return VictimSearch(None, f"{BUDGET_BLOCKS}: {'; '.join(broken)}")
+            return VictimSearch(None, f"{BUDGET_BLOCKS}: {'; '.join(broken)}", tuple(broken))
     victims.sort(key=_most_valuable_first)
     return VictimSearch(victims)
 
@@ -275,6 +276,16 @@ def select_victims(
 ) -> list[VictimCandidate] | None:
     """:func:`search_victims` without the reason: the victims ([] = fits already), or None."""
     return search_victims(preemptor, node, candidates, fits, budget_violations).victims
+
+
+def fits_without(preemptor: PodInfo, node: NodeInfo, candidates: Iterable[VictimCandidate]) -> bool:
+    """Whether ``preemptor`` fits ``node`` once every one of ``candidates`` is gone, by the
+    default judgement on integers: :func:`search_victims`' first question alone (for
+    ``placement.preemption_blockers``, which asks it of pods that are not possible victims)."""
+    trial = _Room(node, preemptor.req)
+    for c in candidates:
+        trial.remove(c)
+    return trial.fits()
 
 
 class _Trial(Protocol):

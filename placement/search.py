@@ -46,6 +46,7 @@ from placement.nodeinfo import NodeInfo
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
 from placement.preemption import preemptor_refusal
+from placement.preemption_blockers import NEVER_SENTENCE
 from placement.scan import partition_first, rotated
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
@@ -102,6 +103,12 @@ class Diagnosis:
     gang_needed: int = 0
     gang_placed: int = 0
     note: str = ""
+    # Why preemption could not help (placement.preemption_blockers): nodes per reason, the
+    # soonest protection end, the pod's own preemptionPolicy Never, and its priority.
+    preemption_reasons: tuple[tuple[str, int], ...] = ()
+    protection_ends_ms: int = 0
+    preemption_never: bool = False
+    priority: int = 0
 
     def to_proto(self) -> pb.SchedulingDiagnosis:
         return pb.SchedulingDiagnosis(
@@ -110,6 +117,12 @@ class Diagnosis:
             gang_needed=self.gang_needed,
             gang_placed=self.gang_placed,
             note=self.note,
+            preemption_reasons=[
+                pb.ReasonCount(reason=r, nodes=n) for r, n in self.preemption_reasons
+            ],
+            protection_ends_ms=self.protection_ends_ms,
+            preemption_never=self.preemption_never,
+            priority=self.priority,
         )
 
 
@@ -962,9 +975,14 @@ class UnitScheduler:
         """The PostFilter for a pod the filters placed nowhere: True when it is assumed on a node
         with its victims taken off; else its reason is in ``run.unplaced``."""
         unplaced, diagnosed = run.unplaced, run.result.diagnoses
-        if self.preemption is None or preemptor_refusal(pod) is not None:
+        if self.preemption is None:
             unplaced[pod.name] = tmpl.failure
             _diagnosed(diagnosed, pod.name, tmpl.diagnosis)
+            return False
+        if preemptor_refusal(pod) is not None:
+            unplaced[pod.name] = f"{tmpl.failure}; {NEVER_SENTENCE}"
+            if tmpl.diagnosis is not None:
+                diagnosed[pod.name] = replace(tmpl.diagnosis, preemption_never=True)
             return False
         if tmpl.preemption_failure:
             unplaced[pod.name] = tmpl.preemption_failure
@@ -976,7 +994,7 @@ class UnitScheduler:
         if place is None:
             tmpl.preemption_failure = f"{tmpl.failure}; {self.preemption.why}"
             if tmpl.diagnosis is not None:
-                tmpl.preemption_diagnosis = replace(tmpl.diagnosis, note=self.preemption.why)
+                tmpl.preemption_diagnosis = self._preemption_diagnosis(tmpl.diagnosis, pod)
             unplaced[pod.name] = tmpl.preemption_failure
             _diagnosed(diagnosed, pod.name, tmpl.preemption_diagnosis)
             return False
@@ -985,6 +1003,20 @@ class UnitScheduler:
             run.numa[pod.name] = req.numa_nodes
         run.preempted[pod.name] = place
         return True
+
+    def _preemption_diagnosis(self, diagnosis: Diagnosis, pod: PodInfo) -> Diagnosis:
+        """``diagnosis`` with what the failed victim search tallied (its sentence as the note
+        only when it tallied no node)."""
+        assert self.preemption is not None
+        blocked = self.preemption.blocked
+        if not blocked.nodes:
+            return replace(diagnosis, note=self.preemption.why)
+        return replace(
+            diagnosis,
+            preemption_reasons=blocked.reasons(),
+            protection_ends_ms=blocked.stored_protection_end(),
+            priority=pod.priority,
+        )
 
     # -- pod level ---------------------------------------------------------------------------
 

@@ -40,6 +40,41 @@ CASES = [
         "0/3 nodes fit: 3 insufficient cpu; no lower-priority victims",
     ),
     ("no nodes", _diagnosis(0), "0/0 nodes fit"),
+    (
+        "preemption cannot help: nodes per reason",
+        _diagnosis(
+            8,
+            ("insufficient cpu", 8),
+            preemption_reasons=[
+                pb.ReasonCount(reason="not preemptible", nodes=5),
+                pb.ReasonCount(reason="priority", nodes=2),
+                pb.ReasonCount(reason="budget web-pdb", nodes=1),
+            ],
+            priority=100,
+        ),
+        "0/8 nodes fit: 8 insufficient cpu; preemption cannot help: on 5 nodes the pods that "
+        "would have to go are not preemptible (mark their job `preemptible: true` or set their "
+        "queue's `preemptibleDefault`); on 2 nodes they have equal or higher priority (100 or "
+        "more); on 1 node budget web-pdb allows no more evictions",
+    ),
+    (
+        "a gang whose preemption cannot help",
+        _diagnosis(
+            2,
+            ("insufficient cpu", 2),
+            preemption_reasons=[pb.ReasonCount(reason="claimed", nodes=2)],
+            gang_needed=3,
+            gang_placed=0,
+        ),
+        "0/2 nodes fit: 2 insufficient cpu; preemption cannot help: on 2 nodes they are already "
+        "being evicted for other pods; min_member needs 3 pod(s) placed, 0 fit",
+    ),
+    (
+        "preemptionPolicy Never",
+        _diagnosis(1, ("insufficient cpu", 1), preemption_never=True),
+        "0/1 nodes fit: 1 insufficient cpu; preemption cannot help: this pod's "
+        "`preemptionPolicy` is Never (it evicts no other pod and waits for room)",
+    ),
 ]
 
 

@@ -4,6 +4,7 @@ early stop. Table-driven over both search modes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from placement.nodeinfo import NUMA_EXCLUSIVE, NUMA_SINGLE
 from placement.plugins import new_in_tree_registry
 from placement.postfilter import Preemption
 from placement.preemption import VictimCandidate
+from placement.preemption_blockers import explain_preemption
 from placement.search import SearchConfig, UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
@@ -64,7 +66,7 @@ class CacheVictims:
         return self.cache.claimed.keys()
 
     def budget_violations(self, victims: Sequence[str]) -> list[str]:
-        return BudgetTracker(self.budgets).violations([self.pods[v] for v in victims])
+        return BudgetTracker(self.budgets).broken([self.pods[v] for v in victims])
 
 
 def preemptor_unit(
@@ -128,13 +130,14 @@ CASES = [
          {"p-0": ("b", ["l0"])}),
     Case("equal priority is never a victim",
          [n("a")], [running("h0", "a", cpu=4000, priority=HIGH)], preemptor_unit("p", 1, 2000),
-         {}, "no node where preemption helps"),
+         {}, "preemption cannot help: on 1 node they have equal or higher priority (10 or more)"),
     Case("non-preemptible is never a victim",
          [n("a")], [running("l0", "a", cpu=4000, preemptible=False)],
-         preemptor_unit("p", 1, 2000), {}, "no node where preemption helps"),
+         preemptor_unit("p", 1, 2000), {},
+         "on 1 node the pods that would have to go are not preemptible"),
     Case("preemptionPolicy Never waits",
          [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000, never=True),
-         {}, "insufficient cpu"),
+         {}, "insufficient cpu; preemption cannot help: this pod's `preemptionPolicy` is Never"),
     Case("preemption off in the profile",
          [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000),
          {}, "insufficient cpu", profile=Profile(preemption=False)),
@@ -143,7 +146,8 @@ CASES = [
          {}, "untolerated taint"),
     Case("a budget that forbids every victim blocks",
          [n("a")], [running("l0", "a", cpu=4000)], preemptor_unit("p", 1, 2000),
-         {}, "a disruption budget blocks it", budgets=[never_disrupt("low")]),
+         {}, "on 1 node budget keep-low allows no more evictions",
+         budgets=[never_disrupt("low")]),
     Case("a budget steers to the victims it does not protect",
          [n("a"), n("b")],
          [running("l0", "a", cpu=4000), running("o0", "b", cpu=4000, job_name="other")],
@@ -291,3 +295,71 @@ def test_a_pod_that_starts_on_its_node_keeps_the_request_the_node_accounts() -> 
     cache.set_pod(running("p", "b", started_ms=5000))  # moved: a request of its own there
     moved = cache.running("p")
     assert moved is not None and moved.req is not first.req and "p" not in cache.nodes["a"].pods
+
+
+@pytest.mark.parametrize("mode", ["godel", "kube"])
+def test_no_node_helps_the_diagnosis_counts_nodes_per_blocking_reason(mode: str) -> None:
+    """Six full nodes, each blocked another way: what the pod's stored diagnosis says (nodes
+    per reason, the soonest protection end, the pod's priority), and that the shard's own
+    message is the same sentence."""
+    started = int(time.time() * 1000)
+    protected = [running(f"g{i}", f"c{i}", cpu=4000, job_name="guarded") for i in range(2)]
+    for i, p in enumerate(protected):
+        p.status.started_ms = started + i * 1000
+        p.spec.protection_seconds = 3600
+    nodes = [n("a"), n("b"), n("c0"), n("c1"), n("d"), n("e")]
+    pods = [
+        running("f0", "a", cpu=4000, preemptible=False, job_name="fixed"),
+        running("f1", "b", cpu=4000, preemptible=False, job_name="fixed"),
+        *protected,
+        running("h0", "d", cpu=4000, priority=HIGH, job_name="high"),
+        running("l0", "e", cpu=4000),
+    ]
+    _, snap, sched, source = build(nodes, pods, Profile(), mode)
+    source.budgets = [never_disrupt("low")]
+
+    result = sched.schedule(preemptor_unit("p", 1, 2000), snap)
+
+    assert not result.success
+    diagnosis = result.diagnoses["p-0"].to_proto()
+    assert [(r.reason, r.nodes) for r in diagnosis.preemption_reasons] == [
+        ("not preemptible", 2),
+        ("protected", 2),
+        ("budget keep-low", 1),
+        ("priority", 1),
+    ]
+    assert diagnosis.protection_ends_ms == started + 3600 * 1000  # the sooner of the two
+    assert diagnosis.priority == HIGH
+    assert diagnosis.note == ""  # the data says it; no free text beside it
+    sentence = explain_preemption(diagnosis, started)
+    assert sentence == (
+        "preemption cannot help: on 2 nodes the pods that would have to go are not preemptible "
+        "(mark their job `preemptible: true` or set their queue's `preemptibleDefault`); on 2 "
+        "nodes they are protected for 3600 more seconds (`protectionSeconds`); on 1 node budget "
+        "keep-low allows no more evictions; on 1 node they have equal or higher priority (10 or "
+        "more)"
+    )
+    assert (
+        "0/6 nodes fit: 6 insufficient cpu; preemption cannot help: on 2 nodes"
+        in (result.unplaced["p-0"])
+    )
+
+
+def test_a_pod_that_never_preempts_says_so_in_its_diagnosis() -> None:
+    _, snap, sched, _ = build([n("a")], [running("l0", "a", cpu=4000)], Profile(), "godel")
+    result = sched.schedule(preemptor_unit("p", 1, 2000, never=True), snap)
+    assert not result.success
+    diagnosis = result.diagnoses["p-0"].to_proto()
+    assert diagnosis.preemption_never and not diagnosis.preemption_reasons
+    assert [(r.reason, r.nodes) for r in diagnosis.reasons] == [("insufficient cpu", 1)]
+
+
+def test_a_gang_held_up_by_its_own_members_is_not_told_of_priority() -> None:
+    """A gang of three on two empty nodes: its own members, assumed and not bound, hold the
+    room, so preemption cannot help for want of room, not because of anyone's priority."""
+    _, snap, sched, _ = build([n("a"), n("b")], [], Profile(), "godel")
+    result = sched.schedule(preemptor_unit("g", 3, 4000, priority=LOW), snap)
+    assert not result.success
+    diagnosis = result.diagnoses["g-2"].to_proto()
+    assert [(r.reason, r.nodes) for r in diagnosis.preemption_reasons] == [("no room", 2)]
+    assert diagnosis.gang_needed == 3 and diagnosis.gang_placed == 2

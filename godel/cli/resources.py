@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ from godel.manifest import (
     to_list,
     to_manifest,
 )
+from placement.preemption_blockers import explain_preemption
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from store.kinds import StoredObject, stored
@@ -802,9 +804,10 @@ def explain(pod: str, output: str, server: str | None, home: Path | None) -> Non
 
 def render_explanation(result: api_pb2.ExplainResponse) -> str:
     """A pending pod's explanation rendered from the shard's counts (``0/5 nodes fit: 4
-    insufficient cpu, 1 node unschedulable; min_member needs 8 pod(s) placed, 3 fit``, worded
-    as the shard's own condition message); for any other pod, the dispatcher's summary (where
-    it runs, or why it ended)."""
+    insufficient cpu, 1 node unschedulable; preemption cannot help: on 5 nodes the pods that
+    would have to go are not preemptible (...); min_member needs 8 pod(s) placed, 3 fit``,
+    worded as the shard's own condition message, protection's seconds counted from now); for
+    any other pod, the dispatcher's summary (where it runs, or why it ended)."""
     if not result.HasField("diagnosis"):
         return result.summary
     d = result.diagnosis
@@ -813,6 +816,9 @@ def render_explanation(result: api_pb2.ExplainResponse) -> str:
         text += ": " + ", ".join(f"{r.nodes} {r.reason}" for r in d.reasons)
     if d.note:
         text += f"; {d.note}"
+    preemption = explain_preemption(d, int(time.time() * 1000))
+    if preemption:
+        text += f"; {preemption}"
     if d.gang_needed:
         text += f"; min_member needs {d.gang_needed} pod(s) placed, {d.gang_placed} fit"
     return text

@@ -174,8 +174,10 @@ class Event:
 @dataclass(frozen=True)
 class Explanation:
     """Why a pod is where it is: bound to ``node``, or pending for ``summary``'s reasons
-    (``reasons`` counts the nodes that failed each check), or preempting ``victims`` on
-    ``nominated_node`` while the Binder has its decision."""
+    (``reasons`` counts the nodes that failed each check; ``preemption_reasons`` the nodes
+    where preemption could not help, per reason, as `godel explain` words them from
+    ``placement.preemption_blockers``), or preempting ``victims`` on ``nominated_node`` while
+    the Binder has its decision."""
 
     pod: str
     phase: str
@@ -186,6 +188,7 @@ class Explanation:
     scheduler: str = ""
     nominated_node: str = ""
     victims: list[str] = field(default_factory=list)
+    preemption_reasons: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_wire(cls, response: api_pb2.ExplainResponse) -> Explanation:
@@ -201,6 +204,7 @@ class Explanation:
             scheduler=response.scheduler,
             nominated_node=response.nominated_node,
             victims=list(response.victims),
+            preemption_reasons={r.reason: r.nodes for r in response.diagnosis.preemption_reasons},
         )
 
 

@@ -42,7 +42,7 @@ class ShardVictims:
         tracker = self._budgets()
         if not self._any:
             return []
-        return tracker.violations(self._pods(victims))
+        return tracker.broken(self._pods(victims))
 
     def admit(self, victims: Sequence[str]) -> None:
         """Charge victims this shard proposed to the Binder."""

@@ -133,7 +133,7 @@ def test_disruption_budget_blocks_then_allows_exactly_one_eviction(
 
     def explained() -> str:
         out = cluster.godel("explain", "online-0").stdout
-        return out if "disruption budget blocks it" in out else ""
+        return out if "on 3 nodes budget keep-low allows no more evictions" in out else ""
 
     wait_until(explained, timeout=120, what="explain names the disruption budget")
     assert placed(cluster, "online") == 0
@@ -149,6 +149,35 @@ def test_disruption_budget_blocks_then_allows_exactly_one_eviction(
     failed = [p for p in pods(cluster, "low") if p.status.phase == pb.POD_FAILED]
     assert [(p.status.reason, p.status.preempted_by) for p in failed] == [("Preempted", "online-0")]
     assert placed(cluster, "low") == 3  # the victim keeps its record (and its node name)
+
+
+def test_explain_says_preemption_cannot_evict_pods_that_are_not_preemptible(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """Two nodes full of non-preemptible pods: a high-priority pod stays pending, and `godel
+    explain` (and the API's data under it) says on how many nodes which rule blocked it."""
+    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2, service_args=(SMALL_NODES,))
+    wait_until(lambda: len(cluster.client.list("Node")) == 2, what="nodes registered")
+    fixed = job_yaml("fixed", 2, "1", "  priority: 1\n  preemptible: false\n")
+    cluster.godel("apply", "-f", "-", stdin=fixed)
+    wait_until(lambda: placed(cluster, "fixed") == 2, timeout=120, what="fixed placed")
+
+    cluster.godel("apply", "-f", "-", stdin=job_yaml("online", 1, "1", "  priority: 100\n"))
+
+    def explained() -> str:
+        out = cluster.godel("explain", "online-0").stdout
+        return out if "preemption cannot help" in out else ""
+
+    out = wait_until(explained, timeout=120, what="explain says why preemption cannot help")
+    assert (
+        "preemption cannot help: on 2 nodes the pods that would have to go are not preemptible "
+        "(mark their job `preemptible: true` or set their queue's `preemptibleDefault`)"
+    ) in out
+    data = cluster.client.explain("online-0").diagnosis
+    assert [(r.reason, r.nodes) for r in data.preemption_reasons] == [("not preemptible", 2)]
+    assert data.priority == 100 and not data.preemption_never
+    assert placed(cluster, "online") == 0
+    assert all(p.status.phase == pb.POD_RUNNING for p in pods(cluster, "fixed"))
 
 
 def test_a_preemptor_in_flight_shows_where_it_preempts(

@@ -1268,6 +1268,10 @@ class SchedulingDiagnosis(_message.Message):
     GANG_NEEDED_FIELD_NUMBER: _builtins.int
     GANG_PLACED_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
+    PREEMPTION_REASONS_FIELD_NUMBER: _builtins.int
+    PROTECTION_ENDS_MS_FIELD_NUMBER: _builtins.int
+    PREEMPTION_NEVER_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     total_nodes: _builtins.int
     """Nodes considered (none of which fit the pod), and per reason how many failed it, most
     first (a node failing several checks counts under each).
@@ -1277,8 +1281,24 @@ class SchedulingDiagnosis(_message.Message):
     gang_placed: _builtins.int
     note: _builtins.str
     """What else was tried, e.g. why preemption found no victims."""
+    protection_ends_ms: _builtins.int
+    """Of the nodes blocked by protection: the soonest time (ms since the epoch) when the pods in
+    the way on one of them are all past their protectionSeconds; 0 when none of them has
+    started yet (their windows start when they start).
+    """
+    preemption_never: _builtins.bool
+    """The pod's own preemptionPolicy is Never: it evicts nobody and waits for room."""
+    priority: _builtins.int
+    """The pod's priority at the attempt: the pods in the way for "priority" have it or more."""
     @_builtins.property
     def reasons(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReasonCount]: ...
+    @_builtins.property
+    def preemption_reasons(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReasonCount]:
+        """Why preemption could not place the pod, as the victim search tallied it: per reason, the
+        candidate nodes where it blocked every victim set (placement.preemption_blockers names the
+        reasons: "not preemptible", "protected", "priority", "claimed", "no room", "budget <name>").
+        """
+
     def __init__(
         self,
         *,
@@ -1287,10 +1307,14 @@ class SchedulingDiagnosis(_message.Message):
         gang_needed: _builtins.int = ...,
         gang_placed: _builtins.int = ...,
         note: _builtins.str = ...,
+        preemption_reasons: _abc.Iterable[Global___ReasonCount] | None = ...,
+        protection_ends_ms: _builtins.int = ...,
+        preemption_never: _builtins.bool = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang_needed", b"gang_needed", "gang_placed", b"gang_placed", "note", b"note", "reasons", b"reasons", "total_nodes", b"total_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang_needed", b"gang_needed", "gang_placed", b"gang_placed", "note", b"note", "preemption_never", b"preemption_never", "preemption_reasons", b"preemption_reasons", "priority", b"priority", "protection_ends_ms", b"protection_ends_ms", "reasons", b"reasons", "total_nodes", b"total_nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
