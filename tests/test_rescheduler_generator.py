@@ -367,3 +367,28 @@ def test_random_graphs_plan_every_move_once_within_budget_in_dependency_order(
 @given(moves=random_moves)
 def test_random_graphs_without_a_budget_plan_one_batch(moves: list[Move]) -> None:
     assert len(plan_batches(moves)) == (1 if moves else 0)
+
+
+def test_a_gangs_moves_share_one_batch() -> None:
+    """g1 goes where w1 makes room (depth 2), g2 to a node nothing feeds (depth 1); w3 waits at
+    depth 2 for its budget, so depth 1 waits too: without ``together`` the gang is split over
+    two batches, with it both go in the first, and what they depend on (w1) with them."""
+    w1, w2, w3, w4 = (Move("w1", "w", "y", "z"), Move("w2", "w", "x", "y"),
+                      Move("w3", "w", "n", "o"), Move("w4", "w", "m", "n"))  # fmt: skip
+    g1, g2 = Move("g1", "g", "a", "z"), Move("g2", "g", "c", "d")
+    moves = [w1, w2, w3, w4, g1, g2]
+
+    def budget() -> PerKeyBudget:
+        return PerKeyBudget.per_job({"w": 1})
+
+    split = plan_batches(moves, budget)
+    assert [i for i, batch in enumerate(split) for m in batch if m.job == "g"] == [0, 1]
+    whole = plan_batches(moves, budget, together=[[g1, g2]])
+    assert {m.pod for m in whole[0]} == {"g1", "g2", "w1"}
+    assert sorted(m.pod for batch in whole for m in batch) == sorted(m.pod for m in moves)
+
+
+def test_a_gang_no_fresh_budget_admits_whole_is_infeasible() -> None:
+    g1, g2 = Move("g1", "g", "a", "b"), Move("g2", "g", "c", "d")
+    with pytest.raises(InfeasiblePlanError):
+        plan_batches([g1, g2], lambda: PerKeyBudget.per_job({"g": 1}), together=[[g1, g2]])

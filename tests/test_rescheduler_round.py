@@ -63,6 +63,7 @@ class Spec:
     pod_selectors: dict[str, dict[str, str]] = field(default_factory=dict)
     preemptible: frozenset[str] = frozenset()
     scope_labels: dict[str, str] = field(default_factory=dict)
+    min_members: dict[str, int] = field(default_factory=dict)  # job -> minMember (gangs)
 
 
 def view_of(spec: Spec) -> ClusterView:
@@ -84,6 +85,7 @@ def view_of(spec: Spec) -> ClusterView:
             job = jobs.setdefault(job_name, pb.Job(metadata=pb.ObjectMeta(name=job_name)))
             job.metadata.labels.update(spec.jobs.get(job_name, {}))
             job.spec.replicas += 1
+            job.spec.min_member = spec.min_members.get(job_name, 1)
     selectors = [{}] * spec.pending + spec.pending_selectors
     for i, selector in enumerate(selectors):
         pending = pb.Pod(metadata=pb.ObjectMeta(name=f"pending-{i}"))
@@ -705,3 +707,90 @@ async def test_rounds_never_overlap_and_each_starts_from_a_fresh_view() -> None:
     assert manager.state("second").last is plan_b
     with pytest.raises(UnknownPolicyError, match="unknown policy 'third'"):
         await manager.run("third", trigger="rpc", dry_run=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Running gangs: moved whole or not at all
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_gang_the_algorithm_moves_whole_is_moved_in_one_batch() -> None:
+    spec = fragmented_gpus()  # every pod of "train" (a1, a2 on a; b1 on b) goes to c
+    spec.min_members = {"train": 3}
+    bp = BinPacking(BinPackingArgs(resources=GPU, threshold_percentage=50))
+    plan = RoundRunner().run(
+        policy(bp, [DisruptionBudget()], detector_args={"resources": GPU}),
+        view_of(spec), generation=1, dry_run=True, trigger="rpc",
+    )  # fmt: skip
+    assert plan.outcome == PLANNED, plan.message
+    assert sorted(m.pod for m in plan.moves) == ["a1", "a2", "b1"]
+    assert [sorted(m.pod for m in batch) for batch in plan.batches] == [["a1", "a2", "b1"]]
+    assert plan.left_whole == {}
+
+
+def test_a_gang_the_algorithm_would_move_in_part_is_left_whole_and_said_so() -> None:
+    """ "train" has a third pod on c, the target: draining a would move 2 of its 3 pods, so the
+    round plans again with train left where it is (a cannot be drained then), and the plan
+    says so; b's pod of another job still moves."""
+    spec = fragmented_gpus()
+    spec.nodes["b"] = [("b1", "solo", 100, 1)]
+    spec.nodes["c"] = [*spec.nodes["c"][:4], ("c4", "train", 100, 1)]
+    spec.min_members = {"train": 2}
+    bp = BinPacking(BinPackingArgs(resources=GPU, threshold_percentage=50))
+    plan = RoundRunner().run(
+        policy(bp, detector_args={"resources": GPU}),
+        view_of(spec), generation=1, dry_run=True, trigger="rpc",
+    )  # fmt: skip
+    assert plan.outcome == PLANNED, plan.message
+    assert [m.pod for m in plan.moves] == ["b1"]
+    assert plan.left_whole == {
+        "train": "a running gang (minMember 2) is moved whole or not at all; "
+        "BinPacking would move 2 of its 3 pods"
+    }
+    [left] = plan.to_proto().left_whole
+    assert (left.job, left.reason) == ("train", plan.left_whole["train"])
+    # The same cluster with train no gang: a is drained as before.
+    spec.min_members = {}
+    plain = RoundRunner().run(
+        policy(bp, detector_args={"resources": GPU}),
+        view_of(spec), generation=1, dry_run=True, trigger="rpc",
+    )  # fmt: skip
+    assert sorted(m.pod for m in plain.moves) == ["a1", "a2", "b1"]
+
+
+def test_a_gang_whose_target_no_longer_fits_at_validation_is_left_whole() -> None:
+    # b has room for one 3-CPU pod; both pods of the gang "w" are sent there.
+    spec = Spec({"a": [("a1", "w", 3000, 0), ("a2", "w", 3000, 0)], "b": []}, cpu=4000)
+    spec.min_members = {"w": 2}
+    moves = [move("a1", "w"), move("a2", "w")]
+    plan = RoundRunner().run(
+        policy(Fixed(moves), failure_ratio_threshold=0.5),
+        view_of(spec), generation=1, dry_run=False, trigger="rpc",
+    )  # fmt: skip
+    assert plan.outcome == NOTHING and plan.moves == []
+    assert dict((m.pod, r.split(":")[0]) for m, r in plan.rejected) == {
+        "a2": "NodeResourcesFit",
+        "a1": "left whole",
+    }
+    assert "validation would move 1 of its 2 pods" in plan.left_whole["w"]
+
+
+def test_godel_reschedule_lists_the_gangs_left_whole_and_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from godel.cli.reschedule import print_plan
+
+    spec = fragmented_gpus()
+    spec.nodes["b"] = [("b1", "solo", 100, 1)]
+    spec.nodes["c"] = [*spec.nodes["c"][:4], ("c4", "train", 100, 1)]
+    spec.min_members = {"train": 2}
+    bp = BinPacking(BinPackingArgs(resources=GPU, threshold_percentage=50))
+    plan = RoundRunner().run(
+        policy(bp, detector_args={"resources": GPU}),
+        view_of(spec), generation=1, dry_run=True, trigger="rpc",
+    )  # fmt: skip
+    print_plan(plan.to_proto())
+    out = capsys.readouterr().out
+    assert "left whole (a running gang moves whole or not at all):" in out
+    [row] = [line for line in out.splitlines() if line.startswith("train ")]
+    assert "BinPacking would move 2 of its 3 pods" in row

@@ -113,6 +113,10 @@ def print_plan(plan: api_pb2.Plan) -> None:
             ["POD", "FROM", "TO", "REASON"],
             [[r.pod, r.from_node, r.to_node, r.reason] for r in plan.rejected],
         )
+    if plan.left_whole:
+        click.echo("")
+        click.echo("left whole (a running gang moves whole or not at all):")
+        print_table(["JOB", "REASON"], [[g.job, g.reason] for g in plan.left_whole])
     if plan.HasField("after"):
         click.echo("")
         print_figures(plan.before, plan.after, gpu=_has_gpus(plan), spread=_is_spread(plan))

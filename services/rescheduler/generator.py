@@ -12,6 +12,10 @@ deepest depth, gives budget first to cycles and then to moves into components wh
 taken, and only goes down a depth once every component above is finished. Each batch has a fresh
 budget (disruption budgets recover between batches), and the greedy takes all it can, so
 independent moves share batches.
+
+Moves that must share a batch (a running gang's, moved whole: ``rescheduler/gangs.py``) are
+tied into one component by edges that are no moves (each move's target to the next move's
+source), so they are taken together, as a cycle is.
 """
 
 from __future__ import annotations
@@ -107,10 +111,13 @@ class _Component:
 class _DepthChart:
     """The unfinished components by depth, each depth in first-appearance order."""
 
-    def __init__(self, moves: Sequence[Move]) -> None:
+    def __init__(self, moves: Sequence[Move], together: Sequence[Sequence[Move]] = ()) -> None:
         graph: nx.DiGraph[str] = nx.DiGraph()
         for move in moves:  # node insertion order is first appearance, source before target
             graph.add_edge(move.source, move.target)
+        for group in together:  # a ring through the group's nodes: one strong component
+            for move, after in zip(group, [*group[1:], group[0]], strict=True):
+                graph.add_edge(move.target, after.source)
         condensed = nx.condensation(graph)
         membership: dict[str, int] = condensed.graph["mapping"]
         first_seen = {node: index for index, node in enumerate(graph.nodes)}
@@ -210,19 +217,21 @@ def _check_moves(moves: Sequence[Move]) -> None:
 def plan_batches(
     moves: Sequence[Move],
     new_budget: Callable[[], BatchBudget] | None = None,
+    together: Sequence[Sequence[Move]] = (),
 ) -> list[list[Move]]:
     """Order ``moves`` into batches: each batch admitted by a fresh budget from new_budget()
     (None = unlimited: everything in one batch), dependencies respected (a move into a node
     comes in the same batch as, or a later batch than, the moves out of that node that make
     room for it — deepest sink first), cycles kept together, as few batches as the greedy
     allows. Raises InfeasiblePlanError when some component can never be admitted (e.g. a
-    swap of 2 pods under a budget of 1).
+    swap of 2 pods under a budget of 1). Each group of ``together`` (moves of ``moves``) is
+    evicted in one batch, with whatever else must come with it.
 
     Within a batch, moves are in the order they were chosen: deepest first, cycles before the
     moves into them, ties by first appearance in ``moves``."""
     _check_moves(moves)
     budgets: Callable[[], BatchBudget] = new_budget or _Unlimited
-    chart = _DepthChart(moves)
+    chart = _DepthChart(moves, together)
     batches: list[list[Move]] = []
     while chart:
         batch = _fill_batch(chart, budgets())

@@ -43,7 +43,15 @@ from placement.search import UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import api_pb2 as api
 from services.rescheduler import metrics
-from services.rescheduler.framework import Algorithm, Check, ClusterView, Detector, Move
+from services.rescheduler.framework import (
+    Algorithm,
+    Check,
+    ClusterView,
+    Detection,
+    Detector,
+    Move,
+)
+from services.rescheduler.gangs import GangVeto, drop_partial_gangs, gang_groups, partial_gangs
 from services.rescheduler.generator import InfeasiblePlanError, plan_batches
 from services.rescheduler.plugins.topologyspread import spread_share
 
@@ -54,6 +62,10 @@ ABORTED = "aborted"
 DEFAULT_WEIGHTS = {"cpu": 1, "memory": 1}
 # Suffix of a simulated replacement's name (a real one gets its own name from its job).
 REPLACEMENT_SUFFIX = "~replacement"
+# How many times the algorithm may run to plan without moving a running gang in part: each run
+# leaves the gangs the previous one moved in part (``gangs.py``); what a last run still moves
+# in part is dropped.
+GANG_PASSES = 3
 
 
 @dataclass
@@ -108,6 +120,8 @@ class RoundPlan:
     # Executed rounds: the Movements created, one per batch evicted, and the pods evicted.
     movements: list[str] = field(default_factory=list)
     evicted: int = 0
+    # Running gangs left where they are: job -> why (a gang moves whole or not at all).
+    left_whole: dict[str, str] = field(default_factory=dict)
 
     @property
     def moves(self) -> list[Move]:
@@ -144,11 +158,17 @@ class RoundPlan:
                 )
         for m, reason in self.rejected:
             out.rejected.add(pod=m.pod, from_node=m.source, to_node=m.target, reason=reason)
+        for job, reason in self.left_whole.items():
+            out.left_whole.add(job=job, reason=reason)
         return out
 
 
-def _vetoes(checks: Sequence[Check], view: ClusterView) -> Callable[[Move], str | None]:
+def _vetoes(
+    checks: Sequence[Check], view: ClusterView, gangs: GangVeto | None = None
+) -> Callable[[Move], str | None]:
     def veto(move: Move) -> str | None:
+        if gangs is not None and (reason := gangs(move)) is not None:
+            return reason
         for check in checks:
             reason = check.check(view, move)
             if reason is not None:
@@ -240,23 +260,25 @@ class RoundRunner:
             plan.message = f"{policy.detector.NAME} found nothing to relieve"
             return
 
-        proposing = view.copy()
-        for check in policy.checks:
-            check.start_round(proposing, now)
-        proposing.move_listener = _Admissions(policy.checks, proposing).moved
-        moves = policy.algorithm.reschedule(
-            proposing, detections, _vetoes(policy.checks, proposing)
-        )
+        moves = self._propose(policy, view, detections, plan, now)
         if not moves:
             plan.message = (
                 f"{policy.detector.NAME} found {plan.detected_nodes} node(s) to relieve, but "
                 f"{policy.algorithm.NAME} found no move that fits and passes the checks"
+                + (
+                    f" ({len(plan.left_whole)} running gang(s) left whole)"
+                    if plan.left_whole
+                    else ""
+                )
             )
             return
 
         moves, misfits = validate_targets(view, moves)
-        plan.rejected = misfits
-        total = len(moves) + len(misfits)
+        # A gang one of whose targets no longer fits cannot move whole: it stays.
+        moves, broken, left = drop_partial_gangs(view, moves, "validation")
+        plan.left_whole.update(left)
+        plan.rejected = [*plan.rejected, *misfits, *broken]
+        total = len(moves) + len(misfits) + len(broken)
         ratio = len(misfits) / total
         if ratio > policy.failure_ratio_threshold:
             plan.outcome = ABORTED
@@ -265,12 +287,18 @@ class RoundRunner:
                 f"{ratio:.2f} > {policy.failure_ratio_threshold:g})"
             )
             return
+        if not moves:
+            plan.message = (
+                f"no move left once {len(misfits)} target(s) that no longer fit and the moves "
+                f"of {len(left)} gang(s) that could not move whole were dropped"
+            )
+            return
 
         # Checks read the view and keep their own round state: the plan is judged against the
         # cluster as it is, move by move.
         for check in policy.checks:
             check.start_round(view, now)
-        veto = _vetoes(policy.checks, view)
+        veto = _vetoes(policy.checks, view, GangVeto(plan.left_whole))
         for move in moves:
             reason = veto(move)
             if reason is not None:
@@ -282,7 +310,7 @@ class RoundRunner:
 
         budget = (lambda: _BatchBudget(view)) if view.budgets else None
         try:
-            plan.batches = plan_batches(moves, budget)
+            plan.batches = plan_batches(moves, budget, together=gang_groups(view, moves))
         except InfeasiblePlanError as exc:
             plan.outcome = ABORTED
             pods = ", ".join(m.pod for m in exc.remaining[:5])
@@ -305,6 +333,37 @@ class RoundRunner:
         plan.after.unplaced_pods = sum(1 for node in plan.simulated.values() if not node)
         batches = len(plan.batches)
         plan.message = f"{len(plan.moves)} move(s) in {batches} batch(es)"
+
+    def _propose(
+        self,
+        policy: Policy,
+        view: ClusterView,
+        detections: Sequence[Detection],
+        plan: RoundPlan,
+        now: float,
+    ) -> list[Move]:
+        """The algorithm's moves on its own copy of the view, the checks consulted as it goes;
+        run again (at most ``GANG_PASSES`` times in all) with the running gangs it moved only in
+        part left where they are (``plan.left_whole``), and what a last run still moves in part
+        dropped."""
+        mover = policy.algorithm.NAME
+        moves: list[Move] = []
+        for _ in range(GANG_PASSES):
+            proposing = view.copy()
+            for check in policy.checks:
+                check.start_round(proposing, now)
+            proposing.move_listener = _Admissions(policy.checks, proposing).moved
+            veto = _vetoes(policy.checks, proposing, GangVeto(plan.left_whole))
+            moves = policy.algorithm.reschedule(proposing, detections, veto)
+            partial = partial_gangs(view, moves)
+            if not partial:
+                return moves
+            for gang in partial:
+                plan.left_whole[gang.job] = gang.reason(mover)
+        kept, dropped, left = drop_partial_gangs(view, moves, mover)
+        plan.left_whole.update(left)
+        plan.rejected.extend(dropped)
+        return kept
 
     # -- dry run -----------------------------------------------------------------------------
 

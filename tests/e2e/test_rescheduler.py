@@ -56,7 +56,9 @@ def test_dry_run_on_a_fragmented_gpu_cluster_predicts_free_nodes_and_changes_not
     wait_until(lambda: len(cluster.client.list("Node")) == 200, 120, "200 nodes registered")
     # 400 one-GPU pods: least-allocated scoring spreads them, about 2 per node: nearly every
     # node has some GPUs busy and none is whole.
-    cluster.client.submit([gpu_job(f"train-{i}", 40) for i in range(10)])
+    jobs = [gpu_job(f"train-{i}", 40) for i in range(10)]
+    jobs[0].spec.min_member = 40  # a running gang: moved whole or not at all
+    cluster.client.submit(jobs)
     wait_until(lambda: running(cluster), 180, "every pod running")
     wait_until(lambda: cluster.client.get("Job", "train-9").status.running == 40, 60, "job status")  # type: ignore[attr-defined]
     before = versions(cluster)
@@ -71,6 +73,10 @@ def test_dry_run_on_a_fragmented_gpu_cluster_predicts_free_nodes_and_changes_not
     assert after_fig["wholeFreeGpuNodes"] > before_fig.get("wholeFreeGpuNodes", 0) + 50
     assert after_fig.get("unplacedPods", 0) == 0
     assert all(m.get("simulatedNode") for m in plan["moves"])
+    # The gang (train-0) is moved whole, in one batch, or not at all.
+    gang = [m for m in plan["moves"] if m["job"] == "train-0"]
+    assert len(gang) in (0, 40), gang
+    assert len({m.get("batch", 0) for m in gang}) <= 1, gang
 
     # Nothing stored changed: no pod, node or job written, no Movement made.
     assert versions(cluster) == before

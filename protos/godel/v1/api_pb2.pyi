@@ -912,6 +912,7 @@ class Plan(_message.Message):
     TRIGGER_FIELD_NUMBER: _builtins.int
     MOVEMENTS_FIELD_NUMBER: _builtins.int
     EVICTED_FIELD_NUMBER: _builtins.int
+    LEFT_WHOLE_FIELD_NUMBER: _builtins.int
     policy: _builtins.str
     generation: _builtins.int
     """The round's number (one counter over all policies)."""
@@ -945,6 +946,12 @@ class Plan(_message.Message):
     def movements(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Executed rounds: the Movements created (one per batch evicted) and the pods evicted."""
 
+    @_builtins.property
+    def left_whole(self) -> _containers.RepeatedCompositeFieldContainer[Global___GangLeftWhole]:
+        """Running gangs (jobs with min_member > 1) the round left where they are, and why: a gang is
+        moved whole (all its placed pods, in one batch) or not at all.
+        """
+
     def __init__(
         self,
         *,
@@ -965,14 +972,37 @@ class Plan(_message.Message):
         trigger: _builtins.str = ...,
         movements: _abc.Iterable[_builtins.str] | None = ...,
         evicted: _builtins.int = ...,
+        left_whole: _abc.Iterable[Global___GangLeftWhole] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "batches", b"batches", "before", b"before", "detected_nodes", b"detected_nodes", "dry_run", b"dry_run", "duration_ms", b"duration_ms", "evicted", b"evicted", "generation", b"generation", "message", b"message", "movements", b"movements", "moves", b"moves", "outcome", b"outcome", "policy", b"policy", "rejected", b"rejected", "revision", b"revision", "started_ms", b"started_ms", "trigger", b"trigger"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "batches", b"batches", "before", b"before", "detected_nodes", b"detected_nodes", "dry_run", b"dry_run", "duration_ms", b"duration_ms", "evicted", b"evicted", "generation", b"generation", "left_whole", b"left_whole", "message", b"message", "movements", b"movements", "moves", b"moves", "outcome", b"outcome", "policy", b"policy", "rejected", b"rejected", "revision", b"revision", "started_ms", b"started_ms", "trigger", b"trigger"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Plan: _TypeAlias = Plan  # noqa: Y015
+
+@_typing.final
+class GangLeftWhole(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GangLeftWhole: _TypeAlias = GangLeftWhole  # noqa: Y015
 
 @_typing.final
 class TriggerResponse(_message.Message):
