@@ -18,12 +18,14 @@ from godel.cli.resources import _describe_gpu_cards, _print
 from protos.godel.v1 import objects_pb2 as pb
 
 
-def pod(name: str, cards: list[int], milli: int = 0, phase: int = pb.POD_RUNNING) -> pb.Pod:
+def pod(
+    name: str, cards: list[int], milli: int = 0, phase: pb.PodPhase.ValueType = pb.POD_RUNNING
+) -> pb.Pod:
     p = pb.Pod(metadata=pb.ObjectMeta(name=name))
     p.spec.job, p.spec.node_name = "j", "gpu-a"
     p.spec.gpu_cards.extend(cards)
     p.spec.template.gpu_milli = milli
-    p.status.phase = phase  # type: ignore[assignment]
+    p.status.phase = phase
     return p
 
 

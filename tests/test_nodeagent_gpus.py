@@ -183,11 +183,11 @@ def test_the_openb_node_list_loads() -> None:
 
 
 def test_load_node_list_names_an_unreadable_file(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="absent.csv: cannot read"):
+    with pytest.raises(ValueError, match=r"absent\.csv: cannot read"):
         load_node_list(tmp_path / "absent.csv")
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"sn\xff\n")
-    with pytest.raises(ValueError, match="binary.csv: not UTF-8 text"):
+    with pytest.raises(ValueError, match=r"binary\.csv: not UTF-8 text"):
         load_node_list(binary)
 
 
