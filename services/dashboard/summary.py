@@ -147,6 +147,8 @@ class ClusterTracker:
         self._pod_phase: dict[str, int] = {}
         self._seconds: deque[_Second] = deque()
         self._default_queue = _DefaultQueue()
+        # Per pod holding GPU cards: its node and the cards the Binder gave it.
+        self._gpu_holders: dict[str, tuple[str, tuple[int, ...]]] = {}
 
     # --- informer handlers ----------------------------------------------------------------
 
@@ -214,6 +216,8 @@ class ClusterTracker:
                 self._default_queue.waits(name, new.spec.job)
 
     def _claim(self, name: str, pod: pb.Pod) -> None:
+        if pod.spec.gpu_cards:
+            self._gpu_holders[name] = (pod.spec.node_name, tuple(pod.spec.gpu_cards))
         claim = RoomClaim.of(pod)
         self._room.claim(name, claim)
         self._update_utilisation(claim.node)
@@ -221,6 +225,7 @@ class ClusterTracker:
             self._default_queue.holds(name, claim.requests)
 
     def _release(self, name: str) -> None:
+        self._gpu_holders.pop(name, None)
         claim = self._room.release(name)
         if claim is not None:
             self._update_utilisation(claim.node)
@@ -280,6 +285,24 @@ class ClusterTracker:
             "ready": sum(1 for ready in self._ready.values() if ready),
             "pools": pools,
         }
+
+    def gpu_summary(self) -> list[dict[str, Any]]:
+        """Per GPU model (most cards first): its nodes, cards, and cards some unfinished pod
+        holds (wholly or a share of it)."""
+        held: dict[str, set[int]] = {}
+        for node, cards in self._gpu_holders.values():
+            held.setdefault(node, set()).update(cards)
+        models: dict[str, dict[str, Any]] = {}
+        for name, node in self.nodes.items():
+            cards = node.status.allocatable.gpus
+            if not cards:
+                continue
+            model = node.status.gpu_model or "unknown"
+            row = models.setdefault(model, {"model": model, "nodes": 0, "cards": 0, "used": 0})
+            row["nodes"] += 1
+            row["cards"] += cards
+            row["used"] += sum(1 for c in held.get(name, ()) if c < cards)
+        return sorted(models.values(), key=lambda r: (-r["cards"], r["model"]))
 
     def pod_summary(self) -> dict[str, int]:
         return {

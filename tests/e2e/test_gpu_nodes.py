@@ -1,7 +1,7 @@
 """A mixed GPU cluster from a node list, through real services: two node agents (mutual TLS, each
 certificate naming its part of the list) register the list's nodes with their cards and models,
-`godel get nodes -o wide` and `godel describe node` show them, and a job's GPU fields go through
-the dispatcher and come back in `godel get -o yaml`."""
+`godel get nodes -o wide`, `godel describe node` and the dashboard (in a real browser) show them,
+and a job's GPU fields go through the dispatcher and come back in `godel get -o yaml`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 from protos.godel.v1 import objects_pb2 as pb
 from tests.e2e.conftest import Cluster, wait_until
+from tests.e2e.test_dashboard import browser, text_of
+
+__all__ = ["browser"]  # the fixture, shared with the dashboard's own test
 
 pytestmark = pytest.mark.e2e
 
@@ -35,11 +40,13 @@ spec:
 
 
 def test_a_node_list_cluster_shows_its_cards(
-    make_cluster: Callable[..., Cluster], tmp_path: Path
+    make_cluster: Callable[..., Cluster], browser: WebDriver, tmp_path: Path
 ) -> None:
     node_list = tmp_path / "nodes.csv"
     node_list.write_text(NODE_LIST)
-    cluster = make_cluster(schedulers=1, binders=1, nodeagents=2, hollow_node_list=str(node_list))
+    cluster = make_cluster(
+        schedulers=1, binders=1, nodeagents=2, hollow_node_list=str(node_list), dashboard=True
+    )
 
     def nodes() -> dict[str, pb.Node]:
         return {n.metadata.name: n for n in cluster.client.list(pb.Node)}
@@ -77,3 +84,12 @@ def test_a_node_list_cluster_shows_its_cards(
         ["T4"],
     )
     cluster.godel("delete", "job", "share")
+
+    browser.get(cluster.component("dashboard").web_url)
+    wait = WebDriverWait(browser, 60, poll_frequency=0.2)
+    wait.until(
+        lambda d: text_of(d, "gpus").splitlines()[1:] == ["V100M32 1 8 0 / 8", "T4 1 2 0 / 2"]
+    )
+    screenshot = tmp_path / "dashboard-gpus.png"
+    browser.save_screenshot(str(screenshot))
+    print(f"dashboard screenshot: {screenshot}")
