@@ -290,8 +290,8 @@ class ClusterTracker:
         """Per GPU model (most cards first): its nodes, cards, and cards some unfinished pod
         holds (wholly or a share of it)."""
         held: dict[str, set[int]] = {}
-        for node, cards in self._gpu_holders.values():
-            held.setdefault(node, set()).update(cards)
+        for holder_node, holder_cards in self._gpu_holders.values():
+            held.setdefault(holder_node, set()).update(holder_cards)
         models: dict[str, dict[str, Any]] = {}
         for name, node in self.nodes.items():
             cards = node.status.allocatable.gpus
