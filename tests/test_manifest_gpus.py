@@ -105,3 +105,16 @@ def test_gpu_field_errors_are_one_line_naming_the_field(template: str, error: st
     message = str(err.value)
     assert message == f"job.yaml[0] {error}" or message.startswith(f"job.yaml[0] {error}")
     assert "\n" not in message
+
+
+def test_the_sdk_job_helper_asks_a_share_of_a_model() -> None:
+    from godel.client import job
+
+    shared = job("infer", gpus=1, gpu_milli=250, gpu_models=["T4", "A10"])
+    template = shared.manifest["spec"]["template"]
+    assert (template["requests"]["gpus"], template["gpuMilli"], template["gpuModels"]) == (
+        1,
+        250,
+        ["T4", "A10"],
+    )
+    assert "gpuMilli" not in job("plain").manifest["spec"]["template"]

@@ -147,8 +147,10 @@ class ClusterTracker:
         self._pod_phase: dict[str, int] = {}
         self._seconds: deque[_Second] = deque()
         self._default_queue = _DefaultQueue()
-        # Per pod holding GPU cards: its node and the cards the Binder gave it.
+        # Per pod holding GPU cards: its node and the cards the Binder gave it; per node with
+        # cards: their model and count (so a tick passes over GPU nodes only, as tuples).
         self._gpu_holders: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._gpu_nodes: dict[str, tuple[str, int]] = {}
 
     # --- informer handlers ----------------------------------------------------------------
 
@@ -170,6 +172,11 @@ class ClusterTracker:
                 self.nodes[name] = new
                 g, be = new.status.allocatable, new.status.reclaimable
                 self._ready[name] = new.status.ready
+                if new.status.allocatable.gpus:
+                    model = new.status.gpu_model or "unknown"
+                    self._gpu_nodes[name] = (model, new.status.allocatable.gpus)
+                else:
+                    self._gpu_nodes.pop(name, None)
                 self._room.set_node(
                     name,
                     {
@@ -181,6 +188,7 @@ class ClusterTracker:
             elif isinstance(old, pb.Node):
                 self.nodes.pop(old.metadata.name, None)
                 self._ready.pop(old.metadata.name, None)
+                self._gpu_nodes.pop(old.metadata.name, None)
                 self._room.set_node(old.metadata.name, None)
                 self._utilisation.pop(old.metadata.name, None)
                 self._order = None
@@ -293,11 +301,7 @@ class ClusterTracker:
         for holder_node, holder_cards in self._gpu_holders.values():
             held.setdefault(holder_node, set()).update(holder_cards)
         models: dict[str, dict[str, Any]] = {}
-        for name, node in self.nodes.items():
-            cards = node.status.allocatable.gpus
-            if not cards:
-                continue
-            model = node.status.gpu_model or "unknown"
+        for name, (model, cards) in self._gpu_nodes.items():
             row = models.setdefault(model, {"model": model, "nodes": 0, "cards": 0, "used": 0})
             row["nodes"] += 1
             row["cards"] += cards
