@@ -10,7 +10,14 @@
       preemptionPolicy: Never       # or PreemptLowerPriority (the default)
       protectionSeconds: 600        # not a preemption victim until 10 minutes after it started
       template:
-        requests: {cpu: 500m, memory: 1Gi, gpus: 1}   # quantities as Kubernetes writes them
+        requests: {cpu: 500m, memory: 1Gi, gpu: 1}    # quantities as Kubernetes writes them
+        gpuMilli: 300               # a share of one card (1..999, with gpu: 1); unset: whole cards
+        gpuModels: [V100M16, V100M32]                 # the card models it accepts; unset: any
+
+GPU cards: ``gpu`` (or ``gpus``, ``nvidia.com/gpu``) in ``requests`` counts whole cards;
+``gpuMilli`` and ``gpuModels`` sit in the template beside ``requests`` (they are not quantities
+that add up: a share is of one card), and ``get -o yaml`` writes them back there. ``gpuMilli``
+inside ``requests`` is refused, pointing there (it would otherwise be an extended resource).
 
 Fields with presence keep an explicit 0: a DisruptionBudget's ``maxUnavailable: 0`` ("never
 disrupt") and ``minAvailable: 0`` are values, written back by ``get -o yaml``.
@@ -91,6 +98,11 @@ _LABEL_VALUES = frozenset(
     }
 )
 _VALUED_OPERATORS = frozenset({pb.LabelSelectorRequirement.IN, pb.LabelSelectorRequirement.NOT_IN})
+# GPU model names are strings as written (a YAML ``true`` or ``3090`` is not taken for one).
+_GPU_MODELS = pb.PodTemplate.DESCRIPTOR.fields_by_name["gpu_models"].full_name
+# What a share of a card is called where a user may look for it among the quantities.
+_GPU_SHARE_KEYS = frozenset({"gpumilli", "gpu_milli", "gpu-milli"})
+_GPU_SHARE_HINT = "a share of one card is gpu: 1 in requests and gpuMilli: 1..999 beside requests"
 
 
 class ManifestError(ValueError):
@@ -285,6 +297,10 @@ def _normalise_single(fd: FieldDescriptor, value: Any, path: str) -> Any:
     if fd.enum_type is not None:
         return _enum_value(fd.enum_type, value, path)
     if fd.type == FieldDescriptor.TYPE_STRING:
+        if fd.full_name == _GPU_MODELS and not isinstance(value, str):
+            raise ManifestError(
+                f"expected a GPU model name as a string (e.g. V100M32), got {value!r}", path
+            )
         if isinstance(value, int | float | bool):
             return str(value)  # label values like `gpu: 1` are strings
         if not isinstance(value, str):
@@ -306,6 +322,8 @@ def _normalise_resources(data: dict[str, Any], path: str) -> dict[str, Any]:
     extended: dict[str, int] = {}
     for key, value in data.items():
         here = f"{path}.{key}"
+        if key.lower() in _GPU_SHARE_KEYS:
+            raise ManifestError(f"not a quantity: {_GPU_SHARE_HINT} (template.gpuMilli)", here)
         target = _RESOURCE_ALIASES.get(
             key, key if key in pb.Resources.DESCRIPTOR.fields_by_name else ""
         )
@@ -316,7 +334,14 @@ def _normalise_resources(data: dict[str, Any], path: str) -> dict[str, Any]:
                 out[target] = int(value)
             else:
                 out[target] = parse_quantity(value, cpu=cpu, field=here)
-        elif target in ("gpus", "pods"):
+        elif target == "gpus":
+            try:
+                out[target] = parse_quantity(value, cpu=False, field=here)
+            except ManifestError:
+                raise ManifestError(
+                    f"{value!r} is not a count of whole cards; {_GPU_SHARE_HINT}", here
+                ) from None
+        elif target == "pods":
             out[target] = parse_quantity(value, cpu=False, field=here)
         elif target == "extended" or key == "extended":
             if not isinstance(value, dict):

@@ -232,3 +232,29 @@ def test_a_stored_default_queue_is_listed_once_with_its_own_status() -> None:
     rows = queue_summary([stored], pb.QueueStatus(pending_pods=99))
     assert [(r["name"], r["pending_pods"]) for r in rows] == [("default", 2)]
     assert rows[0]["quota"] == {"milli_cpu": 4000, "memory_bytes": 0, "gpus": 0, "pods": 0}
+
+
+def test_gpu_cards_by_model_count_the_cards_unfinished_pods_hold() -> None:
+    tracker = ClusterTracker()
+    for name, cards, model in (("a", 8, "V100M32"), ("b", 8, "V100M32"), ("c", 2, "T4")):
+        node = _node(name)
+        node.status.allocatable.gpus, node.status.gpu_model = cards, model
+        tracker.on_add("Node", node)
+    tracker.on_add("Node", _node("cpu-only"))
+    whole = _pod("whole", 1000, node="a")
+    whole.spec.gpu_cards.extend([0, 1])
+    shares = [_pod(f"share{i}", 1000, node="c") for i in range(2)]
+    for pod in shares:  # two shares of one card: one card in use
+        pod.spec.gpu_cards.append(1)
+        pod.spec.template.gpu_milli = 300
+    for pod in (whole, *shares):
+        tracker.on_add("Pod", pod)
+    assert tracker.gpu_summary() == [
+        {"model": "V100M32", "nodes": 2, "cards": 16, "used": 2},
+        {"model": "T4", "nodes": 1, "cards": 2, "used": 1},
+    ]
+    finished = _pod("whole", 1000, node="a")
+    finished.status.phase = pb.POD_SUCCEEDED
+    tracker.on_update("Pod", whole, finished)
+    tracker.on_delete("Pod", shares[0])
+    assert [row["used"] for row in tracker.gpu_summary()] == [0, 1]

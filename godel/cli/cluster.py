@@ -42,6 +42,25 @@ INSECURE_WARNING = (
     help="Simulated nodes (4 CPU, 32 GiB, 110 pods each).",
 )
 @click.option(
+    "--hollow-gpus",
+    type=click.IntRange(min=0),
+    default=0,
+    help="GPU cards of each simulated node (of --hollow-gpu-model).",
+)
+@click.option(
+    "--hollow-gpu-model",
+    default="",
+    help="The model of the simulated nodes' cards, e.g. V100M32.",
+)
+@click.option(
+    "--hollow-node-list",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A CSV of simulated nodes, each its own cpu, memory, cards and model "
+    "(sn,cpu_milli,memory_mib,gpu,model, as the openb trace's node lists), instead of "
+    "--hollow-nodes; split among the node agents.",
+)
+@click.option(
     "--process-node/--no-process-node",
     default=True,
     help="Also run real processes on this machine, as one process-mode node (metrics and the "
@@ -88,6 +107,9 @@ def up(
     binders: int,
     nodeagents: int,
     hollow_nodes: int,
+    hollow_gpus: int,
+    hollow_gpu_model: str,
+    hollow_node_list: str | None,
     process_node: bool,
     store_replicas: int,
     timeout: float,
@@ -106,6 +128,9 @@ def up(
     from store import redact_url
 
     godel_home = _home(home)
+    given = click.get_current_context().get_parameter_source("hollow_nodes")
+    if hollow_node_list and given == click.core.ParameterSource.COMMANDLINE:
+        fail("--hollow-node-list names the simulated nodes: no --hollow-nodes with it")
     spec = local.ClusterSpec(
         schedulers=schedulers,
         binders=binders,
@@ -113,6 +138,9 @@ def up(
         ready_timeout=timeout,
         grace_seconds=grace,
         hollow_nodes=hollow_nodes,
+        hollow_gpus=hollow_gpus,
+        hollow_gpu_model=hollow_gpu_model,
+        hollow_node_list=hollow_node_list or "",
         process_node=process_node,
         insecure=insecure,
         run_as=run_as,

@@ -211,6 +211,14 @@ def _optional(msg: Message, field: str) -> object:
     return getattr(msg, field) if msg.HasField(field) else "<none>"
 
 
+def _pod_gpus(pod: pb.Pod) -> str:
+    """The cards the Binder gave a pod: ``0,1`` (whole cards), ``2 (300m)`` (a share of card 2);
+    blank when it holds none."""
+    cards = ",".join(map(str, pod.spec.gpu_cards))
+    milli = pod.spec.template.gpu_milli
+    return f"{cards} ({milli}m)" if cards and milli else cards
+
+
 def _budget_selects(budget: pb.DisruptionBudget) -> str:
     """What a budget selects: ``job=web`` or its label selector in kubectl's grammar."""
     from placement import labelselector
@@ -244,6 +252,7 @@ COLUMNS: dict[str, list[Column]] = {
         ("NODE", lambda o: o.spec.node_name, False),
         # The NUMA nodes the Binder assigned (NUMA-bound pods), e.g. "0,1".
         ("NUMA", lambda o: ",".join(map(str, o.spec.numa_nodes)), True),
+        ("GPU", _pod_gpus, True),
         ("QOS", lambda o: _enum(o.spec.qos or pb.QOS_GUARANTEED, pb.QoS), True),
         ("CPU", lambda o: _cpu(o.spec.template.requests.milli_cpu), True),
         ("MEMORY", lambda o: _mem(o.spec.template.requests.memory_bytes), True),
@@ -263,6 +272,8 @@ COLUMNS: dict[str, list[Column]] = {
         ("PODS", lambda o: o.status.allocatable.pods, False),
         ("BE-CPU", lambda o: _cpu(o.status.reclaimable.milli_cpu), True),
         ("BE-MEMORY", lambda o: _mem(o.status.reclaimable.memory_bytes), True),
+        ("GPUS", lambda o: o.status.allocatable.gpus, True),
+        ("GPU-MODEL", lambda o: o.status.gpu_model, True),
         ("MODE", lambda o: o.spec.mode, True),
         ("TAINTS", lambda o: ",".join(f"{t.key}={t.value}" for t in o.spec.taints), True),
         (
@@ -601,6 +612,9 @@ def describe(target: tuple[str, ...], server: str | None, home: Path | None) -> 
         elif kind == "Movement":
             assert isinstance(obj, pb.Movement)
             _describe_movement(obj)
+        elif kind == "Node" and isinstance(obj, pb.Node) and obj.status.allocatable.gpus:
+            pods = _guard(lambda: client.list(pb.Pod))
+            _describe_gpu_cards(obj, [p for p in pods if p.spec.node_name == name])
         events = [
             e
             for e in _guard(lambda: client.list(pb.Event))
@@ -635,6 +649,29 @@ def _describe_movement(movement: pb.Movement) -> None:
         for task in owner.mismatched_tasks:
             rows.append([owner.job, f"(elsewhere: {task.node})", "", "", task.pod])
     print_table(["JOB", "RECOMMENDED", "DESIRED", "ACTUAL", "PODS"], rows)
+
+
+def _describe_gpu_cards(node: pb.Node, pods: Sequence[pb.Pod]) -> None:
+    """A node's cards: each one's milli held (1000 a whole card) and the pods holding it,
+    counted from the cards the Binder wrote into the pods that have not finished."""
+    from placement.claims import TERMINAL_PHASES
+
+    cards = node.status.allocatable.gpus
+    used = [0] * cards
+    holders: list[list[str]] = [[] for _ in range(cards)]
+    for pod in pods:
+        if pod.status.phase in TERMINAL_PHASES:
+            continue
+        for card in pod.spec.gpu_cards:
+            if 0 <= card < cards:
+                used[card] += pod.spec.template.gpu_milli or 1000
+                holders[card].append(pod.metadata.name)
+    free = sum(1 for u in used if u == 0)
+    click.echo(f"gpu cards: {cards} {node.status.gpu_model or '(model unknown)'}, {free} free")
+    print_table(
+        ["CARD", "USED", "PODS"],
+        [[i, f"{used[i]}m", ",".join(holders[i]) or "<none>"] for i in range(cards)],
+    )
 
 
 def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> None:

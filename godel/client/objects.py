@@ -216,6 +216,8 @@ def job(
     cpu: str | int | float = "100m",
     memory: str | int = "128Mi",
     gpus: int = 0,
+    gpu_milli: int = 0,
+    gpu_models: list[str] | None = None,
     queue: str = "",
     priority: int = 0,
     qos: str = "",
@@ -230,8 +232,10 @@ def job(
 ) -> Job:
     """A job from keywords: ``replicas`` pods with these requests, placed all together when
     ``min_member`` (default: ``replicas``, a gang) of them fit. Quantities are written as in a
-    manifest (``cpu="500m"``, ``memory="4Gi"``). ``command`` runs on process-mode nodes;
-    ``duration_ms`` is how long a pod runs on a hollow node (0: until deleted)."""
+    manifest (``cpu="500m"``, ``memory="4Gi"``); ``gpus`` whole cards, or with ``gpus=1`` a
+    share ``gpu_milli`` (1..999) of one, of ``gpu_models`` (default: any). ``command`` runs on
+    process-mode nodes; ``duration_ms`` is how long a pod runs on a hollow node (0: until
+    deleted)."""
     template: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
     if gpus:
         template["requests"]["gpus"] = gpus
@@ -241,6 +245,8 @@ def job(
         "command": command,
         "env": env,
         "durationMs": duration_ms,
+        "gpuMilli": gpu_milli,
+        "gpuModels": gpu_models,
     }
     template.update((k, v) for k, v in optional.items() if v)
     spec: dict[str, Any] = {

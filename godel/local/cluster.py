@@ -30,6 +30,8 @@ from foundation.netutil import free_ports
 from foundation.retry import Backoff, Retry
 from godel.local.home import SENTINEL, STORE, ClusterState, ComponentRecord, GodelHome, now_iso
 from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.gpus import model_problem
+from services.nodeagent.nodelist import ListedNode, load_node_list, node_list_part
 from services.nodeagent.nodes import agent_nodes, machine_node_name
 from services.peers.binder import LEASE as BINDER_LEASE
 from services.runtime.healthcheck import SERVING, TIMEOUT, UNREACHABLE, probe
@@ -68,6 +70,12 @@ class ClusterSpec:
     fsync: Literal["always", "everysec", "no"] = "always"
     hollow_nodes: int = 100
     """Simulated nodes, split across the node agents."""
+    hollow_gpus: int = 0
+    """GPU cards of each simulated node, of model ``hollow_gpu_model``."""
+    hollow_gpu_model: str = ""
+    hollow_node_list: str = ""
+    """A CSV of simulated nodes each of its own shape (``services/nodeagent/nodelist.py``),
+    served instead of ``hollow_nodes``, split across the node agents in contiguous parts."""
     process_node: bool = True
     """Whether the first node agent also serves this machine as a process-mode node."""
     insecure: bool = False
@@ -88,10 +96,18 @@ class ClusterSpec:
         args: list[str] = []
         if kind == "nodeagent":
             index = int(name.rsplit("-", 1)[1])
-            share = self.hollow_nodes // self.nodeagents + (
-                1 if index < self.hollow_nodes % self.nodeagents else 0
-            )
-            args += ["--hollow-nodes", str(share)]
+            if self.hollow_node_list:
+                args += ["--hollow-node-list", str(Path(self.hollow_node_list).resolve())]
+                args += ["--hollow-node-list-part", f"{index}/{self.nodeagents}"]
+            else:
+                share = self.hollow_nodes // self.nodeagents + (
+                    1 if index < self.hollow_nodes % self.nodeagents else 0
+                )
+                args += ["--hollow-nodes", str(share)]
+            if self.hollow_gpus:
+                args += ["--hollow-gpus", str(self.hollow_gpus)]
+            if self.hollow_gpu_model:
+                args += ["--hollow-gpu-model", self.hollow_gpu_model]
             args += ["--process-node", "true" if self.process_node and index == 0 else "false"]
             if self.run_as:
                 args += ["--run-as", self.run_as]
@@ -102,12 +118,44 @@ class ClusterSpec:
 
     def agents(self) -> dict[str, list[str]]:
         """Each node agent's name and the nodes its certificate names: its hollow nodes (named
-        after it) and, for the first, this machine as a process node."""
+        after it, or its part of the node list by name) and, for the first, this machine as a
+        process node. A node list that does not load is a ClusterError naming its bad row."""
         names = [name for name, kind in self.services() if kind == "nodeagent"]
+        listed = self.node_list()
         return {
-            name: agent_nodes(name, machine_node_name() if self.process_node and i == 0 else "")
+            name: agent_nodes(
+                name,
+                machine_node_name() if self.process_node and i == 0 else "",
+                None if listed is None else [n.name for n in node_list_part(listed, i, len(names))],
+            )
             for i, name in enumerate(names)
         }
+
+    def check_nodes(self) -> None:
+        """The simulated nodes' GPU options and node list hold together (ClusterError naming
+        the option, or the list's bad row): checked before anything starts."""
+        if self.hollow_gpu_model:
+            if (problem := model_problem(self.hollow_gpu_model)) is not None:
+                raise ClusterError(f"--hollow-gpu-model: {problem}")
+            if not self.hollow_gpus:
+                raise ClusterError(
+                    "--hollow-gpu-model: give --hollow-gpus too (cards of that model)"
+                )
+        if self.hollow_node_list and (self.hollow_gpus or self.hollow_gpu_model):
+            raise ClusterError(
+                "--hollow-node-list gives each node its cards and model: no --hollow-gpus or "
+                "--hollow-gpu-model with it"
+            )
+        self.node_list()
+
+    def node_list(self) -> list[ListedNode] | None:
+        """Every node of ``hollow_node_list`` (None without one); ClusterError names a bad row."""
+        if not self.hollow_node_list:
+            return None
+        try:
+            return load_node_list(self.hollow_node_list)
+        except ValueError as exc:
+            raise ClusterError(f"--hollow-node-list: {exc}") from None
 
     @property
     def https_on_loopback(self) -> bool:
@@ -154,6 +202,7 @@ def up(home: GodelHome, spec: ClusterSpec) -> ClusterState:
     # Everything the cluster writes under its home — state with the store's secret, logs, store
     # data, pod work dirs — is private to its owner: files 0600, directories 0700 (the lock
     # sets the umask every process started here inherits; GodelHome).
+    spec.check_nodes()
     with home.lock():
         home.make_private()
         home.mark()

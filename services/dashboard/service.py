@@ -183,6 +183,7 @@ class DashboardService(Service[DashboardConfig]):
             "informer_lag_seconds": min(informer.staleness(), 1e9),
             "nodes": tracker.node_summary(),
             "pods": tracker.pod_summary(),
+            "gpus": tracker.gpu_summary(),
             "pending_reasons": tracker.pending_reasons(),
             "throughput": tracker.throughput(now_ms / 1000),
             "queues": queue_summary(informer.list(pb.Queue), tracker.default_queue_status()),

@@ -147,6 +147,10 @@ class ClusterTracker:
         self._pod_phase: dict[str, int] = {}
         self._seconds: deque[_Second] = deque()
         self._default_queue = _DefaultQueue()
+        # Per pod holding GPU cards: its node and the cards the Binder gave it; per node with
+        # cards: their model and count (so a tick passes over GPU nodes only, as tuples).
+        self._gpu_holders: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._gpu_nodes: dict[str, tuple[str, int]] = {}
 
     # --- informer handlers ----------------------------------------------------------------
 
@@ -168,6 +172,11 @@ class ClusterTracker:
                 self.nodes[name] = new
                 g, be = new.status.allocatable, new.status.reclaimable
                 self._ready[name] = new.status.ready
+                if new.status.allocatable.gpus:
+                    model = new.status.gpu_model or "unknown"
+                    self._gpu_nodes[name] = (model, new.status.allocatable.gpus)
+                else:
+                    self._gpu_nodes.pop(name, None)
                 self._room.set_node(
                     name,
                     {
@@ -179,6 +188,7 @@ class ClusterTracker:
             elif isinstance(old, pb.Node):
                 self.nodes.pop(old.metadata.name, None)
                 self._ready.pop(old.metadata.name, None)
+                self._gpu_nodes.pop(old.metadata.name, None)
                 self._room.set_node(old.metadata.name, None)
                 self._utilisation.pop(old.metadata.name, None)
                 self._order = None
@@ -214,6 +224,8 @@ class ClusterTracker:
                 self._default_queue.waits(name, new.spec.job)
 
     def _claim(self, name: str, pod: pb.Pod) -> None:
+        if pod.spec.gpu_cards:
+            self._gpu_holders[name] = (pod.spec.node_name, tuple(pod.spec.gpu_cards))
         claim = RoomClaim.of(pod)
         self._room.claim(name, claim)
         self._update_utilisation(claim.node)
@@ -221,6 +233,7 @@ class ClusterTracker:
             self._default_queue.holds(name, claim.requests)
 
     def _release(self, name: str) -> None:
+        self._gpu_holders.pop(name, None)
         claim = self._room.release(name)
         if claim is not None:
             self._update_utilisation(claim.node)
@@ -280,6 +293,20 @@ class ClusterTracker:
             "ready": sum(1 for ready in self._ready.values() if ready),
             "pools": pools,
         }
+
+    def gpu_summary(self) -> list[dict[str, Any]]:
+        """Per GPU model (most cards first): its nodes, cards, and cards some unfinished pod
+        holds (wholly or a share of it)."""
+        held: dict[str, set[int]] = {}
+        for holder_node, holder_cards in self._gpu_holders.values():
+            held.setdefault(holder_node, set()).update(holder_cards)
+        models: dict[str, dict[str, Any]] = {}
+        for name, (model, cards) in self._gpu_nodes.items():
+            row = models.setdefault(model, {"model": model, "nodes": 0, "cards": 0, "used": 0})
+            row["nodes"] += 1
+            row["cards"] += cards
+            row["used"] += sum(1 for c in held.get(name, ()) if c < cards)
+        return sorted(models.values(), key=lambda r: (-r["cards"], r["model"]))
 
     def pod_summary(self) -> dict[str, int]:
         return {

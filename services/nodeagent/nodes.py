@@ -16,13 +16,15 @@ import re
 import socket
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
 
 from placement import labels as label_syntax
 from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.gpus import NO_GPUS, MachineGpus
+from services.nodeagent.nodelist import ListedNode
 from store import AlreadyExistsError, ConflictError, NotFoundError, Store, StoreError
 
 log = structlog.get_logger(__name__)
@@ -56,6 +58,7 @@ class Shape:
     reclaimable_percent: int = 50
     sockets: int = 2
     numa_per_socket: int = 1
+    gpu_model: str = ""  # of every card (status.gpu_model); "" with no cards
 
 
 def dns_name(text: str) -> str:
@@ -69,11 +72,14 @@ def machine_node_name(configured: str = "") -> str:
     return dns_name(configured or socket.gethostname())
 
 
-def agent_nodes(prefix: str, process_node: str = "") -> list[str]:
+def agent_nodes(
+    prefix: str, process_node: str = "", listed: Sequence[str] | None = None
+) -> list[str]:
     """The nodes an agent serves as its certificate names them (``tls.Identity.nodes``): its
-    hollow nodes ``<prefix>-<i>`` as the prefix ``<prefix>-*``, and its process node (if any)
-    by name."""
-    return [f"{dns_name(prefix)}-*", *([dns_name(process_node)] if process_node else [])]
+    hollow nodes ``<prefix>-<i>`` as the prefix ``<prefix>-*`` (or, served from a node list,
+    ``listed`` by name), and its process node (if any) by name."""
+    hollow = list(listed) if listed is not None else [f"{dns_name(prefix)}-*"]
+    return [*hollow, *([dns_name(process_node)] if process_node else [])]
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -186,6 +192,7 @@ def set_status(node: pb.Node, shape: Shape, now: int) -> None:
         )
     )
     status.topology.CopyFrom(topology(status.allocatable, shape.sockets, shape.numa_per_socket))
+    status.gpu_model = shape.gpu_model if shape.gpus else ""
     mark_ready(node, now)
 
 
@@ -223,6 +230,42 @@ def hollow_nodes(
         nodes.append(
             build_node(
                 name, agent=agent, mode=HOLLOW, shape=shape, labels=own, taints=taints, now=now
+            )
+        )
+    return nodes
+
+
+def listed_nodes(
+    listed: Sequence[ListedNode],
+    *,
+    agent: str,
+    shape: Shape,
+    labels: dict[str, str],
+    taints: Sequence[pb.Taint],
+    now: int,
+) -> list[pb.Node]:
+    """Simulated nodes of a node list (``nodelist.py``), each its row's name, cpu, memory, cards
+    and model; the rest of ``shape`` (pod slots, reclaimable share, sockets) and the labels as
+    ``hollow_nodes`` gives them."""
+    nodes = []
+    for i, row in enumerate(listed):
+        own = replace(
+            shape,
+            milli_cpu=row.milli_cpu,
+            memory_bytes=row.memory_bytes,
+            gpus=row.gpus,
+            gpu_model=row.gpu_model,
+        )
+        node_labels = {"zone": f"zone-{i % ZONES}", **labels, "hostname": row.name}
+        nodes.append(
+            build_node(
+                row.name,
+                agent=agent,
+                mode=HOLLOW,
+                shape=own,
+                labels=node_labels,
+                taints=taints,
+                now=now,
             )
         )
     return nodes
@@ -266,20 +309,26 @@ def machine_numa(sysfs: Path = Path("/sys/devices/system")) -> list[MachineNuma]
     return found or [MachineNuma(0, 0, tuple(allowed))]
 
 
-def machine_topology(numa: Sequence[MachineNuma], memory_bytes: int) -> pb.NodeTopology:
+def machine_topology(
+    numa: Sequence[MachineNuma], memory_bytes: int, gpus: int = 0
+) -> pb.NodeTopology:
     """The process node's topology: per NUMA node 1000 milli-CPU per CPU and a share of the
-    memory by CPU count (the remainder to the last)."""
+    memory by CPU count (the remainder to the last); its GPU cards split evenly (the remainder
+    to the last: which NUMA node a card hangs off is not asked)."""
     total = sum(len(z.cpus) for z in numa) or 1
     topo = pb.NodeTopology(sockets=len({z.socket for z in numa}))
     given = 0
     for i, zone in enumerate(numa):
         mem = memory_bytes - given if i == len(numa) - 1 else memory_bytes * len(zone.cpus) // total
         given += mem
+        cards = gpus // len(numa) + (gpus % len(numa) if i == len(numa) - 1 else 0)
         topo.numa_nodes.append(
             pb.NumaNode(
                 id=zone.id,
                 socket=zone.socket,
-                capacity=pb.Resources(milli_cpu=1000 * len(zone.cpus), memory_bytes=mem),
+                capacity=pb.Resources(
+                    milli_cpu=1000 * len(zone.cpus), memory_bytes=mem, gpus=cards
+                ),
             )
         )
     return topo
@@ -297,13 +346,16 @@ def process_node(
     taints: Sequence[pb.Taint],
     now: int,
     numa: Sequence[MachineNuma] = (),
+    gpus: MachineGpus = NO_GPUS,
 ) -> pb.Node:
-    """This machine as a node: its real CPU count and memory; its real NUMA nodes when given
-    (``machine_numa``), else one socket of one NUMA node."""
+    """This machine as a node: its real CPU count, memory and GPU cards (``gpus.machine_gpus``);
+    its real NUMA nodes when given (``machine_numa``), else one socket of one NUMA node."""
     shape = Shape(
         milli_cpu=cpus * 1000,
         memory_bytes=memory_bytes,
         max_pods=max_pods,
+        gpus=gpus.cards,
+        gpu_model=gpus.model,
         reclaimable_percent=reclaimable_percent,
         sockets=1,
     )
@@ -312,7 +364,7 @@ def process_node(
         name, agent=agent, mode=PROCESS, shape=shape, labels=own, taints=taints, now=now
     )
     if numa:
-        node.status.topology.CopyFrom(machine_topology(numa, memory_bytes))
+        node.status.topology.CopyFrom(machine_topology(numa, memory_bytes, gpus.cards))
     return node
 
 

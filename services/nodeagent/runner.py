@@ -33,6 +33,7 @@ import structlog
 from foundation.retry import Backoff, Retry
 from placement.claims import TERMINAL_PHASES
 from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.gpus import gpu_env
 from services.nodeagent.isolation import (
     Cgroups,
     PodCgroup,
@@ -415,10 +416,13 @@ class PodRunner:
                 if self.pod_uids is not None:
                     held.user, held.own_uid = RunAs.own_uid(await self._allocate_uid()), True
                 _make_work_dir(cwd, held.user)
-                env = pod_env(pod, os.environ)
-                if (user := held.user) is not None:
-                    env.update(HOME=str(cwd), TMPDIR=str(cwd), USER=user.name, LOGNAME=user.name)
-                    env.update(pod.spec.template.env)  # the pod's own settings still win
+                user = held.user
+                own_home = (
+                    {"HOME": str(cwd), "TMPDIR": str(cwd), "USER": user.name, "LOGNAME": user.name}
+                    if user is not None
+                    else {}
+                )
+                env = pod_env(pod, os.environ, own_home)
                 if self.cgroups is not None:
                     requests = pod.spec.template.requests
                     held.cgroup = self.cgroups.create(
@@ -715,11 +719,16 @@ def pinned_cpus(pod: pb.Pod, numa_cpus: Mapping[int, tuple[int, ...]]) -> tuple[
     return tuple(sorted({c for i in pod.spec.numa_nodes for c in numa_cpus.get(i, ())}))
 
 
-def pod_env(pod: pb.Pod, agent_env: Mapping[str, str]) -> dict[str, str]:
-    """A pod's environment: a few basics of the agent's (PATH, HOME, ...), the pod's identity
-    (GODEL_POD, GODEL_JOB, GODEL_POD_INDEX, GODEL_NODE), then the template's env."""
+def pod_env(
+    pod: pb.Pod, agent_env: Mapping[str, str], own_home: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A pod's environment: a few basics of the agent's (PATH, HOME, ...), its own HOME and user
+    where it runs as a user of its own (``own_home``), the pod's identity (GODEL_POD, GODEL_JOB,
+    GODEL_POD_INDEX, GODEL_NODE), then the template's env, and last its GPU cards
+    (CUDA_VISIBLE_DEVICES, GODEL_GPU_MILLI: ``gpus.gpu_env``), which the template cannot widen."""
     env = {k: agent_env[k] for k in _INHERITED_ENV if k in agent_env}
     env.setdefault("PATH", os.defpath)
+    env.update(own_home or {})
     env.update(
         GODEL_POD=pod.metadata.name,
         GODEL_JOB=pod.spec.job,
@@ -727,6 +736,7 @@ def pod_env(pod: pb.Pod, agent_env: Mapping[str, str]) -> dict[str, str]:
         GODEL_NODE=pod.spec.node_name,
     )
     env.update(pod.spec.template.env)
+    env.update(gpu_env(pod))
     return env
 
 

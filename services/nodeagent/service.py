@@ -23,6 +23,7 @@ from foundation import pki, tls
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import metrics, tenancy
+from services.nodeagent.gpus import machine_gpus, model_problem
 from services.nodeagent.isolation import (
     DEFAULT_UID_RANGE,
     Cgroups,
@@ -31,6 +32,7 @@ from services.nodeagent.isolation import (
     resolve_uid_range,
     uid_lock_file,
 )
+from services.nodeagent.nodelist import ListedNode, load_node_list, node_list_part, parse_part
 from services.nodeagent.nodes import (
     HOLLOW,
     PROCESS,
@@ -41,6 +43,7 @@ from services.nodeagent.nodes import (
     agent_nodes,
     dns_name,
     hollow_nodes,
+    listed_nodes,
     machine_node_name,
     machine_numa,
     now_ms,
@@ -93,6 +96,26 @@ class NodeAgentConfig(ServiceConfig):
         default=110, metadata=option("pod slots of each hollow node", minimum=0)
     )
     hollow_gpus: int = field(default=0, metadata=option("GPUs of each hollow node", minimum=0))
+    hollow_gpu_model: str = field(
+        default="",
+        metadata=option(
+            "the model of each hollow node's GPU cards, e.g. V100M32 (with hollow_gpus)"
+        ),
+    )
+    hollow_node_list: str = field(
+        default="",
+        metadata=option(
+            "a CSV of hollow nodes, each its own shape (sn,cpu_milli,memory_mib,gpu,model, as the "
+            "openb trace's node lists), served instead of hollow_nodes of one shape"
+        ),
+    )
+    hollow_node_list_part: str = field(
+        default="0/1",
+        metadata=option(
+            "which contiguous part of hollow_node_list this agent serves, INDEX/COUNT "
+            "(godel up splits the list among its agents)"
+        ),
+    )
     hollow_sockets: int = field(
         default=2, metadata=option("CPU sockets of each hollow node", minimum=1)
     )
@@ -217,6 +240,34 @@ class NodeAgentConfig(ServiceConfig):
                 parse(getattr(self, name))
             except ValueError as exc:
                 raise ConfigError(f"{name}: {exc}") from None
+        self._check_gpus()
+
+    def _check_gpus(self) -> None:
+        """The hollow cards' model, and every row of the node list: a bad one is a configuration
+        error naming it, before any node is registered."""
+        if self.hollow_gpu_model:
+            if (problem := model_problem(self.hollow_gpu_model)) is not None:
+                raise ConfigError(f"hollow_gpu_model: {problem}")
+            if not self.hollow_gpus:
+                raise ConfigError(
+                    "hollow_gpu_model: given to hollow nodes of 0 cards (hollow_gpus)"
+                )
+        try:
+            parse_part(self.hollow_node_list_part)
+        except ValueError as exc:
+            raise ConfigError(f"hollow_node_list_part: {exc}") from None
+        if self.hollow_node_list:
+            try:
+                self.node_list()
+            except ValueError as exc:
+                raise ConfigError(f"hollow_node_list: {exc}") from None
+
+    def node_list(self) -> list[ListedNode] | None:
+        """This agent's part of the node list; None when it serves hollow_nodes of one shape."""
+        if not self.hollow_node_list:
+            return None
+        index, count = parse_part(self.hollow_node_list_part)
+        return node_list_part(load_node_list(self.hollow_node_list), index, count)
 
     def pod_uids(self) -> range | None:
         """The uids process pods get one each of; None: they run as one user."""
@@ -233,6 +284,7 @@ class NodeAgentConfig(ServiceConfig):
             memory_bytes=self.hollow_memory_bytes,
             max_pods=self.hollow_max_pods,
             gpus=self.hollow_gpus,
+            gpu_model=self.hollow_gpu_model,
             reclaimable_percent=self.hollow_reclaimable_percent,
             sockets=self.hollow_sockets,
             numa_per_socket=self.hollow_numa_per_socket,
@@ -273,15 +325,22 @@ class NodeAgentService(Service[NodeAgentConfig]):
         cfg = self.config
         now = now_ms()
         prefix, machine = self._node_names()
-        nodes = hollow_nodes(
-            cfg.hollow_nodes,
-            prefix=dns_name(prefix),
-            agent=cfg.name,
-            shape=cfg.shape(),
-            labels=parse_labels(cfg.hollow_labels),
-            taints=parse_taints(cfg.hollow_taints),
-            now=now,
-        )
+        labels, taints = parse_labels(cfg.hollow_labels), parse_taints(cfg.hollow_taints)
+        listed = cfg.node_list()
+        if listed is not None:
+            nodes = listed_nodes(
+                listed, agent=cfg.name, shape=cfg.shape(), labels=labels, taints=taints, now=now
+            )
+        else:
+            nodes = hollow_nodes(
+                cfg.hollow_nodes,
+                prefix=dns_name(prefix),
+                agent=cfg.name,
+                shape=cfg.shape(),
+                labels=labels,
+                taints=taints,
+                now=now,
+            )
         if machine:
             nodes.append(
                 process_node(
@@ -295,6 +354,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
                     taints=(),
                     now=now,
                     numa=self.machine_numa,
+                    gpus=machine_gpus(),
                 )
             )
         # Where `godel logs` reaches us: the advertised address, so it works with no local state.
@@ -361,7 +421,9 @@ class NodeAgentService(Service[NodeAgentConfig]):
         foreign = [n for n in self.nodes.names() if not identity.serves(n)]
         if identity.agent == name and not foreign:
             return
-        nodes = " ".join(f"--node '{p}'" for p in agent_nodes(*self._node_names()))
+        listed = self.config.node_list()
+        served = agent_nodes(*self._node_names(), [n.name for n in listed] if listed else None)
+        nodes = " ".join(f"--node '{p}'" for p in served)
         raise StartupError(
             f"{tls.agent_stem(name)}.crt names agent {identity.agent!r} serving "
             f"{', '.join(identity.nodes) or 'no nodes'}; this is agent {name!r}"
