@@ -209,6 +209,16 @@ def _optional(msg: Message, field: str) -> object:
     return getattr(msg, field) if msg.HasField(field) else "<none>"
 
 
+def _phase_reason(job: pb.Job) -> str:
+    """Why a job is in its phase, when a condition of that phase says so (a gang's Timeout
+    with its last attempt's diagnosis, a Failed job's BackoffLimitExceeded)."""
+    phase = _enum(job.status.phase or pb.JOB_PENDING, pb.JobPhase)
+    for cond in job.status.conditions:
+        if cond.type == phase and cond.status == "True":
+            return f"{cond.reason}: {cond.message}" if cond.message else cond.reason
+    return ""
+
+
 def _budget_selects(budget: pb.DisruptionBudget) -> str:
     """What a budget selects: ``job=web`` or its label selector in kubectl's grammar."""
     from placement import labelselector
@@ -231,6 +241,7 @@ COLUMNS: dict[str, list[Column]] = {
         ("RUNNING", lambda o: o.status.running, False),
         ("SUCCEEDED", lambda o: o.status.succeeded, False),
         ("PHASE", lambda o: _enum(o.status.phase or pb.JOB_PENDING, pb.JobPhase), False),
+        ("REASON", lambda o: _phase_reason(o), False),
         ("PRIORITY", lambda o: o.spec.priority, True),
         ("RV", lambda o: o.metadata.resource_version, True),
         ("AGE", _age, False),
@@ -807,6 +818,10 @@ def render_explanation(result: api_pb2.ExplainResponse) -> str:
     it runs, or why it ended)."""
     if not result.HasField("diagnosis"):
         return result.summary
+    from services.dispatcher.controllers.gangtimeout import TIMEOUT_SUMMARY
+
+    if result.summary.startswith(TIMEOUT_SUMMARY):
+        return result.summary  # a timed-out gang's says so, its last diagnosis in words
     d = result.diagnosis
     text = f"0/{d.total_nodes} nodes fit"
     if d.reasons:
@@ -816,6 +831,22 @@ def render_explanation(result: api_pb2.ExplainResponse) -> str:
     if d.gang_needed:
         text += f"; min_member needs {d.gang_needed} pod(s) placed, {d.gang_placed} fit"
     return text
+
+
+@click.command("retry")
+@click.argument("target", nargs=-1, required=True, help="job NAME or job/NAME")
+@server_option
+@home_option
+def retry(target: tuple[str, ...], server: str | None, home: Path | None) -> None:
+    """Start a gang whose scheduling timed out (phase Timeout) again: back to Pending, its
+    scheduleTimeoutSeconds counted afresh, its pods dispatched again."""
+    kind, name = _split_target(target)
+    if kind != "Job" or not name:
+        fail("retry takes a job: job/NAME")
+    with _client(server, home) as client:
+        job = _guard(lambda: client.retry_job(name))
+    phase = _enum(job.status.phase or pb.JOB_PENDING, pb.JobPhase)
+    click.echo(f"job/{name} retried ({phase})")
 
 
 @click.command("logs")
