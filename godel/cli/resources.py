@@ -209,14 +209,15 @@ def _optional(msg: Message, field: str) -> object:
     return getattr(msg, field) if msg.HasField(field) else "<none>"
 
 
-def _phase_reason(job: pb.Job) -> str:
+def _phase_condition(job: pb.Job) -> tuple[str, str]:
     """Why a job is in its phase, when a condition of that phase says so (a gang's Timeout
-    with its last attempt's diagnosis, a Failed job's BackoffLimitExceeded)."""
+    with its last attempt's diagnosis, a Failed job's BackoffLimitExceeded): its reason and
+    message."""
     phase = _enum(job.status.phase or pb.JOB_PENDING, pb.JobPhase)
     for cond in job.status.conditions:
         if cond.type == phase and cond.status == "True":
-            return f"{cond.reason}: {cond.message}" if cond.message else cond.reason
-    return ""
+            return cond.reason, cond.message
+    return "", ""
 
 
 def _budget_selects(budget: pb.DisruptionBudget) -> str:
@@ -241,10 +242,12 @@ COLUMNS: dict[str, list[Column]] = {
         ("RUNNING", lambda o: o.status.running, False),
         ("SUCCEEDED", lambda o: o.status.succeeded, False),
         ("PHASE", lambda o: _enum(o.status.phase or pb.JOB_PENDING, pb.JobPhase), False),
-        ("REASON", lambda o: _phase_reason(o), False),
+        ("REASON", lambda o: _phase_condition(o)[0], False),
         ("PRIORITY", lambda o: o.spec.priority, True),
         ("RV", lambda o: o.metadata.resource_version, True),
         ("AGE", _age, False),
+        # Words, so last (scripts split the rest on whitespace), as kubectl's events' MESSAGE.
+        ("MESSAGE", lambda o: _phase_condition(o)[1], False),
     ],
     "Pod": [
         ("NAME", lambda o: o.metadata.name, False),
