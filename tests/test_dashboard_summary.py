@@ -19,6 +19,7 @@ from services.dashboard.summary import (
     pending_reason,
     queue_summary,
 )
+from tests import factories as f
 
 HEATMAP_CASES = [
     # (case, utilisations, max cells, expected cells, expected nodes per cell)
@@ -232,3 +233,28 @@ def test_a_stored_default_queue_is_listed_once_with_its_own_status() -> None:
     rows = queue_summary([stored], pb.QueueStatus(pending_pods=99))
     assert [(r["name"], r["pending_pods"]) for r in rows] == [("default", 2)]
     assert rows[0]["quota"] == {"milli_cpu": 4000, "memory_bytes": 0, "gpus": 0, "pods": 0}
+
+
+def test_gangs_by_phase_show_prescheduling_and_timeout_as_the_api_names_them() -> None:
+    """The dashboard counts gangs by their stored phase (one-pod and minMember-1 jobs aside),
+    as `godel get jobs` shows them."""
+    tracker = ClusterTracker()
+    gang = f.job("g", replicas=3, min_member=3)
+    gang.status.phase = pb.JOB_PRESCHEDULING
+    other = f.job("h", replicas=2, min_member=2)
+    other.status.phase = pb.JOB_PRESCHEDULING
+    tracker.on_add("Job", gang)
+    tracker.on_add("Job", other)
+    tracker.on_add("Job", f.job("solo", replicas=1))
+    tracker.on_add("Job", f.job("deployment", replicas=4, min_member=1))
+    assert tracker.gang_summary() == [{"phase": "PreScheduling", "jobs": 2}]
+    timed_out = pb.Job()
+    timed_out.CopyFrom(gang)
+    timed_out.status.phase = pb.JOB_TIMEOUT
+    tracker.on_update("Job", gang, timed_out)
+    assert tracker.gang_summary() == [
+        {"phase": "PreScheduling", "jobs": 1},
+        {"phase": "Timeout", "jobs": 1},
+    ]
+    tracker.on_delete("Job", timed_out)
+    assert tracker.gang_summary() == [{"phase": "PreScheduling", "jobs": 1}]

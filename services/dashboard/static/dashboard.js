@@ -145,6 +145,7 @@ function render(s) {
   ], "ms");
 
   rows("pending-reasons", s.pending_reasons, (r) => [r.reason, r.pods], "no pending pods");
+  rows("gangs", s.gangs, (g) => [g.phase, g.jobs], "no gangs");
   rows("queues", s.queues, (q) => [
     q.name,
     q.quota ? `${cpu(q.quota.milli_cpu)} / ${bytes(q.quota.memory_bytes)}` : "unlimited",
