@@ -191,6 +191,12 @@ def _enum_value(enum: EnumDescriptor, value: Any, field: str) -> int:
                 continue
             if v.name == wanted or v.name.endswith("_" + wanted):
                 return int(v.number)
+        # A word spelled otherwise than its value splits (``PreScheduling``: JOB_PRESCHEDULING).
+        squashed = wanted.replace("_", "")
+        prefix = _enum_prefix(enum)
+        for v in enum.values:
+            if v.number and v.name.removeprefix(prefix).replace("_", "") == squashed:
+                return int(v.number)
     choices = ", ".join(v.name for v in enum.values if v.number != 0)
     raise ManifestError(f"{value!r} is not one of {choices}", field)
 
@@ -481,6 +487,8 @@ def _yaml_problem(exc: Exception) -> str:
 
 # Enum value names kept in capitals when printed (``SORT_FIFO`` prints ``FIFO``, not ``Fifo``).
 _ACRONYMS = frozenset({"FIFO", "DRF", "GPU", "NUMA", "CPU"})
+# Values written as the original Gödel writes them, not as their names split into words.
+_WORDS = {"PRESCHEDULING": "PreScheduling"}
 # Status messages whose zero counts are printed: "0 disruptions allowed" is what a budget's reader
 # looks for.
 _PRINT_ZEROS = frozenset({pb.DisruptionBudgetStatus.DESCRIPTOR.full_name})
@@ -494,6 +502,8 @@ def enum_word(enum: EnumDescriptor, number: int) -> str:
     if value is None:
         return str(number)  # a value newer than this client: print it as stored
     name = value.name.removeprefix(_enum_prefix(enum))
+    if name in _WORDS:
+        return _WORDS[name]
     return "".join(w if w in _ACRONYMS else w.capitalize() for w in name.split("_"))
 
 

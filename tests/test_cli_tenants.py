@@ -17,7 +17,7 @@ import pytest
 
 from foundation import pki
 from protos.godel.v1 import objects_pb2 as pb
-from store import Store
+from store import ConflictError, Store
 from tests.dispatcher_harness import Running, dispatcher_config, run_dispatcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,3 +111,45 @@ async def test_a_tenant_applies_jobs_into_its_own_queues_and_nothing_else(
 
     admin = await apply_as("admin", dispatcher, tls_dir, QUEUE)  # the admin applies any kind
     assert admin.stdout == "queue/mine created\n", admin.stderr
+
+
+async def godel_as(
+    identity: str, dispatcher: Running, tls_dir: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`godel ARGS` in a process of its own, presenting ``identity``'s certificate."""
+    env = {k: v for k, v in os.environ.items() if k != "GODEL_INSECURE"}
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "godel", *args, "--server", dispatcher.host.address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**env, "GODEL_TLS_DIR": str(tls_dir), "GODEL_IDENTITY": identity},
+    )
+
+
+async def test_a_tenant_retries_only_its_own_timed_out_job(
+    dispatcher: Running, tls_dir: Path, store: Store
+) -> None:
+    """RetryJob is a write of the job: another tenant's `godel retry` is refused naming the
+    rule and changes nothing; the owner's restarts it."""
+    gang = job_manifest("alice-gang", "research").replace("replicas: 1,", "replicas: 2,")
+    created = await apply_as("alice", dispatcher, tls_dir, gang)
+    assert created.returncode == 0, created.stderr
+    for _ in range(10):  # its job status controller may write it meanwhile
+        stored = await store.get(pb.Job, "alice-gang")
+        stored.status.phase = pb.JOB_TIMEOUT  # as that controller writes it once due
+        try:
+            stored = await store.update(stored)
+            break
+        except ConflictError:
+            continue
+    refused = await godel_as("bob", dispatcher, tls_dir, "retry", "job/alice-gang")
+    assert refused.returncode != 0
+    assert "rule own-jobs-only" in refused.stderr and "'bob'" in refused.stderr
+    unchanged = await store.get(pb.Job, "alice-gang")
+    assert unchanged.metadata.resource_version == stored.metadata.resource_version
+    retried = await godel_as("alice", dispatcher, tls_dir, "retry", "job/alice-gang")
+    assert (retried.returncode, retried.stdout) == (0, "job/alice-gang retried (Pending)\n")
+    assert (await store.get(pb.Job, "alice-gang")).status.schedule_started_ms > 0

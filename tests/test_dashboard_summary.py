@@ -19,6 +19,7 @@ from services.dashboard.summary import (
     pending_reason,
     queue_summary,
 )
+from tests import factories as f
 
 HEATMAP_CASES = [
     # (case, utilisations, max cells, expected cells, expected nodes per cell)
@@ -258,3 +259,28 @@ def test_gpu_cards_by_model_count_the_cards_unfinished_pods_hold() -> None:
     tracker.on_update("Pod", whole, finished)
     tracker.on_delete("Pod", shares[0])
     assert [row["used"] for row in tracker.gpu_summary()] == [0, 1]
+
+
+def test_gangs_by_phase_show_prescheduling_and_timeout_as_the_api_names_them() -> None:
+    """The dashboard counts gangs by their stored phase (one-pod and minMember-1 jobs aside),
+    as `godel get jobs` shows them."""
+    tracker = ClusterTracker()
+    gang = f.job("g", replicas=3, min_member=3)
+    gang.status.phase = pb.JOB_PRESCHEDULING
+    other = f.job("h", replicas=2, min_member=2)
+    other.status.phase = pb.JOB_PRESCHEDULING
+    tracker.on_add("Job", gang)
+    tracker.on_add("Job", other)
+    tracker.on_add("Job", f.job("solo", replicas=1))
+    tracker.on_add("Job", f.job("deployment", replicas=4, min_member=1))
+    assert tracker.gang_summary() == [{"phase": "PreScheduling", "jobs": 2}]
+    timed_out = pb.Job()
+    timed_out.CopyFrom(gang)
+    timed_out.status.phase = pb.JOB_TIMEOUT
+    tracker.on_update("Job", gang, timed_out)
+    assert tracker.gang_summary() == [
+        {"phase": "PreScheduling", "jobs": 1},
+        {"phase": "Timeout", "jobs": 1},
+    ]
+    tracker.on_delete("Job", timed_out)
+    assert tracker.gang_summary() == [{"phase": "PreScheduling", "jobs": 1}]

@@ -41,9 +41,10 @@ LOST = (F, "NodeLost")
 #  expected (phase, bound, running, succeeded, failed))
 JOB_CASES: list[tuple[str, int, int, bool, int, list[tuple[int, object, int]], tuple[int, ...]]] = [
     ("no pods yet", 3, 3, False, pb.JOB_PHASE_UNSPECIFIED, [], (pb.JOB_PENDING, 0, 0, 0, 0)),
-    ("all pending", 2, 2, False, pb.JOB_PENDING, [(0, P, 0), (1, P, 0)], (pb.JOB_PENDING, 0, 0, 0, 0)),
+    ("all pending: a gang's pods exist", 2, 2, False, pb.JOB_PENDING, [(0, P, 0), (1, P, 0)],
+     (pb.JOB_PRESCHEDULING, 0, 0, 0, 0)),
     ("gang below min", 3, 3, False, pb.JOB_PENDING, [(0, B, 0), (1, B, 0), (2, P, 0)],
-     (pb.JOB_PENDING, 2, 0, 0, 0)),
+     (pb.JOB_PRESCHEDULING, 2, 0, 0, 0)),
     ("gang bound", 3, 3, False, pb.JOB_PENDING, [(0, B, 0), (1, B, 0), (2, B, 0)],
      (pb.JOB_SCHEDULED, 3, 0, 0, 0)),
     ("scheduled, partly running", 3, 3, False, pb.JOB_SCHEDULED, [(0, R, 0), (1, B, 0), (2, R, 0)],
@@ -63,7 +64,7 @@ JOB_CASES: list[tuple[str, int, int, bool, int, list[tuple[int, object, int]], t
     ("ended with enough successes", 3, 2, False, pb.JOB_RUNNING, [(0, S, 0), (1, F, 0), (2, S, 0)],
      (pb.JOB_SUCCEEDED, 0, 0, 2, 1)),
     ("lost but replaceable is not failed", 2, 2, True, pb.JOB_RUNNING, [(0, LOST, 0), (1, R, 0)],
-     (pb.JOB_PENDING, 0, 1, 0, 1)),
+     (pb.JOB_SCHEDULED, 0, 1, 0, 1)),
     ("lost without replacement fails", 2, 2, False, pb.JOB_RUNNING, [(0, LOST, 0), (1, R, 0)],
      (pb.JOB_FAILED, 0, 1, 0, 1)),
     ("replacement supersedes the lost pod", 2, 2, True, pb.JOB_RUNNING,
@@ -162,11 +163,11 @@ FAILURE_POLICY_CASES: list[tuple[str, int | None, bool, PodRows, int, bool]] = [
     ("unset: a failed gang member fails the job", None, False,
      [(0, ERR, 0), (1, R, 0)], pb.JOB_FAILED, False),
     ("within the limit: retrying, not failed", 2, False,
-     [(0, ERR, 0), (1, R, 0)], pb.JOB_PENDING, True),
+     [(0, ERR, 0), (1, R, 0)], pb.JOB_SCHEDULED, True),
     ("a retry running again", 2, False,
      [(0, ERR, 0), (0, R, 1), (1, R, 0)], pb.JOB_RUNNING, True),
     ("limit reached exactly: still retrying", 1, False,
-     [(0, ERR, 0), (0, P, 1), (1, R, 0)], pb.JOB_PENDING, True),
+     [(0, ERR, 0), (0, P, 1), (1, R, 0)], pb.JOB_SCHEDULED, True),
     ("limit exceeded: failed", 1, False,
      [(0, ERR, 0), (0, ERR, 1), (1, R, 0)], pb.JOB_FAILED, False),
     ("limit 0: the first failure fails the job", 0, False,
@@ -506,7 +507,7 @@ async def test_job_status_controller(store: Store, informer: Informer) -> None:
     pods, ctl = await _job_on_a_node(store, informer, "gang", 3)
     await ctl.tick()
     j = await store.get(pb.Job, "gang")
-    assert j.status.phase == pb.JOB_PENDING
+    assert j.status.phase == pb.JOB_PRESCHEDULING  # its pods exist, none bound
 
     # The Binder binds the gang and sets ever_scheduled; our cached copy is then stale.
     await bind(store, pods, "n1", await binder_fence(store))

@@ -34,6 +34,7 @@ COMMANDS = {
     "describe": "godel.cli.resources:describe",
     "delete": "godel.cli.resources:delete",
     "explain": "godel.cli.resources:explain",
+    "retry": "godel.cli.resources:retry",
     "logs": "godel.cli.resources:logs",
     "scale": "godel.cli.resources:scale",
     "cordon": "godel.cli.resources:cordon",

@@ -219,6 +219,17 @@ def _pod_gpus(pod: pb.Pod) -> str:
     return f"{cards} ({milli}m)" if cards and milli else cards
 
 
+def _phase_condition(job: pb.Job) -> tuple[str, str]:
+    """Why a job is in its phase, when a condition of that phase says so (a gang's Timeout
+    with its last attempt's diagnosis, a Failed job's BackoffLimitExceeded): its reason and
+    message."""
+    phase = _enum(job.status.phase or pb.JOB_PENDING, pb.JobPhase)
+    for cond in job.status.conditions:
+        if cond.type == phase and cond.status == "True":
+            return cond.reason, cond.message
+    return "", ""
+
+
 def _budget_selects(budget: pb.DisruptionBudget) -> str:
     """What a budget selects: ``job=web`` or its label selector in kubectl's grammar."""
     from placement import labelselector
@@ -241,9 +252,12 @@ COLUMNS: dict[str, list[Column]] = {
         ("RUNNING", lambda o: o.status.running, False),
         ("SUCCEEDED", lambda o: o.status.succeeded, False),
         ("PHASE", lambda o: _enum(o.status.phase or pb.JOB_PENDING, pb.JobPhase), False),
+        ("REASON", lambda o: _phase_condition(o)[0], False),
         ("PRIORITY", lambda o: o.spec.priority, True),
         ("RV", lambda o: o.metadata.resource_version, True),
         ("AGE", _age, False),
+        # Words, so last (scripts split the rest on whitespace), as kubectl's events' MESSAGE.
+        ("MESSAGE", lambda o: _phase_condition(o)[1], False),
     ],
     "Pod": [
         ("NAME", lambda o: o.metadata.name, False),
@@ -847,6 +861,10 @@ def render_explanation(result: api_pb2.ExplainResponse) -> str:
     any other pod, the dispatcher's summary (where it runs, or why it ended)."""
     if not result.HasField("diagnosis"):
         return result.summary
+    from services.dispatcher.controllers.gangtimeout import TIMEOUT_SUMMARY
+
+    if result.summary.startswith(TIMEOUT_SUMMARY):
+        return result.summary  # a timed-out gang's says so, its last diagnosis in words
     d = result.diagnosis
     text = f"0/{d.total_nodes} nodes fit"
     if d.reasons:
@@ -859,6 +877,22 @@ def render_explanation(result: api_pb2.ExplainResponse) -> str:
     if d.gang_needed:
         text += f"; min_member needs {d.gang_needed} pod(s) placed, {d.gang_placed} fit"
     return text
+
+
+@click.command("retry")
+@click.argument("target", nargs=-1, required=True, help="job NAME or job/NAME")
+@server_option
+@home_option
+def retry(target: tuple[str, ...], server: str | None, home: Path | None) -> None:
+    """Start a gang whose scheduling timed out (phase Timeout) again: back to Pending, its
+    scheduleTimeoutSeconds counted afresh, its pods dispatched again."""
+    kind, name = _split_target(target)
+    if kind != "Job" or not name:
+        fail("retry takes a job: job/NAME")
+    with _client(server, home) as client:
+        job = _guard(lambda: client.retry_job(name))
+    phase = _enum(job.status.phase or pb.JOB_PENDING, pb.JobPhase)
+    click.echo(f"job/{name} retried ({phase})")
 
 
 @click.command("logs")

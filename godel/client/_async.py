@@ -56,8 +56,13 @@ _WATCH_TYPES: dict[int, EventType] = {
 _RECONNECT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
 
 
+# The phases ``wait`` takes, by their lower-case spelling.
+_JOB_PHASES = {p.lower(): p for p in (*JOB_PROGRESS, "Failed", "Unschedulable", "Timeout")}
+
+
 class JobFailed(Exception):
-    """A job being waited for reached Failed (or was deleted) instead of the wanted phase."""
+    """A job being waited for reached Failed or Timeout (or was deleted) instead of the wanted
+    phase."""
 
     def __init__(self, job: Job, wanted: str) -> None:
         super().__init__(f"job {job.name} is {job.phase}, waiting for {wanted}")
@@ -112,13 +117,20 @@ class AsyncJobHandle:
         Deleting until it is gone)."""
         return await self.client.delete("Job", self.name)
 
+    async def retry(self) -> Job:
+        """Start a gang whose scheduling timed out (phase Timeout) again: Pending, its
+        schedule timer restarted. Raises Conflict if it is in another phase."""
+        return await self.client.retry_job(self.name)
+
     async def wait(self, phase: str = "Succeeded", timeout: float | None = None) -> Job:
-        """Return the job once it is in ``phase`` (Pending, Scheduled, Running, Succeeded; a
-        later one of these also counts, Failed and Unschedulable only themselves). Follows the
-        Watch stream, not polling. Raises JobFailed if it fails or is deleted meanwhile,
-        NotFound if it does not exist, TimeoutError after ``timeout`` seconds."""
-        wanted = phase.capitalize()
-        if wanted not in (*JOB_PROGRESS, "Failed", "Unschedulable"):
+        """Return the job once it is in ``phase`` (Pending, PreScheduling, Scheduled, Running,
+        Succeeded; a later one of these also counts, Failed, Unschedulable and Timeout only
+        themselves). Follows the Watch stream, not polling. Raises JobFailed if it fails, times
+        out (a gang not scheduled within its scheduleTimeoutSeconds, unless Timeout is what is
+        waited for) or is deleted meanwhile, NotFound if it does not exist, TimeoutError after
+        ``timeout`` seconds."""
+        wanted = _JOB_PHASES.get(phase.lower())
+        if wanted is None:
             raise ValueError(f"{phase!r} is not a job phase")
         events = self.client._events(["Job"], job=self.name)
         # aclosing: leaving early (found, failed, timed out) ends the stream now, not at GC.
@@ -136,7 +148,7 @@ class AsyncJobHandle:
                     raise JobFailed(job, wanted)
                 if _reached(job.phase, wanted, JOB_PROGRESS):
                     return job
-                if job.phase == "Failed":
+                if job.phase in ("Failed", "Timeout"):
                     raise JobFailed(job, wanted)
         raise AssertionError("unreachable: the watch resumes until cancelled")
 
@@ -261,6 +273,15 @@ class AsyncGodelClient:
         ``resource_version``, only if unchanged since (else Conflict)."""
         request = api_pb2.DeleteRequest(kind=kind, name=name, resource_version=resource_version)
         return int((await self._call(self._api.Delete, request)).deleted)
+
+    async def retry_job(self, name: str) -> Job:
+        """Start a gang whose scheduling timed out (phase Timeout) again: back to Pending, its
+        schedule timer restarted, its pods dispatched again. Raises Conflict if the job is in
+        another phase, NotFound if there is none."""
+        response = await self._call(self._api.RetryJob, api_pb2.RetryJobRequest(name=name))
+        job = object_from_wire(api_pb2.Object(job=response.job))
+        assert isinstance(job, Job)
+        return job
 
     # -----------------------------------------------------------------------------------------
     # Reads

@@ -194,6 +194,13 @@ class ProtoClient(_Connection[api_pb2_grpc.DispatcherStub]):
         )
         return response
 
+    def retry_job(self, name: str) -> pb.Job:
+        """Start a gang whose scheduling timed out (phase Timeout) again; the job as stored."""
+        response: api_pb2.RetryJobResponse = self._call(
+            self._api.RetryJob, api_pb2.RetryJobRequest(name=name)
+        )
+        return response.job
+
     def drain(self, node: str, *, dry_run: bool = False) -> api_pb2.DrainResponse:
         """Cordon ``node`` and evict what its pods' budgets allow now (see DrainResponse)."""
         request = api_pb2.DrainRequest(node=node, dry_run=dry_run)

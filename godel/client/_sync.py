@@ -74,6 +74,9 @@ class JobHandle:
     def delete(self) -> int:
         return self._loop.run(self._handle.delete())
 
+    def retry(self) -> Job:
+        return self._loop.run(self._handle.retry())
+
     def wait(self, phase: str = "Succeeded", timeout: float | None = None) -> Job:
         return self._loop.run(self._handle.wait(phase, timeout))
 
@@ -143,6 +146,9 @@ class GodelClient(ClosedOnExit):
 
     def delete(self, kind: str, name: str, *, resource_version: int = 0) -> int:
         return self._loop.run(self._async.delete(kind, name, resource_version=resource_version))
+
+    def retry_job(self, name: str) -> Job:
+        return self._loop.run(self._async.retry_job(name))
 
     def job(self, name: str) -> JobHandle:
         return JobHandle(self._async.job(name), self._loop)

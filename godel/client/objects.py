@@ -32,8 +32,9 @@ from store.kinds import unwrap
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 # Jobs pass through these in order; waiting for one is satisfied by any later one (a short job
-# may go from Pending to Succeeded between two events). Failed and Unschedulable stand apart.
-JOB_PROGRESS = ("Pending", "Scheduled", "Running", "Succeeded")
+# may go from Pending to Succeeded between two events; only gangs are ever PreScheduling).
+# Failed, Unschedulable and Timeout (a gang not scheduled in time) stand apart.
+JOB_PROGRESS = ("Pending", "PreScheduling", "Scheduled", "Running", "Succeeded")
 POD_PROGRESS = ("Pending", "Bound", "Running", "Succeeded")
 
 
@@ -113,7 +114,9 @@ class Job(Object):
 
     @property
     def phase(self) -> str:
-        """Pending, Scheduled, Running, Succeeded, Failed or Unschedulable."""
+        """Pending, PreScheduling (a gang being scheduled), Scheduled, Running, Succeeded,
+        Failed, Timeout (a gang not scheduled within its scheduleTimeoutSeconds: see
+        ``AsyncJobHandle.retry``) or Unschedulable."""
         return _phase(self.status.get("phase"))
 
     def to_proto(self) -> pb.Job:
@@ -229,13 +232,15 @@ def job(
     duration_ms: int = 0,
     preemptible: bool | None = None,
     replace_lost_pods: bool = False,
+    schedule_timeout_seconds: int | None = None,
 ) -> Job:
     """A job from keywords: ``replicas`` pods with these requests, placed all together when
     ``min_member`` (default: ``replicas``, a gang) of them fit. Quantities are written as in a
     manifest (``cpu="500m"``, ``memory="4Gi"``); ``gpus`` whole cards, or with ``gpus=1`` a
     share ``gpu_milli`` (1..999) of one, of ``gpu_models`` (default: any). ``command`` runs on
     process-mode nodes; ``duration_ms`` is how long a pod runs on a hollow node (0: until
-    deleted)."""
+    deleted). ``schedule_timeout_seconds``: how long a gang may wait to be scheduled before it
+    is Timeout (default 300)."""
     template: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
     if gpus:
         template["requests"]["gpus"] = gpus
@@ -263,6 +268,8 @@ def job(
     spec.update((k, v) for k, v in optional.items() if v)
     if preemptible is not None:
         spec["preemptible"] = preemptible
+    if schedule_timeout_seconds is not None:
+        spec["scheduleTimeoutSeconds"] = schedule_timeout_seconds
     metadata: dict[str, Any] = {"name": name}
     if labels:
         metadata["labels"] = labels

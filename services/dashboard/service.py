@@ -44,7 +44,7 @@ from store.informer import Handlers, Informer
 
 log = structlog.get_logger(__name__)
 
-KINDS = ("Node", "Pod", "Queue", "SchedulerInstance", "Movement")
+KINDS = ("Node", "Pod", "Queue", "SchedulerInstance", "Movement", "Job")
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,7 @@ class DashboardService(Service[DashboardConfig]):
             "pods": tracker.pod_summary(),
             "gpus": tracker.gpu_summary(),
             "pending_reasons": tracker.pending_reasons(),
+            "gangs": tracker.gang_summary(),
             "throughput": tracker.throughput(now_ms / 1000),
             "queues": queue_summary(informer.list(pb.Queue), tracker.default_queue_status()),
             "shards": shard_summary(informer.list(pb.SchedulerInstance), now_ms),

@@ -50,6 +50,20 @@ class _Second:
     latencies_ms: list[int] = field(default_factory=list)
 
 
+# A gang's phases, in the order it goes through them, as the API's manifests name them.
+GANG_PHASES = {
+    pb.JOB_PENDING: "Pending",
+    pb.JOB_PRESCHEDULING: "PreScheduling",
+    pb.JOB_SCHEDULED: "Scheduled",
+    pb.JOB_RUNNING: "Running",
+    pb.JOB_SUCCEEDED: "Succeeded",
+    pb.JOB_FAILED: "Failed",
+    pb.JOB_TIMEOUT: "Timeout",
+    pb.JOB_UNSCHEDULABLE: "Unschedulable",
+    pb.JOB_DELETING: "Deleting",
+}
+
+
 def pending_reason(pod: pb.Pod) -> str:
     """The reason a pending pod waits, as a group key: the reason most nodes gave ("insufficient
     cpu") in the shard's diagnosis (``status.unschedulable``, counts as data), else the
@@ -151,6 +165,9 @@ class ClusterTracker:
         # cards: their model and count (so a tick passes over GPU nodes only, as tuples).
         self._gpu_holders: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._gpu_nodes: dict[str, tuple[str, int]] = {}
+        # Gangs (jobs of min_member > 1: their status is stored) by phase.
+        self._gang_phase: dict[str, int] = {}
+        self._gangs: Counter[int] = Counter()
 
     # --- informer handlers ----------------------------------------------------------------
 
@@ -192,10 +209,23 @@ class ClusterTracker:
                 self._room.set_node(old.metadata.name, None)
                 self._utilisation.pop(old.metadata.name, None)
                 self._order = None
+        elif kind == "Job":
+            job = new if isinstance(new, pb.Job) else old
+            if isinstance(job, pb.Job):
+                self._gang_changed(job.metadata.name, new if isinstance(new, pb.Job) else None)
         elif kind == "Pod":
             self._pod_changed(
                 old if isinstance(old, pb.Pod) else None, new if isinstance(new, pb.Pod) else None
             )
+
+    def _gang_changed(self, name: str, job: pb.Job | None) -> None:
+        if (phase := self._gang_phase.pop(name, None)) is not None:
+            self._gangs[phase] -= 1
+        if job is None or (job.spec.min_member or job.spec.replicas) <= 1:
+            return
+        phase = job.status.phase or pb.JOB_PENDING
+        self._gang_phase[name] = phase
+        self._gangs[phase] += 1
 
     def _pod_changed(self, old: pb.Pod | None, new: pb.Pod | None) -> None:
         changed = new or old
@@ -316,6 +346,15 @@ class ClusterTracker:
             "succeeded": self._phases[pb.POD_SUCCEEDED],
             "failed": self._phases[pb.POD_FAILED],
         }
+
+    def gang_summary(self) -> list[dict[str, Any]]:
+        """Gangs per phase, in the order a gang goes through them (PreScheduling and Timeout
+        named as the API names them); phases without a gang left out."""
+        return [
+            {"phase": word, "jobs": self._gangs[phase]}
+            for phase, word in GANG_PHASES.items()
+            if self._gangs[phase] > 0
+        ]
 
     def default_queue_status(self) -> pb.QueueStatus:
         """The default queue's status as its pods show it (see :func:`queue_summary`)."""

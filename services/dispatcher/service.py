@@ -307,7 +307,7 @@ class DispatcherService(Service[DispatcherConfig]):
             pods=pods,
         )
         job_status = JobStatusController(
-            self.store, self.informer, interval_seconds=every, pods=pods
+            self.store, self.informer, interval_seconds=every, pods=pods, events=self.events
         )
         queue_status = QueueStatusController(
             self.store,

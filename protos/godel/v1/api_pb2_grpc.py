@@ -78,6 +78,11 @@ class DispatcherStub:
                 request_serializer=protos_dot_godel_dot_v1_dot_api__pb2.WatchRequest.SerializeToString,
                 response_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.WatchEvent.FromString,
                 _registered_method=True)
+        self.RetryJob = channel.unary_unary(
+                '/godel.v1.Dispatcher/RetryJob',
+                request_serializer=protos_dot_godel_dot_v1_dot_api__pb2.RetryJobRequest.SerializeToString,
+                response_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.RetryJobResponse.FromString,
+                _registered_method=True)
 
 
 class DispatcherServicer:
@@ -142,6 +147,14 @@ class DispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetryJob(self, request, context):
+        """Restarts a gang whose scheduling timed out (phase Timeout): back to Pending, its schedule
+        timer restarted, its pods dispatched again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -184,6 +197,11 @@ def add_DispatcherServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.WatchRequest.FromString,
                     response_serializer=protos_dot_godel_dot_v1_dot_api__pb2.WatchEvent.SerializeToString,
+            ),
+            'RetryJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryJob,
+                    request_deserializer=protos_dot_godel_dot_v1_dot_api__pb2.RetryJobRequest.FromString,
+                    response_serializer=protos_dot_godel_dot_v1_dot_api__pb2.RetryJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -406,6 +424,33 @@ class Dispatcher:
             '/godel.v1.Dispatcher/Watch',
             protos_dot_godel_dot_v1_dot_api__pb2.WatchRequest.SerializeToString,
             protos_dot_godel_dot_v1_dot_api__pb2.WatchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/godel.v1.Dispatcher/RetryJob',
+            protos_dot_godel_dot_v1_dot_api__pb2.RetryJobRequest.SerializeToString,
+            protos_dot_godel_dot_v1_dot_api__pb2.RetryJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

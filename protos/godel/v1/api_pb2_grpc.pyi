@@ -53,6 +53,10 @@ class DispatcherStub:
     """
     Watch: _grpc.UnaryStreamMultiCallable[_api_pb2.WatchRequest, _api_pb2.WatchEvent]
     """Streams changes of one or more kinds from a revision (0 = list first, then watch)."""
+    RetryJob: _grpc.UnaryUnaryMultiCallable[_api_pb2.RetryJobRequest, _api_pb2.RetryJobResponse]
+    """Restarts a gang whose scheduling timed out (phase Timeout): back to Pending, its schedule
+    timer restarted, its pods dispatched again.
+    """
 
 @_typing.type_check_only
 class DispatcherAsyncStub(DispatcherStub):
@@ -79,6 +83,10 @@ class DispatcherAsyncStub(DispatcherStub):
     """
     Watch: _aio.UnaryStreamMultiCallable[_api_pb2.WatchRequest, _api_pb2.WatchEvent]  # type: ignore[assignment]
     """Streams changes of one or more kinds from a revision (0 = list first, then watch)."""
+    RetryJob: _aio.UnaryUnaryMultiCallable[_api_pb2.RetryJobRequest, _api_pb2.RetryJobResponse]  # type: ignore[assignment]
+    """Restarts a gang whose scheduling timed out (phase Timeout): back to Pending, its schedule
+    timer restarted, its pods dispatched again.
+    """
 
 class DispatcherServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------------------------
@@ -150,6 +158,16 @@ class DispatcherServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_api_pb2.WatchEvent], _abc.AsyncIterator[_api_pb2.WatchEvent]]:
         """Streams changes of one or more kinds from a revision (0 = list first, then watch)."""
+
+    @_abc_1.abstractmethod
+    def RetryJob(
+        self,
+        request: _api_pb2.RetryJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_api_pb2.RetryJobResponse, _abc.Awaitable[_api_pb2.RetryJobResponse]]:
+        """Restarts a gang whose scheduling timed out (phase Timeout): back to Pending, its schedule
+        timer restarted, its pods dispatched again.
+        """
 
 def add_DispatcherServicer_to_server(servicer: DispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -124,6 +124,14 @@ class _JobPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobPhase.Val
     (metadata.deletion_timestamp_ms) and its pods are going, in the background; the job goes
     last (status.pods_remaining says how far it got).
     """
+    JOB_PRESCHEDULING: _JobPhase.ValueType  # 8
+    """A gang with at least min_member pods, fewer than min_member of them bound (and none running
+    or finished): being scheduled.
+    """
+    JOB_TIMEOUT: _JobPhase.ValueType  # 9
+    """A gang not scheduled within spec.schedule_timeout_seconds: its pods stay pending and are not
+    dispatched until the job is restarted (RetryJob, or applying it again). Sticky.
+    """
 
 class JobPhase(_JobPhase, metaclass=_JobPhaseEnumTypeWrapper): ...
 
@@ -139,6 +147,14 @@ JOB_DELETING: JobPhase.ValueType  # 7
 """Shown when read, never stored: the job is marked for deletion
 (metadata.deletion_timestamp_ms) and its pods are going, in the background; the job goes
 last (status.pods_remaining says how far it got).
+"""
+JOB_PRESCHEDULING: JobPhase.ValueType  # 8
+"""A gang with at least min_member pods, fewer than min_member of them bound (and none running
+or finished): being scheduled.
+"""
+JOB_TIMEOUT: JobPhase.ValueType  # 9
+"""A gang not scheduled within spec.schedule_timeout_seconds: its pods stay pending and are not
+dispatched until the job is restarted (RetryJob, or applying it again). Sticky.
 """
 Global___JobPhase: _TypeAlias = JobPhase  # noqa: Y015
 
@@ -922,6 +938,7 @@ class JobSpec(_message.Message):
     BACKOFF_LIMIT_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_AFTER_FINISHED_FIELD_NUMBER: _builtins.int
     JOB_AFFINITY_FIELD_NUMBER: _builtins.int
+    SCHEDULE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     replicas: _builtins.int
     min_member: _builtins.int
     """Gang semantics: at least this many pods are placed together or none. 1 behaves like a Deployment."""
@@ -947,6 +964,12 @@ class JobSpec(_message.Message):
     """Seconds after the job finished (Succeeded or Failed) when it is deleted with its pods; 0:
     at once. Unset: the cluster's default (the dispatcher's --finished-job-ttl-seconds).
     """
+    schedule_timeout_seconds: _builtins.int
+    """A gang (min_member > 1) still Pending or PreScheduling this many seconds after its creation
+    (or its last restart: status.schedule_started_ms) goes Timeout: its pods are no longer
+    dispatched until it is restarted (`godel retry job/NAME`, or applying it again). Unset: 300
+    (the original Gödel's default). Positive.
+    """
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
     @_builtins.property
@@ -971,21 +994,26 @@ class JobSpec(_message.Message):
         backoff_limit: _builtins.int | None = ...,
         ttl_seconds_after_finished: _builtins.int | None = ...,
         job_affinity: Global___JobAffinity | None = ...,
+        schedule_timeout_seconds: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "preemptible", b"preemptible", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "preemptible", b"preemptible", "schedule_timeout_seconds", b"schedule_timeout_seconds", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "min_member", b"min_member", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "min_member", b"min_member", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "schedule_timeout_seconds", b"schedule_timeout_seconds", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backoff_limit: _TypeAlias = _typing.Literal["backoff_limit"]  # noqa: Y015
     _WhichOneofArgType__backoff_limit: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit"]  # noqa: Y015
     _WhichOneofReturnType__preemptible: _TypeAlias = _typing.Literal["preemptible"]  # noqa: Y015
     _WhichOneofArgType__preemptible: _TypeAlias = _typing.Literal["_preemptible", b"_preemptible"]  # noqa: Y015
+    _WhichOneofReturnType__schedule_timeout_seconds: _TypeAlias = _typing.Literal["schedule_timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__schedule_timeout_seconds: _TypeAlias = _typing.Literal["_schedule_timeout_seconds", b"_schedule_timeout_seconds"]  # noqa: Y015
     _WhichOneofReturnType__ttl_seconds_after_finished: _TypeAlias = _typing.Literal["ttl_seconds_after_finished"]  # noqa: Y015
     _WhichOneofArgType__ttl_seconds_after_finished: _TypeAlias = _typing.Literal["_ttl_seconds_after_finished", b"_ttl_seconds_after_finished"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__backoff_limit) -> _WhichOneofReturnType__backoff_limit | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__preemptible) -> _WhichOneofReturnType__preemptible | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule_timeout_seconds) -> _WhichOneofReturnType__schedule_timeout_seconds | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ttl_seconds_after_finished) -> _WhichOneofReturnType__ttl_seconds_after_finished | None: ...
 
@@ -1037,6 +1065,7 @@ class JobStatus(_message.Message):
     EVER_SCHEDULED_FIELD_NUMBER: _builtins.int
     FINISHED_MS_FIELD_NUMBER: _builtins.int
     PODS_REMAINING_FIELD_NUMBER: _builtins.int
+    SCHEDULE_STARTED_MS_FIELD_NUMBER: _builtins.int
     phase: Global___JobPhase.ValueType
     bound: _builtins.int
     running: _builtins.int
@@ -1049,6 +1078,10 @@ class JobStatus(_message.Message):
     pods_remaining: _builtins.int
     """While the job is Deleting (shown when read, never stored): its pods not deleted yet, as
     the dispatcher's view holds them.
+    """
+    schedule_started_ms: _builtins.int
+    """When the gang's schedule timer last restarted (RetryJob, or a timed-out job applied again);
+    0: it runs from the job's creation (metadata.creation_timestamp_ms).
     """
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
@@ -1064,10 +1097,11 @@ class JobStatus(_message.Message):
         ever_scheduled: _builtins.bool = ...,
         finished_ms: _builtins.int = ...,
         pods_remaining: _builtins.int = ...,
+        schedule_started_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "finished_ms", b"finished_ms", "phase", b"phase", "pods_remaining", b"pods_remaining", "running", b"running", "succeeded", b"succeeded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "finished_ms", b"finished_ms", "phase", b"phase", "pods_remaining", b"pods_remaining", "running", b"running", "schedule_started_ms", b"schedule_started_ms", "succeeded", b"succeeded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

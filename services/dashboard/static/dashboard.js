@@ -146,6 +146,7 @@ function render(s) {
 
   rows("pending-reasons", s.pending_reasons, (r) => [r.reason, r.pods], "no pending pods");
   rows("gpus", s.gpus, (g) => [g.model, g.nodes, g.cards, `${g.used} / ${g.cards}`], "no GPU nodes");
+  rows("gangs", s.gangs, (g) => [g.phase, g.jobs], "no gangs");
   rows("queues", s.queues, (q) => [
     q.name,
     q.quota ? `${cpu(q.quota.milli_cpu)} / ${bytes(q.quota.memory_bytes)}` : "unlimited",

@@ -1,4 +1,5 @@
-"""Apply (Node, Queue, DisruptionBudget; a Job's labels, annotations and failure policy): every
+"""Apply (Node, Queue, DisruptionBudget; a Job's labels, annotations, failure policy and schedule
+timeout; a timed-out gang applied again is restarted, as RetryJob does): every
 valid object in one atomic commit, each reported ``created`` / ``configured`` / ``unchanged`` /
 ``invalid``. With ``metadata.resource_version`` set it is a compare-and-set (a mismatch is
 ABORTED, nothing written); without, a concurrent write is merged again (``_CAS_RETRIES``). A job
@@ -8,6 +9,7 @@ jobs only its own (``services.tenancy``); one object it may not apply refuses th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -20,6 +22,7 @@ from services import tenancy
 from services.dispatcher.api import validation as v
 from services.dispatcher.api.rpc import Aborted, Refused, abort, store_violation
 from services.dispatcher.api.submit import SubmitRpc
+from services.dispatcher.controllers.gangtimeout import restarted
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.objects import PODS_CREATED_ANNOTATION, metadata_of
 from services.runtime.auth import caller
@@ -39,7 +42,7 @@ from store.kinds import USER_KINDS, unwrap
 _CAS_RETRIES = 3
 # What an applied Job may change of a stored one (besides labels and annotations): what the job
 # controller reads from the job. The rest is copied into its pods or decided its placement.
-MUTABLE_JOB_SPEC = frozenset({"backoff_limit", "replace_lost_pods"})
+MUTABLE_JOB_SPEC = frozenset({"backoff_limit", "replace_lost_pods", "schedule_timeout_seconds"})
 # Annotations the system sets on a job (e.g. its request id): an applied manifest without them
 # keeps them.
 SYSTEM_ANNOTATION_PREFIX = "godel.io/"
@@ -295,7 +298,9 @@ def _validate_applied(kind: str, obj: Message, prefix: str) -> v.Violations:
     if isinstance(obj, pb.Job):
         # The whole of a new job is validated as a submission (later); of a stored one only
         # what may change is taken, and of that only its labels need a syntax.
-        return v.validate_labels(obj.metadata.labels, f"{prefix}.metadata.labels")
+        return v.validate_labels(
+            obj.metadata.labels, f"{prefix}.metadata.labels"
+        ) + v.validate_schedule_timeout(obj.spec, f"{prefix}.spec")
     if isinstance(obj, pb.Node):
         return v.validate_node(obj, prefix)
     if isinstance(obj, pb.Queue):
@@ -378,6 +383,13 @@ def _job_update(stored: pb.Job, applied: pb.Job) -> tuple[pb.Job, list[tuple[str
         new.spec.backoff_limit = wanted.spec.backoff_limit
     else:
         new.spec.ClearField("backoff_limit")
+    if wanted.spec.HasField("schedule_timeout_seconds"):
+        new.spec.schedule_timeout_seconds = wanted.spec.schedule_timeout_seconds
+    else:
+        new.spec.ClearField("schedule_timeout_seconds")
+    if stored.status.phase == pb.JOB_TIMEOUT and not immutable:
+        # Applying a timed-out gang again starts it again, as RetryJob does.
+        new = restarted(new, int(time.time() * 1000))
     return new, immutable
 
 

@@ -1,5 +1,6 @@
 """Explain: why a pod is where it is — bound, ended, preempting (a nomination in flight),
-unschedulable (the shard's last diagnosis), or where its unit waits in the dispatcher."""
+unschedulable (the shard's last diagnosis), its gang timed out (``Timeout: ...``, with that
+diagnosis), or where its unit waits in the dispatcher."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
 from services.dispatcher.api.rpc import abort, refuse_if
+from services.dispatcher.controllers.gangtimeout import TIMEOUT_SUMMARY, timeout_condition
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.dispatcher.dispatching.entries import is_pending
 from services.runtime.auth import caller
@@ -68,9 +70,13 @@ class ExplainRpc:
                 + ", ".join(nomination.victims)
             )
             return out
+        timed_out = self._timed_out(pod.spec.job)
+        if timed_out is not None:
+            # Not retried: the last attempt's diagnosis stays attached, the summary says why.
+            out.summary = timed_out
         for cond in pod.status.conditions:
             if cond.type == "PodScheduled" and cond.status == "False":
-                out.summary = cond.message or cond.reason
+                out.summary = timed_out or cond.message or cond.reason
                 out.last_attempt_ms = cond.last_transition_ms
                 if pod.status.HasField("unschedulable"):
                     # The shard's counts as it recorded them: no sentence is parsed back.
@@ -78,5 +84,13 @@ class ExplainRpc:
                     out.total_nodes = pod.status.unschedulable.total_nodes
                     out.reasons.extend(pod.status.unschedulable.reasons)
                 return out
-        out.summary = self.core.describe(pod.spec.job)
+        out.summary = timed_out or self.core.describe(pod.spec.job)
         return out
+
+    def _timed_out(self, job_name: str) -> str | None:
+        """Explain's words for a pod of a gang that timed out (None if its job did not)."""
+        job = self.core.informer.get("Job", job_name)
+        if not isinstance(job, pb.Job) or job.status.phase != pb.JOB_TIMEOUT:
+            return None
+        cond = timeout_condition(job)
+        return f"{TIMEOUT_SUMMARY}{cond.message if cond is not None else 'not scheduled in time'}"

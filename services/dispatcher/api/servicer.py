@@ -1,6 +1,6 @@
 """The public API (`godel.v1.Dispatcher`), composed of one object per RPC group: Submit
 (``submit.py``), Apply (``apply.py``), Get and List (``reads.py``), Watch (``watch.py``),
-Explain (``explain.py``), Delete (``delete.py``), Drain (``drain.py``).
+Explain (``explain.py``), Delete (``delete.py``), Drain (``drain.py``), RetryJob (``retry.py``).
 
 Writes are batched per request: a submission is one pipelined round trip of per-job atomic
 commits, an Apply is one atomic commit of every valid object. Reads see the caller's own writes.
@@ -20,6 +20,7 @@ from services.dispatcher.api.delete import DeleteRpc, pods_of_job_by_scan
 from services.dispatcher.api.drain import DrainRpc
 from services.dispatcher.api.explain import ExplainRpc
 from services.dispatcher.api.reads import ReadRpc
+from services.dispatcher.api.retry import RetryRpc
 from services.dispatcher.api.submit import SubmitRpc
 from services.dispatcher.api.watch import WatchRpc
 from services.dispatcher.controllers.creation import PodCreator
@@ -61,6 +62,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         self.explaining = ExplainRpc(store, core)
         self.deleting = DeleteRpc(store, core, self.deleter, pods)
         self.draining = DrainRpc(store, core)
+        self.retrying = RetryRpc(store)
 
     async def Submit(self, request: api_pb2.SubmitRequest, context: Any) -> api_pb2.SubmitResponse:
         return await self.submitting.Submit(request, context)
@@ -92,3 +94,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
 
     async def Drain(self, request: api_pb2.DrainRequest, context: Any) -> api_pb2.DrainResponse:
         return await self.draining.Drain(request, context)
+
+    async def RetryJob(
+        self, request: api_pb2.RetryJobRequest, context: Any
+    ) -> api_pb2.RetryJobResponse:
+        return await self.retrying.RetryJob(request, context)

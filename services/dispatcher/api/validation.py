@@ -328,7 +328,21 @@ def _validate_preemption(spec: pb.JobSpec, s: str) -> Violations:
         out.append(
             violation(f"{s}.ttl_seconds_after_finished", f"must not be negative (got {ttl})")
         )
+    out += validate_schedule_timeout(spec, s)
     return out
+
+
+def validate_schedule_timeout(spec: pb.JobSpec, s: str) -> Violations:
+    """``scheduleTimeoutSeconds``: unset (300) or a positive number of seconds."""
+    timeout = spec.schedule_timeout_seconds
+    if spec.HasField("schedule_timeout_seconds") and timeout <= 0:
+        return [
+            violation(
+                f"{s}.schedule_timeout_seconds",
+                f"scheduleTimeoutSeconds must be a positive integer (got {timeout})",
+            )
+        ]
+    return []
 
 
 def validate_template(t: pb.PodTemplate, prefix: str) -> Violations:

@@ -17,7 +17,7 @@ from services.eviction import EVICTION_REASONS, replacement_number, replacement_
 JobCounts = tuple["pb.JobPhase.ValueType", int, int, int, int]
 
 
-def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> JobCounts:
+def job_status(job: pb.Job, pods: Iterable[pb.Pod], now_ms: int | None = None) -> JobCounts:
     """(phase, bound, running, succeeded, failed) of a job from its pods.
 
     Counts are over replicas: each index counts once, by its newest pod (a replacement
@@ -31,12 +31,54 @@ def job_status(job: pb.Job, pods: Iterable[pb.Pod]) -> JobCounts:
       not failed for good while its job replaces lost pods, nor a failed pod while the job's
       failure policy retries it);
     - RUNNING: at least ``min_member`` running;
-    - SCHEDULED: at least ``min_member`` bound, running or succeeded;
-    - otherwise PENDING (or UNSCHEDULABLE, if the dispatcher said so and nothing is placed).
+    - SCHEDULED: at least ``min_member`` bound, running or succeeded; for a gang
+      (``min_member > 1``, :func:`is_gang`) also any of its pods running or finished, and a
+      gang once Scheduled (or further) stays so: it never goes back to PENDING/PRESCHEDULING
+      (the counts say the rest), as the original Gödel's PodGroup;
+    - TIMEOUT (gangs): already TIMEOUT (sticky until restarted), or still waiting at
+      ``now_ms`` past its schedule deadline (:func:`schedule_deadline_ms`; not judged when
+      ``now_ms`` is None);
+    - UNSCHEDULABLE, if the dispatcher said so and nothing is placed;
+    - PRESCHEDULING (gangs): at least ``min_member`` pods exist;
+    - otherwise PENDING.
     """
     tally = StatusTally(job)
     tally.add(pods)
-    return tally.counts()
+    return tally.counts(now_ms)
+
+
+# A gang's schedule timeout when its spec sets none (the original Gödel's PodGroup default).
+DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 300
+# The phases a gang has once it was scheduled: it never leaves them for PENDING/PRESCHEDULING.
+_SCHEDULED_ONCE = frozenset({pb.JOB_SCHEDULED, pb.JOB_RUNNING, pb.JOB_SUCCEEDED, pb.JOB_FAILED})
+# The phases a gang's schedule timeout runs in.
+WAITING_GANG_PHASES = frozenset({pb.JOB_PENDING, pb.JOB_PRESCHEDULING})
+
+
+def is_gang(job: pb.Job) -> bool:
+    """Whether the job is a gang (``min_member > 1``; unset means all replicas): it has the
+    PreScheduling and Timeout phases. A ``min_member: 1`` job behaves like a Deployment."""
+    return (job.spec.min_member or job.spec.replicas) > 1
+
+
+def schedule_timeout_seconds(job: pb.Job) -> int:
+    spec = job.spec
+    if spec.HasField("schedule_timeout_seconds"):
+        return spec.schedule_timeout_seconds
+    return DEFAULT_SCHEDULE_TIMEOUT_SECONDS
+
+
+def schedule_deadline_ms(job: pb.Job) -> int | None:
+    """When a waiting gang times out: ``spec.schedule_timeout_seconds`` after its last restart
+    (``status.schedule_started_ms``), else after its creation. None for a job that is not a
+    gang, or one never stored (no creation time to count from). From stored times only, so a
+    restarted dispatcher finds the same deadline."""
+    if not is_gang(job):
+        return None
+    start = job.status.schedule_started_ms or job.metadata.creation_timestamp_ms
+    if not start:
+        return None
+    return start + schedule_timeout_seconds(job) * 1000
 
 
 class StatusTally:
@@ -68,7 +110,8 @@ class StatusTally:
             ):
                 newest[index] = (pod.metadata.name, phase, lost)
 
-    def counts(self) -> JobCounts:
+    def counts(self, now_ms: int | None = None) -> JobCounts:
+        """:func:`job_status` of the pods added so far."""
         job = self._job
         policy = FailurePolicy(
             job.spec.backoff_limit if job.spec.HasField("backoff_limit") else None,
@@ -96,11 +139,31 @@ class StatusTally:
             phase_ = pb.JOB_RUNNING
         elif bound + running + succeeded >= min_member:
             phase_ = pb.JOB_SCHEDULED
+        elif min_member > 1:
+            phase_ = self._gang_phase(now_ms, bound, running + succeeded + failed > 0)
         elif job.status.phase == pb.JOB_UNSCHEDULABLE and bound + running + succeeded == 0:
             phase_ = pb.JOB_UNSCHEDULABLE
         else:
             phase_ = pb.JOB_PENDING
         return phase_, bound, running, succeeded, failed
+
+    def _gang_phase(self, now_ms: int | None, bound: int, started: bool) -> pb.JobPhase.ValueType:
+        """The phase of a gang below ``min_member`` placed (see :func:`job_status`):
+        ``bound`` of its pods bound, ``started`` whether any runs or has finished."""
+        job = self._job
+        current = job.status.phase
+        if started or current in _SCHEDULED_ONCE or job.status.ever_scheduled:
+            return pb.JOB_SCHEDULED
+        if current == pb.JOB_TIMEOUT:
+            return pb.JOB_TIMEOUT
+        deadline = schedule_deadline_ms(job)
+        if now_ms is not None and deadline is not None and now_ms >= deadline:
+            return pb.JOB_TIMEOUT
+        if current == pb.JOB_UNSCHEDULABLE and bound == 0:
+            return pb.JOB_UNSCHEDULABLE
+        if len(self._newest) >= (job.spec.min_member or job.spec.replicas):
+            return pb.JOB_PRESCHEDULING
+        return pb.JOB_PENDING
 
 
 def newest_per_index(pods: Iterable[pb.Pod]) -> dict[int, pb.Pod]:

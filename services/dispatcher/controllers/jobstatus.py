@@ -7,6 +7,13 @@ import time
 import structlog
 
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.controllers.gangtimeout import (
+    SCHEDULE_TIMEOUT,
+    ScheduleDeadlines,
+    drop_timeout_condition,
+    timed_out,
+    timeout_message,
+)
 from services.dispatcher.controllers.jobphase import (
     FINISHED_JOB_PHASES,
     JobCounts,
@@ -15,6 +22,7 @@ from services.dispatcher.controllers.jobphase import (
 from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.controllers.ticking import tick_forever
 from services.dispatcher.objects import being_deleted, pods_complete
+from services.events import WARNING, EventRecorder, ref
 from store import CommitError, ConflictError, NotFoundError, Store, StoreError
 from store.informer import Informer
 
@@ -44,7 +52,12 @@ class JobStatusController:
     changed ones written with one ``update_many``, so a job is written at most once per
     interval. Writes are compare-and-set on the job's cached version; a conflict (the Binder set
     ``ever_scheduled``, the dispatcher a condition) re-reads those jobs and writes again on top
-    of the fresh copies, so their fields are kept. Only phase and counts are ever changed.
+    of the fresh copies, so their fields are kept. Only phase and counts are ever changed, and
+    a gang's ``Timeout`` condition when it times out.
+
+    A waiting gang's schedule deadline is kept in a heap (``deadlines``): the tick it falls due
+    brings the job back for a look, which finds it Timeout (``jobphase.job_status``), records
+    why (``gangtimeout.timed_out``) and an Event; no tick scans every job for it.
     """
 
     def __init__(
@@ -54,8 +67,11 @@ class JobStatusController:
         *,
         interval_seconds: float = 1.0,
         pods: PodIndex | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self._store = store
+        self._events = events
+        self.deadlines = ScheduleDeadlines()
         self._informer = informer
         self.interval = interval_seconds
         self.pods = pods or PodIndex(informer)
@@ -79,6 +95,7 @@ class JobStatusController:
         await tick_forever("job status", self._informer, self.tick, self.interval)
 
     async def tick(self) -> None:
+        self.changed_jobs.update(self.deadlines.due(int(time.time() * 1000)))
         dirty = set(self.changed_jobs)
         self.changed_jobs.clear()
         self.writing |= dirty  # the reconciler may run a tick of its own meanwhile
@@ -115,8 +132,10 @@ class JobStatusController:
         """Write the jobs whose status changed; returns the names that conflicted."""
         updates: list[pb.Job] = []
         now_ms = int(time.time() * 1000)
+        timeouts: set[str] = set()  # the jobs that time out now
         for job in jobs:
-            computed = await self.pods.status_of(job)
+            computed = await self.pods.status_of(job, now_ms)
+            self.deadlines.watch(job, computed[0])
             finished = computed[0] in FINISHED_JOB_PHASES
             # A job finished before finished_ms existed gets it now (its TTL counts from here).
             stamp = finished and not job.status.finished_ms
@@ -130,6 +149,11 @@ class JobStatusController:
                 s.finished_ms = now_ms
             elif not finished:
                 s.finished_ms = 0
+            if s.phase == pb.JOB_TIMEOUT and job.status.phase != pb.JOB_TIMEOUT:
+                timed_out(new, timeout_message(job, self.pods.pods_of(job.metadata.name)), now_ms)
+                timeouts.add(job.metadata.name)
+            elif s.phase != pb.JOB_TIMEOUT:
+                drop_timeout_condition(new)  # scheduled after all (it was under way)
             updates.append(new)
         if not updates:
             return []
@@ -143,6 +167,8 @@ class JobStatusController:
             self._written[job.metadata.name] = _written_status(job)
         for job, result in zip(updates, await self._store.update_many(updates), strict=True):
             if isinstance(result, pb.Job):
+                if job.metadata.name in timeouts:
+                    self._record_timeout(job)
                 continue
             # Not written: any update that comes is someone else's.
             self._written.pop(job.metadata.name, None)
@@ -153,3 +179,16 @@ class JobStatusController:
             elif isinstance(result, StoreError):
                 log.error("job status write failed", job=job.metadata.name, error=str(result))
         return conflicts
+
+    def _record_timeout(self, job: pb.Job) -> None:
+        log.info("gang schedule timeout", job=job.metadata.name)
+        if self._events is None:
+            return
+        cond = next(c for c in job.status.conditions if c.reason == SCHEDULE_TIMEOUT)
+        self._events.record(
+            ref("Job", job),
+            SCHEDULE_TIMEOUT,
+            cond.message,
+            type_=WARNING,
+            owner=job.metadata.owner,
+        )

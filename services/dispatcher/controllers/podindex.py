@@ -52,17 +52,17 @@ class PodIndex:
     def pods_of(self, job: str) -> list[pb.Pod]:
         return self._read(self.by_job.get(job))
 
-    async def status_of(self, job: pb.Job) -> JobCounts:
-        """``job_status`` of ``job`` from its pods in the view, read and counted a slice at a
-        time with the loop served between (a big job's pods change meanwhile: each change
-        brings the job back to whoever computes its status)."""
+    async def status_of(self, job: pb.Job, now_ms: int | None = None) -> JobCounts:
+        """``job_status`` of ``job`` from its pods in the view (at ``now_ms``), read and
+        counted a slice at a time with the loop served between (a big job's pods change
+        meanwhile: each change brings the job back to whoever computes its status)."""
         names = list(self.by_job.get(job.metadata.name))
         tally = StatusTally(job)
         for first in range(0, len(names), STATUS_SLICE_PODS):
             if first:
                 await asyncio.sleep(0)
             tally.add(self._read(names[first : first + STATUS_SLICE_PODS]))
-        return tally.counts()
+        return tally.counts(now_ms)
 
     def job_as_read(self, job: pb.Job, newer: pb.Pod | None = None) -> pb.Job:
         """``job`` with its status as readers see it, from the pods in the view: Deleting with

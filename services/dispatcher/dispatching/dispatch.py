@@ -248,6 +248,8 @@ def describe_unit(entry: UnitEntry, queue: UnitQueue, shards_ready: bool) -> str
     """Where a tracked unit stands, in words (Explain's summary)."""
     if entry.state == UnitState.DISPATCHED:
         return f"dispatched to {entry.shard}"
+    if entry.state == UnitState.TIMED_OUT:
+        return "its gang timed out (phase Timeout): not dispatched until the job is retried"
     if entry.state == UnitState.SETTLING:
         return "its last scheduling attempt ended; queueing again"
     if entry.state == UnitState.INFEASIBLE:
@@ -335,7 +337,9 @@ class UnitDispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         # The informer's events into the queue, the node shapes and the bound counts.
-        self.feed = ViewFeed(self.queue, self._kick, self._shards_changed, self.revoke)
+        self.feed = ViewFeed(
+            self.queue, self._kick, self._shards_changed, self.revoke, self.take_back
+        )
         informer.add_handlers(Handlers(self.feed.on_add, self.feed.on_update, self.feed.on_delete))
 
     def _job(self, name: str) -> pb.Job | None:
@@ -583,6 +587,21 @@ class UnitDispatcher:
             link.settle(job)
             link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[job])))
         self.queue.forget(job)
+
+    def take_back(self, job: str) -> None:
+        """Take a unit back from the shard holding it (a gang timed out): the shard drops it,
+        and the queue holds it (``UnitQueue.enqueue``). A decision already on its way to the
+        Binder may still bind it: the job then moves on to Scheduled."""
+        entry = self.units.get(job)
+        if entry is None or entry.state != UnitState.DISPATCHED:
+            return
+        self.nominations.clear(job)
+        link = self.links.get(entry.shard)
+        if link is not None:
+            link.settle(job)
+            link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[job])))
+        self.queue.release(entry)
+        self.queue.enqueue(entry)
 
     # -----------------------------------------------------------------------------------------
     # The dispatch round

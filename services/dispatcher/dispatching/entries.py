@@ -26,6 +26,9 @@ class UnitState(enum.Enum):
     SETTLING = "settling"
     # Can never fit as specified: out of the queue until the cluster changes.
     INFEASIBLE = "infeasible"
+    # A gang whose schedule timeout passed (its job is Timeout): out of the queue until the
+    # job is restarted.
+    TIMED_OUT = "timed_out"
 
 
 @dataclass(frozen=True, slots=True)

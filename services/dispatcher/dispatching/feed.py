@@ -33,11 +33,14 @@ class ViewFeed:
         kick: asyncio.Event,
         shards_changed: asyncio.Event,
         revoke: Callable[[str], None],
+        take_back: Callable[[str], None] | None = None,
     ) -> None:
         self.queue = queue
         self._kick = kick  # set: a dispatch round may send something now
         self._shards_changed = shards_changed
         self.revoke = revoke
+        # Takes a unit back from the shard holding it, into the queue (a gang timed out).
+        self.take_back = take_back
         self.shapes = NodeShapes()
         # Per pod: the job it counts as bound for (``Unit.already_bound``), so updates are exact.
         self._bound_job_of: dict[str, str] = {}
@@ -74,10 +77,16 @@ class ViewFeed:
             if old is not None:
                 self.queue.drop_if_empty(old.spec.job)
         elif kind == "Job" and new is None and old is not None:
-            self.revoke(metadata_of(old).name)
-        elif kind == "Job" and isinstance(old, pb.Job) and isinstance(new, pb.Job):
+            name = metadata_of(old).name
+            self.queue.timed_out.discard(name)
+            self.revoke(name)
+        elif kind == "Job" and isinstance(new, pb.Job):
+            timed_out = new.status.phase == pb.JOB_TIMEOUT
+            if timed_out != (new.metadata.name in self.queue.timed_out):
+                self._timed_out(new.metadata.name, timed_out)
             if (
-                not pods_complete(old)
+                isinstance(old, pb.Job)
+                and not pods_complete(old)
                 and pods_complete(new)
                 and new.metadata.name in self.queue.units
             ):
@@ -91,6 +100,15 @@ class ViewFeed:
             self._kick.set()
         elif kind == "SchedulerInstance":
             self._shards_changed.set()
+
+    def _timed_out(self, job: str, timed_out: bool) -> None:
+        """A gang timed out (its pods are dispatched no more, and taken back from a shard
+        holding them) or was restarted (queued again)."""
+        at_shard = self.queue.set_timed_out(job, timed_out)
+        if at_shard is not None and self.take_back is not None:
+            self.take_back(job)
+        if not timed_out:
+            self._kick.set()
 
     def _forget_pod(self, pod: pb.Pod) -> bool:
         """Undo ``_track_pod``; True if the pod held a claim."""

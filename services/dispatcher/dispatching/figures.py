@@ -14,7 +14,9 @@ from services.dispatcher.dispatching.entries import UnitEntry, UnitState
 from services.dispatcher.dispatching.ledger import QuotaLedger
 from services.dispatcher.dispatching.queueing import borrowed, dominant_share, permille
 
-_DISPATCHED = UnitState.DISPATCHED
+# States of a unit that waits for nothing of the queue's: at a shard, or a timed-out gang held
+# until its job is retried (other queues need not wait behind it).
+_AWAY = frozenset({UnitState.DISPATCHED, UnitState.TIMED_OUT})
 
 
 def _adjust(counts: Counter[str], queue: str, change: int) -> None:
@@ -50,7 +52,7 @@ class QueueFigures:
         queue = entry.queue
         if not entry.pods:
             self._pending_units[queue] += 1
-            if entry.state != _DISPATCHED:
+            if entry.state not in _AWAY:
                 self._not_at_shard[queue] += 1
         self._pending[queue] += 1
 
@@ -60,7 +62,7 @@ class QueueFigures:
         _adjust(self._pending, queue, -1)
         if emptied:
             _adjust(self._pending_units, queue, -1)
-            if entry.state != _DISPATCHED:
+            if entry.state not in _AWAY:
                 _adjust(self._not_at_shard, queue, -1)
 
     def untracked(self, entry: UnitEntry) -> None:
@@ -68,14 +70,14 @@ class QueueFigures:
         if entry.pods:
             _adjust(self._pending, entry.queue, -len(entry.pods))
             _adjust(self._pending_units, entry.queue, -1)
-            if entry.state != _DISPATCHED:
+            if entry.state not in _AWAY:
                 _adjust(self._not_at_shard, entry.queue, -1)
 
     def set_state(self, entry: UnitEntry, state: UnitState) -> None:
-        """Every change of a unit's state goes here: to or from DISPATCHED, a unit with pods
-        leaves or joins its queue's count of units not at a shard."""
-        leaving = entry.state == _DISPATCHED
-        if entry.pods and leaving != (state == _DISPATCHED):
+        """Every change of a unit's state goes here: to or from DISPATCHED (or TIMED_OUT), a
+        unit with pods leaves or joins its queue's count of units not at a shard."""
+        leaving = entry.state in _AWAY
+        if entry.pods and leaving != (state in _AWAY):
             _adjust(self._not_at_shard, entry.queue, 1 if leaving else -1)
         entry.state = state
 

@@ -308,6 +308,9 @@ class UnitQueue:
         self.queues = queues
         self.backoff = backoff
         self.units: dict[str, UnitEntry] = {}
+        # Jobs whose gang timed out (phase Timeout, from the feed): their units are held out of
+        # the queue (TIMED_OUT) until the job is restarted.
+        self.timed_out: set[str] = set()
         # The same units per queue, so questions about one queue cost its units, not all.
         self._by_queue: dict[str, dict[str, UnitEntry]] = {}
         self._seq = 0
@@ -331,7 +334,7 @@ class UnitQueue:
         self.pending_pods = figures.pending_pods
         self.statuses = figures.statuses
         self.view = heaps.view
-        self.enqueue = heaps.enqueue
+        self._enqueue = heaps.enqueue
         self.policy = heaps.policy
         self.pop = heaps.pop
         self.queued = heaps.queued
@@ -352,6 +355,36 @@ class UnitQueue:
         self.owed = rounds.owed
         self.reclaim_needs = rounds.reclaim_needs
         self._wake_for_freed_room = rounds.wake_for_freed_room
+
+    def enqueue(self, entry: UnitEntry) -> None:
+        """Mark the unit QUEUED and put it in its queue's heap (once); a timed-out gang's unit
+        is held instead (TIMED_OUT). Every way back into the queue comes here."""
+        if entry.job in self.timed_out:
+            self._set_state(entry, UnitState.TIMED_OUT)
+            return
+        self._enqueue(entry)
+
+    def set_timed_out(self, job: str, timed_out: bool) -> UnitEntry | None:
+        """The job's gang timed out (or was restarted): hold its unit out of the queue (or
+        queue it again, its attempts counted afresh). Returns the unit when it is at a shard
+        (timing out): the caller takes it back from there."""
+        if timed_out == (job in self.timed_out):
+            return None
+        entry = self.units.get(job)
+        if not timed_out:
+            self.timed_out.discard(job)
+            if entry is not None and entry.state == UnitState.TIMED_OUT:
+                entry.attempts = 0
+                self.enqueue(entry)
+            return None
+        self.timed_out.add(job)
+        if entry is None:
+            return None
+        if entry.state == UnitState.DISPATCHED:
+            return entry
+        if entry.state != UnitState.SETTLING:  # a settling unit is held when it queues again
+            self._set_state(entry, UnitState.TIMED_OUT)
+        return None
 
     @property
     def fairness(self) -> Fairness:
