@@ -1,7 +1,7 @@
 """Manifests: Kubernetes-style YAML documents to and from the API's protobuf objects.
 
     apiVersion: godel/v1
-    kind: Job                       # Job | Node | Queue | DisruptionBudget (or a List of them)
+    kind: Job                       # Job | Node | Queue | DisruptionBudget | PriorityClass (or a List)
     metadata: {name: train, labels: {team: ml}}
     spec:
       replicas: 8
@@ -11,6 +11,10 @@
       protectionSeconds: 600        # not a preemption victim until 10 minutes after it started
       template:
         requests: {cpu: 500m, memory: 1Gi, gpus: 1}   # quantities as Kubernetes writes them
+
+A PriorityClass is written as Kubernetes writes it, its fields beside ``metadata`` (``value``,
+``globalDefault``, ``description``, ``preemptionPolicy``, and our ``preemptible``); the other kinds
+have ``spec`` (and ``status``).
 
 Fields with presence keep an explicit 0: a DisruptionBudget's ``maxUnavailable: 0`` ("never
 disrupt") and ``minAvailable: 0`` are values, written back by ``get -o yaml``.
@@ -344,14 +348,16 @@ def parse_document(doc: Any, source: str) -> Manifest:
     kind = doc.get("kind")
     if kind not in kinds.USER_KINDS:
         raise ManifestError(f"{kind!r} is not one of {', '.join(kinds.USER_KINDS)}", "kind", source)
-    unknown = sorted(set(doc) - {"apiVersion", "kind", "metadata", "spec", "status"})
+    cls = kinds.kind_named(kind).message
+    # metadata, spec and status; a PriorityClass's own fields (it has no spec).
+    fields = {name for f in cls.DESCRIPTOR.fields for name in (f.name, f.json_name)}
+    unknown = sorted(set(doc) - {"apiVersion", "kind"} - fields)
     if unknown:
         raise ManifestError(f"unknown top-level field(s) {', '.join(unknown)}", source=source)
     metadata = doc.get("metadata")
     if not isinstance(metadata, dict) or not metadata.get("name"):
         raise ManifestError("is required", "metadata.name", source)
-    cls = kinds.kind_named(kind).message
-    body = {k: doc[k] for k in ("metadata", "spec", "status") if k in doc and doc[k] is not None}
+    body = {k: v for k, v in doc.items() if k in fields and v is not None}
     from google.protobuf import json_format  # only what applies manifests pays for it
 
     try:
