@@ -14,7 +14,8 @@
 
 A PriorityClass is written as Kubernetes writes it, its fields beside ``metadata`` (``value``,
 ``globalDefault``, ``description``, ``preemptionPolicy``, and our ``preemptible``); the other kinds
-have ``spec`` (and ``status``).
+have ``spec`` (and ``status``). A PriorityClass copied from Kubernetes, ``apiVersion:
+scheduling.k8s.io/v1``, is read as it is.
 
 Fields with presence keep an explicit 0: a DisruptionBudget's ``maxUnavailable: 0`` ("never
 disrupt") and ``minAvailable: 0`` are values, written back by ``get -o yaml``.
@@ -50,6 +51,9 @@ from store import kinds
 from store.kinds import StoredObject
 
 API_VERSION = "godel/v1"
+# Kinds whose Kubernetes manifests are read as they are, their Kubernetes apiVersion included
+# (printed back as API_VERSION).
+KUBERNETES_API_VERSIONS = {"PriorityClass": "scheduling.k8s.io/v1"}
 
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50}
 _DECIMAL = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
@@ -343,9 +347,9 @@ def parse_document(doc: Any, source: str) -> Manifest:
             "a manifest must be a mapping with apiVersion, kind, metadata, spec", source=source
         )
     api_version = doc.get("apiVersion")
-    if api_version != API_VERSION:
-        raise ManifestError(f"must be {API_VERSION!r}, got {api_version!r}", "apiVersion", source)
     kind = doc.get("kind")
+    if api_version != API_VERSION and api_version != KUBERNETES_API_VERSIONS.get(str(kind)):
+        raise ManifestError(f"must be {API_VERSION!r}, got {api_version!r}", "apiVersion", source)
     if kind not in kinds.USER_KINDS:
         raise ManifestError(f"{kind!r} is not one of {', '.join(kinds.USER_KINDS)}", "kind", source)
     cls = kinds.kind_named(kind).message

@@ -70,7 +70,7 @@ def delete_refusal(identity: Identity | None, kind: str, obj: Message | None) ->
         return None
     assert identity is not None
     if kind not in DELETED_BY_OWNER:
-        return admin_only(identity, f"delete {kind}s")
+        return admin_only(identity, f"delete {kind}{'es' if kind.endswith('s') else 's'}")
     if obj is None or owns(identity, kind, obj):
         return None
     assert isinstance(obj, pb.Pod | pb.Job | pb.Event)  # as owns() found
