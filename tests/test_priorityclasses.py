@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from godel import client as sdk
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher import priorityclasses as pc
@@ -345,3 +346,39 @@ async def test_a_class_in_use_is_not_deleted(dispatcher: Running, store: Store) 
     deleted = await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="PriorityClass", name="low"))
     assert deleted.deleted == 1
     assert await store.get_many(pb.PriorityClass, ["low"]) == [None]
+
+
+async def test_the_sdk_reads_and_writes_classes_in_their_own_terms(
+    dispatcher: Running, store: Store
+) -> None:
+    async with sdk.AsyncGodelClient(dispatcher.host.address, insecure=True) as client:
+        made = sdk.priority_class(
+            "service", 100000, description="online", preemption_policy="Never", preemptible=False
+        )
+        assert (await client.apply_priority_class(made)).action == "created"
+        assert (await client.apply_priority_class(made)).action == "unchanged"
+        with pytest.raises(sdk.Invalid) as caught:
+            await client.apply_priority_class(sdk.priority_class("service", 7))
+        assert {v.field for v in caught.value.violations} == {
+            "objects[0].priority_class.value",
+            "objects[0].priority_class.preemption_policy",
+            "objects[0].priority_class.preemptible",
+        }
+        (listed,) = await client.priority_classes()
+        assert isinstance(listed, sdk.PriorityClass)
+        assert (listed.name, listed.value, listed.global_default) == ("service", 100000, False)
+        assert (listed.preemption_policy, listed.preemptible, listed.description) == (
+            "Never",
+            False,
+            "online",
+        )
+        assert (await client.priority_class("service")).value == 100000
+
+        handle = await client.submit(sdk.job("web", priority_class_name="service"))
+        status = await handle.status()
+        assert (status.spec["priorityClassName"], status.spec["priority"]) == ("service", 100000)
+        with pytest.raises(sdk.Conflict, match=r"in use by 1 job \(web\)"):
+            await client.delete_priority_class("service")
+        await handle.delete()
+        await client.delete_priority_class("service")
+        assert await client.priority_classes() == []
