@@ -7,6 +7,7 @@ Delete (refused while jobs name the class), List and Get."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -382,3 +383,23 @@ async def test_the_sdk_reads_and_writes_classes_in_their_own_terms(
         await handle.delete()
         await client.delete_priority_class("service")
         assert await client.priority_classes() == []
+
+
+async def test_classes_are_watched_like_every_kind(dispatcher: Running) -> None:
+    await apply(dispatcher, LOW)
+    stream = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["PriorityClass"]))
+    first = await asyncio.wait_for(stream.read(), 10)
+    assert (first.type, first.object.priority_class.metadata.name) == (
+        api_pb2.WatchEvent.ADDED,
+        "low",
+    )
+    described = klass("low", 10, preemptible=True)
+    described.description = "batch"
+    await apply(dispatcher, described)
+    while True:
+        event = await asyncio.wait_for(stream.read(), 10)
+        if event.type != api_pb2.WatchEvent.BOOKMARK:
+            break
+    assert event.type == api_pb2.WatchEvent.MODIFIED
+    assert event.object.priority_class.description == "batch"
+    stream.cancel()

@@ -14,7 +14,10 @@ there is one. It is resolved once, at Submit (:func:`resolve`, :func:`pod_preemp
 is stored with its class's name, its priority and its policy, and its pods with their
 preemptibility (their replacements are copied from them), so a class changed or deleted later
 changes nothing stored. That is why a class's value, policy and preemptibility are immutable
-(``immutable_changes``: they would leave its jobs with what the class no longer says) and a class that stored jobs name is not deleted (``jobs_naming``).
+(``immutable_changes``: they would leave its jobs with what the class no longer says) and a
+class that stored jobs name is not deleted (``jobs_naming``). A Submit naming a class and a
+Delete of that class at the same moment may both succeed (the job's commit does not lock the
+class): the job keeps what it was admitted with, and names a class no longer stored.
 """
 
 from __future__ import annotations

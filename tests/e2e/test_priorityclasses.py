@@ -69,6 +69,12 @@ def test_classes_give_priority_preemption_policy_and_protection(
         timeout=180,
         what="the service running",
     )
+    wide = cluster.godel("get", "jobs", "-o", "wide").stdout.splitlines()
+    column = wide[0].index("PRIORITY-CLASS")
+    assert {line.split()[0]: line[column:].split()[0] for line in wide[1:]} == {
+        "web": "service",
+        "work": "batch",
+    }
     victims = pods(cluster, "work")
     assert {(p.status.phase, p.status.reason) for p in victims} == {(pb.POD_FAILED, "Preempted")}
     assert {p.status.preempted_by for p in victims} == {"web-0", "web-1"}
