@@ -247,9 +247,23 @@ async def test_a_job_naming_a_class_is_stored_with_what_the_class_gives(
         assert (pod.spec.priority, pod.spec.preemption_policy) == (1000, NEVER)
         assert pod.spec.preemptible is False
 
-    # The same manifest applied again is the stored job, not a change of its priority.
+    # The same manifest applied again is the stored job, not a change of its priority; a retry
+    # of a Submit naming a class finds the job its first attempt stored.
     again = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[wrap("Job", job)]))
     assert again.results[0].action == "unchanged", again.results[0].violations
+    retried = f.job("retried")
+    retried.spec.priority_class_name = "low"
+    for attempt in ("created", "existing"):
+        request = api_pb2.SubmitRequest(jobs=[retried], request_id="r-1")
+        (outcome,) = (await dispatcher.api.Submit(request)).results
+        assert getattr(outcome, attempt), (attempt, outcome)
+    # Another class is another priority: the job's class is immutable, as its priority is.
+    job.spec.priority_class_name = "low"
+    moved = await dispatcher.api.Apply(api_pb2.ApplyRequest(objects=[wrap("Job", job)]))
+    assert moved.results[0].action == "invalid"
+    assert "objects[0].job.spec.priority_class_name" in {
+        x.field for x in moved.results[0].violations
+    }
 
 
 async def test_a_missing_class_or_a_differing_priority_is_refused_and_nothing_stored(
