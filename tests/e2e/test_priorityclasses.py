@@ -36,7 +36,7 @@ def test_classes_give_priority_preemption_policy_and_protection(
     ]
     table = cluster.godel("get", "pc").stdout.splitlines()
     assert [line.split()[:5] for line in table[1:]] == [
-        ["batch", "1000", "true", "PreemptLowerPriority", "true"],
+        ["batch", "10", "true", "PreemptLowerPriority", "true"],
         ["nonpreempting", "50000", "false", "Never", "true"],
         ["service", "100000", "false", "PreemptLowerPriority", "false"],
     ]
@@ -45,8 +45,8 @@ def test_classes_give_priority_preemption_policy_and_protection(
     cluster.godel("apply", "-f", "-", stdin=job_yaml("work", 2, "1", ""))
     wait_until(lambda: placed(cluster, "work") == 2, timeout=120, what="work placed")
     work = cluster.client.get(pb.Job, "work")
-    assert (work.spec.priority_class_name, work.spec.priority) == ("batch", 1000)
-    assert all(p.spec.preemptible and p.spec.priority == 1000 for p in pods(cluster, "work"))
+    assert (work.spec.priority_class_name, work.spec.priority) == ("batch", 10)
+    assert all(p.spec.preemptible and p.spec.priority == 10 for p in pods(cluster, "work"))
 
     # Higher, but Never: it waits, and no pod of the batch class goes.
     polite = job_yaml("polite", 1, "1", "  priorityClassName: nonpreempting\n")
