@@ -1,7 +1,7 @@
 """Manifests: Kubernetes-style YAML documents to and from the API's protobuf objects.
 
     apiVersion: godel/v1
-    kind: Job                       # Job | Node | Queue | DisruptionBudget (or a List of them)
+    kind: Job                       # Job | Node | Queue | DisruptionBudget | PriorityClass (or a List)
     metadata: {name: train, labels: {team: ml}}
     spec:
       replicas: 8
@@ -18,6 +18,11 @@ GPU cards: ``gpu`` (or ``gpus``, ``nvidia.com/gpu``) in ``requests`` counts whol
 ``gpuMilli`` and ``gpuModels`` sit in the template beside ``requests`` (they are not quantities
 that add up: a share is of one card), and ``get -o yaml`` writes them back there. ``gpuMilli``
 inside ``requests`` is refused, pointing there (it would otherwise be an extended resource).
+
+A PriorityClass is written as Kubernetes writes it, its fields beside ``metadata`` (``value``,
+``globalDefault``, ``description``, ``preemptionPolicy``, and our ``preemptible``); the other kinds
+have ``spec`` (and ``status``). A PriorityClass copied from Kubernetes, ``apiVersion:
+scheduling.k8s.io/v1``, is read as it is.
 
 Fields with presence keep an explicit 0: a DisruptionBudget's ``maxUnavailable: 0`` ("never
 disrupt") and ``minAvailable: 0`` are values, written back by ``get -o yaml``.
@@ -53,6 +58,9 @@ from store import kinds
 from store.kinds import StoredObject
 
 API_VERSION = "godel/v1"
+# Kinds whose Kubernetes manifests are read as they are, their Kubernetes apiVersion included
+# (printed back as API_VERSION).
+KUBERNETES_API_VERSIONS = {"PriorityClass": "scheduling.k8s.io/v1"}
 
 _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50}
 _DECIMAL = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
@@ -370,19 +378,21 @@ def parse_document(doc: Any, source: str) -> Manifest:
             "a manifest must be a mapping with apiVersion, kind, metadata, spec", source=source
         )
     api_version = doc.get("apiVersion")
-    if api_version != API_VERSION:
-        raise ManifestError(f"must be {API_VERSION!r}, got {api_version!r}", "apiVersion", source)
     kind = doc.get("kind")
+    if api_version != API_VERSION and api_version != KUBERNETES_API_VERSIONS.get(str(kind)):
+        raise ManifestError(f"must be {API_VERSION!r}, got {api_version!r}", "apiVersion", source)
     if kind not in kinds.USER_KINDS:
         raise ManifestError(f"{kind!r} is not one of {', '.join(kinds.USER_KINDS)}", "kind", source)
-    unknown = sorted(set(doc) - {"apiVersion", "kind", "metadata", "spec", "status"})
+    cls = kinds.kind_named(kind).message
+    # metadata, spec and status; a PriorityClass's own fields (it has no spec).
+    fields = {name for f in cls.DESCRIPTOR.fields for name in (f.name, f.json_name)}
+    unknown = sorted(set(doc) - {"apiVersion", "kind"} - fields)
     if unknown:
         raise ManifestError(f"unknown top-level field(s) {', '.join(unknown)}", source=source)
     metadata = doc.get("metadata")
     if not isinstance(metadata, dict) or not metadata.get("name"):
         raise ManifestError("is required", "metadata.name", source)
-    cls = kinds.kind_named(kind).message
-    body = {k: doc[k] for k in ("metadata", "spec", "status") if k in doc and doc[k] is not None}
+    body = {k: v for k, v in doc.items() if k in fields and v is not None}
     from google.protobuf import json_format  # only what applies manifests pays for it
 
     try:

@@ -8,10 +8,10 @@ methods a role may call at all is decided before (``auth.RULES``). Here are the 
 |---|---|---|
 | ``tenant-queues`` | tenant | submits and applies jobs only to the queues its certificate lists |
 | ``own-jobs-only`` | tenant | reads, explains, watches, applies over and deletes only Jobs and Pods it owns (``metadata.owner``), and reads only the Events about them (an event's owner is its pod's or job's, ``services.events``) |
-| ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, ...: of Apply's kinds only Jobs), drains no node (a drain cordons it and evicts every tenant's pods on it) |
+| ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, priority classes, ...: of Apply's kinds only Jobs), drains no node (a drain cordons it and evicts every tenant's pods on it) |
 
-Everything else a tenant may read (nodes, queues, schedulers: how the cluster looks); the
-cluster's own events (about nodes, movements, shards) are the admin's. The admin
+Everything else a tenant may read (nodes, queues, priority classes, schedulers: how the cluster
+looks); the cluster's own events (about nodes, movements, shards) are the admin's. The admin
 identity — and everyone in a cluster started with --insecure (no identity) — may do everything.
 Each function returns None when allowed, else the refusal naming its rule. How much a tenant may
 submit (pods per job, live pods) is the dispatcher's: its admission limits
@@ -70,7 +70,7 @@ def delete_refusal(identity: Identity | None, kind: str, obj: Message | None) ->
         return None
     assert identity is not None
     if kind not in DELETED_BY_OWNER:
-        return admin_only(identity, f"delete {kind}s")
+        return admin_only(identity, f"delete {kind}{'es' if kind.endswith('s') else 's'}")
     if obj is None or owns(identity, kind, obj):
         return None
     assert isinstance(obj, pb.Pod | pb.Job | pb.Event)  # as owns() found

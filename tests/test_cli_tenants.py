@@ -113,10 +113,16 @@ async def test_a_tenant_applies_jobs_into_its_own_queues_and_nothing_else(
     assert admin.stdout == "queue/mine created\n", admin.stderr
 
 
+PRIORITY_CLASS = (
+    "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: urgent}\n"
+    "value: 1000\ndescription: on call\n"
+)
+
+
 async def godel_as(
     identity: str, dispatcher: Running, tls_dir: Path, *args: str
 ) -> subprocess.CompletedProcess[str]:
-    """`godel ARGS` in a process of its own, presenting ``identity``'s certificate."""
+    """The `godel` CLI in a process of its own, presenting ``identity``'s certificate."""
     env = {k: v for k, v in os.environ.items() if k != "GODEL_INSECURE"}
     return await asyncio.to_thread(
         subprocess.run,
@@ -153,3 +159,48 @@ async def test_a_tenant_retries_only_its_own_timed_out_job(
     retried = await godel_as("alice", dispatcher, tls_dir, "retry", "job/alice-gang")
     assert (retried.returncode, retried.stdout) == (0, "job/alice-gang retried (Pending)\n")
     assert (await store.get(pb.Job, "alice-gang")).status.schedule_started_ms > 0
+
+
+async def test_priority_classes_are_the_admins_to_write_and_every_tenants_to_read(
+    dispatcher: Running, tls_dir: Path, store: Store
+) -> None:
+    refused = await apply_as("alice", dispatcher, tls_dir, PRIORITY_CLASS)
+    assert refused.returncode != 0 and refused.stdout == ""
+    assert refused.stderr.strip() == (
+        "error: rule admin-only: only the admin identity may apply PriorityClass objects "
+        "(a tenant applies only Jobs); 'alice' is a tenant"
+    )
+    assert await store.get_many(pb.PriorityClass, ["urgent"]) == [None]
+
+    created = await apply_as("admin", dispatcher, tls_dir, PRIORITY_CLASS)
+    assert created.stdout == "priorityclass/urgent created\n", created.stderr
+
+    listed = await godel_as("alice", dispatcher, tls_dir, "get", "pc")
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:5] == [
+        "NAME",
+        "VALUE",
+        "GLOBAL-DEFAULT",
+        "PREEMPTION-POLICY",
+        "PREEMPTIBLE",
+    ]
+    assert row.split()[:5] == ["urgent", "1000", "false", "PreemptLowerPriority", "<queue>"]
+
+    not_hers = await godel_as("alice", dispatcher, tls_dir, "delete", "priorityclass", "urgent")
+    assert not_hers.returncode != 0
+    assert "rule admin-only: only the admin identity may delete PriorityClasses" in not_hers.stderr
+    assert await store.get(pb.PriorityClass, "urgent")
+
+    # A tenant's job names the class and is admitted with its value.
+    job = job_manifest("alice-urgent", "research").replace(
+        "replicas: 1,", "replicas: 1, priorityClassName: urgent,"
+    )
+    submitted = await apply_as("alice", dispatcher, tls_dir, job)
+    assert submitted.stdout == "job/alice-urgent created\n", submitted.stderr
+    stored = await store.get(pb.Job, "alice-urgent")
+    assert (stored.spec.priority_class_name, stored.spec.priority) == ("urgent", 1000)
+    described = await godel_as("alice", dispatcher, tls_dir, "describe", "pc", "urgent")
+    assert (
+        "value: 1000" in described.stdout and "alice-urgent" in described.stdout.split("jobs:")[1]
+    )

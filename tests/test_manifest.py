@@ -444,3 +444,56 @@ def test_job_affinity_and_numa_policy_manifest_round_trip() -> None:
     assert job.spec.template.numa_policy == pb.NUMA_POLICY_EXCLUSIVE
     again = load(__import__("yaml").safe_dump(to_manifest("Job", job)), "again.yaml")[0].obj
     assert again == job
+
+
+KUBERNETES_PRIORITY_CLASS = """
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: high-priority}
+value: 1000000
+globalDefault: false
+description: "For the XYZ service's pods only."
+preemptionPolicy: Never
+preemptible: false
+"""
+
+
+def test_a_priority_class_as_kubernetes_writes_it_round_trips() -> None:
+    [m] = load(KUBERNETES_PRIORITY_CLASS, "pc.yaml")
+    assert m.kind == "PriorityClass" and isinstance(m.obj, pb.PriorityClass)
+    got = m.obj
+    assert (got.metadata.name, got.value, got.global_default) == ("high-priority", 1000000, False)
+    assert got.description == "For the XYZ service's pods only."
+    assert got.preemption_policy == pb.NEVER
+    assert got.HasField("preemptible") and got.preemptible is False
+    printed = to_manifest("PriorityClass", got)
+    assert printed == {
+        "apiVersion": "godel/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": "high-priority"},
+        "value": 1000000,
+        "description": "For the XYZ service's pods only.",
+        "preemptionPolicy": "Never",
+        "preemptible": False,
+    }
+    [again] = load(yaml.safe_dump(printed), "again.yaml")
+    assert again.obj == got
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("apiVersion: godel/v1\nkind: PriorityClass\nmetadata: {name: x}\nspec: {value: 1}\n",
+         "pc.yaml[0]: unknown top-level field(s) spec"),
+        ("apiVersion: godel/v1\nkind: PriorityClass\nmetadata: {name: x}\nvalue: high\n",
+         "pc.yaml[0] value: expected an integer, got 'high'"),
+        ("apiVersion: godel/v1\nkind: PriorityClass\nmetadata: {name: x}\npreemptionPolicy: Sometimes\n",
+         "pc.yaml[0] preemptionPolicy: 'Sometimes' is not one of PREEMPT_LOWER_PRIORITY, NEVER"),
+        ("apiVersion: scheduling.k8s.io/v1\nkind: Queue\nmetadata: {name: x}\n",
+         "pc.yaml[0] apiVersion: must be 'godel/v1', got 'scheduling.k8s.io/v1'"),
+    ],
+)  # fmt: skip
+def test_malformed_priority_classes_name_the_field(text: str, needle: str) -> None:
+    with pytest.raises(ManifestError) as exc:
+        load(text, "pc.yaml")
+    assert str(exc.value) == needle

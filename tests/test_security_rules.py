@@ -229,6 +229,7 @@ ALICES_JOB = _job("a", "research", owner="alice")
 ALICES_POD = pb.Pod(metadata=pb.ObjectMeta(name="a-0", owner="alice"))
 ADMINS_JOB = _job("x")
 NODE = pb.Node(metadata=pb.ObjectMeta(name="n1"))
+CLASS = pb.PriorityClass(metadata=pb.ObjectMeta(name="high"), value=1000)
 ALICES_EVENT = events.make_event(
     events.ref("Pod", ALICES_POD), "Preempted", "m", source="binder-0", owner="alice"
 )
@@ -274,6 +275,11 @@ NODES_EVENT = events.make_event(events.ref("Node", NODE), "ShardLost", "m", sour
         ("anyone drains on an insecure cluster", lambda: tenancy.drain_refusal(None), None),
         ("admin applies a node", lambda: tenancy.apply_refusal(ADMIN, "Node", NODE), None),
         ("anyone applies on an insecure cluster", lambda: tenancy.apply_refusal(None, "Queue", pb.Queue()), None),
+        ("tenant applies a priority class", lambda: tenancy.apply_refusal(ALICE, "PriorityClass", CLASS), "rule admin-only"),
+        ("tenant deletes a priority class", lambda: tenancy.delete_refusal(ALICE, "PriorityClass", CLASS), "rule admin-only"),
+        ("tenant reads a priority class", lambda: tenancy.read_refusal(BOB, "PriorityClass", CLASS), None),
+        ("admin applies a priority class", lambda: tenancy.apply_refusal(ADMIN, "PriorityClass", CLASS), None),
+        ("admin deletes a priority class", lambda: tenancy.delete_refusal(ADMIN, "PriorityClass", CLASS), None),
     ],
 )  # fmt: skip
 def test_tenancy_rules(what: str, refusal_of: object, rule: str | None) -> None:

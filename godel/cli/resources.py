@@ -72,6 +72,7 @@ KIND_ALIASES = {
         ("scheduler", "schedulers", "schedulerinstance", "schedulerinstances"), "SchedulerInstance"
     ),
     **dict.fromkeys(("event", "events", "ev"), "Event"),
+    **dict.fromkeys(("priorityclass", "priorityclasses", "pc"), "PriorityClass"),
 }
 # What shell completion offers for TYPE: each kind's plural.
 _KIND_WORDS = [
@@ -83,6 +84,7 @@ _KIND_WORDS = [
     "movements",
     "schedulers",
     "events",
+    "priorityclasses",
     "policies",
 ]
 # How often `drain` asks again for the pods it waits for.
@@ -113,7 +115,7 @@ def _kind(word: str) -> str:
     if kind is None:
         fail(
             f"unknown resource type {word!r} (one of jobs, pods, nodes, queues, "
-            "disruptionbudgets, movements, schedulers, events)"
+            "disruptionbudgets, movements, schedulers, events, priorityclasses)"
         )
     return kind
 
@@ -254,6 +256,7 @@ COLUMNS: dict[str, list[Column]] = {
         ("PHASE", lambda o: _enum(o.status.phase or pb.JOB_PENDING, pb.JobPhase), False),
         ("REASON", lambda o: _phase_condition(o)[0], False),
         ("PRIORITY", lambda o: o.spec.priority, True),
+        ("PRIORITY-CLASS", lambda o: o.spec.priority_class_name, True),
         ("RV", lambda o: o.metadata.resource_version, True),
         ("AGE", _age, False),
         # Words, so last (scripts split the rest on whitespace), as kubectl's events' MESSAGE.
@@ -348,6 +351,25 @@ COLUMNS: dict[str, list[Column]] = {
         ("OBJECT", lambda o: f"{o.regarding.kind.lower()}/{o.regarding.name}", False),
         ("SOURCE", lambda o: o.source, True),
         ("MESSAGE", lambda o: o.message, False),
+    ],
+    # As `kubectl get priorityclasses`, with what its pods are when their job does not say.
+    "PriorityClass": [
+        ("NAME", lambda o: o.metadata.name, False),
+        ("VALUE", lambda o: o.value, False),
+        ("GLOBAL-DEFAULT", lambda o: str(o.global_default).lower(), False),
+        (
+            "PREEMPTION-POLICY",
+            lambda o: _enum(o.preemption_policy or pb.PREEMPT_LOWER_PRIORITY, pb.PreemptionPolicy),
+            False,
+        ),
+        # Unset: the job's queue's preemptible_default.
+        (
+            "PREEMPTIBLE",
+            lambda o: str(o.preemptible).lower() if o.HasField("preemptible") else "<queue>",
+            False,
+        ),
+        ("DESCRIPTION", lambda o: o.description, True),
+        ("AGE", _age, False),
     ],
 }
 _DEFAULT_COLUMNS: list[Column] = [("NAME", lambda o: o.metadata.name, False), ("AGE", _age, False)]
@@ -531,7 +553,8 @@ def get(
             objs = _guard(lambda: client.list(kind, job=pods_of, selector=selector))  # noqa: B023
             listing.append((kind, objs))
     if not any(objs for _, objs in listing) and output in ("table", "wide"):
-        click.echo(f"No {', '.join(k.lower() + 's' for k in kinds)} found.", err=True)
+        plural = ", ".join(k.lower() + ("es" if k.endswith("s") else "s") for k in kinds)
+        click.echo(f"No {plural} found.", err=True)
         return
     _print_listing(listing, output, single=bool(name))
 
@@ -629,6 +652,15 @@ def describe(target: tuple[str, ...], server: str | None, home: Path | None) -> 
         elif kind == "Node" and isinstance(obj, pb.Node) and obj.status.allocatable.gpus:
             pods = _guard(lambda: client.list(pb.Pod))
             _describe_gpu_cards(obj, [p for p in pods if p.spec.node_name == name])
+        elif kind == "PriorityClass":
+            jobs = [
+                j for j in _guard(lambda: client.list(pb.Job)) if j.spec.priority_class_name == name
+            ]
+            click.echo("jobs:")
+            if jobs:
+                _print("Job", jobs, "table")
+            else:
+                click.echo("  <none>")
         events = [
             e
             for e in _guard(lambda: client.list(pb.Event))

@@ -39,7 +39,16 @@ if TYPE_CHECKING:
         discover_credentials,
         local_address,
     )
-    from godel.client.objects import Event, Explanation, Job, Object, Pod, job
+    from godel.client.objects import (
+        Event,
+        Explanation,
+        Job,
+        Object,
+        Pod,
+        PriorityClass,
+        job,
+        priority_class,
+    )
     from store.kinds import unwrap, wrap
 
 # Names are imported on first use: the CLI needs only the protobuf client (``_proto``), not the
@@ -69,7 +78,19 @@ _HOMES = {
         ),
         "_transport",
     ),
-    **dict.fromkeys(("Event", "Explanation", "Job", "Object", "Pod", "job"), "objects"),
+    **dict.fromkeys(
+        (
+            "Event",
+            "Explanation",
+            "Job",
+            "Object",
+            "Pod",
+            "PriorityClass",
+            "job",
+            "priority_class",
+        ),
+        "objects",
+    ),
 }
 
 
@@ -106,6 +127,7 @@ __all__ = [
     "Object",
     "PermissionDenied",
     "Pod",
+    "PriorityClass",
     "ProtoClient",
     "ReschedulerClient",
     "Unauthenticated",
@@ -116,6 +138,7 @@ __all__ = [
     "job",
     "local_address",
     "logs",
+    "priority_class",
     "unwrap",
     "wrap",
 ]

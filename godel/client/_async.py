@@ -39,6 +39,7 @@ from godel.client.objects import (
     Job,
     Object,
     Pod,
+    PriorityClass,
     invalid_manifest,
     object_from_wire,
 )
@@ -282,6 +283,32 @@ class AsyncGodelClient:
         job = object_from_wire(api_pb2.Object(job=response.job))
         assert isinstance(job, Job)
         return job
+
+    # -----------------------------------------------------------------------------------------
+    # Priority classes (the admin writes them; everyone reads them)
+    # -----------------------------------------------------------------------------------------
+
+    async def apply_priority_class(self, priority_class: PriorityClass) -> Applied:
+        """Create a priority class, or change its globalDefault, description, labels or
+        annotations. Invalid when its value, preemption policy or preemptible would change
+        (they are resolved into its jobs at admission) or when another class already is the
+        globalDefault; PermissionDenied for a tenant."""
+        (applied,) = await self.apply_manifest(priority_class.manifest)
+        return applied
+
+    async def priority_classes(self) -> list[PriorityClass]:
+        """Every priority class, by name."""
+        return [o for o in await self.list("PriorityClass") if isinstance(o, PriorityClass)]
+
+    async def priority_class(self, name: str) -> PriorityClass:
+        """One priority class (NotFound if there is none of that name)."""
+        obj = await self.get("PriorityClass", name)
+        assert isinstance(obj, PriorityClass)  # objects.from_proto's class of the kind
+        return obj
+
+    async def delete_priority_class(self, name: str) -> None:
+        """Delete a priority class; Conflict (naming them) while stored jobs name it."""
+        await self.delete("PriorityClass", name)
 
     # -----------------------------------------------------------------------------------------
     # Reads

@@ -14,7 +14,7 @@ from typing import Any, TypeVar, overload
 from foundation import tls
 from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, Selector
 from godel.client._transport import DEFAULT_TIMEOUT, ClosedOnExit
-from godel.client.objects import Event, Explanation, Job, Object, Pod
+from godel.client.objects import Event, Explanation, Job, Object, Pod, PriorityClass
 
 T = TypeVar("T")
 
@@ -149,6 +149,18 @@ class GodelClient(ClosedOnExit):
 
     def retry_job(self, name: str) -> Job:
         return self._loop.run(self._async.retry_job(name))
+
+    def apply_priority_class(self, priority_class: PriorityClass) -> Applied:
+        return self._loop.run(self._async.apply_priority_class(priority_class))
+
+    def priority_classes(self) -> list[PriorityClass]:
+        return self._loop.run(self._async.priority_classes())
+
+    def priority_class(self, name: str) -> PriorityClass:
+        return self._loop.run(self._async.priority_class(name))
+
+    def delete_priority_class(self, name: str) -> None:
+        self._loop.run(self._async.delete_priority_class(name))
 
     def job(self, name: str) -> JobHandle:
         return JobHandle(self._async.job(name), self._loop)

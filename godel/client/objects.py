@@ -148,7 +148,61 @@ class Pod(Object):
         return str(self.spec.get("job", ""))
 
 
-_CLASSES: dict[str, type[Object]] = {"Job": Job, "Pod": Pod}
+class PriorityClass(Object):
+    """A priority class (Kubernetes' PriorityClass): what a job naming it
+    (``spec.priorityClassName``, ``job(..., priority_class_name=)``) is admitted with. Its
+    fields sit beside ``metadata``, as Kubernetes writes them; build one with
+    ``priority_class(...)`` or from a manifest."""
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any] | str | bytes) -> PriorityClass:
+        """A class from a manifest dict or a YAML text holding one PriorityClass document;
+        raises Invalid naming the field of any mistake."""
+        try:
+            if isinstance(manifest, str | bytes):
+                docs = load(manifest, "<manifest>")
+                if len(docs) != 1 or docs[0].kind != "PriorityClass":
+                    raise ManifestError(
+                        "expected exactly one PriorityClass document", source="<manifest>"
+                    )
+                obj = docs[0].obj
+            else:
+                parsed = parse_document(manifest, "<manifest>")
+                if parsed.kind != "PriorityClass":
+                    raise ManifestError(
+                        f"is {parsed.kind!r}, not 'PriorityClass'", "kind", "<manifest>"
+                    )
+                obj = parsed.obj
+        except ManifestError as exc:
+            raise invalid_manifest(exc) from None
+        return cls(to_manifest("PriorityClass", obj))
+
+    @property
+    def value(self) -> int:
+        return int(self.manifest.get("value", 0))
+
+    @property
+    def global_default(self) -> bool:
+        return bool(self.manifest.get("globalDefault", False))
+
+    @property
+    def description(self) -> str:
+        return str(self.manifest.get("description", ""))
+
+    @property
+    def preemption_policy(self) -> str:
+        """PreemptLowerPriority (also when unset) or Never."""
+        return str(self.manifest.get("preemptionPolicy") or "PreemptLowerPriority")
+
+    @property
+    def preemptible(self) -> bool | None:
+        """Whether its pods may be preempted when their job does not say; None: their queue's
+        ``preemptibleDefault`` decides."""
+        value = self.manifest.get("preemptible")
+        return None if value is None else bool(value)
+
+
+_CLASSES: dict[str, type[Object]] = {"Job": Job, "Pod": Pod, "PriorityClass": PriorityClass}
 
 
 def from_proto(kind: str, obj: Message) -> Object:
@@ -233,6 +287,7 @@ def job(
     preemptible: bool | None = None,
     replace_lost_pods: bool = False,
     schedule_timeout_seconds: int | None = None,
+    priority_class_name: str = "",
 ) -> Job:
     """A job from keywords: ``replicas`` pods with these requests, placed all together when
     ``min_member`` (default: ``replicas``, a gang) of them fit. Quantities are written as in a
@@ -240,7 +295,8 @@ def job(
     share ``gpu_milli`` (1..999) of one, of ``gpu_models`` (default: any). ``command`` runs on
     process-mode nodes; ``duration_ms`` is how long a pod runs on a hollow node (0: until
     deleted). ``schedule_timeout_seconds``: how long a gang may wait to be scheduled before it
-    is Timeout (default 300)."""
+    is Timeout (default 300). ``priority_class_name`` names a PriorityClass, which gives the
+    job its priority."""
     template: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
     if gpus:
         template["requests"]["gpus"] = gpus
@@ -264,6 +320,7 @@ def job(
         "priority": priority,
         "qos": qos,
         "replaceLostPods": replace_lost_pods,
+        "priorityClassName": priority_class_name,
     }
     spec.update((k, v) for k, v in optional.items() if v)
     if preemptible is not None:
@@ -276,3 +333,33 @@ def job(
     return Job.from_manifest(
         {"apiVersion": API_VERSION, "kind": "Job", "metadata": metadata, "spec": spec}
     )
+
+
+def priority_class(
+    name: str,
+    value: int,
+    *,
+    global_default: bool = False,
+    description: str = "",
+    preemption_policy: str = "",
+    preemptible: bool | None = None,
+) -> PriorityClass:
+    """A priority class from keywords: jobs naming it get priority ``value``; ``global_default``
+    makes it the class of jobs that name none and give no priority; ``preemption_policy``
+    (``"Never"`` or ``"PreemptLowerPriority"``) and ``preemptible`` apply to the jobs that do
+    not say theirs (``preemptible`` None: their queue's default)."""
+    manifest: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+    }
+    optional: dict[str, Any] = {
+        "globalDefault": global_default,
+        "description": description,
+        "preemptionPolicy": preemption_policy,
+    }
+    manifest.update((k, v) for k, v in optional.items() if v)
+    if preemptible is not None:
+        manifest["preemptible"] = preemptible
+    return PriorityClass.from_manifest(manifest)

@@ -34,6 +34,7 @@ class Object(_message.Message):
     MOVEMENT_FIELD_NUMBER: _builtins.int
     SCHEDULER_INSTANCE_FIELD_NUMBER: _builtins.int
     EVENT_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def job(self) -> _objects_pb2.Job: ...
     @_builtins.property
@@ -50,6 +51,8 @@ class Object(_message.Message):
     def scheduler_instance(self) -> _objects_pb2.SchedulerInstance: ...
     @_builtins.property
     def event(self) -> _objects_pb2.Event: ...
+    @_builtins.property
+    def priority_class(self) -> _objects_pb2.PriorityClass: ...
     def __init__(
         self,
         *,
@@ -61,12 +64,13 @@ class Object(_message.Message):
         movement: _objects_pb2.Movement | None = ...,
         scheduler_instance: _objects_pb2.SchedulerInstance | None = ...,
         event: _objects_pb2.Event | None = ...,
+        priority_class: _objects_pb2.PriorityClass | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "priority_class", b"priority_class", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "priority_class", b"priority_class", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["job", "pod", "node", "queue", "disruption_budget", "movement", "scheduler_instance", "event"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["job", "pod", "node", "queue", "disruption_budget", "movement", "scheduler_instance", "event", "priority_class"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -271,7 +275,9 @@ class GetRequest(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
-    """"Job", "Pod", "Node", "Queue", "DisruptionBudget", "Movement", "SchedulerInstance"."""
+    """"Job", "Pod", "Node", "Queue", "DisruptionBudget", "Movement", "SchedulerInstance",
+    "Event", "PriorityClass".
+    """
     name: _builtins.str
     def __init__(
         self,

@@ -939,6 +939,7 @@ class JobSpec(_message.Message):
     TTL_SECONDS_AFTER_FINISHED_FIELD_NUMBER: _builtins.int
     JOB_AFFINITY_FIELD_NUMBER: _builtins.int
     SCHEDULE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     replicas: _builtins.int
     min_member: _builtins.int
     """Gang semantics: at least this many pods are placed together or none. 1 behaves like a Deployment."""
@@ -970,6 +971,13 @@ class JobSpec(_message.Message):
     dispatched until it is restarted (`godel retry job/NAME`, or applying it again). Unset: 300
     (the original Gödel's default). Positive.
     """
+    priority_class_name: _builtins.str
+    """The PriorityClass the job's priority comes from. Resolved by the Dispatcher at admission,
+    as Kubernetes does: `priority` is set to the class's value (a raw priority that differs is
+    refused), `preemption_policy` to the class's when the job leaves it unspecified, and the
+    pods' `preemptible` to the class's when the job does not say. A job naming neither a class
+    nor a priority takes the globalDefault class, whose name is then stored here.
+    """
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
     @_builtins.property
@@ -995,10 +1003,11 @@ class JobSpec(_message.Message):
         ttl_seconds_after_finished: _builtins.int | None = ...,
         job_affinity: Global___JobAffinity | None = ...,
         schedule_timeout_seconds: _builtins.int | None = ...,
+        priority_class_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "preemptible", b"preemptible", "schedule_timeout_seconds", b"schedule_timeout_seconds", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "min_member", b"min_member", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "schedule_timeout_seconds", b"schedule_timeout_seconds", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "min_member", b"min_member", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "priority_class_name", b"priority_class_name", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "schedule_timeout_seconds", b"schedule_timeout_seconds", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backoff_limit: _TypeAlias = _typing.Literal["backoff_limit"]  # noqa: Y015
     _WhichOneofArgType__backoff_limit: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit"]  # noqa: Y015
@@ -1779,6 +1788,60 @@ class DisruptionBudget(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DisruptionBudget: _TypeAlias = DisruptionBudget  # noqa: Y015
+
+@_typing.final
+class PriorityClass(_message.Message):
+    """A priority class (Kubernetes' PriorityClass; cluster-scoped, the admin's to write, readable by
+    every tenant): a name jobs give in spec.priority_class_name instead of a raw priority. As
+    Kubernetes writes it, its fields sit beside metadata (there is no spec). `value`,
+    `preemption_policy` and `preemptible` are resolved into jobs at admission, so they are
+    immutable once stored; `global_default` and `description` may change.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METADATA_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    GLOBAL_DEFAULT_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PREEMPTION_POLICY_FIELD_NUMBER: _builtins.int
+    PREEMPTIBLE_FIELD_NUMBER: _builtins.int
+    value: _builtins.int
+    """The priority of the jobs of this class: within [-1000000000, 1000000000] (Kubernetes' range
+    for user classes).
+    """
+    global_default: _builtins.bool
+    """Jobs naming no class and no priority take this class. At most one class is the default."""
+    description: _builtins.str
+    preemption_policy: Global___PreemptionPolicy.ValueType
+    """The policy of the class's jobs that leave theirs unspecified (unspecified here too:
+    PREEMPT_LOWER_PRIORITY).
+    """
+    preemptible: _builtins.bool
+    """Whether the class's pods may be preempted, for jobs that do not say (JobSpec.preemptible).
+    Unset: the job's queue's preemptible_default.
+    """
+    @_builtins.property
+    def metadata(self) -> Global___ObjectMeta: ...
+    def __init__(
+        self,
+        *,
+        metadata: Global___ObjectMeta | None = ...,
+        value: _builtins.int = ...,
+        global_default: _builtins.bool = ...,
+        description: _builtins.str = ...,
+        preemption_policy: Global___PreemptionPolicy.ValueType = ...,
+        preemptible: _builtins.bool | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_preemptible", b"_preemptible", "metadata", b"metadata", "preemptible", b"preemptible"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_preemptible", b"_preemptible", "description", b"description", "global_default", b"global_default", "metadata", b"metadata", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__preemptible: _TypeAlias = _typing.Literal["preemptible"]  # noqa: Y015
+    _WhichOneofArgType__preemptible: _TypeAlias = _typing.Literal["_preemptible", b"_preemptible"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__preemptible) -> _WhichOneofReturnType__preemptible | None: ...
+
+Global___PriorityClass: _TypeAlias = PriorityClass  # noqa: Y015
 
 @_typing.final
 class TaskRef(_message.Message):

@@ -1,11 +1,13 @@
-"""Apply (Node, Queue, DisruptionBudget; a Job's labels, annotations, failure policy and schedule
-timeout; a timed-out gang applied again is restarted, as RetryJob does): every
-valid object in one atomic commit, each reported ``created`` / ``configured`` / ``unchanged`` /
-``invalid``. With ``metadata.resource_version`` set it is a compare-and-set (a mismatch is
-ABORTED, nothing written); without, a concurrent write is merged again (``_CAS_RETRIES``). A job
-not stored yet goes through Submit. A tenant applies only Jobs, into its queues, and over stored
-jobs only its own (``services.tenancy``); one object it may not apply refuses the whole request
-(PERMISSION_DENIED)."""
+"""Apply (Node, Queue, DisruptionBudget, PriorityClass; a Job's labels, annotations, failure
+policy and schedule timeout; a timed-out gang applied again is restarted, as RetryJob does):
+every valid object in one atomic commit, each reported ``created`` / ``configured`` /
+``unchanged`` / ``invalid``. With ``metadata.resource_version`` set it is a compare-and-set (a
+mismatch is ABORTED, nothing written); without, a concurrent write is merged again
+(``_CAS_RETRIES``). A job not stored yet goes through Submit. A tenant applies only Jobs, into its
+queues, and over stored jobs only its own (``services.tenancy``); one object it may not apply
+refuses the whole request (PERMISSION_DENIED). A priority class may change only its globalDefault,
+description, labels and annotations, and at most one class is the globalDefault
+(``services/dispatcher/priorityclasses.py``)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from google.protobuf.message import Message
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
+from services.dispatcher import priorityclasses
 from services.dispatcher.api import validation as v
 from services.dispatcher.api.rpc import Aborted, Refused, abort, store_violation
 from services.dispatcher.api.submit import SubmitRpc
@@ -104,6 +107,7 @@ class ApplyRpc:
             for (kind, _), stored in current.items():
                 if stored is not None:
                     _refuse_if(tenancy.apply_over_refusal(identity, kind, stored))
+        checked = await self._refuse_class_conflicts(checked, current, results)
         ops, targets, new_jobs = _plan(checked, current, results)
         if ops and not request.dry_run:
             try:
@@ -149,6 +153,54 @@ class ApplyRpc:
             else:
                 kept.append((i, kind, obj))
         return kept
+
+    async def _refuse_class_conflicts(
+        self,
+        checked: list[Checked],
+        current: dict[tuple[str, str], Message | None],
+        results: list[api_pb2.ApplyResult],
+    ) -> list[Checked]:
+        """Priority classes that would change what their jobs were admitted with (value,
+        policy, preemptibility), or be a second globalDefault (with the stored classes and this
+        request's), are invalid; the rest of the request stands."""
+        applied = [(i, o) for i, _, o in checked if isinstance(o, pb.PriorityClass)]
+        if not applied:
+            return checked
+        defaults: dict[str, str] = {}  # globalDefault class -> where it is
+        if any(o.global_default for _, o in applied):
+            stored, _ = await self.store.list_all(pb.PriorityClass)
+            defaults = {c.metadata.name: "" for c in stored if c.global_default}
+        refused: set[int] = set()
+        for i, obj in applied:
+            name, field = obj.metadata.name, f"objects[{i}].priority_class"
+            existing = current.get(("PriorityClass", name))
+            if isinstance(existing, pb.PriorityClass):
+                for changed in priorityclasses.immutable_changes(existing, obj):
+                    refused.add(i)
+                    results[i].violations.append(
+                        v.violation(
+                            f"{field}.{changed}",
+                            "is immutable: its jobs were admitted with it; delete the class "
+                            "(once no job names it) and apply it again to change it",
+                        )
+                    )
+            others = [n for n in defaults if n != name]
+            if obj.global_default and others:
+                refused.add(i)
+                results[i].violations.append(
+                    v.violation(
+                        f"{field}.global_default",
+                        f"priority class {others[0]!r}{defaults[others[0]]} is already the "
+                        "globalDefault: at most one class is",
+                    )
+                )
+            elif obj.global_default:
+                defaults[name] = f" (objects[{i}] of this request)"
+            else:
+                defaults.pop(name, None)  # this request takes it back
+        for i in refused:
+            results[i].action = "invalid"
+        return [c for c in checked if c[0] not in refused]
 
     async def _create_jobs(
         self,
@@ -305,6 +357,8 @@ def _validate_applied(kind: str, obj: Message, prefix: str) -> v.Violations:
         return v.validate_node(obj, prefix)
     if isinstance(obj, pb.Queue):
         return v.validate_queue(obj, prefix)
+    if isinstance(obj, pb.PriorityClass):
+        return v.validate_priority_class(obj, prefix)
     assert isinstance(obj, pb.DisruptionBudget)
     return v.validate_budget(obj, prefix)
 
@@ -331,6 +385,13 @@ def _merge(kind: str, existing: Message, applied: Message) -> Message:
     meta.labels.update(src.labels)
     meta.annotations.clear()
     meta.annotations.update(src.annotations)
+    if isinstance(new, pb.PriorityClass):  # its fields sit beside its metadata: no spec
+        assert isinstance(applied, pb.PriorityClass)
+        kept = pb.ObjectMeta()
+        kept.CopyFrom(meta)
+        new.CopyFrom(applied)
+        new.metadata.CopyFrom(kept)
+        return new
     if applied.HasField("spec"):
         _spec_of(new).CopyFrom(_spec_of(applied))
     else:
@@ -356,6 +417,8 @@ def _job_update(stored: pb.Job, applied: pb.Job) -> tuple[pb.Job, list[tuple[str
     """The stored job with what ``applied`` may change (labels, annotations, MUTABLE_JOB_SPEC),
     and each field it would change that may not: (path, why)."""
     wanted = normalise_job(applied)
+    # What admission resolved from the job's priority class, where the manifest leaves it out.
+    priorityclasses.as_admitted(wanted.spec, stored.spec)
     new = pb.Job()
     new.CopyFrom(stored)
     meta = new.metadata

@@ -7,6 +7,7 @@ pods); a tenant's Submits take turns."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -16,6 +17,7 @@ from placement.quotas import DEFAULT_QUEUE
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
+from services.dispatcher import priorityclasses
 from services.dispatcher.api import validation as v
 from services.dispatcher.api.admission import (
     AdmissionLimits,
@@ -28,6 +30,7 @@ from services.dispatcher.controllers.creation import PodCreator, first_commit
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.dispatcher.objects import pods_complete
+from services.dispatcher.priorityclasses import PriorityClasses
 from services.runtime.auth import caller
 from store import AlreadyExistsError, CommitError, Store, StoreError, StoreUnavailableError
 
@@ -89,7 +92,7 @@ class SubmitRpc:
         if not jobs:
             return api_pb2.SubmitResponse()
         names = [j.metadata.name for j in jobs]
-        problems, replayed, queue_objects = await self._judge(request, jobs, names)
+        problems, replayed, queue_objects, classes = await self._judge(request, jobs, names)
         results = [
             api_pb2.SubmitResult(job=n, violations=p) for n, p in zip(names, problems, strict=True)
         ]
@@ -107,7 +110,12 @@ class SubmitRpc:
             unit.metadata.owner = owner  # never what the request said
             if request.request_id:
                 unit.metadata.annotations[REQUEST_ID_ANNOTATION] = request.request_id
-        preemptible = {i: _preemptible_default(units[i], queue_objects) for i in valid}
+        preemptible: dict[int, bool] = {}
+        for i, unit in units.items():
+            klass = classes.class_for(unit.spec)
+            priorityclasses.resolve(unit, klass)
+            queue = queue_objects.get(unit.spec.queue)
+            preemptible[i] = priorityclasses.pod_preemptible(unit.spec, klass, queue)
         outcomes = await self._store_jobs(units, preemptible, valid)
         raced: list[int] = []
         for i, outcome in zip(valid, outcomes, strict=True):
@@ -137,13 +145,19 @@ class SubmitRpc:
 
     async def _judge(
         self, request: api_pb2.SubmitRequest, jobs: list[pb.Job], names: list[str]
-    ) -> tuple[list[v.Violations], dict[int, pb.Job], dict[str, pb.Queue]]:
+    ) -> tuple[list[v.Violations], dict[int, pb.Job], dict[str, pb.Queue], PriorityClasses]:
         """Each job's violations (none for a job a retry of this request finds stored), the
-        jobs found so, and the stored queues the jobs name."""
+        jobs found so, the stored queues the jobs name, and the priority classes."""
         # The default queue need not exist as an object; it is read too for its defaults.
         queues = sorted({j.spec.queue or DEFAULT_QUEUE for j in jobs})
-        existing = await self.store.get_many(pb.Job, names)
-        found_queues = await self.store.get_many(pb.Queue, queues)
+        # The three reads at once: one round trip's wait on the Submit path, not three. The
+        # classes from the store, not the informer: a class applied a moment ago is there.
+        existing, found_queues, (stored_classes, _) = await asyncio.gather(
+            self.store.get_many(pb.Job, names),
+            self.store.get_many(pb.Queue, queues),
+            self.store.list_all(pb.PriorityClass),
+        )
+        classes = PriorityClasses.of(stored_classes)
         queue_objects = {
             q: obj for q, obj in zip(queues, found_queues, strict=True) if isinstance(obj, pb.Queue)
         }
@@ -167,12 +181,13 @@ class SubmitRpc:
             queue_limits={q: self._limits(queue_objects.get(q), max_replicas) for q in queues},
             pending_pods=self.core.queue.pending_pods(),
             tenant_limit=self._tenant_limit(_owner()),
+            priority_classes=classes,
         )
         problems = v.validate_submission(jobs, ctx)
         for i in replayed:
             # Validated when first stored; the cluster may have changed since, the job has not.
             problems[i] = []
-        return problems, replayed, queue_objects
+        return problems, replayed, queue_objects, classes
 
     async def _store_jobs(
         self, units: dict[int, pb.Job], preemptible: dict[int, bool], valid: list[int]
@@ -246,12 +261,12 @@ def _is_replay(request_id: str, submitted: pb.Job, stored: pb.Job) -> bool:
     return (
         bool(request_id)
         and stored.metadata.annotations.get(REQUEST_ID_ANNOTATION) == request_id
-        and stored.spec == normalise_job(submitted).spec
+        and _admitted(submitted, stored) == stored.spec
     )
 
 
-def _preemptible_default(job: pb.Job, queues: dict[str, pb.Queue]) -> bool:
-    """What the job's pods' ``preemptible`` defaults to: its queue's ``preemptible_default`` (a
-    queue that is not stored, e.g. "default" before anyone applied it, defaults to false)."""
-    queue = queues.get(job.spec.queue)
-    return queue is not None and queue.spec.preemptible_default
+def _admitted(submitted: pb.Job, stored: pb.Job) -> pb.JobSpec:
+    """The spec ``submitted`` was stored with, if ``stored`` is it: its class resolved as it was."""
+    spec = normalise_job(submitted).spec
+    priorityclasses.as_admitted(spec, stored.spec)
+    return spec

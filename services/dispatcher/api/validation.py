@@ -17,6 +17,7 @@ from placement.quotas import DEFAULT_QUEUE
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.objects import NodeShape
+from services.dispatcher.priorityclasses import PriorityClasses
 
 # A DNS-1123 label: every pod name `<job>-<index>` must be one too. Matched whole (fullmatch):
 # a '$' would let a trailing newline through.
@@ -25,6 +26,8 @@ MAX_LABEL_LENGTH = 63
 # Kubernetes' range for user priorities (system classes sit above it).
 MIN_PRIORITY = -1_000_000_000
 MAX_PRIORITY = 1_000_000_000
+# A priority class's description: a sentence or a paragraph, not a document.
+MAX_DESCRIPTION_LENGTH = 1024
 
 Violations = list[api_pb2.FieldViolation]
 
@@ -80,6 +83,8 @@ class SubmitContext:
     pending_pods: Mapping[str, int] = field(default_factory=dict)
     # A tenant caller's live pods and their limit; None for the admin (no such limit).
     tenant_limit: TenantLimit | None = None
+    # The stored priority classes (a job's spec.priority_class_name must name one).
+    priority_classes: PriorityClasses = field(default_factory=lambda: PriorityClasses({}))
 
 
 def validate_label_name(name: str, field: str, *, max_length: int = MAX_LABEL_LENGTH) -> Violations:
@@ -266,6 +271,7 @@ def _validate_spec(spec: pb.JobSpec, s: str, ctx: SubmitContext) -> Violations:
         )
     if spec.qos not in _QOS_VALUES:
         out.append(violation(f"{s}.qos", f"unknown QoS value {spec.qos}"))
+    out += _validate_priority_class_name(spec, s, ctx.priority_classes)
     out += _validate_preemption(spec, s)
     out += _validate_job_affinity(spec.job_affinity, f"{s}.job_affinity")
     queue = spec.queue or DEFAULT_QUEUE
@@ -284,6 +290,30 @@ def _validate_spec(spec: pb.JobSpec, s: str, ctx: SubmitContext) -> Violations:
     if not any(v.field.startswith(f"{s}.template.requests") for v in out):
         out += _check_some_node_fits(spec, f"{s}.template.requests", ctx)
     return out
+
+
+def _validate_priority_class_name(spec: pb.JobSpec, s: str, classes: PriorityClasses) -> Violations:
+    """A named class must exist; a raw priority beside it must be its value (Kubernetes' rule:
+    the priority comes from the class)."""
+    name = spec.priority_class_name
+    if not name:
+        return []
+    found = validate_label_name(name, f"{s}.priority_class_name")
+    if found:
+        return found
+    klass = classes.by_name.get(name)
+    if klass is None:
+        return [violation(f"{s}.priority_class_name", f"priority class {name!r} does not exist")]
+    if spec.priority and spec.priority != klass.value:
+        return [
+            violation(
+                f"{s}.priority",
+                f"{spec.priority} differs from the value of priority class {name!r} "
+                f"({klass.value}) named by {s}.priority_class_name: the class gives the job its "
+                "priority; leave priority out or give the class's value",
+            )
+        ]
+    return []
 
 
 def _validate_job_affinity(a: pb.JobAffinity, prefix: str) -> Violations:
@@ -563,7 +593,7 @@ def _validate_pod_term(term: pb.PodAffinityTerm, prefix: str) -> Violations:
 
 
 # ---------------------------------------------------------------------------------------------
-# Applied objects: nodes, queues, disruption budgets
+# Applied objects: nodes, queues, disruption budgets, priority classes
 # ---------------------------------------------------------------------------------------------
 
 
@@ -647,6 +677,35 @@ def validate_node(n: pb.Node, prefix: str) -> Violations:
             )
         elif taint.effect not in _TAINT_EFFECTS:
             out.append(violation(f"{f}.effect", f"unknown taint effect {taint.effect}"))
+    return out
+
+
+def validate_priority_class(c: pb.PriorityClass, prefix: str) -> Violations:
+    """A priority class on its own (one globalDefault among the stored ones, and what may not
+    change of a stored one, are judged by Apply against them)."""
+    out = validate_label_name(c.metadata.name, f"{prefix}.metadata.name")
+    out += validate_labels(c.metadata.labels, f"{prefix}.metadata.labels")
+    if not MIN_PRIORITY <= c.value <= MAX_PRIORITY:
+        out.append(
+            violation(
+                f"{prefix}.value",
+                f"must be within [{MIN_PRIORITY}, {MAX_PRIORITY}] (got {c.value}): "
+                "higher values are reserved for the system, as in Kubernetes",
+            )
+        )
+    if c.preemption_policy not in _PREEMPTION_POLICIES:
+        out.append(
+            violation(
+                f"{prefix}.preemption_policy", f"unknown preemption policy {c.preemption_policy}"
+            )
+        )
+    if len(c.description) > MAX_DESCRIPTION_LENGTH:
+        out.append(
+            violation(
+                f"{prefix}.description",
+                f"must be at most {MAX_DESCRIPTION_LENGTH} characters (got {len(c.description)})",
+            )
+        )
     return out
 
 

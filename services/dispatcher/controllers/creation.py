@@ -27,6 +27,7 @@ from services.dispatcher.objects import (
     pods_complete,
     pods_created,
 )
+from services.dispatcher.priorityclasses import pod_preemptible
 from store import CommitError, ConflictError, NotFoundError, Store
 from store.client import MAX_OPS_PER_CALL, Create, Op, Update
 
@@ -39,13 +40,13 @@ log = structlog.get_logger(__name__)
 CHUNK_OPS = MAX_OPS_PER_CALL + 1
 
 
-def first_commit(job: pb.Job, preemptible_default: bool, chunk_ops: int = CHUNK_OPS) -> list[Op]:
+def first_commit(job: pb.Job, preemptible: bool, chunk_ops: int = CHUNK_OPS) -> list[Op]:
     """The ops of a new job's first commit: the job and its pods if they fit in one chunk, else
     the job marked unfinished with as many pods as fit (``job`` is marked in place)."""
     first = min(job.spec.replicas, chunk_ops - 1)
     if first < job.spec.replicas:
         job.metadata.annotations[PODS_CREATED_ANNOTATION] = str(first)
-    return [Create(job), *(Create(p) for p in pods_for(job, preemptible_default, 0, first))]
+    return [Create(job), *(Create(p) for p in pods_for(job, preemptible, 0, first))]
 
 
 class PodCreator:
@@ -57,7 +58,7 @@ class PodCreator:
         self.chunk_ops = max(2, chunk_ops)
         self.active: set[str] = set()
 
-    async def finish(self, job: pb.Job, preemptible_default: bool) -> int:
+    async def finish(self, job: pb.Job, preemptible: bool) -> int:
         """Create the rest of the pods of ``job`` (as stored: its ``resource_version`` current),
         chunk by chunk; each commit is an await, so the event loop serves heartbeats, streams
         and other requests in between. Returns how many pods it created; stops early if the job
@@ -76,7 +77,7 @@ class PodCreator:
                     del advanced.metadata.annotations[PODS_CREATED_ANNOTATION]
                 else:
                     advanced.metadata.annotations[PODS_CREATED_ANNOTATION] = str(stop)
-                pods = pods_for(job, preemptible_default, done, stop)
+                pods = pods_for(job, preemptible, done, stop)
                 try:
                     await self.store.commit([Update(advanced), *(Create(p) for p in pods)])
                 except CommitError as exc:
@@ -98,7 +99,7 @@ class PodCreator:
 
     async def resume(self, name: str) -> int:
         """Finish a job a stopped dispatcher left unfinished, from the store's copy; its pods
-        keep what its first pod was created with (``preemptible`` as its queue said then).
+        keep what its first pod was created with (``preemptible`` as resolved then).
         Returns how many pods it created (0: nothing was left to do)."""
         if name in self.active:
             return 0
@@ -106,5 +107,9 @@ class PodCreator:
         if job is None or pods_complete(job) or being_deleted(job):
             return 0
         first = (await self.store.get_many(pb.Pod, [f"{name}-0"]))[0]
-        preemptible = first is not None and first.spec.preemptible
+        # Without a first pod (deleted since), what the job itself says: its class and queue
+        # are not read again (they may have changed since).
+        preemptible = (
+            first.spec.preemptible if first is not None else pod_preemptible(job.spec, None, None)
+        )
         return await self.finish(job, preemptible)

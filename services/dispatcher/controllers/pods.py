@@ -10,18 +10,18 @@ from services.dispatcher.objects import PODS_CREATED_ANNOTATION
 
 
 def pods_for(
-    job: pb.Job, preemptible_default: bool = False, start: int = 0, stop: int | None = None
+    job: pb.Job, preemptible: bool = False, start: int = 0, stop: int | None = None
 ) -> list[pb.Pod]:
     """The pods of a (valid) job, as services/README.md specifies: `<job>-<index>`, pending, the
     spec copied from the job; those of indexes ``start`` to ``stop`` (default: all), so a big
     job's pods are built a chunk at a time rather than all at once on the event loop.
 
-    ``preemptible_default`` is the job's queue's ``spec.preemptible_default``: it applies when the
-    job does not say. It is resolved here, once, so a pod (and the replacements copied from it)
-    keeps what it was created with even if the queue's default changes later.
+    ``preemptible``: whether they may be preempted, resolved once at Submit from the job, its
+    priority class and its queue (``priorityclasses.pod_preemptible``), so a pod (and the
+    replacements copied from it) keeps what it was created with even if the class or the
+    queue's default changes later.
     """
     spec = job.spec
-    preemptible = spec.preemptible if spec.HasField("preemptible") else preemptible_default
     # One prototype copied per pod: a copy of one message is several times cheaper than setting
     # every field again (100,000 pods took seconds of the dispatcher's event loop).
     proto = pb.Pod()
