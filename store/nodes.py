@@ -89,10 +89,19 @@ class NodeHeartbeats(StoreConnection):
         with translate_errors():
             await self._redis.hset(self.keys.node_loads, mapping=mapping)
 
-    async def node_loads(self) -> dict[str, pb.NodeLoad]:
-        """Every node's last reported load, in one round trip."""
-        raw: Any = await read_with_retry(lambda: self._redis.hgetall(self.keys.node_loads))
-        return {name.decode(): pb.NodeLoad.FromString(value) for name, value in raw.items()}
+    async def node_loads(self, nodes: Sequence[str] = ()) -> dict[str, pb.NodeLoad]:
+        """The last reported load of the named nodes (none named: of every node), in one round
+        trip; a node without a report is left out."""
+        if not nodes:
+            raw: Any = await read_with_retry(lambda: self._redis.hgetall(self.keys.node_loads))
+            return {name.decode(): pb.NodeLoad.FromString(value) for name, value in raw.items()}
+        names = list(nodes)
+        values: Any = await read_with_retry(lambda: self._redis.hmget(self.keys.node_loads, names))
+        return {
+            name: pb.NodeLoad.FromString(value)
+            for name, value in zip(names, values, strict=True)
+            if value is not None
+        }
 
     async def _heartbeat(self, args: list[str]) -> Any:
         with translate_errors(), HEARTBEAT_ROUND_TRIP.time():
