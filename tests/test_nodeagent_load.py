@@ -248,3 +248,24 @@ async def test_agent_reports_its_nodes_load(store: Store, store_url: str, tmp_pa
         revision = await store.revision()
         await asyncio.sleep(3 * cfg.heartbeat_seconds)
         assert await store.revision() == revision
+
+
+@pytest.mark.parametrize(
+    ("hot_percent", "expected"),
+    [
+        pytest.param(150, {"a": 3000, "b": 1000}, id="hot-node-pods-use-the-hot-percent"),
+        pytest.param(300, {"a": 4000, "b": 1000}, id="never-above-the-allocatable"),
+    ],
+)
+async def test_hot_hollow_nodes(store: Store, hot_percent: int, expected: dict[str, int]) -> None:
+    nodes = {"a": _node("a", 4000), "b": _node("b", 4000)}
+    reporter = LoadReporter(
+        store,
+        nodes,
+        UsageCurve.parse("0=50"),
+        LoadSettings(hot_nodes=frozenset({"a"}), hot_percent=hot_percent),
+        lambda: MachineLoad(1),
+    )
+    reporter.usage.on_pod(_pod("p", "a", 2000))
+    reporter.usage.on_pod(_pod("q", "b", 2000))
+    assert {n: load.milli_cpu for n, load in reporter.measure(0.0).items()} == expected

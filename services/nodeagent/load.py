@@ -8,7 +8,11 @@ reported beside the heartbeats for the rescheduler's LoadBalance (and `godel get
   ``/sys/class/net/*/speed``, else the agent's ``--network-bandwidth-bytes-per-second``.
 - **hollow** node: from its pods' usage model. A pod uses its requests × its template's
   ``hollow_usage_percent`` when set, else guaranteed pods follow the agent's usage curve
-  (``--tidal-usage-curve``; none: 100 %) and best-effort pods use all they requested. Network
+  (``--tidal-usage-curve``; none: 100 %) and best-effort pods use all they requested. The
+  agent's first ``--hollow-hot-nodes`` nodes are hot machines: there the guaranteed pods use
+  ``--hollow-hot-percent`` of their requests instead of the curve's percent (a noisy
+  neighbour, a slow disk: the pods on them work harder for the same job). CPU and memory never
+  exceed the node's allocatable (a machine is busy at most all of the time). Network
   follows CPU: ``bandwidth × CPU used ÷ CPU allocatable × the node's network percent``, a
   percent drawn per node, deterministically from its name, within
   ``--hollow-network-percent-min .. -max`` (so two nodes with the same CPU load differ in network
@@ -224,6 +228,9 @@ class LoadSettings:
     network_bandwidth: int = DEFAULT_NETWORK_BANDWIDTH
     hollow_network_percent_min: int = 50
     hollow_network_percent_max: int = 100
+    # Hot hollow nodes, and the percent of their requests their guaranteed pods use there.
+    hot_nodes: frozenset[str] = frozenset()
+    hot_percent: int = 100
 
 
 def moved(old: pb.NodeLoad, new: pb.NodeLoad, allocatable: pb.Resources) -> bool:
@@ -276,8 +283,11 @@ class LoadReporter:
                     self._machine = self._machine_factory()
                 out[name] = self._machine.measure(now_ms)
                 continue
-            cpu, mem = self.usage.used(name, percent)
+            own = s.hot_percent if name in s.hot_nodes else percent
+            cpu, mem = self.usage.used(name, own)
             alloc = node.status.allocatable.milli_cpu
+            cpu = min(cpu, alloc)
+            mem = min(mem, node.status.allocatable.memory_bytes)
             net_pct = network_percent(
                 name, s.hollow_network_percent_min, s.hollow_network_percent_max
             )

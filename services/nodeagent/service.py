@@ -216,6 +216,22 @@ class NodeAgentConfig(ServiceConfig):
         default=100,
         metadata=option("a hollow node's network load as a percent of its CPU load: the most"),
     )
+    hollow_hot_nodes: int = field(
+        default=0,
+        metadata=option(
+            "the first N hollow nodes are hot machines: their online pods use "
+            "hollow_hot_percent of their requests, whatever the usage curve says",
+            minimum=0,
+        ),
+    )
+    hollow_hot_percent: int = field(
+        default=100,
+        metadata=option(
+            "what online pods use on a hot hollow node, percent of their requests",
+            minimum=0,
+            maximum=1000,
+        ),
+    )
 
     tidal: bool = field(
         default=False,
@@ -477,6 +493,8 @@ class NodeAgentService(Service[NodeAgentConfig]):
             if cfg.tidal_usage_curve
             else None
         )
+        prefix = dns_name(self._node_names()[0])
+        hot = [f"{prefix}-{i}" for i in range(min(cfg.hollow_hot_nodes, cfg.hollow_nodes))]
         return LoadReporter(
             self.store,
             self.nodes.desired,
@@ -485,6 +503,8 @@ class NodeAgentService(Service[NodeAgentConfig]):
                 network_bandwidth=cfg.network_bandwidth_bytes_per_second,
                 hollow_network_percent_min=cfg.hollow_network_percent_min,
                 hollow_network_percent_max=cfg.hollow_network_percent_max,
+                hot_nodes=frozenset(hot),
+                hot_percent=cfg.hollow_hot_percent,
             ),
             lambda: MachineLoad(cfg.network_bandwidth_bytes_per_second),
         )
