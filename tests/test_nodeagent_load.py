@@ -23,7 +23,7 @@ from services.nodeagent.load import (
     parse_net_dev,
 )
 from services.nodeagent.service import NodeAgentConfig, NodeAgentService
-from services.nodeagent.tidal import UsageCurve
+from services.nodeagent.tidal import Usage, UsageCurve
 from services.runtime import ConfigError, ServiceHost, load_config
 from store import Store
 from tests import factories as f
@@ -115,9 +115,11 @@ def test_link_speed_sums_interfaces_that_report_one(tmp_path: Path) -> None:
 
 
 def test_machine_load_falls_back_to_the_configured_bandwidth_without_link_speeds() -> None:
-    load = MachineLoad(123_456).measure(1)
+    load = MachineLoad(123_456).measure(1, Usage(500, 1000))
     assert load.network_capacity_bytes_per_second in (123_456, link_speed())
     assert load.milli_cpu >= 0 and load.memory_bytes > 0 and load.measured_ms == 1
+    # What its pods use, measured apart from the machine's whole load.
+    assert (load.pods_milli_cpu, load.pods_memory_bytes) == (500, 1000)
 
 
 def test_network_percent_is_fixed_per_node_and_within_range() -> None:
@@ -199,6 +201,7 @@ async def test_reporter_writes_loads_that_moved(store: Store) -> None:
     loads = await store.node_loads()
     # Half of a's CPU in use: half its bandwidth (its network percent is 100).
     assert (loads["a"].milli_cpu, loads["a"].network_bytes_per_second) == (2000, 500_000)
+    assert loads["a"].pods_milli_cpu == 2000  # a hollow node runs nothing but its pods
     assert loads["a"].network_capacity_bytes_per_second == 1_000_000
     assert (loads["b"].milli_cpu, loads["b"].measured_ms) == (0, 1_000_000)
     # Nothing moved: nothing written; a pod on b moves b only.
@@ -269,3 +272,31 @@ async def test_hot_hollow_nodes(store: Store, hot_percent: int, expected: dict[s
     reporter.usage.on_pod(_pod("p", "a", 2000))
     reporter.usage.on_pod(_pod("q", "b", 2000))
     assert {n: load.milli_cpu for n, load in reporter.measure(0.0).items()} == expected
+
+
+async def test_process_node_reports_the_machines_load(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    """The process node's load comes from the OS: the machine's memory in use, its network
+    (from /proc/net/dev) over its link speed or the configured bandwidth, and what its pods use
+    apart (none here)."""
+    cfg = agent_config(
+        store_url,
+        store.cluster,
+        tmp_path,
+        hollow_nodes=0,
+        process_node=True,
+        network_bandwidth_bytes_per_second=777_000,
+    )
+    async with ServiceHost(NodeAgentService, cfg):
+        [node] = (await store.list_all(pb.Node))[0]
+        name = node.metadata.name
+
+        async def reported() -> bool:
+            return name in await store.node_loads()
+
+        await eventually(reported, what="the process node's load")
+        load = (await store.node_loads())[name]
+        assert load.memory_bytes > 0
+        assert load.network_capacity_bytes_per_second in (777_000, link_speed())
+        assert load.HasField("pods_milli_cpu") and load.pods_milli_cpu == 0

@@ -453,13 +453,19 @@ LOADBALANCE_CASES = [
 NET = 1_000_000_000  # every measured node's bandwidth below, bytes/s
 
 
-def measured(cpu_percent: int, network_percent: int = 0) -> pb.NodeLoad:
-    """A node's measured load: percents of the 10-CPU nodes' CPU and of NET."""
-    return pb.NodeLoad(
+def measured(
+    cpu_percent: int, network_percent: int = 0, pods_cpu_percent: int | None = None
+) -> pb.NodeLoad:
+    """A node's measured load: percents of the 10-CPU nodes' CPU and of NET; what its pods use
+    of the CPU when the agent measures them apart (a process node)."""
+    load = pb.NodeLoad(
         milli_cpu=CPU * cpu_percent // 100,
         network_bytes_per_second=NET * network_percent // 100,
         network_capacity_bytes_per_second=NET,
     )
+    if pods_cpu_percent is not None:
+        load.pods_milli_cpu = CPU * pods_cpu_percent // 100
+    return load
 
 
 MEASURED_CASES = [
@@ -568,6 +574,30 @@ MEASURED_CASES = [
             loads={"hot": measured(40, 95), "cool": measured(0, 0)},
         ),
         id="network-watermarks-are-the-args",
+    ),
+    pytest.param(
+        Case(
+            [mknode("proc"), mknode("cool")],
+            [mkpod("a", "proc", cpu=1_000), mkpod("b", "proc", cpu=1_000)],
+            BALANCE,
+            detected=["proc"],
+            # The machine is at 95 %, its pods use 10 % of it: moving both would leave 85 %.
+            moves=[],
+            loads={"proc": measured(95, 0, 10), "cool": measured(0)},
+        ),
+        id="pods-that-do-not-cause-the-load-stay",
+    ),
+    pytest.param(
+        Case(
+            [mknode("proc"), mknode("cool")],
+            [mkpod("a", "proc", cpu=1_000), mkpod("b", "proc", cpu=1_000)],
+            BALANCE,
+            detected=["proc"],
+            # Its pods use 40 % of the 90 %: each 20 %; one leaving brings it to 70 %.
+            moves=[("a", "proc", "cool")],
+            loads={"proc": measured(90, 0, 40), "cool": measured(0)},
+        ),
+        id="pods-measured-apart-from-the-machine",
     ),
 ]
 

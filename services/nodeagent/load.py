@@ -5,7 +5,10 @@ reported beside the heartbeats for the rescheduler's LoadBalance (and `godel get
   since the last report (psutil), memory what is in use (total − available), network the bytes
   received plus sent on every interface but loopback, from ``/proc/net/dev`` deltas over the
   same time. Bandwidth: the summed link speed of the interfaces that report one in
-  ``/sys/class/net/*/speed``, else the agent's ``--network-bandwidth-bytes-per-second``.
+  ``/sys/class/net/*/speed``, else the agent's ``--network-bandwidth-bytes-per-second``. What
+  its pods use (``pods_milli_cpu``, ``pods_memory_bytes``: what moving them can take away; the
+  machine runs more than pods) is measured on their process trees, as the tidal loop measures
+  them (``tidal.ProcessUsage``; a pod without a process counts by the hollow model).
 - **hollow** node: from its pods' usage model. A pod uses its requests × its template's
   ``hollow_usage_percent`` when set, else guaranteed pods follow the agent's usage curve
   (``--tidal-usage-curve``; none: 100 %) and best-effort pods use all they requested. The
@@ -37,7 +40,7 @@ from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
 from services.nodeagent.nodes import PROCESS
-from services.nodeagent.tidal import UsageCurve, gives_way
+from services.nodeagent.tidal import Usage, UsageCurve, gives_way
 from store import Store
 from store.informer import Handlers
 
@@ -123,7 +126,8 @@ class MachineLoad:
         self.cpus = psutil.cpu_count() or 1
         psutil.cpu_percent(None)  # starts the interval the first report measures over
 
-    def measure(self, now_ms: int) -> pb.NodeLoad:
+    def measure(self, now_ms: int, pods: Usage) -> pb.NodeLoad:
+        """The machine's load now; ``pods``: what its pods use of it, measured."""
         memory = psutil.virtual_memory()
         try:
             network = self.net.rate()
@@ -135,6 +139,8 @@ class MachineLoad:
             network_bytes_per_second=network,
             network_capacity_bytes_per_second=self.bandwidth,
             measured_ms=now_ms,
+            pods_milli_cpu=pods.milli_cpu,
+            pods_memory_bytes=pods.memory_bytes,
         )
 
 
@@ -259,6 +265,7 @@ class LoadReporter:
         curve: UsageCurve | None,
         settings: LoadSettings,
         machine: Callable[[], MachineLoad],
+        process_pods: Callable[[str, float], Usage] = lambda _node, _percent: Usage(),
     ) -> None:
         self.store = store
         self.nodes = nodes  # as registered: their mode and allocatable
@@ -266,6 +273,8 @@ class LoadReporter:
         self.settings = settings
         self.usage = HollowUsage()
         self._machine_factory = machine
+        # What the pods of a process node use (node, the curve's percent for simulated ones).
+        self.process_pods = process_pods
         self._machine: MachineLoad | None = None
         self.reported: dict[str, pb.NodeLoad] = {}  # last written per node
         self.writes = 0  # nodes written, for tests and metrics
@@ -281,7 +290,7 @@ class LoadReporter:
             if node.spec.mode == PROCESS:
                 if self._machine is None:
                     self._machine = self._machine_factory()
-                out[name] = self._machine.measure(now_ms)
+                out[name] = self._machine.measure(now_ms, self.process_pods(name, percent))
                 continue
             own = s.hot_percent if name in s.hot_nodes else percent
             cpu, mem = self.usage.used(name, own)
@@ -298,6 +307,8 @@ class LoadReporter:
                 network_bytes_per_second=min(network, s.network_bandwidth),
                 network_capacity_bytes_per_second=s.network_bandwidth,
                 measured_ms=now_ms,
+                pods_milli_cpu=cpu,
+                pods_memory_bytes=mem,
             )
         return out
 

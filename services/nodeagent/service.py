@@ -64,6 +64,7 @@ from services.nodeagent.tidal import (
     TidalSettings,
     Usage,
     UsageCurve,
+    gives_way,
     hollow_usage,
 )
 from services.peers.binder import BinderEvictor
@@ -493,6 +494,18 @@ class NodeAgentService(Service[NodeAgentConfig]):
             if cfg.tidal_usage_curve
             else None
         )
+        measured = ProcessUsage(self.runner.pid_of)
+
+        def process_pods(node: str, percent: float) -> Usage:
+            return measured(
+                [
+                    p
+                    for p in self.informer.each(pb.Pod)
+                    if p.spec.node_name == node and gives_way(p)
+                ],
+                percent,
+            )
+
         prefix = dns_name(self._node_names()[0])
         hot = [f"{prefix}-{i}" for i in range(min(cfg.hollow_hot_nodes, cfg.hollow_nodes))]
         return LoadReporter(
@@ -507,6 +520,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
                 hot_percent=cfg.hollow_hot_percent,
             ),
             lambda: MachineLoad(cfg.network_bandwidth_bytes_per_second),
+            process_pods,
         )
 
     def _node_names(self) -> tuple[str, str]:

@@ -1550,6 +1550,8 @@ class NodeLoad(_message.Message):
     NETWORK_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
     NETWORK_CAPACITY_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
     MEASURED_MS_FIELD_NUMBER: _builtins.int
+    PODS_MILLI_CPU_FIELD_NUMBER: _builtins.int
+    PODS_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     milli_cpu: _builtins.int
     """CPU in use, milli-CPU (1000 = one core busy)."""
     memory_bytes: _builtins.int
@@ -1560,6 +1562,11 @@ class NodeLoad(_message.Message):
     """The node's network bandwidth, bytes per second (0: unknown)."""
     measured_ms: _builtins.int
     """When it was measured, unix ms (the agent's clock)."""
+    pods_milli_cpu: _builtins.int
+    """What the node's pods use of milli_cpu and memory_bytes (process node: their process trees;
+    hollow: all of it): what moving pods can take away. Unset: as milli_cpu / memory_bytes.
+    """
+    pods_memory_bytes: _builtins.int
     def __init__(
         self,
         *,
@@ -1568,12 +1575,21 @@ class NodeLoad(_message.Message):
         network_bytes_per_second: _builtins.int = ...,
         network_capacity_bytes_per_second: _builtins.int = ...,
         measured_ms: _builtins.int = ...,
+        pods_milli_cpu: _builtins.int | None = ...,
+        pods_memory_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pods_memory_bytes", b"_pods_memory_bytes", "_pods_milli_cpu", b"_pods_milli_cpu", "pods_memory_bytes", b"pods_memory_bytes", "pods_milli_cpu", b"pods_milli_cpu"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["measured_ms", b"measured_ms", "memory_bytes", b"memory_bytes", "milli_cpu", b"milli_cpu", "network_bytes_per_second", b"network_bytes_per_second", "network_capacity_bytes_per_second", b"network_capacity_bytes_per_second"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pods_memory_bytes", b"_pods_memory_bytes", "_pods_milli_cpu", b"_pods_milli_cpu", "measured_ms", b"measured_ms", "memory_bytes", b"memory_bytes", "milli_cpu", b"milli_cpu", "network_bytes_per_second", b"network_bytes_per_second", "network_capacity_bytes_per_second", b"network_capacity_bytes_per_second", "pods_memory_bytes", b"pods_memory_bytes", "pods_milli_cpu", b"pods_milli_cpu"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__pods_memory_bytes: _TypeAlias = _typing.Literal["pods_memory_bytes"]  # noqa: Y015
+    _WhichOneofArgType__pods_memory_bytes: _TypeAlias = _typing.Literal["_pods_memory_bytes", b"_pods_memory_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__pods_milli_cpu: _TypeAlias = _typing.Literal["pods_milli_cpu"]  # noqa: Y015
+    _WhichOneofArgType__pods_milli_cpu: _TypeAlias = _typing.Literal["_pods_milli_cpu", b"_pods_milli_cpu"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pods_memory_bytes) -> _WhichOneofReturnType__pods_memory_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pods_milli_cpu) -> _WhichOneofReturnType__pods_milli_cpu | None: ...
 
 Global___NodeLoad: _TypeAlias = NodeLoad  # noqa: Y015
 

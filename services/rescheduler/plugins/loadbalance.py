@@ -15,8 +15,10 @@ The watermarks: ``high_percentage`` / ``low_percentage`` for compute,
 ``network_high_percentage`` / ``network_low_percentage`` for network.
 
 What a pod is estimated to use: on a measured node, its requests scaled by what that node's
-pods use per unit requested (measured ÷ requested, per resource; its network by its share of
-the requested CPU); on an unmeasured node, its requests. Moving it takes that off its node and
+pods use per unit requested (the pods' measured use ÷ their requests, per resource: a process
+node's agent measures its pods apart from the rest of the machine; the network by the pods'
+share of the node's CPU and the pod's share of the requested CPU); on an unmeasured node, its
+requests. Moving it takes that off its node and
 adds it to the target counted the target's way (its estimate on a measured target, its requests
 on an unmeasured one).
 
@@ -115,10 +117,20 @@ class NodeLoads:
             self.capacity[name] = (cap[0], cap[1], cap[2], load.network_capacity_bytes_per_second)
             cpu = node.requested[GUARANTEED][0] + node.requested[BEST_EFFORT][0]
             mem = node.requested[GUARANTEED][1] + node.requested[BEST_EFFORT][1]
+            pods_cpu = load.pods_milli_cpu if load.HasField("pods_milli_cpu") else load.milli_cpu
+            pods_mem = (
+                load.pods_memory_bytes if load.HasField("pods_memory_bytes") else load.memory_bytes
+            )
+            # The node's network, in the share its pods' CPU has of its CPU.
+            pods_net = (
+                load.network_bytes_per_second * min(pods_cpu, load.milli_cpu) / load.milli_cpu
+                if load.milli_cpu
+                else 0.0
+            )
             self._ratios[name] = (
-                load.milli_cpu / cpu if cpu else 0.0,
-                load.memory_bytes / mem if mem else 0.0,
-                load.network_bytes_per_second / cpu if cpu else 0.0,
+                pods_cpu / cpu if cpu else 0.0,
+                pods_mem / mem if mem else 0.0,
+                pods_net / cpu if cpu else 0.0,
             )
         self._estimates: dict[str, Amounts] = {}
 
