@@ -36,6 +36,8 @@ from services.rescheduler.plugins import (
     topologyspread,
 )
 from services.rescheduler.plugins.targets import RankedNodes, RoomCache, utilisation_ceiling
+from services.rescheduler.view import build_view as build_cluster_view
+from services.rescheduler.view import fresh_loads
 from tests.factories import GiB, job, job_affinity, node
 
 FRAMEWORK = Framework(Profile(), new_in_tree_registry())
@@ -1088,3 +1090,18 @@ def test_the_topology_counts_follow_the_moves_of_a_round() -> None:
     assert view.fits("c", "z2-b") is None
     view.remove("a")
     assert view.fits("c", "z1-b") is None
+
+
+def test_stale_or_foreign_loads_are_no_measurement() -> None:
+    """A report older than the rescheduler's limit counts as none (its node falls back to its
+    requests), and a report of a node the view does not hold is dropped."""
+    loads = {
+        "fresh": pb.NodeLoad(milli_cpu=9_000, measured_ms=100_000),
+        "stale": pb.NodeLoad(milli_cpu=9_000, measured_ms=10_000),
+        "gone": pb.NodeLoad(milli_cpu=9_000, measured_ms=100_000),
+    }
+    kept = fresh_loads(loads, now_ms=110_000, max_age_ms=60_000)
+    assert set(kept) == {"fresh", "gone"}
+    view = build_cluster_view([mknode("fresh"), mknode("stale")], [], [], [], FRAMEWORK, loads=kept)
+    assert set(view.loads) == {"fresh"}
+    assert [d.node for d in BALANCE.detect(view)] == ["fresh"]  # stale: 0 % requested
