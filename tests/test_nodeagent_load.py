@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
+from services import metrics
 from services.nodeagent.load import (
     DEFAULT_NETWORK_BANDWIDTH,
     HollowUsage,
@@ -228,7 +229,7 @@ async def test_agent_reports_its_nodes_load(store: Store, store_url: str, tmp_pa
     cfg = agent_config(
         store_url, store.cluster, tmp_path, hollow_nodes=2, node_prefix="ld", hollow_cpu_milli=4000
     )
-    async with ServiceHost(NodeAgentService, cfg):
+    async with ServiceHost(NodeAgentService, cfg) as host:
         job = f.job("hot", replicas=1)
         job.spec.template.requests.milli_cpu = 1000
         job.spec.template.hollow_usage_percent = 300
@@ -248,6 +249,12 @@ async def test_agent_reports_its_nodes_load(store: Store, store_url: str, tmp_pa
         percent = network_percent("ld-0", 50, 100)
         expected = DEFAULT_NETWORK_BANDWIDTH * 3000 * percent // (4000 * 100)
         assert loads["ld-0"].network_bytes_per_second == expected
+        # The agent's metrics: its nodes' total and highest load.
+        agent = host.service
+        assert isinstance(agent, NodeAgentService)
+        agent.sample_metrics()
+        assert metrics.NODEAGENT_LOAD_MILLI_CPU.value("total") == 3000
+        assert metrics.NODEAGENT_LOAD_NETWORK.value("max") == expected
         revision = await store.revision()
         await asyncio.sleep(3 * cfg.heartbeat_seconds)
         assert await store.revision() == revision
