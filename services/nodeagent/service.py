@@ -506,8 +506,9 @@ class NodeAgentService(Service[NodeAgentConfig]):
                 percent,
             )
 
-        prefix = dns_name(self._node_names()[0])
-        hot = [f"{prefix}-{i}" for i in range(min(cfg.hollow_hot_nodes, cfg.hollow_nodes))]
+        # The first hollow nodes in the agent's order (<prefix>-0, -1, ..., or the node list's).
+        hollow = [name for name, node in self.nodes.desired.items() if node.spec.mode != PROCESS]
+        hot = hollow[: cfg.hollow_hot_nodes]
         return LoadReporter(
             self.store,
             self.nodes.desired,
