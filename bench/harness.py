@@ -19,6 +19,7 @@ import platform
 import queue
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -430,12 +431,20 @@ def _reschedule(
     policy, dry_run = workload.reschedule.policy, workload.reschedule.dry_run
     console.print(f"rescheduling: policy {policy}{' (dry run)' if dry_run else ''} ...")
     measured: dict[str, Any] = {}
-    with ReschedulerClient(state.address_of("rescheduler"), timeout=1800, home=home.path) as client:
-        started = time.perf_counter()
-        response = client.trigger(policy, dry_run=dry_run)
-        wall = time.perf_counter() - started
-        if not dry_run:
-            measured = _figures(client.trigger(policy, dry_run=True).plans[0].before)
+    nodes = ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path)
+    try:
+        load_before = _load_spread(_settled_loads(nodes))
+        with ReschedulerClient(
+            state.address_of("rescheduler"), timeout=1800, home=home.path
+        ) as client:
+            started = time.perf_counter()
+            response = client.trigger(policy, dry_run=dry_run)
+            wall = time.perf_counter() - started
+            if not dry_run:
+                measured = _figures(client.trigger(policy, dry_run=True).plans[0].before)
+        load_after = _load_spread(_settled_loads(nodes)) if not dry_run else load_before
+    finally:
+        nodes.close()
     plan = response.plans[0]
     figures = {when: _figures(getattr(plan, when)) for when in ("before", "after")}
     executed: dict[str, Any] = {}
@@ -458,7 +467,51 @@ def _reschedule(
         "rejected": len(plan.rejected),
         **figures,
         **executed,
+        # What the node agents measure (executed rounds: after the replacements run).
+        "measured_load": {"before": load_before, "after": load_after},
     }
+
+
+# The node agents' default heartbeat, when they report their nodes' load.
+_LOAD_REPORT_SECONDS = 2.0
+
+
+def _settled_loads(client: ProtoClient, timeout: float = 60.0) -> dict[str, tuple[float, float]]:
+    """Every node's measured CPU and network load (fractions of its allocatable CPU and of its
+    bandwidth), once two readings more than a report interval apart agree: the agents have
+    reported what their pods do now."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, tuple[float, float]] | None = None
+    while True:
+        now: dict[str, tuple[float, float]] = {}
+        for node in client.list(pb.Node):
+            assert isinstance(node, pb.Node)
+            if not node.status.HasField("load"):
+                continue
+            load, alloc = node.status.load, node.status.allocatable.milli_cpu
+            cap = load.network_capacity_bytes_per_second
+            now[node.metadata.name] = (
+                load.milli_cpu / alloc if alloc else 0.0,
+                load.network_bytes_per_second / cap if cap else 0.0,
+            )
+        if (now and now == last) or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(_LOAD_REPORT_SECONDS * 1.25)
+
+
+def _load_spread(loads: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """Mean, population standard deviation and maximum of the nodes' measured CPU and network
+    load, in percent."""
+    out: dict[str, Any] = {"nodes": len(loads)}
+    for i, dimension in enumerate(("cpu", "network")):
+        values = [100 * v[i] for v in loads.values()] or [0.0]
+        out[dimension] = {
+            "mean": round(statistics.fmean(values), 2),
+            "stddev": round(statistics.pstdev(values), 2),
+            "max": round(max(values), 2),
+        }
+    return out
 
 
 def _figures(figures: Any) -> dict[str, Any]:

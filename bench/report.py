@@ -183,6 +183,28 @@ def rescheduling_section(report: dict[str, Any]) -> list[str]:
                 f"{m.get('whole_free_gpu_nodes', 0):,} | {x['message']} |"
             )
         lines.append("")
+    loads = [r for r in executed if r["reschedule"].get("measured_load")]
+    if loads:
+        lines += [
+            "Measured load (what the node agents report; executed rounds: after the replacements"
+            " run), percent of each node's CPU and of its bandwidth:",
+            "",
+            "| run | nodes | CPU sd before → after | CPU max before → after | network sd before"
+            " → after | network max before → after |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in loads:
+            b, a = (
+                r["reschedule"]["measured_load"]["before"],
+                r["reschedule"]["measured_load"]["after"],
+            )
+            lines.append(
+                f"| {_label(r)} | {b['nodes']:,} | {b['cpu']['stddev']:.1f} → {a['cpu']['stddev']:.1f}"
+                f" | {b['cpu']['max']:.1f} → {a['cpu']['max']:.1f}"
+                f" | {b['network']['stddev']:.1f} → {a['network']['stddev']:.1f}"
+                f" | {b['network']['max']:.1f} → {a['network']['max']:.1f} |"
+            )
+        lines.append("")
     return lines
 
 

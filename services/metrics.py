@@ -123,6 +123,17 @@ NODEAGENT_STATUS_WRITES_PENDING = SampledGauge(
     "godel_nodeagent_status_writes_pending", "Pod phase changes waiting to be written to the store"
 )
 
+NODEAGENT_LOAD_MILLI_CPU = SampledGauge(
+    "godel_nodeagent_load_milli_cpu",
+    "Measured CPU load of this agent's nodes, milli-CPU: their total and the highest node's",
+    ("stat",),
+)
+NODEAGENT_LOAD_NETWORK = SampledGauge(
+    "godel_nodeagent_load_network_bytes_per_second",
+    "Measured network load of this agent's nodes, bytes/s: their total and the highest node's",
+    ("stat",),
+)
+
 # --- rescheduler -----------------------------------------------------------------------------
 
 RESCHEDULER_ROUNDS = Counter(

@@ -54,6 +54,12 @@ class Keys:
         return f"{self._prefix}:heartbeats"
 
     @property
+    def node_loads(self) -> str:
+        """Nodes' measured load (serialised ``NodeLoad``), outside the change feed: field = node
+        name."""
+        return f"{self._prefix}:loads"
+
+    @property
     def replication_barrier(self) -> str:
         """Written only to wait behind it: a replica that has it has every earlier write."""
         return f"{self._prefix}:barrier"

@@ -3,10 +3,13 @@ accounting of capacity and claims that commits maintain."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.typing import EncodableT, FieldT
+
+from protos.godel.v1 import objects_pb2 as pb
 from store.connection import StoreConnection, read_with_retry, translate_errors
 from store.metrics import HEARTBEAT_ROUND_TRIP
 
@@ -69,9 +72,36 @@ class NodeHeartbeats(StoreConnection):
         )
 
     async def forget_heartbeats(self, nodes: Sequence[str]) -> None:
-        """Drop the heartbeats of nodes that are gone."""
+        """Drop the heartbeats (and the measured loads) of nodes that are gone."""
         if nodes:
             await self._heartbeat(["forget", *nodes])
+            with translate_errors():
+                await self._redis.hdel(self.keys.node_loads, *nodes)
+
+    async def record_node_loads(self, loads: Mapping[str, pb.NodeLoad]) -> None:
+        """Nodes' measured load, in one round trip outside the change feed (like heartbeats:
+        a load changes every few seconds and must wake no watcher)."""
+        if not loads:
+            return
+        mapping: dict[FieldT, EncodableT] = {
+            name: load.SerializeToString() for name, load in loads.items()
+        }
+        with translate_errors():
+            await self._redis.hset(self.keys.node_loads, mapping=mapping)
+
+    async def node_loads(self, nodes: Sequence[str] = ()) -> dict[str, pb.NodeLoad]:
+        """The last reported load of the named nodes (none named: of every node), in one round
+        trip; a node without a report is left out."""
+        if not nodes:
+            raw: Any = await read_with_retry(lambda: self._redis.hgetall(self.keys.node_loads))
+            return {name.decode(): pb.NodeLoad.FromString(value) for name, value in raw.items()}
+        names = list(nodes)
+        values: Any = await read_with_retry(lambda: self._redis.hmget(self.keys.node_loads, names))
+        return {
+            name: pb.NodeLoad.FromString(value)
+            for name, value in zip(names, values, strict=True)
+            if value is not None
+        }
 
     async def _heartbeat(self, args: list[str]) -> Any:
         with translate_errors(), HEARTBEAT_ROUND_TRIP.time():

@@ -488,3 +488,23 @@ def test_queue_micro_runs_both_cases() -> None:
     assert "200 units backed off, 100 woken by 2 wakes" in queue_micro.freed_room(200, wakes=2)
     assert "300 units pending, 30000m CPU owed" in queue_micro.owed(300, rounds=1)
     assert "turns: 60 units of 6 queues sent" in queue_micro.turns(60, 6)
+
+
+@pytest.mark.timeout(240)
+def test_rescheduler_load_balance_variant_spreads_measured_load(tmp_path: Path) -> None:
+    """Rescheduler-5000's load-balance variant, quick form (200 nodes, 10 of them hot machines):
+    an executed load-balance round moves pods off the nodes hot by measured load, and the
+    spread of the load the node agents measure afterwards is smaller."""
+    _run_quick("Rescheduler-5000", tmp_path, 230, "--variant", "load-balance")
+    [report_json] = tmp_path.glob("*.json")
+    [run] = json.loads(report_json.read_text())["runs"]
+    x = run["reschedule"]
+    assert (x["policy"], x["dry_run"], x["outcome"]) == ("load-balance", False, "planned")
+    assert x["evicted"] > 0
+    before, after = x["measured_load"]["before"], x["measured_load"]["after"]
+    assert before["nodes"] == after["nodes"] == 200
+    assert before["cpu"]["max"] > 80  # it starts from hot nodes
+    for dimension in ("cpu", "network"):
+        assert after[dimension]["stddev"] < before[dimension]["stddev"]
+        assert after[dimension]["max"] < before[dimension]["max"]
+    assert "CPU sd before → after" in report_json.with_suffix(".md").read_text()

@@ -36,6 +36,8 @@ from services.rescheduler.plugins import (
     topologyspread,
 )
 from services.rescheduler.plugins.targets import RankedNodes, RoomCache, utilisation_ceiling
+from services.rescheduler.view import build_view as build_cluster_view
+from services.rescheduler.view import fresh_loads
 from tests.factories import GiB, job, job_affinity, node
 
 FRAMEWORK = Framework(Profile(), new_in_tree_registry())
@@ -84,7 +86,10 @@ def mkpod(
 
 
 def build_view(
-    nodes: list[pb.Node], pods: list[pb.Pod], scope: frozenset[str] = frozenset()
+    nodes: list[pb.Node],
+    pods: list[pb.Pod],
+    scope: frozenset[str] = frozenset(),
+    loads: dict[str, pb.NodeLoad] | None = None,
 ) -> ClusterView:
     """A view of copies: moves in it change neither ``nodes`` nor ``pods`` (cases share them)."""
     infos = {n.metadata.name: NodeInfo.from_node(n) for n in nodes}
@@ -94,7 +99,9 @@ def build_view(
         p.CopyFrom(original)
         infos[p.spec.node_name].add_pod(PodRequest.from_pod(p))
         running[p.metadata.name] = RunningPod.of(p, PodInfo.from_pod(p))
-    return ClusterView(nodes=infos, pods=running, jobs={}, framework=FRAMEWORK, scope=scope)
+    return ClusterView(
+        nodes=infos, pods=running, jobs={}, framework=FRAMEWORK, scope=scope, loads=loads or {}
+    )
 
 
 def triples(moves: list[Move]) -> list[tuple[str, str, str]]:
@@ -123,6 +130,7 @@ class Case:
     moves: list[tuple[str, str, str]]
     veto: MoveVeto = field(default=allow_all)
     scope: frozenset[str] = frozenset()  # empty: every node
+    loads: dict[str, pb.NodeLoad] = field(default_factory=dict)  # measured, by node
 
 
 # -- the utilisation formula ------------------------------------------------------------------
@@ -387,10 +395,11 @@ LOADBALANCE_CASES = [
             [mkpod(f"p{i}", "hot", cpu=1_000) for i in range(10)] + [mkpod("c", "c1", cpu=2_000)],
             BALANCE,
             detected=["hot"],
-            # c1 reaches 30 % with p0, so it is no target for p1 and hot stays at 90 %.
-            moves=[("p0", "hot", "c1")],
+            # c1 reaches 30 % with p0, so it is no target for p1: hot would stay at 90 %, so
+            # p0 stays too (moving load without cooling the hot node is churn).
+            moves=[],
         ),
-        id="a-target-that-reaches-low-stops-being-one",
+        id="a-target-that-reaches-low-stops-being-one-and-a-node-left-hot-keeps-its-pods",
     ),
     pytest.param(
         Case(
@@ -443,17 +452,182 @@ LOADBALANCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", LOADBALANCE_CASES)
+NET = 1_000_000_000  # every measured node's bandwidth below, bytes/s
+
+
+def measured(
+    cpu_percent: int, network_percent: int = 0, pods_cpu_percent: int | None = None
+) -> pb.NodeLoad:
+    """A node's measured load: percents of the 10-CPU nodes' CPU and of NET; what its pods use
+    of the CPU when the agent measures them apart (a process node)."""
+    load = pb.NodeLoad(
+        milli_cpu=CPU * cpu_percent // 100,
+        network_bytes_per_second=NET * network_percent // 100,
+        network_capacity_bytes_per_second=NET,
+    )
+    if pods_cpu_percent is not None:
+        load.pods_milli_cpu = CPU * pods_cpu_percent // 100
+    return load
+
+
+MEASURED_CASES = [
+    pytest.param(
+        Case(
+            [mknode("hot"), mknode("cool")],
+            [
+                mkpod("a", "hot", cpu=2_000),
+                mkpod("b", "hot", cpu=2_000),
+                mkpod("c", "cool", cpu=2_000),
+            ],
+            BALANCE,
+            detected=["hot"],
+            # Requests say 40 %; it carries 90 %: each pod is estimated at 45 %, and the cool
+            # node (10 % measured) takes one and stays at 55 %.
+            moves=[("a", "hot", "cool")],
+            loads={"hot": measured(90), "cool": measured(10)},
+        ),
+        id="hot-by-measured-load-though-its-requests-are-low",
+    ),
+    pytest.param(
+        Case(
+            [mknode("busy"), mknode("idle")],
+            [mkpod("x", "busy", cpu=9_000)],
+            BALANCE,
+            detected=[],
+            moves=[],
+            loads={"busy": measured(20), "idle": measured(0)},
+        ),
+        id="requests-above-high-but-measured-load-low-is-not-hot",
+    ),
+    pytest.param(
+        Case(
+            [mknode("a"), mknode("b")],
+            [mkpod("x", "a", cpu=5_000), mkpod("y", "a", cpu=4_000), mkpod("z", "b", cpu=1_000)],
+            BALANCE,
+            detected=["a"],
+            # a reports nothing: judged by its requests (90 %); y (40 %) suffices.
+            moves=[("y", "a", "b")],
+            loads={"b": measured(10)},
+        ),
+        id="fallback-to-requests-where-no-load-is-known",
+    ),
+    pytest.param(
+        Case(
+            [mknode("hot"), mknode("t"), mknode("u")],
+            [
+                mkpod("p", "hot", cpu=3_000),
+                mkpod("q", "hot", cpu=3_000),
+                mkpod("tp", "t", cpu=1_000),
+                mkpod("up", "u", cpu=5_000),
+            ],
+            BALANCE,
+            detected=["hot"],
+            # By requests t (10 %) would be the target; it carries 50 %, u only 10 %.
+            moves=[("p", "hot", "u")],
+            loads={"hot": measured(90), "t": measured(50), "u": measured(10)},
+        ),
+        id="targets-are-cool-by-measured-load-not-by-requests",
+    ),
+    pytest.param(
+        Case(
+            [mknode("n"), mknode("m")],
+            [mkpod("a", "n", cpu=2_000), mkpod("b", "n", cpu=2_000)],
+            BALANCE,
+            detected=["n"],
+            # CPU 40 % is fine; the network (90 %) is not: each pod carries half of it.
+            moves=[("a", "n", "m")],
+            loads={"n": measured(40, 90), "m": measured(10, 10)},
+        ),
+        id="hot-by-network",
+    ),
+    pytest.param(
+        Case(
+            [mknode("n"), mknode("m")],
+            [mkpod("a", "n", cpu=2_000)],
+            BALANCE,
+            detected=["n"],
+            # m (20 % network) would carry 115 % with a: no target.
+            moves=[],
+            loads={"n": measured(20, 95), "m": measured(10, 20)},
+        ),
+        id="a-target-never-goes-above-the-network-high-watermark",
+    ),
+    pytest.param(
+        Case(
+            [mknode("n"), mknode("m"), mknode("k")],
+            [mkpod("a", "n", cpu=2_000), mkpod("b", "n", cpu=2_000)],
+            BALANCE,
+            detected=["n"],
+            # m is cool by CPU but not by network (40 % >= 30 %): k takes a.
+            moves=[("a", "n", "k")],
+            loads={"n": measured(40, 90), "m": measured(5, 40), "k": measured(10, 10)},
+        ),
+        id="a-target-must-be-below-low-in-both-dimensions",
+    ),
+    pytest.param(
+        Case(
+            [mknode("hot"), mknode("cool")],
+            [mkpod(f"p{i}", "hot", cpu=1_000) for i in range(4)],
+            loadbalance.new(loadbalance.Args(resources={"cpu": 1}, network_high_percentage=50)),
+            detected=["hot"],
+            # 95 % network over four pods: 23.75 % each. Two must leave to reach <= 50 %; cool
+            # is still below low (23.75 % < 30 %) after the first, and takes both (47.5 %).
+            moves=[("p0", "hot", "cool"), ("p1", "hot", "cool")],
+            loads={"hot": measured(40, 95), "cool": measured(0, 0)},
+        ),
+        id="network-watermarks-are-the-args",
+    ),
+    pytest.param(
+        Case(
+            [mknode("proc"), mknode("cool")],
+            [mkpod("a", "proc", cpu=1_000), mkpod("b", "proc", cpu=1_000)],
+            BALANCE,
+            detected=["proc"],
+            # The machine is at 95 %, its pods use 10 % of it: moving both would leave 85 %.
+            moves=[],
+            loads={"proc": measured(95, 0, 10), "cool": measured(0)},
+        ),
+        id="pods-that-do-not-cause-the-load-stay",
+    ),
+    pytest.param(
+        Case(
+            [mknode("proc"), mknode("cool")],
+            [mkpod("a", "proc", cpu=1_000), mkpod("b", "proc", cpu=1_000)],
+            BALANCE,
+            detected=["proc"],
+            # Its pods use 40 % of the 90 %: each 20 %; one leaving brings it to 70 %.
+            moves=[("a", "proc", "cool")],
+            loads={"proc": measured(90, 0, 40), "cool": measured(0)},
+        ),
+        id="pods-measured-apart-from-the-machine",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LOADBALANCE_CASES + MEASURED_CASES)
 def test_loadbalance_detects_nodes_above_high(case: Case) -> None:
-    view = build_view(case.nodes, case.pods, case.scope)
+    view = build_view(case.nodes, case.pods, case.scope, case.loads)
     assert [d.node for d in case.plugin.detect(view)] == case.detected
 
 
-@pytest.mark.parametrize("case", LOADBALANCE_CASES)
+@pytest.mark.parametrize("case", LOADBALANCE_CASES + MEASURED_CASES)
 def test_loadbalance_moves(case: Case) -> None:
-    view = build_view(case.nodes, case.pods, case.scope)
+    view = build_view(case.nodes, case.pods, case.scope, case.loads)
     moves = case.plugin.reschedule(view, case.plugin.detect(view), case.veto)
     assert triples(moves) == case.moves
+
+
+def test_loadbalance_detection_says_which_watermark_and_basis() -> None:
+    view = build_view(
+        [mknode("n"), mknode("r")],
+        [mkpod("x", "r", cpu=9_000)],
+        loads={"n": measured(85, 90)},
+    )
+    reasons = {d.node: d.reason for d in BALANCE.detect(view)}
+    assert reasons == {
+        "n": "load 85.0% > 80%, network 90.0% > 80% (measured)",
+        "r": "load 90.0% > 80% (requests)",
+    }
 
 
 # -- TopologySpread ---------------------------------------------------------------------------
@@ -683,6 +857,24 @@ def test_colocation_moves(case: Case) -> None:
             "low_percentage",
             id="low-not-below-high",
         ),
+        pytest.param(
+            "LoadBalance",
+            {"network_high_percentage": 50, "network_low_percentage": 60},
+            "network_low_percentage",
+            id="network-low-not-below-high",
+        ),
+        pytest.param(
+            "LoadBalance",
+            {"network_high_percentage": 120},
+            "network_high_percentage",
+            id="network-high>100",
+        ),
+        pytest.param(
+            "LoadBalance",
+            {"network_high_percentage": "80%"},
+            "arg 'network_high_percentage'",
+            id="network-high-not-an-int",
+        ),
         pytest.param("TopologySpread", {}, "topology_key", id="topology-key-required"),
         pytest.param(
             "TopologySpread", {"topology_key": "zone", "max_skew": 0}, "max_skew", id="skew<1"
@@ -898,3 +1090,18 @@ def test_the_topology_counts_follow_the_moves_of_a_round() -> None:
     assert view.fits("c", "z2-b") is None
     view.remove("a")
     assert view.fits("c", "z1-b") is None
+
+
+def test_stale_or_foreign_loads_are_no_measurement() -> None:
+    """A report older than the rescheduler's limit counts as none (its node falls back to its
+    requests), and a report of a node the view does not hold is dropped."""
+    loads = {
+        "fresh": pb.NodeLoad(milli_cpu=9_000, measured_ms=100_000),
+        "stale": pb.NodeLoad(milli_cpu=9_000, measured_ms=10_000),
+        "gone": pb.NodeLoad(milli_cpu=9_000, measured_ms=100_000),
+    }
+    kept = fresh_loads(loads, now_ms=110_000, max_age_ms=60_000)
+    assert set(kept) == {"fresh", "gone"}
+    view = build_cluster_view([mknode("fresh"), mknode("stale")], [], [], [], FRAMEWORK, loads=kept)
+    assert set(view.loads) == {"fresh"}
+    assert [d.node for d in BALANCE.detect(view)] == ["fresh"]  # stale: 0 % requested

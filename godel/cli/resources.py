@@ -194,6 +194,33 @@ def _node_status(node: pb.Node) -> str:
     return status + (",SchedulingDisabled" if node.spec.unschedulable else "")
 
 
+def _cpu_load(node: pb.Node) -> str:
+    """The node's measured CPU load, its agent's last report: cores in use and the share of its
+    allocatable (``<none>`` before any report)."""
+    if not node.status.HasField("load"):
+        return "<none>"
+    milli, alloc = node.status.load.milli_cpu, node.status.allocatable.milli_cpu
+    share = f" ({milli * 100 // alloc}%)" if alloc else ""
+    return f"{_cpu(milli)}{share}"
+
+
+def _network_load(node: pb.Node) -> str:
+    """The node's measured network load: bytes/s and the share of its bandwidth."""
+    if not node.status.HasField("load"):
+        return "<none>"
+    load = node.status.load
+    rate, cap = load.network_bytes_per_second, load.network_capacity_bytes_per_second
+    share = f" ({rate * 100 // cap}%)" if cap else ""
+    return f"{_bytes_per_second(rate)}{share}"
+
+
+def _bytes_per_second(rate: int) -> str:
+    for unit, size in (("GB/s", 10**9), ("MB/s", 10**6), ("kB/s", 10**3)):
+        if rate >= size:
+            return f"{rate / size:.1f}{unit}"
+    return f"{rate}B/s"
+
+
 def _sort_policy(value: int) -> str:
     """A queue's sort policy; the retired DRF/FairShare values of old queues read as FIFO."""
     known = value in pb.SortPolicy.values() and value != pb.SORT_POLICY_UNSPECIFIED
@@ -291,6 +318,8 @@ COLUMNS: dict[str, list[Column]] = {
         ("BE-MEMORY", lambda o: _mem(o.status.reclaimable.memory_bytes), True),
         ("GPUS", lambda o: o.status.allocatable.gpus, True),
         ("GPU-MODEL", lambda o: o.status.gpu_model, True),
+        ("CPU-LOAD", _cpu_load, True),
+        ("NET-LOAD", _network_load, True),
         ("MODE", lambda o: o.spec.mode, True),
         ("TAINTS", lambda o: ",".join(f"{t.key}={t.value}" for t in o.spec.taints), True),
         (

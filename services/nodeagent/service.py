@@ -32,6 +32,12 @@ from services.nodeagent.isolation import (
     resolve_uid_range,
     uid_lock_file,
 )
+from services.nodeagent.load import (
+    DEFAULT_NETWORK_BANDWIDTH,
+    LoadReporter,
+    LoadSettings,
+    MachineLoad,
+)
 from services.nodeagent.nodelist import ListedNode, load_node_list, node_list_part, parse_part
 from services.nodeagent.nodes import (
     HOLLOW,
@@ -58,6 +64,7 @@ from services.nodeagent.tidal import (
     TidalSettings,
     Usage,
     UsageCurve,
+    gives_way,
     hollow_usage,
 )
 from services.peers.binder import BinderEvictor
@@ -190,6 +197,43 @@ class NodeAgentConfig(ServiceConfig):
         metadata=option("pod phase changes that trigger a write at once", minimum=1),
     )
 
+    network_bandwidth_bytes_per_second: int = field(
+        default=DEFAULT_NETWORK_BANDWIDTH,
+        metadata=option(
+            "each node's network bandwidth, bytes/s (default 10 Gbit/s; the process node reads "
+            "its links' speed from /sys/class/net when they report one)",
+            minimum=1,
+        ),
+    )
+    hollow_network_percent_min: int = field(
+        default=50,
+        metadata=option(
+            "a hollow node's network load as a percent of its CPU load: the least (each node "
+            "gets a fixed percent within min..max, drawn from its name)",
+            minimum=0,
+        ),
+    )
+    hollow_network_percent_max: int = field(
+        default=100,
+        metadata=option("a hollow node's network load as a percent of its CPU load: the most"),
+    )
+    hollow_hot_nodes: int = field(
+        default=0,
+        metadata=option(
+            "the first N hollow nodes are hot machines: their online pods use "
+            "hollow_hot_percent of their requests, whatever the usage curve says",
+            minimum=0,
+        ),
+    )
+    hollow_hot_percent: int = field(
+        default=100,
+        metadata=option(
+            "what online pods use on a hot hollow node, percent of their requests",
+            minimum=0,
+            maximum=1000,
+        ),
+    )
+
     tidal: bool = field(
         default=False,
         metadata=option(
@@ -234,6 +278,11 @@ class NodeAgentConfig(ServiceConfig):
                 UsageCurve.parse(self.tidal_usage_curve, self.tidal_period_seconds)
             except ValueError as exc:
                 raise ConfigError(f"tidal_usage_curve: {exc}") from None
+        if self.hollow_network_percent_max < self.hollow_network_percent_min:
+            raise ConfigError(
+                f"hollow_network_percent_max ({self.hollow_network_percent_max}) must be at "
+                f"least hollow_network_percent_min ({self.hollow_network_percent_min})"
+            )
         # Bad labels or taints are a configuration error (exit 2), not a failed start.
         for name, parse in (("hollow_labels", parse_labels), ("hollow_taints", parse_taints)):
             try:
@@ -306,6 +355,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
     nodes: NodeSet
     runner: PodRunner
     informer: Informer
+    loads: LoadReporter
 
     @classmethod
     def credentials_stem(cls, config: NodeAgentConfig) -> str:
@@ -398,6 +448,8 @@ class NodeAgentService(Service[NodeAgentConfig]):
             selector=lambda _kind, pod: isinstance(pod, pb.Pod) and pod.spec.node_name in ours,
         )
         self.informer.add_handlers(self.runner.handlers())
+        self.loads = self._load_reporter()
+        self.informer.add_handlers(self.loads.usage.handlers())
         self.informer.start()
         await self.informer.wait_synced()
         self._heartbeat_task = self.spawn(self._heartbeat_loop(), name="heartbeat")
@@ -431,6 +483,45 @@ class NodeAgentService(Service[NodeAgentConfig]):
             + (" ..." if len(foreign) > 3 else "")
             + f": issue its certificate with `godel certs issue {name} --role nodeagent "
             f"{nodes} --force`"
+        )
+
+    def _load_reporter(self) -> LoadReporter:
+        """Nodes' measured load (load.py): the process node's from the OS, hollow nodes' from
+        their pods' usage on the usage curve."""
+        cfg = self.config
+        curve = (
+            UsageCurve.parse(cfg.tidal_usage_curve, cfg.tidal_period_seconds)
+            if cfg.tidal_usage_curve
+            else None
+        )
+        measured = ProcessUsage(self.runner.pid_of)
+
+        def process_pods(node: str, percent: float) -> Usage:
+            return measured(
+                [
+                    p
+                    for p in self.informer.each(pb.Pod)
+                    if p.spec.node_name == node and gives_way(p)
+                ],
+                percent,
+            )
+
+        # The first hollow nodes in the agent's order (<prefix>-0, -1, ..., or the node list's).
+        hollow = [name for name, node in self.nodes.desired.items() if node.spec.mode != PROCESS]
+        hot = hollow[: cfg.hollow_hot_nodes]
+        return LoadReporter(
+            self.store,
+            self.nodes.desired,
+            curve,
+            LoadSettings(
+                network_bandwidth=cfg.network_bandwidth_bytes_per_second,
+                hollow_network_percent_min=cfg.hollow_network_percent_min,
+                hollow_network_percent_max=cfg.hollow_network_percent_max,
+                hot_nodes=frozenset(hot),
+                hot_percent=cfg.hollow_hot_percent,
+            ),
+            lambda: MachineLoad(cfg.network_bandwidth_bytes_per_second),
+            process_pods,
         )
 
     def _node_names(self) -> tuple[str, str]:
@@ -473,6 +564,11 @@ class NodeAgentService(Service[NodeAgentConfig]):
         )
         metrics.NODEAGENT_NODES.set(len(self.nodes.desired))
         metrics.NODEAGENT_STATUS_WRITES_PENDING.set(len(self.runner.pending))
+        if not hasattr(self, "loads"):
+            return
+        cpu_total, cpu_max, net_total, net_max = self.loads.totals()
+        metrics.NODEAGENT_LOAD_MILLI_CPU.publish({("total",): cpu_total, ("max",): cpu_max})
+        metrics.NODEAGENT_LOAD_NETWORK.publish({("total",): net_total, ("max",): net_max})
 
     async def on_stop(self) -> None:
         # Heartbeats just stop: nodes are not marked NotReady, so a quick restart fails no pod.
@@ -531,6 +627,11 @@ class NodeAgentService(Service[NodeAgentConfig]):
                 await self.nodes.heartbeat()
             except StoreError as exc:
                 log.warning("heartbeat failed", error=str(exc))
+                continue
+            try:
+                await self.loads.report()
+            except (StoreError, OSError, ValueError) as exc:
+                log.warning("load report failed", error=str(exc))
 
 
 class _NodeAgentServicer(api_pb2_grpc.NodeAgentServicer):

@@ -100,6 +100,9 @@ class ClusterView:
     # The label selector that chose ``scope`` (empty: every node).
     scope_labels: dict[str, str] = field(default_factory=dict)
     revision: int = 0
+    # Nodes' measured load as their agents last reported it (fresh ones only; a node without
+    # one has no measurement): read-only, LoadBalance's basis.
+    loads: dict[str, pb.NodeLoad] = field(default_factory=dict)
     # Hears of every move made with ``move`` (pod, from, to), undoing ones included; a copy of
     # the view starts without one.
     move_listener: Callable[[str, str, str], None] | None = field(default=None, repr=False)
@@ -240,6 +243,7 @@ class ClusterView:
             scope=self.scope,
             scope_labels=self.scope_labels,
             revision=self.revision,
+            loads=self.loads,
         )
 
 

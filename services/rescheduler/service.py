@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -37,7 +38,7 @@ from services.rescheduler.movements import Recycler
 from services.rescheduler.plugins import new_plugin_registry
 from services.rescheduler.round import Policy, RoundPlan
 from services.rescheduler.triggers import TriggerScheduler
-from services.rescheduler.view import PodInfoCache, build_view
+from services.rescheduler.view import PodInfoCache, build_view, fresh_loads
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import ConfigError, option
 from store.encoded import EncodedObjects
@@ -83,6 +84,15 @@ class ReschedulerConfig(ServiceConfig):
     movement_retention_seconds: float = field(
         default=3600.0,
         metadata=option("how long a finished Movement is kept before it is deleted", minimum=0),
+    )
+
+    load_max_age_seconds: float = field(
+        default=120.0,
+        metadata=option(
+            "a node's measured load older than this counts as none (the node is judged by its "
+            "requests); agents refresh theirs every 30 s",
+            minimum=1,
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -190,6 +200,11 @@ class ReschedulerService(Service[ReschedulerConfig]):
         pods = copied.values()
         jobs, _ = await self.store.list_all(pb.Job)  # at least as new as the pods above
         budgets = inf.list(pb.DisruptionBudget)
+        loads = fresh_loads(
+            await self.store.node_loads(),
+            int(time.time() * 1000),
+            int(self.config.load_max_age_seconds * 1000),
+        )
         # The informer replaces objects on change and never mutates them, so the lists (and the
         # copy of the pods) can be read off the event loop.
         return await asyncio.to_thread(
@@ -202,6 +217,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
             scope_labels=scope_labels,
             revision=revision,
             pod_infos=self.pod_infos,
+            loads=loads,
         )
 
     async def _prepare(self, policy: Policy) -> None:

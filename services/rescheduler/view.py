@@ -46,9 +46,10 @@ def build_view(
     scope_labels: Mapping[str, str] | None = None,
     revision: int = 0,
     pod_infos: PodInfoCache | None = None,
+    loads: Mapping[str, pb.NodeLoad] | None = None,
 ) -> ClusterView:
     """``pod_infos`` carries pods' converted form from one round to the next (a pod that has not
-    changed is not converted again)."""
+    changed is not converted again). ``loads``: nodes' measured load (fresh reports only)."""
     infos = {n.metadata.name: NodeInfo.from_node(n) for n in nodes}
     cache = pod_infos if pod_infos is not None else PodInfoCache()
     seen: set[str] = set()
@@ -86,4 +87,13 @@ def build_view(
         scope=scope,
         scope_labels=selector,
         revision=revision,
+        loads={name: load for name, load in (loads or {}).items() if name in infos},
     )
+
+
+def fresh_loads(
+    loads: Mapping[str, pb.NodeLoad], now_ms: int, max_age_ms: int
+) -> dict[str, pb.NodeLoad]:
+    """The loads measured at most ``max_age_ms`` ago: an agent that stopped reporting (dead, or
+    cut off) leaves its nodes with no measurement, so they are judged by their requests."""
+    return {name: load for name, load in loads.items() if now_ms - load.measured_ms <= max_age_ms}

@@ -859,6 +859,7 @@ class PodTemplate(_message.Message):
     DURATION_MS_FIELD_NUMBER: _builtins.int
     TERMINATION_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     TOPOLOGY_SPREAD_CONSTRAINTS_FIELD_NUMBER: _builtins.int
+    HOLLOW_USAGE_PERCENT_FIELD_NUMBER: _builtins.int
     GPU_MILLI_FIELD_NUMBER: _builtins.int
     GPU_MODELS_FIELD_NUMBER: _builtins.int
     numa_policy: Global___NumaPolicy.ValueType
@@ -866,6 +867,10 @@ class PodTemplate(_message.Message):
     """Hollow mode: how long the pod runs before it succeeds. 0 runs until deleted."""
     termination_grace_seconds: _builtins.int
     """Seconds an evicted pod gets between SIGTERM and SIGKILL (process mode). 0: the agent's default."""
+    hollow_usage_percent: _builtins.int
+    """Hollow mode: the CPU and memory the pod uses, as a percent of its requests (may exceed 100:
+    a pod using more than it asked for). 0: the node agent's usage curve (or all it requested).
+    """
     gpu_milli: _builtins.int
     """A share of one GPU card, in milli-GPU (1..999), with requests.gpus = 1: the pod sits on one
     card that has at least this much free, and other shares may sit beside it. 0: the pod takes
@@ -910,12 +915,13 @@ class PodTemplate(_message.Message):
         duration_ms: _builtins.int = ...,
         termination_grace_seconds: _builtins.int = ...,
         topology_spread_constraints: _abc.Iterable[Global___TopologySpreadConstraint] | None = ...,
+        hollow_usage_percent: _builtins.int = ...,
         gpu_milli: _builtins.int = ...,
         gpu_models: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "requests", b"requests"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "command", b"command", "duration_ms", b"duration_ms", "env", b"env", "gpu_milli", b"gpu_milli", "gpu_models", b"gpu_models", "labels", b"labels", "node_selector", b"node_selector", "numa_policy", b"numa_policy", "ports", b"ports", "requests", b"requests", "termination_grace_seconds", b"termination_grace_seconds", "tolerations", b"tolerations", "topology_spread_constraints", b"topology_spread_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["affinity", b"affinity", "command", b"command", "duration_ms", b"duration_ms", "env", b"env", "gpu_milli", b"gpu_milli", "gpu_models", b"gpu_models", "hollow_usage_percent", b"hollow_usage_percent", "labels", b"labels", "node_selector", b"node_selector", "numa_policy", b"numa_policy", "ports", b"ports", "requests", b"requests", "termination_grace_seconds", b"termination_grace_seconds", "tolerations", b"tolerations", "topology_spread_constraints", b"topology_spread_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1492,6 +1498,7 @@ class NodeStatus(_message.Message):
     HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     READY_FIELD_NUMBER: _builtins.int
     GPU_MODEL_FIELD_NUMBER: _builtins.int
+    LOAD_FIELD_NUMBER: _builtins.int
     heartbeat_ms: _builtins.int
     """The last heartbeat. The stored object keeps the time the agent registered the node; later
     heartbeats live in the store's heartbeat hash, outside the change feed (Store.heartbeats),
@@ -1514,6 +1521,13 @@ class NodeStatus(_message.Message):
     def topology(self) -> Global___NodeTopology: ...
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
+    @_builtins.property
+    def load(self) -> Global___NodeLoad:
+        """What the node measurably carries, as its agent last reported it. Kept in the store's load
+        hash outside the change feed, like heartbeats (Store.node_loads); the Dispatcher API serves
+        it here. Unset: no report (yet).
+        """
+
     def __init__(
         self,
         *,
@@ -1524,14 +1538,69 @@ class NodeStatus(_message.Message):
         heartbeat_ms: _builtins.int = ...,
         ready: _builtins.bool = ...,
         gpu_model: _builtins.str = ...,
+        load: Global___NodeLoad | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "reclaimable", b"reclaimable", "topology", b"topology"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "load", b"load", "reclaimable", b"reclaimable", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "conditions", b"conditions", "gpu_model", b"gpu_model", "heartbeat_ms", b"heartbeat_ms", "ready", b"ready", "reclaimable", b"reclaimable", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocatable", b"allocatable", "conditions", b"conditions", "gpu_model", b"gpu_model", "heartbeat_ms", b"heartbeat_ms", "load", b"load", "ready", b"ready", "reclaimable", b"reclaimable", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NodeStatus: _TypeAlias = NodeStatus  # noqa: Y015
+
+@_typing.final
+class NodeLoad(_message.Message):
+    """A node's measured load: process nodes from the OS, hollow nodes from their pods' usage model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MILLI_CPU_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    NETWORK_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    NETWORK_CAPACITY_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    MEASURED_MS_FIELD_NUMBER: _builtins.int
+    PODS_MILLI_CPU_FIELD_NUMBER: _builtins.int
+    PODS_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    milli_cpu: _builtins.int
+    """CPU in use, milli-CPU (1000 = one core busy)."""
+    memory_bytes: _builtins.int
+    """Memory in use, bytes."""
+    network_bytes_per_second: _builtins.int
+    """Network throughput, received plus sent, bytes per second (loopback excluded)."""
+    network_capacity_bytes_per_second: _builtins.int
+    """The node's network bandwidth, bytes per second (0: unknown)."""
+    measured_ms: _builtins.int
+    """When it was measured, unix ms (the agent's clock)."""
+    pods_milli_cpu: _builtins.int
+    """What the node's pods use of milli_cpu and memory_bytes (process node: their process trees;
+    hollow: all of it): what moving pods can take away. Unset: as milli_cpu / memory_bytes.
+    """
+    pods_memory_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        milli_cpu: _builtins.int = ...,
+        memory_bytes: _builtins.int = ...,
+        network_bytes_per_second: _builtins.int = ...,
+        network_capacity_bytes_per_second: _builtins.int = ...,
+        measured_ms: _builtins.int = ...,
+        pods_milli_cpu: _builtins.int | None = ...,
+        pods_memory_bytes: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pods_memory_bytes", b"_pods_memory_bytes", "_pods_milli_cpu", b"_pods_milli_cpu", "pods_memory_bytes", b"pods_memory_bytes", "pods_milli_cpu", b"pods_milli_cpu"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pods_memory_bytes", b"_pods_memory_bytes", "_pods_milli_cpu", b"_pods_milli_cpu", "measured_ms", b"measured_ms", "memory_bytes", b"memory_bytes", "milli_cpu", b"milli_cpu", "network_bytes_per_second", b"network_bytes_per_second", "network_capacity_bytes_per_second", b"network_capacity_bytes_per_second", "pods_memory_bytes", b"pods_memory_bytes", "pods_milli_cpu", b"pods_milli_cpu"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__pods_memory_bytes: _TypeAlias = _typing.Literal["pods_memory_bytes"]  # noqa: Y015
+    _WhichOneofArgType__pods_memory_bytes: _TypeAlias = _typing.Literal["_pods_memory_bytes", b"_pods_memory_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__pods_milli_cpu: _TypeAlias = _typing.Literal["pods_milli_cpu"]  # noqa: Y015
+    _WhichOneofArgType__pods_milli_cpu: _TypeAlias = _typing.Literal["_pods_milli_cpu", b"_pods_milli_cpu"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pods_memory_bytes) -> _WhichOneofReturnType__pods_memory_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pods_milli_cpu) -> _WhichOneofReturnType__pods_milli_cpu | None: ...
+
+Global___NodeLoad: _TypeAlias = NodeLoad  # noqa: Y015
 
 @_typing.final
 class Node(_message.Message):

@@ -171,6 +171,18 @@ class ReadRpc:
         beats = (await self.store.heartbeats()).last_ms
         for node in nodes:
             node.status.heartbeat_ms = beats.get(node.metadata.name, node.status.heartbeat_ms)
+        await self.live_loads(nodes)
+
+    async def live_loads(self, nodes: list[pb.Node]) -> None:
+        """Serve each node's measured load from the store's load hash, where node agents report
+        it outside the change feed (one round trip; a node without a report shows none)."""
+        loads = await self.store.node_loads([node.metadata.name for node in nodes])
+        for node in nodes:
+            load = loads.get(node.metadata.name)
+            if load is None:
+                node.status.ClearField("load")
+            else:
+                node.status.load.CopyFrom(load)
 
     def show_nominations(self, pods: list[pb.Pod]) -> None:
         """Fill ``status.nominated_node`` of pending preemptors from the dispatcher's memory

@@ -381,6 +381,13 @@ def validate_template(t: pb.PodTemplate, prefix: str) -> Violations:
         out.append(
             violation(f"{prefix}.duration_ms", f"must not be negative (got {t.duration_ms})")
         )
+    if not 0 <= t.hollow_usage_percent <= 1000:
+        out.append(
+            violation(
+                f"{prefix}.hollow_usage_percent",
+                f"must be within 0..1000 (got {t.hollow_usage_percent})",
+            )
+        )
     if t.termination_grace_seconds < 0:
         out.append(
             violation(
