@@ -42,7 +42,13 @@ CASES = [
     # PodRequest amounts are milli-GPU: one card is 1000.
     ("gpus", dict(gpus=1), [req("a", gpu=1000)], req(gpu=1000), [INSUFFICIENT_GPUS]),
     ("gpu shares of one card", dict(gpus=1), [req("a", gpu=600)], req(gpu=400), []),
-    ("gpu shares over one card", dict(gpus=1), [req("a", gpu=600)], req(gpu=401), [INSUFFICIENT_GPUS]),
+    (
+        "gpu shares over one card",
+        dict(gpus=1),
+        [req("a", gpu=600)],
+        req(gpu=401),
+        [INSUFFICIENT_GPUS],
+    ),
     (
         "pod slots are shared by the pools",
         dict(pods=1, be_cpu=1000),
