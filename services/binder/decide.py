@@ -575,8 +575,10 @@ def bound_pod(
     out.spec.node_name = placement.node
     del out.spec.numa_nodes[:]
     out.spec.numa_nodes.extend(placement.numa_nodes if numa_nodes is None else numa_nodes)
-    del out.spec.gpu_cards[:]
-    out.spec.gpu_cards.extend(placement.gpu_cards if gpu_cards is None else gpu_cards)
+    cards = placement.gpu_cards if gpu_cards is None else gpu_cards
+    if cards or out.spec.gpu_cards:  # most pods ask no GPU: no repeated-field writes for them
+        del out.spec.gpu_cards[:]
+        out.spec.gpu_cards.extend(cards)
     out.status.phase = pb.POD_BOUND
     out.status.bound_ms = now_ms
     out.status.reason = ""
