@@ -282,7 +282,10 @@ def _validate_spec(spec: pb.JobSpec, s: str, ctx: SubmitContext) -> Violations:
             )
         )
     out += validate_template(spec.template, f"{s}.template")
-    if not any(v.field.startswith(f"{s}.template.requests") for v in out):
+    # A request already refused (its amounts, or its GPU share or models) is not measured
+    # against the nodes too.
+    refused = (f"{s}.template.requests", f"{s}.template.gpu_")
+    if not any(v.field.startswith(refused) for v in out):
         out += _check_some_node_fits(spec, f"{s}.template.requests", ctx)
     return out
 
