@@ -15,6 +15,7 @@ from placement.quotas import format_amount
 from placement.resources import Quantities, request_milli, resources_milli
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.api.validation import validate_node, validate_template
+from services.eviction import replacement
 from tests.factories import gpu_job, gpu_node, job, pods_of
 
 
@@ -342,3 +343,13 @@ def test_bad_node_gpu_model_is_refused(node: pb.Node, words: str) -> None:
     violations = validate_node(node, "node")
     assert [v.field for v in violations] == ["node.status.gpu_model"]
     assert words in violations[0].description
+
+
+def test_a_replacement_holds_no_card_of_the_pod_it_replaces() -> None:
+    """A victim's replacement is pending: its cards are chosen where it lands, not copied."""
+    [old] = pods_of(gpu_job(job("j"), 2))
+    old.spec.node_name, old.spec.index = "n", 0
+    old.spec.gpu_cards.extend([0, 1])
+    new = replacement(old, [old])
+    assert (new.spec.node_name, list(new.spec.gpu_cards)) == ("", [])
+    assert PodRequest.from_pod(new).gpu_cards == ()
