@@ -109,14 +109,16 @@ def _shared_amounts(cpu: int, mem: int, gpus: int) -> Quantities:
 
 @dataclass(frozen=True, slots=True, init=False)
 class PodRequest:
-    """What a pod asks of one node: its requests, pool, ports, priority, labels and NUMA binding.
+    """What a pod asks of one node: its requests, pool, ports, priority, labels, NUMA binding
+    and GPU cards.
 
     ``requests`` is the resource vector (``placement.resources.Quantities``, the one that room
     and usage are summed in), one pod slot, shared by every pod asking the same: never mutate
     it. The per-node filter and score loops read ``q = req.requests`` once, then ``q.cpu``,
     ``q.mem``, ``q.gpus``; ``cpu``, ``mem`` and ``gpu`` are read-only views for everyone else.
-    Constructed as before, ``PodRequest(name, pool, cpu, mem, gpu, ...)``, or with
-    ``requests=`` a vector instead of the three amounts."""
+    Constructed as before, ``PodRequest(name, pool, cpu, mem, gpu, ...)`` (``gpu`` in milli-GPU,
+    as ``cpu`` is milli-CPU: 1000 per whole card), or with ``requests=`` a vector instead of the
+    three amounts."""
 
     name: str
     pool: str
