@@ -220,7 +220,9 @@ def binder_plan_seconds_per_pod(nodes: int = 5000, pods: int = 20000, batch: int
         plan.ops()
         spent += time.process_time() - started
         for cand in plan.candidates.values():
-            bound = bound_pod(cand.pod, cand.placement, "micro", plan.now_ms, cand.numa_nodes)
+            bound = bound_pod(
+                cand.pod, cand.placement, "micro", plan.now_ms, cand.numa_nodes, cand.gpu_cards
+            )
             state.on_add("Pod", bound)
     return spent / pods
 

@@ -21,7 +21,10 @@ preemption), the hard topology rules (4–5, 7–8) and the queues' maxima (9):
    keys (``placement.plugins.joblevelaffinity.domain_violations``, as the Binder checks);
 9. no queue's bound and running pods (with those of the queues below it) hold more than its max,
    ``spec.quota``, in any resource (``placement.quotas``, as the Binder checks). A max lowered
-   below what a queue already holds is reported too: nothing is evicted for it.
+   below what a queue already holds is reported too: nothing is evicted for it;
+10. GPU cards (``placement.gpu.card_problems``): no card holds over 1000 milli-GPU, no whole
+   card is shared with anything, every card a pod holds is within 0..n-1 of its node's and it
+   holds as many as it asks (one for a share), and its node's model is one the pod accepts.
 
 Reads one consistent snapshot of the store; used by the end-to-end tests after every run and by
 ``godel audit`` on a live cluster.
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 
 from placement.claims import CLAIM_PHASES, holds_claim
 from placement.framework import JobAffinity, PodInfo
+from placement.gpu import card_problems
 from placement.labelselector import matches
 from placement.nodeinfo import NodeInfo, PodRequest, pool_of, resource_fit_failures
 from placement.plugins import joblevelaffinity, numatopology
@@ -80,6 +84,7 @@ async def audit(store: Store) -> AuditReport:
     _audit_job_affinity(report, infos, pods, jobs)
     _audit_preemptions(report, pods)
     _audit_quotas(report, pods, queues)
+    _audit_cards(report, infos)
     return report
 
 
@@ -113,6 +118,13 @@ def _audit_room(report: AuditReport, infos: dict[str, NodeInfo], pods: list[pb.P
                     f"{list(request.numa_nodes)} broken: {why}"
                 )
         info.add_pod(request)
+
+
+def _audit_cards(report: AuditReport, infos: dict[str, NodeInfo]) -> None:
+    """10: every node's GPU cards, over the holding pods ``_audit_room`` put on it."""
+    for info in infos.values():
+        if info.card_used or any(r.requests.gpus for r in info.pods.values()):
+            report.violations.extend(card_problems(info))
 
 
 def _audit_claims(report: AuditReport, pods: list[pb.Pod], claims: Mapping[str, str]) -> None:
@@ -209,7 +221,7 @@ def _audit_quotas(report: AuditReport, pods: list[pb.Pod], queues: dict[str, pb.
     held: dict[str, Quantities] = defaultdict(Quantities)
     for pod in pods:
         if holds_claim(pod):
-            held[queue_of(pod)].add(Quantities.shared_request(pod.spec.template.requests))
+            held[queue_of(pod)].add(Quantities.shared_request(pod.spec.template))
     for found in SubtreeUsage(queues.get, held).over_max(sorted(queues)):
         e = found.excess
         report.violations.append(

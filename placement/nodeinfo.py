@@ -5,7 +5,8 @@ their snapshot) and the Binder (against the authoritative state).
 Plain synchronous code over integers: it runs once per candidate node per pod. A pod's amounts
 are the one resource vector (``placement.resources.Quantities``, ``PodRequest.requests``); a
 node's capacity and requested amounts per pool stay int lists [milli-CPU, bytes, GPUs], which
-the loops index.
+the loops index. GPUs are milli-GPU (1000 per card) in both, and per card in ``card_used``
+(``placement.gpu``, the one home of that accounting).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from placement.labelselector import PodTerm, pod_term
-from placement.resources import Quantities
+from placement.resources import MILLI_PER_CARD, Quantities, request_milli
 from protos.godel.v1 import objects_pb2 as pb
 
 GUARANTEED = "g"
@@ -108,14 +109,16 @@ def _shared_amounts(cpu: int, mem: int, gpus: int) -> Quantities:
 
 @dataclass(frozen=True, slots=True, init=False)
 class PodRequest:
-    """What a pod asks of one node: its requests, pool, ports, priority, labels and NUMA binding.
+    """What a pod asks of one node: its requests, pool, ports, priority, labels, NUMA binding
+    and GPU cards.
 
     ``requests`` is the resource vector (``placement.resources.Quantities``, the one that room
     and usage are summed in), one pod slot, shared by every pod asking the same: never mutate
     it. The per-node filter and score loops read ``q = req.requests`` once, then ``q.cpu``,
     ``q.mem``, ``q.gpus``; ``cpu``, ``mem`` and ``gpu`` are read-only views for everyone else.
-    Constructed as before, ``PodRequest(name, pool, cpu, mem, gpu, ...)``, or with
-    ``requests=`` a vector instead of the three amounts."""
+    Constructed as before, ``PodRequest(name, pool, cpu, mem, gpu, ...)`` (``gpu`` in milli-GPU,
+    as ``cpu`` is milli-CPU: 1000 per whole card), or with ``requests=`` a vector instead of the
+    three amounts."""
 
     name: str
     pool: str
@@ -130,6 +133,10 @@ class PodRequest:
     # NUMA binding (SINGLE, EXCLUSIVE or 0) and, once chosen, the NUMA node ids it holds.
     numa_policy: int = 0
     numa_nodes: tuple[int, ...] = ()
+    # The GPU models it accepts (empty: any) and, once chosen, the cards it holds
+    # (placement.gpu: ``requests.gpus`` is a share of one card below 1000, else whole cards).
+    gpu_models: tuple[str, ...] = ()
+    gpu_cards: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -146,6 +153,8 @@ class PodRequest:
         numa_nodes: tuple[int, ...] = (),
         *,
         requests: Quantities | None = None,
+        gpu_models: tuple[str, ...] = (),
+        gpu_cards: tuple[int, ...] = (),
     ) -> None:
         setattr_ = object.__setattr__  # frozen
         setattr_(self, "name", name)
@@ -157,6 +166,8 @@ class PodRequest:
         setattr_(self, "anti_terms", anti_terms)
         setattr_(self, "numa_policy", numa_policy)
         setattr_(self, "numa_nodes", numa_nodes)
+        setattr_(self, "gpu_models", gpu_models)
+        setattr_(self, "gpu_cards", gpu_cards)
 
     @property
     def cpu(self) -> int:
@@ -174,6 +185,12 @@ class PodRequest:
         """The same request holding ``numa_nodes`` (the shard's or the Binder's choice)."""
         copy = self.renamed(self.name)
         object.__setattr__(copy, "numa_nodes", numa_nodes)
+        return copy
+
+    def with_cards(self, gpu_cards: tuple[int, ...]) -> PodRequest:
+        """The same request holding GPU ``gpu_cards`` (the shard's or the Binder's choice)."""
+        copy = self.renamed(self.name)
+        object.__setattr__(copy, "gpu_cards", gpu_cards)
         return copy
 
     def renamed(self, name: str) -> PodRequest:
@@ -200,10 +217,17 @@ class PodRequest:
             numa_policy=numa_policy_of(pod),
             numa_nodes=tuple(pod.spec.numa_nodes),
             requests=(
-                Quantities.shared_request(req)
+                Quantities.shared_request(tpl)
                 if req.extended
-                else _shared_amounts(req.milli_cpu, req.memory_bytes, req.gpus)
+                else _shared_amounts(
+                    req.milli_cpu,
+                    req.memory_bytes,
+                    request_milli(req.gpus, tpl.gpu_milli) if req.gpus else 0,
+                )
             ),
+            # Read only for a pod asking GPUs: repeated fields cost even when empty.
+            gpu_models=tuple(tpl.gpu_models) if req.gpus else (),
+            gpu_cards=tuple(pod.spec.gpu_cards) if req.gpus else (),
         )
 
 
@@ -254,6 +278,10 @@ class NodeInfo:
     numa_owner: dict[int, str] = field(default_factory=dict)
     numa_pods: int = 0
     numa_bound: list[int] = field(default_factory=lambda: [0, 0, 0])
+    # GPU cards (placement.gpu): the node's model, and per card index the milli-GPU its pods
+    # hold (one entry per card of the guaranteed pool; replaced, never changed in place).
+    gpu_model: str = ""
+    card_used: tuple[int, ...] = ()
 
     @classmethod
     def from_node(cls, node: pb.Node) -> NodeInfo:
@@ -270,12 +298,29 @@ class NodeInfo:
         self.capacity = {}
         for pool in POOLS:
             offered = pool_capacity(node, pool)
-            self.capacity[pool] = [offered.milli_cpu, offered.memory_bytes, offered.gpus]
+            self.capacity[pool] = [
+                offered.milli_cpu,
+                offered.memory_bytes,
+                offered.gpus * MILLI_PER_CARD,
+            ]
         self.max_pods = node.status.allocatable.pods
         self.numa = tuple(
-            NumaZone(z.id, z.socket, z.capacity.milli_cpu, z.capacity.memory_bytes, z.capacity.gpus)
+            NumaZone(
+                z.id,
+                z.socket,
+                z.capacity.milli_cpu,
+                z.capacity.memory_bytes,
+                z.capacity.gpus * MILLI_PER_CARD,
+            )
             for z in node.status.topology.numa_nodes
         )
+        self.gpu_model = node.status.gpu_model
+        cards = node.status.allocatable.gpus
+        if cards != len(self.card_used):
+            self.card_used = (0,) * cards
+            for req in self.pods.values():
+                if req.gpu_cards:
+                    self._account_cards(req, 1)
         self.generation += 1
 
     def add_pod(self, req: PodRequest) -> bool:
@@ -294,8 +339,22 @@ class NodeInfo:
             self.anti_pods += 1
         if req.numa_nodes and req.numa_policy:
             self._account_numa(req, 1)
+        if req.gpu_cards:
+            self._account_cards(req, 1)
         self.generation += 1
         return True
+
+    def _account_cards(self, req: PodRequest, sign: int) -> None:
+        # A share takes its milli of its card, a whole-card pod 1000 of each (placement.gpu).
+        # Indices outside the node's cards are not counted (audit reports them). A new tuple:
+        # clones share it.
+        milli = req.requests.gpus
+        each = milli if milli < MILLI_PER_CARD else MILLI_PER_CARD
+        used = list(self.card_used)
+        for card in req.gpu_cards:
+            if 0 <= card < len(used):
+                used[card] += sign * each
+        self.card_used = tuple(used)
 
     def _account_numa(self, req: PodRequest, sign: int) -> None:
         # New containers, never changed in place: clones share them (``clone``), and only the
@@ -343,6 +402,8 @@ class NodeInfo:
             self.anti_pods -= 1
         if req.numa_nodes and req.numa_policy:
             self._account_numa(req, -1)
+        if req.gpu_cards:
+            self._account_cards(req, -1)
         self.generation += 1
         return req
 
@@ -354,7 +415,7 @@ class NodeInfo:
         """A copy whose pods and use can change apart from this one. What is only ever
         replaced, never changed in place, is shared: labels, taints, capacity and NUMA zones
         (``set_node``), host ports and NUMA use (pods with ports or NUMA binding make new ones).
-        A snapshot clones every changed node every cycle."""
+        GPU card use too. A snapshot clones every changed node every cycle."""
         requested = self.requested
         return NodeInfo(
             self.name,
@@ -374,6 +435,8 @@ class NodeInfo:
             self.numa_owner,
             self.numa_pods,
             self.numa_bound,
+            self.gpu_model,
+            self.card_used,
         )
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from placement.framework import Code, Framework, PodInfo
+from placement.gpu import pin_cards
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins.numatopology import pin_numa
 from placement.preemption import (
@@ -219,10 +220,10 @@ class Preemption:
 
 def take(snapshot: Snapshot, req: PodRequest, place: Preempted) -> PodRequest:
     """Assume ``req`` on its node with its victims taken off; returns the request as assumed
-    (a NUMA-bound pod holding the NUMA nodes its victims left)."""
+    (a NUMA-bound pod holding the NUMA nodes its victims left, a pod asking GPUs their cards)."""
     for v in place.victims:
         snapshot.forget(v.name, place.node)
-    req = pin_numa(snapshot.infos[place.node], req)
+    req = pin_cards(snapshot.infos[place.node], pin_numa(snapshot.infos[place.node], req))
     snapshot.assume(req, place.node)
     return req
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol
 
+from placement import gpu
 from placement.claims import CLAIM_PHASES
 from placement.framework.interface import PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest, port_conflict, resource_fit_failures
@@ -208,8 +209,12 @@ def possible_victims(
 
 
 def resources_fit(pod: PodInfo, node: NodeInfo) -> bool:
-    """The default fit judgement: the pod's pool, pod slots and host ports."""
-    return not resource_fit_failures(node, pod.req) and not port_conflict(node, pod.req)
+    """The default fit judgement: the pod's pool, pod slots, host ports and GPU cards."""
+    return (
+        not resource_fit_failures(node, pod.req)
+        and not port_conflict(node, pod.req)
+        and (not pod.req.requests.gpus or gpu.fit_failure(node, pod.req) is None)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +239,9 @@ def search_victims(
 
     ``fits`` judges whether the preemptor fits a node (e.g. the framework's filters), called on a
     clone of ``node`` as candidates are taken off and put back. None: the default,
-    :func:`resources_fit`, computed on a few integers without a clone.
+    :func:`resources_fit`, computed on a few integers without a clone — or, for a preemptor
+    asking GPUs, on a clone, so victims free cards, not only counts (a share needs one card
+    with its milli freed, whole cards need that many cards freed wholly).
 
     Remove every candidate; if the preemptor still does not fit, no set helps. Otherwise re-add
     candidates from the most valuable down (higher priority first; at equal priority the
@@ -246,6 +253,8 @@ def search_victims(
     (kube-scheduler's violating / non-violating split). A set that still breaks a budget is no
     answer (as Gödel's PDBChecker, and the Binder would refuse it): None with the budgets named.
     """
+    if fits is None and preemptor.req.requests.gpus:
+        fits = resources_fit
     trial: _Trial = _Room(node, preemptor.req) if fits is None else _Clone(node, preemptor, fits)
     if trial.fits():
         return VictimSearch([])

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from placement.resources import Quantities
+from placement.resources import MILLI_PER_CARD, Quantities, resources_milli
 from protos.godel.v1 import objects_pb2 as pb
 
 # The queue of a job (and its pods) that names none.
@@ -87,7 +87,7 @@ def first_excess(
     checks = (
         ("cpu", quota.milli_cpu, used.cpu + request.cpu),
         ("memory", quota.memory_bytes, used.mem + request.mem),
-        ("gpus", quota.gpus, used.gpus + request.gpus),
+        ("gpus", resources_milli(quota), used.gpus + request.gpus),
         ("pods", quota.pods, used.pods + request.pods),
     )
     for name, limit, want in checks:
@@ -221,9 +221,13 @@ _NOTHING = Quantities()  # never mutated
 
 
 def format_amount(resource: str, amount: int) -> str:
-    """An amount as a user reads it: milli-CPU with ``m``, bytes with ``B``, others bare."""
+    """An amount as a user reads it: milli-CPU with ``m``, bytes with ``B``, milli-GPU in cards
+    (``1.5``: shares count), others bare."""
     if resource == "cpu":
         return f"{amount}m"
     if resource == "memory":
         return f"{amount}B"
+    if resource == "gpus":
+        cards, milli = divmod(amount, MILLI_PER_CARD)
+        return f"{cards}.{milli:03d}".rstrip("0") if milli else str(cards)
     return str(amount)

@@ -1,5 +1,12 @@
-"""The one resource vector: ``Quantities`` (milli-CPU, bytes, GPUs, pod slots, extended), and
-the one reading of a pod template's requests into it.
+"""The one resource vector: ``Quantities`` (milli-CPU, bytes, milli-GPU, pod slots, extended),
+and the one reading of a pod template's requests into it.
+
+GPUs count in milli-GPU inside, as CPU does in milli-CPU, so a share of one card
+(``template.gpu_milli``) is counted as what it is by quotas, DRF, partitions and room alike: a
+pod's request is its share, or 1000 per whole card; a node's offer, a quota or a min
+(``pb.Resources.gpus``, whole cards) is 1000 per card (``Quantities.of``). Figures written back
+(``as_resources``: a queue's usage) carry the exact amount in ``milli_gpus`` beside whole cards
+rounded up in ``gpus``.
 
 Every figure of room and usage is one: a node's offer per pool and the room left per pool
 (``placement.room``), a queue's usage, quota, min and borrowed amounts (the dispatcher), a
@@ -16,11 +23,27 @@ from dataclasses import dataclass, field
 
 from protos.godel.v1 import objects_pb2 as pb
 
+MILLI_PER_CARD = 1000
+
+
+def request_milli(cards: int, gpu_milli: int) -> int:
+    """A pod's GPU request in milli-GPU: its share of one card (``gpu_milli`` with one card
+    asked), else 1000 per whole card."""
+    if gpu_milli and cards == 1:
+        return gpu_milli
+    return cards * MILLI_PER_CARD
+
+
+def resources_milli(resources: pb.Resources) -> int:
+    """An offer's, a quota's or a figure's GPUs in milli-GPU: the exact ``milli_gpus`` a figure
+    carries, else 1000 per whole card."""
+    return resources.milli_gpus or resources.gpus * MILLI_PER_CARD
+
 
 @dataclass(slots=True)
 class Quantities:
-    """An amount of each resource (milli-CPU, bytes, GPUs, pod slots, extended), mutable so
-    usage can be kept incrementally."""
+    """An amount of each resource (milli-CPU, bytes, milli-GPU, pod slots, extended), mutable
+    so usage can be kept incrementally."""
 
     cpu: int = 0
     mem: int = 0
@@ -29,12 +52,13 @@ class Quantities:
     extended: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of_pod_request(cls, requests: pb.Resources, count: int = 1) -> Quantities:
+    def of_pod_request(cls, template: pb.PodTemplate, count: int = 1) -> Quantities:
         """``count`` pods' requests; each pod takes one pod slot."""
+        requests = template.requests
         return cls(
             requests.milli_cpu * count,
             requests.memory_bytes * count,
-            requests.gpus * count,
+            request_milli(requests.gpus, template.gpu_milli) * count,
             count,
             # Iterating a protobuf map costs even when empty; most pods ask for no extended
             # resource, and this runs a few times per unit.
@@ -42,11 +66,13 @@ class Quantities:
         )
 
     @staticmethod
-    def shared_request(requests: pb.Resources) -> Quantities:
+    def shared_request(template: pb.PodTemplate) -> Quantities:
         """One pod's requests as an instance shared by every pod asking the same (a job's
         pods): for what is held per bound pod. Never mutate it; ``copy()`` it first."""
+        requests = template.requests
         extended = tuple(sorted(requests.extended.items())) if requests.extended else ()
-        return _shared_request(requests.milli_cpu, requests.memory_bytes, requests.gpus, extended)
+        gpus = request_milli(requests.gpus, template.gpu_milli)
+        return _shared_request(requests.milli_cpu, requests.memory_bytes, gpus, extended)
 
     def add(self, other: Quantities, sign: int = 1) -> None:
         self.cpu += sign * other.cpu
@@ -61,10 +87,13 @@ class Quantities:
                 self.extended.pop(k, None)
 
     def as_resources(self) -> pb.Resources:
+        """As a figure to show (a queue's usage): GPUs exact in ``milli_gpus``, and in whole
+        cards, rounded up, in ``gpus``."""
         return pb.Resources(
             milli_cpu=self.cpu,
             memory_bytes=self.mem,
-            gpus=self.gpus,
+            gpus=-(-self.gpus // MILLI_PER_CARD),
+            milli_gpus=self.gpus,
             pods=self.pods,
             extended=self.extended,
         )
@@ -77,16 +106,19 @@ class Quantities:
 
     @classmethod
     def of(cls, resources: pb.Resources) -> Quantities:
+        """An offer, a quota, a min or a figure ``as_resources`` wrote: whole cards are 1000
+        milli-GPU each, unless the exact ``milli_gpus`` is there."""
         return cls(
             resources.milli_cpu,
             resources.memory_bytes,
-            resources.gpus,
+            resources_milli(resources),
             resources.pods,
             dict(resources.extended),
         )
 
     def items(self) -> list[tuple[str, int]]:
-        """(resource name, amount) for every resource, as ``quota_excess`` names them."""
+        """(resource name, amount) for every resource, as ``quota_excess`` names them (gpus in
+        milli-GPU)."""
         return [
             ("cpu", self.cpu),
             ("memory", self.mem),

@@ -63,7 +63,7 @@ class RoomClaim(NamedTuple):
         return cls(
             sys.intern(pod.spec.node_name),
             pool_of(pod.spec.qos),
-            Quantities.shared_request(pod.spec.template.requests),
+            Quantities.shared_request(pod.spec.template),
         )
 
 

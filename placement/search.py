@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
+from placement.gpu import pin_cards
 from placement.nodeinfo import NodeInfo
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
@@ -90,6 +91,8 @@ class Placement:
     recommendation: str = ""
     # The NUMA nodes a NUMA-bound pod would hold there (the Binder verifies them).
     numa_nodes: tuple[int, ...] = ()
+    # The GPU cards a pod asking GPUs would hold there (placement.gpu; the Binder verifies them).
+    gpu_cards: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,6 +519,7 @@ class _UnitRun:
     __slots__ = (
         "all_unresolvable",
         "allowed_failures",
+        "cards",
         "changed",
         "labels",
         "limit",
@@ -585,6 +589,7 @@ class _UnitRun:
         self.unplaced: dict[str, str] = {}  # pod -> why
         self.recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
         self.numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
+        self.cards: dict[str, tuple[int, ...]] = {}  # pod asking GPUs -> the cards it holds
         # Nodes changed by placements outside a template's own bookkeeping (recommendations):
         # a cached candidate among them is re-checked before it is taken.
         self.changed: set[str] = set()
@@ -592,10 +597,14 @@ class _UnitRun:
 
     def assume(self, pod: PodInfo, node: str) -> None:
         """Assume ``pod`` on ``node``, a NUMA-bound pod holding the NUMA nodes chosen for it
-        there, so the unit's later pods see them taken."""
-        req = pin_numa(self.snapshot.infos[node], pod.req)
+        there and a pod asking GPUs the cards, so the unit's later pods see them taken."""
+        info = self.snapshot.infos[node]
+        req = pin_numa(info, pod.req)
         if req.numa_nodes:
             self.numa[pod.name] = req.numa_nodes
+        if req.requests.gpus:
+            req = pin_cards(info, req)
+            self.cards[pod.name] = req.gpu_cards  # () when the node has no card for it
         self.snapshot.assume(req, node)
 
     def place_recommended(self, framework: Framework, pod: PodInfo) -> bool:
@@ -624,7 +633,12 @@ class _UnitRun:
         """The unit succeeds (an independent one whatever fits: its pods' own reasons stay
         theirs): its placements stand."""
         result, unplaced, diagnosed = self.result, self.unplaced, self.result.diagnoses
-        preempted, recommended, numa = self.preempted, self.recommended, self.numa
+        preempted, recommended, numa, cards = (
+            self.preempted,
+            self.recommended,
+            self.numa,
+            self.cards,
+        )
         result.success = True
         result.placements = [
             Placement(
@@ -634,6 +648,7 @@ class _UnitRun:
                 [v.name for v in preempted[p.name].victims] if p.name in preempted else [],
                 recommended.get(p.name, ""),
                 numa.get(p.name, ()),
+                cards.get(p.name, ()),
             )
             for p, n in self.placements
         ]
@@ -1001,6 +1016,8 @@ class UnitScheduler:
         req = take(run.snapshot, pod.req, place)
         if req.numa_nodes:
             run.numa[pod.name] = req.numa_nodes
+        if req.requests.gpus:
+            run.cards[pod.name] = req.gpu_cards
         run.preempted[pod.name] = place
         return True
 

@@ -80,6 +80,7 @@ def replacement(pod: pb.Pod, siblings: Iterable[pb.Pod], taken: Set[str] = froze
     new.spec.CopyFrom(pod.spec)
     new.spec.node_name = ""
     del new.spec.numa_nodes[:]
+    del new.spec.gpu_cards[:]  # its cards are chosen where it lands
     new.status.phase = pb.POD_PENDING
     return new
 

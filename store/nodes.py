@@ -130,7 +130,7 @@ class NodeAccounting(StoreConnection):
         return int(await read_with_retry(lambda: self._redis.hlen(self.keys.claims)))
 
     async def claims(self) -> dict[str, str]:
-        """Every bound pod's claim: pod name -> "node pool cpu mem gpu"."""
+        """Every bound pod's claim: pod name -> "node pool cpu mem gpu" (gpu in milli-GPU)."""
         with translate_errors():
             raw: Any = await self._redis.hgetall(self.keys.claims)
         return {k.decode(): v.decode() for k, v in raw.items()}

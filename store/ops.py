@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from placement.nodeinfo import pool_of
+from placement.resources import MILLI_PER_CARD, request_milli
 from protos.godel.v1 import objects_pb2 as pb
 from store import kinds as kinds_mod
 from store.errors import (
@@ -89,18 +90,22 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# GPUs are accounted in milli-GPU (placement.gpu): a share of a card claims its milli, so shares
+# of one card fit as the placement library judges them.
 def _capacity_spec(node: pb.Node) -> str:
     g, be = node.status.allocatable, node.status.reclaimable
     return (
-        f"N {g.milli_cpu} {g.memory_bytes} {g.gpus} "
-        f"{be.milli_cpu} {be.memory_bytes} {be.gpus} {g.pods}"
+        f"N {g.milli_cpu} {g.memory_bytes} {g.gpus * MILLI_PER_CARD} "
+        f"{be.milli_cpu} {be.memory_bytes} {be.gpus * MILLI_PER_CARD} {g.pods}"
     )
 
 
 def _claim_spec(pod: pb.Pod) -> str:
-    req = pod.spec.template.requests
+    tpl = pod.spec.template
+    req = tpl.requests
     pool = pool_of(pod.spec.qos)
-    return f"B {pod.spec.node_name} {pool} {req.milli_cpu} {req.memory_bytes} {req.gpus}"
+    gpus = request_milli(req.gpus, tpl.gpu_milli)
+    return f"B {pod.spec.node_name} {pool} {req.milli_cpu} {req.memory_bytes} {gpus}"
 
 
 class ScriptCall:

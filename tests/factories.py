@@ -105,3 +105,19 @@ ls $AGENT_DIR && echo ATTACK-LISTED-AGENT-DIR
 cat $VICTIM_LOG && echo ATTACK-READ-LOG
 echo attack over
 """
+
+
+def gpu_node(name: str, cards: int, model: str = "V100M32", **kw: int) -> pb.Node:
+    """A node with ``cards`` GPU cards of ``model``."""
+    n = node(name, gpus=cards, **kw)
+    n.status.gpu_model = model
+    return n
+
+
+def gpu_job(j: pb.Job, cards: int = 1, *, milli: int = 0, models: tuple[str, ...] = ()) -> pb.Job:
+    """``j`` asking ``cards`` whole GPU cards, or (``milli``) a share of one card, of
+    ``models`` (empty: any)."""
+    j.spec.template.requests.gpus = cards
+    j.spec.template.gpu_milli = milli
+    j.spec.template.gpu_models.extend(models)
+    return j

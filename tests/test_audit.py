@@ -11,7 +11,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import evicted
 from store import Store
 from store.client import Bind, Fence, Release, Update
-from tests.factories import job, job_affinity, node, numa_job, pods_of, with_numa
+from tests.factories import gpu_job, gpu_node, job, job_affinity, node, numa_job, pods_of, with_numa
 
 
 async def _setup(store: Store) -> tuple[Fence, list[pb.Pod]]:
@@ -263,5 +263,36 @@ async def test_audit_queue_quotas(store: Store, queues: list[pb.Queue], expected
     report = await audit(store)
     if expected:
         assert [v for v in report.violations if "queue" in v] == [expected]
+    else:
+        assert report.ok, report.violations
+
+
+@pytest.mark.parametrize(
+    ("milli", "assigned", "expected"),
+    [
+        (500, [[0], [0]], ""),
+        (600, [[0], [0]], "GPU card 0 of node n1 holds 1200 milli-GPU (pods x-0, x-1)"),
+        (0, [[1], [1]], "whole GPU card 1 of node n1 held by pod x-0 is shared with x-1"),
+        (500, [[0], [2]], "pod x-1 holds GPU card 2, node n1 has cards 0..1"),
+        (500, [[0], []], "pod x-1 holds GPU card(s) [], not 1 card(s)"),
+    ],
+    ids=["shares-within-a-card", "card-over-1000", "whole-card-shared", "card-outside", "no-card"],
+)
+async def test_audit_gpu_cards(
+    store: Store, milli: int, assigned: list[list[int]], expected: str
+) -> None:
+    """Pods bound directly with the cards a faulty binder could write, then audited."""
+    await store.create(gpu_node("n1", 2, cpu=8000))
+    j = gpu_job(job("x", replicas=2), milli=milli)
+    pods = pods_of(j)
+    await store.create_unit(j, pods)
+    _, lease = await store.acquire_lease("binder", "b", 10_000)
+    for p, cards in zip(pods, assigned, strict=True):
+        _place(p).spec.gpu_cards.extend(cards)
+    # The store's totals hold (1200 of 2000 milli-GPU): only the cards are wrong.
+    await store.bind(pods, fence=Fence("binder", lease.epoch))
+    report = await audit(store)
+    if expected:
+        assert any(expected in v for v in report.violations), report.violations
     else:
         assert report.ok, report.violations

@@ -280,6 +280,9 @@ class Case:
     scheduled: set[str] = field(default_factory=set)
     # Bound pods' NUMA nodes as stored.
     numa: dict[str, list[int]] = field(default_factory=dict)
+    # GPU cards a placement proposes (as a shard does), and bound pods' cards as stored.
+    proposed_cards: dict[str, list[int]] = field(default_factory=dict)
+    cards: dict[str, list[int]] = field(default_factory=dict)
 
 
 G = "gang: only"
@@ -486,6 +489,55 @@ CASES = [
         {"j-0": (V.BOUND, ""), "j-1": (V.CONFLICT, "rack=b, the job's pods are in rack=a"),
          "j-2": (V.BOUND, ""), "j-3": (V.CONFLICT, "node has no rack label")},
     ),
+    # GPU cards: the Binder verifies a decision's cards, or chooses (best fit for a share, the
+    # lowest wholly free for whole cards), and writes them in spec.gpu_cards.
+    Case(
+        "shares of cards chosen best fit by the Binder",
+        [f.gpu_node("n1", 2)],
+        [f.gpu_job(f.job("s", replicas=4, cpu=100), milli=300),
+         f.gpu_job(f.job("t", cpu=100), milli=500), f.gpu_job(f.job("u", cpu=100), milli=800)],
+        [("s", [("s-0", "n1"), ("s-1", "n1"), ("s-2", "n1")]), ("t", [("t-0", "n1")]),
+         ("u", [("u-0", "n1")])],
+        {"s-0": (V.BOUND, ""), "s-1": (V.BOUND, ""), "s-2": (V.BOUND, ""), "t-0": (V.BOUND, ""),
+         "u-0": (V.CONFLICT, "GpuCards: no GPU card with enough free share")},
+        cards={"s-0": [0], "s-1": [0], "s-2": [0], "t-0": [1]},
+    ),
+    Case(
+        "whole cards: the lowest wholly free, never shared",
+        [f.gpu_node("n1", 4)],
+        [f.gpu_job(f.job("s", cpu=100), milli=100), f.gpu_job(f.job("w", replicas=2), 2)],
+        [("s", [("s-0", "n1")]), ("w", [("w-0", "n1"), ("w-1", "n1")])],
+        {"s-0": (V.BOUND, ""), "w-0": (V.BOUND, ""),
+         "w-1": (V.CONFLICT, "GpuCards: not enough whole free GPU cards")},
+        cards={"s-0": [0], "w-0": [1, 2]},
+    ),
+    Case(
+        "forged: two whole-card pods claim one card, the second is refused",
+        [f.gpu_node("n1", 2)],
+        [f.gpu_job(f.job("w", replicas=2))],
+        [("w", [("w-0", "n1"), ("w-1", "n1")])],
+        {"w-0": (V.BOUND, ""), "w-1": (V.CONFLICT, "GPU card 0 is not wholly free")},
+        proposed_cards={"w-0": [0], "w-1": [0]},
+        cards={"w-0": [0]},
+    ),
+    Case(
+        "forged: a share on a card without room, and a card the node does not have",
+        [f.gpu_node("n1", 2)],
+        [f.gpu_job(f.job("s", replicas=3), milli=600)],
+        [("s", [("s-0", "n1"), ("s-1", "n1"), ("s-2", "n1")])],
+        {"s-0": (V.BOUND, ""),
+         "s-1": (V.CONFLICT, "GPU card 1 has 400 milli free, the pod's share is 600"),
+         "s-2": (V.CONFLICT, "no GPU card 2 (the node has 2)")},
+        proposed_cards={"s-0": [1], "s-1": [1], "s-2": [2]},
+        cards={"s-0": [1]},
+    ),
+    Case(
+        "a GPU model the pod does not accept",
+        [f.gpu_node("n1", 2, "T4")],
+        [f.gpu_job(f.job("m"), models=("V100M16", "V100M32"))],
+        [("m", [("m-0", "n1")])],
+        {"m-0": (V.CONFLICT, "GpuCards: GPU model not accepted")},
+    ),
     Case(
         "malformed decisions",
         [f.node("n1")],
@@ -510,6 +562,9 @@ async def test_decide_batch(store: Store, shards: list[Shard], case: Case) -> No
         pods[name].metadata.resource_version -= 1
     units = [unit(jobs.get(job, pb.Job(metadata=pb.ObjectMeta(name=job))), pods, pl)
              for job, pl in case.units]  # fmt: skip
+    for u in units:
+        for p in u.placements:
+            p.gpu_cards.extend(case.proposed_cards.get(p.pod, []))
 
     answer = await shards[0].send(*units)
     batch = await shards[0].read()
@@ -541,6 +596,9 @@ async def test_decide_batch(store: Store, shards: list[Shard], case: Case) -> No
             assert not (await store.get(pb.Job, job.metadata.name)).status.ever_scheduled
     for name, numa in case.numa.items():
         assert list(stored[name].spec.numa_nodes) == numa
+    assert {
+        p.metadata.name: list(p.spec.gpu_cards) for p in stored.values() if p.spec.gpu_cards
+    } == case.cards
 
 
 # --------------------------------------------------------------------------------------------
@@ -690,6 +748,24 @@ async def test_two_shards_claim_one_exclusive_numa_node_at_once(
     assert f"NUMA node 0 is held exclusively by pod {won!r}" in lost.reason
     stored = {p.metadata.name: p for p in (await store.list_all(pb.Pod))[0]}
     assert [list(p.spec.numa_nodes) for p in stored.values() if p.spec.node_name] == [[0]]
+
+
+async def test_two_shards_hand_out_one_gpu_card_at_once(store: Store, shards: list[Shard]) -> None:
+    """Each shard saw card 0 of n1 free and gave it, whole, to its pod in the same instant:
+    exactly one binds; the other is refused (the shard retries), and the card is never shared."""
+    await store.create(f.gpu_node("n1", 2))
+    a, b = f.gpu_job(f.job("a")), f.gpu_job(f.job("b"))
+    pa, pb_ = await submit(store, a), await submit(store, b)
+    ua, ub = unit(a, pa, [("a-0", "n1")]), unit(b, pb_, [("b-0", "n1")])
+    ua.placements[0].gpu_cards.append(0)
+    ub.placements[0].gpu_cards.append(0)
+    results = await asyncio.gather(shards[0].decide(ua), shards[1].decide(ub))
+    verdicts = {k: v for r in results for k, v in r.items()}
+    assert sorted(V.Name(v.code) for v in verdicts.values()) == ["BOUND", "CONFLICT"]
+    [lost] = [v for v in verdicts.values() if v.code == V.CONFLICT]
+    assert "GPU card 0 is not wholly free" in lost.reason
+    stored = {p.metadata.name: p for p in (await store.list_all(pb.Pod))[0]}
+    assert [list(p.spec.gpu_cards) for p in stored.values() if p.spec.node_name] == [[0]]
 
 
 async def test_job_affinity_domain_is_fixed_by_bound_pods(

@@ -154,6 +154,13 @@ def _job_affinity(required: list[str], preferred: list[str]) -> Mutate:
     return mutate
 
 
+def _gpus(cards: int, *, milli: int = 0, models: tuple[str, ...] = ()) -> Mutate:
+    def mutate(job: Job) -> None:
+        f.gpu_job(job, cards, milli=milli, models=models)
+
+    return mutate
+
+
 T = "jobs[0].spec.template"
 BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
     # (case, mutation of a valid 2-replica job, field, description contains)
@@ -236,6 +243,14 @@ BAD_JOBS: list[tuple[str, Mutate, str, str]] = [
      "jobs[0].spec.job_affinity.preferred_topology_keys[0]", "listed twice"),
     ("unknown preemption policy", _set("spec.preemption_policy", 9),
      "jobs[0].spec.preemption_policy", "unknown preemption policy"),
+    ("gpu share with two cards", _gpus(2, milli=500), f"{T}.gpu_milli",
+     "a share of one card needs requests.gpus: 1 (got 2)"),
+    ("gpu share negative", _gpus(1, milli=-1), f"{T}.gpu_milli", "must be 1..999 milli-GPU"),
+    ("gpu share of a whole card", _gpus(1, milli=1000), f"{T}.gpu_milli", "must be 1..999"),
+    ("gpu model empty", _gpus(1, models=("V100M32", "")), f"{T}.gpu_models[1]",
+     "must not be empty"),
+    ("gpu model malformed", _gpus(1, models=("V100 M32",)), f"{T}.gpu_models[0]",
+     "not a GPU model name"),
     ("larger than every node", _set("spec.template.requests.milli_cpu", 8000),
      f"{T}.requests.milli_cpu",
      "no node can ever hold this pod: largest node has 4000m cpu in the guaranteed pool"),

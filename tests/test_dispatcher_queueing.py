@@ -67,8 +67,8 @@ def q(cpu: int = 0, mem: int = 0, gpus: int = 0, pods: int = 0, **ext: int) -> Q
 
 def test_quantities() -> None:
     per_pod = pb.Resources(milli_cpu=100, memory_bytes=10, gpus=1, extended={"x": 2})
-    total = Quantities.of_pod_request(per_pod, 3)
-    assert total == Quantities(300, 30, 3, 3, {"x": 6})
+    total = Quantities.of_pod_request(pb.PodTemplate(requests=per_pod), 3)
+    assert total == Quantities(300, 30, 3000, 3, {"x": 6})  # GPUs in milli-GPU
     acc = Quantities()
     acc.add(total)
     acc.add(total, -1)

@@ -138,9 +138,12 @@ def test_a_claim_whose_pod_is_gone_from_the_view_is_not_chosen() -> None:
 
 def test_claims_of_pods_asking_the_same_share_one_quantities() -> None:
     requests = pb.Resources(milli_cpu=500, memory_bytes=1 << 30)
-    one, two = Quantities.shared_request(requests), Quantities.shared_request(requests)
+    template = pb.PodTemplate(requests=requests)
+    one, two = Quantities.shared_request(template), Quantities.shared_request(template)
     assert one is two and (one.cpu, one.mem, one.pods) == (500, 1 << 30, 1)
-    other = Quantities.shared_request(pb.Resources(milli_cpu=500, extended={"x/fpga": 1}))
+    other = Quantities.shared_request(
+        pb.PodTemplate(requests=pb.Resources(milli_cpu=500, extended={"x/fpga": 1}))
+    )
     assert other is not one and other.extended == {"x/fpga": 1}
 
 

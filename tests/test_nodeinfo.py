@@ -39,7 +39,16 @@ CASES = [
     ("fits exactly", dict(cpu=1000, mem=GiB), [req("a", cpu=500)], req(cpu=500, mem=GiB), []),
     ("cpu over by one", dict(cpu=1000), [req("a", cpu=500)], req(cpu=501), [INSUFFICIENT_CPU]),
     ("memory", dict(mem=GiB), [], req(mem=GiB + 1), [INSUFFICIENT_MEMORY]),
-    ("gpus", dict(gpus=1), [req("a", gpu=1)], req(gpu=1), [INSUFFICIENT_GPUS]),
+    # PodRequest amounts are milli-GPU: one card is 1000.
+    ("gpus", dict(gpus=1), [req("a", gpu=1000)], req(gpu=1000), [INSUFFICIENT_GPUS]),
+    ("gpu shares of one card", dict(gpus=1), [req("a", gpu=600)], req(gpu=400), []),
+    (
+        "gpu shares over one card",
+        dict(gpus=1),
+        [req("a", gpu=600)],
+        req(gpu=401),
+        [INSUFFICIENT_GPUS],
+    ),
     (
         "pod slots are shared by the pools",
         dict(pods=1, be_cpu=1000),

@@ -34,7 +34,10 @@ QUOTA_CASES: list[tuple[str, pb.Resources | None, Quantities, Quantities, Excess
     ("cpu over", pb.Resources(milli_cpu=1000), q(cpu=600), q(cpu=401), Excess("cpu", 1001, 1000)),
     ("unset cpu unlimited, memory over", pb.Resources(memory_bytes=100), q(cpu=10**6, mem=50),
      q(mem=51), Excess("memory", 101, 100)),
-    ("gpus over", pb.Resources(gpus=2), q(gpus=2), q(gpus=1), Excess("gpus", 3, 2)),
+    # GPUs count in milli-GPU against a max in whole cards: shares count as what they are.
+    ("gpus over", pb.Resources(gpus=2), q(gpus=2000), q(gpus=1000), Excess("gpus", 3000, 2000)),
+    ("gpu shares within", pb.Resources(gpus=2), q(gpus=1500), q(gpus=500), None),
+    ("gpu shares over", pb.Resources(gpus=2), q(gpus=1500), q(gpus=501), Excess("gpus", 2001, 2000)),
     ("pod count over", pb.Resources(pods=3), q(pods=2), q(pods=2), Excess("pods", 4, 3)),
     ("extended over", pb.Resources(extended={"fpga": 1}), q(fpga=1), q(fpga=1),
      Excess("fpga", 2, 1)),

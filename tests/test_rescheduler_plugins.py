@@ -1105,3 +1105,23 @@ def test_stale_or_foreign_loads_are_no_measurement() -> None:
     view = build_cluster_view([mknode("fresh"), mknode("stale")], [], [], [], FRAMEWORK, loads=kept)
     assert set(view.loads) == {"fresh"}
     assert [d.node for d in BALANCE.detect(view)] == ["fresh"]  # stale: 0 % requested
+
+
+def test_a_simulated_move_holds_cards_of_its_target_and_frees_its_own() -> None:
+    """The rescheduler's simulation keeps GPU cards as the shards do: a share moved holds a card
+    of its target (best fit), its old card comes free, and a target whose cards cannot hold it
+    fails the GpuCards filter."""
+    a, b, c = (mknode(name, gpus=2) for name in ("a", "b", "c"))
+    pods = []
+    for name, on, milli, card in (("s", "a", 400, 1), ("t", "b", 500, 0), ("full", "c", 0, 0)):
+        p = mkpod(name, on, cpu=100, gpus=2 if name == "full" else 1)
+        p.spec.template.gpu_milli = milli
+        p.spec.gpu_cards.extend([0, 1] if name == "full" else [card])
+        pods.append(p)
+    view = build_view([a, b, c], pods)
+    blocked = view.fits("s", "c")
+    assert blocked is not None and blocked.reasons == ("no GPU card with enough free share",)
+    assert view.fits("s", "b") is None
+    view.move("s", "b")
+    assert list(view.nodes["a"].card_used) == [0, 0]
+    assert list(view.nodes["b"].card_used) == [900, 0]  # beside t: the best fit

@@ -100,7 +100,7 @@ FIT_CASES = [
     FitCase(
         "single: GPUs come from a NUMA node with GPUs left",
         pod(SINGLE, gpus=2), numa_node(sockets=2, per_socket=2, cpu=16000, gpus_per_numa=4),
-        used=[held("a", SINGLE, (0,), gpu=3)], ids=(1,),
+        used=[held("a", SINGLE, (0,), gpu=3000)], ids=(1,),  # milli-GPU: 3 cards
     ),
     FitCase(
         "exclusive: the NUMA node nobody holds",

@@ -278,6 +278,42 @@ def test_an_exclusive_numa_pod_preempts_the_pod_on_a_numa_node_and_takes_it() ->
     assert snapshot.infos["n1"].numa_owner == {victim: "x-0"}
 
 
+def test_a_whole_card_preemptor_evicts_the_share_whose_card_comes_free_and_takes_it() -> None:
+    """Two cards: card 0 holds low-a (500 milli); card 1 holds low-b (300) beside high-c (300,
+    of a priority above the preemptor's). Counting milli alone, the least valuable victim, b,
+    would do (1000 free), yet no card comes wholly free: the search frees card 0 by evicting a,
+    and the preemptor is assumed and proposed holding card 0."""
+    cache = SchedulerCache()
+    n1 = node("n1", cpu=8000, mem=32 * GiB, gpus=2)
+    n1.status.gpu_model = "V100M32"
+    cache.set_node(n1)
+    pods = {}
+    for name, milli, card, priority, started in (
+        ("low-a", 500, 0, LOW, 1000),
+        ("low-b", 300, 1, LOW, 2000),
+        ("high-c", 300, 1, HIGH + 1, 1000),
+    ):
+        p = running(name, "n1", cpu=100, priority=priority, started_ms=started)
+        p.spec.template.requests.gpus = 1
+        p.spec.template.gpu_milli = milli
+        p.spec.gpu_cards.append(card)
+        pods[name] = p
+        cache.set_pod(p)
+    snapshot = Snapshot()
+    snapshot.update(cache)
+    framework = Framework(Profile(), REGISTRY)
+    preemption = Preemption(framework, CacheVictims(cache, pods))
+    [pod] = pods_of(job("w", cpu=100, mem=GiB))
+    pod.spec.template.requests.gpus = 1
+    pod.spec.priority = HIGH
+    unit = UnitInfo("w", 1, 0, HIGH, [PodInfo.from_pod(pod)])
+    result = UnitScheduler(framework, SearchConfig(), preemption).schedule(unit, snapshot)
+    assert result.success, result.reason
+    [placed] = result.placements
+    assert (placed.victims, placed.gpu_cards) == (["low-a"], (0,))
+    assert list(snapshot.infos["n1"].card_used) == [1000, 600]
+
+
 def test_a_pod_that_starts_on_its_node_keeps_the_request_the_node_accounts() -> None:
     """Bound, then running on the same node: the record takes what changed (start, who claims
     it) and shares the request the node holds, instead of a second one per pod."""

@@ -26,7 +26,7 @@ from store import (
     Store,
 )
 from store.client import Bind, Create, Delete, Fence, Release, Update
-from tests.factories import job, node, pods_of
+from tests.factories import gpu_job, gpu_node, job, node, pods_of
 
 
 async def snapshot(store: Store) -> tuple[int, int, dict[str, list[Any]]]:
@@ -270,6 +270,25 @@ async def test_best_effort_pods_use_the_reclaimable_pool(store: Store) -> None:
     assert err.value.cause.pool == "be"
     usage = await store.node_usage("n1")
     assert usage is not None and usage.used["be.cpu"] == 300 and usage.used["g.cpu"] == 0
+
+
+async def test_gpu_shares_are_claimed_in_milli_gpu(store: Store) -> None:
+    """Shares of one card claim their milli-GPU, not a whole card each: 600 and 400 fill the
+    node's one card; one milli more is refused."""
+    await store.create(gpu_node("n1", 1))
+    jobs = [gpu_job(job(name), milli=m) for name, m in (("a", 600), ("b", 400), ("c", 1))]
+    pods = []
+    for j in jobs:
+        pods += pods_of(j)
+        await store.create_unit(j, pods[-1:])
+    _, lease = await store.acquire_lease("binder", "b1", 10_000)
+    fence = Fence("binder", lease.epoch)
+    await store.bind(_on(pods[:2], "n1"), fence=fence)
+    with pytest.raises(CommitError) as err:
+        await store.bind(_on(pods[2:], "n1"), fence=fence)
+    assert isinstance(err.value.cause, InsufficientCapacityError)
+    usage = await store.node_usage("n1")
+    assert usage is not None and (usage.capacity["g.gpu"], usage.used["g.gpu"]) == (1000, 1000)
 
 
 # ---------------------------------------------------------------------------------------------

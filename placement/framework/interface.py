@@ -119,10 +119,13 @@ class PodInfo:
         for slot in PodInfo.__slots__:
             setattr(copy, slot, getattr(self, slot))
         copy.name = name
-        # A replacement holds no NUMA nodes until it is placed (the original's stay behind).
+        # A replacement holds no NUMA nodes or GPU cards until it is placed (the original's
+        # stay behind).
         copy.req = self.req.renamed(name)
         if copy.req.numa_nodes:
             copy.req = copy.req.pinned(())
+        if copy.req.gpu_cards:
+            copy.req = copy.req.with_cards(())
         copy.template_key = template_key
         copy.resource_version = 0
         copy.topology = None

@@ -30,6 +30,9 @@ DEFAULT_FILTERS = (
     "NodeAffinity",
     "TaintToleration",
     "NodePorts",
+    # Before the pool fit: a model the pod does not accept is final (unresolvable), and a card
+    # short of a share says so rather than the pool's total.
+    "GpuCards",
     "NodeResourcesFit",
     # After the pool fit: NUMA nodes are a finer cut of the same room.
     "NumaTopology",

@@ -3,6 +3,7 @@
 from placement.framework import Registry
 from placement.plugins import (
     balancedallocation,
+    gpucards,
     interpodaffinity,
     joblevelaffinity,
     leastallocated,
@@ -32,6 +33,7 @@ def new_in_tree_registry() -> Registry:
             podtopologyspread.SPEC,
             numatopology.SPEC,
             joblevelaffinity.SPEC,
+            gpucards.SPEC,
         ]
     )
 

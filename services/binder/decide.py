@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
+from placement import gpu
 from placement.claims import TERMINAL_PHASES
 from placement.framework import Framework, JobAffinity, PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest
-from placement.plugins import joblevelaffinity, numatopology
+from placement.plugins import gpucards, joblevelaffinity, numatopology
 from placement.quotas import SubtreeUsage, queue_of, quota_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
@@ -96,6 +97,8 @@ class Candidate:
     info: PodInfo
     # The NUMA nodes the pod binds with: the decision's, verified, or chosen here.
     numa_nodes: tuple[int, ...] = ()
+    # The GPU cards the pod binds with: the decision's, verified, or chosen here.
+    gpu_cards: tuple[int, ...] = ()
 
 
 class BatchPlan:
@@ -261,11 +264,19 @@ class BatchPlan:
                 else:
                     cand.numa_nodes = numa
                     req = req.pinned(numa) if numa else req
+            if status is None and req.requests.gpus:
+                cards = _gpu_cards(info, req, tuple(cand.placement.gpu_cards))
+                if isinstance(cards, str):
+                    failures.append(f"{gpucards.NAME}: {cards}")
+                else:
+                    cand.gpu_cards = cards
+                    req = req.with_cards(cards)
             if failures:
                 _put_back(info, freed)
                 results[name] = f"node {node!r}: {'; '.join(failures)}"
             else:
-                info.add_pod(req)  # holding its NUMA nodes: a later claim on them is refused
+                # Holding its NUMA nodes and cards: a later claim on them is refused.
+                info.add_pod(req)
                 results[name] = None
         return results
 
@@ -501,7 +512,16 @@ class BatchPlan:
         ops += evictions.ops
         for cand in self.candidates.values():
             ops.append(
-                Bind(bound_pod(cand.pod, cand.placement, self.batch.shard, now, cand.numa_nodes))
+                Bind(
+                    bound_pod(
+                        cand.pod,
+                        cand.placement,
+                        self.batch.shard,
+                        now,
+                        cand.numa_nodes,
+                        cand.gpu_cards,
+                    )
+                )
             )
             targets.append(("Pod", cand.pod.metadata.name))
             jobs[cand.job] = None
@@ -544,15 +564,21 @@ def bound_pod(
     shard: str,
     now_ms: int,
     numa_nodes: tuple[int, ...] | None = None,
+    gpu_cards: tuple[int, ...] | None = None,
 ) -> pb.Pod:
     """The pod as the Binder writes it when binding (see services/README.md); ``numa_nodes``
-    (default: the placement's) are the NUMA nodes the Binder verified or chose."""
+    and ``gpu_cards`` (default: the placement's) are the NUMA nodes and GPU cards the Binder
+    verified or chose."""
     out = pb.Pod()
     out.CopyFrom(pod)
     out.status.scheduler = shard  # the shard whose decision this is
     out.spec.node_name = placement.node
     del out.spec.numa_nodes[:]
     out.spec.numa_nodes.extend(placement.numa_nodes if numa_nodes is None else numa_nodes)
+    cards = placement.gpu_cards if gpu_cards is None else gpu_cards
+    if cards or out.spec.gpu_cards:  # most pods ask no GPU: no repeated-field writes for them
+        del out.spec.gpu_cards[:]
+        out.spec.gpu_cards.extend(cards)
     out.status.phase = pb.POD_BOUND
     out.status.bound_ms = now_ms
     out.status.reason = ""
@@ -578,6 +604,18 @@ def _numa_nodes(
         return why if why is not None else proposed
     found = numatopology.choose(info, req)
     return found.reason if isinstance(found, numatopology.NumaFailure) else found
+
+
+def _gpu_cards(info: NodeInfo, req: PodRequest, proposed: tuple[int, ...]) -> tuple[int, ...] | str:
+    """The GPU cards ``req`` binds with on ``info``: the decision's proposal if those cards
+    still hold it (a card another shard's pod took since is refused, never moved: the shard
+    retries against a refreshed view), the Binder's own choice (``gpu.choose_cards``) when the
+    decision named none, or why neither works."""
+    if proposed:
+        why = gpu.verify_cards(info, req, proposed)
+        return why if why is not None else proposed
+    found = gpu.choose_cards(info, req)
+    return found.reason if isinstance(found, gpu.GpuFailure) else found
 
 
 def _labels(node: pb.Node | None) -> dict[str, str] | None:

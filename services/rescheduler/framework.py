@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 from placement.framework import Framework, JobAffinity, PodInfo, Status
+from placement.gpu import pin_cards
 from placement.nodeinfo import GUARANTEED, NodeInfo
 from placement.plugins import joblevelaffinity
 from placement.plugins.numatopology import pin_numa
@@ -211,8 +212,9 @@ class ClusterView:
             return
         self.nodes[source].remove_pod(pod)
         self._by_node[source].discard(pod)
-        # A NUMA-bound pod holds NUMA nodes of its new node, chosen as a shard would.
-        placed = pin_numa(self.nodes[target], running.info.req)
+        # A NUMA-bound pod holds NUMA nodes of its new node, a pod asking GPUs cards of it,
+        # chosen as a shard would.
+        placed = pin_cards(self.nodes[target], pin_numa(self.nodes[target], running.info.req))
         self.nodes[target].add_pod(placed)
         self._by_node.setdefault(target, set()).add(pod)
         running.node = target

@@ -37,6 +37,7 @@ from typing import Any
 
 from placement.budgets import BudgetTracker
 from placement.framework import Framework, PodInfo, Profile, UnitInfo
+from placement.gpu import pin_cards
 from placement.plugins import new_in_tree_registry
 from placement.plugins.numatopology import pin_numa
 from placement.search import UnitScheduler
@@ -450,7 +451,8 @@ def validate_targets(
         if status is not None:
             dropped.append((move, f"{status.plugin}: {', '.join(status.reasons)}"))
             continue
-        target.add_pod(pin_numa(target, running.info.req))  # its NUMA nodes there, if bound
+        # Its NUMA nodes there, if bound, and its GPU cards there, if it asks GPUs.
+        target.add_pod(pin_cards(target, pin_numa(target, running.info.req)))
         kept.append(move)
     return kept, dropped
 
@@ -464,7 +466,7 @@ def _replacement(view: ClusterView, pod: str, keys: dict[tuple[object, ...], byt
     req = info.req
     q = req.requests
     inputs = (
-        req.pool, q.cpu, q.mem, q.gpus, req.host_ports, req.numa_policy,
+        req.pool, q.cpu, q.mem, q.gpus, req.gpu_models, req.host_ports, req.numa_policy,
         info.node_selector, info.required_terms, info.preferred_terms, info.tolerations,
     )  # fmt: skip
     return info.renamed(name, keys.setdefault(inputs, len(keys).to_bytes(8, "big")))

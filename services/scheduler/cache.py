@@ -125,15 +125,16 @@ class SchedulerCache:
             self.bound[name] = (current[0], VictimCandidate.from_pod(pod, current[1]))
             return
         assumed = self.assumed.pop(name, None)
-        # Assumed on this node with the NUMA nodes it was bound with: already counted, it just
-        # changes hands, and the record shares the request the node holds (a second one per
-        # pod this shard placed was memory and an object for the collector to walk).
-        # Elsewhere, or holding other NUMA nodes: counted again.
+        # Assumed on this node with the NUMA nodes and GPU cards it was bound with: already
+        # counted, it just changes hands, and the record shares the request the node holds (a
+        # second one per pod this shard placed was memory and an object for the collector to
+        # walk). Elsewhere, or holding other NUMA nodes or cards: counted again.
         accounted = (
             assumed.req
             if assumed is not None
             and assumed.node == node_name
             and assumed.req.numa_nodes == tuple(pod.spec.numa_nodes)
+            and assumed.req.gpu_cards == tuple(pod.spec.gpu_cards)
             else None
         )
         record = VictimCandidate.from_pod(pod, request=accounted)

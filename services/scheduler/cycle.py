@@ -270,6 +270,8 @@ class ShardCycle:
             if p.recommendation:
                 self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
             req = requests[p.pod].pinned(p.numa_nodes) if p.numa_nodes else requests[p.pod]
+            if p.gpu_cards:  # the cache's node holds the cards, as the search assumed them
+                req = req.with_cards(p.gpu_cards)
             self.cache.assume(req, p.node, p.victims)
             self.victims.admit(p.victims)
             unit.inflight[p.pod] = p.node
@@ -280,6 +282,7 @@ class ShardCycle:
                 victims=p.victims,
                 movement=p.recommendation or movement,
                 numa_nodes=p.numa_nodes,
+                gpu_cards=p.gpu_cards,
             )
         self._stats["decided_pods"] += len(out)
         _nominate(unit, out)

@@ -501,6 +501,7 @@ class Placement(_message.Message):
     NUMA_NODES_FIELD_NUMBER: _builtins.int
     VICTIMS_FIELD_NUMBER: _builtins.int
     MOVEMENT_FIELD_NUMBER: _builtins.int
+    GPU_CARDS_FIELD_NUMBER: _builtins.int
     pod: _builtins.str
     pod_resource_version: _builtins.int
     node: _builtins.str
@@ -512,6 +513,12 @@ class Placement(_message.Message):
     def victims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Pods this placement needs evicted first (preemption)."""
 
+    @_builtins.property
+    def gpu_cards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The GPU cards the shard assumed the pod on (placement.gpu.choose_cards); the Binder
+        verifies them on its view of the node, or chooses when none are named.
+        """
+
     def __init__(
         self,
         *,
@@ -521,10 +528,11 @@ class Placement(_message.Message):
         numa_nodes: _abc.Iterable[_builtins.int] | None = ...,
         victims: _abc.Iterable[_builtins.str] | None = ...,
         movement: _builtins.str = ...,
+        gpu_cards: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["movement", b"movement", "node", b"node", "numa_nodes", b"numa_nodes", "pod", b"pod", "pod_resource_version", b"pod_resource_version", "victims", b"victims"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_cards", b"gpu_cards", "movement", b"movement", "node", b"node", "numa_nodes", b"numa_nodes", "pod", b"pod", "pod_resource_version", b"pod_resource_version", "victims", b"victims"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -336,11 +336,17 @@ class Resources(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     PODS_FIELD_NUMBER: _builtins.int
     EXTENDED_FIELD_NUMBER: _builtins.int
+    MILLI_GPUS_FIELD_NUMBER: _builtins.int
     milli_cpu: _builtins.int
     memory_bytes: _builtins.int
     gpus: _builtins.int
     pods: _builtins.int
     """A pod slot count: capacities set it, a pod's request is implicitly 1."""
+    milli_gpus: _builtins.int
+    """In figures the scheduler writes (a queue's status.used and borrowed): the exact GPU amount
+    in milli-GPU, shares of cards counted as such; gpus then holds it in whole cards, rounded
+    up. Never set in requests, capacities or quotas (whole cards, in gpus).
+    """
     @_builtins.property
     def extended(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Other countable resources, e.g. "example.com/fpga": 2."""
@@ -353,10 +359,11 @@ class Resources(_message.Message):
         gpus: _builtins.int = ...,
         pods: _builtins.int = ...,
         extended: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        milli_gpus: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["extended", b"extended", "gpus", b"gpus", "memory_bytes", b"memory_bytes", "milli_cpu", b"milli_cpu", "pods", b"pods"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["extended", b"extended", "gpus", b"gpus", "memory_bytes", b"memory_bytes", "milli_cpu", b"milli_cpu", "milli_gpus", b"milli_gpus", "pods", b"pods"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

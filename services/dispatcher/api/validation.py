@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from placement import labels
 from placement.nodeinfo import POOL_NAMES, pool_of
 from placement.quotas import DEFAULT_QUEUE
+from placement.resources import MILLI_PER_CARD
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.objects import NodeShape
@@ -287,7 +288,10 @@ def _validate_spec(spec: pb.JobSpec, s: str, ctx: SubmitContext) -> Violations:
             )
         )
     out += validate_template(spec.template, f"{s}.template")
-    if not any(v.field.startswith(f"{s}.template.requests") for v in out):
+    # A request already refused (its amounts, or its GPU share or models) is not measured
+    # against the nodes too.
+    refused = (f"{s}.template.requests", f"{s}.template.gpu_")
+    if not any(v.field.startswith(refused) for v in out):
         out += _check_some_node_fits(spec, f"{s}.template.requests", ctx)
     return out
 
@@ -397,6 +401,7 @@ def validate_template(t: pb.PodTemplate, prefix: str) -> Violations:
         )
     if t.numa_policy not in _NUMA_VALUES:
         out.append(violation(f"{prefix}.numa_policy", f"unknown NUMA policy {t.numa_policy}"))
+    out += validate_gpus(t, prefix)
     out += validate_labels(t.node_selector, f"{prefix}.node_selector")
     out += validate_labels(t.labels, f"{prefix}.labels")
     out += validate_ports(t.ports, f"{prefix}.ports")
@@ -441,8 +446,53 @@ def validate_spread(constraints: Iterable[pb.TopologySpreadConstraint], prefix: 
     return out
 
 
+def validate_gpus(t: pb.PodTemplate, prefix: str) -> Violations:
+    """A share of one card (``gpu_milli`` 1..999 with ``requests.gpus: 1``) and the models the
+    pod accepts (each named as a label value is, non-empty, once)."""
+    out: Violations = []
+    share, cards = t.gpu_milli, t.requests.gpus
+    if share and not 0 < share < MILLI_PER_CARD:
+        out.append(
+            violation(
+                f"{prefix}.gpu_milli",
+                f"must be 1..{MILLI_PER_CARD - 1} milli-GPU, a share of one card (got {share}; "
+                "whole cards are asked in requests.gpus)",
+            )
+        )
+    elif share and cards != 1:
+        out.append(
+            violation(
+                f"{prefix}.gpu_milli",
+                f"a share of one card needs requests.gpus: 1 (got {cards})",
+            )
+        )
+    if t.gpu_models and cards <= 0:
+        out.append(violation(f"{prefix}.gpu_models", "set without requests.gpus: no GPU asked"))
+    seen: set[str] = set()
+    for k, model in enumerate(t.gpu_models):
+        field = f"{prefix}.gpu_models[{k}]"
+        if not model:
+            out.append(violation(field, "must not be empty (a GPU model name, e.g. V100M32)"))
+            continue
+        problem = labels.value_problem(model)
+        if problem:
+            out.append(violation(field, f"not a GPU model name: {problem}"))
+        elif model in seen:
+            out.append(violation(field, f"{model!r} is listed twice"))
+        seen.add(model)
+    return out
+
+
 def validate_requests(r: pb.Resources, prefix: str) -> Violations:
     out = _non_negative(r, prefix)
+    if r.milli_gpus:
+        out.append(
+            violation(
+                f"{prefix}.milli_gpus",
+                "is a figure the scheduler writes: ask whole cards in gpus, a share of one "
+                "card in the template's gpu_milli",
+            )
+        )
     if not out and r.milli_cpu == 0 and r.memory_bytes == 0:
         out.append(violation(prefix, "at least one of milli_cpu, memory_bytes must be set"))
     return out
@@ -671,6 +721,13 @@ def validate_node(n: pb.Node, prefix: str) -> Violations:
     out += validate_labels(n.metadata.labels, f"{prefix}.metadata.labels")
     out += _non_negative(n.status.allocatable, f"{prefix}.status.allocatable")
     out += _non_negative(n.status.reclaimable, f"{prefix}.status.reclaimable")
+    model = n.status.gpu_model
+    if model:
+        problem = labels.value_problem(model)
+        if problem:
+            out.append(violation(f"{prefix}.status.gpu_model", f"not a GPU model name: {problem}"))
+        elif n.status.allocatable.gpus <= 0:
+            out.append(violation(f"{prefix}.status.gpu_model", "set on a node without GPU cards"))
     for k, taint in enumerate(n.spec.taints):
         f = f"{prefix}.spec.taints[{k}]"
         # A taint's key and value have a label's syntax (as Kubernetes validates them).

@@ -98,7 +98,7 @@ class Claim:
             pod.metadata.name,
             sys.intern(queue_of(pod)),
             pool_of(pod.spec.qos),
-            Quantities.shared_request(pod.spec.template.requests),
+            Quantities.shared_request(pod.spec.template),
             pod.spec.priority,
             pod.status.started_ms,
             bool(pod.metadata.deletion_timestamp_ms),

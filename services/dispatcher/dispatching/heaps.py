@@ -63,7 +63,7 @@ class QueueHeaps:
         if being_deleted(job):
             return None  # going, in chunks: nothing more of it is scheduled
         spec, count = job.spec, len(entry.pods)
-        requests = Quantities.of_pod_request(spec.template.requests, count)
+        requests = Quantities.of_pod_request(spec.template, count)
         least = min(max(1, spec.min_member), count)
         unit = PendingUnit(
             entry.job,
@@ -75,9 +75,7 @@ class QueueHeaps:
             requests,
             pool_of(spec.qos),
             # Never mutated: one instance serves both when the unit's min is all of it.
-            requests
-            if least == count
-            else Quantities.of_pod_request(spec.template.requests, least),
+            requests if least == count else Quantities.of_pod_request(spec.template, least),
         )
         entry.view = (version, unit)
         return unit
