@@ -48,6 +48,7 @@ from godel import local
 from godel.client import ProtoClient, ReschedulerClient
 from godel.local.cluster import probe_credentials
 from protos.godel.v1 import objects_pb2 as pb
+from services.eviction import replacement_number
 from services.runtime.healthcheck import probe
 from store import Store
 from store.server import allocator_of, find_server_binary
@@ -454,6 +455,7 @@ def _reschedule(
             "movements": len(plan.movements),
             "moves_per_second": round(plan.evicted / wall, 1) if wall else 0.0,
             "measured_after": measured,
+            "gangs": _gang_moves(state, home, plan),
         }
     return {
         "policy": policy,
@@ -469,6 +471,29 @@ def _reschedule(
         **executed,
         # What the node agents measure (executed rounds: after the replacements run).
         "measured_load": {"before": load_before, "after": load_after},
+    }
+
+
+def _gang_moves(state: local.ClusterState, home: local.GodelHome, plan: Any) -> dict[str, int]:
+    """What an executed round did to running gangs (jobs of min_member > 1), from the pods
+    stored afterwards: a replacement (``<job>-<index>-r<n>``) per evicted pod, so a gang is
+    moved whole when every index has one, partly evicted when some but not all do (the aim:
+    never), and left whole when the plan said so."""
+    client = ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path)
+    try:
+        jobs = {j.metadata.name: j.spec for j in client.list(pb.Job) if j.spec.min_member > 1}
+        replaced: dict[str, set[int]] = {}
+        for pod in client.list(pb.Pod):
+            if pod.spec.job in jobs and replacement_number(pod):
+                replaced.setdefault(pod.spec.job, set()).add(pod.spec.index)
+    finally:
+        client.close()
+    whole = sum(1 for job, idx in replaced.items() if len(idx) >= jobs[job].replicas)
+    return {
+        "gangs": len(jobs),
+        "moved_whole": whole,
+        "partly_evicted": len(replaced) - whole,
+        "left_whole": len(plan.left_whole),
     }
 
 

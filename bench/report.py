@@ -171,16 +171,22 @@ def rescheduling_section(report: dict[str, Any]) -> list[str]:
             "Executed rounds (RPC s = from the trigger until the last batch's replacements run):",
             "",
             "| run | evicted | movements | moves/s | gpu frag measured after | whole free gpu"
-            " nodes measured after | message |",
-            "|---|---|---|---|---|---|---|",
+            " nodes measured after | gangs moved whole / left whole / partly evicted | message |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in executed:
             x = r["reschedule"]
             m = x["measured_after"]
+            g = x.get("gangs") or {}
+            gangs = (
+                f"{g['moved_whole']} / {g['left_whole']} / {g['partly_evicted']} of {g['gangs']}"
+                if g.get("gangs")
+                else "-"
+            )
             lines.append(
                 f"| {_label(r)} | {x['evicted']:,} | {x['movements']} | "
                 f"{x['moves_per_second']:,.0f} | {m.get('gpu_fragmentation', 0):.1%} | "
-                f"{m.get('whole_free_gpu_nodes', 0):,} | {x['message']} |"
+                f"{m.get('whole_free_gpu_nodes', 0):,} | {gangs} | {x['message']} |"
             )
         lines.append("")
     loads = [r for r in executed if r["reschedule"].get("measured_load")]
