@@ -309,8 +309,8 @@ class UnitDispatcher:
         self.partition_room: PartitionRoomOf | None = None
         self._retry_at: dict[str, float] = {}
         # Whether shard liveness is judged (our view is current and the shards' stamps read in
-        # continuous contact with the store); not before the stamps were read twice.
-        self._judging = False
+        # continuous contact with the store: ShardLiveness).
+        self._judging = True
         # Who is alive, from the shards' stamps (read once per shard-loop tick; the node
         # shuffler and the reconciler judge by the same read).
         self.liveness = ShardLiveness(store, informer, settings.shard_grace_seconds)

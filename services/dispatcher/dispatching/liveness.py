@@ -14,8 +14,9 @@ Judging needs continuous contact with the store. Stamps are read directly, so a 
 that lags no longer makes them look old; but a store that took no writes for a while (one long
 script making every command BUSY, a failover) refused the shards' stamps as it refused our
 reads, and right after it every stamp is old through no fault of the shards. So a shard is
-judged only when this read succeeded, the previous successful one was at most half the grace
-before it (server clock), and the read is recent (our own loop was not blocked since). The
+judged only when this read succeeded, the previous successful one (if any) was at most half
+the grace before it (server clock), and the read is recent (our own loop was not blocked
+since). The
 informer's staleness (``check_shards``) stays a second sign of the same thing: a watch that
 could not read for a while means the store, or our loop, was not there.
 """
@@ -27,8 +28,9 @@ import time
 import structlog
 
 from protos.godel.v1 import objects_pb2 as pb
-from store import Heartbeats, Store, StoreUnavailableError
+from store import Store, StoreUnavailableError
 from store.informer import Informer
+from store.nodes import Heartbeats
 from store.pulse import last_beat_ms
 
 log = structlog.get_logger(__name__)
@@ -55,9 +57,9 @@ class ShardLiveness:
             self._continuous = False
             return False
         previous = self.beats
-        self._continuous = previous is not None and (
-            beats.now_ms - previous.now_ms <= self.grace_ms // 2
-        )
+        # The first read has nothing to follow: at start-up no shard is linked yet, and the
+        # view just synced proves a moment's contact (a dead record waits dead_shard_seconds).
+        self._continuous = previous is None or beats.now_ms - previous.now_ms <= self.grace_ms // 2
         self.beats = beats
         self._read_at = time.monotonic()
         return self.judging
