@@ -63,6 +63,11 @@ def test_shard_killed_mid_decision_loses_its_nodes_and_work_to_the_others(
         return sizes if balanced and min(sizes.values()) > 0 and not rebalance_move(sizes) else None
 
     sizes = wait_until(three_partitions, 60, "three partitions covering the 30 nodes")
+    # `godel get schedulers`: each shard's last liveness stamp, seconds ago.
+    table = cluster.godel("get", "schedulers").stdout.splitlines()
+    assert table[0].split()[:4] == ["NAME", "ADDRESS", "LAST-BEAT", "UNDECIDED"], table
+    assert sorted(row.split()[0] for row in table[1:]) == names
+    assert all(row.split()[2].endswith("s") for row in table[1:]), table
     status = cluster.godel("status").stdout
     assert "partitioning: on" in status
     for name in names:
@@ -78,8 +83,8 @@ def test_shard_killed_mid_decision_loses_its_nodes_and_work_to_the_others(
     wait_until(lambda: not psutil.pid_exists(victim) or _zombie(victim), 30, "shard gone")
 
     def all_bound() -> bool:
-        pods = cluster.client.list("Pod")
-        return len(pods) == 400 and all(p.spec.node_name for p in pods)  # type: ignore[attr-defined]
+        pods = [p for p in cluster.client.list(pb.Pod) if p.metadata.name.startswith("burst-")]
+        return len(pods) == 400 and all(p.spec.node_name for p in pods)
 
     wait_until(all_bound, 120, "every pod bound by the surviving shards")
     # The kill -9'd shard, and only it, was judged dead.
