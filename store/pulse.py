@@ -23,7 +23,7 @@ import structlog
 
 from store.connection import StoreConnection, translate_errors
 from store.errors import StoreUnavailableError
-from store.metrics import HEARTBEAT_ROUND_TRIP
+from store.metrics import HEARTBEAT_ROUND_TRIP, SHARD_HEARTBEAT_GAP_MAX
 from store.nodes import Heartbeats
 
 log = structlog.get_logger(__name__)
@@ -111,6 +111,7 @@ class ShardPulse:
         self.stamps = 0  # stamps written, for tests and logs
         # The longest time between two stamps written (from the thread's own clock).
         self.max_gap_s = 0.0
+        self._gap_max = SHARD_HEARTBEAT_GAP_MAX.labels(shard)
 
     async def run(self) -> None:
         """Stamp from a thread of its own until :meth:`stop`; raises if the thread failed."""
@@ -205,8 +206,9 @@ class ShardPulse:
             self._tell_owner_missing()  # each beat until the owner has registered again
             return last
         self.stamps += 1
-        if last is not None:
-            self.max_gap_s = max(self.max_gap_s, now - last)
+        if last is not None and now - last > self.max_gap_s:
+            self.max_gap_s = now - last
+            self._gap_max.set(self.max_gap_s)
         return now
 
     def _ask_owner(self) -> None:

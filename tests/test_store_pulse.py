@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
@@ -75,6 +76,8 @@ async def test_stamps_go_on_while_the_owner_loop_is_blocked(
     assert during > 0, "no stamp was written while the owner's loop was blocked"
     beats = await store.shard_heartbeats()
     assert beats.now_ms - beats.last_ms["busy"] < 1000  # stamped during the block
+    gap = REGISTRY.get_sample_value("godel_shard_heartbeat_gap_max_seconds", {"shard": "busy"})
+    assert gap is not None and 0 < gap < 1.0  # the block did not stretch the stamps' gaps
     await pulse.stop()
     await task
 
