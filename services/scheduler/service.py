@@ -406,6 +406,7 @@ class SchedulerService(Service[SchedulerConfig]):
         try:
             with contextlib.suppress(StoreError):
                 await self._register()
+                self._counters_written = None  # the new record has none yet
                 log.warning("record was gone; registered again", shard=self.config.name)
         finally:
             self._registering = False
