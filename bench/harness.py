@@ -61,9 +61,9 @@ INIT_PREFIX = "init"
 INIT_IN_FLIGHT = 100_000
 MEASURED_PREFIX = "m"
 _SAMPLE_SECONDS = 1.0
-# Shards write their counters with their heartbeat (1 s by default): wait this long before
-# reading them, so the reading covers everything up to now.
-_HEARTBEAT_FLUSH_SECONDS = 1.5
+# Shards write their counters into their records every status_seconds (5 s by default), when
+# they changed: wait this long before reading them, so the reading covers everything up to now.
+_COUNTERS_FLUSH_SECONDS = 5.5
 # A restarted service (``restart: true``): its graceful stop, then its start to SERVING.
 _RESTART_STOP_SECONDS = 30.0
 _RESTART_SERVING_SECONDS = 600.0
@@ -186,7 +186,7 @@ class _StoreProbe:
 
     def shard_counters(self) -> tuple[int, int, int, int]:
         """(pods proposed, bound, conflicted, shards holding a partition) summed over the
-        shards' SchedulerInstance records, as their last heartbeat wrote them."""
+        shards' SchedulerInstance records, as their last status write left them."""
         instances, _ = self._loop.run_until_complete(self._store.list_all(pb.SchedulerInstance))
         proposed = sum(i.status.proposed_pods for i in instances)
         bound = sum(i.status.bound_pods for i in instances)
@@ -329,12 +329,12 @@ def _run_workload(
             epochs = [probe.binder_epoch()]
             init = _init_pods(client, probe, workload, progress, alive)
             settle = _settle(probe, state, progress, alive)
-            time.sleep(_HEARTBEAT_FLUSH_SECONDS)  # the shards' counters after init
+            time.sleep(_COUNTERS_FLUSH_SECONDS)  # the shards' counters after init
             before = probe.shard_counters()
             epochs.append(probe.binder_epoch())
             load, result = _measure(workload, state, probe, home, rate, progress, init)
             result["settle"] = settle
-            time.sleep(_HEARTBEAT_FLUSH_SECONDS)
+            time.sleep(_COUNTERS_FLUSH_SECONDS)
             result["conflicts"] = _conflicts(before, probe.shard_counters())
             epochs.append(probe.binder_epoch())
             result["leadership"] = _leadership(state, epochs)

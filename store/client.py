@@ -10,6 +10,7 @@
 | ``ChangeFeed`` | ``store/feed.py`` | ``revision``, ``oldest_revision``, ``watch`` |
 | ``Leases`` | ``store/lease.py`` | ``acquire_lease``/``renew_lease``/``release_lease``/``get_lease`` (the ``Fence`` they prove) |
 | ``NodeHeartbeats``, ``NodeAccounting`` | ``store/nodes.py`` | ``record_heartbeats``/``heartbeats``/``stale_heartbeats``/``forget_heartbeats``; ``node_usage``/``claims``/``claim_count`` |
+| ``ShardHeartbeats`` | ``store/pulse.py`` | ``record_shard_heartbeat``/``shard_heartbeats``/``forget_shard_heartbeat`` (scheduler shards' liveness stamps; ``ShardPulse`` writes them from a thread) |
 
 The parts are mixins of one class rather than objects ``Store`` holds: a call such as
 ``store.commit`` or ``store.watch`` is one method lookup on the store, as it was before the split,
@@ -23,11 +24,20 @@ from store.feed import ChangeFeed, EventType, WatchBatch, WatchEvent
 from store.lease import Fence, Leases
 from store.nodes import Heartbeats, NodeAccounting, NodeHeartbeats, NodeUsage, StaleBeats
 from store.ops import MAX_OPS_PER_CALL, Bind, Create, Delete, Op, Release, Update, new_uid
+from store.pulse import ShardHeartbeats
 from store.reads import ListResult, ObjectReads, StoredListing
 from store.writes import ObjectWrites
 
 
-class Store(ObjectReads, ObjectWrites, ChangeFeed, Leases, NodeHeartbeats, NodeAccounting):
+class Store(
+    ObjectReads,
+    ObjectWrites,
+    ChangeFeed,
+    Leases,
+    NodeHeartbeats,
+    NodeAccounting,
+    ShardHeartbeats,
+):
     """Async client of one cluster's state. Cheap to share between tasks of one process.
 
     ``Store.connect(url)`` connects; every method comes from one of the parts listed in this

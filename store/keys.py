@@ -60,6 +60,12 @@ class Keys:
         return f"{self._prefix}:loads"
 
     @property
+    def shard_heartbeats(self) -> str:
+        """Scheduler shards' liveness stamps (server ms), outside the change feed: field =
+        shard name (``store/pulse.py``)."""
+        return f"{self._prefix}:heartbeats:shards"
+
+    @property
     def replication_barrier(self) -> str:
         """Written only to wait behind it: a replica that has it has every earlier write."""
         return f"{self._prefix}:barrier"

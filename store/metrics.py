@@ -49,6 +49,15 @@ LEASE_RENEWAL_LATENESS_MAX = Gauge(
     ["lease"],
 )
 
+SHARD_HEARTBEAT_GAP_MAX = Gauge(
+    "godel_shard_heartbeat_gap_max_seconds",
+    "The longest time between two liveness stamps a scheduler shard wrote (store.pulse), since "
+    "the process started. A shard is judged dead when this passes the dispatcher's "
+    "shard_grace_seconds; a busy event loop does not lengthen it (the stamps have a thread of "
+    "their own).",
+    ["shard"],
+)
+
 
 class _Lagging(Protocol):
     kinds: list[str]

@@ -691,6 +691,25 @@ async def test_get_and_errors(dispatcher: Running, store: Store) -> None:
     )
 
 
+async def test_a_shards_last_beat_is_served_from_its_liveness_stamps(
+    dispatcher: Running, store: Store
+) -> None:
+    """`godel get schedulers` shows when each shard last stamped its liveness (the shard
+    heartbeat hash, outside the change feed): Get and List serve it as ``status.heartbeat_ms``;
+    the stored record keeps its registration time."""
+    shard = pb.SchedulerInstance(metadata=pb.ObjectMeta(name="shard-a"))
+    shard.spec.address = "127.0.0.1:1"
+    shard.status.heartbeat_ms = 1_000  # registered long ago
+    await store.create(shard)
+    assert await store.record_shard_heartbeat("shard-a")
+    beat = (await store.shard_heartbeats()).last_ms["shard-a"]
+    got = await dispatcher.api.Get(api_pb2.GetRequest(kind="SchedulerInstance", name="shard-a"))
+    assert got.scheduler_instance.status.heartbeat_ms == beat
+    listed = await dispatcher.api.List(api_pb2.ListRequest(kind="SchedulerInstance"))
+    assert [o.scheduler_instance.status.heartbeat_ms for o in listed.items] == [beat]
+    assert (await store.get(pb.SchedulerInstance, "shard-a")).status.heartbeat_ms == 1_000
+
+
 async def test_list_selectors_jobs_and_pages(dispatcher: Running, store: Store) -> None:
     for i in range(5):
         n = f.node(f"n{i}")

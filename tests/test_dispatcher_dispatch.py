@@ -275,6 +275,28 @@ async def test_dead_shard_units_go_to_the_live_one(
     assert "2 undecided unit(s) dispatched again" in event.message
 
 
+async def test_a_shard_that_stamps_keeps_its_units_though_its_record_is_never_rewritten(
+    dispatcher: Running, store: Store, shards: list[TestShard]
+) -> None:
+    """Liveness is the shard's stamps (store/pulse.py), not its record: a record left as
+    registered for three times the grace (a shard writes its counters rarely, and not at all
+    while its event loop is busy) loses the shard nothing while its stamps go on."""
+    a = await start_shard(shards, store, dispatcher, "shard-a", capacity=10)
+    await submit(dispatcher, f.job("j1", replicas=3))
+    await eventually(lambda: a.jobs() == ["j1"], what="on a")
+    record = await store.get(pb.SchedulerInstance, "shard-a")
+    grace = dispatcher.service.config.shard_grace_seconds
+    await asyncio.sleep(3 * grace)
+    assert (await store.get(pb.SchedulerInstance, "shard-a")).metadata.resource_version == (
+        record.metadata.resource_version
+    )
+    core = dispatcher.service.core
+    assert "shard-a" in core.links and core.links["shard-a"].undecided == {"j1": 3}
+    assert a.jobs() == ["j1"]  # never taken back and sent again
+    events, _ = await store.list_all(pb.Event)
+    assert [e for e in events if e.reason == "ShardLost"] == []
+
+
 async def test_delete_revokes_from_the_shard(
     dispatcher: Running, store: Store, shards: list[TestShard]
 ) -> None:

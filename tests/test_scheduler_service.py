@@ -140,6 +140,7 @@ def config(store_url: str, cluster_name: str) -> SchedulerConfig:
         cluster=cluster_name,
         port=0,
         heartbeat_seconds=0.1,
+        status_seconds=0.1,
         backoff_initial_seconds=0.01,
         grace_seconds=0.5,
         insecure=True,  # plaintext in-process; tests/test_tls.py covers TLS
@@ -219,17 +220,17 @@ async def test_shard_schedules_units_and_streams_decisions_to_the_binder(
         ]
         assert pod.status.scheduler == "shard-a" and pod.status.attempts == 1
 
-        # Heartbeats advance.
-        before = (await store.get(pb.SchedulerInstance, "shard-a")).status.heartbeat_ms
+        # Liveness stamps advance (in the shard heartbeat hash, not in the record).
+        before = (await store.shard_heartbeats()).last_ms["shard-a"]
         await asyncio.sleep(0.35)
-        after = await store.get(pb.SchedulerInstance, "shard-a")
-        assert after.status.heartbeat_ms > before
-        assert after.status.ready
+        assert (await store.shard_heartbeats()).last_ms["shard-a"] > before
+        assert (await store.get(pb.SchedulerInstance, "shard-a")).status.ready
         await d.close()
 
-    # A graceful stop removes the registration.
+    # A graceful stop removes the registration and its stamp.
     with pytest.raises(NotFoundError):
         await store.get(pb.SchedulerInstance, "shard-a")
+    assert "shard-a" not in (await store.shard_heartbeats()).last_ms
 
 
 async def test_outcomes_of_units_answered_in_one_verdict_batch_share_a_message(
@@ -495,16 +496,18 @@ async def test_reconciler_takes_back_a_decision_left_without_a_verdict(
         await d.close()
 
 
-async def test_heartbeats_keep_a_written_partition_and_the_shard_applies_it(
+async def test_status_writes_keep_a_written_partition_and_the_shard_applies_it(
     store: Store, binder: RecordingBinder, config: SchedulerConfig
 ) -> None:
-    """The shard beats from the copy its watch holds (no read per beat): a partition the
-    dispatcher writes in between makes one beat lose its compare-and-set and go again on a fresh
-    copy, so the partition is never overwritten, and the shard scans it first."""
+    """The shard writes its counters from the copy its watch holds (no read per write): a
+    partition the dispatcher writes in between makes one write lose its compare-and-set and go
+    again on a fresh copy, so the partition is never overwritten, and the shard scans it
+    first."""
     for i in range(4):
         await store.create(node(f"n{i}"))
-    async with ServiceHost(SchedulerService, config) as host:
+    async with ServiceHost(SchedulerService, replace(config, status_seconds=0.1)) as host:
         shard = host.service
+        assert isinstance(shard, SchedulerService)
         await eventually(lambda: shard.informer.get("SchedulerInstance", "shard-a") is not None)
         for partition in (["n1", "n3"], ["n0"]):
             # What the node shuffler does: a compare-and-set, retried on a fresh copy.
@@ -518,15 +521,66 @@ async def test_heartbeats_keep_a_written_partition_and_the_shard_applies_it(
                 except ConflictError:
                     continue
             await eventually(lambda p=partition: shard.scheduler.partition == frozenset(p))  # type: ignore[misc]
-            beat = (await store.get(pb.SchedulerInstance, "shard-a")).status.heartbeat_ms
+            # A counter moves (as a decision moves it): the next status write carries it.
+            shard.stats["decided_pods"] += 1
+            wanted = shard.stats["decided_pods"]
 
-            async def beaten(since: int = beat) -> pb.SchedulerInstance:
+            async def written(count: int = wanted) -> pb.SchedulerInstance:
                 while True:
                     got = await store.get(pb.SchedulerInstance, "shard-a")
-                    if got.status.heartbeat_ms > since:
+                    if got.status.proposed_pods == count:
                         return got
                     await asyncio.sleep(0.02)
 
-            after = await asyncio.wait_for(beaten(), 5)
+            after = await asyncio.wait_for(written(), 5)
             assert list(after.spec.partition) == partition
             assert shard.scheduler.partition == frozenset(partition)
+
+
+async def test_liveness_stays_out_of_the_change_feed(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """An idle shard stamps its liveness ten times a second here, and its counters have not
+    changed: the change feed every informer reads carries no write of its SchedulerInstance
+    (the record, with a node partition ~100 KB, was rewritten with every heartbeat)."""
+    async with ServiceHost(SchedulerService, config) as host:
+        shard = host.service
+        assert isinstance(shard, SchedulerService)
+        await eventually(lambda: shard.pulse.stamps > 0)
+        await asyncio.sleep(0.3)  # the registration and any first status write are behind us
+        since = await store.revision()
+        stamps = shard.pulse.stamps
+        await asyncio.sleep(1.5)  # 15 liveness periods, 15 status periods
+        assert shard.pulse.stamps > stamps  # alive all along
+        written = []
+        async for batch in store.watch(since, ["SchedulerInstance"], block_ms=100):
+            written += [e.name for e in batch.events]
+            if batch.caught_up:
+                break
+        assert written == [], f"SchedulerInstance writes in the change feed: {written}"
+
+
+async def test_a_shard_whose_record_was_deleted_as_dead_registers_again(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """What the dispatcher's reconciler does to a shard silent too long (frozen, cut off):
+    its record deleted. Its next stamp finds no record, and the shard registers again."""
+    async with ServiceHost(SchedulerService, config) as host:
+        shard = host.service
+        assert isinstance(shard, SchedulerService)
+        await eventually(lambda: shard.pulse.stamps > 0)
+        await store.delete(pb.SchedulerInstance, "shard-a")
+
+        async def registered() -> bool:
+            found = await store.get_many(pb.SchedulerInstance, ["shard-a"])
+            return found[0] is not None and found[0].spec.address == host.address
+
+        for _ in range(200):
+            if await registered():
+                break
+            await asyncio.sleep(0.05)
+        assert await registered()
+        # And stamps again.
+        await asyncio.sleep(0.3)
+        beats = await store.shard_heartbeats()
+        assert beats.now_ms - beats.last_ms["shard-a"] < 5000

@@ -372,6 +372,18 @@ COLUMNS: dict[str, list[Column]] = {
         ("MESSAGE", lambda o: o.status.message.replace(" ", "_"), True),
         ("AGE", _age, False),
     ],
+    # LAST-BEAT: the shard's last liveness stamp (served from the shard heartbeat hash).
+    "SchedulerInstance": [
+        ("NAME", lambda o: o.metadata.name, False),
+        ("ADDRESS", lambda o: o.spec.address, False),
+        ("LAST-BEAT", lambda o: age_of_ms(o.status.heartbeat_ms), False),
+        ("UNDECIDED", lambda o: o.status.undecided_pods, False),
+        ("PARTITION", lambda o: len(o.spec.partition), True),
+        ("PROPOSED", lambda o: o.status.proposed_pods, True),
+        ("BOUND", lambda o: o.status.bound_pods, True),
+        ("CONFLICTED", lambda o: o.status.conflicted_pods, True),
+        ("AGE", _age, False),
+    ],
     # As `kubectl get events`.
     "Event": [
         ("LAST-SEEN", lambda o: age_of_ms(o.event_time_ms), False),

@@ -188,7 +188,9 @@ class DashboardService(Service[DashboardConfig]):
             "gangs": tracker.gang_summary(),
             "throughput": tracker.throughput(now_ms / 1000),
             "queues": queue_summary(informer.list(pb.Queue), tracker.default_queue_status()),
-            "shards": shard_summary(informer.list(pb.SchedulerInstance), now_ms),
+            "shards": shard_summary(
+                informer.list(pb.SchedulerInstance), await self.store.shard_heartbeats()
+            ),
             "binder": lease_summary(lease),
             "movements": movement_summary(informer.list(pb.Movement)),
         }

@@ -27,6 +27,8 @@ from placement.quotas import DEFAULT_QUEUE
 from placement.resources import Quantities
 from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
+from store.nodes import Heartbeats
+from store.pulse import last_beat_ms
 
 GUARANTEED = "guaranteed"
 BEST_EFFORT = "best_effort"
@@ -409,15 +411,20 @@ def queue_summary(
     return rows
 
 
-def shard_summary(shards: Iterable[pb.SchedulerInstance], now_ms: int) -> list[dict[str, Any]]:
+def shard_summary(
+    shards: Iterable[pb.SchedulerInstance], beats: Heartbeats
+) -> list[dict[str, Any]]:
+    """One row per shard; its heartbeat's age from its liveness stamp (``store.pulse``), in the
+    store server's clock."""
     rows = []
     for shard in sorted(shards, key=lambda s: s.metadata.name):
+        last = last_beat_ms(beats, shard.metadata.name, shard.status.heartbeat_ms)
         rows.append(
             {
                 "name": shard.metadata.name,
                 "address": shard.spec.address,
                 "ready": shard.status.ready,
-                "heartbeat_age_s": round(max(now_ms - shard.status.heartbeat_ms, 0) / 1000, 1),
+                "heartbeat_age_s": round(max(beats.now_ms - last, 0) / 1000, 1),
                 "undecided_pods": shard.status.undecided_pods,
             }
         )

@@ -277,6 +277,7 @@ class DispatcherService(Service[DispatcherConfig]):
                 interval_seconds=cfg.controller_interval_seconds,
             ),
             shard_grace_seconds=cfg.shard_grace_seconds,
+            liveness=self.core.liveness,
         )
         # Units go first to a shard whose partition has room for them (``choose_shard``).
         self.core.partition_room = self.shuffler.room.of

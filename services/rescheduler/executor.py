@@ -48,6 +48,7 @@ from services.rescheduler.framework import ClusterView, Move
 from services.rescheduler.round import Policy, RoundPlan
 from store import Store
 from store.errors import StoreError
+from store.pulse import last_beat_ms
 
 log = structlog.get_logger(__name__)
 
@@ -210,13 +211,17 @@ class RoundExecutor:
             await retry.sleep()
 
     async def _live_shards(self) -> set[str]:
+        """The shards that must acknowledge a Movement: registered, ready, and stamping
+        (``store.pulse``: a shard busy for a while still stamps; a dead one has stopped)."""
         instances, _ = await self.store.list_all(pb.SchedulerInstance)
-        now_ms = int(time.time() * 1000)
+        beats = await self.store.shard_heartbeats()
         grace_ms = self.config.shard_grace_seconds * 1000
         return {
             s.metadata.name
             for s in instances
-            if s.status.ready and now_ms - s.status.heartbeat_ms < grace_ms
+            if s.status.ready
+            and beats.now_ms - last_beat_ms(beats, s.metadata.name, s.status.heartbeat_ms)
+            < grace_ms
         }
 
     async def _evict(

@@ -5,7 +5,8 @@ This module composes the parts (README.md's table): the informer (Nodes, Pods,
 SchedulerInstances → the live cache), the unit queue (``queue.ShardQueue``) and the units held
 (``units.UnitBook``), one scheduling loop running ``cycle.ShardCycle`` (the only code that
 touches the snapshot), the Binder link (``binder_link.BinderLink``: decisions out, verdicts in,
-the reconciler), registration and the heartbeat. Each dispatcher stream is served by its own
+the reconciler), registration, the liveness stamps (``store.pulse.ShardPulse``, from a thread of
+their own) and the counters written into the record. Each dispatcher stream is served by its own
 handler; it only enqueues units and writes replies.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -45,6 +47,7 @@ from services.scheduler.unschedulable import UnschedulableRecorder, now_ms
 from services.scheduler.victims import ShardVictims
 from store.errors import AlreadyExistsError, ConflictError, NotFoundError, StoreError
 from store.informer import Handlers, Informer
+from store.pulse import ShardHeartbeats, ShardPulse
 
 log = structlog.get_logger(__name__)
 
@@ -99,7 +102,35 @@ class SchedulerConfig(ServiceConfig):
         default=10.0, metadata=option("cap of the exponential retry delay", minimum=0)
     )
     heartbeat_seconds: float = field(
-        default=1.0, metadata=option("SchedulerInstance heartbeat period", minimum=0.05)
+        default=1.0,
+        metadata=option(
+            "liveness stamp period (written from a thread of its own, outside the change feed)",
+            minimum=0.05,
+        ),
+    )
+    status_seconds: float = field(
+        default=5.0,
+        metadata=option(
+            "how often the shard writes its counters into its SchedulerInstance record (only "
+            "when they changed)",
+            minimum=0.05,
+        ),
+    )
+    max_loop_silence_seconds: float = field(
+        default=60.0,
+        metadata=option(
+            "liveness stamps stop once the shard's event loop has not run for this long (a "
+            "wedged shard is judged dead; a busy one is not)",
+            minimum=0.1,
+        ),
+    )
+    drill_stall_seconds: float = field(
+        default=0.0,
+        metadata=option(
+            "fault drill: on SIGUSR1 the shard's event loop blocks this long (0: off), to see "
+            "a busy shard kept alive by its liveness stamps",
+            minimum=0,
+        ),
     )
     max_batch_pods: int = field(
         default=5000, metadata=option("placements per DecisionBatch (many units each)", minimum=1)
@@ -140,6 +171,8 @@ class SchedulerConfig(ServiceConfig):
     def __post_init__(self) -> None:
         if self.backoff_max_seconds < self.backoff_initial_seconds:
             raise ConfigError("backoff_max_seconds must be >= backoff_initial_seconds")
+        if self.max_loop_silence_seconds <= self.heartbeat_seconds:
+            raise ConfigError("max_loop_silence_seconds must be > heartbeat_seconds")
         self.load_profile()  # a bad profile is a config error: refused before anything starts
 
     def load_profile(self) -> Profile:
@@ -291,7 +324,21 @@ class SchedulerService(Service[SchedulerConfig]):
             self.stats,
         )
         self.snapshot = self.cycle.snapshot
-        self._heartbeat: asyncio.Task[None] | None = None
+        # Liveness: stamps from a thread of its own, over a connection of its own (ShardPulse);
+        # the record gets the counters now and then (_status_loop).
+        url, cluster = config.store_connection_url(), config.cluster
+        self.pulse = ShardPulse(
+            lambda: ShardHeartbeats.connect(url, cluster=cluster, max_connections=2),
+            config.name,
+            every_seconds=config.heartbeat_seconds,
+            max_owner_silence_seconds=config.max_loop_silence_seconds,
+            on_missing=self._record_missing,
+        )
+        self._status: asyncio.Task[None] | None = None
+        self._registering = False
+        self._stopping = False
+        # The counters as last written to the record (None: not yet).
+        self._counters_written: tuple[int, int, int, int] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -305,7 +352,10 @@ class SchedulerService(Service[SchedulerConfig]):
         self.spawn(self._schedule_loop(), name="scheduler-loop")
         self.spawn(self.link.run(), name="scheduler-binder-stream")
         self.spawn(self.movements.ack_loop(), name="scheduler-movement-acks")
-        self._heartbeat = self.spawn(self._heartbeat_loop(), name="scheduler-heartbeat")
+        self.spawn(self.pulse.run(), name="scheduler-pulse")
+        self._status = self.spawn(self._status_loop(), name="scheduler-status")
+        if self.config.drill_stall_seconds > 0:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self._drill_stall)
         self.spawn(self._reconcile_loop(), name="scheduler-reconciler")
         log.info("shard ready", address=self.address, nodes=len(self.cache.present))
 
@@ -315,11 +365,16 @@ class SchedulerService(Service[SchedulerConfig]):
         metrics.SCHEDULER_PENDING_UNITS.publish({("ready",): ready, ("backoff",): backoff})
 
     async def on_stop(self) -> None:
-        # Stop heartbeating first: a heartbeat in flight would re-register the deleted shard.
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        # Stop the status writes and the stamps first: either in flight would re-register or
+        # re-stamp the deleted shard. The stamp goes with the record: nobody waits out a grace.
+        self._stopping = True
+        if self._status is not None:
+            self._status.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+                await self._status
+        await self.pulse.stop()
+        with contextlib.suppress(StoreError):
+            await self.store.forget_shard_heartbeat(self.config.name)
         with contextlib.suppress(StoreError):
             await self.store.delete(pb.SchedulerInstance, self.config.name)
         # Writes in flight (pods marked unschedulable) get one second in all, not one each:
@@ -329,6 +384,7 @@ class SchedulerService(Service[SchedulerConfig]):
         await self.informer.stop()
 
     async def _register(self) -> None:
+        # heartbeat_ms: the registration time, the shard's sign of life until its first stamp.
         inst = pb.SchedulerInstance(metadata=pb.ObjectMeta(name=self.config.name))
         inst.spec.address = self.address
         inst.status.heartbeat_ms = now_ms()
@@ -341,39 +397,81 @@ class SchedulerService(Service[SchedulerConfig]):
             current.status.CopyFrom(inst.status)
             await self.store.update(current, force=True)
 
-    async def _heartbeat_loop(self) -> None:
+    async def _record_missing(self) -> None:
+        """A stamp found no record of ours (deleted as dead while we were frozen, say):
+        register again, once at a time, unless we are stopping (we deleted it)."""
+        if self._registering or self._stopping:
+            return
+        self._registering = True
+        try:
+            with contextlib.suppress(StoreError):
+                await self._register()
+                self._counters_written = None  # the new record has none yet
+                log.warning("record was gone; registered again", shard=self.config.name)
+        finally:
+            self._registering = False
+
+    def counters(self) -> tuple[int, int, int, int]:
+        """What the record's status reports: (undecided, proposed, bound, conflicted) pods."""
+        stats = self.stats
+        return (
+            self.book.undecided_pods(),
+            stats["decided_pods"],
+            stats["bound"],
+            stats["conflicted"],
+        )
+
+    async def _status_loop(self) -> None:
+        """Write the counters into the record every ``status_seconds``, when they changed.
+        Liveness is the stamps' (``ShardPulse``), so this write is rare and may be late."""
         while True:
-            await asyncio.sleep(self.config.heartbeat_seconds)
+            await asyncio.sleep(self.config.status_seconds)
+            counters = self.counters()
+            if counters == self._counters_written:
+                continue
             try:
                 # The record as the watch last showed it: with a node partition it is ~100 KB,
-                # and fetching it every beat cost more than the beat. A copy the watch has not
-                # caught up with fails the compare-and-set and the beat goes again on a fresh one.
+                # and fetching it for every write cost more than the write. A copy the watch
+                # has not caught up with fails the compare-and-set; it goes again on a fresh one.
                 seen = self.informer.get("SchedulerInstance", self.config.name)
-                beaten = False
+                written = False
                 if isinstance(seen, pb.SchedulerInstance):
                     with contextlib.suppress(ConflictError):
                         # CAS: never overwrite a partition the dispatcher wrote meanwhile.
-                        await self.store.update(self._beat(seen))
-                        beaten = True
-                if not beaten:
+                        await self.store.update(self._with_counters(seen, counters))
+                        written = True
+                if not written:
                     fresh = await self.store.get(pb.SchedulerInstance, self.config.name)
-                    await self.store.update(self._beat(fresh))
+                    await self.store.update(self._with_counters(fresh, counters))
+                self._counters_written = counters
             except NotFoundError:
-                await self._register()  # deleted (e.g. declared dead): announce again
+                await self._record_missing()
             except (ConflictError, StoreError) as exc:
-                log.warning("heartbeat failed", error=str(exc))
+                log.warning("status write failed", error=str(exc))
 
-    def _beat(self, seen: pb.SchedulerInstance) -> pb.SchedulerInstance:
-        """A copy of the record with this beat's liveness and counters."""
+    @staticmethod
+    def _with_counters(
+        seen: pb.SchedulerInstance, counters: tuple[int, int, int, int]
+    ) -> pb.SchedulerInstance:
+        """A copy of the record with these counters (``heartbeat_ms`` keeps the registration
+        time: liveness is the stamps')."""
         inst = pb.SchedulerInstance()
         inst.CopyFrom(seen)
-        inst.status.heartbeat_ms = now_ms()
         inst.status.ready = True
-        inst.status.undecided_pods = self.book.undecided_pods()
-        inst.status.proposed_pods = self.stats["decided_pods"]
-        inst.status.bound_pods = self.stats["bound"]
-        inst.status.conflicted_pods = self.stats["conflicted"]
+        (
+            inst.status.undecided_pods,
+            inst.status.proposed_pods,
+            inst.status.bound_pods,
+            inst.status.conflicted_pods,
+        ) = counters
         return inst
+
+    def _drill_stall(self) -> None:
+        """The fault drill (``drill_stall_seconds``): block the event loop, as a long
+        computation would."""
+        log.warning("fault drill: blocking the event loop", seconds=self.config.drill_stall_seconds)
+        time.sleep(self.config.drill_stall_seconds)
+        log.warning("fault drill: event loop released")
 
     # -- informer ----------------------------------------------------------------------------
 
@@ -394,7 +492,7 @@ class SchedulerService(Service[SchedulerConfig]):
 
     def _own_record(self, spec: pb.SchedulerInstanceSpec) -> None:
         """Our record as the watch shows it: apply its partition when it changed."""
-        # Every heartbeat echoes the record: the spec compared as a message (~0.2 ms at 5,000
+        # Every status write echoes the record: the spec compared as a message (~0.2 ms at 5,000
         # names) spares building the set (~8 ms) when the partition did not change.
         if self._spec_seen is not None and spec == self._spec_seen:
             return

@@ -2161,6 +2161,10 @@ class SchedulerInstanceStatus(_message.Message):
     BOUND_PODS_FIELD_NUMBER: _builtins.int
     CONFLICTED_PODS_FIELD_NUMBER: _builtins.int
     heartbeat_ms: _builtins.int
+    """The shard's registration time as stored. Its liveness stamps live in the store's shard
+    heartbeat hash, outside the change feed (Store.shard_heartbeats, written from a thread of
+    the shard's own), and the Dispatcher API serves the last one here.
+    """
     ready: _builtins.bool
     undecided_pods: _builtins.int
     proposed_pods: _builtins.int

@@ -29,6 +29,7 @@ from store import kinds as kinds_mod
 from store.encoded import EncodedList
 from store.informer import ENCODED_KINDS
 from store.kinds import wrap
+from store.pulse import last_beat_ms
 
 DEFAULT_PAGE = 500
 # How long a List waits for the dispatcher's view to reach the store's revision before it reads
@@ -56,6 +57,8 @@ class ReadRpc:
             obj = await self.store.get(kind.message, request.name)
             if isinstance(obj, pb.Node):
                 await self.live_heartbeats([obj])
+            elif isinstance(obj, pb.SchedulerInstance):
+                await self.live_shard_heartbeats([obj])
             elif isinstance(obj, pb.Pod):
                 self.show_nominations([obj])
             elif isinstance(obj, pb.Job):
@@ -132,8 +135,8 @@ class ReadRpc:
 
     async def _as_read(self, kind: str, page: list[api_pb2.Object], context: Any) -> None:
         """A page's objects as readers see them: pods with their nominated node, one-pod jobs
-        with their derived status, jobs being deleted as Deleting, nodes with their last
-        heartbeat."""
+        with their derived status, jobs being deleted as Deleting, nodes and scheduler shards
+        with their last heartbeat."""
         if kind == "Pod":
             self.show_nominations([o.pod for o in page])
         if kind == "Job":
@@ -143,6 +146,11 @@ class ReadRpc:
         if kind == "Node":
             try:
                 await self.live_heartbeats([o.node for o in page])
+            except StoreUnavailableError as exc:
+                await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
+        if kind == "SchedulerInstance":
+            try:
+                await self.live_shard_heartbeats([o.scheduler_instance for o in page])
             except StoreUnavailableError as exc:
                 await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
 
@@ -183,6 +191,16 @@ class ReadRpc:
                 node.status.ClearField("load")
             else:
                 node.status.load.CopyFrom(load)
+
+    async def live_shard_heartbeats(self, shards: list[pb.SchedulerInstance]) -> None:
+        """Serve each shard's last liveness stamp (``store.pulse``) as its heartbeat: the stored
+        record keeps its registration time, since the stamps stay out of the change feed."""
+        if not shards:
+            return
+        beats = await self.store.shard_heartbeats()
+        for shard in shards:
+            name = shard.metadata.name
+            shard.status.heartbeat_ms = last_beat_ms(beats, name, shard.status.heartbeat_ms)
 
     def show_nominations(self, pods: list[pb.Pod]) -> None:
         """Fill ``status.nominated_node`` of pending preemptors from the dispatcher's memory

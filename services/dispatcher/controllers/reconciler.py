@@ -3,10 +3,11 @@ cracks of the normal paths, repairs it, and logs and counts every repair (``repa
 
 - ``orphaned_unit``: a unit the dispatch core believes DISPATCHED to a shard that has no stream
   any more, or whose stream does not hold it (its outcome can never come): queued again.
-- ``dead_shard``: a ``SchedulerInstance`` whose heartbeat lapsed more than
-  ``dead_shard_seconds`` ago (a shard killed without its graceful stop leaves one behind, with
-  its partition): deleted, compare-and-set. A shard that was only cut off registers again with
-  its next heartbeat.
+- ``dead_shard``: a ``SchedulerInstance`` whose liveness stamps (``store.pulse``) lapsed more
+  than ``dead_shard_seconds`` ago, as the dispatcher's ``ShardLiveness`` last read them and only
+  while it judges (a shard killed without its graceful stop leaves one behind, with its
+  partition): deleted, compare-and-set, and its stamp forgotten. A shard that was only cut off
+  (or frozen) registers again when its next stamp finds no record.
 - ``job_status``: a job whose stored status disagrees with its pods on two checks in a row,
   unchanged in between (``jobs_per_pass`` jobs are checked per pass, round robin), although the
   job status controller has nothing pending or in flight for it (a write that failed for good;
@@ -30,7 +31,6 @@ reconciler, ``services/scheduler/service.py``): only it holds them.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 
 import structlog
@@ -164,11 +164,14 @@ class Reconciler:
         return count
 
     async def _dead_shards(self) -> int:
-        now_ms = int(time.time() * 1000)
+        liveness = self.core.liveness
+        if not liveness.judging:
+            return 0  # out of touch with the store: every stamp looks old (ShardLiveness)
         count = 0
         for obj in self.informer.list("SchedulerInstance"):
             assert isinstance(obj, pb.SchedulerInstance)
-            if now_ms - obj.status.heartbeat_ms <= self.dead_shard_ms:
+            silent_ms = liveness.silent_ms(obj)
+            if silent_ms <= self.dead_shard_ms:
                 continue
             name = obj.metadata.name
             try:
@@ -176,8 +179,9 @@ class Reconciler:
                     pb.SchedulerInstance, name, expected_version=obj.metadata.resource_version
                 )
             except (ConflictError, NotFoundError):
-                continue  # it heartbeated meanwhile, or is gone already
-            silent_s = (now_ms - obj.status.heartbeat_ms) // 1000
+                continue  # it wrote its record meanwhile, or is gone already
+            await self.store.forget_shard_heartbeat(name)
+            silent_s = silent_ms // 1000
             self._repaired("dead_shard", shard=name, silent_s=silent_s)
             count += 1
         return count

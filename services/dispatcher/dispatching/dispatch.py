@@ -32,6 +32,7 @@ from services.dispatcher.dispatching.entries import (
     UnitState,
 )
 from services.dispatcher.dispatching.feed import ViewFeed
+from services.dispatcher.dispatching.liveness import ShardLiveness
 from services.dispatcher.dispatching.nominations import Nominations
 from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.dispatching.reclaim import Reclaimer
@@ -194,19 +195,6 @@ def choose_shard(
     return roomy or best
 
 
-def live_shards(informer: Informer, grace_seconds: float) -> dict[str, pb.SchedulerInstance]:
-    """Shards with an address whose heartbeat is within the grace, by name (who is alive, for
-    dispatch and for the node shuffler alike)."""
-    now_ms = int(time.time() * 1000)
-    grace_ms = grace_seconds * 1000
-    live = {}
-    for obj in informer.list("SchedulerInstance"):
-        assert isinstance(obj, pb.SchedulerInstance)
-        if obj.spec.address and now_ms - obj.status.heartbeat_ms <= grace_ms:
-            live[obj.metadata.name] = obj
-    return live
-
-
 def _unschedulable_condition(pod: pb.Pod) -> pb.Condition | None:
     for c in pod.status.conditions:
         if c.type == POD_SCHEDULED and c.status == "False":
@@ -322,7 +310,12 @@ class UnitDispatcher:
         # the shard choice is load balance alone.
         self.partition_room: PartitionRoomOf | None = None
         self._retry_at: dict[str, float] = {}
-        self._judging = True  # whether shard liveness is judged (our view is current)
+        # Whether shard liveness is judged (our view is current and the shards' stamps read in
+        # continuous contact with the store: ShardLiveness).
+        self._judging = True
+        # Who is alive, from the shards' stamps (read once per shard-loop tick; the node
+        # shuffler and the reconciler judge by the same read).
+        self.liveness = ShardLiveness(store, informer, settings.shard_grace_seconds)
         self._kick = asyncio.Event()
         self._shards_changed = asyncio.Event()
         # Quota reclaim and drains, through the Binder's one eviction path (None: none, e.g. in a
@@ -413,6 +406,7 @@ class UnitDispatcher:
     async def _shard_loop(self) -> None:
         interval = min(1.0, self.settings.shard_grace_seconds / 4)
         while not self._closing:
+            await self.liveness.read()
             self.check_shards()
             try:
                 await asyncio.wait_for(self._shards_changed.wait(), interval)
@@ -421,29 +415,29 @@ class UnitDispatcher:
             self._shards_changed.clear()
 
     def check_shards(self) -> None:
-        """Open streams to live shards; drop the ones whose heartbeat lapsed or that vanished
-        (only while our view of the store is current)."""
-        live = {
-            name: inst.spec.address
-            for name, inst in live_shards(self.informer, self.settings.shard_grace_seconds).items()
-        }
+        """Open streams to live shards; drop the ones whose liveness stamps lapsed or that
+        vanished (only while in continuous contact with the store: ``ShardLiveness``)."""
+        live = {name: inst.spec.address for name, inst in self.liveness.live().items()}
         stale = self.informer.staleness()
-        judging = stale <= self.settings.shard_grace_seconds / 2
+        judging = stale <= self.settings.shard_grace_seconds / 2 and self.liveness.judging
         if judging != self._judging:
-            # Behind (an overloaded dispatcher working through a backlog), every heartbeat in
-            # our view looks old: declaring live shards dead would requeue their units and add
-            # to the overload. Judge nobody until the view has caught up.
+            # Out of touch with the store (it took no writes for a while, or our loop was
+            # blocked: the view lags too), the stamps are old through no fault of the shards:
+            # declaring live shards dead would requeue their units and add to the overload.
+            # Judge nobody until contact is continuous again.
             if judging:
-                log.info("view of the store caught up; judging shard liveness again")
+                log.info("in touch with the store; judging shard liveness")
             else:
                 log.warning(
-                    "view of the store is behind; not judging shard liveness", behind_s=stale
+                    "view of the store is behind or shard stamps unread; not judging shard "
+                    "liveness",
+                    behind_s=stale,
                 )
             self._judging = judging
         if judging:
             for name, link in list(self.links.items()):
                 if live.get(name) != link.address:
-                    self._drop_link(link, "heartbeat lapsed or instance gone")
+                    self._drop_link(link, "liveness stamps lapsed or instance gone")
                     if link.task is not None:
                         link.task.cancel()
         now = time.monotonic()

@@ -4,7 +4,8 @@ When shards contend — a nearly full cluster, a high bind rate, or many Binder 
 live shard gets a partition of the nodes: it scans its own first and the others' only when its
 own has no feasible node (``placement/search.py``), so two shards rarely propose the same
 room. The partitions are published in ``SchedulerInstance.spec.partition``, which every shard
-already watches (its heartbeat is a compare-and-set, so it never overwrites one).
+already watches (its status write is a compare-and-set, so it never overwrites one). Which shards
+are alive is ``ShardLiveness``'s judgement (their liveness stamps), the dispatcher's own.
 
 The algorithm is plain functions and one plain class (``Partitions``); ``NodeShuffler`` is the
 I/O shell the dispatcher runs: it measures, decides on/off, keeps the partitions in step with
@@ -44,7 +45,7 @@ from placement.nodeinfo import GUARANTEED
 from placement.resources import Quantities
 from placement.room import NodeRoom, PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatching.dispatch import live_shards
+from services.dispatcher.dispatching.liveness import ShardLiveness
 from services.dispatcher.objects import metadata_of
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
@@ -357,11 +358,16 @@ class NodeShuffler:
         settings: PartitionSettings,
         *,
         shard_grace_seconds: float,
+        liveness: ShardLiveness | None = None,
     ) -> None:
         self.store = store
         self.informer = informer
         self.settings = settings
         self.grace_seconds = shard_grace_seconds
+        # The dispatcher's judge of liveness, read by its shard loop; without one (a shuffler on
+        # its own, in tests), the shuffler reads the stamps itself each tick.
+        self._reads_liveness = liveness is None
+        self.liveness = liveness or ShardLiveness(store, informer, shard_grace_seconds)
         # The room left per partition, for the dispatcher's shard choice.
         self.room = PartitionRoom()
         self.allocation = Allocation(self.room.room)
@@ -466,13 +472,16 @@ class NodeShuffler:
         now = time.monotonic()
         figures = self.measure(now)
         on = self.decide(figures, now)
-        if self.informer.staleness() > self.grace_seconds / 2:
-            # Behind the store (a busy dispatcher), every heartbeat in our view looks old:
-            # judging shards dead now would take their partitions away, or clear them all, and
-            # the shards would meet on the whole view until we caught up (as ``check_shards``
-            # judges nobody meanwhile). The partitions stay as published.
+        if self._reads_liveness:
+            await self.liveness.read()
+        if self.informer.staleness() > self.grace_seconds / 2 or not self.liveness.judging:
+            # Out of touch with the store (``ShardLiveness``: it took no writes for a while, or
+            # our loop was blocked), every stamp looks old: judging shards dead now would take
+            # their partitions away, or clear them all, and the shards would meet on the whole
+            # view until we caught up (as ``check_shards`` judges nobody meanwhile). The
+            # partitions stay as published.
             return
-        live = live_shards(self.informer, self.grace_seconds)
+        live = self.liveness.live()
         if on != self.on:
             log.info(
                 "node partitioning " + ("on" if on else "off"),
@@ -483,7 +492,7 @@ class NodeShuffler:
             )
             self.on = on
         # One shard has nobody to conflict with: a partition of every node would only make its
-        # record (rewritten by every heartbeat) as large as the cluster.
+        # record (rewritten by its status writes) as large as the cluster.
         if on and len(live) >= 2:
             synced = (frozenset(live), self._node_events)
             if self.partitions is None or synced != self._synced:
@@ -511,7 +520,7 @@ class NodeShuffler:
     async def _publish(self, live: Mapping[str, pb.SchedulerInstance]) -> None:
         """Write the partitions that changed since last written, or whose stored copy is not
         ours (a shard registered afresh): compare-and-set on the cached copy, once more on a
-        fresh one when the shard's heartbeat won the race."""
+        fresh one when the shard's status write won the race."""
         updates: list[pb.SchedulerInstance] = []
         tokens: dict[str, tuple[int, int]] = {}
         for shard, inst in live.items():
@@ -531,7 +540,7 @@ class NodeShuffler:
         if not updates:
             return
         results = await self.store.update_many(updates)
-        # A heartbeat won the compare-and-set: once more on a fresh copy (else the next tick).
+        # A status write won the compare-and-set: once more on a fresh copy (else the next tick).
         raced = [
             u.metadata.name
             for u, r in zip(updates, results, strict=True)
