@@ -30,6 +30,7 @@ StoredObject: TypeAlias = (
     | pb.Movement
     | pb.SchedulerInstance
     | pb.Event
+    | pb.Reservation
 )
 # One stored kind's message, for reads typed by the class asked for (``Store.get(pb.Pod, ...)``).
 S = TypeVar("S", bound=StoredObject)
@@ -101,6 +102,7 @@ KINDS: dict[str, Kind[StoredObject]] = {
         _kind("Movement", pb.Movement),
         _kind("SchedulerInstance", pb.SchedulerInstance),
         _kind("Event", pb.Event),
+        _kind("Reservation", pb.Reservation),
     )
 }
 _BY_MESSAGE: dict[str, Kind[StoredObject]] = {
@@ -111,8 +113,8 @@ _BY_API_FIELD: dict[str, Kind[StoredObject]] = {k.api_field: k for k in KINDS.va
 # class hashes faster than its descriptor's name is read.
 _BY_CLASS: dict[type[Message], Kind[StoredObject]] = {k.message: k for k in KINDS.values()}
 # Kinds users write: jobs through Submit, the others through Apply; the rest are the system's.
-USER_KINDS = ("Job", "Node", "Queue", "DisruptionBudget")
-APPLIED_KINDS = ("Node", "Queue", "DisruptionBudget")
+USER_KINDS = ("Job", "Node", "Queue", "DisruptionBudget", "Reservation")
+APPLIED_KINDS = ("Node", "Queue", "DisruptionBudget", "Reservation")
 
 
 def wrap(kind: str, obj: Message) -> api_pb2.Object:

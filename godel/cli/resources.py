@@ -70,6 +70,7 @@ KIND_ALIASES = {
         ("scheduler", "schedulers", "schedulerinstance", "schedulerinstances"), "SchedulerInstance"
     ),
     **dict.fromkeys(("event", "events", "ev"), "Event"),
+    **dict.fromkeys(("reservation", "reservations", "rsv"), "Reservation"),
 }
 # What shell completion offers for TYPE: each kind's plural.
 _KIND_WORDS = [
@@ -82,6 +83,7 @@ _KIND_WORDS = [
     "schedulers",
     "events",
     "policies",
+    "reservations",
 ]
 # How often `drain` asks again for the pods it waits for.
 DRAIN_RETRY_SECONDS = 2.0
@@ -111,7 +113,7 @@ def _kind(word: str) -> str:
     if kind is None:
         fail(
             f"unknown resource type {word!r} (one of jobs, pods, nodes, queues, "
-            "disruptionbudgets, movements, schedulers, events)"
+            "disruptionbudgets, movements, schedulers, events, reservations)"
         )
     return kind
 
@@ -218,6 +220,23 @@ def _budget_selects(budget: pb.DisruptionBudget) -> str:
     return labelselector.to_text(labelselector.selector(budget.spec.selector))
 
 
+def _reservation_owner(rsv: pb.Reservation) -> str:
+    """Whose pods may take it: ``job=train``, ``job=train/3`` (one index) or the selector."""
+    owner = rsv.spec.owner
+    if owner.selector:
+        return owner.selector
+    return f"job={owner.job}" + (f"/{owner.index}" if owner.HasField("index") else "")
+
+
+def _reservation_expiry(rsv: pb.Reservation) -> str:
+    """Time left before it is released unused (``placement.reservations.expires_ms``)."""
+    import time
+
+    from placement.reservations import expires_ms
+
+    return output.age(max(0.0, expires_ms(rsv) / 1000 - time.time()))
+
+
 # Columns per kind: (header, getter, wide-only).
 Column = tuple[str, Callable[[Any], object], bool]
 COLUMNS: dict[str, list[Column]] = {
@@ -311,6 +330,24 @@ COLUMNS: dict[str, list[Column]] = {
         ("MISMATCHED", lambda o: _movement_counts(o)[1], False),
         ("ROUND", lambda o: o.spec.generation, True),
         ("MESSAGE", lambda o: o.status.message.replace(" ", "_"), True),
+        ("AGE", _age, False),
+    ],
+    "Reservation": [
+        ("NAME", lambda o: o.metadata.name, False),
+        (
+            "PHASE",
+            lambda o: _enum(o.status.phase or pb.RESERVATION_PENDING, pb.ReservationPhase),
+            False,
+        ),
+        ("NODE", lambda o: o.status.node, False),
+        ("OWNER", _reservation_owner, False),
+        ("CPU", lambda o: _cpu(o.spec.template.requests.milli_cpu), False),
+        ("MEMORY", lambda o: _mem(o.spec.template.requests.memory_bytes), False),
+        ("GPUS", lambda o: o.spec.template.requests.gpus, True),
+        ("QOS", lambda o: _enum(o.spec.qos or pb.QOS_GUARANTEED, pb.QoS), True),
+        ("TTL", lambda o: f"{o.spec.ttl_seconds}s", True),
+        ("EXPIRES-IN", _reservation_expiry, False),
+        ("TENANT", lambda o: o.metadata.owner, True),
         ("AGE", _age, False),
     ],
     # As `kubectl get events`.
@@ -599,6 +636,9 @@ def describe(target: tuple[str, ...], server: str | None, home: Path | None) -> 
         elif kind == "Movement":
             assert isinstance(obj, pb.Movement)
             _describe_movement(obj)
+        elif kind == "Reservation":
+            assert isinstance(obj, pb.Reservation)
+            _describe_reservation(obj)
         events = [
             e
             for e in _guard(lambda: client.list(pb.Event))
@@ -633,6 +673,15 @@ def _describe_movement(movement: pb.Movement) -> None:
         for task in owner.mismatched_tasks:
             rows.append([owner.job, f"(elsewhere: {task.node})", "", "", task.pod])
     print_table(["JOB", "RECOMMENDED", "DESIRED", "ACTUAL", "PODS"], rows)
+
+
+def _describe_reservation(rsv: pb.Reservation) -> None:
+    """Where its room is held, for whom, and until when."""
+    where = f"on {rsv.status.node}" if rsv.status.node else "waiting for a node"
+    click.echo(
+        f"reservation: {_enum(rsv.status.phase or pb.RESERVATION_PENDING, pb.ReservationPhase)} "
+        f"{where}, for {_reservation_owner(rsv)}, released unused in {_reservation_expiry(rsv)}"
+    )
 
 
 def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> None:

@@ -39,7 +39,16 @@ if TYPE_CHECKING:
         discover_credentials,
         local_address,
     )
-    from godel.client.objects import Event, Explanation, Job, Object, Pod, job
+    from godel.client.objects import (
+        Event,
+        Explanation,
+        Job,
+        Object,
+        Pod,
+        Reservation,
+        job,
+        reservation,
+    )
     from store.kinds import unwrap, wrap
 
 # Names are imported on first use: the CLI needs only the protobuf client (``_proto``), not the
@@ -69,7 +78,10 @@ _HOMES = {
         ),
         "_transport",
     ),
-    **dict.fromkeys(("Event", "Explanation", "Job", "Object", "Pod", "job"), "objects"),
+    **dict.fromkeys(
+        ("Event", "Explanation", "Job", "Object", "Pod", "Reservation", "job", "reservation"),
+        "objects",
+    ),
 }
 
 
@@ -108,6 +120,7 @@ __all__ = [
     "Pod",
     "ProtoClient",
     "ReschedulerClient",
+    "Reservation",
     "Unauthenticated",
     "Unavailable",
     "Violation",
@@ -116,6 +129,7 @@ __all__ = [
     "job",
     "local_address",
     "logs",
+    "reservation",
     "unwrap",
     "wrap",
 ]

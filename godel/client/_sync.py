@@ -14,7 +14,7 @@ from typing import Any, TypeVar, overload
 from foundation import tls
 from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, Selector
 from godel.client._transport import DEFAULT_TIMEOUT, ClosedOnExit
-from godel.client.objects import Event, Explanation, Job, Object, Pod
+from godel.client.objects import Event, Explanation, Job, Object, Pod, Reservation
 
 T = TypeVar("T")
 
@@ -143,6 +143,15 @@ class GodelClient(ClosedOnExit):
 
     def delete(self, kind: str, name: str, *, resource_version: int = 0) -> int:
         return self._loop.run(self._async.delete(kind, name, resource_version=resource_version))
+
+    def reserve(self, reservation: Reservation) -> Reservation:
+        return self._loop.run(self._async.reserve(reservation))
+
+    def reservation(self, name: str) -> Reservation:
+        return self._loop.run(self._async.reservation(name))
+
+    def reservations(self) -> list[Reservation]:
+        return self._loop.run(self._async.reservations())
 
     def job(self, name: str) -> JobHandle:
         return JobHandle(self._async.job(name), self._loop)

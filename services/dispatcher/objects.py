@@ -21,6 +21,7 @@ STORED_MESSAGES = (
     pb.Movement,
     pb.SchedulerInstance,
     pb.Event,
+    pb.Reservation,
 )
 
 

@@ -39,8 +39,9 @@ from store.informer import Informer
 log = structlog.get_logger(__name__)
 
 # What the dispatcher's one informer caches: the dispatch core's kinds (budgets included: reclaim
-# respects them, and the budget status controller keeps their status).
-INFORMER_KINDS = UnitDispatcher.KINDS
+# respects them, and the budget status controller keeps their status), and reservations (the
+# reservation controller releases them).
+INFORMER_KINDS = (*UnitDispatcher.KINDS, "Reservation")
 
 
 @dataclass(frozen=True)

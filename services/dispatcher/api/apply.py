@@ -1,10 +1,11 @@
-"""Apply (Node, Queue, DisruptionBudget; a Job's labels, annotations and failure policy): every
+"""Apply (Node, Queue, DisruptionBudget, Reservation; a Job's labels, annotations and failure policy): every
 valid object in one atomic commit, each reported ``created`` / ``configured`` / ``unchanged`` /
 ``invalid``. With ``metadata.resource_version`` set it is a compare-and-set (a mismatch is
 ABORTED, nothing written); without, a concurrent write is merged again (``_CAS_RETRIES``). A job
 not stored yet goes through Submit. A tenant applies only Jobs, into its queues, and over stored
 jobs only its own (``services.tenancy``); one object it may not apply refuses the whole request
-(PERMISSION_DENIED)."""
+(PERMISSION_DENIED). A Reservation is checked against its node as stored (``reservations``) and
+stored with the caller's tenant as its owner."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from google.protobuf.message import Message
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
+from services.dispatcher.api import reservations
 from services.dispatcher.api import validation as v
 from services.dispatcher.api.rpc import Aborted, Refused, abort, store_violation
 from services.dispatcher.api.submit import SubmitRpc
@@ -91,6 +93,11 @@ class ApplyRpc:
                     _refuse_if(tenancy.apply_refusal(identity, *unwrap(wrapped)))
         results, checked = _check(request)
         checked = self._refuse_queue_cycles(checked, results)
+        checked = await self._check_reservation_nodes(checked, results)
+        tenant = "" if tenancy.unrestricted(identity) or identity is None else identity.name
+        for _, _, obj in checked:
+            if isinstance(obj, pb.Reservation):
+                obj.metadata.owner = tenant  # never what the request said
         current: dict[tuple[str, str], Message | None] = {}
         for kind in USER_KINDS:
             names = [metadata_of(o).name for _, k, o in checked if k == kind]
@@ -145,6 +152,30 @@ class ApplyRpc:
                 results[i].action = "invalid"
             else:
                 kept.append((i, kind, obj))
+        return kept
+
+    async def _check_reservation_nodes(
+        self, checked: list[Checked], results: list[api_pb2.ApplyResult]
+    ) -> list[Checked]:
+        """Reservations whose node does not exist, or is too small for them, are invalid; the
+        rest of the request stands. Nodes are read from the store (one read for all)."""
+        named = sorted(
+            {o.spec.node for _, _, o in checked if isinstance(o, pb.Reservation) and o.spec.node}
+        )
+        if not named:
+            return checked
+        nodes = dict(zip(named, await self.store.get_many(pb.Node, named), strict=True))
+        kept = []
+        for i, kind, obj in checked:
+            if isinstance(obj, pb.Reservation):
+                found = reservations.validate_node(
+                    obj, f"objects[{i}].reservation", nodes.get(obj.spec.node)
+                )
+                if found:
+                    results[i].violations.extend(found)
+                    results[i].action = "invalid"
+                    continue
+            kept.append((i, kind, obj))
         return kept
 
     async def _create_jobs(
@@ -255,6 +286,33 @@ def _plan(
             ops.append(Update(changed))
             targets.append((i, changed))
             continue
+        if isinstance(obj, pb.Reservation):
+            if existing is None:
+                created = reservations.to_store(obj, obj.metadata.owner)
+                results[i].action = "created"
+                ops.append(Create(created))
+                targets.append((i, created))
+                continue
+            assert isinstance(existing, pb.Reservation)
+            updated, fixed = reservations.update(existing, obj)
+            if fixed:
+                results[i].action = "invalid"
+                results[i].violations.extend(
+                    v.violation(
+                        f"objects[{i}].reservation.spec.{name}",
+                        "is immutable: delete the reservation and apply it again to change it",
+                    )
+                    for name in fixed
+                )
+                continue
+            if updated == existing:
+                results[i].action = "unchanged"
+                results[i].resource_version = existing.metadata.resource_version
+                continue
+            results[i].action = "configured"
+            ops.append(Update(updated))
+            targets.append((i, updated))
+            continue
         if existing is None:
             new = _fresh(obj)
             results[i].action = "created"
@@ -300,6 +358,8 @@ def _validate_applied(kind: str, obj: Message, prefix: str) -> v.Violations:
         return v.validate_node(obj, prefix)
     if isinstance(obj, pb.Queue):
         return v.validate_queue(obj, prefix)
+    if isinstance(obj, pb.Reservation):
+        return reservations.validate(obj, prefix)
     assert isinstance(obj, pb.DisruptionBudget)
     return v.validate_budget(obj, prefix)
 

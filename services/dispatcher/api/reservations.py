@@ -1,0 +1,102 @@
+"""Reservations at Apply: their checks (pure, the node looked up by the caller) and what is
+stored of an applied one. A reservation is refused whole, naming the field, when it is larger
+than its node, its TTL is not positive, its owner does not parse or its node does not exist;
+nothing is stored then. Its spec is fixed once stored, but for its TTL (apply a longer one to
+keep it longer); what it holds and for whom are ``placement.reservations``'."""
+
+from __future__ import annotations
+
+from placement.nodeinfo import POOL_NAMES, pool_capacity, pool_of
+from placement.reservations import OwnerError, parse_owner
+from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.api import validation as v
+
+_QOS_VALUES = frozenset(pb.QoS.values())
+# What an applied reservation may change of a stored one.
+MUTABLE_SPEC = frozenset({"ttl_seconds"})
+# The requests compared with the node's pool, and how each is named to the user.
+_SIZED = (("milli_cpu", "cpu", "m"), ("memory_bytes", "memory", " bytes"), ("gpus", "gpus", ""))
+
+
+def validate(r: pb.Reservation, prefix: str) -> v.Violations:
+    """What needs no lookup: its name, labels, TTL, owner, requests and template."""
+    out = v.validate_label_name(r.metadata.name, f"{prefix}.metadata.name")
+    out += v.validate_labels(r.metadata.labels, f"{prefix}.metadata.labels")
+    s = r.spec
+    if s.ttl_seconds < 1:
+        out.append(
+            v.violation(f"{prefix}.spec.ttl_seconds", f"must be at least 1 (got {s.ttl_seconds})")
+        )
+    try:
+        parse_owner(s.owner)
+    except OwnerError as exc:
+        out.append(v.violation(f"{prefix}.spec.owner.{exc.field}", exc.reason))
+    if s.qos not in _QOS_VALUES:
+        out.append(v.violation(f"{prefix}.spec.qos", f"unknown QoS {s.qos}"))
+    out += v.validate_template(s.template, f"{prefix}.spec.template")
+    if s.node:
+        out += v.validate_label_name(s.node, f"{prefix}.spec.node", max_length=253)
+    return out
+
+
+def validate_node(r: pb.Reservation, prefix: str, node: pb.Node | None) -> v.Violations:
+    """Against its node (``None``: not stored): the node exists and its pool could hold the
+    reservation at all."""
+    if not r.spec.node:
+        return []
+    if node is None:
+        return [v.violation(f"{prefix}.spec.node", f"node {r.spec.node!r} does not exist")]
+    pool = pool_of(r.spec.qos)
+    offer = pool_capacity(node, pool)
+    asked = r.spec.template.requests
+    out: v.Violations = []
+    for field, word, unit in _SIZED:
+        want, have = getattr(asked, field), getattr(offer, field)
+        if want > have:
+            out.append(
+                v.violation(
+                    f"{prefix}.spec.template.requests.{field}",
+                    f"larger than node {r.spec.node!r}: {want}{unit} {word} asked, its "
+                    f"{POOL_NAMES[pool]} pool has {have}{unit}",
+                )
+            )
+    return out
+
+
+def to_store(applied: pb.Reservation, tenant: str) -> pb.Reservation:
+    """A new reservation as stored: its tenant as owner (never what the request said), holding
+    room on its node at once, or pending a placement when it names none."""
+    new = pb.Reservation()
+    new.CopyFrom(applied)
+    meta = new.metadata
+    meta.resource_version = 0
+    meta.uid = ""
+    meta.creation_timestamp_ms = 0
+    meta.deletion_timestamp_ms = 0
+    meta.owner = tenant
+    new.ClearField("status")
+    if new.spec.node:
+        new.status.phase = pb.RESERVATION_RESERVED
+        new.status.node = new.spec.node
+    else:
+        new.status.phase = pb.RESERVATION_PENDING
+    return new
+
+
+def update(stored: pb.Reservation, applied: pb.Reservation) -> tuple[pb.Reservation, list[str]]:
+    """The stored reservation with what an Apply may change (labels, annotations, the TTL), and
+    the spec fields it would change that may not."""
+    new = pb.Reservation()
+    new.CopyFrom(stored)
+    new.metadata.labels.clear()
+    new.metadata.labels.update(applied.metadata.labels)
+    new.metadata.annotations.clear()
+    new.metadata.annotations.update(applied.metadata.annotations)
+    immutable = [
+        fd.name
+        for fd in pb.ReservationSpec.DESCRIPTOR.fields
+        if fd.name not in MUTABLE_SPEC
+        and getattr(stored.spec, fd.name) != getattr(applied.spec, fd.name)
+    ]
+    new.spec.ttl_seconds = applied.spec.ttl_seconds
+    return new, immutable
