@@ -19,13 +19,25 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from placement import labelselector
 from placement.nodeinfo import NodeInfo, PodRequest, pool_of
 from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
+
+
+class Owning(Protocol):
+    """What ``Reservations.own`` sets on a pod's scheduling view (``PodInfo``; the framework
+    imports this module, so it is named by its fields)."""
+
+    reservations: Mapping[str, str]
+    template_key: bytes
+
+
+PodView = TypeVar("PodView", bound=Owning)
 
 HOLD_PREFIX = "reservation:"
 # Above every pod's priority (user priorities are within ±1e9): the preemption quick check sums
@@ -169,6 +181,8 @@ class Reservations:
         return len(self._owners)
 
     def set(self, rsv: pb.Reservation) -> None:
+        """Know ``rsv`` as it is now (one that holds no room, or whose owner does not parse,
+        is forgotten)."""
         name = rsv.metadata.name
         owner = owner_of(rsv)
         if holds_room(rsv) and owner is not None:
@@ -181,13 +195,57 @@ class Reservations:
         self.by_name.pop(name, None)
         self._owners.pop(name, None)
 
-    def owned(self, pod: pb.Pod) -> frozenset[str]:
-        """The hold names ``pod`` may take (any node): empty for nearly every pod."""
+    def node_of(self, name: str) -> str | None:
+        rsv = self.by_name.get(name)
+        return rsv.status.node if rsv is not None else None
+
+    def track(
+        self,
+        rsv: pb.Reservation,
+        infos: Mapping[str, NodeInfo],
+        info_for: Callable[[str], NodeInfo],
+    ) -> list[str]:
+        """Know ``rsv`` as it is now and move its hold on the nodes (``infos``; ``info_for``
+        makes one that is missing, as a bound pod's claim on a node not seen yet needs): off
+        the node it held, onto the node it holds. Returns the nodes changed."""
+        changed = self.untrack(rsv.metadata.name, infos)
+        self.set(rsv)
+        if rsv.metadata.name in self.by_name:
+            info = info_for(rsv.status.node)
+            info.add_pod(hold_request(rsv))
+            changed.append(info.name)
+        return changed
+
+    def untrack(self, name: str, infos: Mapping[str, NodeInfo]) -> list[str]:
+        """Forget reservation ``name`` and take its hold off its node. Returns the nodes
+        changed."""
+        node = self.node_of(name)
+        self.remove(name)
+        info = infos.get(node) if node is not None else None
+        if info is None or info.remove_pod(hold_name(name)) is None:
+            return []
+        return [info.name]
+
+    def owned(self, pod: pb.Pod) -> dict[str, str]:
+        """The holds ``pod`` may take, hold name -> node: empty for nearly every pod."""
         if not self._owners:
-            return frozenset()
-        return frozenset(
-            hold_name(name) for name, owner in self._owners.items() if owner.admits_pod(pod)
-        )
+            return {}
+        by_name = self.by_name
+        return {
+            hold_name(name): by_name[name].status.node
+            for name, owner in self._owners.items()
+            if owner.admits_pod(pod)
+        }
+
+    def own(self, info: PodView, pod: pb.Pod) -> PodView:
+        """``info`` (of ``pod``) with the holds it may take; its template key is its own then,
+        so the feasible-node cache never lends a hold's room to a pod of the same template that
+        does not own it."""
+        holds = self.owned(pod)
+        if holds:
+            info.reservations = holds
+            info.template_key += b"\x00reservations:" + ",".join(sorted(holds)).encode()
+        return info
 
 
 def hold_for(holds: Iterable[str], node: NodeInfo) -> str | None:
@@ -197,7 +255,7 @@ def hold_for(holds: Iterable[str], node: NodeInfo) -> str | None:
     return min(here) if here else None
 
 
-def lent(holds: frozenset[str], node: NodeInfo) -> NodeInfo:
+def lent(holds: Collection[str], node: NodeInfo) -> NodeInfo:
     """``node`` as the owner of ``holds`` sees it: without the one hold it would take there
     (``hold_for``), or ``node`` itself when it has none of them."""
     if not holds:

@@ -13,6 +13,7 @@ from placement.plugins import (
     nodeunschedulable,
     numatopology,
     podtopologyspread,
+    reservation,
     tainttoleration,
 )
 
@@ -32,6 +33,7 @@ def new_in_tree_registry() -> Registry:
             podtopologyspread.SPEC,
             numatopology.SPEC,
             joblevelaffinity.SPEC,
+            reservation.SPEC,
         ]
     )
 

@@ -230,6 +230,13 @@ class Committer:
                 if kind == "Pod":
                     code, reason = _verdict_for(exc.cause)
                     plan.drop(name, code, reason)
+                elif kind == "Reservation" and isinstance(exc.cause, NotFoundError):
+                    # Gone since this view (expired, released): its room is free; forget it.
+                    gone = plan.hold_gone(name)
+                    if gone is not None:
+                        self.state.consumed([gone])
+                elif kind == "Reservation":
+                    plan.drop(name, CONFLICT, f"its reservation could not be consumed: {exc.cause}")
                 elif kind == "Victim":
                     # A victim changed since this view (e.g. it started running): the shard
                     # decides again against a view that shows the change.
@@ -245,6 +252,7 @@ class Committer:
                 plan.reject_all(ERROR, f"store rejected the batch: {exc}")
                 return {}
             self.records.evictions(ops)
+            self.records.consumptions(plan.consumed())
             return {
                 pod.metadata.name: pod
                 for i, pod in self.records.written(ops)

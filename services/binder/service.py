@@ -48,7 +48,9 @@ class BinderService(Service[BinderConfig]):
         super().__init__(*args, **kwargs)
         cfg = self.config
         self.rules = hard_rules()
-        self.informer = Informer(self.store, ["Node", "Pod", "Job", "DisruptionBudget", "Queue"])
+        self.informer = Informer(
+            self.store, ["Node", "Pod", "Job", "DisruptionBudget", "Queue", "Reservation"]
+        )
         self.state = ClusterState(self.informer.objects)
         self.informer.add_handlers(
             Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)

@@ -1,0 +1,107 @@
+"""The Binder and reservations, through real Decide streams to a real binder on a real store: a
+reserved node refuses another job's pod that would need the reserved room, takes the owner's pod
+into it, and the reservation is consumed — deleted in the same commit that binds the pod, with
+an event — so the room left is the node's again. A reservation already gone when its owner binds
+costs the bind nothing. The test module's audit (from tests/test_binder.py) checks every bind
+once and no node over-committed in the store's accounting."""
+
+from __future__ import annotations
+
+import time
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.binder.config import BinderConfig
+from services.binder.service import BinderService
+from services.runtime.service import ServiceHost
+from store import Store
+from tests import factories as f
+from tests.test_binder import Shard, V, audit, binder, eventually, shards, submit, unit
+
+__all__ = ["audit", "binder", "shards"]  # the fixtures, shared with the Binder's tests
+
+
+async def held(host: ServiceHost[BinderConfig], *names: str) -> bool:
+    """Whether the binder's view holds exactly these reservations."""
+    service = host.service
+    assert isinstance(service, BinderService)
+    return set(service.state.reservations.by_name) == set(names)
+
+
+async def test_a_reserved_node_takes_its_owner_only_and_the_bind_consumes_it(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    await store.create(f.node("n1", cpu=4000))
+    await store.create(f.reservation("keep", "n1", job="train", cpu=3000))
+    await eventually(lambda: held(binder, "keep"), what="the binder sees the reservation")
+    web = f.job("web", cpu=2000)
+    web_pods = await submit(store, web)
+    refused = await shards[0].decide(unit(web, web_pods, [("web-0", "n1")]))
+    assert refused["web-0"].code == V.CONFLICT and "insufficient cpu" in refused["web-0"].reason
+
+    train = f.job("train", cpu=3000)
+    train_pods = await submit(store, train)
+    before = int(time.time() * 1000)
+    bound = await shards[0].decide(unit(train, train_pods, [("train-0", "n1")]))
+    assert bound["train-0"].code == V.BOUND
+    # Consumed in the bind's commit: the pod's write and the reservation's delete are one.
+    assert await store.get_many(pb.Reservation, ["keep"]) == [None]
+    assert (await store.get(pb.Pod, "train-0")).spec.node_name == "n1"
+
+    # The room left is the node's: the binder's view no longer counts the hold (at once, not
+    # when its informer catches up) — a 1000m pod fits beside the owner, a 2000m one does not.
+    assert await held(binder)
+    small, big = f.job("small", cpu=1000), f.job("big", cpu=2000)
+    small_pods, big_pods = await submit(store, small), await submit(store, big)
+    after = await shards[1].decide(
+        unit(big, big_pods, [("big-0", "n1")]), unit(small, small_pods, [("small-0", "n1")])
+    )
+    assert (after["big-0"].code, after["small-0"].code) == (V.CONFLICT, V.BOUND)
+
+    async def consumed_event() -> bool:
+        events, _ = await store.list_all(pb.Event)
+        return any(
+            e.reason == "ReservationConsumed"
+            and e.regarding.name == "keep"
+            and e.related.name == "train-0"
+            and e.event_time_ms >= before
+            for e in events
+        )
+
+    await eventually(consumed_event, what="the ReservationConsumed event")
+
+
+async def test_a_hold_owned_by_one_index_is_that_pods_alone(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    await store.create(f.node("n1", cpu=2000))
+    await store.create(f.reservation("keep", "n1", job="train", index=1, cpu=2000))
+    await eventually(lambda: held(binder, "keep"), what="the binder sees the reservation")
+    train = f.job("train", replicas=2, cpu=2000)
+    pods = await submit(store, train)
+    first = await shards[0].decide(unit(train, pods, [("train-0", "n1")]))
+    assert first["train-0"].code == V.CONFLICT
+    second = await shards[0].decide(unit(train, pods, [("train-1", "n1")]))
+    assert second["train-1"].code == V.BOUND
+    assert await store.get_many(pb.Reservation, ["keep"]) == [None]
+
+
+async def test_a_reservation_gone_before_the_bind_costs_it_nothing(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    """Released (expired) after the binder's view last saw it: its room is free anyway, so the
+    owner's pod binds (the commit's delete finds nothing and is dropped, the bind retried)."""
+    await store.create(f.node("n1", cpu=2000))
+    stale = f.reservation("keep", "n1", job="train", cpu=2000)
+    await store.create(stale)
+    await eventually(lambda: held(binder, "keep"), what="the binder sees the reservation")
+    await store.delete(pb.Reservation, "keep")
+    await eventually(lambda: held(binder), what="the binder sees it go")
+    # The view lagging behind the store, as it does between a delete and its watch event.
+    service = binder.service
+    assert isinstance(service, BinderService)
+    service.state.on_add("Reservation", stale)
+    train = f.job("train", cpu=2000)
+    pods = await submit(store, train)
+    bound = await shards[0].decide(unit(train, pods, [("train-0", "n1")]))
+    assert bound["train-0"].code == V.BOUND
+    assert await held(binder)
