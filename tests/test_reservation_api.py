@@ -118,6 +118,7 @@ BAD_RESERVATIONS: list[tuple[str, Mutate, str]] = [
     ("owner-negative-index", _owner(job="train", index=-1), P + "spec.owner.index"),
     ("owner-index-with-selector", _owner(selector="app=x", index=0), P + "spec.owner.index"),
     ("node-missing", _set("spec.node", "nowhere"), P + "spec.node"),
+    ("node-not-ready", _set("spec.node", "down"), P + "spec.node"),
     (
         "larger-than-its-node-cpu",
         _set("spec.template.requests.milli_cpu", 64000),
@@ -145,6 +146,9 @@ async def test_bad_reservations_are_refused_naming_the_field(
     dispatcher: Running, store: Store, mutate: Mutate, field: str
 ) -> None:
     await store.create(f.node("n1", be_cpu=500, be_mem=f.GiB))
+    down = f.node("down")
+    down.status.ready = False
+    await store.create(down)
     before = await store.revision()
     rsv = reservation()
     mutate(rsv)

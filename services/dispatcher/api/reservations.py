@@ -46,6 +46,13 @@ def validate_node(r: pb.Reservation, prefix: str, node: pb.Node | None) -> v.Vio
         return []
     if node is None:
         return [v.violation(f"{prefix}.spec.node", f"node {r.spec.node!r} does not exist")]
+    if not node.status.ready:
+        return [
+            v.violation(
+                f"{prefix}.spec.node",
+                f"node {r.spec.node!r} is not ready: a lost node keeps no reservation",
+            )
+        ]
     pool = pool_of(r.spec.qos)
     offer = pool_capacity(node, pool)
     asked = r.spec.template.requests
