@@ -262,3 +262,33 @@ def test_a_hold_is_a_pod_request() -> None:
     req = hold_request(f.reservation("r", "n1", job="t", cpu=1500, mem=2 * f.GiB))
     assert isinstance(req, PodRequest)
     assert (req.name, req.pool, req.cpu, req.mem) == ("reservation:r", "g", 1500, 2 * f.GiB)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rescheduler's simulation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_reschedulers_view_never_moves_a_pod_into_reserved_room() -> None:
+    from services.rescheduler.view import build_view
+
+    web = f.pods_of(f.job("web", cpu=2000, mem=f.GiB))[0]
+    web.spec.node_name, web.status.phase = "n0", pb.POD_BOUND
+    nodes = [f.node("n0", cpu=4000), f.node("n1", cpu=4000), f.node("n2", cpu=4000)]
+    view = build_view(
+        nodes,
+        [web],
+        [],
+        [],
+        Framework(Profile(), REGISTRY),
+        reservations=[
+            f.reservation("keep", "n1", job="train", cpu=3000),
+            f.reservation("later", "", job="train", cpu=4000),  # pending: holds nothing
+        ],
+    )
+    assert view.nodes["n1"].requested["g"][0] == 3000
+    assert view.nodes["n2"].requested["g"][0] == 0
+    refused = view.fits("web-0", "n1")
+    assert refused is not None and "insufficient cpu" in refused.reasons
+    assert view.fits("web-0", "n2") is None
+    assert [p.name for p in view.pods_on("n1")] == []  # a hold is room, never a pod to move
