@@ -5,6 +5,7 @@ node that does not exist — refused at Apply naming the field, nothing stored."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -176,3 +177,49 @@ async def test_a_missing_reservation_is_not_found(dispatcher: Running, store: St
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await dispatcher.api.Get(api_pb2.GetRequest(kind="Reservation", name="nope"))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_reservations_are_watched(dispatcher: Running, store: Store) -> None:
+    await store.create(f.node("n1"))
+    await dispatcher.api.Apply(_apply(reservation("first")))
+    stream = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Reservation"]))
+    listed = await stream.read()
+    assert (listed.type, listed.object.reservation.metadata.name) == (
+        api_pb2.WatchEvent.ADDED,
+        "first",
+    )
+    assert (await stream.read()).type == api_pb2.WatchEvent.BOOKMARK
+    await dispatcher.api.Apply(_apply(reservation("second")))
+    await dispatcher.api.Delete(api_pb2.DeleteRequest(kind="Reservation", name="first"))
+    seen = []
+    while len(seen) < 2:
+        event = await asyncio.wait_for(stream.read(), 10)
+        if event.type != api_pb2.WatchEvent.BOOKMARK:
+            seen.append((event.type, event.object.reservation.metadata.name))
+    assert seen == [(api_pb2.WatchEvent.ADDED, "second"), (api_pb2.WatchEvent.DELETED, "first")]
+    stream.cancel()
+
+
+async def test_the_sdk_reserves_and_reads_reservations(dispatcher: Running, store: Store) -> None:
+    from godel.client import AsyncGodelClient, Invalid, Reservation
+    from godel.client import reservation as new_reservation
+
+    await store.create(f.node("n1"))
+    async with AsyncGodelClient(dispatcher.host.address, insecure=True) as client:
+        made = await client.reserve(
+            new_reservation("keep", node="n1", job="train", index=0, cpu="500m", ttl_seconds=90)
+        )
+        assert isinstance(made, Reservation)
+        assert (made.phase, made.node, made.owner) == (
+            "Reserved",
+            "n1",
+            {"job": "train", "index": 0},
+        )
+        assert [r.name for r in await client.reservations()] == ["keep"]
+        assert (await client.reservation("keep")).spec["ttlSeconds"] == 90
+        with pytest.raises(Invalid) as caught:
+            await client.reserve(new_reservation("bad", node="n1", job="train", ttl_seconds=0))
+        assert [v.field for v in caught.value.violations] == [
+            "objects[0].reservation.spec.ttl_seconds"
+        ]
+    assert await store.get_many(pb.Reservation, ["bad"]) == [None]
