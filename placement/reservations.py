@@ -176,6 +176,11 @@ class Reservations:
     def __init__(self) -> None:
         self.by_name: dict[str, pb.Reservation] = {}
         self._owners: dict[str, Owner] = {}
+        # The candidates for a pod, so ``owned`` (asked for every pod a shard or the Binder
+        # judges) reads a job's few reservations, not all of them: job owners by job name,
+        # and the selector owners (few; each asked).
+        self._by_job: dict[str, set[str]] = {}
+        self._selected: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._owners)
@@ -185,15 +190,26 @@ class Reservations:
         is forgotten)."""
         name = rsv.metadata.name
         owner = owner_of(rsv)
+        self.remove(name)
         if holds_room(rsv) and owner is not None:
             self.by_name[name] = rsv
             self._owners[name] = owner
-        else:
-            self.remove(name)
+            if owner.selector is not None:
+                self._selected.add(name)
+            else:
+                self._by_job.setdefault(owner.job, set()).add(name)
 
     def remove(self, name: str) -> None:
         self.by_name.pop(name, None)
-        self._owners.pop(name, None)
+        owner = self._owners.pop(name, None)
+        if owner is None:
+            return
+        self._selected.discard(name)
+        of_job = self._by_job.get(owner.job)
+        if of_job is not None:
+            of_job.discard(name)
+            if not of_job:
+                del self._by_job[owner.job]
 
     def node_of(self, name: str) -> str | None:
         rsv = self.by_name.get(name)
@@ -230,11 +246,16 @@ class Reservations:
         """The holds ``pod`` may take, hold name -> node: empty for nearly every pod."""
         if not self._owners:
             return {}
-        by_name = self.by_name
+        candidates: Collection[str] = self._by_job.get(pod.spec.job, ())
+        if self._selected:
+            candidates = [*candidates, *self._selected]
+        if not candidates:
+            return {}
+        by_name, owners = self.by_name, self._owners
         return {
             hold_name(name): by_name[name].status.node
-            for name, owner in self._owners.items()
-            if owner.admits_pod(pod)
+            for name in sorted(candidates)
+            if owners[name].admits_pod(pod)
         }
 
     def own(self, info: PodView, pod: pb.Pod) -> PodView:
