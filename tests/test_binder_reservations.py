@@ -15,7 +15,18 @@ from services.binder.service import BinderService
 from services.runtime.service import ServiceHost
 from store import Store
 from tests import factories as f
-from tests.test_binder import Shard, V, audit, binder, eventually, shards, submit, unit
+from tests.test_binder import (
+    Shard,
+    V,
+    audit,
+    binder,
+    config,
+    eventually,
+    leading,
+    shards,
+    submit,
+    unit,
+)
 
 __all__ = ["audit", "binder", "shards"]  # the fixtures, shared with the Binder's tests
 
@@ -105,3 +116,30 @@ async def test_a_reservation_gone_before_the_bind_costs_it_nothing(
     bound = await shards[0].decide(unit(train, pods, [("train-0", "n1")]))
     assert bound["train-0"].code == V.BOUND
     assert await held(binder)
+
+
+async def test_a_new_leader_keeps_every_reservation(
+    store: Store, store_url: str, cluster_name: str
+) -> None:
+    """A failover loses none: the reservations live in the store, and the new leader's view
+    holds their room (and consumes them) as the old one did."""
+    await store.create(f.node("n1", cpu=2000))
+    await store.create(f.reservation("keep", "n1", job="train", cpu=2000))
+    async with ServiceHost(BinderService, config(store_url, cluster_name, "b1")) as first:
+        await eventually(lambda: leading(first), what="b1 leading")
+        await eventually(lambda: held(first, "keep"), what="b1 sees the reservation")
+    # b1 stopped (its lease released); b2 takes over with nothing but the store to go by.
+    async with ServiceHost(BinderService, config(store_url, cluster_name, "b2")) as second:
+        await eventually(lambda: leading(second), what="b2 leading")
+        assert await held(second, "keep")
+        shard = Shard(second.address)
+        try:
+            web, train = f.job("web", cpu=1000), f.job("train", cpu=2000)
+            web_pods, train_pods = await submit(store, web), await submit(store, train)
+            refused = await shard.decide(unit(web, web_pods, [("web-0", "n1")]))
+            assert refused["web-0"].code == V.CONFLICT
+            bound = await shard.decide(unit(train, train_pods, [("train-0", "n1")]))
+            assert bound["train-0"].code == V.BOUND
+        finally:
+            await shard.close()
+    assert await store.get_many(pb.Reservation, ["keep"]) == [None]
