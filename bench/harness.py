@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.load import build_jobs
-from bench.workload import SERVICE_KINDS, PodPhase, Suite, Workload
+from bench.workload import SERVICE_KINDS, PodPhase, Reservations, Suite, Workload
 from foundation.allocator import allocator_in, jemalloc_env
 from godel import local
 from godel.client import ProtoClient, ReschedulerClient
@@ -316,6 +316,8 @@ def _run_workload(
     try:
         alive = functools.partial(_check_alive, state)
         _wait_nodes(client, shape.nodes, progress, 180 + shape.nodes / 100, alive)
+        if workload.reservations is not None:
+            _reserve(client, workload.reservations, progress)
         probe = _StoreProbe(state.store_url)
         try:
             init = _init_pods(client, probe, workload, progress, alive)
@@ -569,6 +571,20 @@ def worst_informer_lag(state: local.ClusterState) -> float:
             if family.name == _INFORMER_LAG_METRIC:
                 worst = max([worst, *(sample.value for sample in family.samples)])
     return worst
+
+
+def _reserve(client: ProtoClient, wanted: Reservations, progress: Progress) -> None:
+    """Apply the workload's reservations (each held the whole run), 200 per request."""
+    task = progress.add_task("reservations applied", total=wanted.count, info="")
+    nodes = sorted(n.metadata.name for n in client.list(pb.Node))
+    reservations = wanted.manifests(nodes)
+    for i in range(0, len(reservations), 200):
+        batch = reservations[i : i + 200]
+        response = client.apply([("Reservation", r) for r in batch])
+        bad = [v for r in response.results for v in r.violations]
+        if bad:
+            raise BenchError(f"reservations refused: {bad[0].field}: {bad[0].description}")
+        progress.update(task, completed=i + len(batch))
 
 
 def _init_pods(
