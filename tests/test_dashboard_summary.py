@@ -232,3 +232,27 @@ def test_a_stored_default_queue_is_listed_once_with_its_own_status() -> None:
     rows = queue_summary([stored], pb.QueueStatus(pending_pods=99))
     assert [(r["name"], r["pending_pods"]) for r in rows] == [("default", 2)]
     assert rows[0]["quota"] == {"milli_cpu": 4000, "memory_bytes": 0, "gpus": 0, "pods": 0}
+
+
+def test_reservations_counted_and_the_soonest_listed() -> None:
+    from services.dashboard.summary import reservation_summary
+    from tests import factories as f
+
+    live = [
+        f.reservation(f"r{i:02d}", f"n{i}", job="train", cpu=500, mem=f.GiB, ttl=100 - i)
+        for i in range(25)
+    ]
+    live.append(f.reservation("waiting", "", selector="app=web", cpu=1000, ttl=1))
+    summary = reservation_summary(live)
+    # The pending one holds no room yet, but is listed (it expires first).
+    assert (summary["count"], summary["milli_cpu"], summary["memory_bytes"]) == (
+        26,
+        25 * 500,
+        25 * f.GiB,
+    )
+    assert [r["name"] for r in summary["soonest"]][:3] == ["waiting", "r24", "r23"]
+    assert len(summary["soonest"]) == 20
+    assert summary["soonest"][0] | {"expires_ms": 0} == {
+        "name": "waiting", "node": "", "owner": "app=web", "milli_cpu": 1000,
+        "memory_bytes": f.GiB, "expires_ms": 0,
+    }  # fmt: skip

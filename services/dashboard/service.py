@@ -33,6 +33,7 @@ from services.dashboard.summary import (
     lease_summary,
     movement_summary,
     queue_summary,
+    reservation_summary,
     shard_summary,
 )
 from services.dashboard.web import Callers, build_app
@@ -44,7 +45,7 @@ from store.informer import Handlers, Informer
 
 log = structlog.get_logger(__name__)
 
-KINDS = ("Node", "Pod", "Queue", "SchedulerInstance", "Movement")
+KINDS = ("Node", "Pod", "Queue", "SchedulerInstance", "Movement", "Reservation")
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,7 @@ class DashboardService(Service[DashboardConfig]):
             "shards": shard_summary(informer.list(pb.SchedulerInstance), now_ms),
             "binder": lease_summary(lease),
             "movements": movement_summary(informer.list(pb.Movement)),
+            "reservations": reservation_summary(informer.list(pb.Reservation)),
         }
         self.summary = orjson.dumps(summary)
         async with self.updated:
