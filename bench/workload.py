@@ -384,7 +384,8 @@ def _reservations(doc: dict[str, Any], src: str) -> Reservations:
     try:
         wanted.manifests(["node-0"])  # validates the template
     except ManifestError as exc:
-        raise WorkloadError(f"{src}: reservations.{exc.field}: {exc.reason}") from None
+        where = exc.field.removeprefix("spec.") or "template"
+        raise WorkloadError(f"{src}: reservations.{where}: {exc.reason}") from None
     return wanted
 
 
