@@ -15,9 +15,10 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
+from store.client import Fence
 from store.kinds import wrap
 from tests import factories as f
-from tests.dispatcher_harness import Running, dispatcher_config, run_dispatcher
+from tests.dispatcher_harness import Running, dispatcher_config, eventually, run_dispatcher
 
 Mutate = Callable[[pb.Reservation], None]
 
@@ -223,3 +224,34 @@ async def test_the_sdk_reserves_and_reads_reservations(dispatcher: Running, stor
             "objects[0].reservation.spec.ttl_seconds"
         ]
     assert await store.get_many(pb.Reservation, ["bad"]) == [None]
+
+
+async def test_a_reservation_must_fit_beside_what_its_node_holds_now(
+    dispatcher: Running, store: Store
+) -> None:
+    """The node's bound pods and its reservations (stored, and earlier in the same request)
+    leave it no room: refused naming spec.node, nothing stored."""
+    await store.create(f.node("n1", cpu=4000))
+    job = f.job("web", cpu=2000)
+    pods = f.pods_of(job)
+    await store.create_unit(job, pods)
+    _, lease = await store.acquire_lease("binder", "b", 10_000)
+    pods[0].spec.node_name, pods[0].status.phase = "n1", pb.POD_BOUND
+    await store.bind(pods, fence=Fence("binder", lease.epoch))
+    first = await dispatcher.api.Apply(_apply(reservation("a")))  # 1000m beside 2000m: fits
+    assert first.results[0].action == "created"
+
+    async def sees_a() -> bool:
+        listed = await dispatcher.api.List(api_pb2.ListRequest(kind="Reservation"))
+        return [o.reservation.metadata.name for o in listed.items] == ["a"]
+
+    await eventually(sees_a)
+    both = await dispatcher.api.Apply(_apply(reservation("b"), reservation("c")))
+    assert [r.action for r in both.results] == ["created", "invalid"]
+    [why] = both.results[1].violations
+    assert why.field == "objects[1].reservation.spec.node"
+    assert "has not the room for it now (insufficient cpu)" in why.description
+    assert await store.get_many(pb.Reservation, ["c"]) == [None]
+    # Re-applying a stored one is not judged again: its room is its own.
+    again = await dispatcher.api.Apply(_apply(reservation("a", ttl=120)))
+    assert again.results[0].action == "configured"

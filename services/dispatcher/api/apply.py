@@ -22,6 +22,7 @@ from services.dispatcher.api import reservations
 from services.dispatcher.api import validation as v
 from services.dispatcher.api.rpc import Aborted, Refused, abort, store_violation
 from services.dispatcher.api.submit import SubmitRpc
+from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.objects import PODS_CREATED_ANNOTATION, metadata_of
 from services.runtime.auth import caller
@@ -60,10 +61,18 @@ Checked = tuple[int, str, Message]
 
 
 class ApplyRpc:
-    def __init__(self, store: Store, informer: Informer, submitter: SubmitRpc) -> None:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        submitter: SubmitRpc,
+        pods: PodIndex | None = None,
+    ) -> None:
         self.store = store
         self.informer = informer
         self.submitter = submitter
+        # Pods by node, for a new reservation's room on its node (None: that check is skipped).
+        self.pods = pods
 
     async def Apply(self, request: api_pb2.ApplyRequest, context: Any) -> api_pb2.ApplyResponse:
         try:
@@ -166,17 +175,40 @@ class ApplyRpc:
             return checked
         nodes = dict(zip(named, await self.store.get_many(pb.Node, named), strict=True))
         kept = []
+        earlier: list[pb.Reservation] = []  # this request's, counted for the ones after them
         for i, kind, obj in checked:
             if isinstance(obj, pb.Reservation):
-                found = reservations.validate_node(
-                    obj, f"objects[{i}].reservation", nodes.get(obj.spec.node)
-                )
+                prefix, node = f"objects[{i}].reservation", nodes.get(obj.spec.node)
+                found = reservations.validate_node(obj, prefix, node)
+                if not found and node is not None and self._is_new(obj):
+                    held = self._reservations_on(node) + [
+                        reservations.to_store(r, "")
+                        for r in earlier
+                        if r.spec.node == obj.spec.node
+                    ]
+                    found = reservations.validate_room(obj, prefix, node, self._pods_on(node), held)
+                if not found:
+                    earlier.append(obj)
                 if found:
                     results[i].violations.extend(found)
                     results[i].action = "invalid"
                     continue
             kept.append((i, kind, obj))
         return kept
+
+    def _is_new(self, rsv: pb.Reservation) -> bool:
+        return self.informer.get("Reservation", rsv.metadata.name) is None
+
+    def _pods_on(self, node: pb.Node) -> list[pb.Pod]:
+        return self.pods.pods_on(node.metadata.name) if self.pods is not None else []
+
+    def _reservations_on(self, node: pb.Node) -> list[pb.Reservation]:
+        name = node.metadata.name
+        return [
+            r
+            for r in self.informer.each("Reservation")
+            if isinstance(r, pb.Reservation) and r.status.node == name
+        ]
 
     async def _create_jobs(
         self,

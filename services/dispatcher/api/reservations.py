@@ -2,12 +2,26 @@
 stored of an applied one. A reservation is refused whole, naming the field, when it is larger
 than its node, its TTL is not positive, its owner does not parse or its node does not exist;
 nothing is stored then. Its spec is fixed once stored, but for its TTL (apply a longer one to
-keep it longer); what it holds and for whom are ``placement.reservations``'."""
+keep it longer); what it holds and for whom are ``placement.reservations``'. A new one must
+also fit beside what its node holds now (``validate_room``, on the dispatcher's view: a bind
+committed at that very moment can still race it, until the Binder commits reservations)."""
 
 from __future__ import annotations
 
-from placement.nodeinfo import POOL_NAMES, pool_capacity, pool_of
-from placement.reservations import OwnerError, parse_owner
+from collections.abc import Iterable
+
+from placement.claims import holds_claim
+from placement.nodeinfo import (
+    POOL_NAMES,
+    PORTS_IN_USE,
+    NodeInfo,
+    PodRequest,
+    pool_capacity,
+    pool_of,
+    port_conflict,
+    resource_fit_failures,
+)
+from placement.reservations import OwnerError, hold_request, holds_room, parse_owner
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.api import validation as v
 
@@ -68,6 +82,41 @@ def validate_node(r: pb.Reservation, prefix: str, node: pb.Node | None) -> v.Vio
                 )
             )
     return out
+
+
+def validate_room(
+    r: pb.Reservation,
+    prefix: str,
+    node: pb.Node,
+    pods: Iterable[pb.Pod],
+    reservations: Iterable[pb.Reservation],
+) -> v.Violations:
+    """A new reservation against what its node holds now (as the dispatcher's view has it): its
+    bound and running ``pods`` and the other live ``reservations`` there. One that does not fit
+    beside them would over-commit the node counting reserved room."""
+    info = NodeInfo.from_node(node)
+    for pod in pods:
+        if holds_claim(pod):
+            info.add_pod(PodRequest.from_pod(pod))
+    for other in reservations:
+        if holds_room(other) and other.metadata.name != r.metadata.name:
+            info.add_pod(hold_request(other))
+    stored = pb.Reservation()
+    stored.CopyFrom(r)
+    stored.status.phase, stored.status.node = pb.RESERVATION_RESERVED, node.metadata.name
+    hold = hold_request(stored)
+    failures = resource_fit_failures(info, hold)
+    if port_conflict(info, hold):
+        failures.append(PORTS_IN_USE)
+    if not failures:
+        return []
+    return [
+        v.violation(
+            f"{prefix}.spec.node",
+            f"node {r.spec.node!r} has not the room for it now ({', '.join(failures)}): its pods "
+            "and reservations hold the rest",
+        )
+    ]
 
 
 def to_store(applied: pb.Reservation, tenant: str) -> pb.Reservation:
