@@ -59,6 +59,11 @@ async def test_a_tenants_reservation_is_its_own(
     assert described.returncode == 0, described.stderr
     assert "reservation: Reserved on n1, for job=train/2, released unused in" in described.stdout
 
+    # What `get -o yaml` prints applies back unchanged.
+    printed = await godel_as("alice", dispatcher, tls_dir, "get", "rsv", "keep", "-o", "yaml")
+    again = await apply_as("alice", dispatcher, tls_dir, printed.stdout)
+    assert (again.returncode, again.stdout) == (0, "reservation/keep unchanged\n"), again.stderr
+
     # Bob sees none of it, and may neither apply over it nor delete it.
     assert (await godel_as("bob", dispatcher, tls_dir, "get", "reservations")).stdout == ""
     over = await apply_as("bob", dispatcher, tls_dir, RESERVATION)
