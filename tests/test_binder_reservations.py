@@ -143,3 +143,23 @@ async def test_a_new_leader_keeps_every_reservation(
         finally:
             await shard.close()
     assert await store.get_many(pb.Reservation, ["keep"]) == [None]
+
+
+async def test_a_decision_naming_a_hold_as_its_victim_evicts_nothing(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    """A forged (or confused) decision: a high-priority pod on a fully reserved node, its
+    "victim" the reservation's hold. A hold is no pod: nothing is evicted, the room stays
+    reserved, and the pod is refused."""
+    await store.create(f.node("n1", cpu=2000))
+    await store.create(f.reservation("keep", "n1", job="train", cpu=2000))
+    await eventually(lambda: held(binder, "keep"), what="the binder sees the reservation")
+    boss = f.job("boss", cpu=2000)
+    boss.spec.priority = 1000
+    pods = await submit(store, boss)
+    decision = unit(boss, pods, [("boss-0", "n1")])
+    decision.placements[0].victims.append("reservation:keep")
+    verdict = await shards[0].decide(decision)
+    assert verdict["boss-0"].code == V.CONFLICT
+    assert "insufficient cpu" in verdict["boss-0"].reason
+    assert (await store.get(pb.Reservation, "keep")).status.node == "n1"

@@ -292,3 +292,36 @@ def test_the_reschedulers_view_never_moves_a_pod_into_reserved_room() -> None:
     assert refused is not None and "insufficient cpu" in refused.reasons
     assert view.fits("web-0", "n2") is None
     assert [p.name for p in view.pods_on("n1")] == []  # a hold is room, never a pod to move
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption: a hold is never a victim
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_preemptor_evicts_pods_never_a_hold() -> None:
+    """Node a: a hold of 2000m and a low-priority pod of 2000m; node b: a hold of 4000m. A
+    high-priority pod of 4000m finds no node: evicting the pod frees only half of a, and
+    nothing on b may go. One of 2000m evicts the pod on a, and the hold stays."""
+    from tests.test_scheduler_preemption import build, preemptor_unit, running
+
+    def setup() -> tuple[SchedulerCache, Snapshot, UnitScheduler]:
+        cache, _, sched, _ = build(
+            [f.node("a", cpu=4000, mem=64 * f.GiB), f.node("b", cpu=4000, mem=64 * f.GiB)],
+            [running("l0", "a", cpu=2000)],
+            Profile(),
+            "godel",
+        )
+        cache.on_add("Reservation", f.reservation("ra", "a", job="train", cpu=2000, mem=f.GiB))
+        cache.on_add("Reservation", f.reservation("rb", "b", job="train", cpu=4000, mem=f.GiB))
+        snap = Snapshot()
+        snap.update(cache)
+        return cache, snap, sched
+
+    _, snap, sched = setup()
+    big = sched.schedule(preemptor_unit("p", 1, 4000), snap)
+    assert big.placements == [] and not big.success
+    _, snap, sched = setup()
+    small = sched.schedule(preemptor_unit("q", 1, 2000), snap)
+    assert [(p.pod, p.node, list(p.victims)) for p in small.placements] == [("q-0", "a", ["l0"])]
+    assert hold_name("ra") in snap.infos["a"].pods
