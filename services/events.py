@@ -36,6 +36,7 @@ MOVEMENT_DONE = "MovementDone"
 MOVEMENT_STOPPED = "MovementStopped"
 # A reservation's owner pod bound on its node (the Binder), or it was released unused (expired,
 # its owner job deleted, its node lost: the dispatcher's reservation controller).
+RESERVATION_HELD = "ReservationHeld"
 RESERVATION_CONSUMED = "ReservationConsumed"
 RESERVATION_RELEASED = "ReservationReleased"
 

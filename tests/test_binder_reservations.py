@@ -163,3 +163,76 @@ async def test_a_decision_naming_a_hold_as_its_victim_evicts_nothing(
     assert verdict["boss-0"].code == V.CONFLICT
     assert "insufficient cpu" in verdict["boss-0"].reason
     assert (await store.get(pb.Reservation, "keep")).status.node == "n1"
+
+
+def pending(name: str, node: str, **kw: object) -> pb.Reservation:
+    """As the dispatcher stores an applied reservation: Pending, named to ``node``."""
+    rsv = f.reservation(name, node, **kw)  # type: ignore[arg-type]
+    rsv.status.phase = pb.RESERVATION_PENDING
+    rsv.status.node = ""
+    return rsv
+
+
+async def test_the_binder_commits_a_named_reservation_when_it_fits(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    """Committed Reserved on its node in the leader's turn; one the node has no room for waits
+    Pending with why, and is committed once the room is there."""
+    await store.create(f.node("n1", cpu=4000))
+    await store.create(pending("first", "n1", job="train", cpu=3000))
+    await store.create(pending("second", "n1", job="train", cpu=3000))
+
+    async def phases() -> dict[str, tuple[int, str, str]]:
+        found, _ = await store.list_all(pb.Reservation)
+        return {r.metadata.name: (r.status.phase, r.status.node, r.status.message) for r in found}
+
+    async def settled() -> bool:
+        now = await phases()
+        return now.get("first", (0,))[0] == pb.RESERVATION_RESERVED and bool(
+            now.get("second", (0, "", ""))[2]
+        )
+
+    await eventually(settled, what="first Reserved, second waiting with why")
+    now = await phases()
+    assert now["first"] == (pb.RESERVATION_RESERVED, "n1", "")
+    assert now["second"] == (
+        pb.RESERVATION_PENDING,
+        "",
+        "waiting: no room on node 'n1' yet: insufficient cpu",
+    )
+    # A bind now finds the room reserved; the owner's pod consumes "first"; then "second" fits.
+    web = f.job("web", cpu=2000)
+    web_pods = await submit(store, web)
+    refused = await shards[0].decide(unit(web, web_pods, [("web-0", "n1")]))
+    assert refused["web-0"].code == V.CONFLICT
+    train = f.job("train", cpu=3000)
+    train_pods = await submit(store, train)
+    bound = await shards[0].decide(unit(train, train_pods, [("train-0", "n1")]))
+    assert bound["train-0"].code == V.BOUND
+    await store.delete(pb.Pod, "train-0")  # the pod leaves (its claim with it: not bound now)
+
+    async def second_reserved() -> bool:
+        return (await phases()).get("second", (0,))[0] == pb.RESERVATION_RESERVED
+
+    await eventually(second_reserved, what="second Reserved once the room is free")
+
+
+async def test_a_reservation_and_a_bind_never_both_take_the_last_room(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    """The pod's bind and the reservation's commit are decided one after the other by the same
+    committer: whichever comes second finds the room taken."""
+    await store.create(f.node("n1", cpu=2000))
+    web = f.job("web", cpu=2000)
+    web_pods = await submit(store, web)
+    await store.create(pending("keep", "n1", job="train", cpu=2000))
+    verdict = await shards[0].decide(unit(web, web_pods, [("web-0", "n1")]))
+
+    async def decided() -> bool:
+        rsv = await store.get(pb.Reservation, "keep")
+        return rsv.status.phase == pb.RESERVATION_RESERVED or bool(rsv.status.message)
+
+    await eventually(decided, what="the reservation committed or waiting")
+    rsv = await store.get(pb.Reservation, "keep")
+    reserved = rsv.status.phase == pb.RESERVATION_RESERVED
+    assert reserved != (verdict["web-0"].code == V.BOUND)

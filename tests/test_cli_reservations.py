@@ -48,16 +48,20 @@ async def test_a_tenants_reservation_is_its_own(
     created = await apply_as("alice", dispatcher, tls_dir, RESERVATION)
     assert (created.returncode, created.stdout) == (0, "reservation/keep created\n"), created.stderr
     stored = await store.get(pb.Reservation, "keep")
-    assert stored.metadata.owner == "alice" and stored.status.node == "n1"
+    assert stored.metadata.owner == "alice" and stored.spec.node == "n1"
 
     listed = await godel_as("alice", dispatcher, tls_dir, "get", "rsv")
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
     assert header.split()[:6] == ["NAME", "PHASE", "NODE", "OWNER", "CPU", "MEMORY"]
-    assert row.split()[:6] == ["keep", "Reserved", "n1", "job=train/2", "1", "1Gi"]
+    # Pending: no Binder runs here to commit it on n1.
+    assert row.split()[:6] == ["keep", "Pending", "n1", "job=train/2", "1", "1Gi"]
     described = await godel_as("alice", dispatcher, tls_dir, "describe", "reservation/keep")
     assert described.returncode == 0, described.stderr
-    assert "reservation: Reserved on n1, for job=train/2, released unused in" in described.stdout
+    assert (
+        "reservation: Pending on n1 once the Binder commits it, for job=train/2, released unused"
+        in described.stdout
+    )
 
     # What `get -o yaml` prints applies back unchanged.
     printed = await godel_as("alice", dispatcher, tls_dir, "get", "rsv", "keep", "-o", "yaml")

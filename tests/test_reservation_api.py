@@ -43,7 +43,7 @@ def _apply(*objs: pb.Reservation, dry_run: bool = False) -> api_pb2.ApplyRequest
     return api_pb2.ApplyRequest(objects=[wrap("Reservation", o) for o in objs], dry_run=dry_run)
 
 
-async def test_a_reservation_is_stored_holding_room_on_its_node(
+async def test_a_reservation_is_stored_for_the_binder_to_commit(
     dispatcher: Running, store: Store
 ) -> None:
     await store.create(f.node("n1"))
@@ -55,7 +55,9 @@ async def test_a_reservation_is_stored_holding_room_on_its_node(
         ("Reservation", "hold", "created")
     ]
     stored = await store.get(pb.Reservation, "hold")
-    assert stored.status.phase == pb.RESERVATION_RESERVED and stored.status.node == "n1"
+    # Pending until the Binder commits it on its node (no Binder runs here).
+    assert stored.status.phase == pb.RESERVATION_PENDING and stored.status.node == ""
+    assert stored.spec.node == "n1"
     assert stored.metadata.owner == "" and stored.metadata.creation_timestamp_ms > 0
     got = await dispatcher.api.Get(api_pb2.GetRequest(kind="Reservation", name="hold"))
     assert got.reservation == stored
@@ -212,7 +214,7 @@ async def test_the_sdk_reserves_and_reads_reservations(dispatcher: Running, stor
         )
         assert isinstance(made, Reservation)
         assert (made.phase, made.node, made.owner) == (
-            "Reserved",
+            "Pending",
             "n1",
             {"job": "train", "index": 0},
         )

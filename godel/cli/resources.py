@@ -339,7 +339,7 @@ COLUMNS: dict[str, list[Column]] = {
             lambda o: _enum(o.status.phase or pb.RESERVATION_PENDING, pb.ReservationPhase),
             False,
         ),
-        ("NODE", lambda o: o.status.node, False),
+        ("NODE", lambda o: o.status.node or o.spec.node, False),
         ("OWNER", _reservation_owner, False),
         ("CPU", lambda o: _cpu(o.spec.template.requests.milli_cpu), False),
         ("MEMORY", lambda o: _mem(o.spec.template.requests.memory_bytes), False),
@@ -677,11 +677,18 @@ def _describe_movement(movement: pb.Movement) -> None:
 
 def _describe_reservation(rsv: pb.Reservation) -> None:
     """Where its room is held, for whom, and until when."""
-    where = f"on {rsv.status.node}" if rsv.status.node else "waiting for a node"
+    if rsv.status.node:
+        where = f"on {rsv.status.node}"
+    elif rsv.spec.node:
+        where = f"on {rsv.spec.node} once the Binder commits it"
+    else:
+        where = "waiting for a node"
     click.echo(
         f"reservation: {_enum(rsv.status.phase or pb.RESERVATION_PENDING, pb.ReservationPhase)} "
         f"{where}, for {_reservation_owner(rsv)}, released unused in {_reservation_expiry(rsv)}"
     )
+    if rsv.status.message:
+        click.echo(f"status: {rsv.status.message}")
 
 
 def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> None:

@@ -29,6 +29,7 @@ from services.binder.config import BinderConfig
 from services.binder.evictrpc import Evictions
 from services.binder.leadership import BINDER_SERVICE, Leadership
 from services.binder.records import CommitRecords
+from services.binder.reserve import Reserving
 from services.binder.state import ClusterState
 from services.peers.binder import LEASE
 from services.runtime import Service
@@ -66,6 +67,10 @@ class BinderService(Service[BinderConfig]):
         self.evictions = Evictions(
             cfg, self.store, self.informer, self.state, self.leadership, records, queue.put
         )
+        self.reserving = Reserving(
+            cfg, self.store, self.informer, self.state, self.leadership, self.events, queue.put
+        )
+        self.state.on_pending = self.reserving.wanted.set
         self.committer = Committer(
             cfg,
             self.store,
@@ -76,6 +81,7 @@ class BinderService(Service[BinderConfig]):
             records,
             self.evictions,
             queue,
+            self.reserving,
         )
 
     def _abort_streams(self, message: str) -> int:
@@ -93,6 +99,7 @@ class BinderService(Service[BinderConfig]):
         await self.informer.wait_synced(self.config.sync_timeout_seconds)
         elector = self.leadership.campaign(self.address)
         self.spawn(self.committer.run(), name="binder-committer")
+        self.spawn(self.reserving.sweep_forever(), name="binder-reservations")
         self.spawn(self.events.run(), name="binder-events")
         self.spawn(self.leadership.keep_health(), name="binder-health")
         self.spawn(self.leadership.resign_on(self.stop_requested), name="binder-resign")

@@ -110,6 +110,10 @@ class ClusterState:
         # Live reservations: each holds its room on its node's NodeInfo (a hold), which only
         # its owner's pods may take (placement.reservations).
         self.reservations = Reservations()
+        # Reservations named to a node and not yet committed there (``reserve.py`` does), and
+        # whom to tell when one appears.
+        self.pending_reservations: dict[str, pb.Reservation] = {}
+        self.on_pending: Callable[[], None] | None = None
 
     @property
     def jobs(self) -> Mapping[str, pb.Job]:
@@ -140,6 +144,7 @@ class ClusterState:
             self.queues[obj.metadata.name] = obj
         elif type(obj) is pb.Reservation:
             self.reservations.track(obj, self.infos, self.info_for)
+            self._note_pending(obj)
 
     def on_update(self, kind: str, old: StoredObject, new: StoredObject) -> None:
         if type(new) is pb.Pod and type(old) is pb.Pod:
@@ -173,6 +178,21 @@ class ClusterState:
             self.queues.pop(obj.metadata.name, None)
         elif type(obj) is pb.Reservation:
             self.consumed([obj.metadata.name])
+            self.pending_reservations.pop(obj.metadata.name, None)
+
+    def _note_pending(self, rsv: pb.Reservation) -> None:
+        name = rsv.metadata.name
+        waiting = (
+            rsv.status.phase in (pb.RESERVATION_PHASE_UNSPECIFIED, pb.RESERVATION_PENDING)
+            and bool(rsv.spec.node)
+            and not rsv.metadata.deletion_timestamp_ms
+        )
+        if not waiting:
+            self.pending_reservations.pop(name, None)
+            return
+        self.pending_reservations[name] = rsv
+        if self.on_pending is not None:
+            self.on_pending()
 
     def consumed(self, reservations: Iterable[str]) -> None:
         """Reservations gone (consumed by a commit of this binder, or deleted): their holds

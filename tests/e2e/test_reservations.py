@@ -51,8 +51,12 @@ def test_a_reservation_holds_its_node_for_its_owner_and_is_consumed_by_its_bind(
         ),
     )
     assert created.stdout == "reservation/for-train created\n"
-    listed = cluster.godel("get", "rsv").stdout.splitlines()
-    assert listed[1].split()[:4] == ["for-train", "Reserved", reserved, "job=train"]
+
+    def committed() -> bool:
+        listed = cluster.godel("get", "rsv").stdout.splitlines()
+        return listed[1].split()[:4] == ["for-train", "Reserved", reserved, "job=train"]
+
+    wait_until(committed, what="the Binder commits the reservation on its node")
 
     # Another job takes the free node and nothing of the reserved one.
     cluster.godel("apply", "-f", "-", stdin=job_yaml("web", 2))

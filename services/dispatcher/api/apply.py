@@ -207,7 +207,7 @@ class ApplyRpc:
         return [
             r
             for r in self.informer.each("Reservation")
-            if isinstance(r, pb.Reservation) and r.status.node == name
+            if isinstance(r, pb.Reservation) and (r.status.node or r.spec.node) == name
         ]
 
     async def _create_jobs(

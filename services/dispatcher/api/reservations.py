@@ -3,8 +3,8 @@ stored of an applied one. A reservation is refused whole, naming the field, when
 than its node, its TTL is not positive, its owner does not parse or its node does not exist;
 nothing is stored then. Its spec is fixed once stored, but for its TTL (apply a longer one to
 keep it longer); what it holds and for whom are ``placement.reservations``'. A new one must
-also fit beside what its node holds now (``validate_room``, on the dispatcher's view: a bind
-committed at that very moment can still race it, until the Binder commits reservations)."""
+also fit beside what its node holds now (``validate_room``, on the dispatcher's view: an early,
+clear refusal; the Binder's commit of it is the authoritative check)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from placement.nodeinfo import (
     port_conflict,
     resource_fit_failures,
 )
-from placement.reservations import OwnerError, hold_request, holds_room, parse_owner
+from placement.reservations import OwnerError, hold_request, parse_owner
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.api import validation as v
 
@@ -99,8 +99,12 @@ def validate_room(
         if holds_claim(pod):
             info.add_pod(PodRequest.from_pod(pod))
     for other in reservations:
-        if holds_room(other) and other.metadata.name != r.metadata.name:
-            info.add_pod(hold_request(other))
+        # Reserved there, or named to it and about to be: both take its room.
+        if other.metadata.name != r.metadata.name and not other.metadata.deletion_timestamp_ms:
+            held = pb.Reservation()
+            held.CopyFrom(other)
+            held.status.phase, held.status.node = pb.RESERVATION_RESERVED, node.metadata.name
+            info.add_pod(hold_request(held))
     stored = pb.Reservation()
     stored.CopyFrom(r)
     stored.status.phase, stored.status.node = pb.RESERVATION_RESERVED, node.metadata.name
@@ -120,8 +124,9 @@ def validate_room(
 
 
 def to_store(applied: pb.Reservation, tenant: str) -> pb.Reservation:
-    """A new reservation as stored: its tenant as owner (never what the request said), holding
-    room on its node at once, or pending a placement when it names none."""
+    """A new reservation as stored: its tenant as owner (never what the request said),
+    ``Pending`` — the Binder commits it Reserved on its node, as it commits a binding
+    (``services/binder/reserve.py``), and shards will place one that names none."""
     new = pb.Reservation()
     new.CopyFrom(applied)
     meta = new.metadata
@@ -131,11 +136,7 @@ def to_store(applied: pb.Reservation, tenant: str) -> pb.Reservation:
     meta.deletion_timestamp_ms = 0
     meta.owner = tenant
     new.ClearField("status")
-    if new.spec.node:
-        new.status.phase = pb.RESERVATION_RESERVED
-        new.status.node = new.spec.node
-    else:
-        new.status.phase = pb.RESERVATION_PENDING
+    new.status.phase = pb.RESERVATION_PENDING
     return new
 
 

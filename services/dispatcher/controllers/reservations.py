@@ -75,7 +75,7 @@ class ReservationController:
     def _seen(self, kind: str, obj: object) -> None:
         if isinstance(obj, pb.Reservation):
             heapq.heappush(self._due, (expires_ms(obj), obj.metadata.name))
-            node = obj.status.node
+            node = obj.status.node or obj.spec.node
             if node:  # on a node already gone (applied as it went, or while we were down)
                 self._suspect.setdefault(
                     obj.metadata.name,
@@ -102,7 +102,7 @@ class ReservationController:
 
     def _node_went(self, node: str, how: str) -> None:
         for rsv in self._reservations():
-            if rsv.status.node == node:
+            if (rsv.status.node or rsv.spec.node) == node:
                 name = rsv.metadata.name
                 self._suspect[name] = Releasing(name, NODE_LOST, f"its node {node!r} {how}")
 
@@ -140,7 +140,7 @@ class ReservationController:
         if why.why == OWNER_DELETED:
             job = self._informer.get("Job", rsv.spec.owner.job)
             return not isinstance(job, pb.Job) or bool(job.metadata.deletion_timestamp_ms)
-        node = self._informer.get("Node", rsv.status.node)
+        node = self._informer.get("Node", rsv.status.node or rsv.spec.node)
         return not isinstance(node, pb.Node) or not node.status.ready
 
     async def tick(self, now_ms: int | None = None) -> None:
