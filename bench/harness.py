@@ -317,7 +317,7 @@ def _run_workload(
         alive = functools.partial(_check_alive, state)
         _wait_nodes(client, shape.nodes, progress, 180 + shape.nodes / 100, alive)
         if workload.reservations is not None:
-            _reserve(client, workload.reservations, progress)
+            _reserve(client, workload.reservations, progress, workload.timeout)
         probe = _StoreProbe(state.store_url)
         try:
             init = _init_pods(client, probe, workload, progress, alive)
@@ -573,9 +573,10 @@ def worst_informer_lag(state: local.ClusterState) -> float:
     return worst
 
 
-def _reserve(client: ProtoClient, wanted: Reservations, progress: Progress) -> None:
-    """Apply the workload's reservations (each held the whole run), 200 per request."""
-    task = progress.add_task("reservations applied", total=wanted.count, info="")
+def _reserve(client: ProtoClient, wanted: Reservations, progress: Progress, timeout: float) -> None:
+    """Apply the workload's reservations (each held the whole run), 200 per request, and wait
+    until the Binder has committed every one on its node."""
+    task = progress.add_task("reservations held", total=wanted.count, info="")
     nodes = sorted(n.metadata.name for n in client.list(pb.Node))
     reservations = wanted.manifests(nodes)
     for i in range(0, len(reservations), 200):
@@ -584,7 +585,17 @@ def _reserve(client: ProtoClient, wanted: Reservations, progress: Progress) -> N
         bad = [v for r in response.results for v in r.violations]
         if bad:
             raise BenchError(f"reservations refused: {bad[0].field}: {bad[0].description}")
-        progress.update(task, completed=i + len(batch))
+    deadline = time.monotonic() + timeout
+    while True:
+        held = sum(
+            1 for r in client.list(pb.Reservation) if r.status.phase == pb.RESERVATION_RESERVED
+        )
+        progress.update(task, completed=held)
+        if held >= len(reservations):
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"only {held}/{len(reservations)} reservations held")
+        time.sleep(0.25)
 
 
 def _init_pods(

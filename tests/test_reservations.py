@@ -325,3 +325,65 @@ def test_a_preemptor_evicts_pods_never_a_hold() -> None:
     small = sched.schedule(preemptor_unit("q", 1, 2000), snap)
     assert [(p.pod, p.node, list(p.victims)) for p in small.placements] == [("q-0", "a", ["l0"])]
     assert hold_name("ra") in snap.infos["a"].pods
+
+
+# ---------------------------------------------------------------------------------------------
+# The Binder's sweep of pending reservations (services/binder/reserve.py), as a plan
+# ---------------------------------------------------------------------------------------------
+
+
+def _pending(name: str, node: str, cpu: int, created: int, message: str = "") -> pb.Reservation:
+    rsv = f.reservation(name, node, job="train", cpu=cpu)
+    rsv.status.phase, rsv.status.node, rsv.status.message = pb.RESERVATION_PENDING, "", message
+    rsv.metadata.creation_timestamp_ms = created
+    return rsv
+
+
+SWEEP_CASES = [
+    # (id, pending reservations, reserved after the sweep, waiting messages written)
+    ("fits", [_pending("a", "n1", 1000, 1)], ["a"], {}),
+    ("oldest first, then no room", [_pending("b", "n1", 3000, 2), _pending("a", "n1", 2000, 1)],
+     ["a"], {"b": "waiting: no room on node 'n1' yet: insufficient cpu"}),
+    ("beside the bound pod", [_pending("a", "n1", 3500, 1)], [],
+     {"a": "waiting: no room on node 'n1' yet: insufficient cpu"}),
+    ("missing node", [_pending("a", "gone", 100, 1)], [],
+     {"a": "waiting: node 'gone' does not exist"}),
+    ("not ready", [_pending("a", "down", 100, 1)], [], {"a": "waiting: node 'down' is not ready"}),
+    ("reason unchanged: no write",
+     [_pending("a", "gone", 100, 1, "waiting: node 'gone' does not exist")], [], {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("waiting", "reserved", "messages"),
+    [c[1:] for c in SWEEP_CASES],
+    ids=[c[0] for c in SWEEP_CASES],
+)
+def test_the_binders_sweep_reserves_what_fits_and_says_why_the_rest_waits(
+    waiting: list[pb.Reservation], reserved: list[str], messages: dict[str, str]
+) -> None:
+    from services.binder.reserve import plan
+    from services.binder.state import ClusterState
+    from store.client import Update
+
+    state = ClusterState()
+    down = f.node("down")
+    down.status.ready = False
+    for nd in (f.node("n1", cpu=4000), down):
+        state.on_add("Node", nd)
+    bound = pod("web")  # 1000m on n1
+    bound.spec.node_name, bound.status.phase = "n1", pb.POD_BOUND
+    state.on_add("Pod", bound)
+    for rsv in waiting:
+        state.on_add("Reservation", rsv)
+    ops, done = plan(state)
+    assert [r.metadata.name for r in done] == reserved
+    assert all(r.status.node == r.spec.node for r in done)
+    written = {
+        op.obj.metadata.name: op.obj.status.message
+        for op in ops
+        if isinstance(op, Update)
+        and isinstance(op.obj, pb.Reservation)
+        and op.obj.status.phase == pb.RESERVATION_PENDING
+    }
+    assert written == messages

@@ -32,6 +32,9 @@ from store.informer import Informer
 log = structlog.get_logger(__name__)
 
 SWEEP_SECONDS = 1.0
+# Writes of one sweep's commit at most (one store script holds the server while it runs); the
+# rest go in the next sweep, queued at once.
+MAX_SWEEP_WRITES = 500
 
 
 @dataclass(slots=True)
@@ -39,7 +42,9 @@ class ReserveWork:
     """A sweep of the pending reservations, in the committer's turn."""
 
 
-def plan(state: ClusterState) -> tuple[list[Op], list[pb.Reservation]]:
+def plan(
+    state: ClusterState, limit: int = MAX_SWEEP_WRITES
+) -> tuple[list[Op], list[pb.Reservation]]:
     """The writes of one sweep (no I/O): each pending reservation that fits its node Reserved
     there (each counted before the next on the same node), each that does not with why in its
     message (written only when the reason changed). Returns (ops, the reservations reserved)."""
@@ -51,6 +56,8 @@ def plan(state: ClusterState) -> tuple[list[Op], list[pb.Reservation]]:
         key=lambda r: (r.metadata.creation_timestamp_ms, r.metadata.name),
     )
     for rsv in pending:
+        if len(ops) >= limit:
+            break
         name = rsv.spec.node
         node = state.nodes.get(name)
         new = pb.Reservation()
@@ -116,6 +123,16 @@ class Reserving:
                 self._queued = True
                 await self.enqueue(ReserveWork())
 
+    def _forget_written(self, written: pb.Reservation) -> None:
+        """Drop a pending reservation's copy at the version a write was based on (a newer one
+        the informer already delivered stays)."""
+        name = written.metadata.name
+        held = self.state.pending_reservations.get(name)
+        if held is not None and (
+            held.metadata.resource_version == written.metadata.resource_version
+        ):
+            del self.state.pending_reservations[name]
+
     async def run(self, work: ReserveWork) -> None:
         """The committer's turn: one fenced commit of the sweep's writes; a reservation that
         changed or went meanwhile is left out and the rest committed."""
@@ -136,9 +153,14 @@ class Reserving:
                 op = ops[exc.index]
                 assert isinstance(op, Update) and isinstance(op.obj, pb.Reservation)
                 log.info("reservation changed meanwhile", reservation=op.obj.metadata.name)
-                # Seen again as the informer has it now: deleted, or at its new version.
-                self.state.pending_reservations.pop(op.obj.metadata.name, None)
+                # Seen again once the informer has it: deleted, or at its new version.
+                self._forget_written(op.obj)
                 continue
+            for op in ops:
+                assert isinstance(op, Update) and isinstance(op.obj, pb.Reservation)
+                self._forget_written(op.obj)  # back, at its new version, from the informer
+            if len(ops) >= MAX_SWEEP_WRITES:
+                self.wanted.set()  # more wait: the next sweep at once
             for rsv in reserved:
                 self.state.on_add("Reservation", rsv)  # its hold counts from now on
                 self.events.record(
