@@ -42,10 +42,11 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
-from placement.nodeinfo import NodeInfo
+from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
 from placement.preemption import preemptor_refusal
+from placement.reservations import hold_for
 from placement.scan import partition_first, rotated
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
@@ -504,6 +505,7 @@ class _UnitRun:
         "all_unresolvable",
         "allowed_failures",
         "changed",
+        "holds",
         "labels",
         "limit",
         "needed",
@@ -572,6 +574,9 @@ class _UnitRun:
         self.unplaced: dict[str, str] = {}  # pod -> why
         self.recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
         self.numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
+        # Pod -> the reservation's hold it took on its node (placement.reservations), off the
+        # snapshot while the pod is assumed there (a later pod of the unit takes another).
+        self.holds: dict[str, PodRequest] = {}
         # Nodes changed by placements outside a template's own bookkeeping (recommendations):
         # a cached candidate among them is re-checked before it is taken.
         self.changed: set[str] = set()
@@ -579,7 +584,13 @@ class _UnitRun:
 
     def assume(self, pod: PodInfo, node: str) -> None:
         """Assume ``pod`` on ``node``, a NUMA-bound pod holding the NUMA nodes chosen for it
-        there, so the unit's later pods see them taken."""
+        there, so the unit's later pods see them taken. A pod that takes a reservation's hold
+        there (the one its filters were lent) takes it off the node."""
+        if pod.reservations:
+            hold = hold_for(pod.reservations, self.snapshot.infos[node])
+            if hold is not None:
+                self.holds[pod.name] = self.snapshot.infos[node].pods[hold]
+                self.snapshot.forget(hold, node)
         req = pin_numa(self.snapshot.infos[node], pod.req)
         if req.numa_nodes:
             self.numa[pod.name] = req.numa_nodes
@@ -641,6 +652,9 @@ class _UnitRun:
                 undo(snapshot, pod.name, place)
             else:
                 snapshot.forget(pod.name, node)
+            hold = self.holds.get(pod.name)
+            if hold is not None:
+                snapshot.assume(hold, node)
         result.placements = []
         first = next(iter(unplaced.values()), "")
         # The node summary first: it is what `godel explain` leads with.

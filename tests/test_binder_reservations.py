@@ -236,3 +236,17 @@ async def test_a_reservation_and_a_bind_never_both_take_the_last_room(
     rsv = await store.get(pb.Reservation, "keep")
     reserved = rsv.status.phase == pb.RESERVATION_RESERVED
     assert reserved != (verdict["web-0"].code == V.BOUND)
+
+
+async def test_a_batch_takes_each_hold_once_and_consumes_them_all(
+    store: Store, binder: ServiceHost[BinderConfig], shards: list[Shard]
+) -> None:
+    await store.create(f.node("n1", cpu=3000))
+    for i in range(3):
+        await store.create(f.reservation(f"r{i}", "n1", job="train", cpu=1000))
+    await eventually(lambda: held(binder, "r0", "r1", "r2"), what="the binder sees them")
+    train = f.job("train", replicas=3, min_member=3, cpu=1000)
+    pods = await submit(store, train)
+    verdicts = await shards[0].decide(unit(train, pods, [(f"train-{i}", "n1") for i in range(3)]))
+    assert {v.code for v in verdicts.values()} == {V.BOUND}
+    assert await store.get_many(pb.Reservation, ["r0", "r1", "r2"]) == [None, None, None]

@@ -387,3 +387,31 @@ def test_the_binders_sweep_reserves_what_fits_and_says_why_the_rest_waits(
         and op.obj.status.phase == pb.RESERVATION_PENDING
     }
     assert written == messages
+
+
+def test_a_job_takes_each_of_its_holds_on_one_node_once() -> None:
+    """Four holds of 1 CPU for the job on a 4-CPU node: its four pods take one each, in one
+    search (each pod's filters lent the hold it takes, which the ones after it no longer see)."""
+    holds = [f.reservation(f"r{i}", "n1", job="train", cpu=1000) for i in range(4)]
+    cache, snap = shard_view(*holds, nodes=3)
+    placed = search().schedule(unit(cache, "train", 4, 1000), snap)
+    assert sorted((p.pod, p.node) for p in placed.placements) == [
+        (f"train-{i}", "n1") for i in range(4)
+    ]
+    info = snap.infos["n1"]
+    assert info.requested["g"][0] == 4000 and not [n for n in info.pods if n.startswith("r")]
+    assert not any(name.startswith("reservation:") for name in info.pods)
+
+
+def test_a_gang_that_fails_gives_its_holds_back() -> None:
+    """A gang of five on that node and nowhere else (the rest full): four fit their holds, the
+    fifth nothing, so none is placed and every hold is back on the node."""
+    holds = [f.reservation(f"r{i}", "n0", job="train", cpu=1000) for i in range(4)]
+    cache, snap = shard_view(*holds, nodes=1)
+    pods = f.pods_of(f.job("train", replicas=5, min_member=5, cpu=1000, mem=f.GiB))
+    gang = UnitInfo(
+        "train", 5, 0, 0, [cache.reservations.own(PodInfo.from_pod(p), p) for p in pods]
+    )
+    result = search().schedule(gang, snap)
+    assert result.placements == [] and not result.success
+    assert sorted(snap.infos["n0"].pods) == [hold_name(f"r{i}") for i in range(4)]
