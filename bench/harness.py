@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.load import build_jobs
-from bench.workload import SERVICE_KINDS, PodPhase, Suite, Workload
+from bench.workload import SERVICE_KINDS, PodPhase, Reservations, Suite, Workload
 from foundation.allocator import allocator_in, jemalloc_env
 from godel import local
 from godel.client import ProtoClient, ReschedulerClient
@@ -324,6 +324,8 @@ def _run_workload(
     try:
         alive = functools.partial(_check_alive, state)
         _wait_nodes(client, shape.nodes, progress, 180 + shape.nodes / 100, alive)
+        if workload.reservations is not None:
+            _reserve(client, workload.reservations, progress, workload.timeout)
         probe = _StoreProbe(state.store_url)
         try:
             epochs = [probe.binder_epoch()]
@@ -682,6 +684,31 @@ def worst_metric(
             if family.name == metric:
                 worst = max([worst, *(sample.value for sample in family.samples)])
     return worst
+
+
+def _reserve(client: ProtoClient, wanted: Reservations, progress: Progress, timeout: float) -> None:
+    """Apply the workload's reservations (each held the whole run), 200 per request, and wait
+    until the Binder has committed every one on its node."""
+    task = progress.add_task("reservations held", total=wanted.count, info="")
+    nodes = sorted(n.metadata.name for n in client.list(pb.Node))
+    reservations = wanted.manifests(nodes)
+    for i in range(0, len(reservations), 200):
+        batch = reservations[i : i + 200]
+        response = client.apply([("Reservation", r) for r in batch])
+        bad = [v for r in response.results for v in r.violations]
+        if bad:
+            raise BenchError(f"reservations refused: {bad[0].field}: {bad[0].description}")
+    deadline = time.monotonic() + timeout
+    while True:
+        held = sum(
+            1 for r in client.list(pb.Reservation) if r.status.phase == pb.RESERVATION_RESERVED
+        )
+        progress.update(task, completed=held)
+        if held >= len(reservations):
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"only {held}/{len(reservations)} reservations held")
+        time.sleep(0.25)
 
 
 def _init_pods(

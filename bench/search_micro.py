@@ -4,12 +4,14 @@
     PYTHONPATH=. python -m bench.search_micro anti           # required anti-affinity, hostname
     PYTHONPATH=. python -m bench.search_micro preferred      # preferred pod affinity, hostname
     PYTHONPATH=. python -m bench.search_micro spread         # DoNotSchedule spread over zones
-    ... [--nodes 5000] [--pods 10000] [--job 1000] [--mode godel|kube]
+    ... [--nodes 5000] [--pods 10000] [--job 1000] [--mode godel|kube] [--reservations 1000]
 
 Nodes as the hollow nodes are (4 CPU, 32 GiB, 110 pods; ``hostname`` and ``zone`` zone-0..3);
 jobs of ``--job`` pods of 100m / 500 MiB, min_member 1, placed one unit after another into one
 snapshot (assumed, as a shard's cycle does). Prints pods/s of the search itself: what the shard's
-scheduling loop costs before the Binder and the store.
+scheduling loop costs before the Binder and the store. ``--reservations N`` holds 1 CPU / 4 GiB
+on each of the first N nodes for a job that never comes, and each pod is asked which holds it
+may take, as the shard asks (``placement.reservations``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from placement.framework import Framework, PodInfo, Profile, UnitInfo
 from placement.nodeinfo import NodeInfo
 from placement.plugins import new_in_tree_registry
+from placement.reservations import Reservations
 from placement.search import SearchConfig, UnitScheduler
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
@@ -59,15 +62,32 @@ def _template(kind: str) -> pb.PodTemplate:
     return t
 
 
-def _unit(job: str, size: int, template: pb.PodTemplate) -> UnitInfo:
+def _unit(
+    job: str, size: int, template: pb.PodTemplate, held: Reservations | None = None
+) -> UnitInfo:
     pods = []
     for i in range(size):
         p = pb.Pod(metadata=pb.ObjectMeta(name=f"{job}-{i}", resource_version=1))
         p.metadata.labels.update(template.labels)
         p.spec.job = job
         p.spec.template.CopyFrom(template)
-        pods.append(PodInfo.from_pod(p))
+        info = PodInfo.from_pod(p)
+        pods.append(held.own(info, p) if held is not None else info)
     return UnitInfo(job, 1, 0, 0, pods)
+
+
+def _reserve(snapshot: Snapshot, count: int) -> Reservations:
+    held = Reservations()
+    for i, info in enumerate(snapshot.nodes[:count]):
+        rsv = pb.Reservation(metadata=pb.ObjectMeta(name=f"bench-reserved-{i}"))
+        rsv.spec.template.requests.milli_cpu, rsv.spec.template.requests.memory_bytes = (
+            1000,
+            4 << 30,
+        )
+        rsv.spec.owner.job, rsv.spec.ttl_seconds = f"bench-reserved-{i}", 3600
+        rsv.status.phase, rsv.status.node = pb.RESERVATION_RESERVED, info.name
+        held.track(rsv, snapshot.infos, snapshot.infos.__getitem__)
+    return held
 
 
 def main() -> None:
@@ -78,9 +98,11 @@ def main() -> None:
     ap.add_argument("--init", type=int, default=1000)
     ap.add_argument("--job", type=int, default=1000)
     ap.add_argument("--mode", choices=["godel", "kube"], default="godel")
+    ap.add_argument("--reservations", type=int, default=0)
     args = ap.parse_args()
 
     snapshot = Snapshot.of(_nodes(args.nodes))
+    held = _reserve(snapshot, args.reservations) if args.reservations else None
     fw = Framework(Profile(), new_in_tree_registry())
     config = SearchConfig(mode=args.mode, feasible_cache=args.mode == "godel")
     scheduler = UnitScheduler(fw, config)
@@ -89,7 +111,7 @@ def main() -> None:
         scheduler.schedule(_unit(f"init-{k}", min(args.job, args.init - k), plain), snapshot)
     template = _template(args.kind)
     units = [
-        _unit(f"m-{k}", min(args.job, args.pods - k), template)
+        _unit(f"m-{k}", min(args.job, args.pods - k), template, held)
         for k in range(0, args.pods, args.job)
     ]
     placed = examined = 0
@@ -102,7 +124,8 @@ def main() -> None:
     cpu = time.process_time() - cpu_start
     # CPU time too: on a shared machine the wall clock also counts other processes' turns.
     print(
-        f"{args.kind} ({args.mode}): {placed}/{args.pods} pods placed on {args.nodes} nodes in "
+        f"{args.kind} ({args.mode}, {args.reservations} reservations): {placed}/{args.pods} "
+        f"pods placed on {args.nodes} nodes in "
         f"{elapsed:.2f} s = {placed / elapsed:,.0f} pods/s (CPU {cpu:.2f} s = "
         f"{placed / cpu:,.0f} pods/CPU-s); {examined / max(placed, 1):.1f} nodes filtered per pod"
     )

@@ -24,6 +24,9 @@
       rate: 0                          # offered pods/s; 0 = as fast as possible
       queues: 0                        # jobs spread round-robin over this many queues
                                        # (tenant-0..; created first), 0 = the default queue
+    reservations: {count: 1000, template: {requests: {cpu: "1", memory: 4Gi}}, ttl_seconds: 3600}
+                                       # before the init pods: one Reservation on each of the
+                                       # first count nodes, for a job that never comes
     reschedule: {policy: gpu-defrag, dry_run: true}   # after the measured pods: one round
     restart: false                     # after the measured pods: each service restarted in
                                        # turn, timed until it serves (its informer synced)
@@ -64,6 +67,7 @@ _TOP = {
     "init",
     "measured",
     "reschedule",
+    "reservations",
     "restart",
     "timeout",
     "quick",
@@ -82,6 +86,7 @@ _CLUSTER = {
 }
 _NODE = {"cpu", "memory", "pods", "gpus"}
 _RESCHEDULE = {"policy", "dry_run"}
+_RESERVATIONS = {"count", "template", "ttl_seconds"}
 _PHASE = {
     "count",
     "job_size",
@@ -172,6 +177,36 @@ class Reschedule:
 
 
 @dataclass(frozen=True)
+class Reservations:
+    """Live reservations held through the run: one on each of the first ``count`` nodes (by
+    name), of ``template``'s requests, owned by a job that never comes (so every placement
+    judgement counts them the whole run)."""
+
+    count: int
+    template: dict[str, Any]
+    ttl_seconds: int = 3600
+
+    def manifests(self, nodes: list[str]) -> list[pb.Reservation]:
+        out = []
+        for i, node in enumerate(nodes[: self.count]):
+            doc = {
+                "apiVersion": "godel/v1",
+                "kind": "Reservation",
+                "metadata": {"name": f"bench-reserved-{i}"},
+                "spec": {
+                    "node": node,
+                    "ttlSeconds": self.ttl_seconds,
+                    "owner": {"job": f"bench-reserved-{i}"},
+                    "template": self.template,
+                },
+            }
+            parsed = parse_document(doc, "")
+            assert isinstance(parsed.obj, pb.Reservation)
+            out.append(parsed.obj)
+        return out
+
+
+@dataclass(frozen=True)
 class Workload:
     """One run: a cluster and the pods submitted to it."""
 
@@ -185,6 +220,7 @@ class Workload:
     timeout: float
     reschedule: Reschedule | None = None
     restart: bool = False
+    reservations: Reservations | None = None
 
     @property
     def preempts(self) -> bool:
@@ -317,6 +353,14 @@ def _workload(doc: dict[str, Any], src: str, name: str, variant: str) -> Workloa
     restart = doc.get("restart", False)
     if not isinstance(restart, bool):
         raise WorkloadError(f"{src}: restart: must be true or false")
+    reservations = None
+    if doc.get("reservations") is not None:
+        reservations = _reservations(_mapping(doc["reservations"], src, "reservations"), src)
+        if reservations.count > cluster.nodes:
+            raise WorkloadError(
+                f"{src}: reservations.count: one per node; {cluster.nodes} nodes, "
+                f"got {reservations.count}"
+            )
     return Workload(
         name=name,
         variant=variant,
@@ -327,7 +371,22 @@ def _workload(doc: dict[str, Any], src: str, name: str, variant: str) -> Workloa
         timeout=timeout,
         reschedule=reschedule,
         restart=restart,
+        reservations=reservations,
     )
+
+
+def _reservations(doc: dict[str, Any], src: str) -> Reservations:
+    _known(doc, _RESERVATIONS, src, "reservations")
+    count = _int(doc.get("count"), src, "reservations.count", minimum=1)
+    ttl = _int(doc.get("ttl_seconds", 3600), src, "reservations.ttl_seconds", minimum=1)
+    template = _mapping(doc.get("template"), src, "reservations.template")
+    wanted = Reservations(count, template, ttl)
+    try:
+        wanted.manifests(["node-0"])  # validates the template
+    except ManifestError as exc:
+        where = exc.field.removeprefix("spec.") or "template"
+        raise WorkloadError(f"{src}: reservations.{where}: {exc.reason}") from None
+    return wanted
 
 
 def _reschedule(doc: dict[str, Any], src: str) -> Reschedule:

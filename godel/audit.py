@@ -25,6 +25,9 @@ preemption), the hard topology rules (4–5, 7–8) and the queues' maxima (9):
 10. GPU cards (``placement.gpu.card_problems``): no card holds over 1000 milli-GPU, no whole
    card is shared with anything, every card a pod holds is within 0..n-1 of its node's and it
    holds as many as it asks (one for a share), and its node's model is one the pod accepts.
+11. no node is over-committed counting live reservations' holds beside its pods (each hold is
+   room kept for its owner, ``placement.reservations``), and no reservation holds room on a node
+   that does not exist.
 
 Reads one consistent snapshot of the store; used by the end-to-end tests after every run and by
 ``godel audit`` on a live cluster.
@@ -40,11 +43,18 @@ from placement.claims import CLAIM_PHASES, holds_claim
 from placement.framework import JobAffinity, PodInfo
 from placement.gpu import card_problems
 from placement.labelselector import matches
-from placement.nodeinfo import NodeInfo, PodRequest, pool_of, resource_fit_failures
+from placement.nodeinfo import (
+    NodeInfo,
+    PodRequest,
+    pool_of,
+    port_conflict,
+    resource_fit_failures,
+)
 from placement.plugins import joblevelaffinity, numatopology
 from placement.plugins.podtopologyspread import eligible_domains
 from placement.preemption import can_preempt
 from placement.quotas import SubtreeUsage, format_amount, queue_of
+from placement.reservations import hold_request, holds_room
 from placement.resources import Quantities
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
@@ -68,7 +78,7 @@ class AuditReport:
 async def audit(store: Store) -> AuditReport:
     # The claims in the same snapshot as the pods: on a busy cluster, read apart, a pod bound
     # in between would show as a claim held by no bound pod.
-    listing = await store.list_kinds(["Node", "Pod", "Job", "Queue"], claims=True)
+    listing = await store.list_kinds(["Node", "Pod", "Job", "Queue", "Reservation"], claims=True)
     claims = listing.claims
     nodes = {n.metadata.name: n for n in listing.items_of(pb.Node)}
     pods = listing.items_of(pb.Pod)
@@ -85,7 +95,33 @@ async def audit(store: Store) -> AuditReport:
     _audit_preemptions(report, pods)
     _audit_quotas(report, pods, queues)
     _audit_cards(report, infos)
+    # Last: the holds join the nodes the other checks read as their pods left them.
+    _audit_reservations(report, infos, listing.items_of(pb.Reservation))
     return report
+
+
+def _audit_reservations(
+    report: AuditReport, infos: dict[str, NodeInfo], reservations: list[pb.Reservation]
+) -> None:
+    """10: every live reservation's hold added to its node after its pods (the fit rule every
+    judge of room uses); one that does not fit over-commits the node."""
+    for rsv in sorted(reservations, key=lambda r: r.metadata.name):
+        if not holds_room(rsv):
+            continue
+        name, node = rsv.metadata.name, rsv.status.node
+        info = infos.get(node)
+        if info is None:
+            report.violations.append(f"reservation {name} holds room on unknown node {node}")
+            continue
+        hold = hold_request(rsv)
+        failures = resource_fit_failures(info, hold)
+        if port_conflict(info, hold):
+            failures.append("host port in use")
+        if failures:
+            report.violations.append(
+                f"node {node} over-committed by reservation {name}: " + ", ".join(failures)
+            )
+        info.add_pod(hold)
 
 
 def _audit_room(report: AuditReport, infos: dict[str, NodeInfo], pods: list[pb.Pod]) -> None:

@@ -1,7 +1,7 @@
 """Manifests: Kubernetes-style YAML documents to and from the API's protobuf objects.
 
     apiVersion: godel/v1
-    kind: Job                       # Job | Node | Queue | DisruptionBudget | PriorityClass (or a List)
+    kind: Job                       # Job | Node | Queue | DisruptionBudget | PriorityClass | Reservation (or a List)
     metadata: {name: train, labels: {team: ml}}
     spec:
       replicas: 8
@@ -406,7 +406,7 @@ def parse_document(doc: Any, source: str) -> Manifest:
         # Unsaid, a job's pods go together (a gang of all of them), as the SDK's job() makes
         # it: the API cannot tell an unset min_member from 0, a manifest can.
         obj.spec.min_member = obj.spec.replicas
-    if isinstance(obj, pb.Job | pb.Queue | pb.DisruptionBudget):  # the user kinds but Node
+    if isinstance(obj, pb.Job | pb.Queue | pb.DisruptionBudget | pb.Reservation):  # not Node
         # What `godel get -o yaml` printed of the system's status is checked (a misspelt field
         # is still an error) and dropped, as kubectl apply ignores it: only a node's capacities
         # are declared in its status.

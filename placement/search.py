@@ -43,11 +43,12 @@ from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 from placement.gpu import pin_cards
-from placement.nodeinfo import NodeInfo
+from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
 from placement.preemption import preemptor_refusal
 from placement.preemption_blockers import NEVER_SENTENCE
+from placement.reservations import hold_for
 from placement.scan import partition_first, rotated
 from placement.snapshot import Snapshot
 from protos.godel.v1 import objects_pb2 as pb
@@ -521,6 +522,7 @@ class _UnitRun:
         "allowed_failures",
         "cards",
         "changed",
+        "holds",
         "labels",
         "limit",
         "needed",
@@ -590,6 +592,9 @@ class _UnitRun:
         self.recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
         self.numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
         self.cards: dict[str, tuple[int, ...]] = {}  # pod asking GPUs -> the cards it holds
+        # Pod -> the reservation's hold it took on its node (placement.reservations), off the
+        # snapshot while the pod is assumed there (a later pod of the unit takes another).
+        self.holds: dict[str, PodRequest] = {}
         # Nodes changed by placements outside a template's own bookkeeping (recommendations):
         # a cached candidate among them is re-checked before it is taken.
         self.changed: set[str] = set()
@@ -597,8 +602,14 @@ class _UnitRun:
 
     def assume(self, pod: PodInfo, node: str) -> None:
         """Assume ``pod`` on ``node``, a NUMA-bound pod holding the NUMA nodes chosen for it
-        there and a pod asking GPUs the cards, so the unit's later pods see them taken."""
+        there and a pod asking GPUs the cards, so the unit's later pods see them taken. A pod that
+        takes a reservation's hold there (the one its filters were lent) takes it off the node."""
         info = self.snapshot.infos[node]
+        if pod.reservations:
+            hold = hold_for(pod.reservations, info)
+            if hold is not None:
+                self.holds[pod.name] = info.pods[hold]
+                self.snapshot.forget(hold, node)
         req = pin_numa(info, pod.req)
         if req.numa_nodes:
             self.numa[pod.name] = req.numa_nodes
@@ -669,6 +680,9 @@ class _UnitRun:
                 undo(snapshot, pod.name, place)
             else:
                 snapshot.forget(pod.name, node)
+            hold = self.holds.get(pod.name)
+            if hold is not None:
+                snapshot.assume(hold, node)
         result.placements = []
         first = next(iter(unplaced.values()), "")
         # The node summary first: it is what `godel explain` leads with.

@@ -34,6 +34,11 @@ SHARD_LOST = "ShardLost"
 MOVEMENT_PLANNED = "MovementPlanned"
 MOVEMENT_DONE = "MovementDone"
 MOVEMENT_STOPPED = "MovementStopped"
+# A reservation's owner pod bound on its node (the Binder), or it was released unused (expired,
+# its owner job deleted, its node lost: the dispatcher's reservation controller).
+RESERVATION_HELD = "ReservationHeld"
+RESERVATION_CONSUMED = "ReservationConsumed"
+RESERVATION_RELEASED = "ReservationReleased"
 
 # Buffered events beyond this are dropped (and counted in the log): a flood of rejections must
 # not grow a service's memory without bound while the store is away.

@@ -7,8 +7,8 @@ methods a role may call at all is decided before (``auth.RULES``). Here are the 
 | rule | who | what |
 |---|---|---|
 | ``tenant-queues`` | tenant | submits and applies jobs only to the queues its certificate lists |
-| ``own-jobs-only`` | tenant | reads, explains, watches, applies over and deletes only Jobs and Pods it owns (``metadata.owner``), and reads only the Events about them (an event's owner is its pod's or job's, ``services.events``) |
-| ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, priority classes, ...: of Apply's kinds only Jobs), drains no node (a drain cordons it and evicts every tenant's pods on it) |
+| ``own-jobs-only`` | tenant | reads, explains, watches, applies over and deletes only Jobs, Pods and Reservations it owns (``metadata.owner``), and reads only the Events about them (an event's owner is its pod's or job's, ``services.events``) |
+| ``admin-only`` | tenant | applies and deletes no cluster objects (nodes, queues, budgets, priority classes, ...: of Apply's kinds only Jobs and Reservations), drains no node (a drain cordons it and evicts every tenant's pods on it) |
 
 Everything else a tenant may read (nodes, queues, priority classes, schedulers: how the cluster
 looks); the cluster's own events (about nodes, movements, shards) are the admin's. The admin
@@ -26,9 +26,14 @@ from foundation.tls import Identity
 from placement.quotas import DEFAULT_QUEUE
 from protos.godel.v1 import objects_pb2 as pb
 
-OWNED_KINDS = frozenset({"Job", "Pod", "Event"})
+OWNED_KINDS = frozenset({"Job", "Pod", "Event", "Reservation"})
 # What a tenant may delete of what it owns: its events are records, not its to remove.
-DELETED_BY_OWNER = frozenset({"Job", "Pod"})
+DELETED_BY_OWNER = frozenset({"Job", "Pod", "Reservation"})
+# What a tenant may apply: its jobs (into its queues) and reservations for its own pods (a
+# reservation's room is taken only by pods of its owner: ``placement.reservations``).
+TENANT_APPLIED_KINDS = frozenset({"Job", "Reservation"})
+# The stored kinds a tenant owns, for the type checker (OWNED_KINDS by message).
+Owned = pb.Pod | pb.Job | pb.Event | pb.Reservation
 
 
 def unrestricted(identity: Identity | None) -> bool:
@@ -53,14 +58,14 @@ def owns(identity: Identity | None, kind: str, obj: Message) -> bool:
     """Whether ``identity`` may see ``obj`` (List and Watch leave out what it may not)."""
     if unrestricted(identity) or kind not in OWNED_KINDS:
         return True
-    assert identity is not None and isinstance(obj, pb.Pod | pb.Job | pb.Event)  # OWNED_KINDS
+    assert identity is not None and isinstance(obj, Owned)  # OWNED_KINDS
     return obj.metadata.owner == identity.name
 
 
 def read_refusal(identity: Identity | None, kind: str, obj: Message) -> str | None:
     if owns(identity, kind, obj):
         return None
-    assert identity is not None and isinstance(obj, pb.Pod | pb.Job | pb.Event)  # as owns()
+    assert identity is not None and isinstance(obj, Owned)  # as owns()
     return _not_owned(identity, kind, obj, "read")
 
 
@@ -73,20 +78,24 @@ def delete_refusal(identity: Identity | None, kind: str, obj: Message | None) ->
         return admin_only(identity, f"delete {kind}{'es' if kind.endswith('s') else 's'}")
     if obj is None or owns(identity, kind, obj):
         return None
-    assert isinstance(obj, pb.Pod | pb.Job | pb.Event)  # as owns() found
+    assert isinstance(obj, Owned)  # as owns() found
     return _not_owned(identity, kind, obj, "delete")
 
 
 def apply_refusal(identity: Identity | None, kind: str, obj: Message) -> str | None:
     """An object of an Apply, judged before anything is read: a tenant applies Jobs, into its
-    queues, as it submits them; every other kind is the admin's. Over a stored job, see
+    queues, as it submits them, and Reservations (its own, whatever they say); every other kind
+    is the admin's. Over a stored job, see
     ``apply_over_refusal``."""
     if unrestricted(identity):
         return None
     assert identity is not None
-    if kind != "Job":
-        return admin_only(identity, f"apply {kind} objects (a tenant applies only Jobs)")
-    assert isinstance(obj, pb.Job)  # the Object's kind names its message
+    if kind not in TENANT_APPLIED_KINDS:
+        return admin_only(
+            identity, f"apply {kind} objects (a tenant applies only Jobs and Reservations)"
+        )
+    if not isinstance(obj, pb.Job):
+        return None  # a Reservation: stamped with the tenant as its owner
     return submit_refusal(identity, obj)
 
 
@@ -95,7 +104,7 @@ def apply_over_refusal(identity: Identity | None, kind: str, stored: Message) ->
     ``apply_refusal`` let no other kind through)."""
     if owns(identity, kind, stored):
         return None
-    assert identity is not None and isinstance(stored, pb.Pod | pb.Job | pb.Event)  # as owns()
+    assert identity is not None and isinstance(stored, Owned)  # as owns()
     return _not_owned(identity, kind, stored, "apply")
 
 
@@ -112,7 +121,7 @@ def admin_only(identity: Identity, what: str) -> str:
     return f"rule admin-only: only the admin identity may {what}; {identity.name!r} is a tenant"
 
 
-def _not_owned(identity: Identity, kind: str, obj: pb.Pod | pb.Job | pb.Event, verb: str) -> str:
+def _not_owned(identity: Identity, kind: str, obj: Owned, verb: str) -> str:
     name = obj.metadata.name
     return (
         f"rule own-jobs-only: tenant {identity.name!r} may {verb} only its own jobs and their "

@@ -31,6 +31,7 @@ StoredObject: TypeAlias = (
     | pb.SchedulerInstance
     | pb.Event
     | pb.PriorityClass
+    | pb.Reservation
 )
 # One stored kind's message, for reads typed by the class asked for (``Store.get(pb.Pod, ...)``).
 S = TypeVar("S", bound=StoredObject)
@@ -103,6 +104,7 @@ KINDS: dict[str, Kind[StoredObject]] = {
         _kind("SchedulerInstance", pb.SchedulerInstance),
         _kind("Event", pb.Event),
         _kind("PriorityClass", pb.PriorityClass),
+        _kind("Reservation", pb.Reservation),
     )
 }
 _BY_MESSAGE: dict[str, Kind[StoredObject]] = {
@@ -113,8 +115,8 @@ _BY_API_FIELD: dict[str, Kind[StoredObject]] = {k.api_field: k for k in KINDS.va
 # class hashes faster than its descriptor's name is read.
 _BY_CLASS: dict[type[Message], Kind[StoredObject]] = {k.message: k for k in KINDS.values()}
 # Kinds users write: jobs through Submit, the others through Apply; the rest are the system's.
-USER_KINDS = ("Job", "Node", "Queue", "DisruptionBudget", "PriorityClass")
-APPLIED_KINDS = ("Node", "Queue", "DisruptionBudget", "PriorityClass")
+USER_KINDS = ("Job", "Node", "Queue", "DisruptionBudget", "PriorityClass", "Reservation")
+APPLIED_KINDS = ("Node", "Queue", "DisruptionBudget", "PriorityClass", "Reservation")
 
 
 def wrap(kind: str, obj: Message) -> api_pb2.Object:

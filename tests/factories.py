@@ -121,3 +121,36 @@ def gpu_job(j: pb.Job, cards: int = 1, *, milli: int = 0, models: tuple[str, ...
     j.spec.template.gpu_milli = milli
     j.spec.template.gpu_models.extend(models)
     return j
+
+
+def reservation(
+    name: str,
+    node: str,
+    *,
+    job: str = "",
+    index: int | None = None,
+    selector: str = "",
+    cpu: int = 1000,
+    mem: int = GiB,
+    ttl: int = 300,
+    tenant: str = "",
+    ports: tuple[int, ...] = (),
+) -> pb.Reservation:
+    """A reservation as the dispatcher stores it: holding its room on ``node`` (``""``: pending
+    a placement) for ``job`` (pod ``index`` of it) or the pods ``selector`` picks."""
+    r = pb.Reservation(metadata=pb.ObjectMeta(name=name, owner=tenant))
+    r.spec.template.requests.milli_cpu = cpu
+    r.spec.template.requests.memory_bytes = mem
+    for port in ports:
+        r.spec.template.ports.add(container_port=port, host_port=port)
+    if selector:
+        r.spec.owner.selector = selector
+    else:
+        r.spec.owner.job = job
+    if index is not None:
+        r.spec.owner.index = index
+    r.spec.node = node
+    r.spec.ttl_seconds = ttl
+    r.status.phase = pb.RESERVATION_RESERVED if node else pb.RESERVATION_PENDING
+    r.status.node = node
+    return r

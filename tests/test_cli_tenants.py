@@ -94,7 +94,7 @@ async def test_a_tenant_applies_jobs_into_its_own_queues_and_nothing_else(
          "Job 'alice-work' is not its own"),
         ("alice", QUEUE,
          "rule admin-only: only the admin identity may apply Queue objects (a tenant applies "
-         "only Jobs); 'alice' is a tenant"),
+         "only Jobs and Reservations); 'alice' is a tenant"),
         # One object it may not apply refuses the request: its own job is not stored either.
         ("alice", job_manifest("alice-more", "research") + "---\n" + QUEUE, "rule admin-only"),
     ]  # fmt: skip
@@ -168,7 +168,7 @@ async def test_priority_classes_are_the_admins_to_write_and_every_tenants_to_rea
     assert refused.returncode != 0 and refused.stdout == ""
     assert refused.stderr.strip() == (
         "error: rule admin-only: only the admin identity may apply PriorityClass objects "
-        "(a tenant applies only Jobs); 'alice' is a tenant"
+        "(a tenant applies only Jobs and Reservations); 'alice' is a tenant"
     )
     assert await store.get_many(pb.PriorityClass, ["urgent"]) == [None]
 

@@ -284,3 +284,27 @@ def test_gangs_by_phase_show_prescheduling_and_timeout_as_the_api_names_them() -
     ]
     tracker.on_delete("Job", timed_out)
     assert tracker.gang_summary() == [{"phase": "PreScheduling", "jobs": 1}]
+
+
+def test_reservations_counted_and_the_soonest_listed() -> None:
+    from services.dashboard.summary import reservation_summary
+    from tests import factories as f
+
+    live = [
+        f.reservation(f"r{i:02d}", f"n{i}", job="train", cpu=500, mem=f.GiB, ttl=100 - i)
+        for i in range(25)
+    ]
+    live.append(f.reservation("waiting", "", selector="app=web", cpu=1000, ttl=1))
+    summary = reservation_summary(live)
+    # The pending one holds no room yet, but is listed (it expires first).
+    assert (summary["count"], summary["milli_cpu"], summary["memory_bytes"]) == (
+        26,
+        25 * 500,
+        25 * f.GiB,
+    )
+    assert [r["name"] for r in summary["soonest"]][:3] == ["waiting", "r24", "r23"]
+    assert len(summary["soonest"]) == 20
+    assert summary["soonest"][0] | {"expires_ms": 0} == {
+        "name": "waiting", "node": "", "owner": "app=web", "milli_cpu": 1000,
+        "memory_bytes": f.GiB, "expires_ms": 0,
+    }  # fmt: skip

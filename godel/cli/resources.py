@@ -73,6 +73,7 @@ KIND_ALIASES = {
     ),
     **dict.fromkeys(("event", "events", "ev"), "Event"),
     **dict.fromkeys(("priorityclass", "priorityclasses", "pc"), "PriorityClass"),
+    **dict.fromkeys(("reservation", "reservations", "rsv"), "Reservation"),
 }
 # What shell completion offers for TYPE: each kind's plural.
 _KIND_WORDS = [
@@ -86,6 +87,7 @@ _KIND_WORDS = [
     "events",
     "priorityclasses",
     "policies",
+    "reservations",
 ]
 # How often `drain` asks again for the pods it waits for.
 DRAIN_RETRY_SECONDS = 2.0
@@ -115,7 +117,8 @@ def _kind(word: str) -> str:
     if kind is None:
         fail(
             f"unknown resource type {word!r} (one of jobs, pods, nodes, queues, "
-            "disruptionbudgets, movements, schedulers, events, priorityclasses)"
+            "disruptionbudgets, movements, schedulers, events, priorityclasses,"
+            " reservations)"
         )
     return kind
 
@@ -268,6 +271,23 @@ def _budget_selects(budget: pb.DisruptionBudget) -> str:
     return labelselector.to_text(labelselector.selector(budget.spec.selector))
 
 
+def _reservation_owner(rsv: pb.Reservation) -> str:
+    """Whose pods may take it: ``job=train``, ``job=train/3`` (one index) or the selector."""
+    owner = rsv.spec.owner
+    if owner.selector:
+        return owner.selector
+    return f"job={owner.job}" + (f"/{owner.index}" if owner.HasField("index") else "")
+
+
+def _reservation_expiry(rsv: pb.Reservation) -> str:
+    """Time left before it is released unused (``placement.reservations.expires_ms``)."""
+    import time
+
+    from placement.reservations import expires_ms
+
+    return output.age(max(0.0, expires_ms(rsv) / 1000 - time.time()))
+
+
 # Columns per kind: (header, getter, wide-only).
 Column = tuple[str, Callable[[Any], object], bool]
 COLUMNS: dict[str, list[Column]] = {
@@ -382,6 +402,24 @@ COLUMNS: dict[str, list[Column]] = {
         ("PROPOSED", lambda o: o.status.proposed_pods, True),
         ("BOUND", lambda o: o.status.bound_pods, True),
         ("CONFLICTED", lambda o: o.status.conflicted_pods, True),
+        ("AGE", _age, False),
+    ],
+    "Reservation": [
+        ("NAME", lambda o: o.metadata.name, False),
+        (
+            "PHASE",
+            lambda o: _enum(o.status.phase or pb.RESERVATION_PENDING, pb.ReservationPhase),
+            False,
+        ),
+        ("NODE", lambda o: o.status.node or o.spec.node, False),
+        ("OWNER", _reservation_owner, False),
+        ("CPU", lambda o: _cpu(o.spec.template.requests.milli_cpu), False),
+        ("MEMORY", lambda o: _mem(o.spec.template.requests.memory_bytes), False),
+        ("GPUS", lambda o: o.spec.template.requests.gpus, True),
+        ("QOS", lambda o: _enum(o.spec.qos or pb.QOS_GUARANTEED, pb.QoS), True),
+        ("TTL", lambda o: f"{o.spec.ttl_seconds}s", True),
+        ("EXPIRES-IN", _reservation_expiry, False),
+        ("TENANT", lambda o: o.metadata.owner, True),
         ("AGE", _age, False),
     ],
     # As `kubectl get events`.
@@ -702,6 +740,9 @@ def describe(target: tuple[str, ...], server: str | None, home: Path | None) -> 
                 _print("Job", jobs, "table")
             else:
                 click.echo("  <none>")
+        elif kind == "Reservation":
+            assert isinstance(obj, pb.Reservation)
+            _describe_reservation(obj)
         events = [
             e
             for e in _guard(lambda: client.list(pb.Event))
@@ -759,6 +800,22 @@ def _describe_gpu_cards(node: pb.Node, pods: Sequence[pb.Pod]) -> None:
         ["CARD", "USED", "PODS"],
         [[i, f"{used[i]}m", ",".join(holders[i]) or "<none>"] for i in range(cards)],
     )
+
+
+def _describe_reservation(rsv: pb.Reservation) -> None:
+    """Where its room is held, for whom, and until when."""
+    if rsv.status.node:
+        where = f"on {rsv.status.node}"
+    elif rsv.spec.node:
+        where = f"on {rsv.spec.node} once the Binder commits it"
+    else:
+        where = "waiting for a node"
+    click.echo(
+        f"reservation: {_enum(rsv.status.phase or pb.RESERVATION_PENDING, pb.ReservationPhase)} "
+        f"{where}, for {_reservation_owner(rsv)}, released unused in {_reservation_expiry(rsv)}"
+    )
+    if rsv.status.message:
+        click.echo(f"status: {rsv.status.message}")
 
 
 def _describe_budget(budget: pb.DisruptionBudget, pods: Sequence[pb.Pod]) -> None:

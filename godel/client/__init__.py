@@ -46,8 +46,10 @@ if TYPE_CHECKING:
         Object,
         Pod,
         PriorityClass,
+        Reservation,
         job,
         priority_class,
+        reservation,
     )
     from store.kinds import unwrap, wrap
 
@@ -86,8 +88,10 @@ _HOMES = {
             "Object",
             "Pod",
             "PriorityClass",
+            "Reservation",
             "job",
             "priority_class",
+            "reservation",
         ),
         "objects",
     ),
@@ -130,6 +134,7 @@ __all__ = [
     "PriorityClass",
     "ProtoClient",
     "ReschedulerClient",
+    "Reservation",
     "Unauthenticated",
     "Unavailable",
     "Violation",
@@ -139,6 +144,7 @@ __all__ = [
     "local_address",
     "logs",
     "priority_class",
+    "reservation",
     "unwrap",
     "wrap",
 ]

@@ -40,6 +40,7 @@ from godel.client.objects import (
     Object,
     Pod,
     PriorityClass,
+    Reservation,
     invalid_manifest,
     object_from_wire,
 )
@@ -309,6 +310,30 @@ class AsyncGodelClient:
     async def delete_priority_class(self, name: str) -> None:
         """Delete a priority class; Conflict (naming them) while stored jobs name it."""
         await self.delete("PriorityClass", name)
+
+    async def reserve(self, reservation: Reservation) -> Reservation:
+        """Apply a reservation (``godel.client.reservation(...)`` or a manifest): created, or
+        its TTL changed; Invalid naming the field when it is larger than its node, its TTL is
+        not positive, its owner does not parse or its node does not exist. The stored one."""
+        request = api_pb2.ApplyRequest(
+            objects=[api_pb2.Object(reservation=reservation.to_proto())],
+            request_id=uuid.uuid4().hex,
+        )
+        response = await self._call(self._api.Apply, request)
+        bad = [v for r in response.results for v in r.violations]
+        if bad:
+            raise rejected([Violation(v.field, v.description) for v in bad], "reserve")
+        return await self.reservation(reservation.name)
+
+    async def reservation(self, name: str) -> Reservation:
+        """A reservation by name (NotFound once consumed, expired or released)."""
+        got = await self.get("Reservation", name)
+        assert isinstance(got, Reservation)
+        return got
+
+    async def reservations(self) -> list[Reservation]:
+        """Every live reservation (a tenant: its own)."""
+        return [r for r in await self.list("Reservation") if isinstance(r, Reservation)]
 
     # -----------------------------------------------------------------------------------------
     # Reads

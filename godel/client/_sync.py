@@ -14,7 +14,15 @@ from typing import Any, TypeVar, overload
 from foundation import tls
 from godel.client._async import Applied, AsyncGodelClient, AsyncJobHandle, Selector
 from godel.client._transport import DEFAULT_TIMEOUT, ClosedOnExit
-from godel.client.objects import Event, Explanation, Job, Object, Pod, PriorityClass
+from godel.client.objects import (
+    Event,
+    Explanation,
+    Job,
+    Object,
+    Pod,
+    PriorityClass,
+    Reservation,
+)
 
 T = TypeVar("T")
 
@@ -161,6 +169,15 @@ class GodelClient(ClosedOnExit):
 
     def delete_priority_class(self, name: str) -> None:
         self._loop.run(self._async.delete_priority_class(name))
+
+    def reserve(self, reservation: Reservation) -> Reservation:
+        return self._loop.run(self._async.reserve(reservation))
+
+    def reservation(self, name: str) -> Reservation:
+        return self._loop.run(self._async.reservation(name))
+
+    def reservations(self) -> list[Reservation]:
+        return self._loop.run(self._async.reservations())
 
     def job(self, name: str) -> JobHandle:
         return JobHandle(self._async.job(name), self._loop)

@@ -202,7 +202,42 @@ class PriorityClass(Object):
         return None if value is None else bool(value)
 
 
-_CLASSES: dict[str, type[Object]] = {"Job": Job, "Pod": Pod, "PriorityClass": PriorityClass}
+class Reservation(Object):
+    """Room held on a node for an owner's pods until one of them binds there, its TTL runs out,
+    its owner job is deleted or its node is lost."""
+
+    @property
+    def phase(self) -> str:
+        """Reserved (holding room on ``node``) or Pending (waiting for a node)."""
+        return _phase(self.status.get("phase"))
+
+    @property
+    def node(self) -> str:
+        """Where the room is held ("" while pending)."""
+        return str(self.status.get("node", "") or self.spec.get("node", ""))
+
+    @property
+    def owner(self) -> dict[str, Any]:
+        """``{"job": ..., "index": ...}`` or ``{"selector": ...}``."""
+        return dict(self.spec.get("owner", {}))
+
+    def to_proto(self) -> pb.Reservation:
+        """The reservation as the API takes it (what the system set left out)."""
+        doc = {k: v for k, v in self.manifest.items() if k != "status"}
+        try:
+            parsed = parse_document(doc, self.name)
+        except ManifestError as exc:
+            raise invalid_manifest(exc) from None
+        assert isinstance(parsed.obj, pb.Reservation)
+        return parsed.obj
+
+
+_CLASSES: dict[str, type[Object]] = {
+    "Job": Job,
+    "Pod": Pod,
+    "PriorityClass": PriorityClass,
+    "Reservation": Reservation,
+}
 
 
 def from_proto(kind: str, obj: Message) -> Object:
@@ -363,3 +398,46 @@ def priority_class(
     if preemptible is not None:
         manifest["preemptible"] = preemptible
     return PriorityClass.from_manifest(manifest)
+
+
+def reservation(
+    name: str,
+    *,
+    ttl_seconds: int,
+    node: str = "",
+    job: str = "",
+    index: int | None = None,
+    selector: str = "",
+    cpu: str | int | float = "100m",
+    memory: str | int = "128Mi",
+    gpus: int = 0,
+    qos: str = "",
+    labels: dict[str, str] | None = None,
+) -> Reservation:
+    """A reservation from keywords: room of these requests on ``node`` for the pods of ``job``
+    (only pod ``index`` of it, when given) or those ``selector`` picks, for ``ttl_seconds``.
+    Quantities as in a manifest; mistakes are Invalid naming the field, before any call."""
+    requests: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if gpus:
+        requests["gpus"] = gpus
+    owner: dict[str, Any] = {"selector": selector} if selector else {"job": job}
+    if index is not None:
+        owner["index"] = index
+    spec: dict[str, Any] = {
+        "template": {"requests": requests},
+        "owner": owner,
+        "ttlSeconds": ttl_seconds,
+    }
+    if node:
+        spec["node"] = node
+    if qos:
+        spec["qos"] = qos
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = labels
+    doc = {"apiVersion": API_VERSION, "kind": "Reservation", "metadata": metadata, "spec": spec}
+    try:
+        parsed = parse_document(doc, "<reservation>")
+    except ManifestError as exc:
+        raise invalid_manifest(exc) from None
+    return Reservation(to_manifest("Reservation", parsed.obj))

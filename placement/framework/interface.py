@@ -112,6 +112,10 @@ class PodInfo:
     # (Framework.prepare). None: no topology rule concerns this pod now, so it takes the plain
     # path (node filters only, the feasible-node cache).
     topology: dict[str, object] | None = None
+    # The reservations' holds this pod may take (placement.reservations), hold name -> node:
+    # its filters judge those nodes without the one hold it would take there. Empty for nearly
+    # every pod; a pod with holds has its own template key (``reservations.own``).
+    reservations: Mapping[str, str] = field(default_factory=dict)
 
     def renamed(self, name: str, template_key: bytes) -> PodInfo:
         """The same pod under another name (a replacement's, in a simulation), not yet stored."""

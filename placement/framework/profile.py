@@ -53,6 +53,8 @@ DEFAULT_SCORES = (
 )
 # Unit level: job-level affinity groups a gang's nodes by topology domain (no-op for others).
 DEFAULT_GROUPING = ("JobLevelAffinity",)
+# Unit level: pods that may take a reservation's hold try its node first (no-op for others).
+DEFAULT_LOCATING = ("Reservation",)
 
 
 class ProfileError(PluginConfigError):
@@ -63,7 +65,7 @@ class ProfileError(PluginConfigError):
 class Profile:
     filters: tuple[str, ...] = DEFAULT_FILTERS
     scores: tuple[tuple[str, int], ...] = DEFAULT_SCORES
-    locating: tuple[str, ...] = ()
+    locating: tuple[str, ...] = DEFAULT_LOCATING
     grouping: tuple[str, ...] = DEFAULT_GROUPING
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # PostFilter: a pod that fits nowhere may evict lower-priority pods (on unless switched off).
@@ -100,7 +102,7 @@ def parse_profile(source: str | Path, registry: Registry) -> Profile:
     profile = Profile(
         filters=_names(doc, "filters", where, DEFAULT_FILTERS),
         scores=_scores(doc, where),
-        locating=_names(doc, "locating", where, ()),
+        locating=_names(doc, "locating", where, DEFAULT_LOCATING),
         grouping=_names(doc, "grouping", where, DEFAULT_GROUPING),
         args=_args(doc, where),
         preemption=_flag(doc, "preemption", where, default=True),

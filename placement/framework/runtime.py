@@ -24,10 +24,20 @@ from placement.framework.interface import (
 from placement.framework.profile import Profile, ProfileError, parse_profile, where_of
 from placement.framework.registry import PluginConfigError, Registry
 from placement.nodeinfo import NodeInfo
+from placement.reservations import lent
 from placement.topology import PodCounts
 
 FilterFn = Callable[[PodInfo, NodeInfo], Status | None]
 ScoreFn = Callable[[PodInfo, NodeInfo], int]
+
+
+def _lending(fn: FilterFn) -> FilterFn:
+    """``fn`` judging a node as the pod's reservations leave it to the pod."""
+
+    def lending(pod: PodInfo, node: NodeInfo) -> Status | None:
+        return fn(pod, lent(pod.reservations, node))
+
+    return lending
 
 
 class Framework:
@@ -124,11 +134,17 @@ class Framework:
 
     def filters_for(self, pod: PodInfo) -> list[FilterFn]:
         """The filters to run for ``pod``: all, or only the node filters when no topology rule
-        concerns it (prepared or not)."""
-        return self.filters if pod.topology is not None else self.node_filters
+        concerns it (prepared or not). A pod that may take reservations' holds has every filter
+        judge a node holding one of them as if that hold were gone (``reservations.lent``)."""
+        filters = self.filters if pod.topology is not None else self.node_filters
+        if pod.reservations:
+            return [_lending(fn) for fn in filters]
+        return filters
 
     def run_filters(self, pod: PodInfo, node: NodeInfo) -> Status | None:
         """The first failing filter's status (short-circuit), or None if every filter passes."""
+        if pod.reservations:
+            node = lent(pod.reservations, node)
         for fn in self.filters if pod.topology is not None else self.node_filters:
             status = fn(pod, node)
             if status is not None:

@@ -14,6 +14,7 @@ from placement.plugins import (
     nodeunschedulable,
     numatopology,
     podtopologyspread,
+    reservation,
     tainttoleration,
 )
 
@@ -34,6 +35,7 @@ def new_in_tree_registry() -> Registry:
             numatopology.SPEC,
             joblevelaffinity.SPEC,
             gpucards.SPEC,
+            reservation.SPEC,
         ]
     )
 

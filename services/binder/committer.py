@@ -31,6 +31,7 @@ from services.binder.decide import (
 from services.binder.evictrpc import Evictions, EvictWork
 from services.binder.leadership import Leadership
 from services.binder.records import CommitRecords
+from services.binder.reserve import ReserveWork, Reserving
 from services.binder.state import ClusterState
 from store.client import Bind, Fence, Store
 from store.errors import (
@@ -71,7 +72,7 @@ class Decision:
 
 
 # What the committer decides, one at a time in arrival order.
-Work = Decision | EvictWork
+Work = Decision | EvictWork | ReserveWork
 
 
 class Committer:
@@ -86,6 +87,7 @@ class Committer:
         records: CommitRecords,
         evictions: Evictions,
         queue: asyncio.Queue[Work],
+        reserving: Reserving | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -96,6 +98,7 @@ class Committer:
         self.records = records
         self.evictions = evictions
         self.queue = queue
+        self.reserving = reserving
         self._streams: set[_Stream] = set()
 
     # --- streams ----------------------------------------------------------------------------
@@ -151,6 +154,14 @@ class Committer:
             work = await self.queue.get()
             if isinstance(work, EvictWork):
                 await self.evictions.run(work)
+                await self.leadership.step_down_if_fenced()
+                continue
+            if isinstance(work, ReserveWork):
+                if self.reserving is not None:
+                    try:
+                        await self.reserving.run(work)
+                    except Exception:
+                        log.exception("committing reservations failed")
                 await self.leadership.step_down_if_fenced()
                 continue
             if work.batch is None:
@@ -230,6 +241,13 @@ class Committer:
                 if kind == "Pod":
                     code, reason = _verdict_for(exc.cause)
                     plan.drop(name, code, reason)
+                elif kind == "Reservation" and isinstance(exc.cause, NotFoundError):
+                    # Gone since this view (expired, released): its room is free; forget it.
+                    gone = plan.hold_gone(name)
+                    if gone is not None:
+                        self.state.consumed([gone])
+                elif kind == "Reservation":
+                    plan.drop(name, CONFLICT, f"its reservation could not be consumed: {exc.cause}")
                 elif kind == "Victim":
                     # A victim changed since this view (e.g. it started running): the shard
                     # decides again against a view that shows the change.
@@ -245,6 +263,7 @@ class Committer:
                 plan.reject_all(ERROR, f"store rejected the batch: {exc}")
                 return {}
             self.records.evictions(ops)
+            self.records.consumptions(plan.consumed())
             return {
                 pod.metadata.name: pod
                 for i, pod in self.records.written(ops)

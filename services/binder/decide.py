@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
@@ -31,12 +31,13 @@ from placement.framework import Framework, JobAffinity, PodInfo
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins import gpucards, joblevelaffinity, numatopology
 from placement.quotas import SubtreeUsage, queue_of, quota_of
+from placement.reservations import hold_for, reservation_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.state import ClusterState
 from services.binder.victims import VictimClaims
 from services.eviction import PREEMPTED, Eviction, EvictionOps
-from store.client import Bind, Op, Update
+from store.client import Bind, Delete, Op, Update
 
 BOUND = ipb.BOUND
 CONFLICT = ipb.CONFLICT
@@ -99,6 +100,10 @@ class Candidate:
     numa_nodes: tuple[int, ...] = ()
     # The GPU cards the pod binds with: the decision's, verified, or chosen here.
     gpu_cards: tuple[int, ...] = ()
+    # The reservations' holds the pod may take (hold name -> node), and the one it takes on its
+    # node, if any: consumed (the reservation deleted) in the commit that binds it.
+    holds: dict[str, str] = field(default_factory=dict)
+    hold: str | None = None
 
 
 class BatchPlan:
@@ -154,7 +159,8 @@ class BatchPlan:
                 pod = pods[name]
                 assert pod is not None
                 info = PodInfo.from_pod(pod, keyed=False)
-                self.candidates[name] = Candidate(unit.job, p, pod, info)
+                holds = self.state.reservations.owned(pod)
+                self.candidates[name] = Candidate(unit.job, p, pod, info, holds=holds)
 
     def _invalid(
         self,
@@ -253,6 +259,11 @@ class BatchPlan:
                 for v in self.claims.evict.get(name, ())
                 if (r := info.remove_pod(v.metadata.name)) is not None
             ]
+            # So does the reservation's hold it may take here (the one the shard's filters
+            # lent it: ``hold_for``), consumed when it binds.
+            cand.hold = hold_for(cand.holds, info) if cand.holds else None
+            if cand.hold is not None and (held := info.remove_pod(cand.hold)) is not None:
+                freed.append(held)
             status = self.rules.run_filters(cand.info, info)
             if status is not None:
                 failures.append(f"{status.plugin}: {', '.join(status.reasons)}")
@@ -273,6 +284,7 @@ class BatchPlan:
                     req = req.with_cards(cards)
             if failures:
                 _put_back(info, freed)
+                cand.hold = None
                 results[name] = f"node {node!r}: {'; '.join(failures)}"
             else:
                 # Holding its NUMA nodes and cards: a later claim on them is refused.
@@ -483,6 +495,23 @@ class BatchPlan:
             for name, why in over.items():
                 self._drop(name, CONFLICT, why)
 
+    def hold_gone(self, name: str) -> str | None:
+        """The reservation pod ``name`` was to consume is gone already (expired, released):
+        its room is free, so the pod binds without consuming it. Returns that reservation."""
+        cand = self.candidates.get(name)
+        if cand is None or cand.hold is None:
+            return None
+        gone, cand.hold = reservation_of(cand.hold), None
+        return gone
+
+    def consumed(self) -> dict[str, str]:
+        """The reservations this plan's commit consumes: reservation -> the pod that took it."""
+        return {
+            reservation_of(c.hold): name
+            for name, c in self.candidates.items()
+            if c.hold is not None
+        }
+
     def reject_all(self, code: ipb.VerdictCode.ValueType, reason: str) -> None:
         for name in list(self.candidates):
             self._remove(name, Rejection(code, reason))
@@ -493,7 +522,8 @@ class BatchPlan:
         """The commit: every victim's eviction (with its replacement, if its job replaces lost
         pods) first, so the room it frees is there for the binds; the Bind ops of every
         accepted pod; the Update marking each job that reaches min_member for the first time.
-        With, per op, ("Victim" (naming its preemptor) | "Pod" | "Job", name)."""
+        Each pod that takes a reservation's hold deletes that reservation just before its
+        Bind. With, per op, ("Victim" | "Reservation" (naming the pod) | "Pod" | "Job", name)."""
         now = int(time.time() * 1000)
         evictions = EvictionOps(self.state.jobs.get, self.state.pods_of_job)
         ops: list[Op] = []
@@ -511,6 +541,10 @@ class BatchPlan:
                 targets += [("Victim", name)] * (len(evictions.ops) - start)
         ops += evictions.ops
         for cand in self.candidates.values():
+            if cand.hold is not None:
+                # Consumed with the bind, whatever version it is at: its room is the pod's now.
+                ops.append(Delete("Reservation", reservation_of(cand.hold)))
+                targets.append(("Reservation", cand.pod.metadata.name))
             ops.append(
                 Bind(
                     bound_pod(

@@ -76,6 +76,22 @@ class CommitRecords:
                 owner=pod.metadata.owner,
             )
 
+    def consumptions(self, consumed: dict[str, str]) -> None:
+        """After a commit that consumed reservations (reservation -> the pod that took it): an
+        event each, and their holds off the binder's state at once (the informer's delete
+        comes later, and back-to-back batches must not count the room twice)."""
+        for reservation, pod in consumed.items():
+            held = self.state.reservations.by_name.get(reservation)
+            node = held.status.node if held is not None else "its node"
+            self.events.record(
+                events.ref("Reservation", held, name=reservation),
+                events.RESERVATION_CONSUMED,
+                f"pod {pod!r} bound on {node} took the reserved room",
+                related=events.ref("Pod", name=pod),
+                owner=held.metadata.owner if held is not None else "",
+            )
+        self.state.consumed(consumed)
+
     def rejections(self, verdicts: ipb.VerdictBatch) -> None:
         """An event per pod the Binder refused to bind, with why. A leadership change, or a
         pod that changed or went since the decision (STALE), is no news about it: not

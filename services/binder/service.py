@@ -29,6 +29,7 @@ from services.binder.config import BinderConfig
 from services.binder.evictrpc import Evictions
 from services.binder.leadership import BINDER_SERVICE, Leadership
 from services.binder.records import CommitRecords
+from services.binder.reserve import Reserving
 from services.binder.state import ClusterState
 from services.peers.binder import LEASE
 from services.runtime import Service
@@ -48,7 +49,9 @@ class BinderService(Service[BinderConfig]):
         super().__init__(*args, **kwargs)
         cfg = self.config
         self.rules = hard_rules()
-        self.informer = Informer(self.store, ["Node", "Pod", "Job", "DisruptionBudget", "Queue"])
+        self.informer = Informer(
+            self.store, ["Node", "Pod", "Job", "DisruptionBudget", "Queue", "Reservation"]
+        )
         self.state = ClusterState(self.informer.objects)
         self.informer.add_handlers(
             Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)
@@ -64,6 +67,10 @@ class BinderService(Service[BinderConfig]):
         self.evictions = Evictions(
             cfg, self.store, self.informer, self.state, self.leadership, records, queue.put
         )
+        self.reserving = Reserving(
+            cfg, self.store, self.informer, self.state, self.leadership, self.events, queue.put
+        )
+        self.state.on_pending = self.reserving.wanted.set
         self.committer = Committer(
             cfg,
             self.store,
@@ -74,6 +81,7 @@ class BinderService(Service[BinderConfig]):
             records,
             self.evictions,
             queue,
+            self.reserving,
         )
 
     def _abort_streams(self, message: str) -> int:
@@ -91,6 +99,7 @@ class BinderService(Service[BinderConfig]):
         await self.informer.wait_synced(self.config.sync_timeout_seconds)
         elector = self.leadership.campaign(self.address)
         self.spawn(self.committer.run(), name="binder-committer")
+        self.spawn(self.reserving.sweep_forever(), name="binder-reservations")
         self.spawn(self.events.run(), name="binder-events")
         self.spawn(self.leadership.keep_health(), name="binder-health")
         self.spawn(self.leadership.resign_on(self.stop_requested), name="binder-resign")

@@ -1,24 +1,25 @@
-"""The binder's authoritative view: a NodeInfo per node holding every bound, non-terminal pod,
-every pod as last written (for victims' re-validation and disruption budgets), jobs, budgets,
-queues and what each queue's bound pods hold (for its max).
+"""The binder's authoritative view: a NodeInfo per node holding every bound, non-terminal pod
+and every live reservation's hold, every pod as last written (for victims' re-validation and
+disruption budgets), jobs, budgets, queues and what each queue's bound pods hold (for its max).
 
-Fed by the informer (Nodes, Pods, Jobs, DisruptionBudgets, Queues) plus the pods this binder
-committed itself that the informer has not delivered yet ("assumed": binds, evictions,
-replacements), so back-to-back batches see each other (``PodBook``). Pod reads are fresh
-copies: a change to one is kept only by writing it. Plain synchronous code: informer handlers
-and the committer run on one event loop and never interleave mid-update.
+Fed by the informer (Nodes, Pods, Jobs, DisruptionBudgets, Queues, Reservations) plus the pods
+this binder committed itself that the informer has not delivered yet ("assumed": binds,
+evictions, replacements), so back-to-back batches see each other (``PodBook``). Pod reads are
+fresh copies: a change to one is kept only by writing it. Plain synchronous code: informer
+handlers and the committer run on one event loop and never interleave mid-update.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
 
 from placement.budgets import SelectorMembers
 from placement.claims import holds_claim
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.quotas import queue_of
+from placement.reservations import Reservations
 from placement.resources import Quantities
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
@@ -106,6 +107,13 @@ class ClusterState:
         # its queue's max without a scan.
         self.queue_usage: dict[str, Quantities] = {}
         self.pod_queue: dict[str, str] = {}
+        # Live reservations: each holds its room on its node's NodeInfo (a hold), which only
+        # its owner's pods may take (placement.reservations).
+        self.reservations = Reservations()
+        # Reservations named to a node and not yet committed there (``reserve.py`` does), and
+        # whom to tell when one appears.
+        self.pending_reservations: dict[str, pb.Reservation] = {}
+        self.on_pending: Callable[[], None] | None = None
 
     @property
     def jobs(self) -> Mapping[str, pb.Job]:
@@ -134,6 +142,9 @@ class ClusterState:
             self.budget_members.set_budget(obj, self.pods.values())
         elif type(obj) is pb.Queue:
             self.queues[obj.metadata.name] = obj
+        elif type(obj) is pb.Reservation:
+            self.reservations.track(obj, self.infos, self.info_for)
+            self._note_pending(obj)
 
     def on_update(self, kind: str, old: StoredObject, new: StoredObject) -> None:
         if type(new) is pb.Pod and type(old) is pb.Pod:
@@ -165,6 +176,32 @@ class ClusterState:
             self.budget_members.remove_budget(obj.metadata.name)
         elif type(obj) is pb.Queue:
             self.queues.pop(obj.metadata.name, None)
+        elif type(obj) is pb.Reservation:
+            self.consumed([obj.metadata.name])
+            self.pending_reservations.pop(obj.metadata.name, None)
+
+    def _note_pending(self, rsv: pb.Reservation) -> None:
+        name = rsv.metadata.name
+        waiting = (
+            rsv.status.phase in (pb.RESERVATION_PHASE_UNSPECIFIED, pb.RESERVATION_PENDING)
+            and bool(rsv.spec.node)
+            and not rsv.metadata.deletion_timestamp_ms
+        )
+        if not waiting:
+            self.pending_reservations.pop(name, None)
+            return
+        self.pending_reservations[name] = rsv
+        if self.on_pending is not None:
+            self.on_pending()
+
+    def consumed(self, reservations: Iterable[str]) -> None:
+        """Reservations gone (consumed by a commit of this binder, or deleted): their holds
+        leave their nodes."""
+        for name in reservations:
+            for node in self.reservations.untrack(name, self.infos):
+                info = self.infos[node]
+                if not info.pods and node not in self.nodes:
+                    del self.infos[node]
 
     def _set_node(self, node: pb.Node) -> None:
         name = node.metadata.name

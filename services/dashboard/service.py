@@ -33,6 +33,7 @@ from services.dashboard.summary import (
     lease_summary,
     movement_summary,
     queue_summary,
+    reservation_summary,
     shard_summary,
 )
 from services.dashboard.web import Callers, build_app
@@ -44,7 +45,7 @@ from store.informer import Handlers, Informer
 
 log = structlog.get_logger(__name__)
 
-KINDS = ("Node", "Pod", "Queue", "SchedulerInstance", "Movement", "Job")
+KINDS = ("Node", "Pod", "Queue", "SchedulerInstance", "Movement", "Job", "Reservation")
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,7 @@ class DashboardService(Service[DashboardConfig]):
             ),
             "binder": lease_summary(lease),
             "movements": movement_summary(informer.list(pb.Movement)),
+            "reservations": reservation_summary(informer.list(pb.Reservation)),
         }
         self.summary = orjson.dumps(summary)
         async with self.updated:

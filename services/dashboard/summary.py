@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from placement import nodeinfo
 from placement.claims import TERMINAL_PHASES
 from placement.quotas import DEFAULT_QUEUE
+from placement.reservations import expires_ms, holds_room
 from placement.resources import Quantities
 from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
@@ -40,6 +41,8 @@ WAITING = "waiting to be scheduled"
 
 _LATENCY_SAMPLES_PER_SECOND = 256
 _RECENT_MOVEMENTS = 10
+# Reservations listed (those expiring soonest): the panel is a glance, `godel get rsv` the list.
+_LISTED_RESERVATIONS = 20
 _MAX_REASONS = 12
 
 
@@ -451,6 +454,34 @@ def movement_summary(movements: Iterable[pb.Movement]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def reservation_summary(reservations: Iterable[pb.Reservation]) -> dict[str, Any]:
+    """How many reservations live and what room they hold (cpu, memory), and the ones expiring
+    soonest: where, for whom, until when."""
+    live = list(reservations)
+    held = Quantities()
+    for rsv in live:
+        if holds_room(rsv):
+            held.add(Quantities.of_pod_request(rsv.spec.template))
+    soonest = sorted(live, key=lambda r: (expires_ms(r), r.metadata.name))[:_LISTED_RESERVATIONS]
+    rows = []
+    for rsv in soonest:
+        owner = rsv.spec.owner
+        whose = owner.selector or f"job={owner.job}" + (
+            f"/{owner.index}" if owner.HasField("index") else ""
+        )
+        rows.append(
+            {
+                "name": rsv.metadata.name,
+                "node": rsv.status.node,
+                "owner": whose,
+                "milli_cpu": rsv.spec.template.requests.milli_cpu,
+                "memory_bytes": rsv.spec.template.requests.memory_bytes,
+                "expires_ms": expires_ms(rsv),
+            }
+        )
+    return {"count": len(live), "milli_cpu": held.cpu, "memory_bytes": held.mem, "soonest": rows}
 
 
 def lease_summary(lease: pb.Lease | None) -> dict[str, Any]:

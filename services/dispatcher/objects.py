@@ -22,6 +22,7 @@ STORED_MESSAGES = (
     pb.SchedulerInstance,
     pb.Event,
     pb.PriorityClass,
+    pb.Reservation,
 )
 
 

@@ -28,6 +28,7 @@ from services.dispatcher.controllers.nodelifecycle import NodeLifecycleControlle
 from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.controllers.queuestatus import QueueStatusController
 from services.dispatcher.controllers.reconciler import Reconciler
+from services.dispatcher.controllers.reservations import ReservationController
 from services.dispatcher.controllers.ttl import FinishedJobCollector
 from services.dispatcher.dispatching.dispatch import DispatchSettings, UnitDispatcher
 from services.dispatcher.dispatching.partitions import NodeShuffler, PartitionSettings
@@ -39,8 +40,9 @@ from store.informer import Informer
 log = structlog.get_logger(__name__)
 
 # What the dispatcher's one informer caches: the dispatch core's kinds (budgets included: reclaim
-# respects them, and the budget status controller keeps their status).
-INFORMER_KINDS = UnitDispatcher.KINDS
+# respects them, and the budget status controller keeps their status), and reservations (the
+# reservation controller releases them).
+INFORMER_KINDS = (*UnitDispatcher.KINDS, "Reservation")
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,13 @@ class DispatcherService(Service[DispatcherConfig]):
             interval_seconds=max(cfg.controller_interval_seconds, 1.0),
         )
         self.spawn(self.finished_jobs.run(), name="finished-jobs")
+        self.reservations = ReservationController(
+            self.store,
+            self.informer,
+            self.events,
+            interval_seconds=cfg.controller_interval_seconds,
+        )
+        self.spawn(self.reservations.run(), name="reservations")
         self.shuffler = NodeShuffler(
             self.store,
             self.informer,

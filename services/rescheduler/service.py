@@ -48,7 +48,7 @@ log = structlog.get_logger(__name__)
 
 # Jobs are not watched: a round reads them from the store (below). A watch would decode every
 # job's creation (and status change) between rounds, one per pod when every pod is its own job.
-KINDS = ("Node", "Pod", "DisruptionBudget")
+KINDS = ("Node", "Pod", "DisruptionBudget", "Reservation")
 DEFAULT_POLICIES = "default_policies.yaml"
 
 
@@ -218,6 +218,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
             revision=revision,
             pod_infos=self.pod_infos,
             loads=loads,
+            reservations=inf.list(pb.Reservation),
         )
 
     async def _prepare(self, policy: Policy) -> None:

@@ -1,7 +1,7 @@
 """Building a round's ClusterView from the stored objects.
 
-Every bound, non-terminal pod is accounted on its node (as the shards and the Binder account
-them); pending pods are kept for PendingChecker; the scope is the nodes whose labels carry every
+Every bound, non-terminal pod and every live reservation's hold is accounted on its node (as
+the shards and the Binder account them: a move never lands in room kept for another's pods); pending pods are kept for PendingChecker; the scope is the nodes whose labels carry every
 pair of the policy's selector.
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from placement.claims import TERMINAL_PHASES
 from placement.framework import Framework, PodInfo
 from placement.nodeinfo import NodeInfo
+from placement.reservations import hold_request, holds_room
 from protos.godel.v1 import objects_pb2 as pb
 from services.rescheduler.framework import ClusterView, RunningPod
 
@@ -47,6 +48,7 @@ def build_view(
     revision: int = 0,
     pod_infos: PodInfoCache | None = None,
     loads: Mapping[str, pb.NodeLoad] | None = None,
+    reservations: Iterable[pb.Reservation] = (),
 ) -> ClusterView:
     """``pod_infos`` carries pods' converted form from one round to the next (a pod that has not
     changed is not converted again). ``loads``: nodes' measured load (fresh reports only)."""
@@ -71,6 +73,10 @@ def build_view(
         info.add_pod(pod_info.req)
         running[pod.metadata.name] = RunningPod.of(pod, pod_info)
     cache.keep_only(seen)
+    for rsv in reservations:
+        info = infos.get(rsv.status.node)
+        if info is not None and holds_room(rsv):
+            info.add_pod(hold_request(rsv))
     selector = dict(scope_labels or {})
     scope = frozenset(
         name

@@ -1,8 +1,9 @@
 """The shard's live view of the cluster, from which each cycle's snapshot is updated.
 
-:class:`SchedulerCache` is fed by the store informer (Nodes and Pods): bound, non-terminal pods
-count on their nodes through ``NodeInfo.add_pod``, and each keeps the compact record preemption
-reads (``VictimCandidate``: priority, pool, preemptibility, protection, start, claim). Pods this
+:class:`SchedulerCache` is fed by the store informer (Nodes, Pods and Reservations): bound,
+non-terminal pods and live reservations' holds count on their nodes through
+``NodeInfo.add_pod``, and each pod keeps the compact record preemption reads
+(``VictimCandidate``: priority, pool, preemptibility, protection, start, claim). Pods this
 shard has *assumed* (decided, sent to the Binder, not yet seen bound) count too, so the next units
 do not reuse the room; a rejection forgets them, and the informer's bound pod replaces them. A
 preemptor's victims leave their node's accounting while it is assumed (the Binder evicts them in
@@ -26,6 +27,7 @@ from google.protobuf.message import Message
 from placement.claims import TERMINAL_PHASES
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.preemption import VictimCandidate
+from placement.reservations import Reservations
 from placement.snapshot import LabelIndex
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -59,6 +61,9 @@ class SchedulerCache:
         # The earliest deadline a confirmed placement may have (none sooner): each cycle asks
         # to expire, and thousands of placements are assumed at once with one-pod jobs.
         self._next_expiry = math.inf
+        # Live reservations, each holding its room on its node as a hold only its owner's pods
+        # may take (placement.reservations).
+        self.reservations = Reservations()
 
     # -- informer handlers -------------------------------------------------------------------
 
@@ -67,6 +72,8 @@ class SchedulerCache:
             self.set_node(obj)
         elif isinstance(obj, pb.Pod):
             self.set_pod(obj)
+        elif isinstance(obj, pb.Reservation):
+            self.dirty.update(self.reservations.track(obj, self.nodes, self._node))
 
     def on_update(self, kind: str, old: Message, new: Message) -> None:
         self.on_add(kind, new)
@@ -76,6 +83,11 @@ class SchedulerCache:
             self.remove_node(obj.metadata.name)
         elif isinstance(obj, pb.Pod):
             self.remove_pod(obj.metadata.name)
+        elif isinstance(obj, pb.Reservation):
+            for node in self.reservations.untrack(obj.metadata.name, self.nodes):
+                self.dirty.add(node)
+                if not self.nodes[node].pods and node not in self.present:
+                    del self.nodes[node]
 
     # -- nodes -------------------------------------------------------------------------------
 

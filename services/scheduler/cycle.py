@@ -191,7 +191,8 @@ class ShardCycle:
                 unit.already_bound += 1
             self.book.finish_pods(unit, 1)
             return None
-        return PodInfo.from_pod(pod)
+        # With the reservations' holds it may take: its filters judge their nodes without them.
+        return self.cache.reservations.own(PodInfo.from_pod(pod), pod)
 
     # -- one-pod units of loose jobs: one search ---------------------------------------------
 

@@ -265,7 +265,8 @@ class SchedulerService(Service[SchedulerConfig]):
         self.framework = Framework(config.load_profile(), new_in_tree_registry())
         self.cache = SchedulerCache()
         self.informer = Informer(
-            self.store, ["Node", "Pod", "SchedulerInstance", "DisruptionBudget", "Movement"]
+            self.store,
+            ["Node", "Pod", "SchedulerInstance", "DisruptionBudget", "Movement", "Reservation"],
         )
         self.movements = MovementTracker(
             self.store, config.name, self._holds, max_wait_seconds=config.movement_wait_seconds

@@ -33,6 +33,7 @@ class Object(_message.Message):
     DISRUPTION_BUDGET_FIELD_NUMBER: _builtins.int
     MOVEMENT_FIELD_NUMBER: _builtins.int
     SCHEDULER_INSTANCE_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
     EVENT_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_FIELD_NUMBER: _builtins.int
     @_builtins.property
@@ -50,6 +51,8 @@ class Object(_message.Message):
     @_builtins.property
     def scheduler_instance(self) -> _objects_pb2.SchedulerInstance: ...
     @_builtins.property
+    def reservation(self) -> _objects_pb2.Reservation: ...
+    @_builtins.property
     def event(self) -> _objects_pb2.Event: ...
     @_builtins.property
     def priority_class(self) -> _objects_pb2.PriorityClass: ...
@@ -63,14 +66,15 @@ class Object(_message.Message):
         disruption_budget: _objects_pb2.DisruptionBudget | None = ...,
         movement: _objects_pb2.Movement | None = ...,
         scheduler_instance: _objects_pb2.SchedulerInstance | None = ...,
+        reservation: _objects_pb2.Reservation | None = ...,
         event: _objects_pb2.Event | None = ...,
         priority_class: _objects_pb2.PriorityClass | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "priority_class", b"priority_class", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "priority_class", b"priority_class", "queue", b"queue", "reservation", b"reservation", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "priority_class", b"priority_class", "queue", b"queue", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disruption_budget", b"disruption_budget", "event", b"event", "job", b"job", "kind", b"kind", "movement", b"movement", "node", b"node", "pod", b"pod", "priority_class", b"priority_class", "queue", b"queue", "reservation", b"reservation", "scheduler_instance", b"scheduler_instance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["job", "pod", "node", "queue", "disruption_budget", "movement", "scheduler_instance", "event", "priority_class"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["job", "pod", "node", "queue", "disruption_budget", "movement", "scheduler_instance", "reservation", "event", "priority_class"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

@@ -208,6 +208,27 @@ SORT_FIFO: SortPolicy.ValueType  # 1
 SORT_PRIORITY: SortPolicy.ValueType  # 2
 Global___SortPolicy: _TypeAlias = SortPolicy  # noqa: Y015
 
+class _ReservationPhase:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReservationPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReservationPhase.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESERVATION_PHASE_UNSPECIFIED: _ReservationPhase.ValueType  # 0
+    RESERVATION_PENDING: _ReservationPhase.ValueType  # 1
+    """Waiting for a node (spec.node empty, not yet placed)."""
+    RESERVATION_RESERVED: _ReservationPhase.ValueType  # 2
+    """Holding its room on status.node."""
+
+class ReservationPhase(_ReservationPhase, metaclass=_ReservationPhaseEnumTypeWrapper): ...
+
+RESERVATION_PHASE_UNSPECIFIED: ReservationPhase.ValueType  # 0
+RESERVATION_PENDING: ReservationPhase.ValueType  # 1
+"""Waiting for a node (spec.node empty, not yet placed)."""
+RESERVATION_RESERVED: ReservationPhase.ValueType  # 2
+"""Holding its room on status.node."""
+Global___ReservationPhase: _TypeAlias = ReservationPhase  # noqa: Y015
+
 @_typing.final
 class ObjectMeta(_message.Message):
     """---------------------------------------------------------------------------------------------
@@ -1918,6 +1939,156 @@ class PriorityClass(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__preemptible) -> _WhichOneofReturnType__preemptible | None: ...
 
 Global___PriorityClass: _TypeAlias = PriorityClass  # noqa: Y015
+
+@_typing.final
+class ReservationOwner(_message.Message):
+    """---------------------------------------------------------------------------------------------
+    Reservations
+    ---------------------------------------------------------------------------------------------
+
+    Whose pods may use a reservation's room: a job's (optionally one pod index of it), or the pods
+    a label selector picks. Exactly one of `job` and `selector`. Either way only pods of the
+    reservation's own tenant (metadata.owner) qualify.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    SELECTOR_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    """A job's name; the job need not exist yet (a reservation may wait for it)."""
+    index: _builtins.int
+    """One pod index of that job. Unset: any of its pods."""
+    selector: _builtins.str
+    """Pods whose labels match, in kubectl's selector grammar (`app=web,tier in (a,b)`)."""
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        index: _builtins.int | None = ...,
+        selector: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_index", b"_index", "index", b"index"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_index", b"_index", "index", b"index", "job", b"job", "selector", b"selector"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__index: _TypeAlias = _typing.Literal["index"]  # noqa: Y015
+    _WhichOneofArgType__index: _TypeAlias = _typing.Literal["_index", b"_index"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__index) -> _WhichOneofReturnType__index | None: ...
+
+Global___ReservationOwner: _TypeAlias = ReservationOwner  # noqa: Y015
+
+@_typing.final
+class ReservationSpec(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEMPLATE_FIELD_NUMBER: _builtins.int
+    QOS_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    qos: Global___QoS.ValueType
+    """The pool it holds room in: BestEffort is the nodes' reclaimable capacity, else guaranteed."""
+    node: _builtins.str
+    """The node whose room it holds. Empty: placed like a pod by the shards and committed by the
+    Binder (status.node).
+    """
+    ttl_seconds: _builtins.int
+    """Seconds from creation until it is released if no owner's pod has taken it. At least 1."""
+    @_builtins.property
+    def template(self) -> Global___PodTemplate:
+        """The room held, as a pod asks it: requests (cpu, memory, GPUs, extended), host ports, NUMA
+        policy, GPU share and models; for a reservation without a node also where it may go (node
+        selector, affinity, tolerations). What runs (command, env, duration) is not read.
+        """
+
+    @_builtins.property
+    def owner(self) -> Global___ReservationOwner: ...
+    def __init__(
+        self,
+        *,
+        template: Global___PodTemplate | None = ...,
+        qos: Global___QoS.ValueType = ...,
+        owner: Global___ReservationOwner | None = ...,
+        node: _builtins.str = ...,
+        ttl_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["owner", b"owner", "template", b"template"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "owner", b"owner", "qos", b"qos", "template", b"template", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReservationSpec: _TypeAlias = ReservationSpec  # noqa: Y015
+
+@_typing.final
+class ReservationStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PHASE_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    NUMA_NODES_FIELD_NUMBER: _builtins.int
+    GPU_CARDS_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    phase: Global___ReservationPhase.ValueType
+    node: _builtins.str
+    """Where the room is held: spec.node, or the node the Binder placed it on."""
+    message: _builtins.str
+    @_builtins.property
+    def numa_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """NUMA nodes and GPU cards held (NUMA-bound or GPU requests), as a bound pod holds them."""
+
+    @_builtins.property
+    def gpu_cards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        phase: Global___ReservationPhase.ValueType = ...,
+        node: _builtins.str = ...,
+        numa_nodes: _abc.Iterable[_builtins.int] | None = ...,
+        gpu_cards: _abc.Iterable[_builtins.int] | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_cards", b"gpu_cards", "message", b"message", "node", b"node", "numa_nodes", b"numa_nodes", "phase", b"phase"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReservationStatus: _TypeAlias = ReservationStatus  # noqa: Y015
+
+@_typing.final
+class Reservation(_message.Message):
+    """Room on a node held for an owner's pods until one of them binds there (the reservation is
+    consumed in that commit), its TTL runs out, its owner job is deleted or its node is lost.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METADATA_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def metadata(self) -> Global___ObjectMeta: ...
+    @_builtins.property
+    def spec(self) -> Global___ReservationSpec: ...
+    @_builtins.property
+    def status(self) -> Global___ReservationStatus: ...
+    def __init__(
+        self,
+        *,
+        metadata: Global___ObjectMeta | None = ...,
+        spec: Global___ReservationSpec | None = ...,
+        status: Global___ReservationStatus | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "spec", b"spec", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "spec", b"spec", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Reservation: _TypeAlias = Reservation  # noqa: Y015
 
 @_typing.final
 class TaskRef(_message.Message):

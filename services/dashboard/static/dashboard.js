@@ -157,6 +157,14 @@ function render(s) {
   rows("shards", s.shards, (sh) => [
     sh.name, sh.address, sh.ready ? "yes" : "no", `${sh.heartbeat_age_s} s ago`, sh.undecided_pods,
   ], "no scheduler shards");
+  const rsv = s.reservations || { count: 0, milli_cpu: 0, memory_bytes: 0, soonest: [] };
+  $("reservations-total").textContent = rsv.count
+    ? `${rsv.count} holding ${cpu(rsv.milli_cpu)} / ${bytes(rsv.memory_bytes)}`
+    : "";
+  rows("reservations", rsv.soonest, (r) => [
+    r.name, r.node || "(pending)", r.owner, cpu(r.milli_cpu), bytes(r.memory_bytes),
+    new Date(r.expires_ms).toLocaleTimeString(),
+  ], "no reservations");
   rows("movements", s.movements, (m) => [
     m.name, m.policy, m.batch, m.pods, m.phase,
     new Date(m.created_ms).toLocaleTimeString(), { text: m.message, cls: "msg" },

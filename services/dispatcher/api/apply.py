@@ -1,13 +1,14 @@
-"""Apply (Node, Queue, DisruptionBudget, PriorityClass; a Job's labels, annotations, failure
-policy and schedule timeout; a timed-out gang applied again is restarted, as RetryJob does):
-every valid object in one atomic commit, each reported ``created`` / ``configured`` /
+"""Apply (Node, Queue, DisruptionBudget, PriorityClass, Reservation; a Job's labels, annotations,
+failure policy and schedule timeout; a timed-out gang applied again is restarted, as RetryJob
+does): every valid object in one atomic commit, each reported ``created`` / ``configured`` /
 ``unchanged`` / ``invalid``. With ``metadata.resource_version`` set it is a compare-and-set (a
 mismatch is ABORTED, nothing written); without, a concurrent write is merged again
-(``_CAS_RETRIES``). A job not stored yet goes through Submit. A tenant applies only Jobs, into its
-queues, and over stored jobs only its own (``services.tenancy``); one object it may not apply
-refuses the whole request (PERMISSION_DENIED). A priority class may change only its globalDefault,
-description, labels and annotations, and at most one class is the globalDefault
-(``services/dispatcher/priorityclasses.py``)."""
+(``_CAS_RETRIES``). A job not stored yet goes through Submit. A tenant applies only Jobs (into its
+queues, and over stored jobs only its own) and Reservations (``services.tenancy``); one object it
+may not apply refuses the whole request (PERMISSION_DENIED). A priority class may change only
+its globalDefault, description, labels and annotations, and at most one class is the
+globalDefault (``services/dispatcher/priorityclasses.py``). A Reservation is checked against its
+node as stored (``reservations``) and stored with the caller's tenant as its owner."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
 from services.dispatcher import priorityclasses
+from services.dispatcher.api import reservations
 from services.dispatcher.api import validation as v
 from services.dispatcher.api.rpc import Aborted, Refused, abort, store_violation
 from services.dispatcher.api.submit import SubmitRpc
 from services.dispatcher.controllers.gangtimeout import restarted
+from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.objects import PODS_CREATED_ANNOTATION, metadata_of
 from services.runtime.auth import caller
@@ -64,10 +67,18 @@ Checked = tuple[int, str, Message]
 
 
 class ApplyRpc:
-    def __init__(self, store: Store, informer: Informer, submitter: SubmitRpc) -> None:
+    def __init__(
+        self,
+        store: Store,
+        informer: Informer,
+        submitter: SubmitRpc,
+        pods: PodIndex | None = None,
+    ) -> None:
         self.store = store
         self.informer = informer
         self.submitter = submitter
+        # Pods by node, for a new reservation's room on its node (None: that check is skipped).
+        self.pods = pods
 
     async def Apply(self, request: api_pb2.ApplyRequest, context: Any) -> api_pb2.ApplyResponse:
         try:
@@ -97,6 +108,11 @@ class ApplyRpc:
                     _refuse_if(tenancy.apply_refusal(identity, *unwrap(wrapped)))
         results, checked = _check(request)
         checked = self._refuse_queue_cycles(checked, results)
+        checked = await self._check_reservation_nodes(checked, results)
+        tenant = "" if tenancy.unrestricted(identity) or identity is None else identity.name
+        for _, _, obj in checked:
+            if isinstance(obj, pb.Reservation):
+                obj.metadata.owner = tenant  # never what the request said
         current: dict[tuple[str, str], Message | None] = {}
         for kind in USER_KINDS:
             names = [metadata_of(o).name for _, k, o in checked if k == kind]
@@ -201,6 +217,53 @@ class ApplyRpc:
         for i in refused:
             results[i].action = "invalid"
         return [c for c in checked if c[0] not in refused]
+
+    async def _check_reservation_nodes(
+        self, checked: list[Checked], results: list[api_pb2.ApplyResult]
+    ) -> list[Checked]:
+        """Reservations whose node does not exist, or is too small for them, are invalid; the
+        rest of the request stands. Nodes are read from the store (one read for all)."""
+        named = sorted(
+            {o.spec.node for _, _, o in checked if isinstance(o, pb.Reservation) and o.spec.node}
+        )
+        if not named:
+            return checked
+        nodes = dict(zip(named, await self.store.get_many(pb.Node, named), strict=True))
+        kept = []
+        earlier: list[pb.Reservation] = []  # this request's, counted for the ones after them
+        for i, kind, obj in checked:
+            if isinstance(obj, pb.Reservation):
+                prefix, node = f"objects[{i}].reservation", nodes.get(obj.spec.node)
+                found = reservations.validate_node(obj, prefix, node)
+                if not found and node is not None and self._is_new(obj):
+                    held = self._reservations_on(node) + [
+                        reservations.to_store(r, "")
+                        for r in earlier
+                        if r.spec.node == obj.spec.node
+                    ]
+                    found = reservations.validate_room(obj, prefix, node, self._pods_on(node), held)
+                if not found:
+                    earlier.append(obj)
+                if found:
+                    results[i].violations.extend(found)
+                    results[i].action = "invalid"
+                    continue
+            kept.append((i, kind, obj))
+        return kept
+
+    def _is_new(self, rsv: pb.Reservation) -> bool:
+        return self.informer.get("Reservation", rsv.metadata.name) is None
+
+    def _pods_on(self, node: pb.Node) -> list[pb.Pod]:
+        return self.pods.pods_on(node.metadata.name) if self.pods is not None else []
+
+    def _reservations_on(self, node: pb.Node) -> list[pb.Reservation]:
+        name = node.metadata.name
+        return [
+            r
+            for r in self.informer.each("Reservation")
+            if isinstance(r, pb.Reservation) and (r.status.node or r.spec.node) == name
+        ]
 
     async def _create_jobs(
         self,
@@ -310,6 +373,33 @@ def _plan(
             ops.append(Update(changed))
             targets.append((i, changed))
             continue
+        if isinstance(obj, pb.Reservation):
+            if existing is None:
+                created = reservations.to_store(obj, obj.metadata.owner)
+                results[i].action = "created"
+                ops.append(Create(created))
+                targets.append((i, created))
+                continue
+            assert isinstance(existing, pb.Reservation)
+            updated, fixed = reservations.update(existing, obj)
+            if fixed:
+                results[i].action = "invalid"
+                results[i].violations.extend(
+                    v.violation(
+                        f"objects[{i}].reservation.spec.{name}",
+                        "is immutable: delete the reservation and apply it again to change it",
+                    )
+                    for name in fixed
+                )
+                continue
+            if updated == existing:
+                results[i].action = "unchanged"
+                results[i].resource_version = existing.metadata.resource_version
+                continue
+            results[i].action = "configured"
+            ops.append(Update(updated))
+            targets.append((i, updated))
+            continue
         if existing is None:
             new = _fresh(obj)
             results[i].action = "created"
@@ -359,6 +449,8 @@ def _validate_applied(kind: str, obj: Message, prefix: str) -> v.Violations:
         return v.validate_queue(obj, prefix)
     if isinstance(obj, pb.PriorityClass):
         return v.validate_priority_class(obj, prefix)
+    if isinstance(obj, pb.Reservation):
+        return reservations.validate(obj, prefix)
     assert isinstance(obj, pb.DisruptionBudget)
     return v.validate_budget(obj, prefix)
 

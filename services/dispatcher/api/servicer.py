@@ -56,7 +56,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             limits=limits,
             max_pending_pods=max_pending_pods,
         )
-        self.applying = ApplyRpc(store, core.informer, self.submitting)
+        self.applying = ApplyRpc(store, core.informer, self.submitting, pods)
         self.reading = ReadRpc(store, core, pods, self.snapshots)
         self.watching = WatchRpc(store, core.informer, pods)
         self.explaining = ExplainRpc(store, core)

@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from placement.framework import PluginSpec
 from placement.nodeinfo import BEST_EFFORT, GUARANTEED, NodeInfo
+from placement.reservations import is_hold
 from services.rescheduler.framework import (
     ClusterView,
     Detection,
@@ -58,7 +59,8 @@ class Args:
 
 
 def _pods_of_pool(node: NodeInfo, pool: str) -> list[str]:
-    return sorted(name for name, req in node.pods.items() if req.pool == pool)
+    """The node's pods of ``pool`` (a reservation's hold is room, not a pod to move)."""
+    return sorted(name for name, req in node.pods.items() if req.pool == pool and not is_hold(name))
 
 
 def _runs(node: NodeInfo, pool: str) -> bool:
