@@ -1037,6 +1037,7 @@ class JobStatus(_message.Message):
     EVER_SCHEDULED_FIELD_NUMBER: _builtins.int
     FINISHED_MS_FIELD_NUMBER: _builtins.int
     PODS_REMAINING_FIELD_NUMBER: _builtins.int
+    PODS_CREATED_FIELD_NUMBER: _builtins.int
     phase: Global___JobPhase.ValueType
     bound: _builtins.int
     running: _builtins.int
@@ -1049,6 +1050,10 @@ class JobStatus(_message.Message):
     pods_remaining: _builtins.int
     """While the job is Deleting (shown when read, never stored): its pods not deleted yet, as
     the dispatcher's view holds them.
+    """
+    pods_created: _builtins.int
+    """While a big job's pods are still being created, in chunks after Submit answered (shown when
+    read, never stored): how many of them are stored so far. 0 once every pod is.
     """
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
@@ -1064,10 +1069,11 @@ class JobStatus(_message.Message):
         ever_scheduled: _builtins.bool = ...,
         finished_ms: _builtins.int = ...,
         pods_remaining: _builtins.int = ...,
+        pods_created: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "finished_ms", b"finished_ms", "phase", b"phase", "pods_remaining", b"pods_remaining", "running", b"running", "succeeded", b"succeeded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "finished_ms", b"finished_ms", "phase", b"phase", "pods_created", b"pods_created", "pods_remaining", b"pods_remaining", "running", b"running", "succeeded", b"succeeded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

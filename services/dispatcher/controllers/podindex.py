@@ -11,11 +11,12 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers.jobphase import (
     JobCounts,
     StatusTally,
+    as_creating,
     as_deleting,
     as_read,
     derives_status,
 )
-from services.dispatcher.objects import being_deleted
+from services.dispatcher.objects import being_deleted, pods_complete
 from services.grouped import GroupedNames
 from store.informer import Handlers, Informer
 
@@ -66,11 +67,14 @@ class PodIndex:
 
     def job_as_read(self, job: pb.Job, newer: pb.Pod | None = None) -> pb.Job:
         """``job`` with its status as readers see it, from the pods in the view: Deleting with
-        the pods it has left once marked for deletion (:func:`as_deleting`), else derived from
+        the pods it has left once marked for deletion (:func:`as_deleting`), with the pods
+        stored so far while its pods are being created (:func:`as_creating`), else derived from
         its pod for a one-pod job (:func:`as_read`; ``newer``, a pod of the job fresher than the
         view's copy, counts instead); else ``job`` itself."""
         if being_deleted(job):
             return as_deleting(job, self.by_job.count(job.metadata.name))
+        if not pods_complete(job):
+            return as_creating(job)
         if not derives_status(job):
             return job
         pods = self.pods_of(job.metadata.name)
