@@ -22,7 +22,9 @@ it until every pod is bound:
 - ``dispatcher_loop_lag``: the dispatcher's loop-lag probe (``services/runtime/looplag.py``)
   scraped before the submit and at the end: the greatest stall since the process started at
   each, and how many stalls over 50 ms, 100 ms and 1 s happened in between (its histogram);
-  ``max_after`` greater than ``max_before`` is the longest stall the big job caused.
+  ``max_after`` greater than ``max_before`` is the longest stall the big job caused;
+  ``loop_lag_max``: every service's greatest stall at the end (the shards' and the Binder's
+  loops carry the big unit too).
 
 A report goes to ``--out`` as JSON; the summary is printed.
 """
@@ -84,6 +86,7 @@ class Report:
     status_bound_seconds: float | None = None
     bound: int = 0
     dispatcher_loop_lag: dict[str, Any] = field(default_factory=dict)
+    loop_lag_max: dict[str, float] = field(default_factory=dict)
     # (seconds since the submit, pods created as the status reads, bound + running)
     status_samples: list[tuple[float, int, int]] = field(default_factory=list)
 
@@ -205,6 +208,11 @@ def run(c: BigJob) -> Report:
             finally:
                 probe.close()
             report.dispatcher_loop_lag = stalls(before, loop_lag(dispatcher.metrics_address))
+            for component in state.components:
+                if component.metrics_address:
+                    with contextlib.suppress(OSError):
+                        lag = loop_lag(component.metrics_address).get("max", 0.0)
+                        report.loop_lag_max[component.name] = round(lag, 4)
         return report
     finally:
         with contextlib.suppress(Exception):
@@ -221,7 +229,8 @@ def summary(report: Report) -> str:
         f"({report.bound}/{report.pods}), status shows them bound {report.status_bound_seconds}s\n"
         f"dispatcher loop: longest stall {lag.get('max_before_s')}s before the submit, "
         f"{lag.get('max_after_s')}s after; stalls over 50 ms / 100 ms / 1 s meanwhile: "
-        f"{lag.get('over_50ms')} / {lag.get('over_100ms')} / {lag.get('over_1000ms')}"
+        f"{lag.get('over_50ms')} / {lag.get('over_100ms')} / {lag.get('over_1000ms')}\n"
+        f"every service's longest stall: {report.loop_lag_max}"
     )
 
 

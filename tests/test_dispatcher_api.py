@@ -1141,13 +1141,18 @@ async def test_a_job_too_big_for_one_store_script_is_stored_chunk_by_chunk(
     """A job of more pods than one store script should carry (``CHUNK_OPS``) is stored in
     several commits — the job marked unfinished with its first chunk, then a chunk per commit
     advancing the mark, the last one clearing it — so no script holds the store for long. The
-    reply comes once every pod is stored; a retry of the request reports the job."""
+    reply comes once the first chunk is stored, the rest follow in the background; a retry of
+    the request reports the job."""
     replicas = 2 * CHUNK_OPS + 500
     request = api_pb2.SubmitRequest(jobs=[f.job("big", replicas=replicas)], request_id="big-1")
     response = await dispatcher.api.Submit(request)
     assert response.results[0].created, response.results[0].violations
-    stored = await store.get(pb.Job, "big")
-    assert PODS_CREATED_ANNOTATION not in stored.metadata.annotations
+
+    async def complete() -> bool:
+        stored = await store.get(pb.Job, "big")
+        return PODS_CREATED_ANNOTATION not in stored.metadata.annotations
+
+    await eventually(complete, timeout=60, what="every pod created")
     pods, _ = await store.list_all(pb.Pod)
     assert sorted(p.spec.index for p in pods) == list(range(replicas))
     # The job's history in the change feed: one write per commit, each with its chunk's mark.
@@ -1277,6 +1282,8 @@ async def test_a_deletion_under_way_when_the_dispatcher_stops_is_finished_by_the
             api_pb2.SubmitRequest(jobs=[f.job("huge", replicas=replicas)])
         )
         assert created.results[0].created, created.results[0].violations
+        view = first.service.pods.by_job
+        await eventually(lambda: view.count("huge") == replicas, timeout=60, what="its pods")
         # The RPC's handler called in-process, then the deleter's stop (what the service's stop
         # does) before the loop runs anything else: no chunk of the deletion is done.
         deleting = first.service.api.deleting

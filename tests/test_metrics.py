@@ -5,6 +5,7 @@ Binder batch counts. (Metrics of a live cluster after a job: tests/e2e/test_metr
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -85,6 +86,32 @@ async def test_every_service_serves_its_metrics_on_loopback(service_config: Serv
         address = service.metrics_address
     with pytest.raises(OSError):
         scrape(address)  # stopped with the service
+
+
+async def test_a_step_that_holds_the_event_loop_shows_as_its_lag(
+    service_config: ServiceConfig,
+) -> None:
+    """Every service runs the loop-lag probe: a step that keeps the loop for 300 ms without an
+    await is the greatest stall its endpoint reports, and counted in the lag histogram."""
+    async with ServiceHost(Sampling, service_config) as host:
+        service = host.service
+        assert service is not None
+        await _scrape_until(service.metrics_address, "godel_event_loop_lag_max_seconds{}")
+        over_quarter = _sample("godel_event_loop_lag_seconds_bucket", le="+Inf") - _sample(
+            "godel_event_loop_lag_seconds_bucket", le="0.25"
+        )
+        time.sleep(0.3)  # a step that never awaits, on the service's loop
+        samples = await _scrape_until(
+            service.metrics_address,
+            "godel_event_loop_lag_max_seconds{}",
+            lambda s: s["godel_event_loop_lag_max_seconds{}"] >= 0.25,
+        )
+        assert host.loop_lag.max_seconds >= 0.25
+        assert samples["godel_event_loop_lag_seconds_count{}"] > 0
+        stalls = _sample("godel_event_loop_lag_seconds_bucket", le="+Inf") - _sample(
+            "godel_event_loop_lag_seconds_bucket", le="0.25"
+        )
+        assert stalls >= over_quarter + 1
 
 
 async def test_metrics_port_minus_one_serves_none(service_config: ServiceConfig) -> None:
