@@ -100,7 +100,7 @@ async def test_a_step_that_holds_the_event_loop_shows_as_its_lag(
         over_quarter = _sample("godel_event_loop_lag_seconds_bucket", le="+Inf") - _sample(
             "godel_event_loop_lag_seconds_bucket", le="0.25"
         )
-        time.sleep(0.3)  # a step that never awaits, on the service's loop
+        _hold_the_loop(0.3)
         samples = await _scrape_until(
             service.metrics_address,
             "godel_event_loop_lag_max_seconds{}",
@@ -133,6 +133,11 @@ async def test_store_round_trips_are_timed_per_operation(
         key = f"godel_store_round_trip_seconds_count{{operation={operation}}}"
         assert after[key] >= before.get(key, 0) + 1, operation
         assert after[f"godel_store_round_trip_seconds_sum{{operation={operation}}}"] > 0
+
+
+def _hold_the_loop(seconds: float) -> None:
+    """A step that never awaits, as a service's long step would (called on its loop)."""
+    time.sleep(seconds)
 
 
 async def _scrape_until(address: str, key: str, ok: Any = None) -> dict[str, float]:
