@@ -40,7 +40,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -67,6 +67,8 @@ class BigJob:
     milli_cpu: int = 50
     memory_bytes: int = 64 << 20
     timeout_seconds: float = 1800.0
+    # The store's fsync policy: every write on disk before it is acknowledged, as production.
+    fsync: Literal["always", "everysec", "no"] = "always"
     # Extra command-line arguments of the dispatcher (e.g. a smaller creation chunk in tests).
     dispatcher_args: tuple[str, ...] = ()
 
@@ -177,7 +179,7 @@ def run(c: BigJob) -> Report:
         hollow_nodes=c.nodes,
         nodeagents=max(1, c.nodes // 5000),
         process_node=False,
-        fsync="everysec",
+        fsync=c.fsync,
         ready_timeout=120.0,
         dashboard=False,
         service_args=(("dispatcher", c.dispatcher_args),) if c.dispatcher_args else (),
@@ -239,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="10,000 pods on 200 nodes")
     parser.add_argument("--pods", type=int, help="replicas of the job")
     parser.add_argument("--nodes", type=int, help="hollow nodes")
+    parser.add_argument("--fsync", choices=("always", "everysec", "no"), default="always")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args(argv)
     c = BigJob.quick() if args.quick else BigJob()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable
 
 from google.protobuf.message import Message
@@ -20,9 +21,11 @@ from services.dispatcher.objects import being_deleted, pods_complete
 from services.grouped import GroupedNames
 from store.informer import Handlers, Informer
 
-# Pods of one job read (decoded from the informer's cache) and counted between two turns of the
-# event loop by :meth:`PodIndex.status_of`: some milliseconds.
-STATUS_SLICE_PODS = 2_000
+# Pods of one job read (decoded from the informer's cache) and counted at a time by
+# :meth:`PodIndex.status_of`, which hands the loop to others once STATUS_SLICE_SECONDS have
+# passed since it last did (2,000 pods at a time took up to 60 ms on a busy machine).
+STATUS_SLICE_PODS = 250
+STATUS_SLICE_SECONDS = 0.02
 
 
 class PodIndex:
@@ -59,9 +62,11 @@ class PodIndex:
         brings the job back to whoever computes its status)."""
         names = list(self.by_job.get(job.metadata.name))
         tally = StatusTally(job)
+        until = time.monotonic() + STATUS_SLICE_SECONDS
         for first in range(0, len(names), STATUS_SLICE_PODS):
-            if first:
+            if first and time.monotonic() >= until:
                 await asyncio.sleep(0)
+                until = time.monotonic() + STATUS_SLICE_SECONDS
             tally.add(self._read(names[first : first + STATUS_SLICE_PODS]))
         return tally.counts()
 
