@@ -33,6 +33,8 @@ log = structlog.get_logger(__name__)
 
 # How long a unit search runs before letting the event loop serve streams and heartbeats.
 YIELD_SECONDS = 0.02
+# Placements written into a decision between two looks at the clock (``ShardCycle._propose``).
+_PLACEMENTS_PER_CHECK = 256
 # One-pod units searched together at most (Gödel mode): a stream of one-pod jobs paid the
 # search's set-up, a coroutine and a timing sample per pod. Bounded so one search stays short.
 MAX_LOOSE_GROUP = 256
@@ -147,7 +149,8 @@ class ShardCycle:
             return None
         unit.handed_back.update(result.unplaced)
         unit.diagnoses.update(result.diagnoses)
-        return self._propose(unit, result.placements, {p.name: p.req for p in infos}, batch)
+        requests = {p.name: p.req for p in infos}
+        return await self._propose(unit, result.placements, requests, batch)
 
     async def _read_pending(self, unit: Unit) -> list[PodInfo] | None:
         """The unit's pending pods as the search takes them; None when the unit is revoked
@@ -244,20 +247,24 @@ class ShardCycle:
                 reason = result.unplaced.get(info.name, result.reason)
                 self.book.hand_back(unit, {info.name: reason}, result.diagnoses, reason)
                 continue
-            self._propose(unit, [placement], {info.name: info.req}, batch)
+            await self._propose(unit, [placement], {info.name: info.req}, batch)
             decided.append(unit)
         return decided
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def _propose(
+    async def _propose(
         self,
         unit: Unit,
         placements: list[Placement],
         requests: dict[str, PodRequest],
         batch: ipb.DecisionBatch,
     ) -> ipb.UnitDecision:
-        """Append the unit's decision to ``batch``, its placements assumed in the cache."""
+        """Append the unit's decision to ``batch``, its placements assumed in the cache, letting
+        the event loop run every ``YIELD_SECONDS`` (100,000 placements written and assumed at
+        once held the loop for seconds, past the shard's heartbeat grace). Meanwhile the cache
+        takes in events as ever (pods assumed and not yet bound are its usual state); no
+        verdict on this decision can come before the cycle sends it."""
         spec = unit.job.spec
         decision = batch.units.add(
             job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
@@ -266,7 +273,11 @@ class ShardCycle:
         # Any replacement of a job a live Movement lists is recorded against it (actual when it
         # used a recommendation, mismatched when not).
         movement = self.movements.movement_of(unit.name)
-        for p in placements:
+        until = time.monotonic() + YIELD_SECONDS
+        for i, p in enumerate(placements, 1):
+            if i % _PLACEMENTS_PER_CHECK == 0 and time.monotonic() >= until:
+                await asyncio.sleep(0)
+                until = time.monotonic() + YIELD_SECONDS
             if p.recommendation:
                 self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
             req = requests[p.pod].pinned(p.numa_nodes) if p.numa_nodes else requests[p.pod]
