@@ -80,6 +80,9 @@ class ShardCycle:
         self.movements = movements
         self.victims = victims
         self._stats = stats
+        # The rest of a unit's decision too big for one batch (``_propose``), each in a batch
+        # of its own, sent after the cycle's batch.
+        self._overflow: list[tuple[ipb.DecisionBatch, Unit]] = []
 
     async def run(self) -> None:
         """One scheduling cycle: refresh the snapshot, schedule ready units for up to the cycle
@@ -109,6 +112,10 @@ class ShardCycle:
         if units:
             metrics.SCHEDULER_PODS_SCHEDULED.inc(pods)  # once a cycle: one-pod units are many
             self.link.send(batch, units)
+        for extra, unit in self._overflow:
+            metrics.SCHEDULER_PODS_SCHEDULED.inc(len(extra.units[0].placements))
+            self.link.send(extra, [unit])
+        self._overflow.clear()
 
     async def _attempt(self, unit: Unit, batch: ipb.DecisionBatch) -> ipb.UnitDecision | None:
         """Place the unit's pending pods; on success its decision is appended to ``batch``
@@ -270,6 +277,14 @@ class ShardCycle:
             job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
         )
         out = decision.placements
+        # A decision of more placements than a batch carries (the Binder refuses a batch of
+        # more than its own limit: a 100,000-pod unit could never bind) goes in several, each
+        # a decision of the unit with enough placements to reach its min_member on its own;
+        # a gang that needs more in one goes whole, as ever.
+        cap = self.settings.max_batch_pods
+        needed = max(1, spec.min_member - unit.already_bound)
+        split = len(placements) > cap and needed <= cap // 2
+        written: list[ipb.Placement] = []
         # Any replacement of a job a live Movement lists is recorded against it (actual when it
         # used a recommendation, mismatched when not).
         movement = self.movements.movement_of(unit.name)
@@ -278,6 +293,13 @@ class ShardCycle:
             if i % _PLACEMENTS_PER_CHECK == 0 and time.monotonic() >= until:
                 await asyncio.sleep(0)
                 until = time.monotonic() + YIELD_SECONDS
+            if split and len(out) >= cap and len(placements) - i + 1 >= needed:
+                written.extend(out)
+                extra = ipb.DecisionBatch(shard=batch.shard)
+                self._overflow.append((extra, unit))
+                out = extra.units.add(
+                    job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
+                ).placements
             if p.recommendation:
                 self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
             req = requests[p.pod].pinned(p.numa_nodes) if p.numa_nodes else requests[p.pod]
@@ -292,8 +314,9 @@ class ShardCycle:
                 movement=p.recommendation or movement,
                 numa_nodes=p.numa_nodes,
             )
-        self._stats["decided_pods"] += len(out)
-        _nominate(unit, out)
+        written.extend(out)
+        self._stats["decided_pods"] += len(written)
+        _nominate(unit, written)
         return decision
 
     def _placed_nodes(self, unit: Unit) -> tuple[str, ...]:

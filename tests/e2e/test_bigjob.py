@@ -1,6 +1,7 @@
 """Big jobs through real processes: a job of more pods than one creation chunk is accepted at
-once, its pods created in the background and bound, its status counting them throughout; a
-dispatcher killed with -9 while creating them loses none. The chunk is made small by config
+once, its pods created in the background and bound (its unit bigger than a Binder batch: the
+shard's decision goes in several), its status counting them throughout; a dispatcher killed
+with -9 while creating them loses none. The chunk is made small by config
 (``--creation-chunk-pods``), so a job of a few hundred pods is "big" here."""
 
 from __future__ import annotations
@@ -19,12 +20,21 @@ pytestmark = pytest.mark.e2e
 PODS_CREATED_ANNOTATION = "godel.io/pods-created"
 
 
-def _big_cluster(make_cluster: Callable[..., Cluster], *dispatcher_args: str) -> Cluster:
+def _big_cluster(
+    make_cluster: Callable[..., Cluster],
+    *dispatcher_args: str,
+    shard_args: tuple[str, ...] = (),
+    binder_args: tuple[str, ...] = (),
+) -> Cluster:
     cluster = make_cluster(
         schedulers=1,
         binders=1,
         hollow_nodes=10,
-        service_args=(("dispatcher", dispatcher_args),),
+        service_args=(
+            ("dispatcher", dispatcher_args),
+            ("scheduler", shard_args),
+            ("binder", binder_args),
+        ),
     )
     wait_until(lambda: len(cluster.client.list("Node")) == 10, what="10 nodes registered")
     return cluster
@@ -42,7 +52,15 @@ def _stored(cluster: Cluster, name: str) -> tuple[pb.Job, list[pb.Pod]]:
 def test_a_job_bigger_than_a_chunk_is_accepted_at_once_and_counted_as_it_is_created_and_bound(
     make_cluster: Callable[..., Cluster],
 ) -> None:
-    cluster = _big_cluster(make_cluster, "--creation-chunk-pods", "10")
+    # A unit bigger than the Binder takes in one batch, too: the shard sends its decision in
+    # several (a 100,000-pod unit was refused whole, for ever).
+    cluster = _big_cluster(
+        make_cluster,
+        "--creation-chunk-pods",
+        "10",
+        shard_args=("--max-batch-pods", "50"),
+        binder_args=("--max-batch-pods", "100"),
+    )
     replicas = 400  # forty commits of pods after the first
     # `godel apply` at the CLI's default deadline: it answers once the first chunk is stored.
     applied = cluster.godel("apply", "-f", "-", stdin=job_yaml("big", replicas, 1, "50m"))
