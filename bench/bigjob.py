@@ -255,11 +255,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, help="replicas of the job")
     parser.add_argument("--nodes", type=int, help="hollow nodes")
     parser.add_argument("--fsync", choices=("always", "everysec", "no"), default="always")
+    parser.add_argument("--timeout", type=float, help="seconds to wait for every pod bound")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args(argv)
     c = BigJob.quick() if args.quick else BigJob()
-    if args.pods is not None or args.nodes is not None:
-        c = BigJob(**{**asdict(c), "pods": args.pods or c.pods, "nodes": args.nodes or c.nodes})
+    c = BigJob(
+        **{
+            **asdict(c),
+            "pods": args.pods or c.pods,
+            "nodes": args.nodes or c.nodes,
+            "fsync": args.fsync,
+            "timeout_seconds": args.timeout or c.timeout_seconds,
+        }
+    )
     report = run(c)
     print(summary(report))
     args.out.mkdir(parents=True, exist_ok=True)
