@@ -54,6 +54,8 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _DISPATCH_METHOD = "/godel.v1.Scheduler/Dispatch"
 RECONNECT_SECONDS = 1.0
 POD_SCHEDULED = "PodScheduled"
+# Pods of an infeasible unit marked Unschedulable per store round trip (``mark_unschedulable``).
+MARK_SLICE_PODS = 500
 UNSCHEDULABLE = "Unschedulable"
 
 # (shard, pool) -> the room left in the shard's node partition (None: it has none; see
@@ -189,31 +191,38 @@ def _unschedulable_condition(pod: pb.Pod) -> pb.Condition | None:
 async def mark_unschedulable(
     store: Store, informer: Informer, entry: UnitEntry, reason: str
 ) -> None:
-    """Record why on the pods that do not say so yet: one round trip, conflicts ignored (the
-    shard may have written its own, more detailed condition meanwhile)."""
-    updates = []
+    """Record why on the pods that do not say so yet: a round trip per ``MARK_SLICE_PODS``
+    pods, the loop served between (a 100,000-pod unit's pods copied at once held it for
+    seconds), conflicts ignored (the shard may have written its own, more detailed condition
+    meanwhile)."""
     now_ms = int(time.time() * 1000)
-    for name in list(entry.pods):
-        pod = informer.get("Pod", name)
-        if not isinstance(pod, pb.Pod) or _unschedulable_condition(pod) is not None:
-            continue
-        copy = pb.Pod()
-        copy.CopyFrom(pod)
-        copy.status.conditions.append(
-            pb.Condition(
-                type=POD_SCHEDULED,
-                status="False",
-                reason=UNSCHEDULABLE,
-                message=reason or "the unit can never fit as specified",
-                last_transition_ms=now_ms,
+    names = list(entry.pods)
+    for first in range(0, len(names), MARK_SLICE_PODS):
+        updates = []
+        for name in names[first : first + MARK_SLICE_PODS]:
+            pod = informer.get("Pod", name)
+            if not isinstance(pod, pb.Pod) or _unschedulable_condition(pod) is not None:
+                continue
+            copy = pb.Pod()
+            copy.CopyFrom(pod)
+            copy.status.conditions.append(
+                pb.Condition(
+                    type=POD_SCHEDULED,
+                    status="False",
+                    reason=UNSCHEDULABLE,
+                    message=reason or "the unit can never fit as specified",
+                    last_transition_ms=now_ms,
+                )
             )
-        )
-        updates.append(copy)
-    if updates:
+            updates.append(copy)
+        if not updates:
+            await asyncio.sleep(0)
+            continue
         try:
             await store.update_many(updates)
         except StoreError as exc:
             log.warning("could not mark pods unschedulable", job=entry.job, error=str(exc))
+            return
 
 
 def describe_unit(entry: UnitEntry, queue: UnitQueue, shards_ready: bool) -> str:
