@@ -16,7 +16,7 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.api.watch import _of_job
-from services.dispatcher.controllers.creation import CHUNK_OPS
+from services.dispatcher.controllers.creation import CHUNK_OPS, first_commit
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.dispatching.queueing import policy_for
 from services.dispatcher.objects import PODS_CREATED_ANNOTATION
@@ -1268,6 +1268,26 @@ async def test_a_job_being_deleted_reads_as_deleting_with_its_pods_left_and_dele
 
         await eventually(gone, timeout=30, what="the job deleted")
         assert (await store.list_all(pb.Pod))[0] == []
+
+
+async def test_a_job_whose_pods_are_being_created_reads_with_how_many_are_stored(
+    store_url: str, cluster_name: str, tmp_path: Path, store: Store
+) -> None:
+    """A big job whose creation stopped after its first commit (its dispatcher stopped; the
+    reconciler, which would resume it, is slowed here): Get, List and Watch show it Pending with
+    the pods stored so far, never stored so."""
+    job = normalise_job(f.job("growing", replicas=CHUNK_OPS + 200))
+    await store.commit(first_commit(job, False))
+    config = dispatcher_config(store_url, cluster_name, tmp_path, reconcile_interval_seconds=3600)
+    async with run_dispatcher(config) as dispatcher:
+        got = (await dispatcher.api.Get(api_pb2.GetRequest(kind="Job", name="growing"))).job
+        listed = (await dispatcher.api.List(api_pb2.ListRequest(kind="Job"))).items[0].job
+        watch = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job"]))
+        watched = (await anext(aiter(watch))).object.job
+        watch.cancel()
+        for seen in (got, listed, watched):
+            assert (seen.status.phase, seen.status.pods_created) == (pb.JOB_PENDING, CHUNK_OPS - 1)
+        assert not (await store.get(pb.Job, "growing")).status.pods_created
 
 
 async def test_a_deletion_under_way_when_the_dispatcher_stops_is_finished_by_the_next(
