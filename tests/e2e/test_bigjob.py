@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import psutil
 import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
 from tests.e2e.conftest import Cluster, wait_until
-from tests.e2e.test_pipeline import job_yaml, kill9
+from tests.e2e.test_pipeline import job_yaml
 
 pytestmark = pytest.mark.e2e
 
@@ -107,7 +108,9 @@ def test_a_dispatcher_killed_while_creating_a_big_jobs_pods_loses_none(
     job.spec.template.requests.memory_bytes = 64 << 20
     response = cluster.client.submit([job])  # the client's default deadline
     assert response.results[0].created, response.results[0].violations
-    kill9(cluster.component("dispatcher").pid)
+    dispatcher = psutil.Process(cluster.component("dispatcher").pid)
+    dispatcher.kill()  # kill -9
+    dispatcher.wait(10)
 
     stored, pods = _stored(cluster, "big")
     assert PODS_CREATED_ANNOTATION in stored.metadata.annotations, "killed after creation ended"
