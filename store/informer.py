@@ -131,6 +131,8 @@ class Informer:
         self._resync_seconds = resync_seconds
         self._retry_max = retry_max_seconds
         self._block_ms = block_ms
+        # The revision of the read being applied (ahead of ``revision`` until it is applied).
+        self._applying_to = 0
         # Waiters for wait_for_revision(), woken as batches apply.
         self._progress = asyncio.Condition()
 
@@ -240,6 +242,15 @@ class Informer:
 
         await asyncio.wait_for(reached(), timeout)
 
+    async def read_applied(self) -> None:
+        """Wait until the read of the feed being applied now, if any, is applied whole. Its
+        events are applied in slices with other tasks run between (``_apply_all``); one that
+        must not act on part of a commit — the dispatcher's round, which would send a unit
+        with part of its pods — waits for this first, as it did when a read was applied in
+        one piece."""
+        if self._applying_to > self.revision:
+            await self.wait_for_revision(self._applying_to)
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"informer{self.kinds}")
@@ -283,6 +294,7 @@ class Informer:
                 ):
                     if self._stopping:
                         return
+                    self._applying_to = batch.revision
                     await self._apply_all(batch.events)
                     self.revision = batch.revision
                     self._at_head = batch.caught_up

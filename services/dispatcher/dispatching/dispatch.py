@@ -375,6 +375,9 @@ class UnitDispatcher:
                 await asyncio.wait_for(self._kick.wait(), timeout)
             except TimeoutError:
                 pass
+            # Never between two slices of one read of the feed: a job's pods come in one
+            # commit, and a round there would send its unit with part of them.
+            await self.informer.read_applied()
             self._kick.clear()
             self.dispatch_round()
 
