@@ -54,9 +54,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _DISPATCH_METHOD = "/godel.v1.Scheduler/Dispatch"
 RECONNECT_SECONDS = 1.0
 POD_SCHEDULED = "PodScheduled"
+UNSCHEDULABLE = "Unschedulable"
 # Pods of an infeasible unit marked Unschedulable per store round trip (``mark_unschedulable``).
 MARK_SLICE_PODS = 500
-UNSCHEDULABLE = "Unschedulable"
 
 # (shard, pool) -> the room left in the shard's node partition (None: it has none; see
 # ``partitions.PartitionRoom``).
