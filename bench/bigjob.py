@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -229,6 +230,7 @@ def run(c: BigJob) -> Report:
     finally:
         with contextlib.suppress(Exception):
             local.down(home)
+        shutil.rmtree(home.path, ignore_errors=True)
 
 
 def summary(report: Report) -> str:
