@@ -45,6 +45,16 @@ DeleteHandler = Callable[[str, StoredObject], None]
 # messages.
 ENCODED_KINDS = frozenset({"Pod", "Node", "Job"})
 
+# Events applied between two turns of the event loop at most (handlers included): a read of the
+# feed brings up to WATCH_BATCH_EVENTS, and a 100,000-pod job's pods created or bound come as
+# a run of full reads; applied whole, a read held a dispatcher's loop (its handlers index every
+# pod several ways) for most of a second. Each slice is also bounded in time.
+APPLY_SLICE_SECONDS = 0.02
+_APPLY_CHECK_EVERY = 32
+# Events per read of the feed: decoded at once, before any is applied (a read of 4,096 pods
+# took some 100 ms to decode on a busy machine, in one piece).
+WATCH_BATCH_EVENTS = 1024
+
 # Beyond block_ms, how late a watch read at the head of the feed may return before the cache
 # counts as stale: a loaded process answers a little late without having fallen behind.
 _CONFIRMATION_SLACK_SECONDS = 0.5
@@ -121,6 +131,8 @@ class Informer:
         self._resync_seconds = resync_seconds
         self._retry_max = retry_max_seconds
         self._block_ms = block_ms
+        # The revision of the read being applied (ahead of ``revision`` until it is applied).
+        self._applying_to = 0
         # Waiters for wait_for_revision(), woken as batches apply.
         self._progress = asyncio.Condition()
 
@@ -230,6 +242,15 @@ class Informer:
 
         await asyncio.wait_for(reached(), timeout)
 
+    async def read_applied(self) -> None:
+        """Wait until the read of the feed being applied now, if any, is applied whole. Its
+        events are applied in slices with other tasks run between (``_apply_all``); one that
+        must not act on part of a commit — the dispatcher's round, which would send a unit
+        with part of its pods — waits for this first, as it did when a read was applied in
+        one piece."""
+        if self._applying_to > self.revision:
+            await self.wait_for_revision(self._applying_to)
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"informer{self.kinds}")
@@ -269,12 +290,12 @@ class Informer:
                 # judging heartbeats by it declared live shards dead.
                 asked_at = time.monotonic()
                 async for batch in self._store.watch(
-                    self.revision, self.kinds, block_ms=self._block_ms
+                    self.revision, self.kinds, block_ms=self._block_ms, count=WATCH_BATCH_EVENTS
                 ):
                     if self._stopping:
                         return
-                    for event in batch.events:
-                        self._apply(event)
+                    self._applying_to = batch.revision
+                    await self._apply_all(batch.events)
                     self.revision = batch.revision
                     self._at_head = batch.caught_up
                     if batch.caught_up:
@@ -333,6 +354,19 @@ class Informer:
             for name in [n for n in old if n not in new]:
                 self._emit("on_delete", kind, old[name])
         self.revision = listing.revision
+
+    async def _apply_all(self, events: Sequence[WatchEvent]) -> None:
+        """Apply a read's events in order, handing the loop to others every
+        ``APPLY_SLICE_SECONDS``. The revision moves only once all are applied, so whoever
+        waits for one (``wait_for_revision``) finds everything up to it in the cache; a
+        reader between two slices sees some of the read's changes, as it would between two
+        reads."""
+        until = time.monotonic() + APPLY_SLICE_SECONDS
+        for i, event in enumerate(events, 1):
+            self._apply(event)
+            if i % _APPLY_CHECK_EVERY == 0 and time.monotonic() >= until:
+                await asyncio.sleep(0)
+                until = time.monotonic() + APPLY_SLICE_SECONDS
 
     def _apply(self, event: WatchEvent) -> None:
         if event.obj is None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import fairness, faults, harness, workload
+from bench import bigjob, fairness, faults, harness, workload
 from bench.load import batches, build_jobs
 from bench.workload import PodPhase, WorkloadError
 from godel.local import ClusterState, ComponentRecord
@@ -508,3 +508,30 @@ def test_rescheduler_load_balance_variant_spreads_measured_load(tmp_path: Path) 
         assert after[dimension]["stddev"] < before[dimension]["stddev"]
         assert after[dimension]["max"] < before[dimension]["max"]
     assert "CPU sd before → after" in report_json.with_suffix(".md").read_text()
+
+
+@pytest.mark.timeout(600)
+def test_big_job_quick_form_binds_every_pod_and_reports_the_dispatchers_stalls(
+    tmp_path: Path,
+) -> None:
+    """``python -m bench.bigjob --quick``: one 10,000-pod job through the public API on 200
+    hollow nodes; every pod binds, and the report has the submit's time, the times until every
+    pod is stored and bound, what the job's status said meanwhile and the loop-lag probes'
+    readings."""
+    assert bigjob.main(["--quick", "--fsync", "everysec", "--out", str(tmp_path)]) == 0
+    [report_json] = tmp_path.glob("bigjob-10000-quick-*.json")
+    report = json.loads(report_json.read_text())
+    assert report["bigjob"]["pods"] == report["pods"] == 10_000
+    assert report["bound"] == report["pods"]
+    assert report["submit_error"] == ""
+    for key in ("submit_seconds", "created_seconds", "bound_seconds", "status_bound_seconds"):
+        assert report[key] is not None and report[key] >= 0, key
+    assert report["created_seconds"] <= report["bound_seconds"]
+    samples = report["status_samples"]
+    assert samples and all(0 <= created <= 10_000 for _, created, _ in samples)
+    assert [c for _, c, _ in samples] == sorted(c for _, c, _ in samples)  # never goes back
+    assert samples[-1][2] == 10_000  # the status counts every pod placed at the end
+    lag = report["dispatcher_loop_lag"]
+    assert set(lag) >= {"max_before_s", "max_after_s", "samples", "over_50ms", "over_1000ms"}
+    assert lag["samples"] > 0 and lag["max_after_s"] >= lag["max_before_s"]
+    assert {"dispatcher", "scheduler-0", "binder-0"} <= set(report["loop_lag_max"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from godel.cli.resources import render_explanation
+from godel.cli.resources import _columns, _row, render_explanation
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -87,3 +87,22 @@ def test_rendered_from_counts(name: str, diagnosis: pb.SchedulingDiagnosis, text
 def test_without_counts_the_summary_is_shown() -> None:
     response = api_pb2.ExplainResponse(pod="p", summary="bound to n1", node="n1")
     assert render_explanation(response) == "bound to n1"
+
+
+@pytest.mark.parametrize(
+    ("pods_created", "phase"),
+    [
+        (4000, "Pending (4000/100000 pods created)"),  # a big job's pods being created
+        (0, "Pending"),  # all of them stored
+    ],
+)
+def test_a_job_whose_pods_are_being_created_shows_how_many_are(
+    pods_created: int, phase: str
+) -> None:
+    job = pb.Job(metadata=pb.ObjectMeta(name="big"))
+    job.spec.replicas = 100_000
+    job.status.phase = pb.JOB_PENDING
+    job.status.pods_created = pods_created
+    columns = _columns("Job", "")
+    row = _row("Job", job, columns, False)
+    assert row[[header for header, _, _ in columns].index("PHASE")] == phase

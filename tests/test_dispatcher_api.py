@@ -16,7 +16,7 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.api.watch import _of_job
-from services.dispatcher.controllers.creation import CHUNK_OPS
+from services.dispatcher.controllers.creation import CHUNK_OPS, first_commit
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.dispatching.queueing import policy_for
 from services.dispatcher.objects import PODS_CREATED_ANNOTATION
@@ -1179,13 +1179,18 @@ async def test_a_job_too_big_for_one_store_script_is_stored_chunk_by_chunk(
     """A job of more pods than one store script should carry (``CHUNK_OPS``) is stored in
     several commits — the job marked unfinished with its first chunk, then a chunk per commit
     advancing the mark, the last one clearing it — so no script holds the store for long. The
-    reply comes once every pod is stored; a retry of the request reports the job."""
+    reply comes once the first chunk is stored, the rest follow in the background; a retry of
+    the request reports the job."""
     replicas = 2 * CHUNK_OPS + 500
     request = api_pb2.SubmitRequest(jobs=[f.job("big", replicas=replicas)], request_id="big-1")
     response = await dispatcher.api.Submit(request)
     assert response.results[0].created, response.results[0].violations
-    stored = await store.get(pb.Job, "big")
-    assert PODS_CREATED_ANNOTATION not in stored.metadata.annotations
+
+    async def complete() -> bool:
+        stored = await store.get(pb.Job, "big")
+        return PODS_CREATED_ANNOTATION not in stored.metadata.annotations
+
+    await eventually(complete, timeout=60, what="every pod created")
     pods, _ = await store.list_all(pb.Pod)
     assert sorted(p.spec.index for p in pods) == list(range(replicas))
     # The job's history in the change feed: one write per commit, each with its chunk's mark.
@@ -1303,6 +1308,26 @@ async def test_a_job_being_deleted_reads_as_deleting_with_its_pods_left_and_dele
         assert (await store.list_all(pb.Pod))[0] == []
 
 
+async def test_a_job_whose_pods_are_being_created_reads_with_how_many_are_stored(
+    store_url: str, cluster_name: str, tmp_path: Path, store: Store
+) -> None:
+    """A big job whose creation stopped after its first commit (its dispatcher stopped; the
+    reconciler, which would resume it, is slowed here): Get, List and Watch show it Pending with
+    the pods stored so far, never stored so."""
+    job = normalise_job(f.job("growing", replicas=CHUNK_OPS + 200))
+    await store.commit(first_commit(job, False))
+    config = dispatcher_config(store_url, cluster_name, tmp_path, reconcile_interval_seconds=3600)
+    async with run_dispatcher(config) as dispatcher:
+        got = (await dispatcher.api.Get(api_pb2.GetRequest(kind="Job", name="growing"))).job
+        listed = (await dispatcher.api.List(api_pb2.ListRequest(kind="Job"))).items[0].job
+        watch = dispatcher.api.Watch(api_pb2.WatchRequest(kinds=["Job"]))
+        watched = (await anext(aiter(watch))).object.job
+        watch.cancel()
+        for seen in (got, listed, watched):
+            assert (seen.status.phase, seen.status.pods_created) == (pb.JOB_PENDING, CHUNK_OPS - 1)
+        assert not (await store.get(pb.Job, "growing")).status.pods_created
+
+
 async def test_a_deletion_under_way_when_the_dispatcher_stops_is_finished_by_the_next(
     store_url: str, cluster_name: str, tmp_path: Path, store: Store
 ) -> None:
@@ -1315,6 +1340,8 @@ async def test_a_deletion_under_way_when_the_dispatcher_stops_is_finished_by_the
             api_pb2.SubmitRequest(jobs=[f.job("huge", replicas=replicas)])
         )
         assert created.results[0].created, created.results[0].violations
+        view = first.service.pods.by_job
+        await eventually(lambda: view.count("huge") == replicas, timeout=60, what="its pods")
         # The RPC's handler called in-process, then the deleter's stop (what the service's stop
         # does) before the loop runs anything else: no chunk of the deletion is done.
         deleting = first.service.api.deleting

@@ -16,7 +16,11 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatching.dispatch import OutgoingUnit, unit_messages
+from services.dispatcher.dispatching.encoding import (
+    OutgoingUnit,
+    encoded_messages,
+    unit_messages,
+)
 from services.dispatcher.dispatching.unitqueue import PendingRef
 from store import Store
 from store.client import Bind
@@ -481,3 +485,20 @@ def test_units_are_packed_into_messages_up_to_the_pod_limit(
         assert [(p.name, p.uid, p.resource_version, p.index) for p in first.pods] == [
             (f"j0-{i}", f"uid-j0-{i}", 10 + i, i) for i in range(sizes[0])
         ]
+
+
+def test_a_big_unit_is_encoded_a_slice_at_a_time_into_the_one_message_it_always_was() -> None:
+    # Pods in any order: the message carries them by index, whole, in one message.
+    big = _outgoing("big", 10)
+    shuffled = OutgoingUnit(big.job, list(reversed(big.pods)), 4, 7)
+    parts = list(encoded_messages([shuffled, _outgoing("small", 2)], 5000, slice_pods=3))
+    # A turn for the loop after every 3 pods encoded (3, 6, 9, then 1 + 2 = 3 more).
+    assert parts[:-1] == [None, None, None, None]
+    wire = parts[-1]
+    assert isinstance(wire, bytes)
+    (unit, small) = ipb.DispatchMessage.FromString(wire).units.units
+    assert (unit.job.metadata.name, unit.already_bound, unit.enqueued_ms) == ("big", 4, 7)
+    assert [(p.name, p.uid, p.resource_version, p.index) for p in unit.pods] == [
+        (f"big-{i}", f"uid-big-{i}", 10 + i, i) for i in range(10)
+    ]
+    assert [p.name for p in small.pods] == ["small-0", "small-1"]

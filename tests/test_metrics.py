@@ -5,6 +5,7 @@ Binder batch counts. (Metrics of a live cluster after a job: tests/e2e/test_metr
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -87,6 +88,35 @@ async def test_every_service_serves_its_metrics_on_loopback(service_config: Serv
         scrape(address)  # stopped with the service
 
 
+async def test_a_step_that_holds_the_event_loop_shows_as_its_lag(
+    service_config: ServiceConfig,
+) -> None:
+    """Every service runs the loop-lag probe: a step that keeps the loop for 300 ms of CPU
+    without an await is the greatest stall its endpoint reports, in wall time and in the loop
+    thread's own CPU time, and counted in the lag histogram."""
+    async with ServiceHost(Sampling, service_config) as host:
+        service = host.service
+        assert service is not None
+        await _scrape_until(service.metrics_address, "godel_event_loop_lag_max_seconds{}")
+        over_quarter = _sample("godel_event_loop_lag_seconds_bucket", le="+Inf") - _sample(
+            "godel_event_loop_lag_seconds_bucket", le="0.25"
+        )
+        _hold_the_loop(0.3)
+        samples = await _scrape_until(
+            service.metrics_address,
+            "godel_event_loop_lag_max_seconds{}",
+            lambda s: s["godel_event_loop_lag_max_seconds{}"] >= 0.25,
+        )
+        assert host.loop_lag.max_seconds >= 0.25
+        assert host.loop_lag.held_max_seconds >= 0.25
+        assert samples["godel_event_loop_held_max_seconds{}"] >= 0.25
+        assert samples["godel_event_loop_lag_seconds_count{}"] > 0
+        stalls = _sample("godel_event_loop_lag_seconds_bucket", le="+Inf") - _sample(
+            "godel_event_loop_lag_seconds_bucket", le="0.25"
+        )
+        assert stalls >= over_quarter + 1
+
+
 async def test_metrics_port_minus_one_serves_none(service_config: ServiceConfig) -> None:
     async with ServiceHost(Sampling, replace(service_config, metrics_port=-1)) as host:
         assert host.service is not None and host.service.metrics_address == ""
@@ -106,6 +136,14 @@ async def test_store_round_trips_are_timed_per_operation(
         key = f"godel_store_round_trip_seconds_count{{operation={operation}}}"
         assert after[key] >= before.get(key, 0) + 1, operation
         assert after[f"godel_store_round_trip_seconds_sum{{operation={operation}}}"] > 0
+
+
+def _hold_the_loop(cpu_seconds: float) -> None:
+    """A step that computes for ``cpu_seconds`` of its thread's CPU time without an await, as
+    a service's long step would (called on its loop)."""
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
+        pass
 
 
 async def _scrape_until(address: str, key: str, ok: Any = None) -> dict[str, float]:

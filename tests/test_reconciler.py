@@ -15,7 +15,9 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers.creation import CHUNK_OPS, first_commit
+from services.dispatcher.controllers.jobphase import JobCounts
 from services.dispatcher.controllers.jobstatus import JobStatusController
+from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.controllers.reconciler import Reconciler
 from services.dispatcher.dispatching.dispatch import DispatchSettings, UnitDispatcher, UnitState
@@ -165,6 +167,42 @@ async def test_job_status_disagreeing_with_its_pods_is_rewritten(
     # A second pass finds nothing left to repair.
     await informer.wait_for_revision(await store.revision(), timeout=10)
     assert await reconciler.tick() == {}
+
+
+async def test_a_job_whose_status_agreed_is_counted_again_only_once_it_or_its_pods_change(
+    store: Store, informer: Informer
+) -> None:
+    """A big job waiting to be scheduled was recounted, all its pods, every pass (most of the
+    dispatcher's CPU): a job whose status agreed with its pods is left alone until it or one of
+    its pods changes, and a status that goes wrong then is still found and repaired."""
+    counted: list[str] = []
+
+    class CountingIndex(PodIndex):
+        async def status_of(self, job: pb.Job) -> JobCounts:
+            counted.append(job.metadata.name)
+            return await super().status_of(job)
+
+    controller = JobStatusController(store, informer, pods=CountingIndex(informer))
+    core = UnitDispatcher(store, informer, DispatchSettings(), dial=grpc.aio.insecure_channel)
+    reconciler = Reconciler(store, informer, core, controller)
+    job = f.job("waiting", replicas=3)
+    await store.create_unit(job, f.pods_of(job))
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+    await controller.tick()
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+    counted.clear()
+    assert await reconciler.tick() == {}
+    assert counted == ["waiting"]  # counted once: it agrees
+    assert await reconciler.tick() == {}
+    assert counted == ["waiting"]  # unchanged since: not counted again
+
+    stored = await store.get(pb.Job, "waiting")  # its status goes wrong (a write gone astray)
+    stored.status.phase, stored.status.running = pb.JOB_RUNNING, 3
+    await store.update(stored)
+    await informer.wait_for_revision(await store.revision(), timeout=10)
+    controller.changed_jobs.discard("waiting")  # the controller dropped it
+    assert await reconciler.tick() == {}  # suspected
+    assert await reconciler.tick() == {"job_status": 1}  # and repaired
 
 
 async def test_job_status_is_not_judged_while_its_write_is_in_flight_or_the_view_is_behind(

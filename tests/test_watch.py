@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from protos.godel.v1 import objects_pb2 as pb
 from store import ConflictError, ResourceVersionTooNewError, ResourceVersionTooOldError, Store
-from store.client import WatchEvent
+from store.client import Create, WatchEvent
 from store.encoded import EncodedObjects
 from store.informer import Handlers, Informer
 from store.server import StoreServer
@@ -487,3 +487,47 @@ async def test_informer_keeps_pods_encoded_and_relists_them_like_any_kind(
     finally:
         await informer.stop()
         await small.close()
+
+
+async def test_an_informer_applies_a_long_read_in_slices_and_says_when_it_is_whole(
+    store: Store,
+) -> None:
+    """A read of the feed whose handlers take long (a 100,000-pod job's pods, each indexed
+    several ways) is applied a slice at a time, other tasks running between; and
+    ``read_applied`` waits until the read is applied whole (the dispatcher's round must not
+    see part of a commit)."""
+    informer = Informer(store, ["Node"], block_ms=100)
+    handled: list[str] = []
+    turns_while_applying: list[int] = []
+    turns = 0
+    began = asyncio.Event()
+
+    def slow_handler(_kind: str, obj: Message) -> None:
+        assert isinstance(obj, pb.Node)
+        handled.append(obj.metadata.name)
+        turns_while_applying.append(turns)
+        began.set()
+        _busy_loop(0.002)  # a handler's work: 200 events are 0.4 s in all
+
+    async def another_task() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    informer.add_handlers(Handlers(on_add=slow_handler))
+    informer.start()
+    ticker = asyncio.create_task(another_task())
+    try:
+        await informer.wait_synced(10)
+        await store.commit([Create(node(f"n{i}")) for i in range(200)])  # one commit, one read
+        await began.wait()
+        assert len(handled) < 200, "the read was applied in one piece"
+        await informer.read_applied()
+        assert len(handled) == 200
+        assert len(informer.cache["Node"]) == 200
+    finally:
+        ticker.cancel()
+        await informer.stop()
+    # Other tasks (this one) ran between the slices of the one read.
+    assert turns_while_applying[-1] > turns_while_applying[0]

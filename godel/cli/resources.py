@@ -288,6 +288,14 @@ def _reservation_expiry(rsv: pb.Reservation) -> str:
     return output.age(max(0.0, expires_ms(rsv) / 1000 - time.time()))
 
 
+def _job_phase(job: pb.Job) -> str:
+    """A job's phase; while a big job's pods are still being created, how many are stored."""
+    phase = _enum(job.status.phase or pb.JOB_PENDING, pb.JobPhase)
+    if job.status.pods_created:
+        return f"{phase} ({job.status.pods_created}/{job.spec.replicas} pods created)"
+    return phase
+
+
 # Columns per kind: (header, getter, wide-only).
 Column = tuple[str, Callable[[Any], object], bool]
 COLUMNS: dict[str, list[Column]] = {
@@ -300,7 +308,7 @@ COLUMNS: dict[str, list[Column]] = {
         ("BOUND", lambda o: o.status.bound, False),
         ("RUNNING", lambda o: o.status.running, False),
         ("SUCCEEDED", lambda o: o.status.succeeded, False),
-        ("PHASE", lambda o: _enum(o.status.phase or pb.JOB_PENDING, pb.JobPhase), False),
+        ("PHASE", _job_phase, False),
         ("REASON", lambda o: _phase_condition(o)[0], False),
         ("PRIORITY", lambda o: o.spec.priority, True),
         ("PRIORITY-CLASS", lambda o: o.spec.priority_class_name, True),

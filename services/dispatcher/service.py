@@ -35,6 +35,7 @@ from services.dispatcher.dispatching.partitions import NodeShuffler, PartitionSe
 from services.peers.binder import BinderEvictor
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import option
+from store.client import MAX_OPS_PER_CALL
 from store.informer import Informer
 
 log = structlog.get_logger(__name__)
@@ -115,6 +116,14 @@ class DispatcherConfig(ServiceConfig):
     max_batch_pods: int = field(
         default=5000,
         metadata=option("pods per UnitBatch message (a larger unit travels alone)", minimum=1),
+    )
+    creation_chunk_pods: int = field(
+        default=MAX_OPS_PER_CALL,
+        metadata=option(
+            "pods per store commit when a big job's pods are created or deleted (a job of more "
+            "is created in the background after Submit answers)",
+            minimum=1,
+        ),
     )
     node_grace_seconds: float = field(
         default=10.0,
@@ -217,12 +226,12 @@ class DispatcherService(Service[DispatcherConfig]):
             dial=self.dial,
         )
         # One creator of big jobs' pods, shared by Submit and the reconciler that resumes them.
-        self.creator = PodCreator(self.store)
+        self.creator = PodCreator(self.store, cfg.creation_chunk_pods + 1)
         # One index of pods by node and job, for every controller and the API's job statuses.
         self.pods = PodIndex(self.informer)
         # One deleter of jobs with their pods (big ones in chunks), shared by Delete, the
         # finished-job collector and the reconciler that resumes a deletion left midway.
-        self.deleter = JobDeleter(self.store, self._pods_of_job)
+        self.deleter = JobDeleter(self.store, self._pods_of_job, cfg.creation_chunk_pods + 1)
         self.api = servicer = DispatcherServicer(
             self.store,
             self.core,
@@ -358,5 +367,6 @@ class DispatcherService(Service[DispatcherConfig]):
         # Deletions under way stop between chunks; their jobs stay marked for the next
         # dispatcher's reconciler.
         await self.deleter.close()
+        await self.creator.close()  # likewise creations: each job keeps its mark
         await self.core.close()
         await self.informer.stop()

@@ -42,6 +42,7 @@ from services.runtime.config import (
 )
 from services.runtime.decoding import RejectUndecodable
 from services.runtime.logging import configure_logging
+from services.runtime.looplag import LoopLag, watch_loop_lag
 from services.runtime.metrics import MetricsServer
 from store import Store, StoreUnavailableError, redact_url
 
@@ -205,6 +206,9 @@ class ServiceHost(Generic[ConfigT]):
         self._server: grpc.aio.Server | None = None
         self._metrics: MetricsServer | None = None
         self._sampler: asyncio.Task[None] | None = None
+        # How long the event loop stalls (``looplag.py``): watched once serving.
+        self.loop_lag = LoopLag()
+        self._lag_probe: asyncio.Task[None] | None = None
         self._stopped = False
 
     async def start(self) -> None:
@@ -273,6 +277,7 @@ class ServiceHost(Generic[ConfigT]):
         if self._metrics is not None:
             # The runtime's own task, not the service's: it ends after on_stop, with the server.
             self._sampler = asyncio.create_task(_sample_metrics(service), name="metrics-sampler")
+        self._lag_probe = asyncio.create_task(watch_loop_lag(self.loop_lag), name="loop-lag")
         for name in served:
             await self.health.set(name, SERVING)
         log.info("serving", address=self.address)
@@ -304,8 +309,8 @@ class ServiceHost(Generic[ConfigT]):
             await self.service.cancel_background_tasks()
         if self._store is not None:
             await self._store.close()
-        if self._sampler is not None:
-            await cancel_and_wait([self._sampler])
+        probes = [t for t in (self._sampler, self._lag_probe) if t is not None]
+        await cancel_and_wait(probes)
         if self._metrics is not None:
             # Last: a scrape during the stop still answers.
             await asyncio.to_thread(self._metrics.stop)

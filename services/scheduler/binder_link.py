@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -46,6 +47,11 @@ CHANNEL_OPTIONS = [
 ]
 # How long the link waits before looking the leader up again, doubled per failure up to the cap.
 _RELOOK_SECONDS, _RELOOK_MAX_SECONDS = 0.05, 1.0
+
+# Verdicts applied between two looks at the clock, and how long applying them keeps the loop at
+# most before others get a turn (receive_in_slices).
+_VERDICTS_PER_STEP = 256
+VERDICT_SLICE_SECONDS = 0.02
 
 U = TypeVar("U")
 U_contra = TypeVar("U_contra", contravariant=True)
@@ -148,7 +154,7 @@ class BinderLink(Generic[U]):
             writer = asyncio.create_task(self._write_batches(call))
             try:
                 async for verdicts in call:
-                    if self.receive(verdicts):
+                    if await self.receive_in_slices(verdicts):
                         return  # NOT_LEADER: reconnect to the new leader
             finally:
                 writer.cancel()
@@ -178,6 +184,31 @@ class BinderLink(Generic[U]):
     def receive(self, vb: ipb.VerdictBatch) -> bool:
         """Apply one VerdictBatch. Returns True when the Binder said it is not the leader (the
         batch stays undecided and is resent to the new leader)."""
+        entry = self._take(vb)
+        if isinstance(entry, bool):
+            return entry
+        for _ in self._apply(vb, *entry):
+            pass
+        return False
+
+    async def receive_in_slices(self, vb: ipb.VerdictBatch) -> bool:
+        """:meth:`receive`, handing the loop to others every ``VERDICT_SLICE_SECONDS``: the
+        verdicts of a 100,000-pod unit applied at once held a shard's loop for seconds, past
+        its heartbeat's grace. A unit is settled (queued again, or finished) only once all its
+        verdicts are applied, so the cycle never takes it up half-answered."""
+        entry = self._take(vb)
+        if isinstance(entry, bool):
+            return entry
+        until = time.monotonic() + VERDICT_SLICE_SECONDS
+        for _ in self._apply(vb, *entry):
+            if time.monotonic() >= until:
+                await asyncio.sleep(0)
+                until = time.monotonic() + VERDICT_SLICE_SECONDS
+        return False
+
+    def _take(self, vb: ipb.VerdictBatch) -> tuple[ipb.DecisionBatch, list[U]] | bool:
+        """The decisions ``vb`` answers, no longer undecided; True if the Binder said it is not
+        the leader (they stay), False if they are not ours (answered already)."""
         entry = self._undecided.get(vb.batch_id)
         if entry is None:
             return False
@@ -187,11 +218,21 @@ class BinderLink(Generic[U]):
         written = self._written_at.pop(vb.batch_id, None)
         if written is not None:
             self._answered_write = max(self._answered_write, written[1])
-        batch, units = entry
+        return entry
+
+    def _apply(
+        self, vb: ipb.VerdictBatch, batch: ipb.DecisionBatch, units: list[U]
+    ) -> Iterator[None]:
+        """Each placement's verdict to its unit, then each unit settled; pauses (yields) every
+        ``_VERDICTS_PER_STEP`` placements, for a caller that looks at the clock."""
         got = {v.pod: v for v in vb.verdicts}
         handler = self._handler
+        applied = 0
         for decision, unit in zip(batch.units, units, strict=True):
             for placement in decision.placements:
+                applied += 1
+                if applied % _VERDICTS_PER_STEP == 0:
+                    yield
                 pod = placement.pod
                 verdict = got.get(pod)
                 if verdict is None:
@@ -212,7 +253,6 @@ class BinderLink(Generic[U]):
                     verdict.resource_version,
                 )
             handler.settled(unit)
-        return False
 
     def reconcile(self) -> int:
         """Take back decisions the Binder received and never answered (a verdict lost while the

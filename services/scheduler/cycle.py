@@ -33,6 +33,8 @@ log = structlog.get_logger(__name__)
 
 # How long a unit search runs before letting the event loop serve streams and heartbeats.
 YIELD_SECONDS = 0.02
+# Placements written into a decision between two looks at the clock (``ShardCycle._propose``).
+_PLACEMENTS_PER_CHECK = 256
 # One-pod units searched together at most (Gödel mode): a stream of one-pod jobs paid the
 # search's set-up, a coroutine and a timing sample per pod. Bounded so one search stays short.
 MAX_LOOSE_GROUP = 256
@@ -78,6 +80,9 @@ class ShardCycle:
         self.movements = movements
         self.victims = victims
         self._stats = stats
+        # The rest of a unit's decision too big for one batch (``_propose``), each in a batch
+        # of its own, sent after the cycle's batch.
+        self._overflow: list[tuple[ipb.DecisionBatch, Unit]] = []
 
     async def run(self) -> None:
         """One scheduling cycle: refresh the snapshot, schedule ready units for up to the cycle
@@ -107,6 +112,10 @@ class ShardCycle:
         if units:
             metrics.SCHEDULER_PODS_SCHEDULED.inc(pods)  # once a cycle: one-pod units are many
             self.link.send(batch, units)
+        for extra, unit in self._overflow:
+            metrics.SCHEDULER_PODS_SCHEDULED.inc(len(extra.units[0].placements))
+            self.link.send(extra, [unit])
+        self._overflow.clear()
 
     async def _attempt(self, unit: Unit, batch: ipb.DecisionBatch) -> ipb.UnitDecision | None:
         """Place the unit's pending pods; on success its decision is appended to ``batch``
@@ -147,7 +156,8 @@ class ShardCycle:
             return None
         unit.handed_back.update(result.unplaced)
         unit.diagnoses.update(result.diagnoses)
-        return self._propose(unit, result.placements, {p.name: p.req for p in infos}, batch)
+        requests = {p.name: p.req for p in infos}
+        return await self._propose(unit, result.placements, requests, batch)
 
     async def _read_pending(self, unit: Unit) -> list[PodInfo] | None:
         """The unit's pending pods as the search takes them; None when the unit is revoked
@@ -245,29 +255,52 @@ class ShardCycle:
                 reason = result.unplaced.get(info.name, result.reason)
                 self.book.hand_back(unit, {info.name: reason}, result.diagnoses, reason)
                 continue
-            self._propose(unit, [placement], {info.name: info.req}, batch)
+            await self._propose(unit, [placement], {info.name: info.req}, batch)
             decided.append(unit)
         return decided
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def _propose(
+    async def _propose(
         self,
         unit: Unit,
         placements: list[Placement],
         requests: dict[str, PodRequest],
         batch: ipb.DecisionBatch,
     ) -> ipb.UnitDecision:
-        """Append the unit's decision to ``batch``, its placements assumed in the cache."""
+        """Append the unit's decision to ``batch``, its placements assumed in the cache, letting
+        the event loop run every ``YIELD_SECONDS`` (100,000 placements written and assumed at
+        once held the loop for seconds, past the shard's heartbeat grace). Meanwhile the cache
+        takes in events as ever (pods assumed and not yet bound are its usual state); no
+        verdict on this decision can come before the cycle sends it."""
         spec = unit.job.spec
         decision = batch.units.add(
             job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
         )
         out = decision.placements
+        # A decision of more placements than a batch carries (the Binder refuses a batch of
+        # more than its own limit: a 100,000-pod unit could never bind) goes in several, each
+        # a decision of the unit with enough placements to reach its min_member on its own;
+        # a gang that needs more in one goes whole, as ever.
+        cap = self.settings.max_batch_pods
+        needed = max(1, spec.min_member - unit.already_bound)
+        split = len(placements) > cap and needed <= cap // 2
+        written: list[ipb.Placement] = []
         # Any replacement of a job a live Movement lists is recorded against it (actual when it
         # used a recommendation, mismatched when not).
         movement = self.movements.movement_of(unit.name)
-        for p in placements:
+        until = time.monotonic() + YIELD_SECONDS
+        for i, p in enumerate(placements, 1):
+            if i % _PLACEMENTS_PER_CHECK == 0 and time.monotonic() >= until:
+                await asyncio.sleep(0)
+                until = time.monotonic() + YIELD_SECONDS
+            if split and len(out) >= cap and len(placements) - i + 1 >= needed:
+                written.extend(out)
+                extra = ipb.DecisionBatch(shard=batch.shard)
+                self._overflow.append((extra, unit))
+                out = extra.units.add(
+                    job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
+                ).placements
             if p.recommendation:
                 self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
             req = requests[p.pod].pinned(p.numa_nodes) if p.numa_nodes else requests[p.pod]
@@ -285,8 +318,9 @@ class ShardCycle:
                 numa_nodes=p.numa_nodes,
                 gpu_cards=p.gpu_cards,
             )
-        self._stats["decided_pods"] += len(out)
-        _nominate(unit, out)
+        written.extend(out)
+        self._stats["decided_pods"] += len(written)
+        _nominate(unit, written)
         return decision
 
     def _placed_nodes(self, unit: Unit) -> tuple[str, ...]:

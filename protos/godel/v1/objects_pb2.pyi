@@ -1109,6 +1109,7 @@ class JobStatus(_message.Message):
     FINISHED_MS_FIELD_NUMBER: _builtins.int
     PODS_REMAINING_FIELD_NUMBER: _builtins.int
     SCHEDULE_STARTED_MS_FIELD_NUMBER: _builtins.int
+    PODS_CREATED_FIELD_NUMBER: _builtins.int
     phase: Global___JobPhase.ValueType
     bound: _builtins.int
     running: _builtins.int
@@ -1126,6 +1127,10 @@ class JobStatus(_message.Message):
     """When the gang's schedule timer last restarted (RetryJob, or a timed-out job applied again);
     0: it runs from the job's creation (metadata.creation_timestamp_ms).
     """
+    pods_created: _builtins.int
+    """While a big job's pods are still being created, in chunks after Submit answered (shown when
+    read, never stored): how many of them are stored so far. 0 once every pod is.
+    """
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
     def __init__(
@@ -1141,10 +1146,11 @@ class JobStatus(_message.Message):
         finished_ms: _builtins.int = ...,
         pods_remaining: _builtins.int = ...,
         schedule_started_ms: _builtins.int = ...,
+        pods_created: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "finished_ms", b"finished_ms", "phase", b"phase", "pods_remaining", b"pods_remaining", "running", b"running", "schedule_started_ms", b"schedule_started_ms", "succeeded", b"succeeded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "conditions", b"conditions", "ever_scheduled", b"ever_scheduled", "failed", b"failed", "finished_ms", b"finished_ms", "phase", b"phase", "pods_created", b"pods_created", "pods_remaining", b"pods_remaining", "running", b"running", "schedule_started_ms", b"schedule_started_ms", "succeeded", b"succeeded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -22,7 +22,7 @@ from services.dispatcher.controllers.jobphase import derives_status
 from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.dispatcher.dispatching.entries import is_pending
-from services.dispatcher.objects import being_deleted, metadata_of
+from services.dispatcher.objects import being_deleted, metadata_of, pods_complete
 from services.runtime.auth import caller
 from store import InvalidObjectError, NotFoundError, Store, StoreUnavailableError
 from store import kinds as kinds_mod
@@ -141,7 +141,7 @@ class ReadRpc:
             self.show_nominations([o.pod for o in page])
         if kind == "Job":
             for o in page:
-                if derives_status(o.job) or being_deleted(o.job):
+                if derives_status(o.job) or being_deleted(o.job) or not pods_complete(o.job):
                     o.job.status.CopyFrom(self.pods.job_as_read(o.job).status)
         if kind == "Node":
             try:

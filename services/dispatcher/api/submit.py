@@ -1,6 +1,7 @@
 """Submit: jobs validated as one request (nothing stored if the request is refused), each valid
 job stored with its pods as its own atomic commit, all in one round trip; a job too big for one
-store script is finished chunk by chunk (``controllers/creation.py``) before the reply. A retry
+store script is stored with its first chunk of pods and answered at once, its other pods created
+chunk by chunk in the background (``controllers/creation.py``). A retry
 of the same request (``request_id``) is answered with the jobs its first attempt made. Each job
 is held to the caller's admission limits (``admission.py``: pods per job, a tenant's live
 pods); a tenant's Submits take turns."""
@@ -194,16 +195,28 @@ class SubmitRpc:
     ) -> list[list[int] | StoreError]:
         """Each job is its own atomic commit; all of them travel in one round trip. A job too
         big for one store script goes in with its first chunk of pods, marked unfinished, and
-        the rest follow (creation.py: no script holds the store for long)."""
-        commits = [first_commit(units[i], preemptible[i]) for i in valid]
+        the rest follow in the creator's background (creation.py: no script holds the store for
+        long, and the reply does not wait for minutes of commits; the mark, stored with the
+        first chunk, is what makes the reply a promise: the reconciler finishes a job whose
+        creator stopped)."""
+        chunk_ops = self.creator.chunk_ops
+        commits = [first_commit(units[i], preemptible[i], chunk_ops) for i in valid]
         unfinished = [i for i in valid if not pods_complete(units[i])]
-        # Ours until finished below (the reconciler resumes only jobs nobody is creating).
+        # Ours from before the first commit (the reconciler resumes only jobs nobody is
+        # creating); the background creation keeps them until it is done.
         self.creator.active.update(units[i].metadata.name for i in unfinished)
+        outcomes: list[list[int] | StoreError] = []
         try:
             outcomes = await self.store.commit_many(commits)
-            await self._finish(unfinished, units, preemptible, outcomes, valid)
         finally:
-            self.creator.active.difference_update(units[i].metadata.name for i in unfinished)
+            stored = {
+                i for i, o in zip(valid, outcomes, strict=False) if not isinstance(o, StoreError)
+            }
+            for i in unfinished:
+                if i in stored:
+                    self.creator.finish_in_background(units[i], preemptible[i])
+                else:
+                    self.creator.active.discard(units[i].metadata.name)
         return outcomes
 
     async def _settle_races(
@@ -221,31 +234,6 @@ class SubmitRpc:
                 del results[i].violations[:]
                 results[i].existing = True
                 results[i].resource_version = now.metadata.resource_version
-
-    async def _finish(
-        self,
-        unfinished: list[int],
-        units: dict[int, pb.Job],
-        preemptible: dict[int, bool],
-        outcomes: list[list[int] | StoreError],
-        valid: list[int],
-    ) -> None:
-        """Create the rest of the pods of the big jobs whose first commit succeeded, one job
-        after another, so the reply says every pod is stored."""
-        stored = {i for i, o in zip(valid, outcomes, strict=True) if not isinstance(o, StoreError)}
-        for i in unfinished:
-            if i not in stored:
-                continue
-            try:
-                await self.creator.finish(units[i], preemptible[i])
-            except StoreError as exc:
-                # The job is stored, and marked: the reconciler finishes it (and the job is
-                # reported created, as it is).
-                log.warning(
-                    "job's pods not all created; the reconciler finishes them",
-                    job=units[i].metadata.name,
-                    error=str(exc),
-                )
 
 
 def _owner() -> str:

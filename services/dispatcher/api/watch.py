@@ -17,9 +17,9 @@ from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
 from services.dispatcher.api.reads import request_selector
 from services.dispatcher.api.rpc import abort
-from services.dispatcher.controllers.jobphase import as_read, derives_status
+from services.dispatcher.controllers.jobphase import as_creating, as_read, derives_status
 from services.dispatcher.controllers.podindex import PodIndex
-from services.dispatcher.objects import metadata_of
+from services.dispatcher.objects import metadata_of, pods_complete
 from services.runtime.auth import caller
 from store import (
     InvalidObjectError,
@@ -124,7 +124,8 @@ class WatchRpc:
                     if not pods_wanted:
                         continue
                 elif isinstance(obj, pb.Job) and event.type == "ADDED":
-                    obj = as_read(obj, ())  # created with its pods: nothing of it placed
+                    # Created with its pods (a big job: with their first chunk): nothing placed.
+                    obj = as_read(obj, ()) if pods_complete(obj) else as_creating(obj)
                 elif isinstance(obj, pb.Job) and event.type == "MODIFIED":
                     obj = self.pods.job_as_read(obj)
                 if not matches(event.kind, obj):

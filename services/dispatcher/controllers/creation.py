@@ -11,11 +11,20 @@ advances the mark (compare-and-set on the job, so a job deleted or replaced mean
 stray pods); the last one clears it. Until then its unit is not dispatched (``UnitQueue.view``). Small jobs — the
 common case — are one commit as before.
 
-If the dispatcher stops midway, the mark says how far it got: the reconciler resumes the job
-(:meth:`PodCreator.resume`) from the store's copy.
+Submit does not wait for the further chunks: a 100,000-pod job took 60-150 s to store, past a
+client's default deadline. Once the first commit has landed the job is acknowledged, and the rest
+is created in a background task of the creator's (:meth:`PodCreator.finish_in_background`); the
+job reads as Pending with the pods stored so far (``JobStatus.pods_created``). The first commit
+is what makes this safe: from then on the mark is in the store, so if the dispatcher stops
+midway — a crash, a kill -9 — the mark says how far it got, and the reconciler of the next one
+resumes the job (:meth:`PodCreator.resume`) from the store's copy. An acknowledged job ends up
+with all its pods, each created once (every pod is a create of its own name: a chunk that
+landed is never made again).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import structlog
 
@@ -28,7 +37,8 @@ from services.dispatcher.objects import (
     pods_created,
 )
 from services.dispatcher.priorityclasses import pod_preemptible
-from store import CommitError, ConflictError, NotFoundError, Store
+from services.runtime import cancel_and_wait
+from store import CommitError, ConflictError, NotFoundError, Store, StoreError
 from store.client import MAX_OPS_PER_CALL, Create, Op, Update
 
 log = structlog.get_logger(__name__)
@@ -57,6 +67,43 @@ class PodCreator:
         self.store = store
         self.chunk_ops = max(2, chunk_ops)
         self.active: set[str] = set()
+        # The creations running in the background (finish_in_background), until done.
+        self._tasks: set[asyncio.Task[int]] = set()
+        self._closed = False
+
+    def finish_in_background(self, job: pb.Job, preemptible_default: bool) -> None:
+        """:meth:`finish` in a task of this creator's: Submit answers once the job's first
+        commit is stored. A task that stops on a store error leaves the job marked, and the
+        reconciler resumes it; so does the next dispatcher after this one stops (:meth:`close`)
+        or dies."""
+        name = job.metadata.name
+        if self._closed:
+            self.active.discard(name)
+            return
+        self.active.add(name)  # now, not when the task first runs: the reconciler sees it
+        task = asyncio.create_task(self.finish(job, preemptible_default), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[int]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if isinstance(error, StoreError):
+            log.warning(
+                "job's pods not all created; the reconciler finishes them",
+                job=task.get_name(),
+                error=str(error),
+            )
+        elif error is not None:
+            log.error("creating a job's pods failed", job=task.get_name(), exc_info=error)
+
+    async def close(self) -> None:
+        """Stop the background creations (the service stops): each job stays marked, and the
+        next dispatcher's reconciler finishes it. None starts after this."""
+        self._closed = True
+        await cancel_and_wait(list(self._tasks))
 
     async def finish(self, job: pb.Job, preemptible: bool) -> int:
         """Create the rest of the pods of ``job`` (as stored: its ``resource_version`` current),

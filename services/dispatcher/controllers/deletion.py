@@ -72,10 +72,13 @@ class JobDeleter:
         self._closed = False
 
     def _pod_names(self, job: pb.Job) -> list[str]:
+        """The job's pods by index, then the others (replacements) in name order: built in
+        one pass (a set of 100,000 names sorted held the loop for some 100 ms)."""
         name = job.metadata.name
-        names = {f"{name}-{i}" for i in range(job.spec.replicas)}
-        names.update(self.pods_of(name))
-        return sorted(names)
+        names = [f"{name}-{i}" for i in range(job.spec.replicas)]
+        by_index = set(names)
+        names += sorted(p for p in self.pods_of(name) if p not in by_index)
+        return names
 
     async def delete(self, job: pb.Job, expected: int = 0) -> int:
         """Delete ``job`` (as read; ``expected``: the version the caller insists on, 0 for any)

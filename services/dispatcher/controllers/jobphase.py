@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from foundation.retry import Backoff
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.objects import pods_created
 from services.eviction import EVICTION_REASONS, replacement_number, replacement_number_of
 
 # (phase, bound, running, succeeded, failed): what the job status controller writes of a job.
@@ -250,6 +251,17 @@ def as_read(job: pb.Job, pods: Iterable[pb.Pod]) -> pb.Job:
         s.finished_ms = finished or job.metadata.creation_timestamp_ms
     else:
         s.finished_ms = 0
+    return out
+
+
+def as_creating(job: pb.Job) -> pb.Job:
+    """A big job whose pods are still being created (``objects.pods_complete`` false) as
+    readers see it: a copy with ``pods_created``, the pods stored so far, from its creation
+    mark (which each chunk's commit advances). Never stored: the mark is the state; the job is
+    Pending meanwhile (its unit goes whole, once every pod is stored)."""
+    out = pb.Job()
+    out.CopyFrom(job)
+    out.status.pods_created = pods_created(job)
     return out
 
 

@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 import structlog
@@ -23,11 +23,14 @@ import structlog
 from placement.nodeinfo import GUARANTEED
 from placement.resources import Quantities
 from protos.godel.v1 import internal_pb2 as ipb
-from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.encoding import (
+    OutgoingUnit,
+    encoded_messages,
+    to_wire,
+)
 from services.dispatcher.dispatching.entries import (
     BackoffSettings,
-    PendingRef,
     UnitEntry,
     UnitState,
 )
@@ -49,48 +52,16 @@ from store.informer import Handlers, Informer
 log = structlog.get_logger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_DISPATCH_METHOD = "/godel.v1.Scheduler/Dispatch"
 RECONNECT_SECONDS = 1.0
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
+# Pods of an infeasible unit marked Unschedulable per store round trip (``mark_unschedulable``).
+MARK_SLICE_PODS = 500
 
 # (shard, pool) -> the room left in the shard's node partition (None: it has none; see
 # ``partitions.PartitionRoom``).
 PartitionRoomOf = Callable[[str, str], Quantities | None]
-
-
-class OutgoingUnit(NamedTuple):
-    """A unit taken by a shard in this round, before it is written into the shard's message."""
-
-    job: pb.Job
-    pods: list[tuple[str, PendingRef]]  # by index
-    already_bound: int
-    enqueued_ms: int
-
-
-def unit_messages(units: Sequence[OutgoingUnit], max_batch_pods: int) -> list[ipb.DispatchMessage]:
-    """The messages that carry ``units`` to a shard, in order: many units per message, split so
-    no message carries more than ``max_batch_pods`` pods (a larger unit travels alone: units
-    never split). Each unit is built in place in its message; a Unit built apart is copied whole,
-    its Job too, into each message that nests it."""
-    messages: list[ipb.DispatchMessage] = []
-    pods = 0
-    for out in units:
-        if not messages or (pods and pods + len(out.pods) > max_batch_pods):
-            messages.append(ipb.DispatchMessage(units=ipb.UnitBatch()))
-            pods = 0
-        unit = messages[-1].units.units.add(
-            already_bound=out.already_bound, enqueued_ms=out.enqueued_ms
-        )
-        unit.job.CopyFrom(out.job)
-        for name, pending in out.pods:
-            unit.pods.add(
-                name=name,
-                uid=pending.uid,
-                resource_version=pending.resource_version,
-                index=pending.pod_index,
-            )
-        pods += len(out.pods)
-    return messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +93,10 @@ class ShardLink:
     # shard's partition that the partition's bound pods do not show yet.
     asks: dict[str, tuple[str, Quantities]] = field(default_factory=dict)
     reserved: dict[str, Quantities] = field(default_factory=dict)
-    outbox: asyncio.Queue[ipb.DispatchMessage] = field(default_factory=asyncio.Queue)
+    # What the writer sends, in order: messages, and units it encodes a slice at a time.
+    outbox: asyncio.Queue[ipb.DispatchMessage | list[OutgoingUnit]] = field(
+        default_factory=asyncio.Queue
+    )
     task: asyncio.Task[None] | None = None
 
     def hold(
@@ -205,31 +179,38 @@ def _unschedulable_condition(pod: pb.Pod) -> pb.Condition | None:
 async def mark_unschedulable(
     store: Store, informer: Informer, entry: UnitEntry, reason: str
 ) -> None:
-    """Record why on the pods that do not say so yet: one round trip, conflicts ignored (the
-    shard may have written its own, more detailed condition meanwhile)."""
-    updates = []
+    """Record why on the pods that do not say so yet: a round trip per ``MARK_SLICE_PODS``
+    pods, the loop served between (a 100,000-pod unit's pods copied at once held it for
+    seconds), conflicts ignored (the shard may have written its own, more detailed condition
+    meanwhile)."""
     now_ms = int(time.time() * 1000)
-    for name in list(entry.pods):
-        pod = informer.get("Pod", name)
-        if not isinstance(pod, pb.Pod) or _unschedulable_condition(pod) is not None:
-            continue
-        copy = pb.Pod()
-        copy.CopyFrom(pod)
-        copy.status.conditions.append(
-            pb.Condition(
-                type=POD_SCHEDULED,
-                status="False",
-                reason=UNSCHEDULABLE,
-                message=reason or "the unit can never fit as specified",
-                last_transition_ms=now_ms,
+    names = list(entry.pods)
+    for first in range(0, len(names), MARK_SLICE_PODS):
+        updates = []
+        for name in names[first : first + MARK_SLICE_PODS]:
+            pod = informer.get("Pod", name)
+            if not isinstance(pod, pb.Pod) or _unschedulable_condition(pod) is not None:
+                continue
+            copy = pb.Pod()
+            copy.CopyFrom(pod)
+            copy.status.conditions.append(
+                pb.Condition(
+                    type=POD_SCHEDULED,
+                    status="False",
+                    reason=UNSCHEDULABLE,
+                    message=reason or "the unit can never fit as specified",
+                    last_transition_ms=now_ms,
+                )
             )
-        )
-        updates.append(copy)
-    if updates:
+            updates.append(copy)
+        if not updates:
+            await asyncio.sleep(0)
+            continue
         try:
             await store.update_many(updates)
         except StoreError as exc:
             log.warning("could not mark pods unschedulable", job=entry.job, error=str(exc))
+            return
 
 
 def describe_unit(entry: UnitEntry, queue: UnitQueue, shards_ready: bool) -> str:
@@ -391,6 +372,9 @@ class UnitDispatcher:
                 await asyncio.wait_for(self._kick.wait(), timeout)
             except TimeoutError:
                 pass
+            # Never between two slices of one read of the feed: a job's pods come in one
+            # commit, and a round there would send its unit with part of them.
+            await self.informer.read_applied()
             self._kick.clear()
             self.dispatch_round()
 
@@ -459,7 +443,13 @@ class UnitDispatcher:
         ]
         try:
             async with self.dial(link.address, options) as channel:
-                call = internal_pb2_grpc.SchedulerStub(channel).Dispatch()
+                # The stub's own serializer, but taking bytes encoded already (``_write``).
+                dispatch = channel.stream_stream(
+                    _DISPATCH_METHOD,
+                    request_serializer=to_wire,
+                    response_deserializer=ipb.ShardMessage.FromString,
+                )
+                call = dispatch()
                 writer = asyncio.create_task(self._write(link, call))
                 try:
                     async for msg in messages(call.read, ipb.ShardMessage):
@@ -475,12 +465,21 @@ class UnitDispatcher:
         finally:
             self._drop_link(link, reason)
 
-    @staticmethod
-    async def _write(link: ShardLink, call: Any) -> None:
+    async def _write(self, link: ShardLink, call: Any) -> None:
+        """Send the link's outbox in order. Units are encoded here, a slice of pods at a time
+        with the loop served between (``encoding.py``): a 100,000-pod unit in one piece held it
+        for most of a second."""
         while True:
-            msg = await link.outbox.get()
+            item = await link.outbox.get()
             try:
-                await call.write(msg)
+                if isinstance(item, ipb.DispatchMessage):
+                    await call.write(item)
+                    continue
+                for wire in encoded_messages(item, self.settings.max_batch_pods):
+                    if wire is None:
+                        await asyncio.sleep(0)  # the others' turn
+                    else:
+                        await call.write(wire)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 log.info("shard stream write failed", shard=link.name, error=str(exc))
                 return
@@ -626,15 +625,14 @@ class UnitDispatcher:
         """Count the unit as the shard's and return what its message carries."""
         job = self.informer.get("Job", entry.job)
         assert isinstance(job, pb.Job)
-        pods = sorted(entry.pods.items(), key=lambda item: item[1].pod_index)
+        pods = list(entry.pods.items())  # as they are now; ordered when encoded
         link.credits -= len(pods)
         link.hold(entry.job, len(pods), unit.pool, unit.requests)
         self.queue.dispatched(entry, link.name, unit)
         return OutgoingUnit(job, pods, self.feed.bound_pods(entry.job), entry.enqueued_ms)
 
     def _flush(self, link: ShardLink, units: list[OutgoingUnit]) -> None:
-        for message in unit_messages(units, self.settings.max_batch_pods):
-            link.outbox.put_nowait(message)
+        link.outbox.put_nowait(units)  # encoded by the link's writer, in slices
         log.debug("dispatched", shard=link.name, units=len(units), credits=link.credits)
 
     # -----------------------------------------------------------------------------------------
