@@ -178,9 +178,9 @@ async def test_a_job_whose_status_agreed_is_counted_again_only_once_it_or_its_po
     counted: list[str] = []
 
     class CountingIndex(PodIndex):
-        async def status_of(self, job: pb.Job) -> JobCounts:
+        async def status_of(self, job: pb.Job, now_ms: int | None = None) -> JobCounts:
             counted.append(job.metadata.name)
-            return await super().status_of(job)
+            return await super().status_of(job, now_ms)
 
     controller = JobStatusController(store, informer, pods=CountingIndex(informer))
     core = UnitDispatcher(store, informer, DispatchSettings(), dial=grpc.aio.insecure_channel)
