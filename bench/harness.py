@@ -46,6 +46,7 @@ from foundation.allocator import allocator_in, jemalloc_env
 from godel import local
 from godel.client import ProtoClient, ReschedulerClient
 from godel.local.cluster import probe_credentials
+from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe
 from store import Store
@@ -65,6 +66,8 @@ _HEARTBEAT_FLUSH_SECONDS = 1.5
 # A restarted service (``restart: true``): its graceful stop, then its start to SERVING.
 _RESTART_STOP_SECONDS = 30.0
 _RESTART_SERVING_SECONDS = 600.0
+# The health entry only the Binder leader reports SERVING (services/binder/leadership.py).
+BINDER_SERVICE = ipb.DESCRIPTOR.services_by_name["Binder"].full_name
 # After the init pods are bound, their node agents still report them running and every
 # informer decodes those reports: the measured phase waits until the change feed is quiet (at
 # most _SETTLE_QUIET_CHANGES changes in a poll) and no service's informer is behind, or until
@@ -344,6 +347,9 @@ def _run_workload(
             result["reschedule"] = _reschedule(workload, state, home, console)
         if workload.restart:
             result["restart_seconds"] = _restart_each(state, home, console)
+            takeover = _binder_takeover(state, home, console)
+            if takeover is not None:
+                result["takeover_seconds"] = takeover
         return result
     finally:
         client.close()
@@ -401,6 +407,45 @@ def _restart_each(
             f"serving again {out[record.name]:.1f}s later"
         )
     return out
+
+
+def _binder_takeover(
+    state: local.ClusterState, home: local.GodelHome, console: Console
+) -> float | None:
+    """With a standby (two binders or more): the leader killed with SIGKILL — no release of
+    its lease —, timed until another binder says SERVING for the Binder service, which only
+    the leader does once caught up (services/binder/leadership.py): the lease's expiry plus
+    the catch-up. The killed one is started again (as a standby) before returning. None with
+    a single binder."""
+    credentials = probe_credentials(home, state)
+    binders = [r for r in state.components if r.kind == "binder" and r.process() is not None]
+    if len(binders) < 2:
+        return None
+    leader = next(
+        (r for r in binders if probe(r.address, BINDER_SERVICE, 1, credentials) == "SERVING"),
+        None,
+    )
+    if leader is None:
+        raise BenchError("no binder leads before the takeover")
+    standbys = [r for r in binders if r is not leader]
+    process = leader.process()
+    assert process is not None
+    process.kill()
+    killed = time.monotonic()
+    process.wait(_RESTART_STOP_SECONDS)
+    deadline = killed + _RESTART_SERVING_SECONDS
+    while not any(probe(r.address, BINDER_SERVICE, 1, credentials) == "SERVING" for r in standbys):
+        if time.monotonic() > deadline:
+            raise BenchError("no standby binder took over after the leader's kill -9")
+        time.sleep(0.05)
+    took = round(time.monotonic() - killed, 2)
+    console.print(f"takeover: {leader.name} killed (-9), a standby leads {took:.1f}s later")
+    again = local.start_again(home, leader.name)
+    while probe(again.address, timeout=1, credentials=credentials) != "SERVING":
+        if time.monotonic() > deadline or again.process() is None:
+            raise BenchError(f"{leader.name} did not serve again after the takeover")
+        time.sleep(0.1)
+    return took
 
 
 def _conflicts(

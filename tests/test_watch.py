@@ -487,3 +487,31 @@ async def test_informer_keeps_pods_encoded_and_relists_them_like_any_kind(
     finally:
         await informer.stop()
         await small.close()
+
+
+async def test_informer_listing_kept_encoded_skips_an_undecodable_object(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The initial listing keeps encoded kinds as listed, the resource version appended
+    (``kinds.with_resource_version``) rather than decoded and encoded again: every object reads
+    back equal to the store's, versions included, and one whose stored bytes do not decode is
+    left out of the cache and never handed to a handler, with a log line naming it."""
+    for i in range(3):
+        p = pb.Pod(metadata=pb.ObjectMeta(name=f"p{i}", labels={"i": str(i)}))
+        p.spec.template.requests.milli_cpu = 100 + i
+        await store.create(p)
+    await store._redis.hset(store.keys.data("Pod"), "bad", b"\xff\xff\xff")
+    await store._redis.hset(store.keys.versions("Pod"), "bad", 99)
+    informer = Informer(store, ["Pod"], block_ms=100)
+    mirror = Mirror()
+    informer.add_handlers(mirror.handlers())
+    try:
+        informer.start()
+        await informer.wait_synced(10)
+        stored = {name: await store.get(pb.Pod, name) for name in ("p0", "p1", "p2")}
+        assert dict(informer.cache["Pod"]) == stored == mirror.objs
+        assert [p.metadata.resource_version for p in stored.values()] == [1, 2, 3]
+        assert not informer.has("Pod", "bad")
+        assert "undecodable object in the store; skipped" in capsys.readouterr().out
+    finally:
+        await informer.stop()
