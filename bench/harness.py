@@ -346,7 +346,10 @@ def _run_workload(
         if workload.reschedule is not None:
             result["reschedule"] = _reschedule(workload, state, home, console)
         if workload.restart:
-            result["restart_seconds"] = _restart_each(state, home, console)
+            result["restart_cpu_seconds"] = {}
+            result["restart_seconds"] = _restart_each(
+                state, home, console, result["restart_cpu_seconds"]
+            )
             takeover = _binder_takeover(state, home, console)
             if takeover is not None:
                 result["takeover_seconds"] = takeover
@@ -371,16 +374,23 @@ def _tear_down(workload: Workload, home: local.GodelHome, keep_logs: Path | None
 
 
 def _restart_each(
-    state: local.ClusterState, home: local.GodelHome, console: Console
+    state: local.ClusterState,
+    home: local.GodelHome,
+    console: Console,
+    cpu_seconds: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Each service (one of every kind; the store stays up) stopped with SIGTERM, started again
     with its recorded command, and timed until its health check says SERVING — which a service
     says only once its informer has synced with the store: the time to start against the
-    cluster's state as it stands. One at a time, each waited for, so the cluster keeps going."""
+    cluster's state as it stands. One at a time, each waited for, so the cluster keeps going.
+    ``cpu_seconds`` gets the CPU each new process had used by then (user + system): on a
+    machine shared with other work, the figure that extrapolates, wall time being its CPU
+    time stretched by whatever else ran."""
     credentials = probe_credentials(home, state)
     seen: set[str] = set()
     out: dict[str, float] = {}
-    for record in state.components:
+    # The records as they stand: a component started again since `up` has a new process.
+    for record in (home.load() or state).components:
         if record.kind not in SERVICE_KINDS or record.kind in seen:
             continue
         process = record.process()
@@ -402,6 +412,11 @@ def _restart_each(
                 raise BenchError(f"{record.name} did not serve again after a restart")
             time.sleep(0.1)
         out[record.name] = round(time.monotonic() - stopped, 2)
+        serving = again.process()
+        if cpu_seconds is not None and serving is not None:
+            with contextlib.suppress(psutil.Error):
+                used = serving.cpu_times()
+                cpu_seconds[record.name] = round(used.user + used.system, 2)
         console.print(
             f"restart: {record.name} stopped in {stopped - started:.1f}s, "
             f"serving again {out[record.name]:.1f}s later"
@@ -418,7 +433,8 @@ def _binder_takeover(
     the catch-up. The killed one is started again (as a standby) before returning. None with
     a single binder."""
     credentials = probe_credentials(home, state)
-    binders = [r for r in state.components if r.kind == "binder" and r.process() is not None]
+    current = home.load() or state  # binder-0 was started again by the restarts before
+    binders = [r for r in current.components if r.kind == "binder" and r.process() is not None]
     if len(binders) < 2:
         return None
     leader = next(

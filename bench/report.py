@@ -152,16 +152,18 @@ def restart_section(report: dict[str, Any]) -> list[str]:
         "",
         "## Restarts: seconds until serving again",
         "",
-        "| run | component | seconds |",
-        "|---|---|---|",
+        "| run | component | seconds | CPU seconds by then |",
+        "|---|---|---|---|",
     ]
     for r in runs:
+        cpu = r.get("restart_cpu_seconds", {})
         for name, seconds in r["restart_seconds"].items():
-            lines.append(f"| {_label(r)} | {name} | {seconds:.1f} |")
+            used = f"{cpu[name]:.1f}" if name in cpu else "—"
+            lines.append(f"| {_label(r)} | {name} | {seconds:.1f} | {used} |")
         if "takeover_seconds" in r:
             lines.append(
                 f"| {_label(r)} | binder takeover (leader killed -9) | "
-                f"{r['takeover_seconds']:.1f} |"
+                f"{r['takeover_seconds']:.1f} | — |"
             )
     return [*lines, ""]
 
