@@ -347,8 +347,13 @@ def _run_workload(
             result["reschedule"] = _reschedule(workload, state, home, console)
         if workload.restart:
             result["restart_cpu_seconds"] = {}
+            result["binding_resumed_seconds"] = {}
             result["restart_seconds"] = _restart_each(
-                state, home, console, result["restart_cpu_seconds"]
+                state,
+                home,
+                console,
+                result["restart_cpu_seconds"],
+                result["binding_resumed_seconds"],
             )
             takeover = _binder_takeover(state, home, console)
             if takeover is not None:
@@ -378,6 +383,7 @@ def _restart_each(
     home: local.GodelHome,
     console: Console,
     cpu_seconds: dict[str, float] | None = None,
+    binding_resumed: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Each service (one of every kind; the store stays up) stopped with SIGTERM, started again
     with its recorded command, and timed until its health check says SERVING — which a service
@@ -385,12 +391,16 @@ def _restart_each(
     cluster's state as it stands. One at a time, each waited for, so the cluster keeps going.
     ``cpu_seconds`` gets the CPU each new process had used by then (user + system): on a
     machine shared with other work, the figure that extrapolates, wall time being its CPU
-    time stretched by whatever else ran."""
+    time stretched by whatever else ran. ``binding_resumed`` gets, for the binder, the seconds
+    from its SIGTERM until a binder leads again — with a standby, the lease is released as the
+    stop begins and the standby (its view already built) takes over: binding stops for that
+    long, not for the restarted process's start."""
     credentials = probe_credentials(home, state)
     seen: set[str] = set()
     out: dict[str, float] = {}
     # The records as they stand: a component started again since `up` has a new process.
-    for record in (home.load() or state).components:
+    current = home.load() or state
+    for record in current.components:
         if record.kind not in SERVICE_KINDS or record.kind in seen:
             continue
         process = record.process()
@@ -407,11 +417,30 @@ def _restart_each(
         stopped = time.monotonic()
         again = local.start_again(home, record.name)
         deadline = stopped + _RESTART_SERVING_SECONDS
-        while probe(again.address, timeout=1, credentials=credentials) != "SERVING":
+        binders = [
+            r.address
+            for r in current.components
+            if r.kind == "binder" and r.name != record.name and r.process() is not None
+        ]
+        leading_again = None if record.kind == "binder" else started
+        served_at = None
+        while served_at is None or leading_again is None:
             if time.monotonic() > deadline or again.process() is None:
                 raise BenchError(f"{record.name} did not serve again after a restart")
-            time.sleep(0.1)
-        out[record.name] = round(time.monotonic() - stopped, 2)
+            if served_at is None and probe(again.address, timeout=1, credentials=credentials) == (
+                "SERVING"
+            ):
+                served_at = time.monotonic()
+            if leading_again is None and any(
+                probe(address, BINDER_SERVICE, 1, credentials) == "SERVING"
+                for address in [*binders, again.address]
+            ):
+                leading_again = time.monotonic()
+            if served_at is None or leading_again is None:
+                time.sleep(0.05)
+        out[record.name] = round(served_at - stopped, 2)
+        if binding_resumed is not None and record.kind == "binder":
+            binding_resumed[record.name] = round(leading_again - started, 2)
         serving = again.process()
         if cpu_seconds is not None and serving is not None:
             with contextlib.suppress(psutil.Error):

@@ -143,8 +143,9 @@ def leadership_section(report: dict[str, Any]) -> list[str]:
 
 def restart_section(report: dict[str, Any]) -> list[str]:
     """Each kind of service started again after a SIGTERM, seconds until it served (its
-    informer synced and its caches built), and the seconds a standby Binder took to lead after
-    the leader's SIGKILL (the lease's expiry and the catch-up)."""
+    informer synced and its caches built); how long binding stopped while the binder restarted
+    (a standby leads once the lease is released); and the seconds a standby Binder took to
+    lead after the leader's SIGKILL (the lease's expiry and the catch-up)."""
     runs = [r for r in report["runs"] if r.get("restart_seconds")]
     if not runs:
         return [""]
@@ -160,6 +161,10 @@ def restart_section(report: dict[str, Any]) -> list[str]:
         for name, seconds in r["restart_seconds"].items():
             used = f"{cpu[name]:.1f}" if name in cpu else "—"
             lines.append(f"| {_label(r)} | {name} | {seconds:.1f} | {used} |")
+        for name, seconds in r.get("binding_resumed_seconds", {}).items():
+            lines.append(
+                f"| {_label(r)} | a binder leads again after {name}'s SIGTERM | {seconds:.1f} | — |"
+            )
         if "takeover_seconds" in r:
             lines.append(
                 f"| {_label(r)} | binder takeover (leader killed -9) | "
