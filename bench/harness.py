@@ -47,6 +47,7 @@ from foundation.allocator import allocator_in, jemalloc_env
 from godel import local
 from godel.client import ProtoClient, ReschedulerClient
 from godel.local.cluster import probe_credentials
+from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import replacement_number
 from services.runtime.healthcheck import probe
@@ -67,6 +68,8 @@ _COUNTERS_FLUSH_SECONDS = 5.5
 # A restarted service (``restart: true``): its graceful stop, then its start to SERVING.
 _RESTART_STOP_SECONDS = 30.0
 _RESTART_SERVING_SECONDS = 600.0
+# The health entry only the Binder leader reports SERVING (services/binder/leadership.py).
+BINDER_SERVICE = ipb.DESCRIPTOR.services_by_name["Binder"].full_name
 # After the init pods are bound, their node agents still report them running and every
 # informer decodes those reports: the measured phase waits until the change feed is quiet (at
 # most _SETTLE_QUIET_CHANGES changes in a poll) and no service's informer is behind, or until
@@ -347,7 +350,18 @@ def _run_workload(
         if workload.reschedule is not None:
             result["reschedule"] = _reschedule(workload, state, home, console)
         if workload.restart:
-            result["restart_seconds"] = _restart_each(state, home, console)
+            result["restart_cpu_seconds"] = {}
+            result["binding_resumed_seconds"] = {}
+            result["restart_seconds"] = _restart_each(
+                state,
+                home,
+                console,
+                result["restart_cpu_seconds"],
+                result["binding_resumed_seconds"],
+            )
+            takeover = _binder_takeover(state, home, console)
+            if takeover is not None:
+                result["takeover_seconds"] = takeover
         return result
     finally:
         client.close()
@@ -369,16 +383,28 @@ def _tear_down(workload: Workload, home: local.GodelHome, keep_logs: Path | None
 
 
 def _restart_each(
-    state: local.ClusterState, home: local.GodelHome, console: Console
+    state: local.ClusterState,
+    home: local.GodelHome,
+    console: Console,
+    cpu_seconds: dict[str, float] | None = None,
+    binding_resumed: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Each service (one of every kind; the store stays up) stopped with SIGTERM, started again
     with its recorded command, and timed until its health check says SERVING — which a service
     says only once its informer has synced with the store: the time to start against the
-    cluster's state as it stands. One at a time, each waited for, so the cluster keeps going."""
+    cluster's state as it stands. One at a time, each waited for, so the cluster keeps going.
+    ``cpu_seconds`` gets the CPU each new process had used by then (user + system): on a
+    machine shared with other work, the figure that extrapolates, wall time being its CPU
+    time stretched by whatever else ran. ``binding_resumed`` gets, for the binder, the seconds
+    from its SIGTERM until a binder leads again — with a standby, the lease is released as the
+    stop begins and the standby (its view already built) takes over: binding stops for that
+    long, not for the restarted process's start."""
     credentials = probe_credentials(home, state)
     seen: set[str] = set()
     out: dict[str, float] = {}
-    for record in state.components:
+    # The records as they stand: a component started again since `up` has a new process.
+    current = home.load() or state
+    for record in current.components:
         if record.kind not in SERVICE_KINDS or record.kind in seen:
             continue
         process = record.process()
@@ -395,16 +421,80 @@ def _restart_each(
         stopped = time.monotonic()
         again = local.start_again(home, record.name)
         deadline = stopped + _RESTART_SERVING_SECONDS
-        while probe(again.address, timeout=1, credentials=credentials) != "SERVING":
+        binders = [
+            r.address
+            for r in current.components
+            if r.kind == "binder" and r.name != record.name and r.process() is not None
+        ]
+        leading_again = None if record.kind == "binder" else started
+        served_at = None
+        while served_at is None or leading_again is None:
             if time.monotonic() > deadline or again.process() is None:
                 raise BenchError(f"{record.name} did not serve again after a restart")
-            time.sleep(0.1)
-        out[record.name] = round(time.monotonic() - stopped, 2)
+            if served_at is None and probe(again.address, timeout=1, credentials=credentials) == (
+                "SERVING"
+            ):
+                served_at = time.monotonic()
+            if leading_again is None and any(
+                probe(address, BINDER_SERVICE, 1, credentials) == "SERVING"
+                for address in [*binders, again.address]
+            ):
+                leading_again = time.monotonic()
+            if served_at is None or leading_again is None:
+                time.sleep(0.05)
+        out[record.name] = round(served_at - stopped, 2)
+        if binding_resumed is not None and record.kind == "binder":
+            binding_resumed[record.name] = round(leading_again - started, 2)
+        serving = again.process()
+        if cpu_seconds is not None and serving is not None:
+            with contextlib.suppress(psutil.Error):
+                used = serving.cpu_times()
+                cpu_seconds[record.name] = round(used.user + used.system, 2)
         console.print(
             f"restart: {record.name} stopped in {stopped - started:.1f}s, "
             f"serving again {out[record.name]:.1f}s later"
         )
     return out
+
+
+def _binder_takeover(
+    state: local.ClusterState, home: local.GodelHome, console: Console
+) -> float | None:
+    """With a standby (two binders or more): the leader killed with SIGKILL — no release of
+    its lease —, timed until another binder says SERVING for the Binder service, which only
+    the leader does once caught up (services/binder/leadership.py): the lease's expiry plus
+    the catch-up. The killed one is started again (as a standby) before returning. None with
+    a single binder."""
+    credentials = probe_credentials(home, state)
+    current = home.load() or state  # binder-0 was started again by the restarts before
+    binders = [r for r in current.components if r.kind == "binder" and r.process() is not None]
+    if len(binders) < 2:
+        return None
+    leader = next(
+        (r for r in binders if probe(r.address, BINDER_SERVICE, 1, credentials) == "SERVING"),
+        None,
+    )
+    if leader is None:
+        raise BenchError("no binder leads before the takeover")
+    standbys = [r for r in binders if r is not leader]
+    process = leader.process()
+    assert process is not None
+    process.kill()
+    killed = time.monotonic()
+    process.wait(_RESTART_STOP_SECONDS)
+    deadline = killed + _RESTART_SERVING_SECONDS
+    while not any(probe(r.address, BINDER_SERVICE, 1, credentials) == "SERVING" for r in standbys):
+        if time.monotonic() > deadline:
+            raise BenchError("no standby binder took over after the leader's kill -9")
+        time.sleep(0.05)
+    took = round(time.monotonic() - killed, 2)
+    console.print(f"takeover: {leader.name} killed (-9), a standby leads {took:.1f}s later")
+    again = local.start_again(home, leader.name)
+    while probe(again.address, timeout=1, credentials=credentials) != "SERVING":
+        if time.monotonic() > deadline or again.process() is None:
+            raise BenchError(f"{leader.name} did not serve again after the takeover")
+        time.sleep(0.1)
+    return took
 
 
 def _conflicts(

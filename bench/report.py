@@ -53,6 +53,7 @@ def markdown(report: dict[str, Any], paths: dict[str, Path] | None = None) -> st
         "overall = measured pods / time from the first submit to the last bind.",
         "Latency: submit -> bound per pod (creation_timestamp_ms to status.bound_ms).",
         *leadership_section(report),
+        *restart_section(report),
         *rescheduling_section(report),
         "## CPU seconds (user+sys) and peak RSS per process, measured phase",
         "",
@@ -137,6 +138,38 @@ def leadership_section(report: dict[str, Any]) -> list[str]:
             f"| {_label(r)} | {x['changes_init']} / {x['changes_measured']} | {x['epoch']} | "
             f"{x['worst_renewal_lateness_s'] * 1000:,.0f} ms |"
         )
+    return [*lines, ""]
+
+
+def restart_section(report: dict[str, Any]) -> list[str]:
+    """Each kind of service started again after a SIGTERM, seconds until it served (its
+    informer synced and its caches built); how long binding stopped while the binder restarted
+    (a standby leads once the lease is released); and the seconds a standby Binder took to
+    lead after the leader's SIGKILL (the lease's expiry and the catch-up)."""
+    runs = [r for r in report["runs"] if r.get("restart_seconds")]
+    if not runs:
+        return [""]
+    lines = [
+        "",
+        "## Restarts: seconds until serving again",
+        "",
+        "| run | component | seconds | CPU seconds by then |",
+        "|---|---|---|---|",
+    ]
+    for r in runs:
+        cpu = r.get("restart_cpu_seconds", {})
+        for name, seconds in r["restart_seconds"].items():
+            used = f"{cpu[name]:.1f}" if name in cpu else "—"
+            lines.append(f"| {_label(r)} | {name} | {seconds:.1f} | {used} |")
+        for name, seconds in r.get("binding_resumed_seconds", {}).items():
+            lines.append(
+                f"| {_label(r)} | a binder leads again after {name}'s SIGTERM | {seconds:.1f} | — |"
+            )
+        if "takeover_seconds" in r:
+            lines.append(
+                f"| {_label(r)} | binder takeover (leader killed -9) | "
+                f"{r['takeover_seconds']:.1f} | — |"
+            )
     return [*lines, ""]
 
 

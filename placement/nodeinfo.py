@@ -204,18 +204,26 @@ class PodRequest:
 
     @classmethod
     def from_pod(cls, pod: pb.Pod) -> PodRequest:
-        tpl = pod.spec.template
+        spec = pod.spec
+        tpl = spec.template
         req = tpl.requests
-        ports = tuple((p.protocol or "TCP", p.host_port) for p in tpl.ports if p.host_port)
+        # Most pods have no ports and no NUMA nodes: the empty tuple without a generator or a
+        # copy (every bound pod comes through here when a shard or the Binder (re)starts).
+        ports = (
+            tuple((p.protocol or "TCP", p.host_port) for p in tpl.ports if p.host_port)
+            if tpl.ports
+            else ()
+        )
+        labels = pod.metadata.labels
         return cls(
             pod.metadata.name,
-            pool_of(pod.spec.qos),
+            pool_of(spec.qos),
             host_ports=ports,
-            priority=pod.spec.priority,
-            labels=shared_labels(pod.metadata.labels) if pod.metadata.labels else _NO_LABELS,
+            priority=spec.priority,
+            labels=shared_labels(labels) if labels else _NO_LABELS,
             anti_terms=_anti_terms(tpl),
             numa_policy=numa_policy_of(pod),
-            numa_nodes=tuple(pod.spec.numa_nodes),
+            numa_nodes=tuple(spec.numa_nodes) if spec.numa_nodes else (),
             requests=(
                 Quantities.shared_request(tpl)
                 if req.extended

@@ -281,6 +281,38 @@ def decode(kind: Kind[S], data: bytes, resource_version: int) -> S:
     return obj
 
 
+# Every stored kind's metadata is its field 1 and an ObjectMeta, whose resource_version is field
+# 3: the bytes ``with_resource_version`` appends (checked against the descriptors below).
+_METADATA_TAG = b"\x0a"  # field 1, length-delimited
+_RESOURCE_VERSION_TAG = b"\x18"  # field 3, varint
+
+
+def with_resource_version(data: bytes, resource_version: int) -> bytes:
+    """Stored bytes (which never carry resource_version: ``encode``) as the bytes of the object
+    with ``resource_version`` set, without decoding: protobuf's encoding merges a submessage
+    that comes twice, so ``metadata {resource_version}`` appended sets that one field. What an
+    informer's initial listing keeps of a million pods held encoded (store.encoded): a decode
+    and an encode per object less (the listing of 100,000 pods: most of its own time)."""
+    rv = resource_version
+    varint = bytearray()
+    while rv > 0x7F:
+        varint.append((rv & 0x7F) | 0x80)
+        rv >>= 7
+    varint.append(rv)
+    return b"".join((data, _METADATA_TAG, bytes((len(varint) + 1,)), _RESOURCE_VERSION_TAG, varint))
+
+
+def _check_metadata_layout() -> None:
+    meta = pb.ObjectMeta.DESCRIPTOR.fields_by_name["resource_version"]
+    assert meta.number == _RESOURCE_VERSION_TAG[0] >> 3, "ObjectMeta.resource_version moved"
+    for kind in KINDS.values():
+        field = kind.message.DESCRIPTOR.fields_by_name["metadata"]
+        assert field.number == _METADATA_TAG[0] >> 3, f"{kind.name}.metadata moved"
+
+
+_check_metadata_layout()
+
+
 def decode_untrusted(kind: Kind[S], data: bytes) -> S:
     """Parse bytes from outside (the wire, a file) strictly: besides undecodable input, reject
     fields this kind does not define, which is what another kind's or random bytes look like."""

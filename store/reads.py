@@ -61,6 +61,18 @@ class StoredListing:
             except InvalidObjectError as exc:
                 self.errors.append((kind.name, raw_name.decode(errors="replace"), exc))
 
+    def encoded(self, kind_name: str) -> Iterator[tuple[str, bytes]]:
+        """The kind's objects as (name, bytes with the resource version set), not decoded:
+        what a cache holding them encoded keeps (``kinds.with_resource_version``). Their bytes
+        are not checked here: the reader decodes each and handles the undecodable. Lets go of
+        the kind's bytes like ``objects``."""
+        datas, rvs = self.stored.pop(kind_name, ({}, {}))
+        with_rv = kinds_mod.with_resource_version
+        for raw_name, data in datas.items():
+            rv = rvs.get(raw_name)
+            if rv is not None:
+                yield raw_name.decode(), with_rv(data, int(rv))
+
 
 class ObjectReads(StoreConnection):
     """Reads of stored objects: by name, many by name, whole kinds at one revision, and every

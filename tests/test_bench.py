@@ -361,6 +361,29 @@ def test_paper_scale_quick_form_reports_memory_and_restarts(tmp_path: Path) -> N
 
 
 @pytest.mark.timeout(240)
+def test_restart_scale_quick_form_restarts_every_kind_and_times_the_takeover(
+    tmp_path: Path,
+) -> None:
+    """RestartScale-2000's quick form (issue 34, item 2): every kind of service is restarted and
+    serves again (the bench fails otherwise), each with the CPU it used to get there; a binder
+    leads again after binder-0's restart; the Binder leader killed with SIGKILL is replaced by
+    its standby; the report has them all."""
+    _run_quick("RestartScale-2000", tmp_path, 220)
+    [report_json] = tmp_path.glob("*.json")
+    [run] = json.loads(report_json.read_text())["runs"]
+    assert run["bound"] == run["measured_pods"] > 0
+    restarted = {"dispatcher", "scheduler-0", "binder-0", "rescheduler", "nodeagent-0"}
+    assert set(run["restart_seconds"]) == restarted
+    assert set(run["restart_cpu_seconds"]) == restarted
+    assert all(seconds > 0 for seconds in run["restart_cpu_seconds"].values())
+    assert set(run["binding_resumed_seconds"]) == {"binder-0"}
+    assert run["takeover_seconds"] > 0
+    md = report_json.with_suffix(".md").read_text()
+    assert "## Restarts: seconds until serving again" in md
+    assert "| binder takeover (leader killed -9) |" in md
+
+
+@pytest.mark.timeout(240)
 def test_conflicts_workload_reports_each_variants_conflict_rate(tmp_path: Path) -> None:
     """GodelConflicts-10000 runs partitioning off and on in one series, each with the shards'
     counters over the measured phase (pods proposed, conflicts) and how many shards held a

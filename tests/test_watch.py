@@ -14,7 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protos.godel.v1 import objects_pb2 as pb
-from store import ConflictError, ResourceVersionTooNewError, ResourceVersionTooOldError, Store
+from store import (
+    ConflictError,
+    ResourceVersionTooNewError,
+    ResourceVersionTooOldError,
+    Store,
+    kinds,
+)
 from store.client import Create, WatchEvent
 from store.encoded import EncodedObjects
 from store.informer import Handlers, Informer
@@ -531,3 +537,45 @@ async def test_an_informer_applies_a_long_read_in_slices_and_says_when_it_is_who
         await informer.stop()
     # Other tasks (this one) ran between the slices of the one read.
     assert turns_while_applying[-1] > turns_while_applying[0]
+
+
+@pytest.mark.parametrize("resource_version", [1, 127, 128, 300, 2**35, 2**63 - 1])
+def test_with_resource_version_sets_the_version_without_decoding(resource_version: int) -> None:
+    """The stored bytes with ``metadata {resource_version}`` appended decode to the object with
+    that version and nothing else changed, at every varint length; the kind's own decode of the
+    stored bytes agrees."""
+    p = pb.Pod(metadata=pb.ObjectMeta(name="p", uid="u", labels={"a": "b"}))
+    p.spec.node_name = "n1"
+    p.spec.template.requests.milli_cpu = 250
+    stored = p.SerializeToString()  # as stored: no resource_version (kinds.encode)
+    got = pb.Pod.FromString(kinds.with_resource_version(stored, resource_version))
+    expected = kinds.decode(kinds.kind_named("Pod"), stored, resource_version)
+    assert got == expected and got.metadata.resource_version == resource_version
+
+
+async def test_informer_listing_kept_encoded_skips_an_undecodable_object(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The initial listing keeps encoded kinds as listed, the resource version appended
+    (``kinds.with_resource_version``) rather than decoded and encoded again: every object reads
+    back equal to the store's, versions included, and one whose stored bytes do not decode is
+    left out of the cache and never handed to a handler, with a log line naming it."""
+    for i in range(3):
+        p = pb.Pod(metadata=pb.ObjectMeta(name=f"p{i}", labels={"i": str(i)}))
+        p.spec.template.requests.milli_cpu = 100 + i
+        await store.create(p)
+    await store._redis.hset(store.keys.data("Pod"), "bad", b"\xff\xff\xff")
+    await store._redis.hset(store.keys.versions("Pod"), "bad", 99)
+    informer = Informer(store, ["Pod"], block_ms=100)
+    mirror = Mirror()
+    informer.add_handlers(mirror.handlers())
+    try:
+        informer.start()
+        await informer.wait_synced(10)
+        stored = {name: await store.get(pb.Pod, name) for name in ("p0", "p1", "p2")}
+        assert dict(informer.cache["Pod"]) == stored == mirror.objs
+        assert [p.metadata.resource_version for p in stored.values()] == [1, 2, 3]
+        assert not informer.has("Pod", "bad")
+        assert "undecodable object in the store; skipped" in capsys.readouterr().out
+    finally:
+        await informer.stop()

@@ -282,7 +282,25 @@ class SchedulerService(Service[SchedulerConfig]):
             ),
             Preemption(self.framework, self.victims, config.preemption_candidates),
         )
-        self.informer.add_handlers(Handlers(self._on_add, self._on_update, self._on_delete))
+        # Pods straight to the cache, the few other kinds through the dispatch below: a
+        # (re)start delivers every bound pod, and each type test a pod failed on its way
+        # cost a fifth of a microsecond.
+        self.informer.add_handlers(
+            Handlers.of(
+                pb.Pod,
+                on_add=lambda _, pod: self.cache.set_pod(pod),
+                on_update=lambda _, __, pod: self.cache.set_pod(pod),
+                on_delete=lambda _, pod: self.cache.remove_pod(pod.metadata.name),
+            )
+        )
+        self.informer.add_handlers(
+            Handlers(
+                self._on_add,
+                self._on_update,
+                self._on_delete,
+                kinds=frozenset({"Node", "SchedulerInstance", "DisruptionBudget", "Movement"}),
+            )
+        )
         # Our record's spec as last seen (its partition is applied only when the spec changed).
         self._spec_seen: pb.SchedulerInstanceSpec | None = None
         self._wake = asyncio.Event()  # the scheduling loop's: a unit became ready or due
