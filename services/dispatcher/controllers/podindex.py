@@ -110,8 +110,13 @@ class PodIndex:
 
     def _on_update(self, kind: str, old: Message, obj: Message) -> None:
         if isinstance(old, pb.Pod) and isinstance(obj, pb.Pod):
-            if (old.spec.node_name, old.spec.job) != (obj.spec.node_name, obj.spec.job):
-                self._drop(old)
+            job = obj.spec.job
+            if old.spec.node_name == obj.spec.node_name and old.spec.job == job:
+                # Indexed where it was (bound -> running): only its job hears of it.
+                if job:
+                    self._changed(job)
+                return
+            self._drop(old)
             self._put(obj)
         elif isinstance(obj, pb.Job):
             self._job_changed(obj)
