@@ -586,6 +586,43 @@ async def test_job_status_write_coming_back_is_not_another_look(
     assert "duo" in ctl.changed_jobs  # someone else's write: looked at again
 
 
+async def test_a_one_pod_jobs_pod_changes_do_not_bring_it_to_the_job_status_controller(
+    store: Store, informer: Informer
+) -> None:
+    """The job status controller takes only jobs whose status is stored: a one-pod job's pod
+    binding (its status derived when read) leaves its feed empty, a two-pod job's brings it,
+    and a subscriber of every job (the budget status controller's kind) still hears of both."""
+    await store.create(f.node("n1"))
+    solo, pair = f.job("solo", replicas=1), f.job("pair", replicas=2, min_member=2)
+    for job in (solo, pair):
+        await store.create_unit(job, f.pods_of(job))
+    ctl = JobStatusController(store, informer)
+    every_job = ctl.pods.subscribe()
+    await caught_up(store, informer)
+    ctl.changed_jobs.clear()
+    every_job.clear()
+    await bind(store, (await store.list_all(pb.Pod))[0], "n1", await binder_fence(store))
+    await caught_up(store, informer)
+    assert ctl.changed_jobs == {"pair"}
+    assert every_job == {"solo", "pair"}
+
+
+async def test_a_pod_seen_before_its_job_still_brings_the_job_to_its_status(
+    store: Store, informer: Informer
+) -> None:
+    """A pod whose job the index has not seen yet (a relist delivering pods first) is no loss
+    to a subscriber of stored statuses: the job's own arrival brings it, and its status then
+    counts the pod."""
+    pods = PodIndex(informer)
+    feed = pods.subscribe(stored_status_only=True)
+    pair = f.job("pair", replicas=2, min_member=2)
+    early = f.pods_of(pair)[0]
+    pods._on_add("Pod", early)
+    assert feed == set()
+    pods._on_add("Job", pair)
+    assert feed == {"pair"}
+
+
 def _budget(
     name: str,
     *,
