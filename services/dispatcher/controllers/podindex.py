@@ -130,14 +130,20 @@ class PodIndex:
 
     def _on_update(self, kind: str, old: Message, obj: Message) -> None:
         if isinstance(old, pb.Pod) and isinstance(obj, pb.Pod):
-            job = obj.spec.job
-            if old.spec.node_name == obj.spec.node_name and old.spec.job == job:
-                # Indexed where it was (bound -> running): only its job hears of it.
-                if job:
-                    self._changed(job)
+            job, node, was_on = obj.spec.job, obj.spec.node_name, old.spec.node_name
+            if old.spec.job != job:
+                self._drop(old)
+                self._put(obj)
                 return
-            self._drop(old)
-            self._put(obj)
+            # Its job's group holds it already (every update of a pod but a rare rewrite):
+            # only a bind moves it between nodes, and its job hears of it.
+            if node != was_on:
+                name = obj.metadata.name
+                self.by_node.discard(was_on, name)
+                if node:
+                    self.by_node.add(node, name)
+            if job:
+                self._changed(job)
         elif isinstance(obj, pb.Job):
             self._job_seen(obj)
             self._job_changed(obj)
