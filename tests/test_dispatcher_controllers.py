@@ -27,7 +27,7 @@ from services.nodeagent.service import NodeAgentService
 from services.runtime import ServiceHost
 from store import CommitError, Store
 from store.client import Fence, Release, Update
-from store.informer import Informer
+from store.informer import Handlers, Informer
 from tests import factories as f
 from tests.test_nodeagent import agent_config, eventually, phases
 
@@ -608,19 +608,26 @@ async def test_a_one_pod_jobs_pod_changes_do_not_bring_it_to_the_job_status_cont
 
 
 async def test_a_pod_seen_before_its_job_still_brings_the_job_to_its_status(
-    store: Store, informer: Informer
+    store: Store,
 ) -> None:
-    """A pod whose job the index has not seen yet (a relist delivering pods first) is no loss
-    to a subscriber of stored statuses: the job's own arrival brings it, and its status then
-    counts the pod."""
-    pods = PodIndex(informer)
-    feed = pods.subscribe(stored_status_only=True)
+    """A pod whose job the index has not seen yet is no loss to a subscriber of stored
+    statuses: the job's own arrival brings it. Here an informer of Pods before Jobs lists the
+    pods first, as a relist may deliver them."""
     pair = f.job("pair", replicas=2, min_member=2)
-    early = f.pods_of(pair)[0]
-    pods._on_add("Pod", early)
-    assert feed == set()
-    pods._on_add("Job", pair)
-    assert feed == {"pair"}
+    await store.create_unit(pair, f.pods_of(pair))
+    pods_first = Informer(store, ["Pod", "Job"], block_ms=100)
+    pods = PodIndex(pods_first)
+    feed = pods.subscribe(stored_status_only=True)
+    order: list[str] = []
+    pods_first.add_handlers(Handlers(on_add=lambda kind, _obj: order.append(kind)))
+    pods_first.start()
+    try:
+        await pods_first.wait_synced(10)
+        assert order == ["Pod", "Pod", "Job"]
+        assert feed == {"pair"}
+        assert len(pods.pods_of("pair")) == 2
+    finally:
+        await pods_first.stop()
 
 
 def _budget(
