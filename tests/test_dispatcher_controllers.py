@@ -27,7 +27,7 @@ from services.nodeagent.service import NodeAgentService
 from services.runtime import ServiceHost
 from store import CommitError, Store
 from store.client import Fence, Release, Update
-from store.informer import Informer
+from store.informer import Handlers, Informer
 from tests import factories as f
 from tests.test_nodeagent import agent_config, eventually, phases
 
@@ -584,6 +584,50 @@ async def test_job_status_write_coming_back_is_not_another_look(
     await store.update(other)
     await caught_up(store, informer)
     assert "duo" in ctl.changed_jobs  # someone else's write: looked at again
+
+
+async def test_a_one_pod_jobs_pod_changes_do_not_bring_it_to_the_job_status_controller(
+    store: Store, informer: Informer
+) -> None:
+    """The job status controller takes only jobs whose status is stored: a one-pod job's pod
+    binding (its status derived when read) leaves its feed empty, a two-pod job's brings it,
+    and a subscriber of every job (the budget status controller's kind) still hears of both."""
+    await store.create(f.node("n1"))
+    solo, pair = f.job("solo", replicas=1), f.job("pair", replicas=2, min_member=2)
+    for job in (solo, pair):
+        await store.create_unit(job, f.pods_of(job))
+    ctl = JobStatusController(store, informer)
+    every_job = ctl.pods.subscribe()
+    await caught_up(store, informer)
+    ctl.changed_jobs.clear()
+    every_job.clear()
+    await bind(store, (await store.list_all(pb.Pod))[0], "n1", await binder_fence(store))
+    await caught_up(store, informer)
+    assert ctl.changed_jobs == {"pair"}
+    assert every_job == {"solo", "pair"}
+
+
+async def test_a_pod_seen_before_its_job_still_brings_the_job_to_its_status(
+    store: Store,
+) -> None:
+    """A pod whose job the index has not seen yet is no loss to a subscriber of stored
+    statuses: the job's own arrival brings it. Here an informer of Pods before Jobs lists the
+    pods first, as a relist may deliver them."""
+    pair = f.job("pair", replicas=2, min_member=2)
+    await store.create_unit(pair, f.pods_of(pair))
+    pods_first = Informer(store, ["Pod", "Job"], block_ms=100)
+    pods = PodIndex(pods_first)
+    feed = pods.subscribe(stored_status_only=True)
+    order: list[str] = []
+    pods_first.add_handlers(Handlers(on_add=lambda kind, _obj: order.append(kind)))
+    pods_first.start()
+    try:
+        await pods_first.wait_synced(10)
+        assert order == ["Pod", "Pod", "Job"]
+        assert feed == {"pair"}
+        assert len(pods.pods_of("pair")) == 2
+    finally:
+        await pods_first.stop()
 
 
 def _budget(

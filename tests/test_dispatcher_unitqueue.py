@@ -3,6 +3,7 @@ synchronous, table-driven, no store, no gRPC, no event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from placement.nodeinfo import GUARANTEED
 from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching import unitqueue
+from services.dispatcher.dispatching.feed import ViewFeed
 from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.dispatching.unitqueue import (
     MAX_HELD_PER_ROUND,
@@ -788,3 +790,26 @@ def test_a_unit_whose_job_is_being_deleted_is_not_sent() -> None:
     world.submit("going", replicas=3)
     world.jobs["going"].metadata.deletion_timestamp_ms = 1
     assert world.take() == []
+
+
+def test_a_started_pod_restates_its_claim_through_the_feed() -> None:
+    """Bound -> running, as the feed hands it over, restates the pod's claim (its start, for
+    reclaim's order) and counts its requests once; a pod that held no claim restates none."""
+    w = World()
+    feed = ViewFeed(w.uq, asyncio.Event(), asyncio.Event(), revoke=lambda _job: None)
+    pods = w.submit("a", queue="q", replicas=2, cpu=200)
+    placed = bound(pods[0])
+    feed.on_update("Pod", pods[0], placed)
+    running = pb.Pod()
+    running.CopyFrom(placed)
+    running.status.phase = pb.POD_RUNNING
+    running.status.started_ms = 1234
+    feed.on_update("Pod", placed, running)
+    claims = {c.name: c for c in w.uq.claims()}
+    assert set(claims) == {pods[0].metadata.name}
+    assert (claims[pods[0].metadata.name].started_ms, w.uq.bound_usage("q").cpu) == (
+        1234,
+        200,
+    )
+    assert feed.bound_pods("a") == 1
+    assert not w.uq.restate_claim(pods[1])  # pending: no claim to restate

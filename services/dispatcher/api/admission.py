@@ -74,6 +74,8 @@ class TenantPods:
         return self._live[tenant]
 
     def _on_update(self, _kind: str, old: pb.Pod, new: pb.Pod) -> None:
+        if old.metadata.owner == new.metadata.owner and _live(old) == _live(new):
+            return  # counted as it was (bound, running: most updates)
         self._count(old, -1)
         self._count(new, 1)
 

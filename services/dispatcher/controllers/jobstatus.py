@@ -82,7 +82,7 @@ class JobStatusController:
         # before the write, since the watch may deliver the update before the write's reply.
         self._written: dict[str, tuple[int, ...]] = {}
         # jobs to look at on the next tick
-        self.changed_jobs = self.pods.subscribe(ignore=self._own_write)
+        self.changed_jobs = self.pods.subscribe(ignore=self._own_write, stored_status_only=True)
         # The jobs of the tick under way: their writes may be in flight (seconds, on a busy
         # store), so the reconciler does not judge them meanwhile.
         self.writing: set[str] = set()

@@ -39,8 +39,12 @@ class PodIndex:
         self.by_node = GroupedNames()
         self.by_job = GroupedNames()
         self._informer = informer
-        # Each subscriber's feed, and what it ignores of a job's own updates (subscribe).
-        self._feeds: list[tuple[set[str], Callable[[pb.Job], bool] | None]] = []
+        # Each subscriber's feed, what it ignores of a job's own updates, and whether it takes
+        # only jobs whose status is stored (subscribe).
+        self._feeds: list[tuple[set[str], Callable[[pb.Job], bool] | None, bool]] = []
+        # The jobs whose status is stored, not derived (``derives_status``): jobs of more than
+        # one pod, so few beside a stream of one-pod jobs.
+        self._stored_status: set[str] = set()
         informer.add_handlers(
             Handlers(
                 on_add=self._on_add,
@@ -92,44 +96,73 @@ class PodIndex:
         cached = self._informer.cache["Pod"]
         return [pod for n in names if isinstance(pod := cached.get(n), pb.Pod)]
 
-    def subscribe(self, *, ignore: Callable[[pb.Job], bool] | None = None) -> set[str]:
+    def subscribe(
+        self, *, ignore: Callable[[pb.Job], bool] | None = None, stored_status_only: bool = False
+    ) -> set[str]:
         """A set that collects the names of jobs whose pods (or themselves) changed from now
         on, starting with every job known; its owner takes names out as it handles them.
         ``ignore(job)`` keeps an update of the job itself out of this feed (its owner's own
-        write coming back through the watch)."""
+        write coming back through the watch). ``stored_status_only``: only jobs whose status
+        is stored (a one-pod job's is derived when read, and its pod's every change brought it
+        to a controller that read the job only to leave it alone). A pod seen before its job
+        is no loss: the job's own arrival brings it, and its status counts every pod then."""
         feed = set(self._informer.names("Job"))
         feed |= self.by_job.keys()
-        self._feeds.append((feed, ignore))
+        self._feeds.append((feed, ignore, stored_status_only))
         return feed
 
     def _changed(self, job: str) -> None:
-        for feed, _ in self._feeds:
-            feed.add(job)
+        stored = job in self._stored_status
+        for feed, _, stored_only in self._feeds:
+            if stored or not stored_only:
+                feed.add(job)
 
     def _job_changed(self, job: pb.Job) -> None:
-        for feed, ignore in self._feeds:
-            if ignore is None or not ignore(job):
-                feed.add(job.metadata.name)
+        name = job.metadata.name
+        stored = name in self._stored_status
+        for feed, ignore, stored_only in self._feeds:
+            if (stored or not stored_only) and (ignore is None or not ignore(job)):
+                feed.add(name)
+
+    def _job_seen(self, job: pb.Job) -> None:
+        if derives_status(job):
+            self._stored_status.discard(job.metadata.name)
+        else:
+            self._stored_status.add(job.metadata.name)
 
     def _on_add(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod):
             self._put(obj)
         elif isinstance(obj, pb.Job):
+            self._job_seen(obj)
             self._changed(obj.metadata.name)
 
     def _on_update(self, kind: str, old: Message, obj: Message) -> None:
         if isinstance(old, pb.Pod) and isinstance(obj, pb.Pod):
-            if (old.spec.node_name, old.spec.job) != (obj.spec.node_name, obj.spec.job):
+            job, node, was_on = obj.spec.job, obj.spec.node_name, old.spec.node_name
+            if old.spec.job != job:
                 self._drop(old)
-            self._put(obj)
+                self._put(obj)
+                return
+            # Its job's group holds it already (every update of a pod but a rare rewrite):
+            # only a bind moves it between nodes, and its job hears of it.
+            if node != was_on:
+                name = obj.metadata.name
+                self.by_node.discard(was_on, name)
+                if node:
+                    self.by_node.add(node, name)
+            if job:
+                self._changed(job)
         elif isinstance(obj, pb.Job):
+            self._job_seen(obj)
             self._job_changed(obj)
 
     def _on_delete(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod):
             self._drop(obj)
         elif isinstance(obj, pb.Job):
-            for feed, _ in self._feeds:
+            self._stored_status.discard(obj.metadata.name)
+            for feed, _, _ in self._feeds:
                 feed.discard(obj.metadata.name)
 
     def _put(self, pod: pb.Pod) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import structlog
 from google.protobuf.message import Message
 
+from placement.claims import CLAIM_PHASES
 from placement.room import usable_offer
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.shapes import NodeShapes, shapes_of
@@ -61,6 +62,16 @@ class ViewFeed:
 
     def _on_change(self, kind: str, old: Message | None, new: Message | None) -> None:
         if kind == "Pod":
+            if (
+                isinstance(old, pb.Pod)
+                and isinstance(new, pb.Pod)
+                and _stays_placed(old, new)
+                and self.queue.restate_claim(new)
+            ):
+                # Bound -> running (most pod updates): nothing pending, bound or room changes,
+                # only the claim's start. Forget + track would give the same, at twice the cost.
+                self.queue.drop_if_empty(old.spec.job)
+                return
             # An update is forget + track; the unit must not be dropped in between, or a one-pod
             # unit would lose its state (backoff, infeasible) whenever its pod changes, e.g.
             # when a shard records why the pod did not fit.
@@ -145,6 +156,18 @@ class ViewFeed:
         if woke:
             self._kick.set()
             log.info("cluster changed; infeasible units queued again", units=woke)
+
+
+def _stays_placed(old: pb.Pod, new: pb.Pod) -> bool:
+    """Whether the update leaves the pod holding a claim on the node it held one on, for the
+    same job (so it counts as bound for that job before and after, and was never pending)."""
+    return (
+        old.status.phase in CLAIM_PHASES
+        and new.status.phase in CLAIM_PHASES
+        and bool(old.spec.node_name)
+        and old.spec.node_name == new.spec.node_name
+        and old.spec.job == new.spec.job
+    )
 
 
 def _material(node: pb.Node) -> bytes:

@@ -48,6 +48,30 @@ class QuotaLedger:
             self.room_freed = True
         return claim
 
+    def restate(self, pod: pb.Pod) -> bool:
+        """A pod holding a claim changed its status and still holds it on the same node (bound
+        -> running, a deletion mark): its claim takes what ``Claim.of`` reads that may change
+        (start, priority, deleting) and keeps its queue, pool and requests, which a bound pod
+        never changes (as ``NodeRoom.on_pod`` counts it). False if it held none (nothing done).
+        ``room_freed`` is set as the release and claim it replaces set it."""
+        old = self._room.claim_of(pod.metadata.name)
+        if old is None:
+            return False
+        self._room.claim(
+            old.name,
+            Claim(
+                old.name,
+                old.queue,
+                old.pool,
+                old.requests,
+                pod.spec.priority,
+                pod.status.started_ms,
+                bool(pod.metadata.deletion_timestamp_ms),
+            ),
+        )
+        self.room_freed = True
+        return True
+
     def holds_claim(self, pod: str) -> bool:
         return self._room.holds(pod)
 
@@ -85,12 +109,15 @@ class QuotaLedger:
         """The resource a unit of ``request`` would take past the queue's max, or past the max
         of a parent queue (each counting every queue below it; ``placement.quotas``); "" if it
         fits."""
-        holders = self.usage.keys() | self._inflight.keys()
+        # The holders are gathered only for a max to judge against (asked per unit offered;
+        # most queues and their parents have none).
         found = hierarchy_excess(
             queue,
             request,
             self.queues,
-            lambda judged: held_below(judged, self.queues, self.used, holders),
+            lambda judged: held_below(
+                judged, self.queues, self.used, self.usage.keys() | self._inflight.keys()
+            ),
         )
         if found is None:
             return ""

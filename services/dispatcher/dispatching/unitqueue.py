@@ -340,6 +340,7 @@ class UnitQueue:
         self.queued = heaps.queued
         self.position = heaps.position
         self.holds_claim = ledger.holds_claim
+        self.restate_claim = ledger.restate
         self.claims = ledger.claims
         self.quota = ledger.quota
         self.ancestors = ledger.ancestors
