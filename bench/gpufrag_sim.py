@@ -1,0 +1,344 @@
+"""The offline algorithm check of fragmentation-aware GPU placement on the openb trace
+(issue 30 items 3 and 5): the FGD paper's protocol, in-process on ``placement.gpufrag``.
+
+    python -m bench.gpufrag_sim                       # 10 seeds, the three traces, every policy
+    python -m bench.gpufrag_sim --quick               # 2 seeds
+    python -m bench.gpufrag_sim --trace default --policy fgd --policy fgd-pack --seeds 3
+    python -m bench.gpufrag_sim --nodes N.csv --pods P.csv   # any openb-format pair
+
+The protocol, as the paper's artifact runs it: the GPU nodes, empty; the trace's tasks placed
+one at a time in a seeded random order, then tasks drawn uniformly from the trace until the
+GPU request would pass 130 % of capacity; no deletions; a task no node fits stays unplaced
+and is not retried. After every task: *arrived %* (the GPU request of every task submitted so
+far, placed or not, over the cluster's GPU capacity), *unallocated %* (100 − allocated over
+capacity) and *fragmentation %* (the nodes' expected fragmentation over the trace's frequent
+shapes, over capacity). The figure of merit is unallocated % at 100 % arrived, median over
+the seeds.
+
+This checks the algorithm only; the benchmark through the services (shards, Binder, store)
+is still to come. Writes ``gpufrag-<stamp>.csv`` (the curves, a row per whole arrived percent),
+``gpufrag-<stamp>-summary.csv`` (each run at 100 % arrived) and ``gpufrag-<stamp>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.gputrace import GPU_NODES, POD_LISTS, TraceError, TraceNode, load_nodes, load_pods
+from placement.gpufrag import (
+    MILLI_PER_GPU,
+    BestFitPolicy,
+    FgdPackPolicy,
+    FgdPolicy,
+    Fleet,
+    GpuPackingPolicy,
+    LeastAllocatedPolicy,
+    Policy,
+    RandomPolicy,
+    ShapeMix,
+    TaskShape,
+    place,
+)
+
+DEFAULT_OUT = Path("bench/results")
+OVERSUBSCRIBE_PERCENT = 130  # tasks are drawn until the GPU request would pass this
+READ_AT_PERCENT = 100
+import os
+TIE_FIRST = bool(os.environ.get("TIE_FIRST"))  # the figure of merit is read at this arrived %
+
+POLICIES: dict[str, Callable[[ShapeMix], Policy]] = {
+    "fgd-pack": FgdPackPolicy,
+    "fgd": FgdPolicy,
+    "best-fit": lambda _mix: BestFitPolicy(),
+    "gpu-packing": lambda _mix: GpuPackingPolicy(),
+    "least-allocated": lambda _mix: LeastAllocatedPolicy(),
+    "random": lambda _mix: RandomPolicy(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    tasks: int
+    arrived_pct: float
+    unallocated_pct: float
+    fragmentation_pct: float
+    placed: int
+    unplaced: int
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    trace: str
+    policy: str
+    seed: int
+    points: tuple[Point, ...]  # the first task at or past each whole arrived percent, and the last
+    at_read: Point  # interpolated at READ_AT_PERCENT arrived
+
+
+def task_sequence(shapes: Sequence[TaskShape], capacity_milli: int, seed: int) -> list[TaskShape]:
+    """The trace's tasks in a seeded random order, then tasks drawn uniformly from it until
+    the GPU request would pass OVERSUBSCRIBE_PERCENT of capacity."""
+    rng = random.Random(seed)
+    order = list(shapes)
+    rng.shuffle(order)
+    requested = sum(task.gpu_request_milli for task in order)
+    limit = capacity_milli * OVERSUBSCRIBE_PERCENT // 100
+    while True:
+        task = shapes[rng.randrange(len(shapes))]
+        if requested + task.gpu_request_milli > limit:
+            return order
+        order.append(task)
+        requested += task.gpu_request_milli
+
+
+def simulate(
+    nodes: Sequence[TraceNode],
+    shapes: Sequence[TaskShape],
+    policy_name: str,
+    seed: int,
+    trace: str = "",
+) -> Run:
+    """One run of the protocol."""
+    mix = ShapeMix.of_tasks(shapes)
+    fleet = Fleet(POLICIES[policy_name](mix), mix)
+    for node in nodes:
+        fleet.set(node.name, node.initial_state())
+    capacity = sum(node.gpus for node in nodes) * MILLI_PER_GPU
+    ties = None if TIE_FIRST else random.Random(seed * 1_000_003 + 7)
+    arrived = allocated = placed = unplaced = 0
+    points: list[Point] = []
+    next_percent = 0
+    previous: Point | None = None
+    at_read: Point | None = None
+    tasks = task_sequence(shapes, capacity, seed)
+    for count, task in enumerate(tasks, start=1):
+        arrived += task.gpu_request_milli
+        chosen = fleet.choose(task, ties)
+        if chosen is None:
+            unplaced += 1
+        else:
+            name, choice = chosen
+            fleet.set(name, place(fleet.state(name), task, choice.cards))
+            allocated += task.gpu_request_milli
+            placed += 1
+        point = Point(
+            tasks=count,
+            arrived_pct=100 * arrived / capacity,
+            unallocated_pct=100 - 100 * allocated / capacity,
+            fragmentation_pct=100 * fleet.expected_fragmentation_total() / capacity,
+            placed=placed,
+            unplaced=unplaced,
+        )
+        if point.arrived_pct >= next_percent or count == len(tasks):
+            points.append(point)
+            next_percent = int(point.arrived_pct) + 1
+        if at_read is None and point.arrived_pct >= READ_AT_PERCENT:
+            at_read = _interpolate(previous, point, READ_AT_PERCENT)
+        previous = point
+    if at_read is None:  # the trace never reached it: read the end
+        assert previous is not None
+        at_read = previous
+    return Run(trace, policy_name, seed, tuple(points), at_read)
+
+
+def _interpolate(before: Point | None, after: Point, arrived_pct: float) -> Point:
+    if before is None or after.arrived_pct == before.arrived_pct:
+        return after
+    share = (arrived_pct - before.arrived_pct) / (after.arrived_pct - before.arrived_pct)
+
+    def between(a: float, b: float) -> float:
+        return a + (b - a) * share
+
+    return Point(
+        tasks=after.tasks,
+        arrived_pct=arrived_pct,
+        unallocated_pct=between(before.unallocated_pct, after.unallocated_pct),
+        fragmentation_pct=between(before.fragmentation_pct, after.fragmentation_pct),
+        placed=after.placed,
+        unplaced=after.unplaced,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    trace: str
+    nodes_path: Path
+    pods_path: Path
+    policy: str
+    seed: int
+
+
+def run_job(job: Job) -> Run:
+    nodes = load_nodes(job.nodes_path)
+    shapes = [pod.shape for pod in load_pods(job.pods_path)]
+    return simulate(nodes, shapes, job.policy, job.seed, job.trace)
+
+
+CURVE_COLUMNS = (
+    "trace", "policy", "seed", "tasks", "arrived_pct", "unallocated_pct",
+    "fragmentation_pct", "placed", "unplaced",
+)  # fmt: skip
+
+
+def write_curves(runs: Sequence[Run], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CURVE_COLUMNS)
+        for run in runs:
+            for p in run.points:
+                writer.writerow(_row(run, p))
+
+
+def write_summary(runs: Sequence[Run], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CURVE_COLUMNS)
+        for run in runs:
+            writer.writerow(_row(run, run.at_read))
+
+
+def _row(run: Run, p: Point) -> list[object]:
+    return [
+        run.trace, run.policy, run.seed, p.tasks, f"{p.arrived_pct:.3f}",
+        f"{p.unallocated_pct:.3f}", f"{p.fragmentation_pct:.3f}", p.placed, p.unplaced,
+    ]  # fmt: skip
+
+
+def summary_table(runs: Sequence[Run]) -> str:
+    """Unallocated GPU % at 100 % arrived per trace and policy: median, mean, min–max."""
+    traces = list(dict.fromkeys(run.trace for run in runs))
+    policies = list(dict.fromkeys(run.policy for run in runs))
+    lines = [
+        "| trace | policy | seeds | unallocated % median | mean | min–max | fragmentation % median |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for trace in traces:
+        for policy in policies:
+            mine = [r.at_read for r in runs if r.trace == trace and r.policy == policy]
+            if not mine:
+                continue
+            values = [p.unallocated_pct for p in mine]
+            frag = statistics.median(p.fragmentation_pct for p in mine)
+            lines.append(
+                f"| {trace} | {policy} | {len(mine)} | {statistics.median(values):.2f} | "
+                f"{statistics.mean(values):.2f} | {min(values):.2f}–{max(values):.2f} | {frag:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(runs: Sequence[Run], path: Path) -> None:
+    """Unallocated % against arrived %, per trace a panel, per policy the median over seeds at
+    each whole arrived percent."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; must precede pyplot
+    import matplotlib.pyplot as plt
+
+    traces = list(dict.fromkeys(run.trace for run in runs))
+    policies = list(dict.fromkeys(run.policy for run in runs))
+    figure, axes = plt.subplots(1, len(traces), figsize=(6 * len(traces), 4.5), squeeze=False)
+    for axis, trace in zip(axes[0], traces, strict=True):
+        for policy in policies:
+            by_percent: dict[int, list[float]] = {}
+            for run in runs:
+                if run.trace != trace or run.policy != policy:
+                    continue
+                for p in run.points:
+                    by_percent.setdefault(int(p.arrived_pct), []).append(p.unallocated_pct)
+            xs = sorted(by_percent)
+            axis.plot(xs, [statistics.median(by_percent[x]) for x in xs], label=policy)
+        axis.axvline(READ_AT_PERCENT, color="grey", linewidth=0.5)
+        axis.set_title(f"openb {trace}")
+        axis.set_xlabel("arrived GPU request, % of capacity")
+        axis.set_ylabel("unallocated GPU, %")
+        axis.set_xlim(0, OVERSUBSCRIBE_PERCENT)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpufrag_sim",
+        description="The FGD paper's protocol on an openb-format trace, in-process.",
+    )
+    parser.add_argument(
+        "--trace",
+        action="append",
+        choices=sorted(POD_LISTS),
+        help="a pod list of the bundled trace (repeatable; default: all three)",
+    )
+    parser.add_argument("--nodes", type=Path, help="an openb node file (with --pods)")
+    parser.add_argument("--pods", type=Path, help="an openb pod file (with --nodes)")
+    parser.add_argument(
+        "--policy", action="append", choices=list(POLICIES), help="repeatable; default: all"
+    )
+    parser.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (default 10)")
+    parser.add_argument("--quick", action="store_true", help="2 seeds")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    parser.add_argument("--no-plot", action="store_true", help="write the CSVs only")
+    args = parser.parse_args(argv)
+
+    if (args.nodes is None) != (args.pods is None):
+        parser.error("--nodes and --pods go together")
+    seeds = 2 if args.quick else args.seeds
+    if seeds < 1:
+        parser.error(f"--seeds: must be at least 1 (got {seeds})")
+    if args.jobs < 1:
+        parser.error(f"--jobs: must be at least 1 (got {args.jobs})")
+    pairs: list[tuple[str, Path, Path]] = []
+    if args.nodes is not None:
+        pairs.append((args.pods.stem, args.nodes, args.pods))
+    for trace in args.trace or ([] if args.nodes is not None else list(POD_LISTS)):
+        pairs.append((trace, GPU_NODES, POD_LISTS[trace]))
+    try:  # refuse a bad file before any run starts
+        for _, nodes_path, pods_path in pairs:
+            load_nodes(nodes_path)
+            load_pods(pods_path)
+    except TraceError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    jobs = [
+        Job(trace, nodes_path, pods_path, policy, seed)
+        for trace, nodes_path, pods_path in pairs
+        for policy in args.policy or list(POLICIES)
+        for seed in range(seeds)
+    ]
+    started = time.perf_counter()
+    if args.jobs == 1:
+        runs = [run_job(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            runs = list(pool.map(run_job, jobs))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"gpufrag-{time.strftime('%Y%m%d-%H%M%S')}"
+    curves, summary, figure = (
+        Path(f"{stem}.csv"),
+        Path(f"{stem}-summary.csv"),
+        Path(f"{stem}.png"),
+    )
+    write_curves(runs, curves)
+    write_summary(runs, summary)
+    if not args.no_plot:
+        plot(runs, figure)
+    sys.stdout.write(summary_table(runs) + "\n\n")
+    sys.stdout.write(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s\n")
+    for path in (curves, summary) + (() if args.no_plot else (figure,)):
+        sys.stdout.write(f"{path}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
