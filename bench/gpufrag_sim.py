@@ -3,7 +3,7 @@
 
     python -m bench.gpufrag_sim                       # 10 seeds, the three traces, every policy
     python -m bench.gpufrag_sim --quick               # 2 seeds
-    python -m bench.gpufrag_sim --trace default --policy fgd --policy fgd-pack --seeds 3
+    python -m bench.gpufrag_sim --trace default --policy fgd --policy fgd-fill --seeds 3
     python -m bench.gpufrag_sim --nodes N.csv --pods P.csv   # any openb-format pair
 
 The protocol, as the paper's artifact runs it: the GPU nodes, empty; the trace's tasks placed
@@ -37,7 +37,7 @@ from bench.gputrace import GPU_NODES, POD_LISTS, TraceError, TraceNode, load_nod
 from placement.gpufrag import (
     MILLI_PER_GPU,
     BestFitPolicy,
-    FgdPackPolicy,
+    FgdFillPolicy,
     FgdPolicy,
     Fleet,
     GpuPackingPolicy,
@@ -51,12 +51,10 @@ from placement.gpufrag import (
 
 DEFAULT_OUT = Path("bench/results")
 OVERSUBSCRIBE_PERCENT = 130  # tasks are drawn until the GPU request would pass this
-READ_AT_PERCENT = 100
-import os
-TIE_FIRST = bool(os.environ.get("TIE_FIRST"))  # the figure of merit is read at this arrived %
+READ_AT_PERCENT = 100  # the figure of merit is read at this arrived %
 
 POLICIES: dict[str, Callable[[ShapeMix], Policy]] = {
-    "fgd-pack": FgdPackPolicy,
+    "fgd-fill": FgdFillPolicy,
     "fgd": FgdPolicy,
     "best-fit": lambda _mix: BestFitPolicy(),
     "gpu-packing": lambda _mix: GpuPackingPolicy(),
@@ -113,7 +111,7 @@ def simulate(
     for node in nodes:
         fleet.set(node.name, node.initial_state())
     capacity = sum(node.gpus for node in nodes) * MILLI_PER_GPU
-    ties = None if TIE_FIRST else random.Random(seed * 1_000_003 + 7)
+    ties = random.Random(seed * 1_000_003 + 7)  # apart from the order: same tasks per policy
     arrived = allocated = placed = unplaced = 0
     points: list[Point] = []
     next_percent = 0

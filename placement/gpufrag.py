@@ -25,10 +25,13 @@ Definitions (module functions, each a table test in tests/test_gpufrag.py):
   fragmentation, milli-GPU).
 - ``ShapeWindow``: learns the mix from the last ``size`` tasks the cluster saw; O(1) per task,
   the frequent set recomputed only when asked after a change.
+- ``unfillable(node, shape)``: the free milli-GPU a run of tasks of this shape would leave
+  unused on the node (its cards, CPU and memory each bound how many fit): fragmentation looked
+  at as far as the node goes rather than one task ahead.
 - Policies, each a ``Policy`` (a node and a task → a ``Choice``: the score, lower is better,
   and the cards taken; None when the task does not fit): ``FgdPolicy`` (the growth of the
-  expected fragmentation, the paper's FGD), ``FgdPackPolicy`` (this project's default: FGD
-  whose score is the growth weighted by the GPU the shapes ask, then prefer nodes already in
+  expected fragmentation, the paper's FGD), ``FgdFillPolicy`` (this project's default: the
+  growth of expected fragmentation plus expected unfillable GPU, then prefer nodes already in
   use), ``BestFitPolicy``, ``GpuPackingPolicy``, ``LeastAllocatedPolicy`` and
   ``RandomPolicy`` for comparison.
 - ``Fleet``: many nodes' states grouped by identical state, each group's scores cached per task
@@ -111,7 +114,9 @@ def shape_problem(shape: TaskShape) -> str:
             f"(got {shape.gpu_count} cards of {shape.gpu_milli} milli)"
         )
     if shape.gpu_count > 1 and shape.gpu_milli != MILLI_PER_GPU:
-        return f"gpu_milli: a task of {shape.gpu_count} cards takes them whole (got {shape.gpu_milli})"
+        return (
+            f"gpu_milli: a task of {shape.gpu_count} cards takes them whole (got {shape.gpu_milli})"
+        )
     return ""
 
 
@@ -164,7 +169,9 @@ def place(node: GpuNodeState, task: TaskShape, cards: Sequence[int]) -> GpuNodeS
     free = list(node.free_milli)
     for index in cards:
         if free[index] < task.gpu_milli:
-            raise ValueError(f"cards: card {index} has {free[index]} milli free, needs {task.gpu_milli}")
+            raise ValueError(
+                f"cards: card {index} has {free[index]} milli free, needs {task.gpu_milli}"
+            )
         free[index] -= task.gpu_milli
     return replace(
         node,
@@ -191,6 +198,32 @@ def fragmentation(node: GpuNodeState, shape: TaskShape) -> int:
         else:
             stranded += amount
     return stranded if usable >= shape.gpu_count else total
+
+
+def unfillable(node: GpuNodeState, shape: TaskShape) -> int:
+    """Milli-GPU of the node that a run of tasks of this shape would leave unused: all its free
+    GPU less the GPU of as many such tasks as the node holds at once (cards, CPU and memory
+    each bound the count). ``fragmentation`` looks one task ahead; this looks as far as the
+    node goes, so a node whose CPU or memory runs out before its cards do counts the cards
+    that would be left without them, and a card that holds two shares and a sliver counts the
+    sliver."""
+    free = node.free_milli
+    total = sum(free)
+    if shape.gpu_count == 0 or not fits_resources(node, shape):
+        return total
+    return total - _copies(free, node.cpu_milli, node.memory, shape) * shape.gpu_request_milli
+
+
+def _copies(free: tuple[int, ...], cpu: int, memory: int, shape: TaskShape) -> int:
+    if shape.gpu_count == 1:
+        copies = sum(amount // shape.gpu_milli for amount in free)
+    else:
+        copies = sum(1 for amount in free if amount >= shape.gpu_milli) // shape.gpu_count
+    if shape.cpu_milli:
+        copies = min(copies, cpu // shape.cpu_milli)
+    if shape.memory:
+        copies = min(copies, memory // shape.memory)
+    return copies
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,12 +263,23 @@ class ShapeMix:
 
 
 def _shape_order(shape: TaskShape) -> tuple[int, int, int, int, tuple[str, ...]]:
-    return (shape.gpu_count, shape.gpu_milli, shape.cpu_milli, shape.memory, tuple(sorted(shape.models)))
+    return (
+        shape.gpu_count,
+        shape.gpu_milli,
+        shape.cpu_milli,
+        shape.memory,
+        tuple(sorted(shape.models)),
+    )
 
 
 def weighted_fragmentation(node: GpuNodeState, mix: ShapeMix) -> int:
     """Σ over the mix of count × fragmentation: the expected fragmentation times the total."""
     return _CompiledMix(mix).weighted(node)
+
+
+def weighted_unfillable(node: GpuNodeState, mix: ShapeMix) -> int:
+    """Σ over the mix of count × unfillable."""
+    return _CompiledMix(mix).weighted_unfillable(node)
 
 
 def expected_fragmentation(node: GpuNodeState, mix: ShapeMix) -> float:
@@ -289,6 +333,34 @@ class _CompiledMix:
                     acc += count * stranded
                 else:
                     acc += count * total
+        return acc
+
+    def weighted_unfillable(self, node: GpuNodeState) -> int:
+        free = node.free_milli
+        total = sum(free)
+        if total == 0:
+            return 0
+        acc = self.cpu_only * total
+        cpu = node.cpu_milli
+        mem = node.memory
+        model = node.model
+        for milli, rows in self.by_milli:
+            shares = 0  # copies of one card's worth of this milli
+            whole = 0  # cards with this milli free
+            for amount in free:
+                if amount >= milli:
+                    whole += 1
+                    shares += amount // milli
+            for count, need_cpu, need_mem, need_cards, models in rows:
+                if models and model not in models:
+                    acc += count * total
+                    continue
+                copies = shares if need_cards == 1 else whole // need_cards
+                if need_cpu:
+                    copies = min(copies, cpu // need_cpu)
+                if need_mem:
+                    copies = min(copies, mem // need_mem)
+                acc += count * (total - copies * need_cards * milli)
         return acc
 
 
@@ -345,7 +417,8 @@ class Choice:
 class Policy(Protocol):
     """Scores a node for a task; the same inputs give the same answer (a pure function)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def choose(self, node: GpuNodeState, task: TaskShape) -> Choice | None: ...
 
@@ -378,7 +451,7 @@ class FgdPolicy:
 def demand_weighted(mix: ShapeMix) -> ShapeMix:
     """The mix reweighted by the GPU each shape asks (count × milli-GPU per task), so a shape
     counts by the GPU demand it stands for rather than by how many tasks it is; CPU-only
-    shapes drop out."""
+    shapes drop out. (Tried as FGD's weights on the openb trace: bench/README.md.)"""
     return ShapeMix(
         tuple(
             (shape, count * shape.gpu_request_milli)
@@ -389,29 +462,36 @@ def demand_weighted(mix: ShapeMix) -> ShapeMix:
 
 
 @dataclass(frozen=True)
-class FgdPackPolicy:
-    """This project's default: FGD over the mix weighted by GPU demand (``demand_weighted``),
-    then, among equal growth, the node whose GPU is already in use (least free GPU after), then
-    the card with the least free that holds the share."""
+class FgdFillPolicy:
+    """This project's default: the node and card where the mix's expected fragmentation plus
+    its expected ``unfillable`` GPU grow least (both count-weighted, so the score is in the
+    same units as FGD's); among equal growth the node left with the least free GPU (pack onto
+    nodes already in use, keep empty ones whole), then the card left with the least free.
+
+    FGD alone sees one task ahead: a node whose CPU or memory will run out before its cards do
+    looks unfragmented until the last moment, and nodes of equal growth (most of them for a
+    whole-card or CPU-only task) are a coin toss. The unfillable term charges a placement for
+    the GPU it leaves without the CPU or memory to use it; the packing tie-break keeps CPU-only
+    tasks off nodes with free GPUs."""
 
     mix: ShapeMix
-    name: str = "fgd-pack"
+    name: str = "fgd-fill"
     _compiled: _CompiledMix = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_compiled", _CompiledMix(demand_weighted(self.mix)))
+        object.__setattr__(self, "_compiled", _CompiledMix(self.mix))
 
     def choose(self, node: GpuNodeState, task: TaskShape) -> Choice | None:
         options = card_options(node, task)
         if not options:
             return None
         compiled = self._compiled
-        before = compiled.weighted(node)
+        before = compiled.weighted(node) + compiled.weighted_unfillable(node)
         best: Choice | None = None
         for cards in options:
             after = place(node, task, cards)
             score = (
-                compiled.weighted(after) - before,
+                compiled.weighted(after) + compiled.weighted_unfillable(after) - before,
                 after.free_gpu_milli,
                 sum(after.free_milli[i] for i in cards),
             )
