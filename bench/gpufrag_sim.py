@@ -266,6 +266,14 @@ def plot(runs: Sequence[Run], path: Path) -> None:
     plt.close(figure)
 
 
+def _progress(run: Run, done: int, total: int) -> Run:
+    sys.stderr.write(
+        f"[{done}/{total}] {run.trace} {run.policy} seed {run.seed}: "
+        f"{run.at_read.unallocated_pct:.2f} % unallocated at {READ_AT_PERCENT} % arrived\n"
+    )
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.gpufrag_sim",
@@ -315,11 +323,14 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(seeds)
     ]
     started = time.perf_counter()
+    runs: list[Run] = []
     if args.jobs == 1:
-        runs = [run_job(job) for job in jobs]
+        for job in jobs:
+            runs.append(_progress(run_job(job), len(runs) + 1, len(jobs)))
     else:
         with ProcessPoolExecutor(args.jobs) as pool:
-            runs = list(pool.map(run_job, jobs))
+            for run in pool.map(run_job, jobs):
+                runs.append(_progress(run, len(runs) + 1, len(jobs)))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"gpufrag-{time.strftime('%Y%m%d-%H%M%S')}"
     curves, summary, figure = (
