@@ -53,6 +53,9 @@ from typing import Protocol
 MILLI_PER_GPU = 1000
 # The paper's frequent shapes: the most frequent shapes that together make this share of tasks.
 DEFAULT_COVERAGE_PERCENT = 95
+# FgdFillPolicy's mix: every shape seen. The rare small shares are the ones that fill the
+# sliver a large share leaves on its card; dropped from the mix, slivers all look alike.
+FGD_FILL_COVERAGE_PERCENT = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,6 +470,7 @@ class FgdFillPolicy:
     its expected ``unfillable`` GPU grow least (both count-weighted, so the score is in the
     same units as FGD's); among equal growth the node left with the least free GPU (pack onto
     nodes already in use, keep empty ones whole), then the card left with the least free.
+    Give it the mix of every shape seen (``FGD_FILL_COVERAGE_PERCENT``).
 
     FGD alone sees one task ahead: a node whose CPU or memory will run out before its cards do
     looks unfragmented until the last moment, and nodes of equal growth (most of them for a
