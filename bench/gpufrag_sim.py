@@ -5,6 +5,7 @@
     python -m bench.gpufrag_sim --quick               # 2 seeds
     python -m bench.gpufrag_sim --trace default --policy fgd --policy fgd-fill --seeds 3
     python -m bench.gpufrag_sim --nodes N.csv --pods P.csv   # any openb-format pair
+    python -m bench.gpufrag_sim --combine OUT/gpufrag-A.csv OUT/gpufrag-B.csv   # one report
 
 The protocol, as the paper's artifact runs it: the GPU nodes, empty; the trace's tasks placed
 one at a time in a seeded random order, then tasks drawn uniformly from the trace until the
@@ -271,6 +272,34 @@ def plot(runs: Sequence[Run], path: Path) -> None:
     plt.close(figure)
 
 
+def read_runs(curves: Path) -> list[Run]:
+    """The runs a previous invocation wrote (``gpufrag-<stamp>.csv`` and its ``-summary.csv``)."""
+    summary = curves.with_name(f"{curves.stem}-summary.csv")
+    points: dict[tuple[str, str, int], list[Point]] = {}
+    for row in csv.DictReader(curves.open()):
+        points.setdefault(_run_key(row), []).append(_point(row))
+    runs = []
+    for row in csv.DictReader(summary.open()):
+        key = _run_key(row)
+        runs.append(Run(key[0], key[1], key[2], tuple(points.get(key, ())), _point(row)))
+    return runs
+
+
+def _run_key(row: dict[str, str]) -> tuple[str, str, int]:
+    return row["trace"], row["policy"], int(row["seed"])
+
+
+def _point(row: dict[str, str]) -> Point:
+    return Point(
+        tasks=int(row["tasks"]),
+        arrived_pct=float(row["arrived_pct"]),
+        unallocated_pct=float(row["unallocated_pct"]),
+        fragmentation_pct=float(row["fragmentation_pct"]),
+        placed=int(row["placed"]),
+        unplaced=int(row["unplaced"]),
+    )
+
+
 def _progress(run: Run, done: int, total: int) -> Run:
     sys.stderr.write(
         f"[{done}/{total}] {run.trace} {run.policy} seed {run.seed}: "
@@ -300,6 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     parser.add_argument("--no-plot", action="store_true", help="write the CSVs only")
+    parser.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        metavar="CSV",
+        help="no runs: merge earlier outputs (gpufrag-<stamp>.csv, beside its -summary.csv)",
+    )
     args = parser.parse_args(argv)
 
     if (args.nodes is None) != (args.pods is None):
@@ -312,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     pairs: list[tuple[str, Path, Path]] = []
     if args.nodes is not None:
         pairs.append((args.pods.stem, args.nodes, args.pods))
-    for trace in args.trace or ([] if args.nodes is not None else list(POD_LISTS)):
-        pairs.append((trace, GPU_NODES, POD_LISTS[trace]))
+    if args.trace or (args.nodes is None and not args.combine):
+        for trace in args.trace or list(POD_LISTS):
+            pairs.append((trace, GPU_NODES, POD_LISTS[trace]))
     try:  # refuse a bad file before any run starts
         for _, nodes_path, pods_path in pairs:
             load_nodes(nodes_path)
@@ -329,7 +366,15 @@ def main(argv: list[str] | None = None) -> int:
     ]
     started = time.perf_counter()
     runs: list[Run] = []
-    if args.jobs == 1:
+    if args.combine:
+        jobs = []
+        for path in args.combine:
+            try:
+                runs.extend(read_runs(path))
+            except (OSError, KeyError, ValueError) as exc:
+                sys.stderr.write(f"error: {path}: cannot read earlier runs: {exc}\n")
+                return 2
+    elif args.jobs == 1:
         for job in jobs:
             runs.append(_progress(run_job(job), len(runs) + 1, len(jobs)))
     else:

@@ -122,6 +122,12 @@ def test_the_quick_form_writes_monotone_curves_a_summary_and_a_plot(tmp_path: Pa
     assert len(read) == len(runs)
     assert {float(r["arrived_pct"]) for r in read} == {100.0}
 
+    # --combine makes one report of earlier outputs, without running anything
+    again = tmp_path / "again"
+    assert gpufrag_sim.main(["--combine", str(curves), "--out", str(again), "--no-plot"]) == 0
+    (combined,) = again.glob("gpufrag-*-summary.csv")
+    assert list(csv.DictReader(combined.open())) == read
+
 
 def test_a_bad_file_is_refused_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
