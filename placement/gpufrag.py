@@ -48,6 +48,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Protocol
 
 MILLI_PER_GPU = 1000
@@ -587,19 +588,18 @@ def choose_node(
     uniformly with ``rng``); None when no node fits. A scan without caches: ``Fleet`` is the
     fast form for many nodes."""
     best: Choice | None = None
-    tied: list[int] = []
+    tied: list[tuple[int, Choice]] = []
     for index, node in enumerate(nodes):
         choice = policy.choose(node, task)
         if choice is None:
             continue
         if best is None or choice.score < best.score:
-            best, tied = choice, [index]
+            best, tied = choice, [(index, choice)]
         elif choice.score == best.score:
-            tied.append(index)
-    if best is None:
+            tied.append((index, choice))
+    if not tied:
         return None
-    index = tied[rng.randrange(len(tied))] if len(tied) > 1 else tied[0]
-    return index, policy.choose(nodes[index], task) or best
+    return tied[rng.randrange(len(tied))] if len(tied) > 1 else tied[0]
 
 
 # --- Many nodes --------------------------------------------------------------------------------
@@ -709,16 +709,9 @@ class Fleet:
         pick = rng.randrange(tied_nodes) if tied_nodes > 1 else 0
         for group in tied:
             if pick < len(group.members):
-                name = next(_nth(group.members, pick))
+                name = next(islice(group.members, pick, None))
                 chosen = group.choices[shape_id]
                 assert chosen is not None
                 return name, chosen
             pick -= len(group.members)
         raise AssertionError("tie pick out of range")  # unreachable: pick < tied_nodes
-
-
-def _nth(members: dict[str, None], index: int) -> Iterator[str]:
-    for position, name in enumerate(members):
-        if position == index:
-            yield name
-            return
