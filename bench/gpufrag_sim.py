@@ -5,6 +5,7 @@
     python -m bench.gpufrag_sim --quick               # 2 seeds
     python -m bench.gpufrag_sim --trace default --policy fgd --policy fgd-fill --seeds 3
     python -m bench.gpufrag_sim --nodes N.csv --pods P.csv   # any openb-format pair
+    python -m bench.gpufrag_sim --learn 2000 --policy fgd-fill   # the mix learnt as tasks come
     python -m bench.gpufrag_sim --combine OUT/gpufrag-A.csv OUT/gpufrag-B.csv   # one report
 
 The protocol, as the paper's artifact runs it: the GPU nodes, empty; the trace's tasks placed
@@ -30,7 +31,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ from placement.gpufrag import (
     Policy,
     RandomPolicy,
     ShapeMix,
+    ShapeWindow,
     TaskShape,
     place,
 )
@@ -55,10 +57,11 @@ from placement.gpufrag import (
 DEFAULT_OUT = Path("bench/results")
 OVERSUBSCRIBE_PERCENT = 130  # tasks are drawn until the GPU request would pass this
 READ_AT_PERCENT = 100  # the figure of merit is read at this arrived %
+RELEARN_EVERY = 500  # tasks between handing a learnt mix to the policy (--learn)
 
 # Each policy built from the trace's shape counts (the paper's FGD reads the shapes covering
 # 95 % of tasks; FgdFill reads them all: the rare small shares are what fills a card's sliver).
-POLICIES: dict[str, Callable[[Counter[TaskShape]], Policy]] = {
+POLICIES: dict[str, Callable[[Mapping[TaskShape, int]], Policy]] = {
     "fgd-fill": lambda counts: FgdFillPolicy(ShapeMix.of_counts(counts, FGD_FILL_COVERAGE_PERCENT)),
     "fgd": lambda counts: FgdPolicy(ShapeMix.of_counts(counts)),
     "best-fit": lambda _counts: BestFitPolicy(),
@@ -109,11 +112,16 @@ def simulate(
     policy_name: str,
     seed: int,
     trace: str = "",
+    learn_window: int = 0,
 ) -> Run:
-    """One run of the protocol."""
+    """One run of the protocol. The policy reads the trace's shape mix, or with
+    ``learn_window`` the mix of the last that many tasks submitted (``ShapeWindow``), learnt
+    from nothing and handed to the policy every RELEARN_EVERY tasks."""
     counts = Counter(shapes)
     mix = ShapeMix.of_counts(counts)  # the paper's, for the fragmentation % reported
-    fleet = Fleet(POLICIES[policy_name](counts), mix)
+    window = ShapeWindow(learn_window, coverage_percent=100) if learn_window else None
+    make_policy = POLICIES[policy_name]
+    fleet = Fleet(make_policy({} if window else counts), mix)
     for node in nodes:
         fleet.set(node.name, node.initial_state())
     capacity = sum(node.gpus for node in nodes) * MILLI_PER_GPU
@@ -126,6 +134,10 @@ def simulate(
     tasks = task_sequence(shapes, capacity, seed)
     for count, task in enumerate(tasks, start=1):
         arrived += task.gpu_request_milli
+        if window is not None:
+            window.observe(task)
+            if count % RELEARN_EVERY == 0:
+                fleet.use_policy(make_policy(dict(window.mix().shapes)))
         chosen = fleet.choose(task, ties)
         if chosen is None:
             unplaced += 1
@@ -151,7 +163,8 @@ def simulate(
     if at_read is None:  # the trace never reached it: read the end
         assert previous is not None
         at_read = previous
-    return Run(trace, policy_name, seed, tuple(points), at_read)
+    label = f"{policy_name}/learn{learn_window}" if learn_window else policy_name
+    return Run(trace, label, seed, tuple(points), at_read)
 
 
 def _interpolate(before: Point | None, after: Point, arrived_pct: float) -> Point:
@@ -179,12 +192,13 @@ class Job:
     pods_path: Path
     policy: str
     seed: int
+    learn_window: int = 0
 
 
 def run_job(job: Job) -> Run:
     nodes = load_nodes(job.nodes_path)
     shapes = [pod.shape for pod in load_pods(job.pods_path)]
-    return simulate(nodes, shapes, job.policy, job.seed, job.trace)
+    return simulate(nodes, shapes, job.policy, job.seed, job.trace, job.learn_window)
 
 
 CURVE_COLUMNS = (
@@ -330,6 +344,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     parser.add_argument("--no-plot", action="store_true", help="write the CSVs only")
     parser.add_argument(
+        "--learn",
+        type=int,
+        default=0,
+        metavar="N",
+        help="policies learn the shape mix from the last N tasks instead of reading the trace's",
+    )
+    parser.add_argument(
         "--combine",
         type=Path,
         nargs="+",
@@ -345,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds: must be at least 1 (got {seeds})")
     if args.jobs < 1:
         parser.error(f"--jobs: must be at least 1 (got {args.jobs})")
+    if args.learn < 0:
+        parser.error(f"--learn: must not be negative (got {args.learn})")
     pairs: list[tuple[str, Path, Path]] = []
     if args.nodes is not None:
         pairs.append((args.pods.stem, args.nodes, args.pods))
@@ -359,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     jobs = [
-        Job(trace, nodes_path, pods_path, policy, seed)
+        Job(trace, nodes_path, pods_path, policy, seed, args.learn)
         for trace, nodes_path, pods_path in pairs
         for policy in args.policy or list(POLICIES)
         for seed in range(seeds)

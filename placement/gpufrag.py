@@ -636,6 +636,12 @@ class Fleet:
     def __len__(self) -> int:
         return len(self._node_state)
 
+    def use_policy(self, policy: Policy) -> None:
+        """Score with another policy from now on (a new mix learned): every cached answer goes."""
+        self.policy = policy
+        for group in self._groups.values():
+            group.choices.clear()
+
     def state(self, name: str) -> GpuNodeState:
         return self._node_state[name]
 

@@ -331,3 +331,15 @@ def test_fleet_without_a_random_source_takes_the_first_added_of_the_best() -> No
     chosen = fleet.choose(whole(1), None)
     assert chosen is not None and chosen[0] == "a"
     assert len(fleet) == 2
+
+
+def test_fleet_forgets_its_cached_answers_for_a_new_policy() -> None:
+    heavy = whole(1, cpu=3_000)
+    fleet = Fleet(FgdPolicy(ShapeMix(((whole(1), 1),))), ShapeMix(()))
+    fleet.set("tight", node((1000, 1000), cpu=4_000))
+    fleet.set("roomy", node((1000, 1000), cpu=40_000))
+    first = fleet.choose(whole(1, cpu=2_000), None)
+    assert first is not None and first[0] == "tight"  # no growth anywhere: the first added
+    fleet.use_policy(FgdPolicy(ShapeMix(((heavy, 1),))))
+    second = fleet.choose(whole(1, cpu=2_000), None)
+    assert second is not None and second[0] == "roomy"  # tight would keep 2,000 CPU < 3,000

@@ -147,3 +147,16 @@ def test_a_bad_file_is_refused_before_any_run(
     assert code == 2
     assert "gpu: must be an integer (got 'x')" in capsys.readouterr().err
     assert not list(tmp_path.glob("gpufrag-*"))
+
+
+def test_learning_the_mix_as_tasks_come_labels_its_runs(tmp_path: Path) -> None:
+    nodes = _subset(gputrace.GPU_NODES, tmp_path / "nodes.csv", 40)
+    pods = _subset(gputrace.POD_LISTS["default"], tmp_path / "pods.csv", 300)
+    out = tmp_path / "out"
+    argv = ["--nodes", str(nodes), "--pods", str(pods), "--seeds", "1", "--out", str(out)]
+    argv += ["--policy", "fgd-fill", "--learn", "100", "--no-plot"]
+    assert gpufrag_sim.main(argv) == 0
+    (summary,) = out.glob("gpufrag-*-summary.csv")
+    (row,) = csv.DictReader(summary.open())
+    assert row["policy"] == "fgd-fill/learn100"
+    assert int(row["placed"]) > 0
