@@ -419,7 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plot:
         plot(runs, figure)
     sys.stdout.write(summary_table(runs) + "\n\n")
-    sys.stdout.write(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s\n")
+    if args.combine:
+        sys.stdout.write(f"{len(runs)} runs combined\n")
+    else:
+        sys.stdout.write(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s\n")
     for path in (curves, summary) + (() if args.no_plot else (figure,)):
         sys.stdout.write(f"{path}\n")
     return 0
