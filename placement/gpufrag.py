@@ -6,7 +6,8 @@ serves a Score plugin, the Binder's or a shard's card choice for a share, and th
 on the openb trace (``bench/gpufrag_sim.py``):
 
 - ``GpuNodeState``: one node's model, free milli-GPU per card, free CPU milli and memory bytes
-  (and the node's CPU and memory capacity, which only the LeastAllocated comparison reads).
+  (and the node's CPU and memory capacity, which only the Best-fit and LeastAllocated
+  comparisons read).
 - ``TaskShape``: what one task asks of one node: CPU milli, memory bytes, a card count and the
   milli-GPU it needs on each card, and the card models it accepts (empty: any).
 
@@ -67,7 +68,7 @@ class GpuNodeState:
     free_milli: tuple[int, ...]  # per card, 0..1000
     cpu_milli: int  # free
     memory: int  # free bytes
-    cpu_capacity_milli: int = 0  # only LeastAllocated and Best-fit read the capacities
+    cpu_capacity_milli: int = 0  # only the Best-fit and LeastAllocated comparisons read these
     memory_capacity: int = 0
 
     @property
