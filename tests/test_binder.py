@@ -259,6 +259,12 @@ def node_state(name: str, *, ready: bool = True, unschedulable: bool = False) ->
     return n
 
 
+def timed_out(job: pb.Job) -> pb.Job:
+    """A gang the job status controller has marked Timeout (its schedule timeout passed)."""
+    job.status.phase = pb.JOB_TIMEOUT
+    return job
+
+
 def being_deleted(job: pb.Job) -> pb.Job:
     """Marked as the dispatcher's chunked deletion marks it (services/dispatcher/controllers/deletion.py)."""
     job.metadata.deletion_timestamp_ms = 1
@@ -324,6 +330,13 @@ CASES = [
         [being_deleted(f.job("a"))],
         [("a", [("a-0", "n1")])],
         {"a-0": (V.STALE, "being deleted")},
+    ),
+    Case(
+        "a gang that timed out binds nothing: Timeout is final (until retried)",
+        [f.node("n1")],
+        [timed_out(f.job("g", replicas=2, min_member=2, cpu=100))],
+        [("g", [("g-0", "n1"), ("g-1", "n1")])],
+        {"g-0": (V.STALE, "timed out"), "g-1": (V.STALE, "godel retry job/g")},
     ),
     Case(
         "stale pod version",

@@ -181,6 +181,15 @@ class BatchPlan:
             return Rejection(STALE, f"job {unit.job!r} not found")
         if job.metadata.deletion_timestamp_ms:
             return Rejection(STALE, f"job {unit.job!r} is being deleted")
+        if job.status.phase == pb.JOB_TIMEOUT:
+            # Timeout is final, as the original's PodGroup: a decision still in flight when the
+            # gang timed out binds nothing. (The gang's first bind also writes the job, compare-
+            # and-set, so a Timeout written meanwhile fails that commit and it is judged again.)
+            return Rejection(
+                STALE,
+                f"job {unit.job!r} timed out waiting to be scheduled "
+                f"(`godel retry job/{unit.job}` starts it again)",
+            )
         if pod.metadata.deletion_timestamp_ms:
             return Rejection(STALE, "pod is being deleted")
         if pod.spec.node_name:
