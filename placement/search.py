@@ -94,6 +94,9 @@ class Placement:
     numa_nodes: tuple[int, ...] = ()
     # The GPU cards a pod asking GPUs would hold there (placement.gpu; the Binder verifies them).
     gpu_cards: tuple[int, ...] = ()
+    # The reservation's hold it takes there (placement.reservations), if any: the shard's cache
+    # takes it off the node while the pod is assumed, as the Binder's commit will consume it.
+    hold: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,6 +663,7 @@ class _UnitRun:
                 recommended.get(p.name, ""),
                 numa.get(p.name, ()),
                 cards.get(p.name, ()),
+                self.holds[p.name].name if p.name in self.holds else "",
             )
             for p, n in self.placements
         ]

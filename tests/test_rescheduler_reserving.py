@@ -17,7 +17,6 @@ from services.rescheduler.reserving import (
     kept_moves,
     reservation_name,
     ttl_seconds,
-    waiting_on_the_batch,
 )
 from tests.test_rescheduler_round import Spec, view_of
 
@@ -106,14 +105,6 @@ def test_which_moves_a_batch_keeps_once_their_rooms_are_reserved(case: Case) -> 
     kept, dropped = kept_moves(view, case.moves, case.reserved)
     assert [m.pod for m in kept] == case.kept
     assert [m.pod for m in dropped] == [m.pod for m in case.moves if m.pod not in case.kept]
-
-
-def test_the_wait_ends_once_every_unreserved_room_waits_on_the_batch_itself() -> None:
-    swap = [mv("a-0", "n1", "n2"), mv("b-0", "n2", "n1")]
-    assert waiting_on_the_batch(swap, set())
-    one_way = [mv("a-0", "n1", "n3")]
-    assert not waiting_on_the_batch(one_way, set())
-    assert waiting_on_the_batch(one_way, {"a-0"})
 
 
 def test_a_moves_reservation_is_for_its_replacement_on_its_target() -> None:

@@ -238,17 +238,18 @@ class RoundExecutor:
             await self.store.commit([Create(r) for r in wanted])
         pod_of = {name: pod for pod, name in names.items()}
         reserved: set[str] = set()
-        waiting: dict[str, str] = {}  # pod -> why its reservation is not reserved yet
+        waiting: dict[str, str] = {}  # pod -> why the Binder has not reserved its room
         retry = Retry(_POLL, deadline_seconds=cfg.reserve_timeout_seconds)
         while True:
-            found = await self.store.get_many(pb.Reservation, list(names.values()))
-            reserved = {pod_of[r.metadata.name] for r in found if r is not None and holds_room(r)}
+            found = [
+                r for r in await self.store.get_many(pb.Reservation, list(names.values())) if r
+            ]
+            reserved = {pod_of[r.metadata.name] for r in found if holds_room(r)}
             waiting = {
-                pod_of[r.metadata.name]: r.status.message
-                for r in found
-                if r is not None and not holds_room(r)
+                pod_of[r.metadata.name]: r.status.message for r in found if not holds_room(r)
             }
-            if retry.expired or reserving.waiting_on_the_batch(batch, reserved):
+            # Every one judged by the Binder: reserved, or waiting with why (no room now).
+            if retry.expired or all(waiting.values()):
                 break
             await retry.sleep()
         kept, dropped = reserving.kept_moves(view, batch, reserved)

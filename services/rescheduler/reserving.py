@@ -11,7 +11,8 @@ reservation in the commit that binds it there.
 
 Which moves a batch keeps once the executor has waited for the Binder (``kept_moves``):
 
-- a move whose room is reserved;
+- a move whose room is reserved (the executor waits, bounded, until the Binder has judged
+  every reservation: ``Reserved``, or ``Pending`` with why in its message);
 - a move whose target is the source of another kept move of the same batch (a swap, a cycle):
   its room comes free only with the batch's eviction, so its reservation is still ``Pending``
   then; the Binder commits it as soon as the room is free;
@@ -23,7 +24,7 @@ Which moves a batch keeps once the executor has waited for the Binder (``kept_mo
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 
 from protos.godel.v1 import objects_pb2 as pb
 from services.rescheduler.framework import ClusterView, Move
@@ -79,11 +80,3 @@ def kept_moves(
         kept = [m for m in kept if m.pod not in gone]
     kept_pods = {m.pod for m in kept}
     return kept, [m for m in moves if m.pod not in kept_pods]
-
-
-def waiting_on_the_batch(moves: Iterable[Move], reserved: Collection[str]) -> bool:
-    """Whether every move's room is reserved or could only come free with the batch's own
-    eviction: then waiting longer for the Binder changes nothing."""
-    moves = list(moves)
-    sources = {m.source for m in moves}
-    return all(m.pod in reserved or m.target in sources for m in moves)
