@@ -434,3 +434,22 @@ def test_the_shards_cache_takes_a_hold_off_its_node_while_its_owner_is_assumed_t
     cache.forget("train-0")  # the Binder refused it
     assert sorted(info.pods) == [hold_name("r0"), hold_name("r1")]
     assert info.requested["g"][0] == 2000
+
+
+def test_each_pod_tries_its_own_holds_node_before_a_siblings() -> None:
+    """A Movement recommends n2 and n1 for the job, and each pod of it has a hold of its own
+    (train-0 on n2, train-1 on n1). The unit's preferred nodes list n2 first, and n2 has room to
+    spare once train-0 took its hold: still train-1 goes to its own hold on n1, not to n2 (which
+    would leave n1's hold unused and put more of the job on n2 than recommended)."""
+    holds = [
+        f.reservation("r0", "n2", job="train", index=0, cpu=1000),
+        f.reservation("r1", "n1", job="train", index=1, cpu=1000),
+    ]
+    cache, snap = shard_view(*holds, nodes=3)
+    job = unit(cache, "train", 2, 1000)
+    job.preferred[:] = [("n2", "mv"), ("n1", "mv")]
+    placed = search().schedule(job, snap).placements
+    assert sorted((p.pod, p.node, p.hold) for p in placed) == [
+        ("train-0", "n2", hold_name("r0")),
+        ("train-1", "n1", hold_name("r1")),
+    ]
