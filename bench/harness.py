@@ -548,6 +548,7 @@ def _reschedule(
             "moves_per_second": round(plan.evicted / wall, 1) if wall else 0.0,
             "measured_after": measured,
             "gangs": _gang_moves(state, home, plan),
+            "landing": _landing(state, home, plan),
         }
     return {
         "policy": policy,
@@ -587,6 +588,26 @@ def _gang_moves(state: local.ClusterState, home: local.GodelHome, plan: Any) -> 
         "partly_evicted": len(replaced) - whole,
         "left_whole": len(plan.left_whole),
     }
+
+
+def _landing(state: local.ClusterState, home: local.GodelHome, plan: Any) -> dict[str, int]:
+    """Where an executed round's replacements landed, from its Movements as the Binder recorded
+    them: on their recommended node (``actual``) or off it (``mismatched``: bound elsewhere, or
+    beyond a node's desired count)."""
+    client = ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path)
+    try:
+        names = set(plan.movements)
+        movements = [m for m in client.list(pb.Movement) if m.metadata.name in names]
+    finally:
+        client.close()
+    actual = mismatched = 0
+    for movement in movements:
+        for owner in movement.status.owners:
+            mismatched += len(owner.mismatched_tasks)
+            for rec in owner.recommended_nodes:
+                actual += min(len(rec.actual_pods), rec.desired_pod_count)
+                mismatched += max(0, len(rec.actual_pods) - rec.desired_pod_count)
+    return {"actual": actual, "mismatched": mismatched}
 
 
 # The node agents' default heartbeat, when they report their nodes' load.

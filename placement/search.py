@@ -37,7 +37,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Generator, Hashable, Sequence
+from collections.abc import Generator, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -94,6 +94,9 @@ class Placement:
     numa_nodes: tuple[int, ...] = ()
     # The GPU cards a pod asking GPUs would hold there (placement.gpu; the Binder verifies them).
     gpu_cards: tuple[int, ...] = ()
+    # The reservation's hold it takes there (placement.reservations), if any: the shard's cache
+    # takes it off the node while the pod is assumed, as the Binder's commit will consume it.
+    hold: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,9 +624,15 @@ class _UnitRun:
     def place_recommended(self, framework: Framework, pod: PodInfo) -> bool:
         """Place ``pod`` on the first recommended node that fits it (filters only, as Gödel's
         preferred nodes are tried) and lies ``within`` the unit's node group, if it has one,
-        consuming one of its recommendations. False: none does."""
+        consuming one of its recommendations. False: none does. A pod that may take a
+        reservation's hold tries the nodes of its own holds first (the unit's list holds its
+        siblings' too: a sibling's node with room to spare would take it off its own)."""
         preferred, within, infos = self.preferred, self.within, self.snapshot.infos
-        for node, tags in preferred.items():
+        order: Iterable[tuple[str, list[str]]] = preferred.items()
+        if pod.reservations:
+            own = set(pod.reservations.values())
+            order = sorted(order, key=lambda item: item[0] not in own)  # stable: own first
+        for node, tags in order:
             if within is not None and node not in within:
                 continue
             info = infos.get(node)
@@ -660,6 +669,7 @@ class _UnitRun:
                 recommended.get(p.name, ""),
                 numa.get(p.name, ()),
                 cards.get(p.name, ()),
+                self.holds[p.name].name if p.name in self.holds else "",
             )
             for p, n in self.placements
         ]

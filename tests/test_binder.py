@@ -1315,6 +1315,55 @@ async def test_preemption_batch(store: Store, shards: list[Shard], case: Preempt
         assert p.status.preempted_by in p.status.message and p.spec.node_name in p.status.message
 
 
+@pytest.mark.parametrize("order", ["preemptor first", "other shard first", "at once"])
+async def test_the_room_a_preemptor_frees_is_its_own_across_shards(
+    store: Store, shards: list[Shard], order: str
+) -> None:
+    """Preemption holds what it freed (issue 31 item 5), by construction: the Binder evicts a
+    preemptor's victims in the commit that binds it, so the freed room is never free — no
+    other shard's pod can take it between the eviction and the bind, whichever batch the
+    Binder decides first. Shard 0's preemptor frees n1 (the only node) of low-0; shard 1 sends
+    a pod of another job that fits only in that room, before, after or together with it: it is
+    refused every time, the preemptor binds, and n1 holds the preemptor alone. (A preemptor
+    refused evicts nothing: ``test_preemption_batch``.)"""
+    await store.create(f.node("n1", cpu=1000))
+    low = prio(f.job("low", cpu=600), LOW)
+    await shards[0].decide(unit(low, await submit_prio(store, low), [("low-0", "n1")]))
+    high = prio(f.job("high", cpu=600), HIGH)
+    other = prio(f.job("other", cpu=600), HIGH)
+    high_pods, other_pods = await submit_prio(store, high), await submit_prio(store, other)
+    await asyncio.sleep(0.2)  # the binder's view holds the running pod
+    preemptor = preempting(high, high_pods, [("high-0", "n1", ["low-0"])])
+    competitor = unit(other, other_pods, [("other-0", "n1")])
+    if order == "at once":
+        first, second = await asyncio.gather(
+            shards[0].decide(preemptor), shards[1].decide(competitor)
+        )
+        verdicts = first | second
+    elif order == "preemptor first":
+        verdicts = await shards[0].decide(preemptor)
+        verdicts |= await shards[1].decide(competitor)
+    else:
+        verdicts = await shards[1].decide(competitor)
+        verdicts |= await shards[0].decide(preemptor)
+    assert V.Name(verdicts["high-0"].code) == "BOUND", verdicts["high-0"].reason
+    assert V.Name(verdicts["other-0"].code) == "CONFLICT"
+    assert "insufficient cpu" in verdicts["other-0"].reason
+    stored = {p.metadata.name: p for p in (await store.list_all(pb.Pod))[0]}
+    assert stored["low-0"].status.phase == pb.POD_FAILED
+    assert stored["low-0"].status.preempted_by == "high-0"
+    assert stored["high-0"].spec.node_name == "n1" and not stored["other-0"].spec.node_name
+    # One commit: the victim's eviction and the preemptor's bind are consecutive revisions, with
+    # no other write between them.
+    evicted_at, bound_at = (
+        stored["low-0"].metadata.resource_version,
+        stored["high-0"].metadata.resource_version,
+    )
+    assert bound_at - evicted_at == 1, (evicted_at, bound_at)
+    usage = await store.node_usage("n1")
+    assert usage is not None and usage.used["g.cpu"] == 600
+
+
 async def test_evicted_pod_of_a_replacing_job_gets_a_replacement(
     store: Store, shards: list[Shard]
 ) -> None:

@@ -415,3 +415,41 @@ def test_a_gang_that_fails_gives_its_holds_back() -> None:
     result = search().schedule(gang, snap)
     assert result.placements == [] and not result.success
     assert sorted(snap.infos["n0"].pods) == [hold_name(f"r{i}") for i in range(4)]
+
+
+def test_the_shards_cache_takes_a_hold_off_its_node_while_its_owner_is_assumed_there() -> None:
+    """A placement that took a hold is assumed in the shard's cache until the Binder's commit
+    (the bind, consuming the reservation) comes back: meanwhile the node counts the pod, not
+    the pod and its room twice, so the next unit sees the room the plan left. A refusal gives
+    the hold back (still live: its owner's next pod may take it)."""
+    holds = [f.reservation(f"r{i}", "n0", job="train", cpu=1000) for i in range(2)]
+    cache, snap = shard_view(*holds, nodes=1)
+    [first] = search().schedule(unit(cache, "train", 1, 1000), snap).placements
+    assert first.hold == hold_name("r0")
+    req = PodRequest.from_pod(pod("train"))
+    assert cache.assume(req, "n0", hold=first.hold)
+    info = cache.nodes["n0"]
+    assert info.requested["g"][0] == 2000  # the pod and the other hold, not 3000
+    assert sorted(info.pods) == [hold_name("r1"), "train-0"]
+    cache.forget("train-0")  # the Binder refused it
+    assert sorted(info.pods) == [hold_name("r0"), hold_name("r1")]
+    assert info.requested["g"][0] == 2000
+
+
+def test_each_pod_tries_its_own_holds_node_before_a_siblings() -> None:
+    """A Movement recommends n2 and n1 for the job, and each pod of it has a hold of its own
+    (train-0 on n2, train-1 on n1). The unit's preferred nodes list n2 first, and n2 has room to
+    spare once train-0 took its hold: still train-1 goes to its own hold on n1, not to n2 (which
+    would leave n1's hold unused and put more of the job on n2 than recommended)."""
+    holds = [
+        f.reservation("r0", "n2", job="train", index=0, cpu=1000),
+        f.reservation("r1", "n1", job="train", index=1, cpu=1000),
+    ]
+    cache, snap = shard_view(*holds, nodes=3)
+    job = unit(cache, "train", 2, 1000)
+    job.preferred[:] = [("n2", "mv"), ("n1", "mv")]
+    placed = search().schedule(job, snap).placements
+    assert sorted((p.pod, p.node, p.hold) for p in placed) == [
+        ("train-0", "n2", hold_name("r0")),
+        ("train-1", "n1", hold_name("r1")),
+    ]

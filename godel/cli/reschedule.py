@@ -89,7 +89,14 @@ def reschedule(
 def print_plan(plan: api_pb2.Plan) -> None:
     mode = "dry run" if plan.dry_run else "round"
     if plan.movements:
-        click.echo(f"movements: {', '.join(plan.movements)} ({plan.evicted} pods evicted)")
+        unreserved = (
+            f", {plan.unreserved} moves dropped: their room could not be reserved"
+            if plan.unreserved
+            else ""
+        )
+        click.echo(
+            f"movements: {', '.join(plan.movements)} ({plan.evicted} pods evicted{unreserved})"
+        )
     click.echo(
         f"policy {plan.policy}: {mode} {plan.generation} {plan.outcome}: {plan.message} "
         f"({plan.duration_ms} ms, store revision {plan.revision})"

@@ -103,7 +103,14 @@ class PolicyManager:
                     await self._prepare(state.policy)
                 if self._execute is not None and not dry_run and plan.outcome == PLANNED:
                     await self._execute(state.policy, plan, view)
-                    executed = [m for batch in plan.batches[: len(plan.movements)] for m in batch]
+                    # Not the moves dropped before eviction (their room was not reserved).
+                    dropped = {m.pod for m, _ in plan.rejected}
+                    executed = [
+                        m
+                        for batch in plan.batches[: len(plan.movements)]
+                        for m in batch
+                        if m.pod not in dropped
+                    ]
                     for check in state.policy.checks:
                         check.record(executed, view, plan.generation, time.time())
             finally:

@@ -123,6 +123,9 @@ class RoundPlan:
     evicted: int = 0
     # Running gangs left where they are: job -> why (a gang moves whole or not at all).
     left_whole: dict[str, str] = field(default_factory=dict)
+    # Executed rounds: moves dropped before eviction because their room could not be reserved
+    # (each in ``rejected`` with why).
+    unreserved: int = 0
 
     @property
     def moves(self) -> list[Move]:
@@ -144,6 +147,7 @@ class RoundPlan:
             trigger=self.trigger,
             movements=self.movements,
             evicted=self.evicted,
+            unreserved=self.unreserved,
         )
         if self.after is not None:
             out.after.CopyFrom(self.after.to_proto())

@@ -77,6 +77,20 @@ class ReschedulerConfig(ServiceConfig):
         default=60.0,
         metadata=option("how long a batch waits for its replacements to run", minimum=0),
     )
+    reserve_timeout_seconds: float = field(
+        default=10.0,
+        metadata=option(
+            "how long a batch waits for the Binder to reserve its moves' room before evicting",
+            minimum=0,
+        ),
+    )
+    reservation_ttl_seconds: int = field(
+        default=0,
+        metadata=option(
+            "the TTL of a batch's reservations (0: the reserve, ack and landing timeouts + 10 s)",
+            minimum=0,
+        ),
+    )
     movement_ttl_seconds: float = field(
         default=600.0,
         metadata=option("how long a Movement stays live for the shards", minimum=1),
@@ -155,6 +169,8 @@ class ReschedulerService(Service[ReschedulerConfig]):
                 budget_wait_seconds=self.config.budget_wait_seconds,
                 landing_timeout_seconds=self.config.landing_timeout_seconds,
                 movement_ttl_seconds=self.config.movement_ttl_seconds,
+                reserve_timeout_seconds=self.config.reserve_timeout_seconds,
+                reservation_ttl_seconds=self.config.reservation_ttl_seconds,
             ),
             events=self.events,
         )

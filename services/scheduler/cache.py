@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from placement.claims import TERMINAL_PHASES
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.preemption import VictimCandidate
-from placement.reservations import Reservations
+from placement.reservations import Reservations, reservation_of
 from placement.snapshot import LabelIndex
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -42,6 +42,9 @@ class Assumed:
     # at this deadline if it never does (e.g. the pod was deleted right away).
     expires: float | None = None
     victims: tuple[str, ...] = ()
+    # The reservation's hold the pod takes on its node, off the node while it is assumed (the
+    # Binder's bind consumes it; a refusal gives it back).
+    hold: PodRequest | None = None
 
 
 class SchedulerCache:
@@ -154,6 +157,8 @@ class SchedulerCache:
             self._unaccount(name, current[0])
         if assumed is not None:
             self._unclaim(assumed)
+            if assumed.node != node_name:
+                self._give_back_hold(assumed)
             if accounted is None:
                 self._unaccount(name, assumed.node)
         info = self._node(node_name)
@@ -206,9 +211,13 @@ class SchedulerCache:
 
     # -- assume / forget (this shard's undecided placements) ---------------------------------
 
-    def assume(self, req: PodRequest, node_name: str, victims: Sequence[str] = ()) -> bool:
-        """Count a placement sent to the Binder, its victims taken off the node and claimed.
-        False if the pod is already bound or assumed."""
+    def assume(
+        self, req: PodRequest, node_name: str, victims: Sequence[str] = (), hold: str = ""
+    ) -> bool:
+        """Count a placement sent to the Binder, its victims taken off the node and claimed,
+        the reservation's ``hold`` it takes off the node (else the node would count the pod and
+        its room twice until the Binder's commit arrives). False if the pod is already bound or
+        assumed."""
         if req.name in self.bound or req.name in self.assumed:
             return False
         info = self.nodes.get(node_name)
@@ -217,8 +226,9 @@ class SchedulerCache:
         for victim in victims:
             info.remove_pod(victim)
             self.claimed[victim] = req.name
+        taken = info.remove_pod(hold) if hold else None
         info.add_pod(req)
-        self.assumed[req.name] = Assumed(node_name, req, victims=tuple(victims))
+        self.assumed[req.name] = Assumed(node_name, req, victims=tuple(victims), hold=taken)
         self.dirty.add(node_name)
         return True
 
@@ -230,11 +240,22 @@ class SchedulerCache:
             self._unaccount(pod, assumed.node)
             self._unclaim(assumed)
             info = self.nodes.get(assumed.node)
+            self._give_back_hold(assumed)
             for victim in assumed.victims:
                 held = self.bound.get(victim)
                 if info is not None and held is not None and held[0] == assumed.node:
                     info.add_pod(held[1].req)
                     self.dirty.add(assumed.node)
+
+    def _give_back_hold(self, assumed: Assumed) -> None:
+        """The hold an assumed pod took, back on its node if its reservation still holds room
+        there (the pod was refused, or bound elsewhere): its owner's next pod may take it."""
+        hold, info = assumed.hold, self.nodes.get(assumed.node)
+        if info is None or hold is None:
+            return
+        if self.reservations.node_of(reservation_of(hold.name)) == assumed.node:
+            info.add_pod(hold)
+            self.dirty.add(assumed.node)
 
     def _unclaim(self, assumed: Assumed) -> None:
         for victim in assumed.victims:

@@ -306,7 +306,7 @@ class ShardCycle:
             req = requests[p.pod].pinned(p.numa_nodes) if p.numa_nodes else requests[p.pod]
             if p.gpu_cards:  # the cache's node holds the cards, as the search assumed them
                 req = req.with_cards(p.gpu_cards)
-            self.cache.assume(req, p.node, p.victims)
+            self.cache.assume(req, p.node, p.victims, p.hold)
             self.victims.admit(p.victims)
             unit.inflight[p.pod] = p.node
             out.add(

@@ -72,15 +72,16 @@ def budget(job: str, max_unavailable: int) -> pb.DisruptionBudget:
     return out
 
 
-def batched_policies(tmp_path: Path) -> tuple[str, tuple[str, ...]]:
+def batched_policies(tmp_path: Path, **settings: object) -> tuple[str, tuple[str, ...]]:
     """The rescheduler's args for the built-in policies without the DisruptionBudget check
-    (see the module docstring), from a --config file in ``tmp_path``."""
+    (see the module docstring), from a --config file in ``tmp_path``, with service
+    ``settings``."""
     text = (resources.files("services.rescheduler") / "default_policies.yaml").read_text()
     policies = yaml.safe_load(text)["policies"]
     for policy in policies:
         policy["checks"] = [c for c in policy["checks"] if c != "DisruptionBudget"]
     path = tmp_path / "batched-policies.yaml"
-    path.write_text(yaml.safe_dump({"policies": policies}))
+    path.write_text(yaml.safe_dump({**settings, "policies": policies}))
     return ("rescheduler", ("--config", str(path)))
 
 
@@ -177,6 +178,8 @@ def execute(
     policy: Policy,
     batches: list[list[Move]],
     after_acks: Callable[[], None] | None = None,
+    *,
+    reserve_timeout_seconds: float = 60,
 ) -> RoundPlan:
     """Run ``batches`` through the real executor, in this process, against ``cluster``'s store
     and Binder, with generous timeouts (the outcome decides, not the clock)."""
@@ -203,7 +206,10 @@ def execute(
             ),
             paused=lambda: False,
             config=ExecutionConfig(
-                ack_timeout_seconds=60, budget_wait_seconds=60, landing_timeout_seconds=60
+                ack_timeout_seconds=60,
+                budget_wait_seconds=60,
+                landing_timeout_seconds=60,
+                reserve_timeout_seconds=reserve_timeout_seconds,
             ),
             after_acks=after_acks,
         )
@@ -316,15 +322,16 @@ def test_a_swap_is_one_movement_and_both_replacements_land_on_their_recommendati
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("meanwhile", ["filled", "cordoned"])
 def test_a_replacement_off_its_recommendation_is_mismatched_and_stops_the_round(
-    make_cluster: Callable[..., Cluster], meanwhile: str
+    make_cluster: Callable[..., Cluster],
 ) -> None:
     """A two-batch plan recommends n1 for both 3-CPU pods of `web`. After the first Movement is
-    acknowledged and before its eviction, n1 is filled (a 2-CPU pod of another job) or cordoned.
-    The first replacement lands elsewhere and is recorded as mismatched; the failure ratio
-    (1.0 > 0.2) stops the round: the second batch's pod stays where it is, untouched. In
-    process, with a hand-made plan."""
+    acknowledged and before its eviction, n1 is cordoned (its room is reserved for the
+    replacement, but a cordoned node takes no pod). The first replacement lands elsewhere and
+    is recorded as mismatched; the failure ratio (1.0 > 0.2) stops the round: the second
+    batch's pod stays where it is, untouched. In process, with a hand-made plan. (n1 *filled*
+    meanwhile by another job cannot happen any more: the room is reserved first, see
+    ``test_a_job_submitted_before_the_eviction_cannot_take_a_moves_reserved_room``.)"""
     cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=3, service_args=(FOUR_CPU_NODES,))
     wait_until(lambda: len(cluster.client.list("Node")) == 3, 60, "3 nodes")
     n1, n2, n3 = sorted(n.metadata.name for n in cluster.client.list("Node"))  # type: ignore[attr-defined]
@@ -342,16 +349,7 @@ def test_a_replacement_off_its_recommendation_is_mismatched_and_stops_the_round(
     first, second = (pod(cluster, f"web-{i}") for i in range(2))
 
     def change_n1() -> None:
-        if meanwhile == "cordoned":
-            cordon(cluster, n1, True)
-            return
-        # Only n1 open: the filler goes there; 2 CPU of its 4 leave no room for 3.
-        for node in (n2, n3):
-            cordon(cluster, node, True)
-        cluster.client.submit([make_job("filler", cpu=2000)])
-        wait_until(lambda: running_on(cluster, "filler-0") == n1, 60, "the filler on n1")
-        for node in (n2, n3):
-            cordon(cluster, node, False)
+        cordon(cluster, n1, True)
 
     # The plan a round makes from this state: both to n1 (the budget forces two batches).
     batches = [
@@ -379,6 +377,110 @@ def test_a_replacement_off_its_recommendation_is_mismatched_and_stops_the_round(
     wait_until(lambda: running_on(cluster, replacement.pod), 60, "the replacement running")
     described = cluster.godel("describe", "movement", movement.metadata.name).stdout
     assert replacement.pod in described
+    # The room reserved on n1 for the replacement that went elsewhere is released with the
+    # batch, not left held until its TTL.
+    assert not cluster.client.list("Reservation")
+
+
+def test_a_job_submitted_before_the_eviction_cannot_take_a_moves_reserved_room(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """Reserve-first: a one-move plan sends web-0 (3 CPU) to n1 (4 CPU). After its Movement is
+    acknowledged and before the eviction, another job's 2-CPU pod is submitted while n1 is the
+    only open node: without the reservation it would take n1 (the replacement would then land
+    elsewhere, mismatched); with it, n1's room is held for web-0's replacement, so the filler
+    is unschedulable there and runs elsewhere once the other nodes open. The replacement lands
+    on n1, consuming the reservation: 0 mismatched, no reservation left. In process, with a
+    hand-made plan."""
+    cluster = make_cluster(schedulers=2, binders=1, hollow_nodes=3, service_args=(FOUR_CPU_NODES,))
+    wait_until(lambda: len(cluster.client.list("Node")) == 3, 60, "3 nodes")
+    n1, n2, n3 = sorted(n.metadata.name for n in cluster.client.list("Node"))  # type: ignore[attr-defined]
+    cordon(cluster, n1, True)
+    cluster.client.submit([make_job("web", cpu=THREE_CPU)])
+    wait_until(lambda: running_on(cluster, "web-0") in (n2, n3), 60, "web-0 running off n1")
+    cordon(cluster, n1, False)
+    apply_budgets(cluster, [budget("web", 1)])
+    wait_budgets_current(cluster, ["web"], 1)
+    source = pod(cluster, "web-0").spec.node_name
+
+    def submit_a_filler() -> None:
+        [held] = [r for r in cluster.client.list("Reservation") if isinstance(r, pb.Reservation)]
+        assert (held.status.phase, held.status.node) == (pb.RESERVATION_RESERVED, n1)
+        assert (held.spec.owner.job, held.spec.owner.index) == ("web", 0)
+        for node in (n2, n3):
+            cordon(cluster, node, True)
+        cluster.client.submit([make_job("filler", cpu=2000)])
+
+        def tried() -> bool:
+            filler = pod(cluster, "filler-0")
+            return filler.status.HasField("unschedulable") or bool(filler.spec.node_name)
+
+        wait_until(tried, 60, "the filler tried while only n1 is open")
+        assert not pod(cluster, "filler-0").spec.node_name, "the filler took the reserved room"
+        for node in (n2, n3):
+            cordon(cluster, node, False)
+
+    plan = execute(
+        cluster, make_policy("pack"), [[Move("web-0", "web", source, n1)]], submit_a_filler
+    )
+
+    assert plan.evicted == 1 and plan.unreserved == 0, plan.message
+    replacement = replacements_of(pods(cluster))["web-0"].metadata.name
+    wait_until(lambda: running_on(cluster, replacement), 60, "the replacement running")
+    assert running_on(cluster, replacement) == n1
+    wait_until(lambda: running_on(cluster, "filler-0"), 60, "the filler running")
+    assert running_on(cluster, "filler-0") != n1
+
+    def recorded() -> pb.Movement | None:
+        m = cluster.client.get("Movement", plan.movements[0])
+        assert isinstance(m, pb.Movement)
+        actual = sum(len(r.actual_pods) for o in m.status.owners for r in o.recommended_nodes)
+        return m if actual == 1 and m.status.phase == shared.DONE else None
+
+    done = wait_until(recorded, 60, "the replacement recorded as actual")
+    assert not any(o.mismatched_tasks for o in done.status.owners)
+    assert not cluster.client.list("Reservation")  # consumed by the replacement's bind
+
+
+def test_a_move_whose_room_cannot_be_reserved_is_dropped_before_anything_is_evicted(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """A two-move batch: web-0 to n1, which has the room, and big-0 to n1 as well, which then
+    has not (3 CPU each on a 4-CPU node). The Binder reserves the first and leaves the second
+    Pending; after the wait the second move is dropped before the eviction — big-0 stays
+    running where it was, untouched — and counted in the plan. In process, hand-made plan."""
+    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=3, service_args=(FOUR_CPU_NODES,))
+    wait_until(lambda: len(cluster.client.list("Node")) == 3, 60, "3 nodes")
+    n1, n2, n3 = sorted(n.metadata.name for n in cluster.client.list("Node"))  # type: ignore[attr-defined]
+    cordon(cluster, n1, True)
+    cluster.client.submit([make_job("web", cpu=THREE_CPU), make_job("big", cpu=THREE_CPU)])
+    wait_until(
+        lambda: sorted((running_on(cluster, "web-0"), running_on(cluster, "big-0"))) == [n2, n3],
+        60,
+        "web-0 and big-0 running on n2 and n3",
+    )
+    cordon(cluster, n1, False)
+    apply_budgets(cluster, [budget("web", 1), budget("big", 1)])
+    wait_budgets_current(cluster, ["web", "big"], 1)
+    web, big = pod(cluster, "web-0"), pod(cluster, "big-0")
+    batch = [
+        Move("web-0", "web", web.spec.node_name, n1),
+        Move("big-0", "big", big.spec.node_name, n1),
+    ]
+    plan = execute(cluster, make_policy("pack"), [batch], reserve_timeout_seconds=3)
+
+    assert plan.unreserved == 1 and plan.evicted == 1, plan.message
+    [(dropped, why)] = plan.rejected
+    assert dropped.pod == "big-0" and f"its room on {n1} could not be reserved" in why, why
+    stayed = pod(cluster, "big-0")
+    assert stayed.metadata.uid == big.metadata.uid
+    assert (stayed.status.phase, stayed.spec.node_name) == (pb.POD_RUNNING, big.spec.node_name)
+    [movement] = movements(cluster)
+    assert [t.pod for t in movement.spec.deleted_tasks] == ["web-0"]
+    replacement = replacements_of(pods(cluster))["web-0"].metadata.name
+    wait_until(lambda: running_on(cluster, replacement), 60, "the replacement running")
+    assert running_on(cluster, replacement) == n1
+    assert not cluster.client.list("Reservation")  # one consumed, the refused one released
 
 
 # --------------------------------------------------------------------------------------------
@@ -524,7 +626,7 @@ def test_rescheduler_kill9_mid_round_leaves_no_pod_unreplaced_and_restarts_clean
         schedulers=3 if acknowledging else 2,
         binders=1,
         hollow_nodes=10,
-        service_args=(FOUR_CPU_NODES, batched_policies(tmp_path)),
+        service_args=(FOUR_CPU_NODES, batched_policies(tmp_path, reservation_ttl_seconds=5)),
     )
     spread_web(cluster, 10)
     with ReschedulerClient(cluster.state.address_of("rescheduler")) as client:
@@ -567,6 +669,23 @@ def test_rescheduler_kill9_mid_round_leaves_no_pod_unreplaced_and_restarts_clean
         assert "scheduler-2" not in left.status.notified_schedulers
     else:
         assert evicted and len(evicted) < len(dry.moves)
+
+    # The killed round's reservations are not leaked: consumed by replacements, or released by
+    # the dispatcher's controller once their (5 s) TTL ran out, with no rescheduler running.
+    killed_round = f"move-{stale[0].spec.generation}-"
+
+    def killed_rounds() -> list[pb.Reservation]:
+        return [
+            r
+            for r in cluster.client.list("Reservation")
+            if isinstance(r, pb.Reservation) and r.metadata.name.startswith(killed_round)
+        ]
+
+    if acknowledging:
+        # Reserved before the Movement was created: an orphan now, holding room on its node.
+        orphans = killed_rounds()
+        assert orphans and all(r.status.phase == pb.RESERVATION_RESERVED for r in orphans)
+    wait_until(lambda: not killed_rounds(), 60, "the killed round's reservations released")
 
     # An operator starts it again: the crashed round's Movements go at start-up.
     restart(cluster, "rescheduler")

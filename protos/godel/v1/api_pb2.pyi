@@ -964,6 +964,7 @@ class Plan(_message.Message):
     MOVEMENTS_FIELD_NUMBER: _builtins.int
     EVICTED_FIELD_NUMBER: _builtins.int
     LEFT_WHOLE_FIELD_NUMBER: _builtins.int
+    UNRESERVED_FIELD_NUMBER: _builtins.int
     policy: _builtins.str
     generation: _builtins.int
     """The round's number (one counter over all policies)."""
@@ -981,6 +982,10 @@ class Plan(_message.Message):
     trigger: _builtins.str
     """What fired the round: "rpc", "periodic", "cron" or "signal"."""
     evicted: _builtins.int
+    unreserved: _builtins.int
+    """Executed rounds: moves dropped before anything was evicted because their room on the target
+    could not be reserved for the replacement (each also in `rejected`, with why).
+    """
     @_builtins.property
     def moves(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlannedMove]: ...
     @_builtins.property
@@ -1024,10 +1029,11 @@ class Plan(_message.Message):
         movements: _abc.Iterable[_builtins.str] | None = ...,
         evicted: _builtins.int = ...,
         left_whole: _abc.Iterable[Global___GangLeftWhole] | None = ...,
+        unreserved: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "batches", b"batches", "before", b"before", "detected_nodes", b"detected_nodes", "dry_run", b"dry_run", "duration_ms", b"duration_ms", "evicted", b"evicted", "generation", b"generation", "left_whole", b"left_whole", "message", b"message", "movements", b"movements", "moves", b"moves", "outcome", b"outcome", "policy", b"policy", "rejected", b"rejected", "revision", b"revision", "started_ms", b"started_ms", "trigger", b"trigger"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "batches", b"batches", "before", b"before", "detected_nodes", b"detected_nodes", "dry_run", b"dry_run", "duration_ms", b"duration_ms", "evicted", b"evicted", "generation", b"generation", "left_whole", b"left_whole", "message", b"message", "movements", b"movements", "moves", b"moves", "outcome", b"outcome", "policy", b"policy", "rejected", b"rejected", "revision", b"revision", "started_ms", b"started_ms", "trigger", b"trigger", "unreserved", b"unreserved"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
