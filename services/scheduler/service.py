@@ -298,7 +298,9 @@ class SchedulerService(Service[SchedulerConfig]):
                 self._on_add,
                 self._on_update,
                 self._on_delete,
-                kinds=frozenset({"Node", "SchedulerInstance", "DisruptionBudget", "Movement"}),
+                kinds=frozenset(
+                    {"Node", "SchedulerInstance", "DisruptionBudget", "Movement", "Reservation"}
+                ),
             )
         )
         # Our record's spec as last seen (its partition is applied only when the spec changed).
