@@ -83,7 +83,7 @@ def config(store_url: str, cluster: str, name: str, **kw: Any) -> BinderConfig:
 
 
 async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float = 15.0, what: str = ""
+    check: Callable[[], Awaitable[bool]], timeout: float = 60.0, what: str = ""
 ) -> None:
     deadline = time.monotonic() + timeout
     while not await check():

@@ -214,7 +214,7 @@ async def test_the_binder_commits_a_named_reservation_when_it_fits(
     async def second_reserved() -> bool:
         return (await phases()).get("second", (0,))[0] == pb.RESERVATION_RESERVED
 
-    await eventually(second_reserved, what="second Reserved once the room is free")
+    await eventually(second_reserved, 60, what="second Reserved once the room is free")
 
 
 async def test_a_reservation_and_a_bind_never_both_take_the_last_room(

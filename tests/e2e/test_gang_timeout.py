@@ -65,10 +65,14 @@ def test_a_gang_that_cannot_fit_times_out_and_is_retried(
         explained = cluster.godel("explain", "gang-0").stdout
         assert "Timeout: gang not scheduled within" in explained
         assert "insufficient cpu" in explained
-        events = cluster.client.list(pb.Event)
-        assert any(e.reason == "ScheduleTimeout" and e.regarding.name == "gang" for e in events), [
-            (e.reason, e.regarding.name) for e in events
-        ]
+        # Events are written a moment after the change they tell of (services/events.py).
+        wait_until(
+            lambda: any(
+                e.reason == "ScheduleTimeout" and e.regarding.name == "gang"
+                for e in cluster.client.list(pb.Event)
+            ),
+            what="the ScheduleTimeout event",
+        )
 
         # Applying the same manifest starts it again: its timer restarts, and with no room it
         # times out again.
