@@ -7,8 +7,12 @@ consumes it)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from godel.manifest import ManifestError, parse_document
+from protos.godel.v1 import api_pb2
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.binder.config import BinderConfig
@@ -26,6 +30,7 @@ from services.runtime.service import ServiceHost
 from store import Store
 from store.client import Create, Release
 from tests import factories as f
+from tests.dispatcher_harness import dispatcher_config, run_dispatcher
 from tests.test_binder import Shard, audit, binder, evict, shard, submit, unit
 
 __all__ = ["audit", "binder", "shard"]  # the fixtures, shared with the Binder's tests
@@ -83,8 +88,9 @@ def test_which_leaving_pods_keep_their_room(
     reason: str, ttl: int | None, node_ready: bool, kept: bool
 ) -> None:
     ops = _ops(_job(ttl), reason, node_ready)
-    reservations = [op.obj for op in ops.ops if isinstance(op, Create)]
-    reservations = [r for r in reservations if isinstance(r, pb.Reservation)]
+    reservations = [
+        op.obj for op in ops.ops if isinstance(op, Create) and isinstance(op.obj, pb.Reservation)
+    ]
     assert [r.metadata.name for r in reservations] == (["web-1-r1"] if kept else [])
     assert ops.kept == reservations
     # The pod is evicted and replaced either way.
@@ -147,3 +153,45 @@ async def test_an_evicted_pods_room_is_kept_in_the_evicting_commit_for_its_repla
     assert taken[replacement].code == V.BOUND, taken[replacement].reason
     assert await store.get_many(pb.Reservation, [replacement]) == [None]
     assert (await store.get(pb.Pod, replacement)).spec.node_name == "n1"
+
+
+# --------------------------------------------------------------------------------------------
+# Validation: through the manifest and the dispatcher's API
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_manifest_asks_its_room_kept_under_spec() -> None:
+    spec: dict[str, object] = {
+        "replicas": 1,
+        "reservation": {"ttlSeconds": 60},
+        "template": {"requests": {"cpu": "1"}},
+    }
+    doc = {"apiVersion": "godel/v1", "kind": "Job", "metadata": {"name": "web"}, "spec": spec}
+    job = parse_document(doc, "m.yaml").obj
+    assert isinstance(job, pb.Job) and job.spec.reservation.ttl_seconds == 60
+    spec["reservation"] = {"ttlSeconds": "soon"}
+    with pytest.raises(ManifestError, match="ttlSeconds"):
+        parse_document(doc, "m.yaml")
+
+
+async def test_a_kept_room_ttl_must_be_positive_naming_the_field_and_nothing_is_stored(
+    store_url: str, cluster_name: str, tmp_path: Path
+) -> None:
+    async with run_dispatcher(dispatcher_config(store_url, cluster_name, tmp_path)) as d:
+        for bad in (0, -5):
+            reply = await d.api.Submit(api_pb2.SubmitRequest(jobs=[_job(bad)]))
+            [violation] = reply.results[0].violations
+            assert violation.field == "jobs[0].spec.reservation.ttl_seconds"
+            assert f"reservation.ttlSeconds must be a positive integer (got {bad})" in (
+                violation.description
+            )
+        assert not (await d.api.List(api_pb2.ListRequest(kind="Job"))).items
+        good = await d.api.Submit(api_pb2.SubmitRequest(jobs=[_job(30)]))
+        assert not good.results[0].violations
+        # Applied over the stored job: refused the same, the stored one unchanged.
+        applied = await d.api.Apply(api_pb2.ApplyRequest(objects=[api_pb2.Object(job=_job(-1))]))
+        [result] = applied.results
+        assert result.action == "invalid"
+        assert result.violations[0].field == "objects[0].job.spec.reservation.ttl_seconds"
+        got = await d.api.Get(api_pb2.GetRequest(kind="Job", name="web"))
+        assert got.job.spec.reservation.ttl_seconds == 30
