@@ -31,7 +31,7 @@ from store import Store
 from store.client import Create, Release
 from tests import factories as f
 from tests.dispatcher_harness import dispatcher_config, run_dispatcher
-from tests.test_binder import Shard, audit, binder, evict, shard, submit, unit
+from tests.test_binder import Shard, audit, binder, eventually, evict, shard, submit, unit
 
 __all__ = ["audit", "binder", "shard"]  # the fixtures, shared with the Binder's tests
 
@@ -153,6 +153,17 @@ async def test_an_evicted_pods_room_is_kept_in_the_evicting_commit_for_its_repla
     assert taken[replacement].code == V.BOUND, taken[replacement].reason
     assert await store.get_many(pb.Reservation, [replacement]) == [None]
     assert (await store.get(pb.Pod, replacement)).spec.node_name == "n1"
+
+    async def held_event() -> bool:
+        events, _ = await store.list_all(pb.Event)
+        return any(
+            e.reason == "ReservationHeld"
+            and e.regarding.name == replacement
+            and "keeping the room of pod 'web-0'" in e.message
+            for e in events
+        )
+
+    await eventually(held_event, what="the ReservationHeld event of the kept room")
 
 
 # --------------------------------------------------------------------------------------------

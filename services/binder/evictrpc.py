@@ -145,10 +145,7 @@ class Evictions:
                 if isinstance(ops[i], Create)
             }
             plan.evicted(replacements)
-            for rsv in plan.kept:
-                # Its hold counts from now on: no bind decided before the informer brings it
-                # takes the room it keeps.
-                self.state.on_add("Reservation", rsv)
+            self.records.kept(plan.kept)
             self.records.evictions(ops)
             log.info(
                 "evicted",
