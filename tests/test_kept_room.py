@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from godel.client import job as sdk_job
 from godel.manifest import ManifestError, parse_document
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import internal_pb2 as ipb
@@ -180,6 +181,8 @@ def test_a_manifest_asks_its_room_kept_under_spec() -> None:
     doc = {"apiVersion": "godel/v1", "kind": "Job", "metadata": {"name": "web"}, "spec": spec}
     job = parse_document(doc, "m.yaml").obj
     assert isinstance(job, pb.Job) and job.spec.reservation.ttl_seconds == 60
+    sdk = sdk_job("web", cpu="1", memory="1Gi", keep_room_seconds=60).to_proto()
+    assert sdk.spec.reservation.ttl_seconds == 60
     spec["reservation"] = {"ttlSeconds": "soon"}
     with pytest.raises(ManifestError, match="ttlSeconds"):
         parse_document(doc, "m.yaml")
