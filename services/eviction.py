@@ -147,9 +147,11 @@ class EvictionOps:
 
     ``job_of(name)`` finds a job (None: gone, no replacement); ``pods_of(job)`` its pods (any
     phase), from the caller's view; ``node_ready(name)`` whether a node exists and is ready
-    (None: no room is kept, as for a caller that evicts from lost nodes). ``targets`` names, per
-    op, the evicted pod it serves, so a caller can tell which eviction the store refused;
-    ``kept`` holds the Reservations created (``keeps_room``).
+    (None: no room is kept, as for a caller that evicts from lost nodes);
+    ``reservation_exists(name)`` whether a reservation of that name is stored already (the name
+    is then not free for a kept room, which is skipped rather than failing the commit).
+    ``targets`` names, per op, the evicted pod it serves, so a caller can tell which eviction the
+    store refused; ``kept`` holds the Reservations created (``keeps_room``).
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class EvictionOps:
         *,
         always_replace: bool = False,
         node_ready: Callable[[str], bool] | None = None,
+        reservation_exists: Callable[[str], bool] = lambda _: False,
     ) -> None:
         """``always_replace``: every evicted pod of a live job gets a replacement, whatever the
         job says about lost pods (a rescheduled pod is moved, never dropped)."""
@@ -166,6 +169,7 @@ class EvictionOps:
         self._pods_of = pods_of
         self._always_replace = always_replace
         self._node_ready = node_ready
+        self._reservation_exists = reservation_exists
         self._taken: set[str] = set()
         # A job's pods by index, built once per job: numbering a replacement reads only its
         # index's pods (a 1,000-pod job evicted whole would otherwise scan the job per pod).
@@ -195,7 +199,7 @@ class EvictionOps:
             self.ops.append(Create(new))
             self.targets.append(pod.metadata.name)
             ready = self._node_ready is not None and self._node_ready(pod.spec.node_name)
-            if keeps_room(job, e.reason, ready):
+            if keeps_room(job, e.reason, ready) and not self._reservation_exists(new.metadata.name):
                 rsv = kept_room(pod, new.metadata.name, job.spec.reservation.ttl_seconds)
                 self.ops.append(Create(rsv))
                 self.targets.append(pod.metadata.name)

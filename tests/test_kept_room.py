@@ -112,6 +112,20 @@ def test_a_caller_that_cannot_tell_a_live_node_keeps_nothing() -> None:
     assert ops.kept == []
 
 
+def test_a_name_already_taken_by_a_reservation_keeps_nothing_rather_than_failing() -> None:
+    job = _job(60)
+    pod = _bound_pod(job)
+    ops = EvictionOps(
+        {"web": job}.get,
+        lambda _: [pod],
+        always_replace=True,
+        node_ready=lambda _: True,
+        reservation_exists=lambda name: name == "web-1-r1",
+    )
+    ops.add(Eviction(pod, DRAINED, "gone"), now_ms=1_000)
+    assert ops.kept == [] and [type(op).__name__ for op in ops.ops] == ["Release", "Create"]
+
+
 def test_the_kept_room_is_the_pods_own_room_reserved_for_its_index() -> None:
     [rsv] = _ops(_job(60), DRAINED, True).kept
     assert rsv.metadata.name == "web-1-r1"  # the replacement's name

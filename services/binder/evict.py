@@ -99,6 +99,7 @@ class EvictPlan:
             self.state.pods_of_job,
             always_replace=True,
             node_ready=self._node_ready,
+            reservation_exists=self._reservation_exists,
         )
         for pod in self.live:
             builder.add(
@@ -107,6 +108,9 @@ class EvictPlan:
             )
         self.kept = builder.kept
         return builder.ops, builder.targets
+
+    def _reservation_exists(self, name: str) -> bool:
+        return name in self.state.reservations.by_name or name in self.state.pending_reservations
 
     def _node_ready(self, name: str) -> bool:
         node = self.state.nodes.get(name)
