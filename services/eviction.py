@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 
+from placement.reservations import for_replacement
 from protos.godel.v1 import objects_pb2 as pb
 from store.client import Create, Op, Release
 
@@ -115,14 +116,8 @@ def kept_room(pod: pb.Pod, replacement_name: str, ttl_seconds: int) -> pb.Reserv
     """The Reservation that keeps ``pod``'s room on its node for its replacement (named
     ``replacement_name``, its name too): the pod's requests, pool, NUMA nodes and GPU cards,
     owned by its job's index in its tenant, ``Reserved`` there for ``ttl_seconds``."""
-    rsv = pb.Reservation(metadata=pb.ObjectMeta(name=replacement_name, owner=pod.metadata.owner))
+    rsv = for_replacement(pod, replacement_name, pod.spec.node_name, ttl_seconds)
     rsv.metadata.annotations[KEPT_FROM_ANNOTATION] = pod.metadata.name
-    rsv.spec.template.CopyFrom(pod.spec.template)
-    rsv.spec.qos = pod.spec.qos
-    rsv.spec.owner.job = pod.spec.job
-    rsv.spec.owner.index = pod.spec.index
-    rsv.spec.node = pod.spec.node_name
-    rsv.spec.ttl_seconds = ttl_seconds
     rsv.status.phase = pb.RESERVATION_RESERVED
     rsv.status.node = pod.spec.node_name
     rsv.status.numa_nodes.extend(pod.spec.numa_nodes)
