@@ -96,6 +96,23 @@ def hold_request(rsv: pb.Reservation) -> PodRequest:
     )
 
 
+def for_replacement(pod: pb.Pod, name: str, node: str, ttl_seconds: int) -> pb.Reservation:
+    """A reservation ``name`` of ``pod``'s room (its requests and pool) on ``node`` for its
+    replacement: owned by its job and index in its tenant (the replacement has the same), for
+    ``ttl_seconds``. The one builder of "room for a leaving pod's replacement" — the
+    rescheduler's reserve-first move (on its target) and a job's kept room (on the node the pod
+    leaves, ``services.eviction``) — each setting its status."""
+    rsv = pb.Reservation(metadata=pb.ObjectMeta(name=name, owner=pod.metadata.owner))
+    spec = rsv.spec
+    spec.template.CopyFrom(pod.spec.template)
+    spec.qos = pod.spec.qos
+    spec.owner.job = pod.spec.job
+    spec.owner.index = pod.spec.index
+    spec.node = node
+    spec.ttl_seconds = ttl_seconds
+    return rsv
+
+
 # ---------------------------------------------------------------------------------------------
 # Owners
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,12 @@ commit (new uid, same index, ``<job>-<index>-r<n>``, pending), which enters its 
 dispatcher's informer like any pending pod: a victim is never lost, and a crash between the two
 cannot happen because there is no "between".
 
+A pod of a job that asks its room kept (``spec.reservation``) and leaves a live node for a reason
+that does not hand its room to someone else (``keeps_room``) also leaves a Reservation of that
+room on that node, owned by its replacement's job and index, ``Reserved`` in the same commit: no
+other pod can take the room in between, the replacement tries that node first and its bind there
+consumes the reservation; unused, the dispatcher releases it after the job's TTL.
+
 Pure and synchronous: callers (the Binder, the node lifecycle controller) own the commit.
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 
+from placement.reservations import for_replacement
 from protos.godel.v1 import objects_pb2 as pb
 from store.client import Create, Op, Release
 
@@ -30,7 +37,14 @@ NODE_LOST = "NodeLost"
 # is not failed by it (its replacement carries on).
 EVICTION_REASONS = frozenset({PREEMPTED, RESCHEDULED, RECLAIMED, DRAINED, NODE_LOST})
 
+# Reasons whose eviction hands the pod's room to someone else, so it is never kept: the preemptor
+# binds into it in the same commit, a reclaim frees it for another queue (or relieves its node),
+# a rescheduling moves the pod off its node on purpose; a lost node has no room to keep.
+GIVES_ROOM_AWAY = frozenset({PREEMPTED, RECLAIMED, RESCHEDULED, NODE_LOST})
+
 REPLACES_ANNOTATION = "godel.io/replaces"
+# On a kept room's Reservation: the pod whose room it is.
+KEPT_FROM_ANNOTATION = "godel.io/kept-from"
 
 
 def replacement_number(pod: pb.Pod) -> int:
@@ -85,6 +99,32 @@ def replacement(pod: pb.Pod, siblings: Iterable[pb.Pod], taken: Set[str] = froze
     return new
 
 
+def keeps_room(job: pb.Job | None, reason: str, node_ready: bool) -> bool:
+    """Whether a pod of ``job`` evicted for ``reason`` from a node (``node_ready``: it exists and
+    is ready) leaves its room as a reservation for its replacement: the job lives and asks it,
+    the node is alive, and the eviction does not give the room away."""
+    return (
+        job is not None
+        and not job.metadata.deletion_timestamp_ms
+        and job.spec.HasField("reservation")
+        and node_ready
+        and reason not in GIVES_ROOM_AWAY
+    )
+
+
+def kept_room(pod: pb.Pod, replacement_name: str, ttl_seconds: int) -> pb.Reservation:
+    """The Reservation that keeps ``pod``'s room on its node for its replacement (named
+    ``replacement_name``, its name too): the pod's requests, pool, NUMA nodes and GPU cards,
+    owned by its job's index in its tenant, ``Reserved`` there for ``ttl_seconds``."""
+    rsv = for_replacement(pod, replacement_name, pod.spec.node_name, ttl_seconds)
+    rsv.metadata.annotations[KEPT_FROM_ANNOTATION] = pod.metadata.name
+    rsv.status.phase = pb.RESERVATION_RESERVED
+    rsv.status.node = pod.spec.node_name
+    rsv.status.numa_nodes.extend(pod.spec.numa_nodes)
+    rsv.status.gpu_cards.extend(pod.spec.gpu_cards)
+    return rsv
+
+
 @dataclass(frozen=True, slots=True)
 class Eviction:
     """One pod to evict: why (``reason``), the human message, and who (a preemptor's name)."""
@@ -101,8 +141,12 @@ class EvictionOps:
     within the commit.
 
     ``job_of(name)`` finds a job (None: gone, no replacement); ``pods_of(job)`` its pods (any
-    phase), from the caller's view. ``targets`` names, per op, the evicted pod it serves, so a
-    caller can tell which eviction the store refused.
+    phase), from the caller's view; ``node_ready(name)`` whether a node exists and is ready
+    (None: no room is kept, as for a caller that evicts from lost nodes);
+    ``reservation_exists(name)`` whether a reservation of that name is stored already (the name
+    is then not free for a kept room, which is skipped rather than failing the commit).
+    ``targets`` names, per op, the evicted pod it serves, so a caller can tell which eviction the
+    store refused; ``kept`` holds the Reservations created (``keeps_room``).
     """
 
     def __init__(
@@ -111,18 +155,23 @@ class EvictionOps:
         pods_of: Callable[[str], Iterable[pb.Pod]],
         *,
         always_replace: bool = False,
+        node_ready: Callable[[str], bool] | None = None,
+        reservation_exists: Callable[[str], bool] = lambda _: False,
     ) -> None:
         """``always_replace``: every evicted pod of a live job gets a replacement, whatever the
         job says about lost pods (a rescheduled pod is moved, never dropped)."""
         self._job_of = job_of
         self._pods_of = pods_of
         self._always_replace = always_replace
+        self._node_ready = node_ready
+        self._reservation_exists = reservation_exists
         self._taken: set[str] = set()
         # A job's pods by index, built once per job: numbering a replacement reads only its
         # index's pods (a 1,000-pod job evicted whole would otherwise scan the job per pod).
         self._by_index: dict[str, dict[int, list[pb.Pod]]] = {}
         self.ops: list[Op] = []
         self.targets: list[str] = []
+        self.kept: list[pb.Reservation] = []
 
     def _siblings(self, pod: pb.Pod) -> list[pb.Pod]:
         by_index = self._by_index.get(pod.spec.job)
@@ -144,3 +193,9 @@ class EvictionOps:
             self._taken.add(new.metadata.name)
             self.ops.append(Create(new))
             self.targets.append(pod.metadata.name)
+            ready = self._node_ready is not None and self._node_ready(pod.spec.node_name)
+            if keeps_room(job, e.reason, ready) and not self._reservation_exists(new.metadata.name):
+                rsv = kept_room(pod, new.metadata.name, job.spec.reservation.ttl_seconds)
+                self.ops.append(Create(rsv))
+                self.targets.append(pod.metadata.name)
+                self.kept.append(rsv)

@@ -323,6 +323,7 @@ def job(
     replace_lost_pods: bool = False,
     schedule_timeout_seconds: int | None = None,
     priority_class_name: str = "",
+    keep_room_seconds: int | None = None,
 ) -> Job:
     """A job from keywords: ``replicas`` pods with these requests, placed all together when
     ``min_member`` (default: ``replicas``, a gang) of them fit. Quantities are written as in a
@@ -331,7 +332,8 @@ def job(
     process-mode nodes; ``duration_ms`` is how long a pod runs on a hollow node (0: until
     deleted). ``schedule_timeout_seconds``: how long a gang may wait to be scheduled before it
     is Timeout (default 300). ``priority_class_name`` names a PriorityClass, which gives the
-    job its priority."""
+    job its priority. ``keep_room_seconds``: a pod drained or evicted from a live node keeps its
+    room there for its replacement this long (``spec.reservation.ttlSeconds``)."""
     template: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
     if gpus:
         template["requests"]["gpus"] = gpus
@@ -362,6 +364,8 @@ def job(
         spec["preemptible"] = preemptible
     if schedule_timeout_seconds is not None:
         spec["scheduleTimeoutSeconds"] = schedule_timeout_seconds
+    if keep_room_seconds is not None:
+        spec["reservation"] = {"ttlSeconds": keep_room_seconds}
     metadata: dict[str, Any] = {"name": name}
     if labels:
         metadata["labels"] = labels

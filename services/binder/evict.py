@@ -36,6 +36,8 @@ class EvictPlan:
         self.results: dict[str, ipb.EvictResult] = {}
         self.live: list[pb.Pod] = []
         self.refused = False
+        # The reservations keeping evicted pods' room (their jobs' ``spec.reservation``).
+        self.kept: list[pb.Reservation] = []
         self._check()
 
     def _check(self) -> None:
@@ -90,15 +92,29 @@ class EvictPlan:
         self.live = []
 
     def ops(self) -> tuple[list[Op], list[str]]:
-        """The commit: each live pod released as evicted, with its replacement. Per op, the
-        evicted pod it serves."""
-        builder = EvictionOps(self.state.jobs.get, self.state.pods_of_job, always_replace=True)
+        """The commit: each live pod released as evicted, with its replacement (and the
+        reservation keeping its room, if its job asks). Per op, the evicted pod it serves."""
+        builder = EvictionOps(
+            self.state.jobs.get,
+            self.state.pods_of_job,
+            always_replace=True,
+            node_ready=self._node_ready,
+            reservation_exists=self._reservation_exists,
+        )
         for pod in self.live:
             builder.add(
                 Eviction(pod, self.request.reason, self.request.message or self._message()),
                 self.now_ms,
             )
+        self.kept = builder.kept
         return builder.ops, builder.targets
+
+    def _reservation_exists(self, name: str) -> bool:
+        return name in self.state.reservations.by_name or name in self.state.pending_reservations
+
+    def _node_ready(self, name: str) -> bool:
+        node = self.state.nodes.get(name)
+        return node is not None and node.status.ready
 
     def _message(self) -> str:
         by = self.request.requester or "a client"

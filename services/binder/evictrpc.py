@@ -145,6 +145,7 @@ class Evictions:
                 if isinstance(ops[i], Create)
             }
             plan.evicted(replacements)
+            self.records.kept(plan.kept)
             self.records.evictions(ops)
             log.info(
                 "evicted",

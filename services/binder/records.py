@@ -15,7 +15,7 @@ from services import events, movements
 from services.binder.decide import BOUND, NOT_LEADER, STALE
 from services.binder.leadership import Spawn
 from services.binder.state import ClusterState
-from services.eviction import EVICTION_REASONS
+from services.eviction import EVICTION_REASONS, KEPT_FROM_ANNOTATION
 from store.client import Create, Op, Release, Store
 from store.errors import StoreError
 from store.informer import Informer
@@ -74,6 +74,21 @@ class CommitRecords:
                 type_=events.WARNING,
                 related=related,
                 owner=pod.metadata.owner,
+            )
+
+    def kept(self, reservations: Iterable[pb.Reservation]) -> None:
+        """After an eviction commit that kept evicted pods' room (their jobs'
+        ``spec.reservation``): each reservation's hold in the binder's state at once (no batch
+        decided before the informer brings it may take the room), and an event each."""
+        for rsv in reservations:
+            self.state.on_add("Reservation", rsv)
+            self.events.record(
+                events.ref("Reservation", rsv),
+                events.RESERVATION_HELD,
+                f"keeping the room of pod {rsv.metadata.annotations[KEPT_FROM_ANNOTATION]!r} "
+                f"on {rsv.status.node} for its replacement for {rsv.spec.ttl_seconds}s",
+                related=events.ref("Node", name=rsv.status.node),
+                owner=rsv.metadata.owner,
             )
 
     def consumptions(self, consumed: dict[str, str]) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 
+from placement.reservations import for_replacement
 from protos.godel.v1 import objects_pb2 as pb
 from services.rescheduler.framework import ClusterView, Move
 from services.rescheduler.gangs import gang_min_member
@@ -51,15 +52,8 @@ def build_reservation(
 ) -> pb.Reservation:
     """The reservation of ``move``'s room on its target, for ``pod``'s replacement (its job and
     index, its tenant), holding what ``pod`` asks."""
-    rsv = pb.Reservation(metadata=pb.ObjectMeta(name=name, owner=pod.metadata.owner))
+    rsv = for_replacement(pod, name, move.target, ttl)
     rsv.metadata.labels.update(labels)
-    spec = rsv.spec
-    spec.template.CopyFrom(pod.spec.template)
-    spec.qos = pod.spec.qos
-    spec.owner.job = pod.spec.job
-    spec.owner.index = pod.spec.index
-    spec.node = move.target
-    spec.ttl_seconds = ttl
     rsv.status.phase = pb.RESERVATION_PENDING
     return rsv
 

@@ -1,7 +1,9 @@
 """Reservations end to end, through the public API against real processes (store server,
 dispatcher, a scheduler shard, a binder, a node agent with two hollow nodes of one CPU): a
 reservation applied ahead of its job holds a node — another job cannot take it — then the owner
-job's pod binds there and the reservation is consumed in that commit; the fixture audits the
+job's pod binds there and the reservation is consumed in that commit; a job that asks its room
+kept has a pod drained: its room is kept for its replacement — a job submitted meanwhile cannot
+take it — and the replacement lands back on the node once it is uncordoned. The fixture audits the
 invariants (reserved room included) afterwards."""
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ pytestmark = pytest.mark.e2e
 ONE_CPU_NODES = ("nodeagent", ("--hollow-cpu-milli", "1000", "--hollow-memory-bytes", str(4 << 30)))
 
 
-def job_yaml(name: str, replicas: int) -> str:
+def job_yaml(name: str, replicas: int, extra: str = "") -> str:
     return (
         f"apiVersion: godel/v1\nkind: Job\nmetadata: {{name: {name}}}\n"
-        f"spec: {{replicas: {replicas}, minMember: 1, "
+        f"spec: {{replicas: {replicas}, minMember: 1, {extra}"
         "template: {requests: {cpu: '1', memory: 100Mi}}}\n"
     )
 
@@ -86,3 +88,48 @@ def test_a_reservation_holds_its_node_for_its_owner_and_is_consumed_by_its_bind(
         what="the ReservationConsumed event",
     )
     assert [p.spec.node_name for p in pods(cluster, "web") if p.spec.node_name] == [free]
+
+
+def test_a_drained_pods_room_is_kept_for_its_replacement(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=1, service_args=(ONE_CPU_NODES,))
+    [node] = wait_until(
+        lambda: [n.metadata.name for n in cluster.client.list("Node")] or None,
+        what="the node registered",
+    )
+    cluster.godel("apply", "-f", "-", stdin=job_yaml("keep", 1, "reservation: {ttlSeconds: 60}, "))
+    wait_until(
+        lambda: [p.spec.node_name for p in pods(cluster, "keep")] == [node],
+        timeout=120,
+        what="keep-0 bound",
+    )
+
+    # Drained (cordoned, its pod evicted): the pod's room stays, held for its replacement.
+    drained = cluster.godel("drain", node, "--timeout", "0", check=False)
+    assert "keep-0" in drained.stdout, drained.stdout + drained.stderr
+    [kept] = cluster.client.list("Reservation")
+    assert isinstance(kept, pb.Reservation)
+    assert kept.metadata.name == "keep-0-r1"
+    assert (kept.status.phase, kept.status.node) == (pb.RESERVATION_RESERVED, node)
+    assert (kept.spec.owner.job, kept.spec.owner.index, kept.spec.ttl_seconds) == ("keep", 0, 60)
+
+    # Another job submitted meanwhile cannot take the room once the node is schedulable again;
+    # the replacement lands there and its bind consumes the reservation.
+    cluster.godel("apply", "-f", "-", stdin=job_yaml("other", 1))
+    cluster.godel("uncordon", node)
+    wait_until(
+        lambda: (
+            {p.metadata.name: p.spec.node_name for p in pods(cluster, "keep")}
+            == {"keep-0": node, "keep-0-r1": node}
+        ),
+        timeout=120,
+        what="the replacement bound on the node its room was kept on",
+    )
+    assert cluster.client.list("Reservation") == []
+    wait_until(
+        lambda: all(p.status.HasField("unschedulable") for p in pods(cluster, "other")),
+        timeout=120,
+        what="other tried and found no room",
+    )
+    assert [p.spec.node_name for p in pods(cluster, "other")] == [""]

@@ -974,6 +974,7 @@ class JobSpec(_message.Message):
     JOB_AFFINITY_FIELD_NUMBER: _builtins.int
     SCHEDULE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
     replicas: _builtins.int
     min_member: _builtins.int
     """Gang semantics: at least this many pods are placed together or none. 1 behaves like a Deployment."""
@@ -1020,6 +1021,16 @@ class JobSpec(_message.Message):
         gang is placed in. Unset: none.
         """
 
+    @_builtins.property
+    def reservation(self) -> Global___JobReservation:
+        """Keep the room of this job's pods when they leave a live node for their replacements (the
+        original Gödel's reservation annotation): a pod evicted by a drain or by a client keeps its
+        room on that node as a Reservation owned by its replacement (same job and index), created
+        Reserved in the commit that evicts it and released after `ttl_seconds` if unused. Not kept:
+        a preempted, reclaimed or rescheduled pod (its room is what the eviction is for) and a pod
+        whose node is lost. Unset: nothing kept.
+        """
+
     def __init__(
         self,
         *,
@@ -1038,10 +1049,11 @@ class JobSpec(_message.Message):
         job_affinity: Global___JobAffinity | None = ...,
         schedule_timeout_seconds: _builtins.int | None = ...,
         priority_class_name: _builtins.str = ...,
+        reservation: Global___JobReservation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "preemptible", b"preemptible", "schedule_timeout_seconds", b"schedule_timeout_seconds", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "preemptible", b"preemptible", "reservation", b"reservation", "schedule_timeout_seconds", b"schedule_timeout_seconds", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "min_member", b"min_member", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "priority_class_name", b"priority_class_name", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "schedule_timeout_seconds", b"schedule_timeout_seconds", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit", "_preemptible", b"_preemptible", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "_ttl_seconds_after_finished", b"_ttl_seconds_after_finished", "backoff_limit", b"backoff_limit", "job_affinity", b"job_affinity", "min_member", b"min_member", "preemptible", b"preemptible", "preemption_policy", b"preemption_policy", "priority", b"priority", "priority_class_name", b"priority_class_name", "protection_seconds", b"protection_seconds", "qos", b"qos", "queue", b"queue", "replace_lost_pods", b"replace_lost_pods", "replicas", b"replicas", "reservation", b"reservation", "schedule_timeout_seconds", b"schedule_timeout_seconds", "template", b"template", "ttl_seconds_after_finished", b"ttl_seconds_after_finished"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__backoff_limit: _TypeAlias = _typing.Literal["backoff_limit"]  # noqa: Y015
     _WhichOneofArgType__backoff_limit: _TypeAlias = _typing.Literal["_backoff_limit", b"_backoff_limit"]  # noqa: Y015
@@ -1061,6 +1073,26 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ttl_seconds_after_finished) -> _WhichOneofReturnType__ttl_seconds_after_finished | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class JobReservation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    ttl_seconds: _builtins.int
+    """Seconds the kept room waits for the replacement. Positive."""
+    def __init__(
+        self,
+        *,
+        ttl_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobReservation: _TypeAlias = JobReservation  # noqa: Y015
 
 @_typing.final
 class JobAffinity(_message.Message):

@@ -440,9 +440,11 @@ def _validate_applied(kind: str, obj: Message, prefix: str) -> v.Violations:
     if isinstance(obj, pb.Job):
         # The whole of a new job is validated as a submission (later); of a stored one only
         # what may change is taken, and of that only its labels need a syntax.
-        return v.validate_labels(
-            obj.metadata.labels, f"{prefix}.metadata.labels"
-        ) + v.validate_schedule_timeout(obj.spec, f"{prefix}.spec")
+        return (
+            v.validate_labels(obj.metadata.labels, f"{prefix}.metadata.labels")
+            + v.validate_schedule_timeout(obj.spec, f"{prefix}.spec")
+            + v.validate_job_reservation(obj.spec, f"{prefix}.spec")
+        )
     if isinstance(obj, pb.Node):
         return v.validate_node(obj, prefix)
     if isinstance(obj, pb.Queue):

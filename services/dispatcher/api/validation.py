@@ -363,6 +363,7 @@ def _validate_preemption(spec: pb.JobSpec, s: str) -> Violations:
             violation(f"{s}.ttl_seconds_after_finished", f"must not be negative (got {ttl})")
         )
     out += validate_schedule_timeout(spec, s)
+    out += validate_job_reservation(spec, s)
     return out
 
 
@@ -374,6 +375,19 @@ def validate_schedule_timeout(spec: pb.JobSpec, s: str) -> Violations:
             violation(
                 f"{s}.schedule_timeout_seconds",
                 f"scheduleTimeoutSeconds must be a positive integer (got {timeout})",
+            )
+        ]
+    return []
+
+
+def validate_job_reservation(spec: pb.JobSpec, s: str) -> Violations:
+    """``reservation``: unset (no room kept) or a positive ``ttlSeconds``."""
+    ttl = spec.reservation.ttl_seconds
+    if spec.HasField("reservation") and ttl <= 0:
+        return [
+            violation(
+                f"{s}.reservation.ttl_seconds",
+                f"reservation.ttlSeconds must be a positive integer (got {ttl})",
             )
         ]
     return []
