@@ -43,6 +43,7 @@ from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 from placement.gpu import pin_cards
+from placement.gpufrag import Policy
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
@@ -534,6 +535,7 @@ class _UnitRun:
         "recommended",
         "result",
         "segments",
+        "share_policy",
         "snapshot",
         "templates",
         "total_nodes",
@@ -592,6 +594,9 @@ class _UnitRun:
         self.recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
         self.numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
         self.cards: dict[str, tuple[int, ...]] = {}  # pod asking GPUs -> the cards it holds
+        # How a share's card is chosen (Framework.share_policy: the GpuFragmentation score's
+        # policy, so the card proposed is the one the score assumed); None: best fit.
+        self.share_policy: Policy | None = None
         # Pod -> the reservation's hold it took on its node (placement.reservations), off the
         # snapshot while the pod is assumed there (a later pod of the unit takes another).
         self.holds: dict[str, PodRequest] = {}
@@ -614,7 +619,7 @@ class _UnitRun:
         if req.numa_nodes:
             self.numa[pod.name] = req.numa_nodes
         if req.requests.gpus:
-            req = pin_cards(info, req)
+            req = pin_cards(info, req, self.share_policy)
             self.cards[pod.name] = req.gpu_cards  # () when the node has no card for it
         self.snapshot.assume(req, node)
 
@@ -833,6 +838,7 @@ class UnitScheduler:
         """Each pod through its cycle (``_schedule_pod``), yielding before each; then the unit's
         min-member verdict: its placements kept (``_UnitRun.succeed``) or all undone (``fail``)."""
         run = _UnitRun(self.config, unit, snapshot, segments, labels, result, within)
+        run.share_policy = self.framework.share_policy()
         unplaced, allowed_failures = run.unplaced, run.allowed_failures
         for pod in unit.pods:
             yield
