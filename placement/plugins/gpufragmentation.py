@@ -22,9 +22,12 @@ best-fit 100 less the share left free; for packing by tier, then by GPU left fre
 no GPU scores 0 everywhere at the cost of one attribute read, so it changes no ranking; a node
 the policy finds no room on (the filters decide fit) scores 0 too.
 
-Cost: a node's answer depends only on (model, per-card use, free and total CPU and memory of the
-pod's pool), the ``Fleet`` grouping of ``placement.gpufrag``: answers are cached by that key per
-task shape, so scoring thousands of alike nodes costs a tuple and a dict lookup each.
+Cost: a node's answer depends only on (model, the cards' use in any order, free and total CPU
+and memory of the pod's pool), the ``Fleet`` grouping of ``placement.gpufrag``: answers are
+cached by that key per task shape, so scoring thousands of alike nodes costs a tuple and a dict
+lookup each (``bench/gpuscore_micro.py``). A new shape or a rebuilt policy scores each distinct
+state once again. Like every non-normalizing score, a node's answer is cached by the search's
+feasible-node cache until the node changes, so a mix learned meanwhile reaches it then.
 """
 
 from __future__ import annotations
@@ -131,9 +134,10 @@ class GpuFragmentation:
         if pod.name != self._last_pod:
             self.observe(pod)
         capacity, used = node.capacity[req.pool], node.requested[req.pool]
+        # Cards in any order score alike (the measures read the multiset of free amounts).
         key = (
             node.gpu_model,
-            node.card_used,
+            tuple(sorted(node.card_used)),
             capacity[0] - used[0],
             capacity[1] - used[1],
             capacity[0],
