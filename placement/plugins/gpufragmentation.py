@@ -112,6 +112,11 @@ class GpuFragmentation:
         best-fit and packing)."""
         return self._policy if self._learns else None
 
+    def forget_scores(self) -> None:
+        """Drop every cached answer, as a rebuilt policy does (``bench/gpuscore_micro.py``)."""
+        for answers in self._scores.values():
+            answers.clear()
+
     def observe(self, pod: PodInfo) -> None:
         """Take a new GPU pod's shape into the mix (once per pod, before its nodes are scored)."""
         self._last_pod = pod.name
