@@ -98,8 +98,7 @@ def main() -> None:
 
     def cold() -> None:
         for p in pods[:20]:
-            plugin._scores.clear()
-            plugin._current = plugin._scores.setdefault(plugin._shape, {})
+            plugin.forget_scores()
             for n in nodes:
                 plugin.score(p, n)
 
