@@ -37,7 +37,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Generator, Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -512,6 +512,10 @@ def run_steps(
         return result
 
 
+def _best_fit() -> Policy | None:
+    return None
+
+
 class _UnitRun:
     """One unit's pass over one node group (``UnitScheduler._schedule_in``): what its pods'
     cycles share, and what they placed so far. Written out rather than a dataclass: one is made
@@ -595,8 +599,9 @@ class _UnitRun:
         self.numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
         self.cards: dict[str, tuple[int, ...]] = {}  # pod asking GPUs -> the cards it holds
         # How a share's card is chosen (Framework.share_policy: the GpuFragmentation score's
-        # policy, so the card proposed is the one the score assumed); None: best fit.
-        self.share_policy: Policy | None = None
+        # policy as it is when the pod is placed, so the card proposed is the one the score
+        # assumed); None: best fit.
+        self.share_policy: Callable[[], Policy | None] = _best_fit
         # Pod -> the reservation's hold it took on its node (placement.reservations), off the
         # snapshot while the pod is assumed there (a later pod of the unit takes another).
         self.holds: dict[str, PodRequest] = {}
@@ -619,7 +624,7 @@ class _UnitRun:
         if req.numa_nodes:
             self.numa[pod.name] = req.numa_nodes
         if req.requests.gpus:
-            req = pin_cards(info, req, self.share_policy)
+            req = pin_cards(info, req, self.share_policy())
             self.cards[pod.name] = req.gpu_cards  # () when the node has no card for it
         self.snapshot.assume(req, node)
 
@@ -838,7 +843,7 @@ class UnitScheduler:
         """Each pod through its cycle (``_schedule_pod``), yielding before each; then the unit's
         min-member verdict: its placements kept (``_UnitRun.succeed``) or all undone (``fail``)."""
         run = _UnitRun(self.config, unit, snapshot, segments, labels, result, within)
-        run.share_policy = self.framework.share_policy()
+        run.share_policy = self.framework.share_policy
         unplaced, allowed_failures = run.unplaced, run.allowed_failures
         for pod in unit.pods:
             yield
