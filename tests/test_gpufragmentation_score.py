@@ -165,3 +165,20 @@ def test_the_search_proposes_the_card_the_score_assumed() -> None:
     result = UnitScheduler(framework).schedule(UnitInfo("j", 1, 0, 0, [pod]), snapshot)
     assert [(p.node, p.gpu_cards) for p in result.placements] == [("n", (1,))]
     assert gpu.choose_cards(card_node("m", (500, 300)), pod.req) == (0,)
+
+
+def test_the_share_policy_is_the_scores_latest() -> None:
+    """The search asks for the share policy when it places a pod, after the score has observed
+    that pod: the policy's mix holds its shape."""
+    framework = Framework(Profile(), new_in_tree_registry())
+    plugin = framework.plugins["GpuFragmentation"]
+    assert isinstance(plugin, GpuFragmentation)
+    plugin.score(share_pod("p", 400), card_node("n", (0,)))
+    policy = framework.share_policy()
+    assert isinstance(policy, FgdFillPolicy)
+    assert policy.mix.shapes == ((shape(400), 1),)
+
+
+def test_a_profile_without_the_score_chooses_best_fit() -> None:
+    profile = Profile(scores=(("LeastAllocated", 1),))
+    assert Framework(profile, new_in_tree_registry()).share_policy() is None
