@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from placement.gpufrag import GpuNodeState, Policy, TaskShape
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.resources import MILLI_PER_CARD
 
@@ -85,11 +86,39 @@ def fit_failure(node: NodeInfo, req: PodRequest) -> GpuFailure | None:
     return None
 
 
-def choose_cards(node: NodeInfo, req: PodRequest) -> tuple[int, ...] | GpuFailure:
-    """The cards ``req`` would hold on ``node`` (() for a pod asking no GPU): for a share, the
-    best fit — the card with the least free that still holds it, lowest index among equals —;
-    for whole cards, the lowest indices wholly free. The one choice of cards: the shard
-    proposes it, the Binder makes it when a decision names none."""
+def node_state(node: NodeInfo, pool: str) -> GpuNodeState:
+    """``node`` as the fragmentation measures (``placement.gpufrag``) read it: its model, the
+    milli-GPU free on each card, and the free and total CPU and memory of ``pool``."""
+    capacity, used = node.capacity[pool], node.requested[pool]
+    return GpuNodeState(
+        node.gpu_model,
+        tuple(MILLI_PER_CARD - u for u in node.card_used),
+        capacity[0] - used[0],
+        capacity[1] - used[1],
+        capacity[0],
+        capacity[1],
+    )
+
+
+def task_shape(req: PodRequest) -> TaskShape:
+    """What ``req`` asks of one node, as the fragmentation measures read it."""
+    milli = req.requests.gpus
+    cards = cards_needed(milli) if milli else 0
+    per_card = milli if is_share(milli) else (MILLI_PER_CARD if milli else 0)
+    return TaskShape(req.requests.cpu, req.requests.mem, cards, per_card, frozenset(req.gpu_models))
+
+
+def choose_cards(
+    node: NodeInfo, req: PodRequest, share_policy: Policy | None = None
+) -> tuple[int, ...] | GpuFailure:
+    """The cards ``req`` would hold on ``node`` (() for a pod asking no GPU). For a share: the
+    card ``share_policy`` picks (the GpuFragmentation score's policy, fgd-fill by default: the
+    card where the learned shape mix's fragmentation grows least), else — no policy, or it
+    finds no card (the pool's CPU or memory short) — the best fit: the card with the least
+    free that still holds it, lowest index among equals. For whole cards, the lowest indices
+    wholly free. The one choice of cards: the shard proposes it (with its score's policy), the
+    Binder verifies that proposal and makes the choice (best fit) only when a decision names
+    none."""
     milli = req.requests.gpus
     if not milli:
         return ()
@@ -97,6 +126,10 @@ def choose_cards(node: NodeInfo, req: PodRequest) -> tuple[int, ...] | GpuFailur
         return GpuFailure(MODEL_NOT_ACCEPTED, unresolvable=True)
     used = node.card_used
     if is_share(milli):
+        if share_policy is not None:
+            choice = share_policy.choose(node_state(node, req.pool), task_shape(req))
+            if choice is not None:
+                return choice.cards
         best: tuple[int, int] | None = None
         for index, u in enumerate(used):
             left = MILLI_PER_CARD - u - milli
@@ -110,13 +143,13 @@ def choose_cards(node: NodeInfo, req: PodRequest) -> tuple[int, ...] | GpuFailur
     return tuple(free[:want])
 
 
-def pin_cards(node: NodeInfo, req: PodRequest) -> PodRequest:
+def pin_cards(node: NodeInfo, req: PodRequest, share_policy: Policy | None = None) -> PodRequest:
     """``req`` holding the cards :func:`choose_cards` picks on ``node`` (unchanged for a pod
     asking no GPU; holding none when none fit: the Binder then chooses or refuses). Cards it
     held elsewhere (a simulated move) are not kept."""
     if not req.requests.gpus:
         return req
-    found = choose_cards(node, req)
+    found = choose_cards(node, req, share_policy)
     cards = found if isinstance(found, tuple) else ()
     return req if cards == req.gpu_cards else req.with_cards(cards)
 

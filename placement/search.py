@@ -37,12 +37,13 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Generator, Hashable, Iterable, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
 from placement.gpu import pin_cards
+from placement.gpufrag import Policy
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins.numatopology import pin_numa
 from placement.postfilter import Preempted, Preemption, take, undo
@@ -514,6 +515,10 @@ def run_steps(
         return result
 
 
+def _best_fit() -> Policy | None:
+    return None
+
+
 class _UnitRun:
     """One unit's pass over one node group (``UnitScheduler._schedule_in``): what its pods'
     cycles share, and what they placed so far. Written out rather than a dataclass: one is made
@@ -537,6 +542,7 @@ class _UnitRun:
         "recommended",
         "result",
         "segments",
+        "share_policy",
         "snapshot",
         "templates",
         "total_nodes",
@@ -595,6 +601,10 @@ class _UnitRun:
         self.recommended: dict[str, str] = {}  # pod -> the tag of the recommendation it used
         self.numa: dict[str, tuple[int, ...]] = {}  # NUMA-bound pod -> the NUMA nodes it holds
         self.cards: dict[str, tuple[int, ...]] = {}  # pod asking GPUs -> the cards it holds
+        # How a share's card is chosen (Framework.share_policy: the GpuFragmentation score's
+        # policy as it is when the pod is placed, so the card proposed is the one the score
+        # assumed); None: best fit.
+        self.share_policy: Callable[[], Policy | None] = _best_fit
         # Pod -> the reservation's hold it took on its node (placement.reservations), off the
         # snapshot while the pod is assumed there (a later pod of the unit takes another).
         self.holds: dict[str, PodRequest] = {}
@@ -617,7 +627,7 @@ class _UnitRun:
         if req.numa_nodes:
             self.numa[pod.name] = req.numa_nodes
         if req.requests.gpus:
-            req = pin_cards(info, req)
+            req = pin_cards(info, req, self.share_policy())
             self.cards[pod.name] = req.gpu_cards  # () when the node has no card for it
         self.snapshot.assume(req, node)
 
@@ -843,6 +853,7 @@ class UnitScheduler:
         """Each pod through its cycle (``_schedule_pod``), yielding before each; then the unit's
         min-member verdict: its placements kept (``_UnitRun.succeed``) or all undone (``fail``)."""
         run = _UnitRun(self.config, unit, snapshot, segments, labels, result, within)
+        run.share_policy = self.framework.share_policy
         unplaced, allowed_failures = run.unplaced, run.allowed_failures
         for pod in unit.pods:
             yield

@@ -23,6 +23,7 @@ from services.rescheduler.framework import (
     utilisation,
 )
 from services.rescheduler.metrics import (
+    expected_gpu_fragmentation,
     free_nodes,
     gpu_fragmentation,
     utilisation_spread,
@@ -355,6 +356,27 @@ def test_gpu_defragmentation_frees_a_whole_node() -> None:
     after = (gpu_fragmentation(view), whole_free_gpu_nodes(view))
     # Idle before: 1 on g1 and 7 on g2 (stranded), 8 on g3; after: 8 on g2 and 8 on g3.
     assert (before, after) == ((0.5, 1), (0.0, 2))
+
+
+def test_expected_gpu_fragmentation_counts_slivers_the_running_shapes_cannot_use() -> None:
+    """Shapes of the running pods: 1 card ×2, 2 cards, 4 cards. Free: 1 card on g1 (no 2- or
+    4-card task fits: 1000 stranded for each), 7 on g2, 8 on g3: 2000 / (4 × 16000). Packing
+    the lone pod onto g1 leaves nothing stranded."""
+    view = build_view(GPU_FRAGMENTED.nodes, GPU_FRAGMENTED.pods)
+    before = expected_gpu_fragmentation(view)
+    GPU_PACKING.reschedule(view, GPU_PACKING.detect(view), allow_all)
+    assert (before, expected_gpu_fragmentation(view)) == (0.03125, 0.0)
+
+
+def test_expected_gpu_fragmentation_reads_the_cards_shares_hold() -> None:
+    """Two 600 shares on cards 0 and 1 of a 2-card node: 400 free on each, and a 600 share (the
+    only shape) fits neither: all 800 free milli stranded."""
+    shares = [mkpod(f"s{i}", "g", gpus=1) for i in range(2)]
+    for i, pod in enumerate(shares):
+        pod.spec.template.gpu_milli = 600
+        pod.spec.gpu_cards.append(i)
+    view = build_view([mknode("g", gpus=2)], shares)
+    assert expected_gpu_fragmentation(view) == 1.0
 
 
 # -- LoadBalance ------------------------------------------------------------------------------
@@ -982,6 +1004,10 @@ GPU_CLUSTER = build_view(
     [
         # Idle GPUs: 2 on g1 and 6 on g2 (both partly used), 8 on g3: 8 of 16 stranded.
         pytest.param(gpu_fragmentation, 0.5, id="gpu-fragmentation"),
+        # Shapes: 6 cards with 2 CPUs, 2 cards with 6 CPUs, once each. Free: 2 cards and 8 CPUs
+        # on g1 (no 6-card task: 2000 stranded), 6 cards and 4 CPUs on g2 (no 2-card task for
+        # want of CPU: 6000), 8 and 10 on g3 (none): 8000 / (2 × 16000).
+        pytest.param(expected_gpu_fragmentation, 0.25, id="expected-gpu-fragmentation"),
         pytest.param(free_nodes, 1, id="free-nodes"),
         pytest.param(whole_free_gpu_nodes, 1, id="whole-free-gpu-nodes"),
         # CPU utilisation of the nodes with pods: 0.2, 0.6, 0.1 -> mean 0.3.
@@ -1000,6 +1026,7 @@ def test_metrics(metric: Any, expected: float) -> None:
     ("metric", "expected"),
     [
         pytest.param(gpu_fragmentation, 0.0, id="gpu-fragmentation-nothing-idle"),
+        pytest.param(expected_gpu_fragmentation, 0.0, id="expected-nothing-free"),
         pytest.param(lambda v: utilisation_spread(v, {"cpu": 1}), 0.0, id="spread-no-pods"),
     ],
 )

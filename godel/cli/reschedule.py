@@ -157,6 +157,13 @@ def print_figures(
             ]
         )
         rows.append(
+            [
+                "expected gpu fragmentation",
+                f"{before.expected_gpu_fragmentation:.1%}",
+                f"{after.expected_gpu_fragmentation:.1%}",
+            ]
+        )
+        rows.append(
             ["whole free gpu nodes", before.whole_free_gpu_nodes, after.whole_free_gpu_nodes]
         )
     if spread:

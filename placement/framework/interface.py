@@ -12,6 +12,7 @@ from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
+from placement.gpufrag import Policy
 from placement.labelselector import (
     PodTerm,
     Requirement,
@@ -319,6 +320,15 @@ class ScorePlugin(Plugin, Protocol):
     def score(self, pod: PodInfo, node: NodeInfo) -> int:
         """A raw score; 0..100 unless the plugin also normalizes."""
         ...
+
+
+@runtime_checkable
+class SharePolicySource(Protocol):
+    """Optional for Score plugins: the policy a share's GPU card is chosen by on the node the
+    search picks (``placement.gpu.choose_cards``), so the card the shard proposes is the one
+    the score assumed. None: the default (best fit)."""
+
+    def share_policy(self) -> Policy | None: ...
 
 
 @runtime_checkable

@@ -50,6 +50,10 @@ DEFAULT_SCORES = (
     ("InterPodAffinity", 2),
     # Packs NUMA-bound pods onto partly used NUMA nodes; 0 for every other pod.
     ("NumaTopology", 2),
+    # GPU pods only (0 for every other pod): where the learned GPU shape mix's fragmentation
+    # grows least. Weighted to decide among a GPU pod's candidates: 10 milli-GPU of expected
+    # growth per point, so 100 milli outweighs any one default score above.
+    ("GpuFragmentation", 10),
 )
 # Unit level: job-level affinity groups a gang's nodes by topology domain (no-op for others).
 DEFAULT_GROUPING = ("JobLevelAffinity",)

@@ -17,12 +17,14 @@ from placement.framework.interface import (
     PodInfo,
     PreFilter,
     ScorePlugin,
+    SharePolicySource,
     Status,
     TopologyPlugin,
     UnitInfo,
 )
 from placement.framework.profile import Profile, ProfileError, parse_profile, where_of
 from placement.framework.registry import PluginConfigError, Registry
+from placement.gpufrag import Policy
 from placement.nodeinfo import NodeInfo
 from placement.reservations import lent
 from placement.topology import PodCounts
@@ -59,6 +61,7 @@ class Framework:
         self.node_filters: list[FilterFn] = []
         self.topology_filters: list[FilterFn] = []
         self._topology_scores: set[str] = set()
+        self._share_sources: list[SharePolicySource] = []
 
         for name in profile.filters:
             plugin = self._plugin(name, registry)
@@ -78,6 +81,8 @@ class Framework:
             if not isinstance(plugin, ScorePlugin):
                 raise ProfileError(f"scores: plugin {name!r} is not a Score plugin")
             norm = plugin.normalize_scores if isinstance(plugin, NormalizeScore) else None
+            if isinstance(plugin, SharePolicySource):
+                self._share_sources.append(plugin)
             self.scores.append((name, weight, plugin.score, norm))
             if isinstance(plugin, TopologyPlugin):
                 self._add_topology(plugin)
@@ -209,6 +214,15 @@ class Framework:
             for i, v in enumerate(values):
                 total[i] += weight * v
         return total
+
+    def share_policy(self) -> Policy | None:
+        """The policy a GPU share's card is chosen by (``SharePolicySource``; the first score
+        plugin that names one), or None: best fit."""
+        for source in self._share_sources:
+            policy = source.share_policy()
+            if policy is not None:
+                return policy
+        return None
 
     def dynamic_score(self, pod: PodInfo, node: NodeInfo) -> int:
         skip = self._topology_scores if pod.topology is None else ()

@@ -4,6 +4,7 @@ from placement.framework import Registry
 from placement.plugins import (
     balancedallocation,
     gpucards,
+    gpufragmentation,
     interpodaffinity,
     joblevelaffinity,
     leastallocated,
@@ -35,6 +36,7 @@ def new_in_tree_registry() -> Registry:
             numatopology.SPEC,
             joblevelaffinity.SPEC,
             gpucards.SPEC,
+            gpufragmentation.SPEC,
             reservation.SPEC,
         ]
     )

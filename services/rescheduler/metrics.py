@@ -6,9 +6,19 @@ reclaimed CPU and memory)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import sqrt
 
-from placement.nodeinfo import GUARANTEED
+from placement.gpu import node_state, task_shape
+from placement.gpufrag import (
+    FGD_FILL_COVERAGE_PERCENT,
+    GpuNodeState,
+    ShapeMix,
+    TaskShape,
+    weighted_fragmentation,
+)
+from placement.nodeinfo import GUARANTEED, NodeInfo
+from placement.resources import MILLI_PER_CARD
 from services.rescheduler.framework import RESOURCE_INDEX, ClusterView, utilisation
 
 _GPU = RESOURCE_INDEX["gpu"]
@@ -25,6 +35,47 @@ def gpu_fragmentation(view: ClusterView) -> float:
         if used > 0:
             stranded += free
     return stranded / idle if idle else 0.0
+
+
+def expected_gpu_fragmentation(view: ClusterView) -> float:
+    """The expected GPU fragmentation of the in-scope nodes ÷ all their free GPU: the share of
+    free GPU a task drawn from the running pods' GPU shapes could not use, by the measure the
+    GpuFragmentation score keeps low (``placement.gpufrag.fragmentation``, Weng et al.'s FGD):
+    per node and shape, the free GPU on cards too small for it, or all the node's free GPU when
+    it cannot run there (cards, CPU, memory or model). Shapes are weighted by how many running
+    pods have them; with no GPU pod running, one whole card is the shape. 0.0 when no GPU is
+    free."""
+    shapes = [
+        task_shape(running.info.req)
+        for running in view.pods.values()
+        if running.info.req.requests.gpus
+    ]
+    mix = ShapeMix.of_tasks(shapes or [_ONE_CARD], FGD_FILL_COVERAGE_PERCENT)
+    free = weighted = 0
+    for node in view.scoped_nodes():
+        state = _card_state(node)
+        free += state.free_gpu_milli
+        if state.free_gpu_milli:
+            weighted += weighted_fragmentation(state, mix)
+    return weighted / (mix.total * free) if free else 0.0
+
+
+_ONE_CARD = TaskShape(0, 0, 1, MILLI_PER_CARD)
+
+
+def _card_state(node: NodeInfo) -> GpuNodeState:
+    """The node's cards as the measure reads them. GPU pods holding no card yet (none chosen)
+    are taken to hold the freest cards, whole cards first, as the Binder would give them."""
+    state = node_state(node, GUARANTEED)
+    unplaced = node.requested[GUARANTEED][_GPU] - sum(node.card_used)
+    if unplaced <= 0:
+        return state
+    free = sorted(state.free_milli, reverse=True)
+    for index, amount in enumerate(free):
+        taken = min(amount, unplaced)
+        free[index] -= taken
+        unplaced -= taken
+    return replace(state, free_milli=tuple(free))
 
 
 def free_nodes(view: ClusterView) -> int:

@@ -93,6 +93,7 @@ class Figures:
     whole_free_gpu_nodes: int = 0
     spread_share: float = 0.0
     unplaced_pods: int = 0
+    expected_gpu_fragmentation: float = 0.0
 
     def to_proto(self) -> api.ClusterFigures:
         return api.ClusterFigures(**dataclasses.asdict(self))
@@ -416,6 +417,7 @@ class RoundRunner:
             utilisation_spread=metrics.utilisation_spread(view, dict(weights)),
             gpu_fragmentation=metrics.gpu_fragmentation(view),
             whole_free_gpu_nodes=metrics.whole_free_gpu_nodes(view),
+            expected_gpu_fragmentation=metrics.expected_gpu_fragmentation(view),
         )
         key = policy.detector_args.get("topology_key")
         if isinstance(key, str) and key:

@@ -904,6 +904,7 @@ class ClusterFigures(_message.Message):
     WHOLE_FREE_GPU_NODES_FIELD_NUMBER: _builtins.int
     SPREAD_SHARE_FIELD_NUMBER: _builtins.int
     UNPLACED_PODS_FIELD_NUMBER: _builtins.int
+    EXPECTED_GPU_FRAGMENTATION_FIELD_NUMBER: _builtins.int
     nodes: _builtins.int
     pods: _builtins.int
     free_nodes: _builtins.int
@@ -922,6 +923,11 @@ class ClusterFigures(_message.Message):
     """TopologySpread policies: the share of jobs within maxSkew across the policy's domains."""
     unplaced_pods: _builtins.int
     """Pods the simulated scheduler could place nowhere (after only)."""
+    expected_gpu_fragmentation: _builtins.float
+    """The expected GPU fragmentation over all free GPU (0..1, 0 when none is free): the share of
+    free GPU a task drawn from the running pods' GPU shapes could not use, by the measure the
+    GpuFragmentation score keeps low (placement/gpufrag.py).
+    """
     def __init__(
         self,
         *,
@@ -933,10 +939,11 @@ class ClusterFigures(_message.Message):
         whole_free_gpu_nodes: _builtins.int = ...,
         spread_share: _builtins.float = ...,
         unplaced_pods: _builtins.int = ...,
+        expected_gpu_fragmentation: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_nodes", b"free_nodes", "gpu_fragmentation", b"gpu_fragmentation", "nodes", b"nodes", "pods", b"pods", "spread_share", b"spread_share", "unplaced_pods", b"unplaced_pods", "utilisation_spread", b"utilisation_spread", "whole_free_gpu_nodes", b"whole_free_gpu_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_gpu_fragmentation", b"expected_gpu_fragmentation", "free_nodes", b"free_nodes", "gpu_fragmentation", b"gpu_fragmentation", "nodes", b"nodes", "pods", b"pods", "spread_share", b"spread_share", "unplaced_pods", b"unplaced_pods", "utilisation_spread", b"utilisation_spread", "whole_free_gpu_nodes", b"whole_free_gpu_nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,184 @@
+"""GpuFragmentation: score a GPU pod's candidate nodes by how little the cluster's GPU
+fragmentation grows if the pod goes there (issue 30; the measures are ``placement.gpufrag``'s,
+the conversions ``placement.gpu``'s).
+
+Policies (``args.policy``):
+
+- ``fgd-fill`` (default): the growth of the learned shape mix's expected fragmentation plus its
+  expected unfillable GPU (``FgdFillPolicy``), on the card the same policy picks for a share.
+- ``fgd``: the growth of expected fragmentation alone (the paper's FGD, ``FgdPolicy``).
+- ``best-fit``: the node left with the least free GPU, CPU and memory (``BestFitPolicy``).
+- ``packing``: shares onto shared cards, then onto nodes in use (``GpuPackingPolicy``).
+
+The shape mix is learned from the pods this plugin scores (one framework instance: a shard's
+plugin sees its shard's pods): each new pod is observed once, before its nodes are scored, in a
+``ShapeWindow`` of the last ``window`` pods, so even the first pod scores against a mix (its own
+shape). The policy is rebuilt from the window when a new shape arrives or every
+``refresh`` pods, not per pod, so its answers stay cached.
+
+Raw scores are 0..100, higher is better: for fgd and fgd-fill 50 minus the expected growth in
+steps of ``milli_per_point`` milli-GPU (a placement that fills a sliver scores above 50); for
+best-fit 100 less the share left free; for packing by tier, then by GPU left free. A pod asking
+no GPU scores 0 everywhere at the cost of one attribute read, so it changes no ranking; a node
+the policy finds no room on (the filters decide fit) scores 0 too.
+
+Cost: a node's answer depends only on (model, the cards' use in any order, free and total CPU
+and memory of the pod's pool), the ``Fleet`` grouping of ``placement.gpufrag``: answers are
+cached by that key per task shape, so scoring thousands of alike nodes costs a tuple and a dict
+lookup each (``bench/gpuscore_micro.py``). A new shape or a rebuilt policy scores each distinct
+state once again. Like every non-normalizing score, a node's answer is cached by the search's
+feasible-node cache until the node changes, so a mix learned meanwhile reaches it then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from placement.framework import MAX_NODE_SCORE, PluginSpec, PodInfo, ScorePlugin
+from placement.gpu import node_state, task_shape
+from placement.gpufrag import (
+    FGD_FILL_COVERAGE_PERCENT,
+    MILLI_PER_GPU,
+    BestFitPolicy,
+    Choice,
+    FgdFillPolicy,
+    FgdPolicy,
+    GpuNodeState,
+    GpuPackingPolicy,
+    Policy,
+    ShapeWindow,
+    TaskShape,
+)
+from placement.nodeinfo import NodeInfo
+
+NAME = "GpuFragmentation"
+
+POLICIES = ("fgd-fill", "fgd", "best-fit", "packing")
+_NEUTRAL = MAX_NODE_SCORE // 2
+# Packing tiers (GpuPackingPolicy: 0 a shared card, 1 a node in use, 2 an idle node).
+_TIER_POINTS = 40
+
+
+@dataclass(frozen=True)
+class GpuFragmentationArgs:
+    policy: str = "fgd-fill"
+    window: int = 2000  # pods whose shapes make the mix
+    refresh: int = 64  # pods between rebuilds of the mix (a new shape rebuilds at once)
+    milli_per_point: int = 10  # expected growth per score point (fgd, fgd-fill)
+
+    def validate(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy: must be one of {', '.join(POLICIES)} (got {self.policy!r})")
+        for name in ("window", "refresh", "milli_per_point"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"{name}: must be at least 1 (got {value})")
+
+
+class GpuFragmentation:
+    NAME: ClassVar[str] = NAME
+
+    def __init__(self, args: GpuFragmentationArgs) -> None:
+        self.args = args
+        self._learns = args.policy in ("fgd-fill", "fgd")
+        self._window = ShapeWindow(args.window, FGD_FILL_COVERAGE_PERCENT)
+        self._seen: set[TaskShape] = set()
+        self._since_refresh = 0
+        self._mix_total = 1
+        self._policy: Policy = self._build()
+        self._last_pod = ""
+        self._shape: TaskShape | None = None
+        # Per task shape: (model, card use, free cpu, free memory, total cpu, total memory) ->
+        # raw score. Cleared when the policy is rebuilt.
+        self._scores: dict[TaskShape, dict[tuple[object, ...], int]] = {}
+        self._current: dict[tuple[object, ...], int] = {}
+
+    def _build(self) -> Policy:
+        policy = self.args.policy
+        mix = self._window.mix()
+        self._mix_total = mix.total or 1
+        if policy == "fgd-fill":
+            return FgdFillPolicy(mix)
+        if policy == "fgd":
+            return FgdPolicy(mix)
+        if policy == "best-fit":
+            return BestFitPolicy()
+        return GpuPackingPolicy()
+
+    def share_policy(self) -> Policy | None:
+        """The policy a shard's card choice for a share follows (``gpu.choose_cards``), so the
+        card it proposes is the one this score assumed; None: best fit (the same card for
+        best-fit and packing)."""
+        return self._policy if self._learns else None
+
+    def forget_scores(self) -> None:
+        """Drop every cached answer, as a rebuilt policy does (``bench/gpuscore_micro.py``)."""
+        for answers in self._scores.values():
+            answers.clear()
+
+    def observe(self, pod: PodInfo) -> None:
+        """Take a new GPU pod's shape into the mix (once per pod, before its nodes are scored)."""
+        self._last_pod = pod.name
+        shape = task_shape(pod.req)
+        self._shape = shape
+        if self._learns:
+            self._window.observe(shape)
+            self._since_refresh += 1
+            if shape not in self._seen or self._since_refresh >= self.args.refresh:
+                self._seen.add(shape)
+                self._since_refresh = 0
+                self._policy = self._build()
+                self._scores.clear()
+        self._current = self._scores.setdefault(shape, {})
+
+    def score(self, pod: PodInfo, node: NodeInfo) -> int:
+        req = pod.req
+        if not req.requests.gpus:
+            return 0
+        if pod.name != self._last_pod:
+            self.observe(pod)
+        capacity, used = node.capacity[req.pool], node.requested[req.pool]
+        # Cards in any order score alike (the measures read the multiset of free amounts).
+        key = (
+            node.gpu_model,
+            tuple(sorted(node.card_used)),
+            capacity[0] - used[0],
+            capacity[1] - used[1],
+            capacity[0],
+            capacity[1],
+        )
+        found = self._current.get(key)
+        if found is None:
+            shape = self._shape
+            assert shape is not None  # set by observe
+            state = node_state(node, req.pool)
+            found = self._current[key] = self._points(state, self._policy.choose(state, shape))
+        return found
+
+    def _points(self, state: GpuNodeState, choice: Choice | None) -> int:
+        if choice is None:
+            return 0
+        policy = self.args.policy
+        if policy in ("fgd-fill", "fgd"):
+            growth = choice.score[0] // (self._mix_total * self.args.milli_per_point)
+            return _clamp(_NEUTRAL - growth)
+        if policy == "best-fit":
+            # The sum of three shares of a million (GPU, CPU, memory left free).
+            return _clamp(MAX_NODE_SCORE - choice.score[0] * MAX_NODE_SCORE // 3_000_000)
+        tier, gpu_left = choice.score
+        cards_total = len(state.free_milli) * MILLI_PER_GPU or 1
+        spare = MAX_NODE_SCORE - 2 * _TIER_POINTS
+        return _clamp((2 - tier) * _TIER_POINTS + spare - spare * gpu_left // cards_total)
+
+
+def _clamp(points: int) -> int:
+    return max(0, min(MAX_NODE_SCORE, points))
+
+
+def new(args: GpuFragmentationArgs) -> GpuFragmentation:
+    return GpuFragmentation(args)
+
+
+_check: type[ScorePlugin] = GpuFragmentation
+SPEC = PluginSpec(NAME, GpuFragmentationArgs, new)

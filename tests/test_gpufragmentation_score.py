@@ -1,0 +1,184 @@
+"""GpuFragmentation: the Score plugin that places GPU pods where the learned shape mix's
+fragmentation grows least, the card choice for a share it shares with ``gpu.choose_cards``, and
+its profile args. Expected values are hand-computed in the comments."""
+
+from __future__ import annotations
+
+import pytest
+
+from placement import gpu
+from placement.framework import Framework, PluginConfigError, PodInfo, Profile, UnitInfo
+from placement.gpufrag import FgdFillPolicy, ShapeMix, TaskShape
+from placement.nodeinfo import NodeInfo, PodRequest
+from placement.plugins import new_in_tree_registry
+from placement.plugins.gpufragmentation import SPEC, GpuFragmentation, GpuFragmentationArgs
+from placement.search import UnitScheduler
+from placement.snapshot import Snapshot
+from tests.factories import gpu_node
+
+
+def card_node(name: str, used: tuple[int, ...], model: str = "V100M32") -> NodeInfo:
+    """A node whose cards hold ``used`` milli-GPU each (one holder pod per used card)."""
+    info = NodeInfo.from_node(gpu_node(name, len(used), model, cpu=64_000))
+    for index, milli in enumerate(used):
+        if milli:
+            assert info.add_pod(
+                PodRequest(f"{name}-h{index}", "g", 100, 0, milli, gpu_cards=(index,))
+            )
+    return info
+
+
+def share_pod(name: str, milli: int, models: tuple[str, ...] = ()) -> PodInfo:
+    req = PodRequest(name, "g", 100, 0, milli, gpu_models=models)
+    return PodInfo(name, "j", 1, req)
+
+
+@pytest.mark.parametrize(
+    ("milli", "nodes", "expected"),
+    [
+        # Mix {600}: on the card with 600 free the pod fills it (growth 0: 50). On an empty card
+        # it leaves 400 that a 600 cannot use: fragmentation 0→400, unfillable 400→400, growth
+        # 400 milli = 40 points below 50.
+        (600, {"gap": (400,), "empty": (0,)}, {"gap": 50, "empty": 10}),
+        # Mix {500}: either node leaves nothing a 500 cannot use: equal scores.
+        (500, {"half": (500,), "empty": (0,)}, {"half": 50, "empty": 50}),
+        # A card with 300 free holds no 600: the policy finds no room (the filter says so), 0.
+        (600, {"full": (700,), "gap": (400,)}, {"full": 0, "gap": 50}),
+        # A pod asking no GPU scores 0 everywhere.
+        (0, {"gap": (400,), "empty": (0,)}, {"gap": 0, "empty": 0}),
+    ],
+    ids=["fills-the-gap", "tie", "no-room", "cpu-only"],
+)
+def test_score(milli: int, nodes: dict[str, tuple[int, ...]], expected: dict[str, int]) -> None:
+    plugin = GpuFragmentation(GpuFragmentationArgs())
+    pod = share_pod("p", milli)
+    got = {name: plugin.score(pod, card_node(name, used)) for name, used in nodes.items()}
+    assert got == expected
+
+
+def test_a_cpu_only_pod_is_not_observed() -> None:
+    plugin = GpuFragmentation(GpuFragmentationArgs())
+    assert plugin.score(share_pod("cpu", 0), card_node("n", (0,))) == 0
+    assert plugin.share_policy() is not None
+    assert not len(plugin._window)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        # best-fit: the shares left free of GPU, CPU and memory, out of 3: gap 0 + 0.997 + 1
+        # (100 - 66), empty 0.4 + 0.997 + 1 (100 - 79).
+        ("best-fit", {"gap": 34, "empty": 21}),
+        # packing: gap is tier 0 (a shared card), empty tier 2.
+        ("packing", {"gap": 100, "empty": 12}),
+    ],
+)
+def test_comparison_policies(policy: str, expected: dict[str, int]) -> None:
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy=policy))
+    pod = share_pod("p", 600)
+    nodes = {"gap": (400,), "empty": (0,)}
+    got = {name: plugin.score(pod, card_node(name, used)) for name, used in nodes.items()}
+    assert got == expected
+    assert plugin.share_policy() is None  # their card is the best fit
+
+
+def shape(milli: int) -> TaskShape:
+    return TaskShape(100, 0, 1, milli)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        # Free [500, 700], a 400 share, mix {300}: best fit takes card 0 (100 left). fgd-fill:
+        # card 0 → [100, 700]: fragmentation 100, unfillable 200, from 0 + 300: growth 0;
+        # card 1 → [500, 300]: fragmentation 0, unfillable 200: growth -100. Card 1.
+        (None, (0,)),
+        (FgdFillPolicy(ShapeMix(((shape(300), 1),))), (1,)),
+    ],
+    ids=["best-fit", "fgd-fill"],
+)
+def test_choose_cards_with_a_mix(policy: FgdFillPolicy | None, expected: tuple[int, ...]) -> None:
+    node = card_node("n", (500, 300))
+    assert gpu.choose_cards(node, share_pod("p", 400).req, policy) == expected
+
+
+def test_choose_cards_falls_back_to_best_fit_when_the_policy_finds_no_room() -> None:
+    node = card_node("n", (500, 300))
+    hungry = PodRequest("p", "g", 128_000, 0, 400)  # more CPU than the node has: no choice
+    policy = FgdFillPolicy(ShapeMix(((shape(300), 1),)))
+    assert gpu.choose_cards(node, hungry, policy) == (0,)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ({"policy": "spread"}, "policy: must be one of fgd-fill, fgd, best-fit, packing"),
+        ({"window": 0}, "window: must be at least 1"),
+        ({"refresh": 0}, "refresh: must be at least 1"),
+        ({"policy": 3}, "arg 'policy': 3 has the wrong type"),
+        ({"mix": {}}, "unknown arg 'mix'"),
+    ],
+)
+def test_bad_args_are_refused_naming_the_field(args: dict[str, object], words: str) -> None:
+    with pytest.raises(PluginConfigError, match=words):
+        SPEC.parse_args(args)
+
+
+@pytest.mark.parametrize("policy", ["fgd-fill", "fgd", "best-fit", "packing"])
+def test_each_policy_is_accepted(policy: str) -> None:
+    assert SPEC.parse_args({"policy": policy}).policy == policy
+
+
+def test_the_default_profile_scores_gpu_fragmentation() -> None:
+    assert "GpuFragmentation" in dict(Profile().scores)
+
+
+def test_the_search_places_a_share_where_fragmentation_grows_least() -> None:
+    """Default profile: LeastAllocated prefers the empty nodes, GpuFragmentation the card with
+    exactly the share free (see ``test_score``); a node of another model would score as well
+    but the pod does not accept it (GpuCards)."""
+    snapshot = Snapshot.of(
+        [
+            card_node("empty", (0,)),
+            card_node("gap", (400,)),
+            card_node("other-model", (400,), model="A100"),
+            card_node("empty2", (0, 0)),
+        ]
+    )
+    framework = Framework(Profile(), new_in_tree_registry())
+    pod = share_pod("p", 600, models=("V100M32",))
+    result = UnitScheduler(framework).schedule(UnitInfo("j", 1, 0, 0, [pod]), snapshot)
+    assert [(p.node, p.gpu_cards) for p in result.placements] == [("gap", (0,))]
+
+
+def test_the_search_proposes_the_card_the_score_assumed() -> None:
+    """After three 300 shares the mix is {300: 3, 400: 1}; a 400 share on free [500, 700]:
+    card 0 → [100, 700] grows fragmentation 300 + 100 and unfillable not at all (growth 100);
+    card 1 → [500, 300] grows fragmentation 0 + 300 (growth 0). Best fit would take card 0."""
+    snapshot = Snapshot.of([card_node("n", (500, 300))])
+    framework = Framework(Profile(), new_in_tree_registry())
+    plugin = framework.plugins["GpuFragmentation"]
+    assert isinstance(plugin, GpuFragmentation)
+    for i in range(3):
+        plugin.observe(share_pod(f"small-{i}", 300))
+    pod = share_pod("p", 400)
+    result = UnitScheduler(framework).schedule(UnitInfo("j", 1, 0, 0, [pod]), snapshot)
+    assert [(p.node, p.gpu_cards) for p in result.placements] == [("n", (1,))]
+    assert gpu.choose_cards(card_node("m", (500, 300)), pod.req) == (0,)
+
+
+def test_the_share_policy_is_the_scores_latest() -> None:
+    """The search asks for the share policy when it places a pod, after the score has observed
+    that pod: the policy's mix holds its shape."""
+    framework = Framework(Profile(), new_in_tree_registry())
+    plugin = framework.plugins["GpuFragmentation"]
+    assert isinstance(plugin, GpuFragmentation)
+    plugin.score(share_pod("p", 400), card_node("n", (0,)))
+    policy = framework.share_policy()
+    assert isinstance(policy, FgdFillPolicy)
+    assert policy.mix.shapes == ((shape(400), 1),)
+
+
+def test_a_profile_without_the_score_chooses_best_fit() -> None:
+    profile = Profile(scores=(("LeastAllocated", 1),))
+    assert Framework(profile, new_in_tree_registry()).share_policy() is None
