@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from store.connection import StoreConnection, translate_errors
 from store.errors import StoreUnavailableError
 from store.metrics import LEASE_RENEWAL_LATENESS, LEASE_RENEWAL_LATENESS_MAX, LEASE_ROUND_TRIP
+from store.ownloop import OwnLoopWorker
 
 T = TypeVar("T")
 
@@ -119,8 +119,7 @@ class LeaderElector:
         on_elected: LeadershipCallback | None = None,
         on_deposed: LeadershipCallback | None = None,
     ) -> None:
-        if renew_every_ms * 2 > lease_ms:
-            raise ValueError("renew_every_ms must be at most half of lease_ms")
+        _check_periods(renew_every_ms, lease_ms)
         self._store = store
         self.lease = lease
         self.holder = holder
@@ -246,12 +245,11 @@ class LeaderElector:
 FenceCallback = Callable[[Fence], Coroutine[Any, Any, None]]
 
 
-class LeaseKeeper:
+class LeaseKeeper(OwnLoopWorker):
     """A :class:`LeaderElector` on a thread of its own, with its own event loop and its own
-    connection to the store (``connect``): its renewals never wait behind the owner's event loop
-    — a Binder deciding a 100,000-pod batch, a decode of a large listing — which at scale let
-    the lease lapse and leadership change hands while nothing was wrong. (The GIL still passes
-    between the threads every few milliseconds.)
+    connection to the store (``connect``; ``store.ownloop``): its renewals never wait behind the
+    owner's event loop — a Binder deciding a 100,000-pod batch, a decode of a large listing —
+    which at scale let the lease lapse and leadership change hands while nothing was wrong.
 
     ``on_elected`` and ``on_deposed`` run in the owner's loop, in the order they happened; the
     elector never waits for them, so a busy owner cannot stall a renewal either. Leadership is
@@ -274,8 +272,9 @@ class LeaseKeeper:
         on_elected: FenceCallback | None = None,
         on_deposed: FenceCallback | None = None,
     ) -> None:
-        if renew_every_ms * 2 > lease_ms:
-            raise ValueError("renew_every_ms must be at most half of lease_ms")
+        super().__init__()
+        _check_periods(renew_every_ms, lease_ms)
+        self.thread_name = f"lease-keeper:{lease}"
         self._connect = connect
         self.lease = lease
         self.holder = holder
@@ -287,13 +286,8 @@ class LeaseKeeper:
         }
         self._on_elected = on_elected
         self._on_deposed = on_deposed
-        self._owner: asyncio.AbstractEventLoop | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._elector: LeaderElector | None = None
         self._campaign: asyncio.Task[None] | None = None
-        self._stopping: asyncio.Event | None = None
-        self._ready = threading.Event()  # set once the campaign runs, or the thread is ending
-        self._thread: threading.Thread | None = None
 
     @property
     def fence(self) -> Fence | None:
@@ -306,38 +300,16 @@ class LeaseKeeper:
         elector = self._elector
         return elector.max_lateness_s if elector is not None else 0.0
 
-    async def run(self) -> None:
-        """Keep the lease from a thread of its own until :meth:`stop`; raises if the thread's
-        elector failed."""
-        self._owner = asyncio.get_running_loop()
-        ended: asyncio.Future[None] = self._owner.create_future()
-        self._thread = threading.Thread(
-            target=self._thread_main, args=(ended,), name=f"lease-keeper:{self.lease}", daemon=True
-        )
-        self._thread.start()
-        try:
-            await asyncio.shield(ended)
-        except asyncio.CancelledError:
-            await self.stop(release=False)
-            raise
-
     async def step_down(self, reason: str) -> None:
         """Stop leading now (a fenced write proved the lease lost) and campaign afresh."""
         elector = self._elector
         if elector is not None:
-            await self._in_thread(elector.step_down(reason))
+            await self.in_worker(elector.step_down(reason))
 
     async def stop(self, *, release: bool = True) -> None:
         """Stop campaigning, releasing the lease if held (a standby takes over at once), and end
         the thread."""
-        thread = self._thread
-        if thread is not None:  # the campaign has begun, or the thread ended before it could
-            await asyncio.to_thread(self._ready.wait)
-        if self._loop is not None and self._loop.is_running():
-            with contextlib.suppress(RuntimeError):  # the thread's loop ended meanwhile
-                await self._in_thread(self._shut_down(release))
-        if thread is not None:
-            await asyncio.to_thread(thread.join)
+        await self.stop_thread(lambda: self._shut_down(release))
 
     async def _shut_down(self, release: bool) -> None:
         """In the keeper's loop: end the campaign, then step down (and release)."""
@@ -347,80 +319,43 @@ class LeaseKeeper:
                 await self._campaign
         if self._elector is not None:
             await self._elector.stop(release=release)
-        if self._stopping is not None:
-            self._stopping.set()
 
-    async def _in_thread(self, work: Coroutine[Any, Any, T]) -> T:
-        """Run ``work`` in the keeper's loop and wait for it here."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            work.close()
-            raise RuntimeError(f"the lease keeper of {self.lease!r} is not running")
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
-
-    def _thread_main(self, ended: asyncio.Future[None]) -> None:
-        error: BaseException | None = None
+    async def work(self) -> None:
+        stopping = self.stopping
+        assert stopping is not None
+        store = await self._connect()
         try:
-            asyncio.run(self._keep())
-        except BaseException as exc:  # reported to the owner, who supervises the keeper
-            error = exc
-        owner = self._owner
-        assert owner is not None
-        with contextlib.suppress(RuntimeError):  # the owner's loop is gone: nobody to tell
-            owner.call_soon_threadsafe(_settle, ended, error)
-
-    async def _keep(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
-        try:
-            store = await self._connect()
-        except BaseException:
-            self._ready.set()
-            raise
-        try:
+            if stopping.is_set():  # stopped while connecting: never campaign
+                return
             self._elector = LeaderElector(
                 store,
                 self.lease,
                 self.holder,
-                on_elected=self._forward(self._on_elected),
-                on_deposed=self._forward(self._on_deposed),
+                on_elected=self._forward(self._on_elected, "on_elected"),
+                on_deposed=self._forward(self._on_deposed, "on_deposed"),
                 **self._elector_args,
             )
             self._campaign = asyncio.create_task(self._elector.run())
-            self._ready.set()
-            stopping = asyncio.create_task(self._stopping.wait())
-            await asyncio.wait({self._campaign, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
+            waiting = asyncio.create_task(stopping.wait())
+            await asyncio.wait({self._campaign, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
             if self._campaign.done() and not self._campaign.cancelled():
                 self._campaign.result()  # the elector failed: raise it to the owner
         finally:
-            self._ready.set()
             with contextlib.suppress(Exception):
                 await store.close()
 
-    def _forward(self, callback: FenceCallback | None) -> LeadershipCallback | None:
+    def _forward(self, callback: FenceCallback | None, what: str) -> LeadershipCallback | None:
         """``callback`` run in the owner's loop, not awaited by the elector."""
         if callback is None:
             return None
 
         async def forward(fence: Fence) -> None:
-            owner = self._owner
-            assert owner is not None
-            future = asyncio.run_coroutine_threadsafe(callback(fence), owner)
-            future.add_done_callback(_log_failure)
+            self.call_owner(lambda: callback(fence), f"lease {self.lease} {what}")
 
         return forward
 
 
-def _settle(ended: asyncio.Future[None], error: BaseException | None) -> None:
-    if ended.done():
-        return
-    if error is None:
-        ended.set_result(None)
-    else:
-        ended.set_exception(error)
-
-
-def _log_failure(future: Any) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("lease callback failed", error=repr(future.exception()))
+def _check_periods(renew_every_ms: int, lease_ms: int) -> None:
+    if renew_every_ms * 2 > lease_ms:
+        raise ValueError("renew_every_ms must be at most half of lease_ms")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -25,6 +24,7 @@ from store.connection import StoreConnection, translate_errors
 from store.errors import StoreUnavailableError
 from store.metrics import HEARTBEAT_ROUND_TRIP, SHARD_HEARTBEAT_GAP_MAX
 from store.nodes import Heartbeats
+from store.ownloop import OwnLoopWorker
 
 log = structlog.get_logger(__name__)
 
@@ -67,7 +67,7 @@ def last_beat_ms(beats: Heartbeats, shard: str, registered_ms: int) -> int:
 OwnerCallback = Callable[[], Coroutine[Any, Any, None]]
 
 
-class ShardPulse:
+class ShardPulse(OwnLoopWorker):
     """Stamps one shard's liveness every ``every_seconds`` from a thread of its own, with its
     own event loop and its own store connection (``connect``), as ``store.lease.LeaseKeeper``
     renews the Binder's lease: the stamps never wait behind the owner's event loop. (The GIL
@@ -96,16 +96,13 @@ class ShardPulse:
     ) -> None:
         if every_seconds <= 0 or max_owner_silence_seconds <= every_seconds:
             raise ValueError("need 0 < every_seconds < max_owner_silence_seconds")
+        super().__init__()
+        self.thread_name = f"shard-pulse:{shard}"
         self._connect = connect
         self.shard = shard
         self.every_seconds = every_seconds
         self.max_owner_silence_seconds = max_owner_silence_seconds
         self._on_missing = on_missing
-        self._owner: asyncio.AbstractEventLoop | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._ready = threading.Event()  # set once the thread's loop runs, or it is ending
-        self._thread: threading.Thread | None = None
         # When the owner's loop last ran a callback of ours (written by the owner's thread).
         self._owner_seen = time.monotonic()
         self.stamps = 0  # stamps written, for tests and logs
@@ -115,48 +112,16 @@ class ShardPulse:
 
     async def run(self) -> None:
         """Stamp from a thread of its own until :meth:`stop`; raises if the thread failed."""
-        self._owner = asyncio.get_running_loop()
         self._owner_seen = time.monotonic()
-        ended: asyncio.Future[None] = self._owner.create_future()
-        self._thread = threading.Thread(
-            target=self._thread_main, args=(ended,), name=f"shard-pulse:{self.shard}", daemon=True
-        )
-        self._thread.start()
-        try:
-            await asyncio.shield(ended)
-        except asyncio.CancelledError:
-            await self.stop()
-            raise
+        await super().run()
 
     async def stop(self) -> None:
         """Stop stamping and end the thread: no stamp is written once this returns."""
-        thread = self._thread
-        if thread is None:
-            return
-        await asyncio.to_thread(self._ready.wait)
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None:
-            with contextlib.suppress(RuntimeError):  # the thread's loop ended meanwhile
-                loop.call_soon_threadsafe(stopping.set)
-        await asyncio.to_thread(thread.join)
+        await self.stop_thread()
 
-    def _thread_main(self, ended: asyncio.Future[None]) -> None:
-        error: BaseException | None = None
-        try:
-            asyncio.run(self._beat())
-        except BaseException as exc:  # reported to the owner, who supervises the pulse
-            error = exc
-        finally:
-            self._ready.set()
-        owner = self._owner
-        assert owner is not None
-        with contextlib.suppress(RuntimeError):  # the owner's loop is gone: nobody to tell
-            owner.call_soon_threadsafe(_settle, ended, error)
-
-    async def _beat(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        stopping = self._stopping = asyncio.Event()
-        self._ready.set()
+    async def work(self) -> None:
+        stopping = self.stopping
+        assert stopping is not None
         store: ShardHeartbeats | None = None
         while store is None:  # the store may be restarting: a pulse outlives that
             try:
@@ -171,7 +136,7 @@ class ShardPulse:
             last: float | None = None
             silent = False
             while not stopping.is_set():
-                self._ask_owner()
+                self.call_owner_soon(self._owner_answered)
                 owner_silence = time.monotonic() - self._owner_seen
                 if owner_silence > self.max_owner_silence_seconds:
                     if not silent:
@@ -211,34 +176,9 @@ class ShardPulse:
             self._gap_max.set(self.max_gap_s)
         return now
 
-    def _ask_owner(self) -> None:
-        """Have the owner's loop note that it runs (it does when it gets to the callback)."""
-        owner = self._owner
-        if owner is not None:
-            with contextlib.suppress(RuntimeError):  # the owner's loop closed
-                owner.call_soon_threadsafe(self._owner_answered)
-
     def _owner_answered(self) -> None:
         self._owner_seen = time.monotonic()
 
     def _tell_owner_missing(self) -> None:
-        owner, callback = self._owner, self._on_missing
-        if owner is None or callback is None:
-            return
-        with contextlib.suppress(RuntimeError):
-            future = asyncio.run_coroutine_threadsafe(callback(), owner)
-            future.add_done_callback(_log_failure)
-
-
-def _settle(ended: asyncio.Future[None], error: BaseException | None) -> None:
-    if ended.done():
-        return
-    if error is None:
-        ended.set_result(None)
-    else:
-        ended.set_exception(error)
-
-
-def _log_failure(future: Any) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("shard pulse callback failed", error=repr(future.exception()))
+        if self._on_missing is not None:
+            self.call_owner(self._on_missing, "shard pulse's on_missing")
