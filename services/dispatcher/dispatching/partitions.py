@@ -387,9 +387,8 @@ class NodeShuffler:
         self._generation = 0
         self._published: dict[str, tuple[int, int]] = {}
         self.writes = 0  # partitions written, for tests and logs
-        # Registering delivers what the informer already holds, as adds (constructed after
-        # its sync, every pod: once is enough — a second pass was a second decode of each at
-        # the dispatcher's every restart).
+        # Registering delivers what the informer already holds, as adds (the dispatcher
+        # constructs it before the informer starts, so the listing is the one pass).
         informer.add_handlers(
             Handlers(self._on_add, self._on_update, self._on_delete, frozenset({"Pod", "Node"}))
         )
