@@ -303,6 +303,7 @@ class DispatcherService(Service[DispatcherConfig]):
             ),
             shard_grace_seconds=cfg.shard_grace_seconds,
             liveness=self.core.liveness,
+            bound_claims=self.core.queue,  # its ledger's claims: no pod followed twice
         )
         # Units go first to a shard whose partition has room for them (``choose_shard``).
         self.core.partition_room = self.shuffler.room.of
