@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import structlog
-from google.protobuf.message import Message
 
 from placement.claims import holds_claim
 from placement.nodeinfo import GUARANTEED
@@ -48,7 +47,6 @@ from placement.resources import Quantities
 from placement.room import NodeRoom, PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.liveness import ShardLiveness
-from services.dispatcher.objects import metadata_of
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -366,10 +364,13 @@ class PartitionRoom:
     pods; bench/README.md). Then they are taken from ``BoundClaims`` (no pod decoded again)
     and followed per pod event from there on, partitions on or off again."""
 
-    def __init__(self, claims: BoundClaims) -> None:
+    def __init__(self, claims: BoundClaims, informer: Informer | None = None) -> None:
+        """``informer``: whose pod events it follows once partitions exist (None: the caller
+        hands them to ``on_pod``)."""
         self.room = NodeRoom()  # offers from the start (nodes are few), claims once following
         self.grouped: tuple[int, int] | None = None  # what ``regroup`` last summed
         self._claims = claims
+        self._informer = informer
         self.following_pods = False
 
     def of(self, shard: str, pool: str) -> Quantities | None:
@@ -395,6 +396,18 @@ class PartitionRoom:
         claim = self.room.claim
         for pod, held in self._claims.bound_claims():
             claim(pod, held)
+        if self._informer is not None:
+            # From now on; what the cache holds is in the claims just taken (between two of
+            # the informer's events: each applied whole, to every handler, before we run).
+            self._informer.add_handlers(
+                Handlers.of(
+                    pb.Pod,
+                    on_add=lambda _kind, pod: self.on_pod(pod.metadata.name, pod),
+                    on_update=lambda _kind, _old, pod: self.on_pod(pod.metadata.name, pod),
+                    on_delete=lambda _kind, pod: self.on_pod(pod.metadata.name, None),
+                ),
+                replay=False,
+            )
 
     def on_node(self, name: str, node: pb.Node | None) -> None:
         """A node's offer per pool (gone, not ready or cordoned: none)."""
@@ -438,7 +451,7 @@ class NodeShuffler:
         # The pods' claims: the dispatcher's ledger's, or followed here.
         claims = bound_claims if bound_claims is not None else PodClaims(informer)
         # The room left per partition, for the dispatcher's shard choice.
-        self.room = PartitionRoom(claims)
+        self.room = PartitionRoom(claims, informer)
         self.allocation = Allocation(claims)
         self.counters = ShardCounters()
         self.meter = Meter(settings.window_seconds)
@@ -456,41 +469,29 @@ class NodeShuffler:
         self._generation = 0
         self._published: dict[str, tuple[int, int]] = {}
         self.writes = 0  # partitions written, for tests and logs
-        # Registering delivers what the informer already holds, as adds (the dispatcher
-        # constructs it before the informer starts, so the listing is the one pass).
+        # Nodes only: pods reach the room once partitions exist (``PartitionRoom``). Registering
+        # delivers what the informer already holds, as adds.
         informer.add_handlers(
-            Handlers(self._on_add, self._on_update, self._on_delete, frozenset({"Pod", "Node"}))
+            Handlers.of(
+                pb.Node, on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete
+            )
         )
 
     # -- informer ------------------------------------------------------------------------------
 
-    def _on_add(self, kind: str, obj: Message) -> None:
-        if kind == "Pod":
-            assert isinstance(obj, pb.Pod)
-            self.room.on_pod(obj.metadata.name, obj)
-        elif kind == "Node":
-            assert isinstance(obj, pb.Node)
-            self._node_events += 1
-            self.allocation.on_node(obj.metadata.name, obj)
-            self.room.on_node(obj.metadata.name, obj)
+    def _on_add(self, _kind: str, node: pb.Node) -> None:
+        self._node_events += 1
+        self.allocation.on_node(node.metadata.name, node)
+        self.room.on_node(node.metadata.name, node)
 
-    def _on_update(self, kind: str, old: Message, new: Message) -> None:
-        if kind == "Pod":
-            assert isinstance(new, pb.Pod)
-            self.room.on_pod(new.metadata.name, new)
-        elif kind == "Node":
-            assert isinstance(new, pb.Node)
-            self.allocation.on_node(new.metadata.name, new)
-            self.room.on_node(new.metadata.name, new)
+    def _on_update(self, _kind: str, _old: pb.Node, node: pb.Node) -> None:
+        self.allocation.on_node(node.metadata.name, node)
+        self.room.on_node(node.metadata.name, node)
 
-    def _on_delete(self, kind: str, obj: Message) -> None:
-        name = metadata_of(obj).name
-        if kind == "Pod":
-            self.room.on_pod(name, None)
-        elif kind == "Node":
-            self._node_events += 1
-            self.allocation.on_node(name, None)
-            self.room.on_node(name, None)
+    def _on_delete(self, _kind: str, node: pb.Node) -> None:
+        self._node_events += 1
+        self.allocation.on_node(node.metadata.name, None)
+        self.room.on_node(node.metadata.name, None)
 
     # -- the loop ------------------------------------------------------------------------------
 
