@@ -180,6 +180,10 @@ class PoolRoom(Generic[C]):
         """Every claim held (a live view)."""
         return self._claims.values()
 
+    def claims_by_pod(self) -> Iterable[tuple[str, C]]:
+        """Every claim held with its pod's name (a live view)."""
+        return self._claims.items()
+
     def node_offer(self, node: str, pool: str) -> Quantities | None:
         """What ``node`` offers to ``pool`` (None: nothing: unknown, or withdrawn)."""
         offer = self._offers.get(node)

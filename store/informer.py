@@ -143,15 +143,18 @@ class Informer:
             return EncodedObjects(kinds_mod.kind_named(kind).message)
         return {}
 
-    def add_handlers(self, handlers: Handlers) -> None:
-        """Register handlers; objects already cached are delivered to them as adds."""
+    def add_handlers(self, handlers: Handlers, *, replay: bool = True) -> None:
+        """Register handlers; objects already cached are delivered to them as adds, unless
+        ``replay`` is False: events from now on only, for a caller that built its state from
+        the cache another way (without decoding every object again). Registered before
+        ``start()``, handlers get every listed object once, from the listing itself."""
         for kind in self.kinds:
             if handlers.wants(kind):
                 for callback in ("on_add", "on_update", "on_delete"):
                     fn = getattr(handlers, callback)
                     if fn is not None:
                         self._routes.setdefault((callback, kind), []).append(fn)
-        if handlers.on_add:
+        if handlers.on_add and replay:
             for kind, objs in self.cache.items():
                 if handlers.wants(kind):
                     for obj in objs.values():

@@ -456,6 +456,45 @@ async def test_with_partitions_a_unit_goes_to_the_shard_whose_partition_has_room
         assert b.jobs() == ["next"]
 
 
+async def test_a_restart_builds_the_partitions_room_only_once_partitions_exist(
+    store: Store, shards: list[TestShard], store_url: str, cluster_name: str, tmp_path: Path
+) -> None:
+    """Pods bound before the dispatcher starts: with partitioning off its node shuffler keeps
+    no claim per node (the ledger keeps them anyway); once partitions exist, the room of each
+    is built from those claims, the pods bound before the start included."""
+    for i in range(4):
+        await store.create(f.node(f"n{i}", cpu=1000))
+    for pod in f.pods_of(f.job("old", replicas=2, cpu=500)):
+        pod.spec.node_name = "n0"
+        pod.status.phase = pb.POD_RUNNING
+        await store.create(pod)
+    off = dispatcher_config(store_url, cluster_name, tmp_path, partitioning="off")
+    async with run_dispatcher(off) as d:
+        room = d.service.shuffler.room
+        assert d.service.core.queue.holds_claim("old-0")
+        assert not room.following_pods and room.room.node_claimed("n0", "g") is None
+        assert d.service.shuffler.allocation.percent() == 25.0  # 1000m of 4000m, all the same
+
+    on = replace(off, partitioning="on", controller_interval_seconds=0.1)
+    async with run_dispatcher(on) as d:
+        await start_shard(shards, store, d, "shard-a", capacity=100)
+        await start_shard(shards, store, d, "shard-b", capacity=100)
+        shuffler = d.service.shuffler
+
+        def room_of(shard: str) -> int | None:
+            left = shuffler.room.of(shard, "g")
+            return None if left is None else left.cpu
+
+        await eventually(
+            lambda: room_of("shard-a") is not None and room_of("shard-b") is not None,
+            what="partitions",
+        )
+        assert shuffler.partitions is not None
+        holder = shuffler.partitions.owner["n0"]
+        assert room_of(holder) == 1000  # two nodes of 1000m, n0 full
+        assert room_of("shard-b" if holder == "shard-a" else "shard-a") == 2000
+
+
 def _outgoing(job: str, pods: int) -> OutgoingUnit:
     refs = [(f"{job}-{i}", PendingRef(f"uid-{job}-{i}", 10 + i, i)) for i in range(pods)]
     return OutgoingUnit(f.job(job, replicas=pods, min_member=pods), refs, 0, 1)

@@ -22,6 +22,7 @@ from services.dispatcher.dispatching.partitions import (
     PartitionRoom,
     Partitions,
     PartitionSettings,
+    PodClaims,
     ShardCounters,
     rebalance_move,
 )
@@ -245,11 +246,19 @@ def bound(name: str, node: str, milli: int, qos: int = pb.QOS_GUARANTEED) -> pb.
 
 
 def test_partition_room_follows_nodes_pods_and_partitions() -> None:
-    room = PartitionRoom()
+    claims = PodClaims()
+    room = PartitionRoom(claims)
+
+    def pod_event(name: str, pod: pb.Pod | None) -> None:  # as the informer hands it to both
+        claims.on_pod(name, pod)
+        room.on_pod(name, pod)
+
     for name in ("n1", "n2", "n3"):
         room.on_node(name, f.node(name, cpu=1000, mem=0, pods=10, be_cpu=500))
-    room.on_pod("p1", bound("p1", "n1", 300))
+    pod_event("p1", bound("p1", "n1", 300))
     assert room.of("a", GUARANTEED) is None  # partitioning off: no partition has room
+    # ... nor claims per node: taken from the claims kept anyway once partitions exist.
+    assert not room.following_pods and room.room.node_claimed("n1", GUARANTEED) is None
 
     parts = Partitions.seeded({"a": ["n1", "n2"], "b": ["n3"]}, ["a", "b"], ["n1", "n2", "n3"])
     room.regroup(parts, (1, parts.version))
@@ -258,11 +267,11 @@ def test_partition_room_follows_nodes_pods_and_partitions() -> None:
     assert room.of("a", BEST_EFFORT) == Quantities(cpu=1000)
 
     # Claims come and go per event: a bind, a best-effort bind, a pod that finished.
-    room.on_pod("p2", bound("p2", "n3", 200))
-    room.on_pod("p3", bound("p3", "n2", 100, qos=pb.QOS_BEST_EFFORT))
+    pod_event("p2", bound("p2", "n3", 200))
+    pod_event("p3", bound("p3", "n2", 100, qos=pb.QOS_BEST_EFFORT))
     done = bound("p1", "n1", 300)
     done.status.phase = pb.POD_SUCCEEDED
-    room.on_pod("p1", done)
+    pod_event("p1", done)
     assert room.of("a", GUARANTEED) == Quantities(cpu=2000, pods=20)
     assert room.of("a", BEST_EFFORT).cpu == 900  # type: ignore[union-attr]
     assert room.of("b", GUARANTEED) == Quantities(cpu=800, pods=9)
@@ -272,7 +281,7 @@ def test_partition_room_follows_nodes_pods_and_partitions() -> None:
     cordoned.spec.unschedulable = True
     room.on_node("n3", cordoned)
     assert room.of("b", GUARANTEED) == Quantities(cpu=-200, pods=-1)
-    room.on_pod("p2", None)
+    pod_event("p2", None)
     assert room.of("b", GUARANTEED) == Quantities()
 
     # The partitions change (n2 moves to b): summed again from the nodes.

@@ -118,3 +118,27 @@ async def test_a_raised_ttl_is_honoured_and_a_restart_keeps_the_deadlines(
     await again.tick(now_ms=created + 100_000)
     assert await left(store) == []
     assert again.released[EXPIRED] == 1
+
+
+async def test_registered_before_the_listing_it_finds_an_owner_marked_for_deletion(
+    store: Store,
+) -> None:
+    """The dispatcher registers the controller before its informer lists (each object handed
+    over once): reservations come after jobs in that listing, so the job's deletion mark
+    found none of them; the reservation's own arrival finds the mark instead."""
+    await store.create(f.node("n1"))
+    await store.create_unit(f.job("train"), f.pods_of(f.job("train")))
+    await store.create(f.reservation("for-train", "n1", job="train", ttl=3600))
+    job = await store.get(pb.Job, "train")
+    job.metadata.deletion_timestamp_ms = 1
+    await store.update(job)
+    informer = Informer(store, ["Pod", "Job", "Node", "Reservation"], block_ms=100)
+    ctl = ReservationController(store, informer)
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+        await ctl.tick()
+        assert await left(store) == []
+        assert ctl.released[OWNER_DELETED] == 1
+    finally:
+        await informer.stop()

@@ -579,3 +579,32 @@ async def test_informer_listing_kept_encoded_skips_an_undecodable_object(
         assert "undecodable object in the store; skipped" in capsys.readouterr().out
     finally:
         await informer.stop()
+
+
+async def test_handlers_before_start_see_each_listed_object_once_and_late_ones_may_skip_it(
+    store: Store,
+) -> None:
+    """Registered before ``start()``, handlers get each listed object once, from the listing;
+    registered later they get the cache again as adds, unless ``replay=False``: then only what
+    happens from then on (the dispatcher's partitions' room, built from claims kept anyway)."""
+    for name in ("a", "b", "c"):
+        await store.create(node(name))
+    informer = Informer(store, ["Node"], block_ms=100)
+    early: list[str] = []
+    informer.add_handlers(Handlers(on_add=lambda _k, n: early.append(n.metadata.name)))
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+        assert sorted(early) == ["a", "b", "c"]
+        replayed: list[str] = []
+        later: list[str] = []
+        informer.add_handlers(Handlers(on_add=lambda _k, n: replayed.append(n.metadata.name)))
+        informer.add_handlers(
+            Handlers(on_add=lambda _k, n: later.append(n.metadata.name)), replay=False
+        )
+        assert sorted(replayed) == ["a", "b", "c"] and later == []
+        await store.create(node("d"))
+        await informer.wait_for_revision(await store.revision(), timeout=10)
+        assert sorted(early) == sorted(replayed) == ["a", "b", "c", "d"] and later == ["d"]
+    finally:
+        await informer.stop()

@@ -81,6 +81,14 @@ class ReservationController:
                     obj.metadata.name,
                     Releasing(obj.metadata.name, NODE_LOST, f"its node {node!r} is gone"),
                 )
+            # Its owner marked for deletion before the reservation was cached: the listing
+            # hands reservations over after jobs, when the job's own event found none of them.
+            owner = self._informer.get("Job", obj.spec.owner.job) if obj.spec.owner.job else None
+            if isinstance(owner, pb.Job) and owner.metadata.deletion_timestamp_ms:
+                job = obj.spec.owner.job
+                self._suspect[obj.metadata.name] = Releasing(
+                    obj.metadata.name, OWNER_DELETED, f"its owner job {job!r} went"
+                )
         elif isinstance(obj, pb.Job) and obj.metadata.deletion_timestamp_ms:
             self._owner_went(obj.metadata.name)
         elif isinstance(obj, pb.Node) and not obj.status.ready:

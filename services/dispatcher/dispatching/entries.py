@@ -91,6 +91,9 @@ class Claim(NamedTuple):
     priority: int = 0
     started_ms: int = 0
     deleting: bool = False
+    # The node it is bound to (interned): the node partitions' room is built from these claims
+    # when partitions first come into being (``partitions.PartitionRoom``).
+    node: str = ""
 
     @classmethod
     def of(cls, pod: pb.Pod) -> Claim:
@@ -102,6 +105,7 @@ class Claim(NamedTuple):
             pod.spec.priority,
             pod.status.started_ms,
             bool(pod.metadata.deletion_timestamp_ms),
+            sys.intern(pod.spec.node_name),
         )
 
 

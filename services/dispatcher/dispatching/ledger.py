@@ -4,10 +4,12 @@ min and weight, and the cluster's free room per pool (a ``placement.room.PoolRoo
 
 from __future__ import annotations
 
-from placement.nodeinfo import GUARANTEED
+from collections.abc import Iterator
+
+from placement.nodeinfo import GUARANTEED, POOLS
 from placement.quotas import ancestors, held_below, hierarchy_excess, quota_of
 from placement.resources import Quantities
-from placement.room import PoolRoom
+from placement.room import PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import Claim, QueueLookup, UnitEntry
 from services.dispatcher.dispatching.queueing import PendingUnit
@@ -28,6 +30,8 @@ class QuotaLedger:
         # units' requests. Totals only: the queue judges the cluster as a whole (the shards
         # judge the nodes), so no sum per node.
         self._room: PoolRoom[Claim] = PoolRoom()
+        # Per pool, what the dispatched units hold in the room's claimed sum (not a pod's).
+        self._held = {pool: Quantities() for pool in POOLS}
         # A claim was released since the last round (room freed).
         self.room_freed = False
 
@@ -67,10 +71,23 @@ class QuotaLedger:
                 pod.spec.priority,
                 pod.status.started_ms,
                 bool(pod.metadata.deletion_timestamp_ms),
+                old.node,
             ),
         )
         self.room_freed = True
         return True
+
+    def bound_claimed(self, pool: str) -> Quantities:
+        """What the pods holding a claim take of ``pool`` in all (dispatched units' holds
+        left out; a new instance)."""
+        claimed = self._room.claimed(pool).copy()
+        claimed.add(self._held[pool], -1)
+        return claimed
+
+    def bound_claims(self) -> Iterator[tuple[str, RoomClaim]]:
+        """Every pod holding a claim, with its claim as a node's room counts it."""
+        for claim in self._room.claims():
+            yield claim.name, RoomClaim(claim.node, claim.pool, claim.requests)
 
     def holds_claim(self, pod: str) -> bool:
         return self._room.holds(pod)
@@ -85,12 +102,14 @@ class QuotaLedger:
         entry.reserved_pool = unit.pool
         self._inflight.setdefault(entry.queue, Quantities()).add(unit.requests)
         self._room.hold(unit.pool, unit.requests)
+        self._held[unit.pool].add(unit.requests)
 
     def unreserve(self, entry: UnitEntry) -> None:
         """The dispatched attempt ended: return what ``reserve`` held."""
         if entry.reserved is not None:
             self._inflight[entry.queue].add(entry.reserved, -1)
             self._room.hold(entry.reserved_pool, entry.reserved, -1)
+            self._held[entry.reserved_pool].add(entry.reserved, -1)
             entry.reserved = None
 
     # -----------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ the live shards and the nodes, and writes the ones that changed.
   for ``off_after_seconds`` (a short lull must not undo it, since partitioning itself lowers the
   conflict rate).
 - ``PartitionRoom``: the room left in each partition per pool (what its nodes offer minus the
-  claims of the pods bound there), kept per informer event and re-summed only when the
+  claims of the pods bound there), built from the claims the dispatcher's ledger keeps when
+  partitions first exist, then kept per informer event and re-summed only when the
   partitions change, so the dispatcher can send a unit to a shard whose partition holds it
   (``dispatch.choose_shard``) without a pass over the nodes per unit.
 """
@@ -36,17 +37,16 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import structlog
-from google.protobuf.message import Message
 
+from placement.claims import holds_claim
 from placement.nodeinfo import GUARANTEED
 from placement.resources import Quantities
 from placement.room import NodeRoom, PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.liveness import ShardLiveness
-from services.dispatcher.objects import metadata_of
 from store import ConflictError, NotFoundError, Store, StoreError
 from store.informer import Handlers, Informer
 
@@ -271,21 +271,68 @@ class Meter:
         return throughput, conflicts
 
 
+class BoundClaims(Protocol):
+    """The pods holding a claim (``placement.claims``), kept by someone who follows every pod
+    anyway: the dispatcher's quota ledger (``QuotaLedger``), or ``PodClaims`` for a shuffler
+    on its own. The allocation trigger reads their sum; the partitions' room is built from
+    them when partitions first come into being, rather than from every pod at every start."""
+
+    def bound_claimed(self, pool: str) -> Quantities:
+        """What they take of ``pool`` in all."""
+        ...
+
+    def bound_claims(self) -> Iterable[tuple[str, RoomClaim]]:
+        """Each pod holding a claim, with its claim."""
+        ...
+
+
+class PodClaims:
+    """``BoundClaims`` followed from pod events (``on_pod``; from an informer's, if given),
+    for a shuffler without a dispatcher's ledger (a test's, a tool's)."""
+
+    def __init__(self, informer: Informer | None = None) -> None:
+        self._claims: PoolRoom[RoomClaim] = PoolRoom()
+        if informer is not None:
+            informer.add_handlers(
+                Handlers.of(
+                    pb.Pod,
+                    on_add=lambda _kind, pod: self.on_pod(pod.metadata.name, pod),
+                    on_update=lambda _kind, _old, pod: self.on_pod(pod.metadata.name, pod),
+                    on_delete=lambda _kind, pod: self.on_pod(pod.metadata.name, None),
+                )
+            )
+
+    def on_pod(self, name: str, pod: pb.Pod | None) -> None:
+        """A pod holds a claim while bound or running, as ``NodeRoom.on_pod`` counts it."""
+        if pod is None or not holds_claim(pod):
+            self._claims.release(name)
+            return
+        old = self._claims.claim_of(name)
+        if old is None or old.node != pod.spec.node_name:
+            self._claims.claim(name, RoomClaim.of(pod))
+
+    def bound_claimed(self, pool: str) -> Quantities:
+        return self._claims.claimed(pool)
+
+    def bound_claims(self) -> Iterable[tuple[str, RoomClaim]]:
+        return self._claims.claims_by_pod()
+
+
 class Allocation:
     """Guaranteed-pool requests of the pods holding a claim against every node's allocatable:
-    the allocation trigger's input. The claims are the partitions' room's (one record per bound
-    pod for both); the capacity is summed here because it deliberately counts every node, ready
-    or not (the room counts only the nodes new pods may use). Both kept per informer event."""
+    the allocation trigger's input. The claims are summed by whoever keeps them
+    (``BoundClaims``); the capacity here, because it deliberately counts every node, ready or
+    not (the room counts only the nodes new pods may use), kept per node event."""
 
-    def __init__(self, room: PoolRoom[RoomClaim]) -> None:
-        self._claims = room
+    def __init__(self, claims: BoundClaims) -> None:
+        self._claims = claims
         # Every node's allocatable cpu and memory (whatever its state), in the same accumulator.
         self._nodes: PoolRoom[RoomClaim] = PoolRoom()
 
     def percent(self) -> float:
         """The dominant resource's share: max over CPU and memory."""
         capacity = self._nodes.capacity(GUARANTEED)
-        requested = self._claims.claimed(GUARANTEED)
+        requested = self._claims.bound_claimed(GUARANTEED)
         shares = [
             100.0 * req / cap
             for req, cap in ((requested.cpu, capacity.cpu), (requested.mem, capacity.mem))
@@ -310,11 +357,21 @@ class PartitionRoom:
     partition holds the node, rather than summed over the cluster as the queue's: per informer
     event a claim or an offer that changes moves its owner's sum by the difference, so a
     question costs O(1); ``regroup`` re-sums from the nodes, O(nodes), when the partitions
-    themselves change (rare)."""
+    themselves change (rare).
 
-    def __init__(self) -> None:
-        self.room = NodeRoom()
+    Claims per node only once partitions first exist: until then nothing reads them, and
+    following every pod into them was two fifths of the dispatcher's restart (100,000 bound
+    pods; bench/README.md). Then they are taken from ``BoundClaims`` (no pod decoded again)
+    and followed per pod event from there on, partitions on or off again."""
+
+    def __init__(self, claims: BoundClaims, informer: Informer | None = None) -> None:
+        """``informer``: whose pod events it follows once partitions exist (None: the caller
+        hands them to ``on_pod``)."""
+        self.room = NodeRoom()  # offers from the start (nodes are few), claims once following
         self.grouped: tuple[int, int] | None = None  # what ``regroup`` last summed
+        self._claims = claims
+        self._informer = informer
+        self.following_pods = False
 
     def of(self, shard: str, pool: str) -> Quantities | None:
         """The room left in ``shard``'s partition (None: no partitions, or not its)."""
@@ -329,7 +386,28 @@ class PartitionRoom:
         if partitions is None:
             self.room.regroup(None)
         else:
+            self._follow_pods()
             self.room.regroup(partitions.owner, partitions.members)
+
+    def _follow_pods(self) -> None:
+        if self.following_pods:
+            return
+        self.following_pods = True
+        claim = self.room.claim
+        for pod, held in self._claims.bound_claims():
+            claim(pod, held)
+        if self._informer is not None:
+            # From now on; what the cache holds is in the claims just taken (between two of
+            # the informer's events: each applied whole, to every handler, before we run).
+            self._informer.add_handlers(
+                Handlers.of(
+                    pb.Pod,
+                    on_add=lambda _kind, pod: self.on_pod(pod.metadata.name, pod),
+                    on_update=lambda _kind, _old, pod: self.on_pod(pod.metadata.name, pod),
+                    on_delete=lambda _kind, pod: self.on_pod(pod.metadata.name, None),
+                ),
+                replay=False,
+            )
 
     def on_node(self, name: str, node: pb.Node | None) -> None:
         """A node's offer per pool (gone, not ready or cordoned: none)."""
@@ -337,7 +415,8 @@ class PartitionRoom:
 
     def on_pod(self, name: str, pod: pb.Pod | None) -> None:
         """A pod's claim: on its node while bound or running."""
-        self.room.on_pod(name, pod)
+        if self.following_pods:
+            self.room.on_pod(name, pod)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,6 +438,7 @@ class NodeShuffler:
         *,
         shard_grace_seconds: float,
         liveness: ShardLiveness | None = None,
+        bound_claims: BoundClaims | None = None,
     ) -> None:
         self.store = store
         self.informer = informer
@@ -368,9 +448,11 @@ class NodeShuffler:
         # its own, in tests), the shuffler reads the stamps itself each tick.
         self._reads_liveness = liveness is None
         self.liveness = liveness or ShardLiveness(store, informer, shard_grace_seconds)
+        # The pods' claims: the dispatcher's ledger's, or followed here.
+        claims = bound_claims if bound_claims is not None else PodClaims(informer)
         # The room left per partition, for the dispatcher's shard choice.
-        self.room = PartitionRoom()
-        self.allocation = Allocation(self.room.room)
+        self.room = PartitionRoom(claims, informer)
+        self.allocation = Allocation(claims)
         self.counters = ShardCounters()
         self.meter = Meter(settings.window_seconds)
         self.figures = Figures()
@@ -387,42 +469,29 @@ class NodeShuffler:
         self._generation = 0
         self._published: dict[str, tuple[int, int]] = {}
         self.writes = 0  # partitions written, for tests and logs
-        # Registering delivers what the informer already holds, as adds (constructed after
-        # its sync, every pod: once is enough — a second pass was a second decode of each at
-        # the dispatcher's every restart).
+        # Nodes only: pods reach the room once partitions exist (``PartitionRoom``). Registering
+        # delivers what the informer already holds, as adds.
         informer.add_handlers(
-            Handlers(self._on_add, self._on_update, self._on_delete, frozenset({"Pod", "Node"}))
+            Handlers.of(
+                pb.Node, on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete
+            )
         )
 
     # -- informer ------------------------------------------------------------------------------
 
-    def _on_add(self, kind: str, obj: Message) -> None:
-        if kind == "Pod":
-            assert isinstance(obj, pb.Pod)
-            self.room.on_pod(obj.metadata.name, obj)
-        elif kind == "Node":
-            assert isinstance(obj, pb.Node)
-            self._node_events += 1
-            self.allocation.on_node(obj.metadata.name, obj)
-            self.room.on_node(obj.metadata.name, obj)
+    def _on_add(self, _kind: str, node: pb.Node) -> None:
+        self._node_events += 1
+        self.allocation.on_node(node.metadata.name, node)
+        self.room.on_node(node.metadata.name, node)
 
-    def _on_update(self, kind: str, old: Message, new: Message) -> None:
-        if kind == "Pod":
-            assert isinstance(new, pb.Pod)
-            self.room.on_pod(new.metadata.name, new)
-        elif kind == "Node":
-            assert isinstance(new, pb.Node)
-            self.allocation.on_node(new.metadata.name, new)
-            self.room.on_node(new.metadata.name, new)
+    def _on_update(self, _kind: str, _old: pb.Node, node: pb.Node) -> None:
+        self.allocation.on_node(node.metadata.name, node)
+        self.room.on_node(node.metadata.name, node)
 
-    def _on_delete(self, kind: str, obj: Message) -> None:
-        name = metadata_of(obj).name
-        if kind == "Pod":
-            self.room.on_pod(name, None)
-        elif kind == "Node":
-            self._node_events += 1
-            self.allocation.on_node(name, None)
-            self.room.on_node(name, None)
+    def _on_delete(self, _kind: str, node: pb.Node) -> None:
+        self._node_events += 1
+        self.allocation.on_node(node.metadata.name, None)
+        self.room.on_node(node.metadata.name, None)
 
     # -- the loop ------------------------------------------------------------------------------
 

@@ -342,6 +342,8 @@ class UnitQueue:
         self.holds_claim = ledger.holds_claim
         self.restate_claim = ledger.restate
         self.claims = ledger.claims
+        self.bound_claimed = ledger.bound_claimed
+        self.bound_claims = ledger.bound_claims
         self.quota = ledger.quota
         self.ancestors = ledger.ancestors
         self.quota_excess = ledger.quota_excess
