@@ -86,6 +86,18 @@ PROFILES: dict[str, str] = {
 QUICK_NODES = 60
 DECIDE_TIMEOUT_SECONDS = 120.0  # one task bound or written unschedulable, at most
 JOB_PREFIX = "t"
+PROGRESS_EVERY = 1000  # tasks between progress lines on stderr
+CURVE_COLUMNS = (
+    "trace",
+    "policy",
+    "seed",
+    "tasks",
+    "arrived_pct",
+    "unallocated_pct",
+    "fragmentation_pct",
+    "placed",
+    "unplaced",
+)
 NEVER_FITS = "no node can ever hold this pod"  # the dispatcher's refusal of an oversized pod
 
 
@@ -114,12 +126,23 @@ def profile_available(name: str) -> str:
 def trace_subset(
     nodes: Sequence[TraceNode], shapes: Sequence[TaskShape], node_count: int
 ) -> tuple[list[TraceNode], list[TaskShape]]:
-    """The first ``node_count`` nodes and the first tasks in the same proportion of the trace
-    (what --quick runs: the same protocol, smaller)."""
+    """What --quick and --nodes run: the same protocol, smaller. ``node_count`` nodes evenly
+    spaced through the list (its mix of models and sizes kept), and the trace's first tasks up
+    to the same share of its GPU request as those nodes hold of the GPU capacity (and as many
+    CPU-only tasks as come among them)."""
     if node_count <= 0 or node_count >= len(nodes):
         return list(nodes), list(shapes)
-    share = max(1, len(shapes) * node_count // len(nodes))
-    return list(nodes[:node_count]), list(shapes[:share])
+    kept = [nodes[i * len(nodes) // node_count] for i in range(node_count)]
+    share = sum(n.gpus for n in kept) / sum(n.gpus for n in nodes)
+    budget = share * sum(task.gpu_request_milli for task in shapes)
+    tasks: list[TaskShape] = []
+    requested = 0
+    for task in shapes:
+        if requested + task.gpu_request_milli > budget:
+            break
+        tasks.append(task)
+        requested += task.gpu_request_milli
+    return kept, tasks or [shapes[0]]
 
 
 def write_node_list(nodes: Sequence[TraceNode], path: Path) -> None:
@@ -183,7 +206,7 @@ class PodEvents:
 
 
 def _decided(pod: pb.Pod) -> str:
-    """"bound", "unschedulable" or "" (still pending)."""
+    """ "bound", "unschedulable" or "" (still pending)."""
     if pod.spec.node_name:
         return "bound"
     if pod.status.HasField("unschedulable"):
@@ -263,7 +286,9 @@ def run_protocol(
                 placed += 1
             else:
                 if pod is not None:
-                    client.delete("Job", job)  # not retried: nothing ever leaves, it cannot fit later
+                    client.delete(
+                        "Job", job
+                    )  # not retried: nothing ever leaves, it cannot fit later
                 unplaced += 1
             point = Point(
                 tasks=count,
@@ -273,6 +298,9 @@ def run_protocol(
                 placed=placed,
                 unplaced=unplaced,
             )
+            if count % PROGRESS_EVERY == 0:
+                rate = count / (time.monotonic() - started)
+                print(f"  {count}/{len(tasks)} tasks, {rate:.1f}/s", file=sys.stderr, flush=True)
             if point.arrived_pct >= next_percent or count == len(tasks):
                 points.append(point)
                 next_percent = int(point.arrived_pct) + 1
@@ -367,22 +395,18 @@ def write_outputs(runs: Sequence[ServicesRun], out: Path, stamp: str) -> list[Pa
     curves = out / f"gputrace-services-{stamp}.csv"
     with curves.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(
-            ["trace", "policy", "seed", "tasks", "arrived_pct", "unallocated_pct",
-             "fragmentation_pct", "placed", "unplaced"]  # fmt: skip
-        )
+        w.writerow(CURVE_COLUMNS)
         for r in runs:
             for p in r.run.points:
                 w.writerow(_row(r.run, p))
     summary = out / f"gputrace-services-{stamp}-summary.csv"
     with summary.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(
-            ["trace", "policy", "seed", "tasks", "arrived_pct", "unallocated_pct",
-             "fragmentation_pct", "placed", "unplaced", "seconds", "tasks_per_second"]  # fmt: skip
-        )
+        w.writerow([*CURVE_COLUMNS, "seconds", "tasks_per_second"])
         for r in runs:
-            w.writerow([*_row(r.run, r.run.at_read), f"{r.seconds:.1f}", f"{r.tasks_per_second:.1f}"])
+            w.writerow(
+                [*_row(r.run, r.run.at_read), f"{r.seconds:.1f}", f"{r.tasks_per_second:.1f}"]
+            )
     return [curves, summary, plot(runs, out / f"gputrace-services-{stamp}.png")]
 
 
