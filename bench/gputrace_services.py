@@ -461,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policy", action="append", choices=list(PROFILES), help="a profile (repeatable; all)"
     )
-    parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
+    parser.add_argument("--seeds", type=int, default=1, help="how many seeds (default 1)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--nodes", type=int, default=0, help="the first N GPU nodes (0: all)")
     parser.add_argument("--quick", action="store_true", help=f"--nodes {QUICK_NODES}")
     parser.add_argument("--shards", type=int, default=2)
@@ -481,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     capacity = sum(node.gpus for node in nodes) * MILLI_PER_GPU
     runs: list[ServicesRun] = []
     for profile in _profiles(opts.policy or list(PROFILES)):
-        for seed in range(opts.seeds):
+        for seed in range(opts.first_seed, opts.first_seed + opts.seeds):
             tasks = task_sequence(shapes, capacity, seed)
             print(f"{profile} seed {seed}: {len(nodes)} nodes, {len(tasks)} tasks", file=sys.stderr)
             try:
