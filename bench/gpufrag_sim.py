@@ -17,8 +17,8 @@ capacity) and *fragmentation %* (the nodes' expected fragmentation over the trac
 shapes, over capacity). The figure of merit is unallocated % at 100 % arrived, median over
 the seeds.
 
-This checks the algorithm only; the benchmark through the services (shards, Binder, store)
-is still to come. Writes ``gpufrag-<stamp>.csv`` (the curves, a row per whole arrived percent),
+This checks the algorithm only; the same protocol through the services (shards, Binder,
+store) is ``python -m bench.gputrace_services``. Writes ``gpufrag-<stamp>.csv`` (the curves, a row per whole arrived percent),
 ``gpufrag-<stamp>-summary.csv`` (each run at 100 % arrived) and ``gpufrag-<stamp>.png``.
 """
 

@@ -4,6 +4,7 @@ reports, not what a test checks."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -15,10 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import bigjob, fairness, faults, harness, workload
+from bench import bigjob, fairness, faults, gputrace_services, harness, workload
 from bench.load import batches, build_jobs
 from bench.workload import PodPhase, WorkloadError
 from godel.local import ClusterState, ComponentRecord
+from placement.framework import load_profile
+from placement.plugins import new_in_tree_registry
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.metrics import MetricsServer
 from store.metrics import INFORMER_LAG
@@ -558,3 +561,57 @@ def test_big_job_quick_form_binds_every_pod_and_reports_the_dispatchers_stalls(
     assert set(lag) >= {"max_before_s", "max_after_s", "samples", "over_50ms", "over_1000ms"}
     assert lag["samples"] > 0 and lag["max_after_s"] >= lag["max_before_s"]
     assert {"dispatcher", "scheduler-0", "binder-0"} <= set(report["loop_lag_max"])
+
+
+@pytest.mark.timeout(300)
+def test_gpu_trace_through_the_services_writes_monotone_curves_per_profile(
+    tmp_path: Path,
+) -> None:
+    """The openb protocol through real services (bench.gputrace_services) on the trace's first
+    12 GPU nodes and their share of tasks, two profiles: a curve per profile with arrived %
+    rising to at most 130 %, every task placed or counted unplaced, the allocation read from
+    the stored pods (the run fails if it differs from the one read as tasks were decided), a
+    summary row per profile with its rate, and the plot."""
+    out = tmp_path / "out"
+    argv = ["--nodes", "12", "--policy", "default", "--policy", "most-allocated"]
+    assert gputrace_services.main([*argv, "--out", str(out)]) == 0
+    [curves] = out.glob("gputrace-services-*[0-9].csv")
+    rows = list(csv.DictReader(curves.open()))
+    by_policy: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        by_policy.setdefault(row["policy"], []).append(row)
+    assert set(by_policy) == {"default", "most-allocated"}
+    for policy_rows in by_policy.values():
+        arrived = [float(r["arrived_pct"]) for r in policy_rows]
+        assert arrived == sorted(arrived)  # the last row may repeat it: a CPU-only task
+        assert 100 <= arrived[-1] <= 130
+        tasks = [int(r["tasks"]) for r in policy_rows]
+        assert all(int(r["placed"]) + int(r["unplaced"]) == int(r["tasks"]) for r in policy_rows)
+        assert tasks == sorted(tasks) and len(set(tasks)) == len(tasks)
+        assert all(0 <= float(r["unallocated_pct"]) <= 100 for r in policy_rows)
+    [summary] = out.glob("gputrace-services-*-summary.csv")
+    runs = {r["policy"]: r for r in csv.DictReader(summary.open())}
+    assert set(runs) == {"default", "most-allocated"}
+    assert all(
+        float(r["arrived_pct"]) == 100 and float(r["tasks_per_second"]) > 0 for r in runs.values()
+    )
+    [png] = out.glob("gputrace-services-*.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_trace_profiles_load_and_the_gpufrag_ones_wait_for_their_plugin(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every shipped profile the registry can serve loads; the GpuFragmentation ones are skipped
+    with a note exactly while that plugin is not registered."""
+    registry = new_in_tree_registry()
+    has_plugin = gputrace_services.GPU_FRAGMENTATION_PLUGIN in registry
+    for name, file in gputrace_services.PROFILES.items():
+        why = gputrace_services.profile_available(name)
+        assert bool(why) == (name.startswith("gpufrag-") and not has_plugin)
+        if file and not why:
+            load_profile(gputrace_services.PROFILES_DIR / file, registry)
+    kept = list(gputrace_services._profiles(["most-allocated", "gpufrag-fgd"]))
+    assert kept == (["most-allocated", "gpufrag-fgd"] if has_plugin else ["most-allocated"])
+    if not has_plugin:
+        assert "skipping profile gpufrag-fgd: the GpuFragmentation" in capsys.readouterr().err
