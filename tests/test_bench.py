@@ -341,7 +341,7 @@ def test_one_pod_jobs_with_node_affinity_bind_every_pod(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_paper_scale_quick_form_reports_memory_and_restarts(tmp_path: Path) -> None:
+def test_paper_scale_quick_form_reports_memory_restarts_and_a_steady_leader(tmp_path: Path) -> None:
     """PaperScale-20000's quick form (issue 15, item 3, at 500 nodes and 10,000 pods): two
     shards and two binders, every measured pod bound, every process's peak RSS reported (the
     aim is on their sum), and each kind of service timed to SERVING after a restart."""
@@ -354,36 +354,22 @@ def test_paper_scale_quick_form_reports_memory_and_restarts(tmp_path: Path) -> N
     assert {"scheduler-0", "scheduler-1", "binder-0", "binder-1", "store"} <= set(resources)
     assert all(usage["peak_rss_mib"] > 0 for usage in resources.values())
     assert set(run["restart_seconds"]) >= {"dispatcher", "scheduler-0", "binder-0"}
-    # Issue 34: the Binder's lease never changes hands while the cluster fills and measures
-    # (its renewals run on a thread of their own), and the report shows the worst lateness.
-    leadership = run["leadership"]
-    assert leadership["changes_init"] == leadership["changes_measured"] == 0, leadership
-    assert 0 < leadership["worst_renewal_lateness_s"]
-    md = report_json.with_suffix(".md").read_text()
-    assert "## Binder leadership" in md and "worst renewal lateness" in md
-
-
-@pytest.mark.timeout(240)
-def test_restart_scale_quick_form_restarts_every_kind_and_times_the_takeover(
-    tmp_path: Path,
-) -> None:
-    """RestartScale-2000's quick form (issue 34, item 2): every kind of service is restarted and
-    serves again (the bench fails otherwise), each with the CPU it used to get there; a binder
-    leads again after binder-0's restart; the Binder leader killed with SIGKILL is replaced by
-    its standby; the report has them all."""
-    _run_quick("RestartScale-2000", tmp_path, 220)
-    [report_json] = tmp_path.glob("*.json")
-    [run] = json.loads(report_json.read_text())["runs"]
-    assert run["bound"] == run["measured_pods"] > 0
-    restarted = {"dispatcher", "scheduler-0", "binder-0", "rescheduler", "nodeagent-0"}
-    assert set(run["restart_seconds"]) == restarted
-    assert set(run["restart_cpu_seconds"]) == restarted
+    # Issue 34 item 2 (RestartScale-2000 is this at a larger size, with the same harness):
+    # each restarted kind with the CPU it used until serving again, binding resumed after
+    # binder-0's restart, and the Binder leader killed -9 replaced by its standby.
+    assert set(run["restart_cpu_seconds"]) == set(run["restart_seconds"])
     assert all(seconds > 0 for seconds in run["restart_cpu_seconds"].values())
     assert set(run["binding_resumed_seconds"]) == {"binder-0"}
     assert run["takeover_seconds"] > 0
     md = report_json.with_suffix(".md").read_text()
     assert "## Restarts: seconds until serving again" in md
     assert "| binder takeover (leader killed -9) |" in md
+    # Issue 34: the Binder's lease never changes hands while the cluster fills and measures
+    # (its renewals run on a thread of their own), and the report shows the worst lateness.
+    leadership = run["leadership"]
+    assert leadership["changes_init"] == leadership["changes_measured"] == 0, leadership
+    assert 0 < leadership["worst_renewal_lateness_s"]
+    assert "## Binder leadership" in md and "worst renewal lateness" in md
 
 
 @pytest.mark.timeout(240)
