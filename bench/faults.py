@@ -6,6 +6,8 @@ invariants checked from outside after every fault.
     python -m bench.faults --quick          # one fault per kind and store restart (what CI runs)
     python -m bench.faults --faults 12 --out /tmp/r
     python -m bench.faults --store-replicas 2   # the store primary also never started again
+    python -m bench.faults --paper-scale    # 20,000 nodes holding 1,000,000 pods, 2 faults a kind
+    python -m bench.faults --hollow-nodes 2000 --prefill-pods 100000 --faults 12   # a tenth of it
 
 The cluster is `godel up --store-replicas 1` (a primary, a replica, three Sentinels; see
 ``--store-replicas``), two scheduler shards, two binders, the rescheduler and one node agent of
@@ -33,6 +35,14 @@ After every fault it checks, from outside, through the store:
   is not only kept but scheduled;
 - every binding seen before is still there, on the same node (no acknowledged binding lost);
 - ``godel audit``'s invariants: no node over-committed, no pod bound twice, no gang split.
+
+**At scale** (``--prefill-pods``, ``--paper-scale``): before the first fault the cluster is
+filled through the Dispatcher's public API with pods that run until deleted (PaperScale's
+shape: 50 milli-CPU and 200 MiB, jobs of ``--prefill-job-size``), and the harness waits until
+the store holds a claim for each. Every check above then covers them too (no binding of the
+million lost), and **serving** per fault is what a restart costs at that size: from the signal
+until the restarted component answers its health check SERVING again (its informer has listed
+the whole state).
 
 The harness waits until the restarted component serves again before the next fault, as an
 operator confirms a restart. A component that dies *because of* a fault (a service whose
@@ -63,7 +73,7 @@ from typing import Any
 import psutil
 import redis
 
-from bench.harness import machine, percentile
+from bench.harness import _StoreProbe, machine, percentile
 from foundation.retry import Backoff, Retry
 from godel import local
 from godel.audit import audit
@@ -80,12 +90,27 @@ DEFAULT_STORE_RESTART_DELAY = 5.0
 DEFAULT_OUT = Path("bench/results")
 PROBE_PREFIX = "probe"
 LOAD_PREFIX = "load"
+PREFILL_PREFIX = "fill"
+# PaperScale-20000's cluster and pods (bench/workloads/PaperScale-20000.yaml).
+PAPER_SCALE_NODES = 20_000
+PAPER_SCALE_PODS = 1_000_000
+PAPER_SCALE_FAULTS = 2 * 6  # two of each kind: a SIGKILL and a SIGTERM
+NODES_PER_AGENT = 5_000
+_PREFILL_MILLI_CPU = 50
+_PREFILL_MEMORY = 200 << 20
+# Prefill jobs per Submit call: 20 jobs of 1,000 pods are a few hundred KB.
+_PREFILL_JOBS_PER_CALL = 20
 _GONE_SECONDS = 30.0
 _RECOVERY_DEADLINE = 180.0
 _REVIVE_EVERY_SECONDS = 2.0
 # How long the acknowledged pods may take to be bound after a fault before the check fails.
 _BIND_DEADLINE = 120.0
 _FAILOVER_POLL_SECONDS = 0.05
+# At scale: how long filling may take per pod (the cluster fills at ~1,000 pods/s on two
+# cores), and how much longer a service may take to serve again per pod the store holds
+# (a restart lists the whole state: ~40 s at a million pods on two cores).
+_PREFILL_SECONDS_PER_POD = 0.005
+_START_SECONDS_PER_POD = 0.0002
 # The checker's store connections ride out a failover: every half second, 60 tries in all.
 _STORE_RETRY = Backoff(0.5)
 _STORE_ATTEMPTS = 60
@@ -142,6 +167,10 @@ class FaultResult:
     restart: str = "at once"
     """When the process was started again: "at once", "after 5s", or "never" (during the
     fault; it was started again once the fault was over)."""
+    serving_seconds: float | None = None
+    """A service only: signal → the restarted process answered its health check SERVING (its
+    informer synced): what a restart costs at the cluster's size. None: not a service, or it
+    did not within the deadline."""
     failover_seconds: float | None = None
     """The store primary only: signal → the first write the store acknowledged (None: none
     within the deadline)."""
@@ -262,9 +291,14 @@ def _load_job(i: int) -> pb.Job:
 
 
 class Harness:
-    def __init__(self, home: local.GodelHome, state: local.ClusterState) -> None:
+    def __init__(
+        self, home: local.GodelHome, state: local.ClusterState, start_allowance: float = 0.0
+    ) -> None:
         self.home = home
         self.state = state
+        # Seconds more a service may take to serve again than a small cluster's deadline: its
+        # informer lists the whole state (a minute or so at a million pods).
+        self.start_allowance = start_allowance
         self.client = ProtoClient(state.address_of("dispatcher"), timeout=10, home=home.path)
         self.credentials = probe_credentials(home, state)  # health checks speak TLS too
         self.bindings: dict[str, str] = {}
@@ -338,12 +372,14 @@ class Harness:
             self._start_held_down()
         self.state = self.home.load() or self.state
         restarted = self._restarted_at - started
-        self._wait_serving(name, revived)
+        serving = self._wait_serving(name, revived)
         result = FaultResult(
             index, fault.kind, name, fault.signal.name, recovery,
             round(restarted, 2) if fault.restart_after is not None else None, fault.restart,
         )  # fmt: skip
         result.revived = revived
+        if serving is not None:
+            result.serving_seconds = round(serving - started, 2)
         if clock is not None:
             clock.join(_RECOVERY_DEADLINE)
             result.failover_seconds = clock.seconds
@@ -363,22 +399,25 @@ class Harness:
                 return component.name
         return ""
 
-    def _wait_serving(self, name: str, revived: list[str]) -> None:
+    def _wait_serving(self, name: str, revived: list[str]) -> float | None:
         """As an operator confirms a restart: wait until the component serves again (a service
-        answers its health check SERVING), so the next fault does not land mid-startup."""
+        answers its health check SERVING), so the next fault does not land mid-startup. The
+        monotonic time it first answered SERVING; None for the store, or past the deadline."""
         record = self.state.component(name)
         if record is None or record.kind in ("store", "sentinel"):
-            return
-        deadline = time.monotonic() + _RECOVERY_DEADLINE
+            return None
+        deadline = time.monotonic() + _RECOVERY_DEADLINE + self.start_allowance
         while time.monotonic() < deadline:
             record = self.state.component(name)
             if (
                 record is not None
                 and probe(record.address, timeout=1, credentials=self.credentials) == "SERVING"
             ):
-                return
+                return time.monotonic()
             revived += self.revive()
+            self.state = self.home.load() or self.state  # its new address, once it has one
             time.sleep(0.2)
+        return None
 
     def revive(self) -> list[str]:
         """Start again every component that is not running (but the one held down)."""
@@ -400,7 +439,7 @@ class Harness:
         start again any component that died (appended to ``revived``)."""
         self._probes += 1
         gang = _job(f"{PROBE_PREFIX}-{self._probes}", 2, 2, 1000)
-        deadline = since + _RECOVERY_DEADLINE
+        deadline = since + _RECOVERY_DEADLINE + self.start_allowance
         submitted = False
         next_revive = time.monotonic() + _REVIVE_EVERY_SECONDS
         while time.monotonic() < deadline:
@@ -510,6 +549,47 @@ def signal_for(index: int) -> signal.Signals:
     return signal.SIGKILL if (index + index // len(KINDS)) % 2 == 0 else signal.SIGTERM
 
 
+def prefill_jobs(pods: int, job_size: int) -> list[pb.Job]:
+    """``pods`` pods that run until deleted, in jobs of ``job_size`` (the last one smaller)."""
+    jobs = []
+    for i, first in enumerate(range(0, pods, job_size)):
+        job = _job(f"{PREFILL_PREFIX}-{i}", min(job_size, pods - first), 1, 0)
+        job.spec.template.requests.milli_cpu = _PREFILL_MILLI_CPU
+        job.spec.template.requests.memory_bytes = _PREFILL_MEMORY
+        jobs.append(job)
+    return jobs
+
+
+def prefill(client: ProtoClient, store_url: str, pods: int, job_size: int) -> float:
+    """Fill the cluster with ``pods`` long-running pods through the public API and wait until
+    the store holds a claim for each; the seconds it took. Progress on stderr."""
+    started = time.monotonic()
+    jobs = prefill_jobs(pods, job_size)
+    for first in range(0, len(jobs), _PREFILL_JOBS_PER_CALL):
+        batch = jobs[first : first + _PREFILL_JOBS_PER_CALL]
+        names = ",".join(j.metadata.name for j in batch[:1])
+        for result in client.submit(batch, request_id=f"prefill-{names}").results:
+            if not (result.created or result.existing):
+                violations = "; ".join(f"{v.field}: {v.description}" for v in result.violations)
+                raise RuntimeError(f"a prefill job was refused: {violations}")
+    probe = _StoreProbe(store_url)
+    try:
+        reported = 0.0
+        while (bound := probe.claims()) < pods:
+            if time.monotonic() - started > _PREFILL_SECONDS_PER_POD * pods + 300:
+                raise RuntimeError(f"prefill: only {bound:,} of {pods:,} pods bound in time")
+            if time.monotonic() - reported > 10:
+                reported = time.monotonic()
+                sys.stderr.write(
+                    f"prefill: {bound:,} of {pods:,} pods bound "
+                    f"({time.monotonic() - started:.0f}s)\n"
+                )
+            time.sleep(1.0)
+    finally:
+        probe.close()
+    return round(time.monotonic() - started, 1)
+
+
 def run(
     faults: int,
     *,
@@ -518,6 +598,8 @@ def run(
     interval: float = 0.3,
     store_replicas: int = 1,
     store_restart_delay: float = DEFAULT_STORE_RESTART_DELAY,
+    prefill_pods: int = 0,
+    prefill_job_size: int = 1000,
 ) -> dict[str, Any]:
     planned = plan(faults, store_restarts(store_replicas, store_restart_delay), quick=quick)
     os.environ.pop("GODEL_REDIS_URL", None)
@@ -525,16 +607,21 @@ def run(
     home = local.GodelHome(tmp)
     spec = local.ClusterSpec(
         schedulers=2, binders=2, hollow_nodes=hollow_nodes, process_node=False,
+        nodeagents=max(1, -(-hollow_nodes // NODES_PER_AGENT)),
         store_replicas=store_replicas, grace_seconds=2.0, ready_timeout=120.0,
+        dashboard=not prefill_pods,  # a watcher of every pod: not at scale
     )  # fmt: skip
     started = time.time()
     results: list[FaultResult] = []
     load: Load | None = None
     harness: Harness | None = None
+    fill_seconds = 0.0
     try:
         state = local.up(home, spec)
-        harness = Harness(home, state)
-        wait_nodes(harness.client, hollow_nodes)
+        harness = Harness(home, state, start_allowance=_START_SECONDS_PER_POD * prefill_pods)
+        wait_nodes(harness.client, hollow_nodes, timeout=120.0 + hollow_nodes / 50)
+        if prefill_pods:
+            fill_seconds = prefill(harness.client, state.store_url, prefill_pods, prefill_job_size)
         load = Load(state.address_of("dispatcher"), interval, home.path)
         load.start()
         for index, fault in enumerate(planned):
@@ -553,9 +640,12 @@ def run(
             harness.close()
         local.down(home)
         shutil.rmtree(tmp, ignore_errors=True)
-    return _report(
+    report = _report(
         results, final, load, started, len(planned), hollow_nodes, interval, store_replicas
     )
+    report["prefill_pods"] = prefill_pods
+    report["prefill_seconds"] = fill_seconds
+    return report
 
 
 def wait_nodes(client: ProtoClient, count: int, timeout: float = 120.0) -> None:
@@ -601,6 +691,8 @@ def _report(
             "not_recovered": len(mine) - len(times),
             "recovery_p50_s": percentile(times, 50) if times else None,
             "recovery_max_s": max(times) if times else None,
+            "serving_p50_s": percentile(serving, 50) if (serving := _serving(mine)) else None,
+            "serving_max_s": max(serving) if serving else None,
             "revived_after": sum(len(r.revived) for r in mine),
         }
     store_failover: dict[str, Any] = {}
@@ -638,17 +730,29 @@ def _report(
     }
 
 
+def _serving(results: list[FaultResult]) -> list[float]:
+    return [r.serving_seconds for r in results if r.serving_seconds is not None]
+
+
 def summary_table(report: dict[str, Any]) -> str:
-    lines = [
+    lines = []
+    if report.get("prefill_pods"):
+        lines += [
+            f"At scale: {report['hollow_nodes']:,} nodes holding {report['prefill_pods']:,} "
+            f"pods before the first fault (filled in {report['prefill_seconds']} s). Serving = "
+            "signal → the restarted service answers SERVING (its informer synced).",
+            "",
+        ]
+    lines += [
         "| kind | faults | SIGKILL | SIGTERM | not recovered | recovery P50 s | recovery max s "
-        "| others revived |",
-        "|---|---|---|---|---|---|---|---|",
+        "| serving P50 s | serving max s | others revived |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, row in report["per_kind"].items():
         lines.append(
             f"| {kind} | {row['faults']} | {row['sigkill']} | {row['sigterm']} | "
             f"{row['not_recovered']} | {row['recovery_p50_s']} | {row['recovery_max_s']} | "
-            f"{row['revived_after']} |"
+            f"{row.get('serving_p50_s')} | {row.get('serving_max_s')} | {row['revived_after']} |"
         )
     lines += [
         "",
@@ -682,7 +786,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.faults", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--faults", type=int, default=100, help="faults to inject (default 100)")
+    parser.add_argument(
+        "--faults",
+        type=int,
+        help=f"faults to inject (default 100; {PAPER_SCALE_FAULTS} with --paper-scale)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -704,8 +812,34 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds after its signal the store primary is started again in its delayed turn "
         f"(default {DEFAULT_STORE_RESTART_DELAY:g})",
     )
+    parser.add_argument(
+        "--prefill-pods",
+        type=int,
+        default=0,
+        help="pods (running until deleted) the cluster holds before the first fault (default 0)",
+    )
+    parser.add_argument(
+        "--prefill-job-size", type=int, default=1000, help="pods per prefill job (default 1000)"
+    )
+    parser.add_argument(
+        "--paper-scale",
+        action="store_true",
+        help=f"the paper's scale: {PAPER_SCALE_NODES:,} hollow nodes holding "
+        f"{PAPER_SCALE_PODS:,} pods, {PAPER_SCALE_FAULTS} faults (each kind twice) unless "
+        "--faults says otherwise; about 19 GiB of memory",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report directory")
     opts = parser.parse_args(argv)
+    if opts.paper_scale:
+        if opts.quick:
+            parser.error("--paper-scale: not with --quick (it has two faults of each kind)")
+        opts.hollow_nodes, opts.prefill_pods = PAPER_SCALE_NODES, PAPER_SCALE_PODS
+    if opts.faults is None:
+        opts.faults = PAPER_SCALE_FAULTS if opts.paper_scale else 100
+    if opts.prefill_pods < 0:
+        parser.error("--prefill-pods: must be 0 or more")
+    if opts.prefill_job_size < 1:
+        parser.error("--prefill-job-size: must be at least 1")
     if opts.store_replicas < 1:
         parser.error("--store-replicas: must be at least 1")
     if opts.store_restart_delay <= 0:
@@ -717,11 +851,14 @@ def main(argv: list[str] | None = None) -> int:
         interval=opts.interval,
         store_replicas=opts.store_replicas,
         store_restart_delay=opts.store_restart_delay,
+        prefill_pods=opts.prefill_pods,
+        prefill_job_size=opts.prefill_job_size,
     )
     opts.out.mkdir(parents=True, exist_ok=True)
     # Named as the other reports in bench/results/: <workload>-<UTC yyyymmdd-hhmmss>.
     when = report["started"].replace("-", "").replace(":", "").replace("T", "-").rstrip("Z")
-    stem = opts.out / f"faults{'-quick' if opts.quick else ''}-{when}"
+    form = "-quick" if opts.quick else f"-{opts.prefill_pods}pods" if opts.prefill_pods else ""
+    stem = opts.out / f"faults{form}-{when}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     table = summary_table(report)
     stem.with_suffix(".md").write_text(table + "\n")

@@ -398,10 +398,13 @@ def test_fault_harness_quick_form_loses_nothing(tmp_path: Path) -> None:
     one fault per other component kind, each process started again, and after every fault the
     invariants checked from outside, every acknowledged pod bound included. It exits 0 only if
     every fault recovered, the store acknowledged writes again after each of its kills, and
-    nothing acknowledged was lost or left unbound; the report says so per kind and per restart."""
+    nothing acknowledged was lost or left unbound; the report says so per kind and per restart.
+    The cluster is prefilled first (the scale form's path, small): those pods' bindings are
+    checked after every fault too, and each restarted service's time to serve is reported."""
     env = {k: v for k, v in os.environ.items() if k != "GODEL_REDIS_URL"}
+    scale = ["--prefill-pods", "1500", "--prefill-job-size", "400"]
     result = subprocess.run(
-        [sys.executable, "-m", "bench.faults", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench.faults", "--quick", *scale, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -412,6 +415,11 @@ def test_fault_harness_quick_form_loses_nothing(tmp_path: Path) -> None:
     (report_file,) = tmp_path.glob("faults-quick-*.json")
     report = json.loads(report_file.read_text())
     assert report["ok"] and report["final_violations"] == []
+    assert report["prefill_pods"] == 1500 and report["prefill_seconds"] > 0
+    services = [f for f in report["faults"] if f["kind"] not in ("store", "nodeagent")]
+    assert services and all(f["serving_seconds"] is not None for f in services)
+    assert report["per_kind"]["dispatcher"]["serving_max_s"] is not None
+    assert "serving P50 s" in result.stdout and "holding 1,500 pods" in result.stdout
     assert [f["kind"] for f in report["faults"]] == ["store", *faults.KINDS]
     assert {f["signal"] for f in report["faults"]} == {"SIGKILL", "SIGTERM"}
     store = [f for f in report["faults"] if f["kind"] == "store"]
@@ -453,6 +461,9 @@ def test_the_store_primary_is_started_again_at_once_later_and_with_a_spare_repli
     [
         (["--store-replicas", "0"], "--store-replicas: must be at least 1"),
         (["--store-restart-delay", "0"], "--store-restart-delay: must be more than 0"),
+        (["--prefill-pods", "-1"], "--prefill-pods: must be 0 or more"),
+        (["--prefill-job-size", "0"], "--prefill-job-size: must be at least 1"),
+        (["--paper-scale", "--quick"], "--paper-scale: not with --quick"),
     ],
 )
 def test_fault_harness_refuses_a_bad_store_option(
@@ -461,6 +472,20 @@ def test_fault_harness_refuses_a_bad_store_option(
     with pytest.raises(SystemExit):
         faults.main(args)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("pods", "job_size", "sizes"),
+    [(2500, 1000, [1000, 1000, 500]), (1000, 1000, [1000]), (3, 5, [3]), (0, 1000, [])],
+)
+def test_the_prefill_is_long_running_pods_in_jobs_of_the_size_asked(
+    pods: int, job_size: int, sizes: list[int]
+) -> None:
+    jobs = faults.prefill_jobs(pods, job_size)
+    assert [j.spec.replicas for j in jobs] == sizes
+    assert len({j.metadata.name for j in jobs}) == len(jobs)
+    assert all(j.spec.template.duration_ms == 0 and j.spec.min_member == 1 for j in jobs)
+    assert all(j.spec.template.requests.milli_cpu == 50 for j in jobs)
 
 
 # (case, weights, light share ‰, heavy share ‰, light pending, heavy pending, counted), on the

@@ -531,8 +531,9 @@ def test_a_big_unit_is_encoded_a_slice_at_a_time_into_the_one_message_it_always_
     big = _outgoing("big", 10)
     shuffled = OutgoingUnit(big.job, list(reversed(big.pods)), 4, 7)
     parts = list(encoded_messages([shuffled, _outgoing("small", 2)], 5000, slice_pods=3))
-    # A turn for the loop after every 3 pods encoded (3, 6, 9, then 1 + 2 = 3 more).
-    assert parts[:-1] == [None, None, None, None]
+    # A turn for the loop after every 3 pods laid out by index (4 for the big unit's 10) and
+    # every 3 encoded (3, 6, 9, then 1 + 2 = 3 more).
+    assert parts[:-1] == [None] * (4 + 4)
     wire = parts[-1]
     assert isinstance(wire, bytes)
     (unit, small) = ipb.DispatchMessage.FromString(wire).units.units
@@ -541,3 +542,29 @@ def test_a_big_unit_is_encoded_a_slice_at_a_time_into_the_one_message_it_always_
         (f"big-{i}", f"uid-big-{i}", 10 + i, i) for i in range(10)
     ]
     assert [p.name for p in small.pods] == ["small-0", "small-1"]
+
+
+@pytest.mark.parametrize(
+    ("indexes", "turns_before_the_message"),
+    [
+        # Laid out by index, a turn after every 3 pods; then encoded, a turn after every 3.
+        ([9, 3, 0, 7, 1, 8, 2, 6, 4, 5], 4 + 3),
+        ([9, 3, 3, 7, 1], 0 + 1),  # an index twice: sorted in one piece
+        ([40, 3, 7, 1, 0], 0 + 1),  # indexes far sparser than the pods: sorted
+        ([2, -1, 0, 1, 5], 0 + 1),  # a negative index: sorted
+        ([1, 0], 0 + 0),  # no more than a slice: sorted
+    ],
+)
+def test_a_units_pods_go_by_index_whatever_order_they_came_in(
+    indexes: list[int], turns_before_the_message: int
+) -> None:
+    base = _outgoing("u", len(indexes))
+    refs = [ref._replace(pod_index=i) for (_, ref), i in zip(base.pods, indexes, strict=True)]
+    pods = [(f"u-{i}", ref) for ref, i in zip(refs, indexes, strict=True)]
+    parts = list(encoded_messages([OutgoingUnit(base.job, pods, 0, 0)], 5000, slice_pods=3))
+    assert parts[:-1] == [None] * turns_before_the_message
+    wire = parts[-1]
+    assert isinstance(wire, bytes)
+    (unit,) = ipb.DispatchMessage.FromString(wire).units.units
+    assert [p.index for p in unit.pods] == sorted(indexes)
+    assert [p.name for p in unit.pods] == [f"u-{i}" for i in sorted(indexes)]
