@@ -58,6 +58,7 @@ LAG_MAX_METRIC = "godel_event_loop_lag_max_seconds"
 HELD_MAX_METRIC = "godel_event_loop_held_max_seconds"
 LAG_HISTOGRAM = "godel_event_loop_lag_seconds"
 GC_PAUSE_HISTOGRAM = "godel_gc_pause_seconds"
+GC_CPU_MAX_METRIC = "godel_gc_pause_cpu_max_seconds"
 # Stalls counted from the histogram: its bucket bounds (seconds) that the report names.
 STALL_BOUNDS = ("0.05", "0.1", "1.0")
 _POLL_SECONDS = 0.5
@@ -123,6 +124,9 @@ def loop_lag(metrics_address: str) -> dict[str, float]:
             for s in family.samples:
                 if s.name.endswith("_bucket") and s.labels["le"] in (*STALL_BOUNDS, "+Inf"):
                     out[s.labels["le"]] = s.value
+        elif family.name == GC_CPU_MAX_METRIC:
+            for s in family.samples:
+                out[f"gc{s.labels['generation']}:cpu_max"] = s.value
         elif family.name == GC_PAUSE_HISTOGRAM:
             for s in family.samples:
                 if s.name.endswith("_bucket") and s.labels["le"] in (STALL_BOUNDS[0], "+Inf"):
@@ -133,7 +137,7 @@ def loop_lag(metrics_address: str) -> dict[str, float]:
 def stalls(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """The probe's readings before and after, as the report gives them."""
     total = after.get("+Inf", 0.0) - before.get("+Inf", 0.0)
-    over = {
+    over: dict[str, float] = {
         f"over_{float(b) * 1000:g}ms": int(
             total - (after.get(b, 0.0) - before.get(b, 0.0))  # samples above the bound
         )
@@ -146,6 +150,7 @@ def stalls(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
         pauses = after.get(key + "+Inf", 0.0) - before.get(key + "+Inf", 0.0)
         under = after.get(key + bound, 0.0) - before.get(key + bound, 0.0)
         over[f"gc_gen{generation}_over_50ms"] = int(pauses - under)
+        over[f"gc_gen{generation}_cpu_max_s"] = round(after.get(key + "cpu_max", 0.0), 4)
     return {
         "max_before_s": round(before.get("max", 0.0), 4),
         "max_after_s": round(after.get("max", 0.0), 4),
@@ -257,7 +262,9 @@ def summary(report: Report) -> str:
         f"{lag.get('max_after_s')}s after; stalls over 50 ms / 100 ms / 1 s meanwhile: "
         f"{lag.get('over_50ms')} / {lag.get('over_100ms')} / {lag.get('over_1000ms')}; "
         f"collector pauses over 50 ms (generations 0 / 1 / 2): {lag.get('gc_gen0_over_50ms')} / "
-        f"{lag.get('gc_gen1_over_50ms')} / {lag.get('gc_gen2_over_50ms')}\n"
+        f"{lag.get('gc_gen1_over_50ms')} / {lag.get('gc_gen2_over_50ms')}, the longest in its "
+        f"own CPU time {lag.get('gc_gen0_cpu_max_s')} / {lag.get('gc_gen1_cpu_max_s')} / "
+        f"{lag.get('gc_gen2_cpu_max_s')}s\n"
         f"dispatcher loop, its own CPU time only: longest stall "
         f"{lag.get('held_max_before_s')}s before the submit, {lag.get('held_max_after_s')}s after\n"
         f"every service's longest stall: {report.loop_lag_max}\n"

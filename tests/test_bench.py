@@ -571,6 +571,10 @@ def test_big_job_quick_form_binds_every_pod_and_reports_the_dispatchers_stalls(
     lag = report["dispatcher_loop_lag"]
     assert set(lag) >= {"max_before_s", "max_after_s", "samples", "over_50ms", "over_1000ms"}
     assert lag["samples"] > 0 and lag["max_after_s"] >= lag["max_before_s"]
+    # The collector's share: long pauses per generation and the longest in CPU time (a service
+    # runs a full collection at least once, when it starts serving).
+    assert {"gc_gen0_over_50ms", "gc_gen2_over_50ms", "gc_gen1_cpu_max_s"} <= set(lag)
+    assert lag["gc_gen2_cpu_max_s"] > 0
     assert {"dispatcher", "scheduler-0", "binder-0"} <= set(report["loop_lag_max"])
 
 

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from services.runtime import gcpolicy
@@ -102,6 +103,11 @@ def test_every_collection_is_timed_by_generation_and_nothing_frozen_unless_asked
     assert hooks not in gc.callbacks
     assert count("0") >= before["0"] + 1
     assert count("2") >= before["2"] + 1
+    # The longest full collection in CPU time, kept by the hooks and in the gauge.
+    assert hooks.longest_cpu[2] > 0.0
+    assert REGISTRY.get_sample_value(
+        "godel_gc_pause_cpu_max_seconds", {"generation": "2"}
+    ) == pytest.approx(hooks.longest_cpu[2])
     assert gc.get_freeze_count() == frozen
     # Removed: further collections are not counted by it.
     after = count("2")

@@ -45,6 +45,12 @@ GC_PAUSE = Histogram(
     ("generation",),
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
+GC_PAUSE_CPU_MAX = Gauge(
+    "godel_gc_pause_cpu_max_seconds",
+    "The longest cyclic garbage collection since the process started, by generation, counting "
+    "only its thread's CPU time (a busy machine's wait for a core left out)",
+    ("generation",),
+)
 GC_FROZEN_OBJECTS = Gauge(
     "godel_gc_frozen_objects",
     "Objects moved out of the collector's sight (gc.freeze): the long-lived caches",
@@ -53,20 +59,29 @@ GC_FROZEN_OBJECTS.set_function(gc.get_freeze_count)
 
 
 class CollectorHooks:
-    """A ``gc.callbacks`` entry: times every collection into ``godel_gc_pause_seconds`` and,
-    with ``freeze``, freezes the survivors of every full collection."""
+    """A ``gc.callbacks`` entry: times every collection into ``godel_gc_pause_seconds`` (and
+    the longest in CPU time into ``godel_gc_pause_cpu_max_seconds``) and, with ``freeze``,
+    freezes the survivors of every full collection."""
 
     def __init__(self, *, freeze: bool) -> None:
         self.freeze = freeze
-        self._started = 0.0
+        self._started = self._started_cpu = 0.0
         self._pauses = {str(g): GC_PAUSE.labels(str(g)) for g in range(OLDEST + 1)}
+        # Per generation: the longest collection in CPU time, so a stall of the event loop can
+        # be told the collector's (its own CPU) from waiting for a core (wall time only).
+        self._cpu_max = {str(g): GC_PAUSE_CPU_MAX.labels(str(g)) for g in range(OLDEST + 1)}
+        self.longest_cpu = [0.0] * (OLDEST + 1)
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started, self._started_cpu = time.perf_counter(), time.thread_time()
             return
         generation = info["generation"]
         self._pauses[str(generation)].observe(time.perf_counter() - self._started)
+        cpu = time.thread_time() - self._started_cpu
+        if cpu > self.longest_cpu[generation]:
+            self.longest_cpu[generation] = cpu
+            self._cpu_max[str(generation)].set(cpu)
         if self.freeze and generation == OLDEST:
             # The collection is over and found everything it could: all that is left is alive.
             gc.freeze()
