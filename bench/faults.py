@@ -98,8 +98,9 @@ PAPER_SCALE_FAULTS = 2 * 6  # two of each kind: a SIGKILL and a SIGTERM
 NODES_PER_AGENT = 5_000
 _PREFILL_MILLI_CPU = 50
 _PREFILL_MEMORY = 200 << 20
-# Prefill jobs per Submit call: 20 jobs of 1,000 pods are a few hundred KB.
-_PREFILL_JOBS_PER_CALL = 20
+# Prefill jobs per Submit call, and the tries of each call.
+_PREFILL_JOBS_PER_CALL = 10
+_PREFILL_ATTEMPTS = 10
 _GONE_SECONDS = 30.0
 _RECOVERY_DEADLINE = 180.0
 _REVIVE_EVERY_SECONDS = 2.0
@@ -562,13 +563,23 @@ def prefill_jobs(pods: int, job_size: int) -> list[pb.Job]:
 
 def prefill(client: ProtoClient, store_url: str, pods: int, job_size: int) -> float:
     """Fill the cluster with ``pods`` long-running pods through the public API and wait until
-    the store holds a claim for each; the seconds it took. Progress on stderr."""
+    the store holds a claim for each; the seconds it took. Progress on stderr. A call that
+    fails (a deadline on a busy machine) is sent again under its request id, as a careful
+    client does: the Dispatcher answers a repeat with what the first did."""
     started = time.monotonic()
     jobs = prefill_jobs(pods, job_size)
     for first in range(0, len(jobs), _PREFILL_JOBS_PER_CALL):
         batch = jobs[first : first + _PREFILL_JOBS_PER_CALL]
-        names = ",".join(j.metadata.name for j in batch[:1])
-        for result in client.submit(batch, request_id=f"prefill-{names}").results:
+        request_id = f"prefill-{batch[0].metadata.name}"
+        for attempt in range(_PREFILL_ATTEMPTS):
+            try:
+                results = client.submit(batch, request_id=request_id).results
+                break
+            except ClientError:
+                if attempt == _PREFILL_ATTEMPTS - 1:
+                    raise
+                time.sleep(1.0)
+        for result in results:
             if not (result.created or result.existing):
                 violations = "; ".join(f"{v.field}: {v.description}" for v in result.violations)
                 raise RuntimeError(f"a prefill job was refused: {violations}")
