@@ -221,14 +221,14 @@ class Reserving:
                 self._queued = True
                 await self.enqueue(ReserveWork())
 
-    def _forget_written(self, written: pb.Reservation) -> None:
-        """Drop a pending reservation's copy at the version a write was based on (a newer one
-        the informer already delivered stays)."""
+    def _forget_written(self, written: pb.Reservation, based_on: int) -> None:
+        """Drop a pending reservation's copy at version ``based_on``, the one a write was based
+        on (a newer one the informer already delivered stays: the commit sets the written
+        object's new version on it, and the informer may deliver that version before the
+        commit returns — a still pending one, its message written, must be swept again)."""
         name = written.metadata.name
         held = self.state.pending_reservations.get(name)
-        if held is not None and (
-            held.metadata.resource_version == written.metadata.resource_version
-        ):
+        if held is not None and held.metadata.resource_version == based_on:
             del self.state.pending_reservations[name]
 
     async def run(self, work: ReserveWork) -> None:
@@ -242,21 +242,21 @@ class Reserving:
             ops, reserved = plan(self.state)
             if not ops:
                 return
+            based_on = [_written(op).metadata.resource_version for op in ops]
             try:
                 await self.store.commit(ops, fence=fence)
             except FencedError as exc:
                 self.leadership.fenced_by = exc
                 return
             except CommitError as exc:
-                op = ops[exc.index]
-                assert isinstance(op, Update) and isinstance(op.obj, pb.Reservation)
-                log.info("reservation changed meanwhile", reservation=op.obj.metadata.name)
+                changed = _written(ops[exc.index])
+                log.info("reservation changed meanwhile", reservation=changed.metadata.name)
                 # Seen again once the informer has it: deleted, or at its new version.
-                self._forget_written(op.obj)
+                self._forget_written(changed, based_on[exc.index])
                 continue
-            for op in ops:
-                assert isinstance(op, Update) and isinstance(op.obj, pb.Reservation)
-                self._forget_written(op.obj)  # back, at its new version, from the informer
+            for op, version in zip(ops, based_on, strict=True):
+                # Back, at its new version, from the informer.
+                self._forget_written(_written(op), version)
             if len(ops) >= MAX_SWEEP_WRITES:
                 self.wanted.set()  # more wait: the next sweep at once
             for rsv in reserved:
@@ -301,24 +301,28 @@ class Reserving:
                 self.leadership.fenced_by = exc
                 return _all(decisions, NOT_LEADER, f"binder {self.config.name} was deposed: {exc}")
             except CommitError as exc:
-                op = ops[exc.index]
-                assert isinstance(op, Update) and isinstance(op.obj, pb.Reservation)
                 # Changed or gone since the read: the shard decides again on a newer view.
-                stored[op.obj.metadata.name] = None
+                stored[_written(ops[exc.index]).metadata.name] = None
                 continue
             except StoreError as exc:
                 return _all(decisions, ERROR, f"store rejected the reservations: {exc}")
             by_name: dict[str, pb.Reservation] = {}
             for op in ops:
-                assert isinstance(op, Update) and isinstance(op.obj, pb.Reservation)
-                by_name[hold_name(op.obj.metadata.name)] = op.obj
-                self._held(op.obj)
+                rsv = _written(op)
+                by_name[hold_name(rsv.metadata.name)] = rsv
+                self._held(rsv)
             for verdict in verdicts:
                 written = by_name.get(verdict.pod)
                 if written is not None:
                     verdict.resource_version = written.metadata.resource_version
             return verdicts
         return _all(decisions, CONFLICT, f"gave up after {self.config.commit_retries + 1} attempts")
+
+
+def _written(op: Op) -> pb.Reservation:
+    """The reservation an op of a sweep or a placement writes (they write nothing else)."""
+    assert isinstance(op, Update) and isinstance(op.obj, pb.Reservation)
+    return op.obj
 
 
 def _all(
