@@ -14,6 +14,7 @@ import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
 from tests.e2e.conftest import Cluster, wait_until
+from tests.e2e.test_rescheduler_faults import kill9
 
 pytestmark = pytest.mark.e2e
 
@@ -141,8 +142,10 @@ def test_a_reservation_without_a_node_is_placed_by_the_shards_and_committed_by_t
     """Applied with no node, a reservation goes through a shard's filters to a node that fits
     (not the one whose CPU a pod holds), the Binder commits it Reserved there, its room is
     counted against a job that does not own it, and its owner's pod consumes it; one that fits
-    nowhere stays Pending with the shard's reason in `godel describe`."""
-    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=2, service_args=(ONE_CPU_NODES,))
+    nowhere stays Pending with the shard's reason in `godel describe`. Applied while the only
+    shard and the Binder leader are down (kill -9), it is placed once the shard is back, by the
+    new leader: nothing lost."""
+    cluster = make_cluster(schedulers=1, binders=2, hollow_nodes=2, service_args=(ONE_CPU_NODES,))
     nodes = wait_until(
         lambda: sorted(n.metadata.name for n in cluster.client.list("Node")) or None,
         what="nodes registered",
@@ -156,6 +159,9 @@ def test_a_reservation_without_a_node_is_placed_by_the_shards_and_committed_by_t
         what="first bound",
     )
     [free] = [n for n in nodes if n != taken]
+    leader = cluster.run_store(lambda s: s.get_lease("binder"))
+    kill9(cluster.component("scheduler-0").pid)
+    kill9(cluster.component(leader.holder).pid)
     created = cluster.godel(
         "apply",
         "-f",
@@ -167,6 +173,8 @@ def test_a_reservation_without_a_node_is_placed_by_the_shards_and_committed_by_t
         ),
     )
     assert created.stdout == "reservation/anywhere created\n"
+    assert cluster.client.get("Reservation", "anywhere").status.phase == pb.RESERVATION_PENDING
+    cluster.start_again("scheduler-0")
 
     def reserved() -> pb.Reservation | None:
         rsv = cluster.client.get("Reservation", "anywhere")
@@ -175,9 +183,14 @@ def test_a_reservation_without_a_node_is_placed_by_the_shards_and_committed_by_t
 
     rsv = wait_until(reserved, timeout=120, what="the shards place the reservation")
     assert (rsv.spec.node, rsv.status.node) == ("", free)
-    assert any(
-        e.reason == "ReservationHeld" and e.regarding.name == "anywhere"
-        for e in cluster.client.list("Event")
+    now = cluster.run_store(lambda s: s.get_lease("binder"))
+    assert now.holder != leader.holder and now.epoch > leader.epoch
+    wait_until(
+        lambda: any(
+            e.reason == "ReservationHeld" and e.regarding.name == "anywhere"
+            for e in cluster.client.list("Event")
+        ),
+        what="the ReservationHeld event",
     )
 
     # A second nodeless reservation fits nowhere: it waits Pending, saying why.
