@@ -334,3 +334,62 @@ async def test_the_binder_commits_a_placed_reservation_once_and_counts_its_room(
     again = await shards[1].decide(*decision(("anywhere", "n1", rv)))
     assert again[hold_name("anywhere")].code == V.STALE
     assert (await store.get(pb.Reservation, "anywhere")).status.node == "n1"
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU holds name their cards
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_gpu_reservation_holds_its_card_so_its_owner_still_fits_when_the_others_fragment() -> (
+    None
+):
+    """A node of two cards, card 0 a third used by a share; a reservation of one whole card
+    for "train" is committed holding card 1 by name. A non-owner's share proposed on card 1 is
+    then refused (card 0 it may have), and the owner's whole card is card 1, lent to it.
+    Before, a hold counted the node's GPU total only: the share took card 1 and the owner's
+    whole card fit nowhere, its room held in vain."""
+    from placement import gpu
+    from placement.reservations import Reservations, lent
+    from services.binder.reserve import plan
+
+    state = ClusterState()
+    state.on_add("Node", f.gpu_node("g1", 2, cpu=8000))
+    share = f.pods_of(f.gpu_job(f.job("small", cpu=100), milli=300))[0]
+    share.spec.node_name, share.status.phase = "g1", pb.POD_BOUND
+    share.spec.gpu_cards.append(0)
+    state.on_add("Pod", share)
+    rsv = f.reservation("card", "g1", job="train", cpu=100)
+    rsv.spec.template.requests.gpus = 1
+    rsv.status.phase, rsv.status.node = pb.RESERVATION_PENDING, ""
+    state.on_add("Reservation", rsv)
+    _, [reserved] = plan(state)
+    assert list(reserved.status.gpu_cards) == [1]
+    state.on_add("Reservation", reserved)
+    info = state.info_for("g1")
+    other = PodInfo.from_pod(f.pods_of(f.gpu_job(f.job("other", cpu=100), milli=300))[0]).req
+    assert gpu.verify_cards(info, other, (1,)) is not None
+    assert gpu.verify_cards(info, other, (0,)) is None
+    owner_pod = f.pods_of(f.gpu_job(f.job("train", cpu=100)))[0]
+    holds = Reservations()
+    holds.set(reserved)
+    view = lent(holds.owned(owner_pod), info)
+    assert gpu.choose_cards(view, PodInfo.from_pod(owner_pod).req) == (1,)
+
+
+def test_a_numa_bound_reservation_holds_its_numa_node() -> None:
+    """Named to a node with two NUMA nodes, a single-NUMA reservation is committed holding
+    one of them (before: its pool's room only, any NUMA node free to anyone)."""
+    from services.binder.reserve import plan
+
+    node = f.with_numa(f.node("n1", cpu=8000, mem=16 * f.GiB))
+    state = ClusterState()
+    state.on_add("Node", node)
+    rsv = f.reservation("pinned", "n1", job="train", cpu=3000)
+    rsv.spec.template.numa_policy = pb.NUMA_POLICY_SINGLE
+    rsv.status.phase, rsv.status.node = pb.RESERVATION_PENDING, ""
+    state.on_add("Reservation", rsv)
+    _, [reserved] = plan(state)
+    assert len(reserved.status.numa_nodes) == 1
+    state.on_add("Reservation", reserved)
+    assert state.info_for("n1").numa_used.get(reserved.status.numa_nodes[0], [0])[0] == 3000

@@ -88,7 +88,9 @@ def plan(
             if port_conflict(info, hold):
                 failures.append(PORTS_IN_USE)
             if not failures:
-                info.add_pod(hold)
+                failures = _pin(new, info)
+            if not failures:
+                info.add_pod(hold_request(new))
                 ops.append(Update(new))
                 reserved.append(new)
                 continue
@@ -99,6 +101,32 @@ def plan(
             new.status.message = message
             ops.append(Update(new))
     return ops, reserved
+
+
+def _pin(
+    rsv: pb.Reservation,
+    info: NodeInfo,
+    numa_proposed: tuple[int, ...] = (),
+    cards_proposed: tuple[int, ...] = (),
+) -> list[str]:
+    """The NUMA nodes and GPU cards a reservation holds on ``info``, chosen as the Binder
+    chooses a pod's and set on its status — so a NUMA-bound reservation keeps its NUMA nodes,
+    and a GPU share keeps room on one card its owner's share can take however fragmented the
+    others get — or why none can be (empty: set). A shard's proposals are verified, never
+    moved."""
+    del rsv.status.numa_nodes[:]
+    del rsv.status.gpu_cards[:]
+    req = hold_request(rsv)
+    numa = numa_nodes_for(info, req, numa_proposed)
+    if isinstance(numa, str):
+        return [f"{numatopology.NAME}: {numa}"]
+    rsv.status.numa_nodes.extend(numa)
+    if req.requests.gpus:
+        cards = gpu_cards_for(info, req.pinned(numa) if numa else req, cards_proposed)
+        if isinstance(cards, str):
+            return [f"{gpucards.NAME}: {cards}"]
+        rsv.status.gpu_cards.extend(cards)
+    return []
 
 
 def plan_placed(
@@ -171,20 +199,8 @@ def _fits(new: pb.Reservation, p: ipb.Placement, info: NodeInfo, rules: Framewor
     status = rules.run_filters(pod, info)
     if status is not None:
         return f"{status.plugin}: {', '.join(status.reasons)}"
-    req = pod.req
-    numa = numa_nodes_for(info, req, tuple(p.numa_nodes))
-    if isinstance(numa, str):
-        return f"{numatopology.NAME}: {numa}"
-    req = req.pinned(numa) if numa else req
-    del new.status.numa_nodes[:]
-    new.status.numa_nodes.extend(numa)
-    if req.requests.gpus:
-        cards = gpu_cards_for(info, req, tuple(p.gpu_cards))
-        if isinstance(cards, str):
-            return f"{gpucards.NAME}: {cards}"
-        del new.status.gpu_cards[:]
-        new.status.gpu_cards.extend(cards)
-    return None
+    failures = _pin(new, info, tuple(p.numa_nodes), tuple(p.gpu_cards))
+    return failures[0] if failures else None
 
 
 class Reserving:
