@@ -211,7 +211,7 @@ def test_a_reservation_without_a_node_is_placed_by_the_shards_and_committed_by_t
         return rsv.status.message or None
 
     message = wait_until(waiting, timeout=120, what="the unplaced reservation says why")
-    assert message.startswith("waiting for a node: 0/2 nodes"), message
+    assert message.startswith("not placed yet: 0/2 nodes"), message
     assert "insufficient cpu" in message, message
     described = cluster.godel("describe", "reservation", "nowhere").stdout
     assert "Pending" in described and "insufficient cpu" in described, described

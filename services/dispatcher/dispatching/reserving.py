@@ -150,4 +150,4 @@ class ReservationQueue:
 
 def waiting_message(reason: str) -> str:
     """A reservation's ``status.message`` while no node fits it."""
-    return f"waiting for a node: {reason}"
+    return f"not placed yet: {reason}"
