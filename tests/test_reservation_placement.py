@@ -5,7 +5,8 @@ cache; the Binder's re-check of a shard's placement (``reserve.plan_placed``), t
 dispatcher's queue of them (``ReservationQueue``: dispatch, backoff with the shard's reason, a
 shard lost); and the Binder over a real Decide stream on a real store: a placed reservation is
 committed Reserved once — a resent decision (a shard's retry, a Binder failover) is STALE — and
-a pod in the same batch that needs its room is refused."""
+a pod in the same batch that needs its room is refused. Last, holds name their GPU cards and
+NUMA nodes, so a GPU owner's card is kept however the others fragment."""
 
 from __future__ import annotations
 
