@@ -8,6 +8,11 @@ So a reservation and a bind never both take the last room of a node. One that do
 or the dispatcher releases it (its TTL, its owner, its node).
 
 A sweep is queued when a pending reservation appears and every ``SWEEP_SECONDS`` while some wait.
+
+Reservations without a node are placed by the shards like pods and reach the leader in their
+decision batches (``UnitDecision.reservation``): ``Reserving.place``, in that batch's turn,
+re-checks each (``plan_placed``: by every filter, as the pod it stands for) and commits the
+accepted ``Reserved`` the same way. Both choose the NUMA nodes and GPU cards a hold keeps.
 """
 
 from __future__ import annotations
@@ -144,13 +149,24 @@ def plan_placed(
     clones: dict[str, NodeInfo] = {}
     ops: list[Op] = []
     verdicts: list[ipb.PodVerdict] = []
+    accepted: set[str] = set()
     for decision in decisions:
         for p in decision.placements:
             verdict = ipb.PodVerdict(pod=p.pod, job=decision.job, node=p.node)
             verdicts.append(verdict)
-            placed = _placed(decision.reservation, p, stored.get(decision.reservation), state)
+            name = decision.reservation
+            placed = _placed(name, p, stored.get(name))
+            if name in accepted:
+                placed = f"reservation {name!r} is placed more than once in the batch"
             if isinstance(placed, str):
                 verdict.code, verdict.reason = STALE, placed
+                continue
+            node = state.nodes.get(p.node)
+            if node is None or not node.status.ready:
+                verdict.code = CONFLICT
+                verdict.reason = (
+                    f"node {p.node!r} {'not found' if node is None else 'is not ready'}"
+                )
                 continue
             info = clones.get(p.node)
             if info is None:
@@ -161,13 +177,12 @@ def plan_placed(
                 continue
             info.add_pod(hold_request(placed))
             ops.append(Update(placed))
+            accepted.add(name)
             verdict.code = BOUND
     return ops, verdicts
 
 
-def _placed(
-    name: str, p: ipb.Placement, rsv: pb.Reservation | None, state: ClusterState
-) -> pb.Reservation | str:
+def _placed(name: str, p: ipb.Placement, rsv: pb.Reservation | None) -> pb.Reservation | str:
     """The reservation Reserved on the placement's node, or why the placement is stale."""
     if p.pod != hold_name(name):
         return f"placement {p.pod!r} is not reservation {name!r}'s"
@@ -181,9 +196,6 @@ def _placed(
             f"reservation changed: decided at resource_version {p.pod_resource_version}, "
             f"now {rsv.metadata.resource_version}"
         )
-    node = state.nodes.get(p.node)
-    if node is None or not node.status.ready:
-        return f"node {p.node!r} {'not found' if node is None else 'is not ready'}"
     new = pb.Reservation()
     new.CopyFrom(rsv)
     new.status.phase = pb.RESERVATION_RESERVED
@@ -317,8 +329,12 @@ class Reserving:
                 self.leadership.fenced_by = exc
                 return _all(decisions, NOT_LEADER, f"binder {self.config.name} was deposed: {exc}")
             except CommitError as exc:
-                # Changed or gone since the read: the shard decides again on a newer view.
-                stored[_written(ops[exc.index]).metadata.name] = None
+                # Changed or gone since the read: judged again as it is now (its verdict says).
+                name = _written(ops[exc.index]).metadata.name
+                try:
+                    [stored[name]] = await self.store.get_many(pb.Reservation, [name])
+                except StoreUnavailableError as unavailable:
+                    return _all(decisions, ERROR, f"store unavailable: {unavailable}")
                 continue
             except StoreError as exc:
                 return _all(decisions, ERROR, f"store rejected the reservations: {exc}")
