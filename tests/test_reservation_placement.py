@@ -292,7 +292,12 @@ def test_the_dispatcher_hands_a_reservation_to_one_shard_and_backs_it_off_with_i
     queue.dispatched(entry, "s1")
     # The same reason again: nothing to write; the backoff doubles.
     assert queue.outcome("s1", outcome("a", ipb.UNIT_INFEASIBLE, why), 1.0) is None
-    assert queue.ready(2.5) == [] and queue.ready(3.0) == [entry]
+    assert queue.ready(2.5) == []
+    # A node joining wakes it at once (as an infeasible unit); backing off again, it waits.
+    assert queue.wake() == 1 and queue.ready(1.5) == [entry]
+    queue.dispatched(entry, "s1")
+    queue.outcome("s1", outcome("a", ipb.UNIT_UNSCHEDULABLE, why), 1.0)
+    assert queue.ready(2.5) == [] and queue.ready(5.0) == [entry]
     # Its shard lost: in line again at once.
     queue.dispatched(entry, "s1")
     assert queue.shard_lost("s1") == 1 and queue.ready(3.0) == [entry]

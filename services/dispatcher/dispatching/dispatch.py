@@ -336,6 +336,7 @@ class UnitDispatcher:
                 kinds=frozenset({"Reservation"}),
             )
         )
+        informer.add_handlers(Handlers(self._on_node_added, kinds=frozenset({"Node"})))
 
     def _job(self, name: str) -> pb.Job | None:
         job = self.informer.get("Job", name)
@@ -358,6 +359,10 @@ class UnitDispatcher:
         done = self.reservations.forget(obj.metadata.name)
         if done is not None:
             self._revoke_reservation(done)
+
+    def _on_node_added(self, kind: str, obj: Message) -> None:
+        if self.reservations.wake():
+            self._kick.set()
 
     def _revoke_reservation(self, entry: ReservationEntry) -> None:
         """A reservation no longer awaiting a node: its shard, if one holds it, drops it."""

@@ -138,6 +138,16 @@ class ReservationQueue:
         entry.reason = reason
         return entry
 
+    def wake(self) -> int:
+        """A node joined: those backing off try again now, as an infeasible unit does on a
+        node change. Returns how many."""
+        woken = 0
+        for entry in self.entries.values():
+            if entry.state == Waiting.BACKOFF:
+                entry.state = Waiting.QUEUED
+                woken += 1
+        return woken
+
     def shard_lost(self, shard: str) -> int:
         """The shard is gone: what it held is queued again. Returns how many."""
         lost = 0
