@@ -93,7 +93,38 @@ def hold_request(rsv: pb.Reservation) -> PodRequest:
         else 0,
         numa_nodes=tuple(rsv.status.numa_nodes),
         requests=Quantities.shared_request(tpl),
+        gpu_models=tuple(tpl.gpu_models),
+        gpu_cards=tuple(rsv.status.gpu_cards),
     )
+
+
+def awaits_placement(rsv: pb.Reservation) -> bool:
+    """Whether the shards are to place it: Pending, naming no node, not being deleted."""
+    return (
+        rsv.status.phase in (pb.RESERVATION_PHASE_UNSPECIFIED, pb.RESERVATION_PENDING)
+        and not rsv.spec.node
+        and not rsv.metadata.deletion_timestamp_ms
+    )
+
+
+def as_pod(rsv: pb.Reservation) -> pb.Pod:
+    """The pod a reservation without a node is placed as — by the shards' search and the
+    Binder's re-check alike, so it meets the same filters and scores a pod of its template
+    would: its hold name (a pod slot no pod can have), its tenant, its template (requests,
+    ports, NUMA policy, GPU share and models, node selector, affinity, tolerations), its pool.
+    It never preempts (room is reserved from what is free) and belongs to no job, so it takes
+    no other reservation's room."""
+    pod = pb.Pod(
+        metadata=pb.ObjectMeta(name=hold_name(rsv.metadata.name), owner=rsv.metadata.owner)
+    )
+    pod.metadata.resource_version = rsv.metadata.resource_version
+    pod.metadata.labels.update(rsv.spec.template.labels)
+    spec = pod.spec
+    spec.template.CopyFrom(rsv.spec.template)
+    spec.qos = rsv.spec.qos
+    spec.preemption_policy = pb.NEVER
+    pod.status.phase = pb.POD_PENDING
+    return pod
 
 
 def for_replacement(pod: pb.Pod, name: str, node: str, ttl_seconds: int) -> pb.Reservation:

@@ -584,3 +584,51 @@ async def test_a_shard_whose_record_was_deleted_as_dead_registers_again(
         await asyncio.sleep(0.3)
         beats = await store.shard_heartbeats()
         assert beats.now_ms - beats.last_ms["shard-a"] < 5000
+
+
+async def test_a_reservation_without_a_node_is_placed_as_a_one_pod_unit(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """A unit carrying a reservation is placed like the pod it stands for (its filters, shared
+    with a one-pod job's search) and proposed in the same decision batch, marked as a
+    reservation's; one no node fits is handed back with the reason in its outcome, and the
+    shard writes nothing on it (the dispatcher does)."""
+    from placement.reservations import hold_name
+    from tests.factories import reservation
+
+    await store.create(node("n0", cpu=1000, mem=32 * GiB))
+    await store.create(node("n1", cpu=4000, mem=32 * GiB))
+    stored: dict[str, pb.Reservation] = {}
+    for name, cpu in (("anywhere", 2000), ("nowhere", 9000)):
+        rsv = reservation(name, "", job="train", cpu=cpu)
+        rsv.status.phase = pb.RESERVATION_PENDING
+        stored[name] = await store.create(rsv)
+    web = await create_job(store, job("web", replicas=1, min_member=1, cpu=500, mem=GiB))
+
+    def unit_of(name: str) -> ipb.Unit:
+        unit = ipb.Unit(reservation=name)
+        unit.pods.add(name=hold_name(name), resource_version=stored[name].metadata.resource_version)
+        return unit
+
+    async with ServiceHost(SchedulerService, config) as host:
+        d = Dispatcher(host.address)
+        await d.until(lambda: d.credits == 5000)
+        d.credits = 0
+        await d.send(unit_of("anywhere"), unit_of("nowhere"), web)
+        keys = {hold_name("anywhere"), hold_name("nowhere"), "web"}
+        await d.until(lambda: keys <= set(d.outcomes) and d.credits == 3)
+        assert d.outcomes[hold_name("anywhere")].code == ipb.UNIT_DONE
+        assert d.outcomes["web"].code == ipb.UNIT_DONE
+        nowhere = d.outcomes[hold_name("nowhere")]
+        assert nowhere.code == ipb.UNIT_UNSCHEDULABLE
+        assert "0/2 nodes fit: 2 insufficient cpu" in nowhere.reason
+        decisions = [u for b in binder.batches for u in b.units]
+        [placed] = [u for u in decisions if u.reservation]
+        assert (placed.reservation, placed.job) == ("anywhere", hold_name("anywhere"))
+        assert [(p.pod, p.node, p.pod_resource_version) for p in placed.placements] == [
+            (hold_name("anywhere"), "n1", stored["anywhere"].metadata.resource_version)
+        ]
+        assert [u.job for u in decisions if not u.reservation] == ["web"]
+        after = await store.get(pb.Reservation, "nowhere")
+        assert after.metadata.resource_version == stored["nowhere"].metadata.resource_version
+        await d.close()

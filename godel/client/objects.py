@@ -418,8 +418,9 @@ def reservation(
     qos: str = "",
     labels: dict[str, str] | None = None,
 ) -> Reservation:
-    """A reservation from keywords: room of these requests on ``node`` for the pods of ``job``
-    (only pod ``index`` of it, when given) or those ``selector`` picks, for ``ttl_seconds``.
+    """A reservation from keywords: room of these requests on ``node`` (empty: wherever the
+    shards place it, like a pod) for the pods of ``job`` (only pod ``index`` of it, when given)
+    or those ``selector`` picks, for ``ttl_seconds``.
     Quantities as in a manifest; mistakes are Invalid naming the field, before any call."""
     requests: dict[str, Any] = {"cpu": cpu, "memory": memory}
     if gpus:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,6 +189,8 @@ class Committer:
         fence = await self.leadership.leading_fence(stream.epoch)
         if fence is None:
             return uniform(batch, NOT_LEADER, f"binder {self.config.name} is not the leader")
+        if any(u.reservation for u in batch.units):
+            return await self._decide_with_reservations(batch, stream, fence)
         names = list(dict.fromkeys(p.pod for u in batch.units for p in u.placements if p.pod))
         known = informed_jobs(
             batch, lambda name: self.informer.get("Job", name), self.informer.revision
@@ -217,6 +219,30 @@ class Committer:
             ms=round((time.perf_counter() - started) * 1000, 2),
         )
         return verdicts
+
+    async def _decide_with_reservations(
+        self, batch: ipb.DecisionBatch, stream: _Stream, fence: Fence
+    ) -> ipb.VerdictBatch:
+        """A batch that places reservations without a node: those first (committed Reserved,
+        so the pods' re-check below counts their holds), then its pods' units as ever; one
+        verdict batch for both."""
+        placing = [u for u in batch.units if u.reservation]
+        placed: Sequence[ipb.PodVerdict]
+        if self.reserving is None:
+            placed = uniform(
+                ipb.DecisionBatch(units=placing), ERROR, "this binder does not place reservations"
+            ).verdicts
+        else:
+            placed = await self.reserving.place(placing, self.rules, fence)
+        rest = ipb.DecisionBatch(shard=batch.shard, batch_id=batch.batch_id)
+        rest.units.extend(u for u in batch.units if not u.reservation)
+        out = (
+            await self._decide_batch(rest, stream)
+            if rest.units
+            else ipb.VerdictBatch(batch_id=batch.batch_id)
+        )
+        out.verdicts.extend(placed)
+        return out
 
     async def _commit(self, plan: BatchPlan, fence: Fence) -> dict[str, pb.Pod]:
         """Commit the plan's accepted pods in one fenced transaction; on a rejected op drop its

@@ -278,14 +278,14 @@ class BatchPlan:
                 failures.append(f"{status.plugin}: {', '.join(status.reasons)}")
             req = cand.info.req
             if status is None:
-                numa = _numa_nodes(info, req, tuple(cand.placement.numa_nodes))
+                numa = numa_nodes_for(info, req, tuple(cand.placement.numa_nodes))
                 if isinstance(numa, str):
                     failures.append(f"{numatopology.NAME}: {numa}")
                 else:
                     cand.numa_nodes = numa
                     req = req.pinned(numa) if numa else req
             if status is None and req.requests.gpus:
-                cards = _gpu_cards(info, req, tuple(cand.placement.gpu_cards))
+                cards = gpu_cards_for(info, req, tuple(cand.placement.gpu_cards))
                 if isinstance(cards, str):
                     failures.append(f"{gpucards.NAME}: {cards}")
                 else:
@@ -636,7 +636,7 @@ def bound_pod(
     return out
 
 
-def _numa_nodes(
+def numa_nodes_for(
     info: NodeInfo, req: PodRequest, proposed: tuple[int, ...]
 ) -> tuple[int, ...] | str:
     """The NUMA nodes ``req`` binds with on ``info``: the decision's proposal if it still holds
@@ -649,7 +649,9 @@ def _numa_nodes(
     return found.reason if isinstance(found, numatopology.NumaFailure) else found
 
 
-def _gpu_cards(info: NodeInfo, req: PodRequest, proposed: tuple[int, ...]) -> tuple[int, ...] | str:
+def gpu_cards_for(
+    info: NodeInfo, req: PodRequest, proposed: tuple[int, ...]
+) -> tuple[int, ...] | str:
     """The GPU cards ``req`` binds with on ``info``: the decision's proposal if those cards
     still hold it (a card another shard's pod took since is refused, never moved: the shard
     retries against a refreshed view), the Binder's own choice (``gpu.choose_cards``) when the

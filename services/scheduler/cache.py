@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from placement.claims import TERMINAL_PHASES
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.preemption import VictimCandidate
-from placement.reservations import Reservations, reservation_of
+from placement.reservations import Reservations, hold_name, holds_room, reservation_of
 from placement.snapshot import LabelIndex
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -76,7 +76,15 @@ class SchedulerCache:
         elif isinstance(obj, pb.Pod):
             self.set_pod(obj)
         elif isinstance(obj, pb.Reservation):
+            if holds_room(obj):
+                # Placed by this shard: its assumed placement becomes the hold (same name).
+                self._drop_assumed(hold_name(obj.metadata.name))
             self.dirty.update(self.reservations.track(obj, self.nodes, self._node))
+
+    def _drop_assumed(self, name: str) -> None:
+        assumed = self.assumed.pop(name, None)
+        if assumed is not None:
+            self._unaccount(name, assumed.node)
 
     def on_update(self, kind: str, old: Message, new: Message) -> None:
         self.on_add(kind, new)

@@ -17,6 +17,7 @@ import structlog
 
 from placement.framework import PodInfo, UnitInfo
 from placement.nodeinfo import PodRequest
+from placement.reservations import as_pod, awaits_placement
 from placement.search import Placement, UnitResult, UnitScheduler, run_steps
 from placement.snapshot import Snapshot
 from protos.godel.v1 import internal_pb2 as ipb
@@ -186,6 +187,8 @@ class ShardCycle:
         """A pending pod of ``unit`` as the search takes it; None when it needs no placing
         any more (deleted by its owner, or bound meanwhile: counted here); ``_NOT_YET`` when
         the view has not caught up with the dispatcher (the unit is deferred)."""
+        if unit.reservation:
+            return self._pending_reservation(unit, name, rv, revision)
         pod = self.informer.get("Pod", name)
         if not isinstance(pod, pb.Pod) or pod.metadata.resource_version < rv:
             if revision < rv:  # the view has not caught up with the dispatcher yet
@@ -203,6 +206,26 @@ class ShardCycle:
             return None
         # With the reservations' holds it may take: its filters judge their nodes without them.
         return self.cache.reservations.own(PodInfo.from_pod(pod), pod)
+
+    def _pending_reservation(
+        self, unit: Unit, name: str, rv: int, revision: int
+    ) -> PodInfo | _NotYet | None:
+        """A reservation without a node as the search takes it: as the pod it is placed as
+        (``placement.reservations.as_pod``); None once it needs no placing (deleted, or
+        Reserved meanwhile)."""
+        rsv = self.informer.get("Reservation", unit.reservation)
+        if not isinstance(rsv, pb.Reservation) or rsv.metadata.resource_version < rv:
+            if revision < rv:
+                self.book.defer(unit, 0.02)
+                return _NOT_YET
+            rsv = None
+        if rsv is None or not awaits_placement(rsv):
+            del unit.pending[name]
+            if rsv is not None and rsv.status.node:
+                unit.bound.append(name)
+            self.book.finish_pods(unit, 1)
+            return None
+        return PodInfo.from_pod(as_pod(rsv))
 
     # -- one-pod units of loose jobs: one search ---------------------------------------------
 
@@ -275,7 +298,10 @@ class ShardCycle:
         verdict on this decision can come before the cycle sends it."""
         spec = unit.job.spec
         decision = batch.units.add(
-            job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
+            job=unit.name,
+            min_member=spec.min_member,
+            already_bound=unit.already_bound,
+            reservation=unit.reservation,
         )
         out = decision.placements
         # A decision of more placements than a batch carries (the Binder refuses a batch of

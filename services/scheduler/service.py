@@ -42,7 +42,7 @@ from services.scheduler.cache import SchedulerCache
 from services.scheduler.cycle import YIELD_SECONDS, CycleSettings, ShardCycle
 from services.scheduler.movements import MovementTracker
 from services.scheduler.queue import ShardQueue
-from services.scheduler.units import Unit, UnitBook
+from services.scheduler.units import Unit, UnitBook, reservation_job
 from services.scheduler.unschedulable import UnschedulableRecorder, now_ms
 from services.scheduler.victims import ShardVictims
 from store.errors import AlreadyExistsError, ConflictError, NotFoundError, StoreError
@@ -540,7 +540,8 @@ class SchedulerService(Service[SchedulerConfig]):
 
     async def accept_units(self, stream: _DispatchStream, batch: ipb.UnitBatch) -> None:
         for u in batch.units:
-            name = u.job.metadata.name
+            job = reservation_job(u.reservation) if u.reservation else u.job
+            name = job.metadata.name
             if not name or name in self.book:
                 # Already held (a re-dispatch): the dispatcher spent credits; give them back.
                 stream.give(len(u.pods))
@@ -558,7 +559,7 @@ class SchedulerService(Service[SchedulerConfig]):
                         # run between (a stream that closes meanwhile cancels this read).
                         await asyncio.sleep(0)
                         until = time.monotonic() + YIELD_SECONDS
-            self.book.add(u.job, stream, pending, u.already_bound)
+            self.book.add(job, stream, pending, u.already_bound, u.reservation)
         self._wake.set()
 
     def revoke(self, jobs: Iterable[str]) -> None:

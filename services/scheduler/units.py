@@ -17,6 +17,7 @@ from typing import Protocol
 import structlog
 
 from placement.framework import JobAffinity
+from placement.reservations import hold_name
 from placement.search import Diagnosis
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
@@ -64,6 +65,9 @@ class Unit:
     revoked: bool = False
     # Its last decision told the dispatcher of preemptions (a later one must say what changed).
     nominated: bool = False
+    # Set: the unit places this Reservation (its one "pod" is the hold name, ``as_pod``), not a
+    # job's pods; ``job`` is a stand-in of that name (``reservation_job``).
+    reservation: str = ""
 
     # Read from ``job`` once: a unit's name is asked for a dozen times on its way, and each
     # read of a protobuf field builds a wrapper (one-pod units are many).
@@ -82,6 +86,15 @@ class Unit:
 
     def undecided(self) -> int:
         return len(self.pending) + len(self.inflight) + len(self.retry)
+
+
+def reservation_job(reservation: str) -> pb.Job:
+    """The stand-in job of a unit that places reservation ``reservation``: named after its
+    hold (no job can be: job names hold no ``:``), one pod, placed on its own."""
+    job = pb.Job(metadata=pb.ObjectMeta(name=hold_name(reservation)))
+    job.spec.replicas = 1
+    job.spec.min_member = 1
+    return job
 
 
 class UnitBook:
@@ -110,7 +123,12 @@ class UnitBook:
         return job in self.units
 
     def add(
-        self, job: pb.Job, stream: ReplyStream, pods: dict[str, int], already_bound: int
+        self,
+        job: pb.Job,
+        stream: ReplyStream,
+        pods: dict[str, int],
+        already_bound: int,
+        reservation: str = "",
     ) -> None:
         """A unit handed over by the dispatcher, ready to schedule (the caller wakes the loop)."""
         self._seq += 1
@@ -121,6 +139,7 @@ class UnitBook:
             credits=len(pods),
             already_bound=already_bound,
             pending=pods,
+            reservation=reservation,
         )
         self.units[unit.name] = unit
         self.queue.add(unit)
@@ -172,7 +191,8 @@ class UnitBook:
                 reason=next(iter(unit.handed_back.values())),
             )
             self._stats["handed_back"] += len(unit.handed_back)
-            self._recorder.record(dict(unit.handed_back), dict(unit.diagnoses))
+            if not unit.reservation:  # a reservation's reason is written by the dispatcher
+                self._recorder.record(dict(unit.handed_back), dict(unit.diagnoses))
         else:
             unit.stream.outcome(unit.name, ipb.UNIT_DONE, unit.bound)
         self.finish_pods(unit, unit.credits)

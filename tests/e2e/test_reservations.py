@@ -14,6 +14,7 @@ import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
 from tests.e2e.conftest import Cluster, wait_until
+from tests.e2e.test_rescheduler_faults import kill9
 
 pytestmark = pytest.mark.e2e
 
@@ -133,3 +134,102 @@ def test_a_drained_pods_room_is_kept_for_its_replacement(
         what="other tried and found no room",
     )
     assert [p.spec.node_name for p in pods(cluster, "other")] == [""]
+
+
+def test_a_reservation_without_a_node_is_placed_by_the_shards_and_committed_by_the_binder(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """Applied with no node, a reservation goes through a shard's filters to a node that fits
+    (not the one whose CPU a pod holds), the Binder commits it Reserved there, its room is
+    counted against a job that does not own it, and its owner's pod consumes it; one that fits
+    nowhere stays Pending with the shard's reason in `godel describe`. Applied while the only
+    shard and the Binder leader are down (kill -9), it is placed once the shard is back, by the
+    new leader: nothing lost."""
+    cluster = make_cluster(schedulers=1, binders=2, hollow_nodes=2, service_args=(ONE_CPU_NODES,))
+    nodes = wait_until(
+        lambda: sorted(n.metadata.name for n in cluster.client.list("Node")) or None,
+        what="nodes registered",
+    )
+    assert len(nodes) == 2
+    # A pod first takes one node's CPU: the reservation can only fit on the other.
+    cluster.godel("apply", "-f", "-", stdin=job_yaml("first", 1))
+    [taken] = wait_until(
+        lambda: [p.spec.node_name for p in pods(cluster, "first") if p.spec.node_name] or None,
+        timeout=120,
+        what="first bound",
+    )
+    [free] = [n for n in nodes if n != taken]
+    leader = cluster.run_store(lambda s: s.get_lease("binder"))
+    kill9(cluster.component("scheduler-0").pid)
+    kill9(cluster.component(leader.holder).pid)
+    created = cluster.godel(
+        "apply",
+        "-f",
+        "-",
+        stdin=(
+            "apiVersion: godel/v1\nkind: Reservation\nmetadata: {name: anywhere}\n"
+            "spec: {ttlSeconds: 600, owner: {job: train},\n"
+            "       template: {requests: {cpu: '1', memory: 100Mi}}}\n"
+        ),
+    )
+    assert created.stdout == "reservation/anywhere created\n"
+    assert cluster.client.get("Reservation", "anywhere").status.phase == pb.RESERVATION_PENDING
+    cluster.start_again("scheduler-0")
+
+    def reserved() -> pb.Reservation | None:
+        rsv = cluster.client.get("Reservation", "anywhere")
+        assert isinstance(rsv, pb.Reservation)
+        return rsv if rsv.status.phase == pb.RESERVATION_RESERVED else None
+
+    rsv = wait_until(reserved, timeout=120, what="the shards place the reservation")
+    assert (rsv.spec.node, rsv.status.node) == ("", free)
+    now = cluster.run_store(lambda s: s.get_lease("binder"))
+    assert now.holder != leader.holder and now.epoch > leader.epoch
+    wait_until(
+        lambda: any(
+            e.reason == "ReservationHeld" and e.regarding.name == "anywhere"
+            for e in cluster.client.list("Event")
+        ),
+        what="the ReservationHeld event",
+    )
+
+    # A second nodeless reservation fits nowhere: it waits Pending, saying why.
+    cluster.godel(
+        "apply",
+        "-f",
+        "-",
+        stdin=(
+            "apiVersion: godel/v1\nkind: Reservation\nmetadata: {name: nowhere}\n"
+            "spec: {ttlSeconds: 600, owner: {job: later},\n"
+            "       template: {requests: {cpu: '1', memory: 100Mi}}}\n"
+        ),
+    )
+
+    def waiting() -> str | None:
+        rsv = cluster.client.get("Reservation", "nowhere")
+        assert isinstance(rsv, pb.Reservation)
+        return rsv.status.message or None
+
+    message = wait_until(waiting, timeout=120, what="the unplaced reservation says why")
+    assert message.startswith("not placed yet: 0/2 nodes"), message
+    assert "insufficient cpu" in message, message
+    described = cluster.godel("describe", "reservation", "nowhere").stdout
+    assert "Pending" in described and "insufficient cpu" in described, described
+
+    # Its room counts: a job that does not own it finds no node.
+    cluster.godel("apply", "-f", "-", stdin=job_yaml("web", 1))
+    wait_until(
+        lambda: all(p.status.HasField("unschedulable") for p in pods(cluster, "web")),
+        timeout=120,
+        what="web tried and found no room",
+    )
+    assert [p.spec.node_name for p in pods(cluster, "web")] == [""]
+
+    # The owner's pod binds into the reserved room and consumes the reservation.
+    cluster.godel("apply", "-f", "-", stdin=job_yaml("train", 1))
+    wait_until(
+        lambda: [p.spec.node_name for p in pods(cluster, "train")] == [free],
+        timeout=120,
+        what="train bound on the reserved node",
+    )
+    assert [r.metadata.name for r in cluster.client.list("Reservation")] == ["nowhere"]

@@ -25,59 +25,59 @@ _sym_db = _symbol_database.Default()
 from protos.godel.v1 import objects_pb2 as protos_dot_godel_dot_v1_dot_objects__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/godel/v1/internal.proto\x12\x08godel.v1\x1a\x1dprotos/godel/v1/objects.proto\"L\n\x06PodRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x18\n\x10resource_version\x18\x03 \x01(\x03\x12\r\n\x05index\x18\x04 \x01(\x05\"n\n\x04Unit\x12\x1a\n\x03job\x18\x01 \x01(\x0b\x32\r.godel.v1.Job\x12\x1e\n\x04pods\x18\x02 \x03(\x0b\x32\x10.godel.v1.PodRef\x12\x15\n\ralready_bound\x18\x03 \x01(\x05\x12\x13\n\x0b\x65nqueued_ms\x18\x04 \x01(\x03\"*\n\tUnitBatch\x12\x1d\n\x05units\x18\x01 \x03(\x0b\x32\x0e.godel.v1.Unit\"\x1b\n\x0bRevokeUnits\x12\x0c\n\x04jobs\x18\x01 \x03(\t\"h\n\x0f\x44ispatchMessage\x12$\n\x05units\x18\x01 \x01(\x0b\x32\x13.godel.v1.UnitBatchH\x00\x12\'\n\x06revoke\x18\x02 \x01(\x0b\x32\x15.godel.v1.RevokeUnitsH\x00\x42\x06\n\x04\x62ody\"\x16\n\x06\x43redit\x12\x0c\n\x04pods\x18\x01 \x01(\x05\"a\n\x0bUnitOutcome\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\'\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x19.godel.v1.UnitOutcomeCode\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0c\n\x04pods\x18\x04 \x03(\t\"8\n\nNomination\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0f\n\x07victims\x18\x03 \x03(\t\">\n\x0bNominations\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\"\n\x04pods\x18\x02 \x03(\x0b\x32\x14.godel.v1.Nomination\"7\n\x0cUnitOutcomes\x12\'\n\x08outcomes\x18\x01 \x03(\x0b\x32\x15.godel.v1.UnitOutcome\"\xc0\x01\n\x0cShardMessage\x12\"\n\x06\x63redit\x18\x01 \x01(\x0b\x32\x10.godel.v1.CreditH\x00\x12(\n\x07outcome\x18\x02 \x01(\x0b\x32\x15.godel.v1.UnitOutcomeH\x00\x12-\n\x0bnominations\x18\xf0\x01 \x01(\x0b\x32\x15.godel.v1.NominationsH\x00\x12+\n\x08outcomes\x18\xf2\x01 \x01(\x0b\x32\x16.godel.v1.UnitOutcomesH\x00\x42\x06\n\x04\x62ody\"\x86\x01\n\x0c\x45victRequest\x12\x1e\n\x04pods\x18\x01 \x03(\x0b\x32\x10.godel.v1.PodRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\trequester\x18\x04 \x01(\t\x12\x10\n\x08movement\x18\x05 \x01(\t\x12\x10\n\x07partial\x18\xf0\x01 \x01(\x08\"\xb7\x01\n\x0b\x45victResult\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12.\n\x07outcome\x18\x02 \x01(\x0e\x32\x1d.godel.v1.EvictResult.Outcome\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0breplacement\x18\x04 \x01(\t\"F\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x45VICTED\x10\x01\x12\x08\n\x04GONE\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\"7\n\rEvictResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.godel.v1.EvictResult\"\x8f\x01\n\tPlacement\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\x1c\n\x14pod_resource_version\x18\x02 \x01(\x03\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x12\n\nnuma_nodes\x18\x04 \x03(\x05\x12\x0f\n\x07victims\x18\x05 \x03(\t\x12\x10\n\x08movement\x18\x06 \x01(\t\x12\x12\n\tgpu_cards\x18\xa9\x03 \x03(\x05\"o\n\x0cUnitDecision\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nmin_member\x18\x02 \x01(\x05\x12\x15\n\ralready_bound\x18\x03 \x01(\x05\x12\'\n\nplacements\x18\x04 \x03(\x0b\x32\x13.godel.v1.Placement\"W\n\rDecisionBatch\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x03\x12%\n\x05units\x18\x03 \x03(\x0b\x32\x16.godel.v1.UnitDecision\"\x83\x01\n\nPodVerdict\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12#\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x15.godel.v1.VerdictCode\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x18\n\x10resource_version\x18\x06 \x01(\x03\"H\n\x0cVerdictBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x03\x12&\n\x08verdicts\x18\x02 \x03(\x0b\x32\x14.godel.v1.PodVerdict*k\n\x0fUnitOutcomeCode\x12\x1c\n\x18UNIT_OUTCOME_UNSPECIFIED\x10\x00\x12\r\n\tUNIT_DONE\x10\x01\x12\x16\n\x12UNIT_UNSCHEDULABLE\x10\x02\x12\x13\n\x0fUNIT_INFEASIBLE\x10\x03*x\n\x0bVerdictCode\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\t\n\x05\x42OUND\x10\x01\x12\x0c\n\x08\x43ONFLICT\x10\x02\x12\x11\n\rGANG_REJECTED\x10\x03\x12\t\n\x05STALE\x10\x04\x12\x0e\n\nNOT_LEADER\x10\x05\x12\t\n\x05\x45RROR\x10\x06\x32N\n\tScheduler\x12\x41\n\x08\x44ispatch\x12\x19.godel.v1.DispatchMessage\x1a\x16.godel.v1.ShardMessage(\x01\x30\x01\x32\x81\x01\n\x06\x42inder\x12=\n\x06\x44\x65\x63ide\x12\x17.godel.v1.DecisionBatch\x1a\x16.godel.v1.VerdictBatch(\x01\x30\x01\x12\x38\n\x05\x45vict\x12\x16.godel.v1.EvictRequest\x1a\x17.godel.v1.EvictResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/godel/v1/internal.proto\x12\x08godel.v1\x1a\x1dprotos/godel/v1/objects.proto\"L\n\x06PodRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x18\n\x10resource_version\x18\x03 \x01(\x03\x12\r\n\x05index\x18\x04 \x01(\x05\"\x84\x01\n\x04Unit\x12\x1a\n\x03job\x18\x01 \x01(\x0b\x32\r.godel.v1.Job\x12\x1e\n\x04pods\x18\x02 \x03(\x0b\x32\x10.godel.v1.PodRef\x12\x15\n\ralready_bound\x18\x03 \x01(\x05\x12\x13\n\x0b\x65nqueued_ms\x18\x04 \x01(\x03\x12\x14\n\x0breservation\x18\xa6\x04 \x01(\t\"*\n\tUnitBatch\x12\x1d\n\x05units\x18\x01 \x03(\x0b\x32\x0e.godel.v1.Unit\"\x1b\n\x0bRevokeUnits\x12\x0c\n\x04jobs\x18\x01 \x03(\t\"h\n\x0f\x44ispatchMessage\x12$\n\x05units\x18\x01 \x01(\x0b\x32\x13.godel.v1.UnitBatchH\x00\x12\'\n\x06revoke\x18\x02 \x01(\x0b\x32\x15.godel.v1.RevokeUnitsH\x00\x42\x06\n\x04\x62ody\"\x16\n\x06\x43redit\x12\x0c\n\x04pods\x18\x01 \x01(\x05\"a\n\x0bUnitOutcome\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\'\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x19.godel.v1.UnitOutcomeCode\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0c\n\x04pods\x18\x04 \x03(\t\"8\n\nNomination\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0f\n\x07victims\x18\x03 \x03(\t\">\n\x0bNominations\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\"\n\x04pods\x18\x02 \x03(\x0b\x32\x14.godel.v1.Nomination\"7\n\x0cUnitOutcomes\x12\'\n\x08outcomes\x18\x01 \x03(\x0b\x32\x15.godel.v1.UnitOutcome\"\xc0\x01\n\x0cShardMessage\x12\"\n\x06\x63redit\x18\x01 \x01(\x0b\x32\x10.godel.v1.CreditH\x00\x12(\n\x07outcome\x18\x02 \x01(\x0b\x32\x15.godel.v1.UnitOutcomeH\x00\x12-\n\x0bnominations\x18\xf0\x01 \x01(\x0b\x32\x15.godel.v1.NominationsH\x00\x12+\n\x08outcomes\x18\xf2\x01 \x01(\x0b\x32\x16.godel.v1.UnitOutcomesH\x00\x42\x06\n\x04\x62ody\"\x86\x01\n\x0c\x45victRequest\x12\x1e\n\x04pods\x18\x01 \x03(\x0b\x32\x10.godel.v1.PodRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\trequester\x18\x04 \x01(\t\x12\x10\n\x08movement\x18\x05 \x01(\t\x12\x10\n\x07partial\x18\xf0\x01 \x01(\x08\"\xb7\x01\n\x0b\x45victResult\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12.\n\x07outcome\x18\x02 \x01(\x0e\x32\x1d.godel.v1.EvictResult.Outcome\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0breplacement\x18\x04 \x01(\t\"F\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x45VICTED\x10\x01\x12\x08\n\x04GONE\x10\x02\x12\x0b\n\x07REFUSED\x10\x03\"7\n\rEvictResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.godel.v1.EvictResult\"\x8f\x01\n\tPlacement\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\x1c\n\x14pod_resource_version\x18\x02 \x01(\x03\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x12\n\nnuma_nodes\x18\x04 \x03(\x05\x12\x0f\n\x07victims\x18\x05 \x03(\t\x12\x10\n\x08movement\x18\x06 \x01(\t\x12\x12\n\tgpu_cards\x18\xa9\x03 \x03(\x05\"\x85\x01\n\x0cUnitDecision\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nmin_member\x18\x02 \x01(\x05\x12\x15\n\ralready_bound\x18\x03 \x01(\x05\x12\'\n\nplacements\x18\x04 \x03(\x0b\x32\x13.godel.v1.Placement\x12\x14\n\x0breservation\x18\xa6\x04 \x01(\t\"W\n\rDecisionBatch\x12\r\n\x05shard\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x03\x12%\n\x05units\x18\x03 \x03(\x0b\x32\x16.godel.v1.UnitDecision\"\x83\x01\n\nPodVerdict\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12#\n\x04\x63ode\x18\x03 \x01(\x0e\x32\x15.godel.v1.VerdictCode\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x18\n\x10resource_version\x18\x06 \x01(\x03\"H\n\x0cVerdictBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x03\x12&\n\x08verdicts\x18\x02 \x03(\x0b\x32\x14.godel.v1.PodVerdict*k\n\x0fUnitOutcomeCode\x12\x1c\n\x18UNIT_OUTCOME_UNSPECIFIED\x10\x00\x12\r\n\tUNIT_DONE\x10\x01\x12\x16\n\x12UNIT_UNSCHEDULABLE\x10\x02\x12\x13\n\x0fUNIT_INFEASIBLE\x10\x03*x\n\x0bVerdictCode\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\t\n\x05\x42OUND\x10\x01\x12\x0c\n\x08\x43ONFLICT\x10\x02\x12\x11\n\rGANG_REJECTED\x10\x03\x12\t\n\x05STALE\x10\x04\x12\x0e\n\nNOT_LEADER\x10\x05\x12\t\n\x05\x45RROR\x10\x06\x32N\n\tScheduler\x12\x41\n\x08\x44ispatch\x12\x19.godel.v1.DispatchMessage\x1a\x16.godel.v1.ShardMessage(\x01\x30\x01\x32\x81\x01\n\x06\x42inder\x12=\n\x06\x44\x65\x63ide\x12\x17.godel.v1.DecisionBatch\x1a\x16.godel.v1.VerdictBatch(\x01\x30\x01\x12\x38\n\x05\x45vict\x12\x16.godel.v1.EvictRequest\x1a\x17.godel.v1.EvictResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.godel.v1.internal_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_UNITOUTCOMECODE']._serialized_start=1877
-  _globals['_UNITOUTCOMECODE']._serialized_end=1984
-  _globals['_VERDICTCODE']._serialized_start=1986
-  _globals['_VERDICTCODE']._serialized_end=2106
+  _globals['_UNITOUTCOMECODE']._serialized_start=1923
+  _globals['_UNITOUTCOMECODE']._serialized_end=2030
+  _globals['_VERDICTCODE']._serialized_start=2032
+  _globals['_VERDICTCODE']._serialized_end=2152
   _globals['_PODREF']._serialized_start=75
   _globals['_PODREF']._serialized_end=151
-  _globals['_UNIT']._serialized_start=153
-  _globals['_UNIT']._serialized_end=263
-  _globals['_UNITBATCH']._serialized_start=265
-  _globals['_UNITBATCH']._serialized_end=307
-  _globals['_REVOKEUNITS']._serialized_start=309
-  _globals['_REVOKEUNITS']._serialized_end=336
-  _globals['_DISPATCHMESSAGE']._serialized_start=338
-  _globals['_DISPATCHMESSAGE']._serialized_end=442
-  _globals['_CREDIT']._serialized_start=444
-  _globals['_CREDIT']._serialized_end=466
-  _globals['_UNITOUTCOME']._serialized_start=468
-  _globals['_UNITOUTCOME']._serialized_end=565
-  _globals['_NOMINATION']._serialized_start=567
-  _globals['_NOMINATION']._serialized_end=623
-  _globals['_NOMINATIONS']._serialized_start=625
-  _globals['_NOMINATIONS']._serialized_end=687
-  _globals['_UNITOUTCOMES']._serialized_start=689
-  _globals['_UNITOUTCOMES']._serialized_end=744
-  _globals['_SHARDMESSAGE']._serialized_start=747
-  _globals['_SHARDMESSAGE']._serialized_end=939
-  _globals['_EVICTREQUEST']._serialized_start=942
-  _globals['_EVICTREQUEST']._serialized_end=1076
-  _globals['_EVICTRESULT']._serialized_start=1079
-  _globals['_EVICTRESULT']._serialized_end=1262
-  _globals['_EVICTRESULT_OUTCOME']._serialized_start=1192
-  _globals['_EVICTRESULT_OUTCOME']._serialized_end=1262
-  _globals['_EVICTRESPONSE']._serialized_start=1264
-  _globals['_EVICTRESPONSE']._serialized_end=1319
-  _globals['_PLACEMENT']._serialized_start=1322
-  _globals['_PLACEMENT']._serialized_end=1465
-  _globals['_UNITDECISION']._serialized_start=1467
-  _globals['_UNITDECISION']._serialized_end=1578
-  _globals['_DECISIONBATCH']._serialized_start=1580
-  _globals['_DECISIONBATCH']._serialized_end=1667
-  _globals['_PODVERDICT']._serialized_start=1670
-  _globals['_PODVERDICT']._serialized_end=1801
-  _globals['_VERDICTBATCH']._serialized_start=1803
-  _globals['_VERDICTBATCH']._serialized_end=1875
-  _globals['_SCHEDULER']._serialized_start=2108
-  _globals['_SCHEDULER']._serialized_end=2186
-  _globals['_BINDER']._serialized_start=2189
-  _globals['_BINDER']._serialized_end=2318
+  _globals['_UNIT']._serialized_start=154
+  _globals['_UNIT']._serialized_end=286
+  _globals['_UNITBATCH']._serialized_start=288
+  _globals['_UNITBATCH']._serialized_end=330
+  _globals['_REVOKEUNITS']._serialized_start=332
+  _globals['_REVOKEUNITS']._serialized_end=359
+  _globals['_DISPATCHMESSAGE']._serialized_start=361
+  _globals['_DISPATCHMESSAGE']._serialized_end=465
+  _globals['_CREDIT']._serialized_start=467
+  _globals['_CREDIT']._serialized_end=489
+  _globals['_UNITOUTCOME']._serialized_start=491
+  _globals['_UNITOUTCOME']._serialized_end=588
+  _globals['_NOMINATION']._serialized_start=590
+  _globals['_NOMINATION']._serialized_end=646
+  _globals['_NOMINATIONS']._serialized_start=648
+  _globals['_NOMINATIONS']._serialized_end=710
+  _globals['_UNITOUTCOMES']._serialized_start=712
+  _globals['_UNITOUTCOMES']._serialized_end=767
+  _globals['_SHARDMESSAGE']._serialized_start=770
+  _globals['_SHARDMESSAGE']._serialized_end=962
+  _globals['_EVICTREQUEST']._serialized_start=965
+  _globals['_EVICTREQUEST']._serialized_end=1099
+  _globals['_EVICTRESULT']._serialized_start=1102
+  _globals['_EVICTRESULT']._serialized_end=1285
+  _globals['_EVICTRESULT_OUTCOME']._serialized_start=1215
+  _globals['_EVICTRESULT_OUTCOME']._serialized_end=1285
+  _globals['_EVICTRESPONSE']._serialized_start=1287
+  _globals['_EVICTRESPONSE']._serialized_end=1342
+  _globals['_PLACEMENT']._serialized_start=1345
+  _globals['_PLACEMENT']._serialized_end=1488
+  _globals['_UNITDECISION']._serialized_start=1491
+  _globals['_UNITDECISION']._serialized_end=1624
+  _globals['_DECISIONBATCH']._serialized_start=1626
+  _globals['_DECISIONBATCH']._serialized_end=1713
+  _globals['_PODVERDICT']._serialized_start=1716
+  _globals['_PODVERDICT']._serialized_end=1847
+  _globals['_VERDICTBATCH']._serialized_start=1849
+  _globals['_VERDICTBATCH']._serialized_end=1921
+  _globals['_SCHEDULER']._serialized_start=2154
+  _globals['_SCHEDULER']._serialized_end=2232
+  _globals['_BINDER']._serialized_start=2235
+  _globals['_BINDER']._serialized_end=2364
 # @@protoc_insertion_point(module_scope)

@@ -118,9 +118,16 @@ class Unit(_message.Message):
     PODS_FIELD_NUMBER: _builtins.int
     ALREADY_BOUND_FIELD_NUMBER: _builtins.int
     ENQUEUED_MS_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
     already_bound: _builtins.int
     """How many of the job's pods are already bound (count towards min_member)."""
     enqueued_ms: _builtins.int
+    reservation: _builtins.str
+    """Set: the unit places this Reservation (spec.node empty, Pending), not a job's pods. `job`
+    is empty and `pods` holds one ref: the reservation's hold name (`reservation:<name>`) and
+    its resource_version. The shard places it as a one-pod unit through the same filters and
+    scores, and its decision carries the same name (UnitDecision.reservation).
+    """
     @_builtins.property
     def job(self) -> _objects_pb2.Job: ...
     @_builtins.property
@@ -132,10 +139,11 @@ class Unit(_message.Message):
         pods: _abc.Iterable[Global___PodRef] | None = ...,
         already_bound: _builtins.int = ...,
         enqueued_ms: _builtins.int = ...,
+        reservation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_bound", b"already_bound", "enqueued_ms", b"enqueued_ms", "job", b"job", "pods", b"pods"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_bound", b"already_bound", "enqueued_ms", b"enqueued_ms", "job", b"job", "pods", b"pods", "reservation", b"reservation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -546,10 +554,16 @@ class UnitDecision(_message.Message):
     MIN_MEMBER_FIELD_NUMBER: _builtins.int
     ALREADY_BOUND_FIELD_NUMBER: _builtins.int
     PLACEMENTS_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     min_member: _builtins.int
     already_bound: _builtins.int
     """Pods of the job already bound: count towards min_member."""
+    reservation: _builtins.str
+    """Set: the decision places this Reservation (one placement whose pod is its hold name
+    `reservation:<name>`, pod_resource_version the reservation's); `job` is that hold name.
+    The Binder re-checks it like a pod and commits it Reserved on the node (BOUND).
+    """
     @_builtins.property
     def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Placement]: ...
     def __init__(
@@ -559,10 +573,11 @@ class UnitDecision(_message.Message):
         min_member: _builtins.int = ...,
         already_bound: _builtins.int = ...,
         placements: _abc.Iterable[Global___Placement] | None = ...,
+        reservation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_bound", b"already_bound", "job", b"job", "min_member", b"min_member", "placements", b"placements"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_bound", b"already_bound", "job", b"job", "min_member", b"min_member", "placements", b"placements", "reservation", b"reservation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -19,8 +19,10 @@ from typing import Any
 
 import grpc
 import structlog
+from google.protobuf.message import Message
 
 from placement.nodeinfo import GUARANTEED
+from placement.reservations import is_hold
 from placement.resources import Quantities
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
@@ -39,6 +41,12 @@ from services.dispatcher.dispatching.liveness import ShardLiveness
 from services.dispatcher.dispatching.nominations import Nominations
 from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.dispatching.reclaim import Reclaimer
+from services.dispatcher.dispatching.reserving import (
+    ReservationEntry,
+    ReservationQueue,
+    Waiting,
+    waiting_message,
+)
 from services.dispatcher.dispatching.settling import Settler
 from services.dispatcher.dispatching.unitqueue import UnitQueue
 from services.dispatcher.objects import NodeShape
@@ -315,6 +323,20 @@ class UnitDispatcher:
             self.queue, self._kick, self._shards_changed, self.revoke, self.take_back
         )
         informer.add_handlers(Handlers(self.feed.on_add, self.feed.on_update, self.feed.on_delete))
+        # Reservations without a node, dispatched as one-pod units (``reserving.py``); fed only
+        # when the informer watches Reservations (the service's does).
+        self.reservations = ReservationQueue(
+            BackoffSettings(settings.backoff_initial_seconds, settings.backoff_max_seconds)
+        )
+        informer.add_handlers(
+            Handlers(
+                self._on_reservation,
+                lambda kind, old, new: self._on_reservation(kind, new),
+                self._on_reservation_gone,
+                kinds=frozenset({"Reservation"}),
+            )
+        )
+        informer.add_handlers(Handlers(self._on_node_added, kinds=frozenset({"Node"})))
 
     def _job(self, name: str) -> pb.Job | None:
         job = self.informer.get("Job", name)
@@ -323,6 +345,48 @@ class UnitDispatcher:
     def _queue_object(self, name: str) -> pb.Queue | None:
         queue = self.informer.get("Queue", name)
         return queue if isinstance(queue, pb.Queue) else None
+
+    def _on_reservation(self, kind: str, obj: Message) -> None:
+        assert isinstance(obj, pb.Reservation)
+        done = self.reservations.seen(obj)
+        if done is not None:
+            self._revoke_reservation(done)
+        elif obj.metadata.name in self.reservations.entries:
+            self._kick.set()
+
+    def _on_reservation_gone(self, kind: str, obj: Message) -> None:
+        assert isinstance(obj, pb.Reservation)
+        done = self.reservations.forget(obj.metadata.name)
+        if done is not None:
+            self._revoke_reservation(done)
+
+    def _on_node_added(self, kind: str, obj: Message) -> None:
+        if self.reservations.wake():
+            self._kick.set()
+
+    def _revoke_reservation(self, entry: ReservationEntry) -> None:
+        """A reservation no longer awaiting a node: its shard, if one holds it, drops it."""
+        if entry.state != Waiting.DISPATCHED:
+            return
+        link = self.links.get(entry.shard)
+        if link is not None:
+            link.settle(entry.key)
+            link.outbox.put_nowait(ipb.DispatchMessage(revoke=ipb.RevokeUnits(jobs=[entry.key])))
+
+    async def _write_reason(self, name: str, reason: str) -> None:
+        """Why no node fits a reservation, in its ``status.message`` (compare-and-set: one
+        changed meanwhile is left alone; the next outcome writes again)."""
+        rsv = self.informer.get("Reservation", name)
+        message = waiting_message(reason)
+        if not isinstance(rsv, pb.Reservation) or rsv.status.message == message:
+            return
+        new = pb.Reservation()
+        new.CopyFrom(rsv)
+        new.status.message = message
+        try:
+            await self.store.update(new)
+        except StoreError as exc:
+            log.info("could not record why a reservation waits", reservation=name, error=str(exc))
 
     def queue_statuses(self) -> dict[str, pb.QueueStatus]:
         """Per queue, what its bound pods hold and what waits in it (``UnitQueue.statuses``)."""
@@ -379,8 +443,13 @@ class UnitDispatcher:
             self.dispatch_round()
 
     def _next_deadline(self) -> float:
-        left = self.queue.next_wake(time.monotonic())
-        return 1.0 if left is None else max(0.01, left)
+        now = time.monotonic()
+        waits = [
+            left
+            for left in (self.queue.next_wake(now), self.reservations.next_wake(now))
+            if left is not None
+        ]
+        return max(0.01, min(waits)) if waits else 1.0
 
     def _to_settle(self, entry: UnitEntry) -> None:
         """The attempt ended: queue it again once the informer has caught up with the store."""
@@ -511,6 +580,12 @@ class UnitDispatcher:
 
     def _on_outcome(self, link: ShardLink, outcome: ipb.UnitOutcome) -> None:
         link.settle(outcome.job)
+        if is_hold(outcome.job):  # a reservation's unit
+            waits = self.reservations.outcome(link.name, outcome, time.monotonic())
+            if waits is not None:
+                self._spawn(self._write_reason(waits.name, waits.reason), f"why-{waits.name}")
+            self._kick.set()
+            return
         self.nominations.clear(outcome.job)
         entry = self.units.get(outcome.job)
         if entry is None or entry.state != UnitState.DISPATCHED or entry.shard != link.name:
@@ -549,6 +624,7 @@ class UnitDispatcher:
                     self._to_settle(entry)
                     requeued += 1
         link.clear()
+        requeued += self.reservations.shard_lost(link.name)
         log.warning("shard lost", shard=link.name, reason=reason, requeued_units=requeued)
         if self.events is not None:
             self.events.record(
@@ -608,6 +684,7 @@ class UnitDispatcher:
         if not links:
             self.queue.wake(time.monotonic())
             return
+        self._dispatch_reservations(links)
         batches: dict[str, list[OutgoingUnit]] = {}
 
         def place(entry: UnitEntry, unit: PendingUnit) -> bool:
@@ -620,6 +697,24 @@ class UnitDispatcher:
         self.queue.round(time.monotonic(), place, lambda: any(lk.credits > 0 for lk in links))
         for name, units in batches.items():
             self._flush(self.links[name], units)
+
+    def _dispatch_reservations(self, links: list[ShardLink]) -> None:
+        """Reservations awaiting a node first (few, and room held is what jobs wait for), each
+        as a one-pod unit to the least-loaded shard with a credit; one ``UnitBatch`` per shard."""
+        ready = self.reservations.ready(time.monotonic())
+        if not ready:
+            return
+        batches: dict[str, ipb.UnitBatch] = {}
+        for entry in ready:
+            link = choose_shard(links, 1)
+            if link is None:
+                break
+            link.credits -= 1
+            link.hold(entry.key, 1)
+            batch = batches.setdefault(link.name, ipb.UnitBatch())
+            batch.units.append(self.reservations.dispatched(entry, link.name))
+        for name, batch in batches.items():
+            self.links[name].outbox.put_nowait(ipb.DispatchMessage(units=batch))
 
     def _send(self, entry: UnitEntry, unit: PendingUnit, link: ShardLink) -> OutgoingUnit:
         """Count the unit as the shard's and return what its message carries."""
