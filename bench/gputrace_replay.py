@@ -122,6 +122,7 @@ SUMMARY_COLUMNS = (
     "max_pending_gpu_pct",
     "max_lag_seconds",
     "real_seconds",
+    "services_cpu_seconds",
 )
 
 
@@ -162,6 +163,7 @@ class ReplayRun:
     moved: set[str] = field(default_factory=set)
     max_lag_seconds: float = 0.0
     real_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the cluster's processes, over the replay (not their start)
 
     def average(self, name: str) -> float:
         return time_weighted_average([(s.trace_seconds, s.value(name)) for s in self.samples])
@@ -366,6 +368,7 @@ def run_replay(
         rescheduler_config=rescheduler_config(settings.policy, period),
     ) as cluster:
         with ProtoClient(cluster.dispatcher, timeout=120, home=cluster.home) as client:
+            cpu_before = cluster.cpu_seconds()
             replayer = Replayer(
                 client,
                 nodes,
@@ -375,7 +378,9 @@ def run_replay(
                 sample_every=settings.sample_every,
                 run=run,
             )
-            return replayer.run()
+            replayer.run()
+            run.cpu_seconds = cluster.cpu_seconds() - cpu_before
+            return run
 
 
 def write_outputs(
@@ -415,7 +420,7 @@ def _summary_row(
         len(run.moved), len(run.samples), *(f"{run.average(n):.3f}" for n in AVERAGED),
         f"{max((s.fragmentation_pct for s in run.samples), default=0):.3f}",
         f"{max((s.pending_gpu_pct for s in run.samples), default=0):.3f}",
-        f"{run.max_lag_seconds:.2f}", f"{run.real_seconds:.1f}",
+        f"{run.max_lag_seconds:.2f}", f"{run.real_seconds:.1f}", f"{run.cpu_seconds:.1f}",
     ]  # fmt: skip
 
 
@@ -520,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  avg allocated {run.average('allocated_pct'):.2f} %, fragmentation "
             f"{run.average('fragmentation_pct'):.2f} %, pending {run.average('pending_gpu_pct'):.2f}"
             f" %; {run.submitted} submitted, {len(run.moved)} moved, max lag "
-            f"{run.max_lag_seconds:.1f} s",
+            f"{run.max_lag_seconds:.1f} s; services {run.cpu_seconds:.0f} CPU-s",
             file=sys.stderr,
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")
