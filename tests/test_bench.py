@@ -622,7 +622,7 @@ def test_gpu_trace_replay_quick_form_writes_samples_summary_and_plot_for_both_ru
     """The time replay through real services (bench.gputrace_replay --quick, on 8 nodes): a
     sample row per sampled hour of the trace's day for each run (defrag off, then on with its
     period), every figure a percentage of capacity, a summary row per run with the
-    time-weighted averages, and the three-panel plot."""
+    time-weighted averages and the services' CPU time, and the three-panel plot."""
     out = tmp_path / "out"
     argv = ["--quick", "--node-count", "8", "--shards", "1", "--nodeagents", "1"]
     assert gputrace_replay.main([*argv, "--out", str(out)]) == 0
@@ -648,6 +648,7 @@ def test_gpu_trace_replay_quick_form_writes_samples_summary_and_plot_for_both_ru
     for r in runs.values():
         assert int(r["submitted"]) > 0 and int(r["samples"]) == len(by_run[r["run"]])
         assert all(0 <= float(r[f"avg_{name}"]) <= 100 for name in gputrace_replay.AVERAGED)
+        assert float(r["services_cpu_seconds"]) > 0  # read from the cluster's processes
     [png] = out.glob("gputrace-replay-*.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
