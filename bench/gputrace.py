@@ -2,7 +2,8 @@
 
 A node file has the columns ``sn, cpu_milli, memory_mib, gpu, model``; a pod file ``name,
 cpu_milli, memory_mib, num_gpu, gpu_milli`` and optionally ``gpu_spec`` (accepted models,
-``A|B``; empty: any). Other columns (qos, phases, times) are ignored. Any pair of files in that
+``A|B``; empty: any), and for the time replay ``creation_time, deletion_time`` (seconds).
+Other columns (qos, phases) are ignored. Any pair of files in that
 format can be passed by path; a malformed row is refused with ``TraceError`` naming the file,
 the line and the field.
 """
@@ -26,6 +27,7 @@ POD_LISTS = {
 }
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+TIME_COLUMNS = ("creation_time", "deletion_time")
 MAX_CARDS = 64  # a sanity bound on one node's card count
 
 
@@ -124,10 +126,39 @@ def load_nodes(path: Path, *, gpu_only: bool = True) -> list[TraceNode]:
     return nodes
 
 
+@dataclass(frozen=True, slots=True)
+class TimedPod:
+    """A task with when the trace created and deleted it (seconds)."""
+
+    pod: TracePod
+    created: int
+    deleted: int
+
+
 def load_pods(path: Path) -> list[TracePod]:
     """The tasks of an openb pod file, in file order."""
-    pods: list[TracePod] = []
-    for line, row in _rows(path, POD_COLUMNS):
+    return [pod for _, _, pod in _pods(path, POD_COLUMNS)]
+
+
+def load_timed_pods(path: Path) -> list[TimedPod]:
+    """The tasks of an openb pod file with their creation and deletion times, in file order;
+    a file without those columns, or a pod deleted before it was created, is refused."""
+    timed: list[TimedPod] = []
+    for line, row, pod in _pods(path, POD_COLUMNS + TIME_COLUMNS):
+        created = _integer(path, line, row, "creation_time")
+        deleted = _integer(path, line, row, "deletion_time")
+        if deleted < created:
+            raise TraceError(
+                f"{path}:{line}: deletion_time: must not be before creation_time "
+                f"(got {deleted} < {created})"
+            )
+        timed.append(TimedPod(pod, created, deleted))
+    return timed
+
+
+def _pods(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str], TracePod]]:
+    pods: list[tuple[int, dict[str, str], TracePod]] = []
+    for line, row in _rows(path, columns):
         name = row["name"].strip()
         if not name:
             raise TraceError(f"{path}:{line}: name: must not be empty")
@@ -145,7 +176,7 @@ def load_pods(path: Path) -> list[TracePod]:
             if isinstance(exc, TraceError):
                 raise
             raise TraceError(f"{path}:{line}: {_trace_field(str(exc))}") from None
-        pods.append(TracePod(name, shape))
+        pods.append((line, row, TracePod(name, shape)))
     if not pods:
         raise TraceError(f"{path}: no pods")
     return pods

@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import queue
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -45,6 +42,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.gpucluster import (
+    TraceRunError,
+    never_fits,
+    spaced_nodes,
+    stored_allocation,
+    task_job,
+    trace_cluster,
+)
 from bench.gpufrag_sim import (
     PLOT_FROM_PERCENT,
     READ_AT_PERCENT,
@@ -59,7 +64,6 @@ from godel.client import ClientError, ProtoClient, ReschedulerClient
 from placement.gpufrag import (
     MILLI_PER_GPU,
     Fleet,
-    GpuNodeState,
     LeastAllocatedPolicy,
     ShapeMix,
     TaskShape,
@@ -98,11 +102,6 @@ CURVE_COLUMNS = (
     "placed",
     "unplaced",
 )
-NEVER_FITS = "no node can ever hold this pod"  # the dispatcher's refusal of an oversized pod
-
-
-class TraceRunError(Exception):
-    """A run could not complete; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +131,7 @@ def trace_subset(
     CPU-only tasks as come among them)."""
     if node_count <= 0 or node_count >= len(nodes):
         return list(nodes), list(shapes)
-    kept = [nodes[i * len(nodes) // node_count] for i in range(node_count)]
+    kept = spaced_nodes(nodes, node_count)
     share = sum(n.gpus for n in kept) / sum(n.gpus for n in nodes)
     budget = share * sum(task.gpu_request_milli for task in shapes)
     tasks: list[TaskShape] = []
@@ -143,30 +142,6 @@ def trace_subset(
         tasks.append(task)
         requested += task.gpu_request_milli
     return kept, tasks or [shapes[0]]
-
-
-def write_node_list(nodes: Sequence[TraceNode], path: Path) -> None:
-    """The nodes as an openb-format node list (what ``--hollow-node-list`` reads)."""
-    with path.open("w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(["sn", "cpu_milli", "memory_mib", "gpu", "model"])
-        for node in nodes:
-            out.writerow([node.name, node.cpu_milli, node.memory >> 20, node.gpus, node.model])
-
-
-def task_job(name: str, task: TaskShape) -> pb.Job:
-    """One task as a one-pod job that runs until deleted."""
-    template = pb.PodTemplate(
-        requests=pb.Resources(
-            milli_cpu=task.cpu_milli, memory_bytes=task.memory, gpus=task.gpu_count
-        ),
-        gpu_milli=task.gpu_milli if task.is_share else 0,
-        gpu_models=sorted(task.models),
-    )
-    return pb.Job(
-        metadata=pb.ObjectMeta(name=name),
-        spec=pb.JobSpec(replicas=1, min_member=1, template=template),
-    )
 
 
 class PodEvents:
@@ -214,12 +189,6 @@ def _decided(pod: pb.Pod) -> str:
     return ""
 
 
-def never_fits(violations: Sequence[api_pb2.FieldViolation]) -> bool:
-    """Whether the dispatcher refused a job only because no node could ever hold its pod (the
-    protocol counts it unplaced, as the simulator does a task no node fits)."""
-    return bool(violations) and all(NEVER_FITS in v.description for v in violations)
-
-
 def wait_decided(events: PodEvents, job: str, deadline: float) -> pb.Pod:
     while (left := deadline - time.monotonic()) > 0:
         pod = events.next(left)
@@ -228,18 +197,6 @@ def wait_decided(events: PodEvents, job: str, deadline: float) -> pb.Pod:
         if pod.spec.job == job and _decided(pod):
             return pod
     raise TraceRunError(f"job {job}: neither bound nor unschedulable in {DECIDE_TIMEOUT_SECONDS}s")
-
-
-def stored_allocation(
-    pods: Sequence[pb.Pod], nodes: Sequence[TraceNode], shapes: dict[str, TaskShape]
-) -> dict[str, GpuNodeState]:
-    """Every node's state from the bound pods as stored."""
-    states = {node.name: node.initial_state() for node in nodes}
-    for pod in sorted(pods, key=lambda p: p.spec.job):
-        if pod.spec.node_name and pod.spec.job in shapes:
-            name = pod.spec.node_name
-            states[name] = place(states[name], shapes[pod.spec.job], list(pod.spec.gpu_cards))
-    return states
 
 
 def run_protocol(
@@ -345,49 +302,16 @@ def run_on_cluster(
     nodeagents: int,
 ) -> ServicesRun:
     """One run on a fresh cluster; the cluster is gone when this returns or raises."""
-    os.environ.pop("GODEL_REDIS_URL", None)  # its own store: an external one would mix data in
-    tmp = Path(tempfile.mkdtemp(prefix="godel-gputrace-"))
-    node_list = tmp / "nodes.csv"
-    write_node_list(nodes, node_list)
     scheduler_args = ["--scan-extra", str(len(nodes) + 1)]
     if PROFILES[profile]:
         scheduler_args += ["--profile", str(PROFILES_DIR / PROFILES[profile])]
-    spec = local.ClusterSpec(
-        schedulers=shards,
-        binders=1,
-        nodeagents=nodeagents,
-        hollow_node_list=str(node_list),
-        process_node=False,
-        fsync="no",  # nothing here measures durability
-        ready_timeout=120.0,
-        service_args=(("scheduler", tuple(scheduler_args)),),
-        dashboard=False,
-    )
-    home = local.GodelHome(tmp / "home")
-    try:
-        state = local.up(home, spec)
-        with ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path) as client:
-            _wait_nodes(client, {node.name for node in nodes})
-            with ReschedulerClient(state.address_of("rescheduler"), home=home.path) as rescheduler:
-                rescheduler.pause()  # the protocol has no deletions: nothing may be moved
-            return run_protocol(client, home.path, nodes, tasks, mix, profile, seed, trace)
-    finally:
-        local.down(home)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _wait_nodes(client: ProtoClient, names: set[str], timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready = {
-            n.metadata.name
-            for n in client.list(pb.Node)
-            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions)
-        }
-        if names <= ready:
-            return
-        time.sleep(0.5)
-    raise TraceRunError(f"the {len(names)} listed nodes were not all Ready in {timeout:g}s")
+    with trace_cluster(
+        nodes, shards=shards, nodeagents=nodeagents, scheduler_args=scheduler_args
+    ) as cluster:
+        with ReschedulerClient(cluster.rescheduler, home=cluster.home) as rescheduler:
+            rescheduler.pause()  # the protocol has no deletions: nothing may be moved
+        with ProtoClient(cluster.dispatcher, timeout=120, home=cluster.home) as client:
+            return run_protocol(client, cluster.home, nodes, tasks, mix, profile, seed, trace)
 
 
 def write_outputs(runs: Sequence[ServicesRun], out: Path, stamp: str) -> list[Path]:

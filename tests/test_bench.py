@@ -16,13 +16,25 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import bigjob, fairness, faults, gputrace_services, harness, workload
+from bench import (
+    bigjob,
+    fairness,
+    faults,
+    gpucluster,
+    gputrace_replay,
+    gputrace_services,
+    harness,
+    workload,
+)
+from bench.gputrace import POD_LISTS, TraceError, TraceNode, load_timed_pods
 from bench.load import batches, build_jobs
 from bench.workload import PodPhase, WorkloadError
 from godel.local import ClusterState, ComponentRecord
 from placement.framework import load_profile
+from placement.gpufrag import TaskShape, place
 from placement.plugins import new_in_tree_registry
 from protos.godel.v1 import objects_pb2 as pb
+from services.rescheduler.service import ReschedulerConfig
 from services.runtime.metrics import MetricsServer
 from store.metrics import INFORMER_LAG
 
@@ -630,3 +642,95 @@ def test_gpu_trace_profiles_load_and_the_gpufrag_ones_wait_for_their_plugin(
     assert kept == (["most-allocated", "gpufrag-fgd"] if has_plugin else ["most-allocated"])
     if not has_plugin:
         assert "skipping profile gpufrag-fgd: the GpuFragmentation" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_gpu_trace_replay_quick_form_writes_samples_summary_and_plot_for_both_runs(
+    tmp_path: Path,
+) -> None:
+    """The time replay through real services (bench.gputrace_replay --quick, on 8 nodes): a
+    sample row per sampled hour of the trace's day for each run (defrag off, then on with its
+    period), every figure a percentage of capacity, a summary row per run with the
+    time-weighted averages and the services' CPU time, and the three-panel plot."""
+    out = tmp_path / "out"
+    argv = ["--quick", "--node-count", "8", "--shards", "1", "--nodeagents", "1"]
+    assert gputrace_replay.main([*argv, "--out", str(out)]) == 0
+    [samples] = out.glob("gputrace-replay-*[0-9].csv")
+    rows = list(csv.DictReader(samples.open()))
+    assert tuple(rows[0]) == gputrace_replay.SAMPLE_COLUMNS
+    by_run: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        by_run.setdefault(row["run"], []).append(row)
+    assert tuple(by_run) == gputrace_replay.RUNS
+    for run_rows in by_run.values():
+        times = [float(r["trace_seconds"]) for r in run_rows]
+        assert times[0] == 0 and times == sorted(times)
+        assert times[-1] == gputrace_replay.QUICK_WINDOW
+        for r in run_rows:
+            for column in ("allocated_pct", "fragmentation_pct", "pending_gpu_pct"):
+                assert 0 <= float(r[column]) <= 100, column
+    [summary] = out.glob("gputrace-replay-*-summary.csv")
+    runs = {r["run"]: r for r in csv.DictReader(summary.open())}
+    assert tuple(runs) == gputrace_replay.RUNS
+    assert runs["defrag-off"]["defrag_period_trace_seconds"] == "0"
+    assert int(runs["defrag-on"]["defrag_period_trace_seconds"]) > 0
+    for r in runs.values():
+        assert int(r["submitted"]) > 0 and int(r["samples"]) == len(by_run[r["run"]])
+        assert all(0 <= float(r[f"avg_{name}"]) <= 100 for name in gputrace_replay.AVERAGED)
+        assert float(r["services_cpu_seconds"]) > 0  # read from the cluster's processes
+    [png] = out.glob("gputrace-replay-*.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_trace_replay_runs_the_built_in_policy_on_a_period_only_when_on() -> None:
+    """The replay's rescheduler config: the named built-in policy as the defaults define it, a
+    period (in milliseconds) in the "on" run and no trigger in the "off" one; the config loads
+    as the rescheduler loads it; an unknown policy is refused naming --policy."""
+    defaults = yaml.safe_load(
+        (ROOT / "services" / "rescheduler" / "default_policies.yaml").read_text()
+    )
+    [builtin] = [p for p in defaults["policies"] if p["name"] == "gpu-defrag"]
+    on = gputrace_replay.rescheduler_config("gpu-defrag", 2.16)
+    off = gputrace_replay.rescheduler_config("gpu-defrag", None)
+    [on_policy], [off_policy] = on["policies"], off["policies"]
+    assert on_policy["trigger"] == {"period": "2160ms"} and "trigger" not in off_policy
+    assert on_policy["detector"] == builtin["detector"] == off_policy["detector"]
+    assert on_policy["algorithm"] == builtin["algorithm"]
+    [loaded] = ReschedulerConfig(policies=on["policies"]).policy_configs()
+    assert loaded.name == "gpu-defrag" and loaded.trigger.period_seconds == pytest.approx(2.16)
+    with pytest.raises(gpucluster.TraceRunError, match="--policy: no built-in"):
+        gputrace_replay.rescheduler_config("no-such-policy", None)
+
+
+def test_time_weighted_average_weighs_each_value_by_how_long_it_lasted() -> None:
+    average = gputrace_replay.time_weighted_average
+    assert average([(0, 0.0), (10, 10.0), (30, 10.0)]) == pytest.approx((50 + 200) / 30)
+    assert average([(5, 3.0)]) == 3.0 and average([]) == 0.0
+
+
+def test_replay_fragmentation_is_the_free_gpu_the_running_shapes_cannot_use() -> None:
+    """The bench's fragmentation (bench.gpucluster.expected_fragmentation_milli): with only
+    whole-card pods running, a half-used card's free half is fragmented and an empty node's
+    cards are not; with no GPU pod running, one whole card is the shape."""
+    node = TraceNode("n", 64_000, 1 << 36, 2, "V100M32")
+    share = TaskShape(1000, 1 << 30, 1, 500)
+    whole = TaskShape(1000, 1 << 30, 1, 1000)
+    half_used = place(node.initial_state(), share, [0])
+    fragmented = gpucluster.expected_fragmentation_milli
+    assert fragmented([half_used, node.initial_state()], [whole]) == 500
+    assert fragmented([half_used], []) == 500
+    assert fragmented([half_used], [share]) == 0
+
+
+def test_timed_pod_files_without_times_or_deleted_before_creation_are_refused(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(TraceError, match=r"missing column.*creation_time"):
+        load_timed_pods(POD_LISTS["multigpu20"])
+    path = tmp_path / "pods.csv"
+    path.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\n"
+        "p0,1000,1024,1,500,100,50\n"
+    )
+    with pytest.raises(TraceError, match=r"pods.csv:2: deletion_time: must not be before"):
+        load_timed_pods(path)
