@@ -40,14 +40,15 @@ With the cases of ``tests/test_rescheduler_gpudefrag.py`` (2-card nodes, CPU asi
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from placement.framework import PluginSpec
 from placement.gpu import GPU_INDEX, card_state, choose_cards, task_shape
-from placement.gpufrag import GpuNodeState, ShapeMix, place, weighted_fragmentation
-from placement.nodeinfo import GUARANTEED
+from placement.gpufrag import GpuNodeState, ShapeMix, TaskShape, place, weighted_fragmentation
+from placement.nodeinfo import GUARANTEED, PodRequest
 from services.rescheduler.framework import (
     ClusterView,
     Detection,
@@ -112,6 +113,12 @@ class _Defrag:
         self._weighted: dict[GpuNodeState, int] = {}
         self.states: dict[str, GpuNodeState] = {}
         self.frag: dict[str, int] = {}
+        # The nodes by GPU state, the cards' free amounts sorted (alike for the measure), each
+        # group's names sorted.
+        self.groups: dict[GpuNodeState, list[str]] = {}
+        self._group_of: dict[str, GpuNodeState] = {}
+        # (group, task shape) -> the growth there and the GPU left free (``_growth_on``).
+        self._growth: dict[tuple[GpuNodeState, TaskShape], tuple[int, int] | None] = {}
         for node in view.scoped_nodes():
             if node.capacity[GUARANTEED][GPU_INDEX] > 0:
                 self._refresh(node.name)
@@ -127,6 +134,17 @@ class _Defrag:
         state = card_state(self.view.nodes[name])
         self.states[name] = state
         self.frag[name] = self.weighted(state)
+        key = replace(state, free_milli=tuple(sorted(state.free_milli)))
+        old = self._group_of.get(name)
+        if old == key:
+            return
+        if old is not None:
+            members = self.groups[old]
+            members.remove(name)
+            if not members:
+                del self.groups[old]
+        insort(self.groups.setdefault(key, []), name)
+        self._group_of[name] = key
 
     def run(self, detections: Sequence[Detection]) -> list[Move]:
         moves = self._defragment(detections)
@@ -175,34 +193,42 @@ class _Defrag:
         gain = self.weighted(card_state(lifted)) - self.frag[source]
         req = pod.info.req
         shape = task_shape(req)
-        groups: dict[GpuNodeState, list[str]] = {}
-        for name, state in self.states.items():
-            if name != source:
-                key = replace(state, free_milli=tuple(sorted(state.free_milli)))
-                groups.setdefault(key, []).append(name)
         ranked: list[tuple[int, int, str, list[str]]] = []
-        for members in groups.values():
-            first = members[0]
-            cards = choose_cards(view.nodes[first], req, view.share_policy)
-            if not isinstance(cards, tuple):
+        for key, members in self.groups.items():
+            first = members[0] if members[0] != source else members[1] if len(members) > 1 else ""
+            if not first:
                 continue
-            state = self.states[first]
-            try:
-                after = place(state, shape, cards)
-            except ValueError:
-                continue  # a pod there holds no card yet: its cards are not the ones counted
-            delta = gain + self.weighted(after) - self.frag[first]
-            if delta < 0:
-                ranked.append((delta, after.free_gpu_milli, min(members), members))
+            if (key, shape) in self._growth:
+                growth = self._growth[key, shape]
+            else:
+                growth = self._growth[key, shape] = self._growth_on(first, req, shape)
+            if growth is not None and gain + growth[0] < 0:
+                ranked.append((gain + growth[0], growth[1], first, members))
         ranked.sort(key=lambda r: r[:3])
         for _, _, _, members in ranked:
-            for name in sorted(members):
+            for name in members:
                 if (
-                    view.fits(pod.name, name) is None
+                    name != source
+                    and view.fits(pod.name, name) is None
                     and self.veto(Move(pod.name, pod.job, source, name)) is None
                 ):
                     return name
         return None
+
+    def _growth_on(self, name: str, req: PodRequest, shape: TaskShape) -> tuple[int, int] | None:
+        """How much the weighted fragmentation of ``name`` grows when ``req`` comes to it, on
+        the cards a shard would give it, and the GPU it leaves free; None: no card holds it.
+        Alike for every node of its group (the measure reads the cards' free amounts in any
+        order), so remembered per group and shape until the call ends."""
+        cards = choose_cards(self.view.nodes[name], req, self.view.share_policy)
+        if not isinstance(cards, tuple):
+            return None
+        state = self.states[name]
+        try:
+            after = place(state, shape, cards)
+        except ValueError:
+            return None  # a pod there holds no card yet: its cards are not the ones counted
+        return self.weighted(after) - self.frag[name], after.free_gpu_milli
 
     # -- pass 2 ------------------------------------------------------------------------------
 
