@@ -10,11 +10,16 @@ from dataclasses import dataclass
 import pytest
 
 from placement.framework import Framework, PluginConfigError, PodInfo, Profile
+from placement.gpufrag import FgdFillPolicy
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins import new_in_tree_registry
 from protos.godel.v1 import objects_pb2 as pb
 from services.rescheduler.framework import ClusterView, Move, RunningPod, allow_all
-from services.rescheduler.metrics import expected_gpu_fragmentation, whole_free_gpu_nodes
+from services.rescheduler.metrics import (
+    expected_gpu_fragmentation,
+    running_mix,
+    whole_free_gpu_nodes,
+)
 from services.rescheduler.plugins import new_plugin_registry
 from services.rescheduler.plugins.gpudefrag import Args, GpuDefrag
 from services.rescheduler.round import PLANNED, Policy, RoundRunner
@@ -263,3 +268,20 @@ def test_moves_are_vetoed_by_the_checks() -> None:
     moves = DEFRAG.reschedule(view, DEFRAG.detect(view), protect_s1)
     # s1 stays; s2 comes to it instead.
     assert [(m.pod, m.source, m.target) for m in moves] == [("s2", "b", "a")]
+
+
+def test_the_simulation_learns_the_running_shapes_afresh_each_round() -> None:
+    """The scheduling profile's GpuFragmentation score (the simulation's searches pick shares'
+    cards by it) holds exactly the running pods' mix after ``learn_shapes``, whatever an
+    earlier round taught it."""
+    runner = RoundRunner()
+    earlier = view_of({"a": 2}, [share("old", "a", 700, 0)])
+    runner.learn_shapes(earlier)
+    view = view_of(
+        {"a": 2, "b": 2},
+        [share("s1", "a", 300, 0), share("s2", "b", 300, 0), whole("w", "b", (1,))],
+    )
+    policy = runner.learn_shapes(view)
+    assert isinstance(policy, FgdFillPolicy)
+    assert policy.mix == running_mix(view)
+    assert runner.scheduling.share_policy() is policy
