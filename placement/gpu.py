@@ -23,11 +23,22 @@ A pod asking for GPUs but holding no card (not yet chosen) counts in its pool's 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
-from placement.gpufrag import GpuNodeState, Policy, TaskShape
-from placement.nodeinfo import NodeInfo, PodRequest
+from placement.gpufrag import (
+    FGD_FILL_COVERAGE_PERCENT,
+    GpuNodeState,
+    Policy,
+    ShapeMix,
+    TaskShape,
+    weighted_fragmentation,
+)
+from placement.nodeinfo import GUARANTEED, NodeInfo, PodRequest
 from placement.resources import MILLI_PER_CARD
+
+# Where GPUs are in a NodeInfo's per-pool [milli-CPU, memory bytes, milli-GPU] lists.
+GPU_INDEX = 2
 
 # Filter reasons (placement/plugins/gpucards.py), as `godel explain` shows them.
 MODEL_NOT_ACCEPTED = "GPU model not accepted"
@@ -226,3 +237,80 @@ def card_problems(node: NodeInfo) -> list[str]:
 
 def _list(req: PodRequest) -> str:
     return ", ".join(map(str, req.gpu_cards))
+
+
+# --- The cluster's GPU fragmentation figures ----------------------------------------------------
+
+# The shape a cluster running no GPU pod is measured against: one whole card.
+ONE_CARD = TaskShape(0, 0, 1, MILLI_PER_CARD)
+
+
+def gpu_shapes(reqs: Iterable[PodRequest]) -> list[TaskShape]:
+    """The task shapes of the pods among ``reqs`` that ask GPUs, in order."""
+    return [task_shape(req) for req in reqs if req.requests.gpus]
+
+
+def shape_mix(shapes: Sequence[TaskShape]) -> ShapeMix:
+    """The mix the cluster's expected fragmentation is measured against: every shape of
+    ``shapes`` by count (as the fgd-fill score's mix keeps them), or one whole card when
+    there is none."""
+    return ShapeMix.of_tasks(shapes or [ONE_CARD], FGD_FILL_COVERAGE_PERCENT)
+
+
+def card_state(node: NodeInfo) -> GpuNodeState:
+    """``node``'s guaranteed pool as the fragmentation measures read it. GPU pods holding no
+    card yet (none chosen) are taken to hold the freest cards, as the Binder would give
+    them."""
+    state = node_state(node, GUARANTEED)
+    unplaced = node.requested[GUARANTEED][GPU_INDEX] - sum(node.card_used)
+    if unplaced <= 0:
+        return state
+    free = sorted(state.free_milli, reverse=True)
+    for index, amount in enumerate(free):
+        taken = min(amount, unplaced)
+        free[index] -= taken
+        unplaced -= taken
+    return replace(state, free_milli=tuple(free))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFigures:
+    """A set of nodes' GPU fragmentation, as the rescheduler's plans, its metrics and the
+    dashboard report it (GPU counted in the guaranteed pool, milli-GPU)."""
+
+    # Σ over nodes of the mix-weighted fragmentation (``placement.gpufrag.fragmentation``,
+    # the GpuFragmentation score's measure) ÷ (the mix's count × all free GPU): the share of
+    # free GPU a task drawn from the mix could not use. 0..1; 0 when no GPU is free.
+    expected_fragmentation: float
+    # Free GPU on nodes where some GPU is in use ÷ all free GPU: what a whole-machine task
+    # cannot use. 0..1; 0 when no GPU is free.
+    fragmentation: float
+    # Nodes with GPUs, none of them in use.
+    whole_free_nodes: int
+    free_milli: int
+
+
+def gpu_figures(nodes: Iterable[NodeInfo], mix: ShapeMix) -> GpuFigures:
+    """The figures of ``nodes`` (each with its pods accounted) against ``mix``."""
+    free = weighted = stranded = idle = whole = 0
+    for node in nodes:
+        capacity = node.capacity[GUARANTEED][GPU_INDEX]
+        if capacity <= 0:
+            continue
+        used = node.requested[GUARANTEED][GPU_INDEX]
+        spare = max(capacity - used, 0)
+        idle += spare
+        if used > 0:
+            stranded += spare
+        else:
+            whole += 1
+        state = card_state(node)
+        free += state.free_gpu_milli
+        if state.free_gpu_milli:
+            weighted += weighted_fragmentation(state, mix)
+    return GpuFigures(
+        weighted / (mix.total * free) if free else 0.0,
+        stranded / idle if idle else 0.0,
+        whole,
+        free,
+    )

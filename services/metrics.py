@@ -147,6 +147,27 @@ RESCHEDULER_PODS_EVICTED = Counter(
     ["policy"],
 )
 
+# The cluster's GPU fragmentation as the rescheduler measures it (``placement.gpu.gpu_figures``),
+# recomputed every ``gpu_figures_seconds`` from its informer, not only when a round runs.
+RESCHEDULER_GPU_EXPECTED_FRAGMENTATION = SampledGauge(
+    "godel_rescheduler_gpu_expected_fragmentation_ratio",
+    "Expected GPU fragmentation (the GpuFragmentation score's measure over the running pods' GPU "
+    "shapes): the share of free GPU a task of the mix could not use, 0..1",
+)
+RESCHEDULER_GPU_FRAGMENTATION = SampledGauge(
+    "godel_rescheduler_gpu_fragmentation_ratio",
+    "Free GPU on nodes with some GPU in use / all free GPU: what a whole-machine task cannot "
+    "use, 0..1",
+)
+RESCHEDULER_WHOLE_FREE_GPU_NODES = SampledGauge(
+    "godel_rescheduler_whole_free_gpu_nodes",
+    "Nodes with GPUs, none of them in use",
+)
+RESCHEDULER_FREE_GPU_MILLI = SampledGauge(
+    "godel_rescheduler_free_gpu_milli",
+    "Free GPU of the cluster's nodes, milli-GPU (the fragmentation ratios' denominator)",
+)
+
 _VERDICT_REASONS = {
     code: ipb.VerdictCode.Name(code).lower()
     for code in ipb.VerdictCode.values()

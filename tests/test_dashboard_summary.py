@@ -308,3 +308,43 @@ def test_reservations_counted_and_the_soonest_listed() -> None:
         "name": "waiting", "node": "", "owner": "app=web", "milli_cpu": 1000,
         "memory_bytes": f.GiB, "expires_ms": 0,
     }  # fmt: skip
+
+
+def test_gpu_fragmentation_is_the_reschedulers_figure_and_follows_the_pods() -> None:
+    """Two 2-card nodes with a 300 share each (mix {300 ×2}): each strands its 700-free card
+    for a whole card (the rescheduler's expected fragmentation, placement.gpu.gpu_figures),
+    1,400 of 3,400 free; the shares gone, nothing is stranded and both nodes are whole."""
+    tracker = ClusterTracker()
+    for name in ("a", "b"):
+        node = _node(name, cpu=10_000)
+        node.status.allocatable.gpus, node.status.gpu_model = 2, "T4"
+        tracker.on_add("Node", node)
+    shares = [_pod(f"share-{name}", 1000, node=name) for name in ("a", "b")]
+    for pod in shares:
+        pod.spec.template.requests.gpus = 1
+        pod.spec.template.gpu_milli = 300
+        pod.spec.gpu_cards.append(0)
+        tracker.on_add("Pod", pod)
+    # Mix {300 ×2}: a 300 share fits every card: nothing stranded, yet no node is whole.
+    assert tracker.gpu_fragmentation() == {
+        "expected_percent": 0.0,
+        "fragmentation_percent": 100.0,
+        "whole_free_nodes": 0,
+        "free_gpus": 3.4,
+    }
+    whole = _pod("whole", 1000, node="b")
+    whole.spec.template.requests.gpus = 1
+    whole.spec.gpu_cards.append(1)
+    tracker.on_add("Pod", whole)
+    # Mix {300 ×2, 1 card}: a's 700 card is stranded for the card (weight 1), b's too: 1,400
+    # of 2,400 free, over 3 shapes.
+    figures = tracker.gpu_fragmentation()
+    assert figures["expected_percent"] == round(100 * 1400 / (3 * 2400), 1)
+    for pod in shares:
+        tracker.on_delete("Pod", pod)
+    assert tracker.gpu_fragmentation() == {
+        "expected_percent": 0.0,
+        "fragmentation_percent": round(100 * 1000 / 3000, 1),
+        "whole_free_nodes": 1,
+        "free_gpus": 3.0,
+    }

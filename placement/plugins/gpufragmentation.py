@@ -32,6 +32,7 @@ feasible-node cache until the node changes, so a mix learned meanwhile reaches i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -111,6 +112,22 @@ class GpuFragmentation:
         card it proposes is the one this score assumed; None: best fit (the same card for
         best-fit and packing)."""
         return self._policy if self._learns else None
+
+    def learn(self, shapes: Iterable[TaskShape]) -> None:
+        """Start the mix afresh from ``shapes`` (the last ``window`` of them), as if these were
+        the pods scored so far: the rescheduler's simulation learns the running pods' shapes,
+        the mix a shard's window holds once the cluster has run a while, so the cards it picks
+        for shares are the ones the shards' score would."""
+        self._window = ShapeWindow(self.args.window, FGD_FILL_COVERAGE_PERCENT)
+        self._seen = set()
+        if self._learns:
+            for shape in shapes:
+                self._window.observe(shape)
+                self._seen.add(shape)
+        self._since_refresh = 0
+        self._last_pod = ""
+        self._policy = self._build()
+        self._scores.clear()
 
     def forget_scores(self) -> None:
         """Drop every cached answer, as a rebuilt policy does (``bench/gpuscore_micro.py``)."""

@@ -185,6 +185,7 @@ class DashboardService(Service[DashboardConfig]):
             "nodes": tracker.node_summary(),
             "pods": tracker.pod_summary(),
             "gpus": tracker.gpu_summary(),
+            "gpu_fragmentation": tracker.gpu_fragmentation(),
             "pending_reasons": tracker.pending_reasons(),
             "gangs": tracker.gang_summary(),
             "throughput": tracker.throughput(now_ms / 1000),

@@ -23,9 +23,11 @@ from google.protobuf.message import Message
 
 from placement import nodeinfo
 from placement.claims import TERMINAL_PHASES
+from placement.gpu import gpu_figures, gpu_shapes, shape_mix
+from placement.nodeinfo import NodeInfo, PodRequest
 from placement.quotas import DEFAULT_QUEUE
 from placement.reservations import expires_ms, holds_room
-from placement.resources import Quantities
+from placement.resources import MILLI_PER_CARD, Quantities
 from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 from store.nodes import Heartbeats
@@ -170,6 +172,10 @@ class ClusterTracker:
         # cards: their model and count (so a tick passes over GPU nodes only, as tuples).
         self._gpu_holders: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._gpu_nodes: dict[str, tuple[str, int]] = {}
+        # Per pod holding a claim on a GPU node or asking GPUs: its node and request, what the
+        # GPU fragmentation is measured from; the last figures, None once something changed.
+        self._gpu_pods: dict[str, tuple[str, PodRequest]] = {}
+        self._gpu_figures: dict[str, Any] | None = None
         # Gangs (jobs of min_member > 1: their status is stored) by phase.
         self._gang_phase: dict[str, int] = {}
         self._gangs: Counter[int] = Counter()
@@ -197,8 +203,9 @@ class ClusterTracker:
                 if new.status.allocatable.gpus:
                     model = new.status.gpu_model or "unknown"
                     self._gpu_nodes[name] = (model, new.status.allocatable.gpus)
-                else:
-                    self._gpu_nodes.pop(name, None)
+                    self._gpu_figures = None
+                elif self._gpu_nodes.pop(name, None) is not None:
+                    self._gpu_figures = None
                 self._room.set_node(
                     name,
                     {
@@ -210,7 +217,8 @@ class ClusterTracker:
             elif isinstance(old, pb.Node):
                 self.nodes.pop(old.metadata.name, None)
                 self._ready.pop(old.metadata.name, None)
-                self._gpu_nodes.pop(old.metadata.name, None)
+                if self._gpu_nodes.pop(old.metadata.name, None) is not None:
+                    self._gpu_figures = None
                 self._room.set_node(old.metadata.name, None)
                 self._utilisation.pop(old.metadata.name, None)
                 self._order = None
@@ -261,6 +269,9 @@ class ClusterTracker:
     def _claim(self, name: str, pod: pb.Pod) -> None:
         if pod.spec.gpu_cards:
             self._gpu_holders[name] = (pod.spec.node_name, tuple(pod.spec.gpu_cards))
+        if pod.spec.template.requests.gpus or pod.spec.node_name in self._gpu_nodes:
+            self._gpu_pods[name] = (pod.spec.node_name, PodRequest.from_pod(pod))
+            self._gpu_figures = None
         claim = RoomClaim.of(pod)
         self._room.claim(name, claim)
         self._update_utilisation(claim.node)
@@ -269,6 +280,8 @@ class ClusterTracker:
 
     def _release(self, name: str) -> None:
         self._gpu_holders.pop(name, None)
+        if self._gpu_pods.pop(name, None) is not None:
+            self._gpu_figures = None
         claim = self._room.release(name)
         if claim is not None:
             self._update_utilisation(claim.node)
@@ -342,6 +355,27 @@ class ClusterTracker:
             row["cards"] += cards
             row["used"] += sum(1 for c in held.get(name, ()) if c < cards)
         return sorted(models.values(), key=lambda r: (-r["cards"], r["model"]))
+
+    def gpu_fragmentation(self) -> dict[str, Any]:
+        """The GPU nodes' fragmentation as the rescheduler measures it (``placement.gpu``'s
+        figures over the running pods' GPU shapes; reservations' holds aside): expected and
+        whole-machine fragmentation in percent of free GPU, whole free GPU nodes, free GPUs.
+        Recomputed only after a GPU node or a pod on one changed (a pass over those)."""
+        if self._gpu_figures is None:
+            infos = {name: NodeInfo.from_node(self.nodes[name]) for name in self._gpu_nodes}
+            for node, req in self._gpu_pods.values():
+                info = infos.get(node)
+                if info is not None:
+                    info.add_pod(req)
+            mix = shape_mix(gpu_shapes(req for _, req in self._gpu_pods.values()))
+            figures = gpu_figures(infos.values(), mix)
+            self._gpu_figures = {
+                "expected_percent": round(100 * figures.expected_fragmentation, 1),
+                "fragmentation_percent": round(100 * figures.fragmentation, 1),
+                "whole_free_nodes": figures.whole_free_nodes,
+                "free_gpus": round(figures.free_milli / MILLI_PER_CARD, 1),
+            }
+        return self._gpu_figures
 
     def pod_summary(self) -> dict[str, int]:
         return {

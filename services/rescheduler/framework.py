@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 from placement.framework import Framework, JobAffinity, PodInfo, Status
-from placement.gpu import pin_cards
+from placement.gpu import pin_cards, verify_cards
+from placement.gpufrag import Policy as GpuPolicy
 from placement.nodeinfo import GUARANTEED, NodeInfo
 from placement.plugins import joblevelaffinity
 from placement.plugins.numatopology import pin_numa
@@ -62,6 +63,12 @@ class RunningPod:
     info: PodInfo
     node: str
     job: str
+    # The node the pod runs on in the cluster (``info.req`` holds its cards there); "" = ``node``.
+    home: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.home:
+            self.home = self.node
 
     @classmethod
     def of(cls, pod: pb.Pod, info: PodInfo) -> RunningPod:
@@ -107,6 +114,9 @@ class ClusterView:
     # Hears of every move made with ``move`` (pod, from, to), undoing ones included; a copy of
     # the view starts without one.
     move_listener: Callable[[str, str, str], None] | None = field(default=None, repr=False)
+    # How a GPU share's card is chosen on a pod's new node (``placement.gpu.choose_cards``):
+    # the round sets the shards' score's policy over the running pods' shapes; None: best fit.
+    share_policy: GpuPolicy | None = field(default=None, repr=False)
     _by_node: dict[str, set[str]] = field(default_factory=dict, repr=False)
     # Pods counted by topology domain, for inter-pod affinity and spread (the rules that look
     # beyond the target node); built on first need, kept in step by ``move`` and ``remove``.
@@ -213,8 +223,13 @@ class ClusterView:
         self.nodes[source].remove_pod(pod)
         self._by_node[source].discard(pod)
         # A NUMA-bound pod holds NUMA nodes of its new node, a pod asking GPUs cards of it,
-        # chosen as a shard would.
-        placed = pin_cards(self.nodes[target], pin_numa(self.nodes[target], running.info.req))
+        # chosen as a shard would; one put back on its own node holds its own cards again.
+        req = running.info.req
+        node = self.nodes[target]
+        if target == running.home and verify_cards(node, req, req.gpu_cards) is None:
+            placed = pin_numa(node, req)
+        else:
+            placed = pin_cards(node, pin_numa(node, req), self.share_policy)
         self.nodes[target].add_pod(placed)
         self._by_node.setdefault(target, set()).add(pod)
         running.node = target
@@ -234,7 +249,9 @@ class ClusterView:
 
     def copy(self) -> ClusterView:
         """An independent copy: moves on it leave this view as it is."""
-        pods = {n: RunningPod(r.encoded, r.info, r.node, r.job) for n, r in self.pods.items()}
+        pods = {
+            n: RunningPod(r.encoded, r.info, r.node, r.job, r.home) for n, r in self.pods.items()
+        }
         return ClusterView(
             nodes={n: info.clone() for n, info in self.nodes.items()},
             pods=pods,
@@ -246,6 +263,7 @@ class ClusterView:
             scope_labels=self.scope_labels,
             revision=self.revision,
             loads=self.loads,
+            share_policy=self.share_policy,
         )
 
 

@@ -6,35 +6,30 @@ reclaimed CPU and memory)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from math import sqrt
 
-from placement.gpu import node_state, task_shape
-from placement.gpufrag import (
-    FGD_FILL_COVERAGE_PERCENT,
-    GpuNodeState,
-    ShapeMix,
-    TaskShape,
-    weighted_fragmentation,
-)
-from placement.nodeinfo import GUARANTEED, NodeInfo
-from placement.resources import MILLI_PER_CARD
-from services.rescheduler.framework import RESOURCE_INDEX, ClusterView, utilisation
+from placement.gpu import GpuFigures, gpu_shapes, shape_mix
+from placement.gpu import gpu_figures as figures_of
+from placement.gpufrag import ShapeMix
+from services.rescheduler.framework import ClusterView, utilisation
 
-_GPU = RESOURCE_INDEX["gpu"]
+
+def running_mix(view: ClusterView) -> ShapeMix:
+    """The GPU shape mix of the view's running pods (``placement.gpu.shape_mix``): what the
+    expected fragmentation is measured against, GpuDefrag lowers, and the simulation's share
+    policy learns (the shards' score learns it from the pods it places)."""
+    return shape_mix(gpu_shapes(running.info.req for running in view.pods.values()))
+
+
+def gpu_figures(view: ClusterView) -> GpuFigures:
+    """The in-scope nodes' GPU figures (``placement.gpu.gpu_figures``) over the running mix."""
+    return figures_of(view.scoped_nodes(), running_mix(view))
 
 
 def gpu_fragmentation(view: ClusterView) -> float:
     """Idle GPUs on nodes where some GPUs are in use ÷ all idle GPUs: the share of idle GPUs a
     whole-machine job cannot use. 0.0 when no GPU is idle."""
-    idle = stranded = 0
-    for node in view.scoped_nodes():
-        capacity, used = node.capacity[GUARANTEED][_GPU], node.requested[GUARANTEED][_GPU]
-        free = max(capacity - used, 0)
-        idle += free
-        if used > 0:
-            stranded += free
-    return stranded / idle if idle else 0.0
+    return gpu_figures(view).fragmentation
 
 
 def expected_gpu_fragmentation(view: ClusterView) -> float:
@@ -45,37 +40,7 @@ def expected_gpu_fragmentation(view: ClusterView) -> float:
     it cannot run there (cards, CPU, memory or model). Shapes are weighted by how many running
     pods have them; with no GPU pod running, one whole card is the shape. 0.0 when no GPU is
     free."""
-    shapes = [
-        task_shape(running.info.req)
-        for running in view.pods.values()
-        if running.info.req.requests.gpus
-    ]
-    mix = ShapeMix.of_tasks(shapes or [_ONE_CARD], FGD_FILL_COVERAGE_PERCENT)
-    free = weighted = 0
-    for node in view.scoped_nodes():
-        state = _card_state(node)
-        free += state.free_gpu_milli
-        if state.free_gpu_milli:
-            weighted += weighted_fragmentation(state, mix)
-    return weighted / (mix.total * free) if free else 0.0
-
-
-_ONE_CARD = TaskShape(0, 0, 1, MILLI_PER_CARD)
-
-
-def _card_state(node: NodeInfo) -> GpuNodeState:
-    """The node's cards as the measure reads them. GPU pods holding no card yet (none chosen)
-    are taken to hold the freest cards, whole cards first, as the Binder would give them."""
-    state = node_state(node, GUARANTEED)
-    unplaced = node.requested[GUARANTEED][_GPU] - sum(node.card_used)
-    if unplaced <= 0:
-        return state
-    free = sorted(state.free_milli, reverse=True)
-    for index, amount in enumerate(free):
-        taken = min(amount, unplaced)
-        free[index] -= taken
-        unplaced -= taken
-    return replace(state, free_milli=tuple(free))
+    return gpu_figures(view).expected_fragmentation
 
 
 def free_nodes(view: ClusterView) -> int:
@@ -85,11 +50,7 @@ def free_nodes(view: ClusterView) -> int:
 
 def whole_free_gpu_nodes(view: ClusterView) -> int:
     """In-scope nodes with GPUs, none of them in use."""
-    return sum(
-        1
-        for node in view.scoped_nodes()
-        if node.capacity[GUARANTEED][_GPU] > 0 and node.requested[GUARANTEED][_GPU] == 0
-    )
+    return gpu_figures(view).whole_free_nodes
 
 
 def utilisation_spread(view: ClusterView, weights: dict[str, int]) -> float:

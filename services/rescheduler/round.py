@@ -37,8 +37,9 @@ from typing import Any
 
 from placement.budgets import BudgetTracker
 from placement.framework import Framework, PodInfo, Profile, UnitInfo
-from placement.gpu import pin_cards
-from placement.plugins import new_in_tree_registry
+from placement.gpu import gpu_shapes, pin_cards
+from placement.gpufrag import Policy as GpuPolicy
+from placement.plugins import gpufragmentation, new_in_tree_registry
 from placement.plugins.numatopology import pin_numa
 from placement.search import UnitScheduler
 from placement.snapshot import Snapshot
@@ -251,6 +252,7 @@ class RoundRunner:
             started_ms=int(started * 1000),
             revision=view.revision,
         )
+        view.share_policy = self.learn_shapes(view)
         plan.before = self._figures(policy, view)
         try:
             self._plan(policy, view, plan, started)
@@ -371,6 +373,17 @@ class RoundRunner:
         plan.rejected.extend(dropped)
         return kept
 
+    def learn_shapes(self, view: ClusterView) -> GpuPolicy | None:
+        """Teach the scheduling profile's GpuFragmentation score the running pods' GPU shapes
+        (the mix the shards' windows hold) and return the policy a share's card is chosen by:
+        the simulation's searches and the round's moves (``ClusterView.share_policy``) pick
+        the card the shards would. None: best fit (a profile without the score, or one of its
+        non-learning policies)."""
+        score = self.scheduling.plugins.get(gpufragmentation.NAME)
+        if isinstance(score, gpufragmentation.GpuFragmentation):
+            score.learn(gpu_shapes(running.info.req for running in view.pods.values()))
+        return self.scheduling.share_policy()
+
     # -- dry run -----------------------------------------------------------------------------
 
     def simulate(self, view: ClusterView, batches: Sequence[Sequence[Move]]) -> dict[str, str]:
@@ -410,14 +423,15 @@ class RoundRunner:
     def _figures(self, policy: Policy, view: ClusterView) -> Figures:
         weights = policy.detector_args.get("resources") or DEFAULT_WEIGHTS
         scoped = [view.nodes[n] for n in view.scope if n in view.nodes]
+        gpu = metrics.gpu_figures(view)
         figures = Figures(
             nodes=len(scoped),
             pods=sum(len(info.pods) for info in scoped),
             free_nodes=metrics.free_nodes(view),
             utilisation_spread=metrics.utilisation_spread(view, dict(weights)),
-            gpu_fragmentation=metrics.gpu_fragmentation(view),
-            whole_free_gpu_nodes=metrics.whole_free_gpu_nodes(view),
-            expected_gpu_fragmentation=metrics.expected_gpu_fragmentation(view),
+            gpu_fragmentation=gpu.fragmentation,
+            whole_free_gpu_nodes=gpu.whole_free_nodes,
+            expected_gpu_fragmentation=gpu.expected_fragmentation,
         )
         key = policy.detector_args.get("topology_key")
         if isinstance(key, str) and key:
@@ -458,7 +472,7 @@ def validate_targets(
             dropped.append((move, f"{status.plugin}: {', '.join(status.reasons)}"))
             continue
         # Its NUMA nodes there, if bound, and its GPU cards there, if it asks GPUs.
-        target.add_pod(pin_cards(target, pin_numa(target, running.info.req)))
+        target.add_pod(pin_cards(target, pin_numa(target, running.info.req), view.share_policy))
         kept.append(move)
     return kept, dropped
 

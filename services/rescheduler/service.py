@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -24,16 +24,20 @@ import grpc
 import structlog
 import yaml
 
+from placement.framework import Framework
+from placement.gpu import GpuFigures
 from placement.rules import hard_rules
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import events
+from services import metrics as service_metrics
 from services.peers.binder import BinderEvictor
 from services.rescheduler.checks import new_check_registry
 from services.rescheduler.config import PolicyConfig, PolicyConfigError, load_policies
 from services.rescheduler.executor import ExecutionConfig, RoundExecutor
 from services.rescheduler.framework import Algorithm, Check, ClusterView, Detector
 from services.rescheduler.manager import PausedError, PolicyManager, UnknownPolicyError
+from services.rescheduler.metrics import gpu_figures
 from services.rescheduler.movements import Recycler
 from services.rescheduler.plugins import new_plugin_registry
 from services.rescheduler.round import Policy, RoundPlan
@@ -100,6 +104,14 @@ class ReschedulerConfig(ServiceConfig):
         metadata=option("how long a finished Movement is kept before it is deleted", minimum=0),
     )
 
+    gpu_figures_seconds: float = field(
+        default=15.0,
+        metadata=option(
+            "how often the cluster's GPU fragmentation metrics are recomputed (0: never)",
+            minimum=0,
+        ),
+    )
+
     load_max_age_seconds: float = field(
         default=120.0,
         metadata=option(
@@ -158,6 +170,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
         self.informer = Informer(self.store, list(KINDS))
         self.rules = hard_rules()
         self.pod_infos = PodInfoCache()
+        self._figure_infos = PodInfoCache()
         self.recycler = Recycler(self.store, self.config.movement_retention_seconds)
         self.events = events.EventRecorder(self.store, self.config.name)
         self.executor = RoundExecutor(
@@ -197,6 +210,8 @@ class ReschedulerService(Service[ReschedulerConfig]):
         self.triggers.install_signal_handlers(asyncio.get_running_loop())
         self.spawn(self.triggers.run(), name="triggers")
         self.spawn(self.events.run(), name="events")
+        if self.config.gpu_figures_seconds > 0:
+            self.spawn(self._gpu_figures_loop(), name="gpu-figures")
         log.info("policies loaded", policies=self.manager.names())
 
     async def on_stop(self) -> None:
@@ -237,6 +252,32 @@ class ReschedulerService(Service[ReschedulerConfig]):
             reservations=inf.list(pb.Reservation),
         )
 
+    async def _gpu_figures_loop(self) -> None:
+        while True:
+            try:
+                await self.refresh_gpu_figures()
+            except Exception:
+                # Stale gauges are better than a rescheduler stopped over its metrics.
+                log.exception("GPU figures failed")
+            await asyncio.sleep(self.config.gpu_figures_seconds)
+
+    async def refresh_gpu_figures(self) -> GpuFigures:
+        """The cluster's GPU figures (every node with GPUs, the reservations' holds counted)
+        from the informer as it stands, published as the rescheduler's GPU gauges."""
+        nodes = [n for n in self.informer.list(pb.Node) if n.status.allocatable.gpus]
+        cached = self.informer.objects(pb.Pod)
+        copied = cached.copy() if isinstance(cached, EncodedObjects) else dict(cached)
+        reservations = self.informer.list(pb.Reservation)
+        # Its own PodInfo cache: a round converts pods in another thread with the other one.
+        figures = await asyncio.to_thread(
+            _gpu_figures, nodes, copied.values(), reservations, self.rules, self._figure_infos
+        )
+        service_metrics.RESCHEDULER_GPU_EXPECTED_FRAGMENTATION.set(figures.expected_fragmentation)
+        service_metrics.RESCHEDULER_GPU_FRAGMENTATION.set(figures.fragmentation)
+        service_metrics.RESCHEDULER_WHOLE_FREE_GPU_NODES.set(figures.whole_free_nodes)
+        service_metrics.RESCHEDULER_FREE_GPU_MILLI.set(figures.free_milli)
+        return figures
+
     async def _prepare(self, policy: Policy) -> None:
         """A policy's new executed round replaces its previous round's Movements."""
         await self.recycler.previous_of(policy.name)
@@ -267,6 +308,17 @@ class ReschedulerService(Service[ReschedulerConfig]):
         if state.last is not None:
             info.last_round.CopyFrom(state.last.to_proto())
         return info
+
+
+def _gpu_figures(
+    nodes: list[pb.Node],
+    pods: Iterable[pb.Pod],
+    reservations: list[pb.Reservation],
+    rules: Framework,
+    infos: PodInfoCache,
+) -> GpuFigures:
+    view = build_view(nodes, pods, (), (), rules, pod_infos=infos, reservations=reservations)
+    return gpu_figures(view)
 
 
 def describe_schedule(config: PolicyConfig) -> str:

@@ -90,6 +90,14 @@ def test_a_node_list_cluster_shows_its_cards(
     wait.until(
         lambda d: text_of(d, "gpus").splitlines()[1:] == ["V100M32 1 8 0 / 8", "T4 1 2 0 / 2"]
     )
+    # The GPU fragmentation under the table, live (placement.gpu.gpu_figures): no GPU pod runs.
+    wait.until(
+        lambda d: (
+            text_of(d, "gpu-fragmentation")
+            == "fragmentation: expected 0 %, whole-machine 0 % of 10 free GPUs; "
+            "2 whole free GPU nodes"
+        )
+    )
     screenshot = tmp_path / "dashboard-gpus.png"
     browser.save_screenshot(str(screenshot))
     print(f"dashboard screenshot: {screenshot}")

@@ -8,12 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from godel.client import ClientError, ReschedulerClient
 from protos.godel.v1 import objects_pb2 as pb
@@ -267,3 +269,124 @@ def test_pause_stops_rounds_until_resumed(make_cluster: Callable[..., Cluster]) 
     assert "resumed" in cluster.godel("reschedule", "--resume").stdout
     cluster.godel("reschedule", "binpacking")
     wait_until(lambda: not pods_on(cluster, n2), 60, "the second node emptied after resuming")
+
+
+SHARE_NODES = ("nodeagent", ("--hollow-gpus", "2", "--hollow-cpu-milli", "64000"))
+# The GPU gauges recomputed every second, so the test sees them follow the cluster.
+FIGURES_EVERY_SECOND = ("rescheduler", ("--gpu-figures-seconds", "1"))
+
+
+def share_job(name: str, milli: int, cpu: int = 2000) -> pb.Job:
+    job = make_job(name, replicas=1, cpu=cpu)
+    job.spec.template.requests.gpus = 1
+    job.spec.template.gpu_milli = milli
+    return job
+
+
+def rescheduler_gauge(cluster: Cluster, name: str) -> float | None:
+    [rescheduler] = [c for c in cluster.state.components if c.kind == "rescheduler"]
+    with urllib.request.urlopen(f"http://{rescheduler.metrics_address}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return None
+
+
+def dashboard_gpu_fragmentation(cluster: Cluster) -> dict[str, float]:
+    url = cluster.component("dashboard").web_url.rstrip("/") + "/api/summary"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        summary: dict[str, dict[str, float]] = json.loads(response.read())
+    return summary["gpu_fragmentation"]
+
+
+def test_gpu_defrag_moves_a_share_and_expected_fragmentation_falls_live(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """Three 2-card hollow nodes: a 2-card pod on one, a 300 share on each of the others (a
+    CPU blocker keeps the second share off the first's node while it is placed). Mix {300 ×2,
+    2 cards}: both share nodes strand all their free GPU for the 2-card task, 3,400 of 3,400
+    free milli: expected fragmentation 1/3. gpu-defrag puts one share beside the other (the
+    dry run says so, and the rescheduler's metrics and the dashboard say so before and after
+    it runs): 1,400 stranded, and a node comes whole."""
+    cluster = make_cluster(
+        schedulers=1,
+        binders=1,
+        hollow_nodes=3,
+        dashboard=True,
+        service_args=(SHARE_NODES, FIGURES_EVERY_SECOND),
+    )
+    wait_until(lambda: len(cluster.client.list("Node")) == 3, 60, "3 nodes registered")
+    wide = make_job("wide", replicas=1, cpu=1000)
+    wide.spec.template.requests.gpus = 2
+    cluster.client.submit([wide])
+    wait_until(lambda: running(cluster) and positions(cluster).get("wide-0"), 60, "wide running")
+    cluster.client.submit([share_job("share-a", 300)])
+    wait_until(lambda: running(cluster) and positions(cluster).get("share-a-0"), 60, "share-a")
+    first = positions(cluster)["share-a-0"]
+    blocker = make_job("blocker", replicas=1, cpu=61_000)
+    blocker.spec.template.node_selector["hostname"] = first
+    cluster.client.submit([blocker])
+    wait_until(lambda: running(cluster) and positions(cluster).get("blocker-0"), 60, "blocker")
+    cluster.client.submit([share_job("share-b", 300)])
+    wait_until(lambda: running(cluster) and positions(cluster).get("share-b-0"), 60, "share-b")
+    cluster.godel("delete", "job", "blocker")
+    wait_until(lambda: "blocker-0" not in positions(cluster), 60, "the blocker gone")
+    where = positions(cluster)
+    assert len({where["wide-0"], where["share-a-0"], where["share-b-0"]}) == 3, where
+
+    third = 1 / 3
+    expected = "godel_rescheduler_gpu_expected_fragmentation_ratio"
+    wait_until(
+        lambda: abs((rescheduler_gauge(cluster, expected) or 0) - third) < 1e-6,
+        60,
+        "the rescheduler's expected fragmentation gauge at 1/3",
+    )
+    assert rescheduler_gauge(cluster, "godel_rescheduler_whole_free_gpu_nodes") == 0
+    wait_until(
+        lambda: dashboard_gpu_fragmentation(cluster)["expected_percent"] == 33.3,
+        60,
+        "the dashboard's expected fragmentation at 33.3 %",
+    )
+
+    [dry] = json.loads(cluster.godel("reschedule", "gpu-defrag", "--dry-run", "-o", "json").stdout)
+    assert dry["outcome"] == "planned", dry
+    assert [m["pod"] for m in dry["moves"]] in (["share-a-0"], ["share-b-0"]), dry
+    assert dry["before"]["expectedGpuFragmentation"] == pytest.approx(third)
+    after = 1400 / (3 * 3400)
+    assert dry["after"]["expectedGpuFragmentation"] == pytest.approx(after)
+    table = cluster.godel("reschedule", "gpu-defrag", "--dry-run").stdout
+    assert "expected gpu fragmentation" in table, table
+
+    with ReschedulerClient(cluster.state.address_of("rescheduler"), timeout=300) as client:
+        [plan] = client.trigger("gpu-defrag").plans
+    assert plan.outcome == "planned" and plan.evicted == 1, plan.message
+    [move] = plan.moves
+
+    def replaced() -> bool:
+        pods = [p for p in cluster.client.list("Pod") if isinstance(p, pb.Pod)]
+        live = [p for p in pods if p.spec.job == move.job and p.status.phase == pb.POD_RUNNING]
+        return len(live) == 1 and live[0].spec.node_name == move.to_node
+
+    wait_until(replaced, 120, "the moved share running on its target")
+    # Live, without another round: the gauges and the dashboard follow the cluster.
+    wait_until(
+        lambda: abs((rescheduler_gauge(cluster, expected) or 0) - after) < 1e-6,
+        60,
+        "the rescheduler's expected fragmentation gauge lowered",
+    )
+    assert rescheduler_gauge(cluster, "godel_rescheduler_whole_free_gpu_nodes") == 1
+    wait_until(
+        lambda: (
+            dashboard_gpu_fragmentation(cluster)
+            == {
+                "expected_percent": round(100 * after, 1),
+                "fragmentation_percent": round(100 * 1400 / 3400, 1),
+                "whole_free_nodes": 1,
+                "free_gpus": 3.4,
+            }
+        ),
+        60,
+        "the dashboard's figures lowered",
+    )

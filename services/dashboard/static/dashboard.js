@@ -146,6 +146,11 @@ function render(s) {
 
   rows("pending-reasons", s.pending_reasons, (r) => [r.reason, r.pods], "no pending pods");
   rows("gpus", s.gpus, (g) => [g.model, g.nodes, g.cards, `${g.used} / ${g.cards}`], "no GPU nodes");
+  const frag = s.gpu_fragmentation;
+  text("gpu-fragmentation", s.gpus.length && frag
+    ? `fragmentation: expected ${frag.expected_percent} %, whole-machine ${frag.fragmentation_percent} % `
+      + `of ${frag.free_gpus} free GPUs; ${frag.whole_free_nodes} whole free GPU nodes`
+    : "");
   rows("gangs", s.gangs, (g) => [g.phase, g.jobs], "no gangs");
   rows("queues", s.queues, (q) => [
     q.name,

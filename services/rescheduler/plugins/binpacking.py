@@ -28,7 +28,7 @@ would refuse moves the original makes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -55,6 +55,7 @@ from services.rescheduler.plugins.targets import (
     drain,
     first_target,
     pod_share,
+    undo,
     utilisation_ceiling,
 )
 
@@ -96,16 +97,35 @@ class BinPacking:
     def reschedule(
         self, view: ClusterView, detections: Sequence[Detection], veto: MoveVeto
     ) -> list[Move]:
-        return _Packing(self.args, view, veto).run(detections)
+        return pack(self.args, view, detections, veto)
+
+
+def pack(
+    args: Args,
+    view: ClusterView,
+    detections: Sequence[Detection],
+    veto: MoveVeto,
+    keep: Callable[[list[Move]], bool] | None = None,
+) -> list[Move]:
+    """Drain the detected nodes in turn (the module docstring's rule). ``keep`` judges each
+    complete drain once it is made in the view: False undoes it (GpuDefrag keeps only drains
+    that do not raise the expected GPU fragmentation)."""
+    return _Packing(args, view, veto, keep).run(detections)
 
 
 class _Packing:
     """The state of one reschedule call: targets ranked fullest first, the room memo, the node
     being drained and the nodes that received pods."""
 
-    def __init__(self, args: Args, view: ClusterView, veto: MoveVeto) -> None:
+    def __init__(
+        self,
+        args: Args,
+        view: ClusterView,
+        veto: MoveVeto,
+        keep: Callable[[list[Move]], bool] | None = None,
+    ) -> None:
         self.weights, self.pool = args.resources, args.pool
-        self.view, self.veto = view, veto
+        self.view, self.veto, self.keep = view, veto, keep
         self.room = RoomCache()
         self.received: set[str] = set()
         self.draining = ""
@@ -145,6 +165,9 @@ class _Packing:
         self.targets.discard(source)
         moves = drain(self.view, pods, self._target_for, self._moved)
         self.draining = ""
+        if moves is not None and self.keep is not None and not self.keep(moves):
+            undo(self.view, moves, self._moved)
+            moves = None
         if moves is None:
             self._rerank(source)
             return []
