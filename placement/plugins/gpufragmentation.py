@@ -197,7 +197,9 @@ class GpuFragmentation:
             shape = self._shape
             assert shape is not None  # set by observe
             state = node_state(node, req.pool)
-            choice = self._current_choices[_exact(state)] = self._policy.choose(state, shape)
+            choice = self._policy.choose(state, shape)
+            if self._learns:  # only a learning policy chooses a share's card (share_policy)
+                self._current_choices[_exact(state)] = choice
             found = self._current[key] = self._points(state, choice)
         return found
 
