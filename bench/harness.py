@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import functools
 import json
 import os
@@ -50,6 +51,8 @@ from godel.local.cluster import probe_credentials
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import replacement_number
+from services.nodeagent.nodelist import COLUMNS as NODE_LIST_COLUMNS
+from services.nodeagent.nodelist import ListedNode
 from services.runtime.healthcheck import probe
 from store import Store
 from store.server import allocator_of, find_server_binary
@@ -266,10 +269,10 @@ def run_one(
     """One run on a fresh cluster; the cluster is gone when this returns or raises."""
     console = console or Console(stderr=True)
     shape = workload.cluster
-    spec = _cluster_spec(workload, fsync)
     # The harness always starts its own store: an external one would mix in other data.
     os.environ.pop("GODEL_REDIS_URL", None)
     tmp = Path(tempfile.mkdtemp(prefix="godel-bench-"))
+    spec = _cluster_spec(workload, fsync, tmp)
     home = local.GodelHome(tmp)
     ok = False
     log.info("starting cluster", workload=workload.name, nodes=shape.nodes, shards=shape.shards)
@@ -291,8 +294,14 @@ def run_one(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _cluster_spec(workload: Workload, fsync: Fsync) -> local.ClusterSpec:
+def _cluster_spec(workload: Workload, fsync: Fsync, tmp: Path) -> local.ClusterSpec:
+    """What ``godel up`` starts for the workload; a node list's selected rows are written to
+    ``tmp`` (the node agents read them from there)."""
     shape = workload.cluster
+    node_list = ""
+    if shape.node_list:
+        node_list = str(tmp / "nodes.csv")
+        write_node_list(shape.selected_nodes(), node_list)
     service_args = [
         ("nodeagent", _nodeagent_flags(workload)),
         *((kind, _flags(args)) for kind, args in shape.service_args.items() if kind != "nodeagent"),
@@ -302,6 +311,7 @@ def _cluster_spec(workload: Workload, fsync: Fsync) -> local.ClusterSpec:
         binders=shape.binders,
         nodeagents=shape.nodeagents,
         hollow_nodes=shape.nodes,
+        hollow_node_list=node_list,
         process_node=False,
         fsync=fsync,
         ready_timeout=120.0,
@@ -658,6 +668,15 @@ def _figures(figures: Any) -> dict[str, Any]:
     )
 
 
+def write_node_list(nodes: list[ListedNode], path: str) -> None:
+    """Rows of a node list, written back in its format (what ``--hollow-node-list`` reads)."""
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(NODE_LIST_COLUMNS)
+        for n in nodes:
+            out.writerow([n.name, n.milli_cpu, n.memory_bytes >> 20, n.gpus, n.gpu_model])
+
+
 def _nodeagent_flags(workload: Workload) -> tuple[str, ...]:
     shape = workload.cluster
     flags = {
@@ -666,6 +685,8 @@ def _nodeagent_flags(workload: Workload) -> tuple[str, ...]:
         "hollow-max-pods": str(shape.max_pods),
         "hollow-gpus": str(shape.gpus),
     }
+    if shape.node_list:  # each listed node has its own shape
+        flags = {}
     if shape.labels:
         flags["hollow-labels"] = ",".join(f"{k}={v}" for k, v in shape.labels.items())
     flags.update(shape.service_args.get("nodeagent", {}))

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.workload import PodPhase, job_template
+from bench.workload import PodPhase, job_template, share_shapes
 from godel.client import ClientError, ProtoClient
+from placement.gpufrag import TaskShape
 from protos.godel.v1 import objects_pb2 as pb
 
 MAX_PODS_PER_REQUEST = 1000
@@ -57,7 +59,23 @@ def build_jobs(prefix: str, phase: PodPhase, nodes: Sequence[str] = ()) -> list[
         if queues:
             job.spec.queue = queues[i % len(queues)]
         jobs.append(job)
+    if phase.gpu_shares:
+        draw_gpu_shares(jobs, share_shapes(phase.gpu_shares), random.Random(prefix))
     return jobs
+
+
+def draw_gpu_shares(
+    jobs: Sequence[pb.Job], shapes: Sequence[TaskShape], rng: random.Random
+) -> None:
+    """Each job's pods become one of ``shapes`` (drawn at random, so as often as the trace has
+    it): its cpu and memory, one card and its share of it."""
+    for job in jobs:
+        shape = rng.choice(shapes)
+        template = job.spec.template
+        template.requests.milli_cpu = shape.cpu_milli
+        template.requests.memory_bytes = shape.memory
+        template.requests.gpus = 1
+        template.gpu_milli = shape.gpu_milli
 
 
 def create_queues(client: ProtoClient, phase: PodPhase) -> None:

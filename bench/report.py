@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,16 @@ def markdown(report: dict[str, Any], paths: dict[str, Path] | None = None) -> st
             u = r["resources"].get(c)
             cells.append(f"{u['cpu_seconds']:.1f} s / {u['peak_rss_mib']:.0f} MiB" if u else "")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## CPU ms (user+sys) per measured pod, measured phase",
+        "",
+        "| processes | " + " | ".join(_label(r) for r in report["runs"]) + " |",
+        "|---|" + "---|" * len(report["runs"]),
+    ]
+    per_pod = [cpu_ms_per_pod(r) for r in report["runs"]]
+    for group in CPU_GROUPS:
+        lines.append(f"| {group} | " + " | ".join(f"{p[group]:.3f}" for p in per_pod) + " |")
     if paths:
         lines += [
             "",
@@ -74,6 +85,26 @@ def markdown(report: dict[str, Any], paths: dict[str, Path] | None = None) -> st
             f"![latency]({paths['latency'].name})",
         ]
     return "\n".join(lines) + "\n"
+
+
+CPU_GROUPS = ("shards", "binders", "services")
+"""The rows of the CPU-per-pod table: the scheduler processes, the binders, and every process
+of the cluster (the store included; the load generator not)."""
+
+
+def cpu_ms_per_pod(run: dict[str, Any]) -> dict[str, float]:
+    """CPU milliseconds per measured pod over the measured phase, by CPU_GROUPS: the figure to
+    compare on a shared machine, where wall-clock rates move with the other processes' load."""
+    pods = run["measured_pods"] or 1
+
+    def total(keep: Callable[[str], bool]) -> float:
+        return sum(float(u["cpu_seconds"]) for c, u in run["resources"].items() if keep(c))
+
+    return {
+        "shards": 1000 * total(lambda c: c.startswith("scheduler-")) / pods,
+        "binders": 1000 * total(lambda c: c.startswith("binder-")) / pods,
+        "services": 1000 * total(lambda c: c != "load") / pods,
+    }
 
 
 def summary_table(report: dict[str, Any]) -> str:

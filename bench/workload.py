@@ -10,6 +10,10 @@
       binders: 1
       nodes_per_agent: 5000            # one node agent process per this many nodes
       pin_shards: false                # shard i runs on CPU i mod cores only (taskset)
+      node_list: bench/data/openb/openb_node_list_gpu_node.csv
+                                       # hollow nodes each of its own shape from an openb-format
+                                       # CSV (path from the repository's root): ``nodes`` of its
+                                       # rows, evenly spaced (all of them when equal); no ``node``
       scheduler: {mode: kube}          # extra flags per service kind (scheduler, binder, ...)
     init:     {count: 500, job_size: 100, template: {requests: {cpu: 100m, memory: 500Mi}}}
     measured:
@@ -24,6 +28,10 @@
       rate: 0                          # offered pods/s; 0 = as fast as possible
       queues: 0                        # jobs spread round-robin over this many queues
                                        # (tenant-0..; created first), 0 = the default queue
+      gpu_shares: default              # each job's pods take one GPU-share task's shape of this
+                                       # openb pod list (a trace name of bench.gputrace or a
+                                       # path): cpu, memory, gpu: 1 and its gpuMilli, drawn at
+                                       # random (seeded by the phase) from the list's shares
     reservations: {count: 1000, template: {requests: {cpu: "1", memory: 4Gi}}, ttl_seconds: 3600}
                                        # before the init pods: one Reservation on each of the
                                        # first count nodes, for a job that never comes
@@ -43,6 +51,7 @@ Every error names the file and the field.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -51,10 +60,14 @@ from typing import Any
 
 import yaml
 
+from bench.gputrace import POD_LISTS, TraceError, load_pods
 from godel.manifest import ManifestError, parse_document, parse_quantity
+from placement.gpufrag import TaskShape
 from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.nodelist import ListedNode, load_node_list
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
+REPO_ROOT = Path(__file__).resolve().parent.parent
 NODE_PLACEHOLDER = "$node"
 TENANT_QUEUE_PREFIX = "tenant-"
 SERVICE_KINDS = ("dispatcher", "scheduler", "binder", "rescheduler", "nodeagent")
@@ -82,6 +95,7 @@ _CLUSTER = {
     "binders",
     "nodes_per_agent",
     "pin_shards",
+    "node_list",
     *SERVICE_KINDS,
 }
 _NODE = {"cpu", "memory", "pods", "gpus"}
@@ -97,6 +111,7 @@ _PHASE = {
     "per_node",
     "rate",
     "queues",
+    "gpu_shares",
 }
 # Job spec fields a phase's ``job`` may not set: the phase itself decides them.
 _PHASE_OWNED = {"replicas", "minMember", "min_member", "template"}
@@ -122,6 +137,15 @@ class ClusterShape:
     pin_shards: bool = False
     """Shard i runs on CPU i mod cores only, as ``taskset`` would: the capacity model's check
     (bench/capacity.py) that shards on cores of their own scale as predicted."""
+    node_list: str = ""
+    """An openb-format node list (absolute path): the hollow nodes are ``nodes`` of its rows,
+    evenly spaced, each of its own cpu, memory, cards and model (``selected_nodes``)."""
+
+    def selected_nodes(self) -> list[ListedNode]:
+        """The rows of ``node_list`` this cluster serves: ``nodes`` of them, evenly spaced
+        through the list (its mix of models and sizes kept), all of them when equal."""
+        listed = load_node_list(self.node_list)
+        return [listed[i * len(listed) // self.nodes] for i in range(self.nodes)]
 
     @property
     def nodeagents(self) -> int:
@@ -142,6 +166,9 @@ class PodPhase:
     """Other Job spec fields (``priority``, ``preemptible``, ...) as written in a manifest."""
     queues: int = 0
     """Jobs go round-robin to queues ``tenant-0`` .. ``tenant-<queues-1>`` (0: the default)."""
+    gpu_shares: str = ""
+    """An openb pod list (trace name or path): each job's pods take one of its GPU-share tasks'
+    shapes (``share_shapes``); empty: every pod is the template as written."""
 
     def queue_names(self) -> list[str]:
         return [f"{TENANT_QUEUE_PREFIX}{i}" for i in range(self.queues)]
@@ -161,6 +188,7 @@ class PodPhase:
             "per_node": self.per_node,
             "rate": self.rate,
             "queues": self.queues,
+            "gpu_shares": self.gpu_shares,
         }
 
     @classmethod
@@ -416,12 +444,14 @@ def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
     pin_shards = doc.get("pin_shards", False)
     if not isinstance(pin_shards, bool):
         raise WorkloadError(f"{src}: cluster.pin_shards: must be true or false")
+    nodes = _int(doc.get("nodes"), src, "cluster.nodes", minimum=1)
+    node_list = _node_list(doc.get("node_list", ""), node, nodes, src)
     args: dict[str, dict[str, str]] = {}
     for kind in SERVICE_KINDS:
         flags = _mapping(doc.get(kind, {}), src, f"cluster.{kind}")
         args[kind] = {str(k): _flag(v) for k, v in flags.items()}
     return ClusterShape(
-        nodes=_int(doc.get("nodes"), src, "cluster.nodes", minimum=1),
+        nodes=nodes,
         cpu_milli=cpu,
         memory_bytes=memory,
         max_pods=_int(node.get("pods", 110), src, "cluster.node.pods", minimum=1),
@@ -434,7 +464,43 @@ def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
         ),
         service_args={k: v for k, v in args.items() if v},
         pin_shards=pin_shards,
+        node_list=node_list,
     )
+
+
+def _node_list(value: Any, node: dict[str, Any], nodes: int, src: str) -> str:
+    """``cluster.node_list`` as an absolute path ("" without one), its rows checked."""
+    if value == "":
+        return ""
+    if not isinstance(value, str):
+        raise WorkloadError(f"{src}: cluster.node_list: must be a path (got {value!r})")
+    if node:
+        raise WorkloadError(
+            f"{src}: cluster.node: the node list gives each node its shape: no node with it"
+        )
+    path = Path(value) if Path(value).is_absolute() else REPO_ROOT / value
+    try:
+        listed = load_node_list(path)
+    except ValueError as exc:
+        raise WorkloadError(f"{src}: cluster.node_list: {exc}") from None
+    if nodes > len(listed):
+        raise WorkloadError(
+            f"{src}: cluster.nodes: the node list has {len(listed)} nodes (got {nodes})"
+        )
+    return str(path)
+
+
+@functools.cache
+def share_shapes(pod_list: str) -> tuple[TaskShape, ...]:
+    """The GPU-share tasks of an openb pod list (a name of ``bench.gputrace.POD_LISTS`` or a
+    path from the repository's root), in file order; TraceError if it has none."""
+    path = POD_LISTS.get(pod_list) or (
+        Path(pod_list) if Path(pod_list).is_absolute() else REPO_ROOT / pod_list
+    )
+    shapes = tuple(pod.shape for pod in load_pods(path) if pod.shape.is_share)
+    if not shapes:
+        raise TraceError(f"{path}: no GPU-share tasks (num_gpu 1, gpu_milli 1..999)")
+    return shapes
 
 
 def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> PodPhase:
@@ -464,6 +530,16 @@ def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> 
     if queues and "queue" in job:
         raise WorkloadError(f"{src}: {at}.job.queue: set by the phase's queues")
     job_template(template, 1, 1, node="node-0", source=f"{src}: {at}", job=job)  # validates it
+    gpu_shares = doc.get("gpu_shares", "")
+    if not isinstance(gpu_shares, str):
+        raise WorkloadError(f"{src}: {at}.gpu_shares: must be a trace name or a path")
+    if gpu_shares:
+        if per_node:
+            raise WorkloadError(f"{src}: {at}.gpu_shares: not with per_node")
+        try:
+            share_shapes(gpu_shares)
+        except TraceError as exc:
+            raise WorkloadError(f"{src}: {at}.gpu_shares: {exc}") from None
     return PodPhase(
         count=count,
         job_size=job_size,
@@ -474,6 +550,7 @@ def _phase(doc: dict[str, Any], src: str, at: str, *, measured: bool = True) -> 
         rate=_number(doc.get("rate", 0), src, f"{at}.rate", minimum=0),
         job=job,
         queues=queues,
+        gpu_shares=gpu_shares,
     )
 
 

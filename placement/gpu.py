@@ -45,6 +45,10 @@ MODEL_NOT_ACCEPTED = "GPU model not accepted"
 NO_CARD_SHARE = "no GPU card with enough free share"
 NO_WHOLE_CARDS = "not enough whole free GPU cards"
 
+# task_shape's instances by (cpu, memory, milli-GPU, models) of the request.
+_SHAPES: dict[tuple[int, int, int, tuple[str, ...]], TaskShape] = {}
+_MAX_SHAPES = 4096
+
 
 def is_share(milli: int) -> bool:
     """Whether a request of ``milli`` milli-GPU is a share of one card (else whole cards)."""
@@ -88,11 +92,12 @@ def fit_failure(node: NodeInfo, req: PodRequest) -> GpuFailure | None:
         return GpuFailure(MODEL_NOT_ACCEPTED, unresolvable=True)
     used = node.card_used
     if is_share(milli):
-        if used and all(MILLI_PER_CARD - u < milli for u in used):
+        # No card has the share free: even the least used one (min: no per-card Python loop).
+        if used and MILLI_PER_CARD - min(used) < milli:
             return GpuFailure(NO_CARD_SHARE)
         return None
     want = milli // MILLI_PER_CARD
-    if len(used) >= want and sum(1 for u in used if not u) < want:
+    if len(used) >= want and used.count(0) < want:
         return GpuFailure(NO_WHOLE_CARDS)
     return None
 
@@ -112,11 +117,20 @@ def node_state(node: NodeInfo, pool: str) -> GpuNodeState:
 
 
 def task_shape(req: PodRequest) -> TaskShape:
-    """What ``req`` asks of one node, as the fragmentation measures read it."""
-    milli = req.requests.gpus
-    cards = cards_needed(milli) if milli else 0
-    per_card = milli if is_share(milli) else (MILLI_PER_CARD if milli else 0)
-    return TaskShape(req.requests.cpu, req.requests.mem, cards, per_card, frozenset(req.gpu_models))
+    """What ``req`` asks of one node, as the fragmentation measures read it (one instance per
+    distinct request: building and checking a TaskShape per pod cost more than the lookup)."""
+    requests = req.requests
+    key = (requests.cpu, requests.mem, requests.gpus, req.gpu_models)
+    found = _SHAPES.get(key)
+    if found is None:
+        milli = requests.gpus
+        cards = cards_needed(milli) if milli else 0
+        per_card = milli if is_share(milli) else (MILLI_PER_CARD if milli else 0)
+        found = TaskShape(requests.cpu, requests.mem, cards, per_card, frozenset(req.gpu_models))
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()  # a bound on memory; forgetting costs a rebuild each
+        _SHAPES[key] = found
+    return found
 
 
 def choose_cards(

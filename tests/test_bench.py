@@ -39,6 +39,7 @@ from services.runtime.metrics import MetricsServer
 from store.metrics import INFORMER_LAG
 
 ROOT = Path(__file__).resolve().parent.parent
+OPENB_NODES = "bench/data/openb/openb_node_list_gpu_node.csv"
 
 VALID: dict[str, Any] = {
     "name": "w",
@@ -95,9 +96,27 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("variants", [], "variants: must be a non-empty list"),
         ("variants", [{"name": "a"}, {"name": "a"}], "duplicate variant 'a'"),
         ("variants", [{"name": "a", "nodes": 3}], "variants[0].nodes: unknown field"),
+        ("cluster.node_list", "no/such.csv", "cluster.node_list: "),
+        ("cluster.node_list", 3, "cluster.node_list: must be a path"),
+        (
+            "cluster",
+            {"nodes": 10, "node_list": OPENB_NODES, "node": {"cpu": "4"}},
+            "cluster.node: the node list gives each node its shape",
+        ),
+        (
+            "cluster",
+            {"nodes": 1214, "node_list": OPENB_NODES},
+            "cluster.nodes: the node list has 1213 nodes (got 1214)",
+        ),
+        ("measured.gpu_shares", "no/such.csv", "measured.gpu_shares: "),
+        ("measured.gpu_shares", 1, "measured.gpu_shares: must be a trace name or a path"),
+        ("measured.gpu_shares", "multigpu20", ""),  # has shares: valid
     ],
 )
 def test_invalid_workload_names_file_and_field(path: str, value: Any, message: str) -> None:
+    if not message:
+        workload.parse(_with(path, value), Path("w.yaml"))
+        return
     with pytest.raises(WorkloadError) as err:
         workload.parse(_with(path, value), Path("w.yaml"))
     assert "w.yaml" in str(err.value)
@@ -253,6 +272,43 @@ def test_jobs_gangs_and_batches() -> None:
     assert [j.spec.template.node_selector["hostname"] for j in pinned] == ["n-0", "n-1"]
 
 
+def test_gpu_share_jobs_take_the_traces_share_shapes_the_same_every_run() -> None:
+    """``gpu_shares``: each job's pods are one share task of the trace (gpu 1, its gpuMilli,
+    cpu and memory), drawn at random but seeded, so every run submits the same jobs."""
+    phase = PodPhase(
+        count=2000, job_size=100, template={"requests": {"cpu": "1"}}, gpu_shares="default"
+    )
+    jobs = build_jobs("m", phase)
+    trace = {(s.cpu_milli, s.memory, s.gpu_milli) for s in workload.share_shapes("default")}
+    drawn = [
+        (j.spec.template.requests.milli_cpu, j.spec.template.requests.memory_bytes,
+         j.spec.template.gpu_milli)
+        for j in jobs
+    ]  # fmt: skip
+    assert all(j.spec.template.requests.gpus == 1 for j in jobs)
+    assert set(drawn) <= trace and len(set(drawn)) > 5
+    assert drawn == [
+        (j.spec.template.requests.milli_cpu, j.spec.template.requests.memory_bytes,
+         j.spec.template.gpu_milli)
+        for j in build_jobs("m", phase)
+    ]  # fmt: skip
+
+
+def test_a_node_list_cluster_serves_evenly_spaced_rows_of_the_list(tmp_path: Path) -> None:
+    """``cluster.node_list``: ``nodes`` rows of the list, evenly spaced, as hollow nodes each of
+    its own shape; the harness writes them where the node agents read them."""
+    suite = workload.load("GpuShares-1213", quick=True)
+    shape = suite.runs[0].cluster
+    rows = shape.selected_nodes()
+    assert len(rows) == shape.nodes == 100 and len({r.name for r in rows}) == 100
+    assert len({r.gpu_model for r in rows}) > 3  # the mix of models kept
+    spec = harness._cluster_spec(suite.runs[0], "no", tmp_path)
+    assert spec.hollow_node_list and [n.name for n in spec.node_list() or []] == [
+        r.name for r in rows
+    ]
+    assert "--hollow-gpus" not in spec.args_for("nodeagent-0", "nodeagent")
+
+
 def test_phase_job_fields_and_preempting_workloads() -> None:
     """A phase's ``job`` sets the other Job spec fields; measured pods that outrank the init
     pods make a preempting workload (progress counted by the measured pods' claims)."""
@@ -311,6 +367,25 @@ def test_quick_workload_end_to_end(tmp_path: Path) -> None:
     for png in pngs:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| SchedulingBasic-500 |" in stdout
+
+
+@pytest.mark.timeout(180)
+def test_gpu_shares_quick_form_binds_every_share_and_reports_cpu_per_pod(tmp_path: Path) -> None:
+    """GpuShares-1213's quick form (issue 30's speed target, at 100 of the trace's nodes), its
+    godel variant: every share pod bound, and the report gives the CPU per pod."""
+    doc = yaml.safe_load((ROOT / "bench/workloads/GpuShares-1213.yaml").read_text())
+    doc.pop("baseline")
+    doc["variants"] = [v for v in doc["variants"] if v["name"] == "godel"]
+    doc["cluster"]["node_list"] = str(ROOT / OPENB_NODES)
+    path = tmp_path / "GpuShares-1213.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    _run_quick(str(path), tmp_path / "out", 150)
+    [report_json] = (tmp_path / "out").glob("*.json")
+    [run] = json.loads(report_json.read_text())["runs"]
+    assert run["bound"] == run["measured_pods"] == 300
+    assert run["cluster"]["nodes"] == 100
+    md = report_json.with_suffix(".md").read_text()
+    assert "CPU ms (user+sys) per measured pod" in md and "| shards |" in md
 
 
 def _run_singles_only(name: str, tmp_path: Path, timeout: float, **extra: Any) -> dict[str, Any]:

@@ -175,8 +175,51 @@ def test_the_share_policy_is_the_scores_latest() -> None:
     assert isinstance(plugin, GpuFragmentation)
     plugin.score(share_pod("p", 400), card_node("n", (0,)))
     policy = framework.share_policy()
-    assert isinstance(policy, FgdFillPolicy)
-    assert policy.mix.shapes == ((shape(400), 1),)
+    assert policy is not None and isinstance(plugin.policy, FgdFillPolicy)
+    assert plugin.policy.mix.shapes == ((shape(400), 1),)
+    # The share policy answers as the plugin's latest policy does.
+    state = gpu.node_state(card_node("m", (0, 300)), "g")
+    assert policy.choose(state, shape(400)) == plugin.policy.choose(state, shape(400))
+
+
+def test_a_shares_card_is_remembered_from_scoring_not_chosen_again() -> None:
+    """The card choice for a share on the node the search picked is the answer the score
+    computed for that node's state (one evaluation of the policy per state, not a second one
+    when the pod is assumed): asked again, the same answer, not a recomputed one."""
+    framework = Framework(Profile(), new_in_tree_registry())
+    plugin = framework.plugins["GpuFragmentation"]
+    assert isinstance(plugin, GpuFragmentation)
+    node, pod = card_node("n", (500, 300)), share_pod("p", 400)
+    plugin.score(pod, node)
+    policy = framework.share_policy()
+    assert policy is not None
+    state, task = gpu.node_state(node, "g"), gpu.task_shape(pod.req)
+    first = policy.choose(state, task)
+    assert first is not None and policy.choose(state, task) is first
+    assert first == plugin.policy.choose(state, task)
+
+
+@pytest.mark.parametrize("policy_name", ["fgd-fill", "fgd"])
+def test_remembered_cards_are_the_policys_own_whatever_the_cards_order(policy_name: str) -> None:
+    """Nodes alike but for the order of their cards score alike from one cache entry; the card
+    each is given is still the one the policy picks on that node's own order (FGD breaks a tie
+    by the lower index, so the orders pick different amounts)."""
+    profile = Profile(args={"GpuFragmentation": {"policy": policy_name}})
+    framework = Framework(profile, new_in_tree_registry())
+    plugin = framework.plugins["GpuFragmentation"]
+    assert isinstance(plugin, GpuFragmentation)
+    pod = share_pod("p", 200)
+    nodes = [
+        card_node(f"n{i}", used)
+        for i, used in enumerate([(0, 500, 300, 500), (300, 500, 0, 500), (500, 500, 300, 0)])
+    ]
+    scores = {plugin.score(pod, n) for n in nodes}
+    assert len(scores) == 1
+    policy = framework.share_policy()
+    assert policy is not None
+    for n in nodes:
+        own = gpu.choose_cards(n, pod.req, plugin.policy)
+        assert gpu.choose_cards(n, pod.req, policy) == own
 
 
 def test_a_profile_without_the_score_chooses_best_fit() -> None:

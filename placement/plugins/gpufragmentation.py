@@ -26,7 +26,11 @@ Cost: a node's answer depends only on (model, the cards' use in any order, free 
 and memory of the pod's pool), the ``Fleet`` grouping of ``placement.gpufrag``: answers are
 cached by that key per task shape, so scoring thousands of alike nodes costs a tuple and a dict
 lookup each (``bench/gpuscore_micro.py``). A new shape or a rebuilt policy scores each distinct
-state once again. Like every non-normalizing score, a node's answer is cached by the search's
+state once again. The card a share takes on the chosen node (``share_policy``, which
+``gpu.choose_cards`` asks when the pod is assumed) is the policy's choice on that node's exact
+state, kept when the state was scored (a memo of a pure function: the same answer), so placing
+a share costs no second evaluation of the policy: in GpuShares-1213 it was most of a share's
+search CPU. Like every non-normalizing score, a node's answer is cached by the search's
 feasible-node cache until the node changes, so a mix learned meanwhile reaches it then.
 """
 
@@ -59,6 +63,21 @@ POLICIES = ("fgd-fill", "fgd", "best-fit", "packing")
 _NEUTRAL = MAX_NODE_SCORE // 2
 # Packing tiers (GpuPackingPolicy: 0 a shared card, 1 a node in use, 2 an idle node).
 _TIER_POINTS = 40
+
+# A node state as the policies read it, the cards in their own order: the key of a remembered
+# choice (a plain tuple hashes and compares faster than the dataclass).
+_ExactState = tuple[str, tuple[int, ...], int, int, int, int]
+
+
+def _exact(state: GpuNodeState) -> _ExactState:
+    return (
+        state.model,
+        state.free_milli,
+        state.cpu_milli,
+        state.memory,
+        state.cpu_capacity_milli,
+        state.memory_capacity,
+    )
 
 
 @dataclass(frozen=True)
@@ -94,6 +113,11 @@ class GpuFragmentation:
         # raw score. Cleared when the policy is rebuilt.
         self._scores: dict[TaskShape, dict[tuple[object, ...], int]] = {}
         self._current: dict[tuple[object, ...], int] = {}
+        # Per task shape: the policy's choice on a node state, cards in their own order (which
+        # card of equal ones it takes may depend on it). Cleared with the scores.
+        self._choices: dict[TaskShape, dict[_ExactState, Choice | None]] = {}
+        self._current_choices: dict[_ExactState, Choice | None] = {}
+        self._remembered = _RememberedChoices(self)
 
     def _build(self) -> Policy:
         policy = self.args.policy
@@ -107,11 +131,27 @@ class GpuFragmentation:
             return BestFitPolicy()
         return GpuPackingPolicy()
 
+    @property
+    def policy(self) -> Policy:
+        """The policy the scores are the answers of (rebuilt as the mix is learned)."""
+        return self._policy
+
     def share_policy(self) -> Policy | None:
         """The policy a shard's card choice for a share follows (``gpu.choose_cards``), so the
-        card it proposes is the one this score assumed; None: best fit (the same card for
-        best-fit and packing)."""
-        return self._policy if self._learns else None
+        card it proposes is the one this score assumed: the current ``policy``, its choices
+        remembered from scoring (``choose``); None: best fit (the same card for best-fit and
+        packing)."""
+        return self._remembered if self._learns else None
+
+    def choose(self, state: GpuNodeState, task: TaskShape) -> Choice | None:
+        """``policy.choose(state, task)``, remembered: a node scored in this state for this
+        task has it already."""
+        choices = self._choices.setdefault(task, {})
+        key = _exact(state)
+        if key in choices:
+            return choices[key]
+        found = choices[key] = self._policy.choose(state, task)
+        return found
 
     def learn(self, shapes: Iterable[TaskShape]) -> None:
         """Start the mix afresh from ``shapes`` (the last ``window`` of them), as if these were
@@ -133,6 +173,8 @@ class GpuFragmentation:
         """Drop every cached answer, as a rebuilt policy does (``bench/gpuscore_micro.py``)."""
         for answers in self._scores.values():
             answers.clear()
+        for choices in self._choices.values():
+            choices.clear()
 
     def observe(self, pod: PodInfo) -> None:
         """Take a new GPU pod's shape into the mix (once per pod, before its nodes are scored)."""
@@ -147,7 +189,9 @@ class GpuFragmentation:
                 self._since_refresh = 0
                 self._policy = self._build()
                 self._scores.clear()
+                self._choices.clear()
         self._current = self._scores.setdefault(shape, {})
+        self._current_choices = self._choices.setdefault(shape, {})
 
     def score(self, pod: PodInfo, node: NodeInfo) -> int:
         req = pod.req
@@ -170,7 +214,10 @@ class GpuFragmentation:
             shape = self._shape
             assert shape is not None  # set by observe
             state = node_state(node, req.pool)
-            found = self._current[key] = self._points(state, self._policy.choose(state, shape))
+            choice = self._policy.choose(state, shape)
+            if self._learns:  # only a learning policy chooses a share's card (share_policy)
+                self._current_choices[_exact(state)] = choice
+            found = self._current[key] = self._points(state, choice)
         return found
 
     def _points(self, state: GpuNodeState, choice: Choice | None) -> int:
@@ -189,6 +236,26 @@ class GpuFragmentation:
         return _clamp((2 - tier) * _TIER_POINTS + spare - spare * gpu_left // cards_total)
 
 
+class _RememberedChoices:
+    """The GpuFragmentation plugin's current policy as ``gpu.choose_cards`` asks it for a
+    share's card, answered from the choices the plugin kept while scoring."""
+
+    def __init__(self, plugin: GpuFragmentation) -> None:
+        self._plugin = plugin
+
+    @property
+    def name(self) -> str:
+        return self._plugin.policy.name
+
+    @property
+    def policy(self) -> Policy:
+        """The policy answering (the plugin's current one)."""
+        return self._plugin.policy
+
+    def choose(self, node: GpuNodeState, task: TaskShape) -> Choice | None:
+        return self._plugin.choose(node, task)
+
+
 def _clamp(points: int) -> int:
     return max(0, min(MAX_NODE_SCORE, points))
 
@@ -198,4 +265,5 @@ def new(args: GpuFragmentationArgs) -> GpuFragmentation:
 
 
 _check: type[ScorePlugin] = GpuFragmentation
+_check_policy: type[Policy] = _RememberedChoices
 SPEC = PluginSpec(NAME, GpuFragmentationArgs, new)
