@@ -12,7 +12,7 @@ import pytest
 from placement.framework import Framework, PluginConfigError, PodInfo, Profile
 from placement.gpufrag import FgdFillPolicy
 from placement.nodeinfo import NodeInfo, PodRequest
-from placement.plugins import new_in_tree_registry
+from placement.plugins import gpufragmentation, new_in_tree_registry
 from protos.godel.v1 import objects_pb2 as pb
 from services.rescheduler.framework import ClusterView, Move, RunningPod, allow_all
 from services.rescheduler.metrics import (
@@ -282,6 +282,9 @@ def test_the_simulation_learns_the_running_shapes_afresh_each_round() -> None:
         [share("s1", "a", 300, 0), share("s2", "b", 300, 0), whole("w", "b", (1,))],
     )
     policy = runner.learn_shapes(view)
-    assert isinstance(policy, FgdFillPolicy)
-    assert policy.mix == running_mix(view)
-    assert runner.scheduling.share_policy() is policy
+    # The score's card choice for a share: its current policy, answers remembered from scoring.
+    assert policy is not None and runner.scheduling.share_policy() is policy
+    score = runner.scheduling.plugins[gpufragmentation.NAME]
+    assert isinstance(score, gpufragmentation.GpuFragmentation)
+    assert isinstance(score.policy, FgdFillPolicy)
+    assert score.policy.mix == running_mix(view)

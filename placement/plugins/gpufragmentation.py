@@ -168,6 +168,7 @@ class GpuFragmentation:
         self._last_pod = ""
         self._policy = self._build()
         self._scores.clear()
+        self._choices.clear()  # the old policy's choices, no longer this one's
 
     def forget_scores(self) -> None:
         """Drop every cached answer, as a rebuilt policy does (``bench/gpuscore_micro.py``)."""
