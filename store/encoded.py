@@ -71,6 +71,15 @@ class EncodedObjects(MutableMapping[str, M], Generic[M]):
     def put_encoded(self, name: str, data: bytes) -> None:
         self._data[name] = data
 
+    def encoded_items(self) -> Iterator[tuple[str, bytes]]:
+        """Each name and its stored bytes, not decoded (a reader decoding them all at once:
+        ``message_class.FromString``, without a method call per object)."""
+        return iter(self._data.items())
+
+    @property
+    def message_class(self) -> type[M]:
+        return self._message
+
     def copy(self) -> EncodedObjects[M]:
         """A copy sharing the bytes (a pointer per object): safe to read on another thread
         while this one keeps changing."""

@@ -1,0 +1,73 @@
+"""A service's restart cost in-process: CPU seconds until a dispatcher, a scheduler shard or a
+Binder answers SERVING over a store filled by ``bench.dispatcher_start fill`` (bench/README.md,
+"Restart at scale").
+
+    python -m bench.dispatcher_start fill --store-url URL --cluster C --nodes 2000 --jobs 100 --pods 1000
+    python -m bench.service_start scheduler --store-url URL --cluster C [--profile out.prof]
+
+Prints one JSON line: ``cpu_s`` (``time.process_time`` from before the service is built to
+SERVING; the interpreter and imports excluded, paid before) and ``wall_s``. ``--profile``
+writes a cProfile of the start (its CPU then inflated by the profiler)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from services.binder.config import BinderConfig
+from services.binder.service import BinderService
+from services.dispatcher.service import DispatcherConfig, DispatcherService
+from services.runtime import ServiceHost
+from services.scheduler.service import SchedulerConfig, SchedulerService
+
+KINDS: dict[str, tuple[Any, Any]] = {
+    "dispatcher": (DispatcherService, DispatcherConfig),
+    "scheduler": (SchedulerService, SchedulerConfig),
+    "binder": (BinderService, BinderConfig),
+}
+
+
+async def start(kind: str, url: str, cluster: str, profile: str) -> dict[str, float]:
+    service_cls, config_cls = KINDS[kind]
+    with tempfile.TemporaryDirectory() as home:
+        config = config_cls(
+            name=f"{kind}-bench",
+            port=0,
+            store_url=url,
+            cluster=cluster,
+            home=Path(home),
+            insecure=True,
+        )
+        profiler = cProfile.Profile() if profile else None
+        cpu, wall = time.process_time(), time.monotonic()
+        if profiler:
+            profiler.enable()
+        async with ServiceHost(service_cls, config):
+            if profiler:
+                profiler.disable()
+                profiler.dump_stats(profile)
+            return {
+                "cpu_s": round(time.process_time() - cpu, 3),
+                "wall_s": round(time.monotonic() - wall, 3),
+            }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("kind", choices=sorted(KINDS))
+    parser.add_argument("--store-url", required=True)
+    parser.add_argument("--cluster", required=True)
+    parser.add_argument("--profile", default="", help="write a cProfile of the start here")
+    args = parser.parse_args()
+    result = asyncio.run(start(args.kind, args.store_url, args.cluster, args.profile))
+    print(json.dumps({"kind": args.kind, **result}))
+
+
+if __name__ == "__main__":
+    main()
