@@ -367,8 +367,7 @@ class Informer:
             if isinstance(new, EncodedObjects) and self._selector is None:
                 # Kept as listed, the resource version appended: not decoded and encoded again
                 # (two thirds of a listing's own time); decoded once below, for the handlers.
-                for name, data in listing.encoded(kind):
-                    new.put_encoded(name, data)
+                new.put_many_encoded(listing.encoded(kind))
                 continue
             for obj in listing.objects(kind):
                 if self._selector is None or self._selector(kind, obj):

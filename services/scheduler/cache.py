@@ -161,7 +161,9 @@ class SchedulerCache:
                 self._give_back_hold(assumed)
             if accounted is None:
                 self._unaccount(name, assumed.node)
-        info = self._node(node_name)
+        info = self.nodes.get(node_name)
+        if info is None:
+            info = self._node(node_name)
         info.add_pod(record.req)
         # Keyed by the record's own name and holding the node's: no string copied per pod.
         self.bound[record.name] = (info.name, record)
