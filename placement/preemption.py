@@ -179,12 +179,21 @@ class VictimCandidate:
                 protected_until_ms(pod),
                 pod.status.preempted_by,
             )
-        req = PodRequest.from_pod(pod) if request is None else request
-        # Each submessage read once, protected_until_ms's rule on them, and the record made
-        # without the frozen dataclass's __init__ (``_made_candidate``): every bound pod comes
-        # through here when a shard (re)starts.
-        spec = pod.spec
-        status = pod.status
+        return cls.from_parts(pod.metadata, pod.spec, pod.status, request)
+
+    @classmethod
+    def from_parts(
+        cls,
+        meta: pb.ObjectMeta,
+        spec: pb.PodSpec,
+        status: pb.PodStatus,
+        request: PodRequest | None = None,
+    ) -> VictimCandidate:
+        """``from_pod`` (no ``held``) of the pod with these parts, for a caller that read them
+        already. Each read once, protected_until_ms's rule on them, and the record made without
+        the frozen dataclass's __init__ (``_made_candidate``): every bound pod comes through
+        here when a shard (re)starts."""
+        req = PodRequest.from_parts(meta, spec) if request is None else request
         started = status.started_ms
         seconds = spec.protection_seconds
         return _made_candidate(

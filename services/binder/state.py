@@ -248,13 +248,14 @@ class ClusterState:
         return info
 
     def _place(self, pod: pb.Pod, name: str, job: str) -> None:
-        node = pod.spec.node_name
+        spec = pod.spec
+        node = spec.node_name
         current = self.pod_node.get(name)
         if current == node:
             return
         if current is not None:
             self._unplace(name, job)
-        req = PodRequest.from_pod(pod)
+        req = PodRequest.from_parts(pod.metadata, spec)
         self.info_for(node).add_pod(req)
         self.anti_placed += bool(req.anti_terms)
         if self.topology.active:
