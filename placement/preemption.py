@@ -179,17 +179,71 @@ class VictimCandidate:
                 protected_until_ms(pod),
                 pod.status.preempted_by,
             )
-        req = PodRequest.from_pod(pod) if request is None else request
-        return cls(
+        return cls.from_parts(pod.metadata, pod.spec, pod.status, request)
+
+    @classmethod
+    def from_parts(
+        cls,
+        meta: pb.ObjectMeta,
+        spec: pb.PodSpec,
+        status: pb.PodStatus,
+        request: PodRequest | None = None,
+    ) -> VictimCandidate:
+        """``from_pod`` (no ``held``) of the pod with these parts, for a caller that read them
+        already. Each read once, protected_until_ms's rule on them, and the record made without
+        the frozen dataclass's __init__ (``_made_candidate``): every bound pod comes through
+        here when a shard (re)starts."""
+        req = PodRequest.from_parts(meta, spec) if request is None else request
+        started = status.started_ms
+        seconds = spec.protection_seconds
+        return _made_candidate(
             req.name,
-            sys.intern(pod.spec.job),  # shared by the job's pods
-            pod.spec.priority,
-            pod.status.started_ms,
+            sys.intern(spec.job),  # shared by the job's pods
+            spec.priority,
+            started,
             req,
-            pod.spec.preemptible,
-            protected_until_ms(pod),
-            pod.status.preempted_by,
+            spec.preemptible,
+            0 if seconds <= 0 else started + seconds * 1000 if started else _NEVER_ENDS,
+            status.preempted_by,
         )
+
+
+_CANDIDATE_SLOTS = tuple(
+    getattr(VictimCandidate, slot).__set__ for slot in VictimCandidate.__slots__
+)
+assert VictimCandidate.__slots__ == (
+    "name",
+    "job",
+    "priority",
+    "started_ms",
+    "req",
+    "preemptible",
+    "protected_until_ms",
+    "preempted_by",
+), "VictimCandidate's fields moved: _made_candidate sets them in this order"
+
+
+def _made_candidate(
+    name: str,
+    job: str,
+    priority: int,
+    started_ms: int,
+    req: PodRequest,
+    preemptible: bool,
+    protected_until: int,
+    preempted_by: str,
+) -> VictimCandidate:
+    made = object.__new__(VictimCandidate)
+    s0, s1, s2, s3, s4, s5, s6, s7 = _CANDIDATE_SLOTS
+    s0(made, name)
+    s1(made, job)
+    s2(made, priority)
+    s3(made, started_ms)
+    s4(made, req)
+    s5(made, preemptible)
+    s6(made, protected_until)
+    s7(made, preempted_by)
+    return made
 
 
 def possible_victims(

@@ -79,6 +79,10 @@ class Quantities:
         self.mem += sign * other.mem
         self.gpus += sign * other.gpus
         self.pods += sign * other.pods
+        # Most pods ask no extended resource: no iterator made (a dispatcher's start adds
+        # each bound pod's claim twice).
+        if not other.extended:
+            return
         for k, v in other.extended.items():
             total = self.extended.get(k, 0) + sign * v
             if total:

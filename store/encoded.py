@@ -71,6 +71,19 @@ class EncodedObjects(MutableMapping[str, M], Generic[M]):
     def put_encoded(self, name: str, data: bytes) -> None:
         self._data[name] = data
 
+    def put_many_encoded(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """``put_encoded`` for each (name, bytes): a listing's objects in one call."""
+        self._data.update(items)
+
+    def encoded_items(self) -> Iterator[tuple[str, bytes]]:
+        """Each name and its stored bytes, not decoded (a reader decoding them all at once:
+        ``message_class.FromString``, without a method call per object)."""
+        return iter(self._data.items())
+
+    @property
+    def message_class(self) -> type[M]:
+        return self._message
+
     def copy(self) -> EncodedObjects[M]:
         """A copy sharing the bytes (a pointer per object): safe to read on another thread
         while this one keeps changing."""

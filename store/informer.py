@@ -367,8 +367,7 @@ class Informer:
             if isinstance(new, EncodedObjects) and self._selector is None:
                 # Kept as listed, the resource version appended: not decoded and encoded again
                 # (two thirds of a listing's own time); decoded once below, for the handlers.
-                for name, data in listing.encoded(kind):
-                    new.put_encoded(name, data)
+                new.put_many_encoded(listing.encoded(kind))
                 continue
             for obj in listing.objects(kind):
                 if self._selector is None or self._selector(kind, obj):
@@ -376,6 +375,9 @@ class Informer:
         for kind in self.kinds:
             old, new = self.cache[kind], fresh[kind]
             self.cache[kind] = new
+            if not old:
+                self._deliver_listed(kind, new, listing)
+                continue
             undecodable: list[str] = []
             for name in new:
                 try:
@@ -400,6 +402,42 @@ class Informer:
                 "undecodable object in the store; skipped", kind=kind, name=name, error=str(error)
             )
         self.revision = listing.revision
+
+    def _deliver_listed(
+        self, kind: str, new: MutableMapping[str, StoredObject], listing: StoredListing
+    ) -> None:
+        """The first listing of ``kind`` (nothing cached before: every object an add), handed
+        to its add handlers. What ``_swap_in``'s general loop does, without what the first
+        listing needs none of — a look-up in the empty old cache and the handler routes looked
+        up again per object — as every object a (re)starting service lists comes through here
+        (at 1,000,000 pods, each ~0.1 µs here is 0.1 s of its restart)."""
+        handlers = self._routes.get(("on_add", kind), ())
+        undecodable: list[str] = []
+        if isinstance(new, EncodedObjects):
+            decode = new.message_class.FromString
+            for name, data in new.encoded_items():
+                try:
+                    obj = decode(data)
+                except DecodeError as exc:
+                    listing.errors.append(
+                        (kind, name, InvalidObjectError(f"bytes are not a valid {kind}: {exc}"))
+                    )
+                    undecodable.append(name)
+                    continue
+                for fn in handlers:
+                    try:
+                        fn(kind, obj)
+                    except Exception:
+                        log.exception("informer handler failed", handler="on_add", kind=kind)
+            for name in undecodable:
+                del new[name]
+            return
+        for obj in new.values():
+            for fn in handlers:
+                try:
+                    fn(kind, obj)
+                except Exception:
+                    log.exception("informer handler failed", handler="on_add", kind=kind)
 
     async def _apply_all(self, events: Sequence[WatchEvent]) -> None:
         """Apply a read's events in order, handing the loop to others every

@@ -608,3 +608,36 @@ async def test_handlers_before_start_see_each_listed_object_once_and_late_ones_m
         assert sorted(early) == sorted(replayed) == ["a", "b", "c", "d"] and later == ["d"]
     finally:
         await informer.stop()
+
+
+async def test_a_handler_failing_on_a_listed_object_stops_neither_the_listing_nor_the_others(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first listing hands every object to every add handler of its kind, kept encoded
+    (pods) or not (queues): a handler that raises on one object is logged, and it and the
+    other handlers still get every other object, and the informer syncs."""
+    for i in range(3):
+        await store.create(pb.Pod(metadata=pb.ObjectMeta(name=f"p{i}")))
+        await store.create(pb.Queue(metadata=pb.ObjectMeta(name=f"q{i}")))
+    informer = Informer(store, ["Pod", "Queue"], block_ms=100)
+    failing: list[str] = []
+    others: list[str] = []
+
+    def fail_on_first(_kind: str, obj: Message) -> None:
+        assert isinstance(obj, pb.Pod | pb.Queue)
+        name = obj.metadata.name
+        failing.append(name)
+        if name in ("p0", "q0"):
+            raise RuntimeError("handler bug")
+
+    informer.add_handlers(Handlers(on_add=fail_on_first))
+    informer.add_handlers(Handlers(on_add=lambda _k, o: others.append(o.metadata.name)))
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+        expected = ["p0", "p1", "p2", "q0", "q1", "q2"]
+        assert sorted(failing) == sorted(others) == expected
+        assert informer.count("Pod") == informer.count("Queue") == 3
+        assert "informer handler failed" in capsys.readouterr().out
+    finally:
+        await informer.stop()

@@ -135,9 +135,12 @@ class SchedulerCache:
     # -- pods --------------------------------------------------------------------------------
 
     def set_pod(self, pod: pb.Pod) -> None:
-        name = pod.metadata.name
-        node_name = pod.spec.node_name
-        if not node_name or pod.status.phase in TERMINAL_PHASES:
+        # The pod's parts read once and handed on: every bound pod comes through here when the
+        # shard (re)starts, and a protobuf field read is ~0.3 µs.
+        meta, spec, status = pod.metadata, pod.spec, pod.status
+        name = meta.name
+        node_name = spec.node_name
+        if not node_name or status.phase in TERMINAL_PHASES:
             self.remove_pod(name, keep_assumed=not node_name)
             return
         current = self.bound.get(name)
@@ -156,11 +159,11 @@ class SchedulerCache:
             assumed.req
             if assumed is not None
             and assumed.node == node_name
-            and assumed.req.numa_nodes == tuple(pod.spec.numa_nodes)
-            and assumed.req.gpu_cards == tuple(pod.spec.gpu_cards)
+            and assumed.req.numa_nodes == tuple(spec.numa_nodes)
+            and assumed.req.gpu_cards == tuple(spec.gpu_cards)
             else None
         )
-        record = VictimCandidate.from_pod(pod, request=accounted)
+        record = VictimCandidate.from_parts(meta, spec, status, accounted)
         if current is not None:
             self._unaccount(name, current[0])
         if assumed is not None:
@@ -169,7 +172,9 @@ class SchedulerCache:
                 self._give_back_hold(assumed)
             if accounted is None:
                 self._unaccount(name, assumed.node)
-        info = self._node(node_name)
+        info = self.nodes.get(node_name)
+        if info is None:
+            info = self._node(node_name)
         info.add_pod(record.req)
         # Keyed by the record's own name and holding the node's: no string copied per pod.
         self.bound[record.name] = (info.name, record)

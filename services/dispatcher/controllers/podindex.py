@@ -166,12 +166,16 @@ class PodIndex:
                 feed.discard(obj.metadata.name)
 
     def _put(self, pod: pb.Pod) -> None:
+        # Each field read once: every pod listed at a (re)start comes through here.
         name = pod.metadata.name
-        if pod.spec.node_name:
-            self.by_node.add(pod.spec.node_name, name)
-        if pod.spec.job:
-            self.by_job.add(pod.spec.job, name)
-            self._changed(pod.spec.job)
+        spec = pod.spec
+        node = spec.node_name
+        if node:
+            self.by_node.add(node, name)
+        job = spec.job
+        if job:
+            self.by_job.add(job, name)
+            self._changed(job)
 
     def _drop(self, pod: pb.Pod) -> None:
         name = pod.metadata.name

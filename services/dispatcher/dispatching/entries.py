@@ -97,15 +97,19 @@ class Claim(NamedTuple):
 
     @classmethod
     def of(cls, pod: pb.Pod) -> Claim:
+        # Each submessage read once: every bound pod comes through here when the dispatcher
+        # (re)starts.
+        meta = pod.metadata
+        spec = pod.spec
         return cls(
-            pod.metadata.name,
+            meta.name,
             sys.intern(queue_of(pod)),
-            pool_of(pod.spec.qos),
-            Quantities.shared_request(pod.spec.template),
-            pod.spec.priority,
+            pool_of(spec.qos),
+            Quantities.shared_request(spec.template),
+            spec.priority,
             pod.status.started_ms,
-            bool(pod.metadata.deletion_timestamp_ms),
-            sys.intern(pod.spec.node_name),
+            bool(meta.deletion_timestamp_ms),
+            sys.intern(spec.node_name),
         )
 
 

@@ -52,6 +52,11 @@ class ViewFeed:
         return self._bound_pods.get(job, 0)
 
     def on_add(self, kind: str, obj: Message) -> None:
+        if type(obj) is pb.Pod:
+            # What _on_change does with a new pod, straight: every pod listed at a (re)start
+            # comes through here.
+            self._track_pod(obj)
+            return
         self._on_change(kind, None, obj)
 
     def on_update(self, kind: str, old: Message, new: Message) -> None:
@@ -132,8 +137,9 @@ class ViewFeed:
         return released
 
     def _track_pod(self, pod: pb.Pod) -> None:
-        if pod.spec.node_name and pod.status.phase in _BOUND_PHASES:
-            job = sys.intern(pod.spec.job)  # one string per job, not per bound pod
+        spec = pod.spec
+        if spec.node_name and pod.status.phase in _BOUND_PHASES:
+            job = sys.intern(spec.job)  # one string per job, not per bound pod
             self._bound_job_of[pod.metadata.name] = job
             self._bound_pods[job] += 1
         if self.queue.add_pod(pod, int(time.time() * 1000)):

@@ -42,7 +42,10 @@ class QuotaLedger:
     def claim(self, claim: Claim) -> None:
         """A pod holds a claim: it takes room and counts towards its queue's usage."""
         self._room.claim(claim.name, claim)
-        self.usage.setdefault(claim.queue, Quantities()).add(claim.requests)
+        usage = self.usage.get(claim.queue)
+        if usage is None:  # not setdefault: a Quantities made per claim, kept for none
+            usage = self.usage[claim.queue] = Quantities()
+        usage.add(claim.requests)
 
     def release(self, pod: str) -> Claim | None:
         """The pod's claim (if it held one) is gone: its room is free again."""

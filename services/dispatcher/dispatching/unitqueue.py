@@ -405,11 +405,12 @@ class UnitQueue:
     def add_pod(self, pod: pb.Pod, now_ms: int) -> bool:
         """Count a pod: its claim towards its queue's usage, and if pending, into its job's
         unit. True when a unit joined its queue's heap (a round may send it)."""
-        name = pod.metadata.name
         if holds_claim(pod):
             self._ledger.claim(Claim.of(pod))
+            return False  # not pending: a pod holding a claim is bound
         if not is_pending(pod):
             return False
+        name = pod.metadata.name
         entry = self.units.get(pod.spec.job)
         if entry is None:
             self._seq += 1
