@@ -156,6 +156,9 @@ class VictimCandidate:
     preemptible: bool = True
     protected_until_ms: int = 0  # see protected_until_ms()
     preempted_by: str = ""
+    # The node it is bound to, one string per node ("" where the holder knows it otherwise):
+    # the shard's cache keeps the record alone per bound pod, not a (node, record) pair.
+    node: str = ""
 
     @classmethod
     def from_pod(
@@ -163,11 +166,12 @@ class VictimCandidate:
         pod: pb.Pod,
         held: VictimCandidate | None = None,
         request: PodRequest | None = None,
+        node: str = "",
     ) -> VictimCandidate:
         """``held``: the pod's record while it stayed on the same node, whose request (and so
-        job and name) still stands; only what a later state changes is read again.
+        job, name and node) still stands; only what a later state changes is read again.
         ``request``: the pod's request as its node already accounts it (an assumed placement
-        now bound), shared rather than read again."""
+        now bound), shared rather than read again. ``node``: the record's node."""
         if held is not None:
             return cls(
                 held.name,
@@ -178,6 +182,7 @@ class VictimCandidate:
                 held.preemptible,
                 protected_until_ms(pod),
                 pod.status.preempted_by,
+                held.node,
             )
         req = PodRequest.from_pod(pod) if request is None else request
         return cls(
@@ -189,6 +194,7 @@ class VictimCandidate:
             pod.spec.preemptible,
             protected_until_ms(pod),
             pod.status.preempted_by,
+            node,
         )
 
 

@@ -232,7 +232,7 @@ class ClusterState:
             self.budget_members.set_pod(pod)
         self.all_job_pods.add(pod.spec.job, name)
         if holds_claim(pod):
-            self._place(pod)
+            self._place(pod, name)
         else:
             self._unplace(name, pod.spec.job)
 
@@ -244,19 +244,22 @@ class ClusterState:
             info = self.infos[node] = NodeInfo(node, ready=False)
         return info
 
-    def _place(self, pod: pb.Pod) -> None:
-        name, node = pod.metadata.name, pod.spec.node_name
+    def _place(self, pod: pb.Pod, name: str) -> None:
+        """``name``: the pod's, one string shared by every index of it (the placed pods' maps,
+        the node's request, the job's names)."""
+        node = pod.spec.node_name
         current = self.pod_node.get(name)
         if current == node:
             return
         if current is not None:
             self._unplace(name, pod.spec.job)
-        req = PodRequest.from_pod(pod)
-        self.info_for(node).add_pod(req)
+        req = PodRequest.from_pod(pod, name)
+        info = self.info_for(node)
+        info.add_pod(req)
         self.anti_placed += bool(req.anti_terms)
         if self.topology.active:
             self.topology.add(node, req)
-        self.pod_node[name] = node
+        self.pod_node[name] = info.name  # the node's own string, not a copy per pod
         self.job_pods.add(pod.spec.job, name)
         queue = self.pod_queue[name] = sys.intern(queue_of(pod))
         usage = self.queue_usage.get(queue)

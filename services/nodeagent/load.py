@@ -29,6 +29,7 @@ few refreshes as no load at all (a dead agent's nodes fall back to their request
 
 from __future__ import annotations
 
+import sys
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -168,7 +169,7 @@ class _Use:
 
 def pod_use(pod: pb.Pod) -> _Use:
     r, t = pod.spec.template.requests, pod.spec.template
-    node = pod.spec.node_name
+    node = sys.intern(pod.spec.node_name)  # one string per node, not one per pod
     if t.hollow_usage_percent > 0:
         pct = t.hollow_usage_percent
         return _Use(node, 0, 0, r.milli_cpu * pct // 100, r.memory_bytes * pct // 100)

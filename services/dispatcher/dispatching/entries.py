@@ -98,7 +98,9 @@ class Claim(NamedTuple):
     @classmethod
     def of(cls, pod: pb.Pod) -> Claim:
         return cls(
-            pod.metadata.name,
+            # Interned: the pod's name is kept by three of the dispatcher's indexes (the claims,
+            # the dispatch feed's bound pods, the pod index), one string for all of them.
+            sys.intern(pod.metadata.name),
             sys.intern(queue_of(pod)),
             pool_of(pod.spec.qos),
             Quantities.shared_request(pod.spec.template),
