@@ -159,10 +159,14 @@ class PodRun:
 
     def keep(self, pod: pb.Pod, encoded: bytes | None = None) -> None:
         """Remember ``pod`` if it is newer than the copy held; ``encoded``: its bytes, if the
-        caller holds them."""
-        if pod.metadata.resource_version > self.version:
+        caller holds them (the informer's), taken for the same version too: the copy the
+        agent's own write left is the informer's once the informer delivers it."""
+        version = pod.metadata.resource_version
+        if version > self.version:
             self.encoded = pod.SerializeToString() if encoded is None else encoded
-            self.version = pod.metadata.resource_version
+            self.version = version
+        elif encoded is not None and version == self.version:
+            self.encoded = encoded
 
 
 @dataclass(frozen=True, slots=True)
