@@ -7,7 +7,8 @@ It starts a store of its own and fills two clusters in it: one of ``nodes`` holl
 alone, and one of the same nodes holding ``jobs`` × ``pods`` bound, running pods of
 PaperScale-20000's shape (50m / 200 MiB, jobs of 1,000, 50 a node; each pod written as the
 Binder and a node agent leave it). Then each kind of service is started in a fresh interpreter
-against each cluster (jemalloc preloaded, as ``godel up`` does), and its resident set is read
+against each cluster (jemalloc preloaded, as ``godel up`` does, returning freed pages at once),
+and its resident set is read
 once it is SERVING (its informer synced; a shard's snapshot taken, as its first cycle
 would) and collected: the bytes per pod are the difference
 between the two, divided by the pods. ``--trace N`` starts the services under ``tracemalloc``
@@ -155,6 +156,9 @@ async def measure(kind: str, url: str, cluster: str, nodes: int, trace: bool) ->
 
 def _measure_in_child(kind: str, url: str, cluster: str, nodes: int, trace: bool) -> dict[str, Any]:
     env = jemalloc_env()
+    # Freed pages go back at once: the resident set is what is held, not the high-water mark
+    # of the start's listing (jemalloc keeps dirty pages ~10 s by default).
+    env["MALLOC_CONF"] = "dirty_decay_ms:0,muzzy_decay_ms:0"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     args = [sys.executable]
     if trace:
