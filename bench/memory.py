@@ -1,4 +1,5 @@
-"""Memory per bound pod, per kind of service, in-process (bench/README.md, "Memory per pod").
+"""Memory per bound pod, per kind of service, in-process (bench/README.md, "Memory per bound
+pod").
 
     python -m bench.memory [--nodes 2000 --jobs 100 --pods 1000] [--kinds scheduler,binder,...]
     python -m bench.memory --trace 25 --kinds scheduler     # where a shard's bytes are held
@@ -8,17 +9,15 @@ alone, and one of the same nodes holding ``jobs`` × ``pods`` bound, running pod
 PaperScale-20000's shape (50m / 200 MiB, jobs of 1,000, 50 a node; each pod written as the
 Binder and a node agent leave it). Then each kind of service is started in a fresh interpreter
 against each cluster (jemalloc preloaded, as ``godel up`` does, returning freed pages at once),
-and its resident set is read
-once it is SERVING (its informer synced; a shard's snapshot taken, as its first cycle
-would) and collected: the bytes per pod are the difference
-between the two, divided by the pods. ``--trace N`` starts the services under ``tracemalloc``
-instead and prints the N source lines holding the most of what the pods added (the full
-cluster's snapshot minus the empty one's), with the bytes per pod of each.
+and its resident set is read once it is SERVING (its informer synced; a shard's snapshot taken,
+as its first cycle would) and collected: the bytes per pod are the difference between the two,
+divided by the pods. ``--trace N`` starts the services under ``tracemalloc`` instead and
+prints the N source lines holding the most of what the pods added (the full cluster's snapshot
+minus the empty one's), with the bytes per pod of each.
 
-Times ten, a kind's bytes per pod times 1,000,000 plus its resident set over the empty
-cluster is what it holds at the paper's scale, before what churn adds (the allocator's
-fragmentation, transient copies): PaperScale-20000's peak RSS is the figure that includes
-those.
+A kind's bytes per pod times the pods it holds at the paper's scale, plus its resident set
+over the empty cluster, is what it holds there before what churn adds (the allocator's
+fragmentation, transient copies); PaperScale-20000's peak RSS is the figure with those.
 """
 
 from __future__ import annotations
