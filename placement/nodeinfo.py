@@ -203,15 +203,20 @@ class PodRequest:
         return copy
 
     @classmethod
-    def from_pod(cls, pod: pb.Pod) -> PodRequest:
-        return cls.from_parts(pod.metadata, pod.spec)
+    def from_pod(cls, pod: pb.Pod, name: str | None = None) -> PodRequest:
+        return cls.from_parts(pod.metadata, pod.spec, name)
 
     @classmethod
-    def from_parts(cls, meta: pb.ObjectMeta, spec: pb.PodSpec) -> PodRequest:
+    def from_parts(
+        cls, meta: pb.ObjectMeta, spec: pb.PodSpec, name: str | None = None
+    ) -> PodRequest:
         """``from_pod`` of the pod with this metadata and spec, for a caller that read them
         already. Every bound pod comes through here when a shard or the Binder (re)starts: each
         submessage is read once (a protobuf field read is ~0.3 µs, most of this method's cost),
-        and the request is made without __init__'s keyword handling (``_made``)."""
+        and the request is made without __init__'s keyword handling (``_made``). ``name``: the
+        pod's name as the caller already holds it, so the caller's indexes and this request
+        share one string (each read of ``metadata.name`` is a new one, ~60 bytes a pod for
+        every holder that keeps it)."""
         tpl = spec.template
         req = tpl.requests
         qos = spec.qos
@@ -223,7 +228,7 @@ class PodRequest:
         policy = tpl.numa_policy
         numa_nodes = spec.numa_nodes
         return _made(
-            meta.name,
+            meta.name if name is None else name,
             pool_of(qos),
             (
                 Quantities.shared_request(tpl)
@@ -349,6 +354,11 @@ class NodeInfo:
     # hold (one entry per card of the guaranteed pool; replaced, never changed in place).
     gpu_model: str = ""
     card_used: tuple[int, ...] = ()
+    # Whether ``pods`` is shared with a clone or its original (copy on write): a snapshot
+    # clones every changed node, and most clones and originals change no more before the next
+    # clone; a copy each was the shard's biggest duplicate (a pod map per node, ~45 bytes a
+    # pod). The first ``add_pod`` or ``remove_pod`` of either side copies it.
+    pods_shared: bool = field(default=False, compare=False, repr=False)
 
     @classmethod
     def from_node(cls, node: pb.Node) -> NodeInfo:
@@ -394,6 +404,8 @@ class NodeInfo:
         """Account a pod on this node; False (and no change) if it is already here."""
         if req.name in self.pods:
             return False
+        if self.pods_shared:
+            self._own_pods()
         self.pods[req.name] = req
         used = self.requested[req.pool]
         q = req.requests
@@ -454,6 +466,8 @@ class NodeInfo:
         self.numa_used = numa_used
 
     def remove_pod(self, name: str) -> PodRequest | None:
+        if self.pods_shared and name in self.pods:
+            self._own_pods()
         req = self.pods.pop(name, None)
         if req is None:
             return None
@@ -484,6 +498,7 @@ class NodeInfo:
         (``set_node``), host ports and NUMA use (pods with ports or NUMA binding make new ones).
         GPU card use too. A snapshot clones every changed node every cycle."""
         requested = self.requested
+        self.pods_shared = True
         return NodeInfo(
             self.name,
             self.labels,
@@ -493,7 +508,7 @@ class NodeInfo:
             self.capacity,
             {GUARANTEED: list(requested[GUARANTEED]), BEST_EFFORT: list(requested[BEST_EFFORT])},
             self.max_pods,
-            dict(self.pods),
+            self.pods,
             self.used_ports,
             self.generation,
             self.anti_pods,
@@ -504,7 +519,13 @@ class NodeInfo:
             self.numa_bound,
             self.gpu_model,
             self.card_used,
+            pods_shared=True,
         )
+
+    def _own_pods(self) -> None:
+        """A pod map of its own, before changing the one shared with a clone (``clone``)."""
+        self.pods = dict(self.pods)
+        self.pods_shared = False
 
 
 def resource_fit_failures(node: NodeInfo, req: PodRequest) -> list[str]:

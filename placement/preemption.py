@@ -156,6 +156,9 @@ class VictimCandidate:
     preemptible: bool = True
     protected_until_ms: int = 0  # see protected_until_ms()
     preempted_by: str = ""
+    # The node it is bound to, one string per node ("" where the holder knows it otherwise):
+    # the shard's cache keeps the record alone per bound pod, not a (node, record) pair.
+    node: str = ""
 
     @classmethod
     def from_pod(
@@ -163,11 +166,12 @@ class VictimCandidate:
         pod: pb.Pod,
         held: VictimCandidate | None = None,
         request: PodRequest | None = None,
+        node: str = "",
     ) -> VictimCandidate:
         """``held``: the pod's record while it stayed on the same node, whose request (and so
-        job and name) still stands; only what a later state changes is read again.
+        job, name and node) still stands; only what a later state changes is read again.
         ``request``: the pod's request as its node already accounts it (an assumed placement
-        now bound), shared rather than read again."""
+        now bound), shared rather than read again. ``node``: the record's node."""
         if held is not None:
             return cls(
                 held.name,
@@ -178,8 +182,9 @@ class VictimCandidate:
                 held.preemptible,
                 protected_until_ms(pod),
                 pod.status.preempted_by,
+                held.node,
             )
-        return cls.from_parts(pod.metadata, pod.spec, pod.status, request)
+        return cls.from_parts(pod.metadata, pod.spec, pod.status, request, node)
 
     @classmethod
     def from_parts(
@@ -188,6 +193,7 @@ class VictimCandidate:
         spec: pb.PodSpec,
         status: pb.PodStatus,
         request: PodRequest | None = None,
+        node: str = "",
     ) -> VictimCandidate:
         """``from_pod`` (no ``held``) of the pod with these parts, for a caller that read them
         already. Each read once, protected_until_ms's rule on them, and the record made without
@@ -205,6 +211,7 @@ class VictimCandidate:
             spec.preemptible,
             0 if seconds <= 0 else started + seconds * 1000 if started else _NEVER_ENDS,
             status.preempted_by,
+            node,
         )
 
 
@@ -220,6 +227,7 @@ assert VictimCandidate.__slots__ == (
     "preemptible",
     "protected_until_ms",
     "preempted_by",
+    "node",
 ), "VictimCandidate's fields moved: _made_candidate sets them in this order"
 
 
@@ -232,9 +240,10 @@ def _made_candidate(
     preemptible: bool,
     protected_until: int,
     preempted_by: str,
+    node: str,
 ) -> VictimCandidate:
     made = object.__new__(VictimCandidate)
-    s0, s1, s2, s3, s4, s5, s6, s7 = _CANDIDATE_SLOTS
+    s0, s1, s2, s3, s4, s5, s6, s7, s8 = _CANDIDATE_SLOTS
     s0(made, name)
     s1(made, job)
     s2(made, priority)
@@ -243,6 +252,7 @@ def _made_candidate(
     s5(made, preemptible)
     s6(made, protected_until)
     s7(made, preempted_by)
+    s8(made, node)
     return made
 
 

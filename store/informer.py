@@ -202,6 +202,12 @@ class Informer:
     def _cache_of(self, kind: str | type[Message]) -> MutableMapping[str, StoredObject]:
         return self.cache[kind if isinstance(kind, str) else kinds_mod.kind_for_class(kind).name]
 
+    def encoded(self, kind: str, name: str) -> bytes | None:
+        """A cached object's bytes, not decoded (None: not cached, or a kind not held encoded):
+        a holder that keeps a copy of an object shares these rather than encoding its own."""
+        objs = self.cache[kind]
+        return objs.get_encoded(name) if isinstance(objs, EncodedObjects) else None
+
     def has(self, kind: str, name: str) -> bool:
         """Whether the object is cached, without reading (decoding) it."""
         return name in self.cache[kind]

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import weakref
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from bench import (
     gputrace_replay,
     gputrace_services,
     harness,
+    memory,
     workload,
 )
 from bench.gputrace import POD_LISTS, TraceError, TraceNode, load_timed_pods
@@ -809,3 +811,30 @@ def test_timed_pod_files_without_times_or_deleted_before_creation_are_refused(
     )
     with pytest.raises(TraceError, match=r"pods.csv:2: deletion_time: must not be before"):
         load_timed_pods(path)
+
+
+def test_memory_fill_is_paperscales_shape_bound_and_running() -> None:
+    """``bench.memory`` measures against pods as the paper's scale holds them: bound, running,
+    spread evenly over the nodes, 50m / 200 MiB in jobs."""
+    objs = memory._jobs_and_pods(jobs=2, pods=6, nodes=4, now_ms=1_000)
+    jobs = [o for o in objs if isinstance(o, pb.Job)]
+    pods = [o for o in objs if isinstance(o, pb.Pod)]
+    assert [j.metadata.name for j in jobs] == ["job-0", "job-1"] and len(pods) == 12
+    assert {p.status.phase for p in pods} == {pb.POD_RUNNING}
+    assert Counter(p.spec.node_name for p in pods) == {f"hollow-{i}": 3 for i in range(4)}
+    asked = {
+        (p.spec.template.requests.milli_cpu, p.spec.template.requests.memory_bytes) for p in pods
+    }
+    assert asked == {(50, 200 << 20)}
+
+
+@pytest.mark.e2e
+def test_memory_reports_bytes_per_pod_of_a_kind() -> None:
+    """A tiny run end to end: each kind asked for is measured against both clusters, and its
+    figure at a million pods is its empty resident set plus a million times its bytes a pod."""
+    report = memory.run(nodes=4, jobs=1, pods=200, kinds=["rescheduler"], top=0)
+    assert report["pods"] == 200 and list(report["kinds"]) == ["rescheduler"]
+    figures = report["kinds"]["rescheduler"]
+    assert figures["rss_empty_mib"] > 0 and figures["rss_full_mib"] > 0
+    at_1m = figures["rss_empty_mib"] + figures["bytes_per_pod"] * 1_000_000 / 2**20
+    assert abs(figures["at_1m_pods_mib"] - at_1m) <= 1

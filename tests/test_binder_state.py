@@ -88,3 +88,18 @@ def test_a_state_fed_by_hand_keeps_its_own_copies() -> None:
     assert state.pods["p"].spec.node_name == "n2" and _node_of(state, "p") == "n2"
     state.on_delete("Pod", _pod("p", 2, node="n2"))
     assert "p" not in state.pods and len(state.pods) == 0 and _node_of(state, "p") is None
+
+
+def test_a_placed_pods_indexes_share_one_name_and_its_nodes_string() -> None:
+    """Every index of a placed pod keeps the same name string, and the node's own string:
+    a copy of each per index was ~170 bytes a pod at a million pods."""
+    informer = _Informer()
+    state = informer.state
+    informer.put(_pod("n1-node", 1))  # a pending pod named like nothing else
+    for i in range(3):
+        informer.put(_pod(f"p{i}", 2 + i, node="n1"))
+    info = state.infos["n1"]
+    for name, node in state.pod_node.items():
+        [key] = [k for k in state.pod_queue if k == name]
+        assert key is name and info.pods[name].name is name
+        assert node is info.name

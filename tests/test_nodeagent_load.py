@@ -181,6 +181,20 @@ def test_hollow_usage_follows_pods_that_end_move_or_go() -> None:
     assert usage.used("n", 100) == (0, 0)
 
 
+def test_hollow_usage_holds_one_record_per_node_and_shape() -> None:
+    """Pods of one shape on one node share their record (one per pod was 0.1 KiB of an agent's
+    memory per pod); each still counts, and goes, on its own."""
+    usage = HollowUsage()
+    for name in ("a", "b", "c"):
+        usage.on_pod(_pod(name, "n", 1000))
+    usage.on_pod(_pod("d", "m", 1000))
+    held = usage._pods  # what the model keeps per pod
+    assert held["a"] is held["b"] is held["c"] and held["d"] is not held["a"]
+    assert usage.used("n", 100)[0] == 3000 and usage.used("m", 100)[0] == 1000
+    usage.on_pod(_pod("b", "n", 1000), gone=True)
+    assert usage.used("n", 100)[0] == 2000
+
+
 def _node(name: str, cpu: int, mode: str = "hollow") -> pb.Node:
     node = f.node(name, cpu=cpu)
     node.spec.mode = mode

@@ -631,6 +631,26 @@ def test_a_kept_cache_holds_only_own_partition_nodes() -> None:
     assert third.scans == 1 and third.placements[0].node < "n00050"
 
 
+def test_cache_keeps_one_record_per_bound_pod_naming_its_node() -> None:
+    """A bound pod is one record (not a (node, record) pair: ~60 bytes a pod), whose node is
+    one string per node, and which its node's accounting shares the request of."""
+    cache, _ = cluster(2)
+    pods = pods_of(job("a", replicas=3, cpu=100, mem=0))
+    for pod in pods:
+        pod.spec.node_name = "n00001"
+        pod.status.phase = pb.POD_BOUND
+        cache.set_pod(pod)
+    records = [cache.bound[p.metadata.name] for p in pods]
+    assert all(r.node == "n00001" and r.node is records[0].node for r in records)
+    assert all(cache.nodes["n00001"].pods[r.name] is r.req for r in records)
+    pods[0].status.phase = pb.POD_RUNNING  # same node: the record keeps its node and request
+    pods[0].status.started_ms = 5
+    cache.set_pod(pods[0])
+    again = cache.bound[pods[0].metadata.name]
+    assert (again.node, again.started_ms, again.req) == ("n00001", 5, records[0].req)
+    assert cache.running(pods[0].metadata.name) is again
+
+
 def test_cache_bound_nodes_of_a_job_follow_its_pods() -> None:
     """The first question about a job scans the bound pods; then binds, moves and removals keep
     its index right, and a job left with none bound holds no entry."""

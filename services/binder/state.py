@@ -248,6 +248,8 @@ class ClusterState:
         return info
 
     def _place(self, pod: pb.Pod, name: str, job: str) -> None:
+        """``name``: the pod's, one string shared by every index of it (the placed pods' maps,
+        the node's request, the job's names)."""
         spec = pod.spec
         node = spec.node_name
         current = self.pod_node.get(name)
@@ -255,12 +257,13 @@ class ClusterState:
             return
         if current is not None:
             self._unplace(name, job)
-        req = PodRequest.from_parts(pod.metadata, spec)
-        self.info_for(node).add_pod(req)
+        req = PodRequest.from_parts(pod.metadata, spec, name)
+        info = self.info_for(node)
+        info.add_pod(req)
         self.anti_placed += bool(req.anti_terms)
         if self.topology.active:
             self.topology.add(node, req)
-        self.pod_node[name] = node
+        self.pod_node[name] = info.name  # the node's own string, not a copy per pod
         self.job_pods.add(job, name)
         queue = self.pod_queue[name] = sys.intern(queue_of(pod))
         usage = self.queue_usage.get(queue)

@@ -23,7 +23,7 @@ import pwd
 import shutil
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -115,9 +115,9 @@ class PodRun:
     node: str
     mode: str
     # The latest known stored copy, encoded (an agent of 250,000 hollow pods kept 2.6 KiB a pod
-    # decoded; see store.encoded): ``pod`` reads a copy, ``keep`` replaces it.
+    # decoded; see store.encoded): ``pod`` reads a copy, ``keep`` replaces it. The informer's
+    # own bytes of the pod where they are the same version (a second copy was 0.2 KiB a pod).
     encoded: bytes
-    uid: str
     version: int
     started_ms: int = 0
     timer: asyncio.TimerHandle | None = None
@@ -134,13 +134,16 @@ class PodRun:
     pid: int | None = None  # a process pod's process while it runs (tidal usage measures it)
 
     @classmethod
-    def of(cls, pod: pb.Pod, mode: str, started_ms: int) -> PodRun:
+    def of(
+        cls, pod: pb.Pod, mode: str, started_ms: int, name: str, encoded: bytes | None = None
+    ) -> PodRun:
+        """``name``: the pod's, as the runner keys it (one string for both); ``encoded``: the
+        pod's bytes if the caller holds them (shared, not encoded again)."""
         return cls(
-            pod.metadata.name,
-            pod.spec.node_name,
+            name,
+            sys.intern(pod.spec.node_name),  # one string per node, not one per pod
             mode,
-            pod.SerializeToString(),
-            pod.metadata.uid,
+            pod.SerializeToString() if encoded is None else encoded,
             pod.metadata.resource_version,
             started_ms=started_ms,
         )
@@ -149,11 +152,21 @@ class PodRun:
     def pod(self) -> pb.Pod:
         return pb.Pod.FromString(self.encoded)
 
-    def keep(self, pod: pb.Pod) -> None:
-        """Remember ``pod`` if it is newer than the copy held."""
-        if pod.metadata.resource_version > self.version:
-            self.encoded = pod.SerializeToString()
-            self.version = pod.metadata.resource_version
+    @property
+    def uid(self) -> str:
+        """The pod's uid, read from the copy held (not kept beside it: 80 bytes a pod)."""
+        return self.pod.metadata.uid
+
+    def keep(self, pod: pb.Pod, encoded: bytes | None = None) -> None:
+        """Remember ``pod`` if it is newer than the copy held; ``encoded``: its bytes, if the
+        caller holds them (the informer's), taken for the same version too: the copy the
+        agent's own write left is the informer's once the informer delivers it."""
+        version = pod.metadata.resource_version
+        if version > self.version:
+            self.encoded = pod.SerializeToString() if encoded is None else encoded
+            self.version = version
+        elif encoded is not None and version == self.version:
+            self.encoded = encoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +245,9 @@ class PodRunner:
         self.flush_interval = flush_interval
         self.flush_max = flush_max
         self.runs: dict[str, PodRun] = {}
+        # The informer's bytes of a pod it delivers (``Informer.encoded``; set by the agent):
+        # a run shares them. Read only within a delivery, when they are the pod delivered.
+        self.informed: Callable[[str], bytes | None] = lambda _name: None
         self.pending: dict[str, Patch] = {}
         # Version of our terminal write per finished pod no longer tracked in ``runs``, so a
         # late informer event for an older version does not start it again.
@@ -263,7 +279,7 @@ class PodRunner:
             self.deleted(run.pod)  # deleted and created again between two events (a relist)
             run = None
         if run is not None:
-            run.keep(pod)
+            run.keep(pod, self.informed(name))
             if pod.spec.node_name != run.node or (
                 pod.status.phase in TERMINAL_PHASES and not run.finished
             ):
@@ -315,7 +331,7 @@ class PodRunner:
         name = pod.metadata.name
         if mode == PROCESS and not pod.spec.template.command:
             mode = HOLLOW  # nothing to execute: simulate it for its duration, like a hollow pod
-        run = self.runs[name] = PodRun.of(pod, mode, started_ms=now_ms())
+        run = self.runs[name] = PodRun.of(pod, mode, now_ms(), name, self.informed(name))
         if mode == HOLLOW:
             self.queue(name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
             if pod.spec.template.duration_ms:  # 0: runs until deleted
@@ -327,7 +343,7 @@ class PodRunner:
     def _resume(self, pod: pb.Pod, mode: str) -> None:
         """A pod already RUNNING on our node that we do not track: this agent restarted."""
         name = pod.metadata.name
-        run = PodRun.of(pod, mode, started_ms=pod.status.started_ms)
+        run = PodRun.of(pod, mode, pod.status.started_ms, name, self.informed(name))
         if mode == PROCESS and pod.spec.template.command:
             # Its process died with the previous agent, or runs unwatched: nothing to reattach
             # to. What may be left of it is killed.

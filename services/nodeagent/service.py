@@ -447,6 +447,8 @@ class NodeAgentService(Service[NodeAgentConfig]):
             ["Pod"],
             selector=lambda _kind, pod: isinstance(pod, pb.Pod) and pod.spec.node_name in ours,
         )
+        informer = self.informer
+        self.runner.informed = lambda name: informer.encoded("Pod", name)
         self.informer.add_handlers(self.runner.handlers())
         self.loads = self._load_reporter()
         self.informer.add_handlers(self.loads.usage.handlers())

@@ -17,6 +17,7 @@ only the NodeInfos this cache marked ``dirty``.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,7 +53,8 @@ class SchedulerCache:
         self.labels = LabelIndex()
         self.nodes: dict[str, NodeInfo] = {}
         self.present: set[str] = set()  # nodes that exist (others only hold pods' claims)
-        self.bound: dict[str, tuple[str, VictimCandidate]] = {}  # pod -> (node, its record)
+        # pod -> its record, which names its node (one string per node, interned)
+        self.bound: dict[str, VictimCandidate] = {}
         self.assumed: dict[str, Assumed] = {}
         self.claimed: dict[str, str] = {}  # victim -> the assumed preemptor that claimed it
         self.dirty: set[str] = set()
@@ -144,11 +146,11 @@ class SchedulerCache:
             self.remove_pod(name, keep_assumed=not node_name)
             return
         current = self.bound.get(name)
-        if current is not None and current[0] == node_name:
+        if current is not None and current.node == node_name:
             # Same node: only what preemption reads may have changed (started, claimed). The
             # request the node accounts stays, shared with the new record (a second request per
             # pod, once running, was a fifth of the shard's memory).
-            self.bound[name] = (current[0], VictimCandidate.from_pod(pod, current[1]))
+            self.bound[name] = VictimCandidate.from_pod(pod, current)
             return
         assumed = self.assumed.pop(name, None)
         # Assumed on this node with the NUMA nodes and GPU cards it was bound with: already
@@ -163,9 +165,9 @@ class SchedulerCache:
             and assumed.req.gpu_cards == tuple(spec.gpu_cards)
             else None
         )
-        record = VictimCandidate.from_parts(meta, spec, status, accounted)
+        record = VictimCandidate.from_parts(meta, spec, status, accounted, sys.intern(node_name))
         if current is not None:
-            self._unaccount(name, current[0])
+            self._unaccount(name, current.node)
         if assumed is not None:
             self._unclaim(assumed)
             if assumed.node != node_name:
@@ -176,21 +178,21 @@ class SchedulerCache:
         if info is None:
             info = self._node(node_name)
         info.add_pod(record.req)
-        # Keyed by the record's own name and holding the node's: no string copied per pod.
-        self.bound[record.name] = (info.name, record)
+        # Keyed by the record's own name: no string copied per pod.
+        self.bound[record.name] = record
         self.dirty.add(node_name)
         if self._by_job:
             job_pods = self._by_job.get(record.job)
             if job_pods is not None:
-                job_pods[record.name] = info.name
+                job_pods[record.name] = record.node
 
     def remove_pod(self, name: str, *, keep_assumed: bool = False) -> None:
         current = self.bound.pop(name, None)
         if current is not None:
-            self._unaccount(name, current[0])
+            self._unaccount(name, current.node)
             self.claimed.pop(name, None)
             if self._by_job:
-                self._unindex(current[1].job, name)
+                self._unindex(current.job, name)
         if not keep_assumed:
             self.forget(name)
 
@@ -200,7 +202,7 @@ class SchedulerCache:
         left bound."""
         job_pods = self._by_job.get(job)
         if job_pods is None:
-            job_pods = {pod: node for pod, (node, rec) in self.bound.items() if rec.job == job}
+            job_pods = {pod: rec.node for pod, rec in self.bound.items() if rec.job == job}
             if not job_pods:
                 return []  # nothing to keep: a job with none bound costs no entry
             self._by_job[job] = job_pods
@@ -256,8 +258,8 @@ class SchedulerCache:
             self._give_back_hold(assumed)
             for victim in assumed.victims:
                 held = self.bound.get(victim)
-                if info is not None and held is not None and held[0] == assumed.node:
-                    info.add_pod(held[1].req)
+                if info is not None and held is not None and held.node == assumed.node:
+                    info.add_pod(held.req)
                     self.dirty.add(assumed.node)
 
     def _give_back_hold(self, assumed: Assumed) -> None:
@@ -277,8 +279,7 @@ class SchedulerCache:
 
     def running(self, pod: str) -> VictimCandidate | None:
         """A bound pod's record, for the victim search (None: not bound here)."""
-        held = self.bound.get(pod)
-        return held[1] if held is not None else None
+        return self.bound.get(pod)
 
     def confirm(self, pod: str, ttl_seconds: float) -> None:
         """The Binder bound it: keep counting it until the informer shows it (or ``ttl``)."""

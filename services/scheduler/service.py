@@ -498,7 +498,7 @@ class SchedulerService(Service[SchedulerConfig]):
 
     def _holds(self, pod: str, node: str) -> bool:
         bound = self.cache.bound.get(pod)
-        return bound is not None and bound[0] == node
+        return bound is not None and bound.node == node
 
     def _on_add(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Movement):

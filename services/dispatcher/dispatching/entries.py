@@ -102,7 +102,9 @@ class Claim(NamedTuple):
         meta = pod.metadata
         spec = pod.spec
         return cls(
-            meta.name,
+            # Interned: the pod's name is kept by three of the dispatcher's indexes (the claims,
+            # the dispatch feed's bound pods, the pod index), one string for all of them.
+            sys.intern(meta.name),
             sys.intern(queue_of(pod)),
             pool_of(spec.qos),
             Quantities.shared_request(spec.template),

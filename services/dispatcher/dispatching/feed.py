@@ -140,7 +140,7 @@ class ViewFeed:
         spec = pod.spec
         if spec.node_name and pod.status.phase in _BOUND_PHASES:
             job = sys.intern(spec.job)  # one string per job, not per bound pod
-            self._bound_job_of[pod.metadata.name] = job
+            self._bound_job_of[sys.intern(pod.metadata.name)] = job  # shared: ``Claim.of``
             self._bound_pods[job] += 1
         if self.queue.add_pod(pod, int(time.time() * 1000)):
             self._kick.set()
