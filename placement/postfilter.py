@@ -24,6 +24,7 @@ pods see the room taken and freed, and undoes it (``undo``) when the unit fails 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -65,6 +66,10 @@ class VictimSource(Protocol):
 
     def running(self, pod: str) -> VictimCandidate | None:
         """A bound pod's record; None for a pod not bound (e.g. assumed by this shard)."""
+        ...
+
+    def bound_on(self, node: str) -> int:
+        """How many bound pods ``node`` holds (the records ``running`` answers for)."""
         ...
 
     @property
@@ -192,9 +197,18 @@ class Preemption:
     ) -> PreemptionTally:
         """Why each node ``failed`` notes could not help (the snapshot is as it was searched)."""
         tally = PreemptionTally()
+        # A victim an earlier pod chose is off its node in the snapshot, yet still bound: the
+        # node's bound count no longer tells whether all its pods are bound.
+        bound_on = self.source.bound_on if not chosen else _unknown_bound
         for node in failed.skipped:
-            records = self._records(node, chosen)
-            tally.add(NodeBlocker(quick_check_blocker(pod, node, records, self.totals)))
+            reason = quick_check_blocker(
+                pod,
+                node,
+                self.totals,
+                bound_on(node.name),
+                functools.partial(self._records, node, chosen),
+            )
+            tally.add(NodeBlocker(reason))
         for node in failed.no_room:
             tally.add(node_blocker(pod, node, self._records(node, chosen), now_ms, claimed))
         for names in failed.budgets:
@@ -216,6 +230,11 @@ class Preemption:
         if not earlier:
             return violations
         return lambda names: violations([*earlier, *names])
+
+
+def _unknown_bound(_node: str) -> int:
+    """No bound count to trust: the blocker reads the node's records."""
+    return -1
 
 
 def take(snapshot: Snapshot, req: PodRequest, place: Preempted) -> PodRequest:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
 
 from placement.framework.interface import PodInfo
@@ -127,12 +127,17 @@ def _makes_room(
 def quick_check_blocker(
     preemptor: PodInfo,
     node: NodeInfo,
-    pods: Sequence[VictimCandidate],
     totals: LowerPriorityTotals,
+    bound: int,
+    records: Callable[[], Sequence[VictimCandidate]],
 ) -> str:
     """Why a node the quick check skipped cannot help: ``priority`` when evicting every bound
-    pod of the pool (``pods``: the node's records), whatever its priority, would make room;
-    else ``no room``. The totals answer first when not even every pod gone would do."""
+    pod of the pool, whatever its priority, would make room; else ``no room``. Judged from the
+    node's totals and ``bound`` (how many of its pods are bound) alone when not even every pod
+    gone would do, or when every pod there is bound: the common case, as a storm of pods no
+    node fits at equal priority has it, costs no walk of the node's pods. Only a node holding
+    pods not bound yet (a unit's own members assumed there) reads ``records`` (its bound pods'
+    records) to judge what the bound ones alone would free."""
     req = preemptor.req
     everyone = totals.lower_than(node, req.pool, _ABOVE_EVERY_PRIORITY)
     free_cpu, free_mem, free_gpu = node.free(req.pool)
@@ -145,7 +150,10 @@ def quick_check_blocker(
     )
     if not room:
         return BLOCKED_NO_ROOM
-    if len(pods) == len(node.pods):  # every pod there is bound: the totals are theirs
+    if bound == len(node.pods):  # every pod there is bound: the totals are theirs
+        return BLOCKED_PRIORITY
+    pods = records()
+    if len(pods) == len(node.pods):
         return BLOCKED_PRIORITY
     # Pods not bound yet (a unit's own members assumed here) are no one's to evict.
     return BLOCKED_PRIORITY if fits_without(preemptor, node, pods) else BLOCKED_NO_ROOM

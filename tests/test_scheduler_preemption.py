@@ -61,6 +61,9 @@ class CacheVictims:
     def running(self, pod: str) -> VictimCandidate | None:
         return self.cache.running(pod)
 
+    def bound_on(self, node: str) -> int:
+        return self.cache.bound_on(node)
+
     @property
     def claimed(self) -> Set[str]:
         return self.cache.claimed.keys()
@@ -399,3 +402,52 @@ def test_a_gang_held_up_by_its_own_members_is_not_told_of_priority() -> None:
     diagnosis = result.diagnoses["g-2"].to_proto()
     assert [(r.reason, r.nodes) for r in diagnosis.preemption_reasons] == [("no room", 2)]
     assert diagnosis.gang_needed == 3 and diagnosis.gang_placed == 2
+
+
+def test_the_cache_counts_bound_pods_per_node_as_they_bind_move_and_go() -> None:
+    """``bound_on`` (what the preemption tally judges a node's pods by, instead of walking
+    them) follows binds, moves and deletions; an assumed pod is not bound."""
+    cache = SchedulerCache()
+    for name in ("a", "b"):
+        cache.set_node(n(name))
+    cache.set_pod(running("x", "a"))
+    cache.set_pod(running("y", "a"))
+    req = PodInfo.from_pod(pods_of(job("p", cpu=100, mem=GiB))[0]).req
+    assert cache.assume(req, "b")
+    assert (cache.bound_on("a"), cache.bound_on("b")) == (2, 0)
+    cache.set_pod(running("x", "b"))  # moved
+    assert (cache.bound_on("a"), cache.bound_on("b")) == (1, 1)
+    cache.set_pod(running("x", "b"))  # the same binding again
+    assert cache.bound_on("b") == 1
+    cache.remove_pod("y")
+    cache.remove_pod("x")
+    assert (cache.bound_on("a"), cache.bound_on("b")) == (0, 0)
+
+
+def test_a_storm_at_equal_priority_is_tallied_without_walking_the_nodes_pods() -> None:
+    """Nodes full of bound pods at the preemptor's own priority: no victim anywhere. The tally
+    says so per node (priority, or no room where the node is too small) from the nodes'
+    totals and bound counts, never reading a pod's record."""
+    nodes = [n(f"n{i}") for i in range(6)] + [n("small", cpu=1000)]
+    pods = [running(f"p{i}", nd.metadata.name, cpu=4000 if i < 6 else 1000, priority=HIGH)
+            for i, nd in enumerate(nodes)]  # fmt: skip
+    cache, snap, sched, _ = build(nodes, pods, Profile(), "godel")
+    assert sched.preemption is not None
+    source = RecordsRead(cache, {p.metadata.name: p for p in pods})
+    sched.preemption.source = source
+    result = sched.schedule(preemptor_unit("q", 1, 2000), snap)
+    assert not result.success
+    assert result.diagnoses["q-0"].preemption_reasons == (("priority", 6), ("no room", 1))
+    assert not source.read
+
+
+class RecordsRead(CacheVictims):
+    """CacheVictims noting every pod record it is asked for."""
+
+    def __init__(self, cache: SchedulerCache, pods: dict[str, pb.Pod]) -> None:
+        super().__init__(cache, pods)
+        self.read: list[str] = []
+
+    def running(self, pod: str) -> VictimCandidate | None:
+        self.read.append(pod)
+        return super().running(pod)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,6 +54,9 @@ class SchedulerCache:
         self.nodes: dict[str, NodeInfo] = {}
         self.present: set[str] = set()  # nodes that exist (others only hold pods' claims)
         self.bound: dict[str, tuple[str, VictimCandidate]] = {}  # pod -> (node, its record)
+        # The bound pods counted per node, kept with ``bound``: preemption judges a node it
+        # rules out by its totals, and needs its pods one by one only when some are not bound.
+        self._bound_on: Counter[str] = Counter()
         self.assumed: dict[str, Assumed] = {}
         self.claimed: dict[str, str] = {}  # victim -> the assumed preemptor that claimed it
         self.dirty: set[str] = set()
@@ -155,6 +159,7 @@ class SchedulerCache:
         record = VictimCandidate.from_pod(pod, request=accounted)
         if current is not None:
             self._unaccount(name, current[0])
+            self._count_bound(current[0], -1)
         if assumed is not None:
             self._unclaim(assumed)
             if assumed.node != node_name:
@@ -165,6 +170,7 @@ class SchedulerCache:
         info.add_pod(record.req)
         # Keyed by the record's own name and holding the node's: no string copied per pod.
         self.bound[record.name] = (info.name, record)
+        self._count_bound(info.name, 1)
         self.dirty.add(node_name)
         if self._by_job:
             job_pods = self._by_job.get(record.job)
@@ -175,6 +181,7 @@ class SchedulerCache:
         current = self.bound.pop(name, None)
         if current is not None:
             self._unaccount(name, current[0])
+            self._count_bound(current[0], -1)
             self.claimed.pop(name, None)
             if self._by_job:
                 self._unindex(current[1].job, name)
@@ -199,6 +206,17 @@ class SchedulerCache:
             job_pods.pop(pod, None)
             if not job_pods:
                 del self._by_job[job]
+
+    def _count_bound(self, node_name: str, sign: int) -> None:
+        left = self._bound_on[node_name] + sign
+        if left:
+            self._bound_on[node_name] = left
+        else:
+            del self._bound_on[node_name]
+
+    def bound_on(self, node_name: str) -> int:
+        """How many bound pods ``node_name`` holds."""
+        return self._bound_on[node_name]
 
     def _unaccount(self, pod: str, node_name: str) -> None:
         info = self.nodes.get(node_name)
