@@ -124,6 +124,21 @@ def _makes_room(
     return fits_without(preemptor, node, itertools.chain(possible, *groups))
 
 
+def room_without_every_pod(preemptor: PodInfo, node: NodeInfo, totals: LowerPriorityTotals) -> bool:
+    """Whether ``node`` would have room for ``preemptor`` (cpu, memory, GPUs, a pod slot) were
+    every pod of its pool gone, whatever its priority: from the totals, on integers."""
+    req = preemptor.req
+    everyone = totals.lower_than(node, req.pool, _ABOVE_EVERY_PRIORITY)
+    free_cpu, free_mem, free_gpu = node.free(req.pool)
+    q = req.requests
+    return (
+        node.max_pods - len(node.pods) + everyone[3] >= 1
+        and (not q.cpu or q.cpu <= free_cpu + everyone[0])
+        and (not q.mem or q.mem <= free_mem + everyone[1])
+        and (not q.gpus or q.gpus <= free_gpu + everyone[2])
+    )
+
+
 def quick_check_blocker(
     preemptor: PodInfo,
     node: NodeInfo,
@@ -138,17 +153,7 @@ def quick_check_blocker(
     node fits at equal priority has it, costs no walk of the node's pods. Only a node holding
     pods not bound yet (a unit's own members assumed there) reads ``records`` (its bound pods'
     records) to judge what the bound ones alone would free."""
-    req = preemptor.req
-    everyone = totals.lower_than(node, req.pool, _ABOVE_EVERY_PRIORITY)
-    free_cpu, free_mem, free_gpu = node.free(req.pool)
-    q = req.requests
-    room = (
-        node.max_pods - len(node.pods) + everyone[3] >= 1
-        and (not q.cpu or q.cpu <= free_cpu + everyone[0])
-        and (not q.mem or q.mem <= free_mem + everyone[1])
-        and (not q.gpus or q.gpus <= free_gpu + everyone[2])
-    )
-    if not room:
+    if not room_without_every_pod(preemptor, node, totals):
         return BLOCKED_NO_ROOM
     if bound == len(node.pods):  # every pod there is bound: the totals are theirs
         return BLOCKED_PRIORITY

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import structlog
 from google.protobuf.message import Message
@@ -48,15 +49,20 @@ class Assumed:
     hold: PodRequest | None = None
 
 
+K = TypeVar("K", str, int)
+
+
 class SchedulerCache:
     def __init__(self) -> None:
         self.labels = LabelIndex()
         self.nodes: dict[str, NodeInfo] = {}
         self.present: set[str] = set()  # nodes that exist (others only hold pods' claims)
         self.bound: dict[str, tuple[str, VictimCandidate]] = {}  # pod -> (node, its record)
-        # The bound pods counted per node, kept with ``bound``: preemption judges a node it
-        # rules out by its totals, and needs its pods one by one only when some are not bound.
+        # The bound pods counted per node and per priority, kept with ``bound``: preemption
+        # skips its victim search when no bound pod is below the preemptor, and judges a node it
+        # rules out by its totals, needing its pods one by one only when some are not bound.
         self._bound_on: Counter[str] = Counter()
+        self._bound_priorities: Counter[int] = Counter()
         self.assumed: dict[str, Assumed] = {}
         self.claimed: dict[str, str] = {}  # victim -> the assumed preemptor that claimed it
         self.dirty: set[str] = set()
@@ -141,7 +147,10 @@ class SchedulerCache:
             # Same node: only what preemption reads may have changed (started, claimed). The
             # request the node accounts stays, shared with the new record (a second request per
             # pod, once running, was a fifth of the shard's memory).
-            self.bound[name] = (current[0], VictimCandidate.from_pod(pod, current[1]))
+            record = VictimCandidate.from_pod(pod, current[1])
+            _count(self._bound_priorities, current[1].priority, -1)
+            _count(self._bound_priorities, record.priority, 1)
+            self.bound[name] = (current[0], record)
             return
         assumed = self.assumed.pop(name, None)
         # Assumed on this node with the NUMA nodes and GPU cards it was bound with: already
@@ -159,7 +168,7 @@ class SchedulerCache:
         record = VictimCandidate.from_pod(pod, request=accounted)
         if current is not None:
             self._unaccount(name, current[0])
-            self._count_bound(current[0], -1)
+            self._count_bound(current[0], current[1].priority, -1)
         if assumed is not None:
             self._unclaim(assumed)
             if assumed.node != node_name:
@@ -170,7 +179,7 @@ class SchedulerCache:
         info.add_pod(record.req)
         # Keyed by the record's own name and holding the node's: no string copied per pod.
         self.bound[record.name] = (info.name, record)
-        self._count_bound(info.name, 1)
+        self._count_bound(info.name, record.priority, 1)
         self.dirty.add(node_name)
         if self._by_job:
             job_pods = self._by_job.get(record.job)
@@ -181,7 +190,7 @@ class SchedulerCache:
         current = self.bound.pop(name, None)
         if current is not None:
             self._unaccount(name, current[0])
-            self._count_bound(current[0], -1)
+            self._count_bound(current[0], current[1].priority, -1)
             self.claimed.pop(name, None)
             if self._by_job:
                 self._unindex(current[1].job, name)
@@ -207,12 +216,13 @@ class SchedulerCache:
             if not job_pods:
                 del self._by_job[job]
 
-    def _count_bound(self, node_name: str, sign: int) -> None:
-        left = self._bound_on[node_name] + sign
-        if left:
-            self._bound_on[node_name] = left
-        else:
-            del self._bound_on[node_name]
+    def _count_bound(self, node_name: str, priority: int, sign: int) -> None:
+        _count(self._bound_on, node_name, sign)
+        _count(self._bound_priorities, priority, sign)
+
+    def lowest_bound_priority(self) -> int | None:
+        """The lowest priority among the bound pods (None: none is bound)."""
+        return min(self._bound_priorities) if self._bound_priorities else None
 
     def bound_on(self, node_name: str) -> int:
         """How many bound pods ``node_name`` holds."""
@@ -303,3 +313,12 @@ class SchedulerCache:
             (a.expires for a in self.assumed.values() if a.expires is not None), default=math.inf
         )
         return len(stale)
+
+
+def _count(counts: Counter[K], key: K, sign: int) -> None:
+    """Add ``sign`` to ``key``'s count, dropping it at zero (so the keys are those counted)."""
+    left = counts[key] + sign
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
