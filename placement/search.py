@@ -20,6 +20,10 @@ preemption storm) does not scan every node per pod. Kube mode, for comparison: n
 pod scans until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's
 adaptive percentageOfNodesToScore) and scores them.
 
+Select: the best score in the template's heap; among equal scores the profile's ``tieBreak``
+decides (``first``: the scan order from the rotating offset; ``random``: a draw made as each
+candidate enters the heap, so uniformly among the top scores as kube-scheduler's selectHost).
+
 PostFilter (both modes): a pod no node fits, for reasons preemption can resolve, asks
 ``placement.postfilter.Preemption`` for a node and victims; it is assumed there with its victims
 taken off the snapshot, so the unit's later pods see both. A gang preempts as a unit: if fewer
