@@ -3,7 +3,7 @@ same task stream as the offline check (``bench.gpufrag_sim.task_sequence``), pla
 scheduler shards and bound by the Binder on hollow nodes served from the trace's node list.
 
     python -m bench.gputrace_services                    # 3 traces, 5 policies, 10 seeds, all nodes
-    python -m bench.gputrace_services --quick            # 60 nodes, their share of tasks, 2 seeds
+    python -m bench.gputrace_services --quick            # default trace, 60 nodes, 2 seeds
     python -m bench.gputrace_services --trace default --policy default --policy random --seeds 3
     python -m bench.gputrace_services --nodes N.csv --pods P.csv   # any openb-format pair
 
@@ -557,8 +557,8 @@ def main(argv: list[str] | None = None) -> int:
         "--trace",
         action="append",
         choices=sorted(POD_LISTS),
-        help="a pod list of the bundled trace (repeatable; default: all three, or none with "
-        "--nodes/--pods)",
+        help="a pod list of the bundled trace (repeatable; default: all three, the default "
+        "trace with --quick, none with --nodes/--pods)",
     )
     parser.add_argument("--nodes", type=Path, help="an openb node file (with --pods)")
     parser.add_argument("--pods", type=Path, help="an openb pod file (with --nodes)")
@@ -578,7 +578,9 @@ def main(argv: list[str] | None = None) -> int:
         "--node-count", type=int, default=0, help="N evenly spaced nodes and their share of tasks"
     )
     parser.add_argument(
-        "--quick", action="store_true", help=f"--node-count {QUICK_NODES}, {QUICK_SEEDS} seeds"
+        "--quick",
+        action="store_true",
+        help=f"--node-count {QUICK_NODES}, {QUICK_SEEDS} seeds, the default trace unless --trace",
     )
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--nodeagents", type=int, default=2)
@@ -592,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     if opts.node_count < 0:
         parser.error(f"--node-count: must not be negative (got {opts.node_count})")
     node_count = QUICK_NODES if opts.quick and not opts.node_count else opts.node_count
-    names = opts.trace or ([] if opts.nodes is not None else sorted(POD_LISTS))
+    every_trace = ["default"] if opts.quick else sorted(POD_LISTS)
+    names = opts.trace or ([] if opts.nodes is not None else every_trace)
     try:
         traces = load_traces(names, opts.nodes, opts.pods, node_count)
     except TraceError as exc:
