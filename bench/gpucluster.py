@@ -53,13 +53,15 @@ class TraceCluster:
     rescheduler: str
     home: Path
     pids: tuple[int, ...]  # every process of the cluster, the store's included
+    scheduler_pids: tuple[int, ...] = ()  # the scheduler shards' among them
 
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system) the cluster's processes have used so far: on a shared
-        machine the figure to trust where wall time is not (a process gone counts 0)."""
+    def cpu_seconds(self, pids: Sequence[int] | None = None) -> float:
+        """CPU time (user + system) the cluster's processes (or ``pids`` of them) have used so
+        far: on a shared machine the figure to trust where wall time is not (a process gone
+        counts 0)."""
         ticks = os.sysconf("SC_CLK_TCK")
         total = 0
-        for pid in self.pids:
+        for pid in self.pids if pids is None else pids:
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
@@ -174,6 +176,7 @@ def trace_cluster(
             state.address_of("rescheduler"),
             home.path,
             tuple(c.pid for c in state.components if c.pid is not None),
+            tuple(c.pid for c in state.components if c.pid is not None and c.kind == "scheduler"),
         )
         with ProtoClient(cluster.dispatcher, timeout=120, home=home.path) as client:
             wait_nodes(client, {node.name for node in nodes})

@@ -2,13 +2,14 @@
 same task stream as the offline check (``bench.gpufrag_sim.task_sequence``), placed by the
 scheduler shards and bound by the Binder on hollow nodes served from the trace's node list.
 
-    python -m bench.gputrace_services                         # every profile, 1 seed, all nodes
-    python -m bench.gputrace_services --quick                 # 60 nodes, their share of tasks
-    python -m bench.gputrace_services --policy default --policy most-allocated --seeds 2
+    python -m bench.gputrace_services                    # 3 traces, 5 policies, 10 seeds, all nodes
+    python -m bench.gputrace_services --quick            # default trace, 60 nodes, 2 seeds
+    python -m bench.gputrace_services --trace default --policy default --policy random --seeds 3
+    python -m bench.gputrace_services --nodes N.csv --pods P.csv   # any openb-format pair
 
-Per profile and seed, a fresh cluster (``godel.local.up``: the store, the dispatcher, the
-shards, a Binder, node agents serving the CSV's nodes as hollow nodes), then each task as a
-one-pod job (cpu, memory, gpus and gpuMilli for a share of one card, gpuModels from
+Per trace, profile and seed, a fresh cluster (``godel.local.up``: the store, the dispatcher,
+the shards, a Binder, node agents serving the CSV's nodes as hollow nodes), then each task as
+a one-pod job (cpu, memory, gpus and gpuMilli for a share of one card, gpuModels from
 ``gpu_spec``), one at a time: the next is submitted only once the previous pod is bound or
 the shard has written it unschedulable (``status.unschedulable``), which is then deleted
 (counted unplaced; not retried: no task ever leaves, so a retry could not fit either). The
@@ -19,14 +20,19 @@ offline check's definitions; at the end the stored pods are listed once more and
 allocation recomputed from them must agree.
 
 The shards score every feasible node (``--scan-extra`` past the node count), as the paper's
-simulator does; the production default scans ``units + 50``. Profiles: ``default`` (the
-scheduler's own), ``least-allocated`` (kube-like spreading) and ``most-allocated`` (packing)
-from ``bench/profiles/``, and ``gpufrag-<policy>`` (the GpuFragmentation score's policies),
-skipped with a note while that plugin is not registered. No random score exists among the
-plugins (and this benchmark adds none: placement/ is out of its scope), so no random curve.
+simulator does; the production default scans ``units + 50``. Profiles (``bench/profiles/``):
+``default`` (the scheduler's own), and the paper's comparison policies, run by default:
+``gpufrag-best-fit`` and ``gpufrag-packing`` (the GpuFragmentation score's policies),
+``least-allocated`` (kube-like spreading) and ``random`` (no score, the select step's random
+tie-break: uniformly among the feasible nodes, seeded per seed); on request ``most-allocated``,
+``gpufrag-fgd-fill`` and ``gpufrag-fgd``. A gpufrag profile is skipped with a note while that
+plugin is not registered.
 
-Writes ``gputrace-services-<stamp>.csv`` (a row per whole arrived percent per run),
-``…-summary.csv`` (each run at 100 % arrived, with its rate in tasks per second) and ``….png``.
+Writes, rewritten after every run (so a long run interrupted keeps what it finished):
+``gputrace-services-<stamp>.csv`` (a row per whole arrived percent per run),
+``…-runs.csv`` (each run at 100 % arrived, with its rate and the services' CPU seconds per
+task), ``…-summary.csv`` (per trace and profile, the median over seeds at 100 % arrived) and
+``….png`` (unallocated % against arrived %, the median curve per profile, a panel per trace).
 """
 
 from __future__ import annotations
@@ -34,13 +40,17 @@ from __future__ import annotations
 import argparse
 import csv
 import queue
+import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import yaml
 
 from bench.gpucluster import (
     TraceRunError,
@@ -51,11 +61,12 @@ from bench.gpucluster import (
     trace_cluster,
 )
 from bench.gpufrag_sim import (
-    PLOT_FROM_PERCENT,
     READ_AT_PERCENT,
     Point,
     Run,
     _interpolate,
+    plot,
+    summary_table,
     task_sequence,
 )
 from bench.gputrace import GPU_NODES, POD_LISTS, TraceError, TraceNode, load_nodes, load_pods
@@ -86,8 +97,14 @@ PROFILES: dict[str, str] = {
     "gpufrag-fgd": "gpufrag-fgd.yaml",
     "gpufrag-best-fit": "gpufrag-best-fit.yaml",
     "gpufrag-packing": "gpufrag-packing.yaml",
+    "random": "random.yaml",
 }
+# The issue's comparison, run unless --policy says otherwise: ours, Best-fit, GPU packing,
+# kube-like LeastAllocated and random.
+DEFAULT_PROFILES = ("default", "gpufrag-best-fit", "gpufrag-packing", "least-allocated", "random")
+FULL_SEEDS = 10
 QUICK_NODES = 60
+QUICK_SEEDS = 2
 DECIDE_TIMEOUT_SECONDS = 120.0  # one task bound or written unschedulable, at most
 JOB_PREFIX = "t"
 PROGRESS_EVERY = 1000  # tasks between progress lines on stderr
@@ -102,6 +119,14 @@ CURVE_COLUMNS = (
     "placed",
     "unplaced",
 )
+RUN_COLUMNS = (
+    "seconds", "tasks_per_second", "scheduler_cpu_ms_per_task", "services_cpu_ms_per_task",
+)  # fmt: skip
+SUMMARY_COLUMNS = (
+    "trace", "policy", "seeds", "unallocated_pct_median", "unallocated_pct_min",
+    "unallocated_pct_max", "fragmentation_pct_median", "unplaced_median",
+    "scheduler_cpu_ms_per_task_median", "tasks_per_second_median",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +134,17 @@ class ServicesRun:
     run: Run
     seconds: float  # submitting and deciding every task (the cluster's start not counted)
     tasks: int
+    # CPU seconds the services spent over the same span: the shards alone, and every service
+    # process with the store (on a shared machine the figure to trust, not the rate).
+    scheduler_cpu_seconds: float = 0.0
+    services_cpu_seconds: float = 0.0
 
     @property
     def tasks_per_second(self) -> float:
         return self.tasks / self.seconds if self.seconds else 0.0
+
+    def cpu_ms_per_task(self, seconds: float) -> float:
+        return 1000 * seconds / self.tasks if self.tasks else 0.0
 
 
 def profile_available(name: str) -> str:
@@ -303,18 +335,42 @@ def run_on_cluster(
 ) -> ServicesRun:
     """One run on a fresh cluster; the cluster is gone when this returns or raises."""
     scheduler_args = ["--scan-extra", str(len(nodes) + 1)]
-    if PROFILES[profile]:
-        scheduler_args += ["--profile", str(PROFILES_DIR / PROFILES[profile])]
-    with trace_cluster(
-        nodes, shards=shards, nodeagents=nodeagents, scheduler_args=scheduler_args
-    ) as cluster:
-        with ReschedulerClient(cluster.rescheduler, home=cluster.home) as rescheduler:
-            rescheduler.pause()  # the protocol has no deletions: nothing may be moved
-        with ProtoClient(cluster.dispatcher, timeout=120, home=cluster.home) as client:
-            return run_protocol(client, cluster.home, nodes, tasks, mix, profile, seed, trace)
+    with tempfile.TemporaryDirectory(prefix="godel-gputrace-profile-") as tmp:
+        if PROFILES[profile]:
+            profile_file = seeded_profile(PROFILES[profile], seed, Path(tmp))
+            scheduler_args += ["--profile", str(profile_file)]
+        with trace_cluster(
+            nodes, shards=shards, nodeagents=nodeagents, scheduler_args=scheduler_args
+        ) as cluster:
+            with ReschedulerClient(cluster.rescheduler, home=cluster.home) as rescheduler:
+                rescheduler.pause()  # the protocol has no deletions: nothing may be moved
+            with ProtoClient(cluster.dispatcher, timeout=120, home=cluster.home) as client:
+                shards_before = cluster.cpu_seconds(cluster.scheduler_pids)
+                services_before = cluster.cpu_seconds()
+                r = run_protocol(client, cluster.home, nodes, tasks, mix, profile, seed, trace)
+                return replace(
+                    r,
+                    scheduler_cpu_seconds=(
+                        cluster.cpu_seconds(cluster.scheduler_pids) - shards_before
+                    ),
+                    services_cpu_seconds=cluster.cpu_seconds() - services_before,
+                )
+
+
+def seeded_profile(file: str, seed: int, tmp: Path) -> Path:
+    """The profile to load: a profile that breaks ties at random gets ``tieBreakSeed`` (the
+    run's seed, so a random run repeats), written beside the node list; others as they are."""
+    path = PROFILES_DIR / file
+    doc = yaml.safe_load(path.read_text()) or {}
+    if doc.get("tieBreak") != "random":
+        return path
+    seeded = tmp / file
+    seeded.write_text(yaml.safe_dump({**doc, "tieBreakSeed": seed}))
+    return seeded
 
 
 def write_outputs(runs: Sequence[ServicesRun], out: Path, stamp: str) -> list[Path]:
+    """The curves, each run at 100 % arrived, the medians and the plot (rewritten whole)."""
     out.mkdir(parents=True, exist_ok=True)
     curves = out / f"gputrace-services-{stamp}.csv"
     with curves.open("w", newline="") as f:
@@ -323,15 +379,55 @@ def write_outputs(runs: Sequence[ServicesRun], out: Path, stamp: str) -> list[Pa
         for r in runs:
             for p in r.run.points:
                 w.writerow(_row(r.run, p))
+    per_run = out / f"gputrace-services-{stamp}-runs.csv"
+    with per_run.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*CURVE_COLUMNS, *RUN_COLUMNS])
+        for r in runs:
+            w.writerow(
+                [
+                    *_row(r.run, r.run.at_read),
+                    f"{r.seconds:.1f}",
+                    f"{r.tasks_per_second:.1f}",
+                    f"{r.cpu_ms_per_task(r.scheduler_cpu_seconds):.2f}",
+                    f"{r.cpu_ms_per_task(r.services_cpu_seconds):.2f}",
+                ]
+            )
     summary = out / f"gputrace-services-{stamp}-summary.csv"
     with summary.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow([*CURVE_COLUMNS, "seconds", "tasks_per_second"])
-        for r in runs:
-            w.writerow(
-                [*_row(r.run, r.run.at_read), f"{r.seconds:.1f}", f"{r.tasks_per_second:.1f}"]
-            )
-    return [curves, summary, plot(runs, out / f"gputrace-services-{stamp}.png")]
+        w.writerow(SUMMARY_COLUMNS)
+        for row in medians(runs):
+            w.writerow(row)
+    figure = out / f"gputrace-services-{stamp}.png"
+    plot([r.run for r in runs], figure)
+    return [curves, per_run, summary, figure]
+
+
+def medians(runs: Sequence[ServicesRun]) -> list[list[object]]:
+    """Per trace and profile (in run order), the median over its seeds at 100 % arrived, with
+    the seeds' range of unallocated %."""
+    groups: dict[tuple[str, str], list[ServicesRun]] = {}
+    for r in runs:
+        groups.setdefault((r.run.trace, r.run.policy), []).append(r)
+    rows: list[list[object]] = []
+    for (trace, policy), mine in groups.items():
+        unallocated = [r.run.at_read.unallocated_pct for r in mine]
+        rows.append(
+            [
+                trace,
+                policy,
+                len(mine),
+                f"{statistics.median(unallocated):.3f}",
+                f"{min(unallocated):.3f}",
+                f"{max(unallocated):.3f}",
+                f"{statistics.median(r.run.at_read.fragmentation_pct for r in mine):.3f}",
+                f"{statistics.median(r.run.at_read.unplaced for r in mine):g}",
+                f"{statistics.median(r.cpu_ms_per_task(r.scheduler_cpu_seconds) for r in mine):.2f}",
+                f"{statistics.median(r.tasks_per_second for r in mine):.1f}",
+            ]
+        )
+    return rows
 
 
 def _row(run: Run, p: Point) -> list[object]:
@@ -339,32 +435,6 @@ def _row(run: Run, p: Point) -> list[object]:
         run.trace, run.policy, run.seed, p.tasks, f"{p.arrived_pct:.3f}",
         f"{p.unallocated_pct:.3f}", f"{p.fragmentation_pct:.3f}", p.placed, p.unplaced,
     ]  # fmt: skip
-
-
-def plot(runs: Sequence[ServicesRun], path: Path) -> Path:
-    """Unallocated % against arrived %, a line per profile (seed), as the paper draws it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in runs:
-        xs = [p.arrived_pct for p in r.run.points if p.arrived_pct >= PLOT_FROM_PERCENT]
-        ys = [p.unallocated_pct for p in r.run.points if p.arrived_pct >= PLOT_FROM_PERCENT]
-        if not xs:  # a small run: draw all of it
-            xs = [p.arrived_pct for p in r.run.points]
-            ys = [p.unallocated_pct for p in r.run.points]
-        ax.plot(xs, ys, label=f"{r.run.policy} (seed {r.run.seed})")
-    ax.set_xlabel("arrived GPU request, % of capacity")
-    ax.set_ylabel("unallocated GPU, % of capacity")
-    ax.set_title(f"openb {runs[0].run.trace if runs else ''} through the services")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def _profiles(wanted: Sequence[str]) -> Iterator[str]:
@@ -376,58 +446,122 @@ def _profiles(wanted: Sequence[str]) -> Iterator[str]:
             yield name
 
 
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """One node and pod list pair, as run: its name, nodes and task shapes."""
+
+    name: str
+    nodes: list[TraceNode]
+    shapes: list[TaskShape]
+
+
+def load_traces(
+    names: Sequence[str], nodes_path: Path | None, pods_path: Path | None, node_count: int
+) -> list[Trace]:
+    """The bundled traces asked for and the pair given by path, cut to ``node_count`` nodes
+    (``trace_subset``); a malformed file raises ``TraceError`` before any run starts."""
+    pairs: list[tuple[str, Path, Path]] = []
+    if nodes_path is not None and pods_path is not None:
+        pairs.append((pods_path.stem, nodes_path, pods_path))
+    pairs.extend((name, GPU_NODES, POD_LISTS[name]) for name in names)
+    traces = []
+    for name, node_file, pod_file in pairs:
+        nodes = load_nodes(node_file)
+        shapes = [pod.shape for pod in load_pods(pod_file)]
+        kept, tasks = trace_subset(nodes, shapes, node_count)
+        traces.append(Trace(name, kept, tasks))
+    return traces
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.gputrace_services",
-        description="The FGD paper's protocol on the openb trace through the real services.",
+        description="The FGD paper's protocol on openb-format traces through the real services.",
     )
-    parser.add_argument("--trace", choices=sorted(POD_LISTS), default="default")
     parser.add_argument(
-        "--policy", action="append", choices=list(PROFILES), help="a profile (repeatable; all)"
+        "--trace",
+        action="append",
+        choices=sorted(POD_LISTS),
+        help="a pod list of the bundled trace (repeatable; default: all three, the default "
+        "trace with --quick, none with --nodes/--pods)",
     )
-    parser.add_argument("--seeds", type=int, default=1, help="how many seeds (default 1)")
+    parser.add_argument("--nodes", type=Path, help="an openb node file (with --pods)")
+    parser.add_argument("--pods", type=Path, help="an openb pod file (with --nodes)")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        choices=list(PROFILES),
+        help=f"a profile (repeatable; default: {', '.join(DEFAULT_PROFILES)})",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help=f"how many seeds (default {FULL_SEEDS}; {QUICK_SEEDS} with --quick)",
+    )
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
-    parser.add_argument("--nodes", type=int, default=0, help="the first N GPU nodes (0: all)")
-    parser.add_argument("--quick", action="store_true", help=f"--nodes {QUICK_NODES}")
+    parser.add_argument(
+        "--node-count", type=int, default=0, help="N evenly spaced nodes and their share of tasks"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"--node-count {QUICK_NODES}, {QUICK_SEEDS} seeds, the default trace unless --trace",
+    )
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--nodeagents", type=int, default=2)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     opts = parser.parse_args(argv)
-    if opts.seeds < 1:
-        parser.error("--seeds: must be at least 1")
-    node_count = QUICK_NODES if opts.quick and not opts.nodes else opts.nodes
+    if (opts.nodes is None) != (opts.pods is None):
+        parser.error("--nodes and --pods go together")
+    seeds = opts.seeds if opts.seeds is not None else QUICK_SEEDS if opts.quick else FULL_SEEDS
+    if seeds < 1:
+        parser.error(f"--seeds: must be at least 1 (got {seeds})")
+    if opts.node_count < 0:
+        parser.error(f"--node-count: must not be negative (got {opts.node_count})")
+    node_count = QUICK_NODES if opts.quick and not opts.node_count else opts.node_count
+    every_trace = ["default"] if opts.quick else sorted(POD_LISTS)
+    names = opts.trace or ([] if opts.nodes is not None else every_trace)
     try:
-        all_nodes = load_nodes(GPU_NODES)
-        all_shapes = [pod.shape for pod in load_pods(POD_LISTS[opts.trace])]
+        traces = load_traces(names, opts.nodes, opts.pods, node_count)
     except TraceError as exc:
         parser.error(str(exc))
-    nodes, shapes = trace_subset(all_nodes, all_shapes, node_count)
-    mix = ShapeMix.of_counts(Counter(shapes))
-    capacity = sum(node.gpus for node in nodes) * MILLI_PER_GPU
+    profiles = list(_profiles(opts.policy or list(DEFAULT_PROFILES)))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     runs: list[ServicesRun] = []
-    for profile in _profiles(opts.policy or list(PROFILES)):
-        for seed in range(opts.first_seed, opts.first_seed + opts.seeds):
-            tasks = task_sequence(shapes, capacity, seed)
-            print(f"{profile} seed {seed}: {len(nodes)} nodes, {len(tasks)} tasks", file=sys.stderr)
-            try:
-                r = run_on_cluster(
-                    nodes, tasks, mix, profile, seed, opts.trace,
-                    shards=opts.shards, nodeagents=opts.nodeagents,
-                )  # fmt: skip
-            except (TraceRunError, ClientError, local.ClusterError) as exc:
-                print(f"{profile} seed {seed}: {exc}", file=sys.stderr)
-                return 1
-            runs.append(r)
-            at = r.run.at_read
-            print(
-                f"  unallocated {at.unallocated_pct:.2f} % at {at.arrived_pct:.1f} % arrived, "
-                f"{at.unplaced} unplaced; {r.tasks_per_second:.1f} tasks/s",
-                file=sys.stderr,
-            )
+    paths: list[Path] = []
+    for trace in traces:
+        mix = ShapeMix.of_counts(Counter(trace.shapes))
+        capacity = sum(node.gpus for node in trace.nodes) * MILLI_PER_GPU
+        for profile in profiles:
+            for seed in range(opts.first_seed, opts.first_seed + seeds):
+                tasks = task_sequence(trace.shapes, capacity, seed)
+                print(
+                    f"{trace.name} {profile} seed {seed}: {len(trace.nodes)} nodes, "
+                    f"{len(tasks)} tasks",
+                    file=sys.stderr,
+                )
+                try:
+                    r = run_on_cluster(
+                        trace.nodes, tasks, mix, profile, seed, trace.name,
+                        shards=opts.shards, nodeagents=opts.nodeagents,
+                    )  # fmt: skip
+                except (TraceRunError, ClientError, local.ClusterError) as exc:
+                    print(f"{trace.name} {profile} seed {seed}: {exc}", file=sys.stderr)
+                    return 1
+                runs.append(r)
+                at = r.run.at_read
+                print(
+                    f"  unallocated {at.unallocated_pct:.2f} % at {at.arrived_pct:.1f} % "
+                    f"arrived, {at.unplaced} unplaced; {r.tasks_per_second:.1f} tasks/s, "
+                    f"shards {r.cpu_ms_per_task(r.scheduler_cpu_seconds):.1f} CPU-ms/task",
+                    file=sys.stderr,
+                )
+                paths = write_outputs(runs, opts.out, stamp)
     if not runs:
         print("no profile could run", file=sys.stderr)
         return 1
-    for path in write_outputs(runs, opts.out, time.strftime("%Y%m%d-%H%M%S")):
+    print(summary_table([r.run for r in runs]))
+    for path in paths:
         print(path)
     return 0
 

@@ -3,6 +3,10 @@
 Gödel's scheduler-side preemption (reference/godel-scheduler.md §3.2) over the cycle's snapshot,
 with the pure pieces of ``placement.preemption``. For one pod:
 
+0. When no bound pod has a priority below the pod's (``VictimSource.lowest_bound_priority``),
+   no node can hold a victim: the search is skipped and every node tallied as step 4 does,
+   from its totals and bound count (``_no_victim_anywhere``). A storm of pods that fit nowhere
+   at equal priority, as a full GPU cluster makes, walked every node's pods per pod for nothing.
 1. Nodes in the search's scan order from a rotating offset (so a storm of preemptors spreads
    over the cluster instead of re-examining the same full nodes), skipping the nodes where
    preemption cannot help: the quick check (free room plus the lower-priority pods of the pool,
@@ -24,6 +28,7 @@ pods see the room taken and freed, and undoes it (``undo``) when the unit fails 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -65,6 +70,14 @@ class VictimSource(Protocol):
 
     def running(self, pod: str) -> VictimCandidate | None:
         """A bound pod's record; None for a pod not bound (e.g. assumed by this shard)."""
+        ...
+
+    def bound_on(self, node: str) -> int:
+        """How many bound pods ``node`` holds (the records ``running`` answers for)."""
+        ...
+
+    def lowest_bound_priority(self) -> int | None:
+        """The lowest priority among the bound pods (None: none is bound)."""
         ...
 
     @property
@@ -122,6 +135,10 @@ class Preemption:
     ) -> Preempted | None:
         """The best node and victims for ``pod``, or None. ``chosen``: victims earlier pods of
         the same unit already took (they count against the budgets with this pod's)."""
+        lowest = self.source.lowest_bound_priority()
+        if lowest is None or lowest >= pod.priority:
+            self._no_victim_anywhere(pod, segments, now_ms)
+            return None
         claimed = self.source.claimed
         budgets = self._budget_fn(chosen)
         found: list[Candidate] = []
@@ -150,6 +167,43 @@ class Preemption:
             return None
         best = order_candidates(found)[0]
         return Preempted(best.node, best.victims)
+
+    def _no_victim_anywhere(
+        self, pod: PodInfo, segments: Sequence[Sequence[NodeInfo]], now_ms: int
+    ) -> None:
+        """The fast path: no bound pod is below ``pod``'s priority, so no node holds a possible
+        victim, and the search would walk every node and its pods to find none (a storm of
+        pods that fit nowhere at equal priority did, pod after pod). Each node is tallied as a
+        node the quick check ruled out is (``quick_check_blocker``: from its totals and bound
+        count, its pods read only when some are not bound), except a node that would have room
+        as it is and fails a filter no eviction can change (the search skips it too). Where the
+        search would have looked for victims (room as it is, by the integers) and named the
+        smallest group of pods in the way, this names priority: it holds for every pod there."""
+        totals, bound_on = self.totals, self.source.bound_on
+        tally = PreemptionTally()
+        for seg in segments:
+            for node in seg:
+                if could_fit_after_preemption(pod, node, totals) and self._unresolvable(pod, node):
+                    continue
+                records = functools.partial(self._records, node, frozenset())
+                reason = quick_check_blocker(pod, node, totals, bound_on(node.name), records)
+                tally.add(NodeBlocker(reason))
+            self.examined += len(seg)
+        self.blocked = tally
+        self.why = (
+            preemption_sentence(
+                tally.reasons(), priority=pod.priority, protection_ends_ms=0, now_ms=now_ms
+            )
+            or f"preemption: {NO_VICTIMS}"
+        )
+
+    def _unresolvable(self, pod: PodInfo, node: NodeInfo) -> bool:
+        """Whether a filter other than the resource fits turns ``pod`` away for good."""
+        for f in self._others:
+            status = f(pod, node)
+            if status is not None:
+                return status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+        return False
 
     def _victims_on(
         self,
@@ -192,9 +246,18 @@ class Preemption:
     ) -> PreemptionTally:
         """Why each node ``failed`` notes could not help (the snapshot is as it was searched)."""
         tally = PreemptionTally()
+        # A victim an earlier pod chose is off its node in the snapshot, yet still bound: the
+        # node's bound count no longer tells whether all its pods are bound.
+        bound_on = self.source.bound_on if not chosen else _unknown_bound
         for node in failed.skipped:
-            records = self._records(node, chosen)
-            tally.add(NodeBlocker(quick_check_blocker(pod, node, records, self.totals)))
+            reason = quick_check_blocker(
+                pod,
+                node,
+                self.totals,
+                bound_on(node.name),
+                functools.partial(self._records, node, chosen),
+            )
+            tally.add(NodeBlocker(reason))
         for node in failed.no_room:
             tally.add(node_blocker(pod, node, self._records(node, chosen), now_ms, claimed))
         for names in failed.budgets:
@@ -216,6 +279,11 @@ class Preemption:
         if not earlier:
             return violations
         return lambda names: violations([*earlier, *names])
+
+
+def _unknown_bound(_node: str) -> int:
+    """No bound count to trust: the blocker reads the node's records."""
+    return -1
 
 
 def take(snapshot: Snapshot, req: PodRequest, place: Preempted) -> PodRequest:

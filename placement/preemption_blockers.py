@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
 
 from placement.framework.interface import PodInfo
@@ -124,28 +124,41 @@ def _makes_room(
     return fits_without(preemptor, node, itertools.chain(possible, *groups))
 
 
-def quick_check_blocker(
-    preemptor: PodInfo,
-    node: NodeInfo,
-    pods: Sequence[VictimCandidate],
-    totals: LowerPriorityTotals,
-) -> str:
-    """Why a node the quick check skipped cannot help: ``priority`` when evicting every bound
-    pod of the pool (``pods``: the node's records), whatever its priority, would make room;
-    else ``no room``. The totals answer first when not even every pod gone would do."""
+def room_without_every_pod(preemptor: PodInfo, node: NodeInfo, totals: LowerPriorityTotals) -> bool:
+    """Whether ``node`` would have room for ``preemptor`` (cpu, memory, GPUs, a pod slot) were
+    every pod of its pool gone, whatever its priority: from the totals, on integers."""
     req = preemptor.req
     everyone = totals.lower_than(node, req.pool, _ABOVE_EVERY_PRIORITY)
     free_cpu, free_mem, free_gpu = node.free(req.pool)
     q = req.requests
-    room = (
+    return (
         node.max_pods - len(node.pods) + everyone[3] >= 1
         and (not q.cpu or q.cpu <= free_cpu + everyone[0])
         and (not q.mem or q.mem <= free_mem + everyone[1])
         and (not q.gpus or q.gpus <= free_gpu + everyone[2])
     )
-    if not room:
+
+
+def quick_check_blocker(
+    preemptor: PodInfo,
+    node: NodeInfo,
+    totals: LowerPriorityTotals,
+    bound: int,
+    records: Callable[[], Sequence[VictimCandidate]],
+) -> str:
+    """Why a node the quick check skipped cannot help: ``priority`` when evicting every bound
+    pod of the pool, whatever its priority, would make room; else ``no room``. Judged from the
+    node's totals and ``bound`` (how many of its pods are bound) alone when not even every pod
+    gone would do, or when every pod there is bound: the common case, as a storm of pods no
+    node fits at equal priority has it, costs no walk of the node's pods. Only a node holding
+    pods not bound yet (a unit's own members assumed there) reads ``records`` (its bound pods'
+    records) to judge what the bound ones alone would free."""
+    if not room_without_every_pod(preemptor, node, totals):
         return BLOCKED_NO_ROOM
-    if len(pods) == len(node.pods):  # every pod there is bound: the totals are theirs
+    if bound == len(node.pods):  # every pod there is bound: the totals are theirs
+        return BLOCKED_PRIORITY
+    pods = records()
+    if len(pods) == len(node.pods):
         return BLOCKED_PRIORITY
     # Pods not bound yet (a unit's own members assumed here) are no one's to evict.
     return BLOCKED_PRIORITY if fits_without(preemptor, node, pods) else BLOCKED_NO_ROOM

@@ -20,6 +20,10 @@ preemption storm) does not scan every node per pod. Kube mode, for comparison: n
 pod scans until it has ``num_feasible_nodes_to_find(n)`` feasible nodes (kube-scheduler's
 adaptive percentageOfNodesToScore) and scores them.
 
+Select: the best score in the template's heap; among equal scores the profile's ``tieBreak``
+decides (``first``: the scan order from the rotating offset; ``random``: a draw made as each
+candidate enters the heap, so uniformly among the top scores as kube-scheduler's selectHost).
+
 PostFilter (both modes): a pod no node fits, for reasons preemption can resolve, asks
 ``placement.postfilter.Preemption`` for a node and victims; it is assumed there with its victims
 taken off the snapshot, so the unit's later pods see both. A gang preempts as a unit: if fewer
@@ -33,15 +37,18 @@ same search as a generator that yields after every pod, so a service can let its
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 import math
+import random
 import time
 from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from placement.framework import Code, Framework, NodeLabels, PodInfo, UnitInfo
+from placement.framework.profile import TIE_BREAK_RANDOM
 from placement.gpu import pin_cards
 from placement.gpufrag import Policy
 from placement.nodeinfo import NodeInfo, PodRequest
@@ -59,9 +66,29 @@ Mode = Literal["godel", "kube"]
 _MAX_NO_FIT = 10_000
 # Feasible-node caches kept between units (the most recently used; forgetting one costs a scan).
 _MAX_KEPT = 1_000
-# Heap entries' sequence numbers: an entry's tie-break among equal scores (first pushed first)
-# and its identity (``_Template.live``: an entry pushed again supersedes the older one).
+# Heap entries' sequence numbers: an entry's tie-break among equal scores after the profile's
+# draw (first pushed first) and its identity (``_Template.live``: an entry pushed again
+# supersedes the older one).
 _SEQUENCE = itertools.count(1)
+# Random tie-break draws: wide enough that two equal draws among one template's candidates are
+# rare (the sequence number decides them, which stays uniform enough).
+_TIE_BITS = 62
+
+
+def _scan_order() -> int:
+    """The ``first`` tie-break's draw: every entry the same, so the sequence number (the scan
+    order from the rotating offset) decides."""
+    return 0
+
+
+def tie_breaker(profile_tie_break: str, seed: int | None) -> Callable[[], int]:
+    """The draw each heap entry is pushed with, under its score: ``first`` (0: scan order) or
+    ``random`` (kube-scheduler's selectHost: uniformly among the top scores; ``seed`` None
+    draws from the OS's entropy)."""
+    if profile_tie_break == TIE_BREAK_RANDOM:
+        rng = random.Random(seed)
+        return functools.partial(rng.getrandbits, _TIE_BITS)
+    return _scan_order
 
 
 @dataclass(frozen=True)
@@ -174,7 +201,10 @@ class _NoFit:
 
 @dataclass(slots=True)
 class _Template:
-    heap: list[tuple[int, int, str]] = field(default_factory=list)
+    # (-score, tie-break draw, sequence number, node): the best score first, then the profile's
+    # tie-break (``tie_breaker``), then the first pushed.
+    heap: list[tuple[int, int, int, str]] = field(default_factory=list)
+    draw: Callable[[], int] = _scan_order
     # The entry of each cached node that still counts (its sequence number): an entry pushed
     # again when a node is re-scored supersedes the older one, which is skipped when popped.
     live: dict[str, int] = field(default_factory=dict)
@@ -216,7 +246,7 @@ class _Template:
     def push(self, node: str, score: int) -> None:
         """(Re-)enter ``node`` with ``score``; an older entry of it is skipped when popped."""
         seq = next(_SEQUENCE)
-        heapq.heappush(self.heap, (-score, seq, node))
+        heapq.heappush(self.heap, (-score, self.draw(), seq, node))
         self.live[node] = seq
 
     # -- topology templates ------------------------------------------------------------------
@@ -394,7 +424,7 @@ class _Template:
             self.norm[name] = score
             seq = next(_SEQUENCE)
             total = self.static[name] + self.dynamic[name] + score
-            self.heap.append((-total, seq, name))
+            self.heap.append((-total, self.draw(), seq, name))
             live[name] = seq
         heapq.heapify(self.heap)
 
@@ -733,6 +763,9 @@ class UnitScheduler:
         # The PostFilter; None (or a profile with preemption off): pods that fit nowhere wait.
         self.preemption = preemption if framework.profile.preemption else None
         self._topology_plugins = bool(framework.topology)
+        # Select among equal scores: the profile's tie-break (scan order, or at random).
+        profile = framework.profile
+        self._draw = tie_breaker(profile.tie_break, profile.tie_break_seed)
         self.partition: frozenset[str] = frozenset()
         self._offset = 0
         # The partitioned scan order, kept between units: (snapshot token, layout, partition)
@@ -963,7 +996,7 @@ class UnitScheduler:
             if tmpl is not None:
                 run.templates[key] = tmpl
         if tmpl is None:
-            tmpl = _Template(shape=shape)
+            tmpl = _Template(shape=shape, draw=self._draw)
             if not topo or use_cache:
                 run.templates[key] = tmpl
             narrowed = labels and self._narrow(pod, run.snapshot, labels, run.total_nodes)
@@ -1077,7 +1110,7 @@ class UnitScheduler:
     ) -> str | None:
         """The best cached candidate; one among ``changed`` is taken only if it still fits."""
         while tmpl.heap:
-            _, seq, node = heapq.heappop(tmpl.heap)
+            _, _, seq, node = heapq.heappop(tmpl.heap)
             if tmpl.live.get(node) != seq:
                 continue  # superseded by a later entry, or dropped
             del tmpl.live[node]

@@ -22,6 +22,7 @@ from bench import (
     fairness,
     faults,
     gpucluster,
+    gpufrag_sim,
     gputrace_replay,
     gputrace_services,
     harness,
@@ -671,20 +672,22 @@ def test_big_job_quick_form_binds_every_pod_and_reports_the_dispatchers_stalls(
 def test_gpu_trace_through_the_services_writes_monotone_curves_per_profile(
     tmp_path: Path,
 ) -> None:
-    """The openb protocol through real services (bench.gputrace_services) on the trace's first
-    12 GPU nodes and their share of tasks, two profiles: a curve per profile with arrived %
-    rising to at most 130 %, every task placed or counted unplaced, the allocation read from
-    the stored pods (the run fails if it differs from the one read as tasks were decided), a
-    summary row per profile with its rate, and the plot."""
+    """The openb protocol through real services (bench.gputrace_services) on 12 of the default
+    trace's GPU nodes and their share of tasks, one seed, the default profile and random (the
+    select step's seeded random tie-break): a curve per profile with arrived % rising to at
+    most 130 %, every task placed or counted unplaced, the allocation read from the stored pods
+    (the run fails if it differs from the one read as tasks were decided), a row per run with
+    its rate and the shards' CPU per task, a median row per profile, and the plot."""
     out = tmp_path / "out"
-    argv = ["--nodes", "12", "--policy", "default", "--policy", "most-allocated"]
+    argv = ["--node-count", "12", "--trace", "default", "--seeds", "1"]
+    argv += ["--policy", "default", "--policy", "random"]
     assert gputrace_services.main([*argv, "--out", str(out)]) == 0
     [curves] = out.glob("gputrace-services-*[0-9].csv")
     rows = list(csv.DictReader(curves.open()))
     by_policy: dict[str, list[dict[str, str]]] = {}
     for row in rows:
         by_policy.setdefault(row["policy"], []).append(row)
-    assert set(by_policy) == {"default", "most-allocated"}
+    assert set(by_policy) == {"default", "random"}
     for policy_rows in by_policy.values():
         arrived = [float(r["arrived_pct"]) for r in policy_rows]
         assert arrived == sorted(arrived)  # the last row may repeat it: a CPU-only task
@@ -693,14 +696,82 @@ def test_gpu_trace_through_the_services_writes_monotone_curves_per_profile(
         assert all(int(r["placed"]) + int(r["unplaced"]) == int(r["tasks"]) for r in policy_rows)
         assert tasks == sorted(tasks) and len(set(tasks)) == len(tasks)
         assert all(0 <= float(r["unallocated_pct"]) <= 100 for r in policy_rows)
-    [summary] = out.glob("gputrace-services-*-summary.csv")
-    runs = {r["policy"]: r for r in csv.DictReader(summary.open())}
-    assert set(runs) == {"default", "most-allocated"}
+    [per_run] = out.glob("gputrace-services-*-runs.csv")
+    runs = {r["policy"]: r for r in csv.DictReader(per_run.open())}
+    assert set(runs) == {"default", "random"}
     assert all(
-        float(r["arrived_pct"]) == 100 and float(r["tasks_per_second"]) > 0 for r in runs.values()
+        float(r["arrived_pct"]) == 100
+        and float(r["tasks_per_second"]) > 0
+        and float(r["scheduler_cpu_ms_per_task"]) > 0
+        for r in runs.values()
     )
+    [summary] = out.glob("gputrace-services-*-summary.csv")
+    medians = {r["policy"]: r for r in csv.DictReader(summary.open())}
+    assert set(medians) == {"default", "random"}
+    for policy, row in medians.items():
+        assert (row["trace"], row["seeds"]) == ("default", "1")
+        # One seed: its median is its run's figure.
+        assert float(row["unallocated_pct_median"]) == float(runs[policy]["unallocated_pct"])
     [png] = out.glob("gputrace-services-*.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_trace_medians_are_per_trace_and_profile_over_seeds() -> None:
+    """The summary's row per trace and profile is the median over its seeds at 100 % arrived."""
+
+    def run(
+        trace: str, policy: str, seed: int, unallocated: float
+    ) -> gputrace_services.ServicesRun:
+        at = gpufrag_sim.Point(10, 100.0, unallocated, unallocated, 9, 1)
+        return gputrace_services.ServicesRun(
+            gpufrag_sim.Run(trace, policy, seed, (at,), at), 1.0, 10, 0.5, 2.0
+        )
+
+    runs = [run("default", "random", s, u) for s, u in enumerate((9.0, 3.0, 5.0))]
+    runs.append(run("multigpu20", "random", 0, 7.0))
+    rows = gputrace_services.medians(runs)
+    assert [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows] == [
+        ("default", "random", 3, "5.000", "3.000", "9.000"),
+        ("multigpu20", "random", 1, "7.000", "7.000", "7.000"),
+    ]
+
+
+def test_gpu_trace_random_profile_is_seeded_per_run(tmp_path: Path) -> None:
+    """The random profile loads with the run's seed as its tie-break seed; others unchanged."""
+    seeded = gputrace_services.seeded_profile("random.yaml", 4, tmp_path)
+    profile = load_profile(seeded, new_in_tree_registry())
+    assert (profile.scores, profile.tie_break, profile.tie_break_seed) == ((), "random", 4)
+    plain = gputrace_services.seeded_profile("least-allocated.yaml", 4, tmp_path)
+    assert plain == gputrace_services.PROFILES_DIR / "least-allocated.yaml"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nodes", "n.csv"], "--nodes and --pods go together"),
+        (["--seeds", "0"], "--seeds: must be at least 1"),
+        (["--node-count", "-1"], "--node-count: must not be negative"),
+    ],
+)
+def test_gpu_trace_bad_arguments_are_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        gputrace_services.main(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_gpu_trace_pair_by_path_is_refused_when_malformed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,lots,1024,1,T4\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,100,1024,1,1000\n")
+    with pytest.raises(SystemExit):
+        gputrace_services.main(["--nodes", str(nodes), "--pods", str(pods)])
+    assert "nodes.csv:2: cpu_milli" in capsys.readouterr().err
 
 
 def test_gpu_trace_profiles_load_and_the_gpufrag_ones_wait_for_their_plugin(

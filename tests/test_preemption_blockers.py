@@ -97,27 +97,39 @@ def test_node_blocker(pods: list[P], cpu: int, claimed: set[str], expected: Node
 
 
 QUICK_CHECK = [
-    # id, pods on a 4000m node, of them bound (None: all), preemptor cpu, expected reason
+    # id, pods on a 4000m node, of them bound (None: all), preemptor cpu, expected reason,
+    # whether judging it walks the node's pods (only when some there are not bound)
     ("equal and higher priority fill the node", [P("a-0", 100, cpu=2000), P("b-0", 200, cpu=2000)],
-     None, 1000, BLOCKED_PRIORITY),
-    ("too small even empty", [P("a-0", 200, cpu=2000)], None, 8000, BLOCKED_NO_ROOM),
+     None, 1000, BLOCKED_PRIORITY, False),
+    ("too small even empty", [P("a-0", 200, cpu=2000)], None, 8000, BLOCKED_NO_ROOM, False),
+    ("too small even empty, some not bound", [P("g-0", 100, cpu=2000)], [], 8000,
+     BLOCKED_NO_ROOM, False),
     ("the unit's own members, assumed there, not bound",
-     [P("g-0", 100, cpu=2000), P("g-1", 100, cpu=2000)], [], 1000, BLOCKED_NO_ROOM),
+     [P("g-0", 100, cpu=2000), P("g-1", 100, cpu=2000)], [], 1000, BLOCKED_NO_ROOM, True),
     ("one bound pod of higher priority would do", [P("g-0", 100, cpu=2000), P("h-0", 200, cpu=2000)],
-     [P("h-0", 200, cpu=2000)], 2000, BLOCKED_PRIORITY),
+     [P("h-0", 200, cpu=2000)], 2000, BLOCKED_PRIORITY, True),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("pods", "bound", "cpu", "expected"),
+    ("pods", "bound", "cpu", "expected", "walks"),
     [c[1:] for c in QUICK_CHECK],
     ids=[c[0] for c in QUICK_CHECK],
 )
-def test_quick_check_blocker(pods: list[P], bound: list[P] | None, cpu: int, expected: str) -> None:
+def test_quick_check_blocker(
+    pods: list[P], bound: list[P] | None, cpu: int, expected: str, walks: bool
+) -> None:
     pre, info, totals = preemptor(cpu=cpu), node_with(pods), LowerPriorityTotals()
     assert not could_fit_after_preemption(pre, info, totals)  # the node the check skips
     held = records(pods if bound is None else bound)
-    assert quick_check_blocker(pre, info, held, totals) == expected
+    walked: list[bool] = []
+
+    def bound_records() -> list[VictimCandidate]:
+        walked.append(True)
+        return held
+
+    assert quick_check_blocker(pre, info, totals, len(held), bound_records) == expected
+    assert bool(walked) == walks
 
 
 # ---------------------------------------------------------------------------------------------

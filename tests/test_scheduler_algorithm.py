@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from placement.framework import Framework, PodInfo, Profile, UnitInfo
+from placement.framework import Framework, PodInfo, Profile, UnitInfo, load_profile
 from placement.nodeinfo import PodRequest, resource_fit_failures
 from placement.plugins import new_in_tree_registry
 from placement.search import (
@@ -678,3 +678,66 @@ def test_cache_bound_nodes_of_a_job_follow_its_pods() -> None:
     bind(a_pods[2], "n00001")  # the emptied index was dropped: a fresh scan finds it
     assert cache.bound_nodes_of("a") == ["n00001"]
     assert cache.bound_nodes_of("b") == ["n00001"]
+
+
+def profiled(text: str, **kw: object) -> UnitScheduler:
+    framework = Framework(load_profile(text, REGISTRY), REGISTRY)
+    return UnitScheduler(framework, SearchConfig(**kw))  # type: ignore[arg-type]
+
+
+def one_pod_stream(sched: UnitScheduler, snap: Snapshot, pods: int, cpu: int) -> list[str]:
+    """``pods`` one-pod jobs in turn (each its own unit, as the trace benchmark submits them):
+    the node each was placed on."""
+    chosen = []
+    for i in range(pods):
+        result = sched.schedule(unit_of(f"j{i}", 1, 1, cpu), snap)
+        assert result.success
+        chosen.append(result.placements[0].node)
+    return chosen
+
+
+NO_SCORES = "scores: []\npreemption: false\n"
+RANDOM_NO_SCORES = NO_SCORES + "tieBreak: random\n"
+
+
+@pytest.mark.parametrize(
+    ("case", "profile", "same_as_scan_order"),
+    [
+        # Every node ties without scores: the scan order from the rotating offset decides.
+        ("first-is-scan-order", NO_SCORES, True),
+        ("random-seed-1", RANDOM_NO_SCORES + "tieBreakSeed: 1\n", False),
+        ("random-seed-2", RANDOM_NO_SCORES + "tieBreakSeed: 2\n", False),
+    ],
+)
+def test_tie_break_selects_among_equal_scores(
+    case: str, profile: str, same_as_scan_order: bool
+) -> None:
+    def run(text: str) -> list[str]:
+        _, snap = cluster(40, cpu=64_000)
+        return one_pod_stream(profiled(text, scan_extra=100), snap, 30, 100)
+
+    chosen = run(profile)
+    assert chosen == run(profile)  # the same profile (and seed) makes the same choices
+    assert (chosen == run(NO_SCORES)) is same_as_scan_order
+    if not same_as_scan_order:
+        assert chosen != run(RANDOM_NO_SCORES + "tieBreakSeed: 99\n")  # the seed draws
+        assert len(set(chosen)) > 10  # spread at random, not piled up
+
+
+def test_random_tie_break_picks_only_among_the_top_score_and_each_of_them() -> None:
+    # Big nodes score higher for LeastAllocated than small ones: only they may be drawn, and
+    # over many draws every one of them is.
+    picked: set[str] = set()
+    for seed in range(60):
+        cache = SchedulerCache()
+        for i in range(10):
+            nd = node(f"n{i}", cpu=64_000 if i % 2 else 8000, mem=64 * GiB)
+            cache.set_node(nd)
+        snap = Snapshot()
+        snap.update(cache)
+        text = (
+            "scores: [{name: LeastAllocated, weight: 1}]\nargs: {LeastAllocated: {cpu: 1}}\n"
+            f"tieBreak: random\ntieBreakSeed: {seed}\n"
+        )
+        picked.update(one_pod_stream(profiled(text), snap, 1, 4000))
+    assert picked == {"n1", "n3", "n5", "n7", "n9"}

@@ -78,6 +78,14 @@ BAD_PROFILES = [
     ("args-bad-value", "args: {LeastAllocated: {cpu: -2}}\n", "weight of cpu must be >= 0"),
     ("args-no-args-plugin", "args: {NodePorts: {x: 1}}\n", "NodePorts: unknown arg 'x'"),
     ("preemption-not-bool", "preemption: 'no'\n", "preemption: expected true or false"),
+    ("tie-break-unknown", "tieBreak: last\n", r"tieBreak: expected one of \['first', 'random'\]"),
+    (
+        "tie-break-seed-negative",
+        "tieBreak: random\ntieBreakSeed: -1\n",
+        "tieBreakSeed: expected an integer >= 0",
+    ),
+    ("tie-break-seed-text", "tieBreak: random\ntieBreakSeed: x\n", "tieBreakSeed: expected"),
+    ("tie-break-seed-alone", "tieBreakSeed: 3\n", "tieBreakSeed: only with tieBreak: random"),
 ]
 
 
@@ -87,6 +95,12 @@ BAD_PROFILES = [
 def test_bad_profile_is_refused_with_a_clear_error(text: str, error: str) -> None:
     with pytest.raises(ProfileError, match=error):
         load_profile(text, REGISTRY)
+
+
+def test_tie_break_defaults_to_scan_order_and_takes_random_with_a_seed() -> None:
+    assert load_profile("", REGISTRY).tie_break == "first"
+    profile = load_profile("scores: []\ntieBreak: random\ntieBreakSeed: 7\n", REGISTRY)
+    assert (profile.scores, profile.tie_break, profile.tie_break_seed) == ((), "random", 7)
 
 
 def test_missing_profile_file(tmp_path: Path) -> None:

@@ -61,6 +61,12 @@ class CacheVictims:
     def running(self, pod: str) -> VictimCandidate | None:
         return self.cache.running(pod)
 
+    def bound_on(self, node: str) -> int:
+        return self.cache.bound_on(node)
+
+    def lowest_bound_priority(self) -> int | None:
+        return self.cache.lowest_bound_priority()
+
     @property
     def claimed(self) -> Set[str]:
         return self.cache.claimed.keys()
@@ -399,3 +405,90 @@ def test_a_gang_held_up_by_its_own_members_is_not_told_of_priority() -> None:
     diagnosis = result.diagnoses["g-2"].to_proto()
     assert [(r.reason, r.nodes) for r in diagnosis.preemption_reasons] == [("no room", 2)]
     assert diagnosis.gang_needed == 3 and diagnosis.gang_placed == 2
+
+
+def test_the_cache_counts_bound_pods_per_node_as_they_bind_move_and_go() -> None:
+    """``bound_on`` (what the preemption tally judges a node's pods by, instead of walking
+    them) and ``lowest_bound_priority`` (whether a victim can exist at all) follow binds, moves
+    and deletions; an assumed pod is not bound."""
+    cache = SchedulerCache()
+    for name in ("a", "b"):
+        cache.set_node(n(name))
+    assert cache.lowest_bound_priority() is None
+    cache.set_pod(running("x", "a", priority=HIGH))
+    cache.set_pod(running("y", "a", priority=LOW))
+    req = PodInfo.from_pod(pods_of(job("p", cpu=100, mem=GiB))[0]).req
+    assert cache.assume(req, "b")
+    assert (cache.bound_on("a"), cache.bound_on("b")) == (2, 0)
+    assert cache.lowest_bound_priority() == LOW
+    cache.set_pod(running("x", "b", priority=HIGH))  # moved
+    assert (cache.bound_on("a"), cache.bound_on("b")) == (1, 1)
+    cache.set_pod(running("x", "b", priority=HIGH))  # the same binding again
+    assert cache.bound_on("b") == 1
+    cache.remove_pod("y")
+    assert cache.lowest_bound_priority() == HIGH
+    cache.remove_pod("x")
+    assert (cache.bound_on("a"), cache.bound_on("b")) == (0, 0)
+    assert cache.lowest_bound_priority() is None
+
+
+FAST_PATH = [
+    # id, nodes, bound pods, preemptor priority, expected placement (node, victims) or None,
+    # expected preemption reasons when none, whether the search read any pod's record
+    ("equal priority everywhere: no victim search, priority per node, no room where too small",
+     [n("a"), n("b"), n("small", cpu=1000)],
+     [running("x", "a", cpu=4000, priority=HIGH), running("y", "b", cpu=4000, priority=HIGH),
+      running("z", "small", cpu=1000, priority=HIGH)],
+     HIGH, None, (("priority", 2), ("no room", 1)), False),
+    ("higher priority everywhere: the same",
+     [n("a")], [running("x", "a", cpu=4000, priority=HIGH + 1)], HIGH, None,
+     (("priority", 1),), False),
+    ("a node with room as it is that a taint turns away is not tallied",
+     [n("a"), tainted(n("t"))], [running("x", "a", cpu=4000, priority=HIGH)], HIGH, None,
+     (("priority", 1),), False),
+    ("one bound pod below the preemptor: the search runs and evicts it",
+     [n("a"), n("b")],
+     [running("x", "a", cpu=4000, priority=HIGH), running("l", "b", cpu=4000, priority=LOW)],
+     HIGH, ("b", ["l"]), (), True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods", "priority", "placed", "reasons", "reads"),
+    [c[1:] for c in FAST_PATH],
+    ids=[c[0] for c in FAST_PATH],
+)
+def test_preemption_skips_the_victim_search_when_no_bound_pod_is_below_the_preemptor(
+    nodes: list[pb.Node],
+    pods: list[pb.Pod],
+    priority: int,
+    placed: tuple[str, list[str]] | None,
+    reasons: tuple[tuple[str, int], ...],
+    reads: bool,
+) -> None:
+    """No bound pod below the preemptor: no node can hold a victim, so the search is skipped
+    and each node tallied from its totals and bound count (a storm of unplaceable pods at equal
+    priority no longer walks every node's pods per pod); the tally is the one the search made."""
+    cache, snap, sched, _ = build(nodes, pods, Profile(), "godel")
+    assert sched.preemption is not None
+    source = RecordsRead(cache, {p.metadata.name: p for p in pods})
+    sched.preemption.source = source
+    result = sched.schedule(preemptor_unit("q", 1, 2000, priority=priority), snap)
+    if placed is None:
+        assert not result.success
+        assert result.diagnoses["q-0"].preemption_reasons == reasons
+    else:
+        assert [(p.node, p.victims) for p in result.placements] == [placed]
+    assert bool(source.read) == reads
+
+
+class RecordsRead(CacheVictims):
+    """CacheVictims noting every pod record it is asked for."""
+
+    def __init__(self, cache: SchedulerCache, pods: dict[str, pb.Pod]) -> None:
+        super().__init__(cache, pods)
+        self.read: list[str] = []
+
+    def running(self, pod: str) -> VictimCandidate | None:
+        self.read.append(pod)
+        return super().running(pod)

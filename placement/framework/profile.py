@@ -7,10 +7,17 @@
     args:
       LeastAllocated: {cpu_weight: 1, memory_weight: 1}
     preemption: true      # PostFilter: evict lower-priority pods when nothing fits (default)
+    tieBreak: first       # Select among equal top scores: first (scan order, default) or random
+    tieBreakSeed: 7       # random only, optional: a reproducible draw (else the OS's entropy)
+
+``tieBreak: random`` is kube-scheduler's selectHost (uniformly among the nodes with the top
+score); with no scores every feasible node ties, so such a profile places at random.
 
 A profile is refused, with a message naming the offending entry, for: unknown keys, an unknown
 plugin, a plugin listed twice at one extension point, a weight that is not a positive integer,
-a plugin that does not implement the extension point it is listed under, or bad args, a ``preemption`` that is not a boolean.
+a plugin that does not implement the extension point it is listed under, or bad args, a
+``preemption`` that is not a boolean, a ``tieBreak`` other than first or random, a
+``tieBreakSeed`` that is not a non-negative integer or comes without ``tieBreak: random``.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ DEFAULT_FILTERS = (
     "PodTopologySpread",
     "InterPodAffinity",
 )
+TIE_BREAK_FIRST = "first"  # the scan order from the rotating offset decides
+TIE_BREAK_RANDOM = "random"  # uniformly among the nodes with the top score
+TIE_BREAKS = (TIE_BREAK_FIRST, TIE_BREAK_RANDOM)
 DEFAULT_SCORES = (
     ("LeastAllocated", 1),
     ("BalancedAllocation", 1),
@@ -74,9 +84,15 @@ class Profile:
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # PostFilter: a pod that fits nowhere may evict lower-priority pods (on unless switched off).
     preemption: bool = True
+    # Select: which of the nodes with the top score (``TIE_BREAKS``), and the random draw's
+    # seed (None: the OS's entropy).
+    tie_break: str = TIE_BREAK_FIRST
+    tie_break_seed: int | None = None
 
 
-_KEYS = {"filters", "scores", "locating", "grouping", "args", "preemption"}
+_KEYS = {
+    "filters", "scores", "locating", "grouping", "args", "preemption", "tieBreak", "tieBreakSeed",
+}  # fmt: skip
 
 
 def where_of(source: str | Path) -> str:
@@ -110,6 +126,8 @@ def parse_profile(source: str | Path, registry: Registry) -> Profile:
         grouping=_names(doc, "grouping", where, DEFAULT_GROUPING),
         args=_args(doc, where),
         preemption=_flag(doc, "preemption", where, default=True),
+        tie_break=_tie_break(doc, where),
+        tie_break_seed=_tie_break_seed(doc, where),
     )
     check_profile(profile, registry, where)
     return profile
@@ -144,6 +162,24 @@ def _flag(doc: dict[str, Any], key: str, where: str, *, default: bool) -> bool:
     value = doc.get(key, default)
     if not isinstance(value, bool):
         raise ProfileError(f"{where}: {key}: expected true or false, got {value!r}")
+    return value
+
+
+def _tie_break(doc: dict[str, Any], where: str) -> str:
+    value = doc.get("tieBreak", TIE_BREAK_FIRST)
+    if value not in TIE_BREAKS:
+        raise ProfileError(f"{where}: tieBreak: expected one of {list(TIE_BREAKS)}, got {value!r}")
+    return str(value)
+
+
+def _tie_break_seed(doc: dict[str, Any], where: str) -> int | None:
+    if "tieBreakSeed" not in doc:
+        return None
+    value = doc["tieBreakSeed"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProfileError(f"{where}: tieBreakSeed: expected an integer >= 0, got {value!r}")
+    if doc.get("tieBreak") != TIE_BREAK_RANDOM:
+        raise ProfileError(f"{where}: tieBreakSeed: only with tieBreak: {TIE_BREAK_RANDOM}")
     return value
 
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import structlog
 from google.protobuf.message import Message
@@ -48,6 +50,9 @@ class Assumed:
     hold: PodRequest | None = None
 
 
+K = TypeVar("K", str, int)
+
+
 class SchedulerCache:
     def __init__(self) -> None:
         self.labels = LabelIndex()
@@ -55,6 +60,11 @@ class SchedulerCache:
         self.present: set[str] = set()  # nodes that exist (others only hold pods' claims)
         # pod -> its record, which names its node (one string per node, interned)
         self.bound: dict[str, VictimCandidate] = {}
+        # The bound pods counted per node and per priority, kept with ``bound``: preemption
+        # skips its victim search when no bound pod is below the preemptor, and judges a node it
+        # rules out by its totals, needing its pods one by one only when some are not bound.
+        self._bound_on: Counter[str] = Counter()
+        self._bound_priorities: Counter[int] = Counter()
         self.assumed: dict[str, Assumed] = {}
         self.claimed: dict[str, str] = {}  # victim -> the assumed preemptor that claimed it
         self.dirty: set[str] = set()
@@ -150,7 +160,10 @@ class SchedulerCache:
             # Same node: only what preemption reads may have changed (started, claimed). The
             # request the node accounts stays, shared with the new record (a second request per
             # pod, once running, was a fifth of the shard's memory).
-            self.bound[name] = VictimCandidate.from_pod(pod, current)
+            record = VictimCandidate.from_pod(pod, current)
+            _count(self._bound_priorities, current.priority, -1)
+            _count(self._bound_priorities, record.priority, 1)
+            self.bound[name] = record
             return
         assumed = self.assumed.pop(name, None)
         # Assumed on this node with the NUMA nodes and GPU cards it was bound with: already
@@ -168,6 +181,7 @@ class SchedulerCache:
         record = VictimCandidate.from_parts(meta, spec, status, accounted, sys.intern(node_name))
         if current is not None:
             self._unaccount(name, current.node)
+            self._count_bound(current.node, current.priority, -1)
         if assumed is not None:
             self._unclaim(assumed)
             if assumed.node != node_name:
@@ -180,6 +194,7 @@ class SchedulerCache:
         info.add_pod(record.req)
         # Keyed by the record's own name: no string copied per pod.
         self.bound[record.name] = record
+        self._count_bound(record.node, record.priority, 1)
         self.dirty.add(node_name)
         if self._by_job:
             job_pods = self._by_job.get(record.job)
@@ -190,6 +205,7 @@ class SchedulerCache:
         current = self.bound.pop(name, None)
         if current is not None:
             self._unaccount(name, current.node)
+            self._count_bound(current.node, current.priority, -1)
             self.claimed.pop(name, None)
             if self._by_job:
                 self._unindex(current.job, name)
@@ -214,6 +230,18 @@ class SchedulerCache:
             job_pods.pop(pod, None)
             if not job_pods:
                 del self._by_job[job]
+
+    def _count_bound(self, node_name: str, priority: int, sign: int) -> None:
+        _count(self._bound_on, node_name, sign)
+        _count(self._bound_priorities, priority, sign)
+
+    def lowest_bound_priority(self) -> int | None:
+        """The lowest priority among the bound pods (None: none is bound)."""
+        return min(self._bound_priorities) if self._bound_priorities else None
+
+    def bound_on(self, node_name: str) -> int:
+        """How many bound pods ``node_name`` holds."""
+        return self._bound_on[node_name]
 
     def _unaccount(self, pod: str, node_name: str) -> None:
         info = self.nodes.get(node_name)
@@ -299,3 +327,12 @@ class SchedulerCache:
             (a.expires for a in self.assumed.values() if a.expires is not None), default=math.inf
         )
         return len(stale)
+
+
+def _count(counts: Counter[K], key: K, sign: int) -> None:
+    """Add ``sign`` to ``key``'s count, dropping it at zero (so the keys are those counted)."""
+    left = counts[key] + sign
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]

@@ -30,6 +30,12 @@ class ShardVictims:
     def running(self, pod: str) -> VictimCandidate | None:
         return self._cache.running(pod)
 
+    def bound_on(self, node: str) -> int:
+        return self._cache.bound_on(node)
+
+    def lowest_bound_priority(self) -> int | None:
+        return self._cache.lowest_bound_priority()
+
     @property
     def claimed(self) -> Set[str]:
         return self._cache.claimed.keys()
