@@ -8,7 +8,7 @@ import pytest
 
 from placement import gpu
 from placement.framework import Framework, PluginConfigError, PodInfo, Profile, UnitInfo
-from placement.gpufrag import FgdFillPolicy, ShapeMix, TaskShape
+from placement.gpufrag import FgdBalancePolicy, FgdFillPolicy, ShapeMix, TaskShape
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins import new_in_tree_registry
 from placement.plugins.gpufragmentation import SPEC, GpuFragmentation, GpuFragmentationArgs
@@ -50,10 +50,25 @@ def share_pod(name: str, milli: int, models: tuple[str, ...] = ()) -> PodInfo:
     ids=["fills-the-gap", "tie", "no-room", "cpu-only"],
 )
 def test_score(milli: int, nodes: dict[str, tuple[int, ...]], expected: dict[str, int]) -> None:
-    plugin = GpuFragmentation(GpuFragmentationArgs())
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-fill"))
     pod = share_pod("p", milli)
     got = {name: plugin.score(pod, card_node(name, used)) for name, used in nodes.items()}
     assert got == expected
+
+
+def test_the_default_fgd_balance_score_charges_the_sliver_too() -> None:
+    """Mix {600}, default policy fgd-balance: on the gap the pod fills the card (every term
+    grows 0: 50). On the empty card it leaves 400: fgd-fill's growth 400 as above, plus 10 x
+    the card waste (the common sizes 600 and 1000 fill none of 400: 0 -> 400), plus 10 x the
+    GPU that CPU cannot feed (64 CPUs for 100m per 600 milli: none), 4,400 over 22 terms of 10
+    milli a point: 20 points below 50."""
+    plugin = GpuFragmentation(GpuFragmentationArgs())
+    pod = share_pod("p", 600)
+    got = {
+        name: plugin.score(pod, card_node(name, used))
+        for name, used in {"gap": (400,), "empty": (0,)}.items()
+    }
+    assert got == {"gap": 50, "empty": 30}
 
 
 def test_a_cpu_only_pod_is_not_observed() -> None:
@@ -112,7 +127,10 @@ def test_choose_cards_falls_back_to_best_fit_when_the_policy_finds_no_room() -> 
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        ({"policy": "spread"}, "policy: must be one of fgd-fill, fgd, best-fit, packing"),
+        (
+            {"policy": "spread"},
+            "policy: must be one of fgd-balance, fgd-fill, fgd, best-fit, packing",
+        ),
         ({"window": 0}, "window: must be at least 1"),
         ({"refresh": 0}, "refresh: must be at least 1"),
         ({"policy": 3}, "arg 'policy': 3 has the wrong type"),
@@ -124,7 +142,7 @@ def test_bad_args_are_refused_naming_the_field(args: dict[str, object], words: s
         SPEC.parse_args(args)
 
 
-@pytest.mark.parametrize("policy", ["fgd-fill", "fgd", "best-fit", "packing"])
+@pytest.mark.parametrize("policy", ["fgd-balance", "fgd-fill", "fgd", "best-fit", "packing"])
 def test_each_policy_is_accepted(policy: str) -> None:
     assert SPEC.parse_args({"policy": policy}).policy == policy
 
@@ -175,7 +193,7 @@ def test_the_share_policy_is_the_scores_latest() -> None:
     assert isinstance(plugin, GpuFragmentation)
     plugin.score(share_pod("p", 400), card_node("n", (0,)))
     policy = framework.share_policy()
-    assert isinstance(policy, FgdFillPolicy)
+    assert isinstance(policy, FgdBalancePolicy)
     assert policy.mix.shapes == ((shape(400), 1),)
 
 

@@ -4,7 +4,10 @@ the conversions ``placement.gpu``'s).
 
 Policies (``args.policy``):
 
-- ``fgd-fill`` (default): the growth of the learned shape mix's expected fragmentation plus its
+- ``fgd-balance`` (default): fgd-fill's growth plus the growth of the cards' room that the
+  mix's common share sizes cannot fill and of the GPU the node's CPU and memory could not feed
+  (``FgdBalancePolicy``), on the card the same policy picks for a share.
+- ``fgd-fill``: the growth of the learned shape mix's expected fragmentation plus its
   expected unfillable GPU (``FgdFillPolicy``), on the card the same policy picks for a share.
 - ``fgd``: the growth of expected fragmentation alone (the paper's FGD, ``FgdPolicy``).
 - ``best-fit``: the node left with the least free GPU, CPU and memory (``BestFitPolicy``).
@@ -16,7 +19,7 @@ plugin sees its shard's pods): each new pod is observed once, before its nodes a
 shape). The policy is rebuilt from the window when a new shape arrives or every
 ``refresh`` pods, not per pod, so its answers stay cached.
 
-Raw scores are 0..100, higher is better: for fgd and fgd-fill 50 minus the expected growth in
+Raw scores are 0..100, higher is better: for fgd-balance, fgd-fill and fgd 50 minus the expected growth in
 steps of ``milli_per_point`` milli-GPU (a placement that fills a sliver scores above 50); for
 best-fit 100 less the share left free; for packing by tier, then by GPU left free. A pod asking
 no GPU scores 0 everywhere at the cost of one attribute read, so it changes no ranking; a node
@@ -38,10 +41,13 @@ from typing import ClassVar
 from placement.framework import MAX_NODE_SCORE, PluginSpec, PodInfo, ScorePlugin
 from placement.gpu import node_state, task_shape
 from placement.gpufrag import (
+    BALANCE_WEIGHT,
     FGD_FILL_COVERAGE_PERCENT,
     MILLI_PER_GPU,
+    SLIVER_WEIGHT,
     BestFitPolicy,
     Choice,
+    FgdBalancePolicy,
     FgdFillPolicy,
     FgdPolicy,
     GpuNodeState,
@@ -54,7 +60,8 @@ from placement.nodeinfo import NodeInfo
 
 NAME = "GpuFragmentation"
 
-POLICIES = ("fgd-fill", "fgd", "best-fit", "packing")
+POLICIES = ("fgd-balance", "fgd-fill", "fgd", "best-fit", "packing")
+_LEARNING = ("fgd-balance", "fgd-fill", "fgd")
 _NEUTRAL = MAX_NODE_SCORE // 2
 # Packing tiers (GpuPackingPolicy: 0 a shared card, 1 a node in use, 2 an idle node).
 _TIER_POINTS = 40
@@ -62,10 +69,10 @@ _TIER_POINTS = 40
 
 @dataclass(frozen=True)
 class GpuFragmentationArgs:
-    policy: str = "fgd-fill"
+    policy: str = "fgd-balance"
     window: int = 2000  # pods whose shapes make the mix
     refresh: int = 64  # pods between rebuilds of the mix (a new shape rebuilds at once)
-    milli_per_point: int = 10  # expected growth per score point (fgd, fgd-fill)
+    milli_per_point: int = 10  # expected growth per score point (fgd-*)
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
@@ -81,7 +88,7 @@ class GpuFragmentation:
 
     def __init__(self, args: GpuFragmentationArgs) -> None:
         self.args = args
-        self._learns = args.policy in ("fgd-fill", "fgd")
+        self._learns = args.policy in _LEARNING
         self._window = ShapeWindow(args.window, FGD_FILL_COVERAGE_PERCENT)
         self._seen: set[TaskShape] = set()
         self._since_refresh = 0
@@ -98,6 +105,8 @@ class GpuFragmentation:
         policy = self.args.policy
         mix = self._window.mix()
         self._mix_total = mix.total or 1
+        if policy == "fgd-balance":
+            return FgdBalancePolicy(mix)
         if policy == "fgd-fill":
             return FgdFillPolicy(mix)
         if policy == "fgd":
@@ -160,8 +169,11 @@ class GpuFragmentation:
         if choice is None:
             return 0
         policy = self.args.policy
-        if policy in ("fgd-fill", "fgd"):
-            growth = choice.score[0] // (self._mix_total * self.args.milli_per_point)
+        if policy in _LEARNING:
+            # fgd-balance's score sums four count-weighted terms, two of them weighted: per
+            # point, the same share of its range as fgd-fill's.
+            terms = 2 + SLIVER_WEIGHT + BALANCE_WEIGHT if policy == "fgd-balance" else 1
+            growth = choice.score[0] // (self._mix_total * self.args.milli_per_point * terms)
             return _clamp(_NEUTRAL - growth)
         if policy == "best-fit":
             # The sum of three shares of a million (GPU, CPU, memory left free).
