@@ -60,15 +60,15 @@ def test_the_default_fgd_balance_score_charges_the_sliver_too() -> None:
     """Mix {600}, default policy fgd-balance: on the gap the pod fills the card (every term
     grows 0: 50). On the empty card it leaves 400: fgd-fill's growth 400 as above, plus 10 x
     the card waste (the common sizes 600 and 1000 fill none of 400: 0 -> 400), plus 10 x the
-    GPU that CPU cannot feed (64 CPUs for 100m per 600 milli: none), 4,400 over 22 terms of 10
-    milli a point: 20 points below 50."""
+    GPU that CPU cannot feed (64 CPUs for 100m per 600 milli: none): growth 4,400, squashed
+    to 50 - 50 * 4,400 // (4,400 + 500) = 50 - 44 = 6."""
     plugin = GpuFragmentation(GpuFragmentationArgs())
     pod = share_pod("p", 600)
     got = {
         name: plugin.score(pod, card_node(name, used))
         for name, used in {"gap": (400,), "empty": (0,)}.items()
     }
-    assert got == {"gap": 50, "empty": 30}
+    assert got == {"gap": 50, "empty": 6}
 
 
 def test_a_cpu_only_pod_is_not_observed() -> None:

@@ -19,7 +19,9 @@ plugin sees its shard's pods): each new pod is observed once, before its nodes a
 shape). The policy is rebuilt from the window when a new shape arrives or every
 ``refresh`` pods, not per pod, so its answers stay cached.
 
-Raw scores are 0..100, higher is better: for fgd-balance, fgd-fill and fgd 50 minus the expected growth in
+Raw scores are 0..100, higher is better: for fgd-balance 50 − 50·g / (|g| + 500) for its
+growth g in milli-GPU (per ``milli_per_point`` = 10: a squash, so every growth keeps its
+order); for fgd-fill and fgd 50 minus the expected growth in
 steps of ``milli_per_point`` milli-GPU (a placement that fills a sliver scores above 50); for
 best-fit 100 less the share left free; for packing by tier, then by GPU left free. A pod asking
 no GPU scores 0 everywhere at the cost of one attribute read, so it changes no ranking; a node
@@ -41,10 +43,8 @@ from typing import ClassVar
 from placement.framework import MAX_NODE_SCORE, PluginSpec, PodInfo, ScorePlugin
 from placement.gpu import node_state, task_shape
 from placement.gpufrag import (
-    BALANCE_WEIGHT,
     FGD_FILL_COVERAGE_PERCENT,
     MILLI_PER_GPU,
-    SLIVER_WEIGHT,
     BestFitPolicy,
     Choice,
     FgdBalancePolicy,
@@ -169,11 +169,16 @@ class GpuFragmentation:
         if choice is None:
             return 0
         policy = self.args.policy
+        if policy == "fgd-balance":
+            # Its extra terms are ten times fgd-fill's scale, so a clamp would flatten every
+            # share that opens a card (all then score 0 and the other scores, spreading,
+            # decide): squash instead, monotone over the whole range, as fine as fgd-fill's
+            # steps near 0 (``milli_per_point``) and ~45 points below 50 at ten times 500.
+            growth = choice.score[0] // self._mix_total
+            knee = _NEUTRAL * self.args.milli_per_point
+            return _clamp(_NEUTRAL - _NEUTRAL * growth // (abs(growth) + knee))
         if policy in _LEARNING:
-            # fgd-balance's score sums four count-weighted terms, two of them weighted: per
-            # point, the same share of its range as fgd-fill's.
-            terms = 2 + SLIVER_WEIGHT + BALANCE_WEIGHT if policy == "fgd-balance" else 1
-            growth = choice.score[0] // (self._mix_total * self.args.milli_per_point * terms)
+            growth = choice.score[0] // (self._mix_total * self.args.milli_per_point)
             return _clamp(_NEUTRAL - growth)
         if policy == "best-fit":
             # The sum of three shares of a million (GPU, CPU, memory left free).
