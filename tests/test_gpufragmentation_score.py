@@ -56,13 +56,13 @@ def test_score(milli: int, nodes: dict[str, tuple[int, ...]], expected: dict[str
     assert got == expected
 
 
-def test_the_default_fgd_balance_score_charges_the_sliver_too() -> None:
-    """Mix {600}, default policy fgd-balance: on the gap the pod fills the card (every term
+def test_the_fgd_balance_score_charges_the_sliver_too() -> None:
+    """Mix {600}, policy fgd-balance: on the gap the pod fills the card (every term
     grows 0: 50). On the empty card it leaves 400: fgd-fill's growth 400 as above, plus 10 x
     the card waste (the common sizes 600 and 1000 fill none of 400: 0 -> 400), plus 10 x the
     GPU that CPU cannot feed (64 CPUs for 100m per 600 milli: none): growth 4,400, squashed
     to 50 - 50 * 4,400 // (4,400 + 500) = 50 - 44 = 6."""
-    plugin = GpuFragmentation(GpuFragmentationArgs())
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-balance"))
     pod = share_pod("p", 600)
     got = {
         name: plugin.score(pod, card_node(name, used))
@@ -185,6 +185,12 @@ def test_the_search_proposes_the_card_the_score_assumed() -> None:
     assert gpu.choose_cards(card_node("m", (500, 300)), pod.req) == (0,)
 
 
+def test_the_fgd_balance_policy_is_the_share_policy_when_chosen() -> None:
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-balance"))
+    plugin.score(share_pod("p", 400), card_node("n", (0,)))
+    assert isinstance(plugin.share_policy(), FgdBalancePolicy)
+
+
 def test_the_share_policy_is_the_scores_latest() -> None:
     """The search asks for the share policy when it places a pod, after the score has observed
     that pod: the policy's mix holds its shape."""
@@ -193,7 +199,7 @@ def test_the_share_policy_is_the_scores_latest() -> None:
     assert isinstance(plugin, GpuFragmentation)
     plugin.score(share_pod("p", 400), card_node("n", (0,)))
     policy = framework.share_policy()
-    assert isinstance(policy, FgdBalancePolicy)
+    assert isinstance(policy, FgdFillPolicy)
     assert policy.mix.shapes == ((shape(400), 1),)
 
 
