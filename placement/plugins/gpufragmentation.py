@@ -20,8 +20,8 @@ shape). The policy is rebuilt from the window when a new shape arrives or every
 ``refresh`` pods, not per pod, so its answers stay cached.
 
 Raw scores are 0..100, higher is better: for fgd-balance 50 − 50·g / (|g| + 500) for its
-growth g in milli-GPU (per ``milli_per_point`` = 10: a squash, so every growth keeps its
-order); for fgd-fill and fgd 50 minus the expected growth in
+growth g in milli-GPU plus a hundredth of the node's free GPU after (its packing tie-break)
+(per ``milli_per_point`` = 10: a squash, so every growth keeps its order); for fgd-fill and fgd 50 minus the expected growth in
 steps of ``milli_per_point`` milli-GPU (a placement that fills a sliver scores above 50); for
 best-fit 100 less the share left free; for packing by tier, then by GPU left free. A pod asking
 no GPU scores 0 everywhere at the cost of one attribute read, so it changes no ranking; a node
@@ -65,6 +65,8 @@ _LEARNING = ("fgd-balance", "fgd-fill", "fgd")
 _NEUTRAL = MAX_NODE_SCORE // 2
 # Packing tiers (GpuPackingPolicy: 0 a shared card, 1 a node in use, 2 an idle node).
 _TIER_POINTS = 40
+# fgd-balance: milli-GPU left free on the node per milli of growth (its packing tie-break).
+_PACK_DIVISOR = 100
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,9 @@ class GpuFragmentation:
             # share that opens a card (all then score 0 and the other scores, spreading,
             # decide): squash instead, monotone over the whole range, as fine as fgd-fill's
             # steps near 0 (``milli_per_point``) and ~45 points below 50 at ten times 500.
-            growth = choice.score[0] // self._mix_total
+            # Plus a hundredth of the node's free GPU after: the policy's own packing
+            # tie-break, which a 0..100 score would drop (the other scores spread instead).
+            growth = choice.score[0] // self._mix_total + choice.score[1] // _PACK_DIVISOR
             knee = _NEUTRAL * self.args.milli_per_point
             return _clamp(_NEUTRAL - _NEUTRAL * growth // (abs(growth) + knee))
         if policy in _LEARNING:
