@@ -199,7 +199,7 @@ def test_the_share_policy_is_the_scores_latest() -> None:
     assert isinstance(plugin, GpuFragmentation)
     plugin.score(share_pod("p", 400), card_node("n", (0,)))
     policy = framework.share_policy()
-    assert isinstance(policy, FgdFillPolicy)
+    assert isinstance(policy, FgdBalancePolicy)
     assert policy.mix.shapes == ((shape(400), 1),)
 
 

@@ -4,10 +4,10 @@ the conversions ``placement.gpu``'s).
 
 Policies (``args.policy``):
 
-- ``fgd-balance``: fgd-fill's growth plus the growth of the cards' room that the
+- ``fgd-balance`` (default): fgd-fill's growth plus the growth of the cards' room that the
   mix's common share sizes cannot fill and of the GPU the node's CPU and memory could not feed
   (``FgdBalancePolicy``), on the card the same policy picks for a share.
-- ``fgd-fill`` (default): the growth of the learned shape mix's expected fragmentation plus its
+- ``fgd-fill``: the growth of the learned shape mix's expected fragmentation plus its
   expected unfillable GPU (``FgdFillPolicy``), on the card the same policy picks for a share.
 - ``fgd``: the growth of expected fragmentation alone (the paper's FGD, ``FgdPolicy``).
 - ``best-fit``: the node left with the least free GPU, CPU and memory (``BestFitPolicy``).
@@ -71,7 +71,7 @@ _PACK_DIVISOR = 100
 
 @dataclass(frozen=True)
 class GpuFragmentationArgs:
-    policy: str = "fgd-fill"  # fgd-balance wins offline, not yet through the services
+    policy: str = "fgd-balance"
     window: int = 2000  # pods whose shapes make the mix
     refresh: int = 64  # pods between rebuilds of the mix (a new shape rebuilds at once)
     milli_per_point: int = 10  # expected growth per score point (fgd-*)
