@@ -41,6 +41,7 @@ from placement.gpufrag import (
     FGD_FILL_COVERAGE_PERCENT,
     MILLI_PER_GPU,
     BestFitPolicy,
+    FgdBalancePolicy,
     FgdFillPolicy,
     FgdPolicy,
     Fleet,
@@ -63,6 +64,9 @@ RELEARN_EVERY = 500  # tasks between handing a learnt mix to the policy (--learn
 # Each policy built from the trace's shape counts (the paper's FGD reads the shapes covering
 # 95 % of tasks; FgdFill reads them all: the rare small shares are what fills a card's sliver).
 POLICIES: dict[str, Callable[[Mapping[TaskShape, int]], Policy]] = {
+    "fgd-balance": lambda counts: FgdBalancePolicy(
+        ShapeMix.of_counts(counts, FGD_FILL_COVERAGE_PERCENT)
+    ),
     "fgd-fill": lambda counts: FgdFillPolicy(ShapeMix.of_counts(counts, FGD_FILL_COVERAGE_PERCENT)),
     "fgd": lambda counts: FgdPolicy(ShapeMix.of_counts(counts)),
     "best-fit": lambda _counts: BestFitPolicy(),

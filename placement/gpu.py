@@ -137,7 +137,7 @@ def choose_cards(
     node: NodeInfo, req: PodRequest, share_policy: Policy | None = None
 ) -> tuple[int, ...] | GpuFailure:
     """The cards ``req`` would hold on ``node`` (() for a pod asking no GPU). For a share: the
-    card ``share_policy`` picks (the GpuFragmentation score's policy, fgd-fill by default: the
+    card ``share_policy`` picks (the GpuFragmentation score's policy, fgd-balance by default: the
     card where the learned shape mix's fragmentation grows least), else — no policy, or it
     finds no card (the pool's CPU or memory short) — the best fit: the card with the least
     free that still holds it, lowest index among equals. For whole cards, the lowest indices

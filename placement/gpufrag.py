@@ -506,6 +506,144 @@ class FgdFillPolicy:
         return best
 
 
+# FgdBalancePolicy's weights on its two extra terms, against 1 each for fragmentation and
+# unfillable (both count-weighted, so each extra term is scaled by the mix's total too). Found
+# on the openb trace (bench/README.md, "Beating FGD"): 10 and 10 beat 1, 3 and 30 either way.
+SLIVER_WEIGHT = 10
+BALANCE_WEIGHT = 10
+# A share size counts as a common one (a card's free milli can be expected to be filled by it)
+# when at least this per mille of the mix's tasks ask it.
+COMMON_SIZE_PER_MILLE = 10
+
+
+def card_waste_table(mix: ShapeMix, per_mille: int = COMMON_SIZE_PER_MILLE) -> tuple[int, ...]:
+    """For each free amount of one card, 0..1000: what stays free once that room is filled as
+    well as the common per-card sizes allow (sizes asked by at least ``per_mille`` of the
+    mix's tasks, summed per milli over shapes; whole cards always count). A rare size cannot be
+    relied on: hundreds of 190-milli slivers wait on a few 160-milli shares."""
+    if not 0 <= per_mille <= 1000:
+        raise ValueError(f"per_mille: must be 0..1000 (got {per_mille})")
+    by_milli: Counter[int] = Counter()
+    for shape, count in mix.shapes:
+        if shape.gpu_count:
+            by_milli[shape.gpu_milli] += count
+    total = mix.total
+    sizes = sorted(
+        {MILLI_PER_GPU}
+        | {milli for milli, count in by_milli.items() if count * 1000 >= per_mille * total}
+    )
+    reachable = [False] * (MILLI_PER_GPU + 1)  # sums of common sizes that fit one card
+    reachable[0] = True
+    for amount in range(MILLI_PER_GPU + 1):
+        if reachable[amount]:
+            for size in sizes:
+                if amount + size <= MILLI_PER_GPU:
+                    reachable[amount + size] = True
+    waste: list[int] = []
+    best = 0
+    for amount in range(MILLI_PER_GPU + 1):
+        if reachable[amount]:
+            best = amount
+        waste.append(amount - best)
+    return tuple(waste)
+
+
+def card_waste(node: GpuNodeState, table: Sequence[int]) -> int:
+    """Σ over the node's cards of the milli its free room would leave unfilled (``table``)."""
+    return sum(table[amount] for amount in node.free_milli)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPerResource:
+    """How much GPU the mix's GPU tasks ask per unit of CPU and of memory (count-weighted
+    totals, kept as fractions of integers): the ratio a node must keep to use its cards."""
+
+    gpu_milli: int  # Σ count × GPU request over the mix's GPU shapes
+    cpu_milli: int  # Σ count × CPU request over the same shapes
+    memory: int  # Σ count × memory over the same shapes
+
+    @classmethod
+    def of_mix(cls, mix: ShapeMix) -> GpuPerResource:
+        gpu = cpu = memory = 0
+        for shape, count in mix.shapes:
+            if shape.gpu_count:
+                gpu += count * shape.gpu_request_milli
+                cpu += count * shape.cpu_milli
+                memory += count * shape.memory
+        return cls(gpu, cpu, memory)
+
+
+def cpu_stranded(node: GpuNodeState, ratio: GpuPerResource) -> int:
+    """Milli-GPU of the node that its free CPU and memory could not feed at the mix's average
+    ratio: free GPU less what the scarcer of the two supports (0 when both suffice). Charges a
+    placement that takes more CPU or memory per GPU than the workload's average on a node
+    that has little to spare, before the node's last cards are stranded by it."""
+    free = node.free_gpu_milli
+    supported = free
+    if ratio.cpu_milli:
+        supported = min(supported, node.cpu_milli * ratio.gpu_milli // ratio.cpu_milli)
+    if ratio.memory:
+        supported = min(supported, node.memory * ratio.gpu_milli // ratio.memory)
+    return free - supported
+
+
+@dataclass(frozen=True)
+class FgdBalancePolicy:
+    """This project's default: ``FgdFillPolicy``'s score (expected fragmentation plus expected
+    unfillable GPU, count-weighted) plus two terms, each weighted by the mix's total so all
+    four share units, lowest growth first, then fgd-fill's tie-breaks:
+
+    - ``SLIVER_WEIGHT`` × the growth of ``card_waste``: the room on the cards that the common
+      share sizes cannot fill. FGD charges a half-used card as fragmented for every whole-card
+      shape, so it hurries to fill it with whatever share comes (a 320 beside a 470 leaves
+      210 that only rare shares fit); this term keeps such a card for a share that fits it
+      well (another 470: 60 left).
+    - ``BALANCE_WEIGHT`` × the growth of ``cpu_stranded``: the GPU the node's CPU and memory
+      could not feed at the mix's average ratio, so CPU-hungry tasks go where CPU is plenty
+      and the CPU-poor nodes (2 cards, 16 CPUs) keep theirs for GPU-heavy tasks.
+
+    Give it the mix of every shape seen (``FGD_FILL_COVERAGE_PERCENT``)."""
+
+    mix: ShapeMix
+    name: str = "fgd-balance"
+    _compiled: _CompiledMix = field(init=False, repr=False, compare=False)
+    _waste: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _ratio: GpuPerResource = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_compiled", _CompiledMix(self.mix))
+        object.__setattr__(self, "_waste", card_waste_table(self.mix))
+        object.__setattr__(self, "_ratio", GpuPerResource.of_mix(self.mix))
+
+    def measure(self, node: GpuNodeState) -> int:
+        """The node's score before growth is taken: lower is a less fragmented node."""
+        compiled = self._compiled
+        total = self.mix.total
+        return (
+            compiled.weighted(node)
+            + compiled.weighted_unfillable(node)
+            + SLIVER_WEIGHT * total * card_waste(node, self._waste)
+            + BALANCE_WEIGHT * total * cpu_stranded(node, self._ratio)
+        )
+
+    def choose(self, node: GpuNodeState, task: TaskShape) -> Choice | None:
+        options = card_options(node, task)
+        if not options:
+            return None
+        before = self.measure(node)
+        best: Choice | None = None
+        for cards in options:
+            after = place(node, task, cards)
+            score = (
+                self.measure(after) - before,
+                after.free_gpu_milli,
+                sum(after.free_milli[i] for i in cards),
+            )
+            if best is None or score < best.score:
+                best = Choice(score, cards)
+        return best
+
+
 @dataclass(frozen=True)
 class BestFitPolicy:
     """Best-fit: the node left with the least free resources (free/capacity summed over GPU,

@@ -10,18 +10,22 @@ import pytest
 from placement.gpufrag import (
     BestFitPolicy,
     Choice,
+    FgdBalancePolicy,
     FgdFillPolicy,
     FgdPolicy,
     Fleet,
     GpuNodeState,
     GpuPackingPolicy,
+    GpuPerResource,
     LeastAllocatedPolicy,
     RandomPolicy,
     ShapeMix,
     ShapeWindow,
     TaskShape,
     card_options,
+    card_waste_table,
     choose_node,
+    cpu_stranded,
     demand_weighted,
     expected_fragmentation,
     fragmentation,
@@ -343,3 +347,64 @@ def test_fleet_forgets_its_cached_answers_for_a_new_policy() -> None:
     fleet.use_policy(FgdPolicy(ShapeMix(((heavy, 1),))))
     second = fleet.choose(whole(1, cpu=2_000), None)
     assert second is not None and second[0] == "roomy"  # tight would keep 2,000 CPU < 3,000
+
+
+# --- fgd-balance ---------------------------------------------------------------------------
+
+BALANCE_MIX = ShapeMix(((share(470), 100), (share(320), 100), (share(160), 1), (whole(1), 100)))
+
+
+@pytest.mark.parametrize(
+    ("amount", "per_mille", "expected", "why"),
+    [
+        (1000, 10, 0, "a whole card is always filled"),
+        (530, 10, 60, "a 470 fills it best"),
+        (210, 10, 210, "the 160 is rare (1 of 301 tasks): nothing common fits"),
+        (210, 0, 50, "every size counts: the 160 fits"),
+        (680, 10, 40, "two 320s"),
+        (790, 10, 0, "a 470 and a 320"),
+        (0, 10, 0, "nothing free, nothing wasted"),
+    ],
+)
+def test_card_waste_table(amount: int, per_mille: int, expected: int, why: str) -> None:
+    assert card_waste_table(BALANCE_MIX, per_mille)[amount] == expected, why
+
+
+def test_card_waste_table_refuses_a_bad_per_mille() -> None:
+    with pytest.raises(ValueError, match=r"per_mille: must be 0\.\.1000 \(got 1001\)"):
+        card_waste_table(BALANCE_MIX, 1001)
+
+
+@pytest.mark.parametrize(
+    ("state", "expected", "why"),
+    [
+        (node((1000, 1000), cpu=4_000), 0, "4 CPUs feed both cards at 2 CPUs a card"),
+        (node((1000, 1000), cpu=1_000), 1500, "1 CPU feeds half a card"),
+        (node((1000, 1000), cpu=40_000, mem=GIB // 2), 1500, "memory feeds half a card"),
+        (node((0, 0), cpu=0), 0, "no free GPU, nothing stranded"),
+    ],
+)
+def test_cpu_stranded(state: GpuNodeState, expected: int, why: str) -> None:
+    ratio = GpuPerResource.of_mix(ShapeMix(((whole(1, cpu=2_000), 3), (CPU_ONLY, 5))))
+    assert ratio == GpuPerResource(3000, 6000, 3 * GIB)  # the CPU-only shape does not count
+    assert cpu_stranded(state, ratio) == expected, why
+
+
+def test_fgd_balance_keeps_a_half_card_for_the_share_that_fits_it() -> None:
+    """Free [530, 1000], a 320 share. fgd-fill fills the half card (its 530 counts as
+    fragmented for every bigger shape), leaving 210 that no common size fills; fgd-balance
+    puts it on the whole card (680: two 320s leave 40) and keeps the 530 for a 470 (60)."""
+    state = node((530, 1000))
+    fill_choice = FgdFillPolicy(BALANCE_MIX).choose(state, share(320))
+    balance_choice = FgdBalancePolicy(BALANCE_MIX).choose(state, share(320))
+    assert fill_choice is not None and fill_choice.cards == (0,)
+    assert balance_choice is not None and balance_choice.cards == (1,)
+
+
+def test_fgd_balance_sends_a_cpu_hungry_task_where_cpu_is_plenty() -> None:
+    mix = ShapeMix(((whole(1, cpu=8_000), 10),))
+    poor, rich = node((1000, 1000), cpu=16_000), node((1000, 1000), cpu=100_000)
+    chosen = choose_node(
+        [poor, rich], share(500, cpu=12_000), FgdBalancePolicy(mix), random.Random(0)
+    )
+    assert chosen is not None and chosen[0] == 1

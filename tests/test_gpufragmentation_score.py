@@ -8,7 +8,7 @@ import pytest
 
 from placement import gpu
 from placement.framework import Framework, PluginConfigError, PodInfo, Profile, UnitInfo
-from placement.gpufrag import FgdFillPolicy, ShapeMix, TaskShape
+from placement.gpufrag import FgdBalancePolicy, FgdFillPolicy, ShapeMix, TaskShape
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins import new_in_tree_registry
 from placement.plugins.gpufragmentation import SPEC, GpuFragmentation, GpuFragmentationArgs
@@ -50,10 +50,25 @@ def share_pod(name: str, milli: int, models: tuple[str, ...] = ()) -> PodInfo:
     ids=["fills-the-gap", "tie", "no-room", "cpu-only"],
 )
 def test_score(milli: int, nodes: dict[str, tuple[int, ...]], expected: dict[str, int]) -> None:
-    plugin = GpuFragmentation(GpuFragmentationArgs())
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-fill"))
     pod = share_pod("p", milli)
     got = {name: plugin.score(pod, card_node(name, used)) for name, used in nodes.items()}
     assert got == expected
+
+
+def test_the_fgd_balance_score_charges_the_sliver_too() -> None:
+    """Mix {600}, policy fgd-balance: on the gap the pod fills the card (every term
+    grows 0: 50). On the empty card it leaves 400: fgd-fill's growth 400 as above, plus 10 x
+    the card waste (the common sizes 600 and 1000 fill none of 400: 0 -> 400), plus 10 x the
+    GPU that CPU cannot feed (64 CPUs for 100m per 600 milli: none): growth 4,400, squashed
+    to 50 - 50 * 4,400 // (4,400 + 500) = 50 - 44 = 6."""
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-balance"))
+    pod = share_pod("p", 600)
+    got = {
+        name: plugin.score(pod, card_node(name, used))
+        for name, used in {"gap": (400,), "empty": (0,)}.items()
+    }
+    assert got == {"gap": 50, "empty": 6}
 
 
 def test_a_cpu_only_pod_is_not_observed() -> None:
@@ -112,7 +127,10 @@ def test_choose_cards_falls_back_to_best_fit_when_the_policy_finds_no_room() -> 
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        ({"policy": "spread"}, "policy: must be one of fgd-fill, fgd, best-fit, packing"),
+        (
+            {"policy": "spread"},
+            "policy: must be one of fgd-balance, fgd-fill, fgd, best-fit, packing",
+        ),
         ({"window": 0}, "window: must be at least 1"),
         ({"refresh": 0}, "refresh: must be at least 1"),
         ({"policy": 3}, "arg 'policy': 3 has the wrong type"),
@@ -124,7 +142,7 @@ def test_bad_args_are_refused_naming_the_field(args: dict[str, object], words: s
         SPEC.parse_args(args)
 
 
-@pytest.mark.parametrize("policy", ["fgd-fill", "fgd", "best-fit", "packing"])
+@pytest.mark.parametrize("policy", ["fgd-balance", "fgd-fill", "fgd", "best-fit", "packing"])
 def test_each_policy_is_accepted(policy: str) -> None:
     assert SPEC.parse_args({"policy": policy}).policy == policy
 
@@ -167,6 +185,14 @@ def test_the_search_proposes_the_card_the_score_assumed() -> None:
     assert gpu.choose_cards(card_node("m", (500, 300)), pod.req) == (0,)
 
 
+def test_the_fgd_balance_policy_is_the_share_policy_when_chosen() -> None:
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-balance"))
+    plugin.score(share_pod("p", 400), card_node("n", (0,)))
+    share_policy = plugin.share_policy()
+    assert share_policy is not None and share_policy.name == "fgd-balance"
+    assert isinstance(plugin.policy, FgdBalancePolicy)
+
+
 def test_the_share_policy_is_the_scores_latest() -> None:
     """The search asks for the share policy when it places a pod, after the score has observed
     that pod: the policy's mix holds its shape."""
@@ -175,7 +201,7 @@ def test_the_share_policy_is_the_scores_latest() -> None:
     assert isinstance(plugin, GpuFragmentation)
     plugin.score(share_pod("p", 400), card_node("n", (0,)))
     policy = framework.share_policy()
-    assert policy is not None and isinstance(plugin.policy, FgdFillPolicy)
+    assert policy is not None and isinstance(plugin.policy, FgdBalancePolicy)
     assert plugin.policy.mix.shapes == ((shape(400), 1),)
     # The share policy answers as the plugin's latest policy does.
     state = gpu.node_state(card_node("m", (0, 300)), "g")

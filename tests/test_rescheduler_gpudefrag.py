@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from placement.framework import Framework, PluginConfigError, PodInfo, Profile
-from placement.gpufrag import FgdFillPolicy
+from placement.gpufrag import FgdBalancePolicy
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.plugins import gpufragmentation, new_in_tree_registry
 from protos.godel.v1 import objects_pb2 as pb
@@ -188,7 +188,7 @@ def test_a_drain_that_would_raise_expected_fragmentation_is_undone() -> None:
 
 
 def test_a_drain_that_keeps_expected_fragmentation_frees_a_node() -> None:
-    """Mix {300, 500, 200}: src's 300 share goes to dst's 800 card (fgd-fill), leaving 500|500
+    """Mix {300, 500, 200}: src's 300 share goes to dst's 800 card (fgd-balance), leaving 500|500
     where every shape still fits: kept, src whole."""
     view = view_of(
         {"src": 2, "dst": 2},
@@ -204,14 +204,14 @@ def test_a_drain_that_keeps_expected_fragmentation_frees_a_node() -> None:
 
 def test_a_moved_share_takes_the_card_the_shards_score_would_pick() -> None:
     """The round's moves choose a share's card by the GpuFragmentation score's policy over the
-    running pods' shapes (fgd-fill), not by best fit: dst's 800 card, not its 500 one."""
+    running pods' shapes (fgd-balance, the default), not by best fit: dst's 800 card, not its 500 one."""
     view = view_of(
         {"src": 2, "dst": 2},
         [share("s300", "src", 300, 0), share("s500", "dst", 500, 0), share("s200", "dst", 200, 1)],
     )
     runner = RoundRunner()
     view.share_policy = runner.learn_shapes(view)
-    assert view.share_policy is not None and view.share_policy.name == "fgd-fill"
+    assert view.share_policy is not None and view.share_policy.name == "fgd-balance"
     view.move("s300", "dst")
     assert cards_of(view)["s300"] == ("dst", (1,))
     # Back on its own node, it holds its own card again.
@@ -286,5 +286,5 @@ def test_the_simulation_learns_the_running_shapes_afresh_each_round() -> None:
     assert policy is not None and runner.scheduling.share_policy() is policy
     score = runner.scheduling.plugins[gpufragmentation.NAME]
     assert isinstance(score, gpufragmentation.GpuFragmentation)
-    assert isinstance(score.policy, FgdFillPolicy)
+    assert isinstance(score.policy, FgdBalancePolicy)
     assert score.policy.mix == running_mix(view)

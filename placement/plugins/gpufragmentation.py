@@ -4,7 +4,10 @@ the conversions ``placement.gpu``'s).
 
 Policies (``args.policy``):
 
-- ``fgd-fill`` (default): the growth of the learned shape mix's expected fragmentation plus its
+- ``fgd-balance`` (default): fgd-fill's growth plus the growth of the cards' room that the
+  mix's common share sizes cannot fill and of the GPU the node's CPU and memory could not feed
+  (``FgdBalancePolicy``), on the card the same policy picks for a share.
+- ``fgd-fill``: the growth of the learned shape mix's expected fragmentation plus its
   expected unfillable GPU (``FgdFillPolicy``), on the card the same policy picks for a share.
 - ``fgd``: the growth of expected fragmentation alone (the paper's FGD, ``FgdPolicy``).
 - ``best-fit``: the node left with the least free GPU, CPU and memory (``BestFitPolicy``).
@@ -16,7 +19,9 @@ plugin sees its shard's pods): each new pod is observed once, before its nodes a
 shape). The policy is rebuilt from the window when a new shape arrives or every
 ``refresh`` pods, not per pod, so its answers stay cached.
 
-Raw scores are 0..100, higher is better: for fgd and fgd-fill 50 minus the expected growth in
+Raw scores are 0..100, higher is better: for fgd-balance 50 − 50·g / (|g| + 500) for its
+growth g in milli-GPU plus a hundredth of the node's free GPU after (its packing tie-break)
+(per ``milli_per_point`` = 10: a squash, so every growth keeps its order); for fgd-fill and fgd 50 minus the expected growth in
 steps of ``milli_per_point`` milli-GPU (a placement that fills a sliver scores above 50); for
 best-fit 100 less the share left free; for packing by tier, then by GPU left free. A pod asking
 no GPU scores 0 everywhere at the cost of one attribute read, so it changes no ranking; a node
@@ -47,6 +52,7 @@ from placement.gpufrag import (
     MILLI_PER_GPU,
     BestFitPolicy,
     Choice,
+    FgdBalancePolicy,
     FgdFillPolicy,
     FgdPolicy,
     GpuNodeState,
@@ -59,10 +65,13 @@ from placement.nodeinfo import NodeInfo
 
 NAME = "GpuFragmentation"
 
-POLICIES = ("fgd-fill", "fgd", "best-fit", "packing")
+POLICIES = ("fgd-balance", "fgd-fill", "fgd", "best-fit", "packing")
+_LEARNING = ("fgd-balance", "fgd-fill", "fgd")
 _NEUTRAL = MAX_NODE_SCORE // 2
 # Packing tiers (GpuPackingPolicy: 0 a shared card, 1 a node in use, 2 an idle node).
 _TIER_POINTS = 40
+# fgd-balance: milli-GPU left free on the node per milli of growth (its packing tie-break).
+_PACK_DIVISOR = 100
 
 # A node state as the policies read it, the cards in their own order: the key of a remembered
 # choice (a plain tuple hashes and compares faster than the dataclass).
@@ -82,10 +91,10 @@ def _exact(state: GpuNodeState) -> _ExactState:
 
 @dataclass(frozen=True)
 class GpuFragmentationArgs:
-    policy: str = "fgd-fill"
+    policy: str = "fgd-balance"
     window: int = 2000  # pods whose shapes make the mix
     refresh: int = 64  # pods between rebuilds of the mix (a new shape rebuilds at once)
-    milli_per_point: int = 10  # expected growth per score point (fgd, fgd-fill)
+    milli_per_point: int = 10  # expected growth per score point (fgd-*)
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
@@ -101,7 +110,7 @@ class GpuFragmentation:
 
     def __init__(self, args: GpuFragmentationArgs) -> None:
         self.args = args
-        self._learns = args.policy in ("fgd-fill", "fgd")
+        self._learns = args.policy in _LEARNING
         self._window = ShapeWindow(args.window, FGD_FILL_COVERAGE_PERCENT)
         self._seen: set[TaskShape] = set()
         self._since_refresh = 0
@@ -123,6 +132,8 @@ class GpuFragmentation:
         policy = self.args.policy
         mix = self._window.mix()
         self._mix_total = mix.total or 1
+        if policy == "fgd-balance":
+            return FgdBalancePolicy(mix)
         if policy == "fgd-fill":
             return FgdFillPolicy(mix)
         if policy == "fgd":
@@ -225,7 +236,17 @@ class GpuFragmentation:
         if choice is None:
             return 0
         policy = self.args.policy
-        if policy in ("fgd-fill", "fgd"):
+        if policy == "fgd-balance":
+            # Its extra terms are ten times fgd-fill's scale, so a clamp would flatten every
+            # share that opens a card (all then score 0 and the other scores, spreading,
+            # decide): squash instead, monotone over the whole range, as fine as fgd-fill's
+            # steps near 0 (``milli_per_point``) and ~45 points below 50 at ten times 500.
+            # Plus a hundredth of the node's free GPU after: the policy's own packing
+            # tie-break, which a 0..100 score would drop (the other scores spread instead).
+            growth = choice.score[0] // self._mix_total + choice.score[1] // _PACK_DIVISOR
+            knee = _NEUTRAL * self.args.milli_per_point
+            return _clamp(_NEUTRAL - _NEUTRAL * growth // (abs(growth) + knee))
+        if policy in _LEARNING:
             growth = choice.score[0] // (self._mix_total * self.args.milli_per_point)
             return _clamp(_NEUTRAL - growth)
         if policy == "best-fit":
