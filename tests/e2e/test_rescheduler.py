@@ -27,6 +27,18 @@ pytestmark = pytest.mark.e2e
 GPU_NODES = ("nodeagent", ("--hollow-gpus", "8", "--hollow-cpu-milli", "64000"))
 
 
+def spread_gpu_pods(tmp_path: Path) -> tuple[str, tuple[str, ...]]:
+    """The shards' arguments for a profile that spreads GPU pods (LeastAllocated, GPUs counted,
+    as kube-scheduler does): the default profile's GpuFragmentation score packs one-GPU pods
+    onto few nodes, which leaves nothing for a GPU defragmentation to do."""
+    profile = tmp_path / "spread-gpu-pods.yaml"
+    profile.write_text(
+        "scores:\n  - {name: LeastAllocated, weight: 1}\n"
+        "args:\n  LeastAllocated: {cpu: 1, memory: 1, gpu: 1}\n"
+    )
+    return ("scheduler", ("--profile", str(profile)))
+
+
 def gpu_job(name: str, replicas: int) -> pb.Job:
     job = make_job(name, replicas=replicas, cpu=1000)
     job.spec.template.requests.gpus = 1
@@ -52,9 +64,14 @@ def running(cluster: Cluster) -> bool:
 
 
 def test_dry_run_on_a_fragmented_gpu_cluster_predicts_free_nodes_and_changes_nothing(
-    make_cluster: Callable[..., Cluster],
+    make_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:
-    cluster = make_cluster(schedulers=1, binders=1, hollow_nodes=200, service_args=(GPU_NODES,))
+    cluster = make_cluster(
+        schedulers=1,
+        binders=1,
+        hollow_nodes=200,
+        service_args=(GPU_NODES, spread_gpu_pods(tmp_path)),
+    )
     wait_until(lambda: len(cluster.client.list("Node")) == 200, 120, "200 nodes registered")
     # 400 one-GPU pods: least-allocated scoring spreads them, about 2 per node: nearly every
     # node has some GPUs busy and none is whole.

@@ -50,7 +50,14 @@ from services.rescheduler.service import build_policy
 from services.rescheduler.view import build_view
 from store import Store
 from tests.e2e.conftest import Cluster, wait_until
-from tests.e2e.test_rescheduler import GPU_NODES, TWO_NODES, cordon, gpu_job, original_case
+from tests.e2e.test_rescheduler import (
+    GPU_NODES,
+    TWO_NODES,
+    cordon,
+    gpu_job,
+    original_case,
+    spread_gpu_pods,
+)
 from tests.factories import job as make_job
 
 pytestmark = pytest.mark.e2e
@@ -550,7 +557,7 @@ def test_gpu_defragmentation_frees_the_predicted_nodes_within_every_budget(
         schedulers=2,
         binders=1,
         hollow_nodes=50,
-        service_args=(GPU_NODES, batched_policies(tmp_path)),
+        service_args=(GPU_NODES, batched_policies(tmp_path), spread_gpu_pods(tmp_path)),
     )
     wait_until(lambda: len(cluster.client.list("Node")) == 50, 120, "50 nodes registered")
     # 100 one-GPU pods, spread about 2 per node by least-allocated scoring: no node is whole.
