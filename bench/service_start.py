@@ -6,7 +6,7 @@ Binder answers SERVING over a store filled by ``bench.dispatcher_start fill`` (b
     python -m bench.service_start fill --store-url URL --cluster C --nodes 2000 --jobs 100 --pods 1000
     python -m bench.service_start scheduler --store-url URL --cluster C [--profile out.prof]
 
-This module's ``fill`` writes PaperScale-20000's shape instead: hollow nodes as the node agent
+Its ``fill`` (``bench.memory``'s) writes PaperScale-20000's shape instead: hollow nodes as the node agent
 registers them, and jobs of running pods as the dispatcher makes them (``pods_for``) and the
 Binder and the agent leave them (bound to a node by a shard, started, PodScheduled).
 
@@ -25,51 +25,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from protos.godel.v1 import objects_pb2 as pb
+from bench.memory import fill  # the same PaperScale-shaped state the memory bench holds
 from services.binder.config import BinderConfig
 from services.binder.service import BinderService
-from services.dispatcher.controllers.pods import normalise_job, pods_for
 from services.dispatcher.service import DispatcherConfig, DispatcherService
-from services.nodeagent.nodes import Shape, hollow_nodes
 from services.runtime import ServiceHost
 from services.scheduler.service import SchedulerConfig, SchedulerService
-from store import Store
-from store.ops import MAX_OPS_PER_CALL
 
 KINDS: dict[str, tuple[Any, Any]] = {
     "dispatcher": (DispatcherService, DispatcherConfig),
     "scheduler": (SchedulerService, SchedulerConfig),
     "binder": (BinderService, BinderConfig),
 }
-
-
-async def fill(url: str, cluster: str, nodes: int, jobs: int, pods: int) -> None:
-    now_ms = int(time.time() * 1000)
-    objs: list[Any] = hollow_nodes(
-        nodes, prefix="hollow", agent="nodeagent-0", shape=Shape(), labels={}, taints=(), now=now_ms
-    )
-    for j in range(jobs):
-        job = pb.Job(metadata=pb.ObjectMeta(name=f"job-{j}"))
-        job.spec.replicas = job.spec.min_member = pods
-        job.spec.template.requests.milli_cpu = 50
-        job.spec.template.requests.memory_bytes = 200 << 20
-        job = normalise_job(job)
-        job.status.phase = pb.JOB_RUNNING
-        job.status.running = pods
-        objs.append(job)
-        for i, pod in enumerate(pods_for(job)):
-            pod.spec.node_name = f"hollow-{(j * pods + i) % nodes}"
-            pod.status.scheduler = "scheduler-0"
-            pod.status.phase = pb.POD_RUNNING
-            pod.status.bound_ms = pod.status.started_ms = now_ms
-            pod.status.conditions.add(type="PodScheduled", status="True", last_transition_ms=now_ms)
-            objs.append(pod)
-    store = await Store.connect(url, cluster=cluster)
-    try:
-        for at in range(0, len(objs), MAX_OPS_PER_CALL):
-            await store.create_many(objs[at : at + MAX_OPS_PER_CALL])
-    finally:
-        await store.close()
 
 
 async def start(kind: str, url: str, cluster: str, profile: str) -> dict[str, float]:
