@@ -468,7 +468,7 @@ def demand_weighted(mix: ShapeMix) -> ShapeMix:
 
 @dataclass(frozen=True)
 class FgdFillPolicy:
-    """This project's default: the node and card where the mix's expected fragmentation plus
+    """fgd-balance's base: the node and card where the mix's expected fragmentation plus
     its expected ``unfillable`` GPU grow least (both count-weighted, so the score is in the
     same units as FGD's); among equal growth the node left with the least free GPU (pack onto
     nodes already in use, keep empty ones whole), then the card left with the least free.

@@ -265,13 +265,18 @@ class ReschedulerService(Service[ReschedulerConfig]):
         """The cluster's GPU figures (every node with GPUs, the reservations' holds counted)
         from the informer as it stands, published as the rescheduler's GPU gauges."""
         nodes = [n for n in self.informer.list(pb.Node) if n.status.allocatable.gpus]
-        cached = self.informer.objects(pb.Pod)
-        copied = cached.copy() if isinstance(cached, EncodedObjects) else dict(cached)
-        reservations = self.informer.list(pb.Reservation)
-        # Its own PodInfo cache: a round converts pods in another thread with the other one.
-        figures = await asyncio.to_thread(
-            _gpu_figures, nodes, copied.values(), reservations, self.rules, self._figure_infos
-        )
+        if nodes:
+            cached = self.informer.objects(pb.Pod)
+            copied = cached.copy() if isinstance(cached, EncodedObjects) else dict(cached)
+            reservations = self.informer.list(pb.Reservation)
+            # Its own PodInfo cache: a round converts pods in another thread with the other one.
+            figures = await asyncio.to_thread(
+                _gpu_figures, nodes, copied.values(), reservations, self.rules, self._figure_infos
+            )
+        else:
+            # No GPU node: nothing to measure, and no reading of every pod every period (a
+            # million of them at the paper's scale) to find that out.
+            figures = GpuFigures(0.0, 0.0, 0, 0)
         service_metrics.RESCHEDULER_GPU_EXPECTED_FRAGMENTATION.set(figures.expected_fragmentation)
         service_metrics.RESCHEDULER_GPU_FRAGMENTATION.set(figures.fragmentation)
         service_metrics.RESCHEDULER_WHOLE_FREE_GPU_NODES.set(figures.whole_free_nodes)
