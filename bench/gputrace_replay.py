@@ -256,7 +256,9 @@ class Replayer:
             self._submit_due(now)
             self._delete_due(now)
             if now >= next_sample or now >= self._window.end:
-                self._sample(min(now, self._window.end))
+                # A sample stands for the mark it was due at (the end, for the last), not the
+                # moment it ran: at 20,000x a tenth of a millisecond late is two trace seconds.
+                self._sample(next_sample if now < self._window.end else float(self._window.end))
                 while next_sample <= now:
                     next_sample += self._sample_every
             if now >= self._window.end:
@@ -304,7 +306,7 @@ class Replayer:
             self._live.discard(job)
             self._lag(deleted)
 
-    def _sample(self, now: float) -> None:
+    def _sample(self, mark: float) -> None:
         pods = self._client.list(pb.Pod)
         ours = [pod for pod in pods if pod.spec.job in self._shapes]
         bound = [pod for pod in ours if holds_claim(pod)]
@@ -330,7 +332,7 @@ class Replayer:
                 self._run.moved.add(pod.metadata.name)
         self._run.samples.append(
             Sample(
-                trace_seconds=now - self._window.start,
+                trace_seconds=mark - self._window.start,
                 real_seconds=time.monotonic() - self._started,
                 allocated_pct=100 * allocated / self._capacity,
                 fragmentation_pct=100 * fragmented / self._capacity,
