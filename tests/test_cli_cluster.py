@@ -23,6 +23,7 @@ import redis
 
 from foundation import pki, tls
 from godel import local
+from tests.redis_probe import outsider
 
 pytestmark = pytest.mark.e2e
 
@@ -186,7 +187,7 @@ def test_up_locks_the_store_and_keeps_the_home_private(godel: Godel, home: Path)
     assert url.username == "godel" and url.password, "the services' URL carries the secret"
 
     # Nobody gets in without it; the services' user cannot harm the whole server.
-    anonymous = redis.Redis(host=url.hostname, port=url.port, socket_timeout=5)
+    anonymous = outsider(host=url.hostname, port=url.port)
     with pytest.raises(redis.AuthenticationError):
         anonymous.ping()
     services = redis.Redis.from_url(store["address"], socket_timeout=5)

@@ -31,6 +31,7 @@ from store.server import (
     server_malloc,
     store_url_from_env,
 )
+from tests.redis_probe import outsider
 
 Launch = Callable[..., StoreServer]
 
@@ -265,7 +266,12 @@ def test_binary_that_exits_reports_code(tmp_path: Path) -> None:
 def test_binary_that_never_answers_is_killed(tmp_path: Path) -> None:
     pidfile = tmp_path / "hang.pid"
     script = tmp_path / "hang-server"
-    script.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 60\n")
+    # It answers --version as a server does (asked before the start, for its allocator),
+    # then never listens.
+    script.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && echo "malloc=libc" && exit 0\n'
+        f"echo $$ > {pidfile}\nexec sleep 60\n"
+    )
     script.chmod(0o755)
     with pytest.raises(StoreServerError, match="not ready"):
         StoreServer.start(tmp_path / "data", binary=str(script), ready_timeout=0.5)
@@ -394,7 +400,7 @@ def test_a_locked_server_refuses_strangers_and_harmful_commands(tmp_path: Path) 
     try:
         assert "s3cret" not in redact_url(server.url) and "godel:" in server.url
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=server.port, socket_timeout=5).ping()
+            outsider(port=server.port).ping()
         services = redis.Redis.from_url(server.url, socket_timeout=5)
         assert services.set("k", "v") and services.get("k") == b"v"
         for command in (
@@ -415,7 +421,7 @@ def test_a_locked_server_refuses_strangers_and_harmful_commands(tmp_path: Path) 
         server.kill()
         again = StoreServer.start(server.data_dir, port=server.port, fsync="everysec")
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=again.port, socket_timeout=5).ping()
+            outsider(port=again.port).ping()
         assert redis.Redis.from_url(server.url, socket_timeout=5).get("k") == b"v"
         again.stop()
     finally:
@@ -520,14 +526,15 @@ def test_locking_a_secrets_dir_for_another_program(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     binary = find_server_binary()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-            "--save", "", "--aclfile", str(secrets_dir / "users.acl")]  # fmt: skip
+    # Both servers run from server.conf, as compose runs them (its prompt full copy included).
+    argv = [binary, str(secrets_dir / "server.conf"), "--port", str(port), "--bind", "127.0.0.1",
+            "--dir", str(data), "--save", "", "--aclfile", str(secrets_dir / "users.acl")]  # fmt: skip
     with open(data / "log", "wb") as out:
         proc = psutil.Popen(argv, stdout=out, stderr=out)
     try:
         wait_for_port("127.0.0.1", port, 10)
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=port, socket_timeout=5).ping()
+            outsider(port=port).ping()
         services = redis.Redis(port=port, username="godel", password=password, socket_timeout=5)
         assert services.set("k", "v")
         probe = redis.Redis(port=port, username="ping", password="anything", socket_timeout=5)
