@@ -38,6 +38,10 @@ KINDS: dict[str, tuple[Any, Any]] = {
     "binder": (BinderService, BinderConfig),
 }
 
+# No agent heartbeats the filled nodes: a dispatcher judging them lost would fail their pods
+# in the store, and every later start would list a different state.
+OWN_SETTINGS: dict[str, dict[str, Any]] = {"dispatcher": {"node_grace_seconds": 1e9}}
+
 
 async def start(kind: str, url: str, cluster: str, profile: str) -> dict[str, float]:
     service_cls, config_cls = KINDS[kind]
@@ -49,6 +53,7 @@ async def start(kind: str, url: str, cluster: str, profile: str) -> dict[str, fl
             cluster=cluster,
             home=Path(home),
             insecure=True,
+            **OWN_SETTINGS.get(kind, {}),
         )
         profiler = cProfile.Profile() if profile else None
         cpu, wall = time.process_time(), time.monotonic()

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from placement.labelselector import PodTerm, pod_term
-from placement.resources import MILLI_PER_CARD, Quantities, request_milli
+from placement.resources import MILLI_PER_CARD, Quantities, request_milli, shared_amounts
 from protos.godel.v1 import objects_pb2 as pb
 
 GUARANTEED = "g"
@@ -89,24 +89,6 @@ class NumaZone:
     gpu: int
 
 
-# One pod's amounts as the shared vector of every pod asking the same, keyed by (milli-CPU,
-# bytes, GPUs) for the usual pod without extended resources: a dict lookup per pod event, where
-# ``Quantities.shared_request`` (sorting, a tuple, an lru_cache) cost ``from_pod`` 5 %. Bounded
-# like that cache: the distinct shapes of a cluster are few.
-_SHARED_AMOUNTS: dict[tuple[int, int, int], Quantities] = {}
-_SHARED_AMOUNTS_MAX = 4096
-
-
-def _shared_amounts(cpu: int, mem: int, gpus: int) -> Quantities:
-    key = (cpu, mem, gpus)
-    shared = _SHARED_AMOUNTS.get(key)
-    if shared is None:
-        if len(_SHARED_AMOUNTS) >= _SHARED_AMOUNTS_MAX:
-            _SHARED_AMOUNTS.clear()
-        shared = _SHARED_AMOUNTS[key] = Quantities(cpu, mem, gpus, 1)
-    return shared
-
-
 @dataclass(frozen=True, slots=True, init=False)
 class PodRequest:
     """What a pod asks of one node: its requests, pool, ports, priority, labels, NUMA binding
@@ -159,7 +141,7 @@ class PodRequest:
         setattr_ = object.__setattr__  # frozen
         setattr_(self, "name", name)
         setattr_(self, "pool", pool)
-        setattr_(self, "requests", _shared_amounts(cpu, mem, gpu) if requests is None else requests)
+        setattr_(self, "requests", shared_amounts(cpu, mem, gpu) if requests is None else requests)
         setattr_(self, "host_ports", host_ports)
         setattr_(self, "priority", priority)
         setattr_(self, "labels", {} if labels is None else labels)
@@ -233,7 +215,7 @@ class PodRequest:
             (
                 Quantities.shared_request(tpl)
                 if req.extended
-                else _shared_amounts(
+                else shared_amounts(
                     req.milli_cpu,
                     req.memory_bytes,
                     request_milli(gpus, tpl.gpu_milli) if gpus else 0,

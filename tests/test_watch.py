@@ -539,7 +539,10 @@ async def test_an_informer_applies_a_long_read_in_slices_and_says_when_it_is_who
     assert turns_while_applying[-1] > turns_while_applying[0]
 
 
-@pytest.mark.parametrize("resource_version", [1, 127, 128, 300, 2**35, 2**63 - 1])
+@pytest.mark.parametrize(
+    "resource_version",
+    [0, 1, 127, 128, 300, 2**14 - 1, 2**14, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**35, 2**63 - 1],
+)
 def test_with_resource_version_sets_the_version_without_decoding(resource_version: int) -> None:
     """The stored bytes with ``metadata {resource_version}`` appended decode to the object with
     that version and nothing else changed, at every varint length; the kind's own decode of the

@@ -64,7 +64,7 @@ class TenantPods:
         informer.add_handlers(
             Handlers.of(
                 pb.Pod,
-                on_add=lambda _, pod: self._count(pod, 1),
+                on_add=self._on_add,
                 on_update=self._on_update,
                 on_delete=lambda _, pod: self._count(pod, -1),
             )
@@ -72,6 +72,12 @@ class TenantPods:
 
     def of(self, tenant: str) -> int:
         return self._live[tenant]
+
+    def _on_add(self, _kind: str, pod: pb.Pod) -> None:
+        # ``_count(pod, 1)`` with the owner read once: every pod listed at a (re)start.
+        owner = pod.metadata.owner
+        if owner and pod.status.phase not in TERMINAL_PHASES:
+            self._live[owner] += 1
 
     def _on_update(self, _kind: str, old: pb.Pod, new: pb.Pod) -> None:
         if old.metadata.owner == new.metadata.owner and _live(old) == _live(new):

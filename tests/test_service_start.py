@@ -1,0 +1,28 @@
+"""``bench.service_start``: each kind's start over a filled store, in-process."""
+
+from __future__ import annotations
+
+import time
+
+from bench import memory, service_start
+from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.nodes import Shape, hollow_nodes
+from store import Store
+
+
+async def test_a_dispatcher_start_leaves_the_filled_pods_running(
+    store: Store, store_url: str, cluster_name: str
+) -> None:
+    """Nothing heartbeats the filled nodes: the dispatcher started over them judges none lost
+    (it would fail their pods in the store, and every start after it, of any kind, would list
+    failed pods instead of the state filled)."""
+    stale_ms = int(time.time() * 1000) - 600_000  # heartbeats long past the default grace
+    nodes = hollow_nodes(
+        4, prefix="hollow", agent="nodeagent-0", shape=Shape(), labels={}, taints=(), now=stale_ms
+    )
+    await store.create_many([*nodes, *memory._jobs_and_pods(1, 8, 4, stale_ms)])
+    result = await service_start.start("dispatcher", store_url, cluster_name, "")
+    assert result["cpu_s"] > 0
+    pods, _ = await store.list_all(pb.Pod)
+    assert len(pods) == 8
+    assert {pb.PodPhase.Name(p.status.phase) for p in pods} == {"POD_RUNNING"}
