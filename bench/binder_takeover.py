@@ -30,6 +30,7 @@ from pathlib import Path
 import grpc
 
 from bench.memory import _PREFIX
+from foundation.netutil import free_ports
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
@@ -68,7 +69,8 @@ async def probe_pod(url: str, cluster: str, name: str) -> pb.Pod:
     finally:
         await store.close()
     pod = created[-1]
-    assert isinstance(pod, pb.Pod), pod
+    if not isinstance(pod, pb.Pod):
+        raise TypeError(f"the probe job's last object is not its pod: {pod!r}")
     return pod
 
 
@@ -96,7 +98,7 @@ async def bind_until_bound(address: str, pod: pb.Pod, node: str) -> str:
 
 def round_once(url: str, cluster: str, index: int) -> dict[str, float | str]:
     pod = asyncio.run(probe_pod(url, cluster, f"takeover-{int(time.time())}-{index}"))
-    ports = [_free_port(), _free_port()]
+    ports = free_ports(2)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "bench.binder_takeover", "serve", "--store-url", url,
@@ -131,15 +133,6 @@ def round_once(url: str, cluster: str, index: int) -> dict[str, float | str]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def main() -> None:

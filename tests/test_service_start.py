@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
-from bench import memory, service_start
+from bench import binder_takeover, memory, service_start
 from protos.godel.v1 import objects_pb2 as pb
 from services.nodeagent.nodes import Shape, hollow_nodes
 from store import Store
@@ -26,3 +27,22 @@ async def test_a_dispatcher_start_leaves_the_filled_pods_running(
     pods, _ = await store.list_all(pb.Pod)
     assert len(pods) == 8
     assert {pb.PodPhase.Name(p.status.phase) for p in pods} == {"POD_RUNNING"}
+
+
+async def test_the_binder_takeover_bench_times_a_standby_binding_after_the_leaders_kill(
+    store: Store, store_url: str, cluster_name: str
+) -> None:
+    """``bench.binder_takeover``'s round over a small filled store: two Binder processes, the
+    leader killed with SIGKILL, and the standby answering the probe pod's decision BOUND, as
+    leader."""
+    now_ms = int(time.time() * 1000)
+    nodes = hollow_nodes(
+        2, prefix="hollow", agent="nodeagent-0", shape=Shape(), labels={}, taints=(), now=now_ms
+    )
+    await store.create_many([*nodes, *memory._jobs_and_pods(1, 4, 2, now_ms)])
+    result = await asyncio.to_thread(binder_takeover.round_once, store_url, cluster_name, 0)
+    assert result["verdict"] == "BOUND" and result["leads"] == "SERVING", result
+    assert isinstance(result["bound_s"], float) and result["bound_s"] > 0
+    pods, _ = await store.list_all(pb.Pod)
+    [probe] = [p for p in pods if p.spec.job.startswith("takeover-")]
+    assert probe.spec.node_name == "hollow-0"
