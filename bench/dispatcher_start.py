@@ -79,6 +79,9 @@ async def start(url: str, cluster: str, partitioning: str) -> dict[str, float]:
             home=Path(home),
             insecure=True,
             partitioning=cast("Mode", partitioning),  # argparse's choices: one of them
+            # Nothing heartbeats the filled nodes: with the default grace the dispatcher would
+            # judge them lost and fail their pods, and every later start would list that instead.
+            node_grace_seconds=1e9,
         )
         cpu, wall = time.process_time(), time.monotonic()
         async with ServiceHost(DispatcherService, config):
