@@ -48,7 +48,7 @@ def test_the_binders_write_stands_until_the_informer_shows_it() -> None:
     informer = _Informer()
     state = informer.state
     informer.put(_pod("p", 1))
-    state.record_written(_pod("p", 5, node="n1"), seen_revision=1)
+    state.record_written(_pod("p", 5, node="n1"), informer.cache["p"])
     assert state.pods["p"].spec.node_name == "n1" and _node_of(state, "p") == "n1"
     informer.put(_pod("p", 3))  # older than the write: the write stands
     assert state.pods["p"].metadata.resource_version == 5 and _node_of(state, "p") == "n1"
@@ -62,7 +62,7 @@ def test_a_pod_only_written_is_listed_and_forgotten_when_deleted() -> None:
     informer = _Informer()
     state = informer.state
     informer.put(_pod("a", 1))
-    state.record_written(_pod("b", 2, node="n1"), seen_revision=0)  # a replacement created
+    state.record_written(_pod("b", 2, node="n1"), None)  # a replacement created
     assert sorted(state.pods) == ["a", "b"] and len(state.pods) == 2
     assert [p.metadata.name for p in state.pods_of_job("j")] in (["a", "b"], ["b", "a"])
     informer.put(_pod("b", 2, node="n1"))
@@ -76,7 +76,7 @@ def test_a_write_the_informer_already_delivered_is_not_assumed() -> None:
     informer = _Informer()
     state = informer.state
     informer.put(_pod("p", 7, node="n2"))
-    state.record_written(_pod("p", 7, node="n2"), seen_revision=7)
+    state.record_written(_pod("p", 7, node="n2"), informer.cache["p"])
     assert not state.pods.written and _node_of(state, "p") == "n2"
 
 

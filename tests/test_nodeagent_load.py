@@ -231,6 +231,50 @@ async def test_reporter_writes_loads_that_moved(store: Store) -> None:
     assert set(await store.node_loads()) == {"b"}
 
 
+async def test_reporter_without_curve_measures_only_nodes_that_may_have_moved(
+    store: Store,
+) -> None:
+    """Without a usage curve a hollow node's load changes only with its pods or its Node: the
+    reporter measures those (and the ones due a refresh), not every node every heartbeat, and
+    writes what it wrote before."""
+    await store.create_many([_node("a", 4000), _node("b", 4000)])
+    nodes = {"a": _node("a", 4000), "b": _node("b", 4000)}
+    reporter = LoadReporter(
+        store,
+        nodes,
+        None,
+        LoadSettings(network_bandwidth=1_000_000, hollow_network_percent_min=100),
+        lambda: MachineLoad(1),
+    )
+    reporter.usage.on_pod(_pod("p", "a", 2000))
+    assert await reporter.report(now=1000.0) == 2
+    assert reporter.measured == 2
+    # Nothing changed: nothing measured, nothing written.
+    assert await reporter.report(now=1001.0) == 0
+    assert reporter.measured == 2
+    # A pod on b: b alone measured and written.
+    reporter.usage.on_pod(_pod("q", "b", 1000))
+    assert await reporter.report(now=1002.0) == 1
+    assert reporter.measured == 3
+    assert (await store.node_loads())["b"].milli_cpu == 1000
+    # Below REPORT_CHANGE_PERCENT (1 % of 4000m) nothing is written, but the changes add up
+    # against the load last written, as when every node was measured.
+    reporter.usage.on_pod(_pod("r", "b", 30))
+    assert await reporter.report(now=1003.0) == 0
+    reporter.usage.on_pod(_pod("s", "b", 30))
+    assert await reporter.report(now=1004.0) == 1
+    assert (await store.node_loads())["b"].milli_cpu == 1060
+    # A replaced Node (its allocatable halved) is measured again: a's 2000m is now all of it.
+    nodes["a"] = _node("a", 2000)
+    assert await reporter.report(now=1005.0) == 1
+    assert (await store.node_loads())["a"].network_bytes_per_second == 1_000_000
+    # Every report is rewritten once it is REFRESH_SECONDS old: b's, last written at 1004.
+    before = reporter.measured
+    assert await reporter.report(now=1034.0) == 1
+    assert reporter.measured == before + 1
+    assert (await store.node_loads())["b"].measured_ms == 1_034_000
+
+
 def test_network_percent_range_is_checked() -> None:
     argv = ["--hollow-network-percent-min", "80", "--hollow-network-percent-max", "20"]
     with pytest.raises(ConfigError, match="hollow_network_percent_max"):

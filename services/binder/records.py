@@ -49,9 +49,7 @@ class CommitRecords:
             written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
             if not isinstance(written, pb.Pod):
                 continue
-            seen = self.informer.get(pb.Pod, written.metadata.name)
-            seen_rv = seen.metadata.resource_version if seen is not None else 0
-            self.state.record_written(written, seen_rv)
+            self.state.record_written(written, self.informer.get(pb.Pod, written.metadata.name))
             written_pods.append((i, written))
         return written_pods
 

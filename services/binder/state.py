@@ -301,14 +301,16 @@ class ClusterState:
             self.topology.activate(self.infos.values(), present=self.nodes)
         return self.topology
 
-    def record_written(self, pod: pb.Pod, seen_revision: int) -> None:
-        """Account a pod this binder just wrote (bound, evicted or created). ``seen_revision`` is
-        what the informer already shows of it (0 if nothing), so a write the informer delivered
-        first is not re-assumed."""
-        if seen_revision >= pod.metadata.resource_version:
+    def record_written(self, pod: pb.Pod, seen: pb.Pod | None) -> None:
+        """Account a pod this binder just wrote (bound, evicted or created). ``seen`` is what
+        the informer already shows of it (None if nothing), so a write the informer delivered
+        first is not re-assumed; it is also the pod as it was, unless a write of ours not yet
+        seen is newer (handed in: the book would decode the informer's copy a second time)."""
+        if seen is not None and seen.metadata.resource_version >= pod.metadata.resource_version:
             return  # the informer got there first and may already know later states
-        self._apply(pod, self.pods.get(pod.metadata.name))
-        self.pods.written[pod.metadata.name] = pod
+        name = pod.metadata.name
+        self._apply(pod, self.pods.written.get(name, seen))
+        self.pods.written[name] = pod
 
     def pods_of_job(self, job: str) -> list[pb.Pod]:
         """The job's pods, any phase."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,6 +199,8 @@ class HollowUsage:
     def __init__(self) -> None:
         self._pods: dict[str, _Use] = {}
         self._nodes: dict[str, list[int]] = {}  # node -> [curve cpu, curve mem, fixed cpu, mem]
+        # Nodes whose sums changed since the reporter last took this set (``take_changed``).
+        self._changed: set[str] = set()
 
     def handlers(self) -> Handlers:
         return Handlers(
@@ -225,11 +227,21 @@ class HollowUsage:
             self._add(new, 1)
 
     def _add(self, use: _Use, sign: int) -> None:
+        self._changed.add(use.node)
         sums = self._nodes.setdefault(use.node, [0, 0, 0, 0])
         sums[0] += sign * use.curve_cpu
         sums[1] += sign * use.curve_mem
         sums[2] += sign * use.fixed_cpu
         sums[3] += sign * use.fixed_mem
+
+    def take_changed(self) -> set[str]:
+        """The nodes whose pods' usage changed since the last call."""
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def changed_again(self, nodes: set[str]) -> None:
+        """Nodes taken by ``take_changed`` whose new load was not written after all."""
+        self._changed |= nodes
 
     def used(self, node: str, percent: float) -> tuple[int, int]:
         """(milli-CPU, memory bytes) the node's pods use with the curve at ``percent``."""
@@ -292,16 +304,24 @@ class LoadReporter:
         self.process_pods = process_pods
         self._machine: MachineLoad | None = None
         self.reported: dict[str, pb.NodeLoad] = {}  # last written per node
+        # The Node object each node's written load was measured against (its allocatable).
+        self._reported_for: dict[str, pb.Node] = {}
         self.writes = 0  # nodes written, for tests and metrics
+        self.measured = 0  # node loads measured, for tests
 
-    def measure(self, now: float | None = None) -> dict[str, pb.NodeLoad]:
-        """Every node's load now."""
+    def measure(
+        self, now: float | None = None, names: Iterable[str] | None = None
+    ) -> dict[str, pb.NodeLoad]:
+        """Every node's load now (``names``: those nodes' only)."""
         now = time.time() if now is None else now
         now_ms = int(now * 1000)
         percent = self.curve.percent_at(now) if self.curve else 100.0
         s = self.settings
         out: dict[str, pb.NodeLoad] = {}
-        for name, node in self.nodes.items():
+        nodes = self.nodes
+        for name, node in (
+            nodes.items() if names is None else ((n, nodes[n]) for n in names if n in nodes)
+        ):
             if node.spec.mode == PROCESS:
                 if self._machine is None:
                     self._machine = self._machine_factory()
@@ -325,12 +345,45 @@ class LoadReporter:
                 pods_milli_cpu=cpu,
                 pods_memory_bytes=mem,
             )
+        self.measured += len(out)
         return out
 
     async def report(self, now: float | None = None) -> int:
         """Measure, and write the loads that moved or are due a refresh (one round trip).
         Returns how many were written."""
-        loads = self.measure(now)
+        now = time.time() if now is None else now
+        if self.curve is not None:  # the curve moves every hollow node's load
+            return await self._write_due(self.measure(now))
+        changed = self.usage.take_changed()
+        try:
+            return await self._write_due(self.measure(now, self._may_have_moved(now, changed)))
+        except BaseException:
+            self.usage.changed_again(changed)
+            raise
+
+    def _may_have_moved(self, now: float, changed: set[str]) -> list[str]:
+        """Without a usage curve a hollow node's load is a function of its pods and its Node
+        alone: only a node whose pods' usage changed, whose Node object was replaced, never
+        written or due a refresh can be written now, and only those are measured (measuring all
+        5,000 nodes of an agent every heartbeat, a NodeLoad built and compared per node, was a
+        fifth of the agent's CPU while pods streamed in). A process node is measured always."""
+        refresh_ms = REFRESH_SECONDS * 1000
+        now_ms = int(now * 1000)
+        reported, reported_for = self.reported, self._reported_for
+        names: list[str] = []
+        for name, node in self.nodes.items():
+            last = reported.get(name)
+            if (
+                last is None
+                or name in changed
+                or reported_for.get(name) is not node
+                or now_ms - last.measured_ms >= refresh_ms
+                or node.spec.mode == PROCESS
+            ):
+                names.append(name)
+        return names
+
+    async def _write_due(self, loads: dict[str, pb.NodeLoad]) -> int:
         due: dict[str, pb.NodeLoad] = {}
         for name, load in loads.items():
             last = self.reported.get(name)
@@ -342,6 +395,8 @@ class LoadReporter:
                 due[name] = load
         await self.store.record_node_loads(due)
         self.reported.update(due)
+        for name in due:
+            self._reported_for[name] = self.nodes[name]
         self.writes += len(due)
         return len(due)
 
