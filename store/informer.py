@@ -105,15 +105,24 @@ class Informer:
         retry_max_seconds: float = 1.0,
         block_ms: int = 1000,
         selector: Selector | None = None,
+        hold: Selector | None = None,
     ) -> None:
         """``selector(kind, obj)`` narrows the cache to the objects it accepts, like a
         Kubernetes field selector: others are neither cached nor delivered, and an object that
         stops matching is delivered as deleted (a node agent caches only its nodes' pods).
+        ``hold(kind, obj)`` narrows what the cache keeps of the kinds held encoded
+        (``ENCODED_KINDS``), not what it delivers: an object it refuses is delivered like any
+        other but the cache keeps its name alone — ``get`` gives None and reads skip it — for
+        a holder that keeps its own record of such objects (a shard reads the bytes of pending
+        pods only; its bound pods are its cache's records). An update or deletion of an object
+        known by name alone is delivered with a message carrying only its name as the object
+        before (a deletion from the feed: with the object's last state).
         ``retry_max_seconds`` caps the wait between tries to reach a lost store (doubling from
         0.05 s): a store failover takes 3–5 s, and with a cap of 5 s the service's view came
         back up to 3 s after the store did; a try a second costs one connection attempt."""
         self._store = store
         self._selector = selector
+        self._hold = hold
         self.kinds = list(kinds)
         self.cache: dict[str, MutableMapping[str, StoredObject]] = {
             k: self._empty(k) for k in self.kinds
@@ -211,6 +220,11 @@ class Informer:
     def has(self, kind: str, name: str) -> bool:
         """Whether the object is cached, without reading (decoding) it."""
         return name in self.cache[kind]
+
+    def knows(self, kind: str, name: str) -> bool:
+        """Whether the object exists as far as the cache knows: cached, or known by name alone
+        (refused by ``hold``)."""
+        return _knows(self.cache[kind], name)
 
     def names(self, kind: str) -> tuple[str, ...]:
         return tuple(self.cache[kind])
@@ -381,11 +395,11 @@ class Informer:
         for kind in self.kinds:
             old, new = self.cache[kind], fresh[kind]
             self.cache[kind] = new
-            if not old:
+            if next(_known_names(old), None) is None:  # not even a name known by name alone
                 self._deliver_listed(kind, new, listing)
                 continue
             undecodable: list[str] = []
-            for name in new:
+            for name in new:  # the fresh cache holds every object: none is a name alone yet
                 try:
                     obj = new[name]
                 except DecodeError as exc:
@@ -394,15 +408,22 @@ class Informer:
                     )
                     undecodable.append(name)
                     continue
+                held = self._holds(kind, obj)
+                if not held:
+                    cast("EncodedObjects[Message]", new).put_name_only(name)
                 before = old.get(name)
                 if before is None:
-                    self._emit("on_add", kind, obj)
+                    if _knows(old, name):  # known by name alone: its version is not known
+                        self._emit("on_update", kind, _name_alone(old, name), obj)
+                    else:
+                        self._emit("on_add", kind, obj)
                 elif before.metadata.resource_version != obj.metadata.resource_version:
                     self._emit("on_update", kind, before, obj)
             for name in undecodable:
                 del new[name]
-            for name in [n for n in old if n not in new]:
-                self._emit("on_delete", kind, old[name])
+            for name in [n for n in _known_names(old) if not _knows(new, n)]:
+                gone = old.get(name)
+                self._emit("on_delete", kind, _name_alone(old, name) if gone is None else gone)
         for kind, name, error in listing.errors:
             log.error(
                 "undecodable object in the store; skipped", kind=kind, name=name, error=str(error)
@@ -421,7 +442,8 @@ class Informer:
         undecodable: list[str] = []
         if isinstance(new, EncodedObjects):
             decode = new.message_class.FromString
-            for name, data in new.encoded_items():
+            hold = self._hold
+            for name, data in new.encoded_items():  # replacing an entry's bytes is safe here
                 try:
                     obj = decode(data)
                 except DecodeError as exc:
@@ -430,6 +452,8 @@ class Informer:
                     )
                     undecodable.append(name)
                     continue
+                if hold is not None and not hold(kind, obj):
+                    new.put_name_only(name)
                 for fn in handlers:
                     try:
                         fn(kind, obj)
@@ -468,30 +492,46 @@ class Informer:
                 error=str(event.error),
             )
             return
-        objs = self.cache[event.kind]
+        kind, name, obj = event.kind, event.name, event.obj
+        objs = self.cache[kind]
         if event.type == "DELETED" or (
-            self._selector is not None and not self._selector(event.kind, event.obj)
+            self._selector is not None and not self._selector(kind, obj)
         ):
-            if event.name in objs:
-                del objs[event.name]
-                self._emit("on_delete", event.kind, event.obj)
+            if _knows(objs, name):
+                del objs[name]
+                self._emit("on_delete", kind, obj)
             return
-        if ("on_update", event.kind) not in self._routes:
+        if ("on_update", kind) not in self._routes:
             # Nobody takes the object as it was (the rescheduler takes no events at all): not
             # decoded from the cache (5 % of the rescheduler's CPU under a stream of pods).
-            known = event.name in objs
-            objs[event.name] = event.obj
+            known = _knows(objs, name)
+            self._put(objs, kind, name, obj)
             if not known:
-                self._emit("on_add", event.kind, event.obj)
+                self._emit("on_add", kind, obj)
             return
-        before = objs.get(event.name)
-        objs[event.name] = event.obj
+        before = objs.get(name)
+        if before is None and _knows(objs, name):
+            before = _name_alone(objs, name)
+        self._put(objs, kind, name, obj)
         if before is None:
-            self._emit("on_add", event.kind, event.obj)
+            self._emit("on_add", kind, obj)
         else:
-            self._emit("on_update", event.kind, before, event.obj)
+            self._emit("on_update", kind, before, obj)
+
+    def _holds(self, kind: str, obj: StoredObject) -> bool:
+        """Whether the cache keeps ``obj`` whole (else its name alone: see ``hold``)."""
+        return self._hold is None or kind not in ENCODED_KINDS or self._hold(kind, obj)
+
+    def _put(
+        self, objs: MutableMapping[str, StoredObject], kind: str, name: str, obj: StoredObject
+    ) -> None:
+        if self._holds(kind, obj):
+            objs[name] = obj
+        else:
+            cast("EncodedObjects[Message]", objs).put_name_only(name)
 
     def _resync(self) -> None:
+        # Objects known by name alone are not resynced: their holder keeps its own record.
         for kind, objs in self.cache.items():
             for obj in list(objs.values()):
                 self._emit("on_update", kind, obj, obj)
@@ -503,3 +543,19 @@ class Informer:
                 fn(kind, *objs)
             except Exception:
                 log.exception("informer handler failed", handler=callback, kind=kind)
+
+
+def _knows(objs: Mapping[str, StoredObject], name: str) -> bool:
+    """Whether ``objs`` holds ``name``, whole or (an encoded cache) by name alone."""
+    return objs.knows(name) if isinstance(objs, EncodedObjects) else name in objs
+
+
+def _known_names(objs: Mapping[str, StoredObject]) -> Iterator[str]:
+    return objs.known_names() if isinstance(objs, EncodedObjects) else iter(objs)
+
+
+def _name_alone(objs: Mapping[str, StoredObject], name: str) -> StoredObject:
+    """An object known by name alone, as handlers get it: its kind's message with that name."""
+    message: Any = cast("EncodedObjects[Message]", objs).message_class()
+    message.metadata.name = name
+    return cast("StoredObject", message)

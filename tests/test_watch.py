@@ -495,6 +495,75 @@ async def test_informer_keeps_pods_encoded_and_relists_them_like_any_kind(
         await small.close()
 
 
+async def test_an_informer_keeps_by_name_alone_what_hold_refuses_yet_delivers_all_of_it(
+    store_url: str, cluster_name: str
+) -> None:
+    """``hold`` (a shard's: the bytes of pending pods only): a refused pod is delivered like
+    any other, its updates and deletions too (with a name-only message as the state before),
+    across a relist after the feed was trimmed, but the cache keeps only its name."""
+    small = await Store.connect(store_url, cluster=cluster_name, feed_max_len=10)
+    informer = Informer(small, ["Pod"], block_ms=100, hold=lambda _k, p: not p.spec.node_name)
+    present: dict[str, str] = {}  # name -> node, as the handlers tell it
+    befores: list[str] = []
+
+    def put(_kind: str, p: pb.Pod) -> None:
+        present[p.metadata.name] = p.spec.node_name
+
+    def update(_kind: str, before: pb.Pod, p: pb.Pod) -> None:
+        befores.append(before.metadata.name)
+        put(_kind, p)
+
+    informer.add_handlers(
+        Handlers.of(
+            pb.Pod,
+            on_add=put,
+            on_update=update,
+            on_delete=lambda _, p: present.pop(p.metadata.name),
+        )
+    )
+
+    def pod(name: str, node_name: str = "") -> pb.Pod:
+        return pb.Pod(metadata=pb.ObjectMeta(name=name), spec=pb.PodSpec(node_name=node_name))
+
+    async def delivered_as_stored() -> None:
+        await informer.wait_for_revision(await small.revision(), timeout=10)
+        stored, _ = await small.list_all(pb.Pod)
+        assert present == {p.metadata.name: p.spec.node_name for p in stored}
+        pending = {p.metadata.name: p for p in stored if not p.spec.node_name}
+        assert dict(informer.cache["Pod"]) == pending  # the bound pods' bytes are not kept
+        assert all(informer.knows("Pod", p.metadata.name) for p in stored)
+
+    try:
+        await small.create(pod("bound-listed", "n1"))
+        await small.create(pod("pending-listed"))
+        informer.start()
+        await informer.wait_synced(10)
+        await delivered_as_stored()
+        assert informer.get("Pod", "bound-listed") is None and informer.count("Pod") == 1
+        bound = await small.get(pb.Pod, "pending-listed")
+        bound.spec.node_name = "n2"
+        await small.update(bound)  # bound: its bytes go, its name stays
+        moved = await small.get(pb.Pod, "bound-listed")
+        moved.spec.node_name = "n3"
+        await small.update(moved)  # an update of a pod known by name alone
+        await delivered_as_stored()
+        assert befores == ["pending-listed", "bound-listed"]
+        await small.delete(pb.Pod, "bound-listed")  # a deletion of one known by name alone
+        await small.create(pod("to-go", "n1"))
+        await delivered_as_stored()
+        await informer.stop()
+        await small.delete(pb.Pod, "to-go")  # missed: the relist must deliver it
+        for i in range(300):  # the feed is trimmed approximately: well past its length
+            await small.create(pod(f"p{i}", "n1" if i % 2 else ""))
+        informer.start()
+        await delivered_as_stored()
+        assert informer.relists == 1 and "to-go" not in present
+        assert informer.count("Pod") == 150 and not informer.knows("Pod", "to-go")
+    finally:
+        await informer.stop()
+        await small.close()
+
+
 async def test_an_informer_applies_a_long_read_in_slices_and_says_when_it_is_whole(
     store: Store,
 ) -> None:

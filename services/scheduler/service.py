@@ -254,6 +254,16 @@ class _DispatchStream:
 # ---------------------------------------------------------------------------------------------
 
 
+def _read_whole(kind: str, obj: Message) -> bool:
+    """What the shard's informer keeps the bytes of: every object but bound pods, which the
+    cache keeps as records (``VictimCandidate``: all that placement accounting, the victim
+    search and the budgets' check read of them; ~200 bytes a pod less). A bound pod being
+    deleted is kept whole: a budget does not count it, which its record does not say."""
+    if isinstance(obj, pb.Pod):
+        return not obj.spec.node_name or bool(obj.metadata.deletion_timestamp_ms)
+    return True
+
+
 class SchedulerService(Service[SchedulerConfig]):
     component = "scheduler"
     config_class = SchedulerConfig
@@ -267,6 +277,7 @@ class SchedulerService(Service[SchedulerConfig]):
         self.informer = Informer(
             self.store,
             ["Node", "Pod", "SchedulerInstance", "DisruptionBudget", "Movement", "Reservation"],
+            hold=_read_whole,
         )
         self.movements = MovementTracker(
             self.store, config.name, self._holds, max_wait_seconds=config.movement_wait_seconds
