@@ -35,7 +35,7 @@ import functools
 import sys
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
@@ -166,7 +166,7 @@ class VictimCandidate:
     node: str = ""
     # Its template's labels, one mapping shared by every pod with the same ones: what a
     # label-selector disruption budget reads (a shard keeps no bytes of its bound pods).
-    labels: Mapping[str, str] = NO_LABELS
+    labels: Mapping[str, str] = field(default_factory=lambda: NO_LABELS)
 
     @classmethod
     def from_pod(
