@@ -25,32 +25,17 @@ M = TypeVar("M", bound=Message)
 T = TypeVar("T")
 
 
-# The bytes of a name known without its object (``EncodedObjects.put_name_only``): no stored
-# object encodes to nothing, as every one has a name.
-_NAME_ONLY = b""
-
-
 class EncodedObjects(MutableMapping[str, M], Generic[M]):
-    """A name -> message mapping that stores each message serialized.
+    """A name -> message mapping that stores each message serialized."""
 
-    It may also know names without their objects (``put_name_only``): a holder that keeps its
-    own compact record of most objects (a shard's bound pods) remembers which exist, to tell
-    them apart from unknown ones and to hand their deletion on, without their bytes. Such a
-    name is not in the mapping (``in``, iteration, ``len`` and ``get`` skip it); ``knows`` and
-    ``known_names`` include it."""
-
-    __slots__ = ("_data", "_message", "_names_only")
+    __slots__ = ("_data", "_message")
 
     def __init__(self, message: type[M]) -> None:
         self._message = message
         self._data: dict[str, bytes] = {}
-        self._names_only = 0  # how many of _data's entries are names alone
 
     def __getitem__(self, name: str) -> M:
-        data = self._data[name]
-        if not data:
-            raise KeyError(name)
-        return self._message.FromString(data)
+        return self._message.FromString(self._data[name])
 
     @overload
     def get(self, name: str, /) -> M | None: ...
@@ -62,64 +47,38 @@ class EncodedObjects(MutableMapping[str, M], Generic[M]):
         # Mapping.get goes through __getitem__ and a KeyError: on every watch event, that was
         # most of the informer's lookup of the object before.
         data = self._data.get(name)
-        return default if not data else self._message.FromString(data)
+        return default if data is None else self._message.FromString(data)
 
     def __setitem__(self, name: str, obj: M) -> None:
-        self.put_encoded(name, obj.SerializeToString())
+        self._data[name] = obj.SerializeToString()
 
     def __delitem__(self, name: str) -> None:
-        if not self._data.pop(name):
-            self._names_only -= 1
+        del self._data[name]
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and bool(self._data.get(name))
-
-    def __iter__(self) -> Iterator[str]:
-        if not self._names_only:
-            return iter(self._data)
-        return (name for name, data in self._data.items() if data)
-
-    def __len__(self) -> int:
-        return len(self._data) - self._names_only
-
-    def knows(self, name: str) -> bool:
-        """Whether ``name`` is held, with its object or as a name alone."""
         return name in self._data
 
-    def known_names(self) -> Iterator[str]:
-        """Every name held, with its object or alone."""
+    def __iter__(self) -> Iterator[str]:
         return iter(self._data)
 
-    def put_name_only(self, name: str) -> None:
-        """Know ``name`` without its object (dropping the bytes held for it, if any)."""
-        if self._data.get(name) != _NAME_ONLY:
-            self._data[name] = _NAME_ONLY
-            self._names_only += 1
+    def __len__(self) -> int:
+        return len(self._data)
 
     def get_encoded(self, name: str) -> bytes | None:
         """The stored bytes (equal bytes: an equal object), without decoding."""
-        return self._data.get(name) or None
+        return self._data.get(name)
 
     def put_encoded(self, name: str, data: bytes) -> None:
-        if self._data.get(name) == _NAME_ONLY:
-            self._names_only -= 1
         self._data[name] = data
 
     def put_many_encoded(self, items: Iterable[tuple[str, bytes]]) -> None:
-        """``put_encoded`` for each (name, bytes): a listing's objects in one call (into a
-        mapping that knows no name alone)."""
-        if self._names_only:
-            for name, data in items:
-                self.put_encoded(name, data)
-        else:
-            self._data.update(items)
+        """``put_encoded`` for each (name, bytes): a listing's objects in one call."""
+        self._data.update(items)
 
     def encoded_items(self) -> Iterator[tuple[str, bytes]]:
         """Each name and its stored bytes, not decoded (a reader decoding them all at once:
         ``message_class.FromString``, without a method call per object)."""
-        if not self._names_only:
-            return iter(self._data.items())
-        return ((name, data) for name, data in self._data.items() if data)
+        return iter(self._data.items())
 
     @property
     def message_class(self) -> type[M]:
@@ -130,7 +89,6 @@ class EncodedObjects(MutableMapping[str, M], Generic[M]):
         while this one keeps changing."""
         other: EncodedObjects[M] = EncodedObjects(self._message)
         other._data = dict(self._data)
-        other._names_only = self._names_only
         return other
 
     def __repr__(self) -> str:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast, overload
 
@@ -106,23 +106,32 @@ class Informer:
         block_ms: int = 1000,
         selector: Selector | None = None,
         hold: Selector | None = None,
+        held_elsewhere: Callable[[str], Collection[str]] | None = None,
     ) -> None:
         """``selector(kind, obj)`` narrows the cache to the objects it accepts, like a
         Kubernetes field selector: others are neither cached nor delivered, and an object that
         stops matching is delivered as deleted (a node agent caches only its nodes' pods).
-        ``hold(kind, obj)`` narrows what the cache keeps of the kinds held encoded
-        (``ENCODED_KINDS``), not what it delivers: an object it refuses is delivered like any
-        other but the cache keeps its name alone — ``get`` gives None and reads skip it — for
-        a holder that keeps its own record of such objects (a shard reads the bytes of pending
-        pods only; its bound pods are its cache's records). An update or deletion of an object
-        known by name alone is delivered with a message carrying only its name as the object
-        before (a deletion from the feed: with the object's last state).
+
+        ``hold(kind, obj)`` narrows what the cache keeps, not what it delivers: an object it
+        refuses is delivered like any other but not kept at all (``get`` gives None), for a
+        holder that keeps its own record of such objects — a shard keeps the bytes of pods
+        without a node only; its bound pods are its cache's records. ``held_elsewhere(kind)``
+        (given with ``hold``) names the refused objects that still exist, as that holder knows
+        them (the shard's bound pods' names): the informer reads it to deliver their updates
+        (with a message carrying only the name as the object before) and deletions (with the
+        object's last state from the feed, or, when a relist finds one gone, its name alone),
+        and ``knows`` answers from it. The holder must add a name on the add or update
+        delivering an object ``hold`` refuses, and drop it on its deletion.
+
         ``retry_max_seconds`` caps the wait between tries to reach a lost store (doubling from
         0.05 s): a store failover takes 3–5 s, and with a cap of 5 s the service's view came
         back up to 3 s after the store did; a try a second costs one connection attempt."""
+        if (hold is None) != (held_elsewhere is None):
+            raise ValueError("informer: hold and held_elsewhere are given together or not at all")
         self._store = store
         self._selector = selector
         self._hold = hold
+        self._elsewhere = held_elsewhere
         self.kinds = list(kinds)
         self.cache: dict[str, MutableMapping[str, StoredObject]] = {
             k: self._empty(k) for k in self.kinds
@@ -222,9 +231,12 @@ class Informer:
         return name in self.cache[kind]
 
     def knows(self, kind: str, name: str) -> bool:
-        """Whether the object exists as far as the cache knows: cached, or known by name alone
-        (refused by ``hold``)."""
-        return _knows(self.cache[kind], name)
+        """Whether the object exists as far as this view goes: cached, or refused by ``hold``
+        and held elsewhere."""
+        return name in self.cache[kind] or self._held_elsewhere(kind, name)
+
+    def _held_elsewhere(self, kind: str, name: str) -> bool:
+        return self._elsewhere is not None and name in self._elsewhere(kind)
 
     def names(self, kind: str) -> tuple[str, ...]:
         return tuple(self.cache[kind])
@@ -395,35 +407,40 @@ class Informer:
         for kind in self.kinds:
             old, new = self.cache[kind], fresh[kind]
             self.cache[kind] = new
-            if next(_known_names(old), None) is None:  # not even a name known by name alone
+            elsewhere = self._elsewhere(kind) if self._elsewhere is not None else ()
+            if not old and not elsewhere:
                 self._deliver_listed(kind, new, listing)
                 continue
-            undecodable: list[str] = []
-            for name in new:  # the fresh cache holds every object: none is a name alone yet
+            # Known before and not listed now: deleted meanwhile (read before any handler runs:
+            # the holder's names change as they do).
+            gone = [n for n in old if n not in new]
+            gone_elsewhere = [n for n in elsewhere if n not in new and n not in old]
+            dropped: list[str] = []  # undecodable, or refused by hold
+            for name in new:
                 try:
                     obj = new[name]
                 except DecodeError as exc:
                     listing.errors.append(
                         (kind, name, InvalidObjectError(f"bytes are not a valid {kind}: {exc}"))
                     )
-                    undecodable.append(name)
+                    dropped.append(name)
                     continue
-                held = self._holds(kind, obj)
-                if not held:
-                    cast("EncodedObjects[Message]", new).put_name_only(name)
+                if not self._holds(kind, obj):
+                    dropped.append(name)
                 before = old.get(name)
-                if before is None:
-                    if _knows(old, name):  # known by name alone: its version is not known
-                        self._emit("on_update", kind, _name_alone(old, name), obj)
-                    else:
-                        self._emit("on_add", kind, obj)
+                if before is None and name in elsewhere:
+                    before = _name_alone(kind, name)  # its earlier version is not known here
+                    self._emit("on_update", kind, before, obj)
+                elif before is None:
+                    self._emit("on_add", kind, obj)
                 elif before.metadata.resource_version != obj.metadata.resource_version:
                     self._emit("on_update", kind, before, obj)
-            for name in undecodable:
+            for name in dropped:
                 del new[name]
-            for name in [n for n in _known_names(old) if not _knows(new, n)]:
-                gone = old.get(name)
-                self._emit("on_delete", kind, _name_alone(old, name) if gone is None else gone)
+            for name in gone:
+                self._emit("on_delete", kind, old[name])
+            for name in gone_elsewhere:
+                self._emit("on_delete", kind, _name_alone(kind, name))
         for kind, name, error in listing.errors:
             log.error(
                 "undecodable object in the store; skipped", kind=kind, name=name, error=str(error)
@@ -439,35 +456,39 @@ class Informer:
         up again per object — as every object a (re)starting service lists comes through here
         (at 1,000,000 pods, each ~0.1 µs here is 0.1 s of its restart)."""
         handlers = self._routes.get(("on_add", kind), ())
-        undecodable: list[str] = []
+        dropped: list[str] = []  # undecodable, or refused by hold (once all are delivered)
+        hold = self._hold
         if isinstance(new, EncodedObjects):
             decode = new.message_class.FromString
-            hold = self._hold
-            for name, data in new.encoded_items():  # replacing an entry's bytes is safe here
+            for name, data in new.encoded_items():
                 try:
                     obj = decode(data)
                 except DecodeError as exc:
                     listing.errors.append(
                         (kind, name, InvalidObjectError(f"bytes are not a valid {kind}: {exc}"))
                     )
-                    undecodable.append(name)
+                    dropped.append(name)
                     continue
                 if hold is not None and not hold(kind, obj):
-                    new.put_name_only(name)
+                    dropped.append(name)
                 for fn in handlers:
                     try:
                         fn(kind, obj)
                     except Exception:
                         log.exception("informer handler failed", handler="on_add", kind=kind)
-            for name in undecodable:
+            for name in dropped:
                 del new[name]
             return
         for obj in new.values():
+            if hold is not None and not hold(kind, obj):
+                dropped.append(obj.metadata.name)
             for fn in handlers:
                 try:
                     fn(kind, obj)
                 except Exception:
                     log.exception("informer handler failed", handler="on_add", kind=kind)
+        for name in dropped:
+            del new[name]
 
     async def _apply_all(self, events: Sequence[WatchEvent]) -> None:
         """Apply a read's events in order, handing the loop to others every
@@ -497,41 +518,42 @@ class Informer:
         if event.type == "DELETED" or (
             self._selector is not None and not self._selector(kind, obj)
         ):
-            if _knows(objs, name):
+            if name in objs:
                 del objs[name]
                 self._emit("on_delete", kind, obj)
+            elif self._held_elsewhere(kind, name):
+                self._emit("on_delete", kind, obj)
             return
+        held = self._hold is None or self._hold(kind, obj)
         if ("on_update", kind) not in self._routes:
             # Nobody takes the object as it was (the rescheduler takes no events at all): not
             # decoded from the cache (5 % of the rescheduler's CPU under a stream of pods).
-            known = _knows(objs, name)
-            self._put(objs, kind, name, obj)
+            known = name in objs or self._held_elsewhere(kind, name)
+            if held:
+                objs[name] = obj
+            else:
+                objs.pop(name, None)
             if not known:
                 self._emit("on_add", kind, obj)
             return
         before = objs.get(name)
-        if before is None and _knows(objs, name):
-            before = _name_alone(objs, name)
-        self._put(objs, kind, name, obj)
+        if before is None and self._held_elsewhere(kind, name):
+            before = _name_alone(kind, name)
+        if held:
+            objs[name] = obj
+        else:
+            objs.pop(name, None)
         if before is None:
             self._emit("on_add", kind, obj)
         else:
             self._emit("on_update", kind, before, obj)
 
     def _holds(self, kind: str, obj: StoredObject) -> bool:
-        """Whether the cache keeps ``obj`` whole (else its name alone: see ``hold``)."""
-        return self._hold is None or kind not in ENCODED_KINDS or self._hold(kind, obj)
-
-    def _put(
-        self, objs: MutableMapping[str, StoredObject], kind: str, name: str, obj: StoredObject
-    ) -> None:
-        if self._holds(kind, obj):
-            objs[name] = obj
-        else:
-            cast("EncodedObjects[Message]", objs).put_name_only(name)
+        """Whether the cache keeps ``obj`` (see ``hold``)."""
+        return self._hold is None or self._hold(kind, obj)
 
     def _resync(self) -> None:
-        # Objects known by name alone are not resynced: their holder keeps its own record.
+        # Objects held elsewhere are not resynced: their holder keeps its own record.
         for kind, objs in self.cache.items():
             for obj in list(objs.values()):
                 self._emit("on_update", kind, obj, obj)
@@ -545,17 +567,9 @@ class Informer:
                 log.exception("informer handler failed", handler=callback, kind=kind)
 
 
-def _knows(objs: Mapping[str, StoredObject], name: str) -> bool:
-    """Whether ``objs`` holds ``name``, whole or (an encoded cache) by name alone."""
-    return objs.knows(name) if isinstance(objs, EncodedObjects) else name in objs
-
-
-def _known_names(objs: Mapping[str, StoredObject]) -> Iterator[str]:
-    return objs.known_names() if isinstance(objs, EncodedObjects) else iter(objs)
-
-
-def _name_alone(objs: Mapping[str, StoredObject], name: str) -> StoredObject:
-    """An object known by name alone, as handlers get it: its kind's message with that name."""
-    message: Any = cast("EncodedObjects[Message]", objs).message_class()
+def _name_alone(kind: str, name: str) -> StoredObject:
+    """An object known by name alone (held elsewhere), as handlers get it: its kind's message
+    with that name."""
+    message: Any = kinds_mod.kind_named(kind).message()
     message.metadata.name = name
     return cast("StoredObject", message)

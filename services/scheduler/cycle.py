@@ -191,7 +191,7 @@ class ShardCycle:
             return self._pending_reservation(unit, name, rv, revision)
         pod = self.informer.get("Pod", name)
         if pod is None and self.informer.knows("Pod", name):
-            # Bound, as the view has it: the informer keeps no bytes of a bound pod.
+            # Bound, as the view has it: the informer keeps nothing of a bound pod.
             if revision < rv:  # the view has not caught up with the dispatcher yet
                 self.book.defer(unit, 0.02)
                 return _NOT_YET
