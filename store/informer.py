@@ -121,13 +121,16 @@ class Informer:
         (with a message carrying only the name as the object before) and deletions (with the
         object's last state from the feed, or, when a relist finds one gone, its name alone),
         and ``knows`` answers from it. The holder must add a name on the add or update
-        delivering an object ``hold`` refuses, and drop it on its deletion.
+        delivering an object ``hold`` refuses, and drop it on its deletion. Without
+        ``held_elsewhere`` the informer knows nothing of refused objects: one that comes to be
+        held is delivered as an add, and the deletion of one refused is not delivered (for a
+        process with no handlers of the kind: the rescheduler keeps GPU nodes' pods only).
 
         ``retry_max_seconds`` caps the wait between tries to reach a lost store (doubling from
         0.05 s): a store failover takes 3–5 s, and with a cap of 5 s the service's view came
         back up to 3 s after the store did; a try a second costs one connection attempt."""
-        if (hold is None) != (held_elsewhere is None):
-            raise ValueError("informer: hold and held_elsewhere are given together or not at all")
+        if held_elsewhere is not None and hold is None:
+            raise ValueError("informer: held_elsewhere names what hold refuses; give hold too")
         self._store = store
         self._selector = selector
         self._hold = hold

@@ -573,9 +573,9 @@ async def test_an_informer_keeps_none_of_what_hold_refuses_yet_delivers_all_of_i
         await small.close()
 
 
-def test_hold_without_the_holders_names_is_refused(store: Store) -> None:
-    with pytest.raises(ValueError, match="hold and held_elsewhere are given together"):
-        Informer(store, ["Pod"], hold=lambda _k, _o: True)
+def test_the_holders_names_without_hold_are_refused(store: Store) -> None:
+    with pytest.raises(ValueError, match="held_elsewhere names what hold refuses; give hold"):
+        Informer(store, ["Pod"], held_elsewhere=lambda _k: ())
 
 
 async def test_an_informer_applies_a_long_read_in_slices_and_says_when_it_is_whole(
