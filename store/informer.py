@@ -438,8 +438,7 @@ class Informer:
                     self._emit("on_add", kind, obj)
                 elif before.metadata.resource_version != obj.metadata.resource_version:
                     self._emit("on_update", kind, before, obj)
-            for name in dropped:
-                del new[name]
+            self._drop(kind, new, dropped)
             for name in gone:
                 self._emit("on_delete", kind, old[name])
             for name in gone_elsewhere:
@@ -479,8 +478,7 @@ class Informer:
                         fn(kind, obj)
                     except Exception:
                         log.exception("informer handler failed", handler="on_add", kind=kind)
-            for name in dropped:
-                del new[name]
+            self._drop(kind, new, dropped)
             return
         for obj in new.values():
             if hold is not None and not hold(kind, obj):
@@ -490,8 +488,18 @@ class Informer:
                     fn(kind, obj)
                 except Exception:
                     log.exception("informer handler failed", handler="on_add", kind=kind)
-        for name in dropped:
+        self._drop(kind, new, dropped)
+
+    def _drop(
+        self, kind: str, new: MutableMapping[str, StoredObject], names: Sequence[str]
+    ) -> None:
+        """Take ``names`` out of a fresh listing's cache of ``kind``. A dict never shrinks: one
+        that listed a million pods and keeps a few (``hold``) is copied to its size (its table
+        was ~40 bytes a pod listed)."""
+        for name in names:
             del new[name]
+        if len(names) > len(new):
+            self.cache[kind] = new.copy() if isinstance(new, EncodedObjects) else dict(new)
 
     async def _apply_all(self, events: Sequence[WatchEvent]) -> None:
         """Apply a read's events in order, handing the loop to others every
