@@ -3,8 +3,9 @@
 ``Trigger`` runs one round of a named policy (or of each policy in turn) and returns its plan;
 ``dry_run`` simulates the round on a copy of the state and changes nothing stored.
 ``ListPolicies`` lists the policies with their triggers and last round. Periodic, cron and signal
-triggers run rounds by themselves. The view of the cluster comes from an informer on nodes, pods,
-jobs and disruption budgets, brought up to the store's current revision before every round.
+triggers run rounds by themselves. A round's view of the cluster is the pods and jobs listed from
+the store when it starts and an informer on nodes, budgets and reservations brought up to that
+listing's revision (the informer keeps GPU nodes' pods only, for the GPU figures).
 
 A round that is not a dry run is executed batch by batch (``executor.py``): a Movement per batch,
 acknowledged by every live shard, then eviction through the Binder. ``Pause`` is the kill switch.
