@@ -116,8 +116,8 @@ class Informer:
         refuses is delivered like any other but not kept at all (``get`` gives None), for a
         holder that keeps its own record of such objects — a shard keeps the bytes of pods
         without a node only; its bound pods are its cache's records. ``held_elsewhere(kind)``
-        (given with ``hold``) names the refused objects that still exist, as that holder knows
-        them (the shard's bound pods' names): the informer reads it to deliver their updates
+        (given with ``hold``) names the refused objects of ``kind`` that still exist, as that
+        holder knows them (the shard's bound pods' names; nothing for another kind): the informer reads it to deliver their updates
         (with a message carrying only the name as the object before) and deletions (with the
         object's last state from the feed, or, when a relist finds one gone, its name alone),
         and ``knows`` answers from it. The holder must add a name on the add or update

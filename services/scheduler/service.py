@@ -284,7 +284,7 @@ class SchedulerService(Service[SchedulerConfig]):
             self.store,
             ["Node", "Pod", "SchedulerInstance", "DisruptionBudget", "Movement", "Reservation"],
             hold=_read_whole,
-            held_elsewhere=lambda _kind: self.cache.bound,
+            held_elsewhere=lambda kind: self.cache.bound if kind == "Pod" else (),
         )
         self.movements = MovementTracker(
             self.store, config.name, self._holds, max_wait_seconds=config.movement_wait_seconds
