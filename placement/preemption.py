@@ -31,10 +31,12 @@ the victims) and nothing is proposed.
 
 from __future__ import annotations
 
+import functools
 import sys
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence, Set
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from placement import gpu
@@ -143,6 +145,9 @@ def candidate_reason(
     return None
 
 
+NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class VictimCandidate:
     """A possible victim as the victim search reads it: a bound pod's compact record (no
@@ -159,6 +164,9 @@ class VictimCandidate:
     # The node it is bound to, one string per node ("" where the holder knows it otherwise):
     # the shard's cache keeps the record alone per bound pod, not a (node, record) pair.
     node: str = ""
+    # Its template's labels, one mapping shared by every pod with the same ones: what a
+    # label-selector disruption budget reads (a shard keeps no bytes of its bound pods).
+    labels: Mapping[str, str] = field(default_factory=lambda: NO_LABELS)
 
     @classmethod
     def from_pod(
@@ -183,6 +191,7 @@ class VictimCandidate:
                 protected_until_ms(pod),
                 pod.status.preempted_by,
                 held.node,
+                held.labels,
             )
         return cls.from_parts(pod.metadata, pod.spec, pod.status, request, node)
 
@@ -202,6 +211,7 @@ class VictimCandidate:
         req = PodRequest.from_parts(meta, spec) if request is None else request
         started = status.started_ms
         seconds = spec.protection_seconds
+        labels = spec.template.labels
         return _made_candidate(
             req.name,
             sys.intern(spec.job),  # shared by the job's pods
@@ -212,7 +222,19 @@ class VictimCandidate:
             0 if seconds <= 0 else started + seconds * 1000 if started else _NEVER_ENDS,
             status.preempted_by,
             node,
+            shared_labels(labels) if labels else NO_LABELS,
         )
+
+
+def shared_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
+    """A read-only copy of ``labels``, the same object for equal labels (a job's pods carry its
+    template's: one mapping a job, not one a pod)."""
+    return _labels_of(tuple(sorted(labels.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _labels_of(items: tuple[tuple[str, str], ...]) -> Mapping[str, str]:
+    return MappingProxyType(dict(items))
 
 
 _CANDIDATE_SLOTS = tuple(
@@ -228,6 +250,7 @@ assert VictimCandidate.__slots__ == (
     "protected_until_ms",
     "preempted_by",
     "node",
+    "labels",
 ), "VictimCandidate's fields moved: _made_candidate sets them in this order"
 
 
@@ -241,9 +264,10 @@ def _made_candidate(
     protected_until: int,
     preempted_by: str,
     node: str,
+    labels: Mapping[str, str],
 ) -> VictimCandidate:
     made = object.__new__(VictimCandidate)
-    s0, s1, s2, s3, s4, s5, s6, s7, s8 = _CANDIDATE_SLOTS
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9 = _CANDIDATE_SLOTS
     s0(made, name)
     s1(made, job)
     s2(made, priority)
@@ -253,6 +277,7 @@ def _made_candidate(
     s6(made, protected_until)
     s7(made, preempted_by)
     s8(made, node)
+    s9(made, labels)
     return made
 
 

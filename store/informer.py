@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast, overload
 
@@ -105,15 +105,36 @@ class Informer:
         retry_max_seconds: float = 1.0,
         block_ms: int = 1000,
         selector: Selector | None = None,
+        hold: Selector | None = None,
+        held_elsewhere: Callable[[str], Collection[str]] | None = None,
     ) -> None:
         """``selector(kind, obj)`` narrows the cache to the objects it accepts, like a
         Kubernetes field selector: others are neither cached nor delivered, and an object that
         stops matching is delivered as deleted (a node agent caches only its nodes' pods).
+
+        ``hold(kind, obj)`` narrows what the cache keeps, not what it delivers: an object it
+        refuses is delivered like any other but not kept at all (``get`` gives None), for a
+        holder that keeps its own record of such objects — a shard keeps the bytes of pods
+        without a node only; its bound pods are its cache's records. ``held_elsewhere(kind)``
+        (given with ``hold``) names the refused objects of ``kind`` that still exist, as that
+        holder knows them (the shard's bound pods' names; nothing for another kind): the informer reads it to deliver their updates
+        (with a message carrying only the name as the object before) and deletions (with the
+        object's last state from the feed, or, when a relist finds one gone, its name alone),
+        and ``knows`` answers from it. The holder must add a name on the add or update
+        delivering an object ``hold`` refuses, and drop it on its deletion. Without
+        ``held_elsewhere`` the informer knows nothing of refused objects: one that comes to be
+        held is delivered as an add, and the deletion of one refused is not delivered (for a
+        process with no handlers of the kind: the rescheduler keeps GPU nodes' pods only).
+
         ``retry_max_seconds`` caps the wait between tries to reach a lost store (doubling from
         0.05 s): a store failover takes 3–5 s, and with a cap of 5 s the service's view came
         back up to 3 s after the store did; a try a second costs one connection attempt."""
+        if held_elsewhere is not None and hold is None:
+            raise ValueError("informer: held_elsewhere names what hold refuses; give hold too")
         self._store = store
         self._selector = selector
+        self._hold = hold
+        self._elsewhere = held_elsewhere
         self.kinds = list(kinds)
         self.cache: dict[str, MutableMapping[str, StoredObject]] = {
             k: self._empty(k) for k in self.kinds
@@ -211,6 +232,14 @@ class Informer:
     def has(self, kind: str, name: str) -> bool:
         """Whether the object is cached, without reading (decoding) it."""
         return name in self.cache[kind]
+
+    def knows(self, kind: str, name: str) -> bool:
+        """Whether the object exists as far as this view goes: cached, or refused by ``hold``
+        and held elsewhere."""
+        return name in self.cache[kind] or self._held_elsewhere(kind, name)
+
+    def _held_elsewhere(self, kind: str, name: str) -> bool:
+        return self._elsewhere is not None and name in self._elsewhere(kind)
 
     def names(self, kind: str) -> tuple[str, ...]:
         return tuple(self.cache[kind])
@@ -381,10 +410,15 @@ class Informer:
         for kind in self.kinds:
             old, new = self.cache[kind], fresh[kind]
             self.cache[kind] = new
-            if not old:
+            elsewhere = self._elsewhere(kind) if self._elsewhere is not None else ()
+            if not old and not elsewhere:
                 self._deliver_listed(kind, new, listing)
                 continue
-            undecodable: list[str] = []
+            # Known before and not listed now: deleted meanwhile (read before any handler runs:
+            # the holder's names change as they do).
+            gone = [n for n in old if n not in new]
+            gone_elsewhere = [n for n in elsewhere if n not in new and n not in old]
+            dropped: list[str] = []  # undecodable, or refused by hold
             for name in new:
                 try:
                     obj = new[name]
@@ -392,17 +426,23 @@ class Informer:
                     listing.errors.append(
                         (kind, name, InvalidObjectError(f"bytes are not a valid {kind}: {exc}"))
                     )
-                    undecodable.append(name)
+                    dropped.append(name)
                     continue
+                if not self._holds(kind, obj):
+                    dropped.append(name)
                 before = old.get(name)
-                if before is None:
+                if before is None and name in elsewhere:
+                    before = _name_alone(kind, name)  # its earlier version is not known here
+                    self._emit("on_update", kind, before, obj)
+                elif before is None:
                     self._emit("on_add", kind, obj)
                 elif before.metadata.resource_version != obj.metadata.resource_version:
                     self._emit("on_update", kind, before, obj)
-            for name in undecodable:
-                del new[name]
-            for name in [n for n in old if n not in new]:
+            self._drop(kind, new, dropped)
+            for name in gone:
                 self._emit("on_delete", kind, old[name])
+            for name in gone_elsewhere:
+                self._emit("on_delete", kind, _name_alone(kind, name))
         for kind, name, error in listing.errors:
             log.error(
                 "undecodable object in the store; skipped", kind=kind, name=name, error=str(error)
@@ -418,7 +458,8 @@ class Informer:
         up again per object — as every object a (re)starting service lists comes through here
         (at 1,000,000 pods, each ~0.1 µs here is 0.1 s of its restart)."""
         handlers = self._routes.get(("on_add", kind), ())
-        undecodable: list[str] = []
+        dropped: list[str] = []  # undecodable, or refused by hold (once all are delivered)
+        hold = self._hold
         if isinstance(new, EncodedObjects):
             decode = new.message_class.FromString
             for name, data in new.encoded_items():
@@ -428,22 +469,37 @@ class Informer:
                     listing.errors.append(
                         (kind, name, InvalidObjectError(f"bytes are not a valid {kind}: {exc}"))
                     )
-                    undecodable.append(name)
+                    dropped.append(name)
                     continue
+                if hold is not None and not hold(kind, obj):
+                    dropped.append(name)
                 for fn in handlers:
                     try:
                         fn(kind, obj)
                     except Exception:
                         log.exception("informer handler failed", handler="on_add", kind=kind)
-            for name in undecodable:
-                del new[name]
+            self._drop(kind, new, dropped)
             return
         for obj in new.values():
+            if hold is not None and not hold(kind, obj):
+                dropped.append(obj.metadata.name)
             for fn in handlers:
                 try:
                     fn(kind, obj)
                 except Exception:
                     log.exception("informer handler failed", handler="on_add", kind=kind)
+        self._drop(kind, new, dropped)
+
+    def _drop(
+        self, kind: str, new: MutableMapping[str, StoredObject], names: Sequence[str]
+    ) -> None:
+        """Take ``names`` out of a fresh listing's cache of ``kind``. A dict never shrinks: one
+        that listed a million pods and keeps a few (``hold``) is copied to its size (its table
+        was ~40 bytes a pod listed)."""
+        for name in names:
+            del new[name]
+        if len(names) > len(new):
+            self.cache[kind] = new.copy() if isinstance(new, EncodedObjects) else dict(new)
 
     async def _apply_all(self, events: Sequence[WatchEvent]) -> None:
         """Apply a read's events in order, handing the loop to others every
@@ -468,30 +524,47 @@ class Informer:
                 error=str(event.error),
             )
             return
-        objs = self.cache[event.kind]
+        kind, name, obj = event.kind, event.name, event.obj
+        objs = self.cache[kind]
         if event.type == "DELETED" or (
-            self._selector is not None and not self._selector(event.kind, event.obj)
+            self._selector is not None and not self._selector(kind, obj)
         ):
-            if event.name in objs:
-                del objs[event.name]
-                self._emit("on_delete", event.kind, event.obj)
+            if name in objs:
+                del objs[name]
+                self._emit("on_delete", kind, obj)
+            elif self._held_elsewhere(kind, name):
+                self._emit("on_delete", kind, obj)
             return
-        if ("on_update", event.kind) not in self._routes:
+        held = self._hold is None or self._hold(kind, obj)
+        if ("on_update", kind) not in self._routes:
             # Nobody takes the object as it was (the rescheduler takes no events at all): not
             # decoded from the cache (5 % of the rescheduler's CPU under a stream of pods).
-            known = event.name in objs
-            objs[event.name] = event.obj
+            known = name in objs or self._held_elsewhere(kind, name)
+            if held:
+                objs[name] = obj
+            else:
+                objs.pop(name, None)
             if not known:
-                self._emit("on_add", event.kind, event.obj)
+                self._emit("on_add", kind, obj)
             return
-        before = objs.get(event.name)
-        objs[event.name] = event.obj
-        if before is None:
-            self._emit("on_add", event.kind, event.obj)
+        before = objs.get(name)
+        if before is None and self._held_elsewhere(kind, name):
+            before = _name_alone(kind, name)
+        if held:
+            objs[name] = obj
         else:
-            self._emit("on_update", event.kind, before, event.obj)
+            objs.pop(name, None)
+        if before is None:
+            self._emit("on_add", kind, obj)
+        else:
+            self._emit("on_update", kind, before, obj)
+
+    def _holds(self, kind: str, obj: StoredObject) -> bool:
+        """Whether the cache keeps ``obj`` (see ``hold``)."""
+        return self._hold is None or self._hold(kind, obj)
 
     def _resync(self) -> None:
+        # Objects held elsewhere are not resynced: their holder keeps its own record.
         for kind, objs in self.cache.items():
             for obj in list(objs.values()):
                 self._emit("on_update", kind, obj, obj)
@@ -503,3 +576,11 @@ class Informer:
                 fn(kind, *objs)
             except Exception:
                 log.exception("informer handler failed", handler=callback, kind=kind)
+
+
+def _name_alone(kind: str, name: str) -> StoredObject:
+    """An object known by name alone (held elsewhere), as handlers get it: its kind's message
+    with that name."""
+    message: Any = kinds_mod.kind_named(kind).message()
+    message.metadata.name = name
+    return cast("StoredObject", message)

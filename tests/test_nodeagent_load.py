@@ -318,6 +318,25 @@ async def test_agent_reports_its_nodes_load(store: Store, store_url: str, tmp_pa
         assert await store.revision() == revision
 
 
+async def test_the_load_model_shares_the_runners_string_for_each_pod(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    """A real agent's load model keys each pod by the runner's own string for its name: one
+    string per pod in the agent, not one per holder."""
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=1, node_prefix="sh")
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        agent = host.service
+        assert isinstance(agent, NodeAgentService)
+        await submit_and_bind(store, f.job("shared", replicas=3), ["sh-0"] * 3)
+
+        async def running() -> bool:
+            return len(agent.loads.usage._pods) == 3 and len(agent.runner.runs) == 3
+
+        await eventually(running, what="the pods run and count")
+        for key in agent.loads.usage._pods:
+            assert key is agent.runner.runs[key].name
+
+
 @pytest.mark.parametrize(
     ("hot_percent", "expected"),
     [

@@ -632,3 +632,52 @@ async def test_a_reservation_without_a_node_is_placed_as_a_one_pod_unit(
         after = await store.get(pb.Reservation, "nowhere")
         assert after.metadata.resource_version == stored["nowhere"].metadata.resource_version
         await d.close()
+
+
+async def test_a_shard_keeps_no_bytes_of_bound_pods_yet_its_preemption_keeps_their_budgets(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """The shard's informer keeps a bound pod by name alone (its cache's record serves the
+    accounting and the victim search), and a label-selector budget over bound pods is still
+    read from those records: the preemptor finds no victim it may take. A pending pod stays
+    whole."""
+    await store.create(node("n0", cpu=2000, mem=32 * GiB))
+    low = job("low", replicas=2, cpu=1000, mem=GiB)
+    low.spec.template.labels["app"] = "web"
+    low_pods = pods_of(low)
+    for p in low_pods:
+        p.spec.node_name, p.status.phase, p.spec.priority = "n0", pb.POD_RUNNING, 1
+        p.spec.preemptible = True
+    await store.create_unit(low, low_pods)
+    budget = pb.DisruptionBudget(metadata=pb.ObjectMeta(name="keep-web"))
+    budget.spec.selector.add(key="app", operator=pb.LabelSelectorRequirement.IN, values=["web"])
+    budget.spec.max_unavailable = 0
+    budget.status.disruptions_allowed = 0
+    await store.create(budget)
+    high = job("high", cpu=1000, mem=GiB)
+    high.spec.priority = 100
+    high_pods = pods_of(high)
+    high_pods[0].spec.priority = 100
+    await store.create_unit(high, high_pods)
+    stored = await store.get(pb.Pod, "high-0")
+    unit = ipb.Unit(
+        job=high,
+        pods=[ipb.PodRef(name="high-0", resource_version=stored.metadata.resource_version)],
+    )
+
+    async with ServiceHost(SchedulerService, config) as host:
+        shard = host.service
+        assert isinstance(shard, SchedulerService)
+        await eventually(lambda: shard.cache.running("low-1") is not None)
+        assert shard.informer.get("Pod", "low-0") is None  # no bytes of a bound pod
+        assert shard.informer.knows("Pod", "low-0")
+        assert shard.victims.budget_violations(["low-0"]) == ["keep-web"]
+        d = Dispatcher(host.address)
+        await d.until(lambda: d.credits > 0)
+        await d.send(unit)
+        await d.until(lambda: "high" in d.outcomes)
+        assert shard.informer.get("Pod", "high-0") is not None  # pending: whole
+        await d.close()
+
+    assert d.outcomes["high"].code == ipb.UNIT_UNSCHEDULABLE
+    assert not [p for b in binder.batches for u in b.units for p in u.placements]

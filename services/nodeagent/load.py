@@ -198,6 +198,9 @@ class HollowUsage:
 
     def __init__(self) -> None:
         self._pods: dict[str, _Use] = {}
+        # The string to key a pod by, equal to its name: the runner's (``PodRunner.name_of``),
+        # so the agent holds one string per pod, not one here too (58 bytes a pod).
+        self.name_of: Callable[[str], str] = lambda name: name
         self._nodes: dict[str, list[int]] = {}  # node -> [curve cpu, curve mem, fixed cpu, mem]
         # Nodes whose sums changed since the reporter last took this set (``take_changed``).
         self._changed: set[str] = set()
@@ -218,12 +221,12 @@ class HollowUsage:
         old = self._pods.pop(name, None)
         if old == new:
             if new is not None:
-                self._pods[name] = new
+                self._pods[self.name_of(name)] = new
             return
         if old is not None:
             self._add(old, -1)
         if new is not None:
-            self._pods[name] = new
+            self._pods[self.name_of(name)] = new
             self._add(new, 1)
 
     def _add(self, use: _Use, sign: int) -> None:

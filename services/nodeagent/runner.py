@@ -263,6 +263,12 @@ class PodRunner:
     # Informer side (synchronous, quick)
     # -----------------------------------------------------------------------------------------
 
+    def name_of(self, name: str) -> str:
+        """The string the runner keys the pod by (``name`` itself if it runs no such pod): a
+        holder keyed by pod shares it rather than keep a copy of every name."""
+        run = self.runs.get(name)
+        return name if run is None else run.name
+
     def handlers(self) -> Handlers:
         return Handlers.of(
             pb.Pod,

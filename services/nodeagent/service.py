@@ -451,6 +451,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
         self.runner.informed = lambda name: informer.encoded("Pod", name)
         self.informer.add_handlers(self.runner.handlers())
         self.loads = self._load_reporter()
+        self.loads.usage.name_of = self.runner.name_of  # its handlers run after the runner's
         self.informer.add_handlers(self.loads.usage.handlers())
         self.informer.start()
         await self.informer.wait_synced()

@@ -3,8 +3,9 @@
 ``Trigger`` runs one round of a named policy (or of each policy in turn) and returns its plan;
 ``dry_run`` simulates the round on a copy of the state and changes nothing stored.
 ``ListPolicies`` lists the policies with their triggers and last round. Periodic, cron and signal
-triggers run rounds by themselves. The view of the cluster comes from an informer on nodes, pods,
-jobs and disruption budgets, brought up to the store's current revision before every round.
+triggers run rounds by themselves. A round's view of the cluster is the pods and jobs listed from
+the store when it starts and an informer on nodes, budgets and reservations brought up to that
+listing's revision (the informer keeps GPU nodes' pods only, for the GPU figures).
 
 A round that is not a dry run is executed batch by batch (``executor.py``): a Movement per batch,
 acknowledged by every live shard, then eviction through the Binder. ``Pause`` is the kill switch.
@@ -23,6 +24,7 @@ from typing import Any
 import grpc
 import structlog
 import yaml
+from google.protobuf.message import Message
 
 from placement.framework import Framework
 from placement.gpu import GpuFigures
@@ -46,7 +48,7 @@ from services.rescheduler.view import PodInfoCache, build_view, fresh_loads
 from services.runtime import Service, ServiceConfig
 from services.runtime.config import ConfigError, option
 from store.encoded import EncodedObjects
-from store.informer import Informer
+from store.informer import Handlers, Informer
 
 log = structlog.get_logger(__name__)
 
@@ -167,7 +169,19 @@ class ReschedulerService(Service[ReschedulerConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.configs = {c.name: c for c in self.config.policy_configs()}
-        self.informer = Informer(self.store, list(KINDS))
+        # The pods a round reads are listed from the store when it starts; the informer keeps
+        # only those of GPU nodes, for the GPU figures between rounds (a million pods were a
+        # third of a GiB here, held for rounds that may never run).
+        self._gpu_nodes: set[str] = set()
+        self.informer = Informer(self.store, list(KINDS), hold=self._keeps)
+        self.informer.add_handlers(
+            Handlers.of(
+                pb.Node,
+                on_add=lambda _, node: self._node_seen(node),
+                on_update=lambda _, __, node: self._node_seen(node),
+                on_delete=lambda _, node: self._gpu_nodes.discard(node.metadata.name),
+            )
+        )
         self.rules = hard_rules()
         self.pod_infos = PodInfoCache()
         self._figure_infos = PodInfoCache()
@@ -218,17 +232,32 @@ class ReschedulerService(Service[ReschedulerConfig]):
         self.triggers.remove_signal_handlers()
         await self.informer.stop()
 
+    def _keeps(self, kind: str, obj: Message) -> bool:
+        """What the informer keeps: every object but pods, and pods of GPU nodes while the GPU
+        figures are kept (``refresh_gpu_figures``)."""
+        if isinstance(obj, pb.Pod):
+            return self.config.gpu_figures_seconds > 0 and obj.spec.node_name in self._gpu_nodes
+        return True
+
+    def _node_seen(self, node: pb.Node) -> None:
+        # A node's GPUs are registered with it, before any pod is bound there; one that gains
+        # GPUs later has its pods counted as they next change.
+        if node.status.allocatable.gpus:
+            self._gpu_nodes.add(node.metadata.name)
+        else:
+            self._gpu_nodes.discard(node.metadata.name)
+
     async def _fresh_view(self, scope_labels: Mapping[str, str]) -> ClusterView:
-        """The cluster as of now: the informer caught up to the store's current revision."""
-        revision = await self.store.revision()
+        """The cluster as of now: the pods listed from the store, the informer caught up to
+        that listing's revision."""
+        # Decoded one at a time as the view is built (all of them decoded at once would be
+        # 2.6 GiB at a million pods); their bytes are let go once it is.
+        listing = await self.store.list_stored(["Pod"])
+        revision = listing.revision
         await self.informer.wait_for_revision(revision, self.config.sync_timeout_seconds)
         inf = self.informer
         nodes = inf.list(pb.Node)
-        # The pods decoded one at a time as the view is built, from a copy of the cache's
-        # bytes: all of them decoded at once would be 2.6 GiB at a million pods.
-        cached = inf.objects(pb.Pod)
-        copied = cached.copy() if isinstance(cached, EncodedObjects) else dict(cached)
-        pods = copied.values()
+        pods = (p for p in listing.objects("Pod") if isinstance(p, pb.Pod))
         jobs, _ = await self.store.list_all(pb.Job)  # at least as new as the pods above
         budgets = inf.list(pb.DisruptionBudget)
         loads = fresh_loads(
@@ -237,7 +266,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
             int(self.config.load_max_age_seconds * 1000),
         )
         # The informer replaces objects on change and never mutates them, so the lists (and the
-        # copy of the pods) can be read off the event loop.
+        # listing of the pods) can be read off the event loop.
         return await asyncio.to_thread(
             build_view,
             nodes,

@@ -190,6 +190,16 @@ class ShardCycle:
         if unit.reservation:
             return self._pending_reservation(unit, name, rv, revision)
         pod = self.informer.get("Pod", name)
+        if pod is None and self.informer.knows("Pod", name):
+            # Bound, as the view has it: the informer keeps nothing of a bound pod.
+            if revision < rv:  # the view has not caught up with the dispatcher yet
+                self.book.defer(unit, 0.02)
+                return _NOT_YET
+            del unit.pending[name]  # bound meanwhile (e.g. an earlier decision of ours)
+            unit.bound.append(name)
+            unit.already_bound += 1
+            self.book.finish_pods(unit, 1)
+            return None
         if not isinstance(pod, pb.Pod) or pod.metadata.resource_version < rv:
             if revision < rv:  # the view has not caught up with the dispatcher yet
                 self.book.defer(unit, 0.02)

@@ -68,5 +68,25 @@ class ShardVictims:
         return self._tracker
 
     def _pods(self, names: Sequence[str]) -> list[pb.Pod]:
-        pods = (self._informer.get("Pod", n) for n in names)
-        return [p for p in pods if isinstance(p, pb.Pod)]
+        """The victims as a budget reads them: a bound pod from its record (the informer keeps
+        no bytes of it), any other as the informer has it."""
+        out: list[pb.Pod] = []
+        for name in names:
+            pod = self._informer.get("Pod", name)
+            if isinstance(pod, pb.Pod):
+                out.append(pod)
+                continue
+            record = self._cache.running(name)
+            if record is not None:
+                out.append(_as_budget_reads(record))
+        return out
+
+
+def _as_budget_reads(record: VictimCandidate) -> pb.Pod:
+    """A bound pod's record as the pod a disruption budget reads (its name, job, template
+    labels and a phase that holds its node; a pod being deleted is read whole instead)."""
+    pod = pb.Pod(metadata=pb.ObjectMeta(name=record.name))
+    pod.spec.job = record.job
+    pod.spec.template.labels.update(record.labels)
+    pod.status.phase = pb.POD_RUNNING if record.started_ms else pb.POD_BOUND
+    return pod
