@@ -412,15 +412,10 @@ def _run_singles_only(name: str, tmp_path: Path, timeout: float, **extra: Any) -
 @pytest.mark.timeout(180)
 def test_one_pod_jobs_workload_binds_every_pod(tmp_path: Path) -> None:
     """SchedulingBasic-5000-Singles' quick form (issue 15), its one-pod-jobs variant: every
-    measured pod is its own job, and every one is bound. The copy also asks for ``restart``
-    (PaperScale-20000's time to start against a full cluster): each kind of service restarted,
-    timed until it serves."""
-    run = _run_singles_only("SchedulingBasic-5000-Singles", tmp_path, 100, restart=True)
+    measured pod is its own job, and every one is bound."""
+    run = _run_singles_only("SchedulingBasic-5000-Singles", tmp_path, 100)
     assert run["latency_ms"]["count"] == run["measured_pods"]
     assert run["resources"]["dispatcher"]["cpu_seconds"] > 0
-    restarted = run["restart_seconds"]
-    assert set(restarted) == {"dispatcher", "scheduler-0", "binder-0", "rescheduler", "nodeagent-0"}
-    assert all(seconds > 0 for seconds in restarted.values())
 
 
 @pytest.mark.timeout(180)
@@ -443,7 +438,10 @@ def test_paper_scale_quick_form_reports_memory_restarts_and_a_steady_leader(tmp_
     resources = run["resources"]
     assert {"scheduler-0", "scheduler-1", "binder-0", "binder-1", "store"} <= set(resources)
     assert all(usage["peak_rss_mib"] > 0 for usage in resources.values())
-    assert set(run["restart_seconds"]) >= {"dispatcher", "scheduler-0", "binder-0"}
+    # Each kind of service (one of each; the store stays up) restarted, timed until it serves.
+    restarted = run["restart_seconds"]
+    assert set(restarted) == {"dispatcher", "scheduler-0", "binder-0", "rescheduler", "nodeagent-0"}
+    assert all(seconds > 0 for seconds in restarted.values())
     # Issue 34 item 2 (RestartScale-2000 is this at a larger size, with the same harness):
     # each restarted kind with the CPU it used until serving again, binding resumed after
     # binder-0's restart, and the Binder leader killed -9 replaced by its standby.
