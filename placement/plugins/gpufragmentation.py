@@ -14,18 +14,28 @@ Policies (``args.policy``):
 - ``packing``: shares onto shared cards, then onto nodes in use (``GpuPackingPolicy``).
 
 The shape mix is learned from the pods this plugin scores (one framework instance: a shard's
-plugin sees its shard's pods): each new pod is observed once, before its nodes are scored, in a
-``ShapeWindow`` of the last ``window`` pods, so even the first pod scores against a mix (its own
-shape). The policy is rebuilt from the window when a new shape arrives or every
-``refresh`` pods, not per pod, so its answers stay cached.
+plugin sees its shard's pods): each new pod is observed once, before its nodes are scored
+(``LearningScore.observe``: the search calls it first), in a ``ShapeWindow`` of the last
+``window`` pods, so even the first pod scores against a mix (its own shape). Pods asking no GPU
+count once a node with cards has been scored (the offline check's mix has them too). The
+policy is rebuilt from the window when a new shape arrives or every ``refresh`` pods, not per
+pod, so its answers stay cached; each rebuild moves ``score_generation``, and the search then
+drops the candidates it kept scored under the old mix (else an idle node, never re-scored,
+would keep a score of the first few pods' mix and win: through the services multi-card tasks
+went unplaced for it on multigpu20).
 
-Raw scores are 0..100, higher is better: for fgd-balance 50 − 50·g / (|g| + 500) for its
-growth g in milli-GPU plus a hundredth of the node's free GPU after (its packing tie-break)
-(per ``milli_per_point`` = 10: a squash, so every growth keeps its order); for fgd-fill and fgd 50 minus the expected growth in
-steps of ``milli_per_point`` milli-GPU (a placement that fills a sliver scores above 50); for
-best-fit 100 less the share left free; for packing by tier, then by GPU left free. A pod asking
-no GPU scores 0 everywhere at the cost of one attribute read, so it changes no ranking; a node
-the policy finds no room on (the filters decide fit) scores 0 too.
+Raw scores: for fgd-balance the policy's own order, minus 1,000 × (its growth × 1,000,000 +
+the milli-GPU the node is left with free), one step of which at the profile's weight outweighs
+every 0..100 default score together: they only break its exact ties (squashed into 0..100,
+thousands of growths fell into a few points and LeastAllocated spread the pods; a node with no
+room ranks last). For fgd-fill and fgd 50 minus the expected growth in steps of
+``milli_per_point`` milli-GPU (a placement that fills a sliver scores above 50); for best-fit
+100 less the share left free; for packing by tier, then by GPU left free. A pod asking no GPU
+is scored by the learning policies on a node with cards by what it strands there (fgd-balance:
+the GPU its CPU and memory leave unfed, ``cpu_stranded``, and unfillable), and on a node
+without cards as growth 0 with nothing left free (so it prefers those): one attribute read per
+node in a cluster without GPU nodes. The comparison policies score it 0, as a node the policy
+finds no room on (the filters decide fit).
 
 Cost: a node's answer depends only on (model, the cards' use in any order, free and total CPU
 and memory of the pod's pool), the ``Fleet`` grouping of ``placement.gpufrag``: answers are
@@ -127,7 +137,7 @@ class GpuFragmentation:
         # (and learned) too, by the GPU their CPU and memory strand.
         self._gpu_nodes_seen = False
         # A pod asking no GPU, on a node without cards: it strands nothing there.
-        self._no_cards_points = 0 if args.policy == "fgd-balance" else _NEUTRAL
+        self._no_cards_points = _NEUTRAL if args.policy in ("fgd-fill", "fgd") else 0
         # Per task shape: (model, card use, free cpu, free memory, total cpu, total memory) ->
         # raw score. Cleared when the policy is rebuilt.
         self._scores: dict[TaskShape, dict[tuple[object, ...], int]] = {}
@@ -232,10 +242,10 @@ class GpuFragmentation:
     def score(self, pod: PodInfo, node: NodeInfo) -> int:
         req = pod.req
         if not req.requests.gpus:
+            if not node.card_used:
+                return self._no_cards_points  # the one read a cluster without GPUs pays
             if not self._learns:
                 return 0
-            if not node.card_used:
-                return self._no_cards_points
             self._gpu_nodes_seen = True
         if pod.name != self._last_pod:
             self.observe(pod)
