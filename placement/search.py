@@ -214,6 +214,9 @@ class _Template:
     # onto the few nodes it found, where a fresh scan from the rotating offset spreads them as
     # the scores want (kube-scheduler scans anew for every pod).
     budget: int = 0
+    # The framework's score generation its scores were taken in (``Framework.score_generation``):
+    # a learning score plugin's answers moved since, the cache is dropped, not reused.
+    generation: int = 0
     failure: str = ""
     diagnosis: Diagnosis | None = None
     # Set when a PreFilter narrowed the nodes: what to scan, and why the rest were skipped.
@@ -479,7 +482,12 @@ class _TemplateMemory:
         if kept is None:
             return None
         token, version, tmpl = kept
-        if (tmpl.shape is None) != (shape is None) or token != snapshot.token:
+        if (
+            (tmpl.shape is None) != (shape is None)
+            or token != snapshot.token
+            # Scored by a learning plugin's older answers: its untouched nodes would keep them.
+            or tmpl.generation != framework.score_generation()
+        ):
             return None
         if tmpl.shape is not None:
             if partition and not tmpl.live.keys() <= partition:
@@ -907,6 +915,7 @@ class UnitScheduler:
         and Score a fresh scan first (``_scan``); Reserve it (assume). PostFilter (preemption)
         when nothing fits."""
         snapshot = run.snapshot
+        self.framework.observe(pod)
         shape = None
         if self._topology_plugins and (pod.has_topology or snapshot.topology.has_anti):
             shape = self._prefilter_topology(pod, snapshot)
@@ -917,6 +926,10 @@ class UnitScheduler:
         # A plain template the unit already holds is the common case (a gang's later pods):
         # taken here without the call; ``_template`` decides every other case.
         tmpl = run.templates.get(pod.template_key) if shape is None else None
+        generation = self.framework.score_generation()
+        if tmpl is not None and tmpl.generation != generation:
+            del run.templates[pod.template_key]  # scored by a learning plugin's older answers
+            tmpl = None
         if tmpl is None or tmpl.shape is not None:
             tmpl = self._template(run, pod, shape)
         if tmpl.failure:  # a pod of this template found no node: its siblings cannot either
@@ -983,9 +996,11 @@ class UnitScheduler:
         PreFilter, or scanning only the nodes changed since the template last fit nowhere)."""
         topo, use_cache, labels = shape is not None, run.use_cache, run.labels
         key = pod.template_key
+        generation = self.framework.score_generation()
         tmpl = None if topo and not use_cache else run.templates.get(key)
         if tmpl is not None and (
-            (tmpl.shape is None) != (shape is None)  # a topology rule came or went
+            tmpl.generation != generation  # a learning score plugin's answers moved
+            or (tmpl.shape is None) != (shape is None)  # a topology rule came or went
             # A topology failure holds only while nothing changed: others' placements
             # move counts (a spread's minimum rises).
             or (tmpl.shape is not None and tmpl.failure and tmpl.version != run.snapshot.version)
@@ -996,7 +1011,7 @@ class UnitScheduler:
             if tmpl is not None:
                 run.templates[key] = tmpl
         if tmpl is None:
-            tmpl = _Template(shape=shape, draw=self._draw)
+            tmpl = _Template(shape=shape, draw=self._draw, generation=generation)
             if not topo or use_cache:
                 run.templates[key] = tmpl
             narrowed = labels and self._narrow(pod, run.snapshot, labels, run.total_nodes)
@@ -1172,8 +1187,10 @@ class UnitScheduler:
         from), as many pods' worth as the scan found nodes."""
         if tmpl.shape is not None:
             tmpl.score_topology(self.framework, pod, feasible, snapshot)
+            tmpl.generation = self.framework.score_generation()
             return
         static, dynamic = self.framework.score_parts(pod, feasible)
+        tmpl.generation = self.framework.score_generation()
         for info, s, d in zip(feasible, static, dynamic, strict=True):
             tmpl.static[info.name] = s
             tmpl.push(info.name, s + d)

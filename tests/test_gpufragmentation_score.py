@@ -44,8 +44,9 @@ def share_pod(name: str, milli: int, models: tuple[str, ...] = ()) -> PodInfo:
         (500, {"half": (500,), "empty": (0,)}, {"half": 50, "empty": 50}),
         # A card with 300 free holds no 600: the policy finds no room (the filter says so), 0.
         (600, {"full": (700,), "gap": (400,)}, {"full": 0, "gap": 50}),
-        # A pod asking no GPU scores 0 everywhere.
-        (0, {"gap": (400,), "empty": (0,)}, {"gap": 0, "empty": 0}),
+        # A pod asking no GPU, mix {itself}: it strands no GPU on either node (64 CPUs for its
+        # 100m): growth 0, 50 on both.
+        (0, {"gap": (400,), "empty": (0,)}, {"gap": 50, "empty": 50}),
     ],
     ids=["fills-the-gap", "tie", "no-room", "cpu-only"],
 )
@@ -60,22 +61,90 @@ def test_the_fgd_balance_score_charges_the_sliver_too() -> None:
     """Mix {600}, policy fgd-balance: on the gap the pod fills the card (every term
     grows 0: 50). On the empty card it leaves 400: fgd-fill's growth 400 as above, plus 10 x
     the card waste (the common sizes 600 and 1000 fill none of 400: 0 -> 400), plus 10 x the
-    GPU that CPU cannot feed (64 CPUs for 100m per 600 milli: none): growth 4,400, squashed
-    to 50 - 50 * 4,400 // (4,400 + 500) = 50 - 44 = 6."""
+    GPU that CPU cannot feed (64 CPUs for 100m per 600 milli: none): growth 4,400 milli, 400
+    left free. The score is the policy's order at a scale no 0..100 score reaches: minus
+    1,000 x (growth x 1,000,000 + free GPU left)."""
     plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-balance"))
     pod = share_pod("p", 600)
     got = {
         name: plugin.score(pod, card_node(name, used))
         for name, used in {"gap": (400,), "empty": (0,)}.items()
     }
-    assert got == {"gap": 50, "empty": 6}
+    assert got == {"gap": 0, "empty": -1_000 * (4_400 * 1_000_000 + 400)}
 
 
-def test_a_cpu_only_pod_is_not_observed() -> None:
+def test_the_fgd_balance_score_outweighs_every_other_default_score() -> None:
+    """One milli of growth, or one milli of free GPU left, at the profile's weight, is more
+    than every other default score at its best together: they only break its ties."""
+    others = sum(weight for name, weight in Profile().scores if name != "GpuFragmentation")
+    gpu_weight = dict(Profile().scores)["GpuFragmentation"]
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-balance"))
+    pod = share_pod("p", 500)
+    # Mix {500}: both nodes take it with growth 0; "half" is left with 0 free, "empty" 500.
+    half, empty = (
+        plugin.score(pod, card_node(n, u)) for n, u in (("half", (500,)), ("empty", (0,)))
+    )
+    assert (half - empty) * gpu_weight > 100 * others
+
+
+def test_a_cpu_only_pod_is_not_observed_without_gpu_nodes() -> None:
+    """In a cluster without GPU nodes a pod asking no GPU costs an attribute read per node:
+    one score for every node (no ranking change), nothing learned."""
     plugin = GpuFragmentation(GpuFragmentationArgs())
-    assert plugin.score(share_pod("cpu", 0), card_node("n", (0,))) == 0
+    plain = NodeInfo.from_node(gpu_node("plain", 0, "", cpu=64_000))
+    pod = share_pod("cpu", 0)
+    plugin.observe(pod)
+    assert plugin.score(pod, plain) == 0
     assert plugin.share_policy() is not None
     assert not len(plugin._window)
+    assert plugin.score_generation() == 0
+
+
+def cpu_node(name: str, used: tuple[int, ...], cpu: int) -> NodeInfo:
+    info = NodeInfo.from_node(gpu_node(name, len(used), "V100M32", cpu=cpu))
+    for index, milli in enumerate(used):
+        if milli:
+            assert info.add_pod(
+                PodRequest(f"{name}-h{index}", "g", 1_000, 0, milli, gpu_cards=(index,))
+            )
+    return info
+
+
+@pytest.mark.parametrize(
+    ("nodes", "best"),
+    [
+        # Mix {a 1000 share asking 8 CPUs}, then the CPU-only pod (8 CPUs) counted too. On
+        # "poor" (2 free cards, 16 CPUs - 2 of the holders' = 14 free) it leaves 6 CPUs: one
+        # card's worth, so a card is stranded. On "rich" (2 cards, 104 CPUs) nothing is. On
+        # "plain" (no cards) nothing is and no GPU is left free: the best.
+        ({"poor": ((0, 0, 1000, 1000), 16_000), "rich": ((0, 0), 104_000)}, "rich"),
+        ({"rich": ((0, 0), 104_000), "plain": ((), 104_000)}, "plain"),
+        # Two GPU nodes that strand nothing: the one left with less free GPU (packing).
+        ({"two": ((0, 0), 104_000), "one": ((0, 1000), 104_000)}, "one"),
+    ],
+    ids=["strands-a-card", "no-cards-first", "packs"],
+)
+def test_a_cpu_only_pod_scores_by_the_gpu_it_strands(
+    nodes: dict[str, tuple[tuple[int, ...], int]], best: str
+) -> None:
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-balance"))
+    plugin.score(PodInfo("g", "j", 1, PodRequest("g", "g", 8_000, 0, 1000)), card_node("w", (0,)))
+    pod = PodInfo("c", "j", 1, PodRequest("c", "g", 8_000, 0, 0))
+    scores = {
+        name: plugin.score(pod, cpu_node(name, used, cpu)) for name, (used, cpu) in nodes.items()
+    }
+    assert max(scores, key=scores.__getitem__) == best
+    assert len(set(scores.values())) == len(scores)  # no tie: the other scores decide nothing
+
+
+def test_a_rebuilt_policy_moves_the_score_generation() -> None:
+    plugin = GpuFragmentation(GpuFragmentationArgs(policy="fgd-balance"))
+    before = plugin.score_generation()
+    plugin.observe(share_pod("a", 500))  # a new shape: rebuilt
+    after = plugin.score_generation()
+    plugin.observe(share_pod("b", 500))  # a known shape, no refresh due: kept
+    assert after > before
+    assert plugin.score_generation() == after
 
 
 @pytest.mark.parametrize(
@@ -251,3 +320,25 @@ def test_remembered_cards_are_the_policys_own_whatever_the_cards_order(policy_na
 def test_a_profile_without_the_score_chooses_best_fit() -> None:
     profile = Profile(scores=(("LeastAllocated", 1),))
     assert Framework(profile, new_in_tree_registry()).share_policy() is None
+
+
+def test_a_rebuilt_mix_makes_the_search_scan_afresh() -> None:
+    """The search keeps a template's scored candidates across one-pod jobs; scores taken
+    under an older mix would stay on every node no pod touched since (an idle node would keep
+    the score of a mix long gone and win). A pod of a new shape rebuilds the policy, so the
+    next pod of the first template scans again instead of reusing the kept scores."""
+    snapshot = Snapshot.of([card_node(f"n{i}", (0, 0)) for i in range(4)])
+    framework = Framework(Profile(), new_in_tree_registry())
+    scheduler = UnitScheduler(framework)
+
+    def one(name: str, milli: int) -> int:
+        pod = share_pod(name, milli)
+        pod.template_key = f"share-{milli}".encode()
+        result = scheduler.schedule(UnitInfo(name, 1, 0, 0, [pod]), snapshot)
+        assert result.placements
+        return result.scans
+
+    assert one("a", 500) == 1  # the first pod of its template scans
+    assert one("b", 500) == 0  # the next reuses the kept candidates
+    assert one("c", 300) == 1  # a new shape: the mix is rebuilt
+    assert one("d", 500) == 1  # the kept 500 candidates were scored under the old mix

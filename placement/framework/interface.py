@@ -318,7 +318,9 @@ class TopologyPlugin(Plugin, Protocol):
 @runtime_checkable
 class ScorePlugin(Plugin, Protocol):
     def score(self, pod: PodInfo, node: NodeInfo) -> int:
-        """A raw score; 0..100 unless the plugin also normalizes."""
+        """A raw score; 0..100 unless the plugin also normalizes, or its order must decide
+        alone (GpuFragmentation's fgd-balance: minus its growth, at a scale where the 0..100
+        scores only break its ties)."""
         ...
 
 
@@ -329,6 +331,20 @@ class SharePolicySource(Protocol):
     the score assumed. None: the default (best fit)."""
 
     def share_policy(self) -> Policy | None: ...
+
+
+@runtime_checkable
+class LearningScore(Protocol):
+    """Optional for Score plugins whose answers for an unchanged node move as they learn from
+    the pods they see (GpuFragmentation's shape mix). ``observe`` sees each pod once per
+    attempt, before the search picks or scores its candidates; ``score_generation`` changes
+    whenever an unchanged node's score may have changed since, so the search's feasible-node
+    cache (scores kept across pods) scans afresh rather than compare scores of two
+    generations: a node left untouched would keep the score of a mix long gone."""
+
+    def observe(self, pod: PodInfo) -> None: ...
+
+    def score_generation(self) -> int: ...
 
 
 @runtime_checkable

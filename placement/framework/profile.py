@@ -60,9 +60,9 @@ DEFAULT_SCORES = (
     ("InterPodAffinity", 2),
     # Packs NUMA-bound pods onto partly used NUMA nodes; 0 for every other pod.
     ("NumaTopology", 2),
-    # GPU pods only (0 for every other pod): where the learned GPU shape mix's fragmentation
-    # grows least. Weighted to decide among a GPU pod's candidates: 10 milli-GPU of expected
-    # growth per point, so 100 milli outweighs any one default score above.
+    # Where the learned GPU shape mix's fragmentation grows least (pods asking no GPU: by the
+    # GPU they strand on nodes with cards). Its default policy (fgd-balance) scores on a scale
+    # of its own, so the scores above only break its ties on a GPU node.
     ("GpuFragmentation", 10),
 )
 # Unit level: job-level affinity groups a gang's nodes by topology domain (no-op for others).

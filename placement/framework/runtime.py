@@ -9,6 +9,7 @@ from placement.framework.interface import (
     Candidates,
     FilterPlugin,
     GroupingPlugin,
+    LearningScore,
     LocatingPlugin,
     NodeGroups,
     NodeLabels,
@@ -62,6 +63,7 @@ class Framework:
         self.topology_filters: list[FilterFn] = []
         self._topology_scores: set[str] = set()
         self._share_sources: list[SharePolicySource] = []
+        self._learning: list[LearningScore] = []
 
         for name in profile.filters:
             plugin = self._plugin(name, registry)
@@ -83,6 +85,8 @@ class Framework:
             norm = plugin.normalize_scores if isinstance(plugin, NormalizeScore) else None
             if isinstance(plugin, SharePolicySource):
                 self._share_sources.append(plugin)
+            if isinstance(plugin, LearningScore):
+                self._learning.append(plugin)
             self.scores.append((name, weight, plugin.score, norm))
             if isinstance(plugin, TopologyPlugin):
                 self._add_topology(plugin)
@@ -214,6 +218,17 @@ class Framework:
             for i, v in enumerate(values):
                 total[i] += weight * v
         return total
+
+    def observe(self, pod: PodInfo) -> None:
+        """Show ``pod`` to the learning score plugins (``LearningScore``), once per attempt,
+        before its candidates are picked or scored."""
+        for plugin in self._learning:
+            plugin.observe(pod)
+
+    def score_generation(self) -> int:
+        """Changes whenever a learning score plugin's answer for an unchanged node may have
+        changed (the sum of their monotone generations; 0 without any)."""
+        return sum(plugin.score_generation() for plugin in self._learning)
 
     def share_policy(self) -> Policy | None:
         """The policy a GPU share's card is chosen by (``SharePolicySource``; the first score

@@ -14,18 +14,28 @@ Policies (``args.policy``):
 - ``packing``: shares onto shared cards, then onto nodes in use (``GpuPackingPolicy``).
 
 The shape mix is learned from the pods this plugin scores (one framework instance: a shard's
-plugin sees its shard's pods): each new pod is observed once, before its nodes are scored, in a
-``ShapeWindow`` of the last ``window`` pods, so even the first pod scores against a mix (its own
-shape). The policy is rebuilt from the window when a new shape arrives or every
-``refresh`` pods, not per pod, so its answers stay cached.
+plugin sees its shard's pods): each new pod is observed once, before its nodes are scored
+(``LearningScore.observe``: the search calls it first), in a ``ShapeWindow`` of the last
+``window`` pods, so even the first pod scores against a mix (its own shape). Pods asking no GPU
+count once a node with cards has been scored (the offline check's mix has them too). The
+policy is rebuilt from the window when a new shape arrives or every ``refresh`` pods, not per
+pod, so its answers stay cached; each rebuild moves ``score_generation``, and the search then
+drops the candidates it kept scored under the old mix (else an idle node, never re-scored,
+would keep a score of the first few pods' mix and win: through the services multi-card tasks
+went unplaced for it on multigpu20).
 
-Raw scores are 0..100, higher is better: for fgd-balance 50 − 50·g / (|g| + 500) for its
-growth g in milli-GPU plus a hundredth of the node's free GPU after (its packing tie-break)
-(per ``milli_per_point`` = 10: a squash, so every growth keeps its order); for fgd-fill and fgd 50 minus the expected growth in
-steps of ``milli_per_point`` milli-GPU (a placement that fills a sliver scores above 50); for
-best-fit 100 less the share left free; for packing by tier, then by GPU left free. A pod asking
-no GPU scores 0 everywhere at the cost of one attribute read, so it changes no ranking; a node
-the policy finds no room on (the filters decide fit) scores 0 too.
+Raw scores: for fgd-balance the policy's own order, minus 1,000 × (its growth × 1,000,000 +
+the milli-GPU the node is left with free), one step of which at the profile's weight outweighs
+every 0..100 default score together: they only break its exact ties (squashed into 0..100,
+thousands of growths fell into a few points and LeastAllocated spread the pods; a node with no
+room ranks last). For fgd-fill and fgd 50 minus the expected growth in steps of
+``milli_per_point`` milli-GPU (a placement that fills a sliver scores above 50); for best-fit
+100 less the share left free; for packing by tier, then by GPU left free. A pod asking no GPU
+is scored by the learning policies on a node with cards by what it strands there (fgd-balance:
+the GPU its CPU and memory leave unfed, ``cpu_stranded``, and unfillable), and on a node
+without cards as growth 0 with nothing left free (so it prefers those): one attribute read per
+node in a cluster without GPU nodes. The comparison policies score it 0, as a node the policy
+finds no room on (the filters decide fit).
 
 Cost: a node's answer depends only on (model, the cards' use in any order, free and total CPU
 and memory of the pod's pool), the ``Fleet`` grouping of ``placement.gpufrag``: answers are
@@ -70,8 +80,12 @@ _LEARNING = ("fgd-balance", "fgd-fill", "fgd")
 _NEUTRAL = MAX_NODE_SCORE // 2
 # Packing tiers (GpuPackingPolicy: 0 a shared card, 1 a node in use, 2 an idle node).
 _TIER_POINTS = 40
-# fgd-balance: milli-GPU left free on the node per milli of growth (its packing tie-break).
-_PACK_DIVISOR = 100
+# fgd-balance's scale: per milli-GPU of growth, _FREE_SPAN steps of free GPU left after (more
+# than any node has), each _DECIDING points (so one step, at the profile's weight 10, outweighs
+# every 0..100 score of the default profile together); a node with no room ranks last.
+_FREE_SPAN = 1_000_000
+_DECIDING = 1_000
+_NO_ROOM = -(1 << 62)
 
 # A node state as the policies read it, the cards in their own order: the key of a remembered
 # choice (a plain tuple hashes and compares faster than the dataclass).
@@ -92,7 +106,7 @@ def _exact(state: GpuNodeState) -> _ExactState:
 @dataclass(frozen=True)
 class GpuFragmentationArgs:
     policy: str = "fgd-balance"
-    window: int = 2000  # pods whose shapes make the mix
+    window: int = 5000  # pods whose shapes make the mix (2000: 0.1 point more on openb)
     refresh: int = 64  # pods between rebuilds of the mix (a new shape rebuilds at once)
     milli_per_point: int = 10  # expected growth per score point (fgd-*)
 
@@ -118,6 +132,12 @@ class GpuFragmentation:
         self._policy: Policy = self._build()
         self._last_pod = ""
         self._shape: TaskShape | None = None
+        self._generation = 0
+        # A node with GPU cards has been scored: from then on pods asking no GPU are scored
+        # (and learned) too, by the GPU their CPU and memory strand.
+        self._gpu_nodes_seen = False
+        # A pod asking no GPU, on a node without cards: it strands nothing there.
+        self._no_cards_points = _NEUTRAL if args.policy in ("fgd-fill", "fgd") else 0
         # Per task shape: (model, card use, free cpu, free memory, total cpu, total memory) ->
         # raw score. Cleared when the policy is rebuilt.
         self._scores: dict[TaskShape, dict[tuple[object, ...], int]] = {}
@@ -177,9 +197,7 @@ class GpuFragmentation:
                 self._seen.add(shape)
         self._since_refresh = 0
         self._last_pod = ""
-        self._policy = self._build()
-        self._scores.clear()
-        self._choices.clear()  # the old policy's choices, no longer this one's
+        self._rebuild()
 
     def forget_scores(self) -> None:
         """Drop every cached answer, as a rebuilt policy does (``bench/gpuscore_micro.py``)."""
@@ -189,9 +207,17 @@ class GpuFragmentation:
             choices.clear()
 
     def observe(self, pod: PodInfo) -> None:
-        """Take a new GPU pod's shape into the mix (once per pod, before its nodes are scored)."""
+        """Take a new pod's shape into the mix, once per pod, before its nodes are scored
+        (``LearningScore``: the search calls it first; ``score`` too, for callers that score
+        directly). A pod asking no GPU counts once a node with cards has been scored: in a
+        cluster without GPU nodes nothing is learned and nothing costs."""
+        if pod.name == self._last_pod:
+            return
+        req = pod.req
+        if not req.requests.gpus and not (self._learns and self._gpu_nodes_seen):
+            return
         self._last_pod = pod.name
-        shape = task_shape(pod.req)
+        shape = task_shape(req)
         self._shape = shape
         if self._learns:
             self._window.observe(shape)
@@ -199,16 +225,28 @@ class GpuFragmentation:
             if shape not in self._seen or self._since_refresh >= self.args.refresh:
                 self._seen.add(shape)
                 self._since_refresh = 0
-                self._policy = self._build()
-                self._scores.clear()
-                self._choices.clear()
+                self._rebuild()
         self._current = self._scores.setdefault(shape, {})
         self._current_choices = self._choices.setdefault(shape, {})
+
+    def score_generation(self) -> int:
+        """Changes with every rebuilt policy (``LearningScore``): a node's answer may differ."""
+        return self._generation
+
+    def _rebuild(self) -> None:
+        self._policy = self._build()
+        self._scores.clear()
+        self._choices.clear()  # the old policy's choices, no longer this one's
+        self._generation += 1
 
     def score(self, pod: PodInfo, node: NodeInfo) -> int:
         req = pod.req
         if not req.requests.gpus:
-            return 0
+            if not node.card_used:
+                return self._no_cards_points  # the one read a cluster without GPUs pays
+            if not self._learns:
+                return 0
+            self._gpu_nodes_seen = True
         if pod.name != self._last_pod:
             self.observe(pod)
         capacity, used = node.capacity[req.pool], node.requested[req.pool]
@@ -225,6 +263,7 @@ class GpuFragmentation:
         if found is None:
             shape = self._shape
             assert shape is not None  # set by observe
+            self._gpu_nodes_seen = True
             state = node_state(node, req.pool)
             choice = self._policy.choose(state, shape)
             if self._learns:  # only a learning policy chooses a share's card (share_policy)
@@ -233,19 +272,19 @@ class GpuFragmentation:
         return found
 
     def _points(self, state: GpuNodeState, choice: Choice | None) -> int:
-        if choice is None:
-            return 0
         policy = self.args.policy
         if policy == "fgd-balance":
-            # Its extra terms are ten times fgd-fill's scale, so a clamp would flatten every
-            # share that opens a card (all then score 0 and the other scores, spreading,
-            # decide): squash instead, monotone over the whole range, as fine as fgd-fill's
-            # steps near 0 (``milli_per_point``) and ~45 points below 50 at ten times 500.
-            # Plus a hundredth of the node's free GPU after: the policy's own packing
-            # tie-break, which a 0..100 score would drop (the other scores spread instead).
-            growth = choice.score[0] // self._mix_total + choice.score[1] // _PACK_DIVISOR
-            knee = _NEUTRAL * self.args.milli_per_point
-            return _clamp(_NEUTRAL - _NEUTRAL * growth // (abs(growth) + knee))
+            if choice is None:
+                return _NO_ROOM
+            # The policy's order itself: its growth (milli-GPU), then the free GPU left (its
+            # packing tie-break), at a scale no other score's 0..100 reaches, so they only
+            # break its exact ties. Squashed into 0..100 it lost both: thousands of distinct
+            # growths fell into a few points, and LeastAllocated then spread the pods.
+            growth, free_after = choice.score[0], choice.score[1]
+            key = growth * _FREE_SPAN // self._mix_total + free_after
+            return -_DECIDING * key
+        if choice is None:
+            return 0
         if policy in _LEARNING:
             growth = choice.score[0] // (self._mix_total * self.args.milli_per_point)
             return _clamp(_NEUTRAL - growth)
