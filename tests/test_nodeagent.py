@@ -638,8 +638,16 @@ async def test_process_pod_runs_in_a_cgroup_holding_its_requests(
         stored = await store.get(pb.Pod, "limited-0")
         cgroup = cgroups.existing(cgroup_name(stored.metadata.uid))
         assert cgroup is not None
-        for directory in cgroup.dirs:
-            assert pid in parse_pids((directory / "cgroup.procs").read_text())
+
+        # The process joins its cgroup itself, in the isolated interpreter it starts as (before
+        # it execs the pod's command): a moment after its pid is known.
+        async def joined() -> bool:
+            return all(
+                pid in parse_pids((directory / "cgroup.procs").read_text())
+                for directory in cgroup.dirs
+            )
+
+        await eventually(joined, what="the pod's process in its cgroup")
         values = cgroup.limits()
         if cgroups.version == V2:
             assert values == {"cpu.max": "25000 100000", "memory.max": str(96 * 1024 * 1024)}
