@@ -5,15 +5,18 @@ Binder batch counts. (Metrics of a live cluster after a job: tests/e2e/test_metr
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
+from wsgiref.simple_server import WSGIServer, make_server
 
 import grpc
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, make_wsgi_app
 from prometheus_client.parser import text_string_to_metric_families
 
 from foundation.netutil import free_port
@@ -21,7 +24,7 @@ from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services import metrics
 from services.runtime import Service, ServiceConfig, ServiceHost
-from services.runtime.metrics import SampledGauge
+from services.runtime.metrics import MetricsServer, SampledGauge
 from store import Store
 
 SAMPLED = SampledGauge("godel_test_sampled_items", "A gauge the test service samples", ("kind",))
@@ -115,6 +118,32 @@ async def test_a_step_that_holds_the_event_loop_shows_as_its_lag(
             "godel_event_loop_lag_seconds_bucket", le="0.25"
         )
         assert stalls >= over_quarter + 1
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::1"])
+def test_a_stop_wakes_the_serving_loop_instead_of_waiting_for_its_poll(host: str) -> None:
+    """``serve_forever`` notices a shutdown only when its wait on the socket ends. Served here
+    with a wait of an hour, the stop must still end the loop and close the port (the standard
+    library's own stop waited out the poll: half a second of every service's stop and of every
+    in-process test's teardown)."""
+    server = make_server(host, 0, make_wsgi_app(REGISTRY), _Server6 if ":" in host else WSGIServer)
+    loop = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 3600}, daemon=True
+    )
+    loop.start()
+    metrics_server = MetricsServer(server, loop, host, "http")
+    stopping = threading.Thread(target=metrics_server.stop, daemon=True)
+    stopping.start()
+    stopping.join(timeout=30)
+    assert not stopping.is_alive() and not loop.is_alive()
+    with pytest.raises(OSError):
+        socket.create_connection(
+            ("localhost" if host == "0.0.0.0" else host, metrics_server.port), timeout=5
+        )
+
+
+class _Server6(WSGIServer):
+    address_family = socket.AF_INET6
 
 
 async def test_metrics_port_minus_one_serves_none(service_config: ServiceConfig) -> None:
