@@ -58,7 +58,7 @@ KINDS = ("scheduler", "binder", "dispatcher", "rescheduler", "nodeagent")
 IDLE_KINDS = (*KINDS, "dashboard")
 # Packages no service needs at idle (each imported only on the rare path that uses it, or not
 # at all); an idle service that imports one pays for it in every process.
-HEAVY_MODULES = ("rich", "pygments", "networkx", "croniter", "godel", "jsonschema", "bench")
+HEAVY_PACKAGES = ("rich", "pygments", "networkx", "croniter", "godel", "jsonschema", "bench")
 _SHARD = "scheduler-0"
 _AGENT = "nodeagent-0"
 _PREFIX = "hollow"
@@ -239,8 +239,8 @@ def _smaps_rollup(pid: int) -> dict[str, int]:
 
 
 def imported_modules(importtime_log: str) -> list[str]:
-    """The modules ``-X importtime`` says a process imported (a failed attempt is listed too,
-    as importtime does)."""
+    """The modules ``-X importtime`` says a process imported (an attempt that failed, as an
+    optional dependency's that is not installed, is listed too)."""
     names = []
     for line in importtime_log.splitlines():
         if line.startswith("import time:") and "|" in line:
@@ -250,8 +250,20 @@ def imported_modules(importtime_log: str) -> list[str]:
     return names
 
 
+def loaded_packages(modules: list[str]) -> set[str]:
+    """The top-level packages of which some submodule was loaded: a package that is really
+    imported loads its parts, an attempt that was refused lists the bare name alone."""
+    return {m.split(".", 1)[0] for m in modules if "." in m}
+
+
 def start_idle_service(
-    kind: str, url: str, home: Path, insecure: bool, ports: list[int], stderr: Any
+    kind: str,
+    url: str,
+    home: Path,
+    insecure: bool,
+    ports: list[int],
+    stderr: Any,
+    cluster: str = "idle",
 ) -> subprocess.Popen[bytes]:
     """One service of ``kind`` as ``godel up`` starts it (its own process, ``-X importtime``
     writing every import to ``stderr``), serving nothing yet; ``ports``: gRPC, metrics, web."""
@@ -261,7 +273,7 @@ def start_idle_service(
     name = _AGENT if kind == "nodeagent" else f"{kind}-0"
     args = [sys.executable, "-P", "-X", "importtime", "-m", f"services.{kind}"]
     args += ["--name", name, "--host", "127.0.0.1", "--port", str(ports[0]), "--home", str(home)]
-    args += ["--metrics-port", str(ports[1]), "--log-format", "json", "--cluster", "idle"]
+    args += ["--metrics-port", str(ports[1]), "--log-format", "json", "--cluster", cluster]
     if insecure:
         args += ["--insecure", "true"]
     if kind == "dashboard":
@@ -309,14 +321,14 @@ def idle(kinds: list[str], insecure: bool, settle: float) -> dict[str, Any]:
                         process.terminate()
                         process.wait(30)
                 modules = imported_modules(log.read_text(errors="replace"))
-                tops = {m.split(".")[0] for m in modules}
+                tops = loaded_packages(modules)
                 report["kinds"][kind] = {
                     "rss_mib": round(smaps["Rss"] / 2**20, 1),
                     "private_dirty_mib": round(smaps["Private_Dirty"] / 2**20, 1),
                     "shared_clean_mib": round(smaps["Shared_Clean"] / 2**20, 1),
                     "threads": threads,
                     "modules": len(modules),
-                    "heavy_modules": sorted(tops.intersection(HEAVY_MODULES)),
+                    "heavy_packages": sorted(tops.intersection(HEAVY_PACKAGES)),
                 }
                 sys.stderr.write(f"{kind}: {json.dumps(report['kinds'][kind])}\n")
         finally:
