@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,10 @@ KINDS = ("scheduler", "binder", "dispatcher", "rescheduler", "nodeagent")
 IDLE_KINDS = (*KINDS, "dashboard")
 # Packages no service needs at idle (each imported only on the rare path that uses it, or not
 # at all); an idle service that imports one pays for it in every process.
-HEAVY_PACKAGES = ("rich", "pygments", "networkx", "croniter", "godel", "jsonschema", "bench")
+HEAVY_PACKAGES = (
+    *("rich", "pygments", "attr", "cryptography.hazmat", "networkx", "croniter", "yaml"),
+    *("godel", "jsonschema", "bench"),
+)
 _SHARD = "scheduler-0"
 _AGENT = "nodeagent-0"
 _PREFIX = "hollow"
@@ -250,10 +254,12 @@ def imported_modules(importtime_log: str) -> list[str]:
     return names
 
 
-def loaded_packages(modules: list[str]) -> set[str]:
-    """The top-level packages of which some submodule was loaded: a package that is really
-    imported loads its parts, an attempt that was refused lists the bare name alone."""
-    return {m.split(".", 1)[0] for m in modules if "." in m}
+def loaded_packages(modules: list[str], packages: Iterable[str]) -> set[str]:
+    """Those of ``packages`` of which some submodule was loaded: a package really imported
+    loads its parts, an attempt that was refused lists the bare name alone. (A package may be
+    named with its parent: ``cryptography.x509``, where redis tries the bare ``cryptography``
+    for its version alone.)"""
+    return {p for p in packages if any(m.startswith(p + ".") for m in modules)}
 
 
 def start_idle_service(
@@ -321,14 +327,13 @@ def idle(kinds: list[str], insecure: bool, settle: float) -> dict[str, Any]:
                         process.terminate()
                         process.wait(30)
                 modules = imported_modules(log.read_text(errors="replace"))
-                tops = loaded_packages(modules)
                 report["kinds"][kind] = {
                     "rss_mib": round(smaps["Rss"] / 2**20, 1),
                     "private_dirty_mib": round(smaps["Private_Dirty"] / 2**20, 1),
                     "shared_clean_mib": round(smaps["Shared_Clean"] / 2**20, 1),
                     "threads": threads,
                     "modules": len(modules),
-                    "heavy_packages": sorted(tops.intersection(HEAVY_PACKAGES)),
+                    "heavy_packages": sorted(loaded_packages(modules, HEAVY_PACKAGES)),
                 }
                 sys.stderr.write(f"{kind}: {json.dumps(report['kinds'][kind])}\n")
         finally:
