@@ -1,8 +1,9 @@
-"""The cluster CA: creating it, issuing the certificates of services, the admin and tenants, and
-reading the identity a certificate names (``cryptography``). The layout of a credentials
-directory and the meaning of a certificate's subject are described in ``foundation.tls``, which uses
-them; this module is imported by what makes certificates (`godel up`, `godel certs`) and by the
-servers (``services.runtime.auth``), not by clients.
+"""The cluster CA: creating it and issuing the certificates of services, the admin and tenants
+(``cryptography``). The layout of a credentials directory and the meaning of a certificate's
+subject are described in ``foundation.tls``, which uses them; this module is imported by what
+makes certificates (`godel up`, `godel certs`), not by the servers nor by clients: reading the
+identity a certificate names is ``foundation.certnames`` (re-exported here), which needs no
+``cryptography``.
 """
 
 from __future__ import annotations
