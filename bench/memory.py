@@ -290,6 +290,8 @@ def start_idle_service(
 
 
 def wait_serving(process: subprocess.Popen[bytes], port: int, home: Path, insecure: bool) -> None:
+    """Until the service answers SERVING (asked as the admin, with TLS unless ``insecure``);
+    a TimeoutError if it exits or takes two minutes."""
     from foundation import tls
     from services.runtime.healthcheck import SERVING, probe
 
@@ -297,7 +299,9 @@ def wait_serving(process: subprocess.Popen[bytes], port: int, home: Path, insecu
     deadline = time.monotonic() + 120
     while probe(f"127.0.0.1:{port}", timeout=2.0, credentials=credentials) != SERVING:
         if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"error: the service on port {port} did not come up")
+            raise TimeoutError(
+                f"the service on port {port} did not come up (exit {process.poll()})"
+            )
         time.sleep(0.2)
 
 
