@@ -3,6 +3,7 @@ pod").
 
     python -m bench.memory [--nodes 2000 --jobs 100 --pods 1000] [--kinds scheduler,binder,...]
     python -m bench.memory --trace 25 --kinds scheduler     # where a shard's bytes are held
+    python -m bench.memory --idle [--kinds ...] [--insecure]  # each kind's resident set at idle
 
 It starts a store of its own and fills two clusters in it: one of ``nodes`` hollow nodes
 alone, and one of the same nodes holding ``jobs`` × ``pods`` bound, running pods of
@@ -14,6 +15,14 @@ as its first cycle would) and collected: the bytes per pod are the difference be
 divided by the pods. ``--trace N`` starts the services under ``tracemalloc`` instead and
 prints the N source lines holding the most of what the pods added (the full cluster's snapshot
 minus the empty one's), with the bytes per pod of each.
+
+``--idle`` measures what each kind costs before it holds anything: each is started as ``godel
+up`` starts it (``python -P -m services.<kind>``, jemalloc preloaded, with TLS and a metrics
+endpoint unless ``--insecure``) against an empty cluster, and once it is SERVING and has
+settled its resident set is read from ``/proc/PID/smaps_rollup``: the whole (``rss``), what is
+its own (``private_dirty``: the heap of its imports and state) and the pages of shared libraries
+(``shared_clean``, counted in every process's RSS), with its threads and the modules it
+imported (``-X importtime``'s lines, the heavy ones named).
 
 A kind's bytes per pod times the pods it holds at the paper's scale, plus its resident set
 over the empty cluster, is what it holds there before what churn adds (the allocator's
@@ -32,6 +41,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +56,13 @@ from store.ops import MAX_OPS_PER_CALL
 from store.server import StoreServer
 
 KINDS = ("scheduler", "binder", "dispatcher", "rescheduler", "nodeagent")
+IDLE_KINDS = (*KINDS, "dashboard")
+# Packages no service needs at idle (each imported only on the rare path that uses it, or not
+# at all); an idle service that imports one pays for it in every process.
+HEAVY_PACKAGES = (
+    *("rich", "pygments", "attr", "cryptography.hazmat", "networkx", "croniter", "yaml"),
+    *("godel", "jsonschema", "bench"),
+)
 _SHARD = "scheduler-0"
 _AGENT = "nodeagent-0"
 _PREFIX = "hollow"
@@ -215,6 +232,119 @@ def run(nodes: int, jobs: int, pods: int, kinds: list[str], top: int) -> dict[st
             server.stop()
 
 
+def _smaps_rollup(pid: int) -> dict[str, int]:
+    """``/proc/PID/smaps_rollup``'s figures, in bytes."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "kB":
+            out[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    return out
+
+
+def imported_modules(importtime_log: str) -> list[str]:
+    """The modules ``-X importtime`` says a process imported (an attempt that failed, as an
+    optional dependency's that is not installed, is listed too)."""
+    names = []
+    for line in importtime_log.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "imported package":
+                names.append(name)
+    return names
+
+
+def loaded_packages(modules: list[str], packages: Iterable[str]) -> set[str]:
+    """Those of ``packages`` of which some submodule was loaded: a package really imported
+    loads its parts, an attempt that was refused lists the bare name alone. (A package may be
+    named with its parent: ``cryptography.x509``, where redis tries the bare ``cryptography``
+    for its version alone.)"""
+    return {p for p in packages if any(m.startswith(p + ".") for m in modules)}
+
+
+def start_idle_service(
+    kind: str,
+    url: str,
+    home: Path,
+    insecure: bool,
+    ports: list[int],
+    stderr: Any,
+    cluster: str = "idle",
+) -> subprocess.Popen[bytes]:
+    """One service of ``kind`` as ``godel up`` starts it (its own process, ``-X importtime``
+    writing every import to ``stderr``), serving nothing yet; ``ports``: gRPC, metrics, web."""
+    env = jemalloc_env()
+    env["GODEL_STORE_URL"] = url
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    name = _AGENT if kind == "nodeagent" else f"{kind}-0"
+    args = [sys.executable, "-P", "-X", "importtime", "-m", f"services.{kind}"]
+    args += ["--name", name, "--host", "127.0.0.1", "--port", str(ports[0]), "--home", str(home)]
+    args += ["--metrics-port", str(ports[1]), "--log-format", "json", "--cluster", cluster]
+    if insecure:
+        args += ["--insecure", "true"]
+    if kind == "dashboard":
+        args += ["--web-port", str(ports[2])]
+    if kind == "nodeagent":  # one hollow node its certificate names, not this machine
+        args += ["--hollow-nodes", "1", "--node-prefix", _PREFIX, "--process-node", "false"]
+    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def wait_serving(process: subprocess.Popen[bytes], port: int, home: Path, insecure: bool) -> None:
+    """Until the service answers SERVING (asked as the admin, with TLS unless ``insecure``);
+    a TimeoutError if it exits or takes two minutes."""
+    from foundation import tls
+    from services.runtime.healthcheck import SERVING, probe
+
+    credentials = None if insecure else tls.load(home / "tls", tls.ADMIN)
+    deadline = time.monotonic() + 120
+    while probe(f"127.0.0.1:{port}", timeout=2.0, credentials=credentials) != SERVING:
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the service on port {port} did not come up (exit {process.poll()})"
+            )
+        time.sleep(0.2)
+
+
+def idle(kinds: list[str], insecure: bool, settle: float) -> dict[str, Any]:
+    """Each kind's resident set at idle (``--idle``), one process at a time."""
+    from foundation import pki
+    from foundation.netutil import free_ports
+
+    with tempfile.TemporaryDirectory(prefix="godel-memory-idle-") as tmp:
+        home = Path(tmp)
+        if not insecure:
+            pki.init_cluster(home / "tls", agents={_AGENT: [f"{_PREFIX}-0"]})
+        server = StoreServer.start(home / "store", fsync="no")
+        report: dict[str, Any] = {"tls": not insecure, "kinds": {}}
+        try:
+            for kind in kinds:
+                ports = free_ports(3)
+                log = home / f"{kind}.stderr"
+                with log.open("wb") as stderr:
+                    process = start_idle_service(kind, server.url, home, insecure, ports, stderr)
+                    try:
+                        wait_serving(process, ports[0], home, insecure)
+                        time.sleep(settle)
+                        smaps = _smaps_rollup(process.pid)
+                        threads = len(os.listdir(f"/proc/{process.pid}/task"))
+                    finally:
+                        process.terminate()
+                        process.wait(30)
+                modules = imported_modules(log.read_text(errors="replace"))
+                report["kinds"][kind] = {
+                    "rss_mib": round(smaps["Rss"] / 2**20, 1),
+                    "private_dirty_mib": round(smaps["Private_Dirty"] / 2**20, 1),
+                    "shared_clean_mib": round(smaps["Shared_Clean"] / 2**20, 1),
+                    "threads": threads,
+                    "modules": len(modules),
+                    "heavy_packages": sorted(loaded_packages(modules, HEAVY_PACKAGES)),
+                }
+                sys.stderr.write(f"{kind}: {json.dumps(report['kinds'][kind])}\n")
+        finally:
+            server.stop()
+        return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2000)
@@ -223,6 +353,13 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument(
         "--trace", type=int, default=0, metavar="N", help="print the N top lines by bytes"
+    )
+    parser.add_argument(
+        "--idle", action="store_true", help="each kind's resident set at idle, started alone"
+    )
+    parser.add_argument("--insecure", action="store_true", help="--idle: services without TLS")
+    parser.add_argument(
+        "--settle", type=float, default=5.0, help="--idle: seconds after SERVING before reading"
     )
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # a child's: one kind
     parser.add_argument("--store-url", help=argparse.SUPPRESS)
@@ -240,6 +377,10 @@ def main() -> None:
         )
         return
     kinds = [k for k in args.kinds.split(",") if k]
+    if args.idle:
+        wanted = kinds if args.kinds != ",".join(KINDS) else list(IDLE_KINDS)
+        print(json.dumps(idle(wanted, args.insecure, args.settle)))
+        return
     print(json.dumps(run(args.nodes, args.jobs, args.pods, kinds, args.trace)))
 
 

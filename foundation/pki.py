@@ -1,14 +1,14 @@
-"""The cluster CA: creating it, issuing the certificates of services, the admin and tenants, and
-reading the identity a certificate names (``cryptography``). The layout of a credentials
-directory and the meaning of a certificate's subject are described in ``foundation.tls``, which uses
-them; this module is imported by what makes certificates (`godel up`, `godel certs`) and by the
-servers (``services.runtime.auth``), not by clients.
+"""The cluster CA: creating it and issuing the certificates of services, the admin and tenants
+(``cryptography``). The layout of a credentials directory and the meaning of a certificate's
+subject are described in ``foundation.tls``, which uses them; this module is imported by what
+makes certificates (`godel up`, `godel certs`), not by the servers nor by clients: reading the
+identity a certificate names is ``foundation.certnames`` (re-exported here), which needs no
+``cryptography``.
 """
 
 from __future__ import annotations
 
 import datetime
-import functools
 import ipaddress
 import os
 import re
@@ -23,6 +23,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+# Reading a certificate's names needs no cryptography (servers do it: foundation.certnames);
+# re-exported here for what makes certificates and checks them.
+from foundation.certnames import identity_of as identity_of
+from foundation.certnames import names_address as names_address
 from foundation.tls import (
     ADMIN,
     AGENT_URI_PREFIX,
@@ -36,7 +40,6 @@ from foundation.tls import (
     SERVICE_NAME,
     SHARED_KINDS,
     CredentialsError,
-    Identity,
     Role,
     agent_stem,
 )
@@ -286,48 +289,3 @@ def _load_ca(directory: Path) -> tuple[x509.Certificate, Any]:
     except (OSError, ValueError) as exc:
         raise CredentialsError(f"cannot use the cluster CA in {directory}: {exc}") from exc
     return certificate, key
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def names_address(pem: bytes, address: str) -> bool:
-    """Whether a certificate names the host of ``address`` (``host:port``, ``[v6]:port`` or a
-    bare host) among its subject alternative names, as a client that verifies the host checks."""
-    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]:" in address else address
-    host = host.strip("[]")
-    certificate = x509.load_pem_x509_certificate(pem)
-    try:
-        alt = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return False
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host.lower() in (n.lower() for n in alt.get_values_for_type(x509.DNSName))
-    return ip in alt.get_values_for_type(x509.IPAddress)
-
-
-@functools.lru_cache(maxsize=1024)
-def identity_of(pem: bytes) -> Identity:
-    """The identity a (verified) certificate names. Cached: every call of a connection carries
-    the same certificate, and parsing it each time would cost the hot path."""
-    certificate = x509.load_pem_x509_certificate(pem)
-    subject = certificate.subject
-    names = subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    units = subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
-    name = str(names[0].value) if names else ""
-    role = str(units[0].value) if units else ""
-    if role not in ROLES:
-        raise CredentialsError(f"certificate of {name!r} names no role (service, admin, tenant)")
-    try:
-        alt = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        uris = alt.get_values_for_type(x509.UniformResourceIdentifier)
-    except x509.ExtensionNotFound:
-        uris = []
-    queues = tuple(u[len(QUEUE_URI_PREFIX) :] for u in uris if u.startswith(QUEUE_URI_PREFIX))
-    agents = [u[len(AGENT_URI_PREFIX) :] for u in uris if u.startswith(AGENT_URI_PREFIX)]
-    nodes = tuple(u[len(NODE_URI_PREFIX) :] for u in uris if u.startswith(NODE_URI_PREFIX))
-    if len(agents) > 1:
-        raise CredentialsError(f"certificate of {name!r} names {len(agents)} agents, not one")
-    return Identity(name, role, queues, agents[0] if agents else "", nodes)

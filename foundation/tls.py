@@ -1,6 +1,7 @@
 """The cluster's credentials on the wire: loading them, and gRPC servers and channels using them.
-(Making them — the CA, issuing certificates, reading the identity one names — is ``foundation.pki``;
-it needs ``cryptography``, which clients never import.)
+(Making them — the CA, issuing certificates — is ``foundation.pki``; it needs ``cryptography``,
+which neither clients nor servers import. Reading the identity one names is
+``foundation.certnames``, standard library only.)
 
 A cluster's trust lives in one directory (``$GODEL_HOME/tls`` for `godel up`, a volume written
 by the ``certs`` init service in compose)::

@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from placement.framework.registry import PluginConfigError, Registry
 
 # Cheap, definitive (unresolvable) rejections first, as Gödel's ordered filter registry does.
@@ -105,6 +103,8 @@ def parse_profile(source: str | Path, registry: Registry) -> Profile:
     each listed once, integer weights. The plugins' own args are checked by building them
     (``runtime.load_profile``, which callers use)."""
     where = where_of(source)
+    import yaml  # a profile's reader's only: ~1 MiB of heap a process that has none never needs
+
     try:
         text = source.read_text() if isinstance(source, Path) else source
         doc = yaml.safe_load(text)

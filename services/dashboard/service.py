@@ -25,7 +25,7 @@ import structlog
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from foundation.pki import identity_of
+from foundation.certnames import identity_of
 from foundation.tls import CredentialFiles, CredentialsError, Identity
 from protos.godel.v1 import objects_pb2 as pb
 from services.dashboard.summary import (

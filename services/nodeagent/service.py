@@ -19,7 +19,7 @@ import grpc
 import psutil
 import structlog
 
-from foundation import pki, tls
+from foundation import certnames, tls
 from protos.godel.v1 import api_pb2, api_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services import metrics, tenancy
@@ -471,7 +471,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
         could never be relieved. Said at start, with the command that issues the right one."""
         if self.credentials is None:
             return  # insecure mode: no identities
-        identity = pki.identity_of(self.credentials.certificate)
+        identity = certnames.identity_of(self.credentials.certificate)
         name = self.config.name
         foreign = [n for n in self.nodes.names() if not identity.serves(n)]
         if identity.agent == name and not foreign:

@@ -23,11 +23,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import networkx as nx
+from typing import TYPE_CHECKING, Protocol
 
 from services.rescheduler.framework import Move
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 class BatchBudget(Protocol):
@@ -112,6 +113,10 @@ class _DepthChart:
     """The unfinished components by depth, each depth in first-appearance order."""
 
     def __init__(self, moves: Sequence[Move], together: Sequence[Sequence[Move]] = ()) -> None:
+        # Imported by the first round that has moves: networkx is ~15 MiB of the process's heap,
+        # which an idle rescheduler (no policy triggers a round by default) never needs.
+        import networkx as nx
+
         graph: nx.DiGraph[str] = nx.DiGraph()
         for move in moves:  # node insertion order is first appearance, source before target
             graph.add_edge(move.source, move.target)

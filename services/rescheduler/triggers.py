@@ -33,7 +33,6 @@ from types import FrameType
 from typing import Protocol
 
 import structlog
-from croniter import CroniterBadDateError, croniter
 
 from services.rescheduler.config import CRON, PERIODIC, SIGNAL, PolicyConfig, TriggerConfig
 
@@ -171,6 +170,8 @@ def next_periodic(period_seconds: float, *, after: float, last: float) -> float:
 def next_cron(expression: str, *, after: float) -> float | None:
     """The first time strictly after ``after`` that ``expression`` matches, in UTC; None when it
     matches no later time (an expression bound to a year that has passed)."""
+    from croniter import CroniterBadDateError, croniter  # a cron trigger's only (config.py)
+
     start = datetime.fromtimestamp(after, tz=UTC)
     try:
         return float(croniter(expression, start).get_next(float))

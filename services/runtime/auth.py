@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from foundation.pki import identity_of
+from foundation.certnames import identity_of
 from foundation.tls import CredentialsError, Identity
 from services.runtime.interceptor import WrappingInterceptor
 

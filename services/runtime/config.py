@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import yaml
-
 from foundation import tls
 
 ENV_PREFIX = "GODEL_"
@@ -304,6 +302,8 @@ def _env_names(spec: dataclasses.Field[Any]) -> tuple[str, ...]:
 
 
 def _read_config_file(path: Path) -> dict[str, object]:
+    import yaml  # a --config file's reader's only: ~1 MiB of heap a service without one never needs
+
     try:
         document = yaml.safe_load(path.read_text())
     except OSError as exc:

@@ -29,7 +29,7 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from foundation import pki, tls
+from foundation import certnames, tls
 from foundation.retry import Backoff, Retry
 from services.runtime import gcpolicy
 from services.runtime.auth import Authorize
@@ -442,7 +442,7 @@ def _check_advertised_name(credentials: tls.Credentials, advertised: str) -> Non
     """Warn when the certificate does not name the address an operator told this replica to
     advertise: the cluster's own clients verify ``godel-service`` and still connect, but tools
     that verify the host they dial (grpcurl, a Prometheus without ``server_name``) refuse it."""
-    if not pki.names_address(credentials.certificate, advertised):
+    if not certnames.names_address(credentials.certificate, advertised):
         log.warning(
             "the service certificate does not name the advertised address; tools that verify "
             "the host need the name godel-service (grpcurl -authority), or issue the "
