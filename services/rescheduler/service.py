@@ -252,9 +252,7 @@ class ReschedulerService(Service[ReschedulerConfig]):
             if kind == "Node":
                 self._node_change_unapplied = True
             return True
-        if self.config.gpu_figures_seconds > 0 and (
-            self._gpu_nodes or self._node_change_unapplied
-        ):
+        if self.config.gpu_figures_seconds > 0 and (self._gpu_nodes or self._node_change_unapplied):
             return True
         return self.informer.has("Pod", name.decode(errors="replace"))
 
