@@ -1128,3 +1128,65 @@ def _latencies(client: ProtoClient) -> tuple[dict[str, Any], int, int]:
         else [],
     }
     return dist, len(latencies), last_bound_ms
+
+
+def measure_idle(
+    workload: Workload,
+    *,
+    seconds: float,
+    fsync: Fsync = "always",
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """What the workload's cluster spends per second with nothing flowing: its nodes ready, its
+    init pods bound and the change feed settled, then each process's CPU over ``seconds`` with
+    nothing submitted (node heartbeats, ticks, probes, resyncs: the per-second work a measured
+    phase pays for on top of its pods). The cluster is gone when this returns or raises."""
+    console = console or Console(stderr=True)
+    os.environ.pop("GODEL_REDIS_URL", None)
+    tmp = Path(tempfile.mkdtemp(prefix="godel-idle-"))
+    spec = _cluster_spec(workload, fsync, tmp)
+    home = local.GodelHome(tmp)
+    try:
+        state = local.up(home, spec)
+        client = ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path)
+        try:
+            with _progress(console) as progress:
+                alive = functools.partial(_check_alive, state)
+                nodes = workload.cluster.nodes
+                _wait_nodes(client, nodes, progress, 180 + nodes / 100, alive)
+                probe = _StoreProbe(state.store_url)
+                try:
+                    _init_pods(client, probe, workload, progress, alive)
+                    settle = _settle(probe, state, progress, alive)
+                    usage = {c.name: ProcessUsage.start(c.pid) for c in state.components}
+                    revision = probe.revision()
+                    time.sleep(seconds)
+                    for u in usage.values():
+                        u.sample()
+                    changes = probe.revision() - revision
+                    _check_alive(state)
+                finally:
+                    probe.close()
+        finally:
+            client.close()
+        kinds = {c.name: c.kind for c in state.components}
+        per_kind: dict[str, float] = {}
+        for name, u in usage.items():
+            per_kind[kinds[name]] = per_kind.get(kinds[name], 0.0) + u.cpu_seconds
+        return {
+            "workload": workload.name,
+            "nodes": workload.cluster.nodes,
+            "seconds": seconds,
+            "settle": settle,
+            "feed_changes": changes,
+            "cpu_seconds": {name: round(u.cpu_seconds, 3) for name, u in usage.items()},
+            "millicores": {k: round(v * 1000 / seconds, 1) for k, v in sorted(per_kind.items())},
+            "millicores_all_services": round(
+                sum(v for k, v in per_kind.items() if k != "store") * 1000 / seconds, 1
+            ),
+            "millicores_all": round(sum(per_kind.values()) * 1000 / seconds, 1),
+            "machine": machine(),
+        }
+    finally:
+        _tear_down(workload, home, None)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -107,6 +107,7 @@ class Informer:
         selector: Selector | None = None,
         hold: Selector | None = None,
         held_elsewhere: Callable[[str], Collection[str]] | None = None,
+        reads: Callable[[str, bytes], bool] | None = None,
     ) -> None:
         """``selector(kind, obj)`` narrows the cache to the objects it accepts, like a
         Kubernetes field selector: others are neither cached nor delivered, and an object that
@@ -126,6 +127,14 @@ class Informer:
         held is delivered as an add, and the deletion of one refused is not delivered (for a
         process with no handlers of the kind: the rescheduler keeps GPU nodes' pods only).
 
+        ``reads(kind, name)`` picks, by name and before decoding, the changes of the feed the
+        informer takes at all (``ChangeFeed.watch``'s ``keep``); one it refuses is as if it had
+        never happened, and counted in ``unread``. It is asked about each change in feed order,
+        before any change of the same read is applied; listings are not filtered. For a holder
+        whose ``hold`` would refuse the object anyway and who takes no events of its kind (the
+        rescheduler reads no pod changes while no node has GPUs): it must not refuse a change
+        of an object cached, or the cache would keep its old state.
+
         ``retry_max_seconds`` caps the wait between tries to reach a lost store (doubling from
         0.05 s): a store failover takes 3–5 s, and with a cap of 5 s the service's view came
         back up to 3 s after the store did; a try a second costs one connection attempt."""
@@ -135,6 +144,9 @@ class Informer:
         self._selector = selector
         self._hold = hold
         self._elsewhere = held_elsewhere
+        self._reads = reads
+        # Changes of the feed ``reads`` refused: never decoded.
+        self.unread = 0
         self.kinds = list(kinds)
         self.cache: dict[str, MutableMapping[str, StoredObject]] = {
             k: self._empty(k) for k in self.kinds
@@ -341,7 +353,11 @@ class Informer:
                 # judging heartbeats by it declared live shards dead.
                 asked_at = time.monotonic()
                 async for batch in self._store.watch(
-                    self.revision, self.kinds, block_ms=self._block_ms, count=WATCH_BATCH_EVENTS
+                    self.revision,
+                    self.kinds,
+                    block_ms=self._block_ms,
+                    count=WATCH_BATCH_EVENTS,
+                    keep=None if self._reads is None else self._read_or_count,
                 ):
                     if self._stopping:
                         return
@@ -558,6 +574,13 @@ class Informer:
             self._emit("on_add", kind, obj)
         else:
             self._emit("on_update", kind, before, obj)
+
+    def _read_or_count(self, kind: str, name: bytes) -> bool:
+        assert self._reads is not None
+        if self._reads(kind, name):
+            return True
+        self.unread += 1
+        return False
 
     def _holds(self, kind: str, obj: StoredObject) -> bool:
         """Whether the cache keeps ``obj`` (see ``hold``)."""

@@ -26,6 +26,7 @@ from bench import (
     gputrace_replay,
     gputrace_services,
     harness,
+    idle,
     memory,
     workload,
 )
@@ -907,3 +908,22 @@ def test_memory_reports_bytes_per_pod_of_a_kind() -> None:
     assert figures["rss_empty_mib"] > 0 and figures["rss_full_mib"] > 0
     at_1m = figures["rss_empty_mib"] + figures["bytes_per_pod"] * 1_000_000 / 2**20
     assert abs(figures["at_1m_pods_mib"] - at_1m) <= 1
+
+
+@pytest.mark.timeout(300)
+def test_idle_quick_form_reports_each_services_cpu_per_second(tmp_path: Path) -> None:
+    """``python -m bench.idle --quick``: the workload's cluster started, its init pods bound
+    and settled, then each process's CPU sampled with nothing submitted: the report gives each
+    kind of service's millicores and the sum, nothing written to the feed meanwhile but what
+    the services do by themselves."""
+    argv = ["SchedulingBasic-5000-Singles", "--quick", "--seconds", "2", "--out", str(tmp_path)]
+    assert idle.main(argv) == 0
+    [report_json] = tmp_path.glob("idle-SchedulingBasic-5000-Singles-singles-*.json")
+    report = json.loads(report_json.read_text())
+    assert report["nodes"] == 200 and report["seconds"] == 2
+    kinds = {"store", "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent"}
+    assert set(report["millicores"]) == kinds
+    assert all(value >= 0 for value in report["millicores"].values())
+    services = sum(v for k, v in report["millicores"].items() if k != "store")
+    assert report["millicores_all_services"] == pytest.approx(services, abs=0.5)
+    assert report["command"].startswith("python -m bench.idle SchedulingBasic-5000-Singles")
