@@ -28,7 +28,7 @@ utilisation and the allocation trigger count every node. Which pods hold a claim
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, KeysView, Mapping
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from placement.claims import holds_claim
@@ -183,6 +183,10 @@ class PoolRoom(Generic[C]):
     def claims_by_pod(self) -> Iterable[tuple[str, C]]:
         """Every claim held with its pod's name (a live view)."""
         return self._claims.items()
+
+    def pods(self) -> KeysView[str]:
+        """The names of the pods holding a claim (a live view)."""
+        return self._claims.keys()
 
     def node_offer(self, node: str, pool: str) -> Quantities | None:
         """What ``node`` offers to ``pool`` (None: nothing: unknown, or withdrawn)."""

@@ -107,6 +107,7 @@ class Informer:
         selector: Selector | None = None,
         hold: Selector | None = None,
         held_elsewhere: Callable[[str], Collection[str]] | None = None,
+        recall: Callable[[str, str], StoredObject] | None = None,
     ) -> None:
         """``selector(kind, obj)`` narrows the cache to the objects it accepts, like a
         Kubernetes field selector: others are neither cached nor delivered, and an object that
@@ -120,7 +121,10 @@ class Informer:
         holder knows them (the shard's bound pods' names; nothing for another kind): the informer reads it to deliver their updates
         (with a message carrying only the name as the object before) and deletions (with the
         object's last state from the feed, or, when a relist finds one gone, its name alone),
-        and ``knows`` answers from it. The holder must add a name on the add or update
+        and ``knows`` answers from it. ``recall(kind, name)`` (given with ``held_elsewhere``)
+        is what handlers get instead of the name alone: the holder's outline of the object as
+        it was, with the fields its handlers read of an object before (the dispatcher keeps a
+        record of each bound pod, not its bytes). The holder must add a name on the add or update
         delivering an object ``hold`` refuses, and drop it on its deletion. Without
         ``held_elsewhere`` the informer knows nothing of refused objects: one that comes to be
         held is delivered as an add, and the deletion of one refused is not delivered (for a
@@ -131,10 +135,13 @@ class Informer:
         back up to 3 s after the store did; a try a second costs one connection attempt."""
         if held_elsewhere is not None and hold is None:
             raise ValueError("informer: held_elsewhere names what hold refuses; give hold too")
+        if recall is not None and held_elsewhere is None:
+            raise ValueError("informer: recall outlines what is held elsewhere; give it too")
         self._store = store
         self._selector = selector
         self._hold = hold
         self._elsewhere = held_elsewhere
+        self._recall = recall or _name_alone
         self.kinds = list(kinds)
         self.cache: dict[str, MutableMapping[str, StoredObject]] = {
             k: self._empty(k) for k in self.kinds
@@ -432,7 +439,7 @@ class Informer:
                     dropped.append(name)
                 before = old.get(name)
                 if before is None and name in elsewhere:
-                    before = _name_alone(kind, name)  # its earlier version is not known here
+                    before = self._recall(kind, name)  # its earlier version is not kept here
                     self._emit("on_update", kind, before, obj)
                 elif before is None:
                     self._emit("on_add", kind, obj)
@@ -442,7 +449,7 @@ class Informer:
             for name in gone:
                 self._emit("on_delete", kind, old[name])
             for name in gone_elsewhere:
-                self._emit("on_delete", kind, _name_alone(kind, name))
+                self._emit("on_delete", kind, self._recall(kind, name))
         for kind, name, error in listing.errors:
             log.error(
                 "undecodable object in the store; skipped", kind=kind, name=name, error=str(error)
@@ -549,7 +556,7 @@ class Informer:
             return
         before = objs.get(name)
         if before is None and self._held_elsewhere(kind, name):
-            before = _name_alone(kind, name)
+            before = self._recall(kind, name)
         if held:
             objs[name] = obj
         else:

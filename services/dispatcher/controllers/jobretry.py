@@ -77,7 +77,7 @@ class JobRetryController:
             ):
                 self.failing.discard(name)  # gone, no policy, or nothing left to retry for
                 continue
-            pods = self.pods.pods_of(obj.metadata.name)
+            pods = await self.pods.fetch_of(obj.metadata.name)  # whole: replacements copy them
             policy = FailurePolicy.of(obj, pods)
             if policy.exceeded:
                 if not any(c.type == FAILED_CONDITION for c in obj.status.conditions):

@@ -311,7 +311,14 @@ class UnitDispatcher:
         # test without a Binder).
         self.evictor = evictor
         self.reclaimer = (
-            Reclaimer(self.queue, informer, evictor, self._kick, settings.reclaim_interval_seconds)
+            Reclaimer(
+                self.queue,
+                informer,
+                evictor,
+                self._kick,
+                settings.reclaim_interval_seconds,
+                store=store,
+            )
             if evictor is not None
             else None
         )

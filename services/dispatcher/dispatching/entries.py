@@ -81,11 +81,14 @@ _new_tuple = tuple.__new__
 
 
 class Claim(NamedTuple):
-    """A bound or running pod as its queue's usage counts it: what quota and reclaim's order
-    need, not the pod (held per bound pod, a decoded pod was 2.6 KiB of it; reclaim reads the
-    few it weighs from the informer). ``requests`` is shared by pods asking the same and never
-    mutated. A tuple: one is made per bind and per start, and a frozen dataclass cost twice as
-    much to make (as ``placement.room.RoomClaim``)."""
+    """A bound or running pod as the dispatcher keeps it: what quota and reclaim's order need,
+    and what the job status, node lifecycle and admission read of it (its job, index, phase,
+    owner) — not the pod: the dispatcher's informer keeps no bytes of a pod holding a claim
+    (``services.dispatcher.controllers.podindex``), this record is all that is held of it
+    (a decoded pod was 2.6 KiB, its bytes ~0.3; readers of its full body read the store).
+    ``requests`` is shared by pods asking the same and never mutated. A tuple: one is made per
+    bind and per start, and a frozen dataclass cost twice as much to make (as
+    ``placement.room.RoomClaim``)."""
 
     name: str
     queue: str
@@ -97,6 +100,10 @@ class Claim(NamedTuple):
     # The node it is bound to (interned): the node partitions' room is built from these claims
     # when partitions first come into being (``partitions.PartitionRoom``).
     node: str = ""
+    job: str = ""
+    pod_index: int = 0  # its index in the job ("index" is a tuple's method)
+    phase: pb.PodPhase.ValueType = pb.POD_BOUND
+    owner: str = ""  # the tenant (``metadata.owner``; "" for the admin's)
 
     @classmethod
     def of(cls, pod: pb.Pod) -> Claim:
@@ -104,23 +111,45 @@ class Claim(NamedTuple):
         # (re)starts.
         meta = pod.metadata
         spec = pod.spec
+        status = pod.status
         # tuple.__new__ straight: the NamedTuple's own __new__ is a Python function binding
-        # eight arguments (a third of making one).
+        # its arguments (a third of making one).
         return _new_tuple(
             cls,
             (
-                # Interned: the pod's name is kept by three of the dispatcher's indexes (the claims,
-                # the dispatch feed's bound pods, the pod index), one string for all of them.
+                # Interned: the pod's name is kept by two of the dispatcher's indexes (the claims,
+                # the pod index), one string for both; its job's, queue's, node's and owner's
+                # are one string each for all their pods.
                 sys.intern(meta.name),
                 sys.intern(queue_of(pod)),
                 pool_of(spec.qos),
                 Quantities.shared_request(spec.template),
                 spec.priority,
-                pod.status.started_ms,
+                status.started_ms,
                 bool(meta.deletion_timestamp_ms),
                 sys.intern(spec.node_name),
+                sys.intern(spec.job),
+                spec.index,
+                status.phase,
+                sys.intern(meta.owner),
             ),
         )
+
+    def outline(self) -> pb.Pod:
+        """The pod as far as this record knows it: name, owner, job, index, node, priority,
+        phase and start (what the dispatcher's handlers read of a pod before its change). Never to be
+        written: its other fields are empty."""
+        pod = pb.Pod()
+        pod.metadata.name = self.name
+        pod.metadata.owner = self.owner
+        spec = pod.spec
+        spec.job = self.job
+        spec.index = self.pod_index
+        spec.node_name = self.node
+        spec.priority = self.priority
+        pod.status.phase = self.phase
+        pod.status.started_ms = self.started_ms
+        return pod
 
 
 def is_pending(pod: pb.Pod) -> bool:

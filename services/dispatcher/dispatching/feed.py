@@ -43,8 +43,9 @@ class ViewFeed:
         # Takes a unit back from the shard holding it, into the queue (a gang timed out).
         self.take_back = take_back
         self.shapes = NodeShapes()
-        # Per pod: the job it counts as bound for (``Unit.already_bound``), so updates are exact.
-        self._bound_job_of: dict[str, str] = {}
+        # Per job: its pods bound, running or succeeded (``Unit.already_bound``). A total, not
+        # a record per pod: an update's or deletion's pod as it was (the informer's, or its
+        # outline from the records: ``Informer(recall=...)``) says what it counted for.
         self._bound_pods: Counter[str] = Counter()
 
     def bound_pods(self, job: str) -> int:
@@ -129,20 +130,23 @@ class ViewFeed:
     def _forget_pod(self, pod: pb.Pod) -> bool:
         """Undo ``_track_pod``; True if the pod held a claim."""
         released = self.queue.remove_pod(pod)
-        job = self._bound_job_of.pop(pod.metadata.name, None)
-        if job is not None:
-            self._bound_pods[job] -= 1
-            if self._bound_pods[job] <= 0:
+        spec = pod.spec
+        if spec.node_name and pod.status.phase in _BOUND_PHASES:
+            job = spec.job
+            left = self._bound_pods[job] - 1
+            if left > 0:
+                self._bound_pods[job] = left
+            else:
                 del self._bound_pods[job]
         return released
 
     def _track_pod(self, pod: pb.Pod) -> None:
         spec = pod.spec
-        if spec.node_name and pod.status.phase in _BOUND_PHASES:
-            job = sys.intern(spec.job)  # one string per job, not per bound pod
-            self._bound_job_of[sys.intern(pod.metadata.name)] = job  # shared: ``Claim.of``
-            self._bound_pods[job] += 1
-        if self.queue.add_pod(pod, int(time.time() * 1000)):
+        if spec.node_name:
+            if pod.status.phase in _BOUND_PHASES:
+                self._bound_pods[sys.intern(spec.job)] += 1  # one string per job
+            self.queue.add_pod(pod, 0)  # a pod on a node joins no unit (no time needed)
+        elif self.queue.add_pod(pod, int(time.time() * 1000)):
             self._kick.set()
 
     def _node_changed(self, old: Message | None, new: Message | None) -> None:

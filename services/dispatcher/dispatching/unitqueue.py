@@ -340,6 +340,10 @@ class UnitQueue:
         self.queued = heaps.queued
         self.position = heaps.position
         self.holds_claim = ledger.holds_claim
+        self.claim_of = ledger.claim_of
+        self.claimed_pods = ledger.claimed_pods
+        self.claims_on = ledger.claims_on
+        self.nodes_with_claims = ledger.nodes_with_claims
         self.restate_claim = ledger.restate
         self.claims = ledger.claims
         self.bound_claimed = ledger.bound_claimed
