@@ -28,7 +28,7 @@ from services.dispatcher.controllers.jobphase import (
     as_read,
     derives_status,
 )
-from services.dispatcher.dispatching.entries import Claim
+from services.dispatcher.dispatching.entries import Claim, shared_int
 from services.dispatcher.objects import being_deleted, pods_complete
 from services.grouped import GroupedNames
 from store.client import Store
@@ -78,7 +78,7 @@ class Placed(NamedTuple):
         spec, status = pod.spec, pod.status
         return cls(
             sys.intern(spec.job),
-            spec.index,
+            shared_int(spec.index),
             sys.intern(spec.node_name),
             status.phase,
             sys.intern(status.reason),
@@ -330,7 +330,12 @@ class PodIndex:
             # Its job's group holds it already (every update of a pod but a rare rewrite).
             if old.spec.node_name or obj.spec.node_name:
                 self._unplace(old)
-                self._place(obj)
+                name = obj.metadata.name
+                kept = self._place(obj, name)
+                if job and kept is not name and not old.spec.node_name:
+                    # Just bound: its group takes the claim's string (one string per pod).
+                    self.by_job.discard(job, name)
+                    self.by_job.add(job, kept)
             if job:
                 self._changed(job)
         elif isinstance(obj, pb.Job):
@@ -347,10 +352,10 @@ class PodIndex:
 
     def _put(self, pod: pb.Pod) -> None:
         # Each field read once: every pod listed at a (re)start comes through here.
-        name = sys.intern(pod.metadata.name)  # one string with the claims' (``Claim.of``)
+        name = pod.metadata.name
         spec = pod.spec
         if spec.node_name:
-            self._place(pod)
+            name = self._place(pod, name)
         job = spec.job
         if job:
             self.by_job.add(job, name)
@@ -363,17 +368,22 @@ class PodIndex:
         if pod.spec.job:
             self._changed(pod.spec.job)
 
-    def _place(self, pod: pb.Pod) -> None:
-        """Keep the record of a pod on a node, unless the ledger's claim is it."""
-        if not pod.spec.node_name:
-            return
+    def _place(self, pod: pb.Pod, name: str) -> str:
+        """Keep the record of a pod on a node, unless the ledger's claim is it; returns its
+        name as the record keeps it (one string for the claim, its record and its job's
+        group)."""
+        spec = pod.spec
+        node = spec.node_name
+        if not node:
+            return name
         claimed = holds_claim(pod)
         if claimed and self._claims is not None:
-            return
-        self._placed[sys.intern(pod.metadata.name)] = Placed.of(pod)
+            claim = self._claims.claim_of(name)
+            return claim.name if claim is not None else name
+        self._placed[name] = Placed.of(pod)
         if claimed:
-            node = pod.spec.node_name
             self._claims_on_node[node] = self._claims_on_node.get(node, 0) + 1
+        return name
 
     def _unplace(self, pod: pb.Pod) -> None:
         record = self._placed.pop(pod.metadata.name, None)

@@ -79,6 +79,17 @@ class UnitEntry:
 
 _new_tuple = tuple.__new__
 
+# One int object per value among those records keep by the hundred thousand and few values
+# cover (pods' indexes and priorities): an int past 256 is an object of its own (28 bytes)
+# each time protobuf reads it.
+_shared_ints: dict[int, int] = {}
+_share = _shared_ints.setdefault  # _share(n, n) is n, the one kept
+
+
+def shared_int(n: int) -> int:
+    """``n``, the one object kept for its value (see ``_shared_ints``)."""
+    return _share(n, n)
+
 
 class Claim(NamedTuple):
     """A bound or running pod as the dispatcher keeps it: what quota and reclaim's order need,
@@ -112,24 +123,26 @@ class Claim(NamedTuple):
         meta = pod.metadata
         spec = pod.spec
         status = pod.status
+        priority, index = spec.priority, spec.index
         # tuple.__new__ straight: the NamedTuple's own __new__ is a Python function binding
         # its arguments (a third of making one).
         return _new_tuple(
             cls,
             (
-                # Interned: the pod's name is kept by two of the dispatcher's indexes (the claims,
-                # the pod index), one string for both; its job's, queue's, node's and owner's
-                # are one string each for all their pods.
-                sys.intern(meta.name),
+                # Its name is shared with the pod index (``PodIndex`` takes it from here), not
+                # interned (the interpreter's table of interned strings took ~40 bytes a
+                # pod); its job's, queue's, node's and owner's are interned: one string each
+                # for all their pods; so are its priority and index (``shared_int``).
+                meta.name,
                 sys.intern(queue_of(pod)),
                 pool_of(spec.qos),
                 Quantities.shared_request(spec.template),
-                spec.priority,
+                _share(priority, priority),
                 status.started_ms,
                 bool(meta.deletion_timestamp_ms),
                 sys.intern(spec.node_name),
                 sys.intern(spec.job),
-                spec.index,
+                _share(index, index),
                 status.phase,
                 sys.intern(meta.owner),
             ),

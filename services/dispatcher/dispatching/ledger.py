@@ -11,7 +11,7 @@ from placement.quotas import ancestors, held_below, hierarchy_excess, quota_of
 from placement.resources import Quantities
 from placement.room import PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatching.entries import Claim, QueueLookup, UnitEntry
+from services.dispatcher.dispatching.entries import Claim, QueueLookup, UnitEntry, shared_int
 from services.dispatcher.dispatching.queueing import PendingUnit
 
 
@@ -77,7 +77,7 @@ class QuotaLedger:
         self._room.claim(
             old.name,
             old._replace(
-                priority=pod.spec.priority,
+                priority=shared_int(pod.spec.priority),
                 started_ms=status.started_ms,
                 deleting=bool(pod.metadata.deletion_timestamp_ms),
                 phase=status.phase,
