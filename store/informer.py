@@ -72,6 +72,11 @@ class Handlers:
     on_update: UpdateHandler | None = None
     on_delete: DeleteHandler | None = None
     kinds: frozenset[str] | None = None
+    # Called with the kind once a listing has handed every object of it to the handlers as
+    # adds (nothing of the kind known before; ``Informer.delivering_listing`` is true while
+    # it does): a holder that builds some state from the whole listing at once rather than
+    # per object (the dispatcher's pod index groups the claims by job).
+    on_listed: Callable[[str], None] | None = None
 
     def wants(self, kind: str) -> bool:
         return self.kinds is None or kind in self.kinds
@@ -160,6 +165,8 @@ class Informer:
         self._resync_seconds = resync_seconds
         self._retry_max = retry_max_seconds
         self._block_ms = block_ms
+        # True while a listing hands its objects to the handlers as adds (``Handlers.on_listed``).
+        self.delivering_listing = False
         # The revision of the read being applied (ahead of ``revision`` until it is applied).
         self._applying_to = 0
         # Waiters for wait_for_revision(), woken as batches apply.
@@ -178,7 +185,7 @@ class Informer:
         ``start()``, handlers get every listed object once, from the listing itself."""
         for kind in self.kinds:
             if handlers.wants(kind):
-                for callback in ("on_add", "on_update", "on_delete"):
+                for callback in ("on_add", "on_update", "on_delete", "on_listed"):
                     fn = getattr(handlers, callback)
                     if fn is not None:
                         self._routes.setdefault((callback, kind), []).append(fn)
@@ -419,7 +426,16 @@ class Informer:
             self.cache[kind] = new
             elsewhere = self._elsewhere(kind) if self._elsewhere is not None else ()
             if not old and not elsewhere:
-                self._deliver_listed(kind, new, listing)
+                self.delivering_listing = True
+                try:
+                    self._deliver_listed(kind, new, listing)
+                finally:
+                    self.delivering_listing = False
+                for fn in self._routes.get(("on_listed", kind), ()):
+                    try:
+                        fn(kind)
+                    except Exception:
+                        log.exception("informer handler failed", handler="on_listed", kind=kind)
                 continue
             # Known before and not listed now: deleted meanwhile (read before any handler runs:
             # the holder's names change as they do).

@@ -57,6 +57,8 @@ class ClaimBook(Protocol):
 
     def claims_on(self, nodes: Collection[str]) -> list[Claim]: ...
 
+    def claims(self) -> list[Claim]: ...
+
     def nodes_with_claims(self) -> KeysView[str]: ...
 
 
@@ -158,6 +160,7 @@ class PodIndex:
                 on_update=self._on_update,
                 on_delete=self._on_delete,
                 kinds=frozenset({"Pod", "Job"}),
+                on_listed=self._on_listed,
             )
         )
 
@@ -352,13 +355,36 @@ class PodIndex:
 
     def _put(self, pod: pb.Pod) -> None:
         # Each field read once: every pod listed at a (re)start comes through here.
-        name = pod.metadata.name
         spec = pod.spec
         if spec.node_name:
-            name = self._place(pod, name)
+            if (
+                self._claims is not None
+                and self._informer.delivering_listing
+                and pod.status.phase in CLAIM_PHASES
+            ):
+                return  # its claim is grouped with its job's once all are listed (_on_listed)
+            name = self._place(pod, pod.metadata.name)
+        else:
+            name = pod.metadata.name
         job = spec.job
         if job:
             self.by_job.add(job, name)
+            self._changed(job)
+
+    def _on_listed(self, kind: str) -> None:
+        """The listing's pods holding a claim, grouped by job from the claims the quota ledger
+        made of them: a pass over the claims instead of a handler's work per listed pod (a
+        fifth of a restart's CPU)."""
+        if kind != "Pod" or self._claims is None:
+            return
+        add = self.by_job.add
+        jobs: set[str] = set()
+        for claim in self._claims.claims():
+            job = claim.job
+            if job:
+                add(job, claim.name)
+                jobs.add(job)
+        for job in jobs:
             self._changed(job)
 
     def _drop(self, pod: pb.Pod) -> None:
