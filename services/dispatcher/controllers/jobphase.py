@@ -97,19 +97,27 @@ class StatusTally:
         self._failures = 0
 
     def add(self, pods: Iterable[pb.Pod]) -> None:
-        job, newest = self._job, self._newest
+        count = self.count
         for pod in pods:
-            phase = pod.status.phase
-            lost = replaced(job, pod)
-            if phase == pb.POD_FAILED and not lost:
-                self._failures += 1
-            index = pod.spec.index
-            cur = newest.get(index)
-            # Names are compared only when an index has two pods (a replacement): rarely.
-            if cur is None or replacement_number(pod) > replacement_number_of(
-                pod.spec.job, index, cur[0]
-            ):
-                newest[index] = (pod.metadata.name, phase, lost)
+            spec, status = pod.spec, pod.status
+            count(pod.metadata.name, spec.job, spec.index, status.phase, status.reason)
+
+    def count(
+        self, name: str, job_name: str, index: int, phase: pb.PodPhase.ValueType, reason: str
+    ) -> None:
+        """One pod, by what the counts read of it (a caller holding a record of the pod, not
+        the pod, passes its fields: ``PodIndex.status_of``)."""
+        job = self._job
+        lost = job.spec.replace_lost_pods and reason in EVICTION_REASONS  # ``replaced``
+        if phase == pb.POD_FAILED and not lost:
+            self._failures += 1
+        newest = self._newest
+        cur = newest.get(index)
+        # Names are compared only when an index has two pods (a replacement): rarely.
+        if cur is None or replacement_number_of(job_name, index, name) > replacement_number_of(
+            job_name, index, cur[0]
+        ):
+            newest[index] = (name, phase, lost)
 
     def counts(self, now_ms: int | None = None) -> JobCounts:
         """:func:`job_status` of the pods added so far."""

@@ -240,8 +240,24 @@ class PodIndex:
             if first and time.monotonic() >= until:
                 await asyncio.sleep(0)
                 until = time.monotonic() + STATUS_SLICE_SECONDS
-            tally.add(self._outlines(names[first : first + STATUS_SLICE_PODS]))
+            self._count(tally, names[first : first + STATUS_SLICE_PODS])
         return tally.counts(now_ms)
+
+    def _count(self, tally: StatusTally, names: Iterable[str]) -> None:
+        """Count the pods named into ``tally``: from their records (no outline made), a
+        pending pod from the informer."""
+        cached = self._informer.cache["Pod"]
+        claim_of = self._claims.claim_of if self._claims is not None else None
+        placed = self._placed
+        count = tally.count
+        for name in names:
+            claim = claim_of(name) if claim_of is not None else None
+            if claim is not None:
+                count(name, claim.job, claim.pod_index, claim.phase, "")
+            elif (record := placed.get(name)) is not None:
+                count(name, record.job, record.pod_index, record.phase, record.reason)
+            elif isinstance(pod := cached.get(name), pb.Pod):
+                tally.add((pod,))
 
     def job_as_read(self, job: pb.Job, newer: pb.Pod | None = None) -> pb.Job:
         """``job`` with its status as readers see it, from the pods in the view: Deleting with

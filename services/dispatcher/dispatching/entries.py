@@ -91,6 +91,30 @@ def shared_int(n: int) -> int:
     return _share(n, n)
 
 
+class JobShare(NamedTuple):
+    """What a claim takes from its pod that every pod of its job has alike (its job's
+    template made them: ``controllers.pods.pods_for``; a replacement copies its pod's spec,
+    and a stored job's template never changes): its queue, pool, requests and owner, each
+    interned or shared."""
+
+    job: str
+    queue: str
+    pool: str
+    requests: Quantities
+    owner: str
+
+    @classmethod
+    def of(cls, pod: pb.Pod) -> JobShare:
+        spec = pod.spec
+        return cls(
+            sys.intern(spec.job),
+            sys.intern(queue_of(pod)),
+            pool_of(spec.qos),
+            Quantities.shared_request(spec.template),
+            sys.intern(pod.metadata.owner),
+        )
+
+
 class Claim(NamedTuple):
     """A bound or running pod as the dispatcher keeps it: what quota and reclaim's order need,
     and what the job status, node lifecycle and admission read of it (its job, index, phase,
@@ -117,13 +141,21 @@ class Claim(NamedTuple):
     owner: str = ""  # the tenant (``metadata.owner``; "" for the admin's)
 
     @classmethod
-    def of(cls, pod: pb.Pod) -> Claim:
+    def of(cls, pod: pb.Pod, per_job: dict[str, JobShare] | None = None) -> Claim:
+        """The claim of ``pod`` (holding one). ``per_job``: what the pods of a job share, by
+        job, filled as they come (a listing's: ``ViewFeed``), so each job's is read once."""
         # Each submessage read once: every bound pod comes through here when the dispatcher
         # (re)starts.
         meta = pod.metadata
         spec = pod.spec
         status = pod.status
         priority, index = spec.priority, spec.index
+        job = spec.job
+        shared = per_job.get(job) if per_job is not None else None
+        if shared is None:
+            shared = JobShare.of(pod)
+            if per_job is not None:
+                per_job[shared.job] = shared
         # tuple.__new__ straight: the NamedTuple's own __new__ is a Python function binding
         # its arguments (a third of making one).
         return _new_tuple(
@@ -134,17 +166,17 @@ class Claim(NamedTuple):
                 # pod); its job's, queue's, node's and owner's are interned: one string each
                 # for all their pods; so are its priority and index (``shared_int``).
                 meta.name,
-                sys.intern(queue_of(pod)),
-                pool_of(spec.qos),
-                Quantities.shared_request(spec.template),
+                shared.queue,
+                shared.pool,
+                shared.requests,
                 _share(priority, priority),
                 status.started_ms,
                 bool(meta.deletion_timestamp_ms),
                 sys.intern(spec.node_name),
-                sys.intern(spec.job),
+                shared.job,
                 _share(index, index),
                 status.phase,
-                sys.intern(meta.owner),
+                shared.owner,
             ),
         )
 

@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from placement.claims import CLAIM_PHASES
 from placement.room import usable_offer
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.entries import JobShare
 from services.dispatcher.dispatching.shapes import NodeShapes, shapes_of
 from services.dispatcher.dispatching.unitqueue import UnitQueue
 from services.dispatcher.objects import metadata_of, pods_complete
@@ -35,6 +36,7 @@ class ViewFeed:
         shards_changed: asyncio.Event,
         revoke: Callable[[str], None],
         take_back: Callable[[str], None] | None = None,
+        listing_under_way: Callable[[], bool] | None = None,
     ) -> None:
         self.queue = queue
         self._kick = kick  # set: a dispatch round may send something now
@@ -47,6 +49,11 @@ class ViewFeed:
         # a record per pod: an update's or deletion's pod as it was (the informer's, or its
         # outline from the records: ``Informer(recall=...)``) says what it counted for.
         self._bound_pods: Counter[str] = Counter()
+        # Whether the informer is handing over a listing (``Informer.delivering_listing``);
+        # meanwhile what a job's pods share is read once per job (``Claim.of``), and forgotten
+        # once it is listed (``on_listed``): a listing's pods come in no order.
+        self._listing_under_way = listing_under_way
+        self._per_job: dict[str, JobShare] = {}
 
     def bound_pods(self, job: str) -> int:
         """How many of the job's pods are bound, running or succeeded."""
@@ -59,6 +66,9 @@ class ViewFeed:
             self._track_pod(obj)
             return
         self._on_change(kind, None, obj)
+
+    def on_listed(self, kind: str) -> None:
+        self._per_job.clear()
 
     def on_update(self, kind: str, old: Message, new: Message) -> None:
         self._on_change(kind, old, new)
@@ -145,7 +155,9 @@ class ViewFeed:
         if spec.node_name:
             if pod.status.phase in _BOUND_PHASES:
                 self._bound_pods[sys.intern(spec.job)] += 1  # one string per job
-            self.queue.add_pod(pod, 0)  # a pod on a node joins no unit (no time needed)
+            listing = self._listing_under_way is not None and self._listing_under_way()
+            # A pod on a node joins no unit (no time needed).
+            self.queue.add_pod(pod, 0, self._per_job if listing else None)
         elif self.queue.add_pod(pod, int(time.time() * 1000)):
             self._kick.set()
 
