@@ -184,6 +184,10 @@ class PoolRoom(Generic[C]):
         """Every claim held with its pod's name (a live view)."""
         return self._claims.items()
 
+    def by_pod(self) -> Mapping[str, C]:
+        """Each claim by its pod's name (a live view, never to change)."""
+        return self._claims
+
     def pods(self) -> KeysView[str]:
         """The names of the pods holding a claim (a live view)."""
         return self._claims.keys()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, KeysView
+from collections.abc import Callable, Collection, Iterable, Iterator, KeysView, Mapping
 from typing import NamedTuple, Protocol
 
 from google.protobuf.message import Message
@@ -54,6 +54,8 @@ class ClaimBook(Protocol):
     def claim_of(self, pod: str) -> Claim | None: ...
 
     def claimed_pods(self) -> KeysView[str]: ...
+
+    def claims_by_pod(self) -> Mapping[str, Claim]: ...
 
     def claims_on(self, nodes: Collection[str]) -> list[Claim]: ...
 
@@ -247,7 +249,7 @@ class PodIndex:
         """Count the pods named into ``tally``: from their records (no outline made), a
         pending pod from the informer."""
         cached = self._informer.cache["Pod"]
-        claim_of = self._claims.claim_of if self._claims is not None else None
+        claim_of = self._claims.claims_by_pod().get if self._claims is not None else None
         placed = self._placed
         count = tally.count
         for name in names:

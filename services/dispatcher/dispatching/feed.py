@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from placement.claims import CLAIM_PHASES
 from placement.room import usable_offer
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.dispatching.entries import JobShare
+from services.dispatcher.dispatching.entries import Claim, JobShare
 from services.dispatcher.dispatching.shapes import NodeShapes, shapes_of
 from services.dispatcher.dispatching.unitqueue import UnitQueue
 from services.dispatcher.objects import metadata_of, pods_complete
@@ -153,11 +153,14 @@ class ViewFeed:
     def _track_pod(self, pod: pb.Pod) -> None:
         spec = pod.spec
         if spec.node_name:
-            if pod.status.phase in _BOUND_PHASES:
+            # A pod on a node joins no unit: its claim if it holds one (``holds_claim``, its
+            # fields read once here: every pod listed at a (re)start comes through here).
+            phase = pod.status.phase
+            if phase in _BOUND_PHASES:
                 self._bound_pods[sys.intern(spec.job)] += 1  # one string per job
-            listing = self._listing_under_way is not None and self._listing_under_way()
-            # A pod on a node joins no unit (no time needed).
-            self.queue.add_pod(pod, 0, self._per_job if listing else None)
+            if phase in CLAIM_PHASES:
+                listing = self._listing_under_way is not None and self._listing_under_way()
+                self.queue.claim(Claim.of(pod, self._per_job if listing else None))
         elif self.queue.add_pod(pod, int(time.time() * 1000)):
             self._kick.set()
 

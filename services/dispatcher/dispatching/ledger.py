@@ -4,7 +4,7 @@ min and weight, and the cluster's free room per pool (a ``placement.room.PoolRoo
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, KeysView
+from collections.abc import Collection, Iterator, KeysView, Mapping
 
 from placement.nodeinfo import GUARANTEED, POOLS
 from placement.quotas import ancestors, held_below, hierarchy_excess, quota_of
@@ -104,6 +104,10 @@ class QuotaLedger:
     def claim_of(self, pod: str) -> Claim | None:
         """The pod's claim, if it holds one."""
         return self._room.claim_of(pod)
+
+    def claims_by_pod(self) -> Mapping[str, Claim]:
+        """Each claim by its pod's name (a live view, never to change)."""
+        return self._room.by_pod()
 
     def claimed_pods(self) -> KeysView[str]:
         """The names of the pods holding a claim (a live view)."""

@@ -342,7 +342,9 @@ class UnitQueue:
         self.position = heaps.position
         self.holds_claim = ledger.holds_claim
         self.claim_of = ledger.claim_of
+        self.claim = ledger.claim  # a pod holding a claim (``add_pod`` does it too)
         self.claimed_pods = ledger.claimed_pods
+        self.claims_by_pod = ledger.claims_by_pod
         self.claims_on = ledger.claims_on
         self.nodes_with_claims = ledger.nodes_with_claims
         self.restate_claim = ledger.restate
