@@ -88,10 +88,11 @@ class StatusTally:
     held the dispatcher's loop for a second, health checks and streams waiting. Keeps per index
     only what the counts need of its newest pod, not the pod."""
 
-    __slots__ = ("_failures", "_job", "_newest")
+    __slots__ = ("_failures", "_job", "_newest", "_replaces_lost")
 
     def __init__(self, job: pb.Job) -> None:
         self._job = job
+        self._replaces_lost = job.spec.replace_lost_pods  # read once, not per pod
         # index -> (name, phase, replaced) of its newest pod so far
         self._newest: dict[int, tuple[str, int, bool]] = {}
         self._failures = 0
@@ -107,8 +108,7 @@ class StatusTally:
     ) -> None:
         """One pod, by what the counts read of it (a caller holding a record of the pod, not
         the pod, passes its fields: ``PodIndex.status_of``)."""
-        job = self._job
-        lost = job.spec.replace_lost_pods and reason in EVICTION_REASONS  # ``replaced``
+        lost = self._replaces_lost and reason in EVICTION_REASONS  # ``replaced``
         if phase == pb.POD_FAILED and not lost:
             self._failures += 1
         newest = self._newest
