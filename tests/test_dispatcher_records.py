@@ -128,3 +128,50 @@ async def test_the_dispatcher_keeps_no_bytes_of_pods_on_nodes_yet_answers_as_bef
 def _in_team(job: pb.Job) -> pb.Job:
     job.spec.queue = "team"
     return job
+
+
+async def test_a_pods_record_follows_it_from_bind_to_deletion(
+    store: Store, store_url: str, cluster_name: str, tmp_path: Path
+) -> None:
+    """What the dispatcher counts of a pod it keeps as a record — its job's bound pods, its
+    tenant's live pods, its queue's usage — follows the pod bound, running, succeeded and
+    deleted: each update's pod as it was is the record's outline (``Informer(recall=...)``)."""
+    await store.create(f.node("n1"))
+    web = f.job("web", replicas=2, cpu=300)
+    pods = f.pods_of(web)
+    for p in pods:
+        p.metadata.owner = "alice"
+    await store.create_unit(web, pods)
+    config = dispatcher_config(store_url, cluster_name, tmp_path)
+    async with run_dispatcher(config) as running:
+        service = running.service
+        tenants = service.api.submitting.tenant_pods
+        feed, queue = service.core.feed, service.core.queue
+
+        async def counted(bound: int, live: int, cpu: int) -> bool:
+            await service.informer.wait_for_revision(await store.revision())
+            used = queue.bound_usage("default").cpu
+            return (feed.bound_pods("web"), tenants.of("alice"), used) == (bound, live, cpu)
+
+        await eventually(lambda: counted(0, 2, 0), what="two pending pods")
+        for phase in (pb.POD_BOUND, pb.POD_RUNNING):
+            for name in ("web-0", "web-1"):
+                pod = await store.get(pb.Pod, name)
+                pod.status.phase = phase
+                if phase == pb.POD_BOUND:
+                    pod.spec.node_name = "n1"
+                    await store.commit([Bind(pod)])
+                else:
+                    await store.update(pod)
+            await eventually(lambda: counted(2, 2, 600), what=f"both pods {phase}")
+            assert service.informer.get("Pod", "web-0") is None  # its record, not its bytes
+        pod = await store.get(pb.Pod, "web-0")
+        pod.status.phase = pb.POD_SUCCEEDED
+        await store.update(pod)
+        await eventually(lambda: counted(2, 1, 300), what="one succeeded: bound, not live")
+        await store.delete(pb.Pod, "web-0")
+        await eventually(lambda: counted(1, 1, 300), what="the succeeded pod deleted")
+        assert service.pods.outlines_of("web")[0].metadata.name == "web-1"
+        await store.delete(pb.Pod, "web-1")
+        await eventually(lambda: counted(0, 0, 0), what="the running pod deleted")
+        assert not service.informer.knows("Pod", "web-1")
