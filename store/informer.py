@@ -77,6 +77,11 @@ class Handlers:
     # it does): a holder that builds some state from the whole listing at once rather than
     # per object (the dispatcher's pod index groups the claims by job).
     on_listed: Callable[[str], None] | None = None
+    # Whether a listing (as ``on_listed`` means it) hands these handlers the objects ``hold``
+    # refuses. False: their ``on_listed`` takes what it needs of those from their holder's
+    # records (the dispatcher's job retry, finished-job collector and tenant counts read the
+    # pod index's records, not a pod a listed bound pod: ~1 µs a pod of a restart).
+    refused_at_listing: bool = True
 
     def wants(self, kind: str) -> bool:
         return self.kinds is None or kind in self.kinds
@@ -189,6 +194,8 @@ class Informer:
                     fn = getattr(handlers, callback)
                     if fn is not None:
                         self._routes.setdefault((callback, kind), []).append(fn)
+                if handlers.on_add is not None and handlers.refused_at_listing:
+                    self._routes.setdefault(("on_add_refused", kind), []).append(handlers.on_add)
         if handlers.on_add and replay:
             for kind, objs in self.cache.items():
                 if handlers.wants(kind):
@@ -504,6 +511,11 @@ class Informer:
         kind's bytes as listed, not yet in ``new``: each kept there as it is handed over, if
         ``hold`` keeps it."""
         handlers = self._routes.get(("on_add", kind), ())
+        # What an object ``hold`` refuses is handed to (``Handlers.refused_at_listing``).
+        if self._elsewhere is not None:
+            refused = self._routes.get(("on_add_refused", kind), ())
+        else:
+            refused = handlers  # the informer knows nothing of them otherwise: everyone's
         dropped: list[str] = []  # undecodable, or refused by hold (once all are delivered)
         hold = self._hold
         if isinstance(new, EncodedObjects):
@@ -519,12 +531,14 @@ class Informer:
                     if put is None:
                         dropped.append(name)
                     continue
+                to = handlers
                 if hold is not None and not hold(kind, obj):
+                    to = refused
                     if put is None:
                         dropped.append(name)
                 elif put is not None:
                     put(name, data)
-                for fn in handlers:
+                for fn in to:
                     try:
                         fn(kind, obj)
                     except Exception:
@@ -532,9 +546,11 @@ class Informer:
             self._drop(kind, new, dropped)
             return
         for obj in new.values():
+            to = handlers
             if hold is not None and not hold(kind, obj):
+                to = refused
                 dropped.append(obj.metadata.name)
-            for fn in handlers:
+            for fn in to:
                 try:
                     fn(kind, obj)
                 except Exception:

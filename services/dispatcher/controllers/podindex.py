@@ -211,6 +211,15 @@ class PodIndex:
         names += [n for n, p in self._placed.items() if p.node in nodes and p.phase in CLAIM_PHASES]
         return names
 
+    def on_nodes(self) -> Iterator[tuple[str, pb.PodPhase.ValueType, str]]:
+        """(job, phase, owner) of every pod kept as a record (on a node): what a holder of
+        ``Handlers(refused_at_listing=False)`` reads once a listing is handed over."""
+        if self._claims is not None:
+            for claim in self._claims.claims():
+                yield claim.job, claim.phase, claim.owner
+        for record in self._placed.values():
+            yield record.job, record.phase, record.owner
+
     def nodes_with_claims(self) -> Collection[str]:
         """The nodes some pod holds a claim on."""
         if self._claims is not None:
