@@ -16,12 +16,15 @@ from tests import factories as f
 from tests.dispatcher_harness import dispatcher_config, eventually, run_dispatcher
 
 
-async def _bound(store: Store, job: pb.Job, node: str, phase: pb.PodPhase.ValueType) -> None:
+async def _bound(
+    store: Store, job: pb.Job, node: str, phase: pb.PodPhase.ValueType, owner: str = ""
+) -> None:
     """The job stored with its pods bound to ``node`` (by the Binder's commit), then in
     ``phase`` (as the node agent writes it)."""
     pods = f.pods_of(job)
     for p in pods:
         p.spec.queue = job.spec.queue
+        p.metadata.owner = owner
     await store.create_unit(job, pods)
     for p in pods:
         bound = await store.get(pb.Pod, p.metadata.name)
@@ -31,7 +34,7 @@ async def _bound(store: Store, job: pb.Job, node: str, phase: pb.PodPhase.ValueT
             now = await store.get(pb.Pod, p.metadata.name)
             now.status.phase = phase
             now.status.started_ms = int(time.time() * 1000)
-            if phase == pb.POD_SUCCEEDED:
+            if phase in (pb.POD_SUCCEEDED, pb.POD_FAILED):
                 now.status.finished_ms = now.status.started_ms
             await store.update(now)
 
@@ -52,19 +55,26 @@ async def test_the_dispatcher_keeps_no_bytes_of_pods_on_nodes_yet_answers_as_bef
     web = f.job("web", replicas=2, cpu=400)
     web.spec.queue = "team"
     web.spec.template.labels["app"] = "web"
-    await _bound(store, web, "n1", pb.POD_RUNNING)
+    await _bound(store, web, "n1", pb.POD_RUNNING, owner="alice")
     solo = f.job("solo", cpu=100)
     solo.spec.queue = "team"
-    await _bound(store, solo, "n2", pb.POD_SUCCEEDED)
+    await _bound(store, solo, "n2", pb.POD_SUCCEEDED, owner="alice")
+    flaky = f.job("flaky", cpu=100)
+    flaky.spec.backoff_limit = 3
+    await _bound(store, flaky, "n2", pb.POD_FAILED)
 
     config = dispatcher_config(store_url, cluster_name, tmp_path, controller_interval_seconds=0.1)
     async with run_dispatcher(config) as running:
         service, api = running.service, running.api
         # Listed at its start: no bytes of a pod on a node, running or finished; known all
         # the same (its claim, its record).
-        for name in ("web-0", "web-1", "solo-0"):
+        for name in ("web-0", "web-1", "solo-0", "flaky-0"):
             assert service.informer.get("Pod", name) is None
             assert service.informer.knows("Pod", name)
+        # What the listing's pods counted for, from their records: a tenant's live pods (its
+        # two running, not its finished one), a failed pod's job to retry.
+        assert service.api.submitting.tenant_pods.of("alice") == 2
+        assert "flaky" in service.job_retry.failing
         await api.Submit(api_pb2.SubmitRequest(jobs=[_in_team(f.job("more", cpu=400))]))
         await eventually(lambda: service.informer.get("Pod", "more-0") is not None)  # pending
 
@@ -80,7 +90,13 @@ async def test_the_dispatcher_keeps_no_bytes_of_pods_on_nodes_yet_answers_as_bef
             ("web-1", 400),
         ]
         every = await api.List(api_pb2.ListRequest(kind="Pod"))
-        assert [o.pod.metadata.name for o in every.items] == ["more-0", "solo-0", "web-0", "web-1"]
+        assert [o.pod.metadata.name for o in every.items] == [
+            "flaky-0",
+            "more-0",
+            "solo-0",
+            "web-0",
+            "web-1",
+        ]
         assert all(o.pod.spec.template.requests.milli_cpu for o in every.items)
 
         # Job status from the records: the job status controller's and a one-pod job's.
