@@ -129,6 +129,20 @@ class PoolRoom(Generic[C]):
         if self._per_node:
             self._take_on_node(held, 1)
 
+    def claim_summed_later(self, pod: str, held: C) -> None:
+        """``claim`` of a pod holding none yet, its requests added to the pool's sum by the
+        caller later (``add_claimed``): a listing's claims, summed per shared request."""
+        if pod in self._claims:
+            self.claim(pod, held)
+            return
+        self._claims[pod] = held
+        if self._per_node:
+            self._take_on_node(held, 1)
+
+    def add_claimed(self, pool: str, requests: Quantities, count: int) -> None:
+        """``count`` claims of ``requests`` in ``pool`` (``claim_summed_later``'s)."""
+        self._claimed[pool].add(requests, count)
+
     def release(self, pod: str) -> C | None:
         """``pod`` holds no claim (any more): its claim, None if it held none (a second
         release changes nothing)."""

@@ -69,6 +69,7 @@ class ViewFeed:
 
     def on_listed(self, kind: str) -> None:
         self._per_job.clear()
+        self.queue.sum_listed()
 
     def on_update(self, kind: str, old: Message, new: Message) -> None:
         self._on_change(kind, old, new)
@@ -156,11 +157,16 @@ class ViewFeed:
             # A pod on a node joins no unit: its claim if it holds one (``holds_claim``, its
             # fields read once here: every pod listed at a (re)start comes through here).
             phase = pod.status.phase
-            if phase in _BOUND_PHASES:
-                self._bound_pods[sys.intern(spec.job)] += 1  # one string per job
             if phase in CLAIM_PHASES:
-                listing = self._listing_under_way is not None and self._listing_under_way()
-                self.queue.claim(Claim.of(pod, self._per_job if listing else None))
+                if self._listing_under_way is not None and self._listing_under_way():
+                    claim = Claim.of(pod, self._per_job)
+                    self.queue.claim_listed(claim)  # summed once listed (``on_listed``)
+                else:
+                    claim = Claim.of(pod)
+                    self.queue.claim(claim)
+                self._bound_pods[claim.job] += 1  # its job's string, interned
+            elif phase in _BOUND_PHASES:
+                self._bound_pods[sys.intern(spec.job)] += 1  # one string per job
         elif self.queue.add_pod(pod, int(time.time() * 1000)):
             self._kick.set()
 

@@ -5,6 +5,7 @@ min and weight, and the cluster's free room per pool (a ``placement.room.PoolRoo
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, KeysView, Mapping
+from typing import Any
 
 from placement.nodeinfo import GUARANTEED, POOLS
 from placement.quotas import ancestors, held_below, hierarchy_excess, quota_of
@@ -32,6 +33,9 @@ class QuotaLedger:
         self._room: PoolRoom[Claim] = PoolRoom()
         # Per pool, what the dispatched units hold in the room's claimed sum (not a pod's).
         self._held = {pool: Quantities() for pool in POOLS}
+        # A listing's claims not summed yet: (queue, pool, id of the shared requests) ->
+        # [those requests, how many] (``claim_listed``).
+        self._unsummed: dict[tuple[str, str, int], list[Any]] = {}
         # Per node, how many pods hold a claim on it (node lifecycle: the nodes to look at).
         self._on_node: dict[str, int] = {}
         # A claim was released since the last round (room freed).
@@ -50,6 +54,29 @@ class QuotaLedger:
         if usage is None:  # not setdefault: a Quantities made per claim, kept for none
             usage = self.usage[claim.queue] = Quantities()
         usage.add(claim.requests)
+
+    def claim_listed(self, claim: Claim) -> None:
+        """``claim`` of a pod a listing hands over, its requests summed per shared request
+        once the listing is (``sum_listed``): two vector sums a pod less at a restart."""
+        self._room.claim_summed_later(claim.name, claim)
+        node = claim.node
+        self._on_node[node] = self._on_node.get(node, 0) + 1
+        key = (claim.queue, claim.pool, id(claim.requests))
+        counted = self._unsummed.get(key)
+        if counted is None:
+            self._unsummed[key] = [claim.requests, 1]
+        else:
+            counted[1] += 1
+
+    def sum_listed(self) -> None:
+        """Add the listed claims' requests to the sums (``claim_listed``)."""
+        for (queue, pool, _), (requests, count) in self._unsummed.items():
+            self._room.add_claimed(pool, requests, count)
+            usage = self.usage.get(queue)
+            if usage is None:
+                usage = self.usage[queue] = Quantities()
+            usage.add(requests, count)
+        self._unsummed.clear()
 
     def release(self, pod: str) -> Claim | None:
         """The pod's claim (if it held one) is gone: its room is free again."""

@@ -343,6 +343,8 @@ class UnitQueue:
         self.holds_claim = ledger.holds_claim
         self.claim_of = ledger.claim_of
         self.claim = ledger.claim  # a pod holding a claim (``add_pod`` does it too)
+        self.claim_listed = ledger.claim_listed
+        self.sum_listed = ledger.sum_listed
         self.claimed_pods = ledger.claimed_pods
         self.claims_by_pod = ledger.claims_by_pod
         self.claims_on = ledger.claims_on
