@@ -404,14 +404,17 @@ class PodIndex:
         fifth of a restart's CPU)."""
         if kind != "Pod" or self._claims is None:
             return
-        add = self.by_job.add
-        jobs: set[str] = set()
+        names: dict[str, list[str]] = {}
         for claim in self._claims.claims():
             job = claim.job
             if job:
-                add(job, claim.name)
-                jobs.add(job)
-        for job in jobs:
+                of_job = names.get(job)
+                if of_job is None:
+                    names[job] = [claim.name]
+                else:
+                    of_job.append(claim.name)
+        for job, of_job in names.items():
+            self.by_job.add_all(job, of_job)
             self._changed(job)
 
     def _drop(self, pod: pb.Pod) -> None:
