@@ -261,14 +261,16 @@ class PodIndex:
         claim_of = self._claims.claims_by_pod().get if self._claims is not None else None
         placed = self._placed
         count = tally.count
+        holding: list[Claim] = []
         for name in names:
             claim = claim_of(name) if claim_of is not None else None
             if claim is not None:
-                count(name, claim.job, claim.pod_index, claim.phase, "")
+                holding.append(claim)
             elif (record := placed.get(name)) is not None:
                 count(name, record.job, record.pod_index, record.phase, record.reason)
             elif isinstance(pod := cached.get(name), pb.Pod):
                 tally.add((pod,))
+        tally.count_holding(holding)
 
     def job_as_read(self, job: pb.Job, newer: pb.Pod | None = None) -> pb.Job:
         """``job`` with its status as readers see it, from the pods in the view: Deleting with
@@ -344,7 +346,7 @@ class PodIndex:
             self._stored_status.add(job.metadata.name)
 
     def _on_add(self, kind: str, obj: Message) -> None:
-        if isinstance(obj, pb.Pod):
+        if type(obj) is pb.Pod:
             self._put(obj)
         elif isinstance(obj, pb.Job):
             self._job_seen(obj)
