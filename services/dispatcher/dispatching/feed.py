@@ -144,11 +144,11 @@ class ViewFeed:
         spec = pod.spec
         if spec.node_name and pod.status.phase in _BOUND_PHASES:
             job = spec.job
-            left = self._bound_pods[job] - 1
+            left = self._bound_pods.get(job, 0) - 1
             if left > 0:
                 self._bound_pods[job] = left
             else:
-                del self._bound_pods[job]
+                self._bound_pods.pop(job, None)
         return released
 
     def _track_pod(self, pod: pb.Pod) -> None:

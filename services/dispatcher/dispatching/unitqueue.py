@@ -29,7 +29,6 @@ from services.dispatcher.dispatching.entries import (
     BackoffSettings,
     Claim,
     JobLookup,
-    JobShare,
     PendingRef,
     QueueLookup,
     UnitEntry,
@@ -411,12 +410,11 @@ class UnitQueue:
     # Pods coming and going
     # -----------------------------------------------------------------------------------------
 
-    def add_pod(self, pod: pb.Pod, now_ms: int, per_job: dict[str, JobShare] | None = None) -> bool:
+    def add_pod(self, pod: pb.Pod, now_ms: int) -> bool:
         """Count a pod: its claim towards its queue's usage, and if pending, into its job's
-        unit. True when a unit joined its queue's heap (a round may send it). ``per_job``: see
-        ``Claim.of``."""
+        unit. True when a unit joined its queue's heap (a round may send it)."""
         if holds_claim(pod):
-            self._ledger.claim(Claim.of(pod, per_job))
+            self._ledger.claim(Claim.of(pod))
             return False  # not pending: a pod holding a claim is bound
         if not is_pending(pod):
             return False
