@@ -182,18 +182,25 @@ class Claim(NamedTuple):
 
     def outline(self) -> pb.Pod:
         """The pod as far as this record knows it: name, owner, job, index, node, priority,
-        phase and start (what the dispatcher's handlers read of a pod before its change). Never to be
-        written: its other fields are empty."""
+        phase and start (what the dispatcher's handlers read of a pod before its change). Never
+        to be written: its other fields are empty. Made per update of a bound pod (~3 µs, where
+        decoding its bytes was ~1): what is unset is not set."""
         pod = pb.Pod()
-        pod.metadata.name = self.name
-        pod.metadata.owner = self.owner
+        meta = pod.metadata
+        meta.name = self.name
+        if self.owner:
+            meta.owner = self.owner
         spec = pod.spec
         spec.job = self.job
-        spec.index = self.pod_index
+        if self.pod_index:
+            spec.index = self.pod_index
         spec.node_name = self.node
-        spec.priority = self.priority
-        pod.status.phase = self.phase
-        pod.status.started_ms = self.started_ms
+        if self.priority:
+            spec.priority = self.priority
+        status = pod.status
+        status.phase = self.phase
+        if self.started_ms:
+            status.started_ms = self.started_ms
         return pod
 
 
