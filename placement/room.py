@@ -28,7 +28,7 @@ utilisation and the allocation trigger count every node. Which pods hold a claim
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, KeysView, Mapping
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from placement.claims import holds_claim
@@ -129,6 +129,20 @@ class PoolRoom(Generic[C]):
         if self._per_node:
             self._take_on_node(held, 1)
 
+    def claim_summed_later(self, pod: str, held: C) -> None:
+        """``claim`` of a pod holding none yet, its requests added to the pool's sum by the
+        caller later (``add_claimed``): a listing's claims, summed per shared request."""
+        if pod in self._claims:
+            self.claim(pod, held)
+            return
+        self._claims[pod] = held
+        if self._per_node:
+            self._take_on_node(held, 1)
+
+    def add_claimed(self, pool: str, requests: Quantities, count: int) -> None:
+        """``count`` claims of ``requests`` in ``pool`` (``claim_summed_later``'s)."""
+        self._claimed[pool].add(requests, count)
+
     def release(self, pod: str) -> C | None:
         """``pod`` holds no claim (any more): its claim, None if it held none (a second
         release changes nothing)."""
@@ -183,6 +197,14 @@ class PoolRoom(Generic[C]):
     def claims_by_pod(self) -> Iterable[tuple[str, C]]:
         """Every claim held with its pod's name (a live view)."""
         return self._claims.items()
+
+    def by_pod(self) -> Mapping[str, C]:
+        """Each claim by its pod's name (a live view, never to change)."""
+        return self._claims
+
+    def pods(self) -> KeysView[str]:
+        """The names of the pods holding a claim (a live view)."""
+        return self._claims.keys()
 
     def node_offer(self, node: str, pool: str) -> Quantities | None:
         """What ``node`` offers to ``pool`` (None: nothing: unknown, or withdrawn)."""

@@ -29,6 +29,18 @@ class GroupedNames:
         else:
             group.add(name)
 
+    def add_all(self, key: str, names: list[str]) -> None:
+        """``add`` of each of ``names`` (distinct), in one step (a listing's groups)."""
+        if not names:
+            return
+        group = self._groups.get(key)
+        if group is None and len(names) == 1:
+            self._groups[key] = names[0]
+            return
+        merged = {group} if isinstance(group, str) else (group or set())
+        merged.update(names)
+        self._groups[key] = merged if len(merged) > 1 else next(iter(merged))
+
     def discard(self, key: str, name: str) -> None:
         group = self._groups.get(key)
         if group is None:

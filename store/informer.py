@@ -72,6 +72,16 @@ class Handlers:
     on_update: UpdateHandler | None = None
     on_delete: DeleteHandler | None = None
     kinds: frozenset[str] | None = None
+    # Called with the kind once a listing has handed every object of it to the handlers as
+    # adds (nothing of the kind known before; ``Informer.delivering_listing`` is true while
+    # it does): a holder that builds some state from the whole listing at once rather than
+    # per object (the dispatcher's pod index groups the claims by job).
+    on_listed: Callable[[str], None] | None = None
+    # Whether a listing (as ``on_listed`` means it) hands these handlers the objects ``hold``
+    # refuses. False: their ``on_listed`` takes what it needs of those from their holder's
+    # records (the dispatcher's job retry, finished-job collector and tenant counts read the
+    # pod index's records, not a pod a listed bound pod: ~1 µs a pod of a restart).
+    refused_at_listing: bool = True
 
     def wants(self, kind: str) -> bool:
         return self.kinds is None or kind in self.kinds
@@ -108,6 +118,7 @@ class Informer:
         hold: Selector | None = None,
         held_elsewhere: Callable[[str], Collection[str]] | None = None,
         reads: Callable[[str, bytes], bool] | None = None,
+        recall: Callable[[str, str], StoredObject] | None = None,
     ) -> None:
         """``selector(kind, obj)`` narrows the cache to the objects it accepts, like a
         Kubernetes field selector: others are neither cached nor delivered, and an object that
@@ -121,7 +132,10 @@ class Informer:
         holder knows them (the shard's bound pods' names; nothing for another kind): the informer reads it to deliver their updates
         (with a message carrying only the name as the object before) and deletions (with the
         object's last state from the feed, or, when a relist finds one gone, its name alone),
-        and ``knows`` answers from it. The holder must add a name on the add or update
+        and ``knows`` answers from it. ``recall(kind, name)`` (given with ``held_elsewhere``)
+        is what handlers get instead of the name alone: the holder's outline of the object as
+        it was, with the fields its handlers read of an object before (the dispatcher keeps a
+        record of each bound pod, not its bytes). The holder must add a name on the add or update
         delivering an object ``hold`` refuses, and drop it on its deletion. Without
         ``held_elsewhere`` the informer knows nothing of refused objects: one that comes to be
         held is delivered as an add, and the deletion of one refused is not delivered (for a
@@ -140,6 +154,8 @@ class Informer:
         back up to 3 s after the store did; a try a second costs one connection attempt."""
         if held_elsewhere is not None and hold is None:
             raise ValueError("informer: held_elsewhere names what hold refuses; give hold too")
+        if recall is not None and held_elsewhere is None:
+            raise ValueError("informer: recall outlines what is held elsewhere; give it too")
         self._store = store
         self._selector = selector
         self._hold = hold
@@ -147,6 +163,7 @@ class Informer:
         self._reads = reads
         # Changes of the feed ``reads`` refused: never decoded.
         self.unread = 0
+        self._recall = recall or _name_alone
         self.kinds = list(kinds)
         self.cache: dict[str, MutableMapping[str, StoredObject]] = {
             k: self._empty(k) for k in self.kinds
@@ -165,6 +182,8 @@ class Informer:
         self._resync_seconds = resync_seconds
         self._retry_max = retry_max_seconds
         self._block_ms = block_ms
+        # True while a listing hands its objects to the handlers as adds (``Handlers.on_listed``).
+        self.delivering_listing = False
         # The revision of the read being applied (ahead of ``revision`` until it is applied).
         self._applying_to = 0
         # Waiters for wait_for_revision(), woken as batches apply.
@@ -183,10 +202,12 @@ class Informer:
         ``start()``, handlers get every listed object once, from the listing itself."""
         for kind in self.kinds:
             if handlers.wants(kind):
-                for callback in ("on_add", "on_update", "on_delete"):
+                for callback in ("on_add", "on_update", "on_delete", "on_listed"):
                     fn = getattr(handlers, callback)
                     if fn is not None:
                         self._routes.setdefault((callback, kind), []).append(fn)
+                if handlers.on_add is not None and handlers.refused_at_listing:
+                    self._routes.setdefault(("on_add_refused", kind), []).append(handlers.on_add)
         if handlers.on_add and replay:
             for kind, objs in self.cache.items():
                 if handlers.wants(kind):
@@ -413,8 +434,21 @@ class Informer:
 
     def _swap_in(self, listing: StoredListing) -> None:
         fresh: dict[str, MutableMapping[str, StoredObject]] = {}
+        # A first listing of a kind some of whose objects ``hold`` refuses: its bytes are put
+        # in the cache as they are handed over, those it keeps only (put all and dropped, a
+        # million pods of which a few are kept cost a dict of a million and its deletions).
+        as_listed: dict[str, Iterator[tuple[str, bytes]]] = {}
         for kind in self.kinds:
             new = fresh[kind] = self._empty(kind)
+            if (
+                isinstance(new, EncodedObjects)
+                and self._selector is None
+                and self._hold is not None
+                and not self.cache[kind]
+                and not (self._elsewhere is not None and self._elsewhere(kind))
+            ):
+                as_listed[kind] = listing.encoded(kind)
+                continue
             if isinstance(new, EncodedObjects) and self._selector is None:
                 # Kept as listed, the resource version appended: not decoded and encoded again
                 # (two thirds of a listing's own time); decoded once below, for the handlers.
@@ -427,8 +461,21 @@ class Informer:
             old, new = self.cache[kind], fresh[kind]
             self.cache[kind] = new
             elsewhere = self._elsewhere(kind) if self._elsewhere is not None else ()
+            listed = as_listed.pop(kind, None)
+            if listed is not None and (old or elsewhere) and isinstance(new, EncodedObjects):
+                new.put_many_encoded(listed)  # (not so: the general path below)
+                listed = None
             if not old and not elsewhere:
-                self._deliver_listed(kind, new, listing)
+                self.delivering_listing = True
+                try:
+                    self._deliver_listed(kind, new, listing, listed)
+                finally:
+                    self.delivering_listing = False
+                for fn in self._routes.get(("on_listed", kind), ()):
+                    try:
+                        fn(kind)
+                    except Exception:
+                        log.exception("informer handler failed", handler="on_listed", kind=kind)
                 continue
             # Known before and not listed now: deleted meanwhile (read before any handler runs:
             # the holder's names change as they do).
@@ -448,7 +495,7 @@ class Informer:
                     dropped.append(name)
                 before = old.get(name)
                 if before is None and name in elsewhere:
-                    before = _name_alone(kind, name)  # its earlier version is not known here
+                    before = self._recall(kind, name)  # its earlier version is not kept here
                     self._emit("on_update", kind, before, obj)
                 elif before is None:
                     self._emit("on_add", kind, obj)
@@ -458,7 +505,7 @@ class Informer:
             for name in gone:
                 self._emit("on_delete", kind, old[name])
             for name in gone_elsewhere:
-                self._emit("on_delete", kind, _name_alone(kind, name))
+                self._emit("on_delete", kind, self._recall(kind, name))
         for kind, name, error in listing.errors:
             log.error(
                 "undecodable object in the store; skipped", kind=kind, name=name, error=str(error)
@@ -466,30 +513,48 @@ class Informer:
         self.revision = listing.revision
 
     def _deliver_listed(
-        self, kind: str, new: MutableMapping[str, StoredObject], listing: StoredListing
+        self,
+        kind: str,
+        new: MutableMapping[str, StoredObject],
+        listing: StoredListing,
+        as_listed: Iterator[tuple[str, bytes]] | None = None,
     ) -> None:
         """The first listing of ``kind`` (nothing cached before: every object an add), handed
         to its add handlers. What ``_swap_in``'s general loop does, without what the first
         listing needs none of — a look-up in the empty old cache and the handler routes looked
         up again per object — as every object a (re)starting service lists comes through here
-        (at 1,000,000 pods, each ~0.1 µs here is 0.1 s of its restart)."""
+        (at 1,000,000 pods, each ~0.1 µs here is 0.1 s of its restart). ``as_listed``: the
+        kind's bytes as listed, not yet in ``new``: each kept there as it is handed over, if
+        ``hold`` keeps it."""
         handlers = self._routes.get(("on_add", kind), ())
+        # What an object ``hold`` refuses is handed to (``Handlers.refused_at_listing``).
+        if self._elsewhere is not None:
+            refused = self._routes.get(("on_add_refused", kind), ())
+        else:
+            refused = handlers  # the informer knows nothing of them otherwise: everyone's
         dropped: list[str] = []  # undecodable, or refused by hold (once all are delivered)
         hold = self._hold
         if isinstance(new, EncodedObjects):
             decode = new.message_class.FromString
-            for name, data in new.encoded_items():
+            put = new.put_encoded if as_listed is not None else None
+            for name, data in new.encoded_items() if as_listed is None else as_listed:
                 try:
                     obj = decode(data)
                 except DecodeError as exc:
                     listing.errors.append(
                         (kind, name, InvalidObjectError(f"bytes are not a valid {kind}: {exc}"))
                     )
-                    dropped.append(name)
+                    if put is None:
+                        dropped.append(name)
                     continue
+                to = handlers
                 if hold is not None and not hold(kind, obj):
-                    dropped.append(name)
-                for fn in handlers:
+                    to = refused
+                    if put is None:
+                        dropped.append(name)
+                elif put is not None:
+                    put(name, data)
+                for fn in to:
                     try:
                         fn(kind, obj)
                     except Exception:
@@ -497,9 +562,11 @@ class Informer:
             self._drop(kind, new, dropped)
             return
         for obj in new.values():
+            to = handlers
             if hold is not None and not hold(kind, obj):
+                to = refused
                 dropped.append(obj.metadata.name)
-            for fn in handlers:
+            for fn in to:
                 try:
                     fn(kind, obj)
                 except Exception:
@@ -565,7 +632,7 @@ class Informer:
             return
         before = objs.get(name)
         if before is None and self._held_elsewhere(kind, name):
-            before = _name_alone(kind, name)
+            before = self._recall(kind, name)
         if held:
             objs[name] = obj
         else:

@@ -625,7 +625,7 @@ async def test_a_pod_seen_before_its_job_still_brings_the_job_to_its_status(
         await pods_first.wait_synced(10)
         assert order == ["Pod", "Pod", "Job"]
         assert feed == {"pair"}
-        assert len(pods.pods_of("pair")) == 2
+        assert len(pods.outlines_of("pair")) == 2
     finally:
         await pods_first.stop()
 

@@ -46,3 +46,21 @@ def test_a_lone_name_is_held_without_a_set() -> None:
     groups.add("j", "b")
     groups.discard("j", "b")
     assert groups.get("j") == ("a",)
+
+
+def test_add_all_groups_as_adding_one_at_a_time() -> None:
+    """``add_all`` (a listing's groups at once) leaves what ``add`` of each name would: a lone
+    name without a set, names joining a group already there."""
+    groups = GroupedNames()
+    groups.add_all("one", ["a"])
+    groups.add_all("many", ["a", "b", "c"])
+    groups.add("joined", "x")
+    groups.add_all("joined", ["y"])
+    groups.add_all("none", [])
+    assert groups.get("one") == ("a",)
+    assert set(groups.get("many")) == {"a", "b", "c"} and groups.count("many") == 3
+    assert set(groups.get("joined")) == {"x", "y"}
+    assert "none" not in groups
+    groups.discard("many", "b")
+    groups.discard("many", "c")
+    assert groups.get("many") == ("a",)

@@ -573,6 +573,78 @@ async def test_an_informer_keeps_none_of_what_hold_refuses_yet_delivers_all_of_i
         await small.close()
 
 
+async def test_a_holders_outline_is_the_state_before_and_a_listing_spares_who_asks(
+    store: Store,
+) -> None:
+    """``recall``: an update of an object held elsewhere comes with the holder's outline of it
+    as the state before (not a name alone). A first listing hands a handler that asks
+    (``refused_at_listing=False``) only what ``hold`` keeps, and ``on_listed`` tells every
+    handler when the kind is handed over (``delivering_listing`` true until then); the cache
+    keeps what ``hold`` keeps."""
+    bound: dict[str, str] = {}  # the holder's records: name -> node
+    everything: list[str] = []
+    spared: list[str] = []
+    listed: list[tuple[str, bool, list[str]]] = []
+    befores: list[tuple[str, str]] = []
+    informer = Informer(
+        store,
+        ["Pod"],
+        block_ms=100,
+        hold=lambda _k, p: not p.spec.node_name,
+        held_elsewhere=lambda _k: bound,
+        recall=lambda _k, name: pb.Pod(
+            metadata=pb.ObjectMeta(name=name), spec=pb.PodSpec(node_name=bound[name])
+        ),
+    )
+
+    def put(_kind: str, p: pb.Pod) -> None:
+        everything.append(p.metadata.name)
+        if p.spec.node_name:
+            bound[p.metadata.name] = p.spec.node_name
+
+    def update(_kind: str, before: pb.Pod, p: pb.Pod) -> None:
+        befores.append((before.metadata.name, before.spec.node_name))
+        put(_kind, p)
+
+    informer.add_handlers(
+        Handlers.of(pb.Pod, on_add=put, on_update=update),
+    )
+    informer.add_handlers(
+        Handlers(
+            on_add=lambda _k, p: spared.append(p.metadata.name),
+            on_listed=lambda kind: listed.append(
+                (kind, informer.delivering_listing, sorted(informer.names("Pod")))
+            ),
+            refused_at_listing=False,
+        )
+    )
+    await store.create(
+        pb.Pod(metadata=pb.ObjectMeta(name="on-n1"), spec=pb.PodSpec(node_name="n1"))
+    )
+    await store.create(pb.Pod(metadata=pb.ObjectMeta(name="pending")))
+    try:
+        informer.start()
+        await informer.wait_synced(10)
+        assert sorted(everything) == ["on-n1", "pending"]
+        assert spared == ["pending"]  # the listed pod on a node: not handed to who asked
+        assert listed == [("Pod", False, ["pending"])]
+        assert informer.get("Pod", "on-n1") is None and informer.knows("Pod", "on-n1")
+        moved = await store.get(pb.Pod, "on-n1")
+        moved.spec.node_name = "n2"
+        await store.update(moved)
+        await informer.wait_for_revision(await store.revision(), timeout=10)
+        assert befores == [("on-n1", "n1")]  # the holder's outline, as it was
+        await store.create(
+            pb.Pod(metadata=pb.ObjectMeta(name="later"), spec=pb.PodSpec(node_name="n3"))
+        )
+        await informer.wait_for_revision(await store.revision(), timeout=10)
+        assert spared == ["pending", "later"]  # after the listing: every add, as before
+    finally:
+        await informer.stop()
+    with pytest.raises(ValueError, match="recall outlines what is held elsewhere; give it too"):
+        Informer(store, ["Pod"], hold=lambda _k, _p: True, recall=lambda _k, n: pb.Pod())
+
+
 def test_the_holders_names_without_hold_are_refused(store: Store) -> None:
     with pytest.raises(ValueError, match="held_elsewhere names what hold refuses; give hold"):
         Informer(store, ["Pod"], held_elsewhere=lambda _k: ())

@@ -25,7 +25,7 @@ from services.dispatcher.controllers.deletion import JobDeleter
 from services.dispatcher.controllers.jobretry import JobRetryController
 from services.dispatcher.controllers.jobstatus import JobStatusController
 from services.dispatcher.controllers.nodelifecycle import NodeLifecycleController
-from services.dispatcher.controllers.podindex import PodIndex
+from services.dispatcher.controllers.podindex import PodIndex, keeps_bytes
 from services.dispatcher.controllers.queuestatus import QueueStatusController
 from services.dispatcher.controllers.reconciler import Reconciler
 from services.dispatcher.controllers.reservations import ReservationController
@@ -210,7 +210,15 @@ class DispatcherService(Service[DispatcherConfig]):
         cfg = self.config
         # Built here with everything that registers handlers on it (the servicer, the
         # controllers), and started in on_start: the listing feeds them all at once.
-        self.informer = Informer(self.store, INFORMER_KINDS)
+        # It keeps no bytes of a pod on a node: the pod index and the quota ledger keep a
+        # record of each (controllers/podindex.py), read back for the handlers (``recall``).
+        self.informer = Informer(
+            self.store,
+            INFORMER_KINDS,
+            hold=keeps_bytes,
+            held_elsewhere=lambda kind: self.pods.placed_names(kind),
+            recall=lambda kind, name: self.pods.recall(kind, name),
+        )
         self.core = UnitDispatcher(
             self.store,
             self.informer,
@@ -229,7 +237,7 @@ class DispatcherService(Service[DispatcherConfig]):
         # One creator of big jobs' pods, shared by Submit and the reconciler that resumes them.
         self.creator = PodCreator(self.store, cfg.creation_chunk_pods + 1)
         # One index of pods by node and job, for every controller and the API's job statuses.
-        self.pods = PodIndex(self.informer)
+        self.pods = PodIndex(self.informer, claims=self.core.queue, store=self.store)
         # One deleter of jobs with their pods (big ones in chunks), shared by Delete, the
         # finished-job collector and the reconciler that resumes a deletion left midway.
         self.deleter = JobDeleter(self.store, self._pods_of_job, cfg.creation_chunk_pods + 1)

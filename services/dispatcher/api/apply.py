@@ -241,7 +241,9 @@ class ApplyRpc:
                         for r in earlier
                         if r.spec.node == obj.spec.node
                     ]
-                    found = reservations.validate_room(obj, prefix, node, self._pods_on(node), held)
+                    found = reservations.validate_room(
+                        obj, prefix, node, await self._pods_on(node), held
+                    )
                 if not found:
                     earlier.append(obj)
                 if found:
@@ -254,8 +256,12 @@ class ApplyRpc:
     def _is_new(self, rsv: pb.Reservation) -> bool:
         return self.informer.get("Reservation", rsv.metadata.name) is None
 
-    def _pods_on(self, node: pb.Node) -> list[pb.Pod]:
-        return self.pods.pods_on(node.metadata.name) if self.pods is not None else []
+    async def _pods_on(self, node: pb.Node) -> list[pb.Pod]:
+        """The node's pods holding a claim, whole (read from the store: the view keeps their
+        records only)."""
+        if self.pods is None:
+            return []
+        return await self.pods.fetch(self.pods.names_on({node.metadata.name}))
 
     def _reservations_on(self, node: pb.Node) -> list[pb.Reservation]:
         name = node.metadata.name

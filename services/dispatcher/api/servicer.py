@@ -55,6 +55,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             self.creator,
             limits=limits,
             max_pending_pods=max_pending_pods,
+            pods=pods,
         )
         self.applying = ApplyRpc(store, core.informer, self.submitting, pods)
         self.reading = ReadRpc(store, core, pods, self.snapshots)

@@ -28,6 +28,7 @@ from services.dispatcher.api.admission import (
 )
 from services.dispatcher.api.rpc import abort, refuse_if, store_violation
 from services.dispatcher.controllers.creation import PodCreator, first_commit
+from services.dispatcher.controllers.podindex import PodIndex
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.dispatching.dispatch import UnitDispatcher
 from services.dispatcher.objects import pods_complete
@@ -50,14 +51,16 @@ class SubmitRpc:
         *,
         limits: AdmissionLimits,
         max_pending_pods: int,
+        pods: PodIndex | None = None,
     ) -> None:
         self.store = store
         self.core = core
         self.creator = creator
         self.limits = limits
         self.max_pending_pods = max_pending_pods
-        # Each tenant's live pods, from the informer's pod events (its listing included).
-        self.tenant_pods = TenantPods(core.informer)
+        # Each tenant's live pods, from the informer's pod events (a listing's pods on nodes
+        # from the pod index's records, once listed).
+        self.tenant_pods = TenantPods(core.informer, pods.on_nodes if pods is not None else None)
         self.turns = TenantTurns(store, core.informer)
 
     async def Submit(self, request: api_pb2.SubmitRequest, context: Any) -> api_pb2.SubmitResponse:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import cached_property
 
 import structlog
 from google.protobuf.message import Message
@@ -72,7 +71,7 @@ class BudgetStatusController:
             affected = job in changed_jobs if job else bool(changed_jobs)
             if not affected and obj.metadata.name not in changed_budgets:
                 continue
-            status = view.status_of(obj)
+            status = await view.status_of(obj)
             if status == obj.status:
                 continue
             new = pb.DisruptionBudget()
@@ -98,26 +97,26 @@ class BudgetStatusController:
 
 
 class _BudgetView:
-    """One tick's view of pods and jobs to compute budget statuses from. Every selector budget
-    looks at every pod, so all pods and their jobs are gathered once per tick, and only if a
-    selector budget needs them."""
+    """One tick's view of pods and jobs to compute budget statuses from. The pods are read
+    whole from the store (labels and conditions: the dispatcher's view keeps a record of a pod
+    on a node, not the pod), a job's in one read; every selector budget looks at every pod, so
+    all pods are read once per tick, and only if a selector budget needs them."""
 
     def __init__(self, pods: PodIndex, informer: Informer) -> None:
         self._pods = pods
         self._informer = informer
+        self._everyone: tuple[list[pb.Pod], dict[str, pb.Job]] | None = None
 
-    def status_of(self, budget: pb.DisruptionBudget) -> pb.DisruptionBudgetStatus:
+    async def status_of(self, budget: pb.DisruptionBudget) -> pb.DisruptionBudgetStatus:
         if budget.spec.job:
-            candidates = self._pods.pods_of(budget.spec.job)
+            candidates = await self._pods.fetch_of(budget.spec.job)
             jobs = self._jobs((budget.spec.job,))
         else:
+            if self._everyone is None:
+                names = [p for job in self._pods.by_job for p in self._pods.by_job.get(job)]
+                self._everyone = await self._pods.fetch(names), self._jobs(self._pods.by_job.keys())
             candidates, jobs = self._everyone
         return current_status(budget, candidates, jobs)
-
-    @cached_property
-    def _everyone(self) -> tuple[list[pb.Pod], dict[str, pb.Job]]:
-        pods = [p for job in self._pods.by_job for p in self._pods.pods_of(job)]
-        return pods, self._jobs(self._pods.by_job.keys())
 
     def _jobs(self, names: Iterable[str]) -> dict[str, pb.Job]:
         out: dict[str, pb.Job] = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from foundation.retry import Backoff
 from protos.godel.v1 import objects_pb2 as pb
@@ -82,34 +83,67 @@ def schedule_deadline_ms(job: pb.Job) -> int | None:
     return start + schedule_timeout_seconds(job) * 1000
 
 
+class HoldingPod(Protocol):
+    """A pod holding a claim as its record has it (``dispatching.entries.Claim``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def job(self) -> str: ...
+    @property
+    def pod_index(self) -> int: ...
+    @property
+    def phase(self) -> pb.PodPhase.ValueType: ...
+
+
 class StatusTally:
     """:func:`job_status` over a job's pods handed in slices (:meth:`add`), so a caller on the
     event loop can yield between them: a 100,000-pod job's pods decoded and counted at once
     held the dispatcher's loop for a second, health checks and streams waiting. Keeps per index
     only what the counts need of its newest pod, not the pod."""
 
-    __slots__ = ("_failures", "_job", "_newest")
+    __slots__ = ("_failures", "_job", "_newest", "_replaces_lost")
 
     def __init__(self, job: pb.Job) -> None:
         self._job = job
+        self._replaces_lost = job.spec.replace_lost_pods  # read once, not per pod
         # index -> (name, phase, replaced) of its newest pod so far
         self._newest: dict[int, tuple[str, int, bool]] = {}
         self._failures = 0
 
     def add(self, pods: Iterable[pb.Pod]) -> None:
-        job, newest = self._job, self._newest
+        count = self.count
         for pod in pods:
-            phase = pod.status.phase
-            lost = replaced(job, pod)
-            if phase == pb.POD_FAILED and not lost:
-                self._failures += 1
-            index = pod.spec.index
+            spec, status = pod.spec, pod.status
+            count(pod.metadata.name, spec.job, spec.index, status.phase, status.reason)
+
+    def count(
+        self, name: str, job_name: str, index: int, phase: pb.PodPhase.ValueType, reason: str
+    ) -> None:
+        """One pod, by what the counts read of it (a caller holding a record of the pod, not
+        the pod, passes its fields: ``PodIndex.status_of``)."""
+        lost = self._replaces_lost and reason in EVICTION_REASONS  # ``replaced``
+        if phase == pb.POD_FAILED and not lost:
+            self._failures += 1
+        newest = self._newest
+        cur = newest.get(index)
+        # Names are compared only when an index has two pods (a replacement): rarely.
+        if cur is None or replacement_number_of(job_name, index, name) > replacement_number_of(
+            job_name, index, cur[0]
+        ):
+            newest[index] = (name, phase, lost)
+
+    def count_holding(self, pods: Iterable[HoldingPod]) -> None:
+        """``count`` of pods holding a claim (bound or running: never failed, never lost), by
+        their records: what most of a big job's pods are, counted without a call each."""
+        newest = self._newest
+        for pod in pods:
+            index, name = pod.pod_index, pod.name
             cur = newest.get(index)
-            # Names are compared only when an index has two pods (a replacement): rarely.
-            if cur is None or replacement_number(pod) > replacement_number_of(
-                pod.spec.job, index, cur[0]
+            if cur is None or replacement_number_of(pod.job, index, name) > replacement_number_of(
+                pod.job, index, cur[0]
             ):
-                newest[index] = (pod.metadata.name, phase, lost)
+                newest[index] = (name, pod.phase, False)
 
     def counts(self, now_ms: int | None = None) -> JobCounts:
         """:func:`job_status` of the pods added so far."""

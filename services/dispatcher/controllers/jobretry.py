@@ -53,12 +53,20 @@ class JobRetryController:
                 on_add=self._on_pod,
                 on_update=lambda kind, _old, new: self._on_pod(kind, new),
                 kinds=frozenset({"Pod"}),
+                on_listed=self._on_listed,
+                refused_at_listing=False,  # a listed pod on a node: the pod index's record
             )
         )
 
     def _on_pod(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod) and obj.status.phase == pb.POD_FAILED and obj.spec.job:
             self.failing.add(obj.spec.job)
+
+    def _on_listed(self, kind: str) -> None:
+        """The listing's failed pods on a node, from the pod index's records."""
+        for job, phase, _ in self.pods.on_nodes():
+            if phase == pb.POD_FAILED and job:
+                self.failing.add(job)
 
     async def run(self) -> None:
         await tick_forever("job retry", self._informer, self.tick, self.interval)
@@ -77,7 +85,7 @@ class JobRetryController:
             ):
                 self.failing.discard(name)  # gone, no policy, or nothing left to retry for
                 continue
-            pods = self.pods.pods_of(obj.metadata.name)
+            pods = await self.pods.fetch_of(obj.metadata.name)  # whole: replacements copy them
             policy = FailurePolicy.of(obj, pods)
             if policy.exceeded:
                 if not any(c.type == FAILED_CONDITION for c in obj.status.conditions):

@@ -150,7 +150,9 @@ class JobStatusController:
             elif not finished:
                 s.finished_ms = 0
             if s.phase == pb.JOB_TIMEOUT and job.status.phase != pb.JOB_TIMEOUT:
-                timed_out(new, timeout_message(job, self.pods.pods_of(job.metadata.name)), now_ms)
+                timed_out(
+                    new, timeout_message(job, self.pods.outlines_of(job.metadata.name)), now_ms
+                )
                 timeouts.add(job.metadata.name)
             elif s.phase != pb.JOB_TIMEOUT:
                 drop_timeout_condition(new)  # scheduled after all (it was under way)

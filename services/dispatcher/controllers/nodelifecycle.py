@@ -93,12 +93,14 @@ class NodeLifecycleController:
         commits: list[list[Op]] = []
         described: list[tuple[str, str, int]] = []  # (node, what, pods failed)
         gone: list[str] = []
+        vanished = [n for n in self.pods.nodes_with_claims() if not self._informer.has("Node", n)]
+        on = await self._pods_on([*beats.stale, *vanished])
         for name, last in beats.stale.items():
             node = self._informer.get("Node", name)
             if not isinstance(node, pb.Node):
                 gone.append(name)  # a deleted node's stamp, lapsed
                 continue
-            ops = self._lost(node, now, last)
+            ops = self._lost(node, now, last, on.get(name, ()))
             if ops:
                 commits.append(ops)
                 described.append((name, "lost", len(ops) - 1))
@@ -108,12 +110,11 @@ class NodeLifecycleController:
                 commits.append([Update(_set_ready(node, True, now, "NodeHeartbeatResumed", ""))])
                 described.append((name, "ready again", 0))
         await self._store.forget_heartbeats(gone)
-        for name in list(self.pods.by_node):
-            if not self._informer.has("Node", name):
-                ops = self._fail_pods(name, now, f"node {name!r} no longer exists")
-                if ops:
-                    commits.append(ops)
-                    described.append((name, "gone", len(ops)))
+        for name in vanished:
+            ops = self._fail_pods(on.get(name, ()), now, f"node {name!r} no longer exists")
+            if ops:
+                commits.append(ops)
+                described.append((name, "gone", len(ops)))
         await self._commit(commits, described)
 
     async def _full_tick(self) -> None:
@@ -123,6 +124,7 @@ class NodeLifecycleController:
         commits: list[list[Op]] = []
         described: list[tuple[str, str, int]] = []  # (node, what, pods failed)
         nodes = {n.metadata.name: n for n in self._nodes()}
+        lost: dict[str, int] = {}  # node -> its last heartbeat, for those lost
         for name, node in nodes.items():
             # The heartbeat hash (server clock) when the agent has stamped it; the registration
             # time written on the Node (the agent's clock) only before that.
@@ -132,10 +134,7 @@ class NodeLifecycleController:
             # A new node gets the grace from its creation before its first heartbeat.
             last = last or node.metadata.creation_timestamp_ms
             if now - last > self.grace_ms:
-                ops = self._lost(node, now, last)
-                if ops:
-                    commits.append(ops)
-                    described.append((name, "lost", len(ops) - 1))
+                lost[name] = last
             elif not node.status.ready and _ready_reason(node) == HEARTBEAT_LAPSED:
                 commits.append([Update(_set_ready(node, True, now, "NodeHeartbeatResumed", ""))])
                 described.append((name, "ready again", 0))
@@ -143,13 +142,32 @@ class NodeLifecycleController:
         # stamped before this view sees its object).
         gone = [n for n, ms in beats.last_ms.items() if n not in nodes and now - ms > self.grace_ms]
         await self._store.forget_heartbeats(gone)
-        for name in list(self.pods.by_node):
-            if name not in nodes:
-                ops = self._fail_pods(name, now, f"node {name!r} no longer exists")
-                if ops:
-                    commits.append(ops)
-                    described.append((name, "gone", len(ops)))
+        vanished = [n for n in self.pods.nodes_with_claims() if n not in nodes]
+        on = await self._pods_on([*lost, *vanished])
+        for name, last in lost.items():
+            ops = self._lost(nodes[name], now, last, on.get(name, ()))
+            if ops:
+                commits.append(ops)
+                described.append((name, "lost", len(ops) - 1))
+        for name in vanished:
+            ops = self._fail_pods(on.get(name, ()), now, f"node {name!r} no longer exists")
+            if ops:
+                commits.append(ops)
+                described.append((name, "gone", len(ops)))
         await self._commit(commits, described)
+
+    async def _pods_on(self, nodes: Iterable[str]) -> dict[str, list[pb.Pod]]:
+        """The pods holding a claim on ``nodes``, whole, by node: read from the store in one
+        round trip (the view keeps a record of each, not its bytes), for the nodes some pod
+        holds a claim on only (a node lost long ago, still stale, costs nothing)."""
+        holding = self.pods.nodes_with_claims()
+        wanted = {n for n in nodes if n in holding}
+        if not wanted:
+            return {}
+        out: dict[str, list[pb.Pod]] = {}
+        for pod in await self.pods.fetch(self.pods.names_on(wanted)):
+            out.setdefault(pod.spec.node_name, []).append(pod)
+        return out
 
     async def _commit(self, commits: list[list[Op]], described: list[tuple[str, str, int]]) -> None:
         if not commits:
@@ -170,26 +188,28 @@ class NodeLifecycleController:
             assert isinstance(obj, pb.Node)
             yield obj
 
-    def _lost(self, node: pb.Node, now: int, last: int) -> list[Op]:
+    def _lost(self, node: pb.Node, now: int, last: int, pods: Iterable[pb.Pod]) -> list[Op]:
         name = node.metadata.name
         ops: list[Op] = []
         if node.status.ready:
             age_s = (now - last) / 1000
             message = f"no heartbeat for {age_s:.1f}s (grace {self.grace_ms / 1000:g}s)"
             ops.append(Update(_set_ready(node, False, now, HEARTBEAT_LAPSED, message)))
-        ops += self._fail_pods(name, now, f"node {name!r} stopped heartbeating")
+        ops += self._fail_pods(pods, now, f"node {name!r} stopped heartbeating")
         return ops
 
-    def _fail_pods(self, node: str, now: int, message: str) -> list[Op]:
+    def _fail_pods(self, pods: Iterable[pb.Pod], now: int, message: str) -> list[Op]:
+        """Fail ``pods`` (a node's, read whole from the store), each replaced when its job
+        replaces lost pods."""
         ops: list[Op] = []
         taken: set[str] = set()  # replacement names used in this commit
-        for pod in self.pods.pods_on(node):
+        for pod in sorted(pods, key=lambda p: p.metadata.name):
             if pod.status.phase not in CLAIM_PHASES:
                 continue
             ops.append(Release(evicted(pod, NODE_LOST, message, now)))
             job = self._informer.get("Job", pod.spec.job) if pod.spec.job else None
             if isinstance(job, pb.Job) and job.spec.replace_lost_pods:
-                siblings = self.pods.pods_of(pod.spec.job)
+                siblings = self.pods.outlines_of(pod.spec.job)  # names and indexes
                 new = replacement(pod, siblings, taken)
                 taken.add(new.metadata.name)
                 ops.append(Create(new))

@@ -60,6 +60,9 @@ class FinishedJobCollector:
                 on_add=self._seen,
                 on_update=lambda kind, _old, new: self._seen(kind, new),
                 kinds=frozenset({"Job", "Pod"}),
+                # A listed pod on a node is not handed over: every listed job is, with its
+                # status as read from its pods' records (``_seen``), finished ones too.
+                refused_at_listing=False,
             )
         )
 

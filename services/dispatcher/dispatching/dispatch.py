@@ -311,7 +311,14 @@ class UnitDispatcher:
         # test without a Binder).
         self.evictor = evictor
         self.reclaimer = (
-            Reclaimer(self.queue, informer, evictor, self._kick, settings.reclaim_interval_seconds)
+            Reclaimer(
+                self.queue,
+                informer,
+                evictor,
+                self._kick,
+                settings.reclaim_interval_seconds,
+                store=store,
+            )
             if evictor is not None
             else None
         )
@@ -320,9 +327,21 @@ class UnitDispatcher:
         self._closing = False
         # The informer's events into the queue, the node shapes and the bound counts.
         self.feed = ViewFeed(
-            self.queue, self._kick, self._shards_changed, self.revoke, self.take_back
+            self.queue,
+            self._kick,
+            self._shards_changed,
+            self.revoke,
+            self.take_back,
+            listing_under_way=lambda: informer.delivering_listing,
         )
-        informer.add_handlers(Handlers(self.feed.on_add, self.feed.on_update, self.feed.on_delete))
+        informer.add_handlers(
+            Handlers(
+                self.feed.on_add,
+                self.feed.on_update,
+                self.feed.on_delete,
+                on_listed=self.feed.on_listed,
+            )
+        )
         # Reservations without a node, dispatched as one-pod units (``reserving.py``); fed only
         # when the informer watches Reservations (the service's does).
         self.reservations = ReservationQueue(

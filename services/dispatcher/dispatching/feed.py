@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from placement.claims import CLAIM_PHASES
 from placement.room import usable_offer
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.entries import Claim, JobShare
 from services.dispatcher.dispatching.shapes import NodeShapes, shapes_of
 from services.dispatcher.dispatching.unitqueue import UnitQueue
 from services.dispatcher.objects import metadata_of, pods_complete
@@ -35,6 +36,7 @@ class ViewFeed:
         shards_changed: asyncio.Event,
         revoke: Callable[[str], None],
         take_back: Callable[[str], None] | None = None,
+        listing_under_way: Callable[[], bool] | None = None,
     ) -> None:
         self.queue = queue
         self._kick = kick  # set: a dispatch round may send something now
@@ -43,9 +45,15 @@ class ViewFeed:
         # Takes a unit back from the shard holding it, into the queue (a gang timed out).
         self.take_back = take_back
         self.shapes = NodeShapes()
-        # Per pod: the job it counts as bound for (``Unit.already_bound``), so updates are exact.
-        self._bound_job_of: dict[str, str] = {}
+        # Per job: its pods bound, running or succeeded (``Unit.already_bound``). A total, not
+        # a record per pod: an update's or deletion's pod as it was (the informer's, or its
+        # outline from the records: ``Informer(recall=...)``) says what it counted for.
         self._bound_pods: Counter[str] = Counter()
+        # Whether the informer is handing over a listing (``Informer.delivering_listing``);
+        # meanwhile what a job's pods share is read once per job (``Claim.of``), and forgotten
+        # once it is listed (``on_listed``): a listing's pods come in no order.
+        self._listing_under_way = listing_under_way
+        self._per_job: dict[str, JobShare] = {}
 
     def bound_pods(self, job: str) -> int:
         """How many of the job's pods are bound, running or succeeded."""
@@ -58,6 +66,10 @@ class ViewFeed:
             self._track_pod(obj)
             return
         self._on_change(kind, None, obj)
+
+    def on_listed(self, kind: str) -> None:
+        self._per_job.clear()
+        self.queue.sum_listed()
 
     def on_update(self, kind: str, old: Message, new: Message) -> None:
         self._on_change(kind, old, new)
@@ -129,20 +141,33 @@ class ViewFeed:
     def _forget_pod(self, pod: pb.Pod) -> bool:
         """Undo ``_track_pod``; True if the pod held a claim."""
         released = self.queue.remove_pod(pod)
-        job = self._bound_job_of.pop(pod.metadata.name, None)
-        if job is not None:
-            self._bound_pods[job] -= 1
-            if self._bound_pods[job] <= 0:
-                del self._bound_pods[job]
+        spec = pod.spec
+        if spec.node_name and pod.status.phase in _BOUND_PHASES:
+            job = spec.job
+            left = self._bound_pods.get(job, 0) - 1
+            if left > 0:
+                self._bound_pods[job] = left
+            else:
+                self._bound_pods.pop(job, None)
         return released
 
     def _track_pod(self, pod: pb.Pod) -> None:
         spec = pod.spec
-        if spec.node_name and pod.status.phase in _BOUND_PHASES:
-            job = sys.intern(spec.job)  # one string per job, not per bound pod
-            self._bound_job_of[sys.intern(pod.metadata.name)] = job  # shared: ``Claim.of``
-            self._bound_pods[job] += 1
-        if self.queue.add_pod(pod, int(time.time() * 1000)):
+        if spec.node_name:
+            # A pod on a node joins no unit: its claim if it holds one (``holds_claim``, its
+            # fields read once here: every pod listed at a (re)start comes through here).
+            phase = pod.status.phase
+            if phase in CLAIM_PHASES:
+                if self._listing_under_way is not None and self._listing_under_way():
+                    claim = Claim.of(pod, self._per_job)
+                    self.queue.claim_listed(claim)  # summed once listed (``on_listed``)
+                else:
+                    claim = Claim.of(pod)
+                    self.queue.claim(claim)
+                self._bound_pods[claim.job] += 1  # its job's string, interned
+            elif phase in _BOUND_PHASES:
+                self._bound_pods[sys.intern(spec.job)] += 1  # one string per job
+        elif self.queue.add_pod(pod, int(time.time() * 1000)):
             self._kick.set()
 
     def _node_changed(self, old: Message | None, new: Message | None) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -31,6 +31,7 @@ from services.dispatcher.dispatching.queueing import borrowed, within_borrowed
 from services.dispatcher.dispatching.unitqueue import UnitQueue
 from services.eviction import RECLAIMED
 from services.peers.binder import BinderEvictor, EvictError
+from store.client import Store
 from store.informer import Informer
 
 log = structlog.get_logger(__name__)
@@ -66,26 +67,17 @@ def choose_victims(
     *,
     exclude: frozenset[str] = frozenset(),
     limit: int = 1000,
+    ordered: Sequence[Claim] | None = None,
 ) -> list[Victim]:
     """Borrowed pods to evict so each queue of ``needs`` gets what it lacks (guaranteed pool).
 
     A pod is taken only if it fits within what its queue holds beyond its min (so what remains
     of that queue stays at or above its min), it reduces something still needed, and evicting it
     keeps every disruption budget. Queues that need capacity lose nothing. Fewer pods than needed
-    when not enough is borrowed; at most ``limit`` pods.
+    when not enough is borrowed; at most ``limit`` pods. ``ordered``: the candidates as
+    :func:`victim_candidates` orders them, if already known (``claims`` is then not read).
     """
-    # Ordered by the claims alone: only the pods actually weighed are read (decoded).
-    candidates = sorted(
-        (
-            c
-            for c in claims
-            if c.pool == GUARANTEED
-            and c.queue not in needs
-            and c.name not in exclude
-            and not c.deleting
-        ),
-        key=_victim_order,
-    )
+    candidates = victim_candidates(needs, claims, exclude) if ordered is None else ordered
     floors = {q: mins(q) for q in {c.queue for c in candidates}}
     lent = {q: borrowed(bound_usage(q), floor) for q, floor in floors.items()}
     taken: set[str] = set()
@@ -112,6 +104,36 @@ def choose_victims(
     return out
 
 
+def victim_candidates(
+    needs: Mapping[str, Quantities], claims: Iterable[Claim], exclude: frozenset[str]
+) -> list[Claim]:
+    """The claims that may be taken for ``needs``, in the order they are weighed: by the
+    claims alone, so only the pods actually weighed are read."""
+    return sorted(
+        (
+            c
+            for c in claims
+            if c.pool == GUARANTEED
+            and c.queue not in needs
+            and c.name not in exclude
+            and not c.deleting
+        ),
+        key=_victim_order,
+    )
+
+
+class _NotRead(Exception):
+    """A candidate weighed whose pod was not read yet (``Reclaimer``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+# Candidates' pods read from the store at a time by the reclaimer, doubling per read.
+_FIRST_READ = 64
+
+
 class Reclaimer:
     """Every ``interval_seconds``: the queues below their min that need room
     (``UnitQueue.reclaim_needs``), their victims (``choose_victims``, budgets from the informer's
@@ -125,8 +147,11 @@ class Reclaimer:
         evictor: BinderEvictor,
         kick: asyncio.Event,
         interval_seconds: float = 1.0,
+        *,
+        store: Store | None = None,
     ) -> None:
         self.queue = queue
+        self.store = store  # where the pods weighed are read (None: the informer keeps them)
         self.informer = informer
         self.evictor = evictor
         self.kick = kick
@@ -152,17 +177,42 @@ class Reclaimer:
         needs = self.queue.reclaim_needs()
         if not needs:
             return 0
-        claims = self.queue.claims()
-        budgets = self.informer.list("DisruptionBudget")
-        victims = choose_victims(
-            needs,
-            claims,
-            self._read_pod,
-            self.queue.bound_usage,
-            self.queue.min,
-            BudgetTracker(b for b in budgets if isinstance(b, pb.DisruptionBudget)),
-            exclude=frozenset(still_held),
-        )
+        exclude = frozenset(still_held)
+        candidates = victim_candidates(needs, self.queue.claims(), exclude)
+        budgets = [
+            b for b in self.informer.list("DisruptionBudget") if isinstance(b, pb.DisruptionBudget)
+        ]
+        # The pods weighed are read whole from the store (the view keeps a claim of a bound
+        # pod, not the pod), in reads of doubling size from the first candidate not read yet:
+        # a weighing that reaches one starts again with it read (it is deterministic).
+        read: dict[str, pb.Pod | None] = {}
+        position = {c.name: i for i, c in enumerate(candidates)}
+        chunk = _FIRST_READ
+
+        def read_pod(name: str) -> pb.Pod | None:
+            if name not in read:
+                raise _NotRead(name)
+            return read[name]
+
+        while True:
+            try:
+                victims = choose_victims(
+                    needs,
+                    (),
+                    read_pod,
+                    self.queue.bound_usage,
+                    self.queue.min,
+                    BudgetTracker(budgets),
+                    exclude=exclude,
+                    ordered=candidates,
+                )
+                break
+            except _NotRead as missing:
+                at = position[missing.name]
+                names = [c.name for c in candidates[at : at + chunk]]
+                for name, pod in zip(names, await self._read_pods(names), strict=True):
+                    read[name] = pod
+                chunk *= 2
         if not victims:
             return 0
         self._victims = frozenset(v.pod.metadata.name for v in victims)
@@ -173,9 +223,12 @@ class Reclaimer:
             evicted += await self._evict(queue, mine)
         return evicted
 
-    def _read_pod(self, name: str) -> pb.Pod | None:
-        pod = self.informer.get("Pod", name)
-        return pod if isinstance(pod, pb.Pod) else None
+    async def _read_pods(self, names: list[str]) -> list[pb.Pod | None]:
+        """The pods whole: the store's (one read), or the informer's when it keeps them."""
+        cached = [self.informer.get("Pod", name) for name in names]
+        if self.store is None or all(isinstance(pod, pb.Pod) for pod in cached):
+            return [pod if isinstance(pod, pb.Pod) else None for pod in cached]
+        return await self.store.get_many(pb.Pod, names)
 
     async def _evict(self, queue: str, pods: list[pb.Pod]) -> int:
         request = ipb.EvictRequest(

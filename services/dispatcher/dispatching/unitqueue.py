@@ -340,6 +340,14 @@ class UnitQueue:
         self.queued = heaps.queued
         self.position = heaps.position
         self.holds_claim = ledger.holds_claim
+        self.claim_of = ledger.claim_of
+        self.claim = ledger.claim  # a pod holding a claim (``add_pod`` does it too)
+        self.claim_listed = ledger.claim_listed
+        self.sum_listed = ledger.sum_listed
+        self.claimed_pods = ledger.claimed_pods
+        self.claims_by_pod = ledger.claims_by_pod
+        self.claims_on = ledger.claims_on
+        self.nodes_with_claims = ledger.nodes_with_claims
         self.restate_claim = ledger.restate
         self.claims = ledger.claims
         self.bound_claimed = ledger.bound_claimed
