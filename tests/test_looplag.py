@@ -69,9 +69,12 @@ async def test_a_loop_with_work_is_probed_every_10_ms() -> None:
     lag = LoopLag()
     async with _probing(lag):
         await _busy(0.2)
-        before = _wakeups()
+        before, started = _wakeups(), time.monotonic()
         await _busy(0.5)
-        assert _wakeups() - before >= 3 * 0.5 / IDLE_PERIOD_SECONDS
+        woke, elapsed = _wakeups() - before, time.monotonic() - started
+        # More than the idle period could give over the same time, by a wide margin: measured
+        # against the time that really passed, as on a loaded machine every sleep runs long.
+        assert woke >= 2 * elapsed / IDLE_PERIOD_SECONDS + 2
         _hold_the_loop(0.15)
         await _busy(0.1)
     assert lag.max_seconds >= 0.14
