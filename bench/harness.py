@@ -272,28 +272,36 @@ def run_one(
     """One run on a fresh cluster; the cluster is gone when this returns or raises."""
     console = console or Console(stderr=True)
     shape = workload.cluster
-    # The harness always starts its own store: an external one would mix in other data.
-    os.environ.pop("GODEL_REDIS_URL", None)
-    tmp = Path(tempfile.mkdtemp(prefix="godel-bench-"))
-    spec = _cluster_spec(workload, fsync, tmp)
-    home = local.GodelHome(tmp)
-    ok = False
     log.info("starting cluster", workload=workload.name, nodes=shape.nodes, shards=shape.shards)
-    try:
-        state = local.up(home, spec)
+    with _fresh_cluster(workload, fsync, "godel-bench-", keep_logs) as (state, home):
         if shape.pin_shards:
             pin_shards(state)
         with _progress(console) as progress:
             result = _run_workload(workload, state, home, rate, progress, console)
-        ok = result["bound"] == workload.measured.count
-        if not ok:
+        if result["bound"] != workload.measured.count:
             raise BenchError(
                 f"{workload.name}: only {result['bound']}/{workload.measured.count} measured pods"
                 f" bound within {workload.timeout:g}s"
             )
         return result
+
+
+@contextlib.contextmanager
+def _fresh_cluster(
+    workload: Workload, fsync: Fsync, prefix: str, keep_logs: Path | None = None
+) -> Iterator[tuple[local.ClusterState, local.GodelHome]]:
+    """A cluster of the workload's shape on a store of its own (an external one would mix in
+    other data), gone when the block ends; its service logs copied to ``keep_logs`` if the
+    block (or the start) failed."""
+    os.environ.pop("GODEL_REDIS_URL", None)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    home = local.GodelHome(tmp)
+    failed = True
+    try:
+        yield local.up(home, _cluster_spec(workload, fsync, tmp)), home
+        failed = False
     finally:
-        _tear_down(workload, home, keep_logs if not ok else None)
+        _tear_down(workload, home, keep_logs if failed else None)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -1142,12 +1150,7 @@ def measure_idle(
     nothing submitted (node heartbeats, ticks, probes, resyncs: the per-second work a measured
     phase pays for on top of its pods). The cluster is gone when this returns or raises."""
     console = console or Console(stderr=True)
-    os.environ.pop("GODEL_REDIS_URL", None)
-    tmp = Path(tempfile.mkdtemp(prefix="godel-idle-"))
-    spec = _cluster_spec(workload, fsync, tmp)
-    home = local.GodelHome(tmp)
-    try:
-        state = local.up(home, spec)
+    with _fresh_cluster(workload, fsync, "godel-idle-") as (state, home):
         client = ProtoClient(state.address_of("dispatcher"), timeout=120, home=home.path)
         try:
             with _progress(console) as progress:
@@ -1187,6 +1190,3 @@ def measure_idle(
             "millicores_all": round(sum(per_kind.values()) * 1000 / seconds, 1),
             "machine": machine(),
         }
-    finally:
-        _tear_down(workload, home, None)
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -64,13 +64,11 @@ class LoopLag:
     def __init__(self) -> None:
         self.max_seconds = 0.0
         self.held_max_seconds = 0.0
-        self.wakeups = 0
 
     def record(self, late: float, cpu: float) -> None:
         """One wake-up ``late`` seconds after it was due, the loop's thread having used
         ``cpu`` seconds of CPU since the probe went to sleep."""
         late = max(0.0, late)
-        self.wakeups += 1
         LOOP_LAG.observe(late)
         if late > self.max_seconds:
             self.max_seconds = late
