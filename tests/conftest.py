@@ -37,6 +37,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return E2EOnOneWorker(config, log)
 
 
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    """structlog's configuration is process-wide: a command run in-process points it at stderr
+    (``godel.cli.output.configure_logging``), and without this every later test on that worker
+    would log there. Each test starts from structlog's defaults instead."""
+    import structlog
+
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+
+
 @pytest.fixture(scope="session")
 def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     external = store_url_from_env()
