@@ -215,7 +215,7 @@ def binder_plan_seconds_per_pod(nodes: int = 5000, pods: int = 20000, batch: int
                 pod=name, pod_resource_version=1, node=f"node-{(first + k) % nodes:05d}"
             )
         started = time.process_time()
-        plan = BatchPlan(decisions, found, jobs, state, rules)
+        plan = BatchPlan(decisions, found, jobs, state, rules, {})
         plan.run()
         plan.ops()
         spent += time.process_time() - started

@@ -111,10 +111,11 @@ class Selection:
 
 
 class SelectorMembers:
-    """The pods each label-selector budget selects, kept as pods and budgets change, so that
-    whoever recomputes statuses often (the Binder, per batch with victims) reads a budget's own
-    pods instead of testing every pod of the cluster. Job budgets are not kept here: their pods
-    are the job's, which callers index already.
+    """The pods each label-selector budget selects, with each one's job, kept as pods and
+    budgets change, so that whoever recomputes statuses often (the Binder, per batch with
+    victims) reads a budget's own pods instead of testing every pod of the cluster, and counts
+    its expected pods from their jobs without reading a pod. Job budgets are not kept here:
+    their pods are the job's, which callers index already.
 
     A pod is tested against each selector budget when first seen, when its labels change (they
     seldom do: they are its job template's), and when a budget is added or changed.
@@ -122,17 +123,22 @@ class SelectorMembers:
 
     def __init__(self) -> None:
         self._selections: dict[str, Selection] = {}
-        self._members: dict[str, set[str]] = {}
+        self._members: dict[str, dict[str, str]] = {}
 
-    def set_budget(self, budget: pb.DisruptionBudget, pods: Iterable[pb.Pod]) -> None:
-        """Add or change a budget; ``pods``: every pod now known (tested once)."""
+    def set_budget(
+        self, budget: pb.DisruptionBudget, pods: Iterable[tuple[str, str, Mapping[str, str]]]
+    ) -> None:
+        """Add or change a budget; ``pods``: every pod now known, as (name, job, the template's
+        labels), tested once (a holder of records rather than pods gives them from those)."""
         name = budget.metadata.name
         if budget.spec.job or not budget.spec.selector:
             self.remove_budget(name)
             return
         selection = Selection(budget)
         self._selections[name] = selection
-        self._members[name] = {p.metadata.name for p in pods if selection.matches(p)}
+        self._members[name] = {
+            pod: job for pod, job, labels in pods if selection.matches_parts(job, labels)
+        }
 
     def remove_budget(self, name: str) -> None:
         self._selections.pop(name, None)
@@ -145,17 +151,17 @@ class SelectorMembers:
         name, job, labels = pod.metadata.name, pod.spec.job, pod.spec.template.labels
         for budget, selection in self._selections.items():
             if selection.matches_parts(job, labels):
-                self._members[budget].add(name)
+                self._members[budget][name] = job
             else:
-                self._members[budget].discard(name)
+                self._members[budget].pop(name, None)
 
     def remove_pod(self, name: str) -> None:
         for members in self._members.values():
-            members.discard(name)
+            members.pop(name, None)
 
-    def members(self, budget: str) -> set[str]:
-        """The names of the pods the budget selects (empty for a budget not kept here)."""
-        return self._members.get(budget, set())
+    def members(self, budget: str) -> Mapping[str, str]:
+        """The pods the budget selects, name -> job (empty for a budget not kept here)."""
+        return self._members.get(budget, {})
 
 
 def healthy(pod: pb.Pod) -> bool:
@@ -187,13 +193,21 @@ def expected_pods(
 def _expected(
     budget: pb.DisruptionBudget, selected: Iterable[pb.Pod], jobs: Mapping[str, pb.Job]
 ) -> int:
+    return expected_of_jobs(budget, (p.spec.job for p in selected), jobs)
+
+
+def expected_of_jobs(
+    budget: pb.DisruptionBudget, selected_jobs: Iterable[str], jobs: Mapping[str, pb.Job]
+) -> int:
+    """:func:`expected_pods` from the job of each selected pod (one entry a pod), for a holder
+    of records rather than pods."""
     seen_jobs: set[str] = set()
     orphans = 0
     if budget.spec.job and budget.spec.job in jobs:
         seen_jobs.add(budget.spec.job)
-    for pod in selected:
-        if pod.spec.job in jobs:
-            seen_jobs.add(pod.spec.job)
+    for job in selected_jobs:
+        if job in jobs:
+            seen_jobs.add(job)
         else:
             orphans += 1
     return orphans + sum(jobs[name].spec.replicas for name in seen_jobs)
@@ -223,12 +237,19 @@ def compute_status(
 def _status(
     budget: pb.DisruptionBudget, selected: Iterable[pb.Pod], expected: int
 ) -> pb.DisruptionBudgetStatus:
-    current = sum(1 for p in selected if healthy(p))
+    return status_of(budget, sum(1 for p in selected if healthy(p)), expected)
+
+
+def status_of(
+    budget: pb.DisruptionBudget, current_healthy: int, expected: int
+) -> pb.DisruptionBudgetStatus:
+    """The budget's status once its selected pods are counted: ``current_healthy`` of them
+    healthy (:func:`healthy`), ``expected`` (:func:`expected_pods`)."""
     desired = desired_healthy(budget, expected)
     return pb.DisruptionBudgetStatus(
-        current_healthy=current,
+        current_healthy=current_healthy,
         desired_healthy=desired,
-        disruptions_allowed=max(0, current - desired),
+        disruptions_allowed=max(0, current_healthy - desired),
         expected_pods=expected,
     )
 

@@ -78,10 +78,13 @@ def replacement(pod: pb.Pod, siblings: Iterable[pb.Pod], taken: Set[str] = froze
     earlier in the same commit); same labels, annotations and spec, unbound, pending. No uid:
     the store gives the new pod its own."""
     index = pod.spec.index
-    n = 1 + max(
-        replacement_number(pod),
-        *(replacement_number(p) for p in siblings if p.spec.index == index),
-    )
+    after = max((replacement_number(p) for p in siblings if p.spec.index == index), default=0)
+    return _replacement(pod, after, taken)
+
+
+def _replacement(pod: pb.Pod, after: int, taken: Set[str]) -> pb.Pod:
+    """:func:`replacement` numbered after ``after`` (the highest n of its index's siblings)."""
+    n = 1 + max(replacement_number(pod), after)
     name = f"{pod.spec.job}-{pod.spec.index}-r{n}"
     while name in taken:
         n += 1
@@ -97,6 +100,23 @@ def replacement(pod: pb.Pod, siblings: Iterable[pb.Pod], taken: Set[str] = froze
     del new.spec.gpu_cards[:]  # its cards are chosen where it lands
     new.status.phase = pb.POD_PENDING
     return new
+
+
+def replacement_numbers(job: str, names: Iterable[str]) -> dict[str, int]:
+    """The highest replacement number among ``names`` (a job's pods' names, any phase) per
+    index as written in them: ``{"3": 2}`` for ``<job>-3`` and ``<job>-3-r2``. What
+    :func:`replacement` reads of the siblings, for a holder of their names only (the Binder):
+    a name of the form ``<job>-<index>-r<n>`` is a replacement of that index whatever pod
+    carries it, so the number chosen after it is never a sibling's name."""
+    prefix = f"{job}-"
+    highest: dict[str, int] = {}
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        index, marker, n = name[len(prefix) :].rpartition("-r")
+        if marker and n.isdigit() and int(n) > highest.get(index, 0):
+            highest[index] = int(n)
+    return highest
 
 
 def keeps_room(job: pb.Job | None, reason: str, node_ready: bool) -> bool:
@@ -140,9 +160,9 @@ class EvictionOps:
     job that replaces lost pods, its replacement's ``Create``. Replacement names are unique
     within the commit.
 
-    ``job_of(name)`` finds a job (None: gone, no replacement); ``pods_of(job)`` its pods (any
-    phase), from the caller's view; ``node_ready(name)`` whether a node exists and is ready
-    (None: no room is kept, as for a caller that evicts from lost nodes);
+    ``job_of(name)`` finds a job (None: gone, no replacement); ``names_of(job)`` its pods'
+    names (any phase), from the caller's view; ``node_ready(name)`` whether a node exists and
+    is ready (None: no room is kept, as for a caller that evicts from lost nodes);
     ``reservation_exists(name)`` whether a reservation of that name is stored already (the name
     is then not free for a kept room, which is skipped rather than failing the commit).
     ``targets`` names, per op, the evicted pod it serves, so a caller can tell which eviction the
@@ -152,7 +172,7 @@ class EvictionOps:
     def __init__(
         self,
         job_of: Callable[[str], pb.Job | None],
-        pods_of: Callable[[str], Iterable[pb.Pod]],
+        names_of: Callable[[str], Iterable[str]],
         *,
         always_replace: bool = False,
         node_ready: Callable[[str], bool] | None = None,
@@ -161,25 +181,24 @@ class EvictionOps:
         """``always_replace``: every evicted pod of a live job gets a replacement, whatever the
         job says about lost pods (a rescheduled pod is moved, never dropped)."""
         self._job_of = job_of
-        self._pods_of = pods_of
+        self._names_of = names_of
         self._always_replace = always_replace
         self._node_ready = node_ready
         self._reservation_exists = reservation_exists
         self._taken: set[str] = set()
-        # A job's pods by index, built once per job: numbering a replacement reads only its
-        # index's pods (a 1,000-pod job evicted whole would otherwise scan the job per pod).
-        self._by_index: dict[str, dict[int, list[pb.Pod]]] = {}
+        # A job's highest replacement number per index, read from its names once per job (a
+        # 1,000-pod job evicted whole would otherwise scan the job per pod).
+        self._numbers: dict[str, dict[str, int]] = {}
         self.ops: list[Op] = []
         self.targets: list[str] = []
         self.kept: list[pb.Reservation] = []
 
-    def _siblings(self, pod: pb.Pod) -> list[pb.Pod]:
-        by_index = self._by_index.get(pod.spec.job)
-        if by_index is None:
-            by_index = self._by_index[pod.spec.job] = {}
-            for sibling in self._pods_of(pod.spec.job):
-                by_index.setdefault(sibling.spec.index, []).append(sibling)
-        return by_index.get(pod.spec.index, [])
+    def _after(self, pod: pb.Pod) -> int:
+        job = pod.spec.job
+        numbers = self._numbers.get(job)
+        if numbers is None:
+            numbers = self._numbers[job] = replacement_numbers(job, self._names_of(job))
+        return numbers.get(str(pod.spec.index), 0)
 
     def add(self, e: Eviction, now_ms: int) -> None:
         pod = e.pod
@@ -189,7 +208,7 @@ class EvictionOps:
         # A job whose deletion has begun (its pods going chunk by chunk) gets no new pods.
         live = job is not None and not job.metadata.deletion_timestamp_ms
         if job is not None and live and (self._always_replace or job.spec.replace_lost_pods):
-            new = replacement(pod, self._siblings(pod), self._taken)
+            new = _replacement(pod, self._after(pod), self._taken)
             self._taken.add(new.metadata.name)
             self.ops.append(Create(new))
             self.targets.append(pod.metadata.name)

@@ -1,12 +1,12 @@
-"""The Binder's pod book: the informer's copy of each pod, or the Binder's own later write until
-the informer shows it, each pod held once (services.binder.state.PodBook)."""
+"""The Binder's records of pods: its own write stands until the informer shows it, and a pod
+holding a claim is records only, its bytes kept nowhere (services.binder.state)."""
 
 from __future__ import annotations
 
 from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.state import ClusterState
+from services.binder.state import ClusterState, keeps
 from store.encoded import EncodedObjects
 
 
@@ -28,15 +28,21 @@ class _Informer:
         self.state = ClusterState(lambda kind: self.cache)
 
     def put(self, pod: pb.Pod) -> None:
-        old = self.cache.get(pod.metadata.name)
-        self.cache[pod.metadata.name] = pod
+        name = pod.metadata.name
+        old = self.cache.get(name)
+        if old is None and name in self.state.held_elsewhere("Pod"):
+            old = self.state.recall("Pod", name)
+        if keeps("Pod", pod):
+            self.cache[name] = pod
+        else:
+            self.cache.pop(name, None)
         if old is None:
             self.state.on_add("Pod", pod)
         else:
             self.state.on_update("Pod", old, pod)
 
-    def delete(self, name: str) -> None:
-        pod = self.cache.pop(name)
+    def delete(self, pod: pb.Pod) -> None:
+        self.cache.pop(pod.metadata.name, None)
         self.state.on_delete("Pod", pod)
 
 
@@ -48,46 +54,67 @@ def test_the_binders_write_stands_until_the_informer_shows_it() -> None:
     informer = _Informer()
     state = informer.state
     informer.put(_pod("p", 1))
-    state.record_written(_pod("p", 5, node="n1"), informer.cache["p"])
-    assert state.pods["p"].spec.node_name == "n1" and _node_of(state, "p") == "n1"
+    state.record_written(_pod("p", 5, node="n1"), 1)
+    assert state.written == {"p": 5} and _node_of(state, "p") == "n1"
     informer.put(_pod("p", 3))  # older than the write: the write stands
-    assert state.pods["p"].metadata.resource_version == 5 and _node_of(state, "p") == "n1"
-    informer.put(_pod("p", 5, node="n1"))  # the write itself: the book reads the informer again
-    assert not state.pods.written and state.pods["p"] == informer.cache["p"]
+    assert _node_of(state, "p") == "n1"
+    informer.put(_pod("p", 5, node="n1"))  # the write itself: no longer the binder's own
+    assert not state.written and _node_of(state, "p") == "n1"
+    assert "p" not in informer.cache  # bound: records only
     informer.put(_pod("p", 9))  # a later change by someone else (unbound)
-    assert state.pods["p"].metadata.resource_version == 9 and _node_of(state, "p") is None
+    assert _node_of(state, "p") is None and "p" in informer.cache
 
 
-def test_a_pod_only_written_is_listed_and_forgotten_when_deleted() -> None:
+def test_a_pod_only_written_is_known_and_forgotten_when_deleted() -> None:
     informer = _Informer()
     state = informer.state
     informer.put(_pod("a", 1))
-    state.record_written(_pod("b", 2, node="n1"), None)  # a replacement created
-    assert sorted(state.pods) == ["a", "b"] and len(state.pods) == 2
-    assert [p.metadata.name for p in state.pods_of_job("j")] in (["a", "b"], ["b", "a"])
+    state.record_written(_pod("b", 2, node="n1"), 1)  # a replacement created
+    assert set(state.all_job_pods.get("j")) == {"a", "b"} and _node_of(state, "b") == "n1"
     informer.put(_pod("b", 2, node="n1"))
-    informer.delete("b")
-    assert "b" not in state.pods and sorted(state.pods) == ["a"]
+    informer.delete(_pod("b", 2, node="n1"))
     assert _node_of(state, "b") is None and list(state.all_job_pods) == ["j"]
-    assert set(state.all_job_pods.get("j")) == {"a"}
+    assert set(state.all_job_pods.get("j")) == {"a"} and not state.written
 
 
 def test_a_write_the_informer_already_delivered_is_not_assumed() -> None:
     informer = _Informer()
     state = informer.state
     informer.put(_pod("p", 7, node="n2"))
-    state.record_written(_pod("p", 7, node="n2"), informer.cache["p"])
-    assert not state.pods.written and _node_of(state, "p") == "n2"
+    state.record_written(_pod("p", 7, node="n2"), 0)  # the informer's revision lags: no matter
+    assert not state.written and _node_of(state, "p") == "n2"
+    state.record_written(_pod("q", 6, node="n2"), 0)  # delivered before p's change: so was q's
+    assert not state.written and _node_of(state, "q") is None
 
 
-def test_a_state_fed_by_hand_keeps_its_own_copies() -> None:
+def test_a_state_fed_by_hand_keeps_only_what_an_informer_would() -> None:
     state = ClusterState()
     state.on_add("Pod", _pod("p", 1, node="n1"))
+    assert "p" not in state.unplaced_pods() and _node_of(state, "p") == "n1"
     old: Message = _pod("p", 1, node="n1")
-    state.on_update("Pod", old, _pod("p", 2, node="n2"))
-    assert state.pods["p"].spec.node_name == "n2" and _node_of(state, "p") == "n2"
-    state.on_delete("Pod", _pod("p", 2, node="n2"))
-    assert "p" not in state.pods and len(state.pods) == 0 and _node_of(state, "p") is None
+    state.on_update("Pod", old, _pod("p", 2))
+    assert state.unplaced_pods()["p"].metadata.resource_version == 2
+    assert _node_of(state, "p") is None
+    state.on_delete("Pod", _pod("p", 2))
+    assert "p" not in state.unplaced_pods() and not state.all_job_pods
+
+
+def test_a_placed_pods_records_outline_it_for_the_informer() -> None:
+    """What the informer hands over as a bound pod's state before (its bytes are not kept):
+    its name, job, node and template labels, from the records."""
+    informer = _Informer()
+    state = informer.state
+    pod = _pod("p", 1, node="n1")
+    pod.spec.template.labels["app"] = "web"
+    informer.put(pod)
+    assert list(state.held_elsewhere("Pod")) == ["p"] and not state.held_elsewhere("Job")
+    outline = state.recall("Pod", "p")
+    assert isinstance(outline, pb.Pod)
+    assert (outline.spec.job, outline.spec.node_name, dict(outline.spec.template.labels)) == (
+        "j",
+        "n1",
+        {"app": "web"},
+    )
 
 
 def test_a_placed_pods_indexes_share_one_name_and_its_nodes_string() -> None:
@@ -100,6 +127,6 @@ def test_a_placed_pods_indexes_share_one_name_and_its_nodes_string() -> None:
         informer.put(_pod(f"p{i}", 2 + i, node="n1"))
     info = state.infos["n1"]
     for name, node in state.pod_node.items():
-        [key] = [k for k in state.pod_queue if k == name]
+        [key] = [k for k in state.pod_origin if k == name]
         assert key is name and info.pods[name].name is name
         assert node is info.name

@@ -4,6 +4,8 @@ Also: budgets stored before min_available / max_unavailable had presence still r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from placement.budgets import (
@@ -439,8 +441,13 @@ def test_selector_members(steps: list[Step], expected: set[str]) -> None:
         elif what == "remove":
             members.remove_budget("b")
         elif what == "job-budget":
-            members.set_budget(budget(job=name, min_available=1), pods.values())
+            members.set_budget(budget(job=name, min_available=1), _parts(pods))
         else:  # a budget selecting app=<name>
             selector = [req("app", Req.IN, name)]
-            members.set_budget(budget(selector=selector, min_available=1), pods.values())
-    assert members.members("b") == expected
+            members.set_budget(budget(selector=selector, min_available=1), _parts(pods))
+    assert set(members.members("b")) == expected
+    assert all(job == pods[p].spec.job for p, job in members.members("b").items())
+
+
+def _parts(pods: dict[str, pb.Pod]) -> list[tuple[str, str, Mapping[str, str]]]:
+    return [(p.metadata.name, p.spec.job, p.spec.template.labels) for p in pods.values()]

@@ -61,7 +61,7 @@ def _ops(job: pb.Job, reason: str, node_ready: bool, *, always_replace: bool = T
     pod = _bound_pod(job)
     ops = EvictionOps(
         {"web": job}.get,
-        lambda _: [pod],
+        lambda _: [pod.metadata.name],
         always_replace=always_replace,
         node_ready=lambda name: name == "n1" and node_ready,
     )
@@ -107,7 +107,7 @@ def test_a_job_being_deleted_keeps_nothing() -> None:
 def test_a_caller_that_cannot_tell_a_live_node_keeps_nothing() -> None:
     job = _job(60)
     pod = _bound_pod(job)
-    ops = EvictionOps({"web": job}.get, lambda _: [pod], always_replace=True)
+    ops = EvictionOps({"web": job}.get, lambda _: [pod.metadata.name], always_replace=True)
     ops.add(Eviction(pod, DRAINED, "gone"), now_ms=1_000)
     assert ops.kept == []
 
@@ -117,7 +117,7 @@ def test_a_name_already_taken_by_a_reservation_keeps_nothing_rather_than_failing
     pod = _bound_pod(job)
     ops = EvictionOps(
         {"web": job}.get,
-        lambda _: [pod],
+        lambda _: [pod.metadata.name],
         always_replace=True,
         node_ready=lambda _: True,
         reservation_exists=lambda name: name == "web-1-r1",

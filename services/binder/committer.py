@@ -192,18 +192,38 @@ class Committer:
         if any(u.reservation for u in batch.units):
             return await self._decide_with_reservations(batch, stream, fence)
         names = list(dict.fromkeys(p.pod for u in batch.units for p in u.placements if p.pod))
+        # The victims are read with the pods, in the same read: the Binder keeps no bytes of
+        # a bound pod, and an eviction writes the whole pod.
+        named = set(names)
+        victims = list(
+            dict.fromkeys(
+                v
+                for u in batch.units
+                for p in u.placements
+                for v in p.victims
+                if v and v not in named
+            )
+        )
         known = informed_jobs(
             batch, lambda name: self.informer.get("Job", name), self.informer.revision
         )
         to_read = list(dict.fromkeys(u.job for u in batch.units if u.job and u.job not in known))
         try:
             pods, read = await asyncio.gather(
-                self.store.get_many(pb.Pod, names), self.store.get_many(pb.Job, to_read)
+                self.store.get_many(pb.Pod, names + victims), self.store.get_many(pb.Job, to_read)
             )
         except StoreUnavailableError as exc:
             return uniform(batch, ERROR, f"store unavailable: {exc}")
         jobs: dict[str, pb.Job | None] = {**known, **dict(zip(to_read, read, strict=True))}
-        plan = BatchPlan(batch, dict(zip(names, pods, strict=True)), jobs, self.state, self.rules)
+        found = dict(zip(names + victims, pods, strict=True))
+        plan = BatchPlan(
+            batch,
+            {n: found[n] for n in names},
+            jobs,
+            self.state,
+            self.rules,
+            {v: found.get(v) for u in batch.units for p in u.placements for v in p.victims},
+        )
         plan.run()
         bound = await self._commit(plan, fence)
         verdicts = plan.verdicts(bound)

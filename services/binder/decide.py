@@ -20,7 +20,7 @@ Synchronous and free of I/O: the service reads the pods and jobs, plans here, th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
@@ -116,7 +116,10 @@ class BatchPlan:
         jobs: dict[str, pb.Job | None],
         state: ClusterState,
         rules: Framework,
+        victims: Mapping[str, pb.Pod | None],
     ) -> None:
+        """``pods``: the batch's pods, ``victims``: the victims it names, ``jobs``: its jobs,
+        each as read for this batch (None: gone)."""
         self.batch = batch
         self.jobs = jobs
         self.state = state
@@ -131,9 +134,7 @@ class BatchPlan:
         self.gang_rejected: set[str] = set()  # jobs
         self._precheck(pods)
         self.now_ms = int(time.time() * 1000)
-        self.claims = VictimClaims(
-            state, (v for c in self.candidates.values() for v in c.placement.victims), self.now_ms
-        )
+        self.claims = VictimClaims(state, victims, self.now_ms)
         self._claim_victims()
 
     # --- checks -----------------------------------------------------------------------------
@@ -373,9 +374,9 @@ class BatchPlan:
             affinity = JobAffinity.from_job(job) if job is not None else None
             if affinity is None or not affinity.required:
                 continue
+            pod_node = self.state.pod_node
             placed: list[tuple[str, dict[str, str] | None]] = [
-                (p.metadata.name, _labels(nodes.get(p.spec.node_name)))
-                for p in self.state.placed_pods(job_name)
+                (n, _labels(nodes.get(pod_node[n]))) for n in self.state.job_pods.get(job_name)
             ]
             placed += [(c.pod.metadata.name, _labels(nodes.get(c.placement.node))) for c in cands]
             violations = joblevelaffinity.domain_violations(affinity, placed)
@@ -534,7 +535,7 @@ class BatchPlan:
         Each pod that takes a reservation's hold deletes that reservation just before its
         Bind. With, per op, ("Victim" | "Reservation" (naming the pod) | "Pod" | "Job", name)."""
         now = int(time.time() * 1000)
-        evictions = EvictionOps(self.state.jobs.get, self.state.pods_of_job)
+        evictions = EvictionOps(self.state.jobs.get, self.state.all_job_pods.get)
         ops: list[Op] = []
         targets: list[tuple[str, str]] = []
         jobs: dict[str, None] = {}  # in order; a batch of one-pod jobs names thousands

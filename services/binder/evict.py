@@ -10,10 +10,15 @@ request or batch at a time, so evictions of every kind together never exceed a b
 is evicted through the one eviction path (``services.eviction``) with a replacement, in one
 commit the caller fences.
 
+The request's pods are read from the store for each attempt (one read): the Binder keeps
+records of bound pods, not their bytes, and an eviction writes the whole pod.
+
 Synchronous and free of I/O.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from placement.claims import holds_claim
 from protos.godel.v1 import internal_pb2 as ipb
@@ -29,8 +34,16 @@ REFUSED = ipb.EvictResult.REFUSED
 
 
 class EvictPlan:
-    def __init__(self, request: ipb.EvictRequest, state: ClusterState, now_ms: int) -> None:
+    def __init__(
+        self,
+        request: ipb.EvictRequest,
+        pods: Mapping[str, pb.Pod | None],
+        state: ClusterState,
+        now_ms: int,
+    ) -> None:
+        """``pods``: the request's pods as read for it (None: gone)."""
         self.request = request
+        self.pods = pods
         self.state = state
         self.now_ms = now_ms
         self.results: dict[str, ipb.EvictResult] = {}
@@ -44,7 +57,7 @@ class EvictPlan:
         problems: dict[str, str] = {}
         live: set[str] = set()
         for ref in self.request.pods:
-            pod = self.state.pods.get(ref.name)
+            pod = self.pods.get(ref.name)
             if pod is None or not holds_claim(pod):
                 self._result(ref.name, GONE, "not bound or running")
             elif ref.uid and pod.metadata.uid != ref.uid:
@@ -60,7 +73,7 @@ class EvictPlan:
             self._admit_each(problems)
             return
         if not problems and self.live:
-            tracker = LiveBudgets(self.state, (p.metadata.name for p in self.live)).tracker()
+            tracker = LiveBudgets(self.state, self.live).tracker()
             broken = tracker.try_admit(self.live)
             if broken:
                 problems = dict.fromkeys((p.metadata.name for p in self.live), "; ".join(broken))
@@ -70,7 +83,7 @@ class EvictPlan:
     def _admit_each(self, problems: dict[str, str]) -> None:
         """A partial request: each live pod goes unless it has a problem of its own or the
         budgets, charged with the pods before it, no longer allow it."""
-        tracker = LiveBudgets(self.state, (p.metadata.name for p in self.live)).tracker()
+        tracker = LiveBudgets(self.state, self.live).tracker()
         admitted: list[pb.Pod] = []
         for pod in self.live:
             name = pod.metadata.name
@@ -96,7 +109,7 @@ class EvictPlan:
         reservation keeping its room, if its job asks). Per op, the evicted pod it serves."""
         builder = EvictionOps(
             self.state.jobs.get,
-            self.state.pods_of_job,
+            self.state.all_job_pods.get,
             always_replace=True,
             node_ready=self._node_ready,
             reservation_exists=self._reservation_exists,

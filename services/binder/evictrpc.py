@@ -16,6 +16,7 @@ import structlog
 
 from foundation.tls import Identity
 from protos.godel.v1 import internal_pb2 as ipb
+from protos.godel.v1 import objects_pb2 as pb
 from services.binder import evictrules
 from services.binder.config import BinderConfig
 from services.binder.evict import EvictPlan
@@ -114,17 +115,20 @@ class Evictions:
 
     async def _evict(self, work: EvictWork) -> ipb.EvictResponse:
         """All of the request's live pods evicted in one fenced commit, or none (see evict.py).
-        A pod that changed under the commit is seen again through the informer and re-judged,
-        the caller's rights included (the view they are judged against is the commit's)."""
+        The request's pods are read from the store (one read an attempt); a pod that changed
+        under the commit is read again and re-judged, the caller's rights included, once the
+        informer has caught up (the records the budgets are counted from)."""
         request, epoch = work.request, work.epoch
         for _ in range(self.config.commit_retries + 1):
             fence = self.leadership.fence
             if fence is None or fence.epoch != epoch:
                 raise StoreError(f"binder {self.config.name} lost the leadership")
-            why = evictrules.refusal(work.caller, request, self.state.pods.get)
+            names = list(dict.fromkeys(ref.name for ref in request.pods))
+            pods = dict(zip(names, await self.store.get_many(pb.Pod, names), strict=True))
+            why = evictrules.refusal(work.caller, request, pods.get)
             if why is not None:
                 raise EvictRefused(why)
-            plan = EvictPlan(request, self.state, int(time.time() * 1000))
+            plan = EvictPlan(request, pods, self.state, int(time.time() * 1000))
             ops, targets = plan.ops()
             if plan.refused or not ops:
                 return plan.response()

@@ -49,7 +49,7 @@ class CommitRecords:
             written = op.obj if isinstance(op, Create) else getattr(op, "pod", None)
             if not isinstance(written, pb.Pod):
                 continue
-            self.state.record_written(written, self.informer.get(pb.Pod, written.metadata.name))
+            self.state.record_written(written, self.informer.revision)
             written_pods.append((i, written))
         return written_pods
 

@@ -1,23 +1,29 @@
 """The binder's authoritative view: a NodeInfo per node holding every bound, non-terminal pod
-and every live reservation's hold, every pod as last written (for victims' re-validation and
-disruption budgets), jobs, budgets, queues and what each queue's bound pods hold (for its max).
+and every live reservation's hold, a record of each such pod (its node, queue, job and
+template labels: what budgets, quotas and job-level affinity read), jobs, budgets, queues and
+what each queue's bound pods hold (for its max).
 
 Fed by the informer (Nodes, Pods, Jobs, DisruptionBudgets, Queues, Reservations) plus the pods
-this binder committed itself that the informer has not delivered yet ("assumed": binds,
-evictions, replacements), so back-to-back batches see each other (``PodBook``). Pod reads are
-fresh copies: a change to one is kept only by writing it. Plain synchronous code: informer
-handlers and the committer run on one event loop and never interleave mid-update.
+this binder committed itself that the informer has not delivered yet ("written": binds,
+evictions, replacements), so back-to-back batches see each other. The informer keeps no bytes
+of a pod that holds a claim (``keeps``): at a million bound pods that was ~280 bytes a pod in
+the leader and again in its standby. What a decision reads of such a pod beyond its records
+(a victim, an Evict target) the committer reads from the store per batch. Plain synchronous
+code: informer handlers and the committer run on one event loop and never interleave
+mid-update.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from placement.budgets import SelectorMembers
 from placement.claims import holds_claim
 from placement.nodeinfo import NodeInfo, PodRequest
+from placement.preemption import shared_labels
 from placement.quotas import queue_of
 from placement.reservations import Reservations
 from placement.resources import Quantities
@@ -34,67 +40,51 @@ class Informed(Protocol):
     def __call__(self, cls: type[S], /) -> Mapping[str, S]: ...
 
 
-class PodBook(Mapping[str, pb.Pod]):
-    """Every pod as the Binder knows it, any phase: the informer's copy, or this binder's own
-    write (``written``: bound, evicted or created) until the informer shows that revision, so
-    back-to-back batches see each other. Each pod is held once in the process: the informer
-    keeps pods encoded (store.encoded) and the book reads them there; a state fed by hand (no
-    informer: ``informed`` None) keeps its own encoded copies. Reads are fresh copies."""
+@dataclass(frozen=True, slots=True)
+class PodOrigin:
+    """What a placed pod has from its job, one record shared by the job's placed pods: the
+    queue it counts in, its job, and its template's labels (what budgets select by)."""
 
-    def __init__(self, informed: Callable[[], Mapping[str, pb.Pod]] | None) -> None:
-        self._own: EncodedObjects[pb.Pod] | None = None
-        if informed is None:
-            own = self._own = EncodedObjects(pb.Pod)
-            informed = lambda: own  # noqa: E731
-        # A function, not the mapping: the informer swaps in a new one when it relists.
-        self._informed = informed
-        self.written: dict[str, pb.Pod] = {}
+    queue: str
+    job: str
+    labels: Mapping[str, str]
 
-    def seen(self, pod: pb.Pod) -> None:
-        """The informer delivered ``pod`` (already in its cache; kept here if fed by hand)."""
-        if self._own is not None:
-            self._own[pod.metadata.name] = pod
 
-    def forget(self, name: str) -> None:
-        self.written.pop(name, None)
-        if self._own is not None:
-            self._own.pop(name, None)
-
-    def __getitem__(self, name: str) -> pb.Pod:
-        written = self.written.get(name)
-        if written is not None:
-            return written
-        return self._informed()[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.written or name in self._informed()
-
-    def __iter__(self) -> Iterator[str]:
-        informed = self._informed()
-        yield from informed
-        yield from (n for n in self.written if n not in informed)
-
-    def __len__(self) -> int:
-        informed = self._informed()
-        return len(informed) + sum(1 for n in self.written if n not in informed)
+def keeps(kind: str, obj: StoredObject) -> bool:
+    """What the Binder's informer keeps (its ``hold``): every object but a pod that holds a
+    claim, which is its state's records alone."""
+    return type(obj) is not pb.Pod or not holds_claim(obj)
 
 
 class ClusterState:
     def __init__(self, informed: Informed | None = None) -> None:
-        """``informed(pb.Pod)``: the informer's cache of Pods or Jobs, read through (None: fed
-        by hand only, the state keeps its own)."""
+        """``informed(pb.Pod)``: the informer's cache of Pods (those ``keeps`` keeps) or Jobs,
+        read through (None: fed by hand only, the state keeps its own)."""
         self.nodes: dict[str, pb.Node] = {}
         # NodeInfos exist for every known node and for any node a bound pod names (even if the
         # node object is gone: its pods still hold their claims).
         self.infos: dict[str, NodeInfo] = {}
+        # The records of each placed pod (bound or running): its node (the node's own string),
+        # its job's origin (shared), its request in its node's NodeInfo; those being deleted.
         self.pod_node: dict[str, str] = {}
+        self.pod_origin: dict[str, PodOrigin] = {}
+        self.deleting: set[str] = set()
+        self._origins: dict[tuple[str, str], PodOrigin] = {}  # by (queue, job)
         self.job_pods = GroupedNames()  # pods holding a claim, by job
-        self.pods = PodBook(None if informed is None else lambda: informed(pb.Pod))
         self.all_job_pods = GroupedNames()  # every pod, by job (replacement names)
-        # Jobs are read through the informer's cache (held encoded: as many as pods with
-        # one-pod jobs); a state fed by hand keeps them here.
+        # The resource version of each pod this binder wrote (bound, evicted, created) that the
+        # informer has not delivered yet: an older state it delivers meanwhile is not applied.
+        self.written: dict[str, int] = {}
+        # The highest resource version of a pod the informer delivered: every change of the
+        # feed up to it has been delivered (the feed is in revision order).
+        self.seen_revision = 0
         self._informed = informed
-        self._own_jobs: dict[str, pb.Job] | None = {} if informed is None else None
+        # A state fed by hand keeps the pods an informer would keep (``keeps``), and the jobs.
+        self._own_pods: EncodedObjects[pb.Pod] | None = None
+        self._own_jobs: dict[str, pb.Job] | None = None
+        if informed is None:
+            self._own_pods = EncodedObjects(pb.Pod)
+            self._own_jobs = {}
         self.budgets: dict[str, pb.DisruptionBudget] = {}
         self.budget_members = SelectorMembers()  # pods of each label-selector budget
         # Pods per selector and topology domain, for the cross-node check of inter-pod affinity
@@ -103,10 +93,8 @@ class ClusterState:
         self.anti_placed = 0  # placed pods with required anti-affinity terms
         self.queues: dict[str, pb.Queue] = {}
         # What each queue's placed pods hold (their requests), kept as pods are placed and
-        # unplaced, and the queue each placed pod counts in: the Binder judges a binding against
-        # its queue's max without a scan.
+        # unplaced: the Binder judges a binding against its queue's max without a scan.
         self.queue_usage: dict[str, Quantities] = {}
-        self.pod_queue: dict[str, str] = {}
         # Live reservations: each holds its room on its node's NodeInfo (a hold), which only
         # its owner's pods may take (placement.reservations).
         self.reservations = Reservations()
@@ -122,6 +110,35 @@ class ClusterState:
             return self._own_jobs
         assert self._informed is not None
         return self._informed(pb.Job)
+
+    def unplaced_pods(self) -> Mapping[str, pb.Pod]:
+        """The pods whose bytes are kept (``keeps``: pending, finished), by name; reads are
+        fresh copies."""
+        if self._own_pods is not None:
+            return self._own_pods
+        assert self._informed is not None
+        return self._informed(pb.Pod)
+
+    # --- what the informer asks of the records of pods it does not keep ---------------------
+
+    def held_elsewhere(self, kind: str) -> Collection[str]:
+        """The pods the informer does not keep that exist (``Informer(held_elsewhere=)``)."""
+        return self.pod_node if kind == "Pod" else ()
+
+    def recall(self, kind: str, name: str) -> StoredObject:
+        """A placed pod as its records outline it (``Informer(recall=)``): what the handlers
+        read of a pod before (its name, job, node and phase; its template labels)."""
+        pod = pb.Pod()
+        pod.metadata.name = name
+        origin = self.pod_origin.get(name)
+        if origin is not None:
+            pod.spec.job = origin.job
+            pod.spec.template.labels.update(origin.labels)
+        node = self.pod_node.get(name)
+        if node is not None:
+            pod.spec.node_name = node
+            pod.status.phase = pb.POD_BOUND
+        return pod
 
     # --- informer handlers ------------------------------------------------------------------
 
@@ -139,7 +156,7 @@ class ClusterState:
                 self._own_jobs[obj.metadata.name] = obj
         elif type(obj) is pb.DisruptionBudget:
             self.budgets[obj.metadata.name] = obj
-            self.budget_members.set_budget(obj, self.pods.values())
+            self.budget_members.set_budget(obj, self._every_pod())
         elif type(obj) is pb.Queue:
             self.queues[obj.metadata.name] = obj
         elif type(obj) is pb.Reservation:
@@ -156,8 +173,11 @@ class ClusterState:
         if type(obj) is pb.Pod:
             name = obj.metadata.name
             job = obj.spec.job
+            self._seen(obj)
             self._unplace(name, job)
-            self.pods.forget(name)
+            self.written.pop(name, None)
+            if self._own_pods is not None:
+                self._own_pods.pop(name, None)
             self.budget_members.remove_pod(name)
             self.all_job_pods.discard(job, name)
         elif type(obj) is pb.Node:
@@ -214,16 +234,37 @@ class ClusterState:
         if self.topology.active:
             self.topology.set_node(name, info.labels)
 
+    def _every_pod(self) -> Iterator[tuple[str, str, Mapping[str, str]]]:
+        """Every pod known, as (name, job, the template's labels): the placed from their
+        records, the others read from the informer's cache (a budget appears: each tested
+        once). A pod written by this binder and not yet delivered is tested when it is."""
+        for name, origin in self.pod_origin.items():
+            yield name, origin.job, origin.labels
+        placed = self.pod_origin
+        for name, pod in self.unplaced_pods().items():
+            if name not in placed:
+                yield name, pod.spec.job, pod.spec.template.labels
+
+    def _seen(self, pod: pb.Pod) -> None:
+        rv = pod.metadata.resource_version
+        if rv > self.seen_revision:
+            self.seen_revision = rv
+
     def _set_pod(self, pod: pb.Pod, previous: pb.Pod | None) -> None:
-        """An informer event; ``previous``: the informer's state before it."""
+        """An informer event; ``previous``: the informer's state before it (its records'
+        outline for a pod it does not keep)."""
+        self._seen(pod)
         name = pod.metadata.name
-        ours = self.pods.written.get(name)
+        ours = self.written.get(name)
         if ours is not None:
-            if pod.metadata.resource_version < ours.metadata.resource_version:
+            if pod.metadata.resource_version < ours:
                 return  # an older state than our own write: the write stands
-            del self.pods.written[name]
-            previous = ours
-        self.pods.seen(pod)
+            del self.written[name]
+        if self._own_pods is not None:
+            if keeps("Pod", pod):
+                self._own_pods[name] = pod
+            else:
+                self._own_pods.pop(name, None)
         self._apply(pod, previous)
 
     def _apply(self, pod: pb.Pod, previous: pb.Pod | None) -> None:
@@ -231,11 +272,16 @@ class ClusterState:
         # when the Binder (re)starts, and a protobuf field read is ~0.3 µs).
         name = pod.metadata.name
         job = pod.spec.job
-        if previous is None or previous.spec.template.labels != pod.spec.template.labels:
+        labels = pod.spec.template.labels
+        if previous is None or previous.spec.template.labels != labels:
             self.budget_members.set_pod(pod)
         self.all_job_pods.add(job, name)
         if holds_claim(pod):
-            self._place(pod, name, job)
+            self._place(pod, name, job, labels)
+            if pod.metadata.deletion_timestamp_ms:
+                self.deleting.add(name)
+            elif self.deleting:
+                self.deleting.discard(name)
         else:
             self._unplace(name, job)
 
@@ -247,7 +293,7 @@ class ClusterState:
             info = self.infos[node] = NodeInfo(node, ready=False)
         return info
 
-    def _place(self, pod: pb.Pod, name: str, job: str) -> None:
+    def _place(self, pod: pb.Pod, name: str, job: str, labels: Mapping[str, str]) -> None:
         """``name``: the pod's, one string shared by every index of it (the placed pods' maps,
         the node's request, the job's names)."""
         spec = pod.spec
@@ -265,35 +311,46 @@ class ClusterState:
             self.topology.add(node, req)
         self.pod_node[name] = info.name  # the node's own string, not a copy per pod
         self.job_pods.add(job, name)
-        queue = self.pod_queue[name] = sys.intern(queue_of(pod))
-        usage = self.queue_usage.get(queue)
+        origin = self.pod_origin[name] = self._origin(sys.intern(queue_of(pod)), job, labels)
+        usage = self.queue_usage.get(origin.queue)
         if usage is None:
-            usage = self.queue_usage[queue] = Quantities()
+            usage = self.queue_usage[origin.queue] = Quantities()
         usage.add(req.requests)
+
+    def _origin(self, queue: str, job: str, labels: Mapping[str, str]) -> PodOrigin:
+        """The job's shared record (a new one if its labels are not the job's last)."""
+        origin = self._origins.get((queue, job))
+        shared = shared_labels(labels) if labels else _NO_LABELS
+        if origin is None or (origin.labels is not shared and origin.labels != shared):
+            origin = self._origins[(queue, job)] = PodOrigin(queue, job, shared)
+        return origin
 
     def _unplace(self, name: str, job: str) -> None:
         node = self.pod_node.pop(name, None)
         if node is None:
             return
         info = self.infos.get(node)
-        queue = self.pod_queue.pop(name, None)
+        origin = self.pod_origin.pop(name, None)
+        self.deleting.discard(name)
         if info is not None:
             req = info.remove_pod(name)
             self.anti_placed -= bool(req is not None and req.anti_terms)
-            if req is not None and queue is not None:
-                self.queue_usage[queue].add(req.requests, -1)
+            if req is not None and origin is not None:
+                self.queue_usage[origin.queue].add(req.requests, -1)
             if not info.pods and node not in self.nodes:
                 del self.infos[node]
         if self.topology.active:
             self.topology.remove(name)
         self.job_pods.discard(job, name)
+        if origin is not None and not self.job_pods.count(origin.job):
+            self._origins.pop((origin.queue, origin.job), None)
 
     def held_by(self, name: str) -> tuple[str, Quantities] | None:
         """The queue a placed pod counts in and what it holds there (None: not placed)."""
-        node, queue = self.pod_node.get(name), self.pod_queue.get(name)
+        node, origin = self.pod_node.get(name), self.pod_origin.get(name)
         info = self.infos.get(node) if node is not None else None
         req = info.pods.get(name) if info is not None else None
-        return (queue, req.requests) if queue is not None and req is not None else None
+        return (origin.queue, req.requests) if origin is not None and req is not None else None
 
     def pod_counts(self) -> TopologyIndex:
         """The topology index, built from every placed pod on first use."""
@@ -301,24 +358,23 @@ class ClusterState:
             self.topology.activate(self.infos.values(), present=self.nodes)
         return self.topology
 
-    def record_written(self, pod: pb.Pod, seen: pb.Pod | None) -> None:
-        """Account a pod this binder just wrote (bound, evicted or created). ``seen`` is what
-        the informer already shows of it (None if nothing), so a write the informer delivered
-        first is not re-assumed; it is also the pod as it was, unless a write of ours not yet
-        seen is newer (handed in: the book would decode the informer's copy a second time)."""
-        if seen is not None and seen.metadata.resource_version >= pod.metadata.resource_version:
+    def record_written(self, pod: pb.Pod, delivered_through: int) -> None:
+        """Account a pod this binder just wrote (bound, evicted or created), unless the
+        informer delivered that write already: it has delivered every change up to
+        ``delivered_through`` (its revision) and to the newest pod it handed over."""
+        rv = pod.metadata.resource_version
+        if rv <= delivered_through or rv <= self.seen_revision:
             return  # the informer got there first and may already know later states
-        name = pod.metadata.name
-        self._apply(pod, self.pods.written.get(name, seen))
-        self.pods.written[name] = pod
-
-    def pods_of_job(self, job: str) -> list[pb.Pod]:
-        """The job's pods, any phase."""
-        return [self.pods[n] for n in self.all_job_pods.get(job)]
-
-    def placed_pods(self, job: str) -> list[pb.Pod]:
-        """The job's pods that hold a claim (bound or running)."""
-        return [self.pods[n] for n in self.job_pods.get(job) if n in self.pods]
+        self._apply(pod, None)
+        self.written[pod.metadata.name] = rv
+        if self._own_pods is not None:
+            if keeps("Pod", pod):
+                self._own_pods[pod.metadata.name] = pod
+            else:
+                self._own_pods.pop(pod.metadata.name, None)
 
     def bound_count(self, job: str) -> int:
         return self.job_pods.count(job)
+
+
+_NO_LABELS: Mapping[str, str] = shared_labels({})

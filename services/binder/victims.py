@@ -17,15 +17,19 @@ preemptor's victims are checked:
   batch and the batches are decided one at a time, so two shards can never together evict more
   than a budget allows.
 
+The victims are read from the store with the batch's pods (one read per batch): the Binder
+keeps records of bound pods, not their bytes, and a victim's eviction writes the whole pod.
+The budgets' statuses are counted from those records (``LiveBudgets``).
+
 A preemptor refused later (node check, gang rule, store) gives its victims back
 (:meth:`VictimClaims.release`); the budgets are then charged again for the claims that remain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from placement.budgets import BudgetTracker, current_status
+from placement.budgets import BudgetTracker, expected_of_jobs, status_of
 from placement.claims import holds_claim
 from placement.framework import PodInfo
 from placement.preemption import preemptor_refusal, victim_reason
@@ -36,48 +40,58 @@ from services.binder.state import ClusterState
 class LiveBudgets:
     """The disruption budgets that select any of some pods, with allowances computed from the
     Binder's own current view (not the lagging stored statuses); ``tracker()`` charges evictions
-    against them."""
+    against them. A budget's status is counted from the Binder's records, not its pods': a
+    selected pod is healthy while it holds a claim and is not being deleted
+    (``placement.budgets.healthy``), and it expects its job's replicas."""
 
-    def __init__(self, state: ClusterState, pods: Iterable[str]) -> None:
+    def __init__(self, state: ClusterState, pods: Iterable[pb.Pod]) -> None:
         self.state = state
         self.budgets = self._relevant(pods)
-        self.statuses = {
-            b.metadata.name: current_status(b, self._pods_of(b), state.jobs) for b in self.budgets
-        }
+        self.statuses = {b.metadata.name: self._status(b) for b in self.budgets}
 
     def tracker(self) -> BudgetTracker:
         return BudgetTracker(self.budgets, self.statuses)
 
-    def _relevant(self, pods: Iterable[str]) -> list[pb.DisruptionBudget]:
+    def _relevant(self, pods: Iterable[pb.Pod]) -> list[pb.DisruptionBudget]:
         """Only the budgets selecting one of ``pods`` get their status computed."""
         budgets = self.state.budgets.values()
         if not budgets:
             return []
         index = BudgetTracker(budgets)
         found: dict[str, pb.DisruptionBudget] = {}
-        for name in pods:
-            pod = self.state.pods.get(name)
-            if pod is not None:
-                for b in index.budgets_of(pod):
-                    found[b.metadata.name] = b
+        for pod in pods:
+            for b in index.budgets_of(pod):
+                found[b.metadata.name] = b
         return list(found.values())
 
-    def _pods_of(self, budget: pb.DisruptionBudget) -> Iterable[pb.Pod]:
-        # Only pods holding a claim count as healthy; a job budget needs only its job's.
+    def _status(self, budget: pb.DisruptionBudget) -> pb.DisruptionBudgetStatus:
+        state = self.state
+        deleting = state.deleting
         if budget.spec.job:
-            return self.state.placed_pods(budget.spec.job)
-        pods = self.state.pods
-        members = self.state.budget_members.members(budget.metadata.name)
-        return [pods[n] for n in members if n in pods]
+            # A job budget's pods are its job's placed pods (the others are not healthy and
+            # expect no more than the job does).
+            placed = state.job_pods.get(budget.spec.job)
+            healthy = sum(1 for n in placed if n not in deleting)
+            jobs: Iterable[str] = [budget.spec.job] * len(placed)
+        else:
+            members = state.budget_members.members(budget.metadata.name)
+            placed_now = state.pod_node
+            healthy = sum(1 for n in members if n in placed_now and n not in deleting)
+            jobs = members.values()
+        return status_of(budget, healthy, expected_of_jobs(budget, jobs, state.jobs))
 
 
 class VictimClaims:
-    def __init__(self, state: ClusterState, victims: Iterable[str], now_ms: int) -> None:
+    def __init__(
+        self, state: ClusterState, victims: Mapping[str, pb.Pod | None], now_ms: int
+    ) -> None:
+        """``victims``: every victim the batch names, as read from the store (None: gone)."""
         self.state = state
+        self.victims = victims
         self.now_ms = now_ms
         self.by: dict[str, str] = {}  # victim -> the preemptor that claimed it
         self.evict: dict[str, list[pb.Pod]] = {}  # preemptor -> its live victims, claimed
-        self._budgets = LiveBudgets(state, victims)
+        self._budgets = LiveBudgets(state, (p for p in victims.values() if p is not None))
         self.tracker = self._budgets.tracker()
 
     def claim(self, preemptor: PodInfo, node: str, victims: Sequence[str]) -> str | None:
@@ -93,7 +107,7 @@ class VictimClaims:
             other = self.by.get(name)
             if other is not None and other != preemptor.name:
                 return f"victim {name!r} is claimed by {other!r}"
-            pod = self.state.pods.get(name)
+            pod = self.victims.get(name)
             if pod is None or not holds_claim(pod):
                 continue  # already gone: nothing to evict
             if pod.spec.node_name != node:
