@@ -70,11 +70,11 @@ def test_a_pod_only_written_is_known_and_forgotten_when_deleted() -> None:
     state = informer.state
     informer.put(_pod("a", 1))
     state.record_written(_pod("b", 2, node="n1"), 1)  # a replacement created
-    assert set(state.all_job_pods.get("j")) == {"a", "b"} and _node_of(state, "b") == "n1"
+    assert set(state.names_of_job("j")) == {"a", "b"} and _node_of(state, "b") == "n1"
     informer.put(_pod("b", 2, node="n1"))
     informer.delete(_pod("b", 2, node="n1"))
-    assert _node_of(state, "b") is None and list(state.all_job_pods) == ["j"]
-    assert set(state.all_job_pods.get("j")) == {"a"} and not state.written
+    assert _node_of(state, "b") is None and list(state.unplaced_job_pods) == ["j"]
+    assert set(state.names_of_job("j")) == {"a"} and not state.written and not state.job_pods
 
 
 def test_a_write_the_informer_already_delivered_is_not_assumed() -> None:
@@ -96,7 +96,7 @@ def test_a_state_fed_by_hand_keeps_only_what_an_informer_would() -> None:
     assert state.unplaced_pods()["p"].metadata.resource_version == 2
     assert _node_of(state, "p") is None
     state.on_delete("Pod", _pod("p", 2))
-    assert "p" not in state.unplaced_pods() and not state.all_job_pods
+    assert "p" not in state.unplaced_pods() and not list(state.names_of_job("j"))
 
 
 def test_a_placed_pods_records_outline_it_for_the_informer() -> None:

@@ -535,7 +535,7 @@ class BatchPlan:
         Each pod that takes a reservation's hold deletes that reservation just before its
         Bind. With, per op, ("Victim" | "Reservation" (naming the pod) | "Pod" | "Job", name)."""
         now = int(time.time() * 1000)
-        evictions = EvictionOps(self.state.jobs.get, self.state.all_job_pods.get)
+        evictions = EvictionOps(self.state.jobs.get, self.state.names_of_job)
         ops: list[Op] = []
         targets: list[tuple[str, str]] = []
         jobs: dict[str, None] = {}  # in order; a batch of one-pod jobs names thousands

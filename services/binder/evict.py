@@ -109,7 +109,7 @@ class EvictPlan:
         reservation keeping its room, if its job asks). Per op, the evicted pod it serves."""
         builder = EvictionOps(
             self.state.jobs.get,
-            self.state.all_job_pods.get,
+            self.state.names_of_job,
             always_replace=True,
             node_ready=self._node_ready,
             reservation_exists=self._reservation_exists,

@@ -71,7 +71,9 @@ class ClusterState:
         self.deleting: set[str] = set()
         self._origins: dict[tuple[str, str], PodOrigin] = {}  # by (queue, job)
         self.job_pods = GroupedNames()  # pods holding a claim, by job
-        self.all_job_pods = GroupedNames()  # every pod, by job (replacement names)
+        # Every other pod (pending, finished), by job: with ``job_pods``, a job's pods' names,
+        # which a replacement's name is chosen after (``names_of_job``).
+        self.unplaced_job_pods = GroupedNames()
         # The resource version of each pod this binder wrote (bound, evicted, created) that the
         # informer has not delivered yet: an older state it delivers meanwhile is not applied.
         self.written: dict[str, int] = {}
@@ -179,7 +181,7 @@ class ClusterState:
             if self._own_pods is not None:
                 self._own_pods.pop(name, None)
             self.budget_members.remove_pod(name)
-            self.all_job_pods.discard(job, name)
+            self.unplaced_job_pods.discard(job, name)
         elif type(obj) is pb.Node:
             name = obj.metadata.name
             self.nodes.pop(name, None)
@@ -275,15 +277,16 @@ class ClusterState:
         labels = pod.spec.template.labels
         if previous is None or previous.spec.template.labels != labels:
             self.budget_members.set_pod(pod)
-        self.all_job_pods.add(job, name)
         if holds_claim(pod):
             self._place(pod, name, job, labels)
+            self.unplaced_job_pods.discard(job, name)
             if pod.metadata.deletion_timestamp_ms:
                 self.deleting.add(name)
             elif self.deleting:
                 self.deleting.discard(name)
         else:
             self._unplace(name, job)
+            self.unplaced_job_pods.add(job, name)
 
     # --- placement bookkeeping --------------------------------------------------------------
 
@@ -372,6 +375,11 @@ class ClusterState:
                 self._own_pods[pod.metadata.name] = pod
             else:
                 self._own_pods.pop(pod.metadata.name, None)
+
+    def names_of_job(self, job: str) -> Iterator[str]:
+        """The names of the job's pods, any phase."""
+        yield from self.job_pods.get(job)
+        yield from self.unplaced_job_pods.get(job)
 
     def bound_count(self, job: str) -> int:
         return self.job_pods.count(job)
