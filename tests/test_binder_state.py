@@ -130,3 +130,20 @@ def test_a_placed_pods_indexes_share_one_name_and_its_nodes_string() -> None:
         [key] = [k for k in state.pod_origin if k == name]
         assert key is name and info.pods[name].name is name
         assert node is info.name
+
+
+def test_a_jobs_placed_pods_share_one_record_of_their_job() -> None:
+    """Queue, job and template labels are one record a job (its pods carry its template's),
+    gone once the job has no pod placed."""
+    informer = _Informer()
+    state = informer.state
+    for i in range(3):
+        pod = _pod(f"p{i}", 1 + i, node="n1")
+        pod.spec.template.labels["app"] = "web"
+        informer.put(pod)
+    origins = {id(state.pod_origin[f"p{i}"]) for i in range(3)}
+    assert len(origins) == 1 and dict(state.pod_origin["p0"].labels) == {"app": "web"}
+    assert state.held_by("p0") is not None and state.held_by("p0")[0] == "default"
+    for i in range(3):
+        informer.put(_pod(f"p{i}", 10 + i))  # unbound
+    assert not state.pod_origin and not state._origins

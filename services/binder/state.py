@@ -69,7 +69,7 @@ class ClusterState:
         self.pod_node: dict[str, str] = {}
         self.pod_origin: dict[str, PodOrigin] = {}
         self.deleting: set[str] = set()
-        self._origins: dict[tuple[str, str], PodOrigin] = {}  # by (queue, job)
+        self._origins: dict[str, PodOrigin] = {}  # each job's last, by job
         self.job_pods = GroupedNames()  # pods holding a claim, by job
         # Every other pod (pending, finished), by job: with ``job_pods``, a job's pods' names,
         # which a replacement's name is chosen after (``names_of_job``).
@@ -321,11 +321,15 @@ class ClusterState:
         usage.add(req.requests)
 
     def _origin(self, queue: str, job: str, labels: Mapping[str, str]) -> PodOrigin:
-        """The job's shared record (a new one if its labels are not the job's last)."""
-        origin = self._origins.get((queue, job))
+        """The job's shared record (a new one if its queue or labels are not the job's last)."""
+        origin = self._origins.get(job)
         shared = shared_labels(labels) if labels else _NO_LABELS
-        if origin is None or (origin.labels is not shared and origin.labels != shared):
-            origin = self._origins[(queue, job)] = PodOrigin(queue, job, shared)
+        if (
+            origin is None
+            or origin.queue != queue
+            or (origin.labels is not shared and origin.labels != shared)
+        ):
+            origin = self._origins[job] = PodOrigin(queue, job, shared)
         return origin
 
     def _unplace(self, name: str, job: str) -> None:
@@ -346,7 +350,7 @@ class ClusterState:
             self.topology.remove(name)
         self.job_pods.discard(job, name)
         if origin is not None and not self.job_pods.count(origin.job):
-            self._origins.pop((origin.queue, origin.job), None)
+            self._origins.pop(origin.job, None)
 
     def held_by(self, name: str) -> tuple[str, Quantities] | None:
         """The queue a placed pod counts in and what it holds there (None: not placed)."""
