@@ -88,9 +88,10 @@ async def binders(
     assert len(pods) == 3
     leader = ServiceHost(BinderService, config(store_url, cluster_name, "b1"))
     standby = ServiceHost(BinderService, config(store_url, cluster_name, "b2"))
-    async with leader, standby:
+    async with leader:
         await eventually(lambda: leading(leader), what="leadership")
-        yield leader, standby
+        async with standby:  # started once b1 leads: b2 stands by
+            yield leader, standby
 
 
 async def test_the_binder_keeps_no_bytes_of_bound_pods_yet_judges_as_before(
