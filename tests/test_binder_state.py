@@ -6,8 +6,12 @@ from __future__ import annotations
 from google.protobuf.message import Message
 
 from protos.godel.v1 import objects_pb2 as pb
-from services.binder.state import ClusterState, keeps
+from services.binder.state import ClusterState, keeps, watched
+from store import Store
+from store.client import Bind
 from store.encoded import EncodedObjects
+from store.informer import Informer
+from tests import factories as f
 
 
 def _pod(name: str, rv: int, node: str = "", job: str = "j") -> pb.Pod:
@@ -147,3 +151,63 @@ def test_a_jobs_placed_pods_share_one_record_of_their_job() -> None:
     for i in range(3):
         informer.put(_pod(f"p{i}", 10 + i))  # unbound
     assert not state.pod_origin and not state._origins
+
+
+async def test_after_a_relist_the_records_are_what_a_fresh_listing_builds(
+    store_url: str, cluster_name: str
+) -> None:
+    """A Binder's informer that fell behind a trimmed feed relists: a bound pod deleted
+    meanwhile is delivered as its records outline it (its job found from them), one finished
+    or bound meanwhile as a change; the records end as a fresh Binder's listing builds them,
+    and no bound pod's bytes are kept."""
+    small = await Store.connect(store_url, cluster=cluster_name, feed_max_len=10)
+    informer, state = watched(small)
+    fresh_informer: Informer | None = None
+    try:
+        await small.create(f.node("n1"))
+        web = f.job("web", replicas=3, cpu=100)
+        web.spec.template.labels["app"] = "web"
+        await small.create_unit(web, f.pods_of(web))
+        solo = f.job("solo", cpu=100)
+        await small.create_unit(solo, f.pods_of(solo))
+        for name in ("web-0", "web-1", "web-2"):
+            await _bind(small, name, "n1")
+        informer.start()
+        await informer.wait_synced(10)
+        assert set(state.pod_node) == {"web-0", "web-1", "web-2"}
+        await informer.stop()  # falls behind while the feed moves on and is trimmed
+        await small.delete(pb.Pod, "web-0")
+        finished = await small.get(pb.Pod, "web-1")
+        finished.status.phase = pb.POD_SUCCEEDED
+        await small.update(finished)
+        await _bind(small, "solo-0", "n1")
+        for i in range(700):  # the feed is trimmed by whole blocks: well past its 10
+            await small.create(f.node(f"m{i}"))
+        informer.start()
+        await informer.wait_for_revision(await small.revision(), timeout=10)
+        assert informer.relists == 1
+
+        fresh_informer, fresh = watched(small)
+        fresh_informer.start()
+        await fresh_informer.wait_synced(10)
+        for s in (state, fresh):
+            assert set(s.pod_node) == {"web-2", "solo-0"}
+            assert set(s.names_of_job("web")) == {"web-1", "web-2"}
+            assert set(s.job_pods.get("web")) == {"web-2"} and s.bound_count("solo") == 1
+            assert {n: (o.queue, o.job, dict(o.labels)) for n, o in s.pod_origin.items()} == {
+                "web-2": ("default", "web", {"app": "web"}),
+                "solo-0": ("default", "solo", {}),
+            }
+            assert s.queue_usage["default"].cpu == 200
+        assert sorted(informer.names("Pod")) == sorted(fresh_informer.names("Pod")) == ["web-1"]
+    finally:
+        await informer.stop()
+        if fresh_informer is not None:
+            await fresh_informer.stop()
+        await small.close()
+
+
+async def _bind(store: Store, name: str, node: str) -> None:
+    pod = await store.get(pb.Pod, name)
+    pod.spec.node_name, pod.status.phase = node, pb.POD_BOUND
+    await store.commit([Bind(pod)])

@@ -14,7 +14,7 @@ See README.md for the invariants.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -30,11 +30,9 @@ from services.binder.evictrpc import Evictions
 from services.binder.leadership import BINDER_SERVICE, Leadership
 from services.binder.records import CommitRecords
 from services.binder.reserve import Reserving
-from services.binder.state import ClusterState, keeps
+from services.binder.state import watched
 from services.peers.binder import LEASE
 from services.runtime import Service
-from store.informer import Handlers, Informer
-from store.kinds import S
 
 __all__ = ["BinderConfig", "BinderService"]
 
@@ -50,26 +48,7 @@ class BinderService(Service[BinderConfig]):
         super().__init__(*args, **kwargs)
         cfg = self.config
         self.rules = hard_rules()
-        # A pod holding a claim is the state's records alone (``state.keeps``); the informer
-        # asks the state which such pods exist and what they were (``held_elsewhere``,
-        # ``recall``), so their changes and deletions are still delivered.
-        informer: Informer | None = None
-
-        def informed(cls: type[S]) -> Mapping[str, S]:
-            assert informer is not None
-            return informer.objects(cls)
-
-        self.state = ClusterState(informed)
-        self.informer = informer = Informer(
-            self.store,
-            ["Node", "Pod", "Job", "DisruptionBudget", "Queue", "Reservation"],
-            hold=keeps,
-            held_elsewhere=self.state.held_elsewhere,
-            recall=self.state.recall,
-        )
-        self.informer.add_handlers(
-            Handlers(self.state.on_add, self.state.on_update, self.state.on_delete)
-        )
+        self.informer, self.state = watched(self.store)
         # Preemptions, evictions and bind rejections, written in batches off the commit path.
         self.events = events.EventRecorder(self.store, cfg.name)
         self.leadership = Leadership(

@@ -30,7 +30,9 @@ from placement.resources import Quantities
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 from services.grouped import GroupedNames
+from store.client import Store
 from store.encoded import EncodedObjects
+from store.informer import Handlers, Informer
 from store.kinds import S, StoredObject
 
 
@@ -54,6 +56,28 @@ def keeps(kind: str, obj: StoredObject) -> bool:
     """What the Binder's informer keeps (its ``hold``): every object but a pod that holds a
     claim, which is its state's records alone."""
     return type(obj) is not pb.Pod or not holds_claim(obj)
+
+
+def watched(store: Store) -> tuple[Informer, ClusterState]:
+    """The Binder's informer and the state it feeds. A pod holding a claim is the state's
+    records alone (``keeps``); the informer asks the state which such pods exist and what they
+    were (``held_elsewhere``, ``recall``), so their changes and deletions are still delivered."""
+    informer: Informer | None = None
+
+    def informed(cls: type[S]) -> Mapping[str, S]:
+        assert informer is not None
+        return informer.objects(cls)
+
+    state = ClusterState(informed)
+    informer = Informer(
+        store,
+        ["Node", "Pod", "Job", "DisruptionBudget", "Queue", "Reservation"],
+        hold=keeps,
+        held_elsewhere=state.held_elsewhere,
+        recall=state.recall,
+    )
+    informer.add_handlers(Handlers(state.on_add, state.on_update, state.on_delete))
+    return informer, state
 
 
 class ClusterState:
