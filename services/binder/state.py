@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from placement.budgets import SelectorMembers
-from placement.claims import holds_claim
+from placement.claims import CLAIM_PHASES, holds_claim
 from placement.nodeinfo import NodeInfo, PodRequest
 from placement.preemption import shared_labels
 from placement.quotas import queue_of
@@ -279,11 +279,14 @@ class ClusterState:
     def _set_pod(self, pod: pb.Pod, previous: pb.Pod | None) -> None:
         """An informer event; ``previous``: the informer's state before it (its records'
         outline for a pod it does not keep)."""
-        self._seen(pod)
-        name = pod.metadata.name
+        meta = pod.metadata
+        rv = meta.resource_version
+        if rv > self.seen_revision:
+            self.seen_revision = rv
+        name = meta.name
         ours = self.written.get(name)
         if ours is not None:
-            if pod.metadata.resource_version < ours:
+            if rv < ours:
                 return  # an older state than our own write: the write stands
             del self.written[name]
         if self._own_pods is not None:
@@ -296,15 +299,16 @@ class ClusterState:
     def _apply(self, pod: pb.Pod, previous: pb.Pod | None) -> None:
         # The name and the job read once and handed on (every bound pod comes through here
         # when the Binder (re)starts, and a protobuf field read is ~0.3 µs).
-        name = pod.metadata.name
-        job = pod.spec.job
-        labels = pod.spec.template.labels
+        meta, spec = pod.metadata, pod.spec
+        name = meta.name
+        job = spec.job
+        labels = spec.template.labels
         if previous is None or previous.spec.template.labels != labels:
             self.budget_members.set_pod(pod)
-        if holds_claim(pod):
-            self._place(pod, name, job, labels)
+        if spec.node_name and pod.status.phase in CLAIM_PHASES:  # holds_claim, fields read
+            self._place(pod, meta, spec, name, job, labels)
             self.unplaced_job_pods.discard(job, name)
-            if pod.metadata.deletion_timestamp_ms:
+            if meta.deletion_timestamp_ms:
                 self.deleting.add(name)
             elif self.deleting:
                 self.deleting.discard(name)
@@ -320,17 +324,24 @@ class ClusterState:
             info = self.infos[node] = NodeInfo(node, ready=False)
         return info
 
-    def _place(self, pod: pb.Pod, name: str, job: str, labels: Mapping[str, str]) -> None:
+    def _place(
+        self,
+        pod: pb.Pod,
+        meta: pb.ObjectMeta,
+        spec: pb.PodSpec,
+        name: str,
+        job: str,
+        labels: Mapping[str, str],
+    ) -> None:
         """``name``: the pod's, one string shared by every index of it (the placed pods' maps,
-        the node's request, the job's names)."""
-        spec = pod.spec
+        the node's request, the job's names); ``meta``, ``spec``: the pod's, read once."""
         node = spec.node_name
         current = self.pod_node.get(name)
         if current == node:
             return
         if current is not None:
             self._unplace(name, job)
-        req = PodRequest.from_parts(pod.metadata, spec, name)
+        req = PodRequest.from_parts(meta, spec, name)
         info = self.info_for(node)
         info.add_pod(req)
         self.anti_placed += bool(req.anti_terms)
