@@ -14,7 +14,8 @@ its own victims: the dispatcher's admission is not the last word), then the gang
 rejection frees the room its pods took tentatively (and gives back their victims), so the nodes
 it touched are checked again until nothing changes.
 
-Synchronous and free of I/O: the service reads the pods and jobs, plans here, then commits.
+Synchronous and free of I/O: the service reads the pods, the victims they name and the jobs,
+plans here, then commits.
 """
 
 from __future__ import annotations
