@@ -15,6 +15,7 @@ import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from placement.labelselector import PodTerm, pod_term
 from placement.resources import MILLI_PER_CARD, Quantities, request_milli, shared_amounts
@@ -190,7 +191,11 @@ class PodRequest:
 
     @classmethod
     def from_parts(
-        cls, meta: pb.ObjectMeta, spec: pb.PodSpec, name: str | None = None
+        cls,
+        meta: pb.ObjectMeta,
+        spec: pb.PodSpec,
+        name: str | None = None,
+        part: RequestPart | None = None,
     ) -> PodRequest:
         """``from_pod`` of the pod with this metadata and spec, for a caller that read them
         already. Every bound pod comes through here when a shard or the Binder (re)starts: each
@@ -198,44 +203,70 @@ class PodRequest:
         and the request is made without __init__'s keyword handling (``_made``). ``name``: the
         pod's name as the caller already holds it, so the caller's indexes and this request
         share one string (each read of ``metadata.name`` is a new one, ~60 bytes a pod for
-        every holder that keeps it)."""
-        tpl = spec.template
-        req = tpl.requests
-        qos = spec.qos
-        gpus = req.gpus
-        # Most pods have no ports and no NUMA nodes: the empty tuple without a generator or a
-        # copy.
-        ports = tpl.ports
+        every holder that keeps it). ``part``: ``request_part`` of the pod's template and QoS,
+        read already for another pod of the same template (``placement.preemption
+        .TemplateParts``); the template is then not read at all."""
+        if part is None:
+            part = request_part(spec.template, spec.qos)
+        pool, requests, host_ports, anti_terms, numa_policy, gpu_models, asks_gpus = part
         labels = meta.labels
-        policy = tpl.numa_policy
+        # Most pods have no NUMA nodes: the empty tuple without a copy.
         numa_nodes = spec.numa_nodes
         return _made(
             meta.name if name is None else name,
-            pool_of(qos),
-            (
-                Quantities.shared_request(tpl)
-                if req.extended
-                else shared_amounts(
-                    req.milli_cpu,
-                    req.memory_bytes,
-                    request_milli(gpus, tpl.gpu_milli) if gpus else 0,
-                )
-            ),
-            tuple((p.protocol or "TCP", p.host_port) for p in ports if p.host_port)
-            if ports
-            else (),
+            pool,
+            requests,
+            host_ports,
             spec.priority,
             shared_labels(labels) if labels else _NO_LABELS,
-            _anti_terms(tpl),
-            # numa_policy_of's rule, on the fields already read.
-            int(policy)
-            if policy in (NUMA_SINGLE, NUMA_EXCLUSIVE) and qos != pb.QOS_BEST_EFFORT
-            else 0,
+            anti_terms,
+            numa_policy,
             tuple(numa_nodes) if numa_nodes else (),
+            gpu_models,
             # Read only for a pod asking GPUs: repeated fields cost even when empty.
-            tuple(tpl.gpu_models) if gpus else (),
-            tuple(spec.gpu_cards) if gpus else (),
+            tuple(spec.gpu_cards) if asks_gpus else (),
         )
+
+
+class RequestPart(NamedTuple):
+    """What a ``PodRequest`` takes from its pod's template and QoS alone: the same for every pod
+    with an equal template and QoS, so it can be read once for all of them (a job of 1,000 pods
+    carries one template). ``request_part`` is the one reading of it."""
+
+    pool: str
+    requests: Quantities
+    host_ports: tuple[tuple[str, int], ...]
+    anti_terms: tuple[PodTerm, ...]
+    numa_policy: int
+    gpu_models: tuple[str, ...]
+    asks_gpus: bool  # whether the pod's own ``gpu_cards`` are read
+
+
+def request_part(tpl: pb.PodTemplate, qos: int) -> RequestPart:
+    """The part of a ``PodRequest`` its template and QoS decide (``RequestPart``)."""
+    req = tpl.requests
+    gpus = req.gpus
+    # Most pods have no ports: the empty tuple without a generator.
+    ports = tpl.ports
+    policy = tpl.numa_policy
+    return RequestPart(
+        pool_of(qos),
+        (
+            Quantities.shared_request(tpl)
+            if req.extended
+            else shared_amounts(
+                req.milli_cpu,
+                req.memory_bytes,
+                request_milli(gpus, tpl.gpu_milli) if gpus else 0,
+            )
+        ),
+        tuple((p.protocol or "TCP", p.host_port) for p in ports if p.host_port) if ports else (),
+        _anti_terms(tpl),
+        # numa_policy_of's rule, on the fields already read.
+        int(policy) if policy in (NUMA_SINGLE, NUMA_EXCLUSIVE) and qos != pb.QOS_BEST_EFFORT else 0,
+        tuple(tpl.gpu_models) if gpus else (),
+        bool(gpus),
+    )
 
 
 # PodRequest's slots set directly, in __slots__' order: a frozen dataclass's object.__setattr__

@@ -29,7 +29,7 @@ from google.protobuf.message import Message
 
 from placement.claims import TERMINAL_PHASES
 from placement.nodeinfo import NodeInfo, PodRequest
-from placement.preemption import VictimCandidate
+from placement.preemption import TemplateParts, VictimCandidate
 from placement.reservations import Reservations, hold_name, holds_room, reservation_of
 from placement.snapshot import LabelIndex
 from protos.godel.v1 import objects_pb2 as pb
@@ -79,6 +79,8 @@ class SchedulerCache:
         # Live reservations, each holding its room on its node as a hold only its owner's pods
         # may take (placement.reservations).
         self.reservations = Reservations()
+        # Each distinct pod template's part of a bound pod's record (placement.preemption).
+        self.template_parts = TemplateParts()
 
     # -- informer handlers -------------------------------------------------------------------
 
@@ -178,7 +180,16 @@ class SchedulerCache:
             and assumed.req.gpu_cards == tuple(spec.gpu_cards)
             else None
         )
-        record = VictimCandidate.from_parts(meta, spec, status, accounted, sys.intern(node_name))
+        record = VictimCandidate.from_parts(
+            meta,
+            spec,
+            status,
+            accounted,
+            sys.intern(node_name),
+            # A job's pods share one template: its part read once, not once a pod (most of a
+            # restart's work per pod was reading it again).
+            None if accounted is not None else self.template_parts.of(spec),
+        )
         if current is not None:
             self._unaccount(name, current.node)
             self._count_bound(current.node, current.priority, -1)
