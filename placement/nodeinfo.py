@@ -200,7 +200,7 @@ class PodRequest:
         """``from_pod`` of the pod with this metadata and spec, for a caller that read them
         already. Every bound pod comes through here when a shard or the Binder (re)starts: each
         submessage is read once (a protobuf field read is ~0.3 µs, most of this method's cost),
-        and the request is made without __init__'s keyword handling (``_made``). ``name``: the
+        and the request is made without __init__'s keyword handling (its slots set directly). ``name``: the
         pod's name as the caller already holds it, so the caller's indexes and this request
         share one string (each read of ``metadata.name`` is a new one, ~60 bytes a pod for
         every holder that keeps it). ``part``: ``request_part`` of the pod's template and QoS,
@@ -212,20 +212,22 @@ class PodRequest:
         labels = meta.labels
         # Most pods have no NUMA nodes: the empty tuple without a copy.
         numa_nodes = spec.numa_nodes
-        return _made(
-            meta.name if name is None else name,
-            pool,
-            requests,
-            host_ports,
-            spec.priority,
-            shared_labels(labels) if labels else _NO_LABELS,
-            anti_terms,
-            numa_policy,
-            tuple(numa_nodes) if numa_nodes else (),
-            gpu_models,
-            # Read only for a pod asking GPUs: repeated fields cost even when empty.
-            tuple(spec.gpu_cards) if asks_gpus else (),
-        )
+        # Its slots set directly, not through __init__, and inline: every bound pod of a restart.
+        made = object.__new__(PodRequest)
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10 = _REQUEST_SLOTS
+        s0(made, meta.name if name is None else name)
+        s1(made, pool)
+        s2(made, requests)
+        s3(made, host_ports)
+        s4(made, spec.priority)
+        s5(made, shared_labels(labels) if labels else _NO_LABELS)
+        s6(made, anti_terms)
+        s7(made, numa_policy)
+        s8(made, tuple(numa_nodes) if numa_nodes else ())
+        s9(made, gpu_models)
+        # Read only for a pod asking GPUs: repeated fields cost even when empty.
+        s10(made, tuple(spec.gpu_cards) if asks_gpus else ())
+        return made
 
 
 class RequestPart(NamedTuple):
@@ -269,8 +271,9 @@ def request_part(tpl: pb.PodTemplate, qos: int) -> RequestPart:
     )
 
 
-# PodRequest's slots set directly, in __slots__' order: a frozen dataclass's object.__setattr__
-# looks each name up first, and __init__ takes keywords (a third of making one from a pod).
+# PodRequest's slots set directly, in __slots__' order (``from_parts``): a frozen dataclass's
+# object.__setattr__ looks each name up first, and __init__ takes keywords (a third of making
+# one from a pod).
 _REQUEST_SLOTS = tuple(getattr(PodRequest, slot).__set__ for slot in PodRequest.__slots__)
 assert PodRequest.__slots__ == (
     "name",
@@ -284,36 +287,7 @@ assert PodRequest.__slots__ == (
     "numa_nodes",
     "gpu_models",
     "gpu_cards",
-), "PodRequest's fields moved: _made sets them in this order"
-
-
-def _made(
-    name: str,
-    pool: str,
-    requests: Quantities,
-    host_ports: tuple[tuple[str, int], ...],
-    priority: int,
-    labels: Mapping[str, str],
-    anti_terms: tuple[PodTerm, ...],
-    numa_policy: int,
-    numa_nodes: tuple[int, ...],
-    gpu_models: tuple[str, ...],
-    gpu_cards: tuple[int, ...],
-) -> PodRequest:
-    made = object.__new__(PodRequest)
-    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10 = _REQUEST_SLOTS
-    s0(made, name)
-    s1(made, pool)
-    s2(made, requests)
-    s3(made, host_ports)
-    s4(made, priority)
-    s5(made, labels)
-    s6(made, anti_terms)
-    s7(made, numa_policy)
-    s8(made, numa_nodes)
-    s9(made, gpu_models)
-    s10(made, gpu_cards)
-    return made
+), "PodRequest's fields moved: from_parts sets them in this order"
 
 
 def _anti_terms(tpl: pb.PodTemplate) -> tuple[PodTerm, ...]:

@@ -74,6 +74,18 @@ class StoredListing:
                 yield raw_name.decode(), with_rv(data, int(rv))
 
 
+    def versioned(self, kind_name: str) -> Iterator[tuple[bytes, bytes, int]]:
+        """The kind's objects as (name as stored, bytes as stored, resource version): for a
+        reader that sets the version on what it decodes, or appends it only to the bytes it
+        keeps (``store.informer``'s ``take_listed``). Lets go of the kind's bytes like
+        ``objects``."""
+        datas, rvs = self.stored.pop(kind_name, ({}, {}))
+        for raw_name, data in datas.items():
+            rv = rvs.get(raw_name)
+            if rv is not None:
+                yield raw_name, data, int(rv)
+
+
 class ObjectReads(StoreConnection):
     """Reads of stored objects: by name, many by name, whole kinds at one revision, and every
     key of the cluster at once (a backup)."""
