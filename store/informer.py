@@ -161,8 +161,9 @@ class Informer:
         that it did not (the informer goes on as without it). For a holder whose ``on_add`` is
         the kind's only handler: a shard's cache takes each bound pod of its (re)start's
         listing in one step, without ``hold`` and the handler each reading the pod again. The
-        object it is offered is decoded from the stored bytes with its resource version set on
-        it (not appended to the bytes, as they are only for objects kept)."""
+        object it is offered is decoded from the stored bytes *without* its resource version (0:
+        the taker keeps none; an object it does not take has it set before anyone else sees
+        it)."""
         if held_elsewhere is not None and hold is None:
             raise ValueError("informer: held_elsewhere names what hold refuses; give hold too")
         if recall is not None and held_elsewhere is None:
@@ -454,7 +455,7 @@ class Informer:
         as_listed: dict[str, Iterator[tuple[str, bytes]]] = {}
         # The same for a kind whose holder takes what it holds (``take_listed``): the bytes as
         # stored, each with its resource version.
-        versioned: dict[str, Iterator[tuple[bytes, bytes, int]]] = {}
+        versioned: dict[str, Iterator[tuple[bytes, bytes, bytes]]] = {}
         for kind in self.kinds:
             new = fresh[kind] = self._empty(kind)
             if (
@@ -606,13 +607,13 @@ class Informer:
         kind: str,
         new: EncodedObjects[Any],
         listing: StoredListing,
-        stored: Iterator[tuple[bytes, bytes, int]],
+        stored: Iterator[tuple[bytes, bytes, bytes]],
     ) -> None:
         """``_deliver_listed`` of a kind its holder takes (``take_listed``): each object offered
         to the taker first; what it does not take goes on as there, its bytes kept if ``hold``
-        keeps it. Each is decoded as stored, its resource version set on the decoded object: a
-        version appended to the bytes of every object listed cost a bytes copy each, and a
-        shard keeps none of its bound pods' bytes."""
+        keeps it. Each is decoded as stored, and its resource version read and set on it only
+        if the taker does not take it: a version appended to the bytes of every object listed
+        cost a bytes copy each, and a shard keeps none of its bound pods' bytes nor versions."""
         take = self._take_listed[kind]
         handlers = self._routes.get(("on_add", kind), ())
         refused = self._routes.get(("on_add_refused", kind), ())
@@ -620,7 +621,7 @@ class Informer:
         decode = new.message_class.FromString
         put = new.put_encoded
         with_rv = kinds_mod.with_resource_version
-        for raw_name, data, rv in stored:
+        for raw_name, data, version in stored:
             try:
                 obj = decode(data)
             except DecodeError as exc:
@@ -629,13 +630,14 @@ class Informer:
                     (kind, name, InvalidObjectError(f"bytes are not a valid {kind}: {exc}"))
                 )
                 continue
-            obj.metadata.resource_version = rv
             try:
                 if take(obj):
                     continue
             except Exception:
                 log.exception("informer handler failed", handler="take_listed", kind=kind)
                 continue
+            rv = int(version)
+            obj.metadata.resource_version = rv
             to = handlers
             if hold is not None and not hold(kind, obj):
                 to = refused
@@ -750,8 +752,10 @@ def _name_alone(kind: str, name: str) -> StoredObject:
     return cast("StoredObject", message)
 
 
-def _with_versions(stored: Iterator[tuple[bytes, bytes, int]]) -> Iterator[tuple[str, bytes]]:
+def _with_versions(
+    stored: Iterator[tuple[bytes, bytes, bytes]],
+) -> Iterator[tuple[str, bytes]]:
     """``StoredListing.versioned``'s objects as ``StoredListing.encoded`` gives them."""
     with_rv = kinds_mod.with_resource_version
-    for raw_name, data, rv in stored:
-        yield raw_name.decode(), with_rv(data, rv)
+    for raw_name, data, version in stored:
+        yield raw_name.decode(), with_rv(data, int(version))

@@ -74,16 +74,16 @@ class StoredListing:
                 yield raw_name.decode(), with_rv(data, int(rv))
 
 
-    def versioned(self, kind_name: str) -> Iterator[tuple[bytes, bytes, int]]:
-        """The kind's objects as (name as stored, bytes as stored, resource version): for a
-        reader that sets the version on what it decodes, or appends it only to the bytes it
-        keeps (``store.informer``'s ``take_listed``). Lets go of the kind's bytes like
-        ``objects``."""
+    def versioned(self, kind_name: str) -> Iterator[tuple[bytes, bytes, bytes]]:
+        """The kind's objects as (name, bytes, resource version), each as stored: for a
+        reader that reads the version only of what it keeps, sets it on what it decodes or
+        appends it only to the bytes it keeps (``store.informer``'s ``take_listed``). Lets go
+        of the kind's bytes like ``objects``."""
         datas, rvs = self.stored.pop(kind_name, ({}, {}))
         for raw_name, data in datas.items():
-            rv = rvs.get(raw_name)
-            if rv is not None:
-                yield raw_name, data, int(rv)
+            version = rvs.get(raw_name)
+            if version is not None:
+                yield raw_name, data, version
 
 
 class ObjectReads(StoreConnection):

@@ -211,6 +211,7 @@ class SchedulerCache:
             else None
         )
         # The record names its node by the node's own string (one per node, not one per pod).
+        # Looked up again below unless nothing was unaccounted (which may drop a placeholder).
         known = self.nodes.get(node_name)
         record = VictimCandidate.from_parts(
             meta,
@@ -232,7 +233,7 @@ class SchedulerCache:
             if accounted is None:
                 self._unaccount(name, assumed.node)
         node = record.node
-        info = self.nodes.get(node)  # (again: the unaccounting may have dropped a placeholder)
+        info = known if current is None and assumed is None else self.nodes.get(node)
         if info is None:
             info = self._node(node)
         info.add_pod(record.req)
