@@ -223,7 +223,11 @@ class VictimCandidate:
             req = PodRequest.from_parts(meta, spec) if request is None else request
         else:
             request_part, template_labels = part
-            req = PodRequest.from_parts(meta, spec, None, request_part) if request is None else request
+            req = (
+                PodRequest.from_parts(meta, spec, None, request_part)
+                if request is None
+                else request
+            )
         started = status.started_ms
         seconds = spec.protection_seconds
         # Made without __init__, its slots set in order: a call less for every bound pod.

@@ -73,7 +73,6 @@ class StoredListing:
             if rv is not None:
                 yield raw_name.decode(), with_rv(data, int(rv))
 
-
     def versioned(self, kind_name: str) -> Iterator[tuple[bytes, bytes, bytes]]:
         """The kind's objects as (name, bytes, resource version), each as stored: for a
         reader that reads the version only of what it keeps, sets it on what it decodes or

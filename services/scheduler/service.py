@@ -26,7 +26,6 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
-from placement.claims import TERMINAL_PHASES
 from placement.framework import Framework, PluginConfigError, Profile, load_profile
 from placement.plugins import new_in_tree_registry
 from placement.postfilter import Preemption
