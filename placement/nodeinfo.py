@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from foundation.frozen import positional_maker
 from placement.labelselector import PodTerm, pod_term
 from placement.resources import MILLI_PER_CARD, Quantities, request_milli, shared_amounts
 from protos.godel.v1 import objects_pb2 as pb
@@ -200,7 +201,7 @@ class PodRequest:
         """``from_pod`` of the pod with this metadata and spec, for a caller that read them
         already. Every bound pod comes through here when a shard or the Binder (re)starts: each
         submessage is read once (a protobuf field read is ~0.3 µs, most of this method's cost),
-        and the request is made without __init__'s keyword handling (its slots set directly). ``name``: the
+        and the request is made without __init__'s keyword handling (``_make_request``). ``name``: the
         pod's name as the caller already holds it, so the caller's indexes and this request
         share one string (each read of ``metadata.name`` is a new one, ~60 bytes a pod for
         every holder that keeps it). ``part``: ``request_part`` of the pod's template and QoS,
@@ -212,22 +213,20 @@ class PodRequest:
         labels = meta.labels
         # Most pods have no NUMA nodes: the empty tuple without a copy.
         numa_nodes = spec.numa_nodes
-        # Its slots set directly, not through __init__, and inline: every bound pod of a restart.
-        made = object.__new__(PodRequest)
-        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10 = _REQUEST_SLOTS
-        s0(made, meta.name if name is None else name)
-        s1(made, pool)
-        s2(made, requests)
-        s3(made, host_ports)
-        s4(made, spec.priority)
-        s5(made, shared_labels(labels) if labels else _NO_LABELS)
-        s6(made, anti_terms)
-        s7(made, numa_policy)
-        s8(made, tuple(numa_nodes) if numa_nodes else ())
-        s9(made, gpu_models)
-        # Read only for a pod asking GPUs: repeated fields cost even when empty.
-        s10(made, tuple(spec.gpu_cards) if asks_gpus else ())
-        return made
+        return _make_request(
+            meta.name if name is None else name,
+            pool,
+            requests,
+            host_ports,
+            spec.priority,
+            shared_labels(labels) if labels else _NO_LABELS,
+            anti_terms,
+            numa_policy,
+            tuple(numa_nodes) if numa_nodes else (),
+            gpu_models,
+            # Read only for a pod asking GPUs: repeated fields cost even when empty.
+            tuple(spec.gpu_cards) if asks_gpus else (),
+        )
 
 
 class RequestPart(NamedTuple):
@@ -271,10 +270,9 @@ def request_part(tpl: pb.PodTemplate, qos: int) -> RequestPart:
     )
 
 
-# PodRequest's slots set directly, in __slots__' order (``from_parts``): a frozen dataclass's
-# object.__setattr__ looks each name up first, and __init__ takes keywords (a third of making
-# one from a pod).
-_REQUEST_SLOTS = tuple(getattr(PodRequest, slot).__set__ for slot in PodRequest.__slots__)
+# A PodRequest from its fields in order, without the frozen __init__'s keyword handling and
+# object.__setattr__ per field (``foundation.frozen``): every bound pod of a restart is made here.
+_make_request = positional_maker(PodRequest)
 assert PodRequest.__slots__ == (
     "name",
     "pool",
@@ -287,7 +285,7 @@ assert PodRequest.__slots__ == (
     "numa_nodes",
     "gpu_models",
     "gpu_cards",
-), "PodRequest's fields moved: from_parts sets them in this order"
+), "PodRequest's fields moved: from_parts passes them in this order"
 
 
 def _anti_terms(tpl: pb.PodTemplate) -> tuple[PodTerm, ...]:

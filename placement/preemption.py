@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
+from foundation.frozen import positional_maker
 from placement import gpu
 from placement.claims import CLAIM_PHASES
 from placement.framework.interface import PodInfo
@@ -214,7 +215,7 @@ class VictimCandidate:
     ) -> VictimCandidate:
         """``from_pod`` (no ``held``) of the pod with these parts, for a caller that read them
         already. Each read once, protected_until_ms's rule on them, and the record made without
-        the frozen dataclass's __init__ (its slots set directly): every bound pod comes through
+        the frozen dataclass's __init__ (``_make_candidate``): every bound pod comes through
         here when a shard (re)starts. ``part``: what the pod's template decides, read once per
         distinct template (``TemplateParts``); the template is then not read here at all."""
         if part is None:
@@ -230,20 +231,18 @@ class VictimCandidate:
             )
         started = status.started_ms
         seconds = spec.protection_seconds
-        # Made without __init__, its slots set in order: a call less for every bound pod.
-        made = object.__new__(VictimCandidate)
-        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9 = _CANDIDATE_SLOTS
-        s0(made, req.name)
-        s1(made, sys.intern(spec.job))  # shared by the job's pods
-        s2(made, spec.priority)
-        s3(made, started)
-        s4(made, req)
-        s5(made, spec.preemptible)
-        s6(made, 0 if seconds <= 0 else started + seconds * 1000 if started else _NEVER_ENDS)
-        s7(made, status.preempted_by)
-        s8(made, node)
-        s9(made, template_labels)
-        return made
+        return _make_candidate(
+            req.name,
+            sys.intern(spec.job),  # shared by the job's pods
+            spec.priority,
+            started,
+            req,
+            spec.preemptible,
+            0 if seconds <= 0 else started + seconds * 1000 if started else _NEVER_ENDS,
+            status.preempted_by,
+            node,
+            template_labels,
+        )
 
 
 class TemplatePart(NamedTuple):
@@ -296,9 +295,9 @@ def _labels_of(items: tuple[tuple[str, str], ...]) -> Mapping[str, str]:
     return MappingProxyType(dict(items))
 
 
-_CANDIDATE_SLOTS = tuple(
-    getattr(VictimCandidate, slot).__set__ for slot in VictimCandidate.__slots__
-)
+# A VictimCandidate from its fields in order, without the frozen __init__'s object.__setattr__
+# per field (``foundation.frozen``): every bound pod of a shard's restart is made here.
+_make_candidate = positional_maker(VictimCandidate)
 assert VictimCandidate.__slots__ == (
     "name",
     "job",
@@ -310,7 +309,7 @@ assert VictimCandidate.__slots__ == (
     "preempted_by",
     "node",
     "labels",
-), "VictimCandidate's fields moved: from_parts sets them in this order"
+), "VictimCandidate's fields moved: from_parts passes them in this order"
 
 
 def possible_victims(
