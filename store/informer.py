@@ -455,7 +455,7 @@ class Informer:
         as_listed: dict[str, Iterator[tuple[str, bytes]]] = {}
         # The same for a kind whose holder takes what it holds (``take_listed``): the bytes as
         # stored, each with its resource version.
-        versioned: dict[str, Iterator[tuple[bytes, bytes, bytes]]] = {}
+        versioned: dict[str, tuple[dict[bytes, bytes], dict[bytes, bytes]]] = {}
         for kind in self.kinds:
             new = fresh[kind] = self._empty(kind)
             if (
@@ -466,7 +466,7 @@ class Informer:
                 and not (self._elsewhere is not None and self._elsewhere(kind))
             ):
                 if kind in self._take_listed:
-                    versioned[kind] = listing.versioned(kind)
+                    versioned[kind] = listing.stored_of(kind)
                 else:
                     as_listed[kind] = listing.encoded(kind)
                 continue
@@ -486,7 +486,7 @@ class Informer:
             stored = versioned.pop(kind, None)
             if stored is not None and isinstance(new, EncodedObjects):
                 if old or elsewhere:  # (not so: the general path below)
-                    new.put_many_encoded(_with_versions(stored))
+                    new.put_many_encoded(_with_versions(*stored))
                     stored = None
             if listed is not None and (old or elsewhere) and isinstance(new, EncodedObjects):
                 new.put_many_encoded(listed)  # (not so: the general path below)
@@ -495,7 +495,7 @@ class Informer:
                 self.delivering_listing = True
                 try:
                     if stored is not None and isinstance(new, EncodedObjects):
-                        self._deliver_taken(kind, new, listing, stored)
+                        self._deliver_taken(kind, new, listing, *stored)
                     else:
                         self._deliver_listed(kind, new, listing, listed)
                 finally:
@@ -607,7 +607,8 @@ class Informer:
         kind: str,
         new: EncodedObjects[Any],
         listing: StoredListing,
-        stored: Iterator[tuple[bytes, bytes, bytes]],
+        datas: dict[bytes, bytes],
+        versions: dict[bytes, bytes],
     ) -> None:
         """``_deliver_listed`` of a kind its holder takes (``take_listed``): each object offered
         to the taker first; what it does not take goes on as there, its bytes kept if ``hold``
@@ -621,7 +622,11 @@ class Informer:
         decode = new.message_class.FromString
         put = new.put_encoded
         with_rv = kinds_mod.with_resource_version
-        for raw_name, data, version in stored:
+        version_of = versions.get
+        for raw_name, data in datas.items():
+            version = version_of(raw_name)
+            if version is None:  # (as ``StoredListing.encoded``: no version, not listed)
+                continue
             try:
                 obj = decode(data)
             except DecodeError as exc:
@@ -753,9 +758,11 @@ def _name_alone(kind: str, name: str) -> StoredObject:
 
 
 def _with_versions(
-    stored: Iterator[tuple[bytes, bytes, bytes]],
+    datas: dict[bytes, bytes], versions: dict[bytes, bytes]
 ) -> Iterator[tuple[str, bytes]]:
-    """``StoredListing.versioned``'s objects as ``StoredListing.encoded`` gives them."""
+    """``StoredListing.stored_of``'s objects as ``StoredListing.encoded`` gives them."""
     with_rv = kinds_mod.with_resource_version
-    for raw_name, data, version in stored:
-        yield raw_name.decode(), with_rv(data, int(version))
+    for raw_name, data in datas.items():
+        version = versions.get(raw_name)
+        if version is not None:
+            yield raw_name.decode(), with_rv(data, int(version))
