@@ -638,9 +638,8 @@ class Informer:
             try:
                 if take(obj):
                     continue
-            except Exception:
+            except Exception:  # handed on as if not taken: its handlers may hold it yet
                 log.exception("informer handler failed", handler="take_listed", kind=kind)
-                continue
             rv = int(version)
             obj.metadata.resource_version = rv
             to = handlers
