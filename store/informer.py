@@ -155,7 +155,8 @@ class Informer:
         back up to 3 s after the store did; a try a second costs one connection attempt.
 
         ``take_listed`` (given with ``held_elsewhere``), per kind, is offered every object of a
-        first listing of that kind (nothing of it known before, held here or elsewhere) before
+        first listing of that kind (nothing of it known before, held here or elsewhere; an
+        informer without ``selector``, of a kind it keeps encoded) before
         ``hold`` is asked: True means the holder took it — an object ``hold`` refuses, now in
         its records, as its ``on_add`` would have put it — and no handler is handed it; False,
         that it did not (the informer goes on as without it). For a holder whose ``on_add`` is
