@@ -15,7 +15,9 @@ import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from foundation.frozen import positional_maker
 from placement.labelselector import PodTerm, pod_term
 from placement.resources import MILLI_PER_CARD, Quantities, request_milli, shared_amounts
 from protos.godel.v1 import objects_pb2 as pb
@@ -190,57 +192,87 @@ class PodRequest:
 
     @classmethod
     def from_parts(
-        cls, meta: pb.ObjectMeta, spec: pb.PodSpec, name: str | None = None
+        cls,
+        meta: pb.ObjectMeta,
+        spec: pb.PodSpec,
+        name: str | None = None,
+        part: RequestPart | None = None,
     ) -> PodRequest:
         """``from_pod`` of the pod with this metadata and spec, for a caller that read them
         already. Every bound pod comes through here when a shard or the Binder (re)starts: each
         submessage is read once (a protobuf field read is ~0.3 µs, most of this method's cost),
-        and the request is made without __init__'s keyword handling (``_made``). ``name``: the
+        and the request is made without __init__'s keyword handling (``_make_request``). ``name``: the
         pod's name as the caller already holds it, so the caller's indexes and this request
         share one string (each read of ``metadata.name`` is a new one, ~60 bytes a pod for
-        every holder that keeps it)."""
-        tpl = spec.template
-        req = tpl.requests
-        qos = spec.qos
-        gpus = req.gpus
-        # Most pods have no ports and no NUMA nodes: the empty tuple without a generator or a
-        # copy.
-        ports = tpl.ports
+        every holder that keeps it). ``part``: ``request_part`` of the pod's template and QoS,
+        read already for another pod of the same template (``placement.preemption
+        .TemplateParts``); the template is then not read at all."""
+        if part is None:
+            part = request_part(spec.template, spec.qos)
+        pool, requests, host_ports, anti_terms, numa_policy, gpu_models, asks_gpus = part
         labels = meta.labels
-        policy = tpl.numa_policy
+        # Most pods have no NUMA nodes: the empty tuple without a copy.
         numa_nodes = spec.numa_nodes
-        return _made(
+        return _make_request(
             meta.name if name is None else name,
-            pool_of(qos),
-            (
-                Quantities.shared_request(tpl)
-                if req.extended
-                else shared_amounts(
-                    req.milli_cpu,
-                    req.memory_bytes,
-                    request_milli(gpus, tpl.gpu_milli) if gpus else 0,
-                )
-            ),
-            tuple((p.protocol or "TCP", p.host_port) for p in ports if p.host_port)
-            if ports
-            else (),
+            pool,
+            requests,
+            host_ports,
             spec.priority,
             shared_labels(labels) if labels else _NO_LABELS,
-            _anti_terms(tpl),
-            # numa_policy_of's rule, on the fields already read.
-            int(policy)
-            if policy in (NUMA_SINGLE, NUMA_EXCLUSIVE) and qos != pb.QOS_BEST_EFFORT
-            else 0,
+            anti_terms,
+            numa_policy,
             tuple(numa_nodes) if numa_nodes else (),
+            gpu_models,
             # Read only for a pod asking GPUs: repeated fields cost even when empty.
-            tuple(tpl.gpu_models) if gpus else (),
-            tuple(spec.gpu_cards) if gpus else (),
+            tuple(spec.gpu_cards) if asks_gpus else (),
         )
 
 
-# PodRequest's slots set directly, in __slots__' order: a frozen dataclass's object.__setattr__
-# looks each name up first, and __init__ takes keywords (a third of making one from a pod).
-_REQUEST_SLOTS = tuple(getattr(PodRequest, slot).__set__ for slot in PodRequest.__slots__)
+class RequestPart(NamedTuple):
+    """What a ``PodRequest`` takes from its pod's template and QoS alone: the same for every pod
+    with an equal template and QoS, so it can be read once for all of them (a job of 1,000 pods
+    carries one template). ``request_part`` is the one reading of it."""
+
+    pool: str
+    requests: Quantities
+    host_ports: tuple[tuple[str, int], ...]
+    anti_terms: tuple[PodTerm, ...]
+    numa_policy: int
+    gpu_models: tuple[str, ...]
+    asks_gpus: bool  # whether the pod's own ``gpu_cards`` are read
+
+
+def request_part(tpl: pb.PodTemplate, qos: int) -> RequestPart:
+    """The part of a ``PodRequest`` its template and QoS decide (``RequestPart``)."""
+    req = tpl.requests
+    gpus = req.gpus
+    # Most pods have no ports: the empty tuple without a generator.
+    ports = tpl.ports
+    policy = tpl.numa_policy
+    return RequestPart(
+        pool_of(qos),
+        (
+            Quantities.shared_request(tpl)
+            if req.extended
+            else shared_amounts(
+                req.milli_cpu,
+                req.memory_bytes,
+                request_milli(gpus, tpl.gpu_milli) if gpus else 0,
+            )
+        ),
+        tuple((p.protocol or "TCP", p.host_port) for p in ports if p.host_port) if ports else (),
+        _anti_terms(tpl),
+        # numa_policy_of's rule, on the fields already read.
+        int(policy) if policy in (NUMA_SINGLE, NUMA_EXCLUSIVE) and qos != pb.QOS_BEST_EFFORT else 0,
+        tuple(tpl.gpu_models) if gpus else (),
+        bool(gpus),
+    )
+
+
+# A PodRequest from its fields in order, without the frozen __init__'s keyword handling and
+# object.__setattr__ per field (``foundation.frozen``): every bound pod of a restart is made here.
+_make_request = positional_maker(PodRequest)
 assert PodRequest.__slots__ == (
     "name",
     "pool",
@@ -253,36 +285,7 @@ assert PodRequest.__slots__ == (
     "numa_nodes",
     "gpu_models",
     "gpu_cards",
-), "PodRequest's fields moved: _made sets them in this order"
-
-
-def _made(
-    name: str,
-    pool: str,
-    requests: Quantities,
-    host_ports: tuple[tuple[str, int], ...],
-    priority: int,
-    labels: Mapping[str, str],
-    anti_terms: tuple[PodTerm, ...],
-    numa_policy: int,
-    numa_nodes: tuple[int, ...],
-    gpu_models: tuple[str, ...],
-    gpu_cards: tuple[int, ...],
-) -> PodRequest:
-    made = object.__new__(PodRequest)
-    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10 = _REQUEST_SLOTS
-    s0(made, name)
-    s1(made, pool)
-    s2(made, requests)
-    s3(made, host_ports)
-    s4(made, priority)
-    s5(made, labels)
-    s6(made, anti_terms)
-    s7(made, numa_policy)
-    s8(made, numa_nodes)
-    s9(made, gpu_models)
-    s10(made, gpu_cards)
-    return made
+), "PodRequest's fields moved: from_parts passes them in this order"
 
 
 def _anti_terms(tpl: pb.PodTemplate) -> tuple[PodTerm, ...]:

@@ -37,12 +37,20 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
+from foundation.frozen import positional_maker
 from placement import gpu
 from placement.claims import CLAIM_PHASES
 from placement.framework.interface import PodInfo
-from placement.nodeinfo import NodeInfo, PodRequest, port_conflict, resource_fit_failures
+from placement.nodeinfo import (
+    NodeInfo,
+    PodRequest,
+    RequestPart,
+    port_conflict,
+    request_part,
+    resource_fit_failures,
+)
 from protos.godel.v1 import objects_pb2 as pb
 
 # Why a pod may not preempt at all.
@@ -203,16 +211,27 @@ class VictimCandidate:
         status: pb.PodStatus,
         request: PodRequest | None = None,
         node: str = "",
+        part: TemplatePart | None = None,
     ) -> VictimCandidate:
         """``from_pod`` (no ``held``) of the pod with these parts, for a caller that read them
         already. Each read once, protected_until_ms's rule on them, and the record made without
-        the frozen dataclass's __init__ (``_made_candidate``): every bound pod comes through
-        here when a shard (re)starts."""
-        req = PodRequest.from_parts(meta, spec) if request is None else request
+        the frozen dataclass's __init__ (``_make_candidate``): every bound pod comes through
+        here when a shard (re)starts. ``part``: what the pod's template decides, read once per
+        distinct template (``TemplateParts``); the template is then not read here at all."""
+        if part is None:
+            labels = spec.template.labels
+            template_labels = shared_labels(labels) if labels else NO_LABELS
+            req = PodRequest.from_parts(meta, spec) if request is None else request
+        else:
+            request_part, template_labels = part
+            req = (
+                PodRequest.from_parts(meta, spec, None, request_part)
+                if request is None
+                else request
+            )
         started = status.started_ms
         seconds = spec.protection_seconds
-        labels = spec.template.labels
-        return _made_candidate(
+        return _make_candidate(
             req.name,
             sys.intern(spec.job),  # shared by the job's pods
             spec.priority,
@@ -222,8 +241,47 @@ class VictimCandidate:
             0 if seconds <= 0 else started + seconds * 1000 if started else _NEVER_ENDS,
             status.preempted_by,
             node,
-            shared_labels(labels) if labels else NO_LABELS,
+            template_labels,
         )
+
+
+class TemplatePart(NamedTuple):
+    """What a bound pod's record takes from its template and QoS alone: its request's part
+    (``placement.nodeinfo.RequestPart``) and the template's labels a budget reads."""
+
+    request: RequestPart
+    labels: Mapping[str, str]
+
+
+class TemplateParts:
+    """Each distinct pod template's ``TemplatePart``, read once: a shard (re)starting makes a
+    record of every bound pod, and at the paper's scale a million pods carry a few thousand
+    templates (one a job). Keyed by the template's encoded bytes and the QoS — everything the
+    part is read from — so two pods share a part only if their templates are equal to the last
+    field (the same template encoded in another field order only costs a second entry). At most
+    ``limit`` templates are kept; past that the cache starts over (pods that each carry a
+    template of their own gain nothing here, and must not make it grow without end)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit
+        self._parts: dict[tuple[bytes, int], TemplatePart] = {}
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def of(self, spec: pb.PodSpec) -> TemplatePart:
+        """The part of the pod with this spec (its template and QoS)."""
+        tpl, qos = spec.template, spec.qos
+        key = (tpl.SerializeToString(), qos)
+        part = self._parts.get(key)
+        if part is None:
+            if len(self._parts) >= self._limit:
+                self._parts.clear()
+            labels = tpl.labels
+            part = self._parts[key] = TemplatePart(
+                request_part(tpl, qos), shared_labels(labels) if labels else NO_LABELS
+            )
+        return part
 
 
 def shared_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
@@ -237,9 +295,9 @@ def _labels_of(items: tuple[tuple[str, str], ...]) -> Mapping[str, str]:
     return MappingProxyType(dict(items))
 
 
-_CANDIDATE_SLOTS = tuple(
-    getattr(VictimCandidate, slot).__set__ for slot in VictimCandidate.__slots__
-)
+# A VictimCandidate from its fields in order, without the frozen __init__'s object.__setattr__
+# per field (``foundation.frozen``): every bound pod of a shard's restart is made here.
+_make_candidate = positional_maker(VictimCandidate)
 assert VictimCandidate.__slots__ == (
     "name",
     "job",
@@ -251,34 +309,7 @@ assert VictimCandidate.__slots__ == (
     "preempted_by",
     "node",
     "labels",
-), "VictimCandidate's fields moved: _made_candidate sets them in this order"
-
-
-def _made_candidate(
-    name: str,
-    job: str,
-    priority: int,
-    started_ms: int,
-    req: PodRequest,
-    preemptible: bool,
-    protected_until: int,
-    preempted_by: str,
-    node: str,
-    labels: Mapping[str, str],
-) -> VictimCandidate:
-    made = object.__new__(VictimCandidate)
-    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9 = _CANDIDATE_SLOTS
-    s0(made, name)
-    s1(made, job)
-    s2(made, priority)
-    s3(made, started_ms)
-    s4(made, req)
-    s5(made, preemptible)
-    s6(made, protected_until)
-    s7(made, preempted_by)
-    s8(made, node)
-    s9(made, labels)
-    return made
+), "VictimCandidate's fields moved: from_parts passes them in this order"
 
 
 def possible_victims(

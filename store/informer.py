@@ -119,6 +119,7 @@ class Informer:
         held_elsewhere: Callable[[str], Collection[str]] | None = None,
         reads: Callable[[str, bytes], bool] | None = None,
         recall: Callable[[str, str], StoredObject] | None = None,
+        take_listed: Mapping[str, Callable[[Any], bool]] | None = None,
     ) -> None:
         """``selector(kind, obj)`` narrows the cache to the objects it accepts, like a
         Kubernetes field selector: others are neither cached nor delivered, and an object that
@@ -151,11 +152,26 @@ class Informer:
 
         ``retry_max_seconds`` caps the wait between tries to reach a lost store (doubling from
         0.05 s): a store failover takes 3–5 s, and with a cap of 5 s the service's view came
-        back up to 3 s after the store did; a try a second costs one connection attempt."""
+        back up to 3 s after the store did; a try a second costs one connection attempt.
+
+        ``take_listed`` (given with ``held_elsewhere``), per kind, is offered every object of a
+        first listing of that kind (nothing of it known before, held here or elsewhere; an
+        informer without ``selector``, of a kind it keeps encoded) before
+        ``hold`` is asked: True means the holder took it — an object ``hold`` refuses, now in
+        its records, as its ``on_add`` would have put it — and no handler is handed it; False,
+        that it did not (the informer goes on as without it). For a holder whose ``on_add`` is
+        the kind's only handler: a shard's cache takes each bound pod of its (re)start's
+        listing in one step, without ``hold`` and the handler each reading the pod again. The
+        object it is offered is decoded from the stored bytes *without* its resource version (0:
+        the taker keeps none; an object it does not take has it set before anyone else sees
+        it)."""
         if held_elsewhere is not None and hold is None:
             raise ValueError("informer: held_elsewhere names what hold refuses; give hold too")
         if recall is not None and held_elsewhere is None:
             raise ValueError("informer: recall outlines what is held elsewhere; give it too")
+        if take_listed is not None and held_elsewhere is None:
+            raise ValueError("informer: take_listed takes what is held elsewhere; give it too")
+        self._take_listed = dict(take_listed or {})
         self._store = store
         self._selector = selector
         self._hold = hold
@@ -438,6 +454,9 @@ class Informer:
         # in the cache as they are handed over, those it keeps only (put all and dropped, a
         # million pods of which a few are kept cost a dict of a million and its deletions).
         as_listed: dict[str, Iterator[tuple[str, bytes]]] = {}
+        # The same for a kind whose holder takes what it holds (``take_listed``): the bytes as
+        # stored, each with its resource version.
+        versioned: dict[str, tuple[dict[bytes, bytes], dict[bytes, bytes]]] = {}
         for kind in self.kinds:
             new = fresh[kind] = self._empty(kind)
             if (
@@ -447,7 +466,10 @@ class Informer:
                 and not self.cache[kind]
                 and not (self._elsewhere is not None and self._elsewhere(kind))
             ):
-                as_listed[kind] = listing.encoded(kind)
+                if kind in self._take_listed:
+                    versioned[kind] = listing.stored_of(kind)
+                else:
+                    as_listed[kind] = listing.encoded(kind)
                 continue
             if isinstance(new, EncodedObjects) and self._selector is None:
                 # Kept as listed, the resource version appended: not decoded and encoded again
@@ -462,13 +484,21 @@ class Informer:
             self.cache[kind] = new
             elsewhere = self._elsewhere(kind) if self._elsewhere is not None else ()
             listed = as_listed.pop(kind, None)
+            stored = versioned.pop(kind, None)
+            if stored is not None and isinstance(new, EncodedObjects):
+                if old or elsewhere:  # (not so: the general path below)
+                    new.put_many_encoded(_with_versions(*stored))
+                    stored = None
             if listed is not None and (old or elsewhere) and isinstance(new, EncodedObjects):
                 new.put_many_encoded(listed)  # (not so: the general path below)
                 listed = None
             if not old and not elsewhere:
                 self.delivering_listing = True
                 try:
-                    self._deliver_listed(kind, new, listing, listed)
+                    if stored is not None and isinstance(new, EncodedObjects):
+                        self._deliver_taken(kind, new, listing, *stored)
+                    else:
+                        self._deliver_listed(kind, new, listing, listed)
                 finally:
                     self.delivering_listing = False
                 for fn in self._routes.get(("on_listed", kind), ()):
@@ -573,6 +603,57 @@ class Informer:
                     log.exception("informer handler failed", handler="on_add", kind=kind)
         self._drop(kind, new, dropped)
 
+    def _deliver_taken(
+        self,
+        kind: str,
+        new: EncodedObjects[Any],
+        listing: StoredListing,
+        datas: dict[bytes, bytes],
+        versions: dict[bytes, bytes],
+    ) -> None:
+        """``_deliver_listed`` of a kind its holder takes (``take_listed``): each object offered
+        to the taker first; what it does not take goes on as there, its bytes kept if ``hold``
+        keeps it. Each is decoded as stored, and its resource version read and set on it only
+        if the taker does not take it: a version appended to the bytes of every object listed
+        cost a bytes copy each, and a shard keeps none of its bound pods' bytes nor versions."""
+        take = self._take_listed[kind]
+        handlers = self._routes.get(("on_add", kind), ())
+        refused = self._routes.get(("on_add_refused", kind), ())
+        hold = self._hold
+        decode = new.message_class.FromString
+        put = new.put_encoded
+        with_rv = kinds_mod.with_resource_version
+        version_of = versions.get
+        for raw_name, data in datas.items():
+            version = version_of(raw_name)
+            if version is None:  # (as ``StoredListing.encoded``: no version, not listed)
+                continue
+            try:
+                obj = decode(data)
+            except DecodeError as exc:
+                name = raw_name.decode(errors="replace")
+                listing.errors.append(
+                    (kind, name, InvalidObjectError(f"bytes are not a valid {kind}: {exc}"))
+                )
+                continue
+            try:
+                if take(obj):
+                    continue
+            except Exception:  # handed on as if not taken: its handlers may hold it yet
+                log.exception("informer handler failed", handler="take_listed", kind=kind)
+            rv = int(version)
+            obj.metadata.resource_version = rv
+            to = handlers
+            if hold is not None and not hold(kind, obj):
+                to = refused
+            else:
+                put(raw_name.decode(), with_rv(data, rv))
+            for fn in to:
+                try:
+                    fn(kind, obj)
+                except Exception:
+                    log.exception("informer handler failed", handler="on_add", kind=kind)
+
     def _drop(
         self, kind: str, new: MutableMapping[str, StoredObject], names: Sequence[str]
     ) -> None:
@@ -674,3 +755,14 @@ def _name_alone(kind: str, name: str) -> StoredObject:
     message: Any = kinds_mod.kind_named(kind).message()
     message.metadata.name = name
     return cast("StoredObject", message)
+
+
+def _with_versions(
+    datas: dict[bytes, bytes], versions: dict[bytes, bytes]
+) -> Iterator[tuple[str, bytes]]:
+    """``StoredListing.stored_of``'s objects as ``StoredListing.encoded`` gives them."""
+    with_rv = kinds_mod.with_resource_version
+    for raw_name, data in datas.items():
+        version = versions.get(raw_name)
+        if version is not None:
+            yield raw_name.decode(), with_rv(data, int(version))

@@ -73,6 +73,14 @@ class StoredListing:
             if rv is not None:
                 yield raw_name.decode(), with_rv(data, int(rv))
 
+    def stored_of(self, kind_name: str) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+        """The kind's objects as stored: bytes and resource versions, each by name (an object
+        without a version is not there). For a reader that reads the version only of what it
+        keeps, sets it on what it decodes or appends it only to the bytes it keeps
+        (``store.informer``'s ``take_listed``): no tuple made per object. Lets go of the kind's
+        bytes like ``objects``."""
+        return self.stored.pop(kind_name, ({}, {}))
+
 
 class ObjectReads(StoreConnection):
     """Reads of stored objects: by name, many by name, whole kinds at one revision, and every

@@ -681,3 +681,60 @@ async def test_a_shard_keeps_no_bytes_of_bound_pods_yet_its_preemption_keeps_the
 
     assert d.outcomes["high"].code == ipb.UNIT_UNSCHEDULABLE
     assert not [p for b in binder.batches for u in b.units for p in u.placements]
+
+
+async def test_a_shard_started_over_bound_pods_preempts_the_right_victims(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """A restart builds the shard's records from one listing, every pod of a template sharing
+    its parsed part (placement.preemption.TemplateParts): the pods of one template that differ
+    in priority, preemptibility or start still get each its own, so the preemptor's victims
+    are the ones they were before — the latest-started of the lowest priority, never a pod
+    that may not be preempted, nor one of higher priority."""
+    for name in ("n0", "n1"):
+        await store.create(node(name, cpu=4000, mem=32 * GiB))
+    # One template for every bound pod (2000m, 1 GiB); what differs is each pod's own.
+    own = {
+        "keep-0": ("n0", 1, False, 100),  # node, priority, preemptible, started_ms
+        "keep-1": ("n0", 1, False, 200),
+        "low-0": ("n1", 1, True, 100),
+        "low-1": ("n1", 1, True, 300),
+        "mid-0": ("n1", 5, True, 400),
+    }
+    for name, (on, priority, preemptible, started) in own.items():
+        p = pb.Pod(metadata=pb.ObjectMeta(name=name))
+        p.spec.job = name.split("-")[0]
+        p.spec.priority = priority
+        p.spec.preemptible = preemptible
+        p.spec.node_name = on
+        p.spec.template.requests.milli_cpu = 2000 if name != "mid-0" else 0
+        p.spec.template.requests.memory_bytes = GiB
+        p.status.phase = pb.POD_RUNNING
+        p.status.started_ms = started
+        await store.create(p)
+    high = job("high", replicas=1, min_member=1, cpu=2000, mem=GiB)
+    high.spec.priority = 10
+    high_pods = pods_of(high)
+    high_pods[0].spec.priority = 10
+    await store.create_unit(high, high_pods)
+    unit = ipb.Unit(
+        job=high,
+        pods=[ipb.PodRef(name="high-0", resource_version=high_pods[0].metadata.resource_version)],
+    )
+
+    async with ServiceHost(SchedulerService, config) as host:
+        shard = host.service
+        assert isinstance(shard, SchedulerService)
+        assert set(shard.cache.bound) == set(own)
+        assert len(shard.cache.template_parts) == 2  # 2000m pods, and mid-0's
+        low_0, low_1 = shard.cache.running("low-0"), shard.cache.running("low-1")
+        assert low_0 is not None and low_1 is not None and low_0.req.requests is low_1.req.requests
+        d = Dispatcher(host.address)
+        await d.until(lambda: d.credits == 5000)
+        await d.send(unit)
+        await d.until(lambda: "high" in d.outcomes)
+        await d.close()
+
+    assert d.outcomes["high"].code == ipb.UNIT_DONE
+    placed = [p for b in binder.batches for u in b.units for p in u.placements]
+    assert [(p.pod, p.node, list(p.victims)) for p in placed] == [("high-0", "n1", ["low-1"])]

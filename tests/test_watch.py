@@ -802,3 +802,61 @@ async def test_a_handler_failing_on_a_listed_object_stops_neither_the_listing_no
         assert sorted(failed) == ["Pod", "Queue"]
     finally:
         await informer.stop()
+
+
+async def test_a_taker_takes_a_first_listings_objects_and_hands_back_the_rest(
+    store: Store,
+) -> None:
+    """``take_listed``: every object of a first listing is offered to the holder first; what it
+    takes no handler sees and the cache keeps none of (its version never read: 0); what it
+    declines goes on as without it, with its resource version, kept if ``hold`` keeps it. Later
+    changes and a relist do not go through it."""
+    bound: dict[str, str] = {}
+    offered: list[tuple[str, int]] = []
+    handed: list[tuple[str, int]] = []
+
+    def take(p: pb.Pod) -> bool:
+        offered.append((p.metadata.name, p.metadata.resource_version))
+        if not p.spec.node_name:
+            return False
+        bound[p.metadata.name] = p.spec.node_name
+        return True
+
+    informer = Informer(
+        store,
+        ["Pod"],
+        block_ms=100,
+        hold=lambda _k, p: not p.spec.node_name,
+        held_elsewhere=lambda _k: bound,
+        take_listed={"Pod": take},
+    )
+
+    def put(_kind: str, p: pb.Pod) -> None:
+        handed.append((p.metadata.name, p.metadata.resource_version))
+        if p.spec.node_name:
+            bound[p.metadata.name] = p.spec.node_name
+
+    informer.add_handlers(Handlers.of(pb.Pod, on_add=put))
+    on_n1 = await store.create(
+        pb.Pod(metadata=pb.ObjectMeta(name="on-n1"), spec=pb.PodSpec(node_name="n1"))
+    )
+    pending = await store.create(pb.Pod(metadata=pb.ObjectMeta(name="pending")))
+    try:
+        informer.start()
+        await informer.wait_synced(10)
+        assert sorted(offered) == [("on-n1", 0), ("pending", 0)]
+        assert bound == {"on-n1": "n1"}
+        assert handed == [("pending", pending.metadata.resource_version)]
+        assert informer.get("Pod", "on-n1") is None and informer.knows("Pod", "on-n1")
+        assert informer.get("Pod", "pending") == pending
+        assert on_n1.metadata.resource_version  # (stored with one; the taker never read it)
+        later = await store.create(
+            pb.Pod(metadata=pb.ObjectMeta(name="later"), spec=pb.PodSpec(node_name="n2"))
+        )
+        await informer.wait_for_revision(await store.revision(), timeout=10)
+        assert len(offered) == 2  # a change of the feed: a handler's, as always
+        assert handed[-1] == ("later", later.metadata.resource_version)
+    finally:
+        await informer.stop()
+    with pytest.raises(ValueError, match="take_listed takes what is held elsewhere; give it too"):
+        Informer(store, ["Pod"], hold=lambda _k, _p: True, take_listed={"Pod": take})

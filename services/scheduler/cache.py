@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -29,7 +28,7 @@ from google.protobuf.message import Message
 
 from placement.claims import TERMINAL_PHASES
 from placement.nodeinfo import NodeInfo, PodRequest
-from placement.preemption import VictimCandidate
+from placement.preemption import TemplateParts, VictimCandidate
 from placement.reservations import Reservations, hold_name, holds_room, reservation_of
 from placement.snapshot import LabelIndex
 from protos.godel.v1 import objects_pb2 as pb
@@ -63,8 +62,10 @@ class SchedulerCache:
         # The bound pods counted per node and per priority, kept with ``bound``: preemption
         # skips its victim search when no bound pod is below the preemptor, and judges a node it
         # rules out by its totals, needing its pods one by one only when some are not bound.
-        self._bound_on: Counter[str] = Counter()
-        self._bound_priorities: Counter[int] = Counter()
+        # (Plain dicts: a Counter's item reads and writes are not specialised, and every bound
+        # pod of a restart counts here.)
+        self._bound_on: dict[str, int] = {}
+        self._bound_priorities: dict[int, int] = {}
         self.assumed: dict[str, Assumed] = {}
         self.claimed: dict[str, str] = {}  # victim -> the assumed preemptor that claimed it
         self.dirty: set[str] = set()
@@ -79,6 +80,8 @@ class SchedulerCache:
         # Live reservations, each holding its room on its node as a hold only its owner's pods
         # may take (placement.reservations).
         self.reservations = Reservations()
+        # Each distinct pod template's part of a bound pod's record (placement.preemption).
+        self.template_parts = TemplateParts()
 
     # -- informer handlers -------------------------------------------------------------------
 
@@ -150,12 +153,41 @@ class SchedulerCache:
         # The pod's parts read once and handed on: every bound pod comes through here when the
         # shard (re)starts, and a protobuf field read is ~0.3 µs.
         meta, spec, status = pod.metadata, pod.spec, pod.status
-        name = meta.name
         node_name = spec.node_name
         if not node_name or status.phase in TERMINAL_PHASES:
-            self.remove_pod(name, keep_assumed=not node_name)
+            self.remove_pod(meta.name, keep_assumed=not node_name)
             return
-        current = self.bound.get(name)
+        self._set_bound(pod, meta, spec, status, node_name)
+
+    def take_listed(self, pod: pb.Pod) -> bool:
+        """A pod of the shard's (re)start listing (``store.informer``'s ``take_listed``): if it
+        is one the informer keeps nothing of (``keeps_whole``), recorded as ``set_pod`` would
+        and True; else False, and the informer hands it on as any other. Every bound pod of the
+        cluster comes through here when a shard starts: read once, not once by the informer's
+        ``hold`` and again by the handler."""
+        meta, spec, status = pod.metadata, pod.spec, pod.status
+        node_name = spec.node_name
+        if not node_name or status.phase in TERMINAL_PHASES or meta.deletion_timestamp_ms:
+            return False
+        # Offered a first listing only (nothing of the kind held before): no record of it yet.
+        self._set_bound(pod, meta, spec, status, node_name, listed=True)
+        return True
+
+    def _set_bound(
+        self,
+        pod: pb.Pod,
+        meta: pb.ObjectMeta,
+        spec: pb.PodSpec,
+        status: pb.PodStatus,
+        node_name: str,
+        *,
+        listed: bool = False,
+    ) -> None:
+        """Record ``pod``, bound and unfinished, on ``node_name``; its parts and node as the
+        caller read them. ``listed``: of a first listing, so not recorded yet (a look-up in a
+        million records less per pod of a restart)."""
+        name = meta.name
+        current = None if listed else self.bound.get(name)
         if current is not None and current.node == node_name:
             # Same node: only what preemption reads may have changed (started, claimed). The
             # request the node accounts stays, shared with the new record (a second request per
@@ -165,7 +197,7 @@ class SchedulerCache:
             _count(self._bound_priorities, record.priority, 1)
             self.bound[name] = record
             return
-        assumed = self.assumed.pop(name, None)
+        assumed = self.assumed.pop(name, None) if self.assumed else None
         # Assumed on this node with the NUMA nodes and GPU cards it was bound with: already
         # counted, it just changes hands, and the record shares the request the node holds (a
         # second one per pod this shard placed was memory and an object for the collector to
@@ -178,7 +210,19 @@ class SchedulerCache:
             and assumed.req.gpu_cards == tuple(spec.gpu_cards)
             else None
         )
-        record = VictimCandidate.from_parts(meta, spec, status, accounted, sys.intern(node_name))
+        # The record names its node by the node's own string (one per node, not one per pod).
+        # Looked up again below unless nothing was unaccounted (which may drop a placeholder).
+        known = self.nodes.get(node_name)
+        record = VictimCandidate.from_parts(
+            meta,
+            spec,
+            status,
+            accounted,
+            known.name if known is not None else sys.intern(node_name),
+            # A job's pods share one template: its part read once, not once a pod (most of a
+            # restart's work per pod was reading it again).
+            None if accounted is not None else self.template_parts.of(spec),
+        )
         if current is not None:
             self._unaccount(name, current.node)
             self._count_bound(current.node, current.priority, -1)
@@ -188,18 +232,36 @@ class SchedulerCache:
                 self._give_back_hold(assumed)
             if accounted is None:
                 self._unaccount(name, assumed.node)
-        info = self.nodes.get(node_name)
+        node = record.node
+        info = known if current is None and assumed is None else self.nodes.get(node)
         if info is None:
-            info = self._node(node_name)
+            info = self._node(node)
         info.add_pod(record.req)
         # Keyed by the record's own name: no string copied per pod.
         self.bound[record.name] = record
-        self._count_bound(record.node, record.priority, 1)
-        self.dirty.add(node_name)
+        # Counted up in place (``_count``'s dropping at zero is for counting down).
+        bound_on, priorities, priority = self._bound_on, self._bound_priorities, record.priority
+        bound_on[node] = bound_on.get(node, 0) + 1
+        priorities[priority] = priorities.get(priority, 0) + 1
+        self.dirty.add(node)
         if self._by_job:
             job_pods = self._by_job.get(record.job)
             if job_pods is not None:
                 job_pods[record.name] = record.node
+
+    @staticmethod
+    def keeps_whole(pod: pb.Pod) -> bool:
+        """Whether the shard's informer keeps ``pod`` whole: every pod but those the cache keeps
+        as records (``bound``: bound and not finished; a ``VictimCandidate`` is all that
+        placement accounting, the victim search and the budgets' check read of one), of which
+        it keeps nothing — not their bytes, not their names (~290 bytes a pod less). A bound
+        pod being deleted is kept whole too: a budget does not count it, which its record does
+        not say. ``take_listed`` takes exactly the others."""
+        return (
+            not pod.spec.node_name
+            or pod.status.phase in TERMINAL_PHASES
+            or bool(pod.metadata.deletion_timestamp_ms)
+        )
 
     def remove_pod(self, name: str, *, keep_assumed: bool = False) -> None:
         current = self.bound.pop(name, None)
@@ -241,7 +303,7 @@ class SchedulerCache:
 
     def bound_on(self, node_name: str) -> int:
         """How many bound pods ``node_name`` holds."""
-        return self._bound_on[node_name]
+        return self._bound_on.get(node_name, 0)
 
     def _unaccount(self, pod: str, node_name: str) -> None:
         info = self.nodes.get(node_name)
@@ -329,9 +391,9 @@ class SchedulerCache:
         return len(stale)
 
 
-def _count(counts: Counter[K], key: K, sign: int) -> None:
+def _count(counts: dict[K, int], key: K, sign: int) -> None:
     """Add ``sign`` to ``key``'s count, dropping it at zero (so the keys are those counted)."""
-    left = counts[key] + sign
+    left = counts.get(key, 0) + sign
     if left:
         counts[key] = left
     else:

@@ -26,7 +26,6 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
-from placement.claims import TERMINAL_PHASES
 from placement.framework import Framework, PluginConfigError, Profile, load_profile
 from placement.plugins import new_in_tree_registry
 from placement.postfilter import Preemption
@@ -257,17 +256,8 @@ class _DispatchStream:
 
 def _read_whole(kind: str, obj: Message) -> bool:
     """What the shard's informer keeps: every object but the pods the cache keeps as records
-    (``cache.bound``: bound and not finished; a ``VictimCandidate`` is all that placement
-    accounting, the victim search and the budgets' check read of one), of which it keeps
-    nothing — not their bytes, not their names (~290 bytes a pod less). A bound pod being
-    deleted is kept whole too: a budget does not count it, which its record does not say."""
-    if isinstance(obj, pb.Pod):
-        return (
-            not obj.spec.node_name
-            or obj.status.phase in TERMINAL_PHASES
-            or bool(obj.metadata.deletion_timestamp_ms)
-        )
-    return True
+    (``SchedulerCache.keeps_whole``)."""
+    return not isinstance(obj, pb.Pod) or SchedulerCache.keeps_whole(obj)
 
 
 class SchedulerService(Service[SchedulerConfig]):
@@ -285,6 +275,8 @@ class SchedulerService(Service[SchedulerConfig]):
             ["Node", "Pod", "SchedulerInstance", "DisruptionBudget", "Movement", "Reservation"],
             hold=_read_whole,
             held_elsewhere=lambda kind: self.cache.bound if kind == "Pod" else (),
+            # A (re)start's bound pods straight into the cache's records, each read once.
+            take_listed={"Pod": self.cache.take_listed},
         )
         self.movements = MovementTracker(
             self.store, config.name, self._holds, max_wait_seconds=config.movement_wait_seconds
