@@ -23,8 +23,8 @@ from typing import Protocol
 from placement.budgets import SelectorMembers
 from placement.claims import CLAIM_PHASES, holds_claim
 from placement.nodeinfo import NodeInfo, PodRequest
-from placement.preemption import shared_labels
-from placement.quotas import queue_of
+from placement.preemption import TemplateParts, shared_labels
+from placement.quotas import DEFAULT_QUEUE
 from placement.reservations import Reservations
 from placement.resources import Quantities
 from placement.topology import TopologyIndex
@@ -75,6 +75,7 @@ def watched(store: Store) -> tuple[Informer, ClusterState]:
         hold=keeps,
         held_elsewhere=state.held_elsewhere,
         recall=state.recall,
+        take_listed={"Pod": state.take_listed},
     )
     informer.add_handlers(Handlers(state.on_add, state.on_update, state.on_delete))
     return informer, state
@@ -117,6 +118,9 @@ class ClusterState:
         # and spread: built on first use (``pod_counts``), then kept by the placement bookkeeping.
         self.topology = TopologyIndex()
         self.anti_placed = 0  # placed pods with required anti-affinity terms
+        # Each distinct pod template's part of a placed pod's records (its request's and its
+        # labels), read once per template (placement.preemption): a job's pods share one.
+        self.template_parts = TemplateParts()
         self.queues: dict[str, pb.Queue] = {}
         # What each queue's placed pods hold (their requests), kept as pods are placed and
         # unplaced: the Binder judges a binding against its queue's max without a scan.
@@ -296,17 +300,36 @@ class ClusterState:
                 self._own_pods.pop(name, None)
         self._apply(pod, previous)
 
+    def take_listed(self, pod: pb.Pod) -> bool:
+        """A pod of the Binder's (re)start listing (``Informer(take_listed=)``): one holding a
+        claim (which ``keeps`` refuses) recorded as ``on_add`` would, and True; any other,
+        False, and the informer hands it on as usual. Every bound pod of the cluster comes
+        through here when the Binder or its standby starts: read once (not by ``keeps`` and
+        again by the handler), its template's part shared with the other pods of its template
+        (``template_parts``), and its resource version not set nor read: the informer's
+        revision once listed covers every listed pod's, which is all ``record_written`` asks
+        of it."""
+        meta, spec = pod.metadata, pod.spec
+        # Offered a first listing's pods only (no pod known before): none placed yet. A write
+        # of this binder's not yet delivered is judged against its version: not taken.
+        if not spec.node_name or pod.status.phase not in CLAIM_PHASES or self.written:
+            return False
+        name = meta.name
+        self.budget_members.set_pod(pod)
+        self._place(meta, spec, name, spec.job, listed=True)
+        if meta.deletion_timestamp_ms:
+            self.deleting.add(name)
+        return True
+
     def _apply(self, pod: pb.Pod, previous: pb.Pod | None) -> None:
-        # The name and the job read once and handed on (every bound pod comes through here
-        # when the Binder (re)starts, and a protobuf field read is ~0.3 µs).
+        # The name and the job read once and handed on (a protobuf field read is ~0.3 µs).
         meta, spec = pod.metadata, pod.spec
         name = meta.name
         job = spec.job
-        labels = spec.template.labels
-        if previous is None or previous.spec.template.labels != labels:
+        if previous is None or previous.spec.template.labels != spec.template.labels:
             self.budget_members.set_pod(pod)
         if spec.node_name and pod.status.phase in CLAIM_PHASES:  # holds_claim, fields read
-            self._place(pod, meta, spec, name, job, labels)
+            self._place(meta, spec, name, job)
             self.unplaced_job_pods.discard(job, name)
             if meta.deletion_timestamp_ms:
                 self.deleting.add(name)
@@ -325,47 +348,48 @@ class ClusterState:
         return info
 
     def _place(
-        self,
-        pod: pb.Pod,
-        meta: pb.ObjectMeta,
-        spec: pb.PodSpec,
-        name: str,
-        job: str,
-        labels: Mapping[str, str],
+        self, meta: pb.ObjectMeta, spec: pb.PodSpec, name: str, job: str, *, listed: bool = False
     ) -> None:
-        """``name``: the pod's, one string shared by every index of it (the placed pods' maps,
-        the node's request, the job's names); ``meta``, ``spec``: the pod's, read once."""
+        """Account the pod with this metadata and spec (read once by the caller) on its node.
+        ``name``: the pod's, one string shared by every index of it (the placed pods' maps,
+        the node's request, the job's names). ``listed``: of a first listing, so not placed
+        yet (a look-up in a million records less per pod of a start)."""
         node = spec.node_name
-        current = self.pod_node.get(name)
-        if current == node:
-            return
-        if current is not None:
-            self._unplace(name, job)
-        req = PodRequest.from_parts(meta, spec, name)
-        info = self.info_for(node)
+        if not listed:
+            current = self.pod_node.get(name)
+            if current == node:
+                return
+            if current is not None:
+                self._unplace(name, job)
+        # A job's pods share one template: its part (requests, ports, anti-affinity, NUMA
+        # policy, GPU models, labels) read once, not once a pod.
+        part = self.template_parts.of(spec)
+        req = PodRequest.from_parts(meta, spec, name, part.request)
+        info = self.infos.get(node)
+        if info is None:
+            info = self.info_for(node)
         info.add_pod(req)
-        self.anti_placed += bool(req.anti_terms)
+        if req.anti_terms:
+            self.anti_placed += 1
         if self.topology.active:
             self.topology.add(node, req)
         self.pod_node[name] = info.name  # the node's own string, not a copy per pod
         self.job_pods.add(job, name)
-        origin = self.pod_origin[name] = self._origin(sys.intern(queue_of(pod)), job, labels)
+        # The job's shared record, unless the pod's queue or labels are not the job's last.
+        queue = spec.queue or DEFAULT_QUEUE
+        labels = part.labels
+        origin = self._origins.get(job)
+        if (
+            origin is None
+            or origin.queue != queue
+            or (origin.labels is not labels and origin.labels != labels)
+        ):
+            origin = self._origins[job] = PodOrigin(sys.intern(queue), job, labels)
+        self.pod_origin[name] = origin
         usage = self.queue_usage.get(origin.queue)
         if usage is None:
             usage = self.queue_usage[origin.queue] = Quantities()
         usage.add(req.requests)
-
-    def _origin(self, queue: str, job: str, labels: Mapping[str, str]) -> PodOrigin:
-        """The job's shared record (a new one if its queue or labels are not the job's last)."""
-        origin = self._origins.get(job)
-        shared = shared_labels(labels) if labels else _NO_LABELS
-        if (
-            origin is None
-            or origin.queue != queue
-            or (origin.labels is not shared and origin.labels != shared)
-        ):
-            origin = self._origins[job] = PodOrigin(queue, job, shared)
-        return origin
 
     def _unplace(self, name: str, job: str) -> None:
         node = self.pod_node.pop(name, None)
