@@ -21,13 +21,14 @@ class GroupedNames:
 
     def add(self, key: str, name: str) -> None:
         group = self._groups.get(key)
-        if group is None:
-            self._groups[key] = name
-        elif isinstance(group, str):
-            if group != name:
-                self._groups[key] = {group, name}
-        else:
+        # A set first: the usual case when a job's pods come in one after the other (every
+        # placed pod of a Binder's start).
+        if isinstance(group, set):
             group.add(name)
+        elif group is None:
+            self._groups[key] = name
+        elif group != name:
+            self._groups[key] = {group, name}
 
     def add_all(self, key: str, names: list[str]) -> None:
         """``add`` of each of ``names`` (distinct), in one step (a listing's groups)."""
