@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
+from placement.rules import hard_rules
+from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
+from services.binder.decide import BatchPlan
 from services.binder.state import ClusterState, keeps, watched
 from store import Store
 from store.client import Bind
@@ -205,6 +208,91 @@ async def test_after_a_relist_the_records_are_what_a_fresh_listing_builds(
         if fresh_informer is not None:
             await fresh_informer.stop()
         await small.close()
+
+
+async def test_a_binder_started_over_a_listing_judges_as_one_fed_pod_by_pod(
+    store: Store,
+) -> None:
+    """A Binder (re)starting takes each bound pod of its listing straight into its records
+    (``take_listed``), the pods of one template sharing that template's part, read once; yet
+    its records equal those of a state fed the same pods one by one, and it judges a batch —
+    a bind, a preemption, a placement over its queue's max — exactly as that state does."""
+    await store.create(f.node("n1", cpu=1000))
+    await store.create(f.node("n2", cpu=4000))
+    quota = pb.Queue(metadata=pb.ObjectMeta(name="q"))
+    quota.spec.quota.milli_cpu = 1000
+    await store.create(quota)
+    web = f.job("web", replicas=3, cpu=300)
+    web.spec.template.labels["app"] = "web"
+    batch = ipb.DecisionBatch(shard="s", batch_id=1)
+    for job, priority, queue, node, victims in (
+        (web, 1, "q", "", []),
+        (f.job("high", cpu=400), 10, "default", "n1", ["web-0"]),  # preempts to fit
+        (f.job("fits", cpu=50), 1, "default", "n2", []),
+        (f.job("over", cpu=500), 1, "q", "n2", []),  # past q's max even with web-0 gone
+    ):
+        job.spec.priority, job.spec.preemptible, job.spec.queue = priority, True, queue
+        pods = f.pods_of(job)
+        for pod in pods:
+            pod.spec.priority, pod.spec.preemptible, pod.spec.queue = priority, True, queue
+        await store.create_unit(job, pods)
+        if node:
+            unit = batch.units.add(job=job.metadata.name, min_member=1)
+            created = await store.get(pb.Pod, pods[0].metadata.name)
+            unit.placements.add(
+                pod=created.metadata.name,
+                node=node,
+                pod_resource_version=created.metadata.resource_version,
+                victims=victims,
+            )
+    for name in ("web-0", "web-1", "web-2"):
+        await _bind(store, name, "n1")
+
+    informer, listed = watched(store)
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+    finally:
+        await informer.stop()
+    fed = ClusterState()
+    for kind in (pb.Node, pb.Queue, pb.Job, pb.Pod):
+        objects, _ = await store.list_all(kind)
+        for obj in objects:
+            fed.on_add(kind.__name__, obj)
+
+    assert len(listed.template_parts) == 1  # the web pods' one template, read once
+    on_n1 = listed.infos["n1"].pods
+    assert on_n1["web-0"].requests is on_n1["web-2"].requests
+    assert not informer.names("Pod") or set(informer.names("Pod")).isdisjoint(on_n1)
+    for name in ("n1", "n2"):
+        assert listed.infos[name].pods == fed.infos[name].pods
+        assert listed.infos[name].requested == fed.infos[name].requested
+    assert listed.pod_node == fed.pod_node and listed.pod_origin == fed.pod_origin
+    assert listed.queue_usage == fed.queue_usage
+    assert set(listed.job_pods.get("web")) == set(fed.job_pods.get("web"))
+    assert listed.seen_revision <= informer.revision
+
+    names = [p.pod for u in batch.units for p in u.placements]
+    pods = {n: await store.get(pb.Pod, n) for n in names}
+    jobs = {u.job: await store.get(pb.Job, u.job) for u in batch.units}
+    victims = {"web-0": await store.get(pb.Pod, "web-0")}
+    judged = []
+    for state in (listed, fed):
+        plan = BatchPlan(batch, dict(pods), dict(jobs), state, hard_rules(), victims)
+        plan.run()
+        judged.append(
+            (
+                {
+                    n: [v.metadata.name for v in plan.claims.evict.get(n, [])]
+                    for n in plan.candidates
+                },
+                {n: (r.code, r.reason) for n, r in plan.rejected.items()},
+            )
+        )
+    assert judged[0] == judged[1]
+    accepted, rejected = judged[0]
+    assert accepted == {"high-0": ["web-0"], "fits-0": []}
+    assert list(rejected) == ["over-0"] and "q" in rejected["over-0"][1]
 
 
 async def _bind(store: Store, name: str, node: str) -> None:
