@@ -225,7 +225,7 @@ async def test_a_binder_started_over_a_listing_judges_as_one_fed_pod_by_pod(
     web = f.job("web", replicas=3, cpu=300)
     web.spec.template.labels["app"] = "web"
     batch = ipb.DecisionBatch(shard="s", batch_id=1)
-    for job, priority, queue, node, victims in (
+    for job, priority, queue, node, chosen in (
         (web, 1, "q", "", []),
         (f.job("high", cpu=400), 10, "default", "n1", ["web-0"]),  # preempts to fit
         (f.job("fits", cpu=50), 1, "default", "n2", []),
@@ -243,7 +243,7 @@ async def test_a_binder_started_over_a_listing_judges_as_one_fed_pod_by_pod(
                 pod=created.metadata.name,
                 node=node,
                 pod_resource_version=created.metadata.resource_version,
-                victims=victims,
+                victims=chosen,
             )
     for name in ("web-0", "web-1", "web-2"):
         await _bind(store, name, "n1")
@@ -273,12 +273,12 @@ async def test_a_binder_started_over_a_listing_judges_as_one_fed_pod_by_pod(
     assert listed.seen_revision <= informer.revision
 
     names = [p.pod for u in batch.units for p in u.placements]
-    pods = {n: await store.get(pb.Pod, n) for n in names}
-    jobs = {u.job: await store.get(pb.Job, u.job) for u in batch.units}
-    victims = {"web-0": await store.get(pb.Pod, "web-0")}
+    decided: dict[str, pb.Pod | None] = {n: await store.get(pb.Pod, n) for n in names}
+    jobs: dict[str, pb.Job | None] = {u.job: await store.get(pb.Job, u.job) for u in batch.units}
+    victims: dict[str, pb.Pod | None] = {"web-0": await store.get(pb.Pod, "web-0")}
     judged = []
     for state in (listed, fed):
-        plan = BatchPlan(batch, dict(pods), dict(jobs), state, hard_rules(), victims)
+        plan = BatchPlan(batch, dict(decided), dict(jobs), state, hard_rules(), victims)
         plan.run()
         judged.append(
             (
