@@ -5,7 +5,6 @@ child processes."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import subprocess
 import time
@@ -401,41 +400,6 @@ async def test_hollow_pods_resume_after_restart(
             return set(await phases(store, names)) == {pb.POD_SUCCEEDED}
 
         await eventually(succeeded, what="resumed pods succeeded")
-
-
-async def _held_once(store: Store, agent: NodeAgentService, names: list[str]) -> bool:
-    """Whether each pod runs and its run holds the informer's own bytes of its version."""
-    stored = await store.get_many(pb.Pod, names)
-    for name, pod in zip(names, stored, strict=True):
-        run = agent.runner.runs.get(name)
-        if pod is None or pod.status.phase != pb.POD_RUNNING or run is None:
-            return False
-        if run.version != pod.metadata.resource_version:
-            return False
-        if run.encoded is not agent.informer.encoded("Pod", name):
-            return False
-        assert run.uid == pod.metadata.uid and run.pod == pod
-    return True
-
-
-async def test_a_running_hollow_pod_is_held_once(
-    store: Store, store_url: str, tmp_path: Path
-) -> None:
-    """An agent keeps one copy of a running pod's bytes: its run shares the informer's (a
-    second copy was 0.2 KiB a pod, 50 MiB an agent of 250,000 pods), once the informer has
-    delivered the agent's own RUNNING write, and after a restart alike."""
-    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=1, node_prefix="once")
-    names: list[str] = []
-    for restarted in (False, True):
-        async with ServiceHost(NodeAgentService, cfg) as host:
-            agent = host.service
-            assert isinstance(agent, NodeAgentService)
-            if not restarted:
-                pods = await submit_and_bind(store, f.job("once", replicas=2), ["once-0"])
-                names = [p.metadata.name for p in pods]
-            await eventually(
-                functools.partial(_held_once, store, agent, names), what="running pods held once"
-            )
 
 
 def process_job(name: str, command: list[str], replicas: int = 1) -> pb.Job:

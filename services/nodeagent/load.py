@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,6 +236,10 @@ class HollowUsage:
         sums[1] += sign * use.curve_mem
         sums[2] += sign * use.fixed_cpu
         sums[3] += sign * use.fixed_mem
+
+    def names(self) -> Collection[str]:
+        """The pods counted (their usage in their node's sums)."""
+        return self._pods.keys()
 
     def take_changed(self) -> set[str]:
         """The nodes whose pods' usage changed since the last call."""

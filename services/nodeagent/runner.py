@@ -5,11 +5,13 @@ timer (``template.duration_ms``; 0 runs until deleted); process pods are a child
 own session (so the whole tree can be killed), output in ``<work_dir>/<pod>.log``.
 
 Every phase change is a *patch* queued in ``pending`` (one per pod; a later patch merges over an
-earlier unflushed one) and written by the flusher: one ``commit_many`` every ``flush_interval``
-or as soon as ``flush_max`` are pending, each pod a compare-and-set on its last known version
-(``Release`` for terminal phases, which returns the node claim). A conflict re-reads the pods
-that lost (one ``get_many``) and queues the patch again if it still applies. No per-pod round
-trip: the hot path is one write round trip per batch.
+earlier unflushed one) and written by the flusher: every ``flush_interval`` or as soon as
+``flush_max`` are pending, the batch's pods are read (one ``get_many``: the agent keeps no copy of
+a hollow pod, only its run's record) and written with one ``commit_many``, each pod a
+compare-and-set on the version read (``Release`` for terminal phases, which returns the node
+claim). A conflict re-reads the pods that lost (one ``get_many``) and queues the patch again if it
+still applies. No per-pod round trip: the hot path is one read and one write round trip per
+batch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pwd
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -111,14 +113,21 @@ class Patch:
 
 @dataclass(slots=True)
 class PodRun:
+    """What running one pod needs. A hollow pod's run is this record alone: the agent keeps no
+    bytes of it (an agent of 250,000 hollow pods held each encoded, ~0.2 KiB a pod with its
+    informer's key); its status writes read the pod from the store, a batch at a time."""
+
     name: str
     node: str
     mode: str
-    # The latest known stored copy, encoded (an agent of 250,000 hollow pods kept 2.6 KiB a pod
-    # decoded; see store.encoded): ``pod`` reads a copy, ``keep`` replaces it. The informer's
-    # own bytes of the pod where they are the same version (a second copy was 0.2 KiB a pod).
-    encoded: bytes
+    # A process pod's latest known stored copy, encoded (its command, environment, requests,
+    # NUMA nodes, grace and tenant are read from it while it runs; the informer's own bytes
+    # where they are the same version); None for a hollow run.
+    encoded: bytes | None
     version: int
+    # The pod's uid, hashed: tells a pod deleted and created again under the same name (a
+    # relist) from the one this run runs, without its 36-character string (~85 bytes a pod).
+    uid_key: int
     started_ms: int = 0
     timer: asyncio.TimerHandle | None = None
     task: asyncio.Task[None] | None = None
@@ -138,35 +147,78 @@ class PodRun:
         cls, pod: pb.Pod, mode: str, started_ms: int, name: str, encoded: bytes | None = None
     ) -> PodRun:
         """``name``: the pod's, as the runner keys it (one string for both); ``encoded``: the
-        pod's bytes if the caller holds them (shared, not encoded again)."""
+        pod's bytes if the caller holds them (shared, not encoded again). Only a process run
+        keeps them."""
+        if mode == PROCESS:
+            kept: bytes | None = pod.SerializeToString() if encoded is None else encoded
+        else:
+            kept = None
         return cls(
             name,
             sys.intern(pod.spec.node_name),  # one string per node, not one per pod
             mode,
-            pod.SerializeToString() if encoded is None else encoded,
+            kept,
             pod.metadata.resource_version,
+            uid_key(pod),
             started_ms=started_ms,
         )
 
     @property
     def pod(self) -> pb.Pod:
+        """A process pod as last known (a hollow run keeps none: ValueError)."""
+        if self.encoded is None:
+            raise ValueError(f"pod {self.name!r}: a hollow run keeps no copy of its pod")
         return pb.Pod.FromString(self.encoded)
 
     @property
     def uid(self) -> str:
-        """The pod's uid, read from the copy held (not kept beside it: 80 bytes a pod)."""
+        """A process pod's uid (its cgroup's name), read from the copy held."""
         return self.pod.metadata.uid
 
+    def runs(self, pod: pb.Pod) -> bool:
+        """Whether ``pod`` is the one this run runs (not another of the same name)."""
+        return uid_key(pod) == self.uid_key
+
     def keep(self, pod: pb.Pod, encoded: bytes | None = None) -> None:
-        """Remember ``pod`` if it is newer than the copy held; ``encoded``: its bytes, if the
-        caller holds them (the informer's), taken for the same version too: the copy the
-        agent's own write left is the informer's once the informer delivers it."""
+        """Remember ``pod``'s version if it is newer than the one known (a process run its
+        bytes too); ``encoded``: its bytes, if the caller holds them (the informer's), taken for
+        the same version too: the copy the agent's own write left is the informer's once the
+        informer delivers it."""
         version = pod.metadata.resource_version
         if version > self.version:
-            self.encoded = pod.SerializeToString() if encoded is None else encoded
+            if self.encoded is not None:
+                self.encoded = pod.SerializeToString() if encoded is None else encoded
             self.version = version
-        elif encoded is not None and version == self.version:
+        elif encoded is not None and version == self.version and self.encoded is not None:
             self.encoded = encoded
+
+
+def uid_key(pod: pb.Pod) -> int:
+    """A pod's uid as a run remembers it (``PodRun.uid_key``)."""
+    return hash(pod.metadata.uid)
+
+
+class RunNames(Collection[str]):
+    """The names of the pods some holders know, as one collection (each name once): what the
+    agent's informer asks for the pods it keeps no bytes of (``Informer(held_elsewhere=)``)."""
+
+    __slots__ = ("_holders",)
+
+    def __init__(self, *holders: Collection[str]) -> None:
+        self._holders = holders
+
+    def __contains__(self, name: object) -> bool:
+        return any(name in holder for holder in self._holders)
+
+    def __iter__(self) -> Iterator[str]:
+        for i, holder in enumerate(self._holders):
+            earlier = self._holders[:i]
+            for name in holder:
+                if not any(name in other for other in earlier):
+                    yield name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +315,11 @@ class PodRunner:
     # Informer side (synchronous, quick)
     # -----------------------------------------------------------------------------------------
 
+    def known(self) -> Collection[str]:
+        """The pods the runner knows exist: those it runs and those it finished (whose late
+        events it ignores)."""
+        return RunNames(self.runs, self._finished)
+
     def name_of(self, name: str) -> str:
         """The string the runner keys the pod by (``name`` itself if it runs no such pod): a
         holder keyed by pod shares it rather than keep a copy of every name."""
@@ -281,11 +338,11 @@ class PodRunner:
         name = pod.metadata.name
         version = pod.metadata.resource_version
         run = self.runs.get(name)
-        if run is not None and pod.metadata.uid != run.uid:
-            self.deleted(run.pod)  # deleted and created again between two events (a relist)
+        if run is not None and not run.runs(pod):
+            self.deleted_named(name)  # deleted and created again between two events (a relist)
             run = None
         if run is not None:
-            run.keep(pod, self.informed(name))
+            run.keep(pod, self.informed(name) if run.encoded is not None else None)
             if pod.spec.node_name != run.node or (
                 pod.status.phase in TERMINAL_PHASES and not run.finished
             ):
@@ -308,7 +365,9 @@ class PodRunner:
             self._resume(pod, mode)
 
     def deleted(self, pod: pb.Pod) -> None:
-        name = pod.metadata.name
+        self.deleted_named(pod.metadata.name)
+
+    def deleted_named(self, name: str) -> None:
         self._finished.pop(name, None)
         self.pending.pop(name, None)
         run = self.runs.pop(name, None)
@@ -349,8 +408,10 @@ class PodRunner:
     def _resume(self, pod: pb.Pod, mode: str) -> None:
         """A pod already RUNNING on our node that we do not track: this agent restarted."""
         name = pod.metadata.name
+        if mode == PROCESS and not pod.spec.template.command:
+            mode = HOLLOW  # simulated, as it was started: its timer resumes
         run = PodRun.of(pod, mode, pod.status.started_ms, name, self.informed(name))
-        if mode == PROCESS and pod.spec.template.command:
+        if mode == PROCESS:
             # Its process died with the previous agent, or runs unwatched: nothing to reattach
             # to. What may be left of it is killed.
             run.finished = True
@@ -368,7 +429,6 @@ class PodRunner:
                 ),
             )
             return
-        run.mode = HOLLOW
         self.runs[name] = run
         duration = pod.spec.template.duration_ms
         if duration:
@@ -572,16 +632,15 @@ class PodRunner:
                 self._has_work.set()
 
     async def flush(self) -> None:
-        """Write up to ``flush_max`` pending patches in one round trip (plus one read of the pods
-        whose write conflicted)."""
+        """Write up to ``flush_max`` pending patches: one read of their pods as stored, one write
+        round trip (plus one read of the pods whose write conflicted)."""
         batch: list[tuple[str, Patch]] = []
         while self.pending and len(batch) < self.flush_max:
             name = next(iter(self.pending))
             batch.append((name, self.pending.pop(name)))
         writes: list[tuple[str, Patch, pb.Pod]] = []
-        for name, patch in batch:
-            run = self.runs.get(name)
-            new = patch.applied_to(run.pod) if run is not None else None
+        for name, patch, pod in await self._as_stored(batch):
+            new = patch.applied_to(pod)
             if new is not None:
                 writes.append((name, patch, new))
         if not writes:
@@ -610,6 +669,32 @@ class PodRunner:
                 self._written(name, patch, new)
         if conflicts:
             await self._reread(conflicts)
+
+    async def _as_stored(self, batch: list[tuple[str, Patch]]) -> list[tuple[str, Patch, pb.Pod]]:
+        """The batch's pods as stored now, each beside its patch (one ``get_many``): a run
+        keeps no copy of a hollow pod to write over. A pod gone is forgotten; one of another
+        uid or node (the informer has yet to say) is left to the informer's event."""
+        runs = [(name, patch) for name, patch in batch if name in self.runs]
+        if not runs:
+            return []
+        try:
+            stored = await self._store.get_many(pb.Pod, [name for name, _ in runs])
+        except (StoreUnavailableError, asyncio.CancelledError):
+            for name, patch in runs:
+                self._requeue(name, patch)
+            raise
+        out: list[tuple[str, Patch, pb.Pod]] = []
+        for (name, patch), pod in zip(runs, stored, strict=True):
+            run = self.runs.get(name)
+            if run is None:
+                continue
+            if pod is None:
+                self._forget(name)  # deleted meanwhile
+                continue
+            if run.runs(pod) and pod.spec.node_name == run.node:
+                run.keep(pod)
+                out.append((name, patch, pod))
+        return out
 
     def _written(self, name: str, patch: Patch, new: pb.Pod) -> None:
         run = self.runs.get(name)

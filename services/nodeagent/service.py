@@ -57,7 +57,7 @@ from services.nodeagent.nodes import (
     parse_taints,
     process_node,
 )
-from services.nodeagent.runner import PodRunner, RunAs, resolve_run_as
+from services.nodeagent.runner import PodRunner, RunAs, RunNames, resolve_run_as
 from services.nodeagent.tidal import (
     ProcessUsage,
     TidalController,
@@ -79,6 +79,7 @@ from services.runtime import (
 from services.runtime.auth import caller
 from store import StoreError
 from store.informer import Informer
+from store.kinds import StoredObject
 
 log = structlog.get_logger(__name__)
 
@@ -439,18 +440,11 @@ class NodeAgentService(Service[NodeAgentConfig]):
             cgroups=cgroups,
             numa_cpus={z.id: z.cpus for z in self.machine_numa} if cfg.process_node else {},
         )
-        # Only the pods bound to our nodes: at 200,000 pods, caching every pod cost each agent
-        # over 300 MiB.
-        ours = self.nodes.names()
-        self.informer = Informer(
-            self.store,
-            ["Pod"],
-            selector=lambda _kind, pod: isinstance(pod, pb.Pod) and pod.spec.node_name in ours,
-        )
+        self.loads = self._load_reporter()
+        self.informer = self._informer()
         informer = self.informer
         self.runner.informed = lambda name: informer.encoded("Pod", name)
         self.informer.add_handlers(self.runner.handlers())
-        self.loads = self._load_reporter()
         self.loads.usage.name_of = self.runner.name_of  # its handlers run after the runner's
         self.informer.add_handlers(self.loads.usage.handlers())
         self.informer.start()
@@ -463,6 +457,35 @@ class NodeAgentService(Service[NodeAgentConfig]):
             nodes=len(self.nodes.desired),
             work_dir=str(work_dir),
             heartbeat_seconds=cfg.heartbeat_seconds,
+        )
+
+    def _informer(self) -> Informer:
+        """The pods bound to this agent's nodes (at 200,000 pods, caching every pod cost each
+        agent over 300 MiB). Of those it keeps the bytes of the process node's pods only (what
+        a process is started from, measured by and its logs served for): a hollow pod is its
+        run's record and its usage record (the informer asks the runner and the load model
+        which such pods exist, to deliver their changes and deletions), and its status is
+        written over the pod as read from the store. With ``--tidal`` every pod is kept: each
+        tick reads them all (who gives way, what the guaranteed ones use)."""
+        ours = self.nodes.names()
+        modes = self.nodes.mode
+
+        def selector(_kind: str, pod: StoredObject) -> bool:
+            return isinstance(pod, pb.Pod) and pod.spec.node_name in ours
+
+        if self.config.tidal:
+            return Informer(self.store, ["Pod"], selector=selector)
+
+        def keeps(_kind: str, pod: StoredObject) -> bool:
+            return isinstance(pod, pb.Pod) and modes.get(pod.spec.node_name) == PROCESS
+
+        runner, usage = self.runner, self.loads.usage
+        return Informer(
+            self.store,
+            ["Pod"],
+            selector=selector,
+            hold=keeps,
+            held_elsewhere=lambda _kind: RunNames(runner.known(), usage.names()),
         )
 
     def _check_certificate_names_the_nodes(self) -> None:

@@ -1,0 +1,81 @@
+"""A node agent keeps no bytes of a hollow pod (issue 34: its memory per bound pod), only its
+run's record and its usage record, yet runs it as before: the pod goes Running, finishes on
+time, stops when deleted, and its node's measured load follows it — after a restart too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.service import NodeAgentConfig, NodeAgentService
+from services.runtime.service import ServiceHost
+from store import Store
+from tests import factories as f
+from tests.test_nodeagent import agent_config, eventually, phases, submit_and_bind
+
+NODE = "rec-0"
+
+
+def _agent(host: ServiceHost[NodeAgentConfig]) -> NodeAgentService:
+    agent = host.service
+    assert isinstance(agent, NodeAgentService)
+    return agent
+
+
+def _keeps_no_bytes_of(agent: NodeAgentService, running: list[str]) -> None:
+    informer = agent.informer
+    for name in running:
+        assert informer.get("Pod", name) is None, f"{name}: the informer keeps its bytes"
+        assert informer.encoded("Pod", name) is None
+        assert informer.knows("Pod", name), f"{name}: the informer forgot it exists"
+        assert agent.runner.runs[name].encoded is None, f"{name}: its run keeps its bytes"
+    assert informer.count("Pod") == 0
+
+
+async def _pods_use(store: Store, milli_cpu: int) -> bool:
+    load = (await store.node_loads()).get(NODE)
+    return load is not None and load.pods_milli_cpu == milli_cpu
+
+
+async def test_hollow_pods_run_finish_and_count_with_no_bytes_kept(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=1, node_prefix="rec")
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        agent = _agent(host)
+        long = [
+            p.metadata.name
+            for p in await submit_and_bind(store, f.job("long", replicas=2, cpu=1000), [NODE])
+        ]
+        short_job = f.job("short", replicas=1, cpu=500)
+        short_job.spec.template.duration_ms = 1500
+        short = [p.metadata.name for p in await submit_and_bind(store, short_job, [NODE])]
+
+        async def long_running_short_done() -> bool:
+            return await phases(store, long) == [pb.POD_RUNNING] * 2 and await phases(
+                store, short
+            ) == [pb.POD_SUCCEEDED]
+
+        await eventually(long_running_short_done, what="long pods running, the short one done")
+        finished = (await store.get(pb.Pod, short[0])).status
+        assert finished.reason == "Completed" and finished.started_ms
+        assert finished.finished_ms - finished.started_ms >= 1500
+        _keeps_no_bytes_of(agent, long)
+        await eventually(lambda: _pods_use(store, 2000), what="the node's load: two pods")
+
+        await store.delete(pb.Pod, long[0])
+
+        async def stopped() -> bool:
+            return long[0] not in agent.runner.runs and not agent.informer.knows("Pod", long[0])
+
+        await eventually(stopped, what="the deleted pod stopped and forgotten")
+        await eventually(lambda: _pods_use(store, 1000), what="the node's load: one pod")
+    # A restarted agent resumes the running pod from its listing, keeping no bytes of it.
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        agent = _agent(host)
+        _keeps_no_bytes_of(agent, long[1:])
+        assert agent.runner.runs[long[1]].started_ms
+        await eventually(lambda: _pods_use(store, 1000), what="the resumed pod's load")
+        await store.delete(pb.Pod, long[1])
+        await eventually(lambda: _pods_use(store, 0), what="no pod left on the node")
+        assert await phases(store, long[1:]) == [-1]
