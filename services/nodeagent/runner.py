@@ -396,7 +396,8 @@ class PodRunner:
         name = pod.metadata.name
         if mode == PROCESS and not pod.spec.template.command:
             mode = HOLLOW  # nothing to execute: simulate it for its duration, like a hollow pod
-        run = self.runs[name] = PodRun.of(pod, mode, now_ms(), name, self.informed(name))
+        held = self.informed(name) if mode == PROCESS else None  # a hollow run keeps none
+        run = self.runs[name] = PodRun.of(pod, mode, now_ms(), name, held)
         if mode == HOLLOW:
             self.queue(name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
             if pod.spec.template.duration_ms:  # 0: runs until deleted
@@ -410,7 +411,8 @@ class PodRunner:
         name = pod.metadata.name
         if mode == PROCESS and not pod.spec.template.command:
             mode = HOLLOW  # simulated, as it was started: its timer resumes
-        run = PodRun.of(pod, mode, pod.status.started_ms, name, self.informed(name))
+        held = self.informed(name) if mode == PROCESS else None  # a hollow run keeps none
+        run = PodRun.of(pod, mode, pod.status.started_ms, name, held)
         if mode == PROCESS:
             # Its process died with the previous agent, or runs unwatched: nothing to reattach
             # to. What may be left of it is killed.
