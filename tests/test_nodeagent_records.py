@@ -79,3 +79,36 @@ async def test_hollow_pods_run_finish_and_count_with_no_bytes_kept(
         await store.delete(pb.Pod, long[1])
         await eventually(lambda: _pods_use(store, 0), what="no pod left on the node")
         assert await phases(store, long[1:]) == [-1]
+
+
+async def test_the_tide_counts_online_pods_it_keeps_no_bytes_of(
+    store: Store, store_url: str, tmp_path: Path
+) -> None:
+    """With ``--tidal`` too the agent keeps no bytes of a hollow pod; a node's reclaimable pool
+    still follows its guaranteed pods (their requests summed from the records): 8 CPUs less the
+    10 % reserve less the 6 CPUs an online pod requests, and all of it back once it is gone."""
+    cfg = agent_config(
+        store_url,
+        store.cluster,
+        tmp_path,
+        hollow_nodes=1,
+        node_prefix="rec",
+        hollow_cpu_milli=8000,
+        tidal=True,
+        tidal_interval_seconds=0.1,
+        tidal_reserve_percent=10,
+    )
+
+    async def pool_is(milli_cpu: int) -> bool:
+        node = await store.get(pb.Node, NODE)
+        return node.status.reclaimable.milli_cpu == milli_cpu
+
+    async with ServiceHost(NodeAgentService, cfg) as host:
+        agent = _agent(host)
+        await eventually(lambda: pool_is(7200), what="the empty node's pool")
+        online = await submit_and_bind(store, f.job("online", replicas=1, cpu=6000), [NODE])
+        name = online[0].metadata.name
+        await eventually(lambda: pool_is(1200), what="the pool less the online pod")
+        _keeps_no_bytes_of(agent, [name])
+        await store.delete(pb.Pod, name)
+        await eventually(lambda: pool_is(7200), what="the pool back")

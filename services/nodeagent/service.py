@@ -65,7 +65,6 @@ from services.nodeagent.tidal import (
     Usage,
     UsageCurve,
     gives_way,
-    hollow_usage,
 )
 from services.peers.binder import BinderEvictor
 from services.runtime import (
@@ -447,10 +446,11 @@ class NodeAgentService(Service[NodeAgentConfig]):
         self.informer.add_handlers(self.runner.handlers())
         self.loads.usage.name_of = self.runner.name_of  # its handlers run after the runner's
         self.informer.add_handlers(self.loads.usage.handlers())
+        tide = self.tidal() if cfg.tidal else None
         self.informer.start()
         await self.informer.wait_synced()
         self._heartbeat_task = self.spawn(self._heartbeat_loop(), name="heartbeat")
-        self._tidal_task = self.spawn(self.tidal().run(), name="tidal") if cfg.tidal else None
+        self._tidal_task = self.spawn(tide.run(), name="tidal") if tide is not None else None
         self._flusher_task = self.spawn(self.runner.run_flusher(), name="pod-status-flusher")
         log.info(
             "node agent started",
@@ -465,16 +465,13 @@ class NodeAgentService(Service[NodeAgentConfig]):
         a process is started from, measured by and its logs served for): a hollow pod is its
         run's record and its usage record (the informer asks the runner and the load model
         which such pods exist, to deliver their changes and deletions), and its status is
-        written over the pod as read from the store. With ``--tidal`` every pod is kept: each
-        tick reads them all (who gives way, what the guaranteed ones use)."""
+        written over the pod as read from the store (the tide reads its records too, and the
+        best-effort pods it chooses among from the store)."""
         ours = self.nodes.names()
         modes = self.nodes.mode
 
         def selector(_kind: str, pod: StoredObject) -> bool:
             return isinstance(pod, pb.Pod) and pod.spec.node_name in ours
-
-        if self.config.tidal:
-            return Informer(self.store, ["Pod"], selector=selector)
 
         def keeps(_kind: str, pod: StoredObject) -> bool:
             return isinstance(pod, pb.Pod) and modes.get(pod.spec.node_name) == PROCESS
@@ -613,7 +610,8 @@ class NodeAgentService(Service[NodeAgentConfig]):
 
     def tidal(self) -> TidalController:
         """The tidal loop over this agent's nodes: hollow nodes' online usage from the curve,
-        the process node's measured."""
+        the process node's measured. Its handlers are registered on the informer here: call it
+        before the informer starts (it delivers the pods it keeps no bytes of once)."""
         cfg = self.config
         curve = (
             UsageCurve.parse(cfg.tidal_usage_curve, cfg.tidal_period_seconds)
@@ -622,15 +620,13 @@ class NodeAgentService(Service[NodeAgentConfig]):
         )
         measured = ProcessUsage(self.runner.pid_of)
 
-        def usage(node: str, guaranteed: list[pb.Pod], percent: float) -> Usage:
-            if self.nodes.mode.get(node) == PROCESS:
-                return measured(guaranteed, percent)
-            return hollow_usage(guaranteed, percent)
+        def usage(_node: str, guaranteed: list[pb.Pod], percent: float) -> Usage:
+            return measured(guaranteed, percent)  # a process node's (hollow: the records')
 
         controller = TidalController(
             self.store,
             self.nodes.desired,
-            lambda: self.informer.each(pb.Pod),
+            lambda: self.informer.each(pb.Pod),  # the process node's pods: their bytes kept
             usage,
             curve,
             BinderEvictor(self.store, f"nodeagent/{cfg.name}", self.dial),
@@ -639,6 +635,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
                 reserve_percent=cfg.tidal_reserve_percent,
             ),
         )
+        controller.name_of = self.runner.name_of  # its handlers run after the runner's
         self.informer.add_handlers(controller.handlers())  # what its pods hold per node
         return controller
 
