@@ -30,7 +30,7 @@ from services.nodeagent.nodes import (
     parse_labels,
     parse_taints,
 )
-from services.nodeagent.runner import KILL_GRACE_SECONDS, RunAs, launcher
+from services.nodeagent.runner import KILL_GRACE_SECONDS, ProcessRun, RunAs, launcher
 from services.nodeagent.service import NodeAgentConfig, NodeAgentService
 from services.runtime import ConfigError, ServiceHost, load_config
 from store import Store
@@ -227,6 +227,13 @@ async def submit_and_bind(
         p.status.bound_ms = int(time.time() * 1000)
     await store.bind(pods, fence=fence)
     return pods
+
+
+def process_task(agent: NodeAgentService, pod: str) -> asyncio.Task[None] | None:
+    """The task that runs a process pod's child (a process pod's run has one)."""
+    run = agent.runner.runs[pod]
+    assert isinstance(run, ProcessRun), f"{pod}: not run as a process"
+    return run.task
 
 
 async def phases(store: Store, names: list[str]) -> list[int]:
@@ -561,7 +568,7 @@ async def test_process_pods_of_two_tenants_cannot_reach_each_other(
         assert uids.held == {victim_uid}
         assert (work / "attacker-0").stat().st_uid == os.geteuid()
 
-        task = agent.runner.runs["victim-0"].task
+        task = process_task(agent, "victim-0")
         assert task is not None
         await store.delete(pb.Pod, "victim-0")
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
@@ -621,7 +628,7 @@ async def test_process_pod_runs_in_a_cgroup_holding_its_requests(
                 "cpu.cfs_period_us": "100000",
                 "memory.limit_in_bytes": str(96 * 1024 * 1024),
             }
-        task = agent.runner.runs["limited-0"].task
+        task = process_task(agent, "limited-0")
         assert task is not None
         await store.delete(pb.Pod, pod.metadata.name)
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
@@ -723,7 +730,7 @@ async def test_process_pods_killed_on_delete_and_stop(
         await eventually(running, what="sleepers running")
         agent = host.service
         assert isinstance(agent, NodeAgentService)
-        procs = {n: agent.runner.runs[n].task for n in names}
+        procs = {n: process_task(agent, n) for n in names}
         work = tmp_path / "pods"
         assert (work / "sleepy-0").is_dir() and (work / "sleepy-0.log").exists()
         await store.delete(pb.Pod, "sleepy-0")
@@ -816,7 +823,7 @@ async def test_a_restarted_agent_kills_what_a_dead_agents_pod_left(
 
             await eventually(failed, what="orphaned pod failed")
             assert await asyncio.to_thread(left.wait, 20) == -9
-            task = agent.runner.runs["orphan-0"].task
+            task = process_task(agent, "orphan-0")
             assert task is not None
             await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
             assert cgroup is None or not any(d.exists() for d in cgroup.dirs)
@@ -854,7 +861,7 @@ async def test_evicted_process_pod_gets_sigterm_then_sigkill_after_its_grace(
         await eventually(started, what="victim running")
         agent = host.service
         assert isinstance(agent, NodeAgentService)
-        task = agent.runner.runs["victim-0"].task
+        task = process_task(agent, "victim-0")
         assert task is not None
         current = await store.get(pb.Pod, "victim-0")
         gone = evicted(current, PREEMPTED, "preempted by pod 'p-0'", int(time.time() * 1000), "p-0")

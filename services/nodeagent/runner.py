@@ -113,83 +113,92 @@ class Patch:
 
 @dataclass(slots=True)
 class PodRun:
-    """What running one pod needs. A hollow pod's run is this record alone: the agent keeps no
-    bytes of it (an agent of 250,000 hollow pods held each encoded, ~0.2 KiB a pod with its
-    informer's key); its status writes read the pod from the store, a batch at a time."""
+    """What running a hollow pod needs, and all an agent keeps of one: no bytes of it (an
+    agent of 250,000 hollow pods held each encoded, ~0.2 KiB a pod with its informer's key,
+    and a record of 14 fields, 136 bytes, most of them a process's); its status writes read
+    the pod from the store, a batch at a time. A process pod's run is a ``ProcessRun``."""
 
     name: str
     node: str
-    mode: str
-    # A process pod's latest known stored copy, encoded (its command, environment, requests,
-    # NUMA nodes, grace and tenant are read from it while it runs; the informer's own bytes
-    # where they are the same version); None for a hollow run.
-    encoded: bytes | None
-    version: int
     # The pod's uid, hashed: tells a pod deleted and created again under the same name (a
     # relist) from the one this run runs, without its 36-character string (~85 bytes a pod).
     uid_key: int
-    started_ms: int = 0
     timer: asyncio.TimerHandle | None = None
-    task: asyncio.Task[None] | None = None
-    log_path: Path | None = None
     # Set once we queued the terminal patch (so our own write is not mistaken for another's).
     finished: bool = False
-    # Set when the process has exited (log followers stop here: they poll it). A flag, not an
-    # asyncio.Event: that was 0.9 KiB for each of an agent's 250,000 hollow pods.
-    exited: bool = False
-    # Why the child is being killed: "" (deleted / ended by someone else: write nothing) or the
-    # reason to report, e.g. "AgentStopped".
-    kill_reason: str = ""
-    pid: int | None = None  # a process pod's process while it runs (tidal usage measures it)
 
     @classmethod
-    def of(
-        cls, pod: pb.Pod, mode: str, started_ms: int, name: str, encoded: bytes | None = None
-    ) -> PodRun:
-        """``name``: the pod's, as the runner keys it (one string for both); ``encoded``: the
-        pod's bytes if the caller holds them (shared, not encoded again). Only a process run
-        keeps them."""
-        if mode == PROCESS:
-            kept: bytes | None = pod.SerializeToString() if encoded is None else encoded
-        else:
-            kept = None
-        return cls(
-            name,
-            sys.intern(pod.spec.node_name),  # one string per node, not one per pod
-            mode,
-            kept,
-            pod.metadata.resource_version,
-            uid_key(pod),
-            started_ms=started_ms,
-        )
+    def of(cls, pod: pb.Pod, name: str) -> PodRun:
+        """``name``: the pod's, as the runner keys it (one string for both)."""
+        return cls(name, sys.intern(pod.spec.node_name), uid_key(pod))  # one string per node
 
     @property
-    def pod(self) -> pb.Pod:
-        """A process pod as last known (a hollow run keeps none: ValueError)."""
-        if self.encoded is None:
-            raise ValueError(f"pod {self.name!r}: a hollow run keeps no copy of its pod")
-        return pb.Pod.FromString(self.encoded)
-
-    @property
-    def uid(self) -> str:
-        """A process pod's uid (its cgroup's name), read from the copy held."""
-        return self.pod.metadata.uid
+    def mode(self) -> str:
+        return HOLLOW
 
     def runs(self, pod: pb.Pod) -> bool:
         """Whether ``pod`` is the one this run runs (not another of the same name)."""
         return uid_key(pod) == self.uid_key
 
     def keep(self, pod: pb.Pod, encoded: bytes | None = None) -> None:
-        """Remember ``pod``'s version if it is newer than the one known (a process run its
-        bytes too); ``encoded``: its bytes, if the caller holds them (the informer's), taken for
-        the same version too: the copy the agent's own write left is the informer's once the
-        informer delivers it."""
+        """Remember ``pod`` as the latest known (a hollow run keeps nothing of it)."""
+
+
+@dataclass(slots=True)
+class ProcessRun(PodRun):
+    """A process pod's run: its child, its log, and the pod's latest known stored copy."""
+
+    # Encoded: its command, environment, requests, NUMA nodes, grace and tenant are read from
+    # it while it runs (the informer's own bytes where they are the same version).
+    encoded: bytes = b""
+    version: int = 0
+    started_ms: int = 0
+    task: asyncio.Task[None] | None = None
+    log_path: Path | None = None
+    # Set when the process has exited (log followers stop here: they poll it). A flag, not an
+    # asyncio.Event (0.9 KiB each).
+    exited: bool = False
+    # Why the child is being killed: "" (deleted / ended by someone else: write nothing) or the
+    # reason to report, e.g. "AgentStopped".
+    kill_reason: str = ""
+    pid: int | None = None  # its process while it runs (tidal usage measures it)
+
+    @classmethod
+    def of_process(
+        cls, pod: pb.Pod, started_ms: int, name: str, encoded: bytes | None = None
+    ) -> ProcessRun:
+        """``encoded``: the pod's bytes if the caller holds them (shared, not encoded again)."""
+        return cls(
+            name,
+            sys.intern(pod.spec.node_name),
+            uid_key(pod),
+            encoded=pod.SerializeToString() if encoded is None else encoded,
+            version=pod.metadata.resource_version,
+            started_ms=started_ms,
+        )
+
+    @property
+    def mode(self) -> str:
+        return PROCESS
+
+    @property
+    def pod(self) -> pb.Pod:
+        return pb.Pod.FromString(self.encoded)
+
+    @property
+    def uid(self) -> str:
+        """The pod's uid (its cgroup's name), read from the copy held."""
+        return self.pod.metadata.uid
+
+    def keep(self, pod: pb.Pod, encoded: bytes | None = None) -> None:
+        """Remember ``pod`` if it is newer than the copy held; ``encoded``: its bytes, if the
+        caller holds them (the informer's), taken for the same version too: the copy the
+        agent's own write left is the informer's once the informer delivers it."""
         version = pod.metadata.resource_version
         if version > self.version:
-            if self.encoded is not None:
-                self.encoded = pod.SerializeToString() if encoded is None else encoded
+            self.encoded = pod.SerializeToString() if encoded is None else encoded
             self.version = version
-        elif encoded is not None and version == self.version and self.encoded is not None:
+        elif encoded is not None and version == self.version:
             self.encoded = encoded
 
 
@@ -342,7 +351,8 @@ class PodRunner:
             self.deleted_named(name)  # deleted and created again between two events (a relist)
             run = None
         if run is not None:
-            run.keep(pod, self.informed(name) if run.encoded is not None else None)
+            if isinstance(run, ProcessRun):
+                run.keep(pod, self.informed(name))
             if pod.spec.node_name != run.node or (
                 pod.status.phase in TERMINAL_PHASES and not run.finished
             ):
@@ -373,7 +383,7 @@ class PodRunner:
         run = self.runs.pop(name, None)
         if run is not None:
             self._stop_run(run, kill_reason="")
-            if run.mode == PROCESS:
+            if isinstance(run, ProcessRun):
                 # Its log and work dir live as long as the pod (as kubelet keeps a dead
                 # container's logs until its pod is deleted), then go once its process has.
                 if run.task is not None and not run.task.done():
@@ -396,30 +406,30 @@ class PodRunner:
         name = pod.metadata.name
         if mode == PROCESS and not pod.spec.template.command:
             mode = HOLLOW  # nothing to execute: simulate it for its duration, like a hollow pod
-        held = self.informed(name) if mode == PROCESS else None  # a hollow run keeps none
-        run = self.runs[name] = PodRun.of(pod, mode, now_ms(), name, held)
         if mode == HOLLOW:
-            self.queue(name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
+            run = self.runs[name] = PodRun.of(pod, name)
+            self.queue(name, Patch(pb.POD_RUNNING, started_ms=now_ms()))
             if pod.spec.template.duration_ms:  # 0: runs until deleted
                 self._arm_timer(run, pod.spec.template.duration_ms)
-        else:
-            run.log_path = self.log_path(name)
-            run.task = asyncio.create_task(self._run_process(run), name=f"pod:{name}")
+            return
+        process = ProcessRun.of_process(pod, now_ms(), name, self.informed(name))
+        self.runs[name] = process
+        process.log_path = self.log_path(name)
+        process.task = asyncio.create_task(self._run_process(process), name=f"pod:{name}")
 
     def _resume(self, pod: pb.Pod, mode: str) -> None:
         """A pod already RUNNING on our node that we do not track: this agent restarted."""
         name = pod.metadata.name
         if mode == PROCESS and not pod.spec.template.command:
             mode = HOLLOW  # simulated, as it was started: its timer resumes
-        held = self.informed(name) if mode == PROCESS else None  # a hollow run keeps none
-        run = PodRun.of(pod, mode, pod.status.started_ms, name, held)
         if mode == PROCESS:
             # Its process died with the previous agent, or runs unwatched: nothing to reattach
             # to. What may be left of it is killed.
-            run.finished = True
-            self.runs[name] = run
-            run.exited = True
-            run.task = asyncio.create_task(self._reclaim(run), name=f"reclaim:{name}")
+            process = ProcessRun.of_process(pod, pod.status.started_ms, name, self.informed(name))
+            process.finished = True
+            self.runs[name] = process
+            process.exited = True
+            process.task = asyncio.create_task(self._reclaim(process), name=f"reclaim:{name}")
             self.queue(
                 name,
                 Patch(
@@ -431,10 +441,10 @@ class PodRunner:
                 ),
             )
             return
-        self.runs[name] = run
+        run = self.runs[name] = PodRun.of(pod, name)
         duration = pod.spec.template.duration_ms
         if duration:
-            started = run.started_ms or now_ms()
+            started = pod.status.started_ms or now_ms()
             self._arm_timer(run, max(0, started + duration - now_ms()))
 
     def _arm_timer(self, run: PodRun, delay_ms: int) -> None:
@@ -447,7 +457,7 @@ class PodRunner:
         run.finished = True
         self.queue(run.name, Patch(pb.POD_SUCCEEDED, finished_ms=now_ms(), reason="Completed"))
 
-    async def _run_process(self, run: PodRun) -> None:
+    async def _run_process(self, run: ProcessRun) -> None:
         cwd = self.work_dir / run.name
         proc: asyncio.subprocess.Process | None = None
         held = Confinement()  # filled as it is taken: whatever was taken is handed back
@@ -488,7 +498,9 @@ class PodRunner:
             message = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
             self._process_ended(run, _exit_code(code), "Error", message)
 
-    async def _spawn(self, run: PodRun, cwd: Path, held: Confinement) -> asyncio.subprocess.Process:
+    async def _spawn(
+        self, run: ProcessRun, cwd: Path, held: Confinement
+    ) -> asyncio.subprocess.Process:
         """Start the pod's process: its user and cgroup taken (recorded in ``held``), its work
         dir made its own, then the command through the launcher. OSError (also written to its
         log): it did not start."""
@@ -560,7 +572,7 @@ class PodRunner:
         if user is not None and own_uid and self.pod_uids is not None:
             self.pod_uids.release(user.uid)
 
-    async def _reclaim(self, run: PodRun) -> None:
+    async def _reclaim(self, run: ProcessRun) -> None:
         """A process pod a previous agent ran (it died, kill -9): what may still run of it is
         killed and its cgroup removed, found from what that agent left — the work dir's owner
         (its uid, if this agent can claim it: nobody else holds it) and the cgroup named after
@@ -578,7 +590,7 @@ class PodRunner:
             log.info("cleaning up after a previous agent's pod", pod=run.name)
         await self._hand_back(held, cwd)
 
-    def _process_ended(self, run: PodRun, code: int, reason: str, message: str) -> None:
+    def _process_ended(self, run: ProcessRun, code: int, reason: str, message: str) -> None:
         run.finished = True
         phase = pb.POD_SUCCEEDED if code == 0 and reason == "Completed" else pb.POD_FAILED
         log.info("pod process ended", pod=run.name, exit_code=code, reason=reason)
@@ -591,14 +603,14 @@ class PodRunner:
         if run.timer is not None:
             run.timer.cancel()
             run.timer = None
-        if run.task is not None and not run.task.done():
+        if isinstance(run, ProcessRun) and run.task is not None and not run.task.done():
             run.kill_reason = kill_reason
             run.task.cancel()
 
     def pid_of(self, pod: str) -> int | None:
         """The running process of a process-mode pod, if any."""
         run = self.runs.get(pod)
-        return None if run is None else run.pid
+        return run.pid if isinstance(run, ProcessRun) else None
 
     def log_path(self, pod: str) -> Path:
         return self.work_dir / f"{pod}.log"
@@ -744,7 +756,7 @@ class PodRunner:
             if run.timer is not None:
                 run.timer.cancel()
                 run.timer = None
-            if run.task is not None and not run.task.done():
+            if isinstance(run, ProcessRun) and run.task is not None and not run.task.done():
                 self._stop_run(run, kill_reason="AgentStopped")
                 tasks.append(run.task)
         await asyncio.gather(*tasks, return_exceptions=True)

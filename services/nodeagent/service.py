@@ -57,7 +57,7 @@ from services.nodeagent.nodes import (
     parse_taints,
     process_node,
 )
-from services.nodeagent.runner import PodRunner, RunAs, RunNames, resolve_run_as
+from services.nodeagent.runner import PodRunner, ProcessRun, RunAs, RunNames, resolve_run_as
 from services.nodeagent.tidal import (
     ProcessUsage,
     TidalController,
@@ -668,7 +668,7 @@ class _NodeAgentServicer(api_pb2_grpc.NodeAgentServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tail_lines: must be >= 0")
         runner = getattr(self._agent, "runner", None)
         run = runner.runs.get(request.pod) if runner is not None else None
-        if runner is None or run is None or run.log_path is None:
+        if not isinstance(run, ProcessRun) or run.log_path is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"pod {request.pod!r} is not run by node agent {self._agent.config.name!r} "
