@@ -217,19 +217,20 @@ class HollowUsage:
         )
 
     def on_pod(self, pod: Message, *, gone: bool = False) -> None:
-        if not isinstance(pod, pb.Pod):
+        # ``type() is``: an isinstance that fails is ~0.2 µs (the message classes' metaclass).
+        if type(pod) is not pb.Pod:
             return
         name = pod.metadata.name
         new = None if gone or not gives_way(pod) else pod_use(pod)
-        old = self._pods.pop(name, None)
+        pods = self._pods
+        old = pods.get(name)
         if old is new or (old is not None and old == new):  # shared: mostly the same record
-            if new is not None:
-                self._pods[self.name_of(name)] = new
             return
         if old is not None:
             self._add(old, -1)
+            del pods[name]
         if new is not None:
-            self._pods[self.name_of(name)] = new
+            pods[self.name_of(name)] = new
             self._add(new, 1)
 
     def _add(self, use: _Use, sign: int) -> None:

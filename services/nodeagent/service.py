@@ -471,10 +471,10 @@ class NodeAgentService(Service[NodeAgentConfig]):
         modes = self.nodes.mode
 
         def selector(_kind: str, pod: StoredObject) -> bool:
-            return isinstance(pod, pb.Pod) and pod.spec.node_name in ours
+            return type(pod) is pb.Pod and pod.spec.node_name in ours
 
         def keeps(_kind: str, pod: StoredObject) -> bool:
-            return isinstance(pod, pb.Pod) and modes.get(pod.spec.node_name) == PROCESS
+            return type(pod) is pb.Pod and modes.get(pod.spec.node_name) == PROCESS
 
         runner, usage = self.runner, self.loads.usage
         return Informer(
