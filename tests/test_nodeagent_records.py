@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from protos.godel.v1 import objects_pb2 as pb
+from services.nodeagent.nodes import HOLLOW
+from services.nodeagent.runner import PodRunner
 from services.nodeagent.service import NodeAgentConfig, NodeAgentService
 from services.runtime.service import ServiceHost
 from store import Store
@@ -112,3 +114,30 @@ async def test_the_tide_counts_online_pods_it_keeps_no_bytes_of(
         _keeps_no_bytes_of(agent, [name])
         await store.delete(pb.Pod, name)
         await eventually(lambda: pool_is(7200), what="the pool back")
+
+
+async def test_a_pod_created_again_under_its_name_is_run_afresh(
+    store: Store, tmp_path: Path
+) -> None:
+    """A run keeps its pod's uid as a hash, not the pod: a pod deleted and created again under
+    the same name between two events (a relist merges them into one update) still ends the old
+    run and starts the new pod's."""
+    runner = PodRunner(store, {NODE: HOLLOW}, tmp_path)
+
+    def bound(uid: str, version: int) -> pb.Pod:
+        pod = pb.Pod(metadata=pb.ObjectMeta(name="again-0", uid=uid, resource_version=version))
+        pod.spec.node_name, pod.status.phase = NODE, pb.POD_BOUND
+        pod.spec.template.duration_ms = 60_000
+        return pod
+
+    first, second = bound("uid-first", 5), bound("uid-second", 9)
+    runner.observe(first)
+    old = runner.runs["again-0"]
+    assert old.runs(first) and old.timer is not None
+    runner.observe(second)
+    new = runner.runs["again-0"]
+    assert new is not old and new.runs(second) and not new.runs(first)
+    assert old.timer is None  # the old run's timer cancelled
+    assert runner.pending["again-0"].phase == pb.POD_RUNNING
+    if new.timer is not None:
+        new.timer.cancel()
