@@ -64,7 +64,7 @@ HEAVY_PACKAGES = (
     *("godel", "jsonschema", "bench"),
 )
 _SHARD = "scheduler-0"
-_AGENT = "nodeagent-0"
+AGENT = "nodeagent-0"
 _PREFIX = "hollow"
 
 
@@ -96,7 +96,7 @@ async def fill(url: str, cluster: str, nodes: int, jobs: int, pods: int) -> None
     store = await Store.connect(url, cluster=cluster)
     try:
         objs: list[Any] = hollow_nodes(
-            nodes, prefix=_PREFIX, agent=_AGENT, shape=Shape(), labels={}, taints=(), now=now_ms
+            nodes, prefix=_PREFIX, agent=AGENT, shape=Shape(), labels={}, taints=(), now=now_ms
         )
         objs.extend(_jobs_and_pods(jobs, pods, nodes, now_ms))
         for at in range(0, len(objs), MAX_OPS_PER_CALL):
@@ -105,7 +105,7 @@ async def fill(url: str, cluster: str, nodes: int, jobs: int, pods: int) -> None
         await store.close()
 
 
-def _own_settings(kind: str, nodes: int) -> dict[str, Any]:
+def own_settings(kind: str, nodes: int) -> dict[str, Any]:
     if kind == "dispatcher":  # no agent heartbeats these nodes: none is judged lost meanwhile
         return {"node_grace_seconds": 1e9}
     if kind == "nodeagent":  # the agent of every node, which runs every pod
@@ -146,14 +146,14 @@ async def measure(kind: str, url: str, cluster: str, nodes: int, trace: bool) ->
     service_cls, config_cls = _service(kind)
     with tempfile.TemporaryDirectory() as home:
         config = config_cls(
-            name={"scheduler": _SHARD, "nodeagent": _AGENT}.get(kind, f"{kind}-0"),
+            name={"scheduler": _SHARD, "nodeagent": AGENT}.get(kind, f"{kind}-0"),
             port=0,
             metrics_port=-1,
             store_url=url,
             cluster=cluster,
             home=Path(home),
             insecure=True,
-            **_own_settings(kind, nodes),
+            **own_settings(kind, nodes),
         )
         async with ServiceHost(service_cls, config) as host:
             await asyncio.sleep(2.0)  # what on_start left running settles
@@ -276,7 +276,7 @@ def start_idle_service(
     env = jemalloc_env()
     env["GODEL_STORE_URL"] = url
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    name = _AGENT if kind == "nodeagent" else f"{kind}-0"
+    name = AGENT if kind == "nodeagent" else f"{kind}-0"
     args = [sys.executable, "-P", "-X", "importtime", "-m", f"services.{kind}"]
     args += ["--name", name, "--host", "127.0.0.1", "--port", str(ports[0]), "--home", str(home)]
     args += ["--metrics-port", str(ports[1]), "--log-format", "json", "--cluster", cluster]
@@ -313,7 +313,7 @@ def idle(kinds: list[str], insecure: bool, settle: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="godel-memory-idle-") as tmp:
         home = Path(tmp)
         if not insecure:
-            pki.init_cluster(home / "tls", agents={_AGENT: [f"{_PREFIX}-0"]})
+            pki.init_cluster(home / "tls", agents={AGENT: [f"{_PREFIX}-0"]})
         server = StoreServer.start(home / "store", fsync="no")
         report: dict[str, Any] = {"tls": not insecure, "kinds": {}}
         try:

@@ -1,10 +1,14 @@
-"""A service's restart cost in-process: CPU seconds until a dispatcher, a scheduler shard or a
-Binder answers SERVING over a store filled by ``bench.dispatcher_start fill`` (bench/README.md,
-"Restart at scale").
+"""A service's restart cost in-process: CPU seconds until a dispatcher, a scheduler shard, a
+Binder or a node agent answers SERVING over a store filled by ``bench.dispatcher_start fill``
+(bench/README.md, "Restart at scale").
 
     python -m bench.dispatcher_start fill --store-url URL --cluster C --nodes 2000 --jobs 100 --pods 1000
     python -m bench.service_start fill --store-url URL --cluster C --nodes 2000 --jobs 100 --pods 1000
     python -m bench.service_start scheduler --store-url URL --cluster C [--profile out.prof]
+    python -m bench.service_start nodeagent --store-url URL --cluster C --nodes 2000
+
+The node agent is started as ``bench.memory`` starts it: the agent of every filled node
+(``--nodes``, the fill's), which resumes every pod (registration included in its start).
 
 Its ``fill`` (``bench.memory``'s) writes PaperScale-20000's shape instead: hollow nodes as the node agent
 registers them, and jobs of running pods as the dispatcher makes them (``pods_for``) and the
@@ -25,10 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.memory import fill  # the same PaperScale-shaped state the memory bench holds
+from bench.memory import AGENT, fill  # the same PaperScale-shaped state the memory bench holds
+from bench.memory import own_settings as memory_settings
 from services.binder.config import BinderConfig
 from services.binder.service import BinderService
 from services.dispatcher.service import DispatcherConfig, DispatcherService
+from services.nodeagent.service import NodeAgentConfig, NodeAgentService
 from services.runtime import ServiceHost
 from services.scheduler.service import SchedulerConfig, SchedulerService
 
@@ -36,6 +42,7 @@ KINDS: dict[str, tuple[Any, Any]] = {
     "dispatcher": (DispatcherService, DispatcherConfig),
     "scheduler": (SchedulerService, SchedulerConfig),
     "binder": (BinderService, BinderConfig),
+    "nodeagent": (NodeAgentService, NodeAgentConfig),
 }
 
 # No agent heartbeats the filled nodes: a dispatcher judging them lost would fail their pods
@@ -43,17 +50,21 @@ KINDS: dict[str, tuple[Any, Any]] = {
 OWN_SETTINGS: dict[str, dict[str, Any]] = {"dispatcher": {"node_grace_seconds": 1e9}}
 
 
-async def start(kind: str, url: str, cluster: str, profile: str) -> dict[str, float]:
+async def start(
+    kind: str, url: str, cluster: str, profile: str, nodes: int = 2000
+) -> dict[str, float]:
+    """``nodes``: the fill's (the node agent serves them all)."""
     service_cls, config_cls = KINDS[kind]
+    own = memory_settings(kind, nodes) if kind == "nodeagent" else OWN_SETTINGS.get(kind, {})
     with tempfile.TemporaryDirectory() as home:
         config = config_cls(
-            name=f"{kind}-bench",
+            name=AGENT if kind == "nodeagent" else f"{kind}-bench",
             port=0,
             store_url=url,
             cluster=cluster,
             home=Path(home),
             insecure=True,
-            **OWN_SETTINGS.get(kind, {}),
+            **own,
         )
         profiler = cProfile.Profile() if profile else None
         cpu, wall = time.process_time(), time.monotonic()
@@ -82,7 +93,7 @@ def main() -> None:
     if args.kind == "fill":
         asyncio.run(fill(args.store_url, args.cluster, args.nodes, args.jobs, args.pods))
         return
-    result = asyncio.run(start(args.kind, args.store_url, args.cluster, args.profile))
+    result = asyncio.run(start(args.kind, args.store_url, args.cluster, args.profile, args.nodes))
     print(json.dumps({"kind": args.kind, **result}))
 
 

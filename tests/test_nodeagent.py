@@ -5,7 +5,6 @@ child processes."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import subprocess
 import time
@@ -31,7 +30,7 @@ from services.nodeagent.nodes import (
     parse_labels,
     parse_taints,
 )
-from services.nodeagent.runner import KILL_GRACE_SECONDS, RunAs, launcher
+from services.nodeagent.runner import KILL_GRACE_SECONDS, ProcessRun, RunAs, launcher
 from services.nodeagent.service import NodeAgentConfig, NodeAgentService
 from services.runtime import ConfigError, ServiceHost, load_config
 from store import Store
@@ -230,6 +229,13 @@ async def submit_and_bind(
     return pods
 
 
+def process_task(agent: NodeAgentService, pod: str) -> asyncio.Task[None] | None:
+    """The task that runs a process pod's child (a process pod's run has one)."""
+    run = agent.runner.runs[pod]
+    assert isinstance(run, ProcessRun), f"{pod}: not run as a process"
+    return run.task
+
+
 async def phases(store: Store, names: list[str]) -> list[int]:
     return [p.status.phase if p else -1 for p in await store.get_many(pb.Pod, names)]
 
@@ -403,41 +409,6 @@ async def test_hollow_pods_resume_after_restart(
         await eventually(succeeded, what="resumed pods succeeded")
 
 
-async def _held_once(store: Store, agent: NodeAgentService, names: list[str]) -> bool:
-    """Whether each pod runs and its run holds the informer's own bytes of its version."""
-    stored = await store.get_many(pb.Pod, names)
-    for name, pod in zip(names, stored, strict=True):
-        run = agent.runner.runs.get(name)
-        if pod is None or pod.status.phase != pb.POD_RUNNING or run is None:
-            return False
-        if run.version != pod.metadata.resource_version:
-            return False
-        if run.encoded is not agent.informer.encoded("Pod", name):
-            return False
-        assert run.uid == pod.metadata.uid and run.pod == pod
-    return True
-
-
-async def test_a_running_hollow_pod_is_held_once(
-    store: Store, store_url: str, tmp_path: Path
-) -> None:
-    """An agent keeps one copy of a running pod's bytes: its run shares the informer's (a
-    second copy was 0.2 KiB a pod, 50 MiB an agent of 250,000 pods), once the informer has
-    delivered the agent's own RUNNING write, and after a restart alike."""
-    cfg = agent_config(store_url, store.cluster, tmp_path, hollow_nodes=1, node_prefix="once")
-    names: list[str] = []
-    for restarted in (False, True):
-        async with ServiceHost(NodeAgentService, cfg) as host:
-            agent = host.service
-            assert isinstance(agent, NodeAgentService)
-            if not restarted:
-                pods = await submit_and_bind(store, f.job("once", replicas=2), ["once-0"])
-                names = [p.metadata.name for p in pods]
-            await eventually(
-                functools.partial(_held_once, store, agent, names), what="running pods held once"
-            )
-
-
 def process_job(name: str, command: list[str], replicas: int = 1) -> pb.Job:
     job = f.job(name, replicas=replicas, cpu=100)
     job.spec.template.command.extend(command)
@@ -597,7 +568,7 @@ async def test_process_pods_of_two_tenants_cannot_reach_each_other(
         assert uids.held == {victim_uid}
         assert (work / "attacker-0").stat().st_uid == os.geteuid()
 
-        task = agent.runner.runs["victim-0"].task
+        task = process_task(agent, "victim-0")
         assert task is not None
         await store.delete(pb.Pod, "victim-0")
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
@@ -657,7 +628,7 @@ async def test_process_pod_runs_in_a_cgroup_holding_its_requests(
                 "cpu.cfs_period_us": "100000",
                 "memory.limit_in_bytes": str(96 * 1024 * 1024),
             }
-        task = agent.runner.runs["limited-0"].task
+        task = process_task(agent, "limited-0")
         assert task is not None
         await store.delete(pb.Pod, pod.metadata.name)
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
@@ -759,7 +730,7 @@ async def test_process_pods_killed_on_delete_and_stop(
         await eventually(running, what="sleepers running")
         agent = host.service
         assert isinstance(agent, NodeAgentService)
-        procs = {n: agent.runner.runs[n].task for n in names}
+        procs = {n: process_task(agent, n) for n in names}
         work = tmp_path / "pods"
         assert (work / "sleepy-0").is_dir() and (work / "sleepy-0.log").exists()
         await store.delete(pb.Pod, "sleepy-0")
@@ -852,7 +823,7 @@ async def test_a_restarted_agent_kills_what_a_dead_agents_pod_left(
 
             await eventually(failed, what="orphaned pod failed")
             assert await asyncio.to_thread(left.wait, 20) == -9
-            task = agent.runner.runs["orphan-0"].task
+            task = process_task(agent, "orphan-0")
             assert task is not None
             await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
             assert cgroup is None or not any(d.exists() for d in cgroup.dirs)
@@ -890,7 +861,7 @@ async def test_evicted_process_pod_gets_sigterm_then_sigkill_after_its_grace(
         await eventually(started, what="victim running")
         agent = host.service
         assert isinstance(agent, NodeAgentService)
-        task = agent.runner.runs["victim-0"].task
+        task = process_task(agent, "victim-0")
         assert task is not None
         current = await store.get(pb.Pod, "victim-0")
         gone = evicted(current, PREEMPTED, "preempted by pod 'p-0'", int(time.time() * 1000), "p-0")

@@ -46,3 +46,21 @@ async def test_the_binder_takeover_bench_times_a_standby_binding_after_the_leade
     pods, _ = await store.list_all(pb.Pod)
     [probe] = [p for p in pods if p.spec.job.startswith("takeover-")]
     assert probe.spec.node_name == "hollow-0"
+
+
+async def test_a_node_agent_start_resumes_the_filled_pods(
+    store: Store, store_url: str, cluster_name: str
+) -> None:
+    """The node agent starts as the agent of every filled node (``bench.memory``'s), resuming
+    their running pods: they stay running, and it keeps a run of each."""
+    now_ms = int(time.time() * 1000)
+    nodes = hollow_nodes(
+        4, prefix="hollow", agent="nodeagent-0", shape=Shape(), labels={}, taints=(), now=now_ms
+    )
+    await store.create_many([*nodes, *memory._jobs_and_pods(1, 8, 4, now_ms)])
+    result = await service_start.start("nodeagent", store_url, cluster_name, "", nodes=4)
+    assert result["cpu_s"] > 0
+    pods, _ = await store.list_all(pb.Pod)
+    assert {pb.PodPhase.Name(p.status.phase) for p in pods} == {"POD_RUNNING"}
+    listed, _ = await store.list_all(pb.Node)
+    assert {n.spec.agent for n in listed} == {"nodeagent-0"}

@@ -25,6 +25,7 @@ from store import (
 from store.client import Create, WatchEvent
 from store.encoded import EncodedObjects
 from store.informer import Handlers, Informer
+from store.kinds import StoredObject
 from store.server import StoreServer
 from tests.factories import node
 
@@ -860,3 +861,46 @@ async def test_a_taker_takes_a_first_listings_objects_and_hands_back_the_rest(
         await informer.stop()
     with pytest.raises(ValueError, match="take_listed takes what is held elsewhere; give it too"):
         Informer(store, ["Pod"], hold=lambda _k, _p: True, take_listed={"Pod": take})
+
+
+async def test_a_first_listing_through_a_selector_and_hold_delivers_and_keeps_the_selected_only(
+    store: Store,
+) -> None:
+    """A node agent's informer: ``selector`` takes its nodes' pods, ``hold`` keeps the bytes of
+    one node's of them. Its first listing hands the handlers the selected pods only (each once)
+    and keeps the selected pods ``hold`` keeps; what arrives later is selected alike."""
+    ours = {"mine", "process"}
+    seen: list[str] = []
+
+    def node_of(obj: StoredObject) -> str:
+        return obj.spec.node_name if isinstance(obj, pb.Pod) else ""
+
+    informer = Informer(
+        store,
+        ["Pod"],
+        block_ms=100,
+        selector=lambda _k, p: node_of(p) in ours,
+        hold=lambda _k, p: node_of(p) == "process",
+        held_elsewhere=lambda _k: [n for n in seen if n.startswith("on-mine")],
+    )
+    informer.add_handlers(Handlers.of(pb.Pod, on_add=lambda _k, p: seen.append(p.metadata.name)))
+
+    def pod(name: str, node_name: str) -> pb.Pod:
+        return pb.Pod(metadata=pb.ObjectMeta(name=name), spec=pb.PodSpec(node_name=node_name))
+
+    try:
+        for name, node in (("on-mine", "mine"), ("on-process", "process"), ("elsewhere", "b")):
+            await store.create(pod(name, node))
+        informer.start()
+        await informer.wait_synced(10)
+        assert sorted(seen) == ["on-mine", "on-process"]
+        assert informer.names("Pod") == ("on-process",)
+        assert informer.get("Pod", "on-process") == await store.get(pb.Pod, "on-process")
+        assert informer.knows("Pod", "on-mine") and not informer.knows("Pod", "elsewhere")
+        await store.create(pod("later-elsewhere", "b"))
+        await store.create(pod("later-process", "process"))
+        await informer.wait_for_revision(await store.revision(), timeout=10)
+        assert sorted(seen) == ["later-process", "on-mine", "on-process"]
+        assert sorted(informer.names("Pod")) == ["later-process", "on-process"]
+    finally:
+        await informer.stop()

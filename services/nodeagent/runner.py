@@ -5,11 +5,13 @@ timer (``template.duration_ms``; 0 runs until deleted); process pods are a child
 own session (so the whole tree can be killed), output in ``<work_dir>/<pod>.log``.
 
 Every phase change is a *patch* queued in ``pending`` (one per pod; a later patch merges over an
-earlier unflushed one) and written by the flusher: one ``commit_many`` every ``flush_interval``
-or as soon as ``flush_max`` are pending, each pod a compare-and-set on its last known version
-(``Release`` for terminal phases, which returns the node claim). A conflict re-reads the pods
-that lost (one ``get_many``) and queues the patch again if it still applies. No per-pod round
-trip: the hot path is one write round trip per batch.
+earlier unflushed one) and written by the flusher: every ``flush_interval`` or as soon as
+``flush_max`` are pending, the batch's pods are read (one ``get_many``: the agent keeps no copy of
+a hollow pod, only its run's record) and written with one ``commit_many``, each pod a
+compare-and-set on the version read (``Release`` for terminal phases, which returns the node
+claim). A conflict re-reads the pods that lost (one ``get_many``) and queues the patch again if it
+still applies. No per-pod round trip: the hot path is one read and one write round trip per
+batch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pwd
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -111,42 +113,73 @@ class Patch:
 
 @dataclass(slots=True)
 class PodRun:
+    """What running a hollow pod needs, and all an agent keeps of one: no bytes of it (an
+    agent of 250,000 hollow pods held each encoded, ~0.2 KiB a pod with its informer's key,
+    and a record of 14 fields, 136 bytes, most of them a process's); its status writes read
+    the pod from the store, a batch at a time. A process pod's run is a ``ProcessRun``."""
+
     name: str
     node: str
-    mode: str
-    # The latest known stored copy, encoded (an agent of 250,000 hollow pods kept 2.6 KiB a pod
-    # decoded; see store.encoded): ``pod`` reads a copy, ``keep`` replaces it. The informer's
-    # own bytes of the pod where they are the same version (a second copy was 0.2 KiB a pod).
-    encoded: bytes
-    version: int
-    started_ms: int = 0
+    # The pod's uid, hashed: tells a pod deleted and created again under the same name (a
+    # relist) from the one this run runs, without its 36-character string (~85 bytes a pod).
+    uid_key: int
     timer: asyncio.TimerHandle | None = None
-    task: asyncio.Task[None] | None = None
-    log_path: Path | None = None
     # Set once we queued the terminal patch (so our own write is not mistaken for another's).
     finished: bool = False
+
+    @classmethod
+    def of(cls, pod: pb.Pod, name: str) -> PodRun:
+        """``name``: the pod's, as the runner keys it (one string for both)."""
+        return cls(name, sys.intern(pod.spec.node_name), uid_key(pod))  # one string per node
+
+    @property
+    def mode(self) -> str:
+        return HOLLOW
+
+    def runs(self, pod: pb.Pod) -> bool:
+        """Whether ``pod`` is the one this run runs (not another of the same name)."""
+        return uid_key(pod) == self.uid_key
+
+    def keep(self, pod: pb.Pod, encoded: bytes | None = None) -> None:
+        """Remember ``pod`` as the latest known (a hollow run keeps nothing of it)."""
+
+
+@dataclass(slots=True)
+class ProcessRun(PodRun):
+    """A process pod's run: its child, its log, and the pod's latest known stored copy."""
+
+    # Encoded: its command, environment, requests, NUMA nodes, grace and tenant are read from
+    # it while it runs (the informer's own bytes where they are the same version).
+    encoded: bytes = b""
+    version: int = 0
+    started_ms: int = 0
+    task: asyncio.Task[None] | None = None
+    log_path: Path | None = None
     # Set when the process has exited (log followers stop here: they poll it). A flag, not an
-    # asyncio.Event: that was 0.9 KiB for each of an agent's 250,000 hollow pods.
+    # asyncio.Event (0.9 KiB each).
     exited: bool = False
     # Why the child is being killed: "" (deleted / ended by someone else: write nothing) or the
     # reason to report, e.g. "AgentStopped".
     kill_reason: str = ""
-    pid: int | None = None  # a process pod's process while it runs (tidal usage measures it)
+    pid: int | None = None  # its process while it runs (tidal usage measures it)
 
     @classmethod
-    def of(
-        cls, pod: pb.Pod, mode: str, started_ms: int, name: str, encoded: bytes | None = None
-    ) -> PodRun:
-        """``name``: the pod's, as the runner keys it (one string for both); ``encoded``: the
-        pod's bytes if the caller holds them (shared, not encoded again)."""
+    def of_process(
+        cls, pod: pb.Pod, started_ms: int, name: str, encoded: bytes | None = None
+    ) -> ProcessRun:
+        """``encoded``: the pod's bytes if the caller holds them (shared, not encoded again)."""
         return cls(
             name,
-            sys.intern(pod.spec.node_name),  # one string per node, not one per pod
-            mode,
-            pod.SerializeToString() if encoded is None else encoded,
-            pod.metadata.resource_version,
+            sys.intern(pod.spec.node_name),
+            uid_key(pod),
+            encoded=pod.SerializeToString() if encoded is None else encoded,
+            version=pod.metadata.resource_version,
             started_ms=started_ms,
         )
+
+    @property
+    def mode(self) -> str:
+        return PROCESS
 
     @property
     def pod(self) -> pb.Pod:
@@ -154,7 +187,7 @@ class PodRun:
 
     @property
     def uid(self) -> str:
-        """The pod's uid, read from the copy held (not kept beside it: 80 bytes a pod)."""
+        """The pod's uid (its cgroup's name), read from the copy held."""
         return self.pod.metadata.uid
 
     def keep(self, pod: pb.Pod, encoded: bytes | None = None) -> None:
@@ -167,6 +200,34 @@ class PodRun:
             self.version = version
         elif encoded is not None and version == self.version:
             self.encoded = encoded
+
+
+def uid_key(pod: pb.Pod) -> int:
+    """A pod's uid as a run remembers it (``PodRun.uid_key``)."""
+    return hash(pod.metadata.uid)
+
+
+class RunNames(Collection[str]):
+    """The names of the pods some holders know, as one collection (each name once): what the
+    agent's informer asks for the pods it keeps no bytes of (``Informer(held_elsewhere=)``)."""
+
+    __slots__ = ("_holders",)
+
+    def __init__(self, *holders: Collection[str]) -> None:
+        self._holders = holders
+
+    def __contains__(self, name: object) -> bool:
+        return any(name in holder for holder in self._holders)
+
+    def __iter__(self) -> Iterator[str]:
+        for i, holder in enumerate(self._holders):
+            earlier = self._holders[:i]
+            for name in holder:
+                if not any(name in other for other in earlier):
+                    yield name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +324,11 @@ class PodRunner:
     # Informer side (synchronous, quick)
     # -----------------------------------------------------------------------------------------
 
+    def known(self) -> Collection[str]:
+        """The pods the runner knows exist: those it runs and those it finished (whose late
+        events it ignores)."""
+        return RunNames(self.runs, self._finished)
+
     def name_of(self, name: str) -> str:
         """The string the runner keys the pod by (``name`` itself if it runs no such pod): a
         holder keyed by pod shares it rather than keep a copy of every name."""
@@ -281,11 +347,12 @@ class PodRunner:
         name = pod.metadata.name
         version = pod.metadata.resource_version
         run = self.runs.get(name)
-        if run is not None and pod.metadata.uid != run.uid:
-            self.deleted(run.pod)  # deleted and created again between two events (a relist)
+        if run is not None and not run.runs(pod):
+            self.deleted_named(name)  # deleted and created again between two events (a relist)
             run = None
         if run is not None:
-            run.keep(pod, self.informed(name))
+            if isinstance(run, ProcessRun):
+                run.keep(pod, self.informed(name))
             if pod.spec.node_name != run.node or (
                 pod.status.phase in TERMINAL_PHASES and not run.finished
             ):
@@ -308,13 +375,15 @@ class PodRunner:
             self._resume(pod, mode)
 
     def deleted(self, pod: pb.Pod) -> None:
-        name = pod.metadata.name
+        self.deleted_named(pod.metadata.name)
+
+    def deleted_named(self, name: str) -> None:
         self._finished.pop(name, None)
         self.pending.pop(name, None)
         run = self.runs.pop(name, None)
         if run is not None:
             self._stop_run(run, kill_reason="")
-            if run.mode == PROCESS:
+            if isinstance(run, ProcessRun):
                 # Its log and work dir live as long as the pod (as kubelet keeps a dead
                 # container's logs until its pod is deleted), then go once its process has.
                 if run.task is not None and not run.task.done():
@@ -337,26 +406,30 @@ class PodRunner:
         name = pod.metadata.name
         if mode == PROCESS and not pod.spec.template.command:
             mode = HOLLOW  # nothing to execute: simulate it for its duration, like a hollow pod
-        run = self.runs[name] = PodRun.of(pod, mode, now_ms(), name, self.informed(name))
         if mode == HOLLOW:
-            self.queue(name, Patch(pb.POD_RUNNING, started_ms=run.started_ms))
+            run = self.runs[name] = PodRun.of(pod, name)
+            self.queue(name, Patch(pb.POD_RUNNING, started_ms=now_ms()))
             if pod.spec.template.duration_ms:  # 0: runs until deleted
                 self._arm_timer(run, pod.spec.template.duration_ms)
-        else:
-            run.log_path = self.log_path(name)
-            run.task = asyncio.create_task(self._run_process(run), name=f"pod:{name}")
+            return
+        process = ProcessRun.of_process(pod, now_ms(), name, self.informed(name))
+        self.runs[name] = process
+        process.log_path = self.log_path(name)
+        process.task = asyncio.create_task(self._run_process(process), name=f"pod:{name}")
 
     def _resume(self, pod: pb.Pod, mode: str) -> None:
         """A pod already RUNNING on our node that we do not track: this agent restarted."""
         name = pod.metadata.name
-        run = PodRun.of(pod, mode, pod.status.started_ms, name, self.informed(name))
-        if mode == PROCESS and pod.spec.template.command:
+        if mode == PROCESS and not pod.spec.template.command:
+            mode = HOLLOW  # simulated, as it was started: its timer resumes
+        if mode == PROCESS:
             # Its process died with the previous agent, or runs unwatched: nothing to reattach
             # to. What may be left of it is killed.
-            run.finished = True
-            self.runs[name] = run
-            run.exited = True
-            run.task = asyncio.create_task(self._reclaim(run), name=f"reclaim:{name}")
+            process = ProcessRun.of_process(pod, pod.status.started_ms, name, self.informed(name))
+            process.finished = True
+            self.runs[name] = process
+            process.exited = True
+            process.task = asyncio.create_task(self._reclaim(process), name=f"reclaim:{name}")
             self.queue(
                 name,
                 Patch(
@@ -368,11 +441,10 @@ class PodRunner:
                 ),
             )
             return
-        run.mode = HOLLOW
-        self.runs[name] = run
+        run = self.runs[name] = PodRun.of(pod, name)
         duration = pod.spec.template.duration_ms
         if duration:
-            started = run.started_ms or now_ms()
+            started = pod.status.started_ms or now_ms()
             self._arm_timer(run, max(0, started + duration - now_ms()))
 
     def _arm_timer(self, run: PodRun, delay_ms: int) -> None:
@@ -385,7 +457,7 @@ class PodRunner:
         run.finished = True
         self.queue(run.name, Patch(pb.POD_SUCCEEDED, finished_ms=now_ms(), reason="Completed"))
 
-    async def _run_process(self, run: PodRun) -> None:
+    async def _run_process(self, run: ProcessRun) -> None:
         cwd = self.work_dir / run.name
         proc: asyncio.subprocess.Process | None = None
         held = Confinement()  # filled as it is taken: whatever was taken is handed back
@@ -426,7 +498,9 @@ class PodRunner:
             message = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
             self._process_ended(run, _exit_code(code), "Error", message)
 
-    async def _spawn(self, run: PodRun, cwd: Path, held: Confinement) -> asyncio.subprocess.Process:
+    async def _spawn(
+        self, run: ProcessRun, cwd: Path, held: Confinement
+    ) -> asyncio.subprocess.Process:
         """Start the pod's process: its user and cgroup taken (recorded in ``held``), its work
         dir made its own, then the command through the launcher. OSError (also written to its
         log): it did not start."""
@@ -498,7 +572,7 @@ class PodRunner:
         if user is not None and own_uid and self.pod_uids is not None:
             self.pod_uids.release(user.uid)
 
-    async def _reclaim(self, run: PodRun) -> None:
+    async def _reclaim(self, run: ProcessRun) -> None:
         """A process pod a previous agent ran (it died, kill -9): what may still run of it is
         killed and its cgroup removed, found from what that agent left — the work dir's owner
         (its uid, if this agent can claim it: nobody else holds it) and the cgroup named after
@@ -516,7 +590,7 @@ class PodRunner:
             log.info("cleaning up after a previous agent's pod", pod=run.name)
         await self._hand_back(held, cwd)
 
-    def _process_ended(self, run: PodRun, code: int, reason: str, message: str) -> None:
+    def _process_ended(self, run: ProcessRun, code: int, reason: str, message: str) -> None:
         run.finished = True
         phase = pb.POD_SUCCEEDED if code == 0 and reason == "Completed" else pb.POD_FAILED
         log.info("pod process ended", pod=run.name, exit_code=code, reason=reason)
@@ -529,14 +603,14 @@ class PodRunner:
         if run.timer is not None:
             run.timer.cancel()
             run.timer = None
-        if run.task is not None and not run.task.done():
+        if isinstance(run, ProcessRun) and run.task is not None and not run.task.done():
             run.kill_reason = kill_reason
             run.task.cancel()
 
     def pid_of(self, pod: str) -> int | None:
         """The running process of a process-mode pod, if any."""
         run = self.runs.get(pod)
-        return None if run is None else run.pid
+        return run.pid if isinstance(run, ProcessRun) else None
 
     def log_path(self, pod: str) -> Path:
         return self.work_dir / f"{pod}.log"
@@ -572,16 +646,15 @@ class PodRunner:
                 self._has_work.set()
 
     async def flush(self) -> None:
-        """Write up to ``flush_max`` pending patches in one round trip (plus one read of the pods
-        whose write conflicted)."""
+        """Write up to ``flush_max`` pending patches: one read of their pods as stored, one write
+        round trip (plus one read of the pods whose write conflicted)."""
         batch: list[tuple[str, Patch]] = []
         while self.pending and len(batch) < self.flush_max:
             name = next(iter(self.pending))
             batch.append((name, self.pending.pop(name)))
         writes: list[tuple[str, Patch, pb.Pod]] = []
-        for name, patch in batch:
-            run = self.runs.get(name)
-            new = patch.applied_to(run.pod) if run is not None else None
+        for name, patch, pod in await self._as_stored(batch):
+            new = patch.applied_to(pod)
             if new is not None:
                 writes.append((name, patch, new))
         if not writes:
@@ -610,6 +683,32 @@ class PodRunner:
                 self._written(name, patch, new)
         if conflicts:
             await self._reread(conflicts)
+
+    async def _as_stored(self, batch: list[tuple[str, Patch]]) -> list[tuple[str, Patch, pb.Pod]]:
+        """The batch's pods as stored now, each beside its patch (one ``get_many``): a run
+        keeps no copy of a hollow pod to write over. A pod gone is forgotten; one of another
+        uid or node (the informer has yet to say) is left to the informer's event."""
+        runs = [(name, patch) for name, patch in batch if name in self.runs]
+        if not runs:
+            return []
+        try:
+            stored = await self._store.get_many(pb.Pod, [name for name, _ in runs])
+        except (StoreUnavailableError, asyncio.CancelledError):
+            for name, patch in runs:
+                self._requeue(name, patch)
+            raise
+        out: list[tuple[str, Patch, pb.Pod]] = []
+        for (name, patch), pod in zip(runs, stored, strict=True):
+            run = self.runs.get(name)
+            if run is None:
+                continue
+            if pod is None:
+                self._forget(name)  # deleted meanwhile
+                continue
+            if run.runs(pod) and pod.spec.node_name == run.node:
+                run.keep(pod)
+                out.append((name, patch, pod))
+        return out
 
     def _written(self, name: str, patch: Patch, new: pb.Pod) -> None:
         run = self.runs.get(name)
@@ -657,7 +756,7 @@ class PodRunner:
             if run.timer is not None:
                 run.timer.cancel()
                 run.timer = None
-            if run.task is not None and not run.task.done():
+            if isinstance(run, ProcessRun) and run.task is not None and not run.task.done():
                 self._stop_run(run, kill_reason="AgentStopped")
                 tasks.append(run.task)
         await asyncio.gather(*tasks, return_exceptions=True)

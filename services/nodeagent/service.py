@@ -57,7 +57,7 @@ from services.nodeagent.nodes import (
     parse_taints,
     process_node,
 )
-from services.nodeagent.runner import PodRunner, RunAs, resolve_run_as
+from services.nodeagent.runner import PodRunner, ProcessRun, RunAs, RunNames, resolve_run_as
 from services.nodeagent.tidal import (
     ProcessUsage,
     TidalController,
@@ -65,7 +65,6 @@ from services.nodeagent.tidal import (
     Usage,
     UsageCurve,
     gives_way,
-    hollow_usage,
 )
 from services.peers.binder import BinderEvictor
 from services.runtime import (
@@ -79,6 +78,7 @@ from services.runtime import (
 from services.runtime.auth import caller
 from store import StoreError
 from store.informer import Informer
+from store.kinds import StoredObject
 
 log = structlog.get_logger(__name__)
 
@@ -439,30 +439,50 @@ class NodeAgentService(Service[NodeAgentConfig]):
             cgroups=cgroups,
             numa_cpus={z.id: z.cpus for z in self.machine_numa} if cfg.process_node else {},
         )
-        # Only the pods bound to our nodes: at 200,000 pods, caching every pod cost each agent
-        # over 300 MiB.
-        ours = self.nodes.names()
-        self.informer = Informer(
-            self.store,
-            ["Pod"],
-            selector=lambda _kind, pod: isinstance(pod, pb.Pod) and pod.spec.node_name in ours,
-        )
+        self.loads = self._load_reporter()
+        self.informer = self._informer()
         informer = self.informer
         self.runner.informed = lambda name: informer.encoded("Pod", name)
         self.informer.add_handlers(self.runner.handlers())
-        self.loads = self._load_reporter()
         self.loads.usage.name_of = self.runner.name_of  # its handlers run after the runner's
         self.informer.add_handlers(self.loads.usage.handlers())
+        tide = self.tidal() if cfg.tidal else None
         self.informer.start()
         await self.informer.wait_synced()
         self._heartbeat_task = self.spawn(self._heartbeat_loop(), name="heartbeat")
-        self._tidal_task = self.spawn(self.tidal().run(), name="tidal") if cfg.tidal else None
+        self._tidal_task = self.spawn(tide.run(), name="tidal") if tide is not None else None
         self._flusher_task = self.spawn(self.runner.run_flusher(), name="pod-status-flusher")
         log.info(
             "node agent started",
             nodes=len(self.nodes.desired),
             work_dir=str(work_dir),
             heartbeat_seconds=cfg.heartbeat_seconds,
+        )
+
+    def _informer(self) -> Informer:
+        """The pods bound to this agent's nodes (at 200,000 pods, caching every pod cost each
+        agent over 300 MiB). Of those it keeps the bytes of the process node's pods only (what
+        a process is started from, measured by and its logs served for): a hollow pod is its
+        run's record and its usage record (the informer asks the runner and the load model
+        which such pods exist, to deliver their changes and deletions), and its status is
+        written over the pod as read from the store (the tide reads its records too, and the
+        best-effort pods it chooses among from the store)."""
+        ours = self.nodes.names()
+        modes = self.nodes.mode
+
+        def selector(_kind: str, pod: StoredObject) -> bool:
+            return type(pod) is pb.Pod and pod.spec.node_name in ours
+
+        def keeps(_kind: str, pod: StoredObject) -> bool:
+            return type(pod) is pb.Pod and modes.get(pod.spec.node_name) == PROCESS
+
+        runner, usage = self.runner, self.loads.usage
+        return Informer(
+            self.store,
+            ["Pod"],
+            selector=selector,
+            hold=keeps,
+            held_elsewhere=lambda _kind: RunNames(runner.known(), usage.names()),
         )
 
     def _check_certificate_names_the_nodes(self) -> None:
@@ -590,7 +610,8 @@ class NodeAgentService(Service[NodeAgentConfig]):
 
     def tidal(self) -> TidalController:
         """The tidal loop over this agent's nodes: hollow nodes' online usage from the curve,
-        the process node's measured."""
+        the process node's measured. Its handlers are registered on the informer here: call it
+        before the informer starts (it delivers the pods it keeps no bytes of once)."""
         cfg = self.config
         curve = (
             UsageCurve.parse(cfg.tidal_usage_curve, cfg.tidal_period_seconds)
@@ -599,15 +620,13 @@ class NodeAgentService(Service[NodeAgentConfig]):
         )
         measured = ProcessUsage(self.runner.pid_of)
 
-        def usage(node: str, guaranteed: list[pb.Pod], percent: float) -> Usage:
-            if self.nodes.mode.get(node) == PROCESS:
-                return measured(guaranteed, percent)
-            return hollow_usage(guaranteed, percent)
+        def usage(_node: str, guaranteed: list[pb.Pod], percent: float) -> Usage:
+            return measured(guaranteed, percent)  # a process node's (hollow: the records')
 
         controller = TidalController(
             self.store,
             self.nodes.desired,
-            lambda: self.informer.each(pb.Pod),
+            lambda: self.informer.each(pb.Pod),  # the process node's pods: their bytes kept
             usage,
             curve,
             BinderEvictor(self.store, f"nodeagent/{cfg.name}", self.dial),
@@ -616,6 +635,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
                 reserve_percent=cfg.tidal_reserve_percent,
             ),
         )
+        controller.name_of = self.runner.name_of  # its handlers run after the runner's
         self.informer.add_handlers(controller.handlers())  # what its pods hold per node
         return controller
 
@@ -648,7 +668,7 @@ class _NodeAgentServicer(api_pb2_grpc.NodeAgentServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tail_lines: must be >= 0")
         runner = getattr(self._agent, "runner", None)
         run = runner.runs.get(request.pod) if runner is not None else None
-        if runner is None or run is None or run.log_path is None:
+        if not isinstance(run, ProcessRun) or run.log_path is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"pod {request.pod!r} is not run by node agent {self._agent.config.name!r} "

@@ -32,11 +32,13 @@ import structlog
 from google.protobuf.message import Message
 
 from placement.claims import holds_claim
-from placement.nodeinfo import BEST_EFFORT
+from placement.nodeinfo import BEST_EFFORT, GUARANTEED
+from placement.resources import Quantities
 from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import RECLAIMED
+from services.nodeagent.nodes import PROCESS
 from services.peers.binder import BinderEvictor, EvictError
 from store import Store
 from store.errors import ConflictError, StoreError
@@ -116,6 +118,14 @@ class UsageCurve:
 class Usage:
     milli_cpu: int = 0
     memory_bytes: int = 0
+
+
+def held_usage(held: Quantities | None, percent: float) -> Usage:
+    """What simulated online pods holding ``held`` (their requests summed) use: ``percent`` of
+    it, as ``hollow_usage`` counts them one by one."""
+    if held is None:
+        return Usage()
+    return Usage(int(held.cpu * percent / 100), int(held.mem * percent / 100))
 
 
 def hollow_usage(guaranteed: Iterable[pb.Pod], percent: float) -> Usage:
@@ -230,8 +240,11 @@ class TidalController:
 
     What the pods hold per node and pool is the room accumulator (``placement.room``, kept per
     node: the tide judges each node's reclaimable pool on its own), fed by ``handlers()``
-    per informer event; each tick still passes over the agent's own pods for the per-pod
-    choices (whose process to measure, whom to evict)."""
+    per informer event: a hollow node's online usage is its guaranteed pods' sum from it. The
+    agent keeps no bytes of a hollow pod, so a tick reads whole pods only where it chooses
+    among them: the process node's (``pods``: whose process to measure) and, on a node whose
+    best-effort pods hold more than its new pool, those pods (one ``get_many`` a tick, whom to
+    evict)."""
 
     def __init__(
         self,
@@ -245,8 +258,10 @@ class TidalController:
     ) -> None:
         self.store = store
         self.nodes = nodes  # this agent's nodes as registered (their allocatable)
-        self.pods = pods  # the pods bound to this agent's nodes (the agent's informer cache)
-        self.usage = usage  # (node, its guaranteed pods, curve percent) -> usage
+        # The pods bound to this agent's nodes whose bytes it keeps (the process node's): what
+        # ``usage`` measures on a process node.
+        self.pods = pods
+        self.usage = usage  # (process node, its guaranteed pods, curve percent) -> usage
         self.curve = curve
         self.evictor = evictor
         self.settings = settings
@@ -255,6 +270,9 @@ class TidalController:
         # Per node and pool, what the pods the tide counts (``gives_way``) request. No node
         # offers: the pool is what this loop computes.
         self.held = NodeRoom()
+        # The string to key a pod by, equal to its name: the runner's (``PodRunner.name_of``),
+        # so the agent holds one string per pod, not one here too.
+        self.name_of: Callable[[str], str] = lambda name: name
 
     def handlers(self) -> Handlers:
         """Informer handlers (kind Pod) that keep ``held``: register them on the informer
@@ -277,7 +295,7 @@ class TidalController:
             return
         old = self.held.claim_of(name)
         if old is None or old.node != pod.spec.node_name:
-            self.held.claim(name, RoomClaim.of(pod))
+            self.held.claim(self.name_of(name), RoomClaim.of(pod))
 
     async def run(self) -> None:
         while True:
@@ -293,15 +311,15 @@ class TidalController:
             self.curve.percent_at(time.time() if now is None else now) if self.curve else 100.0
         )
         guaranteed: dict[str, list[pb.Pod]] = {}
-        best_effort: dict[str, list[pb.Pod]] = {}
         for pod in self.pods():
-            if not gives_way(pod):
-                continue
-            side = best_effort if pod.spec.qos == pb.QOS_BEST_EFFORT else guaranteed
-            side.setdefault(pod.spec.node_name, []).append(pod)
+            if gives_way(pod) and pod.spec.qos != pb.QOS_BEST_EFFORT:
+                guaranteed.setdefault(pod.spec.node_name, []).append(pod)
         pools: dict[str, pb.Resources] = {}
         for name, node in self.nodes.items():
-            usage = self.usage(name, guaranteed.get(name, []), percent)
+            if node.spec.mode == PROCESS:
+                usage = self.usage(name, guaranteed.get(name, []), percent)
+            else:
+                usage = held_usage(self.held.node_claimed(name, GUARANTEED), percent)
             pools[name] = reclaimable_pool(
                 node.status.allocatable,
                 usage,
@@ -309,6 +327,7 @@ class TidalController:
                 node.status.reclaimable.gpus,
             )
         await self._write_pools(pools)
+        best_effort = await self._best_effort_over(pools)
         victims = [
             v
             for name, pool in pools.items()
@@ -316,6 +335,32 @@ class TidalController:
         ]
         if victims:
             await self._evict(victims)
+
+    async def _best_effort_over(self, pools: Mapping[str, pb.Resources]) -> dict[str, list[pb.Pod]]:
+        """The best-effort pods the tide counts on each node whose best-effort pods hold more
+        than its pool, as stored (one read of them all; none when no node is over)."""
+        over: set[str] = set()
+        for name, pool in pools.items():
+            held = self.held.node_claimed(name, BEST_EFFORT)
+            if held is not None and (held.cpu > pool.milli_cpu or held.mem > pool.memory_bytes):
+                over.add(name)
+        if not over:
+            return {}
+        names = [
+            pod
+            for pod, claim in self.held.claims_by_pod()
+            if claim.pool == BEST_EFFORT and claim.node in over
+        ]
+        out: dict[str, list[pb.Pod]] = {}
+        for pod in await self.store.get_many(pb.Pod, names):
+            if (
+                pod is not None
+                and pod.spec.node_name in over
+                and pod.spec.qos == pb.QOS_BEST_EFFORT
+                and gives_way(pod)
+            ):
+                out.setdefault(pod.spec.node_name, []).append(pod)
+        return out
 
     async def _write_pools(self, pools: dict[str, pb.Resources]) -> None:
         """Write the pools that moved enough, or that shrank below what best-effort pods hold
