@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -31,8 +31,8 @@ from services import tenancy
 from store import Store, StoreError
 from store.informer import Handlers, Informer
 
-# (job, phase, owner) of each pod kept as a record (``PodIndex.on_nodes``).
-OnNodes = Iterator[tuple[str, "pb.PodPhase.ValueType", str]]
+# How many pods kept as records there are of each (job, phase, owner) (``PodIndex.on_nodes``).
+OnNodes = Counter[tuple[str, "pb.PodPhase.ValueType", str]]
 
 # How long a tenant's Submit waits for the dispatcher's view to hold the tenant's previous one
 # before it is refused as UNAVAILABLE (retried by clients; nothing is stored).
@@ -81,9 +81,9 @@ class TenantPods:
     def _on_listed(self, _kind: str) -> None:
         assert self._on_nodes is not None
         live = self._live
-        for _, phase, owner in self._on_nodes():
+        for (_, phase, owner), pods in self._on_nodes().items():
             if owner and phase not in TERMINAL_PHASES:
-                live[owner] += 1
+                live[owner] += pods
 
     def of(self, tenant: str) -> int:
         return self._live[tenant]

@@ -64,7 +64,7 @@ class JobRetryController:
 
     def _on_listed(self, kind: str) -> None:
         """The listing's failed pods on a node, from the pod index's records."""
-        for job, phase, _ in self.pods.on_nodes():
+        for job, phase, _ in self.pods.on_nodes():  # each (job, phase, owner) once
             if phase == pb.POD_FAILED and job:
                 self.failing.add(job)
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, KeysView, Mapping
+from operator import itemgetter
 from typing import NamedTuple, Protocol
 
 from google.protobuf.message import Message
@@ -40,6 +42,29 @@ from store.kinds import StoredObject
 # passed since it last did (2,000 pods at a time took up to 60 ms on a busy machine).
 STATUS_SLICE_PODS = 250
 STATUS_SLICE_SECONDS = 0.02
+
+
+class LoopTurns:
+    """Hands the event loop to others once ``STATUS_SLICE_SECONDS`` have passed since it last
+    did: one budget for a run of counting, shared by the jobs of a tick (a slice per job alone
+    never handed it over for jobs quicker than a slice: the job status controller's first tick
+    after a restart over 1,000 jobs of 1,000 pods held the loop for 0.8 s, health checks
+    included)."""
+
+    __slots__ = ("_until",)
+
+    def __init__(self) -> None:
+        self._until = time.monotonic() + STATUS_SLICE_SECONDS
+
+    async def take(self) -> None:
+        """A turn for the others if this run's slice is spent."""
+        if time.monotonic() >= self._until:
+            await asyncio.sleep(0)
+            self._until = time.monotonic() + STATUS_SLICE_SECONDS
+
+
+# A claim's (job, phase, owner), read by C (``PodIndex.on_nodes``).
+_JOB_PHASE_OWNER = itemgetter(*(Claim._fields.index(f) for f in ("job", "phase", "owner")))
 
 
 def keeps_bytes(kind: str, obj: StoredObject) -> bool:
@@ -211,14 +236,17 @@ class PodIndex:
         names += [n for n, p in self._placed.items() if p.node in nodes and p.phase in CLAIM_PHASES]
         return names
 
-    def on_nodes(self) -> Iterator[tuple[str, pb.PodPhase.ValueType, str]]:
-        """(job, phase, owner) of every pod kept as a record (on a node): what a holder of
-        ``Handlers(refused_at_listing=False)`` reads once a listing is handed over."""
+    def on_nodes(self) -> Counter[tuple[str, pb.PodPhase.ValueType, str]]:
+        """How many pods kept as records (on a node) there are of each (job, phase, owner):
+        what a holder of ``Handlers(refused_at_listing=False)`` reads once a listing is handed
+        over. Counted, not yielded pod by pod: the claims' keys are read in C
+        (``_JOB_PHASE_OWNER``), and each reader loops over a job's few keys, not its pods (two
+        readers of a million claims, a Python step each, were 0.3 s of a restart)."""
+        counts: Counter[tuple[str, pb.PodPhase.ValueType, str]] = Counter()
         if self._claims is not None:
-            for claim in self._claims.claims():
-                yield claim.job, claim.phase, claim.owner
-        for record in self._placed.values():
-            yield record.job, record.phase, record.owner
+            counts.update(map(_JOB_PHASE_OWNER, self._claims.claims_by_pod().values()))
+        counts.update((r.job, r.phase, r.owner) for r in self._placed.values())
+        return counts
 
     def nodes_with_claims(self) -> Collection[str]:
         """The nodes some pod holds a claim on."""
@@ -240,17 +268,18 @@ class PodIndex:
         """The job's pods, whole (:meth:`fetch`)."""
         return await self.fetch(self.by_job.get(job))
 
-    async def status_of(self, job: pb.Job, now_ms: int | None = None) -> JobCounts:
+    async def status_of(
+        self, job: pb.Job, now_ms: int | None = None, turns: LoopTurns | None = None
+    ) -> JobCounts:
         """``job_status`` of ``job`` from its pods in the view (at ``now_ms``), read and
         counted a slice at a time with the loop served between (a big job's pods change
-        meanwhile: each change brings the job back to whoever computes its status)."""
+        meanwhile: each change brings the job back to whoever computes its status).
+        ``turns``: the budget of a run of jobs this one belongs to (else its own)."""
         names = list(self.by_job.get(job.metadata.name))
         tally = StatusTally(job)
-        until = time.monotonic() + STATUS_SLICE_SECONDS
+        turns = LoopTurns() if turns is None else turns
         for first in range(0, len(names), STATUS_SLICE_PODS):
-            if first and time.monotonic() >= until:
-                await asyncio.sleep(0)
-                until = time.monotonic() + STATUS_SLICE_SECONDS
+            await turns.take()
             self._count(tally, names[first : first + STATUS_SLICE_PODS])
         return tally.counts(now_ms)
 
