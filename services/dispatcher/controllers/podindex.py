@@ -437,9 +437,7 @@ class PodIndex:
         """A listed pod the informer keeps no bytes of (on a node): ``_put``, but one holding a
         claim is grouped with its job's once all are listed (``_on_listed``), so only the
         phase is read of most (a listing's bound and running pods)."""
-        if type(obj) is pb.Pod and (
-            self._claims is None or obj.status.phase not in CLAIM_PHASES
-        ):
+        if type(obj) is pb.Pod and (self._claims is None or obj.status.phase not in CLAIM_PHASES):
             self._put(obj)
 
     def _on_listed(self, kind: str) -> None:
