@@ -42,7 +42,7 @@ from store.kinds import StoredObject
 # passed since it last did (2,000 pods at a time took up to 60 ms on a busy machine). Short:
 # a request on a new connection needs a dozen turns of the loop (its handshake, then its
 # call), each waiting for a slice to end; with 20 ms slices a health check during the first
-# job status tick after a restart over 1,000,000 pods took 0.5-0.9 s, with 5 ms ~0.05-0.2 s.
+# job status tick after a restart over 1,000,000 pods took 0.5-0.9 s, with 5 ms ~0.2 s.
 STATUS_SLICE_PODS = 250
 STATUS_SLICE_SECONDS = 0.005
 
