@@ -71,6 +71,27 @@ class ViewFeed:
         self._per_job.clear()
         self.queue.sum_listed()
 
+    def on_listed_refused(self, kind: str, obj: Message) -> None:
+        """A listed object the informer keeps no bytes of (``Handlers.on_listed_refused``: a
+        pod on a node, the dispatcher's ``hold`` refusing those): what ``on_add`` does with it
+        while a listing is under way, its parts read once and handed on (a listing's every
+        bound pod comes through here)."""
+        if type(obj) is not pb.Pod:
+            self.on_add(kind, obj)
+            return
+        spec = obj.spec
+        if not spec.node_name:
+            self._track_pod(obj)
+            return
+        status = obj.status
+        phase = status.phase
+        if phase in CLAIM_PHASES:
+            claim = Claim.from_parts(obj, obj.metadata, spec, status, self._per_job)
+            self.queue.claim_listed(claim)  # summed once listed (``on_listed``)
+            self._bound_pods[claim.job] += 1  # its job's string, interned
+        elif phase in _BOUND_PHASES:
+            self._bound_pods[sys.intern(spec.job)] += 1
+
     def on_update(self, kind: str, old: Message, new: Message) -> None:
         self._on_change(kind, old, new)
 
