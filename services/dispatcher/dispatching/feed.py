@@ -69,7 +69,7 @@ class ViewFeed:
 
     def on_listed(self, kind: str) -> None:
         self._per_job.clear()
-        self.queue.sum_listed()
+        self._bound_pods.update(self.queue.sum_listed())  # the listed claims, per job
 
     def on_listed_refused(self, kind: str, obj: Message) -> None:
         """A listed object the informer keeps no bytes of (``Handlers.on_listed_refused``: a
@@ -86,9 +86,10 @@ class ViewFeed:
         status = obj.status
         phase = status.phase
         if phase in CLAIM_PHASES:
-            claim = Claim.from_parts(obj, obj.metadata, spec, status, self._per_job)
-            self.queue.claim_listed(claim)  # summed once listed (``on_listed``)
-            self._bound_pods[claim.job] += 1  # its job's string, interned
+            # Summed, and counted as its job's bound pods, once listed (``on_listed``).
+            self.queue.claim_listed(
+                Claim.from_parts(obj, obj.metadata, spec, status, self._per_job)
+            )
         elif phase in _BOUND_PHASES:
             self._bound_pods[sys.intern(spec.job)] += 1
 
@@ -180,12 +181,12 @@ class ViewFeed:
             phase = pod.status.phase
             if phase in CLAIM_PHASES:
                 if self._listing_under_way is not None and self._listing_under_way():
-                    claim = Claim.of(pod, self._per_job)
-                    self.queue.claim_listed(claim)  # summed once listed (``on_listed``)
+                    # Summed, and counted as its job's bound pods, once listed (``on_listed``).
+                    self.queue.claim_listed(Claim.of(pod, self._per_job))
                 else:
                     claim = Claim.of(pod)
                     self.queue.claim(claim)
-                self._bound_pods[claim.job] += 1  # its job's string, interned
+                    self._bound_pods[claim.job] += 1  # its job's string, interned
             elif phase in _BOUND_PHASES:
                 self._bound_pods[sys.intern(spec.job)] += 1  # one string per job
         elif self.queue.add_pod(pod, int(time.time() * 1000)):
