@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol
 
 from google.protobuf.message import Message
 
-from placement.claims import CLAIM_PHASES, holds_claim
+from placement.claims import CLAIM_PHASES, TERMINAL_PHASES, holds_claim
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers.jobphase import (
     JobCounts,
@@ -66,8 +66,8 @@ class LoopTurns:
             self._until = time.monotonic() + STATUS_SLICE_SECONDS
 
 
-# A claim's (job, phase, owner), read by C (``PodIndex.on_nodes``).
-_JOB_PHASE_OWNER = itemgetter(*(Claim._fields.index(f) for f in ("job", "phase", "owner")))
+# A claim's owner, read by C (``PodIndex.live_on_nodes_by_owner``).
+_CLAIM_OWNER = itemgetter(Claim._fields.index("owner"))
 
 
 def keeps_bytes(kind: str, obj: StoredObject) -> bool:
@@ -240,17 +240,23 @@ class PodIndex:
         names += [n for n, p in self._placed.items() if p.node in nodes and p.phase in CLAIM_PHASES]
         return names
 
-    def on_nodes(self) -> Counter[tuple[str, pb.PodPhase.ValueType, str]]:
-        """How many pods kept as records (on a node) there are of each (job, phase, owner):
-        what a holder of ``Handlers(refused_at_listing=False)`` reads once a listing is handed
-        over. Counted, not yielded pod by pod: the claims' keys are read in C
-        (``_JOB_PHASE_OWNER``), and each reader loops over a job's few keys, not its pods (two
-        readers of a million claims, a Python step each, were 0.3 s of a restart)."""
-        counts: Counter[tuple[str, pb.PodPhase.ValueType, str]] = Counter()
+    # What a holder of ``Handlers(refused_at_listing=False)`` reads of the pods kept as records
+    # (on a node) once a listing is handed over: counted, not handed pod by pod (two readers
+    # of a million claims, a Python step each, were 0.3 s of a restart).
+
+    def live_on_nodes_by_owner(self) -> Counter[str]:
+        """How many pods kept as records are live (not Succeeded or Failed), per owner
+        (``metadata.owner``; "" for the admin's): every claim (bound or running), counted in
+        C, and the other records that are."""
+        counts: Counter[str] = Counter()
         if self._claims is not None:
-            counts.update(map(_JOB_PHASE_OWNER, self._claims.claims_by_pod().values()))
-        counts.update((r.job, r.phase, r.owner) for r in self._placed.values())
+            counts.update(map(_CLAIM_OWNER, self._claims.claims_by_pod().values()))
+        counts.update(r.owner for r in self._placed.values() if r.phase not in TERMINAL_PHASES)
         return counts
+
+    def jobs_failed_on_nodes(self) -> set[str]:
+        """The jobs of the pods kept as records that failed on a node (a claim never has)."""
+        return {r.job for r in self._placed.values() if r.phase == pb.POD_FAILED and r.job}
 
     def nodes_with_claims(self) -> Collection[str]:
         """The nodes some pod holds a claim on."""
