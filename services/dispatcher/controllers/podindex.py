@@ -31,6 +31,7 @@ from services.dispatcher.controllers.jobphase import (
     derives_status,
 )
 from services.dispatcher.dispatching.entries import Claim, shared_int
+from services.dispatcher.dispatching.feed import ViewFeed
 from services.dispatcher.objects import being_deleted, pods_complete
 from services.grouped import GroupedNames
 from store.client import Store
@@ -164,10 +165,16 @@ class PodIndex:
 
     ``claims``: the quota ledger's, which keeps the record of each pod holding a claim (none:
     this index keeps a record of every pod on a node itself). ``store``: where the full body
-    of a pod on a node is read (:meth:`fetch`), when the informer keeps none of it."""
+    of a pod on a node is read (:meth:`fetch`), when the informer keeps none of it.
+    ``listed_from``: the feed that makes those claims of a listing's pods, handing this index
+    the listed pods on a node that hold none (``ViewFeed.listed_without_claim``)."""
 
     def __init__(
-        self, informer: Informer, claims: ClaimBook | None = None, store: Store | None = None
+        self,
+        informer: Informer,
+        claims: ClaimBook | None = None,
+        store: Store | None = None,
+        listed_from: ViewFeed | None = None,
     ) -> None:
         self.by_job = GroupedNames()
         self._informer = informer
@@ -184,16 +191,18 @@ class PodIndex:
         # The jobs whose status is stored, not derived (``derives_status``): jobs of more than
         # one pod, so few beside a stream of one-pod jobs.
         self._stored_status: set[str] = set()
-        informer.add_handlers(
-            Handlers(
-                on_add=self._on_add,
-                on_update=self._on_update,
-                on_delete=self._on_delete,
-                kinds=frozenset({"Pod", "Job"}),
-                on_listed=self._on_listed,
-                on_listed_refused=self._on_listed_placed,
-            )
+        handlers = Handlers(
+            on_add=self._on_add,
+            on_update=self._on_update,
+            on_delete=self._on_delete,
+            kinds=frozenset({"Pod", "Job"}),
+            on_listed=self._on_listed,
+            on_listed_refused=self._on_listed_placed,
         )
+        if listed_from is not None:
+            handlers.refused_at_listing = False  # handed by the feed, those without a claim
+            listed_from.listed_without_claim.append(self._on_add)
+        informer.add_handlers(handlers)
 
     # -----------------------------------------------------------------------------------------
     # What the informer asks of the records (``Informer(hold=keeps_bytes, ...)``)

@@ -54,6 +54,11 @@ class ViewFeed:
         # once it is listed (``on_listed``): a listing's pods come in no order.
         self._listing_under_way = listing_under_way
         self._per_job: dict[str, JobShare] = {}
+        # Who takes a listing's objects the informer keeps no bytes of and that hold no claim
+        # (``on_listed_refused``; the pod index keeps a record of a finished pod on a node):
+        # handed them here, where their phase is read already, rather than by a listing
+        # handler of their own reading it again (~0.4 µs a listed bound pod).
+        self.listed_without_claim: list[Callable[[str, Message], None]] = []
 
     def bound_pods(self, job: str) -> int:
         """How many of the job's pods are bound, running or succeeded."""
@@ -78,20 +83,18 @@ class ViewFeed:
         bound pod comes through here)."""
         if type(obj) is not pb.Pod:
             self.on_add(kind, obj)
-            return
-        spec = obj.spec
-        if not spec.node_name:
+        elif not (spec := obj.spec).node_name:
             self._track_pod(obj)
-            return
-        status = obj.status
-        phase = status.phase
-        if phase in CLAIM_PHASES:
+        elif (phase := (status := obj.status).phase) in CLAIM_PHASES:
             # Summed, and counted as its job's bound pods, once listed (``on_listed``).
             self.queue.claim_listed(
                 Claim.from_parts(obj, obj.metadata, spec, status, self._per_job)
             )
+            return
         elif phase in _BOUND_PHASES:
             self._bound_pods[sys.intern(spec.job)] += 1
+        for take in self.listed_without_claim:
+            take(kind, obj)
 
     def on_update(self, kind: str, old: Message, new: Message) -> None:
         self._on_change(kind, old, new)
