@@ -15,6 +15,7 @@ from placement.nodeinfo import GUARANTEED
 from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching import unitqueue
+from services.dispatcher.dispatching.entries import Claim, JobShare
 from services.dispatcher.dispatching.feed import ViewFeed
 from services.dispatcher.dispatching.queueing import FAIRNESS, PendingUnit
 from services.dispatcher.dispatching.unitqueue import (
@@ -813,3 +814,33 @@ def test_a_started_pod_restates_its_claim_through_the_feed() -> None:
     )
     assert feed.bound_pods("a") == 1
     assert not w.uq.restate_claim(pods[1])  # pending: no claim to restate
+
+
+def test_claims_listed_then_summed_leave_the_ledger_as_claims_one_by_one_do() -> None:
+    """A restart's listing hands its bound pods' claims over to be counted per node and summed
+    per job once listed (``claim_listed``, ``sum_listed``: passes in C, not sums a pod): the
+    queues' usage, the room claimed, the nodes with claims and the claims are those of the same
+    claims taken one by one, and the listing's claims are counted per job."""
+    pods = [
+        bound(pod, node)
+        for name, queue, replicas, cpu in (("web", "team", 5, 300), ("batch", "default", 3, 100))
+        for pod, node in zip(
+            World().submit(name, queue=queue, replicas=replicas, cpu=cpu),
+            ["n1", "n2", "n3", "n1", "n2"],
+            strict=False,
+        )
+    ]
+    one_by_one, listed = World().uq, World().uq
+    for pod in pods:
+        one_by_one.claim(Claim.of(pod))
+    per_job: dict[str, JobShare] = {}
+    for pod in pods:
+        listed.claim_listed(Claim.of(pod, per_job))
+    assert listed.sum_listed() == {"web": 5, "batch": 3}
+    for queue in ("team", "default"):
+        assert listed.bound_usage(queue) == one_by_one.bound_usage(queue)
+    assert listed.bound_usage("team").cpu == 1500
+    assert listed.free(GUARANTEED) == one_by_one.free(GUARANTEED)
+    assert sorted(listed.nodes_with_claims()) == sorted(one_by_one.nodes_with_claims())
+    assert dict(listed.claims_by_pod()) == dict(one_by_one.claims_by_pod())
+    assert listed.sum_listed() == {}  # counted once

@@ -113,3 +113,56 @@ def test_every_collection_is_timed_by_generation_and_nothing_frozen_unless_asked
     after = count("2")
     gc.collect(2)
     assert count("2") == after
+
+
+def test_a_service_freezes_what_its_listing_builds_and_nothing_collectable_before(
+    store_url: str, cluster_name: str
+) -> None:
+    """A service process (``tune_for_service``) freezes the records its informer's listing
+    builds as the listing ends: no collection walks them afterwards (a restart over a million
+    pods walked them twice before its first health check was answered). A cycle dropped
+    before the listing is collected first, not frozen with them."""
+    result = run_child(
+        f"""
+        import asyncio, weakref
+        from protos.godel.v1 import objects_pb2 as pb
+        from services.runtime import gcpolicy
+        from store.client import Store
+        from store.informer import Handlers, Informer
+
+        class Node:
+            pass
+
+        def in_sight(obj):  # gc.get_objects does not list the permanent generation
+            return any(o is obj for o in gc.get_objects())
+
+        async def main():
+            gcpolicy.tune_for_service()
+            store = await Store.connect({store_url!r}, cluster={cluster_name!r})
+            await store.create_many(
+                [pb.Queue(metadata=pb.ObjectMeta(name=f"q{{i}}")) for i in range(500)]
+            )
+            records = []  # what a handler builds of each listed object
+            informer = Informer(store, ["Queue"], block_ms=100)
+            informer.add_handlers(Handlers(on_add=lambda _k, o: records.append([o.metadata.name])))
+            a, b = Node(), Node()
+            a.other, b.other = b, a  # a reference cycle, then dropped
+            gone = weakref.ref(a)
+            del a, b
+            informer.start()
+            await informer.wait_synced(30)
+            result = {{
+                "records": len(records),
+                "record_in_sight": any(in_sight(r) for r in (records[0], records[-1])),
+                "cycle_collected": gone() is None,
+            }}
+            await informer.stop()
+            await store.close()
+            return result
+
+        result = asyncio.run(main())
+        """
+    )
+    assert result["records"] == 500
+    assert not result["record_in_sight"]
+    assert result["cycle_collected"]

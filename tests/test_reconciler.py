@@ -17,7 +17,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.controllers.creation import CHUNK_OPS, first_commit
 from services.dispatcher.controllers.jobphase import JobCounts
 from services.dispatcher.controllers.jobstatus import JobStatusController
-from services.dispatcher.controllers.podindex import PodIndex
+from services.dispatcher.controllers.podindex import LoopTurns, PodIndex
 from services.dispatcher.controllers.pods import normalise_job
 from services.dispatcher.controllers.reconciler import Reconciler
 from services.dispatcher.dispatching.dispatch import DispatchSettings, UnitDispatcher, UnitState
@@ -178,9 +178,11 @@ async def test_a_job_whose_status_agreed_is_counted_again_only_once_it_or_its_po
     counted: list[str] = []
 
     class CountingIndex(PodIndex):
-        async def status_of(self, job: pb.Job, now_ms: int | None = None) -> JobCounts:
+        async def status_of(
+            self, job: pb.Job, now_ms: int | None = None, turns: LoopTurns | None = None
+        ) -> JobCounts:
             counted.append(job.metadata.name)
-            return await super().status_of(job, now_ms)
+            return await super().status_of(job, now_ms, turns)
 
     controller = JobStatusController(store, informer, pods=CountingIndex(informer))
     core = UnitDispatcher(store, informer, DispatchSettings(), dial=grpc.aio.insecure_channel)

@@ -29,6 +29,30 @@ async def test_a_dispatcher_start_leaves_the_filled_pods_running(
     assert {pb.PodPhase.Name(p.status.phase) for p in pods} == {"POD_RUNNING"}
 
 
+async def test_a_dispatcher_process_is_timed_to_its_first_serving_answer(
+    store: Store, store_url: str, cluster_name: str
+) -> None:
+    """``--process``: the dispatcher started as a process of its own over the filled store,
+    timed from its spawn to a health check answering SERVING, with its CPU by then and the
+    seconds to each start-up log line (its listing's fetch and build among them); the filled
+    pods are left running."""
+    now_ms = int(time.time() * 1000)
+    nodes = hollow_nodes(
+        4, prefix="hollow", agent="nodeagent-0", shape=Shape(), labels={}, taints=(), now=now_ms
+    )
+    await store.create_many([*nodes, *memory._jobs_and_pods(2, 8, 4, now_ms)])
+    result = await asyncio.to_thread(
+        service_start.start_process, "dispatcher", store_url, cluster_name
+    )
+    marks = result["marks"]
+    assert set(marks) == set(service_start.MARKS)
+    assert 0 < marks["starting"] < marks["informer listed"] <= marks["serving"] <= result["wall_s"]
+    assert result["cpu_s"] > 0 and result["fetch_s"] >= 0 and result["build_s"] >= 0
+    pods, _ = await store.list_all(pb.Pod)
+    assert len(pods) == 16
+    assert {pb.PodPhase.Name(p.status.phase) for p in pods} == {"POD_RUNNING"}
+
+
 async def test_the_binder_takeover_bench_times_a_standby_binding_after_the_leaders_kill(
     store: Store, store_url: str, cluster_name: str
 ) -> None:

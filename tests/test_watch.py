@@ -575,6 +575,53 @@ async def test_an_informer_keeps_none_of_what_hold_refuses_yet_delivers_all_of_i
         await small.close()
 
 
+async def test_a_listing_hands_what_hold_refuses_to_on_listed_refused_instead_of_on_add(
+    store: Store,
+) -> None:
+    """``Handlers.on_listed_refused``: a first listing hands the objects ``hold`` refuses to it
+    instead of ``on_add`` (the dispatcher's pod index reads only the phase of those); what
+    ``hold`` keeps, and every add after the listing, refused or not, still goes to
+    ``on_add``."""
+    added: list[str] = []
+    refused: list[str] = []
+    bound: set[str] = set()
+    informer = Informer(
+        store,
+        ["Pod"],
+        block_ms=100,
+        hold=lambda _k, p: not p.spec.node_name,
+        held_elsewhere=lambda _k: bound,
+        recall=lambda _k, name: pb.Pod(metadata=pb.ObjectMeta(name=name)),
+    )
+
+    def add(_kind: str, p: pb.Pod) -> None:
+        added.append(p.metadata.name)
+        if p.spec.node_name:
+            bound.add(p.metadata.name)
+
+    def add_refused(_kind: str, p: pb.Pod) -> None:
+        assert informer.delivering_listing
+        refused.append(p.metadata.name)
+        bound.add(p.metadata.name)
+
+    informer.add_handlers(Handlers(on_add=add, on_listed_refused=add_refused))
+    await store.create(
+        pb.Pod(metadata=pb.ObjectMeta(name="on-n1"), spec=pb.PodSpec(node_name="n1"))
+    )
+    await store.create(pb.Pod(metadata=pb.ObjectMeta(name="pending")))
+    try:
+        informer.start()
+        await informer.wait_synced(10)
+        assert (added, refused) == (["pending"], ["on-n1"])
+        await store.create(
+            pb.Pod(metadata=pb.ObjectMeta(name="later"), spec=pb.PodSpec(node_name="n3"))
+        )
+        await informer.wait_for_revision(await store.revision(), timeout=10)
+        assert (added, refused) == (["pending", "later"], ["on-n1"])
+    finally:
+        await informer.stop()
+
+
 async def test_a_holders_outline_is_the_state_before_and_a_listing_spares_who_asks(
     store: Store,
 ) -> None:

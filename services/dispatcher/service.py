@@ -237,7 +237,9 @@ class DispatcherService(Service[DispatcherConfig]):
         # One creator of big jobs' pods, shared by Submit and the reconciler that resumes them.
         self.creator = PodCreator(self.store, cfg.creation_chunk_pods + 1)
         # One index of pods by node and job, for every controller and the API's job statuses.
-        self.pods = PodIndex(self.informer, claims=self.core.queue, store=self.store)
+        self.pods = PodIndex(
+            self.informer, claims=self.core.queue, store=self.store, listed_from=self.core.feed
+        )
         # One deleter of jobs with their pods (big ones in chunks), shared by Delete, the
         # finished-job collector and the reconciler that resumes a deletion left midway.
         self.deleter = JobDeleter(self.store, self._pods_of_job, cfg.creation_chunk_pods + 1)

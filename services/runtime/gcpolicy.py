@@ -14,6 +14,9 @@ So a service process:
   objects that became long-lived since the last one (the records of pods that arrived
   meanwhile), not the whole cache again. Right after a full collection every object left is
   alive, so nothing collectable is frozen;
+- freezes what its informer's listing builds, as it is built (``store.informer.
+  freeze_what_listings_build``): a restart's records, a million pods' worth, are never walked
+  by the collector (two walks of them, 0.6 s, came before the first health check was answered);
 - runs one full collection, and so a freeze, when it starts serving (its caches loaded).
 
 With that, a one-pod-jobs run spent about 0.25 s of each service's CPU in the collector, most of
@@ -36,6 +39,8 @@ import time
 from typing import Any
 
 from prometheus_client import Gauge, Histogram
+
+from store.informer import freeze_what_listings_build
 
 OLDEST = 2
 
@@ -99,6 +104,7 @@ def tune_for_service() -> CollectorHooks:
     """The hooks, for the rest of the process's life. Called once, before the service starts."""
     hooks = CollectorHooks(freeze=True)
     hooks.install()
+    freeze_what_listings_build()
     return hooks
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -30,9 +30,6 @@ from protos.godel.v1 import objects_pb2 as pb
 from services import tenancy
 from store import Store, StoreError
 from store.informer import Handlers, Informer
-
-# (job, phase, owner) of each pod kept as a record (``PodIndex.on_nodes``).
-OnNodes = Iterator[tuple[str, "pb.PodPhase.ValueType", str]]
 
 # How long a tenant's Submit waits for the dispatcher's view to hold the tenant's previous one
 # before it is refused as UNAVAILABLE (retried by clients; nothing is stored).
@@ -62,28 +59,30 @@ class TenantPods:
     """Each tenant's live pods (``metadata.owner``; not Succeeded or Failed), kept from the
     informer's pod events: one counter per tenant, O(1) per event and per read."""
 
-    def __init__(self, informer: Informer, on_nodes: Callable[[], OnNodes] | None = None) -> None:
-        """``on_nodes``: the pods kept as records (``PodIndex.on_nodes``), whose owners are
-        counted from there once a listing is handed over, not pod by pod."""
+    def __init__(
+        self, informer: Informer, live_on_nodes: Callable[[], Counter[str]] | None = None
+    ) -> None:
+        """``live_on_nodes``: the live pods kept as records per owner
+        (``PodIndex.live_on_nodes_by_owner``), counted from there once a listing is handed
+        over, not pod by pod."""
         self._live: Counter[str] = Counter()
-        self._on_nodes = on_nodes
+        self._live_on_nodes = live_on_nodes
         handlers = Handlers.of(
             pb.Pod,
             on_add=self._on_add,
             on_update=self._on_update,
             on_delete=lambda _, pod: self._count(pod, -1),
         )
-        if on_nodes is not None:
+        if live_on_nodes is not None:
             handlers.on_listed = self._on_listed
             handlers.refused_at_listing = False
         informer.add_handlers(handlers)
 
     def _on_listed(self, _kind: str) -> None:
-        assert self._on_nodes is not None
-        live = self._live
-        for _, phase, owner in self._on_nodes():
-            if owner and phase not in TERMINAL_PHASES:
-                live[owner] += 1
+        assert self._live_on_nodes is not None
+        for owner, pods in self._live_on_nodes().items():
+            if owner:  # the admin's pods are not counted
+                self._live[owner] += pods
 
     def of(self, tenant: str) -> int:
         return self._live[tenant]

@@ -60,7 +60,9 @@ class SubmitRpc:
         self.max_pending_pods = max_pending_pods
         # Each tenant's live pods, from the informer's pod events (a listing's pods on nodes
         # from the pod index's records, once listed).
-        self.tenant_pods = TenantPods(core.informer, pods.on_nodes if pods is not None else None)
+        self.tenant_pods = TenantPods(
+            core.informer, pods.live_on_nodes_by_owner if pods is not None else None
+        )
         self.turns = TenantTurns(store, core.informer)
 
     async def Submit(self, request: api_pb2.SubmitRequest, context: Any) -> api_pb2.SubmitResponse:

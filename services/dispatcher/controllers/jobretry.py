@@ -64,9 +64,7 @@ class JobRetryController:
 
     def _on_listed(self, kind: str) -> None:
         """The listing's failed pods on a node, from the pod index's records."""
-        for job, phase, _ in self.pods.on_nodes():
-            if phase == pb.POD_FAILED and job:
-                self.failing.add(job)
+        self.failing |= self.pods.jobs_failed_on_nodes()
 
     async def run(self) -> None:
         await tick_forever("job retry", self._informer, self.tick, self.interval)

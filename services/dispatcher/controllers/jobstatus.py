@@ -19,7 +19,7 @@ from services.dispatcher.controllers.jobphase import (
     JobCounts,
     derives_status,
 )
-from services.dispatcher.controllers.podindex import PodIndex
+from services.dispatcher.controllers.podindex import LoopTurns, PodIndex
 from services.dispatcher.controllers.ticking import tick_forever
 from services.dispatcher.objects import being_deleted, pods_complete
 from services.events import WARNING, EventRecorder, ref
@@ -133,8 +133,9 @@ class JobStatusController:
         updates: list[pb.Job] = []
         now_ms = int(time.time() * 1000)
         timeouts: set[str] = set()  # the jobs that time out now
+        turns = LoopTurns()  # every job of a restart's first tick: the loop served between
         for job in jobs:
-            computed = await self.pods.status_of(job, now_ms)
+            computed = await self.pods.status_of(job, now_ms, turns)
             self.deadlines.watch(job, computed[0])
             finished = computed[0] in FINISHED_JOB_PHASES
             # A job finished before finished_ms existed gets it now (its TTL counts from here).

@@ -340,6 +340,7 @@ class UnitDispatcher:
                 self.feed.on_update,
                 self.feed.on_delete,
                 on_listed=self.feed.on_listed,
+                on_listed_refused=self.feed.on_listed_refused,
             )
         )
         # Reservations without a node, dispatched as one-pod units (``reserving.py``); fed only

@@ -144,11 +144,19 @@ class Claim(NamedTuple):
     def of(cls, pod: pb.Pod, per_job: dict[str, JobShare] | None = None) -> Claim:
         """The claim of ``pod`` (holding one). ``per_job``: what the pods of a job share, by
         job, filled as they come (a listing's: ``ViewFeed``), so each job's is read once."""
-        # Each submessage read once: every bound pod comes through here when the dispatcher
-        # (re)starts.
-        meta = pod.metadata
-        spec = pod.spec
-        status = pod.status
+        return cls.from_parts(pod, pod.metadata, pod.spec, pod.status, per_job)
+
+    @classmethod
+    def from_parts(
+        cls,
+        pod: pb.Pod,
+        meta: pb.ObjectMeta,
+        spec: pb.PodSpec,
+        status: pb.PodStatus,
+        per_job: dict[str, JobShare] | None = None,
+    ) -> Claim:
+        """``of``, from the pod's metadata, spec and status its caller has read already (a
+        submessage read is ~0.2 µs: a listing's every bound pod comes through here)."""
         priority, index = spec.priority, spec.index
         job = spec.job
         shared = per_job.get(job) if per_job is not None else None

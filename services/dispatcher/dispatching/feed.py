@@ -54,6 +54,11 @@ class ViewFeed:
         # once it is listed (``on_listed``): a listing's pods come in no order.
         self._listing_under_way = listing_under_way
         self._per_job: dict[str, JobShare] = {}
+        # Who takes a listing's objects the informer keeps no bytes of and that hold no claim
+        # (``on_listed_refused``; the pod index keeps a record of a finished pod on a node):
+        # handed them here, where their phase is read already, rather than by a listing
+        # handler of their own reading it again (~0.4 µs a listed bound pod).
+        self.listed_without_claim: list[Callable[[str, Message], None]] = []
 
     def bound_pods(self, job: str) -> int:
         """How many of the job's pods are bound, running or succeeded."""
@@ -69,7 +74,27 @@ class ViewFeed:
 
     def on_listed(self, kind: str) -> None:
         self._per_job.clear()
-        self.queue.sum_listed()
+        self._bound_pods.update(self.queue.sum_listed())  # the listed claims, per job
+
+    def on_listed_refused(self, kind: str, obj: Message) -> None:
+        """A listed object the informer keeps no bytes of (``Handlers.on_listed_refused``: a
+        pod on a node, the dispatcher's ``hold`` refusing those): what ``on_add`` does with it
+        while a listing is under way, its parts read once and handed on (a listing's every
+        bound pod comes through here)."""
+        if type(obj) is not pb.Pod:
+            self.on_add(kind, obj)
+        elif not (spec := obj.spec).node_name:
+            self._track_pod(obj)
+        elif (phase := (status := obj.status).phase) in CLAIM_PHASES:
+            # Summed, and counted as its job's bound pods, once listed (``on_listed``).
+            self.queue.claim_listed(
+                Claim.from_parts(obj, obj.metadata, spec, status, self._per_job)
+            )
+            return
+        elif phase in _BOUND_PHASES:
+            self._bound_pods[sys.intern(spec.job)] += 1
+        for take in self.listed_without_claim:
+            take(kind, obj)
 
     def on_update(self, kind: str, old: Message, new: Message) -> None:
         self._on_change(kind, old, new)
@@ -159,12 +184,12 @@ class ViewFeed:
             phase = pod.status.phase
             if phase in CLAIM_PHASES:
                 if self._listing_under_way is not None and self._listing_under_way():
-                    claim = Claim.of(pod, self._per_job)
-                    self.queue.claim_listed(claim)  # summed once listed (``on_listed``)
+                    # Summed, and counted as its job's bound pods, once listed (``on_listed``).
+                    self.queue.claim_listed(Claim.of(pod, self._per_job))
                 else:
                     claim = Claim.of(pod)
                     self.queue.claim(claim)
-                self._bound_pods[claim.job] += 1  # its job's string, interned
+                    self._bound_pods[claim.job] += 1  # its job's string, interned
             elif phase in _BOUND_PHASES:
                 self._bound_pods[sys.intern(spec.job)] += 1  # one string per job
         elif self.queue.add_pod(pod, int(time.time() * 1000)):

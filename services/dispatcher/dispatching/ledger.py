@@ -4,8 +4,9 @@ min and weight, and the cluster's free room per pool (a ``placement.room.PoolRoo
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterator, KeysView, Mapping
-from typing import Any
+from operator import itemgetter
 
 from placement.nodeinfo import GUARANTEED, POOLS
 from placement.quotas import ancestors, held_below, hierarchy_excess, quota_of
@@ -14,6 +15,10 @@ from placement.room import PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import Claim, QueueLookup, UnitEntry, shared_int
 from services.dispatcher.dispatching.queueing import PendingUnit
+
+# A claim's node and job, read by C (``QuotaLedger.sum_listed``).
+_CLAIM_NODE = itemgetter(Claim._fields.index("node"))
+_CLAIM_JOB = itemgetter(Claim._fields.index("job"))
 
 
 class QuotaLedger:
@@ -33,9 +38,8 @@ class QuotaLedger:
         self._room: PoolRoom[Claim] = PoolRoom()
         # Per pool, what the dispatched units hold in the room's claimed sum (not a pod's).
         self._held = {pool: Quantities() for pool in POOLS}
-        # A listing's claims not summed yet: (queue, pool, id of the shared requests) ->
-        # [those requests, how many] (``claim_listed``).
-        self._unsummed: dict[tuple[str, str, int], list[Any]] = {}
+        # A listing's claims not counted per node nor summed yet (``claim_listed``).
+        self._listed: list[Claim] = []
         # Per node, how many pods hold a claim on it (node lifecycle: the nodes to look at).
         self._on_node: dict[str, int] = {}
         # A claim was released since the last round (room freed).
@@ -56,27 +60,30 @@ class QuotaLedger:
         usage.add(claim.requests)
 
     def claim_listed(self, claim: Claim) -> None:
-        """``claim`` of a pod a listing hands over, its requests summed per shared request
-        once the listing is (``sum_listed``): two vector sums a pod less at a restart."""
+        """``claim`` of a pod a listing hands over (a job's pods' claims sharing its queue,
+        pool and requests: ``JobShare``), counted per node and its requests summed per job
+        once the listing is (``sum_listed``): two vector sums and two counts a pod less at a
+        restart."""
         self._room.claim_summed_later(claim.name, claim)
-        node = claim.node
-        self._on_node[node] = self._on_node.get(node, 0) + 1
-        key = (claim.queue, claim.pool, id(claim.requests))
-        counted = self._unsummed.get(key)
-        if counted is None:
-            self._unsummed[key] = [claim.requests, 1]
-        else:
-            counted[1] += 1
+        self._listed.append(claim)
 
-    def sum_listed(self) -> None:
-        """Add the listed claims' requests to the sums (``claim_listed``)."""
-        for (queue, pool, _), (requests, count) in self._unsummed.items():
-            self._room.add_claimed(pool, requests, count)
-            usage = self.usage.get(queue)
+    def sum_listed(self) -> Counter[str]:
+        """Count the listed claims (``claim_listed``) per node and add their requests to the
+        sums, a job's at once, by passes in C over them; returns how many each job has."""
+        listed, self._listed = self._listed, []
+        on_node = self._on_node
+        for node, count in Counter(map(_CLAIM_NODE, listed)).items():
+            on_node[node] = on_node.get(node, 0) + count
+        per_job = Counter(map(_CLAIM_JOB, listed))
+        one_of = dict(zip(map(_CLAIM_JOB, listed), listed, strict=True))  # a claim per job
+        for job, count in per_job.items():
+            claim = one_of[job]
+            self._room.add_claimed(claim.pool, claim.requests, count)
+            usage = self.usage.get(claim.queue)
             if usage is None:
-                usage = self.usage[queue] = Quantities()
-            usage.add(requests, count)
-        self._unsummed.clear()
+                usage = self.usage[claim.queue] = Quantities()
+            usage.add(claim.requests, count)
+        return per_job
 
     def release(self, pod: str) -> Claim | None:
         """The pod's claim (if it held one) is gone: its room is free again."""
