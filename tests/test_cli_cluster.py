@@ -178,28 +178,6 @@ def test_up_prints_the_down_that_stops_it(godel: Godel, home: Path) -> None:
     assert started.stdout.rstrip().endswith(f"stop it with `godel down --home {home}`")
 
 
-def test_services_cache_their_compiled_modules_in_the_home(godel: Godel, home: Path) -> None:
-    """A service compiles the project's modules once per home, not at every (re)start, even
-    when the caller's environment asks for no bytecode (which keeps a source tree clean; this
-    machine's does): they are cached under the home (0.3 s of each service's start), which
-    `godel down --purge` removes with the rest."""
-    started = godel(
-        "up", "--grace", "1", "--hollow-nodes", "1", "--no-process-node",
-        extra_env={"PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
-    assert started.returncode == 0, started.stderr
-    _, components = _status(godel)
-    env = psutil.Process(components["dispatcher"]["pid"]).environ()
-    assert "PYTHONDONTWRITEBYTECODE" not in env
-    assert env["PYTHONPYCACHEPREFIX"] == str(home.resolve() / "pycache")
-    compiled = [p.parent.name for p in (home / "pycache").rglob("service.cpython-*.pyc")]
-    assert "dispatcher" in compiled and "scheduler" in compiled
-    assert godel("down").returncode == 0
-    purged = godel("down", "--purge")
-    assert purged.returncode == 0, purged.stderr
-    assert not home.exists()
-
-
 def test_up_locks_the_store_and_keeps_the_home_private(godel: Godel, home: Path) -> None:
     started = godel("up", "--grace", "1", "--hollow-nodes", "2", "--no-process-node")
     assert started.returncode == 0, started.stderr

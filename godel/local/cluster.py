@@ -410,17 +410,11 @@ def _record_store_process(
     )
 
 
-def _service_env(home: GodelHome, state: ClusterState) -> dict[str, str]:
+def _service_env(state: ClusterState) -> dict[str, str]:
     """A service's environment: the store URL travels here, not in argv (`ps` shows argv to
     every user of the machine, and the URL may carry a password); jemalloc is preloaded when
-    the system has it (``foundation.allocator``). Its compiled modules are cached in the home
-    (``PYTHONPYCACHEPREFIX``), even where the caller's environment says to write none
-    (``PYTHONDONTWRITEBYTECODE``, which keeps a source tree clean: the home is not one):
-    compiling the project's modules again at every start cost each service's start, and so
-    each restart, 0.3 s (bench/README.md, "Restart at scale")."""
+    the system has it (``foundation.allocator``)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GODEL_STORE_URL": state.store_url}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(home.pycache_dir)
     try:
         return jemalloc_env(env)
     except AllocatorError as exc:
@@ -498,7 +492,7 @@ def _spawn_service(
             # Its own session: a Ctrl-C in the terminal of `godel up` does not reach it.
             start_new_session=True,
             cwd=home.path,
-            env=_service_env(home, state),
+            env=_service_env(state),
             # What it writes (logs, pods' work dirs) is private, however it was started.
             umask=privatefiles.PRIVATE_UMASK,
         )

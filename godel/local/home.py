@@ -131,8 +131,6 @@ class GodelHome:
         self.pods_dir = self.path / "pods"
         self.state_file = self.path / "cluster.json"
         self.tls_dir = self.path / "tls"
-        # The services' compiled modules (``PYTHONPYCACHEPREFIX``): no source tree written to.
-        self.pycache_dir = self.path / "pycache"
 
     def __str__(self) -> str:
         return str(self.path)
@@ -205,8 +203,7 @@ class GodelHome:
 
     def purge(self) -> list[Path]:
         """Remove everything a cluster keeps here — the store's data and its replicas', the
-        Sentinels' configs, logs, pods' work, the CA and certificates, the services' compiled
-        modules, state, lock, marker —
+        Sentinels' configs, logs, pods' work, the CA and certificates, state, lock, marker —
         and the directory once empty. What else it holds is not ours and stays, and so does any
         symlink (a cluster makes none): nothing outside the home is touched. Refused (StateError)
         for a directory that does not look like a home, or while a cluster runs in it. Returns
@@ -237,14 +234,7 @@ class GodelHome:
         return removed
 
     def _made_by_a_cluster(self, name: str) -> bool:
-        kept = (
-            self.store_dir,
-            self.logs_dir,
-            self.pods_dir,
-            self.tls_dir,
-            self.pycache_dir,
-            self.state_file,
-        )
+        kept = (self.store_dir, self.logs_dir, self.pods_dir, self.tls_dir, self.state_file)
         return (
             name in {path.name for path in kept}
             or name in {self.state_file.with_suffix(".json.tmp").name, LOCK, MARKER}
