@@ -166,11 +166,10 @@ class SchedulerCache:
         cluster comes through here when a shard starts: read once, not once by the informer's
         ``hold`` and again by the handler."""
         meta, spec, status = pod.metadata, pod.spec, pod.status
-        node_name = spec.node_name
-        if not node_name or status.phase in TERMINAL_PHASES or meta.deletion_timestamp_ms:
+        if _kept_whole(meta, spec, status):
             return False
         # Offered a first listing only (nothing of the kind held before): no record of it yet.
-        self._set_bound(pod, meta, spec, status, node_name, listed=True)
+        self._set_bound(pod, meta, spec, status, spec.node_name, listed=True)
         return True
 
     def _set_bound(
@@ -257,11 +256,7 @@ class SchedulerCache:
         it keeps nothing — not their bytes, not their names (~290 bytes a pod less). A bound
         pod being deleted is kept whole too: a budget does not count it, which its record does
         not say. ``take_listed`` takes exactly the others."""
-        return (
-            not pod.spec.node_name
-            or pod.status.phase in TERMINAL_PHASES
-            or bool(pod.metadata.deletion_timestamp_ms)
-        )
+        return _kept_whole(pod.metadata, pod.spec, pod.status)
 
     def remove_pod(self, name: str, *, keep_assumed: bool = False) -> None:
         current = self.bound.pop(name, None)
@@ -389,6 +384,11 @@ class SchedulerCache:
             (a.expires for a in self.assumed.values() if a.expires is not None), default=math.inf
         )
         return len(stale)
+
+
+def _kept_whole(meta: pb.ObjectMeta, spec: pb.PodSpec, status: pb.PodStatus) -> bool:
+    """``SchedulerCache.keeps_whole`` from the pod's parts, for a caller that read them."""
+    return not spec.node_name or status.phase in TERMINAL_PHASES or bool(meta.deletion_timestamp_ms)
 
 
 def _count(counts: dict[K, int], key: K, sign: int) -> None:
