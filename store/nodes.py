@@ -106,7 +106,7 @@ class NodeHeartbeats(StoreConnection):
     async def _heartbeat(self, args: list[str]) -> Any:
         with translate_errors(), HEARTBEAT_ROUND_TRIP.time():
             return await self._heartbeat_script(
-                keys=[self.keys.heartbeats, self.keys.data("Node")], args=args
+                keys=[self.keys.heartbeats, self.keys.versions("Node")], args=args
             )
 
 

@@ -54,7 +54,7 @@ class ShardHeartbeats(StoreConnection):
     async def _shard_heartbeat(self, args: list[str]) -> Any:
         with translate_errors(), HEARTBEAT_ROUND_TRIP.time():
             return await self._heartbeat_script(
-                keys=[self.keys.shard_heartbeats, self.keys.data(SHARD_KIND)], args=args
+                keys=[self.keys.shard_heartbeats, self.keys.versions(SHARD_KIND)], args=args
             )
 
 

@@ -8,7 +8,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -256,6 +256,113 @@ async def test_release_frees_room_for_a_bind_later_in_the_same_commit(store: Sto
     assert sorted(await store.claims()) == [pods[1].metadata.name, pods[2].metadata.name]
 
 
+_Fixed = TypeVar("_Fixed", pb.Node, pb.Job, pb.Pod)
+
+
+def _one_call_commits() -> list[tuple[list[Any], type | None]]:
+    """Commits whose checks depend on earlier commits of the same call, each with the outcome
+    it gets when the commits are applied one by one (None: applied). The versions they expect
+    are those the commits before them give, from a new cluster's revision 0."""
+
+    def fixed(obj: _Fixed) -> _Fixed:
+        obj.metadata.uid = f"uid-{obj.metadata.name}"  # the same objects in both clusters
+        obj.metadata.creation_timestamp_ms = 1
+        return obj
+
+    def pod(i: int, rv: int, node_name: str = "", phase: Any = pb.POD_PENDING) -> pb.Pod:
+        p = fixed(pods_of(job("j1", replicas=6, cpu=400))[i])
+        p.metadata.resource_version = rv
+        p.spec.node_name = node_name
+        p.status.phase = phase
+        return p
+
+    def running_job() -> pb.Job:
+        j = fixed(job("j1", replicas=6, cpu=400))
+        j.status.phase = pb.JOB_RUNNING
+        return j
+
+    return [
+        ([Create(fixed(node("n1", cpu=1000, pods=3)))], None),  # rev 1
+        (
+            [Create(fixed(job("j1", replicas=6, cpu=400))), *(Create(pod(i, 0)) for i in range(6))],
+            None,
+        ),  # j1: 2, j1-0..j1-5: 3..8
+        ([Bind(pod(0, 3, "n1"))], None),  # 9
+        ([Bind(pod(0, 9, "n1"))], AlreadyBoundError),
+        ([Bind(pod(1, 4, "n1"))], None),  # 10
+        ([Bind(pod(2, 5, "n1"))], InsufficientCapacityError),  # 400m over 800m of 1000m
+        ([Release(pod(0, 9, "n1", pb.POD_SUCCEEDED)), Bind(pod(2, 5, "n1"))], None),  # 11, 12
+        ([Update(pod(3, 5))], ConflictError),
+        ([Create(pod(1, 0))], AlreadyExistsError),
+        ([Delete("Pod", "j1-1", expected_version=10)], None),  # 13: its claim returns
+        ([Bind(pod(3, 6, "n2"))], NotFoundError),  # no node n2
+        ([Create(fixed(node("n2"))), Bind(pod(3, 6, "n2"))], NotFoundError),  # not before it
+        ([Create(fixed(node("n2")))], None),  # 14
+        ([Bind(pod(3, 6, "n2"))], None),  # 15
+        ([Bind(pod(4, 7, "n1"))], None),  # 16: j1-1's room
+        ([Bind(pod(5, 8, "n1"))], InsufficientCapacityError),  # j1-0 released: cpu full again
+        ([Delete("Node", "n1", expected_version=1)], None),  # 17: its capacity goes
+        ([Bind(pod(5, 8, "n1"))], NotFoundError),
+        (
+            [Update(running_job(), force=True), Update(running_job(), force=True)],
+            InvalidObjectError,
+        ),  # the same object twice in one commit
+        ([Delete("Pod", "nobody")], NotFoundError),
+        ([Update(pod(3, 15, "n2", pb.POD_RUNNING))], None),  # 18
+        ([Create(fixed(node("n3")))], None),  # 19
+        ([Delete("Node", "n3", expected_version=19)], None),  # 20: created in this call
+    ]
+
+
+async def _everything(store: Store) -> dict[str, Any]:
+    """Every key of a cluster, read raw: objects, versions, the feed, accounting and claims."""
+    r, keys = store._redis, store.keys
+    state: dict[str, Any] = {
+        "revision": await r.get(keys.revision),
+        "feed": await r.xrange(keys.feed),
+        "acct": await r.hgetall(keys.accounting),
+        "claims": await r.hgetall(keys.claims),
+    }
+    for kind in ("Node", "Job", "Pod"):
+        state[kind] = (await r.hgetall(keys.data(kind)), await r.hgetall(keys.versions(kind)))
+    return state
+
+
+async def test_commits_of_one_call_see_each_other_as_if_applied_one_by_one(
+    store_url: str, cluster_name: str
+) -> None:
+    """One script call checks each commit against the writes of the commits before it in the
+    call (it writes the server's hashes once, at its end): the stored state, the feed and every
+    commit's outcome are those of the same commits sent one call each."""
+    one_call = await Store.connect(store_url, cluster=f"{cluster_name}-a")
+    one_by_one = await Store.connect(store_url, cluster=f"{cluster_name}-b")
+    try:
+        table = _one_call_commits()
+        together = await one_call.commit_many([ops for ops, _ in _one_call_commits()])
+        apart = [(await one_by_one.commit_many([ops]))[0] for ops, _ in table]
+        for i, ((_, expected), a, b) in enumerate(zip(table, together, apart, strict=True)):
+            if expected is None:
+                assert a == b and not isinstance(b, Exception), (i, a, b)
+            else:
+                assert isinstance(a, CommitError) and isinstance(a.cause, expected), (i, a)
+                assert isinstance(b, CommitError) and str(a) == str(b), (i, a, b)
+        state = await _everything(one_call)
+        assert state == await _everything(one_by_one)
+        assert int(state["revision"]) == 20 and len(state["feed"]) == 20
+        assert [e[0] for e in state["feed"]] == [f"{r}-0".encode() for r in range(1, 21)]
+        deleted = state["feed"][12][1]  # j1-1 deleted: the entry carries its last bytes
+        assert deleted[b"t"] == b"D" and deleted[b"d"] == state["feed"][9][1][b"d"]
+        node_deleted = state["feed"][19][1]  # n3, created and deleted in the call
+        assert node_deleted[b"t"] == b"D" and node_deleted[b"d"] == state["feed"][18][1][b"d"]
+        usage = await one_call.node_usage("n2")
+        assert usage is not None and usage.used["pods"] == 1 and usage.used["g.cpu"] == 400
+        assert await one_call.node_usage("n1") is None and await one_call.node_usage("n3") is None
+        assert sorted(await one_call.claims()) == ["j1-2", "j1-3", "j1-4"]
+    finally:
+        await one_call.close()
+        await one_by_one.close()
+
+
 async def test_best_effort_pods_use_the_reclaimable_pool(store: Store) -> None:
     await store.create(node("n1", cpu=1000, be_cpu=500, be_mem=8 << 30))
     j = job("batch", replicas=2, cpu=300, qos=pb.QOS_BEST_EFFORT)
@@ -316,6 +423,11 @@ async def test_heartbeats_stamp_existing_nodes_outside_the_feed(store: Store) ->
 
     await store.forget_heartbeats(names[:1100])
     assert set((await store.heartbeats()).last_ms) == set(names[1100:])
+    # A deleted node is missing from then on: its stamp is not renewed.
+    await store.delete(pb.Node, "n1150")
+    stamped = (await store.heartbeats()).last_ms["n1150"]
+    assert await store.record_heartbeats(["n1149", "n1150"]) == ["n1150"]
+    assert (await store.heartbeats()).last_ms["n1150"] == stamped
     assert await store.record_heartbeats([]) == []
     await store.forget_heartbeats([])
 

@@ -2,7 +2,8 @@
 -- change feed, so thousands of heartbeats a second cost a hash write each and wake no watcher.
 -- Time is the server's clock, so the agents' and the controller's clocks never matter.
 --
--- KEYS[1] heartbeat hash   KEYS[2] the Node objects' hash
+-- KEYS[1] heartbeat hash   KEYS[2] the versions hash of the objects stamped (Nodes, or
+-- SchedulerInstances): an object exists while it has a version
 -- ARGV[1] 'record' | 'read' | 'forget'   ARGV[2..] node names (record, forget)
 --
 -- record: stamps every named node that exists; returns {now_ms, missing name, ...}
@@ -18,22 +19,25 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local CHUNK = 500 -- fields per HSET/HDEL call, well below Lua's unpack limit
 
 if action == 'record' then
+  -- Which nodes exist: one HMGET of their versions per CHUNK names (a call per name cost
+  -- several times the lookup it made).
   local missing, args = {now}, {}
-  for i = 2, #ARGV do
-    local name = ARGV[i]
-    if redis.call('HEXISTS', nodes, name) == 1 then
-      args[#args + 1] = name
-      args[#args + 1] = now
-      if #args >= 2 * CHUNK then
-        redis.call('HSET', beats, unpack(args))
-        args = {}
+  for i = 2, #ARGV, CHUNK do
+    local last = math.min(#ARGV, i + CHUNK - 1)
+    local versions = redis.call('HMGET', nodes, unpack(ARGV, i, last))
+    for j = i, last do
+      local name = ARGV[j]
+      if versions[j - i + 1] then
+        args[#args + 1] = name
+        args[#args + 1] = now
+      else
+        missing[#missing + 1] = name
       end
-    else
-      missing[#missing + 1] = name
     end
-  end
-  if #args > 0 then
-    redis.call('HSET', beats, unpack(args))
+    if #args > 0 then
+      redis.call('HSET', beats, unpack(args))
+      args = {}
+    end
   end
   return missing
 elseif action == 'read' then
