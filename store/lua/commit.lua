@@ -69,20 +69,14 @@ local function get(view, field)
   return value
 end
 
--- Reads every listed field not read yet, CHUNK fields an HMGET.
+-- Reads the listed fields, CHUNK fields an HMGET. Only before the first write to the view:
+-- a field listed twice is read twice, the same stored value.
 local function prefetch(view, fields)
-  local reads, wanted = view.reads, {}
-  for i = 1, #fields do
-    local f = fields[i]
-    if reads[f] == nil then
-      reads[f] = false -- listed once; the HMGET below sets the value
-      wanted[#wanted + 1] = f
-    end
-  end
-  for i = 1, #wanted, CHUNK do
-    local last = math.min(#wanted, i + CHUNK - 1)
-    local got = call('HMGET', view.key, unpack(wanted, i, last))
-    for j = i, last do reads[wanted[j]] = got[j - i + 1] end
+  local reads = view.reads
+  for i = 1, #fields, CHUNK do
+    local last = math.min(#fields, i + CHUNK - 1)
+    local got = call('HMGET', view.key, unpack(fields, i, last))
+    for j = i, last do reads[fields[j]] = got[j - i + 1] end
   end
 end
 
@@ -110,15 +104,20 @@ end
 local acct, claims = hash_view(acct_key), hash_view(claims_key)
 local data_views, rv_views = {}, {}
 
--- The fields a claim "<node> <pool> <cpu> <mem> <gpu>" counts on: {label, usage field,
--- capacity field, amount}, the pod slot first, then each resource it asks any of.
+-- What a claim "<node> <pool> <cpu> <mem> <gpu>" counts on, in one flat table (one table, not
+-- one per field: every table is the collector's work): node, pool, then per field counted (the
+-- pod slot first, then each resource it asks any of) its label, usage field, capacity field and
+-- amount.
 local function claim_fields(node, pool, cpu, mem, gpu)
-  local fields = {{'pods', node .. '|u.pods', node .. '|c.pods', 1}}
+  local fields = {node, pool, 'pods', node .. '|u.pods', node .. '|c.pods', 1}
   local amounts = {tonumber(cpu), tonumber(mem), tonumber(gpu)}
   for j = 1, 3 do
-    if amounts[j] > 0 then
+    local amount = amounts[j]
+    if amount > 0 then
       local r = RESOURCES[j]
-      fields[#fields + 1] = {r, node .. '|u.' .. pool .. '.' .. r, node .. '|c.' .. pool .. '.' .. r, amounts[j]}
+      local n = #fields
+      fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] =
+        r, node .. '|u.' .. pool .. '.' .. r, node .. '|c.' .. pool .. '.' .. r, amount
     end
   end
   return fields
@@ -132,7 +131,7 @@ end
 -- numbered across the call (k); their parts are kept in one array each.
 local commit_start, commit_size, commit_reply = {}, {}, {}
 local op_type, op_slot, op_kind, op_name, op_expect, op_acct, op_arg = {}, {}, {}, {}, {}, {}, {}
-local op_bind = {} -- k -> {node, claim, fields} of a bind
+local op_bind, op_claim = {}, {} -- k -> a bind's claim_fields, and its claim
 local nparsed = 0
 do
   local pos = 4
@@ -166,7 +165,7 @@ do
       end
       names[#names + 1] = name
       if bind_node then
-        op_bind[k] = {bind_node, sub(a, 3), claim_fields(bind_node, pool, cpu, mem, gpu)}
+        op_bind[k], op_claim[k] = claim_fields(bind_node, pool, cpu, mem, gpu), sub(a, 3)
         claim_names[#claim_names + 1] = name
       elseif a == 'R' then
         claim_names[#claim_names + 1] = name
@@ -181,16 +180,14 @@ do
   local fields = {}
   for k = 1, nparsed do
     local bind = op_bind[k]
-    local counted = bind and bind[3]
-    if bind then
-      fields[#fields + 1] = bind[1] .. '|c.pods'
-    elseif op_acct[k] == 'R' and claims.reads[op_name[k]] then
+    local counted = bind
+    if not bind and op_acct[k] == 'R' and claims.reads[op_name[k]] then
       counted = stored_claim_fields(claims.reads[op_name[k]])
     end
     if counted then
-      for _, f in ipairs(counted) do
-        fields[#fields + 1] = f[2]
-        if bind then fields[#fields + 1] = f[3] end
+      for j = 3, #counted, 4 do
+        fields[#fields + 1] = counted[j + 1]
+        if bind then fields[#fields + 1] = counted[j + 2] end
       end
     end
   end
@@ -205,14 +202,16 @@ local function commit(c)
   local k0, nops = commit_start[c], commit_size[c]
   -- Pass 1: check everything. Usage added (or released) by earlier claims of this same commit is
   -- tracked locally so that two pods of one batch cannot share the last free slot.
-  local seen = {}
-  local pending_use = {}
+  local seen = nops > 1 and {} or nil -- one op cannot appear twice
+  local pending_use = nil
   for i = 1, nops do
     local k = k0 + i - 1
     local name = op_name[k]
-    local id = op_kind[k] .. '/' .. name
-    if seen[id] then return {0, i, 'DUPLICATE', id} end
-    seen[id] = true
+    if seen then
+      local id = op_kind[k] .. '/' .. name
+      if seen[id] then return {0, i, 'DUPLICATE', id} end
+      seen[id] = true
+    end
 
     local current = get(rv_views[op_slot[k]], name)
     if op_type[k] == 'C' then
@@ -228,14 +227,14 @@ local function commit(c)
       local node = bind[1]
       local bound = get(claims, name)
       if bound then return {0, i, 'BOUND', match(bound, '^%S+')} end
-      if not get(acct, node .. '|c.pods') then return {0, i, 'NONODE', node} end
-      for _, f in ipairs(bind[3]) do
-        local used_field, want = f[2], f[4]
+      if not get(acct, bind[5]) then return {0, i, 'NONODE', node} end
+      pending_use = pending_use or {}
+      for j = 3, #bind, 4 do
+        local used_field, want = bind[j + 1], bind[j + 3]
         local used = tonumber(get(acct, used_field) or '0') + (pending_use[used_field] or 0)
-        local cap = tonumber(get(acct, f[3]) or '0')
+        local cap = tonumber(get(acct, bind[j + 2]) or '0')
         if used + want > cap then
-          local pool = match(bind[2], '^%S+ (%S+)')
-          return {0, i, 'INSUFFICIENT', node, pool, f[1], tostring(used), tostring(want), tostring(cap)}
+          return {0, i, 'INSUFFICIENT', node, bind[2], bind[j], tostring(used), tostring(want), tostring(cap)}
         end
         pending_use[used_field] = (pending_use[used_field] or 0) + want
       end
@@ -244,8 +243,10 @@ local function commit(c)
       -- and its preemptor's bind commit together, never double-counting the node.
       local claim = get(claims, name)
       if claim then
-        for _, f in ipairs(stored_claim_fields(claim)) do
-          pending_use[f[2]] = (pending_use[f[2]] or 0) - f[4]
+        local f = stored_claim_fields(claim)
+        pending_use = pending_use or {}
+        for j = 3, #f, 4 do
+          pending_use[f[j + 1]] = (pending_use[f[j + 1]] or 0) - f[j + 3]
         end
       end
     end
@@ -272,16 +273,16 @@ local function commit(c)
     local bind = op_bind[k]
     if bind then
       local usage = acct.writes
-      for _, f in ipairs(bind[3]) do
-        usage[f[2]] = tonumber(get(acct, f[2]) or '0') + f[4]
+      for j = 4, #bind, 4 do
+        usage[bind[j]] = tonumber(get(acct, bind[j]) or '0') + bind[j + 2]
       end
-      claims.writes[name] = bind[2]
+      claims.writes[name] = op_claim[k]
     elseif a == 'R' then
       local claim = get(claims, name)
       if claim then
-        local usage = acct.writes
-        for _, f in ipairs(stored_claim_fields(claim)) do
-          usage[f[2]] = tonumber(get(acct, f[2]) or '0') - f[4]
+        local usage, f = acct.writes, stored_claim_fields(claim)
+        for j = 4, #f, 4 do
+          usage[f[j]] = tonumber(get(acct, f[j]) or '0') - f[j + 2]
         end
         claims.writes[name] = false
       end
