@@ -143,6 +143,31 @@ async def test_trimmed_position_is_a_typed_error(store_url: str, cluster_name: s
         await small.close()
 
 
+async def test_a_call_of_many_commits_keeps_the_feed_a_slow_reader_needs(
+    store_url: str, cluster_name: str
+) -> None:
+    """The feed is trimmed once per script call, after its entries: it keeps at least the
+    newest ``feed_max_len`` entries, dense up to the current revision, and trims whole stream
+    nodes below them as a trim at every entry would."""
+    small = await Store.connect(store_url, cluster=cluster_name, feed_max_len=10)
+    try:
+        for batch in range(3):
+            names = [f"n{batch}-{i}" for i in range(300)]
+            await small.create_many([node(n) for n in names])
+            current = await small.revision()
+            oldest = await small.oldest_revision()
+            assert current == 300 * (batch + 1)
+            assert 1 < oldest <= current - 10 + 1  # trimmed, never below the last 10
+            # A reader 10 entries behind still gets every change after its position.
+            tail = await collect(small, current - 10, current)
+            assert [e.revision for e in tail] == list(range(current - 9, current + 1))
+            assert [e.name for e in tail] == names[-10:]
+            with pytest.raises(ResourceVersionTooOldError):
+                await collect(small, oldest - 2, current)
+    finally:
+        await small.close()
+
+
 async def test_position_beyond_the_store_is_its_own_error(store: Store) -> None:
     """A watcher that remembers a revision the store never reached (the store was reset): told
     so, not that the feed was trimmed; an informer relists all the same (the base class)."""

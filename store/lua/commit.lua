@@ -314,14 +314,17 @@ for slot, rv in pairs(rv_views) do
 end
 flush(claims)
 flush(acct)
+-- The feed is trimmed once, after the call's entries, to the same approximate length as a trim
+-- at every entry would leave (whole stream nodes, never below ARGV[2] entries).
 if #fed > 0 then
   call('SET', KEYS[1], format('%d', revision))
-  local feed, maxlen = KEYS[2], argv[2]
+  local feed = KEYS[2]
   local events = {C = 'A', U = 'M', D = 'D'}
   for j = 1, #fed do
     local k = fed[j]
-    call('XADD', feed, 'MAXLEN', '~', maxlen, format('%d-0', first_revision + j - 1),
+    call('XADD', feed, format('%d-0', first_revision + j - 1),
       't', events[op_type[k]] or 'M', 'k', op_kind[k], 'n', op_name[k], 'd', fed_data[j] or argv[op_arg[k]])
   end
+  call('XTRIM', feed, 'MAXLEN', '~', argv[2])
 end
 return results
