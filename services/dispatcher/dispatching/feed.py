@@ -76,6 +76,23 @@ class ViewFeed:
         self._per_job.clear()
         self._bound_pods.update(self.queue.sum_listed())  # the listed claims, per job
 
+    def take_listed(self, pod: pb.Pod) -> bool:
+        """A pod of a (re)start's listing (the dispatcher's ``Informer(take_listed=)``): one on
+        a node holding a claim becomes its claim here and is taken — the informer then reads
+        no resource version of it, appends none to its bytes (a copy of every bound pod's) and
+        hands it to no handler (none takes a listed pod holding a claim but this feed: the pod
+        index and the tenants' counts read the ledger's claims once listed). Any other pod goes
+        on to the handlers (False)."""
+        spec = pod.spec
+        if not spec.node_name:
+            return False
+        status = pod.status
+        if status.phase not in CLAIM_PHASES:
+            return False
+        # Summed, and counted as its job's bound pods, once listed (``on_listed``).
+        self.queue.claim_listed(Claim.from_parts(pod, pod.metadata, spec, status, self._per_job))
+        return True
+
     def on_listed_refused(self, kind: str, obj: Message) -> None:
         """A listed object the informer keeps no bytes of (``Handlers.on_listed_refused``: a
         pod on a node, the dispatcher's ``hold`` refusing those): what ``on_add`` does with it
