@@ -904,3 +904,36 @@ def test_a_listing_taken_leaves_the_ledger_and_counts_as_pods_added_one_by_one_d
     assert [feed.bound_pods(j) for j in ("web", "batch")] == [4, 1]
     assert [each.bound_pods(j) for j in ("web", "batch")] == [4, 1]
     assert sorted(listed.uq.units) == sorted(one_by_one.uq.units) == ["batch"]
+
+
+def test_a_listings_nodes_wake_infeasible_units_once_all_are_in_and_a_later_node_at_once() -> None:
+    """Nodes a listing hands over wake the infeasible units once the kind is listed
+    (``on_listed``), not per node (every pending unit looked at per node: nodes × units);
+    a node added after the listing wakes them at once."""
+    w = World(backoff=BackoffSettings(infeasible_recheck_seconds=300.0))
+    listing = [True]
+    kick = asyncio.Event()
+    feed = ViewFeed(
+        w.uq,
+        kick,
+        asyncio.Event(),
+        revoke=lambda _job: None,
+        listing_under_way=lambda: listing[0],
+    )
+    w.submit("a")
+    w.uq.park_infeasible(w.uq.units["a"], now=0.0)
+    for name in ("n1", "n2"):
+        feed.on_add("Node", f.node(name))
+    assert w.take(now=1.0) == []  # still infeasible while the listing is under way
+    assert not kick.is_set()
+    feed.on_listed("Node")
+    assert kick.is_set()
+    assert w.take(now=1.0) == ["a"]
+
+    listing[0] = False
+    kick.clear()
+    w.submit("b")
+    w.uq.park_infeasible(w.uq.units["b"], now=1.0)
+    feed.on_add("Node", f.node("n3"))
+    assert kick.is_set()
+    assert w.take(now=2.0) == ["b"]
