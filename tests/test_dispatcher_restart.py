@@ -6,6 +6,7 @@ dispatcher left."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -87,3 +88,19 @@ async def test_a_list_of_jobs_waits_for_the_first_count_and_other_kinds_do_not(
         assert [(o.job.metadata.name, o.job.status.phase) for o in jobs.items] == [
             ("gang", pb.JOB_RUNNING)
         ]
+
+
+async def test_a_long_controller_interval_does_not_hold_a_jobs_readers_for_it(
+    store: Store, store_url: str, cluster_name: str, tmp_path: Path
+) -> None:
+    """The first ticks come ``FIRST_TICKS_AFTER_SECONDS`` after SERVING at most: a Get of a Job
+    after a restart with a minute's interval answers, counted, well before the minute."""
+    await store.create(f.node("n1"))
+    gang = f.job("gang", replicas=2, cpu=100)
+    await _running(store, gang, "n1")
+    config = dispatcher_config(store_url, cluster_name, tmp_path, controller_interval_seconds=60.0)
+    async with run_dispatcher(config) as running:
+        got = await asyncio.wait_for(
+            running.api.Get(api_pb2.GetRequest(kind="Job", name="gang")), timeout=30
+        )
+        assert (got.job.status.phase, got.job.status.running) == (pb.JOB_RUNNING, 2)

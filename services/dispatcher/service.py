@@ -46,6 +46,12 @@ log = structlog.get_logger(__name__)
 # reservation controller releases them).
 INFORMER_KINDS = (*UnitDispatcher.KINDS, "Reservation")
 
+# The longest the controllers that keep statuses wait after SERVING before their first tick
+# (their interval, if shorter): the first health checks are answered meanwhile, and a reader
+# of a Job, who waits for the job status controller's first tick, waits no longer for a long
+# ``controller_interval_seconds``.
+FIRST_TICKS_AFTER_SECONDS = 1.0
+
 
 @dataclass(frozen=True)
 class DispatcherConfig(ServiceConfig):
@@ -349,9 +355,10 @@ class DispatcherService(Service[DispatcherConfig]):
         log.info("queues rebuilt", pending_units=len(self.core.units))
         # SERVING means dispatching: the dispatch core, its events and the node partitions
         # (which shard a unit goes to) start now. The controllers that keep statuses and
-        # repair the store start one interval later, so that their first ticks — a
-        # restart's every job's status counted (~0.8 s of CPU at a million pods), every node's
-        # heartbeat read, every event listed — are not in the way of the first health checks.
+        # repair the store start one interval later (``FIRST_TICKS_AFTER_SECONDS`` at most),
+        # so that their first ticks — a restart's every job's status counted (~0.8 s of CPU
+        # at a million pods), every node's heartbeat read, every event listed — are not in
+        # the way of the first health checks.
         # Dispatch reads none of what they write: the quota ledger, the room and the pending
         # units are complete once listed; the API's reads of a Job wait for the job status
         # controller's first tick (``job_statuses_counted``).
@@ -375,8 +382,9 @@ class DispatcherService(Service[DispatcherConfig]):
             ("reservations", self.reservations.run),
             ("reconciler", self.reconciler.run),
         )
+        after = min(cfg.controller_interval_seconds, FIRST_TICKS_AFTER_SECONDS)
         for name, run in later:
-            self.spawn(_after(cfg.controller_interval_seconds, run), name=name)
+            self.spawn(_after(after, run), name=name)
 
     def _pods_of_job(self, job: str) -> Iterable[str]:
         return self.pods.by_job.get(job)
