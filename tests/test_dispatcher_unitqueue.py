@@ -844,3 +844,96 @@ def test_claims_listed_then_summed_leave_the_ledger_as_claims_one_by_one_do() ->
     assert sorted(listed.nodes_with_claims()) == sorted(one_by_one.nodes_with_claims())
     assert dict(listed.claims_by_pod()) == dict(one_by_one.claims_by_pod())
     assert listed.sum_listed() == {}  # counted once
+
+
+@pytest.mark.parametrize(
+    ("node", "phase", "taken"),
+    [
+        ("", pb.POD_PENDING, False),  # pending: a unit's, handed on to the handlers
+        ("n1", pb.POD_BOUND, True),  # holding a claim: taken
+        ("n1", pb.POD_RUNNING, True),
+        ("n1", pb.POD_SUCCEEDED, False),  # finished on a node: the pod index's record
+        ("n1", pb.POD_FAILED, False),
+    ],
+)
+def test_a_listing_takes_the_pods_holding_claims_and_hands_on_the_others(
+    node: str, phase: pb.PodPhase.ValueType, taken: bool
+) -> None:
+    """``ViewFeed.take_listed`` (the dispatcher's ``Informer(take_listed=)``) takes exactly
+    the listed pods holding a claim, each into the ledger as its claim, summed once listed."""
+    w = World()
+    feed = ViewFeed(w.uq, asyncio.Event(), asyncio.Event(), revoke=lambda _job: None)
+    pod = w.submit("a", queue="q", cpu=200)[0]
+    pod.spec.node_name, pod.status.phase = node, phase
+    assert feed.take_listed(pod) is taken
+    feed.on_listed("Pod")
+    assert (w.uq.claim_of(pod.metadata.name) == Claim.of(pod)) is taken
+    assert w.uq.bound_usage("q").cpu == (200 if taken else 0)
+    assert feed.bound_pods("a") == (1 if taken else 0)
+
+
+def test_a_listing_taken_leaves_the_ledger_and_counts_as_pods_added_one_by_one_do() -> None:
+    """A restart's listing through ``take_listed`` (its claims), ``on_listed_refused`` (the
+    other pods on nodes) and ``on_add`` (pending ones), then ``on_listed``: the same claims,
+    queue usage, bound pods per job and pending units as every pod added one by one."""
+    pods: list[pb.Pod] = []
+    for name, replicas, phases in (
+        ("web", 4, [pb.POD_RUNNING, pb.POD_RUNNING, pb.POD_BOUND, pb.POD_SUCCEEDED]),
+        ("batch", 3, [pb.POD_BOUND, pb.POD_FAILED]),  # its third pending
+    ):
+        for i, pod in enumerate(World().submit(name, queue="team", replicas=replicas, cpu=300)):
+            if i < len(phases):
+                pod.spec.node_name, pod.status.phase = f"n{i % 2}", phases[i]
+            pods.append(pod)
+    listed, one_by_one = World(), World()
+    for world in (listed, one_by_one):
+        for name in ("web", "batch"):
+            job = f.job(name, replicas=4 if name == "web" else 3, cpu=300)
+            job.spec.queue = "team"
+            world.jobs[name] = job
+    feed = ViewFeed(listed.uq, asyncio.Event(), asyncio.Event(), revoke=lambda _job: None)
+    each = ViewFeed(one_by_one.uq, asyncio.Event(), asyncio.Event(), revoke=lambda _job: None)
+    for pod in pods:
+        if not feed.take_listed(pod):
+            (feed.on_listed_refused if pod.spec.node_name else feed.on_add)("Pod", pod)
+        each.on_add("Pod", pod)
+    feed.on_listed("Pod")
+    assert dict(listed.uq.claims_by_pod()) == dict(one_by_one.uq.claims_by_pod())
+    assert len(listed.uq.claims_by_pod()) == 4
+    assert listed.uq.bound_usage("team") == one_by_one.uq.bound_usage("team")
+    assert [feed.bound_pods(j) for j in ("web", "batch")] == [4, 1]
+    assert [each.bound_pods(j) for j in ("web", "batch")] == [4, 1]
+    assert sorted(listed.uq.units) == sorted(one_by_one.uq.units) == ["batch"]
+
+
+def test_a_listings_nodes_wake_infeasible_units_once_all_are_in_and_a_later_node_at_once() -> None:
+    """Nodes a listing hands over wake the infeasible units once the kind is listed
+    (``on_listed``), not per node (every pending unit looked at per node: nodes × units);
+    a node added after the listing wakes them at once."""
+    w = World(backoff=BackoffSettings(infeasible_recheck_seconds=300.0))
+    listing = [True]
+    kick = asyncio.Event()
+    feed = ViewFeed(
+        w.uq,
+        kick,
+        asyncio.Event(),
+        revoke=lambda _job: None,
+        listing_under_way=lambda: listing[0],
+    )
+    w.submit("a")
+    w.uq.park_infeasible(w.uq.units["a"], now=0.0)
+    for name in ("n1", "n2"):
+        feed.on_add("Node", f.node(name))
+    assert w.take(now=1.0) == []  # still infeasible while the listing is under way
+    assert not kick.is_set()
+    feed.on_listed("Node")
+    assert kick.is_set()
+    assert w.take(now=1.0) == ["a"]
+
+    listing[0] = False
+    kick.clear()
+    w.submit("b")
+    w.uq.park_infeasible(w.uq.units["b"], now=1.0)
+    feed.on_add("Node", f.node("n3"))
+    assert kick.is_set()
+    assert w.take(now=2.0) == ["b"]

@@ -6,6 +6,7 @@ dispatcher's memory, a one-pod job's status from its pod, a job being deleted as
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -48,15 +49,25 @@ class ReadRpc:
         core: UnitDispatcher,
         pods: PodIndex,
         snapshots: listing.ListingSnapshots,
+        statuses_counted: asyncio.Event | None = None,
     ) -> None:
         self.store = store
         self.core = core
         self.pods = pods
         self.snapshots = snapshots
+        # Set once the job status controller's first tick has counted every job
+        # (``JobStatusController.counted``): a restarted dispatcher serves before it, and a
+        # job's stored status is the previous dispatcher's until then, so a Job is read after.
+        self.statuses_counted = statuses_counted
+
+    async def _statuses_current(self, kind: str) -> None:
+        if kind == "Job" and self.statuses_counted is not None:
+            await self.statuses_counted.wait()
 
     async def Get(self, request: api_pb2.GetRequest, context: Any) -> api_pb2.Object:
         try:
             kind = kinds_mod.kind_named(request.kind)
+            await self._statuses_current(kind.name)
             obj = await self.store.get(kind.message, request.name)
             if isinstance(obj, pb.Node):
                 await self.live_heartbeats([obj])
@@ -103,6 +114,7 @@ class ReadRpc:
             request.job,
             identity,
         )
+        await self._statuses_current(kind.name)
         kept = self.snapshots.window(snapshot_id, key, after, limit + 1) if snapshot_id else None
         if kept is not None:
             window, revision = kept

@@ -8,6 +8,7 @@ commits, an Apply is one atomic commit of every valid object. Reads see the call
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -41,6 +42,7 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
         max_pending_pods: int = 200_000,
         creator: PodCreator | None = None,
         deleter: JobDeleter | None = None,
+        job_statuses_counted: asyncio.Event | None = None,
     ) -> None:
         # A one-pod job's status is derived from its pod when read (controllers.jobphase.as_read).
         self.pods = pods
@@ -58,7 +60,8 @@ class DispatcherServicer(api_pb2_grpc.DispatcherServicer):
             pods=pods,
         )
         self.applying = ApplyRpc(store, core.informer, self.submitting, pods)
-        self.reading = ReadRpc(store, core, pods, self.snapshots)
+        # A Job is read once the job status controller's first tick is over (``ReadRpc``).
+        self.reading = ReadRpc(store, core, pods, self.snapshots, job_statuses_counted)
         self.watching = WatchRpc(store, core.informer, pods)
         self.explaining = ExplainRpc(store, core)
         self.deleting = DeleteRpc(store, core, self.deleter, pods)

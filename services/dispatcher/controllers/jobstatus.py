@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import structlog
@@ -68,6 +69,7 @@ class JobStatusController:
         interval_seconds: float = 1.0,
         pods: PodIndex | None = None,
         events: EventRecorder | None = None,
+        counted: asyncio.Event | None = None,
     ) -> None:
         self._store = store
         self._events = events
@@ -87,6 +89,11 @@ class JobStatusController:
         # store), so the reconciler does not judge them meanwhile.
         self.writing: set[str] = set()
         self.writes = 0  # update_many round trips, for tests and metrics
+        # Set once the first tick has ended: every job's status counted from the view and
+        # written (a restart's first tick looks at every job). Until then a job's stored status
+        # is what the previous dispatcher wrote, so readers of it wait for this (the API's Get
+        # and List of Jobs, ``ReadRpc``); the dispatcher starts this controller after SERVING.
+        self.counted = counted if counted is not None else asyncio.Event()
 
     def _own_write(self, job: pb.Job) -> bool:
         return self._written.pop(job.metadata.name, None) == _written_status(job)
@@ -103,6 +110,9 @@ class JobStatusController:
             await self._tick(dirty)
         finally:
             self.writing -= dirty
+            # Even when it failed (the store unreachable: the readers' reads fail as well, and
+            # the jobs are looked at again next tick): readers wait for one look, not forever.
+            self.counted.set()
 
     async def _tick(self, dirty: set[str]) -> None:
         jobs: list[pb.Job] = []

@@ -75,20 +75,42 @@ class ViewFeed:
     def on_listed(self, kind: str) -> None:
         self._per_job.clear()
         self._bound_pods.update(self.queue.sum_listed())  # the listed claims, per job
+        if kind == "Node":
+            # The listing's nodes, at once: a look at every pending unit per listed node was
+            # nodes × units (20,000 nodes).
+            self._wake_infeasible()
+
+    def take_listed(self, pod: pb.Pod) -> bool:
+        """A pod of a (re)start's listing (the dispatcher's ``Informer(take_listed=)``): one on
+        a node holding a claim becomes its claim here and is taken — the informer then reads
+        no resource version of it, appends none to its bytes (a copy of every bound pod's) and
+        hands it to no handler (none takes a listed pod holding a claim but this feed: the pod
+        index and the tenants' counts read the ledger's claims once listed). Any other pod goes
+        on to the handlers (False)."""
+        spec = pod.spec
+        if not (node := spec.node_name):
+            return False
+        if (phase := (status := pod.status).phase) not in CLAIM_PHASES:
+            return False
+        # Summed, and counted as its job's bound pods, once listed (``on_listed``).
+        self.queue.claim_listed(
+            Claim.from_parts(pod, pod.metadata, spec, status, node, phase, self._per_job)
+        )
+        return True
 
     def on_listed_refused(self, kind: str, obj: Message) -> None:
         """A listed object the informer keeps no bytes of (``Handlers.on_listed_refused``: a
         pod on a node, the dispatcher's ``hold`` refusing those): what ``on_add`` does with it
         while a listing is under way, its parts read once and handed on (a listing's every
-        bound pod comes through here)."""
+        pod on a node comes through here, but those ``take_listed`` took)."""
         if type(obj) is not pb.Pod:
             self.on_add(kind, obj)
-        elif not (spec := obj.spec).node_name:
+        elif not (node := (spec := obj.spec).node_name):
             self._track_pod(obj)
         elif (phase := (status := obj.status).phase) in CLAIM_PHASES:
             # Summed, and counted as its job's bound pods, once listed (``on_listed``).
             self.queue.claim_listed(
-                Claim.from_parts(obj, obj.metadata, spec, status, self._per_job)
+                Claim.from_parts(obj, obj.metadata, spec, status, node, phase, self._per_job)
             )
             return
         elif phase in _BOUND_PHASES:
@@ -207,7 +229,12 @@ class ViewFeed:
         self.queue.set_node(new.metadata.name, usable_offer(new))
         if isinstance(old, pb.Node) and _material(old) == _material(new):
             return
-        # A node appeared or changed: units that could never fit may fit now.
+        if old is None and self._listing_under_way is not None and self._listing_under_way():
+            return  # woken once the listing's nodes are all in (``on_listed``)
+        self._wake_infeasible()
+
+    def _wake_infeasible(self) -> None:
+        """A node appeared or changed: units that could never fit may fit now."""
         woke = self.queue.wake_infeasible()
         if woke:
             self._kick.set()
