@@ -809,13 +809,16 @@ class SchedulerService(Service[SchedulerConfig]):
     async def _schedule_loop(self) -> None:
         queue = self.queue
         while True:
-            if not queue.has_ready():
+            # A holder woken from a freeze decides nothing before its lease is known to be its
+            # own (the Binder's re-checks would refuse stale decisions; they cost it still):
+            # it waits, its streams ending as it learns the lease is lost, or renewed.
+            holding = self.lease.holds_now()
+            if not queue.has_ready() or not holding:
+                wait = queue.wait_seconds() if holding else self.config.renew_ms / 1000
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), queue.wait_seconds())
+                    await asyncio.wait_for(self._wake.wait(), wait)
             self._wake.clear()
             queue.promote()
-            # A holder woken from a freeze decides nothing before its lease is known to be its
-            # own (the Binder's re-checks would refuse stale decisions; they cost it still).
             if queue.has_ready() and self.lease.holds_now():
                 await self.run_cycle()
                 await asyncio.sleep(0)  # let streams and the informer run between cycles
