@@ -544,8 +544,10 @@ def _shard_takeover(
     release of its name's lease —, timed until another process has registered as scheduler-0
     (its record names that process's address: ``registered``) and serves as it (holds the
     lease, says SERVING for the Scheduler service: ``scheduling``). The lease's expiry, then the
-    registration: no listing, the spare's view being built already. The killed process is
-    started again (a standby now) before returning. None without a spare."""
+    registration: no listing, the standby's view being built already. After the restarts
+    before, the holder is the spare and the standby scheduler-0's restarted process (each waits
+    warm for the name): either way a standby takes over. The killed process is started again (a
+    standby now) before returning. None without a spare."""
     current = home.load() or state
     if not any(c.name.startswith(SPARE_PREFIX) for c in current.components):
         return None
@@ -578,8 +580,9 @@ def _shard_takeover(
             "scheduling": round(scheduling - killed, 2),
         }
         console.print(
-            f"shard takeover: {holder.name} killed (-9), a spare registered as {shard} "
-            f"{took['registered']:.1f}s later, serving as it {took['scheduling']:.1f}s later"
+            f"shard takeover: {holder.name} (serving as {shard}) killed (-9), a standby "
+            f"registered as {shard} {took['registered']:.1f}s later, serving as it "
+            f"{took['scheduling']:.1f}s later"
         )
         again = local.start_again(home, holder.name)
         while probe(again.address, timeout=1, credentials=credentials) != "SERVING":

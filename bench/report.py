@@ -211,11 +211,11 @@ def restart_section(report: dict[str, Any]) -> list[str]:
         if "shard_takeover_seconds" in r:
             took = r["shard_takeover_seconds"]
             lines.append(
-                f"| {_label(r)} | shard takeover (scheduler-0 killed -9): a spare registered | "
+                f"| {_label(r)} | shard takeover (scheduler-0's holder killed -9): a standby registered | "
                 f"{took['registered']:.1f} | — |"
             )
             lines.append(
-                f"| {_label(r)} | shard takeover (scheduler-0 killed -9): the spare schedules | "
+                f"| {_label(r)} | shard takeover (scheduler-0's holder killed -9): the standby schedules | "
                 f"{took['scheduling']:.1f} | — |"
             )
     return [*lines, ""]

@@ -460,7 +460,7 @@ def test_paper_scale_quick_form_reports_memory_restarts_and_a_steady_leader(tmp_
     md = report_json.with_suffix(".md").read_text()
     assert "## Restarts: seconds until serving again" in md
     assert "| binder takeover (leader killed -9) |" in md
-    assert "| shard takeover (scheduler-0 killed -9): a spare registered |" in md
+    assert "| shard takeover (scheduler-0's holder killed -9): a standby registered |" in md
     # Issue 34: the Binder's lease never changes hands while the cluster fills and measures
     # (its renewals run on a thread of their own), and the report shows the worst lateness.
     leadership = run["leadership"]
