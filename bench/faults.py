@@ -8,6 +8,7 @@ invariants checked from outside after every fault.
     python -m bench.faults --store-replicas 2   # the store primary also never started again
     python -m bench.faults --paper-scale    # 20,000 nodes holding 1,000,000 pods, 2 faults a kind
     python -m bench.faults --hollow-nodes 2000 --prefill-pods 100000 --faults 12   # a tenth of it
+    python -m bench.faults --quick --standby-shards 1   # a spare takes a killed shard's name
 
 The cluster is `godel up --store-replicas 1` (a primary, a replica, three Sentinels; see
 ``--store-replicas``), two scheduler shards, two binders, the rescheduler and one node agent of
@@ -44,6 +45,13 @@ million lost), and **serving** per fault is what a restart costs at that size: f
 until the restarted component answers its health check SERVING again (its informer has listed
 the whole state).
 
+**Standby shards** (``--standby-shards N``): N spare scheduler processes stand by for both
+shards' names (``services/scheduler/README.md``, "Standby shards"). A shard's fault then hits
+the process serving as that shard (the holder of its name's lease: a spare or a restarted
+process after an earlier fault), and **scheduling** is timed separately from serving: from the
+signal until a process serves as that shard again — the spare taking the name after the lease
+(no listing) rather than the restarted process after its listing.
+
 The harness waits until the restarted component serves again before the next fault, as an
 operator confirms a restart. A component that dies *because of* a fault (a service whose
 startup fails while the store fails over exits, as it should) is started again too, as a
@@ -78,9 +86,10 @@ from foundation.retry import Backoff, Retry
 from godel import local
 from godel.audit import audit
 from godel.client import ClientError, ProtoClient
-from godel.local.cluster import probe_credentials
+from godel.local.cluster import SPARE_PREFIX, probe_credentials
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime.healthcheck import probe
+from services.scheduler.shardlease import shard_lease
 from store import Store, StoreError
 from store.client import SentinelTarget
 from store.server import primary_port_named_by
@@ -172,6 +181,11 @@ class FaultResult:
     """A service only: signal → the restarted process answered its health check SERVING (its
     informer synced): what a restart costs at the cluster's size. None: not a service, or it
     did not within the deadline."""
+    scheduling_seconds: float | None = None
+    """A scheduler shard only: signal → a process serves as that shard again (holds its name's
+    lease, says SERVING for the Scheduler service): with ``--standby-shards``, the spare that
+    took the name, without any listing; else the restarted process once it listed. None: not
+    a shard, or not within the deadline."""
     failover_seconds: float | None = None
     """The store primary only: signal → the first write the store acknowledged (None: none
     within the deadline)."""
@@ -187,6 +201,29 @@ class FaultResult:
     def ok(self) -> bool:
         failed_over = self.kind != "store" or self.failover_seconds is not None
         return self.recovery_seconds is not None and failed_over and not self.violations
+
+
+class _ShardClock(threading.Thread):
+    """Times, from ``since``, until a process serves as ``shard`` again (after its holder got
+    the signal and is gone: it is polled from then)."""
+
+    def __init__(self, store_url: str, shard: str, since: float, credentials: Any) -> None:
+        super().__init__(name=f"shard-clock-{shard}", daemon=True)
+        self.store_url, self.shard, self.since = store_url, shard, since
+        self.credentials = credentials
+        self.seconds: float | None = None
+
+    def run(self) -> None:
+        probe_store = _StoreProbe(self.store_url)
+        try:
+            while time.monotonic() < self.since + _RECOVERY_DEADLINE:
+                with contextlib.suppress(StoreError):
+                    if probe_store.serves_as_shard(self.shard, self.credentials):
+                        self.seconds = round(time.monotonic() - self.since, 2)
+                        return
+                time.sleep(0.05)
+        finally:
+            probe_store.close()
 
 
 class Load(threading.Thread):
@@ -321,8 +358,29 @@ class Harness:
             lease = self._run(lambda s: s.get_lease("binder"))
             if lease is not None and lease.holder and self.state.component(lease.holder):
                 return str(lease.holder)
+        if kind == "scheduler":
+            return self._shard_holder(self.shard_named(index))
         names = [c.name for c in self.state.components if c.kind == kind]
         return names[index % len(names)]
+
+    def shard_named(self, index: int) -> str:
+        """The shard the ``index``-th fault hits (the shards' names in turn; spares are none)."""
+        names = [
+            c.name
+            for c in self.state.components
+            if c.kind == "scheduler" and not c.name.startswith(SPARE_PREFIX)
+        ]
+        return names[index % len(names)]
+
+    def _shard_holder(self, shard: str) -> str:
+        """The process serving as ``shard``: the holder of its name's lease (its holder is
+        ``<process name>/<token>``), which after a takeover is a spare or a restarted process."""
+        lease = self._run(lambda s: s.get_lease(shard_lease(shard)))
+        if lease is not None and lease.holder:
+            holder = str(lease.holder).split("/", 1)[0]
+            if self.state.component(holder) is not None:
+                return holder
+        return shard
 
     def _primary(self) -> str:
         target = SentinelTarget.parse(self.state.store_url)
@@ -357,6 +415,13 @@ class Harness:
         if clock is not None:
             clock.start()
         self._held_down = name
+        shard_clock = (
+            _ShardClock(self.state.store_url, self.shard_named(index), started, self.credentials)
+            if fault.kind == "scheduler"
+            else None
+        )
+        if shard_clock is not None:
+            shard_clock.start()
         # At its time, on a timer of its own: the probe below may block in a call for seconds.
         timer: threading.Timer | None = None
         if fault.restart_after is not None:
@@ -381,6 +446,9 @@ class Harness:
         result.revived = revived
         if serving is not None:
             result.serving_seconds = round(serving - started, 2)
+        if shard_clock is not None:
+            shard_clock.join(_RECOVERY_DEADLINE + self.start_allowance)
+            result.scheduling_seconds = shard_clock.seconds
         if clock is not None:
             clock.join(_RECOVERY_DEADLINE)
             result.failover_seconds = clock.seconds
@@ -611,13 +679,15 @@ def run(
     store_restart_delay: float = DEFAULT_STORE_RESTART_DELAY,
     prefill_pods: int = 0,
     prefill_job_size: int = 1000,
+    standby_shards: int = 0,
 ) -> dict[str, Any]:
     planned = plan(faults, store_restarts(store_replicas, store_restart_delay), quick=quick)
     os.environ.pop("GODEL_REDIS_URL", None)
     tmp = Path(tempfile.mkdtemp(prefix="godel-faults-"))
     home = local.GodelHome(tmp)
     spec = local.ClusterSpec(
-        schedulers=2, binders=2, hollow_nodes=hollow_nodes, process_node=False,
+        schedulers=2, standby_shards=standby_shards, binders=2, hollow_nodes=hollow_nodes,
+        process_node=False,
         nodeagents=max(1, -(-hollow_nodes // NODES_PER_AGENT)),
         store_replicas=store_replicas, grace_seconds=2.0, ready_timeout=120.0,
         dashboard=not prefill_pods,  # a watcher of every pod: not at scale
@@ -655,6 +725,7 @@ def run(
         results, final, load, started, len(planned), hollow_nodes, interval, store_replicas
     )
     report["prefill_pods"] = prefill_pods
+    report["standby_shards"] = standby_shards
     report["prefill_seconds"] = fill_seconds
     return report
 
@@ -704,6 +775,8 @@ def _report(
             "recovery_max_s": max(times) if times else None,
             "serving_p50_s": percentile(serving, 50) if (serving := _serving(mine)) else None,
             "serving_max_s": max(serving) if serving else None,
+            "scheduling_p50_s": percentile(sched, 50) if (sched := _scheduling(mine)) else None,
+            "scheduling_max_s": max(sched) if sched else None,
             "revived_after": sum(len(r.revived) for r in mine),
         }
     store_failover: dict[str, Any] = {}
@@ -741,6 +814,10 @@ def _report(
     }
 
 
+def _scheduling(results: list[FaultResult]) -> list[float]:
+    return [r.scheduling_seconds for r in results if r.scheduling_seconds is not None]
+
+
 def _serving(results: list[FaultResult]) -> list[float]:
     return [r.serving_seconds for r in results if r.serving_seconds is not None]
 
@@ -765,6 +842,14 @@ def summary_table(report: dict[str, Any]) -> str:
             f"{row['not_recovered']} | {row['recovery_p50_s']} | {row['recovery_max_s']} | "
             f"{row.get('serving_p50_s')} | {row.get('serving_max_s')} | {row['revived_after']} |"
         )
+    shard = report["per_kind"].get("scheduler", {})
+    if shard.get("scheduling_p50_s") is not None:
+        lines += [
+            "",
+            f"Scheduler shard, signal → a process serves as that shard again "
+            f"({report.get('standby_shards', 0)} spare(s)): P50 {shard['scheduling_p50_s']} s, "
+            f"max {shard['scheduling_max_s']} s.",
+        ]
     lines += [
         "",
         f"Store primary, by when it was started again ({report['store_replicas']} replica(s)): "
@@ -839,6 +924,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{PAPER_SCALE_PODS:,} pods, {PAPER_SCALE_FAULTS} faults (each kind twice) unless "
         "--faults says otherwise; about 19 GiB of memory",
     )
+    parser.add_argument(
+        "--standby-shards",
+        type=int,
+        default=0,
+        help="spare scheduler processes standing by for both shards (default 0): a shard's "
+        "fault is then survived by a spare taking its name",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report directory")
     opts = parser.parse_args(argv)
     if opts.paper_scale:
@@ -851,6 +943,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--prefill-pods: must be 0 or more")
     if opts.prefill_job_size < 1:
         parser.error("--prefill-job-size: must be at least 1")
+    if opts.standby_shards < 0:
+        parser.error("--standby-shards: must be 0 or more")
     if opts.store_replicas < 1:
         parser.error("--store-replicas: must be at least 1")
     if opts.store_restart_delay <= 0:
@@ -864,6 +958,7 @@ def main(argv: list[str] | None = None) -> int:
         store_restart_delay=opts.store_restart_delay,
         prefill_pods=opts.prefill_pods,
         prefill_job_size=opts.prefill_job_size,
+        standby_shards=opts.standby_shards,
     )
     opts.out.mkdir(parents=True, exist_ok=True)
     # Named as the other reports in bench/results/: <workload>-<UTC yyyymmdd-hhmmss>.

@@ -47,14 +47,15 @@ from bench.workload import SERVICE_KINDS, PodPhase, Reservations, Suite, Workloa
 from foundation.allocator import allocator_in, jemalloc_env
 from godel import local
 from godel.client import ProtoClient, ReschedulerClient
-from godel.local.cluster import probe_credentials
+from godel.local.cluster import SPARE_PREFIX, probe_credentials
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
 from services.eviction import replacement_number
 from services.nodeagent.nodelist import COLUMNS as NODE_LIST_COLUMNS
 from services.nodeagent.nodelist import ListedNode
 from services.runtime.healthcheck import probe
-from store import Store
+from services.scheduler.shardlease import shard_lease
+from store import NotFoundError, Store
 from store.server import allocator_of, find_server_binary
 
 log = structlog.get_logger(__name__)
@@ -76,6 +77,8 @@ _RESTART_STOP_SECONDS = 30.0
 _RESTART_SERVING_SECONDS = 600.0
 # The health entry only the Binder leader reports SERVING (services/binder/leadership.py).
 BINDER_SERVICE = ipb.DESCRIPTOR.services_by_name["Binder"].full_name
+# The health entry only a process serving as a shard reports SERVING (a standby shard does not).
+SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 # After the init pods are bound, their node agents still report them running and every
 # informer decodes those reports: the measured phase waits until the change feed is quiet (at
 # most _SETTLE_QUIET_CHANGES changes in a poll) and no service's informer is behind, or until
@@ -207,6 +210,25 @@ class _StoreProbe:
         lease = self._loop.run_until_complete(self._store.get_lease("binder"))
         return lease.epoch if lease is not None else 0
 
+    def shard_holder_address(self, shard: str) -> str:
+        """The address of the process holding shard ``shard``'s name ("" when none does)."""
+        lease = self._loop.run_until_complete(self._store.get_lease(shard_lease(shard)))
+        return lease.holder_address if lease is not None and lease.holder else ""
+
+    def shard_record_address(self, shard: str) -> str:
+        """The address shard ``shard``'s record names ("" without a record)."""
+        try:
+            inst = self._loop.run_until_complete(self._store.get(pb.SchedulerInstance, shard))
+        except NotFoundError:
+            return ""
+        return str(inst.spec.address)
+
+    def serves_as_shard(self, shard: str, credentials: Any) -> bool:
+        """Whether a process holds ``shard``'s name and says SERVING for the Scheduler service
+        (which a shard says only once registered; a standby never)."""
+        address = self.shard_holder_address(shard)
+        return bool(address) and probe(address, SCHEDULER_SERVICE, 1, credentials) == "SERVING"
+
     def close(self) -> None:
         self._loop.run_until_complete(self._store.close())
         self._loop.close()
@@ -325,6 +347,7 @@ def _cluster_spec(workload: Workload, fsync: Fsync, tmp: Path) -> local.ClusterS
     ]
     return local.ClusterSpec(
         schedulers=shape.shards,
+        standby_shards=shape.standby_shards,
         binders=shape.binders,
         nodeagents=shape.nodeagents,
         hollow_nodes=shape.nodes,
@@ -380,16 +403,21 @@ def _run_workload(
         if workload.restart:
             result["restart_cpu_seconds"] = {}
             result["binding_resumed_seconds"] = {}
+            result["scheduling_resumed_seconds"] = {}
             result["restart_seconds"] = _restart_each(
                 state,
                 home,
                 console,
                 result["restart_cpu_seconds"],
                 result["binding_resumed_seconds"],
+                result["scheduling_resumed_seconds"],
             )
             takeover = _binder_takeover(state, home, console)
             if takeover is not None:
                 result["takeover_seconds"] = takeover
+            shard_takeover = _shard_takeover(state, home, console)
+            if shard_takeover is not None:
+                result["shard_takeover_seconds"] = shard_takeover
         return result
     finally:
         client.close()
@@ -429,6 +457,7 @@ def _restart_each(
     console: Console,
     cpu_seconds: dict[str, float] | None = None,
     binding_resumed: dict[str, float] | None = None,
+    scheduling_resumed: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Each service (one of every kind; the store stays up) stopped with SIGTERM, started again
     with its recorded command, and timed until its health check says SERVING — which a service
@@ -439,8 +468,12 @@ def _restart_each(
     time stretched by whatever else ran. ``binding_resumed`` gets, for the binder, the seconds
     from its SIGTERM until a binder leads again — with a standby, the lease is released as the
     stop begins and the standby (its view already built) takes over: binding stops for that
-    long, not for the restarted process's start."""
+    long, not for the restarted process's start. ``scheduling_resumed`` gets, for the shard,
+    the seconds from its SIGTERM until a process serves as that shard again (holds its name's
+    lease and says SERVING for the Scheduler service): with a spare (``standby_shards``) that is
+    the spare, at once; without, the restarted process once it has listed."""
     credentials = probe_credentials(home, state)
+    shard_probe = _StoreProbe(state.store_url)
     seen: set[str] = set()
     out: dict[str, float] = {}
     # The records as they stand: a component started again since `up` has a new process.
@@ -468,8 +501,9 @@ def _restart_each(
             if r.kind == "binder" and r.name != record.name and r.process() is not None
         ]
         leading_again = None if record.kind == "binder" else started
+        scheduling_again = None if record.kind == "scheduler" else started
         served_at = None
-        while served_at is None or leading_again is None:
+        while served_at is None or leading_again is None or scheduling_again is None:
             if time.monotonic() > deadline or again.process() is None:
                 raise BenchError(f"{record.name} did not serve again after a restart")
             if served_at is None and probe(again.address, timeout=1, credentials=credentials) == (
@@ -481,11 +515,15 @@ def _restart_each(
                 for address in [*binders, again.address]
             ):
                 leading_again = time.monotonic()
-            if served_at is None or leading_again is None:
+            if scheduling_again is None and shard_probe.serves_as_shard(record.name, credentials):
+                scheduling_again = time.monotonic()
+            if served_at is None or leading_again is None or scheduling_again is None:
                 time.sleep(0.05)
         out[record.name] = round(served_at - stopped, 2)
         if binding_resumed is not None and record.kind == "binder":
             binding_resumed[record.name] = round(leading_again - started, 2)
+        if scheduling_resumed is not None and record.kind == "scheduler":
+            scheduling_resumed[record.name] = round(scheduling_again - started, 2)
         serving = again.process()
         if cpu_seconds is not None and serving is not None:
             with contextlib.suppress(psutil.Error):
@@ -495,7 +533,65 @@ def _restart_each(
             f"restart: {record.name} stopped in {stopped - started:.1f}s, "
             f"serving again {out[record.name]:.1f}s later"
         )
+    shard_probe.close()
     return out
+
+
+def _shard_takeover(
+    state: local.ClusterState, home: local.GodelHome, console: Console
+) -> dict[str, float] | None:
+    """With a spare shard (``standby_shards``): scheduler-0's holder killed with SIGKILL — no
+    release of its name's lease —, timed until another process has registered as scheduler-0
+    (its record names that process's address: ``registered``) and serves as it (holds the
+    lease, says SERVING for the Scheduler service: ``scheduling``). The lease's expiry, then the
+    registration: no listing, the standby's view being built already. After the restarts
+    before, the holder is the spare and the standby scheduler-0's restarted process (each waits
+    warm for the name): either way a standby takes over. The killed process is started again (a
+    standby now) before returning. None without a spare."""
+    current = home.load() or state
+    if not any(c.name.startswith(SPARE_PREFIX) for c in current.components):
+        return None
+    credentials = probe_credentials(home, state)
+    probe_store = _StoreProbe(state.store_url)
+    try:
+        shard = "scheduler-0"
+        holder_address = probe_store.shard_holder_address(shard)
+        holder = next((c for c in current.components if c.address == holder_address), None)
+        process = holder.process() if holder is not None else None
+        if holder is None or process is None:
+            raise BenchError(f"no process serves as {shard} before the takeover")
+        process.kill()
+        killed = time.monotonic()
+        process.wait(_RESTART_STOP_SECONDS)
+        deadline = killed + _RESTART_SERVING_SECONDS
+        registered = scheduling = None
+        while registered is None or scheduling is None:
+            if time.monotonic() > deadline:
+                raise BenchError(f"no spare took {shard} over after its holder's kill -9")
+            address = probe_store.shard_record_address(shard)
+            if registered is None and address not in ("", holder_address):
+                registered = time.monotonic()
+            if scheduling is None and probe_store.serves_as_shard(shard, credentials):
+                scheduling = time.monotonic()
+            if registered is None or scheduling is None:
+                time.sleep(0.05)
+        took = {
+            "registered": round(registered - killed, 2),
+            "scheduling": round(scheduling - killed, 2),
+        }
+        console.print(
+            f"shard takeover: {holder.name} (serving as {shard}) killed (-9), a standby "
+            f"registered as {shard} {took['registered']:.1f}s later, serving as it "
+            f"{took['scheduling']:.1f}s later"
+        )
+        again = local.start_again(home, holder.name)
+        while probe(again.address, timeout=1, credentials=credentials) != "SERVING":
+            if time.monotonic() > deadline or again.process() is None:
+                raise BenchError(f"{holder.name} did not serve again after the takeover")
+            time.sleep(0.1)
+        return took
+    finally:
+        probe_store.close()
 
 
 def _binder_takeover(
@@ -923,7 +1019,11 @@ def pin_shards(state: local.ClusterState) -> dict[str, set[int]]:
     cpus = sorted(os.sched_getaffinity(0))
     pinned: dict[str, set[int]] = {}
     shards = sorted(
-        (c for c in state.components if c.kind == "scheduler" and c.pid),
+        (
+            c
+            for c in state.components
+            if c.kind == "scheduler" and c.pid and not c.name.startswith(SPARE_PREFIX)
+        ),
         key=lambda c: int(c.name.rsplit("-", 1)[-1]),
     )
     for i, shard in enumerate(shards):

@@ -176,7 +176,9 @@ def restart_section(report: dict[str, Any]) -> list[str]:
     """Each kind of service started again after a SIGTERM, seconds until it served (its
     informer synced and its caches built); how long binding stopped while the binder restarted
     (a standby leads once the lease is released); and the seconds a standby Binder took to
-    lead after the leader's SIGKILL (the lease's expiry and the catch-up)."""
+    lead after the leader's SIGKILL (the lease's expiry and the catch-up); with a spare shard,
+    how long until a process served as the restarted shard, and the seconds the spare took to
+    register as a shard killed -9 and to serve as it (the lease's expiry: no listing)."""
     runs = [r for r in report["runs"] if r.get("restart_seconds")]
     if not runs:
         return [""]
@@ -196,10 +198,25 @@ def restart_section(report: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {_label(r)} | a binder leads again after {name}'s SIGTERM | {seconds:.1f} | — |"
             )
+        for name, seconds in r.get("scheduling_resumed_seconds", {}).items():
+            lines.append(
+                f"| {_label(r)} | a process serves as {name} again after its SIGTERM | "
+                f"{seconds:.1f} | — |"
+            )
         if "takeover_seconds" in r:
             lines.append(
                 f"| {_label(r)} | binder takeover (leader killed -9) | "
                 f"{r['takeover_seconds']:.1f} | — |"
+            )
+        if "shard_takeover_seconds" in r:
+            took = r["shard_takeover_seconds"]
+            lines.append(
+                f"| {_label(r)} | shard takeover (scheduler-0's holder killed -9): a standby registered | "
+                f"{took['registered']:.1f} | — |"
+            )
+            lines.append(
+                f"| {_label(r)} | shard takeover (scheduler-0's holder killed -9): the standby schedules | "
+                f"{took['scheduling']:.1f} | — |"
             )
     return [*lines, ""]
 

@@ -92,6 +92,7 @@ _CLUSTER = {
     "node",
     "labels",
     "shards",
+    "standby_shards",
     "binders",
     "nodes_per_agent",
     "pin_shards",
@@ -130,6 +131,8 @@ class ClusterShape:
     gpus: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     shards: int = 1
+    standby_shards: int = 0
+    """Spare scheduler processes, each a warm standby for every shard's name."""
     binders: int = 1
     nodes_per_agent: int = 5000
     service_args: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -458,6 +461,7 @@ def _cluster(doc: dict[str, Any], src: str) -> ClusterShape:
         gpus=_int(node.get("gpus", 0), src, "cluster.node.gpus", minimum=0),
         labels={str(k): str(v) for k, v in labels.items()},
         shards=_int(doc.get("shards", 1), src, "cluster.shards", minimum=1),
+        standby_shards=_int(doc.get("standby_shards", 0), src, "cluster.standby_shards", minimum=0),
         binders=_int(doc.get("binders", 1), src, "cluster.binders", minimum=1),
         nodes_per_agent=_int(
             doc.get("nodes_per_agent", 5000), src, "cluster.nodes_per_agent", minimum=1

@@ -143,6 +143,13 @@ class LeaderElector:
     def is_leader(self) -> bool:
         return self.fence is not None
 
+    @property
+    def holds_now(self) -> bool:
+        """Leading, and the last successful renewal still covers this moment (local clock).
+        False at once after a freeze longer than the lease, before the renewal that proves the
+        lease lost: what unfenced writes (a shard's liveness stamps) are gated on."""
+        return self.fence is not None and time.monotonic() < self._valid_until
+
     def start(self) -> None:
         """Campaign in a task of the elector's own. Services should rather supervise
         :meth:`run` themselves (``Service.spawn``), so that a crash of it is not silent."""
@@ -294,6 +301,12 @@ class LeaseKeeper(OwnLoopWorker):
         """The fence while the lease is held (read from any thread: one attribute)."""
         elector = self._elector
         return elector.fence if elector is not None else None
+
+    @property
+    def holds_now(self) -> bool:
+        """``LeaderElector.holds_now`` (read from any thread)."""
+        elector = self._elector
+        return elector is not None and elector.holds_now
 
     @property
     def max_lateness_s(self) -> float:

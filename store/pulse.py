@@ -78,6 +78,10 @@ class ShardPulse(OwnLoopWorker):
     has not run a callback for ``max_owner_silence_seconds``, the stamps stop until it does,
     so a wedged shard is still judged dead and its units go elsewhere.
 
+    ``may_stamp`` (called from the pulse's thread before each stamp) gates the stamps: a shard
+    stamps only while it holds its name's lease (``services/scheduler/shardlease.py``), so a
+    holder frozen past its lease and woken after a standby took its name stamps nothing.
+
     ``on_missing`` runs in the owner's loop (not awaited by the thread) each time a stamp finds
     no record of the shard — deleted as dead while it was frozen, say: the owner registers
     again (once: it may be asked again while it does).
@@ -93,6 +97,7 @@ class ShardPulse(OwnLoopWorker):
         every_seconds: float = 1.0,
         max_owner_silence_seconds: float = 60.0,
         on_missing: OwnerCallback | None = None,
+        may_stamp: Callable[[], bool] | None = None,
     ) -> None:
         if every_seconds <= 0 or max_owner_silence_seconds <= every_seconds:
             raise ValueError("need 0 < every_seconds < max_owner_silence_seconds")
@@ -103,6 +108,7 @@ class ShardPulse(OwnLoopWorker):
         self.every_seconds = every_seconds
         self.max_owner_silence_seconds = max_owner_silence_seconds
         self._on_missing = on_missing
+        self._may_stamp = may_stamp
         # When the owner's loop last ran a callback of ours (written by the owner's thread).
         self._owner_seen = time.monotonic()
         self.stamps = 0  # stamps written, for tests and logs
@@ -149,7 +155,8 @@ class ShardPulse(OwnLoopWorker):
                     silent = True
                 else:
                     silent = False
-                    last = await self._stamp(store, last)
+                    if self._may_stamp is None or self._may_stamp():
+                        last = await self._stamp(store, last)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), self.every_seconds)
         finally:

@@ -92,6 +92,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("init", {"count": 1, "template": {}, "queues": 2}, "init.queues: unknown field"),
         ("timeout", 0, "timeout: must be at least 1"),
         ("cluster.node", {"gpus": -1}, "cluster.node.gpus: must be at least 0"),
+        ("cluster.standby_shards", -1, "cluster.standby_shards: must be at least 0"),
         ("reschedule", {"dry_run": True}, "reschedule.policy: required"),
         ("reschedule", {"policy": "p", "dry_run": "yes"}, "reschedule.dry_run: must be true"),
         ("reschedule", {"policy": "p", "when": 1}, "reschedule.when: unknown field"),
@@ -450,9 +451,16 @@ def test_paper_scale_quick_form_reports_memory_restarts_and_a_steady_leader(tmp_
     assert all(seconds > 0 for seconds in run["restart_cpu_seconds"].values())
     assert set(run["binding_resumed_seconds"]) == {"binder-0"}
     assert run["takeover_seconds"] > 0
+    # The spare shard: scheduler-0 served again (by the spare) apart from its restarted
+    # process's SERVING, and the spare's takeover of a shard killed -9 (registered, scheduling).
+    assert "scheduler-spare-0" in resources
+    assert set(run["scheduling_resumed_seconds"]) == {"scheduler-0"}
+    takeover = run["shard_takeover_seconds"]
+    assert 0 < takeover["registered"] and 0 < takeover["scheduling"]
     md = report_json.with_suffix(".md").read_text()
     assert "## Restarts: seconds until serving again" in md
     assert "| binder takeover (leader killed -9) |" in md
+    assert "| shard takeover (scheduler-0's holder killed -9): a standby registered |" in md
     # Issue 34: the Binder's lease never changes hands while the cluster fills and measures
     # (its renewals run on a thread of their own), and the report shows the worst lateness.
     leadership = run["leadership"]

@@ -5,6 +5,7 @@ dispatcher (opens Scheduler.Dispatch) and runs a small recording Binder servicer
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,6 +18,7 @@ from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
 from services.runtime import ServiceHost
+from services.runtime.config import ConfigError
 from services.scheduler import service as scheduler_service
 from services.scheduler.service import SchedulerConfig, SchedulerService
 from store import Store
@@ -738,3 +740,60 @@ async def test_a_shard_started_over_bound_pods_preempts_the_right_victims(
     assert d.outcomes["high"].code == ipb.UNIT_DONE
     placed = [p for b in binder.batches for u in b.units for p in u.placements]
     assert [(p.pod, p.node, list(p.victims)) for p in placed] == [("high-0", "n1", ["low-1"])]
+
+
+async def test_a_second_process_for_a_held_name_waits_refusing_dispatch_then_takes_it_on_stop(
+    store: Store, binder: RecordingBinder, config: SchedulerConfig
+) -> None:
+    """Standby shards in-process (services/scheduler/README.md, "Standby shards"): a process
+    configured for a name another holds serves its health but not as the shard — no record of
+    its own, Dispatch refused — and the holder's graceful stop releases the name, which it then
+    takes: the record names its address and it schedules a unit dispatched to it."""
+    await store.create(node("n0", cpu=4000, mem=32 * GiB))
+    fast = replace(config, lease_ms=1000, renew_ms=200)
+    async with ServiceHost(SchedulerService, fast) as first:
+        async with ServiceHost(SchedulerService, fast) as second:
+            standby = second.service
+            assert isinstance(standby, SchedulerService)
+            assert not standby.serving
+            inst = await store.get(pb.SchedulerInstance, "shard-a")
+            assert inst.spec.address == first.address
+            refused = Dispatcher(second.address)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await refused.until(lambda: False)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            await refused.channel.close()
+
+            await first.stop()  # releases the name as it stops
+            await eventually(lambda: standby.serving)
+            inst = await store.get(pb.SchedulerInstance, "shard-a")
+            assert inst.spec.address == second.address
+            d = Dispatcher(second.address)
+            await d.send(await create_job(store, job("after", replicas=1, cpu=100, mem=GiB)))
+            await d.until(lambda: "after" in d.outcomes)
+            assert d.outcomes["after"].code == ipb.UNIT_DONE
+            await d.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "standby_for", "names"),
+    [
+        ("shard-a", "", ("shard-a",)),  # a shard: its own name
+        ("spare", "scheduler-0,scheduler-1", ("scheduler-0", "scheduler-1")),
+        ("spare", " scheduler-0 , ,scheduler-1 ", ("scheduler-0", "scheduler-1")),
+    ],
+)
+def test_the_names_a_process_may_be(name: str, standby_for: str, names: tuple[str, ...]) -> None:
+    assert SchedulerConfig(name=name, standby_for=standby_for).shard_names() == names
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"standby_for": " , "}, "standby_for names no shard"),
+        ({"lease_ms": 1000, "renew_ms": 600}, "renew_ms (600) must be at most half"),
+    ],
+)
+def test_standby_settings_refused(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        SchedulerConfig(**settings)

@@ -29,6 +29,13 @@ INSECURE_WARNING = (
 @home_option
 @click.option("--schedulers", type=click.IntRange(min=1), default=2, help="Scheduler shards.")
 @click.option(
+    "--standby-shards",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Spare scheduler processes, warm (view synced), each standing by for every shard: "
+    "one takes a shard's name when its process dies or stops.",
+)
+@click.option(
     "--binders",
     type=click.IntRange(min=1),
     default=2,
@@ -104,6 +111,7 @@ INSECURE_WARNING = (
 def up(
     home: Path | None,
     schedulers: int,
+    standby_shards: int,
     binders: int,
     nodeagents: int,
     hollow_nodes: int,
@@ -133,6 +141,7 @@ def up(
         fail("--hollow-node-list names the simulated nodes: no --hollow-nodes with it")
     spec = local.ClusterSpec(
         schedulers=schedulers,
+        standby_shards=standby_shards,
         binders=binders,
         nodeagents=nodeagents,
         ready_timeout=timeout,

@@ -50,6 +50,8 @@ HOST = "127.0.0.1"
 _LOG_TAIL_LINES = 30
 _POLL = Backoff(0.1)  # waiting for components to serve: a constant poll within the timeout
 _STORE_STOP_SECONDS = 10.0
+# Spare scheduler processes' names: standbys for the shards' names, not shards of their own.
+SPARE_PREFIX = "scheduler-spare-"
 
 
 class ClusterError(Exception):
@@ -61,6 +63,9 @@ class ClusterSpec:
     """What `godel up` starts."""
 
     schedulers: int = 2
+    standby_shards: int = 0
+    """Spare scheduler processes (``scheduler-spare-<i>``), each a warm standby for every
+    shard's name (the scheduler's ``--standby-for``)."""
     binders: int = 2
     nodeagents: int = 1
     ready_timeout: float = 30.0
@@ -94,6 +99,9 @@ class ClusterSpec:
 
     def args_for(self, name: str, kind: str) -> list[str]:
         args: list[str] = []
+        if kind == "scheduler" and name.startswith(SPARE_PREFIX):
+            shards = ",".join(f"scheduler-{i}" for i in range(self.schedulers))
+            args += ["--standby-for", shards]
         if kind == "nodeagent":
             index = int(name.rsplit("-", 1)[1])
             if self.hollow_node_list:
@@ -168,6 +176,7 @@ class ClusterSpec:
         return [
             ("dispatcher", "dispatcher"),
             *((f"scheduler-{i}", "scheduler") for i in range(self.schedulers)),
+            *((f"{SPARE_PREFIX}{i}", "scheduler") for i in range(self.standby_shards)),
             *((f"binder-{i}", "binder") for i in range(self.binders)),
             ("rescheduler", "rescheduler"),
             *((f"nodeagent-{i}", "nodeagent") for i in range(self.nodeagents)),
@@ -298,7 +307,11 @@ def scale(home: GodelHome, kind: str, replicas: int, ready_timeout: float = 30.0
         state = home.load()
         if state is None:
             raise ClusterError(f"no cluster in {home}: start one with `godel up`")
-        current = [c for c in state.components if c.kind == kind and c.process() is not None]
+        current = [
+            c
+            for c in state.components
+            if c.kind == kind and not c.name.startswith(SPARE_PREFIX) and c.process() is not None
+        ]
         changes: list[str] = []
         if len(current) > replicas:
             retiring = sorted(current, key=lambda c: c.started)[replicas:]

@@ -8,23 +8,28 @@ touches the snapshot), the Binder link (``binder_link.BinderLink``: decisions ou
 the reconciler), registration, the liveness stamps (``store.pulse.ShardPulse``, from a thread of
 their own) and the counters written into the record. Each dispatcher stream is served by its own
 handler; it only enqueues units and writes replies.
+
+The shard's name is a lease (``shardlease.ShardLease``): the process holding it is the shard;
+another configured for the name (or a spare, ``standby_for``) waits warm until it frees.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import signal
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import grpc
 import structlog
 from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2
 
 from placement.framework import Framework, PluginConfigError, Profile, load_profile
 from placement.plugins import new_in_tree_registry
@@ -42,16 +47,28 @@ from services.scheduler.cache import SchedulerCache
 from services.scheduler.cycle import YIELD_SECONDS, CycleSettings, ShardCycle
 from services.scheduler.movements import MovementTracker
 from services.scheduler.queue import ShardQueue
+from services.scheduler.shardlease import ShardLease
 from services.scheduler.units import Unit, UnitBook, reservation_job
 from services.scheduler.unschedulable import UnschedulableRecorder, now_ms
 from services.scheduler.victims import ShardVictims
-from store.errors import AlreadyExistsError, ConflictError, NotFoundError, StoreError
+from store.errors import (
+    AlreadyExistsError,
+    CommitError,
+    ConflictError,
+    FencedError,
+    NotFoundError,
+    StoreError,
+)
 from store.informer import Handlers, Informer
+from store.lease import Fence, Leases
+from store.ops import Create, Delete, Update
 from store.pulse import ShardHeartbeats, ShardPulse
 
 log = structlog.get_logger(__name__)
 
 SCHEDULER_SERVICE = ipb.DESCRIPTOR.services_by_name["Scheduler"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # How long a stopping shard lets its in-flight writes (pods marked unschedulable) finish.
 SIDE_TASKS_GRACE_SECONDS = 1.0
 # A unit of up to this many pod refs is read without looking at the clock (well under a
@@ -167,13 +184,47 @@ class SchedulerConfig(ServiceConfig):
             "how often the shard looks for decisions stuck without a verdict", minimum=0.05
         ),
     )
+    standby_for: str = field(
+        default="",
+        metadata=option(
+            "a spare: the shard names (comma-separated) it stands by for, taking whichever "
+            "frees first; empty: this process is shard `name` (a standby while another holds it)"
+        ),
+    )
+    lease_ms: int = field(
+        default=3000,
+        metadata=option(
+            "the shard name's lease; a killed holder's name is taken over after this",
+            minimum=100,
+        ),
+    )
+    renew_ms: int = field(
+        default=500,
+        metadata=option(
+            "how often the holder renews its name's lease, and a standby asks for it (at most "
+            "half of lease_ms)",
+            minimum=10,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.backoff_max_seconds < self.backoff_initial_seconds:
             raise ConfigError("backoff_max_seconds must be >= backoff_initial_seconds")
         if self.max_loop_silence_seconds <= self.heartbeat_seconds:
             raise ConfigError("max_loop_silence_seconds must be > heartbeat_seconds")
+        if self.renew_ms * 2 > self.lease_ms:
+            raise ConfigError(
+                f"renew_ms ({self.renew_ms}) must be at most half of lease_ms ({self.lease_ms})"
+            )
+        if self.standby_for and not self.shard_names():
+            raise ConfigError("standby_for names no shard")
         self.load_profile()  # a bad profile is a config error: refused before anything starts
+
+    def shard_names(self) -> tuple[str, ...]:
+        """The names this process may be: ``standby_for``'s for a spare, else its own."""
+        if not self.standby_for:
+            return (self.name,)
+        return tuple(n for n in (part.strip() for part in self.standby_for.split(",")) if n)
 
     def load_profile(self) -> Profile:
         if not self.profile:
@@ -268,6 +319,8 @@ class SchedulerService(Service[SchedulerConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         config = self.config
+        # The shard this process is: its own name, or (a spare) the one it takes; "" until then.
+        self.shard = "" if config.standby_for else config.name
         self.framework = Framework(config.load_profile(), new_in_tree_registry())
         self.cache = SchedulerCache()
         self.informer = Informer(
@@ -279,7 +332,7 @@ class SchedulerService(Service[SchedulerConfig]):
             take_listed={"Pod": self.cache.take_listed},
         )
         self.movements = MovementTracker(
-            self.store, config.name, self._holds, max_wait_seconds=config.movement_wait_seconds
+            self.store, self.shard, self._holds, max_wait_seconds=config.movement_wait_seconds
         )
         self.victims = ShardVictims(self.cache, self.informer)
         self.scheduler = UnitScheduler(
@@ -327,7 +380,7 @@ class SchedulerService(Service[SchedulerConfig]):
         self.queue: ShardQueue[Unit] = ShardQueue(
             config.backoff_initial_seconds, config.backoff_max_seconds
         )
-        self.recorder = UnschedulableRecorder(self.store, self.informer, config.name)
+        self.recorder = UnschedulableRecorder(self.store, self.informer, self.shard)
         self.book = UnitBook(
             self.queue,
             self.cache,
@@ -343,7 +396,7 @@ class SchedulerService(Service[SchedulerConfig]):
         )
         self.cycle = ShardCycle(
             CycleSettings(
-                config.name, config.mode == "godel", config.max_batch_pods, config.cycle_budget_ms
+                self.shard, config.mode == "godel", config.max_batch_pods, config.cycle_budget_ms
             ),
             self.book,
             self.link,
@@ -355,16 +408,31 @@ class SchedulerService(Service[SchedulerConfig]):
             self.stats,
         )
         self.snapshot = self.cycle.snapshot
-        # Liveness: stamps from a thread of its own, over a connection of its own (ShardPulse);
-        # the record gets the counters now and then (_status_loop).
+        # Liveness: stamps from a thread of its own, over a connection of its own (ShardPulse,
+        # made once the name is taken); the record gets the counters now and then
+        # (_status_loop).
+        self.pulse: ShardPulse | None = None
         url, cluster = config.store_connection_url(), config.cluster
-        self.pulse = ShardPulse(
-            lambda: ShardHeartbeats.connect(url, cluster=cluster, max_connections=2),
-            config.name,
-            every_seconds=config.heartbeat_seconds,
-            max_owner_silence_seconds=config.max_loop_silence_seconds,
-            on_missing=self._record_missing,
+        # The name's lease, renewed from a thread of its own; the holder is this process (its
+        # name and a token: a restart under the same name is another holder).
+        self.lease = ShardLease(
+            self.store,
+            lambda: Leases.connect(url, cluster=cluster, max_connections=4),
+            config.shard_names(),
+            f"{config.name}/{secrets.token_hex(4)}",
+            lease_ms=config.lease_ms,
+            renew_ms=config.renew_ms,
+            spare=bool(config.standby_for),
+            spawn=self.spawn,
+            on_taken=self._take_over,
+            on_lost=self._lost,
         )
+        # The epoch this process acts as the shard under (None: a standby, or stepped down).
+        self.fence: Fence | None = None
+        self._role_changed = asyncio.Event()
+        self._took_name = asyncio.Event()
+        self._resigned = False
+        self._streams: set[_DispatchStream] = set()
         self._status: asyncio.Task[None] | None = None
         self._registering = False
         self._stopping = False
@@ -379,16 +447,151 @@ class SchedulerService(Service[SchedulerConfig]):
     async def on_start(self) -> None:
         self.informer.start()
         await self.informer.wait_synced(self.config.sync_timeout_seconds)
-        await self._register()
+        self.spawn(self._keep_health(), name="scheduler-health")
+        self.spawn(self._resign_on_stop(), name="scheduler-resign")
+        if await self.lease.try_once(self.address):
+            # Free: serve as the shard before reporting SERVING, as a shard always did (the
+            # keeper's first renewal confirms the lease and calls _take_over).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._took_name.wait(), self.config.sync_timeout_seconds)
+        else:
+            self.spawn(self.lease.campaign(self.address), name="scheduler-standby")
+            log.info(
+                "standby: every name held; waiting warm",
+                standby_for=list(self.lease.candidates),
+                address=self.address,
+                nodes=len(self.cache.present),
+            )
+
+    @property
+    def serving(self) -> bool:
+        """Whether this process acts as its shard now (holds the name's lease)."""
+        return self.fence is not None
+
+    async def _take_over(self, name: str, fence: Fence) -> None:
+        """The name's lease is ours (at ``fence``): become the shard — register, stamp, start
+        the loops (the first time) and take dispatcher streams."""
+        if self.stop_requested.is_set():
+            return
+        if not self.shard:
+            self._become(name)
+        self.fence = fence
+        while self.fence is fence:
+            try:
+                await self._register(fence)
+                # A fresh stamp at once: the dead holder's last one may be old already.
+                await self.store.record_shard_heartbeat(self.shard)
+                break
+            except FencedError as exc:
+                await self._fenced(exc)
+                return
+            except StoreError as exc:
+                log.warning("registering as the shard failed; retrying", error=str(exc))
+                await asyncio.sleep(self.config.renew_ms / 1000)
+        if self.fence is not fence:
+            return
+        self._counters_written = None  # the record has none of ours yet
+        if self.pulse is None:
+            self._start_loops()
+        self._role_changed.set()
+        self._took_name.set()
+        log.info(
+            "serving as the shard",
+            shard=self.shard,
+            epoch=fence.epoch,
+            address=self.address,
+            nodes=len(self.cache.present),
+        )
+
+    def _become(self, name: str) -> None:
+        """A spare takes ``name``: the parts that act in a shard's name learn it (they were
+        made before it was known; each only reads it when acting)."""
+        self.shard = name
+        self.movements.shard = name
+        self.recorder.shard = name
+        self.cycle.settings = replace(self.cycle.settings, shard=name)
+        for movement in self.informer.list("Movement"):  # acknowledged as this shard now
+            self.movements.on_add("Movement", movement)
+        own = self.informer.get("SchedulerInstance", name)
+        if isinstance(own, pb.SchedulerInstance):
+            self._own_record(own.spec)
+
+    def _start_loops(self) -> None:
+        config = self.config
+        url, cluster = config.store_connection_url(), config.cluster
+        self.pulse = ShardPulse(
+            lambda: ShardHeartbeats.connect(url, cluster=cluster, max_connections=2),
+            self.shard,
+            every_seconds=config.heartbeat_seconds,
+            max_owner_silence_seconds=config.max_loop_silence_seconds,
+            on_missing=self._record_missing,
+            may_stamp=self.lease.holds_now,
+        )
         self.spawn(self._schedule_loop(), name="scheduler-loop")
         self.spawn(self.link.run(), name="scheduler-binder-stream")
         self.spawn(self.movements.ack_loop(), name="scheduler-movement-acks")
         self.spawn(self.pulse.run(), name="scheduler-pulse")
         self._status = self.spawn(self._status_loop(), name="scheduler-status")
-        if self.config.drill_stall_seconds > 0:
+        if config.drill_stall_seconds > 0:
             asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self._drill_stall)
         self.spawn(self._reconcile_loop(), name="scheduler-reconciler")
-        log.info("shard ready", address=self.address, nodes=len(self.cache.present))
+
+    async def _lost(self, fence: Fence) -> None:
+        """The lease is gone (not renewed in time: a freeze, a store outage): stop acting as
+        the shard at once — end the dispatcher streams (their units go back to the dispatcher)
+        and stop stamping — and wait as a standby for the name again."""
+        if self.fence is None or self.fence != fence:
+            return
+        self.fence = None
+        for stream in list(self._streams):
+            stream.close()
+        self._role_changed.set()
+        log.warning("no longer the shard: lease lost", shard=self.shard, epoch=fence.epoch)
+
+    async def _fenced(self, exc: FencedError) -> None:
+        """The store refused our epoch: another process is the shard now."""
+        fence = self.fence
+        if fence is not None:
+            await self._lost(fence)
+        await self.lease.step_down(f"fenced: {exc}")
+
+    async def _resign_on_stop(self) -> None:
+        # Give the name up as the stop begins, not after the gRPC grace (as the Binder's leader
+        # does): a standby serves it at once, and the open streams end now.
+        await self.stop_requested.wait()
+        await self._resign()
+
+    async def _resign(self) -> None:
+        """Stop being the shard for good: streams ended (their units go back to the
+        dispatcher), the record and its stamp deleted, the name's lease released."""
+        if self._resigned:
+            return
+        self._resigned = self._stopping = True
+        fence, self.fence = self.fence, None
+        for stream in list(self._streams):
+            stream.close()
+        self._role_changed.set()
+        if fence is not None:
+            # Fenced: a holder deposed meanwhile deletes nothing of the process that took over
+            # (nor its stamp: forgotten only once the record went).
+            with contextlib.suppress(StoreError):
+                await self.store.commit([Delete("SchedulerInstance", self.shard)], fence=fence)
+                await self.store.forget_shard_heartbeat(self.shard)
+        # Then the name is free: a standby takes it at once instead of after the lease.
+        await self.lease.stop()
+
+    async def _keep_health(self) -> None:
+        """The Scheduler service entry is SERVING only while this process is the shard, as
+        the Binder's is only on its leader; the overall entry ("") is SERVING once the view
+        has synced, standby or not. The runtime marks every entry SERVING once on_start returns:
+        wait for that, then keep ours in line with the role."""
+        request = health_pb2.HealthCheckRequest(service=SCHEDULER_SERVICE)
+        while (await self.health.Check(request, None)).status != SERVING:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # the runtime offers no event for it
+        while True:
+            self._role_changed.clear()
+            await self.health.set(SCHEDULER_SERVICE, SERVING if self.serving else NOT_SERVING)
+            await self._role_changed.wait()
 
     def sample_metrics(self) -> None:
         # Heap entries of revoked units are skipped when popped; counted here, they are few.
@@ -403,42 +606,54 @@ class SchedulerService(Service[SchedulerConfig]):
             self._status.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._status
-        await self.pulse.stop()
-        with contextlib.suppress(StoreError):
-            await self.store.forget_shard_heartbeat(self.config.name)
-        with contextlib.suppress(StoreError):
-            await self.store.delete(pb.SchedulerInstance, self.config.name)
+        if self.pulse is not None:
+            await self.pulse.stop()
+        await self._resign()
         # Writes in flight (pods marked unschedulable) get one second in all, not one each:
         # a shard stopped while handing back many units holds hundreds of them. Within the
         # grace: on_stop gets only a quarter of it once RPCs drained (runtime).
         await self.recorder.drain(min(SIDE_TASKS_GRACE_SECONDS, self.config.grace_seconds / 8))
         await self.informer.stop()
 
-    async def _register(self) -> None:
-        # heartbeat_ms: the registration time, the shard's sign of life until its first stamp.
-        inst = pb.SchedulerInstance(metadata=pb.ObjectMeta(name=self.config.name))
+    async def _register(self, fence: Fence) -> None:
+        """Write our record (fenced with the name's lease: FencedError once another process
+        holds it). heartbeat_ms: the registration time, the shard's sign of life until its
+        first stamp."""
+        inst = pb.SchedulerInstance(metadata=pb.ObjectMeta(name=self.shard))
         inst.spec.address = self.address
         inst.status.heartbeat_ms = now_ms()
         inst.status.ready = True
         try:
-            await self.store.create(inst)
-        except AlreadyExistsError:  # a restart under the same name: take it over
-            current = await self.store.get(pb.SchedulerInstance, self.config.name)
+            await self._commit_fenced(Create(inst), fence)
+        except AlreadyExistsError:  # a restart, or a standby taking over: take the record over
+            current = await self.store.get(pb.SchedulerInstance, self.shard)
             current.spec.address = self.address
             current.status.CopyFrom(inst.status)
-            await self.store.update(current, force=True)
+            await self._commit_fenced(Update(current, force=True), fence)
+
+    async def _commit_fenced(self, op: Create | Update, fence: Fence) -> None:
+        """One write of our record, refused by the store unless our epoch is the lease's."""
+        try:
+            await self.store.commit([op], fence=fence)
+        except CommitError as exc:
+            raise exc.cause from None
 
     async def _record_missing(self) -> None:
         """A stamp found no record of ours (deleted as dead while we were frozen, say):
-        register again, once at a time, unless we are stopping (we deleted it)."""
-        if self._registering or self._stopping:
+        register again, once at a time, unless we are stopping (we deleted it) or no longer
+        hold the name (the fenced write would be refused anyway)."""
+        fence = self.fence
+        if self._registering or self._stopping or fence is None or not self.lease.holds_now():
             return
         self._registering = True
         try:
-            with contextlib.suppress(StoreError):
-                await self._register()
-                self._counters_written = None  # the new record has none yet
-                log.warning("record was gone; registered again", shard=self.config.name)
+            await self._register(fence)
+            self._counters_written = None  # the new record has none yet
+            log.warning("record was gone; registered again", shard=self.shard)
+        except FencedError as exc:
+            await self._fenced(exc)
+        except StoreError as exc:
+            log.warning("registering again failed", shard=self.shard, error=str(exc))
         finally:
             self._registering = False
 
@@ -458,25 +673,30 @@ class SchedulerService(Service[SchedulerConfig]):
         while True:
             await asyncio.sleep(self.config.status_seconds)
             counters = self.counters()
-            if counters == self._counters_written:
+            fence = self.fence
+            if counters == self._counters_written or fence is None:
                 continue
             try:
                 # The record as the watch last showed it: with a node partition it is ~100 KB,
                 # and fetching it for every write cost more than the write. A copy the watch
                 # has not caught up with fails the compare-and-set; it goes again on a fresh one.
-                seen = self.informer.get("SchedulerInstance", self.config.name)
+                seen = self.informer.get("SchedulerInstance", self.shard)
                 written = False
                 if isinstance(seen, pb.SchedulerInstance):
                     with contextlib.suppress(ConflictError):
                         # CAS: never overwrite a partition the dispatcher wrote meanwhile.
-                        await self.store.update(self._with_counters(seen, counters))
+                        await self._commit_fenced(
+                            Update(self._with_counters(seen, counters)), fence
+                        )
                         written = True
                 if not written:
-                    fresh = await self.store.get(pb.SchedulerInstance, self.config.name)
-                    await self.store.update(self._with_counters(fresh, counters))
+                    fresh = await self.store.get(pb.SchedulerInstance, self.shard)
+                    await self._commit_fenced(Update(self._with_counters(fresh, counters)), fence)
                 self._counters_written = counters
             except NotFoundError:
                 await self._record_missing()
+            except FencedError as exc:
+                await self._fenced(exc)
             except (ConflictError, StoreError) as exc:
                 log.warning("status write failed", error=str(exc))
 
@@ -514,7 +734,7 @@ class SchedulerService(Service[SchedulerConfig]):
         if isinstance(obj, pb.Movement):
             self.movements.on_add(kind, obj)
         elif isinstance(obj, pb.SchedulerInstance):
-            if obj.metadata.name == self.config.name:
+            if self.shard and obj.metadata.name == self.shard:
                 self._own_record(obj.spec)
         elif isinstance(obj, pb.DisruptionBudget):
             self.victims.budgets_changed()
@@ -575,9 +795,13 @@ class SchedulerService(Service[SchedulerConfig]):
     def revoke(self, jobs: Iterable[str]) -> None:
         self.book.revoke(jobs)
 
+    def open_stream(self, stream: _DispatchStream) -> None:
+        self._streams.add(stream)
+
     def stream_closed(self, stream: _DispatchStream) -> None:
         """The dispatcher re-dispatches what this stream held: drop its units here."""
         stream.close()
+        self._streams.discard(stream)
         self.book.drop_stream(stream)
 
     # -- the loops ---------------------------------------------------------------------------
@@ -585,12 +809,17 @@ class SchedulerService(Service[SchedulerConfig]):
     async def _schedule_loop(self) -> None:
         queue = self.queue
         while True:
-            if not queue.has_ready():
+            # A holder woken from a freeze decides nothing before its lease is known to be its
+            # own (the Binder's re-checks would refuse stale decisions; they cost it still):
+            # it waits, its streams ending as it learns the lease is lost, or renewed.
+            holding = self.lease.holds_now()
+            if not queue.has_ready() or not holding:
+                wait = queue.wait_seconds() if holding else self.config.renew_ms / 1000
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), queue.wait_seconds())
+                    await asyncio.wait_for(self._wake.wait(), wait)
             self._wake.clear()
             queue.promote()
-            if queue.has_ready():
+            if queue.has_ready() and self.lease.holds_now():
                 await self.run_cycle()
                 await asyncio.sleep(0)  # let streams and the informer run between cycles
 
@@ -621,7 +850,16 @@ class _SchedulerServicer(internal_pb2_grpc.SchedulerServicer):
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         service = self.service
+        if not service.serving:
+            # A standby (or a holder that lost its name): the dispatcher's view of the record
+            # is behind; it finds the shard at the address the record names now.
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"scheduler {service.config.name} is a standby for "
+                f"{', '.join(service.lease.candidates)}, not serving as a shard",
+            )
         stream = _DispatchStream()
+        service.open_stream(stream)
         stream.give(service.config.capacity)
         peer = context.peer()
         log.info("dispatcher connected", peer=peer)

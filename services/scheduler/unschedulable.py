@@ -35,7 +35,7 @@ class UnschedulableRecorder:
     def __init__(self, store: Store, informer: Informer, shard: str) -> None:
         self._store = store
         self._informer = informer
-        self._shard = shard
+        self.shard = shard  # set again by a spare when it takes a name
         self._tasks: set[asyncio.Task[None]] = set()
 
     def record(self, reasons: dict[str, str], diagnoses: dict[str, Diagnosis]) -> None:
@@ -84,7 +84,7 @@ class UnschedulableRecorder:
         if cond.status != "False":
             cond.last_transition_ms = now
         cond.status, cond.reason, cond.message = "False", "Unschedulable", reason
-        pod.status.scheduler = self._shard
+        pod.status.scheduler = self.shard
         pod.status.attempts += 1
         if diagnosis is None:
             pod.status.ClearField("unschedulable")
