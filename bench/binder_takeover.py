@@ -39,7 +39,7 @@ from services.binder.service import BinderService
 from services.dispatcher.controllers.pods import normalise_job, pods_for
 from services.runtime import ServiceHost
 from services.runtime.healthcheck import probe
-from store import Store
+from store import Store, StoreError
 
 BINDER_SERVICE = ipb.DESCRIPTOR.services_by_name["Binder"].full_name
 DEADLINE_SECONDS = 120.0
@@ -55,8 +55,9 @@ async def serve(url: str, cluster: str, name: str, port: int) -> None:
             await asyncio.Event().wait()
 
 
-async def probe_pod(url: str, cluster: str, name: str) -> pb.Pod:
-    """A job of one pending pod (as the dispatcher makes it), stored; the pod as stored."""
+async def store_probe_job(url: str, cluster: str, name: str) -> tuple[pb.Job, list[pb.Pod]]:
+    """A job of one pending pod of PaperScale's shape (as the dispatcher makes it), stored in
+    one call; the job and its pod as stored. The probe the takeover benches bind."""
     job = pb.Job(metadata=pb.ObjectMeta(name=name))
     job.spec.replicas = job.spec.min_member = 1
     job.spec.template.requests.milli_cpu = 50
@@ -68,10 +69,19 @@ async def probe_pod(url: str, cluster: str, name: str) -> pb.Pod:
         created = await store.create_many(objs)
     finally:
         await store.close()
-    pod = created[-1]
-    if not isinstance(pod, pb.Pod):
-        raise TypeError(f"the probe job's last object is not its pod: {pod!r}")
-    return pod
+    for outcome in created:
+        if isinstance(outcome, StoreError):
+            raise outcome
+    stored_job, *pods = created
+    if not isinstance(stored_job, pb.Job) or not all(isinstance(p, pb.Pod) for p in pods):
+        raise TypeError(f"the probe job was not stored as a job and its pods: {created!r}")
+    return stored_job, [p for p in pods if isinstance(p, pb.Pod)]
+
+
+async def probe_pod(url: str, cluster: str, name: str) -> pb.Pod:
+    """A stored probe job's one pod."""
+    _, pods = await store_probe_job(url, cluster, name)
+    return pods[0]
 
 
 async def bind_until_bound(address: str, pod: pb.Pod, node: str) -> str:

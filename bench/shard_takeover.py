@@ -32,11 +32,11 @@ from typing import Any
 
 import grpc
 
+from bench.binder_takeover import store_probe_job
 from foundation.netutil import free_ports
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
-from services.dispatcher.controllers.pods import normalise_job, pods_for
 from services.runtime.healthcheck import probe
 from store import NotFoundError, Store
 
@@ -47,18 +47,8 @@ DEADLINE_SECONDS = 300.0
 
 
 async def probe_unit(url: str, cluster: str, name: str) -> ipb.Unit:
-    """A job of one pending pod (as the dispatcher makes it), stored; its unit."""
-    job = pb.Job(metadata=pb.ObjectMeta(name=name))
-    job.spec.replicas = job.spec.min_member = 1
-    job.spec.template.requests.milli_cpu = 50
-    job.spec.template.requests.memory_bytes = 200 << 20
-    job = normalise_job(job)
-    store = await Store.connect(url, cluster=cluster)
-    try:
-        pods = pods_for(job)
-        await store.create_unit(job, pods)
-    finally:
-        await store.close()
+    """A stored probe job's unit (as the dispatcher sends it)."""
+    job, pods = await store_probe_job(url, cluster, name)
     refs = [
         ipb.PodRef(
             name=p.metadata.name,
