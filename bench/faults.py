@@ -92,6 +92,7 @@ from services.runtime.healthcheck import probe
 from services.scheduler.shardlease import shard_lease
 from store import Store, StoreError
 from store.client import SentinelTarget
+from store.lease import holder_name
 from store.server import primary_port_named_by
 
 KINDS = ("store", "dispatcher", "scheduler", "binder", "rescheduler", "nodeagent")
@@ -356,8 +357,10 @@ class Harness:
             return self._primary()
         if kind == "binder":
             lease = self._run(lambda s: s.get_lease("binder"))
-            if lease is not None and lease.holder and self.state.component(lease.holder):
-                return str(lease.holder)
+            if lease is not None and lease.holder:
+                holder = holder_name(lease.holder)
+                if self.state.component(holder) is not None:
+                    return holder
         if kind == "scheduler":
             return self._shard_holder(self.shard_named(index))
         names = [c.name for c in self.state.components if c.kind == kind]
@@ -377,7 +380,7 @@ class Harness:
         ``<process name>/<token>``), which after a takeover is a spare or a restarted process."""
         lease = self._run(lambda s: s.get_lease(shard_lease(shard)))
         if lease is not None and lease.holder:
-            holder = str(lease.holder).split("/", 1)[0]
+            holder = holder_name(lease.holder)
             if self.state.component(holder) is not None:
                 return holder
         return shard

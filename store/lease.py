@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -100,6 +101,20 @@ class Leases(StoreConnection):
         if lease.expires_ms <= int(r[8]):
             lease.holder = ""  # expired: nobody holds it
         return bool(int(r[0])), lease
+
+
+def incarnation(name: str) -> str:
+    """A lease holder id for this process serving as ``name``: the name and a random token.
+    The store takes the same holder asking again for a live lease as its renewal (same epoch),
+    so a process started again under the same name must be another holder: it then waits for
+    the lease or takes it with a new epoch, and never resumes the epoch of a predecessor that
+    may still be alive (frozen, or cut off from the store) and write under it."""
+    return f"{name}/{secrets.token_hex(4)}"
+
+
+def holder_name(holder: str) -> str:
+    """The name of the process holding a lease: its holder id without the incarnation token."""
+    return holder.split("/", 1)[0]
 
 
 LeadershipCallback = Callable[[Fence], Awaitable[None]]

@@ -35,6 +35,7 @@ from services.runtime.healthcheck import probe
 from store import Store
 from store.client import Bind, Delete, Fence, Release, Update
 from store.errors import FencedError
+from store.lease import holder_name
 from tests import factories as f
 
 BINDER = "godel.v1.Binder"
@@ -920,7 +921,7 @@ async def test_standby_answers_failed_precondition(
 ) -> None:
     async with ServiceHost(BinderService, config(store_url, cluster_name, "b2")) as standby:
         lease = await store.get_lease("binder")
-        assert lease is not None and lease.holder == "b1"
+        assert lease is not None and holder_name(lease.holder) == "b1"
         assert lease.holder_address == binder.address
         shard = Shard(standby.address)
         try:
@@ -944,6 +945,27 @@ async def test_standby_answers_failed_precondition(
         assert await health(binder.address, BINDER) == "SERVING"
 
 
+async def test_a_binder_started_under_the_leaders_name_waits_as_a_standby(
+    store: Store, binder: ServiceHost[BinderConfig], store_url: str, cluster_name: str
+) -> None:
+    """A second process named like the leader (a restart while the first still lives: frozen,
+    or cut off from the store) is another holder: it neither resumes the leader's epoch nor
+    publishes its address, and serves as a standby until the lease is free."""
+    held = await store.get_lease("binder")
+    assert held is not None and held.holder_address == binder.address
+    async with ServiceHost(BinderService, config(store_url, cluster_name, "b1")) as twin:
+        twin_service = twin.service
+        assert isinstance(twin_service, BinderService)
+        await twin_service.informer.wait_synced(timeout=15)
+        await asyncio.sleep(0.6)  # three of its campaign's retries
+        lease = await store.get_lease("binder")
+        assert lease is not None
+        assert (lease.holder, lease.epoch) == (held.holder, held.epoch)
+        assert lease.holder_address == binder.address
+        assert not await leading(twin)
+        assert await leading(binder)
+
+
 async def _eq(value: Awaitable[str], expected: str) -> bool:
     return await value == expected
 
@@ -957,7 +979,7 @@ async def test_lease_loss_aborts_streams_and_campaigns_again(
     assert (await shards[0].decide(unit(a, pods, [("a-0", "n1")])))["a-0"].code == V.BOUND
     lease = await store.get_lease("binder")
     assert lease is not None
-    assert await store.release_lease("binder", "b1", lease.epoch)
+    assert await store.release_lease("binder", lease.holder, lease.epoch)
     # Long enough that the thief still holds it while a loaded machine runs the checks below;
     # short enough for the re-election to follow well within `eventually`.
     ok, stolen = await store.acquire_lease("binder", "thief", 6000, "10.0.0.9:1")
@@ -978,7 +1000,7 @@ async def test_lease_loss_aborts_streams_and_campaigns_again(
     # The thief's lease lapses unrenewed; the binder wins it back with a newer epoch.
     await eventually(lambda: leading(binder), what="re-election")
     again = await store.get_lease("binder")
-    assert again is not None and again.holder == "b1" and again.epoch > stolen.epoch
+    assert again is not None and holder_name(again.holder) == "b1" and again.epoch > stolen.epoch
     shard = Shard(binder.address)
     try:
         assert (await shard.decide(unit(a, pods, [("a-1", "n1")])))["a-1"].code == V.BOUND
@@ -998,7 +1020,7 @@ async def test_fenced_commit_answers_not_leader(
         pods = await submit(store, a)
         lease = await store.get_lease("binder")
         assert lease is not None
-        await store.release_lease("binder", "slow", lease.epoch)
+        assert await store.release_lease("binder", lease.holder, lease.epoch)
         assert (await store.acquire_lease("binder", "thief", 30000))[0]
         shard = Shard(host.address)
         try:
@@ -1068,8 +1090,8 @@ async def test_failover_after_kill_9(store: Store, start_binder: Start) -> None:
     pods = await submit(store, a)
     assert (await bind_via_leader(store, unit(a, pods, [("a-0", "n1")])))["a-0"].code == V.BOUND
 
-    by_name[first.holder].kill()  # SIGKILL: no release, the lease must lapse
-    by_name[first.holder].wait(10)
+    by_name[holder_name(first.holder)].kill()  # SIGKILL: no release, the lease must lapse
+    by_name[holder_name(first.holder)].wait(10)
     started = time.monotonic()
 
     async def taken_over() -> bool:

@@ -8,6 +8,7 @@ import asyncio
 
 from protos.godel.v1 import objects_pb2 as pb
 from store import Store
+from store.lease import holder_name
 from tests import factories as f
 from tests.test_binder import (
     HIGH,
@@ -59,8 +60,8 @@ async def test_kill_9_between_claims_and_binds_leaves_nothing_half_done(
     shard = Shard(first.holder_address)
     for d in decisions:
         await shard.send(d)
-    procs[first.holder].kill()
-    procs[first.holder].wait(10)
+    procs[holder_name(first.holder)].kill()
+    procs[holder_name(first.holder)].wait(10)
     await shard.close()
 
     async def consistent() -> list[str]:

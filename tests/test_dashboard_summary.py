@@ -175,6 +175,9 @@ LEASE_CASES = [
      {"leader": None, "address": None, "epoch": 3}),
     ("held", pb.Lease(name="binder", holder="binder-1", holder_address="127.0.0.1:5", epoch=4),
      {"leader": "binder-1", "address": "127.0.0.1:5", "epoch": 4}),
+    ("held by a process's incarnation", pb.Lease(name="binder", holder="binder-1/9f3a01bc",
+     holder_address="127.0.0.1:5", epoch=5),
+     {"leader": "binder-1", "address": "127.0.0.1:5", "epoch": 5}),
 ]  # fmt: skip
 
 

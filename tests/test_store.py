@@ -26,6 +26,7 @@ from store import (
     Store,
 )
 from store.client import Bind, Create, Delete, Fence, Release, Update
+from store.lease import holder_name, incarnation
 from tests.factories import gpu_job, gpu_node, job, node, pods_of
 
 
@@ -454,6 +455,26 @@ async def test_lease_failover_rejects_the_old_epoch(store: Store) -> None:
     assert (err.value.epoch, err.value.current) == (1, 2)
     assert await snapshot(store) == before
     await store.commit([Create(node("n1"))], fence=Fence("binder", b.epoch))
+
+
+async def test_a_holder_asking_again_keeps_its_epoch_and_gets_its_new_address(
+    store: Store,
+) -> None:
+    """The same holder acquiring a lease it holds (its renewal's reply lost) is a renewal: the
+    epoch stays, and the address it gives now is the one published (it was the first one)."""
+    ok, first = await store.acquire_lease("binder", "a", 10_000, "10.0.0.1:1")
+    assert ok and first.holder_address == "10.0.0.1:1"
+    ok, again = await store.acquire_lease("binder", "a", 10_000, "10.0.0.2:2")
+    assert ok and again.epoch == first.epoch and again.holder_address == "10.0.0.2:2"
+    observed = await store.get_lease("binder")
+    assert observed is not None and observed.holder_address == "10.0.0.2:2"
+
+
+def test_incarnations_of_one_name_are_different_holders_of_that_name() -> None:
+    one, other = incarnation("binder-0"), incarnation("binder-0")
+    assert one != other
+    assert holder_name(one) == holder_name(other) == "binder-0"
+    assert holder_name("binder-0") == "binder-0"  # a holder id without a token
 
 
 async def test_expired_lease_fences_even_its_own_holder(store: Store) -> None:

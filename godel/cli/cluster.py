@@ -18,6 +18,7 @@ from godel import client, local
 from godel.cli import output
 from godel.cli.common import home_option
 from godel.cli.output import OutputFormat, age, fail, print_json, print_table
+from store.lease import holder_name
 
 INSECURE_WARNING = (
     "WARNING: INSECURE CLUSTER (started with --insecure): gRPC is plaintext and "
@@ -234,7 +235,7 @@ def status(home: Path | None, output: str) -> None:
         fail(str(exc))
     if state is not None and state.insecure:
         click.echo(INSECURE_WARNING, err=True)
-    leader = lease.holder if lease is not None else ""
+    leader = holder_name(lease.holder) if lease is not None else ""
     if output == OutputFormat.json:
         print_json(
             [

@@ -18,7 +18,7 @@ from services.peers.binder import LEADER_METADATA_KEY, LEASE
 from store.client import Fence, Store
 from store.errors import FencedError, StoreUnavailableError
 from store.informer import Informer
-from store.lease import LeaseKeeper, Leases
+from store.lease import LeaseKeeper, Leases, incarnation
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +58,9 @@ class Leadership:
         # work is answered (``step_down_if_fenced``), so the shard learns why.
         self.fenced_by: FencedError | None = None
         self._address = ""
+        # This process's holder id: its name and a token, so a Binder started again under the
+        # same name never resumes its predecessor's epoch.
+        self.holder = incarnation(config.name)
 
     @property
     def is_leader(self) -> bool:
@@ -72,7 +75,7 @@ class Leadership:
         self.elector = LeaseKeeper(
             lambda: Leases.connect(url, cluster=cluster, max_connections=4),
             LEASE,
-            self.config.name,
+            self.holder,
             address=address,
             lease_ms=self.config.lease_ms,
             renew_every_ms=self.config.renew_ms,

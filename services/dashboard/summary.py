@@ -30,6 +30,7 @@ from placement.reservations import expires_ms, holds_room
 from placement.resources import MILLI_PER_CARD, Quantities
 from placement.room import NodeRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
+from store.lease import holder_name
 from store.nodes import Heartbeats
 from store.pulse import last_beat_ms
 
@@ -521,7 +522,11 @@ def reservation_summary(reservations: Iterable[pb.Reservation]) -> dict[str, Any
 def lease_summary(lease: pb.Lease | None) -> dict[str, Any]:
     if lease is None or not lease.holder:
         return {"leader": None, "address": None, "epoch": lease.epoch if lease else 0}
-    return {"leader": lease.holder, "address": lease.holder_address, "epoch": lease.epoch}
+    return {
+        "leader": holder_name(lease.holder),
+        "address": lease.holder_address,
+        "epoch": lease.epoch,
+    }
 
 
 def _resources(r: pb.Resources) -> dict[str, int]:

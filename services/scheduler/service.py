@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import signal
 import time
 from collections import deque
@@ -60,7 +59,7 @@ from store.errors import (
     StoreError,
 )
 from store.informer import Handlers, Informer
-from store.lease import Fence, Leases
+from store.lease import Fence, Leases, incarnation
 from store.ops import Create, Delete, Update
 from store.pulse import ShardHeartbeats, ShardPulse
 
@@ -419,7 +418,7 @@ class SchedulerService(Service[SchedulerConfig]):
             self.store,
             lambda: Leases.connect(url, cluster=cluster, max_connections=4),
             config.shard_names(),
-            f"{config.name}/{secrets.token_hex(4)}",
+            incarnation(config.name),
             lease_ms=config.lease_ms,
             renew_ms=config.renew_ms,
             spare=bool(config.standby_for),

@@ -19,7 +19,10 @@ local ok = 0
 if action == 'acquire' then
   local duration = tonumber(ARGV[4])
   if live and cur_holder == holder then
-    redis.call('HSET', key, 'renewed_ms', now, 'expires_ms', now + duration, 'duration_ms', duration)
+    -- The holder asking again (its renewal's reply lost, say): the same epoch, at the address
+    -- it gives now.
+    redis.call('HSET', key, 'address', ARGV[5], 'renewed_ms', now, 'expires_ms', now + duration,
+      'duration_ms', duration)
     ok = 1
   elseif not live then
     redis.call('HINCRBY', key, 'epoch', 1)

@@ -17,6 +17,7 @@ import pytest
 
 from godel.client import ClientError, ProtoClient
 from protos.godel.v1 import objects_pb2 as pb
+from store.lease import holder_name
 from store.server import StoreServer, StoreServerError
 from tests.e2e.conftest import Cluster, wait_until
 from tests.factories import job as make_job
@@ -128,7 +129,9 @@ def test_binder_leader_kill9_fails_over_without_loss(make_cluster: Callable[...,
     leader = wait_until(
         lambda: cluster.run_store(lambda s: s.get_lease("binder")), what="a binder leader"
     )
-    leader_record = next(c for c in cluster.state.components if c.name == leader.holder)
+    leader_record = next(
+        c for c in cluster.state.components if c.name == holder_name(leader.holder)
+    )
     stop = threading.Event()
     names: list[str] = []
     submitter = threading.Thread(

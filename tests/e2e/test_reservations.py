@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from protos.godel.v1 import objects_pb2 as pb
+from store.lease import holder_name
 from tests.e2e.conftest import Cluster, wait_until
 from tests.e2e.test_rescheduler_faults import kill9
 
@@ -161,7 +162,7 @@ def test_a_reservation_without_a_node_is_placed_by_the_shards_and_committed_by_t
     [free] = [n for n in nodes if n != taken]
     leader = cluster.run_store(lambda s: s.get_lease("binder"))
     kill9(cluster.component("scheduler-0").pid)
-    kill9(cluster.component(leader.holder).pid)
+    kill9(cluster.component(holder_name(leader.holder)).pid)
     created = cluster.godel(
         "apply",
         "-f",
