@@ -81,7 +81,7 @@ from typing import Any
 import psutil
 import redis
 
-from bench.harness import _StoreProbe, machine, percentile
+from bench.harness import INIT_IN_FLIGHT, _StoreProbe, machine, percentile
 from foundation.retry import Backoff, Retry
 from godel import local
 from godel.audit import audit
@@ -634,31 +634,21 @@ def prefill_jobs(pods: int, job_size: int) -> list[pb.Job]:
 
 def prefill(client: ProtoClient, store_url: str, pods: int, job_size: int) -> float:
     """Fill the cluster with ``pods`` long-running pods through the public API and wait until
-    the store holds a claim for each; the seconds it took. Progress on stderr. A call that
-    fails (a deadline on a busy machine) is sent again under its request id, as a careful
-    client does: the Dispatcher answers a repeat with what the first did."""
+    the store holds a claim for each; the seconds it took. Progress on stderr. Paced as the
+    bench's init phase is: no more than ``INIT_IN_FLIGHT`` pods submitted and not yet bound, under
+    the queue's admission limit (``max_pending_pods``, 200,000 by default). A call that fails (a
+    deadline on a busy machine) is sent again under its request id, as a careful client does:
+    the Dispatcher answers a repeat with what the first did."""
     started = time.monotonic()
+    deadline = started + _PREFILL_SECONDS_PER_POD * pods + 300
     jobs = prefill_jobs(pods, job_size)
-    for first in range(0, len(jobs), _PREFILL_JOBS_PER_CALL):
-        batch = jobs[first : first + _PREFILL_JOBS_PER_CALL]
-        request_id = f"prefill-{batch[0].metadata.name}"
-        for attempt in range(_PREFILL_ATTEMPTS):
-            try:
-                results = client.submit(batch, request_id=request_id).results
-                break
-            except ClientError:
-                if attempt == _PREFILL_ATTEMPTS - 1:
-                    raise
-                time.sleep(1.0)
-        for result in results:
-            if not (result.created or result.existing):
-                violations = "; ".join(f"{v.field}: {v.description}" for v in result.violations)
-                raise RuntimeError(f"a prefill job was refused: {violations}")
     probe = _StoreProbe(store_url)
-    try:
-        reported = 0.0
-        while (bound := probe.claims()) < pods:
-            if time.monotonic() - started > _PREFILL_SECONDS_PER_POD * pods + 300:
+    reported = 0.0
+
+    def wait_for_claims(at_least: int) -> None:
+        nonlocal reported
+        while (bound := probe.claims()) < at_least:
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"prefill: only {bound:,} of {pods:,} pods bound in time")
             if time.monotonic() - reported > 10:
                 reported = time.monotonic()
@@ -666,7 +656,28 @@ def prefill(client: ProtoClient, store_url: str, pods: int, job_size: int) -> fl
                     f"prefill: {bound:,} of {pods:,} pods bound "
                     f"({time.monotonic() - started:.0f}s)\n"
                 )
-            time.sleep(1.0)
+            time.sleep(0.5)
+
+    try:
+        submitted = 0
+        for first in range(0, len(jobs), _PREFILL_JOBS_PER_CALL):
+            wait_for_claims(submitted - INIT_IN_FLIGHT)
+            batch = jobs[first : first + _PREFILL_JOBS_PER_CALL]
+            request_id = f"prefill-{batch[0].metadata.name}"
+            for attempt in range(_PREFILL_ATTEMPTS):
+                try:
+                    results = client.submit(batch, request_id=request_id).results
+                    break
+                except ClientError:
+                    if attempt == _PREFILL_ATTEMPTS - 1:
+                        raise
+                    time.sleep(1.0)
+            for result in results:
+                if not (result.created or result.existing):
+                    violations = "; ".join(f"{v.field}: {v.description}" for v in result.violations)
+                    raise RuntimeError(f"a prefill job was refused: {violations}")
+            submitted += sum(job.spec.replicas for job in batch)
+        wait_for_claims(pods)
     finally:
         probe.close()
     return round(time.monotonic() - started, 1)
