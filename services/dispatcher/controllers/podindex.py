@@ -183,6 +183,10 @@ class PodIndex:
         # Each pod on a node that holds no claim in ``claims`` (every pod on a node without
         # ``claims``), by name.
         self._placed: dict[str, Placed] = {}
+        # Their names, as the informer asks for them on every pod event it has no bytes of
+        # (``placed_names``): one collection over two live views, made once.
+        claimed = claims.claimed_pods() if claims is not None else ()
+        self._placed_names = _PlacedNames(claimed, self._placed.keys())
         # Per node, the pods of ``_placed`` holding a claim there (without ``claims`` only).
         self._claims_on_node: dict[str, int] = {}
         # Each subscriber's feed, what it ignores of a job's own updates, and whether it takes
@@ -210,10 +214,7 @@ class PodIndex:
 
     def placed_names(self, kind: str) -> Collection[str]:
         """The pods kept as records, not by the informer (``held_elsewhere``)."""
-        if kind != "Pod":
-            return ()
-        claimed = self._claims.claimed_pods() if self._claims is not None else ()
-        return _PlacedNames(claimed, self._placed.keys())
+        return self._placed_names if kind == "Pod" else ()
 
     def recall(self, kind: str, name: str) -> StoredObject:
         """A pod kept as a record, as its outline (``recall``): what handlers read of a pod

@@ -290,6 +290,7 @@ class UnitDispatcher:
                 settings.infeasible_recheck_seconds,
             ),
             FAIRNESS[settings.queue_fairness],
+            encoded_jobs=self._encoded_job,
         )
         # Every tracked unit, whatever its state (the queue's table, shared).
         self.units = self.queue.units
@@ -361,6 +362,9 @@ class UnitDispatcher:
     def _job(self, name: str) -> pb.Job | None:
         job = self.informer.get("Job", name)
         return job if isinstance(job, pb.Job) else None
+
+    def _encoded_job(self, name: str) -> bytes | None:
+        return self.informer.encoded("Job", name)
 
     def _queue_object(self, name: str) -> pb.Queue | None:
         queue = self.informer.get("Queue", name)
@@ -738,8 +742,11 @@ class UnitDispatcher:
 
     def _send(self, entry: UnitEntry, unit: PendingUnit, link: ShardLink) -> OutgoingUnit:
         """Count the unit as the shard's and return what its message carries."""
-        job = self.informer.get("Job", entry.job)
-        assert isinstance(job, pb.Job)
+        # Its stored bytes, laid into the shard's message undecoded (``encoding.py``).
+        job: pb.Job | bytes | None = self.informer.encoded("Job", entry.job)
+        if job is None:  # an informer that holds jobs decoded
+            job = self.informer.get("Job", entry.job)
+            assert isinstance(job, pb.Job)
         pods = list(entry.pods.items())  # as they are now; ordered when encoded
         link.credits -= len(pods)
         link.hold(entry.job, len(pods), unit.pool, unit.requests)

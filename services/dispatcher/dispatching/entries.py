@@ -71,10 +71,11 @@ class UnitEntry:
     waiting_for_room: bool = False
     # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
     in_heap: bool = False
-    # The last ``UnitQueue.view`` of it and the version of the Job it was made from: good while
-    # the job is at that version and the pod count is the same. A unit is viewed when queued
-    # and again when offered; building one is most of the round's cost per unit.
-    view: tuple[int, PendingUnit] | None = None
+    # The last ``UnitQueue.view`` of it and the version of the Job it was made from (its
+    # stored bytes, when the queue reads jobs encoded: ``EncodedJobLookup``): good while the
+    # job is the same and so is the pod count. A unit is viewed when queued and again when
+    # offered; building one is most of the round's cost per unit.
+    view: tuple[int | bytes, PendingUnit] | None = None
 
 
 _new_tuple = tuple.__new__
@@ -223,4 +224,6 @@ def is_pending(pod: pb.Pod) -> bool:
 
 
 JobLookup = Callable[[str], pb.Job | None]
+# A job's bytes as its holder keeps them encoded (the informer's ``encoded``); None: unknown.
+EncodedJobLookup = Callable[[str], bytes | None]
 QueueLookup = Callable[[str], pb.Queue | None]

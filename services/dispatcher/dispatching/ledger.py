@@ -16,6 +16,8 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import Claim, QueueLookup, UnitEntry, shared_int
 from services.dispatcher.dispatching.queueing import PendingUnit
 
+_new_tuple = tuple.__new__
+
 # A claim's node and job, read by C (``QuotaLedger.sum_listed``).
 _CLAIM_NODE = itemgetter(Claim._fields.index("node"))
 _CLAIM_JOB = itemgetter(Claim._fields.index("job"))
@@ -108,15 +110,27 @@ class QuotaLedger:
         if old is None:
             return False
         status = pod.status
-        self._room.claim(
-            old.name,
-            old._replace(
-                priority=shared_int(pod.spec.priority),
-                started_ms=status.started_ms,
-                deleting=bool(pod.metadata.deletion_timestamp_ms),
-                phase=status.phase,
+        name, queue, pool, requests, _, _, _, node, job, pod_index, _, owner = old
+        # tuple.__new__ straight, as ``Claim.from_parts`` makes them: ``_replace`` is a Python
+        # function taking keywords (a third of a bound pod's start as the dispatcher sees it).
+        new = _new_tuple(
+            Claim,
+            (
+                name,
+                queue,
+                pool,
+                requests,
+                shared_int(pod.spec.priority),
+                status.started_ms,
+                bool(pod.metadata.deletion_timestamp_ms),
+                node,
+                job,
+                pod_index,
+                status.phase,
+                owner,
             ),
         )
+        self._room.claim(name, new)
         self.room_freed = True
         return True
 

@@ -28,6 +28,7 @@ from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import (
     BackoffSettings,
     Claim,
+    EncodedJobLookup,
     JobLookup,
     PendingRef,
     QueueLookup,
@@ -303,7 +304,11 @@ class UnitQueue:
         queues: QueueLookup,
         backoff: BackoffSettings,
         fairness: Fairness | None = None,
+        encoded_jobs: EncodedJobLookup | None = None,
     ) -> None:
+        """``encoded_jobs``: the jobs' stored bytes, when ``jobs`` decodes them (the
+        dispatcher's informer): a unit's view is then kept while its job's bytes are the
+        same, without decoding it (``QueueHeaps.view``)."""
         self.jobs = jobs
         self.queues = queues
         self.backoff = backoff
@@ -316,7 +321,9 @@ class UnitQueue:
         self._seq = 0
         ledger = self._ledger = QuotaLedger(queues)
         figures = self._figures = QueueFigures(ledger)
-        heaps = self._heaps = QueueHeaps(jobs, queues, self.units, figures.set_state)
+        heaps = self._heaps = QueueHeaps(
+            jobs, queues, self.units, figures.set_state, encoded_jobs
+        )
         waits = self._waits = Waits(backoff, self.units, self._by_queue)
         rounds = self._rounds = Rounds(
             heaps,
