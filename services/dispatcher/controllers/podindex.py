@@ -409,11 +409,25 @@ class PodIndex:
                 self._put(obj)
                 return
             # Its job's group holds it already (every update of a pod but a rare rewrite).
-            if old.spec.node_name or obj.spec.node_name:
-                self._unplace(old)
+            old_node, node = old.spec.node_name, obj.spec.node_name
+            if old_node and old_node == node and self._claims is not None:
+                # On the same node before and after: a record of its own only if it holds no
+                # claim (the ledger's claim is its record, and stays one while it holds it:
+                # bound -> running, most updates of a pod on a node).
+                name = obj.metadata.name
+                if (
+                    self._claims.claim_of(name) is None
+                    or not holds_claim(obj)
+                    or name in self._placed
+                ):
+                    self._unplace(old)
+                    self._place(obj, name)
+            elif old_node or node:
+                if old_node:
+                    self._unplace(old)  # a pending pod has no record to drop
                 name = obj.metadata.name
                 kept = self._place(obj, name)
-                if job and kept is not name and not old.spec.node_name:
+                if job and kept is not name and not old_node:
                     # Just bound: its group takes the claim's string (one string per pod).
                     self.by_job.discard(job, name)
                     self.by_job.add(job, kept)

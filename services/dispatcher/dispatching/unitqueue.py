@@ -452,6 +452,14 @@ class UnitQueue:
             self._figures.pod_left(entry)
         return claim is not None
 
+    def take_pending(self, pod: str, job: str) -> UnitEntry | None:
+        """A pending pod of ``job``'s unit left it (bound: ``remove_pod`` of a pod known to
+        hold no claim). Returns the unit, which stays until ``drop_if_empty``."""
+        entry = self.units.get(job)
+        if entry is not None and entry.pods.pop(pod, None) is not None:
+            self._figures.pod_left(entry)
+        return entry
+
     def drop_if_empty(self, job: str) -> None:
         # A dispatched unit stays tracked until its shard reports on it (it counts as load).
         entry = self.units.get(job)
