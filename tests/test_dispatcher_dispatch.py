@@ -24,6 +24,7 @@ from services.dispatcher.dispatching.encoding import (
 from services.dispatcher.dispatching.unitqueue import PendingRef
 from store import Store
 from store.client import Bind
+from store.kinds import with_resource_version
 from tests import factories as f
 from tests.dispatcher_harness import (
     Running,
@@ -568,3 +569,28 @@ def test_a_units_pods_go_by_index_whatever_order_they_came_in(
     (unit,) = ipb.DispatchMessage.FromString(wire).units.units
     assert [p.index for p in unit.pods] == sorted(indexes)
     assert [p.name for p in unit.pods] == [f"u-{i}" for i in sorted(indexes)]
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_a_unit_encoded_from_its_jobs_stored_bytes_is_the_message_it_always_was(
+    listed: bool,
+) -> None:
+    """The dispatch round hands the writer the job's bytes as the informer keeps them (its
+    resource version set as an event's object has it, or appended as a listing's has it):
+    the shard gets the same message as from the job decoded."""
+    unit = _outgoing("j", 3)
+    job = unit.job
+    assert isinstance(job, pb.Job)
+    job.metadata.resource_version = 41
+    if listed:
+        stored = pb.Job()
+        stored.CopyFrom(job)
+        stored.metadata.resource_version = 0
+        data = with_resource_version(stored.SerializeToString(), 41)
+    else:
+        data = job.SerializeToString()
+    small = _outgoing("k", 1)
+    decoded = unit_messages([unit, small], 5000)
+    from_bytes = unit_messages([unit._replace(job=data), small], 5000)
+    assert from_bytes == decoded
+    assert from_bytes[0].units.units[0].job.metadata.resource_version == 41

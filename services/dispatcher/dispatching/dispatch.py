@@ -745,8 +745,8 @@ class UnitDispatcher:
         # Its stored bytes, laid into the shard's message undecoded (``encoding.py``).
         job: pb.Job | bytes | None = self.informer.encoded("Job", entry.job)
         if job is None:  # an informer that holds jobs decoded
-            job = self.informer.get("Job", entry.job)
-            assert isinstance(job, pb.Job)
+            job = self._job(entry.job)
+            assert job is not None
         pods = list(entry.pods.items())  # as they are now; ordered when encoded
         link.credits -= len(pods)
         link.hold(entry.job, len(pods), unit.pool, unit.requests)

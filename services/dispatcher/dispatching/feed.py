@@ -136,11 +136,7 @@ class ViewFeed:
                 # only the claim's start. Forget + track would give the same, at twice the cost.
                 self.queue.drop_if_empty(old.spec.job)
                 return
-            if (
-                isinstance(old, pb.Pod)
-                and isinstance(new, pb.Pod)
-                and self._just_bound(old, new)
-            ):
+            if isinstance(old, pb.Pod) and isinstance(new, pb.Pod) and self._just_bound(old, new):
                 return
             # An update is forget + track; the unit must not be dropped in between, or a one-pod
             # unit would lose its state (backoff, infeasible) whenever its pod changes, e.g.

@@ -321,9 +321,7 @@ class UnitQueue:
         self._seq = 0
         ledger = self._ledger = QuotaLedger(queues)
         figures = self._figures = QueueFigures(ledger)
-        heaps = self._heaps = QueueHeaps(
-            jobs, queues, self.units, figures.set_state, encoded_jobs
-        )
+        heaps = self._heaps = QueueHeaps(jobs, queues, self.units, figures.set_state, encoded_jobs)
         waits = self._waits = Waits(backoff, self.units, self._by_queue)
         rounds = self._rounds = Rounds(
             heaps,
