@@ -1068,3 +1068,29 @@ def test_a_units_view_is_kept_while_its_jobs_bytes_are_the_same() -> None:
     assert changed is not None and changed.priority == 5  # the job changed: made again
     del jobs["a"]
     assert uq.view(entry) is None  # its job unknown: nothing to schedule it as
+
+
+# (case, the queue's change, whether its queued units are keyed again, the order sent)
+QUEUE_CHANGE_CASES: list[tuple[str, int, bool, list[str]]] = [
+    ("its status written: the order as it was", pb.SORT_FIFO, False, ["low", "high"]),
+    ("fifo to priority: keyed again", pb.SORT_PRIORITY, True, ["high", "low"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sort", "rekeyed", "order"), [c[1:] for c in QUEUE_CHANGE_CASES])
+def test_a_queue_change_rekeys_its_units_only_when_its_sort_policy_differs(
+    sort: int, rekeyed: bool, order: list[str]
+) -> None:
+    w = World()
+    w.queue("q", sort=pb.SORT_FIFO)
+    w.submit("low", queue="q", priority=1, created=1)
+    w.submit("high", queue="q", priority=9, created=2)
+    heap_before = list(w.uq._heaps._heaps["q"])
+    changed = pb.Queue()
+    changed.CopyFrom(w.queues["q"])
+    changed.spec.sort_policy = sort  # type: ignore[assignment]
+    changed.status.pending_units = 2  # what the queue status controller writes
+    w.queues["q"] = changed
+    w.uq.queue_changed("q")
+    assert (w.uq._heaps._heaps["q"] != heap_before) is rekeyed
+    assert w.take() == order

@@ -150,6 +150,16 @@ class QueueHeaps:
         units = self.queued(entry.queue)
         return next((i + 1 for i, u in enumerate(units) if u is entry), 0)
 
+    def policy_changed(self, queue: str) -> bool:
+        """Whether the queue's stored sort policy is another than its units are keyed by (a
+        Queue changed: most changes are its status, written every second while it has work,
+        and leave the order as it is)."""
+        kept = self._policies.get(queue)
+        if kept is None:
+            return True
+        obj = self._queues(queue)
+        return policy_for(obj.spec.sort_policy if obj is not None else 0) is not kept
+
     def clear(self, queue: str) -> list[UnitEntry]:
         """Empty the queue's heap and forget its policy (the queue changed): its QUEUED units,
         in their old order and marked out of the heap, for the caller to push again."""

@@ -20,9 +20,9 @@ import heapq
 from collections.abc import Callable, Iterable
 from fractions import Fraction
 
-from placement.claims import holds_claim
+from placement.claims import CLAIM_PHASES
 from placement.nodeinfo import GUARANTEED
-from placement.quotas import queue_of
+from placement.quotas import DEFAULT_QUEUE
 from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import (
@@ -64,6 +64,8 @@ __all__ = [
     "UnitState",
     "is_pending",
 ]
+
+_new_tuple = tuple.__new__
 
 # A queue stops for the round after this many of its units found no room (quota or shard
 # credits), so a long queue of units too large for the shards left costs a bounded round.
@@ -418,23 +420,27 @@ class UnitQueue:
     def add_pod(self, pod: pb.Pod, now_ms: int) -> bool:
         """Count a pod: its claim towards its queue's usage, and if pending, into its job's
         unit. True when a unit joined its queue's heap (a round may send it)."""
-        if holds_claim(pod):
-            self._ledger.claim(Claim.of(pod))
-            return False  # not pending: a pod holding a claim is bound
-        if not is_pending(pod):
+        # Each field read once (``holds_claim``, ``is_pending``): every pod created comes here.
+        spec, status = pod.spec, pod.status
+        phase = status.phase
+        if spec.node_name:
+            if phase in CLAIM_PHASES:
+                self._ledger.claim(Claim.of(pod))
+            return False  # not pending: a pod on a node is bound, or was
+        if phase != pb.POD_PENDING:
             return False
-        name = pod.metadata.name
-        entry = self.units.get(pod.spec.job)
+        meta = pod.metadata
+        name, job = meta.name, spec.job
+        entry = self.units.get(job)
         if entry is None:
             self._seq += 1
-            entry = UnitEntry(pod.spec.job, queue_of(pod), self._seq, now_ms)
-            self.units[pod.spec.job] = entry
-            self._by_queue.setdefault(entry.queue, {})[entry.job] = entry
+            entry = UnitEntry(job, spec.queue or DEFAULT_QUEUE, self._seq, now_ms)
+            self.units[job] = entry
+            self._by_queue.setdefault(entry.queue, {})[job] = entry
         if name not in entry.pods:
             self._figures.pod_joined(entry)
-        entry.pods[name] = PendingRef(
-            pod.metadata.uid, pod.metadata.resource_version, pod.spec.index
-        )
+        # tuple.__new__ straight: the NamedTuple's __new__ binds its arguments in Python.
+        entry.pods[name] = _new_tuple(PendingRef, (meta.uid, meta.resource_version, spec.index))
         if entry.state == UnitState.QUEUED and not entry.in_heap:
             self.enqueue(entry)
             return True
@@ -487,7 +493,11 @@ class UnitQueue:
     # -----------------------------------------------------------------------------------------
 
     def queue_changed(self, queue: str) -> None:
-        """A queue was created or changed (its sort policy may differ): re-key its heap."""
+        """A queue was created or changed: re-key its heap if its sort policy differs (a pass
+        over its queued units; its status written, every second while it has work, changes
+        nothing of their order)."""
+        if not self._heaps.policy_changed(queue):
+            return
         for entry in self._heaps.clear(queue):
             self.enqueue(entry)
 
