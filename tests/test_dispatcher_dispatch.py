@@ -16,14 +16,16 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.dispatch import DispatchSettings, ShardLink, UnitDispatcher
 from services.dispatcher.dispatching.encoding import (
     OutgoingUnit,
     encoded_messages,
     unit_messages,
 )
-from services.dispatcher.dispatching.unitqueue import PendingRef
+from services.dispatcher.dispatching.unitqueue import PendingRef, UnitState
 from store import Store
 from store.client import Bind
+from store.informer import Informer
 from store.kinds import with_resource_version
 from tests import factories as f
 from tests.dispatcher_harness import (
@@ -594,3 +596,36 @@ def test_a_unit_encoded_from_its_jobs_stored_bytes_is_the_message_it_always_was(
     from_bytes = unit_messages([unit._replace(job=data), small], 5000)
     assert from_bytes == decoded
     assert from_bytes[0].units.units[0].job.metadata.resource_version == 41
+
+
+@pytest.mark.parametrize("bind_seen_first", [True, False])
+async def test_a_done_unit_waits_for_the_view_only_while_its_pods_are_pending_in_it(
+    store: Store, bind_seen_first: bool
+) -> None:
+    """``UNIT_DONE``: a unit whose pods the view shows bound already (the feed was quicker than
+    the shard's outcome) is dropped at once, with no wait for the view (a store read); one
+    whose pods are still pending in the view settles first, then is dropped."""
+    informer = Informer(store, UnitDispatcher.KINDS)
+    core = UnitDispatcher(store, informer, DispatchSettings(), dial=None)  # type: ignore[arg-type]
+    job = f.job("a", cpu=100)
+    job.metadata.resource_version = 3
+    informer.cache["Job"]["a"] = job
+    (pod,) = f.pods_of(job)
+    core.feed.on_add("Pod", pod)
+    link = ShardLink("s0", "x", credits=10, capacity=10, ready=True)
+    core.links["s0"] = link
+    core.dispatch_round()
+    assert core.units["a"].state == UnitState.DISPATCHED
+    placed = pb.Pod()
+    placed.CopyFrom(pod)
+    placed.spec.node_name, placed.status.phase = "n1", pb.POD_BOUND
+    if bind_seen_first:
+        core.feed.on_update("Pod", pod, placed)
+    core._on_outcome(link, ipb.UnitOutcome(job="a", code=ipb.UNIT_DONE))
+    assert ("a" in core.settler._jobs) is not bind_seen_first
+    assert ("a" in core.units) is not bind_seen_first
+    if not bind_seen_first:
+        assert core.units["a"].state == UnitState.SETTLING  # until the view caught up
+        core.feed.on_update("Pod", pod, placed)  # its bind: nothing pending, dropped
+        assert "a" not in core.units
+        assert core.queue.settled("a") is False

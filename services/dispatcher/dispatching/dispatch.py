@@ -628,7 +628,11 @@ class UnitDispatcher:
             )
         else:
             self.queue.succeeded(entry)
-            self.settler.add(entry)
+            if entry.pods:
+                # Pods still pending in our view: they wait for it to catch up (a store read
+                # per batch). None (its binds seen already, most one-pod units): nothing to
+                # settle, and the unit is dropped below.
+                self.settler.add(entry)
         self.queue.drop_if_empty(entry.job)
         self._kick.set()
 
