@@ -629,3 +629,25 @@ async def test_a_done_unit_waits_for_the_view_only_while_its_pods_are_pending_in
         core.feed.on_update("Pod", pod, placed)  # its bind: nothing pending, dropped
         assert "a" not in core.units
         assert core.queue.settled("a") is False
+
+
+@pytest.mark.parametrize("slice_pods", [1, 2, 5000])
+def test_one_pod_units_are_encoded_as_the_message_they_always_were(slice_pods: int) -> None:
+    """A one-pod unit is encoded in one piece (its pod in the unit's head): the same message,
+    and a turn for the loop after every ``slice_pods`` pods as before."""
+    units = [_outgoing(f"j{i}", 1) for i in range(4)]
+    units[1] = units[1]._replace(job=units[1].job.SerializeToString())  # type: ignore[union-attr]
+    parts = list(encoded_messages(units, 5000, slice_pods=slice_pods))
+    assert parts[:-1] == [None] * (4 // slice_pods if slice_pods <= 4 else 0)
+    wire = parts[-1]
+    assert isinstance(wire, bytes)
+    sent = ipb.DispatchMessage.FromString(wire).units.units
+    expected = ipb.UnitBatch()
+    for unit in units:
+        one = expected.units.add(already_bound=unit.already_bound, enqueued_ms=unit.enqueued_ms)
+        one.job.CopyFrom(unit.job if isinstance(unit.job, pb.Job) else pb.Job.FromString(unit.job))
+        for name, ref in unit.pods:
+            one.pods.add(
+                name=name, uid=ref.uid, resource_version=ref.resource_version, index=ref.pod_index
+            )
+    assert list(sent) == list(expected.units)

@@ -56,6 +56,24 @@ def encoded_messages(
             yield _dispatch_message(batch)
             batch, pods = [], 0
         head = ipb.Unit(already_bound=out.already_bound, enqueued_ms=out.enqueued_ms)
+        if len(out.pods) == 1:
+            # A one-pod unit (most units of online traffic): its pod in the head, one message
+            # serialized, no slices to lay out or to turn the loop between.
+            name, ref = out.pods[0]
+            head.pods.add(
+                name=name, uid=ref.uid, resource_version=ref.resource_version, index=ref.pod_index
+            )
+            if isinstance(out.job, bytes):
+                batch.append(_field(_UNIT_JOB, out.job) + head.SerializeToString())
+            else:
+                head.job.CopyFrom(out.job)
+                batch.append(head.SerializeToString())
+            pods += 1
+            encoded += 1
+            if encoded >= slice_pods:
+                encoded = 0
+                yield None
+            continue
         if isinstance(out.job, bytes):
             parts = [_field(_UNIT_JOB, out.job), head.SerializeToString()]
         else:
