@@ -1094,3 +1094,28 @@ def test_a_queue_change_rekeys_its_units_only_when_its_sort_policy_differs(
     w.uq.queue_changed("q")
     assert (w.uq._heaps._heaps["q"] != heap_before) is rekeyed
     assert w.take() == order
+
+
+# (case, the queue's max before, after its change, sent before, sent after)
+LIMIT_CHANGE_CASES: list[tuple[str, int, int, list[str], list[str]]] = [
+    ("max raised: the held unit goes", 100, 1000, ["a"], ["b"]),
+    ("max lowered: the next unit is held", 1000, 100, ["a"], []),
+    ("max removed: unlimited", 100, 0, ["a"], ["b"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "sent_before", "sent_after"), [c[1:] for c in LIMIT_CHANGE_CASES]
+)
+def test_a_queues_max_is_read_again_once_the_queue_changes(
+    before: int, after: int, sent_before: list[str], sent_after: list[str]
+) -> None:
+    """The maxima a unit is judged against are kept per queue until a Queue changes
+    (``UnitQueue.queue_changed``, the feed's on every Queue event), then read again."""
+    w = World()
+    w.queue("q", quota=pb.Resources(milli_cpu=before))
+    w.submit("a", queue="q", cpu=100, created=1)
+    w.submit("b", queue="q", cpu=100, created=2)
+    assert w.take(accept=1) == sent_before  # the queue's max read (and kept)
+    w.queue("q", quota=pb.Resources(milli_cpu=after) if after else None)
+    assert w.take() == sent_after

@@ -59,6 +59,8 @@ from store.informer import Handlers, Informer
 
 log = structlog.get_logger(__name__)
 
+_new_tuple = tuple.__new__
+
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _DISPATCH_METHOD = "/godel.v1.Scheduler/Dispatch"
 RECONNECT_SECONDS = 1.0
@@ -115,7 +117,10 @@ class ShardLink:
         self.load += pods
         if requests is not None:
             self.asks[job] = (pool, requests)
-            self.reserved.setdefault(pool, Quantities()).add(requests)
+            held = self.reserved.get(pool)
+            if held is None:  # not setdefault: a Quantities made per unit, kept for none
+                held = self.reserved[pool] = Quantities()
+            held.add(requests)
 
     def settle(self, job: str) -> None:
         self.load -= self.undecided.pop(job, 0)
@@ -755,7 +760,10 @@ class UnitDispatcher:
         link.credits -= len(pods)
         link.hold(entry.job, len(pods), unit.pool, unit.requests)
         self.queue.dispatched(entry, link.name, unit)
-        return OutgoingUnit(job, pods, self.feed.bound_pods(entry.job), entry.enqueued_ms)
+        # tuple.__new__ straight: the NamedTuple's __new__ binds its arguments in Python.
+        return _new_tuple(
+            OutgoingUnit, (job, pods, self.feed.bound_pods(entry.job), entry.enqueued_ms)
+        )
 
     def _flush(self, link: ShardLink, units: list[OutgoingUnit]) -> None:
         link.outbox.put_nowait(units)  # encoded by the link's writer, in slices

@@ -9,7 +9,7 @@ from collections.abc import Collection, Iterator, KeysView, Mapping
 from operator import itemgetter
 
 from placement.nodeinfo import GUARANTEED, POOLS
-from placement.quotas import ancestors, held_below, hierarchy_excess, quota_of
+from placement.quotas import ancestors, excess_under, held_below, lineage, maxima, quota_of
 from placement.resources import Quantities
 from placement.room import PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
@@ -44,6 +44,9 @@ class QuotaLedger:
         self._listed: list[Claim] = []
         # Per node, how many pods hold a claim on it (node lifecycle: the nodes to look at).
         self._on_node: dict[str, int] = {}
+        # Per queue, the maxima over its lineage (``placement.quotas.maxima``), until a Queue
+        # changes.
+        self._limits: dict[str, list[tuple[str, pb.Resources]]] = {}
         # A claim was released since the last round (room freed).
         self.room_freed = False
 
@@ -178,7 +181,10 @@ class QuotaLedger:
         """The unit was dispatched: its requests count against quota and room until it ends."""
         entry.reserved = unit.requests
         entry.reserved_pool = unit.pool
-        self._inflight.setdefault(entry.queue, Quantities()).add(unit.requests)
+        inflight = self._inflight.get(entry.queue)
+        if inflight is None:  # not setdefault: a Quantities made per unit, kept for none
+            inflight = self._inflight[entry.queue] = Quantities()
+        inflight.add(unit.requests)
         self._room.hold(unit.pool, unit.requests)
         self._held[unit.pool].add(unit.requests)
 
@@ -198,6 +204,11 @@ class QuotaLedger:
         """The queue's max (``spec.quota``), None when it has none."""
         return quota_of(self.queues(queue))
 
+    def limits_changed(self) -> None:
+        """A Queue changed (its max, its parent, or it came or went): the maxima kept per queue
+        (``quota_excess``) are read again."""
+        self._limits.clear()
+
     def ancestors(self, queue: str) -> list[str]:
         """The queue's parents, nearest first."""
         return ancestors(queue, self.queues)
@@ -206,12 +217,18 @@ class QuotaLedger:
         """The resource a unit of ``request`` would take past the queue's max, or past the max
         of a parent queue (each counting every queue below it; ``placement.quotas``); "" if it
         fits."""
-        # The holders are gathered only for a max to judge against (asked per unit offered;
-        # most queues and their parents have none).
-        found = hierarchy_excess(
-            queue,
+        # ``placement.quotas.hierarchy_excess``, the maxima over the queue's lineage kept per
+        # queue until a Queue changes (``limits_changed``): asked per unit offered, and most
+        # queues and their parents have none. The holders are gathered only for a max to
+        # judge against.
+        limits = self._limits.get(queue)
+        if limits is None:
+            limits = self._limits[queue] = maxima(lineage(queue, self.queues), self.queues)
+        if not limits:
+            return ""
+        found = excess_under(
+            limits,
             request,
-            self.queues,
             lambda judged: held_below(
                 judged, self.queues, self.used, self.usage.keys() | self._inflight.keys()
             ),

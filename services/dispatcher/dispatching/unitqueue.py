@@ -496,6 +496,7 @@ class UnitQueue:
         """A queue was created or changed: re-key its heap if its sort policy differs (a pass
         over its queued units; its status written, every second while it has work, changes
         nothing of their order)."""
+        self._ledger.limits_changed()
         if not self._heaps.policy_changed(queue):
             return
         for entry in self._heaps.clear(queue):
