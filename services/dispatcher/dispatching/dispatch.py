@@ -608,23 +608,25 @@ class UnitDispatcher:
                 self.nominations.record(msg.nominations)
 
     def _on_outcome(self, link: ShardLink, outcome: ipb.UnitOutcome) -> None:
-        link.settle(outcome.job)
-        if is_hold(outcome.job):  # a reservation's unit
+        job = outcome.job  # read once: a message's string field is a new str per read
+        link.settle(job)
+        if is_hold(job):  # a reservation's unit
             waits = self.reservations.outcome(link.name, outcome, time.monotonic())
             if waits is not None:
                 self._spawn(self._write_reason(waits.name, waits.reason), f"why-{waits.name}")
             self._kick.set()
             return
-        self.nominations.clear(outcome.job)
-        entry = self.units.get(outcome.job)
+        self.nominations.clear(job)
+        entry = self.units.get(job)
         if entry is None or entry.state != UnitState.DISPATCHED or entry.shard != link.name:
             return
         self.queue.release(entry)
         entry.reason = outcome.reason
-        if outcome.code == ipb.UNIT_UNSCHEDULABLE:
+        code = outcome.code
+        if code == ipb.UNIT_UNSCHEDULABLE:
             delay = self.queue.back_off(entry, time.monotonic())
             log.info("unit unschedulable; backing off", job=entry.job, delay_s=delay)
-        elif outcome.code == ipb.UNIT_INFEASIBLE:
+        elif code == ipb.UNIT_INFEASIBLE:
             self.queue.park_infeasible(entry, time.monotonic())
             log.info("unit infeasible", job=entry.job, reason=outcome.reason)
             self._spawn(
