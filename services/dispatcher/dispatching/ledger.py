@@ -133,7 +133,8 @@ class QuotaLedger:
                 owner,
             ),
         )
-        self._room.claim(name, new)
+        # Its pool, requests and node are the old claim's: the room's sums stay as they are.
+        self._room.restate(name, new)
         self.room_freed = True
         return True
 
