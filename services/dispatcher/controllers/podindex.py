@@ -192,6 +192,9 @@ class PodIndex:
         # Each subscriber's feed, what it ignores of a job's own updates, and whether it takes
         # only jobs whose status is stored (subscribe).
         self._feeds: list[tuple[set[str], Callable[[pb.Job], bool] | None, bool]] = []
+        # The same feeds by what they take, for a pod's change (every pod event comes here).
+        self._every_job_feeds: list[set[str]] = []
+        self._stored_only_feeds: list[set[str]] = []
         # The jobs whose status is stored, not derived (``derives_status``): jobs of more than
         # one pod, so few beside a stream of one-pod jobs.
         self._stored_status: set[str] = set()
@@ -373,12 +376,14 @@ class PodIndex:
         feed = set(self._informer.names("Job"))
         feed |= self.by_job.keys()
         self._feeds.append((feed, ignore, stored_status_only))
+        (self._stored_only_feeds if stored_status_only else self._every_job_feeds).append(feed)
         return feed
 
     def _changed(self, job: str) -> None:
-        stored = job in self._stored_status
-        for feed, _, stored_only in self._feeds:
-            if stored or not stored_only:
+        for feed in self._every_job_feeds:
+            feed.add(job)
+        if job in self._stored_status:
+            for feed in self._stored_only_feeds:
                 feed.add(job)
 
     def _job_changed(self, job: pb.Job) -> None:
