@@ -129,6 +129,12 @@ class PoolRoom(Generic[C]):
         if self._per_node:
             self._take_on_node(held, 1)
 
+    def restate(self, pod: str, held: C) -> None:
+        """``pod``'s claim record replaced by ``held``, which takes exactly what the one it
+        replaces took (its pool, its shared ``requests``, and its node): the sums stay as they
+        are (a bound pod's start, its deletion mark). Its caller vouches for that."""
+        self._claims[pod] = held
+
     def claim_summed_later(self, pod: str, held: C) -> None:
         """``claim`` of a pod holding none yet, its requests added to the pool's sum by the
         caller later (``add_claimed``): a listing's claims, summed per shared request."""

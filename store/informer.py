@@ -759,8 +759,8 @@ class Informer:
             known = name in objs or self._held_elsewhere(kind, name)
             if held:
                 objs[name] = obj
-            else:
-                objs.pop(name, None)
+            elif name in objs:
+                del objs[name]  # not ``pop``: an encoded cache's decodes what it returns
             if not known:
                 self._emit("on_add", kind, obj)
             return
@@ -769,8 +769,10 @@ class Informer:
             before = self._recall(kind, name)
         if held:
             objs[name] = obj
-        else:
-            objs.pop(name, None)
+        elif before is not None and name in objs:
+            # Not ``pop``: an encoded cache's pop decodes what it returns (a pod just bound,
+            # in every process that keeps pending pods only).
+            del objs[name]
         if before is None:
             self._emit("on_add", kind, obj)
         else:

@@ -942,3 +942,74 @@ async def test_a_big_job_changed_since_it_was_read_is_still_deleted(store: Store
     assert await deleter.delete(read) == 11
     assert await names(store, pb.Job) == set()
     assert await names(store, pb.Pod) == set()
+
+
+def _moved(pod: pb.Pod, node: str, phase: int, *, deleting: bool = False) -> pb.Pod:
+    new = pb.Pod()
+    new.CopyFrom(pod)
+    new.spec.node_name = node
+    new.status.phase = phase  # type: ignore[assignment]
+    if phase == pb.POD_RUNNING:
+        new.status.started_ms = 1_000
+    if deleting:
+        new.metadata.deletion_timestamp_ms = 2_000
+    return new
+
+
+# (case, the pod's states after pending: (node, phase, deletion mark))
+POD_RECORD_CASES: list[tuple[str, list[tuple[str, int, bool]]]] = [
+    ("bound, running, succeeded", [("n1", pb.POD_BOUND, False), ("n1", pb.POD_RUNNING, False),
+                                   ("n1", pb.POD_SUCCEEDED, False)]),
+    ("bound, then failed", [("n1", pb.POD_BOUND, False), ("n1", pb.POD_FAILED, False)]),
+    ("running, marked for deletion", [("n1", pb.POD_BOUND, False), ("n1", pb.POD_RUNNING, False),
+                                      ("n1", pb.POD_RUNNING, True)]),
+    ("bound, running on another node", [("n1", pb.POD_BOUND, False),
+                                        ("n2", pb.POD_RUNNING, False)]),
+    ("succeeded, then running again", [("n1", pb.POD_BOUND, False),
+                                       ("n1", pb.POD_SUCCEEDED, False),
+                                       ("n1", pb.POD_RUNNING, False)]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("states", [c[1] for c in POD_RECORD_CASES])
+async def test_the_pod_index_with_the_ledgers_claims_reads_as_one_keeping_every_record(
+    store: Store, states: list[tuple[str, int, bool]]
+) -> None:
+    """The pod index over the quota ledger's claims (the dispatcher's: a pod holding a claim
+    has no record of its own, and an update that leaves it holding one on the same node
+    touches no record) answers as an index keeping a record of every pod on a node, after
+    every update, handed to both as the informer hands it (the feed's handler first)."""
+    informer = Informer(store, UnitDispatcher.KINDS)
+    core = UnitDispatcher(store, informer, DispatchSettings(), dial=None)  # type: ignore[arg-type]
+    with_claims = PodIndex(informer, claims=core.queue)
+    alone = PodIndex(Informer(store, ["Pod", "Job"]))
+    job = f.job("a", replicas=2, cpu=100)
+    informer.cache["Job"]["a"] = job
+    pods = f.pods_of(job)
+    for pod in pods:
+        core.feed.on_add("Pod", pod)
+        with_claims._on_add("Pod", pod)
+        alone._on_add("Pod", pod)
+    old = pods[0]
+    for node, phase, deleting in states:
+        new = _moved(old, node, phase, deleting=deleting)
+        core.feed.on_update("Pod", old, new)
+        with_claims._on_update("Pod", old, new)
+        alone._on_update("Pod", old, new)
+        old = new
+        informer.cache["Pod"].pop(new.metadata.name, None)  # held as a record, not bytes
+        for index in (with_claims, alone):
+            assert sorted(index.by_job.get("a")) == sorted(p.metadata.name for p in pods)
+        assert sorted(with_claims.names_on({"n1", "n2"})) == sorted(alone.names_on({"n1", "n2"}))
+        assert set(with_claims.nodes_with_claims()) == set(alone.nodes_with_claims())
+        assert with_claims.live_on_nodes_by_owner() == alone.live_on_nodes_by_owner()
+        assert with_claims.jobs_failed_on_nodes() == alone.jobs_failed_on_nodes()
+        assert name_of(with_claims.recall("Pod", new.metadata.name)) == new.metadata.name
+        assert (new.metadata.name in with_claims.placed_names("Pod")) == bool(node)
+        placed = with_claims.recall("Pod", new.metadata.name)
+        assert isinstance(placed, pb.Pod)
+        assert (placed.spec.node_name, placed.status.phase) == (node, phase)
+
+
+def name_of(pod: Any) -> str:
+    return str(pod.metadata.name)

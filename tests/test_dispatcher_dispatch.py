@@ -16,14 +16,17 @@ import pytest
 from protos.godel.v1 import api_pb2
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import objects_pb2 as pb
+from services.dispatcher.dispatching.dispatch import DispatchSettings, ShardLink, UnitDispatcher
 from services.dispatcher.dispatching.encoding import (
     OutgoingUnit,
     encoded_messages,
     unit_messages,
 )
-from services.dispatcher.dispatching.unitqueue import PendingRef
+from services.dispatcher.dispatching.unitqueue import PendingRef, UnitState
 from store import Store
 from store.client import Bind
+from store.informer import Informer
+from store.kinds import with_resource_version
 from tests import factories as f
 from tests.dispatcher_harness import (
     Running,
@@ -568,3 +571,83 @@ def test_a_units_pods_go_by_index_whatever_order_they_came_in(
     (unit,) = ipb.DispatchMessage.FromString(wire).units.units
     assert [p.index for p in unit.pods] == sorted(indexes)
     assert [p.name for p in unit.pods] == [f"u-{i}" for i in sorted(indexes)]
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_a_unit_encoded_from_its_jobs_stored_bytes_is_the_message_it_always_was(
+    listed: bool,
+) -> None:
+    """The dispatch round hands the writer the job's bytes as the informer keeps them (its
+    resource version set as an event's object has it, or appended as a listing's has it):
+    the shard gets the same message as from the job decoded."""
+    unit = _outgoing("j", 3)
+    job = unit.job
+    assert isinstance(job, pb.Job)
+    job.metadata.resource_version = 41
+    if listed:
+        stored = pb.Job()
+        stored.CopyFrom(job)
+        stored.metadata.resource_version = 0
+        data = with_resource_version(stored.SerializeToString(), 41)
+    else:
+        data = job.SerializeToString()
+    small = _outgoing("k", 1)
+    decoded = unit_messages([unit, small], 5000)
+    from_bytes = unit_messages([unit._replace(job=data), small], 5000)
+    assert from_bytes == decoded
+    assert from_bytes[0].units.units[0].job.metadata.resource_version == 41
+
+
+@pytest.mark.parametrize("bind_seen_first", [True, False])
+async def test_a_done_unit_waits_for_the_view_only_while_its_pods_are_pending_in_it(
+    store: Store, bind_seen_first: bool
+) -> None:
+    """``UNIT_DONE``: a unit whose pods the view shows bound already (the feed was quicker than
+    the shard's outcome) is dropped at once, with no wait for the view (a store read); one
+    whose pods are still pending in the view settles first, then is dropped."""
+    informer = Informer(store, UnitDispatcher.KINDS)
+    core = UnitDispatcher(store, informer, DispatchSettings(), dial=None)  # type: ignore[arg-type]
+    job = f.job("a", cpu=100)
+    job.metadata.resource_version = 3
+    informer.cache["Job"]["a"] = job
+    (pod,) = f.pods_of(job)
+    core.feed.on_add("Pod", pod)
+    link = ShardLink("s0", "x", credits=10, capacity=10, ready=True)
+    core.links["s0"] = link
+    core.dispatch_round()
+    assert core.units["a"].state == UnitState.DISPATCHED
+    placed = pb.Pod()
+    placed.CopyFrom(pod)
+    placed.spec.node_name, placed.status.phase = "n1", pb.POD_BOUND
+    if bind_seen_first:
+        core.feed.on_update("Pod", pod, placed)
+    core._on_outcome(link, ipb.UnitOutcome(job="a", code=ipb.UNIT_DONE))
+    assert ("a" in core.settler._jobs) is not bind_seen_first
+    assert ("a" in core.units) is not bind_seen_first
+    if not bind_seen_first:
+        assert core.units["a"].state == UnitState.SETTLING  # until the view caught up
+        core.feed.on_update("Pod", pod, placed)  # its bind: nothing pending, dropped
+        assert "a" not in core.units
+        assert core.queue.settled("a") is False
+
+
+@pytest.mark.parametrize("slice_pods", [1, 2, 5000])
+def test_one_pod_units_are_encoded_as_the_message_they_always_were(slice_pods: int) -> None:
+    """A one-pod unit is encoded in one piece (its pod in the unit's head): the same message,
+    and a turn for the loop after every ``slice_pods`` pods as before."""
+    units = [_outgoing(f"j{i}", 1) for i in range(4)]
+    units[1] = units[1]._replace(job=units[1].job.SerializeToString())  # type: ignore[union-attr]
+    parts = list(encoded_messages(units, 5000, slice_pods=slice_pods))
+    assert parts[:-1] == [None] * (4 // slice_pods if slice_pods <= 4 else 0)
+    wire = parts[-1]
+    assert isinstance(wire, bytes)
+    sent = ipb.DispatchMessage.FromString(wire).units.units
+    expected = ipb.UnitBatch()
+    for unit in units:
+        one = expected.units.add(already_bound=unit.already_bound, enqueued_ms=unit.enqueued_ms)
+        one.job.CopyFrom(unit.job if isinstance(unit.job, pb.Job) else pb.Job.FromString(unit.job))
+        for name, ref in unit.pods:
+            one.pods.add(
+                name=name, uid=ref.uid, resource_version=ref.resource_version, index=ref.pod_index
+            )
+    assert list(sent) == list(expected.units)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -937,3 +938,184 @@ def test_a_listings_nodes_wake_infeasible_units_once_all_are_in_and_a_later_node
     feed.on_add("Node", f.node("n3"))
     assert kick.is_set()
     assert w.take(now=2.0) == ["b"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A pending pod's bind, straight into its claim (``ViewFeed._just_bound``)
+# ---------------------------------------------------------------------------------------------
+
+
+def _general_path_world() -> tuple[World, ViewFeed]:
+    w = World()
+    return w, ViewFeed(w.uq, asyncio.Event(), asyncio.Event(), revoke=lambda _job: None)
+
+
+# (case, replicas, pods bound one by one (by index), the update's new phase and node)
+BIND_CASES: list[tuple[str, int, list[int], int, str]] = [
+    ("a one-pod job's pod bound", 1, [0], pb.POD_BOUND, "n1"),
+    ("a one-pod job's pod bound and running in one update", 1, [0], pb.POD_RUNNING, "n1"),
+    ("two of three pods of a gang bound", 3, [0, 2], pb.POD_BOUND, "n1"),
+    ("every pod of a job bound", 3, [1, 0, 2], pb.POD_BOUND, "n2"),
+    ("a pending pod that failed holds no claim", 1, [0], pb.POD_FAILED, ""),
+    ("a pending pod that succeeded on a node holds none", 1, [0], pb.POD_SUCCEEDED, "n1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("replicas", "order", "phase", "node"), [c[1:] for c in BIND_CASES])
+def test_a_pending_pods_bind_leaves_what_forget_and_track_left(
+    replicas: int, order: list[int], phase: int, node: str
+) -> None:
+    """Binds taken straight into their claims (one read of the job's share per unit) leave
+    the same claims, usage, bound counts, units and queue counts as forget + track, which
+    handles every other update (the feed's general path, a pod removed and added)."""
+    straight, feed = _general_path_world()
+    general, _ = _general_path_world()
+    pods = straight.submit("a", queue="q", replicas=replicas, cpu=200)
+    general.submit("a", queue="q", replicas=replicas, cpu=200)
+    general_bound: Counter[str] = Counter()
+    for index in order:
+        new = pb.Pod()
+        new.CopyFrom(pods[index])
+        new.spec.node_name = node
+        new.status.phase = phase  # type: ignore[assignment]
+        feed.on_update("Pod", pods[index], new)
+        # The general path: forget + track, as the feed did every bind before.
+        general.uq.remove_pod(pods[index])
+        general.uq.add_pod(new, now_ms=0)
+        if node and phase in (pb.POD_BOUND, pb.POD_RUNNING, pb.POD_SUCCEEDED):
+            general_bound["a"] += 1
+        general.uq.drop_if_empty("a")
+    assert dict(straight.uq.claims_by_pod()) == dict(general.uq.claims_by_pod())
+    assert straight.uq.bound_usage("q") == general.uq.bound_usage("q")
+    assert feed.bound_pods("a") == general_bound["a"]
+    assert sorted(straight.uq.units) == sorted(general.uq.units)
+    assert straight.uq.pending_pods() == general.uq.pending_pods()
+    assert straight.uq.statuses() == general.uq.statuses()
+    if "a" in straight.uq.units:
+        assert sorted(straight.uq.units["a"].pods) == sorted(general.uq.units["a"].pods)
+
+
+def test_a_units_pods_share_one_read_of_their_jobs_share() -> None:
+    """The first pod of a unit bound reads what its job's pods share; the others take it."""
+    w, feed = _general_path_world()
+    pods = w.submit("a", queue="q", replicas=3, cpu=200)
+    for pod in pods[:2]:
+        feed.on_update("Pod", pod, bound(pod))
+    first, second = (w.uq.claim_of(p.metadata.name) for p in pods[:2])
+    assert first is not None and second is not None
+    assert first.requests is second.requests and first.queue is second.queue
+    assert w.uq.units["a"].share == JobShare.of(pods[2])
+
+
+# (case, the unit's state, its pods after take_pending, still tracked after drop_if_empty)
+TAKE_PENDING_CASES: list[tuple[str, UnitState, int, bool]] = [
+    ("queued unit, its last pod", UnitState.QUEUED, 0, False),
+    ("dispatched unit, its last pod: kept until its outcome", UnitState.DISPATCHED, 0, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("state", "left", "tracked"), [c[1:] for c in TAKE_PENDING_CASES])
+def test_take_pending_takes_a_pod_out_of_its_unit(
+    state: UnitState, left: int, tracked: bool
+) -> None:
+    w = World()
+    (pod,) = w.submit("a", queue="q")
+    entry = w.uq.units["a"]
+    if state == UnitState.DISPATCHED:
+        assert w.take() == ["a"]
+    assert w.uq.take_pending(pod.metadata.name, "a") is entry
+    assert len(entry.pods) == left
+    assert w.uq.pending_pods() == {}
+    assert w.uq.take_pending(pod.metadata.name, "a") is entry  # a second time: nothing more
+    assert w.uq.take_pending("other-0", "other") is None
+    w.uq.drop_if_empty("a")
+    assert ("a" in w.uq.units) is tracked
+
+
+# ---------------------------------------------------------------------------------------------
+# A unit's view kept by its job's stored bytes (``UnitQueue(encoded_jobs=...)``)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_units_view_is_kept_while_its_jobs_bytes_are_the_same() -> None:
+    """With the jobs' bytes to tell a job's changes by (the informer's), a unit's view is made
+    once per job version and pod count, the job decoded only to make it."""
+    jobs: dict[str, bytes] = {}
+    decoded: list[str] = []
+
+    def job_of(name: str) -> pb.Job | None:
+        decoded.append(name)
+        data = jobs.get(name)
+        return None if data is None else pb.Job.FromString(data)
+
+    uq = UnitQueue(job_of, lambda _q: None, BackoffSettings(), encoded_jobs=jobs.get)
+    job = f.job("a", replicas=2, cpu=100)
+    job.metadata.resource_version = 7
+    jobs["a"] = job.SerializeToString()
+    (first, second) = f.pods_of(job)
+    uq.add_pod(first, now_ms=0)
+    entry = uq.units["a"]
+    view = uq.view(entry)
+    assert view is not None and view.pods == 1
+    assert uq.view(entry) is view and decoded == ["a"]  # queued, then viewed: one decode
+    uq.add_pod(second, now_ms=0)
+    again = uq.view(entry)
+    assert again is not None and again.pods == 2 and decoded == ["a", "a"]  # a pod more
+    job.spec.priority = 5
+    job.metadata.resource_version = 8
+    jobs["a"] = job.SerializeToString()
+    changed = uq.view(entry)
+    assert changed is not None and changed.priority == 5  # the job changed: made again
+    del jobs["a"]
+    assert uq.view(entry) is None  # its job unknown: nothing to schedule it as
+
+
+# (case, the queue's change, whether its queued units are keyed again, the order sent)
+QUEUE_CHANGE_CASES: list[tuple[str, int, bool, list[str]]] = [
+    ("its status written: the order as it was", pb.SORT_FIFO, False, ["low", "high"]),
+    ("fifo to priority: keyed again", pb.SORT_PRIORITY, True, ["high", "low"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sort", "rekeyed", "order"), [c[1:] for c in QUEUE_CHANGE_CASES])
+def test_a_queue_change_rekeys_its_units_only_when_its_sort_policy_differs(
+    sort: int, rekeyed: bool, order: list[str]
+) -> None:
+    w = World()
+    w.queue("q", sort=pb.SORT_FIFO)
+    w.submit("low", queue="q", priority=1, created=1)
+    w.submit("high", queue="q", priority=9, created=2)
+    heap_before = list(w.uq._heaps._heaps["q"])
+    changed = pb.Queue()
+    changed.CopyFrom(w.queues["q"])
+    changed.spec.sort_policy = sort  # type: ignore[assignment]
+    changed.status.pending_units = 2  # what the queue status controller writes
+    w.queues["q"] = changed
+    w.uq.queue_changed("q")
+    assert (w.uq._heaps._heaps["q"] != heap_before) is rekeyed
+    assert w.take() == order
+
+
+# (case, the queue's max before, after its change, sent before, sent after)
+LIMIT_CHANGE_CASES: list[tuple[str, int, int, list[str], list[str]]] = [
+    ("max raised: the held unit goes", 100, 1000, ["a"], ["b"]),
+    ("max lowered: the next unit is held", 1000, 100, ["a"], []),
+    ("max removed: unlimited", 100, 0, ["a"], ["b"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "sent_before", "sent_after"), [c[1:] for c in LIMIT_CHANGE_CASES]
+)
+def test_a_queues_max_is_read_again_once_the_queue_changes(
+    before: int, after: int, sent_before: list[str], sent_after: list[str]
+) -> None:
+    """The maxima a unit is judged against are kept per queue until a Queue changes
+    (``UnitQueue.queue_changed``, the feed's on every Queue event), then read again."""
+    w = World()
+    w.queue("q", quota=pb.Resources(milli_cpu=before))
+    w.submit("a", queue="q", cpu=100, created=1)
+    w.submit("b", queue="q", cpu=100, created=2)
+    assert w.take(accept=1) == sent_before  # the queue's max read (and kept)
+    w.queue("q", quota=pb.Resources(milli_cpu=after) if after else None)
+    assert w.take() == sent_after

@@ -203,6 +203,24 @@ def test_claims_are_kept_per_pod() -> None:
     assert room.free(GUARANTEED) == Quantities()
 
 
+def test_a_claim_restated_keeps_the_sums_as_a_release_and_claim_leave_them() -> None:
+    """``restate``: the record replaced by one taking the same pool, shared requests and node;
+    the sums are those a release and a claim of it would leave, without their two passes."""
+    requests = Quantities(cpu=250, pods=1)
+    restated: PoolRoom[RoomClaim] = PoolRoom()
+    claimed: PoolRoom[RoomClaim] = PoolRoom()
+    for room in (restated, claimed):
+        room.set_node("n1", {GUARANTEED: Quantities(cpu=1000, pods=10)})
+        room.claim("p", RoomClaim("n1", GUARANTEED, requests))
+    again = RoomClaim("n1", GUARANTEED, requests)
+    restated.restate("p", again)
+    claimed.release("p")
+    claimed.claim("p", again)
+    assert restated.claim_of("p") is again
+    assert restated.free(GUARANTEED) == claimed.free(GUARANTEED) == Quantities(cpu=750, pods=9)
+    assert restated.claimed(GUARANTEED) == claimed.claimed(GUARANTEED)
+
+
 @pytest.mark.parametrize(
     ("ready", "cordoned", "usable"),
     [(True, False, True), (False, False, False), (True, True, False)],

@@ -94,7 +94,10 @@ class TenantPods:
             self._live[owner] += 1
 
     def _on_update(self, _kind: str, old: pb.Pod, new: pb.Pod) -> None:
-        if old.metadata.owner == new.metadata.owner and _live(old) == _live(new):
+        owner = new.metadata.owner
+        if not owner and not old.metadata.owner:
+            return  # the admin's pods are not counted
+        if old.metadata.owner == owner and _live(old) == _live(new):
             return  # counted as it was (bound, running: most updates)
         self._count(old, -1)
         self._count(new, 1)

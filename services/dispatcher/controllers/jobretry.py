@@ -51,7 +51,7 @@ class JobRetryController:
         informer.add_handlers(
             Handlers(
                 on_add=self._on_pod,
-                on_update=lambda kind, _old, new: self._on_pod(kind, new),
+                on_update=self._on_pod_updated,
                 kinds=frozenset({"Pod"}),
                 on_listed=self._on_listed,
                 refused_at_listing=False,  # a listed pod on a node: the pod index's record
@@ -59,6 +59,11 @@ class JobRetryController:
         )
 
     def _on_pod(self, kind: str, obj: Message) -> None:
+        if isinstance(obj, pb.Pod) and obj.status.phase == pb.POD_FAILED and obj.spec.job:
+            self.failing.add(obj.spec.job)
+
+    def _on_pod_updated(self, kind: str, _old: Message, obj: Message) -> None:
+        # ``_on_pod`` without a call more: every pod update comes here.
         if isinstance(obj, pb.Pod) and obj.status.phase == pb.POD_FAILED and obj.spec.job:
             self.failing.add(obj.spec.job)
 

@@ -183,11 +183,18 @@ class PodIndex:
         # Each pod on a node that holds no claim in ``claims`` (every pod on a node without
         # ``claims``), by name.
         self._placed: dict[str, Placed] = {}
+        # Their names, as the informer asks for them on every pod event it has no bytes of
+        # (``placed_names``): one collection over two live views, made once.
+        claimed = claims.claimed_pods() if claims is not None else ()
+        self._placed_names = _PlacedNames(claimed, self._placed.keys())
         # Per node, the pods of ``_placed`` holding a claim there (without ``claims`` only).
         self._claims_on_node: dict[str, int] = {}
         # Each subscriber's feed, what it ignores of a job's own updates, and whether it takes
         # only jobs whose status is stored (subscribe).
         self._feeds: list[tuple[set[str], Callable[[pb.Job], bool] | None, bool]] = []
+        # The same feeds by what they take, for a pod's change (every pod event comes here).
+        self._every_job_feeds: list[set[str]] = []
+        self._stored_only_feeds: list[set[str]] = []
         # The jobs whose status is stored, not derived (``derives_status``): jobs of more than
         # one pod, so few beside a stream of one-pod jobs.
         self._stored_status: set[str] = set()
@@ -210,10 +217,7 @@ class PodIndex:
 
     def placed_names(self, kind: str) -> Collection[str]:
         """The pods kept as records, not by the informer (``held_elsewhere``)."""
-        if kind != "Pod":
-            return ()
-        claimed = self._claims.claimed_pods() if self._claims is not None else ()
-        return _PlacedNames(claimed, self._placed.keys())
+        return self._placed_names if kind == "Pod" else ()
 
     def recall(self, kind: str, name: str) -> StoredObject:
         """A pod kept as a record, as its outline (``recall``): what handlers read of a pod
@@ -372,12 +376,14 @@ class PodIndex:
         feed = set(self._informer.names("Job"))
         feed |= self.by_job.keys()
         self._feeds.append((feed, ignore, stored_status_only))
+        (self._stored_only_feeds if stored_status_only else self._every_job_feeds).append(feed)
         return feed
 
     def _changed(self, job: str) -> None:
-        stored = job in self._stored_status
-        for feed, _, stored_only in self._feeds:
-            if stored or not stored_only:
+        for feed in self._every_job_feeds:
+            feed.add(job)
+        if job in self._stored_status:
+            for feed in self._stored_only_feeds:
                 feed.add(job)
 
     def _job_changed(self, job: pb.Job) -> None:
@@ -408,11 +414,25 @@ class PodIndex:
                 self._put(obj)
                 return
             # Its job's group holds it already (every update of a pod but a rare rewrite).
-            if old.spec.node_name or obj.spec.node_name:
-                self._unplace(old)
+            old_node, node = old.spec.node_name, obj.spec.node_name
+            if old_node and old_node == node and self._claims is not None:
+                # On the same node before and after: a record of its own only if it holds no
+                # claim (the ledger's claim is its record, and stays one while it holds it:
+                # bound -> running, most updates of a pod on a node).
+                name = obj.metadata.name
+                if (
+                    self._claims.claim_of(name) is None
+                    or not holds_claim(obj)
+                    or name in self._placed
+                ):
+                    self._unplace(old)
+                    self._place(obj, name)
+            elif old_node or node:
+                if old_node:
+                    self._unplace(old)  # a pending pod has no record to drop
                 name = obj.metadata.name
                 kept = self._place(obj, name)
-                if job and kept is not name and not old.spec.node_name:
+                if job and kept is not name and not old_node:
                     # Just bound: its group takes the claim's string (one string per pod).
                     self.by_job.discard(job, name)
                     self.by_job.add(job, kept)

@@ -81,7 +81,9 @@ class Reconciler:
         # each job had when its status last agreed with its pods: a job that agreed and has not
         # changed since is not counted again (a 100,000-pod job recounted every pass took most
         # of the dispatcher's CPU while it waited to be scheduled).
-        self._changed = job_status_controller.pods.subscribe()
+        # Only jobs whose status is stored: a one-pod job's is derived (``_job_statuses``
+        # skips it), and its every pod event would add its name here for nothing.
+        self._changed = job_status_controller.pods.subscribe(stored_status_only=True)
         self._agreed: dict[str, int] = {}
         self.creator = creator or PodCreator(store)
         # Jobs whose pods are not all stored, kept from job events (no scan of every job).

@@ -58,7 +58,7 @@ class FinishedJobCollector:
         informer.add_handlers(
             Handlers(
                 on_add=self._seen,
-                on_update=lambda kind, _old, new: self._seen(kind, new),
+                on_update=self._updated,
                 kinds=frozenset({"Job", "Pod"}),
                 # A listed pod on a node is not handed over: every listed job is, with its
                 # status as read from its pods' records (``_seen``), finished ones too.
@@ -78,6 +78,11 @@ class FinishedJobCollector:
         if ttl is None or ttl < 0:
             return None
         return job.status.finished_ms + ttl * 1000
+
+    def _updated(self, kind: str, _old: Message, new: Message) -> None:
+        if type(new) is pb.Pod and new.status.phase not in TERMINAL_PHASES:
+            return  # most pod updates (bound, running): nothing finished, asked first
+        self._seen(kind, new)
 
     def _seen(self, kind: str, obj: Message) -> None:
         if isinstance(obj, pb.Pod):

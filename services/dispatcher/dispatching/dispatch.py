@@ -59,6 +59,8 @@ from store.informer import Handlers, Informer
 
 log = structlog.get_logger(__name__)
 
+_new_tuple = tuple.__new__
+
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _DISPATCH_METHOD = "/godel.v1.Scheduler/Dispatch"
 RECONNECT_SECONDS = 1.0
@@ -115,7 +117,10 @@ class ShardLink:
         self.load += pods
         if requests is not None:
             self.asks[job] = (pool, requests)
-            self.reserved.setdefault(pool, Quantities()).add(requests)
+            held = self.reserved.get(pool)
+            if held is None:  # not setdefault: a Quantities made per unit, kept for none
+                held = self.reserved[pool] = Quantities()
+            held.add(requests)
 
     def settle(self, job: str) -> None:
         self.load -= self.undecided.pop(job, 0)
@@ -290,6 +295,7 @@ class UnitDispatcher:
                 settings.infeasible_recheck_seconds,
             ),
             FAIRNESS[settings.queue_fairness],
+            encoded_jobs=self._encoded_job,
         )
         # Every tracked unit, whatever its state (the queue's table, shared).
         self.units = self.queue.units
@@ -361,6 +367,9 @@ class UnitDispatcher:
     def _job(self, name: str) -> pb.Job | None:
         job = self.informer.get("Job", name)
         return job if isinstance(job, pb.Job) else None
+
+    def _encoded_job(self, name: str) -> bytes | None:
+        return self.informer.encoded("Job", name)
 
     def _queue_object(self, name: str) -> pb.Queue | None:
         queue = self.informer.get("Queue", name)
@@ -599,23 +608,25 @@ class UnitDispatcher:
                 self.nominations.record(msg.nominations)
 
     def _on_outcome(self, link: ShardLink, outcome: ipb.UnitOutcome) -> None:
-        link.settle(outcome.job)
-        if is_hold(outcome.job):  # a reservation's unit
+        job = outcome.job  # read once: a message's string field is a new str per read
+        link.settle(job)
+        if is_hold(job):  # a reservation's unit
             waits = self.reservations.outcome(link.name, outcome, time.monotonic())
             if waits is not None:
                 self._spawn(self._write_reason(waits.name, waits.reason), f"why-{waits.name}")
             self._kick.set()
             return
-        self.nominations.clear(outcome.job)
-        entry = self.units.get(outcome.job)
+        self.nominations.clear(job)
+        entry = self.units.get(job)
         if entry is None or entry.state != UnitState.DISPATCHED or entry.shard != link.name:
             return
         self.queue.release(entry)
         entry.reason = outcome.reason
-        if outcome.code == ipb.UNIT_UNSCHEDULABLE:
+        code = outcome.code
+        if code == ipb.UNIT_UNSCHEDULABLE:
             delay = self.queue.back_off(entry, time.monotonic())
             log.info("unit unschedulable; backing off", job=entry.job, delay_s=delay)
-        elif outcome.code == ipb.UNIT_INFEASIBLE:
+        elif code == ipb.UNIT_INFEASIBLE:
             self.queue.park_infeasible(entry, time.monotonic())
             log.info("unit infeasible", job=entry.job, reason=outcome.reason)
             self._spawn(
@@ -624,7 +635,11 @@ class UnitDispatcher:
             )
         else:
             self.queue.succeeded(entry)
-            self.settler.add(entry)
+            if entry.pods:
+                # Pods still pending in our view: they wait for it to catch up (a store read
+                # per batch). None (its binds seen already, most one-pod units): nothing to
+                # settle, and the unit is dropped below.
+                self.settler.add(entry)
         self.queue.drop_if_empty(entry.job)
         self._kick.set()
 
@@ -738,13 +753,19 @@ class UnitDispatcher:
 
     def _send(self, entry: UnitEntry, unit: PendingUnit, link: ShardLink) -> OutgoingUnit:
         """Count the unit as the shard's and return what its message carries."""
-        job = self.informer.get("Job", entry.job)
-        assert isinstance(job, pb.Job)
+        # Its stored bytes, laid into the shard's message undecoded (``encoding.py``).
+        job: pb.Job | bytes | None = self.informer.encoded("Job", entry.job)
+        if job is None:  # an informer that holds jobs decoded
+            job = self._job(entry.job)
+            assert job is not None
         pods = list(entry.pods.items())  # as they are now; ordered when encoded
         link.credits -= len(pods)
         link.hold(entry.job, len(pods), unit.pool, unit.requests)
         self.queue.dispatched(entry, link.name, unit)
-        return OutgoingUnit(job, pods, self.feed.bound_pods(entry.job), entry.enqueued_ms)
+        # tuple.__new__ straight: the NamedTuple's __new__ binds its arguments in Python.
+        return _new_tuple(
+            OutgoingUnit, (job, pods, self.feed.bound_pods(entry.job), entry.enqueued_ms)
+        )
 
     def _flush(self, link: ShardLink, units: list[OutgoingUnit]) -> None:
         link.outbox.put_nowait(units)  # encoded by the link's writer, in slices

@@ -27,13 +27,16 @@ ENCODE_SLICE_PODS = 2_000
 
 _MESSAGE_UNITS = ipb.DispatchMessage.DESCRIPTOR.fields_by_name["units"].number
 _BATCH_UNITS = ipb.UnitBatch.DESCRIPTOR.fields_by_name["units"].number
+_UNIT_JOB = ipb.Unit.DESCRIPTOR.fields_by_name["job"].number
 _LENGTH_DELIMITED = 2
 
 
 class OutgoingUnit(NamedTuple):
     """A unit taken by a shard in a round, before it is encoded into the shard's message."""
 
-    job: pb.Job
+    # The job, or its stored bytes (the informer's, resource version included): laid into
+    # the message as they are, not decoded, copied and encoded again.
+    job: pb.Job | bytes
     pods: list[tuple[str, PendingRef]]  # in any order: encoded by index
     already_bound: int
     enqueued_ms: int
@@ -53,8 +56,29 @@ def encoded_messages(
             yield _dispatch_message(batch)
             batch, pods = [], 0
         head = ipb.Unit(already_bound=out.already_bound, enqueued_ms=out.enqueued_ms)
-        head.job.CopyFrom(out.job)
-        parts = [head.SerializeToString()]
+        if len(out.pods) == 1:
+            # A one-pod unit (most units of online traffic): its pod in the head, one message
+            # serialized, no slices to lay out or to turn the loop between.
+            name, ref = out.pods[0]
+            head.pods.add(
+                name=name, uid=ref.uid, resource_version=ref.resource_version, index=ref.pod_index
+            )
+            if isinstance(out.job, bytes):
+                batch.append(_field(_UNIT_JOB, out.job) + head.SerializeToString())
+            else:
+                head.job.CopyFrom(out.job)
+                batch.append(head.SerializeToString())
+            pods += 1
+            encoded += 1
+            if encoded >= slice_pods:
+                encoded = 0
+                yield None
+            continue
+        if isinstance(out.job, bytes):
+            parts = [_field(_UNIT_JOB, out.job), head.SerializeToString()]
+        else:
+            head.job.CopyFrom(out.job)
+            parts = [head.SerializeToString()]
         ordered = yield from _in_index_order(out.pods, slice_pods)
         for first in range(0, len(ordered), slice_pods):
             piece = ipb.Unit()

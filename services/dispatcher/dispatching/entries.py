@@ -71,10 +71,14 @@ class UnitEntry:
     waiting_for_room: bool = False
     # In its queue's heap (QUEUED entries only; the heap drops stale items lazily).
     in_heap: bool = False
-    # The last ``UnitQueue.view`` of it and the version of the Job it was made from: good while
-    # the job is at that version and the pod count is the same. A unit is viewed when queued
-    # and again when offered; building one is most of the round's cost per unit.
-    view: tuple[int, PendingUnit] | None = None
+    # What its job's pods share, read off the first of them bound (``ViewFeed``): its other
+    # pods' claims take it, not a read of each.
+    share: JobShare | None = None
+    # The last ``UnitQueue.view`` of it and the version of the Job it was made from (its
+    # stored bytes, when the queue reads jobs encoded: ``EncodedJobLookup``): good while the
+    # job is the same and so is the pod count. A unit is viewed when queued and again when
+    # offered; building one is most of the round's cost per unit.
+    view: tuple[int | bytes, PendingUnit] | None = None
 
 
 _new_tuple = tuple.__new__
@@ -163,13 +167,25 @@ class Claim(NamedTuple):
         """``of``, from the pod's metadata, spec and status, its node and its phase, which its
         caller has read already (a submessage read is ~0.2 µs, a field ~0.1: a listing's every
         bound pod comes through here)."""
-        priority, index = spec.priority, spec.index
-        job = spec.job
-        shared = per_job.get(job) if per_job is not None else None
+        shared = per_job.get(spec.job) if per_job is not None else None
         if shared is None:
             shared = JobShare.of(pod)
             if per_job is not None:
                 per_job[shared.job] = shared
+        return cls.of_share(meta, spec, status, node, phase, shared)
+
+    @classmethod
+    def of_share(
+        cls,
+        meta: pb.ObjectMeta,
+        spec: pb.PodSpec,
+        status: pb.PodStatus,
+        node: str,
+        phase: pb.PodPhase.ValueType,
+        shared: JobShare,
+    ) -> Claim:
+        """``from_parts`` with what its job's pods share read already (``shared``)."""
+        priority, index = spec.priority, spec.index
         # tuple.__new__ straight: the NamedTuple's own __new__ is a Python function binding
         # its arguments (a third of making one).
         return _new_tuple(
@@ -223,4 +239,6 @@ def is_pending(pod: pb.Pod) -> bool:
 
 
 JobLookup = Callable[[str], pb.Job | None]
+# A job's bytes as its holder keeps them encoded (the informer's ``encoded``); None: unknown.
+EncodedJobLookup = Callable[[str], bytes | None]
 QueueLookup = Callable[[str], pb.Queue | None]

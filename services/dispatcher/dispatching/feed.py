@@ -136,6 +136,8 @@ class ViewFeed:
                 # only the claim's start. Forget + track would give the same, at twice the cost.
                 self.queue.drop_if_empty(old.spec.job)
                 return
+            if isinstance(old, pb.Pod) and isinstance(new, pb.Pod) and self._just_bound(old, new):
+                return
             # An update is forget + track; the unit must not be dropped in between, or a one-pod
             # unit would lose its state (backoff, infeasible) whenever its pod changes, e.g.
             # when a shard records why the pod did not fit.
@@ -175,6 +177,40 @@ class ViewFeed:
             self._kick.set()
         elif kind == "SchedulerInstance":
             self._shards_changed.set()
+
+    def _just_bound(self, old: pb.Pod, new: pb.Pod) -> bool:
+        """A pending pod bound (the commonest pod update after bound -> running): out of its
+        unit and into the ledger as a claim, each field read once; its claim shares what its
+        job's pods share with the unit's other pods (``UnitEntry.share``: one read per unit,
+        not per pod). False, nothing done, for any other update (forget + track does it)."""
+        old_spec, spec = old.spec, new.spec
+        node = spec.node_name
+        if old_spec.node_name or not node or old.status.phase != pb.POD_PENDING:
+            return False
+        status = new.status
+        phase = status.phase
+        job = spec.job
+        queue = self.queue
+        meta = new.metadata
+        name = meta.name
+        if (
+            phase not in CLAIM_PHASES
+            or old_spec.job != job
+            or queue.holds_claim(name)
+            or (self._listing_under_way is not None and self._listing_under_way())
+        ):
+            return False
+        entry = queue.take_pending(name, job)
+        share = entry.share if entry is not None else None
+        if share is None:
+            share = JobShare.of(new)
+            if entry is not None:
+                entry.share = share
+        claim = Claim.of_share(meta, spec, status, node, phase, share)
+        queue.claim(claim)
+        self._bound_pods[claim.job] += 1  # its job's string, interned
+        queue.drop_if_empty(job)
+        return True
 
     def _timed_out(self, job: str, timed_out: bool) -> None:
         """A gang timed out (its pods are dispatched no more, and taken back from a shard

@@ -14,9 +14,15 @@ from services.dispatcher.dispatching.entries import UnitEntry, UnitState
 from services.dispatcher.dispatching.ledger import QuotaLedger
 from services.dispatcher.dispatching.queueing import borrowed, dominant_share, permille
 
-# States of a unit that waits for nothing of the queue's: at a shard, or a timed-out gang held
-# until its job is retried (other queues need not wait behind it).
-_AWAY = frozenset({UnitState.DISPATCHED, UnitState.TIMED_OUT})
+_DISPATCHED, _TIMED_OUT = UnitState.DISPATCHED, UnitState.TIMED_OUT
+
+
+def _away(state: UnitState) -> bool:
+    """Whether a unit in ``state`` waits for nothing of its queue's: at a shard, or a timed-out
+    gang held until its job is retried (other queues need not wait behind it). Told by
+    identity, not by membership of a set: an Enum's hash is a Python function, and this is
+    asked on every pod event."""
+    return state is _DISPATCHED or state is _TIMED_OUT
 
 
 def _adjust(counts: Counter[str], queue: str, change: int) -> None:
@@ -52,7 +58,7 @@ class QueueFigures:
         queue = entry.queue
         if not entry.pods:
             self._pending_units[queue] += 1
-            if entry.state not in _AWAY:
+            if not _away(entry.state):
                 self._not_at_shard[queue] += 1
         self._pending[queue] += 1
 
@@ -62,7 +68,7 @@ class QueueFigures:
         _adjust(self._pending, queue, -1)
         if emptied:
             _adjust(self._pending_units, queue, -1)
-            if entry.state not in _AWAY:
+            if not _away(entry.state):
                 _adjust(self._not_at_shard, queue, -1)
 
     def untracked(self, entry: UnitEntry) -> None:
@@ -70,14 +76,14 @@ class QueueFigures:
         if entry.pods:
             _adjust(self._pending, entry.queue, -len(entry.pods))
             _adjust(self._pending_units, entry.queue, -1)
-            if entry.state not in _AWAY:
+            if not _away(entry.state):
                 _adjust(self._not_at_shard, entry.queue, -1)
 
     def set_state(self, entry: UnitEntry, state: UnitState) -> None:
         """Every change of a unit's state goes here: to or from DISPATCHED (or TIMED_OUT), a
         unit with pods leaves or joins its queue's count of units not at a shard."""
-        leaving = entry.state in _AWAY
-        if entry.pods and leaving != (state in _AWAY):
+        leaving = _away(entry.state)
+        if entry.pods and leaving != _away(state):
             _adjust(self._not_at_shard, entry.queue, 1 if leaving else -1)
         entry.state = state
 

@@ -11,7 +11,13 @@ from collections.abc import Callable
 
 from placement.nodeinfo import pool_of
 from placement.resources import Quantities
-from services.dispatcher.dispatching.entries import JobLookup, QueueLookup, UnitEntry, UnitState
+from services.dispatcher.dispatching.entries import (
+    EncodedJobLookup,
+    JobLookup,
+    QueueLookup,
+    UnitEntry,
+    UnitState,
+)
 from services.dispatcher.dispatching.queueing import PendingUnit, SortKey, SortPolicy, policy_for
 from services.dispatcher.objects import being_deleted, pods_complete
 
@@ -26,8 +32,13 @@ class QueueHeaps:
         queues: QueueLookup,
         units: dict[str, UnitEntry],
         set_state: Callable[[UnitEntry, UnitState], None],
+        encoded_jobs: EncodedJobLookup | None = None,
     ) -> None:
         self._jobs = jobs
+        # A job's stored bytes by name, when the jobs are held encoded (the informer's): a
+        # unit's cached view is good while its job's bytes are the same, told without
+        # decoding the job (asked when a unit is queued and again when it is offered).
+        self._encoded_jobs = encoded_jobs
         self._queues = queues
         self._units = units
         self._set_state = set_state
@@ -46,18 +57,30 @@ class QueueHeaps:
         """The unit as queue policies and quotas see it; None while its Job is unknown or its
         pods are still being created (a unit goes whole: a gang judged on part of its pods
         could be bound below its min_member, or a job sent in pieces)."""
-        job = self._jobs(entry.job)
-        if job is None:
-            return None  # orphaned pods: nothing to schedule them as
         cached = entry.view
-        version = job.metadata.resource_version
-        if (
-            cached is not None
-            and version  # a job never stored has no version to tell its changes by
-            and cached[0] == version
-            and cached[1].pods == len(entry.pods)
-        ):
-            return cached[1]  # the same version of the job, so it was whole and not being deleted
+        version: int | bytes
+        if self._encoded_jobs is not None:
+            data = self._encoded_jobs(entry.job)
+            if data is None:
+                return None  # orphaned pods: nothing to schedule them as
+            if cached is not None and cached[0] == data and cached[1].pods == len(entry.pods):
+                return cached[1]  # the same job, so it was whole and not being deleted
+            job = self._jobs(entry.job)
+            if job is None:
+                return None
+            version = data
+        else:
+            job = self._jobs(entry.job)
+            if job is None:
+                return None  # orphaned pods: nothing to schedule them as
+            version = job.metadata.resource_version
+            if (
+                cached is not None
+                and version  # a job never stored has no version to tell its changes by
+                and cached[0] == version
+                and cached[1].pods == len(entry.pods)
+            ):
+                return cached[1]  # the same version of the job: whole, not being deleted
         if not pods_complete(job):
             return None  # its pods are still being created (chunked): dispatch it whole
         if being_deleted(job):
@@ -126,6 +149,16 @@ class QueueHeaps:
         """1-based place of a QUEUED unit in its queue (0 if it is not there)."""
         units = self.queued(entry.queue)
         return next((i + 1 for i, u in enumerate(units) if u is entry), 0)
+
+    def policy_changed(self, queue: str) -> bool:
+        """Whether the queue's stored sort policy is another than its units are keyed by (a
+        Queue changed: most changes are its status, written every second while it has work,
+        and leave the order as it is)."""
+        kept = self._policies.get(queue)
+        if kept is None:
+            return True
+        obj = self._queues(queue)
+        return policy_for(obj.spec.sort_policy if obj is not None else 0) is not kept
 
     def clear(self, queue: str) -> list[UnitEntry]:
         """Empty the queue's heap and forget its policy (the queue changed): its QUEUED units,

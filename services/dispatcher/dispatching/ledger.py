@@ -9,12 +9,14 @@ from collections.abc import Collection, Iterator, KeysView, Mapping
 from operator import itemgetter
 
 from placement.nodeinfo import GUARANTEED, POOLS
-from placement.quotas import ancestors, held_below, hierarchy_excess, quota_of
+from placement.quotas import ancestors, excess_under, held_below, lineage, maxima, quota_of
 from placement.resources import Quantities
 from placement.room import PoolRoom, RoomClaim
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import Claim, QueueLookup, UnitEntry, shared_int
 from services.dispatcher.dispatching.queueing import PendingUnit
+
+_new_tuple = tuple.__new__
 
 # A claim's node and job, read by C (``QuotaLedger.sum_listed``).
 _CLAIM_NODE = itemgetter(Claim._fields.index("node"))
@@ -42,6 +44,9 @@ class QuotaLedger:
         self._listed: list[Claim] = []
         # Per node, how many pods hold a claim on it (node lifecycle: the nodes to look at).
         self._on_node: dict[str, int] = {}
+        # Per queue, the maxima over its lineage (``placement.quotas.maxima``), until a Queue
+        # changes.
+        self._limits: dict[str, list[tuple[str, pb.Resources]]] = {}
         # A claim was released since the last round (room freed).
         self.room_freed = False
 
@@ -108,15 +113,28 @@ class QuotaLedger:
         if old is None:
             return False
         status = pod.status
-        self._room.claim(
-            old.name,
-            old._replace(
-                priority=shared_int(pod.spec.priority),
-                started_ms=status.started_ms,
-                deleting=bool(pod.metadata.deletion_timestamp_ms),
-                phase=status.phase,
+        name, queue, pool, requests, _, _, _, node, job, pod_index, _, owner = old
+        # tuple.__new__ straight, as ``Claim.from_parts`` makes them: ``_replace`` is a Python
+        # function taking keywords (a third of a bound pod's start as the dispatcher sees it).
+        new = _new_tuple(
+            Claim,
+            (
+                name,
+                queue,
+                pool,
+                requests,
+                shared_int(pod.spec.priority),
+                status.started_ms,
+                bool(pod.metadata.deletion_timestamp_ms),
+                node,
+                job,
+                pod_index,
+                status.phase,
+                owner,
             ),
         )
+        # Its pool, requests and node are the old claim's: the room's sums stay as they are.
+        self._room.restate(name, new)
         self.room_freed = True
         return True
 
@@ -164,7 +182,10 @@ class QuotaLedger:
         """The unit was dispatched: its requests count against quota and room until it ends."""
         entry.reserved = unit.requests
         entry.reserved_pool = unit.pool
-        self._inflight.setdefault(entry.queue, Quantities()).add(unit.requests)
+        inflight = self._inflight.get(entry.queue)
+        if inflight is None:  # not setdefault: a Quantities made per unit, kept for none
+            inflight = self._inflight[entry.queue] = Quantities()
+        inflight.add(unit.requests)
         self._room.hold(unit.pool, unit.requests)
         self._held[unit.pool].add(unit.requests)
 
@@ -184,6 +205,11 @@ class QuotaLedger:
         """The queue's max (``spec.quota``), None when it has none."""
         return quota_of(self.queues(queue))
 
+    def limits_changed(self) -> None:
+        """A Queue changed (its max, its parent, or it came or went): the maxima kept per queue
+        (``quota_excess``) are read again."""
+        self._limits.clear()
+
     def ancestors(self, queue: str) -> list[str]:
         """The queue's parents, nearest first."""
         return ancestors(queue, self.queues)
@@ -192,12 +218,18 @@ class QuotaLedger:
         """The resource a unit of ``request`` would take past the queue's max, or past the max
         of a parent queue (each counting every queue below it; ``placement.quotas``); "" if it
         fits."""
-        # The holders are gathered only for a max to judge against (asked per unit offered;
-        # most queues and their parents have none).
-        found = hierarchy_excess(
-            queue,
+        # ``placement.quotas.hierarchy_excess``, the maxima over the queue's lineage kept per
+        # queue until a Queue changes (``limits_changed``): asked per unit offered, and most
+        # queues and their parents have none. The holders are gathered only for a max to
+        # judge against.
+        limits = self._limits.get(queue)
+        if limits is None:
+            limits = self._limits[queue] = maxima(lineage(queue, self.queues), self.queues)
+        if not limits:
+            return ""
+        found = excess_under(
+            limits,
             request,
-            self.queues,
             lambda judged: held_below(
                 judged, self.queues, self.used, self.usage.keys() | self._inflight.keys()
             ),

@@ -20,14 +20,15 @@ import heapq
 from collections.abc import Callable, Iterable
 from fractions import Fraction
 
-from placement.claims import holds_claim
+from placement.claims import CLAIM_PHASES
 from placement.nodeinfo import GUARANTEED
-from placement.quotas import queue_of
+from placement.quotas import DEFAULT_QUEUE
 from placement.resources import Quantities
 from protos.godel.v1 import objects_pb2 as pb
 from services.dispatcher.dispatching.entries import (
     BackoffSettings,
     Claim,
+    EncodedJobLookup,
     JobLookup,
     PendingRef,
     QueueLookup,
@@ -63,6 +64,8 @@ __all__ = [
     "UnitState",
     "is_pending",
 ]
+
+_new_tuple = tuple.__new__
 
 # A queue stops for the round after this many of its units found no room (quota or shard
 # credits), so a long queue of units too large for the shards left costs a bounded round.
@@ -303,7 +306,11 @@ class UnitQueue:
         queues: QueueLookup,
         backoff: BackoffSettings,
         fairness: Fairness | None = None,
+        encoded_jobs: EncodedJobLookup | None = None,
     ) -> None:
+        """``encoded_jobs``: the jobs' stored bytes, when ``jobs`` decodes them (the
+        dispatcher's informer): a unit's view is then kept while its job's bytes are the
+        same, without decoding it (``QueueHeaps.view``)."""
         self.jobs = jobs
         self.queues = queues
         self.backoff = backoff
@@ -316,7 +323,7 @@ class UnitQueue:
         self._seq = 0
         ledger = self._ledger = QuotaLedger(queues)
         figures = self._figures = QueueFigures(ledger)
-        heaps = self._heaps = QueueHeaps(jobs, queues, self.units, figures.set_state)
+        heaps = self._heaps = QueueHeaps(jobs, queues, self.units, figures.set_state, encoded_jobs)
         waits = self._waits = Waits(backoff, self.units, self._by_queue)
         rounds = self._rounds = Rounds(
             heaps,
@@ -413,23 +420,27 @@ class UnitQueue:
     def add_pod(self, pod: pb.Pod, now_ms: int) -> bool:
         """Count a pod: its claim towards its queue's usage, and if pending, into its job's
         unit. True when a unit joined its queue's heap (a round may send it)."""
-        if holds_claim(pod):
-            self._ledger.claim(Claim.of(pod))
-            return False  # not pending: a pod holding a claim is bound
-        if not is_pending(pod):
+        # Each field read once (``holds_claim``, ``is_pending``): every pod created comes here.
+        spec, status = pod.spec, pod.status
+        phase = status.phase
+        if spec.node_name:
+            if phase in CLAIM_PHASES:
+                self._ledger.claim(Claim.of(pod))
+            return False  # not pending: a pod on a node is bound, or was
+        if phase != pb.POD_PENDING:
             return False
-        name = pod.metadata.name
-        entry = self.units.get(pod.spec.job)
+        meta = pod.metadata
+        name, job = meta.name, spec.job
+        entry = self.units.get(job)
         if entry is None:
             self._seq += 1
-            entry = UnitEntry(pod.spec.job, queue_of(pod), self._seq, now_ms)
-            self.units[pod.spec.job] = entry
-            self._by_queue.setdefault(entry.queue, {})[entry.job] = entry
+            entry = UnitEntry(job, spec.queue or DEFAULT_QUEUE, self._seq, now_ms)
+            self.units[job] = entry
+            self._by_queue.setdefault(entry.queue, {})[job] = entry
         if name not in entry.pods:
             self._figures.pod_joined(entry)
-        entry.pods[name] = PendingRef(
-            pod.metadata.uid, pod.metadata.resource_version, pod.spec.index
-        )
+        # tuple.__new__ straight: the NamedTuple's __new__ binds its arguments in Python.
+        entry.pods[name] = _new_tuple(PendingRef, (meta.uid, meta.resource_version, spec.index))
         if entry.state == UnitState.QUEUED and not entry.in_heap:
             self.enqueue(entry)
             return True
@@ -444,6 +455,14 @@ class UnitQueue:
         if entry is not None and entry.pods.pop(name, None) is not None:
             self._figures.pod_left(entry)
         return claim is not None
+
+    def take_pending(self, pod: str, job: str) -> UnitEntry | None:
+        """A pending pod of ``job``'s unit left it (bound: ``remove_pod`` of a pod known to
+        hold no claim). Returns the unit, which stays until ``drop_if_empty``."""
+        entry = self.units.get(job)
+        if entry is not None and entry.pods.pop(pod, None) is not None:
+            self._figures.pod_left(entry)
+        return entry
 
     def drop_if_empty(self, job: str) -> None:
         # A dispatched unit stays tracked until its shard reports on it (it counts as load).
@@ -474,7 +493,12 @@ class UnitQueue:
     # -----------------------------------------------------------------------------------------
 
     def queue_changed(self, queue: str) -> None:
-        """A queue was created or changed (its sort policy may differ): re-key its heap."""
+        """A queue was created or changed: re-key its heap if its sort policy differs (a pass
+        over its queued units; its status written, every second while it has work, changes
+        nothing of their order)."""
+        self._ledger.limits_changed()
+        if not self._heaps.policy_changed(queue):
+            return
         for entry in self._heaps.clear(queue):
             self.enqueue(entry)
 
