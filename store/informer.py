@@ -451,7 +451,8 @@ class Informer:
                     keep=keep,
                     hinted=None if self._hinted is None else self._hinted_or_taken,
                 ):
-                    # The next read's changes are parsed once this one is applied.
+                    # This read is parsed whole (the next one is parsed only once this one
+                    # is applied): what it took matters to no later hinted change.
                     self._taken_now.clear()
                     self.changes_read += len(batch.events)
                     if self._stopping:
