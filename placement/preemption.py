@@ -203,6 +203,25 @@ class VictimCandidate:
             )
         return cls.from_parts(pod.metadata, pod.spec, pod.status, request, node)
 
+    def started_at(self, started_ms: int) -> VictimCandidate | None:
+        """This record once its pod started at ``started_ms``, nothing else changed (a start
+        the change feed hints, ``store.ops.POD_STARTED``); None where its protection window
+        runs from the start (the record does not keep the window: the pod is read instead)."""
+        if self.protected_until_ms:
+            return None
+        return _make_candidate(
+            self.name,
+            self.job,
+            self.priority,
+            started_ms,
+            self.req,
+            self.preemptible,
+            0,
+            self.preempted_by,
+            self.node,
+            self.labels,
+        )
+
     @classmethod
     def from_parts(
         cls,

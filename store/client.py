@@ -23,7 +23,19 @@ from store.connection import DEFAULT_FEED_MAX_LEN, SENTINEL_SCHEME, SentinelTarg
 from store.feed import ChangeFeed, EventType, WatchBatch, WatchEvent
 from store.lease import Fence, Leases
 from store.nodes import Heartbeats, NodeAccounting, NodeHeartbeats, NodeUsage, StaleBeats
-from store.ops import MAX_OPS_PER_CALL, Bind, Create, Delete, Op, Release, Update, new_uid
+from store.ops import (
+    MAX_OPS_PER_CALL,
+    POD_STARTED,
+    Bind,
+    Create,
+    Delete,
+    Op,
+    Release,
+    Update,
+    hinted_start,
+    new_uid,
+    pod_started_hint,
+)
 from store.pulse import ShardHeartbeats
 from store.reads import ListResult, ObjectReads, StoredListing
 from store.writes import ObjectWrites
@@ -47,6 +59,7 @@ class Store(
 __all__ = [
     "DEFAULT_FEED_MAX_LEN",
     "MAX_OPS_PER_CALL",
+    "POD_STARTED",
     "SENTINEL_SCHEME",
     "Bind",
     "Create",
@@ -65,6 +78,8 @@ __all__ = [
     "Update",
     "WatchBatch",
     "WatchEvent",
+    "hinted_start",
     "new_uid",
+    "pod_started_hint",
     "redact_url",
 ]

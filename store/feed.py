@@ -18,8 +18,10 @@ log = structlog.get_logger(__name__)
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 _EVENT_TYPES: dict[bytes, EventType] = {b"A": "ADDED", b"M": "MODIFIED", b"D": "DELETED"}
-# The field names of a change feed entry, in the order commit.lua writes them.
+# The field names of a change feed entry, in the order commit.lua writes them; a hinted
+# update's entry has its hint last (store/ops.py ``Update.hint``).
 _FEED_FIELDS = [b"t", b"k", b"n", b"d"]
+_HINTED_FIELDS = [b"t", b"k", b"n", b"d", b"h"]
 
 
 @dataclass(slots=True)
@@ -66,12 +68,17 @@ class ChangeFeed(StoreConnection):
         block_ms: int = 1000,
         count: int = 4096,
         keep: Callable[[str, bytes], bool] | None = None,
+        hinted: Callable[[str, bytes, bytes], bool] | None = None,
     ) -> AsyncIterator[WatchBatch]:
         """Every change after ``from_revision``, in order, in batches; an empty batch after
         ``block_ms`` without changes. Raises ResourceVersionTooOldError when the feed no longer
         holds the next revision (trimmed, or the store was reset): the caller must relist.
         ``keep(kind, name)``, if given, picks the changes wanted by the object's name before
-        the object is decoded (a watch of one job's pods need not decode every pod)."""
+        the object is decoded (a watch of one job's pods need not decode every pod).
+        ``hinted(kind, name, hint)``, if given, is asked instead of ``keep`` about a change
+        whose writer said what it was (``Update.hint``; ``keep`` is not asked about those):
+        False passes over it undecoded. Both are asked in feed order, as each read is parsed,
+        before the read is handed over."""
         wanted = {kinds_mod.kind_named(k).name.encode() for k in kinds} if kinds else None
         decoders = {k.name.encode(): k for k in kinds_mod.KINDS.values()}
         last = from_revision
@@ -94,7 +101,7 @@ class ChangeFeed(StoreConnection):
             if first != last + 1:
                 raise ResourceVersionTooOldError(last, first)
             final = int(entries[-1][0].split(b"-", 1)[0])
-            events = _feed_events(entries, first, final, wanted, decoders, keep)
+            events = _feed_events(entries, first, final, wanted, decoders, keep, hinted)
             last = final
             yield WatchBatch(events, last, caught_up=len(entries) < count)
 
@@ -106,10 +113,11 @@ def _feed_events(
     wanted: set[bytes] | None,
     decoders: dict[bytes, kinds_mod.Kind],
     keep: Callable[[str, bytes], bool] | None,
+    hinted: Callable[[str, bytes, bytes], bool] | None = None,
 ) -> list[WatchEvent]:
     """The events of one read of the change feed (revisions ``first`` to ``final``), of the
-    ``wanted`` kinds and the names ``keep`` picks, each decoded (or carrying its decoding
-    error); a malformed entry is logged and skipped."""
+    ``wanted`` kinds and the names ``keep`` picks (``hinted``, of a hinted change), each
+    decoded (or carrying its decoding error); a malformed entry is logged and skipped."""
     events: list[WatchEvent] = []
     # Revisions are dense (commit.lua writes one entry per revision): entry i of a read
     # is revision first + i, unless the ends say otherwise.
@@ -118,12 +126,18 @@ def _feed_events(
         revisions = [int(entry[0].split(b"-", 1)[0]) for entry in entries]
     for revision, (_, fields) in zip(revisions, entries, strict=True):
         # commit.lua writes the fields in this order: t <type> k <kind> n <name> d <data>
+        # [h <hint>]
+        hint = b""
         if len(fields) == 8 and fields[::2] == _FEED_FIELDS:
             type_, kind_name, name, data = fields[1], fields[3], fields[5], fields[7]
+        elif len(fields) == 10 and fields[::2] == _HINTED_FIELDS:
+            type_, kind_name, name, data = fields[1], fields[3], fields[5], fields[7]
+            hint = fields[9]
         else:  # written otherwise: read by name
             named = dict(zip(fields[::2], fields[1::2], strict=False))
             type_, kind_name = named.get(b"t", b""), named.get(b"k", b"")
             name, data = named.get(b"n", b""), named.get(b"d", b"")
+            hint = named.get(b"h", b"")
         event_type = _EVENT_TYPES.get(type_)
         if event_type is None or not name:
             log.error(
@@ -135,7 +149,12 @@ def _feed_events(
         if wanted is not None and kind_name not in wanted:
             continue
         kind = decoders.get(kind_name)
-        if kind is None or (keep is not None and not keep(kind.name, name)):
+        if kind is None:
+            continue
+        if hint and hinted is not None:
+            if not hinted(kind.name, name, hint):
+                continue
+        elif keep is not None and not keep(kind.name, name):
             continue
         obj: StoredObject | None = None
         error: InvalidObjectError | None = None

@@ -143,6 +143,7 @@ class Informer:
         hold: Selector | None = None,
         held_elsewhere: Callable[[str], Collection[str]] | None = None,
         reads: Callable[[str, bytes], bool] | None = None,
+        hinted: Callable[[str, str, bytes], bool] | None = None,
         recall: Callable[[str, str], StoredObject] | None = None,
         take_listed: Mapping[str, Callable[[Any], bool]] | None = None,
     ) -> None:
@@ -175,6 +176,18 @@ class Informer:
         rescheduler reads no pod changes while no node has GPUs): it must not refuse a change
         of an object cached, or the cache would keep its old state.
 
+        ``hinted(kind, name, hint)`` is asked about a change whose writer said what it was
+        (the feed entry's hint, ``store.ops``: ``R<started_ms>``, a pod started) when the
+        informer may pass over it undecoded: the cache keeps no bytes of the object (none kept
+        by ``hold``, or ``selector`` refused it, or it is unknown) and no earlier change of the
+        same read names it — so the informer's state of it is the version the writer changed,
+        the one the hint describes the change from. False: passed over, counted in
+        ``passed_over`` (with ``reads``, asked first, as any change); True: read as any other.
+        For a holder whose ``selector``, ``hold``, records and handlers make nothing of such a
+        change, or who takes what it needs from the hint itself (a shard's record of a bound
+        pod takes its start time, then answers False): the Binder, a node agent (its own
+        writes' echo, and other agents' pods). Without it every change is read.
+
         ``retry_max_seconds`` caps the wait between tries to reach a lost store (doubling from
         0.05 s): a store failover takes 3–5 s, and with a cap of 5 s the service's view came
         back up to 3 s after the store did; a try a second costs one connection attempt.
@@ -204,6 +217,14 @@ class Informer:
         self._reads = reads
         # Changes of the feed ``reads`` refused: never decoded.
         self.unread = 0
+        self._hinted = hinted
+        # Hinted changes passed over (``hinted``): never decoded.
+        self.passed_over = 0
+        # Changes of the feed read (decoded), counted as their reads are applied.
+        self.changes_read = 0
+        # (kind, name) of each change taken so far in the read being parsed, when ``hinted``
+        # is given: a hinted change of one of them is read, not asked about.
+        self._taken_now: set[tuple[str, bytes]] = set()
         self._recall = recall or _name_alone
         self.kinds = list(kinds)
         self.cache: dict[str, MutableMapping[str, StoredObject]] = {
@@ -416,13 +437,24 @@ class Informer:
                 # socket while the event loop was busy elsewhere is as old as its request, and
                 # judging heartbeats by it declared live shards dead.
                 asked_at = time.monotonic()
+                self._taken_now.clear()
+                keep: Callable[[str, bytes], bool] | None = None
+                if self._hinted is not None:
+                    keep = self._taken
+                elif self._reads is not None:
+                    keep = self._read_or_count
                 async for batch in self._store.watch(
                     self.revision,
                     self.kinds,
                     block_ms=self._block_ms,
                     count=WATCH_BATCH_EVENTS,
-                    keep=None if self._reads is None else self._read_or_count,
+                    keep=keep,
+                    hinted=None if self._hinted is None else self._hinted_or_taken,
                 ):
+                    # This read is parsed whole (the next one is parsed only once this one
+                    # is applied): what it took matters to no later hinted change.
+                    self._taken_now.clear()
+                    self.changes_read += len(batch.events)
                     if self._stopping:
                         return
                     self._applying_to = batch.revision
@@ -784,6 +816,30 @@ class Informer:
             return True
         self.unread += 1
         return False
+
+    def _taken(self, kind: str, name: bytes) -> bool:
+        """``keep`` with ``hinted`` given: ``reads``' answer, each change taken noted."""
+        if self._reads is not None and not self._reads(kind, name):
+            self.unread += 1
+            return False
+        self._taken_now.add((kind, name))
+        return True
+
+    def _hinted_or_taken(self, kind: str, name: bytes, hint: bytes) -> bool:
+        """Whether a hinted change is read (see ``hinted``)."""
+        if self._reads is not None and not self._reads(kind, name):
+            self.unread += 1
+            return False
+        key = (kind, name)
+        if key not in self._taken_now:
+            assert self._hinted is not None
+            text = name.decode(errors="replace")
+            # ``in`` an encoded cache is True only where its bytes are kept.
+            if text not in self.cache[kind] and not self._hinted(kind, text, hint):
+                self.passed_over += 1
+                return False
+        self._taken_now.add(key)
+        return True
 
     def _holds(self, kind: str, obj: StoredObject) -> bool:
         """Whether the cache keeps ``obj`` (see ``hold``)."""

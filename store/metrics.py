@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from prometheus_client import REGISTRY, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # From a loopback round trip (~100 µs) to a store stalled by a long script or an fsync.
@@ -61,6 +61,10 @@ SHARD_HEARTBEAT_GAP_MAX = Gauge(
 
 class _Lagging(Protocol):
     kinds: list[str]
+    # The changes of the feed it read (decoded), passed over as hinted, refused by ``reads``.
+    changes_read: int
+    passed_over: int
+    unread: int
 
     def staleness(self) -> float: ...
 
@@ -69,7 +73,9 @@ class _InformerLag(Collector):
     """``godel_store_informer_lag_seconds``: per running informer (labelled by the kinds it
     watches), how far its cache is behind the store — 0 while it keeps up, else the seconds since
     it last held everything the store had (``Informer.staleness``). Read at scrape time, so it
-    costs the informer nothing."""
+    costs the informer nothing. With it, ``godel_store_informer_changes_total{kinds,outcome}``:
+    the changes of the feed the informers of those kinds read (decoded: ``read``), passed over
+    as their writers hinted (``passed_over``), or refused by name (``unread``)."""
 
     NAME = "godel_store_informer_lag_seconds"
     HELP = "How far an informer's cache is behind the store, in seconds (0 while it keeps up)"
@@ -86,20 +92,39 @@ class _InformerLag(Collector):
         with self._lock:
             self._informers.discard(informer)
 
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["kinds"])]
+    CHANGES = "godel_store_informer_changes"
+    CHANGES_HELP = (
+        "Changes of the store's feed the informers read (decoded), passed over as their "
+        "writers hinted, or refused by name before decoding, by the kinds they watch"
+    )
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def describe(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        return [
+            GaugeMetricFamily(self.NAME, self.HELP, labels=["kinds"]),
+            CounterMetricFamily(self.CHANGES, self.CHANGES_HELP, labels=["kinds", "outcome"]),
+        ]
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         with self._lock:
             informers = list(self._informers)
         worst: dict[str, float] = {}
+        counts: dict[tuple[str, str], int] = {}
         for informer in informers:
             kinds = ",".join(informer.kinds)
             worst[kinds] = max(worst.get(kinds, 0.0), informer.staleness())
+            for outcome, n in (
+                ("read", informer.changes_read),
+                ("passed_over", informer.passed_over),
+                ("unread", informer.unread),
+            ):
+                counts[kinds, outcome] = counts.get((kinds, outcome), 0) + n
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=["kinds"])
         for kinds, lag in sorted(worst.items()):
             family.add_metric([kinds], lag)
-        return [family]
+        changes = CounterMetricFamily(self.CHANGES, self.CHANGES_HELP, labels=["kinds", "outcome"])
+        for (kinds, outcome), n in sorted(counts.items()):
+            changes.add_metric([kinds, outcome], n)
+        return [family, changes]
 
 
 INFORMER_LAG = _InformerLag()

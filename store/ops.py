@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,10 +44,14 @@ class Create:
 
 @dataclass(frozen=True, slots=True)
 class Update:
-    """Compare-and-set on ``obj.metadata.resource_version`` unless ``force``."""
+    """Compare-and-set on ``obj.metadata.resource_version`` unless ``force``. ``hint``: what
+    the change is, in the writer's words, written beside it in the change feed (see
+    ``FEED_HINTS``); only on a compare-and-set, so that it describes the change from the
+    version read."""
 
     obj: Message  # a stored kind's message (checked when the commit is built)
     force: bool = False
+    hint: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,31 @@ class Release:
 
 
 Op = Create | Update | Delete | Bind | Release
+
+
+# Feed hints: an update's writer may say what the change was (``Update.hint``); the feed entry
+# carries it (field ``h``) and a reader that makes nothing of such a change passes over it
+# without decoding the object (``ChangeFeed.watch``'s ``hinted``, ``Informer(hinted=)``). The
+# store checks the form (a letter, then letters or digits) and that the write is a
+# compare-and-set, not the meaning: that is the writer's word.
+#
+# ``R<started_ms>`` — a pod started: from ``POD_BOUND`` to ``POD_RUNNING`` with
+# ``status.started_ms`` (the number) set, and nothing else changed. Its node, its claim, its
+# spec, labels and deletion mark are those of the version before (the node agent's write).
+POD_STARTED = b"R"
+_HINT_FORM = re.compile(r"[A-Za-z][A-Za-z0-9]{0,31}")
+
+
+def pod_started_hint(started_ms: int) -> str:
+    """The hint of a pod's start at ``started_ms`` (``POD_STARTED``)."""
+    return f"R{started_ms}"
+
+
+def hinted_start(hint: bytes) -> int | None:
+    """The start time a ``POD_STARTED`` hint carries; None for another hint."""
+    if hint[:1] != POD_STARTED or not hint[1:].isdigit():
+        return None
+    return int(hint[1:])
 
 
 # Uids name objects; they guard nothing, so they need uniqueness, not unpredictability: a
@@ -173,6 +203,14 @@ class ScriptCall:
                         "metadata.resource_version",
                     )
                 type_, expect = "U", "-" if forced else str(meta.resource_version)
+                hint = op.hint if isinstance(op, Update) else ""
+                if hint:
+                    if forced or not _HINT_FORM.fullmatch(hint):
+                        raise InvalidObjectError(
+                            f"feed hint {hint[:40]!r}: a letter then letters or digits, "
+                            "on a compare-and-set update only"
+                        )
+                    type_ += hint  # the op's type and its hint, one word (commit.lua)
             if isinstance(op, Bind):
                 acct = _claim_spec(op.pod)
             elif isinstance(op, Release):

@@ -203,6 +203,7 @@ class _Lagging:
     def __init__(self, kinds: list[str], seconds: float) -> None:
         self.kinds = kinds
         self.seconds = seconds
+        self.changes_read = self.passed_over = self.unread = 0
 
     def staleness(self) -> float:
         return self.seconds

@@ -30,7 +30,7 @@ from placement.resources import Quantities
 from placement.topology import TopologyIndex
 from protos.godel.v1 import objects_pb2 as pb
 from services.grouped import GroupedNames
-from store.client import Store
+from store.client import POD_STARTED, Store
 from store.encoded import EncodedObjects
 from store.informer import Handlers, Informer
 from store.kinds import S, StoredObject
@@ -75,6 +75,7 @@ def watched(store: Store) -> tuple[Informer, ClusterState]:
         hold=keeps,
         held_elsewhere=state.held_elsewhere,
         recall=state.recall,
+        hinted=state.reads_hinted,
         take_listed={"Pod": state.take_listed},
     )
     informer.add_handlers(Handlers(state.on_add, state.on_update, state.on_delete))
@@ -169,6 +170,14 @@ class ClusterState:
             pod.spec.node_name = node
             pod.status.phase = pb.POD_BOUND
         return pod
+
+    def reads_hinted(self, kind: str, name: str, hint: bytes) -> bool:
+        """Whether the informer reads a change its writer hinted (``Informer(hinted=)``): not
+        a placed pod's start (``POD_STARTED``, from BOUND to RUNNING and its start time, node
+        and claim kept), which changes nothing its records say — ``recall`` outlines it
+        BOUND either way, and what a decision reads of a victim beyond them is read from the
+        store. Anything else, and a pod the records do not place, is read."""
+        return kind != "Pod" or hint[:1] != POD_STARTED or name not in self.pod_node
 
     # --- informer handlers ------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from services.nodeagent.isolation import (
 )
 from services.nodeagent.nodes import HOLLOW, PROCESS, now_ms
 from store import CommitError, ConflictError, NotFoundError, Store, StoreError
-from store.client import Op, Release, Update
+from store.client import Op, Release, Update, pod_started_hint
 from store.errors import StoreUnavailableError
 from store.informer import Handlers
 
@@ -200,6 +200,16 @@ class ProcessRun(PodRun):
             self.version = version
         elif encoded is not None and version == self.version:
             self.encoded = encoded
+
+
+def _update_op(stored: pb.Pod, new: pb.Pod) -> Update:
+    """The write of a non-terminal patch over ``stored``, a compare-and-set on its version. A
+    start (BOUND to RUNNING, ``Patch.applied_to`` changing the phase and the start time alone)
+    says so in the change feed (``POD_STARTED``): the shards take the start time from the hint
+    and the Binders and agents pass over it undecoded — this agent its own write's echo."""
+    if stored.status.phase == pb.POD_BOUND and new.status.phase == pb.POD_RUNNING:
+        return Update(new, hint=pod_started_hint(new.status.started_ms))
+    return Update(new)
 
 
 def uid_key(pod: pb.Pod) -> int:
@@ -653,15 +663,15 @@ class PodRunner:
             name = next(iter(self.pending))
             batch.append((name, self.pending.pop(name)))
         writes: list[tuple[str, Patch, pb.Pod]] = []
+        commits: list[list[Op]] = []
         for name, patch, pod in await self._as_stored(batch):
             new = patch.applied_to(pod)
-            if new is not None:
-                writes.append((name, patch, new))
+            if new is None:
+                continue
+            writes.append((name, patch, new))
+            commits.append([Release(new)] if patch.terminal else [_update_op(pod, new)])
         if not writes:
             return
-        commits: list[list[Op]] = [
-            [Release(new)] if patch.terminal else [Update(new)] for _, patch, new in writes
-        ]
         self.commit_calls += 1
         try:
             results = await self._store.commit_many(commits)

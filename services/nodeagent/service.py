@@ -77,6 +77,7 @@ from services.runtime import (
 )
 from services.runtime.auth import caller
 from store import StoreError
+from store.client import POD_STARTED
 from store.informer import Informer
 from store.kinds import StoredObject
 
@@ -483,6 +484,7 @@ class NodeAgentService(Service[NodeAgentConfig]):
             selector=selector,
             hold=keeps,
             held_elsewhere=lambda _kind: RunNames(runner.known(), usage.names()),
+            hinted=_reads_hinted,
         )
 
     def _check_certificate_names_the_nodes(self) -> None:
@@ -716,3 +718,13 @@ def _tail_offset(f: BinaryIO, lines: int) -> int:
                 if found == lines:
                     return pos + i + 1
     return 0
+
+
+def _reads_hinted(kind: str, name: str, hint: bytes) -> bool:
+    """Whether the agent's informer reads a change its writer hinted (``Informer(hinted=)``),
+    of a pod whose bytes it does not keep: not a start (``POD_STARTED``: phase and start time
+    alone), which changes nothing its selector (the pod's node; the agent's nodes are fixed),
+    its runs, the load model or the tide read — its own write's echo for a hollow pod of its
+    nodes, another agent's write for any other pod. A process pod's start is read (the informer
+    keeps its bytes)."""
+    return hint[:1] != POD_STARTED

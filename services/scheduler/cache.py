@@ -248,6 +248,18 @@ class SchedulerCache:
             if job_pods is not None:
                 job_pods[record.name] = record.node
 
+    def started(self, name: str, started_ms: int) -> bool:
+        """A bound pod started at ``started_ms``, nothing else changed (the change feed's
+        ``POD_STARTED`` hint): True once its record took the start (what its victim order and
+        protection read); False where it cannot — no record, or a protection window that runs
+        from the start — and the pod is to be read whole."""
+        record = self.bound.get(name)
+        started = record.started_at(started_ms) if record is not None else None
+        if started is None:
+            return False
+        self.bound[name] = started  # priority, node and request the same: counts unchanged
+        return True
+
     @staticmethod
     def keeps_whole(pod: pb.Pod) -> bool:
         """Whether the shard's informer keeps ``pod`` whole: every pod but those the cache keeps

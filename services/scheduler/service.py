@@ -60,7 +60,7 @@ from store.errors import (
 )
 from store.informer import Handlers, Informer
 from store.lease import Fence, Leases, incarnation
-from store.ops import Create, Delete, Update
+from store.ops import Create, Delete, Update, hinted_start
 from store.pulse import ShardHeartbeats, ShardPulse
 
 log = structlog.get_logger(__name__)
@@ -327,6 +327,8 @@ class SchedulerService(Service[SchedulerConfig]):
             ["Node", "Pod", "SchedulerInstance", "DisruptionBudget", "Movement", "Reservation"],
             hold=_read_whole,
             held_elsewhere=lambda kind: self.cache.bound if kind == "Pod" else (),
+            # A bound pod's start into its record from the feed's hint, undecoded.
+            hinted=self._reads_hinted,
             # A (re)start's bound pods straight into the cache's records, each read once.
             take_listed={"Pod": self.cache.take_listed},
         )
@@ -724,6 +726,15 @@ class SchedulerService(Service[SchedulerConfig]):
         log.warning("fault drill: event loop released")
 
     # -- informer ----------------------------------------------------------------------------
+
+    def _reads_hinted(self, kind: str, name: str, hint: bytes) -> bool:
+        """Whether the informer reads a change its writer hinted (``Informer(hinted=)``): not a
+        bound pod's start (``POD_STARTED``) that its record takes from the hint itself
+        (``SchedulerCache.started``); anything else is read."""
+        if kind != "Pod":
+            return True
+        started_ms = hinted_start(hint)
+        return started_ms is None or not self.cache.started(name, started_ms)
 
     def _holds(self, pod: str, node: str) -> bool:
         bound = self.cache.bound.get(pod)

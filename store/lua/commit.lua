@@ -11,7 +11,8 @@
 -- then per commit: its number of ops, followed by 2 arguments per op: a header
 -- "<type> <slot> <kind> <name> <expect> <acct>" (space-separated; names never contain spaces)
 -- and the serialised object ('' for delete). Fields of the header:
---   type     'C' create | 'U' update | 'D' delete
+--   type     'C' create | 'U' update | 'D' delete, an update's feed hint right after it
+--            ('UR1764000000000': written to its feed entry as the field h; store/ops.py)
 --   slot     k: which kind keys to use
 --   kind     kind name, written to the feed
 --   name     object name
@@ -131,6 +132,7 @@ end
 -- numbered across the call (k); their parts are kept in one array each.
 local commit_start, commit_size, commit_reply = {}, {}, {}
 local op_type, op_slot, op_kind, op_name, op_expect, op_acct, op_arg = {}, {}, {}, {}, {}, {}, {}
+local op_hint = {} -- k -> an update's feed hint (most ops have none)
 local op_bind, op_claim = {}, {} -- k -> a bind's claim_fields, and its claim
 local nparsed = 0
 do
@@ -142,7 +144,9 @@ do
     for i = 1, nops do
       local b = pos + 2 * i - 1
       local header = argv[b]
-      local optype, slot, kind, name, expect, a = match(header, '^(%S+) (%S+) (%S+) (%S+) (%S+) ?(.*)$')
+      local optype, hint, slot, kind, name, expect, a =
+        match(header, '^(%u)(%w*) (%S+) (%S+) (%S+) (%S+) ?(.*)$')
+      if hint ~= '' and optype ~= 'U' then optype = nil end -- only an update says what it is
       local bind_node, pool, cpu, mem, gpu
       if optype and sub(a, 1, 1) == 'B' then
         bind_node, pool, cpu, mem, gpu = match(a, '^B (%S+) (%S+) (%d+) (%d+) (%d+)$')
@@ -156,6 +160,7 @@ do
       slot = tonumber(slot)
       op_type[k], op_slot[k], op_kind[k], op_name[k], op_expect[k], op_acct[k], op_arg[k] =
         optype, slot, kind, name, expect, a, b + 1
+      if hint ~= '' then op_hint[k] = hint end
       local names = rv_names[slot]
       if not names then
         names = {}
@@ -322,8 +327,14 @@ if #fed > 0 then
   local events = {C = 'A', U = 'M', D = 'D'}
   for j = 1, #fed do
     local k = fed[j]
-    call('XADD', feed, format('%d-0', first_revision + j - 1),
-      't', events[op_type[k]] or 'M', 'k', op_kind[k], 'n', op_name[k], 'd', fed_data[j] or argv[op_arg[k]])
+    local hint = op_hint[k]
+    if hint then
+      call('XADD', feed, format('%d-0', first_revision + j - 1),
+        't', 'M', 'k', op_kind[k], 'n', op_name[k], 'd', argv[op_arg[k]], 'h', hint)
+    else
+      call('XADD', feed, format('%d-0', first_revision + j - 1),
+        't', events[op_type[k]] or 'M', 'k', op_kind[k], 'n', op_name[k], 'd', fed_data[j] or argv[op_arg[k]])
+    end
   end
   call('XTRIM', feed, 'MAXLEN', '~', argv[2])
 end
