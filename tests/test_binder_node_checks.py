@@ -96,8 +96,8 @@ def test_a_nodes_placements_are_judged_in_order_and_the_state_is_left_as_it_was(
     plan = BatchPlan(batch, pods, jobs, state, hard_rules(), victims_read)
     plan.run()
     assert {c.job for c in plan.candidates.values()} == case.accepted
-    for job in {p[0] for p in case.placements} - case.accepted:
-        (rejection,) = [r for n, r in plan.rejected.items() if n.startswith(f"{job}-")]
+    for refused in {p[0] for p in case.placements} - case.accepted:
+        (rejection,) = [r for n, r in plan.rejected.items() if n.startswith(f"{refused}-")]
         assert rejection.code == CONFLICT
     after = {
         name: (dict(info.pods), {k: list(v) for k, v in info.requested.items()}, info.generation)
