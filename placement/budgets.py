@@ -125,6 +125,11 @@ class SelectorMembers:
         self._selections: dict[str, Selection] = {}
         self._members: dict[str, dict[str, str]] = {}
 
+    def __bool__(self) -> bool:
+        """Whether any label-selector budget is kept: while none is, ``set_pod`` has nothing
+        to test, and a caller may skip asking whether a pod's labels changed."""
+        return bool(self._selections)
+
     def set_budget(
         self, budget: pb.DisruptionBudget, pods: Iterable[tuple[str, str, Mapping[str, str]]]
     ) -> None:

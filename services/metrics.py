@@ -176,10 +176,19 @@ _VERDICT_REASONS = {
 
 
 def record_verdicts(
-    batch: ipb.DecisionBatch, verdicts: ipb.VerdictBatch, bound: Iterable[pb.Pod], now_ms: int
+    batch: ipb.DecisionBatch,
+    verdicts: ipb.VerdictBatch,
+    bound: Iterable[pb.Pod],
+    now_ms: int,
+    *,
+    refused: Iterable[ipb.PodVerdict] | None = None,
+    any_victims: bool = True,
 ) -> None:
     """A decided batch: pods bound, refusals by verdict, victims evicted, submit→bound latency.
-    Counters move once per batch (and per refusal reason present), not once per pod."""
+    Counters move once per batch (and per refusal reason present), not once per pod.
+    ``refused``: the verdicts other than BOUND, when the caller holds them apart (else read
+    from ``verdicts``); ``any_victims``: False when no placement of the batch names a victim
+    (its placements are then not read again)."""
     bound_count = 0
     for pod in bound:
         bound_count += 1
@@ -187,10 +196,11 @@ def record_verdicts(
         BINDER_SUBMIT_TO_BOUND.observe(max(bound_ms - pod.metadata.creation_timestamp_ms, 0) / 1000)
     if bound_count:
         BINDER_PODS_BOUND.inc(bound_count)
-    refused = Tally(v.code for v in verdicts.verdicts if v.code in _VERDICT_REASONS)
-    for code, count in refused.items():
+    codes = [v.code for v in (verdicts.verdicts if refused is None else refused)]
+    tally = Tally(code for code in codes if code in _VERDICT_REASONS)
+    for code, count in tally.items():
         BINDER_CONFLICTS.labels(_VERDICT_REASONS[code]).inc(count)
-    if bound_count:
+    if bound_count and any_victims:
         bound_names = {v.pod for v in verdicts.verdicts if v.code == ipb.BOUND}
         victims = sum(
             len(p.victims) for u in batch.units for p in u.placements if p.pod in bound_names

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar, Protocol, runtime_checkable
 
 from placement.gpufrag import Policy
@@ -21,7 +22,7 @@ from placement.labelselector import (
     requirement,
     selector,
 )
-from placement.nodeinfo import NodeInfo, PodRequest
+from placement.nodeinfo import NodeInfo, PodRequest, RequestPart, request_part
 from placement.topology import PodCounts
 from protos.godel.v1 import objects_pb2 as pb
 
@@ -138,58 +139,138 @@ class PodInfo:
 
     @classmethod
     def from_pod(cls, pod: pb.Pod, *, keyed: bool = True) -> PodInfo:
-        """``keyed=False`` skips the template key (a serialisation of the template), which only
-        the feasible-node cache needs."""
-        tpl = pod.spec.template
-        req = PodRequest.from_pod(pod)
-        has_affinity = tpl.HasField("affinity")
-        node_aff = tpl.affinity.node_affinity if has_affinity else _NO_NODE_AFFINITY
-        pod_affinity: tuple[PodTerm, ...] = ()
-        preferred: tuple[tuple[int, PodTerm], ...] = ()
-        # Only pods that declare pod affinity or spread pay for converting them (every pod of
-        # every cycle passes here).
-        if has_affinity and (
-            tpl.affinity.HasField("pod_affinity") or tpl.affinity.HasField("pod_anti_affinity")
-        ):
-            affinity = tpl.affinity
-            pod_affinity = tuple(pod_term(t) for t in affinity.pod_affinity.required)
-            preferred = tuple(
-                (w.weight, pod_term(w.term)) for w in affinity.pod_affinity.preferred
-            ) + tuple((-w.weight, pod_term(w.term)) for w in affinity.pod_anti_affinity.preferred)
-        spread = (
-            tuple(
-                SpreadConstraint(
-                    c.max_skew,
-                    c.topology_key,
-                    c.when_unsatisfiable != pb.TopologySpreadConstraint.SCHEDULE_ANYWAY,
-                    selector(c.label_selector),
-                )
-                for c in tpl.topology_spread_constraints
-            )
-            if tpl.topology_spread_constraints
-            else ()
+        """``keyed=False`` leaves the template key (a serialisation of the template, which
+        only the feasible-node cache needs) off the result; the part of the pod its template
+        and QoS decide is read once per distinct template either way (``TemplateView``, kept
+        by ``template_view``): a shard and the Binder build one per pod they judge, and a
+        job's pods, or a stream of one-pod jobs of one shape, share it."""
+        key = template_key(pod)
+        view = _VIEWS.get(key)
+        if view is None:
+            view = _template_view(key, pod.spec.template, pod.spec.qos)
+        meta, spec = pod.metadata, pod.spec
+        name = meta.name
+        req = PodRequest.from_parts(meta, spec, name, view.part)
+        # Every field set here, in slot order (``_POD_INFO_SLOTS``): the dataclass's keyword
+        # __init__ with its defaults cost as much as reading the rest of the pod.
+        info = _new_pod_info(PodInfo)
+        info.name = name
+        info.job = spec.job
+        info.resource_version = meta.resource_version
+        info.req = req
+        info.template_key = key if keyed else b""
+        info.node_selector = view.node_selector
+        info.required_terms = view.required_terms
+        info.preferred_terms = view.preferred_terms
+        info.tolerations = view.tolerations
+        info.priority = spec.priority
+        info.preemption_policy = spec.preemption_policy
+        info.labels = req.labels
+        info.pod_affinity = view.pod_affinity
+        info.preferred_pod_terms = view.preferred_pod_terms
+        info.spread = view.spread
+        info.has_topology = view.has_topology
+        info.topology = None
+        info.reservations = _NO_RESERVATIONS
+        return info
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateView:
+    """What a ``PodInfo`` takes from its pod's template and QoS alone (``template_view``):
+    equal for every pod whose template serialises to the same bytes with the same QoS, so
+    read once for all of them. Immutable values only (tuples, frozen records): the pods'
+    ``PodInfo``s share them."""
+
+    part: RequestPart
+    node_selector: tuple[tuple[str, str], ...]
+    required_terms: tuple[Term, ...]
+    preferred_terms: tuple[tuple[int, Term], ...]
+    tolerations: tuple[Toleration, ...]
+    pod_affinity: tuple[PodTerm, ...]
+    preferred_pod_terms: tuple[tuple[int, PodTerm], ...]
+    spread: tuple[SpreadConstraint, ...]
+    # Pod affinity, anti-affinity or spread constraints: all of them the template's.
+    has_topology: bool
+
+
+def read_template_view(tpl: pb.PodTemplate, qos: int) -> TemplateView:
+    """The one reading of a template's ``TemplateView`` (``template_view`` keeps them)."""
+    part = request_part(tpl, qos)
+    has_affinity = tpl.HasField("affinity")
+    node_aff = tpl.affinity.node_affinity if has_affinity else _NO_NODE_AFFINITY
+    pod_affinity: tuple[PodTerm, ...] = ()
+    preferred: tuple[tuple[int, PodTerm], ...] = ()
+    if has_affinity and (
+        tpl.affinity.HasField("pod_affinity") or tpl.affinity.HasField("pod_anti_affinity")
+    ):
+        affinity = tpl.affinity
+        pod_affinity = tuple(pod_term(t) for t in affinity.pod_affinity.required)
+        preferred = tuple(
+            (w.weight, pod_term(w.term)) for w in affinity.pod_affinity.preferred
+        ) + tuple((-w.weight, pod_term(w.term)) for w in affinity.pod_anti_affinity.preferred)
+    spread = tuple(
+        SpreadConstraint(
+            c.max_skew,
+            c.topology_key,
+            c.when_unsatisfiable != pb.TopologySpreadConstraint.SCHEDULE_ANYWAY,
+            selector(c.label_selector),
         )
-        return cls(
-            name=pod.metadata.name,
-            job=pod.spec.job,
-            resource_version=pod.metadata.resource_version,
-            req=req,
-            template_key=template_key(pod) if keyed else b"",
-            node_selector=tuple(sorted(tpl.node_selector.items())),
-            required_terms=tuple(_term(t) for t in node_aff.required),
-            preferred_terms=tuple((p.weight, _term(p.preference)) for p in node_aff.preferred),
-            tolerations=tuple(
-                Toleration(t.key, t.operator == pb.Toleration.EXISTS, t.value, int(t.effect))
-                for t in tpl.tolerations
-            ),
-            priority=pod.spec.priority,
-            preemption_policy=pod.spec.preemption_policy,
-            labels=req.labels,
-            pod_affinity=pod_affinity,
-            preferred_pod_terms=preferred,
-            spread=spread,
-            has_topology=bool(pod_affinity or preferred or spread or req.anti_terms),
-        )
+        for c in tpl.topology_spread_constraints
+    )
+    return TemplateView(
+        part=part,
+        node_selector=tuple(sorted(tpl.node_selector.items())),
+        required_terms=tuple(_term(t) for t in node_aff.required),
+        preferred_terms=tuple((p.weight, _term(p.preference)) for p in node_aff.preferred),
+        tolerations=tuple(
+            Toleration(t.key, t.operator == pb.Toleration.EXISTS, t.value, int(t.effect))
+            for t in tpl.tolerations
+        ),
+        pod_affinity=pod_affinity,
+        preferred_pod_terms=preferred,
+        spread=spread,
+        has_topology=bool(pod_affinity or preferred or spread or part.anti_terms),
+    )
+
+
+# Each distinct template's view, by its template key (the QoS and the template's deterministic
+# bytes: everything the view is read from). At most ``_VIEWS_LIMIT`` kept; past that the cache
+# starts over (pods that each carry a template of their own gain nothing here, and must not
+# make it grow without end).
+_VIEWS: dict[bytes, TemplateView] = {}
+_VIEWS_LIMIT = 4096
+
+
+def _template_view(key: bytes, tpl: pb.PodTemplate, qos: int) -> TemplateView:
+    if len(_VIEWS) >= _VIEWS_LIMIT:
+        _VIEWS.clear()
+    view = _VIEWS[key] = read_template_view(tpl, qos)
+    return view
+
+
+_new_pod_info = object.__new__
+_NO_RESERVATIONS: Mapping[str, str] = MappingProxyType({})
+assert PodInfo.__slots__ == (
+    "name",
+    "job",
+    "resource_version",
+    "req",
+    "template_key",
+    "node_selector",
+    "required_terms",
+    "preferred_terms",
+    "tolerations",
+    "priority",
+    "preemption_policy",
+    "labels",
+    "pod_affinity",
+    "preferred_pod_terms",
+    "spread",
+    "has_topology",
+    "topology",
+    "reservations",
+), "PodInfo's fields moved: from_pod sets each of them"
 
 
 _NO_NODE_AFFINITY = pb.NodeAffinity()

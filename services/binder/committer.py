@@ -191,19 +191,20 @@ class Committer:
             return uniform(batch, NOT_LEADER, f"binder {self.config.name} is not the leader")
         if any(u.reservation for u in batch.units):
             return await self._decide_with_reservations(batch, stream, fence)
-        names = list(dict.fromkeys(p.pod for u in batch.units for p in u.placements if p.pod))
-        # The victims are read with the pods, in the same read: the Binder keeps no bytes of
-        # a bound pod, and an eviction writes the whole pod.
-        named = set(names)
-        victims = list(
-            dict.fromkeys(
-                v
-                for u in batch.units
-                for p in u.placements
-                for v in p.victims
-                if v and v not in named
-            )
-        )
+        # The pods and the victims they name, in one pass over the placements (each field
+        # read is ~0.3 µs, and a batch of one-pod jobs holds thousands). The victims are read
+        # with the pods, in the same read: the Binder keeps no bytes of a bound pod, and an
+        # eviction writes the whole pod.
+        named: dict[str, None] = {}
+        evicting: dict[str, None] = {}
+        for u in batch.units:
+            for p in u.placements:
+                if name := p.pod:
+                    named[name] = None
+                if p.victims:
+                    evicting.update(dict.fromkeys(p.victims))
+        names = list(named)
+        victims = [v for v in evicting if v and v not in named]
         known = informed_jobs(
             batch, lambda name: self.informer.get("Job", name), self.informer.revision
         )
@@ -222,14 +223,21 @@ class Committer:
             jobs,
             self.state,
             self.rules,
-            {v: found.get(v) for u in batch.units for p in u.placements for v in p.victims},
+            {v: found.get(v) for v in evicting},
         )
         plan.run()
         bound = await self._commit(plan, fence)
         verdicts = plan.verdicts(bound)
-        metrics.record_verdicts(batch, verdicts, bound.values(), int(time.time() * 1000))
+        metrics.record_verdicts(
+            batch,
+            verdicts,
+            bound.values(),
+            int(time.time() * 1000),
+            refused=plan.refused,
+            any_victims=bool(evicting),
+        )
         self.records.landings(bound.values())
-        self.records.rejections(verdicts)
+        self.records.rejections(plan.refused)
         log.debug(
             "batch decided",
             shard=batch.shard,

@@ -105,11 +105,11 @@ class CommitRecords:
             )
         self.state.consumed(consumed)
 
-    def rejections(self, verdicts: ipb.VerdictBatch) -> None:
-        """An event per pod the Binder refused to bind, with why. A leadership change, or a
-        pod that changed or went since the decision (STALE), is no news about it: not
-        recorded."""
-        for verdict in verdicts.verdicts:
+    def rejections(self, verdicts: Iterable[ipb.PodVerdict]) -> None:
+        """An event per pod the Binder refused to bind, with why (``verdicts``: a batch's, or
+        those of them other than BOUND). A leadership change, or a pod that changed or went
+        since the decision (STALE), is no news about it: not recorded."""
+        for verdict in verdicts:
             if verdict.code in (BOUND, NOT_LEADER, STALE, ipb.VERDICT_UNSPECIFIED):
                 continue
             refused = self.informer.get(pb.Pod, verdict.pod)

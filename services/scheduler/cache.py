@@ -205,8 +205,8 @@ class SchedulerCache:
             assumed.req
             if assumed is not None
             and assumed.node == node_name
-            and assumed.req.numa_nodes == tuple(spec.numa_nodes)
-            and assumed.req.gpu_cards == tuple(spec.gpu_cards)
+            and _same_ids(assumed.req.numa_nodes, spec.numa_nodes)
+            and _same_ids(assumed.req.gpu_cards, spec.gpu_cards)
             else None
         )
         # The record names its node by the node's own string (one per node, not one per pod).
@@ -401,6 +401,14 @@ class SchedulerCache:
 def _kept_whole(meta: pb.ObjectMeta, spec: pb.PodSpec, status: pb.PodStatus) -> bool:
     """``SchedulerCache.keeps_whole`` from the pod's parts, for a caller that read them."""
     return not spec.node_name or status.phase in TERMINAL_PHASES or bool(meta.deletion_timestamp_ms)
+
+
+def _same_ids(held: tuple[int, ...], stored: Sequence[int]) -> bool:
+    """Whether the NUMA nodes or cards an assumed request holds are those the pod was bound
+    with; most hold none, which is told without a tuple made of the stored field."""
+    if not held:
+        return not stored
+    return held == tuple(stored)
 
 
 def _count(counts: dict[K, int], key: K, sign: int) -> None:

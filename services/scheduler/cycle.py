@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from placement.framework import PodInfo, UnitInfo
 from placement.nodeinfo import PodRequest
@@ -288,7 +289,7 @@ class ShardCycle:
                 reason = result.unplaced.get(info.name, result.reason)
                 self.book.hand_back(unit, {info.name: reason}, result.diagnoses, reason)
                 continue
-            await self._propose(unit, [placement], {info.name: info.req}, batch)
+            self._propose_one(unit, placement, info.req, batch)
             decided.append(unit)
         return decided
 
@@ -308,11 +309,10 @@ class ShardCycle:
         verdict on this decision can come before the cycle sends it."""
         spec = unit.job.spec
         decision = batch.units.add(
-            job=unit.name,
-            min_member=spec.min_member,
-            already_bound=unit.already_bound,
-            reservation=unit.reservation,
+            job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
         )
+        if unit.reservation:
+            decision.reservation = unit.reservation
         out = decision.placements
         # A decision of more placements than a batch carries (the Binder refuses a batch of
         # more than its own limit: a 100,000-pod unit could never bind) goes in several, each
@@ -321,7 +321,6 @@ class ShardCycle:
         cap = self.settings.max_batch_pods
         needed = max(1, spec.min_member - unit.already_bound)
         split = len(placements) > cap and needed <= cap // 2
-        written: list[ipb.Placement] = []
         # Any replacement of a job a live Movement lists is recorded against it (actual when it
         # used a recommendation, mismatched when not).
         movement = self.movements.movement_of(unit.name)
@@ -331,33 +330,62 @@ class ShardCycle:
                 await asyncio.sleep(0)
                 until = time.monotonic() + YIELD_SECONDS
             if split and len(out) >= cap and len(placements) - i + 1 >= needed:
-                written.extend(out)
                 extra = ipb.DecisionBatch(shard=batch.shard)
                 self._overflow.append((extra, unit))
                 out = extra.units.add(
                     job=unit.name, min_member=spec.min_member, already_bound=unit.already_bound
                 ).placements
-            if p.recommendation:
-                self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
-            req = requests[p.pod].pinned(p.numa_nodes) if p.numa_nodes else requests[p.pod]
-            if p.gpu_cards:  # the cache's node holds the cards, as the search assumed them
-                req = req.with_cards(p.gpu_cards)
-            self.cache.assume(req, p.node, p.victims, p.hold)
-            self.victims.admit(p.victims)
-            unit.inflight[p.pod] = p.node
-            out.add(
-                pod=p.pod,
-                pod_resource_version=p.resource_version,
-                node=p.node,
-                victims=p.victims,
-                movement=p.recommendation or movement,
-                numa_nodes=p.numa_nodes,
-                gpu_cards=p.gpu_cards,
-            )
-        written.extend(out)
-        self._stats["decided_pods"] += len(written)
-        _nominate(unit, written)
+            self._write(unit, p, requests[p.pod], out, movement)
+        self._stats["decided_pods"] += len(placements)
+        _nominate(unit, placements)
         return decision
+
+    def _propose_one(
+        self, unit: Unit, p: Placement, req: PodRequest, batch: ipb.DecisionBatch
+    ) -> None:
+        """``_propose`` of a one-pod unit's placement (a loose unit of a shared search), without
+        what only a big decision needs (a coroutine, a look at the clock, the split): one of
+        these runs per pod of a stream of one-pod jobs."""
+        decision = batch.units.add(
+            job=unit.name, min_member=unit.job.spec.min_member, already_bound=unit.already_bound
+        )
+        if unit.reservation:
+            decision.reservation = unit.reservation
+        self._write(unit, p, req, decision.placements, self.movements.movement_of(unit.name))
+        self._stats["decided_pods"] += 1
+        if p.victims or unit.nominated:
+            _nominate(unit, (p,))
+
+    def _write(
+        self,
+        unit: Unit,
+        p: Placement,
+        req: PodRequest,
+        out: RepeatedCompositeFieldContainer[ipb.Placement],
+        movement: str,
+    ) -> None:
+        """Assume placement ``p`` of ``unit`` (its request ``req``) in the cache and append it
+        to the decision's placements ``out``."""
+        if p.recommendation:
+            self.movements.proposed(p.pod, p.recommendation, unit.name, p.node)
+        if p.numa_nodes:
+            req = req.pinned(p.numa_nodes)
+        if p.gpu_cards:  # the cache's node holds the cards, as the search assumed them
+            req = req.with_cards(p.gpu_cards)
+        self.cache.assume(req, p.node, p.victims, p.hold)
+        self.victims.admit(p.victims)
+        unit.inflight[p.pod] = p.node
+        placed = out.add(pod=p.pod, pod_resource_version=p.resource_version, node=p.node)
+        # The rest only when set: an empty list or string given to ``add`` costs as much as the
+        # placement itself, and most placements evict nothing, hold no NUMA node or card.
+        if p.victims:
+            placed.victims.extend(p.victims)
+        if p.recommendation or movement:
+            placed.movement = p.recommendation or movement
+        if p.numa_nodes:
+            placed.numa_nodes.extend(p.numa_nodes)
+        if p.gpu_cards:
+            placed.gpu_cards.extend(p.gpu_cards)
 
     def _placed_nodes(self, unit: Unit) -> tuple[str, ...]:
         """Nodes of the job's pods bound (as this shard's cache knows them) or in flight: the
@@ -379,9 +407,11 @@ class ShardCycle:
             await asyncio.sleep(0)  # a turn for the event loop, then the search goes on
 
 
-def _nominate(unit: Unit, placements: Iterable[ipb.Placement]) -> None:
+def _nominate(unit: Unit, placements: Iterable[Placement]) -> None:
     """Tell the dispatcher which pods of this decision preempt, and where, while the Binder has
-    it (one message per unit, and only for units that preempt or did)."""
+    it (one message per unit, and only for units that preempt or did). Read from the search's
+    placements, which the decision's carry field for field (not read back from the messages:
+    a wrapper and a field read per placement)."""
     nominations = [
         ipb.Nomination(pod=p.pod, node=p.node, victims=p.victims) for p in placements if p.victims
     ]

@@ -271,7 +271,9 @@ class _DispatchStream:
             tail = ipb.ShardMessage(outcomes=ipb.UnitOutcomes())
             self.out.append(tail)
             self._joining, self._joined = tail.outcomes, 0
-        self._joining.outcomes.add(job=job, code=code, pods=pods, reason=reason)
+        done = self._joining.outcomes.add(job=job, code=code, pods=pods)
+        if reason:  # most units end bound, without one: an empty text given costs as a set one
+            done.reason = reason
         self._joined += 1
         self._wake.set()
 
