@@ -33,7 +33,8 @@ from store.client import Create
 from store.server import StoreServer
 
 
-def _node(i: int) -> pb.Node:
+def micro_node(i: int) -> pb.Node:
+    """Node ``i`` of the micro-benchmarks' clusters: 4 CPUs, 32 GiB, 110 pods, four zones."""
     n = pb.Node(metadata=pb.ObjectMeta(name=f"node-{i:05d}"))
     n.metadata.labels.update({"hostname": n.metadata.name, "zone": f"zone-{i % 4}"})
     a = n.status.allocatable
@@ -59,7 +60,7 @@ def _job(name: str, replicas: int) -> tuple[pb.Job, list[pb.Pod]]:
 
 async def run(args: argparse.Namespace, url: str) -> None:
     store = await Store.connect(url, cluster="binder-micro")
-    await store.create_many([_node(i) for i in range(args.nodes)])
+    await store.create_many([micro_node(i) for i in range(args.nodes)])
     batches: list[list[ipb.UnitDecision]] = []
     size = args.unit_size or args.batch
     for k in range(args.batches):

@@ -26,6 +26,8 @@ from typing import Any
 
 import grpc
 
+from bench.binder_micro import micro_node
+from bench.shard_takeover import unit_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
 from protos.godel.v1 import objects_pb2 as pb
@@ -34,15 +36,6 @@ from services.scheduler.service import SchedulerConfig, SchedulerService
 from store import Store
 from store.client import Create
 from store.server import StoreServer
-
-
-def _node(i: int) -> pb.Node:
-    n = pb.Node(metadata=pb.ObjectMeta(name=f"node-{i:05d}"))
-    n.metadata.labels.update({"hostname": n.metadata.name, "zone": f"zone-{i % 4}"})
-    a = n.status.allocatable
-    a.milli_cpu, a.memory_bytes, a.pods = 4000, 32 << 30, 110
-    n.status.ready = True
-    return n
 
 
 def _job(name: str, replicas: int) -> tuple[pb.Job, list[pb.Pod]]:
@@ -71,27 +64,13 @@ async def _binder_address(store: Store) -> str:
 
 async def run(args: argparse.Namespace, url: str) -> None:
     store = await Store.connect(url, cluster="shard-micro")
-    await store.create_many([_node(i) for i in range(args.nodes)])
+    await store.create_many([micro_node(i) for i in range(args.nodes)])
     units: list[ipb.Unit] = []
     made = [_job(f"j{k}", args.unit_size) for k in range(args.pods // args.unit_size)]
     for start in range(0, len(made), 200):
         chunk = made[start : start + 200]
         await store.commit_many([[Create(job), *(Create(p) for p in pods)] for job, pods in chunk])
-    for job, pods in made:
-        units.append(
-            ipb.Unit(
-                job=job,
-                pods=[
-                    ipb.PodRef(
-                        name=p.metadata.name,
-                        uid=p.metadata.uid,
-                        resource_version=p.metadata.resource_version,
-                        index=p.spec.index,
-                    )
-                    for p in pods
-                ],
-            )
-        )
+    units.extend(unit_of(job, pods) for job, pods in made)
     binder = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "services.binder", "--store-url", url, "--cluster", "shard-micro",
         "--name", "b1", "--port", "0", "--insecure", "true", "--log-level", "warning",

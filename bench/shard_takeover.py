@@ -46,9 +46,8 @@ SHARD = "takeover-shard"
 DEADLINE_SECONDS = 300.0
 
 
-async def probe_unit(url: str, cluster: str, name: str) -> ipb.Unit:
-    """A stored probe job's unit (as the dispatcher sends it)."""
-    job, pods = await store_probe_job(url, cluster, name)
+def unit_of(job: pb.Job, pods: list[pb.Pod]) -> ipb.Unit:
+    """The unit the dispatcher sends a shard for a stored job and its pods."""
     refs = [
         ipb.PodRef(
             name=p.metadata.name,
@@ -59,6 +58,11 @@ async def probe_unit(url: str, cluster: str, name: str) -> ipb.Unit:
         for p in pods
     ]
     return ipb.Unit(job=job, pods=refs)
+
+
+async def probe_unit(url: str, cluster: str, name: str) -> ipb.Unit:
+    """A stored probe job's unit (as the dispatcher sends it)."""
+    return unit_of(*await store_probe_job(url, cluster, name))
 
 
 async def record_address(url: str, cluster: str) -> str:
