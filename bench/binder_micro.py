@@ -19,7 +19,9 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -105,7 +107,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--batch", type=int, default=250)
     ap.add_argument("--unit-size", type=int, default=0, help="pods per unit (0: the batch)")
-    args = ap.parse_args()
+    run_on_private_store(run, ap.parse_args())
+
+
+def run_on_private_store(
+    run: Callable[[argparse.Namespace, str], Coroutine[Any, Any, None]], args: argparse.Namespace
+) -> None:
+    """``run(args, store_url)`` against a store server of its own, stopped afterwards (the
+    micro-benchmarks' cluster)."""
     with tempfile.TemporaryDirectory() as tmp:
         server = StoreServer.start(Path(tmp), fsync="everysec")
         try:

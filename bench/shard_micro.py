@@ -19,14 +19,12 @@ import asyncio
 import cProfile
 import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
 
-from bench.binder_micro import micro_node
+from bench.binder_micro import micro_node, run_on_private_store
 from bench.shard_takeover import unit_of
 from protos.godel.v1 import internal_pb2 as ipb
 from protos.godel.v1 import internal_pb2_grpc
@@ -35,7 +33,6 @@ from services.runtime import ServiceHost
 from services.scheduler.service import SchedulerConfig, SchedulerService
 from store import Store
 from store.client import Create
-from store.server import StoreServer
 
 
 def _job(name: str, replicas: int) -> tuple[pb.Job, list[pb.Pod]]:
@@ -142,13 +139,7 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=10000)
     ap.add_argument("--unit-size", type=int, default=1)
     ap.add_argument("--profile", default="")
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        server = StoreServer.start(Path(tmp), fsync="everysec")
-        try:
-            asyncio.run(run(args, server.url))
-        finally:
-            server.stop()
+    run_on_private_store(run, ap.parse_args())
 
 
 if __name__ == "__main__":
